@@ -1,0 +1,121 @@
+"""Operating errors: typed, carrying policy flags, mapped to one wire code each.
+
+Two kinds of error live in Highwater (docs/ARCHITECTURE.md, "Errors"):
+
+- Operating errors are expected: a stale epoch, an unknown topic, a full ISR
+  shrink. They are instances of `HighwaterError`, carry the protobuf
+  `ErrorCode` they travel as, and say whether a client may retry
+  (`retriable`) and whether it should refresh metadata first
+  (`refresh_metadata`). `error_for_code` turns a wire code back into a class.
+- Broken invariants are programmer errors. They raise `InvariantViolation`
+  at once with the values that broke it, and nobody catches it to carry on.
+
+This module imports nothing but the generated enum so that pure code can use it.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from protos.highwater.v1 import common_pb2
+
+ErrorCode = common_pb2.ErrorCode
+
+
+class InvariantViolation(RuntimeError):
+    """A rule of docs/ARCHITECTURE.md ("Invariants") was broken: a bug, never an operating error."""
+
+
+def check(condition: bool, message: str, *args: object) -> None:
+    """Raise InvariantViolation with a formatted message when condition is false.
+
+    Used instead of `assert`, which `python -O` strips.
+    """
+    if not condition:
+        raise InvariantViolation(message % args if args else message)
+
+
+class HighwaterError(Exception):
+    """An operating error with the wire code it travels as."""
+
+    code: ClassVar[int] = common_pb2.UNKNOWN_SERVER_ERROR
+    retriable: ClassVar[bool] = False
+    refresh_metadata: ClassVar[bool] = False
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.default_message())
+        self.message = message or self.default_message()
+
+    @classmethod
+    def code_name(cls) -> str:
+        return ErrorCode.Name(cls.code)
+
+    @classmethod
+    def default_message(cls) -> str:
+        return cls.code_name().lower().replace("_", " ")
+
+    def __str__(self) -> str:
+        return f"{self.code_name()}: {self.message}"
+
+
+_BY_CODE: dict[int, type[HighwaterError]] = {}
+
+
+def _error(name: str, code: int, *, retriable: bool = False, refresh_metadata: bool = False) -> type[HighwaterError]:
+    cls = type(name, (HighwaterError,), {"code": code, "retriable": retriable, "refresh_metadata": refresh_metadata})
+    _BY_CODE[code] = cls
+    return cls
+
+
+# One class per wire code. Retriable: a later attempt may succeed without any
+# change by the caller. Refresh metadata: the caller's idea of who leads is stale.
+NotLeaderOrFollower = _error("NotLeaderOrFollower", common_pb2.NOT_LEADER_OR_FOLLOWER, retriable=True, refresh_metadata=True)
+UnknownTopicOrPartition = _error("UnknownTopicOrPartition", common_pb2.UNKNOWN_TOPIC_OR_PARTITION, retriable=True, refresh_metadata=True)
+OffsetOutOfRange = _error("OffsetOutOfRange", common_pb2.OFFSET_OUT_OF_RANGE)
+FencedLeaderEpoch = _error("FencedLeaderEpoch", common_pb2.FENCED_LEADER_EPOCH, retriable=True, refresh_metadata=True)
+UnknownLeaderEpoch = _error("UnknownLeaderEpoch", common_pb2.UNKNOWN_LEADER_EPOCH, retriable=True, refresh_metadata=True)
+StaleControllerEpoch = _error("StaleControllerEpoch", common_pb2.STALE_CONTROLLER_EPOCH)
+StaleBrokerEpoch = _error("StaleBrokerEpoch", common_pb2.STALE_BROKER_EPOCH)
+NotEnoughReplicas = _error("NotEnoughReplicas", common_pb2.NOT_ENOUGH_REPLICAS, retriable=True)
+NotEnoughReplicasAfterAppend = _error("NotEnoughReplicasAfterAppend", common_pb2.NOT_ENOUGH_REPLICAS_AFTER_APPEND, retriable=True)
+RequestTimedOut = _error("RequestTimedOut", common_pb2.REQUEST_TIMED_OUT, retriable=True)
+CorruptMessage = _error("CorruptMessage", common_pb2.CORRUPT_MESSAGE)
+MessageTooLarge = _error("MessageTooLarge", common_pb2.MESSAGE_TOO_LARGE)
+InvalidTopic = _error("InvalidTopic", common_pb2.INVALID_TOPIC)
+TopicAlreadyExists = _error("TopicAlreadyExists", common_pb2.TOPIC_ALREADY_EXISTS)
+InvalidReplicationFactor = _error("InvalidReplicationFactor", common_pb2.INVALID_REPLICATION_FACTOR)
+InvalidPartitions = _error("InvalidPartitions", common_pb2.INVALID_PARTITIONS)
+NotController = _error("NotController", common_pb2.NOT_CONTROLLER, retriable=True, refresh_metadata=True)
+TopicAuthorizationFailed = _error("TopicAuthorizationFailed", common_pb2.TOPIC_AUTHORIZATION_FAILED)
+ClusterAuthorizationFailed = _error("ClusterAuthorizationFailed", common_pb2.CLUSTER_AUTHORIZATION_FAILED)
+OutOfOrderSequenceNumber = _error("OutOfOrderSequenceNumber", common_pb2.OUT_OF_ORDER_SEQUENCE_NUMBER)
+DuplicateSequenceNumber = _error("DuplicateSequenceNumber", common_pb2.DUPLICATE_SEQUENCE_NUMBER)
+InvalidProducerEpoch = _error("InvalidProducerEpoch", common_pb2.INVALID_PRODUCER_EPOCH)
+StorageError = _error("StorageError", common_pb2.STORAGE_ERROR, retriable=True, refresh_metadata=True)
+InvalidRequest = _error("InvalidRequest", common_pb2.INVALID_REQUEST)
+InvalidReplicaAssignment = _error("InvalidReplicaAssignment", common_pb2.INVALID_REPLICA_ASSIGNMENT)
+NoReassignmentInProgress = _error("NoReassignmentInProgress", common_pb2.NO_REASSIGNMENT_IN_PROGRESS)
+ElectionNotNeeded = _error("ElectionNotNeeded", common_pb2.ELECTION_NOT_NEEDED)
+PreferredLeaderNotAvailable = _error("PreferredLeaderNotAvailable", common_pb2.PREFERRED_LEADER_NOT_AVAILABLE, retriable=True)
+EligibleLeadersNotAvailable = _error("EligibleLeadersNotAvailable", common_pb2.ELIGIBLE_LEADERS_NOT_AVAILABLE, retriable=True)
+LeaderNotAvailable = _error("LeaderNotAvailable", common_pb2.LEADER_NOT_AVAILABLE, retriable=True, refresh_metadata=True)
+InvalidConfig = _error("InvalidConfig", common_pb2.INVALID_CONFIG)
+TopicDeletionDisabled = _error("TopicDeletionDisabled", common_pb2.TOPIC_DELETION_DISABLED)
+BrokerNotAvailable = _error("BrokerNotAvailable", common_pb2.BROKER_NOT_AVAILABLE, retriable=True, refresh_metadata=True)
+UnknownServerError = _error("UnknownServerError", common_pb2.UNKNOWN_SERVER_ERROR)
+InvalidUpdateVersion = _error("InvalidUpdateVersion", common_pb2.INVALID_UPDATE_VERSION, retriable=True)
+InvalidCommitOffset = _error("InvalidCommitOffset", common_pb2.INVALID_COMMIT_OFFSET)
+
+
+def error_for_code(code: int, message: str = "") -> HighwaterError:
+    """The operating error for a wire code (UnknownServerError for a code we do not know)."""
+    if code == common_pb2.NONE:
+        raise InvariantViolation("error_for_code called with NONE: the caller must check for success first")
+    cls = _BY_CODE.get(code, UnknownServerError)
+    return cls(message)
+
+
+def raise_for_code(code: int, message: str = "") -> None:
+    """Raise the operating error for a wire code; do nothing for NONE."""
+    if code != common_pb2.NONE:
+        raise error_for_code(code, message)
