@@ -1,0 +1,215 @@
+"""Every client setting in one place, with its unit in its name, its default and why.
+
+Names follow Kafka's client configs (linger.ms -> linger_ms) so that a Kafka user
+finds them; defaults are Kafka's unless a comment says otherwise. Each config
+dataclass checks its values and the relations between them when it is built, so a
+wrong setting fails at construction with InvalidArgument naming it, never later
+in the middle of a send.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from clients.errors import InvalidArgument
+from services.common import limits
+
+# --- connection --------------------------------------------------------------
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+# Kafka's request.timeout.ms: how long one RPC to a gateway may take once connected.
+REQUEST_TIMEOUT_MS_DEFAULT = 30_000
+# How long to look for a gateway that accepts a connection before GatewayUnavailable.
+# Shorter than the request timeout so that a wrong address fails while a person waits.
+CONNECT_TIMEOUT_MS_DEFAULT = 5_000
+# Pause between two rounds over every gateway address (Kafka's reconnect.backoff.ms is 50).
+RETRY_BACKOFF_MS_DEFAULT = 100
+# Retries back off exponentially up to this (Kafka's retry.backoff.max.ms).
+RETRY_BACKOFF_MAX_MS_DEFAULT = 1_000
+# Kafka's metadata.max.age.ms: refresh the topic -> partitions cache at least this often,
+# so new partitions are found without an error to trigger it.
+METADATA_MAX_AGE_MS_DEFAULT = 300_000
+# gRPC message bound, the same as the services' (a Produce or Fetch carries whole batches).
+GRPC_MAX_MESSAGE_BYTES = limits.GRPC_MAX_MESSAGE_BYTES
+
+# --- producer ----------------------------------------------------------------
+# Kafka's batch.size: a partition's batch is sent once it holds this many bytes.
+BATCH_SIZE_BYTES_DEFAULT = 16 * 1024
+# Kafka 4.0's linger.ms default: a few milliseconds buys much fuller batches.
+LINGER_MS_DEFAULT = 5
+# Kafka's max.request.size; also the cap on one batch, which must fit the broker's
+# max_message_bytes (1 MiB + the 12-byte log overhead).
+MAX_REQUEST_BYTES_DEFAULT = 1024 * 1024
+# Kafka's buffer.memory: records waiting to be sent; send() blocks beyond it.
+BUFFER_MEMORY_BYTES_DEFAULT = 32 * 1024 * 1024
+# Kafka's max.block.ms: the longest send() waits for buffer space or topic metadata.
+MAX_BLOCK_MS_DEFAULT = 60_000
+# Kafka's delivery.timeout.ms: a record is delivered or failed within this of send().
+DELIVERY_TIMEOUT_MS_DEFAULT = 120_000
+# Kafka's max.in.flight.requests.per.connection. Order per partition is kept anyway:
+# a partition has at most one batch in flight.
+MAX_IN_FLIGHT_REQUESTS_DEFAULT = 5
+ACKS_VALUES = {"all": -1, "-1": -1, "1": 1, "0": 0}
+COMPRESSION_VALUES = ("none", "gzip", "snappy", "lz4", "zstd")
+# Upper bound of the bytes a batch adds around its records (the 61-byte v2 header),
+# and of what one record adds around its key, value and headers (varints and attributes).
+BATCH_OVERHEAD_BYTES = 61
+RECORD_OVERHEAD_BYTES_MAX = 36
+HEADER_OVERHEAD_BYTES_MAX = 10
+
+# --- consumer ----------------------------------------------------------------
+AUTO_OFFSET_RESET_VALUES = ("earliest", "latest", "none")
+# Kafka's fetch.max.wait.ms: how long a Fetch long-polls for fetch_min_bytes.
+FETCH_MAX_WAIT_MS_DEFAULT = 500
+FETCH_MIN_BYTES_DEFAULT = 1
+FETCH_MAX_BYTES_DEFAULT = limits.FETCH_MAX_BYTES_DEFAULT
+MAX_PARTITION_FETCH_BYTES_DEFAULT = limits.FETCH_PARTITION_MAX_BYTES_DEFAULT
+MAX_POLL_RECORDS_DEFAULT = 500
+AUTO_COMMIT_INTERVAL_MS_DEFAULT = 5_000
+# One CommitOffsets request carries at most this many offsets (one etcd transaction).
+COMMIT_OFFSETS_PER_REQUEST_MAX = limits.COMMIT_OFFSETS_PER_REQUEST_MAX
+
+# --- topics ----------------------------------------------------------------
+TOPIC_NAME_MAX_CHARS = limits.TOPIC_NAME_MAX_CHARS
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
+
+
+def check_topic_name(topic: object) -> str:
+    """Return `topic` if it is a legal topic name (Kafka's rules), else raise InvalidArgument."""
+    if not isinstance(topic, str):
+        raise InvalidArgument(f"topic must be a str, got {type(topic).__name__}")
+    if not topic:
+        raise InvalidArgument("topic name is empty")
+    if len(topic) > TOPIC_NAME_MAX_CHARS:
+        raise InvalidArgument(f"topic name is {len(topic)} characters, the limit is {TOPIC_NAME_MAX_CHARS}")
+    if topic in (".", "..") or not _TOPIC_NAME.match(topic):
+        raise InvalidArgument(f"topic name {topic!r} may hold only ASCII letters, digits, '.', '_' and '-'")
+    return topic
+
+
+def check_int(name: str, value: object, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """Return `value` if it is an int (not a bool) within [minimum, maximum], else raise InvalidArgument."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise InvalidArgument(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise InvalidArgument(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise InvalidArgument(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def normalize_acks(acks: object) -> int:
+    """'all' / -1 / 1 / 0 (or their strings) -> the wire value -1, 1 or 0."""
+    if isinstance(acks, int) and not isinstance(acks, bool) and acks in (-1, 0, 1):
+        return acks
+    if isinstance(acks, str) and acks.lower() in ACKS_VALUES:
+        return ACKS_VALUES[acks.lower()]
+    raise InvalidArgument(f"acks must be 'all', -1, 1 or 0; got {acks!r}")
+
+
+@dataclass(frozen=True)
+class ConnectionConfig:
+    """How to reach the gateways; shared by producers, consumers and admins."""
+
+    bootstrap: str = DEFAULT_BOOTSTRAP
+    request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT
+    connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT
+    retry_backoff_ms: int = RETRY_BACKOFF_MS_DEFAULT
+    retry_backoff_max_ms: int = RETRY_BACKOFF_MAX_MS_DEFAULT
+    metadata_max_age_ms: int = METADATA_MAX_AGE_MS_DEFAULT
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.bootstrap, str) and not isinstance(self.bootstrap, (list, tuple)):
+            raise InvalidArgument(f"bootstrap must be 'host:port,host:port' or a list, got {self.bootstrap!r}")
+        check_int("request_timeout_ms", self.request_timeout_ms, minimum=1)
+        check_int("connect_timeout_ms", self.connect_timeout_ms, minimum=1)
+        check_int("retry_backoff_ms", self.retry_backoff_ms, minimum=0)
+        check_int("retry_backoff_max_ms", self.retry_backoff_max_ms, minimum=self.retry_backoff_ms)
+        check_int("metadata_max_age_ms", self.metadata_max_age_ms, minimum=1)
+
+
+@dataclass(frozen=True)
+class ProducerConfig(ConnectionConfig):
+    """Producer settings (Kafka's names); see the constants above for why each default."""
+
+    acks: int | str = "all"
+    linger_ms: int = LINGER_MS_DEFAULT
+    batch_size_bytes: int = BATCH_SIZE_BYTES_DEFAULT
+    max_request_bytes: int = MAX_REQUEST_BYTES_DEFAULT
+    buffer_memory_bytes: int = BUFFER_MEMORY_BYTES_DEFAULT
+    max_block_ms: int = MAX_BLOCK_MS_DEFAULT
+    delivery_timeout_ms: int = DELIVERY_TIMEOUT_MS_DEFAULT
+    max_in_flight_requests: int = MAX_IN_FLIGHT_REQUESTS_DEFAULT
+    compression: str = "none"
+    enable_idempotence: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "acks", normalize_acks(self.acks))
+        check_int("linger_ms", self.linger_ms, minimum=0)
+        check_int("max_request_bytes", self.max_request_bytes, minimum=1024, maximum=GRPC_MAX_MESSAGE_BYTES // 2)
+        check_int("batch_size_bytes", self.batch_size_bytes, minimum=1, maximum=self.max_request_bytes)
+        check_int("buffer_memory_bytes", self.buffer_memory_bytes, minimum=self.max_request_bytes)
+        check_int("max_block_ms", self.max_block_ms, minimum=0)
+        check_int("max_in_flight_requests", self.max_in_flight_requests, minimum=1, maximum=100)
+        _check_choice("compression", self.compression, COMPRESSION_VALUES)
+        if not isinstance(self.enable_idempotence, bool):
+            raise InvalidArgument(f"enable_idempotence must be a bool, got {self.enable_idempotence!r}")
+        if self.enable_idempotence and self.acks != -1:
+            # Kafka's rule: deduplication needs the leader to hold what it acknowledged.
+            raise InvalidArgument(f"enable_idempotence needs acks='all', got acks={self.acks}")
+        # Kafka's rule: a record must get a full request attempt after lingering.
+        check_int("delivery_timeout_ms", self.delivery_timeout_ms,
+                  minimum=self.linger_ms + self.request_timeout_ms)
+
+    @property
+    def acks_wire(self) -> int:
+        return int(self.acks)
+
+
+@dataclass(frozen=True)
+class ConsumerConfig(ConnectionConfig):
+    """Consumer settings (Kafka's names)."""
+
+    group_id: str | None = None
+    auto_offset_reset: str = "latest"
+    enable_auto_commit: bool = True
+    auto_commit_interval_ms: int = AUTO_COMMIT_INTERVAL_MS_DEFAULT
+    fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS_DEFAULT
+    fetch_min_bytes: int = FETCH_MIN_BYTES_DEFAULT
+    fetch_max_bytes: int = FETCH_MAX_BYTES_DEFAULT
+    max_partition_fetch_bytes: int = MAX_PARTITION_FETCH_BYTES_DEFAULT
+    max_poll_records: int = MAX_POLL_RECORDS_DEFAULT
+    check_crcs: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.group_id is not None and (not isinstance(self.group_id, str) or not self.group_id):
+            raise InvalidArgument(f"group_id must be a non-empty str or None, got {self.group_id!r}")
+        _check_choice("auto_offset_reset", self.auto_offset_reset, AUTO_OFFSET_RESET_VALUES)
+        check_int("auto_commit_interval_ms", self.auto_commit_interval_ms, minimum=1)
+        check_int("fetch_max_wait_ms", self.fetch_max_wait_ms, minimum=0, maximum=limits.FETCH_MAX_WAIT_MS_MAX)
+        check_int("fetch_min_bytes", self.fetch_min_bytes, minimum=0)
+        check_int("fetch_max_bytes", self.fetch_max_bytes, minimum=1, maximum=GRPC_MAX_MESSAGE_BYTES // 2)
+        check_int("max_partition_fetch_bytes", self.max_partition_fetch_bytes, minimum=1,
+                  maximum=self.fetch_max_bytes)
+        check_int("max_poll_records", self.max_poll_records, minimum=1)
+
+
+def build_config(cls: type[Any], bootstrap: str | list[str] | tuple[str, ...], settings: dict[str, Any]) -> Any:
+    """cls(bootstrap=..., **settings), with an unknown setting named in InvalidArgument."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise InvalidArgument(
+            f"unknown {cls.__name__} setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    return cls(bootstrap=bootstrap, **settings)

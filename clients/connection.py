@@ -1,0 +1,176 @@
+"""One logical connection to the gateways: grpc.aio channels with failover (aiokafka's conn.py).
+
+Gateways are stateless, so any of them will do. `GatewayConnection.call` sends an
+RPC to the current gateway; when that gateway cannot be reached (the channel
+will not connect, or the call ends UNAVAILABLE/CANCELLED because it stopped) the
+next address is tried, round after round with a short back-off, until
+`connect_timeout_ms` has passed without any gateway accepting a connection. Then
+GatewayUnavailable names every address tried and the last reason, in one line.
+
+Other whole-request failures become typed errors (clients/errors.py); a call that
+takes longer than `request_timeout_ms` once connected is RequestTimedOut.
+
+Owned by one event loop: the channels are grpc.aio objects bound to the loop that
+created them, so every method must run on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from clients.config import GRPC_MAX_MESSAGE_BYTES
+from clients.errors import ClientClosed, GatewayUnavailable, InvalidArgument, RequestTimedOut, error_from_status
+from protos.highwater.v1 import gateway_pb2_grpc
+
+log = logging.getLogger("highwater.client.connection")
+
+# Channel options: the services' message bound, quick reconnects after a gateway
+# restart (gRPC's default first back-off is 1 s), keep-alives to notice a dead peer.
+CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+]
+
+# Status codes that mean "this gateway is not there (any more)": try another one.
+_FAILOVER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+
+def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
+    """'host:port,host:port' (or a list of them) -> ['host:port', ...]; InvalidArgument if malformed."""
+    if isinstance(bootstrap, str):
+        parts = [part.strip() for part in bootstrap.split(",")]
+    elif isinstance(bootstrap, (list, tuple)):
+        parts = [str(part).strip() for part in bootstrap]
+    else:
+        raise InvalidArgument(f"bootstrap must be 'host:port,host:port' or a list, got {type(bootstrap).__name__}")
+    addresses: list[str] = []
+    for part in parts:
+        if not part:
+            continue
+        host, sep, port_text = part.rpartition(":")
+        if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise InvalidArgument(f"gateway address {part!r} is not host:port (port 1-65535)")
+        if part not in addresses:
+            addresses.append(part)
+    if not addresses:
+        raise InvalidArgument(f"no gateway address in bootstrap {bootstrap!r}")
+    return addresses
+
+
+class GatewayConnection:
+    """Channels to every known gateway address and the failover loop over them."""
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str],
+        *,
+        request_timeout_ms: int,
+        connect_timeout_ms: int,
+        retry_backoff_ms: int,
+    ) -> None:
+        self.bootstrap_addresses = parse_bootstrap(bootstrap)
+        self.addresses = list(self.bootstrap_addresses)
+        self.request_timeout_ms = request_timeout_ms
+        self.connect_timeout_ms = connect_timeout_ms
+        self.retry_backoff_ms = retry_backoff_ms
+        self._current = 0
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, gateway_pb2_grpc.GatewayServiceStub] = {}
+        self._closed = False
+
+    @property
+    def current_address(self) -> str:
+        return self.addresses[self._current]
+
+    def learn_gateways(self, addresses: Sequence[str]) -> None:
+        """Add gateways that Metadata reported, after the bootstrap ones, for failover."""
+        for address in addresses:
+            if address not in self.addresses:
+                self.addresses.append(address)
+
+    def _stub(self, address: str) -> gateway_pb2_grpc.GatewayServiceStub:
+        stub = self._stubs.get(address)
+        if stub is None:
+            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._channels[address] = channel
+            stub = self._stubs[address] = gateway_pb2_grpc.GatewayServiceStub(channel)
+        return stub
+
+    async def _connected(self, address: str, deadline: float) -> str:
+        """'' once the channel to `address` is READY, else why not (before `deadline`)."""
+        channel = self._channels[address]
+        state = channel.get_state(try_to_connect=True)
+        while state != grpc.ChannelConnectivity.READY:
+            if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                return "connection failed"
+            if state == grpc.ChannelConnectivity.SHUTDOWN:
+                return "channel shut down"
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "no connection before the connect timeout"
+            try:
+                await asyncio.wait_for(channel.wait_for_state_change(state), remaining)
+            except TimeoutError:
+                return "no connection before the connect timeout"
+            state = channel.get_state(try_to_connect=True)
+        return ""
+
+    async def call(self, method: str, request: Any, *, timeout_ms: int | None = None) -> Any:
+        """Send `request` to GatewayService.`method` on the first gateway that answers.
+
+        `timeout_ms` (default request_timeout_ms) bounds the RPC once a gateway is
+        connected. Raises GatewayUnavailable, RequestTimedOut or another HighwaterError.
+        """
+        if self._closed:
+            raise ClientClosed(f"connection to {', '.join(self.bootstrap_addresses)} is closed")
+        rpc_timeout_s = (timeout_ms if timeout_ms is not None else self.request_timeout_ms) / 1000
+        connect_deadline = time.monotonic() + self.connect_timeout_ms / 1000
+        failures: dict[str, str] = {}
+        tried_in_round = 0
+        while True:
+            address = self.addresses[self._current]
+            stub = self._stub(address)
+            why = await self._connected(address, connect_deadline)
+            if not why:
+                try:
+                    return await getattr(stub, method)(request, timeout=rpc_timeout_s)
+                except grpc.aio.AioRpcError as error:
+                    if error.code() not in _FAILOVER_CODES:
+                        raise error_from_status(error, method, address) from None
+                    why = f"{error.code().name}: {error.details() or ''}".rstrip(": ")
+            failures[address] = why
+            log.debug("gateway %s unusable for %s: %s", address, method, why)
+            self._current = (self._current + 1) % len(self.addresses)
+            tried_in_round += 1
+            if time.monotonic() >= connect_deadline:
+                raise GatewayUnavailable(self._unavailable_message(failures))
+            if tried_in_round >= len(self.addresses):
+                tried_in_round = 0
+                pause_s = min(self.retry_backoff_ms / 1000, max(0.0, connect_deadline - time.monotonic()))
+                await asyncio.sleep(pause_s)
+
+    def _unavailable_message(self, failures: dict[str, str]) -> str:
+        reasons = "; ".join(f"{address}: {why}" for address, why in failures.items())
+        return (
+            f"no gateway answered within {self.connect_timeout_ms} ms "
+            f"(tried {', '.join(self.addresses)}; {reasons})"
+        )
+
+    async def close(self) -> None:
+        """Close every channel; calls in flight end CANCELLED."""
+        self._closed = True
+        channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
+        for channel in channels:
+            await channel.close(grace=None)
+

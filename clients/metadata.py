@@ -1,0 +1,146 @@
+"""The client's topic -> partitions cache, filled from the gateway's Metadata (aiokafka's cluster.py).
+
+`ClusterMetadata` is pure: it holds the last answer and decides when it is too
+old, and takes time as an argument. `MetadataFetcher` asks the gateway. A cache
+entry is refreshed when it is older than `metadata_max_age_ms`, when a caller
+marks it stale (an error flagged `refresh_metadata`: the partition count or the
+leaders changed) or when the topic is unknown.
+
+Reads are safe from any thread (a refresh replaces whole dict entries); updates
+happen on the owning event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from clients.connection import GatewayConnection
+from clients.errors import HighwaterError, error_for_code
+from protos.highwater.v1 import common_pb2
+from services.common.errors import UnknownTopicOrPartition
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """What producers and consumers need of a topic: its partitions and which have a leader."""
+
+    name: str
+    topic_id: str
+    partitions: tuple[int, ...]  # sorted partition ids
+    available: tuple[int, ...]  # partitions with a leader, sorted
+    metadata: common_pb2.TopicMetadata
+    fetched_at_ms: int
+
+
+class ClusterMetadata:
+    """Cache of the last Metadata answer per topic. Pure: no I/O, time passed in."""
+
+    def __init__(self, *, metadata_max_age_ms: int) -> None:
+        self.metadata_max_age_ms = metadata_max_age_ms
+        self.topics: dict[str, TopicInfo] = {}
+        self.cluster_id = ""
+        self.controller_id = -1
+        self.brokers: tuple[common_pb2.BrokerNode, ...] = ()
+        self.gateways: tuple[common_pb2.GatewayNode, ...] = ()
+        self._stale: set[str] = set()
+        # Errors of topics the last answer knew nothing about (e.g. UNKNOWN_TOPIC_OR_PARTITION).
+        self.topic_errors: dict[str, HighwaterError] = {}
+
+    def get(self, topic: str) -> TopicInfo | None:
+        return self.topics.get(topic)
+
+    def needs_refresh(self, topic: str, now_ms: int) -> bool:
+        info = self.topics.get(topic)
+        return info is None or topic in self._stale or now_ms - info.fetched_at_ms >= self.metadata_max_age_ms
+
+    def mark_stale(self, topic: str | None = None) -> None:
+        """Refresh `topic` (or every topic) before its next use: leaders or partitions changed."""
+        if topic is None:
+            self._stale.update(self.topics)
+        else:
+            self._stale.add(topic)
+
+    def update(self, response: common_pb2.MetadataResponse, now_ms: int, *, asked: list[str] | None = None) -> None:
+        """Take a Metadata answer. Topics asked for but answered with an error are forgotten."""
+        self.cluster_id = response.cluster_id
+        self.controller_id = response.controller_id
+        self.brokers = tuple(response.brokers)
+        self.gateways = tuple(response.gateways)
+        seen: set[str] = set()
+        for topic in response.topics:
+            seen.add(topic.name)
+            self._stale.discard(topic.name)
+            if topic.error_code != common_pb2.NONE:
+                self.topics.pop(topic.name, None)
+                self.topic_errors[topic.name] = error_for_code(topic.error_code, topic.error_message or topic.name)
+                continue
+            self.topic_errors.pop(topic.name, None)
+            ordered = sorted(topic.partitions, key=lambda p: p.partition)
+            self.topics[topic.name] = TopicInfo(
+                name=topic.name,
+                topic_id=topic.topic_id,
+                partitions=tuple(p.partition for p in ordered),
+                available=tuple(p.partition for p in ordered if p.leader >= 0),
+                metadata=topic,
+                fetched_at_ms=now_ms,
+            )
+        if asked is None:
+            # A full answer: topics not in it are gone.
+            for name in list(self.topics):
+                if name not in seen:
+                    del self.topics[name]
+        else:
+            for name in asked:
+                if name not in seen:
+                    self.topics.pop(name, None)
+                    self.topic_errors[name] = UnknownTopicOrPartition(f"topic {name!r} does not exist")
+                    self._stale.discard(name)
+
+
+def now_ms() -> int:
+    """Monotonic milliseconds: cache ages and timeouts, never wall time."""
+    return int(time.monotonic() * 1000)
+
+
+class MetadataFetcher:
+    """Fetches Metadata through the connection into a ClusterMetadata. Owned by one event loop."""
+
+    def __init__(self, connection: GatewayConnection, cache: ClusterMetadata) -> None:
+        self.connection = connection
+        self.cache = cache
+        self._refresh_lock = asyncio.Lock()
+
+    async def refresh(self, topics: list[str] | None = None) -> common_pb2.MetadataResponse:
+        """Ask the gateway for `topics` (None: all) and update the cache."""
+        async with self._refresh_lock:
+            response = await self.connection.call("Metadata", common_pb2.MetadataRequest(topics=topics or []))
+            self.cache.update(response, now_ms(), asked=list(topics) if topics else None)
+            self.connection.learn_gateways([f"{g.host}:{g.port}" for g in response.gateways if g.host and g.port])
+            return response
+
+    async def topic(self, topic: str, *, wait_ms: int, backoff_ms: int) -> TopicInfo:
+        """The topic's info, refreshed when stale; waits up to `wait_ms` for a topic that is
+        unknown or has no partitions yet (a gateway learns a new topic from the controller
+        a moment after CreateTopics answers). Raises UnknownTopicOrPartition after that.
+        """
+        deadline_ms = now_ms() + wait_ms
+        while True:
+            if not self.cache.needs_refresh(topic, now_ms()):
+                info = self.cache.get(topic)
+                if info is not None and info.partitions:
+                    return info
+            await self.refresh([topic])
+            info = self.cache.get(topic)
+            if info is not None and info.partitions:
+                return info
+            error = self.cache.topic_errors.get(topic)
+            if error is not None and not error.retriable:
+                raise error
+            if now_ms() >= deadline_ms:
+                if error is not None:
+                    raise error
+                raise UnknownTopicOrPartition(f"topic {topic!r} has no partitions")
+            self.cache.mark_stale(topic)
+            await asyncio.sleep(min(backoff_ms, max(0, deadline_ms - now_ms())) / 1000)

@@ -1,0 +1,182 @@
+"""The client's record codec: Kafka RecordBatch v2 encode/decode behind our own names.
+
+The work is done by aiokafka's Cython `aiokafka.record` (an internal API, which is
+why pyproject pins aiokafka==0.14.0 and why nothing else in Highwater imports it).
+FACTS.md measured the compiled `_crecords` at ~3 M records/s encode and ~2 M decode,
+and the pure-Python fallback it silently drops to (NO_EXTENSIONS, musl, a failed
+build) about 60x slower; `codec_is_accelerated()` says which one is loaded and a
+warning is logged once when it is the slow one.
+
+Producers build one batch per partition per send (`encode_batch` / `encode_values`);
+consumers turn fetched bytes back into `Record`s (`decode_batches`). The broker never
+uses this module: it sees batches only through services/common/record_batch.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from aiokafka.record.memory_records import MemoryRecords
+
+from services.common.errors import CorruptMessage, InvalidRequest
+
+logger = logging.getLogger("highwater.records")
+
+COMPRESSION_CODES: dict[str, int] = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+# The builder refuses a record that would take the batch past this size (unless it is the
+# first). We size batches ourselves, so the builder's own cut-off is set out of the way;
+# the broker's max_message_bytes is the real limit.
+_BUILDER_BATCH_BYTES_MAX = 2**31 - 1
+_MAGIC_V2 = 2
+_CONTROL_MASK = 0x20
+_INT64 = struct.Struct(">q")
+
+Headers = list[tuple[str, bytes]]
+RecordTuple = tuple[bytes | None, bytes | None, Headers, int]
+
+
+@dataclass(slots=True)
+class Record:
+    """One record as a client sees it. `offset` is -1 until the broker has assigned one."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: Headers = field(default_factory=list)
+    timestamp_ms: int = 0
+    offset: int = -1
+    timestamp_type: int = 0
+
+
+def codec_is_accelerated() -> bool:
+    """True when the compiled `_crecords` extension backs the codec (FACTS.md: ~60x faster)."""
+    return "_crecords" in (getattr(DefaultRecordBatchBuilder, "__module__", "") or "")
+
+
+_warned_slow_codec = False
+
+
+def _warn_if_slow() -> None:
+    global _warned_slow_codec
+    if not _warned_slow_codec and not codec_is_accelerated():
+        _warned_slow_codec = True
+        logger.warning(
+            "aiokafka's compiled record codec (_crecords) is not in use; encoding and decoding "
+            "fall back to pure Python, about 60x slower (check AIOKAFKA_NO_EXTENSIONS and the wheel)"
+        )
+
+
+_warn_if_slow()
+
+
+def _compression_code(compression: str) -> int:
+    try:
+        return COMPRESSION_CODES[compression]
+    except KeyError:
+        raise InvalidRequest(
+            f"unknown compression {compression!r}; expected one of {sorted(COMPRESSION_CODES)}"
+        ) from None
+
+
+def _new_builder(compression: str, producer_id: int, producer_epoch: int, base_sequence: int) -> DefaultRecordBatchBuilder:
+    return DefaultRecordBatchBuilder(
+        _MAGIC_V2,
+        _compression_code(compression),
+        0,  # is_transactional: Highwater has no transactions
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        _BUILDER_BATCH_BYTES_MAX,
+    )
+
+
+def _finish(builder: DefaultRecordBatchBuilder, base_offset: int) -> bytes:
+    buf = builder.build()
+    if base_offset:
+        # base_offset lies before the CRC-covered bytes: patching it keeps the CRC valid.
+        _INT64.pack_into(buf, 0, base_offset)
+    return bytes(buf)
+
+
+def encode_batch(
+    records: Sequence[RecordTuple] | Sequence[Record],
+    *,
+    compression: str = "none",
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    base_offset: int = 0,
+) -> bytes:
+    """Encode records into one RecordBatch v2. Offsets inside the batch are 0..n-1 relative.
+
+    `records` holds (key, value, headers, timestamp_ms) tuples or `Record`s. The broker
+    assigns the real base offset; `base_offset` is for tests and tools. Raises
+    InvalidRequest for an empty list or an unknown compression name.
+    """
+    if not records:
+        raise InvalidRequest("a record batch needs at least one record")
+    builder = _new_builder(compression, producer_id, producer_epoch, base_sequence)
+    append = builder.append
+    if isinstance(records[0], Record):
+        for relative_offset, record in enumerate(records):
+            append(relative_offset, record.timestamp_ms, record.key, record.value, record.headers)  # type: ignore[union-attr]
+    else:
+        for relative_offset, (key, value, headers, timestamp_ms) in enumerate(records):  # type: ignore[misc]
+            append(relative_offset, timestamp_ms, key, value, headers)
+    return _finish(builder, base_offset)
+
+
+def encode_values(
+    values: Sequence[bytes],
+    *,
+    timestamp_ms: int,
+    compression: str = "none",
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    base_offset: int = 0,
+) -> bytes:
+    """Fast path: key-less, header-less records sharing one timestamp (the common producer case)."""
+    if not values:
+        raise InvalidRequest("a record batch needs at least one record")
+    builder = _new_builder(compression, producer_id, producer_epoch, base_sequence)
+    append = builder.append
+    no_headers: Headers = []
+    for relative_offset, value in enumerate(values):
+        append(relative_offset, timestamp_ms, None, value, no_headers)
+    return _finish(builder, base_offset)
+
+
+def decode_batches(buf: bytes | bytearray | memoryview, *, check_crc: bool = True) -> Iterator[Record]:
+    """Yield every record of every data batch in `buf`, decompressing as needed.
+
+    Control batches are skipped. A partial trailing batch (a broker may cut a fetch
+    at its max_bytes) is ignored. Raises CorruptMessage for a batch whose CRC does
+    not match (as Kafka consumers do with check.crcs) or whose magic is not 2.
+    """
+    data = bytes(buf) if not isinstance(buf, bytes) else buf
+    memory_records = MemoryRecords(data)
+    while True:
+        batch = memory_records.next_batch()
+        if batch is None:
+            return
+        if not isinstance(batch, DefaultRecordBatch):
+            raise CorruptMessage(f"batch at offset {batch.base_offset} is not magic 2")
+        if check_crc and not batch.validate_crc():
+            raise CorruptMessage(f"CRC mismatch in the batch at offset {batch.base_offset}")
+        if batch.attributes & _CONTROL_MASK:
+            continue
+        timestamp_type = batch.timestamp_type
+        for record in batch:
+            yield Record(
+                record.key,
+                record.value,
+                record.headers,  # type: ignore[arg-type]
+                record.timestamp,
+                record.offset,
+                timestamp_type,
+            )

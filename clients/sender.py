@@ -1,0 +1,349 @@
+"""The producer's I/O task: drains ready batches into Produce requests and settles the answers
+(Kafka's Sender, aiokafka's producer/sender.py).
+
+One asyncio task per producer runs `Sender.run`. Each pass it:
+1. fails batches that waited longer than delivery_timeout_ms;
+2. gets a producer id (InitProducerId) when idempotence needs one or a new epoch;
+3. drains the ready partitions (at most `max_in_flight_requests` requests at once,
+   at most one batch per partition in flight, so per-partition order holds),
+   numbers and encodes each batch once, and sends one Produce request;
+4. sleeps until the next batch is due (linger, back-off) or someone wakes it.
+
+Answers: success resolves every record's future; a retriable error puts the batch
+back at the head of its queue with exponential back-off (the same bytes and
+sequence numbers go again, so the leader drops a duplicate) while the delivery
+timeout allows; anything else fails the batch whole. DUPLICATE_SEQUENCE_NUMBER
+means an earlier attempt was written: success, offset unknown (-1).
+
+Threads: the sync Producer appends from its caller's thread, so every touch of
+the accumulator holds `lock`. Futures and callbacks are settled on this task's
+thread, outside the lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+
+from clients import records
+from clients.accumulator import ProducerBatch, RecordAccumulator
+from clients.config import ProducerConfig
+from clients.connection import GatewayConnection
+from clients.errors import ClientClosed, HighwaterError, RequestTimedOut, error_for_code
+from clients.idempotence import IdempotenceState
+from clients.metadata import ClusterMetadata, now_ms
+from clients.types import RecordMetadata, TopicPartition
+from protos.highwater.v1 import common_pb2
+from services.common import limits
+from services.common.errors import InvariantViolation
+
+log = logging.getLogger("highwater.client.producer")
+
+# The gRPC deadline of a Produce is the server-side timeout plus this, so the
+# gateway's own REQUEST_TIMED_OUT answer arrives before our deadline cuts it off.
+RPC_DEADLINE_MARGIN_MS = 2_000
+# Errors after which the batch's sequence numbers cannot be trusted: fail and renumber.
+_SEQUENCE_ERRORS = (common_pb2.OUT_OF_ORDER_SEQUENCE_NUMBER, common_pb2.INVALID_PRODUCER_EPOCH)
+
+
+def backoff_ms(attempts: int, retry_backoff_ms: int, retry_backoff_max_ms: int) -> int:
+    """Kafka's exponential retry back-off: retry_backoff_ms * 2^(attempts-1), capped."""
+    return min(retry_backoff_max_ms, retry_backoff_ms * (1 << min(max(attempts - 1, 0), 20)))
+
+
+def settle_batch(batch: ProducerBatch, base_offset: int, log_append_time_ms: int,
+                 error: HighwaterError | None) -> None:
+    """Resolve every record future and run every callback of a completed batch.
+
+    A callback that raises is logged and does not stop the others (as Kafka's).
+    """
+    topic, partition = batch.tp
+    records_ = batch.records
+    for index, future, callback in batch.completions:
+        metadata: RecordMetadata | None = None
+        if error is None:
+            timestamp_ms = log_append_time_ms if log_append_time_ms >= 0 else records_[index][3]
+            metadata = RecordMetadata(topic, partition, base_offset + index if base_offset >= 0 else -1,
+                                      timestamp_ms)
+        if future is not None and not future.done():
+            try:
+                if error is None:
+                    future.set_result(metadata)
+                else:
+                    future.set_exception(error)
+            except Exception:  # cancelled by its owner between done() and here
+                pass
+        if callback is not None:
+            try:
+                callback(metadata, error)
+            except Exception:
+                log.exception("a delivery callback for %s raised", batch.tp)
+
+
+class Sender:
+    """The task that moves batches from the accumulator to the gateway."""
+
+    def __init__(
+        self,
+        config: ProducerConfig,
+        accumulator: RecordAccumulator,
+        lock: threading.Lock,
+        connection: GatewayConnection,
+        metadata: ClusterMetadata,
+        on_batch_done: Callable[[], None],
+    ) -> None:
+        self.config = config
+        self.accumulator = accumulator
+        self.lock = lock
+        self.connection = connection
+        self.metadata = metadata
+        self.on_batch_done = on_batch_done
+        self.idempotence = IdempotenceState() if config.enable_idempotence else None
+        self.fatal_error: HighwaterError | None = None
+        self._muted: set[TopicPartition] = set()
+        self._in_flight: dict[asyncio.Task[None], list[ProducerBatch]] = {}
+        self._init_task: asyncio.Task[None] | None = None
+        self._init_retry_at_ms = 0
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._init_attempts = 0
+
+    # --- control -----------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Look again now (must run on the sender's loop)."""
+        self._wake.set()
+
+    def stop_when_idle(self) -> None:
+        """End `run` once nothing is queued or in flight."""
+        self._stopping = True
+        self._wake.set()
+
+    async def abort(self, error: HighwaterError) -> None:
+        """Fail every queued and in-flight batch with `error` (close without waiting)."""
+        with self.lock:
+            queued = self.accumulator.abort_queued()
+        for batch in queued:
+            self._fail(batch, error)
+        in_flight = list(self._in_flight.items())
+        for task, _batches in in_flight:
+            task.cancel()
+        if in_flight:
+            await asyncio.gather(*(task for task, _ in in_flight), return_exceptions=True)
+        for _task, batches in in_flight:
+            for batch in batches:
+                with self.lock:
+                    pending = self.accumulator.is_incomplete(batch)
+                if pending:
+                    self._fail(batch, error)
+        self._stopping = True
+        self._wake.set()
+
+    # --- the loop --------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run passes until stopped and idle. Owns the muted set and the in-flight tasks."""
+        while True:
+            self._wake.clear()
+            delay_ms = self._run_once(now_ms())
+            if self._stopping and not self._in_flight and self._init_task is None:
+                with self.lock:
+                    idle = self.accumulator.incomplete_count == 0
+                if idle:
+                    return
+            if delay_ms == 0:
+                await asyncio.sleep(0)
+                continue
+            try:
+                await asyncio.wait_for(self._wake.wait(), None if delay_ms is None else delay_ms / 1000)
+            except TimeoutError:
+                pass
+
+    def _run_once(self, now: int) -> int | None:
+        """One pass; ms until the next is due (None: only when woken)."""
+        config = self.config
+        with self.lock:
+            expired = self.accumulator.expire(now, config.delivery_timeout_ms)
+        for batch in expired:
+            self._fail(batch, self._timeout_error(batch))
+        if self.fatal_error is not None:
+            with self.lock:
+                queued = self.accumulator.abort_queued()
+            for batch in queued:
+                self._fail(batch, self.fatal_error)
+            return None
+        if self.idempotence is not None and not self.idempotence.has_producer_id:
+            with self.lock:
+                waiting = self.accumulator.has_queued()
+            if not waiting:
+                return None
+            if self._init_task is None and not self._in_flight:
+                if now < self._init_retry_at_ms:
+                    return self._init_retry_at_ms - now
+                self._init_task = asyncio.get_running_loop().create_task(self._init_producer_id())
+            return None
+        if len(self._in_flight) >= config.max_in_flight_requests:
+            return None
+        with self.lock:
+            ready, next_ms = self.accumulator.ready(now, self._muted)
+            batches = self.accumulator.drain(ready, config.max_request_bytes)
+        if not batches:
+            return next_ms
+        request = self._build_request(batches)
+        if request is None:
+            return 0
+        task = asyncio.get_running_loop().create_task(self._send(request, batches))
+        self._in_flight[task] = batches
+        for batch in batches:
+            self._muted.add(batch.tp)
+        return 0
+
+    def _build_request(self, batches: list[ProducerBatch]) -> common_pb2.ProduceRequest | None:
+        """Number and encode each batch (once; retries reuse the bytes) into one request.
+
+        A batch that cannot be encoded fails whole and is left out; None when none is left.
+        """
+        config = self.config
+        by_topic: dict[str, list[common_pb2.ProducePartitionData]] = {}
+        for batch in list(batches):
+            if self.idempotence is not None and self.idempotence.assign(batch):
+                batch.encoded = None
+            if batch.encoded is None:
+                try:
+                    batch.encoded = records.encode_batch(
+                        batch.records,
+                        compression=config.compression,
+                        producer_id=batch.producer_id,
+                        producer_epoch=batch.producer_epoch,
+                        base_sequence=batch.base_sequence,
+                    )
+                except HighwaterError as error:
+                    batches.remove(batch)
+                    self._fail(batch, error)
+                    continue
+                except (TypeError, ValueError, OverflowError) as error:
+                    batches.remove(batch)
+                    self._fail(batch, error_for_code(common_pb2.CORRUPT_MESSAGE, f"cannot encode batch: {error}"))
+                    continue
+            by_topic.setdefault(batch.tp.topic, []).append(
+                common_pb2.ProducePartitionData(partition=batch.tp.partition, records=batch.encoded)
+            )
+        if not by_topic:
+            return None
+        return common_pb2.ProduceRequest(
+            acks=config.acks_wire,
+            timeout_ms=min(config.request_timeout_ms, limits.PRODUCE_TIMEOUT_MS_MAX),
+            topics=[common_pb2.ProduceTopicData(topic=topic, partitions=parts) for topic, parts in by_topic.items()],
+        )
+
+    async def _send(self, request: common_pb2.ProduceRequest, batches: list[ProducerBatch]) -> None:
+        try:
+            try:
+                response = await self.connection.call(
+                    "Produce", request, timeout_ms=request.timeout_ms + RPC_DEADLINE_MARGIN_MS
+                )
+            except HighwaterError as error:
+                for batch in batches:
+                    self._retry_or_fail(batch, error)
+                return
+            answers: dict[tuple[str, int], common_pb2.ProducePartitionResponse] = {}
+            for topic in response.topics:
+                for part in topic.partitions:
+                    answers[(topic.topic, part.partition)] = part
+            for batch in batches:
+                answer = answers.get(batch.tp)
+                if answer is None:
+                    self._retry_or_fail(batch, RequestTimedOut(f"the gateway's Produce answer left out {batch.tp}"))
+                elif answer.error_code == common_pb2.NONE:
+                    base_offset = answer.base_offset if self.config.acks_wire != 0 else -1
+                    self._succeed(batch, base_offset, answer.log_append_time_ms if answer.log_append_time_ms > 0 else -1)
+                elif answer.error_code == common_pb2.DUPLICATE_SEQUENCE_NUMBER:
+                    self._succeed(batch, -1, -1)
+                else:
+                    error = error_for_code(answer.error_code, answer.error_message or f"producing to {batch.tp}")
+                    if answer.error_code in _SEQUENCE_ERRORS:
+                        self._fail(batch, error)
+                    else:
+                        self._retry_or_fail(batch, error)
+        finally:
+            for batch in batches:
+                self._muted.discard(batch.tp)
+            self._in_flight.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+            self._wake.set()
+
+    async def _init_producer_id(self) -> None:
+        """InitProducerId: a new id, or a new epoch of ours when sequences must restart."""
+        state = self.idempotence
+        if state is None:
+            raise InvariantViolation("InitProducerId started without idempotence")
+        bump = state.producer_id >= 0
+        request = common_pb2.InitProducerIdRequest(
+            producer_id=state.producer_id if bump else -1,
+            producer_epoch=state.producer_epoch if bump else -1,
+        )
+        try:
+            response = await self.connection.call("InitProducerId", request)
+            if response.error_code != common_pb2.NONE:
+                raise error_for_code(response.error_code, response.error_message or "InitProducerId")
+            state.set_producer(response.producer_id, response.producer_epoch)
+            self._init_attempts = 0
+            log.debug("producer id %d epoch %d", response.producer_id, response.producer_epoch)
+        except HighwaterError as error:
+            self._init_attempts += 1
+            if error.retriable:
+                self._init_retry_at_ms = now_ms() + backoff_ms(
+                    self._init_attempts, self.config.retry_backoff_ms, self.config.retry_backoff_max_ms)
+                log.info("InitProducerId failed (%s); retrying", error)
+            else:
+                self.fatal_error = type(error)(f"the idempotent producer cannot get a producer id: {error.message}")
+        finally:
+            self._init_task = None
+            self._wake.set()
+
+    # --- settling batches ----------------------------------------------------------
+
+    def _retry_or_fail(self, batch: ProducerBatch, error: HighwaterError) -> None:
+        batch.last_error = error
+        if error.refresh_metadata:
+            self.metadata.mark_stale(batch.tp.topic)
+        now = now_ms()
+        retry_at = now + backoff_ms(batch.attempts, self.config.retry_backoff_ms, self.config.retry_backoff_max_ms)
+        if error.retriable and not self._stopping_hard() and \
+                retry_at - batch.created_ms < self.config.delivery_timeout_ms:
+            log.debug("retrying %d records to %s after %s (attempt %d)", batch.record_count, batch.tp, error,
+                      batch.attempts)
+            with self.lock:
+                self.accumulator.reenqueue(batch, retry_at)
+            return
+        self._fail(batch, self._timeout_error(batch) if error.retriable else error)
+
+    def _stopping_hard(self) -> bool:
+        return self.fatal_error is not None
+
+    def _timeout_error(self, batch: ProducerBatch) -> HighwaterError:
+        last = f"; last error: {batch.last_error}" if batch.last_error is not None else ""
+        return RequestTimedOut(
+            f"{batch.record_count} record(s) to {batch.tp} not acknowledged within delivery_timeout_ms="
+            f"{self.config.delivery_timeout_ms} after {batch.attempts} attempt(s){last}"
+        )
+
+    def _succeed(self, batch: ProducerBatch, base_offset: int, log_append_time_ms: int) -> None:
+        with self.lock:
+            self.accumulator.complete(batch)
+        settle_batch(batch, base_offset, log_append_time_ms, None)
+        self.on_batch_done()
+
+    def _fail(self, batch: ProducerBatch, error: HighwaterError) -> None:
+        if self.idempotence is not None:
+            self.idempotence.on_batch_lost(batch)
+        with self.lock:
+            self.accumulator.complete(batch)
+        settle_batch(batch, -1, -1, error)
+        self.on_batch_done()
+
+
+def closed_error(pending_records: int) -> ClientClosed:
+    return ClientClosed(f"the producer was closed with {pending_records} record(s) not yet acknowledged")
+

@@ -1,0 +1,128 @@
+"""Values the clients hand to and receive from their callers.
+
+Records and metadata are NamedTuples: a consumer builds one per record, and a
+tuple is the cheapest Python object that still has field names. Descriptions
+returned by Admin are frozen dataclasses: few, and read by people.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+Headers = list[tuple[str, bytes]]
+
+
+class TopicPartition(NamedTuple):
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+class RecordMetadata(NamedTuple):
+    """Where an acknowledged record landed. offset is -1 with acks=0 (nobody says)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+class ConsumerRecord(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+    timestamp_ms: int
+
+
+class OffsetAndTimestamp(NamedTuple):
+    """The first offset whose timestamp is >= the one asked, and that record's timestamp."""
+
+    offset: int
+    timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class PartitionDescription:
+    partition: int
+    leader: int  # -1: offline
+    leader_epoch: int
+    replicas: tuple[int, ...]  # AR, preferred leader first
+    isr: tuple[int, ...]
+    offline_replicas: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TopicDescription:
+    name: str
+    topic_id: str
+    partitions: tuple[PartitionDescription, ...]
+    config: dict[str, int | bool] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeDescription:
+    node_id: int
+    host: str
+    port: int
+    rack: str = ""
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ClusterDescription:
+    cluster_id: str
+    controller_id: int  # -1: no active controller
+    controller_epoch: int
+    controller_address: str
+    brokers: tuple[NodeDescription, ...]
+    gateways: tuple[NodeDescription, ...]
+
+
+@dataclass(frozen=True)
+class OngoingReassignment:
+    topic: str
+    partition: int
+    replicas: tuple[int, ...]
+    adding_replicas: tuple[int, ...]
+    removing_replicas: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TopicCreated:
+    name: str
+    topic_id: str
+    num_partitions: int
+    replication_factor: int
+
+
+@dataclass(frozen=True)
+class NewTopic:
+    """A topic to create: -1 partitions / replication factor takes the cluster default."""
+
+    name: str
+    num_partitions: int = -1
+    replication_factor: int = -1
+    configs: dict[str, str] = field(default_factory=dict)
+    # Explicit assignment: partition -> replicas; then the two counts must be -1.
+    assignments: dict[int, list[int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GroupPartitionOffset:
+    """A consumer group's committed offset for one partition and how far behind it is."""
+
+    topic: str
+    partition: int
+    committed_offset: int  # -1: nothing committed
+    end_offset: int  # the high watermark
+    lag: int | None  # end_offset - committed_offset; None when nothing is committed (as Kafka's tool shows "-")
+    metadata: str = ""

@@ -1,0 +1,228 @@
+"""Controller election and controller fencing (DESIGN.md section 2).
+
+Election is one etcd transaction: if `/controller` is missing and `/controller_epoch`
+is unchanged since it was read, put `/controller` with my lease and bump
+`/controller_epoch`. Losers watch `/controller` and try again when it is deleted
+(the active controller resigned, or its lease expired).
+
+Fencing: every write of a controller is a transaction that also compares
+`/controller_epoch` with the controller's own epoch (`fenced_txn`). A controller
+deposed while it was paused or partitioned therefore writes nothing: its
+transactions fail with ControllerFenced, and it must stop acting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from coordinator.keys import Keys
+from coordinator.lease import LeaseKeeper, OnLost
+from coordinator.limits import ELECTION_RETRY_BACKOFF_S_MAX, ELECTION_RETRY_BACKOFF_S_MIN
+from coordinator.store import (
+    Compare,
+    CoordinatorError,
+    CoordinatorUnavailable,
+    Get,
+    MetadataStore,
+    Op,
+    Put,
+    TxnResult,
+    compare_missing,
+    compare_mod_revision,
+    compare_value,
+    json_bytes,
+)
+
+log = logging.getLogger("highwater.coordinator")
+
+
+class ControllerFenced(CoordinatorError):
+    """A controller write carried an epoch older than `/controller_epoch`: a newer controller exists."""
+
+    def __init__(self, epoch: int, current_epoch: int | None) -> None:
+        super().__init__(
+            f"controller epoch {epoch} is stale: /controller_epoch is now {current_epoch}; this controller must stop acting"
+        )
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+
+
+def fenced_compare(keys: Keys, epoch: int) -> Compare:
+    """The guard every controller write carries: `/controller_epoch` still equals epoch."""
+    return compare_value(keys.controller_epoch, str(epoch).encode())
+
+
+async def fenced_txn(
+    store: MetadataStore,
+    epoch: int,
+    compares: Sequence[Compare],
+    ops: Sequence[Op],
+    failure: Sequence[Op] = (),
+) -> TxnResult:
+    """A controller write: ops run only if `/controller_epoch` == epoch and every compare holds.
+
+    Returns the TxnResult (succeeded False when one of the caller's own compares
+    failed; its gets are those of `failure`). Raises ControllerFenced when the epoch
+    compare failed (told apart by reading `/controller_epoch` in the failure branch),
+    plus whatever store.txn raises.
+    """
+    epoch_key = store.keys.controller_epoch
+    result = await store.txn([fenced_compare(store.keys, epoch), *compares], ops, [*failure, Get(epoch_key)])
+    if result.succeeded:
+        return result
+    epoch_kvs = result.gets[-1]
+    current_epoch = int(epoch_kvs[0].value) if epoch_kvs else None
+    if current_epoch != epoch:
+        raise ControllerFenced(epoch, current_epoch)
+    return TxnResult(succeeded=False, revision=result.revision, gets=result.gets[:-1])
+
+
+async def current_controller(store: MetadataStore) -> dict[str, Any] | None:
+    """The active controller's `/controller` value ({"controller_id", "epoch", "host", "port", ...}), or None."""
+    kv = await store.get(store.keys.controller)
+    if kv is None:
+        return None
+    value: dict[str, Any] = json.loads(kv.value)
+    return value
+
+
+class ControllerElection:
+    """One candidate's campaign for the controller role.
+
+    The task that calls campaign() owns this object. After campaign() returns the
+    epoch, `lost` is set if the lease is lost; from then on the controller must stop
+    acting (its writes would fail ControllerFenced anyway once another one wins).
+    """
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        controller_id: int,
+        info: dict[str, Any],
+        ttl_s: int,
+        *,
+        keepalive_interval_s: float | None = None,
+        on_lost: OnLost | None = None,
+    ) -> None:
+        self.store = store
+        self.controller_id = controller_id
+        self.info = info
+        self.ttl_s = ttl_s
+        self.keepalive_interval_s = keepalive_interval_s
+        self.on_lost = on_lost
+        self.epoch: int | None = None
+        self._keeper: LeaseKeeper | None = None
+        self._lost = asyncio.Event()
+        self._resigned = False
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set when the lease of the won term is lost (not on resign()). A new term gets a new event."""
+        return self._lost
+
+    @property
+    def is_controller(self) -> bool:
+        return self.epoch is not None and not self._resigned and not self._lost.is_set()
+
+    @property
+    def lease(self) -> LeaseKeeper | None:
+        return self._keeper
+
+    def fenced(self, epoch: int | None = None) -> Compare:
+        """The fencing compare for epoch (default: the epoch this candidate won)."""
+        if epoch is None:
+            if self.epoch is None:
+                raise RuntimeError(f"controller {self.controller_id} has not won an election: no epoch to fence with")
+            epoch = self.epoch
+        return fenced_compare(self.store.keys, epoch)
+
+    async def campaign(self) -> int:
+        """Wait until this candidate is the controller; returns the new controller epoch.
+
+        Retries with back-off while etcd is unreachable (logging each failure); to
+        give up, cancel the task. Raises ValueError for a bad TTL/interval.
+        """
+        if self.is_controller:
+            raise RuntimeError(f"controller {self.controller_id} already holds epoch {self.epoch}")
+        backoff_s = ELECTION_RETRY_BACKOFF_S_MIN
+        while True:
+            try:
+                epoch = await self._try_once()
+            except CoordinatorUnavailable as exc:
+                log.warning("controller %d: election attempt failed (%s); retrying in %.1f s", self.controller_id, exc, backoff_s)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, ELECTION_RETRY_BACKOFF_S_MAX)
+                continue
+            if epoch is not None:
+                return epoch
+            backoff_s = ELECTION_RETRY_BACKOFF_S_MIN
+
+    async def _try_once(self) -> int | None:
+        keys = self.store.keys
+        snapshot = await self.store.txn([], [Get(keys.controller), Get(keys.controller_epoch)])
+        controller_kvs, epoch_kvs = snapshot.gets
+        if controller_kvs:
+            holder = json.loads(controller_kvs[0].value)
+            log.info(
+                "controller %d: controller %s holds epoch %s; waiting for it to go",
+                self.controller_id,
+                holder.get("controller_id"),
+                holder.get("epoch"),
+            )
+            await self._wait_for_controller_delete(snapshot.revision + 1)
+            return None
+        epoch_kv = epoch_kvs[0] if epoch_kvs else None
+        new_epoch = (int(epoch_kv.value) if epoch_kv is not None else 0) + 1
+        self._lost = asyncio.Event()
+        keeper = LeaseKeeper(on_lost=self._on_lease_lost, name=f"controller {self.controller_id}")
+        lease_id = await keeper.start(self.store, self.ttl_s, keepalive_interval_s=self.keepalive_interval_s)
+        value = {**self.info, "controller_id": self.controller_id, "epoch": new_epoch}
+        try:
+            result = await self.store.txn(
+                [
+                    compare_missing(keys.controller),
+                    compare_mod_revision(keys.controller_epoch, epoch_kv.mod_revision)
+                    if epoch_kv is not None
+                    else compare_missing(keys.controller_epoch),
+                ],
+                [Put(keys.controller, json_bytes(value), lease=lease_id), Put(keys.controller_epoch, str(new_epoch).encode())],
+            )
+        except BaseException:
+            # Unknown outcome: revoking the lease deletes /controller if we did write it.
+            await keeper.stop(revoke=True)
+            raise
+        if not result.succeeded:
+            log.info("controller %d: lost the race for epoch %d", self.controller_id, new_epoch)
+            await keeper.stop(revoke=True)
+            return None
+        self._keeper = keeper
+        self._resigned = False
+        self.epoch = new_epoch
+        log.info("controller %d: elected with controller epoch %d (lease %x)", self.controller_id, new_epoch, lease_id)
+        return new_epoch
+
+    async def _wait_for_controller_delete(self, start_revision: int) -> None:
+        key = self.store.keys.controller
+        # A prefix watch on /controller also sees /controller_epoch: match the key exactly.
+        async with contextlib.aclosing(self.store.watch_prefix(key, start_revision=start_revision)) as events_stream:
+            async for events in events_stream:
+                if any(e.key == key and e.kind == "delete" for e in events):
+                    return
+
+    def _on_lease_lost(self) -> object:
+        log.error("controller %d: lease lost; controller epoch %s must stop acting", self.controller_id, self.epoch)
+        self._lost.set()
+        return self.on_lost() if self.on_lost is not None else None
+
+    async def resign(self) -> None:
+        """Give up the role: revoke the lease, deleting /controller so a standby takes over."""
+        keeper, self._keeper = self._keeper, None
+        self._resigned = True
+        if keeper is not None:
+            await keeper.stop(revoke=True)
+            log.info("controller %d: resigned controller epoch %s", self.controller_id, self.epoch)

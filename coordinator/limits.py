@@ -1,0 +1,79 @@
+"""Every bound of the coordinator package in one place, with its unit in its name and why.
+
+Relations between these settings are checked where they meet (LeaseKeeper checks the
+keep-alive interval against the lease TTL at start). Service-level settings (the
+brokers' lease TTL and so on) live in services/common/limits.py and are passed in.
+"""
+
+from __future__ import annotations
+
+# --- requests to etcd --------------------------------------------------------
+# Every unary etcd call (get, put, txn, lease grant/revoke/keep-alive) gives up after
+# this long in total, retries included, and raises CoordinatorUnavailable. Local etcd
+# answers in about a millisecond; five seconds rides out a leader election in a
+# three-node etcd cluster (election timeout 1 s by default) without hanging a caller.
+ETCD_REQUEST_TIMEOUT_S = 5.0
+# EtcdStore.connect keeps trying for this long by default before it gives up: long
+# enough for `highwater cluster up` to start etcd and the services side by side.
+ETCD_CONNECT_TIMEOUT_S = 5.0
+# Pause between connection attempts inside EtcdStore.connect.
+ETCD_CONNECT_RETRY_S = 0.1
+# Attempts etcd3aio makes for an idempotent request (get, put, delete, lease calls)
+# that fails UNAVAILABLE / DEADLINE_EXCEEDED, inside ETCD_REQUEST_TIMEOUT_S.
+ETCD_REQUEST_ATTEMPTS_MAX = 3
+# A transaction is sent exactly once: a retried compare-and-swap whose first attempt
+# was applied but whose answer was lost would come back "failed" for the wrong reason.
+ETCD_TXN_ATTEMPTS_MAX = 1
+# gRPC's channel backs off up to 120 s between reconnects by default; after an etcd
+# restart that would leave every service blind for minutes. Cap the back-off.
+ETCD_RECONNECT_BACKOFF_MS_MIN = 100
+ETCD_RECONNECT_BACKOFF_MS_MAX = 1_000
+# etcd's own server-side limits (defaults of --max-txn-ops and --max-request-bytes).
+# MemoryStore enforces them too, so the simulation catches a controller write that
+# real etcd would refuse.
+ETCD_TXN_OPS_MAX = 128
+ETCD_REQUEST_BYTES_MAX = 1536 * 1024
+
+# --- watches -----------------------------------------------------------------
+# A broken watch stream (etcd restarted, connection reset) is re-opened from the
+# revision after the last delivered event, backing off between these bounds.
+WATCH_RECONNECT_BACKOFF_S_MIN = 0.1
+WATCH_RECONNECT_BACKOFF_S_MAX = 2.0
+
+# --- leases ------------------------------------------------------------------
+# The default keep-alive interval is the TTL divided by this: three keep-alives may
+# be lost before the lease is in danger.
+LEASE_KEEPALIVES_PER_TTL = 4
+# The keep-alive interval must stay below this fraction of the TTL, or a single lost
+# keep-alive (or one slow etcd answer) expires the lease.
+LEASE_KEEPALIVE_INTERVAL_TTL_RATIO_MAX = 0.5
+# The shortest lease TTL we ask for; etcd itself rounds a shorter TTL up to
+# 1.5 x its election timeout.
+LEASE_TTL_S_MIN = 1
+
+# --- controller election -----------------------------------------------------
+# A candidate that cannot reach etcd retries its campaign with a back-off capped here.
+ELECTION_RETRY_BACKOFF_S_MIN = 0.1
+ELECTION_RETRY_BACKOFF_S_MAX = 2.0
+
+# --- the local etcd server (etcd_server.py) ----------------------------------
+# How long `start()` waits for a fresh etcd to answer its health check; a healthy
+# single-node etcd is ready in well under a second on loopback.
+ETCD_SERVER_START_TIMEOUT_S = 10.0
+# SIGTERM grace before SIGKILL on stop().
+ETCD_SERVER_STOP_TIMEOUT_S = 5.0
+# Raft timings of the local single-node server: short, so a restart elects itself at
+# once and the minimum lease TTL is 1 s (etcd: 1.5 x election timeout, rounded up).
+ETCD_SERVER_HEARTBEAT_INTERVAL_MS = 50
+ETCD_SERVER_ELECTION_TIMEOUT_MS = 500
+# Health probes while starting: each bounded, with a short pause between them.
+ETCD_SERVER_HEALTH_PROBE_TIMEOUT_S = 1.0
+ETCD_SERVER_HEALTH_PROBE_INTERVAL_S = 0.05
+# How much of etcd's log a failed start quotes in its exception.
+ETCD_SERVER_LOG_TAIL_BYTES = 4_000
+
+# --- MemoryStore -------------------------------------------------------------
+# Revisions of history kept for watches that start in the past (etcd keeps history
+# until compaction). A watcher further behind than this gets WatchCompacted, as it
+# would from etcd after a compaction.
+MEMORY_STORE_HISTORY_REVISIONS_MAX = 100_000

@@ -1,0 +1,141 @@
+"""Broker and gateway registration: an ephemeral `/brokers/ids/{id}` (or `/gateways/ids/{id}`) key.
+
+The key is created in one transaction, only if missing, with a lease the returned
+Registration keeps alive; it disappears within the TTL of the process going away,
+which is how the controller learns of a broker failure (DESIGN.md section 7).
+
+The **broker epoch** is the key's create_revision: every registration of a broker
+id gets a new, larger one, so control requests meant for an earlier incarnation can
+be fenced (STALE_BROKER_EPOCH).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from coordinator.lease import LeaseKeeper, OnLost
+from coordinator.store import CoordinatorError, Get, KeyValue, MetadataStore, Put, compare_missing, json_bytes
+
+log = logging.getLogger("highwater.coordinator")
+
+
+class BrokerIdInUse(CoordinatorError):
+    """Another live process holds this broker id's registration."""
+
+
+class GatewayIdInUse(CoordinatorError):
+    """Another live process holds this gateway id's registration."""
+
+
+@dataclass(slots=True)
+class Registration:
+    """A live registration. broker_epoch: the key's create_revision (for a gateway, its
+    registration epoch). Watch `lease.lost`: once set, the key is gone (or about to be)
+    and the process must re-register or stop."""
+
+    lease: LeaseKeeper
+    broker_epoch: int
+    key: str
+
+    @property
+    def lease_id(self) -> int:
+        return self.lease.lease_id
+
+    async def close(self, *, revoke: bool = True) -> None:
+        """Deregister: stop keep-alives and (with revoke) delete the key now."""
+        await self.lease.stop(revoke=revoke)
+
+
+def _holder_address(existing: KeyValue | None) -> str:
+    if existing is None:
+        return "an unknown address"
+    try:
+        info = json.loads(existing.value)
+        return f"{info['host']}:{info['port']}"
+    except (ValueError, TypeError, KeyError):
+        return "an unknown address"
+
+
+async def _register(
+    store: MetadataStore,
+    key: str,
+    info: dict[str, Any],
+    *,
+    ttl_s: int,
+    keepalive_interval_s: float | None,
+    on_lost: OnLost | None,
+    name: str,
+) -> tuple[Registration | None, KeyValue | None]:
+    keeper = LeaseKeeper(on_lost=on_lost, name=name)
+    lease_id = await keeper.start(store, ttl_s, keepalive_interval_s=keepalive_interval_s)
+    try:
+        result = await store.txn(
+            [compare_missing(key)],
+            [Put(key, json_bytes(info), lease=lease_id), Get(key)],
+            [Get(key)],
+        )
+    except BaseException:
+        # Unknown outcome (etcd unreachable, cancelled): revoking removes the key if it was written.
+        await keeper.stop(revoke=True)
+        raise
+    if not result.succeeded:
+        await keeper.stop(revoke=True)
+        return None, result.gets[0][0] if result.gets[0] else None
+    created = result.gets[0][0]
+    log.info("%s registered at %s (epoch %d, lease %x)", name, key, created.create_revision, lease_id)
+    return Registration(lease=keeper, broker_epoch=created.create_revision, key=key), None
+
+
+async def register_broker(
+    store: MetadataStore,
+    broker_id: int,
+    info: dict[str, Any],
+    *,
+    ttl_s: int,
+    keepalive_interval_s: float | None = None,
+    on_lost: OnLost | None = None,
+) -> Registration:
+    """Register broker_id with info (host, port, rack, metrics port) under a fresh lease.
+
+    The lease keeper is running when this returns. Raises BrokerIdInUse when a live
+    process already holds the id, ValueError for a bad TTL/interval or id,
+    CoordinatorUnavailable when etcd cannot be reached.
+    """
+    key = store.keys.broker(broker_id)
+    registration, holder = await _register(
+        store, key, info, ttl_s=ttl_s, keepalive_interval_s=keepalive_interval_s, on_lost=on_lost, name=f"broker {broker_id}"
+    )
+    if registration is None:
+        raise BrokerIdInUse(
+            f"broker id {broker_id} is already registered by a live process at {_holder_address(holder)}; "
+            "pick another --broker-id or stop that one"
+        )
+    return registration
+
+
+async def register_gateway(
+    store: MetadataStore,
+    gateway_id: int,
+    info: dict[str, Any],
+    *,
+    ttl_s: int,
+    keepalive_interval_s: float | None = None,
+    on_lost: OnLost | None = None,
+) -> Registration:
+    """Register gateway_id with info (host, port) under a fresh lease; as register_broker.
+
+    Raises GatewayIdInUse when a live process already holds the id.
+    """
+    key = store.keys.gateway(gateway_id)
+    registration, holder = await _register(
+        store, key, info, ttl_s=ttl_s, keepalive_interval_s=keepalive_interval_s, on_lost=on_lost, name=f"gateway {gateway_id}"
+    )
+    if registration is None:
+        raise GatewayIdInUse(
+            f"gateway id {gateway_id} is already registered by a live process at {_holder_address(holder)}; "
+            "pick another --gateway-id or stop that one"
+        )
+    return registration

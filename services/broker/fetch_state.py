@@ -1,0 +1,70 @@
+"""A follower partition's fetch state (Kafka's PartitionFetchState): pure data.
+
+Transitions are data: `LEGAL_TRANSITIONS` lists every allowed move; any other
+raises InvariantViolation. A partition enters the fetcher TRUNCATING (it must
+first agree with the leader on where its log ends), moves to FETCHING, and is
+DELAYED after an error until `delayed_until_ms`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from services.common.errors import check
+
+
+class FetchPhase(enum.Enum):
+    TRUNCATING = "truncating"
+    FETCHING = "fetching"
+    DELAYED = "delayed"
+
+
+LEGAL_TRANSITIONS: dict[FetchPhase, frozenset[FetchPhase]] = {
+    FetchPhase.TRUNCATING: frozenset({FetchPhase.FETCHING, FetchPhase.DELAYED, FetchPhase.TRUNCATING}),
+    FetchPhase.FETCHING: frozenset({FetchPhase.FETCHING, FetchPhase.DELAYED, FetchPhase.TRUNCATING}),
+    FetchPhase.DELAYED: frozenset({FetchPhase.FETCHING, FetchPhase.TRUNCATING, FetchPhase.DELAYED}),
+}
+
+
+@dataclass
+class PartitionFetchState:
+    topic: str
+    partition: int
+    fetch_offset: int
+    current_leader_epoch: int
+    phase: FetchPhase = FetchPhase.TRUNCATING
+    delayed_until_ms: int = 0
+    # Where to go back to when a delay ends.
+    resume_phase: FetchPhase = FetchPhase.TRUNCATING
+
+    def move(self, phase: FetchPhase) -> None:
+        check(phase in LEGAL_TRANSITIONS[self.phase], "illegal fetch transition %s -> %s for %s-%d",
+              self.phase, phase, self.topic, self.partition)
+        self.phase = phase
+
+    def delay(self, now_ms: int, backoff_ms: int, resume: FetchPhase) -> None:
+        self.move(FetchPhase.DELAYED)
+        self.delayed_until_ms = now_ms + backoff_ms
+        self.resume_phase = resume
+
+    def ready(self, now_ms: int) -> bool:
+        """Whether the partition can be worked on now (a due delay ends here)."""
+        if self.phase is FetchPhase.DELAYED and now_ms >= self.delayed_until_ms:
+            self.move(self.resume_phase)
+        return self.phase is not FetchPhase.DELAYED
+
+
+def truncation_offset(*, local_leo: int, requested_epoch: int, leader_epoch: int, leader_end_offset: int,
+                      local_end_offset_for_leader_epoch: int) -> int:
+    """Where a follower truncates after OffsetsForLeaderEpoch (KIP-101 / KIP-279).
+
+    - The leader knows our latest epoch: truncate to min(its end offset for
+      that epoch, our LEO).
+    - The leader's answer is an older epoch (it never had ours): truncate to
+      min(the leader's end offset, our own end offset for that older epoch),
+      so divergent entries of epochs the leader never saw are removed.
+    """
+    if leader_epoch == requested_epoch:
+        return min(leader_end_offset, local_leo)
+    return min(leader_end_offset, local_end_offset_for_leader_epoch, local_leo)

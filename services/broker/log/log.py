@@ -1,0 +1,747 @@
+"""The partition log: segments, offsets, recovery, retention and checkpoints of one partition.
+
+DESIGN.md section 5. Offsets are half-open: the log holds [log_start_offset,
+log_end_offset); the LEO is the next offset to be written. The broker never decodes
+records: appends are checked and stamped per batch (services/common/record_batch.py)
+and reads return file bytes, whole batches only.
+
+Invariants kept here (DESIGN.md section 8):
+- offsets are contiguous: every batch starts at the previous batch's next offset, and
+  segment i+1 starts at segment i's next offset;
+- log_start_offset <= LEO, and neither goes down except through truncate_to /
+  truncate_fully_and_start_at, which the replication layer calls deliberately;
+- leader epochs never decrease along the log, and the leader epoch cache names, for
+  every epoch present, the offset where it starts (it is persisted before the data);
+- nothing invalid reaches a segment: a batch is written only after its CRC and header
+  checks pass, and recovery cuts whatever a crash left torn or corrupt.
+
+Ownership: one Log belongs to the one task that owns its partition (STYLE.md practice
+3). It holds no locks, reads no clock (now_ms is an argument) and does no asyncio; the
+broker calls it from that task (or hands whole calls to a thread, one at a time).
+Durability comes from replication; fsync happens on flush(), by the flush_messages /
+flush_ms settings (off by default, as Kafka), on roll of recovery, and on close().
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from services.common.errors import OffsetOutOfRange, StorageError, check
+from services.common.record_batch import (
+    BatchHeader,
+    Buffer,
+    assign_offsets,
+    iter_batch_headers,
+    validate_batches,
+)
+
+from . import checkpoints
+from .checkpoints import (
+    CLEAN_SHUTDOWN_MARKER,
+    HIGH_WATERMARK_CHECKPOINT,
+    LEADER_EPOCH_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+)
+from .config import LogConfig
+from .epoch_cache import LeaderEpochCache
+from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, parse_segment_file_name
+from .storage import TEMP_SUFFIX, FileStorage, Storage
+
+logger = logging.getLogger("highwater.log")
+
+# A retention rule: (segment, base offset of the next segment) -> delete it?
+_Breach = Callable[[LogSegment, int], bool]
+
+# ListOffsets' special timestamps, as Kafka's.
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    """What an append wrote: offsets [first_offset, next_offset), headers as written (offsets assigned)."""
+
+    first_offset: int
+    last_offset: int
+    next_offset: int
+    max_timestamp_ms: int
+    batch_count: int
+    size_bytes: int
+    headers: list[BatchHeader]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchInfo:
+    """Whole batches read from the log.
+
+    `records` covers offsets [first_offset, next_offset); first_offset is the base offset
+    of the first batch, which may lie below the fetch offset (a batch is never split).
+    Empty records: first_offset == next_offset == the fetch offset.
+    """
+
+    records: bytes
+    first_offset: int
+    next_offset: int
+    log_start_offset: int
+    log_end_offset: int
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.records
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What opening the log did: for logs, metrics and tests."""
+
+    clean_shutdown: bool
+    segments_recovered: int
+    bytes_scanned: int
+    bytes_dropped: int
+    segments_dropped: int
+    reason: str
+
+
+class Log:
+    """One partition's log. Create with `Log.open`."""
+
+    def __init__(self, directory: str, config: LogConfig, storage: Storage) -> None:
+        self._directory = directory
+        self._config = config
+        self._storage = storage
+        self._segments: list[LogSegment] = []
+        self._base_offsets: list[int] = []
+        self._log_start_offset = 0
+        self._recovery_point = 0
+        self._unflushed_messages = 0
+        self._last_flush_ms = 0
+        self._closed = False
+        # Set when a write failed: the log's files may not match its memory, so it refuses
+        # further use until reopened (Kafka takes the log directory offline).
+        self._offline_reason: str | None = None
+        self._epoch_cache = LeaderEpochCache(
+            [], log_end_offset=lambda: self.log_end_offset, persist=self._persist_epochs
+        )
+        self.recovery_report = RecoveryReport(True, 0, 0, 0, 0, "")
+
+    # --- opening ----------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | Path,
+        config: LogConfig,
+        *,
+        storage: Storage | None = None,
+        now_ms: int,
+        recover: bool = True,
+    ) -> Log:
+        """Open (creating if needed) the log in `directory`, recovering it after an unclean stop.
+
+        Without the clean-shutdown marker, every segment from the one holding the recovery
+        point on is scanned batch by batch (length, magic, CRC, offset contiguity, epoch
+        order); the first unsound batch and everything after it is cut, and the number of
+        bytes dropped is logged. With the marker (or recover=False, for tools), segments are
+        trusted and only each one's tail after its last index entry is read.
+        """
+        log = cls(str(directory), config, storage or FileStorage())
+        log._load(now_ms=now_ms, recover=recover)
+        return log
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self._directory, name)
+
+    def _load(self, *, now_ms: int, recover: bool) -> None:
+        storage = self._storage
+        storage.mkdir(self._directory)
+        names = storage.list_dir(self._directory)
+        clean = CLEAN_SHUTDOWN_MARKER in names
+        bases: list[int] = []
+        for name in names:
+            parsed = parse_segment_file_name(name)
+            if name.endswith(TEMP_SUFFIX):
+                storage.delete(self._path(name))
+            elif parsed is not None and parsed[1] == LOG_SUFFIX:
+                bases.append(parsed[0])
+        bases.sort()
+        for name in names:
+            parsed = parse_segment_file_name(name)
+            if parsed is not None and parsed[1] in (INDEX_SUFFIX, TIME_INDEX_SUFFIX) and parsed[0] not in bases:
+                storage.delete(self._path(name))  # orphan index of a segment deleted before a crash
+
+        log_start_checkpoint = checkpoints.read_offset(storage, self._path(LOG_START_OFFSET_CHECKPOINT))
+        recovery_point = checkpoints.read_offset(storage, self._path(RECOVERY_POINT_CHECKPOINT)) or 0
+        epoch_entries = checkpoints.read_entries(storage, self._path(LEADER_EPOCH_CHECKPOINT), fields_per_entry=2) or []
+        self._epoch_cache = LeaderEpochCache(
+            [(epoch, start) for epoch, start in epoch_entries],
+            log_end_offset=lambda: self.log_end_offset,
+            persist=self._persist_epochs,
+        )
+        if not bases:
+            bases = [log_start_checkpoint or 0]
+        segments = [
+            LogSegment(storage, self._directory, base, self._config, active=(i == len(bases) - 1))
+            for i, base in enumerate(bases)
+        ]
+
+        trust_all = clean or not recover
+        first_recovered = len(segments)
+        if not trust_all:
+            first_recovered = max(0, bisect.bisect_right(bases, recovery_point) - 1)
+        kept: list[LogSegment] = []
+        scanned = dropped = recovered_count = 0
+        reason = ""
+        latest_epoch: int | None = None
+        for i, segment in enumerate(segments):
+            if kept and segment.base_offset != kept[-1].next_offset:
+                reason = (
+                    f"segment {segment.base_offset} does not start where segment {kept[-1].base_offset} "
+                    f"ends ({kept[-1].next_offset})"
+                )
+                break
+            must_scan = i >= first_recovered or segment.index_suspect()
+            if not must_scan:
+                end = segment.load_tail()
+                must_scan = end != segment.size_bytes
+            if must_scan:
+                if latest_epoch is None:
+                    latest_epoch = self._epoch_cache.epoch_for_offset(segment.base_offset)
+                result = segment.recover(latest_epoch=latest_epoch)
+                recovered_count += 1
+                scanned += result.valid_bytes + result.dropped_bytes
+                for epoch, start_offset in result.epoch_starts:
+                    if latest_epoch is None or epoch > latest_epoch:
+                        latest_epoch = epoch
+                    self._epoch_cache.assign(epoch, start_offset)
+                if result.dropped_bytes:
+                    dropped += result.dropped_bytes
+                    reason = result.reason
+                    kept.append(segment)
+                    logger.warning(
+                        "log %s: dropped %d bytes at byte %d of segment %d (%s)",
+                        self._directory,
+                        result.dropped_bytes,
+                        result.valid_bytes,
+                        segment.base_offset,
+                        result.reason,
+                    )
+                    break
+            kept.append(segment)
+        segments_dropped = len(segments) - len(kept)
+        for segment in reversed(segments[len(kept) :]):
+            dropped += segment.size_bytes
+            logger.warning(
+                "log %s: dropped segment %d (%d bytes) after the damage (%s)",
+                self._directory,
+                segment.base_offset,
+                segment.size_bytes,
+                reason,
+            )
+            segment.delete_files()
+        self._segments = kept
+        self._base_offsets = [segment.base_offset for segment in kept]
+        for segment in kept[:-1]:
+            segment.make_inactive()
+        kept[-1].make_active()
+
+        leo = self.log_end_offset
+        self._epoch_cache.truncate_from_end(leo)
+        self._log_start_offset = max(log_start_checkpoint or 0, kept[0].base_offset)
+        if self._log_start_offset > leo:
+            logger.warning(
+                "log %s: log start offset %d is past the end %d after recovery; starting empty at %d",
+                self._directory,
+                self._log_start_offset,
+                leo,
+                self._log_start_offset,
+            )
+            self.truncate_fully_and_start_at(self._log_start_offset)
+        self._epoch_cache.truncate_from_start(self._log_start_offset)
+        if log_start_checkpoint != self._log_start_offset:
+            checkpoints.write_offset(storage, self._path(LOG_START_OFFSET_CHECKPOINT), self._log_start_offset)
+
+        if recovered_count or dropped:
+            # What recovery kept is exactly what is on disk: make it durable, then trust it.
+            for segment in self._segments:
+                segment.flush()
+        self._recovery_point = self.log_end_offset
+        checkpoints.write_offset(storage, self._path(RECOVERY_POINT_CHECKPOINT), self._recovery_point)
+        if clean:
+            # From here on a crash is an unclean stop again.
+            storage.delete(self._path(CLEAN_SHUTDOWN_MARKER))
+        self._last_flush_ms = now_ms
+        self.recovery_report = RecoveryReport(clean, recovered_count, scanned, dropped, segments_dropped, reason)
+        if scanned and not clean:
+            logger.info(
+                "log %s: recovered %d segment(s), scanned %d bytes, dropped %d bytes; offsets [%d, %d)",
+                self._directory,
+                recovered_count,
+                scanned,
+                dropped,
+                self._log_start_offset,
+                self.log_end_offset,
+            )
+
+    # --- state ------------------------------------------------------------------------
+
+    @property
+    def directory(self) -> str:
+        return self._directory
+
+    @property
+    def config(self) -> LogConfig:
+        return self._config
+
+    @property
+    def log_start_offset(self) -> int:
+        """First readable offset: fetches below it are OffsetOutOfRange."""
+        return self._log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        """LEO: the next offset to be written."""
+        return self._segments[-1].next_offset
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(segment.size_bytes for segment in self._segments)
+
+    @property
+    def recovery_point(self) -> int:
+        """Offsets below this were fsynced; recovery scans from the segment holding it."""
+        return self._recovery_point
+
+    @property
+    def leader_epoch_cache(self) -> LeaderEpochCache:
+        return self._epoch_cache
+
+    @property
+    def segment_base_offsets(self) -> list[int]:
+        return list(self._base_offsets)
+
+    @property
+    def unflushed_messages(self) -> int:
+        return self._unflushed_messages
+
+    @property
+    def _active(self) -> LogSegment:
+        return self._segments[-1]
+
+    def _ensure_usable(self) -> None:
+        check(not self._closed, "log %s is closed", self._directory)
+        if self._offline_reason is not None:
+            raise StorageError(f"log {self._directory} is offline after a failed write: {self._offline_reason}")
+
+    # --- appending --------------------------------------------------------------------
+
+    def append_as_leader(self, records: Buffer, *, leader_epoch: int, now_ms: int) -> AppendInfo:
+        """Validate, assign offsets from the LEO, stamp `leader_epoch`, and write.
+
+        Raises CorruptMessage / MessageTooLarge (nothing is written) for a bad batch.
+        The caller (the partition, as leader in `leader_epoch`) has fenced stale epochs;
+        an epoch below the latest one in the log is a bug.
+        """
+        self._ensure_usable()
+        headers = validate_batches(records, max_batch_bytes=self._config.max_message_bytes)
+        latest_epoch = self._epoch_cache.latest_epoch()
+        check(
+            leader_epoch >= 0 and (latest_epoch is None or leader_epoch >= latest_epoch),
+            "log %s: leader append in epoch %d, but the log already holds epoch %s",
+            self._directory,
+            leader_epoch,
+            latest_epoch,
+        )
+        buf = bytearray(records)
+        first_offset = self.log_end_offset
+        next_offset = assign_offsets(buf, headers, first_offset, leader_epoch)
+        assigned: list[BatchHeader] = []
+        offset = first_offset
+        for header in headers:
+            assigned.append(replace(header, base_offset=offset, partition_leader_epoch=leader_epoch))
+            offset += header.last_offset_delta + 1
+        check(offset == next_offset, "assign_offsets ended at %d, headers at %d", next_offset, offset)
+        if latest_epoch != leader_epoch:
+            self._epoch_cache.assign(leader_epoch, first_offset)
+        return self._write(buf, assigned, now_ms)
+
+    def append_as_follower(self, records: Buffer, *, now_ms: int) -> AppendInfo:
+        """Write batches whose offsets and epochs the leader assigned, after checking them.
+
+        Raises CorruptMessage for a bad batch (nothing is written). The fetcher has checked
+        that the batches continue this log; a first offset other than the LEO, a gap, or a
+        falling leader epoch is an InvariantViolation here (the last line of defence).
+        """
+        self._ensure_usable()
+        headers = validate_batches(records, max_batch_bytes=None)
+        expected = self.log_end_offset
+        latest_epoch = self._epoch_cache.latest_epoch()
+        new_epochs: list[tuple[int, int]] = []
+        for header in headers:
+            check(
+                header.base_offset == expected,
+                "log %s: follower append of a batch at offset %d, expected %d (LEO %d)",
+                self._directory,
+                header.base_offset,
+                expected,
+                self.log_end_offset,
+            )
+            epoch = header.partition_leader_epoch
+            check(
+                latest_epoch is None or epoch >= latest_epoch,
+                "log %s: follower batch at offset %d has leader epoch %d below %s",
+                self._directory,
+                header.base_offset,
+                epoch,
+                latest_epoch,
+            )
+            if epoch >= 0 and epoch != latest_epoch:
+                new_epochs.append((epoch, header.base_offset))
+                latest_epoch = epoch
+            expected = header.next_offset
+        for epoch, start_offset in new_epochs:
+            self._epoch_cache.assign(epoch, start_offset)
+        return self._write(records, headers, now_ms)
+
+    def _write(self, buf: Buffer, headers: list[BatchHeader], now_ms: int) -> AppendInfo:
+        """Write contiguous batches, rolling to a new segment whenever the next group does not fit."""
+        segment_bytes = self._config.segment_bytes
+        count = len(headers)
+        first = 0
+        try:
+            while first < count:
+                active = self._active
+                room = segment_bytes - active.size_bytes
+                end = first
+                group_bytes = 0
+                while end < count and group_bytes + headers[end].size_bytes <= room:
+                    group_bytes += headers[end].size_bytes
+                    end += 1
+                if end == first:
+                    if not active.is_empty:
+                        self.roll(now_ms)
+                        continue
+                    end = first + 1  # a batch bigger than a segment gets an empty segment of its own
+                    group_bytes = headers[first].size_bytes
+                if active.should_roll(group_bytes, headers[end - 1].last_offset, now_ms):
+                    self.roll(now_ms)
+                    continue
+                active.append(buf, headers[first:end], now_ms)
+                first = end
+        except StorageError as error:
+            self._offline_reason = str(error)
+            logger.error("log %s: write failed, log offline: %s", self._directory, error)
+            raise
+        first_offset = headers[0].base_offset
+        next_offset = headers[-1].next_offset
+        self._unflushed_messages += next_offset - first_offset
+        flush_messages = self._config.flush_messages
+        if flush_messages is not None and self._unflushed_messages >= flush_messages:
+            self.flush(now_ms)
+        else:
+            self.maybe_flush(now_ms)
+        return AppendInfo(
+            first_offset=first_offset,
+            last_offset=next_offset - 1,
+            next_offset=next_offset,
+            max_timestamp_ms=max(header.max_timestamp for header in headers),
+            batch_count=count,
+            size_bytes=headers[-1].end_position - headers[0].position,
+            headers=headers,
+        )
+
+    # --- segments ---------------------------------------------------------------------
+
+    def roll(self, now_ms: int) -> None:
+        """Start a new active segment at the LEO (no-op when the active segment is empty)."""
+        self._ensure_usable()
+        active = self._active
+        if active.is_empty:
+            return
+        base_offset = active.next_offset
+        segment = LogSegment(self._storage, self._directory, base_offset, self._config, active=True)
+        segment.next_offset = base_offset
+        active.make_inactive()
+        self._segments.append(segment)
+        self._base_offsets.append(base_offset)
+        logger.debug("log %s: rolled to segment %d at %d ms", self._directory, base_offset, now_ms)
+
+    def maybe_roll(self, now_ms: int) -> bool:
+        """Roll when the active segment is older than segment_ms (called by a periodic task)."""
+        active = self._active
+        if active.should_roll(0, max(active.base_offset, self.log_end_offset - 1), now_ms):
+            self.roll(now_ms)
+            return True
+        return False
+
+    # --- reading ----------------------------------------------------------------------
+
+    def read(
+        self,
+        fetch_offset: int,
+        *,
+        max_bytes: int,
+        max_offset: int | None = None,
+        min_one_message: bool = True,
+    ) -> FetchInfo:
+        """Whole batches from the one holding `fetch_offset`, within max_bytes and below max_offset.
+
+        `max_offset` is exclusive (the HW for consumers): a batch is returned only if all its
+        offsets are below it. At least one batch is returned when min_one_message, even if it
+        is bigger than max_bytes. Reads at most one segment, and only the bytes it returns
+        plus one short header scan after an index lookup. Raises OffsetOutOfRange when
+        fetch_offset is outside [log_start_offset, LEO].
+        """
+        check(not self._closed, "log %s is closed", self._directory)
+        log_start = self._log_start_offset
+        leo = self.log_end_offset
+        if fetch_offset < log_start or fetch_offset > leo:
+            raise OffsetOutOfRange(
+                f"fetch offset {fetch_offset} is outside the log's range [{log_start}, {leo}] of {self._directory}"
+            )
+        upper = leo if max_offset is None else min(max_offset, leo)
+        empty = FetchInfo(b"", fetch_offset, fetch_offset, log_start, leo)
+        if fetch_offset >= upper:
+            return empty
+        index = bisect.bisect_right(self._base_offsets, fetch_offset) - 1
+        check(index >= 0, "log %s: offset %d lies before the first segment %d", self._directory, fetch_offset,
+              self._base_offsets[0])
+        while index < len(self._segments):
+            segment = self._segments[index]
+            first = segment.find_batch(fetch_offset)
+            if first is None:
+                index += 1
+                continue
+            if first.last_offset >= upper or (first.size_bytes > max_bytes and not min_one_message):
+                return empty
+            chunk = segment.read(first.position, max(max_bytes, first.size_bytes))
+            cut = first.size_bytes
+            next_offset = first.next_offset
+            for header in iter_batch_headers(chunk, first.size_bytes):
+                if header.last_offset >= upper:
+                    break
+                cut = header.end_position
+                next_offset = header.next_offset
+            records = chunk if cut == len(chunk) else chunk[:cut]
+            return FetchInfo(records, first.base_offset, next_offset, log_start, leo)
+        return empty
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, max timestamp) of the first batch with max_timestamp >= timestamp_ms, else None.
+
+        LATEST_TIMESTAMP (-1) gives (LEO, -1) and EARLIEST_TIMESTAMP (-2) gives
+        (log_start_offset, -1), as Kafka's ListOffsets. The offset is never below the log start.
+        """
+        check(not self._closed, "log %s is closed", self._directory)
+        if timestamp_ms == LATEST_TIMESTAMP:
+            return self.log_end_offset, -1
+        if timestamp_ms == EARLIEST_TIMESTAMP:
+            return self._log_start_offset, -1
+        for segment in self._segments:
+            if segment.next_offset <= self._log_start_offset or segment.max_timestamp_ms < timestamp_ms:
+                continue
+            header = segment.find_by_timestamp(timestamp_ms, min_offset=self._log_start_offset)
+            if header is not None:
+                return max(header.base_offset, self._log_start_offset), header.max_timestamp
+        return None
+
+    # --- truncation and deletion ------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop every offset >= `offset` (a follower cutting a divergent suffix).
+
+        A batch straddling `offset` goes whole: the LEO becomes its base offset. The epoch
+        cache is cut first and the truncated files are fsynced, so the dropped suffix does
+        not come back after a crash.
+        """
+        self._ensure_usable()
+        check(offset >= 0, "log %s: truncate to negative offset %d", self._directory, offset)
+        if offset >= self.log_end_offset:
+            return
+        if offset < self._base_offsets[0]:
+            self.truncate_fully_and_start_at(offset)
+            return
+        self._epoch_cache.truncate_from_end(offset)
+        keep = bisect.bisect_right(self._base_offsets, offset)
+        for segment in reversed(self._segments[keep:]):
+            segment.delete_files()
+        del self._segments[keep:]
+        del self._base_offsets[keep:]
+        active = self._active
+        active.make_active()
+        new_end = active.truncate_to(offset)
+        active.flush()
+        if new_end < offset:
+            self._epoch_cache.truncate_from_end(new_end)
+        if new_end < self._log_start_offset:
+            self._set_log_start_offset(new_end)
+        if self._recovery_point > new_end:
+            self._recovery_point = new_end
+            checkpoints.write_offset(self._storage, self._path(RECOVERY_POINT_CHECKPOINT), new_end)
+        self._unflushed_messages = 0
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete every segment and start empty at `offset` (a follower far behind the leader's log start)."""
+        check(not self._closed, "log %s is closed", self._directory)
+        check(offset >= 0, "log %s: start at negative offset %d", self._directory, offset)
+        self._epoch_cache.clear()
+        self._set_log_start_offset(offset)
+        for segment in reversed(self._segments):
+            segment.delete_files()
+        segment = LogSegment(self._storage, self._directory, offset, self._config, active=True)
+        segment.unflushed = True
+        segment.flush()  # the empty segment must survive a crash, or the log would reappear elsewhere
+        self._segments = [segment]
+        self._base_offsets = [offset]
+        self._recovery_point = offset
+        checkpoints.write_offset(self._storage, self._path(RECOVERY_POINT_CHECKPOINT), offset)
+        self._unflushed_messages = 0
+
+    def advance_log_start_offset(self, offset: int) -> None:
+        """Make offsets below `offset` unreadable (DeleteRecords); whole segments below it are deleted.
+
+        Never moves the log start back. Raises OffsetOutOfRange past the LEO; the caller
+        keeps it at or below the high watermark.
+        """
+        self._ensure_usable()
+        if offset > self.log_end_offset:
+            raise OffsetOutOfRange(f"log start offset {offset} is past the log end {self.log_end_offset}")
+        if offset <= self._log_start_offset:
+            return
+        self._set_log_start_offset(offset)
+        self._epoch_cache.truncate_from_start(offset)
+        self._delete_prefix(lambda segment, next_base: next_base <= offset, high_watermark=offset)
+
+    def delete_old_segments(self, now_ms: int, high_watermark: int) -> int:
+        """Apply retention; return how many segments were deleted.
+
+        Deletes whole, inactive segments from the oldest on, and only those wholly below
+        `high_watermark` (never a segment holding or above the HW: uncommitted data stays):
+        first those below the log start, then those whose newest batch is older than
+        retention_ms, then the oldest while the log is bigger than retention_bytes.
+        """
+        self._ensure_usable()
+        deleted = self._delete_prefix(
+            lambda segment, next_base: next_base <= self._log_start_offset, high_watermark=high_watermark
+        )
+        retention_ms = self._config.retention_ms
+        if retention_ms >= 0:
+            deleted += self._delete_prefix(
+                lambda segment, next_base: now_ms - segment.max_timestamp_ms > retention_ms,
+                high_watermark=high_watermark,
+            )
+        retention_bytes = self._config.retention_bytes
+        if retention_bytes >= 0:
+            excess = self.size_bytes - retention_bytes
+
+            def over_size(segment: LogSegment, next_base: int) -> bool:
+                nonlocal excess
+                if segment.size_bytes <= excess:
+                    excess -= segment.size_bytes
+                    return True
+                return False
+
+            deleted += self._delete_prefix(over_size, high_watermark=high_watermark)
+        return deleted
+
+    def _delete_prefix(self, breached: _Breach, *, high_watermark: int) -> int:
+        """Delete the longest prefix of inactive segments that breach and lie below the HW."""
+        count = 0
+        while len(self._segments) > 1:
+            segment = self._segments[0]
+            next_base = self._base_offsets[1]
+            if next_base > high_watermark or not breached(segment, next_base):
+                break
+            if next_base > self._log_start_offset:
+                # The log start checkpoint moves first: after a crash mid-delete the old
+                # segment's offsets stay unreadable.
+                self._set_log_start_offset(next_base)
+                self._epoch_cache.truncate_from_start(next_base)
+            segment.delete_files()
+            del self._segments[0]
+            del self._base_offsets[0]
+            count += 1
+        return count
+
+    def _set_log_start_offset(self, offset: int) -> None:
+        self._log_start_offset = offset
+        checkpoints.write_offset(self._storage, self._path(LOG_START_OFFSET_CHECKPOINT), offset)
+
+    # --- durability -------------------------------------------------------------------
+
+    def flush(self, now_ms: int) -> None:
+        """fsync every segment with unflushed data, then move the recovery point to the LEO."""
+        self._ensure_usable()
+        try:
+            for segment in self._segments:
+                segment.flush()
+        except StorageError as error:
+            self._offline_reason = str(error)
+            raise
+        self._unflushed_messages = 0
+        self._last_flush_ms = now_ms
+        if self._recovery_point != self.log_end_offset:
+            self._recovery_point = self.log_end_offset
+            checkpoints.write_offset(self._storage, self._path(RECOVERY_POINT_CHECKPOINT), self._recovery_point)
+
+    def maybe_flush(self, now_ms: int) -> bool:
+        """Flush when flush_ms has passed since the last flush and there is something to flush."""
+        flush_ms = self._config.flush_ms
+        if flush_ms is not None and self._unflushed_messages and now_ms - self._last_flush_ms >= flush_ms:
+            self.flush(now_ms)
+            return True
+        return False
+
+    def checkpoint_high_watermark(self, high_watermark: int) -> None:
+        """Store the HW (owned by the replication layer) atomically in `high-watermark-checkpoint`."""
+        check(not self._closed, "log %s is closed", self._directory)
+        checkpoints.write_offset(self._storage, self._path(HIGH_WATERMARK_CHECKPOINT), high_watermark)
+
+    def read_high_watermark(self) -> int:
+        """The stored HW, or 0 if none was ever stored; the caller clamps it to [log start, LEO]."""
+        value = checkpoints.read_offset(self._storage, self._path(HIGH_WATERMARK_CHECKPOINT))
+        return 0 if value is None else value
+
+    def _persist_epochs(self, entries: list[tuple[int, int]]) -> None:
+        checkpoints.write_entries(self._storage, self._path(LEADER_EPOCH_CHECKPOINT), list(entries))
+
+    def close(self) -> None:
+        """Flush, checkpoint, write the clean-shutdown marker (skips the scan on next open), close files.
+
+        An offline log gets no marker: its next open must recover.
+        """
+        if self._closed:
+            return
+        if self._offline_reason is None:
+            for segment in self._segments:
+                segment.flush()
+            self._recovery_point = self.log_end_offset
+            checkpoints.write_offset(self._storage, self._path(RECOVERY_POINT_CHECKPOINT), self._recovery_point)
+            checkpoints.write_offset(self._storage, self._path(LOG_START_OFFSET_CHECKPOINT), self._log_start_offset)
+            self._storage.write_atomic(self._path(CLEAN_SHUTDOWN_MARKER), b"")
+        for segment in self._segments:
+            segment.close()
+        self._closed = True
+
+    def abandon(self) -> None:
+        """Drop the log as a killed process would: close the files, flush nothing, leave no marker.
+
+        For tests and the simulation; the next open recovers.
+        """
+        if not self._closed:
+            for segment in self._segments:
+                segment.close()
+            self._closed = True
+
+    def delete(self) -> None:
+        """Close the files and remove the whole partition directory (the partition left this broker)."""
+        if not self._closed:
+            for segment in self._segments:
+                segment.close()
+            self._closed = True
+        self._storage.delete_dir(self._directory)

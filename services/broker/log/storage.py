@@ -1,0 +1,372 @@
+"""The storage seam under the partition log: real files, or memory that can crash.
+
+STYLE.md practice 4 (raft's Storage/MemoryStorage): the log's logic runs unchanged on
+`FileStorage` (the broker) and on `MemoryStorage` (unit tests and the deterministic
+simulation in tests/sim/). The seam is deliberately small: files addressed by path,
+opened once, appended at their end, read at a position, truncated, fsynced; plus the
+few directory operations the log needs and an atomic whole-file write for checkpoints.
+
+Durability model (what `MemoryStorage.crash()` keeps, and what the log may rely on):
+- bytes appended to a file survive a crash only once that file was fsynced after them;
+- a file that was never fsynced does not survive a crash at all (its directory entry
+  was never made durable);
+- `write_atomic` (temp file, fsync, rename, fsync of the directory) is all-or-nothing;
+- `mkdir`, `rename`, `delete` are durable at once (FileStorage fsyncs the directory
+  after rename; the log never depends on a delete surviving a crash: a segment that
+  comes back is below the log start offset checkpoint and is deleted again).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Protocol
+
+from services.common.errors import StorageError, check
+
+Buffer = bytes | bytearray | memoryview
+
+TEMP_SUFFIX = ".tmp"
+
+
+class StorageFile(Protocol):
+    """One open file. Owned by one segment or index; not shared between tasks."""
+
+    @property
+    def size(self) -> int: ...
+
+    def append(self, data: Buffer) -> int:
+        """Write `data` at the end of the file; return the position it starts at."""
+        ...
+
+    def read_at(self, position: int, size: int) -> bytes:
+        """Up to `size` bytes from `position` (fewer only at the end of the file)."""
+        ...
+
+    def truncate(self, size: int) -> None: ...
+
+    def fsync(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Storage(Protocol):
+    """Directory and file operations. Paths are strings; directories are created explicitly."""
+
+    def open(self, path: str) -> StorageFile:
+        """Open `path` for reading and appending, creating it empty if missing."""
+        ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def mkdir(self, path: str) -> None:
+        """Create a directory and its parents; no error if it exists."""
+        ...
+
+    def list_dir(self, path: str) -> list[str]:
+        """Names (not paths) of the files in a directory, sorted."""
+        ...
+
+    def delete(self, path: str) -> None:
+        """Remove a file; no error if it is missing."""
+        ...
+
+    def rename(self, source: str, target: str) -> None: ...
+
+    def read_file(self, path: str) -> bytes:
+        """The whole content of a small file (checkpoints)."""
+        ...
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Replace `path` with `data` all-or-nothing: temp file, fsync, rename, directory fsync."""
+        ...
+
+    def delete_dir(self, path: str) -> None:
+        """Remove a directory and everything in it."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------
+# Real files
+
+
+class _RealFile:
+    """A file descriptor with a tracked size; writes use pwrite at that size (no seek state)."""
+
+    __slots__ = ("_fd", "_path", "_size")
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        try:
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            self._size = os.fstat(self._fd).st_size
+        except OSError as error:
+            raise StorageError(f"cannot open {path}: {error}") from error
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def append(self, data: Buffer) -> int:
+        start = self._size
+        view = memoryview(data).cast("B")
+        written = 0
+        try:
+            while written < len(view):
+                written += os.pwrite(self._fd, view[written:], start + written)
+        except OSError as error:
+            raise StorageError(f"write to {self._path} at byte {start + written} failed: {error}") from error
+        finally:
+            self._size = start + written
+        return start
+
+    def read_at(self, position: int, size: int) -> bytes:
+        size = max(0, min(size, self._size - position))
+        try:
+            data = os.pread(self._fd, size, position)
+            if len(data) == size:
+                return data
+            # A short read happens only for very large sizes (Linux caps one read at ~2 GiB).
+            parts = [data]
+            got = len(data)
+            while got < size:
+                more = os.pread(self._fd, size - got, position + got)
+                if not more:
+                    break
+                parts.append(more)
+                got += len(more)
+            return b"".join(parts)
+        except OSError as error:
+            raise StorageError(f"read of {size} bytes from {self._path} at byte {position} failed: {error}") from error
+
+    def truncate(self, size: int) -> None:
+        check(0 <= size <= self._size, "truncate %s to %d bytes: file has %d", self._path, size, self._size)
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError as error:
+            raise StorageError(f"truncate of {self._path} to {size} bytes failed: {error}") from error
+        self._size = size
+
+    def fsync(self) -> None:
+        try:
+            os.fsync(self._fd)
+        except OSError as error:
+            raise StorageError(f"fsync of {self._path} failed: {error}") from error
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class FileStorage:
+    """The broker's storage: real files with os.pread/os.pwrite, no buffering of our own."""
+
+    def open(self, path: str) -> StorageFile:
+        return _RealFile(path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def mkdir(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def list_dir(self, path: str) -> list[str]:
+        return sorted(entry.name for entry in os.scandir(path) if entry.is_file())
+
+    def delete(self, path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def rename(self, source: str, target: str) -> None:
+        os.replace(source, target)
+        _fsync_dir(os.path.dirname(target) or ".")
+
+    def read_file(self, path: str) -> bytes:
+        with open(path, "rb") as file:
+            return file.read()
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        temp = path + TEMP_SUFFIX
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp, path)
+            _fsync_dir(os.path.dirname(path) or ".")
+        except OSError as error:
+            raise StorageError(f"atomic write of {path} failed: {error}") from error
+
+    def delete_dir(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------
+# Memory, with crashes
+
+
+class _MemoryInode:
+    """File content plus the content as of the last fsync (None: never fsynced)."""
+
+    __slots__ = ("data", "durable")
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.durable: bytes | None = None
+
+
+class _MemoryFile:
+    __slots__ = ("_inode", "_path", "_storage")
+
+    def __init__(self, storage: MemoryStorage, path: str, inode: _MemoryInode) -> None:
+        self._storage = storage
+        self._path = path
+        self._inode = inode
+
+    @property
+    def size(self) -> int:
+        return len(self._inode.data)
+
+    def append(self, data: Buffer) -> int:
+        self._storage.check_writable(self._path)
+        start = len(self._inode.data)
+        self._inode.data += data
+        return start
+
+    def read_at(self, position: int, size: int) -> bytes:
+        return bytes(self._inode.data[position : position + max(0, size)])
+
+    def truncate(self, size: int) -> None:
+        self._storage.check_writable(self._path)
+        check(0 <= size <= len(self._inode.data), "truncate %s to %d bytes: file has %d", self._path, size, len(self._inode.data))
+        del self._inode.data[size:]
+
+    def fsync(self) -> None:
+        self._inode.durable = bytes(self._inode.data)
+        self._storage.fsync_count += 1
+
+    def close(self) -> None:
+        pass
+
+
+class MemoryStorage:
+    """In-memory storage for tests and the simulation; `crash()` keeps only what was fsynced.
+
+    Files live in a dict keyed by normalised path. Handles stay bound to their inode,
+    as on POSIX (a deleted file's open handle still reads its bytes). After `crash()`
+    the old Log must be dropped and a new one opened, as after a process restart.
+    """
+
+    def __init__(self) -> None:
+        self._files: dict[str, _MemoryInode] = {}
+        self._dirs: set[str] = set()
+        self.fsync_count = 0
+        # Set by tests to make writes fail with StorageError (a failed disk).
+        self.fail_writes = False
+
+    @staticmethod
+    def _key(path: str | Path) -> str:
+        return os.path.normpath(str(path))
+
+    def check_writable(self, path: str) -> None:
+        if self.fail_writes:
+            raise StorageError(f"write to {path} failed: simulated disk failure")
+
+    def open(self, path: str) -> StorageFile:
+        key = self._key(path)
+        check(os.path.dirname(key) in self._dirs, "open %s: directory does not exist", key)
+        inode = self._files.get(key)
+        if inode is None:
+            self.check_writable(key)
+            inode = self._files[key] = _MemoryInode()
+        return _MemoryFile(self, key, inode)
+
+    def exists(self, path: str) -> bool:
+        key = self._key(path)
+        return key in self._files or key in self._dirs
+
+    def mkdir(self, path: str) -> None:
+        key = self._key(path)
+        while key not in self._dirs and key not in ("/", "."):
+            self._dirs.add(key)
+            key = os.path.dirname(key) or "."
+
+    def list_dir(self, path: str) -> list[str]:
+        key = self._key(path)
+        return sorted(os.path.basename(name) for name in self._files if os.path.dirname(name) == key)
+
+    def delete(self, path: str) -> None:
+        self._files.pop(self._key(path), None)
+
+    def rename(self, source: str, target: str) -> None:
+        self._files[self._key(target)] = self._files.pop(self._key(source))
+
+    def read_file(self, path: str) -> bytes:
+        key = self._key(path)
+        inode = self._files.get(key)
+        if inode is None:
+            raise StorageError(f"read of {key} failed: no such file")
+        return bytes(inode.data)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        self.check_writable(path)
+        inode = _MemoryInode()
+        inode.data = bytearray(data)
+        inode.durable = bytes(data)
+        self._files[self._key(path)] = inode
+        self.fsync_count += 1
+
+    def delete_dir(self, path: str) -> None:
+        key = self._key(path)
+        prefix = key + os.sep
+        for name in [name for name in self._files if name.startswith(prefix)]:
+            del self._files[name]
+        self._dirs = {name for name in self._dirs if name != key and not name.startswith(prefix)}
+
+    # --- test helpers -------------------------------------------------------------------
+
+    def crash(self, rng: random.Random | None = None) -> None:
+        """Lose everything not fsynced, per file, as a power cut would.
+
+        With `rng`, a file whose unsynced bytes extend its durable content keeps a random
+        prefix of them (a torn write: the page cache had written back part of the tail).
+        """
+        for key in list(self._files):
+            inode = self._files[key]
+            if inode.durable is None:
+                del self._files[key]
+                continue
+            durable = inode.durable
+            kept = bytearray(durable)
+            data = inode.data
+            if rng is not None and len(data) > len(durable) and data[: len(durable)] == durable:
+                kept += data[len(durable) : len(durable) + rng.randint(0, len(data) - len(durable))]
+            inode.data = kept
+            # What reached the platter before the cut is durable from now on.
+            inode.durable = bytes(kept)
+
+    def file_bytes(self, path: str) -> bytearray:
+        """The live content of a file, mutable, so tests can corrupt it in place."""
+        return self._files[self._key(path)].data
+
+    def make_durable(self, path: str) -> None:
+        """Treat the current content as fsynced (tests that corrupt files on 'disk')."""
+        inode = self._files[self._key(path)]
+        inode.durable = bytes(inode.data)

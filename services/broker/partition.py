@@ -1,0 +1,226 @@
+"""One partition's replication state on one broker: pure logic, no I/O, no clock.
+
+Owned by the broker's event loop (one asyncio task touches it at a time); time
+comes in as `now_ms`, effects go out as return values (an ISR change to ask the
+controller for, whether the high watermark moved).
+
+Invariants kept here (docs/ARCHITECTURE.md, "Invariants"):
+- HW <= LEO on every replica; a leader's HW never decreases.
+- leader_epoch never decreases for the partition on this broker.
+- An acks=all append is refused up front when |ISR| < min.insync.replicas.
+- The leader's HW is the minimum LEO over the ISR, counting members that an
+  in-flight AlterPartition is adding (Kafka's "maximal ISR"), so a shrink is
+  never assumed before the controller commits it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from services.broker.log import AppendInfo, Log
+from services.common.errors import (
+    NotEnoughReplicas,
+    NotLeaderOrFollower,
+    check,
+)
+
+
+class Role(enum.Enum):
+    LEADER = "leader"
+    FOLLOWER = "follower"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class LeaderAndIsrState:
+    """What the controller decided for the partition (one LeaderAndIsr entry)."""
+
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    replicas: tuple[int, ...]
+    partition_epoch: int
+    controller_epoch: int
+
+
+@dataclass
+class FollowerState:
+    """The leader's view of one follower (Kafka's Replica on the leader)."""
+
+    log_end_offset: int = -1
+    last_fetch_ms: int = 0
+    leader_leo_at_last_fetch: int = -1
+    last_caught_up_ms: int = 0
+
+
+@dataclass(frozen=True)
+class IsrChange:
+    """An ISR the leader wants the controller to commit through AlterPartition."""
+
+    new_isr: tuple[int, ...]
+    leader_epoch: int
+    partition_epoch: int
+
+
+@dataclass
+class Partition:
+    topic: str
+    partition: int
+    local_broker_id: int
+    log: Log
+    min_insync_replicas: int = 1
+    role: Role = Role.NONE
+    leader_id: int = -1
+    leader_epoch: int = -1
+    partition_epoch: int = -1
+    isr: tuple[int, ...] = ()
+    replicas: tuple[int, ...] = ()
+    high_watermark: int = 0
+    followers: dict[int, FollowerState] = field(default_factory=dict)
+    # ISR sent to the controller and not yet answered; while set, no other change is proposed.
+    pending_isr: tuple[int, ...] | None = None
+
+    # ---- state changes from the controller --------------------------------
+
+    def is_newer_epoch(self, leader_epoch: int) -> bool:
+        return leader_epoch > self.leader_epoch
+
+    def become_leader(self, state: LeaderAndIsrState, now_ms: int) -> None:
+        """make-leader: the new epoch starts at our LEO; followers start unknown.
+
+        Replicas already in the ISR count as caught up now, so they are not
+        shrunk away before their first fetch reaches us.
+        """
+        self._take_epoch(state)
+        check(state.leader == self.local_broker_id, "become_leader for %s-%d but leader is %d, we are %d",
+              self.topic, self.partition, state.leader, self.local_broker_id)
+        self.role = Role.LEADER
+        self.log.leader_epoch_cache.assign(state.leader_epoch, self.log.log_end_offset)
+        self.followers = {
+            r: FollowerState(last_caught_up_ms=now_ms if r in state.isr else 0)
+            for r in state.replicas if r != self.local_broker_id
+        }
+        self.pending_isr = None
+        # A new leader's HW may lag the old leader's; it only moves forward from here.
+        self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
+
+    def become_follower(self, state: LeaderAndIsrState) -> None:
+        self._take_epoch(state)
+        self.role = Role.FOLLOWER
+        self.followers = {}
+        self.pending_isr = None
+
+    def update_isr(self, isr: tuple[int, ...], partition_epoch: int, leader_epoch: int) -> None:
+        """The controller committed an ISR (our AlterPartition, or its own change)."""
+        if leader_epoch != self.leader_epoch or partition_epoch < self.partition_epoch:
+            return  # an answer for an older state; the newer one already applied
+        self.isr = isr
+        self.partition_epoch = partition_epoch
+        self.pending_isr = None
+
+    def _take_epoch(self, state: LeaderAndIsrState) -> None:
+        check(state.leader_epoch >= self.leader_epoch, "leader_epoch of %s-%d would go back from %d to %d",
+              self.topic, self.partition, self.leader_epoch, state.leader_epoch)
+        self.leader_id = state.leader
+        self.leader_epoch = state.leader_epoch
+        self.partition_epoch = state.partition_epoch
+        self.isr = state.isr
+        self.replicas = state.replicas
+
+    # ---- leader: produce ----------------------------------------------------
+
+    def append_as_leader(self, records: bytes, *, acks: int, now_ms: int) -> AppendInfo:
+        if self.role is not Role.LEADER:
+            raise NotLeaderOrFollower(
+                f"broker {self.local_broker_id} is not the leader of {self.topic}-{self.partition} "
+                f"(leader is {self.leader_id}); refresh metadata and retry")
+        if acks == -1 and len(self.isr) < self.min_insync_replicas:
+            raise NotEnoughReplicas(
+                f"{self.topic}-{self.partition} has {len(self.isr)} in-sync replicas {list(self.isr)}, "
+                f"below min.insync.replicas={self.min_insync_replicas}; nothing was written")
+        info = self.log.append_as_leader(records, leader_epoch=self.leader_epoch, now_ms=now_ms)
+        self.maybe_advance_high_watermark()
+        return info
+
+    # ---- leader: followers' fetches -----------------------------------------
+
+    def record_follower_fetch(self, replica_id: int, fetch_offset: int, now_ms: int) -> IsrChange | None:
+        """A follower fetched from fetch_offset: that is its LEO (Kafka's updateFollowerFetchState).
+
+        Returns an ISR expansion to propose when the follower has reached the HW.
+        """
+        follower = self.followers.get(replica_id)
+        if follower is None:
+            return None
+        leo = self.log.log_end_offset
+        if fetch_offset >= leo:
+            follower.last_caught_up_ms = now_ms
+        elif fetch_offset >= follower.leader_leo_at_last_fetch >= 0:
+            follower.last_caught_up_ms = max(follower.last_caught_up_ms, follower.last_fetch_ms)
+        follower.log_end_offset = fetch_offset
+        follower.last_fetch_ms = now_ms
+        follower.leader_leo_at_last_fetch = leo
+        self.maybe_advance_high_watermark()
+        if self.pending_isr is None and replica_id not in self.isr and replica_id in self.replicas:
+            epoch_start = self.log.leader_epoch_cache.end_offset_for_epoch(self.leader_epoch - 1)[1]
+            if fetch_offset >= self.high_watermark and fetch_offset >= max(epoch_start, 0):
+                return self._propose(tuple(sorted({*self.isr, replica_id})))
+        return None
+
+    def check_isr_shrink(self, now_ms: int, replica_lag_time_max_ms: int) -> IsrChange | None:
+        """Followers not caught up for replica_lag_time_max_ms leave the ISR."""
+        if self.role is not Role.LEADER or self.pending_isr is not None:
+            return None
+        lagging = {r for r in self.isr if r != self.local_broker_id
+                   and (f := self.followers.get(r)) is not None
+                   and now_ms - f.last_caught_up_ms > replica_lag_time_max_ms}
+        if not lagging:
+            return None
+        return self._propose(tuple(r for r in self.isr if r not in lagging))
+
+    def _propose(self, new_isr: tuple[int, ...]) -> IsrChange:
+        check(self.local_broker_id in new_isr, "leader %d would drop itself from the ISR of %s-%d",
+              self.local_broker_id, self.topic, self.partition)
+        self.pending_isr = new_isr
+        return IsrChange(new_isr, self.leader_epoch, self.partition_epoch)
+
+    def isr_change_failed(self) -> None:
+        """AlterPartition was refused or lost: allow a fresh proposal later."""
+        self.pending_isr = None
+
+    def maybe_advance_high_watermark(self) -> bool:
+        """HW := min LEO over the maximal ISR; never backwards. Returns whether it moved."""
+        if self.role is not Role.LEADER:
+            return False
+        members = set(self.isr) | set(self.pending_isr or ())
+        new_hw = self.log.log_end_offset
+        for r in members:
+            if r == self.local_broker_id:
+                continue
+            f = self.followers.get(r)
+            new_hw = min(new_hw, f.log_end_offset if f is not None else -1)
+        if new_hw > self.high_watermark:
+            self.high_watermark = new_hw
+            check(self.high_watermark <= self.log.log_end_offset, "HW %d above LEO %d on %s-%d",
+                  self.high_watermark, self.log.log_end_offset, self.topic, self.partition)
+            return True
+        return False
+
+    # ---- follower -----------------------------------------------------------
+
+    def update_follower_high_watermark(self, leader_high_watermark: int) -> bool:
+        """A follower takes HW from the leader's answer, bounded by its own LEO."""
+        new_hw = min(leader_high_watermark, self.log.log_end_offset)
+        if new_hw != self.high_watermark:
+            self.high_watermark = new_hw
+            return True
+        return False
+
+    def truncate_to(self, offset: int) -> None:
+        self.log.truncate_to(offset)
+        self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
+
+    @property
+    def under_replicated(self) -> bool:
+        return self.role is Role.LEADER and len(self.isr) < len(self.replicas)

@@ -1,0 +1,220 @@
+"""The broker process: gRPC servicer around the ReplicaManager, etcd registration.
+
+Start-up order matters: the data directory is checked first (a missing or
+unwritable one stops the broker with a clear message), then etcd is reached,
+then the gRPC server binds, and only then does the broker register under its
+lease, because registration is what tells the controller to send it
+LeaderAndIsr. A lost lease (a pause past the TTL) re-registers with a new
+broker epoch, so requests meant for the old incarnation are fenced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from coordinator.election import current_controller
+from coordinator.registration import register_broker
+from coordinator.store import EtcdStore
+from protos.highwater.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2
+from services.broker import metrics
+from services.broker.replica_manager import ReplicaManager
+from services.common import limits
+from services.common.peers import PeerChannels
+from services.common.server import ServiceRuntime
+
+log = logging.getLogger("highwater.broker")
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    broker_id: int
+    data_dir: Path
+    etcd_endpoints: list[str]
+    host: str = "127.0.0.1"
+    port: int = 0
+    metrics_port: int | None = 0
+    rack: str = ""
+    etcd_prefix: str = "/highwater"
+    lease_ttl_s: int = limits.LEASE_TTL_S
+    replica_lag_time_max_ms: int = limits.REPLICA_LAG_TIME_MAX_MS
+    ready_file: Path | None = None
+
+    def check(self) -> None:
+        limits.check_relations(lease_ttl_s=self.lease_ttl_s, keepalive_interval_s=self.lease_ttl_s / 4,
+                               replica_lag_time_max_ms=self.replica_lag_time_max_ms,
+                               replica_fetch_wait_max_ms=limits.REPLICA_FETCH_WAIT_MAX_MS)
+        if self.broker_id < 0:
+            raise SystemExit(f"--broker-id must be >= 0, got {self.broker_id}")
+
+
+def prepare_data_dir(path: Path) -> None:
+    """Create the data directory, or stop with a clear message (never lose data silently)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-probe"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise SystemExit(f"STORAGE_ERROR: data directory {path} is not usable ({exc.strerror}); "
+                         "fix its permissions or pass another --data-dir") from exc
+
+
+class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
+    """Translation only: protobuf in, ReplicaManager call, protobuf out."""
+
+    def __init__(self, replicas: ReplicaManager) -> None:
+        self.replicas = replicas
+
+    async def LeaderAndIsr(self, request: broker_pb2.LeaderAndIsrRequest, context: grpc.aio.ServicerContext
+                           ) -> broker_pb2.LeaderAndIsrResponse:
+        with metrics.REQUEST_LATENCY.labels("LeaderAndIsr").time():
+            return await self.replicas.leader_and_isr(request)
+
+    async def UpdateMetadata(self, request: broker_pb2.UpdateMetadataRequest, context: grpc.aio.ServicerContext
+                             ) -> broker_pb2.UpdateMetadataResponse:
+        with metrics.REQUEST_LATENCY.labels("UpdateMetadata").time():
+            return await self.replicas.update_metadata(request)
+
+    async def StopReplica(self, request: broker_pb2.StopReplicaRequest, context: grpc.aio.ServicerContext
+                          ) -> broker_pb2.StopReplicaResponse:
+        with metrics.REQUEST_LATENCY.labels("StopReplica").time():
+            return await self.replicas.stop_replica(request)
+
+    async def Produce(self, request: common_pb2.ProduceRequest, context: grpc.aio.ServicerContext
+                      ) -> common_pb2.ProduceResponse:
+        if request.acks not in (0, 1, -1):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"acks must be 0, 1 or -1 (all), got {request.acks}")
+        with metrics.REQUEST_LATENCY.labels("Produce").time():
+            return await self.replicas.produce(request)
+
+    async def Fetch(self, request: common_pb2.FetchRequest, context: grpc.aio.ServicerContext
+                    ) -> common_pb2.FetchResponse:
+        with metrics.REQUEST_LATENCY.labels("Fetch").time():
+            return await self.replicas.fetch(request)
+
+    async def ListOffsets(self, request: common_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
+                          ) -> common_pb2.ListOffsetsResponse:
+        return self.replicas.list_offsets(request)
+
+    async def OffsetsForLeaderEpoch(self, request: broker_pb2.OffsetsForLeaderEpochRequest,
+                                    context: grpc.aio.ServicerContext) -> broker_pb2.OffsetsForLeaderEpochResponse:
+        return self.replicas.offsets_for_leader_epoch(request)
+
+    async def Metadata(self, request: common_pb2.MetadataRequest, context: grpc.aio.ServicerContext
+                       ) -> common_pb2.MetadataResponse:
+        return self.replicas.metadata.metadata_response(list(request.topics))
+
+
+class ControllerClient:
+    """Finds the active controller in etcd and calls it (AlterPartition, ControlledShutdown)."""
+
+    def __init__(self, store: EtcdStore, peers: PeerChannels) -> None:
+        self.store = store
+        self.peers = peers
+
+    async def _address(self) -> str:
+        info = await current_controller(self.store)
+        if not info:
+            raise ConnectionError("no active controller registered in etcd")
+        return f"{info['host']}:{info['port']}"
+
+    async def alter_partition(self, req: controller_pb2.AlterPartitionRequest
+                              ) -> controller_pb2.AlterPartitionResponse:
+        stub = self.peers.controller(await self._address())
+        return await stub.AlterPartition(req, timeout=limits.CONTROL_RPC_TIMEOUT_S)
+
+    async def controlled_shutdown(self, req: controller_pb2.ControlledShutdownRequest
+                                  ) -> controller_pb2.ControlledShutdownResponse:
+        stub = self.peers.controller(await self._address())
+        return await stub.ControlledShutdown(req, timeout=limits.CONTROL_RPC_TIMEOUT_S * 2)
+
+
+CONTROLLED_SHUTDOWN_ATTEMPTS_MAX = 3
+
+
+async def serve(config: BrokerConfig) -> None:
+    config.check()
+    prepare_data_dir(config.data_dir)
+    store = await EtcdStore.connect(config.etcd_endpoints, prefix=config.etcd_prefix)
+    peers = PeerChannels()
+    controller = ControllerClient(store, peers)
+    replicas = ReplicaManager(broker_id=config.broker_id, data_dir=config.data_dir,
+                              send_alter_partition=controller.alter_partition,
+                              replica_lag_time_max_ms=config.replica_lag_time_max_ms)
+    runtime = ServiceRuntime(name=f"broker-{config.broker_id}", host=config.host, port=config.port,
+                             metrics_port=config.metrics_port, ready_file=config.ready_file,
+                             service_names=[broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name])
+    broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(replicas), runtime.server)
+    await runtime.start()
+    replicas.start()
+    info = {"broker_id": config.broker_id, "host": config.host, "port": runtime.bound_port, "rack": config.rack,
+            "metrics_port": runtime.bound_metrics_port, "pid": os.getpid()}
+
+    async def register() -> object:
+        registration = await register_broker(store, config.broker_id, info, ttl_s=config.lease_ttl_s)
+        replicas.broker_epoch = registration.broker_epoch
+        log.info("broker %d registered with broker epoch %d", config.broker_id, registration.broker_epoch)
+        return registration
+
+    registration = await register()
+    await runtime.mark_ready(broker_id=config.broker_id, broker_epoch=replicas.broker_epoch)
+
+    async def watch_lease() -> None:
+        nonlocal registration
+        while True:
+            await registration.lease.lost.wait()  # type: ignore[attr-defined]
+            metrics.LEASE_KEEPALIVE_FAILURES.set(registration.lease.keepalive_failures_total)  # type: ignore[attr-defined]
+            log.warning("broker %d lost its etcd lease; registering again as a new incarnation", config.broker_id)
+            deadline = time.monotonic() + config.lease_ttl_s * 10
+            while time.monotonic() < deadline:
+                try:
+                    registration = await register()
+                    break
+                except Exception as exc:
+                    log.warning("re-registration failed (%s); retrying", exc)
+                    await asyncio.sleep(0.5)
+            else:
+                runtime.stopping.set()
+                return
+
+    lease_watcher = asyncio.create_task(watch_lease())
+
+    async def on_stop() -> None:
+        lease_watcher.cancel()
+        await controlled_shutdown(config, controller, replicas)
+        await replicas.close()
+        try:
+            await registration.lease.stop(revoke=True)  # type: ignore[attr-defined]
+        except Exception as exc:
+            log.warning("could not revoke the lease: %s", exc)
+        await peers.close()
+        await store.close()
+
+    await runtime.run_until_stopped(on_stop)
+
+
+async def controlled_shutdown(config: BrokerConfig, controller: ControllerClient, replicas: ReplicaManager) -> None:
+    """Ask the controller to move our leaderships away before we stop (rolling restarts lose nothing)."""
+    req = controller_pb2.ControlledShutdownRequest(broker_id=config.broker_id, broker_epoch=replicas.broker_epoch)
+    for attempt in range(1, CONTROLLED_SHUTDOWN_ATTEMPTS_MAX + 1):
+        try:
+            resp = await controller.controlled_shutdown(req)
+        except Exception as exc:
+            log.warning("controlled shutdown attempt %d failed: %s", attempt, exc)
+            await asyncio.sleep(0.2 * attempt)
+            continue
+        if resp.error_code == common_pb2.NONE and not resp.remaining_partitions:
+            log.info("controlled shutdown done: no partitions led here any more")
+            return
+        log.info("controlled shutdown attempt %d: %s, %d partitions still led here", attempt,
+                 common_pb2.ErrorCode.Name(resp.error_code), len(resp.remaining_partitions))
+        await asyncio.sleep(0.2 * attempt)
+    log.warning("controlled shutdown incomplete; stopping anyway (the controller fails over on lease expiry)")

@@ -1,0 +1,79 @@
+"""Every bound of the services in one place, with its unit in its name and why.
+
+A setting a user may change lives in the service's config dataclass and takes
+its default from here; relations between settings are checked at start-up
+(`check_relations`). Nothing else in services/ should carry a bare number.
+"""
+
+from __future__ import annotations
+
+from services.common.errors import check
+
+# --- gRPC ------------------------------------------------------------------
+# A Produce or Fetch carries whole record batches; 64 MiB leaves room for
+# several max-size batches per request without letting one request exhaust memory.
+GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# How long a stopping service lets in-flight RPCs finish (SIGTERM -> exit).
+SHUTDOWN_GRACE_S = 5.0
+# Control RPCs (LeaderAndIsr, UpdateMetadata, StopReplica, AlterPartition):
+# small and local, so a slow answer means the peer is in trouble.
+CONTROL_RPC_TIMEOUT_S = 5.0
+
+# --- etcd leases -----------------------------------------------------------
+# A dead broker's registration disappears at most this long after its last
+# keep-alive; failover time is bounded below by it (Kafka's
+# zookeeper.session.timeout.ms plays the same role).
+LEASE_TTL_S = 6
+LEASE_TTL_S_MIN = 2
+
+# --- records and requests --------------------------------------------------
+# Kafka's message.max.bytes default (1 MiB + the 12-byte log overhead).
+MAX_MESSAGE_BYTES = 1024 * 1024 + 12
+# Produce requests: how long acks=all may wait for the ISR before
+# REQUEST_TIMED_OUT (Kafka's request.timeout.ms is 30 s; we cap what a client may ask).
+PRODUCE_TIMEOUT_MS_DEFAULT = 30_000
+PRODUCE_TIMEOUT_MS_MAX = 300_000
+# Fetch long-poll: the longest a Fetch may wait for min_bytes.
+FETCH_MAX_WAIT_MS_MAX = 30_000
+FETCH_MAX_BYTES_DEFAULT = 50 * 1024 * 1024
+FETCH_PARTITION_MAX_BYTES_DEFAULT = 1024 * 1024
+
+# --- replication -----------------------------------------------------------
+# Kafka's replica.lag.time.max.ms: a follower not caught up for this long
+# leaves the ISR.
+REPLICA_LAG_TIME_MAX_MS = 10_000
+# Follower fetches: long-poll wait and sizes (Kafka's replica.fetch.*).
+REPLICA_FETCH_WAIT_MAX_MS = 500
+REPLICA_FETCH_MIN_BYTES = 1
+REPLICA_FETCH_MAX_BYTES = 10 * 1024 * 1024
+REPLICA_FETCH_PARTITION_MAX_BYTES = 1024 * 1024
+# A partition whose fetch failed waits this long before the next try
+# (Kafka's replica.fetch.backoff.ms).
+REPLICA_FETCH_BACKOFF_MS = 1_000
+# How often a leader checks its followers for ISR shrink.
+ISR_CHECK_INTERVAL_MS = 1_000
+
+# --- topics ----------------------------------------------------------------
+TOPIC_NAME_MAX_CHARS = 249  # Kafka's limit: the name becomes a directory name.
+PARTITIONS_PER_TOPIC_MAX = 10_000
+DEFAULT_NUM_PARTITIONS = 3
+DEFAULT_REPLICATION_FACTOR = 3
+DEFAULT_MIN_INSYNC_REPLICAS = 1
+
+# --- gateway ---------------------------------------------------------------
+# A Subscribe stream pushes at most this much per message.
+SUBSCRIBE_MAX_BYTES_DEFAULT = 1024 * 1024
+# Commit requests: bound the number of offsets one etcd transaction writes
+# (etcd's default --max-txn-ops is 128).
+COMMIT_OFFSETS_PER_REQUEST_MAX = 128
+
+
+def check_relations(*, lease_ttl_s: int, keepalive_interval_s: float, replica_lag_time_max_ms: int,
+                    replica_fetch_wait_max_ms: int) -> None:
+    """Relations between settings that must hold, checked loudly at start-up."""
+    check(lease_ttl_s >= LEASE_TTL_S_MIN, "lease_ttl_s=%s is below the minimum %s s", lease_ttl_s, LEASE_TTL_S_MIN)
+    check(keepalive_interval_s * 2 < lease_ttl_s,
+          "keep-alive interval %.2f s must be well under half the lease TTL %s s", keepalive_interval_s, lease_ttl_s)
+    check(replica_fetch_wait_max_ms * 2 < replica_lag_time_max_ms,
+          "replica fetch wait %s ms must be well under replica.lag.time.max.ms %s ms, or idle followers "
+          "would fall out of the ISR", replica_fetch_wait_max_ms, replica_lag_time_max_ms)

@@ -1,0 +1,87 @@
+"""The cluster metadata a broker or gateway knows: fed by the controller's UpdateMetadata.
+
+A gateway may also fill it from DescribeCluster when it starts or when a
+request finds it stale. Plain data, owned by the process's event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from protos.highwater.v1 import broker_pb2, common_pb2
+
+TopicPartitionKey = tuple[str, int]
+
+
+@dataclass
+class MetadataCache:
+    controller_id: int = -1
+    controller_epoch: int = -1
+    brokers: dict[int, common_pb2.BrokerNode] = field(default_factory=dict)
+    gateways: dict[int, common_pb2.GatewayNode] = field(default_factory=dict)
+    partitions: dict[TopicPartitionKey, common_pb2.PartitionState] = field(default_factory=dict)
+    topic_configs: dict[str, common_pb2.TopicConfig] = field(default_factory=dict)
+    topic_ids: dict[str, str] = field(default_factory=dict)
+
+    def apply(self, req: broker_pb2.UpdateMetadataRequest) -> None:
+        self.controller_id = req.header.controller_id
+        self.controller_epoch = max(self.controller_epoch, req.header.controller_epoch)
+        self.brokers = {b.broker_id: b for b in req.live_brokers}
+        self.gateways = {g.gateway_id: g for g in req.live_gateways}
+        if req.full:
+            self.partitions = {}
+            self.topic_configs = {}
+            self.topic_ids = {}
+        for topic in req.deleted_topics:
+            self._drop_topic(topic)
+        for state in req.partitions:
+            self.partitions[(state.topic, state.partition)] = state
+        self.topic_configs.update(req.topic_configs)
+        self.topic_ids.update(req.topic_ids)
+
+    def apply_describe(self, resp: common_pb2.DescribeClusterResponse) -> None:
+        """Replace everything with the active controller's answer to DescribeCluster."""
+        self.controller_id = resp.controller_id
+        self.controller_epoch = max(self.controller_epoch, resp.controller_epoch)
+        self.brokers = {b.broker_id: b for b in resp.brokers}
+        self.gateways = {g.gateway_id: g for g in resp.gateways}
+        self.partitions = {(s.topic, s.partition): s for s in resp.partitions}
+        self.topic_configs = dict(resp.topic_configs)
+        self.topic_ids = {s.topic: s.topic_id for s in resp.partitions}
+
+    def _drop_topic(self, topic: str) -> None:
+        self.partitions = {tp: s for tp, s in self.partitions.items() if tp[0] != topic}
+        self.topic_configs.pop(topic, None)
+        self.topic_ids.pop(topic, None)
+
+    def topics(self) -> set[str]:
+        return {tp[0] for tp in self.partitions}
+
+    def partitions_of(self, topic: str) -> list[common_pb2.PartitionState]:
+        return sorted((s for tp, s in self.partitions.items() if tp[0] == topic), key=lambda s: s.partition)
+
+    def leader_address(self, tp: TopicPartitionKey) -> str | None:
+        state = self.partitions.get(tp)
+        if state is None or state.leader < 0:
+            return None
+        broker = self.brokers.get(state.leader)
+        return f"{broker.host}:{broker.port}" if broker is not None else None
+
+    def metadata_response(self, topics: list[str]) -> common_pb2.MetadataResponse:
+        wanted = topics or sorted(self.topics())
+        out = []
+        for name in wanted:
+            parts = self.partitions_of(name)
+            if not parts:
+                out.append(common_pb2.TopicMetadata(name=name, error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+                                                    error_message=f"topic {name!r} does not exist"))
+                continue
+            out.append(common_pb2.TopicMetadata(
+                name=name, topic_id=self.topic_ids.get(name, ""), config=self.topic_configs.get(name),
+                partitions=[common_pb2.PartitionMetadata(
+                    partition=s.partition, leader=s.leader, leader_epoch=s.leader_epoch, replicas=s.replicas,
+                    isr=s.isr, offline_replicas=[r for r in s.replicas if r not in self.brokers],
+                    error_code=common_pb2.NONE if s.leader >= 0 else common_pb2.LEADER_NOT_AVAILABLE)
+                    for s in parts]))
+        return common_pb2.MetadataResponse(brokers=list(self.brokers.values()), controller_id=self.controller_id,
+                                           topics=out, gateways=list(self.gateways.values()))

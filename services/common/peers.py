@@ -1,0 +1,55 @@
+"""gRPC channels to other Highwater processes, cached by address.
+
+Thin: a dictionary of grpc.aio channels and stubs. Callers own timeouts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from protos.highwater.v1 import broker_pb2_grpc, controller_pb2_grpc, gateway_pb2_grpc
+from services.common.server import channel_options
+
+
+class PeerChannels:
+    """One channel per address, reused for every call to that process."""
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[tuple[str, str], Any] = {}
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=channel_options())
+        return ch
+
+    def _stub(self, kind: str, address: str, factory: Any) -> Any:
+        key = (kind, address)
+        stub = self._stubs.get(key)
+        if stub is None:
+            stub = self._stubs[key] = factory(self.channel(address))
+        return stub
+
+    def broker(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
+        return self._stub("broker", address, broker_pb2_grpc.BrokerServiceStub)
+
+    def controller(self, address: str) -> controller_pb2_grpc.ControllerServiceStub:
+        return self._stub("controller", address, controller_pb2_grpc.ControllerServiceStub)
+
+    def gateway(self, address: str) -> gateway_pb2_grpc.GatewayServiceStub:
+        return self._stub("gateway", address, gateway_pb2_grpc.GatewayServiceStub)
+
+    async def drop(self, address: str) -> None:
+        ch = self._channels.pop(address, None)
+        self._stubs = {k: v for k, v in self._stubs.items() if k[1] != address}
+        if ch is not None:
+            await ch.close()
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()
+        self._stubs.clear()

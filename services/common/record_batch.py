@@ -1,0 +1,275 @@
+"""The broker's view of a Kafka RecordBatch v2 (magic 2): the 61-byte header, never the records.
+
+DESIGN.md section 4: the broker validates the header and CRC, patches `base_offset`
+and `partition_leader_epoch` (both lie before the CRC-covered range, so patching
+them never invalidates the CRC) and writes the bytes as they came. All work here is
+per batch, never per record: one `struct.unpack_from` and one CRC-32C over a
+memoryview (no copy) per batch.
+
+Layout (big-endian), byte positions within a batch:
+
+    0  base_offset            int64   first offset of the batch (assigned by the leader)
+    8  batch_length           int32   bytes after this field: size of the batch = batch_length + 12
+    12 partition_leader_epoch int32   leader epoch that appended the batch
+    16 magic                  int8    always 2
+    17 crc                    uint32  CRC-32C of bytes [21, end of batch)
+    21 attributes             int16   compression (bits 0-2), timestamp type (3), transactional (4), control (5)
+    23 last_offset_delta      int32   last offset = base_offset + last_offset_delta
+    27 first_timestamp        int64
+    35 max_timestamp          int64
+    43 producer_id            int64
+    51 producer_epoch         int16
+    53 base_sequence          int32
+    57 records_count          int32
+    61 records...
+
+Pure module: no I/O, no clock, no asyncio.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from crc32c import crc32c
+
+from services.common.errors import CorruptMessage, MessageTooLarge, check
+
+BASE_OFFSET_POS = 0
+BATCH_LENGTH_POS = 8
+PARTITION_LEADER_EPOCH_POS = 12
+MAGIC_POS = 16
+CRC_POS = 17
+ATTRIBUTES_POS = 21
+LAST_OFFSET_DELTA_POS = 23
+FIRST_TIMESTAMP_POS = 27
+MAX_TIMESTAMP_POS = 35
+PRODUCER_ID_POS = 43
+PRODUCER_EPOCH_POS = 51
+BASE_SEQUENCE_POS = 53
+RECORDS_COUNT_POS = 57
+BATCH_HEADER_SIZE = 61
+
+# The "log overhead" of Kafka: base_offset + batch_length precede the length-counted bytes.
+LOG_OVERHEAD = 12
+# Smallest legal batch_length: a header with zero record bytes.
+MIN_BATCH_LENGTH = BATCH_HEADER_SIZE - LOG_OVERHEAD
+# The CRC covers [CRC_START_POS, end of batch).
+CRC_START_POS = ATTRIBUTES_POS
+MAGIC_V2 = 2
+
+COMPRESSION_MASK = 0x07
+TIMESTAMP_TYPE_MASK = 0x08
+TRANSACTIONAL_MASK = 0x10
+CONTROL_MASK = 0x20
+
+# Offsets are int64 but a batch spans at most 2**31 offsets (last_offset_delta is int32).
+MAX_LAST_OFFSET_DELTA = 2**31 - 1
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+check(_HEADER.size == BATCH_HEADER_SIZE, "header struct is %d bytes, expected %d", _HEADER.size, BATCH_HEADER_SIZE)
+_INT64 = struct.Struct(">q")
+_INT32 = struct.Struct(">i")
+_LENGTH_PREFIX = struct.Struct(">qi")
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """One parsed batch header plus where the batch sits in the buffer it was read from.
+
+    `position` is the byte position of the batch in that buffer and `size_bytes`
+    its full size (batch_length + 12): the batch is bytes [position, position + size_bytes).
+    """
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+    position: int
+    size_bytes: int
+
+    @property
+    def last_offset(self) -> int:
+        """Offset of the last record: the batch covers [base_offset, last_offset + 1)."""
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        """First offset after this batch (exclusive end of its offset range)."""
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def end_position(self) -> int:
+        return self.position + self.size_bytes
+
+    @property
+    def compression(self) -> int:
+        """0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd."""
+        return self.attributes & COMPRESSION_MASK
+
+    @property
+    def timestamp_type(self) -> int:
+        """0 CreateTime, 1 LogAppendTime."""
+        return 1 if self.attributes & TIMESTAMP_TYPE_MASK else 0
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_MASK)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_MASK)
+
+
+def parse_header(buf: Buffer, position: int = 0, *, position_base: int = 0) -> BatchHeader:
+    """The header at `position` of `buf` (at least BATCH_HEADER_SIZE bytes must be there), unchecked.
+
+    The header's `position` is `position_base + position`: callers reading a piece of a
+    file pass the piece's file position so headers carry file positions.
+    """
+    fields = _HEADER.unpack_from(buf, position)
+    return BatchHeader(*fields, position_base + position, fields[1] + LOG_OVERHEAD)
+
+
+def batch_crc(buf: Buffer, position: int, size_bytes: int) -> int:
+    """CRC-32C of the CRC-covered bytes of the batch at [position, position + size_bytes)."""
+    view = memoryview(buf)
+    return crc32c(view[position + CRC_START_POS : position + size_bytes])
+
+
+def check_batch(buf: Buffer, position: int, *, max_batch_bytes: int | None, position_base: int = 0) -> BatchHeader:
+    """Parse and check the batch at `position` of `buf`; return its header.
+
+    Positions in messages and in the header are `position_base` + the position in `buf`
+    (a caller checking a piece of a file passes the piece's file position).
+
+    Raises CorruptMessage saying what is wrong and at which byte, or MessageTooLarge.
+    The order of checks matters: a length is checked before anything trusts it, and
+    the size limit before the CRC so an oversized batch costs no CRC work.
+    """
+    remaining = len(buf) - position
+    at = position_base + position
+    if remaining < BATCH_HEADER_SIZE:
+        raise CorruptMessage(
+            f"truncated batch header at byte {at}: {remaining} bytes left, a header is {BATCH_HEADER_SIZE}"
+        )
+    header = parse_header(buf, position, position_base=position_base)
+    if header.batch_length < MIN_BATCH_LENGTH:
+        raise CorruptMessage(
+            f"batch_length {header.batch_length} at byte {at} is below the minimum {MIN_BATCH_LENGTH}"
+        )
+    if header.size_bytes > remaining:
+        raise CorruptMessage(f"batch at byte {at} declares {header.size_bytes} bytes but only {remaining} remain")
+    if header.magic != MAGIC_V2:
+        raise CorruptMessage(f"batch at byte {at} has magic {header.magic}, only magic {MAGIC_V2} is supported")
+    if max_batch_bytes is not None and header.size_bytes > max_batch_bytes:
+        raise MessageTooLarge(f"batch at byte {at} is {header.size_bytes} bytes, the limit is {max_batch_bytes}")
+    actual_crc = batch_crc(buf, position, header.size_bytes)
+    if actual_crc != header.crc:
+        raise CorruptMessage(
+            f"CRC mismatch in batch at byte {at}: stored {header.crc:#010x}, computed {actual_crc:#010x}"
+        )
+    if not 0 <= header.last_offset_delta <= MAX_LAST_OFFSET_DELTA:
+        raise CorruptMessage(f"batch at byte {at} has last_offset_delta {header.last_offset_delta}")
+    if header.records_count != header.last_offset_delta + 1:
+        raise CorruptMessage(
+            f"batch at byte {at} has records_count {header.records_count} but last_offset_delta "
+            f"{header.last_offset_delta} (records_count must be last_offset_delta + 1)"
+        )
+    return header
+
+
+def validate_batches(buf: Buffer, *, max_batch_bytes: int | None) -> list[BatchHeader]:
+    """Check every batch in `buf` and return their headers in order.
+
+    Raises CorruptMessage (saying what and at which byte) for an empty or short
+    buffer, a batch_length below the header or past the end of the buffer, a magic
+    other than 2, a CRC mismatch or inconsistent offset counts; MessageTooLarge for
+    a batch bigger than `max_batch_bytes` (its full size, log overhead included,
+    as Kafka's max.message.bytes; None: no limit, for batches a leader accepted). Nothing is modified.
+    """
+    if len(buf) == 0:
+        raise CorruptMessage("empty record buffer: at least one batch is required")
+    headers: list[BatchHeader] = []
+    position = 0
+    end = len(buf)
+    while position < end:
+        header = check_batch(buf, position, max_batch_bytes=max_batch_bytes)
+        headers.append(header)
+        position += header.size_bytes
+    return headers
+
+
+def valid_prefix(buf: Buffer, *, position_base: int = 0) -> tuple[list[BatchHeader], int, str]:
+    """Walk batches from the start of `buf` until the first unsound one (recovery's scan).
+
+    Returns (headers of the sound batches, end of the sound prefix, why the walk stopped:
+    "" when it reached the end of `buf` exactly). Positions, in headers, in the end and
+    in the reason, are `position_base` + the position in `buf`. Checks lengths, magic,
+    CRC and counts; applies no size limit (a batch on disk was accepted once).
+    """
+    headers: list[BatchHeader] = []
+    position = 0
+    end = len(buf)
+    while position < end:
+        try:
+            header = check_batch(buf, position, max_batch_bytes=None, position_base=position_base)
+        except CorruptMessage as error:
+            return headers, position_base + position, error.message
+        headers.append(header)
+        position += header.size_bytes
+    return headers, position_base + position, ""
+
+
+def iter_batch_headers(buf: Buffer, start_position: int = 0, *, position_base: int = 0) -> Iterator[BatchHeader]:
+    """Yield headers of complete batches without checking CRCs (data already validated).
+
+    Stops cleanly at a torn tail: a batch whose header or body is incomplete, or whose
+    batch_length is impossible, ends the walk without being yielded. Header positions
+    are `position_base` + the position in `buf`.
+    """
+    position = start_position
+    end = len(buf)
+    while end - position >= BATCH_HEADER_SIZE:
+        header = parse_header(buf, position, position_base=position_base)
+        if header.batch_length < MIN_BATCH_LENGTH or header.size_bytes > end - position:
+            return
+        yield header
+        position += header.size_bytes
+
+
+def peek_batch_extent(buf: Buffer, position: int = 0) -> tuple[int, int] | None:
+    """(base_offset, size_bytes) of the batch at `position` from its first 12 bytes, or None if short."""
+    if len(buf) - position < LOG_OVERHEAD:
+        return None
+    base_offset, batch_length = _LENGTH_PREFIX.unpack_from(buf, position)
+    return base_offset, batch_length + LOG_OVERHEAD
+
+
+def assign_offsets(buf: bytearray, headers: list[BatchHeader], first_offset: int, leader_epoch: int) -> int:
+    """Patch base_offset and partition_leader_epoch of every batch in place; return the next offset.
+
+    Offsets become contiguous from `first_offset`: batch i starts right after batch i-1's
+    last offset. Both fields lie before the CRC-covered range, so CRCs stay valid.
+    `headers` must come from validate_batches on this same buffer (their positions are used);
+    they are not updated (they are frozen): re-read with iter_batch_headers if needed.
+    """
+    check(first_offset >= 0, "assign_offsets: first_offset %d is negative", first_offset)
+    next_offset = first_offset
+    for header in headers:
+        _INT64.pack_into(buf, header.position + BASE_OFFSET_POS, next_offset)
+        _INT32.pack_into(buf, header.position + PARTITION_LEADER_EPOCH_POS, leader_epoch)
+        next_offset += header.last_offset_delta + 1
+    return next_offset

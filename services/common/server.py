@@ -1,0 +1,146 @@
+"""The shape every Highwater service shares (grpc examples' `serve()`).
+
+`ServiceRuntime` wires one grpc.aio server with gRPC health checking and
+reflection, a Prometheus `/metrics` HTTP endpoint, a ready file for whoever
+started the process, and a clean stop on SIGTERM/SIGINT: health goes
+NOT_SERVING, the service's own `on_stop` runs (a broker's controlled shutdown,
+a registration's lease revoke), then in-flight RPCs get `SHUTDOWN_GRACE_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import prometheus_client
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.common import limits
+
+log = logging.getLogger("highwater.server")
+
+GRPC_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_send_message_length", limits.GRPC_MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", limits.GRPC_MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def channel_options() -> list[tuple[str, int]]:
+    """Options for every channel between our processes (same message bound as servers)."""
+    return [
+        ("grpc.max_send_message_length", limits.GRPC_MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", limits.GRPC_MAX_MESSAGE_BYTES),
+        # Fail fast on a dead peer instead of queueing calls forever.
+        ("grpc.enable_retries", 0),
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+    ]
+
+
+@dataclass
+class ServiceRuntime:
+    """One service process: gRPC server, health, reflection, metrics, ready file, signals."""
+
+    name: str
+    host: str
+    port: int
+    metrics_port: int | None
+    ready_file: Path | None
+    service_names: Sequence[str]
+    server: grpc.aio.Server = field(init=False)
+    health: health.aio.HealthServicer = field(init=False)
+    bound_port: int = field(init=False, default=0)
+    bound_metrics_port: int = field(init=False, default=0)
+    stopping: asyncio.Event = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.server = grpc.aio.server(options=GRPC_OPTIONS)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
+        reflection.enable_server_reflection(names, self.server)
+        self.stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        """Bind and start serving; health stays NOT_SERVING until `mark_ready`."""
+        self.bound_port = self.server.add_insecure_port(f"{self.host}:{self.port}")
+        if self.bound_port == 0:
+            raise SystemExit(f"{self.name}: cannot listen on {self.host}:{self.port} (port in use?)")
+        await self.server.start()
+        for svc in ["", *self.service_names]:
+            await self.health.set(svc, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.metrics_port is not None:
+            http_server, _ = prometheus_client.start_http_server(self.metrics_port, addr=self.host)
+            self.bound_metrics_port = http_server.server_address[1]
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+        log.info("%s listening on %s:%d (metrics on %d)", self.name, self.host, self.bound_port,
+                 self.bound_metrics_port)
+
+    async def mark_ready(self, **extra: object) -> None:
+        """Health SERVING, and write the ready file (port numbers for whoever started us)."""
+        for svc in ["", *self.service_names]:
+            await self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
+        if self.ready_file is not None:
+            info = {"pid": os.getpid(), "host": self.host, "port": self.bound_port,
+                    "metrics_port": self.bound_metrics_port, **extra}
+            tmp = self.ready_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(info))
+            tmp.replace(self.ready_file)
+
+    async def run_until_stopped(self, on_stop: Callable[[], Awaitable[None]] | None = None,
+                                lost: asyncio.Event | None = None) -> None:
+        """Serve until SIGTERM/SIGINT (or `lost` is set), then stop cleanly."""
+        waiters = [asyncio.create_task(self.stopping.wait())]
+        if lost is not None:
+            waiters.append(asyncio.create_task(lost.wait()))
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for w in waiters:
+            w.cancel()
+        log.info("%s stopping", self.name)
+        for svc in ["", *self.service_names]:
+            await self.health.set(svc, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if on_stop is not None:
+            try:
+                await on_stop()
+            except Exception:
+                log.exception("%s: error during shutdown", self.name)
+        await self.server.stop(limits.SHUTDOWN_GRACE_S)
+        if self.ready_file is not None:
+            self.ready_file.unlink(missing_ok=True)
+        log.info("%s stopped", self.name)
+
+
+def configure_logging(level: str = "INFO", json_logs: bool = False) -> None:
+    """Plain or JSON-lines logs on stderr; one place so every service logs alike."""
+
+    class JsonFormatter(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            out = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name,
+                   "msg": record.getMessage(), "pid": os.getpid()}
+            for key in ("topic", "partition", "leader_epoch", "controller_epoch", "broker_id", "request_id"):
+                if hasattr(record, key):
+                    out[key] = getattr(record, key)
+            if record.exc_info:
+                out["exc"] = self.formatException(record.exc_info)
+            return json.dumps(out)
+
+    handler = logging.StreamHandler()
+    if json_logs:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("grpc").setLevel("WARNING")

@@ -1,0 +1,228 @@
+"""The controller's in-memory picture of the cluster (Kafka's ControllerContext).
+
+Everything here is rebuilt from etcd by a new controller (`ControllerContext`
+is filled by the event loop's load step), so nothing the controller knows is
+lost with it. Pure data plus the JSON forms of the etcd values: no I/O.
+
+etcd values (JSON), as docs/ARCHITECTURE.md lists them:
+- /brokers/ids/{id}: {"broker_id", "host", "port", "rack", "metrics_port"};
+  broker epoch = the key's create_revision.
+- /brokers/topics/{topic}: {"version": 1, "topic_id", "partitions": {"0": [1, 2, 3]},
+  "adding_replicas": {...}, "removing_replicas": {...}}
+- /brokers/topics/{topic}/partitions/{p}/state: {"leader", "leader_epoch", "isr",
+  "controller_epoch"}; partition epoch = the key's version.
+- /config/topics/{topic}: {"min.insync.replicas": "2", ...}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+
+from protos.highwater.v1 import common_pb2
+from services.common import limits
+from services.common.errors import InvalidConfig, check
+
+TopicPartitionKey = tuple[str, int]
+NO_LEADER = -1
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    broker_id: int
+    host: str
+    port: int
+    rack: str
+    metrics_port: int
+    broker_epoch: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def from_json(cls, raw: bytes, broker_epoch: int) -> BrokerInfo:
+        d = json.loads(raw)
+        return cls(int(d["broker_id"]), str(d["host"]), int(d["port"]), str(d.get("rack", "")),
+                   int(d.get("metrics_port", 0)), broker_epoch)
+
+    def to_proto(self) -> common_pb2.BrokerNode:
+        return common_pb2.BrokerNode(broker_id=self.broker_id, host=self.host, port=self.port, rack=self.rack,
+                                     metrics_port=self.metrics_port, broker_epoch=self.broker_epoch)
+
+
+@dataclass(frozen=True)
+class GatewayInfo:
+    gateway_id: int
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> GatewayInfo:
+        d = json.loads(raw)
+        return cls(int(d["gateway_id"]), str(d["host"]), int(d["port"]))
+
+
+@dataclass(frozen=True)
+class LeaderAndIsr:
+    """One partition's state key. partition_epoch is the etcd version of the key (0: not written yet)."""
+
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    controller_epoch: int
+    partition_epoch: int = 0
+
+    def to_json(self) -> bytes:
+        return json.dumps({"leader": self.leader, "leader_epoch": self.leader_epoch, "isr": list(self.isr),
+                           "controller_epoch": self.controller_epoch}).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, partition_epoch: int) -> LeaderAndIsr:
+        d = json.loads(raw)
+        return cls(int(d["leader"]), int(d["leader_epoch"]), tuple(int(x) for x in d["isr"]),
+                   int(d["controller_epoch"]), partition_epoch)
+
+    def next(self, *, leader: int, isr: tuple[int, ...], controller_epoch: int, bump_epoch: bool = True
+             ) -> LeaderAndIsr:
+        """The state after a change: leader_epoch + 1 (never decreasing), partition_epoch + 1."""
+        return LeaderAndIsr(leader, self.leader_epoch + 1 if bump_epoch else self.leader_epoch, isr,
+                            controller_epoch, self.partition_epoch + 1)
+
+
+# Kafka config names a topic may set, with their parser and check.
+TOPIC_CONFIG_KEYS: dict[str, str] = {
+    "min.insync.replicas": "int>=1",
+    "unclean.leader.election.enable": "bool",
+    "retention.ms": "int>=-1",
+    "retention.bytes": "int>=-1",
+    "segment.bytes": "int>=1024",
+    "segment.ms": "int>=1",
+    "max.message.bytes": "int>=1",
+}
+
+
+def validate_topic_configs(configs: dict[str, str]) -> dict[str, str]:
+    """Check names and values; raise InvalidConfig naming the bad one."""
+    out: dict[str, str] = {}
+    for key, value in configs.items():
+        kind = TOPIC_CONFIG_KEYS.get(key)
+        if kind is None:
+            raise InvalidConfig(f"unknown topic config {key!r}; known: {', '.join(sorted(TOPIC_CONFIG_KEYS))}")
+        if kind == "bool":
+            if value.lower() not in ("true", "false"):
+                raise InvalidConfig(f"{key} must be true or false, got {value!r}")
+            out[key] = value.lower()
+            continue
+        minimum = int(kind.split(">=")[1])
+        try:
+            number = int(value)
+        except ValueError:
+            raise InvalidConfig(f"{key} must be an integer, got {value!r}") from None
+        if number < minimum:
+            raise InvalidConfig(f"{key} must be >= {minimum}, got {number}")
+        out[key] = str(number)
+    return out
+
+
+def topic_config_proto(configs: dict[str, str]) -> common_pb2.TopicConfig:
+    return common_pb2.TopicConfig(
+        min_insync_replicas=int(configs.get("min.insync.replicas", limits.DEFAULT_MIN_INSYNC_REPLICAS)),
+        unclean_leader_election_enable=configs.get("unclean.leader.election.enable", "false") == "true",
+        retention_ms=int(configs.get("retention.ms", 0)),
+        retention_bytes=int(configs.get("retention.bytes", 0)),
+        segment_bytes=int(configs.get("segment.bytes", 0)),
+        segment_ms=int(configs.get("segment.ms", 0)),
+        max_message_bytes=int(configs.get("max.message.bytes", 0)),
+    )
+
+
+@dataclass
+class TopicInfo:
+    name: str
+    topic_id: str
+    assignment: dict[int, tuple[int, ...]]
+    configs: dict[str, str] = field(default_factory=dict)
+    adding_replicas: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    removing_replicas: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "version": 1, "topic_id": self.topic_id,
+            "partitions": {str(p): list(r) for p, r in sorted(self.assignment.items())},
+            "adding_replicas": {str(p): list(r) for p, r in sorted(self.adding_replicas.items())},
+            "removing_replicas": {str(p): list(r) for p, r in sorted(self.removing_replicas.items())},
+        }).encode()
+
+    @classmethod
+    def from_json(cls, name: str, raw: bytes) -> TopicInfo:
+        d = json.loads(raw)
+        def parse(m: dict[str, list[int]]) -> dict[int, tuple[int, ...]]:
+            return {int(p): tuple(int(x) for x in r) for p, r in m.items()}
+        return cls(name, str(d["topic_id"]), parse(d["partitions"]), {},
+                   parse(d.get("adding_replicas", {})), parse(d.get("removing_replicas", {})))
+
+    @property
+    def min_insync_replicas(self) -> int:
+        return int(self.configs.get("min.insync.replicas", limits.DEFAULT_MIN_INSYNC_REPLICAS))
+
+    @property
+    def unclean_leader_election(self) -> bool:
+        return self.configs.get("unclean.leader.election.enable", "false") == "true"
+
+
+@dataclass
+class ControllerContext:
+    controller_id: int
+    epoch: int = 0
+    live_brokers: dict[int, BrokerInfo] = field(default_factory=dict)
+    live_gateways: dict[int, GatewayInfo] = field(default_factory=dict)
+    topics: dict[str, TopicInfo] = field(default_factory=dict)
+    states: dict[TopicPartitionKey, LeaderAndIsr] = field(default_factory=dict)
+    topics_to_delete: set[str] = field(default_factory=set)
+    shutting_down: set[int] = field(default_factory=set)
+
+    def replicas(self, tp: TopicPartitionKey) -> tuple[int, ...]:
+        return self.topics[tp[0]].assignment[tp[1]]
+
+    def partitions(self) -> list[TopicPartitionKey]:
+        return sorted((t.name, p) for t in self.topics.values() for p in t.assignment)
+
+    def partitions_of(self, topic: str) -> list[TopicPartitionKey]:
+        return sorted((topic, p) for p in self.topics[topic].assignment)
+
+    def is_live(self, broker_id: int) -> bool:
+        return broker_id in self.live_brokers and broker_id not in self.shutting_down
+
+    def apply_state(self, tp: TopicPartitionKey, state: LeaderAndIsr) -> None:
+        """Replay a committed partition state (invariant: leader_epoch never decreases)."""
+        old = self.states.get(tp)
+        if old is not None:
+            check(state.leader_epoch >= old.leader_epoch, "leader_epoch of %s-%d would go back from %d to %d",
+                  tp[0], tp[1], old.leader_epoch, state.leader_epoch)
+        self.states[tp] = state
+
+    def partition_state_proto(self, tp: TopicPartitionKey) -> common_pb2.PartitionState:
+        s = self.states.get(tp) or LeaderAndIsr(NO_LEADER, -1, (), self.epoch, 0)
+        topic = self.topics[tp[0]]
+        return common_pb2.PartitionState(
+            topic=tp[0], partition=tp[1], leader=s.leader, leader_epoch=s.leader_epoch, isr=list(s.isr),
+            replicas=list(topic.assignment[tp[1]]), controller_epoch=s.controller_epoch,
+            partition_epoch=s.partition_epoch, adding_replicas=list(topic.adding_replicas.get(tp[1], ())),
+            removing_replicas=list(topic.removing_replicas.get(tp[1], ())), topic_id=topic.topic_id)
+
+    def with_broker_epoch(self, broker_id: int) -> int:
+        b = self.live_brokers.get(broker_id)
+        return b.broker_epoch if b is not None else -1
+
+    def offline_partitions(self) -> list[TopicPartitionKey]:
+        return [tp for tp in self.partitions() if (s := self.states.get(tp)) is None or s.leader == NO_LEADER
+                or s.leader not in self.live_brokers]
+
+
+def copy_state(state: LeaderAndIsr, **changes: object) -> LeaderAndIsr:
+    return replace(state, **changes)  # type: ignore[arg-type]

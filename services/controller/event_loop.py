@@ -1,0 +1,411 @@
+"""The active controller's single event loop (Kafka's ControllerEventManager).
+
+One asyncio task takes events off a bounded queue and runs them one at a
+time: a pure handler decides (handlers.py), then this module applies —
+fenced etcd transactions first, replay into the context second, control
+RPCs last. Being single-threaded is what makes the context safe without
+locks. RPCs go through one sender task per broker (Kafka's
+RequestSendThread), so a slow or paused broker never stalls the loop, and
+requests reach each broker in the order they were decided.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from coordinator.election import ControllerFenced, fenced_txn
+from coordinator.keys import Keys
+from coordinator.store import (
+    Delete as EtcdDelete,
+)
+from coordinator.store import (
+    EtcdStore,
+    Get,
+    Op,
+    Put,
+    compare_missing,
+    compare_mod_revision,
+    compare_version,
+)
+from protos.highwater.v1 import broker_pb2, common_pb2
+from services.common import limits
+from services.common.peers import PeerChannels
+from services.controller import handlers, metrics
+from services.controller.context import (
+    BrokerInfo,
+    ControllerContext,
+    GatewayInfo,
+    LeaderAndIsr,
+    TopicInfo,
+    TopicPartitionKey,
+    topic_config_proto,
+)
+from services.controller.handlers import ConfigWrite, ControllerResult, StateWrite, TopicDelete, TopicWrite
+
+log = logging.getLogger("highwater.controller")
+
+# etcd refuses transactions with more operations than --max-txn-ops (default 128).
+ETCD_TXN_OPS_MAX = 100
+# Events waiting for the loop; a full queue pushes back on admin callers.
+EVENT_QUEUE_LENGTH_MAX = 10_000
+# Per-broker control requests waiting to be sent.
+SENDER_QUEUE_LENGTH_MAX = 10_000
+# A control RPC that failed for a reachable reason is retried this often before giving up
+# (a dead broker's sender is removed when its lease expires).
+CONTROL_RPC_ATTEMPTS_MAX = 5
+PRODUCER_ID_BLOCK_SIZE = 1000
+
+
+class ControllerResigned(Exception):
+    """The loop stopped acting: its epoch was fenced or its lease lost."""
+
+
+@dataclass
+class _Event:
+    name: str
+    handler: Callable[[], ControllerResult]
+    done: asyncio.Future[ControllerResult]
+    enqueued_at: float = field(default_factory=time.monotonic)
+
+
+class BrokerSender:
+    """Delivers control requests to one broker (or gateway) in order."""
+
+    def __init__(self, address: str, peers: PeerChannels, *, is_gateway: bool = False) -> None:
+        self.address = address
+        self.peers = peers
+        self.is_gateway = is_gateway
+        self.queue: asyncio.Queue[tuple[str, Any, asyncio.Future[Any]]] = asyncio.Queue(SENDER_QUEUE_LENGTH_MAX)
+        self.task = asyncio.create_task(self._run(), name=f"control-sender-{address}")
+
+    def send(self, rpc: str, request: Any) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.queue.put_nowait((rpc, request, fut))
+        return fut
+
+    async def _run(self) -> None:
+        while True:
+            rpc, request, fut = await self.queue.get()
+            stub = self.peers.gateway(self.address) if self.is_gateway else self.peers.broker(self.address)
+            for attempt in range(1, CONTROL_RPC_ATTEMPTS_MAX + 1):
+                try:
+                    response = await getattr(stub, rpc)(request, timeout=limits.CONTROL_RPC_TIMEOUT_S)
+                    if not fut.done():
+                        fut.set_result(response)
+                    if getattr(response, "error_code", 0):
+                        log.warning("%s to %s answered %s: %s", rpc, self.address,
+                                    common_pb2.ErrorCode.Name(response.error_code), response.error_message)
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    if attempt == CONTROL_RPC_ATTEMPTS_MAX:
+                        log.warning("%s to %s failed %d times (%s); giving up", rpc, self.address, attempt,
+                                    exc.code().name)
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    else:
+                        await asyncio.sleep(0.1 * attempt)
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        try:
+            await self.task
+        except (asyncio.CancelledError, Exception):
+            pass
+        while not self.queue.empty():
+            _, _, fut = self.queue.get_nowait()
+            if not fut.done():
+                fut.cancel()
+
+
+class ControllerEventLoop:
+    """Everything the active controller does, serialised."""
+
+    def __init__(self, *, store: EtcdStore, controller_id: int, epoch: int, peers: PeerChannels,
+                 delete_topic_enable: bool = True) -> None:
+        self.store = store
+        self.keys: Keys = store.keys
+        self.peers = peers
+        self.epoch = epoch
+        self.delete_topic_enable = delete_topic_enable
+        self.ctx = ControllerContext(controller_id=controller_id, epoch=epoch)
+        self.queue: asyncio.Queue[_Event] = asyncio.Queue(EVENT_QUEUE_LENGTH_MAX)
+        self.senders: dict[tuple[str, int], BrokerSender] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.resigned = asyncio.Event()
+        self._stopping_senders: set[asyncio.Future[None]] = set()
+        self._producer_ids: tuple[int, int] = (0, 0)  # [next, end) of the block we own
+
+    # ---- start / stop ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        started = time.monotonic()
+        revision = await self.load()
+        result = handlers.on_startup(self.ctx)
+        await self.apply(result)
+        self._tasks.append(asyncio.create_task(self._run(), name="controller-event-loop"))
+        self._tasks.append(asyncio.create_task(self._watch(self.keys.brokers_prefix, revision, "BrokerChange"),
+                                               name="watch-brokers"))
+        self._tasks.append(asyncio.create_task(self._watch(self.keys.gateways_prefix, revision, "GatewayChange"),
+                                               name="watch-gateways"))
+        log.info("controller %d active at epoch %d: %d brokers, %d topics, %d partitions, loaded in %.0f ms",
+                 self.ctx.controller_id, self.epoch, len(self.ctx.live_brokers), len(self.ctx.topics),
+                 len(self.ctx.states), (time.monotonic() - started) * 1000)
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        for s in self.senders.values():
+            await s.stop()
+        self.senders.clear()
+        while not self.queue.empty():
+            ev = self.queue.get_nowait()
+            if not ev.done.done():
+                ev.done.set_exception(ControllerResigned("controller stopped"))
+
+    async def load(self) -> int:
+        """Read the whole cluster state from etcd into a fresh context; returns the revision read at."""
+        brokers, revision = await self.store.get_prefix(self.keys.brokers_prefix)
+        self.ctx.live_brokers = {}
+        for kv in brokers:
+            info = BrokerInfo.from_json(kv.value, kv.create_revision)
+            self.ctx.live_brokers[info.broker_id] = info
+        gateways, _ = await self.store.get_prefix(self.keys.gateways_prefix)
+        self.ctx.live_gateways = {g.gateway_id: g for g in (GatewayInfo.from_json(kv.value) for kv in gateways)}
+        topic_kvs, _ = await self.store.get_prefix(self.keys.topics_prefix)
+        states: dict[TopicPartitionKey, LeaderAndIsr] = {}
+        for kv in topic_kvs:
+            kind = self.keys.classify_topic_key(kv.key)
+            if kind is None:
+                continue
+            try:
+                if kind[0] == "topic":
+                    self.ctx.topics[kind[1]] = TopicInfo.from_json(kind[1], kv.value)
+                else:
+                    states[(kind[1], kind[2])] = LeaderAndIsr.from_json(kv.value, kv.version)  # type: ignore[misc]
+            except (ValueError, KeyError, TypeError) as exc:
+                log.error("ignoring malformed value at %s: %s", kv.key, exc)
+        self.ctx.states = {tp: s for tp, s in states.items() if tp[0] in self.ctx.topics}
+        configs, _ = await self.store.get_prefix(self.keys.config_prefix)
+        for kv in configs:
+            name = kv.key[len(self.keys.config_prefix):]
+            if name in self.ctx.topics:
+                try:
+                    self.ctx.topics[name].configs = {str(k): str(v) for k, v in json.loads(kv.value).items()}
+                except (ValueError, AttributeError) as exc:
+                    log.error("ignoring malformed topic config at %s: %s", kv.key, exc)
+        return revision
+
+    # ---- the loop --------------------------------------------------------------------------
+
+    async def submit(self, name: str, handler: Callable[[], ControllerResult]) -> ControllerResult:
+        """Queue an event and wait until the loop has decided and committed it."""
+        if self.resigned.is_set():
+            raise ControllerResigned("this controller is no longer active")
+        fut: asyncio.Future[ControllerResult] = asyncio.get_running_loop().create_future()
+        self.queue.put_nowait(_Event(name, handler, fut))
+        return await fut
+
+    async def _run(self) -> None:
+        while True:
+            ev = await self.queue.get()
+            metrics.EVENT_QUEUE_TIME.labels(ev.name).observe(time.monotonic() - ev.enqueued_at)
+            try:
+                with metrics.EVENT_PROCESSING_TIME.labels(ev.name).time():
+                    result = ev.handler()
+                    await self.apply(result)
+                if not ev.done.done():
+                    ev.done.set_result(result)
+            except ControllerFenced as exc:
+                log.error("controller %d fenced at epoch %d: %s; resigning", self.ctx.controller_id, self.epoch, exc)
+                if not ev.done.done():
+                    ev.done.set_exception(ControllerResigned(str(exc)))
+                self.resigned.set()
+                return
+            except Exception as exc:
+                log.exception("event %s failed; reloading state from etcd", ev.name)
+                if not ev.done.done():
+                    ev.done.set_exception(exc)
+                await self._resync()
+
+    async def _resync(self) -> None:
+        """After a failed apply the context may disagree with etcd: read it again."""
+        try:
+            self.ctx = ControllerContext(controller_id=self.ctx.controller_id, epoch=self.epoch)
+            await self.load()
+        except Exception:
+            log.exception("reloading state failed; resigning")
+            self.resigned.set()
+
+    async def _watch(self, prefix: str, revision: int, name: str) -> None:
+        """On any change under prefix, read the whole prefix and queue one membership event."""
+        async for _events in self.store.watch_prefix(prefix, start_revision=revision + 1):
+            kvs, _ = await self.store.get_prefix(prefix)
+            if name == "BrokerChange":
+                registered = {}
+                for kv in kvs:
+                    info = BrokerInfo.from_json(kv.value, kv.create_revision)
+                    registered[info.broker_id] = info
+                self.queue.put_nowait(_Event(name, lambda r=registered: handlers.on_broker_change(self.ctx, r),
+                                             asyncio.get_running_loop().create_future()))
+            else:
+                gateways = {g.gateway_id: g for g in (GatewayInfo.from_json(kv.value) for kv in kvs)}
+                self.queue.put_nowait(_Event(name, lambda g=gateways: handlers.on_gateway_change(self.ctx, g),
+                                             asyncio.get_running_loop().create_future()))
+
+    # ---- apply: fenced writes, replay, RPCs ----------------------------------------------------
+
+    async def apply(self, result: ControllerResult) -> None:
+        if result.unclean_elections:
+            metrics.UNCLEAN_ELECTIONS.inc(result.unclean_elections)
+        if result.writes:
+            await self._commit(result.writes)
+            for write in result.writes:
+                handlers.apply_write(self.ctx, write)
+        self._sync_senders()
+        self._send(result)
+        metrics.OFFLINE_PARTITIONS.set(len(self.ctx.offline_partitions()))
+        metrics.GLOBAL_PARTITION_COUNT.set(len(self.ctx.states))
+
+    async def _commit(self, writes: list[handlers.Write]) -> None:
+        chunk: list[tuple[list[Any], list[Op]]] = []
+        ops_in_chunk = 0
+        for write in writes:
+            compares, ops = self._etcd_ops(write)
+            if ops_in_chunk + len(ops) > ETCD_TXN_OPS_MAX and chunk:
+                await self._commit_chunk(chunk)
+                chunk, ops_in_chunk = [], 0
+            chunk.append((compares, ops))
+            ops_in_chunk += len(ops)
+        if chunk:
+            await self._commit_chunk(chunk)
+
+    async def _commit_chunk(self, chunk: list[tuple[list[Any], list[Op]]]) -> None:
+        compares = [c for cs, _ in chunk for c in cs]
+        ops = [o for _, os in chunk for o in os]
+        txn = await fenced_txn(self.store, self.epoch, compares, ops)
+        if not txn.succeeded:
+            raise RuntimeError(f"etcd rejected a controller write ({len(ops)} ops): a key changed under us")
+
+    def _etcd_ops(self, write: handlers.Write) -> tuple[list[Any], list[Op]]:
+        k = self.keys
+        if isinstance(write, StateWrite):
+            key = k.partition_state(*write.tp)
+            return [compare_version(key, write.expected_version)], [Put(key, write.state.to_json())]
+        if isinstance(write, TopicWrite):
+            key = k.topic(write.topic.name)
+            compares = [compare_missing(key)] if write.create else []
+            return compares, [Put(key, write.topic.to_json())]
+        if isinstance(write, ConfigWrite):
+            return [], [Put(k.topic_config(write.topic), json.dumps(write.configs, sort_keys=True).encode())]
+        if isinstance(write, TopicDelete):
+            return [], [EtcdDelete(k.topic(write.topic)), EtcdDelete(k.topic_partitions_prefix(write.topic),
+                                                                      prefix=True),
+                         EtcdDelete(k.topic_config(write.topic)), EtcdDelete(k.delete_topic(write.topic))]
+        raise TypeError(f"unknown write {write!r}")
+
+    def _sync_senders(self) -> None:
+        wanted = {("b", b.broker_id): b.address for b in self.ctx.live_brokers.values()}
+        wanted.update({("g", g.gateway_id): g.address for g in self.ctx.live_gateways.values()})
+        for key in list(self.senders):
+            sender = self.senders[key]
+            if key not in wanted or wanted[key] != sender.address:
+                stopping = asyncio.ensure_future(sender.stop())
+                self._stopping_senders.add(stopping)
+                stopping.add_done_callback(self._stopping_senders.discard)
+                del self.senders[key]
+        for key, address in wanted.items():
+            if key not in self.senders:
+                self.senders[key] = BrokerSender(address, self.peers, is_gateway=key[0] == "g")
+
+    def header(self, broker_id: int) -> common_pb2.ControllerHeader:
+        return common_pb2.ControllerHeader(controller_id=self.ctx.controller_id, controller_epoch=self.epoch,
+                                           broker_epoch=self.ctx.with_broker_epoch(broker_id))
+
+    def _send(self, result: ControllerResult) -> None:
+        """Queue the result's RPCs: LeaderAndIsr and StopReplica first, UpdateMetadata after."""
+        rpcs = result.rpcs
+        futures: list[asyncio.Future[Any]] = []
+        for broker_id, tps in sorted(rpcs.leader_and_isr.items()):
+            sender = self.senders.get(("b", broker_id))
+            if sender is None:
+                continue
+            parts = []
+            leaders: dict[int, common_pb2.BrokerNode] = {}
+            for tp in sorted(tps):
+                if tp[0] not in self.ctx.topics:
+                    continue
+                state = self.ctx.partition_state_proto(tp)
+                parts.append(broker_pb2.LeaderAndIsrPartition(
+                    state=state, is_new=(broker_id, tp) in rpcs.new_replicas,
+                    config=topic_config_proto(self.ctx.topics[tp[0]].configs)))
+                leader = self.ctx.live_brokers.get(state.leader)
+                if leader is not None:
+                    leaders[leader.broker_id] = leader.to_proto()
+            if parts:
+                futures.append(sender.send("LeaderAndIsr", broker_pb2.LeaderAndIsrRequest(
+                    header=self.header(broker_id), partitions=parts, live_leaders=list(leaders.values()))))
+        for broker_id, tps in sorted(rpcs.stop_replica.items()):
+            sender = self.senders.get(("b", broker_id))
+            if sender is None:
+                continue
+            futures.append(sender.send("StopReplica", broker_pb2.StopReplicaRequest(
+                header=self.header(broker_id),
+                partitions=[broker_pb2.StopReplicaPartition(topic=tp[0], partition=tp[1], leader_epoch=-2,
+                                                            delete_partition=delete)
+                            for tp, delete in sorted(tps.items())])))
+        if rpcs.full_metadata or rpcs.update_metadata or rpcs.deleted_topics:
+            for (kind, target_id), sender in sorted(self.senders.items()):
+                futures.append(sender.send("UpdateMetadata", self.update_metadata_request(
+                    full=rpcs.full_metadata, tps=rpcs.update_metadata, deleted=rpcs.deleted_topics,
+                    broker_epoch=self.ctx.with_broker_epoch(target_id) if kind == "b" else -1)))
+        result.rpc_futures = futures
+
+    def update_metadata_request(self, *, full: bool, tps: set[TopicPartitionKey], deleted: set[str],
+                                broker_epoch: int) -> broker_pb2.UpdateMetadataRequest:
+        chosen = self.ctx.partitions() if full else sorted(tp for tp in tps if tp[0] in self.ctx.topics)
+        topics = {tp[0] for tp in chosen}
+        return broker_pb2.UpdateMetadataRequest(
+            header=common_pb2.ControllerHeader(controller_id=self.ctx.controller_id, controller_epoch=self.epoch,
+                                               broker_epoch=broker_epoch),
+            live_brokers=[b.to_proto() for b in self.ctx.live_brokers.values()],
+            live_gateways=[common_pb2.GatewayNode(gateway_id=g.gateway_id, host=g.host, port=g.port)
+                           for g in self.ctx.live_gateways.values()],
+            partitions=[self.ctx.partition_state_proto(tp) for tp in chosen if tp in self.ctx.states],
+            full=full, deleted_topics=sorted(deleted),
+            topic_configs={t: topic_config_proto(self.ctx.topics[t].configs) for t in topics},
+            topic_ids={t: self.ctx.topics[t].topic_id for t in topics})
+
+    # ---- producer ids ---------------------------------------------------------------------------
+
+    async def next_producer_id(self) -> int:
+        """Producer ids come in blocks reserved in etcd, so two controllers never hand out the same id."""
+        nxt, end = self._producer_ids
+        if nxt >= end:
+            key = self.keys.producer_id_block
+            for _ in range(10):
+                kv = await self.store.get(key)
+                start = json.loads(kv.value)["next"] if kv is not None else 0
+                compare = compare_mod_revision(key, kv.mod_revision) if kv is not None else compare_missing(key)
+                txn = await fenced_txn(self.store, self.epoch, [compare],
+                                       [Put(key, json.dumps({"next": start + PRODUCER_ID_BLOCK_SIZE}).encode()),
+                                        Get(key)])
+                if txn.succeeded:
+                    nxt, end = start, start + PRODUCER_ID_BLOCK_SIZE
+                    break
+            else:
+                raise RuntimeError("could not reserve a producer id block in etcd (contention)")
+        self._producer_ids = (nxt + 1, end)
+        return nxt

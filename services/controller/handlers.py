@@ -1,0 +1,537 @@
+"""Controller event handlers: decide, then apply (Kafka's *ControlManager pattern).
+
+Each handler reads the ControllerContext and returns a `ControllerResult`:
+the etcd writes it wants (all fenced by the controller epoch when applied),
+the control RPCs to send once they are committed, and the answer for the
+caller. Handlers never change the context for writes: the event loop replays
+committed writes into it (`apply_result`), so a controller that crashes
+between deciding and committing leaves nothing half-known, and a new one
+rebuilds the same context from etcd.
+
+The only context changes made here directly are membership facts learned
+from etcd watches (live brokers and gateways), which are not writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from protos.highwater.v1 import common_pb2, controller_pb2
+from services.common import limits
+from services.common.errors import (
+    HighwaterError,
+    InvalidPartitions,
+    InvalidReplicaAssignment,
+    InvalidReplicationFactor,
+    InvalidRequest,
+    InvalidTopic,
+    TopicAlreadyExists,
+    UnknownTopicOrPartition,
+)
+from services.controller import elections
+from services.controller.assignment import assign_replicas
+from services.controller.context import (
+    NO_LEADER,
+    BrokerInfo,
+    ControllerContext,
+    LeaderAndIsr,
+    TopicInfo,
+    TopicPartitionKey,
+    validate_topic_configs,
+)
+
+log = logging.getLogger("highwater.controller")
+
+TOPIC_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
+
+
+# ---- what a handler asks for ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class StateWrite:
+    """Write a partition state key; expected_version is the key's version now (0: absent)."""
+
+    tp: TopicPartitionKey
+    state: LeaderAndIsr
+    expected_version: int
+
+
+@dataclass(frozen=True)
+class TopicWrite:
+    topic: TopicInfo
+    create: bool
+
+
+@dataclass(frozen=True)
+class ConfigWrite:
+    topic: str
+    configs: dict[str, str]
+
+
+@dataclass(frozen=True)
+class TopicDelete:
+    """Remove every key of a topic (assignment, states, config, deletion marker)."""
+
+    topic: str
+
+
+Write = StateWrite | TopicWrite | ConfigWrite | TopicDelete
+
+
+@dataclass
+class ControlRpcs:
+    """Control RPCs to send after the writes commit, built from the committed context."""
+
+    leader_and_isr: dict[int, set[TopicPartitionKey]] = field(default_factory=dict)
+    new_replicas: set[tuple[int, TopicPartitionKey]] = field(default_factory=set)
+    update_metadata: set[TopicPartitionKey] = field(default_factory=set)
+    full_metadata: bool = False
+    stop_replica: dict[int, dict[TopicPartitionKey, bool]] = field(default_factory=dict)
+    deleted_topics: set[str] = field(default_factory=set)
+
+    def add_leader_and_isr(self, brokers: Iterable[int], tp: TopicPartitionKey, *, is_new: bool = False) -> None:
+        for b in brokers:
+            self.leader_and_isr.setdefault(b, set()).add(tp)
+            if is_new:
+                self.new_replicas.add((b, tp))
+        self.update_metadata.add(tp)
+
+    def is_empty(self) -> bool:
+        return not (self.leader_and_isr or self.update_metadata or self.full_metadata or self.stop_replica
+                    or self.deleted_topics)
+
+
+@dataclass
+class ControllerResult:
+    writes: list[Write] = field(default_factory=list)
+    rpcs: ControlRpcs = field(default_factory=ControlRpcs)
+    response: Any = None
+    # Count of elections that picked a leader from outside the ISR (potential data loss).
+    unclean_elections: int = 0
+    # Filled by the event loop: one future per control RPC queued for this result.
+    rpc_futures: list[Any] = field(default_factory=list)
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+def _change_state(ctx: ControllerContext, result: ControllerResult, tp: TopicPartitionKey, *, leader: int,
+                  isr: tuple[int, ...], send_to_replicas: bool = True) -> LeaderAndIsr:
+    old = ctx.states[tp]
+    new = old.next(leader=leader, isr=isr, controller_epoch=ctx.epoch)
+    result.writes.append(StateWrite(tp, new, old.partition_epoch))
+    if send_to_replicas:
+        result.rpcs.add_leader_and_isr([r for r in ctx.replicas(tp) if ctx.is_live(r) or r == leader], tp)
+    else:
+        result.rpcs.update_metadata.add(tp)
+    return new
+
+
+def _elect_offline(ctx: ControllerContext, result: ControllerResult, tp: TopicPartitionKey, live: set[int]) -> None:
+    """New leader for a partition whose leader is gone (or never was)."""
+    state = ctx.states[tp]
+    topic = ctx.topics[tp[0]]
+    choice, unclean = elections.offline_partition_leader(ctx.replicas(tp), state.isr, live,
+                                                         topic.unclean_leader_election)
+    if choice is None:
+        if state.leader != NO_LEADER:
+            # Offline: keep the last ISR so its members can lead again when they return.
+            log.warning("%s-%d has no live in-sync replica (ISR %s); partition is offline", *tp, list(state.isr))
+            _change_state(ctx, result, tp, leader=NO_LEADER, isr=state.isr)
+        return
+    leader, isr = choice
+    if unclean:
+        result.unclean_elections += 1
+        log.error("UNCLEAN leader election for %s-%d: broker %d was not in the ISR %s; "
+                  "records acknowledged by the old ISR may be lost", *tp, leader, list(state.isr))
+    _change_state(ctx, result, tp, leader=leader, isr=isr)
+
+
+# ---- events ----------------------------------------------------------------------------------
+
+def on_startup(ctx: ControllerContext) -> ControllerResult:
+    """Controller failover: initialise missing states, elect offline partitions, tell everyone."""
+    result = ControllerResult()
+    live = {b for b in ctx.live_brokers if ctx.is_live(b)}
+    for tp in ctx.partitions():
+        if tp[0] in ctx.topics_to_delete:
+            continue
+        if tp not in ctx.states:
+            _initial_state(ctx, result, tp)
+            continue
+        state = ctx.states[tp]
+        if state.leader == NO_LEADER or state.leader not in live:
+            _elect_offline(ctx, result, tp, live)
+        elif any(r not in ctx.live_brokers for r in state.isr):
+            _change_state(ctx, result, tp, leader=state.leader,
+                          isr=tuple(r for r in state.isr if r in ctx.live_brokers))
+    for tp in ctx.partitions():
+        result.rpcs.add_leader_and_isr([r for r in ctx.replicas(tp) if r in live], tp)
+    result.rpcs.full_metadata = True
+    return result
+
+
+def _initial_state(ctx: ControllerContext, result: ControllerResult, tp: TopicPartitionKey) -> None:
+    """NewPartition -> OnlinePartition: leader = first live replica, ISR = live AR."""
+    replicas = ctx.replicas(tp)
+    live_replicas = tuple(r for r in replicas if ctx.is_live(r))
+    leader = live_replicas[0] if live_replicas else NO_LEADER
+    state = LeaderAndIsr(leader, 0, live_replicas or replicas, ctx.epoch, 1)
+    result.writes.append(StateWrite(tp, state, 0))
+    result.rpcs.add_leader_and_isr(live_replicas, tp, is_new=True)
+
+
+def on_broker_change(ctx: ControllerContext, registered: dict[int, BrokerInfo]) -> ControllerResult:
+    """Brokers came or went (leases): fail over dead ones, bring new ones online.
+
+    A broker whose epoch changed re-registered: it is treated as dead and new
+    at once, so its old incarnation is fenced and it is told its state again.
+    """
+    result = ControllerResult()
+    old = ctx.live_brokers
+    dead = {b for b in old if b not in registered or registered[b].broker_epoch != old[b].broker_epoch}
+    new = {b for b in registered if b not in old or registered[b].broker_epoch != old[b].broker_epoch}
+    ctx.live_brokers = dict(registered)
+    ctx.shutting_down -= dead
+    if not dead and not new:
+        return result
+    if dead:
+        log.info("brokers %s left (lease expired or re-registered)", sorted(dead))
+    if new:
+        log.info("brokers %s joined", sorted(new))
+    live = {b for b in ctx.live_brokers if ctx.is_live(b)}
+    gone = dead - new
+    for tp in ctx.partitions():
+        if tp[0] in ctx.topics_to_delete or tp not in ctx.states:
+            continue
+        state = ctx.states[tp]
+        if state.leader in gone or state.leader == NO_LEADER or (state.leader in dead and state.leader not in live):
+            _elect_offline(ctx, result, tp, live)
+        elif any(r in gone for r in state.isr):
+            _change_state(ctx, result, tp, leader=state.leader, isr=tuple(r for r in state.isr if r not in gone))
+        elif state.leader in new:
+            # The leader re-registered: bump the epoch so the new incarnation leads a fresh one.
+            _change_state(ctx, result, tp, leader=state.leader, isr=state.isr)
+    for tp in ctx.partitions():
+        replicas = ctx.replicas(tp)
+        restarted = [b for b in new if b in replicas]
+        if restarted and tp in ctx.states:
+            result.rpcs.add_leader_and_isr(restarted, tp)
+    result.rpcs.full_metadata = True
+    return result
+
+
+def on_gateway_change(ctx: ControllerContext, gateways: dict[int, Any]) -> ControllerResult:
+    result = ControllerResult()
+    joined = set(gateways) - set(ctx.live_gateways)
+    ctx.live_gateways = dict(gateways)
+    result.rpcs.full_metadata = bool(joined)
+    return result
+
+
+def validate_topic_name(name: str) -> None:
+    if not name:
+        raise InvalidTopic("topic name is empty")
+    if name in (".", ".."):
+        raise InvalidTopic(f"topic name {name!r} is not allowed")
+    if len(name) > limits.TOPIC_NAME_MAX_CHARS:
+        raise InvalidTopic(f"topic name is {len(name)} characters; the limit is {limits.TOPIC_NAME_MAX_CHARS}")
+    if not TOPIC_NAME_RE.match(name):
+        raise InvalidTopic(f"topic name {name!r} may contain only ASCII letters, digits, '.', '_' and '-'")
+
+
+def on_create_topics(ctx: ControllerContext, req: common_pb2.CreateTopicsRequest) -> ControllerResult:
+    result = ControllerResult()
+    answers = []
+    live_racks = {b: info.rack for b, info in ctx.live_brokers.items() if ctx.is_live(b)}
+    seen: set[str] = set()
+    for ct in req.topics:
+        answer = common_pb2.TopicResult(name=ct.name)
+        try:
+            validate_topic_name(ct.name)
+            if ct.name in ctx.topics or ct.name in seen:
+                raise TopicAlreadyExists(f"topic {ct.name!r} already exists")
+            configs = validate_topic_configs(dict(ct.configs))
+            if ct.assignments:
+                if ct.num_partitions not in (0, -1) or ct.replication_factor not in (0, -1):
+                    raise InvalidRequest("give either explicit assignments or num_partitions/replication_factor")
+                assignment = {p: tuple(rl.replicas) for p, rl in ct.assignments.items()}
+                _check_assignment(assignment, set(ctx.live_brokers))
+            else:
+                partitions = ct.num_partitions if ct.num_partitions > 0 else limits.DEFAULT_NUM_PARTITIONS
+                if ct.num_partitions < -1 or ct.num_partitions == 0:
+                    raise InvalidPartitions(f"number of partitions must be >= 1, got {ct.num_partitions}")
+                if partitions > limits.PARTITIONS_PER_TOPIC_MAX:
+                    raise InvalidPartitions(f"{partitions} partitions is above the limit "
+                                            f"{limits.PARTITIONS_PER_TOPIC_MAX}")
+                rf = ct.replication_factor
+                if rf in (0, -1):
+                    rf = min(limits.DEFAULT_REPLICATION_FACTOR, max(len(live_racks), 1))
+                elif rf < -1:
+                    raise InvalidReplicationFactor(f"replication factor must be >= 1, got {rf}")
+                assignment = assign_replicas(live_racks, partitions, rf, start_index=len(ctx.topics))
+            rf_actual = len(next(iter(assignment.values())))
+            min_isr = int(configs.get("min.insync.replicas", "1"))
+            if min_isr > rf_actual:
+                raise InvalidReplicationFactor(
+                    f"min.insync.replicas={min_isr} is larger than the replication factor {rf_actual}: "
+                    "acks=all writes could never succeed")
+            answer.num_partitions = len(assignment)
+            answer.replication_factor = rf_actual
+            if not req.validate_only:
+                topic = TopicInfo(ct.name, str(uuid.uuid4()), assignment, configs)
+                answer.topic_id = topic.topic_id
+                if configs:
+                    result.writes.append(ConfigWrite(ct.name, configs))
+                result.writes.append(TopicWrite(topic, create=True))
+                for p, replicas in sorted(assignment.items()):
+                    live_replicas = tuple(r for r in replicas if ctx.is_live(r))
+                    leader = live_replicas[0] if live_replicas else NO_LEADER
+                    state = LeaderAndIsr(leader, 0, live_replicas or replicas, ctx.epoch, 1)
+                    result.writes.append(StateWrite((ct.name, p), state, 0))
+                    result.rpcs.add_leader_and_isr(live_replicas, (ct.name, p), is_new=True)
+            seen.add(ct.name)
+        except HighwaterError as exc:
+            answer.error_code, answer.error_message = exc.code, exc.message
+        answers.append(answer)
+    result.response = common_pb2.CreateTopicsResponse(topics=answers)
+    return result
+
+
+def _check_assignment(assignment: dict[int, tuple[int, ...]], known: set[int]) -> None:
+    if not assignment:
+        raise InvalidReplicaAssignment("the assignment is empty")
+    if sorted(assignment) != list(range(len(assignment))):
+        raise InvalidReplicaAssignment(f"partitions must be numbered 0..{len(assignment) - 1}, "
+                                       f"got {sorted(assignment)}")
+    sizes = {len(r) for r in assignment.values()}
+    if len(sizes) != 1 or 0 in sizes:
+        raise InvalidReplicaAssignment("every partition needs the same, non-zero number of replicas")
+    for p, replicas in assignment.items():
+        if len(set(replicas)) != len(replicas):
+            raise InvalidReplicaAssignment(f"partition {p} lists a broker twice: {list(replicas)}")
+        unknown = [r for r in replicas if r not in known]
+        if unknown:
+            raise InvalidReplicaAssignment(f"partition {p} names unknown brokers {unknown}; live: {sorted(known)}")
+
+
+def on_delete_topics(ctx: ControllerContext, names: list[str], *, deletion_enabled: bool) -> ControllerResult:
+    """StopReplica(delete) to every replica, then remove the keys (TopicDeletion)."""
+    result = ControllerResult()
+    answers = []
+    for name in names:
+        answer = common_pb2.TopicResult(name=name)
+        if not deletion_enabled:
+            answer.error_code = common_pb2.TOPIC_DELETION_DISABLED
+            answer.error_message = "topic deletion is disabled on this cluster (--delete-topic-enable false)"
+        elif name not in ctx.topics:
+            answer.error_code = common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+            answer.error_message = f"topic {name!r} does not exist"
+        else:
+            for tp in ctx.partitions_of(name):
+                for r in ctx.replicas(tp):
+                    result.rpcs.stop_replica.setdefault(r, {})[tp] = True
+            result.writes.append(TopicDelete(name))
+            result.rpcs.deleted_topics.add(name)
+        answers.append(answer)
+    result.response = common_pb2.DeleteTopicsResponse(topics=answers)
+    return result
+
+
+def on_alter_partition(ctx: ControllerContext, req: controller_pb2.AlterPartitionRequest) -> ControllerResult:
+    """A leader asks to change its ISR, guarded by leader_epoch and partition_epoch."""
+    result = ControllerResult()
+    answers = []
+    broker = ctx.live_brokers.get(req.broker_id)
+    if broker is None or broker.broker_epoch != req.broker_epoch:
+        result.response = controller_pb2.AlterPartitionResponse(
+            error_code=common_pb2.STALE_BROKER_EPOCH,
+            error_message=f"broker {req.broker_id} epoch {req.broker_epoch} is not the live incarnation")
+        return result
+    for item in req.partitions:
+        tp = (item.topic, item.partition)
+        answer = controller_pb2.AlterPartitionResult(topic=item.topic, partition=item.partition)
+        state = ctx.states.get(tp)
+        if state is None or item.topic in ctx.topics_to_delete:
+            answer.error_code = common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+            answer.error_message = f"{item.topic}-{item.partition} does not exist"
+        elif state.leader != req.broker_id:
+            answer.error_code = common_pb2.NOT_LEADER_OR_FOLLOWER
+            answer.error_message = f"broker {req.broker_id} is not the leader (leader is {state.leader})"
+            answer.state.CopyFrom(ctx.partition_state_proto(tp))
+        elif item.leader_epoch != state.leader_epoch:
+            answer.error_code = common_pb2.FENCED_LEADER_EPOCH
+            answer.error_message = f"leader epoch {item.leader_epoch} is not the current {state.leader_epoch}"
+            answer.state.CopyFrom(ctx.partition_state_proto(tp))
+        elif item.partition_epoch != state.partition_epoch:
+            answer.error_code = common_pb2.INVALID_UPDATE_VERSION
+            answer.error_message = (f"partition epoch {item.partition_epoch} is stale; current is "
+                                    f"{state.partition_epoch}: re-read the state and retry")
+            answer.state.CopyFrom(ctx.partition_state_proto(tp))
+        else:
+            new_isr = tuple(item.new_isr)
+            replicas = ctx.replicas(tp)
+            added = [r for r in new_isr if r not in state.isr]
+            if req.broker_id not in new_isr or any(r not in replicas for r in new_isr) or \
+                    len(set(new_isr)) != len(new_isr):
+                answer.error_code = common_pb2.INVALID_REQUEST
+                answer.error_message = f"ISR {list(new_isr)} must contain the leader and only replicas {replicas}"
+            elif any(not ctx.is_live(r) for r in added):
+                answer.error_code = common_pb2.INVALID_REQUEST
+                answer.error_message = f"replicas {added} are not live and cannot join the ISR"
+            else:
+                new = state.next(leader=state.leader, isr=new_isr, controller_epoch=ctx.epoch, bump_epoch=False)
+                result.writes.append(StateWrite(tp, new, state.partition_epoch))
+                result.rpcs.update_metadata.add(tp)
+                answer.state.CopyFrom(ctx.partition_state_proto(tp))
+                answer.state.isr[:] = list(new_isr)
+                answer.state.partition_epoch = new.partition_epoch
+                answer.state.controller_epoch = ctx.epoch
+        answers.append(answer)
+    result.response = controller_pb2.AlterPartitionResponse(partitions=answers)
+    return result
+
+
+def on_controlled_shutdown(ctx: ControllerContext, broker_id: int, broker_epoch: int) -> ControllerResult:
+    """Move every leadership off the broker and take it out of the ISRs before it stops."""
+    result = ControllerResult()
+    broker = ctx.live_brokers.get(broker_id)
+    if broker is None or broker.broker_epoch != broker_epoch:
+        result.response = controller_pb2.ControlledShutdownResponse(
+            error_code=common_pb2.STALE_BROKER_EPOCH,
+            error_message=f"broker {broker_id} epoch {broker_epoch} is not a live incarnation")
+        return result
+    ctx.shutting_down.add(broker_id)
+    live = {b for b in ctx.live_brokers if ctx.is_live(b)}
+    remaining = []
+    for tp in ctx.partitions():
+        state = ctx.states.get(tp)
+        if state is None or broker_id not in ctx.replicas(tp):
+            continue
+        if state.leader == broker_id:
+            choice = elections.controlled_shutdown_leader(ctx.replicas(tp), state.isr, live, ctx.shutting_down)
+            if choice is None:
+                remaining.append(common_pb2.TopicPartition(topic=tp[0], partition=tp[1]))
+                continue
+            _change_state(ctx, result, tp, leader=choice[0], isr=choice[1])
+        elif broker_id in state.isr and len(state.isr) > 1:
+            _change_state(ctx, result, tp, leader=state.leader,
+                          isr=tuple(r for r in state.isr if r != broker_id))
+            result.rpcs.stop_replica.setdefault(broker_id, {})[tp] = False
+    result.response = controller_pb2.ControlledShutdownResponse(remaining_partitions=remaining)
+    return result
+
+
+def on_elect_leaders(ctx: ControllerContext, req: common_pb2.ElectLeadersRequest) -> ControllerResult:
+    result = ControllerResult()
+    wanted = [(p.topic, p.partition) for p in req.partitions] or ctx.partitions()
+    live = {b for b in ctx.live_brokers if ctx.is_live(b)}
+    answers = []
+    for tp in wanted:
+        answer = common_pb2.PartitionResult(topic=tp[0], partition=tp[1])
+        state = ctx.states.get(tp)
+        if state is None or tp[0] not in ctx.topics:
+            answer.error_code = common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+            answer.error_message = f"{tp[0]}-{tp[1]} does not exist"
+        elif req.election_type == common_pb2.PREFERRED:
+            replicas = ctx.replicas(tp)
+            if state.leader == replicas[0]:
+                answer.error_code = common_pb2.ELECTION_NOT_NEEDED
+                answer.error_message = f"the preferred replica {replicas[0]} already leads"
+            else:
+                choice = elections.preferred_replica_leader(replicas, state.isr, live)
+                if choice is None:
+                    answer.error_code = common_pb2.PREFERRED_LEADER_NOT_AVAILABLE
+                    answer.error_message = f"preferred replica {replicas[0]} is not live or not in the ISR"
+                else:
+                    _change_state(ctx, result, tp, leader=choice[0], isr=choice[1])
+        else:
+            if state.leader in live:
+                answer.error_code = common_pb2.ELECTION_NOT_NEEDED
+                answer.error_message = f"broker {state.leader} leads; an unclean election is not needed"
+            else:
+                choice, _unclean = elections.offline_partition_leader(ctx.replicas(tp), state.isr, live, True)
+                if choice is None:
+                    answer.error_code = common_pb2.ELIGIBLE_LEADERS_NOT_AVAILABLE
+                    answer.error_message = "no replica of the partition is live"
+                else:
+                    if choice[0] not in state.isr:
+                        result.unclean_elections += 1
+                    _change_state(ctx, result, tp, leader=choice[0], isr=choice[1])
+        answers.append(answer)
+    result.response = common_pb2.ElectLeadersResponse(partitions=answers)
+    return result
+
+
+def require_topic(ctx: ControllerContext, name: str) -> TopicInfo:
+    topic = ctx.topics.get(name)
+    if topic is None:
+        raise UnknownTopicOrPartition(f"topic {name!r} does not exist")
+    return topic
+
+
+def on_create_partitions(ctx: ControllerContext, req: common_pb2.CreatePartitionsRequest) -> ControllerResult:
+    result = ControllerResult()
+    answers = []
+    live_racks = {b: info.rack for b, info in ctx.live_brokers.items() if ctx.is_live(b)}
+    for ct in req.topics:
+        answer = common_pb2.TopicResult(name=ct.name)
+        try:
+            topic = require_topic(ctx, ct.name)
+            current = len(topic.assignment)
+            if ct.count <= current:
+                raise InvalidPartitions(f"topic {ct.name!r} has {current} partitions; the new count must be "
+                                        f"larger, got {ct.count}")
+            if ct.count > limits.PARTITIONS_PER_TOPIC_MAX:
+                raise InvalidPartitions(f"{ct.count} partitions is above the limit {limits.PARTITIONS_PER_TOPIC_MAX}")
+            rf = len(topic.assignment[0])
+            if ct.assignments:
+                added = {current + i: tuple(rl.replicas) for i, rl in enumerate(ct.assignments)}
+                if len(added) != ct.count - current:
+                    raise InvalidReplicaAssignment(f"give {ct.count - current} assignments, got {len(added)}")
+                _check_assignment({**topic.assignment, **added}, set(ctx.live_brokers))
+            else:
+                added = assign_replicas(live_racks, ct.count - current, rf, start_index=len(ctx.topics),
+                                        first_partition=current)
+            answer.num_partitions = ct.count
+            answer.replication_factor = rf
+            if not req.validate_only:
+                new_topic = TopicInfo(topic.name, topic.topic_id, {**topic.assignment, **added}, topic.configs,
+                                      topic.adding_replicas, topic.removing_replicas)
+                result.writes.append(TopicWrite(new_topic, create=False))
+                for p, replicas in sorted(added.items()):
+                    live_replicas = tuple(r for r in replicas if ctx.is_live(r))
+                    leader = live_replicas[0] if live_replicas else NO_LEADER
+                    result.writes.append(StateWrite((ct.name, p), LeaderAndIsr(leader, 0, live_replicas or replicas,
+                                                                             ctx.epoch, 1), 0))
+                    result.rpcs.add_leader_and_isr(live_replicas, (ct.name, p), is_new=True)
+        except HighwaterError as exc:
+            answer.error_code, answer.error_message = exc.code, exc.message
+        answers.append(answer)
+    result.response = common_pb2.CreatePartitionsResponse(topics=answers)
+    return result
+
+
+def apply_write(ctx: ControllerContext, write: Write) -> None:
+    """Replay one committed write into the context (the only way handler writes change it)."""
+    if isinstance(write, StateWrite):
+        ctx.apply_state(write.tp, write.state)
+    elif isinstance(write, TopicWrite):
+        old = ctx.topics.get(write.topic.name)
+        configs = old.configs if old is not None else write.topic.configs
+        ctx.topics[write.topic.name] = TopicInfo(
+            write.topic.name, write.topic.topic_id, dict(write.topic.assignment), dict(configs or {}),
+            dict(write.topic.adding_replicas), dict(write.topic.removing_replicas))
+    elif isinstance(write, ConfigWrite):
+        topic = ctx.topics.get(write.topic)
+        if topic is not None:
+            topic.configs = dict(write.configs)
+    elif isinstance(write, TopicDelete):
+        ctx.topics.pop(write.topic, None)
+        ctx.topics_to_delete.discard(write.topic)
+        for tp in [tp for tp in ctx.states if tp[0] == write.topic]:
+            del ctx.states[tp]

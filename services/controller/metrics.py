@@ -1,0 +1,15 @@
+"""Controller metrics, named after Kafka's where they mean the same thing."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+ACTIVE_CONTROLLER_COUNT = Gauge("highwater_active_controller_count", "1 on the active controller, else 0")
+CONTROLLER_EPOCH = Gauge("highwater_controller_epoch", "Epoch of this controller while active")
+OFFLINE_PARTITIONS = Gauge("highwater_offline_partitions_count", "Partitions with no live leader")
+GLOBAL_PARTITION_COUNT = Gauge("highwater_global_partition_count", "Partitions in the cluster")
+UNCLEAN_ELECTIONS = Counter("highwater_unclean_leader_elections", "Leaders chosen from outside the ISR")
+EVENT_QUEUE_TIME = Histogram("highwater_controller_event_queue_time_seconds", "Time an event waited in the queue",
+                             ["event"])
+EVENT_PROCESSING_TIME = Histogram("highwater_controller_event_processing_seconds",
+                                  "Time to decide and commit an event", ["event"])

@@ -1,0 +1,220 @@
+"""The controller process: campaigns in etcd, runs the event loop while active.
+
+Every instance serves ControllerService from the start. While standing by it
+answers NOT_CONTROLLER with the active controller's address; once it wins the
+election it loads the cluster from etcd and runs the event loop until it loses
+its lease or is fenced, then it stops acting at once and campaigns again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+
+from coordinator.election import ControllerElection, current_controller
+from coordinator.store import EtcdStore
+from protos.highwater.v1 import common_pb2, controller_pb2, controller_pb2_grpc
+from services.common import limits
+from services.common.errors import HighwaterError
+from services.common.peers import PeerChannels
+from services.common.server import ServiceRuntime
+from services.controller import handlers, metrics
+from services.controller.event_loop import ControllerEventLoop, ControllerResigned
+
+log = logging.getLogger("highwater.controller")
+
+R = TypeVar("R")
+# How long an admin call waits for the control RPCs its change caused (so a
+# created topic is usable when CreateTopics returns).
+ADMIN_PROPAGATION_WAIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    controller_id: int
+    etcd_endpoints: list[str]
+    host: str = "127.0.0.1"
+    port: int = 0
+    metrics_port: int | None = 0
+    etcd_prefix: str = "/highwater"
+    lease_ttl_s: int = limits.LEASE_TTL_S
+    delete_topic_enable: bool = True
+    ready_file: Any = None
+
+
+class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
+    def __init__(self, store: EtcdStore) -> None:
+        self.store = store
+        self.active: ControllerEventLoop | None = None
+
+    async def _not_controller(self, response_cls: type[R]) -> R:
+        info = await current_controller(self.store)
+        active = controller_pb2.NotControllerInfo(controller_id=-1)
+        message = "no controller is active yet; retry shortly"
+        if info:
+            active = controller_pb2.NotControllerInfo(controller_id=int(info["controller_id"]),
+                                                      host=str(info["host"]), port=int(info["port"]))
+            message = (f"this is a standby controller; the active one is {active.controller_id} at "
+                       f"{active.host}:{active.port}")
+        return response_cls(error_code=common_pb2.NOT_CONTROLLER, error_message=message,  # type: ignore[call-arg]
+                            active_controller=active)
+
+    async def _run(self, name: str, response_cls: type[R], decide: Callable[[ControllerEventLoop],
+                   handlers.ControllerResult], *, wait_rpcs: bool = False) -> R:
+        loop = self.active
+        if loop is None:
+            return await self._not_controller(response_cls)
+        try:
+            result = await loop.submit(name, lambda: decide(loop))
+        except ControllerResigned:
+            return await self._not_controller(response_cls)
+        except HighwaterError as exc:
+            return response_cls(error_code=exc.code, error_message=exc.message)  # type: ignore[call-arg]
+        if wait_rpcs and result.rpc_futures:
+            await asyncio.wait(result.rpc_futures, timeout=ADMIN_PROPAGATION_WAIT_S)
+        return result.response
+
+    async def CreateTopics(self, request: common_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
+                           ) -> common_pb2.CreateTopicsResponse:
+        return await self._run("CreateTopics", common_pb2.CreateTopicsResponse,
+                               lambda lp: handlers.on_create_topics(lp.ctx, request), wait_rpcs=True)
+
+    async def DeleteTopics(self, request: common_pb2.DeleteTopicsRequest, context: grpc.aio.ServicerContext
+                           ) -> common_pb2.DeleteTopicsResponse:
+        return await self._run("DeleteTopics", common_pb2.DeleteTopicsResponse,
+                               lambda lp: handlers.on_delete_topics(lp.ctx, list(request.names),
+                                                                    deletion_enabled=lp.delete_topic_enable),
+                               wait_rpcs=True)
+
+    async def CreatePartitions(self, request: common_pb2.CreatePartitionsRequest,
+                               context: grpc.aio.ServicerContext) -> common_pb2.CreatePartitionsResponse:
+        return await self._run("CreatePartitions", common_pb2.CreatePartitionsResponse,
+                               lambda lp: handlers.on_create_partitions(lp.ctx, request), wait_rpcs=True)
+
+    async def ElectLeaders(self, request: common_pb2.ElectLeadersRequest, context: grpc.aio.ServicerContext
+                           ) -> common_pb2.ElectLeadersResponse:
+        return await self._run("ElectLeaders", common_pb2.ElectLeadersResponse,
+                               lambda lp: handlers.on_elect_leaders(lp.ctx, request), wait_rpcs=True)
+
+    async def AlterPartition(self, request: controller_pb2.AlterPartitionRequest,
+                             context: grpc.aio.ServicerContext) -> controller_pb2.AlterPartitionResponse:
+        return await self._run("AlterPartition", controller_pb2.AlterPartitionResponse,
+                               lambda lp: handlers.on_alter_partition(lp.ctx, request))
+
+    async def ControlledShutdown(self, request: controller_pb2.ControlledShutdownRequest,
+                                 context: grpc.aio.ServicerContext) -> controller_pb2.ControlledShutdownResponse:
+        return await self._run("ControlledShutdown", controller_pb2.ControlledShutdownResponse,
+                               lambda lp: handlers.on_controlled_shutdown(lp.ctx, request.broker_id,
+                                                                          request.broker_epoch), wait_rpcs=True)
+
+    async def AlterPartitionReassignments(self, request: common_pb2.AlterPartitionReassignmentsRequest,
+                                          context: grpc.aio.ServicerContext
+                                          ) -> common_pb2.AlterPartitionReassignmentsResponse:
+        if self.active is None:
+            return await self._not_controller(common_pb2.AlterPartitionReassignmentsResponse)
+        return common_pb2.AlterPartitionReassignmentsResponse(
+            error_code=common_pb2.INVALID_REQUEST,
+            error_message="partition reassignment is not implemented yet in this version")
+
+    async def ListPartitionReassignments(self, request: common_pb2.ListPartitionReassignmentsRequest,
+                                         context: grpc.aio.ServicerContext
+                                         ) -> common_pb2.ListPartitionReassignmentsResponse:
+        if self.active is None:
+            return await self._not_controller(common_pb2.ListPartitionReassignmentsResponse)
+        return common_pb2.ListPartitionReassignmentsResponse()
+
+    async def DescribeCluster(self, request: common_pb2.DescribeClusterRequest, context: grpc.aio.ServicerContext
+                              ) -> common_pb2.DescribeClusterResponse:
+        loop = self.active
+        if loop is None:
+            return await self._not_controller(common_pb2.DescribeClusterResponse)
+        ctx = loop.ctx
+        return common_pb2.DescribeClusterResponse(
+            controller_id=ctx.controller_id, controller_epoch=ctx.epoch,
+            brokers=[b.to_proto() for b in sorted(ctx.live_brokers.values(), key=lambda b: b.broker_id)],
+            gateways=[common_pb2.GatewayNode(gateway_id=g.gateway_id, host=g.host, port=g.port)
+                      for g in ctx.live_gateways.values()],
+            partitions=[ctx.partition_state_proto(tp) for tp in ctx.partitions() if tp in ctx.states],
+            topic_configs={t: _config(lp_topic.configs) for t, lp_topic in ctx.topics.items()})
+
+    async def InitProducerId(self, request: common_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext
+                             ) -> common_pb2.InitProducerIdResponse:
+        loop = self.active
+        if loop is None:
+            return await self._not_controller(common_pb2.InitProducerIdResponse)
+        if request.producer_id >= 0:
+            # A known producer bumps its epoch (fencing its older incarnation).
+            return common_pb2.InitProducerIdResponse(producer_id=request.producer_id,
+                                                     producer_epoch=max(request.producer_epoch, 0) + 1)
+        producer_id = await loop.next_producer_id()
+        return common_pb2.InitProducerIdResponse(producer_id=producer_id, producer_epoch=0)
+
+
+def _config(configs: dict[str, str]) -> common_pb2.TopicConfig:
+    from services.controller.context import topic_config_proto
+    return topic_config_proto(configs)
+
+
+async def serve(config: ControllerConfig) -> None:
+    store = await EtcdStore.connect(config.etcd_endpoints, prefix=config.etcd_prefix)
+    peers = PeerChannels()
+    servicer = ControllerServicer(store)
+    runtime = ServiceRuntime(name=f"controller-{config.controller_id}", host=config.host, port=config.port,
+                             metrics_port=config.metrics_port, ready_file=config.ready_file,
+                             service_names=[controller_pb2.DESCRIPTOR.services_by_name["ControllerService"]
+                                            .full_name])
+    controller_pb2_grpc.add_ControllerServiceServicer_to_server(servicer, runtime.server)
+    await runtime.start()
+    election = ControllerElection(store, config.controller_id,
+                                  {"host": config.host, "port": runtime.bound_port}, ttl_s=config.lease_ttl_s)
+    await runtime.mark_ready(controller_id=config.controller_id)
+
+    async def act() -> None:
+        while True:
+            epoch = await election.campaign()
+            log.info("controller %d won the election at epoch %d", config.controller_id, epoch)
+            loop = ControllerEventLoop(store=store, controller_id=config.controller_id, epoch=epoch, peers=peers,
+                                       delete_topic_enable=config.delete_topic_enable)
+            try:
+                await loop.start()
+                servicer.active = loop
+                metrics.ACTIVE_CONTROLLER_COUNT.set(1)
+                metrics.CONTROLLER_EPOCH.set(epoch)
+                lost = asyncio.create_task(election.lost.wait())
+                resigned = asyncio.create_task(loop.resigned.wait())
+                await asyncio.wait([lost, resigned], return_when=asyncio.FIRST_COMPLETED)
+                lost.cancel()
+                resigned.cancel()
+                log.warning("controller %d stops acting at epoch %d (lease lost or fenced)", config.controller_id,
+                            epoch)
+            except Exception:
+                log.exception("controller %d failed while active at epoch %d", config.controller_id, epoch)
+            finally:
+                servicer.active = None
+                metrics.ACTIVE_CONTROLLER_COUNT.set(0)
+                await loop.stop()
+                try:
+                    await election.resign()
+                except Exception as exc:
+                    log.warning("resign failed: %s", exc)
+
+    actor = asyncio.create_task(act(), name="controller-campaign")
+
+    async def on_stop() -> None:
+        actor.cancel()
+        try:
+            await actor
+        except (asyncio.CancelledError, Exception):
+            pass
+        await peers.close()
+        await store.close()
+
+    await runtime.run_until_stopped(on_stop)
+
+
+AdminCall = Callable[..., Awaitable[Any]]

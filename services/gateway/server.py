@@ -1,0 +1,429 @@
+"""The fetch gateway: stateless routing between clients and partition leaders.
+
+It registers under /gateways/ids with a lease so the controller pushes it
+UpdateMetadata; it also pulls DescribeCluster from the active controller at
+start and whenever a leader answers that the gateway's picture is stale.
+Produce is split per leader, sent concurrently and merged; retriable
+routing errors (NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, a leader that
+cannot be reached) are retried after a metadata refresh within the request's
+timeout. Consumer offsets live in etcd, one transaction per commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from coordinator.election import current_controller
+from coordinator.registration import register_gateway
+from coordinator.store import EtcdStore, Put
+from protos.highwater.v1 import broker_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.common import limits
+from services.common.metadata_cache import MetadataCache
+from services.common.peers import PeerChannels
+from services.common.record_batch import iter_batch_headers
+from services.common.server import ServiceRuntime
+from services.gateway import metrics, routing
+
+log = logging.getLogger("highwater.gateway")
+
+RETRIABLE_ROUTING_CODES = frozenset({common_pb2.NOT_LEADER_OR_FOLLOWER, common_pb2.LEADER_NOT_AVAILABLE,
+                                     common_pb2.FENCED_LEADER_EPOCH, common_pb2.UNKNOWN_LEADER_EPOCH})
+# Between two routing attempts of one request.
+ROUTING_RETRY_BACKOFF_MS = 100
+# The least time between two metadata pulls from the controller.
+METADATA_REFRESH_INTERVAL_MS_MIN = 50
+SUBSCRIBE_POLL_WAIT_MS = 500
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    gateway_id: int
+    etcd_endpoints: list[str]
+    host: str = "127.0.0.1"
+    port: int = 0
+    metrics_port: int | None = 0
+    etcd_prefix: str = "/highwater"
+    lease_ttl_s: int = limits.LEASE_TTL_S
+    ready_file: Any = None
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
+    def __init__(self, store: EtcdStore, peers: PeerChannels) -> None:
+        self.store = store
+        self.peers = peers
+        self.cache = MetadataCache()
+        self._last_refresh = 0.0
+        self._refresh_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- metadata ------------------------------------------------------------------------
+
+    async def controller_address(self) -> str | None:
+        info = await current_controller(self.store)
+        return f"{info['host']}:{info['port']}" if info else None
+
+    async def refresh_metadata(self, *, force: bool = False) -> None:
+        async with self._refresh_lock:
+            if not force and (time.monotonic() - self._last_refresh) * 1000 < METADATA_REFRESH_INTERVAL_MS_MIN:
+                return
+            address = await self.controller_address()
+            if address is None:
+                return
+            try:
+                resp = await self.peers.controller(address).DescribeCluster(
+                    common_pb2.DescribeClusterRequest(), timeout=limits.CONTROL_RPC_TIMEOUT_S)
+            except grpc.aio.AioRpcError as exc:
+                log.warning("metadata refresh from controller at %s failed: %s", address, exc.code().name)
+                return
+            if resp.error_code == common_pb2.NONE:
+                self.cache.apply_describe(resp)
+                self._last_refresh = time.monotonic()
+
+    async def UpdateMetadata(self, request: broker_pb2.UpdateMetadataRequest, context: grpc.aio.ServicerContext
+                             ) -> broker_pb2.UpdateMetadataResponse:
+        if request.header.controller_epoch < self.cache.controller_epoch:
+            return broker_pb2.UpdateMetadataResponse(
+                error_code=common_pb2.STALE_CONTROLLER_EPOCH,
+                error_message=f"controller epoch {request.header.controller_epoch} is older than "
+                              f"{self.cache.controller_epoch}")
+        self.cache.apply(request)
+        return broker_pb2.UpdateMetadataResponse()
+
+    async def Metadata(self, request: common_pb2.MetadataRequest, context: grpc.aio.ServicerContext
+                       ) -> common_pb2.MetadataResponse:
+        missing = [t for t in request.topics if t not in self.cache.topics()]
+        if missing or not self.cache.brokers:
+            await self.refresh_metadata()
+        return self.cache.metadata_response(list(request.topics))
+
+    # ---- produce ---------------------------------------------------------------------------
+
+    async def Produce(self, request: common_pb2.ProduceRequest, context: grpc.aio.ServicerContext
+                      ) -> common_pb2.ProduceResponse:
+        if request.acks not in (0, 1, -1):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"acks must be 0, 1 or -1 (all), got {request.acks}")
+        with metrics.REQUEST_LATENCY.labels("Produce").time():
+            timeout_ms = min(request.timeout_ms or limits.PRODUCE_TIMEOUT_MS_DEFAULT, limits.PRODUCE_TIMEOUT_MS_MAX)
+            deadline = time.monotonic() + timeout_ms / 1000
+            results: dict[routing.TopicPartitionKey, common_pb2.ProducePartitionResponse] = {}
+            pending = list(request.topics)
+            if any(t.topic not in self.cache.topics() for t in pending):
+                await self.refresh_metadata()
+            while True:
+                split = routing.split_produce(self.cache, pending)
+                for tp, (code, message) in split.unroutable.items():
+                    results[tp] = common_pb2.ProducePartitionResponse(partition=tp[1], error_code=code,
+                                                                      error_message=message, base_offset=-1)
+                sends = {address: asyncio.ensure_future(self._produce_to(address, request, items, deadline))
+                         for address, items in split.by_leader.items()}
+                for fut in sends.values():
+                    for tp, res in (await fut).items():
+                        results[tp] = res
+                retry = {tp for tp, res in results.items() if res.error_code in RETRIABLE_ROUTING_CODES}
+                if not retry or time.monotonic() + ROUTING_RETRY_BACKOFF_MS / 1000 >= deadline:
+                    break
+                await asyncio.sleep(ROUTING_RETRY_BACKOFF_MS / 1000)
+                await self.refresh_metadata(force=True)
+                pending = [common_pb2.ProduceTopicData(topic=t.topic, partitions=[
+                    pd for pd in t.partitions if (t.topic, pd.partition) in retry]) for t in request.topics]
+                pending = [t for t in pending if t.partitions]
+            return routing.merge_produce(results, request.topics)
+
+    async def _produce_to(self, address: str, template: common_pb2.ProduceRequest,
+                          items: list[tuple[str, common_pb2.ProducePartitionData]], deadline: float
+                          ) -> dict[routing.TopicPartitionKey, common_pb2.ProducePartitionResponse]:
+        req = routing.produce_request(template, items)
+        remaining_s = max(deadline - time.monotonic(), 0.001)
+        req.timeout_ms = int(remaining_s * 1000)
+        try:
+            resp = await self.peers.broker(address).Produce(req, timeout=remaining_s + 1.0)
+        except grpc.aio.AioRpcError as exc:
+            code = (common_pb2.REQUEST_TIMED_OUT if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                    else common_pb2.LEADER_NOT_AVAILABLE)
+            return {(t, pd.partition): common_pb2.ProducePartitionResponse(
+                partition=pd.partition, error_code=code, base_offset=-1,
+                error_message=f"leader at {address} could not be reached: {exc.code().name}") for t, pd in items}
+        out = {}
+        for t in resp.topics:
+            for p in t.partitions:
+                out[(t.topic, p.partition)] = p
+        return out
+
+    # ---- fetch / list offsets ---------------------------------------------------------------
+
+    async def Fetch(self, request: common_pb2.FetchRequest, context: grpc.aio.ServicerContext
+                    ) -> common_pb2.FetchResponse:
+        with metrics.REQUEST_LATENCY.labels("Fetch").time():
+            return await self._fetch(request)
+
+    async def _fetch(self, request: common_pb2.FetchRequest) -> common_pb2.FetchResponse:
+        tps = routing.collect_partitions(request.topics)
+        if any(tp[0] not in self.cache.topics() for tp in tps):
+            await self.refresh_metadata()
+        by_leader, unroutable = routing.split_by_leader(self.cache, tps)
+        calls = {address: asyncio.ensure_future(self._fetch_from(address, request, set(group)))
+                 for address, group in by_leader.items()}
+        parts: dict[routing.TopicPartitionKey, common_pb2.FetchPartitionResponse] = {}
+        for tp, (code, message) in unroutable.items():
+            parts[tp] = common_pb2.FetchPartitionResponse(partition=tp[1], error_code=code, error_message=message,
+                                                          high_watermark=-1)
+        stale = False
+        for fut in calls.values():
+            for tp, pr in (await fut).items():
+                parts[tp] = pr
+                stale = stale or pr.error_code in RETRIABLE_ROUTING_CODES
+        if stale or unroutable:
+            self._background(self.refresh_metadata())
+        topics = [common_pb2.FetchTopicResponse(topic=t.topic, partitions=[parts[(t.topic, p.partition)]
+                                                                           for p in t.partitions])
+                  for t in request.topics]
+        return common_pb2.FetchResponse(topics=topics)
+
+    async def _fetch_from(self, address: str, template: common_pb2.FetchRequest,
+                          wanted: set[routing.TopicPartitionKey]
+                          ) -> dict[routing.TopicPartitionKey, common_pb2.FetchPartitionResponse]:
+        req = routing.fetch_request_for(template, wanted)
+        timeout_s = min(template.max_wait_ms, limits.FETCH_MAX_WAIT_MS_MAX) / 1000 + limits.CONTROL_RPC_TIMEOUT_S
+        try:
+            resp = await self.peers.broker(address).Fetch(req, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            return {tp: common_pb2.FetchPartitionResponse(
+                partition=tp[1], error_code=common_pb2.LEADER_NOT_AVAILABLE, high_watermark=-1,
+                error_message=f"leader at {address} could not be reached: {exc.code().name}") for tp in wanted}
+        return {(t.topic, p.partition): p for t in resp.topics for p in t.partitions}
+
+    async def ListOffsets(self, request: common_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
+                          ) -> common_pb2.ListOffsetsResponse:
+        tps = routing.collect_partitions(request.topics)
+        if any(tp[0] not in self.cache.topics() for tp in tps):
+            await self.refresh_metadata()
+        by_leader, unroutable = routing.split_by_leader(self.cache, tps)
+        parts: dict[routing.TopicPartitionKey, common_pb2.ListOffsetsPartitionResponse] = {}
+        for tp, (code, message) in unroutable.items():
+            parts[tp] = common_pb2.ListOffsetsPartitionResponse(partition=tp[1], error_code=code,
+                                                                error_message=message, offset=-1)
+
+        async def one(address: str, group: list[routing.TopicPartitionKey]) -> None:
+            req = routing.list_offsets_request_for(request, set(group))
+            try:
+                resp = await self.peers.broker(address).ListOffsets(req, timeout=limits.CONTROL_RPC_TIMEOUT_S)
+                for t in resp.topics:
+                    for p in t.partitions:
+                        parts[(t.topic, p.partition)] = p
+            except grpc.aio.AioRpcError as exc:
+                for tp in group:
+                    parts[tp] = common_pb2.ListOffsetsPartitionResponse(
+                        partition=tp[1], error_code=common_pb2.LEADER_NOT_AVAILABLE, offset=-1,
+                        error_message=f"leader at {address} could not be reached: {exc.code().name}")
+
+        await asyncio.gather(*(one(a, g) for a, g in by_leader.items()))
+        if any(p.error_code in RETRIABLE_ROUTING_CODES for p in parts.values()):
+            self._background(self.refresh_metadata())
+        return common_pb2.ListOffsetsResponse(topics=[
+            common_pb2.ListOffsetsTopicResponse(topic=t.topic, partitions=[parts[(t.topic, p.partition)]
+                                                                           for p in t.partitions])
+            for t in request.topics])
+
+    # ---- subscribe --------------------------------------------------------------------------
+
+    async def Subscribe(self, request: gateway_pb2.SubscribeRequest, context: grpc.aio.ServicerContext
+                        ) -> AsyncIterator[gateway_pb2.SubscribeResponse]:
+        """Push batches below the HW as it moves: a long-poll Fetch loop on the client's behalf."""
+        max_bytes = request.max_bytes or limits.SUBSCRIBE_MAX_BYTES_DEFAULT
+        positions: dict[routing.TopicPartitionKey, int] = {}
+        starts = [(p.topic, p.partition, p.start_offset) for p in request.partitions]
+        if not starts:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Subscribe needs at least one partition")
+        lo_req = common_pb2.ListOffsetsRequest(topics=[
+            common_pb2.ListOffsetsTopic(topic=t, partitions=[common_pb2.ListOffsetsPartition(partition=p, timestamp=s)])
+            for t, p, s in starts if s < 0])
+        if lo_req.topics:
+            resolved = await self.ListOffsets(lo_req, context)
+            for t in resolved.topics:
+                for p in t.partitions:
+                    if p.error_code != common_pb2.NONE:
+                        yield gateway_pb2.SubscribeResponse(topic=t.topic, partition=p.partition,
+                                                            error_code=p.error_code, error_message=p.error_message)
+                        return
+                    positions[(t.topic, p.partition)] = p.offset
+        for t, p, s in starts:
+            if s >= 0:
+                positions[(t, p)] = s
+        while not context.cancelled():
+            req = common_pb2.FetchRequest(replica_id=-1, max_wait_ms=SUBSCRIBE_POLL_WAIT_MS, min_bytes=1,
+                                          max_bytes=max_bytes, topics=[
+                common_pb2.FetchTopic(topic=t, partitions=[common_pb2.FetchPartition(
+                    partition=p, fetch_offset=off, partition_max_bytes=max_bytes, current_leader_epoch=-1)])
+                for (t, p), off in positions.items()])
+            resp = await self._fetch(req)
+            for t in resp.topics:
+                for pr in t.partitions:
+                    tp = (t.topic, pr.partition)
+                    if pr.error_code == common_pb2.NONE and pr.records:
+                        headers = list(iter_batch_headers(pr.records))
+                        nxt = headers[-1].next_offset if headers else positions[tp]
+                        positions[tp] = nxt
+                        yield gateway_pb2.SubscribeResponse(topic=t.topic, partition=pr.partition,
+                                                            records=pr.records, high_watermark=pr.high_watermark,
+                                                            next_offset=nxt)
+                    elif pr.error_code not in (common_pb2.NONE, *RETRIABLE_ROUTING_CODES):
+                        yield gateway_pb2.SubscribeResponse(topic=t.topic, partition=pr.partition,
+                                                            error_code=pr.error_code, error_message=pr.error_message)
+                        return
+            if all(not pr.records for t in resp.topics for pr in t.partitions):
+                await asyncio.sleep(0.01)
+
+    # ---- consumer offsets ---------------------------------------------------------------------
+
+    async def CommitOffsets(self, request: gateway_pb2.CommitOffsetsRequest, context: grpc.aio.ServicerContext
+                            ) -> gateway_pb2.CommitOffsetsResponse:
+        if not request.group_id or "/" in request.group_id:
+            return gateway_pb2.CommitOffsetsResponse(
+                error_code=common_pb2.INVALID_REQUEST,
+                error_message=f"group id {request.group_id!r} must be non-empty and contain no '/'")
+        ops = []
+        results = []
+        for t in request.topics:
+            for p in t.partitions:
+                if p.offset < 0:
+                    results.append(common_pb2.PartitionResult(
+                        topic=t.topic, partition=p.partition, error_code=common_pb2.INVALID_COMMIT_OFFSET,
+                        error_message=f"offset must be >= 0, got {p.offset}"))
+                    continue
+                if t.topic not in self.cache.topics():
+                    await self.refresh_metadata()
+                if (t.topic, p.partition) not in self.cache.partitions:
+                    results.append(common_pb2.PartitionResult(
+                        topic=t.topic, partition=p.partition, error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+                        error_message=f"{t.topic}-{p.partition} does not exist"))
+                    continue
+                value = json.dumps({"offset": p.offset, "metadata": p.metadata, "leader_epoch": p.leader_epoch,
+                                    "commit_time_ms": int(time.time() * 1000)}).encode()
+                ops.append(Put(self.store.keys.consumer_offset(request.group_id, t.topic, p.partition), value))
+                results.append(common_pb2.PartitionResult(topic=t.topic, partition=p.partition))
+        if len(ops) > limits.COMMIT_OFFSETS_PER_REQUEST_MAX:
+            return gateway_pb2.CommitOffsetsResponse(
+                error_code=common_pb2.INVALID_REQUEST,
+                error_message=f"{len(ops)} offsets in one commit; the limit is {limits.COMMIT_OFFSETS_PER_REQUEST_MAX}")
+        if ops:
+            await self.store.txn([], ops)
+        return gateway_pb2.CommitOffsetsResponse(partitions=results)
+
+    async def FetchCommittedOffsets(self, request: gateway_pb2.FetchCommittedOffsetsRequest,
+                                    context: grpc.aio.ServicerContext) -> gateway_pb2.FetchCommittedOffsetsResponse:
+        if not request.group_id or "/" in request.group_id:
+            return gateway_pb2.FetchCommittedOffsetsResponse(
+                error_code=common_pb2.INVALID_REQUEST,
+                error_message=f"group id {request.group_id!r} must be non-empty and contain no '/'")
+        kvs, _ = await self.store.get_prefix(self.store.keys.consumer_group_prefix(request.group_id))
+        stored: dict[routing.TopicPartitionKey, dict[str, Any]] = {}
+        for kv in kvs:
+            parsed = self.store.keys.parse_consumer_offset(kv.key)
+            if parsed is not None:
+                stored[(parsed[1], parsed[2])] = json.loads(kv.value)
+        wanted = [(p.topic, p.partition) for p in request.partitions] or sorted(stored)
+        offsets = []
+        for tp in wanted:
+            entry = stored.get(tp)
+            offsets.append(gateway_pb2.CommittedOffset(
+                topic=tp[0], partition=tp[1], offset=entry["offset"] if entry else -1,
+                metadata=entry.get("metadata", "") if entry else "",
+                leader_epoch=entry.get("leader_epoch", -1) if entry else -1))
+        return gateway_pb2.FetchCommittedOffsetsResponse(offsets=offsets)
+
+    # ---- admin pass-through -------------------------------------------------------------------
+
+    async def _admin(self, rpc: str, request: Any, response_cls: type) -> Any:
+        """Call the active controller; follow one NOT_CONTROLLER redirect."""
+        address = await self.controller_address()
+        for _ in range(3):
+            if address is None:
+                return response_cls(error_code=common_pb2.NOT_CONTROLLER,
+                                    error_message="no controller is active; start one or retry shortly")
+            try:
+                resp = await getattr(self.peers.controller(address), rpc)(request, timeout=30.0)
+            except grpc.aio.AioRpcError as exc:
+                return response_cls(error_code=common_pb2.NOT_CONTROLLER,
+                                    error_message=f"controller at {address} could not be reached: {exc.code().name}")
+            if resp.error_code == common_pb2.NOT_CONTROLLER and resp.active_controller.port:
+                address = f"{resp.active_controller.host}:{resp.active_controller.port}"
+                continue
+            if rpc in ("CreateTopics", "DeleteTopics", "CreatePartitions", "ElectLeaders"):
+                await self.refresh_metadata(force=True)
+            return resp
+        return resp
+
+    async def CreateTopics(self, request: common_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
+                           ) -> common_pb2.CreateTopicsResponse:
+        return await self._admin("CreateTopics", request, common_pb2.CreateTopicsResponse)
+
+    async def DeleteTopics(self, request: common_pb2.DeleteTopicsRequest, context: grpc.aio.ServicerContext
+                           ) -> common_pb2.DeleteTopicsResponse:
+        return await self._admin("DeleteTopics", request, common_pb2.DeleteTopicsResponse)
+
+    async def CreatePartitions(self, request: common_pb2.CreatePartitionsRequest,
+                               context: grpc.aio.ServicerContext) -> common_pb2.CreatePartitionsResponse:
+        return await self._admin("CreatePartitions", request, common_pb2.CreatePartitionsResponse)
+
+    async def AlterPartitionReassignments(self, request: common_pb2.AlterPartitionReassignmentsRequest,
+                                          context: grpc.aio.ServicerContext
+                                          ) -> common_pb2.AlterPartitionReassignmentsResponse:
+        return await self._admin("AlterPartitionReassignments", request,
+                                 common_pb2.AlterPartitionReassignmentsResponse)
+
+    async def ListPartitionReassignments(self, request: common_pb2.ListPartitionReassignmentsRequest,
+                                         context: grpc.aio.ServicerContext
+                                         ) -> common_pb2.ListPartitionReassignmentsResponse:
+        return await self._admin("ListPartitionReassignments", request,
+                                 common_pb2.ListPartitionReassignmentsResponse)
+
+    async def ElectLeaders(self, request: common_pb2.ElectLeadersRequest, context: grpc.aio.ServicerContext
+                           ) -> common_pb2.ElectLeadersResponse:
+        return await self._admin("ElectLeaders", request, common_pb2.ElectLeadersResponse)
+
+    async def DescribeCluster(self, request: common_pb2.DescribeClusterRequest, context: grpc.aio.ServicerContext
+                              ) -> common_pb2.DescribeClusterResponse:
+        return await self._admin("DescribeCluster", request, common_pb2.DescribeClusterResponse)
+
+    async def InitProducerId(self, request: common_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext
+                             ) -> common_pb2.InitProducerIdResponse:
+        return await self._admin("InitProducerId", request, common_pb2.InitProducerIdResponse)
+
+
+async def serve(config: GatewayConfig) -> None:
+    store = await EtcdStore.connect(config.etcd_endpoints, prefix=config.etcd_prefix)
+    peers = PeerChannels()
+    servicer = GatewayServicer(store, peers)
+    runtime = ServiceRuntime(name=f"gateway-{config.gateway_id}", host=config.host, port=config.port,
+                             metrics_port=config.metrics_port, ready_file=config.ready_file,
+                             service_names=[gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name])
+    gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, runtime.server)
+    await runtime.start()
+    info = {"gateway_id": config.gateway_id, "host": config.host, "port": runtime.bound_port, "pid": os.getpid()}
+    registration = await register_gateway(store, config.gateway_id, info, ttl_s=config.lease_ttl_s)
+    await servicer.refresh_metadata(force=True)
+    await runtime.mark_ready(gateway_id=config.gateway_id)
+
+    async def on_stop() -> None:
+        try:
+            await registration.lease.stop(revoke=True)
+        except Exception as exc:
+            log.warning("could not revoke the lease: %s", exc)
+        await peers.close()
+        await store.close()
+
+    await runtime.run_until_stopped(on_stop)

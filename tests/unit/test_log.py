@@ -1,0 +1,667 @@
+"""The partition log: appends, reads, segments, retention, truncation, checkpoints, recovery.
+
+Every behaviour runs against MemoryStorage and real files (tmp_path) unless it needs
+one of them: crash semantics need MemoryStorage, on-disk formats need real files.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from clients.records import decode_batches, encode_values
+from services.broker.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, FileStorage, Log, LogConfig, MemoryStorage
+from services.broker.log.storage import Storage
+from services.common.errors import (
+    CorruptMessage,
+    InvalidConfig,
+    InvariantViolation,
+    MessageTooLarge,
+    OffsetOutOfRange,
+    StorageError,
+)
+from services.common.record_batch import BASE_OFFSET_POS, validate_batches
+
+SMALL = LogConfig(segment_bytes=2_000, index_interval_bytes=100, retention_ms=-1, max_message_bytes=1_500)
+
+
+def batch(count: int = 3, timestamp_ms: int = 1_000, size: int = 10) -> bytes:
+    return encode_values([b"%0*d" % (size, i) for i in range(count)], timestamp_ms=timestamp_ms)
+
+
+def offsets(records: bytes) -> list[int]:
+    return [record.offset for record in decode_batches(records)]
+
+
+@pytest.fixture(params=["memory", "file"])
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Storage, str]:
+    if request.param == "memory":
+        return MemoryStorage(), "/data/topic-0"
+    return FileStorage(), str(tmp_path / "topic-0")
+
+
+def open_log(place: tuple[Storage, str], config: LogConfig = SMALL, now_ms: int = 0) -> Log:
+    storage, directory = place
+    return Log.open(directory, config, storage=storage, now_ms=now_ms)
+
+
+def fill(log: Log, batches: int, *, count: int = 3, epoch: int = 0, timestamp_ms: int = 1_000) -> None:
+    for i in range(batches):
+        log.append_as_leader(batch(count, timestamp_ms + i), leader_epoch=epoch, now_ms=i)
+
+
+def read_all(log: Log, start: int | None = None, max_bytes: int = 700) -> list[int]:
+    offset = log.log_start_offset if start is None else start
+    seen: list[int] = []
+    while offset < log.log_end_offset:
+        fetched = log.read(offset, max_bytes=max_bytes)
+        got = offsets(fetched.records)
+        assert got, f"no progress at {offset}"
+        seen.extend(o for o in got if o >= offset)
+        offset = fetched.next_offset
+    return seen
+
+
+# --- appends -------------------------------------------------------------------------
+
+
+def test_leader_append_assigns_contiguous_offsets_from_the_leo(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    first = log.append_as_leader(batch(3) + batch(2), leader_epoch=4, now_ms=0)
+    second = log.append_as_leader(batch(5, timestamp_ms=2_000), leader_epoch=4, now_ms=1)
+    assert (first.first_offset, first.last_offset, first.next_offset, first.batch_count) == (0, 4, 5, 2)
+    assert [(h.base_offset, h.partition_leader_epoch) for h in first.headers] == [(0, 4), (3, 4)]
+    assert (second.first_offset, second.next_offset, second.max_timestamp_ms) == (5, 10, 2_000)
+    assert first.size_bytes == len(batch(3) + batch(2))
+    assert log.log_end_offset == 10
+    assert offsets(log.read(0, max_bytes=10_000).records) == list(range(10))
+
+
+def test_invalid_batch_reaches_nothing(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 2)
+    size = log.size_bytes
+    damaged = bytearray(batch())
+    damaged[-1] ^= 1
+    with pytest.raises(CorruptMessage):
+        log.append_as_leader(batch() + bytes(damaged), leader_epoch=0, now_ms=0)
+    with pytest.raises(MessageTooLarge):
+        log.append_as_leader(batch(200, size=100), leader_epoch=0, now_ms=0)
+    assert (log.size_bytes, log.log_end_offset) == (size, 6)
+
+
+def test_message_too_large_uses_max_message_bytes(place: tuple[Storage, str]) -> None:
+    data = batch(20, size=50)
+    log = open_log(place, LogConfig(max_message_bytes=len(data) - 1))
+    with pytest.raises(MessageTooLarge):
+        log.append_as_leader(data, leader_epoch=0, now_ms=0)
+    log2 = Log.open(log.directory + "-b", LogConfig(max_message_bytes=len(data)), storage=place[0], now_ms=0)
+    assert log2.append_as_leader(data, leader_epoch=0, now_ms=0).next_offset == 20
+
+
+def test_leader_append_in_an_older_epoch_is_a_bug(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 1, epoch=5)
+    with pytest.raises(InvariantViolation, match="epoch 4"):
+        log.append_as_leader(batch(), leader_epoch=4, now_ms=0)
+
+
+def test_follower_append_keeps_leader_offsets_and_learns_epochs(place: tuple[Storage, str]) -> None:
+    leader = Log.open(place[1] + "-leader", SMALL, storage=place[0], now_ms=0)
+    fill(leader, 2, epoch=1)
+    fill(leader, 2, epoch=3)
+    follower = open_log(place)
+    fetched = leader.read(0, max_bytes=100_000)
+    info = follower.append_as_follower(fetched.records, now_ms=0)
+    assert (info.first_offset, info.next_offset) == (0, 12)
+    assert follower.leader_epoch_cache.entries() == [(1, 0), (3, 6)]
+    assert follower.read(0, max_bytes=100_000).records == fetched.records
+
+
+def test_follower_append_not_at_the_leo_is_refused(place: tuple[Storage, str]) -> None:
+    follower = open_log(place)
+    data = bytearray(batch())
+    struct.pack_into(">q", data, BASE_OFFSET_POS, 7)
+    with pytest.raises(InvariantViolation, match="offset 7, expected 0"):
+        follower.append_as_follower(data, now_ms=0)
+    assert follower.size_bytes == 0
+
+
+def test_follower_append_with_falling_epoch_is_refused(place: tuple[Storage, str]) -> None:
+    leader = Log.open(place[1] + "-leader", SMALL, storage=place[0], now_ms=0)
+    fill(leader, 1, epoch=5)
+    follower = open_log(place)
+    follower.append_as_follower(leader.read(0, max_bytes=10_000).records, now_ms=0)
+    stale = bytearray(batch())
+    assign = validate_batches(stale, max_batch_bytes=None)
+    from services.common.record_batch import assign_offsets
+
+    assign_offsets(stale, assign, 3, leader_epoch=4)
+    with pytest.raises(InvariantViolation, match="epoch 4"):
+        follower.append_as_follower(stale, now_ms=0)
+
+
+# --- reads ---------------------------------------------------------------------------
+
+
+def test_read_starts_at_the_batch_holding_the_offset(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 10)
+    fetched = log.read(4, max_bytes=1)
+    assert (fetched.first_offset, fetched.next_offset) == (3, 6)
+    assert offsets(fetched.records) == [3, 4, 5]
+
+
+def test_read_returns_whole_batches_within_max_bytes(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 10)
+    one = len(batch())
+    fetched = log.read(0, max_bytes=3 * one + one // 2)
+    assert offsets(fetched.records) == list(range(9))
+    assert len(fetched.records) == 3 * one
+
+
+def test_read_gives_one_oversized_batch_only_with_min_one_message(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 3)
+    assert offsets(log.read(3, max_bytes=5).records) == [3, 4, 5]
+    empty = log.read(3, max_bytes=5, min_one_message=False)
+    assert empty.is_empty and (empty.first_offset, empty.next_offset) == (3, 3)
+
+
+def test_read_never_passes_max_offset(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 10)
+    assert offsets(log.read(0, max_bytes=100_000, max_offset=9).records) == list(range(9))
+    assert log.read(0, max_bytes=100_000, max_offset=8).next_offset == 6  # batch 6..8 straddles 8
+    assert log.read(6, max_bytes=100_000, max_offset=8).is_empty
+    assert log.read(9, max_bytes=100_000, max_offset=9).is_empty
+
+
+def test_read_at_the_leo_is_empty_and_outside_the_range_is_out_of_range(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 2)
+    at_end = log.read(6, max_bytes=100)
+    assert at_end.is_empty and at_end.log_end_offset == 6
+    with pytest.raises(OffsetOutOfRange, match=r"fetch offset 7 is outside the log's range \[0, 6\]"):
+        log.read(7, max_bytes=100)
+    log.advance_log_start_offset(3)
+    with pytest.raises(OffsetOutOfRange, match=r"\[3, 6\]"):
+        log.read(2, max_bytes=100)
+
+
+def test_reads_cross_segments_and_every_offset_is_found_by_index(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 80)
+    assert len(log.segment_base_offsets) > 3
+    assert read_all(log) == list(range(240))
+    for offset in range(0, 240, 7):
+        fetched = log.read(offset, max_bytes=1)
+        assert fetched.first_offset <= offset < fetched.next_offset
+
+
+def test_reads_after_reopen_use_the_files_not_memory(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 80)
+    log.close()
+    reopened = open_log(place)
+    assert reopened.recovery_report.clean_shutdown
+    assert reopened.recovery_report.segments_recovered == 0
+    assert read_all(reopened) == list(range(240))
+    assert read_all(reopened, 100, max_bytes=50) == list(range(100, 240))
+
+
+# --- segments ------------------------------------------------------------------------
+
+
+def test_segments_roll_by_size(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 60)
+    bases = log.segment_base_offsets
+    assert bases[0] == 0 and len(bases) > 2
+    storage, directory = place
+    names = storage.list_dir(directory)
+    for base in bases:
+        assert f"{base:020d}.log" in names and f"{base:020d}.index" in names and f"{base:020d}.timeindex" in names
+
+
+def test_an_append_bigger_than_the_room_left_spreads_over_segments(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    big = b"".join(batch() for _ in range(50))
+    info = log.append_as_leader(big, leader_epoch=0, now_ms=0)
+    assert info.next_offset == 150 and len(log.segment_base_offsets) > 2
+    assert read_all(log) == list(range(150))
+
+
+def test_segments_roll_by_time(place: tuple[Storage, str]) -> None:
+    log = open_log(place, LogConfig(segment_ms=1_000))
+    log.append_as_leader(batch(), leader_epoch=0, now_ms=10_000)
+    assert not log.maybe_roll(10_500)
+    log.append_as_leader(batch(), leader_epoch=0, now_ms=10_900)
+    assert log.segment_base_offsets == [0]
+    log.append_as_leader(batch(), leader_epoch=0, now_ms=11_001)
+    assert log.segment_base_offsets == [0, 6]
+    assert log.maybe_roll(12_002)
+    assert log.segment_base_offsets == [0, 6, 9]
+    assert not log.maybe_roll(99_999)  # an empty active segment never rolls
+
+
+# --- timestamps ----------------------------------------------------------------------
+
+
+def test_offset_for_timestamp_finds_the_first_batch_at_or_after(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 60, timestamp_ms=1_000)  # batch i holds offsets 3i..3i+2 at 1_000 + i
+    assert log.offset_for_timestamp(1_000) == (0, 1_000)
+    assert log.offset_for_timestamp(1_031) == (93, 1_031)
+    assert log.offset_for_timestamp(1_059) == (177, 1_059)
+    assert log.offset_for_timestamp(1_060) is None
+    assert log.offset_for_timestamp(LATEST_TIMESTAMP) == (180, -1)
+    assert log.offset_for_timestamp(EARLIEST_TIMESTAMP) == (0, -1)
+    log.advance_log_start_offset(100)
+    assert log.offset_for_timestamp(1_000) == (100, 1_033)
+    log.close()
+    assert open_log(place).offset_for_timestamp(1_045) == (135, 1_045)
+
+
+# --- truncation ----------------------------------------------------------------------
+
+
+def test_truncate_to_drops_the_suffix_and_its_epochs(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 30, epoch=1)
+    fill(log, 30, epoch=2)
+    assert log.leader_epoch_cache.entries() == [(1, 0), (2, 90)]
+    log.truncate_to(60)
+    assert log.log_end_offset == 60 and log.leader_epoch_cache.entries() == [(1, 0)]
+    assert log.segment_base_offsets[-1] <= 60
+    assert read_all(log) == list(range(60))
+    fill(log, 1, epoch=3)
+    assert read_all(log) == list(range(63))
+    assert log.leader_epoch_cache.entries() == [(1, 0), (3, 60)]
+
+
+def test_truncate_inside_a_batch_drops_the_whole_batch(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 5)
+    log.truncate_to(7)
+    assert log.log_end_offset == 6
+
+
+def test_truncate_to_a_segment_base_leaves_it_empty_and_active(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 60)
+    base = log.segment_base_offsets[2]
+    log.truncate_to(base)
+    assert log.segment_base_offsets[-1] == base and log.log_end_offset == base
+    fill(log, 2)
+    assert read_all(log) == list(range(base + 6))
+
+
+def test_truncate_fully_and_start_at(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 40, epoch=2)
+    log.truncate_fully_and_start_at(1_000)
+    assert (log.log_start_offset, log.log_end_offset, log.size_bytes) == (1_000, 1_000, 0)
+    assert log.leader_epoch_cache.entries() == []
+    assert log.segment_base_offsets == [1_000]
+    with pytest.raises(OffsetOutOfRange):
+        log.read(0, max_bytes=100)
+    fill(log, 1, epoch=3)
+    assert offsets(log.read(1_000, max_bytes=1_000).records) == [1_000, 1_001, 1_002]
+    log.close()
+    reopened = open_log(place)
+    assert (reopened.log_start_offset, reopened.log_end_offset) == (1_000, 1_003)
+
+
+# --- log start and retention ---------------------------------------------------------
+
+
+def test_advance_log_start_deletes_whole_segments_below_and_survives_reopen(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 60)
+    second = log.segment_base_offsets[1]
+    log.advance_log_start_offset(second + 1)
+    assert log.log_start_offset == second + 1
+    assert log.segment_base_offsets[0] == second
+    log.advance_log_start_offset(5)  # never moves back
+    assert log.log_start_offset == second + 1
+    with pytest.raises(OffsetOutOfRange):
+        log.advance_log_start_offset(log.log_end_offset + 1)
+    log.close()
+    assert open_log(place).log_start_offset == second + 1
+
+
+def test_retention_by_time_deletes_old_segments_below_the_hw_only(place: tuple[Storage, str]) -> None:
+    log = open_log(place, LogConfig(segment_bytes=2_000, index_interval_bytes=100, retention_ms=10_000))
+    fill(log, 60, timestamp_ms=1_000)
+    bases = log.segment_base_offsets
+    assert log.delete_old_segments(now_ms=5_000, high_watermark=180) == 0
+    assert log.delete_old_segments(now_ms=100_000, high_watermark=bases[2]) == 2
+    assert log.segment_base_offsets == bases[2:]
+    assert log.log_start_offset == bases[2]
+    assert log.delete_old_segments(now_ms=100_000, high_watermark=180) == len(bases) - 3
+    assert log.segment_base_offsets == bases[-1:]  # never the active segment
+    assert read_all(log) == list(range(bases[-1], 180))
+
+
+def test_retention_by_size_keeps_at_least_retention_bytes(place: tuple[Storage, str]) -> None:
+    config = LogConfig(segment_bytes=2_000, index_interval_bytes=100, retention_ms=-1, retention_bytes=4_500)
+    log = open_log(place, config)
+    fill(log, 100)
+    total = log.size_bytes
+    deleted = log.delete_old_segments(now_ms=0, high_watermark=log.log_end_offset)
+    assert deleted > 0
+    assert 4_500 <= log.size_bytes < 4_500 + 2_000 < total
+    assert log.log_start_offset == log.segment_base_offsets[0]
+
+
+def test_epoch_cache_start_moves_with_the_log_start(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 30, epoch=1)
+    fill(log, 30, epoch=2)
+    log.advance_log_start_offset(50)
+    assert log.leader_epoch_cache.entries() == [(1, 50), (2, 90)]
+
+
+# --- epoch cache ---------------------------------------------------------------------
+
+
+def test_end_offset_for_epoch_follows_kafka(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    cache = log.leader_epoch_cache
+    assert cache.end_offset_for_epoch(0) == (-1, -1)
+    fill(log, 2, epoch=2)  # [0, 6)
+    fill(log, 2, epoch=5)  # [6, 12)
+    fill(log, 1, epoch=7)  # [12, 15)
+    assert cache.latest_epoch() == 7
+    assert cache.end_offset_for_epoch(7) == (7, 15)  # latest: the LEO
+    assert cache.end_offset_for_epoch(5) == (5, 12)
+    assert cache.end_offset_for_epoch(6) == (5, 12)  # unknown in between: the largest below
+    assert cache.end_offset_for_epoch(1) == (1, 0)  # below every epoch: the first start
+    assert cache.end_offset_for_epoch(8) == (-1, -1)  # above every epoch
+    assert cache.end_offset_for_epoch(-1) == (-1, -1)
+
+
+def test_epoch_cache_assign_drops_non_monotonic_entries() -> None:
+    storage = MemoryStorage()
+    log = Log.open("/d/p-0", SMALL, storage=storage, now_ms=0)
+    cache = log.leader_epoch_cache
+    cache.assign(1, 0)
+    cache.assign(3, 10)
+    cache.assign(3, 12)  # same epoch, later start: no change
+    assert cache.entries() == [(1, 0), (3, 10)]
+    cache.assign(2, 5)  # as Kafka: entries with epoch >= 2 or start >= 5 go
+    assert cache.entries() == [(1, 0), (2, 5)]
+    cache.truncate_from_end(5)
+    assert cache.entries() == [(1, 0)]
+
+
+def test_epoch_cache_is_persisted_in_kafka_text_format(tmp_path: Path) -> None:
+    log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
+    fill(log, 2, epoch=3)
+    fill(log, 1, epoch=8)
+    text = (tmp_path / "t-0" / "leader-epoch-checkpoint").read_text()
+    assert text == "0\n2\n3 0\n8 6\n"
+    log.close()
+    assert Log.open(tmp_path / "t-0", SMALL, now_ms=0).leader_epoch_cache.entries() == [(3, 0), (8, 6)]
+
+
+# --- checkpoints, close, delete ------------------------------------------------------
+
+
+def test_high_watermark_checkpoint_round_trips(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    assert log.read_high_watermark() == 0
+    log.checkpoint_high_watermark(42)
+    assert log.read_high_watermark() == 42
+    log.close()
+    assert open_log(place).read_high_watermark() == 42
+
+
+def test_checkpoint_files_have_a_version_line(tmp_path: Path) -> None:
+    log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
+    fill(log, 3)
+    log.checkpoint_high_watermark(9)
+    log.close()
+    directory = tmp_path / "t-0"
+    assert (directory / "high-watermark-checkpoint").read_text() == "0\n1\n9\n"
+    assert (directory / "recovery-point-checkpoint").read_text() == "0\n1\n9\n"
+    assert (directory / "log-start-offset-checkpoint").read_text() == "0\n1\n0\n"
+    assert (directory / ".clean-shutdown").exists()
+    assert not [name for name in os.listdir(directory) if name.endswith(".tmp")]
+
+
+def test_the_clean_shutdown_marker_is_removed_on_open(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 3)
+    log.close()
+    storage, directory = place
+    assert storage.exists(os.path.join(directory, ".clean-shutdown"))
+    open_log(place)
+    assert not storage.exists(os.path.join(directory, ".clean-shutdown"))
+
+
+def test_delete_removes_the_directory(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 3)
+    log.delete()
+    assert not place[0].exists(place[1])
+
+
+def test_closed_log_refuses_appends(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    log.close()
+    with pytest.raises(InvariantViolation, match="closed"):
+        log.append_as_leader(batch(), leader_epoch=0, now_ms=0)
+
+
+# --- durability and crashes (MemoryStorage) --------------------------------------------
+
+
+def memory_log(storage: MemoryStorage, config: LogConfig = SMALL, now_ms: int = 0) -> Log:
+    return Log.open("/data/topic-0", config, storage=storage, now_ms=now_ms)
+
+
+def test_a_crash_loses_exactly_the_unflushed_suffix() -> None:
+    storage = MemoryStorage()
+    log = memory_log(storage)
+    fill(log, 30)
+    log.flush(now_ms=0)
+    fill(log, 30)
+    storage.crash()
+    recovered = memory_log(storage)
+    assert recovered.log_end_offset == 90
+    assert not recovered.recovery_report.clean_shutdown
+    assert read_all(recovered) == list(range(90))
+    fill(recovered, 1)
+    assert recovered.log_end_offset == 93
+
+
+def test_flush_messages_fsyncs_every_n_messages() -> None:
+    storage = MemoryStorage()
+    log = memory_log(storage, LogConfig(flush_messages=6))
+    fill(log, 5)  # 15 messages: flushes after 6 and 12
+    assert log.recovery_point == 12
+    storage.crash()
+    assert memory_log(storage).log_end_offset == 12
+
+
+def test_flush_ms_fsyncs_after_the_interval() -> None:
+    storage = MemoryStorage()
+    log = memory_log(storage, LogConfig(flush_ms=1_000), now_ms=0)
+    log.append_as_leader(batch(), leader_epoch=0, now_ms=500)
+    assert log.recovery_point == 0
+    assert not log.maybe_flush(now_ms=900)
+    log.append_as_leader(batch(), leader_epoch=0, now_ms=1_000)  # the interval passed: flushed
+    assert log.recovery_point == 6
+    log.append_as_leader(batch(), leader_epoch=0, now_ms=1_100)
+    assert log.maybe_flush(now_ms=2_000) and log.recovery_point == 9
+
+
+def test_clean_close_survives_a_crash_and_skips_the_scan() -> None:
+    storage = MemoryStorage()
+    log = memory_log(storage)
+    fill(log, 40)
+    log.close()
+    storage.crash()
+    reopened = memory_log(storage)
+    assert reopened.recovery_report.clean_shutdown and reopened.recovery_report.bytes_scanned == 0
+    assert read_all(reopened) == list(range(120))
+
+
+def test_a_failed_write_takes_the_log_offline_without_a_clean_marker() -> None:
+    storage = MemoryStorage()
+    log = memory_log(storage)
+    fill(log, 2)
+    storage.fail_writes = True
+    with pytest.raises(StorageError):
+        log.append_as_leader(batch(), leader_epoch=0, now_ms=0)
+    storage.fail_writes = False
+    with pytest.raises(StorageError, match="offline"):
+        log.append_as_leader(batch(), leader_epoch=0, now_ms=0)
+    log.close()
+    assert not storage.exists("/data/topic-0/.clean-shutdown")
+    assert memory_log(storage).log_end_offset == 6
+
+
+# --- corruption and recovery (real files) -----------------------------------------------
+
+
+def segment_path(log: Log, index: int, suffix: str = ".log") -> Path:
+    return Path(log.directory) / f"{log.segment_base_offsets[index]:020d}{suffix}"
+
+
+def crash_files(tmp_path: Path, batches: int = 60) -> Log:
+    """A log on real files left without its clean-shutdown marker (as after kill -9)."""
+    log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
+    fill(log, batches)
+    log.flush(now_ms=0)
+    return log
+
+
+def reopen(tmp_path: Path) -> Log:
+    return Log.open(tmp_path / "t-0", SMALL, now_ms=0)
+
+
+def test_recovery_cuts_a_torn_tail_at_the_last_whole_batch(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    crash_files(tmp_path, 10)  # one segment of 10 batches
+    path = tmp_path / "t-0" / f"{0:020d}.log"
+    one = len(batch())
+    os.truncate(path, 7 * one + 20)
+    with caplog.at_level(logging.WARNING, logger="highwater.log"):
+        log = reopen(tmp_path)
+    assert log.log_end_offset == 21
+    assert log.recovery_report.bytes_dropped == 20
+    assert path.stat().st_size == 7 * one
+    assert "dropped 20 bytes" in caplog.text
+    assert read_all(log) == list(range(21))
+
+
+def test_recovery_cuts_exactly_at_a_corrupt_batch_and_drops_later_segments(tmp_path: Path) -> None:
+    # The recovery point must lie before the damage for the damaged segment to be scanned.
+    log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
+    fill(log, 60)
+    bases = log.segment_base_offsets
+    later_bytes = sum((Path(log.directory) / f"{b:020d}.log").stat().st_size for b in bases[2:])
+    path = segment_path(log, 1)
+    size = path.stat().st_size
+    one = len(batch())
+    data = bytearray(path.read_bytes())
+    data[4 * one + 70] ^= 0x10  # a record byte of the fifth batch of segment 1
+    path.write_bytes(bytes(data))
+    recovered = reopen(tmp_path)  # no marker, recovery point 0: everything is scanned
+    assert recovered.log_end_offset == bases[1] + 12
+    assert path.stat().st_size == 4 * one
+    assert recovered.segment_base_offsets == bases[:2]
+    assert recovered.recovery_report.bytes_dropped == size - 4 * one + later_bytes
+    assert "CRC mismatch" in recovered.recovery_report.reason
+    assert read_all(recovered) == list(range(bases[1] + 12))
+
+
+def test_recovery_catches_a_damaged_base_offset_outside_the_crc(tmp_path: Path) -> None:
+    crash_files(tmp_path, 10)
+    path = tmp_path / "t-0" / f"{0:020d}.log"
+    one = len(batch())
+    data = bytearray(path.read_bytes())
+    struct.pack_into(">q", data, 5 * one + BASE_OFFSET_POS, 999)
+    path.write_bytes(bytes(data))
+    recovered = reopen(tmp_path)
+    assert recovered.log_end_offset == 15
+    assert "expected 15" in recovered.recovery_report.reason
+
+
+def test_recovery_skips_segments_before_the_recovery_point(tmp_path: Path) -> None:
+    log = crash_files(tmp_path, 60)
+    fill(log, 20)  # unflushed; a new segment holds the recovery point's successor
+    recovered = reopen(tmp_path)
+    report = recovered.recovery_report
+    assert report.segments_recovered < len(recovered.segment_base_offsets)
+    assert recovered.log_end_offset == 240
+    assert read_all(recovered) == list(range(240))
+
+
+def test_a_garbage_index_is_rebuilt_from_the_log(tmp_path: Path) -> None:
+    log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
+    fill(log, 60)
+    log.close()
+    index = tmp_path / "t-0" / f"{0:020d}.index"
+    index.write_bytes(b"\xff" * 13)  # not a whole number of entries
+    reopened = reopen(tmp_path)
+    assert read_all(reopened, max_bytes=1) == list(range(180))
+
+
+def test_orphan_index_files_and_temp_files_are_removed_on_open(tmp_path: Path) -> None:
+    log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
+    fill(log, 3)
+    log.close()
+    directory = tmp_path / "t-0"
+    (directory / f"{500:020d}.index").write_bytes(b"")
+    (directory / "recovery-point-checkpoint.tmp").write_bytes(b"junk")
+    reopen(tmp_path)
+    assert not (directory / f"{500:020d}.index").exists()
+    assert not (directory / "recovery-point-checkpoint.tmp").exists()
+
+
+# --- configuration and purity ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"segment_bytes": 10},
+        {"segment_bytes": 2**31 - 100},
+        {"segment_ms": 0},
+        {"retention_bytes": -2},
+        {"retention_ms": -5},
+        {"max_message_bytes": 20},
+        {"index_interval_bytes": -1},
+        {"max_index_bytes": 8},
+        {"flush_messages": 0},
+        {"flush_ms": -1},
+    ],
+)
+def test_config_rejects_impossible_limits(settings: dict[str, int]) -> None:
+    with pytest.raises(InvalidConfig):
+        LogConfig(**settings)
+
+
+def test_storage_engine_imports_no_io_framework_and_reads_no_clock() -> None:
+    root = Path(__file__).resolve().parents[2]
+    files = [*sorted((root / "services/broker/log").glob("*.py")), root / "services/common/record_batch.py"]
+    forbidden = {"grpc", "asyncio", "etcd3aio", "time", "datetime", "threading"}
+    for path in files:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] not in forbidden, f"{path.name} imports {name}"
