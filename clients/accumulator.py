@@ -17,7 +17,7 @@ Invariants:
   flight).
 - A batch is immutable once drained: its records, sequence numbers and bytes
   are what every retry sends again, so the leader can drop a duplicate.
-- `buffered_bytes` is the estimated size of every record not yet completed;
+- `buffered_bytes` is the estimated size of every batch not yet completed;
   appends beyond `buffer_memory_bytes` are refused until batches complete.
 
 Pure: no I/O, no clock (time is passed in), no locks. The producer serialises
@@ -130,6 +130,7 @@ class RecordAccumulator:
             batch = ProducerBatch(self._next_batch_id, tp, now_ms)
             self._incomplete[batch.batch_id] = batch
             self._next_batch_id += 1
+            self.buffered_bytes += BATCH_OVERHEAD_BYTES
             queue.append(batch)
             created = True
         if completion_future is not None or completion_callback is not None:

@@ -25,7 +25,12 @@ from typing import Any
 import grpc
 
 from clients.config import GRPC_MAX_MESSAGE_BYTES
-from clients.errors import ClientClosed, GatewayUnavailable, InvalidArgument, RequestTimedOut, error_from_status
+from clients.errors import (
+    ClientClosed,
+    GatewayUnavailable,
+    InvalidArgument,
+    error_from_status,
+)
 from protos.highwater.v1 import gateway_pb2_grpc
 
 log = logging.getLogger("highwater.client.connection")
@@ -161,11 +166,8 @@ class GatewayConnection:
                 await asyncio.sleep(pause_s)
 
     def _unavailable_message(self, failures: dict[str, str]) -> str:
-        reasons = "; ".join(f"{address}: {why}" for address, why in failures.items())
-        return (
-            f"no gateway answered within {self.connect_timeout_ms} ms "
-            f"(tried {', '.join(self.addresses)}; {reasons})"
-        )
+        tried = ", ".join(f"{address} ({failures.get(address, 'not tried')})" for address in self.addresses)
+        return f"no gateway answered within {self.connect_timeout_ms} ms: {tried}"
 
     async def close(self) -> None:
         """Close every channel; calls in flight end CANCELLED."""

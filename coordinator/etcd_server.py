@@ -11,8 +11,8 @@ the class keeps no lock. stop() always reaps the child, so no zombie is left.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -41,7 +41,6 @@ log = logging.getLogger("highwater.coordinator")
 
 ETCD_BIN_ENV = "HIGHWATER_ETCD_BIN"
 _REPO_ROOT = Path(__file__).resolve().parent.parent
-_PR_SET_PDEATHSIG = 1
 
 
 class EtcdNotFound(RuntimeError):
@@ -97,18 +96,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    """Runs in the child between fork and exec: ask Linux to SIGKILL etcd when its parent dies.
-
-    This keeps a crashed test run or CLI from leaving etcd servers behind. Linux
-    delivers the signal when the parent *thread* exits, so start() must be called
-    from a long-lived thread (the main thread in the CLI and in pytest).
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
 class EtcdServer:
     """One local etcd member running as a child process.
 
@@ -126,7 +113,6 @@ class EtcdServer:
         name: str = "highwater-etcd",
         log_path: Path | None = None,
         binary: str | None = None,
-        die_with_parent: bool = True,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.client_port = client_port
@@ -135,7 +121,6 @@ class EtcdServer:
         self.name = name
         self.log_path = Path(log_path) if log_path is not None else self.data_dir.with_name(self.data_dir.name + ".log")
         self._binary = binary
-        self._die_with_parent = die_with_parent
         self._proc: subprocess.Popen[bytes] | None = None
 
     # --- properties -------------------------------------------------------------
@@ -210,14 +195,17 @@ class EtcdServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent if self._die_with_parent and sys.platform == "linux" else None,
             )
+        # A CLI or test run that exits without stop() (an exception, Ctrl-C) still
+        # stops its etcd; only a SIGKILL of this process leaves it running.
+        atexit.register(self.stop)
         log.info("etcd server %s starting: pid %d, client %s, data %s", self.name, self._proc.pid, self.client_url, self.data_dir)
         deadline = time.monotonic() + timeout_s
         while True:
             if self._proc.poll() is not None:
                 code = self._proc.returncode
                 self._proc = None
+                atexit.unregister(self.stop)
                 raise EtcdServerError(f"etcd server exited with code {code} while starting; log {self.log_path}:\n{self.log_tail()}")
             if self._healthy():
                 log.info("etcd server %s ready at %s", self.name, self.endpoint)
@@ -242,6 +230,7 @@ class EtcdServer:
         proc = self._proc
         if proc is None:
             return None
+        atexit.unregister(self.stop)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             # A paused (SIGSTOP) etcd cannot act on SIGTERM until it runs again.
@@ -261,6 +250,7 @@ class EtcdServer:
         proc = self._proc
         if proc is None:
             return None
+        atexit.unregister(self.stop)
         if proc.poll() is None:
             proc.kill()
             proc.wait()

@@ -121,7 +121,7 @@ class LeaseKeeper:
                     ttl_left = await store.keep_alive_once(self.lease_id)
             except (CoordinatorError, TimeoutError) as exc:
                 self.keepalive_failures_total += 1
-                log.warning("%s: keep-alive of lease %x failed (%s)", self.name, self.lease_id, exc or type(exc).__name__)
+                log.warning("%s: keep-alive of lease %x failed (%s)", self.name, self.lease_id, str(exc) or type(exc).__name__)
                 continue
             if ttl_left <= 0:
                 self._declare_lost("etcd says the lease has expired")

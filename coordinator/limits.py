@@ -28,6 +28,12 @@ ETCD_TXN_ATTEMPTS_MAX = 1
 # restart that would leave every service blind for minutes. Cap the back-off.
 ETCD_RECONNECT_BACKOFF_MS_MIN = 100
 ETCD_RECONNECT_BACKOFF_MS_MAX = 1_000
+# A range read asks for at most this many keys per response and pages through the
+# rest at the first page's revision, so one answer never nears the message limit.
+ETCD_RANGE_PAGE_KEYS = 1_000
+# gRPC's client default of 4 MiB per received message is below what one page of
+# large values (up to ETCD_REQUEST_BYTES_MAX each) may need.
+ETCD_RESPONSE_BYTES_MAX = 64 * 1024 * 1024
 # etcd's own server-side limits (defaults of --max-txn-ops and --max-request-bytes).
 # MemoryStore enforces them too, so the simulation catches a controller write that
 # real etcd would refuse.

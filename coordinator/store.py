@@ -45,10 +45,12 @@ from coordinator.keys import DEFAULT_PREFIX, Keys
 from coordinator.limits import (
     ETCD_CONNECT_RETRY_S,
     ETCD_CONNECT_TIMEOUT_S,
+    ETCD_RANGE_PAGE_KEYS,
     ETCD_RECONNECT_BACKOFF_MS_MAX,
     ETCD_RECONNECT_BACKOFF_MS_MIN,
     ETCD_REQUEST_ATTEMPTS_MAX,
     ETCD_REQUEST_TIMEOUT_S,
+    ETCD_RESPONSE_BYTES_MAX,
     ETCD_TXN_ATTEMPTS_MAX,
     WATCH_RECONNECT_BACKOFF_S_MAX,
     WATCH_RECONNECT_BACKOFF_S_MIN,
@@ -58,12 +60,6 @@ log = logging.getLogger("highwater.coordinator")
 
 T = TypeVar("T")
 
-# A range read asks for at most this many keys per response and pages through the
-# rest at the first page's revision, so one answer never nears gRPC's message limit.
-ETCD_RANGE_PAGE_KEYS = 1_000
-# gRPC's client default of 4 MiB per received message is below what one etcd page of
-# large values (up to 1.5 MiB each) may need.
-ETCD_RESPONSE_BYTES_MAX = 64 * 1024 * 1024
 
 
 # --- errors -------------------------------------------------------------------
@@ -547,6 +543,8 @@ class EtcdStore:
         etcd3aio's own watch loop resumes from the response header revision, which can
         skip events when a stream breaks during catch-up; hence this loop of our own.
         """
+        if self._closed:
+            raise CoordinatorError(f"etcd watch {prefix}: the store is closed")
         key = prefix.encode()
         range_end = prefix_range_end(key)
         next_revision = start_revision

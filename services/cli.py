@@ -90,10 +90,16 @@ def broker_command(broker_id: int, data_dir: Path, rack: str, replica_lag_time_m
               help="Unique id of this controller candidate.")
 @click.option("--delete-topic-enable/--no-delete-topic-enable", default=True, show_default=True,
               help="Allow DeleteTopics (Kafka's delete.topic.enable).")
+@click.option("--auto-leader-rebalance-enable/--no-auto-leader-rebalance-enable", default=True, show_default=True,
+              help="Move leadership back to preferred replicas when a broker's imbalance passes the threshold.")
+@click.option("--leader-imbalance-check-interval-s", type=click.FloatRange(1), default=300.0, show_default=True)
+@click.option("--leader-imbalance-per-broker-percentage", type=click.IntRange(0, 100), default=10,
+              show_default=True)
 @_common
-def controller_command(controller_id: int, delete_topic_enable: bool, etcd: str, etcd_prefix: str, host: str,
-                       port: int, metrics_port: int, lease_ttl_s: int, ready_file: Path | None, log_level: str,
-                       json_logs: bool) -> None:
+def controller_command(controller_id: int, delete_topic_enable: bool, auto_leader_rebalance_enable: bool,
+                       leader_imbalance_check_interval_s: float, leader_imbalance_per_broker_percentage: int,
+                       etcd: str, etcd_prefix: str, host: str, port: int, metrics_port: int, lease_ttl_s: int,
+                       ready_file: Path | None, log_level: str, json_logs: bool) -> None:
     """Run a controller candidate: one wins the election in etcd and manages the cluster.
 
     Example: highwater controller --controller-id 1 --etcd 127.0.0.1:2379
@@ -102,7 +108,11 @@ def controller_command(controller_id: int, delete_topic_enable: bool, etcd: str,
 
     config = ControllerConfig(controller_id=controller_id, etcd_endpoints=_endpoints(etcd), host=host, port=port,
                               metrics_port=metrics_port, etcd_prefix=etcd_prefix, lease_ttl_s=lease_ttl_s,
-                              delete_topic_enable=delete_topic_enable, ready_file=ready_file)
+                              delete_topic_enable=delete_topic_enable,
+                              auto_leader_rebalance_enable=auto_leader_rebalance_enable,
+                              leader_imbalance_check_interval_s=leader_imbalance_check_interval_s,
+                              leader_imbalance_per_broker_percentage=leader_imbalance_per_broker_percentage,
+                              ready_file=ready_file)
     _run(serve(config), log_level, json_logs)
 
 

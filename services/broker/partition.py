@@ -18,12 +18,14 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from services.broker.log import AppendInfo, Log
+from services.broker.log import Log
+from services.broker.producer_state import ProducerStateManager
 from services.common.errors import (
     NotEnoughReplicas,
     NotLeaderOrFollower,
     check,
 )
+from services.common.record_batch import BatchHeader, iter_batch_headers, validate_batches
 
 
 class Role(enum.Enum):
@@ -55,6 +57,22 @@ class FollowerState:
 
 
 @dataclass(frozen=True)
+class LeaderAppend:
+    """Where a produced request's batches are: [first_offset, next_offset).
+
+    duplicate: the batches were written before (an idempotent retry) and not again.
+    """
+
+    first_offset: int
+    next_offset: int
+    duplicate: bool = False
+
+
+# Producer state is rebuilt by reading the log in pieces of this size (bounded memory).
+PRODUCER_STATE_REBUILD_READ_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
 class IsrChange:
     """An ISR the leader wants the controller to commit through AlterPartition."""
 
@@ -80,6 +98,19 @@ class Partition:
     followers: dict[int, FollowerState] = field(default_factory=dict)
     # ISR sent to the controller and not yet answered; while set, no other change is proposed.
     pending_isr: tuple[int, ...] | None = None
+    producers: ProducerStateManager = field(default_factory=ProducerStateManager)
+
+    def rebuild_producer_state(self) -> None:
+        """Read every batch header of the log (after a restart or a truncation)."""
+        headers: list[BatchHeader] = []
+        offset = self.log.log_start_offset
+        while offset < self.log.log_end_offset:
+            info = self.log.read(offset, max_bytes=PRODUCER_STATE_REBUILD_READ_BYTES)
+            if info.next_offset <= offset:
+                break
+            headers.extend(iter_batch_headers(info.records))
+            offset = info.next_offset
+        self.producers.rebuild(headers)
 
     # ---- state changes from the controller --------------------------------
 
@@ -130,7 +161,7 @@ class Partition:
 
     # ---- leader: produce ----------------------------------------------------
 
-    def append_as_leader(self, records: bytes, *, acks: int, now_ms: int) -> AppendInfo:
+    def append_as_leader(self, records: bytes, *, acks: int, now_ms: int) -> LeaderAppend:
         if self.role is not Role.LEADER:
             raise NotLeaderOrFollower(
                 f"broker {self.local_broker_id} is not the leader of {self.topic}-{self.partition} "
@@ -139,9 +170,19 @@ class Partition:
             raise NotEnoughReplicas(
                 f"{self.topic}-{self.partition} has {len(self.isr)} in-sync replicas {list(self.isr)}, "
                 f"below min.insync.replicas={self.min_insync_replicas}; nothing was written")
+        headers = validate_batches(records, max_batch_bytes=self.log.config.max_message_bytes)
+        duplicate = self.producers.check(headers)
+        if duplicate is not None:
+            return LeaderAppend(duplicate.first_offset, duplicate.last_offset + 1, duplicate=True)
         info = self.log.append_as_leader(records, leader_epoch=self.leader_epoch, now_ms=now_ms)
+        self.producers.update(info.headers)
         self.maybe_advance_high_watermark()
-        return info
+        return LeaderAppend(info.first_offset, info.next_offset)
+
+    def append_as_follower(self, records: bytes, *, now_ms: int) -> None:
+        """Replicated batches (offsets assigned by the leader); producer state follows along."""
+        info = self.log.append_as_follower(records, now_ms=now_ms)
+        self.producers.update(info.headers)
 
     # ---- leader: followers' fetches -----------------------------------------
 
@@ -220,6 +261,7 @@ class Partition:
     def truncate_to(self, offset: int) -> None:
         self.log.truncate_to(offset)
         self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
+        self.rebuild_producer_state()
 
     @property
     def under_replicated(self) -> bool:

@@ -5,9 +5,10 @@ that loop is the one owner of all Partition objects, so no locks exist. Pure
 rules live in partition.py and fetch_state.py; this module turns requests into
 calls on them, waits (the purgatory) and talks to the controller and leaders.
 
-The purgatory is a per-partition "changed" event: appends, HW moves and
-leadership changes set it, and waiting Produce (acks=all) and Fetch (long-poll)
-requests re-check their condition when it fires or their deadline passes.
+The purgatory is a per-partition set of waiting futures: appends, HW moves and
+leadership changes complete them (`notify`), and waiting Produce (acks=all) and
+Fetch (long-poll) requests re-check their condition when woken or when their
+deadline passes.
 """
 
 from __future__ import annotations
@@ -79,32 +80,35 @@ class ReplicaManager:
         self.fetchers: dict[int, ReplicaFetcher] = {}
         self.metadata = MetadataCache()
         self.controller_epoch = -1
-        self._changed: dict[TopicPartitionKey, asyncio.Event] = {}
+        self._waiters: dict[TopicPartitionKey, set[asyncio.Future[None]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     # ---- the purgatory's wake-ups ----------------------------------------------
 
-    def _event(self, tp: TopicPartitionKey) -> asyncio.Event:
-        ev = self._changed.get(tp)
-        if ev is None:
-            ev = self._changed[tp] = asyncio.Event()
-        return ev
-
     def notify(self, tp: TopicPartitionKey) -> None:
         """Wake every request waiting on tp (new data, HW moved, leadership changed)."""
-        ev = self._changed.pop(tp, None)
-        if ev is not None:
-            ev.set()
+        waiters = self._waiters.pop(tp, None)
+        if waiters:
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
 
     async def _wait_any(self, tps: list[TopicPartitionKey], timeout_s: float) -> None:
+        """Wait until one of tps changes or timeout_s passes (one future, no task per partition)."""
         if timeout_s <= 0:
             return
-        waits = [asyncio.ensure_future(self._event(tp).wait()) for tp in set(tps)]
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for tp in tps:
+            self._waiters.setdefault(tp, set()).add(fut)
         try:
-            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([fut], timeout=timeout_s)
         finally:
-            for w in waits:
-                w.cancel()
+            for tp in tps:
+                waiters = self._waiters.get(tp)
+                if waiters is not None:
+                    waiters.discard(fut)
+                    if not waiters:
+                        del self._waiters[tp]
 
     # ---- lifecycle -----------------------------------------------------------------
 
@@ -220,6 +224,7 @@ class ReplicaManager:
         plog = Log.open(directory, log_config_from(config), now_ms=now_ms())
         p = Partition(topic=s.topic, partition=s.partition, local_broker_id=self.broker_id, log=plog)
         p.high_watermark = min(plog.read_high_watermark(), plog.log_end_offset)
+        p.rebuild_producer_state()
         self.partitions[(s.topic, s.partition)] = p
         return p
 
@@ -338,8 +343,9 @@ class ReplicaManager:
                     info = p.append_as_leader(pd.records, acks=req.acks, now_ms=wall)
                     res.base_offset = info.first_offset
                     res.log_start_offset = p.log.log_start_offset
-                    metrics.BYTES_IN.labels(topic.topic).inc(len(pd.records))
-                    self.notify(tp)
+                    if not info.duplicate:
+                        metrics.BYTES_IN.labels(topic.topic).inc(len(pd.records))
+                        self.notify(tp)
                     if req.acks == -1:
                         waiting[tp] = info.next_offset
                 except HighwaterError as exc:
@@ -506,6 +512,7 @@ class ReplicaManager:
         if p is not None:
             p.log.truncate_fully_and_start_at(offset)
             p.high_watermark = offset
+            p.rebuild_producer_state()
 
     def append_fetched(self, tp: TopicPartitionKey, fetch_offset: int,
                        response: common_pb2.FetchPartitionResponse) -> None:
@@ -513,7 +520,7 @@ class ReplicaManager:
         if p is None or p.role is not Role.FOLLOWER:
             return
         if response.records:
-            p.log.append_as_follower(response.records, now_ms=now_ms())
+            p.append_as_follower(response.records, now_ms=now_ms())
         if p.update_follower_high_watermark(response.high_watermark):
             self.notify(tp)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from protos.highwater.v1 import common_pb2
 from services.common import limits
@@ -185,6 +186,8 @@ class ControllerContext:
     states: dict[TopicPartitionKey, LeaderAndIsr] = field(default_factory=dict)
     topics_to_delete: set[str] = field(default_factory=set)
     shutting_down: set[int] = field(default_factory=set)
+    # Replicas of topics being deleted: (tp, broker) -> ReplicaDeletionStarted/Successful/Ineligible.
+    replica_deletion: dict[tuple[TopicPartitionKey, int], Any] = field(default_factory=dict)
 
     def replicas(self, tp: TopicPartitionKey) -> tuple[int, ...]:
         return self.topics[tp[0]].assignment[tp[1]]

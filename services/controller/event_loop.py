@@ -48,7 +48,14 @@ from services.controller.context import (
     TopicPartitionKey,
     topic_config_proto,
 )
-from services.controller.handlers import ConfigWrite, ControllerResult, StateWrite, TopicDelete, TopicWrite
+from services.controller.handlers import (
+    ConfigWrite,
+    ControllerResult,
+    DeletionMark,
+    StateWrite,
+    TopicDelete,
+    TopicWrite,
+)
 
 log = logging.getLogger("highwater.controller")
 
@@ -62,6 +69,9 @@ SENDER_QUEUE_LENGTH_MAX = 10_000
 # (a dead broker's sender is removed when its lease expires).
 CONTROL_RPC_ATTEMPTS_MAX = 5
 PRODUCER_ID_BLOCK_SIZE = 1000
+# Kafka's leader.imbalance.check.interval.seconds (300) and leader.imbalance.per.broker.percentage (10).
+LEADER_IMBALANCE_CHECK_INTERVAL_S = 300.0
+LEADER_IMBALANCE_PER_BROKER_PERCENTAGE = 10
 
 
 class ControllerResigned(Exception):
@@ -90,6 +100,10 @@ class BrokerSender:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.queue.put_nowait((rpc, request, fut))
         return fut
+
+    def enqueue(self, name: str, handler: Callable[[], ControllerResult]) -> None:
+        """Queue an event nobody waits for (watches, ticks, follow-ups)."""
+        self.queue.put_nowait(_Event(name, handler, asyncio.get_running_loop().create_future()))
 
     async def _run(self) -> None:
         while True:
@@ -129,7 +143,12 @@ class ControllerEventLoop:
     """Everything the active controller does, serialised."""
 
     def __init__(self, *, store: EtcdStore, controller_id: int, epoch: int, peers: PeerChannels,
-                 delete_topic_enable: bool = True) -> None:
+                 delete_topic_enable: bool = True, auto_leader_rebalance: bool = True,
+                 leader_imbalance_check_interval_s: float = LEADER_IMBALANCE_CHECK_INTERVAL_S,
+                 leader_imbalance_per_broker_percentage: int = LEADER_IMBALANCE_PER_BROKER_PERCENTAGE) -> None:
+        self.auto_leader_rebalance = auto_leader_rebalance
+        self.leader_imbalance_check_interval_s = leader_imbalance_check_interval_s
+        self.leader_imbalance_per_broker_percentage = leader_imbalance_per_broker_percentage
         self.store = store
         self.keys: Keys = store.keys
         self.peers = peers
@@ -155,6 +174,10 @@ class ControllerEventLoop:
                                                name="watch-brokers"))
         self._tasks.append(asyncio.create_task(self._watch(self.keys.gateways_prefix, revision, "GatewayChange"),
                                                name="watch-gateways"))
+        self._tasks.append(asyncio.create_task(self._watch_admin(revision), name="watch-admin"))
+        if self.auto_leader_rebalance:
+            self._tasks.append(asyncio.create_task(self._rebalance_ticks(), name="leader-rebalance"))
+        await self._admin_requests_at_start()
         log.info("controller %d active at epoch %d: %d brokers, %d topics, %d partitions, loaded in %.0f ms",
                  self.ctx.controller_id, self.epoch, len(self.ctx.live_brokers), len(self.ctx.topics),
                  len(self.ctx.states), (time.monotonic() - started) * 1000)
@@ -198,6 +221,8 @@ class ControllerEventLoop:
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("ignoring malformed value at %s: %s", kv.key, exc)
         self.ctx.states = {tp: s for tp, s in states.items() if tp[0] in self.ctx.topics}
+        marks, _ = await self.store.get_prefix(self.keys.delete_topics_prefix)
+        self.ctx.topics_to_delete = {kv.key[len(self.keys.delete_topics_prefix):] for kv in marks} & set(self.ctx.topics)
         configs, _ = await self.store.get_prefix(self.keys.config_prefix)
         for kv in configs:
             name = kv.key[len(self.keys.config_prefix):]
@@ -218,6 +243,10 @@ class ControllerEventLoop:
         self.queue.put_nowait(_Event(name, handler, fut))
         return await fut
 
+    def enqueue(self, name: str, handler: Callable[[], ControllerResult]) -> None:
+        """Queue an event nobody waits for (watches, ticks, follow-ups)."""
+        self.queue.put_nowait(_Event(name, handler, asyncio.get_running_loop().create_future()))
+
     async def _run(self) -> None:
         while True:
             ev = await self.queue.get()
@@ -228,6 +257,8 @@ class ControllerEventLoop:
                     await self.apply(result)
                 if not ev.done.done():
                     ev.done.set_result(result)
+                if ev.name != "ReassignmentProgress" and handlers.ongoing_reassignments(self.ctx):
+                    self.enqueue("ReassignmentProgress", lambda: handlers.on_reassignment_progress(self.ctx))
             except ControllerFenced as exc:
                 log.error("controller %d fenced at epoch %d: %s; resigning", self.ctx.controller_id, self.epoch, exc)
                 if not ev.done.done():
@@ -249,6 +280,35 @@ class ControllerEventLoop:
             log.exception("reloading state failed; resigning")
             self.resigned.set()
 
+    async def _admin_requests_at_start(self) -> None:
+        for key, kind in ((self.keys.reassign_partitions, "reassign"), (self.keys.preferred_replica_election,
+                                                                          "preferred")):
+            kv = await self.store.get(key)
+            if kv is not None:
+                self.enqueue("AdminRequest", lambda k=key, t=kind, v=kv.value: handlers.on_admin_request(
+                    self.ctx, t, k, v))
+
+    async def _watch_admin(self, revision: int) -> None:
+        """Requests written by hand under /admin (Kafka's znode-based admin tools)."""
+        kinds = {self.keys.reassign_partitions: "reassign", self.keys.preferred_replica_election: "preferred"}
+        async for events in self.store.watch_prefix(self.keys.prefix + "/admin/", start_revision=revision + 1):
+            for ev in events:
+                if ev.kind != "put":
+                    continue
+                if ev.key in kinds:
+                    self.enqueue("AdminRequest", lambda k=ev.key, v=ev.value: handlers.on_admin_request(
+                        self.ctx, kinds[k], k, v))
+                elif ev.key.startswith(self.keys.delete_topics_prefix):
+                    topic = ev.key[len(self.keys.delete_topics_prefix):]
+                    self.enqueue("TopicDeletion", lambda t=topic: handlers.on_delete_topics(
+                        self.ctx, [t], deletion_enabled=self.delete_topic_enable))
+
+    async def _rebalance_ticks(self) -> None:
+        while True:
+            await asyncio.sleep(self.leader_imbalance_check_interval_s)
+            self.enqueue("AutoLeaderRebalance", lambda: handlers.on_auto_leader_rebalance(
+                self.ctx, self.leader_imbalance_per_broker_percentage))
+
     async def _watch(self, prefix: str, revision: int, name: str) -> None:
         """On any change under prefix, read the whole prefix and queue one membership event."""
         async for _events in self.store.watch_prefix(prefix, start_revision=revision + 1):
@@ -258,12 +318,10 @@ class ControllerEventLoop:
                 for kv in kvs:
                     info = BrokerInfo.from_json(kv.value, kv.create_revision)
                     registered[info.broker_id] = info
-                self.queue.put_nowait(_Event(name, lambda r=registered: handlers.on_broker_change(self.ctx, r),
-                                             asyncio.get_running_loop().create_future()))
+                self.enqueue(name, lambda r=registered: handlers.on_broker_change(self.ctx, r))
             else:
                 gateways = {g.gateway_id: g for g in (GatewayInfo.from_json(kv.value) for kv in kvs)}
-                self.queue.put_nowait(_Event(name, lambda g=gateways: handlers.on_gateway_change(self.ctx, g),
-                                             asyncio.get_running_loop().create_future()))
+                self.enqueue(name, lambda g=gateways: handlers.on_gateway_change(self.ctx, g))
 
     # ---- apply: fenced writes, replay, RPCs ----------------------------------------------------
 
@@ -310,6 +368,10 @@ class ControllerEventLoop:
             return compares, [Put(key, write.topic.to_json())]
         if isinstance(write, ConfigWrite):
             return [], [Put(k.topic_config(write.topic), json.dumps(write.configs, sort_keys=True).encode())]
+        if isinstance(write, handlers.AdminKeyDelete):
+            return [], [EtcdDelete(write.key)]
+        if isinstance(write, DeletionMark):
+            return [], [Put(k.delete_topic(write.topic), b"{}")]
         if isinstance(write, TopicDelete):
             return [], [EtcdDelete(k.topic(write.topic)), EtcdDelete(k.topic_partitions_prefix(write.topic),
                                                                       prefix=True),
@@ -361,17 +423,29 @@ class ControllerEventLoop:
             sender = self.senders.get(("b", broker_id))
             if sender is None:
                 continue
-            futures.append(sender.send("StopReplica", broker_pb2.StopReplicaRequest(
+            fut = sender.send("StopReplica", broker_pb2.StopReplicaRequest(
                 header=self.header(broker_id),
                 partitions=[broker_pb2.StopReplicaPartition(topic=tp[0], partition=tp[1], leader_epoch=-2,
                                                             delete_partition=delete)
-                            for tp, delete in sorted(tps.items())])))
+                            for tp, delete in sorted(tps.items())]))
+            deleted = [tp for tp, delete in sorted(tps.items()) if delete and tp[0] in self.ctx.topics_to_delete]
+            if deleted:
+                fut.add_done_callback(lambda f, b=broker_id, d=deleted: self._deletion_answered(b, d, f))
+            futures.append(fut)
         if rpcs.full_metadata or rpcs.update_metadata or rpcs.deleted_topics:
             for (kind, target_id), sender in sorted(self.senders.items()):
                 futures.append(sender.send("UpdateMetadata", self.update_metadata_request(
                     full=rpcs.full_metadata, tps=rpcs.update_metadata, deleted=rpcs.deleted_topics,
                     broker_epoch=self.ctx.with_broker_epoch(target_id) if kind == "b" else -1)))
         result.rpc_futures = futures
+
+    def _deletion_answered(self, broker_id: int, tps: list[TopicPartitionKey], fut: asyncio.Future[Any]) -> None:
+        ok = not fut.cancelled() and fut.exception() is None and all(
+            p.error_code == common_pb2.NONE for p in fut.result().partitions) and fut.result().error_code == 0
+        if self.resigned.is_set():
+            return
+        self.enqueue("ReplicaDeletionResult",
+                     lambda: handlers.on_replica_deletion_result(self.ctx, broker_id, tps, ok))
 
     def update_metadata_request(self, *, full: bool, tps: set[TopicPartitionKey], deleted: set[str],
                                 broker_epoch: int) -> broker_pb2.UpdateMetadataRequest:

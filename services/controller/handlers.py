@@ -14,6 +14,7 @@ from etcd watches (live brokers and gateways), which are not writes.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import uuid
@@ -24,12 +25,15 @@ from typing import Any
 from protos.highwater.v1 import common_pb2, controller_pb2
 from services.common import limits
 from services.common.errors import (
+    ElectionNotNeeded,
+    EligibleLeadersNotAvailable,
     HighwaterError,
     InvalidPartitions,
     InvalidReplicaAssignment,
     InvalidReplicationFactor,
     InvalidRequest,
     InvalidTopic,
+    NoReassignmentInProgress,
     TopicAlreadyExists,
     UnknownTopicOrPartition,
 )
@@ -44,6 +48,7 @@ from services.controller.context import (
     TopicPartitionKey,
     validate_topic_configs,
 )
+from services.controller.state_machines import ReplicaState, replica_transition
 
 log = logging.getLogger("highwater.controller")
 
@@ -80,7 +85,6 @@ class TopicDelete:
     topic: str
 
 
-Write = StateWrite | TopicWrite | ConfigWrite | TopicDelete
 
 
 @dataclass
@@ -170,7 +174,9 @@ def on_startup(ctx: ControllerContext) -> ControllerResult:
             _change_state(ctx, result, tp, leader=state.leader,
                           isr=tuple(r for r in state.isr if r in ctx.live_brokers))
     for tp in ctx.partitions():
-        result.rpcs.add_leader_and_isr([r for r in ctx.replicas(tp) if r in live], tp)
+        if tp[0] not in ctx.topics_to_delete:
+            result.rpcs.add_leader_and_isr([r for r in ctx.replicas(tp) if r in live], tp)
+    resume_deletions(ctx, result)
     result.rpcs.full_metadata = True
     return result
 
@@ -217,10 +223,16 @@ def on_broker_change(ctx: ControllerContext, registered: dict[int, BrokerInfo]) 
             # The leader re-registered: bump the epoch so the new incarnation leads a fresh one.
             _change_state(ctx, result, tp, leader=state.leader, isr=state.isr)
     for tp in ctx.partitions():
+        if tp[0] in ctx.topics_to_delete:
+            continue
         replicas = ctx.replicas(tp)
         restarted = [b for b in new if b in replicas]
         if restarted and tp in ctx.states:
             result.rpcs.add_leader_and_isr(restarted, tp)
+    for key, state in list(ctx.replica_deletion.items()):
+        if key[1] in gone and state is ReplicaState.DELETION_STARTED:
+            ctx.replica_deletion[key] = ReplicaState.DELETION_INELIGIBLE
+    resume_deletions(ctx, result, new)
     result.rpcs.full_metadata = True
     return result
 
@@ -317,29 +329,6 @@ def _check_assignment(assignment: dict[int, tuple[int, ...]], known: set[int]) -
         unknown = [r for r in replicas if r not in known]
         if unknown:
             raise InvalidReplicaAssignment(f"partition {p} names unknown brokers {unknown}; live: {sorted(known)}")
-
-
-def on_delete_topics(ctx: ControllerContext, names: list[str], *, deletion_enabled: bool) -> ControllerResult:
-    """StopReplica(delete) to every replica, then remove the keys (TopicDeletion)."""
-    result = ControllerResult()
-    answers = []
-    for name in names:
-        answer = common_pb2.TopicResult(name=name)
-        if not deletion_enabled:
-            answer.error_code = common_pb2.TOPIC_DELETION_DISABLED
-            answer.error_message = "topic deletion is disabled on this cluster (--delete-topic-enable false)"
-        elif name not in ctx.topics:
-            answer.error_code = common_pb2.UNKNOWN_TOPIC_OR_PARTITION
-            answer.error_message = f"topic {name!r} does not exist"
-        else:
-            for tp in ctx.partitions_of(name):
-                for r in ctx.replicas(tp):
-                    result.rpcs.stop_replica.setdefault(r, {})[tp] = True
-            result.writes.append(TopicDelete(name))
-            result.rpcs.deleted_topics.add(name)
-        answers.append(answer)
-    result.response = common_pb2.DeleteTopicsResponse(topics=answers)
-    return result
 
 
 def on_alter_partition(ctx: ControllerContext, req: controller_pb2.AlterPartitionRequest) -> ControllerResult:
@@ -516,6 +505,281 @@ def on_create_partitions(ctx: ControllerContext, req: common_pb2.CreatePartition
     return result
 
 
+# ---- topic deletion ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeletionMark:
+    """Put /admin/delete_topics/{topic}: deletion survives a controller failover."""
+
+    topic: str
+
+
+def on_delete_topics(ctx: ControllerContext, names: list[str], *, deletion_enabled: bool
+                            ) -> ControllerResult:
+    """TopicDeletion, started: mark, then StopReplica(delete) to every live replica.
+
+    The keys are removed only when every replica confirmed its deletion
+    (`on_replica_deletion_result`); replicas on dead brokers are
+    ReplicaDeletionIneligible and retried when their broker returns.
+    """
+    result = ControllerResult()
+    answers = []
+    for name in names:
+        answer = common_pb2.TopicResult(name=name)
+        if not deletion_enabled:
+            answer.error_code = common_pb2.TOPIC_DELETION_DISABLED
+            answer.error_message = "topic deletion is disabled on this cluster (--no-delete-topic-enable)"
+        elif name not in ctx.topics:
+            answer.error_code = common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+            answer.error_message = f"topic {name!r} does not exist"
+        elif name not in ctx.topics_to_delete:
+            result.writes.append(DeletionMark(name))
+            _start_replica_deletion(ctx, result, name)
+        answers.append(answer)
+    result.response = common_pb2.DeleteTopicsResponse(topics=answers)
+    return result
+
+
+def _start_replica_deletion(ctx: ControllerContext, result: ControllerResult, topic: str) -> None:
+    for tp in ctx.partitions_of(topic):
+        for r in ctx.replicas(tp):
+            if ctx.replica_deletion.get((tp, r)) is ReplicaState.DELETION_SUCCESSFUL:
+                continue
+            if r in ctx.live_brokers:
+                ctx.replica_deletion[(tp, r)] = ReplicaState.DELETION_STARTED
+                result.rpcs.stop_replica.setdefault(r, {})[tp] = True
+            else:
+                ctx.replica_deletion[(tp, r)] = ReplicaState.DELETION_INELIGIBLE
+    result.rpcs.deleted_topics.add(topic)
+
+
+def on_replica_deletion_result(ctx: ControllerContext, broker_id: int, tps: list[TopicPartitionKey],
+                               succeeded: bool) -> ControllerResult:
+    """StopReplica(delete) answered (or failed): finish topics whose replicas are all gone."""
+    result = ControllerResult()
+    for tp in tps:
+        key = (tp, broker_id)
+        current = ctx.replica_deletion.get(key)
+        if current is None:
+            continue
+        target = ReplicaState.DELETION_SUCCESSFUL if succeeded else ReplicaState.DELETION_INELIGIBLE
+        ctx.replica_deletion[key] = replica_transition(current, target, key) if current is not target else target
+    for topic in sorted({tp[0] for tp in tps}):
+        if topic in ctx.topics and topic in ctx.topics_to_delete and all(
+                ctx.replica_deletion.get((tp, r)) is ReplicaState.DELETION_SUCCESSFUL
+                for tp in ctx.partitions_of(topic) for r in ctx.replicas(tp)):
+            log.info("topic %s deleted from every replica; removing its keys", topic)
+            result.writes.append(TopicDelete(topic))
+            result.rpcs.deleted_topics.add(topic)
+    return result
+
+
+def resume_deletions(ctx: ControllerContext, result: ControllerResult, brokers: set[int] | None = None) -> None:
+    """Retry deletion on replicas that could not delete (their broker was down)."""
+    for topic in sorted(ctx.topics_to_delete):
+        if topic not in ctx.topics:
+            continue
+        for tp in ctx.partitions_of(topic):
+            for r in ctx.replicas(tp):
+                state = ctx.replica_deletion.get((tp, r))
+                if state is ReplicaState.DELETION_SUCCESSFUL or r not in ctx.live_brokers:
+                    continue
+                if brokers is None or r in brokers:
+                    ctx.replica_deletion[(tp, r)] = ReplicaState.DELETION_STARTED
+                    result.rpcs.stop_replica.setdefault(r, {})[tp] = True
+
+
+# ---- partition reassignment (OAR -> RAR) ---------------------------------------------------------
+
+def ongoing_reassignments(ctx: ControllerContext) -> list[TopicPartitionKey]:
+    return sorted((t.name, p) for t in ctx.topics.values()
+                  for p in set(t.adding_replicas) | set(t.removing_replicas)
+                  if t.name not in ctx.topics_to_delete)
+
+
+def original_replicas(topic: TopicInfo, p: int) -> tuple[int, ...]:
+    """OAR: the assignment before the reassignment (AR minus the replicas being added)."""
+    adding = topic.adding_replicas.get(p, ())
+    return tuple(r for r in topic.assignment[p] if r not in adding)
+
+
+def target_replicas(topic: TopicInfo, p: int) -> tuple[int, ...]:
+    """RAR: the assignment being moved to (AR minus the replicas being removed)."""
+    removing = topic.removing_replicas.get(p, ())
+    return tuple(r for r in topic.assignment[p] if r not in removing)
+
+
+def _with_assignment(topic: TopicInfo, p: int, replicas: tuple[int, ...], adding: tuple[int, ...],
+                     removing: tuple[int, ...]) -> TopicInfo:
+    new = TopicInfo(topic.name, topic.topic_id, {**topic.assignment, p: replicas}, topic.configs,
+                    dict(topic.adding_replicas), dict(topic.removing_replicas))
+    for field_map, value in ((new.adding_replicas, adding), (new.removing_replicas, removing)):
+        if value:
+            field_map[p] = value
+        else:
+            field_map.pop(p, None)
+    return new
+
+
+def on_alter_reassignments(ctx: ControllerContext, req: common_pb2.AlterPartitionReassignmentsRequest
+                           ) -> ControllerResult:
+    """Start (or cancel) reassignments: AR := OAR + RAR, new replicas start, epoch bumped."""
+    result = ControllerResult()
+    answers = []
+    topics: dict[str, TopicInfo] = {}
+    for rt in req.topics:
+        for rp in rt.partitions:
+            tp = (rt.name, rp.partition)
+            answer = common_pb2.PartitionResult(topic=rt.name, partition=rp.partition)
+            try:
+                topic = topics.get(rt.name) or require_topic(ctx, rt.name)
+                if rt.name in ctx.topics_to_delete:
+                    raise UnknownTopicOrPartition(f"topic {rt.name!r} is being deleted")
+                if rp.partition not in topic.assignment or tp not in ctx.states:
+                    raise UnknownTopicOrPartition(f"topic {rt.name!r} has no partition {rp.partition}")
+                oar = original_replicas(topic, rp.partition)
+                ongoing = bool(topic.adding_replicas.get(rp.partition) or topic.removing_replicas.get(rp.partition))
+                if rp.cancel or not rp.replicas:
+                    if not ongoing:
+                        raise NoReassignmentInProgress(f"{rt.name}-{rp.partition} has no reassignment to cancel")
+                    topics[rt.name] = _cancel_reassignment(ctx, result, topic, tp, oar)
+                else:
+                    rar = tuple(rp.replicas)
+                    if len(set(rar)) != len(rar):
+                        raise InvalidReplicaAssignment(f"target replicas {list(rar)} list a broker twice")
+                    unknown = [r for r in rar if r not in ctx.live_brokers]
+                    if unknown:
+                        raise InvalidReplicaAssignment(
+                            f"target replicas {unknown} are not registered brokers; live: {sorted(ctx.live_brokers)}")
+                    if rar == oar and not ongoing:
+                        raise ElectionNotNeeded(f"{rt.name}-{rp.partition} already has replicas {list(rar)}")
+                    ar = rar + tuple(r for r in oar if r not in rar)
+                    adding = tuple(r for r in rar if r not in oar)
+                    removing = tuple(r for r in oar if r not in rar)
+                    new_topic = _with_assignment(topic, rp.partition, ar, adding, removing)
+                    topics[rt.name] = new_topic
+                    state = ctx.states[tp]
+                    new_state = state.next(leader=state.leader, isr=state.isr, controller_epoch=ctx.epoch)
+                    result.writes.append(StateWrite(tp, new_state, state.partition_epoch))
+                    result.rpcs.add_leader_and_isr([r for r in ar if ctx.is_live(r)], tp)
+                    for r in adding:
+                        result.rpcs.new_replicas.add((r, tp))
+                    log.info("reassigning %s-%d from %s to %s (adding %s, removing %s)", *tp, list(oar),
+                             list(rar), list(adding), list(removing))
+            except HighwaterError as exc:
+                answer.error_code, answer.error_message = exc.code, exc.message
+            answers.append(answer)
+    for topic in topics.values():
+        result.writes.insert(0, TopicWrite(topic, create=False))
+    result.response = common_pb2.AlterPartitionReassignmentsResponse(partitions=answers)
+    return result
+
+
+def _cancel_reassignment(ctx: ControllerContext, result: ControllerResult, topic: TopicInfo,
+                         tp: TopicPartitionKey, oar: tuple[int, ...]) -> TopicInfo:
+    state = ctx.states[tp]
+    adding = topic.adding_replicas.get(tp[1], ())
+    isr = tuple(r for r in state.isr if r in oar)
+    leader = state.leader
+    if leader not in oar or not ctx.is_live(leader):
+        live = {b for b in ctx.live_brokers if ctx.is_live(b)}
+        choice = elections.reassignment_leader(oar, isr, live)
+        if choice is None:
+            raise EligibleLeadersNotAvailable(f"cannot cancel: no live in-sync replica among {list(oar)}")
+        leader = choice[0]
+    new_state = state.next(leader=leader, isr=isr or (leader,), controller_epoch=ctx.epoch)
+    result.writes.append(StateWrite(tp, new_state, state.partition_epoch))
+    result.rpcs.add_leader_and_isr([r for r in oar if ctx.is_live(r)], tp)
+    for r in adding:
+        if r in ctx.live_brokers:
+            result.rpcs.stop_replica.setdefault(r, {})[tp] = True
+    log.info("cancelled the reassignment of %s-%d back to %s", *tp, list(oar))
+    return _with_assignment(topic, tp[1], oar, (), ())
+
+
+def on_reassignment_progress(ctx: ControllerContext) -> ControllerResult:
+    """Finish reassignments whose target replicas are all in the ISR.
+
+    Leader moved into RAR if needed, OAR-RAR out of the ISR and deleted,
+    AR := RAR last — so a controller that dies between steps leaves a state
+    from which the next one finishes the same walk.
+    """
+    result = ControllerResult()
+    live = {b for b in ctx.live_brokers if ctx.is_live(b)}
+    topics: dict[str, TopicInfo] = {}
+    for tp in ongoing_reassignments(ctx):
+        topic = topics.get(tp[0]) or ctx.topics[tp[0]]
+        state = ctx.states.get(tp)
+        if state is None:
+            continue
+        rar = target_replicas(topic, tp[1])
+        if not all(r in state.isr for r in rar):
+            continue
+        leader = state.leader
+        if leader not in rar or leader not in live:
+            choice = elections.reassignment_leader(rar, state.isr, live)
+            if choice is None:
+                continue
+            leader = choice[0]
+        removing = topic.removing_replicas.get(tp[1], ())
+        new_isr = tuple(r for r in state.isr if r in rar)
+        new_state = state.next(leader=leader, isr=new_isr, controller_epoch=ctx.epoch)
+        result.writes.append(StateWrite(tp, new_state, state.partition_epoch))
+        result.rpcs.add_leader_and_isr([r for r in rar if r in live], tp)
+        for r in removing:
+            if r in ctx.live_brokers:
+                result.rpcs.stop_replica.setdefault(r, {})[tp] = True
+        topics[tp[0]] = _with_assignment(topic, tp[1], rar, (), ())
+        log.info("reassignment of %s-%d done: replicas %s, leader %d", *tp, list(rar), leader)
+    for topic in topics.values():
+        result.writes.append(TopicWrite(topic, create=False))
+    return result
+
+
+def list_reassignments(ctx: ControllerContext, req: common_pb2.ListPartitionReassignmentsRequest
+                       ) -> common_pb2.ListPartitionReassignmentsResponse:
+    wanted = {(p.topic, p.partition) for p in req.partitions}
+    out = []
+    for tp in ongoing_reassignments(ctx):
+        if wanted and tp not in wanted:
+            continue
+        topic = ctx.topics[tp[0]]
+        out.append(common_pb2.OngoingReassignment(
+            topic=tp[0], partition=tp[1], replicas=list(topic.assignment[tp[1]]),
+            adding_replicas=list(topic.adding_replicas.get(tp[1], ())),
+            removing_replicas=list(topic.removing_replicas.get(tp[1], ()))))
+    return common_pb2.ListPartitionReassignmentsResponse(reassignments=out)
+
+
+# ---- automatic leader rebalance ------------------------------------------------------------------
+
+def on_auto_leader_rebalance(ctx: ControllerContext, imbalance_percentage_max: int) -> ControllerResult:
+    """Preferred elections for brokers whose share of non-preferred leadership passes the threshold."""
+    result = ControllerResult()
+    live = {b for b in ctx.live_brokers if ctx.is_live(b)}
+    by_preferred: dict[int, list[TopicPartitionKey]] = {}
+    for tp in ctx.partitions():
+        if tp[0] in ctx.topics_to_delete or tp not in ctx.states:
+            continue
+        by_preferred.setdefault(ctx.replicas(tp)[0], []).append(tp)
+    for broker_id, tps in sorted(by_preferred.items()):
+        if broker_id not in live:
+            continue
+        not_led = [tp for tp in tps if ctx.states[tp].leader != broker_id]
+        if not tps or len(not_led) * 100 <= imbalance_percentage_max * len(tps):
+            continue
+        log.info("broker %d leads %d of its %d preferred partitions; rebalancing", broker_id,
+                 len(tps) - len(not_led), len(tps))
+        for tp in not_led:
+            state = ctx.states[tp]
+            choice = elections.preferred_replica_leader(ctx.replicas(tp), state.isr, live)
+            if choice is not None:
+                _change_state(ctx, result, tp, leader=choice[0], isr=choice[1])
+    return result
+
+
+# ---- replay -----------------------------------------------------------------------------------
+
 def apply_write(ctx: ControllerContext, write: Write) -> None:
     """Replay one committed write into the context (the only way handler writes change it)."""
     if isinstance(write, StateWrite):
@@ -530,8 +794,72 @@ def apply_write(ctx: ControllerContext, write: Write) -> None:
         topic = ctx.topics.get(write.topic)
         if topic is not None:
             topic.configs = dict(write.configs)
+    elif isinstance(write, DeletionMark):
+        ctx.topics_to_delete.add(write.topic)
     elif isinstance(write, TopicDelete):
+        ctx.replica_deletion = {k: v for k, v in ctx.replica_deletion.items() if k[0][0] != write.topic}
         ctx.topics.pop(write.topic, None)
         ctx.topics_to_delete.discard(write.topic)
         for tp in [tp for tp in ctx.states if tp[0] == write.topic]:
             del ctx.states[tp]
+
+
+# ---- requests written by hand under /admin ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class AdminKeyDelete:
+    """Remove a handled (or malformed) /admin request key."""
+
+    key: str
+
+
+def parse_admin_reassignment(raw: bytes) -> common_pb2.AlterPartitionReassignmentsRequest:
+    """Kafka's reassignment JSON: {"version": 1, "partitions": [{"topic", "partition", "replicas"}]}."""
+    try:
+        doc = json.loads(raw)
+        by_topic: dict[str, list[common_pb2.ReassignablePartition]] = {}
+        for item in doc["partitions"]:
+            replicas = [int(r) for r in item["replicas"]]
+            by_topic.setdefault(str(item["topic"]), []).append(
+                common_pb2.ReassignablePartition(partition=int(item["partition"]), replicas=replicas))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidRequest(f"malformed reassignment JSON ({exc}); expected "
+                             '{"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [1, 2]}]}'
+                             ) from exc
+    return common_pb2.AlterPartitionReassignmentsRequest(
+        topics=[common_pb2.ReassignableTopic(name=t, partitions=ps) for t, ps in by_topic.items()])
+
+
+def parse_admin_preferred_election(raw: bytes) -> common_pb2.ElectLeadersRequest:
+    """{"partitions": [{"topic": "t", "partition": 0}]} (an empty list: every partition)."""
+    try:
+        doc = json.loads(raw)
+        parts = [common_pb2.TopicPartition(topic=str(p["topic"]), partition=int(p["partition"]))
+                 for p in doc.get("partitions", [])]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InvalidRequest(f"malformed preferred election JSON ({exc}); expected "
+                             '{"partitions": [{"topic": "t", "partition": 0}]}') from exc
+    return common_pb2.ElectLeadersRequest(election_type=common_pb2.PREFERRED, partitions=parts)
+
+
+def on_admin_request(ctx: ControllerContext, kind: str, key: str, raw: bytes) -> ControllerResult:
+    """A request written by hand under /admin: run it, log its errors, remove the key."""
+    try:
+        if kind == "reassign":
+            result = on_alter_reassignments(ctx, parse_admin_reassignment(raw))
+        elif kind == "preferred":
+            result = on_elect_leaders(ctx, parse_admin_preferred_election(raw))
+        else:
+            raise InvalidRequest(f"unknown admin request {key}")
+        for p in getattr(result.response, "partitions", []):
+            if p.error_code:
+                log.error("admin request %s: %s-%d: %s %s", key, p.topic, p.partition,
+                          common_pb2.ErrorCode.Name(p.error_code), p.error_message)
+    except HighwaterError as exc:
+        log.error("admin request %s refused: %s", key, exc)
+        result = ControllerResult()
+    result.writes.append(AdminKeyDelete(key))
+    return result
+
+
+Write = StateWrite | TopicWrite | ConfigWrite | TopicDelete | DeletionMark | AdminKeyDelete

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -44,6 +44,9 @@ class ControllerConfig:
     etcd_prefix: str = "/highwater"
     lease_ttl_s: int = limits.LEASE_TTL_S
     delete_topic_enable: bool = True
+    auto_leader_rebalance_enable: bool = True
+    leader_imbalance_check_interval_s: float = 300.0
+    leader_imbalance_per_broker_percentage: int = 10
     ready_file: Any = None
 
 
@@ -86,10 +89,24 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
 
     async def DeleteTopics(self, request: common_pb2.DeleteTopicsRequest, context: grpc.aio.ServicerContext
                            ) -> common_pb2.DeleteTopicsResponse:
-        return await self._run("DeleteTopics", common_pb2.DeleteTopicsResponse,
-                               lambda lp: handlers.on_delete_topics(lp.ctx, list(request.names),
-                                                                    deletion_enabled=lp.delete_topic_enable),
-                               wait_rpcs=True)
+        """Start the deletion and wait (bounded) until every replica confirmed it, as Kafka's DeleteTopics."""
+        response = await self._run("DeleteTopics", common_pb2.DeleteTopicsResponse,
+                                   lambda lp: handlers.on_delete_topics(lp.ctx, list(request.names),
+                                                                        deletion_enabled=lp.delete_topic_enable),
+                                   wait_rpcs=True)
+        loop = self.active
+        wait_s = (request.timeout_ms or 30_000) / 1000
+        deadline = asyncio.get_running_loop().time() + wait_s
+        for answer in response.topics:
+            if answer.error_code != common_pb2.NONE or loop is None:
+                continue
+            while answer.name in loop.ctx.topics and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.02)
+            if answer.name in loop.ctx.topics:
+                answer.error_code = common_pb2.REQUEST_TIMED_OUT
+                answer.error_message = (f"deletion of {answer.name!r} started but not every replica confirmed "
+                                        f"within {wait_s:.0f} s (a broker is down?); it completes when they do")
+        return response
 
     async def CreatePartitions(self, request: common_pb2.CreatePartitionsRequest,
                                context: grpc.aio.ServicerContext) -> common_pb2.CreatePartitionsResponse:
@@ -115,18 +132,16 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
     async def AlterPartitionReassignments(self, request: common_pb2.AlterPartitionReassignmentsRequest,
                                           context: grpc.aio.ServicerContext
                                           ) -> common_pb2.AlterPartitionReassignmentsResponse:
-        if self.active is None:
-            return await self._not_controller(common_pb2.AlterPartitionReassignmentsResponse)
-        return common_pb2.AlterPartitionReassignmentsResponse(
-            error_code=common_pb2.INVALID_REQUEST,
-            error_message="partition reassignment is not implemented yet in this version")
+        return await self._run("AlterPartitionReassignments", common_pb2.AlterPartitionReassignmentsResponse,
+                               lambda lp: handlers.on_alter_reassignments(lp.ctx, request), wait_rpcs=True)
 
     async def ListPartitionReassignments(self, request: common_pb2.ListPartitionReassignmentsRequest,
                                          context: grpc.aio.ServicerContext
                                          ) -> common_pb2.ListPartitionReassignmentsResponse:
-        if self.active is None:
+        loop = self.active
+        if loop is None:
             return await self._not_controller(common_pb2.ListPartitionReassignmentsResponse)
-        return common_pb2.ListPartitionReassignmentsResponse()
+        return handlers.list_reassignments(loop.ctx, request)
 
     async def DescribeCluster(self, request: common_pb2.DescribeClusterRequest, context: grpc.aio.ServicerContext
                               ) -> common_pb2.DescribeClusterResponse:
@@ -178,8 +193,12 @@ async def serve(config: ControllerConfig) -> None:
         while True:
             epoch = await election.campaign()
             log.info("controller %d won the election at epoch %d", config.controller_id, epoch)
-            loop = ControllerEventLoop(store=store, controller_id=config.controller_id, epoch=epoch, peers=peers,
-                                       delete_topic_enable=config.delete_topic_enable)
+            loop = ControllerEventLoop(
+                store=store, controller_id=config.controller_id, epoch=epoch, peers=peers,
+                delete_topic_enable=config.delete_topic_enable,
+                auto_leader_rebalance=config.auto_leader_rebalance_enable,
+                leader_imbalance_check_interval_s=config.leader_imbalance_check_interval_s,
+                leader_imbalance_per_broker_percentage=config.leader_imbalance_per_broker_percentage)
             try:
                 await loop.start()
                 servicer.active = loop
@@ -216,5 +235,3 @@ async def serve(config: ControllerConfig) -> None:
 
     await runtime.run_until_stopped(on_stop)
 
-
-AdminCall = Callable[..., Awaitable[Any]]

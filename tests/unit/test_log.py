@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 from clients.records import decode_batches, encode_values
-from services.broker.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, FileStorage, Log, LogConfig, MemoryStorage
+from services.broker.log import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    FileStorage,
+    Log,
+    LogConfig,
+    MemoryStorage,
+)
 from services.broker.log.storage import Storage
 from services.common.errors import (
     CorruptMessage,
@@ -25,7 +32,7 @@ from services.common.errors import (
     OffsetOutOfRange,
     StorageError,
 )
-from services.common.record_batch import BASE_OFFSET_POS, validate_batches
+from services.common.record_batch import BASE_OFFSET_POS, assign_offsets, validate_batches
 
 SMALL = LogConfig(segment_bytes=2_000, index_interval_bytes=100, retention_ms=-1, max_message_bytes=1_500)
 
@@ -138,10 +145,7 @@ def test_follower_append_with_falling_epoch_is_refused(place: tuple[Storage, str
     follower = open_log(place)
     follower.append_as_follower(leader.read(0, max_bytes=10_000).records, now_ms=0)
     stale = bytearray(batch())
-    assign = validate_batches(stale, max_batch_bytes=None)
-    from services.common.record_batch import assign_offsets
-
-    assign_offsets(stale, assign, 3, leader_epoch=4)
+    assign_offsets(stale, validate_batches(stale, max_batch_bytes=None), 3, leader_epoch=4)
     with pytest.raises(InvariantViolation, match="epoch 4"):
         follower.append_as_follower(stale, now_ms=0)
 
@@ -665,3 +669,47 @@ def test_storage_engine_imports_no_io_framework_and_reads_no_clock() -> None:
                 names = [node.module]
             for name in names:
                 assert name.split(".")[0] not in forbidden, f"{path.name} imports {name}"
+
+
+# --- index search in files, recovery in pieces -----------------------------------------
+
+
+def test_lookups_in_a_large_inactive_index_search_the_file_in_pieces(place: tuple[Storage, str]) -> None:
+    config = LogConfig(index_interval_bytes=0, retention_ms=-1)
+    log = open_log(place, config)
+    for i in range(3_000):
+        log.append_as_leader(batch(1, timestamp_ms=10_000 + i), leader_epoch=0, now_ms=0)
+    log.roll(now_ms=0)  # the segment becomes inactive: its index is searched on disk
+    for offset in [0, 1, 511, 512, 513, 1_777, 2_998, 2_999]:
+        fetched = log.read(offset, max_bytes=1)
+        assert offsets(fetched.records) == [offset]
+    assert log.offset_for_timestamp(10_000 + 2_345) == (2_345, 10_000 + 2_345)
+    log.truncate_to(2_500)
+    assert read_all(log, 2_400) == list(range(2_400, 2_500))
+    assert log.offset_for_timestamp(10_000 + 2_499) == (2_499, 10_000 + 2_499)
+    assert log.offset_for_timestamp(10_000 + 2_500) is None
+
+
+def test_recovery_reads_in_pieces_and_keeps_batches_that_cross_piece_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.broker.log import segment as segment_module
+
+    monkeypatch.setattr(segment_module, "RECOVERY_CHUNK_BYTES", 300)
+    config = LogConfig(retention_ms=-1)
+    log = Log.open(tmp_path / "t-0", config, now_ms=0)
+    sizes = [1, 9, 2, 30, 1, 3, 40, 2]  # some batches are bigger than a piece
+    for count in sizes:
+        log.append_as_leader(batch(count, size=20), leader_epoch=0, now_ms=0)
+    total = sum(sizes)
+    log.abandon()
+    path = tmp_path / "t-0" / f"{0:020d}.log"
+    full = path.stat().st_size
+    recovered = Log.open(tmp_path / "t-0", config, now_ms=0)
+    assert recovered.log_end_offset == total and recovered.recovery_report.bytes_dropped == 0
+    assert read_all(recovered) == list(range(total))
+    recovered.abandon()
+    os.truncate(path, full - 5)
+    cut = Log.open(tmp_path / "t-0", config, now_ms=0)
+    assert cut.log_end_offset == total - sizes[-1]
+    assert cut.recovery_report.bytes_dropped == len(batch(sizes[-1], size=20)) - 5

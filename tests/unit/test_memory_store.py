@@ -524,3 +524,34 @@ async def test_election_fencing_over_memory_store() -> None:
     await second.resign()
     assert await current_controller(store) is None
 
+
+
+# --- the key layout the stores are used with ---------------------------------------------------
+
+
+def test_key_layout_and_parsers() -> None:
+    keys = Keys("/hw/")
+    assert keys.broker(3) == "/hw/brokers/ids/3" and keys.parse_broker_id("/hw/brokers/ids/3") == 3
+    assert keys.parse_gateway_id(keys.gateway(4)) == 4
+    assert (keys.controller, keys.controller_epoch) == ("/hw/controller", "/hw/controller_epoch")
+    assert keys.partition_state("t", 2) == "/hw/brokers/topics/t/partitions/2/state"
+    assert keys.classify_topic_key(keys.topic("t")) == ("topic", "t")
+    assert keys.classify_topic_key(keys.partition_state("t", 2)) == ("partition_state", "t", 2)
+    assert keys.classify_topic_key(keys.topic_partitions_prefix("t") + "x/state") is None
+    assert keys.classify_topic_key(keys.broker(1)) is None
+    assert keys.consumer_offset("g", "t", 0) == "/hw/consumers/g/offsets/t/0"
+    assert keys.parse_consumer_offset(keys.consumer_offset("g", "t", 0)) == ("g", "t", 0)
+    assert keys.consumer_offset("g", "t", 0).startswith(keys.consumer_group_prefix("g"))
+    assert not keys.consumer_offset("g2", "t", 0).startswith(keys.consumer_group_prefix("g"))
+    assert keys.parse_topic_name(keys.delete_topic("t"), keys.delete_topics_prefix) == "t"
+    assert keys.topic_config("t") == "/hw/config/topics/t" and keys.producer_id_block == "/hw/producer_id_block"
+    for bad in ("/hw/brokers/ids/", "/hw/brokers/ids/x", "/hw/brokers/ids/1/2", "/other/brokers/ids/1"):
+        with pytest.raises(ValueError):
+            keys.parse_broker_id(bad)
+    for bad_name in ("", "a/b"):
+        with pytest.raises(ValueError):
+            keys.topic(bad_name)
+    with pytest.raises(ValueError):
+        keys.broker(-1)
+    with pytest.raises(ValueError):
+        Keys("highwater")

@@ -28,7 +28,7 @@ import bisect
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.errors import OffsetOutOfRange, StorageError, check
@@ -38,6 +38,7 @@ from services.common.record_batch import (
     assign_offsets,
     iter_batch_headers,
     validate_batches,
+    with_assigned_offset,
 )
 
 from . import checkpoints
@@ -363,7 +364,7 @@ class Log:
         assigned: list[BatchHeader] = []
         offset = first_offset
         for header in headers:
-            assigned.append(replace(header, base_offset=offset, partition_leader_epoch=leader_epoch))
+            assigned.append(with_assigned_offset(header, offset, leader_epoch))
             offset += header.last_offset_delta + 1
         check(offset == next_offset, "assign_offsets ended at %d, headers at %d", next_offset, offset)
         if latest_epoch != leader_epoch:
@@ -530,6 +531,22 @@ class Log:
             records = chunk if cut == len(chunk) else chunk[:cut]
             return FetchInfo(records, first.base_offset, next_offset, log_start, leo)
         return empty
+
+    def locate(self, offset: int) -> tuple[int, int, int] | None:
+        """(segment base offset, byte position, batch base offset) of the batch holding `offset`.
+
+        The index lookup plus short scan that a read starts with; None outside the log.
+        For tools and benchmarks.
+        """
+        if not self._log_start_offset <= offset < self.log_end_offset:
+            return None
+        index = bisect.bisect_right(self._base_offsets, offset) - 1
+        while 0 <= index < len(self._segments):
+            header = self._segments[index].find_batch(offset)
+            if header is not None:
+                return self._base_offsets[index], header.position, header.base_offset
+            index += 1
+        return None
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, max timestamp) of the first batch with max_timestamp >= timestamp_ms, else None.

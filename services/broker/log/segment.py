@@ -220,6 +220,12 @@ class LogSegment:
         if offset >= self.next_offset:
             return None
         _, position = self.offset_index.lookup(max(0, offset - self.base_offset))
+        # Most lookups land on the very batch (big batches get an entry each): try its header alone.
+        probe = self.log.read_at(position, BATCH_HEADER_SIZE)
+        if len(probe) == BATCH_HEADER_SIZE:
+            header = parse_header(probe, 0, position_base=position)
+            if header.batch_length >= MIN_BATCH_LENGTH and header.next_offset > offset:
+                return header
         for header in self.iter_headers(position):
             if header.next_offset > offset:
                 return header

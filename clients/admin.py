@@ -1,0 +1,445 @@
+"""Admin clients: `AsyncAdmin` (asyncio) and `Admin` (synchronous) — topics, partitions,
+reassignments, leader elections, the cluster and consumer groups.
+
+Every call goes to a gateway, which passes admin calls to the active controller
+(DESIGN.md section 3). A per-topic or per-partition error in the answer is raised
+as its typed HighwaterError carrying the server's message; for a call about
+several topics the first error is raised after the whole answer was read.
+NOT_CONTROLLER (a controller election in progress) is retried within
+request_timeout_ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from clients.config import (
+    DEFAULT_BOOTSTRAP,
+    ConnectionConfig,
+    build_config,
+    check_int,
+    check_topic_name,
+)
+from clients.connection import GatewayConnection
+from clients.consumer import EARLIEST, LATEST, check_partitions
+from clients.errors import HighwaterError, InvalidArgument, error_for_code
+from clients.loop_thread import LoopThread
+from clients.metadata import now_ms
+from clients.types import (
+    ClusterDescription,
+    GroupPartitionOffset,
+    NewTopic,
+    NodeDescription,
+    OngoingReassignment,
+    PartitionDescription,
+    TopicCreated,
+    TopicDescription,
+    TopicPartition,
+)
+from protos.highwater.v1 import common_pb2, gateway_pb2
+
+ELECTION_TYPES = {"preferred": common_pb2.PREFERRED, "unclean": common_pb2.UNCLEAN}
+
+# TopicConfig fields under the Kafka config names people know them by.
+TOPIC_CONFIG_NAMES = {
+    "min_insync_replicas": "min.insync.replicas",
+    "unclean_leader_election_enable": "unclean.leader.election.enable",
+    "retention_ms": "retention.ms",
+    "retention_bytes": "retention.bytes",
+    "segment_bytes": "segment.bytes",
+    "segment_ms": "segment.ms",
+    "max_message_bytes": "max.message.bytes",
+}
+
+
+def topic_config_dict(config: common_pb2.TopicConfig) -> dict[str, int | bool]:
+    return {kafka_name: getattr(config, field) for field, kafka_name in TOPIC_CONFIG_NAMES.items()}
+
+
+def _raise_first(errors: list[HighwaterError]) -> None:
+    if errors:
+        raise errors[0]
+
+
+def _check_replicas(what: str, replicas: object) -> list[int]:
+    if isinstance(replicas, (str, bytes)) or not isinstance(replicas, Iterable):
+        raise InvalidArgument(f"{what}: replicas must be a list of broker ids, got {replicas!r}")
+    checked = [check_int(f"{what} replica", r, minimum=0) for r in replicas]
+    if len(set(checked)) != len(checked):
+        raise InvalidArgument(f"{what}: replica list {checked} names a broker twice")
+    return checked
+
+
+class AsyncAdmin:
+    """asyncio admin client. `async with AsyncAdmin("127.0.0.1:9092") as admin:`."""
+
+    def __init__(self, bootstrap: str | list[str] = DEFAULT_BOOTSTRAP, **settings: Any) -> None:
+        self.config: ConnectionConfig = build_config(ConnectionConfig, bootstrap, settings)
+        self._connection: GatewayConnection | None = None
+
+    def _conn(self) -> GatewayConnection:
+        if self._connection is None:
+            self._connection = GatewayConnection(
+                self.config.bootstrap,
+                request_timeout_ms=self.config.request_timeout_ms,
+                connect_timeout_ms=self.config.connect_timeout_ms,
+                retry_backoff_ms=self.config.retry_backoff_ms,
+            )
+        return self._connection
+
+    async def _call(self, method: str, request: Any) -> Any:
+        """Call and check the whole-request error, retrying NOT_CONTROLLER within the timeout."""
+        deadline = now_ms() + self.config.request_timeout_ms
+        attempts = 0
+        while True:
+            response = await self._conn().call(method, request)
+            code = getattr(response, "error_code", common_pb2.NONE)
+            if code == common_pb2.NONE:
+                return response
+            error = error_for_code(code, getattr(response, "error_message", "") or method)
+            attempts += 1
+            if not error.retriable or now_ms() >= deadline:
+                raise error
+            pause_ms = min(self.config.retry_backoff_max_ms, self.config.retry_backoff_ms * attempts)
+            await asyncio.sleep(pause_ms / 1000)
+
+    # --- topics -------------------------------------------------------------------
+
+    async def create_topics(
+        self,
+        topics: str | NewTopic | Sequence[NewTopic],
+        partitions: int = -1,
+        replication_factor: int = -1,
+        configs: Mapping[str, str] | None = None,
+        *,
+        validate_only: bool = False,
+    ) -> list[TopicCreated]:
+        """Create one topic (name, partitions, replication_factor, configs) or several NewTopics.
+
+        -1 takes the cluster default. Raises TopicAlreadyExists, InvalidReplicationFactor,
+        InvalidPartitions, InvalidConfig, ... with the controller's message.
+        """
+        if isinstance(topics, str):
+            wanted = [NewTopic(topics, partitions, replication_factor, dict(configs or {}))]
+        elif isinstance(topics, NewTopic):
+            wanted = [topics]
+        else:
+            wanted = list(topics)
+        if not wanted:
+            raise InvalidArgument("create_topics() needs at least one topic")
+        creatable = []
+        for topic in wanted:
+            if not isinstance(topic, NewTopic):
+                raise InvalidArgument(f"create_topics() takes a name or NewTopic objects, got {topic!r}")
+            check_topic_name(topic.name)
+            if topic.num_partitions != -1:
+                check_int("partitions", topic.num_partitions, minimum=1)
+            if topic.replication_factor != -1:
+                check_int("replication_factor", topic.replication_factor, minimum=1)
+            for key, value in topic.configs.items():
+                if not isinstance(key, str) or not key or not isinstance(value, str):
+                    raise InvalidArgument(f"topic config {key!r}={value!r}: names and values must be str")
+            assignments = {
+                check_int("partition", p, minimum=0): common_pb2.ReplicaList(
+                    replicas=_check_replicas(f"partition {p}", replicas))
+                for p, replicas in topic.assignments.items()
+            }
+            creatable.append(common_pb2.CreatableTopic(
+                name=topic.name, num_partitions=topic.num_partitions, replication_factor=topic.replication_factor,
+                assignments=assignments, configs=dict(topic.configs),
+            ))
+        response = await self._call("CreateTopics", common_pb2.CreateTopicsRequest(
+            topics=creatable, timeout_ms=self.config.request_timeout_ms, validate_only=validate_only))
+        created, errors = [], []
+        for result in response.topics:
+            if result.error_code != common_pb2.NONE:
+                errors.append(error_for_code(result.error_code, result.error_message or f"topic {result.name!r}"))
+            else:
+                created.append(TopicCreated(result.name, result.topic_id, result.num_partitions,
+                                            result.replication_factor))
+        _raise_first(errors)
+        return created
+
+    async def delete_topics(self, names: str | Iterable[str]) -> list[str]:
+        """Delete topics (their data on every replica too); returns the names deleted."""
+        wanted = [check_topic_name(n) for n in ([names] if isinstance(names, str) else names)]
+        if not wanted:
+            raise InvalidArgument("delete_topics() needs at least one topic")
+        response = await self._call("DeleteTopics", common_pb2.DeleteTopicsRequest(
+            names=wanted, timeout_ms=self.config.request_timeout_ms))
+        errors = [error_for_code(r.error_code, r.error_message or f"topic {r.name!r}")
+                  for r in response.topics if r.error_code != common_pb2.NONE]
+        _raise_first(errors)
+        return [r.name for r in response.topics]
+
+    async def _metadata(self, names: list[str]) -> common_pb2.MetadataResponse:
+        return await self._conn().call("Metadata", common_pb2.MetadataRequest(topics=names))
+
+    async def list_topics(self) -> list[str]:
+        """Names of every topic, sorted."""
+        response = await self._metadata([])
+        return sorted(t.name for t in response.topics if t.error_code == common_pb2.NONE)
+
+    async def describe_topics(self, names: str | Iterable[str] | None = None) -> list[TopicDescription]:
+        """Partitions of each topic (default: all) with leader, leader epoch, replicas and ISR."""
+        wanted = [] if names is None else [check_topic_name(n) for n in ([names] if isinstance(names, str) else names)]
+        response = await self._metadata(wanted)
+        descriptions, errors = [], []
+        answered = set()
+        for topic in response.topics:
+            answered.add(topic.name)
+            if topic.error_code != common_pb2.NONE:
+                errors.append(error_for_code(topic.error_code, topic.error_message or f"topic {topic.name!r}"))
+                continue
+            partitions = tuple(
+                PartitionDescription(p.partition, p.leader, p.leader_epoch, tuple(p.replicas), tuple(p.isr),
+                                     tuple(p.offline_replicas))
+                for p in sorted(topic.partitions, key=lambda p: p.partition)
+            )
+            descriptions.append(TopicDescription(topic.name, topic.topic_id, partitions,
+                                                 topic_config_dict(topic.config)))
+        for name in wanted:
+            if name not in answered:
+                errors.append(error_for_code(common_pb2.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"))
+        _raise_first(errors)
+        return sorted(descriptions, key=lambda d: d.name)
+
+    async def create_partitions(self, topics: str | Mapping[str, int], total_count: int | None = None,
+                                assignments: Sequence[Sequence[int]] | None = None) -> None:
+        """Grow a topic to `total_count` partitions (or {topic: total_count} for several).
+
+        `assignments` optionally gives the replicas of each new partition.
+        """
+        if isinstance(topics, str):
+            if total_count is None:
+                raise InvalidArgument("create_partitions(topic, total_count): total_count is missing")
+            wanted = {topics: total_count}
+        else:
+            wanted = dict(topics)
+        request_topics = []
+        for name, count in wanted.items():
+            check_topic_name(name)
+            check_int(f"partition count of {name!r}", count, minimum=1)
+            replica_lists = [common_pb2.ReplicaList(replicas=_check_replicas(f"new partition {i}", r))
+                             for i, r in enumerate(assignments or [])]
+            request_topics.append(common_pb2.CreatePartitionsTopic(name=name, count=count, assignments=replica_lists))
+        response = await self._call("CreatePartitions", common_pb2.CreatePartitionsRequest(
+            topics=request_topics, timeout_ms=self.config.request_timeout_ms))
+        _raise_first([error_for_code(r.error_code, r.error_message or f"topic {r.name!r}")
+                      for r in response.topics if r.error_code != common_pb2.NONE])
+
+    # --- partitions -----------------------------------------------------------------
+
+    async def alter_partition_reassignments(
+        self, reassignments: Mapping[TopicPartition, Sequence[int] | None]
+    ) -> None:
+        """Move partitions to new replica lists; None for a partition cancels its reassignment."""
+        by_topic: dict[str, list[common_pb2.ReassignablePartition]] = {}
+        for tp in check_partitions(reassignments, "reassignments"):
+            target = reassignments[tp]
+            if target is None:
+                part = common_pb2.ReassignablePartition(partition=tp.partition, cancel=True)
+            else:
+                replicas = _check_replicas(str(tp), target)
+                if not replicas:
+                    raise InvalidArgument(f"{tp}: a reassignment needs at least one replica (None cancels)")
+                part = common_pb2.ReassignablePartition(partition=tp.partition, replicas=replicas)
+            by_topic.setdefault(tp.topic, []).append(part)
+        if not by_topic:
+            raise InvalidArgument("alter_partition_reassignments() needs at least one partition")
+        response = await self._call("AlterPartitionReassignments", common_pb2.AlterPartitionReassignmentsRequest(
+            topics=[common_pb2.ReassignableTopic(name=t, partitions=p) for t, p in by_topic.items()],
+            timeout_ms=self.config.request_timeout_ms))
+        _raise_first([error_for_code(r.error_code, r.error_message or f"{r.topic}-{r.partition}")
+                      for r in response.partitions if r.error_code != common_pb2.NONE])
+
+    async def list_partition_reassignments(
+        self, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, OngoingReassignment]:
+        """Reassignments in progress (of these partitions, default all)."""
+        tps = [] if partitions is None else check_partitions(partitions)
+        response = await self._call("ListPartitionReassignments", common_pb2.ListPartitionReassignmentsRequest(
+            partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in tps]))
+        return {
+            TopicPartition(r.topic, r.partition): OngoingReassignment(
+                r.topic, r.partition, tuple(r.replicas), tuple(r.adding_replicas), tuple(r.removing_replicas))
+            for r in response.reassignments
+        }
+
+    async def elect_leaders(self, election_type: str = "preferred",
+                            partitions: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, str]:
+        """Elect leaders ("preferred": the first replica; "unclean": any live replica, may lose data)
+        for these partitions (default all). Returns {tp: "elected" | "not needed"}."""
+        if election_type not in ELECTION_TYPES:
+            raise InvalidArgument(f"election_type must be 'preferred' or 'unclean', got {election_type!r}")
+        tps = [] if partitions is None else check_partitions(partitions)
+        response = await self._call("ElectLeaders", common_pb2.ElectLeadersRequest(
+            election_type=ELECTION_TYPES[election_type],
+            partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in tps],
+            timeout_ms=self.config.request_timeout_ms))
+        outcome: dict[TopicPartition, str] = {}
+        errors = []
+        for r in response.partitions:
+            tp = TopicPartition(r.topic, r.partition)
+            if r.error_code == common_pb2.NONE:
+                outcome[tp] = "elected"
+            elif r.error_code == common_pb2.ELECTION_NOT_NEEDED:
+                outcome[tp] = "not needed"
+            else:
+                errors.append(error_for_code(r.error_code, r.error_message or str(tp)))
+        _raise_first(errors)
+        return outcome
+
+    # --- cluster --------------------------------------------------------------------
+
+    async def describe_cluster(self) -> ClusterDescription:
+        """Cluster id, the active controller, live brokers and gateways."""
+        r = await self._call("DescribeCluster", common_pb2.DescribeClusterRequest())
+        controller_address = f"{r.controller_host}:{r.controller_port}" if r.controller_host else ""
+        return ClusterDescription(
+            cluster_id=r.cluster_id,
+            controller_id=r.controller_id,
+            controller_epoch=r.controller_epoch,
+            controller_address=controller_address,
+            brokers=tuple(sorted((NodeDescription(b.broker_id, b.host, b.port, b.rack) for b in r.brokers),
+                                 key=lambda n: n.node_id)),
+            gateways=tuple(sorted((NodeDescription(g.gateway_id, g.host, g.port) for g in r.gateways),
+                                  key=lambda n: n.node_id)),
+        )
+
+    # --- offsets and groups -----------------------------------------------------------
+
+    async def list_offsets(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """ListOffsets: -2 earliest, -1 latest (HW), else the first offset at or after a timestamp."""
+        by_topic: dict[str, list[common_pb2.ListOffsetsPartition]] = {}
+        for tp in check_partitions(timestamps):
+            ts = check_int(f"timestamp for {tp}", timestamps[tp], minimum=EARLIEST)
+            by_topic.setdefault(tp.topic, []).append(
+                common_pb2.ListOffsetsPartition(partition=tp.partition, timestamp=ts, current_leader_epoch=-1))
+        response = await self._conn().call("ListOffsets", common_pb2.ListOffsetsRequest(
+            replica_id=-1, topics=[common_pb2.ListOffsetsTopic(topic=t, partitions=p) for t, p in by_topic.items()]))
+        result, errors = {}, []
+        for topic in response.topics:
+            for p in topic.partitions:
+                tp = TopicPartition(topic.topic, p.partition)
+                if p.error_code != common_pb2.NONE:
+                    errors.append(error_for_code(p.error_code, p.error_message or f"ListOffsets for {tp}"))
+                else:
+                    result[tp] = p.offset
+        _raise_first(errors)
+        return result
+
+    async def list_group_offsets(self, group_id: str,
+                                 partitions: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, int]:
+        """The group's committed offsets (next offset to read) for these partitions, default all."""
+        if not isinstance(group_id, str) or not group_id:
+            raise InvalidArgument(f"group id must be a non-empty str, got {group_id!r}")
+        tps = [] if partitions is None else check_partitions(partitions)
+        response = await self._call("FetchCommittedOffsets", gateway_pb2.FetchCommittedOffsetsRequest(
+            group_id=group_id,
+            partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in tps]))
+        return {TopicPartition(o.topic, o.partition): o.offset for o in response.offsets}
+
+    async def describe_group(self, group_id: str) -> list[GroupPartitionOffset]:
+        """Committed offset, end offset (HW) and lag of every partition the group committed."""
+        committed = await self.list_group_offsets(group_id)
+        if not committed:
+            return []
+        ends = await self.list_offsets(dict.fromkeys(committed, LATEST))
+        rows = []
+        for tp in sorted(committed):
+            offset = committed[tp]
+            end = ends.get(tp, -1)
+            lag = max(0, end - offset) if offset >= 0 and end >= 0 else None
+            rows.append(GroupPartitionOffset(tp.topic, tp.partition, offset, end, lag))
+        return rows
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.close()
+            self._connection = None
+
+    async def __aenter__(self) -> AsyncAdmin:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+class Admin:
+    """Synchronous admin client: an AsyncAdmin on a private event-loop thread.
+
+    Example::
+
+        with Admin("127.0.0.1:9092") as admin:
+            admin.create_topics("orders", partitions=6, replication_factor=3)
+            for partition in admin.describe_topics("orders")[0].partitions:
+                print(partition.partition, partition.leader, partition.isr)
+    """
+
+    def __init__(self, bootstrap: str | list[str] = DEFAULT_BOOTSTRAP, **settings: Any) -> None:
+        self._async = AsyncAdmin(bootstrap, **settings)
+        self.config = self._async.config
+        self._thread = LoopThread("highwater-admin")
+
+    def _run(self, coro: Any, what: str) -> Any:
+        return self._thread.run(coro, None, what)
+
+    def create_topics(self, topics: str | NewTopic | Sequence[NewTopic], partitions: int = -1,
+                      replication_factor: int = -1, configs: Mapping[str, str] | None = None, *,
+                      validate_only: bool = False) -> list[TopicCreated]:
+        return self._run(self._async.create_topics(topics, partitions, replication_factor, configs,
+                                                   validate_only=validate_only), "create_topics()")
+
+    def delete_topics(self, names: str | Iterable[str]) -> list[str]:
+        return self._run(self._async.delete_topics(names), "delete_topics()")
+
+    def list_topics(self) -> list[str]:
+        return self._run(self._async.list_topics(), "list_topics()")
+
+    def describe_topics(self, names: str | Iterable[str] | None = None) -> list[TopicDescription]:
+        return self._run(self._async.describe_topics(names), "describe_topics()")
+
+    def create_partitions(self, topics: str | Mapping[str, int], total_count: int | None = None,
+                          assignments: Sequence[Sequence[int]] | None = None) -> None:
+        self._run(self._async.create_partitions(topics, total_count, assignments), "create_partitions()")
+
+    def alter_partition_reassignments(self, reassignments: Mapping[TopicPartition, Sequence[int] | None]) -> None:
+        self._run(self._async.alter_partition_reassignments(reassignments), "alter_partition_reassignments()")
+
+    def list_partition_reassignments(
+        self, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, OngoingReassignment]:
+        return self._run(self._async.list_partition_reassignments(partitions),
+                         "list_partition_reassignments()")
+
+    def elect_leaders(self, election_type: str = "preferred",
+                      partitions: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, str]:
+        return self._run(self._async.elect_leaders(election_type, partitions), "elect_leaders()")
+
+    def describe_cluster(self) -> ClusterDescription:
+        return self._run(self._async.describe_cluster(), "describe_cluster()")
+
+    def list_offsets(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        return self._run(self._async.list_offsets(timestamps), "list_offsets()")
+
+    def list_group_offsets(self, group_id: str,
+                           partitions: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, int]:
+        return self._run(self._async.list_group_offsets(group_id, partitions), "list_group_offsets()")
+
+    def describe_group(self, group_id: str) -> list[GroupPartitionOffset]:
+        return self._run(self._async.describe_group(group_id), "describe_group()")
+
+    def close(self) -> None:
+        try:
+            self._run(self._async.close(), "close()")
+        finally:
+            self._thread.stop()
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

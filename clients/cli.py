@@ -1,0 +1,765 @@
+"""`highwater`: the command line, modelled on Kafka's tools (kafka-topics, kafka-console-producer,
+kafka-console-consumer, kafka-reassign-partitions, kafka-leader-election, kafka-consumer-groups).
+
+Every command talks to a gateway (--bootstrap, env HIGHWATER_BOOTSTRAP) through
+the sync clients. Output is a table for people or JSON for scripts (--output).
+
+Errors: an operating error (HighwaterError) prints one red line
+"error: CODE: message" and a hint, and exits 1; usage errors exit 2 as click
+does. A Python traceback means a bug, never a cluster condition.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from clients.admin import Admin
+from clients.config import DEFAULT_BOOTSTRAP
+from clients.consumer import Consumer
+from clients.errors import GatewayUnavailable, HighwaterError, InvalidArgument
+from clients.producer import Producer
+from clients.types import TopicPartition
+from services.common import errors as wire_errors
+
+# Produce runs at least this long get a progress bar (when stderr is a terminal).
+PROGRESS_MIN_RECORDS = 10_000
+# Produce runs up to this many records print each record's partition and offset.
+ECHO_OFFSETS_MAX_RECORDS = 10
+# How long to look for a gateway before GATEWAY_UNAVAILABLE, at most.
+CLI_CONNECT_TIMEOUT_MS_MAX = 5_000
+
+HINTS: list[tuple[type[HighwaterError], str]] = [
+    (GatewayUnavailable, "is a gateway running there? start one with `highwater cluster up`, or pass "
+                         "--bootstrap HOST:PORT (env HIGHWATER_BOOTSTRAP)"),
+    (InvalidArgument, "see `highwater COMMAND --help`"),
+    (wire_errors.UnknownTopicOrPartition, "list topics with `highwater topic list`"),
+    (wire_errors.TopicAlreadyExists, "see it with `highwater topic describe NAME`"),
+    (wire_errors.InvalidReplicationFactor, "the replication factor cannot exceed the live brokers "
+                                           "(`highwater cluster describe`)"),
+    (wire_errors.InvalidPartitions, "a topic's partition count can only grow"),
+    (wire_errors.NotEnoughReplicas, "fewer in-sync replicas than min.insync.replicas: "
+                                    "see `highwater topic describe NAME`"),
+    (wire_errors.RequestTimedOut, "raise --timeout-ms, or check the cluster with `highwater cluster describe`"),
+    (wire_errors.NotController, "a controller election is in progress: retry in a few seconds"),
+    (wire_errors.LeaderNotAvailable, "a leader election is in progress: retry in a few seconds"),
+    (wire_errors.MessageTooLarge, "records and batches are limited by max.message.bytes (1 MiB by default)"),
+]
+
+
+def hint_for(error: HighwaterError) -> str:
+    for cls, hint in HINTS:
+        if isinstance(error, cls):
+            return hint
+    if error.retriable:
+        return "the condition may be temporary: retry in a few seconds"
+    return "see `highwater cluster describe` and `highwater topic describe` for the cluster's state"
+
+
+class OperatingError(click.ClickException):
+    """A HighwaterError on its way out of the CLI: one red line and a hint, exit code 1."""
+
+    exit_code = 1
+
+    def __init__(self, error: HighwaterError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+    def show(self, file: Any = None) -> None:
+        console = Console(stderr=True, highlight=False, soft_wrap=True)
+        one_line = " ".join(str(self.error).split())
+        console.print(f"[bold red]error:[/bold red] [red]{escape(one_line)}[/red]")
+        console.print(f"[dim]hint: {escape(hint_for(self.error))}[/dim]")
+
+
+class HighwaterGroup(click.Group):
+    """The root group: turns operating errors from any command into OperatingError."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except HighwaterError as error:
+            raise OperatingError(error) from None
+
+
+@dataclass
+class CliContext:
+    bootstrap: str
+    output: str
+    timeout_ms: int
+
+    @property
+    def json(self) -> bool:
+        return self.output == "json"
+
+    def client_settings(self) -> dict[str, int]:
+        return {
+            "request_timeout_ms": self.timeout_ms,
+            "connect_timeout_ms": min(self.timeout_ms, CLI_CONNECT_TIMEOUT_MS_MAX),
+        }
+
+    def admin(self) -> Admin:
+        return Admin(self.bootstrap, **self.client_settings())
+
+
+def out() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def parse_key_values(pairs: tuple[str, ...], what: str) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint=what)
+        result[key] = value
+    return result
+
+
+def parse_topic_partition(text: str, what: str = "TOPIC:PARTITION") -> TopicPartition:
+    topic, sep, partition = text.rpartition(":")
+    if not sep or not topic or not partition.isdigit():
+        raise click.BadParameter(f"{text!r} is not TOPIC:PARTITION (e.g. orders:0)", param_hint=what)
+    return TopicPartition(topic, int(partition))
+
+
+def parse_replicas(text: str, what: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise click.BadParameter(f"{text!r} is not a list of broker ids like 1,2,3", param_hint=what)
+    return [int(p) for p in parts]
+
+
+def ids(values: Any) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def text_of(data: bytes | None) -> str | None:
+    return None if data is None else data.decode("utf-8", errors="backslashreplace")
+
+
+# --- the root -----------------------------------------------------------------------
+
+@click.group(cls=HighwaterGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--bootstrap", "-b", envvar="HIGHWATER_BOOTSTRAP", default=DEFAULT_BOOTSTRAP, show_default=True,
+              metavar="HOST:PORT[,HOST:PORT]", help="Gateway addresses (env HIGHWATER_BOOTSTRAP); failover in order.")
+@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="Tables for people, JSON for scripts.")
+@click.option("--timeout-ms", type=click.IntRange(100, 600_000), default=30_000, show_default=True,
+              help="Timeout of each request to the cluster.")
+@click.version_option(package_name="highwater", prog_name="highwater")
+@click.pass_context
+def cli(ctx: click.Context, bootstrap: str, output: str, timeout_ms: int) -> None:
+    """Highwater: a replicated, partitioned commit log with Kafka's design.
+
+    \b
+    Examples:
+      highwater cluster up                      # etcd + controller + 3 brokers + gateway
+      highwater topic create orders -p 6 -r 3
+      seq 10 | highwater produce orders
+      highwater consume orders --from-beginning --max-records 10
+    """
+    ctx.obj = CliContext(bootstrap=bootstrap, output=output, timeout_ms=timeout_ms)
+
+
+pass_cli = click.make_pass_decorator(CliContext)
+
+
+# --- topic --------------------------------------------------------------------------------
+
+@cli.group()
+def topic() -> None:
+    """Create, list, describe, grow and delete topics.
+
+    \b
+    Example:
+      highwater topic create orders --partitions 6 --replication-factor 3
+    """
+
+
+@topic.command("create")
+@click.argument("name")
+@click.option("--partitions", "-p", type=click.IntRange(min=1), default=None,
+              help="Number of partitions [default: the cluster's].")
+@click.option("--replication-factor", "-r", type=click.IntRange(min=1), default=None,
+              help="Replicas per partition [default: the cluster's].")
+@click.option("--config", "-c", "configs", multiple=True, metavar="KEY=VALUE",
+              help="A topic config, e.g. min.insync.replicas=2 (repeatable).")
+@click.option("--if-not-exists", is_flag=True, help="Succeed quietly when the topic exists.")
+@pass_cli
+def topic_create(obj: CliContext, name: str, partitions: int | None, replication_factor: int | None,
+                 configs: tuple[str, ...], if_not_exists: bool) -> None:
+    """Create topic NAME.
+
+    \b
+    Example:
+      highwater topic create orders -p 6 -r 3 -c min.insync.replicas=2
+    """
+    config = parse_key_values(configs, "--config")
+    with obj.admin() as admin:
+        try:
+            created = admin.create_topics(name, partitions or -1, replication_factor or -1, config)
+        except wire_errors.TopicAlreadyExists:
+            if not if_not_exists:
+                raise
+            created = []
+    if obj.json:
+        print_json([{"name": c.name, "topic_id": c.topic_id, "partitions": c.num_partitions,
+                     "replication_factor": c.replication_factor} for c in created])
+        return
+    for c in created:
+        out().print(f"created topic [bold]{escape(c.name)}[/bold]: {c.num_partitions} partitions, "
+                    f"replication factor {c.replication_factor} (id {c.topic_id})")
+    if not created:
+        out().print(f"topic {escape(name)} already exists")
+
+
+@topic.command("list")
+@pass_cli
+def topic_list(obj: CliContext) -> None:
+    """List every topic's name.
+
+    \b
+    Example:
+      highwater topic list
+    """
+    with obj.admin() as admin:
+        names = admin.list_topics()
+    if obj.json:
+        print_json(names)
+        return
+    for name in names:
+        click.echo(name)
+
+
+@topic.command("describe")
+@click.argument("names", nargs=-1)
+@pass_cli
+def topic_describe(obj: CliContext, names: tuple[str, ...]) -> None:
+    """Show each partition's leader, leader epoch, replicas and ISR (default: every topic).
+
+    \b
+    Example:
+      highwater topic describe orders
+    """
+    with obj.admin() as admin:
+        descriptions = admin.describe_topics(list(names) if names else None)
+    if obj.json:
+        print_json([{
+            "name": d.name, "topic_id": d.topic_id, "config": d.config,
+            "partitions": [{"partition": p.partition, "leader": p.leader, "leader_epoch": p.leader_epoch,
+                            "replicas": list(p.replicas), "isr": list(p.isr),
+                            "offline_replicas": list(p.offline_replicas)} for p in d.partitions],
+        } for d in descriptions])
+        return
+    console = out()
+    for d in descriptions:
+        under = sum(1 for p in d.partitions if len(p.isr) < len(p.replicas))
+        title = f"{d.name}  ({len(d.partitions)} partitions, id {d.topic_id})"
+        table = Table(title=escape(title), title_justify="left")
+        for column in ("partition", "leader", "leader epoch", "replicas", "ISR", "offline"):
+            table.add_column(column, justify="right" if column in ("partition", "leader", "leader epoch") else "left")
+        for p in d.partitions:
+            leader = "[red]none[/red]" if p.leader < 0 else str(p.leader)
+            isr = ids(p.isr) if len(p.isr) >= len(p.replicas) else f"[yellow]{ids(p.isr)}[/yellow]"
+            table.add_row(str(p.partition), leader, str(p.leader_epoch), ids(p.replicas), isr,
+                          ids(p.offline_replicas))
+        console.print(table)
+        if under:
+            console.print(f"[yellow]{under} partition(s) under-replicated[/yellow]")
+
+
+@topic.command("delete")
+@click.argument("names", nargs=-1, required=True)
+@pass_cli
+def topic_delete(obj: CliContext, names: tuple[str, ...]) -> None:
+    """Delete topics and their data on every replica.
+
+    \b
+    Example:
+      highwater topic delete orders
+    """
+    with obj.admin() as admin:
+        deleted = admin.delete_topics(list(names))
+    if obj.json:
+        print_json(deleted)
+        return
+    for name in deleted:
+        out().print(f"deleted topic [bold]{escape(name)}[/bold]")
+
+
+@topic.command("add-partitions")
+@click.argument("name")
+@click.option("--partitions", "-p", "total", type=click.IntRange(min=1), required=True,
+              help="The new total number of partitions (it can only grow).")
+@pass_cli
+def topic_add_partitions(obj: CliContext, name: str, total: int) -> None:
+    """Grow topic NAME to --partitions partitions. Keys may map to other partitions afterwards.
+
+    \b
+    Example:
+      highwater topic add-partitions orders --partitions 12
+    """
+    with obj.admin() as admin:
+        admin.create_partitions(name, total)
+    if obj.json:
+        print_json({"name": name, "partitions": total})
+    else:
+        out().print(f"topic [bold]{escape(name)}[/bold] now has {total} partitions")
+
+
+# --- produce / consume -------------------------------------------------------------------------
+
+def _generated_values(value: str | None, size: int, count: int) -> Iterator[bytes]:
+    if value is not None:
+        fixed = value.encode()
+        for _ in range(count):
+            yield fixed
+        return
+    for i in range(count):
+        prefix = f"record-{i:010d} ".encode()
+        yield (prefix + b"x" * max(0, size - len(prefix)))[:max(size, 1)]
+
+
+@cli.command()
+@click.argument("topic_name", metavar="TOPIC")
+@click.option("--value", default=None, help="Produce this value (--count times) instead of reading stdin.")
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="Produce this many generated records (of --size bytes) instead of reading stdin.")
+@click.option("--size", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Bytes per generated value.")
+@click.option("--key", default=None, help="Key of every record (records with one key keep their order).")
+@click.option("--key-separator", default=None, metavar="SEP",
+              help="Read 'KEY<SEP>VALUE' lines from stdin, e.g. --key-separator ':'.")
+@click.option("--header", "headers", multiple=True, metavar="KEY=VALUE", help="A record header (repeatable).")
+@click.option("--partition", type=click.IntRange(min=0), default=None, help="Send every record to this partition.")
+@click.option("--acks", type=click.Choice(["all", "1", "0"]), default="all", show_default=True)
+@click.option("--compression", type=click.Choice(["none", "gzip", "snappy", "lz4", "zstd"]), default="none",
+              show_default=True)
+@click.option("--linger-ms", type=click.IntRange(min=0), default=5, show_default=True)
+@click.option("--batch-size-bytes", type=click.IntRange(min=1, max=1024 * 1024), default=16 * 1024,
+              show_default=True)
+@pass_cli
+def produce(obj: CliContext, topic_name: str, value: str | None, count: int | None, size: int, key: str | None,
+            key_separator: str | None, headers: tuple[str, ...], partition: int | None, acks: str,
+            compression: str, linger_ms: int, batch_size_bytes: int) -> None:
+    """Produce records to TOPIC: one per stdin line, or --count generated ones.
+
+    \b
+    Examples:
+      echo hello | highwater produce orders
+      printf 'k1:v1\\nk2:v2\\n' | highwater produce orders --key-separator :
+      highwater produce orders --count 1000000 --size 100     # with a progress bar
+    """
+    header_list = [(k, v.encode()) for k, v in parse_key_values(headers, "--header").items()] or None
+    fixed_key = key.encode() if key is not None else None
+    generated = value is not None or count is not None
+    total = (count or 1) if generated else None
+    if generated and key_separator is not None:
+        raise click.UsageError("--key-separator reads stdin; it cannot go with --value or --count")
+
+    def records() -> Iterator[tuple[bytes | None, bytes]]:
+        if total is not None:
+            for v in _generated_values(value, size, total):
+                yield fixed_key, v
+            return
+        for line in click.get_text_stream("stdin"):
+            line = line.rstrip("\r\n")
+            if key_separator is not None:
+                k, sep, v = line.partition(key_separator)
+                if not sep:
+                    raise InvalidArgument(f"stdin line {line!r} has no key separator {key_separator!r}")
+                yield k.encode(), v.encode()
+            else:
+                yield fixed_key, line.encode()
+
+    failures: list[HighwaterError] = []
+    echoed: list[Any] = []
+
+    def on_delivery(metadata: Any, error: HighwaterError | None) -> None:
+        if error is not None:
+            failures.append(error)
+
+    producer_acks = "all" if acks == "all" else int(acks)
+    settings: dict[str, Any] = dict(obj.client_settings(), acks=producer_acks, compression=compression,
+                                    linger_ms=linger_ms, batch_size_bytes=batch_size_bytes,
+                                    enable_idempotence=acks == "all")
+    settings["delivery_timeout_ms"] = max(120_000, linger_ms + obj.timeout_ms)
+    err_console = Console(stderr=True, highlight=False)
+    show_progress = total is not None and total >= PROGRESS_MIN_RECORDS and err_console.is_terminal
+    echo = total is not None and total <= ECHO_OFFSETS_MAX_RECORDS
+    sent = 0
+    started = time.monotonic()
+    with obj.admin() as admin:
+        admin.describe_topics(topic_name)  # fail fast on a missing topic (a producer would wait for it)
+    with Producer(obj.bootstrap, **settings) as producer:
+        if show_progress:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            progress = Progress(TextColumn("producing"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=err_console)
+            with progress:
+                task = progress.add_task("produce", total=total, rate="")
+                for k, v in records():
+                    producer.produce(topic_name, v, k, headers=header_list, partition=partition, callback=on_delivery)
+                    sent += 1
+                    if sent % 10_000 == 0:
+                        rate = sent / max(time.monotonic() - started, 1e-9)
+                        progress.update(task, completed=sent, rate=f"{rate:,.0f} rec/s")
+                progress.update(task, completed=sent, rate="flushing")
+                producer.flush()
+        else:
+            for k, v in records():
+                if echo:
+                    echoed.append(producer.send(topic_name, v, k, headers=header_list, partition=partition))
+                else:
+                    producer.produce(topic_name, v, k, headers=header_list, partition=partition, callback=on_delivery)
+                sent += 1
+            producer.flush()
+    elapsed = max(time.monotonic() - started, 1e-9)
+    results = []
+    for future in echoed:
+        try:
+            results.append(future.result())
+        except HighwaterError as error:
+            failures.append(error)
+    if failures:
+        first = failures[0]
+        raise type(first)(f"{len(failures)} of {sent} record(s) failed; first: {first.message}")
+    summary = {"topic": topic_name, "records": sent, "seconds": round(elapsed, 3),
+               "records_per_s": round(sent / elapsed), "failed": 0}
+    if obj.json:
+        summary["offsets"] = [{"partition": m.partition, "offset": m.offset} for m in results]
+        print_json(summary)
+        return
+    console = out()
+    for m in results:
+        console.print(f"partition {m.partition} offset {m.offset}")
+    Console(stderr=True, highlight=False).print(
+        f"[dim]produced {sent:,} record(s) to {escape(topic_name)} in {elapsed:.2f} s "
+        f"({sent / elapsed:,.0f} records/s)[/dim]")
+
+
+@cli.command()
+@click.argument("topic_name", metavar="TOPIC")
+@click.option("--from-beginning", is_flag=True, help="Start at the oldest record (when no offset is committed).")
+@click.option("--max-records", type=click.IntRange(min=1), default=None, help="Stop after this many records.")
+@click.option("--partition", "partitions", type=click.IntRange(min=0), multiple=True,
+              help="Read only this partition (repeatable) [default: all].")
+@click.option("--offset", type=click.IntRange(min=0), default=None,
+              help="Start at this offset in each --partition.")
+@click.option("--group", default=None, help="Consumer group: start from its committed offsets and commit.")
+@click.option("--timeout-ms", "idle_timeout_ms", type=click.IntRange(min=0), default=None,
+              help="Stop when no record arrived for this long [default: run until Ctrl-C].")
+@pass_cli
+def consume(obj: CliContext, topic_name: str, from_beginning: bool, max_records: int | None,
+            partitions: tuple[int, ...], offset: int | None, group: str | None, idle_timeout_ms: int | None) -> None:
+    """Print records of TOPIC: partition, offset, key and value (JSON lines with -o json).
+
+    \b
+    Examples:
+      highwater consume orders --from-beginning --max-records 10
+      highwater consume orders --partition 0 --offset 42 --timeout-ms 2000
+      highwater consume orders --group billing            # commits its position
+    """
+    if offset is not None and not partitions:
+        raise click.UsageError("--offset needs --partition")
+    settings: dict[str, Any] = dict(obj.client_settings(),
+                                    auto_offset_reset="earliest" if from_beginning else "latest")
+    if group is not None:
+        settings["group_id"] = group
+    consumed = 0
+    console = out()
+    consumer = Consumer(bootstrap=obj.bootstrap, **settings)
+    try:
+        existing = consumer.partitions_for_topic(topic_name)
+        wanted = [TopicPartition(topic_name, p) for p in (partitions or existing)]
+        missing = [tp.partition for tp in wanted if tp.partition not in existing]
+        if missing:
+            raise wire_errors.UnknownTopicOrPartition(
+                f"topic {topic_name!r} has partitions 0-{len(existing) - 1}; there is no {ids(missing)}")
+        if group is not None and not partitions:
+            consumer.subscribe([topic_name], group)
+        else:
+            consumer.assign(wanted)
+        if offset is not None:
+            for tp in wanted:
+                consumer.seek(tp, offset)
+        last_record_at = time.monotonic()
+        while max_records is None or consumed < max_records:
+            left = None if max_records is None else max_records - consumed
+            batch = consumer.poll(timeout_ms=500, max_records=left)
+            now = time.monotonic()
+            if batch:
+                last_record_at = now
+            elif idle_timeout_ms is not None and (now - last_record_at) * 1000 >= idle_timeout_ms:
+                break
+            for record in batch:
+                _print_record(console, obj.json, record)
+            consumed += len(batch)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        try:
+            consumer.close()
+        except HighwaterError as error:
+            Console(stderr=True).print(f"[yellow]warning: closing the consumer: {escape(str(error))}[/yellow]")
+    Console(stderr=True, highlight=False).print(f"[dim]consumed {consumed:,} record(s)[/dim]")
+
+
+def _print_record(console: Console, as_json: bool, record: Any) -> None:
+    if as_json:
+        click.echo(json.dumps({
+            "topic": record.topic, "partition": record.partition, "offset": record.offset,
+            "key": text_of(record.key), "value": text_of(record.value),
+            "headers": {k: text_of(v) for k, v in record.headers}, "timestamp_ms": record.timestamp_ms,
+        }))
+        return
+    key = text_of(record.key)
+    click.echo(f"{record.partition}\t{record.offset}\t{'-' if key is None else key}\t{text_of(record.value) or ''}")
+
+
+# --- cluster -----------------------------------------------------------------------------
+
+@cli.group()
+def cluster() -> None:
+    """Inspect the cluster, or run a local one.
+
+    \b
+    Example:
+      highwater cluster describe
+    """
+
+
+@cluster.command("describe")
+@pass_cli
+def cluster_describe(obj: CliContext) -> None:
+    """Show the cluster id, the active controller, live brokers and gateways.
+
+    \b
+    Example:
+      highwater --bootstrap 127.0.0.1:9092 cluster describe
+    """
+    with obj.admin() as admin:
+        d = admin.describe_cluster()
+    if obj.json:
+        print_json({
+            "cluster_id": d.cluster_id, "controller_id": d.controller_id, "controller_epoch": d.controller_epoch,
+            "controller_address": d.controller_address,
+            "brokers": [{"id": b.node_id, "address": b.address, "rack": b.rack} for b in d.brokers],
+            "gateways": [{"id": g.node_id, "address": g.address} for g in d.gateways],
+        })
+        return
+    console = out()
+    controller = (f"{d.controller_id} at {d.controller_address} (epoch {d.controller_epoch})"
+                  if d.controller_id >= 0 else "[red]none active[/red]")
+    console.print(f"cluster id: [bold]{escape(d.cluster_id)}[/bold]")
+    console.print(f"controller: {controller}")
+    table = Table(title="nodes", title_justify="left")
+    for column in ("role", "id", "address", "rack"):
+        table.add_column(column)
+    for b in d.brokers:
+        table.add_row("broker", str(b.node_id), b.address, b.rack)
+    for g in d.gateways:
+        table.add_row("gateway", str(g.node_id), g.address, "")
+    console.print(table)
+
+
+# --- reassignments and elections ------------------------------------------------------------------
+
+@cli.group()
+def reassign() -> None:
+    """Move partitions between brokers (kafka-reassign-partitions).
+
+    \b
+    Examples:
+      highwater reassign start orders:0=2,3,1
+      highwater reassign list
+      highwater reassign cancel orders:0
+    """
+
+
+@reassign.command("start")
+@click.argument("assignments", nargs=-1, required=True, metavar="TOPIC:PARTITION=REPLICAS...")
+@pass_cli
+def reassign_start(obj: CliContext, assignments: tuple[str, ...]) -> None:
+    """Start moving each partition to a new replica list (first replica = preferred leader).
+
+    \b
+    Example:
+      highwater reassign start orders:0=2,3,1 orders:1=3,1,2
+    """
+    wanted: dict[TopicPartition, list[int] | None] = {}
+    for item in assignments:
+        target, sep, replicas = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not TOPIC:PARTITION=REPLICAS (e.g. orders:0=1,2,3)",
+                                     param_hint="ASSIGNMENTS")
+        wanted[parse_topic_partition(target)] = parse_replicas(replicas, "ASSIGNMENTS")
+    with obj.admin() as admin:
+        admin.alter_partition_reassignments(wanted)
+    if obj.json:
+        print_json([{"topic": tp.topic, "partition": tp.partition, "replicas": r} for tp, r in wanted.items()])
+        return
+    for tp, replicas in wanted.items():
+        out().print(f"reassigning {escape(str(tp))} to replicas {ids(replicas or [])}")
+    out().print("follow it with `highwater reassign list`")
+
+
+@reassign.command("list")
+@click.argument("partitions", nargs=-1, metavar="[TOPIC:PARTITION]...")
+@pass_cli
+def reassign_list(obj: CliContext, partitions: tuple[str, ...]) -> None:
+    """List reassignments in progress.
+
+    \b
+    Example:
+      highwater reassign list
+    """
+    tps = [parse_topic_partition(p) for p in partitions] or None
+    with obj.admin() as admin:
+        ongoing = admin.list_partition_reassignments(tps)
+    rows = sorted(ongoing.values(), key=lambda r: (r.topic, r.partition))
+    if obj.json:
+        print_json([{"topic": r.topic, "partition": r.partition, "replicas": list(r.replicas),
+                     "adding": list(r.adding_replicas), "removing": list(r.removing_replicas)} for r in rows])
+        return
+    if not rows:
+        out().print("no reassignment in progress")
+        return
+    table = Table()
+    for column in ("topic", "partition", "replicas", "adding", "removing"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r.topic, str(r.partition), ids(r.replicas), ids(r.adding_replicas), ids(r.removing_replicas))
+    out().print(table)
+
+
+@reassign.command("cancel")
+@click.argument("partitions", nargs=-1, required=True, metavar="TOPIC:PARTITION...")
+@pass_cli
+def reassign_cancel(obj: CliContext, partitions: tuple[str, ...]) -> None:
+    """Cancel reassignments in progress (the partitions keep their original replicas).
+
+    \b
+    Example:
+      highwater reassign cancel orders:0
+    """
+    wanted: dict[TopicPartition, list[int] | None] = {parse_topic_partition(p): None for p in partitions}
+    with obj.admin() as admin:
+        admin.alter_partition_reassignments(wanted)
+    if obj.json:
+        print_json([str(tp) for tp in wanted])
+        return
+    for tp in wanted:
+        out().print(f"cancelled the reassignment of {escape(str(tp))}")
+
+
+@cli.command("elect-leaders")
+@click.argument("partitions", nargs=-1, metavar="[TOPIC:PARTITION]...")
+@click.option("--type", "election_type", type=click.Choice(["preferred", "unclean"]), default="preferred",
+              show_default=True, help="preferred: give leadership back to the first replica; unclean: let a "
+                                      "replica outside the ISR lead (may lose acknowledged records).")
+@click.option("--all", "all_partitions", is_flag=True, help="Every partition of every topic.")
+@pass_cli
+def elect_leaders(obj: CliContext, partitions: tuple[str, ...], election_type: str, all_partitions: bool) -> None:
+    """Run leader elections (kafka-leader-election).
+
+    \b
+    Examples:
+      highwater elect-leaders --all
+      highwater elect-leaders orders:0 orders:1 --type preferred
+    """
+    if bool(partitions) == all_partitions:
+        raise click.UsageError("name partitions as TOPIC:PARTITION or pass --all (not both)")
+    tps = [parse_topic_partition(p) for p in partitions] or None
+    with obj.admin() as admin:
+        outcome = admin.elect_leaders(election_type, tps)
+    if obj.json:
+        print_json([{"topic": tp.topic, "partition": tp.partition, "result": r} for tp, r in sorted(outcome.items())])
+        return
+    if not outcome:
+        out().print("no partition needed an election")
+    for tp, result in sorted(outcome.items()):
+        out().print(f"{escape(str(tp))}: {result}")
+
+
+# --- groups ---------------------------------------------------------------------------------
+
+@cli.group()
+def groups() -> None:
+    """Consumer groups' committed offsets and lag (kafka-consumer-groups).
+
+    \b
+    Example:
+      highwater groups describe billing
+    """
+
+
+@groups.command("describe")
+@click.argument("group")
+@pass_cli
+def groups_describe(obj: CliContext, group: str) -> None:
+    """Show GROUP's committed offset, the end offset and the lag of each partition.
+
+    \b
+    Example:
+      highwater groups describe billing
+    """
+    with obj.admin() as admin:
+        rows = admin.describe_group(group)
+    if obj.json:
+        print_json([{"topic": r.topic, "partition": r.partition, "committed_offset": r.committed_offset,
+                     "end_offset": r.end_offset, "lag": r.lag} for r in rows])
+        return
+    if not rows:
+        out().print(f"group {escape(group)} has no committed offsets")
+        return
+    table = Table(title=escape(f"group {group}"), title_justify="left")
+    for column in ("topic", "partition", "committed offset", "end offset", "lag"):
+        table.add_column(column, justify="left" if column == "topic" else "right")
+    for r in rows:
+        table.add_row(r.topic, str(r.partition), str(r.committed_offset) if r.committed_offset >= 0 else "-",
+                      str(r.end_offset), "-" if r.lag is None else str(r.lag))
+    out().print(table)
+
+
+# --- commands owned elsewhere -------------------------------------------------------------------------
+
+def _add_optional_commands() -> None:
+    """`cluster up` (clients/local_cluster.py) and the service commands (services/cli.py), when present."""
+    try:
+        from clients.local_cluster import up_command
+    except ImportError:
+        pass
+    else:
+        cluster.add_command(up_command, "up")
+    try:
+        from services.cli import SERVICE_COMMANDS
+    except ImportError:
+        pass
+    else:
+        for command in SERVICE_COMMANDS:
+            cli.add_command(command)
+
+
+_add_optional_commands()
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Console-script entry point (`highwater`)."""
+    cli.main(args=argv, prog_name="highwater")
+    sys.exit(0)  # pragma: no cover - click exits itself

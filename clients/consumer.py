@@ -1,0 +1,710 @@
+"""Consumers: `AsyncConsumer` (asyncio) and `Consumer` (synchronous), reading through the gateway.
+
+A consumer reads the partitions it was given with `assign()`, or every partition
+of the topics given to `subscribe()` (found from Metadata and followed as
+partitions are added). Highwater has no group coordinator: a group id names
+where committed offsets live (CommitOffsets / FetchCommittedOffsets), and one
+consumer per group reads all of a subscription; split partitions between
+processes with assign().
+
+Positions (Kafka's semantics, half-open): `position(tp)` is the offset of the
+next record poll() will return. A partition without one starts from the group's
+committed offset, else from `auto_offset_reset` ("earliest" | "latest" | "none":
+raise). `commit()` stores the position, the NEXT offset to read, as Kafka does.
+Consumers see only records below the high watermark (the gateway fetches with
+replica_id -1), and `lag(tp)` = end offset (HW) - position.
+
+poll() fetches every assigned partition in one Fetch, decodes the batches
+(records.decode_batches, per batch in C) and hands back ConsumerRecords in
+offset order per partition. Per-partition errors that a retry may fix
+(leadership moved, leader not available) back the partition off for
+retry_backoff_ms and refresh metadata; OFFSET_OUT_OF_RANGE resets the position
+per auto_offset_reset; other errors are raised.
+
+AsyncConsumer is owned by the event loop it is first used on. Consumer runs one
+on a private loop thread; it is not thread-safe (as Kafka's consumer is not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from clients import records
+from clients.config import (
+    COMMIT_OFFSETS_PER_REQUEST_MAX,
+    DEFAULT_BOOTSTRAP,
+    ConsumerConfig,
+    build_config,
+    check_int,
+    check_topic_name,
+)
+from clients.connection import GatewayConnection
+from clients.errors import ClientClosed, HighwaterError, InvalidArgument, error_for_code
+from clients.loop_thread import LoopThread
+from clients.metadata import ClusterMetadata, MetadataFetcher, now_ms
+from clients.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
+from protos.highwater.v1 import common_pb2, gateway_pb2
+from services.common.errors import InvariantViolation, MessageTooLarge, OffsetOutOfRange
+from services.common.record_batch import iter_batch_headers
+
+log = logging.getLogger("highwater.client.consumer")
+
+EARLIEST = -2  # ListOffsets timestamp for the log start offset
+LATEST = -1  # ListOffsets timestamp for the high watermark
+_RESET_TIMESTAMPS = {"earliest": EARLIEST, "latest": LATEST}
+
+CommitCallback = Callable[[dict[TopicPartition, int], HighwaterError | None], Any]
+
+
+def check_partitions(partitions: Iterable[object], what: str = "partitions") -> list[TopicPartition]:
+    """TopicPartitions (or (topic, partition) pairs) -> a checked list; InvalidArgument if not."""
+    if isinstance(partitions, (str, bytes)):
+        raise InvalidArgument(f"{what} must be a list of TopicPartition, got {type(partitions).__name__}")
+    checked: list[TopicPartition] = []
+    for item in partitions:
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise InvalidArgument(f"{what}: {item!r} is not a TopicPartition(topic, partition)")
+        tp = TopicPartition(check_topic_name(item[0]), check_int("partition", item[1], minimum=0))
+        if tp not in checked:
+            checked.append(tp)
+    return checked
+
+
+def next_fetch_offset(buf: bytes, fetch_offset: int) -> int | None:
+    """The offset after the last complete batch in `buf` (None: no complete batch)."""
+    last = None
+    for header in iter_batch_headers(buf):
+        last = header.next_offset
+    return None if last is None else max(last, fetch_offset)
+
+
+class AsyncConsumer:
+    """asyncio consumer. `async with AsyncConsumer("orders", group_id="billing") as consumer:`."""
+
+    def __init__(self, *topics: str, bootstrap: str | list[str] = DEFAULT_BOOTSTRAP, **settings: Any) -> None:
+        self.config: ConsumerConfig = build_config(ConsumerConfig, bootstrap, settings)
+        self._group_id = self.config.group_id
+        self._metadata = ClusterMetadata(metadata_max_age_ms=self.config.metadata_max_age_ms)
+        self._connection: GatewayConnection | None = None
+        self._fetcher: MetadataFetcher | None = None
+        self._assignment: list[TopicPartition] = []
+        self._subscription: tuple[str, ...] | None = None
+        self._positions: dict[TopicPartition, int] = {}  # next offset poll() returns
+        self._fetch_offsets: dict[TopicPartition, int] = {}  # next offset to fetch
+        self._resets: dict[TopicPartition, int] = {}  # EARLIEST / LATEST asked by seek_to_*
+        self._buffers: dict[TopicPartition, list[ConsumerRecord]] = {}
+        self._high_watermarks: dict[TopicPartition, int] = {}
+        self._partition_fetch_bytes: dict[TopicPartition, int] = {}
+        self._backoff_until_ms: dict[TopicPartition, int] = {}
+        self._paused: set[TopicPartition] = set()
+        self._next_auto_commit_ms = now_ms() + self.config.auto_commit_interval_ms
+        self._drain_start = 0
+        self._closed = False
+        if topics:
+            self.subscribe(list(topics))
+
+    # --- connection --------------------------------------------------------------
+
+    def _conn(self) -> GatewayConnection:
+        if self._closed:
+            raise ClientClosed("the consumer is closed")
+        if self._connection is None:
+            self._connection = GatewayConnection(
+                self.config.bootstrap,
+                request_timeout_ms=self.config.request_timeout_ms,
+                connect_timeout_ms=self.config.connect_timeout_ms,
+                retry_backoff_ms=self.config.retry_backoff_ms,
+            )
+            self._fetcher = MetadataFetcher(self._connection, self._metadata)
+        return self._connection
+
+    def _meta(self) -> MetadataFetcher:
+        self._conn()
+        if self._fetcher is None:
+            raise InvariantViolation("the metadata fetcher is created with the connection")
+        return self._fetcher
+
+    # --- what to read --------------------------------------------------------------
+
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Read exactly these partitions (replaces any subscription). Positions of partitions
+        kept from the previous assignment are kept."""
+        checked = check_partitions(partitions)
+        self._subscription = None
+        self._set_assignment(checked)
+
+    def subscribe(self, topics: Iterable[str], group_id: str | None = None) -> None:
+        """Read every partition of `topics`, following new partitions; `group_id` (or the
+        configured one) names where committed offsets are read and stored."""
+        if isinstance(topics, str):
+            topics = [topics]
+        names = tuple(dict.fromkeys(check_topic_name(topic) for topic in topics))
+        if not names:
+            raise InvalidArgument("subscribe() needs at least one topic")
+        if group_id is not None:
+            if not isinstance(group_id, str) or not group_id:
+                raise InvalidArgument(f"group_id must be a non-empty str, got {group_id!r}")
+            self._group_id = group_id
+        self._subscription = names
+        self._set_assignment([tp for tp in self._assignment if tp.topic in names])
+        for name in names:
+            self._metadata.mark_stale(name)
+
+    def unsubscribe(self) -> None:
+        self._subscription = None
+        self._set_assignment([])
+
+    def subscription(self) -> tuple[str, ...]:
+        return self._subscription or ()
+
+    def assignment(self) -> list[TopicPartition]:
+        return list(self._assignment)
+
+    @property
+    def group_id(self) -> str | None:
+        return self._group_id
+
+    def _set_assignment(self, partitions: list[TopicPartition]) -> None:
+        keep = set(partitions)
+        for state in (self._positions, self._fetch_offsets, self._resets, self._buffers,
+                      self._high_watermarks, self._backoff_until_ms, self._partition_fetch_bytes):
+            for tp in [tp for tp in state if tp not in keep]:
+                del state[tp]
+        self._paused &= keep
+        self._assignment = partitions
+
+    def _check_assigned(self, tp: object) -> TopicPartition:
+        checked = check_partitions([tp], "partition")[0]  # type: ignore[list-item]
+        if checked not in self._assignment:
+            raise InvalidArgument(f"{checked} is not assigned to this consumer")
+        return checked
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        """Stop fetching these partitions until resume(); positions are kept."""
+        for tp in partitions:
+            self._paused.add(self._check_assigned(tp))
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        for tp in partitions:
+            self._paused.discard(self._check_assigned(tp))
+
+    async def partitions_for_topic(self, topic: str) -> list[int]:
+        """The topic's partition ids; UnknownTopicOrPartition at once if it does not exist."""
+        info = await self._meta().topic(check_topic_name(topic), wait_ms=0,
+                                        backoff_ms=self.config.retry_backoff_ms)
+        return list(info.partitions)
+
+    # --- positions -------------------------------------------------------------------
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Make `offset` the next record poll() returns for tp."""
+        tp = self._check_assigned(tp)
+        check_int("offset", offset, minimum=0)
+        self._resets.pop(tp, None)
+        self._buffers.pop(tp, None)
+        self._positions[tp] = self._fetch_offsets[tp] = offset
+
+    def _seek_to(self, partitions: tuple[TopicPartition, ...], timestamp: int) -> None:
+        for tp in [self._check_assigned(tp) for tp in partitions] if partitions else list(self._assignment):
+            self._buffers.pop(tp, None)
+            self._positions.pop(tp, None)
+            self._fetch_offsets.pop(tp, None)
+            self._resets[tp] = timestamp
+
+    def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        """Read these (default: all assigned) partitions from their log start offset."""
+        self._seek_to(partitions, EARLIEST)
+
+    def seek_to_end(self, *partitions: TopicPartition) -> None:
+        """Read only records produced from now on (the high watermark) for these partitions."""
+        self._seek_to(partitions, LATEST)
+
+    async def seek_to_timestamp(self, timestamp_ms: int, *partitions: TopicPartition) -> None:
+        """Seek each partition to its first record with timestamp >= timestamp_ms (the end if none)."""
+        check_int("timestamp_ms", timestamp_ms, minimum=0)
+        targets = [self._check_assigned(tp) for tp in partitions] if partitions else list(self._assignment)
+        found = await self.offsets_for_times({tp: timestamp_ms for tp in targets})
+        for tp in targets:
+            hit = found.get(tp)
+            if hit is None:
+                self._seek_to((tp,), LATEST)
+            else:
+                self.seek(tp, hit.offset)
+
+    async def position(self, tp: TopicPartition) -> int:
+        """Offset of the next record poll() returns for tp (resolved now if not known yet)."""
+        tp = self._check_assigned(tp)
+        await self._update_positions()
+        if tp not in self._positions:
+            raise error_for_code(common_pb2.LEADER_NOT_AVAILABLE, f"no position for {tp} yet; try again")
+        return self._positions[tp]
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        """The high watermark of tp as of the last fetch (None before one)."""
+        return self._high_watermarks.get(tp)
+
+    async def lag(self, tp: TopicPartition) -> int:
+        """end offset (HW, asked now) - position: records produced and not yet returned."""
+        position = await self.position(tp)
+        end = (await self.end_offsets([tp]))[tp]
+        return max(0, end - position)
+
+    async def _update_positions(self) -> None:
+        """Give every assigned partition without a position one: seek_to_* first, then the
+        group's committed offset, then auto_offset_reset."""
+        missing = [tp for tp in self._assignment if tp not in self._positions]
+        if not missing:
+            return
+        wanted: dict[TopicPartition, int] = {}
+        need_committed = [tp for tp in missing if tp not in self._resets]
+        if need_committed and self._group_id is not None:
+            committed = await self._fetch_committed(need_committed)
+            for tp in need_committed:
+                offset = committed.get(tp, -1)
+                if offset >= 0:
+                    self._positions[tp] = self._fetch_offsets[tp] = offset
+        for tp in missing:
+            if tp in self._positions:
+                continue
+            if tp in self._resets:
+                wanted[tp] = self._resets[tp]
+            elif self.config.auto_offset_reset == "none":
+                raise OffsetOutOfRange(f"{tp} has no committed offset and auto_offset_reset is 'none'")
+            else:
+                wanted[tp] = _RESET_TIMESTAMPS[self.config.auto_offset_reset]
+        if not wanted:
+            return
+        offsets = await self._list_offsets(wanted, raise_retriable=False)
+        for tp, (offset, _timestamp) in offsets.items():
+            if offset >= 0:
+                self._resets.pop(tp, None)
+                self._positions[tp] = self._fetch_offsets[tp] = offset
+
+    # --- offsets from the gateway -------------------------------------------------------
+
+    async def _list_offsets(self, timestamps: Mapping[TopicPartition, int], *,
+                            raise_retriable: bool = True) -> dict[TopicPartition, tuple[int, int]]:
+        """ListOffsets: {tp: (offset, timestamp)}; retriable per-partition errors are raised
+        or (raise_retriable=False) left out for the next try."""
+        by_topic: dict[str, list[common_pb2.ListOffsetsPartition]] = {}
+        for tp, timestamp in timestamps.items():
+            by_topic.setdefault(tp.topic, []).append(
+                common_pb2.ListOffsetsPartition(partition=tp.partition, timestamp=timestamp, current_leader_epoch=-1))
+        request = common_pb2.ListOffsetsRequest(
+            replica_id=-1, topics=[common_pb2.ListOffsetsTopic(topic=t, partitions=p) for t, p in by_topic.items()])
+        response = await self._conn().call("ListOffsets", request)
+        result: dict[TopicPartition, tuple[int, int]] = {}
+        for topic in response.topics:
+            for part in topic.partitions:
+                tp = TopicPartition(topic.topic, part.partition)
+                if part.error_code != common_pb2.NONE:
+                    error = error_for_code(part.error_code, part.error_message or f"ListOffsets for {tp}")
+                    if error.refresh_metadata:
+                        self._metadata.mark_stale(tp.topic)
+                    if raise_retriable or not error.retriable:
+                        raise error
+                    continue
+                result[tp] = (part.offset, part.timestamp)
+        return result
+
+    async def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """Log start offset of each partition."""
+        tps = check_partitions(partitions)
+        return {tp: offset for tp, (offset, _) in (await self._list_offsets(dict.fromkeys(tps, EARLIEST))).items()}
+
+    async def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """High watermark of each partition: the offset the next committed record will get."""
+        tps = check_partitions(partitions)
+        return {tp: offset for tp, (offset, _) in (await self._list_offsets(dict.fromkeys(tps, LATEST))).items()}
+
+    async def offsets_for_times(
+        self, timestamps: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """First offset with a timestamp >= the one given, per partition (None: no such record)."""
+        tps = check_partitions(timestamps)
+        asked = {tp: check_int("timestamp_ms", timestamps[tp], minimum=0) for tp in tps}
+        found = await self._list_offsets(asked)
+        return {tp: (OffsetAndTimestamp(*found[tp]) if tp in found and found[tp][0] >= 0 else None) for tp in tps}
+
+    # --- committed offsets -----------------------------------------------------------------
+
+    def _require_group(self, what: str) -> str:
+        if self._group_id is None:
+            raise InvalidArgument(f"{what} needs a group_id (Consumer(group_id=...) or subscribe(..., group_id=...))")
+        return self._group_id
+
+    async def _fetch_committed(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        request = gateway_pb2.FetchCommittedOffsetsRequest(
+            group_id=self._require_group("committed offsets"),
+            partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in partitions],
+        )
+        response = await self._conn().call("FetchCommittedOffsets", request)
+        if response.error_code != common_pb2.NONE:
+            raise error_for_code(response.error_code, response.error_message or "FetchCommittedOffsets")
+        return {TopicPartition(o.topic, o.partition): o.offset for o in response.offsets}
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        """The group's committed offset for tp (the next offset to read), None if none."""
+        checked = check_partitions([tp], "partition")[0]
+        offset = (await self._fetch_committed([checked])).get(checked, -1)
+        return offset if offset >= 0 else None
+
+    async def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> dict[TopicPartition, int]:
+        """Store offsets for the group (default: the position of every assigned partition).
+
+        An offset is the NEXT one to read, as in Kafka. Returns what was committed;
+        raises the typed error of the first partition that failed.
+        """
+        group = self._require_group("commit()")
+        if offsets is None:
+            to_commit = {tp: self._positions[tp] for tp in self._assignment if tp in self._positions}
+        else:
+            to_commit = {tp: check_int(f"offset for {tp}", offsets[tp], minimum=0)
+                         for tp in check_partitions(offsets)}
+        items = list(to_commit.items())
+        for start in range(0, len(items), COMMIT_OFFSETS_PER_REQUEST_MAX):
+            chunk = items[start:start + COMMIT_OFFSETS_PER_REQUEST_MAX]
+            by_topic: dict[str, list[gateway_pb2.OffsetCommitPartition]] = {}
+            for tp, offset in chunk:
+                by_topic.setdefault(tp.topic, []).append(
+                    gateway_pb2.OffsetCommitPartition(partition=tp.partition, offset=offset, leader_epoch=-1))
+            request = gateway_pb2.CommitOffsetsRequest(
+                group_id=group,
+                topics=[gateway_pb2.OffsetCommitTopic(topic=t, partitions=p) for t, p in by_topic.items()],
+            )
+            response = await self._conn().call("CommitOffsets", request)
+            if response.error_code != common_pb2.NONE:
+                raise error_for_code(response.error_code, response.error_message or "CommitOffsets")
+            for result in response.partitions:
+                if result.error_code != common_pb2.NONE:
+                    raise error_for_code(
+                        result.error_code,
+                        result.error_message or f"commit for {result.topic}-{result.partition}",
+                    )
+        return to_commit
+
+    def commit_async(self, offsets: Mapping[TopicPartition, int] | None = None,
+                     callback: CommitCallback | None = None) -> asyncio.Task[dict[TopicPartition, int]]:
+        """commit() in the background; `callback(offsets, error)` runs when it is done."""
+        snapshot = dict(offsets) if offsets is not None else None
+
+        async def _commit() -> dict[TopicPartition, int]:
+            try:
+                committed = await self.commit(snapshot)
+            except HighwaterError as error:
+                if callback is not None:
+                    callback(dict(snapshot or {}), error)
+                raise
+            if callback is not None:
+                callback(committed, None)
+            return committed
+
+        return asyncio.get_running_loop().create_task(_commit())
+
+    async def _maybe_auto_commit(self, now: int) -> None:
+        if self._group_id is None or not self.config.enable_auto_commit or now < self._next_auto_commit_ms:
+            return
+        self._next_auto_commit_ms = now + self.config.auto_commit_interval_ms
+        try:
+            await self.commit()
+        except HighwaterError as error:
+            log.warning("auto-commit for group %s failed: %s", self._group_id, error)
+
+    # --- polling ------------------------------------------------------------------
+
+    async def _update_subscription(self) -> None:
+        if self._subscription is None:
+            return
+        fetcher = self._meta()
+        now = now_ms()
+        stale = [topic for topic in self._subscription if self._metadata.needs_refresh(topic, now)]
+        if stale:
+            await fetcher.refresh(stale)
+        partitions = [tp for tp in self._assignment if tp.topic not in self._subscription]
+        for topic in self._subscription:
+            info = self._metadata.get(topic)
+            if info is not None:
+                partitions.extend(TopicPartition(topic, p) for p in info.partitions)
+        if partitions != self._assignment:
+            self._set_assignment(partitions)
+
+    async def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> list[ConsumerRecord]:
+        """Records after each partition's position, waiting up to timeout_ms for some.
+
+        Returns at most max_records (default max_poll_records), in offset order per
+        partition; an empty list when nothing arrived in time.
+        """
+        check_int("timeout_ms", timeout_ms, minimum=0)
+        limit = self.config.max_poll_records if max_records is None else check_int("max_records", max_records,
+                                                                                   minimum=1)
+        if self._subscription is None and not self._assignment:
+            raise InvalidArgument("poll() needs assign() or subscribe() first")
+        deadline = now_ms() + timeout_ms
+        await self._maybe_auto_commit(now_ms())
+        fetched_once = False
+        while True:
+            await self._update_subscription()
+            await self._update_positions()
+            ready = self._take_buffered(limit)
+            if ready:
+                return ready
+            remaining = deadline - now_ms()
+            if fetched_once and remaining <= 0:
+                return []
+            fetched_once = True
+            await self._fetch(max(0, min(self.config.fetch_max_wait_ms, remaining)))
+
+    def _take_buffered(self, limit: int) -> list[ConsumerRecord]:
+        taken: list[ConsumerRecord] = []
+        assigned = self._assignment
+        if not assigned:
+            return taken
+        start = self._drain_start % len(assigned)
+        self._drain_start += 1
+        for tp in assigned[start:] + assigned[:start]:
+            buffer = self._buffers.get(tp)
+            if not buffer or tp in self._paused:
+                continue
+            want = limit - len(taken)
+            if want <= 0:
+                break
+            chunk = buffer[:want]
+            del buffer[:want]
+            taken.extend(chunk)
+            self._positions[tp] = chunk[-1].offset + 1 if buffer else self._fetch_offsets[tp]
+            if not buffer:
+                del self._buffers[tp]
+        return taken
+
+    async def _fetch(self, max_wait_ms: int) -> None:
+        """One Fetch for every assigned partition that has a position and nothing buffered."""
+        now = now_ms()
+        fetchable = [
+            tp for tp in self._assignment
+            if tp in self._fetch_offsets and tp not in self._paused and not self._buffers.get(tp)
+            and self._backoff_until_ms.get(tp, 0) <= now
+        ]
+        if not fetchable:
+            # Nothing to ask (all backing off or unresolved): wait a little instead of spinning.
+            await asyncio.sleep(min(max_wait_ms, self.config.retry_backoff_ms) / 1000)
+            return
+        asked = {tp: self._fetch_offsets[tp] for tp in fetchable}
+        by_topic: dict[str, list[common_pb2.FetchPartition]] = {}
+        for tp, offset in asked.items():
+            by_topic.setdefault(tp.topic, []).append(common_pb2.FetchPartition(
+                partition=tp.partition, fetch_offset=offset, current_leader_epoch=-1,
+                partition_max_bytes=self._partition_fetch_bytes.get(tp, self.config.max_partition_fetch_bytes),
+            ))
+        request = common_pb2.FetchRequest(
+            replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=self.config.fetch_min_bytes,
+            max_bytes=self.config.fetch_max_bytes,
+            topics=[common_pb2.FetchTopic(topic=t, partitions=p) for t, p in by_topic.items()],
+        )
+        response = await self._conn().call("Fetch", request, timeout_ms=self.config.request_timeout_ms + max_wait_ms)
+        if response.error_code != common_pb2.NONE:
+            raise error_for_code(response.error_code, "Fetch")
+        for topic in response.topics:
+            for part in topic.partitions:
+                tp = TopicPartition(topic.topic, part.partition)
+                if tp not in asked or self._fetch_offsets.get(tp) != asked[tp]:
+                    continue  # unassigned or sought elsewhere while the fetch was out
+                self._take_fetched(tp, asked[tp], part)
+
+    def _take_fetched(self, tp: TopicPartition, fetch_offset: int, part: common_pb2.FetchPartitionResponse) -> None:
+        if part.error_code != common_pb2.NONE:
+            error = error_for_code(part.error_code, part.error_message or f"Fetch of {tp} at offset {fetch_offset}")
+            if part.error_code == common_pb2.OFFSET_OUT_OF_RANGE and self.config.auto_offset_reset != "none":
+                log.info("%s: offset %d out of range; resetting to %s", tp, fetch_offset,
+                         self.config.auto_offset_reset)
+                self._seek_to((tp,), _RESET_TIMESTAMPS[self.config.auto_offset_reset])
+                return
+            if error.retriable:
+                if error.refresh_metadata:
+                    self._metadata.mark_stale(tp.topic)
+                self._backoff_until_ms[tp] = now_ms() + self.config.retry_backoff_ms
+                return
+            raise error
+        self._high_watermarks[tp] = part.high_watermark
+        buf = part.records
+        if not buf:
+            return
+        next_offset = next_fetch_offset(buf, fetch_offset)
+        if next_offset is None:
+            # A batch larger than the partition's fetch size: ask for more next time.
+            current = self._partition_fetch_bytes.get(tp, self.config.max_partition_fetch_bytes)
+            if current >= self.config.fetch_max_bytes:
+                raise MessageTooLarge(f"the batch at offset {fetch_offset} of {tp} is larger than "
+                                      f"fetch_max_bytes={self.config.fetch_max_bytes}")
+            self._partition_fetch_bytes[tp] = min(current * 2, self.config.fetch_max_bytes)
+            return
+        self._partition_fetch_bytes.pop(tp, None)
+        topic, partition = tp
+        fetched = [
+            ConsumerRecord(topic, partition, r.offset, r.key, r.value, r.headers, r.timestamp_ms)
+            for r in records.decode_batches(buf, check_crc=self.config.check_crcs)
+            if r.offset >= fetch_offset
+        ]
+        self._fetch_offsets[tp] = next_offset
+        if fetched:
+            self._buffers[tp] = fetched
+        elif tp in self._positions:
+            self._positions[tp] = next_offset  # only control or compacted-away offsets
+
+    async def close(self) -> None:
+        """Commit positions (with a group and auto-commit on), then close the channels."""
+        if self._closed:
+            return
+        try:
+            if self._group_id is not None and self.config.enable_auto_commit and self._connection is not None:
+                try:
+                    await self.commit()
+                except HighwaterError as error:
+                    log.warning("final commit for group %s failed: %s", self._group_id, error)
+        finally:
+            self._closed = True
+            if self._connection is not None:
+                await self._connection.close()
+
+    async def __aenter__(self) -> AsyncConsumer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def __aiter__(self) -> AsyncConsumer:
+        return self
+
+    async def __anext__(self) -> ConsumerRecord:
+        """Iterate records forever (one at a time from the poll buffer)."""
+        while True:
+            batch = await self.poll(self.config.fetch_max_wait_ms, max_records=1)
+            if batch:
+                return batch[0]
+
+
+class Consumer:
+    """Synchronous consumer: an AsyncConsumer on a private event-loop thread. Not thread-safe.
+
+    Example::
+
+        with Consumer("orders", group_id="billing", auto_offset_reset="earliest") as consumer:
+            for record in consumer.poll(timeout_ms=1000):
+                print(record.partition, record.offset, record.value)
+            consumer.commit()
+    """
+
+    def __init__(self, *topics: str, bootstrap: str | list[str] = DEFAULT_BOOTSTRAP, **settings: Any) -> None:
+        self._async = AsyncConsumer(*topics, bootstrap=bootstrap, **settings)
+        self.config = self._async.config
+        self._thread = LoopThread("highwater-consumer")
+
+    def _run(self, coro: Any, what: str) -> Any:
+        return self._thread.run(coro, None, what)
+
+    # Local state: no I/O, called directly.
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        self._async.assign(partitions)
+
+    def subscribe(self, topics: Iterable[str], group_id: str | None = None) -> None:
+        self._async.subscribe(topics, group_id)
+
+    def unsubscribe(self) -> None:
+        self._async.unsubscribe()
+
+    def subscription(self) -> tuple[str, ...]:
+        return self._async.subscription()
+
+    def assignment(self) -> list[TopicPartition]:
+        return self._async.assignment()
+
+    @property
+    def group_id(self) -> str | None:
+        return self._async.group_id
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        self._async.pause(*partitions)
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        self._async.resume(*partitions)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._async.seek(tp, offset)
+
+    def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        self._async.seek_to_beginning(*partitions)
+
+    def seek_to_end(self, *partitions: TopicPartition) -> None:
+        self._async.seek_to_end(*partitions)
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self._async.highwater(tp)
+
+    # Calls to the gateway: run on the loop thread.
+    def partitions_for_topic(self, topic: str) -> list[int]:
+        return self._run(self._async.partitions_for_topic(topic), "partitions_for_topic()")
+
+    def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> list[ConsumerRecord]:
+        return self._run(self._async.poll(timeout_ms, max_records), "poll()")
+
+    def seek_to_timestamp(self, timestamp_ms: int, *partitions: TopicPartition) -> None:
+        self._run(self._async.seek_to_timestamp(timestamp_ms, *partitions), "seek_to_timestamp()")
+
+    def position(self, tp: TopicPartition) -> int:
+        return self._run(self._async.position(tp), "position()")
+
+    def lag(self, tp: TopicPartition) -> int:
+        return self._run(self._async.lag(tp), "lag()")
+
+    def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return self._run(self._async.beginning_offsets(list(partitions)), "beginning_offsets()")
+
+    def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return self._run(self._async.end_offsets(list(partitions)), "end_offsets()")
+
+    def offsets_for_times(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        return self._run(self._async.offsets_for_times(dict(timestamps)), "offsets_for_times()")
+
+    def committed(self, tp: TopicPartition) -> int | None:
+        return self._run(self._async.committed(tp), "committed()")
+
+    def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> dict[TopicPartition, int]:
+        """Store offsets synchronously (default: every assigned partition's position)."""
+        return self._run(self._async.commit(offsets), "commit()")
+
+    def commit_async(self, offsets: Mapping[TopicPartition, int] | None = None,
+                     callback: CommitCallback | None = None) -> concurrent.futures.Future[dict[TopicPartition, int]]:
+        """Commit in the background; the future (and `callback(offsets, error)`) tell the outcome.
+        The callback runs on the consumer's loop thread."""
+        snapshot = dict(offsets) if offsets is not None else None
+
+        async def _commit() -> dict[TopicPartition, int]:
+            return await self._async.commit_async(snapshot, callback)
+
+        return self._thread.submit(_commit())
+
+    def close(self) -> None:
+        """Commit (with a group and auto-commit on), close the channels and the loop thread."""
+        try:
+            self._run(self._async.close(), "close()")
+        finally:
+            self._thread.stop()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Consumer:
+        return self
+
+    def __next__(self) -> ConsumerRecord:
+        while True:
+            batch = self.poll(self.config.fetch_max_wait_ms, max_records=1)
+            if batch:
+                return batch[0]
+

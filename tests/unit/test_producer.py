@@ -1,0 +1,450 @@
+"""The producer: accumulator rules (pure, clock passed in), sequence numbers, and the whole
+Producer / AsyncProducer against an in-process fake gateway that keeps a log per partition,
+deduplicates by (producer id, epoch, sequence) as a leader does, and fails on request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import grpc
+import pytest
+
+from clients import records
+from clients.accumulator import RecordAccumulator
+from clients.errors import ClientClosed, GatewayUnavailable, InvalidArgument, MessageTooLarge, RequestTimedOut
+from clients.idempotence import SEQUENCE_MODULUS, IdempotenceState
+from clients.loop_thread import LoopThread
+from clients.partitioner import partition_for_key
+from clients.producer import AsyncProducer, Producer
+from clients.sender import backoff_ms
+from clients.types import RecordMetadata, TopicPartition
+from protos.highwater.v1 import common_pb2, gateway_pb2_grpc
+from services.common import errors
+from services.common.record_batch import iter_batch_headers
+
+TP0 = TopicPartition("t", 0)
+TP1 = TopicPartition("t", 1)
+
+
+def record(value: bytes = b"v" * 100, ts: int = 1) -> tuple[None, bytes, list[tuple[str, bytes]], int]:
+    return (None, value, [], ts)
+
+
+def accumulator(**overrides: int) -> RecordAccumulator:
+    settings = {"batch_size_bytes": 1000, "linger_ms": 5, "max_batch_bytes": 4000, "buffer_memory_bytes": 100_000}
+    settings.update(overrides)
+    return RecordAccumulator(**settings)
+
+
+# --- accumulator --------------------------------------------------------------------
+
+
+def test_a_batch_waits_for_linger_ms_then_is_ready() -> None:
+    acc = accumulator(linger_ms=5)
+    created, full = acc.append(TP0, record(), 136, None, None, now_ms=100)
+    assert (created, full) == (True, False)
+    assert acc.ready(102, set()) == ([], 3), "3 ms of linger left"
+    assert acc.ready(105, set()) == ([TP0], None)
+
+
+def test_a_full_batch_is_ready_at_once_and_the_next_record_opens_a_new_one() -> None:
+    acc = accumulator(batch_size_bytes=500, linger_ms=1_000)
+    flags = [acc.append(TP0, record(), 136, None, None, now_ms=0) for _ in range(4)]
+    # 61 header + 3 x 136 = 469 fits; the 4th would pass 500: new batch, first one closed.
+    assert flags == [(True, False), (False, False), (False, False), (True, False)]
+    ready, _ = acc.ready(0, set())
+    assert ready == [TP0], "a closed batch does not wait for linger"
+    batches = acc.drain(ready, max_request_bytes=10_000)
+    assert [b.record_count for b in batches] == [4], "never-sent batches of a partition merge at drain"
+
+
+def test_a_record_bigger_than_batch_size_gets_its_own_batch() -> None:
+    acc = accumulator(batch_size_bytes=200, max_batch_bytes=4000)
+    acc.append(TP0, record(), 136, None, None, now_ms=0)
+    created, full = acc.append(TP0, record(b"x" * 1000), 1036, None, None, now_ms=0)
+    assert created and full
+
+
+def test_drain_merges_up_to_max_batch_bytes_and_keeps_order() -> None:
+    acc = accumulator(batch_size_bytes=300, max_batch_bytes=700)
+    for i in range(10):
+        acc.append(TP0, record(bytes([i]) * 100), 136, None, None, now_ms=0)
+    first = acc.drain(acc.ready(0, set())[0], max_request_bytes=100_000)
+    assert len(first) == 1 and first[0].size_bytes <= 700
+    values = [r[1][0] for r in first[0].records]
+    assert values == list(range(len(values))), "records keep their send order"
+    rest = acc.drain(acc.ready(0, set())[0], max_request_bytes=100_000)
+    assert rest[0].records[0][1][0] == len(values)
+
+
+def test_drain_takes_one_batch_per_partition_within_max_request_bytes() -> None:
+    acc = accumulator(batch_size_bytes=200)
+    for tp in (TP0, TP1, TopicPartition("u", 0)):
+        acc.append(tp, record(), 136, None, None, now_ms=0)
+    ready, _ = acc.ready(10, set())
+    assert len(ready) == 3
+    batches = acc.drain(ready, max_request_bytes=400)
+    assert len(batches) == 2, "a third 197-byte batch would pass 400 bytes"
+    assert len({b.tp for b in batches}) == 2
+
+
+def test_muted_partitions_are_not_ready() -> None:
+    acc = accumulator()
+    acc.append(TP0, record(), 136, None, None, now_ms=0)
+    assert acc.ready(100, {TP0}) == ([], None)
+
+
+def test_flush_closing_and_memory_waiters_skip_linger() -> None:
+    acc = accumulator(linger_ms=10_000)
+    acc.append(TP0, record(), 136, None, None, now_ms=0)
+    assert acc.ready(1, set())[0] == []
+    acc.flushes_in_progress = 1
+    assert acc.ready(1, set())[0] == [TP0]
+    acc.flushes_in_progress = 0
+    acc.memory_waiters = 1
+    assert acc.ready(1, set())[0] == [TP0]
+
+
+def test_a_retried_batch_goes_back_to_the_head_after_its_backoff() -> None:
+    acc = accumulator(batch_size_bytes=200, linger_ms=0)
+    acc.append(TP0, record(b"a" * 100), 136, None, None, now_ms=0)
+    [first] = acc.drain(acc.ready(0, set())[0], 100_000)
+    acc.append(TP0, record(b"b" * 100), 136, None, None, now_ms=1)
+    acc.reenqueue(first, retry_at_ms=50)
+    assert acc.ready(10, set()) == ([], 40), "the retry waits its backoff, and blocks the newer batch"
+    [again] = acc.drain(acc.ready(50, set())[0], 100_000)
+    assert again is first and again.attempts == 2
+    assert again.record_count == 1, "a batch that was sent never absorbs others (its bytes are fixed)"
+
+
+def test_expire_fails_queued_batches_past_the_delivery_timeout() -> None:
+    acc = accumulator()
+    acc.append(TP0, record(), 136, None, None, now_ms=0)
+    acc.append(TP1, record(), 136, None, None, now_ms=50)
+    expired = acc.expire(now_ms=100, delivery_timeout_ms=100)
+    assert [b.tp for b in expired] == [TP0]
+
+
+def test_buffer_memory_bounds_appends_until_batches_complete() -> None:
+    acc = accumulator(batch_size_bytes=1000, max_batch_bytes=1000, buffer_memory_bytes=1000)
+    for _ in range(6):
+        assert acc.has_room(136)
+        acc.append(TP0, record(), 136, None, None, now_ms=0)
+    assert not acc.has_room(136)
+    for batch in acc.drain(acc.ready(100, set())[0], 100_000):
+        acc.complete(batch)
+    assert acc.buffered_bytes == 0 and acc.has_room(136)
+
+
+def test_done_up_to_tracks_batches_merged_into_others() -> None:
+    acc = accumulator(batch_size_bytes=200)
+    for _ in range(3):
+        acc.append(TP0, record(), 136, None, None, now_ms=0)
+    target = acc.last_batch_id
+    [merged] = acc.drain(acc.ready(0, set())[0], 100_000)
+    assert merged.absorbed_ids and not acc.done_up_to(target)
+    acc.complete(merged)
+    assert acc.done_up_to(target)
+
+
+# --- sequence numbers -----------------------------------------------------------------
+
+
+def test_sequences_count_records_per_partition_and_survive_retries() -> None:
+    acc = accumulator(batch_size_bytes=200, linger_ms=0)
+    state = IdempotenceState()
+    state.set_producer(7, 0)
+    acc.append(TP0, record(), 136, None, None, 0)
+    acc.append(TP0, record(), 136, None, None, 0)
+    acc.append(TP1, record(), 136, None, None, 0)
+    batches = acc.drain(acc.ready(0, set())[0], 100_000)
+    for batch in batches:
+        assert state.assign(batch)
+    by_tp = {b.tp: b for b in batches}
+    assert by_tp[TP0].base_sequence == 0 and by_tp[TP0].record_count == 2
+    assert by_tp[TP1].base_sequence == 0
+    assert state.next_sequence_for(TP0) == 2
+    assert not state.assign(by_tp[TP0]), "a retry keeps its numbers"
+    assert (by_tp[TP0].producer_id, by_tp[TP0].producer_epoch) == (7, 0)
+
+
+def test_a_lost_batch_bumps_the_epoch_and_renumbers_from_zero() -> None:
+    acc = accumulator(linger_ms=0)
+    state = IdempotenceState()
+    state.set_producer(7, 0)
+    acc.append(TP0, record(), 136, None, None, 0)
+    [batch] = acc.drain(acc.ready(0, set())[0], 100_000)
+    state.assign(batch)
+    state.on_batch_lost(batch)
+    assert not state.has_producer_id
+    state.set_producer(7, 1)
+    assert state.assign(batch) and batch.base_sequence == 0 and batch.producer_epoch == 1
+
+
+def test_sequence_numbers_wrap_like_kafka() -> None:
+    from clients.idempotence import next_sequence
+
+    assert next_sequence(SEQUENCE_MODULUS - 2, 5) == 3
+
+
+def test_backoff_is_exponential_and_capped() -> None:
+    assert [backoff_ms(a, 100, 1000) for a in (1, 2, 3, 4, 5)] == [100, 200, 400, 800, 1000]
+
+
+# --- a fake gateway ---------------------------------------------------------------------------
+
+
+@dataclass
+class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
+    """Metadata for topic "t", InitProducerId, and Produce into per-partition logs with a
+    leader's duplicate detection. `faults[(topic, partition)]` lists what the next Produce
+    attempts do: "lose-ack" (append, then answer REQUEST_TIMED_OUT), or an ErrorCode."""
+
+    partitions: int = 3
+    logs: dict[tuple[str, int], list[records.Record]] = field(default_factory=lambda: defaultdict(list))
+    seen: dict[tuple[int, int, int, str, int], int] = field(default_factory=dict)
+    faults: dict[tuple[str, int], list[object]] = field(default_factory=lambda: defaultdict(list))
+    produce_calls: int = 0
+    hang: bool = False
+    next_producer_id: int = 1000
+    init_requests: list[tuple[int, int]] = field(default_factory=list)
+
+    async def Metadata(self, request, context):  # noqa: N802 - gRPC method name
+        return common_pb2.MetadataResponse(cluster_id="fake", controller_id=1, topics=[
+            common_pb2.TopicMetadata(name="t", topic_id="id-t", partitions=[
+                common_pb2.PartitionMetadata(partition=p, leader=1, replicas=[1], isr=[1])
+                for p in range(self.partitions)])
+        ] if not request.topics or "t" in request.topics else [
+            common_pb2.TopicMetadata(name=name, error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+                                     error_message=f"topic {name!r} does not exist") for name in request.topics
+        ])
+
+    async def InitProducerId(self, request, context):  # noqa: N802
+        self.init_requests.append((request.producer_id, request.producer_epoch))
+        if request.producer_id >= 0:
+            return common_pb2.InitProducerIdResponse(producer_id=request.producer_id,
+                                                     producer_epoch=request.producer_epoch + 1)
+        self.next_producer_id += 1
+        return common_pb2.InitProducerIdResponse(producer_id=self.next_producer_id, producer_epoch=0)
+
+    async def Produce(self, request, context):  # noqa: N802
+        self.produce_calls += 1
+        if self.hang:
+            await asyncio.Event().wait()
+        topics = []
+        for topic in request.topics:
+            parts = []
+            for data in topic.partitions:
+                key = (topic.topic, data.partition)
+                fault = self.faults[key].pop(0) if self.faults[key] else None
+                if isinstance(fault, int):
+                    parts.append(common_pb2.ProducePartitionResponse(partition=data.partition, error_code=fault,
+                                                                     error_message="injected", base_offset=-1))
+                    continue
+                base_offset = self._append(key, data.records)
+                if fault == "lose-ack":
+                    parts.append(common_pb2.ProducePartitionResponse(
+                        partition=data.partition, error_code=common_pb2.REQUEST_TIMED_OUT, base_offset=-1))
+                else:
+                    parts.append(common_pb2.ProducePartitionResponse(partition=data.partition,
+                                                                     base_offset=base_offset))
+            topics.append(common_pb2.ProduceTopicResponse(topic=topic.topic, partitions=parts))
+        return common_pb2.ProduceResponse(topics=topics)
+
+    def _append(self, key: tuple[str, int], buf: bytes) -> int:
+        [header] = list(iter_batch_headers(buf))
+        dedup = (header.producer_id, header.producer_epoch, header.base_sequence, *key)
+        if header.producer_id >= 0 and dedup in self.seen:
+            return self.seen[dedup]  # a duplicate: answer with the first append's offset
+        log = self.logs[key]
+        base = len(log)
+        for r in records.decode_batches(buf):
+            r.offset = base + r.offset
+            log.append(r)
+        if header.producer_id >= 0:
+            self.seen[dedup] = base
+        return base
+
+
+@pytest.fixture
+def gateway() -> Iterator[tuple[FakeGateway, str]]:
+    fake = FakeGateway()
+    thread = LoopThread("fake-gateway")
+
+    async def start() -> tuple[grpc.aio.Server, int]:
+        server = grpc.aio.server()
+        gateway_pb2_grpc.add_GatewayServiceServicer_to_server(fake, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        return server, port
+
+    server, port = thread.run(start())
+    try:
+        yield fake, f"127.0.0.1:{port}"
+    finally:
+        thread.run(server.stop(None))
+        thread.stop()
+
+
+FAST = {"linger_ms": 1, "retry_backoff_ms": 10, "request_timeout_ms": 2_000, "delivery_timeout_ms": 10_000,
+        "connect_timeout_ms": 2_000}
+
+
+def test_keyed_records_are_delivered_in_order_with_offsets_and_headers(gateway) -> None:
+    fake, address = gateway
+    with Producer(address, **FAST) as producer:
+        futures = [producer.send("t", f"v{i}".encode(), key=b"k", headers=[("h", b"x")]) for i in range(50)]
+        producer.flush(timeout_ms=5_000)
+        metadata = [f.result(timeout=1) for f in futures]
+    partition = partition_for_key(b"k", 3)
+    assert [m.partition for m in metadata] == [partition] * 50
+    assert [m.offset for m in metadata] == list(range(50))
+    log = fake.logs[("t", partition)]
+    assert [r.value for r in log] == [f"v{i}".encode() for i in range(50)]
+    assert all(r.key == b"k" and r.headers == [("h", b"x")] for r in log)
+
+
+def test_a_retried_batch_whose_ack_was_lost_is_written_once(gateway) -> None:
+    fake, address = gateway
+    fake.faults[("t", 0)] = ["lose-ack", "lose-ack"]
+    with Producer(address, **FAST) as producer:
+        futures = [producer.send("t", f"v{i}".encode(), partition=0) for i in range(20)]
+        producer.flush(timeout_ms=5_000)
+        offsets = [f.result(timeout=1).offset for f in futures]
+    assert offsets == list(range(20))
+    assert [r.value for r in fake.logs[("t", 0)]] == [f"v{i}".encode() for i in range(20)], "no duplicates"
+    assert fake.produce_calls >= 3
+
+
+def test_retriable_errors_are_retried_and_fatal_ones_fail_the_batch(gateway) -> None:
+    fake, address = gateway
+    fake.faults[("t", 1)] = [common_pb2.NOT_LEADER_OR_FOLLOWER, common_pb2.LEADER_NOT_AVAILABLE]
+    fake.faults[("t", 2)] = [common_pb2.CORRUPT_MESSAGE]
+    delivered: list[tuple[RecordMetadata | None, errors.HighwaterError | None]] = []
+    with Producer(address, **FAST) as producer:
+        ok = producer.send("t", b"ok", partition=1)
+        bad = producer.send("t", b"bad", partition=2, callback=lambda m, e: delivered.append((m, e)))
+        producer.flush(timeout_ms=5_000)
+        assert ok.result(timeout=1).offset == 0
+        with pytest.raises(errors.CorruptMessage):
+            bad.result(timeout=1)
+        # The lost batch had sequence numbers: the next one goes out under a new epoch.
+        again = producer.send("t", b"again", partition=2)
+        assert again.result(timeout=5).offset == 0
+    assert len(delivered) == 1 and delivered[0][0] is None and isinstance(delivered[0][1], errors.CorruptMessage)
+    assert any(pid >= 0 for pid, _ in fake.init_requests), "the producer epoch was bumped"
+
+
+def test_retriable_errors_fail_with_a_timeout_after_delivery_timeout_ms(gateway) -> None:
+    fake, address = gateway
+    fake.faults[("t", 0)] = [common_pb2.NOT_ENOUGH_REPLICAS] * 1000
+    settings = dict(FAST, request_timeout_ms=200, delivery_timeout_ms=600)
+    with Producer(address, **settings) as producer:
+        future = producer.send("t", b"x", partition=0)
+        with pytest.raises(RequestTimedOut, match="NOT_ENOUGH_REPLICAS"):
+            future.result(timeout=5)
+
+
+def test_bad_arguments_raise_typed_errors_and_queue_nothing(gateway) -> None:
+    _, address = gateway
+    with Producer(address, **FAST) as producer:
+        for call, error in [
+            (lambda: producer.send("", b"v"), InvalidArgument),
+            (lambda: producer.send("no spaces", b"v"), InvalidArgument),
+            (lambda: producer.send(7, b"v"), InvalidArgument),
+            (lambda: producer.send("t", "text"), InvalidArgument),
+            (lambda: producer.send("t", b"v", key=1), InvalidArgument),
+            (lambda: producer.send("t", b"v", partition=-1), InvalidArgument),
+            (lambda: producer.send("t", b"v", partition=3), errors.UnknownTopicOrPartition),
+            (lambda: producer.send("t", b"v", headers=[("h", "not bytes")]), InvalidArgument),
+            (lambda: producer.send("t", b"v", timestamp_ms=-5), InvalidArgument),
+            (lambda: producer.send("t", b"x" * (2 * 1024 * 1024)), MessageTooLarge),
+        ]:
+            with pytest.raises(error):
+                call()
+        assert producer._core.accumulator.incomplete_count == 0
+    with pytest.raises(InvalidArgument, match="linger_ms"):
+        Producer(address, linger_ms=-1)
+    with pytest.raises(InvalidArgument, match="unknown ProducerConfig setting"):
+        Producer(address, lingerms=5)
+    with pytest.raises(InvalidArgument, match="acks"):
+        Producer(address, acks=1)  # idempotence needs acks=all
+
+
+def test_send_after_close_raises(gateway) -> None:
+    _, address = gateway
+    producer = Producer(address, **FAST)
+    producer.close()
+    with pytest.raises(ClientClosed):
+        producer.send("t", b"v")
+
+
+def test_close_fails_what_cannot_be_delivered_in_time(gateway) -> None:
+    fake, address = gateway
+    fake.hang = True
+    producer = Producer(address, **dict(FAST, request_timeout_ms=30_000, delivery_timeout_ms=60_000))
+    futures = [producer.send("t", b"v", partition=p) for p in range(3)]
+    with pytest.raises(RequestTimedOut, match="flush"):
+        producer.flush(timeout_ms=200)
+    started = time.monotonic()
+    producer.close(timeout_ms=200)
+    assert time.monotonic() - started < 5
+    for future in futures:
+        with pytest.raises(ClientClosed):
+            future.result(timeout=1)
+
+
+def test_an_unreachable_gateway_is_a_one_line_gateway_unavailable() -> None:
+    with Producer("127.0.0.1:1", connect_timeout_ms=300) as producer:
+        with pytest.raises(GatewayUnavailable) as caught:
+            producer.send("t", b"v")
+    message = str(caught.value)
+    assert message.startswith("GATEWAY_UNAVAILABLE: ") and "127.0.0.1:1" in message and "\n" not in message
+
+
+def test_produce_fast_path_reports_through_callbacks(gateway) -> None:
+    fake, address = gateway
+    done = threading.Event()
+    results: list[RecordMetadata] = []
+
+    def on_delivery(metadata: RecordMetadata | None, error: errors.HighwaterError | None) -> None:
+        assert error is None and metadata is not None
+        results.append(metadata)
+        if len(results) == 2000:
+            done.set()
+
+    with Producer(address, **FAST) as producer:
+        for i in range(2000):
+            producer.produce("t", i.to_bytes(4, "big"), callback=on_delivery)
+        producer.flush(timeout_ms=10_000)
+    assert done.wait(1)
+    assert sum(len(log) for log in fake.logs.values()) == 2000
+
+
+def test_async_producer(gateway) -> None:
+    fake, address = gateway
+
+    async def main() -> list[RecordMetadata]:
+        async with AsyncProducer(address, **FAST) as producer:
+            futures = [await producer.send("t", f"a{i}".encode(), key=b"same") for i in range(10)]
+            last = await producer.send_and_wait("t", b"last", key=b"same")
+            return [*(await asyncio.gather(*futures)), last]
+
+    metadata = asyncio.run(main())
+    assert [m.offset for m in metadata] == list(range(11))
+    assert all(isinstance(f, RecordMetadata) for f in metadata)
+
+
+def test_sync_send_returns_a_concurrent_future(gateway) -> None:
+    _, address = gateway
+    with Producer(address, **FAST) as producer:
+        future = producer.send("t", b"v")
+        assert isinstance(future, concurrent.futures.Future)
+        assert isinstance(future.result(timeout=5), RecordMetadata)
