@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from clients.connection import GatewayConnection
 from clients.errors import HighwaterError, error_for_code
+from clients.types import TopicPartition
 from protos.highwater.v1 import common_pb2
 from services.common.errors import UnknownTopicOrPartition
 
@@ -32,6 +33,10 @@ class TopicInfo:
     available: tuple[int, ...]  # partitions with a leader, sorted
     metadata: common_pb2.TopicMetadata
     fetched_at_ms: int
+    # TopicPartition of each partition id, built once (send() indexes it per record).
+    tps: tuple[TopicPartition, ...] = ()
+    # The topic's max.message.bytes (0: not known): no batch may be bigger.
+    max_message_bytes: int = 0
 
 
 class ClusterMetadata:
@@ -85,6 +90,8 @@ class ClusterMetadata:
                 available=tuple(p.partition for p in ordered if p.leader >= 0),
                 metadata=topic,
                 fetched_at_ms=now_ms,
+                tps=tuple(TopicPartition(topic.name, p) for p in range(ordered[-1].partition + 1 if ordered else 0)),
+                max_message_bytes=topic.config.max_message_bytes,
             )
         if asked is None:
             # A full answer: topics not in it are gone.

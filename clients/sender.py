@@ -26,6 +26,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from clients import records
 from clients.accumulator import ProducerBatch, RecordAccumulator
@@ -53,9 +54,24 @@ def backoff_ms(attempts: int, retry_backoff_ms: int, retry_backoff_max_ms: int) 
     return min(retry_backoff_max_ms, retry_backoff_ms * (1 << min(max(attempts - 1, 0), 20)))
 
 
+_NO_HEADERS: list[tuple[str, bytes]] = []
+
+
+def with_headers(batch: ProducerBatch) -> list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]], int]]:
+    """The batch's records as records.encode_batch takes them: (key, value, headers, timestamp_ms).
+
+    Built just before encoding, so these tuples (which hold lists) never linger in memory.
+    """
+    headers = batch.headers
+    if not headers:
+        return [(key, value, _NO_HEADERS, timestamp_ms) for key, value, timestamp_ms in batch.records]
+    return [(key, value, headers.get(index, _NO_HEADERS), timestamp_ms)
+            for index, (key, value, timestamp_ms) in enumerate(batch.records)]
+
+
 def settle_batch(batch: ProducerBatch, base_offset: int, log_append_time_ms: int,
                  error: HighwaterError | None) -> None:
-    """Resolve every record future and run every callback of a completed batch.
+    """Resolve every record future, run every callback and tell every bulk sink of a completed batch.
 
     A callback that raises is logged and does not stop the others (as Kafka's).
     """
@@ -64,7 +80,7 @@ def settle_batch(batch: ProducerBatch, base_offset: int, log_append_time_ms: int
     for index, future, callback in batch.completions:
         metadata: RecordMetadata | None = None
         if error is None:
-            timestamp_ms = log_append_time_ms if log_append_time_ms >= 0 else records_[index][3]
+            timestamp_ms = log_append_time_ms if log_append_time_ms >= 0 else records_[index][2]
             metadata = RecordMetadata(topic, partition, base_offset + index if base_offset >= 0 else -1,
                                       timestamp_ms)
         if future is not None and not future.done():
@@ -80,6 +96,48 @@ def settle_batch(batch: ProducerBatch, base_offset: int, log_append_time_ms: int
                 callback(metadata, error)
             except Exception:
                 log.exception("a delivery callback for %s raised", batch.tp)
+    for index, count, sink, input_start in batch.sinks:
+        sink.settle(input_start, batch.tp, base_offset + index if base_offset >= 0 else -1,
+                    records_[index:index + count], log_append_time_ms, error)
+
+
+class BulkSendResult:
+    """Collects the outcome of one bulk send (many batches) and resolves its future once.
+
+    The future gets every RecordMetadata in input order, or the first error (records in
+    other batches of the same call may have been written). Settled on the sender's thread.
+    """
+
+    __slots__ = ("error", "future", "pending", "results")
+
+    def __init__(self, count: int, future: Any) -> None:
+        self.results: list[RecordMetadata | None] = [None] * count
+        self.pending = count
+        self.error: HighwaterError | None = None
+        self.future = future
+        if count == 0:
+            future.set_result([])
+
+    def settle(self, input_start: int, tp: TopicPartition, base_offset: int, run: list[tuple[Any, ...]],
+               log_append_time_ms: int, error: HighwaterError | None) -> None:
+        if error is not None:
+            self.error = self.error or error
+        else:
+            topic, partition = tp
+            self.results[input_start:input_start + len(run)] = [
+                RecordMetadata(topic, partition, base_offset + i if base_offset >= 0 else -1,
+                               log_append_time_ms if log_append_time_ms >= 0 else record[2])
+                for i, record in enumerate(run)
+            ]
+        self.pending -= len(run)
+        if self.pending == 0 and not self.future.done():
+            try:
+                if self.error is not None:
+                    self.future.set_exception(self.error)
+                else:
+                    self.future.set_result(self.results)
+            except Exception:  # cancelled by its owner
+                pass
 
 
 class Sender:
@@ -213,7 +271,7 @@ class Sender:
             if batch.encoded is None:
                 try:
                     batch.encoded = records.encode_batch(
-                        batch.records,
+                        with_headers(batch),
                         compression=config.compression,
                         producer_id=batch.producer_id,
                         producer_epoch=batch.producer_epoch,

@@ -22,7 +22,8 @@ Steps, each skipped when its result is already there:
 The build context is staged in a temporary directory holding only what
 `pip install` needs, because the classic builder (the one Debian's
 docker-compose drives) reads no per-Dockerfile ignore file and the repository
-root holds .venv and data directories.
+root holds .venv and data directories. The host's CA bundle is staged with it
+(deploy/build-ca/README.md says why).
 
 The test tests/integration/test_compose.py imports this module by path and
 uses the same functions; run as a command, a dockerd it started is left
@@ -282,6 +283,24 @@ def stage_context(dest: Path, repo: Path = REPO_ROOT) -> None:
     (dest / "deploy").mkdir()
     for name in ("Dockerfile", "entrypoint.sh", "healthcheck.py"):
         shutil.copy2(repo / "deploy" / name, dest / "deploy" / name)
+    shutil.copytree(repo / "deploy" / "build-ca", dest / "deploy" / "build-ca")
+    bundle = host_ca_bundle()
+    if bundle is not None:
+        shutil.copyfile(bundle, dest / "deploy" / "build-ca" / "ca-certificates.crt")
+
+
+def host_ca_bundle() -> Path | None:
+    """The CA bundle this machine's pip trusts: the image build trusts the same.
+
+    Where PyPI is reached through a TLS-intercepting proxy, only the host's
+    bundle holds the proxy's CA; the Dockerfile uses it in its wheels stage only.
+    """
+    for var in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        value = os.environ.get(var)
+        if value and Path(value).is_file():
+            return Path(value)
+    default = Path("/etc/ssl/certs/ca-certificates.crt")
+    return default if default.is_file() else None
 
 
 def build_image(tag: str = IMAGE, base: str = BASE_IMAGE, repo: Path = REPO_ROOT) -> None:

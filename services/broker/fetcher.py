@@ -29,6 +29,8 @@ TopicPartitionKey = tuple[str, int]
 
 
 class LeaderEndpoint(Protocol):
+    address: str
+
     async def fetch(self, request: common_pb2.FetchRequest) -> common_pb2.FetchResponse: ...
     async def offsets_for_leader_epoch(
         self, request: broker_pb2.OffsetsForLeaderEpochRequest) -> broker_pb2.OffsetsForLeaderEpochResponse: ...

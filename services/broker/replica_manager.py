@@ -141,7 +141,13 @@ class ReplicaManager:
             await asyncio.sleep(limits.ISR_CHECK_INTERVAL_MS / 1000)
             ticks += 1
             mono = monotonic_ms()
+            wall = now_ms()
             for p in list(self.partitions.values()):
+                try:
+                    p.log.maybe_roll(wall)
+                    p.log.maybe_flush(wall)
+                except Exception:
+                    log.exception("roll/flush of %s-%d failed", p.topic, p.partition)
                 change = p.check_isr_shrink(mono, self.replica_lag_time_max_ms)
                 if change is not None:
                     log.info("shrinking ISR of %s-%d from %s to %s", p.topic, p.partition, list(p.isr),
@@ -182,7 +188,8 @@ class ReplicaManager:
         if err is not None:
             return broker_pb2.LeaderAndIsrResponse(error_code=err.code, error_message=err.message)
         for node in req.live_leaders:
-            self.metadata.brokers.setdefault(node.broker_id, node)
+            # The controller's view is newer than our cache: a restarted leader has a new address.
+            self.metadata.brokers[node.broker_id] = node
         results = []
         mono = monotonic_ms()
         for item in req.partitions:
@@ -246,16 +253,34 @@ class ReplicaManager:
         if leader is None:
             log.warning("leader %d of %s-%d is not a live broker we know; waiting for metadata", state.leader, *tp)
             return
-        fetcher = self.fetchers.get(state.leader)
-        if fetcher is None:
-            fetcher = ReplicaFetcher(
-                local_broker_id=self.broker_id, broker_epoch=lambda: self.broker_epoch, leader_id=state.leader,
-                endpoint=GrpcLeaderEndpoint(f"{leader.host}:{leader.port}"), callbacks=self)
-            self.fetchers[state.leader] = fetcher
-            fetcher.start()
+        fetcher = self._fetcher_for(state.leader, f"{leader.host}:{leader.port}")
         fetcher.add_partition(tp, state.leader_epoch, p.log.log_end_offset)
         log.info("following %d for %s-%d at epoch %d from LEO %d", state.leader, *tp, state.leader_epoch,
                  p.log.log_end_offset)
+
+    def _fetcher_for(self, leader_id: int, address: str) -> ReplicaFetcher:
+        """The fetcher for a leader at its current address.
+
+        A leader that restarted listens on a new address: its old fetcher is
+        stopped and its partitions move to a new one, starting over in
+        TRUNCATING (they may have missed an epoch change).
+        """
+        fetcher = self.fetchers.get(leader_id)
+        if fetcher is not None and fetcher.endpoint.address == address:
+            return fetcher
+        moved = dict(fetcher.partitions) if fetcher is not None else {}
+        if fetcher is not None:
+            self._spawn(fetcher.stop(), f"stop-fetcher-{leader_id}")
+        fetcher = ReplicaFetcher(
+            local_broker_id=self.broker_id, broker_epoch=lambda: self.broker_epoch, leader_id=leader_id,
+            endpoint=GrpcLeaderEndpoint(address), callbacks=self)
+        self.fetchers[leader_id] = fetcher
+        fetcher.start()
+        for tp, st in moved.items():
+            leo = self.local_leo(tp)
+            if leo is not None:
+                fetcher.add_partition(tp, st.current_leader_epoch, leo)
+        return fetcher
 
     def _remove_from_fetchers(self, tp: TopicPartitionKey) -> None:
         for fetcher in self.fetchers.values():
@@ -289,6 +314,10 @@ class ReplicaManager:
         if err is not None:
             return broker_pb2.UpdateMetadataResponse(error_code=err.code, error_message=err.message)
         self.metadata.apply(req)
+        for leader_id, fetcher in list(self.fetchers.items()):
+            node = self.metadata.brokers.get(leader_id)
+            if node is not None and fetcher.endpoint.address != f"{node.host}:{node.port}":
+                self._fetcher_for(leader_id, f"{node.host}:{node.port}")
         # ISR changes the controller made (shrinks after failures) reach leaders here too.
         for state in req.partitions:
             p = self.partitions.get((state.topic, state.partition))

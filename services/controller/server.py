@@ -57,10 +57,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
 
     async def _not_controller(self, response_cls: type[R]) -> R:
         info = await current_controller(self.store)
-        active = controller_pb2.NotControllerInfo(controller_id=-1)
+        active = common_pb2.NotControllerInfo(controller_id=-1)
         message = "no controller is active yet; retry shortly"
         if info:
-            active = controller_pb2.NotControllerInfo(controller_id=int(info["controller_id"]),
+            active = common_pb2.NotControllerInfo(controller_id=int(info["controller_id"]),
                                                       host=str(info["host"]), port=int(info["port"]))
             message = (f"this is a standby controller; the active one is {active.controller_id} at "
                        f"{active.host}:{active.port}")

@@ -713,3 +713,21 @@ def test_recovery_reads_in_pieces_and_keeps_batches_that_cross_piece_ends(
     cut = Log.open(tmp_path / "t-0", config, now_ms=0)
     assert cut.log_end_offset == total - sizes[-1]
     assert cut.recovery_report.bytes_dropped == len(batch(sizes[-1], size=20)) - 5
+
+
+def test_batch_headers_walks_every_batch_from_an_offset_for_producer_state(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 40)
+    assert [h.base_offset for h in log.batch_headers()] == list(range(0, 120, 3))
+    assert [h.base_offset for h in log.batch_headers(100)] == list(range(99, 120, 3))
+    log.advance_log_start_offset(50)
+    assert next(iter(log.batch_headers())).base_offset == 48
+
+
+def test_locate_names_the_segment_position_and_batch_of_an_offset(place: tuple[Storage, str]) -> None:
+    log = open_log(place)
+    fill(log, 40)
+    second = log.segment_base_offsets[1]
+    assert log.locate(0) == (0, 0, 0)
+    assert log.locate(second + 4) == (second, len(batch()), second + 3)  # the second batch of the segment
+    assert log.locate(log.log_end_offset) is None

@@ -213,9 +213,9 @@ class FileLogModel(LogModel):
 
 TestLogAgainstModel = LogModel.TestCase
 TestLogAgainstModel.settings = settings(
-    max_examples=200, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=150, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestFileLogAgainstModel = FileLogModel.TestCase
 TestFileLogAgainstModel.settings = settings(
-    max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=15, stateful_step_count=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -33,8 +33,8 @@ TP0 = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)
 
 
-def record(value: bytes = b"v" * 100, ts: int = 1) -> tuple[None, bytes, list[tuple[str, bytes]], int]:
-    return (None, value, [], ts)
+def record(value: bytes = b"v" * 100, ts: int = 1) -> tuple[None, bytes, int]:
+    return (None, value, ts)
 
 
 def accumulator(**overrides: int) -> RecordAccumulator:
@@ -48,7 +48,7 @@ def accumulator(**overrides: int) -> RecordAccumulator:
 
 def test_a_batch_waits_for_linger_ms_then_is_ready() -> None:
     acc = accumulator(linger_ms=5)
-    created, full = acc.append(TP0, record(), 136, None, None, now_ms=100)
+    created, full = acc.append(TP0, record(), None, 136, None, None, now_ms=100)
     assert (created, full) == (True, False)
     assert acc.ready(102, set()) == ([], 3), "3 ms of linger left"
     assert acc.ready(105, set()) == ([TP0], None)
@@ -56,7 +56,7 @@ def test_a_batch_waits_for_linger_ms_then_is_ready() -> None:
 
 def test_a_full_batch_is_ready_at_once_and_the_next_record_opens_a_new_one() -> None:
     acc = accumulator(batch_size_bytes=500, linger_ms=1_000)
-    flags = [acc.append(TP0, record(), 136, None, None, now_ms=0) for _ in range(4)]
+    flags = [acc.append(TP0, record(), None, 136, None, None, now_ms=0) for _ in range(4)]
     # 61 header + 3 x 136 = 469 fits; the 4th would pass 500: new batch, first one closed.
     assert flags == [(True, False), (False, False), (False, False), (True, False)]
     ready, _ = acc.ready(0, set())
@@ -67,8 +67,8 @@ def test_a_full_batch_is_ready_at_once_and_the_next_record_opens_a_new_one() -> 
 
 def test_a_record_bigger_than_batch_size_gets_its_own_batch() -> None:
     acc = accumulator(batch_size_bytes=200, max_batch_bytes=4000)
-    acc.append(TP0, record(), 136, None, None, now_ms=0)
-    created, full = acc.append(TP0, record(b"x" * 1000), 1036, None, None, now_ms=0)
+    acc.append(TP0, record(), None, 136, None, None, now_ms=0)
+    created, full = acc.append(TP0, record(b"x" * 1000), None, 1036, None, None, now_ms=0)
     assert created and full
 
 
@@ -87,7 +87,7 @@ def test_drain_merges_up_to_max_batch_bytes_and_keeps_order() -> None:
 def test_drain_takes_one_batch_per_partition_within_max_request_bytes() -> None:
     acc = accumulator(batch_size_bytes=200)
     for tp in (TP0, TP1, TopicPartition("u", 0)):
-        acc.append(tp, record(), 136, None, None, now_ms=0)
+        acc.append(tp, record(), None, 136, None, None, now_ms=0)
     ready, _ = acc.ready(10, set())
     assert len(ready) == 3
     batches = acc.drain(ready, max_request_bytes=400)
@@ -97,13 +97,13 @@ def test_drain_takes_one_batch_per_partition_within_max_request_bytes() -> None:
 
 def test_muted_partitions_are_not_ready() -> None:
     acc = accumulator()
-    acc.append(TP0, record(), 136, None, None, now_ms=0)
+    acc.append(TP0, record(), None, 136, None, None, now_ms=0)
     assert acc.ready(100, {TP0}) == ([], None)
 
 
 def test_flush_closing_and_memory_waiters_skip_linger() -> None:
     acc = accumulator(linger_ms=10_000)
-    acc.append(TP0, record(), 136, None, None, now_ms=0)
+    acc.append(TP0, record(), None, 136, None, None, now_ms=0)
     assert acc.ready(1, set())[0] == []
     acc.flushes_in_progress = 1
     assert acc.ready(1, set())[0] == [TP0]
@@ -114,9 +114,9 @@ def test_flush_closing_and_memory_waiters_skip_linger() -> None:
 
 def test_a_retried_batch_goes_back_to_the_head_after_its_backoff() -> None:
     acc = accumulator(batch_size_bytes=200, linger_ms=0)
-    acc.append(TP0, record(b"a" * 100), 136, None, None, now_ms=0)
+    acc.append(TP0, record(b"a" * 100), None, 136, None, None, now_ms=0)
     [first] = acc.drain(acc.ready(0, set())[0], 100_000)
-    acc.append(TP0, record(b"b" * 100), 136, None, None, now_ms=1)
+    acc.append(TP0, record(b"b" * 100), None, 136, None, None, now_ms=1)
     acc.reenqueue(first, retry_at_ms=50)
     assert acc.ready(10, set()) == ([], 40), "the retry waits its backoff, and blocks the newer batch"
     [again] = acc.drain(acc.ready(50, set())[0], 100_000)
@@ -126,8 +126,8 @@ def test_a_retried_batch_goes_back_to_the_head_after_its_backoff() -> None:
 
 def test_expire_fails_queued_batches_past_the_delivery_timeout() -> None:
     acc = accumulator()
-    acc.append(TP0, record(), 136, None, None, now_ms=0)
-    acc.append(TP1, record(), 136, None, None, now_ms=50)
+    acc.append(TP0, record(), None, 136, None, None, now_ms=0)
+    acc.append(TP1, record(), None, 136, None, None, now_ms=50)
     expired = acc.expire(now_ms=100, delivery_timeout_ms=100)
     assert [b.tp for b in expired] == [TP0]
 
@@ -136,7 +136,7 @@ def test_buffer_memory_bounds_appends_until_batches_complete() -> None:
     acc = accumulator(batch_size_bytes=1000, max_batch_bytes=1000, buffer_memory_bytes=1000)
     for _ in range(6):
         assert acc.has_room(136)
-        acc.append(TP0, record(), 136, None, None, now_ms=0)
+        acc.append(TP0, record(), None, 136, None, None, now_ms=0)
     assert not acc.has_room(136)
     for batch in acc.drain(acc.ready(100, set())[0], 100_000):
         acc.complete(batch)
@@ -146,7 +146,7 @@ def test_buffer_memory_bounds_appends_until_batches_complete() -> None:
 def test_done_up_to_tracks_batches_merged_into_others() -> None:
     acc = accumulator(batch_size_bytes=200)
     for _ in range(3):
-        acc.append(TP0, record(), 136, None, None, now_ms=0)
+        acc.append(TP0, record(), None, 136, None, None, now_ms=0)
     target = acc.last_batch_id
     [merged] = acc.drain(acc.ready(0, set())[0], 100_000)
     assert merged.absorbed_ids and not acc.done_up_to(target)
@@ -161,9 +161,9 @@ def test_sequences_count_records_per_partition_and_survive_retries() -> None:
     acc = accumulator(batch_size_bytes=200, linger_ms=0)
     state = IdempotenceState()
     state.set_producer(7, 0)
-    acc.append(TP0, record(), 136, None, None, 0)
-    acc.append(TP0, record(), 136, None, None, 0)
-    acc.append(TP1, record(), 136, None, None, 0)
+    acc.append(TP0, record(), None, 136, None, None, 0)
+    acc.append(TP0, record(), None, 136, None, None, 0)
+    acc.append(TP1, record(), None, 136, None, None, 0)
     batches = acc.drain(acc.ready(0, set())[0], 100_000)
     for batch in batches:
         assert state.assign(batch)
@@ -179,7 +179,7 @@ def test_a_lost_batch_bumps_the_epoch_and_renumbers_from_zero() -> None:
     acc = accumulator(linger_ms=0)
     state = IdempotenceState()
     state.set_producer(7, 0)
-    acc.append(TP0, record(), 136, None, None, 0)
+    acc.append(TP0, record(), None, 136, None, None, 0)
     [batch] = acc.drain(acc.ready(0, set())[0], 100_000)
     state.assign(batch)
     state.on_batch_lost(batch)

@@ -17,9 +17,10 @@ Invariants kept here (DESIGN.md section 8):
 
 Ownership: one Log belongs to the one task that owns its partition (STYLE.md practice
 3). It holds no locks, reads no clock (now_ms is an argument) and does no asyncio; the
-broker calls it from that task (or hands whole calls to a thread, one at a time).
+broker calls it from that task (or hands whole calls to a thread, one at a time); it is
+not safe to call from two threads at once.
 Durability comes from replication; fsync happens on flush(), by the flush_messages /
-flush_ms settings (off by default, as Kafka), on roll of recovery, and on close().
+flush_ms settings (off by default, as Kafka), after recovery, on truncation and on close().
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -547,6 +548,22 @@ class Log:
                 return self._base_offsets[index], header.position, header.base_offset
             index += 1
         return None
+
+    def batch_headers(self, start_offset: int | None = None) -> Iterator[BatchHeader]:
+        """Headers of every batch from the one holding `start_offset` (default: the log start) to the LEO.
+
+        Reads headers only (no records, no CRC): for rebuilding producer state (idempotence,
+        DESIGN.md invariant 8) after open. Positions are within each batch's segment.
+        The log must not change while the iterator is in use.
+        """
+        offset = self._log_start_offset if start_offset is None else start_offset
+        index = max(0, bisect.bisect_right(self._base_offsets, offset) - 1)
+        for segment in self._segments[index:]:
+            first = segment.find_batch(offset) if segment.base_offset < offset else None
+            position = first.position if first is not None else 0
+            if segment.base_offset < offset and first is None:
+                continue
+            yield from segment.iter_headers(position)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, max timestamp) of the first batch with max_timestamp >= timestamp_ms, else None.

@@ -1,0 +1,177 @@
+"""The controller on real processes and etcd: failover, fencing, deletion, reassignment, rolling restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import grpc
+import pytest
+
+from coordinator.store import EtcdStore
+from protos.highwater.v1 import common_pb2, controller_pb2_grpc
+from tests.integration.conftest import TEST_LEASE_TTL_S
+from tests.integration.helpers import (
+    create_topic,
+    describe_partition,
+    fetch_all,
+    gateway_stub,
+    produce,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def etcd_value(endpoint: str, key: str) -> bytes | None:
+    async def get() -> bytes | None:
+        store = await EtcdStore.connect(endpoint)
+        try:
+            kv = await store.get(key)
+            return kv.value if kv is not None else None
+        finally:
+            await store.close()
+    return asyncio.run(get())
+
+
+def active_controller_id(endpoint: str) -> int | None:
+    raw = etcd_value(endpoint, "/highwater/controller")
+    return json.loads(raw)["controller_id"] if raw else None
+
+
+def test_standby_controller_takes_over_after_kill_and_the_cluster_keeps_working(make_cluster):
+    c = make_cluster(brokers=3, controllers=2)
+    gw = gateway_stub(c.gateway_address)
+    first = active_controller_id(c.etcd_endpoint)
+    epoch_before = int(etcd_value(c.etcd_endpoint, "/highwater/controller_epoch") or b"0")
+    c.kill(f"controller-{first}")
+    other = wait_for(lambda: (a := active_controller_id(c.etcd_endpoint)) not in (None, first) and a,
+                     timeout_s=TEST_LEASE_TTL_S + 5, what="the standby to take over")
+    assert int(etcd_value(c.etcd_endpoint, "/highwater/controller_epoch") or b"0") == epoch_before + 1
+    # The new controller creates topics and handles a broker failure.
+    result = wait_for(lambda: (r := create_topic(gw, "after-failover", partitions=2)).error_code == 0 and r,
+                      timeout_s=10, what="CreateTopics on the new controller")
+    assert result.error_code == 0
+    assert produce(gw, "after-failover", 0, [b"x"]).error_code == 0
+    old_leader = describe_partition(gw, "after-failover", 0).leader
+    c.kill_broker(old_leader)
+    wait_for(lambda: describe_partition(gw, "after-failover", 0).leader not in (-1, old_leader),
+             timeout_s=TEST_LEASE_TTL_S + 5, what=f"controller {other} to fail over the partition")
+
+
+def test_paused_controller_resumed_after_its_ttl_is_fenced_and_changes_nothing(make_cluster):
+    c = make_cluster(brokers=2, controllers=2)
+    first = active_controller_id(c.etcd_endpoint)
+    first_address = c.processes[f"controller-{first}"].address
+    c.pause(f"controller-{first}")
+    try:
+        wait_for(lambda: active_controller_id(c.etcd_endpoint) not in (None, first),
+                 timeout_s=TEST_LEASE_TTL_S + 5, what="the standby to take over from the paused controller")
+        epoch_after_takeover = etcd_value(c.etcd_endpoint, "/highwater/controller_epoch")
+    finally:
+        c.resume(f"controller-{first}")
+    stub = controller_pb2_grpc.ControllerServiceStub(grpc.insecure_channel(first_address))
+
+    def refuses() -> bool:
+        resp = stub.CreateTopics(common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
+            name="from-the-deposed", num_partitions=1, replication_factor=1)]), timeout=5)
+        return resp.error_code == common_pb2.NOT_CONTROLLER
+
+    wait_for(refuses, timeout_s=10, what="the resumed controller to stand down")
+    resp = stub.DescribeCluster(common_pb2.DescribeClusterRequest(), timeout=5)
+    assert resp.error_code == common_pb2.NOT_CONTROLLER
+    assert resp.active_controller.controller_id != first
+    assert etcd_value(c.etcd_endpoint, "/highwater/controller_epoch") == epoch_after_takeover
+    assert etcd_value(c.etcd_endpoint, "/highwater/brokers/topics/from-the-deposed") is None
+
+
+def test_deleted_topic_data_is_removed_from_every_broker_disk(make_cluster):
+    c = make_cluster(brokers=3)
+    gw = gateway_stub(c.gateway_address)
+    assert create_topic(gw, "doomed", partitions=2).error_code == 0
+    assert produce(gw, "doomed", 0, [b"a", b"b"]).error_code == 0
+    dirs = [c.base_dir / f"broker-{b}" / f"doomed-{p}" for b in c.broker_ids for p in range(2)]
+    assert all(d.is_dir() for d in dirs)
+    resp = gw.DeleteTopics(common_pb2.DeleteTopicsRequest(names=["doomed"], timeout_ms=10_000))
+    assert resp.topics[0].error_code == 0, resp.topics[0].error_message
+    assert not any(d.exists() for d in dirs)
+    assert etcd_value(c.etcd_endpoint, "/highwater/brokers/topics/doomed") is None
+    md = gw.Metadata(common_pb2.MetadataRequest(topics=["doomed"]))
+    assert md.topics[0].error_code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+    # The name can be used again.
+    assert create_topic(gw, "doomed", partitions=1).error_code == 0
+
+
+def _producer_loop(gw, topic: str, stop: threading.Event, acked: list, failed: list) -> None:
+    i = 0
+    while not stop.is_set():
+        value = f"r{i}".encode()
+        res = produce(gw, topic, 0, [value], timeout_ms=15_000)
+        if res.error_code == 0:
+            acked.append((res.base_offset, value))
+        else:
+            failed.append((value, common_pb2.ErrorCode.Name(res.error_code), res.error_message))
+        i += 1
+
+
+def test_reassignment_under_load_loses_no_acknowledged_record(make_cluster):
+    c = make_cluster(brokers=4)
+    gw = gateway_stub(c.gateway_address)
+    assignments = {0: common_pb2.ReplicaList(replicas=[1, 2, 3])}
+    resp = gw.CreateTopics(common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
+        name="moving", num_partitions=-1, replication_factor=-1, assignments=assignments,
+        configs={"min.insync.replicas": "2"})]))
+    assert resp.topics[0].error_code == 0
+    stop, acked, failed = threading.Event(), [], []
+    loader = threading.Thread(target=_producer_loop, args=(gw, "moving", stop, acked, failed))
+    loader.start()
+    try:
+        wait_for(lambda: len(acked) >= 20, timeout_s=10, what="some acknowledged records")
+        resp = gw.AlterPartitionReassignments(common_pb2.AlterPartitionReassignmentsRequest(topics=[
+            common_pb2.ReassignableTopic(name="moving", partitions=[
+                common_pb2.ReassignablePartition(partition=0, replicas=[4, 3, 2])])]))
+        assert resp.partitions[0].error_code == 0, resp.partitions[0].error_message
+        wait_for(lambda: not gw.ListPartitionReassignments(
+            common_pb2.ListPartitionReassignmentsRequest()).reassignments, timeout_s=30,
+            what="the reassignment to finish")
+        count = len(acked)
+        wait_for(lambda: len(acked) >= count + 20, timeout_s=10, what="writes after the move")
+    finally:
+        stop.set()
+        loader.join(timeout=30)
+    state = describe_partition(gw, "moving", 0)
+    assert list(state.replicas) == [4, 3, 2]
+    assert state.leader == 4, "the preferred replica of the new assignment leads"
+    assert not (c.base_dir / "broker-1" / "moving-0").exists(), "the removed replica was deleted"
+    records = {r.offset: r.value for r in fetch_all(gw, "moving", 0)}
+    assert all(records.get(offset) == value for offset, value in acked)
+    assert failed == []
+
+
+def test_rolling_restart_with_controlled_shutdown_fails_no_produce_request(make_cluster):
+    c = make_cluster(brokers=3)
+    gw = gateway_stub(c.gateway_address)
+    assert create_topic(gw, "rolling", partitions=1, configs={"min.insync.replicas": "2"}).error_code == 0
+    stop, acked, failed = threading.Event(), [], []
+    loader = threading.Thread(target=_producer_loop, args=(gw, "rolling", stop, acked, failed))
+    loader.start()
+    try:
+        for b in c.broker_ids:
+            wait_for(lambda: len(describe_partition(gw, "rolling", 0).isr) == 3, timeout_s=30,
+                     what=f"a full ISR before bouncing broker {b}")
+            count = len(acked)
+            started = time.monotonic()
+            assert c.terminate(f"broker-{b}") == 0
+            assert time.monotonic() - started < 10, "a controlled shutdown takes seconds, not a lease expiry"
+            c.start_broker(b)
+            wait_for(lambda n=count: len(acked) > n + 5, timeout_s=15, what=f"writes after bouncing broker {b}")
+    finally:
+        stop.set()
+        loader.join(timeout=30)
+    assert failed == []
+    records = {r.offset: r.value for r in fetch_all(gw, "rolling", 0)}
+    assert all(records.get(offset) == value for offset, value in acked)
+
+
