@@ -66,6 +66,8 @@ FETCH_MAX_WAIT_MS_DEFAULT = 500
 FETCH_MIN_BYTES_DEFAULT = 1
 FETCH_MAX_BYTES_DEFAULT = limits.FETCH_MAX_BYTES_DEFAULT
 MAX_PARTITION_FETCH_BYTES_DEFAULT = limits.FETCH_PARTITION_MAX_BYTES_DEFAULT
+# A Fetch answer must fit one gRPC message; 1 MiB is left for the per-partition fields.
+FETCH_MAX_BYTES_MAX = GRPC_MAX_MESSAGE_BYTES - 1024 * 1024
 MAX_POLL_RECORDS_DEFAULT = 500
 AUTO_COMMIT_INTERVAL_MS_DEFAULT = 5_000
 # One CommitOffsets request carries at most this many offsets (one etcd transaction).
@@ -198,7 +200,7 @@ class ConsumerConfig(ConnectionConfig):
         check_int("auto_commit_interval_ms", self.auto_commit_interval_ms, minimum=1)
         check_int("fetch_max_wait_ms", self.fetch_max_wait_ms, minimum=0, maximum=limits.FETCH_MAX_WAIT_MS_MAX)
         check_int("fetch_min_bytes", self.fetch_min_bytes, minimum=0)
-        check_int("fetch_max_bytes", self.fetch_max_bytes, minimum=1, maximum=GRPC_MAX_MESSAGE_BYTES // 2)
+        check_int("fetch_max_bytes", self.fetch_max_bytes, minimum=1, maximum=FETCH_MAX_BYTES_MAX)
         check_int("max_partition_fetch_bytes", self.max_partition_fetch_bytes, minimum=1,
                   maximum=self.fetch_max_bytes)
         check_int("max_poll_records", self.max_poll_records, minimum=1)

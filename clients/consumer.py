@@ -324,11 +324,43 @@ class AsyncConsumer:
     async def offsets_for_times(
         self, timestamps: Mapping[TopicPartition, int]
     ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
-        """First offset with a timestamp >= the one given, per partition (None: no such record)."""
+        """First offset with a timestamp >= the one given, per partition (None: no such record).
+
+        The broker answers per batch (it never decodes records: DESIGN.md section 4), so the
+        answer is refined here by reading that batch and picking the exact record, as
+        Kafka's broker does itself.
+        """
         tps = check_partitions(timestamps)
         asked = {tp: check_int("timestamp_ms", timestamps[tp], minimum=0) for tp in tps}
         found = await self._list_offsets(asked)
-        return {tp: (OffsetAndTimestamp(*found[tp]) if tp in found and found[tp][0] >= 0 else None) for tp in tps}
+        hits = {tp: found[tp] for tp in tps if tp in found and found[tp][0] >= 0}
+        exact = await self._first_records_at_or_after(
+            {tp: offset for tp, (offset, _) in hits.items()}, asked) if hits else {}
+        return {tp: exact.get(tp) or (OffsetAndTimestamp(*hits[tp]) if tp in hits else None) for tp in tps}
+
+    async def _first_records_at_or_after(self, offsets: dict[TopicPartition, int],
+                                         timestamps: dict[TopicPartition, int]) -> dict[TopicPartition,
+                                                                                        OffsetAndTimestamp]:
+        """One Fetch (no wait) from each offset: the first record with timestamp >= the one asked."""
+        by_topic: dict[str, list[common_pb2.FetchPartition]] = {}
+        for tp, offset in offsets.items():
+            by_topic.setdefault(tp.topic, []).append(common_pb2.FetchPartition(
+                partition=tp.partition, fetch_offset=offset, current_leader_epoch=-1,
+                partition_max_bytes=self.config.max_partition_fetch_bytes))
+        response = await self._conn().call("Fetch", common_pb2.FetchRequest(
+            replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=self.config.fetch_max_bytes,
+            topics=[common_pb2.FetchTopic(topic=t, partitions=p) for t, p in by_topic.items()]))
+        exact: dict[TopicPartition, OffsetAndTimestamp] = {}
+        for topic in response.topics:
+            for part in topic.partitions:
+                tp = TopicPartition(topic.topic, part.partition)
+                if tp not in offsets or part.error_code != common_pb2.NONE or not part.records:
+                    continue
+                for r in records.decode_batches(part.records, check_crc=self.config.check_crcs):
+                    if r.offset >= offsets[tp] and r.timestamp_ms >= timestamps[tp]:
+                        exact[tp] = OffsetAndTimestamp(r.offset, r.timestamp_ms)
+                        break
+        return exact
 
     # --- committed offsets -----------------------------------------------------------------
 

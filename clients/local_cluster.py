@@ -257,7 +257,6 @@ def up_command(data_dir: Path, brokers: int, controllers: int, gateways: int, ga
     Example: highwater cluster up --brokers 3 --demo
     """
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     if gateway_port and not _port_free(gateway_port):
@@ -279,16 +278,15 @@ def up_command(data_dir: Path, brokers: int, controllers: int, gateways: int, ga
         except (RuntimeError, TimeoutError) as exc:
             raise click.ClickException(str(exc)) from exc
     try:
-        table = Table(title="Highwater local cluster", show_lines=False)
-        for col in ("process", "pid", "address", "metrics", "log"):
-            table.add_column(col)
-        table.add_row("etcd", str(cluster.etcd.pid), cluster.etcd.endpoint, "", str(cluster.etcd.log_path))
+        console.print("[bold]Highwater local cluster[/bold] (data and logs under "
+                      f"{cluster.base_dir})", soft_wrap=True)
+        console.print(f"  etcd          pid {cluster.etcd.pid:<7} {cluster.etcd.endpoint}", soft_wrap=True)
         for p in cluster.processes.values():
-            metrics = f"http://127.0.0.1:{p.info.get('metrics_port')}/metrics"
-            table.add_row(p.name, str(p.pid), p.address, metrics, str(p.log_path))
-        console.print(table)
+            console.print(f"  {p.name:<13} pid {p.pid:<7} {p.address:<21} "
+                          f"metrics http://127.0.0.1:{p.info.get('metrics_port')}/metrics  log {p.log_path}",
+                          soft_wrap=True)
         console.print(f"bootstrap (gateway): [bold]{cluster.gateway_address}[/bold]   "
-                      f"try: highwater --bootstrap {cluster.gateway_address} topic list")
+                      f"try: highwater --bootstrap {cluster.gateway_address} topic list", soft_wrap=True)
         if demo:
             from clients.demo import run_demo
             run_demo(cluster.gateway_address, console)

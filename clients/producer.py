@@ -30,7 +30,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import accumulate, repeat
-from time import time_ns
+from time import monotonic, time_ns
 from typing import Any
 
 from clients.accumulator import RecordAccumulator
@@ -49,12 +49,14 @@ from clients.errors import ClientClosed, HighwaterError, InvalidArgument, Messag
 from clients.loop_thread import LoopThread
 from clients.metadata import ClusterMetadata, MetadataFetcher, TopicInfo, now_ms
 from clients.partitioner import StickyPartitioner, partition_for_key
-from clients.sender import BulkSendResult, Sender, closed_error
+from clients.sender import BulkSendResult, Sender, SentRecords, closed_error
 from clients.types import RecordMetadata, TopicPartition
 from services.common.errors import UnknownTopicOrPartition
 
 Callback = Callable[[RecordMetadata | None, HighwaterError | None], Any]
 HeadersArg = Iterable[tuple[str, bytes]] | Mapping[str, bytes] | None
+# A record checked and placed but not yet appended (no buffer room): (tp, record, headers, size).
+Pending = tuple[TopicPartition, tuple[Any, ...], list[tuple[str, bytes]] | None, int]
 
 _NO_HEADERS: list[tuple[str, bytes]] = []
 # How often a blocked flush() checks that the sender task is still alive.
@@ -180,13 +182,14 @@ class _ProducerCore:
         info = self.metadata.get(topic)
         return info, info is None or self.metadata.needs_refresh(topic, now_ms())
 
-    def prepare(self, info: TopicInfo, value: object, key: object, headers: HeadersArg, partition: object,
-                timestamp_ms: object) -> tuple[TopicPartition, tuple[Any, ...], list[tuple[str, bytes]] | None, int]:
-        """Check one record and choose its partition: (tp, record tuple, headers, size bound in bytes).
+    def append_one(self, info: TopicInfo, value: object, key: object, headers: HeadersArg, partition: object,
+                   timestamp_ms: object, future: Any, callback: Callback | None) -> Pending | None:
+        """Check one record, choose its partition and append it: None when done, or (when the
+        buffer is full) what to pass to `try_append` once there is room.
 
         Raises InvalidArgument for a wrong type or range and MessageTooLarge for a
         record that can never fit a batch; nothing is queued then. Runs once per
-        record, so the common case (bytes, no headers, no partition) is tested first.
+        record, so it is one flat function with the common case tested first.
         """
         if type(value) is not bytes and value is not None:
             value = _check_bytes("value", value)
@@ -208,7 +211,21 @@ class _ProducerCore:
             timestamp_ms = time_ns() // 1_000_000
         elif type(timestamp_ms) is not int or timestamp_ms < 0:  # type: ignore[operator]
             check_int("timestamp_ms", timestamp_ms, minimum=0)
-        return self._choose(info, key, partition, size), (key, value, timestamp_ms), header_list, size
+        record = (key, value, timestamp_ms)
+        tps = info.tps
+        if partition is not None or key is not None:
+            tp = self._choose(info, key, partition, size)
+        accumulator = self.accumulator
+        with self.lock:
+            if partition is None and key is None:
+                tp = tps[self.partitioner.partition(info.name, len(tps), info.available, size)]
+            if accumulator.buffered_bytes and accumulator.buffered_bytes + size > accumulator.buffer_memory_bytes:
+                return tp, record, header_list, size
+            created, full = accumulator.append(tp, record, header_list, size, future, callback,  # type: ignore[arg-type]
+                                               int(monotonic() * 1000))
+        if created or full:
+            self.wake()
+        return None
 
     def _choose(self, info: TopicInfo, key: bytes | None, partition: object, size: int) -> TopicPartition:
         """The partition: the caller's, the key's (murmur2) or the sticky one for keyless records."""
@@ -369,21 +386,21 @@ class Producer:
 
     def send_batch(self, topic: str, values: Sequence[bytes], *, key: bytes | None = None,
                    partition: int | None = None, headers: HeadersArg = None,
-                   timestamp_ms: int | None = None) -> concurrent.futures.Future[list[RecordMetadata]]:
+                   timestamp_ms: int | None = None) -> concurrent.futures.Future[SentRecords]:
         """Queue many values at once (all with one key, headers and timestamp): the bulk path.
 
         Checks and batching run in C loops and each batch is encoded once, so this goes
         at the record encoder's speed (over a million 100-byte records/s on one thread).
         Keyless values spread over partitions a batch at a time (sticky); with a key or a
-        partition they all go to one partition, in order. The future resolves to every
-        record's RecordMetadata in input order, or fails with the first error.
+        partition they all go to one partition, in order. The future resolves to SentRecords,
+        a sequence of every record's RecordMetadata in input order, or fails with the first error.
         """
         core = self._core
         core.check_open()
         info = self._topic_info(core.check_topic(topic))
         count, runs, records_, header_list = core.prepare_runs(info, values, key, headers, partition, timestamp_ms)
-        future: concurrent.futures.Future[list[RecordMetadata]] = concurrent.futures.Future()
-        sink = BulkSendResult(count, future)
+        future: concurrent.futures.Future[SentRecords] = concurrent.futures.Future()
+        sink = BulkSendResult(info.name, count, future)
         for number, (tp, start, end, size) in enumerate(runs):
             run = records_[start:end]
             try:
@@ -400,9 +417,11 @@ class Producer:
         core = self._core
         core.check_open()
         info = self._topic_info(core.check_topic(topic))
-        tp, record, header_list, size = core.prepare(info, value, key, headers, partition, timestamp_ms)
-        while not core.try_append(tp, record, header_list, size, future, callback):
-            self._wait_for_room(size)
+        pending = core.append_one(info, value, key, headers, partition, timestamp_ms, future, callback)
+        if pending is not None:
+            tp, record, header_list, size = pending
+            while not core.try_append(tp, record, header_list, size, future, callback):
+                self._wait_for_room(size)
 
     def _wait_for_room(self, size: int) -> None:
         core = self._core
@@ -540,10 +559,12 @@ class AsyncProducer:
         """
         core = await self._ready_core()
         info = await self._topic_info(core, core.check_topic(topic))
-        tp, record, header_list, size = core.prepare(info, value, key, headers, partition, timestamp_ms)
         future: asyncio.Future[RecordMetadata] = core.loop.create_future()
-        while not core.try_append(tp, record, header_list, size, future, callback):
-            await self._wait_for_room(core, size)
+        pending = core.append_one(info, value, key, headers, partition, timestamp_ms, future, callback)
+        if pending is not None:
+            tp, record, header_list, size = pending
+            while not core.try_append(tp, record, header_list, size, future, callback):
+                await self._wait_for_room(core, size)
         return future
 
     async def _wait_for_room(self, core: _ProducerCore, size: int) -> None:
@@ -572,13 +593,13 @@ class AsyncProducer:
 
     async def send_batch(self, topic: str, values: Sequence[bytes], *, key: bytes | None = None,
                          partition: int | None = None, headers: HeadersArg = None,
-                         timestamp_ms: int | None = None) -> asyncio.Future[list[RecordMetadata]]:
+                         timestamp_ms: int | None = None) -> asyncio.Future[SentRecords]:
         """As Producer.send_batch: queue many values at once; await the future for their metadata."""
         core = await self._ready_core()
         info = await self._topic_info(core, core.check_topic(topic))
         count, runs, records_, header_list = core.prepare_runs(info, values, key, headers, partition, timestamp_ms)
-        future: asyncio.Future[list[RecordMetadata]] = core.loop.create_future()
-        sink = BulkSendResult(count, future)
+        future: asyncio.Future[SentRecords] = core.loop.create_future()
+        sink = BulkSendResult(info.name, count, future)
         for number, (tp, start, end, size) in enumerate(runs):
             run = records_[start:end]
             try:

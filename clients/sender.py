@@ -25,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
-from typing import Any
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from typing import Any, overload
 
 from clients import records
 from clients.accumulator import ProducerBatch, RecordAccumulator
@@ -101,41 +102,79 @@ def settle_batch(batch: ProducerBatch, base_offset: int, log_append_time_ms: int
                     records_[index:index + count], log_append_time_ms, error)
 
 
+class SentRecords(Sequence[RecordMetadata]):
+    """RecordMetadata of every record of a bulk send, in input order, built on access.
+
+    A bulk send of a million records would otherwise build a million tuples nobody reads.
+    Holds one entry per batch: (first input index, count, partition, base offset, timestamp).
+    """
+
+    __slots__ = ("_runs", "_starts", "_topic", "count")
+
+    def __init__(self, topic: str, count: int, runs: list[tuple[int, int, int, int, int]]) -> None:
+        self._topic = topic
+        self.count = count
+        self._runs = sorted(runs)
+        self._starts = [run[0] for run in self._runs]
+
+    def __len__(self) -> int:
+        return self.count
+
+    @overload
+    def __getitem__(self, index: int) -> RecordMetadata: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[RecordMetadata]: ...
+
+    def __getitem__(self, index: int | slice) -> RecordMetadata | list[RecordMetadata]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.count))]
+        if index < 0:
+            index += self.count
+        if not 0 <= index < self.count:
+            raise IndexError(f"record {index} of a bulk send of {self.count}")
+        start, _count, partition, base_offset, timestamp_ms = self._runs[bisect_right(self._starts, index) - 1]
+        offset = base_offset + index - start if base_offset >= 0 else -1
+        return RecordMetadata(self._topic, partition, offset, timestamp_ms)
+
+    def __repr__(self) -> str:
+        return f"SentRecords({self._topic!r}, {self.count} records in {len(self._runs)} batches)"
+
+
 class BulkSendResult:
     """Collects the outcome of one bulk send (many batches) and resolves its future once.
 
-    The future gets every RecordMetadata in input order, or the first error (records in
-    other batches of the same call may have been written). Settled on the sender's thread.
+    The future gets SentRecords (every RecordMetadata in input order), or the first error
+    (records in other batches of the same call may have been written). Settled on the
+    sender's thread.
     """
 
-    __slots__ = ("error", "future", "pending", "results")
+    __slots__ = ("error", "future", "pending", "runs", "topic")
 
-    def __init__(self, count: int, future: Any) -> None:
-        self.results: list[RecordMetadata | None] = [None] * count
+    def __init__(self, topic: str, count: int, future: Any) -> None:
+        self.topic = topic
+        self.runs: list[tuple[int, int, int, int, int]] = []
         self.pending = count
         self.error: HighwaterError | None = None
         self.future = future
         if count == 0:
-            future.set_result([])
+            future.set_result(SentRecords(topic, 0, []))
 
     def settle(self, input_start: int, tp: TopicPartition, base_offset: int, run: list[tuple[Any, ...]],
                log_append_time_ms: int, error: HighwaterError | None) -> None:
         if error is not None:
             self.error = self.error or error
-        else:
-            topic, partition = tp
-            self.results[input_start:input_start + len(run)] = [
-                RecordMetadata(topic, partition, base_offset + i if base_offset >= 0 else -1,
-                               log_append_time_ms if log_append_time_ms >= 0 else record[2])
-                for i, record in enumerate(run)
-            ]
+        elif run:
+            timestamp_ms = log_append_time_ms if log_append_time_ms >= 0 else run[0][2]
+            self.runs.append((input_start, len(run), tp.partition, base_offset, timestamp_ms))
         self.pending -= len(run)
         if self.pending == 0 and not self.future.done():
+            count = sum(run_[1] for run_ in self.runs)
             try:
                 if self.error is not None:
                     self.future.set_exception(self.error)
                 else:
-                    self.future.set_result(self.results)
+                    self.future.set_result(SentRecords(self.topic, count, self.runs))
             except Exception:  # cancelled by its owner
                 pass
 

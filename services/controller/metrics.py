@@ -13,3 +13,8 @@ EVENT_QUEUE_TIME = Histogram("highwater_controller_event_queue_time_seconds", "T
                              ["event"])
 EVENT_PROCESSING_TIME = Histogram("highwater_controller_event_processing_seconds",
                                   "Time to decide and commit an event", ["event"])
+# Admin calls and the brokers' AlterPartition / ControlledShutdown, as the active
+# controller answers them (event queue wait and etcd commit included).
+REQUEST_LATENCY = Histogram("highwater_controller_request_latency_seconds", "Controller RPC latency", ["rpc"],
+                            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                                     10, 30))

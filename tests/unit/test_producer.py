@@ -75,7 +75,7 @@ def test_a_record_bigger_than_batch_size_gets_its_own_batch() -> None:
 def test_drain_merges_up_to_max_batch_bytes_and_keeps_order() -> None:
     acc = accumulator(batch_size_bytes=300, max_batch_bytes=700)
     for i in range(10):
-        acc.append(TP0, record(bytes([i]) * 100), 136, None, None, now_ms=0)
+        acc.append(TP0, record(bytes([i]) * 100), None, 136, None, None, now_ms=0)
     first = acc.drain(acc.ready(0, set())[0], max_request_bytes=100_000)
     assert len(first) == 1 and first[0].size_bytes <= 700
     values = [r[1][0] for r in first[0].records]
@@ -376,6 +376,14 @@ def test_bad_arguments_raise_typed_errors_and_queue_nothing(gateway) -> None:
         Producer(address, lingerms=5)
     with pytest.raises(InvalidArgument, match="acks"):
         Producer(address, acks=1)  # idempotence needs acks=all
+
+
+def test_default_configs_are_valid() -> None:
+    from clients.config import ConnectionConfig, ConsumerConfig, ProducerConfig
+
+    ConnectionConfig()
+    ConsumerConfig()
+    assert ProducerConfig().acks == -1 and ProducerConfig(acks="1", enable_idempotence=False).acks == 1
 
 
 def test_send_after_close_raises(gateway) -> None:

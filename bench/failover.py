@@ -1,0 +1,186 @@
+"""Recovery figures of the controller (issue: Controller), on a real local cluster.
+
+1. broker failure: a broker leading N partitions (default 1,000) is killed with
+   SIGKILL; the figure is the time from the kill until every one of those
+   partitions accepts an acks=all write again, for each lease TTL given
+   (default 2 s and 6 s). Target: within the lease TTL + 1 s.
+2. controller takeover: with P partitions (default 10,000, replication factor
+   1 to keep 2 cores sane), the active controller is stopped and the figure is
+   the time from its stop until the standby answers DescribeCluster with every
+   partition (load from etcd + LeaderAndIsr/UpdateMetadata queued). Measured
+   after a clean stop (lease revoked at once) so the lease TTL is not counted.
+   Target: under 2 s.
+3. controlled shutdown: SIGTERM to a broker leading N partitions until its
+   process exits, all leaderships moved. Target: under 2 s.
+
+Prints each figure, its target and the ratio, and writes JSON to
+bench/results/failover.json. Usage: python bench/failover.py --help
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+from clients.local_cluster import LocalCluster
+from clients.records import Record, encode_batch
+from protos.highwater.v1 import common_pb2, controller_pb2_grpc, gateway_pb2_grpc
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, object]:
+    mem_kib = 0
+    try:
+        with open("/proc/meminfo") as f:
+            mem_kib = int(f.readline().split()[1])
+    except OSError:
+        pass
+    return {"cores": os.cpu_count(), "memory_gib": round(mem_kib / 2**20, 1), "python": platform.python_version(),
+            "machine": platform.machine()}
+
+
+def gateway(cluster: LocalCluster) -> gateway_pb2_grpc.GatewayServiceStub:
+    return gateway_pb2_grpc.GatewayServiceStub(grpc.insecure_channel(
+        cluster.gateway_addresses[0], options=[("grpc.max_receive_message_length", 64 << 20)]))
+
+
+def create_led_by(gw: gateway_pb2_grpc.GatewayServiceStub, topic: str, partitions: int, replicas: list[int],
+                  min_isr: int) -> None:
+    """A topic whose every partition has the same replica list, so replicas[0] leads them all."""
+    assignments = {p: common_pb2.ReplicaList(replicas=replicas) for p in range(partitions)}
+    resp = gw.CreateTopics(common_pb2.CreateTopicsRequest(timeout_ms=120_000, topics=[common_pb2.CreatableTopic(
+        name=topic, num_partitions=-1, replication_factor=-1, assignments=assignments,
+        configs={"min.insync.replicas": str(min_isr)})]), timeout=300)
+    if resp.topics[0].error_code:
+        raise SystemExit(f"CreateTopics failed: {resp.topics[0].error_message}")
+
+
+def produce_all(gw: gateway_pb2_grpc.GatewayServiceStub, topic: str, partitions: list[int], timeout_ms: int
+                ) -> set[int]:
+    """One acks=all Produce for all partitions; returns those that succeeded."""
+    batch = encode_batch([Record(None, b"x" * 100, [], int(time.time() * 1000))])
+    req = common_pb2.ProduceRequest(acks=-1, timeout_ms=timeout_ms, topics=[common_pb2.ProduceTopicData(
+        topic=topic, partitions=[common_pb2.ProducePartitionData(partition=p, records=batch) for p in partitions])])
+    try:
+        resp = gw.Produce(req, timeout=timeout_ms / 1000 + 5)
+    except grpc.RpcError:
+        return set()
+    return {p.partition for t in resp.topics for p in t.partitions if p.error_code == 0}
+
+
+def wait_all_ok(gw: gateway_pb2_grpc.GatewayServiceStub, topic: str, partitions: int, deadline_s: float) -> float:
+    """Seconds until every partition accepted an acks=all write (inf if never within deadline)."""
+    start = time.monotonic()
+    pending = set(range(partitions))
+    while pending and time.monotonic() - start < deadline_s:
+        pending -= produce_all(gw, topic, sorted(pending), timeout_ms=1000)
+        if pending:
+            time.sleep(0.05)
+    return time.monotonic() - start if not pending else float("inf")
+
+
+def bench_broker_failure(partitions: int, ttl_s: int, base: Path) -> dict[str, object]:
+    with LocalCluster(base / f"broker-failure-ttl{ttl_s}", brokers=3, lease_ttl_s=ttl_s) as cluster:
+        gw = gateway(cluster)
+        create_led_by(gw, "led", partitions, [1, 2, 3], min_isr=2)
+        warm = wait_all_ok(gw, "led", partitions, deadline_s=120)
+        if warm == float("inf"):
+            raise SystemExit("the topic never accepted writes before the kill")
+        killed = time.monotonic()
+        cluster.kill("broker-1")
+        recovered = wait_all_ok(gw, "led", partitions, deadline_s=ttl_s * 10 + 30)
+        # wait_all_ok started right after the kill, so its time is the time since the kill.
+        del killed
+        return {"partitions": partitions, "lease_ttl_s": ttl_s, "recovery_s": round(recovered, 3),
+                "target_s": ttl_s + 1, "ratio_to_target": round(recovered / (ttl_s + 1), 3)}
+
+
+def bench_controller_takeover(partitions: int, base: Path) -> dict[str, object]:
+    topics = max(1, partitions // 1000)
+    per_topic = partitions // topics
+    with LocalCluster(base / "takeover", brokers=3, controllers=2, lease_ttl_s=6) as cluster:
+        gw = gateway(cluster)
+        for i in range(topics):
+            assignments = {p: common_pb2.ReplicaList(replicas=[1 + (p + i) % 3]) for p in range(per_topic)}
+            resp = gw.CreateTopics(common_pb2.CreateTopicsRequest(timeout_ms=120_000, topics=[
+                common_pb2.CreatableTopic(name=f"t{i}", num_partitions=-1, replication_factor=-1,
+                                          assignments=assignments)]), timeout=300)
+            if resp.topics[0].error_code:
+                raise SystemExit(resp.topics[0].error_message)
+        active = next(p for p in cluster.by_kind("controller")
+                      if gateway(cluster).DescribeCluster(common_pb2.DescribeClusterRequest()).controller_id
+                      == int(p.name.split("-")[1]))
+        standby = next(p for p in cluster.by_kind("controller") if p is not active)
+        stub = controller_pb2_grpc.ControllerServiceStub(grpc.insecure_channel(
+            standby.address, options=[("grpc.max_receive_message_length", 64 << 20)]))
+        stopped = time.monotonic()
+        cluster.terminate(active.name)
+        stop_s = time.monotonic() - stopped
+        while time.monotonic() - stopped < 120:
+            resp = stub.DescribeCluster(common_pb2.DescribeClusterRequest(), timeout=30)
+            if resp.error_code == 0 and len(resp.partitions) >= topics * per_topic:
+                break
+            time.sleep(0.02)
+        takeover = time.monotonic() - stopped
+        return {"partitions": topics * per_topic, "takeover_s": round(takeover, 3),
+                "old_controller_stop_s": round(stop_s, 3), "target_s": 2.0, "ratio_to_target": round(takeover / 2, 3)}
+
+
+def bench_controlled_shutdown(partitions: int, base: Path) -> dict[str, object]:
+    with LocalCluster(base / "controlled-shutdown", brokers=3, lease_ttl_s=6) as cluster:
+        gw = gateway(cluster)
+        create_led_by(gw, "led", partitions, [1, 2, 3], min_isr=2)
+        if wait_all_ok(gw, "led", partitions, deadline_s=120) == float("inf"):
+            raise SystemExit("the topic never accepted writes")
+        started = time.monotonic()
+        code = cluster.terminate("broker-1", timeout_s=60)
+        took = time.monotonic() - started
+        resp = gw.DescribeCluster(common_pb2.DescribeClusterRequest())
+        still_led = sum(1 for p in resp.partitions if p.topic == "led" and p.leader == 1)
+        return {"partitions": partitions, "controlled_shutdown_s": round(took, 3), "exit_code": code,
+                "partitions_still_led": still_led, "target_s": 2.0, "ratio_to_target": round(took / 2, 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--partitions", type=int, default=1000, help="partitions led by the failing broker")
+    parser.add_argument("--ttls", type=int, nargs="+", default=[2, 6], help="lease TTLs to measure, seconds")
+    parser.add_argument("--takeover-partitions", type=int, default=10_000)
+    parser.add_argument("--only", choices=["failure", "takeover", "shutdown"], nargs="*",
+                        default=["failure", "takeover", "shutdown"])
+    args = parser.parse_args()
+    out: dict[str, object] = {"machine": machine(), "date": time.strftime("%Y-%m-%d")}
+    with tempfile.TemporaryDirectory(prefix="hw-failover-") as tmp:
+        base = Path(tmp)
+        if "failure" in args.only:
+            out["broker_failure"] = []
+            for ttl in args.ttls:
+                r = bench_broker_failure(args.partitions, ttl, base)
+                out["broker_failure"].append(r)  # type: ignore[union-attr]
+                print(f"broker failure, {r['partitions']} partitions, lease TTL {ttl} s: all accept acks=all "
+                      f"after {r['recovery_s']} s (target {r['target_s']} s, ratio {r['ratio_to_target']})")
+        if "takeover" in args.only:
+            r = bench_controller_takeover(args.takeover_partitions, base)
+            out["controller_takeover"] = r
+            print(f"controller takeover, {r['partitions']} partitions: {r['takeover_s']} s "
+                  f"(target 2 s, ratio {r['ratio_to_target']})")
+        if "shutdown" in args.only:
+            r = bench_controlled_shutdown(args.partitions, base)
+            out["controlled_shutdown"] = r
+            print(f"controlled shutdown, {r['partitions']} partitions led: {r['controlled_shutdown_s']} s, "
+                  f"{r['partitions_still_led']} still led (target 2 s, ratio {r['ratio_to_target']})")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "failover.json").write_text(json.dumps(out, indent=2))
+    print(json.dumps(out["machine"]))
+
+
+if __name__ == "__main__":
+    main()
