@@ -18,6 +18,7 @@ from clients.admin import Admin, AsyncAdmin
 from clients.consumer import AsyncConsumer, Consumer
 from clients.errors import ClientClosed, GatewayUnavailable, HighwaterError, InvalidArgument
 from clients.producer import AsyncProducer, Producer
+from clients.sender import SentRecords
 from clients.types import (
     ClusterDescription,
     ConsumerRecord,
@@ -46,6 +47,7 @@ __all__ = [
     "PartitionDescription",
     "Producer",
     "RecordMetadata",
+    "SentRecords",
     "TopicDescription",
     "TopicPartition",
 ]

@@ -12,6 +12,7 @@ request_timeout_ms.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -383,6 +384,8 @@ class Admin:
         self._async = AsyncAdmin(bootstrap, **settings)
         self.config = self._async.config
         self._thread = LoopThread("highwater-admin")
+        # A client dropped without close() still ends its thread (nothing on the loop refers back to us).
+        weakref.finalize(self, self._thread.stop)
 
     def _run(self, coro: Any, what: str) -> Any:
         return self._thread.run(coro, None, what)

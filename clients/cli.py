@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, NoReturn
 
 import click
@@ -33,6 +35,8 @@ from services.common import errors as wire_errors
 
 # Produce runs at least this long get a progress bar (when stderr is a terminal).
 PROGRESS_MIN_RECORDS = 10_000
+# Generated records go to Producer.send_batch this many at a time.
+GENERATED_CHUNK_RECORDS = 10_000
 # Produce runs up to this many records print each record's partition and offset.
 ECHO_OFFSETS_MAX_RECORDS = 10
 # How long to look for a gateway before GATEWAY_UNAVAILABLE, at most.
@@ -49,7 +53,7 @@ HINTS: list[tuple[type[HighwaterError], str]] = [
     (wire_errors.InvalidPartitions, "a topic's partition count can only grow"),
     (wire_errors.NotEnoughReplicas, "fewer in-sync replicas than min.insync.replicas: "
                                     "see `highwater topic describe NAME`"),
-    (wire_errors.RequestTimedOut, "raise --timeout-ms, or check the cluster with `highwater cluster describe`"),
+    (wire_errors.RequestTimedOut, "raise --request-timeout-ms, or check the cluster with `highwater cluster describe`"),
     (wire_errors.NotController, "a controller election is in progress: retry in a few seconds"),
     (wire_errors.LeaderNotAvailable, "a leader election is in progress: retry in a few seconds"),
     (wire_errors.MessageTooLarge, "records and batches are limited by max.message.bytes (1 MiB by default)"),
@@ -158,7 +162,7 @@ def text_of(data: bytes | None) -> str | None:
               metavar="HOST:PORT[,HOST:PORT]", help="Gateway addresses (env HIGHWATER_BOOTSTRAP); failover in order.")
 @click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="Tables for people, JSON for scripts.")
-@click.option("--timeout-ms", type=click.IntRange(100, 600_000), default=30_000, show_default=True,
+@click.option("--request-timeout-ms", "timeout_ms", type=click.IntRange(100, 600_000), default=30_000, show_default=True,
               help="Timeout of each request to the cluster.")
 @click.version_option(package_name="highwater", prog_name="highwater")
 @click.pass_context
@@ -334,6 +338,21 @@ def _generated_values(value: str | None, size: int, count: int) -> Iterator[byte
         yield (prefix + b"x" * max(0, size - len(prefix)))[:max(size, 1)]
 
 
+@contextmanager
+def _progress(console: Console, total: int | None) -> Iterator[Callable[[int, float], None]]:
+    """A progress bar with the rate on `console` (no-op when total is None)."""
+    if total is None:
+        yield lambda done, rate: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    progress = Progress(TextColumn("producing"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console)
+    with progress:
+        task = progress.add_task("produce", total=total, rate="")
+        yield lambda done, rate: progress.update(task, completed=done, rate=f"{rate:,.0f} records/s")
+
+
 @cli.command()
 @click.argument("topic_name", metavar="TOPIC")
 @click.option("--value", default=None, help="Produce this value (--count times) instead of reading stdin.")
@@ -376,7 +395,7 @@ def produce(obj: CliContext, topic_name: str, value: str | None, count: int | No
             for v in _generated_values(value, size, total):
                 yield fixed_key, v
             return
-        for line in click.get_text_stream("stdin"):
+        for line in sys.stdin:
             line = line.rstrip("\r\n")
             if key_separator is not None:
                 k, sep, v = line.partition(key_separator)
@@ -406,21 +425,20 @@ def produce(obj: CliContext, topic_name: str, value: str | None, count: int | No
     with obj.admin() as admin:
         admin.describe_topics(topic_name)  # fail fast on a missing topic (a producer would wait for it)
     with Producer(obj.bootstrap, **settings) as producer:
-        if show_progress:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            progress = Progress(TextColumn("producing"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=err_console)
-            with progress:
-                task = progress.add_task("produce", total=total, rate="")
-                for k, v in records():
-                    producer.produce(topic_name, v, k, headers=header_list, partition=partition, callback=on_delivery)
-                    sent += 1
-                    if sent % 10_000 == 0:
-                        rate = sent / max(time.monotonic() - started, 1e-9)
-                        progress.update(task, completed=sent, rate=f"{rate:,.0f} rec/s")
-                progress.update(task, completed=sent, rate="flushing")
+        if total is not None and not echo:
+            # Generated records: the bulk path, a chunk at a time (a progress bar per chunk).
+            bulk: list[Any] = []
+            chunks = _generated_values(value, size, total)
+            with _progress(err_console, total if show_progress else None) as advance:
+                while chunk := list(islice(chunks, GENERATED_CHUNK_RECORDS)):
+                    bulk.append(producer.send_batch(topic_name, chunk, key=fixed_key, partition=partition,
+                                                    headers=header_list))
+                    sent += len(chunk)
+                    advance(sent, sent / max(time.monotonic() - started, 1e-9))
                 producer.flush()
+            for future in bulk:
+                if future.exception() is not None:
+                    failures.append(future.exception())
         else:
             for k, v in records():
                 if echo:
@@ -448,9 +466,9 @@ def produce(obj: CliContext, topic_name: str, value: str | None, count: int | No
     console = out()
     for m in results:
         console.print(f"partition {m.partition} offset {m.offset}")
+    rate = f" ({sent / elapsed:,.0f} records/s)" if sent >= 1000 else ""
     Console(stderr=True, highlight=False).print(
-        f"[dim]produced {sent:,} record(s) to {escape(topic_name)} in {elapsed:.2f} s "
-        f"({sent / elapsed:,.0f} records/s)[/dim]")
+        f"[dim]produced {sent:,} record(s) to {escape(topic_name)} in {elapsed:.2f} s{rate}[/dim]")
 
 
 @cli.command()
@@ -564,9 +582,11 @@ def cluster_describe(obj: CliContext) -> None:
         })
         return
     console = out()
-    controller = (f"{d.controller_id} at {d.controller_address} (epoch {d.controller_epoch})"
+    at = f" at {d.controller_address}" if d.controller_address else ""
+    controller = (f"{d.controller_id}{at} (epoch {d.controller_epoch})"
                   if d.controller_id >= 0 else "[red]none active[/red]")
-    console.print(f"cluster id: [bold]{escape(d.cluster_id)}[/bold]")
+    if d.cluster_id:
+        console.print(f"cluster id: [bold]{escape(d.cluster_id)}[/bold]")
     console.print(f"controller: {controller}")
     table = Table(title="nodes", title_justify="left")
     for column in ("role", "id", "address", "rack"):

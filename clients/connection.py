@@ -25,13 +25,16 @@ from typing import Any
 import grpc
 
 from clients.config import GRPC_MAX_MESSAGE_BYTES
-from clients.errors import (
-    ClientClosed,
-    GatewayUnavailable,
-    InvalidArgument,
-    error_from_status,
-)
+from clients.errors import ClientClosed, GatewayUnavailable, InvalidArgument
 from protos.highwater.v1 import gateway_pb2_grpc
+from services.common.errors import (
+    ClusterAuthorizationFailed,
+    HighwaterError,
+    InvalidRequest,
+    MessageTooLarge,
+    RequestTimedOut,
+    UnknownServerError,
+)
 
 log = logging.getLogger("highwater.client.connection")
 
@@ -93,6 +96,8 @@ class GatewayConnection:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, gateway_pb2_grpc.GatewayServiceStub] = {}
         self._closed = False
+        # True once any gateway has answered a call: later outages are transient, not a wrong address.
+        self.ever_answered = False
 
     @property
     def current_address(self) -> str:
@@ -149,7 +154,9 @@ class GatewayConnection:
             why = await self._connected(address, connect_deadline)
             if not why:
                 try:
-                    return await getattr(stub, method)(request, timeout=rpc_timeout_s)
+                    response = await getattr(stub, method)(request, timeout=rpc_timeout_s)
+                    self.ever_answered = True
+                    return response
                 except grpc.aio.AioRpcError as error:
                     if error.code() not in _FAILOVER_CODES:
                         raise error_from_status(error, method, address) from None
@@ -176,3 +183,24 @@ class GatewayConnection:
         for channel in channels:
             await channel.close(grace=None)
 
+
+def error_from_status(error: grpc.aio.AioRpcError | grpc.RpcError, method: str, address: str) -> HighwaterError:
+    """The typed error for a whole-request gRPC failure other than UNAVAILABLE.
+
+    UNAVAILABLE is not mapped here: the connection fails over to the next gateway
+    and raises GatewayUnavailable only when none is left.
+    """
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    details = (error.details() if hasattr(error, "details") else "") or ""
+    where = f"{method} at gateway {address}"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return RequestTimedOut(f"{where}: no answer before the deadline")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidRequest(f"{where}: {details}")
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return ClusterAuthorizationFailed(f"{where}: {details}")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return MessageTooLarge(f"{where}: {details}")
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return UnknownServerError(f"{where}: the gateway does not implement this call")
+    return UnknownServerError(f"{where}: {code.name if code else 'UNKNOWN'}: {details}")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -479,16 +480,27 @@ class AsyncConsumer:
         await self._maybe_auto_commit(now_ms())
         fetched_once = False
         while True:
-            await self._update_subscription()
-            await self._update_positions()
-            ready = self._take_buffered(limit)
-            if ready:
-                return ready
-            remaining = deadline - now_ms()
-            if fetched_once and remaining <= 0:
-                return []
-            fetched_once = True
-            await self._fetch(max(0, min(self.config.fetch_max_wait_ms, remaining)))
+            try:
+                await self._update_subscription()
+                await self._update_positions()
+                ready = self._take_buffered(limit)
+                if ready:
+                    return ready
+                remaining = deadline - now_ms()
+                if fetched_once and remaining <= 0:
+                    return []
+                fetched_once = True
+                await self._fetch(max(0, min(self.config.fetch_max_wait_ms, remaining)))
+            except HighwaterError as error:
+                # A gateway restart or a leader election: ride it out, as Kafka's consumer
+                # does, once the cluster has answered us at all. A wrong address is raised.
+                if not error.retriable or self._connection is None or not self._connection.ever_answered:
+                    raise
+                log.warning("poll: %s; retrying", error)
+                remaining = deadline - now_ms()
+                if remaining <= 0:
+                    return []
+                await asyncio.sleep(min(remaining, self.config.retry_backoff_max_ms) / 1000)
 
     def _take_buffered(self, limit: int) -> list[ConsumerRecord]:
         taken: list[ConsumerRecord] = []
@@ -611,11 +623,21 @@ class AsyncConsumer:
         return self
 
     async def __anext__(self) -> ConsumerRecord:
-        """Iterate records forever (one at a time from the poll buffer)."""
+        """Iterate records forever. Each record advances the position as poll() would."""
         while True:
+            buffered = self.next_buffered()
+            if buffered is not None:
+                return buffered
             batch = await self.poll(self.config.fetch_max_wait_ms, max_records=1)
             if batch:
                 return batch[0]
+
+    def next_buffered(self) -> ConsumerRecord | None:
+        """The next already-fetched record, if any, taken as poll() would take it (no I/O)."""
+        if not self._buffers:
+            return None
+        taken = self._take_buffered(1)
+        return taken[0] if taken else None
 
 
 class Consumer:
@@ -633,6 +655,8 @@ class Consumer:
         self._async = AsyncConsumer(*topics, bootstrap=bootstrap, **settings)
         self.config = self._async.config
         self._thread = LoopThread("highwater-consumer")
+        # A client dropped without close() still ends its thread (nothing on the loop refers back to us).
+        weakref.finalize(self, self._thread.stop)
 
     def _run(self, coro: Any, what: str) -> Any:
         return self._thread.run(coro, None, what)
@@ -735,7 +759,12 @@ class Consumer:
         return self
 
     def __next__(self) -> ConsumerRecord:
+        """Iterate records forever; records already fetched are taken without a thread hop
+        (nothing runs on the loop thread between calls)."""
         while True:
+            buffered = self._async.next_buffered()
+            if buffered is not None:
+                return buffered
             batch = self.poll(self.config.fetch_max_wait_ms, max_records=1)
             if batch:
                 return batch[0]

@@ -11,21 +11,18 @@ with `code_name()` (what the CLI prints before the message).
   it is also a ValueError and a TypeError so plain Python code can catch it.
 - ClientClosed: a method was called on a closed Producer/Consumer/Admin.
 
-`error_from_status` turns a whole-request gRPC failure into one of these.
+Pure: imports no grpc (clients/connection.py maps gRPC statuses to these), so the
+accumulator and the partitioner stay free of I/O imports.
 """
 
 from __future__ import annotations
 
-import grpc
-
 from protos.highwater.v1 import common_pb2
 from services.common.errors import (
-    ClusterAuthorizationFailed,
     HighwaterError,
     InvalidRequest,
     MessageTooLarge,
     RequestTimedOut,
-    UnknownServerError,
     error_for_code,
     raise_for_code,
 )
@@ -38,7 +35,6 @@ __all__ = [
     "MessageTooLarge",
     "RequestTimedOut",
     "error_for_code",
-    "error_from_status",
     "raise_for_code",
 ]
 
@@ -77,25 +73,3 @@ class ClientClosed(HighwaterError):
     @classmethod
     def code_name(cls) -> str:
         return "CLIENT_CLOSED"
-
-
-def error_from_status(error: grpc.aio.AioRpcError | grpc.RpcError, method: str, address: str) -> HighwaterError:
-    """The typed error for a whole-request gRPC failure other than UNAVAILABLE.
-
-    UNAVAILABLE is not mapped here: the connection fails over to the next gateway
-    and raises GatewayUnavailable only when none is left.
-    """
-    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
-    details = (error.details() if hasattr(error, "details") else "") or ""
-    where = f"{method} at gateway {address}"
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return RequestTimedOut(f"{where}: no answer before the deadline")
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidRequest(f"{where}: {details}")
-    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-        return ClusterAuthorizationFailed(f"{where}: {details}")
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return MessageTooLarge(f"{where}: {details}")
-    if code == grpc.StatusCode.UNIMPLEMENTED:
-        return UnknownServerError(f"{where}: the gateway does not implement this call")
-    return UnknownServerError(f"{where}: {code.name if code else 'UNKNOWN'}: {details}")

@@ -18,13 +18,16 @@ asyncio.Future from AsyncProducer — and optional callbacks
 The synchronous Producer runs its sender on a private event-loop thread; `send`
 appends from the caller's thread under a lock without crossing to that thread
 (a wake-up is posted once per batch, not per record). `produce` is the same
-without a future, the fastest way in.
+without a future (about 3x cheaper per record: no Future to create and settle).
+`send_batch` takes a list of values and does its per-record work in C loops; it
+is the way to load millions of records per second (one future per call).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 import time
 from bisect import bisect_right
@@ -53,12 +56,16 @@ from clients.sender import BulkSendResult, Sender, SentRecords, closed_error
 from clients.types import RecordMetadata, TopicPartition
 from services.common.errors import UnknownTopicOrPartition
 
+log = logging.getLogger("highwater.client.producer")
+
 Callback = Callable[[RecordMetadata | None, HighwaterError | None], Any]
 HeadersArg = Iterable[tuple[str, bytes]] | Mapping[str, bytes] | None
 # A record checked and placed but not yet appended (no buffer room): (tp, record, headers, size).
 Pending = tuple[TopicPartition, tuple[Any, ...], list[tuple[str, bytes]] | None, int]
 
 _NO_HEADERS: list[tuple[str, bytes]] = []
+# How long close() waits for the sender task to end once everything is settled.
+SENDER_STOP_WAIT_S = 5.0
 # How often a blocked flush() checks that the sender task is still alive.
 _FLUSH_CHECK_INTERVAL_S = 0.5
 
@@ -95,15 +102,19 @@ def _check_headers(headers: HeadersArg) -> tuple[list[tuple[str, bytes]], int]:
     return checked, size
 
 
+def _log_sender_end(task: asyncio.Task[None]) -> None:
+    """A sender that ends with an exception is a bug: say so (sends then raise ClientClosed)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the producer's sender task failed", exc_info=task.exception())
+
+
 class _ProducerCore:
     """What both producers share. Appends may come from any thread; the rest runs on `loop`."""
 
-    def __init__(self, config: ProducerConfig, loop: asyncio.AbstractEventLoop,
-                 future_factory: Callable[[], Any], wake: Callable[[], None],
+    def __init__(self, config: ProducerConfig, loop: asyncio.AbstractEventLoop, wake: Callable[[], None],
                  on_batch_done: Callable[[], None]) -> None:
         self.config = config
         self.loop = loop
-        self.future_factory = future_factory
         self.wake = wake
         self.lock = threading.Lock()
         # Notified after every completed batch: flush() and appends waiting for memory wait on it.
@@ -127,7 +138,7 @@ class _ProducerCore:
         self.sender_task: asyncio.Task[None] | None = None
         self.closed = False
         self._valid_topics: set[str] = set()
-        self._refreshing: set[str] = set()
+        self._refreshing: dict[str, asyncio.Task[None]] = {}
         # The largest record (key + value + headers bound) that fits one request.
         self.record_bytes_max = config.max_request_bytes - BATCH_OVERHEAD_BYTES
 
@@ -135,12 +146,12 @@ class _ProducerCore:
 
     def start(self) -> None:
         self.sender_task = self.loop.create_task(self.sender.run(), name="highwater-producer-sender")
+        self.sender_task.add_done_callback(_log_sender_end)
 
     def refresh_in_background(self, topic: str) -> None:
         """Refresh a stale topic without blocking senders (they use the old answer meanwhile)."""
         if topic in self._refreshing:
             return
-        self._refreshing.add(topic)
 
         async def _refresh() -> None:
             try:
@@ -148,9 +159,9 @@ class _ProducerCore:
             except HighwaterError:
                 pass  # the next send or error tries again
             finally:
-                self._refreshing.discard(topic)
+                self._refreshing.pop(topic, None)
 
-        self.loop.create_task(_refresh())
+        self._refreshing[topic] = self.loop.create_task(_refresh())
 
     async def topic_info(self, topic: str) -> TopicInfo:
         return await self.fetcher.topic(topic, wait_ms=self.config.max_block_ms,
@@ -162,7 +173,7 @@ class _ProducerCore:
         if self.sender_task is not None:
             self.sender.stop_when_idle()
             try:
-                await asyncio.wait_for(self.sender_task, 5.0)
+                await asyncio.wait_for(self.sender_task, SENDER_STOP_WAIT_S)
             except (TimeoutError, asyncio.CancelledError):
                 self.sender_task.cancel()
         await self.connection.close()
@@ -347,7 +358,6 @@ class Producer:
         self._core = _ProducerCore(
             self.config,
             self._thread.loop,
-            concurrent.futures.Future,
             wake=lambda: self._thread.call_soon(self._core.sender.wake),
             on_batch_done=self._on_batch_done,
         )
@@ -527,7 +537,7 @@ class AsyncProducer:
         if self._closed:
             raise ClientClosed("the producer is closed")
         loop = asyncio.get_running_loop()
-        core = _ProducerCore(self.config, loop, loop.create_future, wake=lambda: core.sender.wake(),
+        core = _ProducerCore(self.config, loop, wake=lambda: core.sender.wake(),
                              on_batch_done=self._batch_done.set)
         core.start()
         self._core = core

@@ -6,6 +6,7 @@ library has its own tests in test_clients.py.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -13,6 +14,7 @@ from typing import TypeVar
 import grpc
 
 from clients.records import Record, decode_batches, encode_batch
+from coordinator.store import EtcdStore
 from protos.highwater.v1 import common_pb2, gateway_pb2_grpc
 
 T = TypeVar("T")
@@ -86,3 +88,15 @@ def describe_partition(gw: gateway_pb2_grpc.GatewayServiceStub, topic: str, part
                        ) -> common_pb2.PartitionState:
     resp = gw.DescribeCluster(common_pb2.DescribeClusterRequest())
     return next(p for p in resp.partitions if p.topic == topic and p.partition == partition)
+
+
+def etcd_value(endpoint: str, key: str) -> bytes | None:
+    """The value of one etcd key (None when absent), read with a short-lived store."""
+    async def get() -> bytes | None:
+        store = await EtcdStore.connect(endpoint)
+        try:
+            kv = await store.get(key)
+            return kv.value if kv is not None else None
+        finally:
+            await store.close()
+    return asyncio.run(get())

@@ -25,6 +25,7 @@ from clients import (
 from clients.cli import cli
 from clients.partitioner import partition_for_key
 from services.common import errors
+from tests.integration.conftest import TEST_LEASE_TTL_S
 
 pytestmark = pytest.mark.integration
 
@@ -57,6 +58,7 @@ def test_keyed_records_with_headers_come_back_identical_and_in_order_per_partiti
         ]
         producer.flush(timeout_ms=20_000)
         sent = [f.result(timeout=1) for f in futures]
+        assert producer._core.sender.idempotence.producer_id >= 0, "InitProducerId through the gateway"
     for i, metadata in enumerate(sent):
         assert metadata.partition == partition_for_key(keys[i], 3), "Kafka's key -> partition mapping"
     with Consumer(bootstrap=cluster.gateway_address, auto_offset_reset="earliest", **FAST) as consumer:
@@ -90,6 +92,17 @@ def test_bulk_send_and_compression(cluster):
     assert sorted(r.value for r in received) == sorted(values)
     where = {(m.partition, m.offset): values[i] for i, m in enumerate(sent)}
     assert all(where[(r.partition, r.offset)] == r.value for r in received)
+
+
+def test_acks_one_and_zero(cluster):
+    create(cluster, "clients-acks", partitions=1)
+    with Producer(cluster.gateway_address, acks=1, enable_idempotence=False, **FAST) as producer:
+        assert producer.send("clients-acks", b"one").result(timeout=10).offset == 0
+    with Producer(cluster.gateway_address, acks=0, enable_idempotence=False, **FAST) as producer:
+        assert producer.send("clients-acks", b"zero").result(timeout=10).offset == -1, "acks=0: nobody says"
+    with Consumer(bootstrap=cluster.gateway_address, auto_offset_reset="earliest", **FAST) as consumer:
+        consumer.assign([TopicPartition("clients-acks", 0)])
+        assert [r.value for r in consume_until(consumer, 2)] == [b"one", b"zero"]
 
 
 def test_commit_and_committed_offsets_resume_a_group(cluster):
@@ -239,7 +252,9 @@ def test_producer_rides_through_a_gateway_restart(cluster):
         assert producer.send("clients-gateway-restart", b"before").result(timeout=10).offset == 0
         cluster.kill_gateway()
         future = producer.send("clients-gateway-restart", b"during")
-        time.sleep(1.0)
+        # A gateway id can register again once the killed one's lease has expired.
+        time.sleep(TEST_LEASE_TTL_S + 1.0)
+        assert not future.done(), "no gateway: the record waits, retrying"
         cluster.start_gateway()
         assert future.result(timeout=45).offset == 1, "retried within delivery_timeout_ms, written once"
     with Consumer(bootstrap=cluster.gateway_address, auto_offset_reset="earliest", **FAST) as consumer:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
@@ -10,12 +9,12 @@ import time
 import grpc
 import pytest
 
-from coordinator.store import EtcdStore
 from protos.highwater.v1 import common_pb2, controller_pb2_grpc
 from tests.integration.conftest import TEST_LEASE_TTL_S
 from tests.integration.helpers import (
     create_topic,
     describe_partition,
+    etcd_value,
     fetch_all,
     gateway_stub,
     produce,
@@ -25,15 +24,6 @@ from tests.integration.helpers import (
 pytestmark = pytest.mark.integration
 
 
-def etcd_value(endpoint: str, key: str) -> bytes | None:
-    async def get() -> bytes | None:
-        store = await EtcdStore.connect(endpoint)
-        try:
-            kv = await store.get(key)
-            return kv.value if kv is not None else None
-        finally:
-            await store.close()
-    return asyncio.run(get())
 
 
 def active_controller_id(endpoint: str) -> int | None:

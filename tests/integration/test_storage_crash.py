@@ -79,7 +79,7 @@ class AckedBatches:
     """What the producer thread was told: base offset -> values of every batch answered with error 0."""
 
     batches: dict[int, list[bytes]] = field(default_factory=dict)
-    failed: int = 0
+    failed: list[str] = field(default_factory=list)  # why each unacknowledged attempt failed
 
     def records(self) -> dict[int, bytes]:
         return {base + i: v for base, values in self.batches.items() for i, v in enumerate(values)}
@@ -100,30 +100,33 @@ def _produce_forever(gw, topic: str, name: str, rng: random.Random, stop: thread
         seq += 1
         try:
             res = produce(gw, topic, 0, values, acks=1, timeout_ms=OUTAGE_PRODUCE_TIMEOUT_MS)
-        except grpc.RpcError:
-            acked.failed += 1
+        except grpc.RpcError as exc:
+            acked.failed.append(exc.code().name)
             continue
         if res.error_code == common_pb2.NONE:
             acked.batches[res.base_offset] = values
         else:
-            acked.failed += 1
+            acked.failed.append(common_pb2.ErrorCode.Name(res.error_code))
 
 
-def check_disk_holds(partition_dir: Path, acked: dict[int, list[bytes]]) -> int:
+def check_disk_holds(partition_dir: Path, acked: dict[int, list[bytes]]) -> tuple[int, int]:
     """Every acknowledged batch lies, whole and with a good CRC, in the sound prefix of the segments.
 
-    Returns the bytes of torn or corrupt tail that recovery will have to cut.
+    Returns (the offset where the sound prefix ends, the bytes of torn or corrupt tail that
+    recovery will have to cut).
     """
     sound: dict[int, int] = {}  # base offset -> record count of every sound batch on disk
-    torn = 0
+    sound_end = torn = 0
     for path in segment_files(partition_dir):
         data = path.read_bytes()
         headers, end, _ = valid_prefix(data)
         sound.update((h.base_offset, h.records_count) for h in headers)
+        if headers:
+            sound_end = headers[-1].next_offset
         torn += len(data) - end
     missing = {base: len(values) for base, values in acked.items() if sound.get(base) != len(values)}
     assert not missing, f"acknowledged batches (base offset: records) not whole on disk after SIGKILL: {missing}"
-    return torn
+    return sound_end, torn
 
 
 @pytest.mark.slow
@@ -156,7 +159,10 @@ def test_sigkill_during_appends_loses_no_acknowledged_batch_and_leaves_nothing_c
             # Copy: the producer thread may still record an answer that raced the kill.
             acked_before_kill = dict(acked.batches)
             assert not (partition_dir / CLEAN_SHUTDOWN_MARKER).exists(), "SIGKILL leaves no clean-shutdown marker"
-            torn_per_cycle.append(check_disk_holds(partition_dir, acked_before_kill))
+            sound_end, torn = check_disk_holds(partition_dir, acked_before_kill)
+            torn_per_cycle.append(torn)
+            acked_end = max(base + len(values) for base, values in acked_before_kill.items())
+            unacknowledged_survivors.append(sound_end - acked_end)
 
             restart_after_crash(c, 1, gw, topic)
             records = fetch_all(gw, topic, 0, timeout_s=20)  # decode_batches checks every batch's CRC
@@ -169,8 +175,6 @@ def test_sigkill_during_appends_loses_no_acknowledged_batch_and_leaves_nothing_c
             # Recovery really ran: one scan per unclean start, each saying what it dropped.
             recoveries = broker_log.read_text(errors="replace").count(f"log {partition_dir}: recovered")
             assert recoveries == cycle, f"expected {cycle} recovery scans in {broker_log}, found {recoveries}"
-            acked_end = max(base + len(values) for base, values in acked_before_kill.items())
-            unacknowledged_survivors.append(len(records) - acked_end)
     finally:
         stop.set()
         for producer in producers:
@@ -178,7 +182,7 @@ def test_sigkill_during_appends_loses_no_acknowledged_batch_and_leaves_nothing_c
     assert not any(producer.is_alive() for producer in producers)
     final = {r.offset: r.value for r in fetch_all(gw, topic, 0, timeout_s=20)}
     assert all(final.get(offset) == value for offset, value in acked.records().items())
-    print(f"{CRASH_CYCLES} crashes, {len(acked.batches)} batches acknowledged, {acked.failed} produce attempts "
+    print(f"{CRASH_CYCLES} crashes, {len(acked.batches)} batches acknowledged, {len(acked.failed)} produce attempts "
           f"failed during outages; torn tail bytes on disk after each kill: {torn_per_cycle}; records written "
           f"past the last acknowledged one at each kill (in flight, answer lost): {unacknowledged_survivors}")
 

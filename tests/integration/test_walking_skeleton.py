@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
 import pytest
 
-from coordinator.store import EtcdStore
 from protos.highwater.v1 import common_pb2
 from tests.integration.conftest import TEST_LEASE_TTL_S
 from tests.integration.helpers import (
     create_topic,
     describe_partition,
+    etcd_value,
     fetch_all,
     gateway_stub,
     partition_metadata,
@@ -24,15 +23,6 @@ from tests.integration.helpers import (
 pytestmark = pytest.mark.integration
 
 
-def etcd_get(endpoint: str, key: str) -> bytes | None:
-    async def get() -> bytes | None:
-        store = await EtcdStore.connect(endpoint)
-        try:
-            kv = await store.get(key)
-            return kv.value if kv is not None else None
-        finally:
-            await store.close()
-    return asyncio.run(get())
 
 
 def test_records_produced_with_acks_all_are_consumed_back_identical(cluster):
@@ -53,7 +43,7 @@ def test_describe_shows_the_leader_and_isr_stored_in_etcd(cluster):
     assert create_topic(gw, "skeleton-describe", partitions=2).error_code == 0
     for p in range(2):
         described = describe_partition(gw, "skeleton-describe", p)
-        raw = etcd_get(cluster.etcd_endpoint, f"/highwater/brokers/topics/skeleton-describe/partitions/{p}/state")
+        raw = etcd_value(cluster.etcd_endpoint, f"/highwater/brokers/topics/skeleton-describe/partitions/{p}/state")
         assert raw is not None
         stored = json.loads(raw)
         assert described.leader == stored["leader"]
@@ -86,10 +76,10 @@ def test_bad_topic_requests_get_named_errors(cluster):
 def test_killed_broker_registration_disappears_within_the_lease_ttl(make_cluster):
     c = make_cluster(brokers=2)
     key = "/highwater/brokers/ids/2"
-    assert etcd_get(c.etcd_endpoint, key) is not None
+    assert etcd_value(c.etcd_endpoint, key) is not None
     c.kill_broker(2)
     killed_at = time.monotonic()
-    wait_for(lambda: etcd_get(c.etcd_endpoint, key) is None, timeout_s=TEST_LEASE_TTL_S + 3,
+    wait_for(lambda: etcd_value(c.etcd_endpoint, key) is None, timeout_s=TEST_LEASE_TTL_S + 3,
              what="the killed broker's /brokers/ids key to expire")
     # etcd checks expiry every 500 ms, so allow a second past the TTL.
     assert time.monotonic() - killed_at <= TEST_LEASE_TTL_S + 1.5

@@ -43,7 +43,7 @@ def test_high_watermark_is_the_minimum_leo_over_the_isr_and_never_moves_back():
 def test_acks_all_is_refused_when_the_isr_is_below_min_insync_replicas():
     p = partition(min_isr=2)
     p.become_leader(state(1, 0, (1,)), now_ms=0)
-    with pytest.raises(NotEnoughReplicas, match="min.insync.replicas=2"):
+    with pytest.raises(NotEnoughReplicas, match=r"min\.insync\.replicas=2"):
         p.append_as_leader(batch(), acks=-1, now_ms=0)
     assert p.log.log_end_offset == 0, "nothing was written"
     p.append_as_leader(batch(), acks=1, now_ms=0)

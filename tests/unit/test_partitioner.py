@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -73,7 +74,7 @@ def test_keyless_records_round_robin_over_partitions_with_a_leader() -> None:
     sticky = StickyPartitioner(batch_size_bytes=1, rng=random.Random(7))
     chosen = [sticky.partition("t", 4, [1, 3], 10) for _ in range(6)]
     assert set(chosen) == {1, 3}
-    assert all(a != b for a, b in zip(chosen, chosen[1:], strict=False)), "each full batch moves on"
+    assert all(a != b for a, b in itertools.pairwise(chosen)), "each full batch moves on"
 
 
 def test_keyless_records_use_every_partition_when_none_has_a_leader() -> None:

@@ -1,0 +1,57 @@
+"""Every bound of the Spark connector in one place, with its unit in its name and why.
+
+A user may change the ones marked "option" through a `highwater.`-prefixed data
+source option (spark_connector/options.py lists them); the rest are fixed.
+"""
+
+from __future__ import annotations
+
+from clients.config import GRPC_MAX_MESSAGE_BYTES
+from services.broker.producer_state import PRODUCER_BATCHES_KEPT
+from services.common.limits import MAX_MESSAGE_BYTES
+
+# --- reading ---------------------------------------------------------------
+# One Fetch asks for this much of one partition (option highwater.fetch.max.bytes). 8 MiB
+# is ~80k records of 100 B: big enough that per-RPC cost (~0.5 ms, FACTS.md) is a few
+# percent of decoding it, small enough that a task holds two of them (one decoding, one
+# in flight) in well under the gRPC message bound.
+FETCH_MAX_BYTES_DEFAULT = 8 * 1024 * 1024
+FETCH_MAX_BYTES_MAX = GRPC_MAX_MESSAGE_BYTES // 2
+# When a Fetch below the planned end offset comes back empty (a new leader whose high
+# watermark has not caught up yet), the next one long-polls this long.
+FETCH_EMPTY_WAIT_MS = 500
+# maxBytesPerTrigger turns bytes into offsets by sampling this much of each partition
+# from the micro-batch's start offset (a soft limit, as Databricks' Kafka source has).
+BYTES_SAMPLE_MAX_BYTES = 256 * 1024
+
+# --- all RPCs ----------------------------------------------------------------
+# Option highwater.request.timeout.ms: one RPC to a gateway.
+REQUEST_TIMEOUT_MS_DEFAULT = 30_000
+# Option highwater.connect.timeout.ms: how long to wait for any gateway of `bootstrap` to
+# accept a connection before failing the query with the addresses tried.
+CONNECT_TIMEOUT_MS_DEFAULT = 10_000
+# Retriable errors (leader moving, leader not available, a gateway restarting) are retried
+# with this back-off until the retry deadline (option highwater.retry.timeout.ms) passes.
+RETRY_BACKOFF_MS = 200
+RETRY_TIMEOUT_MS_DEFAULT = 60_000
+
+# --- writing ---------------------------------------------------------------
+# Option highwater.batch.size.bytes: a record batch is closed once its records reach this
+# size. Under the broker's MAX_MESSAGE_BYTES (1 MiB) so one batch never exceeds a topic's
+# default max.message.bytes; a single larger record still goes alone in its own batch.
+WRITE_BATCH_BYTES_DEFAULT = 512 * 1024
+WRITE_BATCH_BYTES_MAX = MAX_MESSAGE_BYTES - 1024
+# A record batch also closes at this many records (varint offset deltas stay small).
+WRITE_BATCH_RECORDS_MAX = 50_000
+# One Produce carries at most this many bytes of batches (several partitions at once).
+PRODUCE_REQUEST_BYTES_MAX = 8 * 1024 * 1024
+# The broker remembers the last PRODUCER_BATCHES_KEPT batches per producer id and
+# partition. A writer task moves to a fresh derived producer id after that many batches
+# to one partition, so every batch it wrote stays recognisable to a replay (see writer.py).
+BATCHES_PER_PRODUCER_ID = PRODUCER_BATCHES_KEPT
+# Producer epochs are int16 on the wire; the streaming writer uses batchId modulo this as
+# the epoch, and folds batchId // this into the producer id.
+PRODUCER_EPOCH_MODULUS = 32_767
+# Derived producer ids live in [2**62, 2**63): the controller hands out ids from 0 upwards
+# in blocks of 1000, so the two never meet.
+DERIVED_PRODUCER_ID_BASE = 1 << 62

@@ -1,0 +1,377 @@
+"""Data source options: parsed and checked once, at planning, into frozen dataclasses.
+
+Pure: no Spark, no gRPC. Every error is an `OptionError` whose message names the
+option (or input column) that is wrong, so a bad query fails at planning with a
+sentence a user can act on, not with a stack trace from a worker.
+
+Option names follow Spark's Kafka source (Structured Streaming + Kafka Integration
+Guide) where one exists: subscribe / subscribePattern / assign, startingOffsets,
+endingOffsets, startingOffsetsByTimestamp, startingTimestamp, endingOffsetsByTimestamp,
+endingTimestamp, startingOffsetsByTimestampStrategy, maxOffsetsPerTrigger,
+maxBytesPerTrigger, minPartitions, failOnDataLoss, includeHeaders, topic. Spark hands
+options over case-insensitively (keys may arrive lower-cased), so every lookup here
+is by lower-cased name. Offsets JSON is Kafka's: {"topic": {"0": 23, "1": -2}} with -2
+meaning earliest and -1 latest.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from clients.config import TOPIC_NAME_MAX_CHARS
+from spark_connector import limits
+
+TopicPartitionKey = tuple[str, int]
+
+EARLIEST = -2  # Kafka's offsets-JSON value (and ListOffsets timestamp) for the log start
+LATEST = -1  # ... and for the high watermark
+
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
+_BYTE_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+class OptionError(ValueError):
+    """A data source option or an input column is wrong; the message names it."""
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """Settings passed through with the `highwater.` prefix (see CLIENT_SETTINGS)."""
+
+    request_timeout_ms: int = limits.REQUEST_TIMEOUT_MS_DEFAULT
+    connect_timeout_ms: int = limits.CONNECT_TIMEOUT_MS_DEFAULT
+    retry_timeout_ms: int = limits.RETRY_TIMEOUT_MS_DEFAULT
+    fetch_max_bytes: int = limits.FETCH_MAX_BYTES_DEFAULT
+    acks: int = -1
+    batch_size_bytes: int = limits.WRITE_BATCH_BYTES_DEFAULT
+    compression: str = "none"
+
+
+# option name (after the prefix) -> (ClientSettings field, minimum, maximum); acks and
+# compression are checked on their own.
+CLIENT_PREFIX = "highwater."
+_INT_SETTINGS: dict[str, tuple[str, int, int]] = {
+    "request.timeout.ms": ("request_timeout_ms", 1, 3_600_000),
+    "connect.timeout.ms": ("connect_timeout_ms", 1, 3_600_000),
+    "retry.timeout.ms": ("retry_timeout_ms", 0, 3_600_000),
+    "fetch.max.bytes": ("fetch_max_bytes", 1024, limits.FETCH_MAX_BYTES_MAX),
+    "batch.size.bytes": ("batch_size_bytes", 1, limits.WRITE_BATCH_BYTES_MAX),
+}
+CLIENT_SETTINGS = (*_INT_SETTINGS, "acks", "compression")
+_COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """What to read: exactly one of subscribe, subscribePattern, assign."""
+
+    option: str  # the option that was given, for messages
+    topics: tuple[str, ...] = ()
+    pattern: str | None = None
+    assigned: tuple[TopicPartitionKey, ...] = ()
+
+    def matches(self, topic: str) -> bool:
+        if self.pattern is not None:
+            return re.fullmatch(self.pattern, topic) is not None
+        return topic in self.topics or any(t == topic for t, _ in self.assigned)
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """Where to start or end: earliest, latest, per-partition offsets, or timestamps.
+
+    `option` names the option it came from. For kind "offsets", partitions not listed
+    take `default` (EARLIEST or LATEST). For kind "timestamps", `timestamp_all` (ms)
+    applies to every partition unless a per-partition one is given.
+    """
+
+    option: str
+    kind: str  # "earliest" | "latest" | "offsets" | "timestamps"
+    offsets: dict[TopicPartitionKey, int] = field(default_factory=dict)
+    timestamps: dict[TopicPartitionKey, int] = field(default_factory=dict)
+    timestamp_all: int | None = None
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    bootstrap: str
+    subscription: Subscription
+    starting: OffsetSpec
+    ending: OffsetSpec | None  # None for streaming queries
+    timestamp_strategy: str  # "error" | "latest": no record at/after a starting timestamp
+    max_offsets_per_trigger: int | None
+    max_bytes_per_trigger: int | None
+    min_partitions: int | None
+    fail_on_data_loss: bool
+    include_headers: bool
+    push_filters: bool
+    client: ClientSettings
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    bootstrap: str
+    topic: str | None  # overrides a `topic` column, as in Spark's Kafka sink
+    client: ClientSettings
+
+
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    return {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+
+
+def check_topic(topic: object, where: str) -> str:
+    if not isinstance(topic, str) or not topic:
+        raise OptionError(f"{where}: a topic name must be a non-empty string, got {topic!r}")
+    if len(topic) > TOPIC_NAME_MAX_CHARS or topic in (".", "..") or not _TOPIC_NAME.match(topic):
+        raise OptionError(f"{where}: {topic!r} is not a legal topic name (ASCII letters, digits, '.', '_', '-'; "
+                          f"at most {TOPIC_NAME_MAX_CHARS} characters)")
+    return topic
+
+
+def parse_bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    text = options.get(name.lower())
+    if text is None:
+        return default
+    if text.strip().lower() in ("true", "false"):
+        return text.strip().lower() == "true"
+    raise OptionError(f"option {name!r} must be true or false, got {text!r}")
+
+
+def parse_int(options: Mapping[str, str], name: str, *, minimum: int, maximum: int = 2**63 - 1,
+              display: str | None = None) -> int | None:
+    text = options.get(name.lower())
+    if text is None:
+        return None
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise OptionError(f"option {display or name!r} must be an integer, got {text!r}") from None
+    if not minimum <= value <= maximum:
+        raise OptionError(f"option {display or name!r} must be between {minimum} and {maximum}, got {value}")
+    return value
+
+
+def parse_byte_size(options: Mapping[str, str], name: str) -> int | None:
+    """Bytes, optionally with a binary unit: 1048576, 512k, 10m, 1g (also kb / mib ...)."""
+    text = options.get(name.lower())
+    if text is None:
+        return None
+    match = _BYTE_SIZE.match(text)
+    unit = (match.group(2) or "").lower().replace("i", "").rstrip("b") if match else ""
+    if not match or unit not in _BYTE_UNITS:
+        raise OptionError(f"option {name!r} must be a byte size such as 1048576, 512k or 10m, got {text!r}")
+    value = int(match.group(1)) * _BYTE_UNITS[unit]
+    if value <= 0:
+        raise OptionError(f"option {name!r} must be positive, got {text!r}")
+    return value
+
+
+def parse_client_settings(options: Mapping[str, str]) -> ClientSettings:
+    """The `highwater.`-prefixed options; an unknown one is an error (a typo would be silently ignored)."""
+    values: dict[str, Any] = {}
+    for key, text in options.items():
+        if not key.startswith(CLIENT_PREFIX) or key == CLIENT_PREFIX + "bootstrap":
+            continue
+        name = key[len(CLIENT_PREFIX):]
+        if name in _INT_SETTINGS:
+            attr, minimum, maximum = _INT_SETTINGS[name]
+            values[attr] = parse_int(options, key, minimum=minimum, maximum=maximum)
+        elif name == "acks":
+            acks = {"all": -1, "-1": -1, "1": 1, "0": 0}.get(text.strip().lower())
+            if acks is None:
+                raise OptionError(f"option 'highwater.acks' must be all, 1 or 0, got {text!r}")
+            values["acks"] = acks
+        elif name == "compression":
+            if text.strip().lower() not in _COMPRESSIONS:
+                raise OptionError(f"option 'highwater.compression' must be one of {', '.join(_COMPRESSIONS)}, "
+                                  f"got {text!r}")
+            values["compression"] = text.strip().lower()
+        else:
+            known = ", ".join(CLIENT_PREFIX + s for s in sorted(CLIENT_SETTINGS))
+            raise OptionError(f"unknown option {key!r}; the client settings are {known}")
+    return ClientSettings(**values)
+
+
+def parse_bootstrap(options: Mapping[str, str]) -> str:
+    text = options.get("bootstrap") or options.get("highwater.bootstrap") or options.get("kafka.bootstrap.servers")
+    if not text or not text.strip():
+        raise OptionError("option 'bootstrap' is required: the gateway addresses, e.g. 127.0.0.1:9092")
+    for part in (p.strip() for p in text.split(",")):
+        host, sep, port = part.rpartition(":")
+        if part and (not sep or not host or not port.isdigit() or not 0 < int(port) < 65536):
+            raise OptionError(f"option 'bootstrap': {part!r} is not host:port (port 1-65535)")
+    return text.strip()
+
+
+def _json(options: Mapping[str, str], name: str) -> Any:
+    text = options[name.lower()]
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise OptionError(f"option {name!r} is not valid JSON ({exc.msg} at character {exc.pos}): {text!r}") from None
+
+
+def _partition_map(name: str, value: object, what: str) -> dict[TopicPartitionKey, int]:
+    """{"topic": {"0": n, ...}, ...} -> {(topic, 0): n}; OptionError naming `name` if malformed."""
+    example = '{"topicA": {"0": 23, "1": -2}}'
+    if not isinstance(value, dict) or not value:
+        raise OptionError(f"option {name!r} must be a JSON object of topic -> {{partition: {what}}}, "
+                          f"e.g. {example}; got {json.dumps(value)}")
+    out: dict[TopicPartitionKey, int] = {}
+    for topic, partitions in value.items():
+        check_topic(topic, f"option {name!r}")
+        if not isinstance(partitions, dict) or not partitions:
+            raise OptionError(f"option {name!r}: topic {topic!r} must map to an object of partition -> {what}, "
+                              f"e.g. {example}")
+        for partition, number in partitions.items():
+            if not str(partition).isdigit():
+                raise OptionError(f"option {name!r}: partition {partition!r} of {topic!r} is not a non-negative "
+                                  "integer")
+            if not isinstance(number, int) or isinstance(number, bool):
+                raise OptionError(f"option {name!r}: {what} for {topic}-{partition} must be an integer, "
+                                  f"got {json.dumps(number)}")
+            out[(topic, int(partition))] = number
+    return out
+
+
+def parse_subscription(options: Mapping[str, str]) -> Subscription:
+    given = [name for name in ("subscribe", "subscribePattern", "assign") if name.lower() in options]
+    if len(given) != 1:
+        raise OptionError("exactly one of the options 'subscribe', 'subscribePattern', 'assign' must be given"
+                          + (f", got {', '.join(given)}" if given else ""))
+    name = given[0]
+    text = options[name.lower()]
+    if name == "subscribe":
+        topics = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+        if not topics:
+            raise OptionError("option 'subscribe' must list at least one topic (comma-separated)")
+        for topic in topics:
+            check_topic(topic, "option 'subscribe'")
+        return Subscription(name, topics=topics)
+    if name == "subscribePattern":
+        try:
+            re.compile(text)
+        except re.error as exc:
+            raise OptionError(f"option 'subscribePattern': {text!r} is not a regular expression: {exc}") from None
+        return Subscription(name, pattern=text)
+    value = _json(options, "assign")
+    if not isinstance(value, dict) or not value:
+        raise OptionError('option \'assign\' must be a JSON object of topic -> [partitions], e.g. {"topicA": [0, 1]}')
+    assigned: list[TopicPartitionKey] = []
+    for topic, partitions in value.items():
+        check_topic(topic, "option 'assign'")
+        if not isinstance(partitions, list) or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0
+                                                       for p in partitions):
+            raise OptionError(f"option 'assign': topic {topic!r} must map to a list of partition numbers, "
+                              f"got {json.dumps(partitions)}")
+        assigned.extend((topic, p) for p in partitions if (topic, p) not in assigned)
+    return Subscription(name, assigned=tuple(assigned))
+
+
+def _offset_spec(options: Mapping[str, str], *, starting: bool, streaming: bool) -> OffsetSpec:
+    prefix = "starting" if starting else "ending"
+    global_ts, by_ts, plain = f"{prefix}Timestamp", f"{prefix}OffsetsByTimestamp", f"{prefix}Offsets"
+    # Spark's precedence: a global timestamp, then per-partition timestamps, then offsets.
+    if global_ts.lower() in options:
+        ts = parse_int(options, global_ts, minimum=0)
+        return OffsetSpec(global_ts, "timestamps", timestamp_all=ts)
+    if by_ts.lower() in options:
+        timestamps = _partition_map(by_ts, _json(options, by_ts), "timestamp in ms")
+        for tp, ts in timestamps.items():
+            if ts < 0:
+                raise OptionError(f"option {by_ts!r}: timestamp for {tp[0]}-{tp[1]} must be >= 0 ms, got {ts}")
+        return OffsetSpec(by_ts, "timestamps", timestamps=timestamps)
+    text = options.get(plain.lower())
+    if text is None:
+        return OffsetSpec(plain, "latest" if (streaming or not starting) else "earliest")
+    if text.strip().lower() in ("earliest", "latest"):
+        kind = text.strip().lower()
+        if not streaming and starting and kind == "latest":
+            raise OptionError("option 'startingOffsets' cannot be latest for a batch query (it would read nothing)")
+        if not starting and kind == "earliest":
+            raise OptionError("option 'endingOffsets' cannot be earliest")
+        return OffsetSpec(plain, kind)
+    offsets = _partition_map(plain, _json(options, plain), "offset (-2 earliest, -1 latest)")
+    for tp, offset in offsets.items():
+        if offset < EARLIEST:
+            raise OptionError(f"option {plain!r}: offset {offset} for {tp[0]}-{tp[1]} is not an offset, "
+                              "-2 (earliest) or -1 (latest)")
+        if not starting and offset == EARLIEST:
+            raise OptionError(f"option 'endingOffsets': -2 (earliest) is not allowed, for {tp[0]}-{tp[1]}")
+        if not streaming and starting and offset == LATEST:
+            raise OptionError(f"option 'startingOffsets': -1 (latest) is not allowed in a batch query, "
+                              f"for {tp[0]}-{tp[1]}")
+    return OffsetSpec(plain, "offsets", offsets=offsets)
+
+
+def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOptions:
+    options = _lower(raw)
+    if not streaming and "maxoffsetspertrigger" in options:
+        pass  # accepted and ignored in batch queries, as Spark's Kafka source does
+    ending_names = ("endingOffsets", "endingOffsetsByTimestamp", "endingTimestamp")
+    if streaming and any(n.lower() in options for n in ending_names):
+        raise OptionError("options 'endingOffsets' / 'endingOffsetsByTimestamp' / 'endingTimestamp' are for "
+                          "batch queries only; a streaming query reads on as new records arrive")
+    strategy = options.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise OptionError(f"option 'startingOffsetsByTimestampStrategy' must be error or latest, got {strategy!r}")
+    min_partitions = parse_int(options, "minPartitions", minimum=1, maximum=1_000_000)
+    subscription = parse_subscription(options)
+    starting = _offset_spec(options, starting=True, streaming=streaming)
+    ending = None if streaming else _offset_spec(options, starting=False, streaming=streaming)
+    for spec in (starting, ending):
+        if spec is None:
+            continue
+        for tp in (*spec.offsets, *spec.timestamps):
+            if subscription.option == "assign" and tp not in subscription.assigned:
+                raise OptionError(f"option {spec.option!r} names {tp[0]}-{tp[1]}, which option 'assign' does "
+                                  "not include")
+            if not subscription.matches(tp[0]):
+                raise OptionError(f"option {spec.option!r} names topic {tp[0]!r}, which option "
+                                  f"{subscription.option!r} does not select")
+    return ReadOptions(
+        bootstrap=parse_bootstrap(options),
+        subscription=subscription,
+        starting=starting,
+        ending=ending,
+        timestamp_strategy=strategy,
+        max_offsets_per_trigger=parse_int(options, "maxOffsetsPerTrigger", minimum=1),
+        max_bytes_per_trigger=parse_byte_size(options, "maxBytesPerTrigger"),
+        min_partitions=min_partitions,
+        fail_on_data_loss=parse_bool(options, "failOnDataLoss", True),
+        include_headers=parse_bool(options, "includeHeaders", False),
+        push_filters=parse_bool(options, "pushFilters", False),
+        client=parse_client_settings(options),
+    )
+
+
+def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
+    options = _lower(raw)
+    topic = options.get("topic")
+    return WriteOptions(
+        bootstrap=parse_bootstrap(options),
+        topic=check_topic(topic.strip(), "option 'topic'") if topic is not None else None,
+        client=parse_client_settings(options),
+    )
+
+
+# --- offsets as Spark keeps them in the checkpoint ------------------------------------------
+
+def offsets_to_json(offsets: Mapping[TopicPartitionKey, int]) -> dict[str, dict[str, int]]:
+    """{(t, p): n} -> {"t": {"p": n}}: Kafka's per-partition JSON, sorted so equal offsets compare equal."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(partition)] = int(offset)
+    return out
+
+
+def offsets_from_json(value: Mapping[str, Any], what: str = "offset") -> dict[TopicPartitionKey, int]:
+    """The inverse of offsets_to_json, for offsets read back from a checkpoint."""
+    if not isinstance(value, Mapping):
+        raise OptionError(f"{what} {value!r} is not a per-partition offsets object")
+    return _partition_map(what, dict(value), "offset") if value else {}
