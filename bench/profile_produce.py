@@ -180,27 +180,48 @@ def produce_for(cluster: LocalCluster, batch: bytes, records_per_batch: int, dur
 
 # ---- py-spy: self time ----------------------------------------------------------------------------
 
-def _short_path(path: str) -> str:
+OUR_PACKAGES = ("services", "clients", "coordinator")
+# Frames every event-loop sample passes through: not informative in the "ours" table.
+_ENTRY_FILES = ("services/__main__.py", "services/cli.py")
+_EVENT_LOOP_FRAME = "BaseEventLoop.run_forever"
+_SELECT_FRAMES = ("EpollSelector.select", "_PollLikeSelector.select", "BaseSelector.select")
+
+
+def _relative(path: str) -> str:
+    """A file as our packages name it: relative to the repo or to site-packages / the stdlib.
+
+    py-spy already shortens paths this way; cProfile gives absolute ones.
+    """
     for marker in ("site-packages/", "/lib/python3.11/"):
         if marker in path:
             return path.split(marker, 1)[1]
-    try:
-        return str(Path(path).resolve().relative_to(REPO))
-    except ValueError:
-        return path
+    if os.path.isabs(path):
+        try:
+            return str(Path(path).resolve().relative_to(REPO))
+        except ValueError:
+            return path
+    return path
 
 
 def _is_ours(path: str) -> bool:
-    resolved = Path(path).resolve()
-    return (resolved.is_relative_to(REPO) and ".venv" not in resolved.parts
-            and not resolved.name.endswith(("_pb2.py", "_pb2_grpc.py")))
+    relative = _relative(path)
+    return (relative.split("/", 1)[0] in OUR_PACKAGES and relative.endswith(".py")
+            and not relative.endswith(("_pb2.py", "_pb2_grpc.py")) and ".venv" not in relative)
 
 
-def parse_py_spy_raw(path: Path) -> tuple[int, Counter[tuple[str, str]], Counter[tuple[str, str]]]:
-    """(samples, self samples per (function, file), inclusive samples per (function, file)) of a raw file."""
-    total = 0
-    self_samples: Counter[tuple[str, str]] = Counter()
-    inclusive: Counter[tuple[str, str]] = Counter()
+@dataclass
+class Samples:
+    """py-spy's raw (collapsed stacks) output, counted per (function, file)."""
+
+    total: int
+    event_loop: int  # samples of the asyncio event loop thread
+    event_loop_waiting: int  # ... of which waiting in select (epoll)
+    self_samples: Counter[tuple[str, str]]
+    inclusive: Counter[tuple[str, str]]
+
+
+def parse_py_spy_raw(path: Path) -> Samples:
+    samples = Samples(0, 0, 0, Counter(), Counter())
     for line in path.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
@@ -210,11 +231,15 @@ def parse_py_spy_raw(path: Path) -> tuple[int, Counter[tuple[str, str]], Counter
         for frame in stack.split(";"):
             match = _FRAME.match(frame)
             frames.append((match["name"], match["path"]) if match else (frame, ""))
-        total += count
-        self_samples[frames[-1]] += count
+        samples.total += count
+        if any(name == _EVENT_LOOP_FRAME for name, _ in frames):
+            samples.event_loop += count
+            if frames[-1][0] in _SELECT_FRAMES:
+                samples.event_loop_waiting += count
+        samples.self_samples[frames[-1]] += count
         for frame in set(frames):
-            inclusive[frame] += count
-    return total, self_samples, inclusive
+            samples.inclusive[frame] += count
+    return samples
 
 
 def run_py_spy(cluster: LocalCluster, batch: bytes, records_per_batch: int, args: argparse.Namespace,
@@ -238,23 +263,31 @@ def run_py_spy(cluster: LocalCluster, batch: bytes, records_per_batch: int, args
     if sampler.returncode != 0 or not raw.exists():
         print(f"  py-spy failed (exit {sampler.returncode}): {output.decode(errors='replace')[-2000:]}", flush=True)
         return run, {}
-    total, self_samples, inclusive = parse_py_spy_raw(raw)
-    ours_self = sum(n for (_, path), n in self_samples.items() if _is_ours(path))
-    print(f"\n  leader broker, py-spy at {args.py_spy_rate} Hz: {total} samples of a busy thread "
-          f"({total / max(duration * args.py_spy_rate, 1):.0%} of the wall time), "
-          f"{ours_self / max(total, 1):.1%} of them with our code on top")
-    print(f"  {'self %':>7} {'incl %':>7}  function (file)")
+    s = parse_py_spy_raw(raw)
+    wall = duration * args.py_spy_rate
+    total = max(s.total, 1)
+    ours_self = sum(n for (_, path), n in s.self_samples.items() if _is_ours(path))
+    print(f"\n  leader broker, py-spy at {args.py_spy_rate} Hz for {duration} s ({wall} samples per thread): "
+          f"{s.total} samples of running threads; the event loop thread ran {s.event_loop / wall:.0%} of the "
+          f"time ({s.event_loop_waiting / wall:.0%} of it in epoll), other threads (gRPC's poller) "
+          f"{(s.total - s.event_loop) / wall:.0%}; our code on top of the stack in {ours_self / total:.1%} "
+          "of the samples")
+    print(f"  top functions by self time (share of all samples; C work is charged to the Python frame calling it)"
+          f"\n  {'self %':>7} {'incl %':>7}  function (file)")
     top = []
-    for (name, path), n in self_samples.most_common(args.top):
-        share, incl = n / total, inclusive[(name, path)] / total
-        top.append({"function": name, "file": _short_path(path), "self": round(share, 4), "inclusive": round(incl, 4)})
-        print(f"  {share:7.1%} {incl:7.1%}  {name} ({_short_path(path)})")
-    ours_inclusive = sorted(((n, name, path) for (name, path), n in inclusive.items() if _is_ours(path)),
-                            reverse=True)[: args.top]
+    for (name, path), n in s.self_samples.most_common(args.top):
+        share, incl = n / total, s.inclusive[(name, path)] / total
+        top.append({"function": name, "file": _relative(path), "self": round(share, 4), "inclusive": round(incl, 4)})
+        print(f"  {share:7.1%} {incl:7.1%}  {name} ({_relative(path)})")
+    ours_inclusive = sorted(((n, name, path) for (name, path), n in s.inclusive.items()
+                             if _is_ours(path) and _relative(path) not in _ENTRY_FILES), reverse=True)[: args.top]
     print(f"\n  our functions by inclusive time:\n  {'incl %':>7} {'self %':>7}  function (file)")
     for n, name, path in ours_inclusive:
-        print(f"  {n / total:7.1%} {self_samples[(name, path)] / total:7.1%}  {name} ({_short_path(path)})")
-    return run, {"samples": total, "ours_self_share": round(ours_self / max(total, 1), 4), "top_self": top}
+        print(f"  {n / total:7.1%} {s.self_samples[(name, path)] / total:7.1%}  {name} ({_relative(path)})")
+    return run, {"samples": s.total, "event_loop_busy": round((s.event_loop - s.event_loop_waiting) / wall, 3),
+                 "ours_self_share": round(ours_self / total, 4), "top_self": top,
+                 "ours_inclusive": [{"function": name, "file": _relative(path), "inclusive": round(n / total, 4)}
+                                    for n, name, path in ours_inclusive]}
 
 
 # ---- cProfile: call counts -------------------------------------------------------------------------
@@ -267,7 +300,7 @@ def check_call_counts(profile: Path, run: ProduceRun, args: argparse.Namespace) 
     ours = []
     for (path, line, name), (_, ncalls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
         if _is_ours(path):
-            ours.append((ncalls, name, _short_path(path), line, tottime, cumtime))
+            ours.append((ncalls, name, _relative(path), line, tottime, cumtime))
     ours.sort(reverse=True)
     print(f"\n  leader broker under cProfile: {run.batches_sent} batches of {run.records_per_batch} records "
           f"({run.batches_sent * run.records_per_batch} records)")

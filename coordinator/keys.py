@@ -43,6 +43,7 @@ class Keys:
 
     __slots__ = (
         "brokers_prefix",
+        "cluster_id",
         "config_prefix",
         "consumers_prefix",
         "controller",
@@ -73,6 +74,8 @@ class Keys:
         self.preferred_replica_election = f"{p}/admin/preferred_replica_election"
         self.consumers_prefix = f"{p}/consumers/"
         self.producer_id_block = f"{p}/producer_id_block"
+        # A uuid written once by the first controller; clients see it in DescribeCluster.
+        self.cluster_id = f"{p}/cluster_id"
 
     # --- registrations ------------------------------------------------------------
 

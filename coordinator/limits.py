@@ -83,3 +83,8 @@ ETCD_SERVER_LOG_TAIL_BYTES = 4_000
 # until compaction). A watcher further behind than this gets WatchCompacted, as it
 # would from etcd after a compaction.
 MEMORY_STORE_HISTORY_REVISIONS_MAX = 100_000
+
+# A restarted process waits this much beyond the lease TTL for its previous
+# incarnation's registration to expire before giving up.
+REGISTRATION_RETRY_MARGIN_S = 5.0
+REGISTRATION_RETRY_INTERVAL_S = 0.25

@@ -11,12 +11,15 @@ be fenced (STALE_BROKER_EPOCH).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from coordinator.lease import LeaseKeeper, OnLost
+from coordinator.limits import REGISTRATION_RETRY_INTERVAL_S, REGISTRATION_RETRY_MARGIN_S
 from coordinator.store import CoordinatorError, Get, KeyValue, MetadataStore, Put, compare_missing, json_bytes
 
 log = logging.getLogger("highwater.coordinator")
@@ -139,3 +142,22 @@ async def register_gateway(
             "pick another --gateway-id or stop that one"
         )
     return registration
+
+
+async def register_waiting_for_old_lease(register: Callable[[], Awaitable[Registration]], *, ttl_s: int,
+                                         what: str) -> Registration:
+    """Register, waiting out the lease of a previous incarnation that died without revoking it.
+
+    A process restarted right after a crash finds its own old key still held by a
+    lease that etcd has not expired yet; Kafka's broker waits for the old session
+    the same way. Gives up (raising the in-use error) after the TTL plus a margin.
+    """
+    deadline = asyncio.get_running_loop().time() + ttl_s + REGISTRATION_RETRY_MARGIN_S
+    while True:
+        try:
+            return await register()
+        except (BrokerIdInUse, GatewayIdInUse) as exc:
+            if asyncio.get_running_loop().time() >= deadline:
+                raise
+            log.info("%s: id still held (%s); waiting for the old lease to expire", what, exc)
+            await asyncio.sleep(REGISTRATION_RETRY_INTERVAL_S)

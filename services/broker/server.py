@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 
 from coordinator.election import current_controller
-from coordinator.registration import register_broker
+from coordinator.registration import register_broker, register_waiting_for_old_lease
 from coordinator.store import EtcdStore
 from protos.highwater.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2
 from services.broker import metrics
@@ -159,7 +159,9 @@ async def serve(config: BrokerConfig) -> None:
             "metrics_port": runtime.bound_metrics_port, "pid": os.getpid()}
 
     async def register() -> object:
-        registration = await register_broker(store, config.broker_id, info, ttl_s=config.lease_ttl_s)
+        registration = await register_waiting_for_old_lease(
+            lambda: register_broker(store, config.broker_id, info, ttl_s=config.lease_ttl_s),
+            ttl_s=config.lease_ttl_s, what=f"broker {config.broker_id}")
         replicas.broker_epoch = registration.broker_epoch
         log.info("broker %d registered with broker epoch %d", config.broker_id, registration.broker_epoch)
         return registration

@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -161,11 +162,13 @@ class ControllerEventLoop:
         self.resigned = asyncio.Event()
         self._stopping_senders: set[asyncio.Future[None]] = set()
         self._producer_ids: tuple[int, int] = (0, 0)  # [next, end) of the block we own
+        self.cluster_id = ""
 
     # ---- start / stop ------------------------------------------------------------------
 
     async def start(self) -> None:
         started = time.monotonic()
+        self.cluster_id = await self._cluster_id()
         revision = await self.load()
         result = handlers.on_startup(self.ctx)
         await self.apply(result)
@@ -181,6 +184,13 @@ class ControllerEventLoop:
         log.info("controller %d active at epoch %d: %d brokers, %d topics, %d partitions, loaded in %.0f ms",
                  self.ctx.controller_id, self.epoch, len(self.ctx.live_brokers), len(self.ctx.topics),
                  len(self.ctx.states), (time.monotonic() - started) * 1000)
+
+    async def _cluster_id(self) -> str:
+        """The cluster's uuid, written once by the first controller ever (create-if-missing)."""
+        key = self.keys.cluster_id
+        await fenced_txn(self.store, self.epoch, [compare_missing(key)], [Put(key, str(uuid.uuid4()).encode())])
+        kv = await self.store.get(key)
+        return kv.value.decode() if kv is not None else ""
 
     async def stop(self) -> None:
         for t in self._tasks:

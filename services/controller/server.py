@@ -54,6 +54,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
     def __init__(self, store: EtcdStore) -> None:
         self.store = store
         self.active: ControllerEventLoop | None = None
+        self.host = ""
+        self.port = 0
 
     async def _not_controller(self, response_cls: type[R]) -> R:
         info = await current_controller(self.store)
@@ -150,6 +152,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             return await self._not_controller(common_pb2.DescribeClusterResponse)
         ctx = loop.ctx
         return common_pb2.DescribeClusterResponse(
+            cluster_id=loop.cluster_id, controller_host=self.host, controller_port=self.port,
             controller_id=ctx.controller_id, controller_epoch=ctx.epoch,
             brokers=[b.to_proto() for b in sorted(ctx.live_brokers.values(), key=lambda b: b.broker_id)],
             gateways=[common_pb2.GatewayNode(gateway_id=g.gateway_id, host=g.host, port=g.port)
@@ -185,6 +188,7 @@ async def serve(config: ControllerConfig) -> None:
                                             .full_name])
     controller_pb2_grpc.add_ControllerServiceServicer_to_server(servicer, runtime.server)
     await runtime.start()
+    servicer.host, servicer.port = config.host, runtime.bound_port
     election = ControllerElection(store, config.controller_id,
                                   {"host": config.host, "port": runtime.bound_port}, ttl_s=config.lease_ttl_s)
     await runtime.mark_ready(controller_id=config.controller_id)

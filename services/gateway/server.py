@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 
 from coordinator.election import current_controller
-from coordinator.registration import register_gateway
+from coordinator.registration import register_gateway, register_waiting_for_old_lease
 from coordinator.store import EtcdStore, Put
 from protos.highwater.v1 import broker_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common import limits
@@ -414,7 +414,9 @@ async def serve(config: GatewayConfig) -> None:
     gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, runtime.server)
     await runtime.start()
     info = {"gateway_id": config.gateway_id, "host": config.host, "port": runtime.bound_port, "pid": os.getpid()}
-    registration = await register_gateway(store, config.gateway_id, info, ttl_s=config.lease_ttl_s)
+    registration = await register_waiting_for_old_lease(
+        lambda: register_gateway(store, config.gateway_id, info, ttl_s=config.lease_ttl_s),
+        ttl_s=config.lease_ttl_s, what=f"gateway {config.gateway_id}")
     await servicer.refresh_metadata(force=True)
     await runtime.mark_ready(gateway_id=config.gateway_id)
 

@@ -1,0 +1,210 @@
+"""A small synchronous gRPC client of GatewayService for the connector's driver and tasks.
+
+Why not clients.Consumer / clients.Producer: a Spark task reads a fixed offset range
+and writes batches it numbers itself (a derived producer id, see writer.py), which the
+asyncio clients with their own loop thread, buffers and sequence bookkeeping are not
+shaped for; raw Fetch / Produce / ListOffsets / Metadata (the protos are the contract)
+cost one RPC per call and nothing else. Nothing here is pickled: readers and writers
+create a `GatewayClient` inside read() / write() and close it there.
+
+Failover is as in clients/connection.py: the bootstrap addresses are tried in turn
+until one connects, within the connect timeout; after that, a call that ends
+UNAVAILABLE moves on to the next gateway. `HighwaterSparkError` messages name the
+option that set the addresses, so an unreachable gateway fails the query with a
+sentence, not a stack of gRPC internals.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+import grpc
+
+from clients.connection import CHANNEL_OPTIONS
+from protos.highwater.v1 import common_pb2, gateway_pb2_grpc
+from spark_connector import limits
+from spark_connector.options import ClientSettings, TopicPartitionKey
+
+log = logging.getLogger("highwater.spark")
+
+T = TypeVar("T")
+
+# Per-partition codes that a retry after a short back-off may fix: leadership is moving,
+# a leader is restarting, or the ISR is briefly too small.
+RETRIABLE_CODES = frozenset({
+    common_pb2.NOT_LEADER_OR_FOLLOWER, common_pb2.LEADER_NOT_AVAILABLE, common_pb2.FENCED_LEADER_EPOCH,
+    common_pb2.UNKNOWN_LEADER_EPOCH, common_pb2.REQUEST_TIMED_OUT, common_pb2.NOT_ENOUGH_REPLICAS,
+    common_pb2.NOT_ENOUGH_REPLICAS_AFTER_APPEND, common_pb2.BROKER_NOT_AVAILABLE,
+})
+_FAILOVER_STATUS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+
+class HighwaterSparkError(RuntimeError):
+    """An operating error the query cannot recover from; the message says what and which option."""
+
+
+def code_name(code: int) -> str:
+    return common_pb2.ErrorCode.Name(code) if code in common_pb2.ErrorCode.values() else str(code)
+
+
+class GatewayClient:
+    """Blocking calls to the gateways of `bootstrap`; one per task or per driver-side reader."""
+
+    def __init__(self, bootstrap: str, settings: ClientSettings) -> None:
+        self.addresses = list(dict.fromkeys(a.strip() for a in bootstrap.split(",") if a.strip()))
+        self.settings = settings
+        self._current = 0
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, gateway_pb2_grpc.GatewayServiceStub] = {}
+        self._connected: set[str] = set()
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+        self._stubs.clear()
+        self._connected.clear()
+
+    def __enter__(self) -> GatewayClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- connection and failover ------------------------------------------------------
+
+    def _stub(self, deadline: float) -> tuple[str, gateway_pb2_grpc.GatewayServiceStub]:
+        """The current gateway's stub once its channel is ready, trying each address in turn."""
+        failures: dict[str, str] = {}
+        while True:
+            address = self.addresses[self._current]
+            if address not in self._channels:
+                self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                self._stubs[address] = gateway_pb2_grpc.GatewayServiceStub(self._channels[address])
+            if address in self._connected:
+                return address, self._stubs[address]
+            remaining = deadline - time.monotonic()
+            try:
+                grpc.channel_ready_future(self._channels[address]).result(
+                    timeout=max(min(remaining, self.settings.connect_timeout_ms / 1000 / len(self.addresses)), 0.05))
+                self._connected.add(address)
+                return address, self._stubs[address]
+            except grpc.FutureTimeoutError:
+                failures[address] = "no connection"
+            self._current = (self._current + 1) % len(self.addresses)
+            if time.monotonic() >= deadline:
+                tried = ", ".join(f"{a} ({failures.get(a, 'not tried')})" for a in self.addresses)
+                raise HighwaterSparkError(
+                    f"option 'bootstrap': no Highwater gateway answered within "
+                    f"{self.settings.connect_timeout_ms} ms (highwater.connect.timeout.ms): {tried}")
+
+    def call(self, method: str, request: Any, *, timeout_ms: int | None = None) -> Any:
+        """Send `request` to GatewayService.`method`, failing over between gateways."""
+        deadline = time.monotonic() + self.settings.connect_timeout_ms / 1000
+        timeout_s = (timeout_ms or self.settings.request_timeout_ms) / 1000
+        while True:
+            address, stub = self._stub(deadline)
+            try:
+                return getattr(stub, method)(request, timeout=timeout_s)
+            except grpc.RpcError as error:
+                status = error.code()  # type: ignore[attr-defined]
+                if status not in _FAILOVER_STATUS or time.monotonic() >= deadline:
+                    raise HighwaterSparkError(
+                        f"{method} to gateway {address} failed: {status.name} {error.details()}"  # type: ignore[attr-defined]
+                    ) from None
+                log.info("gateway %s: %s %s; trying the next one", address, method, status.name)
+                self._connected.discard(address)
+                self._current = (self._current + 1) % len(self.addresses)
+
+    def call_future(self, method: str, request: Any) -> Callable[[], Any]:
+        """Start `method` now and return a function that waits for its answer.
+
+        Used to keep one Fetch in flight while the previous answer is decoded. A failed
+        future falls back to a plain (failing-over) call.
+        """
+        deadline = time.monotonic() + self.settings.connect_timeout_ms / 1000
+        _, stub = self._stub(deadline)
+        future = getattr(stub, method).future(request, timeout=self.settings.request_timeout_ms / 1000)
+
+        def result() -> Any:
+            try:
+                return future.result()
+            except grpc.RpcError:
+                return self.call(method, request)
+
+        return result
+
+    def retry(self, what: str, attempt: Callable[[], T | None]) -> T:
+        """Run `attempt` until it returns non-None, backing off, within the retry timeout."""
+        deadline = time.monotonic() + self.settings.retry_timeout_ms / 1000
+        while True:
+            result = attempt()
+            if result is not None:
+                return result
+            if time.monotonic() >= deadline:
+                raise HighwaterSparkError(f"{what}: still failing after highwater.retry.timeout.ms="
+                                          f"{self.settings.retry_timeout_ms} ms")
+            time.sleep(limits.RETRY_BACKOFF_MS / 1000)
+
+    # --- the calls ---------------------------------------------------------------------
+
+    def metadata(self, topics: Iterable[str] = ()) -> common_pb2.MetadataResponse:
+        return self.call("Metadata", common_pb2.MetadataRequest(topics=list(topics)))
+
+    def partitions(self, topics: Iterable[str] = ()) -> dict[str, list[int] | None]:
+        """topic -> its partition ids (None: the topic does not exist). Empty `topics`: all topics."""
+        response = self.metadata(topics)
+        out: dict[str, list[int] | None] = {}
+        for t in response.topics:
+            if t.error_code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION:
+                out[t.name] = None
+            elif t.error_code != common_pb2.NONE:
+                raise HighwaterSparkError(f"metadata of topic {t.name!r}: {code_name(t.error_code)} "
+                                          f"{t.error_message}")
+            else:
+                out[t.name] = sorted(p.partition for p in t.partitions)
+        for topic in topics:
+            out.setdefault(topic, None)
+        return out
+
+    def list_offsets(self, timestamps: Mapping[TopicPartitionKey, int]
+                     ) -> dict[TopicPartitionKey, tuple[int, int]]:
+        """(topic, partition) -> (offset, error code) for ListOffsets timestamps (-2, -1 or ms).
+
+        Retriable per-partition errors are retried; others are returned for the caller
+        to explain (UNKNOWN_TOPIC_OR_PARTITION above all). Offset is -1 when no record has
+        a timestamp at or after the one asked.
+        """
+        pending = dict(timestamps)
+        out: dict[TopicPartitionKey, tuple[int, int]] = {}
+
+        def attempt() -> bool | None:
+            by_topic: dict[str, list[common_pb2.ListOffsetsPartition]] = {}
+            for (topic, partition), ts in pending.items():
+                by_topic.setdefault(topic, []).append(common_pb2.ListOffsetsPartition(
+                    partition=partition, timestamp=ts, current_leader_epoch=-1))
+            response = self.call("ListOffsets", common_pb2.ListOffsetsRequest(replica_id=-1, topics=[
+                common_pb2.ListOffsetsTopic(topic=t, partitions=ps) for t, ps in by_topic.items()]))
+            for t in response.topics:
+                for p in t.partitions:
+                    tp = (t.topic, p.partition)
+                    if p.error_code in RETRIABLE_CODES:
+                        continue
+                    out[tp] = (p.offset, p.error_code)
+                    pending.pop(tp, None)
+            return True if not pending else None
+
+        if pending:
+            self.retry(f"ListOffsets of {', '.join(f'{t}-{p}' for t, p in sorted(pending))}", attempt)
+        return out
+
+    def fetch_request(self, tp: TopicPartitionKey, offset: int, max_bytes: int,
+                      max_wait_ms: int = 0) -> common_pb2.FetchRequest:
+        return common_pb2.FetchRequest(replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=max_bytes,
+                                       topics=[common_pb2.FetchTopic(topic=tp[0], partitions=[
+                                           common_pb2.FetchPartition(partition=tp[1], fetch_offset=offset,
+                                                                     partition_max_bytes=max_bytes,
+                                                                     current_leader_epoch=-1)])])

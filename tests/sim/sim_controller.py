@@ -1,0 +1,373 @@
+"""A controller candidate in the simulation: campaign, then the real event loop's decide-commit-send path.
+
+`SimControllerLoop` *is* services/controller/event_loop.ControllerEventLoop: load(),
+apply() (fenced etcd transactions in chunks, replay through handlers.apply_write,
+then the RPC batches of _send) run unchanged on the simulated etcd through
+`run_sync`. Only the transport is swapped: `_sync_senders` creates `SimSender`s
+(BrokerSender's rules: one request at a time per broker, in decision order, five
+attempts with a growing pause) instead of asyncio tasks on gRPC channels.
+
+What `SimController` re-implements is the asyncio around it, in the same order as
+the real code: ControllerElection._try_once (the election transaction), server.py's
+act() (start the loop, stop acting and resign when the lease is lost or the loop is
+fenced), the loop's _run error handling (ControllerFenced resigns, any other failure
+reloads from etcd), the broker watch (read the whole prefix, queue one BrokerChange),
+and the servicer's NOT_CONTROLLER answers and admin waits.
+
+One deliberate difference: an InvariantViolation raised by the pure logic is not
+swallowed by the "reload and carry on" branch of _run; it ends the run, since finding
+those is the point of the simulation.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from coordinator.election import ControllerFenced
+from coordinator.memory_store import MemoryWatch
+from coordinator.store import CoordinatorError, Get, Put, compare_missing, compare_mod_revision, json_bytes
+from protos.highwater.v1 import common_pb2, controller_pb2
+from services.common.errors import HighwaterError, InvariantViolation
+from services.controller import handlers
+from services.controller.context import BrokerInfo, ControllerContext
+from services.controller.event_loop import CONTROL_RPC_ATTEMPTS_MAX, ControllerEventLoop
+from services.controller.server import ADMIN_PROPAGATION_WAIT_S
+from tests.sim.clock import EventLoop
+from tests.sim.config import SimConfig
+from tests.sim.network import Envelope, Network, RpcError, RpcNode
+from tests.sim.sim_broker import broker_node, controller_node
+from tests.sim.sim_etcd import EtcdClient, SimEtcd, SimLease, run_sync
+
+if TYPE_CHECKING:
+    from tests.sim.checker import Checker
+
+
+class SimFuture:
+    """What BrokerSender.send returns: done once the RPC answered or gave up."""
+
+    __slots__ = ("_callbacks", "done", "result")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.result: Any = None
+        self._callbacks: list[Callable[[], None]] = []
+
+    def set(self, result: Any) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.result = result
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        if self.done:
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+
+class SimSender:
+    """BrokerSender: control requests to one broker in order, each retried up to 5 times."""
+
+    def __init__(self, controller: SimController, broker_id: int) -> None:
+        self.controller = controller
+        self.target = broker_node(broker_id)
+        self.queue: deque[tuple[str, Any, SimFuture]] = deque()
+        self.busy = False
+        self.stopped = False
+
+    def send(self, rpc: str, request: Any) -> SimFuture:
+        fut = SimFuture()
+        self.queue.append((rpc, request, fut))
+        if not self.busy:
+            self._next()
+        return fut
+
+    def _next(self) -> None:
+        if self.stopped or not self.queue:
+            self.busy = False
+            return
+        self.busy = True
+        self._attempt(1)
+
+    def _attempt(self, attempt: int) -> None:
+        if self.stopped:
+            return
+        rpc, request, _ = self.queue[0]
+        self.controller.call(self.target, rpc, request, self.controller.config.control_rpc_timeout_ms,
+                             lambda resp: self._answered(attempt, resp))
+
+    def _answered(self, attempt: int, response: Any) -> None:
+        if self.stopped:
+            return
+        if isinstance(response, RpcError) and attempt < CONTROL_RPC_ATTEMPTS_MAX:
+            self.controller.after(100 * attempt, self._attempt, attempt + 1)
+            return
+        _, _, fut = self.queue.popleft()
+        fut.set(response)
+        self._next()
+
+    def stop(self) -> None:
+        self.stopped = True
+        while self.queue:
+            self.queue.popleft()[2].set(RpcError("CANCELLED"))
+
+
+class SimControllerLoop(ControllerEventLoop):
+    """The real ControllerEventLoop with simulated senders (see the module docstring)."""
+
+    def __init__(self, node: SimController, store: EtcdClient, controller_id: int, epoch: int) -> None:
+        super().__init__(store=store, controller_id=controller_id, epoch=epoch, peers=None)  # type: ignore[arg-type]
+        self.node = node
+
+    def _sync_senders(self) -> None:
+        wanted = {("b", b.broker_id) for b in self.ctx.live_brokers.values()}
+        for key in list(self.senders):
+            if key not in wanted:
+                self.senders.pop(key).stop()  # type: ignore[attr-defined]
+        for key in sorted(wanted):
+            if key not in self.senders:
+                self.senders[key] = SimSender(self.node, key[1])  # type: ignore[assignment]
+
+    def stop_senders(self) -> None:
+        for sender in self.senders.values():
+            sender.stop()  # type: ignore[attr-defined]
+        self.senders.clear()
+
+
+class SimController(RpcNode):
+    """One controller candidate process."""
+
+    def __init__(self, controller_id: int, loop: EventLoop, network: Network, etcd: SimEtcd, config: SimConfig,
+                 checker: Checker) -> None:
+        super().__init__(controller_node(controller_id), loop, network)
+        self.controller_id = controller_id
+        self.config = config
+        self.etcd = etcd
+        self.client = etcd.client(self)
+        self.checker = checker
+        etcd.watch(self, self._on_etcd_change)
+        self._start_process()
+
+    # ---- process lifecycle ---------------------------------------------------------------
+
+    def _start_process(self) -> None:
+        self.lease: SimLease | None = None
+        self.epoch: int | None = None
+        self.active: SimControllerLoop | None = None
+        self.broker_watch: MemoryWatch | None = None
+        self.after(0, self._campaign)
+        self.after(self.config.campaign_retry_ms, self._tick)
+
+    def crash_process(self) -> None:
+        self.trace("CRASH")
+        if self.active is not None:
+            self.active.stop_senders()
+        self.crash()
+
+    def restart_process(self) -> None:
+        self.restart()
+        self.trace("restart")
+        self._start_process()
+
+    def _tick(self) -> None:
+        """The campaign's retry and the watch stream's reconnect-and-catch-up."""
+        if self.active is None:
+            self._campaign()
+        else:
+            self._drain_broker_watch()
+        self.after(self.config.campaign_retry_ms, self._tick)
+
+    def _on_etcd_change(self) -> None:
+        if self.active is None:
+            self._campaign()
+        else:
+            self._drain_broker_watch()
+
+    # ---- election (ControllerElection._try_once) -------------------------------------------
+
+    def _campaign(self) -> None:
+        if self.active is not None:
+            return
+        keys = self.etcd.keys
+        try:
+            snapshot = run_sync(self.client.txn([], [Get(keys.controller), Get(keys.controller_epoch)]))
+        except CoordinatorError:
+            return
+        controller_kvs, epoch_kvs = snapshot.gets
+        if controller_kvs:
+            return  # someone holds it; the watch brings us back when it is deleted
+        epoch_kv = epoch_kvs[0] if epoch_kvs else None
+        new_epoch = (int(epoch_kv.value) if epoch_kv is not None else 0) + 1
+        try:
+            lease = SimLease(self, self.client, self.config.lease_ttl_s, on_lost=self._on_lease_lost)
+        except CoordinatorError:
+            return
+        value = {"host": self.name, "port": 9093, "controller_id": self.controller_id, "epoch": new_epoch}
+        try:
+            result = run_sync(self.client.txn(
+                [compare_missing(keys.controller),
+                 compare_mod_revision(keys.controller_epoch, epoch_kv.mod_revision) if epoch_kv is not None
+                 else compare_missing(keys.controller_epoch)],
+                [Put(keys.controller, json_bytes(value), lease=lease.lease_id),
+                 Put(keys.controller_epoch, str(new_epoch).encode())]))
+        except CoordinatorError:
+            lease.stop(revoke=True)
+            return
+        if not result.succeeded:
+            lease.stop(revoke=True)
+            return
+        self.lease = lease
+        self.epoch = new_epoch
+        self.trace("elected controller, epoch %d", new_epoch)
+        self._become_active(new_epoch)
+
+    def _become_active(self, epoch: int) -> None:
+        """server.py act(): loop.start() (load, on_startup, apply), then watch brokers."""
+        loop = SimControllerLoop(self, self.client, self.controller_id, epoch)
+        try:
+            revision = run_sync(loop.load())
+            run_sync(loop.apply(handlers.on_startup(loop.ctx)))
+        except InvariantViolation:
+            raise
+        except Exception as exc:
+            self.trace("failed to start at epoch %d: %s", epoch, type(exc).__name__)
+            loop.stop_senders()
+            self._resign()
+            return
+        self.active = loop
+        self.broker_watch = self.etcd.subscribe(self.etcd.keys.brokers_prefix, start_revision=revision + 1)
+        self.checker.on_controller_active(self, epoch)
+
+    def _on_lease_lost(self) -> None:
+        if self.active is not None:
+            self._stop_acting("lease lost")
+        elif self.lease is not None:
+            self._resign()
+
+    def _stop_acting(self, why: str) -> None:
+        """act()'s finally: servicer.active = None, loop.stop(), election.resign(); then campaign again."""
+        self.trace("stops acting at epoch %s (%s)", self.epoch, why)
+        loop, self.active = self.active, None
+        if loop is not None:
+            loop.stop_senders()
+        self._resign()
+        self.after(0, self._campaign)
+
+    def _resign(self) -> None:
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            lease.stop(revoke=True)
+        self.broker_watch = None
+
+    # ---- the event loop's _run, one event at a time ----------------------------------------
+
+    def _process(self, name: str, decide: Callable[[ControllerContext], handlers.ControllerResult]
+                 ) -> handlers.ControllerResult | Exception:
+        """Decide, commit (fenced), replay, send. Returns the result, or the exception the caller sees."""
+        loop = self.active
+        if loop is None:
+            return ControllerResignedError("not active")
+        try:
+            result = decide(loop.ctx)
+            run_sync(loop.apply(result))
+            return result
+        except ControllerFenced as exc:
+            self.trace("%s fenced: %s", name, exc)
+            self._stop_acting("fenced")
+            return ControllerResignedError(str(exc))
+        except InvariantViolation:
+            raise
+        except Exception as exc:
+            self.trace("%s failed (%s); reloading state from etcd", name, exc)
+            self._resync(loop)
+            return exc
+
+    def _resync(self, loop: SimControllerLoop) -> None:
+        try:
+            loop.ctx = ControllerContext(controller_id=loop.ctx.controller_id, epoch=loop.epoch)
+            run_sync(loop.load())
+        except InvariantViolation:
+            raise
+        except Exception:
+            self._stop_acting("reload failed")
+
+    def _drain_broker_watch(self) -> None:
+        """_watch(): on any change under /brokers/ids, read the whole prefix and queue one BrokerChange."""
+        watch = self.broker_watch
+        if watch is None or not self.client.reachable():
+            return  # the watch stream is down; it catches up from its revision once etcd is back
+        if not watch.drain():
+            return
+        try:
+            kvs, _ = run_sync(self.client.get_prefix(self.etcd.keys.brokers_prefix))
+        except CoordinatorError:
+            return
+        registered = {}
+        for kv in kvs:
+            info = BrokerInfo.from_json(kv.value, kv.create_revision)
+            registered[info.broker_id] = info
+        self.trace("BrokerChange: live %s", sorted(registered))
+        self._process("BrokerChange", lambda ctx: handlers.on_broker_change(ctx, registered))
+
+    # ---- the servicer --------------------------------------------------------------------------
+
+    def on_request(self, env: Envelope) -> None:
+        rpc = env.rpc
+        if rpc == "AlterPartition":
+            self._serve(env, controller_pb2.AlterPartitionResponse,
+                        lambda ctx: handlers.on_alter_partition(ctx, env.body))
+        elif rpc == "ControlledShutdown":
+            body = env.body
+            self._serve(env, controller_pb2.ControlledShutdownResponse,
+                        lambda ctx: handlers.on_controlled_shutdown(ctx, body.broker_id, body.broker_epoch),
+                        wait_rpcs=True)
+        elif rpc == "CreateTopics":
+            self._serve(env, common_pb2.CreateTopicsResponse, lambda ctx: handlers.on_create_topics(ctx, env.body),
+                        wait_rpcs=True)
+        elif rpc == "ElectLeaders":
+            self._serve(env, common_pb2.ElectLeadersResponse, lambda ctx: handlers.on_elect_leaders(ctx, env.body),
+                        wait_rpcs=True)
+        else:
+            raise ValueError(f"{self.name}: unknown rpc {rpc}")
+
+    def _serve(self, env: Envelope, response_cls: type, decide: Callable[[ControllerContext],
+               handlers.ControllerResult], *, wait_rpcs: bool = False) -> None:
+        """ControllerServicer._run: NOT_CONTROLLER when standing by or resigned, else the handler's answer."""
+        if self.active is None:
+            self.reply(env, response_cls(error_code=common_pb2.NOT_CONTROLLER, error_message="not the controller"))
+            return
+        outcome = self._process(env.rpc, decide)
+        if isinstance(outcome, ControllerResignedError):
+            self.reply(env, response_cls(error_code=common_pb2.NOT_CONTROLLER, error_message=str(outcome)))
+            return
+        if isinstance(outcome, HighwaterError):
+            self.reply(env, response_cls(error_code=outcome.code, error_message=outcome.message))
+            return
+        if isinstance(outcome, Exception):
+            self.reply(env, RpcError("UNKNOWN", str(outcome)))
+            return
+        futures = [f for f in outcome.rpc_futures if isinstance(f, SimFuture)]
+        if not wait_rpcs or all(f.done for f in futures):
+            self.reply(env, outcome.response)
+            return
+        # asyncio.wait(result.rpc_futures, timeout=ADMIN_PROPAGATION_WAIT_S)
+        answered = [False]
+
+        def answer() -> None:
+            if not answered[0] and (all(f.done for f in futures) or self.loop.now_ms >= deadline_ms):
+                answered[0] = True
+                self.reply(env, outcome.response)
+
+        deadline_ms = self.loop.now_ms + int(ADMIN_PROPAGATION_WAIT_S * 1000)
+        for f in futures:
+            f.on_done(answer)
+        self.after(int(ADMIN_PROPAGATION_WAIT_S * 1000), answer)
+
+
+class ControllerResignedError(Exception):
+    """event_loop.ControllerResigned, as the simulated servicer sees it."""
