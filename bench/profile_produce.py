@@ -63,6 +63,20 @@ TOPIC_READY_TIMEOUT_S = 30.0
 PY_SPY_EXIT_TIMEOUT_S = 60.0
 # A broker under cProfile exits slower (it writes the profile after its controlled shutdown).
 PROFILED_EXIT_TIMEOUT_S = 60.0
+# Steps of the leader's produce path that should each run a fixed number of times per batch.
+PER_BATCH_STEPS = {
+    ("services/broker/replica_manager.py", "produce"),
+    ("services/broker/partition.py", "append_as_leader"),
+    ("services/common/record_batch.py", "validate_batches"),
+    ("services/common/record_batch.py", "batch_crc"),
+    ("services/broker/producer_state.py", "check"),
+    ("services/broker/log/log.py", "append_as_leader"),
+    ("services/common/record_batch.py", "assign_offsets"),
+    ("services/broker/log/segment.py", "append"),
+    ("services/broker/log/storage.py", "append"),
+    ("services/broker/replica_manager.py", "_read_all"),
+    ("services/broker/log/log.py", "read"),
+}
 # py-spy frames look like "name (path:line)" or, with --function, "name (path)".
 _FRAME = re.compile(r"^(?P<name>.*) \((?P<path>[^()]*?)(?::\d+)?\)$")
 
@@ -307,6 +321,11 @@ def check_call_counts(profile: Path, run: ProduceRun, args: argparse.Namespace) 
     print(f"  our functions with the most calls:\n  {'calls':>9} {'per batch':>9} {'self s':>7}  function (file:line)")
     for ncalls, name, path, line, tottime, _ in ours[: args.top]:
         print(f"  {ncalls:9d} {ncalls / batches:9.2f} {tottime:7.2f}  {name} ({path}:{line})")
+    print("  (cProfile counts every resumption of a coroutine as a call: produce resumes while it waits for the HW)")
+    print(f"\n  the per-batch steps of the produce path:\n  {'calls':>9} {'per batch':>9} {'self s':>7}  function (file)")
+    for ncalls, name, path, line, tottime, _ in ours:
+        if (path, name) in PER_BATCH_STEPS:
+            print(f"  {ncalls:9d} {ncalls / batches:9.2f} {tottime:7.2f}  {name} ({path}:{line})")
     flagged = [(ncalls, name, path, line) for ncalls, name, path, line, _, _ in ours if ncalls >= limit_calls]
     if flagged:
         print(f"\n  FAIL: called {args.per_record_calls_min}+ times per batch (per-record work):")

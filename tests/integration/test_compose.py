@@ -18,6 +18,7 @@ root). Wall times of each phase are printed.
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 import subprocess
 import time
@@ -89,7 +90,7 @@ class Compose:
     def run(self, *args: str, timeout_s: float = DOCKER_CALL_TIMEOUT_S, check: bool = True
             ) -> subprocess.CompletedProcess[str]:
         cmd = [self.compose_bin, "-f", str(COMPOSE_FILE), "-p", PROJECT, *args]
-        env = {"HIGHWATER_IMAGE": IMAGE, "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+        env = {**os.environ, "HIGHWATER_IMAGE": IMAGE}
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False, env=env)
         if check and res.returncode != 0:
             raise AssertionError(f"`{' '.join(cmd)}` failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")

@@ -87,8 +87,10 @@ class Network:
         return delay
 
     def send(self, env: Envelope) -> None:
-        self.messages_sent += 1
         src = self.nodes[env.src]
+        if not src.up:
+            return  # a dead process sends nothing (a callback of its last moments)
+        self.messages_sent += 1
         dst = self.nodes.get(env.dst)
         if dst is None:
             raise KeyError(f"message to unknown node {env.dst}")

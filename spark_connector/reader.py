@@ -1,0 +1,542 @@
+"""Batch and streaming readers: plan offset ranges on the driver, fetch them in tasks.
+
+Planning (driver, in Spark's planner Python worker): resolve the subscription to
+topic-partitions with Metadata, turn startingOffsets / endingOffsets / timestamps into
+offsets with ListOffsets, check them, and cut [start, end) ranges into input
+partitions (one per topic-partition, split further by minPartitions). Reading (a
+task): raw Fetch from the range's start, one Fetch kept in flight while the previous
+answer is decoded (clients.records.decode_batches) and turned column-wise into an
+Arrow batch of the exact read schema. Only records below the high watermark are ever
+returned (consumer fetches use replica_id -1), and each task stops at its range's end,
+so a micro-batch reads exactly what its offsets say, however often it is replayed.
+
+Data loss (failOnDataLoss, default true): offsets the range needs were deleted by
+retention (OFFSET_OUT_OF_RANGE, or a start below the log start offset) or the topic
+was deleted. true: the query fails with a message naming the partition, the offsets
+and the option; false: the lost part is skipped and a warning is logged.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    DataSourceStreamReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from clients.consumer import next_fetch_offset
+from clients.records import decode_batches
+from protos.highwater.v1 import common_pb2
+from spark_connector import limits, planning
+from spark_connector.gateway import RETRIABLE_CODES, GatewayClient, HighwaterSparkError, code_name
+from spark_connector.options import (
+    EARLIEST,
+    LATEST,
+    OffsetSpec,
+    ReadOptions,
+    TopicPartitionKey,
+    offsets_from_json,
+    offsets_to_json,
+)
+from spark_connector.planning import OffsetRange
+from spark_connector.schema import records_to_arrow
+
+log = logging.getLogger("highwater.spark")
+
+
+class HighwaterInputPartition(InputPartition):
+    """One Spark task's share: records [start, end) of one topic-partition."""
+
+    def __init__(self, index: int, offset_range: OffsetRange) -> None:
+        super().__init__(index)
+        self.range = offset_range
+
+    def __repr__(self) -> str:
+        r = self.range
+        return f"HighwaterInputPartition({r.topic}-{r.partition} [{r.start}, {r.end}))"
+
+
+# --- planning (driver) ------------------------------------------------------------------------
+
+def resolve_partitions(client: GatewayClient, options: ReadOptions, *, allow_empty: bool
+                       ) -> list[TopicPartitionKey]:
+    """The topic-partitions the subscription selects now; OptionError-style failures name the option."""
+    sub = options.subscription
+    if sub.pattern is not None:
+        found = client.partitions()
+        tps = [(t, p) for t, ps in sorted(found.items()) if ps and sub.matches(t) for p in ps]
+        if not tps and not allow_empty:
+            raise HighwaterSparkError(f"option 'subscribePattern': {sub.pattern!r} matches no topic")
+        return tps
+    topics = list(sub.topics) or list(dict.fromkeys(t for t, _ in sub.assigned))
+    found = client.partitions(topics)
+    missing = [t for t in topics if found.get(t) is None]
+    if missing:
+        raise HighwaterSparkError(f"option {sub.option!r}: topic {', '.join(map(repr, missing))} does not exist "
+                                  f"(gateway {options.bootstrap})")
+    if sub.assigned:
+        absent = [f"{t}-{p}" for t, p in sub.assigned if p not in (found[t] or [])]
+        if absent:
+            raise HighwaterSparkError(f"option 'assign': partition {', '.join(absent)} does not exist")
+        return list(sub.assigned)
+    return [(t, p) for t in topics for p in (found[t] or [])]
+
+
+def _unknown(tps: Iterable[TopicPartitionKey]) -> str:
+    return ", ".join(f"{t}-{p}" for t, p in sorted(tps))
+
+
+def list_offsets(client: GatewayClient, timestamps: dict[TopicPartitionKey, int], what: str
+                 ) -> dict[TopicPartitionKey, int]:
+    answers = client.list_offsets(timestamps)
+    gone = [tp for tp, (_, code) in answers.items() if code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION]
+    if gone:
+        raise HighwaterSparkError(f"{what}: {_unknown(gone)} does not exist (was the topic deleted?)")
+    failed = {tp: code for tp, (_, code) in answers.items() if code != common_pb2.NONE}
+    if failed:
+        raise HighwaterSparkError(f"{what}: ListOffsets failed for " + ", ".join(
+            f"{t}-{p} ({code_name(c)})" for (t, p), c in sorted(failed.items())))
+    return {tp: offset for tp, (offset, _) in answers.items()}
+
+
+def resolve_offsets(client: GatewayClient, spec: OffsetSpec, tps: Sequence[TopicPartitionKey], *,
+                    default: int, timestamp_strategy: str = "error") -> dict[TopicPartitionKey, int]:
+    """Concrete offsets for `tps` from an OffsetSpec (ListOffsets for earliest, latest, timestamps)."""
+    if spec.kind in ("earliest", "latest"):
+        ts = EARLIEST if spec.kind == "earliest" else LATEST
+        return list_offsets(client, dict.fromkeys(tps, ts), f"option {spec.option!r}")
+    if spec.kind == "offsets":
+        wanted = {tp: spec.offsets.get(tp, default) for tp in tps}
+        special = {tp: o for tp, o in wanted.items() if o in (EARLIEST, LATEST)}
+        resolved = list_offsets(client, special, f"option {spec.option!r}") if special else {}
+        return {tp: resolved.get(tp, o) for tp, o in wanted.items()}
+    # Timestamps: the first offset whose timestamp is >= the one asked.
+    asked = {tp: spec.timestamps.get(tp, spec.timestamp_all if spec.timestamp_all is not None else -1)
+             for tp in tps}
+    missing_ts = [tp for tp, ts in asked.items() if ts < 0]
+    if missing_ts:
+        raise HighwaterSparkError(f"option {spec.option!r} gives no timestamp for {_unknown(missing_ts)}")
+    found = list_offsets(client, asked, f"option {spec.option!r}")
+    none = [tp for tp, o in found.items() if o < 0]
+    if none:
+        starting = spec.option.startswith("starting")
+        if starting and timestamp_strategy == "error":
+            raise HighwaterSparkError(
+                f"option {spec.option!r}: no record at or after the timestamp in {_unknown(none)} "
+                "(set startingOffsetsByTimestampStrategy=latest to start at the end instead)")
+        latest = list_offsets(client, dict.fromkeys(none, LATEST), f"option {spec.option!r}")
+        found.update(latest)
+    return found
+
+
+def check_ranges(client: GatewayClient, starts: dict[TopicPartitionKey, int], ends: dict[TopicPartitionKey, int],
+                 options: ReadOptions, starting_option: str) -> dict[TopicPartitionKey, int]:
+    """Starts checked against each partition's [log start, high watermark]; returns usable starts.
+
+    A start below the log start offset means records were deleted by retention
+    (failOnDataLoss decides); a start past the end is an error naming the option.
+    """
+    earliest = list_offsets(client, dict.fromkeys(starts, EARLIEST), "log start offsets")
+    out: dict[TopicPartitionKey, int] = {}
+    for tp, start in starts.items():
+        end = ends[tp]
+        if start > end:
+            raise HighwaterSparkError(f"option {starting_option!r}: start offset {start} of {tp[0]}-{tp[1]} is "
+                                      f"past its end offset {end}")
+        if start < earliest[tp]:
+            lost = f"records [{start}, {earliest[tp]}) of {tp[0]}-{tp[1]} were deleted by retention"
+            if options.fail_on_data_loss:
+                raise HighwaterSparkError(f"{lost}; set failOnDataLoss=false to skip them")
+            log.warning("%s; skipping them (failOnDataLoss=false)", lost)
+            start = min(earliest[tp], end)
+        out[tp] = start
+    return out
+
+
+# --- filter pushdown ---------------------------------------------------------------------------
+
+@dataclass
+class PushedBounds:
+    """What pushed filters on partition, offset and timestamp allow (AND of them)."""
+
+    partitions: set[int] | None = None
+    partition_min: int = 0
+    partition_max: int = 2**31 - 1
+    offset_min: int = 0
+    offset_end: int = 2**63 - 1  # exclusive
+    timestamp_min_ms: int | None = None
+    applied: list[str] = field(default_factory=list)
+
+    def allows_partition(self, partition: int) -> bool:
+        return (self.partition_min <= partition <= self.partition_max
+                and (self.partitions is None or partition in self.partitions))
+
+    def narrow(self, r: OffsetRange) -> OffsetRange:
+        return OffsetRange(r.topic, r.partition, max(r.start, self.offset_min), min(r.end, self.offset_end))
+
+
+def _as_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _timestamp_ms(value: Any) -> int | None:
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1000)
+    return None
+
+
+def push_filter(bounds: PushedBounds, f: Filter) -> bool:
+    """Fold one filter into `bounds`. True: handled exactly (Spark need not evaluate it again).
+
+    partition and offset filters are exact (they only narrow ranges); a timestamp lower
+    bound moves each partition's start to the first offset at that time, but record
+    timestamps are not ordered by offset, so Spark still evaluates timestamp filters.
+    """
+    column = f.attribute[0] if len(f.attribute) == 1 else None  # type: ignore[attr-defined]
+    value = getattr(f, "value", None)
+    if column == "partition":
+        if isinstance(f, In):
+            values = {v for v in value if _as_int(v) is not None}
+            bounds.partitions = values if bounds.partitions is None else bounds.partitions & values
+        elif (v := _as_int(value)) is None:
+            return False
+        elif isinstance(f, EqualTo):
+            bounds.partitions = {v} if bounds.partitions is None else bounds.partitions & {v}
+        elif isinstance(f, GreaterThan):
+            bounds.partition_min = max(bounds.partition_min, v + 1)
+        elif isinstance(f, GreaterThanOrEqual):
+            bounds.partition_min = max(bounds.partition_min, v)
+        elif isinstance(f, LessThan):
+            bounds.partition_max = min(bounds.partition_max, v - 1)
+        elif isinstance(f, LessThanOrEqual):
+            bounds.partition_max = min(bounds.partition_max, v)
+        else:
+            return False
+        bounds.applied.append(repr(f))
+        return True
+    if column == "offset":
+        v = _as_int(value)
+        if v is None:
+            return False
+        if isinstance(f, EqualTo):
+            bounds.offset_min, bounds.offset_end = max(bounds.offset_min, v), min(bounds.offset_end, v + 1)
+        elif isinstance(f, GreaterThan):
+            bounds.offset_min = max(bounds.offset_min, v + 1)
+        elif isinstance(f, GreaterThanOrEqual):
+            bounds.offset_min = max(bounds.offset_min, v)
+        elif isinstance(f, LessThan):
+            bounds.offset_end = min(bounds.offset_end, v)
+        elif isinstance(f, LessThanOrEqual):
+            bounds.offset_end = min(bounds.offset_end, v + 1)
+        else:
+            return False
+        bounds.applied.append(repr(f))
+        return True
+    if column == "timestamp" and isinstance(f, (GreaterThan, GreaterThanOrEqual, EqualTo)):
+        ms = _timestamp_ms(value)
+        if ms is not None:
+            # Rounded down to the ms: the moved start may include a few records Spark then drops.
+            bounds.timestamp_min_ms = max(bounds.timestamp_min_ms or 0, ms)
+            bounds.applied.append(repr(f))
+    return False
+
+
+# --- reading (tasks) ---------------------------------------------------------------------------
+
+def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatch]:
+    """Arrow batches of every record in [r.start, r.end) of one partition, in offset order."""
+    tp = (r.topic, r.partition)
+    max_bytes = options.client.fetch_max_bytes
+    offset = r.start
+    pending = client.call_future("Fetch", client.fetch_request(tp, offset, max_bytes))
+    empty_polls_deadline: float | None = None
+    while offset < r.end:
+        part = pending().topics[0].partitions[0]
+        code = part.error_code
+        if code != common_pb2.NONE:
+            offset = _after_fetch_error(client, r, offset, part, options)
+            if offset >= r.end:
+                return
+            pending = client.call_future("Fetch", client.fetch_request(tp, offset, max_bytes))
+            continue
+        data = part.records
+        next_offset = next_fetch_offset(data, offset) if data else None
+        if next_offset is None or next_offset <= offset:
+            # Nothing below the high watermark yet at `offset` though the plan says there is: a
+            # new leader whose high watermark lags, briefly. Long-poll, within the retry timeout.
+            empty_polls_deadline = _empty_poll(client, r, offset, part, empty_polls_deadline)
+            pending = client.call_future("Fetch", client.fetch_request(tp, offset, max_bytes,
+                                                                         limits.FETCH_EMPTY_WAIT_MS))
+            continue
+        empty_polls_deadline = None
+        if next_offset < r.end:
+            pending = client.call_future("Fetch", client.fetch_request(tp, next_offset, max_bytes))
+        records = list(decode_batches(data))
+        # The first batch may start before `offset` and the last may run past the end.
+        first = bisect.bisect_left(records, offset, key=_offset_of)
+        last = bisect.bisect_left(records, r.end, key=_offset_of)
+        if first or last < len(records):
+            records = records[first:last]
+        if records:
+            yield records_to_arrow(records, r.topic, r.partition, options.include_headers)
+        offset = next_offset
+
+
+def _offset_of(record: Any) -> int:
+    return record.offset  # type: ignore[no-any-return]
+
+
+def _empty_poll(client: GatewayClient, r: OffsetRange, offset: int, part: common_pb2.FetchPartitionResponse,
+                deadline: float | None) -> float:
+    import time
+
+    now = time.monotonic()
+    if deadline is None:
+        return now + client.settings.retry_timeout_ms / 1000
+    if now >= deadline:
+        raise HighwaterSparkError(
+            f"{r.topic}-{r.partition}: no records at offset {offset} though the plan reads to {r.end} "
+            f"(high watermark {part.high_watermark}) after highwater.retry.timeout.ms="
+            f"{client.settings.retry_timeout_ms} ms")
+    return deadline
+
+
+def _after_fetch_error(client: GatewayClient, r: OffsetRange, offset: int,
+                       part: common_pb2.FetchPartitionResponse, options: ReadOptions) -> int:
+    """Where to go on after a per-partition Fetch error: the same offset, a later one, or raise."""
+    import time
+
+    code = part.error_code
+    name = f"{r.topic}-{r.partition}"
+    if code in RETRIABLE_CODES:
+        time.sleep(limits.RETRY_BACKOFF_MS / 1000)
+        return offset
+    if code == common_pb2.OFFSET_OUT_OF_RANGE:
+        earliest, _ = client.list_offsets({(r.topic, r.partition): EARLIEST}).get((r.topic, r.partition), (-1, 0))
+        if earliest <= offset:
+            raise HighwaterSparkError(f"{name}: offset {offset} is out of range: {part.error_message}")
+        lost = f"{name}: records [{offset}, {min(earliest, r.end)}) were deleted by retention before they were read"
+        if options.fail_on_data_loss:
+            raise HighwaterSparkError(f"{lost}; set failOnDataLoss=false to skip them")
+        log.warning("%s; skipping them (failOnDataLoss=false)", lost)
+        return earliest
+    if code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION:
+        lost = f"{name} no longer exists (topic deleted?); records [{offset}, {r.end}) cannot be read"
+        if options.fail_on_data_loss:
+            raise HighwaterSparkError(f"{lost}; set failOnDataLoss=false to skip them")
+        log.warning("%s; skipping them (failOnDataLoss=false)", lost)
+        return r.end
+    raise HighwaterSparkError(f"Fetch of {name} at offset {offset} failed: {code_name(code)} {part.error_message}")
+
+
+# --- batch reader --------------------------------------------------------------------------------
+
+class HighwaterBatchReader(DataSourceReader):
+    """Reads [startingOffsets, endingOffsets) of every selected partition, once."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self.bounds = PushedBounds()
+
+    def partitions(self) -> Sequence[InputPartition]:
+        options = self.options
+        with GatewayClient(options.bootstrap, options.client) as client:
+            tps = [tp for tp in resolve_partitions(client, options, allow_empty=False)
+                   if self.bounds.allows_partition(tp[1])]
+            if not tps:
+                return []
+            if options.ending is None:  # pragma: no cover - batch options always have one
+                raise HighwaterSparkError("a batch read needs ending offsets")
+            ends = resolve_offsets(client, options.ending, tps, default=LATEST)
+            latest = list_offsets(client, dict.fromkeys(tps, LATEST), "high watermarks")
+            for tp, end in ends.items():
+                if end > latest[tp]:
+                    raise HighwaterSparkError(f"option {options.ending.option!r}: end offset {end} of "
+                                              f"{tp[0]}-{tp[1]} is past its high watermark {latest[tp]}")
+            starts = resolve_offsets(client, options.starting, tps, default=EARLIEST,
+                                     timestamp_strategy=options.timestamp_strategy)
+            if self.bounds.timestamp_min_ms is not None:
+                by_time = list_offsets(client, dict.fromkeys(tps, self.bounds.timestamp_min_ms), "timestamp filter")
+                starts = {tp: max(s, by_time[tp] if by_time[tp] >= 0 else ends[tp]) for tp, s in starts.items()}
+                starts = {tp: min(s, ends[tp]) for tp, s in starts.items()}
+            starts = check_ranges(client, starts, ends, options, options.starting.option)
+        ranges = [self.bounds.narrow(OffsetRange(t, p, starts[(t, p)], ends[(t, p)])) for t, p in tps]
+        split = planning.split_ranges(ranges, options.min_partitions)
+        return [HighwaterInputPartition(i, r) for i, r in enumerate(split)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, HighwaterInputPartition):  # pragma: no cover - Spark hands back ours
+            raise HighwaterSparkError(f"unexpected input partition {partition!r}")
+        with GatewayClient(self.options.bootstrap, self.options.client) as client:
+            yield from read_range(client, partition.range, self.options)
+
+
+class HighwaterFilteringBatchReader(HighwaterBatchReader):
+    """The batch reader plus filter pushdown (pushFilters), used with option pushFilters=true.
+
+    A separate class because PySpark refuses a reader that implements pushFilters
+    unless spark.sql.python.filterPushdown.enabled is true, and the data source cannot
+    see Spark's configuration: the option says the user turned both on.
+    """
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        for f in filters:
+            if not push_filter(self.bounds, f):
+                yield f
+
+
+# --- streaming reader ------------------------------------------------------------------------------
+
+class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reader. Offsets are Kafka's per-partition JSON: {"topic": {"0": next offset}}.
+
+    The driver-side object lives as long as the query (Spark keeps it in one planner
+    worker) and keeps one gateway client; it is pickled without it for the tasks.
+    Partitions that appear later (new partitions, new topics matching subscribePattern)
+    are read from their earliest offset, as Spark's Kafka source does.
+    """
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self._client: GatewayClient | None = None
+        self._available_now_target: dict[TopicPartitionKey, int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_client"] = None  # channels are not picklable; tasks make their own
+        return state
+
+    @property
+    def client(self) -> GatewayClient:
+        if self._client is None:
+            self._client = GatewayClient(self.options.bootstrap, self.options.client)
+        return self._client
+
+    def _current_partitions(self) -> list[TopicPartitionKey]:
+        return resolve_partitions(self.client, self.options, allow_empty=True)
+
+    def initialOffset(self) -> dict:
+        tps = resolve_partitions(self.client, self.options, allow_empty=self.options.subscription.pattern is not None)
+        starts = resolve_offsets(self.client, self.options.starting, tps, default=LATEST,
+                                 timestamp_strategy=self.options.timestamp_strategy)
+        latest = list_offsets(self.client, dict.fromkeys(tps, LATEST), "high watermarks")
+        starts = check_ranges(self.client, starts, latest, self.options, self.options.starting.option)
+        return offsets_to_json(starts)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        if self.options.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.options.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        tps = self._current_partitions()
+        self._available_now_target = list_offsets(self.client, dict.fromkeys(tps, LATEST), "high watermarks")
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = offsets_from_json(start, "start offset")
+        tps = self._current_partitions()
+        gone = [tp for tp in begin if tp not in tps]
+        if gone:
+            lost = f"{_unknown(gone)} no longer exist(s) (topic deleted?)"
+            if self.options.fail_on_data_loss:
+                raise HighwaterSparkError(f"{lost}; set failOnDataLoss=false to go on without them")
+            log.warning("%s; going on without them (failOnDataLoss=false)", lost)
+        if self._available_now_target is not None:
+            # Trigger.AvailableNow reads what existed when the query started, nothing newer.
+            tps = [tp for tp in tps if tp in self._available_now_target]
+        latest = list_offsets(self.client, dict.fromkeys(tps, LATEST), "high watermarks")
+        if self._available_now_target is not None:
+            latest = planning.cap(latest, self._available_now_target)
+        new = [tp for tp in tps if tp not in begin]
+        base = dict(begin)
+        if new:
+            base.update(list_offsets(self.client, dict.fromkeys(new, EARLIEST), "log start offsets"))
+        for tp in tps:
+            if latest[tp] < base[tp]:
+                lost = (f"{tp[0]}-{tp[1]}: high watermark {latest[tp]} is below the next offset to read "
+                        f"{base[tp]} (topic re-created, or an unclean leader election lost records)")
+                if self.options.fail_on_data_loss:
+                    raise HighwaterSparkError(f"{lost}; set failOnDataLoss=false to go on from there")
+                log.warning("%s; going on from %d (failOnDataLoss=false)", lost, latest[tp])
+                base[tp] = latest[tp]
+        current = {tp: base[tp] for tp in tps}
+        latest = {tp: latest[tp] for tp in tps}
+        if isinstance(limit, ReadMaxRows):
+            end = planning.limit_by_rows(current, latest, limit.max_rows)
+            if self.options.max_bytes_per_trigger is not None:
+                end = self._limit_bytes(current, end, self.options.max_bytes_per_trigger)
+        elif isinstance(limit, ReadMaxBytes):
+            end = self._limit_bytes(current, latest, limit.max_bytes)
+        else:
+            end = latest
+        # New partitions with nothing admitted yet are still recorded, at their start, so the
+        # next batch knows where they begin.
+        return offsets_to_json(end)
+
+    def _limit_bytes(self, start: dict[TopicPartitionKey, int], latest: dict[TopicPartitionKey, int],
+                     max_bytes: int) -> dict[TopicPartitionKey, int]:
+        """Sample each partition's record size from its start (a soft limit, see planning.limit_by_bytes)."""
+        per_record: dict[TopicPartitionKey, float] = {}
+        for tp, s in start.items():
+            if latest[tp] <= s:
+                continue
+            part = self.client.call("Fetch", self.client.fetch_request(
+                tp, s, limits.BYTES_SAMPLE_MAX_BYTES)).topics[0].partitions[0]
+            end = next_fetch_offset(part.records, s) if part.error_code == common_pb2.NONE and part.records else None
+            if end is not None and end > s:
+                per_record[tp] = len(part.records) / (end - s)
+        return planning.limit_by_bytes(start, latest, per_record, max_bytes)
+
+    def reportLatestOffset(self) -> dict | None:
+        tps = self._current_partitions()
+        if not tps:
+            return None
+        return offsets_to_json(list_offsets(self.client, dict.fromkeys(tps, LATEST), "high watermarks"))
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        begin = offsets_from_json(start, "start offset")
+        finish = offsets_from_json(end, "end offset")
+        new = [tp for tp in finish if tp not in begin]
+        if new:
+            begin.update(list_offsets(self.client, dict.fromkeys(new, EARLIEST), "log start offsets"))
+        ranges = [OffsetRange(t, p, min(begin[(t, p)], e), e) for (t, p), e in sorted(finish.items())]
+        split = planning.split_ranges(ranges, self.options.min_partitions)
+        return [HighwaterInputPartition(i, r) for i, r in enumerate(split)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, HighwaterInputPartition):  # pragma: no cover
+            raise HighwaterSparkError(f"unexpected input partition {partition!r}")
+        with GatewayClient(self.options.bootstrap, self.options.client) as client:
+            yield from read_range(client, partition.range, self.options)
+
+    def commit(self, end: dict) -> None:
+        log.debug("micro-batch up to %s committed", end)
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
