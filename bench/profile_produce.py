@@ -266,7 +266,8 @@ def run_py_spy(cluster: LocalCluster, batch: bytes, records_per_batch: int, args
     duration = math.ceil(args.duration_s)
     sampler = subprocess.Popen([py_spy, "record", "--pid", str(cluster.processes[LEADER].pid), "--duration",
                                 str(duration), "--rate", str(args.py_spy_rate), "--format", "raw", "--function",
-                                "--output", str(raw)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                "--output", str(raw), *(["--native"] if args.native else [])],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         run = produce_for(cluster, batch, records_per_batch, duration, args.in_flight, "py-spy")
         output, _ = sampler.communicate(timeout=PY_SPY_EXIT_TIMEOUT_S)
@@ -354,6 +355,8 @@ def main() -> int:
     parser.add_argument("--in-flight", type=int, default=4, help="Produce requests in flight at once (default 4).")
     parser.add_argument("--py-spy-rate", type=int, default=100, help="py-spy samples per second (default 100).")
     parser.add_argument("--no-py-spy", action="store_true", help="Skip the py-spy phase.")
+    parser.add_argument("--native", action="store_true",
+                        help="py-spy --native: show C/C++ frames (gRPC, protobuf) instead of charging them to Python.")
     parser.add_argument("--no-cprofile", action="store_true", help="Skip the cProfile phase (its own cluster).")
     parser.add_argument("--per-record-calls-min", type=int, default=100,
                         help="Calls per batch from which a function counts as per-record work (default 100; "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -310,8 +311,6 @@ def _offset_of(record: Any) -> int:
 
 def _empty_poll(client: GatewayClient, r: OffsetRange, offset: int, part: common_pb2.FetchPartitionResponse,
                 deadline: float | None) -> float:
-    import time
-
     now = time.monotonic()
     if deadline is None:
         return now + client.settings.retry_timeout_ms / 1000
@@ -326,8 +325,6 @@ def _empty_poll(client: GatewayClient, r: OffsetRange, offset: int, part: common
 def _after_fetch_error(client: GatewayClient, r: OffsetRange, offset: int,
                        part: common_pb2.FetchPartitionResponse, options: ReadOptions) -> int:
     """Where to go on after a per-partition Fetch error: the same offset, a later one, or raise."""
-    import time
-
     code = part.error_code
     name = f"{r.topic}-{r.partition}"
     if code in RETRIABLE_CODES:

@@ -70,6 +70,8 @@ SENDER_QUEUE_LENGTH_MAX = 10_000
 # (a dead broker's sender is removed when its lease expires).
 CONTROL_RPC_ATTEMPTS_MAX = 5
 PRODUCER_ID_BLOCK_SIZE = 1000
+# After a watch on etcd breaks, wait this long before reading and watching again.
+WATCH_RETRY_BACKOFF_S = 0.5
 # Kafka's leader.imbalance.check.interval.seconds (300) and leader.imbalance.per.broker.percentage (10).
 LEADER_IMBALANCE_CHECK_INTERVAL_S = 300.0
 LEADER_IMBALANCE_PER_BROKER_PERCENTAGE = 10
@@ -301,17 +303,26 @@ class ControllerEventLoop:
     async def _watch_admin(self, revision: int) -> None:
         """Requests written by hand under /admin (Kafka's znode-based admin tools)."""
         kinds = {self.keys.reassign_partitions: "reassign", self.keys.preferred_replica_election: "preferred"}
-        async for events in self.store.watch_prefix(self.keys.prefix + "/admin/", start_revision=revision + 1):
-            for ev in events:
-                if ev.kind != "put":
-                    continue
-                if ev.key in kinds:
-                    self.enqueue("AdminRequest", lambda k=ev.key, v=ev.value: handlers.on_admin_request(
-                        self.ctx, kinds[k], k, v))
-                elif ev.key.startswith(self.keys.delete_topics_prefix):
-                    topic = ev.key[len(self.keys.delete_topics_prefix):]
-                    self.enqueue("TopicDeletion", lambda t=topic: handlers.on_delete_topics(
-                        self.ctx, [t], deletion_enabled=self.delete_topic_enable))
+        while True:
+            try:
+                async for events in self.store.watch_prefix(self.keys.prefix + "/admin/",
+                                                            start_revision=revision + 1):
+                    for ev in events:
+                        revision = max(revision, ev.mod_revision)
+                        if ev.kind != "put":
+                            continue
+                        if ev.key in kinds:
+                            self.enqueue("AdminRequest", lambda k=ev.key, v=ev.value: handlers.on_admin_request(
+                                self.ctx, kinds[k], k, v))
+                        elif ev.key.startswith(self.keys.delete_topics_prefix):
+                            topic = ev.key[len(self.keys.delete_topics_prefix):]
+                            self.enqueue("TopicDeletion", lambda t=topic, k=ev.key: handlers.on_admin_delete_marker(
+                                self.ctx, t, k, deletion_enabled=self.delete_topic_enable))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("watch on /admin failed (%s); watching again", exc)
+                await asyncio.sleep(WATCH_RETRY_BACKOFF_S)
 
     async def _rebalance_ticks(self) -> None:
         while True:
@@ -320,18 +331,37 @@ class ControllerEventLoop:
                 self.ctx, self.leader_imbalance_per_broker_percentage))
 
     async def _watch(self, prefix: str, revision: int, name: str) -> None:
-        """On any change under prefix, read the whole prefix and queue one membership event."""
-        async for _events in self.store.watch_prefix(prefix, start_revision=revision + 1):
-            kvs, _ = await self.store.get_prefix(prefix)
-            if name == "BrokerChange":
-                registered = {}
-                for kv in kvs:
-                    info = BrokerInfo.from_json(kv.value, kv.create_revision)
-                    registered[info.broker_id] = info
-                self.enqueue(name, lambda r=registered: handlers.on_broker_change(self.ctx, r))
-            else:
-                gateways = {g.gateway_id: g for g in (GatewayInfo.from_json(kv.value) for kv in kvs)}
-                self.enqueue(name, lambda g=gateways: handlers.on_gateway_change(self.ctx, g))
+        """On any change under prefix, read the whole prefix and queue one membership event.
+
+        A broken watch (etcd restarted, history compacted) is started again from a
+        fresh read, so no change is missed: the event always carries the whole set.
+        """
+        while True:
+            try:
+                async for _events in self.store.watch_prefix(prefix, start_revision=revision + 1):
+                    kvs, revision = await self.store.get_prefix(prefix)
+                    self._membership_event(name, kvs)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("watch on %s failed (%s); reading it again", prefix, exc)
+                await asyncio.sleep(WATCH_RETRY_BACKOFF_S)
+                try:
+                    kvs, revision = await self.store.get_prefix(prefix)
+                    self._membership_event(name, kvs)
+                except Exception as again:
+                    log.warning("reading %s failed too (%s); will retry", prefix, again)
+
+    def _membership_event(self, name: str, kvs: list[Any]) -> None:
+        if name == "BrokerChange":
+            registered = {}
+            for kv in kvs:
+                info = BrokerInfo.from_json(kv.value, kv.create_revision)
+                registered[info.broker_id] = info
+            self.enqueue(name, lambda r=registered: handlers.on_broker_change(self.ctx, r))
+        else:
+            gateways = {g.gateway_id: g for g in (GatewayInfo.from_json(kv.value) for kv in kvs)}
+            self.enqueue(name, lambda g=gateways: handlers.on_gateway_change(self.ctx, g))
 
     # ---- apply: fenced writes, replay, RPCs ----------------------------------------------------
 

@@ -863,3 +863,17 @@ def on_admin_request(ctx: ControllerContext, kind: str, key: str, raw: bytes) ->
 
 
 Write = StateWrite | TopicWrite | ConfigWrite | TopicDelete | DeletionMark | AdminKeyDelete
+
+
+def on_admin_delete_marker(ctx: ControllerContext, topic: str, key: str, *, deletion_enabled: bool
+                           ) -> ControllerResult:
+    """A /admin/delete_topics/{topic} key: delete the topic, or log why not and remove the key."""
+    if topic in ctx.topics_to_delete:
+        return ControllerResult()  # our own mark, already being handled
+    result = on_delete_topics(ctx, [topic], deletion_enabled=deletion_enabled)
+    answer = result.response.topics[0]
+    if answer.error_code:
+        log.error("deletion of %r requested under /admin refused: %s %s", topic,
+                  common_pb2.ErrorCode.Name(answer.error_code), answer.error_message)
+        result.writes.append(AdminKeyDelete(key))
+    return result

@@ -363,3 +363,10 @@ def test_startup_initialises_partitions_whose_state_was_never_written():
     writes = [w for w in result.writes if isinstance(w, StateWrite)]
     assert [(w.tp, w.state.leader, w.expected_version) for w in writes] == [(("half", 0), 1, 0), (("half", 1), 2, 0)]
     assert result.rpcs.full_metadata
+
+
+def test_hand_written_deletion_of_an_unknown_topic_is_logged_and_its_key_removed():
+    ctx = context([1])
+    result = handlers.on_admin_delete_marker(ctx, "ghost", "/highwater/admin/delete_topics/ghost",
+                                             deletion_enabled=True)
+    assert [type(w) for w in result.writes] == [handlers.AdminKeyDelete]

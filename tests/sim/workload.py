@@ -1,0 +1,264 @@
+"""Clients of the simulated cluster: producers, consumers, and an operator doing admin work.
+
+- A Producer sends one batch at a time (max.in.flight = 1) to the leader it learned
+  from a broker's Metadata answer; acks=all or acks=1. Every record value is unique
+  (`p<n>-<seq>`), so the checker can follow each one. A batch that failed is retried
+  a few times with the same values (a non-idempotent producer: duplicates are allowed,
+  lost acknowledged records are not). Idempotence is not simulated: Partition keeps
+  no producer state yet.
+- A Consumer reads every partition from offset 0 to the end with replica_id -1 (so
+  only below the HW), checking each answer as it comes: offsets contiguous and below
+  the answer's high watermark.
+- The Operator creates topics and, during the fault phase, asks for preferred leader
+  elections and rolls brokers through a controlled shutdown and restart.
+
+Clients learn where to send from broker metadata (UpdateMetadata-fed caches), as
+the real clients do, and refresh it on NOT_LEADER_OR_FOLLOWER, timeouts and the like.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from clients.records import decode_batches, encode_values
+from protos.highwater.v1 import common_pb2
+from tests.sim.clock import EventLoop
+from tests.sim.config import WALL_CLOCK_BASE_MS, SimConfig
+from tests.sim.network import Network, RpcError, RpcNode
+from tests.sim.sim_broker import SimBroker, broker_node, controller_node
+
+if TYPE_CHECKING:
+    from tests.sim.checker import Checker
+
+TopicPartitionKey = tuple[str, int]
+
+# A failed batch is sent again this many times before the producer gives up on it.
+PRODUCE_ATTEMPTS_MAX = 4
+CLIENT_RETRY_BACKOFF_MS = 100
+# A consumer asks for at most this much per partition: small answers keep each step cheap.
+CONSUMER_PARTITION_MAX_BYTES = 64 * 1024
+# Extra wait on top of a request's own timeout before the client gives up on the RPC.
+CLIENT_RPC_SLACK_MS = 1_000
+
+
+class MetadataView:
+    """A client's idea of who leads what, refreshed from any live broker."""
+
+    def __init__(self, node: RpcNode, broker_ids: list[int], rng: random.Random) -> None:
+        self.node = node
+        self.broker_ids = broker_ids
+        self.rng = rng
+        self.leaders: dict[TopicPartitionKey, int] = {}
+        self._waiting: list[Callable[[], None]] | None = None  # None: no refresh in flight
+
+    def refresh(self, then: Callable[[], None]) -> None:
+        """Ask a random broker for metadata; then() runs when the answer (or an error) is in."""
+        if self._waiting is not None:
+            self._waiting.append(then)
+            return
+        self._waiting = [then]
+        target = broker_node(self.rng.choice(self.broker_ids))
+
+        def answered(resp: Any) -> None:
+            if not isinstance(resp, RpcError):
+                for topic in resp.topics:
+                    for pm in topic.partitions:
+                        self.leaders[(topic.name, pm.partition)] = pm.leader
+            waiting, self._waiting = self._waiting or [], None
+            for callback in waiting:
+                callback()
+
+        self.node.call(target, "Metadata", common_pb2.MetadataRequest(), 2_000, answered)
+
+
+class Producer(RpcNode):
+    def __init__(self, index: int, acks: int, loop: EventLoop, network: Network, rng: random.Random,
+                 config: SimConfig, checker: Checker, broker_ids: list[int]) -> None:
+        super().__init__(f"p{index}", loop, network)
+        self.acks = acks
+        self.rng = rng
+        self.config = config
+        self.checker = checker
+        self.metadata = MetadataView(self, broker_ids, rng)
+        self.topics: list[str] = []
+        self.seq = 0
+        self.stopped = False
+        self._round_robin = 0
+        self.after(rng.randint(0, config.produce_interval_ms_max), self._send_next)
+
+    def _send_next(self) -> None:
+        if self.stopped:
+            return
+        partitions = sorted(tp for tp in self.metadata.leaders if tp[0] in self.topics)
+        if not partitions:
+            self.metadata.refresh(lambda: self.after(CLIENT_RETRY_BACKOFF_MS, self._send_next))
+            return
+        tp = partitions[self._round_robin % len(partitions)]
+        self._round_robin += 1
+        count = self.rng.randint(1, self.config.records_per_batch_max)
+        values = [f"{self.name}-{self.seq + i}".encode() for i in range(count)]
+        self.seq += count
+        self.checker.on_produce_attempt(values)
+        self._send(tp, values, 1)
+
+    def _send(self, tp: TopicPartitionKey, values: list[bytes], attempt: int) -> None:
+        leader = self.metadata.leaders.get(tp, -1)
+        if leader < 0:
+            self._failed(tp, values, attempt)
+            return
+        records = encode_values(values, timestamp_ms=WALL_CLOCK_BASE_MS + self.loop.now_ms)
+        request = common_pb2.ProduceRequest(
+            acks=self.acks, timeout_ms=self.config.produce_timeout_ms,
+            topics=[common_pb2.ProduceTopicData(topic=tp[0], partitions=[
+                common_pb2.ProducePartitionData(partition=tp[1], records=records)])])
+        self.call(broker_node(leader), "Produce", request, self.config.produce_timeout_ms + CLIENT_RPC_SLACK_MS,
+                  lambda resp: self._answered(tp, values, attempt, resp))
+
+    def _answered(self, tp: TopicPartitionKey, values: list[bytes], attempt: int, resp: Any) -> None:
+        if isinstance(resp, RpcError):
+            self._failed(tp, values, attempt)
+            return
+        pr = resp.topics[0].partitions[0]
+        if pr.error_code == common_pb2.NONE:
+            self.trace("acked %s-%d @%d acks=%d %d records", *tp, pr.base_offset, self.acks, len(values))
+            self.checker.on_produce_ack(self, tp, pr.base_offset, values, self.acks)
+            self.after(self.rng.randint(1, self.config.produce_interval_ms_max), self._send_next)
+        else:
+            self._failed(tp, values, attempt)
+
+    def _failed(self, tp: TopicPartitionKey, values: list[bytes], attempt: int) -> None:
+        """Refresh metadata, then send the same batch again (or give up on it and move on)."""
+        def retry() -> None:
+            if attempt < PRODUCE_ATTEMPTS_MAX and not self.stopped:
+                self.after(CLIENT_RETRY_BACKOFF_MS, self._send, tp, values, attempt + 1)
+            else:
+                self.after(CLIENT_RETRY_BACKOFF_MS, self._send_next)
+
+        self.metadata.refresh(retry)
+
+
+class Consumer(RpcNode):
+    def __init__(self, index: int, loop: EventLoop, network: Network, rng: random.Random, config: SimConfig,
+                 checker: Checker, broker_ids: list[int]) -> None:
+        super().__init__(f"k{index}", loop, network)
+        self.rng = rng
+        self.config = config
+        self.checker = checker
+        self.metadata = MetadataView(self, broker_ids, rng)
+        self.topics: list[str] = []
+        self.positions: dict[TopicPartitionKey, int] = {}
+        self.seen: dict[TopicPartitionKey, dict[int, bytes]] = {}
+        self._in_flight: set[TopicPartitionKey] = set()
+        self.after(100, self._poll)
+
+    def _poll(self) -> None:
+        """Start a fetch for every known partition that has none in flight."""
+        for tp in sorted(self.metadata.leaders):
+            if tp[0] in self.topics and tp not in self._in_flight:
+                self._fetch(tp)
+        self.metadata.refresh(lambda: None)
+        self.after(1_000, self._poll)
+
+    def _fetch(self, tp: TopicPartitionKey) -> None:
+        leader = self.metadata.leaders.get(tp, -1)
+        if leader < 0:
+            return
+        position = self.positions.setdefault(tp, 0)
+        request = common_pb2.FetchRequest(
+            replica_id=-1, max_wait_ms=self.config.consumer_fetch_wait_ms, min_bytes=1,
+            max_bytes=CONSUMER_PARTITION_MAX_BYTES,
+            topics=[common_pb2.FetchTopic(topic=tp[0], partitions=[common_pb2.FetchPartition(
+                partition=tp[1], fetch_offset=position, partition_max_bytes=CONSUMER_PARTITION_MAX_BYTES,
+                current_leader_epoch=-1)])])
+        self._in_flight.add(tp)
+        self.call(broker_node(leader), "Fetch", request,
+                  self.config.consumer_fetch_wait_ms + self.config.control_rpc_timeout_ms,
+                  lambda resp: self._answered(tp, position, resp))
+
+    def _answered(self, tp: TopicPartitionKey, position: int, resp: Any) -> None:
+        self._in_flight.discard(tp)
+        if isinstance(resp, RpcError):
+            self.after(CLIENT_RETRY_BACKOFF_MS, self._fetch, tp)
+            return
+        pr = resp.topics[0].partitions[0]
+        if pr.error_code == common_pb2.OFFSET_OUT_OF_RANGE:
+            self.checker.on_consumer_out_of_range(self, tp, position, pr)
+            self.positions[tp] = max(pr.high_watermark, 0)
+            self.after(CLIENT_RETRY_BACKOFF_MS, self._fetch, tp)
+            return
+        if pr.error_code != common_pb2.NONE:
+            self.metadata.refresh(lambda: None)
+            self.after(CLIENT_RETRY_BACKOFF_MS, self._fetch, tp)
+            return
+        if self.positions.get(tp) != position:
+            return  # a reset happened meanwhile
+        if pr.records:
+            seen = self.seen.setdefault(tp, {})
+            for record in decode_batches(pr.records):
+                if record.offset < position:
+                    continue  # whole batches come back; skip what we already have
+                self.checker.on_consume(self, tp, position, record.offset, record.value or b"", pr.high_watermark)
+                seen[record.offset] = record.value or b""
+                position = record.offset + 1
+            self.positions[tp] = position
+        self.after(0, self._fetch, tp)
+
+
+class Operator(RpcNode):
+    """Admin work: topic creation, preferred elections, rolling restarts through controlled shutdown."""
+
+    def __init__(self, loop: EventLoop, network: Network, rng: random.Random, config: SimConfig,
+                 controller_ids: list[int], on_topic_created: Callable[[str], None]) -> None:
+        super().__init__("admin", loop, network)
+        self.rng = rng
+        self.config = config
+        self.controller_ids = controller_ids
+        self.on_topic_created = on_topic_created
+        self.created: set[str] = set()
+
+    def _to_controller(self, rpc: str, request: Any, done: Callable[[Any], None], attempt: int = 0) -> None:
+        """Try the candidates in turn until one is the active controller (NOT_CONTROLLER otherwise)."""
+        target = controller_node(self.controller_ids[attempt % len(self.controller_ids)])
+
+        def answered(resp: Any) -> None:
+            if isinstance(resp, RpcError) or resp.error_code == common_pb2.NOT_CONTROLLER:
+                self.after(200, self._to_controller, rpc, request, done, attempt + 1)
+            else:
+                done(resp)
+
+        self.call(target, rpc, request, 10_000, answered)
+
+    def create_topic(self, name: str) -> None:
+        request = common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
+            name=name, num_partitions=self.config.partitions_per_topic,
+            replication_factor=self.config.replication_factor,
+            configs={"min.insync.replicas": str(self.config.min_insync_replicas)})])
+
+        def done(resp: Any) -> None:
+            result = resp.topics[0]
+            if result.error_code in (common_pb2.NONE, common_pb2.TOPIC_ALREADY_EXISTS):
+                if name not in self.created:
+                    self.created.add(name)
+                    self.trace("topic %s created", name)
+                    self.on_topic_created(name)
+            else:
+                self.after(500, self.create_topic, name)  # e.g. too few live brokers for the RF
+
+        self._to_controller("CreateTopics", request, done)
+
+    def preferred_election(self) -> None:
+        self._to_controller("ElectLeaders", common_pb2.ElectLeadersRequest(election_type=common_pb2.PREFERRED),
+                            lambda resp: None)
+
+    def rolling_restart(self, broker: SimBroker, restart_after_ms: int, on_restarted: Callable[[], None]) -> None:
+        def stopped() -> None:
+            self.loop.call_at(self.loop.now_ms + restart_after_ms, restart)
+
+        def restart() -> None:
+            if not broker.up:
+                broker.restart_process()
+            on_restarted()
+
+        broker.controlled_shutdown(stopped)
