@@ -266,7 +266,7 @@ def run_py_spy(cluster: LocalCluster, batch: bytes, records_per_batch: int, args
     duration = math.ceil(args.duration_s)
     sampler = subprocess.Popen([py_spy, "record", "--pid", str(cluster.processes[LEADER].pid), "--duration",
                                 str(duration), "--rate", str(args.py_spy_rate), "--format", "raw", "--function",
-                                "--output", str(raw), *(["--native"] if args.native else [])],
+                                "--output", str(raw), "--nonblocking", *(["--native"] if args.native else [])],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         run = produce_for(cluster, batch, records_per_batch, duration, args.in_flight, "py-spy")

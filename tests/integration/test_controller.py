@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -9,6 +10,7 @@ import time
 import grpc
 import pytest
 
+from coordinator.store import EtcdStore
 from protos.highwater.v1 import common_pb2, controller_pb2_grpc
 from tests.integration.conftest import TEST_LEASE_TTL_S
 from tests.integration.helpers import (
@@ -165,3 +167,31 @@ def test_rolling_restart_with_controlled_shutdown_fails_no_produce_request(make_
     assert all(records.get(offset) == value for offset, value in acked)
 
 
+
+
+def etcd_put(endpoint: str, key: str, value: bytes) -> None:
+    async def put() -> None:
+        store = await EtcdStore.connect(endpoint)
+        try:
+            await store.put(key, value)
+        finally:
+            await store.close()
+    asyncio.run(put())
+
+
+def test_malformed_admin_json_is_refused_and_removed_and_the_controller_keeps_working(cluster):
+    gw = gateway_stub(cluster.gateway_address)
+    key = "/highwater/admin/reassign_partitions"
+    etcd_put(cluster.etcd_endpoint, key, b"{this is not json")
+    wait_for(lambda: etcd_value(cluster.etcd_endpoint, key) is None, timeout_s=10,
+             what="the controller to remove the malformed request")
+    log_text = (cluster.base_dir / "logs" / "controller-1.log").read_text()
+    assert "malformed reassignment JSON" in log_text
+    assert create_topic(gw, "after-bad-admin", partitions=1, replication_factor=2).error_code == 0
+    # A well-formed request written by hand is carried out, like Kafka's reassignment tool.
+    target = [b for b in cluster.broker_ids if b not in describe_partition(gw, "after-bad-admin", 0).replicas][:1]
+    replicas = [*target, describe_partition(gw, "after-bad-admin", 0).leader]
+    etcd_put(cluster.etcd_endpoint, key, json.dumps({"version": 1, "partitions": [
+        {"topic": "after-bad-admin", "partition": 0, "replicas": replicas}]}).encode())
+    wait_for(lambda: list(describe_partition(gw, "after-bad-admin", 0).replicas) == replicas, timeout_s=30,
+             what="the hand-written reassignment to finish")

@@ -1,0 +1,383 @@
+"""The invariants of DESIGN.md section 8, checked after every step, and the history check at the end.
+
+Step checks (a violation raises InvariantBroken at once, with the values that broke it):
+1. Controller: /controller_epoch only grows; one controller id per epoch; every partition
+   state committed to etcd carries the /controller_epoch in force when it committed
+   (a deposed controller's write getting through is a broken fence); no two candidates
+   act with the same epoch.
+2. leader_epoch never decreases, in etcd and on a broker; no two brokers become leader
+   of a partition in the same epoch.
+3. On every replica HW <= LEO; a leader's HW never goes back while it stays leader;
+   consumers are answered only with offsets below the answer's HW.
+4. An acks=all success is sent only with |ISR| >= min.insync.replicas and every ISR
+   member (the leader's view, and etcd's for the same epoch) holding the batch in the
+   same leader epoch. Members that restarted since the append are excused: their
+   lease still counts them for a few seconds, which Kafka accepts too.
+5. A leader change in etcd picks a member of the previous ISR (unclean election is off).
+6. Right after a follower truncates, its log is a prefix of its leader's (compared by
+   leader-epoch lineage, which with rule 2 determines the content).
+
+History (recorded as it happens, checked again at the end once the cluster healed):
+- every acknowledged acks=all record is at its offset on the leader and on every ISR
+  member; no offset ever holds two different committed values (acks=all acks and
+  consumer reads both commit a value); every consumer read its partitions in order,
+  with no gap and no acknowledged record skipped; no consumer saw a value nobody sent.
+
+"While one ISR member survives": a power loss makes a broker lose its unflushed
+bytes, so it no longer counts as holding the partition's committed records (`intact`)
+until it rejoins the ISR by catching up with an intact leader. If at some point no
+member of a partition's committed ISR is intact, every copy of its acknowledged
+records may be gone without any rule being broken: the partition is "compromised",
+its history so far is excused, and checking starts again from there.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from clients.records import decode_batches
+from coordinator.store import WatchEvent
+from protos.highwater.v1 import common_pb2
+from services.broker.partition import Partition, Role
+from services.controller.context import LeaderAndIsr
+from tests.sim.clock import EventLoop, Node
+from tests.sim.sim_etcd import SimEtcd
+
+if TYPE_CHECKING:
+    from tests.sim.sim_broker import AppendRecord, SimBroker
+    from tests.sim.sim_controller import SimController
+    from tests.sim.workload import Consumer, Producer
+
+TopicPartitionKey = tuple[str, int]
+
+# Bytes read per call when the final check reads a whole log.
+FINAL_READ_BYTES = 1 << 20
+
+
+class InvariantBroken(Exception):
+    """A rule of DESIGN.md section 8 does not hold: the message says which, with the values."""
+
+
+@dataclass
+class _PartitionHistory:
+    # offset -> the value committed there (by an acks=all ack or a consumer read).
+    committed: dict[int, bytes] = field(default_factory=dict)
+    # offset -> value of acknowledged acks=all records (a subset of committed).
+    acked_all: dict[int, bytes] = field(default_factory=dict)
+    # Brokers believed to hold every committed record (see the module docstring).
+    intact: set[int] = field(default_factory=set)
+    compromised_at_ms: list[int] = field(default_factory=list)
+
+
+class Checker:
+    def __init__(self, loop: EventLoop, etcd: SimEtcd) -> None:
+        self.loop = loop
+        self.etcd = etcd
+        self.keys = etcd.keys
+        self.brokers: dict[int, SimBroker] = {}
+        self.controllers: dict[int, SimController] = {}
+        self.consumers: list[Consumer] = []
+        self._watch = etcd.subscribe(self.keys.prefix + "/")
+        self._seen_revision = etcd.store.revision
+        self.controller_epoch = 0
+        self.controller_by_epoch: dict[int, int] = {}
+        self.states: dict[TopicPartitionKey, LeaderAndIsr] = {}
+        self.leader_of_epoch: dict[tuple[TopicPartitionKey, int], int] = {}
+        # (broker, tp) -> (incarnation, role, leader_epoch, hw) at the last step of that broker
+        self._last_replica: dict[tuple[int, TopicPartitionKey], tuple[int, Role, int, int]] = {}
+        self.history: dict[TopicPartitionKey, _PartitionHistory] = {}
+        self.produced: set[bytes] = set()
+        self.acks_all_total = 0
+        self.acks_one_total = 0
+        self.records_consumed = 0
+        self.truncations_checked = 0
+
+    def fail(self, fmt: str, *args: object) -> None:
+        raise InvariantBroken(fmt % args if args else fmt)
+
+    def incarnations(self) -> dict[int, int]:
+        return {b: broker.incarnation for b, broker in self.brokers.items()}
+
+    def _history(self, tp: TopicPartitionKey) -> _PartitionHistory:
+        h = self.history.get(tp)
+        if h is None:
+            h = self.history[tp] = _PartitionHistory()
+        return h
+
+    # ---- after every step -------------------------------------------------------------
+
+    def after_step(self, node: Node | None) -> None:
+        if self.etcd.store.revision != self._seen_revision:
+            self._seen_revision = self.etcd.store.revision
+            for events in self._watch.drain():
+                self._on_etcd_revision(events)
+        broker = self.brokers.get(getattr(node, "broker_id", -1)) if node is not None else None
+        if broker is not None and broker is node and broker.up:
+            self._check_replicas(broker)
+
+    def _check_replicas(self, broker: SimBroker) -> None:
+        for tp, p in broker.partitions.items():
+            leo = p.log.log_end_offset
+            hw = p.high_watermark
+            if hw > leo:
+                self.fail("HW above LEO: %s-%d on broker %d has HW %d, LEO %d", *tp, broker.broker_id, hw, leo)
+            key = (broker.broker_id, tp)
+            last = self._last_replica.get(key)
+            if last is not None and last[0] == broker.incarnation:
+                _, last_role, last_epoch, last_hw = last
+                if p.leader_epoch < last_epoch:
+                    self.fail("leader epoch of %s-%d went back on broker %d: %d -> %d", *tp, broker.broker_id,
+                              last_epoch, p.leader_epoch)
+                if p.role is Role.LEADER and last_role is Role.LEADER and hw < last_hw:
+                    self.fail("leader HW went back: %s-%d on broker %d from %d to %d (epoch %d -> %d)", *tp,
+                              broker.broker_id, last_hw, hw, last_epoch, p.leader_epoch)
+            self._last_replica[key] = (broker.incarnation, p.role, p.leader_epoch, hw)
+
+    # ---- etcd: controller epochs, partition states ---------------------------------------
+
+    def _on_etcd_revision(self, events: list[WatchEvent]) -> None:
+        elected: dict[str, int] | None = None
+        for e in events:
+            if e.kind != "put":
+                continue
+            if e.key == self.keys.controller_epoch:
+                epoch = int(e.value)
+                if epoch <= self.controller_epoch:
+                    self.fail("/controller_epoch went from %d to %d", self.controller_epoch, epoch)
+                self.controller_epoch = epoch
+            elif e.key == self.keys.controller:
+                elected = json.loads(e.value)
+            else:
+                kind = self.keys.classify_topic_key(e.key)
+                if kind is not None and kind[0] == "partition_state":
+                    tp = (kind[1], kind[2])  # type: ignore[misc]
+                    self._on_state_write(tp, LeaderAndIsr.from_json(e.value, e.version))
+        if elected is not None:
+            epoch, controller_id = int(elected["epoch"]), int(elected["controller_id"])
+            if epoch != self.controller_epoch:
+                self.fail("controller %d registered with epoch %d but /controller_epoch is %d", controller_id, epoch,
+                          self.controller_epoch)
+            holder = self.controller_by_epoch.setdefault(epoch, controller_id)
+            if holder != controller_id:
+                self.fail("two controllers for epoch %d: %d and %d", epoch, holder, controller_id)
+
+    def _on_state_write(self, tp: TopicPartitionKey, state: LeaderAndIsr) -> None:
+        if state.controller_epoch != self.controller_epoch:
+            self.fail("controller epoch fence broken: the state of %s-%d (leader %d, leader epoch %d, ISR %s) "
+                      "was committed by controller epoch %d while /controller_epoch is %d", *tp, state.leader,
+                      state.leader_epoch, list(state.isr), state.controller_epoch, self.controller_epoch)
+        old = self.states.get(tp)
+        h = self._history(tp)
+        if old is None:
+            h.intact = set(state.isr)
+        else:
+            if state.leader_epoch < old.leader_epoch:
+                self.fail("leader epoch of %s-%d went back in etcd: %d -> %d", *tp, old.leader_epoch,
+                          state.leader_epoch)
+            if state.leader_epoch > old.leader_epoch and state.leader >= 0 and state.leader not in old.isr:
+                self.fail("unclean election: %s-%d leader %d at epoch %d is not in the previous ISR %s", *tp,
+                          state.leader, state.leader_epoch, list(old.isr))
+            if state.leader_epoch == old.leader_epoch and old.leader in h.intact:
+                # An ISR expansion by the leader: the new member caught up with an intact leader.
+                h.intact.update(r for r in state.isr if r not in old.isr)
+        self.states[tp] = state
+        self._maybe_compromised(tp)
+
+    def _maybe_compromised(self, tp: TopicPartitionKey) -> None:
+        state = self.states.get(tp)
+        h = self._history(tp)
+        if state is None or not state.isr or h.intact & set(state.isr):
+            return
+        # No ISR member still holds what was committed: its loss is allowed. Start over.
+        self.loop.trace("check", "%s-%d compromised: ISR %s all lost unflushed data; history excused",
+                        (*tp, list(state.isr)))
+        h.compromised_at_ms.append(self.loop.now_ms)
+        h.committed.clear()
+        h.acked_all.clear()
+        h.intact = set(state.isr)
+
+    def on_power_loss(self, broker_id: int) -> None:
+        for tp, h in self.history.items():
+            h.intact.discard(broker_id)
+            self._maybe_compromised(tp)
+
+    # ---- controllers ---------------------------------------------------------------------
+
+    def on_controller_active(self, controller: SimController, epoch: int) -> None:
+        for other in self.controllers.values():
+            if other is not controller and other.up and other.active is not None and other.epoch == epoch:
+                self.fail("controllers %d and %d both active at epoch %d", other.controller_id,
+                          controller.controller_id, epoch)
+
+    # ---- brokers ---------------------------------------------------------------------------
+
+    def on_become_leader(self, broker: SimBroker, p: Partition) -> None:
+        tp = (p.topic, p.partition)
+        holder = self.leader_of_epoch.setdefault((tp, p.leader_epoch), broker.broker_id)
+        if holder != broker.broker_id:
+            self.fail("two leaders of %s-%d in leader epoch %d: brokers %d and %d", *tp, p.leader_epoch, holder,
+                      broker.broker_id)
+
+    def on_acks_all_success(self, broker: SimBroker, p: Partition, rec: AppendRecord) -> None:
+        tp = rec.tp
+        if len(p.isr) < p.min_insync_replicas:
+            self.fail("acks=all success for %s-%d with ISR %s below min.insync.replicas %d", *tp, list(p.isr),
+                      p.min_insync_replicas)
+        members = set(p.isr) | set(p.pending_isr or ())
+        committed = self.states.get(tp)
+        if committed is not None and committed.leader_epoch == rec.leader_epoch:
+            members |= set(committed.isr)
+        for r in sorted(members):
+            holder = self.brokers.get(r)
+            if holder is None or not holder.up or holder.incarnation != rec.incarnations.get(r):
+                continue
+            rp = holder.partitions.get(tp)
+            leo = rp.log.log_end_offset if rp is not None else -1
+            epoch = rp.log.leader_epoch_cache.epoch_for_offset(rec.first_offset) if rp is not None else None
+            if leo < rec.next_offset or epoch != rec.leader_epoch:
+                self.fail("acks=all success for %s-%d [%d, %d) at leader epoch %d by broker %d, but ISR member %d "
+                          "has LEO %d and epoch %s at offset %d", *tp, rec.first_offset, rec.next_offset,
+                          rec.leader_epoch, broker.broker_id, r, leo, epoch, rec.first_offset)
+
+    def after_truncation(self, follower: SimBroker, tp: TopicPartitionKey, leader_id: int, leader_epoch: int) -> None:
+        leader = self.brokers.get(leader_id)
+        fp = follower.partitions.get(tp)
+        if leader is None or not leader.up or fp is None:
+            return
+        lp = leader.partitions.get(tp)
+        if lp is None or lp.role is not Role.LEADER or lp.leader_epoch != leader_epoch:
+            return
+        self.truncations_checked += 1
+        mismatch = lineage_mismatch(fp, lp)
+        if mismatch is not None:
+            self.fail("after truncating, broker %d's log of %s-%d is not a prefix of leader %d's (epoch %d): %s",
+                      follower.broker_id, *tp, leader_id, leader_epoch, mismatch)
+
+    # ---- clients ---------------------------------------------------------------------------
+
+    def on_produce_attempt(self, values: list[bytes]) -> None:
+        self.produced.update(values)
+
+    def on_produce_ack(self, producer: Producer, tp: TopicPartitionKey, base_offset: int, values: list[bytes],
+                       acks: int) -> None:
+        h = self._history(tp)
+        if acks != -1:
+            self.acks_one_total += 1
+            return  # acks=1 promises nothing beyond the leader: it may be lost, even overwritten
+        self.acks_all_total += 1
+        for i, value in enumerate(values):
+            offset = base_offset + i
+            prior = h.committed.get(offset)
+            if prior is not None and prior != value:
+                self.fail("two records at offset %d of %s-%d: %r was committed, now %r is acknowledged (acks=all)",
+                          offset, *tp, prior, value)
+            h.committed[offset] = value
+            h.acked_all[offset] = value
+
+    def on_consume(self, consumer: Consumer, tp: TopicPartitionKey, position: int, offset: int, value: bytes,
+                   high_watermark: int) -> None:
+        h = self._history(tp)
+        self.records_consumed += 1
+        if offset >= high_watermark:
+            self.fail("consumer %s read offset %d of %s-%d at or above the HW %d", consumer.name, offset, *tp,
+                      high_watermark)
+        if offset != position and not h.compromised_at_ms:
+            self.fail("consumer %s expected offset %d of %s-%d next but got %d: offsets skipped", consumer.name,
+                      position, *tp, offset)
+        if value not in self.produced:
+            self.fail("consumer %s read %r at offset %d of %s-%d, which no producer sent", consumer.name, value,
+                      offset, *tp)
+        prior = h.committed.get(offset)
+        if prior is not None and prior != value:
+            self.fail("committed record changed: offset %d of %s-%d held %r, consumer %s now reads %r", offset, *tp,
+                      prior, consumer.name, value)
+        h.committed[offset] = value
+
+    def on_consumer_out_of_range(self, consumer: Consumer, tp: TopicPartitionKey, position: int,
+                                 pr: common_pb2.FetchPartitionResponse) -> None:
+        h = self._history(tp)
+        if not h.compromised_at_ms:
+            self.fail("consumer %s at offset %d of %s-%d got OFFSET_OUT_OF_RANGE (leader LEO %d, HW %d): "
+                      "records it had read below the HW are gone", consumer.name, position, *tp, pr.log_end_offset,
+                      pr.high_watermark)
+
+    # ---- the end ---------------------------------------------------------------------------
+
+    def final_check(self) -> None:
+        """After the settle phase: every acknowledged record where it must be, consumers complete."""
+        for tp, state in sorted(self.states.items()):
+            h = self._history(tp)
+            if state.leader < 0:
+                self.fail("%s-%d has no leader after the settle phase (ISR %s)", *tp, list(state.isr))
+            leader = self.brokers[state.leader]
+            lp = leader.partitions.get(tp)
+            if not leader.up or lp is None or lp.role is not Role.LEADER or lp.leader_epoch != state.leader_epoch:
+                self.fail("%s-%d: broker %d does not lead epoch %d after the settle phase (%s)", *tp, state.leader,
+                          state.leader_epoch, leader.describe())
+            leader_log = read_log(lp)
+            for offset, value in sorted(h.acked_all.items()):
+                got = leader_log.get(offset)
+                if got != value:
+                    self.fail("acknowledged record lost: %s-%d offset %d should hold %r, leader %d has %r", *tp,
+                              offset, value, state.leader, got)
+            for r in state.isr:
+                if r == state.leader:
+                    continue
+                member = self.brokers[r]
+                rp = member.partitions.get(tp)
+                if not member.up or rp is None:
+                    self.fail("%s-%d: ISR member %d holds no replica after the settle phase", *tp, r)
+                replica_log = read_log(rp)
+                for offset, value in sorted(h.acked_all.items()):
+                    if replica_log.get(offset) != value:
+                        self.fail("acknowledged record missing on ISR member %d: %s-%d offset %d should hold %r, "
+                                  "it has %r", r, *tp, offset, value, replica_log.get(offset))
+                for offset in range(rp.log.log_start_offset, min(lp.high_watermark, rp.log.log_end_offset)):
+                    if replica_log.get(offset) != leader_log.get(offset):
+                        self.fail("ISR member %d diverges from leader %d on %s-%d at offset %d below the HW: "
+                                  "%r vs %r", r, state.leader, *tp, offset, replica_log.get(offset),
+                                  leader_log.get(offset))
+            for consumer in self.consumers:
+                seen = consumer.seen.get(tp, {})
+                position = consumer.positions.get(tp, 0)
+                for offset, value in sorted(h.acked_all.items()):
+                    if offset < position and seen.get(offset) != value and not h.compromised_at_ms:
+                        self.fail("consumer %s passed offset %d of %s-%d without reading the acknowledged %r "
+                                  "(it read %r)", consumer.name, offset, *tp, value, seen.get(offset))
+
+
+def read_log(p: Partition) -> dict[int, bytes]:
+    """Every record of a replica's log, by offset."""
+    out: dict[int, bytes] = {}
+    log = p.log
+    offset = log.log_start_offset
+    while offset < log.log_end_offset:
+        info = log.read(offset, max_bytes=FINAL_READ_BYTES)
+        if info.is_empty:
+            break
+        for record in decode_batches(info.records):
+            out[record.offset] = record.value or b""
+        offset = info.next_offset
+    return out
+
+
+def lineage_mismatch(follower: Partition, leader: Partition) -> str | None:
+    """Where the follower's log stops being a prefix of the leader's, judged by leader epochs; None if it is."""
+    f_leo = follower.log.log_end_offset
+    l_leo = leader.log.log_end_offset
+    if f_leo > l_leo:
+        return f"follower LEO {f_leo} is beyond leader LEO {l_leo}"
+    f_cache = follower.log.leader_epoch_cache
+    l_cache = leader.log.leader_epoch_cache
+    starts = {start for _, start in f_cache.entries() if start < f_leo}
+    starts |= {start for _, start in l_cache.entries() if start < f_leo}
+    starts.add(max(follower.log.log_start_offset, 0))
+    for offset in sorted(starts):
+        if offset < follower.log.log_start_offset or offset >= f_leo:
+            continue
+        fe, le = f_cache.epoch_for_offset(offset), l_cache.epoch_for_offset(offset)
+        if fe != le:
+            return f"offset {offset} is in epoch {fe} on the follower, {le} on the leader (follower LEO {f_leo})"
+    return None

@@ -1,0 +1,216 @@
+"""Fault injection: every kind arrives as a Poisson process with its own mean interval (SimConfig).
+
+Kinds: broker crash (kill -9, or power loss that drops unflushed bytes) and restart;
+pause of a broker or controller (SIGSTOP: long ones outlive the lease); network
+partitions (a random split of brokers, controllers and etcd, or one node cut off from
+etcd only); controller crash or pause (a standby wins with epoch + 1, the old one
+comes back deposed); link storms (loss, duplication, slow messages); a slow disk
+(every write stalls the broker); an etcd session expiring under a live process.
+
+Every fault ends by itself after its duration; `heal_all()` ends every fault at once
+and restarts whatever is down, for the settle phase.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from tests.sim.checker import Checker
+from tests.sim.clock import EventLoop, Node
+from tests.sim.config import SimConfig
+from tests.sim.network import ETCD, Network
+from tests.sim.sim_broker import SimBroker
+from tests.sim.sim_controller import SimController
+from tests.sim.sim_etcd import SimEtcd
+
+# Durations, ms: (min, max).
+BROKER_DOWNTIME_MS = (300, 8_000)
+PAUSE_SHORT_MS = (50, 1_500)
+PAUSE_LONG_MS = (2_500, 7_000)  # longer than the 2 s lease TTL: the session expires
+PARTITION_MS = (300, 6_000)
+CONTROLLER_DOWNTIME_MS = (500, 6_000)
+STORM_MS = (500, 5_000)
+SLOW_DISK_MS = (1_000, 6_000)
+SLOW_DISK_DELAY_MS = (5, 300)
+
+
+class FaultInjector:
+    def __init__(self, loop: EventLoop, network: Network, etcd: SimEtcd, rng: random.Random, config: SimConfig,
+                 brokers: list[SimBroker], controllers: list[SimController], checker: Checker) -> None:
+        self.loop = loop
+        self.network = network
+        self.etcd = etcd
+        self.rng = rng
+        self.config = config
+        self.brokers = brokers
+        self.controllers = controllers
+        self.checker = checker
+        self.active = False
+        self.faults_injected = 0
+        self._pauses: list[tuple[Node, int]] = []
+        self._partition_generation = 0
+        self._storm_generation = 0
+        self._restarts: dict[str, Callable[[], None]] = {}
+
+    def start(self, until_ms: int) -> None:
+        self.active = True
+        self.until_ms = until_ms
+        kinds: list[tuple[int, Callable[[], None]]] = [
+            (self.config.crash_every_ms, self._crash_broker),
+            (self.config.pause_every_ms, self._pause_node),
+            (self.config.partition_every_ms, self._partition),
+            (self.config.controller_fault_every_ms, self._controller_fault),
+            (self.config.link_storm_every_ms, self._link_storm),
+            (self.config.slow_disk_every_ms, self._slow_disk),
+            (self.config.lease_expiry_every_ms, self._expire_lease),
+        ]
+        for mean_ms, action in kinds:
+            if mean_ms > 0:
+                self._schedule(mean_ms, action)
+
+    def _schedule(self, mean_ms: int, action: Callable[[], None]) -> None:
+        at = self.loop.now_ms + int(self.rng.expovariate(1 / mean_ms))
+        if at < self.until_ms:
+            self.loop.call_at(at, self._fire, mean_ms, action)
+
+    def _fire(self, mean_ms: int, action: Callable[[], None]) -> None:
+        if not self.active:
+            return
+        self.faults_injected += 1
+        action()
+        self._schedule(mean_ms, action)
+
+    def _between(self, bounds: tuple[int, int]) -> int:
+        return self.rng.randint(*bounds)
+
+    # ---- brokers ---------------------------------------------------------------------
+
+    def _crash_broker(self) -> None:
+        candidates = [b for b in self.brokers if b.up and not b.shutting_down]
+        if not candidates:
+            return
+        broker = self.rng.choice(candidates)
+        power_loss = self.rng.random() < self.config.power_loss_fraction
+        broker.crash_process(power_loss=power_loss)
+        if power_loss:
+            self.checker.on_power_loss(broker.broker_id)
+        self._restart_later(broker, broker.restart_process, self._between(BROKER_DOWNTIME_MS))
+
+    def _restart_later(self, node: Node, restart: Callable[[], None], delay_ms: int) -> None:
+        incarnation = node.incarnation
+
+        def do_restart() -> None:
+            if not node.up and node.incarnation == incarnation:
+                self._restarts.pop(node.name, None)
+                restart()
+
+        self._restarts[node.name] = do_restart
+        self.loop.call_at(self.loop.now_ms + delay_ms, do_restart)
+
+    def _slow_disk(self) -> None:
+        broker = self.rng.choice(self.brokers)
+        broker.disk_delay_ms = self._between(SLOW_DISK_DELAY_MS)
+        broker.trace("disk slow: %d ms per write", broker.disk_delay_ms)
+        self.loop.call_at(self.loop.now_ms + self._between(SLOW_DISK_MS), self._disk_ok, broker)
+
+    def _disk_ok(self, broker: SimBroker) -> None:
+        broker.disk_delay_ms = 0
+
+    # ---- any process -----------------------------------------------------------------
+
+    def _pause_node(self) -> None:
+        nodes: list[Node] = [n for n in [*self.brokers, *self.controllers] if n.up and not n.paused]
+        if not nodes:
+            return
+        node = self.rng.choice(nodes)
+        long_pause = self.rng.random() < 0.4
+        duration = self._between(PAUSE_LONG_MS if long_pause else PAUSE_SHORT_MS)
+        self._pause_for(node, duration)
+
+    def _pause_for(self, node: Node, duration_ms: int) -> None:
+        token = node.pause()
+        node.trace("PAUSED for %d ms", duration_ms)
+        self._pauses.append((node, token))
+        self.loop.call_at(self.loop.now_ms + duration_ms, self._unpause, node, token)
+
+    def _unpause(self, node: Node, token: int) -> None:
+        if (node, token) in self._pauses:
+            self._pauses.remove((node, token))
+            node.resume(token)
+
+    def _expire_lease(self) -> None:
+        holders = [n for n in [*self.brokers, *self.controllers] if n.up and getattr(n, "lease", None) is not None]
+        if not holders:
+            return
+        node = self.rng.choice(holders)
+        lease = node.lease  # type: ignore[attr-defined]
+        self.etcd.expire_lease(lease.lease_id)
+
+    # ---- controllers -----------------------------------------------------------------
+
+    def _controller_fault(self) -> None:
+        active = [c for c in self.controllers if c.up and c.active is not None] or [
+            c for c in self.controllers if c.up]
+        if not active:
+            return
+        controller = self.rng.choice(active)
+        if self.rng.random() < 0.5:
+            controller.crash_process()
+            self._restart_later(controller, controller.restart_process, self._between(CONTROLLER_DOWNTIME_MS))
+        else:
+            # Long enough to lose the lease: it resumes believing it is still the controller.
+            self._pause_for(controller, self._between(PAUSE_LONG_MS))
+
+    # ---- network ---------------------------------------------------------------------
+
+    def _partition(self) -> None:
+        names = [b.name for b in self.brokers] + [c.name for c in self.controllers] + [ETCD]
+        if self.rng.random() < 0.3:
+            # One process loses etcd but still talks to its peers (or the other way round).
+            node = self.rng.choice(names[:-1])
+            groups = {node: 1}
+            if self.rng.random() < 0.5:
+                groups = {n: 1 for n in names if n not in (node, ETCD)}  # it keeps etcd, loses the rest
+        else:
+            groups = {n: self.rng.randint(0, 1) for n in names}
+        self._partition_generation += 1
+        generation = self._partition_generation
+        self.network.groups = groups
+        self.loop.trace("net", "PARTITION %s | %s", (sorted(n for n in names if groups.get(n, 0) == 0),
+                                                     sorted(n for n in names if groups.get(n, 0) == 1)))
+        self.loop.call_at(self.loop.now_ms + self._between(PARTITION_MS), self._heal_partition, generation)
+
+    def _heal_partition(self, generation: int) -> None:
+        if generation == self._partition_generation:
+            self.network.heal()
+            self.loop.trace("net", "partition healed", ())
+
+    def _link_storm(self) -> None:
+        self.network.drop_rate = self.rng.choice([0.0, 0.02, 0.1, 0.3])
+        self.network.dup_rate = self.rng.choice([0.0, 0.05, 0.2])
+        self.network.slow_rate = self.rng.choice([0.0, 0.05, 0.2])
+        self._storm_generation += 1
+        self.loop.trace("net", "STORM drop %.2f dup %.2f slow %.2f",
+                        (self.network.drop_rate, self.network.dup_rate, self.network.slow_rate))
+        self.loop.call_at(self.loop.now_ms + self._between(STORM_MS), self._calm, self._storm_generation)
+
+    def _calm(self, generation: int) -> None:
+        if generation == self._storm_generation:
+            self.network.drop_rate = self.network.dup_rate = self.network.slow_rate = 0.0
+
+    # ---- the end ---------------------------------------------------------------------
+
+    def heal_all(self) -> None:
+        """Stop injecting; end every fault; restart everything that is down."""
+        self.active = False
+        self.network.heal()
+        self._calm(self._storm_generation)
+        for node, token in list(self._pauses):
+            self._unpause(node, token)
+        for broker in self.brokers:
+            broker.disk_delay_ms = 0
+        for restart in list(self._restarts.values()):
+            restart()
+        self._restarts.clear()
+        self.loop.trace("sim", "all faults healed", ())
