@@ -43,14 +43,15 @@ sys.path.insert(0, str(REPO))
 
 import grpc  # noqa: E402
 
-from bench.log_bench import machine, make_batch  # noqa: E402
+from bench.log_bench import machine  # noqa: E402
 from clients.local_cluster import LocalCluster, ServiceProcess  # noqa: E402
-from clients.records import decode_batches  # noqa: E402
+from clients.records import decode_batches, encode_values  # noqa: E402
 from protos.highwater.v1 import broker_pb2_grpc, common_pb2, gateway_pb2_grpc  # noqa: E402
 from services.common import limits  # noqa: E402
 from services.common.server import channel_options  # noqa: E402
 
 MIB = 1024 * 1024
+RECORD_BYTES = 100
 TOPIC = "profile-produce"
 LEADER_ID = 1
 LEADER = f"broker-{LEADER_ID}"
@@ -152,6 +153,22 @@ def create_topic_led_by_broker_1(cluster: LocalCluster) -> None:
                 return
             time.sleep(0.1)
     raise SystemExit(f"{TOPIC}-0 did not get leader {LEADER_ID} and a full ISR within {TOPIC_READY_TIMEOUT_S} s")
+
+
+def make_batch(target_bytes: int) -> bytes:
+    """One uncompressed batch of 100-byte records, as many as fit in target_bytes, stamped now.
+
+    A current timestamp matters: the broker's time-based retention (7 days) would delete
+    rolled segments of old-stamped batches in the middle of the run.
+    """
+    now_ms = int(time.time() * 1000)
+    per_record = len(encode_values([b"x" * RECORD_BYTES] * 100, timestamp_ms=now_ms)) / 100
+    count = int((target_bytes - 61) / per_record)
+    while True:
+        batch = encode_values([os.urandom(RECORD_BYTES) for _ in range(count)], timestamp_ms=now_ms)
+        if len(batch) <= target_bytes:
+            return batch
+        count -= max(1, int((len(batch) - target_bytes) / per_record))
 
 
 # ---- producing ----------------------------------------------------------------------------------

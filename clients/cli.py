@@ -761,12 +761,11 @@ def groups_describe(obj: CliContext, group: str) -> None:
 
 def _add_optional_commands() -> None:
     """`cluster up` (clients/local_cluster.py) and the service commands (services/cli.py), when present."""
-    try:
-        from clients.local_cluster import up_command
-    except ImportError:
-        pass
-    else:
-        cluster.add_command(up_command, "up")
+    from clients.local_cluster import up_command
+    from clients.status import status_command
+
+    cluster.add_command(up_command, "up")
+    cluster.add_command(status_command, "status")
     try:
         from services.cli import SERVICE_COMMANDS
     except ImportError:

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 import click
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -203,11 +204,13 @@ def render(status: ClusterStatus, console: Console) -> None:
     console.print(f"partitions: {status.partition_count}   "
                   f"under-replicated: {_colour(urp, 'yellow')}   offline: {_colour(offline, 'red')}")
 
-    table = Table(title="brokers", title_justify="left")
+    # Short headers, explained in the caption, so the table fits an 80-column terminal.
+    table = Table(title="brokers", title_justify="left", box=box.SIMPLE_HEAD, caption_justify="left",
+                  caption="replicas: partition replicas hosted; leads: partitions led; URP: of those, "
+                          "under-replicated; lag: replica fetcher max lag (records)")
     for column, justify in (("id", "right"), ("address", "left"), ("rack", "left"), ("status", "left"),
-                            ("partitions", "right"), ("leaders", "right"), ("under-replicated", "right"),
-                            ("fetcher max lag", "right")):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+                            ("replicas", "right"), ("leads", "right"), ("URP", "right"), ("lag", "right")):
+        table.add_column(column, justify=justify, no_wrap=column == "address")  # type: ignore[arg-type]
     for b in status.brokers:
         if b.metrics_error is not None:
             lag = f"[dim]? ({escape(b.metrics_error)})[/dim]"
@@ -223,7 +226,7 @@ def render(status: ClusterStatus, console: Console) -> None:
                                 ("under-replicated partitions", status.under_replicated, "yellow")):
         if not rows:
             continue
-        t = Table(title=f"[{colour}]{title}[/{colour}]", title_justify="left")
+        t = Table(title=f"[{colour}]{title}[/{colour}]", title_justify="left", box=box.SIMPLE_HEAD)
         for column in ("partition", "leader", "isr", "replicas"):
             t.add_column(column)
         for p in rows[:PARTITIONS_LISTED_MAX]:
@@ -245,6 +248,10 @@ def _colour(n: int, colour: str) -> str:
               help="A table for people, JSON for scripts.")
 def status_command(bootstrap: str, output: str) -> None:
     """Show the controller, brokers (rack, up/down, lag) and partition health.
+
+    Per broker: partition replicas it hosts, partitions it leads, how many of
+    those are under-replicated, and its replica fetcher's max lag (records
+    behind the leaders' high watermark, from its /metrics).
 
     \b
     Examples:

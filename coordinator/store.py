@@ -25,8 +25,10 @@ Anything else is a CoordinatorError carrying etcd's own message.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -276,6 +278,24 @@ def parse_endpoints(endpoints: Sequence[str] | str) -> list[str]:
     return parsed
 
 
+def resolve_endpoints(endpoints: list[str]) -> list[str]:
+    """Host names to IPv4 addresses: etcd3aio joins several endpoints into one `ipv4:` gRPC
+    target, which takes addresses only (in compose, etcd members are named `etcd-1:2379`)."""
+    out = []
+    for endpoint in endpoints:
+        host, _, port = endpoint.rpartition(":")
+        try:
+            ipaddress.ip_address(host)
+            out.append(endpoint)
+        except ValueError:
+            try:
+                info = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)
+                out.append(f"{info[0][4][0]}:{port}")
+            except (OSError, ValueError):
+                out.append(endpoint)  # let the connection attempt report it
+    return out
+
+
 def _kv(pb: Any) -> KeyValue:
     return KeyValue(
         key=pb.key.decode(),
@@ -323,6 +343,18 @@ def _pb_op(op: Op) -> RequestOp:
     raise TypeError(f"not a transaction op: {op!r}")
 
 
+@dataclass(frozen=True, slots=True)
+class EtcdTls:
+    """TLS to etcd: the CA that signed etcd's certificate, and our client certificate
+    (etcd's --client-cert-auth). server_name overrides the name checked in etcd's
+    certificate (default: the endpoint's address)."""
+
+    ca_cert: bytes
+    cert_chain: bytes | None = None
+    cert_key: bytes | None = None
+    server_name: str | None = None
+
+
 class EtcdStore:
     """MetadataStore over etcd v3 (etcd3aio on one grpc.aio channel).
 
@@ -357,8 +389,11 @@ class EtcdStore:
         prefix: str = DEFAULT_PREFIX,
         timeout_s: float = ETCD_CONNECT_TIMEOUT_S,
         request_timeout_s: float = ETCD_REQUEST_TIMEOUT_S,
+        tls: EtcdTls | None = None,
     ) -> EtcdStore:
         """Open a channel and check that etcd answers a read within timeout_s.
+
+        With `tls`, the channel is TLS (and mutual TLS when it carries a client certificate).
 
         Keeps trying until then (etcd may still be starting). Raises
         CoordinatorUnavailable naming the endpoints when it never answers, and
@@ -366,7 +401,7 @@ class EtcdStore:
         """
         parsed = parse_endpoints(endpoints)
         keys = Keys(prefix)
-        manager = ConnectionManager(parsed)
+        manager = ConnectionManager(resolve_endpoints(parsed))
         manager.grpc_options.extend(
             [
                 ("grpc.initial_reconnect_backoff_ms", ETCD_RECONNECT_BACKOFF_MS_MIN),
@@ -375,7 +410,9 @@ class EtcdStore:
                 ("grpc.max_receive_message_length", ETCD_RESPONSE_BYTES_MAX),
             ]
         )
-        store = cls(parsed, keys, manager.get_channel(), request_timeout_s=request_timeout_s)
+        channel = (manager.get_channel(ca_cert=tls.ca_cert, cert_key=tls.cert_key, cert_chain=tls.cert_chain,
+                                       tls_server_name=tls.server_name) if tls is not None else manager.get_channel())
+        store = cls(parsed, keys, channel, request_timeout_s=request_timeout_s)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         last_error: BaseException | None = None

@@ -309,7 +309,8 @@ def build_image(tag: str = IMAGE, base: str = BASE_IMAGE, repo: Path = REPO_ROOT
     with tempfile.TemporaryDirectory(prefix="highwater-context-") as tmp:
         context = Path(tmp)
         stage_context(context, repo)
-        cmd = [docker_bin(), "build", "--network", "host", "--build-arg", f"BASE_IMAGE={base}",
+        # --force-rm: a failed step leaves no stopped container behind.
+        cmd = [docker_bin(), "build", "--force-rm", "--network", "host", "--build-arg", f"BASE_IMAGE={base}",
                "-f", str(context / "deploy" / "Dockerfile"), "-t", tag, str(context)]
         log(f"docker build -t {tag} (base {base})")
         # The classic builder honours --network host for RUN steps; see the module docstring.

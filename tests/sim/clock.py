@@ -95,6 +95,8 @@ class EventLoop:
         self._queue: list[tuple[int, int, Node | None, int, Callable[..., None], tuple[Any, ...]]] = []
         self._trace: deque[tuple[int, str, str, tuple[object, ...]]] = deque(maxlen=trace_lines_max)
         self.events_run = 0
+        # Called when time moves, before the events of the new millisecond (etcd's lease expiry).
+        self.on_time: Callable[[int], None] = lambda now_ms: None
         # Called after every event with the node it ran on (None for global events): the checker.
         self.after_step: Callable[[Node | None], None] = lambda node: None
 
@@ -111,7 +113,9 @@ class EventLoop:
         queue = self._queue
         while queue and queue[0][0] <= end_ms:
             at_ms, _, node, incarnation, fn, args = heapq.heappop(queue)
-            self.now_ms = at_ms
+            if at_ms != self.now_ms:
+                self.now_ms = at_ms
+                self.on_time(at_ms)
             if node is not None:
                 if not node.up or incarnation != node.incarnation:
                     continue  # the process this was meant for is gone
@@ -129,4 +133,13 @@ class EventLoop:
         self._trace.append((self.now_ms, who, fmt, args))
 
     def trace_lines(self) -> list[str]:
-        return [f"{at_ms:>8} ms  {who:<6} {fmt % args if args else fmt}" for at_ms, who, fmt, args in self._trace]
+        return [f"{at_ms:>8} ms  {who:<6} {_format(fmt, args)}" for at_ms, who, fmt, args in self._trace]
+
+
+def _format(fmt: str, args: tuple[object, ...]) -> str:
+    if not args:
+        return fmt
+    try:
+        return fmt % args
+    except (TypeError, ValueError):
+        return f"{fmt} {args!r}"  # a malformed trace call must not hide the failure it reports

@@ -61,6 +61,9 @@ class SimConfig:
     register_retry_ms: int = 500
     # A controller candidate re-checks /controller this often besides its watch.
     campaign_retry_ms: int = 500
+    # Auto leader rebalance runs this often (Kafka's leader.imbalance.check.interval: 300 s,
+    # too rare to happen in a run).
+    leader_imbalance_check_interval_ms: int = 10_000
     # ---- workload ----
     producers: int = 2  # producer 0 uses acks=all; the others alternate acks=1 / acks=all
     consumers: int = 1

@@ -49,6 +49,8 @@ class Envelope:
     body: Any
     req_id: int
     is_reply: bool = False
+    # The address the caller dialled ("host:port"); None: whatever process has the name now.
+    dst_address: str | None = None
 
 
 class Network:
@@ -95,9 +97,9 @@ class Network:
         if dst is None:
             raise KeyError(f"message to unknown node {env.dst}")
         if not self.reachable(env.src, env.dst):
-            src.trace("drop %s (partitioned from %s)", Describe(env))
+            src.trace("drop %s (partitioned from %s)", Describe(env), env.dst)
             return
-        if not dst.up:
+        if not dst.up or (env.dst_address is not None and env.dst_address != dst.address):
             if not env.is_reply:
                 # Connection refused: the caller learns at once (one round trip).
                 src.after(self._latency_ms() * 2, src.on_refused, env.req_id)
@@ -111,6 +113,8 @@ class Network:
 
     def _deliver(self, env: Envelope) -> None:
         dst = self.nodes[env.dst]
+        if env.dst_address is not None and env.dst_address != dst.address:
+            return  # sent to a process that has died since; its successor listens elsewhere
         if not self.reachable(env.src, env.dst):
             dst.trace("drop %s (partitioned in flight)", Describe(env))
             return
@@ -131,6 +135,9 @@ class RpcNode(Node):
         super().__init__(name, loop)
         self.network = network
         self._pending: dict[int, Reply] = {}
+        # Where this process listens; a restarted process gets a new port, so callers that
+        # dialled the old one are refused (as after a real restart).
+        self.address = f"{name}:0"
         network.add(self)
 
     def crash(self) -> None:
@@ -139,12 +146,13 @@ class RpcNode(Node):
 
     # ---- client side ------------------------------------------------------------------
 
-    def call(self, dst: str, rpc: str, body: Any, timeout_ms: int, on_reply: Reply) -> int:
-        """Send a request; on_reply gets the response or an RpcError exactly once."""
+    def call(self, dst: str, rpc: str, body: Any, timeout_ms: int, on_reply: Reply, *,
+             address: str | None = None) -> int:
+        """Send a request (to `address` if given); on_reply gets the response or an RpcError exactly once."""
         req_id = self.network.next_req_id()
         self._pending[req_id] = on_reply
         self.after(timeout_ms, self._on_timeout, req_id)
-        self.network.send(Envelope(self.name, self.incarnation, dst, rpc, body, req_id))
+        self.network.send(Envelope(self.name, self.incarnation, dst, rpc, body, req_id, dst_address=address))
         return req_id
 
     def on_reply(self, env: Envelope) -> None:

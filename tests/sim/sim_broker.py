@@ -80,6 +80,8 @@ class AppendRecord:
     # Incarnation of every broker when the leader appended: a member that restarted
     # since may legitimately lack the record (its lease still counts it in the ISR).
     incarnations: dict[int, int]
+    # An idempotent retry answered with the offsets of the first write (nothing appended now).
+    duplicate: bool = False
 
 
 @dataclass(slots=True)
@@ -154,6 +156,9 @@ class SimBroker(RpcNode):
 
     def _start_process(self) -> None:
         """What `highwater broker` does at start: fresh state, timers, then registration."""
+        # A new process listens on a new port: peers still dialling the old one are refused.
+        self.port = 9092 + self.incarnation
+        self.address = f"{self.name}:{self.port}"
         self.broker_epoch = -1
         self.partitions: dict[TopicPartitionKey, Partition] = {}
         self.fetchers: dict[int, SimFetcher] = {}
@@ -193,7 +198,7 @@ class SimBroker(RpcNode):
         except CoordinatorError:
             self.after(self.config.register_retry_ms, self._register)
             return
-        info = {"broker_id": self.broker_id, "host": self.name, "port": 9092, "rack": "", "metrics_port": 0}
+        info = {"broker_id": self.broker_id, "host": self.name, "port": self.port, "rack": "", "metrics_port": 0}
         try:
             result = run_sync(self.etcd_client.txn(
                 [compare_missing(key)], [Put(key, json_bytes(info), lease=lease.lease_id), Get(key)], [Get(key)]))
@@ -238,7 +243,10 @@ class SimBroker(RpcNode):
     def _isr_and_checkpoint_tick(self) -> None:
         self._isr_ticks += 1
         now = self.loop.now_ms
+        wall = self.wall_ms()
         for p in list(self.partitions.values()):
+            p.log.maybe_roll(wall)
+            p.log.maybe_flush(wall)
             change = p.check_isr_shrink(now, self.replica_lag_time_max_ms)
             if change is not None:
                 self.trace("shrink ISR of %s-%d %s -> %s", p.topic, p.partition, list(p.isr), list(change.new_isr))
@@ -278,7 +286,7 @@ class SimBroker(RpcNode):
         if err is not None:
             return broker_pb2.LeaderAndIsrResponse(error_code=err.code, error_message=err.message)
         for node in req.live_leaders:
-            self.metadata.brokers.setdefault(node.broker_id, node)
+            self.metadata.brokers[node.broker_id] = node
         results = []
         mono = self.loop.now_ms
         for item in req.partitions:
@@ -317,6 +325,7 @@ class SimBroker(RpcNode):
         plog = Log.open(directory, log_config_from(config), storage=self.storage, now_ms=self.wall_ms())
         p = Partition(topic=s.topic, partition=s.partition, local_broker_id=self.broker_id, log=plog)
         p.high_watermark = min(plog.read_high_watermark(), plog.log_end_offset)
+        p.rebuild_producer_state()
         self.partitions[(s.topic, s.partition)] = p
         return p
 
@@ -339,13 +348,26 @@ class SimBroker(RpcNode):
         if leader is None:
             self.trace("leader %d of %s-%d unknown; waiting for metadata", state.leader, *tp)
             return
-        fetcher = self.fetchers.get(state.leader)
-        if fetcher is None:
-            fetcher = SimFetcher(self, state.leader)
-            self.fetchers[state.leader] = fetcher
+        fetcher = self._fetcher_for(state.leader, f"{leader.host}:{leader.port}")
         fetcher.add_partition(tp, state.leader_epoch, p.log.log_end_offset)
         self.trace("follow %d for %s-%d at epoch %d from LEO %d HW %d", state.leader, *tp, state.leader_epoch,
                    p.log.log_end_offset, p.high_watermark)
+
+    def _fetcher_for(self, leader_id: int, address: str) -> SimFetcher:
+        """replica_manager._fetcher_for: a restarted leader's partitions move to a new fetcher."""
+        fetcher = self.fetchers.get(leader_id)
+        if fetcher is not None and fetcher.endpoint.address == address:
+            return fetcher
+        moved = dict(fetcher.partitions) if fetcher is not None else {}
+        if fetcher is not None:
+            fetcher.stop()
+        fetcher = SimFetcher(self, leader_id, address)
+        self.fetchers[leader_id] = fetcher
+        for tp, st in moved.items():
+            leo = self.local_leo(tp)
+            if leo is not None:
+                fetcher.add_partition(tp, st.current_leader_epoch, leo)
+        return fetcher
 
     def _remove_from_fetchers(self, tp: TopicPartitionKey) -> None:
         for fetcher in self.fetchers.values():
@@ -407,14 +429,15 @@ class SimBroker(RpcNode):
                     info = p.append_as_leader(pd.records, acks=req.acks, now_ms=wall)
                     res.base_offset = info.first_offset
                     res.log_start_offset = p.log.log_start_offset
-                    self.trace("append %s-%d [%d, %d) epoch %d acks=%d", *tp, info.first_offset, info.next_offset,
-                               p.leader_epoch, req.acks)
-                    self.notify(tp)
+                    self.trace("append %s-%d [%d, %d) epoch %d acks=%d%s", *tp, info.first_offset, info.next_offset,
+                               p.leader_epoch, req.acks, " (duplicate)" if info.duplicate else "")
+                    if not info.duplicate:
+                        self.notify(tp)
+                        self._disk_write()
                     if req.acks == -1:
                         waiting[tp] = info.next_offset
                         appended[tp] = AppendRecord(tp, p.leader_epoch, info.first_offset, info.next_offset,
-                                                    self.checker.incarnations())
-                    self._disk_write()
+                                                    self.checker.incarnations(), info.duplicate)
                 except HighwaterError as exc:
                     res.error_code, res.error_message = exc.code, exc.message
                 results[tp] = res
@@ -518,7 +541,7 @@ class SimBroker(RpcNode):
         if p is None or p.role is not Role.FOLLOWER:
             return
         if response.records:
-            p.log.append_as_follower(response.records, now_ms=self.wall_ms())
+            p.append_as_follower(response.records, now_ms=self.wall_ms())
             self._disk_write()
         if p.update_follower_high_watermark(response.high_watermark):
             self.notify(tp)
@@ -571,6 +594,13 @@ class SimBroker(RpcNode):
         return f"{self.name} {'up' if self.up else 'down'} be{self.broker_epoch} " + "; ".join(parts)
 
 
+@dataclass(slots=True)
+class _Endpoint:
+    """The fetcher's LeaderEndpoint, reduced to what the replica manager reads from it."""
+
+    address: str
+
+
 class SimFetcher:
     """ReplicaFetcher for one leader: maybe_truncate then maybe_fetch, as RPC callbacks.
 
@@ -578,10 +608,12 @@ class SimFetcher:
     between iterations, exactly where the real loop's awaits are.
     """
 
-    def __init__(self, broker: SimBroker, leader_id: int) -> None:
+    def __init__(self, broker: SimBroker, leader_id: int, address: str) -> None:
         self.broker = broker
         self.leader_id = leader_id
         self.leader = broker_node(leader_id)
+        self.endpoint = _Endpoint(address)
+        self.stopped = False
         self.partitions: OrderedDict[TopicPartitionKey, PartitionFetchState] = OrderedDict()
         self.backoff_ms = broker.config.replica_fetch_backoff_ms
         # True while the loop waits for a first partition (the real loop's _wakeup).
@@ -599,9 +631,22 @@ class SimFetcher:
     def remove_partition(self, tp: TopicPartitionKey) -> None:
         self.partitions.pop(tp, None)
 
+    def stop(self) -> None:
+        """ReplicaFetcher.stop: the task is cancelled; an answer still in flight is ignored."""
+        self.stopped = True
+
+    def _call(self, rpc: str, request: Any, timeout_ms: int, on_reply: Callable[[Any], None]) -> None:
+        def answered(resp: Any) -> None:
+            if not self.stopped:
+                on_reply(resp)
+
+        self.broker.call(self.leader, rpc, request, timeout_ms, answered, address=self.endpoint.address)
+
     # ---- the loop -----------------------------------------------------------------------
 
     def _iteration(self) -> None:
+        if self.stopped:
+            return
         if not self.partitions:
             self._waiting_for_partitions = True
             self._idle_generation += 1
@@ -657,8 +702,8 @@ class SimFetcher:
         request = broker_pb2.OffsetsForLeaderEpochRequest(
             replica_id=b.broker_id,
             topics=[broker_pb2.OffsetsForLeaderEpochTopic(topic=t, partitions=ps) for t, ps in by_topic.items()])
-        b.call(self.leader, "OffsetsForLeaderEpoch", request, b.config.control_rpc_timeout_ms,
-               lambda resp: self._truncate_answered(resp, asked))
+        self._call("OffsetsForLeaderEpoch", request, b.config.control_rpc_timeout_ms,
+                   lambda resp: self._truncate_answered(resp, asked))
 
     def _truncate_answered(self, response: broker_pb2.OffsetsForLeaderEpochResponse | RpcError,
                            asked: dict[TopicPartitionKey, int]) -> None:
@@ -730,7 +775,7 @@ class SimFetcher:
             replica_id=b.broker_id, replica_epoch=b.broker_epoch, max_wait_ms=wait_ms,
             min_bytes=limits.REPLICA_FETCH_MIN_BYTES, max_bytes=limits.REPLICA_FETCH_MAX_BYTES,
             topics=[common_pb2.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()])
-        b.call(self.leader, "Fetch", request, wait_ms + b.config.control_rpc_timeout_ms, self._fetch_answered)
+        self._call("Fetch", request, wait_ms + b.config.control_rpc_timeout_ms, self._fetch_answered)
 
     def _fetch_answered(self, response: common_pb2.FetchResponse | RpcError) -> None:
         if isinstance(response, RpcError):

@@ -69,13 +69,24 @@ class SimFuture:
         else:
             self._callbacks.append(callback)
 
+    # The asyncio.Future surface event_loop._send uses (deletion answers).
+    def add_done_callback(self, fn: Callable[[SimFuture], None]) -> None:
+        self.on_done(lambda: fn(self))
+
+    def cancelled(self) -> bool:
+        return isinstance(self.result, RpcError) and self.result.code == "CANCELLED"
+
+    def exception(self) -> BaseException | None:
+        return RuntimeError(self.result.code) if isinstance(self.result, RpcError) else None
+
 
 class SimSender:
     """BrokerSender: control requests to one broker in order, each retried up to 5 times."""
 
-    def __init__(self, controller: SimController, broker_id: int) -> None:
+    def __init__(self, controller: SimController, broker_id: int, address: str) -> None:
         self.controller = controller
         self.target = broker_node(broker_id)
+        self.address = address
         self.queue: deque[tuple[str, Any, SimFuture]] = deque()
         self.busy = False
         self.stopped = False
@@ -99,7 +110,7 @@ class SimSender:
             return
         rpc, request, _ = self.queue[0]
         self.controller.call(self.target, rpc, request, self.controller.config.control_rpc_timeout_ms,
-                             lambda resp: self._answered(attempt, resp))
+                             lambda resp: self._answered(attempt, resp), address=self.address)
 
     def _answered(self, attempt: int, response: Any) -> None:
         if self.stopped:
@@ -125,13 +136,18 @@ class SimControllerLoop(ControllerEventLoop):
         self.node = node
 
     def _sync_senders(self) -> None:
-        wanted = {("b", b.broker_id) for b in self.ctx.live_brokers.values()}
+        """One sender per live broker at its current address (gateways are not simulated)."""
+        wanted = {("b", b.broker_id): b.address for b in self.ctx.live_brokers.values()}
         for key in list(self.senders):
-            if key not in wanted:
+            if key not in wanted or wanted[key] != self.senders[key].address:  # type: ignore[attr-defined]
                 self.senders.pop(key).stop()  # type: ignore[attr-defined]
-        for key in sorted(wanted):
+        for key, address in sorted(wanted.items()):
             if key not in self.senders:
-                self.senders[key] = SimSender(self.node, key[1])  # type: ignore[assignment]
+                self.senders[key] = SimSender(self.node, key[1], address)  # type: ignore[assignment]
+
+    def enqueue(self, name: str, handler: Callable[[], handlers.ControllerResult]) -> None:
+        """An event nobody waits for: it runs after the ones already queued (a timer at now)."""
+        self.node.after(0, self.node.process_queued, self, name, handler)
 
     def stop_senders(self) -> None:
         for sender in self.senders.values():
@@ -227,11 +243,13 @@ class SimController(RpcNode):
         self._become_active(new_epoch)
 
     def _become_active(self, epoch: int) -> None:
-        """server.py act(): loop.start() (load, on_startup, apply), then watch brokers."""
+        """server.py act() and ControllerEventLoop.start(): cluster id, load, on_startup, watches, ticks."""
         loop = SimControllerLoop(self, self.client, self.controller_id, epoch)
         try:
+            loop.cluster_id = run_sync(loop._cluster_id())
             revision = run_sync(loop.load())
             run_sync(loop.apply(handlers.on_startup(loop.ctx)))
+            run_sync(loop._admin_requests_at_start())
         except InvariantViolation:
             raise
         except Exception as exc:
@@ -242,6 +260,16 @@ class SimController(RpcNode):
         self.active = loop
         self.broker_watch = self.etcd.subscribe(self.etcd.keys.brokers_prefix, start_revision=revision + 1)
         self.checker.on_controller_active(self, epoch)
+        if self.config.leader_imbalance_check_interval_ms > 0:
+            self.after(self.config.leader_imbalance_check_interval_ms, self._rebalance_tick, loop)
+
+    def _rebalance_tick(self, loop: SimControllerLoop) -> None:
+        """_rebalance_ticks: queue AutoLeaderRebalance every leader.imbalance.check.interval."""
+        if loop is not self.active:
+            return
+        loop.enqueue("AutoLeaderRebalance", lambda: handlers.on_auto_leader_rebalance(
+            loop.ctx, loop.leader_imbalance_per_broker_percentage))
+        self.after(self.config.leader_imbalance_check_interval_ms, self._rebalance_tick, loop)
 
     def _on_lease_lost(self) -> None:
         if self.active is not None:
@@ -266,15 +294,22 @@ class SimController(RpcNode):
 
     # ---- the event loop's _run, one event at a time ----------------------------------------
 
-    def _process(self, name: str, decide: Callable[[ControllerContext], handlers.ControllerResult]
+    def process_queued(self, loop: SimControllerLoop, name: str, handler: Callable[[], handlers.ControllerResult]
+                       ) -> None:
+        if loop is self.active:
+            self._process(name, handler)
+
+    def _process(self, name: str, handler: Callable[[], handlers.ControllerResult]
                  ) -> handlers.ControllerResult | Exception:
-        """Decide, commit (fenced), replay, send. Returns the result, or the exception the caller sees."""
+        """One turn of _run: decide, commit (fenced), replay, send. Returns the result or the caller's error."""
         loop = self.active
         if loop is None:
             return ControllerResignedError("not active")
         try:
-            result = decide(loop.ctx)
+            result = handler()
             run_sync(loop.apply(result))
+            if name != "ReassignmentProgress" and handlers.ongoing_reassignments(loop.ctx):
+                loop.enqueue("ReassignmentProgress", lambda: handlers.on_reassignment_progress(loop.ctx))
             return result
         except ControllerFenced as exc:
             self.trace("%s fenced: %s", name, exc)
@@ -312,26 +347,33 @@ class SimController(RpcNode):
             info = BrokerInfo.from_json(kv.value, kv.create_revision)
             registered[info.broker_id] = info
         self.trace("BrokerChange: live %s", sorted(registered))
-        self._process("BrokerChange", lambda ctx: handlers.on_broker_change(ctx, registered))
+        loop = self.active
+        if loop is not None:
+            loop.enqueue("BrokerChange", lambda: handlers.on_broker_change(loop.ctx, registered))
 
     # ---- the servicer --------------------------------------------------------------------------
 
     def on_request(self, env: Envelope) -> None:
         rpc = env.rpc
+        body = env.body
         if rpc == "AlterPartition":
             self._serve(env, controller_pb2.AlterPartitionResponse,
-                        lambda ctx: handlers.on_alter_partition(ctx, env.body))
+                        lambda ctx: handlers.on_alter_partition(ctx, body))
         elif rpc == "ControlledShutdown":
-            body = env.body
             self._serve(env, controller_pb2.ControlledShutdownResponse,
                         lambda ctx: handlers.on_controlled_shutdown(ctx, body.broker_id, body.broker_epoch),
                         wait_rpcs=True)
         elif rpc == "CreateTopics":
-            self._serve(env, common_pb2.CreateTopicsResponse, lambda ctx: handlers.on_create_topics(ctx, env.body),
+            self._serve(env, common_pb2.CreateTopicsResponse, lambda ctx: handlers.on_create_topics(ctx, body),
                         wait_rpcs=True)
         elif rpc == "ElectLeaders":
-            self._serve(env, common_pb2.ElectLeadersResponse, lambda ctx: handlers.on_elect_leaders(ctx, env.body),
+            self._serve(env, common_pb2.ElectLeadersResponse, lambda ctx: handlers.on_elect_leaders(ctx, body),
                         wait_rpcs=True)
+        elif rpc == "AlterPartitionReassignments":
+            self._serve(env, common_pb2.AlterPartitionReassignmentsResponse,
+                        lambda ctx: handlers.on_alter_reassignments(ctx, body), wait_rpcs=True)
+        elif rpc == "InitProducerId":
+            self._init_producer_id(env)
         else:
             raise ValueError(f"{self.name}: unknown rpc {rpc}")
 
@@ -341,7 +383,8 @@ class SimController(RpcNode):
         if self.active is None:
             self.reply(env, response_cls(error_code=common_pb2.NOT_CONTROLLER, error_message="not the controller"))
             return
-        outcome = self._process(env.rpc, decide)
+        loop = self.active
+        outcome = self._process(env.rpc, lambda: decide(loop.ctx))
         if isinstance(outcome, ControllerResignedError):
             self.reply(env, response_cls(error_code=common_pb2.NOT_CONTROLLER, error_message=str(outcome)))
             return
@@ -367,6 +410,27 @@ class SimController(RpcNode):
         for f in futures:
             f.on_done(answer)
         self.after(int(ADMIN_PROPAGATION_WAIT_S * 1000), answer)
+
+
+    def _init_producer_id(self, env: Envelope) -> None:
+        """ControllerServicer.InitProducerId: a bumped epoch for a known producer, else a new id from etcd."""
+        loop = self.active
+        request = env.body
+        if loop is None:
+            self.reply(env, common_pb2.InitProducerIdResponse(error_code=common_pb2.NOT_CONTROLLER))
+            return
+        if request.producer_id >= 0:
+            self.reply(env, common_pb2.InitProducerIdResponse(
+                producer_id=request.producer_id, producer_epoch=max(request.producer_epoch, 0) + 1))
+            return
+        try:
+            producer_id = run_sync(loop.next_producer_id())
+        except InvariantViolation:
+            raise
+        except Exception as exc:  # ControllerFenced included: the servicer lets it out as a gRPC error
+            self.reply(env, RpcError("UNKNOWN", str(exc)))
+            return
+        self.reply(env, common_pb2.InitProducerIdResponse(producer_id=producer_id, producer_epoch=0))
 
 
 class ControllerResignedError(Exception):

@@ -1,0 +1,478 @@
+"""What every benchmark in bench/ shares: the machine, versions, CPU per process, percentiles,
+the load gate, JSON results, and a Highwater cluster ready for a workload.
+
+Figures on this 2-core machine move with the neighbours' load (FACTS.md), so every result
+records the 1-minute load average before and after its run, and the CPU seconds each
+process used (utime + stime from /proc/<pid>/stat), which holds better than wall-clock rates
+on a shared machine: "the leader broker used 0.93 core-seconds per second" says which process
+is the bottleneck even when the absolute rate drifts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "bench" / "results"
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+# The brief's rule for a fair figure on a shared 2-core machine: measure when the 1-minute
+# load is below this, or say that it was not.
+QUIET_LOAD_MAX = 1.5
+# How long the load gate waits for a quiet machine before measuring anyway.
+QUIET_WAIT_S_DEFAULT = 60.0
+_CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+# ---- the machine and what runs on it ----------------------------------------------------------
+
+def machine() -> dict[str, object]:
+    """Cores, memory, CPU model, kernel and Python of this machine."""
+    mem_kib = 0
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as f:
+        mem_kib = int(f.readline().split()[1])
+    cpu = platform.processor() or ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {"cores": os.cpu_count(), "memory_gib": round(mem_kib / 2**20, 1), "cpu": cpu,
+            "platform": platform.platform(), "python": platform.python_version()}
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _binary_version(cmd: list[str]) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (out.stdout or out.stderr).strip().splitlines()
+    return text[0] if text else None
+
+
+def versions(*, peers: bool = False) -> dict[str, object]:
+    """Versions of what the figures depend on: our commit, the Python packages, the servers."""
+    commit = _binary_version(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    from clients.records import codec_is_accelerated
+
+    out: dict[str, object] = {
+        "highwater_commit": commit, "highwater_tree_modified": bool(dirty),
+        "grpcio": _package_version("grpcio"), "protobuf": _package_version("protobuf"),
+        "aiokafka": _package_version("aiokafka"), "record_codec_accelerated": codec_is_accelerated(),
+        "etcd": _binary_version(["etcd", "--version"]),
+    }
+    if peers:
+        out.update({"nats_server": _binary_version(["nats-server", "--version"]),
+                    "nats_py": _package_version("nats-py"),
+                    "redis_server": _binary_version(["redis-server", "--version"]),
+                    "redis_py": _package_version("redis"), "hiredis": _package_version("hiredis")})
+    return out
+
+
+def load_average() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def wait_for_quiet(max_load: float = QUIET_LOAD_MAX, wait_s: float = QUIET_WAIT_S_DEFAULT,
+                   say: bool = True) -> dict[str, object]:
+    """Wait (at most wait_s) for the 1-minute load to drop below max_load; never fails.
+
+    Returns {"load_1m_before": ..., "quiet": bool, "waited_s": ...} for the result JSON, so a
+    figure measured on a busy machine says so next to itself.
+    """
+    start = time.monotonic()
+    load = load_average()
+    while load >= max_load and time.monotonic() - start < wait_s:
+        time.sleep(5)
+        load = load_average()
+    waited = round(time.monotonic() - start, 1)
+    quiet = load < max_load
+    if say and not quiet:
+        print(f"  note: 1-minute load {load} >= {max_load} after waiting {waited:.0f} s: measuring anyway "
+              "(the machine is shared)", flush=True)
+    return {"load_1m_before": load, "quiet": quiet, "waited_s": waited}
+
+
+# ---- CPU per process --------------------------------------------------------------------------
+
+def process_cpu_s(pid: int) -> float | None:
+    """utime + stime of a process (all its threads), in seconds; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces: split after its closing parenthesis.
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS_PER_S
+
+
+class CpuMeter:
+    """CPU seconds used by named processes between start() and stop().
+
+    meter = CpuMeter({"broker-1": 1234, "client": os.getpid()}); meter.start(); ...;
+    meter.stop() -> {"broker-1": {"cpu_s": 4.1, "cores": 0.82}, ...} where cores is
+    CPU seconds per wall second (1.0 = one core kept busy).
+    """
+
+    def __init__(self, pids: dict[str, int | None]) -> None:
+        self.pids = {name: pid for name, pid in pids.items() if pid}
+        self._start: dict[str, float] = {}
+        self._t0 = 0.0
+
+    def add(self, name: str, pid: int) -> None:
+        self.pids[name] = pid
+        if self._t0:
+            self._start[name] = process_cpu_s(pid) or 0.0
+
+    def start(self) -> CpuMeter:
+        self._t0 = time.monotonic()
+        self._start = {name: process_cpu_s(pid) or 0.0 for name, pid in self.pids.items()}
+        return self
+
+    def stop(self) -> dict[str, dict[str, float]]:
+        wall = max(time.monotonic() - self._t0, 1e-9)
+        out: dict[str, dict[str, float]] = {}
+        for name, pid in self.pids.items():
+            now = process_cpu_s(pid)
+            if now is None:
+                continue
+            used = now - self._start.get(name, 0.0)
+            out[name] = {"cpu_s": round(used, 2), "cores": round(used / wall, 2)}
+        out["total"] = {"cpu_s": round(sum(v["cpu_s"] for v in out.values()), 2),
+                        "cores": round(sum(v["cores"] for v in out.values()), 2)}
+        return out
+
+
+def format_cpu(cpu: dict[str, dict[str, float]]) -> str:
+    return ", ".join(f"{name} {v['cores']:.2f}" for name, v in cpu.items())
+
+
+# ---- latency figures ------------------------------------------------------------------------
+
+PERCENTILES = (("p50", 50.0), ("p99", 99.0), ("p99_9", 99.9))
+
+
+def percentiles_ms(samples_s: Sequence[float]) -> dict[str, float | int]:
+    """p50, p99, p99.9 and max in ms (nearest rank) of latencies given in seconds."""
+    if not samples_s:
+        return {"count": 0}
+    ordered = sorted(samples_s)
+    n = len(ordered)
+    out: dict[str, float | int] = {"count": n}
+    for name, q in PERCENTILES:
+        rank = max(1, math.ceil(q / 100 * n))
+        out[f"{name}_ms"] = round(ordered[rank - 1] * 1000, 3)
+    out["max_ms"] = round(ordered[-1] * 1000, 3)
+    out["mean_ms"] = round(sum(ordered) / n * 1000, 3)
+    return out
+
+
+def format_latency(lat: dict[str, float | int]) -> str:
+    if not lat.get("count"):
+        return "no samples"
+    return (f"p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, p99.9 {lat['p99_9_ms']:.2f} ms, "
+            f"max {lat['max_ms']:.2f} ms")
+
+
+# ---- results ----------------------------------------------------------------------------------
+
+def write_result(name: str, result: dict[str, object]) -> Path:
+    """bench/results/<name>.json (the latest run of that benchmark; RESULTS.md keeps the table)."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return path
+
+
+def header(*, peers: bool = False) -> dict[str, object]:
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "machine": machine(), "versions": versions(peers=peers)}
+
+
+# ---- a Highwater cluster for a workload --------------------------------------------------------
+
+@dataclass
+class Target:
+    """Where a workload sends: the gateway, and each partition's leader address (for --direct)."""
+
+    gateway: str
+    topic: str
+    partitions: int
+    leaders: dict[int, str] = field(default_factory=dict)
+    # Processes to meter: name -> pid (empty with --bootstrap: not ours to watch).
+    pids: dict[str, int] = field(default_factory=dict)
+    # Broker address -> process name ("127.0.0.1:40123" -> "broker-1"), when the cluster is ours.
+    names: dict[str, str] = field(default_factory=dict)
+
+    def leader_processes(self) -> dict[str, list[int]]:
+        """Process name (or address) of each leader -> the partitions it leads."""
+        out: dict[str, list[int]] = {}
+        for partition, address in sorted(self.leaders.items()):
+            out.setdefault(self.names.get(address, address), []).append(partition)
+        return out
+
+
+def _gateway_stub(address: str):  # type: ignore[no-untyped-def]
+    import grpc
+
+    from protos.highwater.v1 import gateway_pb2_grpc
+
+    channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
+    return channel, gateway_pb2_grpc.GatewayServiceStub(channel)
+
+
+def create_topic(gateway: str, topic: str, *, partitions: int, replication_factor: int, min_insync: int,
+                 timeout_s: float = 60.0) -> dict[int, str]:
+    """Create `topic` and wait until every partition has a leader and a full ISR.
+
+    Returns partition -> leader address. Raises SystemExit with the reason if that does not
+    happen within timeout_s (a benchmark on a half-ready topic measures the wrong thing).
+    """
+    from protos.highwater.v1 import common_pb2
+
+    channel, stub = _gateway_stub(gateway)
+    try:
+        resp = stub.CreateTopics(common_pb2.CreateTopicsRequest(timeout_ms=int(timeout_s * 1000), topics=[
+            common_pb2.CreatableTopic(name=topic, num_partitions=partitions, replication_factor=replication_factor,
+                                      configs={"min.insync.replicas": str(min_insync)})]), timeout=timeout_s)
+        err = resp.topics[0].error_code if resp.topics else resp.error_code
+        if err not in (common_pb2.NONE, common_pb2.TOPIC_ALREADY_EXISTS):
+            raise SystemExit(f"CreateTopics {topic}: {common_pb2.ErrorCode.Name(err)} "
+                             f"{resp.topics[0].error_message if resp.topics else resp.error_message}")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            d = stub.DescribeCluster(common_pb2.DescribeClusterRequest(), timeout=10)
+            brokers = {b.broker_id: f"{b.host}:{b.port}" for b in d.brokers}
+            states = [p for p in d.partitions if p.topic == topic]
+            ready = {p.partition: brokers[p.leader] for p in states
+                     if p.leader in brokers and len(p.isr) >= min(replication_factor, len(p.replicas))}
+            if len(states) == partitions and len(ready) == partitions:
+                return ready
+            if time.monotonic() > deadline:
+                raise SystemExit(f"topic {topic}: only {len(ready)} of {partitions} partitions have a leader "
+                                 f"and a full ISR after {timeout_s:.0f} s")
+            time.sleep(0.1)
+    finally:
+        channel.close()
+
+
+@contextlib.contextmanager
+def highwater_target(*, bootstrap: str | None, topic: str, partitions: int, replication_factor: int,
+                     min_insync: int, brokers: int = 3) -> Iterator[Target]:
+    """A topic ready for a workload: on --bootstrap's cluster, or on a LocalCluster of our own
+    (etcd + controller + `brokers` brokers + gateway, in a temporary directory, every process
+    stopped by pid on the way out)."""
+    if bootstrap:
+        leaders = create_topic(bootstrap, topic, partitions=partitions, replication_factor=replication_factor,
+                               min_insync=min_insync)
+        yield Target(bootstrap, topic, partitions, leaders)
+        return
+    from clients.local_cluster import LocalCluster
+
+    with tempfile.TemporaryDirectory(prefix="hw-bench-") as tmp, \
+            LocalCluster(Path(tmp), brokers=brokers) as cluster:
+        gateway = cluster.gateway_addresses[0]
+        leaders = create_topic(gateway, topic, partitions=partitions, replication_factor=replication_factor,
+                               min_insync=min_insync)
+        pids: dict[str, int] = {"etcd": cluster.etcd.pid} if cluster.etcd.pid else {}
+        names: dict[str, str] = {}
+        for name, p in cluster.processes.items():
+            if p.pid:
+                pids[name] = p.pid
+            if p.kind == "broker" and p.info:
+                names[p.address] = name
+        yield Target(gateway, topic, partitions, leaders, pids, names)
+
+
+# ---- py-spy: where the time goes ---------------------------------------------------------------
+
+def py_spy_binary() -> str | None:
+    """py-spy from the venv (the `bench` extra) or PATH."""
+    local = Path(sys.executable).with_name("py-spy")
+    if local.exists():
+        return str(local)
+    import shutil
+
+    return shutil.which("py-spy")
+
+
+# Frames that only say "the event loop ran a callback": every sample passes through them.
+_PASS_THROUGH = ("Handle._run", "BaseEventLoop.run_forever", "BaseEventLoop._run_once", "<module>",
+                 "run_until_complete", "run (asyncio/runners.py)", "Thread.run", "Thread._bootstrap")
+
+
+class PySpy:
+    """`py-spy record` on several processes at once, for one measured run.
+
+    Sampling is --nonblocking (the target is not paused), so the run it watches slows by a
+    few percent at most; figures taken under it are labelled as such. `finish()` returns,
+    per process, how busy it was (sampled non-idle stacks / samples expected in the time)
+    and the top functions by self time and by inclusive time, as shares of its busy samples.
+    """
+
+    def __init__(self, pids: dict[str, int], duration_s: float, out_dir: Path, *, rate: int = 100,
+                 native: bool = False) -> None:
+        self.binary = py_spy_binary()
+        self.pids = pids
+        self.duration_s = max(1, math.ceil(duration_s))
+        self.out_dir = out_dir
+        self.rate = rate
+        self.native = native
+        self._procs: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+
+    def start(self) -> PySpy:
+        if self.binary is None:
+            print("  note: py-spy not found (pip install -e '.[bench]'); no profile", flush=True)
+            return self
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        for name, pid in self.pids.items():
+            out = self.out_dir / f"{name}.txt"
+            cmd = [self.binary, "record", "--pid", str(pid), "--duration", str(self.duration_s), "--rate",
+                   str(self.rate), "--format", "raw", "--function", "--nonblocking", "--output", str(out)]
+            if self.native:
+                cmd.append("--native")
+            self._procs[name] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), out)
+        return self
+
+    def finish(self, top: int = 12) -> dict[str, object]:
+        results: dict[str, object] = {}
+        for name, (proc, out) in self._procs.items():
+            try:
+                _, err = proc.communicate(timeout=self.duration_s + 30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            if not out.exists():
+                results[name] = {"error": (err or b"").decode(errors="replace")[-300:]}
+                continue
+            results[name] = summarize_py_spy(out, self.rate * self.duration_s, top)
+        return results
+
+
+def summarize_py_spy(path: Path, expected_samples: int, top: int) -> dict[str, object]:
+    from collections import Counter
+
+    self_counts: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        # raw format: process;thread;outermost ... innermost
+        thread = frames[1] if len(frames) > 1 else "?"
+        frames = [f for f in frames[2:] if f]
+        total += count
+        threads[thread.split(" (")[0]] += count
+        if frames:
+            self_counts[_short_frame(frames[-1])] += count
+        for frame in dict.fromkeys(_short_frame(f) for f in frames):
+            if not frame.startswith(_PASS_THROUGH):
+                inclusive[frame] += count
+    if not total:
+        return {"busy": 0.0, "samples": 0}
+    return {
+        "samples": total,
+        "busy": round(total / max(expected_samples, 1), 2),
+        "threads": {t: round(c / total, 3) for t, c in threads.most_common(6)},
+        "top_self": [{"function": f, "share": round(c / total, 3)} for f, c in self_counts.most_common(top)],
+        "top_inclusive": [{"function": f, "share": round(c / total, 3)} for f, c in inclusive.most_common(top)],
+    }
+
+
+def _short_frame(frame: str) -> str:
+    """'func (path/to/site-packages/pkg/mod.py:12)' -> 'func (pkg/mod.py)'."""
+    name, sep, where = frame.partition(" (")
+    if not sep:
+        return frame
+    where = where.rstrip(")")
+    where = where.rsplit(":", 1)[0] if where.rsplit(":", 1)[-1].isdigit() else where
+    for marker in ("site-packages/", "/lib/python3.11/", str(REPO) + "/"):
+        if marker in where:
+            where = where.split(marker, 1)[1]
+    return f"{name} ({where})"
+
+
+def format_profile(profile: dict[str, object], top: int = 6) -> str:
+    lines = []
+    for name, info in profile.items():
+        if not isinstance(info, dict) or "top_self" not in info:
+            lines.append(f"    {name}: {info}")
+            continue
+        lines.append(f"    {name}: busy {info['busy']:.2f} of a core-second per second; top self time:")
+        for item in info["top_self"][:top]:  # type: ignore[index]
+            lines.append(f"      {item['share'] * 100:5.1f}%  {item['function']}")
+    return "\n".join(lines)
+
+
+# ---- processes a benchmark starts itself (peers, consumer roles) -------------------------------
+
+PROCESS_STOP_TIMEOUT_S = 10.0
+
+
+def _die_with_parent() -> None:
+    """In the child between fork and exec: SIGKILL me when the benchmark dies (Linux prctl)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+
+
+def spawn(cmd: list[str], log_path: Path | None = None, **kwargs: object) -> subprocess.Popen[bytes]:
+    """Start a child that dies with us; its output goes to log_path (or is dropped)."""
+    out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent, **kwargs)  # type: ignore[call-overload]
+    finally:
+        if log_path is not None:
+            out.close()  # type: ignore[union-attr]
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, timeout_s: float = PROCESS_STOP_TIMEOUT_S) -> None:
+    """SIGTERM by pid, SIGKILL if it has not exited within timeout_s; never raises."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(OSError):
+        proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=timeout_s)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,206 @@
+"""End-to-end latency: from Producer.send() to Consumer.poll() returning the record.
+
+A consumer runs in another process (this script with `consumer`), assigned every
+partition of the topic at its end; once it says it is ready, this process produces
+records of --record-size bytes at each --rates value (records/s; default 2,000 and
+20,000) for --duration-s seconds, with acks=all, linger_ms --linger-ms (default 0: send
+at once), through the gateway. Each record carries its send time (time.time_ns(), the
+machine's clock, which both processes read) in its first 8 bytes and a flag saying whether
+it falls in the warm-up (--warmup-s, not counted). The consumer reports p50, p99, p99.9
+and max of receive time - send time. Consumers read only below the high watermark, so a
+record is seen only after every ISR member has it.
+
+Starts its own LocalCluster (3 brokers, RF 3, min.insync.replicas 2) unless --bootstrap is
+given. Records the CPU of every process, producer and consumer included. Writes
+bench/results/e2e_latency.json. Example: python bench/e2e_latency.py --rates 2000 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
+
+# (send time in ns since the epoch, 1 if measured / 0 if warm-up) lead every payload.
+STAMP = struct.Struct(">qB")
+CONSUMER_READY_TIMEOUT_S = 30.0
+# The consumer keeps reading this long after the producer stops, for records in flight.
+DRAIN_S = 5.0
+
+
+def stamped(pad: bytes, measured: bool) -> bytes:
+    return STAMP.pack(time.time_ns(), 1 if measured else 0) + pad
+
+
+class E2EConsumer:
+    """A consumer process started with `cmd`: waits for its 'ready' line; result() reads its JSON."""
+
+    def __init__(self, cmd: list[str]) -> None:
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                     preexec_fn=common._die_with_parent)
+        deadline = time.monotonic() + CONSUMER_READY_TIMEOUT_S
+        line = ""
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()  # type: ignore[union-attr]
+            if line.strip() == "ready" or not line:
+                break
+        if line.strip() != "ready":
+            common.stop_process(self.proc)  # type: ignore[arg-type]
+            raise SystemExit(f"the e2e consumer ({' '.join(cmd[:4])} ...) never said it was ready")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def result(self, timeout_s: float) -> dict[str, object]:
+        try:
+            out, _ = self.proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            common.stop_process(self.proc)  # type: ignore[arg-type]
+            return {"received": 0, "error": "the consumer did not finish"}
+        lines = [line for line in (out or "").splitlines() if line.startswith("{")]
+        return json.loads(lines[-1]) if lines else {"received": 0, "error": "no result from the consumer"}
+
+    def stop(self) -> None:
+        common.stop_process(self.proc)  # type: ignore[arg-type]
+
+
+def produce_at_rate(gateway: str, topic: str, *, rate: float, duration_s: float, warmup_s: float, record_size: int,
+                    linger_ms: int) -> dict[str, object]:
+    """Producer.send() one record at a time on a fixed schedule; returns what was sent."""
+    from clients.producer import Producer
+
+    pad = b"x" * max(record_size - STAMP.size, 0)
+    sent = measured = 0
+    late_s_max = 0.0
+    with Producer(gateway, acks="all", linger_ms=linger_ms) as producer:
+        producer.partitions_for(topic)
+        total = warmup_s + duration_s
+        start = time.perf_counter()
+        while True:
+            now = time.perf_counter()
+            if now - start >= total:
+                break
+            due = start + sent / rate
+            if due > now:
+                time.sleep(due - now)
+                continue
+            late_s_max = max(late_s_max, now - due)
+            is_measured = now - start >= warmup_s
+            producer.produce(topic, stamped(pad, is_measured))
+            sent += 1
+            measured += is_measured
+        producer.flush(timeout_ms=60_000)
+    return {"sent": sent, "measured": measured, "schedule_late_ms_max": round(late_s_max * 1000, 2)}
+
+
+def consume_role(args: argparse.Namespace) -> int:
+    """The consumer process: read from the end, time every measured record, print JSON."""
+    from clients.consumer import Consumer
+    from clients.types import TopicPartition
+
+    latencies: list[float] = []
+    warmup = 0
+    with Consumer(bootstrap=args.bootstrap, auto_offset_reset="latest", enable_auto_commit=False,
+                  fetch_max_wait_ms=args.fetch_max_wait_ms, max_poll_records=10_000) as consumer:
+        tps = [TopicPartition(args.topic, p) for p in range(args.partitions)]
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.position(tp)  # resolve "latest" now, before the producer starts
+        print("ready", flush=True)
+        deadline = time.monotonic() + args.timeout_s
+        while len(latencies) < args.expected and time.monotonic() < deadline:
+            for record in consumer.poll(timeout_ms=200):
+                now = time.time_ns()
+                sent_ns, measured = STAMP.unpack_from(record.value)  # type: ignore[arg-type]
+                if measured:
+                    latencies.append((now - sent_ns) / 1e9)
+                else:
+                    warmup += 1
+    print(json.dumps({"received": len(latencies), "warmup_received": warmup,
+                      "latency": common.percentiles_ms(latencies)}), flush=True)
+    return 0
+
+
+def run_rate(target: common.Target, rate: float, args: argparse.Namespace) -> dict[str, object]:
+    gate = common.wait_for_quiet(wait_s=args.quiet_wait_s)
+    expected = int(rate * args.duration_s)
+    consumer = E2EConsumer([sys.executable, __file__, "consumer", "--bootstrap", target.gateway, "--topic",
+                            target.topic, "--partitions", str(target.partitions), "--expected", str(expected),
+                            "--timeout-s", str(args.warmup_s + args.duration_s + DRAIN_S + 30),
+                            "--fetch-max-wait-ms", str(args.fetch_max_wait_ms)])
+    try:
+        meter = common.CpuMeter({**target.pids, "producer": os.getpid(), "consumer": consumer.pid}).start()
+        sent = produce_at_rate(target.gateway, target.topic, rate=rate, duration_s=args.duration_s,
+                               warmup_s=args.warmup_s, record_size=args.record_size, linger_ms=args.linger_ms)
+        cpu = meter.stop()
+        got = consumer.result(timeout_s=DRAIN_S + 30)
+    finally:
+        consumer.stop()
+    return {"rate": rate, **sent, **got, **gate, "load_1m_after": common.load_average(), "cpu_cores": cpu}
+
+
+def describe(result: dict[str, object]) -> str:
+    lat = result.get("latency") or {}
+    text = (f"{result['rate']:>8,.0f} records/s: {common.format_latency(lat)}  "  # type: ignore[arg-type]
+            f"({result.get('received', 0):,} of {result.get('measured', 0):,} measured records received)")
+    return text
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="role")
+    role = sub.add_parser("consumer", help="(started by this script) the consuming process")
+    role.add_argument("--bootstrap", required=True)
+    role.add_argument("--topic", required=True)
+    role.add_argument("--partitions", type=int, required=True)
+    role.add_argument("--expected", type=int, required=True)
+    role.add_argument("--timeout-s", type=float, required=True)
+    role.add_argument("--fetch-max-wait-ms", type=int, default=500)
+    parser.add_argument("--rates", type=float, nargs="+", default=[2000, 20000], help="records/s (default 2000 20000)")
+    parser.add_argument("--duration-s", type=float, default=20.0, help="measured seconds per rate (default 20)")
+    parser.add_argument("--warmup-s", type=float, default=2.0)
+    parser.add_argument("--record-size", type=int, default=100)
+    parser.add_argument("--linger-ms", type=int, default=0, help="Producer linger_ms (default 0: send at once)")
+    parser.add_argument("--fetch-max-wait-ms", type=int, default=500,
+                        help="Consumer fetch_max_wait_ms (the long poll; an arriving record ends it at once)")
+    parser.add_argument("--partitions", type=int, default=1, help="default 1, as Kafka's EndToEndLatency")
+    parser.add_argument("--replication-factor", type=int, default=3)
+    parser.add_argument("--min-insync", type=int, default=2)
+    parser.add_argument("--bootstrap", help="an existing cluster's gateway HOST:PORT (default: start our own)")
+    parser.add_argument("--topic", default=None)
+    parser.add_argument("--quiet-wait-s", type=float, default=common.QUIET_WAIT_S_DEFAULT)
+    parser.add_argument("--output", default="e2e_latency")
+    args = parser.parse_args()
+    if args.role == "consumer":
+        return consume_role(args)
+    topic = args.topic or f"bench-e2e-{int(time.time())}"
+    out: dict[str, object] = {**common.header(), "record_size": args.record_size, "partitions": args.partitions,
+                              "replication_factor": args.replication_factor, "linger_ms": args.linger_ms,
+                              "duration_s": args.duration_s, "runs": []}
+    print(f"e2e latency: {args.record_size} B records, acks=all, linger {args.linger_ms} ms, {args.partitions} "
+          f"partition(s), RF {args.replication_factor}, {args.duration_s:.0f} s per rate", flush=True)
+    with common.highwater_target(bootstrap=args.bootstrap, topic=topic, partitions=args.partitions,
+                                 replication_factor=args.replication_factor, min_insync=args.min_insync) as target:
+        for rate in args.rates:
+            result = run_rate(target, rate, args)
+            print("  " + describe(result), flush=True)
+            print(f"      CPU (cores): {common.format_cpu(result['cpu_cores'])}; load "  # type: ignore[arg-type]
+                  f"{result['load_1m_before']} -> {result['load_1m_after']}", flush=True)
+            out["runs"].append(result)  # type: ignore[union-attr]
+    path = common.write_result(args.output, out)
+    print(f"machine: {out['machine']}; results: {path.relative_to(common.REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,305 @@
+"""The NATS JetStream peer: three nats-server nodes clustered on loopback, a file-storage stream
+with 3 replicas, and the nats-py client doing what our workloads do.
+
+- produce: `js.publish_async` (the pipelined publish: up to --in-flight unacknowledged
+  messages, 4,000 by default as in nats-py) of --record-size payloads; a message counts
+  once its PubAck arrives, i.e. once the stream's leader has it on a quorum (2 of 3) of
+  replicas. Latency is per message, publish -> PubAck.
+- consume: catch-up read of every message with a pull consumer (fetch of --fetch-batch
+  messages at a time, no acks: AckPolicy none), the fastest way nats-py reads a backlog.
+- e2e: a consumer process (this module run as `e2e-consumer`) on an ordered push
+  consumer reads what a producer publishes at a fixed rate; latency = receive time -
+  the send time carried in the payload (both on the machine clock).
+
+Every server is started and stopped (by pid) here, with its data in a temporary directory.
+Run it alone: python bench/peers/nats_js.py --help
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench import common  # noqa: E402
+
+SERVER_READY_TIMEOUT_S = 30.0
+STREAM = "BENCH"
+SUBJECT = "bench.records"
+# nats-py's own default bound on unacknowledged async publishes.
+PUBLISH_ASYNC_MAX_PENDING_DEFAULT = 4000
+# 8 bytes of send time (ns since the epoch) lead every e2e payload.
+_SENT_NS = struct.Struct(">q")
+
+
+@dataclass
+class NatsCluster:
+    """Three JetStream nodes on 127.0.0.1; `url` is the first node's client URL."""
+
+    base_dir: Path
+    nodes: int = 3
+    procs: dict[str, object] = field(default_factory=dict)
+    client_ports: list[int] = field(default_factory=list)
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"nats://127.0.0.1:{port}" for port in self.client_ports]
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {name: proc.pid for name, proc in self.procs.items()}  # type: ignore[attr-defined]
+
+    def start(self) -> NatsCluster:
+        self.client_ports = [common.free_port() for _ in range(self.nodes)]
+        route_ports = [common.free_port() for _ in range(self.nodes)]
+        routes = ", ".join(f"nats-route://127.0.0.1:{port}" for port in route_ports)
+        for i in range(self.nodes):
+            name = f"nats-{i + 1}"
+            store = self.base_dir / name
+            store.mkdir(parents=True, exist_ok=True)
+            conf = self.base_dir / f"{name}.conf"
+            conf.write_text(
+                f'server_name: "{name}"\nhost: "127.0.0.1"\nport: {self.client_ports[i]}\n'
+                f'jetstream {{ store_dir: "{store}" }}\n'
+                f'cluster {{\n  name: "bench"\n  host: "127.0.0.1"\n  port: {route_ports[i]}\n'
+                f'  routes: [{routes}]\n}}\n')
+            self.procs[name] = common.spawn(["nats-server", "-c", str(conf)], self.base_dir / f"{name}.log")
+        return self
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            common.stop_process(proc)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def nats_cluster(nodes: int = 3) -> Iterator[NatsCluster]:
+    with tempfile.TemporaryDirectory(prefix="hw-bench-nats-") as tmp:
+        cluster = NatsCluster(Path(tmp), nodes)
+        try:
+            cluster.start()
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+async def connect(cluster_urls: list[str], max_pending: int = PUBLISH_ASYNC_MAX_PENDING_DEFAULT):  # type: ignore[no-untyped-def]
+    import nats
+
+    async def quiet(exc: Exception) -> None:  # nats-py logs every failed attempt by default
+        pass
+
+    nc = await nats.connect(servers=cluster_urls, connect_timeout=5, max_reconnect_attempts=5,
+                            pending_size=256 * 1024 * 1024, error_cb=quiet, allow_reconnect=False)
+    return nc, nc.jetstream(publish_async_max_pending=max_pending, timeout=10)
+
+
+async def create_stream(cluster: NatsCluster, replicas: int = 3) -> None:
+    """The stream, once the JetStream meta leader exists and the stream has a leader (bounded)."""
+    from nats.js.api import StorageType, StreamConfig
+
+    deadline = time.monotonic() + SERVER_READY_TIMEOUT_S
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            nc, js = await connect(cluster.urls)
+        except Exception as exc:  # servers still starting
+            last_error = exc
+            await asyncio.sleep(0.2)
+            continue
+        try:
+            with contextlib.suppress(Exception):
+                await js.delete_stream(STREAM)
+            await js.add_stream(StreamConfig(name=STREAM, subjects=[SUBJECT], num_replicas=replicas,
+                                             storage=StorageType.FILE))
+            info = await js.stream_info(STREAM)
+            if info.cluster is not None and info.cluster.leader and len(info.cluster.replicas or []) == replicas - 1:
+                return
+        except Exception as exc:  # no meta leader yet, or peers still joining
+            last_error = exc
+        finally:
+            await nc.close()
+        await asyncio.sleep(0.5)
+    raise SystemExit(f"NATS JetStream stream with {replicas} replicas not ready within "
+                     f"{SERVER_READY_TIMEOUT_S:.0f} s: {last_error}")
+
+
+# ---- produce ----------------------------------------------------------------------------------
+
+async def produce(urls: list[str], *, record_size: int, duration_s: float, warmup_s: float, throughput: float,
+                  in_flight: int, window: object) -> dict[str, object]:
+    payload = b"x" * record_size
+    nc, js = await connect(urls, max_pending=in_flight)
+    latencies: list[float] = []
+    counts = {"sent": 0, "acked": 0, "failed": 0}
+    errors: dict[str, int] = {}
+    recording = False
+
+    def on_ack(future: asyncio.Future, sent_at: float) -> None:  # type: ignore[type-arg]
+        took = time.perf_counter() - sent_at
+        if future.cancelled() or future.exception() is not None:
+            counts["failed"] += 1
+            name = "cancelled" if future.cancelled() else type(future.exception()).__name__
+            errors[name] = errors.get(name, 0) + 1
+            return
+        counts["acked"] += 1
+        if recording:
+            latencies.append(took)
+
+    async def run(seconds: float) -> float:
+        start = time.perf_counter()
+        stop_at = start + seconds
+        sent = 0
+        while True:
+            now = time.perf_counter()
+            if now >= stop_at:
+                break
+            if throughput > 0:
+                due = start + sent / throughput
+                if due > now:
+                    await asyncio.sleep(min(due - now, 0.05))
+                    continue
+            sent_at = time.perf_counter()
+            future = await js.publish_async(SUBJECT, payload)
+            future.add_done_callback(lambda f, t=sent_at: on_ack(f, t))
+            sent += 1
+        counts["sent"] += sent
+        await asyncio.wait_for(js.publish_async_completed(), 60)
+        return time.perf_counter() - start
+
+    try:
+        if warmup_s > 0:
+            await run(warmup_s)
+        counts.update(sent=0, acked=0, failed=0)
+        errors.clear()
+        recording = True
+        window.open()  # type: ignore[attr-defined]
+        elapsed = await run(duration_s)
+        window.close()  # type: ignore[attr-defined]
+    finally:
+        await nc.close()
+    rate = counts["acked"] / elapsed
+    return {"path": "nats-py publish_async", "records_sent": counts["sent"], "records_acked": counts["acked"],
+            "records_failed": counts["failed"], "errors": errors, "elapsed_s": round(elapsed, 3),
+            "records_per_s": round(rate), "mb_per_s": round(rate * record_size / 1e6, 1),
+            "records_per_request": 1, "latency_per_request": common.percentiles_ms(latencies)}
+
+
+# ---- consume (catch-up) -----------------------------------------------------------------------
+
+async def load(urls: list[str], *, count: int, record_size: int) -> float:
+    """Publish `count` records (pipelined, acknowledged) and return the seconds it took."""
+    payload = b"x" * record_size
+    nc, js = await connect(urls)
+    start = time.perf_counter()
+    try:
+        for _ in range(count):
+            await js.publish_async(SUBJECT, payload)
+        await asyncio.wait_for(js.publish_async_completed(), 120)
+    finally:
+        await nc.close()
+    return time.perf_counter() - start
+
+
+async def consume(urls: list[str], *, count: int, record_size: int, fetch_batch: int, window: object,
+                  timeout_s: float = 120.0) -> dict[str, object]:
+    """Read `count` records from the start of the stream with a pull consumer (no acks)."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    nc, js = await connect(urls)
+    received = 0
+    try:
+        sub = await js.pull_subscribe(SUBJECT, durable=None, stream=STREAM, config=ConsumerConfig(
+            ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL))
+        window.open()  # type: ignore[attr-defined]
+        start = time.perf_counter()
+        deadline = start + timeout_s
+        while received < count and time.perf_counter() < deadline:
+            try:
+                msgs = await sub.fetch(batch=min(fetch_batch, count - received), timeout=5)
+            except TimeoutError:
+                continue
+            received += len(msgs)
+        elapsed = time.perf_counter() - start
+        window.close()  # type: ignore[attr-defined]
+    finally:
+        await nc.close()
+    rate = received / elapsed
+    return {"path": f"nats-py pull fetch({fetch_batch})", "records": received, "elapsed_s": round(elapsed, 3),
+            "records_per_s": round(rate), "mb_per_s": round(rate * record_size / 1e6, 1),
+            "complete": received >= count}
+
+
+# ---- end-to-end latency -----------------------------------------------------------------------
+
+async def e2e_produce(urls: list[str], *, rate: float, duration_s: float, record_size: int) -> dict[str, object]:
+    """Publish at `rate` records/s for duration_s, the send time in each payload."""
+    pad = b"x" * max(record_size - _SENT_NS.size, 0)
+    nc, js = await connect(urls)
+    sent = 0
+    try:
+        start = time.perf_counter()
+        stop_at = start + duration_s
+        while True:
+            now = time.perf_counter()
+            if now >= stop_at:
+                break
+            due = start + sent / rate
+            if due > now:
+                await asyncio.sleep(due - now)
+                continue
+            await js.publish_async(SUBJECT, _SENT_NS.pack(time.time_ns()) + pad)
+            sent += 1
+        await asyncio.wait_for(js.publish_async_completed(), 60)
+    finally:
+        await nc.close()
+    return {"sent": sent}
+
+
+async def e2e_consume(urls: list[str], *, expected: int, timeout_s: float) -> dict[str, object]:
+    """Ordered push consumer from new messages; prints 'ready' once subscribed, then waits."""
+    from nats.js.api import DeliverPolicy
+
+    nc, js = await connect(urls)
+    latencies: list[float] = []
+    done = asyncio.Event()
+
+    async def on_msg(msg) -> None:  # type: ignore[no-untyped-def]
+        latencies.append((time.time_ns() - _SENT_NS.unpack_from(msg.data)[0]) / 1e9)
+        if len(latencies) >= expected:
+            done.set()
+
+    try:
+        await js.subscribe(SUBJECT, cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW)
+        print("ready", flush=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), timeout_s)
+    finally:
+        await nc.close()
+    return {"received": len(latencies), "latency": common.percentiles_ms(latencies)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="role", required=True)
+    consumer = sub.add_parser("e2e-consumer", help="(used by e2e) read and time records; JSON on stdout")
+    consumer.add_argument("--urls", required=True)
+    consumer.add_argument("--expected", type=int, required=True)
+    consumer.add_argument("--timeout-s", type=float, required=True)
+    args = parser.parse_args()
+    result = asyncio.run(e2e_consume(args.urls.split(","), expected=args.expected, timeout_s=args.timeout_s))
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

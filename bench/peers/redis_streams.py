@@ -1,0 +1,282 @@
+"""The Redis Streams peer: a primary and two replicas (redis-server) on loopback, and the redis-py
+client doing what our workloads do, acknowledged with WAIT 2 (both replicas have the writes).
+
+- produce: a pipeline of --batch records (XADD stream * v <payload>, one round trip)
+  followed by WAIT 2 <timeout>; a record counts once WAIT says 2 replicas have it.
+  Latency is per pipeline+WAIT. Redis is single-threaded and redis-py synchronous, so one
+  connection carries one pipeline at a time (what a Python user gets without threads).
+- consume: catch-up read of the whole stream with XRANGE ... COUNT --fetch-batch.
+- e2e: a consumer process (this module run as `e2e-consumer`) blocks in XREAD on the
+  primary while a producer sends at a fixed rate: each record is XADD + WAIT 2 in one
+  pipeline; latency = receive time - the send time in the record.
+
+No snapshots and no AOF (save "", appendonly no): durability comes from the replicas, as
+Highwater's comes from replication with fsync off. Every server is started and stopped (by
+pid) here, with its data in a temporary directory. Run it alone: --help.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench import common  # noqa: E402
+
+SERVER_READY_TIMEOUT_S = 30.0
+STREAM = "bench"
+# How long WAIT may block for the replicas before it answers with fewer.
+WAIT_TIMEOUT_MS = 5_000
+REPLICAS = 2
+_SENT_NS = struct.Struct(">q")
+
+
+@dataclass
+class RedisCluster:
+    """A primary and `replicas` replicas on 127.0.0.1."""
+
+    base_dir: Path
+    replicas: int = REPLICAS
+    procs: dict[str, object] = field(default_factory=dict)
+    ports: list[int] = field(default_factory=list)
+
+    @property
+    def primary_port(self) -> int:
+        return self.ports[0]
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {name: proc.pid for name, proc in self.procs.items()}  # type: ignore[attr-defined]
+
+    def start(self) -> RedisCluster:
+        import redis
+
+        self.ports = [common.free_port() for _ in range(self.replicas + 1)]
+        for i, port in enumerate(self.ports):
+            name = "redis-primary" if i == 0 else f"redis-replica-{i}"
+            data = self.base_dir / name
+            data.mkdir(parents=True, exist_ok=True)
+            cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+                   "--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no",
+                   "--logfile", ""]
+            if i > 0:
+                cmd += ["--replicaof", "127.0.0.1", str(self.ports[0])]
+            self.procs[name] = common.spawn(cmd, self.base_dir / f"{name}.log")
+        deadline = time.monotonic() + SERVER_READY_TIMEOUT_S
+        primary = redis.Redis(port=self.primary_port, socket_connect_timeout=1)
+        while time.monotonic() < deadline:
+            with contextlib.suppress(redis.RedisError):
+                info = primary.info("replication")
+                online = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)
+                          and v.get("state") == "online"]
+                if len(online) == self.replicas:
+                    primary.close()
+                    return self
+            time.sleep(0.1)
+        primary.close()
+        raise SystemExit(f"redis: {self.replicas} replicas not online within {SERVER_READY_TIMEOUT_S:.0f} s")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            common.stop_process(proc)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def redis_cluster(replicas: int = REPLICAS) -> Iterator[RedisCluster]:
+    with tempfile.TemporaryDirectory(prefix="hw-bench-redis-") as tmp:
+        cluster = RedisCluster(Path(tmp), replicas)
+        try:
+            cluster.start()
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+def client(port: int):  # type: ignore[no-untyped-def]
+    import redis
+
+    return redis.Redis(host="127.0.0.1", port=port, socket_timeout=30)
+
+
+def reset(port: int) -> None:
+    r = client(port)
+    r.delete(STREAM)
+    r.wait(REPLICAS, WAIT_TIMEOUT_MS)
+    r.close()
+
+
+# ---- produce ----------------------------------------------------------------------------------
+
+def produce(port: int, *, record_size: int, duration_s: float, warmup_s: float, throughput: float, batch: int,
+            window: object) -> dict[str, object]:
+    payload = b"x" * record_size
+    r = client(port)
+    latencies: list[float] = []
+    counts = {"sent": 0, "acked": 0, "failed": 0}
+    errors: dict[str, int] = {}
+
+    def run(seconds: float, record: bool) -> float:
+        start = time.perf_counter()
+        stop_at = start + seconds
+        sent = 0
+        while True:
+            now = time.perf_counter()
+            if now >= stop_at:
+                break
+            if throughput > 0:
+                due = start + sent / throughput
+                if due > now:
+                    time.sleep(min(due - now, 0.05))
+                    continue
+            sent_at = time.perf_counter()
+            pipe = r.pipeline(transaction=False)
+            for _ in range(batch):
+                pipe.xadd(STREAM, {"v": payload})
+            pipe.wait(REPLICAS, WAIT_TIMEOUT_MS)
+            replies = pipe.execute()
+            took = time.perf_counter() - sent_at
+            sent += batch
+            if replies[-1] >= REPLICAS:
+                counts["acked"] += batch
+                if record:
+                    latencies.append(took)
+            else:
+                counts["failed"] += batch
+                errors["WAIT short of replicas"] = errors.get("WAIT short of replicas", 0) + 1
+        counts["sent"] += sent
+        return time.perf_counter() - start
+
+    try:
+        if warmup_s > 0:
+            run(warmup_s, False)
+        counts.update(sent=0, acked=0, failed=0)
+        window.open()  # type: ignore[attr-defined]
+        elapsed = run(duration_s, True)
+        window.close()  # type: ignore[attr-defined]
+    finally:
+        r.close()
+    rate = counts["acked"] / elapsed
+    return {"path": f"redis-py pipeline({batch} XADD)+WAIT {REPLICAS}", "records_sent": counts["sent"],
+            "records_acked": counts["acked"], "records_failed": counts["failed"], "errors": errors,
+            "elapsed_s": round(elapsed, 3), "records_per_s": round(rate), "mb_per_s": round(rate * record_size / 1e6, 1),
+            "records_per_request": batch, "latency_per_request": common.percentiles_ms(latencies)}
+
+
+# ---- consume (catch-up) -----------------------------------------------------------------------
+
+def load(port: int, *, count: int, record_size: int, batch: int = 1000) -> float:
+    payload = b"x" * record_size
+    r = client(port)
+    start = time.perf_counter()
+    try:
+        left = count
+        while left > 0:
+            n = min(batch, left)
+            pipe = r.pipeline(transaction=False)
+            for _ in range(n):
+                pipe.xadd(STREAM, {"v": payload})
+            pipe.wait(REPLICAS, WAIT_TIMEOUT_MS)
+            pipe.execute()
+            left -= n
+    finally:
+        r.close()
+    return time.perf_counter() - start
+
+
+def consume(port: int, *, count: int, record_size: int, fetch_batch: int, window: object) -> dict[str, object]:
+    r = client(port)
+    received = 0
+    try:
+        window.open()  # type: ignore[attr-defined]
+        start = time.perf_counter()
+        low = "-"
+        while received < count:
+            entries = r.xrange(STREAM, min=low, max="+", count=fetch_batch)
+            if not entries:
+                break
+            received += len(entries)
+            low = "(" + entries[-1][0].decode()
+        elapsed = time.perf_counter() - start
+        window.close()  # type: ignore[attr-defined]
+    finally:
+        r.close()
+    rate = received / elapsed
+    return {"path": f"redis-py XRANGE COUNT {fetch_batch}", "records": received, "elapsed_s": round(elapsed, 3),
+            "records_per_s": round(rate), "mb_per_s": round(rate * record_size / 1e6, 1),
+            "complete": received >= count}
+
+
+# ---- end-to-end latency -----------------------------------------------------------------------
+
+def e2e_produce(port: int, *, rate: float, duration_s: float, record_size: int) -> dict[str, object]:
+    """XADD + WAIT 2 per record at `rate` records/s; records that fell due together go in one
+    pipeline (with one WAIT), so a slow WAIT delays, never drops, the schedule."""
+    pad = b"x" * max(record_size - _SENT_NS.size, 0)
+    r = client(port)
+    sent = 0
+    try:
+        start = time.perf_counter()
+        stop_at = start + duration_s
+        while True:
+            now = time.perf_counter()
+            if now >= stop_at:
+                break
+            due_count = min(int((now - start) * rate) + 1, int(duration_s * rate)) - sent
+            if due_count <= 0:
+                time.sleep(max(start + sent / rate - now, 0))
+                continue
+            pipe = r.pipeline(transaction=False)
+            for _ in range(due_count):
+                pipe.xadd(STREAM, {"v": _SENT_NS.pack(time.time_ns()) + pad})
+            pipe.wait(REPLICAS, WAIT_TIMEOUT_MS)
+            pipe.execute()
+            sent += due_count
+    finally:
+        r.close()
+    return {"sent": sent}
+
+
+def e2e_consume(port: int, *, expected: int, timeout_s: float) -> dict[str, object]:
+    r = client(port)
+    latencies: list[float] = []
+    newest = r.xrevrange(STREAM, count=1)
+    # Read after what is there now ("$" on every call could skip records added between calls).
+    last = newest[0][0] if newest else "0-0"
+    deadline = time.monotonic() + timeout_s
+    print("ready", flush=True)
+    try:
+        while len(latencies) < expected and time.monotonic() < deadline:
+            answer = r.xread({STREAM: last}, count=10_000, block=500)
+            for _stream, entries in answer or []:
+                now = time.time_ns()
+                for entry_id, fields in entries:
+                    latencies.append((now - _SENT_NS.unpack_from(fields[b"v"])[0]) / 1e9)
+                last = entries[-1][0]
+    finally:
+        r.close()
+    return {"received": len(latencies), "latency": common.percentiles_ms(latencies)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="role", required=True)
+    consumer = sub.add_parser("e2e-consumer", help="(used by e2e) read and time records; JSON on stdout")
+    consumer.add_argument("--port", type=int, required=True)
+    consumer.add_argument("--expected", type=int, required=True)
+    consumer.add_argument("--timeout-s", type=float, required=True)
+    args = parser.parse_args()
+    print(json.dumps(e2e_consume(args.port, expected=args.expected, timeout_s=args.timeout_s)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,370 @@
+"""Producer throughput and latency, modelled on Kafka's kafka-producer-perf-test.
+
+Records of --record-size bytes at --throughput records/s (-1: as fast as they go) for
+--duration-s seconds, acks=all by default, to a topic with --partitions partitions and
+--replication-factor replicas (min.insync.replicas --min-insync). Three ways in (--path,
+several may be given and run one after another on the same cluster):
+
+- client:  the Producer (clients/producer.py) through the gateway: send_batch() calls of one
+           batch's worth of records each (--batch-size bytes), with its linger, compression,
+           idempotence and in-flight limits. Latency is per send_batch() call: from the call
+           to its future resolving (Kafka's perf test measures send -> callback per record).
+- gateway: raw gRPC Produce to the gateway, each request one batch per partition, encoded
+           here (clients/records.encode_values) per request; --in-flight requests at once.
+- direct:  (--direct) the same raw Produce sent by us to each partition's leader broker,
+           bypassing the gateway: --in-flight requests at once per leader.
+
+Prints records/s, MB/s (MB = 10^6 bytes of record values) and latency percentiles (p50,
+p99, p99.9, max) per request/batch, and the CPU each process used (etcd, controller,
+brokers, gateway and this client) in cores (CPU seconds per second). Starts its own
+LocalCluster (3 brokers) in a temporary directory unless --bootstrap HOST:PORT names a
+gateway; every process it starts is stopped by pid on the way out.
+
+--profile samples the client, the gateway and the leader brokers with py-spy during one
+more run and prints each one's top functions by self time.
+
+Writes bench/results/produce.json. Example:
+  python bench/produce.py --record-size 100 --duration-s 20 --path client direct
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
+
+# One Produce's server-side timeout (acks=all waits this long for the ISR at most).
+PRODUCE_TIMEOUT_MS = 30_000
+# What a record adds around its value in a v2 batch with no key and no headers: length,
+# attributes, timestamp and offset deltas, key length, value length, header count (varints).
+RECORD_OVERHEAD_BYTES = 8
+BATCH_HEADER_BYTES = 61
+PATHS = ("client", "gateway", "direct")
+
+
+@dataclass
+class ProduceSpec:
+    record_size: int = 100
+    duration_s: float = 20.0
+    warmup_s: float = 2.0
+    throughput: float = -1  # records/s; -1: unbounded
+    acks: str = "all"
+    batch_size: int = 16 * 1024
+    linger_ms: int = 5
+    compression: str = "none"
+    in_flight: int = 5
+    buffer_memory: int = 32 * 1024 * 1024
+
+    @property
+    def records_per_batch(self) -> int:
+        return max(1, (self.batch_size - BATCH_HEADER_BYTES) // (self.record_size + RECORD_OVERHEAD_BYTES))
+
+    @property
+    def acks_wire(self) -> int:
+        return {"all": -1, "-1": -1, "1": 1, "0": 0}[str(self.acks)]
+
+
+def make_payload(size: int, seed: int = 7) -> bytes:
+    """Random upper-case letters, as kafka-producer-perf-test makes its payload."""
+    rng = random.Random(seed)
+    return bytes(rng.randrange(65, 91) for _ in range(size))
+
+
+class Window:
+    """The measured window: starts the CPU meter (and profiler) when sending starts."""
+
+    def __init__(self, meter: common.CpuMeter | None = None, profiler: common.PySpy | None = None) -> None:
+        self.meter = meter
+        self.profiler = profiler
+        self.cpu: dict[str, dict[str, float]] = {}
+        self.profile: dict[str, object] = {}
+
+    def open(self) -> None:
+        if self.meter is not None:
+            self.meter.start()
+        if self.profiler is not None:
+            self.profiler.start()
+
+    def close(self) -> None:
+        if self.meter is not None:
+            self.cpu = self.meter.stop()
+        if self.profiler is not None:
+            self.profile = self.profiler.finish()
+
+
+# ---- the Producer through the gateway --------------------------------------------------------
+
+def produce_client(target: common.Target, spec: ProduceSpec, window: Window) -> dict[str, object]:
+    from clients.producer import Producer
+
+    payload = make_payload(spec.record_size)
+    per_send = spec.records_per_batch
+    values = [payload] * per_send
+    settings: dict[str, object] = dict(
+        acks=spec.acks, linger_ms=spec.linger_ms, batch_size_bytes=spec.batch_size,
+        compression=spec.compression, enable_idempotence=spec.acks_wire == -1,
+        max_in_flight_requests=spec.in_flight, buffer_memory_bytes=spec.buffer_memory,
+        max_request_bytes=max(1024 * 1024, spec.batch_size))
+    lock = threading.Lock()
+    latencies: list[float] = []
+    state = {"acked": 0, "failed": 0, "errors": {}}
+
+    def on_done(future, sent_at: float) -> None:  # type: ignore[no-untyped-def]
+        took = time.perf_counter() - sent_at
+        error = future.exception()
+        with lock:
+            if error is None:
+                state["acked"] += per_send  # type: ignore[operator]
+                latencies.append(took)
+            else:
+                state["failed"] += per_send  # type: ignore[operator]
+                errors = state["errors"]
+                errors[type(error).__name__] = errors.get(type(error).__name__, 0) + 1  # type: ignore[union-attr]
+
+    def run(duration_s: float) -> tuple[int, float]:
+        sent = 0
+        start = time.perf_counter()
+        stop = start + duration_s
+        while True:
+            now = time.perf_counter()
+            if now >= stop:
+                break
+            if spec.throughput > 0:
+                due = start + sent / spec.throughput
+                if due > now:
+                    time.sleep(min(due - now, 0.05))
+                    continue
+            sent_at = time.perf_counter()
+            future = producer.send_batch(target.topic, values)
+            future.add_done_callback(lambda f, t=sent_at: on_done(f, t))
+            sent += per_send
+        producer.flush(timeout_ms=120_000)
+        return sent, time.perf_counter() - start
+
+    with Producer(target.gateway, **settings) as producer:
+        producer.partitions_for(target.topic)
+        if spec.warmup_s > 0:
+            run(spec.warmup_s)
+        with lock:
+            latencies.clear()
+            state.update(acked=0, failed=0, errors={})
+        window.open()
+        sent, elapsed = run(spec.duration_s)
+        window.close()
+    return summarize("client", spec, sent, int(state["acked"]), int(state["failed"]),  # type: ignore[arg-type]
+                     dict(state["errors"]), elapsed, latencies, per_request=per_send)  # type: ignore[arg-type]
+
+
+# ---- raw gRPC Produce: to the gateway or to each leader --------------------------------------
+
+async def _produce_raw(target: common.Target, spec: ProduceSpec, direct: bool, window: Window
+                       ) -> dict[str, object]:
+    import grpc
+
+    from clients.connection import CHANNEL_OPTIONS
+    from clients.records import encode_values
+    from protos.highwater.v1 import broker_pb2_grpc, common_pb2, gateway_pb2_grpc
+
+    if direct:
+        groups: dict[str, list[int]] = {}
+        for partition, address in sorted(target.leaders.items()):
+            groups.setdefault(address, []).append(partition)
+    else:
+        groups = {target.gateway: list(range(target.partitions))}
+    channels = {address: grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) for address in groups}
+    stub_cls = broker_pb2_grpc.BrokerServiceStub if direct else gateway_pb2_grpc.GatewayServiceStub
+    stubs = {address: stub_cls(channel) for address, channel in channels.items()}
+    payload = make_payload(spec.record_size)
+    values = [payload] * spec.records_per_batch
+    per_batch = len(values)
+    latencies: list[float] = []
+    counts = {"sent": 0, "acked": 0, "failed": 0}
+    errors: dict[str, int] = {}
+    recording = False
+
+    async def worker(address: str, partitions: list[int], stop_at: float, start: float) -> None:
+        stub = stubs[address]
+        per_request = per_batch * len(partitions)
+        while True:
+            now = time.perf_counter()
+            if now >= stop_at:
+                return
+            if spec.throughput > 0:
+                due = start + counts["sent"] / spec.throughput
+                if due > now:
+                    await asyncio.sleep(min(due - now, 0.05))
+                    continue
+            counts["sent"] += per_request
+            timestamp_ms = time.time_ns() // 1_000_000
+            request = common_pb2.ProduceRequest(acks=spec.acks_wire, timeout_ms=PRODUCE_TIMEOUT_MS, topics=[
+                common_pb2.ProduceTopicData(topic=target.topic, partitions=[
+                    common_pb2.ProducePartitionData(partition=p, records=encode_values(
+                        values, timestamp_ms=timestamp_ms, compression=spec.compression)) for p in partitions])])
+            sent_at = time.perf_counter()
+            try:
+                response = await stub.Produce(request, timeout=PRODUCE_TIMEOUT_MS / 1000 + 5)
+            except grpc.aio.AioRpcError as exc:
+                counts["failed"] += per_request
+                errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
+                continue
+            took = time.perf_counter() - sent_at
+            ok = 0
+            for topic in response.topics:
+                for part in topic.partitions:
+                    if part.error_code == common_pb2.NONE:
+                        ok += per_batch
+                    else:
+                        name = common_pb2.ErrorCode.Name(part.error_code)
+                        errors[name] = errors.get(name, 0) + 1
+            counts["acked"] += ok
+            counts["failed"] += per_request - ok
+            if recording:
+                latencies.append(took)
+
+    async def run(duration_s: float) -> float:
+        start = time.perf_counter()
+        stop_at = start + duration_s
+        await asyncio.gather(*(worker(address, partitions, stop_at, start)
+                               for address, partitions in groups.items() for _ in range(spec.in_flight)))
+        return time.perf_counter() - start
+
+    try:
+        for channel in channels.values():
+            await asyncio.wait_for(channel.channel_ready(), 10)
+        if spec.warmup_s > 0:
+            await run(spec.warmup_s)
+        counts.update(sent=0, acked=0, failed=0)
+        errors.clear()
+        recording = True
+        window.open()
+        elapsed = await run(spec.duration_s)
+        window.close()
+    finally:
+        for channel in channels.values():
+            await channel.close()
+    return summarize("direct" if direct else "gateway", spec, counts["sent"], counts["acked"], counts["failed"],
+                     errors, elapsed, latencies, per_request=per_batch * target.partitions // len(groups))
+
+
+def produce_raw(target: common.Target, spec: ProduceSpec, direct: bool, window: Window) -> dict[str, object]:
+    return asyncio.run(_produce_raw(target, spec, direct, window))
+
+
+def summarize(path: str, spec: ProduceSpec, sent: int, acked: int, failed: int, errors: dict[str, int],
+              elapsed_s: float, latencies: list[float], *, per_request: int) -> dict[str, object]:
+    rate = acked / elapsed_s if elapsed_s > 0 else 0.0
+    return {"path": path, "records_sent": sent, "records_acked": acked, "records_failed": failed,
+            "errors": errors, "elapsed_s": round(elapsed_s, 3), "records_per_s": round(rate),
+            "mb_per_s": round(rate * spec.record_size / 1e6, 1), "records_per_request": per_request,
+            "latency_per_request": common.percentiles_ms(latencies)}
+
+
+def run_path(target: common.Target, spec: ProduceSpec, path: str, window: Window) -> dict[str, object]:
+    if path == "client":
+        return produce_client(target, spec, window)
+    return produce_raw(target, spec, path == "direct", window)
+
+
+def describe(result: dict[str, object]) -> str:
+    lat = result["latency_per_request"]
+    text = (f"{result['path']:>7}: {result['records_per_s']:>10,} records/s  {result['mb_per_s']:>7.1f} MB/s  "
+            f"latency per request ({result['records_per_request']} records): "
+            f"{common.format_latency(lat)}")  # type: ignore[arg-type]
+    if result["records_failed"]:
+        text += f"  FAILED {result['records_failed']} records: {result['errors']}"
+    return text
+
+
+def profile_pids(target: common.Target) -> dict[str, int]:
+    """The client, the gateway and every leader broker: the processes the produce path runs through."""
+    pids = {"client": os.getpid()}
+    for name in ("gateway-1", *target.leader_processes()):
+        if name in target.pids:
+            pids[name] = target.pids[name]
+    return pids
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--record-size", type=int, default=100, help="bytes per record value (default 100)")
+    parser.add_argument("--duration-s", type=float, default=20.0, help="measured seconds per path (default 20)")
+    parser.add_argument("--warmup-s", type=float, default=2.0, help="unmeasured seconds first (default 2)")
+    parser.add_argument("--throughput", type=float, default=-1, help="records/s to aim at; -1 unbounded (default)")
+    parser.add_argument("--acks", choices=["all", "1", "0"], default="all")
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--replication-factor", type=int, default=3)
+    parser.add_argument("--min-insync", type=int, default=2, help="min.insync.replicas of the topic (default 2)")
+    parser.add_argument("--batch-size", type=int, default=16 * 1024,
+                        help="bytes per partition batch (Producer batch_size_bytes; raw paths: records per "
+                             "batch = what fits). Default 16384, Kafka's")
+    parser.add_argument("--linger-ms", type=int, default=5, help="Producer linger_ms (client path; default 5)")
+    parser.add_argument("--compression", choices=["none", "gzip", "snappy", "lz4", "zstd"], default="none")
+    parser.add_argument("--in-flight", type=int, default=5,
+                        help="requests in flight (client: max_in_flight_requests; raw: per target); default 5")
+    parser.add_argument("--buffer-memory", type=int, default=32 * 1024 * 1024, help="Producer buffer_memory_bytes")
+    parser.add_argument("--path", choices=PATHS, nargs="+", default=None,
+                        help="client (Producer via gateway), gateway (raw gRPC), direct (raw gRPC to leaders)")
+    parser.add_argument("--direct", action="store_true", help="same as --path direct")
+    parser.add_argument("--bootstrap", help="an existing cluster's gateway HOST:PORT (default: start our own)")
+    parser.add_argument("--brokers", type=int, default=3, help="brokers of our own cluster (default 3)")
+    parser.add_argument("--topic", default=None, help="topic name (default: a new one per run)")
+    parser.add_argument("--profile", action="store_true",
+                        help="one more run per path under py-spy: top functions of client, gateway, leaders")
+    parser.add_argument("--native", action="store_true", help="py-spy --native (C frames of gRPC and protobuf)")
+    parser.add_argument("--quiet-wait-s", type=float, default=common.QUIET_WAIT_S_DEFAULT,
+                        help="wait up to this long for the 1-minute load to drop below 1.5 (default 60)")
+    parser.add_argument("--output", default="produce", help="results file name under bench/results (default produce)")
+    args = parser.parse_args()
+    paths = ["direct"] if args.direct else (args.path or ["client"])
+    spec = ProduceSpec(record_size=args.record_size, duration_s=args.duration_s, warmup_s=args.warmup_s,
+                       throughput=args.throughput, acks=args.acks, batch_size=args.batch_size,
+                       linger_ms=args.linger_ms, compression=args.compression, in_flight=args.in_flight,
+                       buffer_memory=args.buffer_memory)
+    topic = args.topic or f"bench-produce-{int(time.time())}"
+    out: dict[str, object] = {**common.header(), "spec": asdict(spec), "partitions": args.partitions,
+                              "replication_factor": args.replication_factor, "min_insync": args.min_insync,
+                              "runs": []}
+    print(f"produce: {spec.record_size} B records, acks={spec.acks}, {args.partitions} partitions, RF "
+          f"{args.replication_factor}, min.insync {args.min_insync}, batch {spec.batch_size} B "
+          f"({spec.records_per_batch} records), linger {spec.linger_ms} ms, compression {spec.compression}, "
+          f"{spec.duration_s:.0f} s per path", flush=True)
+    with common.highwater_target(bootstrap=args.bootstrap, topic=topic, partitions=args.partitions,
+                                 replication_factor=args.replication_factor, min_insync=args.min_insync,
+                                 brokers=args.brokers) as target:
+        out["leaders"] = target.leader_processes()
+        for path in paths:
+            gate = common.wait_for_quiet(wait_s=args.quiet_wait_s)
+            window = Window(common.CpuMeter({**target.pids, "client": os.getpid()}))
+            result = run_path(target, spec, path, window)
+            result.update(gate, load_1m_after=common.load_average(), cpu_cores=window.cpu)
+            print("  " + describe(result), flush=True)
+            print(f"           CPU (cores): {common.format_cpu(window.cpu)}; load {gate['load_1m_before']} -> "
+                  f"{result['load_1m_after']}", flush=True)
+            if args.profile:
+                with tempfile.TemporaryDirectory(prefix="hw-pyspy-") as tmp:
+                    window = Window(profiler=common.PySpy(profile_pids(target), spec.duration_s, Path(tmp),
+                                                          native=args.native))
+                    profiled = run_path(target, spec, path, window)
+                result["profiled_run"] = {k: profiled[k] for k in ("records_per_s", "mb_per_s")}
+                result["profile"] = window.profile
+                print(f"  under py-spy: {profiled['records_per_s']:,} records/s", flush=True)
+                print(common.format_profile(window.profile), flush=True)
+            out["runs"].append(result)  # type: ignore[union-attr]
+    path = common.write_result(args.output, out)
+    print(f"machine: {out['machine']}; results: {path.relative_to(common.REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

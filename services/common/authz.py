@@ -1,0 +1,254 @@
+"""The ACL authorizer, modelled on Kafka's AclAuthorizer: (principal, operation, resource) -> allow?
+
+Pure: no grpc, no etcd, no clock. `services/security/cache.py` keeps one
+immutable `Authorizer` built from the ACLs in etcd and swaps in a new one
+when its watch sees a change; the server interceptor asks it. So a decision
+never sees half an update, and this module is tested without any I/O.
+
+The rules are Kafka's:
+
+- An ACL binding is (principal, permission Allow|Deny, operation, resource
+  pattern). A pattern is a resource type (Topic, Group, Cluster), a name, and a
+  pattern type: Literal (the name itself, or "*" for every resource of the
+  type) or Prefixed (every name starting with it).
+- A binding's principal is "User:<name>" or "User:*" (everyone).
+- Super users are allowed everything, whatever the ACLs say.
+- Otherwise: any matching Deny refuses (deny wins); else any matching Allow
+  allows; else refused (no ACL, no access).
+- Operation All in a binding matches every operation. Describe is implied by
+  Read, Write, Delete and Alter (a producer may see the topic it writes to);
+  a Deny is checked for the asked operation (and All) only, as in Kafka.
+
+Every refusal is the caller's business, not an error: `authorize` returns a
+bool. A malformed binding (unknown operation, empty name) raises AclError
+when it is built, so bad input is caught at `highwater acl add`, not at
+request time.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+# Kafka's name for the one cluster resource; ACLs on the cluster use it.
+CLUSTER_NAME = "highwater-cluster"
+WILDCARD = "*"
+USER_TYPE = "User"
+WILDCARD_PRINCIPAL = "User:*"
+# Principal names travel in gRPC metadata and etcd keys: printable, bounded.
+PRINCIPAL_NAME_MAX_CHARS = 256
+_PRINCIPAL = re.compile(r"^User:[\x21-\x7e][\x20-\x7e]*$")
+# Decisions cached per Authorizer snapshot; a new snapshot starts empty. The
+# bound keeps a flood of distinct topic names from growing memory.
+DECISION_CACHE_ENTRIES_MAX = 100_000
+
+
+class AclError(ValueError):
+    """A binding or principal that cannot be used (bad operation, name, pattern)."""
+
+
+class Operation(enum.Enum):
+    ALL = "All"
+    READ = "Read"
+    WRITE = "Write"
+    CREATE = "Create"
+    DELETE = "Delete"
+    ALTER = "Alter"
+    DESCRIBE = "Describe"
+    CLUSTER_ACTION = "ClusterAction"
+
+
+class ResourceType(enum.Enum):
+    TOPIC = "Topic"
+    GROUP = "Group"
+    CLUSTER = "Cluster"
+
+
+class PatternType(enum.Enum):
+    LITERAL = "Literal"
+    PREFIXED = "Prefixed"
+
+
+class Permission(enum.Enum):
+    ALLOW = "Allow"
+    DENY = "Deny"
+
+
+# Operations that imply Describe when allowed (Kafka's AclAuthorizer).
+_IMPLIES_DESCRIBE = frozenset({Operation.READ, Operation.WRITE, Operation.DELETE, Operation.ALTER})
+
+
+def _enum(cls: type[enum.Enum], value: object, what: str) -> Any:
+    if isinstance(value, cls):
+        return value
+    for member in cls:
+        if isinstance(value, str) and value.replace("_", "").lower() == member.value.lower():
+            return member
+    raise AclError(f"{what} must be one of {', '.join(m.value for m in cls)}; got {value!r}")
+
+
+def check_principal(principal: object) -> str:
+    """Return `principal` if it is "User:<name>" (printable ASCII, bounded), else raise AclError."""
+    if not isinstance(principal, str) or not _PRINCIPAL.match(principal):
+        raise AclError(f"principal must look like User:<name> (printable ASCII); got {principal!r}")
+    if len(principal) > PRINCIPAL_NAME_MAX_CHARS:
+        raise AclError(f"principal is {len(principal)} characters; the limit is {PRINCIPAL_NAME_MAX_CHARS}")
+    return principal
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """A concrete resource a request touches: ("Topic", "orders"), ("Cluster", CLUSTER_NAME)."""
+
+    type: ResourceType
+    name: str
+
+
+def topic(name: str) -> Resource:
+    return Resource(ResourceType.TOPIC, name)
+
+
+def group(name: str) -> Resource:
+    return Resource(ResourceType.GROUP, name)
+
+
+CLUSTER = Resource(ResourceType.CLUSTER, CLUSTER_NAME)
+
+
+@dataclass(frozen=True, slots=True)
+class AclBinding:
+    """One ACL. Build with `AclBinding.of(...)` (validates) or `from_dict` (what etcd holds)."""
+
+    principal: str
+    permission: Permission
+    operation: Operation
+    resource_type: ResourceType
+    resource_name: str
+    pattern_type: PatternType = PatternType.LITERAL
+    host: str = WILDCARD
+
+    @classmethod
+    def of(cls, principal: str, operation: str | Operation, resource_type: str | ResourceType,
+           resource_name: str, *, permission: str | Permission = Permission.ALLOW,
+           pattern_type: str | PatternType = PatternType.LITERAL, host: str = WILDCARD) -> AclBinding:
+        """A checked binding; raises AclError naming the bad field."""
+        rtype = _enum(ResourceType, resource_type, "resource type")
+        ptype = _enum(PatternType, pattern_type, "pattern type")
+        if rtype is ResourceType.CLUSTER:
+            resource_name = CLUSTER_NAME
+        if not isinstance(resource_name, str) or not resource_name:
+            raise AclError("resource name must be a non-empty string (or * for every resource of the type)")
+        if ptype is PatternType.PREFIXED and resource_name == WILDCARD:
+            raise AclError("a prefixed pattern cannot be '*'; use a literal '*' for every resource")
+        if host != WILDCARD:
+            # Connections are identified by certificate or token, not address; an address
+            # rule would silently never match behind the gateway.
+            raise AclError("only host '*' is supported")
+        if principal != WILDCARD_PRINCIPAL:
+            check_principal(principal)
+        return cls(principal, _enum(Permission, permission, "permission"),
+                   _enum(Operation, operation, "operation"), rtype, resource_name, ptype, host)
+
+    def to_dict(self) -> dict[str, str]:
+        """The JSON form stored in etcd (Kafka's names, so it reads like kafka-acls output)."""
+        return {"principal": self.principal, "permission": self.permission.value,
+                "operation": self.operation.value, "resource_type": self.resource_type.value,
+                "resource_name": self.resource_name, "pattern_type": self.pattern_type.value,
+                "host": self.host}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AclBinding:
+        try:
+            return cls.of(data["principal"], data["operation"], data["resource_type"], data["resource_name"],
+                          permission=data["permission"], pattern_type=data.get("pattern_type", "Literal"),
+                          host=data.get("host", WILDCARD))
+        except (KeyError, TypeError) as exc:
+            raise AclError(f"ACL record {data!r} lacks a field or has a wrong type: {exc}") from exc
+
+    def matches_resource(self, resource: Resource) -> bool:
+        if resource.type is not self.resource_type:
+            return False
+        if self.pattern_type is PatternType.PREFIXED:
+            return resource.name.startswith(self.resource_name)
+        return self.resource_name in (WILDCARD, resource.name)
+
+    def describe(self) -> str:
+        """One line for people: 'User:alice has Allow permission for Read on Topic:LITERAL:orders'."""
+        return (f"{self.principal} has {self.permission.value} permission for {self.operation.value} on "
+                f"{self.resource_type.value}:{self.pattern_type.value.upper()}:{self.resource_name}")
+
+
+class Authorizer:
+    """An immutable snapshot of every ACL plus the super users; answers authorization questions.
+
+    Owned by whoever built it; `authorize` only reads, plus a bounded memo of
+    decisions that is private to this snapshot (a new ACL set means a new
+    Authorizer, so the memo can never be stale).
+    """
+
+    def __init__(self, acls: Iterable[AclBinding] = (), super_users: Iterable[str] = ()) -> None:
+        self.acls = tuple(acls)
+        self.super_users = frozenset(super_users)
+        self._by_type: dict[ResourceType, tuple[AclBinding, ...]] = {
+            rtype: tuple(a for a in self.acls if a.resource_type is rtype) for rtype in ResourceType}
+        self._memo: dict[tuple[str, Operation, Resource], bool] = {}
+
+    def authorize(self, principal: str, operation: Operation, resource: Resource) -> bool:
+        """True when `principal` may do `operation` on `resource` (deny wins; no ACL, no access)."""
+        if principal in self.super_users:
+            return True
+        key = (principal, operation, resource)
+        decided = self._memo.get(key)
+        if decided is None:
+            decided = self._decide(principal, operation, resource)
+            if len(self._memo) >= DECISION_CACHE_ENTRIES_MAX:
+                self._memo.clear()
+            self._memo[key] = decided
+        return decided
+
+    def _decide(self, principal: str, operation: Operation, resource: Resource) -> bool:
+        allow_ops = {operation, Operation.ALL}
+        if operation is Operation.DESCRIBE:
+            allow_ops |= _IMPLIES_DESCRIBE
+        allowed = False
+        for acl in self._by_type[resource.type]:
+            if acl.principal not in (principal, WILDCARD_PRINCIPAL) or not acl.matches_resource(resource):
+                continue
+            if acl.permission is Permission.DENY:
+                if acl.operation in (operation, Operation.ALL):
+                    return False
+            elif acl.operation in allow_ops:
+                allowed = True
+        return allowed
+
+    def authorize_any(self, principal: str, operation: Operation, resource_type: ResourceType) -> bool:
+        """True when `principal` may do `operation` on at least one resource of the type.
+
+        Kafka's authorizeByResourceType, simplified: some Allow binding for the
+        principal (or everyone) names the operation, and no Deny binding for it
+        covers every resource of the type (literal '*'). Used for InitProducerId:
+        an idempotent producer needs Write on some topic.
+        """
+        if principal in self.super_users:
+            return True
+        allowed = False
+        for acl in self._by_type[resource_type]:
+            if acl.principal not in (principal, WILDCARD_PRINCIPAL) or acl.operation not in (operation, Operation.ALL):
+                continue
+            if acl.permission is Permission.DENY:
+                if acl.pattern_type is PatternType.LITERAL and acl.resource_name == WILDCARD:
+                    return False
+            else:
+                allowed = True
+        return allowed
+
+
+def parse_super_users(text: str) -> tuple[str, ...]:
+    """Kafka's super.users syntax: "User:admin;User:ops" -> ("User:admin", "User:ops"); AclError if malformed."""
+    users = tuple(u.strip() for u in text.replace(",", ";").split(";") if u.strip())
+    for user in users:
+        check_principal(user)
+    return users

@@ -1,0 +1,133 @@
+"""A local certificate authority and certificates, made with the `cryptography` package.
+
+For `highwater cluster up --tls`, the tests and `highwater tls ...`: one CA per
+directory (ca.pem, ca-key.pem) and one certificate per name (<name>.pem,
+<name>-key.pem), CN = name. Keys are ECDSA P-256 (fast handshakes, small
+certificates); signatures SHA-256. Every leaf certificate carries both
+serverAuth and clientAuth usages (a service uses one certificate for its
+listener and for its own calls) and subject alternative names for the name
+itself, localhost and 127.0.0.1, plus any extra hosts given (container names
+in deploy/).
+
+Private keys are written with mode 0600. Existing files are kept, so a
+restarted local cluster keeps its certificates. This is a development CA: in
+production issue certificates from your own CA with the same names.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from services.security.tls import CA_FILE, cert_path, key_path
+
+CA_KEY_FILE = "ca-key.pem"
+CA_VALID_DAYS = 3650
+CERT_VALID_DAYS = 825  # the longest validity browsers and most tooling still accept
+DEFAULT_HOSTS = ("localhost", "127.0.0.1")
+# Certificates start this long before "now", so a peer whose clock is slightly behind accepts them.
+CLOCK_SKEW_ALLOWANCE = datetime.timedelta(minutes=5)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def create_ca(directory: Path, *, common_name: str = "Highwater local CA", valid_days: int = CA_VALID_DAYS) -> Path:
+    """Write ca.pem and ca-key.pem into directory (created if missing); returns ca.pem's path."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Highwater"),
+                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder()
+            .subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - CLOCK_SKEW_ALLOWANCE).not_valid_after(now + datetime.timedelta(days=valid_days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                         key_agreement=False, encipher_only=False, decipher_only=False),
+                           critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256()))
+    _write_private(directory / CA_KEY_FILE, _key_pem(key))
+    (directory / CA_FILE).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return directory / CA_FILE
+
+
+def _load_ca(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    cert = x509.load_pem_x509_certificate((directory / CA_FILE).read_bytes())
+    key = serialization.load_pem_private_key((directory / CA_KEY_FILE).read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{directory / CA_KEY_FILE} is not an EC key made by highwater")
+    return cert, key
+
+
+def issue_certificate(directory: Path, name: str, *, hosts: Iterable[str] = (), ca_dir: Path | None = None,
+                      valid_days: int = CERT_VALID_DAYS, not_before_days_ago: float = 0.0) -> tuple[Path, Path]:
+    """Write <name>.pem and <name>-key.pem into directory, signed by the CA in ca_dir (default: directory).
+
+    `not_before_days_ago` with a small valid_days makes an already expired
+    certificate (for tests). Returns (certificate path, key path).
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_cert, ca_key = _load_ca(Path(ca_dir) if ca_dir is not None else directory)
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = []
+    for host in dict.fromkeys([name, *DEFAULT_HOSTS, *hosts]):
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            sans.append(x509.DNSName(host))
+    start = datetime.datetime.now(datetime.timezone.utc) - CLOCK_SKEW_ALLOWANCE - \
+        datetime.timedelta(days=not_before_days_ago)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Highwater"),
+                                     x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start).not_valid_after(start + datetime.timedelta(days=valid_days))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, key_cert_sign=False,
+                                         crl_sign=False, content_commitment=False, data_encipherment=False,
+                                         key_agreement=True, encipher_only=False, decipher_only=False),
+                           critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    cert_file, key_file = cert_path(directory, name), key_path(directory, name)
+    _write_private(key_file, _key_pem(key))
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert_file, key_file
+
+
+def ensure_local_pki(directory: Path, names: Iterable[str], *, hosts: Iterable[str] = ()) -> Path:
+    """A CA in directory (made if missing) and a certificate for every name that has none yet."""
+    directory = Path(directory)
+    if not (directory / CA_FILE).exists() or not (directory / CA_KEY_FILE).exists():
+        create_ca(directory)
+    hosts = tuple(hosts)
+    for name in names:
+        if not cert_path(directory, name).exists() or not key_path(directory, name).exists():
+            issue_certificate(directory, name, hosts=hosts)
+    return directory

@@ -1,0 +1,121 @@
+"""SecurityConfig: the security flags of one service process, and the checks between them.
+
+Every field defaults to off; a service built without any of them behaves
+exactly as before this layer existed (no interceptor, plaintext listeners,
+plaintext etcd). Relations are checked at start-up (`check`) and stop the
+process with a message saying which flag is missing:
+
+- authorization, quotas and the token listener need authenticated callers,
+  so they need --tls-dir;
+- with --tls-dir the process name must be a service identity (identity.py),
+  because that is the certificate it presents to peers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from coordinator.store import EtcdTls
+from services.common import limits
+from services.common.authz import AclError, check_principal
+from services.security.identity import parse_service_name
+from services.security.tls import TlsMaterial
+
+AUTHORIZERS = ("none", "acl")
+# The smallest request bound that still fits one default-size batch plus framing
+# (a smaller one would refuse ordinary produce requests).
+MAX_REQUEST_BYTES_MIN = 64 * 1024
+# A record batch v2 holds at most 2^31 - 1 records; bound the flag to something sane.
+MAX_BATCH_RECORDS_MAX = 10_000_000
+# HTTP/2 streams per connection: gRPC's own default is effectively unlimited.
+MAX_CONCURRENT_STREAMS_MAX = 10_000
+
+
+class SecurityConfigError(SystemExit):
+    """Flags that do not work together; stops the process at start-up."""
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    """One service's security settings (all off by default). See docs/SECURITY.md."""
+
+    tls_dir: Path | None = None
+    # This process's identity and certificate file stem: controller-1, broker-2, gateway-1.
+    name: str = ""
+    # An extra TLS listener without client certificates, for bearer-token clients.
+    client_port: int | None = None
+    authorizer: str = "none"
+    super_users: tuple[str, ...] = ()
+    # gRPC's receive bound for one request (0: the services' default, GRPC_MAX_MESSAGE_BYTES).
+    max_request_bytes: int = 0
+    # Records in one produce batch (0: no bound beyond the batch's byte size).
+    max_batch_records: int = 0
+    # Per-principal byte rates (0: unlimited); Kafka's producer_byte_rate / consumer_byte_rate.
+    producer_byte_rate: int = 0
+    consumer_byte_rate: int = 0
+    # Concurrent requests (HTTP/2 streams) per client connection (0: gRPC's default).
+    max_concurrent_streams: int = 0
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_dir is not None
+
+    @property
+    def acl(self) -> bool:
+        return self.authorizer == "acl"
+
+    @property
+    def quotas(self) -> bool:
+        return self.producer_byte_rate > 0 or self.consumer_byte_rate > 0
+
+    @property
+    def needs_interceptor(self) -> bool:
+        """Whether requests pass through the security interceptor at all."""
+        return self.tls or self.acl or self.quotas or self.max_batch_records > 0
+
+    @property
+    def active(self) -> bool:
+        return self.needs_interceptor or self.max_request_bytes > 0 or self.max_concurrent_streams > 0
+
+    def for_service(self, name: str) -> SecurityConfig:
+        return dataclasses.replace(self, name=name)
+
+    def check(self) -> None:
+        """Raise SecurityConfigError naming the flags that do not fit together."""
+        if self.authorizer not in AUTHORIZERS:
+            raise SecurityConfigError(f"--authorizer must be one of {', '.join(AUTHORIZERS)}, got {self.authorizer!r}")
+        needs_tls = [flag for flag, on in (("--authorizer acl", self.acl), ("--client-port", self.client_port is not None),
+                                           ("--producer-byte-rate/--consumer-byte-rate", self.quotas),
+                                           ("--super-users", bool(self.super_users))) if on]
+        if needs_tls and not self.tls:
+            raise SecurityConfigError(f"{', '.join(needs_tls)} need authenticated callers: add --tls-dir "
+                                      "(see docs/SECURITY.md)")
+        if self.tls and parse_service_name(self.name) is None:
+            raise SecurityConfigError(f"TLS identity {self.name!r} is not a service name "
+                                      "(controller-<id>, broker-<id>, gateway-<id>)")
+        for user in self.super_users:
+            try:
+                check_principal(user)
+            except AclError as exc:
+                raise SecurityConfigError(f"--super-users: {exc}") from exc
+        if self.max_request_bytes and not MAX_REQUEST_BYTES_MIN <= self.max_request_bytes <= limits.GRPC_MAX_MESSAGE_BYTES:
+            raise SecurityConfigError(f"--max-request-bytes must be within [{MAX_REQUEST_BYTES_MIN}, "
+                                      f"{limits.GRPC_MAX_MESSAGE_BYTES}], got {self.max_request_bytes}")
+        if not 0 <= self.max_batch_records <= MAX_BATCH_RECORDS_MAX:
+            raise SecurityConfigError(f"--max-batch-records must be within [0, {MAX_BATCH_RECORDS_MAX}]")
+        if not 0 <= self.max_concurrent_streams <= MAX_CONCURRENT_STREAMS_MAX:
+            raise SecurityConfigError(f"--max-concurrent-requests-per-connection must be within "
+                                      f"[0, {MAX_CONCURRENT_STREAMS_MAX}]")
+
+    def tls_material(self) -> TlsMaterial | None:
+        """The process's certificate files, read now (None without --tls-dir). Raises TlsConfigError."""
+        if self.tls_dir is None:
+            return None
+        return TlsMaterial.load(self.tls_dir, self.name)
+
+    def etcd_tls(self) -> EtcdTls | None:
+        """TLS settings for EtcdStore.connect: mutual TLS with this process's certificate."""
+        material = self.tls_material()
+        return material.etcd_tls() if material is not None else None

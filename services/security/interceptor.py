@@ -1,0 +1,302 @@
+"""The grpc.aio server interceptor that authenticates, authorizes and limits every request.
+
+Installed on a service's server only when a security flag is on (runtime.py);
+without flags no interceptor exists and requests take exactly the old path.
+For each method the handler is wrapped once (and the wrapper cached), so
+the per-request cost is the wrapper itself: read the auth context, run the
+method's rule (rules.py), charge quotas.
+
+Order per request:
+1. Health checks pass untouched.
+2. Authenticate (TLS on): a bearer token (`authorization: Bearer hwt...`) wins,
+   else the client certificate's common name; neither is UNAUTHENTICATED.
+   A principal forwarded by a gateway (`x-highwater-principal-bin`) is taken
+   only from a gateway certificate; from anyone else it is PERMISSION_DENIED.
+3. The method's rule: PERMISSION_DENIED for the whole request, or an answer
+   made without the servicer, or a narrowed request plus a response fix-up.
+4. Quotas (direct clients only; forwarded requests were charged by the
+   gateway): a request from a principal still inside its throttle window waits
+   it out first; the response carries throttle_time_ms for the bytes moved.
+5. The servicer runs with the caller in CURRENT_CALLER, which the gateway's
+   client interceptor (`ForwardPrincipal`) reads to pass the principal on.
+
+Every refusal is counted in metrics and logged at DEBUG (an attacker must not
+be able to fill the disk with log lines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import prometheus_client
+
+from services.common.authz import Authorizer, check_principal
+from services.common.quotas import QuotaKind, QuotaManager
+from services.security import rules, tokens
+from services.security.identity import ANONYMOUS_CALLER, Caller, parse_service_name
+
+log = logging.getLogger("highwater.security")
+
+# The gateway passes its client's principal to brokers and the controller in this
+# binary metadata entry (UTF-8). Trusted only from a gateway's certificate.
+FORWARDED_PRINCIPAL_KEY = "x-highwater-principal-bin"
+AUTHORIZATION_KEY = "authorization"
+# The part of a request's deadline a quota delay may use: the rest is left for the work.
+QUOTA_DELAY_DEADLINE_SHARE = 0.5
+
+CURRENT_CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("highwater_caller", default=None)
+
+REFUSED = prometheus_client.Counter(
+    "highwater_security_refused_requests_total", "Requests refused whole by the security layer", ["method", "reason"])
+PARTITIONS_REFUSED = prometheus_client.Counter(
+    "highwater_security_refused_partitions_total", "Topics or partitions answered with an authorization error",
+    ["method"])
+THROTTLE_MS = prometheus_client.Counter(
+    "highwater_quota_throttle_time_ms_total", "throttle_time_ms handed out, by quota", ["quota"])
+
+
+class TokenVerifier:
+    """What the interceptor needs from the security cache (cache.py)."""
+
+    def verify_token(self, token: str, now_ms: int) -> str | None: ...  # pragma: no cover
+
+    @property
+    def authorizer(self) -> Authorizer: ...  # pragma: no cover
+
+
+class SecurityInterceptor(grpc.aio.ServerInterceptor):
+    """Authentication, per-RPC rules and quotas for one service's server (owned by its event loop)."""
+
+    def __init__(self, *, tls: bool, cache: TokenVerifier | None, acl: bool, limits: rules.Limits,
+                 quotas: QuotaManager | None) -> None:
+        self.tls = tls
+        self.cache = cache
+        self.acl = acl
+        self.limits = limits
+        self.quotas = quotas
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+                                handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        method = method.decode() if isinstance(method, bytes) else method
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(method, handler)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    # ---- wrapping ---------------------------------------------------------------------------
+
+    def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        if method in rules.UNAUTHENTICATED_METHODS:
+            return handler
+        rule = rules.rule_for(method)
+        kwargs = {"request_deserializer": handler.request_deserializer,
+                  "response_serializer": handler.response_serializer}
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(self._unary(method, rule, handler.unary_unary), **kwargs)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(self._unary_stream(method, rule, handler.unary_stream),
+                                                        **kwargs)
+        if handler.stream_unary is not None:
+            inner_su = handler.stream_unary
+
+            async def stream_unary(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+                await self._admit(method, rule, None, context)
+                return await _maybe_await(inner_su(request_iterator, context))
+
+            return grpc.stream_unary_rpc_method_handler(stream_unary, **kwargs)
+        inner_ss = handler.stream_stream
+
+        async def stream_stream(request_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            await self._admit(method, rule, None, context)
+            async for item in _aiter(inner_ss(request_iterator, context)):
+                yield item
+
+        return grpc.stream_stream_rpc_method_handler(stream_stream, **kwargs)
+
+    def _unary(self, method: str, rule: rules.Rule | None, inner: Callable[..., Any]) -> Callable[..., Any]:
+        produce = method in rules.PRODUCE_METHODS
+        fetch = method in rules.FETCH_METHODS
+
+        async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            caller, admission = await self._admit(method, rule, request, context)
+            charged = self.quotas is not None and caller.service is None and caller.forwarded_by is None
+            if charged and (produce or (fetch and request.replica_id < 0)):
+                await self._wait_out_throttle(caller, QuotaKind.PRODUCE if produce else QuotaKind.FETCH, context)
+            if admission.answer is not None:
+                response = admission.answer
+            else:
+                token = CURRENT_CALLER.set(caller)
+                try:
+                    response = await _maybe_await(inner(admission.request, context))
+                finally:
+                    CURRENT_CALLER.reset(token)
+                if admission.respond is not None and response is not None:
+                    response = admission.respond(response)
+            if charged and response is not None and (produce or (fetch and request.replica_id < 0)):
+                kind = QuotaKind.PRODUCE if produce else QuotaKind.FETCH
+                moved = admission.request.ByteSize() if produce else response.ByteSize()
+                throttle_ms = self.quotas.record(caller.principal, kind, moved, _now_ms())  # type: ignore[union-attr]
+                if throttle_ms:
+                    THROTTLE_MS.labels(kind.value).inc(throttle_ms)
+                    response.throttle_time_ms = max(response.throttle_time_ms, throttle_ms)
+            return response
+
+        return behavior
+
+    def _unary_stream(self, method: str, rule: rules.Rule | None, inner: Callable[..., Any]
+                      ) -> Callable[..., AsyncIterator[Any]]:
+        fetch = method in rules.FETCH_METHODS
+
+        async def behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            caller, admission = await self._admit(method, rule, request, context)
+            if admission.answer is not None:
+                for item in admission.answer:
+                    yield item
+                return
+            charged = fetch and self.quotas is not None and caller.service is None and caller.forwarded_by is None
+            CURRENT_CALLER.set(caller)  # this generator runs in the RPC's own task: nothing leaks
+            async for item in _aiter(inner(admission.request, context)):
+                yield item
+                if charged:
+                    # A stream has no throttle field: pace it here instead.
+                    throttle_ms = self.quotas.record(caller.principal, QuotaKind.FETCH,  # type: ignore[union-attr]
+                                                     item.ByteSize(), _now_ms())
+                    if throttle_ms:
+                        THROTTLE_MS.labels(QuotaKind.FETCH.value).inc(throttle_ms)
+                        await asyncio.sleep(throttle_ms / 1000)
+
+        return behavior
+
+    # ---- the checks -------------------------------------------------------------------------
+
+    async def _admit(self, method: str, rule: rules.Rule | None, request: Any, context: grpc.aio.ServicerContext
+                     ) -> tuple[Caller, rules.Admission]:
+        """Authenticate and run the method's rule; aborts the RPC on refusal."""
+        caller = await self._authenticate(method, context)
+        if rule is None:
+            await self._refuse(context, method, "no_rule", grpc.StatusCode.PERMISSION_DENIED,
+                               f"{method} has no authorization rule; refused")
+        authorizer = self.cache.authorizer if (self.acl and self.cache is not None) else None
+        access = rules.Access(caller, authorizer, identities_checked=self.tls)
+        try:
+            admission = rule(request, access, self.limits) if request is not None else rules.Admission(None)  # type: ignore[misc]
+        except rules.Denied as denied:
+            await self._refuse(context, method, "forbidden", getattr(grpc.StatusCode, denied.code), denied.message)
+        if access.denials:
+            PARTITIONS_REFUSED.labels(method).inc(len(access.denials))
+            log.debug("%s for %s: refused %s", method, caller.describe(),
+                      ", ".join(f"{op.value} {res.type.value}:{res.name}" for op, res in access.denials[:10]))
+        return caller, admission
+
+    async def _authenticate(self, method: str, context: grpc.aio.ServicerContext) -> Caller:
+        if not self.tls:
+            return ANONYMOUS_CALLER
+        auth = context.auth_context()
+        names = auth.get("x509_common_name")
+        common_name = names[0].decode(errors="replace") if names else ""
+        service = parse_service_name(common_name) if common_name else None
+        metadata = context.invocation_metadata() or ()
+        bearer = forwarded = None
+        for key, value in metadata:
+            if key == AUTHORIZATION_KEY:
+                bearer = value
+            elif key == FORWARDED_PRINCIPAL_KEY:
+                forwarded = value
+        if bearer is not None:
+            token = tokens.bearer_value(bearer if isinstance(bearer, str) else bearer.decode(errors="replace"))
+            principal = self.cache.verify_token(token, _wall_ms()) if (token and self.cache is not None) else None
+            if principal is None:
+                await self._refuse(context, method, "bad_token", grpc.StatusCode.UNAUTHENTICATED,
+                                   "the bearer token is unknown, revoked, expired or malformed")
+            caller = Caller(principal, service=None, authenticated_by="token")  # type: ignore[arg-type]
+        elif common_name:
+            caller = Caller(f"User:{common_name}", service=service, authenticated_by="certificate")
+        else:
+            await self._refuse(context, method, "no_credentials", grpc.StatusCode.UNAUTHENTICATED,
+                               "no client certificate and no bearer token: authenticate with one of them")
+        if forwarded is not None:
+            if caller.service is None or caller.service.kind != "gateway":
+                await self._refuse(context, method, "forged_forward", grpc.StatusCode.PERMISSION_DENIED,
+                                   f"only a gateway may act for another principal, not {caller.describe()}")
+            try:
+                principal = check_principal(forwarded.decode() if isinstance(forwarded, bytes) else forwarded)
+            except (ValueError, UnicodeDecodeError):
+                await self._refuse(context, method, "bad_forward", grpc.StatusCode.INVALID_ARGUMENT,
+                                   "the forwarded principal is malformed")
+            return Caller(principal, service=None, forwarded_by=caller.service, authenticated_by="forwarded")
+        return caller
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, method: str, reason: str, code: grpc.StatusCode,
+                      message: str) -> None:
+        REFUSED.labels(method, reason).inc()
+        log.debug("refused %s (%s): %s", method, reason, message)
+        await context.abort(code, message)
+
+    async def _wait_out_throttle(self, caller: Caller, kind: QuotaKind, context: grpc.aio.ServicerContext) -> None:
+        """A principal that did not back off as told waits here (Kafka mutes its channel instead)."""
+        delay_ms = self.quotas.delay_ms(caller.principal, kind, _now_ms())  # type: ignore[union-attr]
+        if delay_ms <= 0:
+            return
+        remaining = context.time_remaining()
+        delay_s = delay_ms / 1000
+        if remaining is not None:
+            delay_s = min(delay_s, max(remaining * QUOTA_DELAY_DEADLINE_SHARE, 0.0))
+        await asyncio.sleep(delay_s)
+
+
+class ForwardPrincipal(grpc.aio.UnaryUnaryClientInterceptor):
+    """On a gateway: pass the client's principal on with the calls made on its behalf.
+
+    Only for FORWARDED_METHODS and only while serving a client (CURRENT_CALLER is
+    a principal, not a service), so the gateway's own calls (metadata refreshes)
+    stay its own.
+    """
+
+    async def intercept_unary_unary(self, continuation: Callable[..., Any], client_call_details: Any,
+                                    request: Any) -> Any:
+        caller = CURRENT_CALLER.get()
+        if caller is not None and caller.service is None:
+            method = client_call_details.method
+            method = method.decode() if isinstance(method, bytes) else method
+            if method in rules.FORWARDED_METHODS:
+                metadata = grpc.aio.Metadata(*(client_call_details.metadata or ()))
+                metadata.add(FORWARDED_PRINCIPAL_KEY, caller.principal.encode())
+                client_call_details = grpc.aio.ClientCallDetails(
+                    client_call_details.method, client_call_details.timeout, metadata,
+                    client_call_details.credentials, client_call_details.wait_for_ready)
+        return await continuation(client_call_details, request)
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+async def _aiter(items: Any) -> AsyncIterator[Any]:
+    if hasattr(items, "__aiter__"):
+        async for item in items:
+            yield item
+    else:
+        for item in items:
+            yield item
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,91 @@
+"""Run many simulation seeds from the command line and report failures and throughput.
+
+    python -m tests.sim.run --seeds 1000 --start 0
+    python -m tests.sim.run --seed 17 --trace-lines 400        # one seed, longer trace
+    python -m tests.sim.run --seeds 200 --no-epoch-truncation  # a safety mechanism off
+
+Prints every failing seed with its trace, then seeds per minute and simulated seconds
+per wall-clock second. Exit status 1 when any seed failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+import time
+
+from tests.sim.clock import TRACE_LINES_DEFAULT
+from tests.sim.config import Safety, SimConfig
+from tests.sim.simulation import SimulationFailure, run_seed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.sim.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=100, help="how many seeds to run (default 100)")
+    parser.add_argument("--start", type=int, default=0, help="first seed (default 0)")
+    parser.add_argument("--seed", type=int, default=None, help="run only this seed")
+    parser.add_argument("--fault-phase-ms", type=int, default=None, help="length of the fault phase")
+    parser.add_argument("--brokers", type=int, default=None, help="brokers (default: the seed picks 3..5)")
+    parser.add_argument("--power-loss-fraction", type=float, default=None,
+                        help="share of broker crashes that lose unflushed bytes (default: SimConfig's)")
+    parser.add_argument("--trace-lines", type=int, default=TRACE_LINES_DEFAULT,
+                        help=f"trace lines shown for a failure (default {TRACE_LINES_DEFAULT})")
+    parser.add_argument("--no-epoch-truncation", action="store_true",
+                        help="followers truncate to their HW (pre-KIP-101) instead of by leader epoch")
+    parser.add_argument("--no-controller-fence", action="store_true",
+                        help="etcd ignores the controller-epoch compare of controller writes")
+    parser.add_argument("--stop-on-failure", action="store_true", help="stop at the first failing seed")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print failures and the summary only")
+    args = parser.parse_args(argv)
+    # The services log every failover at WARNING; in a simulation those are the point, not news.
+    logging.getLogger("highwater").setLevel(logging.CRITICAL)
+
+    config = SimConfig(safety=Safety(leader_epoch_truncation=not args.no_epoch_truncation,
+                                     controller_epoch_fence=not args.no_controller_fence))
+    if args.fault_phase_ms is not None:
+        config = dataclasses.replace(config, fault_phase_ms=args.fault_phase_ms)
+    if args.power_loss_fraction is not None:
+        config = dataclasses.replace(config, power_loss_fraction=args.power_loss_fraction)
+    if args.brokers is not None:
+        config = dataclasses.replace(config, brokers=args.brokers)
+    seeds = [args.seed] if args.seed is not None else list(range(args.start, args.start + args.seeds))
+
+    started = time.perf_counter()
+    simulated_ms = 0
+    failed: list[int] = []
+    known: list[int] = []  # failures explained by a known, reported bug
+    for seed in seeds:
+        try:
+            result = run_seed(seed, config, trace_lines_max=args.trace_lines)
+        except SimulationFailure as failure:
+            failed.append(seed)
+            if failure.known_issue:
+                known.append(seed)
+            simulated_ms += failure.at_ms
+            print(failure, file=sys.stderr)
+            print(file=sys.stderr)
+            if args.stop_on_failure:
+                break
+            continue
+        simulated_ms += result.simulated_ms
+        if not args.quiet:
+            print(f"seed {seed}: ok  {result.shape.brokers} brokers {result.shape.controllers} controllers  "
+                  f"{result.simulated_ms / 1000:.0f} s simulated in {result.wall_s:.2f} s  "
+                  f"{result.events} events  {result.faults} faults  acks=all {result.acks_all}  "
+                  f"acks=1 {result.acks_one}  consumed {result.records_consumed}  "
+                  f"truncations checked {result.truncations_checked}  trace {result.trace_digest}")
+    wall_s = time.perf_counter() - started
+    ran = len(seeds) if not args.stop_on_failure or not failed else seeds.index(failed[-1]) + 1
+    unknown = [s for s in failed if s not in known]
+    print(f"{ran} seeds, {len(failed)} failed{': ' + ' '.join(map(str, failed)) if failed else ''}"
+          f"{f' ({len(known)} by known issues, new: ' + (' '.join(map(str, unknown)) or 'none') + ')' if known else ''}; "
+          f"{ran / wall_s * 60:.0f} seeds/minute, {simulated_ms / 1000 / wall_s:.0f} simulated s per wall s "
+          f"({wall_s:.1f} s wall)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""One simulation run from one seed: build the cluster, run faults and workload, heal, settle, check.
+
+Everything random in a run comes from one random.Random(seed), handed to every part
+that draws, in a fixed order; nothing reads real time. So `run_seed(seed)` is a pure
+function of (seed, config): a failure reproduces exactly, trace included.
+
+Phases:
+1. start etcd, controller candidates, brokers; the operator creates topic t0;
+   producers and consumers start;
+2. fault phase: faults and admin operations for `fault_phase_ms`; topic t1 is created
+   at a random moment;
+3. heal: every fault ends, everything down restarts, producers stop;
+4. settle for `settle_ms`, then the final history check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import time
+from dataclasses import dataclass
+
+from services.common.errors import InvariantViolation
+from tests.sim.checker import Checker, InvariantBroken
+from tests.sim.clock import TRACE_LINES_DEFAULT, EventLoop
+from tests.sim.config import ClusterShape, SimConfig
+from tests.sim.faults import FaultInjector
+from tests.sim.network import Network
+from tests.sim.sim_broker import SimBroker
+from tests.sim.sim_controller import SimController
+from tests.sim.sim_etcd import SimEtcd
+from tests.sim.workload import Consumer, Operator, Producer
+
+# The operator's first topic is created this long after start: brokers have registered.
+FIRST_TOPIC_AT_MS = 1_000
+
+# Bugs found by the simulation and not fixed yet, by tag (test_simulation.py has their
+# regression seeds). A failure is attributed to one only when the checker saw its signature
+# on the partition that failed.
+KNOWN_ISSUES = {
+    "KI-1": "a broker that lost unflushed data in a power loss restarts, keeps its ISR membership "
+            "(and even its leader epoch) because the controller never saw it die, and is elected "
+            "leader over ISR members that kept every committed record",
+}
+
+
+def known_issue(reason: str, checker: Checker) -> str | None:
+    """The tag of a known, reported bug that explains this failure, if any."""
+    partitions = set(re.findall(r"\b(t\d+-\d+)\b", reason))
+    for line in checker.suspect_leaders:
+        if line.split(" ", 1)[0] in partitions:
+            return f"KI-1: {KNOWN_ISSUES['KI-1']}"
+    return None
+
+
+class SimulationFailure(AssertionError):
+    """A run broke a rule. Carries the seed that reproduces it and the end of the trace."""
+
+    def __init__(self, seed: int, reason: str, at_ms: int, trace: list[str], detail: str = "",
+                 known_issue: str | None = None) -> None:
+        self.seed = seed
+        self.reason = reason
+        self.at_ms = at_ms
+        self.trace = trace
+        self.known_issue = known_issue
+        lines = [f"simulation seed {seed} failed at {at_ms} ms: {reason}",
+                 f"reproduce: python -m tests.sim.run --seed {seed} (same config)"]
+        if known_issue:
+            lines.append(f"known issue: {known_issue}")
+        if detail:
+            lines.append(detail)
+        lines.append(f"last {len(trace)} events:")
+        lines.extend(trace)
+        super().__init__("\n".join(lines))
+
+
+@dataclass(frozen=True)
+class SimResult:
+    seed: int
+    shape: ClusterShape
+    simulated_ms: int
+    wall_s: float
+    events: int
+    messages: int
+    faults: int
+    acks_all: int
+    acks_one: int
+    records_consumed: int
+    truncations_checked: int
+    # sha256 of the trace's last lines: equal digests (with equal event counts) mean the same run.
+    trace_digest: str
+
+
+class Simulation:
+    """The whole cluster of one run. Build with a seed, then run()."""
+
+    def __init__(self, seed: int, config: SimConfig | None = None, *,
+                 trace_lines_max: int = TRACE_LINES_DEFAULT) -> None:
+        self.seed = seed
+        self.config = config or SimConfig()
+        self.config.check()
+        self.rng = random.Random(seed)
+        self.shape = ClusterShape.choose(self.config, self.rng)
+        self.loop = EventLoop(trace_lines_max=trace_lines_max)
+        self.network = Network(self.loop, self.rng)
+        self.etcd = SimEtcd(self.loop, self.network,
+                            fence_controller_epoch=self.config.safety.controller_epoch_fence)
+        self.checker = Checker(self.loop, self.etcd)
+        self.controllers = [SimController(i, self.loop, self.network, self.etcd, self.config, self.checker)
+                            for i in range(1, self.shape.controllers + 1)]
+        self.brokers = [SimBroker(i, self.loop, self.network, self.etcd, self.config, self.rng, self.checker)
+                        for i in range(1, self.shape.brokers + 1)]
+        self.checker.brokers = {b.broker_id: b for b in self.brokers}
+        self.checker.controllers = {c.controller_id: c for c in self.controllers}
+        broker_ids = [b.broker_id for b in self.brokers]
+        self.producers = [Producer(i, -1 if i % 2 == 0 else 1, self.loop, self.network, self.rng, self.config,
+                                   self.checker, broker_ids) for i in range(self.config.producers)]
+        self.consumers = [Consumer(i, self.loop, self.network, self.rng, self.config, self.checker, broker_ids)
+                          for i in range(self.config.consumers)]
+        self.checker.consumers = self.consumers
+        self.operator = Operator(self.loop, self.network, self.rng, self.config,
+                                 [c.controller_id for c in self.controllers], self._topic_created)
+        self.faults = FaultInjector(self.loop, self.network, self.etcd, self.rng, self.config, self.brokers,
+                                    self.controllers, self.checker)
+        self.loop.on_time = self.etcd.advance
+        self.loop.after_step = self._after_step
+
+    def _after_step(self, node: object) -> None:
+        self.etcd.notify_watchers()
+        self.checker.after_step(node)  # type: ignore[arg-type]
+
+    def _topic_created(self, name: str) -> None:
+        for client in [*self.producers, *self.consumers]:
+            client.topics.append(name)
+
+    # ---- the operator's schedule ---------------------------------------------------------
+
+    def _admin_step(self) -> None:
+        if not self.faults.active:
+            return
+        choice = self.rng.random()
+        if choice < 0.5:
+            self.operator.preferred_election()
+        else:
+            up = [b for b in self.brokers if b.up and not b.shutting_down and not b.paused]
+            if len(up) == len(self.brokers):  # one rolling restart at a time, on a healthy cluster
+                broker = self.rng.choice(up)
+                self.operator.rolling_restart(broker, self.rng.randint(500, 4_000), lambda: None)
+        self.loop.call_at(self.loop.now_ms + int(self.rng.expovariate(1 / self.config.admin_every_ms)),
+                          self._admin_step)
+
+    # ---- running ---------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        config = self.config
+        fault_end_ms = FIRST_TOPIC_AT_MS + config.fault_phase_ms
+        try:
+            self.loop.call_at(FIRST_TOPIC_AT_MS, self.operator.create_topic, "t0")
+            second_topic_at = self.rng.randint(FIRST_TOPIC_AT_MS + 1_000, fault_end_ms)
+            self.loop.call_at(second_topic_at, self.operator.create_topic, "t1")
+            self.loop.call_at(FIRST_TOPIC_AT_MS + 2_000, self.faults.start, fault_end_ms)
+            if config.admin_every_ms > 0:
+                self.loop.call_at(FIRST_TOPIC_AT_MS + 3_000, self._admin_step)
+            self.loop.run_until(fault_end_ms)
+            self.faults.heal_all()
+            for producer in self.producers:
+                producer.stopped = True
+            self.loop.run_until(fault_end_ms + config.settle_ms)
+            self.checker.final_check()
+        except (InvariantBroken, InvariantViolation) as exc:
+            kind = "invariant broken" if isinstance(exc, InvariantBroken) else "InvariantViolation in the pure logic"
+            raise SimulationFailure(self.seed, f"{kind}: {exc}", self.loop.now_ms, self.loop.trace_lines(),
+                                    self.cluster_state(), known_issue(str(exc), self.checker)) from exc
+        wall_s = time.perf_counter() - started
+        return SimResult(
+            seed=self.seed, shape=self.shape, simulated_ms=self.loop.now_ms, wall_s=wall_s,
+            events=self.loop.events_run, messages=self.network.messages_sent, faults=self.faults.faults_injected,
+            acks_all=self.checker.acks_all_total, acks_one=self.checker.acks_one_total,
+            records_consumed=self.checker.records_consumed, truncations_checked=self.checker.truncations_checked,
+            trace_digest=hashlib.sha256("\n".join(self.loop.trace_lines()).encode()).hexdigest()[:16])
+
+    def cluster_state(self) -> str:
+        lines = []
+        if self.checker.suspect_leaders:
+            lines.append("suspect leaders (lost data in a power loss, then led while intact replicas were in the ISR):")
+            lines.extend("  " + line for line in self.checker.suspect_leaders[-5:])
+        lines.append("cluster state:")
+        for b in self.brokers:
+            lines.append("  " + b.describe())
+        for c in self.controllers:
+            lines.append(f"  {c.name} {'up' if c.up else 'down'} "
+                         f"{'active at epoch ' + str(c.epoch) if c.active is not None else 'standby'}")
+        for tp, s in sorted(self.checker.states.items()):
+            lines.append(f"  etcd {tp[0]}-{tp[1]}: leader {s.leader} epoch {s.leader_epoch} isr {list(s.isr)} "
+                         f"partition epoch {s.partition_epoch} controller epoch {s.controller_epoch}")
+        return "\n".join(lines)
+
+
+def run_seed(seed: int, config: SimConfig | None = None, *, trace_lines_max: int = TRACE_LINES_DEFAULT
+             ) -> SimResult:
+    """Run one seed; raises SimulationFailure with the seed and the trace when a rule breaks."""
+    return Simulation(seed, config, trace_lines_max=trace_lines_max).run()

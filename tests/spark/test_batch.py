@@ -1,0 +1,99 @@
+"""Batch reads and writes through format("highwater") against a real cluster.
+
+The session uses the source without registering it: that is the automatic
+registration through pyspark_highwater (see tests/spark/conftest.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from pyspark.sql import functions as F
+
+from tests.integration.conftest import TestCluster
+from tests.spark.helpers import consume_all, create_topic, produce, read_options
+
+pytestmark = pytest.mark.integration
+
+
+def _rows(df: Any) -> set[tuple[Any, ...]]:
+    return {(r.partition, r.offset, r.key, r.value, tuple((h.key, h.value) for h in r.headers or []))
+            for r in df.collect()}
+
+
+def test_batch_read_equals_what_a_consumer_reads(spark: Any, cluster: TestCluster) -> None:
+    bootstrap = cluster.gateway_address
+    create_topic(bootstrap, "read-multi", 3)
+    records = [(i % 3, f"k{i}".encode() if i % 4 else None, f"value-{i}".encode(),
+                [("n", str(i).encode())] if i % 2 else []) for i in range(600)]
+    produce(bootstrap, "read-multi", records)
+
+    df = spark.read.format("highwater").options(**read_options(bootstrap, subscribe="read-multi",
+                                                                  includeHeaders="true")).load()
+    assert df.schema.simpleString() == ("struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
+                                        "timestamp:timestamp,timestampType:int,"
+                                        "headers:array<struct<key:string,value:binary>>>")
+    got = df.collect()
+    expected = consume_all(bootstrap, "read-multi")
+    assert len(got) == len(expected) == 600
+    assert {(r.partition, r.offset, r.key, r.value, tuple((h.key, h.value) for h in r.headers), r.timestampType,
+             int(r.timestamp.timestamp() * 1000)) for r in got} == \
+        {(c.partition, c.offset, c.key, c.value, tuple(c.headers), 0, c.timestamp_ms) for c in expected}
+    assert {r.topic for r in got} == {"read-multi"}
+
+    # Per-partition offsets JSON (Spark's format), minPartitions splitting, and filter pushdown.
+    window = spark.read.format("highwater").options(**read_options(
+        bootstrap, subscribe="read-multi", startingOffsets='{"read-multi": {"0": 50, "1": -2, "2": -2}}',
+        endingOffsets='{"read-multi": {"0": 150, "1": 10, "2": -1}}', minPartitions=8)).load()
+    assert window.rdd.getNumPartitions() >= 8
+    counts = {r.partition: r["count"] for r in window.groupBy("partition").count().collect()}
+    assert counts == {0: 100, 1: 10, 2: 200}
+
+    pushed = (spark.read.format("highwater")
+              .options(**read_options(bootstrap, subscribe="read-multi", pushFilters="true")).load()
+              .where((F.col("partition") == 1) & (F.col("offset") >= 20) & (F.col("offset") < 30)))
+    assert sorted(r.offset for r in pushed.collect()) == list(range(20, 30))
+    assert pushed.rdd.getNumPartitions() == 1  # partition filter pruned the other two partitions
+
+    # startingOffsetsByTimestamp: nothing is newer than the future, so with strategy latest: empty.
+    future_ms = int(time.time() * 1000) + 3_600_000
+    later = spark.read.format("highwater").options(**read_options(
+        bootstrap, subscribe="read-multi", startingTimestamp=future_ms,
+        startingOffsetsByTimestampStrategy="latest")).load()
+    assert later.count() == 0
+    from_zero = spark.read.format("highwater").options(**read_options(
+        bootstrap, subscribe="read-multi",
+        startingOffsetsByTimestamp='{"read-multi": {"0": 0, "1": 0, "2": 0}}')).load()
+    assert from_zero.count() == 600
+
+
+def test_batch_write_then_read_back(spark: Any, cluster: TestCluster) -> None:
+    bootstrap = cluster.gateway_address
+    create_topic(bootstrap, "write-back", 3)
+    source = spark.range(1000).select(
+        F.concat(F.lit("key-"), (F.col("id") % 7).cast("string")).alias("key"),
+        F.concat(F.lit("value-"), F.col("id").cast("string")).cast("binary").alias("value"),
+        F.when(F.col("id") < 100, F.lit(2)).cast("int").alias("partition"),
+        F.array(F.struct(F.lit("id").alias("key"), F.col("id").cast("string").cast("binary").alias("value")))
+        .alias("headers"),
+    )
+    source.write.format("highwater").option("bootstrap", bootstrap).option("topic", "write-back") \
+        .option("highwater.batch.size.bytes", "4096").mode("append").save()
+
+    back = spark.read.format("highwater").options(**read_options(bootstrap, subscribe="write-back",
+                                                                    includeHeaders="true")).load()
+    rows = back.collect()
+    assert len(rows) == 1000
+    assert sorted(r.value for r in rows) == sorted(f"value-{i}".encode() for i in range(1000))
+    by_value = {r.value: r for r in rows}
+    for i in (0, 99, 100, 999):
+        row = by_value[f"value-{i}".encode()]
+        assert row.key == f"key-{i % 7}".encode()
+        assert [(h.key, h.value) for h in row.headers] == [("id", str(i).encode())]
+        if i < 100:
+            assert row.partition == 2  # the partition column wins
+    # Rows without a partition go where Kafka's producer would put their key (murmur2).
+    from clients.partitioner import partition_for_key
+    assert all(r.partition == partition_for_key(r.key, 3) for r in rows if int(r.value[6:]) >= 100)
