@@ -196,47 +196,88 @@ async def produce(urls: list[str], *, record_size: int, duration_s: float, warmu
 
 # ---- consume (catch-up) -----------------------------------------------------------------------
 
-async def load(urls: list[str], *, count: int, record_size: int) -> float:
-    """Publish `count` records (pipelined, acknowledged) and return the seconds it took."""
+async def purge(urls: list[str]) -> None:
+    """Empty the stream between runs (file storage of a 10 KB run is gigabytes)."""
+    nc, js = await connect(urls)
+    try:
+        await js.purge_stream(STREAM)
+    finally:
+        await nc.close()
+
+
+async def load(urls: list[str], *, count: int, record_size: int, timeout_s: float = 120.0) -> float:
+    """Put `count` more records in the stream and return the seconds it took.
+
+    Core-NATS publishes (no PubAck per message: the fastest way in), then waits until the
+    stream holds them all, so the figure is what was stored, not what was sent.
+    """
     payload = b"x" * record_size
     nc, js = await connect(urls)
     start = time.perf_counter()
     try:
-        for _ in range(count):
-            await js.publish_async(SUBJECT, payload)
-        await asyncio.wait_for(js.publish_async_completed(), 120)
+        before = (await js.stream_info(STREAM)).state.messages
+        for i in range(count):
+            await nc.publish(SUBJECT, payload)
+            if i % 10_000 == 9_999:
+                await nc.flush(timeout=30)
+        await nc.flush(timeout=30)
+        deadline = start + timeout_s
+        while (await js.stream_info(STREAM)).state.messages < before + count:
+            if time.perf_counter() > deadline:
+                raise SystemExit(f"NATS: the stream did not reach {before + count} messages in {timeout_s:.0f} s")
+            await asyncio.sleep(0.1)
     finally:
         await nc.close()
     return time.perf_counter() - start
 
 
 async def consume(urls: list[str], *, count: int, record_size: int, fetch_batch: int, window: object,
-                  timeout_s: float = 120.0) -> dict[str, object]:
-    """Read `count` records from the start of the stream with a pull consumer (no acks)."""
+                  mode: str = "pull", timeout_s: float = 120.0) -> dict[str, object]:
+    """Read `count` records from the start of the stream, without acks.
+
+    mode "pull": a pull consumer, fetch(fetch_batch) at a time; "push": an ordered push
+    consumer (flow-controlled, what nats-py offers for streaming a whole stream).
+    """
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
     nc, js = await connect(urls)
     received = 0
     try:
-        sub = await js.pull_subscribe(SUBJECT, durable=None, stream=STREAM, config=ConsumerConfig(
-            ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL))
-        window.open()  # type: ignore[attr-defined]
-        start = time.perf_counter()
-        deadline = start + timeout_s
-        while received < count and time.perf_counter() < deadline:
-            try:
-                msgs = await sub.fetch(batch=min(fetch_batch, count - received), timeout=5)
-            except TimeoutError:
-                continue
-            received += len(msgs)
+        if mode == "pull":
+            sub = await js.pull_subscribe(SUBJECT, durable=None, stream=STREAM, config=ConsumerConfig(
+                ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL))
+            window.open()  # type: ignore[attr-defined]
+            start = time.perf_counter()
+            deadline = start + timeout_s
+            while received < count and time.perf_counter() < deadline:
+                try:
+                    msgs = await sub.fetch(batch=min(fetch_batch, count - received), timeout=5)
+                except TimeoutError:
+                    continue
+                received += len(msgs)
+        else:
+            done = asyncio.Event()
+
+            async def on_msg(msg) -> None:  # type: ignore[no-untyped-def]
+                nonlocal received
+                received += 1
+                if received >= count:
+                    done.set()
+
+            window.open()  # type: ignore[attr-defined]
+            start = time.perf_counter()
+            await js.subscribe(SUBJECT, cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL,
+                               pending_msgs_limit=1_000_000, pending_bytes_limit=1024 * 1024 * 1024)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), timeout_s)
         elapsed = time.perf_counter() - start
         window.close()  # type: ignore[attr-defined]
     finally:
         await nc.close()
     rate = received / elapsed
-    return {"path": f"nats-py pull fetch({fetch_batch})", "records": received, "elapsed_s": round(elapsed, 3),
-            "records_per_s": round(rate), "mb_per_s": round(rate * record_size / 1e6, 1),
-            "complete": received >= count}
+    path = f"nats-py pull fetch({fetch_batch})" if mode == "pull" else "nats-py ordered push consumer"
+    return {"path": path, "records": received, "elapsed_s": round(elapsed, 3), "records_per_s": round(rate),
+            "mb_per_s": round(rate * record_size / 1e6, 1), "complete": received >= count}
 
 
 # ---- end-to-end latency -----------------------------------------------------------------------
