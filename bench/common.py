@@ -33,7 +33,7 @@ if str(REPO) not in sys.path:
 # load is below this, or say that it was not.
 QUIET_LOAD_MAX = 1.5
 # How long the load gate waits for a quiet machine before measuring anyway.
-QUIET_WAIT_S_DEFAULT = 60.0
+QUIET_WAIT_S_DEFAULT = 20.0
 _CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -225,6 +225,8 @@ class Target:
     pids: dict[str, int] = field(default_factory=dict)
     # Broker address -> process name ("127.0.0.1:40123" -> "broker-1"), when the cluster is ours.
     names: dict[str, str] = field(default_factory=dict)
+    # Process name -> its Prometheus /metrics port, when the cluster is ours.
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     def leader_processes(self) -> dict[str, list[int]]:
         """Process name (or address) of each leader -> the partitions it leads."""
@@ -280,10 +282,10 @@ def create_topic(gateway: str, topic: str, *, partitions: int, replication_facto
 
 @contextlib.contextmanager
 def highwater_target(*, bootstrap: str | None, topic: str, partitions: int, replication_factor: int,
-                     min_insync: int, brokers: int = 3) -> Iterator[Target]:
+                     min_insync: int, brokers: int = 3, tmp_dir: str | None = None) -> Iterator[Target]:
     """A topic ready for a workload: on --bootstrap's cluster, or on a LocalCluster of our own
     (etcd + controller + `brokers` brokers + gateway, in a temporary directory, every process
-    stopped by pid on the way out)."""
+    stopped by pid on the way out). tmp_dir puts the brokers' logs elsewhere (/dev/shm: no disk)."""
     if bootstrap:
         leaders = create_topic(bootstrap, topic, partitions=partitions, replication_factor=replication_factor,
                                min_insync=min_insync)
@@ -291,19 +293,66 @@ def highwater_target(*, bootstrap: str | None, topic: str, partitions: int, repl
         return
     from clients.local_cluster import LocalCluster
 
-    with tempfile.TemporaryDirectory(prefix="hw-bench-") as tmp, \
+    with tempfile.TemporaryDirectory(prefix="hw-bench-", dir=tmp_dir) as tmp, \
             LocalCluster(Path(tmp), brokers=brokers) as cluster:
         gateway = cluster.gateway_addresses[0]
         leaders = create_topic(gateway, topic, partitions=partitions, replication_factor=replication_factor,
                                min_insync=min_insync)
         pids: dict[str, int] = {"etcd": cluster.etcd.pid} if cluster.etcd.pid else {}
         names: dict[str, str] = {}
+        ports: dict[str, int] = {}
         for name, p in cluster.processes.items():
             if p.pid:
                 pids[name] = p.pid
             if p.kind == "broker" and p.info:
                 names[p.address] = name
-        yield Target(gateway, topic, partitions, leaders, pids, names)
+            if p.info.get("metrics_port"):
+                ports[name] = int(p.info["metrics_port"])  # type: ignore[call-overload]
+        yield Target(gateway, topic, partitions, leaders, pids, names, ports)
+
+
+# ---- server-side request latency, from the services' Prometheus histograms ---------------------
+
+_LATENCY_METRICS = {"gateway": "highwater_gateway_request_latency_seconds", "broker": "highwater_request_latency_seconds"}
+
+
+def rpc_totals(target: Target, rpc: str) -> dict[str, tuple[float, float]]:
+    """process name -> (request count, seconds in total) of one RPC, from each /metrics."""
+    import urllib.request
+
+    out: dict[str, tuple[float, float]] = {}
+    for name, port in target.metrics_ports.items():
+        kind = name.split("-")[0]
+        metric = _LATENCY_METRICS.get(kind)
+        if metric is None:
+            continue
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError:
+            continue
+        count = total = 0.0
+        for line in text.splitlines():
+            if f'rpc="{rpc}"' not in line:
+                continue
+            if line.startswith(metric + "_count"):
+                count = float(line.rsplit(" ", 1)[1])
+            elif line.startswith(metric + "_sum"):
+                total = float(line.rsplit(" ", 1)[1])
+        out[name] = (count, total)
+    return out
+
+
+def rpc_delta(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]],
+              elapsed_s: float) -> dict[str, dict[str, float]]:
+    """Per process: requests/s and mean server-side latency (ms) of the RPC between two scrapes."""
+    out: dict[str, dict[str, float]] = {}
+    for name, (count, total) in after.items():
+        c0, t0 = before.get(name, (0.0, 0.0))
+        n = count - c0
+        if n > 0:
+            out[name] = {"requests_per_s": round(n / elapsed_s, 1), "mean_ms": round((total - t0) / n * 1000, 2)}
+    return out
 
 
 # ---- py-spy: where the time goes ---------------------------------------------------------------
@@ -318,9 +367,16 @@ def py_spy_binary() -> str | None:
     return shutil.which("py-spy")
 
 
-# Frames that only say "the event loop ran a callback": every sample passes through them.
-_PASS_THROUGH = ("Handle._run", "BaseEventLoop.run_forever", "BaseEventLoop._run_once", "<module>",
-                 "run_until_complete", "run (asyncio/runners.py)", "Thread.run", "Thread._bootstrap")
+# Our code, for the inclusive table (library and entry-point frames are in every stack).
+_OUR_PREFIXES = ("(services/", "(clients/", "(coordinator/", "(bench/", "(produce.py", "(consume.py",
+                 "(e2e_latency.py", "(compare.py", "(nats_js.py", "(redis_streams.py")
+_ENTRY_FILES = ("(services/cli.py)", "(services/__main__.py)", "(services/security/cli_options.py)",
+                "(clients/loop_thread.py)")
+
+
+def _is_ours(frame: str) -> bool:
+    where = frame[frame.find(" (") + 1:] if " (" in frame else ""
+    return where.startswith(_OUR_PREFIXES) and not where.startswith(_ENTRY_FILES) and "_pb2" not in where
 
 
 class PySpy:
@@ -350,9 +406,10 @@ class PySpy:
         for name, pid in self.pids.items():
             out = self.out_dir / f"{name}.txt"
             cmd = [self.binary, "record", "--pid", str(pid), "--duration", str(self.duration_s), "--rate",
-                   str(self.rate), "--format", "raw", "--function", "--nonblocking", "--output", str(out)]
-            if self.native:
-                cmd.append("--native")
+                   str(self.rate), "--format", "raw", "--function", "--output", str(out)]
+            # --native (C frames of gRPC and protobuf) needs the target paused while its stack is
+            # read; without it the target runs on (--nonblocking) and barely slows down.
+            cmd.append("--native" if self.native else "--nonblocking")
             self._procs[name] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), out)
         return self
 
@@ -392,7 +449,7 @@ def summarize_py_spy(path: Path, expected_samples: int, top: int) -> dict[str, o
         if frames:
             self_counts[_short_frame(frames[-1])] += count
         for frame in dict.fromkeys(_short_frame(f) for f in frames):
-            if not frame.startswith(_PASS_THROUGH):
+            if _is_ours(frame):
                 inclusive[frame] += count
     if not total:
         return {"busy": 0.0, "samples": 0}
@@ -426,6 +483,9 @@ def format_profile(profile: dict[str, object], top: int = 6) -> str:
             continue
         lines.append(f"    {name}: busy {info['busy']:.2f} of a core-second per second; top self time:")
         for item in info["top_self"][:top]:  # type: ignore[index]
+            lines.append(f"      {item['share'] * 100:5.1f}%  {item['function']}")
+        lines.append("      our code, inclusive:")
+        for item in info["top_inclusive"][:top]:  # type: ignore[index]
             lines.append(f"      {item['share'] * 100:5.1f}%  {item['function']}")
     return "\n".join(lines)
 
@@ -476,3 +536,22 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def cpu_us_per_record(cpu: dict[str, dict[str, float]], records: int) -> dict[str, float]:
+    """CPU µs each process spent per record: holds better than records/s on a loaded machine,
+    and 2 cores / the total says what an otherwise idle 2-core machine could reach."""
+    if records <= 0:
+        return {}
+    return {name: round(v["cpu_s"] / records * 1e6, 3) for name, v in cpu.items()}
+
+
+def idle_machine_ceiling(per_record_us: dict[str, float], cores: int | None = None) -> int | None:
+    """Records/s an otherwise idle machine could reach at these CPU costs: the lower of
+    cores / total CPU per record and one core / the busiest process's CPU per record (a
+    Python process runs on about one core: the GIL). An estimate, not a measurement."""
+    total = per_record_us.get("total")
+    busiest = max((v for k, v in per_record_us.items() if k != "total"), default=0.0)
+    if not total or not busiest:
+        return None
+    return round(min((cores or os.cpu_count() or 1) / total, 1.0 / busiest) * 1e6)

@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common  # noqa: E402
-from bench.produce import BATCH_HEADER_BYTES, PRODUCE_TIMEOUT_MS, RECORD_OVERHEAD_BYTES, Window, make_payload  # noqa: E402
+from bench import common
+from bench.produce import PRODUCE_TIMEOUT_MS, Window, make_payload, records_per_batch
 
 PATHS = ("consumer", "fetch", "fetch-direct")
 # One reader gives up after this long without finishing (the figure is then marked incomplete).
@@ -48,7 +48,7 @@ async def _load(target: common.Target, records: int, record_size: int, batch_siz
     from clients.records import encode_values
     from protos.highwater.v1 import broker_pb2_grpc, common_pb2
 
-    per_batch = max(1, (batch_size - BATCH_HEADER_BYTES) // (record_size + RECORD_OVERHEAD_BYTES))
+    per_batch = records_per_batch(batch_size, record_size)
     payload = make_payload(record_size)
     groups: dict[str, list[int]] = {}
     for partition, address in sorted(target.leaders.items()):
@@ -264,8 +264,12 @@ def main() -> int:
             window = Window(common.CpuMeter({**target.pids, "client": os.getpid()}))
             result = run_path(target, path, args.records, args, window)
             result.update(gate, load_1m_after=common.load_average(), cpu_cores=window.cpu)
+            result["cpu_us_per_record"] = per = common.cpu_us_per_record(window.cpu, int(result["records"]))  # type: ignore[call-overload]
+            result["idle_2_core_ceiling_records_per_s"] = common.idle_machine_ceiling(per)
             print("  " + describe(result), flush=True)
-            print(f"      CPU (cores): {common.format_cpu(window.cpu)}; load {gate['load_1m_before']} -> "
+            print(f"      CPU (cores): {common.format_cpu(window.cpu)}; CPU µs/record: "
+                  f"{per.get('total')} (idle-machine ceiling {result['idle_2_core_ceiling_records_per_s'] or 0:,}/s); "
+                  f"load {gate['load_1m_before']} -> "
                   f"{result['load_1m_after']}", flush=True)
             if args.profile:
                 import tempfile

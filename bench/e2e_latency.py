@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common  # noqa: E402
+from bench import common
 
 # (send time in ns since the epoch, 1 if measured / 0 if warm-up) lead every payload.
 STAMP = struct.Struct(">qB")

@@ -42,13 +42,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common  # noqa: E402
+from bench import common
 
 # One Produce's server-side timeout (acks=all waits this long for the ISR at most).
 PRODUCE_TIMEOUT_MS = 30_000
-# What a record adds around its value in a v2 batch with no key and no headers: length,
-# attributes, timestamp and offset deltas, key length, value length, header count (varints).
-RECORD_OVERHEAD_BYTES = 8
 BATCH_HEADER_BYTES = 61
 PATHS = ("client", "gateway", "direct")
 
@@ -68,11 +65,26 @@ class ProduceSpec:
 
     @property
     def records_per_batch(self) -> int:
-        return max(1, (self.batch_size - BATCH_HEADER_BYTES) // (self.record_size + RECORD_OVERHEAD_BYTES))
+        """Records of record_size that fit batch_size bytes once encoded (no key, no headers)."""
+        return records_per_batch(self.batch_size, self.record_size)
 
     @property
     def acks_wire(self) -> int:
         return {"all": -1, "-1": -1, "1": 1, "0": 0}[str(self.acks)]
+
+
+def records_per_batch(batch_size: int, record_size: int) -> int:
+    """How many records of record_size bytes fit one encoded batch of at most batch_size bytes.
+
+    Measured on a probe batch: a record's framing grows with its offset delta (varints), so
+    a fixed overhead guess overshoots a 1 MiB batch past the broker's max.message.bytes.
+    """
+    from clients.records import encode_values
+
+    probe = 1000
+    size = len(encode_values([b"x" * record_size] * probe, timestamp_ms=0)) - BATCH_HEADER_BYTES
+    per_record = -(-size // probe) + 1  # ceil, plus a byte for larger offset deltas further on
+    return max(1, (batch_size - BATCH_HEADER_BYTES) // per_record)
 
 
 def make_payload(size: int, seed: int = 7) -> bytes:
@@ -318,12 +330,15 @@ def main() -> int:
     parser.add_argument("--direct", action="store_true", help="same as --path direct")
     parser.add_argument("--bootstrap", help="an existing cluster's gateway HOST:PORT (default: start our own)")
     parser.add_argument("--brokers", type=int, default=3, help="brokers of our own cluster (default 3)")
+    parser.add_argument("--tmp-dir", default=None,
+                        help="where our cluster's data goes (default: the system temp dir; /dev/shm takes the "
+                             "disk out of the figure)")
     parser.add_argument("--topic", default=None, help="topic name (default: a new one per run)")
     parser.add_argument("--profile", action="store_true",
                         help="one more run per path under py-spy: top functions of client, gateway, leaders")
     parser.add_argument("--native", action="store_true", help="py-spy --native (C frames of gRPC and protobuf)")
     parser.add_argument("--quiet-wait-s", type=float, default=common.QUIET_WAIT_S_DEFAULT,
-                        help="wait up to this long for the 1-minute load to drop below 1.5 (default 60)")
+                        help="wait up to this long for the 1-minute load to drop below 1.5 (default 20)")
     parser.add_argument("--output", default="produce", help="results file name under bench/results (default produce)")
     args = parser.parse_args()
     paths = ["direct"] if args.direct else (args.path or ["client"])
@@ -333,6 +348,7 @@ def main() -> int:
                        buffer_memory=args.buffer_memory)
     topic = args.topic or f"bench-produce-{int(time.time())}"
     out: dict[str, object] = {**common.header(), "spec": asdict(spec), "partitions": args.partitions,
+                              "tmp_dir": args.tmp_dir or tempfile.gettempdir(),
                               "replication_factor": args.replication_factor, "min_insync": args.min_insync,
                               "runs": []}
     print(f"produce: {spec.record_size} B records, acks={spec.acks}, {args.partitions} partitions, RF "
@@ -341,15 +357,28 @@ def main() -> int:
           f"{spec.duration_s:.0f} s per path", flush=True)
     with common.highwater_target(bootstrap=args.bootstrap, topic=topic, partitions=args.partitions,
                                  replication_factor=args.replication_factor, min_insync=args.min_insync,
-                                 brokers=args.brokers) as target:
+                                 brokers=args.brokers, tmp_dir=args.tmp_dir) as target:
         out["leaders"] = target.leader_processes()
         for path in paths:
             gate = common.wait_for_quiet(wait_s=args.quiet_wait_s)
             window = Window(common.CpuMeter({**target.pids, "client": os.getpid()}))
+            before = common.rpc_totals(target, "Produce")
             result = run_path(target, spec, path, window)
+            # Server-side view: Produce requests/s and mean time each took in the gateway and the
+            # leaders (Little's law: rate x latency = requests in flight, the pipeline's depth).
+            result["server_produce"] = common.rpc_delta(before, common.rpc_totals(target, "Produce"),
+                                                        float(result["elapsed_s"]))  # type: ignore[arg-type]
             result.update(gate, load_1m_after=common.load_average(), cpu_cores=window.cpu)
+            result["cpu_us_per_record"] = per = common.cpu_us_per_record(window.cpu, int(result["records_acked"]))  # type: ignore[call-overload]
+            result["idle_2_core_ceiling_records_per_s"] = common.idle_machine_ceiling(per)
             print("  " + describe(result), flush=True)
-            print(f"           CPU (cores): {common.format_cpu(window.cpu)}; load {gate['load_1m_before']} -> "
+            if result["server_produce"]:
+                print("           server-side Produce: " + ", ".join(
+                    f"{n} {v['requests_per_s']:.0f}/s mean {v['mean_ms']:.1f} ms"
+                    for n, v in result["server_produce"].items()), flush=True)  # type: ignore[union-attr]
+            print(f"           CPU (cores): {common.format_cpu(window.cpu)}; CPU µs/record: "
+                  f"{per.get('total')} (idle-machine ceiling {result['idle_2_core_ceiling_records_per_s'] or 0:,}/s); "
+                  f"load {gate['load_1m_before']} -> "
                   f"{result['load_1m_after']}", flush=True)
             if args.profile:
                 with tempfile.TemporaryDirectory(prefix="hw-pyspy-") as tmp:

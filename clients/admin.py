@@ -23,7 +23,7 @@ from clients.config import (
     check_int,
     check_topic_name,
 )
-from clients.connection import GatewayConnection
+from clients.connection import GatewayConnection, client_tls
 from clients.consumer import EARLIEST, LATEST, check_partitions
 from clients.errors import HighwaterError, InvalidArgument, error_for_code
 from clients.loop_thread import LoopThread
@@ -87,6 +87,7 @@ class AsyncAdmin:
                 request_timeout_ms=self.config.request_timeout_ms,
                 connect_timeout_ms=self.config.connect_timeout_ms,
                 retry_backoff_ms=self.config.retry_backoff_ms,
+                tls=client_tls(self.config),
             )
         return self._connection
 

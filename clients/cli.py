@@ -100,16 +100,26 @@ class CliContext:
     bootstrap: str
     output: str
     timeout_ms: int
+    # TLS (docs/SECURITY.md): a directory with ca.pem (and <tls_name>.pem/-key.pem), a token.
+    tls_dir: str | None = None
+    tls_name: str | None = None
+    token: str | None = None
 
     @property
     def json(self) -> bool:
         return self.output == "json"
 
-    def client_settings(self) -> dict[str, int]:
-        return {
+    def client_settings(self) -> dict[str, Any]:
+        settings: dict[str, Any] = {
             "request_timeout_ms": self.timeout_ms,
             "connect_timeout_ms": min(self.timeout_ms, CLI_CONNECT_TIMEOUT_MS_MAX),
         }
+        if self.tls_dir:
+            from services.security.client import tls_dir_settings
+            settings.update(tls_dir_settings(self.tls_dir, self.tls_name))
+        if self.token:
+            settings["auth_token"] = self.token
+        return settings
 
     def admin(self) -> Admin:
         return Admin(self.bootstrap, **self.client_settings())
@@ -164,9 +174,16 @@ def text_of(data: bytes | None) -> str | None:
               help="Tables for people, JSON for scripts.")
 @click.option("--request-timeout-ms", "timeout_ms", type=click.IntRange(100, 600_000), default=30_000, show_default=True,
               help="Timeout of each request to the cluster.")
+@click.option("--tls-dir", envvar="HIGHWATER_TLS_DIR", default=None, metavar="DIR",
+              help="Use TLS: DIR/ca.pem verifies the gateways (env HIGHWATER_TLS_DIR).")
+@click.option("--tls-name", envvar="HIGHWATER_TLS_NAME", default=None, metavar="NAME",
+              help="Present the client certificate DIR/NAME.pem (principal User:NAME; env HIGHWATER_TLS_NAME).")
+@click.option("--token", envvar="HIGHWATER_TOKEN", default=None, metavar="TOKEN",
+              help="Authenticate with a bearer token from `highwater token create` (env HIGHWATER_TOKEN).")
 @click.version_option(package_name="highwater", prog_name="highwater")
 @click.pass_context
-def cli(ctx: click.Context, bootstrap: str, output: str, timeout_ms: int) -> None:
+def cli(ctx: click.Context, bootstrap: str, output: str, timeout_ms: int, tls_dir: str | None,
+        tls_name: str | None, token: str | None) -> None:
     """Highwater: a replicated, partitioned commit log with Kafka's design.
 
     \b
@@ -176,7 +193,8 @@ def cli(ctx: click.Context, bootstrap: str, output: str, timeout_ms: int) -> Non
       seq 10 | highwater produce orders
       highwater consume orders --from-beginning --max-records 10
     """
-    ctx.obj = CliContext(bootstrap=bootstrap, output=output, timeout_ms=timeout_ms)
+    ctx.obj = CliContext(bootstrap=bootstrap, output=output, timeout_ms=timeout_ms, tls_dir=tls_dir,
+                         tls_name=tls_name, token=token)
 
 
 pass_cli = click.make_pass_decorator(CliContext)
@@ -766,6 +784,10 @@ def _add_optional_commands() -> None:
 
     cluster.add_command(up_command, "up")
     cluster.add_command(status_command, "status")
+    from clients.acl_cli import SECURITY_COMMANDS
+
+    for command in SECURITY_COMMANDS:
+        cli.add_command(command)
     try:
         from services.cli import SERVICE_COMMANDS
     except ImportError:

@@ -127,6 +127,13 @@ class ConnectionConfig:
     retry_backoff_ms: int = RETRY_BACKOFF_MS_DEFAULT
     retry_backoff_max_ms: int = RETRY_BACKOFF_MAX_MS_DEFAULT
     metadata_max_age_ms: int = METADATA_MAX_AGE_MS_DEFAULT
+    # TLS (docs/SECURITY.md): the CA of the gateways' certificates (None: the system's roots),
+    # an optional client certificate and key (principal User:<CN>), and an optional bearer
+    # token from `highwater token create`. Any of them set turns TLS on.
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    auth_token: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.bootstrap, str) and not isinstance(self.bootstrap, (list, tuple)):
@@ -136,6 +143,12 @@ class ConnectionConfig:
         check_int("retry_backoff_ms", self.retry_backoff_ms, minimum=0)
         check_int("retry_backoff_max_ms", self.retry_backoff_max_ms, minimum=self.retry_backoff_ms)
         check_int("metadata_max_age_ms", self.metadata_max_age_ms, minimum=1)
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "auth_token"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidArgument(f"{name} must be a non-empty str or None, got {value!r}")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise InvalidArgument("ssl_certfile and ssl_keyfile go together: give both or neither")
 
 
 @dataclass(frozen=True)

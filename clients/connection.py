@@ -35,6 +35,7 @@ from services.common.errors import (
     RequestTimedOut,
     UnknownServerError,
 )
+from services.security.client import ClientTls, ClientTlsError
 
 log = logging.getLogger("highwater.client.connection")
 
@@ -86,8 +87,12 @@ class GatewayConnection:
         request_timeout_ms: int,
         connect_timeout_ms: int,
         retry_backoff_ms: int,
+        tls: ClientTls | None = None,
     ) -> None:
         self.bootstrap_addresses = parse_bootstrap(bootstrap)
+        self.tls = tls
+        # Kafka's KIP-219: a response with throttle_time_ms mutes the connection that long.
+        self._throttled_until = 0.0
         self.addresses = list(self.bootstrap_addresses)
         self.request_timeout_ms = request_timeout_ms
         self.connect_timeout_ms = connect_timeout_ms
@@ -112,7 +117,8 @@ class GatewayConnection:
     def _stub(self, address: str) -> gateway_pb2_grpc.GatewayServiceStub:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = (self.tls.aio_channel(address, CHANNEL_OPTIONS) if self.tls is not None
+                       else grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS))
             self._channels[address] = channel
             stub = self._stubs[address] = gateway_pb2_grpc.GatewayServiceStub(channel)
         return stub
@@ -145,6 +151,9 @@ class GatewayConnection:
         if self._closed:
             raise ClientClosed(f"connection to {', '.join(self.bootstrap_addresses)} is closed")
         rpc_timeout_s = (timeout_ms if timeout_ms is not None else self.request_timeout_ms) / 1000
+        throttled_s = self._throttled_until - time.monotonic()
+        if throttled_s > 0:
+            await asyncio.sleep(throttled_s)
         connect_deadline = time.monotonic() + self.connect_timeout_ms / 1000
         failures: dict[str, str] = {}
         tried_in_round = 0
@@ -156,6 +165,10 @@ class GatewayConnection:
                 try:
                     response = await getattr(stub, method)(request, timeout=rpc_timeout_s)
                     self.ever_answered = True
+                    throttle_ms = getattr(response, "throttle_time_ms", 0)
+                    if throttle_ms > 0:
+                        log.debug("%s at %s: throttled for %d ms (quota)", method, address, throttle_ms)
+                        self._throttled_until = max(self._throttled_until, time.monotonic() + throttle_ms / 1000)
                     return response
                 except grpc.aio.AioRpcError as error:
                     if error.code() not in _FAILOVER_CODES:
@@ -182,6 +195,15 @@ class GatewayConnection:
         channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
         for channel in channels:
             await channel.close(grace=None)
+
+
+def client_tls(config: Any) -> ClientTls | None:
+    """The TLS and token credentials a ConnectionConfig asks for (None: plaintext); InvalidArgument if unusable."""
+    try:
+        return ClientTls.from_settings(ssl_cafile=config.ssl_cafile, ssl_certfile=config.ssl_certfile,
+                                       ssl_keyfile=config.ssl_keyfile, auth_token=config.auth_token)
+    except ClientTlsError as exc:
+        raise InvalidArgument(str(exc)) from None
 
 
 def error_from_status(error: grpc.aio.AioRpcError | grpc.RpcError, method: str, address: str) -> HighwaterError:

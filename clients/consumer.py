@@ -43,7 +43,7 @@ from clients.config import (
     check_int,
     check_topic_name,
 )
-from clients.connection import GatewayConnection
+from clients.connection import GatewayConnection, client_tls
 from clients.errors import ClientClosed, HighwaterError, InvalidArgument, error_for_code
 from clients.loop_thread import LoopThread
 from clients.metadata import ClusterMetadata, MetadataFetcher, now_ms
@@ -119,6 +119,7 @@ class AsyncConsumer:
                 request_timeout_ms=self.config.request_timeout_ms,
                 connect_timeout_ms=self.config.connect_timeout_ms,
                 retry_backoff_ms=self.config.retry_backoff_ms,
+                tls=client_tls(self.config),
             )
             self._fetcher = MetadataFetcher(self._connection, self._metadata)
         return self._connection

@@ -23,16 +23,19 @@ DEMO_RECORDS = 9
 DEMO_POLL_MS = 10_000
 
 
-def run_demo(bootstrap: str, console: Console) -> None:
-    """Create `demo` (3 partitions, RF 3 or fewer brokers), produce 9 keyed records, consume them."""
-    with Admin(bootstrap) as admin:
+def run_demo(bootstrap: str, console: Console, settings: dict[str, str] | None = None) -> None:
+    """Create `demo` (3 partitions, RF 3 or fewer brokers), produce 9 keyed records, consume them.
+
+    settings: extra client settings (TLS files, a token) for every client of the demo."""
+    settings = settings or {}
+    with Admin(bootstrap, **settings) as admin:
         brokers = len(admin.describe_cluster().brokers)
         try:
             admin.create_topics(DEMO_TOPIC, DEMO_PARTITIONS, min(3, max(brokers, 1)))
             console.print(f"created topic [bold]{DEMO_TOPIC}[/bold]")
         except TopicAlreadyExists:
             console.print(f"topic [bold]{DEMO_TOPIC}[/bold] exists")
-    with Producer(bootstrap) as producer:
+    with Producer(bootstrap, **settings) as producer:
         futures = [
             producer.send(DEMO_TOPIC, f"hello {i}".encode(), key=f"user-{i % 3}".encode(),
                           headers=[("source", b"demo")])
@@ -44,7 +47,8 @@ def run_demo(bootstrap: str, console: Console) -> None:
     table = Table(title=f"consumed from {DEMO_TOPIC}", title_justify="left")
     for column in ("partition", "offset", "key", "value"):
         table.add_column(column)
-    with Consumer(bootstrap=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False) as consumer:
+    with Consumer(bootstrap=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
+                  **settings) as consumer:
         partitions = [TopicPartition(DEMO_TOPIC, p) for p in consumer.partitions_for_topic(DEMO_TOPIC)]
         consumer.assign(partitions)
         ends = consumer.end_offsets(partitions)

@@ -22,13 +22,15 @@ from pathlib import Path
 
 import click
 
-from coordinator.etcd_server import EtcdServer, free_port
+from coordinator.etcd_server import EtcdServer, EtcdServerTls, free_port
 
 # How long one process may take to become ready (etcd connect, log recovery, registration).
 PROCESS_READY_TIMEOUT_S = 30.0
 # SIGTERM -> exit: a broker's controlled shutdown plus the gRPC grace period fit in this.
 PROCESS_STOP_TIMEOUT_S = 15.0
 LOG_TAIL_BYTES = 4000
+# The client certificate `cluster up --tls` makes for the operator (and lists as a super user).
+ADMIN_TLS_NAME = "admin"
 
 
 def _die_with_parent() -> None:
@@ -78,11 +80,25 @@ class LocalCluster:
 
     def __init__(self, base_dir: Path, *, brokers: int = 3, controllers: int = 1, gateways: int = 1,
                  lease_ttl_s: int = 6, gateway_port: int = 0, replica_lag_time_max_ms: int | None = None,
-                 racks: list[str] | None = None, python: str = sys.executable) -> None:
+                 racks: list[str] | None = None, python: str = sys.executable, tls: bool = False,
+                 service_args: list[str] | None = None) -> None:
+        """tls: make a local CA and certificates under base_dir/tls and run etcd and every service
+        with TLS (mutual TLS between them; each service also gets a --client-port for token
+        clients). service_args: extra flags for every service (e.g. --authorizer acl)."""
         self.base_dir = Path(base_dir).resolve()
         self.lease_ttl_s = lease_ttl_s
         self.python = python
-        self.etcd = EtcdServer(self.base_dir / "etcd", log_path=self.base_dir / "logs" / "etcd.log")
+        self.service_args = list(service_args or [])
+        self.tls_dir: Path | None = self.base_dir / "tls" if tls else None
+        etcd_tls = None
+        if self.tls_dir is not None:
+            from services.security.certs import ensure_local_pki
+
+            names = ["etcd", ADMIN_TLS_NAME, *(f"controller-{i}" for i in range(1, controllers + 1)),
+                     *(f"broker-{i}" for i in range(1, brokers + 1)), *(f"gateway-{i}" for i in range(1, gateways + 1))]
+            ensure_local_pki(self.tls_dir, names)
+            etcd_tls = EtcdServerTls(self.tls_dir / "ca.pem", self.tls_dir / "etcd.pem", self.tls_dir / "etcd-key.pem")
+        self.etcd = EtcdServer(self.base_dir / "etcd", log_path=self.base_dir / "logs" / "etcd.log", tls=etcd_tls)
         self.processes: dict[str, ServiceProcess] = {}
         (self.base_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.base_dir / "run").mkdir(parents=True, exist_ok=True)
@@ -100,6 +116,8 @@ class LocalCluster:
             self._add(f"gateway-{i}", "gateway", ["--gateway-id", str(i), "--port", str(port)])
 
     def _add(self, name: str, kind: str, args: list[str]) -> None:
+        if self.tls_dir is not None:
+            args = [*args, "--tls-dir", str(self.tls_dir), "--client-port", "0"]
         self.processes[name] = ServiceProcess(name, kind, args, self.base_dir / "logs" / f"{name}.log",
                                               self.base_dir / "run" / f"{name}.ready")
 
@@ -119,6 +137,38 @@ class LocalCluster:
     @property
     def gateway_address(self) -> str:
         return ",".join(self.gateway_addresses)
+
+    @property
+    def gateway_client_address(self) -> str:
+        """With tls: the gateways' listeners without client certificates (bearer-token clients)."""
+        return ",".join(f"127.0.0.1:{p.info['client_port']}" for p in self.by_kind("gateway")
+                        if p.info.get("client_port"))
+
+    def client_settings(self, name: str | None = ADMIN_TLS_NAME) -> dict[str, str]:
+        """Producer/Consumer/Admin settings for this cluster: {} without tls, else the CA and,
+        when name is given, that client certificate (the admin one by default)."""
+        if self.tls_dir is None:
+            return {}
+        from services.security.client import tls_dir_settings
+
+        return tls_dir_settings(self.tls_dir, name)
+
+    def issue_client_certificate(self, name: str) -> dict[str, str]:
+        """A new client certificate (CN = name, principal User:<name>) from the cluster's CA; its settings."""
+        if self.tls_dir is None:
+            raise RuntimeError("this cluster runs without TLS")
+        from services.security.certs import issue_certificate
+
+        issue_certificate(self.tls_dir, name)
+        return self.client_settings(name)
+
+    def etcd_tls(self, name: str = ADMIN_TLS_NAME) -> object | None:
+        """coordinator.store.EtcdTls for tools that talk to this cluster's etcd (None without tls)."""
+        if self.tls_dir is None:
+            return None
+        from services.security.tls import TlsMaterial
+
+        return TlsMaterial.load(self.tls_dir, name).etcd_tls()
 
     @property
     def broker_ids(self) -> list[int]:
@@ -143,7 +193,7 @@ class LocalCluster:
     def _spawn(self, p: ServiceProcess) -> None:
         p.ready_path.unlink(missing_ok=True)
         cmd = [self.python, "-m", "services", p.kind, *p.args, "--etcd", self.etcd.endpoint,
-               "--lease-ttl-s", str(self.lease_ttl_s), "--ready-file", str(p.ready_path)]
+               "--lease-ttl-s", str(self.lease_ttl_s), "--ready-file", str(p.ready_path), *self.service_args]
         log = p.log_path.open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         p.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -163,17 +213,19 @@ class LocalCluster:
                     if p.kind == "gateway":
                         # Keep the gateway's address across restarts: clients know it.
                         self._pin_port(p, int(p.info["port"]))  # type: ignore[call-overload]
+                        if p.info.get("client_port"):
+                            self._pin_port(p, int(p.info["client_port"]), "--client-port")  # type: ignore[call-overload]
                     return
             time.sleep(0.05)
         raise TimeoutError(f"{p.name} was not ready within {timeout_s:.0f} s; its log ({p.log_path}) ends with:\n"
                            f"{p.log_tail()}")
 
     @staticmethod
-    def _pin_port(p: ServiceProcess, port: int) -> None:
-        if "--port" in p.args:
-            p.args[p.args.index("--port") + 1] = str(port)
+    def _pin_port(p: ServiceProcess, port: int, flag: str = "--port") -> None:
+        if flag in p.args:
+            p.args[p.args.index(flag) + 1] = str(port)
         else:
-            p.args += ["--port", str(port)]
+            p.args += [flag, str(port)]
 
     def start_process(self, name: str, timeout_s: float = PROCESS_READY_TIMEOUT_S) -> None:
         p = self.processes[name]
@@ -246,10 +298,14 @@ class LocalCluster:
 @click.option("--gateway-port", type=click.IntRange(0, 65535), default=9092, show_default=True,
               help="Port of the first gateway (0: any free port).")
 @click.option("--lease-ttl-s", type=click.IntRange(2, 60), default=6, show_default=True)
+@click.option("--tls", is_flag=True,
+              help="Make a local CA and certificates (DATA_DIR/tls) and run etcd and every service with TLS.")
+@click.option("--authorizer", type=click.Choice(["none", "acl"]), default="none", show_default=True,
+              help="With --tls: enforce ACLs (`highwater acl`); User:admin is a super user.")
 @click.option("--demo", is_flag=True, help="Create a topic, produce and consume a few records, then keep running.")
 @click.option("--exit-after-demo", is_flag=True, help="With --demo: stop the cluster when the demo is done.")
 def up_command(data_dir: Path, brokers: int, controllers: int, gateways: int, gateway_port: int, lease_ttl_s: int,
-               demo: bool, exit_after_demo: bool) -> None:
+               tls: bool, authorizer: str, demo: bool, exit_after_demo: bool) -> None:
     """Start etcd and a whole cluster as child processes on 127.0.0.1.
 
     Runs until Ctrl-C or SIGTERM, then stops every process cleanly.
@@ -262,8 +318,11 @@ def up_command(data_dir: Path, brokers: int, controllers: int, gateways: int, ga
     if gateway_port and not _port_free(gateway_port):
         raise click.ClickException(f"port {gateway_port} is in use: stop what listens there or pass "
                                    "--gateway-port 0")
+    if authorizer == "acl" and not tls:
+        raise click.UsageError("--authorizer acl needs --tls (ACLs name authenticated principals)")
+    service_args = ["--authorizer", "acl", "--super-users", f"User:{ADMIN_TLS_NAME}"] if authorizer == "acl" else []
     cluster = LocalCluster(data_dir, brokers=brokers, controllers=controllers, gateways=gateways,
-                           lease_ttl_s=lease_ttl_s, gateway_port=gateway_port)
+                           lease_ttl_s=lease_ttl_s, gateway_port=gateway_port, tls=tls, service_args=service_args)
     stop_requested = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -285,11 +344,17 @@ def up_command(data_dir: Path, brokers: int, controllers: int, gateways: int, ga
             console.print(f"  {p.name:<13} pid {p.pid:<7} {p.address:<21} "
                           f"metrics http://127.0.0.1:{p.info.get('metrics_port')}/metrics  log {p.log_path}",
                           soft_wrap=True)
+        tls_flags = f" --tls-dir {cluster.tls_dir} --tls-name {ADMIN_TLS_NAME}" if cluster.tls_dir else ""
         console.print(f"bootstrap (gateway): [bold]{cluster.gateway_address}[/bold]   "
-                      f"try: highwater --bootstrap {cluster.gateway_address} topic list", soft_wrap=True)
+                      f"try: highwater --bootstrap {cluster.gateway_address}{tls_flags} topic list", soft_wrap=True)
+        if cluster.tls_dir is not None:
+            console.print(f"TLS: certificates in {cluster.tls_dir}; etcd at https://{cluster.etcd.endpoint}; "
+                          f"bearer-token clients use {cluster.gateway_client_address} "
+                          f"(highwater --tls-dir {cluster.tls_dir} token create --etcd {cluster.etcd.endpoint} "
+                          "--principal User:NAME)", soft_wrap=True)
         if demo:
             from clients.demo import run_demo
-            run_demo(cluster.gateway_address, console)
+            run_demo(cluster.gateway_address, console, cluster.client_settings())
             if exit_after_demo:
                 return
         console.print("running; Ctrl-C stops every process")

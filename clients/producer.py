@@ -47,7 +47,7 @@ from clients.config import (
     check_int,
     check_topic_name,
 )
-from clients.connection import GatewayConnection
+from clients.connection import GatewayConnection, client_tls
 from clients.errors import ClientClosed, HighwaterError, InvalidArgument, MessageTooLarge, RequestTimedOut
 from clients.loop_thread import LoopThread
 from clients.metadata import ClusterMetadata, MetadataFetcher, TopicInfo, now_ms
@@ -125,6 +125,7 @@ class _ProducerCore:
             request_timeout_ms=config.request_timeout_ms,
             connect_timeout_ms=config.connect_timeout_ms,
             retry_backoff_ms=config.retry_backoff_ms,
+            tls=client_tls(config),
         )
         self.fetcher = MetadataFetcher(self.connection, self.metadata)
         self.accumulator = RecordAccumulator(

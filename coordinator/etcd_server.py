@@ -19,11 +19,13 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -96,6 +98,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class EtcdServerTls:
+    """TLS for the client URL: etcd's certificate and key, and the CA whose client
+    certificates it accepts (--client-cert-auth: every client must present one).
+    The health probe presents etcd's own certificate, which is CA-signed for
+    client use too (services/security/certs.py makes such certificates)."""
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+
+
 class EtcdServer:
     """One local etcd member running as a child process.
 
@@ -113,8 +127,10 @@ class EtcdServer:
         name: str = "highwater-etcd",
         log_path: Path | None = None,
         binary: str | None = None,
+        tls: EtcdServerTls | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.tls = tls
         self.client_port = client_port
         self.peer_port = peer_port
         self.host = host
@@ -134,7 +150,7 @@ class EtcdServer:
 
     @property
     def client_url(self) -> str:
-        return f"http://{self.endpoint}"
+        return f"{'https' if self.tls is not None else 'http'}://{self.endpoint}"
 
     @property
     def pid(self) -> int | None:
@@ -167,6 +183,17 @@ class EtcdServer:
             "--election-timeout", str(ETCD_SERVER_ELECTION_TIMEOUT_MS),
             "--logger", "zap",
             "--log-outputs", "stderr",
+            *self._tls_flags(),
+        ]  # fmt: skip
+
+    def _tls_flags(self) -> list[str]:
+        if self.tls is None:
+            return []
+        return [
+            "--cert-file", str(self.tls.cert_file),
+            "--key-file", str(self.tls.key_file),
+            "--trusted-ca-file", str(self.tls.ca_file),
+            "--client-cert-auth",
         ]  # fmt: skip
 
     def start(self, timeout_s: float = ETCD_SERVER_START_TIMEOUT_S) -> EtcdServer:
@@ -219,11 +246,20 @@ class EtcdServer:
 
     def _healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.client_url}/health", timeout=ETCD_SERVER_HEALTH_PROBE_TIMEOUT_S) as resp:
+            with urllib.request.urlopen(
+                f"{self.client_url}/health", timeout=ETCD_SERVER_HEALTH_PROBE_TIMEOUT_S, context=self._probe_ssl_context()
+            ) as resp:
                 body = json.loads(resp.read() or b"{}")
         except (OSError, ValueError, urllib.error.URLError):
             return False
         return str(body.get("health")).lower() == "true"
+
+    def _probe_ssl_context(self) -> ssl.SSLContext | None:
+        if self.tls is None:
+            return None
+        context = ssl.create_default_context(cafile=str(self.tls.ca_file))
+        context.load_cert_chain(str(self.tls.cert_file), str(self.tls.key_file))
+        return context
 
     def stop(self, timeout_s: float = ETCD_SERVER_STOP_TIMEOUT_S) -> int | None:
         """SIGTERM, then SIGKILL after timeout_s; always reaps. Returns the exit code (None if not running)."""

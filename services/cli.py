@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from services.common import limits
+from services.security.cli_options import security_options
 
 ETCD_HELP = "etcd endpoints, host:port[,host:port...]"
 
@@ -69,9 +70,10 @@ def _run(main: Awaitable[None], log_level: str, json_logs: bool) -> None:
 @click.option("--replica-lag-time-max-ms", type=click.IntRange(1000), default=limits.REPLICA_LAG_TIME_MAX_MS,
               show_default=True, help="A follower not caught up for this long leaves the ISR.")
 @_common
+@security_options
 def broker_command(broker_id: int, data_dir: Path, rack: str, replica_lag_time_max_ms: int, etcd: str,
                    etcd_prefix: str, host: str, port: int, metrics_port: int, lease_ttl_s: int,
-                   ready_file: Path | None, log_level: str, json_logs: bool) -> None:
+                   ready_file: Path | None, log_level: str, json_logs: bool, security: Any) -> None:
     """Run a broker: stores partition logs, leads and follows partitions.
 
     Example: highwater broker --broker-id 1 --data-dir /var/lib/highwater/1 --etcd 127.0.0.1:2379
@@ -81,7 +83,7 @@ def broker_command(broker_id: int, data_dir: Path, rack: str, replica_lag_time_m
     config = BrokerConfig(broker_id=broker_id, data_dir=data_dir, etcd_endpoints=_endpoints(etcd), host=host,
                           port=port, metrics_port=metrics_port, rack=rack, etcd_prefix=etcd_prefix,
                           lease_ttl_s=lease_ttl_s, replica_lag_time_max_ms=replica_lag_time_max_ms,
-                          ready_file=ready_file)
+                          ready_file=ready_file, security=security.for_service(f"broker-{broker_id}"))
     _run(serve(config), log_level, json_logs)
 
 
@@ -96,10 +98,11 @@ def broker_command(broker_id: int, data_dir: Path, rack: str, replica_lag_time_m
 @click.option("--leader-imbalance-per-broker-percentage", type=click.IntRange(0, 100), default=10,
               show_default=True)
 @_common
+@security_options
 def controller_command(controller_id: int, delete_topic_enable: bool, auto_leader_rebalance_enable: bool,
                        leader_imbalance_check_interval_s: float, leader_imbalance_per_broker_percentage: int,
                        etcd: str, etcd_prefix: str, host: str, port: int, metrics_port: int, lease_ttl_s: int,
-                       ready_file: Path | None, log_level: str, json_logs: bool) -> None:
+                       ready_file: Path | None, log_level: str, json_logs: bool, security: Any) -> None:
     """Run a controller candidate: one wins the election in etcd and manages the cluster.
 
     Example: highwater controller --controller-id 1 --etcd 127.0.0.1:2379
@@ -112,15 +115,17 @@ def controller_command(controller_id: int, delete_topic_enable: bool, auto_leade
                               auto_leader_rebalance_enable=auto_leader_rebalance_enable,
                               leader_imbalance_check_interval_s=leader_imbalance_check_interval_s,
                               leader_imbalance_per_broker_percentage=leader_imbalance_per_broker_percentage,
-                              ready_file=ready_file)
+                              ready_file=ready_file, security=security.for_service(f"controller-{controller_id}"))
     _run(serve(config), log_level, json_logs)
 
 
 @click.command("gateway", context_settings={"auto_envvar_prefix": "HIGHWATER"})
 @click.option("--gateway-id", type=click.IntRange(0, 2**31 - 1), required=True, help="Unique id of this gateway.")
 @_common
+@security_options
 def gateway_command(gateway_id: int, etcd: str, etcd_prefix: str, host: str, port: int, metrics_port: int,
-                    lease_ttl_s: int, ready_file: Path | None, log_level: str, json_logs: bool) -> None:
+                    lease_ttl_s: int, ready_file: Path | None, log_level: str, json_logs: bool,
+                    security: Any) -> None:
     """Run a fetch gateway: the address clients talk to; routes requests to partition leaders.
 
     Example: highwater gateway --gateway-id 1 --port 9092 --etcd 127.0.0.1:2379
@@ -129,7 +134,7 @@ def gateway_command(gateway_id: int, etcd: str, etcd_prefix: str, host: str, por
 
     config = GatewayConfig(gateway_id=gateway_id, etcd_endpoints=_endpoints(etcd), host=host, port=port,
                            metrics_port=metrics_port, etcd_prefix=etcd_prefix, lease_ttl_s=lease_ttl_s,
-                           ready_file=ready_file)
+                           ready_file=ready_file, security=security.for_service(f"gateway-{gateway_id}"))
     _run(serve(config), log_level, json_logs)
 
 

@@ -81,9 +81,13 @@ class HighwaterInputPartition(InputPartition):
 
 # --- planning (driver) ------------------------------------------------------------------------
 
-def resolve_partitions(client: GatewayClient, options: ReadOptions, *, allow_empty: bool
-                       ) -> list[TopicPartitionKey]:
-    """The topic-partitions the subscription selects now; OptionError-style failures name the option."""
+def resolve_partitions(client: GatewayClient, options: ReadOptions, *, allow_empty: bool,
+                       missing_ok: bool = False) -> list[TopicPartitionKey]:
+    """The topic-partitions the subscription selects now; failures name the option.
+
+    `missing_ok`: a subscribed topic that does not exist (any more) selects nothing instead
+    of failing; a running stream decides about that with failOnDataLoss.
+    """
     sub = options.subscription
     if sub.pattern is not None:
         found = client.partitions()
@@ -94,14 +98,14 @@ def resolve_partitions(client: GatewayClient, options: ReadOptions, *, allow_emp
     topics = list(sub.topics) or list(dict.fromkeys(t for t, _ in sub.assigned))
     found = client.partitions(topics)
     missing = [t for t in topics if found.get(t) is None]
-    if missing:
+    if missing and not missing_ok:
         raise HighwaterSparkError(f"option {sub.option!r}: topic {', '.join(map(repr, missing))} does not exist "
                                   f"(gateway {options.bootstrap})")
     if sub.assigned:
         absent = [f"{t}-{p}" for t, p in sub.assigned if p not in (found[t] or [])]
-        if absent:
+        if absent and not missing_ok:
             raise HighwaterSparkError(f"option 'assign': partition {', '.join(absent)} does not exist")
-        return list(sub.assigned)
+        return [(t, p) for t, p in sub.assigned if p in (found[t] or [])]
     return [(t, p) for t in topics for p in (found[t] or [])]
 
 
@@ -267,19 +271,26 @@ def push_filter(bounds: PushedBounds, f: Filter) -> bool:
 # --- reading (tasks) ---------------------------------------------------------------------------
 
 def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of every record in [r.start, r.end) of one partition, in offset order."""
+    """Arrow batches of every record in [r.start, r.end) of one partition, in offset order.
+
+    Raises HighwaterSparkError when the partition makes no progress (retriable errors,
+    or no records where the plan says there are) for highwater.retry.timeout.ms.
+    """
     tp = (r.topic, r.partition)
     max_bytes = options.client.fetch_max_bytes
     offset = r.start
     pending = client.call_future("Fetch", client.fetch_request(tp, offset, max_bytes))
-    empty_polls_deadline: float | None = None
+    stalled: _Stall | None = None
     while offset < r.end:
         part = pending().topics[0].partitions[0]
         code = part.error_code
         if code != common_pb2.NONE:
+            before = offset
             offset = _after_fetch_error(client, r, offset, part, options)
             if offset >= r.end:
                 return
+            if offset == before:
+                stalled = _Stall.check(stalled, client, r, offset, f"{code_name(code)} {part.error_message}")
             pending = client.call_future("Fetch", client.fetch_request(tp, offset, max_bytes))
             continue
         data = part.records
@@ -287,11 +298,11 @@ def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> I
         if next_offset is None or next_offset <= offset:
             # Nothing below the high watermark yet at `offset` though the plan says there is: a
             # new leader whose high watermark lags, briefly. Long-poll, within the retry timeout.
-            empty_polls_deadline = _empty_poll(client, r, offset, part, empty_polls_deadline)
+            stalled = _Stall.check(stalled, client, r, offset, f"no records (high watermark {part.high_watermark})")
             pending = client.call_future("Fetch", client.fetch_request(tp, offset, max_bytes,
                                                                          limits.FETCH_EMPTY_WAIT_MS))
             continue
-        empty_polls_deadline = None
+        stalled = None
         if next_offset < r.end:
             pending = client.call_future("Fetch", client.fetch_request(tp, next_offset, max_bytes))
         records = list(decode_batches(data))
@@ -309,17 +320,22 @@ def _offset_of(record: Any) -> int:
     return record.offset  # type: ignore[no-any-return]
 
 
-def _empty_poll(client: GatewayClient, r: OffsetRange, offset: int, part: common_pb2.FetchPartitionResponse,
-                deadline: float | None) -> float:
-    now = time.monotonic()
-    if deadline is None:
-        return now + client.settings.retry_timeout_ms / 1000
-    if now >= deadline:
-        raise HighwaterSparkError(
-            f"{r.topic}-{r.partition}: no records at offset {offset} though the plan reads to {r.end} "
-            f"(high watermark {part.high_watermark}) after highwater.retry.timeout.ms="
-            f"{client.settings.retry_timeout_ms} ms")
-    return deadline
+@dataclass(frozen=True)
+class _Stall:
+    """Since when a partition has made no progress, and until when that is tolerated."""
+
+    deadline: float
+
+    @staticmethod
+    def check(stall: _Stall | None, client: GatewayClient, r: OffsetRange, offset: int, why: str) -> _Stall:
+        now = time.monotonic()
+        if stall is None:
+            return _Stall(now + client.settings.retry_timeout_ms / 1000)
+        if now >= stall.deadline:
+            raise HighwaterSparkError(
+                f"{r.topic}-{r.partition}: no progress at offset {offset} (the plan reads to {r.end}) for "
+                f"highwater.retry.timeout.ms={client.settings.retry_timeout_ms} ms; last: {why}")
+        return stall
 
 
 def _after_fetch_error(client: GatewayClient, r: OffsetRange, offset: int,
@@ -432,7 +448,7 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return self._client
 
     def _current_partitions(self) -> list[TopicPartitionKey]:
-        return resolve_partitions(self.client, self.options, allow_empty=True)
+        return resolve_partitions(self.client, self.options, allow_empty=True, missing_ok=True)
 
     def initialOffset(self) -> dict:
         tps = resolve_partitions(self.client, self.options, allow_empty=self.options.subscription.pattern is not None)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import common  # noqa: E402
+from bench import common
 
 SERVER_READY_TIMEOUT_S = 30.0
 STREAM = "BENCH"

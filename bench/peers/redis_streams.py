@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import common  # noqa: E402
+from bench import common
 
 SERVER_READY_TIMEOUT_S = 30.0
 STREAM = "bench"
@@ -258,7 +258,7 @@ def e2e_consume(port: int, *, expected: int, timeout_s: float) -> dict[str, obje
             answer = r.xread({STREAM: last}, count=10_000, block=500)
             for _stream, entries in answer or []:
                 now = time.time_ns()
-                for entry_id, fields in entries:
+                for _entry_id, fields in entries:
                     latencies.append((now - _SENT_NS.unpack_from(fields[b"v"])[0]) / 1e9)
                 last = entries[-1][0]
     finally:

@@ -22,6 +22,7 @@ from protos.highwater.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.broker.fetch_state import FetchPhase, PartitionFetchState, truncation_offset
 from services.common import limits
 from services.common.server import channel_options
+from services.security.channels import open_channel
 
 log = logging.getLogger("highwater.fetcher")
 
@@ -40,7 +41,7 @@ class LeaderEndpoint(Protocol):
 class GrpcLeaderEndpoint:
     def __init__(self, address: str) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address, options=channel_options())
+        self._channel = open_channel(address, channel_options())
         self._stub = broker_pb2_grpc.BrokerServiceStub(self._channel)
 
     async def fetch(self, request: common_pb2.FetchRequest) -> common_pb2.FetchResponse:

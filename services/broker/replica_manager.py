@@ -366,7 +366,10 @@ class ReplicaManager:
         for topic in req.topics:
             for pd in topic.partitions:
                 tp = (topic.topic, pd.partition)
-                res = common_pb2.ProducePartitionResponse(partition=pd.partition, log_append_time_ms=-1)
+                # base_offset stays -1 unless the batches were appended: a gateway may retry
+                # a failed partition on its own only when nothing of it was written.
+                res = common_pb2.ProducePartitionResponse(partition=pd.partition, log_append_time_ms=-1,
+                                                          base_offset=-1)
                 try:
                     p = self._leader_partition(tp)
                     info = p.append_as_leader(pd.records, acks=req.acks, now_ms=wall)

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -28,6 +28,8 @@ from services.broker.replica_manager import ReplicaManager
 from services.common import limits
 from services.common.peers import PeerChannels
 from services.common.server import ServiceRuntime
+from services.security.config import SecurityConfig
+from services.security.runtime import ServiceSecurity
 
 log = logging.getLogger("highwater.broker")
 
@@ -45,6 +47,7 @@ class BrokerConfig:
     lease_ttl_s: int = limits.LEASE_TTL_S
     replica_lag_time_max_ms: int = limits.REPLICA_LAG_TIME_MAX_MS
     ready_file: Path | None = None
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def check(self) -> None:
         limits.check_relations(lease_ttl_s=self.lease_ttl_s, keepalive_interval_s=self.lease_ttl_s / 4,
@@ -146,7 +149,9 @@ CONTROLLED_SHUTDOWN_ATTEMPTS_MAX = 3
 async def serve(config: BrokerConfig) -> None:
     config.check()
     prepare_data_dir(config.data_dir)
-    store = await EtcdStore.connect(config.etcd_endpoints, prefix=config.etcd_prefix)
+    store = await EtcdStore.connect(config.etcd_endpoints, prefix=config.etcd_prefix,
+                                    tls=config.security.etcd_tls())
+    security = await ServiceSecurity.start(config.security, store)
     peers = PeerChannels()
     controller = ControllerClient(store, peers)
     replicas = ReplicaManager(broker_id=config.broker_id, data_dir=config.data_dir,
@@ -154,7 +159,8 @@ async def serve(config: BrokerConfig) -> None:
                               replica_lag_time_max_ms=config.replica_lag_time_max_ms)
     runtime = ServiceRuntime(name=f"broker-{config.broker_id}", host=config.host, port=config.port,
                              metrics_port=config.metrics_port, ready_file=config.ready_file,
-                             service_names=[broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name])
+                             service_names=[broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name],
+                             security=security)
     broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(replicas), runtime.server)
     await runtime.start()
     replicas.start()
@@ -201,6 +207,7 @@ async def serve(config: BrokerConfig) -> None:
         except Exception as exc:
             log.warning("could not revoke the lease: %s", exc)
         await peers.close()
+        await security.close()
         await store.close()
 
     await runtime.run_until_stopped(on_stop)

@@ -11,6 +11,7 @@ import grpc
 
 from protos.highwater.v1 import broker_pb2_grpc, controller_pb2_grpc, gateway_pb2_grpc
 from services.common.server import channel_options
+from services.security.channels import open_channel
 
 
 class PeerChannels:
@@ -23,7 +24,7 @@ class PeerChannels:
     def channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=channel_options())
+            ch = self._channels[address] = open_channel(address, channel_options())
         return ch
 
     def _stub(self, kind: str, address: str, factory: Any) -> Any:

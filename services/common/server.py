@@ -17,6 +17,7 @@ import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import prometheus_client
@@ -56,6 +57,9 @@ class ServiceRuntime:
     metrics_port: int | None
     ready_file: Path | None
     service_names: Sequence[str]
+    # services.security.runtime.ServiceSecurity: TLS listeners, the security interceptor and
+    # request limits. None (or an inactive one): plaintext, exactly as without the layer.
+    security: Any = None
     server: grpc.aio.Server = field(init=False)
     health: health.aio.HealthServicer = field(init=False)
     bound_port: int = field(init=False, default=0)
@@ -63,7 +67,8 @@ class ServiceRuntime:
     stopping: asyncio.Event = field(init=False)
 
     def __post_init__(self) -> None:
-        self.server = grpc.aio.server(options=GRPC_OPTIONS)
+        self.server = grpc.aio.server(**(self.security.server_kwargs(GRPC_OPTIONS) if self.security is not None
+                                         else {"options": GRPC_OPTIONS}))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
@@ -72,7 +77,10 @@ class ServiceRuntime:
 
     async def start(self) -> None:
         """Bind and start serving; health stays NOT_SERVING until `mark_ready`."""
-        self.bound_port = self.server.add_insecure_port(f"{self.host}:{self.port}")
+        if self.security is not None:
+            self.bound_port = self.security.bind(self.server, self.host, self.port)
+        else:
+            self.bound_port = self.server.add_insecure_port(f"{self.host}:{self.port}")
         if self.bound_port == 0:
             raise SystemExit(f"{self.name}: cannot listen on {self.host}:{self.port} (port in use?)")
         await self.server.start()
@@ -93,7 +101,8 @@ class ServiceRuntime:
             await self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
         if self.ready_file is not None:
             info = {"pid": os.getpid(), "host": self.host, "port": self.bound_port,
-                    "metrics_port": self.bound_metrics_port, **extra}
+                    "metrics_port": self.bound_metrics_port,
+                    **(self.security.ready_info() if self.security is not None else {}), **extra}
             tmp = self.ready_file.with_suffix(".tmp")
             tmp.write_text(json.dumps(info))
             tmp.replace(self.ready_file)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -25,6 +25,8 @@ from services.common.peers import PeerChannels
 from services.common.server import ServiceRuntime
 from services.controller import handlers, metrics
 from services.controller.event_loop import ControllerEventLoop, ControllerResigned
+from services.security.config import SecurityConfig
+from services.security.runtime import ServiceSecurity
 
 log = logging.getLogger("highwater.controller")
 
@@ -48,6 +50,7 @@ class ControllerConfig:
     leader_imbalance_check_interval_s: float = 300.0
     leader_imbalance_per_broker_percentage: int = 10
     ready_file: Any = None
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
 
 class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
@@ -184,13 +187,16 @@ def _config(configs: dict[str, str]) -> common_pb2.TopicConfig:
 
 
 async def serve(config: ControllerConfig) -> None:
-    store = await EtcdStore.connect(config.etcd_endpoints, prefix=config.etcd_prefix)
+    store = await EtcdStore.connect(config.etcd_endpoints, prefix=config.etcd_prefix,
+                                    tls=config.security.etcd_tls())
+    security = await ServiceSecurity.start(config.security, store)
     peers = PeerChannels()
     servicer = ControllerServicer(store)
     runtime = ServiceRuntime(name=f"controller-{config.controller_id}", host=config.host, port=config.port,
                              metrics_port=config.metrics_port, ready_file=config.ready_file,
                              service_names=[controller_pb2.DESCRIPTOR.services_by_name["ControllerService"]
-                                            .full_name])
+                                            .full_name],
+                             security=security)
     controller_pb2_grpc.add_ControllerServiceServicer_to_server(servicer, runtime.server)
     await runtime.start()
     servicer.host, servicer.port = config.host, runtime.bound_port
@@ -240,6 +246,7 @@ async def serve(config: ControllerConfig) -> None:
         except (asyncio.CancelledError, Exception):
             pass
         await peers.close()
+        await security.close()
         await store.close()
 
     await runtime.run_until_stopped(on_stop)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from protos.highwater.v1 import common_pb2
 from services.common.errors import check
 from services.common.metadata_cache import MetadataCache
+from services.common.record_batch import iter_batch_headers
 
 TopicPartitionKey = tuple[str, int]
 
@@ -52,6 +53,17 @@ def split_produce(cache: MetadataCache, topics: Iterable[common_pb2.ProduceTopic
             check(address is not None, "route_error passed %s but no leader address", tp)
             split.by_leader.setdefault(str(address), []).append((t.topic, pd))
     return split
+
+
+def idempotent_partitions(topics: Iterable[common_pb2.ProduceTopicData]) -> set[TopicPartitionKey]:
+    """Partitions whose batches all carry a producer id (the leader deduplicates their retries)."""
+    out = set()
+    for t in topics:
+        for pd in t.partitions:
+            headers = list(iter_batch_headers(pd.records))
+            if headers and all(h.producer_id >= 0 for h in headers):
+                out.add((t.topic, pd.partition))
+    return out
 
 
 def produce_request(template: common_pb2.ProduceRequest, items: list[tuple[str, common_pb2.ProducePartitionData]]

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -32,6 +32,8 @@ from services.common.peers import PeerChannels
 from services.common.record_batch import iter_batch_headers
 from services.common.server import ServiceRuntime
 from services.gateway import metrics, routing
+from services.security.config import SecurityConfig
+from services.security.runtime import ServiceSecurity
 
 log = logging.getLogger("highwater.gateway")
 
@@ -54,6 +56,7 @@ class GatewayConfig:
     etcd_prefix: str = "/highwater"
     lease_ttl_s: int = limits.LEASE_TTL_S
     ready_file: Any = None
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
@@ -126,6 +129,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             deadline = time.monotonic() + timeout_ms / 1000
             results: dict[routing.TopicPartitionKey, common_pb2.ProducePartitionResponse] = {}
             pending = list(request.topics)
+            # Retrying a batch that may already be in the log would write it twice, unless
+            # the leader can recognise it (an idempotent producer's sequence numbers).
+            idempotent = routing.idempotent_partitions(request.topics)
             if any(t.topic not in self.cache.topics() for t in pending):
                 await self.refresh_metadata()
             while True:
@@ -135,10 +141,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                                                                       error_message=message, base_offset=-1)
                 sends = {address: asyncio.ensure_future(self._produce_to(address, request, items, deadline))
                          for address, items in split.by_leader.items()}
+                uncertain: set[routing.TopicPartitionKey] = set()
                 for fut in sends.values():
-                    for tp, res in (await fut).items():
-                        results[tp] = res
-                retry = {tp for tp, res in results.items() if res.error_code in RETRIABLE_ROUTING_CODES}
+                    answered, unknown = await fut
+                    results.update(answered)
+                    uncertain |= unknown
+                retry = {tp for tp, res in results.items()
+                         if res.error_code in RETRIABLE_ROUTING_CODES
+                         and ((res.base_offset < 0 and tp not in uncertain) or tp in idempotent)}
                 if not retry or time.monotonic() + ROUTING_RETRY_BACKOFF_MS / 1000 >= deadline:
                     break
                 await asyncio.sleep(ROUTING_RETRY_BACKOFF_MS / 1000)
@@ -150,7 +160,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def _produce_to(self, address: str, template: common_pb2.ProduceRequest,
                           items: list[tuple[str, common_pb2.ProducePartitionData]], deadline: float
-                          ) -> dict[routing.TopicPartitionKey, common_pb2.ProducePartitionResponse]:
+                          ) -> tuple[dict[routing.TopicPartitionKey, common_pb2.ProducePartitionResponse],
+                                     set[routing.TopicPartitionKey]]:
+        """One leader's answers, and the partitions whose outcome is unknown (the call itself failed)."""
         req = routing.produce_request(template, items)
         remaining_s = max(deadline - time.monotonic(), 0.001)
         req.timeout_ms = int(remaining_s * 1000)
@@ -159,14 +171,17 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         except grpc.aio.AioRpcError as exc:
             code = (common_pb2.REQUEST_TIMED_OUT if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                     else common_pb2.LEADER_NOT_AVAILABLE)
-            return {(t, pd.partition): common_pb2.ProducePartitionResponse(
+            failed = {(t, pd.partition): common_pb2.ProducePartitionResponse(
                 partition=pd.partition, error_code=code, base_offset=-1,
-                error_message=f"leader at {address} could not be reached: {exc.code().name}") for t, pd in items}
+                error_message=f"the call to the leader at {address} failed ({exc.code().name}); the write may "
+                              "or may not have happened (an idempotent producer's retry is safe)")
+                for t, pd in items}
+            return failed, set(failed)
         out = {}
         for t in resp.topics:
             for p in t.partitions:
                 out[(t.topic, p.partition)] = p
-        return out
+        return out, set()
 
     # ---- fetch / list offsets ---------------------------------------------------------------
 
@@ -429,12 +444,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
 
 async def serve(config: GatewayConfig) -> None:
-    store = await EtcdStore.connect(config.etcd_endpoints, prefix=config.etcd_prefix)
+    store = await EtcdStore.connect(config.etcd_endpoints, prefix=config.etcd_prefix,
+                                    tls=config.security.etcd_tls())
+    security = await ServiceSecurity.start(config.security, store)
     peers = PeerChannels()
     servicer = GatewayServicer(store, peers)
     runtime = ServiceRuntime(name=f"gateway-{config.gateway_id}", host=config.host, port=config.port,
                              metrics_port=config.metrics_port, ready_file=config.ready_file,
-                             service_names=[gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name])
+                             service_names=[gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name],
+                             security=security)
     gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, runtime.server)
     await runtime.start()
     info = {"gateway_id": config.gateway_id, "host": config.host, "port": runtime.bound_port, "pid": os.getpid()}
@@ -450,6 +468,7 @@ async def serve(config: GatewayConfig) -> None:
         except Exception as exc:
             log.warning("could not revoke the lease: %s", exc)
         await peers.close()
+        await security.close()
         await store.close()
 
     await runtime.run_until_stopped(on_stop)

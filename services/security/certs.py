@@ -55,7 +55,7 @@ def create_ca(directory: Path, *, common_name: str = "Highwater local CA", valid
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Highwater"),
                       x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder()
             .subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
@@ -97,7 +97,7 @@ def issue_certificate(directory: Path, name: str, *, hosts: Iterable[str] = (), 
             sans.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
             sans.append(x509.DNSName(host))
-    start = datetime.datetime.now(datetime.timezone.utc) - CLOCK_SKEW_ALLOWANCE - \
+    start = datetime.datetime.now(datetime.UTC) - CLOCK_SKEW_ALLOWANCE - \
         datetime.timedelta(days=not_before_days_ago)
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Highwater"),

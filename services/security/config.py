@@ -16,12 +16,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from coordinator.store import EtcdTls
 from services.common import limits
 from services.common.authz import AclError, check_principal
 from services.security.identity import parse_service_name
-from services.security.tls import TlsMaterial
+
+if TYPE_CHECKING:  # imported when used: `highwater --help` should not load grpc and etcd3aio
+    from coordinator.store import EtcdTls
+    from services.security.tls import TlsMaterial
 
 AUTHORIZERS = ("none", "acl")
 # The smallest request bound that still fits one default-size batch plus framing
@@ -29,8 +32,8 @@ AUTHORIZERS = ("none", "acl")
 MAX_REQUEST_BYTES_MIN = 64 * 1024
 # A record batch v2 holds at most 2^31 - 1 records; bound the flag to something sane.
 MAX_BATCH_RECORDS_MAX = 10_000_000
-# HTTP/2 streams per connection: gRPC's own default is effectively unlimited.
-MAX_CONCURRENT_STREAMS_MAX = 10_000
+# Concurrent requests per connection: an upper bound for the flag itself.
+REQUESTS_PER_CONNECTION_MAX = 10_000
 
 
 class SecurityConfigError(SystemExit):
@@ -55,8 +58,8 @@ class SecurityConfig:
     # Per-principal byte rates (0: unlimited); Kafka's producer_byte_rate / consumer_byte_rate.
     producer_byte_rate: int = 0
     consumer_byte_rate: int = 0
-    # Concurrent requests (HTTP/2 streams) per client connection (0: gRPC's default).
-    max_concurrent_streams: int = 0
+    # Requests one connection may have in progress at once; more wait for a slot (0: no bound).
+    max_requests_per_connection: int = 0
 
     @property
     def tls(self) -> bool:
@@ -73,11 +76,12 @@ class SecurityConfig:
     @property
     def needs_interceptor(self) -> bool:
         """Whether requests pass through the security interceptor at all."""
-        return self.tls or self.acl or self.quotas or self.max_batch_records > 0
+        return (self.tls or self.acl or self.quotas or self.max_batch_records > 0
+                or self.max_requests_per_connection > 0)
 
     @property
     def active(self) -> bool:
-        return self.needs_interceptor or self.max_request_bytes > 0 or self.max_concurrent_streams > 0
+        return self.needs_interceptor or self.max_request_bytes > 0
 
     def for_service(self, name: str) -> SecurityConfig:
         return dataclasses.replace(self, name=name)
@@ -105,17 +109,22 @@ class SecurityConfig:
                                       f"{limits.GRPC_MAX_MESSAGE_BYTES}], got {self.max_request_bytes}")
         if not 0 <= self.max_batch_records <= MAX_BATCH_RECORDS_MAX:
             raise SecurityConfigError(f"--max-batch-records must be within [0, {MAX_BATCH_RECORDS_MAX}]")
-        if not 0 <= self.max_concurrent_streams <= MAX_CONCURRENT_STREAMS_MAX:
+        if not 0 <= self.max_requests_per_connection <= REQUESTS_PER_CONNECTION_MAX:
             raise SecurityConfigError(f"--max-concurrent-requests-per-connection must be within "
-                                      f"[0, {MAX_CONCURRENT_STREAMS_MAX}]")
+                                      f"[0, {REQUESTS_PER_CONNECTION_MAX}]")
 
     def tls_material(self) -> TlsMaterial | None:
         """The process's certificate files, read now (None without --tls-dir). Raises TlsConfigError."""
         if self.tls_dir is None:
             return None
+        from services.security.tls import TlsMaterial
+
         return TlsMaterial.load(self.tls_dir, self.name)
 
     def etcd_tls(self) -> EtcdTls | None:
-        """TLS settings for EtcdStore.connect: mutual TLS with this process's certificate."""
+        """TLS settings for EtcdStore.connect: mutual TLS with this process's certificate.
+
+        Checks the flags first, so a bad combination is reported before any file is read."""
+        self.check()
         material = self.tls_material()
         return material.etcd_tls() if material is not None else None

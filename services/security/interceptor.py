@@ -31,6 +31,7 @@ import contextvars
 import inspect
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -50,6 +51,9 @@ FORWARDED_PRINCIPAL_KEY = "x-highwater-principal-bin"
 AUTHORIZATION_KEY = "authorization"
 # The part of a request's deadline a quota delay may use: the rest is left for the work.
 QUOTA_DELAY_DEADLINE_SHARE = 0.5
+# Requests that may wait for a slot on one connection, per slot; beyond that a request is
+# refused at once (RESOURCE_EXHAUSTED) rather than held in memory.
+WAITING_PER_SLOT_MAX = 4
 
 CURRENT_CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("highwater_caller", default=None)
 
@@ -71,16 +75,77 @@ class TokenVerifier:
     def authorizer(self) -> Authorizer: ...  # pragma: no cover
 
 
+class _Connection:
+    __slots__ = ("in_flight", "waiters")
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+
+class ConnectionLimiter:
+    """At most `in_flight_max` requests in progress per client connection (gRPC peer address).
+
+    Extra requests wait in arrival order for a slot, bounded by their deadline and by
+    WAITING_PER_SLOT_MAX per slot; beyond that they are refused. Kafka gets the same
+    effect by reading one request per connection at a time. (gRPC's HTTP/2
+    max_concurrent_streams setting would be the transport's way, but its server
+    answers streams over the limit with RST_STREAM REFUSED_STREAM, which clients
+    see as UNAVAILABLE.) Owned by the service's event loop; no locks.
+    """
+
+    def __init__(self, in_flight_max: int) -> None:
+        if in_flight_max < 1:
+            raise ValueError(f"in_flight_max must be >= 1, got {in_flight_max}")
+        self.in_flight_max = in_flight_max
+        self.waiting_max = in_flight_max * WAITING_PER_SLOT_MAX
+        self._connections: dict[str, _Connection] = {}
+
+    async def acquire(self, peer: str) -> bool:
+        """Take a slot (waiting for one if needed); False when too many already wait."""
+        conn = self._connections.get(peer)
+        if conn is None:
+            conn = self._connections[peer] = _Connection()
+        if conn.in_flight < self.in_flight_max and not conn.waiters:
+            conn.in_flight += 1
+            return True
+        if len(conn.waiters) >= self.waiting_max:
+            return False
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        conn.waiters.append(fut)
+        try:
+            await fut  # release() hands its slot over: in_flight stays counted
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release(peer)  # the slot arrived as we were cancelled: pass it on
+            elif fut in conn.waiters:
+                conn.waiters.remove(fut)
+            raise
+        return True
+
+    def release(self, peer: str) -> None:
+        conn = self._connections[peer]
+        while conn.waiters:
+            fut = conn.waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+        conn.in_flight -= 1
+        if conn.in_flight == 0:
+            del self._connections[peer]
+
+
 class SecurityInterceptor(grpc.aio.ServerInterceptor):
     """Authentication, per-RPC rules and quotas for one service's server (owned by its event loop)."""
 
     def __init__(self, *, tls: bool, cache: TokenVerifier | None, acl: bool, limits: rules.Limits,
-                 quotas: QuotaManager | None) -> None:
+                 quotas: QuotaManager | None, connections: ConnectionLimiter | None = None) -> None:
         self.tls = tls
         self.cache = cache
         self.acl = acl
         self.limits = limits
         self.quotas = quotas
+        self.connections = connections
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
@@ -105,34 +170,49 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
         rule = rules.rule_for(method)
         kwargs = {"request_deserializer": handler.request_deserializer,
                   "response_serializer": handler.response_serializer}
+        # Unary requests arrive as bytes and are parsed here, after authentication: an
+        # unauthenticated caller costs no parsing, and a malformed request is answered
+        # INVALID_ARGUMENT (gRPC itself would say UNKNOWN, as if a handler had failed).
+        raw = {"request_deserializer": None, "response_serializer": handler.response_serializer}
+        parse = handler.request_deserializer
         if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(self._unary(method, rule, handler.unary_unary), **kwargs)
+            return grpc.unary_unary_rpc_method_handler(self._unary(method, rule, handler.unary_unary, parse), **raw)
         if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(self._unary_stream(method, rule, handler.unary_stream),
-                                                        **kwargs)
+            return grpc.unary_stream_rpc_method_handler(
+                self._unary_stream(method, rule, handler.unary_stream, parse), **raw)
         if handler.stream_unary is not None:
             inner_su = handler.stream_unary
 
             async def stream_unary(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
-                await self._admit(method, rule, None, context)
+                await self._admit(method, rule, None, context, None)
                 return await _maybe_await(inner_su(request_iterator, context))
 
             return grpc.stream_unary_rpc_method_handler(stream_unary, **kwargs)
         inner_ss = handler.stream_stream
 
         async def stream_stream(request_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            await self._admit(method, rule, None, context)
+            await self._admit(method, rule, None, context, None)
             async for item in _aiter(inner_ss(request_iterator, context)):
                 yield item
 
         return grpc.stream_stream_rpc_method_handler(stream_stream, **kwargs)
 
-    def _unary(self, method: str, rule: rules.Rule | None, inner: Callable[..., Any]) -> Callable[..., Any]:
+    def _unary(self, method: str, rule: rules.Rule | None, inner: Callable[..., Any],
+               parse: Callable[[bytes], Any] | None) -> Callable[..., Any]:
         produce = method in rules.PRODUCE_METHODS
         fetch = method in rules.FETCH_METHODS
 
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            caller, admission = await self._admit(method, rule, request, context)
+            if self.connections is None:
+                return await admitted(request, context)
+            peer = await self._take_slot(method, context)
+            try:
+                return await admitted(request, context)
+            finally:
+                self.connections.release(peer)
+
+        async def admitted(raw: Any, context: grpc.aio.ServicerContext) -> Any:
+            caller, request, admission = await self._admit(method, rule, raw, context, parse)
             charged = self.quotas is not None and caller.service is None and caller.forwarded_by is None
             if charged and (produce or (fetch and request.replica_id < 0)):
                 await self._wait_out_throttle(caller, QuotaKind.PRODUCE if produce else QuotaKind.FETCH, context)
@@ -157,12 +237,21 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
 
         return behavior
 
-    def _unary_stream(self, method: str, rule: rules.Rule | None, inner: Callable[..., Any]
-                      ) -> Callable[..., AsyncIterator[Any]]:
+    def _unary_stream(self, method: str, rule: rules.Rule | None, inner: Callable[..., Any],
+                      parse: Callable[[bytes], Any] | None) -> Callable[..., AsyncIterator[Any]]:
         fetch = method in rules.FETCH_METHODS
 
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            caller, admission = await self._admit(method, rule, request, context)
+            peer = await self._take_slot(method, context) if self.connections is not None else None
+            try:
+                async for item in admitted(request, context):
+                    yield item
+            finally:
+                if peer is not None:
+                    self.connections.release(peer)  # type: ignore[union-attr]
+
+        async def admitted(raw: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            caller, _, admission = await self._admit(method, rule, raw, context, parse)
             if admission.answer is not None:
                 for item in admission.answer:
                     yield item
@@ -183,10 +272,24 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
 
     # ---- the checks -------------------------------------------------------------------------
 
-    async def _admit(self, method: str, rule: rules.Rule | None, request: Any, context: grpc.aio.ServicerContext
-                     ) -> tuple[Caller, rules.Admission]:
-        """Authenticate and run the method's rule; aborts the RPC on refusal."""
+    async def _take_slot(self, method: str, context: grpc.aio.ServicerContext) -> str:
+        peer = context.peer()
+        if not await self.connections.acquire(peer):  # type: ignore[union-attr]
+            await self._refuse(context, method, "too_many_requests", grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               "too many concurrent requests on this connection; wait for answers first")
+        return peer
+
+    async def _admit(self, method: str, rule: rules.Rule | None, raw: Any, context: grpc.aio.ServicerContext,
+                     parse: Callable[[bytes], Any] | None) -> tuple[Caller, Any, rules.Admission]:
+        """Authenticate, parse the request, run the method's rule; aborts the RPC on refusal."""
         caller = await self._authenticate(method, context)
+        request = raw
+        if parse is not None and raw is not None:
+            try:
+                request = parse(raw)
+            except Exception as exc:  # DecodeError, or anything a deserializer raises on garbage
+                await self._refuse(context, method, "malformed", grpc.StatusCode.INVALID_ARGUMENT,
+                                   f"the request is not a valid message for {method} ({type(exc).__name__})")
         if rule is None:
             await self._refuse(context, method, "no_rule", grpc.StatusCode.PERMISSION_DENIED,
                                f"{method} has no authorization rule; refused")
@@ -200,7 +303,7 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
             PARTITIONS_REFUSED.labels(method).inc(len(access.denials))
             log.debug("%s for %s: refused %s", method, caller.describe(),
                       ", ".join(f"{op.value} {res.type.value}:{res.name}" for op, res in access.denials[:10]))
-        return caller, admission
+        return caller, request, admission
 
     async def _authenticate(self, method: str, context: grpc.aio.ServicerContext) -> Caller:
         if not self.tls:

@@ -29,7 +29,7 @@ from services.security import channels, rules
 from services.security.cache import SecurityCache
 from services.security.config import SecurityConfig
 from services.security.identity import parse_service_name
-from services.security.interceptor import ForwardPrincipal, SecurityInterceptor
+from services.security.interceptor import ConnectionLimiter, ForwardPrincipal, SecurityInterceptor
 from services.security.tls import TlsMaterial
 
 log = logging.getLogger("highwater.security")
@@ -72,12 +72,14 @@ class ServiceSecurity:
         if config.needs_interceptor:
             interceptor = SecurityInterceptor(tls=tls is not None, cache=cache, acl=config.acl,
                                               limits=rules.Limits(max_batch_records=config.max_batch_records),
-                                              quotas=quotas)
+                                              quotas=quotas,
+                                              connections=ConnectionLimiter(config.max_requests_per_connection)
+                                              if config.max_requests_per_connection else None)
         log.info("security: tls=%s authorizer=%s super_users=%s quotas(produce=%d B/s, fetch=%d B/s) "
-                 "max_request_bytes=%d max_batch_records=%d max_concurrent_streams=%d client_port=%s",
+                 "max_request_bytes=%d max_batch_records=%d max_requests_per_connection=%d client_port=%s",
                  tls is not None, config.authorizer, ",".join(config.super_users) or "-",
                  config.producer_byte_rate, config.consumer_byte_rate, config.max_request_bytes,
-                 config.max_batch_records, config.max_concurrent_streams, config.client_port)
+                 config.max_batch_records, config.max_requests_per_connection, config.client_port)
         return cls(config, tls, cache, interceptor)
 
     def server_kwargs(self, options: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -87,10 +89,6 @@ class ServiceSecurity:
         merged = dict(options)
         if self.config.max_request_bytes:
             merged["grpc.max_receive_message_length"] = self.config.max_request_bytes
-        if self.config.max_concurrent_streams:
-            # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: a client's extra requests wait on its
-            # side of the connection instead of piling up in this process.
-            merged["grpc.max_concurrent_streams"] = self.config.max_concurrent_streams
         kwargs: dict[str, Any] = {"options": list(merged.items())}
         if self.interceptor is not None:
             kwargs["interceptors"] = [self.interceptor]

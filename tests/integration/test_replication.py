@@ -162,7 +162,6 @@ def broker_log(c, broker_id: int) -> str:
 
 # ---- leader failover: committed data kept, replicas byte-identical -----------------------------
 
-@pytest.mark.slow
 def test_leader_killed_new_leader_from_isr_and_every_replica_byte_identical_below_hw(make_cluster):
     c = make_cluster(brokers=3)
     gw = gateway_stub(c.gateway_address)
@@ -231,7 +230,6 @@ def _produce_loop(gw, topic: str, stop: threading.Event, acked: list[tuple[int, 
         i += 1
 
 
-@pytest.mark.slow
 def test_paused_follower_leaves_the_isr_by_lag_and_rejoins_after_resume_while_acks_all_writes_go_on(make_cluster):
     c = make_cluster(brokers=3, replica_lag_time_max_ms=REPLICA_LAG_TIME_MAX_MS, lease_ttl_s=PAUSE_TEST_LEASE_TTL_S)
     gw = gateway_stub(c.gateway_address)
@@ -280,7 +278,6 @@ def test_paused_follower_leaves_the_isr_by_lag_and_rejoins_after_resume_while_ac
 
 # ---- double failover: a follower whose latest epoch the new leader never had (KIP-279) ---------
 
-@pytest.mark.slow
 def test_follower_truncates_an_epoch_the_new_leader_never_saw_after_a_double_failover(make_cluster):
     """Two replicas A, B (unclean election enabled so A may lead again after both died).
 
@@ -345,7 +342,6 @@ def idempotent_batch(producer: common_pb2.InitProducerIdResponse, base_sequence:
                         producer_epoch=producer.producer_epoch, base_sequence=base_sequence)
 
 
-@pytest.mark.slow
 def test_idempotent_retry_is_written_once_also_after_failover_and_a_sequence_gap_is_refused(make_cluster):
     c = make_cluster(brokers=3)
     gw = gateway_stub(c.gateway_address)

@@ -230,7 +230,8 @@ def test_recovery_cuts_exactly_the_damaged_part_of_a_segment(make_cluster):
             produced[p].append((res.base_offset, values))
     c.kill_broker(1)
 
-    expected: dict[int, tuple[int, int, int]] = {}  # partition -> (kept batches, kept bytes, dropped bytes)
+    # partition -> (kept batches, the segment's bytes before the damage, kept bytes, dropped bytes)
+    expected: dict[int, tuple[int, bytes, int, int]] = {}
     for p, (_, damage) in DAMAGES.items():
         directory = c.base_dir / "broker-1" / f"{topic}-{p}"
         assert not (directory / CLEAN_SHUTDOWN_MARKER).exists()
@@ -239,28 +240,30 @@ def test_recovery_cuts_exactly_the_damaged_part_of_a_segment(make_cluster):
         headers = list(iter_batch_headers(data))
         assert len(headers) == BATCHES_PER_PARTITION and headers[-1].end_position == len(data), \
             f"{segment} should hold exactly the {BATCHES_PER_PARTITION} batches produced"
+        original = bytes(data)
         damaged, first_bad = damage(data, headers)
         segment.write_bytes(damaged)
         kept_bytes = headers[first_bad].position
-        expected[p] = (first_bad, kept_bytes, len(damaged) - kept_bytes)
+        expected[p] = (first_bad, original, kept_bytes, len(damaged) - kept_bytes)
 
     restart_after_crash(c, 1, gw, topic)
     for p in DAMAGES:
         wait_for(lambda p=p: describe_partition(gw, topic, p).leader == 1, timeout_s=LEADER_BACK_TIMEOUT_S,
                  what=f"broker 1 to lead {topic}-{p} again")
-    broker_log = c.processes["broker-1"].log_path.read_text(errors="replace")
     for p, (what, _) in DAMAGES.items():
-        kept_batches, kept_bytes, dropped_bytes = expected[p]
+        kept_batches, original, kept_bytes, dropped_bytes = expected[p]
         directory = c.base_dir / "broker-1" / f"{topic}-{p}"
         records = fetch_all(gw, topic, p)
         want = [(base + i, v) for base, values in produced[p][:kept_batches] for i, v in enumerate(values)]
         assert [(r.offset, r.value) for r in records] == want, \
             f"{topic}-{p} ({what}): every batch before the damage at its offset, nothing after"
+        # Read after the fetch: the log opens (and recovers) when the controller's LeaderAndIsr arrives.
+        broker_log = c.processes["broker-1"].log_path.read_text(errors="replace")
         message = f"log {directory}: dropped {dropped_bytes} bytes at byte {kept_bytes} of segment 0"
         assert message in broker_log, f"{topic}-{p} ({what}): the broker log should say '{message}'"
         # Recovery cut the file and left the sound prefix as it was, byte for byte.
         segment = directory / "00000000000000000000.log"
-        assert segment.stat().st_size == kept_bytes
+        assert segment.read_bytes() == original[:kept_bytes]
         # The log goes on at the cut: the next batch takes the first offset that was dropped.
         next_offset = produced[p][kept_batches][0]
         res = produce(gw, topic, p, [b"after recovery"], acks=1)

@@ -39,9 +39,8 @@ from typing import TYPE_CHECKING
 
 from clients.records import decode_batches
 from coordinator.store import WatchEvent
-from protos.highwater.v1 import common_pb2
 from services.broker.partition import Partition, Role
-from services.controller.context import LeaderAndIsr
+from services.controller.context import LeaderAndIsr, TopicInfo
 from tests.sim.clock import EventLoop, Node
 from tests.sim.sim_etcd import SimEtcd
 
@@ -69,6 +68,8 @@ class _PartitionHistory:
     # Brokers believed to hold every committed record (see the module docstring).
     intact: set[int] = field(default_factory=set)
     compromised_at_ms: list[int] = field(default_factory=list)
+    # value -> the one offset where a consumer read it (idempotent producers' values only).
+    idempotent_offsets: dict[bytes, int] = field(default_factory=dict)
 
 
 class Checker:
@@ -84,11 +85,14 @@ class Checker:
         self.controller_epoch = 0
         self.controller_by_epoch: dict[int, int] = {}
         self.states: dict[TopicPartitionKey, LeaderAndIsr] = {}
+        self.assignments: dict[TopicPartitionKey, tuple[int, ...]] = {}  # AR, from /brokers/topics/{topic}
         self.leader_of_epoch: dict[tuple[TopicPartitionKey, int], int] = {}
         # (broker, tp) -> (incarnation, role, leader_epoch, hw) at the last step of that broker
         self._last_replica: dict[tuple[int, TopicPartitionKey], tuple[int, Role, int, int]] = {}
         self.history: dict[TopicPartitionKey, _PartitionHistory] = {}
         self.produced: set[bytes] = set()
+        # Values of idempotent producers: each may be in a log once at most (rule 8).
+        self.idempotent_values: set[bytes] = set()
         self.acks_all_total = 0
         self.acks_one_total = 0
         self.records_consumed = 0
@@ -141,6 +145,7 @@ class Checker:
 
     def _on_etcd_revision(self, events: list[WatchEvent]) -> None:
         elected: dict[str, int] | None = None
+        touched: set[TopicPartitionKey] = set()
         for e in events:
             if e.kind != "put":
                 continue
@@ -156,6 +161,19 @@ class Checker:
                 if kind is not None and kind[0] == "partition_state":
                     tp = (kind[1], kind[2])  # type: ignore[misc]
                     self._on_state_write(tp, LeaderAndIsr.from_json(e.value, e.version))
+                    touched.add(tp)
+                elif kind is not None and kind[0] == "topic":
+                    assignment = TopicInfo.from_json(kind[1], e.value).assignment
+                    self.assignments.update({(kind[1], p): tuple(r) for p, r in assignment.items()})
+                    touched.update((kind[1], p) for p in assignment)
+        for tp in sorted(touched):
+            # Checked once the whole transaction is in: a reassignment writes both keys at once.
+            state, replicas = self.states.get(tp), self.assignments.get(tp)
+            if state is None or replicas is None:
+                continue
+            if (state.leader >= 0 and state.leader not in replicas) or not set(state.isr) <= set(replicas):
+                self.fail("%s-%d: leader %d / ISR %s outside its replicas %s (leader epoch %d)", *tp, state.leader,
+                          list(state.isr), list(replicas), state.leader_epoch)
         if elected is not None:
             epoch, controller_id = int(elected["epoch"]), int(elected["controller_id"])
             if epoch != self.controller_epoch:
@@ -190,15 +208,17 @@ class Checker:
     def _maybe_compromised(self, tp: TopicPartitionKey) -> None:
         state = self.states.get(tp)
         h = self._history(tp)
-        if state is None or not state.isr or h.intact & set(state.isr):
+        if h.compromised_at_ms or state is None or not state.isr or h.intact & set(state.isr):
             return
-        # No ISR member still holds what was committed: its loss is allowed. Start over.
+        # No ISR member still holds what was committed: losing it breaks no rule. Deposed leaders
+        # may still serve the old lineage for a while, so the partition's history is not checked
+        # again in this run (its step invariants still are).
         self.loop.trace("check", "%s-%d compromised: ISR %s all lost unflushed data; history excused",
                         (*tp, list(state.isr)))
         h.compromised_at_ms.append(self.loop.now_ms)
         h.committed.clear()
         h.acked_all.clear()
-        h.intact = set(state.isr)
+        h.idempotent_offsets.clear()
 
     def on_power_loss(self, broker_id: int) -> None:
         for tp, h in self.history.items():
@@ -237,6 +257,8 @@ class Checker:
         if len(p.isr) < p.min_insync_replicas:
             self.fail("acks=all success for %s-%d with ISR %s below min.insync.replicas %d", *tp, list(p.isr),
                       p.min_insync_replicas)
+        if rec.duplicate:
+            return  # written (and maybe acknowledged) before: the members of that time are unknown here
         members = set(p.isr) | set(p.pending_isr or ())
         committed = self.states.get(tp)
         if committed is not None and committed.leader_epoch == rec.leader_epoch:
@@ -270,8 +292,14 @@ class Checker:
 
     # ---- clients ---------------------------------------------------------------------------
 
-    def on_produce_attempt(self, values: list[bytes]) -> None:
+    def on_produce_attempt(self, values: list[bytes], *, idempotent: bool) -> None:
         self.produced.update(values)
+        if idempotent:
+            self.idempotent_values.update(values)
+
+    def on_renumbered(self, values: list[bytes]) -> None:
+        """An idempotent producer bumped its epoch and resent these: a second copy is no bug."""
+        self.idempotent_values.difference_update(values)
 
     def on_produce_ack(self, producer: Producer, tp: TopicPartitionKey, base_offset: int, values: list[bytes],
                        acks: int) -> None:
@@ -280,6 +308,8 @@ class Checker:
             self.acks_one_total += 1
             return  # acks=1 promises nothing beyond the leader: it may be lost, even overwritten
         self.acks_all_total += 1
+        if h.compromised_at_ms:
+            return
         for i, value in enumerate(values):
             offset = base_offset + i
             prior = h.committed.get(offset)
@@ -296,7 +326,9 @@ class Checker:
         if offset >= high_watermark:
             self.fail("consumer %s read offset %d of %s-%d at or above the HW %d", consumer.name, offset, *tp,
                       high_watermark)
-        if offset != position and not h.compromised_at_ms:
+        if h.compromised_at_ms:
+            return
+        if offset != position:
             self.fail("consumer %s expected offset %d of %s-%d next but got %d: offsets skipped", consumer.name,
                       position, *tp, offset)
         if value not in self.produced:
@@ -307,6 +339,11 @@ class Checker:
             self.fail("committed record changed: offset %d of %s-%d held %r, consumer %s now reads %r", offset, *tp,
                       prior, consumer.name, value)
         h.committed[offset] = value
+        if value in self.idempotent_values:
+            first = h.idempotent_offsets.setdefault(value, offset)
+            if first != offset:
+                self.fail("idempotent producer's %r written twice in %s-%d: offsets %d and %d", value, *tp, first,
+                          offset)
 
     # ---- the end ---------------------------------------------------------------------------
 
@@ -314,6 +351,8 @@ class Checker:
         """After the settle phase: every acknowledged record where it must be, consumers complete."""
         for tp, state in sorted(self.states.items()):
             h = self._history(tp)
+            if h.compromised_at_ms:
+                continue
             if state.leader < 0:
                 self.fail("%s-%d has no leader after the settle phase (ISR %s)", *tp, list(state.isr))
             leader = self.brokers[state.leader]
@@ -322,6 +361,11 @@ class Checker:
                 self.fail("%s-%d: broker %d does not lead epoch %d after the settle phase (%s)", *tp, state.leader,
                           state.leader_epoch, leader.describe())
             leader_log = read_log(lp)
+            seen_at: dict[bytes, int] = {}
+            for offset, value in sorted(leader_log.items()):
+                if value in self.idempotent_values and seen_at.setdefault(value, offset) != offset:
+                    self.fail("idempotent producer's %r written twice in %s-%d: offsets %d and %d on leader %d",
+                              value, *tp, seen_at[value], offset, state.leader)
             for offset, value in sorted(h.acked_all.items()):
                 got = leader_log.get(offset)
                 if got != value:
@@ -348,7 +392,7 @@ class Checker:
                 seen = consumer.seen.get(tp, {})
                 position = consumer.positions.get(tp, 0)
                 for offset, value in sorted(h.acked_all.items()):
-                    if offset < position and seen.get(offset) != value and not h.compromised_at_ms:
+                    if offset < position and seen.get(offset) != value:
                         self.fail("consumer %s passed offset %d of %s-%d without reading the acknowledged %r "
                                   "(it read %r)", consumer.name, offset, *tp, value, seen.get(offset))
 

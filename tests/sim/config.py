@@ -65,7 +65,7 @@ class SimConfig:
     # too rare to happen in a run).
     leader_imbalance_check_interval_ms: int = 10_000
     # ---- workload ----
-    producers: int = 2  # producer 0 uses acks=all; the others alternate acks=1 / acks=all
+    producers: int = 3  # p0 acks=all, p1 acks=1, p2 acks=all and idempotent (then the cycle repeats)
     consumers: int = 1
     produce_interval_ms_max: int = 200  # a producer sends its next batch within this
     records_per_batch_max: int = 3

@@ -155,12 +155,16 @@ class FaultInjector:
         if not active:
             return
         controller = self.rng.choice(active)
-        if self.rng.random() < 0.5:
+        kind = self.rng.random()
+        if kind < 0.4:
             controller.crash_process()
             self._restart_later(controller, controller.restart_process, self._between(CONTROLLER_DOWNTIME_MS))
-        else:
+        elif kind < 0.8:
             # Long enough to lose the lease: it resumes believing it is still the controller.
             self._pause_for(controller, self._between(PAUSE_LONG_MS))
+        elif controller.lease is not None:
+            # etcd ends its session under it: it acts on until its next keep-alive says so.
+            self.etcd.expire_lease(controller.lease.lease_id)
 
     # ---- network ---------------------------------------------------------------------
 

@@ -77,7 +77,7 @@ class Network:
 
     def reachable(self, a: str, b: str) -> bool:
         groups = self.groups
-        return groups.get(a, 0) == groups.get(b, 0)
+        return not groups or groups.get(a, 0) == groups.get(b, 0)
 
     def heal(self) -> None:
         self.groups = {}

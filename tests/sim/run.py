@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [args.seed] if args.seed is not None else list(range(args.start, args.start + args.seeds))
 
     started = time.perf_counter()
+    cpu_started = time.process_time()
     simulated_ms = 0
     failed: list[int] = []
     known: list[int] = []  # failures explained by a known, reported bug
@@ -78,12 +79,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"acks=1 {result.acks_one}  consumed {result.records_consumed}  "
                   f"truncations checked {result.truncations_checked}  trace {result.trace_digest}")
     wall_s = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu_started
     ran = len(seeds) if not args.stop_on_failure or not failed else seeds.index(failed[-1]) + 1
     unknown = [s for s in failed if s not in known]
     print(f"{ran} seeds, {len(failed)} failed{': ' + ' '.join(map(str, failed)) if failed else ''}"
           f"{f' ({len(known)} by known issues, new: ' + (' '.join(map(str, unknown)) or 'none') + ')' if known else ''}; "
           f"{ran / wall_s * 60:.0f} seeds/minute, {simulated_ms / 1000 / wall_s:.0f} simulated s per wall s "
-          f"({wall_s:.1f} s wall)")
+          f"({wall_s:.1f} s wall; {simulated_ms / 1000 / cpu_s:.0f} simulated s per CPU s)")
     return 1 if failed else 0
 
 

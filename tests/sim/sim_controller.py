@@ -149,6 +149,10 @@ class SimControllerLoop(ControllerEventLoop):
         """An event nobody waits for: it runs after the ones already queued (a timer at now)."""
         self.node.after(0, self.node.process_queued, self, name, handler)
 
+    def idle(self) -> bool:
+        """No control request queued or in flight."""
+        return all(not sender.busy for sender in self.senders.values())  # type: ignore[attr-defined]
+
     def stop_senders(self) -> None:
         for sender in self.senders.values():
             sender.stop()  # type: ignore[attr-defined]
@@ -166,6 +170,8 @@ class SimController(RpcNode):
         self.etcd = etcd
         self.client = etcd.client(self)
         self.checker = checker
+        # Set for the settle phase: no rebalancing, so the final check sees a cluster at rest.
+        self.quiet = False
         etcd.watch(self, self._on_etcd_change)
         self._start_process()
 
@@ -265,7 +271,7 @@ class SimController(RpcNode):
 
     def _rebalance_tick(self, loop: SimControllerLoop) -> None:
         """_rebalance_ticks: queue AutoLeaderRebalance every leader.imbalance.check.interval."""
-        if loop is not self.active:
+        if loop is not self.active or self.quiet:
             return
         loop.enqueue("AutoLeaderRebalance", lambda: handlers.on_auto_leader_rebalance(
             loop.ctx, loop.leader_imbalance_per_broker_percentage))
@@ -346,8 +352,10 @@ class SimController(RpcNode):
         for kv in kvs:
             info = BrokerInfo.from_json(kv.value, kv.create_revision)
             registered[info.broker_id] = info
-        self.trace("BrokerChange: live %s", sorted(registered))
         loop = self.active
+        bounced = sorted(b for b, info in registered.items() if loop is not None and b in loop.ctx.live_brokers
+                         and loop.ctx.live_brokers[b].broker_epoch != info.broker_epoch)
+        self.trace("BrokerChange: live %s%s", sorted(registered), f" (re-registered: {bounced})" if bounced else "")
         if loop is not None:
             loop.enqueue("BrokerChange", lambda: handlers.on_broker_change(loop.ctx, registered))
 

@@ -35,6 +35,8 @@ T = TypeVar("T")
 # A watch notification reaches a watcher this long after the write (etcd's watch stream latency).
 WATCH_DELAY_MS_MIN = 1
 WATCH_DELAY_MS_MAX = 10
+# etcd's lessor checks for expired leases about this often (it runs a periodic revoke loop).
+LEASE_CHECK_INTERVAL_MS = 10
 
 
 def run_sync(awaitable: Awaitable[T]) -> T:
@@ -64,12 +66,20 @@ class SimEtcd:
         self.lease_owner: dict[int, str] = {}
         self._watchers: list[tuple[Node, Callable[[], None]]] = []
         self._notified_revision = self.store.revision
+        self._next_lease_check_ms = 0
 
     def client(self, node: Node) -> EtcdClient:
         return EtcdClient(self, node)
 
     def advance(self, now_ms: int) -> None:
-        """Move etcd's clock; leases whose TTL ran out expire and delete their keys."""
+        """Move etcd's clock; leases whose TTL ran out expire and delete their keys.
+
+        Checked every LEASE_CHECK_INTERVAL_MS of simulated time, not every event: real etcd
+        expires leases a little late too, and the check is the costliest per-event call.
+        """
+        if now_ms < self._next_lease_check_ms:
+            return
+        self._next_lease_check_ms = now_ms + LEASE_CHECK_INTERVAL_MS
         for lease_id in self.store.advance(now_ms):
             self.loop.trace(ETCD, "lease of %s expired", (self.lease_owner.get(lease_id, "?"),))
 

@@ -34,6 +34,10 @@ from tests.sim.workload import Consumer, Operator, Producer
 
 # The operator's first topic is created this long after start: brokers have registered.
 FIRST_TOPIC_AT_MS = 1_000
+# After the settle phase, wait in steps of this long, at most this many times, for the
+# controller's last requests to arrive (their retries take up to 5 x 5 s).
+SETTLE_EXTRA_STEP_MS = 1_000
+SETTLE_EXTRA_STEPS_MAX = 30
 
 # Bugs found by the simulation and not fixed yet, by tag (test_simulation.py has their
 # regression seeds). A failure is attributed to one only when the checker saw its signature
@@ -42,7 +46,14 @@ KNOWN_ISSUES = {
     "KI-1": "a broker that lost unflushed data in a power loss restarts, keeps its ISR membership "
             "(and even its leader epoch) because the controller never saw it die, and is elected "
             "leader over ISR members that kept every committed record",
+    "KI-2": "a follower keeps a leader-epoch entry that starts at its LEO (it became leader and wrote "
+            "nothing); truncation to that LEO is skipped, so the leader's older-epoch batches at that "
+            "offset are refused by append_as_follower (InvariantViolation) and the replica stops replicating",
+    "KI-3": "a reassignment submitted while another is in progress drops the replicas the first one was "
+            "adding, even the one that has become leader: the leader and ISR are left outside the replica "
+            "set, the leader is not sent the new leader epoch, and the partition stops making progress",
 }
+_KI2_MESSAGE = re.compile(r"log /sim/b(\d+)/(t\d+)-(\d+): follower batch at offset \d+ has leader epoch \d+ below")
 
 
 def known_issue(reason: str, checker: Checker) -> str | None:
@@ -51,6 +62,15 @@ def known_issue(reason: str, checker: Checker) -> str | None:
     for line in checker.suspect_leaders:
         if line.split(" ", 1)[0] in partitions:
             return f"KI-1: {KNOWN_ISSUES['KI-1']}"
+    if "outside its replicas" in reason:
+        return f"KI-3: {KNOWN_ISSUES['KI-3']}"
+    match = _KI2_MESSAGE.search(reason)
+    if match is not None:
+        broker = checker.brokers.get(int(match.group(1)))
+        p = broker.partitions.get((match.group(2), int(match.group(3)))) if broker is not None else None
+        entries = p.log.leader_epoch_cache.entries() if p is not None else []
+        if entries and entries[-1][1] == p.log.log_end_offset:  # type: ignore[union-attr]
+            return f"KI-2: {KNOWN_ISSUES['KI-2']}"
     return None
 
 
@@ -114,8 +134,11 @@ class Simulation:
         self.checker.brokers = {b.broker_id: b for b in self.brokers}
         self.checker.controllers = {c.controller_id: c for c in self.controllers}
         broker_ids = [b.broker_id for b in self.brokers]
-        self.producers = [Producer(i, -1 if i % 2 == 0 else 1, self.loop, self.network, self.rng, self.config,
-                                   self.checker, broker_ids) for i in range(self.config.producers)]
+        controller_ids = [c.controller_id for c in self.controllers]
+        # Producer 0: acks=all; 1: acks=1; 2: acks=all, idempotent; then again.
+        self.producers = [Producer(i, 1 if i % 3 == 1 else -1, i % 3 == 2, self.loop, self.network, self.rng,
+                                   self.config, self.checker, broker_ids, controller_ids)
+                          for i in range(self.config.producers)]
         self.consumers = [Consumer(i, self.loop, self.network, self.rng, self.config, self.checker, broker_ids)
                           for i in range(self.config.consumers)]
         self.checker.consumers = self.consumers
@@ -140,8 +163,12 @@ class Simulation:
         if not self.faults.active:
             return
         choice = self.rng.random()
-        if choice < 0.5:
+        if choice < 0.35:
             self.operator.preferred_election()
+        elif choice < 0.6 and self.operator.created:
+            topic = self.rng.choice(sorted(self.operator.created))
+            replicas = self.rng.sample([b.broker_id for b in self.brokers], self.config.replication_factor)
+            self.operator.reassign((topic, self.rng.randrange(self.config.partitions_per_topic)), replicas)
         else:
             up = [b for b in self.brokers if b.up and not b.shutting_down and not b.paused]
             if len(up) == len(self.brokers):  # one rolling restart at a time, on a healthy cluster
@@ -167,7 +194,10 @@ class Simulation:
             self.faults.heal_all()
             for producer in self.producers:
                 producer.stopped = True
+            for controller in self.controllers:
+                controller.quiet = True
             self.loop.run_until(fault_end_ms + config.settle_ms)
+            self._drain_control_requests()
             self.checker.final_check()
         except (InvariantBroken, InvariantViolation) as exc:
             kind = "invariant broken" if isinstance(exc, InvariantBroken) else "InvariantViolation in the pure logic"
@@ -180,6 +210,13 @@ class Simulation:
             acks_all=self.checker.acks_all_total, acks_one=self.checker.acks_one_total,
             records_consumed=self.checker.records_consumed, truncations_checked=self.checker.truncations_checked,
             trace_digest=hashlib.sha256("\n".join(self.loop.trace_lines()).encode()).hexdigest()[:16])
+
+    def _drain_control_requests(self) -> None:
+        """Let control requests still on their way land before the final check (bounded)."""
+        for _ in range(SETTLE_EXTRA_STEPS_MAX):
+            if all(c.active is None or c.active.idle() for c in self.controllers):
+                return
+            self.loop.run_until(self.loop.now_ms + SETTLE_EXTRA_STEP_MS)
 
     def cluster_state(self) -> str:
         lines = []

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from clients.records import decode_batches, encode_values
@@ -73,22 +74,77 @@ class MetadataView:
         self.node.call(target, "Metadata", common_pb2.MetadataRequest(), 2_000, answered)
 
 
+@dataclass(slots=True)
+class _Batch:
+    tp: TopicPartitionKey
+    values: list[bytes]
+    base_sequence: int = -1  # idempotent producers only
+    producer_epoch: int = -1
+    attempt: int = 1
+
+
 class Producer(RpcNode):
-    def __init__(self, index: int, acks: int, loop: EventLoop, network: Network, rng: random.Random,
-                 config: SimConfig, checker: Checker, broker_ids: list[int]) -> None:
+    """acks=all or acks=1; with `idempotent`, batches carry producer id, epoch and sequence.
+
+    The idempotent producer never gives up on a batch (it retries with the same sequence
+    until the leader answers), so every value it sends is written once at most.
+    OUT_OF_ORDER_SEQUENCE_NUMBER / INVALID_PRODUCER_EPOCH make it bump its epoch and
+    number the batch again (clients/idempotence.py's rule); such a batch may then be
+    written twice, and the checker is told so.
+    """
+
+    def __init__(self, index: int, acks: int, idempotent: bool, loop: EventLoop, network: Network,
+                 rng: random.Random, config: SimConfig, checker: Checker, broker_ids: list[int],
+                 controller_ids: list[int]) -> None:
         super().__init__(f"p{index}", loop, network)
         self.acks = acks
+        self.idempotent = idempotent
         self.rng = rng
         self.config = config
         self.checker = checker
         self.metadata = MetadataView(self, broker_ids, rng)
+        self.controller_ids = controller_ids
         self.topics: list[str] = []
         self.seq = 0
         self.stopped = False
         self._round_robin = 0
-        self.after(rng.randint(0, config.produce_interval_ms_max), self._send_next)
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self._sequences: dict[TopicPartitionKey, int] = {}
+        self.after(rng.randint(0, config.produce_interval_ms_max),
+                   self._init_producer_id if idempotent else self._send_next, None)
 
-    def _send_next(self) -> None:
+    # ---- InitProducerId (idempotent only) --------------------------------------------
+
+    def _init_producer_id(self, then: _Batch | None, attempt: int = 0) -> None:
+        """A new id (or, with one already, the next epoch); then send `then` or start producing."""
+        target = controller_node(self.controller_ids[attempt % len(self.controller_ids)])
+        request = common_pb2.InitProducerIdRequest(producer_id=self.producer_id, producer_epoch=self.producer_epoch)
+
+        def answered(resp: Any) -> None:
+            if isinstance(resp, RpcError) or resp.error_code != common_pb2.NONE:
+                self.after(CLIENT_RETRY_BACKOFF_MS, self._init_producer_id, then, attempt + 1)
+                return
+            self.producer_id, self.producer_epoch = resp.producer_id, resp.producer_epoch
+            self._sequences.clear()
+            self.trace("producer id %d epoch %d", self.producer_id, self.producer_epoch)
+            if then is None:
+                self._send_next()
+            else:
+                self._number(then)
+                self.checker.on_renumbered(then.values)
+                self._send(then)
+
+        self.call(target, "InitProducerId", request, 5_000, answered)
+
+    def _number(self, batch: _Batch) -> None:
+        base = self._sequences.get(batch.tp, 0)
+        self._sequences[batch.tp] = base + len(batch.values)
+        batch.base_sequence, batch.producer_epoch = base, self.producer_epoch
+
+    # ---- producing ----------------------------------------------------------------------
+
+    def _send_next(self, _: object = None) -> None:
         if self.stopped:
             return
         partitions = sorted(tp for tp in self.metadata.leaders if tp[0] in self.topics)
@@ -98,41 +154,57 @@ class Producer(RpcNode):
         tp = partitions[self._round_robin % len(partitions)]
         self._round_robin += 1
         count = self.rng.randint(1, self.config.records_per_batch_max)
-        values = [f"{self.name}-{self.seq + i}".encode() for i in range(count)]
+        batch = _Batch(tp, [f"{self.name}-{self.seq + i}".encode() for i in range(count)])
         self.seq += count
-        self.checker.on_produce_attempt(values)
-        self._send(tp, values, 1)
+        if self.idempotent:
+            self._number(batch)
+        self.checker.on_produce_attempt(batch.values, idempotent=self.idempotent)
+        self._send(batch)
 
-    def _send(self, tp: TopicPartitionKey, values: list[bytes], attempt: int) -> None:
+    def _send(self, batch: _Batch) -> None:
+        tp = batch.tp
         leader = self.metadata.leaders.get(tp, -1)
         if leader < 0:
-            self._failed(tp, values, attempt)
+            self._failed(batch)
             return
-        records = encode_values(values, timestamp_ms=WALL_CLOCK_BASE_MS + self.loop.now_ms)
+        if self.idempotent:
+            records = encode_values(batch.values, timestamp_ms=WALL_CLOCK_BASE_MS + self.loop.now_ms,
+                                    producer_id=self.producer_id, producer_epoch=batch.producer_epoch,
+                                    base_sequence=batch.base_sequence)
+        else:
+            records = encode_values(batch.values, timestamp_ms=WALL_CLOCK_BASE_MS + self.loop.now_ms)
         request = common_pb2.ProduceRequest(
             acks=self.acks, timeout_ms=self.config.produce_timeout_ms,
             topics=[common_pb2.ProduceTopicData(topic=tp[0], partitions=[
                 common_pb2.ProducePartitionData(partition=tp[1], records=records)])])
         self.call(broker_node(leader), "Produce", request, self.config.produce_timeout_ms + CLIENT_RPC_SLACK_MS,
-                  lambda resp: self._answered(tp, values, attempt, resp))
+                  lambda resp: self._answered(batch, resp))
 
-    def _answered(self, tp: TopicPartitionKey, values: list[bytes], attempt: int, resp: Any) -> None:
+    def _answered(self, batch: _Batch, resp: Any) -> None:
         if isinstance(resp, RpcError):
-            self._failed(tp, values, attempt)
+            self._failed(batch)
             return
         pr = resp.topics[0].partitions[0]
         if pr.error_code == common_pb2.NONE:
-            self.trace("acked %s-%d @%d acks=%d %d records", *tp, pr.base_offset, self.acks, len(values))
-            self.checker.on_produce_ack(self, tp, pr.base_offset, values, self.acks)
+            self.trace("acked %s-%d @%d acks=%d %d records", *batch.tp, pr.base_offset, self.acks, len(batch.values))
+            self.checker.on_produce_ack(self, batch.tp, pr.base_offset, batch.values, self.acks)
             self.after(self.rng.randint(1, self.config.produce_interval_ms_max), self._send_next)
+        elif self.idempotent and pr.error_code in (common_pb2.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                                                   common_pb2.INVALID_PRODUCER_EPOCH):
+            self.trace("%s for %s-%d: bumping the producer epoch", common_pb2.ErrorCode.Name(pr.error_code),
+                       *batch.tp)
+            self._init_producer_id(batch)
         else:
-            self._failed(tp, values, attempt)
+            self._failed(batch)
 
-    def _failed(self, tp: TopicPartitionKey, values: list[bytes], attempt: int) -> None:
+    def _failed(self, batch: _Batch) -> None:
         """Refresh metadata, then send the same batch again (or give up on it and move on)."""
         def retry() -> None:
-            if attempt < PRODUCE_ATTEMPTS_MAX and not self.stopped:
-                self.after(CLIENT_RETRY_BACKOFF_MS, self._send, tp, values, attempt + 1)
+            if self.stopped:
+                return
+            if batch.attempt < PRODUCE_ATTEMPTS_MAX or self.idempotent:
+                batch.attempt += 1
+                self.after(CLIENT_RETRY_BACKOFF_MS, self._send, batch)
             else:
                 self.after(CLIENT_RETRY_BACKOFF_MS, self._send_next)
 
@@ -249,6 +321,13 @@ class Operator(RpcNode):
     def preferred_election(self) -> None:
         self._to_controller("ElectLeaders", common_pb2.ElectLeadersRequest(election_type=common_pb2.PREFERRED),
                             lambda resp: None)
+
+    def reassign(self, tp: TopicPartitionKey, replicas: list[int]) -> None:
+        """Move a partition to other brokers (AlterPartitionReassignments; the controller walks it through)."""
+        self.trace("reassign %s-%d to %s", *tp, replicas)
+        request = common_pb2.AlterPartitionReassignmentsRequest(topics=[common_pb2.ReassignableTopic(
+            name=tp[0], partitions=[common_pb2.ReassignablePartition(partition=tp[1], replicas=replicas)])])
+        self._to_controller("AlterPartitionReassignments", request, lambda resp: None)
 
     def rolling_restart(self, broker: SimBroker, restart_after_ms: int, on_restarted: Callable[[], None]) -> None:
         def stopped() -> None:

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 
 
 def _fails(action: Any, *named: str) -> str:
-    with pytest.raises(Exception) as info:  # noqa: PT011 - Spark wraps Python errors in its own classes
+    with pytest.raises(Exception) as info:
         action()
     message = str(info.value)
     for name in named:

@@ -110,7 +110,7 @@ def test_stream_write_killed_mid_batch_writes_no_duplicates(spark: Any, cluster:
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
     try:
         query = start()
-        with pytest.raises(Exception):  # noqa: B017, PT011 - the killed worker fails the query
+        with pytest.raises(Exception):  # noqa: B017 - the killed worker fails the query
             query.awaitTermination(QUERY_TIMEOUT_S)
         assert marker.exists()
         written_before_restart = len(consume_all(bootstrap, "wstream-out"))
@@ -126,3 +126,34 @@ def test_stream_write_killed_mid_batch_writes_no_duplicates(spark: Any, cluster:
     values = Counter(r.value for r in consume_all(bootstrap, "wstream-out"))
     assert [v for v, n in values.items() if n > 1] == []
     assert set(values) == {f"r-{i % 2}-{i // 2}".encode() for i in range(3000)}
+
+
+def test_deleted_topic_fails_the_query_or_is_skipped_per_fail_on_data_loss(spark: Any, cluster: TestCluster,
+                                                                           tmp_path: Path) -> None:
+    import time
+
+    bootstrap = cluster.gateway_address
+    for topic in ("loss-strict", "loss-lenient"):
+        create_topic(bootstrap, topic, 1)
+        produce(bootstrap, topic, [(0, None, b"x", []) for _ in range(10)])
+
+    def start(topic: str, fail_on_data_loss: bool) -> Any:
+        return (_stream(spark, bootstrap, topic, failOnDataLoss=str(fail_on_data_loss).lower()).writeStream
+                .foreachBatch(lambda _df, _batch_id: None).option("checkpointLocation", str(tmp_path / topic))
+                .trigger(processingTime="200 milliseconds").start())
+
+    strict, lenient = start("loss-strict", True), start("loss-lenient", False)
+    try:
+        deadline = time.monotonic() + QUERY_TIMEOUT_S
+        while any(sum(p["numInputRows"] for p in q.recentProgress) < 10 for q in (strict, lenient)):
+            assert time.monotonic() < deadline, "the queries did not read the records"
+            time.sleep(0.2)
+        with Admin(bootstrap) as admin:
+            admin.delete_topics(["loss-strict", "loss-lenient"])
+        with pytest.raises(Exception, match="failOnDataLoss"):
+            strict.awaitTermination(QUERY_TIMEOUT_S)
+        time.sleep(1.0)  # a few more triggers without the topic
+        assert lenient.isActive and lenient.exception() is None
+    finally:
+        strict.stop()
+        lenient.stop()

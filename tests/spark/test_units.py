@@ -9,16 +9,18 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from spark_connector import limits  # noqa: E402
-from spark_connector.options import (  # noqa: E402
+import itertools
+
+from spark_connector import limits
+from spark_connector.options import (
     OptionError,
     offsets_from_json,
     offsets_to_json,
     parse_read_options,
     parse_write_options,
 )
-from spark_connector.planning import OffsetRange, allocate, limit_by_bytes, limit_by_rows, split_ranges  # noqa: E402
-from spark_connector.writer import BatchNumbering  # noqa: E402
+from spark_connector.planning import OffsetRange, allocate, limit_by_bytes, limit_by_rows, split_ranges
+from spark_connector.writer import BatchNumbering
 
 BASE = {"bootstrap": "127.0.0.1:9092"}
 
@@ -68,7 +70,7 @@ def test_split_ranges_spreads_large_partitions() -> None:
     assert [r for r in split if r.partition == 1] == [ranges[1]]
     big = [r for r in split if r.partition == 0]
     assert len(big) == 9 and big[0].start == 0 and big[-1].end == 900
-    assert all(a.end == b.start for a, b in zip(big, big[1:], strict=False))
+    assert all(a.end == b.start for a, b in itertools.pairwise(big))
     assert split_ranges(ranges, None) == ranges[:2]
 
 

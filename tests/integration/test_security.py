@@ -1,0 +1,436 @@
+"""The security layer on real processes: TLS everywhere, authentication, ACLs, limits (docs/SECURITY.md).
+
+One cluster for the module: etcd with client-certificate auth, a controller,
+two brokers and a gateway, all with --tls-dir, --authorizer acl, User:admin as
+super user, quotas and request limits. Every service also has a --client-port
+(TLS without client certificates) for token clients.
+
+The bad-input matrix sends every RPC of every service with no credentials,
+a wrong token, an expired token and a revoked token (UNAUTHENTICATED), with a
+certificate of another authority (the TLS handshake fails: UNAVAILABLE, no RPC
+reaches the service), with a client certificate on the control-plane RPCs and
+with a forged forwarded principal (PERMISSION_DENIED), and as a principal
+without ACLs (per-partition TOPIC_AUTHORIZATION_FAILED, hidden topics,
+PERMISSION_DENIED for cluster and group operations). After each part, nothing
+was written (log end offsets unchanged) and the cluster still serves the admin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from click.testing import CliRunner
+
+from clients.cli import cli
+from clients.errors import HighwaterError
+from clients.producer import Producer
+from clients.records import Record, encode_batch
+from coordinator.acls import put_token
+from coordinator.store import CoordinatorUnavailable, EtcdStore, EtcdTls
+from protos.highwater.v1 import (
+    broker_pb2,
+    broker_pb2_grpc,
+    common_pb2,
+    controller_pb2,
+    gateway_pb2,
+    gateway_pb2_grpc,
+)
+from services.security import tokens
+from services.security.certs import create_ca, issue_certificate
+from services.security.client import ClientTls
+from tests.integration.conftest import TEST_LEASE_TTL_S, TestCluster
+from tests.integration.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+TAF = common_pb2.TOPIC_AUTHORIZATION_FAILED
+PRODUCER_BYTE_RATE = 512 * 1024
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+MAX_BATCH_RECORDS = 1000
+MAX_STREAMS = 8
+CALL_TIMEOUT_S = 10.0
+SERVICES = {
+    "controller-1": controller_pb2.DESCRIPTOR.services_by_name["ControllerService"],
+    "broker-1": broker_pb2.DESCRIPTOR.services_by_name["BrokerService"],
+    "gateway-1": gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"],
+}
+
+
+# --- the cluster and credentials -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
+    c = TestCluster(tmp_path_factory.mktemp("secure"), brokers=2, lease_ttl_s=TEST_LEASE_TTL_S, tls=True,
+                    service_args=["--authorizer", "acl", "--super-users", "User:admin",
+                                  "--producer-byte-rate", str(PRODUCER_BYTE_RATE),
+                                  "--max-request-bytes", str(MAX_REQUEST_BYTES),
+                                  "--max-batch-records", str(MAX_BATCH_RECORDS),
+                                  "--max-concurrent-requests-per-connection", str(MAX_STREAMS)])
+    c.start()
+    try:
+        for name in ("alice", "mallory"):
+            c.issue_client_certificate(name)
+        admin = gw(c, "admin")
+        for topic in ("sec-ok", "sec-secret", "sec-other", "sec-quota"):
+            resp = admin.CreateTopics(common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
+                name=topic, num_partitions=2, replication_factor=2)]), timeout=CALL_TIMEOUT_S)
+            assert resp.topics[0].error_code == common_pb2.NONE, resp
+        # User:alice writes and reads every sec- topic but sec-secret (deny wins), and commits as group g1.
+        acl(c, "add", "--principal", "User:alice", "--operation", "Write", "--operation", "Read",
+            "--topic", "sec-", "--prefixed")
+        acl(c, "add", "--principal", "User:alice", "--operation", "Write", "--operation", "Read",
+            "--topic", "sec-secret", "--deny")
+        acl(c, "add", "--principal", "User:alice", "--operation", "Read", "--group", "g1")
+        acl(c, "add", "--principal", "User:tok", "--operation", "All", "--topic", "sec-quota")
+        # sec-secret stays visible: denying Read and Write does not deny Describe (Kafka's rule).
+        wait_for(lambda: topics_seen(c, "alice") == {"sec-ok", "sec-secret", "sec-other", "sec-quota"}, timeout_s=10,
+                 what="alice's ACLs to reach the gateway")
+        yield c
+    finally:
+        c.stop()
+
+
+def acl(c: TestCluster, *args: str) -> str:
+    result = CliRunner().invoke(cli, ["--tls-dir", str(c.tls_dir), "acl", args[0], "--etcd", c.etcd_endpoint,
+                                      *args[1:]])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def settings(c: TestCluster, name: str | None) -> ClientTls:
+    s = c.client_settings(name)
+    made = ClientTls.from_settings(ssl_cafile=s["ssl_cafile"], ssl_certfile=s.get("ssl_certfile"),
+                                   ssl_keyfile=s.get("ssl_keyfile"), auth_token=None)
+    assert made is not None
+    return made
+
+
+def channel(c: TestCluster, process: str, name: str | None = "admin", *, token: str | None = None,
+            client_port: bool = False) -> grpc.Channel:
+    info = c.processes[process].info
+    port = info["client_port"] if client_port else info["port"]
+    base = settings(c, name)
+    creds = ClientTls(base.ca_cert, base.cert_chain, base.private_key, token)
+    return creds.channel(f"127.0.0.1:{port}")
+
+
+def gw(c: TestCluster, name: str | None = "admin", **kw: object) -> gateway_pb2_grpc.GatewayServiceStub:
+    return gateway_pb2_grpc.GatewayServiceStub(channel(c, "gateway-1", name, **kw))  # type: ignore[arg-type]
+
+
+def topics_seen(c: TestCluster, name: str) -> set[str]:
+    md = gw(c, name).Metadata(common_pb2.MetadataRequest(), timeout=CALL_TIMEOUT_S)
+    return {t.name for t in md.topics}
+
+
+def end_offsets(c: TestCluster) -> dict[tuple[str, int], int]:
+    """Every sec- partition's high watermark, read by the admin (a super user)."""
+    md = gw(c).Metadata(common_pb2.MetadataRequest(), timeout=CALL_TIMEOUT_S)
+    req = common_pb2.ListOffsetsRequest(topics=[common_pb2.ListOffsetsTopic(topic=t.name, partitions=[
+        common_pb2.ListOffsetsPartition(partition=p.partition, timestamp=-1) for p in t.partitions])
+        for t in md.topics if t.name.startswith("sec-")])
+    resp = gw(c).ListOffsets(req, timeout=CALL_TIMEOUT_S)
+    return {(t.topic, p.partition): p.offset for t in resp.topics for p in t.partitions}
+
+
+def produce_request(*topics: str, records: int = 1, value: bytes = b"v") -> common_pb2.ProduceRequest:
+    batch = encode_batch([Record(None, value, [], int(time.time() * 1000)) for _ in range(records)])
+    return common_pb2.ProduceRequest(acks=-1, timeout_ms=5000, topics=[common_pb2.ProduceTopicData(
+        topic=t, partitions=[common_pb2.ProducePartitionData(partition=0, records=batch)]) for t in topics])
+
+
+def codes(resp: common_pb2.ProduceResponse) -> dict[str, int]:
+    return {t.topic: p.error_code for t in resp.topics for p in t.partitions}
+
+
+def make_token(c: TestCluster, principal: str, *, expires_in_ms: int = 0) -> str:
+    text, token_id, record = tokens.new_token(principal, now_ms=int(time.time() * 1000),
+                                              expires_in_ms=expires_in_ms)
+
+    async def put() -> None:
+        store = await EtcdStore.connect(c.etcd_endpoint, tls=c.etcd_tls())  # type: ignore[arg-type]
+        try:
+            await put_token(store, token_id, record.to_dict())
+        finally:
+            await store.close()
+
+    asyncio.run(put())
+    return text
+
+
+def raw_call(ch: grpc.Channel, service: str, method: str, payload: bytes = b"") -> grpc.StatusCode:
+    """Call any method with raw bytes; the status it ends with (OK for an answer)."""
+    desc = SERVICES[service].methods_by_name[method]
+    path = f"/{SERVICES[service].full_name}/{method}"
+    try:
+        if desc.server_streaming:
+            for _ in ch.unary_stream(path)(payload, timeout=CALL_TIMEOUT_S):
+                break
+        else:
+            ch.unary_unary(path)(payload, timeout=CALL_TIMEOUT_S)
+    except grpc.RpcError as exc:
+        return exc.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
+ALL_METHODS = [(svc, m.name) for svc, d in SERVICES.items() for m in d.methods]
+
+
+# --- authentication -------------------------------------------------------------------------
+
+
+def test_every_rpc_of_every_service_refuses_missing_wrong_expired_and_revoked_credentials(secure):
+    before = end_offsets(secure)
+    expired = make_token(secure, "User:alice", expires_in_ms=1)
+    revoked = make_token(secure, "User:alice")
+    ok = gateway_pb2_grpc.GatewayServiceStub(channel(secure, "gateway-1", None, token=revoked, client_port=True))
+    wait_for(lambda: _works(ok), timeout_s=10, what="the new token to reach the gateway")
+    result = CliRunner().invoke(cli, ["--tls-dir", str(secure.tls_dir), "token", "revoke", revoked,
+                                      "--etcd", secure.etcd_endpoint])
+    assert result.exit_code == 0 and "revoked" in result.output, result.output
+    wait_for(lambda: not _works(ok), timeout_s=10, what="the revocation to reach the gateway")
+    kinds = {"no credentials": None, "wrong token": "hwt.0123456789abcdef.not-the-secret",
+             "malformed token": "not-a-token", "expired token": expired, "revoked token": revoked}
+    refused = []
+    for svc, method in ALL_METHODS:
+        for kind, token in kinds.items():
+            ch = channel(secure, svc, None, token=token, client_port=True)
+            refused.append((svc, method, kind, raw_call(ch, svc, method)))
+    wrong = [r for r in refused if r[3] != grpc.StatusCode.UNAUTHENTICATED]
+    assert not wrong, f"not UNAUTHENTICATED: {wrong[:10]}"
+    assert len(refused) == len(ALL_METHODS) * len(kinds)
+    # Health checks stay open for probes; nothing was written; the admin is still served.
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    health = health_pb2_grpc.HealthStub(channel(secure, "broker-1", None, client_port=True))
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=CALL_TIMEOUT_S).status == \
+        health_pb2.HealthCheckResponse.SERVING
+    assert end_offsets(secure) == before
+    assert codes(gw(secure).Produce(produce_request("sec-other"), timeout=CALL_TIMEOUT_S)) == {"sec-other": 0}
+
+
+def _works(stub: gateway_pb2_grpc.GatewayServiceStub) -> bool:
+    try:
+        stub.Metadata(common_pb2.MetadataRequest(), timeout=CALL_TIMEOUT_S)
+        return True
+    except grpc.RpcError as exc:
+        assert exc.code() == grpc.StatusCode.UNAUTHENTICATED, exc
+        return False
+
+
+def test_a_certificate_from_another_authority_fails_the_handshake_everywhere(secure, tmp_path: Path):
+    create_ca(tmp_path, common_name="Evil CA")
+    issue_certificate(tmp_path, "controller-1")  # even a service's name, signed by the wrong CA
+    evil = ClientTls(settings(secure, None).ca_cert, (tmp_path / "controller-1.pem").read_bytes(),
+                     (tmp_path / "controller-1-key.pem").read_bytes(), None)
+    for svc in SERVICES:
+        ch = evil.channel(f"127.0.0.1:{secure.processes[svc].info['port']}")
+        assert raw_call(ch, svc, "UpdateMetadata" if svc != "controller-1" else "AlterPartition") == \
+            grpc.StatusCode.UNAVAILABLE
+    # A plaintext client cannot talk to a TLS listener at all.
+    plain = grpc.insecure_channel(secure.gateway_address)
+    assert raw_call(plain, "gateway-1", "Metadata") == grpc.StatusCode.UNAVAILABLE
+
+
+def test_etcd_refuses_clients_without_a_certificate_of_the_cluster(secure):
+    async def connect(tls: EtcdTls | None) -> None:
+        store = await EtcdStore.connect(secure.etcd_endpoint, tls=tls, timeout_s=1.0)
+        await store.close()
+
+    ca = settings(secure, None).ca_cert
+    for tls in (None, EtcdTls(ca_cert=ca)):
+        with pytest.raises(CoordinatorUnavailable):
+            asyncio.run(connect(tls))
+    asyncio.run(connect(secure.etcd_tls()))  # type: ignore[arg-type]
+
+
+# --- identities on the control plane ----------------------------------------------------------
+
+
+CONTROL_PLANE = [
+    ("broker-1", "LeaderAndIsr", broker_pb2.LeaderAndIsrRequest()),
+    ("broker-1", "UpdateMetadata", broker_pb2.UpdateMetadataRequest(full=True)),
+    ("broker-1", "StopReplica", broker_pb2.StopReplicaRequest(partitions=[
+        broker_pb2.StopReplicaPartition(topic="sec-ok", partition=0, leader_epoch=-2, delete_partition=True)])),
+    ("broker-1", "Fetch", common_pb2.FetchRequest(replica_id=2, topics=[common_pb2.FetchTopic(
+        topic="sec-ok", partitions=[common_pb2.FetchPartition(partition=0, fetch_offset=10**9)])])),
+    ("broker-1", "OffsetsForLeaderEpoch", broker_pb2.OffsetsForLeaderEpochRequest(replica_id=2)),
+    ("controller-1", "AlterPartition", controller_pb2.AlterPartitionRequest(broker_id=1)),
+    ("controller-1", "ControlledShutdown", controller_pb2.ControlledShutdownRequest(broker_id=1)),
+    ("gateway-1", "UpdateMetadata", broker_pb2.UpdateMetadataRequest(full=True)),
+]
+
+
+@pytest.mark.parametrize("caller", ["mallory", "admin", "broker-2-as-1", "gateway"])
+def test_control_plane_rpcs_need_the_right_service_certificate(secure, caller):
+    """A client certificate on the inter-service port, even a super user's, cannot act as a service;
+    a broker cannot act as another broker, nor a gateway as a controller."""
+    before = end_offsets(secure)
+    name = {"mallory": "mallory", "admin": "admin", "broker-2-as-1": "broker-2", "gateway": "gateway-1"}[caller]
+    for svc, method, request in CONTROL_PLANE:
+        if caller == "broker-2-as-1" and method in ("Fetch", "OffsetsForLeaderEpoch"):
+            continue  # broker 2 may fetch as replica 2: that is its own id
+        code = raw_call(channel(secure, svc, name), svc, method, request.SerializeToString())
+        assert code == grpc.StatusCode.PERMISSION_DENIED, (caller, svc, method, code)
+    assert end_offsets(secure) == before
+    assert wait_for(lambda: len(gw(secure).Metadata(common_pb2.MetadataRequest(topics=["sec-ok"]),
+                                                    timeout=CALL_TIMEOUT_S).topics[0].partitions) == 2,
+                    timeout_s=5, what="sec-ok intact")
+
+
+def test_only_a_gateway_may_forward_a_principal(secure):
+    """A client that sends the forwarding header itself is refused, whatever principal it names."""
+    stub = broker_pb2_grpc.BrokerServiceStub(channel(secure, "broker-1", "mallory"))
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Produce(produce_request("sec-ok"), metadata=[("x-highwater-principal-bin", b"User:admin")],
+                     timeout=CALL_TIMEOUT_S)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+# --- ACLs ----------------------------------------------------------------------------------------
+
+
+def test_produce_writes_authorized_partitions_and_refuses_the_rest_of_the_same_request(secure):
+    before = end_offsets(secure)
+    resp = gw(secure, "alice").Produce(produce_request("sec-ok", "sec-secret", "sec-nonexistent-x"),
+                                       timeout=CALL_TIMEOUT_S)
+    assert codes(resp) == {"sec-ok": common_pb2.NONE, "sec-secret": TAF,
+                           "sec-nonexistent-x": common_pb2.UNKNOWN_TOPIC_OR_PARTITION}
+    after = end_offsets(secure)
+    assert after[("sec-ok", 0)] == before[("sec-ok", 0)] + 1
+    assert {k: v for k, v in after.items() if k != ("sec-ok", 0)} == \
+        {k: v for k, v in before.items() if k != ("sec-ok", 0)}
+    # mallory has no ACL at all: nothing of hers is written, through the gateway or at the leader.
+    resp = gw(secure, "mallory").Produce(produce_request("sec-ok", "sec-other"), timeout=CALL_TIMEOUT_S)
+    assert codes(resp) == {"sec-ok": TAF, "sec-other": TAF}
+    leader = gw(secure).Metadata(common_pb2.MetadataRequest(topics=["sec-ok"]),
+                                 timeout=CALL_TIMEOUT_S).topics[0].partitions[0].leader
+    direct = broker_pb2_grpc.BrokerServiceStub(channel(secure, f"broker-{leader}", "mallory"))
+    assert codes(direct.Produce(produce_request("sec-ok"), timeout=CALL_TIMEOUT_S)) == {"sec-ok": TAF}
+    assert end_offsets(secure) == after
+
+
+def test_reads_are_checked_per_topic_and_unauthorized_topics_are_hidden(secure):
+    alice = gw(secure, "alice")
+    fetch = alice.Fetch(common_pb2.FetchRequest(replica_id=-1, max_wait_ms=0, topics=[
+        common_pb2.FetchTopic(topic=t, partitions=[common_pb2.FetchPartition(partition=0, current_leader_epoch=-1)])
+        for t in ("sec-ok", "sec-secret")]), timeout=CALL_TIMEOUT_S)
+    assert {t.topic: t.partitions[0].error_code for t in fetch.topics} == {"sec-ok": 0, "sec-secret": TAF}
+    offsets = gw(secure, "mallory").ListOffsets(common_pb2.ListOffsetsRequest(topics=[common_pb2.ListOffsetsTopic(
+        topic="sec-ok", partitions=[common_pb2.ListOffsetsPartition(partition=0, timestamp=-1)])]),
+        timeout=CALL_TIMEOUT_S)
+    assert offsets.topics[0].partitions[0].error_code == TAF
+    assert topics_seen(secure, "mallory") == set()
+    named = gw(secure, "mallory").Metadata(common_pb2.MetadataRequest(topics=["sec-ok"]), timeout=CALL_TIMEOUT_S)
+    assert named.topics[0].error_code == TAF and not named.topics[0].partitions
+    stream = alice.Subscribe(gateway_pb2.SubscribeRequest(partitions=[
+        gateway_pb2.SubscribePartition(topic="sec-secret", partition=0, start_offset=-2)]), timeout=CALL_TIMEOUT_S)
+    assert [m.error_code for m in stream] == [TAF]
+
+
+def test_admin_and_group_operations_need_their_acls(secure):
+    mallory = gw(secure, "mallory")
+    created = mallory.CreateTopics(common_pb2.CreateTopicsRequest(topics=[
+        common_pb2.CreatableTopic(name="sec-mallory", num_partitions=1, replication_factor=1)]), timeout=CALL_TIMEOUT_S)
+    assert created.topics[0].error_code == TAF
+    deleted = mallory.DeleteTopics(common_pb2.DeleteTopicsRequest(names=["sec-ok"]), timeout=CALL_TIMEOUT_S)
+    assert deleted.topics[0].error_code == TAF
+    for call, request in [(mallory.ElectLeaders, common_pb2.ElectLeadersRequest()),
+                          (mallory.DescribeCluster, common_pb2.DescribeClusterRequest()),
+                          (mallory.InitProducerId, common_pb2.InitProducerIdRequest(producer_id=-1)),
+                          (mallory.CommitOffsets, gateway_pb2.CommitOffsetsRequest(group_id="g1")),
+                          (gw(secure, "alice").CommitOffsets, gateway_pb2.CommitOffsetsRequest(group_id="g2"))]:
+        with pytest.raises(grpc.RpcError) as err:
+            call(request, timeout=CALL_TIMEOUT_S)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, (call, err.value)
+    commit = gw(secure, "alice").CommitOffsets(gateway_pb2.CommitOffsetsRequest(group_id="g1", topics=[
+        gateway_pb2.OffsetCommitTopic(topic=t, partitions=[gateway_pb2.OffsetCommitPartition(partition=0, offset=0)])
+        for t in ("sec-ok", "sec-secret")]), timeout=CALL_TIMEOUT_S)
+    assert {p.topic: p.error_code for p in commit.partitions} == {"sec-ok": 0, "sec-secret": TAF}
+    assert "sec-ok" in topics_seen(secure, "admin")
+
+
+def test_acl_changes_and_token_clients_through_the_library(secure):
+    """A token client on the client port; its ACL removed then re-added takes effect at once."""
+    token = make_token(secure, "User:tok")
+    gateway_client = f"127.0.0.1:{secure.processes['gateway-1'].info['client_port']}"
+    with Producer(gateway_client, ssl_cafile=str(secure.tls_dir / "ca.pem"), auth_token=token,
+                  request_timeout_ms=5000, delivery_timeout_ms=8000, linger_ms=0) as producer:
+        assert producer.send("sec-quota", b"hello", partition=1).result(timeout=10).offset >= 0
+        acl(secure, "remove", "--principal", "User:tok", "--operation", "All", "--topic", "sec-quota")
+        resp_codes = wait_for(lambda: codes(gw(secure, None, token=token, client_port=True).Produce(
+            produce_request("sec-quota"), timeout=CALL_TIMEOUT_S)) == {"sec-quota": TAF}, timeout_s=10,
+            what="the removed ACL to take effect")
+        assert resp_codes
+        with pytest.raises(HighwaterError):
+            producer.send("sec-quota", b"refused", partition=1).result(timeout=10)
+        acl(secure, "add", "--principal", "User:tok", "--operation", "All", "--topic", "sec-quota")
+    listed = acl(secure, "list", "--principal", "User:alice")
+    assert "sec-secret" in listed and "Deny" in listed
+
+
+# --- limits ----------------------------------------------------------------------------------
+
+
+def test_produce_quota_throttles_and_the_client_backs_off(secure):
+    """512 KiB/s for User:tok: over the one-second burst, answers carry throttle_time_ms; a client that
+    ignores it is held back by the server; the library client waits it out, so 1.5 MiB take >= ~1 s."""
+    token = make_token(secure, "User:tok")
+    stub = gw(secure, None, token=token, client_port=True)
+    wait_for(lambda: _works(stub), timeout_s=10, what="the token")
+    value = b"x" * 1000
+    start = time.monotonic()
+    throttles = [stub.Produce(produce_request("sec-quota", records=256, value=value),
+                              timeout=CALL_TIMEOUT_S).throttle_time_ms for _ in range(4)]
+    assert throttles[:2] == [0, 0] and all(t > 0 for t in throttles[2:]), throttles
+    assert time.monotonic() - start >= throttles[2] / 1000 * 0.9, "the 4th call, sent at once, was held back"
+    time.sleep(throttles[-1] / 1000)
+    start = time.monotonic()
+    total = 1536 * 1024
+    value = b"x" * 2000  # a full 1 MiB batch stays under MAX_BATCH_RECORDS
+    with Producer(f"127.0.0.1:{secure.processes['gateway-1'].info['client_port']}",
+                  ssl_cafile=str(secure.tls_dir / "ca.pem"), auth_token=token, linger_ms=5,
+                  batch_size_bytes=64 * 1024) as producer:
+        futures = [producer.send("sec-quota", value, partition=0) for _ in range(total // len(value))]
+        producer.flush()
+        assert all(f.result(timeout=30).offset >= 0 for f in futures)
+    elapsed = time.monotonic() - start
+    # The first second of quota is a free burst; the rest goes at the rate.
+    assert elapsed >= (total - PRODUCER_BYTE_RATE) / PRODUCER_BYTE_RATE * 0.8, elapsed
+
+
+def test_oversized_requests_and_batches_are_refused_without_writing(secure):
+    before = end_offsets(secure)
+    huge = produce_request("sec-other", records=1, value=b"x" * (MAX_REQUEST_BYTES + 1))
+    with pytest.raises(grpc.RpcError) as err:
+        gw(secure).Produce(huge, timeout=CALL_TIMEOUT_S)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    resp = gw(secure).Produce(produce_request("sec-other", records=MAX_BATCH_RECORDS + 1), timeout=CALL_TIMEOUT_S)
+    assert codes(resp) == {"sec-other": common_pb2.INVALID_REQUEST}
+    assert end_offsets(secure) == before
+
+
+def test_concurrent_requests_per_connection_are_bounded(secure):
+    """MAX_STREAMS long polls of 1 s run at once on one connection; the rest wait their turn."""
+    md = gw(secure).Metadata(common_pb2.MetadataRequest(topics=["sec-other"]), timeout=CALL_TIMEOUT_S)
+    leader = next(p.leader for p in md.topics[0].partitions if p.partition == 1)
+    hw = end_offsets(secure)[("sec-other", 1)]
+    stub = broker_pb2_grpc.BrokerServiceStub(channel(secure, f"broker-{leader}", "admin"))
+    # Nobody writes sec-other-1: each Fetch at its end waits the whole max_wait_ms for min_bytes.
+    request = common_pb2.FetchRequest(replica_id=-1, max_wait_ms=1000, min_bytes=10**6, topics=[
+        common_pb2.FetchTopic(topic="sec-other", partitions=[
+            common_pb2.FetchPartition(partition=1, fetch_offset=hw, current_leader_epoch=-1)])])
+    start = time.monotonic()
+    stub.Fetch(request, timeout=CALL_TIMEOUT_S)
+    assert time.monotonic() - start >= 0.9, "a single long poll waits its max_wait_ms"
+    start = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(MAX_STREAMS * 2) as pool:
+        answers = list(pool.map(lambda _: stub.Fetch(request, timeout=CALL_TIMEOUT_S), range(MAX_STREAMS * 2)))
+    assert all(a.topics[0].partitions[0].error_code == 0 for a in answers)
+    assert time.monotonic() - start >= 1.8, "twice the streams allowed take two rounds"
