@@ -19,7 +19,7 @@ seconds every process used per MB to show where the cost lands.
     python bench/tls_cost.py                  # 3 runs of 8 s per mode
     python bench/tls_cost.py --runs 5 --seconds 10 --batch-kib 64
 
-Writes bench/results/tls_cost.json; bench/RESULTS.md has the table.
+Writes bench/results/tls_cost.json (tls_cost_no_acl.json with --no-acl); bench/RESULTS.md has the table.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def main() -> int:
     print(f"median plain {med['plain']:.2f} MB/s, {label} {med['secure']:.2f} MB/s: ratio {ratio:.3f} "
           f"({(1 - ratio) * 100:.1f}% less throughput); CPU s per MB plain {cpu_med['plain']:.3f}, "
           f"secure {cpu_med['secure']:.3f}")
-    path = common.write_result("tls_cost", result)
+    path = common.write_result("tls_cost_no_acl" if args.no_acl else "tls_cost", result)
     print(f"wrote {path}")
     return 0
 

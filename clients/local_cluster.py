@@ -19,10 +19,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from coordinator.etcd_server import EtcdServer, EtcdServerTls, free_port
+
+if TYPE_CHECKING:
+    from coordinator.store import EtcdTls
 
 # How long one process may take to become ready (etcd connect, log recovery, registration).
 PROCESS_READY_TIMEOUT_S = 30.0
@@ -162,7 +166,7 @@ class LocalCluster:
         issue_certificate(self.tls_dir, name)
         return self.client_settings(name)
 
-    def etcd_tls(self, name: str = ADMIN_TLS_NAME) -> object | None:
+    def etcd_tls(self, name: str = ADMIN_TLS_NAME) -> EtcdTls | None:
         """coordinator.store.EtcdTls for tools that talk to this cluster's etcd (None without tls)."""
         if self.tls_dir is None:
             return None

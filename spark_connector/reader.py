@@ -472,6 +472,8 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = offsets_from_json(start, "start offset")
         tps = self._current_partitions()
+        latest = self._latest(tps)
+        tps = [tp for tp in tps if tp in latest]
         gone = [tp for tp in begin if tp not in tps]
         if gone:
             lost = f"{_unknown(gone)} no longer exist(s) (topic deleted?)"
@@ -481,8 +483,6 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if self._available_now_target is not None:
             # Trigger.AvailableNow reads what existed when the query started, nothing newer.
             tps = [tp for tp in tps if tp in self._available_now_target]
-        latest = list_offsets(self.client, dict.fromkeys(tps, LATEST), "high watermarks")
-        if self._available_now_target is not None:
             latest = planning.cap(latest, self._available_now_target)
         new = [tp for tp in tps if tp not in begin]
         base = dict(begin)
@@ -524,11 +524,25 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 per_record[tp] = len(part.records) / (end - s)
         return planning.limit_by_bytes(start, latest, per_record, max_bytes)
 
+    def _latest(self, tps: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        """High watermarks of the partitions that still exist (a topic being deleted may still be in
+        the metadata while its leaders already answer UNKNOWN_TOPIC_OR_PARTITION)."""
+        answers = self.client.list_offsets(dict.fromkeys(tps, LATEST))
+        failed = {tp: code for tp, (_, code) in answers.items()
+                  if code not in (common_pb2.NONE, common_pb2.UNKNOWN_TOPIC_OR_PARTITION)}
+        if failed:
+            raise HighwaterSparkError("high watermarks: ListOffsets failed for " + ", ".join(
+                f"{t}-{p} ({code_name(c)})" for (t, p), c in sorted(failed.items())))
+        return {tp: offset for tp, (offset, code) in answers.items() if code == common_pb2.NONE}
+
     def reportLatestOffset(self) -> dict | None:
-        tps = self._current_partitions()
-        if not tps:
+        # Progress reporting only: never fail the query from here (latestOffset decides).
+        try:
+            latest = self._latest(self._current_partitions())
+        except HighwaterSparkError as exc:
+            log.info("latest offsets not reported: %s", exc)
             return None
-        return offsets_to_json(list_offsets(self.client, dict.fromkeys(tps, LATEST), "high watermarks"))
+        return offsets_to_json(latest) if latest else None
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin = offsets_from_json(start, "start offset")

@@ -216,6 +216,7 @@ def line(result: dict[str, object], workload: str) -> str:
 
 def ratios(rows: list[dict[str, object]], workload: str) -> dict[str, float]:
     """ours / peer for throughput (higher is better), peer / ours for latency (so > 1 = we win)."""
+    rows = [r for r in rows if "error" not in r]
     ours = [r for r in rows if str(r["system"]).startswith("highwater")]
     peers = [r for r in rows if not str(r["system"]).startswith("highwater")]
     out: dict[str, float] = {}
@@ -282,24 +283,35 @@ def main() -> int:
                 [(s, None) for s in SYSTEMS]
             for system, rate in cases:
                 gate = common.wait_for_quiet(wait_s=args.quiet_wait_s)
-                if args.workload.startswith("produce"):
-                    got = run_produce(systems, system, RECORD_SIZES[args.workload])
-                elif args.workload == "consume":
-                    got = run_consume(systems, system)
-                else:
-                    got = run_e2e(systems, system, rate)  # type: ignore[arg-type]
+                try:
+                    if args.workload.startswith("produce"):
+                        got = run_produce(systems, system, RECORD_SIZES[args.workload])
+                    elif args.workload == "consume":
+                        got = run_consume(systems, system)
+                    else:
+                        got = run_e2e(systems, system, rate)  # type: ignore[arg-type]
+                except Exception as exc:  # one system failing must not lose the others' figures
+                    print(f"  round {number}: {system} FAILED: {type(exc).__name__}: {exc}", flush=True)
+                    rows.append({"system": system, "rate": rate, "error": f"{type(exc).__name__}: {exc}"})
+                    continue
                 for result in got:
                     result.update(gate, load_1m_after=common.load_average())
                     print(f"  round {number}: {line(result, args.workload)}", flush=True)
                     print(f"           CPU (cores): {common.format_cpu(result['cpu_cores'])}; load "  # type: ignore[arg-type]
                           f"{gate['load_1m_before']} -> {result['load_1m_after']}", flush=True)
                 rows.extend(got)
-            r = ratios(rows, args.workload)
+            if args.workload == "e2e":  # compare like with like: each rate on its own
+                r = {}
+                for rate in args.rates:
+                    r.update(ratios([row for row in rows if row.get("rate") == rate], args.workload))
+            else:
+                r = ratios(rows, args.workload)
             for key, value in r.items():
                 print(f"  round {number} ratio {key}: {value}x", flush=True)
             out["rounds"].append({"results": rows, "ratios": r})  # type: ignore[union-attr]
     summary: dict[str, float] = {}
-    for key in out["rounds"][0]["ratios"]:  # type: ignore[index]
+    keys = dict.fromkeys(k for rnd in out["rounds"] for k in rnd["ratios"])  # type: ignore[union-attr]
+    for key in keys:
         values = [rnd["ratios"][key] for rnd in out["rounds"] if key in rnd["ratios"]]  # type: ignore[union-attr]
         summary[key] = round(statistics.median(values), 2)
     out["ratio_median"] = summary

@@ -38,6 +38,8 @@ STREAM = "BENCH"
 SUBJECT = "bench.records"
 # nats-py's own default bound on unacknowledged async publishes.
 PUBLISH_ASYNC_MAX_PENDING_DEFAULT = 4000
+# How long the end of a produce run waits for the last PubAcks before counting them as failed.
+PUBACK_WAIT_S = 30.0
 # 8 bytes of send time (ns since the epoch) lead every e2e payload.
 _SENT_NS = struct.Struct(">q")
 
@@ -159,6 +161,7 @@ async def produce(urls: list[str], *, record_size: int, duration_s: float, warmu
         start = time.perf_counter()
         stop_at = start + seconds
         sent = 0
+        futures = []
         while True:
             now = time.perf_counter()
             if now >= stop_at:
@@ -171,10 +174,16 @@ async def produce(urls: list[str], *, record_size: int, duration_s: float, warmu
             sent_at = time.perf_counter()
             future = await js.publish_async(SUBJECT, payload)
             future.add_done_callback(lambda f, t=sent_at: on_ack(f, t))
+            futures.append(future)
             sent += 1
         counts["sent"] += sent
-        await asyncio.wait_for(js.publish_async_completed(), 60)
-        return time.perf_counter() - start
+        # A PubAck that never comes would hang publish_async_completed() for ever: bound it.
+        _, missing = await asyncio.wait([f for f in futures if not f.done()] or [asyncio.sleep(0)],
+                                        timeout=PUBACK_WAIT_S)
+        elapsed = time.perf_counter() - start
+        for future in missing:
+            future.cancel()  # counted as failed ("cancelled") by on_ack
+        return elapsed
 
     try:
         if warmup_s > 0:

@@ -174,7 +174,7 @@ class Partition:
         duplicate = self.producers.check(headers)
         if duplicate is not None:
             return LeaderAppend(duplicate.first_offset, duplicate.last_offset + 1, duplicate=True)
-        info = self.log.append_as_leader(records, leader_epoch=self.leader_epoch, now_ms=now_ms)
+        info = self.log.append_as_leader(records, leader_epoch=self.leader_epoch, now_ms=now_ms, validated=headers)
         self.producers.update(info.headers)
         self.maybe_advance_high_watermark()
         return LeaderAppend(info.first_offset, info.next_offset)

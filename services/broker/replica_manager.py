@@ -30,7 +30,6 @@ from services.common.errors import (
     FencedLeaderEpoch,
     HighwaterError,
     NotLeaderOrFollower,
-    OffsetOutOfRange,
     UnknownLeaderEpoch,
     UnknownTopicOrPartition,
 )
@@ -372,11 +371,12 @@ class ReplicaManager:
                                                           base_offset=-1)
                 try:
                     p = self._leader_partition(tp)
-                    info = p.append_as_leader(pd.records, acks=req.acks, now_ms=wall)
+                    records = pd.records  # each read of a bytes field copies it: read once
+                    info = p.append_as_leader(records, acks=req.acks, now_ms=wall)
                     res.base_offset = info.first_offset
                     res.log_start_offset = p.log.log_start_offset
                     if not info.duplicate:
-                        metrics.BYTES_IN.labels(topic.topic).inc(len(pd.records))
+                        metrics.BYTES_IN.labels(topic.topic).inc(len(records))
                         self.notify(tp)
                     if req.acks == -1:
                         waiting[tp] = info.next_offset
@@ -464,16 +464,21 @@ class ReplicaManager:
 
     def _read_all(self, req: common_pb2.FetchRequest, is_follower: bool
                   ) -> tuple[common_pb2.FetchResponse, int, bool]:
+        """Read every asked partition into one response, built in place.
+
+        Building with .add() matters: composing finished sub-messages makes
+        protobuf copy every record batch again at each level.
+        """
         total = 0
         has_error = False
         budget = req.max_bytes or limits.FETCH_MAX_BYTES_DEFAULT
-        topics = []
+        resp = common_pb2.FetchResponse()
         for t in req.topics:
-            parts = []
+            out_topic = resp.topics.add(topic=t.topic)
             for fp in t.partitions:
                 tp = (t.topic, fp.partition)
-                pr = common_pb2.FetchPartitionResponse(partition=fp.partition, high_watermark=-1,
-                                                       log_start_offset=-1, log_end_offset=-1)
+                pr = out_topic.partitions.add(partition=fp.partition, high_watermark=-1, log_start_offset=-1,
+                                              log_end_offset=-1)
                 try:
                     p = self._fetchable_partition(tp, fp.current_leader_epoch)
                     pr.high_watermark = p.high_watermark
@@ -484,25 +489,20 @@ class ReplicaManager:
                     limit = min(fp.partition_max_bytes or limits.FETCH_PARTITION_MAX_BYTES_DEFAULT, budget)
                     if fp.fetch_offset == (p.log.log_end_offset if is_follower else p.high_watermark) \
                             and fp.fetch_offset >= p.log.log_start_offset:
-                        data = b""
-                    else:
-                        info = p.log.read(fp.fetch_offset, max_bytes=max(limit, 1), max_offset=max_offset,
-                                          min_one_message=total == 0)
-                        data = bytes(info.records)
-                    pr.records = data
-                    total += len(data)
-                    budget = max(budget - len(data), 0)
-                    if data and not is_follower:
-                        metrics.BYTES_OUT.labels(t.topic).inc(len(data))
-                except OffsetOutOfRange as exc:
-                    pr.error_code, pr.error_message = exc.code, exc.message
-                    has_error = True
+                        continue
+                    info = p.log.read(fp.fetch_offset, max_bytes=max(limit, 1), max_offset=max_offset,
+                                      min_one_message=total == 0)
+                    size = len(info.records)
+                    if size:
+                        pr.records = info.records
+                        total += size
+                        budget = max(budget - size, 0)
+                        if not is_follower:
+                            metrics.BYTES_OUT.labels(t.topic).inc(size)
                 except HighwaterError as exc:
                     pr.error_code, pr.error_message = exc.code, exc.message
                     has_error = True
-                parts.append(pr)
-            topics.append(common_pb2.FetchTopicResponse(topic=t.topic, partitions=parts))
-        return common_pb2.FetchResponse(topics=topics), total, has_error
+        return resp, total, has_error
 
     def _fetchable_partition(self, tp: TopicPartitionKey, current_leader_epoch: int) -> Partition:
         p = self._leader_partition(tp)

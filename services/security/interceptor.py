@@ -33,7 +33,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import prometheus_client
@@ -66,13 +66,12 @@ THROTTLE_MS = prometheus_client.Counter(
     "highwater_quota_throttle_time_ms_total", "throttle_time_ms handed out, by quota", ["quota"])
 
 
-class TokenVerifier:
+class TokenVerifier(Protocol):
     """What the interceptor needs from the security cache (cache.py)."""
 
-    def verify_token(self, token: str, now_ms: int) -> str | None: ...  # pragma: no cover
+    authorizer: Authorizer
 
-    @property
-    def authorizer(self) -> Authorizer: ...  # pragma: no cover
+    def verify_token(self, token: str, now_ms: int) -> str | None: ...
 
 
 class _Connection:
@@ -328,6 +327,9 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
             caller = Caller(principal, service=None, authenticated_by="token")  # type: ignore[arg-type]
         elif common_name:
             caller = Caller(f"User:{common_name}", service=service, authenticated_by="certificate")
+        elif auth.get("x509_pem_cert"):
+            await self._refuse(context, method, "no_common_name", grpc.StatusCode.UNAUTHENTICATED,
+                               "the client certificate has no common name, so it names no principal")
         else:
             await self._refuse(context, method, "no_credentials", grpc.StatusCode.UNAUTHENTICATED,
                                "no client certificate and no bearer token: authenticate with one of them")

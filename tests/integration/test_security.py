@@ -155,7 +155,7 @@ def make_token(c: TestCluster, principal: str, *, expires_in_ms: int = 0) -> str
                                               expires_in_ms=expires_in_ms)
 
     async def put() -> None:
-        store = await EtcdStore.connect(c.etcd_endpoint, tls=c.etcd_tls())  # type: ignore[arg-type]
+        store = await EtcdStore.connect(c.etcd_endpoint, tls=c.etcd_tls())
         try:
             await put_token(store, token_id, record.to_dict())
         finally:
@@ -247,7 +247,7 @@ def test_etcd_refuses_clients_without_a_certificate_of_the_cluster(secure):
     for tls in (None, EtcdTls(ca_cert=ca)):
         with pytest.raises(CoordinatorUnavailable):
             asyncio.run(connect(tls))
-    asyncio.run(connect(secure.etcd_tls()))  # type: ignore[arg-type]
+    asyncio.run(connect(secure.etcd_tls()))
 
 
 # --- identities on the control plane ----------------------------------------------------------

@@ -268,6 +268,8 @@ class Checker:
             if holder is None or not holder.up or holder.incarnation != rec.incarnations.get(r):
                 continue
             rp = holder.partitions.get(tp)
+            if rp is None and r not in self.assignments.get(tp, ()):
+                continue  # reassigned away and deleted since it replicated the batch
             leo = rp.log.log_end_offset if rp is not None else -1
             epoch = rp.log.leader_epoch_cache.epoch_for_offset(rec.first_offset) if rp is not None else None
             # A duplicate (an idempotent retry) was written earlier, maybe in an older epoch.

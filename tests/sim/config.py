@@ -105,3 +105,18 @@ class ClusterShape:
         brokers = config.brokers if config.brokers is not None else rng.randint(3, 5)
         controllers = config.controllers if config.controllers is not None else rng.randint(1, 2)
         return cls(brokers, controllers)
+
+
+# Named fault mixes for the CLI and the tests.
+PROFILES: dict[str, SimConfig] = {
+    # Everything, power losses included.
+    "default": SimConfig(),
+    # Crashes keep what was written (kill -9, not a power cut): rules out data loss that
+    # only missing fsyncs explain, so a failure points at replication or election logic.
+    "no-power-loss": SimConfig(power_loss_fraction=0.0),
+    # Two controller candidates under frequent crashes, pauses and session expiries, with
+    # more admin work: a deposed controller acting before it notices is likely here.
+    "controller-chaos": SimConfig(controllers=2, power_loss_fraction=0.0, fault_phase_ms=30_000, settle_ms=10_000,
+                                  controller_fault_every_ms=1_500, lease_expiry_every_ms=3_000,
+                                  admin_every_ms=2_000),
+}

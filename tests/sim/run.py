@@ -17,7 +17,7 @@ import sys
 import time
 
 from tests.sim.clock import TRACE_LINES_DEFAULT
-from tests.sim.config import Safety, SimConfig
+from tests.sim.config import PROFILES, Safety
 from tests.sim.simulation import SimulationFailure, run_seed
 
 
@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=100, help="how many seeds to run (default 100)")
     parser.add_argument("--start", type=int, default=0, help="first seed (default 0)")
     parser.add_argument("--seed", type=int, default=None, help="run only this seed")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="default",
+                        help="fault mix (default: default; see tests/sim/config.py PROFILES)")
     parser.add_argument("--fault-phase-ms", type=int, default=None, help="length of the fault phase")
     parser.add_argument("--brokers", type=int, default=None, help="brokers (default: the seed picks 3..5)")
     parser.add_argument("--power-loss-fraction", type=float, default=None,
@@ -43,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     # The services log every failover at WARNING; in a simulation those are the point, not news.
     logging.getLogger("highwater").setLevel(logging.CRITICAL)
 
-    config = SimConfig(safety=Safety(leader_epoch_truncation=not args.no_epoch_truncation,
-                                     controller_epoch_fence=not args.no_controller_fence))
+    config = dataclasses.replace(PROFILES[args.profile], safety=Safety(
+        leader_epoch_truncation=not args.no_epoch_truncation, controller_epoch_fence=not args.no_controller_fence))
     if args.fault_phase_ms is not None:
         config = dataclasses.replace(config, fault_phase_ms=args.fault_phase_ms)
     if args.power_loss_fraction is not None:

@@ -754,6 +754,7 @@ class SimFetcher:
                 b.truncate(tp, offset)
             st.fetch_offset = offset
             st.move(FetchPhase.FETCHING)
+            b.checker.after_truncation(b, tp, self.leader_id, st.current_leader_epoch)
 
     # ---- maybe_fetch ----------------------------------------------------------------------
 

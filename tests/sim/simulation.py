@@ -15,6 +15,7 @@ Phases:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 import re
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from services.common.errors import InvariantViolation
 from tests.sim.checker import Checker, InvariantBroken
 from tests.sim.clock import TRACE_LINES_DEFAULT, EventLoop
-from tests.sim.config import ClusterShape, SimConfig
+from tests.sim.config import PROFILES, ClusterShape, Safety, SimConfig
 from tests.sim.faults import FaultInjector
 from tests.sim.network import Network
 from tests.sim.sim_broker import SimBroker
@@ -74,18 +75,31 @@ def known_issue(reason: str, checker: Checker) -> str | None:
     return None
 
 
+def repro_command(seed: int, config: SimConfig) -> str:
+    """The command line that runs this seed with this config again."""
+    flags = []
+    if not config.safety.leader_epoch_truncation:
+        flags.append("--no-epoch-truncation")
+    if not config.safety.controller_epoch_fence:
+        flags.append("--no-controller-fence")
+    plain = dataclasses.replace(config, safety=Safety())
+    names = [name for name, profile in PROFILES.items() if profile == plain]
+    profile = f"--profile {names[0]} " if names else "(a custom SimConfig) "
+    return f"python -m tests.sim.run --seed {seed} {profile}{' '.join(flags)}".rstrip()
+
+
 class SimulationFailure(AssertionError):
     """A run broke a rule. Carries the seed that reproduces it and the end of the trace."""
 
     def __init__(self, seed: int, reason: str, at_ms: int, trace: list[str], detail: str = "",
-                 known_issue: str | None = None) -> None:
+                 known_issue: str | None = None, config: SimConfig | None = None) -> None:
         self.seed = seed
         self.reason = reason
         self.at_ms = at_ms
         self.trace = trace
         self.known_issue = known_issue
         lines = [f"simulation seed {seed} failed at {at_ms} ms: {reason}",
-                 f"reproduce: python -m tests.sim.run --seed {seed} (same config)"]
+                 f"reproduce: {repro_command(seed, config or SimConfig())}"]
         if known_issue:
             lines.append(f"known issue: {known_issue}")
         if detail:
@@ -202,7 +216,7 @@ class Simulation:
         except (InvariantBroken, InvariantViolation) as exc:
             kind = "invariant broken" if isinstance(exc, InvariantBroken) else "InvariantViolation in the pure logic"
             raise SimulationFailure(self.seed, f"{kind}: {exc}", self.loop.now_ms, self.loop.trace_lines(),
-                                    self.cluster_state(), known_issue(str(exc), self.checker)) from exc
+                                    self.cluster_state(), known_issue(str(exc), self.checker), self.config) from exc
         wall_s = time.perf_counter() - started
         return SimResult(
             seed=self.seed, shape=self.shape, simulated_ms=self.loop.now_ms, wall_s=wall_s,

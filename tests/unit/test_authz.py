@@ -328,3 +328,36 @@ async def test_connection_limiter_queues_in_order_and_refuses_beyond_its_queue()
     assert all(w.done() for w in waiting)
     limiter.release("b")
     assert "b" not in limiter._connections
+
+
+# --- flags ------------------------------------------------------------------------------------
+
+
+def test_security_is_off_by_default_and_flags_that_need_tls_say_so() -> None:
+    from services.security.config import SecurityConfig, SecurityConfigError
+
+    assert not SecurityConfig().active and not SecurityConfig().needs_interceptor
+    SecurityConfig().check()
+    for flags in ({"authorizer": "acl"}, {"client_port": 0}, {"producer_byte_rate": 1},
+                  {"super_users": ("User:admin",)}):
+        with pytest.raises(SecurityConfigError, match="--tls-dir"):
+            SecurityConfig(**flags).check()  # type: ignore[arg-type]
+    with pytest.raises(SecurityConfigError, match="service name"):
+        SecurityConfig(tls_dir=Path("/nonexistent"), name="alice").check()
+    SecurityConfig(tls_dir=Path("/nonexistent"), name="broker-1", authorizer="acl").check()
+    limits_only = SecurityConfig(max_batch_records=10)
+    assert limits_only.needs_interceptor and not limits_only.tls
+    with pytest.raises(SecurityConfigError):
+        SecurityConfig(max_request_bytes=10).check()
+
+
+def test_the_service_commands_take_the_security_flags() -> None:
+    from click.testing import CliRunner
+
+    from services.cli import broker_command
+
+    result = CliRunner().invoke(broker_command, ["--help"])
+    for flag in ("--tls-dir", "--client-port", "--authorizer", "--super-users", "--max-request-bytes",
+                 "--max-batch-records", "--producer-byte-rate", "--consumer-byte-rate",
+                 "--max-concurrent-requests-per-connection"):
+        assert flag in result.output

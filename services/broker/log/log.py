@@ -342,15 +342,19 @@ class Log:
 
     # --- appending --------------------------------------------------------------------
 
-    def append_as_leader(self, records: Buffer, *, leader_epoch: int, now_ms: int) -> AppendInfo:
+    def append_as_leader(self, records: Buffer, *, leader_epoch: int, now_ms: int,
+                         validated: list[BatchHeader] | None = None) -> AppendInfo:
         """Validate, assign offsets from the LEO, stamp `leader_epoch`, and write.
 
         Raises CorruptMessage / MessageTooLarge (nothing is written) for a bad batch.
+        `validated`: the headers validate_batches already returned for these exact bytes
+        (the partition checks them first for idempotence), so the CRC is not computed twice.
         The caller (the partition, as leader in `leader_epoch`) has fenced stale epochs;
         an epoch below the latest one in the log is a bug.
         """
         self._ensure_usable()
-        headers = validate_batches(records, max_batch_bytes=self._config.max_message_bytes)
+        headers = (validated if validated is not None
+                   else validate_batches(records, max_batch_bytes=self._config.max_message_bytes))
         latest_epoch = self._epoch_cache.latest_epoch()
         check(
             leader_epoch >= 0 and (latest_epoch is None or leader_epoch >= latest_epoch),
