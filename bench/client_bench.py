@@ -23,14 +23,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/client_bench.py` from anywhere
 
-from bench import common  # noqa: E402
-from clients import records  # noqa: E402
-from clients.config import ProducerConfig  # noqa: E402
-from clients.metadata import TopicInfo  # noqa: E402
-from clients.producer import _ProducerCore  # noqa: E402
-from clients.sender import with_headers  # noqa: E402
-from clients.types import TopicPartition  # noqa: E402
-from protos.highwater.v1 import common_pb2  # noqa: E402
+from bench import common
+from clients import records
+from clients.config import ProducerConfig
+from clients.metadata import TopicInfo
+from clients.producer import _ProducerCore
+from clients.sender import with_headers
+from clients.types import TopicPartition
+from protos.highwater.v1 import common_pb2
 
 ENCODE_TARGET_RECORDS_PER_S = 1_000_000
 
