@@ -14,6 +14,7 @@ Everything is off unless a flag turns it on (docs/SECURITY.md). The pieces:
 - `channels.py`  the one place service-to-service channels are opened.
 - `runtime.py`   ServiceSecurity: what a service's serve() and ServiceRuntime use.
 - `client.py`    TLS and token credentials for the client library.
+- `cli_options.py` the service commands' security flags (`@security_options`).
 
 The decision logic itself is pure: services/common/authz.py (the ACL
 authorizer) and services/common/quotas.py (byte-rate quotas).

@@ -51,6 +51,7 @@ pytestmark = pytest.mark.integration
 
 TAF = common_pb2.TOPIC_AUTHORIZATION_FAILED
 PRODUCER_BYTE_RATE = 512 * 1024
+CONSUMER_BYTE_RATE = 256 * 1024
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 MAX_BATCH_RECORDS = 1000
 MAX_STREAMS = 8
@@ -70,6 +71,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
     c = TestCluster(tmp_path_factory.mktemp("secure"), brokers=2, lease_ttl_s=TEST_LEASE_TTL_S, tls=True,
                     service_args=["--authorizer", "acl", "--super-users", "User:admin",
                                   "--producer-byte-rate", str(PRODUCER_BYTE_RATE),
+                                  "--consumer-byte-rate", str(CONSUMER_BYTE_RATE),
                                   "--max-request-bytes", str(MAX_REQUEST_BYTES),
                                   "--max-batch-records", str(MAX_BATCH_RECORDS),
                                   "--max-concurrent-requests-per-connection", str(MAX_STREAMS)])
@@ -403,6 +405,32 @@ def test_produce_quota_throttles_and_the_client_backs_off(secure):
     elapsed = time.monotonic() - start
     # The first second of quota is a free burst; the rest goes at the rate.
     assert elapsed >= (total - PRODUCER_BYTE_RATE) / PRODUCER_BYTE_RATE * 0.8, elapsed
+
+
+def test_fetch_quota_throttles_and_brokers_check_tokens_too(secure):
+    """256 KiB/s of fetch for User:tok: a second 300 KB fetch at once carries throttle_time_ms.
+    The same token works directly at the leader broker's client port."""
+    token = make_token(secure, "User:tok")
+    admin = gw(secure)
+    for _ in range(3):  # ~300 KB on sec-quota-2 (the admin is a super user but has a quota too)
+        req = produce_request("sec-quota", records=100, value=b"y" * 1000)
+        req.topics[0].partitions[0].partition = 1
+        assert admin.Produce(req, timeout=CALL_TIMEOUT_S).topics[0].partitions[0].error_code == 0
+    md = admin.Metadata(common_pb2.MetadataRequest(topics=["sec-quota"]), timeout=CALL_TIMEOUT_S)
+    leader = next(p.leader for p in md.topics[0].partitions if p.partition == 1)
+    direct = broker_pb2_grpc.BrokerServiceStub(channel(secure, f"broker-{leader}", None, token=token,
+                                                       client_port=True))
+    wait_for(lambda: _fetch(direct).topics[0].partitions[0].error_code == 0, timeout_s=10,
+             what="the token at the broker")
+    throttles = [_fetch(direct).throttle_time_ms for _ in range(3)]
+    assert throttles[1] > 0 and throttles[2] > 0, throttles
+
+
+def _fetch(stub: broker_pb2_grpc.BrokerServiceStub) -> common_pb2.FetchResponse:
+    return stub.Fetch(common_pb2.FetchRequest(replica_id=-1, max_wait_ms=0, max_bytes=8 << 20, topics=[
+        common_pb2.FetchTopic(topic="sec-quota", partitions=[common_pb2.FetchPartition(
+            partition=1, fetch_offset=0, partition_max_bytes=4 << 20, current_leader_epoch=-1)])]),
+        timeout=CALL_TIMEOUT_S)
 
 
 def test_oversized_requests_and_batches_are_refused_without_writing(secure):

@@ -78,6 +78,8 @@ class Checker:
         self.etcd = etcd
         self.keys = etcd.keys
         self.brokers: dict[int, SimBroker] = {}
+        # id(node) -> broker, for the per-step replica checks (set by the simulation).
+        self._broker_of_node: dict[int, SimBroker] = {}
         self.controllers: dict[int, SimController] = {}
         self.consumers: list[Consumer] = []
         self._watch = etcd.subscribe(self.keys.prefix + "/")
@@ -100,6 +102,10 @@ class Checker:
         # Leaders that lost data while replicas that kept it were in the ISR (for diagnosis).
         self.suspect_leaders: list[str] = []
 
+    def watch_brokers(self, brokers: list[SimBroker]) -> None:
+        self.brokers = {b.broker_id: b for b in brokers}
+        self._broker_of_node = {id(b): b for b in brokers}
+
     def fail(self, fmt: str, *args: object) -> None:
         raise InvariantBroken(fmt % args if args else fmt)
 
@@ -119,27 +125,31 @@ class Checker:
             self._seen_revision = self.etcd.store.revision
             for events in self._watch.drain():
                 self._on_etcd_revision(events)
-        broker = self.brokers.get(getattr(node, "broker_id", -1)) if node is not None else None
-        if broker is not None and broker is node and broker.up:
+        broker = self._broker_of_node.get(id(node))
+        if broker is not None and broker.up:
             self._check_replicas(broker)
 
     def _check_replicas(self, broker: SimBroker) -> None:
+        last_seen = self._last_replica
+        broker_id, incarnation = broker.broker_id, broker.incarnation
         for tp, p in broker.partitions.items():
-            leo = p.log.log_end_offset
             hw = p.high_watermark
-            if hw > leo:
-                self.fail("HW above LEO: %s-%d on broker %d has HW %d, LEO %d", *tp, broker.broker_id, hw, leo)
-            key = (broker.broker_id, tp)
-            last = self._last_replica.get(key)
-            if last is not None and last[0] == broker.incarnation:
+            if hw > p.log.log_end_offset:
+                self.fail("HW above LEO: %s-%d on broker %d has HW %d, LEO %d", *tp, broker_id, hw,
+                          p.log.log_end_offset)
+            key = (broker_id, tp)
+            last = last_seen.get(key)
+            if last is not None and last[0] == incarnation:
                 _, last_role, last_epoch, last_hw = last
                 if p.leader_epoch < last_epoch:
-                    self.fail("leader epoch of %s-%d went back on broker %d: %d -> %d", *tp, broker.broker_id,
+                    self.fail("leader epoch of %s-%d went back on broker %d: %d -> %d", *tp, broker_id,
                               last_epoch, p.leader_epoch)
                 if p.role is Role.LEADER and last_role is Role.LEADER and hw < last_hw:
                     self.fail("leader HW went back: %s-%d on broker %d from %d to %d (epoch %d -> %d)", *tp,
-                              broker.broker_id, last_hw, hw, last_epoch, p.leader_epoch)
-            self._last_replica[key] = (broker.incarnation, p.role, p.leader_epoch, hw)
+                              broker_id, last_hw, hw, last_epoch, p.leader_epoch)
+                if last_role is p.role and last_epoch == p.leader_epoch and last_hw == hw:
+                    continue
+            last_seen[key] = (incarnation, p.role, p.leader_epoch, hw)
 
     # ---- etcd: controller epochs, partition states ---------------------------------------
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import random
-import re
 import time
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from tests.sim.checker import Checker, InvariantBroken
 from tests.sim.clock import TRACE_LINES_DEFAULT, EventLoop
 from tests.sim.config import PROFILES, ClusterShape, Safety, SimConfig
 from tests.sim.faults import FaultInjector
+from tests.sim.known_issues import known_issue
 from tests.sim.network import Network
 from tests.sim.sim_broker import SimBroker
 from tests.sim.sim_controller import SimController
@@ -39,41 +39,6 @@ FIRST_TOPIC_AT_MS = 1_000
 # controller's last requests to arrive (their retries take up to 5 x 5 s).
 SETTLE_EXTRA_STEP_MS = 1_000
 SETTLE_EXTRA_STEPS_MAX = 30
-
-# Bugs found by the simulation and not fixed yet, by tag (test_simulation.py has their
-# regression seeds). A failure is attributed to one only when the checker saw its signature
-# on the partition that failed.
-KNOWN_ISSUES = {
-    "KI-1": "a broker that lost unflushed data in a power loss restarts, keeps its ISR membership "
-            "(and even its leader epoch) because the controller never saw it die, and is elected "
-            "leader over ISR members that kept every committed record",
-    "KI-2": "a follower keeps a leader-epoch entry that starts at its LEO (it became leader and wrote "
-            "nothing); truncation to that LEO is skipped, so the leader's older-epoch batches at that "
-            "offset are refused by append_as_follower (InvariantViolation) and the replica stops replicating",
-    "KI-3": "a reassignment submitted while another is in progress drops the replicas the first one was "
-            "adding, even the one that has become leader: the leader and ISR are left outside the replica "
-            "set, the leader is not sent the new leader epoch, and the partition stops making progress",
-}
-_KI2_MESSAGE = re.compile(r"log /sim/b(\d+)/(t\d+)-(\d+): follower batch at offset \d+ has leader epoch \d+ below")
-
-
-def known_issue(reason: str, checker: Checker) -> str | None:
-    """The tag of a known, reported bug that explains this failure, if any."""
-    partitions = set(re.findall(r"\b(t\d+-\d+)\b", reason))
-    for line in checker.suspect_leaders:
-        if line.split(" ", 1)[0] in partitions:
-            return f"KI-1: {KNOWN_ISSUES['KI-1']}"
-    if "outside its replicas" in reason:
-        return f"KI-3: {KNOWN_ISSUES['KI-3']}"
-    match = _KI2_MESSAGE.search(reason)
-    if match is not None:
-        broker = checker.brokers.get(int(match.group(1)))
-        p = broker.partitions.get((match.group(2), int(match.group(3)))) if broker is not None else None
-        entries = p.log.leader_epoch_cache.entries() if p is not None else []
-        if entries and entries[-1][1] == p.log.log_end_offset:  # type: ignore[union-attr]
-            return f"KI-2: {KNOWN_ISSUES['KI-2']}"
-    return None
-
 
 def repro_command(seed: int, config: SimConfig) -> str:
     """The command line that runs this seed with this config again."""
@@ -145,7 +110,7 @@ class Simulation:
                             for i in range(1, self.shape.controllers + 1)]
         self.brokers = [SimBroker(i, self.loop, self.network, self.etcd, self.config, self.rng, self.checker)
                         for i in range(1, self.shape.brokers + 1)]
-        self.checker.brokers = {b.broker_id: b for b in self.brokers}
+        self.checker.watch_brokers(self.brokers)
         self.checker.controllers = {c.controller_id: c for c in self.controllers}
         broker_ids = [b.broker_id for b in self.brokers]
         controller_ids = [c.controller_id for c in self.controllers]

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +41,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     pyspark_sql = pytest.importorskip("pyspark.sql", reason="the Spark tests need pyspark (pip install -e '.[dev]')")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.fail("the Spark tests need Java 17 (e.g. apt-get install openjdk-17-jre-headless)")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]

@@ -1,0 +1,137 @@
+"""Bugs the simulation found in the pure logic, reduced to scripted scenarios (no randomness).
+
+Each test asserts the behaviour DESIGN.md asks for and is xfail(strict=True) while the bug
+is there: it starts passing, and so failing, the day the bug is fixed; then drop the mark.
+tests/sim/test_simulation.py has a simulation seed for each as well; tests/sim/simulation.py
+KNOWN_ISSUES describes them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from clients.records import encode_values
+from protos.highwater.v1 import common_pb2, controller_pb2
+from services.broker.fetch_state import truncation_offset
+from services.broker.log import Log, LogConfig, MemoryStorage
+from services.broker.partition import LeaderAndIsrState, Partition
+from services.common.errors import InvariantViolation
+from services.controller import handlers
+from services.controller.context import BrokerInfo, ControllerContext, LeaderAndIsr, TopicInfo
+
+TP = ("t", 0)
+
+
+# ---- KI-2: an empty leader epoch at the follower's LEO -------------------------------------
+
+def _partition(broker_id: int, storage: MemoryStorage) -> Partition:
+    return Partition("t", 0, broker_id, Log.open(f"/ki2/b{broker_id}", LogConfig(), storage=storage, now_ms=0))
+
+
+def _state(leader: int, epoch: int) -> LeaderAndIsrState:
+    return LeaderAndIsrState(leader, epoch, (1, 2), (1, 2), epoch + 1, 1)
+
+
+def _replicate(follower: Partition, leader: Partition) -> None:
+    """What SimFetcher / ReplicaFetcher do for one partition: OffsetsForLeaderEpoch, truncate, fetch."""
+    asked = follower.log.leader_epoch_cache.latest_epoch()
+    if asked is None:  # an empty log has nothing to truncate: fetch from the LEO
+        records = leader.log.read(follower.log.log_end_offset, max_bytes=1 << 20).records
+        follower.append_as_follower(records, now_ms=0)
+        return
+    epoch, end = leader.log.leader_epoch_cache.end_offset_for_epoch(asked)
+    if epoch == leader.leader_epoch or (epoch >= 0 and end < 0):  # replica_manager.offsets_for_leader_epoch
+        end = leader.log.log_end_offset
+    _, local_end = follower.log.leader_epoch_cache.end_offset_for_epoch(epoch)
+    local_leo = follower.log.log_end_offset
+    offset = truncation_offset(local_leo=local_leo, requested_epoch=asked, leader_epoch=epoch, leader_end_offset=end,
+                               local_end_offset_for_leader_epoch=local_end if local_end >= 0 else local_leo)
+    if offset < local_leo:  # fetcher.maybe_truncate
+        follower.truncate_to(offset)
+    records = leader.log.read(follower.log.log_end_offset, max_bytes=1 << 20).records
+    if records:
+        follower.append_as_follower(records, now_ms=0)
+
+
+@pytest.mark.xfail(strict=True, raises=InvariantViolation,
+                   reason="KI-2: Log.truncate_to(offset >= LEO) keeps an epoch entry starting at the LEO, and the "
+                          "fetcher skips truncation when the offset equals the LEO")
+def test_ki2_follower_replicates_after_leading_an_epoch_without_writing() -> None:
+    storage = MemoryStorage()
+    b1, b2 = _partition(1, storage), _partition(2, storage)
+    b1.become_leader(_state(1, 0), now_ms=0)
+    b2.become_follower(_state(1, 0))
+    b1.append_as_leader(encode_values([b"a", b"b"], timestamp_ms=0), acks=1, now_ms=0)
+    _replicate(b2, b1)
+    # Epoch 1: b1 leads again and writes offset 2; b2 does not fetch it in time.
+    b1.become_leader(_state(1, 1), now_ms=0)
+    b1.append_as_leader(encode_values([b"c"], timestamp_ms=0), acks=1, now_ms=0)
+    # Epoch 2: b2 leads (its epoch cache now says epoch 2 starts at 2) but writes nothing.
+    b2.become_leader(_state(2, 2), now_ms=0)
+    # Epoch 3: b1 leads again; b2 follows and must end up with b1's log.
+    b1.become_leader(_state(1, 3), now_ms=0)
+    b2.become_follower(_state(1, 3))
+    _replicate(b2, b1)
+    assert b2.log.log_end_offset == b1.log.log_end_offset == 3
+
+
+# ---- controller scenarios -------------------------------------------------------------------
+
+def _broker(broker_id: int, broker_epoch: int) -> BrokerInfo:
+    return BrokerInfo(broker_id, f"b{broker_id}", 9092, "", 0, broker_epoch)
+
+
+def _context(brokers: dict[int, int], replicas: tuple[int, ...]) -> ControllerContext:
+    ctx = ControllerContext(controller_id=1, epoch=1)
+    ctx.live_brokers = {b: _broker(b, e) for b, e in brokers.items()}
+    ctx.topics["t"] = TopicInfo("t", "topic-id", {0: replicas})
+    ctx.states[TP] = LeaderAndIsr(replicas[0], 0, replicas, 1, 1)
+    return ctx
+
+
+def _apply(ctx: ControllerContext, result: handlers.ControllerResult) -> handlers.ControllerResult:
+    for write in result.writes:
+        handlers.apply_write(ctx, write)
+    return result
+
+
+def _reassign(replicas: list[int]) -> common_pb2.AlterPartitionReassignmentsRequest:
+    return common_pb2.AlterPartitionReassignmentsRequest(topics=[common_pb2.ReassignableTopic(
+        name="t", partitions=[common_pb2.ReassignablePartition(partition=0, replicas=replicas)])])
+
+
+@pytest.mark.xfail(strict=True, reason="KI-3: a reassignment replacing an ongoing one drops the replica that "
+                                       "was being added even when it has become leader")
+def test_ki3_second_reassignment_keeps_the_leader_in_the_replica_set() -> None:
+    ctx = _context({1: 10, 2: 11, 3: 12, 4: 13, 5: 14}, (1, 2, 3))
+    _apply(ctx, handlers.on_alter_reassignments(ctx, _reassign([2, 3, 5])))  # AR (2, 3, 5, 1), adding 5
+    state = ctx.states[TP]
+    _apply(ctx, handlers.on_alter_partition(ctx, controller_pb2.AlterPartitionRequest(
+        broker_id=state.leader, broker_epoch=10, partitions=[controller_pb2.AlterPartitionItem(
+            topic="t", partition=0, leader_epoch=state.leader_epoch, partition_epoch=state.partition_epoch,
+            new_isr=[1, 2, 3, 5])])))
+    # Brokers 1, 2 and 3 fail: 5, caught up and in the ISR, is elected.
+    _apply(ctx, handlers.on_broker_change(ctx, {4: _broker(4, 13), 5: _broker(5, 14)}))
+    assert ctx.states[TP].leader == 5
+    # 2 and 3 come back (out of the ISR); an operator moves the partition again, leaving 5 out.
+    _apply(ctx, handlers.on_broker_change(ctx, {2: _broker(2, 21), 3: _broker(3, 22), 4: _broker(4, 13),
+                                                5: _broker(5, 14)}))
+    result = _apply(ctx, handlers.on_alter_reassignments(ctx, _reassign([3, 4, 2])))
+    state = ctx.states[TP]
+    assert state.leader in ctx.replicas(TP) or state.leader == -1, (
+        f"leader {state.leader} is outside replicas {ctx.replicas(TP)}")
+    assert state.leader < 0 or TP in result.rpcs.leader_and_isr.get(state.leader, set()), (
+        f"leader {state.leader} is not sent leader epoch {state.leader_epoch}")
+
+
+@pytest.mark.xfail(strict=True, reason="KI-1: a broker whose registration was replaced (it restarted) between "
+                                       "two watch reads keeps its leadership and ISR membership")
+def test_ki1_restarted_broker_is_handled_as_failed_then_started() -> None:
+    ctx = _context({1: 10, 2: 11, 3: 12}, (1, 2, 3))
+    # Broker 1 crashed and registered again before the controller read /brokers/ids: one
+    # BrokerChange shows it with a new broker epoch. It may have lost unflushed data, so as in
+    # Kafka (bounced brokers: onBrokerFailure, then onBrokerStartup) it must lose leadership
+    # and leave the ISR until it has caught up again.
+    _apply(ctx, handlers.on_broker_change(ctx, {1: _broker(1, 20), 2: _broker(2, 11), 3: _broker(3, 12)}))
+    state = ctx.states[TP]
+    assert state.leader != 1 and 1 not in state.isr, f"restarted broker 1 kept leader {state.leader} ISR {state.isr}"
