@@ -187,6 +187,8 @@ def main() -> None:
     args = parser.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Spark binds to the host's first non-loopback address unless told: keep it on 127.0.0.1.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 

@@ -308,8 +308,10 @@ class LocalCluster:
               help="With --tls: enforce ACLs (`highwater acl`); User:admin is a super user.")
 @click.option("--demo", is_flag=True, help="Create a topic, produce and consume a few records, then keep running.")
 @click.option("--exit-after-demo", is_flag=True, help="With --demo: stop the cluster when the demo is done.")
+@click.option("--spark-demo/--no-spark-demo", default=True, show_default=True,
+              help="With --demo: also write and read the topic with a local PySpark job (needs pyspark, Java 17).")
 def up_command(data_dir: Path, brokers: int, controllers: int, gateways: int, gateway_port: int, lease_ttl_s: int,
-               tls: bool, authorizer: str, demo: bool, exit_after_demo: bool) -> None:
+               tls: bool, authorizer: str, demo: bool, exit_after_demo: bool, spark_demo: bool) -> None:
     """Start etcd and a whole cluster as child processes on 127.0.0.1.
 
     Runs until Ctrl-C or SIGTERM, then stops every process cleanly.
@@ -359,6 +361,8 @@ def up_command(data_dir: Path, brokers: int, controllers: int, gateways: int, ga
         if demo:
             from clients.demo import run_demo
             run_demo(cluster.gateway_address, console, cluster.client_settings())
+            if spark_demo and not tls:
+                _spark_demo(cluster.gateway_address, console)
             if exit_after_demo:
                 return
         console.print("running; Ctrl-C stops every process")
@@ -372,6 +376,22 @@ def up_command(data_dir: Path, brokers: int, controllers: int, gateways: int, ga
         with console.status("stopping every process..."):
             cluster.stop()
         console.print("stopped")
+
+
+def _spark_demo(bootstrap: str, console: object) -> None:
+    """The PySpark part of the demo: skipped with a note when pyspark or Java is missing."""
+    import shutil
+
+    try:
+        from spark_connector.demo import run_spark_demo
+    except ImportError as exc:
+        console.print(f"[yellow]skipping the Spark demo: {exc} (pip install '.[spark]')[/yellow]")  # type: ignore[attr-defined]
+        return
+    if shutil.which("java") is None:
+        console.print("[yellow]skipping the Spark demo: no java on PATH (install Java 17)[/yellow]")  # type: ignore[attr-defined]
+        return
+    console.print("[bold]Spark:[/bold] format(\"highwater\") write and read-back on local[2] ...")  # type: ignore[attr-defined]
+    run_spark_demo(bootstrap)
 
 
 def _port_free(port: int) -> bool:

@@ -33,6 +33,8 @@ def run_spark_demo(bootstrap: str) -> None:
 
     # Python workers must run this interpreter (the one with highwater installed).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Spark binds to the host's first non-loopback address unless told: keep it on 127.0.0.1.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F

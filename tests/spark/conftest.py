@@ -44,6 +44,8 @@ def spark() -> Iterator[Any]:
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.fail("the Spark tests need Java 17 (e.g. apt-get install openjdk-17-jre-headless)")
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Spark binds to the host's first non-loopback address unless told: keep it on 127.0.0.1.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
