@@ -35,6 +35,8 @@ QUIET_LOAD_MAX = 1.5
 # How long the load gate waits for a quiet machine before measuring anyway.
 QUIET_WAIT_S_DEFAULT = 20.0
 _CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+# An e2e consumer stops this long after the last record it got (its producer has finished).
+E2E_IDLE_END_S = 3.0
 
 
 # ---- the machine and what runs on it ----------------------------------------------------------

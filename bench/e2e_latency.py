@@ -100,7 +100,8 @@ def produce_at_rate(gateway: str, topic: str, *, rate: float, duration_s: float,
             sent += 1
             measured += is_measured
         producer.flush(timeout_ms=60_000)
-    return {"sent": sent, "measured": measured, "schedule_late_ms_max": round(late_s_max * 1000, 2)}
+    return {"sent": sent, "measured": measured, "achieved_rate": round(measured / duration_s),
+            "schedule_late_ms_max": round(late_s_max * 1000, 2)}
 
 
 def consume_role(args: argparse.Namespace) -> int:
@@ -118,8 +119,16 @@ def consume_role(args: argparse.Namespace) -> int:
             consumer.position(tp)  # resolve "latest" now, before the producer starts
         print("ready", flush=True)
         deadline = time.monotonic() + args.timeout_s
+        idle_since = time.monotonic()
         while len(latencies) < args.expected and time.monotonic() < deadline:
-            for record in consumer.poll(timeout_ms=200):
+            records = consumer.poll(timeout_ms=200)
+            if not records:
+                # Done once records stopped coming (a producer that fell behind sends fewer).
+                if latencies and time.monotonic() - idle_since > common.E2E_IDLE_END_S:
+                    break
+                continue
+            idle_since = time.monotonic()
+            for record in records:
                 now = time.time_ns()
                 sent_ns, measured = STAMP.unpack_from(record.value)  # type: ignore[arg-type]
                 if measured:
@@ -143,7 +152,7 @@ def run_rate(target: common.Target, rate: float, args: argparse.Namespace) -> di
         sent = produce_at_rate(target.gateway, target.topic, rate=rate, duration_s=args.duration_s,
                                warmup_s=args.warmup_s, record_size=args.record_size, linger_ms=args.linger_ms)
         cpu = meter.stop()
-        got = consumer.result(timeout_s=DRAIN_S + 30)
+        got = consumer.result(timeout_s=DRAIN_S + common.E2E_IDLE_END_S + 30)
     finally:
         consumer.stop()
     return {"rate": rate, **sent, **got, **gate, "load_1m_after": common.load_average(), "cpu_cores": cpu}

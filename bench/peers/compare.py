@@ -131,9 +131,9 @@ def run_consume(systems: Systems, system: str) -> list[dict[str, object]]:
         return out
     if system == "nats":
         out = []
-        for mode in ("pull", "push"):
-            asyncio.run(nats_js.purge(systems.nats.urls))
-            loaded = asyncio.run(nats_js.load(systems.nats.urls, count=n, record_size=size))
+        asyncio.run(nats_js.purge(systems.nats.urls))
+        loaded = asyncio.run(nats_js.load(systems.nats.urls, count=n, record_size=size))
+        for mode in ("pull", "push"):  # both read the same stream from its start
             window = _meter(systems.nats.pids)
             result = asyncio.run(nats_js.consume(systems.nats.urls, count=n, record_size=size, fetch_batch=1000,
                                                  window=window, mode=mode))
@@ -184,9 +184,10 @@ def run_e2e(systems: Systems, system: str, rate: float) -> list[dict[str, object
         meter = common.CpuMeter({**pids, "producer": os.getpid(), "consumer": consumer.pid}).start()
         sent = send()
         cpu = meter.stop()
-        got = consumer.result(timeout_s=e2e_latency.DRAIN_S + 30)
+        got = consumer.result(timeout_s=e2e_latency.DRAIN_S + common.E2E_IDLE_END_S + 30)
     finally:
         consumer.stop()
+    sent["achieved_rate"] = round(int(sent["sent"]) / args.duration_s)  # type: ignore[call-overload]
     return [{"system": system, "rate": rate, **sent, **got, "cpu_cores": cpu}]
 
 
@@ -204,7 +205,7 @@ def line(result: dict[str, object], workload: str) -> str:
     if workload == "e2e":
         lat = result.get("latency") or {}
         return (f"{name} {result['rate']:>7,.0f}/s  {common.format_latency(lat)}  "  # type: ignore[arg-type]
-                f"({result.get('received', 0):,} received)")
+                f"({result.get('received', 0):,} received; sent at {result.get('achieved_rate', 0):,}/s)")
     text = f"{name} {result['records_per_s']:>10,} records/s {result['mb_per_s']:>7.1f} MB/s"
     lat = result.get("latency_per_request")
     if lat:
@@ -257,7 +258,7 @@ def main() -> int:
                         help="Highwater consume paths (default consumer fetch)")
     parser.add_argument("--max-poll-records", type=int, default=500)
     parser.add_argument("--redis-batch", type=int, default=1000, help="XADDs per pipeline before WAIT 2 (default 1000)")
-    parser.add_argument("--records", type=int, default=1_000_000, help="consume: records loaded (default 1M)")
+    parser.add_argument("--records", type=int, default=500_000, help="consume: records loaded (default 500,000)")
     parser.add_argument("--rates", type=float, nargs="+", default=[2000, 20000], help="e2e rates (records/s)")
     parser.add_argument("--output", default=None,
                         help="results file name under bench/results (default compare-<workload>)")
@@ -296,6 +297,11 @@ def main() -> int:
                     continue
                 for result in got:
                     result.update(gate, load_1m_after=common.load_average())
+                    records = result.get("records_acked", result.get("records"))
+                    if records and result.get("cpu_cores"):
+                        # CPU per record holds better than records/s on a loaded machine.
+                        result["cpu_us_per_record"] = common.cpu_us_per_record(
+                            result["cpu_cores"], int(records))  # type: ignore[arg-type, call-overload]
                     print(f"  round {number}: {line(result, args.workload)}", flush=True)
                     print(f"           CPU (cores): {common.format_cpu(result['cpu_cores'])}; load "  # type: ignore[arg-type]
                           f"{gate['load_1m_before']} -> {result['load_1m_after']}", flush=True)

@@ -253,10 +253,17 @@ def e2e_consume(port: int, *, expected: int, timeout_s: float) -> dict[str, obje
     last = newest[0][0] if newest else "0-0"
     deadline = time.monotonic() + timeout_s
     print("ready", flush=True)
+    idle_since = time.monotonic()
     try:
         while len(latencies) < expected and time.monotonic() < deadline:
             answer = r.xread({STREAM: last}, count=10_000, block=500)
-            for _stream, entries in answer or []:
+            if not answer:
+                # Done once records stopped coming (a producer that fell behind sends fewer).
+                if latencies and time.monotonic() - idle_since > common.E2E_IDLE_END_S:
+                    break
+                continue
+            idle_since = time.monotonic()
+            for _stream, entries in answer:
                 now = time.time_ns()
                 for _entry_id, fields in entries:
                     latencies.append((now - _SENT_NS.unpack_from(fields[b"v"])[0]) / 1e9)

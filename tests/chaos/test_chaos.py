@@ -38,6 +38,9 @@ LEASE_TTL_S = 3
 RECOVERY_TIMEOUT_S = 60.0
 WRITE_TIMEOUT_MS = 10_000
 BOUNCES = 5
+# Fault durations (the faults themselves, not waits for a condition).
+ETCD_PAUSE_S = 1.0
+FOLLOWER_PAUSE_S = LEASE_TTL_S + 1  # longer than the lease, so the controller shrinks the ISR
 
 
 @pytest.fixture
@@ -242,12 +245,12 @@ def test_follower_pause_etcd_pause_and_gateway_kill(chaos_cluster):
         assert state is not None
         follower = next(r for r in state[0].replicas if r != state[0].leader)
         c.pause(f"broker-{follower}")
-        time.sleep(LEASE_TTL_S + 1)  # the fault itself: longer than the lease, so the ISR shrinks
+        time.sleep(FOLLOWER_PAUSE_S)
         c.resume(f"broker-{follower}")
 
     def pause_etcd() -> None:
         c.etcd.pause()
-        time.sleep(1.0)  # the fault itself: a short etcd stall
+        time.sleep(ETCD_PAUSE_S)
         c.etcd.resume()
 
     def kill_gateway() -> None:

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.sim.config import PROFILES, Safety, SimConfig
+from tests.sim.known_issues import KNOWN_ISSUES
 from tests.sim.simulation import SimulationFailure, run_seed
 
 # Mechanism-off experiments must find a violation within this many seeds.
@@ -86,3 +87,27 @@ def test_controller_epoch_fence_off_is_caught() -> None:
     """Without the /controller_epoch compare, a deposed controller's writes commit."""
     _assert_caught_and_green_when_on("controller-chaos", Safety(controller_epoch_fence=False),
                                      "controller-epoch fence")
+
+
+def _known_issue_seed(tag: str, seed: int, profile: str) -> object:
+    return pytest.param(tag, seed, profile, id=f"{tag}-seed-{seed}-{profile}", marks=pytest.mark.xfail(
+        strict=True, raises=SimulationFailure, reason=f"{tag}: {KNOWN_ISSUES[tag]}"))
+
+
+# One seed per known bug that still reproduces it (tests/sim/known_issues.py). A seed whose
+# run changes for an unrelated reason (the simulation or the code moved on) stops failing
+# and shows up as XPASS: pick a new one with `python -m tests.sim.run -q`.
+KNOWN_ISSUE_SEEDS = [
+    _known_issue_seed("KI-1", 29, "default"),
+    _known_issue_seed("KI-3", 516, "default"),
+]
+
+
+@pytest.mark.parametrize(("tag", "seed", "profile"), KNOWN_ISSUE_SEEDS)
+def test_known_issue_seed(tag: str, seed: int, profile: str) -> None:
+    try:
+        run_seed(seed, PROFILES[profile])
+    except SimulationFailure as failure:
+        if not (failure.known_issue or "").startswith(tag + ":"):
+            pytest.fail(f"seed {seed} no longer fails by {tag} but by something else:\n{failure}")
+        raise
