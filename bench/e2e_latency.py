@@ -149,13 +149,20 @@ def run_rate(target: common.Target, rate: float, args: argparse.Namespace) -> di
                             "--fetch-max-wait-ms", str(args.fetch_max_wait_ms)])
     try:
         meter = common.CpuMeter({**target.pids, "producer": os.getpid(), "consumer": consumer.pid}).start()
+        before = {rpc: common.rpc_totals(target, rpc) for rpc in ("Produce", "Fetch")}
+        started = time.monotonic()
         sent = produce_at_rate(target.gateway, target.topic, rate=rate, duration_s=args.duration_s,
                                warmup_s=args.warmup_s, record_size=args.record_size, linger_ms=args.linger_ms)
         cpu = meter.stop()
+        # Server-side Produce and Fetch: requests/s and mean time in the gateway and brokers (the
+        # parts of the end-to-end path; a Produce holds its records until the ISR has them).
+        server = {rpc: common.rpc_delta(before[rpc], common.rpc_totals(target, rpc), time.monotonic() - started)
+                  for rpc in before}
         got = consumer.result(timeout_s=DRAIN_S + common.E2E_IDLE_END_S + 30)
     finally:
         consumer.stop()
-    return {"rate": rate, **sent, **got, **gate, "load_1m_after": common.load_average(), "cpu_cores": cpu}
+    return {"rate": rate, **sent, **got, **gate, "load_1m_after": common.load_average(), "cpu_cores": cpu,
+            "server_rpcs": server}
 
 
 def describe(result: dict[str, object]) -> str:
@@ -203,6 +210,11 @@ def main() -> int:
         for rate in args.rates:
             result = run_rate(target, rate, args)
             print("  " + describe(result), flush=True)
+            for rpc, per in result["server_rpcs"].items():  # type: ignore[union-attr]
+                if per:
+                    print(f"      server-side {rpc}: " + ", ".join(
+                        f"{n} {v['requests_per_s']:.0f}/s mean {v['mean_ms']:.1f} ms" for n, v in per.items()),
+                        flush=True)
             print(f"      CPU (cores): {common.format_cpu(result['cpu_cores'])}; load "  # type: ignore[arg-type]
                   f"{result['load_1m_before']} -> {result['load_1m_after']}", flush=True)
             out["runs"].append(result)  # type: ignore[union-attr]

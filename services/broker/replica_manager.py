@@ -121,6 +121,12 @@ class ReplicaManager:
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
+        # Waiting produce and fetch requests answer now (NOT_LEADER_OR_FOLLOWER) instead of
+        # hanging until the server's grace period cancels them.
+        for tp, p in self.partitions.items():
+            p.role = Role.NONE
+            self.notify(tp)
+        await asyncio.sleep(0)
         for task in list(self._tasks):
             task.cancel()
         for fetcher in list(self.fetchers.values()):

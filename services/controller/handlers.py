@@ -129,7 +129,9 @@ def _change_state(ctx: ControllerContext, result: ControllerResult, tp: TopicPar
     new = old.next(leader=leader, isr=isr, controller_epoch=ctx.epoch)
     result.writes.append(StateWrite(tp, new, old.partition_epoch))
     if send_to_replicas:
-        result.rpcs.add_leader_and_isr([r for r in ctx.replicas(tp) if ctx.is_live(r) or r == leader], tp)
+        # Every registered replica is told, including one shutting down: it must learn that it
+        # no longer leads, or produce requests waiting on it would hang until it stops.
+        result.rpcs.add_leader_and_isr([r for r in ctx.replicas(tp) if r in ctx.live_brokers or r == leader], tp)
     else:
         result.rpcs.update_metadata.add(tp)
     return new
@@ -210,18 +212,41 @@ def on_broker_change(ctx: ControllerContext, registered: dict[int, BrokerInfo]) 
     if new:
         log.info("brokers %s joined", sorted(new))
     live = {b for b in ctx.live_brokers if ctx.is_live(b)}
-    gone = dead - new
+    # Kafka's processBrokerChange: a bounced broker (new epoch) first fails, then starts.
+    # Its new incarnation may have lost what the old one had not flushed, so it leaves the
+    # ISR and leads only when no other in-sync replica is left (it rejoins the ISR by
+    # catching up, like any follower).
+    survivors = live - dead
+    bounced = dead & new
     for tp in ctx.partitions():
         if tp[0] in ctx.topics_to_delete or tp not in ctx.states:
             continue
         state = ctx.states[tp]
-        if state.leader in gone or state.leader == NO_LEADER or (state.leader in dead and state.leader not in live):
-            _elect_offline(ctx, result, tp, live)
-        elif any(r in gone for r in state.isr):
-            _change_state(ctx, result, tp, leader=state.leader, isr=tuple(r for r in state.isr if r not in gone))
-        elif state.leader in new:
-            # The leader re-registered: bump the epoch so the new incarnation leads a fresh one.
-            _change_state(ctx, result, tp, leader=state.leader, isr=state.isr)
+        if not (state.leader in dead or state.leader not in live or any(r in dead for r in state.isr)):
+            continue
+        isr = tuple(r for r in state.isr if r not in dead)
+        if state.leader in survivors and state.leader in isr:
+            _change_state(ctx, result, tp, leader=state.leader, isr=isr)
+            continue
+        topic = ctx.topics[tp[0]]
+        choice, unclean = elections.offline_partition_leader(ctx.replicas(tp), isr, survivors,
+                                                             topic.unclean_leader_election)
+        if choice is None:
+            # Only bounced brokers are left of the ISR: one of them leads (as Kafka's start-up
+            # election would), else the partition is offline.
+            choice, unclean = elections.offline_partition_leader(
+                ctx.replicas(tp), tuple(r for r in state.isr if r in bounced), live, topic.unclean_leader_election)
+        if choice is None:
+            if state.leader != NO_LEADER:
+                log.warning("%s-%d has no live in-sync replica (ISR %s); partition is offline", *tp,
+                            list(state.isr))
+                _change_state(ctx, result, tp, leader=NO_LEADER, isr=state.isr)
+            continue
+        if unclean:
+            result.unclean_elections += 1
+            log.error("UNCLEAN leader election for %s-%d: broker %d was not in the ISR %s; "
+                      "records acknowledged by the old ISR may be lost", *tp, choice[0], list(state.isr))
+        _change_state(ctx, result, tp, leader=choice[0], isr=choice[1])
     for tp in ctx.partitions():
         if tp[0] in ctx.topics_to_delete:
             continue
@@ -230,7 +255,7 @@ def on_broker_change(ctx: ControllerContext, registered: dict[int, BrokerInfo]) 
         if restarted and tp in ctx.states:
             result.rpcs.add_leader_and_isr(restarted, tp)
     for key, state in list(ctx.replica_deletion.items()):
-        if key[1] in gone and state is ReplicaState.DELETION_STARTED:
+        if key[1] in dead and state is ReplicaState.DELETION_STARTED:
             ctx.replica_deletion[key] = ReplicaState.DELETION_INELIGIBLE
     resume_deletions(ctx, result, new)
     result.rpcs.full_metadata = True

@@ -10,6 +10,7 @@ import time
 import grpc
 import pytest
 
+from clients import Producer
 from coordinator.store import EtcdStore
 from protos.highwater.v1 import common_pb2, controller_pb2_grpc
 from tests.integration.conftest import TEST_LEASE_TTL_S
@@ -96,16 +97,19 @@ def test_deleted_topic_data_is_removed_from_every_broker_disk(make_cluster):
     assert create_topic(gw, "doomed", partitions=1).error_code == 0
 
 
-def _producer_loop(gw, topic: str, stop: threading.Event, acked: list, failed: list) -> None:
-    i = 0
-    while not stop.is_set():
-        value = f"r{i}".encode()
-        res = produce(gw, topic, 0, [value], timeout_ms=15_000)
-        if res.error_code == 0:
-            acked.append((res.base_offset, value))
-        else:
-            failed.append((value, common_pb2.ErrorCode.Name(res.error_code), res.error_message))
-        i += 1
+def _producer_loop(bootstrap: str, topic: str, stop: threading.Event, acked: list, failed: list) -> None:
+    """A steady acks=all load through the client library (idempotent, retrying within its timeout)."""
+    with Producer(bootstrap, acks="all", delivery_timeout_ms=30_000, request_timeout_ms=10_000,
+                  retry_backoff_ms=50) as producer:
+        i = 0
+        while not stop.is_set():
+            value = f"r{i}".encode()
+            try:
+                meta = producer.send(topic, value, partition=0).result(timeout=40)
+                acked.append((meta.offset, value))
+            except Exception as exc:  # every failure is recorded: the test expects none
+                failed.append((value, repr(exc)))
+            i += 1
 
 
 def test_reassignment_under_load_loses_no_acknowledged_record(make_cluster):
@@ -117,7 +121,7 @@ def test_reassignment_under_load_loses_no_acknowledged_record(make_cluster):
         configs={"min.insync.replicas": "2"})]))
     assert resp.topics[0].error_code == 0
     stop, acked, failed = threading.Event(), [], []
-    loader = threading.Thread(target=_producer_loop, args=(gw, "moving", stop, acked, failed))
+    loader = threading.Thread(target=_producer_loop, args=(c.gateway_address, "moving", stop, acked, failed))
     loader.start()
     try:
         wait_for(lambda: len(acked) >= 20, timeout_s=10, what="some acknowledged records")
@@ -147,7 +151,7 @@ def test_rolling_restart_with_controlled_shutdown_fails_no_produce_request(make_
     gw = gateway_stub(c.gateway_address)
     assert create_topic(gw, "rolling", partitions=1, configs={"min.insync.replicas": "2"}).error_code == 0
     stop, acked, failed = threading.Event(), [], []
-    loader = threading.Thread(target=_producer_loop, args=(gw, "rolling", stop, acked, failed))
+    loader = threading.Thread(target=_producer_loop, args=(c.gateway_address, "rolling", stop, acked, failed))
     loader.start()
     try:
         for b in c.broker_ids:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 from clients.records import decode_batches
 from coordinator.store import WatchEvent
 from services.broker.partition import Partition, Role
+from services.common.record_batch import iter_batch_headers
 from services.controller.context import LeaderAndIsr, TopicInfo
 from tests.sim.clock import EventLoop, Node
 from tests.sim.sim_etcd import SimEtcd
@@ -63,6 +64,9 @@ class InvariantBroken(Exception):
 class _PartitionHistory:
     # offset -> the value committed there (by an acks=all ack or a consumer read).
     committed: dict[int, bytes] = field(default_factory=dict)
+    # offset -> leader epoch of the committed record's batch, where known (HW passed it on
+    # the leader that wrote it, or a consumer read it): with the value, it names one record.
+    committed_epoch: dict[int, int] = field(default_factory=dict)
     # offset -> value of acknowledged acks=all records (a subset of committed).
     acked_all: dict[int, bytes] = field(default_factory=dict)
     # Brokers believed to hold every committed record (see the module docstring).
@@ -88,7 +92,8 @@ class Checker:
         self.controller_by_epoch: dict[int, int] = {}
         self.states: dict[TopicPartitionKey, LeaderAndIsr] = {}
         self.assignments: dict[TopicPartitionKey, tuple[int, ...]] = {}  # AR, from /brokers/topics/{topic}
-        self.leader_of_epoch: dict[tuple[TopicPartitionKey, int], int] = {}
+        # (tp, leader epoch) -> (broker, incarnation) that became its leader first
+        self.leader_of_epoch: dict[tuple[TopicPartitionKey, int], tuple[int, int]] = {}
         # (broker, tp) -> (incarnation, role, leader_epoch, hw) at the last step of that broker
         self._last_replica: dict[tuple[int, TopicPartitionKey], tuple[int, Role, int, int]] = {}
         self.history: dict[TopicPartitionKey, _PartitionHistory] = {}
@@ -137,6 +142,20 @@ class Checker:
             if hw > p.log.log_end_offset:
                 self.fail("HW above LEO: %s-%d on broker %d has HW %d, LEO %d", *tp, broker_id, hw,
                           p.log.log_end_offset)
+            if p.role is Role.LEADER:
+                committed = self.states.get(tp)
+                if (committed is not None and committed.leader == broker_id
+                        and committed.leader_epoch == p.leader_epoch):
+                    # Members the controller counts in sync but the leader's HW ignores, that the HW
+                    # has already passed: elect one of them and committed records are gone.
+                    behind = sorted(r for r in set(committed.isr) - set(p.isr) - set(p.pending_isr or ())
+                                    if r in p.followers and hw > p.followers[r].log_end_offset)
+                    if behind:
+                        self.fail("leader %d of %s-%d moved its HW to %d counting ISR %s (pending %s), but the "
+                                  "committed ISR is %s (leader epoch %d, partition epoch %d): the HW no longer "
+                                  "waits for %s, at LEO %s", broker_id, *tp, hw, list(p.isr), p.pending_isr,
+                                  list(committed.isr), committed.leader_epoch, committed.partition_epoch, behind,
+                                  [p.followers[r].log_end_offset for r in behind])
             key = (broker_id, tp)
             last = last_seen.get(key)
             if last is not None and last[0] == incarnation:
@@ -227,6 +246,7 @@ class Checker:
                         (*tp, list(state.isr)))
         h.compromised_at_ms.append(self.loop.now_ms)
         h.committed.clear()
+        h.committed_epoch.clear()
         h.acked_all.clear()
         h.idempotent_offsets.clear()
 
@@ -247,10 +267,18 @@ class Checker:
 
     def on_become_leader(self, broker: SimBroker, p: Partition) -> None:
         tp = (p.topic, p.partition)
-        holder = self.leader_of_epoch.setdefault((tp, p.leader_epoch), broker.broker_id)
+        holder, incarnation = self.leader_of_epoch.setdefault((tp, p.leader_epoch),
+                                                              (broker.broker_id, broker.incarnation))
         if holder != broker.broker_id:
             self.fail("two leaders of %s-%d in leader epoch %d: brokers %d and %d", *tp, p.leader_epoch, holder,
                       broker.broker_id)
+        if incarnation != broker.incarnation:
+            # The same epoch led by a new process: whatever the old one wrote in that epoch and
+            # the new one does not have, the new one may now write differently, so the epoch no
+            # longer names one history (fine after kill -9, harmful after a power loss).
+            self.suspect_leaders.append(
+                f"{tp[0]}-{tp[1]} epoch {p.leader_epoch}: broker {broker.broker_id} leads the same epoch again "
+                f"after a restart (LEO {p.log.log_end_offset}) ({self.loop.now_ms} ms)")
         h = self._history(tp)
         state = self.states.get(tp)
         intact_members = h.intact & set(state.isr) if state is not None else set()
@@ -269,6 +297,10 @@ class Checker:
                       p.min_insync_replicas)
         if rec.duplicate:
             return  # written (and maybe acknowledged) before: the members of that time are unknown here
+        h = self._history(tp)
+        if not h.compromised_at_ms:
+            for offset in range(rec.first_offset, rec.next_offset):
+                h.committed_epoch[offset] = rec.leader_epoch
         members = set(p.isr) | set(p.pending_isr or ())
         committed = self.states.get(tp)
         if committed is not None and committed.leader_epoch == rec.leader_epoch:
@@ -287,6 +319,25 @@ class Checker:
                 self.fail("acks=all success for %s-%d [%d, %d) at leader epoch %d by broker %d, but ISR member %d "
                           "has LEO %d and epoch %s at offset %d", *tp, rec.first_offset, rec.next_offset,
                           rec.leader_epoch, broker.broker_id, r, leo, epoch, rec.first_offset)
+
+    def before_truncation(self, follower: SimBroker, tp: TopicPartitionKey, offset: int) -> None:
+        """A replica is about to cut [offset, LEO): none of those records may be a committed one.
+
+        Leader-epoch truncation only cuts what the leader does not have, and the leader has
+        every committed record; a cut record equal to the one committed at its offset means the
+        replica threw away committed data (and may be elected without it).
+        """
+        h = self._history(tp)
+        p = follower.partitions.get(tp)
+        if p is None or h.compromised_at_ms or not h.committed or offset >= p.log.log_end_offset:
+            return
+        if offset > max(h.committed):
+            return
+        for o, (value, epoch) in read_log(p, offset).items():
+            if o >= offset and h.committed.get(o) == value and h.committed_epoch.get(o) == epoch:
+                self.fail("broker %d cuts committed record %r (leader epoch %d) at offset %d of %s-%d (truncating "
+                          "from LEO %d to %d, HW %d)", follower.broker_id, value, epoch, o, *tp,
+                          p.log.log_end_offset, offset, p.high_watermark)
 
     def after_truncation(self, follower: SimBroker, tp: TopicPartitionKey, leader_id: int, leader_epoch: int) -> None:
         leader = self.brokers.get(leader_id)
@@ -332,7 +383,7 @@ class Checker:
             h.acked_all[offset] = value
 
     def on_consume(self, consumer: Consumer, tp: TopicPartitionKey, position: int, offset: int, value: bytes,
-                   high_watermark: int) -> None:
+                   epoch: int, high_watermark: int) -> None:
         h = self._history(tp)
         self.records_consumed += 1
         if offset >= high_watermark:
@@ -351,6 +402,7 @@ class Checker:
             self.fail("committed record changed: offset %d of %s-%d held %r, consumer %s now reads %r", offset, *tp,
                       prior, consumer.name, value)
         h.committed[offset] = value
+        h.committed_epoch[offset] = epoch
         if value in self.idempotent_values:
             first = h.idempotent_offsets.setdefault(value, offset)
             if first != offset:
@@ -372,7 +424,7 @@ class Checker:
             if not leader.up or lp is None or lp.role is not Role.LEADER or lp.leader_epoch != state.leader_epoch:
                 self.fail("%s-%d: broker %d does not lead epoch %d after the settle phase (%s)", *tp, state.leader,
                           state.leader_epoch, leader.describe())
-            leader_log = read_log(lp)
+            leader_log = {o: value for o, (value, _) in read_log(lp).items()}
             seen_at: dict[bytes, int] = {}
             for offset, value in sorted(leader_log.items()):
                 if value in self.idempotent_values and seen_at.setdefault(value, offset) != offset:
@@ -390,7 +442,7 @@ class Checker:
                 rp = member.partitions.get(tp)
                 if not member.up or rp is None:
                     self.fail("%s-%d: ISR member %d holds no replica after the settle phase", *tp, r)
-                replica_log = read_log(rp)
+                replica_log = {o: value for o, (value, _) in read_log(rp).items()}
                 for offset, value in sorted(h.acked_all.items()):
                     if replica_log.get(offset) != value:
                         self.fail("acknowledged record missing on ISR member %d: %s-%d offset %d should hold %r, "
@@ -409,17 +461,28 @@ class Checker:
                                   "(it read %r)", consumer.name, offset, *tp, value, seen.get(offset))
 
 
-def read_log(p: Partition) -> dict[int, bytes]:
-    """Every record of a replica's log, by offset."""
-    out: dict[int, bytes] = {}
+def decode_records(buf: bytes) -> list[tuple[int, bytes, int]]:
+    """(offset, value, leader epoch of its batch) of every record in whole batches of `buf`."""
+    out = []
+    view = memoryview(buf)
+    for header in iter_batch_headers(buf):
+        epoch = header.partition_leader_epoch
+        batch = view[header.position:header.position + header.size_bytes]
+        out.extend((r.offset, r.value or b"", epoch) for r in decode_batches(batch))
+    return out
+
+
+def read_log(p: Partition, start_offset: int = 0) -> dict[int, tuple[bytes, int]]:
+    """Every record of a replica's log from start_offset on (whole batches): offset -> (value, epoch)."""
+    out: dict[int, tuple[bytes, int]] = {}
     log = p.log
-    offset = log.log_start_offset
+    offset = max(log.log_start_offset, start_offset)
     while offset < log.log_end_offset:
         info = log.read(offset, max_bytes=FINAL_READ_BYTES)
         if info.is_empty:
             break
-        for record in decode_batches(info.records):
-            out[record.offset] = record.value or b""
+        for record_offset, value, epoch in decode_records(bytes(info.records)):
+            out[record_offset] = (value, epoch)
         offset = info.next_offset
     return out
 

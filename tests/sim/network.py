@@ -5,8 +5,10 @@ while". That is what `RpcNode.call` gives: the request travels as one message an
 the answer as another, each delayed (so messages overtake each other: reordering),
 possibly dropped or duplicated, and cut by partitions. A caller that gets no answer
 sees DEADLINE_EXCEEDED at its timeout; one calling a crashed process sees
-UNAVAILABLE at once (connection refused). A duplicated request is served twice; the
-caller takes the first answer and ignores the rest, as an awaited RPC would.
+UNAVAILABLE at once (connection refused). A duplicated request (a retry) is served
+twice; the caller takes the first answer and ignores the rest, as an awaited RPC would.
+Reordering happens between channels, never within one: every caller here waits for an
+answer before it sends the next request on a channel, as the real code does.
 
 The etcd server is the node name `ETCD`: it holds no RpcNode, but partitions can cut
 a process off from it (see sim_etcd.py).
@@ -107,9 +109,14 @@ class Network:
         if self.drop_rate and self.rng.random() < self.drop_rate:
             src.trace("drop %s (lost)", Describe(env))
             return
-        copies = 2 if self.dup_rate and self.rng.random() < self.dup_rate else 1
-        for _ in range(copies):
-            self.loop.schedule(self.loop.now_ms + self._latency_ms(), dst, dst.incarnation, self._deliver, (env,))
+        delay = self._latency_ms()
+        self.loop.schedule(self.loop.now_ms + delay, dst, dst.incarnation, self._deliver, (env,))
+        if self.dup_rate and self.rng.random() < self.dup_rate:
+            # A duplicate is what a retried RPC looks like to the server: the same request
+            # again, right behind the first. It cannot overtake anything the caller sends
+            # next, since every channel here waits for an answer before sending more (gRPC
+            # streams never reorder or duplicate on their own).
+            self.loop.schedule(self.loop.now_ms + delay + 1, dst, dst.incarnation, self._deliver, (env,))
 
     def _deliver(self, env: Envelope) -> None:
         dst = self.nodes[env.dst]

@@ -740,6 +740,7 @@ class SimFetcher:
                 if offset < local_leo:
                     b.trace("truncate %s-%d from %d to %d (leader epoch %d ends at %d)", *tp, local_leo, offset,
                             result.leader_epoch, result.end_offset)
+                    b.checker.before_truncation(b, tp, offset)
                     b.truncate(tp, offset)
                 st.fetch_offset = offset
                 st.move(FetchPhase.FETCHING)
@@ -757,6 +758,7 @@ class SimFetcher:
             offset = min(p.high_watermark, local_leo)
             if offset < local_leo:
                 b.trace("truncate %s-%d from %d to HW %d (epoch truncation off)", *tp, local_leo, offset)
+                b.checker.before_truncation(b, tp, offset)
                 b.truncate(tp, offset)
             st.fetch_offset = offset
             st.move(FetchPhase.FETCHING)
@@ -819,6 +821,7 @@ class SimFetcher:
         if st.fetch_offset > pr.log_end_offset >= 0:
             b.trace("%s-%d: fetch offset %d above leader LEO %d; truncating", *tp, st.fetch_offset,
                     pr.log_end_offset)
+            b.checker.before_truncation(b, tp, pr.log_end_offset)
             b.truncate(tp, pr.log_end_offset)
             st.fetch_offset = pr.log_end_offset
         else:

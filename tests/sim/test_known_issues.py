@@ -8,6 +8,9 @@ KNOWN_ISSUES describes them.
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import pytest
 
 from clients.records import encode_values
@@ -15,6 +18,7 @@ from protos.highwater.v1 import common_pb2, controller_pb2
 from services.broker.fetch_state import truncation_offset
 from services.broker.log import Log, LogConfig, MemoryStorage
 from services.broker.partition import LeaderAndIsrState, Partition
+from services.broker.replica_manager import ReplicaManager
 from services.common.errors import InvariantViolation
 from services.controller import handlers
 from services.controller.context import BrokerInfo, ControllerContext, LeaderAndIsr, TopicInfo
@@ -135,3 +139,48 @@ def test_ki1_restarted_broker_is_handled_as_failed_then_started() -> None:
     _apply(ctx, handlers.on_broker_change(ctx, {1: _broker(1, 20), 2: _broker(2, 11), 3: _broker(3, 12)}))
     state = ctx.states[TP]
     assert state.leader != 1 and 1 not in state.isr, f"restarted broker 1 kept leader {state.leader} ISR {state.isr}"
+
+
+# ---- KI-4: the leader's HW stops waiting for a member the controller put in the ISR ----------
+
+def _leader_expanding_to_3() -> tuple[Partition, object]:
+    """Leader 1 of replicas (1, 2, 3), ISR (1, 2); follower 3 has caught up: expansion proposed."""
+    leader = _partition(1, MemoryStorage())
+    leader.become_leader(LeaderAndIsrState(1, 0, (1, 2), (1, 2, 3), 1, 1), now_ms=0)
+    leader.append_as_leader(encode_values([b"a", b"b"], timestamp_ms=0), acks=-1, now_ms=0)
+    leader.record_follower_fetch(2, 2, now_ms=1)
+    change = leader.record_follower_fetch(3, 2, now_ms=1)
+    assert change is not None and change.new_isr == (1, 2, 3) and leader.high_watermark == 2
+    return leader, change
+
+
+def _more_records_replicated_to_2_only(leader: Partition) -> None:
+    leader.append_as_leader(encode_values([b"c"], timestamp_ms=0), acks=-1, now_ms=2)
+    leader.record_follower_fetch(2, 3, now_ms=3)
+
+
+@pytest.mark.xfail(strict=True, reason="KI-4: ReplicaManager._alter_partition clears the pending expansion when "
+                                       "the RPC fails, though the controller may have committed it")
+def test_ki4_lost_alter_partition_answer_keeps_the_member_in_the_hw(tmp_path: Path) -> None:
+    leader, change = _leader_expanding_to_3()
+
+    async def answer_lost(request: controller_pb2.AlterPartitionRequest) -> controller_pb2.AlterPartitionResponse:
+        raise ConnectionError("deadline exceeded: the controller committed ISR (1, 2, 3), its answer was lost")
+
+    replicas = ReplicaManager(broker_id=1, data_dir=tmp_path, send_alter_partition=answer_lost)
+    asyncio.run(replicas._alter_partition(leader, change))  # type: ignore[arg-type]
+    _more_records_replicated_to_2_only(leader)
+    assert leader.high_watermark <= 2, (
+        f"HW {leader.high_watermark} passed the LEO 2 of broker 3, which the committed ISR may count")
+
+
+@pytest.mark.xfail(strict=True, reason="KI-4: Partition.update_isr with the partition epoch the leader already "
+                                       "has clears the pending expansion (a stale UpdateMetadata)")
+def test_ki4_stale_update_metadata_keeps_the_pending_member_in_the_hw() -> None:
+    leader, _ = _leader_expanding_to_3()
+    # The controller commits (1, 2, 3) as partition epoch 2; an UpdateMetadata it built just
+    # before (ISR (1, 2), partition epoch 1) reaches the leader ahead of the AlterPartition answer.
+    leader.update_isr((1, 2), partition_epoch=1, leader_epoch=0)
+    _more_records_replicated_to_2_only(leader)
+    assert leader.high_watermark <= 2, (
+        f"HW {leader.high_watermark} passed the LEO 2 of broker 3 while its expansion is still unanswered")

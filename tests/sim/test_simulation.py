@@ -99,7 +99,9 @@ def _known_issue_seed(tag: str, seed: int, profile: str) -> object:
 # and shows up as XPASS: pick a new one with `python -m tests.sim.run -q`.
 KNOWN_ISSUE_SEEDS = [
     _known_issue_seed("KI-1", 29, "default"),
-    _known_issue_seed("KI-3", 516, "default"),
+    _known_issue_seed("KI-2", 65, "default"),
+    _known_issue_seed("KI-3", 207, "default"),
+    _known_issue_seed("KI-4", 182, "default"),
 ]
 
 

@@ -23,8 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from clients.records import decode_batches, encode_values
+from clients.records import encode_values
 from protos.highwater.v1 import common_pb2
+from tests.sim.checker import decode_records
 from tests.sim.clock import EventLoop
 from tests.sim.config import WALL_CLOCK_BASE_MS, SimConfig
 from tests.sim.network import Network, RpcError, RpcNode
@@ -266,12 +267,12 @@ class Consumer(RpcNode):
             return
         if pr.records:
             seen = self.seen.setdefault(tp, {})
-            for record in decode_batches(pr.records):
-                if record.offset < position:
+            for offset, value, epoch in decode_records(pr.records):
+                if offset < position:
                     continue  # whole batches come back; skip what we already have
-                self.checker.on_consume(self, tp, position, record.offset, record.value or b"", pr.high_watermark)
-                seen[record.offset] = record.value or b""
-                position = record.offset + 1
+                self.checker.on_consume(self, tp, position, offset, value, epoch, pr.high_watermark)
+                seen[offset] = value
+                position = offset + 1
             self.positions[tp] = position
         self.after(0, self._fetch, tp)
 

@@ -370,3 +370,25 @@ def test_hand_written_deletion_of_an_unknown_topic_is_logged_and_its_key_removed
     result = handlers.on_admin_delete_marker(ctx, "ghost", "/highwater/admin/delete_topics/ghost",
                                              deletion_enabled=True)
     assert [type(w) for w in result.writes] == [handlers.AdminKeyDelete]
+
+
+def test_a_bounced_broker_leaves_the_isr_and_another_in_sync_replica_leads():
+    """Kafka's processBrokerChange: a new incarnation may have lost unflushed records (sim seed KI-1)."""
+    ctx = context([1, 2, 3])
+    with_topic(ctx, "t", {0: (1, 2, 3), 1: (2, 1, 3)})
+    bounced = BrokerInfo(1, "127.0.0.1", 9101, "", 0, 999)
+    result = handlers.on_broker_change(ctx, {1: bounced, 2: ctx.live_brokers[2], 3: ctx.live_brokers[3]})
+    states = {w.tp: w.state for w in result.writes if isinstance(w, StateWrite)}
+    assert states[("t", 0)].leader == 2 and states[("t", 0)].isr == (2, 3)
+    assert states[("t", 1)].leader == 2 and states[("t", 1)].isr == (2, 3)
+    assert ("t", 0) in result.rpcs.leader_and_isr[1], "the new incarnation is told to follow"
+
+
+def test_a_bounced_broker_that_is_the_only_isr_member_leads_again():
+    ctx = context([1, 2])
+    with_topic(ctx, "t", {0: (1, 2)})
+    commit(ctx, handlers.ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(1, 0, (1,), 5, 2), 1)]))
+    result = handlers.on_broker_change(ctx, {1: BrokerInfo(1, "127.0.0.1", 9101, "", 0, 999),
+                                             2: ctx.live_brokers[2]})
+    state = next(w.state for w in result.writes if isinstance(w, StateWrite))
+    assert (state.leader, state.isr, state.leader_epoch) == (1, (1,), 1)
