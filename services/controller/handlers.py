@@ -678,9 +678,13 @@ def on_alter_reassignments(ctx: ControllerContext, req: common_pb2.AlterPartitio
                             f"target replicas {unknown} are not registered brokers; live: {sorted(ctx.live_brokers)}")
                     if rar == oar and not ongoing:
                         raise ElectionNotNeeded(f"{rt.name}-{rp.partition} already has replicas {list(rar)}")
-                    ar = rar + tuple(r for r in oar if r not in rar)
-                    adding = tuple(r for r in rar if r not in oar)
-                    removing = tuple(r for r in oar if r not in rar)
+                    # A new target for a partition already moving starts from every replica it
+                    # has now, so none that leads or is in the ISR is dropped before the walk
+                    # moves leadership into the new target (sim seed KI-3).
+                    base = topic.assignment[rp.partition] if ongoing else oar
+                    ar = rar + tuple(r for r in base if r not in rar)
+                    adding = tuple(r for r in rar if r not in base)
+                    removing = tuple(r for r in base if r not in rar)
                     new_topic = _with_assignment(topic, rp.partition, ar, adding, removing)
                     topics[rt.name] = new_topic
                     state = ctx.states[tp]

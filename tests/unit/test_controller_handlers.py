@@ -392,3 +392,23 @@ def test_a_bounced_broker_that_is_the_only_isr_member_leads_again():
                                              2: ctx.live_brokers[2]})
     state = next(w.state for w in result.writes if isinstance(w, StateWrite))
     assert (state.leader, state.isr, state.leader_epoch) == (1, (1,), 1)
+
+
+def test_a_second_reassignment_keeps_the_replicas_the_first_one_added_until_the_walk_ends():
+    """Sim seed KI-3: a new target must not drop a replica that already leads."""
+    ctx = context([1, 2, 3, 4, 5])
+    with_topic(ctx, "t", {0: (1, 2)})
+    tp = ("t", 0)
+    commit(ctx, _reassign(ctx, "t", 0, [3, 4]))
+    _isr(ctx, tp, (1, 2, 3, 4))
+    s = ctx.states[tp]
+    commit(ctx, handlers.ControllerResult(writes=[StateWrite(tp, s.next(leader=3, isr=s.isr, controller_epoch=5),
+                                                             s.partition_epoch)]))
+    second = _reassign(ctx, "t", 0, [5, 4])
+    commit(ctx, second)
+    assert 3 in ctx.topics["t"].assignment[0], "the current leader stays a replica while the walk goes on"
+    assert ctx.states[tp].leader == 3
+    _isr(ctx, tp, (1, 2, 3, 4, 5))
+    commit(ctx, handlers.on_reassignment_progress(ctx))
+    assert ctx.topics["t"].assignment[0] == (5, 4)
+    assert ctx.states[tp].leader in (5, 4) and set(ctx.states[tp].isr) <= {4, 5}
