@@ -21,7 +21,8 @@ import grpc
 from protos.highwater.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.broker.fetch_state import FetchPhase, PartitionFetchState, truncation_offset
 from services.common import limits
-from services.common.server import channel_options
+from services.common.errors import InvariantViolation
+from services.common.server import channel_options, halt_on_invariant_violation
 from services.security.channels import open_channel
 
 log = logging.getLogger("highwater.fetcher")
@@ -140,6 +141,8 @@ class ReplicaFetcher:
                     if st.phase is not FetchPhase.DELAYED:
                         st.delay(now, self.backoff_ms, st.phase)
                 await asyncio.sleep(self.backoff_ms / 1000)
+            except InvariantViolation as exc:
+                halt_on_invariant_violation(exc, f"replica fetcher for leader {self.leader_id}")
             except Exception:
                 log.exception("replica fetcher for leader %d failed; retrying", self.leader_id)
                 await asyncio.sleep(self.backoff_ms / 1000)
@@ -198,7 +201,8 @@ class ReplicaFetcher:
                 if offset < local_leo:
                     log.info("truncating %s-%d from %d to %d (leader epoch %d ends at %d)", *tp, local_leo,
                              offset, result.leader_epoch, result.end_offset)
-                    self.callbacks.truncate(tp, offset)
+                # Always: even with nothing to cut, epochs of ours starting at the offset go.
+                self.callbacks.truncate(tp, offset)
                 st.fetch_offset = offset
                 st.move(FetchPhase.FETCHING)
 

@@ -143,9 +143,15 @@ class Partition:
         self.pending_isr = None
 
     def update_isr(self, isr: tuple[int, ...], partition_epoch: int, leader_epoch: int) -> None:
-        """The controller committed an ISR (our AlterPartition, or its own change)."""
-        if leader_epoch != self.leader_epoch or partition_epoch < self.partition_epoch:
-            return  # an answer for an older state; the newer one already applied
+        """The controller committed an ISR (our AlterPartition, or its own change).
+
+        Only a strictly newer partition epoch counts: an equal one is a stale copy
+        (an UpdateMetadata sent before our AlterPartition committed) and must not
+        clear an expansion in flight, or the HW would stop waiting for a member the
+        committed ISR already counts (sim seed KI-4).
+        """
+        if leader_epoch != self.leader_epoch or partition_epoch <= self.partition_epoch:
+            return  # an answer for an older or the same state
         self.isr = isr
         self.partition_epoch = partition_epoch
         self.pending_isr = None
@@ -259,9 +265,11 @@ class Partition:
         return False
 
     def truncate_to(self, offset: int) -> None:
+        leo_before = self.log.log_end_offset
         self.log.truncate_to(offset)
         self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
-        self.rebuild_producer_state()
+        if self.log.log_end_offset < leo_before:
+            self.rebuild_producer_state()
 
     @property
     def under_replicated(self) -> bool:

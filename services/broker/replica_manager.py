@@ -38,6 +38,9 @@ from services.common.metadata_cache import MetadataCache
 log = logging.getLogger("highwater.replica_manager")
 
 TopicPartitionKey = tuple[str, int]
+# AlterPartition calls that failed in flight are retried with this back-off.
+ALTER_PARTITION_RETRY_BACKOFF_S_MIN = 0.1
+ALTER_PARTITION_RETRY_BACKOFF_S_MAX = 2.0
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 MAX_TIMESTAMP = -3
@@ -337,12 +340,22 @@ class ReplicaManager:
             partitions=[controller_pb2.AlterPartitionItem(
                 topic=p.topic, partition=p.partition, leader_epoch=change.leader_epoch,
                 partition_epoch=change.partition_epoch, new_isr=list(change.new_isr))])
-        try:
-            resp = await self.send_alter_partition(req)
-        except Exception as exc:
-            log.warning("AlterPartition for %s-%d failed: %s", p.topic, p.partition, exc)
-            p.isr_change_failed()
-            return
+        backoff_s = ALTER_PARTITION_RETRY_BACKOFF_S_MIN
+        while True:
+            try:
+                resp = await self.send_alter_partition(req)
+                break
+            except Exception as exc:
+                # The controller may have committed it: keep the proposal pending (the HW
+                # keeps counting the member being added) and ask again until we hear back
+                # or leadership moves on (sim seed KI-4).
+                if p.pending_isr != change.new_isr or p.role is not Role.LEADER or \
+                        p.leader_epoch != change.leader_epoch:
+                    return
+                log.warning("AlterPartition for %s-%d failed: %s; retrying in %.1f s", p.topic, p.partition,
+                            exc, backoff_s)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, ALTER_PARTITION_RETRY_BACKOFF_S_MAX)
         if resp.error_code != common_pb2.NONE or not resp.partitions:
             log.warning("AlterPartition for %s-%d refused: %s %s", p.topic, p.partition,
                         common_pb2.ErrorCode.Name(resp.error_code), resp.error_message)

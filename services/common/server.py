@@ -153,3 +153,18 @@ def configure_logging(level: str = "INFO", json_logs: bool = False) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("grpc").setLevel("WARNING")
+
+
+# Exit code of a process stopped by a broken invariant (sysexits' EX_SOFTWARE).
+INVARIANT_VIOLATION_EXIT_CODE = 70
+
+
+def halt_on_invariant_violation(exc: BaseException, where: str) -> None:
+    """A broken invariant is a bug: log it with its values and stop the process at once.
+
+    Carrying on could spread the damage (STYLE.md, practice 5); Kafka halts a broker the
+    same way. The supervisor (or the controller's failover) takes it from there.
+    """
+    log.critical("invariant broken in %s: %s; halting", where, exc, exc_info=exc)
+    logging.shutdown()
+    os._exit(INVARIANT_VIOLATION_EXIT_CODE)

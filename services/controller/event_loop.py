@@ -38,7 +38,9 @@ from coordinator.store import (
 )
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.common import limits
+from services.common.errors import InvariantViolation
 from services.common.peers import PeerChannels
+from services.common.server import halt_on_invariant_violation
 from services.controller import handlers, metrics
 from services.controller.context import (
     BrokerInfo,
@@ -277,6 +279,8 @@ class ControllerEventLoop:
                     ev.done.set_exception(ControllerResigned(str(exc)))
                 self.resigned.set()
                 return
+            except InvariantViolation as exc:
+                halt_on_invariant_violation(exc, f"controller event {ev.name}")
             except Exception as exc:
                 log.exception("event %s failed; reloading state from etcd", ev.name)
                 if not ev.done.done():

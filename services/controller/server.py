@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from coordinator.election import ControllerElection, current_controller
+from coordinator.election import ControllerElection, ControllerFenced, current_controller
 from coordinator.store import EtcdStore
 from protos.highwater.v1 import common_pb2, controller_pb2, controller_pb2_grpc
 from services.common import limits
@@ -177,7 +177,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             # A known producer bumps its epoch (fencing its older incarnation).
             return common_pb2.InitProducerIdResponse(producer_id=request.producer_id,
                                                      producer_epoch=max(request.producer_epoch, 0) + 1)
-        producer_id = await loop.next_producer_id()
+        try:
+            producer_id = await loop.next_producer_id()
+        except ControllerFenced:
+            loop.resigned.set()  # a newer controller exists: stop acting
+            return await self._not_controller(common_pb2.InitProducerIdResponse)
         return common_pb2.InitProducerIdResponse(producer_id=producer_id, producer_epoch=0)
 
 

@@ -7,28 +7,33 @@ Step checks (a violation raises InvariantBroken at once, with the values that br
    act with the same epoch.
 2. leader_epoch never decreases, in etcd and on a broker; no two brokers become leader
    of a partition in the same epoch.
-3. On every replica HW <= LEO; a leader's HW never goes back while it stays leader;
+3. On every replica HW <= LEO; a leader's HW never goes back while it stays leader, and
+   never passes the LEO of a member the committed ISR (same leader epoch) counts;
    consumers are answered only with offsets below the answer's HW.
 4. An acks=all success is sent only with |ISR| >= min.insync.replicas and every ISR
    member (the leader's view, and etcd's for the same epoch) holding the batch in the
    same leader epoch. Members that restarted since the append are excused: their
    lease still counts them for a few seconds, which Kafka accepts too.
-5. A leader change in etcd picks a member of the previous ISR (unclean election is off).
-6. Right after a follower truncates, its log is a prefix of its leader's (compared by
+5. A leader change in etcd picks a member of the previous ISR (unclean election is off);
+   leader and ISR stay within the partition's replicas.
+6. Truncation never cuts a committed record (same offset, value and leader epoch), and
+   right after it the follower's log is a prefix of its leader's (compared by
    leader-epoch lineage, which with rule 2 determines the content).
 
 History (recorded as it happens, checked again at the end once the cluster healed):
 - every acknowledged acks=all record is at its offset on the leader and on every ISR
   member; no offset ever holds two different committed values (acks=all acks and
   consumer reads both commit a value); every consumer read its partitions in order,
-  with no gap and no acknowledged record skipped; no consumer saw a value nobody sent.
+  with no gap and no acknowledged record skipped; no consumer saw a value nobody sent;
+  an idempotent producer's record is in the log once (rule 8).
 
 "While one ISR member survives": a power loss makes a broker lose its unflushed
 bytes, so it no longer counts as holding the partition's committed records (`intact`)
 until it rejoins the ISR by catching up with an intact leader. If at some point no
 member of a partition's committed ISR is intact, every copy of its acknowledged
-records may be gone without any rule being broken: the partition is "compromised",
-its history so far is excused, and checking starts again from there.
+records may be gone without any rule being broken: the partition is "compromised" and
+its history is not checked again in that run (deposed leaders may still serve the
+lost lineage for a while); its step invariants still are.
 """
 
 from __future__ import annotations

@@ -389,22 +389,31 @@ class SimBroker(RpcNode):
             return None
         return controller_node(int(info["controller_id"])) if info else None
 
-    def _alter_partition(self, p: Partition, change: IsrChange) -> None:
+    def _alter_partition(self, p: Partition, change: IsrChange, backoff_ms: int = 100) -> None:
         req = controller_pb2.AlterPartitionRequest(
             broker_id=self.broker_id, broker_epoch=self.broker_epoch,
             partitions=[controller_pb2.AlterPartitionItem(
                 topic=p.topic, partition=p.partition, leader_epoch=change.leader_epoch,
                 partition_epoch=change.partition_epoch, new_isr=list(change.new_isr))])
         address = self._controller_address()
-        if address is None:
-            p.isr_change_failed()  # "no active controller registered in etcd"
+        if address is None:  # "no active controller registered in etcd": ask again later (KI-4)
+            self.after(backoff_ms, self._alter_partition_retry, p, change, min(backoff_ms * 2, 2000))
             return
         self.call(address, "AlterPartition", req, self.config.control_rpc_timeout_ms,
-                  lambda resp: self._alter_partition_done(p, resp))
+                  lambda resp: self._alter_partition_done(p, resp, change, backoff_ms))
 
-    def _alter_partition_done(self, p: Partition, resp: controller_pb2.AlterPartitionResponse | RpcError) -> None:
+    def _alter_partition_retry(self, p: Partition, change: IsrChange, backoff_ms: int) -> None:
+        if p.pending_isr == change.new_isr and p.role is Role.LEADER and p.leader_epoch == change.leader_epoch:
+            self._alter_partition(p, change, backoff_ms)
+
+    def _alter_partition_done(self, p: Partition, resp: controller_pb2.AlterPartitionResponse | RpcError,
+                              change: IsrChange | None = None, backoff_ms: int = 100) -> None:
         if isinstance(resp, RpcError):
-            p.isr_change_failed()
+            # ReplicaManager._alter_partition: the controller may have committed it, so the
+            # proposal stays pending and is sent again until answered or leadership moves (KI-4).
+            if change is not None and p.pending_isr == change.new_isr and p.role is Role.LEADER \
+                    and p.leader_epoch == change.leader_epoch:
+                self.after(backoff_ms, self._alter_partition_retry, p, change, min(backoff_ms * 2, 2000))
             return
         if resp.error_code != common_pb2.NONE or not resp.partitions:
             p.isr_change_failed()
@@ -429,7 +438,8 @@ class SimBroker(RpcNode):
         for topic in req.topics:
             for pd in topic.partitions:
                 tp = (topic.topic, pd.partition)
-                res = common_pb2.ProducePartitionResponse(partition=pd.partition, log_append_time_ms=-1)
+                res = common_pb2.ProducePartitionResponse(partition=pd.partition, log_append_time_ms=-1,
+                                                          base_offset=-1)
                 try:
                     p = self._leader_partition(tp)
                     info = p.append_as_leader(pd.records, acks=req.acks, now_ms=wall)
@@ -581,6 +591,9 @@ class SimBroker(RpcNode):
 
     def _stop_cleanly(self, then: Callable[[], None]) -> None:
         """ReplicaManager.close + revoking the lease: checkpoints, clean-shutdown markers, key deleted."""
+        for tp, p in self.partitions.items():
+            p.role = Role.NONE  # waiting requests answer NOT_LEADER_OR_FOLLOWER now
+            self.notify(tp)
         for p in self.partitions.values():
             p.log.checkpoint_high_watermark(p.high_watermark)
             p.log.close()
@@ -741,7 +754,8 @@ class SimFetcher:
                     b.trace("truncate %s-%d from %d to %d (leader epoch %d ends at %d)", *tp, local_leo, offset,
                             result.leader_epoch, result.end_offset)
                     b.checker.before_truncation(b, tp, offset)
-                    b.truncate(tp, offset)
+                # fetcher.maybe_truncate: always, so epochs starting at the offset go too (KI-2).
+                b.truncate(tp, offset)
                 st.fetch_offset = offset
                 st.move(FetchPhase.FETCHING)
                 b.checker.after_truncation(b, tp, self.leader_id, st.current_leader_epoch)

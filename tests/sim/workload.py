@@ -1,16 +1,17 @@
 """Clients of the simulated cluster: producers, consumers, and an operator doing admin work.
 
 - A Producer sends one batch at a time (max.in.flight = 1) to the leader it learned
-  from a broker's Metadata answer; acks=all or acks=1. Every record value is unique
-  (`p<n>-<seq>`), so the checker can follow each one. A batch that failed is retried
-  a few times with the same values (a non-idempotent producer: duplicates are allowed,
-  lost acknowledged records are not). Idempotence is not simulated: Partition keeps
-  no producer state yet.
-- A Consumer reads every partition from offset 0 to the end with replica_id -1 (so
-  only below the HW), checking each answer as it comes: offsets contiguous and below
-  the answer's high watermark.
+  from a broker's Metadata answer: acks=all, acks=1, or acks=all with the idempotent
+  producer (InitProducerId, then producer id / epoch / sequence in every batch). Every
+  record value is unique (`p<n>-<seq>`), so the checker can follow each one. A failed
+  batch is sent again with the same values: a few times by a plain producer (duplicates
+  allowed, lost acknowledged records not), until it succeeds by an idempotent one (no
+  duplicates allowed either, DESIGN.md rule 8).
+- A Consumer reads every partition from offset 0 on with replica_id -1 (so only below
+  the HW), handing every record to the checker as it arrives.
 - The Operator creates topics and, during the fault phase, asks for preferred leader
-  elections and rolls brokers through a controlled shutdown and restart.
+  elections, moves partitions (AlterPartitionReassignments) and rolls brokers through
+  a controlled shutdown and restart.
 
 Clients learn where to send from broker metadata (UpdateMetadata-fed caches), as
 the real clients do, and refresh it on NOT_LEADER_OR_FOLLOWER, timeouts and the like.

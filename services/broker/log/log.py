@@ -600,6 +600,10 @@ class Log:
         self._ensure_usable()
         check(offset >= 0, "log %s: truncate to negative offset %d", self._directory, offset)
         if offset >= self.log_end_offset:
+            # No record to cut, but an epoch that started here (a leader that wrote
+            # nothing) must go, or the follower refuses its new leader's older-epoch
+            # batches forever (sim seed KI-2; Kafka truncates the cache the same way).
+            self._epoch_cache.truncate_from_end(offset)
             return
         if offset < self._base_offsets[0]:
             self.truncate_fully_and_start_at(offset)
