@@ -186,6 +186,9 @@ class ControllerContext:
     states: dict[TopicPartitionKey, LeaderAndIsr] = field(default_factory=dict)
     topics_to_delete: set[str] = field(default_factory=set)
     shutting_down: set[int] = field(default_factory=set)
+    # etcd mod_revision of each state key as loaded at failover: a broker whose registration
+    # (broker epoch) is newer restarted after its ISR membership was written.
+    state_revisions: dict[TopicPartitionKey, int] = field(default_factory=dict)
     # Replicas of topics being deleted: (tp, broker) -> ReplicaDeletionStarted/Successful/Ineligible.
     replica_deletion: dict[tuple[TopicPartitionKey, int], Any] = field(default_factory=dict)
 

@@ -232,6 +232,7 @@ class ControllerEventLoop:
                     self.ctx.topics[kind[1]] = TopicInfo.from_json(kind[1], kv.value)
                 else:
                     states[(kind[1], kind[2])] = LeaderAndIsr.from_json(kv.value, kv.version)  # type: ignore[misc]
+                    self.ctx.state_revisions[(kind[1], kind[2])] = kv.mod_revision  # type: ignore[index]
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("ignoring malformed value at %s: %s", kv.key, exc)
         self.ctx.states = {tp: s for tp, s in states.items() if tp[0] in self.ctx.topics}

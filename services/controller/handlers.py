@@ -137,26 +137,6 @@ def _change_state(ctx: ControllerContext, result: ControllerResult, tp: TopicPar
     return new
 
 
-def _elect_offline(ctx: ControllerContext, result: ControllerResult, tp: TopicPartitionKey, live: set[int]) -> None:
-    """New leader for a partition whose leader is gone (or never was)."""
-    state = ctx.states[tp]
-    topic = ctx.topics[tp[0]]
-    choice, unclean = elections.offline_partition_leader(ctx.replicas(tp), state.isr, live,
-                                                         topic.unclean_leader_election)
-    if choice is None:
-        if state.leader != NO_LEADER:
-            # Offline: keep the last ISR so its members can lead again when they return.
-            log.warning("%s-%d has no live in-sync replica (ISR %s); partition is offline", *tp, list(state.isr))
-            _change_state(ctx, result, tp, leader=NO_LEADER, isr=state.isr)
-        return
-    leader, isr = choice
-    if unclean:
-        result.unclean_elections += 1
-        log.error("UNCLEAN leader election for %s-%d: broker %d was not in the ISR %s; "
-                  "records acknowledged by the old ISR may be lost", *tp, leader, list(state.isr))
-    _change_state(ctx, result, tp, leader=leader, isr=isr)
-
-
 # ---- events ----------------------------------------------------------------------------------
 
 def on_startup(ctx: ControllerContext) -> ControllerResult:
@@ -169,12 +149,12 @@ def on_startup(ctx: ControllerContext) -> ControllerResult:
         if tp not in ctx.states:
             _initial_state(ctx, result, tp)
             continue
-        state = ctx.states[tp]
-        if state.leader == NO_LEADER or state.leader not in live:
-            _elect_offline(ctx, result, tp, live)
-        elif any(r not in ctx.live_brokers for r in state.isr):
-            _change_state(ctx, result, tp, leader=state.leader,
-                          isr=tuple(r for r in state.isr if r in ctx.live_brokers))
+        # Brokers registered after this state was written restarted since (perhaps with
+        # less than they had): they count as failed and started, as in on_broker_change.
+        written_at = ctx.state_revisions.get(tp, 0)
+        restarted = {b for b, info in ctx.live_brokers.items() if written_at and info.broker_epoch > written_at}
+        gone = {r for r in (*ctx.replicas(tp), ctx.states[tp].leader) if r >= 0 and r not in ctx.live_brokers}
+        _fail_over(ctx, result, tp, dead=gone | restarted, bounced=restarted, live=live)
     for tp in ctx.partitions():
         if tp[0] not in ctx.topics_to_delete:
             result.rpcs.add_leader_and_isr([r for r in ctx.replicas(tp) if r in live], tp)
@@ -216,37 +196,10 @@ def on_broker_change(ctx: ControllerContext, registered: dict[int, BrokerInfo]) 
     # Its new incarnation may have lost what the old one had not flushed, so it leaves the
     # ISR and leads only when no other in-sync replica is left (it rejoins the ISR by
     # catching up, like any follower).
-    survivors = live - dead
-    bounced = dead & new
     for tp in ctx.partitions():
         if tp[0] in ctx.topics_to_delete or tp not in ctx.states:
             continue
-        state = ctx.states[tp]
-        if not (state.leader in dead or state.leader not in live or any(r in dead for r in state.isr)):
-            continue
-        isr = tuple(r for r in state.isr if r not in dead)
-        if state.leader in survivors and state.leader in isr:
-            _change_state(ctx, result, tp, leader=state.leader, isr=isr)
-            continue
-        topic = ctx.topics[tp[0]]
-        choice, unclean = elections.offline_partition_leader(ctx.replicas(tp), isr, survivors,
-                                                             topic.unclean_leader_election)
-        if choice is None:
-            # Only bounced brokers are left of the ISR: one of them leads (as Kafka's start-up
-            # election would), else the partition is offline.
-            choice, unclean = elections.offline_partition_leader(
-                ctx.replicas(tp), tuple(r for r in state.isr if r in bounced), live, topic.unclean_leader_election)
-        if choice is None:
-            if state.leader != NO_LEADER:
-                log.warning("%s-%d has no live in-sync replica (ISR %s); partition is offline", *tp,
-                            list(state.isr))
-                _change_state(ctx, result, tp, leader=NO_LEADER, isr=state.isr)
-            continue
-        if unclean:
-            result.unclean_elections += 1
-            log.error("UNCLEAN leader election for %s-%d: broker %d was not in the ISR %s; "
-                      "records acknowledged by the old ISR may be lost", *tp, choice[0], list(state.isr))
-        _change_state(ctx, result, tp, leader=choice[0], isr=choice[1])
+        _fail_over(ctx, result, tp, dead=dead, bounced=dead & new, live=live)
     for tp in ctx.partitions():
         if tp[0] in ctx.topics_to_delete:
             continue
@@ -260,6 +213,40 @@ def on_broker_change(ctx: ControllerContext, registered: dict[int, BrokerInfo]) 
     resume_deletions(ctx, result, new)
     result.rpcs.full_metadata = True
     return result
+
+
+def _fail_over(ctx: ControllerContext, result: ControllerResult, tp: TopicPartitionKey, *, dead: set[int],
+               bounced: set[int], live: set[int]) -> None:
+    """One partition after brokers failed (dead) or restarted (bounced, a subset of dead).
+
+    Dead brokers leave the ISR; a new leader comes from the surviving ISR members in AR
+    order; only when none is left does a bounced broker of the ISR lead again (as Kafka's
+    start-up election would), else the partition goes offline (or unclean, if enabled).
+    """
+    state = ctx.states[tp]
+    if not (state.leader in dead or state.leader not in live or any(r in dead for r in state.isr)):
+        return
+    survivors = live - dead
+    isr = tuple(r for r in state.isr if r not in dead)
+    if state.leader in survivors and state.leader in isr:
+        _change_state(ctx, result, tp, leader=state.leader, isr=isr)
+        return
+    topic = ctx.topics[tp[0]]
+    choice, unclean = elections.offline_partition_leader(ctx.replicas(tp), isr, survivors,
+                                                         topic.unclean_leader_election)
+    if choice is None:
+        choice, unclean = elections.offline_partition_leader(
+            ctx.replicas(tp), tuple(r for r in state.isr if r in bounced), live, topic.unclean_leader_election)
+    if choice is None:
+        if state.leader != NO_LEADER:
+            log.warning("%s-%d has no live in-sync replica (ISR %s); partition is offline", *tp, list(state.isr))
+            _change_state(ctx, result, tp, leader=NO_LEADER, isr=state.isr)
+        return
+    if unclean:
+        result.unclean_elections += 1
+        log.error("UNCLEAN leader election for %s-%d: broker %d was not in the ISR %s; "
+                  "records acknowledged by the old ISR may be lost", *tp, choice[0], list(state.isr))
+    _change_state(ctx, result, tp, leader=choice[0], isr=choice[1])
 
 
 def on_gateway_change(ctx: ControllerContext, gateways: dict[int, Any]) -> ControllerResult:

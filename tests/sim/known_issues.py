@@ -21,11 +21,13 @@ if TYPE_CHECKING:
 # replica being added even when it had become leader (66c28ac); KI-4, the leader's HW
 # passing a member whose ISR expansion was committed but not answered.
 KNOWN_ISSUES = {
-    "KI-1": "a broker that lost unflushed data in a power loss restarts while no controller is active; the "
-            "next controller's on_startup cannot tell it restarted (partition states record no broker "
-            "epochs), so it keeps its leadership, its leader epoch and its ISR membership, and followers "
-            "that kept every committed record truncate to its shorter log (the other half, a restart seen "
-            "in one BrokerChange, is fixed)",
+    "KI-1": "a broker that lost unflushed data in a power loss comes back while every other member of "
+            "its partition's last ISR is down too (the partition went offline keeping that ISR, as "
+            "Kafka's ZooKeeper controller does); being in the ISR, it leads again, and members that "
+            "kept every committed record truncate to its shorter log. The restart paths the controller "
+            "can see (one BrokerChange with a new broker epoch; a registration newer than the state "
+            "key at failover) are fixed; this one needs to know the broker shut down uncleanly "
+            "(Kafka's KIP-966 eligible leader replicas)",
 }
 
 
