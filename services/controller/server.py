@@ -244,6 +244,16 @@ async def serve(config: ControllerConfig) -> None:
     actor = asyncio.create_task(act(), name="controller-campaign")
 
     async def on_stop() -> None:
+        # Hand over first: stop acting, then revoke the lease so a standby takes over at once
+        # (not a lease TTL later); the campaign task is cancelled after.
+        loop = servicer.active
+        servicer.active = None
+        if loop is not None:
+            loop.resigned.set()
+        try:
+            await election.resign()
+        except Exception as exc:
+            log.warning("resign at stop failed: %s", exc)
         actor.cancel()
         try:
             await actor
