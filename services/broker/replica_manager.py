@@ -38,6 +38,8 @@ from services.common.metadata_cache import MetadataCache
 log = logging.getLogger("highwater.replica_manager")
 
 TopicPartitionKey = tuple[str, int]
+# LeaderAndIsr handles this many partitions between yields to the event loop.
+LEADER_AND_ISR_PARTITIONS_PER_YIELD = 50
 # AlterPartition calls that failed in flight are retried with this back-off.
 ALTER_PARTITION_RETRY_BACKOFF_S_MIN = 0.1
 ALTER_PARTITION_RETRY_BACKOFF_S_MAX = 2.0
@@ -200,7 +202,12 @@ class ReplicaManager:
             self.metadata.brokers[node.broker_id] = node
         results = []
         mono = monotonic_ms()
-        for item in req.partitions:
+        for i, item in enumerate(req.partitions):
+            if i and i % LEADER_AND_ISR_PARTITIONS_PER_YIELD == 0:
+                # Opening logs is synchronous work: let the lease keep-alive and requests run
+                # between slices, or a request for thousands of partitions costs the lease.
+                await asyncio.sleep(0)
+                mono = monotonic_ms()
             s = item.state
             tp = (s.topic, s.partition)
             code, message = common_pb2.NONE, ""
