@@ -39,7 +39,7 @@ log = logging.getLogger("highwater.replica_manager")
 
 TopicPartitionKey = tuple[str, int]
 # LeaderAndIsr handles this many partitions between yields to the event loop.
-LEADER_AND_ISR_PARTITIONS_PER_YIELD = 50
+LEADER_AND_ISR_PARTITIONS_PER_YIELD = 10
 # AlterPartition calls that failed in flight are retried with this back-off.
 ALTER_PARTITION_RETRY_BACKOFF_S_MIN = 0.1
 ALTER_PARTITION_RETRY_BACKOFF_S_MAX = 2.0
@@ -152,7 +152,9 @@ class ReplicaManager:
             ticks += 1
             mono = monotonic_ms()
             wall = now_ms()
-            for p in list(self.partitions.values()):
+            for i, p in enumerate(list(self.partitions.values())):
+                if i and i % LEADER_AND_ISR_PARTITIONS_PER_YIELD == 0:
+                    await asyncio.sleep(0)  # checkpoints fsync: keep the lease keep-alive running
                 try:
                     p.log.maybe_roll(wall)
                     p.log.maybe_flush(wall)
