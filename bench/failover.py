@@ -21,31 +21,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import grpc
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/failover.py` from anywhere
+
+from bench import common
 from clients.local_cluster import LocalCluster
 from clients.records import Record, encode_batch
 from protos.highwater.v1 import common_pb2, controller_pb2_grpc, gateway_pb2_grpc
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def machine() -> dict[str, object]:
-    mem_kib = 0
-    try:
-        with open("/proc/meminfo") as f:
-            mem_kib = int(f.readline().split()[1])
-    except OSError:
-        pass
-    return {"cores": os.cpu_count(), "memory_gib": round(mem_kib / 2**20, 1), "python": platform.python_version(),
-            "machine": platform.machine()}
 
 
 def gateway(cluster: LocalCluster) -> gateway_pb2_grpc.GatewayServiceStub:
@@ -175,7 +166,7 @@ def main() -> None:
     parser.add_argument("--only", choices=["failure", "takeover", "shutdown"], nargs="*",
                         default=["failure", "takeover", "shutdown"])
     args = parser.parse_args()
-    out: dict[str, object] = {"machine": machine(), "date": time.strftime("%Y-%m-%d")}
+    out: dict[str, object] = {"machine": common.machine(), "date": time.strftime("%Y-%m-%d")}
     with tempfile.TemporaryDirectory(prefix="hw-failover-") as tmp:
         base = Path(tmp)
         if "failure" in args.only:
