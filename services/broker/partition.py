@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from services.broker.log import Log
 from services.broker.producer_state import ProducerStateManager
 from services.common.errors import (
+    FencedLeaderEpoch,
     NotEnoughReplicas,
     NotLeaderOrFollower,
     check,
@@ -274,3 +275,31 @@ class Partition:
     @property
     def under_replicated(self) -> bool:
         return self.role is Role.LEADER and len(self.isr) < len(self.replicas)
+
+
+class LeaderAndIsrAction(enum.Enum):
+    """What one LeaderAndIsr entry asks of this broker (becomeLeaderOrFollower's split)."""
+
+    NOT_A_REPLICA = "not a replica"
+    ISR_UPDATED = "ISR updated"
+    BECOME_LEADER = "become leader"
+    BECOME_FOLLOWER = "become follower"
+
+
+def decide_leader_and_isr(local_broker_id: int, existing: Partition | None,
+                          state: LeaderAndIsrState) -> LeaderAndIsrAction:
+    """The per-partition rule of LeaderAndIsr, shared by the broker and the simulation.
+
+    A leader epoch that is not newer is refused (FencedLeaderEpoch), except that the same
+    epoch with a newer partition epoch updates the ISR in place (an ISR the controller
+    changed without moving leadership).
+    """
+    if local_broker_id not in state.replicas:
+        return LeaderAndIsrAction.NOT_A_REPLICA
+    if existing is not None and not existing.is_newer_epoch(state.leader_epoch):
+        if state.leader_epoch == existing.leader_epoch and state.partition_epoch > existing.partition_epoch:
+            existing.update_isr(state.isr, state.partition_epoch, state.leader_epoch)
+            return LeaderAndIsrAction.ISR_UPDATED
+        raise FencedLeaderEpoch(f"leader epoch {state.leader_epoch} is not newer than {existing.leader_epoch}")
+    return (LeaderAndIsrAction.BECOME_LEADER if state.leader == local_broker_id
+            else LeaderAndIsrAction.BECOME_FOLLOWER)

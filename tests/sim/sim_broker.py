@@ -38,10 +38,17 @@ from coordinator.store import CoordinatorError, Get, Put, compare_missing, json_
 from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2
 from services.broker.fetch_state import FetchPhase, PartitionFetchState, truncation_offset
 from services.broker.log import Log, MemoryStorage
-from services.broker.partition import IsrChange, LeaderAndIsrState, Partition, Role
+from services.broker.partition import (
+    IsrChange,
+    LeaderAndIsrAction,
+    LeaderAndIsrState,
+    Partition,
+    Role,
+    decide_leader_and_isr,
+)
 from services.broker.replica_manager import ReplicaManager, log_config_from
 from services.common import limits
-from services.common.errors import FencedLeaderEpoch, HighwaterError
+from services.common.errors import HighwaterError
 from services.common.metadata_cache import MetadataCache
 from tests.sim.clock import EventLoop
 from tests.sim.config import WALL_CLOCK_BASE_MS, SimConfig
@@ -296,27 +303,20 @@ class SimBroker(RpcNode):
             s = item.state
             tp = (s.topic, s.partition)
             code, message = common_pb2.NONE, ""
+            state = LeaderAndIsrState(s.leader, s.leader_epoch, tuple(s.isr), tuple(s.replicas),
+                                      s.partition_epoch, s.controller_epoch)
             try:
-                if self.broker_id not in s.replicas:
+                action = decide_leader_and_isr(self.broker_id, self.partitions.get(tp), state)
+                if action is LeaderAndIsrAction.NOT_A_REPLICA:
                     code, message = common_pb2.UNKNOWN_TOPIC_OR_PARTITION, "this broker is not a replica"
-                else:
-                    p = self.partitions.get(tp)
-                    if p is not None and not p.is_newer_epoch(s.leader_epoch):
-                        if s.leader_epoch == p.leader_epoch and s.partition_epoch > p.partition_epoch:
-                            p.update_isr(tuple(s.isr), s.partition_epoch, s.leader_epoch)
-                        else:
-                            raise FencedLeaderEpoch(
-                                f"leader epoch {s.leader_epoch} is not newer than {p.leader_epoch}")
+                elif action is not LeaderAndIsrAction.ISR_UPDATED:
+                    p = self.partitions.get(tp) or self._create_partition(s, item.config)
+                    p.min_insync_replicas = max(1, item.config.min_insync_replicas or 1)
+                    if action is LeaderAndIsrAction.BECOME_LEADER:
+                        self._make_leader(p, state, mono)
                     else:
-                        p = p or self._create_partition(s, item.config)
-                        p.min_insync_replicas = max(1, item.config.min_insync_replicas or 1)
-                        state = LeaderAndIsrState(s.leader, s.leader_epoch, tuple(s.isr), tuple(s.replicas),
-                                                  s.partition_epoch, s.controller_epoch)
-                        if s.leader == self.broker_id:
-                            self._make_leader(p, state, mono)
-                        else:
-                            self._make_follower(p, state)
-                        self.notify(tp)
+                        self._make_follower(p, state)
+                    self.notify(tp)
             except HighwaterError as exc:
                 code, message = exc.code, exc.message
             results.append(common_pb2.PartitionResult(topic=s.topic, partition=s.partition, error_code=code,
