@@ -165,10 +165,14 @@ def main() -> None:
     parser.add_argument("--takeover-partitions", type=int, default=10_000)
     parser.add_argument("--only", choices=["failure", "takeover", "shutdown"], nargs="*",
                         default=["failure", "takeover", "shutdown"])
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="run the clusters under DIR and keep their data and logs (default: a temporary "
+                             "directory, removed at the end)")
     args = parser.parse_args()
     out: dict[str, object] = {"machine": common.machine(), "date": time.strftime("%Y-%m-%d")}
     with tempfile.TemporaryDirectory(prefix="hw-failover-") as tmp:
-        base = Path(tmp)
+        base = Path(tmp) if args.keep is None else args.keep
+        base.mkdir(parents=True, exist_ok=True)
         if "failure" in args.only:
             out["broker_failure"] = []
             for ttl in args.ttls:

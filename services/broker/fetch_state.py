@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from protos.highwater.v1 import common_pb2
+from services.common import limits
 from services.common.errors import check
 
 
@@ -53,6 +55,18 @@ class PartitionFetchState:
         if self.phase is FetchPhase.DELAYED and now_ms >= self.delayed_until_ms:
             self.move(self.resume_phase)
         return self.phase is not FetchPhase.DELAYED
+
+
+def backoff_after_error(error_code: int, backoff_ms: int) -> int:
+    """How long a partition waits after a partition-level error from its leader.
+
+    UNKNOWN_LEADER_EPOCH means the leader has not yet applied the LeaderAndIsr that this
+    follower already has (the controller sent both at once): it will in milliseconds, so
+    a full replica.fetch.backoff.ms would cost every failover that much.
+    """
+    if error_code == common_pb2.UNKNOWN_LEADER_EPOCH:
+        return min(backoff_ms, limits.REPLICA_FETCH_EPOCH_RACE_BACKOFF_MS)
+    return backoff_ms
 
 
 def truncation_offset(*, local_leo: int, requested_epoch: int, leader_epoch: int, leader_end_offset: int,

@@ -19,7 +19,12 @@ from typing import Protocol
 import grpc
 
 from protos.highwater.v1 import broker_pb2, broker_pb2_grpc, common_pb2
-from services.broker.fetch_state import FetchPhase, PartitionFetchState, truncation_offset
+from services.broker.fetch_state import (
+    FetchPhase,
+    PartitionFetchState,
+    backoff_after_error,
+    truncation_offset,
+)
 from services.common import limits
 from services.common.errors import InvariantViolation
 from services.common.server import channel_options, halt_on_invariant_violation
@@ -183,9 +188,10 @@ class ReplicaFetcher:
                 if st is None or tp not in asked:
                     continue
                 if result.error_code != common_pb2.NONE:
-                    log.info("OffsetsForLeaderEpoch for %s-%d: %s; retrying after back-off", *tp,
-                             common_pb2.ErrorCode.Name(result.error_code))
-                    st.delay(now, self.backoff_ms, FetchPhase.TRUNCATING)
+                    backoff_ms = backoff_after_error(result.error_code, self.backoff_ms)
+                    log.info("OffsetsForLeaderEpoch for %s-%d: %s; retrying after %d ms", *tp,
+                             common_pb2.ErrorCode.Name(result.error_code), backoff_ms)
+                    st.delay(now, backoff_ms, FetchPhase.TRUNCATING)
                     continue
                 local_leo = self.callbacks.local_leo(tp)
                 if local_leo is None:
@@ -245,9 +251,10 @@ class ReplicaFetcher:
                 elif code == common_pb2.OFFSET_OUT_OF_RANGE:
                     self._handle_out_of_range(tp, st, pr)
                 else:
-                    log.info("fetch %s-%d from leader %d: %s; backing off", *tp, self.leader_id,
-                             common_pb2.ErrorCode.Name(code))
-                    st.delay(now, self.backoff_ms, FetchPhase.TRUNCATING)
+                    backoff_ms = backoff_after_error(code, self.backoff_ms)
+                    log.info("fetch %s-%d from leader %d: %s; backing off %d ms", *tp, self.leader_id,
+                             common_pb2.ErrorCode.Name(code), backoff_ms)
+                    st.delay(now, backoff_ms, FetchPhase.TRUNCATING)
         self.max_lag = max_lag
         return True
 

@@ -47,6 +47,10 @@ log = logging.getLogger("highwater.replica_manager")
 TopicPartitionKey = tuple[str, int]
 # LeaderAndIsr handles this many partitions between yields to the event loop.
 LEADER_AND_ISR_PARTITIONS_PER_YIELD = 10
+# The periodic ISR/checkpoint pass yields after this many fsyncing writes (about 0.6 ms
+# each here) and after this many partitions in any case.
+CHECKPOINT_WRITES_PER_YIELD = 10
+ISR_PASS_PARTITIONS_PER_YIELD = 100
 # AlterPartition calls that failed in flight are retried with this back-off.
 ALTER_PARTITION_RETRY_BACKOFF_S_MIN = 0.1
 ALTER_PARTITION_RETRY_BACKOFF_S_MAX = 2.0
@@ -146,7 +150,7 @@ class ReplicaManager:
         self.fetchers.clear()
         for p in self.partitions.values():
             try:
-                p.log.checkpoint_high_watermark(p.high_watermark)
+                p.checkpoint()
                 p.log.close()
             except Exception:
                 log.exception("closing the log of %s-%d", p.topic, p.partition)
@@ -159,12 +163,17 @@ class ReplicaManager:
             ticks += 1
             mono = monotonic_ms()
             wall = now_ms()
+            written = 0
             for i, p in enumerate(list(self.partitions.values())):
-                if i and i % LEADER_AND_ISR_PARTITIONS_PER_YIELD == 0:
-                    await asyncio.sleep(0)  # checkpoints fsync: keep the lease keep-alive running
+                if written >= CHECKPOINT_WRITES_PER_YIELD or (i and i % ISR_PASS_PARTITIONS_PER_YIELD == 0):
+                    # Checkpoints and flushes fsync: keep the lease keep-alive and requests running.
+                    written = 0
+                    await asyncio.sleep(0)
+                    if self.partitions.get((p.topic, p.partition)) is not p:
+                        continue  # stopped or deleted while we yielded
                 try:
                     p.log.maybe_roll(wall)
-                    p.log.maybe_flush(wall)
+                    written += int(p.log.maybe_flush(wall))
                 except Exception:
                     log.exception("roll/flush of %s-%d failed", p.topic, p.partition)
                 change = p.check_isr_shrink(mono, self.replica_lag_time_max_ms)
@@ -175,7 +184,7 @@ class ReplicaManager:
                     self._spawn(self._alter_partition(p, change), "alter-partition")
                 if ticks % 5 == 0:
                     try:
-                        p.log.checkpoint_high_watermark(p.high_watermark)
+                        written += p.checkpoint()
                         if p.role is Role.LEADER or p.role is Role.FOLLOWER:
                             p.log.delete_old_segments(now_ms(), p.high_watermark)
                     except Exception:
@@ -343,7 +352,10 @@ class ReplicaManager:
         return broker_pb2.UpdateMetadataResponse()
 
     async def _alter_partition(self, p: Partition, change: IsrChange) -> None:
-        """Ask the controller to commit an ISR; apply its answer; re-read and retry never blocks forever."""
+        """Ask the controller to commit an ISR and apply its answer, asking again until answered.
+
+        Runs as its own task, so the retries never block the event loop or other partitions.
+        """
         req = controller_pb2.AlterPartitionRequest(
             broker_id=self.broker_id, broker_epoch=self.broker_epoch,
             partitions=[controller_pb2.AlterPartitionItem(
@@ -353,23 +365,24 @@ class ReplicaManager:
         while True:
             try:
                 resp = await self.send_alter_partition(req)
-                break
             except Exception as exc:
-                # The controller may have committed it: keep the proposal pending (the HW
-                # keeps counting the member being added) and ask again until we hear back
-                # or leadership moves on (sim seed KI-4).
-                if p.pending_isr != change.new_isr or p.role is not Role.LEADER or \
-                        p.leader_epoch != change.leader_epoch:
-                    return
-                log.warning("AlterPartition for %s-%d failed: %s; retrying in %.1f s", p.topic, p.partition,
-                            exc, backoff_s)
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, ALTER_PARTITION_RETRY_BACKOFF_S_MAX)
-        if resp.error_code != common_pb2.NONE or not resp.partitions:
-            log.warning("AlterPartition for %s-%d refused: %s %s", p.topic, p.partition,
-                        common_pb2.ErrorCode.Name(resp.error_code), resp.error_message)
-            p.isr_change_failed()
-            return
+                outcome = f"failed: {exc}"
+            else:
+                if resp.error_code == common_pb2.NONE and resp.partitions:
+                    break
+                outcome = f"refused: {common_pb2.ErrorCode.Name(resp.error_code)} {resp.error_message}"
+            # No answer for the partition (the RPC failed, or NOT_CONTROLLER from a controller
+            # that is not, or no longer, active): an earlier copy may have been committed and
+            # its answer lost, so the proposal stays pending (the HW keeps counting the member
+            # being added) and is asked again until answered or leadership moves on. Clearing
+            # it here let a leader count an ISR smaller than the committed one (sim seeds
+            # KI-4, 340).
+            if p.pending_isr != change.new_isr or p.role is not Role.LEADER or \
+                    p.leader_epoch != change.leader_epoch:
+                return
+            log.warning("AlterPartition for %s-%d %s; retrying in %.1f s", p.topic, p.partition, outcome, backoff_s)
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, ALTER_PARTITION_RETRY_BACKOFF_S_MAX)
         result = resp.partitions[0]
         if result.HasField("state"):
             st = result.state
@@ -378,8 +391,7 @@ class ReplicaManager:
             log.info("AlterPartition for %s-%d: %s (%s); state re-read", p.topic, p.partition,
                      common_pb2.ErrorCode.Name(result.error_code), result.error_message)
         p.isr_change_failed()  # clears pending either way; the next check proposes again if needed
-        if p.maybe_advance_high_watermark():
-            pass
+        p.maybe_advance_high_watermark()
         self.notify((p.topic, p.partition))
 
     # ---- produce ------------------------------------------------------------------------
@@ -533,6 +545,12 @@ class ReplicaManager:
         return resp, total, has_error
 
     def _fetchable_partition(self, tp: TopicPartitionKey, current_leader_epoch: int) -> Partition:
+        local = self.partitions.get(tp)
+        if local is not None and current_leader_epoch > local.leader_epoch:
+            # As Kafka (checkCurrentLeaderEpoch before the leader check): a follower that heard
+            # of the new epoch first learns that we have not yet, and retries soon, instead of
+            # being told we do not lead and backing off as from a wrong leader.
+            raise UnknownLeaderEpoch(f"leader epoch {current_leader_epoch} is newer than {local.leader_epoch}")
         p = self._leader_partition(tp)
         if current_leader_epoch >= 0:
             if current_leader_epoch < p.leader_epoch:

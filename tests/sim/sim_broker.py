@@ -36,7 +36,12 @@ from typing import TYPE_CHECKING, Any
 from coordinator.election import current_controller
 from coordinator.store import CoordinatorError, Get, Put, compare_missing, json_bytes
 from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2
-from services.broker.fetch_state import FetchPhase, PartitionFetchState, truncation_offset
+from services.broker.fetch_state import (
+    FetchPhase,
+    PartitionFetchState,
+    backoff_after_error,
+    truncation_offset,
+)
 from services.broker.log import Log, MemoryStorage
 from services.broker.partition import (
     IsrChange,
@@ -262,7 +267,7 @@ class SimBroker(RpcNode):
                 self.trace("shrink ISR of %s-%d %s -> %s", p.topic, p.partition, list(p.isr), list(change.new_isr))
                 self._alter_partition(p, change)
             if self._isr_ticks % CHECKPOINT_EVERY_ISR_TICKS == 0:
-                p.log.checkpoint_high_watermark(p.high_watermark)
+                p.checkpoint()
                 if p.role is Role.LEADER or p.role is Role.FOLLOWER:
                     p.log.delete_old_segments(self.wall_ms(), p.high_watermark)
         self.after(self.config.isr_check_interval_ms, self._isr_and_checkpoint_tick)
@@ -408,15 +413,14 @@ class SimBroker(RpcNode):
 
     def _alter_partition_done(self, p: Partition, resp: controller_pb2.AlterPartitionResponse | RpcError,
                               change: IsrChange | None = None, backoff_ms: int = 100) -> None:
-        if isinstance(resp, RpcError):
-            # ReplicaManager._alter_partition: the controller may have committed it, so the
-            # proposal stays pending and is sent again until answered or leadership moves (KI-4).
+        if isinstance(resp, RpcError) or resp.error_code != common_pb2.NONE or not resp.partitions:
+            # ReplicaManager._alter_partition: no answer for the partition (the RPC failed, or
+            # NOT_CONTROLLER): the controller may have committed an earlier copy, so the
+            # proposal stays pending and is sent again until answered or leadership moves
+            # (KI-4, seed 340).
             if change is not None and p.pending_isr == change.new_isr and p.role is Role.LEADER \
                     and p.leader_epoch == change.leader_epoch:
                 self.after(backoff_ms, self._alter_partition_retry, p, change, min(backoff_ms * 2, 2000))
-            return
-        if resp.error_code != common_pb2.NONE or not resp.partitions:
-            p.isr_change_failed()
             return
         result = resp.partitions[0]
         if result.HasField("state"):
@@ -595,7 +599,7 @@ class SimBroker(RpcNode):
             p.role = Role.NONE  # waiting requests answer NOT_LEADER_OR_FOLLOWER now
             self.notify(tp)
         for p in self.partitions.values():
-            p.log.checkpoint_high_watermark(p.high_watermark)
+            p.checkpoint()
             p.log.close()
         if self.lease is not None:
             self.lease.stop(revoke=True)
@@ -738,7 +742,7 @@ class SimFetcher:
                 if st is None or tp not in asked:
                     continue
                 if result.error_code != common_pb2.NONE:
-                    st.delay(now, self.backoff_ms, FetchPhase.TRUNCATING)
+                    st.delay(now, backoff_after_error(result.error_code, self.backoff_ms), FetchPhase.TRUNCATING)
                     continue
                 local_leo = b.local_leo(tp)
                 if local_leo is None:
@@ -826,7 +830,7 @@ class SimFetcher:
                 elif code == common_pb2.OFFSET_OUT_OF_RANGE:
                     self._handle_out_of_range(tp, st, pr)
                 else:
-                    st.delay(now, self.backoff_ms, FetchPhase.TRUNCATING)
+                    st.delay(now, backoff_after_error(code, self.backoff_ms), FetchPhase.TRUNCATING)
         b.after(0, self._iteration)
 
     def _handle_out_of_range(self, tp: TopicPartitionKey, st: PartitionFetchState,

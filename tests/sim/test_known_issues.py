@@ -180,3 +180,30 @@ def test_ki4_stale_update_metadata_keeps_the_pending_member_in_the_hw() -> None:
     _more_records_replicated_to_2_only(leader)
     assert leader.high_watermark <= 2, (
         f"HW {leader.high_watermark} passed the LEO 2 of broker 3 while its expansion is still unanswered")
+
+
+def test_ki4_not_controller_answer_keeps_the_member_in_the_hw(tmp_path: Path) -> None:
+    """Sim seed 340: the first AlterPartition committed (answer lost); the retry reached a
+    controller that had just restarted and answered NOT_CONTROLLER. That is no answer about
+    the partition, so the expansion must stay pending, not be dropped."""
+    leader, change = _leader_expanding_to_3()
+    asked = 0
+
+    async def not_controller(request: controller_pb2.AlterPartitionRequest) -> controller_pb2.AlterPartitionResponse:
+        nonlocal asked
+        asked += 1
+        return controller_pb2.AlterPartitionResponse(error_code=common_pb2.NOT_CONTROLLER,
+                                                     error_message="this controller is not active")
+
+    replicas = ReplicaManager(broker_id=1, data_dir=tmp_path, send_alter_partition=not_controller)
+
+    async def for_a_while() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(replicas._alter_partition(leader, change), timeout=0.5)
+
+    asyncio.run(for_a_while())
+    assert asked >= 2, "NOT_CONTROLLER is asked again (the active controller may answer next time)"
+    assert leader.pending_isr == (1, 2, 3), "an expansion answered only by NOT_CONTROLLER stays pending"
+    _more_records_replicated_to_2_only(leader)
+    assert leader.high_watermark <= 2, (
+        f"HW {leader.high_watermark} passed the LEO 2 of broker 3, which the committed ISR may count")

@@ -105,12 +105,12 @@ def _known_issue_seed(tag: str, seed: int, profile: str) -> object:
 # run changes for an unrelated reason (the simulation or the code moved on) stops failing
 # and shows up as XPASS: pick a new one with `python -m tests.sim.run -q`.
 KNOWN_ISSUE_SEEDS = [
-    _known_issue_seed("KI-1", 33, "default"),
+    _known_issue_seed("KI-1", 51, "default"),
 ]
 
 
 # Seeds that found bugs since fixed: they must stay green.
-FIXED_ISSUE_SEEDS = [(29, "default"), (65, "default"), (182, "default"), (516, "default")]
+FIXED_ISSUE_SEEDS = [(29, "default"), (65, "default"), (182, "default"), (340, "default"), (516, "default")]
 
 
 @pytest.mark.parametrize(("seed", "profile"), FIXED_ISSUE_SEEDS, ids=[f"seed-{s}" for s, _ in FIXED_ISSUE_SEEDS])

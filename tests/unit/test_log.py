@@ -22,6 +22,7 @@ from services.broker.log import (
     Log,
     LogConfig,
     MemoryStorage,
+    checkpoints,
 )
 from services.broker.log.storage import Storage
 from services.common.errors import (
@@ -410,6 +411,7 @@ def test_epoch_cache_is_persisted_in_kafka_text_format(tmp_path: Path) -> None:
     log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
     fill(log, 2, epoch=3)
     fill(log, 1, epoch=8)
+    assert log.checkpoint_leader_epochs()
     text = (tmp_path / "t-0" / "leader-epoch-checkpoint").read_text()
     assert text == "0\n2\n3 0\n8 6\n"
     log.close()
@@ -506,6 +508,67 @@ def test_flush_ms_fsyncs_after_the_interval() -> None:
     assert log.recovery_point == 6
     log.append_as_leader(batch(), leader_epoch=0, now_ms=1_100)
     assert log.maybe_flush(now_ms=2_000) and log.recovery_point == 9
+
+
+def test_new_epoch_entries_wait_for_the_checkpoint_pass() -> None:
+    storage = MemoryStorage()
+    log = memory_log(storage)
+    log.leader_epoch_cache.assign(4, 0)  # what become_leader does: no fsync on the request path
+    path = "/data/topic-0/leader-epoch-checkpoint"
+    assert log.leader_epoch_cache.dirty and not storage.exists(path)
+    assert log.checkpoint_leader_epochs()
+    assert not log.checkpoint_leader_epochs()  # nothing new: no second write
+    storage.crash()
+    assert checkpoints.read_entries(storage, path, fields_per_entry=2) == [(4, 0)]
+
+
+def test_flush_persists_epoch_entries_before_the_recovery_point_passes_them() -> None:
+    storage = MemoryStorage()
+    log = memory_log(storage)
+    fill(log, 2, epoch=1)
+    fill(log, 2, epoch=5)
+    log.flush(now_ms=0)  # recovery will trust offsets < 12 and not rebuild their epochs
+    storage.crash()
+    reopened = memory_log(storage)
+    assert reopened.recovery_point == 12
+    assert reopened.leader_epoch_cache.entries() == [(1, 0), (5, 6)]
+
+
+def test_a_crash_before_the_epoch_checkpoint_rebuilds_entries_from_the_batches() -> None:
+    storage = MemoryStorage()
+    log = memory_log(storage)
+    fill(log, 2, epoch=1)
+    log.flush(now_ms=0)
+    fill(log, 2, epoch=5)  # epoch 5 is in memory and in the (unflushed) segment only
+    log.leader_epoch_cache.assign(7, log.log_end_offset)  # an epoch with no data yet
+    for segment_file in storage.list_dir("/data/topic-0"):
+        if segment_file.endswith(".log"):
+            storage.open(f"/data/topic-0/{segment_file}").fsync()  # the batches reached the disk
+    storage.crash()
+    reopened = memory_log(storage)
+    # Epoch 5 comes back from its batches; epoch 7 had no data, so no replica can need it.
+    assert reopened.leader_epoch_cache.entries() == [(1, 0), (5, 6)]
+    assert reopened.log_end_offset == 12
+
+
+def test_truncation_persists_the_epoch_cache_at_once() -> None:
+    storage = MemoryStorage()
+    log = memory_log(storage)
+    fill(log, 2, epoch=1)
+    fill(log, 2, epoch=5)
+    log.flush(now_ms=0)
+    log.truncate_to(6)
+    assert not log.leader_epoch_cache.dirty
+    storage.crash()
+    assert memory_log(storage).leader_epoch_cache.entries() == [(1, 0)]
+
+
+def test_an_unchanged_high_watermark_is_not_written_again(tmp_path: Path) -> None:
+    log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
+    assert log.checkpoint_high_watermark(5)
+    assert not log.checkpoint_high_watermark(5)
+    assert log.checkpoint_high_watermark(6)
+    assert log.read_high_watermark() == 6
 
 
 def test_clean_close_survives_a_crash_and_skips_the_scan() -> None:

@@ -1,9 +1,20 @@
 """Leader epoch -> start offset, the lineage the fetcher uses to truncate safely (KIP-101).
 
 Kept as Kafka's LeaderEpochFileCache: entries sorted by epoch and by start offset, both
-strictly increasing. Every change is persisted at once through `persist` (the Log
-writes `leader-epoch-checkpoint` atomically); changes happen once per new leader epoch
-or truncation, not per append.
+strictly increasing. Changes go through `persist` (the Log writes `leader-epoch-checkpoint`
+atomically, with an fsync); they happen once per new leader epoch or truncation, not per
+append.
+
+When a change must reach the disk:
+- a truncation (truncate_from_end / truncate_from_start / clear) is persisted at once: a
+  stale file could bring back epochs of data that is gone;
+- a new entry (assign) is only marked dirty and persisted by `persist_if_dirty`, which the
+  Log calls before it moves its recovery point and in its periodic checkpoint pass. Until
+  then the entry is needed only for offsets past the recovery point, and recovery after a
+  crash rebuilds exactly those entries from the batches' partitionLeaderEpoch. An entry of
+  an epoch that got no data before a crash may be lost, which is harmless: no replica
+  holds data of that epoch. This keeps an fsync per partition off a LeaderAndIsr that
+  makes a broker leader of a thousand partitions (about 0.6 ms each on our disks).
 
 Owned by the Log, hence by the task that owns the partition: no locks.
 """
@@ -36,8 +47,14 @@ class LeaderEpochCache:
         self._start_offsets: list[int] = []
         self._log_end_offset = log_end_offset
         self._persist = persist
+        self._dirty = False
         for epoch, start_offset in entries:
             self._assign_in_memory(epoch, start_offset)
+
+    @property
+    def dirty(self) -> bool:
+        """An assigned entry is not on disk yet."""
+        return self._dirty
 
     # --- queries ----------------------------------------------------------------------
 
@@ -86,7 +103,18 @@ class LeaderEpochCache:
         if self._epochs and self._epochs[-1] == epoch and self._start_offsets[-1] <= start_offset:
             return
         self._assign_in_memory(epoch, start_offset)
+        self._dirty = True
+
+    def persist_if_dirty(self) -> bool:
+        """Write the entries if an assign is not on disk yet; True if it wrote."""
+        if not self._dirty:
+            return False
+        self._write()
+        return True
+
+    def _write(self) -> None:
         self._persist(self.entries())
+        self._dirty = False
 
     def truncate_from_end(self, end_offset: int) -> None:
         """Drop epochs starting at or after `end_offset` (the log was truncated to it)."""
@@ -94,7 +122,7 @@ class LeaderEpochCache:
         if keep < len(self._epochs):
             del self._epochs[keep:]
             del self._start_offsets[keep:]
-            self._persist(self.entries())
+            self._write()
 
     def truncate_from_start(self, start_offset: int) -> None:
         """Forget epochs wholly before `start_offset`; the one holding it now starts there."""
@@ -104,13 +132,13 @@ class LeaderEpochCache:
         del self._epochs[:floor]
         del self._start_offsets[:floor]
         self._start_offsets[0] = start_offset
-        self._persist(self.entries())
+        self._write()
 
     def clear(self) -> None:
         if self._epochs:
             self._epochs.clear()
             self._start_offsets.clear()
-            self._persist([])
+            self._write()
 
     def _assign_in_memory(self, epoch: int, start_offset: int) -> None:
         while self._epochs and (self._epochs[-1] >= epoch or self._start_offsets[-1] >= start_offset):
