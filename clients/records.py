@@ -8,8 +8,12 @@ build) about 60x slower; `codec_is_accelerated()` says which one is loaded and a
 warning is logged once when it is the slow one.
 
 Producers build one batch per partition per send (`encode_batch` / `encode_values`);
-consumers turn fetched bytes back into `Record`s (`decode_batches`). The broker never
-uses this module: it sees batches only through services/common/record_batch.py.
+consumers turn fetched bytes back into `Record`s (`decode_batches`). The Spark reader
+decodes the same bytes into Arrow columns instead (clients/columnar.py, numba), with
+the same rules: tests/unit/test_columnar.py holds the two to the same answers. The
+Consumer stays on `decode_batches` because it hands out one object per record anyway.
+The broker never uses this module: it sees batches only through
+services/common/record_batch.py.
 """
 
 from __future__ import annotations
@@ -19,10 +23,17 @@ import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from aiokafka.errors import CorruptRecordException
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
-from aiokafka.record.memory_records import MemoryRecords
 
 from services.common.errors import CorruptMessage, InvalidRequest
+from services.common.record_batch import (
+    BATCH_LENGTH_POS,
+    LOG_OVERHEAD,
+    MAGIC_POS,
+    MIN_BATCH_LENGTH,
+    RECORDS_COUNT_POS,
+)
 
 logger = logging.getLogger("highwater.records")
 
@@ -34,7 +45,13 @@ COMPRESSION_CODES: dict[str, int] = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3
 _BUILDER_BATCH_BYTES_MAX = 2**31 - 1
 _MAGIC_V2 = 2
 _CONTROL_MASK = 0x20
+_CODEC_MASK = 0x07
+_KNOWN_CODECS = frozenset(COMPRESSION_CODES.values())
+# aiokafka's MemoryRecords calls a batch length below the v0 record overhead corrupt
+# before it looks at the magic; Kafka's ByteBufferLogInputStream does the same.
+_RECORD_OVERHEAD_V0 = 14
 _INT64 = struct.Struct(">q")
+_INT32 = struct.Struct(">i")
 
 Headers = list[tuple[str, bytes]]
 RecordTuple = tuple[bytes | None, bytes | None, Headers, int]
@@ -156,27 +173,75 @@ def decode_batches(buf: bytes | bytearray | memoryview, *, check_crc: bool = Tru
 
     Control batches are skipped. A partial trailing batch (a broker may cut a fetch
     at its max_bytes) is ignored. Raises CorruptMessage for a batch whose CRC does
-    not match (as Kafka consumers do with check.crcs) or whose magic is not 2.
+    not match (as Kafka consumers do with check.crcs), whose framing is impossible
+    (a length below 14 bytes or below a v2 header, a magic other than 2), whose
+    compression codec is unknown or whose records do not parse (aiokafka's
+    CorruptRecordException, a header key that is not UTF-8, bytes that do not
+    decompress). clients/columnar.py decodes the same bytes into Arrow columns and
+    must agree with this function on every input (tests/unit/test_columnar.py).
     """
     data = bytes(buf) if not isinstance(buf, bytes) else buf
-    memory_records = MemoryRecords(data)
-    while True:
-        batch = memory_records.next_batch()
-        if batch is None:
-            return
-        if not isinstance(batch, DefaultRecordBatch):
-            raise CorruptMessage(f"batch at offset {batch.base_offset} is not magic 2")
+    view = memoryview(data)
+    for position, size in _batch_extents(data):
+        batch = DefaultRecordBatch(view[position:position + size])
         if check_crc and not batch.validate_crc():
             raise CorruptMessage(f"CRC mismatch in the batch at offset {batch.base_offset}")
         if batch.attributes & _CONTROL_MASK:
             continue
+        codec = batch.attributes & _CODEC_MASK
+        if codec not in _KNOWN_CODECS:
+            # aiokafka's compiled batch fails with a NameError on codecs 5-7.
+            raise CorruptMessage(f"batch at offset {batch.base_offset}: unknown compression codec {codec}")
+        (count,) = _INT32.unpack_from(data, position + RECORDS_COUNT_POS)
+        if count < 0:
+            # aiokafka reads no record and accepts it; Kafka's DefaultRecordBatch refuses it.
+            raise CorruptMessage(f"batch at offset {batch.base_offset}: its record count {count} is negative")
         timestamp_type = batch.timestamp_type
-        for record in batch:
-            yield Record(
-                record.key,
-                record.value,
-                record.headers,  # type: ignore[arg-type]
-                record.timestamp,
-                record.offset,
-                timestamp_type,
-            )
+        try:
+            records = iter(batch)  # decompresses
+        except MemoryError:
+            raise
+        except Exception as error:  # each codec has its own error types: zlib.error, EOFError, cramjam's...
+            raise CorruptMessage(f"batch at offset {batch.base_offset}: its records do not decompress "
+                                 f"({type(error).__name__}: {error})") from error
+        try:
+            for record in records:
+                yield Record(
+                    record.key,
+                    record.value,
+                    record.headers,  # type: ignore[arg-type]
+                    record.timestamp,
+                    record.offset,
+                    timestamp_type,
+                )
+        except (CorruptRecordException, UnicodeDecodeError) as error:
+            raise CorruptMessage(f"batch at offset {batch.base_offset}: {error}") from error
+
+
+def _batch_extents(data: bytes) -> Iterator[tuple[int, int]]:
+    """(position, size) of each complete batch in `data`; raises CorruptMessage for impossible framing.
+
+    The rules of aiokafka's MemoryRecords, checked per batch (its compiled version reads
+    the magic of the first batch only): fewer than 12 bytes left, or a batch running
+    past the end, ends the walk quietly (a Fetch may be cut mid-batch); a length below
+    the v0 record overhead is corrupt before anything else is read; then the magic must
+    be 2 and the length must hold a v2 header. clients/columnar.py's `_scan_batches`
+    applies the same rules in the same order.
+    """
+    position = 0
+    end = len(data)
+    while end - position >= LOG_OVERHEAD:
+        (length,) = _INT32.unpack_from(data, position + BATCH_LENGTH_POS)
+        if length < _RECORD_OVERHEAD_V0:
+            raise CorruptMessage(f"batch at byte {position}: its length {length} is below the minimum record "
+                                 f"overhead ({_RECORD_OVERHEAD_V0})")
+        if length > end - position - LOG_OVERHEAD:
+            return
+        if data[position + MAGIC_POS] != _MAGIC_V2:
+            raise CorruptMessage(f"batch at byte {position} is not magic {_MAGIC_V2} "
+                                 f"(magic {data[position + MAGIC_POS]})")
+        if length < MIN_BATCH_LENGTH:
+            raise CorruptMessage(f"batch at byte {position}: its length {length} is below a v2 batch header "
+                                 f"({MIN_BATCH_LENGTH})")
+        yield position, length + LOG_OVERHEAD
+        position += length + LOG_OVERHEAD

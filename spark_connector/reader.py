@@ -5,8 +5,9 @@ topic-partitions with Metadata, turn startingOffsets / endingOffsets / timestamp
 offsets with ListOffsets, check them, and cut [start, end) ranges into input
 partitions (one per topic-partition, split further by minPartitions). Reading (a
 task): raw Fetch from the range's start, one Fetch kept in flight while the previous
-answer is decoded (clients.records.decode_batches) and turned column-wise into an
-Arrow batch of the exact read schema. Only records below the high watermark are ever
+answer is decoded straight into Arrow columns (clients.columnar.decode_columns: no
+Python object per record; records outside the range dropped by the decoder) and
+handed to Spark as a batch of the exact read schema. Only records below the high watermark are ever
 returned (consumer fetches use replica_id -1), and each task stops at its range's end,
 so a micro-batch reads exactly what its offsets say, however often it is replayed.
 
@@ -18,7 +19,6 @@ and the option; false: the lost part is skipped and a warning is logged.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -47,8 +47,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from clients.columnar import decode_columns
 from clients.consumer import next_fetch_offset
-from clients.records import decode_batches
 from protos.highwater.v1 import common_pb2
 from spark_connector import limits, planning
 from spark_connector.gateway import RETRIABLE_CODES, GatewayClient, HighwaterSparkError, code_name
@@ -62,7 +62,7 @@ from spark_connector.options import (
     offsets_to_json,
 )
 from spark_connector.planning import OffsetRange
-from spark_connector.schema import records_to_arrow
+from spark_connector.schema import ConstantColumns, columns_to_arrow
 
 log = logging.getLogger("highwater.spark")
 
@@ -278,6 +278,7 @@ def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> I
     """
     tp = (r.topic, r.partition)
     max_bytes = options.client.fetch_max_bytes
+    constants = ConstantColumns(r.topic, r.partition)
     offset = r.start
     pending = client.call_future("Fetch", client.fetch_request(tp, offset, max_bytes))
     stalled: _Stall | None = None
@@ -305,19 +306,13 @@ def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> I
         stalled = None
         if next_offset < r.end:
             pending = client.call_future("Fetch", client.fetch_request(tp, next_offset, max_bytes))
-        records = list(decode_batches(data))
-        # The first batch may start before `offset` and the last may run past the end.
-        first = bisect.bisect_left(records, offset, key=_offset_of)
-        last = bisect.bisect_left(records, r.end, key=_offset_of)
-        if first or last < len(records):
-            records = records[first:last]
-        if records:
-            yield records_to_arrow(records, r.topic, r.partition, options.include_headers)
+        # The first batch may start before `offset` and the last may run past the end: the
+        # decoder keeps only [offset, r.end).
+        for columns in decode_columns(data, start_offset=offset, end_offset=r.end,
+                                      include_headers=options.include_headers):
+            if len(columns):
+                yield columns_to_arrow(columns, constants, options.include_headers)
         offset = next_offset
-
-
-def _offset_of(record: Any) -> int:
-    return record.offset  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)

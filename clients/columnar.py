@@ -1,0 +1,597 @@
+"""Kafka RecordBatch v2 bytes -> Arrow columns, with no Python object per record.
+
+The Spark reader's decoder (spark_connector/reader.py). `clients.records.decode_batches`
+builds a `Record` per record, ~1.5 µs each, which capped a Spark task at ~0.65 M
+records/s (bench/RESULTS.md, "Spark connector"); this module turns the bytes of one
+Fetch response straight into the Arrow arrays Spark takes:
+
+    key binary, value binary, offset int64, timestamp timestamp[us, UTC],
+    timestampType int32 [, headers list<struct<key string, value binary>>]
+
+How the work is split, and why:
+
+- `_scan_batches` (numba) walks the batch framing once and returns a table of batch
+  headers: one Python step per *batch*, none per record.
+- Python, per batch: the CRC-32C check in C (the crc32c package, ~20 GB/s), control
+  batches skipped, compressed record sections decompressed with aiokafka's codec
+  functions (the ones `decode_batches` goes through, so both paths accept exactly the
+  same compressed bytes).
+- `_decode_records` (numba, nogil, so the task's in-flight Fetch is received meanwhile)
+  parses every record of every batch, drops those outside [start_offset, end_offset),
+  and writes offsets, lengths, validity bits and copies of key/value bytes into
+  preallocated numpy buffers that `pyarrow.Array.from_buffers` wraps without a copy.
+
+Strictness is `decode_batches`' (tests/unit/test_columnar.py compares the two on random
+batches, every codec, and on corrupted ones): the same framing rules (a truncated
+trailing batch is ignored; a length below 14 bytes, a magic other than 2 or a length
+below a v2 header is corrupt), the CRC, the record grammar as aiokafka parses it
+(every length a zigzag varint of at most 10 bytes, attributes read as a varint, a
+record's length must match what it holds, no bytes may follow the last record,
+header keys must be UTF-8). Every varint and every length is checked against the end of its
+batch's record section before it is used: numba does no bounds checks, so an
+unchecked read would read other memory or crash the Spark worker. A failure comes
+back as an error code that becomes `CorruptMessage` naming the batch's base offset.
+
+Owned by whoever calls it (a Spark task's thread); no state is shared between calls.
+The kernels compile once per machine and are cached next to this file (cache=True),
+so a fresh Python worker loads them in ~0.1 s instead of compiling for seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+from aiokafka.codec import gzip_decode, lz4_decode, snappy_decode, zstd_decode
+from crc32c import crc32c
+from numba import njit
+
+from services.common.errors import CorruptMessage, MessageTooLarge
+from services.common.record_batch import (
+    ATTRIBUTES_POS,
+    BASE_OFFSET_POS,
+    BATCH_HEADER_SIZE,
+    BATCH_LENGTH_POS,
+    CRC_POS,
+    FIRST_TIMESTAMP_POS,
+    LAST_OFFSET_DELTA_POS,
+    LOG_OVERHEAD,
+    MAGIC_POS,
+    MAX_TIMESTAMP_POS,
+    MIN_BATCH_LENGTH,
+    RECORDS_COUNT_POS,
+)
+
+# --- limits -----------------------------------------------------------------------------
+# The largest offset a range may end at (exclusive): "no end".
+OFFSET_END_MAX = 2**63 - 1
+# Arrow binary/string arrays address their bytes with int32 offsets, so one array holds
+# at most this many bytes; a single batch whose records are bigger cannot be decoded into
+# the schema Spark expects (it would need large_binary) and is refused by name.
+ARROW_BINARY_BYTES_MAX = 2**31 - 1
+# Batches are decoded in groups of at most this many bytes of record sections (after
+# decompression): bounds the buffers one call allocates and the Arrow batch handed on.
+# An uncompressed Fetch (8 MiB by default) is one group.
+COLUMNS_GROUP_BYTES_MAX = 256 * 1024 * 1024
+# aiokafka's MemoryRecords refuses a batch length below the v0 record overhead before it
+# knows the magic; kept so both decoders call the same bytes corrupt at the same point.
+RECORD_OVERHEAD_V0 = 14
+# The smallest record: length, attributes, timestamp delta, offset delta, key length,
+# value length, header count, each a one-byte varint. A batch claiming more records than
+# its bytes can hold is corrupt (checked before any buffer is sized by the claim).
+RECORD_BYTES_MIN = 7
+# The smallest header: key length and value length, one byte each.
+HEADER_BYTES_MIN = 2
+# aiokafka and Kafka read varints of at most 10 bytes (64 bits).
+VARINT_BYTES_MAX = 10
+
+_MAGIC_V2 = 2
+_CODEC_MASK = 0x07
+_TIMESTAMP_TYPE_MASK = 0x08
+_CONTROL_MASK = 0x20
+_DECOMPRESS = {1: gzip_decode, 2: snappy_decode, 3: lz4_decode, 4: zstd_decode}
+
+HEADERS_TYPE = pa.list_(pa.field("element", pa.struct([pa.field("key", pa.string()),
+                                                       pa.field("value", pa.binary())])))
+TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
+
+# --- status codes the kernels return (0 = fine) ------------------------------------------
+_OK = 0
+_ERR_LENGTH_BELOW_V0 = 1
+_ERR_MAGIC = 2
+_ERR_LENGTH_BELOW_HEADER = 3
+_ERR_VARINT_TRUNCATED = 4
+_ERR_VARINT_TOO_LONG = 5
+_ERR_KEY_BOUNDS = 6
+_ERR_VALUE_BOUNDS = 7
+_ERR_HEADER_COUNT = 8
+_ERR_HEADER_KEY_LENGTH = 9
+_ERR_HEADER_KEY_BOUNDS = 10
+_ERR_HEADER_KEY_UTF8 = 11
+_ERR_HEADER_VALUE_BOUNDS = 12
+_ERR_RECORD_LENGTH = 13
+_ERR_TRAILING_BYTES = 14
+_ERR_RECORD_COUNT = 15
+
+_MESSAGES = {
+    _ERR_LENGTH_BELOW_V0: f"its length is below the minimum record overhead ({RECORD_OVERHEAD_V0})",
+    _ERR_MAGIC: f"it is not magic {_MAGIC_V2}",
+    _ERR_LENGTH_BELOW_HEADER: f"its length is below a v2 batch header ({MIN_BATCH_LENGTH})",
+    _ERR_VARINT_TRUNCATED: "a varint runs past the end of the batch",
+    _ERR_VARINT_TOO_LONG: f"a varint is longer than {VARINT_BYTES_MAX} bytes",
+    _ERR_KEY_BOUNDS: "a record key runs past the end of the batch",
+    _ERR_VALUE_BOUNDS: "a record value runs past the end of the batch",
+    _ERR_HEADER_COUNT: "a record has a negative header count",
+    _ERR_HEADER_KEY_LENGTH: "a header key has a negative length",
+    _ERR_HEADER_KEY_BOUNDS: "a header key runs past the end of the batch",
+    _ERR_HEADER_KEY_UTF8: "a header key is not UTF-8",
+    _ERR_HEADER_VALUE_BOUNDS: "a header value runs past the end of the batch",
+    _ERR_RECORD_LENGTH: "a record's length does not match its contents",
+    _ERR_TRAILING_BYTES: "bytes follow its last record",
+    _ERR_RECORD_COUNT: "its record count is negative or more than its bytes can hold",
+}
+
+# Columns of the batch table `_scan_batches` fills (int64 each).
+_B_POSITION, _B_SIZE, _B_BASE_OFFSET, _B_CRC, _B_ATTRIBUTES = 0, 1, 2, 3, 4
+_B_FIRST_TS, _B_MAX_TS, _B_COUNT, _B_LAST_DELTA = 5, 6, 7, 8
+_SCAN_COLUMNS = 9
+# Columns of the table `_decode_records` reads: one row per data batch to parse.
+_R_START, _R_END, _R_COUNT, _R_BASE_OFFSET, _R_FIRST_TS, _R_MAX_TS, _R_LOG_APPEND = 0, 1, 2, 3, 4, 5, 6
+_RECORD_TABLE_COLUMNS = 7
+# Slots of the `sizes` array `_decode_records` fills.
+_S_ROWS, _S_KEY_BYTES, _S_VALUE_BYTES, _S_HEADERS, _S_HKEY_BYTES, _S_HVALUE_BYTES = 0, 1, 2, 3, 4, 5
+_S_KEY_NULLS, _S_VALUE_NULLS, _S_HVALUE_NULLS, _S_FAILED_BATCH = 6, 7, 8, 9
+_SIZES = 10
+
+
+# --- kernels ----------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True, inline="always")
+def _be_int(buf: np.ndarray, pos: int, width: int) -> int:
+    """Big-endian signed integer of `width` bytes at buf[pos:]; the caller checked the bounds."""
+    value = np.uint64(0)
+    for k in range(width):
+        value = (value << np.uint64(8)) | np.uint64(buf[pos + k])
+    if width < 8:
+        sign = np.uint64(1) << np.uint64(8 * width - 1)
+        return np.int64(value) - (np.int64(value & sign) << 1)
+    return np.int64(value)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _varint(buf: np.ndarray, pos: int, end: int) -> tuple[int, int]:
+    """(value, next position) of the zigzag varint at buf[pos:end]; next position < 0 on error.
+
+    As aiokafka's decode_varint64: at most 10 bytes, bits past 64 dropped, then zigzag.
+    -1: it runs past `end`; -2: it is longer than 10 bytes.
+    """
+    value = np.uint64(0)
+    shift = np.uint64(0)
+    while True:
+        if pos >= end:
+            return 0, -1
+        byte = np.uint64(buf[pos])
+        pos += 1
+        if byte & np.uint64(0x80):
+            value |= (byte & np.uint64(0x7F)) << shift
+            shift += np.uint64(7)
+            if shift > np.uint64(63):
+                return 0, -2
+        else:
+            value |= byte << shift
+            break
+    return np.int64(value >> np.uint64(1)) ^ -np.int64(value & np.uint64(1)), pos
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _varint_error(pos: int) -> int:
+    return _ERR_VARINT_TRUNCATED if pos == -1 else _ERR_VARINT_TOO_LONG
+
+
+@njit(cache=True, nogil=True)
+def _utf8_valid(buf: np.ndarray, pos: int, end: int) -> bool:
+    """Whether buf[pos:end] is well-formed UTF-8 as Python's strict decoder has it
+    (no overlong forms, no surrogates, nothing above U+10FFFF)."""
+    while pos < end:
+        c = buf[pos]
+        if c < 0x80:
+            pos += 1
+            continue
+        if c < 0xC2:
+            return False
+        if c < 0xE0:
+            need, low, high = 1, 0x80, 0xBF
+        elif c < 0xF0:
+            need = 2
+            low = 0xA0 if c == 0xE0 else 0x80
+            high = 0x9F if c == 0xED else 0xBF
+        elif c < 0xF5:
+            need = 3
+            low = 0x90 if c == 0xF0 else 0x80
+            high = 0x8F if c == 0xF4 else 0xBF
+        else:
+            return False
+        if end - pos <= need:
+            return False
+        second = buf[pos + 1]
+        if second < low or second > high:
+            return False
+        for k in range(2, need + 1):
+            cont = buf[pos + k]
+            if cont < 0x80 or cont > 0xBF:
+                return False
+        pos += need + 1
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _scan_batches(buf: np.ndarray, table: np.ndarray) -> tuple[int, int, int]:
+    """Frame the batches of `buf` into `table` (one row per complete batch).
+
+    Returns (batches found, status, position of the batch that failed or where the walk
+    stopped). A trailing batch that does not fit in `buf` ends the walk quietly (a Fetch
+    may be cut at its max bytes); the checks and their order are aiokafka's MemoryRecords
+    and decode_batches'. `table` has a row for every 61 bytes of `buf` (a batch is at
+    least that long), so it cannot overflow.
+    """
+    size = buf.shape[0]
+    pos = 0
+    n = 0
+    while size - pos >= LOG_OVERHEAD:
+        length = _be_int(buf, pos + BATCH_LENGTH_POS, 4)
+        if length < RECORD_OVERHEAD_V0:
+            return n, _ERR_LENGTH_BELOW_V0, pos
+        if length > size - pos - LOG_OVERHEAD:
+            break
+        # length >= 14, so the batch, which is in buf, reaches past MAGIC_POS.
+        if buf[pos + MAGIC_POS] != _MAGIC_V2:
+            return n, _ERR_MAGIC, pos
+        if length < MIN_BATCH_LENGTH:
+            return n, _ERR_LENGTH_BELOW_HEADER, pos
+        # length >= 49: the whole 61-byte header is in buf.
+        table[n, _B_POSITION] = pos
+        table[n, _B_SIZE] = length + LOG_OVERHEAD
+        table[n, _B_BASE_OFFSET] = _be_int(buf, pos + BASE_OFFSET_POS, 8)
+        table[n, _B_CRC] = _be_int(buf, pos + CRC_POS, 4) & 0xFFFFFFFF
+        table[n, _B_ATTRIBUTES] = _be_int(buf, pos + ATTRIBUTES_POS, 2)
+        table[n, _B_LAST_DELTA] = _be_int(buf, pos + LAST_OFFSET_DELTA_POS, 4)
+        table[n, _B_FIRST_TS] = _be_int(buf, pos + FIRST_TIMESTAMP_POS, 8)
+        table[n, _B_MAX_TS] = _be_int(buf, pos + MAX_TIMESTAMP_POS, 8)
+        table[n, _B_COUNT] = _be_int(buf, pos + RECORDS_COUNT_POS, 4)
+        n += 1
+        pos += length + LOG_OVERHEAD
+    return n, _OK, pos
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _set_bit(bitmap: np.ndarray, index: int) -> None:
+    bitmap[index >> 3] |= np.uint8(1 << (index & 7))
+
+
+@njit(cache=True, nogil=True)
+def _decode_records(src: np.ndarray, batches: np.ndarray, start_offset: int, end_offset: int,
+                    want_headers: bool,
+                    key_offsets: np.ndarray, key_data: np.ndarray, key_valid: np.ndarray,
+                    value_offsets: np.ndarray, value_data: np.ndarray, value_valid: np.ndarray,
+                    offsets: np.ndarray, timestamps: np.ndarray, ts_types: np.ndarray,
+                    header_offsets: np.ndarray, hkey_offsets: np.ndarray, hkey_data: np.ndarray,
+                    hvalue_offsets: np.ndarray, hvalue_data: np.ndarray, hvalue_valid: np.ndarray,
+                    sizes: np.ndarray) -> int:
+    """Parse the records of every batch in `batches` (rows of _R_* columns, sections of `src`).
+
+    Every record is parsed and checked; those with offsets in [start_offset, end_offset)
+    become rows. Output buffers are sized by the caller from upper bounds (rows <= the
+    batches' record counts, bytes <= their sections' bytes, headers <= bytes / 2), so
+    the writes below stay inside them once the reads have been checked. Returns a status;
+    `sizes` gets the counts (and, on failure, the index of the batch that failed).
+    """
+    row = 0
+    key_bytes = 0
+    value_bytes = 0
+    headers = 0
+    hkey_bytes = 0
+    hvalue_bytes = 0
+    key_nulls = 0
+    value_nulls = 0
+    hvalue_nulls = 0
+    key_offsets[0] = 0
+    value_offsets[0] = 0
+    header_offsets[0] = 0
+    hkey_offsets[0] = 0
+    hvalue_offsets[0] = 0
+    for b in range(batches.shape[0]):
+        sizes[_S_FAILED_BATCH] = b
+        pos = batches[b, _R_START]
+        end = batches[b, _R_END]
+        base_offset = batches[b, _R_BASE_OFFSET]
+        first_ts = batches[b, _R_FIRST_TS]
+        log_append = batches[b, _R_LOG_APPEND] != 0
+        for _ in range(batches[b, _R_COUNT]):
+            length, pos = _varint(src, pos, end)
+            if pos < 0:
+                return _varint_error(pos)
+            record_start = pos
+            _attributes, pos = _varint(src, pos, end)
+            if pos < 0:
+                return _varint_error(pos)
+            ts_delta, pos = _varint(src, pos, end)
+            if pos < 0:
+                return _varint_error(pos)
+            offset_delta, pos = _varint(src, pos, end)
+            if pos < 0:
+                return _varint_error(pos)
+            key_len, pos = _varint(src, pos, end)
+            if pos < 0:
+                return _varint_error(pos)
+            key_pos = pos
+            if key_len >= 0:
+                if key_len > end - pos:
+                    return _ERR_KEY_BOUNDS
+                pos += key_len
+            value_len, pos = _varint(src, pos, end)
+            if pos < 0:
+                return _varint_error(pos)
+            value_pos = pos
+            if value_len >= 0:
+                if value_len > end - pos:
+                    return _ERR_VALUE_BOUNDS
+                pos += value_len
+            header_count, pos = _varint(src, pos, end)
+            if pos < 0:
+                return _varint_error(pos)
+            if header_count < 0:
+                return _ERR_HEADER_COUNT
+            headers_pos = pos
+            # Each header takes >= 2 bytes or fails, so this ends within (end - pos) / 2 turns.
+            for _h in range(header_count):
+                hkey_len, pos = _varint(src, pos, end)
+                if pos < 0:
+                    return _varint_error(pos)
+                if hkey_len < 0:
+                    return _ERR_HEADER_KEY_LENGTH
+                if hkey_len > end - pos:
+                    return _ERR_HEADER_KEY_BOUNDS
+                if not _utf8_valid(src, pos, pos + hkey_len):
+                    return _ERR_HEADER_KEY_UTF8
+                pos += hkey_len
+                hvalue_len, pos = _varint(src, pos, end)
+                if pos < 0:
+                    return _varint_error(pos)
+                if hvalue_len >= 0:
+                    if hvalue_len > end - pos:
+                        return _ERR_HEADER_VALUE_BOUNDS
+                    pos += hvalue_len
+            if pos - record_start != length:
+                return _ERR_RECORD_LENGTH
+            offset = base_offset + offset_delta
+            if offset < start_offset or offset >= end_offset:
+                continue
+            # The record is whole and in range: copy it out.
+            if key_len >= 0:
+                key_data[key_bytes:key_bytes + key_len] = src[key_pos:key_pos + key_len]
+                key_bytes += key_len
+                _set_bit(key_valid, row)
+            else:
+                key_nulls += 1
+            key_offsets[row + 1] = key_bytes
+            if value_len >= 0:
+                value_data[value_bytes:value_bytes + value_len] = src[value_pos:value_pos + value_len]
+                value_bytes += value_len
+                _set_bit(value_valid, row)
+            else:
+                value_nulls += 1
+            value_offsets[row + 1] = value_bytes
+            offsets[row] = offset
+            timestamp = batches[b, _R_MAX_TS] if log_append else first_ts + ts_delta
+            timestamps[row] = timestamp * 1000  # ms -> µs, wrapping as pyarrow's multiply does
+            ts_types[row] = 1 if log_append else 0
+            if want_headers:
+                # Second walk over headers already checked above: no checks needed.
+                hpos = headers_pos
+                for _h in range(header_count):
+                    hkey_len, hpos = _varint(src, hpos, end)
+                    hkey_data[hkey_bytes:hkey_bytes + hkey_len] = src[hpos:hpos + hkey_len]
+                    hkey_bytes += hkey_len
+                    hpos += hkey_len
+                    hkey_offsets[headers + 1] = hkey_bytes
+                    hvalue_len, hpos = _varint(src, hpos, end)
+                    if hvalue_len >= 0:
+                        hvalue_data[hvalue_bytes:hvalue_bytes + hvalue_len] = src[hpos:hpos + hvalue_len]
+                        hvalue_bytes += hvalue_len
+                        hpos += hvalue_len
+                        _set_bit(hvalue_valid, headers)
+                    else:
+                        hvalue_nulls += 1
+                    hvalue_offsets[headers + 1] = hvalue_bytes
+                    headers += 1
+                header_offsets[row + 1] = headers
+            row += 1
+        if pos != end:
+            return _ERR_TRAILING_BYTES
+    sizes[_S_ROWS] = row
+    sizes[_S_KEY_BYTES] = key_bytes
+    sizes[_S_VALUE_BYTES] = value_bytes
+    sizes[_S_HEADERS] = headers
+    sizes[_S_HKEY_BYTES] = hkey_bytes
+    sizes[_S_HVALUE_BYTES] = hvalue_bytes
+    sizes[_S_KEY_NULLS] = key_nulls
+    sizes[_S_VALUE_NULLS] = value_nulls
+    sizes[_S_HVALUE_NULLS] = hvalue_nulls
+    return _OK
+
+
+# --- Python side ------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class RecordColumns:
+    """The records of some batches of one partition, in log order, as Arrow arrays of equal length."""
+
+    key: pa.Array
+    value: pa.Array
+    offset: pa.Array
+    timestamp: pa.Array
+    timestamp_type: pa.Array
+    headers: pa.Array | None
+
+    def __len__(self) -> int:
+        return len(self.offset)
+
+
+@dataclass(slots=True)
+class _Group:
+    """Data batches decoded by one kernel call: their rows in the record table, their sections."""
+
+    rows: list[list[int]]
+    sections: list[memoryview | bytes]
+    compressed: bool = False
+    section_bytes: int = 0
+
+
+def decode_columns(buf: bytes | bytearray | memoryview, *, start_offset: int = 0,
+                   end_offset: int = OFFSET_END_MAX, include_headers: bool = False,
+                   check_crc: bool = True) -> Iterator[RecordColumns]:
+    """Yield the records of every data batch in `buf` with offsets in [start_offset, end_offset).
+
+    Usually one `RecordColumns` per call; more when the record sections exceed
+    COLUMNS_GROUP_BYTES_MAX. Control batches are skipped and a partial trailing batch is
+    ignored, as in decode_batches. Raises CorruptMessage (naming the batch's base offset
+    and what is wrong) for anything decode_batches calls corrupt, and MessageTooLarge for
+    a single batch whose records exceed ARROW_BINARY_BYTES_MAX.
+    """
+    data = np.frombuffer(buf, dtype=np.uint8)
+    # Read-only whatever `buf` is: the kernels then compile for one array type only (each
+    # specialisation costs seconds of compile time on a cold cache).
+    data.flags.writeable = False
+    table = np.empty((data.shape[0] // BATCH_HEADER_SIZE + 1, _SCAN_COLUMNS), dtype=np.int64)
+    found, status, failed_at = _scan_batches(data, table)
+    view = memoryview(buf).cast("B")
+    group = _Group([], [])
+    for position, size, base_offset, crc, attributes, first_ts, max_ts, count, _ in table[:found].tolist():
+        end = position + size
+        if check_crc and crc32c(view[position + ATTRIBUTES_POS:end]) != crc:
+            raise CorruptMessage(f"CRC mismatch in the batch at offset {base_offset}")
+        if attributes & _CONTROL_MASK:
+            continue
+        codec = attributes & _CODEC_MASK
+        section: memoryview | bytes = view[position + BATCH_HEADER_SIZE:end]
+        if codec:
+            section = _decompress(codec, section, base_offset)
+        if count < 0 or count > len(section) // RECORD_BYTES_MIN:
+            raise CorruptMessage(f"batch at offset {base_offset}: {_MESSAGES[_ERR_RECORD_COUNT]} "
+                                 f"({count} records in {len(section)} bytes)")
+        if len(section) > ARROW_BINARY_BYTES_MAX:
+            raise MessageTooLarge(f"batch at offset {base_offset}: its records take {len(section)} bytes, more "
+                                  f"than an Arrow binary column holds ({ARROW_BINARY_BYTES_MAX})")
+        if group.rows and group.section_bytes + len(section) > COLUMNS_GROUP_BYTES_MAX:
+            yield _decode_group(data, group, start_offset, end_offset, include_headers)
+            group = _Group([], [])
+        start = position + BATCH_HEADER_SIZE
+        group.rows.append([start, start + len(section), count, base_offset, first_ts, max_ts,
+                           1 if attributes & _TIMESTAMP_TYPE_MASK else 0])
+        group.sections.append(section)
+        group.compressed = group.compressed or bool(codec)
+        group.section_bytes += len(section)
+    if status != _OK:
+        # Batches before the bad one are still yielded, as decode_batches yields their records.
+        if group.rows:
+            yield _decode_group(data, group, start_offset, end_offset, include_headers)
+        raise CorruptMessage(f"batch at byte {failed_at} (offset {_base_offset_at(view, failed_at)}): "
+                             f"{_MESSAGES[status]}")
+    if group.rows:
+        yield _decode_group(data, group, start_offset, end_offset, include_headers)
+
+
+def _base_offset_at(view: memoryview, position: int) -> int:
+    return int.from_bytes(view[position:position + 8], "big", signed=True)
+
+
+def _decompress(codec: int, section: memoryview, base_offset: int) -> bytes:
+    decompress = _DECOMPRESS.get(codec)
+    if decompress is None:
+        raise CorruptMessage(f"batch at offset {base_offset}: unknown compression codec {codec}")
+    try:
+        # aiokafka hands snappy and lz4 a bytes copy; the others take the view.
+        return decompress(section.tobytes() if codec in (2, 3) else section)
+    except MemoryError:
+        raise
+    except Exception as error:  # every codec has its own error types: zlib.error, EOFError, cramjam's...
+        raise CorruptMessage(f"batch at offset {base_offset}: its records do not decompress "
+                             f"({type(error).__name__}: {error})") from error
+
+
+def _decode_group(data: np.ndarray, group: _Group, start_offset: int, end_offset: int,
+                  include_headers: bool) -> RecordColumns:
+    """Run the record kernel over one group and wrap its buffers as Arrow arrays."""
+    batches = np.array(group.rows, dtype=np.int64).reshape(-1, _RECORD_TABLE_COLUMNS)
+    src = data
+    if group.compressed:
+        # Decompressed sections live in their own bytes: join the group's sections into one
+        # source and renumber their positions (the copy costs little next to decompressing).
+        src = np.frombuffer(b"".join(group.sections), dtype=np.uint8)
+        lengths = batches[:, _R_END] - batches[:, _R_START]
+        batches[:, _R_END] = np.cumsum(lengths)
+        batches[:, _R_START] = batches[:, _R_END] - lengths
+    rows_max = int(batches[:, _R_COUNT].sum())
+    bytes_max = group.section_bytes
+    bitmap_bytes = (rows_max + 7) // 8
+    key_offsets = np.empty(rows_max + 1, dtype=np.int32)
+    key_data = np.empty(bytes_max, dtype=np.uint8)
+    key_valid = np.zeros(bitmap_bytes, dtype=np.uint8)
+    value_offsets = np.empty(rows_max + 1, dtype=np.int32)
+    value_data = np.empty(bytes_max, dtype=np.uint8)
+    value_valid = np.zeros(bitmap_bytes, dtype=np.uint8)
+    offsets = np.empty(rows_max, dtype=np.int64)
+    timestamps = np.empty(rows_max, dtype=np.int64)
+    ts_types = np.empty(rows_max, dtype=np.int32)
+    headers_max = bytes_max // HEADER_BYTES_MIN if include_headers else 0
+    header_offsets = np.empty(rows_max + 1 if include_headers else 1, dtype=np.int32)
+    hkey_offsets = np.empty(headers_max + 1, dtype=np.int32)
+    hkey_data = np.empty(bytes_max if include_headers else 0, dtype=np.uint8)
+    hvalue_offsets = np.empty(headers_max + 1, dtype=np.int32)
+    hvalue_data = np.empty(bytes_max if include_headers else 0, dtype=np.uint8)
+    hvalue_valid = np.zeros((headers_max + 7) // 8, dtype=np.uint8)
+    sizes = np.zeros(_SIZES, dtype=np.int64)
+    status = _decode_records(src, batches, start_offset, end_offset, include_headers,
+                             key_offsets, key_data, key_valid, value_offsets, value_data, value_valid,
+                             offsets, timestamps, ts_types,
+                             header_offsets, hkey_offsets, hkey_data, hvalue_offsets, hvalue_data, hvalue_valid,
+                             sizes)
+    if status != _OK:
+        failed = batches[int(sizes[_S_FAILED_BATCH])]
+        raise CorruptMessage(f"batch at offset {int(failed[_R_BASE_OFFSET])}: {_MESSAGES[status]}")
+    rows = int(sizes[_S_ROWS])
+    key = _binary(pa.binary(), rows, key_offsets, key_data, int(sizes[_S_KEY_BYTES]), key_valid,
+                  int(sizes[_S_KEY_NULLS]))
+    value = _binary(pa.binary(), rows, value_offsets, value_data, int(sizes[_S_VALUE_BYTES]), value_valid,
+                    int(sizes[_S_VALUE_NULLS]))
+    timestamp = pa.Array.from_buffers(TIMESTAMP_TYPE, rows, [None, pa.py_buffer(timestamps[:rows])])
+    headers = None
+    if include_headers:
+        count = int(sizes[_S_HEADERS])
+        hkey = _binary(pa.string(), count, hkey_offsets, hkey_data, int(sizes[_S_HKEY_BYTES]), None, 0)
+        hvalue = _binary(pa.binary(), count, hvalue_offsets, hvalue_data, int(sizes[_S_HVALUE_BYTES]), hvalue_valid,
+                         int(sizes[_S_HVALUE_NULLS]))
+        entries = pa.Array.from_buffers(HEADERS_TYPE.value_type, count, [None], children=[hkey, hvalue])
+        headers = pa.Array.from_buffers(HEADERS_TYPE, rows, [None, pa.py_buffer(header_offsets[:rows + 1])],
+                                        children=[entries])
+    return RecordColumns(
+        key=key,
+        value=value,
+        offset=pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(offsets[:rows])]),
+        timestamp=timestamp,
+        timestamp_type=pa.Array.from_buffers(pa.int32(), rows, [None, pa.py_buffer(ts_types[:rows])]),
+        headers=headers,
+    )
+
+
+def _validity(bitmap: np.ndarray | None, nulls: int) -> pa.Buffer | None:
+    # No bitmap at all when nothing is null: Arrow's readers then skip the null checks.
+    return pa.py_buffer(bitmap) if nulls and bitmap is not None else None
+
+
+def _binary(kind: pa.DataType, rows: int, offsets: np.ndarray, data: np.ndarray, used: int,
+            bitmap: np.ndarray | None, nulls: int) -> pa.Array:
+    return pa.Array.from_buffers(kind, rows, [_validity(bitmap, nulls), pa.py_buffer(offsets[:rows + 1]),
+                                              pa.py_buffer(data[:used])], null_count=nulls)
