@@ -11,6 +11,14 @@ The keeper's task owns the lease. It declares the lease lost, sets `lost` and ca
 - no keep-alive has succeeded for ttl_s since the last successful one was *sent*:
   etcd refreshed the lease no earlier than that, so it may have expired since.
 A process that sees `lost` must stop acting on what the lease stood for.
+
+Over etcd the keep-alives run on a thread of their own, with their own event loop and
+connection (`EtcdStore.open_keepalive_store`). A process's event loop can be busy for
+hundreds of milliseconds (a broker opening a thousand logs, a controller loading ten
+thousand partitions, two cores shared by every process of a local cluster); the lease
+must not pay for it, or a 2 s TTL turns every busy moment into a failover. The thread
+needs the GIL only for a few microseconds per keep-alive, and Python hands it over every
+5 ms (sys.getswitchinterval) even to a busy main thread.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 
@@ -31,6 +40,10 @@ from coordinator.store import CoordinatorError, MetadataStore
 log = logging.getLogger("highwater.coordinator")
 
 OnLost = Callable[[], object]
+
+# How long stop() waits for the keep-alive thread to end (it only has to cancel a call
+# bounded by the store's request timeout and close its channel).
+KEEPALIVE_THREAD_JOIN_TIMEOUT_S = 5.0
 
 
 def check_keepalive_interval(ttl_s: int, keepalive_interval_s: float) -> None:
@@ -52,7 +65,10 @@ class LeaseKeeper:
     """Grants a lease and keeps it alive until stop() or until it is lost.
 
     `sleep` and `clock` are seams for the simulation (defaults: asyncio.sleep and
-    time.monotonic). Counters for metrics: keepalives_total, keepalive_failures_total.
+    time.monotonic). With `own_thread` (the default) and a store that can open a second
+    connection (EtcdStore), the keep-alives run on their own thread; otherwise (the
+    in-memory store, the simulation, own_thread=False) as a task of the caller's loop.
+    Counters for metrics: keepalives_total, keepalive_failures_total.
     """
 
     def __init__(
@@ -62,6 +78,7 @@ class LeaseKeeper:
         name: str = "lease",
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
+        own_thread: bool = True,
     ) -> None:
         self.on_lost = on_lost
         self.name = name
@@ -75,13 +92,21 @@ class LeaseKeeper:
         self._clock = clock
         self._store: MetadataStore | None = None
         self._task: asyncio.Task[None] | None = None
+        self._own_thread = own_thread
+        self._thread: _KeepAliveThread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the owner's loop: `lost` and on_lost live there
         self._last_ok_sent_at = 0.0
         self._stopped = False
 
     @property
     def alive(self) -> bool:
         """Started, not stopped and not lost."""
-        return self._task is not None and not self._stopped and not self.lost.is_set()
+        started = self._task is not None or self._thread is not None
+        return started and not self._stopped and not self.lost.is_set()
+
+    @property
+    def on_own_thread(self) -> bool:
+        return self._thread is not None
 
     async def start(self, store: MetadataStore, ttl_s: int, *, keepalive_interval_s: float | None = None) -> int:
         """Grant a lease of ttl_s and start keeping it alive; returns the lease id.
@@ -92,17 +117,24 @@ class LeaseKeeper:
         """
         interval_s = keepalive_interval_s if keepalive_interval_s is not None else ttl_s / LEASE_KEEPALIVES_PER_TTL
         check_keepalive_interval(ttl_s, interval_s)
-        if self._task is not None or self._stopped:
+        if self._task is not None or self._thread is not None or self._stopped:
             raise RuntimeError(f"{self.name}: a LeaseKeeper keeps one lease; create another")
         self._store = store
+        self._loop = asyncio.get_running_loop()
         self.ttl_s = ttl_s
         self.keepalive_interval_s = interval_s
         sent_at = self._clock()
         self.lease_id = await store.grant_lease(ttl_s)
         self._last_ok_sent_at = sent_at
-        self._task = asyncio.create_task(self._run(store), name=f"lease-keeper {self.name} {self.lease_id:x}")
-        self._task.add_done_callback(self._on_task_done)
-        log.info("%s: lease %x granted (TTL %d s, keep-alive every %.2f s)", self.name, self.lease_id, ttl_s, interval_s)
+        open_store = getattr(store, "open_keepalive_store", None) if self._own_thread else None
+        if open_store is not None:
+            self._thread = _KeepAliveThread(self, open_store)
+            self._thread.start()
+        else:
+            self._task = asyncio.create_task(self._run(store), name=f"lease-keeper {self.name} {self.lease_id:x}")
+            self._task.add_done_callback(self._on_task_done)
+        log.info("%s: lease %x granted (TTL %d s, keep-alive every %.2f s%s)", self.name, self.lease_id, ttl_s,
+                 interval_s, " on its own thread" if self._thread is not None else "")
         return self.lease_id
 
     async def _run(self, store: MetadataStore) -> None:
@@ -113,7 +145,7 @@ class LeaseKeeper:
             sent_at = self._clock()
             remaining_s = deadline - sent_at
             if remaining_s <= 0:
-                self._declare_lost(f"no keep-alive succeeded for {self.ttl_s} s")
+                self._report_lost(f"no keep-alive succeeded for {self.ttl_s} s")
                 return
             try:
                 # Never wait past the moment the lease may have expired.
@@ -124,10 +156,24 @@ class LeaseKeeper:
                 log.warning("%s: keep-alive of lease %x failed (%s)", self.name, self.lease_id, str(exc) or type(exc).__name__)
                 continue
             if ttl_left <= 0:
-                self._declare_lost("etcd says the lease has expired")
+                self._report_lost("etcd says the lease has expired")
                 return
             self.keepalives_total += 1
             self._last_ok_sent_at = sent_at
+
+    def _report_lost(self, why: str) -> None:
+        """_declare_lost on the owner's loop, from whichever thread runs the keep-alives."""
+        if self._thread is None or self._loop is None:
+            self._declare_lost(why)
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._declare_lost_once, why)
+        except RuntimeError:
+            pass  # the owner's loop is closed: the process is exiting
+
+    def _declare_lost_once(self, why: str) -> None:
+        if not self.lost.is_set() and not self._stopped:
+            self._declare_lost(why)
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
         # A bug in the loop must not leave the lease to expire unnoticed: fail safe.
@@ -162,6 +208,13 @@ class LeaseKeeper:
         if self._stopped:
             return
         self._stopped = True
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.stop()
+            await asyncio.to_thread(thread.join, KEEPALIVE_THREAD_JOIN_TIMEOUT_S)
+            if thread.is_alive():
+                log.warning("%s: keep-alive thread did not end within %.0f s", self.name,
+                            KEEPALIVE_THREAD_JOIN_TIMEOUT_S)
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -180,5 +233,50 @@ class LeaseKeeper:
                 log.info("%s: lease %x revoked", self.name, self.lease_id)
 
     def __repr__(self) -> str:
-        state = "lost" if self.lost.is_set() else "stopped" if self._stopped else "alive" if self._task else "new"
+        started = self._task is not None or self._thread is not None
+        state = "lost" if self.lost.is_set() else "stopped" if self._stopped else "alive" if started else "new"
         return f"LeaseKeeper({self.name!r}, lease={self.lease_id:x}, {state})"
+
+
+class _KeepAliveThread(threading.Thread):
+    """Runs LeaseKeeper._run on an event loop and an etcd connection of its own."""
+
+    def __init__(self, keeper: LeaseKeeper, open_store: Callable[[float], Awaitable[MetadataStore]]) -> None:
+        super().__init__(name=f"lease-keeper {keeper.name} {keeper.lease_id:x}", daemon=True)
+        self._keeper = keeper
+        self._open_store = open_store
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stop_requested = threading.Event()
+
+    def run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        if self._stop_requested.is_set():
+            return
+        keeper = self._keeper
+        store: MetadataStore | None = None
+        try:
+            # The lease was granted just now; connecting may not take longer than it lives.
+            store = await self._open_store(float(keeper.ttl_s))
+            await keeper._run(store)
+        except asyncio.CancelledError:
+            pass  # stop()
+        except Exception as exc:  # fail safe: a keeper that cannot keep the lease says so
+            log.error("%s: keep-alive thread failed", keeper.name, exc_info=exc)
+            keeper._report_lost(f"the keep-alive thread failed ({exc})")
+        finally:
+            if store is not None:
+                await store.close()
+
+    def stop(self) -> None:
+        self._stop_requested.set()
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:
+                pass  # its loop already ended

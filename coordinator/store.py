@@ -380,6 +380,7 @@ class EtcdStore:
         self._lease = LeaseService(channel, max_attempts=ETCD_REQUEST_ATTEMPTS_MAX)
         self._watch = WatchStub(channel)
         self._closed = False
+        self._tls: EtcdTls | None = None
 
     @classmethod
     async def connect(
@@ -413,6 +414,7 @@ class EtcdStore:
         channel = (manager.get_channel(ca_cert=tls.ca_cert, cert_key=tls.cert_key, cert_chain=tls.cert_chain,
                                        tls_server_name=tls.server_name) if tls is not None else manager.get_channel())
         store = cls(parsed, keys, channel, request_timeout_s=request_timeout_s)
+        store._tls = tls
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         last_error: BaseException | None = None
@@ -547,6 +549,15 @@ class EtcdStore:
             await self._call("lease revoke", self._lease.revoke(lease_id, timeout=self.request_timeout_s))
         except LeaseLost:
             log.debug("lease %x was already gone when revoked", lease_id)
+
+    async def open_keepalive_store(self, timeout_s: float) -> EtcdStore:
+        """A second connection to the same etcd, for the running event loop (another thread's).
+
+        A grpc.aio channel belongs to the loop that made it; LeaseKeeper keeps its lease
+        alive from a thread of its own over this one.
+        """
+        return await EtcdStore.connect(self.endpoints, prefix=self.keys.prefix, timeout_s=timeout_s,
+                                       request_timeout_s=self.request_timeout_s, tls=self._tls)
 
     async def keep_alive_once(self, lease_id: int) -> int:
         """Refresh the lease once; returns its TTL in seconds, 0 when it no longer exists."""

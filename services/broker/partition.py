@@ -137,15 +137,6 @@ class Partition:
         # A new leader's HW may lag the old leader's; it only moves forward from here.
         self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
 
-    def checkpoint(self) -> int:
-        """The periodic checkpoint: leader-epoch entries not yet on disk, then the HW.
-
-        Each write is skipped when the file already holds it; returns how many files were
-        written (each costs an fsync).
-        """
-        written = int(self.log.checkpoint_leader_epochs())
-        return written + int(self.log.checkpoint_high_watermark(self.high_watermark))
-
     def become_follower(self, state: LeaderAndIsrState) -> None:
         self._take_epoch(state)
         self.role = Role.FOLLOWER

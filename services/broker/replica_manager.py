@@ -23,7 +23,8 @@ from pathlib import Path
 from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2
 from services.broker import metrics
 from services.broker.fetcher import GrpcLeaderEndpoint, ReplicaFetcher
-from services.broker.log import Log, LogConfig
+from services.broker.log import FileStorage, Log, LogConfig
+from services.broker.log.checkpoints import HighWatermarkCheckpoint
 from services.broker.partition import (
     IsrChange,
     LeaderAndIsrAction,
@@ -47,10 +48,12 @@ log = logging.getLogger("highwater.replica_manager")
 TopicPartitionKey = tuple[str, int]
 # LeaderAndIsr handles this many partitions between yields to the event loop.
 LEADER_AND_ISR_PARTITIONS_PER_YIELD = 10
-# The periodic ISR/checkpoint pass yields after this many fsyncing writes (about 0.6 ms
-# each here) and after this many partitions in any case.
-CHECKPOINT_WRITES_PER_YIELD = 10
+# The periodic ISR/checkpoint pass yields after this many log flushes (fsyncs) and after
+# this many partitions in any case.
+FLUSHES_PER_YIELD = 10
 ISR_PASS_PARTITIONS_PER_YIELD = 100
+# HWs are checkpointed (and retention applied) every this many passes (Kafka: every 5 s).
+HW_CHECKPOINT_EVERY_ISR_TICKS = 5
 # AlterPartition calls that failed in flight are retried with this back-off.
 ALTER_PARTITION_RETRY_BACKOFF_S_MIN = 0.1
 ALTER_PARTITION_RETRY_BACKOFF_S_MAX = 2.0
@@ -92,6 +95,8 @@ class ReplicaManager:
         self.send_alter_partition = send_alter_partition
         self.replica_lag_time_max_ms = replica_lag_time_max_ms
         self.partitions: dict[TopicPartitionKey, Partition] = {}
+        # Every replica's HW in one file of the data directory (Kafka's replication-offset-checkpoint).
+        self.hw_checkpoint = HighWatermarkCheckpoint(FileStorage(), str(data_dir))
         self.fetchers: dict[int, ReplicaFetcher] = {}
         self.metadata = MetadataCache()
         self.controller_epoch = -1
@@ -148,12 +153,19 @@ class ReplicaManager:
         for fetcher in list(self.fetchers.values()):
             await fetcher.stop()
         self.fetchers.clear()
+        self.checkpoint_high_watermarks()
         for p in self.partitions.values():
             try:
-                p.checkpoint()
                 p.log.close()
             except Exception:
                 log.exception("closing the log of %s-%d", p.topic, p.partition)
+
+    def checkpoint_high_watermarks(self) -> None:
+        """Write every replica's HW (one file, one fsync; skipped when nothing moved)."""
+        try:
+            self.hw_checkpoint.write({tp: p.high_watermark for tp, p in self.partitions.items()})
+        except Exception:
+            log.exception("writing the high watermark checkpoint of %s failed", self.data_dir)
 
     async def _isr_and_checkpoint_loop(self) -> None:
         """Periodic leader duties: ISR shrink, HW checkpoints, retention (Kafka's scheduler)."""
@@ -163,17 +175,17 @@ class ReplicaManager:
             ticks += 1
             mono = monotonic_ms()
             wall = now_ms()
-            written = 0
+            flushed = 0
             for i, p in enumerate(list(self.partitions.values())):
-                if written >= CHECKPOINT_WRITES_PER_YIELD or (i and i % ISR_PASS_PARTITIONS_PER_YIELD == 0):
-                    # Checkpoints and flushes fsync: keep the lease keep-alive and requests running.
-                    written = 0
+                if flushed >= FLUSHES_PER_YIELD or (i and i % ISR_PASS_PARTITIONS_PER_YIELD == 0):
+                    # Flushes fsync: keep requests (and the fetchers) moving.
+                    flushed = 0
                     await asyncio.sleep(0)
                     if self.partitions.get((p.topic, p.partition)) is not p:
                         continue  # stopped or deleted while we yielded
                 try:
                     p.log.maybe_roll(wall)
-                    written += int(p.log.maybe_flush(wall))
+                    flushed += int(p.log.maybe_flush(wall))
                 except Exception:
                     log.exception("roll/flush of %s-%d failed", p.topic, p.partition)
                 change = p.check_isr_shrink(mono, self.replica_lag_time_max_ms)
@@ -182,13 +194,13 @@ class ReplicaManager:
                              list(change.new_isr))
                     metrics.ISR_SHRINKS.inc()
                     self._spawn(self._alter_partition(p, change), "alter-partition")
-                if ticks % 5 == 0:
+                if ticks % HW_CHECKPOINT_EVERY_ISR_TICKS == 0 and p.role in (Role.LEADER, Role.FOLLOWER):
                     try:
-                        written += p.checkpoint()
-                        if p.role is Role.LEADER or p.role is Role.FOLLOWER:
-                            p.log.delete_old_segments(now_ms(), p.high_watermark)
+                        p.log.delete_old_segments(now_ms(), p.high_watermark)
                     except Exception:
-                        log.exception("checkpoint/retention of %s-%d failed", p.topic, p.partition)
+                        log.exception("retention of %s-%d failed", p.topic, p.partition)
+            if ticks % HW_CHECKPOINT_EVERY_ISR_TICKS == 0:
+                self.checkpoint_high_watermarks()
             self._update_gauges()
 
     def _update_gauges(self) -> None:
@@ -256,7 +268,7 @@ class ReplicaManager:
         directory = self.data_dir / f"{s.topic}-{s.partition}"
         plog = Log.open(directory, log_config_from(config), now_ms=now_ms())
         p = Partition(topic=s.topic, partition=s.partition, local_broker_id=self.broker_id, log=plog)
-        p.high_watermark = min(plog.read_high_watermark(), plog.log_end_offset)
+        p.high_watermark = min(self.hw_checkpoint.stored_at_start((s.topic, s.partition)), plog.log_end_offset)
         p.rebuild_producer_state()
         self.partitions[(s.topic, s.partition)] = p
         return p
@@ -326,10 +338,12 @@ class ReplicaManager:
                 self.notify(tp)
                 if item.delete_partition:
                     self.partitions.pop(tp, None)
+                    self.hw_checkpoint.forget(tp)
                     p.log.close()
                     p.log.delete()
                     log.info("deleted replica %s-%d", *tp)
             elif item.delete_partition:
+                self.hw_checkpoint.forget(tp)
                 shutil.rmtree(self.data_dir / f"{item.topic}-{item.partition}", ignore_errors=True)
             results.append(common_pb2.PartitionResult(topic=item.topic, partition=item.partition))
         self._update_gauges()

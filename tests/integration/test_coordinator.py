@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -18,6 +19,7 @@ import pytest
 
 from coordinator.election import ControllerElection, ControllerFenced, current_controller, fenced_txn
 from coordinator.etcd_server import EtcdServer, free_port
+from coordinator.lease import LeaseKeeper
 from coordinator.memory_store import MemoryStore
 from coordinator.registration import BrokerIdInUse, GatewayIdInUse, register_broker, register_gateway
 from coordinator.store import (
@@ -182,6 +184,39 @@ async def test_registration_lives_while_kept_alive_and_expires_after(etcd_store:
         assert again.broker_epoch > registration.broker_epoch, "a new incarnation gets a new broker epoch"
     finally:
         await again.close()
+
+
+# The owner's event loop is busy this long between yields (a broker opening a thousand logs)...
+BUSY_SLICE_S = 0.4
+# ... for this long: several lease TTLs.
+BUSY_FOR_S = 6.0
+BUSY_LEASE_TTL_S = 2
+
+
+@pytest.mark.asyncio
+async def test_a_lease_outlives_a_busy_event_loop_and_its_loss_still_reaches_the_owner(etcd_store: EtcdStore) -> None:
+    lost_seen_on_owner_loop = asyncio.Event()
+    keeper = LeaseKeeper(on_lost=lost_seen_on_owner_loop.set, name="busy owner")
+    await keeper.start(etcd_store, BUSY_LEASE_TTL_S)
+    try:
+        assert keeper.on_own_thread, "over etcd the keep-alives run on their own thread"
+        loop = asyncio.get_running_loop()
+        busy_until = loop.time() + BUSY_FOR_S
+        while loop.time() < busy_until:
+            slice_end = time.monotonic() + BUSY_SLICE_S
+            while time.monotonic() < slice_end:
+                pass  # synchronous work: this loop runs nothing else meanwhile
+            await asyncio.sleep(0)
+        assert not keeper.lost.is_set(), "the lease was lost while only the owner's loop was busy"
+        assert keeper.keepalives_total >= BUSY_FOR_S / keeper.keepalive_interval_s / 2
+        assert await etcd_store.keep_alive_once(keeper.lease_id) > 0, "etcd still holds the lease"
+        # A real loss still reaches the owner, on its own loop.
+        await etcd_store.revoke_lease(keeper.lease_id)
+        async with asyncio.timeout(BUSY_LEASE_TTL_S + PROMPT_WAIT_S_MAX):
+            await lost_seen_on_owner_loop.wait()
+        assert keeper.lost.is_set()
+    finally:
+        await keeper.stop()
 
 
 # --- controller election and fencing ---------------------------------------------------------

@@ -43,6 +43,7 @@ from services.broker.fetch_state import (
     truncation_offset,
 )
 from services.broker.log import Log, MemoryStorage
+from services.broker.log.checkpoints import HighWatermarkCheckpoint
 from services.broker.partition import (
     IsrChange,
     LeaderAndIsrAction,
@@ -143,6 +144,7 @@ class SimBroker(RpcNode):
     offsets_for_leader_epoch = ReplicaManager.offsets_for_leader_epoch
     update_metadata = ReplicaManager.update_metadata
     stop_replica = ReplicaManager.stop_replica
+    checkpoint_high_watermarks = ReplicaManager.checkpoint_high_watermarks
     local_leo = ReplicaManager.local_leo
     local_log_start = ReplicaManager.local_log_start
     latest_local_epoch = ReplicaManager.latest_local_epoch
@@ -176,6 +178,7 @@ class SimBroker(RpcNode):
         self.address = f"{self.name}:{self.port}"
         self.broker_epoch = -1
         self.partitions: dict[TopicPartitionKey, Partition] = {}
+        self.hw_checkpoint = HighWatermarkCheckpoint(self.storage, str(self.data_dir))
         self.fetchers: dict[int, SimFetcher] = {}
         self.metadata = MetadataCache()
         self.controller_epoch = -1
@@ -266,10 +269,10 @@ class SimBroker(RpcNode):
             if change is not None:
                 self.trace("shrink ISR of %s-%d %s -> %s", p.topic, p.partition, list(p.isr), list(change.new_isr))
                 self._alter_partition(p, change)
-            if self._isr_ticks % CHECKPOINT_EVERY_ISR_TICKS == 0:
-                p.checkpoint()
-                if p.role is Role.LEADER or p.role is Role.FOLLOWER:
-                    p.log.delete_old_segments(self.wall_ms(), p.high_watermark)
+            if self._isr_ticks % CHECKPOINT_EVERY_ISR_TICKS == 0 and p.role in (Role.LEADER, Role.FOLLOWER):
+                p.log.delete_old_segments(self.wall_ms(), p.high_watermark)
+        if self._isr_ticks % CHECKPOINT_EVERY_ISR_TICKS == 0:
+            self.checkpoint_high_watermarks()
         self.after(self.config.isr_check_interval_ms, self._isr_and_checkpoint_tick)
 
     # ---- requests --------------------------------------------------------------------------
@@ -335,7 +338,7 @@ class SimBroker(RpcNode):
         log_config = dataclasses.replace(log_config_from(config), index_interval_bytes=SIM_INDEX_INTERVAL_BYTES)
         plog = Log.open(directory, log_config, storage=self.storage, now_ms=self.wall_ms())
         p = Partition(topic=s.topic, partition=s.partition, local_broker_id=self.broker_id, log=plog)
-        p.high_watermark = min(plog.read_high_watermark(), plog.log_end_offset)
+        p.high_watermark = min(self.hw_checkpoint.stored_at_start((s.topic, s.partition)), plog.log_end_offset)
         p.rebuild_producer_state()
         self.partitions[(s.topic, s.partition)] = p
         return p
@@ -598,8 +601,8 @@ class SimBroker(RpcNode):
         for tp, p in self.partitions.items():
             p.role = Role.NONE  # waiting requests answer NOT_LEADER_OR_FOLLOWER now
             self.notify(tp)
+        self.checkpoint_high_watermarks()
         for p in self.partitions.values():
-            p.checkpoint()
             p.log.close()
         if self.lease is not None:
             self.lease.stop(revoke=True)

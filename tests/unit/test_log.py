@@ -24,6 +24,7 @@ from services.broker.log import (
     MemoryStorage,
     checkpoints,
 )
+from services.broker.log.checkpoints import HighWatermarkCheckpoint
 from services.broker.log.storage import Storage
 from services.common.errors import (
     CorruptMessage,
@@ -422,21 +423,40 @@ def test_epoch_cache_is_persisted_in_kafka_text_format(tmp_path: Path) -> None:
 
 
 def test_high_watermark_checkpoint_round_trips(place: tuple[Storage, str]) -> None:
-    log = open_log(place)
-    assert log.read_high_watermark() == 0
-    log.checkpoint_high_watermark(42)
-    assert log.read_high_watermark() == 42
-    log.close()
-    assert open_log(place).read_high_watermark() == 42
+    storage, directory = place
+    data_dir = os.path.dirname(directory)
+    hws = HighWatermarkCheckpoint(storage, data_dir)
+    assert hws.stored_at_start(("t", 0)) == 0
+    assert hws.write({("t", 0): 42, ("other", 3): 7})
+    again = HighWatermarkCheckpoint(storage, data_dir)
+    assert again.stored_at_start(("t", 0)) == 42 and again.stored_at_start(("other", 3)) == 7
+
+
+def test_high_watermark_checkpoint_keeps_replicas_not_loaded_yet_and_skips_unchanged_writes(tmp_path: Path) -> None:
+    storage = MemoryStorage()
+    first = HighWatermarkCheckpoint(storage, "/data")
+    assert first.write({("a", 0): 5, ("b", 1): 9, ("gone", 0): 3})
+    assert not first.write({("a", 0): 5, ("b", 1): 9, ("gone", 0): 3}), "nothing moved: no write, no fsync"
+    restarted = HighWatermarkCheckpoint(storage, "/data")
+    assert restarted.stored_at_start(("a", 0)) == 5  # a LeaderAndIsr opened a-0 only
+    restarted.forget(("gone", 0))  # StopReplica(delete) of a replica never opened
+    assert restarted.write({("a", 0): 6})
+    storage.crash()  # written atomically with an fsync: it survives
+    last = HighWatermarkCheckpoint(storage, "/data")
+    assert (last.stored_at_start(("a", 0)), last.stored_at_start(("b", 1)), last.stored_at_start(("gone", 0))) == (
+        6, 9, 0)
+
+
+def test_high_watermark_checkpoint_is_kafkas_text_format(tmp_path: Path) -> None:
+    assert HighWatermarkCheckpoint(FileStorage(), str(tmp_path)).write({("t", 1): 9, ("t", 0): 12})
+    assert (tmp_path / "replication-offset-checkpoint").read_text() == "0\n2\nt 0 12\nt 1 9\n"
 
 
 def test_checkpoint_files_have_a_version_line(tmp_path: Path) -> None:
     log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
     fill(log, 3)
-    log.checkpoint_high_watermark(9)
     log.close()
     directory = tmp_path / "t-0"
-    assert (directory / "high-watermark-checkpoint").read_text() == "0\n1\n9\n"
     assert (directory / "recovery-point-checkpoint").read_text() == "0\n1\n9\n"
     assert (directory / "log-start-offset-checkpoint").read_text() == "0\n1\n0\n"
     assert (directory / ".clean-shutdown").exists()
@@ -561,14 +581,6 @@ def test_truncation_persists_the_epoch_cache_at_once() -> None:
     assert not log.leader_epoch_cache.dirty
     storage.crash()
     assert memory_log(storage).leader_epoch_cache.entries() == [(1, 0)]
-
-
-def test_an_unchanged_high_watermark_is_not_written_again(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
-    assert log.checkpoint_high_watermark(5)
-    assert not log.checkpoint_high_watermark(5)
-    assert log.checkpoint_high_watermark(6)
-    assert log.read_high_watermark() == 6
 
 
 def test_clean_close_survives_a_crash_and_skips_the_scan() -> None:

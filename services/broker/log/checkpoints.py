@@ -7,11 +7,17 @@ reader sees the old or the new content, never a mix. Format (version 0):
     N            <- number of entries
     entry...     <- one per line, fields separated by one space
 
-Single-value files (recovery point, log start offset, high watermark) hold one entry
-with one integer. The leader epoch file holds "epoch start_offset" entries.
+Single-value files (recovery point, log start offset) hold one entry with one integer.
+The leader epoch file holds "epoch start_offset" entries. The high watermarks of every
+replica of a data directory share one file there, `replication-offset-checkpoint`, with
+"topic partition offset" entries, as Kafka keeps them: one fsync per checkpoint pass
+instead of one per partition (a broker with a thousand partitions under load would
+otherwise fsync a thousand files every pass).
 """
 
 from __future__ import annotations
+
+import os
 
 from services.common.errors import StorageError
 
@@ -22,18 +28,18 @@ CHECKPOINT_VERSION = 0
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 RECOVERY_POINT_CHECKPOINT = "recovery-point-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
-HIGH_WATERMARK_CHECKPOINT = "high-watermark-checkpoint"
+REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
 CLEAN_SHUTDOWN_MARKER = ".clean-shutdown"
 
 
-def write_entries(storage: Storage, path: str, entries: list[tuple[int, ...]]) -> None:
+def write_entries(storage: Storage, path: str, entries: list[tuple[int | str, ...]]) -> None:
     lines = [str(CHECKPOINT_VERSION), str(len(entries))]
     lines.extend(" ".join(str(field) for field in entry) for entry in entries)
     storage.write_atomic(path, ("\n".join(lines) + "\n").encode("ascii"))
 
 
-def read_entries(storage: Storage, path: str, *, fields_per_entry: int) -> list[tuple[int, ...]] | None:
-    """The entries of a checkpoint, or None if the file does not exist.
+def read_fields(storage: Storage, path: str, *, fields_per_entry: int) -> list[list[str]] | None:
+    """The entries of a checkpoint as lists of fields, or None if the file does not exist.
 
     Raises StorageError for a malformed file or an unknown version: a checkpoint is
     written atomically, so a bad one means outside damage, not a torn write.
@@ -47,12 +53,23 @@ def read_entries(storage: Storage, path: str, *, fields_per_entry: int) -> list[
         if version != CHECKPOINT_VERSION:
             raise StorageError(f"checkpoint {path} has version {version}, expected {CHECKPOINT_VERSION}")
         count = int(lines[1])
-        entries = [tuple(int(field) for field in line.split()) for line in lines[2 : 2 + count]]
+        entries = [line.split() for line in lines[2 : 2 + count]]
     except (IndexError, ValueError) as error:
         raise StorageError(f"malformed checkpoint {path}: {error}") from error
     if len(entries) != count or any(len(entry) != fields_per_entry for entry in entries):
         raise StorageError(f"malformed checkpoint {path}: expected {count} entries of {fields_per_entry} fields")
     return entries
+
+
+def read_entries(storage: Storage, path: str, *, fields_per_entry: int) -> list[tuple[int, ...]] | None:
+    """The entries of an all-integer checkpoint, or None if the file does not exist (see read_fields)."""
+    entries = read_fields(storage, path, fields_per_entry=fields_per_entry)
+    if entries is None:
+        return None
+    try:
+        return [tuple(int(field) for field in entry) for entry in entries]
+    except ValueError as error:
+        raise StorageError(f"malformed checkpoint {path}: {error}") from error
 
 
 def write_offset(storage: Storage, path: str, value: int) -> None:
@@ -66,3 +83,46 @@ def read_offset(storage: Storage, path: str) -> int | None:
     if len(entries) != 1:
         raise StorageError(f"checkpoint {path} holds {len(entries)} values, expected 1")
     return entries[0][0]
+
+
+TopicPartitionKey = tuple[str, int]
+
+
+class HighWatermarkCheckpoint:
+    """The high watermarks of one data directory's replicas, in `replication-offset-checkpoint`.
+
+    Read once at start; `stored_at_start(tp)` gives a replica its HW when its log is opened.
+    `write(hws)` stores the HWs of the replicas loaded now plus those of the file not loaded
+    yet (a restarted broker opens a replica only when a LeaderAndIsr names it), and skips
+    the write when nothing changed. `forget(tp)` drops a deleted replica's entry.
+    """
+
+    def __init__(self, storage: Storage, data_dir: str) -> None:
+        self._storage = storage
+        self._path = os.path.join(data_dir, REPLICATION_OFFSET_CHECKPOINT)
+        storage.mkdir(data_dir)
+        self._on_disk: dict[TopicPartitionKey, int] = {}
+        for topic, partition, offset in read_fields(storage, self._path, fields_per_entry=3) or []:
+            try:
+                self._on_disk[(topic, int(partition))] = int(offset)
+            except ValueError as error:
+                raise StorageError(f"malformed checkpoint {self._path}: {error}") from error
+        self._not_loaded = dict(self._on_disk)
+
+    def stored_at_start(self, tp: TopicPartitionKey) -> int:
+        """The HW stored for tp (0 if none); from now on the loaded replica reports it."""
+        return self._not_loaded.pop(tp, 0)
+
+    def forget(self, tp: TopicPartitionKey) -> None:
+        self._not_loaded.pop(tp, None)
+
+    def write(self, high_watermarks: dict[TopicPartitionKey, int]) -> bool:
+        """Store these HWs (plus the not yet loaded ones) if they differ from the file; True if written."""
+        merged = {**self._not_loaded, **high_watermarks}
+        if merged == self._on_disk:
+            return False
+        lines: list[tuple[int | str, ...]] = [(topic, partition, offset)
+                                              for (topic, partition), offset in sorted(merged.items())]
+        write_entries(self._storage, self._path, lines)
+        self._on_disk = merged
+        return True

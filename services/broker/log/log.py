@@ -45,7 +45,6 @@ from services.common.record_batch import (
 from . import checkpoints
 from .checkpoints import (
     CLEAN_SHUTDOWN_MARKER,
-    HIGH_WATERMARK_CHECKPOINT,
     LEADER_EPOCH_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
@@ -121,7 +120,6 @@ class Log:
         self._base_offsets: list[int] = []
         self._log_start_offset = 0
         self._recovery_point = 0
-        self._checkpointed_high_watermark: int | None = None  # what high-watermark-checkpoint holds, if known
         self._unflushed_messages = 0
         self._last_flush_ms = 0
         self._closed = False
@@ -744,29 +742,10 @@ class Log:
             return True
         return False
 
-    def checkpoint_high_watermark(self, high_watermark: int) -> bool:
-        """Store the HW (owned by the replication layer) atomically in `high-watermark-checkpoint`.
-
-        Skips the write (and its fsync) when the file already holds this HW, so the periodic
-        pass over a thousand quiet partitions costs nothing. True if it wrote.
-        """
-        check(not self._closed, "log %s is closed", self._directory)
-        if high_watermark == self._checkpointed_high_watermark:
-            return False
-        checkpoints.write_offset(self._storage, self._path(HIGH_WATERMARK_CHECKPOINT), high_watermark)
-        self._checkpointed_high_watermark = high_watermark
-        return True
-
     def checkpoint_leader_epochs(self) -> bool:
         """Persist epoch entries assigned since the last write (see epoch_cache); True if it wrote."""
         check(not self._closed, "log %s is closed", self._directory)
         return self._epoch_cache.persist_if_dirty()
-
-    def read_high_watermark(self) -> int:
-        """The stored HW, or 0 if none was ever stored; the caller clamps it to [log start, LEO]."""
-        value = checkpoints.read_offset(self._storage, self._path(HIGH_WATERMARK_CHECKPOINT))
-        self._checkpointed_high_watermark = value
-        return 0 if value is None else value
 
     def _persist_epochs(self, entries: list[tuple[int, int]]) -> None:
         checkpoints.write_entries(self._storage, self._path(LEADER_EPOCH_CHECKPOINT), list(entries))
