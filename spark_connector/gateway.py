@@ -12,6 +12,17 @@ until one connects, within the connect timeout; after that, a call that ends
 UNAVAILABLE moves on to the next gateway. `HighwaterSparkError` messages name the
 option that set the addresses, so an unreachable gateway fails the query with a
 sentence, not a stack of gRPC internals.
+
+Reading tasks fetch from partition leaders directly (`fetch_future`, option
+highwater.fetch.from.leaders, default true), as Kafka's consumers do: the gateway's
+Metadata names each partition's leader and its address. The answer is the same
+message the gateway would forward (the broker serves consumer fetches, replica id -1,
+below the high watermark only); what changes is that the bytes skip a hop that costs the
+gateway ~0.4 µs of CPU per 100-byte record. Anything that goes wrong falls back to the
+gateway path: a leader that does not accept a connection within
+LEADER_CONNECT_TIMEOUT_MS is not tried again by this client, a failed direct call is
+repeated through the gateway, and a partition whose leader answers a retriable error
+(leadership moved) has its leader looked up again before the next Fetch.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ from typing import Any, TypeVar
 import grpc
 
 from clients.connection import CHANNEL_OPTIONS
-from protos.highwater.v1 import common_pb2, gateway_pb2_grpc
+from protos.highwater.v1 import broker_pb2_grpc, common_pb2, gateway_pb2_grpc
 from spark_connector import limits
 from spark_connector.options import ClientSettings, TopicPartitionKey
 
@@ -60,13 +71,21 @@ class GatewayClient:
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, gateway_pb2_grpc.GatewayServiceStub] = {}
         self._connected: set[str] = set()
+        # Direct fetches: partition -> its leader's address, and one channel per leader.
+        self._leaders: dict[TopicPartitionKey, str] = {}
+        self._leader_channels: dict[str, grpc.Channel] = {}
+        self._leader_stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
+        self._unreachable_leaders: set[str] = set()
 
     def close(self) -> None:
-        for channel in self._channels.values():
+        for channel in (*self._channels.values(), *self._leader_channels.values()):
             channel.close()
         self._channels.clear()
         self._stubs.clear()
         self._connected.clear()
+        self._leader_channels.clear()
+        self._leader_stubs.clear()
+        self._leaders.clear()
 
     def __enter__(self) -> GatewayClient:
         return self
@@ -136,6 +155,69 @@ class GatewayClient:
                 return self.call(method, request)
 
         return result
+
+    def fetch_future(self, tp: TopicPartitionKey, offset: int, max_bytes: int,
+                     max_wait_ms: int = 0) -> Callable[[], common_pb2.FetchResponse]:
+        """Start a Fetch of one partition at its leader (or through a gateway); return a waiter.
+
+        The waiter returns the FetchResponse whichever way it came. A direct call that fails
+        is repeated through the gateway (with its failover); a retriable per-partition error
+        from a leader (it no longer leads) makes the next Fetch of that partition look the
+        leader up again. The caller handles per-partition errors as for any Fetch.
+        """
+        request = self.fetch_request(tp, offset, max_bytes, max_wait_ms)
+        address = self._leader_address(tp) if self.settings.fetch_from_leaders else None
+        if address is None:
+            return self.call_future("Fetch", request)
+        future = self._leader_stubs[address].Fetch.future(request, timeout=self.settings.request_timeout_ms / 1000)
+
+        def result() -> common_pb2.FetchResponse:
+            try:
+                response = future.result()
+            except grpc.RpcError as error:
+                log.info("leader %s of %s-%d: Fetch %s; reading through the gateway", address, tp[0], tp[1],
+                         error.code().name)  # type: ignore[attr-defined]
+                self._leaders.pop(tp, None)
+                return self.call("Fetch", request)  # type: ignore[no-any-return]
+            part = response.topics[0].partitions[0]
+            if part.error_code != common_pb2.NONE:
+                self._leaders.pop(tp, None)  # leadership moved, or the topic went: look again next time
+            if part.error_code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION:
+                # The reader takes this code for a deleted topic (data loss); a broker's metadata
+                # may lag the gateway's, so the gateway, whose answer that path was built on, decides.
+                return self.call("Fetch", request)  # type: ignore[no-any-return]
+            return response  # type: ignore[no-any-return]
+
+        return result
+
+    def _leader_address(self, tp: TopicPartitionKey) -> str | None:
+        """The address of `tp`'s leader if it is known and reachable, else None (use a gateway)."""
+        address = self._leaders.get(tp)
+        if address is None:
+            response = self.metadata([tp[0]])
+            brokers = {b.broker_id: f"{b.host}:{b.port}" for b in response.brokers}
+            for t in response.topics:
+                for p in t.partitions:
+                    if p.error_code == common_pb2.NONE and p.leader in brokers:
+                        self._leaders[(t.name, p.partition)] = brokers[p.leader]
+            address = self._leaders.get(tp)
+            if address is None:
+                return None
+        if address in self._unreachable_leaders:
+            return None
+        if address not in self._leader_channels:
+            channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            try:
+                grpc.channel_ready_future(channel).result(timeout=limits.LEADER_CONNECT_TIMEOUT_MS / 1000)
+            except grpc.FutureTimeoutError:
+                channel.close()
+                log.info("leader %s does not accept connections within %d ms: reading through the gateway",
+                         address, limits.LEADER_CONNECT_TIMEOUT_MS)
+                self._unreachable_leaders.add(address)
+                return None
+            self._leader_channels[address] = channel
+            self._leader_stubs[address] = broker_pb2_grpc.BrokerServiceStub(channel)
+        return address
 
     def retry(self, what: str, attempt: Callable[[], T | None]) -> T:
         """Run `attempt` until it returns non-None, backing off, within the retry timeout."""

@@ -17,6 +17,14 @@ from services.common.limits import MAX_MESSAGE_BYTES
 # in flight) in well under the gRPC message bound.
 FETCH_MAX_BYTES_DEFAULT = 8 * 1024 * 1024
 FETCH_MAX_BYTES_MAX = GRPC_MAX_MESSAGE_BYTES // 2
+# Option highwater.fetch.from.leaders (default true): a task fetches straight from each
+# partition's leader (Metadata names it), as Kafka's consumers do, instead of through a
+# gateway, which costs ~0.4 µs of gateway CPU per 100-byte record (it parses, re-wraps and
+# re-serialises every Fetch answer; bench/RESULTS.md). A leader whose address does not
+# accept a connection within this long (brokers not reachable from the Spark executors,
+# e.g. behind a gateway in containers) is not tried again by that task: it reads through
+# the gateway, as it does after any failed direct Fetch.
+LEADER_CONNECT_TIMEOUT_MS = 2_000
 # When a Fetch below the planned end offset comes back empty (a new leader whose high
 # watermark has not caught up yet), the next one long-polls this long.
 FETCH_EMPTY_WAIT_MS = 500

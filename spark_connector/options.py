@@ -50,6 +50,7 @@ class ClientSettings:
     acks: int = -1
     batch_size_bytes: int = limits.WRITE_BATCH_BYTES_DEFAULT
     compression: str = "none"
+    fetch_from_leaders: bool = True
 
 
 # option name (after the prefix) -> (ClientSettings field, minimum, maximum); acks and
@@ -62,7 +63,7 @@ _INT_SETTINGS: dict[str, tuple[str, int, int]] = {
     "fetch.max.bytes": ("fetch_max_bytes", 1024, limits.FETCH_MAX_BYTES_MAX),
     "batch.size.bytes": ("batch_size_bytes", 1, limits.WRITE_BATCH_BYTES_MAX),
 }
-CLIENT_SETTINGS = (*_INT_SETTINGS, "acks", "compression")
+CLIENT_SETTINGS = (*_INT_SETTINGS, "acks", "compression", "fetch.from.leaders")
 _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
@@ -191,6 +192,8 @@ def parse_client_settings(options: Mapping[str, str]) -> ClientSettings:
                 raise OptionError(f"option 'highwater.compression' must be one of {', '.join(_COMPRESSIONS)}, "
                                   f"got {text!r}")
             values["compression"] = text.strip().lower()
+        elif name == "fetch.from.leaders":
+            values["fetch_from_leaders"] = parse_bool(options, key, True)
         else:
             known = ", ".join(CLIENT_PREFIX + s for s in sorted(CLIENT_SETTINGS))
             raise OptionError(f"unknown option {key!r}; the client settings are {known}")

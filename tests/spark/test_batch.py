@@ -97,3 +97,40 @@ def test_batch_write_then_read_back(spark: Any, cluster: TestCluster) -> None:
     # Rows without a partition go where Kafka's producer would put their key (murmur2).
     from clients.partitioner import partition_for_key
     assert all(r.partition == partition_for_key(r.key, 3) for r in rows if int(r.value[6:]) >= 100)
+
+
+def test_leader_and_gateway_fetches_read_the_same_rows(spark: Any, cluster: TestCluster) -> None:
+    """Tasks fetch from partition leaders by default; highwater.fetch.from.leaders=false goes through
+    the gateway. Small Fetches (many per task) and a start inside a batch exercise the range cuts."""
+    bootstrap = cluster.gateway_address
+    create_topic(bootstrap, "read-paths", 2)
+    produce(bootstrap, "read-paths", [(i % 2, None if i % 3 else f"k{i}".encode(), b"v" * (i % 50), [])
+                                      for i in range(900)])
+    options = read_options(bootstrap, subscribe="read-paths", startingOffsets='{"read-paths": {"0": 7, "1": 0}}',
+                           endingOffsets='{"read-paths": {"0": 440, "1": -1}}', **{"highwater.fetch.max.bytes": 4096})
+    direct = spark.read.format("highwater").options(**options).load()
+    through_gateway = spark.read.format("highwater").options(**options, **{"highwater.fetch.from.leaders": "false"}).load()
+    columns = ["partition", "offset", "key", "value", "topic", "timestamp", "timestampType"]
+    rows = sorted(tuple(r) for r in direct.select(*columns).collect())  # (partition, offset) are unique
+    assert rows == sorted(tuple(r) for r in through_gateway.select(*columns).collect())
+    assert len(rows) == (440 - 7) + 450
+    assert {r[0] for r in rows if r[1] < 7} == {1}
+
+
+def test_an_unreachable_leader_is_read_through_the_gateway(cluster: TestCluster) -> None:
+    """A leader address that accepts no connection (brokers hidden behind the gateway) costs one
+    connect timeout, then the task reads through the gateway."""
+    from spark_connector.gateway import GatewayClient
+    from spark_connector.options import ClientSettings, parse_read_options
+    from spark_connector.planning import OffsetRange
+    from spark_connector.reader import read_range
+
+    bootstrap = cluster.gateway_address
+    create_topic(bootstrap, "read-fallback", 1)
+    produce(bootstrap, "read-fallback", [(0, None, b"x%d" % i, []) for i in range(300)])
+    options = parse_read_options(read_options(bootstrap, subscribe="read-fallback"), streaming=False)
+    with GatewayClient(bootstrap, ClientSettings(fetch_max_bytes=2048)) as client:
+        client._leaders[("read-fallback", 0)] = "127.0.0.1:1"  # as if Metadata named an address we cannot reach
+        batches = list(read_range(client, OffsetRange("read-fallback", 0, 0, 300), options))
+        assert "127.0.0.1:1" in client._unreachable_leaders
+    assert [v for b in batches for v in b.column("value").to_pylist()] == [b"x%d" % i for i in range(300)]

@@ -59,6 +59,11 @@ def test_options_are_case_insensitive_and_typed() -> None:
     assert options.subscription.topics == ("a",)
     assert (options.max_offsets_per_trigger, options.max_bytes_per_trigger) == (10, 2 << 20)
     assert options.include_headers and options.client.fetch_max_bytes == 65536
+    assert options.client.fetch_from_leaders
+    assert not parse_read_options({**BASE, "subscribe": "a", "highwater.fetch.from.leaders": "False"},
+                                  streaming=False).client.fetch_from_leaders
+    with pytest.raises(OptionError, match=r"highwater\.fetch\.from\.leaders"):
+        parse_read_options({**BASE, "subscribe": "a", "highwater.fetch.from.leaders": "sometimes"}, streaming=False)
     with pytest.raises(OptionError, match="batch queries only"):
         parse_read_options({**BASE, "subscribe": "a", "endingOffsets": "latest"}, streaming=True)
     assert parse_write_options({**BASE, "highwater.acks": "1"}).client.acks == 1
