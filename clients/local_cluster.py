@@ -7,6 +7,11 @@ runs is what the suite checks. `stop()` ends each child by its pid: SIGTERM,
 then SIGKILL after a bounded wait; it also runs at interpreter exit, so a
 caller that fails without stopping leaves nothing behind. (No preexec_fn:
 forking with a pre-exec hook while gRPC threads run crashed children.)
+
+Tests that need more than loopback (the chaos tests' network partitions) give
+`host` (etcd's and every service's listen and advertised address) and
+`placements` (per process: its own address and a command prefix such as
+`ip netns exec NAME`, which runs it in a network namespace the test made).
 """
 
 from __future__ import annotations
@@ -39,6 +44,15 @@ LOG_TAIL_BYTES = 4000
 ADMIN_TLS_NAME = "admin"
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where one process runs: the address it listens on and advertises, and what its
+    command line starts with (e.g. ("ip", "netns", "exec", NAME): run it in that namespace)."""
+
+    host: str = "127.0.0.1"
+    command_prefix: tuple[str, ...] = ()
+
+
 @dataclass
 class ServiceProcess:
     """One service process: how to start it again, and where it is now."""
@@ -50,6 +64,7 @@ class ServiceProcess:
     ready_path: Path
     proc: subprocess.Popen[bytes] | None = None
     info: dict[str, object] = field(default_factory=dict)
+    placement: Placement = field(default_factory=Placement)
 
     @property
     def pid(self) -> int | None:
@@ -61,7 +76,7 @@ class ServiceProcess:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.info['port']}"
+        return f"{self.placement.host}:{self.info['port']}"
 
     def log_tail(self) -> str:
         try:
@@ -79,14 +94,19 @@ class LocalCluster:
     def __init__(self, base_dir: Path, *, brokers: int = 3, controllers: int = 1, gateways: int = 1,
                  lease_ttl_s: int = 6, gateway_port: int = 0, replica_lag_time_max_ms: int | None = None,
                  racks: list[str] | None = None, python: str = sys.executable, tls: bool = False,
-                 service_args: list[str] | None = None) -> None:
+                 service_args: list[str] | None = None, host: str = "127.0.0.1",
+                 placements: dict[str, Placement] | None = None) -> None:
         """tls: make a local CA and certificates under base_dir/tls and run etcd and every service
         with TLS (mutual TLS between them; each service also gets a --client-port for token
-        clients). service_args: extra flags for every service (e.g. --authorizer acl)."""
+        clients). service_args: extra flags for every service (e.g. --authorizer acl).
+        host: the address etcd and every service without a placement listen on and advertise.
+        placements: process name ("broker-2") -> where that process runs instead."""
         self.base_dir = Path(base_dir).resolve()
         self.lease_ttl_s = lease_ttl_s
         self.python = python
         self.service_args = list(service_args or [])
+        self.default_placement = Placement(host)
+        self.placements = dict(placements or {})
         self.tls_dir: Path | None = self.base_dir / "tls" if tls else None
         etcd_tls = None
         if self.tls_dir is not None:
@@ -96,7 +116,8 @@ class LocalCluster:
                      *(f"broker-{i}" for i in range(1, brokers + 1)), *(f"gateway-{i}" for i in range(1, gateways + 1))]
             ensure_local_pki(self.tls_dir, names)
             etcd_tls = EtcdServerTls(self.tls_dir / "ca.pem", self.tls_dir / "etcd.pem", self.tls_dir / "etcd-key.pem")
-        self.etcd = EtcdServer(self.base_dir / "etcd", log_path=self.base_dir / "logs" / "etcd.log", tls=etcd_tls)
+        self.etcd = EtcdServer(self.base_dir / "etcd", log_path=self.base_dir / "logs" / "etcd.log", tls=etcd_tls,
+                               host=host)
         self.processes: dict[str, ServiceProcess] = {}
         (self.base_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.base_dir / "run").mkdir(parents=True, exist_ok=True)
@@ -110,14 +131,20 @@ class LocalCluster:
                 extra += ["--replica-lag-time-max-ms", str(replica_lag_time_max_ms)]
             self._add(f"broker-{i}", "broker", extra)
         for i in range(1, gateways + 1):
-            port = gateway_port + i - 1 if gateway_port else free_port()
+            port = gateway_port + i - 1 if gateway_port else free_port(self._placement(f"gateway-{i}").host)
             self._add(f"gateway-{i}", "gateway", ["--gateway-id", str(i), "--port", str(port)])
+
+    def _placement(self, name: str) -> Placement:
+        return self.placements.get(name, self.default_placement)
 
     def _add(self, name: str, kind: str, args: list[str]) -> None:
         if self.tls_dir is not None:
             args = [*args, "--tls-dir", str(self.tls_dir), "--client-port", "0"]
+        placement = self._placement(name)
+        if placement.host != "127.0.0.1":  # the services' default: loopback command lines stay as they were
+            args = [*args, "--host", placement.host]
         self.processes[name] = ServiceProcess(name, kind, args, self.base_dir / "logs" / f"{name}.log",
-                                              self.base_dir / "run" / f"{name}.ready")
+                                              self.base_dir / "run" / f"{name}.ready", placement=placement)
 
     # ---- addresses -----------------------------------------------------------------------
 
@@ -139,7 +166,7 @@ class LocalCluster:
     @property
     def gateway_client_address(self) -> str:
         """With tls: the gateways' listeners without client certificates (bearer-token clients)."""
-        return ",".join(f"127.0.0.1:{p.info['client_port']}" for p in self.by_kind("gateway")
+        return ",".join(f"{p.placement.host}:{p.info['client_port']}" for p in self.by_kind("gateway")
                         if p.info.get("client_port"))
 
     def client_settings(self, name: str | None = ADMIN_TLS_NAME) -> dict[str, str]:
@@ -191,8 +218,9 @@ class LocalCluster:
 
     def _spawn(self, p: ServiceProcess) -> None:
         p.ready_path.unlink(missing_ok=True)
-        cmd = [self.python, "-m", "services", p.kind, *p.args, "--etcd", self.etcd.endpoint,
-               "--lease-ttl-s", str(self.lease_ttl_s), "--ready-file", str(p.ready_path), *self.service_args]
+        cmd = [*p.placement.command_prefix, self.python, "-m", "services", p.kind, *p.args,
+               "--etcd", self.etcd.endpoint, "--lease-ttl-s", str(self.lease_ttl_s), "--ready-file", str(p.ready_path),
+               *self.service_args]
         log = p.log_path.open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         p.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

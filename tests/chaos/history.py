@@ -7,6 +7,11 @@ acknowledged record present at its acknowledged offset), that no offset holds
 two different records, that values written once are stored once, and that
 each reader saw offsets strictly increasing with no acknowledged record
 skipped below what it read.
+
+Writers also record every attempt with its start and end time and its
+outcome, so a scenario can ask what happened to one partition while a fault
+lasted (e.g. that no write was acknowledged while its ISR was below
+min.insync.replicas).
 """
 
 from __future__ import annotations
@@ -17,6 +22,18 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 TopicPartitionKey = tuple[str, int]
+# The outcome of a write the gateway answered without an error code; others are ErrorCode names.
+ACKNOWLEDGED = "NONE"
+# The outcome of a write whose gRPC call itself failed (the gateway unreachable or too slow).
+RPC_FAILED = "RPC_FAILED"
+
+
+@dataclass(frozen=True)
+class WriteAttempt:
+    tp: TopicPartitionKey
+    started_s: float  # time.monotonic() when the request was sent
+    finished_s: float  # time.monotonic() when its answer (or failure) came
+    outcome: str  # ACKNOWLEDGED, an ErrorCode name, or RPC_FAILED
 
 
 @dataclass
@@ -26,6 +43,7 @@ class History:
     consumed: dict[str, dict[TopicPartitionKey, list[tuple[int, bytes]]]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(list)))
     faults: list[str] = field(default_factory=list)
+    attempts: list[WriteAttempt] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ack(self, tp: TopicPartitionKey, offset: int, value: bytes) -> None:
@@ -38,6 +56,15 @@ class History:
     def fail(self) -> None:
         with self._lock:
             self.failed_writes += 1
+
+    def attempt(self, tp: TopicPartitionKey, started_s: float, finished_s: float, outcome: str) -> None:
+        with self._lock:
+            self.attempts.append(WriteAttempt(tp, started_s, finished_s, outcome))
+
+    def attempts_within(self, tps: set[TopicPartitionKey], start_s: float, end_s: float) -> list[WriteAttempt]:
+        """Attempts on tps sent at or after start_s and answered by end_s (both time.monotonic())."""
+        with self._lock:
+            return [a for a in self.attempts if a.tp in tps and a.started_s >= start_s and a.finished_s <= end_s]
 
     def consume(self, reader: str, tp: TopicPartitionKey, offset: int, value: bytes) -> None:
         with self._lock:
@@ -92,4 +119,41 @@ def check(history: History, logs: dict[TopicPartitionKey, list[tuple[int, bytes]
             if wrong:
                 problems.append(f"reader {reader} read {tp} offset {wrong[0][0]} as {wrong[0][1]!r}, "
                                 f"the log has {stored[wrong[0][0]]!r}")
+    return problems
+
+
+def check_replicas(logs: dict[TopicPartitionKey, list[tuple[int, bytes]]],
+                   replicas: dict[int, dict[TopicPartitionKey, list[tuple[int, bytes]]]],
+                   in_sync: dict[TopicPartitionKey, set[int]]) -> list[str]:
+    """Invariant 6 on the replicas' own logs (read from disk after the cluster stopped).
+
+    logs: each partition as read back through its leader (the committed records).
+    replicas: broker -> partition -> its log. in_sync: the ISR when the run ended.
+    Every replica's offsets run without a gap; any two replicas (and the committed
+    log) that hold an offset hold the same record there; every ISR member holds
+    every committed record.
+    """
+    problems: list[str] = []
+    for tp, committed in sorted(logs.items()):
+        holders: dict[int, tuple[str, bytes]] = {o: ("the committed log", v) for o, v in committed}
+        for broker, by_tp in sorted(replicas.items()):
+            records = by_tp.get(tp)
+            if records is None:
+                if broker in in_sync.get(tp, set()):
+                    problems.append(f"{tp}: broker {broker} is in the ISR but has no log")
+                continue
+            offsets = [o for o, _ in records]
+            if offsets and offsets != list(range(offsets[0], offsets[0] + len(offsets))):
+                problems.append(f"{tp}: broker {broker}'s log has a gap or disorder in its offsets")
+            for o, v in records:
+                first = holders.setdefault(o, (f"broker {broker}", v))
+                if first[1] != v:
+                    problems.append(f"{tp}: broker {broker} holds {v!r} at offset {o}, {first[0]} holds {first[1]!r}")
+                    break
+            if broker in in_sync.get(tp, set()):
+                held = set(offsets)
+                missing = [o for o, _ in committed if o not in held]
+                if missing:
+                    problems.append(f"{tp}: broker {broker} is in the ISR but lacks {len(missing)} committed "
+                                    f"records (first offset {missing[0]})")
     return problems

@@ -10,33 +10,34 @@ acknowledged record was lost or moved, none stored twice, and the reader saw
 offsets in order without skipping an acknowledged one. Each run prints what
 it injected and what the checker found.
 
-Network partitions between brokers (namespaces with veth links) are not in
-this file yet; see docs/ARCHITECTURE.md.
+The rest of the chaos suite: network partitions between real brokers, in
+network namespaces the tests make themselves (test_partition_chaos.py, with
+netns.py and partition_scenarios.py), and a partition reassignment under load
+with bounces in its old and new replica sets (test_reassignment_chaos.py).
+The load, the read-back and the bounded waits all share workload.py; see
+docs/ARCHITECTURE.md (Departures, chaos tests).
 """
 
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections.abc import Callable, Iterator
 
-import grpc
 import pytest
 
-from clients.records import decode_batches
 from protos.highwater.v1 import common_pb2
+from tests.chaos import workload
 from tests.chaos.history import History, check
 from tests.integration.conftest import TestCluster
-from tests.integration.helpers import create_topic, gateway_stub, produce
+from tests.integration.helpers import create_topic, gateway_stub
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TOPIC = "chaos"
 PARTITIONS = 3
 LEASE_TTL_S = 3
-RECOVERY_TIMEOUT_S = 60.0
-WRITE_TIMEOUT_MS = 10_000
+RECOVERY_TIMEOUT_S = workload.RECOVERY_TIMEOUT_S
 BOUNCES = 5
 # Fault durations (the faults themselves, not waits for a condition).
 ETCD_PAUSE_S = 1.0
@@ -56,113 +57,12 @@ def chaos_cluster(tmp_path) -> Iterator[TestCluster]:
 
 
 def cluster_state(c: TestCluster) -> dict[int, common_pb2.PartitionState] | None:
-    try:
-        resp = gateway_stub(c.gateway_address).DescribeCluster(common_pb2.DescribeClusterRequest(), timeout=5)
-    except grpc.RpcError:
-        return None
-    if resp.error_code:
-        return None
-    return {p.partition: p for p in resp.partitions if p.topic == TOPIC}
+    return workload.cluster_state(c, TOPIC)
 
 
 def wait_healthy(c: TestCluster, what: str) -> None:
     """Every partition led by a live broker with a full ISR (bounded)."""
-    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        state = cluster_state(c)
-        if state and len(state) == PARTITIONS and all(p.leader > 0 and len(p.isr) == 3 for p in state.values()):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"the cluster did not recover within {RECOVERY_TIMEOUT_S} s after {what}: "
-                         f"{cluster_state(c)}")
-
-
-class Workload:
-    """acks=all writers and one reader, all against the gateway, until stopped."""
-
-    def __init__(self, c: TestCluster, history: History, writers: int = 2) -> None:
-        self.c = c
-        self.history = history
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._write, args=(w,), daemon=True) for w in range(writers)]
-        self.threads.append(threading.Thread(target=self._read, daemon=True))
-
-    def __enter__(self) -> Workload:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=WRITE_TIMEOUT_MS / 1000 + 10)
-
-    def _write(self, writer: int) -> None:
-        gw = gateway_stub(self.c.gateway_address)
-        seq = 0
-        while not self.stop.is_set():
-            partition = seq % PARTITIONS
-            value = f"w{writer}-{seq}".encode()
-            seq += 1
-            try:
-                res = produce(gw, TOPIC, partition, [value], timeout_ms=WRITE_TIMEOUT_MS)
-            except grpc.RpcError:
-                self.history.fail()
-                time.sleep(0.05)  # the gateway is down: do not spin
-                continue
-            if res.error_code == common_pb2.NONE:
-                self.history.ack((TOPIC, partition), res.base_offset, value)
-            else:
-                self.history.fail()
-
-    def _read(self) -> None:
-        gw = gateway_stub(self.c.gateway_address)
-        positions = dict.fromkeys(range(PARTITIONS), 0)
-        while not self.stop.is_set():
-            for p in range(PARTITIONS):
-                try:
-                    resp = gw.Fetch(common_pb2.FetchRequest(replica_id=-1, max_wait_ms=100, min_bytes=1,
-                                                            max_bytes=1 << 20, topics=[common_pb2.FetchTopic(
-                                                                topic=TOPIC, partitions=[common_pb2.FetchPartition(
-                                                                    partition=p, fetch_offset=positions[p],
-                                                                    partition_max_bytes=1 << 20,
-                                                                    current_leader_epoch=-1)])]), timeout=10)
-                except grpc.RpcError:
-                    time.sleep(0.05)
-                    continue
-                pr = resp.topics[0].partitions[0]
-                if pr.error_code:
-                    continue
-                for r in decode_batches(pr.records):
-                    if r.offset >= positions[p]:
-                        self.history.consume("reader", (TOPIC, p), r.offset, r.value or b"")
-                        positions[p] = r.offset + 1
-
-
-def read_logs(c: TestCluster) -> dict[tuple[str, int], list[tuple[int, bytes]]]:
-    gw = gateway_stub(c.gateway_address)
-    out: dict[tuple[str, int], list[tuple[int, bytes]]] = {}
-    for p in range(PARTITIONS):
-        records: list[tuple[int, bytes]] = []
-        offset = 0
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            resp = gw.Fetch(common_pb2.FetchRequest(replica_id=-1, max_wait_ms=0, max_bytes=8 << 20, topics=[
-                common_pb2.FetchTopic(topic=TOPIC, partitions=[common_pb2.FetchPartition(
-                    partition=p, fetch_offset=offset, partition_max_bytes=8 << 20, current_leader_epoch=-1)])]),
-                timeout=10)
-            pr = resp.topics[0].partitions[0]
-            if pr.error_code:
-                time.sleep(0.1)
-                continue
-            batch = [(r.offset, r.value or b"") for r in decode_batches(pr.records) if r.offset >= offset]
-            records.extend(batch)
-            if batch:
-                offset = batch[-1][0] + 1
-            if offset >= pr.high_watermark:
-                break
-        out[(TOPIC, p)] = records
-    return out
+    workload.wait_healthy(c, TOPIC, PARTITIONS, what, timeout_s=RECOVERY_TIMEOUT_S)
 
 
 def leader_of(c: TestCluster, partition: int) -> int:
@@ -179,7 +79,7 @@ def active_controller(c: TestCluster) -> str:
 def run_scenario(c: TestCluster, faults: list[tuple[str, Callable[[], None]]]) -> History:
     history = History()
     wait_healthy(c, "start-up")
-    with Workload(c, history):
+    with workload.Workload(c, history, TOPIC, PARTITIONS):
         deadline = time.monotonic() + 10
         while history.acked_count < 30 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -191,7 +91,7 @@ def run_scenario(c: TestCluster, faults: list[tuple[str, Callable[[], None]]]) -
             deadline = time.monotonic() + 20
             while history.acked_count < before + 10 and time.monotonic() < deadline:
                 time.sleep(0.05)
-    logs = read_logs(c)
+    logs = workload.read_logs(c, TOPIC, PARTITIONS)
     problems = check(history, logs)
     print(f"\nchaos: injected {len(history.faults)} faults ({', '.join(history.faults)}); "
           f"{history.acked_count} acknowledged acks=all writes checked, {history.failed_writes} failed writes; "
