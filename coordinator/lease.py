@@ -12,8 +12,8 @@ The keeper's task owns the lease. It declares the lease lost, sets `lost` and ca
   etcd refreshed the lease no earlier than that, so it may have expired since.
 A process that sees `lost` must stop acting on what the lease stood for.
 
-Over etcd the keep-alives run on a thread of their own, with their own event loop and
-connection (`EtcdStore.open_keepalive_store`). A process's event loop can be busy for
+Over etcd the keep-alives run on a thread of their own, over a synchronous connection of
+their own (`EtcdStore.open_keepalive_client`). A process's event loop can be busy for
 hundreds of milliseconds (a broker opening a thousand logs, a controller loading ten
 thousand partitions, two cores shared by every process of a local cluster); the lease
 must not pay for it, or a 2 s TTL turns every busy moment into a failover. The thread
@@ -35,14 +35,14 @@ from coordinator.limits import (
     LEASE_KEEPALIVES_PER_TTL,
     LEASE_TTL_S_MIN,
 )
-from coordinator.store import CoordinatorError, MetadataStore
+from coordinator.store import CoordinatorError, MetadataStore, SyncLeaseClient
 
 log = logging.getLogger("highwater.coordinator")
 
 OnLost = Callable[[], object]
 
-# How long stop() waits for the keep-alive thread to end (it only has to cancel a call
-# bounded by the store's request timeout and close its channel).
+# How long stop() waits for the keep-alive thread to end (a keep-alive in flight is
+# bounded by the store's request timeout).
 KEEPALIVE_THREAD_JOIN_TIMEOUT_S = 5.0
 
 
@@ -126,9 +126,9 @@ class LeaseKeeper:
         sent_at = self._clock()
         self.lease_id = await store.grant_lease(ttl_s)
         self._last_ok_sent_at = sent_at
-        open_store = getattr(store, "open_keepalive_store", None) if self._own_thread else None
-        if open_store is not None:
-            self._thread = _KeepAliveThread(self, open_store)
+        open_client = getattr(store, "open_keepalive_client", None) if self._own_thread else None
+        if open_client is not None:
+            self._thread = _KeepAliveThread(self, open_client())
             self._thread.start()
         else:
             self._task = asyncio.create_task(self._run(store), name=f"lease-keeper {self.name} {self.lease_id:x}")
@@ -139,27 +139,62 @@ class LeaseKeeper:
 
     async def _run(self, store: MetadataStore) -> None:
         while True:
-            deadline = self._last_ok_sent_at + self.ttl_s
-            now = self._clock()
-            await self._sleep(max(0.0, min(self.keepalive_interval_s, deadline - now)))
+            await self._sleep(self._wait_s())
             sent_at = self._clock()
-            remaining_s = deadline - sent_at
-            if remaining_s <= 0:
-                self._report_lost(f"no keep-alive succeeded for {self.ttl_s} s")
+            remaining_s = self._remaining_s(sent_at)
+            if remaining_s is None:
                 return
             try:
                 # Never wait past the moment the lease may have expired.
                 async with asyncio.timeout(remaining_s):
                     ttl_left = await store.keep_alive_once(self.lease_id)
             except (CoordinatorError, TimeoutError) as exc:
-                self.keepalive_failures_total += 1
-                log.warning("%s: keep-alive of lease %x failed (%s)", self.name, self.lease_id, str(exc) or type(exc).__name__)
+                self._failed(exc)
                 continue
-            if ttl_left <= 0:
-                self._report_lost("etcd says the lease has expired")
+            if not self._answered(sent_at, ttl_left):
                 return
-            self.keepalives_total += 1
-            self._last_ok_sent_at = sent_at
+
+    def _run_in_thread(self, client: SyncLeaseClient, stop: threading.Event) -> None:
+        """_run, for the keep-alive thread: the same steps over a synchronous client."""
+        while not stop.wait(self._wait_s()):
+            sent_at = self._clock()
+            remaining_s = self._remaining_s(sent_at)
+            if remaining_s is None:
+                return
+            try:
+                ttl_left = client.keep_alive_once(self.lease_id, timeout_s=remaining_s)
+            except CoordinatorError as exc:
+                self._failed(exc)
+                continue
+            if not self._answered(sent_at, ttl_left):
+                return
+
+    # The steps both loops share.
+
+    def _wait_s(self) -> float:
+        """Until the next keep-alive: the interval, or less if the lease may expire sooner."""
+        return max(0.0, min(self.keepalive_interval_s, self._last_ok_sent_at + self.ttl_s - self._clock()))
+
+    def _remaining_s(self, sent_at: float) -> float | None:
+        """How long the lease surely lives from sent_at; None (and lost reported) if it may be gone."""
+        remaining_s = self._last_ok_sent_at + self.ttl_s - sent_at
+        if remaining_s <= 0:
+            self._report_lost(f"no keep-alive succeeded for {self.ttl_s} s")
+            return None
+        return remaining_s
+
+    def _failed(self, exc: BaseException) -> None:
+        self.keepalive_failures_total += 1
+        log.warning("%s: keep-alive of lease %x failed (%s)", self.name, self.lease_id, str(exc) or type(exc).__name__)
+
+    def _answered(self, sent_at: float, ttl_left: int) -> bool:
+        """Record etcd's answer; False (and lost reported) when it says the lease is gone."""
+        if ttl_left <= 0:
+            self._report_lost("etcd says the lease has expired")
+            return False
+        self.keepalives_total += 1
+        self._last_ok_sent_at = sent_at
+        return True
 
     def _report_lost(self, why: str) -> None:
         """_declare_lost on the owner's loop, from whichever thread runs the keep-alives."""
@@ -239,44 +274,23 @@ class LeaseKeeper:
 
 
 class _KeepAliveThread(threading.Thread):
-    """Runs LeaseKeeper._run on an event loop and an etcd connection of its own."""
+    """Runs LeaseKeeper._run_in_thread over a synchronous etcd client of its own."""
 
-    def __init__(self, keeper: LeaseKeeper, open_store: Callable[[float], Awaitable[MetadataStore]]) -> None:
+    def __init__(self, keeper: LeaseKeeper, client: SyncLeaseClient) -> None:
         super().__init__(name=f"lease-keeper {keeper.name} {keeper.lease_id:x}", daemon=True)
         self._keeper = keeper
-        self._open_store = open_store
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._client = client
         self._stop_requested = threading.Event()
 
     def run(self) -> None:
-        asyncio.run(self._main())
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._task = asyncio.current_task()
-        if self._stop_requested.is_set():
-            return
         keeper = self._keeper
-        store: MetadataStore | None = None
         try:
-            # The lease was granted just now; connecting may not take longer than it lives.
-            store = await self._open_store(float(keeper.ttl_s))
-            await keeper._run(store)
-        except asyncio.CancelledError:
-            pass  # stop()
+            keeper._run_in_thread(self._client, self._stop_requested)
         except Exception as exc:  # fail safe: a keeper that cannot keep the lease says so
             log.error("%s: keep-alive thread failed", keeper.name, exc_info=exc)
             keeper._report_lost(f"the keep-alive thread failed ({exc})")
         finally:
-            if store is not None:
-                await store.close()
+            self._client.close()
 
     def stop(self) -> None:
         self._stop_requested.set()
-        loop, task = self._loop, self._task
-        if loop is not None and task is not None:
-            try:
-                loop.call_soon_threadsafe(task.cancel)
-            except RuntimeError:
-                pass  # its loop already ended

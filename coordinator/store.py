@@ -38,7 +38,15 @@ import grpc
 import grpc.aio
 from etcd3aio import EtcdConnectionError, EtcdError, EtcdTransientError, prefix_range_end
 from etcd3aio._protobuf import Compare as PbCompare
-from etcd3aio._protobuf import RequestOp, WatchCreateRequest, WatchRequest, WatchResponse, WatchStub
+from etcd3aio._protobuf import (
+    LeaseKeepAliveRequest,
+    LeaseStub,
+    RequestOp,
+    WatchCreateRequest,
+    WatchRequest,
+    WatchResponse,
+    WatchStub,
+)
 from etcd3aio.connections import ConnectionManager
 from etcd3aio.kv import KVService
 from etcd3aio.lease import LeaseService
@@ -355,6 +363,50 @@ class EtcdTls:
     server_name: str | None = None
 
 
+class SyncLeaseClient:
+    """etcd lease keep-alives over a synchronous gRPC channel (for a plain thread)."""
+
+    def __init__(self, endpoints: list[str], *, tls: EtcdTls | None, request_timeout_s: float) -> None:
+        self.endpoints = endpoints
+        self.request_timeout_s = request_timeout_s
+        manager = ConnectionManager(resolve_endpoints(endpoints))
+        options = [*manager.grpc_options,
+                   ("grpc.initial_reconnect_backoff_ms", ETCD_RECONNECT_BACKOFF_MS_MIN),
+                   ("grpc.min_reconnect_backoff_ms", ETCD_RECONNECT_BACKOFF_MS_MIN),
+                   ("grpc.max_reconnect_backoff_ms", ETCD_RECONNECT_BACKOFF_MS_MAX)]
+        if tls is None:
+            self._channel = grpc.insecure_channel(manager.target, options=options)
+        else:
+            if tls.server_name is not None:
+                options.append(("grpc.ssl_target_name_override", tls.server_name))
+            credentials = grpc.ssl_channel_credentials(root_certificates=tls.ca_cert, private_key=tls.cert_key,
+                                                       certificate_chain=tls.cert_chain)
+            self._channel = grpc.secure_channel(manager.target, credentials, options=options)
+        self._stub = LeaseStub(self._channel)
+
+    def keep_alive_once(self, lease_id: int, timeout_s: float) -> int:
+        """Refresh the lease once; its TTL in seconds, 0 when it no longer exists.
+
+        Raises CoordinatorUnavailable when etcd does not answer within timeout_s.
+        """
+        call = self._stub.LeaseKeepAlive(iter([LeaseKeepAliveRequest(ID=lease_id)]),
+                                         timeout=min(timeout_s, self.request_timeout_s))
+        try:
+            resp = next(call)
+        except StopIteration:
+            raise CoordinatorUnavailable(
+                f"etcd at {','.join(self.endpoints)} closed the lease keep-alive stream") from None
+        except grpc.RpcError as exc:
+            raise CoordinatorUnavailable(
+                f"etcd at {','.join(self.endpoints)} unavailable for lease keep-alive: {exc.code().name}") from exc
+        finally:
+            call.cancel()
+        return int(resp.TTL)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
 class EtcdStore:
     """MetadataStore over etcd v3 (etcd3aio on one grpc.aio channel).
 
@@ -550,14 +602,13 @@ class EtcdStore:
         except LeaseLost:
             log.debug("lease %x was already gone when revoked", lease_id)
 
-    async def open_keepalive_store(self, timeout_s: float) -> EtcdStore:
-        """A second connection to the same etcd, for the running event loop (another thread's).
+    def open_keepalive_client(self) -> SyncLeaseClient:
+        """A second, synchronous connection to the same etcd, for LeaseKeeper's own thread.
 
-        A grpc.aio channel belongs to the loop that made it; LeaseKeeper keeps its lease
-        alive from a thread of its own over this one.
+        Synchronous gRPC, not a second asyncio loop: grpc.aio shares one completion queue
+        per process between loops, and a loop that ends leaves it calling into a closed one.
         """
-        return await EtcdStore.connect(self.endpoints, prefix=self.keys.prefix, timeout_s=timeout_s,
-                                       request_timeout_s=self.request_timeout_s, tls=self._tls)
+        return SyncLeaseClient(self.endpoints, tls=self._tls, request_timeout_s=self.request_timeout_s)
 
     async def keep_alive_once(self, lease_id: int) -> int:
         """Refresh the lease once; returns its TTL in seconds, 0 when it no longer exists."""

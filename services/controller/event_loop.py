@@ -64,6 +64,9 @@ log = logging.getLogger("highwater.controller")
 
 # etcd refuses transactions with more operations than --max-txn-ops (default 128).
 ETCD_TXN_OPS_MAX = 100
+# An event that takes at least this long from decision to queued requests is logged with
+# where its time went.
+SLOW_EVENT_LOG_S = 0.1
 # Events waiting for the loop; a full queue pushes back on admin callers.
 EVENT_QUEUE_LENGTH_MAX = 10_000
 # Per-broker control requests waiting to be sent.
@@ -268,8 +271,9 @@ class ControllerEventLoop:
             metrics.EVENT_QUEUE_TIME.labels(ev.name).observe(time.monotonic() - ev.enqueued_at)
             try:
                 with metrics.EVENT_PROCESSING_TIME.labels(ev.name).time():
+                    started = time.monotonic()
                     result = ev.handler()
-                    await self.apply(result)
+                    await self.apply(result, event=ev.name, decided_s=time.monotonic() - started)
                 if not ev.done.done():
                     ev.done.set_result(result)
                 if ev.name != "ReassignmentProgress" and handlers.ongoing_reassignments(self.ctx):
@@ -370,30 +374,57 @@ class ControllerEventLoop:
 
     # ---- apply: fenced writes, replay, RPCs ----------------------------------------------------
 
-    async def apply(self, result: ControllerResult) -> None:
+    async def apply(self, result: ControllerResult, *, event: str = "", decided_s: float = 0.0) -> None:
         if result.unclean_elections:
             metrics.UNCLEAN_ELECTIONS.inc(result.unclean_elections)
+        started = time.monotonic()
+        txns = 0
         if result.writes:
-            await self._commit(result.writes)
+            txns = await self._commit(result.writes)
             for write in result.writes:
                 handlers.apply_write(self.ctx, write)
+        committed = time.monotonic()
         self._sync_senders()
         self._send(result)
+        sent = time.monotonic()
+        if decided_s + sent - started >= SLOW_EVENT_LOG_S:
+            # What a failover's time went to, in the log (the metrics hold the totals).
+            log.info("event %s: decided in %.0f ms, %d writes committed in %d transactions in %.0f ms, "
+                     "requests queued in %.0f ms", event or "?", decided_s * 1000, len(result.writes), txns,
+                     (committed - started) * 1000, (sent - committed) * 1000)
         metrics.OFFLINE_PARTITIONS.set(len(self.ctx.offline_partitions()))
         metrics.GLOBAL_PARTITION_COUNT.set(len(self.ctx.states))
 
-    async def _commit(self, writes: list[handlers.Write]) -> None:
-        chunk: list[tuple[list[Any], list[Op]]] = []
+    async def _commit(self, writes: list[handlers.Write]) -> int:
+        """Commit the writes in fenced transactions of at most ETCD_TXN_OPS_MAX ops; returns how many.
+
+        Transactions that touch disjoint keys go to etcd together (one round trip and,
+        etcd batching them, about one disk sync instead of one each: a failover of 1,000
+        partitions is 10 of them). If a key appears in two of them, or a prefix delete in
+        any, they go one by one, in order. Either way a refused one raises, and the caller reloads the state from etcd.
+        """
+        chunks: list[list[tuple[list[Any], list[Op]]]] = [[]]
         ops_in_chunk = 0
         for write in writes:
             compares, ops = self._etcd_ops(write)
-            if ops_in_chunk + len(ops) > ETCD_TXN_OPS_MAX and chunk:
-                await self._commit_chunk(chunk)
-                chunk, ops_in_chunk = [], 0
-            chunk.append((compares, ops))
+            if ops_in_chunk + len(ops) > ETCD_TXN_OPS_MAX and chunks[-1]:
+                chunks.append([])
+                ops_in_chunk = 0
+            chunks[-1].append((compares, ops))
             ops_in_chunk += len(ops)
-        if chunk:
-            await self._commit_chunk(chunk)
+        chunks = [c for c in chunks if c]
+        keys_per_chunk = [{op.key for _, ops in chunk for op in ops} for chunk in chunks]
+        prefixed = any(getattr(op, "prefix", False) for chunk in chunks for _, ops in chunk for op in ops)
+        disjoint = not prefixed and sum(len(keys) for keys in keys_per_chunk) == len(set().union(*keys_per_chunk))
+        if disjoint and len(chunks) > 1:
+            results = await asyncio.gather(*(self._commit_chunk(chunk) for chunk in chunks), return_exceptions=True)
+            for outcome in results:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+        else:
+            for chunk in chunks:
+                await self._commit_chunk(chunk)
+        return len(chunks)
 
     async def _commit_chunk(self, chunk: list[tuple[list[Any], list[Op]]]) -> None:
         compares = [c for cs, _ in chunk for c in cs]

@@ -208,9 +208,16 @@ async def serve(config: ControllerConfig) -> None:
                                   {"host": config.host, "port": runtime.bound_port}, ttl_s=config.lease_ttl_s)
     await runtime.mark_ready(controller_id=config.controller_id)
 
+    stopping = asyncio.Event()
+
     async def act() -> None:
-        while True:
+        while not stopping.is_set():
             epoch = await election.campaign()
+            if stopping.is_set():
+                # Won again while stopping (the standby was slower to campaign than we were to
+                # come back): hand the epoch straight back instead of loading the cluster.
+                await election.resign()
+                return
             log.info("controller %d won the election at epoch %d", config.controller_id, epoch)
             loop = ControllerEventLoop(
                 store=store, controller_id=config.controller_id, epoch=epoch, peers=peers,
@@ -245,7 +252,9 @@ async def serve(config: ControllerConfig) -> None:
 
     async def on_stop() -> None:
         # Hand over first: stop acting, then revoke the lease so a standby takes over at once
-        # (not a lease TTL later); the campaign task is cancelled after.
+        # (not a lease TTL later); the campaign task is cancelled after, and must not win
+        # the election back in between.
+        stopping.set()
         loop = servicer.active
         servicer.active = None
         if loop is not None:
