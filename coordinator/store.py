@@ -363,6 +363,15 @@ class EtcdTls:
     server_name: str | None = None
 
 
+# Both connections to etcd (the store's and the keep-alive thread's) come back this fast
+# after etcd restarts.
+_RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", ETCD_RECONNECT_BACKOFF_MS_MIN),
+    ("grpc.min_reconnect_backoff_ms", ETCD_RECONNECT_BACKOFF_MS_MIN),
+    ("grpc.max_reconnect_backoff_ms", ETCD_RECONNECT_BACKOFF_MS_MAX),
+]
+
+
 class SyncLeaseClient:
     """etcd lease keep-alives over a synchronous gRPC channel (for a plain thread)."""
 
@@ -370,10 +379,7 @@ class SyncLeaseClient:
         self.endpoints = endpoints
         self.request_timeout_s = request_timeout_s
         manager = ConnectionManager(resolve_endpoints(endpoints))
-        options = [*manager.grpc_options,
-                   ("grpc.initial_reconnect_backoff_ms", ETCD_RECONNECT_BACKOFF_MS_MIN),
-                   ("grpc.min_reconnect_backoff_ms", ETCD_RECONNECT_BACKOFF_MS_MIN),
-                   ("grpc.max_reconnect_backoff_ms", ETCD_RECONNECT_BACKOFF_MS_MAX)]
+        options = [*manager.grpc_options, *_RECONNECT_OPTIONS]
         if tls is None:
             self._channel = grpc.insecure_channel(manager.target, options=options)
         else:
@@ -457,9 +463,7 @@ class EtcdStore:
         manager = ConnectionManager(resolve_endpoints(parsed))
         manager.grpc_options.extend(
             [
-                ("grpc.initial_reconnect_backoff_ms", ETCD_RECONNECT_BACKOFF_MS_MIN),
-                ("grpc.min_reconnect_backoff_ms", ETCD_RECONNECT_BACKOFF_MS_MIN),
-                ("grpc.max_reconnect_backoff_ms", ETCD_RECONNECT_BACKOFF_MS_MAX),
+                *_RECONNECT_OPTIONS,
                 ("grpc.max_receive_message_length", ETCD_RESPONSE_BYTES_MAX),
             ]
         )

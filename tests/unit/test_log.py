@@ -412,7 +412,7 @@ def test_epoch_cache_is_persisted_in_kafka_text_format(tmp_path: Path) -> None:
     log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
     fill(log, 2, epoch=3)
     fill(log, 1, epoch=8)
-    assert log.checkpoint_leader_epochs()
+    assert log.leader_epoch_cache.persist_if_dirty()
     text = (tmp_path / "t-0" / "leader-epoch-checkpoint").read_text()
     assert text == "0\n2\n3 0\n8 6\n"
     log.close()
@@ -530,14 +530,14 @@ def test_flush_ms_fsyncs_after_the_interval() -> None:
     assert log.maybe_flush(now_ms=2_000) and log.recovery_point == 9
 
 
-def test_new_epoch_entries_wait_for_the_checkpoint_pass() -> None:
+def test_new_epoch_entries_are_written_only_when_asked() -> None:
     storage = MemoryStorage()
     log = memory_log(storage)
     log.leader_epoch_cache.assign(4, 0)  # what become_leader does: no fsync on the request path
     path = "/data/topic-0/leader-epoch-checkpoint"
     assert log.leader_epoch_cache.dirty and not storage.exists(path)
-    assert log.checkpoint_leader_epochs()
-    assert not log.checkpoint_leader_epochs()  # nothing new: no second write
+    assert log.leader_epoch_cache.persist_if_dirty()
+    assert not log.leader_epoch_cache.persist_if_dirty()  # nothing new: no second write
     storage.crash()
     assert checkpoints.read_entries(storage, path, fields_per_entry=2) == [(4, 0)]
 

@@ -9,7 +9,7 @@ When a change must reach the disk:
 - a truncation (truncate_from_end / truncate_from_start / clear) is persisted at once: a
   stale file could bring back epochs of data that is gone;
 - a new entry (assign) is only marked dirty and persisted by `persist_if_dirty`, which the
-  Log calls before it moves its recovery point and in its periodic checkpoint pass. Until
+  Log calls before it moves its recovery point (flush, close, the end of a load). Until
   then the entry is needed only for offsets past the recovery point, and recovery after a
   crash rebuilds exactly those entries from the batches' partitionLeaderEpoch. An entry of
   an epoch that got no data before a crash may be lost, which is harmless: no replica

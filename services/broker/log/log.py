@@ -742,11 +742,6 @@ class Log:
             return True
         return False
 
-    def checkpoint_leader_epochs(self) -> bool:
-        """Persist epoch entries assigned since the last write (see epoch_cache); True if it wrote."""
-        check(not self._closed, "log %s is closed", self._directory)
-        return self._epoch_cache.persist_if_dirty()
-
     def _persist_epochs(self, entries: list[tuple[int, int]]) -> None:
         checkpoints.write_entries(self._storage, self._path(LEADER_EPOCH_CHECKPOINT), list(entries))
 
