@@ -220,9 +220,9 @@ def profile_task(bootstrap: str) -> dict[str, float]:
             while offset < end:
                 if path == "gateway":
                     response = client.call("Fetch", client.fetch_request((TOPIC, 0), offset, settings.fetch_max_bytes))
+                    records = response.topics[0].partitions[0].records
                 else:
-                    response = client.fetch_future((TOPIC, 0), offset, settings.fetch_max_bytes)()
-                records = response.topics[0].partitions[0].records
+                    records = client.fetch_future((TOPIC, 0), offset, settings.fetch_max_bytes)().records
                 chunks.append(records)
                 offset = next_fetch_offset(records, offset) or end
             out[f"fetch_only_{path}_records_per_s"] = round(end / (time.perf_counter() - started))

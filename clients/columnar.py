@@ -171,6 +171,12 @@ def _varint(buf: np.ndarray, pos: int, end: int) -> tuple[int, int]:
     As aiokafka's decode_varint64: at most 10 bytes, bits past 64 dropped, then zigzag.
     -1: it runs past `end`; -2: it is longer than 10 bytes.
     """
+    if pos >= end:
+        return 0, -1
+    first = np.uint64(buf[pos])
+    if first < np.uint64(0x80):
+        # Most varints in a batch (attributes, deltas, small lengths) are one byte.
+        return np.int64(first >> np.uint64(1)) ^ -np.int64(first & np.uint64(1)), pos + 1
     value = np.uint64(0)
     shift = np.uint64(0)
     while True:

@@ -35,9 +35,14 @@ from typing import Any, TypeVar
 import grpc
 
 from clients.connection import CHANNEL_OPTIONS
-from protos.highwater.v1 import broker_pb2_grpc, common_pb2, gateway_pb2_grpc
+from protos.highwater.v1 import broker_pb2, common_pb2, gateway_pb2_grpc
 from spark_connector import limits
+from spark_connector.fetch_response import FetchedPartition, MalformedFetchResponse, parse_fetch_response
 from spark_connector.options import ClientSettings, TopicPartitionKey
+
+# The broker's Fetch, called with the answer left as bytes (see _leader_address).
+_FETCH = broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].methods_by_name["Fetch"]
+BROKER_FETCH_METHOD = f"/{_FETCH.containing_service.full_name}/{_FETCH.name}"
 
 log = logging.getLogger("highwater.spark")
 
@@ -74,7 +79,8 @@ class GatewayClient:
         # Direct fetches: partition -> its leader's address, and one channel per leader.
         self._leaders: dict[TopicPartitionKey, str] = {}
         self._leader_channels: dict[str, grpc.Channel] = {}
-        self._leader_stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
+        # Per leader, its Fetch method answering the raw bytes (parse_fetch_response reads them).
+        self._leader_fetch: dict[str, grpc.UnaryUnaryMultiCallable] = {}
         self._unreachable_leaders: set[str] = set()
 
     def close(self) -> None:
@@ -84,7 +90,7 @@ class GatewayClient:
         self._stubs.clear()
         self._connected.clear()
         self._leader_channels.clear()
-        self._leader_stubs.clear()
+        self._leader_fetch.clear()
         self._leaders.clear()
 
     def __enter__(self) -> GatewayClient:
@@ -157,10 +163,11 @@ class GatewayClient:
         return result
 
     def fetch_future(self, tp: TopicPartitionKey, offset: int, max_bytes: int,
-                     max_wait_ms: int = 0) -> Callable[[], common_pb2.FetchResponse]:
+                     max_wait_ms: int = 0) -> Callable[[], FetchedPartition]:
         """Start a Fetch of one partition at its leader (or through a gateway); return a waiter.
 
-        The waiter returns the FetchResponse whichever way it came. A direct call that fails
+        The waiter returns the partition's answer whichever way it came; from a leader its
+        records are a view of the bytes gRPC received (spark_connector/fetch_response.py). A direct call that fails
         is repeated through the gateway (with its failover); a retriable per-partition error
         from a leader (it no longer leads) makes the next Fetch of that partition look the
         leader up again. The caller handles per-partition errors as for any Fetch.
@@ -168,25 +175,33 @@ class GatewayClient:
         request = self.fetch_request(tp, offset, max_bytes, max_wait_ms)
         address = self._leader_address(tp) if self.settings.fetch_from_leaders else None
         if address is None:
-            return self.call_future("Fetch", request)
-        future = self._leader_stubs[address].Fetch.future(request, timeout=self.settings.request_timeout_ms / 1000)
+            waiter = self.call_future("Fetch", request)
+            return lambda: FetchedPartition.from_proto(waiter())
+        future = self._leader_fetch[address].future(request, timeout=self.settings.request_timeout_ms / 1000)
 
-        def result() -> common_pb2.FetchResponse:
+        def through_gateway() -> FetchedPartition:
+            return FetchedPartition.from_proto(self.call("Fetch", request))
+
+        def result() -> FetchedPartition:
             try:
-                response = future.result()
+                part = parse_fetch_response(future.result())
             except grpc.RpcError as error:
                 log.info("leader %s of %s-%d: Fetch %s; reading through the gateway", address, tp[0], tp[1],
                          error.code().name)  # type: ignore[attr-defined]
                 self._leaders.pop(tp, None)
-                return self.call("Fetch", request)  # type: ignore[no-any-return]
-            part = response.topics[0].partitions[0]
+                return through_gateway()
+            except MalformedFetchResponse as error:
+                log.warning("leader %s of %s-%d: unreadable Fetch answer (%s); reading through the gateway",
+                            address, tp[0], tp[1], error)
+                self._leaders.pop(tp, None)
+                return through_gateway()
             if part.error_code != common_pb2.NONE:
                 self._leaders.pop(tp, None)  # leadership moved, or the topic went: look again next time
             if part.error_code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION:
                 # The reader takes this code for a deleted topic (data loss); a broker's metadata
                 # may lag the gateway's, so the gateway, whose answer that path was built on, decides.
-                return self.call("Fetch", request)  # type: ignore[no-any-return]
-            return response  # type: ignore[no-any-return]
+                return through_gateway()
+            return part
 
         return result
 
@@ -216,7 +231,11 @@ class GatewayClient:
                 self._unreachable_leaders.add(address)
                 return None
             self._leader_channels[address] = channel
-            self._leader_stubs[address] = broker_pb2_grpc.BrokerServiceStub(channel)
+            # The generated stub would parse the answer into a message (copying the records
+            # twice); None as deserializer hands over gRPC's bytes as they are.
+            self._leader_fetch[address] = channel.unary_unary(
+                BROKER_FETCH_METHOD, request_serializer=common_pb2.FetchRequest.SerializeToString,
+                response_deserializer=None)
         return address
 
     def retry(self, what: str, attempt: Callable[[], T | None]) -> T:

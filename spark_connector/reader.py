@@ -21,7 +21,6 @@ and the option; false: the lost part is skipped and a warning is logged.
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -54,6 +53,7 @@ from clients.columnar import decode_columns
 from clients.consumer import next_fetch_offset
 from protos.highwater.v1 import common_pb2
 from spark_connector import limits, planning
+from spark_connector.fetch_response import FetchedPartition
 from spark_connector.gateway import RETRIABLE_CODES, GatewayClient, HighwaterSparkError, code_name
 from spark_connector.options import (
     EARLIEST,
@@ -66,6 +66,7 @@ from spark_connector.options import (
 )
 from spark_connector.planning import OffsetRange
 from spark_connector.schema import ConstantColumns, columns_to_arrow
+from spark_connector.worker import prepare_python_worker
 
 log = logging.getLogger("highwater.spark")
 
@@ -286,7 +287,7 @@ def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> I
     pending = client.fetch_future(tp, offset, max_bytes)
     stalled: _Stall | None = None
     while offset < r.end:
-        part = pending().topics[0].partitions[0]
+        part = pending()
         code = part.error_code
         if code != common_pb2.NONE:
             before = offset
@@ -317,18 +318,6 @@ def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> I
         offset = next_offset
 
 
-def _freeze_long_lived_objects() -> None:
-    """Take what the Python worker holds now out of the cyclic garbage collector's sight.
-
-    A reused PySpark worker runs gc.collect() after every task (pyspark/daemon.py), a full
-    collection that walks every container object in the process: with numba, pyarrow and
-    grpc imported that is ~150,000 objects and ~0.1 s per task (py-spy: 39% of a worker's
-    samples on a 2M-record read). Frozen objects are skipped by it. They are the modules and
-    caches the worker keeps anyway; objects a task creates are still collected as usual.
-    """
-    gc.freeze()
-
-
 @dataclass(frozen=True)
 class _Stall:
     """Since when a partition has made no progress, and until when that is tolerated."""
@@ -348,7 +337,7 @@ class _Stall:
 
 
 def _after_fetch_error(client: GatewayClient, r: OffsetRange, offset: int,
-                       part: common_pb2.FetchPartitionResponse, options: ReadOptions) -> int:
+                       part: FetchedPartition, options: ReadOptions) -> int:
     """Where to go on after a per-partition Fetch error: the same offset, a later one, or raise."""
     code = part.error_code
     name = f"{r.topic}-{r.partition}"
@@ -411,7 +400,7 @@ class HighwaterBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, HighwaterInputPartition):
             return  # partitions() found nothing to read: Spark still runs one task with a placeholder
-        _freeze_long_lived_objects()
+        prepare_python_worker()
         with GatewayClient(self.options.bootstrap, self.options.client) as client:
             yield from read_range(client, partition.range, self.options)
 
@@ -567,7 +556,7 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, HighwaterInputPartition):
             return  # partitions() found nothing to read: Spark still runs one task with a placeholder
-        _freeze_long_lived_objects()
+        prepare_python_worker()
         with GatewayClient(self.options.bootstrap, self.options.client) as client:
             yield from read_range(client, partition.range, self.options)
 
