@@ -167,10 +167,11 @@ class GatewayClient:
         """Start a Fetch of one partition at its leader (or through a gateway); return a waiter.
 
         The waiter returns the partition's answer whichever way it came; from a leader its
-        records are a view of the bytes gRPC received (spark_connector/fetch_response.py). A direct call that fails
-        is repeated through the gateway (with its failover); a retriable per-partition error
-        from a leader (it no longer leads) makes the next Fetch of that partition look the
-        leader up again. The caller handles per-partition errors as for any Fetch.
+        records are a view of the bytes gRPC received (spark_connector/fetch_response.py).
+        A direct call that fails, or answers bytes that are not a FetchResponse, is repeated
+        through the gateway (with its failover); a retriable per-partition error from a
+        leader (it no longer leads) makes the next Fetch of that partition look the leader
+        up again. The caller handles per-partition errors as for any Fetch.
         """
         request = self.fetch_request(tp, offset, max_bytes, max_wait_ms)
         address = self._leader_address(tp) if self.settings.fetch_from_leaders else None
