@@ -22,8 +22,11 @@ from services.broker.log import Log
 from services.broker.producer_state import ProducerStateManager
 from services.common.errors import (
     FencedLeaderEpoch,
+    HighwaterError,
     NotEnoughReplicas,
+    NotEnoughReplicasAfterAppend,
     NotLeaderOrFollower,
+    UnknownLeaderEpoch,
     check,
 )
 from services.common.record_batch import BatchHeader, iter_batch_headers, validate_batches
@@ -190,6 +193,52 @@ class Partition:
         """Replicated batches (offsets assigned by the leader); producer state follows along."""
         info = self.log.append_as_follower(records, now_ms=now_ms)
         self.producers.update(info.headers)
+
+    def check_enough_replicas_reach_offset(self, required_offset: int, leader_epoch: int
+                                           ) -> tuple[bool, HighwaterError | None]:
+        """The acks=all completion rule (Kafka's Partition.checkEnoughReplicasReachOffset).
+
+        An append made at leader_epoch and ending before required_offset is acknowledged
+        once the HW reaches required_offset, that is once every member of the (maximal)
+        ISR has it. Returns (done, error): not done while the HW is below; done with
+        NotLeaderOrFollower when this replica no longer leads in the epoch of the append
+        (the record may yet be truncated away, so it must not be acknowledged); done with
+        NotEnoughReplicasAfterAppend when the ISR shrank below min.insync.replicas.
+        """
+        if self.role is not Role.LEADER or self.leader_epoch != leader_epoch:
+            return True, NotLeaderOrFollower(
+                f"leadership of {self.topic}-{self.partition} moved before the write was replicated to the ISR")
+        if self.high_watermark < required_offset:
+            return False, None
+        if len(self.isr) < self.min_insync_replicas:
+            return True, NotEnoughReplicasAfterAppend(
+                f"written, but the ISR {list(self.isr)} shrank below min.insync.replicas={self.min_insync_replicas}")
+        return True, None
+
+    def check_current_leader_epoch(self, current_leader_epoch: int) -> None:
+        """A client's or follower's idea of the leader epoch against ours (-1: not checked).
+
+        Older: the caller is behind (FENCED_LEADER_EPOCH, refresh metadata). Newer: we
+        have not yet applied the LeaderAndIsr the caller already knows of
+        (UNKNOWN_LEADER_EPOCH, retry soon).
+        """
+        if current_leader_epoch < 0:
+            return
+        if current_leader_epoch < self.leader_epoch:
+            raise FencedLeaderEpoch(f"leader epoch {current_leader_epoch} is older than {self.leader_epoch}")
+        if current_leader_epoch > self.leader_epoch:
+            raise UnknownLeaderEpoch(f"leader epoch {current_leader_epoch} is newer than {self.leader_epoch}")
+
+    def last_offset_for_leader_epoch(self, leader_epoch: int) -> tuple[int, int]:
+        """The OffsetsForLeaderEpoch answer (KIP-101/279): (largest epoch <= asked, its end offset).
+
+        The current epoch, and an epoch with no recorded end, end at our LEO. (-1, -1)
+        when no epoch at or below the asked one is known.
+        """
+        epoch, end = self.log.leader_epoch_cache.end_offset_for_epoch(leader_epoch)
+        if epoch == self.leader_epoch or (epoch >= 0 and end < 0):
+            end = self.log.log_end_offset
+        return epoch, end
 
     # ---- leader: followers' fetches -----------------------------------------
 

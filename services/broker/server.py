@@ -16,13 +16,14 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from coordinator.election import current_controller
 from coordinator.registration import register_broker, register_waiting_for_old_lease
 from coordinator.store import EtcdStore
-from protos.highwater.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2
+from protos.highwater.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.broker import metrics
 from services.broker.replica_manager import ReplicaManager
 from services.common import limits
@@ -132,18 +133,11 @@ class ControllerClient:
             raise ConnectionError("no active controller registered in etcd")
         return f"{info['host']}:{info['port']}"
 
-    async def alter_partition(self, req: controller_pb2.AlterPartitionRequest
-                              ) -> controller_pb2.AlterPartitionResponse:
+    async def call(self, rpc: str, request: Any, timeout_s: float) -> Any:
+        """One call to the active controller (AlterPartition, ControlledShutdown)."""
         stub = self.peers.controller(await self._address())
-        return await stub.AlterPartition(req, timeout=limits.CONTROL_RPC_TIMEOUT_S)
-
-    async def controlled_shutdown(self, req: controller_pb2.ControlledShutdownRequest
-                                  ) -> controller_pb2.ControlledShutdownResponse:
-        stub = self.peers.controller(await self._address())
-        return await stub.ControlledShutdown(req, timeout=limits.CONTROL_RPC_TIMEOUT_S * 2)
-
-
-CONTROLLED_SHUTDOWN_ATTEMPTS_MAX = 3
+        method = {"AlterPartition": stub.AlterPartition, "ControlledShutdown": stub.ControlledShutdown}[rpc]
+        return await method(request, timeout=timeout_s)
 
 
 async def serve(config: BrokerConfig) -> None:
@@ -155,17 +149,19 @@ async def serve(config: BrokerConfig) -> None:
     peers = PeerChannels()
     controller = ControllerClient(store, peers)
     replicas = ReplicaManager(broker_id=config.broker_id, data_dir=config.data_dir,
-                              send_alter_partition=controller.alter_partition,
+                              call_controller=controller.call,
                               replica_lag_time_max_ms=config.replica_lag_time_max_ms)
     runtime = ServiceRuntime(name=f"broker-{config.broker_id}", host=config.host, port=config.port,
                              metrics_port=config.metrics_port, ready_file=config.ready_file,
                              service_names=[broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name],
                              security=security)
     broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(replicas), runtime.server)
+    # Control requests that arrive between here and registration are answered
+    # BROKER_NOT_AVAILABLE (the controller retries them): the broker epoch is not known yet.
     await runtime.start()
-    replicas.start()
+    unclean_shutdown = replicas.start()
     info = {"broker_id": config.broker_id, "host": config.host, "port": runtime.bound_port, "rack": config.rack,
-            "metrics_port": runtime.bound_metrics_port, "pid": os.getpid()}
+            "metrics_port": runtime.bound_metrics_port, "pid": os.getpid(), "unclean_shutdown": unclean_shutdown}
 
     async def register() -> object:
         registration = await register_waiting_for_old_lease(
@@ -200,7 +196,7 @@ async def serve(config: BrokerConfig) -> None:
 
     async def on_stop() -> None:
         lease_watcher.cancel()
-        await controlled_shutdown(config, controller, replicas)
+        await replicas.controlled_shutdown()
         await replicas.close()
         try:
             await registration.lease.stop(revoke=True)  # type: ignore[attr-defined]
@@ -212,21 +208,3 @@ async def serve(config: BrokerConfig) -> None:
 
     await runtime.run_until_stopped(on_stop)
 
-
-async def controlled_shutdown(config: BrokerConfig, controller: ControllerClient, replicas: ReplicaManager) -> None:
-    """Ask the controller to move our leaderships away before we stop (rolling restarts lose nothing)."""
-    req = controller_pb2.ControlledShutdownRequest(broker_id=config.broker_id, broker_epoch=replicas.broker_epoch)
-    for attempt in range(1, CONTROLLED_SHUTDOWN_ATTEMPTS_MAX + 1):
-        try:
-            resp = await controller.controlled_shutdown(req)
-        except Exception as exc:
-            log.warning("controlled shutdown attempt %d failed: %s", attempt, exc)
-            await asyncio.sleep(0.2 * attempt)
-            continue
-        if resp.error_code == common_pb2.NONE and not resp.remaining_partitions:
-            log.info("controlled shutdown done: no partitions led here any more")
-            return
-        log.info("controlled shutdown attempt %d: %s, %d partitions still led here", attempt,
-                 common_pb2.ErrorCode.Name(resp.error_code), len(resp.remaining_partitions))
-        await asyncio.sleep(0.2 * attempt)
-    log.warning("controlled shutdown incomplete; stopping anyway (the controller fails over on lease expiry)")

@@ -14,6 +14,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PURE_MODULES = [
     "services/broker/partition.py",
+    "services/broker/core.py",
+    "services/broker/purgatory.py",
+    "services/broker/fetcher_core.py",
+    "services/broker/steps.py",
     "services/broker/fetch_state.py",
     "services/broker/log",
     "services/common/record_batch.py",

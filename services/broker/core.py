@@ -1,0 +1,802 @@
+"""The broker core: every replica this broker holds, and every rule about them, without I/O.
+
+Kafka's ReplicaManager, sans I/O (as the controller's handlers already are). The
+core answers control requests (LeaderAndIsr, UpdateMetadata, StopReplica), data
+requests (Produce, Fetch, ListOffsets, OffsetsForLeaderEpoch) and runs the leader's
+periodic duties (ISR shrink, HW checkpoints, retention). It never touches a socket,
+sleeps or reads a clock of its own: time comes from the `Clock` passed in, files go
+through the `Storage` seam, and everything that waits or talks to another process
+goes out through `BrokerIO`:
+
+- a produce or fetch that must wait goes into the purgatory (purgatory.py) and is
+  completed by `notify(tp)` (new data, HW moved, leadership changed) or by the
+  expiry the core asks `io.call_later` for;
+- a replica fetcher per leader (fetcher_core.py) is started and stopped through
+  `io.start_fetcher` / `io.stop_fetcher`;
+- an AlterPartition with its retries and the controlled shutdown are tasks
+  (steps.py) run by `io.spawn` or by the caller.
+
+Two drivers run this one core: services/broker/replica_manager.py (asyncio and
+gRPC, in the broker process) and tests/sim/sim_broker.py (the deterministic
+simulation). Calls that may take long (LeaderAndIsr over thousands of partitions,
+the periodic pass) are generators that yield between slices, so the asyncio driver
+can let the lease keep-alive and requests run in between.
+
+Control requests are answered only by a registered broker that is not closing
+(BROKER_NOT_AVAILABLE otherwise, which the controller retries), and are refused
+only for an older broker epoch (STALE_BROKER_EPOCH) or controller epoch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2
+from services.broker import metrics
+from services.broker.fetcher_core import (
+    DEFAULT_FETCHER_SETTINGS,
+    BrokerLog,
+    Clock,
+    FetcherCore,
+    FetcherSettings,
+    TruncationObserver,
+)
+from services.broker.log import Log, LogConfig
+from services.broker.log.checkpoints import HighWatermarkCheckpoint
+from services.broker.log.storage import Storage
+from services.broker.partition import (
+    IsrChange,
+    LeaderAndIsrAction,
+    LeaderAndIsrState,
+    LeaderAppend,
+    Partition,
+    Role,
+    decide_leader_and_isr,
+)
+from services.broker.purgatory import (
+    AwaitedAppend,
+    DelayedFetch,
+    DelayedOperation,
+    DelayedProduce,
+    Purgatory,
+)
+from services.broker.steps import CallController, RpcFailed, Sleep, Task
+from services.common import limits
+from services.common.errors import (
+    BrokerNotAvailable,
+    HighwaterError,
+    NotLeaderOrFollower,
+    StaleBrokerEpoch,
+    StaleControllerEpoch,
+    UnknownLeaderEpoch,
+    UnknownTopicOrPartition,
+)
+from services.common.metadata_cache import MetadataCache
+
+TopicPartitionKey = tuple[str, int]
+
+# LeaderAndIsr handles this many partitions between yields (opening logs is synchronous work).
+LEADER_AND_ISR_PARTITIONS_PER_YIELD = 10
+# The periodic pass yields after this many log flushes (fsyncs) and after this many partitions.
+FLUSHES_PER_YIELD = 10
+ISR_PASS_PARTITIONS_PER_YIELD = 100
+# HWs are checkpointed and retention applied every this many periodic passes (Kafka: every 5 s).
+HW_CHECKPOINT_EVERY_ISR_TICKS = 5
+# AlterPartition calls that got no answer are retried with this back-off, doubling.
+ALTER_PARTITION_RETRY_BACKOFF_MS_MIN = 100
+ALTER_PARTITION_RETRY_BACKOFF_MS_MAX = 2_000
+ALTER_PARTITION_TIMEOUT_MS = int(limits.CONTROL_RPC_TIMEOUT_S * 1000)
+# Controlled shutdown: attempts, the back-off unit between them, and each call's deadline.
+CONTROLLED_SHUTDOWN_ATTEMPTS_MAX = 3
+CONTROLLED_SHUTDOWN_BACKOFF_MS = 200
+CONTROLLED_SHUTDOWN_TIMEOUT_MS = int(limits.CONTROL_RPC_TIMEOUT_S * 2 * 1000)
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+# The broker's run marker in its data directory: written "not clean" at start and
+# "clean" at the end of a clean stop (see BrokerCore.start).
+RUN_MARKER_FILE = "broker-run-marker"
+
+
+class BrokerIO(Protocol):
+    """What the core needs its driver to do."""
+
+    def start_fetcher(self, fetcher: FetcherCore) -> None: ...
+    def stop_fetcher(self, fetcher: FetcherCore) -> None: ...
+    def spawn(self, name: str, task: Task[Any]) -> None: ...
+    def call_later(self, delay_ms: int, fn: Callable[[], None]) -> None: ...
+
+
+class ReplicaObserver(TruncationObserver, Protocol):
+    """Told of the moments the simulation's checker judges; the broker passes none."""
+
+    def on_become_leader(self, p: Partition) -> None: ...
+    def on_leader_append(self, p: Partition, append: LeaderAppend, acks: int) -> object: ...
+    def on_acknowledged(self, p: Partition, append: AwaitedAppend) -> None: ...
+    def on_follower_append(self, p: Partition) -> None: ...
+
+
+class _NoObserver:
+    def on_become_leader(self, p: Partition) -> None:
+        pass
+
+    def on_leader_append(self, p: Partition, append: LeaderAppend, acks: int) -> object:
+        return None
+
+    def on_acknowledged(self, p: Partition, append: AwaitedAppend) -> None:
+        pass
+
+    def on_follower_append(self, p: Partition) -> None:
+        pass
+
+    def before_truncation(self, tp: TopicPartitionKey, offset: int) -> None:
+        pass
+
+    def after_truncation(self, tp: TopicPartitionKey, leader_id: int, leader_epoch: int) -> None:
+        pass
+
+
+def log_config_from(config: common_pb2.TopicConfig) -> LogConfig:
+    """The log settings of a topic config as the controller sent it (0 = default)."""
+    defaults = LogConfig()
+    return LogConfig(
+        segment_bytes=config.segment_bytes or defaults.segment_bytes,
+        segment_ms=config.segment_ms or defaults.segment_ms,
+        retention_bytes=config.retention_bytes or defaults.retention_bytes,
+        retention_ms=config.retention_ms or defaults.retention_ms,
+        max_message_bytes=config.max_message_bytes or defaults.max_message_bytes,
+    )
+
+
+@dataclass(frozen=True)
+class PreviousRun:
+    """How this broker's previous run ended, from its run marker."""
+
+    clean: bool
+    same_boot: bool
+
+    @property
+    def unclean_shutdown(self) -> bool:
+        """Whether unflushed writes may be lost: an unclean stop across a reboot (power loss).
+
+        A process that was killed while its host stayed up lost nothing the kernel had
+        accepted: the page cache survives it. Reported at registration, so the controller
+        does not elect this broker from a last ISR it may no longer match (Kafka's KIP-966).
+        """
+        return not self.clean and not self.same_boot
+
+
+class BrokerCore:
+    """All replicas on this broker. Every method runs on the broker's one event loop."""
+
+    def __init__(self, *, broker_id: int, data_dir: str, storage: Storage, clock: Clock, io: BrokerIO,
+                 log: BrokerLog, replica_lag_time_max_ms: int = limits.REPLICA_LAG_TIME_MAX_MS,
+                 fetcher_settings: FetcherSettings = DEFAULT_FETCHER_SETTINGS,
+                 tune_log_config: Callable[[LogConfig], LogConfig] = lambda config: config,
+                 observer: ReplicaObserver | None = None) -> None:
+        self.broker_id = broker_id
+        self.data_dir = data_dir.rstrip("/")
+        self.storage = storage
+        self.clock = clock
+        self.io = io
+        self.log = log
+        self.replica_lag_time_max_ms = replica_lag_time_max_ms
+        self.fetcher_settings = fetcher_settings
+        self.tune_log_config = tune_log_config
+        self.observer: ReplicaObserver = observer or _NoObserver()
+        self.broker_epoch = -1
+        self.controller_epoch = -1
+        self.closing = False
+        self.partitions: dict[TopicPartitionKey, Partition] = {}
+        # Every replica's HW in one file of the data directory (Kafka's replication-offset-checkpoint).
+        self.hw_checkpoint = HighWatermarkCheckpoint(storage, self.data_dir)
+        # The current fetcher per leader; `all_fetchers` also holds replaced ones until stopped.
+        self.fetchers: dict[int, FetcherCore] = {}
+        self.metadata = MetadataCache()
+        self.purgatory = Purgatory()
+        self._isr_ticks = 0
+        self._boot_id = ""
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def start(self, boot_id: str) -> PreviousRun:
+        """Read how the previous run ended, then mark this run as not (yet) cleanly stopped."""
+        self._boot_id = boot_id
+        path = f"{self.data_dir}/{RUN_MARKER_FILE}"
+        previous = PreviousRun(clean=True, same_boot=True)  # no marker: a new data directory
+        if self.storage.exists(path):
+            try:
+                stored = json.loads(self.storage.read_file(path))
+                previous = PreviousRun(clean=bool(stored.get("clean")), same_boot=stored.get("boot_id") == boot_id)
+            except (ValueError, AttributeError):
+                # Unreadable: assume the worst, as after a power loss.
+                self.log.warning("run marker %s is unreadable; treating the last stop as unclean", path)
+                previous = PreviousRun(clean=False, same_boot=False)
+        self._write_run_marker(clean=False)
+        if previous.unclean_shutdown:
+            self.log.warning("broker %d did not stop cleanly and its host restarted since: unflushed writes "
+                             "may be lost; registering with unclean_shutdown", self.broker_id)
+        return previous
+
+    def _write_run_marker(self, *, clean: bool) -> None:
+        self.storage.mkdir(self.data_dir)
+        self.storage.write_atomic(f"{self.data_dir}/{RUN_MARKER_FILE}",
+                                  json.dumps({"clean": clean, "boot_id": self._boot_id}).encode())
+
+    def begin_close(self) -> None:
+        """The broker is stopping: refuse control requests, answer every waiting request,
+        stop every fetcher. Idempotent."""
+        if self.closing:
+            return
+        self.closing = True
+        for p in self.partitions.values():
+            p.role = Role.NONE
+        self.purgatory.complete_all(self.clock.monotonic_ms())
+        for fetcher in list(self.fetchers.values()):
+            self._stop_fetcher(fetcher)
+        self.fetchers.clear()
+
+    def close(self) -> None:
+        """After begin_close: checkpoint HWs, close every log, mark the run clean."""
+        self.begin_close()
+        self.checkpoint_high_watermarks()
+        for p in self.partitions.values():
+            try:
+                p.log.close()
+            except Exception as exc:
+                self.log.error("closing the log of %s-%d failed: %s", p.topic, p.partition, exc)
+        self._write_run_marker(clean=True)
+
+    def crash(self) -> None:
+        """The process dies (simulation): logs are dropped without closing."""
+        for p in self.partitions.values():
+            p.log.abandon()
+
+    def checkpoint_high_watermarks(self) -> None:
+        """Write every replica's HW (one file, one fsync; skipped when nothing moved)."""
+        try:
+            self.hw_checkpoint.write({tp: p.high_watermark for tp, p in self.partitions.items()})
+        except HighwaterError as exc:
+            self.log.error("writing the high watermark checkpoint of %s failed: %s", self.data_dir, exc)
+
+    def periodic_duties(self) -> Generator[None, None, None]:
+        """One pass of the leader's periodic duties: roll/flush, ISR shrink, HW checkpoint, retention.
+
+        Yields after every FLUSHES_PER_YIELD flushes (each an fsync) and every
+        ISR_PASS_PARTITIONS_PER_YIELD partitions.
+        """
+        self._isr_ticks += 1
+        checkpoint_now = self._isr_ticks % HW_CHECKPOINT_EVERY_ISR_TICKS == 0
+        flushed = 0
+        for i, p in enumerate(list(self.partitions.values())):
+            if flushed >= FLUSHES_PER_YIELD or (i and i % ISR_PASS_PARTITIONS_PER_YIELD == 0):
+                flushed = 0
+                yield
+                if self.closing:
+                    return
+                if self.partitions.get((p.topic, p.partition)) is not p:
+                    continue  # stopped or deleted while we yielded
+            wall = self.clock.wall_ms()
+            try:
+                p.log.maybe_roll(wall)
+                flushed += int(p.log.maybe_flush(wall))
+            except HighwaterError as exc:
+                self.log.error("roll/flush of %s-%d failed: %s", p.topic, p.partition, exc)
+            change = p.check_isr_shrink(self.clock.monotonic_ms(), self.replica_lag_time_max_ms)
+            if change is not None:
+                self.log.info("shrinking ISR of %s-%d from %s to %s", p.topic, p.partition, list(p.isr),
+                              list(change.new_isr))
+                metrics.ISR_SHRINKS.inc()
+                self.io.spawn("alter-partition", self._alter_partition(p, change))
+            if checkpoint_now and p.role in (Role.LEADER, Role.FOLLOWER):
+                try:
+                    p.log.delete_old_segments(wall, p.high_watermark)
+                except HighwaterError as exc:
+                    self.log.error("retention of %s-%d failed: %s", p.topic, p.partition, exc)
+        if checkpoint_now:
+            self.checkpoint_high_watermarks()
+
+    def update_gauges(self) -> None:
+        metrics.PARTITION_COUNT.set(len(self.partitions))
+        metrics.LEADER_COUNT.set(sum(1 for p in self.partitions.values() if p.role is Role.LEADER))
+        metrics.UNDER_REPLICATED.set(sum(1 for p in self.partitions.values() if p.under_replicated))
+        metrics.FETCHER_MAX_LAG.set(max((f.max_lag for f in self.fetchers.values()), default=0))
+
+    # ---- the purgatory's wake-up --------------------------------------------------------------
+
+    def notify(self, tp: TopicPartitionKey) -> None:
+        """New data, HW moved or leadership changed on tp: complete what waits on it and can."""
+        self.purgatory.check_and_complete(tp, self.clock.monotonic_ms())
+
+    def _watch(self, op: DelayedOperation, delay_ms: int) -> None:
+        if self.purgatory.try_complete_else_watch(op, self.clock.monotonic_ms()):
+            return
+
+        def expire() -> None:
+            if not op.completed:
+                op.deadline_ms = min(op.deadline_ms, self.clock.monotonic_ms())
+                op.try_complete(op.deadline_ms)
+            for tp in op.keys:
+                self.purgatory.purge_completed(tp)
+
+        self.io.call_later(delay_ms, expire)
+
+    # ---- control plane ----------------------------------------------------------------------
+
+    def check_control_request(self, header: common_pb2.ControllerHeader) -> HighwaterError | None:
+        """Fence a control request (Kafka: stale controller epoch; broker epoch older than ours).
+
+        A newer broker epoch is accepted: it names this incarnation, registered a moment
+        before the driver learned its epoch. Before registration, and while closing, the
+        answer is BROKER_NOT_AVAILABLE, which the controller retries.
+        """
+        if self.closing:
+            return BrokerNotAvailable(f"broker {self.broker_id} is shutting down")
+        if self.broker_epoch < 0:
+            return BrokerNotAvailable(f"broker {self.broker_id} has not registered yet; retry")
+        if header.controller_epoch < self.controller_epoch:
+            return StaleControllerEpoch(
+                f"controller epoch {header.controller_epoch} is older than {self.controller_epoch} already seen")
+        if 0 <= header.broker_epoch < self.broker_epoch:
+            return StaleBrokerEpoch(
+                f"request for broker epoch {header.broker_epoch}, older than this incarnation's {self.broker_epoch}")
+        self.controller_epoch = header.controller_epoch
+        return None
+
+    def leader_and_isr(self, req: broker_pb2.LeaderAndIsrRequest
+                       ) -> Generator[None, None, broker_pb2.LeaderAndIsrResponse]:
+        """becomeLeaderOrFollower: fence, then split into make-leader and make-follower."""
+        err = self.check_control_request(req.header)
+        if err is not None:
+            return broker_pb2.LeaderAndIsrResponse(error_code=err.code, error_message=err.message)
+        for node in req.live_leaders:
+            # The controller's view is newer than our cache: a restarted leader has a new address.
+            self.metadata.brokers[node.broker_id] = node
+        results = []
+        for i, item in enumerate(req.partitions):
+            s = item.state
+            if i and i % LEADER_AND_ISR_PARTITIONS_PER_YIELD == 0:
+                yield
+            if self.closing:
+                results.append(common_pb2.PartitionResult(
+                    topic=s.topic, partition=s.partition, error_code=common_pb2.BROKER_NOT_AVAILABLE,
+                    error_message=f"broker {self.broker_id} is shutting down"))
+                continue
+            code, message = self._leader_and_isr_partition(item)
+            results.append(common_pb2.PartitionResult(topic=s.topic, partition=s.partition, error_code=code,
+                                                      error_message=message))
+        return broker_pb2.LeaderAndIsrResponse(partitions=results)
+
+    def _leader_and_isr_partition(self, item: broker_pb2.LeaderAndIsrPartition) -> tuple[int, str]:
+        s = item.state
+        tp = (s.topic, s.partition)
+        state = LeaderAndIsrState(s.leader, s.leader_epoch, tuple(s.isr), tuple(s.replicas),
+                                  s.partition_epoch, s.controller_epoch)
+        try:
+            action = decide_leader_and_isr(self.broker_id, self.partitions.get(tp), state)
+            if action is LeaderAndIsrAction.NOT_A_REPLICA:
+                self.log.warning("LeaderAndIsr for %s-%d does not list broker %d among replicas %s; skipped",
+                                 *tp, self.broker_id, list(s.replicas))
+                return common_pb2.UNKNOWN_TOPIC_OR_PARTITION, "this broker is not a replica"
+            if action is not LeaderAndIsrAction.ISR_UPDATED:
+                p = self.partitions.get(tp) or self._create_partition(s, item.config)
+                p.min_insync_replicas = max(1, item.config.min_insync_replicas or 1)
+                if action is LeaderAndIsrAction.BECOME_LEADER:
+                    self._make_leader(p, state)
+                else:
+                    self._make_follower(p, state)
+                self.notify(tp)
+        except HighwaterError as exc:
+            return exc.code, exc.message
+        return common_pb2.NONE, ""
+
+    def _create_partition(self, s: common_pb2.PartitionState, config: common_pb2.TopicConfig) -> Partition:
+        directory = f"{self.data_dir}/{s.topic}-{s.partition}"
+        plog = Log.open(directory, self.tune_log_config(log_config_from(config)), storage=self.storage,
+                        now_ms=self.clock.wall_ms())
+        p = Partition(topic=s.topic, partition=s.partition, local_broker_id=self.broker_id, log=plog)
+        p.high_watermark = min(self.hw_checkpoint.stored_at_start((s.topic, s.partition)), plog.log_end_offset)
+        p.rebuild_producer_state()
+        self.partitions[(s.topic, s.partition)] = p
+        return p
+
+    def _make_leader(self, p: Partition, state: LeaderAndIsrState) -> None:
+        self._remove_from_fetchers((p.topic, p.partition))
+        p.become_leader(state, self.clock.monotonic_ms())
+        p.maybe_advance_high_watermark()
+        self.log.info("became leader of %s-%d at epoch %d, LEO %d, HW %d, ISR %s", p.topic, p.partition,
+                      p.leader_epoch, p.log.log_end_offset, p.high_watermark, list(p.isr))
+        self.observer.on_become_leader(p)
+
+    def _make_follower(self, p: Partition, state: LeaderAndIsrState) -> None:
+        tp = (p.topic, p.partition)
+        self._remove_from_fetchers(tp)
+        p.become_follower(state)
+        if state.leader < 0:
+            self.log.info("%s-%d has no leader at epoch %d; not fetching", *tp, state.leader_epoch)
+            return
+        leader = self.metadata.brokers.get(state.leader)
+        if leader is None:
+            self.log.warning("leader %d of %s-%d is not a live broker we know; waiting for metadata",
+                             state.leader, *tp)
+            return
+        fetcher = self._fetcher_for(state.leader, f"{leader.host}:{leader.port}")
+        fetcher.add_partition(tp, state.leader_epoch, p.log.log_end_offset)
+        self.log.info("following %d for %s-%d at epoch %d from LEO %d, HW %d", state.leader, *tp,
+                      state.leader_epoch, p.log.log_end_offset, p.high_watermark)
+
+    def _fetcher_for(self, leader_id: int, address: str) -> FetcherCore:
+        """The fetcher for a leader at its current address.
+
+        A leader that restarted listens on a new address: its old fetcher is stopped and
+        its partitions move to a new one, starting over in TRUNCATING (they may have
+        missed an epoch change).
+        """
+        fetcher = self.fetchers.get(leader_id)
+        if fetcher is not None and fetcher.leader_address == address:
+            return fetcher
+        moved = dict(fetcher.partitions) if fetcher is not None else {}
+        if fetcher is not None:
+            self._stop_fetcher(fetcher)
+        fetcher = FetcherCore(local_broker_id=self.broker_id, broker_epoch=lambda: self.broker_epoch,
+                              leader_id=leader_id, leader_address=address, logs=self, clock=self.clock,
+                              log=self.log, settings=self.fetcher_settings, observer=self.observer)
+        self.fetchers[leader_id] = fetcher
+        self.io.start_fetcher(fetcher)
+        for tp, st in moved.items():
+            leo = self.local_leo(tp)
+            if leo is not None:
+                fetcher.add_partition(tp, st.current_leader_epoch, leo)
+        return fetcher
+
+    def _stop_fetcher(self, fetcher: FetcherCore) -> None:
+        fetcher.stopped = True
+        fetcher.wake()
+        self.io.stop_fetcher(fetcher)
+
+    def _remove_from_fetchers(self, tp: TopicPartitionKey) -> None:
+        for fetcher in self.fetchers.values():
+            fetcher.remove_partition(tp)
+
+    def stop_replica(self, req: broker_pb2.StopReplicaRequest) -> broker_pb2.StopReplicaResponse:
+        err = self.check_control_request(req.header)
+        if err is not None:
+            return broker_pb2.StopReplicaResponse(error_code=err.code, error_message=err.message)
+        results = []
+        for item in req.partitions:
+            tp = (item.topic, item.partition)
+            self._remove_from_fetchers(tp)
+            p = self.partitions.get(tp)
+            if p is not None:
+                p.role = Role.NONE
+                self.notify(tp)
+                if item.delete_partition:
+                    self.partitions.pop(tp, None)
+                    self.hw_checkpoint.forget(tp)
+                    p.log.close()
+                    p.log.delete()
+                    self.log.info("deleted replica %s-%d", *tp)
+            elif item.delete_partition:
+                self.hw_checkpoint.forget(tp)
+                self.storage.delete_dir(f"{self.data_dir}/{item.topic}-{item.partition}")
+            results.append(common_pb2.PartitionResult(topic=item.topic, partition=item.partition))
+        return broker_pb2.StopReplicaResponse(partitions=results)
+
+    def update_metadata(self, req: broker_pb2.UpdateMetadataRequest) -> broker_pb2.UpdateMetadataResponse:
+        err = self.check_control_request(req.header)
+        if err is not None:
+            return broker_pb2.UpdateMetadataResponse(error_code=err.code, error_message=err.message)
+        self.metadata.apply(req)
+        for leader_id, fetcher in list(self.fetchers.items()):
+            node = self.metadata.brokers.get(leader_id)
+            if node is not None and fetcher.leader_address != f"{node.host}:{node.port}":
+                self._fetcher_for(leader_id, f"{node.host}:{node.port}")
+        # ISR changes the controller made (shrinks after failures) reach leaders here too.
+        for state in req.partitions:
+            p = self.partitions.get((state.topic, state.partition))
+            if p is not None and p.role is Role.LEADER:
+                p.update_isr(tuple(state.isr), state.partition_epoch, state.leader_epoch)
+        return broker_pb2.UpdateMetadataResponse()
+
+    # ---- AlterPartition (a task) ------------------------------------------------------------
+
+    def _alter_partition(self, p: Partition, change: IsrChange) -> Task[None]:
+        """Ask the controller to commit an ISR and apply its answer, asking again until answered.
+
+        With no answer for the partition (the RPC failed, or NOT_CONTROLLER from a
+        controller that is not, or no longer, active), an earlier copy may have been
+        committed and its answer lost: the proposal stays pending (the HW keeps counting
+        the member being added) and is asked again until answered or leadership moves
+        on. Clearing it let a leader count an ISR smaller than the committed one (sim
+        seeds KI-4, 340).
+        """
+        req = controller_pb2.AlterPartitionRequest(
+            broker_id=self.broker_id, broker_epoch=self.broker_epoch,
+            partitions=[controller_pb2.AlterPartitionItem(
+                topic=p.topic, partition=p.partition, leader_epoch=change.leader_epoch,
+                partition_epoch=change.partition_epoch, new_isr=list(change.new_isr))])
+        backoff_ms = ALTER_PARTITION_RETRY_BACKOFF_MS_MIN
+        while True:
+            resp = yield CallController("AlterPartition", req, ALTER_PARTITION_TIMEOUT_MS)
+            if not isinstance(resp, RpcFailed) and resp.error_code == common_pb2.NONE and resp.partitions:
+                break
+            if not self._still_proposing(p, change):
+                return
+            outcome = (resp.reason if isinstance(resp, RpcFailed)
+                       else f"refused: {common_pb2.ErrorCode.Name(resp.error_code)} {resp.error_message}")
+            self.log.warning("AlterPartition for %s-%d %s; retrying in %d ms", p.topic, p.partition, outcome,
+                             backoff_ms)
+            yield Sleep(backoff_ms)
+            if not self._still_proposing(p, change):
+                return
+            backoff_ms = min(backoff_ms * 2, ALTER_PARTITION_RETRY_BACKOFF_MS_MAX)
+        result = resp.partitions[0]
+        if result.HasField("state"):
+            st = result.state
+            p.update_isr(tuple(st.isr), st.partition_epoch, st.leader_epoch)
+        if result.error_code != common_pb2.NONE:
+            self.log.info("AlterPartition for %s-%d: %s (%s); state re-read", p.topic, p.partition,
+                          common_pb2.ErrorCode.Name(result.error_code), result.error_message)
+        p.isr_change_failed()  # clears pending either way; the next check proposes again if needed
+        p.maybe_advance_high_watermark()
+        self.notify((p.topic, p.partition))
+
+    def _still_proposing(self, p: Partition, change: IsrChange) -> bool:
+        return (not self.closing and self.partitions.get((p.topic, p.partition)) is p
+                and p.pending_isr == change.new_isr and p.role is Role.LEADER
+                and p.leader_epoch == change.leader_epoch)
+
+    # ---- controlled shutdown (a task) ----------------------------------------------------------
+
+    def controlled_shutdown(self) -> Task[bool]:
+        """Ask the controller to move our leaderships away before we stop. Returns whether it did."""
+        req = controller_pb2.ControlledShutdownRequest(broker_id=self.broker_id, broker_epoch=self.broker_epoch)
+        for attempt in range(1, CONTROLLED_SHUTDOWN_ATTEMPTS_MAX + 1):
+            resp = yield CallController("ControlledShutdown", req, CONTROLLED_SHUTDOWN_TIMEOUT_MS)
+            if isinstance(resp, RpcFailed):
+                self.log.warning("controlled shutdown attempt %d failed: %s", attempt, resp.reason)
+            elif resp.error_code == common_pb2.NONE and not resp.remaining_partitions:
+                self.log.info("controlled shutdown done: no partitions led here any more")
+                return True
+            else:
+                self.log.info("controlled shutdown attempt %d: %s, %d partitions still led here", attempt,
+                              common_pb2.ErrorCode.Name(resp.error_code), len(resp.remaining_partitions))
+            if attempt < CONTROLLED_SHUTDOWN_ATTEMPTS_MAX:
+                yield Sleep(CONTROLLED_SHUTDOWN_BACKOFF_MS * attempt)
+        self.log.warning("controlled shutdown incomplete; stopping anyway (the controller fails over on "
+                         "lease expiry)")
+        return False
+
+    # ---- produce ------------------------------------------------------------------------------
+
+    def produce(self, req: common_pb2.ProduceRequest, on_complete: Callable[[common_pb2.ProduceResponse], None]
+                ) -> None:
+        """Append as leader; answer at once (acks 0/1, errors) or when the ISR has it (acks=all)."""
+        timeout_ms = min(req.timeout_ms or limits.PRODUCE_TIMEOUT_MS_DEFAULT, limits.PRODUCE_TIMEOUT_MS_MAX)
+        results: dict[TopicPartitionKey, common_pb2.ProducePartitionResponse] = {}
+        awaited: dict[TopicPartitionKey, AwaitedAppend] = {}
+        wall = self.clock.wall_ms()
+        for topic in req.topics:
+            for pd in topic.partitions:
+                tp = (topic.topic, pd.partition)
+                # base_offset stays -1 unless the batches were appended: a gateway may retry
+                # a failed partition on its own only when nothing of it was written.
+                res = common_pb2.ProducePartitionResponse(partition=pd.partition, log_append_time_ms=-1,
+                                                          base_offset=-1)
+                try:
+                    p = self._leader_partition(tp)
+                    records = pd.records  # each read of a bytes field copies it: read once
+                    info = p.append_as_leader(records, acks=req.acks, now_ms=wall)
+                    res.base_offset = info.first_offset
+                    res.log_start_offset = p.log.log_start_offset
+                    note = self.observer.on_leader_append(p, info, req.acks)
+                    if not info.duplicate:
+                        metrics.BYTES_IN.labels(topic.topic).inc(len(records))
+                        self.notify(tp)
+                    if req.acks == -1:
+                        awaited[tp] = AwaitedAppend(info.next_offset, p.leader_epoch, note)
+                except HighwaterError as exc:
+                    res.error_code, res.error_message = exc.code, exc.message
+                results[tp] = res
+        op = DelayedProduce(results=results, awaited=awaited, deadline_ms=self.clock.monotonic_ms() + timeout_ms,
+                            timeout_ms=timeout_ms, partition=self.partitions.get, on_complete=on_complete,
+                            on_acknowledged=self.observer.on_acknowledged)
+        self._watch(op, timeout_ms)
+
+    def _leader_partition(self, tp: TopicPartitionKey) -> Partition:
+        p = self.partitions.get(tp)
+        if p is None:
+            if tp[0] not in self.metadata.topics():
+                raise UnknownTopicOrPartition(f"topic-partition {tp[0]}-{tp[1]} does not exist")
+            state = self.metadata.partitions.get(tp)
+            if state is None:
+                raise UnknownTopicOrPartition(f"topic {tp[0]} has no partition {tp[1]}")
+            raise NotLeaderOrFollower(f"broker {self.broker_id} holds no replica of {tp[0]}-{tp[1]} "
+                                      f"(leader is {state.leader})")
+        if p.role is not Role.LEADER:
+            raise NotLeaderOrFollower(f"broker {self.broker_id} is not the leader of {tp[0]}-{tp[1]} "
+                                      f"(leader is {p.leader_id})")
+        return p
+
+    # ---- fetch ----------------------------------------------------------------------------------
+
+    def fetch(self, req: common_pb2.FetchRequest, on_complete: Callable[[common_pb2.FetchResponse], None]) -> None:
+        """Read now, or wait in the purgatory for min_bytes, an error or max_wait_ms."""
+        is_follower = req.replica_id >= 0
+        if is_follower:
+            self._record_follower_fetches(req)
+        max_wait_ms = min(req.max_wait_ms, limits.FETCH_MAX_WAIT_MS_MAX)
+        keys = [(t.topic, p.partition) for t in req.topics for p in t.partitions]
+        op = DelayedFetch(request=req, keys=keys, deadline_ms=self.clock.monotonic_ms() + max_wait_ms,
+                          read=lambda r: self.read_all(r, is_follower), on_complete=on_complete)
+        self._watch(op, max_wait_ms)
+
+    def _record_follower_fetches(self, req: common_pb2.FetchRequest) -> None:
+        mono = self.clock.monotonic_ms()
+        for t in req.topics:
+            for fp in t.partitions:
+                tp = (t.topic, fp.partition)
+                p = self.partitions.get(tp)
+                if p is None or p.role is not Role.LEADER:
+                    continue
+                if fp.current_leader_epoch >= 0 and fp.current_leader_epoch != p.leader_epoch:
+                    continue
+                hw_before = p.high_watermark
+                change = p.record_follower_fetch(req.replica_id, fp.fetch_offset, mono)
+                if change is not None:
+                    self.log.info("expanding ISR of %s-%d from %s to %s", *tp, list(p.isr), list(change.new_isr))
+                    metrics.ISR_EXPANDS.inc()
+                    self.io.spawn("alter-partition", self._alter_partition(p, change))
+                if p.high_watermark != hw_before:
+                    self.notify(tp)
+
+    def read_all(self, req: common_pb2.FetchRequest, is_follower: bool) -> tuple[common_pb2.FetchResponse, int, bool]:
+        """Read every asked partition into one response, built in place.
+
+        Building with .add() matters: composing finished sub-messages makes protobuf copy
+        every record batch again at each level.
+        """
+        total = 0
+        has_error = False
+        budget = req.max_bytes or limits.FETCH_MAX_BYTES_DEFAULT
+        resp = common_pb2.FetchResponse()
+        for t in req.topics:
+            out_topic = resp.topics.add(topic=t.topic)
+            for fp in t.partitions:
+                tp = (t.topic, fp.partition)
+                pr = out_topic.partitions.add(partition=fp.partition, high_watermark=-1, log_start_offset=-1,
+                                              log_end_offset=-1)
+                try:
+                    p = self._fetchable_partition(tp, fp.current_leader_epoch)
+                    pr.high_watermark = p.high_watermark
+                    pr.log_start_offset = p.log.log_start_offset
+                    pr.log_end_offset = p.log.log_end_offset
+                    pr.leader_epoch = p.leader_epoch
+                    max_offset = None if is_follower else p.high_watermark
+                    limit = min(fp.partition_max_bytes or limits.FETCH_PARTITION_MAX_BYTES_DEFAULT, budget)
+                    if fp.fetch_offset == (p.log.log_end_offset if is_follower else p.high_watermark) \
+                            and fp.fetch_offset >= p.log.log_start_offset:
+                        continue
+                    info = p.log.read(fp.fetch_offset, max_bytes=max(limit, 1), max_offset=max_offset,
+                                      min_one_message=total == 0)
+                    size = len(info.records)
+                    if size:
+                        pr.records = info.records
+                        total += size
+                        budget = max(budget - size, 0)
+                        if not is_follower:
+                            metrics.BYTES_OUT.labels(t.topic).inc(size)
+                except HighwaterError as exc:
+                    pr.error_code, pr.error_message = exc.code, exc.message
+                    has_error = True
+        return resp, total, has_error
+
+    def _fetchable_partition(self, tp: TopicPartitionKey, current_leader_epoch: int) -> Partition:
+        local = self.partitions.get(tp)
+        if local is not None and current_leader_epoch > local.leader_epoch:
+            # As Kafka (checkCurrentLeaderEpoch before the leader check): a follower that heard
+            # of the new epoch first learns that we have not yet, and retries soon, instead of
+            # being told we do not lead and backing off as from a wrong leader.
+            raise UnknownLeaderEpoch(f"leader epoch {current_leader_epoch} is newer than {local.leader_epoch}")
+        p = self._leader_partition(tp)
+        p.check_current_leader_epoch(current_leader_epoch)
+        return p
+
+    # ---- the fetcher's view of follower replicas (FollowerLogs) -------------------------------
+
+    def local_leo(self, tp: TopicPartitionKey) -> int | None:
+        p = self.partitions.get(tp)
+        return p.log.log_end_offset if p is not None else None
+
+    def local_log_start(self, tp: TopicPartitionKey) -> int:
+        p = self.partitions.get(tp)
+        return p.log.log_start_offset if p is not None else 0
+
+    def local_high_watermark(self, tp: TopicPartitionKey) -> int | None:
+        p = self.partitions.get(tp)
+        return p.high_watermark if p is not None else None
+
+    def latest_local_epoch(self, tp: TopicPartitionKey) -> int | None:
+        p = self.partitions.get(tp)
+        return p.log.leader_epoch_cache.latest_epoch() if p is not None else None
+
+    def local_end_offset_for_epoch(self, tp: TopicPartitionKey, epoch: int) -> int:
+        p = self.partitions.get(tp)
+        if p is None:
+            return 0
+        _, end = p.log.leader_epoch_cache.end_offset_for_epoch(epoch)
+        return end if end >= 0 else p.log.log_end_offset
+
+    def truncate(self, tp: TopicPartitionKey, offset: int) -> None:
+        p = self.partitions.get(tp)
+        if p is not None:
+            p.truncate_to(offset)
+
+    def truncate_fully_and_start_at(self, tp: TopicPartitionKey, offset: int) -> None:
+        p = self.partitions.get(tp)
+        if p is not None:
+            p.log.truncate_fully_and_start_at(offset)
+            p.high_watermark = offset
+            p.rebuild_producer_state()
+
+    def append_fetched(self, tp: TopicPartitionKey, response: common_pb2.FetchPartitionResponse) -> None:
+        """Append what the leader sent; take its HW and, as Kafka's follower does, its log start offset."""
+        p = self.partitions.get(tp)
+        if p is None or p.role is not Role.FOLLOWER:
+            return
+        if response.records:
+            p.append_as_follower(response.records, now_ms=self.clock.wall_ms())
+            self.observer.on_follower_append(p)
+        moved = p.update_follower_high_watermark(response.high_watermark)
+        # Retention on the leader moved its log start: follow it up to our HW (never past
+        # what is committed here, never back).
+        leader_start = min(response.log_start_offset, p.high_watermark)
+        if leader_start > p.log.log_start_offset:
+            p.log.advance_log_start_offset(leader_start)
+        if moved:
+            self.notify(tp)
+
+    # ---- other reads ----------------------------------------------------------------------------
+
+    def list_offsets(self, req: common_pb2.ListOffsetsRequest) -> common_pb2.ListOffsetsResponse:
+        topics = []
+        for t in req.topics:
+            parts = []
+            for lp in t.partitions:
+                tp = (t.topic, lp.partition)
+                res = common_pb2.ListOffsetsPartitionResponse(partition=lp.partition, timestamp=-1, offset=-1)
+                try:
+                    p = self._fetchable_partition(tp, lp.current_leader_epoch)
+                    res.leader_epoch = p.leader_epoch
+                    if lp.timestamp == EARLIEST_TIMESTAMP:
+                        res.offset = p.log.log_start_offset
+                    elif lp.timestamp == LATEST_TIMESTAMP:
+                        res.offset = p.high_watermark
+                    else:
+                        found = p.log.offset_for_timestamp(lp.timestamp if lp.timestamp >= 0 else 0)
+                        if found is not None and found[0] < p.high_watermark:
+                            res.offset, res.timestamp = found
+                except HighwaterError as exc:
+                    res.error_code, res.error_message = exc.code, exc.message
+                parts.append(res)
+            topics.append(common_pb2.ListOffsetsTopicResponse(topic=t.topic, partitions=parts))
+        return common_pb2.ListOffsetsResponse(topics=topics)
+
+    def offsets_for_leader_epoch(self, req: broker_pb2.OffsetsForLeaderEpochRequest
+                                 ) -> broker_pb2.OffsetsForLeaderEpochResponse:
+        topics = []
+        for t in req.topics:
+            parts = []
+            for op in t.partitions:
+                tp = (t.topic, op.partition)
+                res = broker_pb2.EpochEndOffset(partition=op.partition, leader_epoch=-1, end_offset=-1)
+                try:
+                    p = self._fetchable_partition(tp, op.current_leader_epoch)
+                    res.leader_epoch, res.end_offset = p.last_offset_for_leader_epoch(op.leader_epoch)
+                except HighwaterError as exc:
+                    res.error_code = exc.code
+                parts.append(res)
+            topics.append(broker_pb2.OffsetsForLeaderEpochTopicResult(topic=t.topic, partitions=parts))
+        return broker_pb2.OffsetsForLeaderEpochResponse(topics=topics)

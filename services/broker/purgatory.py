@@ -1,0 +1,200 @@
+"""The purgatory: produce and fetch requests that wait, and the rules that complete them.
+
+Kafka's DelayedOperationPurgatory with DelayedProduce and DelayedFetch, pure: no
+clock, no event loop. An operation is watched under the partitions it waits on;
+whoever changes a partition (an append, a HW move, a leadership change, a stopped
+replica) calls `check_and_complete(tp, now_ms)`, and the driver calls
+`try_complete(now_ms)` once more at the operation's deadline, where it completes
+whatever its state (expiry). Completing calls the operation's `on_complete` with
+the response, exactly once.
+
+Owned by the broker's one event loop (or the simulation's); no locks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from protos.highwater.v1 import common_pb2
+from services.broker.partition import Partition
+from services.common.errors import check
+
+TopicPartitionKey = tuple[str, int]
+
+
+def fetch_answers_now(*, max_wait_ms: int, partitions_asked: int, bytes_read: int, min_bytes: int,
+                      has_error: bool, now_ms: int, deadline_ms: int) -> bool:
+    """Whether a Fetch is answered now rather than kept waiting (DelayedFetch's conditions).
+
+    At once when it may not wait (max_wait_ms <= 0), asks for nothing, already has
+    min_bytes (at least one byte), or met an error on some partition (the leader moved,
+    the partition is gone, the offset is out of range, the epoch is fenced); otherwise
+    when new data brings it to min_bytes, or at its deadline with whatever it has.
+    """
+    return (max_wait_ms <= 0 or partitions_asked == 0 or bytes_read >= max(min_bytes, 1) or has_error
+            or now_ms >= deadline_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitedAppend:
+    """One partition of an acks=all produce: where its batches end, and in which leader epoch."""
+
+    required_offset: int
+    leader_epoch: int
+    # Whatever the broker's observer noted at append time (the simulation's checker).
+    note: object = None
+
+
+@dataclass(eq=False)
+class DelayedProduce:
+    """An acks=all Produce waiting for the ISR (Kafka's DelayedProduce).
+
+    `results` holds every partition's answer, already filled for the partitions that
+    failed or did not wait; `awaited` the partitions still waiting.
+    """
+
+    results: dict[TopicPartitionKey, common_pb2.ProducePartitionResponse]
+    awaited: dict[TopicPartitionKey, AwaitedAppend]
+    deadline_ms: int
+    timeout_ms: int
+    partition: Callable[[TopicPartitionKey], Partition | None]
+    on_complete: Callable[[common_pb2.ProduceResponse], None]
+    # Called for each partition acknowledged without error (the simulation's checker).
+    on_acknowledged: Callable[[Partition, AwaitedAppend], None] = lambda p, append: None
+    completed: bool = False
+
+    @property
+    def keys(self) -> list[TopicPartitionKey]:
+        return list(self.awaited)
+
+    def try_complete(self, now_ms: int) -> bool:
+        """Answer every partition that is done; complete when none waits or the deadline passed."""
+        if self.completed:
+            return True
+        for tp, append in list(self.awaited.items()):
+            p = self.partition(tp)
+            res = self.results[tp]
+            if p is None:
+                res.error_code = common_pb2.NOT_LEADER_OR_FOLLOWER
+                res.error_message = f"the replica of {tp[0]}-{tp[1]} was stopped before the write was replicated"
+                del self.awaited[tp]
+                continue
+            done, error = p.check_enough_replicas_reach_offset(append.required_offset, append.leader_epoch)
+            if not done:
+                continue
+            if error is not None:
+                res.error_code, res.error_message = error.code, error.message
+            else:
+                self.on_acknowledged(p, append)
+            del self.awaited[tp]
+        if self.awaited and now_ms >= self.deadline_ms:
+            for tp in self.awaited:
+                self.results[tp].error_code = common_pb2.REQUEST_TIMED_OUT
+                self.results[tp].error_message = (
+                    f"the ISR did not acknowledge within {self.timeout_ms} ms; the write may still be replicated, "
+                    "retry with the idempotent producer to avoid a duplicate")
+            self.awaited.clear()
+        if self.awaited:
+            return False
+        self.completed = True
+        self.on_complete(produce_response(self.results))
+        return True
+
+
+def produce_response(results: dict[TopicPartitionKey, common_pb2.ProducePartitionResponse]
+                     ) -> common_pb2.ProduceResponse:
+    by_topic: dict[str, list[common_pb2.ProducePartitionResponse]] = {}
+    for (topic, _), res in results.items():
+        by_topic.setdefault(topic, []).append(res)
+    return common_pb2.ProduceResponse(
+        topics=[common_pb2.ProduceTopicResponse(topic=t, partitions=ps) for t, ps in by_topic.items()])
+
+
+@dataclass(eq=False)
+class DelayedFetch:
+    """A Fetch waiting for min_bytes (Kafka's DelayedFetch).
+
+    `read` reads every asked partition now and returns (response, bytes read, whether
+    some partition answered an error); the read that completes the fetch is its answer.
+    """
+
+    request: common_pb2.FetchRequest
+    keys: list[TopicPartitionKey]
+    deadline_ms: int
+    read: Callable[[common_pb2.FetchRequest], tuple[common_pb2.FetchResponse, int, bool]]
+    on_complete: Callable[[common_pb2.FetchResponse], None]
+    completed: bool = False
+
+    def try_complete(self, now_ms: int) -> bool:
+        if self.completed:
+            return True
+        response, bytes_read, has_error = self.read(self.request)
+        if not fetch_answers_now(max_wait_ms=self.request.max_wait_ms, partitions_asked=len(self.keys),
+                                 bytes_read=bytes_read, min_bytes=self.request.min_bytes, has_error=has_error,
+                                 now_ms=now_ms, deadline_ms=self.deadline_ms):
+            return False
+        self.completed = True
+        self.on_complete(response)
+        return True
+
+
+DelayedOperation = DelayedProduce | DelayedFetch
+
+
+@dataclass
+class Purgatory:
+    """Waiting operations by the partition they wait on."""
+
+    watchers: dict[TopicPartitionKey, list[DelayedOperation]] = field(default_factory=dict)
+
+    def try_complete_else_watch(self, op: DelayedOperation, now_ms: int) -> bool:
+        """Complete op now if it can; otherwise watch it under its partitions. Returns whether completed."""
+        if op.try_complete(now_ms):
+            return True
+        for tp in dict.fromkeys(op.keys):
+            self.watchers.setdefault(tp, []).append(op)
+        return False
+
+    def check_and_complete(self, tp: TopicPartitionKey, now_ms: int) -> int:
+        """tp changed: try every operation watching it; returns how many completed."""
+        ops = self.watchers.pop(tp, None)
+        if not ops:
+            return 0
+        completed = 0
+        still: list[DelayedOperation] = []
+        for op in ops:
+            if op.completed:
+                continue
+            if op.try_complete(now_ms):
+                completed += 1
+            else:
+                still.append(op)
+        if still:
+            # An operation completed from here may have added watchers for tp meanwhile.
+            self.watchers.setdefault(tp, []).extend(still)
+        return completed
+
+    def purge_completed(self, tp: TopicPartitionKey) -> None:
+        ops = self.watchers.get(tp)
+        if ops is not None:
+            kept = [op for op in ops if not op.completed]
+            if kept:
+                self.watchers[tp] = kept
+            else:
+                del self.watchers[tp]
+
+    def complete_all(self, now_ms: int) -> None:
+        """Answer everything now (the broker is closing): each op completes by its own rules
+        at a deadline of now, so waiting produces answer NOT_LEADER_OR_FOLLOWER or
+        REQUEST_TIMED_OUT and fetches answer what they have."""
+        for ops in list(self.watchers.values()):
+            for op in ops:
+                if not op.completed:
+                    op.deadline_ms = min(op.deadline_ms, now_ms)
+                    op.try_complete(now_ms)
+                    check(op.completed, "a delayed operation did not complete at its deadline")
+        self.watchers.clear()
+
+    def __len__(self) -> int:
+        return sum(1 for ops in self.watchers.values() for op in ops if not op.completed)
