@@ -9,16 +9,18 @@ KNOWN_ISSUES describes them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from pathlib import Path
+import logging
+from collections.abc import Callable
+from typing import Any
 
 from clients.records import encode_values
 from protos.highwater.v1 import common_pb2, controller_pb2
+from services.broker.core import BrokerCore
 from services.broker.fetch_state import truncation_offset
 from services.broker.log import Log, LogConfig, MemoryStorage
-from services.broker.partition import LeaderAndIsrState, Partition
-from services.broker.replica_manager import ReplicaManager
+from services.broker.partition import IsrChange, LeaderAndIsrState, Partition
+from services.broker.steps import CallController, RpcFailed
 from services.controller import handlers
 from services.controller.context import BrokerInfo, ControllerContext, LeaderAndIsr, TopicInfo
 
@@ -152,20 +154,55 @@ def _more_records_replicated_to_2_only(leader: Partition) -> None:
     leader.record_follower_fetch(2, 3, now_ms=3)
 
 
-def test_ki4_lost_alter_partition_answer_keeps_the_member_in_the_hw(tmp_path: Path) -> None:
+class _UnusedIO:
+    """The BrokerIO of a core whose only task here is driven by hand."""
+
+    def start_fetcher(self, fetcher: Any) -> None:
+        raise AssertionError("no fetcher is started here")
+
+    stop_fetcher = start_fetcher
+
+    def spawn(self, name: str, task: Any) -> None:
+        raise AssertionError("no task is spawned here")
+
+    def call_later(self, delay_ms: int, fn: Callable[[], None]) -> None:
+        raise AssertionError("no timer is set here")
+
+
+class _FrozenClock:
+    def monotonic_ms(self) -> int:
+        return 0
+
+    def wall_ms(self) -> int:
+        return 0
+
+
+def _ask_controller(leader: Partition, change: IsrChange, answer: Callable[[], object], attempts: int = 5) -> int:
+    """Run the broker core's AlterPartition task for `attempts` calls, answering each with answer().
+
+    Its back-off sleeps are stepped over: only what it decides matters here. Returns how
+    many calls it made (fewer when it stopped asking by itself).
+    """
+    core = BrokerCore(broker_id=1, data_dir="/ki4", storage=MemoryStorage(), clock=_FrozenClock(), io=_UnusedIO(),
+                      log=logging.getLogger("tests.sim.ki4"))
+    core.partitions[TP] = leader
+    task = core._alter_partition(leader, change)
+    asked, reply = 0, None
+    with contextlib.suppress(StopIteration):
+        while asked < attempts:
+            step = task.send(reply)
+            reply = None
+            if isinstance(step, CallController):
+                asked += 1
+                reply = answer()
+    return asked
+
+
+def test_ki4_lost_alter_partition_answer_keeps_the_member_in_the_hw() -> None:
     leader, change = _leader_expanding_to_3()
-
-    async def answer_lost(request: controller_pb2.AlterPartitionRequest) -> controller_pb2.AlterPartitionResponse:
-        raise ConnectionError("deadline exceeded: the controller committed ISR (1, 2, 3), its answer was lost")
-
-    replicas = ReplicaManager(broker_id=1, data_dir=tmp_path, send_alter_partition=answer_lost)
-
-    async def for_a_while() -> None:
-        # It keeps asking (the answer may come); bound the test's share of that.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(replicas._alter_partition(leader, change), timeout=0.5)
-
-    asyncio.run(for_a_while())
+    asked = _ask_controller(leader, change, lambda: RpcFailed(
+        "DEADLINE_EXCEEDED: the controller committed ISR (1, 2, 3), its answer was lost"))
+    assert asked == 5, "an unanswered expansion is asked again"
     assert leader.pending_isr == (1, 2, 3), "the unanswered expansion stays pending"
     _more_records_replicated_to_2_only(leader)
     assert leader.high_watermark <= 2, (
@@ -182,26 +219,13 @@ def test_ki4_stale_update_metadata_keeps_the_pending_member_in_the_hw() -> None:
         f"HW {leader.high_watermark} passed the LEO 2 of broker 3 while its expansion is still unanswered")
 
 
-def test_ki4_not_controller_answer_keeps_the_member_in_the_hw(tmp_path: Path) -> None:
+def test_ki4_not_controller_answer_keeps_the_member_in_the_hw() -> None:
     """Sim seed 340: the first AlterPartition committed (answer lost); the retry reached a
     controller that had just restarted and answered NOT_CONTROLLER. That is no answer about
     the partition, so the expansion must stay pending, not be dropped."""
     leader, change = _leader_expanding_to_3()
-    asked = 0
-
-    async def not_controller(request: controller_pb2.AlterPartitionRequest) -> controller_pb2.AlterPartitionResponse:
-        nonlocal asked
-        asked += 1
-        return controller_pb2.AlterPartitionResponse(error_code=common_pb2.NOT_CONTROLLER,
-                                                     error_message="this controller is not active")
-
-    replicas = ReplicaManager(broker_id=1, data_dir=tmp_path, send_alter_partition=not_controller)
-
-    async def for_a_while() -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(replicas._alter_partition(leader, change), timeout=0.5)
-
-    asyncio.run(for_a_while())
+    asked = _ask_controller(leader, change, lambda: controller_pb2.AlterPartitionResponse(
+        error_code=common_pb2.NOT_CONTROLLER, error_message="this controller is not active"))
     assert asked >= 2, "NOT_CONTROLLER is asked again (the active controller may answer next time)"
     assert leader.pending_isr == (1, 2, 3), "an expansion answered only by NOT_CONTROLLER stays pending"
     _more_records_replicated_to_2_only(leader)
