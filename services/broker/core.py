@@ -98,6 +98,8 @@ LATEST_TIMESTAMP = -1
 # The broker's run marker in its data directory: written "not clean" at start and
 # "clean" at the end of a clean stop (see BrokerCore.start).
 RUN_MARKER_FILE = "broker-run-marker"
+# Per replica directory: the id of the topic it was created for (Kafka's KIP-516 file and format).
+PARTITION_METADATA_FILE = "partition.metadata"
 
 
 class BrokerIO(Protocol):
@@ -190,6 +192,8 @@ class BrokerCore:
         self.controller_epoch = -1
         self.closing = False
         self.partitions: dict[TopicPartitionKey, Partition] = {}
+        # The topic id each open replica was created for (also in its partition.metadata file).
+        self.topic_ids: dict[TopicPartitionKey, str] = {}
         # Every replica's HW in one file of the data directory (Kafka's replication-offset-checkpoint).
         self.hw_checkpoint = HighWatermarkCheckpoint(storage, self.data_dir)
         # The current fetcher per leader; `all_fetchers` also holds replaced ones until stopped.
@@ -375,6 +379,7 @@ class BrokerCore:
         state = LeaderAndIsrState(s.leader, s.leader_epoch, tuple(s.isr), tuple(s.replicas),
                                   s.partition_epoch, s.controller_epoch)
         try:
+            self._drop_replica_of_an_older_topic(tp, s.topic_id)
             action = decide_leader_and_isr(self.broker_id, self.partitions.get(tp), state)
             if action is LeaderAndIsrAction.NOT_A_REPLICA:
                 self.log.warning("LeaderAndIsr for %s-%d does not list broker %d among replicas %s; skipped",
@@ -392,14 +397,60 @@ class BrokerCore:
             return exc.code, exc.message
         return common_pb2.NONE, ""
 
+    def _partition_dir(self, tp: TopicPartitionKey) -> str:
+        return f"{self.data_dir}/{tp[0]}-{tp[1]}"
+
+    def _stored_topic_id(self, tp: TopicPartitionKey) -> str:
+        """The topic id in the replica's partition.metadata (Kafka's KIP-516 file); "" if none."""
+        path = f"{self._partition_dir(tp)}/{PARTITION_METADATA_FILE}"
+        if not self.storage.exists(path):
+            return ""
+        for line in self.storage.read_file(path).decode(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "topic_id":
+                return value.strip()
+        return ""
+
+    def _drop_replica_of_an_older_topic(self, tp: TopicPartitionKey, topic_id: str) -> None:
+        """A replica left on disk by a deleted topic of the same name goes before the new one starts.
+
+        It stays behind when its broker was down while the topic was deleted, or while a
+        reassignment moved the replica away; reusing its log would graft the old topic's
+        records and leader epochs onto the new one (KIP-516 names topics by id for this).
+        """
+        if not topic_id:
+            return
+        stored = self.topic_ids.get(tp) if tp in self.partitions else self._stored_topic_id(tp)
+        if not stored or stored == topic_id:
+            return
+        self.log.warning("replica %s-%d on disk belongs to topic id %s, not %s (a deleted topic of the same "
+                         "name); deleting it", *tp, stored, topic_id)
+        self._remove_from_fetchers(tp)
+        p = self.partitions.pop(tp, None)
+        self.hw_checkpoint.forget(tp)
+        self.topic_ids.pop(tp, None)
+        if p is not None:
+            p.role = Role.NONE
+            self.notify(tp)
+            p.log.close()
+            p.log.delete()
+        else:
+            self.storage.delete_dir(self._partition_dir(tp))
+
     def _create_partition(self, s: common_pb2.PartitionState, config: common_pb2.TopicConfig) -> Partition:
-        directory = f"{self.data_dir}/{s.topic}-{s.partition}"
+        tp = (s.topic, s.partition)
+        directory = self._partition_dir(tp)
         plog = Log.open(directory, self.tune_log_config(log_config_from(config)), storage=self.storage,
                         now_ms=self.clock.wall_ms())
         p = Partition(topic=s.topic, partition=s.partition, local_broker_id=self.broker_id, log=plog)
         p.high_watermark = min(self.hw_checkpoint.stored_at_start((s.topic, s.partition)), plog.log_end_offset)
         p.rebuild_producer_state()
-        self.partitions[(s.topic, s.partition)] = p
+        self.partitions[tp] = p
+        if s.topic_id:
+            if self._stored_topic_id(tp) != s.topic_id:
+                self.storage.write_atomic(f"{directory}/{PARTITION_METADATA_FILE}",
+                                          f"version: 0\ntopic_id: {s.topic_id}\n".encode())
+            self.topic_ids[tp] = s.topic_id
         return p
 
     def _make_leader(self, p: Partition, state: LeaderAndIsrState) -> None:
@@ -474,6 +525,7 @@ class BrokerCore:
                 self.notify(tp)
                 if item.delete_partition:
                     self.partitions.pop(tp, None)
+                    self.topic_ids.pop(tp, None)
                     self.hw_checkpoint.forget(tp)
                     p.log.close()
                     p.log.delete()
@@ -512,13 +564,15 @@ class BrokerCore:
         on. Clearing it let a leader count an ISR smaller than the committed one (sim
         seeds KI-4, 340).
         """
-        req = controller_pb2.AlterPartitionRequest(
-            broker_id=self.broker_id, broker_epoch=self.broker_epoch,
-            partitions=[controller_pb2.AlterPartitionItem(
-                topic=p.topic, partition=p.partition, leader_epoch=change.leader_epoch,
-                partition_epoch=change.partition_epoch, new_isr=list(change.new_isr))])
         backoff_ms = ALTER_PARTITION_RETRY_BACKOFF_MS_MIN
         while True:
+            # Built for each attempt: a broker that re-registered meanwhile asks with its new
+            # broker epoch (asking with the old one is refused forever, sim seed 26).
+            req = controller_pb2.AlterPartitionRequest(
+                broker_id=self.broker_id, broker_epoch=self.broker_epoch,
+                partitions=[controller_pb2.AlterPartitionItem(
+                    topic=p.topic, partition=p.partition, leader_epoch=change.leader_epoch,
+                    partition_epoch=change.partition_epoch, new_isr=list(change.new_isr))])
             resp = yield CallController("AlterPartition", req, ALTER_PARTITION_TIMEOUT_MS)
             if not isinstance(resp, RpcFailed) and resp.error_code == common_pb2.NONE and resp.partitions:
                 break

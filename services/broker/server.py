@@ -169,6 +169,9 @@ async def serve(config: BrokerConfig) -> None:
             ttl_s=config.lease_ttl_s, what=f"broker {config.broker_id}")
         replicas.broker_epoch = registration.broker_epoch
         log.info("broker %d registered with broker epoch %d", config.broker_id, registration.broker_epoch)
+        # Only this process's first registration speaks for the previous run: a later one
+        # (the lease was lost) lost nothing on disk since.
+        info["unclean_shutdown"] = False
         return registration
 
     registration = await register()

@@ -6,7 +6,7 @@ lost with it. Pure data plus the JSON forms of the etcd values: no I/O.
 
 etcd values (JSON), as docs/ARCHITECTURE.md lists them:
 - /brokers/ids/{id}: {"broker_id", "host", "port", "rack", "metrics_port"};
-  broker epoch = the key's create_revision.
+  broker epoch = the key's create_revision; "unclean_shutdown": true after a power loss.
 - /brokers/topics/{topic}: {"version": 1, "topic_id", "partitions": {"0": [1, 2, 3]},
   "adding_replicas": {...}, "removing_replicas": {...}}
 - /brokers/topics/{topic}/partitions/{p}/state: {"leader", "leader_epoch", "isr",
@@ -36,6 +36,9 @@ class BrokerInfo:
     rack: str
     metrics_port: int
     broker_epoch: int
+    # The broker's last run did not stop cleanly and its host rebooted since: records it
+    # had acknowledged but not flushed may be gone (section 7 of docs/ARCHITECTURE.md).
+    unclean_shutdown: bool = False
 
     @property
     def address(self) -> str:
@@ -45,7 +48,7 @@ class BrokerInfo:
     def from_json(cls, raw: bytes, broker_epoch: int) -> BrokerInfo:
         d = json.loads(raw)
         return cls(int(d["broker_id"]), str(d["host"]), int(d["port"]), str(d.get("rack", "")),
-                   int(d.get("metrics_port", 0)), broker_epoch)
+                   int(d.get("metrics_port", 0)), broker_epoch, d.get("unclean_shutdown") is True)
 
     def to_proto(self) -> common_pb2.BrokerNode:
         return common_pb2.BrokerNode(broker_id=self.broker_id, host=self.host, port=self.port, rack=self.rack,
@@ -189,7 +192,8 @@ class ControllerContext:
     # etcd mod_revision of each state key as loaded at failover: a broker whose registration
     # (broker epoch) is newer restarted after its ISR membership was written.
     state_revisions: dict[TopicPartitionKey, int] = field(default_factory=dict)
-    # Replicas of topics being deleted: (tp, broker) -> ReplicaDeletionStarted/Successful/Ineligible.
+    # Replicas of topics being deleted: (tp, broker) -> ReplicaDeletionStarted/Successful/Ineligible
+    # (a ReplicaState); changed only by replaying a handler's ReplicaStatesWrite.
     replica_deletion: dict[tuple[TopicPartitionKey, int], Any] = field(default_factory=dict)
 
     def replicas(self, tp: TopicPartitionKey) -> tuple[int, ...]:

@@ -57,3 +57,24 @@ def reassignment_leader(target: Sequence[int], isr: Sequence[int], live: Collect
         if r in live and r in isr:
             return r, tuple(isr)
     return None
+
+
+def restarted_isr_leader(assignment: Sequence[int], last_isr: Sequence[int], live: Collection[int],
+                         restarted: Collection[int], lost_data: Collection[int]) -> Election | None:
+    """When no member of the last ISR survived: one that restarted since (Kafka's KIP-966 idea).
+
+    `restarted` are live brokers whose registration is newer than their ISR
+    membership; `lost_data` those of them that report an unclean shutdown (a power
+    loss may have taken records they acknowledged). A member that kept its data
+    leads, alone in the ISR. One that lost data does not while another member of
+    the last ISR may still come back with every committed record; once every
+    member is back and all lost data, nothing better will come, and the first in
+    AR order leads.
+    """
+    back = [r for r in assignment if r in last_isr and r in restarted and r in live]
+    kept = [r for r in back if r not in lost_data]
+    if kept:
+        return kept[0], (kept[0],)
+    if back and all(r in back for r in last_isr):
+        return back[0], (back[0],)
+    return None

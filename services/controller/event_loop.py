@@ -41,7 +41,7 @@ from services.common import limits
 from services.common.errors import InvariantViolation
 from services.common.peers import PeerChannels
 from services.common.server import halt_on_invariant_violation
-from services.controller import handlers, metrics
+from services.controller import handlers, metrics, sender_rules
 from services.controller.context import (
     BrokerInfo,
     ControllerContext,
@@ -71,15 +71,16 @@ SLOW_EVENT_LOG_S = 0.1
 EVENT_QUEUE_LENGTH_MAX = 10_000
 # Per-broker control requests waiting to be sent.
 SENDER_QUEUE_LENGTH_MAX = 10_000
-# A control RPC that failed for a reachable reason is retried this often before giving up
-# (a dead broker's sender is removed when its lease expires).
-CONTROL_RPC_ATTEMPTS_MAX = 5
 PRODUCER_ID_BLOCK_SIZE = 1000
 # After a watch on etcd breaks, wait this long before reading and watching again.
 WATCH_RETRY_BACKOFF_S = 0.5
 # Kafka's leader.imbalance.check.interval.seconds (300) and leader.imbalance.per.broker.percentage (10).
 LEADER_IMBALANCE_CHECK_INTERVAL_S = 300.0
 LEADER_IMBALANCE_PER_BROKER_PERCENTAGE = 10
+
+
+def exc_name(exc: grpc.aio.AioRpcError) -> str:
+    return exc.code().name
 
 
 class ControllerResigned(Exception):
@@ -95,10 +96,16 @@ class _Event:
 
 
 class BrokerSender:
-    """Delivers control requests to one broker (or gateway) in order."""
+    """Delivers control requests to one incarnation of a broker (or a gateway) in order.
 
-    def __init__(self, address: str, peers: PeerChannels, *, is_gateway: bool = False) -> None:
+    sender_rules.retry_after_ms decides when a request is sent again; the sender is
+    replaced when the broker re-registers (ControllerEventLoop._sync_senders).
+    """
+
+    def __init__(self, address: str, peers: PeerChannels, *, is_gateway: bool = False,
+                 broker_epoch: int = -1) -> None:
         self.address = address
+        self.broker_epoch = broker_epoch
         self.peers = peers
         self.is_gateway = is_gateway
         self.queue: asyncio.Queue[tuple[str, Any, asyncio.Future[Any]]] = asyncio.Queue(SENDER_QUEUE_LENGTH_MAX)
@@ -109,31 +116,38 @@ class BrokerSender:
         self.queue.put_nowait((rpc, request, fut))
         return fut
 
-    def enqueue(self, name: str, handler: Callable[[], ControllerResult]) -> None:
-        """Queue an event nobody waits for (watches, ticks, follow-ups)."""
-        self.queue.put_nowait(_Event(name, handler, asyncio.get_running_loop().create_future()))
-
     async def _run(self) -> None:
         while True:
             rpc, request, fut = await self.queue.get()
             stub = self.peers.gateway(self.address) if self.is_gateway else self.peers.broker(self.address)
-            for attempt in range(1, CONTROL_RPC_ATTEMPTS_MAX + 1):
+            attempt = 1
+            while True:
+                outcome: Any
                 try:
-                    response = await getattr(stub, rpc)(request, timeout=limits.CONTROL_RPC_TIMEOUT_S)
-                    if not fut.done():
-                        fut.set_result(response)
-                    if getattr(response, "error_code", 0):
-                        log.warning("%s to %s answered %s: %s", rpc, self.address,
-                                    common_pb2.ErrorCode.Name(response.error_code), response.error_message)
-                    break
+                    outcome = await getattr(stub, rpc)(request, timeout=limits.CONTROL_RPC_TIMEOUT_S)
+                    error_code: int | None = getattr(outcome, "error_code", 0)
                 except grpc.aio.AioRpcError as exc:
-                    if attempt == CONTROL_RPC_ATTEMPTS_MAX:
-                        log.warning("%s to %s failed %d times (%s); giving up", rpc, self.address, attempt,
-                                    exc.code().name)
-                        if not fut.done():
-                            fut.set_exception(exc)
-                    else:
-                        await asyncio.sleep(0.1 * attempt)
+                    outcome, error_code = exc, None
+                pause_ms = sender_rules.retry_after_ms(attempt, error_code=error_code)
+                if pause_ms is None:
+                    break
+                if attempt == 1 or attempt % 10 == 0:
+                    what = exc_name(outcome) if error_code is None else common_pb2.ErrorCode.Name(error_code)
+                    log.info("%s to %s (broker epoch %d) got %s; sending it again", rpc, self.address,
+                             self.broker_epoch, what)
+                await asyncio.sleep(pause_ms / 1000)
+                attempt += 1
+            if isinstance(outcome, grpc.aio.AioRpcError):
+                log.warning("%s to %s failed %d times (%s); giving up", rpc, self.address, attempt,
+                            exc_name(outcome))
+                if not fut.done():
+                    fut.set_exception(outcome)
+                continue
+            if error_code:
+                log.warning("%s to %s answered %s: %s", rpc, self.address,
+                            common_pb2.ErrorCode.Name(error_code), outcome.error_message)
+            if not fut.done():
+                fut.set_result(outcome)
 
     async def stop(self) -> None:
         self.task.cancel()
@@ -179,6 +193,7 @@ class ControllerEventLoop:
         revision = await self.load()
         result = handlers.on_startup(self.ctx)
         await self.apply(result)
+        self.queue_follow_ups("Startup")
         self._tasks.append(asyncio.create_task(self._run(), name="controller-event-loop"))
         self._tasks.append(asyncio.create_task(self._watch(self.keys.brokers_prefix, revision, "BrokerChange"),
                                                name="watch-brokers"))
@@ -276,8 +291,7 @@ class ControllerEventLoop:
                     await self.apply(result, event=ev.name, decided_s=time.monotonic() - started)
                 if not ev.done.done():
                     ev.done.set_result(result)
-                if ev.name != "ReassignmentProgress" and handlers.ongoing_reassignments(self.ctx):
-                    self.enqueue("ReassignmentProgress", lambda: handlers.on_reassignment_progress(self.ctx))
+                self.queue_follow_ups(ev.name)
             except ControllerFenced as exc:
                 log.error("controller %d fenced at epoch %d: %s; resigning", self.ctx.controller_id, self.epoch, exc)
                 if not ev.done.done():
@@ -291,6 +305,16 @@ class ControllerEventLoop:
                 if not ev.done.done():
                     ev.done.set_exception(exc)
                 await self._resync()
+
+    def queue_follow_ups(self, event: str) -> None:
+        """Queue what a committed event leads to.
+
+        The reassignment walk is tried after every other event and after start-up: a
+        new controller finishes a reassignment whose target replicas are already in the
+        ISR without waiting for an unrelated event (issue 16, defect 2).
+        """
+        if event != "ReassignmentProgress" and handlers.ongoing_reassignments(self.ctx):
+            self.enqueue("ReassignmentProgress", lambda: handlers.on_reassignment_progress(self.ctx))
 
     async def _resync(self) -> None:
         """After a failed apply the context may disagree with etcd: read it again."""
@@ -407,6 +431,8 @@ class ControllerEventLoop:
         ops_in_chunk = 0
         for write in writes:
             compares, ops = self._etcd_ops(write)
+            if not ops:
+                continue  # bookkeeping kept in memory only: replayed, not committed
             if ops_in_chunk + len(ops) > ETCD_TXN_OPS_MAX and chunks[-1]:
                 chunks.append([])
                 ops_in_chunk = 0
@@ -448,25 +474,33 @@ class ControllerEventLoop:
             return [], [EtcdDelete(write.key)]
         if isinstance(write, DeletionMark):
             return [], [Put(k.delete_topic(write.topic), b"{}")]
+        if isinstance(write, (handlers.ReplicaStatesWrite, handlers.ShuttingDownWrite)):
+            return [], []
         if isinstance(write, TopicDelete):
             return [], [EtcdDelete(k.topic(write.topic)), EtcdDelete(k.topic_partitions_prefix(write.topic),
                                                                       prefix=True),
                          EtcdDelete(k.topic_config(write.topic)), EtcdDelete(k.delete_topic(write.topic))]
         raise TypeError(f"unknown write {write!r}")
 
+    def wanted_senders(self) -> dict[tuple[str, int], tuple[str, int]]:
+        """One sender per incarnation: (kind, id) -> (address, broker epoch); gateways have epoch -1."""
+        wanted = {("b", b.broker_id): (b.address, b.broker_epoch) for b in self.ctx.live_brokers.values()}
+        wanted.update({("g", g.gateway_id): (g.address, -1) for g in self.ctx.live_gateways.values()})
+        return wanted
+
     def _sync_senders(self) -> None:
-        wanted = {("b", b.broker_id): b.address for b in self.ctx.live_brokers.values()}
-        wanted.update({("g", g.gateway_id): g.address for g in self.ctx.live_gateways.values()})
+        wanted = self.wanted_senders()
         for key in list(self.senders):
             sender = self.senders[key]
-            if key not in wanted or wanted[key] != sender.address:
+            if wanted.get(key) != (sender.address, sender.broker_epoch):
                 stopping = asyncio.ensure_future(sender.stop())
                 self._stopping_senders.add(stopping)
                 stopping.add_done_callback(self._stopping_senders.discard)
                 del self.senders[key]
-        for key, address in wanted.items():
+        for key, (address, broker_epoch) in wanted.items():
             if key not in self.senders:
-                self.senders[key] = BrokerSender(address, self.peers, is_gateway=key[0] == "g")
+                self.senders[key] = BrokerSender(address, self.peers, is_gateway=key[0] == "g",
+                                                 broker_epoch=broker_epoch)
 
     def header(self, broker_id: int) -> common_pb2.ControllerHeader:
         return common_pb2.ControllerHeader(controller_id=self.ctx.controller_id, controller_epoch=self.epoch,
@@ -506,7 +540,8 @@ class ControllerEventLoop:
                             for tp, delete in sorted(tps.items())]))
             deleted = [tp for tp, delete in sorted(tps.items()) if delete and tp[0] in self.ctx.topics_to_delete]
             if deleted:
-                fut.add_done_callback(lambda f, b=broker_id, d=deleted: self._deletion_answered(b, d, f))
+                epoch = self.ctx.with_broker_epoch(broker_id)
+                fut.add_done_callback(lambda f, b=broker_id, e=epoch, d=deleted: self._deletion_answered(b, e, d, f))
             futures.append(fut)
         if rpcs.full_metadata or rpcs.update_metadata or rpcs.deleted_topics:
             for (kind, target_id), sender in sorted(self.senders.items()):
@@ -515,13 +550,20 @@ class ControllerEventLoop:
                     broker_epoch=self.ctx.with_broker_epoch(target_id) if kind == "b" else -1)))
         result.rpc_futures = futures
 
-    def _deletion_answered(self, broker_id: int, tps: list[TopicPartitionKey], fut: asyncio.Future[Any]) -> None:
-        ok = not fut.cancelled() and fut.exception() is None and all(
-            p.error_code == common_pb2.NONE for p in fut.result().partitions) and fut.result().error_code == 0
+    def _deletion_answered(self, broker_id: int, broker_epoch: int, tps: list[TopicPartitionKey],
+                           fut: asyncio.Future[Any]) -> None:
+        answer = None if fut.cancelled() or fut.exception() is not None else fut.result()
+        self.deletion_answered(broker_id, broker_epoch, tps, answer)
+
+    def deletion_answered(self, broker_id: int, broker_epoch: int, tps: list[TopicPartitionKey],
+                          answer: broker_pb2.StopReplicaResponse | None) -> None:
+        """Queue a StopReplica(delete) outcome (None: no answer) for the incarnation it was sent to."""
         if self.resigned.is_set():
             return
+        ok = answer is not None and answer.error_code == common_pb2.NONE and all(
+            p.error_code == common_pb2.NONE for p in answer.partitions)
         self.enqueue("ReplicaDeletionResult",
-                     lambda: handlers.on_replica_deletion_result(self.ctx, broker_id, tps, ok))
+                     lambda: handlers.on_replica_deletion_result(self.ctx, broker_id, broker_epoch, tps, ok))
 
     def update_metadata_request(self, *, full: bool, tps: set[TopicPartitionKey], deleted: set[str],
                                 broker_epoch: int) -> broker_pb2.UpdateMetadataRequest:

@@ -8,8 +8,11 @@ committed writes into it (`apply_result`), so a controller that crashes
 between deciding and committing leaves nothing half-known, and a new one
 rebuilds the same context from etcd.
 
-The only context changes made here directly are membership facts learned
-from etcd watches (live brokers and gateways), which are not writes.
+Bookkeeping that is not kept in etcd (replicas being deleted, brokers shutting
+down) is decided the same way, as writes that commit nothing and are replayed
+with the rest. The only context changes made here directly are membership
+facts learned from etcd watches (live brokers and gateways), which are not
+decisions.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from services.controller.context import (
     TopicPartitionKey,
     validate_topic_configs,
 )
-from services.controller.state_machines import ReplicaState, replica_transition
+from services.controller.state_machines import REPLICA_TRANSITIONS, ReplicaState, replica_transition
 
 log = logging.getLogger("highwater.controller")
 
@@ -83,6 +86,21 @@ class TopicDelete:
     """Remove every key of a topic (assignment, states, config, deletion marker)."""
 
     topic: str
+
+
+@dataclass(frozen=True)
+class ReplicaStatesWrite:
+    """Replica state machine moves of replicas being deleted (kept in memory only, not in etcd)."""
+
+    states: tuple[tuple[tuple[TopicPartitionKey, int], ReplicaState], ...]
+
+
+@dataclass(frozen=True)
+class ShuttingDownWrite:
+    """Brokers that started (add) or ended (remove) a controlled shutdown (kept in memory only)."""
+
+    add: frozenset[int] = frozenset()
+    remove: frozenset[int] = frozenset()
 
 
 
@@ -154,11 +172,13 @@ def on_startup(ctx: ControllerContext) -> ControllerResult:
         written_at = ctx.state_revisions.get(tp, 0)
         restarted = {b for b, info in ctx.live_brokers.items() if written_at and info.broker_epoch > written_at}
         gone = {r for r in (*ctx.replicas(tp), ctx.states[tp].leader) if r >= 0 and r not in ctx.live_brokers}
-        _fail_over(ctx, result, tp, dead=gone | restarted, bounced=restarted, live=live)
+        _fail_over(ctx, result, tp, dead=gone | restarted, restarted=restarted, live=live)
     for tp in ctx.partitions():
         if tp[0] not in ctx.topics_to_delete:
             result.rpcs.add_leader_and_isr([r for r in ctx.replicas(tp) if r in live], tp)
-    resume_deletions(ctx, result)
+    moves = ReplicaMoves(ctx)
+    resume_deletions(ctx, result, moves)
+    moves.commit(result)
     result.rpcs.full_metadata = True
     return result
 
@@ -184,44 +204,52 @@ def on_broker_change(ctx: ControllerContext, registered: dict[int, BrokerInfo]) 
     dead = {b for b in old if b not in registered or registered[b].broker_epoch != old[b].broker_epoch}
     new = {b for b in registered if b not in old or registered[b].broker_epoch != old[b].broker_epoch}
     ctx.live_brokers = dict(registered)
-    ctx.shutting_down -= dead
     if not dead and not new:
         return result
     if dead:
         log.info("brokers %s left (lease expired or re-registered)", sorted(dead))
     if new:
-        log.info("brokers %s joined", sorted(new))
-    live = {b for b in ctx.live_brokers if ctx.is_live(b)}
+        lost = sorted(b for b in new if registered[b].unclean_shutdown)
+        log.info("brokers %s joined%s", sorted(new), f" ({lost} after an unclean shutdown)" if lost else "")
+    if ctx.shutting_down & dead:
+        result.writes.append(ShuttingDownWrite(remove=frozenset(ctx.shutting_down & dead)))
+    shutting_down = ctx.shutting_down - dead
+    live = {b for b in registered if b not in shutting_down}
     # Kafka's processBrokerChange: a bounced broker (new epoch) first fails, then starts.
-    # Its new incarnation may have lost what the old one had not flushed, so it leaves the
-    # ISR and leads only when no other in-sync replica is left (it rejoins the ISR by
-    # catching up, like any follower).
+    # Every new incarnation, bounced or back after its lease ran out, is a restart: an ISR
+    # membership it holds was written for an earlier incarnation, which may have had
+    # records this one lost. It leaves the ISR and leads only when no other in-sync replica
+    # is left (restarted_isr_leader); it rejoins the ISR by catching up, like any follower.
     for tp in ctx.partitions():
         if tp[0] in ctx.topics_to_delete or tp not in ctx.states:
             continue
-        _fail_over(ctx, result, tp, dead=dead, bounced=dead & new, live=live)
+        _fail_over(ctx, result, tp, dead=dead | new, restarted=new, live=live)
     for tp in ctx.partitions():
         if tp[0] in ctx.topics_to_delete:
             continue
         replicas = ctx.replicas(tp)
-        restarted = [b for b in new if b in replicas]
-        if restarted and tp in ctx.states:
-            result.rpcs.add_leader_and_isr(restarted, tp)
-    for key, state in list(ctx.replica_deletion.items()):
+        started = [b for b in new if b in replicas]
+        if started and tp in ctx.states:
+            result.rpcs.add_leader_and_isr(started, tp)
+    moves = ReplicaMoves(ctx)
+    for key, state in sorted(ctx.replica_deletion.items()):
         if key[1] in dead and state is ReplicaState.DELETION_STARTED:
-            ctx.replica_deletion[key] = ReplicaState.DELETION_INELIGIBLE
-    resume_deletions(ctx, result, new)
+            moves.move(key, ReplicaState.DELETION_INELIGIBLE)
+    resume_deletions(ctx, result, moves, new)
+    moves.commit(result)
     result.rpcs.full_metadata = True
     return result
 
 
 def _fail_over(ctx: ControllerContext, result: ControllerResult, tp: TopicPartitionKey, *, dead: set[int],
-               bounced: set[int], live: set[int]) -> None:
-    """One partition after brokers failed (dead) or restarted (bounced, a subset of dead).
+               restarted: set[int], live: set[int]) -> None:
+    """One partition after brokers failed (dead) or restarted (restarted, a subset of dead).
 
     Dead brokers leave the ISR; a new leader comes from the surviving ISR members in AR
-    order; only when none is left does a bounced broker of the ISR lead again (as Kafka's
-    start-up election would), else the partition goes offline (or unclean, if enabled).
+    order; when none is left, a restarted member of the last ISR may lead (never one that
+    lost data while another may still come back: elections.restarted_isr_leader); then
+    an unclean election if the topic allows it; else the partition goes offline, keeping
+    its last ISR less the members that lost data.
     """
     state = ctx.states[tp]
     if not (state.leader in dead or state.leader not in live or any(r in dead for r in state.isr)):
@@ -232,15 +260,25 @@ def _fail_over(ctx: ControllerContext, result: ControllerResult, tp: TopicPartit
         _change_state(ctx, result, tp, leader=state.leader, isr=isr)
         return
     topic = ctx.topics[tp[0]]
-    choice, unclean = elections.offline_partition_leader(ctx.replicas(tp), isr, survivors,
-                                                         topic.unclean_leader_election)
+    replicas = ctx.replicas(tp)
+    lost_data = {b for b in restarted if b in ctx.live_brokers and ctx.live_brokers[b].unclean_shutdown}
+    choice, unclean = elections.offline_partition_leader(replicas, isr, survivors, False)
     if choice is None:
-        choice, unclean = elections.offline_partition_leader(
-            ctx.replicas(tp), tuple(r for r in state.isr if r in bounced), live, topic.unclean_leader_election)
+        choice = elections.restarted_isr_leader(replicas, state.isr, live, restarted, lost_data)
+        if choice is not None and choice[0] in lost_data:
+            log.error("every member of %s-%d's last ISR %s restarted after an unclean shutdown; broker %d leads "
+                      "and records they acknowledged but had not flushed may be lost", *tp, list(state.isr),
+                      choice[0])
+    if choice is None and topic.unclean_leader_election:
+        choice, unclean = elections.offline_partition_leader(replicas, (), live, True)
     if choice is None:
-        if state.leader != NO_LEADER:
-            log.warning("%s-%d has no live in-sync replica (ISR %s); partition is offline", *tp, list(state.isr))
-            _change_state(ctx, result, tp, leader=NO_LEADER, isr=state.isr)
+        kept_isr = tuple(r for r in state.isr if r not in lost_data) or state.isr
+        if state.leader != NO_LEADER or kept_isr != state.isr:
+            waiting = f"; {sorted(lost_data & set(state.isr))} lost data in an unclean shutdown" \
+                if kept_isr != state.isr else ""
+            log.warning("%s-%d has no live in-sync replica (last ISR %s)%s; partition is offline until one "
+                        "returns", *tp, list(kept_isr), waiting)
+            _change_state(ctx, result, tp, leader=NO_LEADER, isr=kept_isr)
         return
     if unclean:
         result.unclean_elections += 1
@@ -406,15 +444,18 @@ def on_controlled_shutdown(ctx: ControllerContext, broker_id: int, broker_epoch:
             error_code=common_pb2.STALE_BROKER_EPOCH,
             error_message=f"broker {broker_id} epoch {broker_epoch} is not a live incarnation")
         return result
-    ctx.shutting_down.add(broker_id)
-    live = {b for b in ctx.live_brokers if ctx.is_live(b)}
+    result.writes.append(ShuttingDownWrite(add=frozenset({broker_id})))
+    shutting_down = ctx.shutting_down | {broker_id}
+    live = {b for b in ctx.live_brokers if b not in shutting_down}
     remaining = []
     for tp in ctx.partitions():
         state = ctx.states.get(tp)
-        if state is None or broker_id not in ctx.replicas(tp):
+        # A topic being deleted is left alone, as Kafka's controller does: a LeaderAndIsr for it
+        # would bring back replicas already deleted.
+        if state is None or broker_id not in ctx.replicas(tp) or tp[0] in ctx.topics_to_delete:
             continue
         if state.leader == broker_id:
-            choice = elections.controlled_shutdown_leader(ctx.replicas(tp), state.isr, live, ctx.shutting_down)
+            choice = elections.controlled_shutdown_leader(ctx.replicas(tp), state.isr, live, shutting_down)
             if choice is None:
                 remaining.append(common_pb2.TopicPartition(topic=tp[0], partition=tp[1]))
                 continue
@@ -429,7 +470,8 @@ def on_controlled_shutdown(ctx: ControllerContext, broker_id: int, broker_epoch:
 
 def on_elect_leaders(ctx: ControllerContext, req: common_pb2.ElectLeadersRequest) -> ControllerResult:
     result = ControllerResult()
-    wanted = [(p.topic, p.partition) for p in req.partitions] or ctx.partitions()
+    wanted = [(p.topic, p.partition) for p in req.partitions] or [
+        tp for tp in ctx.partitions() if tp[0] not in ctx.topics_to_delete]
     live = {b for b in ctx.live_brokers if ctx.is_live(b)}
     answers = []
     for tp in wanted:
@@ -438,6 +480,9 @@ def on_elect_leaders(ctx: ControllerContext, req: common_pb2.ElectLeadersRequest
         if state is None or tp[0] not in ctx.topics:
             answer.error_code = common_pb2.UNKNOWN_TOPIC_OR_PARTITION
             answer.error_message = f"{tp[0]}-{tp[1]} does not exist"
+        elif tp[0] in ctx.topics_to_delete:
+            answer.error_code = common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+            answer.error_message = f"topic {tp[0]!r} is being deleted"
         elif req.election_type == common_pb2.PREFERRED:
             replicas = ctx.replicas(tp)
             if state.leader == replicas[0]:
@@ -483,6 +528,8 @@ def on_create_partitions(ctx: ControllerContext, req: common_pb2.CreatePartition
         answer = common_pb2.TopicResult(name=ct.name)
         try:
             topic = require_topic(ctx, ct.name)
+            if ct.name in ctx.topics_to_delete:
+                raise UnknownTopicOrPartition(f"topic {ct.name!r} is being deleted")
             current = len(topic.assignment)
             if ct.count <= current:
                 raise InvalidPartitions(f"topic {ct.name!r} has {current} partitions; the new count must be "
@@ -535,6 +582,7 @@ def on_delete_topics(ctx: ControllerContext, names: list[str], *, deletion_enabl
     ReplicaDeletionIneligible and retried when their broker returns.
     """
     result = ControllerResult()
+    moves = ReplicaMoves(ctx)
     answers = []
     for name in names:
         answer = common_pb2.TopicResult(name=name)
@@ -546,39 +594,83 @@ def on_delete_topics(ctx: ControllerContext, names: list[str], *, deletion_enabl
             answer.error_message = f"topic {name!r} does not exist"
         elif name not in ctx.topics_to_delete:
             result.writes.append(DeletionMark(name))
-            _start_replica_deletion(ctx, result, name)
+            _start_replica_deletion(ctx, result, moves, name)
         answers.append(answer)
+    moves.commit(result)
     result.response = common_pb2.DeleteTopicsResponse(topics=answers)
     return result
 
 
-def _start_replica_deletion(ctx: ControllerContext, result: ControllerResult, topic: str) -> None:
+class ReplicaMoves:
+    """The replica state machine moves one handler decides, committed as one ReplicaStatesWrite.
+
+    A replica of a topic being deleted that has no deletion state yet is
+    OfflineReplica (Kafka takes every replica offline before deleting it). Every
+    move goes through REPLICA_TRANSITIONS: one the controller decides on its own
+    halts it if illegal (its bookkeeping is wrong); one a broker's answer asks for
+    is ignored with a log line (`move_on_answer`), since an answer may be stale.
+    """
+
+    def __init__(self, ctx: ControllerContext) -> None:
+        self.ctx = ctx
+        self.moves: dict[tuple[TopicPartitionKey, int], ReplicaState] = {}
+
+    def state(self, key: tuple[TopicPartitionKey, int]) -> ReplicaState:
+        return self.moves.get(key) or self.ctx.replica_deletion.get(key) or ReplicaState.OFFLINE
+
+    def move(self, key: tuple[TopicPartitionKey, int], target: ReplicaState) -> None:
+        self.moves[key] = replica_transition(self.state(key), target, key)
+
+    def move_on_answer(self, key: tuple[TopicPartitionKey, int], target: ReplicaState) -> None:
+        current = self.state(key)
+        if target not in REPLICA_TRANSITIONS[current]:
+            log.info("ignoring a StopReplica answer for %s-%d on broker %d: it asks for %s -> %s", *key[0], key[1],
+                     current.value, target.value)
+            return
+        self.moves[key] = target
+
+    def commit(self, result: ControllerResult) -> None:
+        if self.moves:
+            result.writes.append(ReplicaStatesWrite(tuple(sorted(self.moves.items()))))
+
+
+def _start_replica_deletion(ctx: ControllerContext, result: ControllerResult, moves: ReplicaMoves,
+                            topic: str) -> None:
     for tp in ctx.partitions_of(topic):
         for r in ctx.replicas(tp):
-            if ctx.replica_deletion.get((tp, r)) is ReplicaState.DELETION_SUCCESSFUL:
+            if moves.state((tp, r)) is ReplicaState.DELETION_SUCCESSFUL:
                 continue
             if r in ctx.live_brokers:
-                ctx.replica_deletion[(tp, r)] = ReplicaState.DELETION_STARTED
+                moves.move((tp, r), ReplicaState.DELETION_STARTED)
                 result.rpcs.stop_replica.setdefault(r, {})[tp] = True
             else:
-                ctx.replica_deletion[(tp, r)] = ReplicaState.DELETION_INELIGIBLE
+                moves.move((tp, r), ReplicaState.DELETION_INELIGIBLE)
     result.rpcs.deleted_topics.add(topic)
 
 
-def on_replica_deletion_result(ctx: ControllerContext, broker_id: int, tps: list[TopicPartitionKey],
-                               succeeded: bool) -> ControllerResult:
-    """StopReplica(delete) answered (or failed): finish topics whose replicas are all gone."""
+def on_replica_deletion_result(ctx: ControllerContext, broker_id: int, broker_epoch: int,
+                               tps: list[TopicPartitionKey], succeeded: bool) -> ControllerResult:
+    """StopReplica(delete) answered (or failed): finish topics whose replicas are all gone.
+
+    An answer from an incarnation that is not the broker's current one is stale: the
+    deletion was sent again to the new one when it registered, and that answer decides
+    (acting on the old one halted the controller, issue 16 defect 3).
+    """
     result = ControllerResult()
+    if ctx.with_broker_epoch(broker_id) != broker_epoch:
+        log.info("ignoring a StopReplica answer from broker %d epoch %d: not its live incarnation (%d)",
+                 broker_id, broker_epoch, ctx.with_broker_epoch(broker_id))
+        return result
+    moves = ReplicaMoves(ctx)
+    target = ReplicaState.DELETION_SUCCESSFUL if succeeded else ReplicaState.DELETION_INELIGIBLE
     for tp in tps:
         key = (tp, broker_id)
-        current = ctx.replica_deletion.get(key)
-        if current is None:
-            continue
-        target = ReplicaState.DELETION_SUCCESSFUL if succeeded else ReplicaState.DELETION_INELIGIBLE
-        ctx.replica_deletion[key] = replica_transition(current, target, key) if current is not target else target
+        if key in ctx.replica_deletion and ctx.replica_deletion[key] is not target:
+            moves.move_on_answer(key, target)
+    moves.commit(result)
     for topic in sorted({tp[0] for tp in tps}):
         if topic in ctx.topics and topic in ctx.topics_to_delete and all(
-                ctx.replica_deletion.get((tp, r)) is ReplicaState.DELETION_SUCCESSFUL
+                moves.state((tp, r)) is ReplicaState.DELETION_SUCCESSFUL
                 for tp in ctx.partitions_of(topic) for r in ctx.replicas(tp)):
             log.info("topic %s deleted from every replica; removing its keys", topic)
             result.writes.append(TopicDelete(topic))
@@ -586,18 +678,20 @@ def on_replica_deletion_result(ctx: ControllerContext, broker_id: int, tps: list
     return result
 
 
-def resume_deletions(ctx: ControllerContext, result: ControllerResult, brokers: set[int] | None = None) -> None:
-    """Retry deletion on replicas that could not delete (their broker was down)."""
+def resume_deletions(ctx: ControllerContext, result: ControllerResult, moves: ReplicaMoves,
+                     brokers: set[int] | None = None) -> None:
+    """Send deletion again to replicas not yet deleted on the given (default: all) live brokers."""
     for topic in sorted(ctx.topics_to_delete):
         if topic not in ctx.topics:
             continue
         for tp in ctx.partitions_of(topic):
             for r in ctx.replicas(tp):
-                state = ctx.replica_deletion.get((tp, r))
+                state = moves.state((tp, r))
                 if state is ReplicaState.DELETION_SUCCESSFUL or r not in ctx.live_brokers:
                     continue
                 if brokers is None or r in brokers:
-                    ctx.replica_deletion[(tp, r)] = ReplicaState.DELETION_STARTED
+                    if state is not ReplicaState.DELETION_STARTED:
+                        moves.move((tp, r), ReplicaState.DELETION_STARTED)
                     result.rpcs.stop_replica.setdefault(r, {})[tp] = True
 
 
@@ -812,6 +906,12 @@ def apply_write(ctx: ControllerContext, write: Write) -> None:
             topic.configs = dict(write.configs)
     elif isinstance(write, DeletionMark):
         ctx.topics_to_delete.add(write.topic)
+    elif isinstance(write, ReplicaStatesWrite):
+        for key, state in write.states:
+            if key[0][0] in ctx.topics_to_delete:
+                ctx.replica_deletion[key] = state
+    elif isinstance(write, ShuttingDownWrite):
+        ctx.shutting_down = (ctx.shutting_down | write.add) - write.remove
     elif isinstance(write, TopicDelete):
         ctx.replica_deletion = {k: v for k, v in ctx.replica_deletion.items() if k[0][0] != write.topic}
         ctx.topics.pop(write.topic, None)
@@ -878,7 +978,8 @@ def on_admin_request(ctx: ControllerContext, kind: str, key: str, raw: bytes) ->
     return result
 
 
-Write = StateWrite | TopicWrite | ConfigWrite | TopicDelete | DeletionMark | AdminKeyDelete
+Write = (StateWrite | TopicWrite | ConfigWrite | TopicDelete | DeletionMark | AdminKeyDelete | ReplicaStatesWrite
+         | ShuttingDownWrite)
 
 
 def on_admin_delete_marker(ctx: ControllerContext, topic: str, key: str, *, deletion_enabled: bool

@@ -1,10 +1,16 @@
-"""Replica and partition state machines (Kafka's ReplicaStateMachine / PartitionStateMachine).
+"""The replica state machine (Kafka's ReplicaStateMachine), as the controller tracks topic deletion.
 
-Transitions are data: each table lists every legal move, and `transition`
-refuses any other loudly (InvariantViolation) with the replica or partition
-and both states, since an illegal move means the controller's bookkeeping is
-wrong. The states are derived bookkeeping of the controller's context, rebuilt
-from etcd on failover (`derive_*`), not stored.
+Transitions are data: the table lists every legal move, and
+`replica_transition` refuses any other loudly (InvariantViolation) with the
+replica and both states, since an illegal move the controller decides means its
+bookkeeping is wrong. (A move a broker's answer asks for is checked against the
+same table and ignored when illegal: handlers.ReplicaMoves.) The states live in
+memory only; a new controller starts every replica of a topic being deleted
+from OfflineReplica and sends the deletion again.
+
+Kafka's partition state machine has no table here: a partition's state is its
+leader (live, dead or -1) as the state key says, and every change of it is a
+fenced write of that key (handlers._change_state).
 """
 
 from __future__ import annotations
@@ -25,19 +31,13 @@ class ReplicaState(enum.Enum):
     NON_EXISTENT = "NonExistentReplica"
 
 
-class PartitionState(enum.Enum):
-    NON_EXISTENT = "NonExistentPartition"
-    NEW = "NewPartition"
-    ONLINE = "OnlinePartition"
-    OFFLINE = "OfflinePartition"
-
-
 # Kafka's ReplicaState.validPreviousStates, read as "from -> allowed targets".
 REPLICA_TRANSITIONS: Mapping[ReplicaState, frozenset[ReplicaState]] = {
     ReplicaState.NON_EXISTENT: frozenset({ReplicaState.NEW, ReplicaState.ONLINE, ReplicaState.OFFLINE}),
     ReplicaState.NEW: frozenset({ReplicaState.ONLINE, ReplicaState.OFFLINE, ReplicaState.NEW}),
     ReplicaState.ONLINE: frozenset({ReplicaState.ONLINE, ReplicaState.OFFLINE}),
-    ReplicaState.OFFLINE: frozenset({ReplicaState.ONLINE, ReplicaState.OFFLINE, ReplicaState.DELETION_STARTED}),
+    ReplicaState.OFFLINE: frozenset({ReplicaState.ONLINE, ReplicaState.OFFLINE, ReplicaState.DELETION_STARTED,
+                                     ReplicaState.DELETION_INELIGIBLE}),
     ReplicaState.DELETION_STARTED: frozenset({ReplicaState.DELETION_SUCCESSFUL,
                                               ReplicaState.DELETION_INELIGIBLE}),
     ReplicaState.DELETION_SUCCESSFUL: frozenset({ReplicaState.NON_EXISTENT}),
@@ -45,36 +45,8 @@ REPLICA_TRANSITIONS: Mapping[ReplicaState, frozenset[ReplicaState]] = {
                                                  ReplicaState.ONLINE}),
 }
 
-PARTITION_TRANSITIONS: Mapping[PartitionState, frozenset[PartitionState]] = {
-    PartitionState.NON_EXISTENT: frozenset({PartitionState.NEW}),
-    PartitionState.NEW: frozenset({PartitionState.ONLINE, PartitionState.OFFLINE, PartitionState.NON_EXISTENT}),
-    PartitionState.ONLINE: frozenset({PartitionState.ONLINE, PartitionState.OFFLINE,
-                                      PartitionState.NON_EXISTENT}),
-    PartitionState.OFFLINE: frozenset({PartitionState.ONLINE, PartitionState.OFFLINE,
-                                       PartitionState.NON_EXISTENT}),
-}
-
 
 def replica_transition(current: ReplicaState, target: ReplicaState, what: object) -> ReplicaState:
     check(target in REPLICA_TRANSITIONS[current], "illegal replica transition %s -> %s for %s",
           current.value, target.value, what)
     return target
-
-
-def partition_transition(current: PartitionState, target: PartitionState, what: object) -> PartitionState:
-    check(target in PARTITION_TRANSITIONS[current], "illegal partition transition %s -> %s for %s",
-          current.value, target.value, what)
-    return target
-
-
-def derive_partition_state(leader: int | None, live: bool) -> PartitionState:
-    """A partition with a state key is Online when its leader is live, else Offline."""
-    if leader is None:
-        return PartitionState.NEW
-    return PartitionState.ONLINE if live else PartitionState.OFFLINE
-
-
-def derive_replica_state(broker_live: bool, being_deleted: bool) -> ReplicaState:
-    if being_deleted:
-        return ReplicaState.DELETION_STARTED if broker_live else ReplicaState.DELETION_INELIGIBLE
-    return ReplicaState.ONLINE if broker_live else ReplicaState.OFFLINE

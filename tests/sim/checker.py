@@ -27,6 +27,25 @@ History (recorded as it happens, checked again at the end once the cluster heale
   with no gap and no acknowledged record skipped; no consumer saw a value nobody sent;
   an idempotent producer's record is in the log once (rule 8).
 
+At the end, once the cluster healed and settled (liveness, judged only where it must hold:
+partitions of topics not being deleted whose replicas are all up and whose history is
+not compromised):
+- no reassignment is left open (AR == RAR, nothing adding or removing, no
+  /admin/reassign_partitions key);
+- the partition has a leader that leads its epoch, every other replica follows that
+  leader in that epoch, and the ISR, in etcd and on the leader, is every replica;
+- a deleted topic has no key left in etcd and no replica on any live broker.
+
+Deleted topics: from the moment the operator asks for a deletion until the topic is
+created again, nothing of it enters the history (clients drop its batches and fetches
+too); when its keys go, everything known about its partitions goes with them, so the
+re-created topic's leader epochs and offsets start again from nothing.
+
+Retention: records below a replica's log start offset were deleted by retention (only
+ever below the HW, which the checker verifies when a consumer resets to a leader's log
+start); they are not looked for there, and a consumer that reset past them skipped them
+legitimately.
+
 "While one ISR member survives": a power loss makes a broker lose its unflushed
 bytes, so it no longer counts as holding the partition's committed records (`intact`)
 until it rejoins the ISR by catching up with an intact leader. If at some point no
@@ -48,7 +67,7 @@ from services.broker.partition import Partition, Role
 from services.common.record_batch import iter_batch_headers
 from services.controller.context import LeaderAndIsr, TopicInfo
 from tests.sim.clock import EventLoop, Node
-from tests.sim.sim_etcd import SimEtcd
+from tests.sim.sim_etcd import SimEtcd, run_sync
 
 if TYPE_CHECKING:
     from tests.sim.sim_broker import AppendRecord, SimBroker
@@ -97,10 +116,24 @@ class Checker:
         self.controller_by_epoch: dict[int, int] = {}
         self.states: dict[TopicPartitionKey, LeaderAndIsr] = {}
         self.assignments: dict[TopicPartitionKey, tuple[int, ...]] = {}  # AR, from /brokers/topics/{topic}
+        # RAR of partitions being reassigned (AR minus removing_replicas), from the same key.
+        self.reassigning: dict[TopicPartitionKey, tuple[int, ...]] = {}
+        # Reassignments whose targets all joined the ISR in the last step (the simulation's
+        # scenarios read and clear it).
+        self.reassignments_due: list[TopicPartitionKey] = []
+        # (broker id, broker epoch) of registrations made in the last step (the scenarios read and clear it).
+        self.registrations: list[tuple[int, int]] = []
+        # Topics the operator asked to delete and has not created again: left out of the history.
+        self.deleting: set[str] = set()
+        # Topics whose keys went from etcd (deleted) and that were not created again.
+        self.deleted: set[str] = set()
+        # topic_id of each topic in etcd: a new id under a known name is a re-created topic.
+        self.topic_ids: dict[str, str] = {}
         # (tp, leader epoch) -> (broker, incarnation) that became its leader first
         self.leader_of_epoch: dict[tuple[TopicPartitionKey, int], tuple[int, int]] = {}
-        # (broker, tp) -> (incarnation, role, leader_epoch, hw) at the last step of that broker
-        self._last_replica: dict[tuple[int, TopicPartitionKey], tuple[int, Role, int, int]] = {}
+        # (broker, tp) -> (replica object, incarnation, role, leader_epoch, hw) at the last step of that
+        # broker; a new Partition object (deleted, then created again) starts afresh.
+        self._last_replica: dict[tuple[int, TopicPartitionKey], tuple[Partition, int, Role, int, int]] = {}
         self.history: dict[TopicPartitionKey, _PartitionHistory] = {}
         self.produced: set[bytes] = set()
         # Values of idempotent producers: each may be in a log once at most (rule 8).
@@ -109,6 +142,9 @@ class Checker:
         self.acks_one_total = 0
         self.records_consumed = 0
         self.truncations_checked = 0
+        # Followers that restarted their log at the leader's log start (retention passed them).
+        self.log_start_resets = 0
+        self.consumer_resets = 0
         # Leaders that lost data while replicas that kept it were in the ISR (for diagnosis).
         self.suspect_leaders: list[str] = []
 
@@ -163,8 +199,10 @@ class Checker:
                                   [p.followers[r].log_end_offset for r in behind])
             key = (broker_id, tp)
             last = last_seen.get(key)
-            if last is not None and last[0] == incarnation:
-                _, last_role, last_epoch, last_hw = last
+            if last is not None and last[0] is p and last[1] == incarnation:
+                _, _, last_role, last_epoch, last_hw = last
+                if p.log.log_start_offset > last_hw:
+                    self.log_start_resets += 1  # truncate_fully_and_start_at: retention passed it
                 if p.leader_epoch < last_epoch:
                     self.fail("leader epoch of %s-%d went back on broker %d: %d -> %d", *tp, broker_id,
                               last_epoch, p.leader_epoch)
@@ -173,7 +211,7 @@ class Checker:
                               broker_id, last_hw, hw, last_epoch, p.leader_epoch)
                 if last_role is p.role and last_epoch == p.leader_epoch and last_hw == hw:
                     continue
-            last_seen[key] = (incarnation, p.role, p.leader_epoch, hw)
+            last_seen[key] = (p, incarnation, p.role, p.leader_epoch, hw)
 
     # ---- etcd: controller epochs, partition states ---------------------------------------
 
@@ -182,6 +220,10 @@ class Checker:
         touched: set[TopicPartitionKey] = set()
         for e in events:
             if e.kind != "put":
+                if e.kind == "delete":
+                    kind = self.keys.classify_topic_key(e.key)
+                    if kind is not None and kind[0] == "topic":
+                        self._forget_topic(kind[1])
                 continue
             if e.key == self.keys.controller_epoch:
                 epoch = int(e.value)
@@ -190,6 +232,9 @@ class Checker:
                 self.controller_epoch = epoch
             elif e.key == self.keys.controller:
                 elected = json.loads(e.value)
+            elif e.key.startswith(self.keys.brokers_prefix):
+                if e.version == 1:
+                    self.registrations.append((self.keys.parse_broker_id(e.key), e.create_revision))
             else:
                 kind = self.keys.classify_topic_key(e.key)
                 if kind is not None and kind[0] == "partition_state":
@@ -197,9 +242,9 @@ class Checker:
                     self._on_state_write(tp, LeaderAndIsr.from_json(e.value, e.version))
                     touched.add(tp)
                 elif kind is not None and kind[0] == "topic":
-                    assignment = TopicInfo.from_json(kind[1], e.value).assignment
-                    self.assignments.update({(kind[1], p): tuple(r) for p, r in assignment.items()})
-                    touched.update((kind[1], p) for p in assignment)
+                    topic = TopicInfo.from_json(kind[1], e.value)
+                    self._on_topic_write(topic)
+                    touched.update((kind[1], p) for p in topic.assignment)
         for tp in sorted(touched):
             # Checked once the whole transaction is in: a reassignment writes both keys at once.
             state, replicas = self.states.get(tp), self.assignments.get(tp)
@@ -208,6 +253,9 @@ class Checker:
             if (state.leader >= 0 and state.leader not in replicas) or not set(state.isr) <= set(replicas):
                 self.fail("%s-%d: leader %d / ISR %s outside its replicas %s (leader epoch %d)", *tp, state.leader,
                           list(state.isr), list(replicas), state.leader_epoch)
+            target = self.reassigning.get(tp)
+            if target is not None and set(target) <= set(state.isr):
+                self.reassignments_due.append(tp)
         if elected is not None:
             epoch, controller_id = int(elected["epoch"]), int(elected["controller_id"])
             if epoch != self.controller_epoch:
@@ -216,6 +264,40 @@ class Checker:
             holder = self.controller_by_epoch.setdefault(epoch, controller_id)
             if holder != controller_id:
                 self.fail("two controllers for epoch %d: %d and %d", epoch, holder, controller_id)
+
+    def _on_topic_write(self, topic: TopicInfo) -> None:
+        known_id = self.topic_ids.get(topic.name)
+        if known_id is not None and known_id != topic.topic_id:
+            self.fail("topic %s got id %s over %s without being deleted first", topic.name, topic.topic_id, known_id)
+        if known_id is None:
+            self.topic_ids[topic.name] = topic.topic_id
+            self.deleted.discard(topic.name)
+            self.deleting.discard(topic.name)  # created again: its history starts now
+        for p, replicas in topic.assignment.items():
+            tp = (topic.name, p)
+            self.assignments[tp] = tuple(replicas)
+            if p in topic.adding_replicas or p in topic.removing_replicas:
+                removing = set(topic.removing_replicas.get(p, ()))
+                self.reassigning[tp] = tuple(r for r in replicas if r not in removing)
+            else:
+                self.reassigning.pop(tp, None)
+
+    def _forget_topic(self, topic: str) -> None:
+        """The topic's keys left etcd: everything known about its partitions goes with them."""
+        if self.topic_ids.pop(topic, None) is None:
+            return
+        self.deleted.add(topic)
+        self.loop.trace("check", "topic %s deleted from etcd", (topic,))
+        for table in (self.states, self.assignments, self.reassigning, self.history):
+            for tp in [tp for tp in table if tp[0] == topic]:
+                del table[tp]  # type: ignore[attr-defined]
+        self.leader_of_epoch = {k: v for k, v in self.leader_of_epoch.items() if k[0][0] != topic}
+
+    def on_topic_deletion_requested(self, topic: str) -> None:
+        """The operator sends DeleteTopics: from now on nothing of the topic enters the history."""
+        self.deleting.add(topic)
+        for tp in [tp for tp in self.history if tp[0] == topic]:
+            del self.history[tp]
 
     def _on_state_write(self, tp: TopicPartitionKey, state: LeaderAndIsr) -> None:
         if state.controller_epoch != self.controller_epoch:
@@ -303,7 +385,7 @@ class Checker:
         if rec.duplicate:
             return  # written (and maybe acknowledged) before: the members of that time are unknown here
         h = self._history(tp)
-        if not h.compromised_at_ms:
+        if not h.compromised_at_ms and tp[0] not in self.deleting:
             for offset in range(rec.first_offset, rec.next_offset):
                 h.committed_epoch[offset] = rec.leader_epoch
         members = set(p.isr) | set(p.pending_isr or ())
@@ -315,8 +397,8 @@ class Checker:
             if holder is None or not holder.up or holder.incarnation != rec.incarnations.get(r):
                 continue
             rp = holder.partitions.get(tp)
-            if rp is None and r not in self.assignments.get(tp, ()):
-                continue  # reassigned away and deleted since it replicated the batch
+            if rp is None and (r not in self.assignments.get(tp, ()) or tp[0] in self.deleting):
+                continue  # reassigned away or its topic deleted, and deleted since it replicated the batch
             leo = rp.log.log_end_offset if rp is not None else -1
             epoch = rp.log.leader_epoch_cache.epoch_for_offset(rec.first_offset) if rp is not None else None
             # A duplicate (an idempotent retry) was written earlier, maybe in an older epoch.
@@ -376,7 +458,7 @@ class Checker:
             self.acks_one_total += 1
             return  # acks=1 promises nothing beyond the leader: it may be lost, even overwritten
         self.acks_all_total += 1
-        if h.compromised_at_ms:
+        if h.compromised_at_ms or tp[0] in self.deleting:
             return
         for i, value in enumerate(values):
             offset = base_offset + i
@@ -394,7 +476,7 @@ class Checker:
         if offset >= high_watermark:
             self.fail("consumer %s read offset %d of %s-%d at or above the HW %d", consumer.name, offset, *tp,
                       high_watermark)
-        if h.compromised_at_ms:
+        if h.compromised_at_ms or tp[0] in self.deleting:
             return
         if offset != position:
             self.fail("consumer %s expected offset %d of %s-%d next but got %d: offsets skipped", consumer.name,
@@ -414,13 +496,22 @@ class Checker:
                 self.fail("idempotent producer's %r written twice in %s-%d: offsets %d and %d", value, *tp, first,
                           offset)
 
+    def on_consumer_reset(self, consumer: Consumer, tp: TopicPartitionKey, position: int, log_start_offset: int,
+                          high_watermark: int) -> None:
+        """A leader said `position` is below its log start: retention deleted [position, log start)."""
+        self.consumer_resets += 1
+        if log_start_offset > high_watermark:
+            self.fail("a leader of %s-%d answered consumer %s with log start %d above its HW %d: retention deleted "
+                      "records that were not committed", *tp, consumer.name, log_start_offset, high_watermark)
+
     # ---- the end ---------------------------------------------------------------------------
 
     def final_check(self) -> None:
-        """After the settle phase: every acknowledged record where it must be, consumers complete."""
+        """After the settle phase: every acknowledged record where it must be, consumers complete, and
+        the cluster converged (`liveness_problem`)."""
         for tp, state in sorted(self.states.items()):
             h = self._history(tp)
-            if h.compromised_at_ms:
+            if h.compromised_at_ms or tp[0] in self.deleting:
                 continue
             if state.leader < 0:
                 self.fail("%s-%d has no leader after the settle phase (ISR %s)", *tp, list(state.isr))
@@ -429,6 +520,10 @@ class Checker:
             if not leader.up or lp is None or lp.role is not Role.LEADER or lp.leader_epoch != state.leader_epoch:
                 self.fail("%s-%d: broker %d does not lead epoch %d after the settle phase (%s)", *tp, state.leader,
                           state.leader_epoch, leader.describe())
+            log_start = lp.log.log_start_offset
+            if log_start > lp.high_watermark:
+                self.fail("%s-%d: leader %d's log start %d is above its HW %d: retention deleted records that were "
+                          "not committed", *tp, state.leader, log_start, lp.high_watermark)
             leader_log = {o: value for o, (value, _) in read_log(lp).items()}
             seen_at: dict[bytes, int] = {}
             for offset, value in sorted(leader_log.items()):
@@ -437,7 +532,7 @@ class Checker:
                               value, *tp, seen_at[value], offset, state.leader)
             for offset, value in sorted(h.acked_all.items()):
                 got = leader_log.get(offset)
-                if got != value:
+                if got != value and offset >= log_start:  # below the log start: deleted by retention
                     self.fail("acknowledged record lost: %s-%d offset %d should hold %r, leader %d has %r", *tp,
                               offset, value, state.leader, got)
             for r in state.isr:
@@ -449,10 +544,11 @@ class Checker:
                     self.fail("%s-%d: ISR member %d holds no replica after the settle phase", *tp, r)
                 replica_log = {o: value for o, (value, _) in read_log(rp).items()}
                 for offset, value in sorted(h.acked_all.items()):
-                    if replica_log.get(offset) != value:
+                    if replica_log.get(offset) != value and offset >= rp.log.log_start_offset:
                         self.fail("acknowledged record missing on ISR member %d: %s-%d offset %d should hold %r, "
                                   "it has %r", r, *tp, offset, value, replica_log.get(offset))
-                for offset in range(rp.log.log_start_offset, min(lp.high_watermark, rp.log.log_end_offset)):
+                for offset in range(max(rp.log.log_start_offset, log_start),
+                                    min(lp.high_watermark, rp.log.log_end_offset)):
                     if replica_log.get(offset) != leader_log.get(offset):
                         self.fail("ISR member %d diverges from leader %d on %s-%d at offset %d below the HW: "
                                   "%r vs %r", r, state.leader, *tp, offset, replica_log.get(offset),
@@ -460,10 +556,70 @@ class Checker:
             for consumer in self.consumers:
                 seen = consumer.seen.get(tp, {})
                 position = consumer.positions.get(tp, 0)
+                skipped = consumer.skipped.get(tp, [])
                 for offset, value in sorted(h.acked_all.items()):
-                    if offset < position and seen.get(offset) != value:
+                    if offset < position and seen.get(offset) != value and not any(
+                            start <= offset < end for start, end in skipped):
                         self.fail("consumer %s passed offset %d of %s-%d without reading the acknowledged %r "
                                   "(it read %r)", consumer.name, offset, *tp, value, seen.get(offset))
+        problem = self.liveness_problem()
+        if problem is not None:
+            self.fail("%s", problem)
+
+    def liveness_problem(self) -> str | None:
+        """What keeps the healed cluster from having converged, or None (see the module docstring).
+
+        Judged only where it must hold once every fault has ended and the settle phase passed:
+        partitions of topics not being deleted, whose replicas are all up and whose history is
+        not compromised (every ISR member lost data: no clean leader may be left to elect).
+        """
+        kv = run_sync(self.etcd.store.get(self.keys.reassign_partitions))
+        if kv is not None:
+            return f"/admin/reassign_partitions still holds {kv.value!r} after the settle phase"
+        for tp, target in sorted(self.reassigning.items()):
+            if tp[0] not in self.deleting:
+                return (f"{tp[0]}-{tp[1]}: reassignment to {list(target)} still open after the settle phase "
+                        f"(replicas {list(self.assignments.get(tp, ()))}, state {self._describe_state(tp)})")
+        for tp, state in sorted(self.states.items()):
+            replicas = self.assignments.get(tp, ())
+            if (tp[0] in self.deleting or self._history(tp).compromised_at_ms
+                    or not all(self.brokers[r].up for r in replicas)):
+                continue
+            leader = self.brokers.get(state.leader)
+            lp = leader.partitions.get(tp) if leader is not None else None
+            if lp is None or lp.role is not Role.LEADER or lp.leader_epoch != state.leader_epoch:
+                return (f"{tp[0]}-{tp[1]}: no broker leads it in epoch {state.leader_epoch} after the settle phase "
+                        f"(state {self._describe_state(tp)}; {leader.describe() if leader else 'no leader'})")
+            for r in replicas:
+                if r == state.leader:
+                    continue
+                rp = self.brokers[r].partitions.get(tp)
+                if (rp is None or rp.role is not Role.FOLLOWER or rp.leader_epoch != state.leader_epoch
+                        or rp.leader_id != state.leader):
+                    return (f"{tp[0]}-{tp[1]}: replica {r} does not follow leader {state.leader} in epoch "
+                            f"{state.leader_epoch} after the settle phase ({self.brokers[r].describe()})")
+            if set(state.isr) != set(replicas) or set(lp.isr) != set(replicas):
+                return (f"{tp[0]}-{tp[1]}: ISR {list(state.isr)} (leader {state.leader} has {list(lp.isr)}) is not "
+                        f"every replica {list(replicas)} after the settle phase; "
+                        + "; ".join(self.brokers[r].describe() for r in replicas))
+        for topic in sorted(self.deleting | self.deleted):
+            keys = [self.keys.topic(topic), self.keys.topic_config(topic), self.keys.delete_topic(topic)]
+            left = [key for key in keys if run_sync(self.etcd.store.get(key)) is not None]
+            states, _ = run_sync(self.etcd.store.get_prefix(self.keys.topic_partitions_prefix(topic)))
+            left.extend(kv.key for kv in states)
+            if left:
+                return f"topic {topic} was deleted but etcd still has {left}"
+            for broker in self.brokers.values():
+                held = sorted(tp for tp in broker.partitions if tp[0] == topic)
+                if broker.up and held:
+                    return f"topic {topic} was deleted but broker {broker.broker_id} still has replicas {held}"
+        return None
+
+    def _describe_state(self, tp: TopicPartitionKey) -> str:
+        s = self.states.get(tp)
+        if s is None:
+            return "none"
+        return f"leader {s.leader} epoch {s.leader_epoch} isr {list(s.isr)}"
 
 
 def decode_records(buf: bytes) -> list[tuple[int, bytes, int]]:
@@ -502,9 +658,11 @@ def lineage_mismatch(follower: Partition, leader: Partition) -> str | None:
     l_cache = leader.log.leader_epoch_cache
     starts = {start for _, start in f_cache.entries() if start < f_leo}
     starts |= {start for _, start in l_cache.entries() if start < f_leo}
-    starts.add(max(follower.log.log_start_offset, 0))
+    # Below either log start, retention deleted the records (and the epochs' start offsets moved).
+    log_start = max(follower.log.log_start_offset, leader.log.log_start_offset, 0)
+    starts.add(log_start)
     for offset in sorted(starts):
-        if offset < follower.log.log_start_offset or offset >= f_leo:
+        if offset < log_start or offset >= f_leo:
             continue
         fe, le = f_cache.epoch_for_offset(offset), l_cache.epoch_for_offset(offset)
         if fe != le:

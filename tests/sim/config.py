@@ -81,6 +81,30 @@ class SimConfig:
     slow_disk_every_ms: int = 15_000
     lease_expiry_every_ms: int = 15_000
     admin_every_ms: int = 5_000  # preferred elections, controlled shutdowns, topic creation
+    # ---- scenarios: admin actions and targeted faults (mean interval or share; 0 disables) ----
+    # The operator deletes a topic (re-creating it under the same name once the deletion is
+    # done) and one of its replicas bounces while the StopReplicas are on their way.
+    topic_deletion_every_ms: int = 15_000
+    # Share of runs whose second topic keeps little (retention.bytes over small segments), so
+    # the leader's log start passes a paused or partitioned follower's fetch offset.
+    retention_topic_fraction: float = 0.5
+    # A broker's session expires (it re-registers) while a control request is on its way to it.
+    reregistration_race_every_ms: int = 8_000
+    # Share of registrations whose answer reaches the broker late (it commits, the controller
+    # sees it, and the broker learns its new broker epoch a few ms after).
+    late_registration_answer_fraction: float = 0.5
+    # Share of reassignments whose targets joining the ISR is the moment the active controller
+    # crashes: the next one must finish the walk from etcd.
+    failover_mid_reassignment_fraction: float = 0.5
+    # Share of runs with one more reassignment in the (otherwise quiet) settle phase, the active
+    # controller crashing once its targets are in the ISR: no later event finishes it for the
+    # new controller.
+    settle_reassignment_fraction: float = 0.3
+    # Every member of a partition's ISR stops at once (one by power loss) and the one that lost
+    # unflushed data comes back first (KI-1).
+    isr_power_loss_every_ms: int = 25_000
+    # Every broker is asked to stop cleanly at once (a whole-cluster restart); they come back.
+    cluster_stop_every_ms: int = 60_000
     # ---- the mechanisms under test ----
     safety: Safety = field(default_factory=Safety)
 

@@ -7,6 +7,21 @@ etcd only); controller crash or pause (a standby wins with epoch + 1, the old on
 comes back deposed); link storms (loss, duplication, slow messages); a slow disk
 (every write stalls the broker); an etcd session expiring under a live process.
 
+Scenarios aimed at one mechanism:
+- re-registration racing a control request: the next LeaderAndIsr / UpdateMetadata /
+  StopReplica sent to a broker expires that broker's session, and the broker notices
+  within a few ms, so it registers again (a new broker epoch) about when the request lands;
+- power loss of an ISR member (KI-1): every member of one partition's ISR stops at once,
+  one of them losing its unflushed bytes, their sessions end together (the controller
+  sees them leave in one BrokerChange, so the offline partition keeps them all in its
+  ISR), and the one that lost data comes back first;
+- a late registration answer: a broker's registration has committed but the process
+  learns its new broker epoch a few ms later (server.py sets replicas.broker_epoch only
+  when register() returns), so a control request the controller sends on seeing the
+  registration may land first and meet the old epoch (or none, after a restart);
+- `bounce_broker` and `fail_over_controller`, which the simulation times to a topic
+  deletion and to a reassignment whose targets have just joined the ISR.
+
 Every fault ends by itself after its duration; `heal_all()` ends every fault at once
 and restarts whatever is down, for the settle phase.
 """
@@ -19,7 +34,7 @@ from collections.abc import Callable
 from tests.sim.checker import Checker
 from tests.sim.clock import EventLoop, Node
 from tests.sim.config import SimConfig
-from tests.sim.network import ETCD, Network
+from tests.sim.network import ETCD, Envelope, Network
 from tests.sim.sim_broker import SimBroker
 from tests.sim.sim_controller import SimController
 from tests.sim.sim_etcd import SimEtcd
@@ -33,6 +48,17 @@ CONTROLLER_DOWNTIME_MS = (500, 6_000)
 STORM_MS = (500, 5_000)
 SLOW_DISK_MS = (1_000, 6_000)
 SLOW_DISK_DELAY_MS = (5, 300)
+# A broker whose session was ended under it notices within this long (its next keep-alive):
+# about one message latency, so the new registration races requests on their way to it.
+SESSION_END_NOTICED_MS = (0, 8)
+# KI-1: the member that lost data is down this long; the others come back this much later.
+ISR_POWER_LOSS_DOWNTIME_MS = (300, 1_500)
+ISR_POWER_LOSS_OTHERS_LATER_MS = (2_000, 6_000)
+# How late a registration's answer reaches the broker: about the controller's watch delay
+# plus a message, so its first LeaderAndIsr can land before the broker knows its epoch.
+REGISTRATION_ANSWER_LATE_MS = (5, 30)
+# Control requests whose landing a re-registration races.
+CONTROL_RPCS = frozenset({"LeaderAndIsr", "UpdateMetadata", "StopReplica"})
 
 
 class FaultInjector:
@@ -52,6 +78,8 @@ class FaultInjector:
         self._partition_generation = 0
         self._storm_generation = 0
         self._restarts: dict[str, Callable[[], None]] = {}
+        # broker id -> (process incarnation, broker epoch) of its last registration.
+        self._known_epochs: dict[int, tuple[int, int]] = {}
 
     def start(self, until_ms: int) -> None:
         self.active = True
@@ -64,6 +92,8 @@ class FaultInjector:
             (self.config.link_storm_every_ms, self._link_storm),
             (self.config.slow_disk_every_ms, self._slow_disk),
             (self.config.lease_expiry_every_ms, self._expire_lease),
+            (self.config.reregistration_race_every_ms, self._arm_reregistration_race),
+            (self.config.isr_power_loss_every_ms, self._isr_power_loss),
         ]
         for mean_ms, action in kinds:
             if mean_ms > 0:
@@ -96,6 +126,82 @@ class FaultInjector:
         if power_loss:
             self.checker.on_power_loss(broker.broker_id)
         self._restart_later(broker, broker.restart_process, self._between(BROKER_DOWNTIME_MS))
+
+    def bounce_broker(self, broker: SimBroker) -> None:
+        """Crash and restart `broker`, or end its session under it (it registers again at once)."""
+        if not broker.up or broker.shutting_down:
+            return
+        self.faults_injected += 1
+        if self.rng.random() < 0.5 and broker.lease is not None:
+            self.etcd.expire_lease(broker.lease.lease_id, noticed_after_ms=self._between(SESSION_END_NOTICED_MS))
+            return
+        power_loss = self.rng.random() < self.config.power_loss_fraction
+        broker.crash_process(power_loss=power_loss)
+        if power_loss:
+            self.checker.on_power_loss(broker.broker_id)
+        self._restart_later(broker, broker.restart_process, self._between(BROKER_DOWNTIME_MS))
+
+    def on_registered(self, broker_id: int, broker_epoch: int) -> None:
+        """A broker registered: maybe its process learns the new broker epoch a little late."""
+        broker = next((b for b in self.brokers if b.broker_id == broker_id), None)
+        if broker is None:
+            return
+        known, self._known_epochs[broker_id] = self._known_epochs.get(broker_id), (broker.incarnation, broker_epoch)
+        # Before the answer: the previous registration's epoch, or none in a process that just started.
+        before = known[1] if known is not None and known[0] == broker.incarnation else -1
+        if (not self.active or broker.broker_epoch != broker_epoch
+                or self.rng.random() >= self.config.late_registration_answer_fraction):
+            return
+        self.faults_injected += 1
+        broker.trace("registration answer late: broker epoch %d still %d for a while", broker_epoch, before)
+        _set_broker_epoch(broker, before)
+        self.loop.call_at(self.loop.now_ms + self._between(REGISTRATION_ANSWER_LATE_MS), self._registration_answered,
+                          broker, broker.incarnation, before, broker_epoch)
+
+    def _registration_answered(self, broker: SimBroker, incarnation: int, before: int, broker_epoch: int) -> None:
+        if broker.up and broker.incarnation == incarnation and broker.broker_epoch == before:
+            _set_broker_epoch(broker, broker_epoch)
+
+    def _arm_reregistration_race(self) -> None:
+        self.network.on_request_sent = self._race_reregistration
+
+    def _race_reregistration(self, env: Envelope) -> None:
+        """The first control request sent after arming: its target's session ends as it travels."""
+        if env.rpc not in CONTROL_RPCS or not self.active:
+            return
+        broker = next((b for b in self.brokers if b.name == env.dst), None)
+        if broker is None or not broker.up or broker.lease is None:
+            return
+        self.network.on_request_sent = None
+        broker.trace("session ends while %s is on its way", env.rpc)
+        self.etcd.expire_lease(broker.lease.lease_id, noticed_after_ms=self._between(SESSION_END_NOTICED_MS))
+
+    def _isr_power_loss(self) -> None:
+        """KI-1: a partition's whole ISR stops at once, one member by power loss; that one returns first."""
+        by_id = {b.broker_id: b for b in self.brokers}
+        candidates = []
+        for tp, state in sorted(self.checker.states.items()):
+            members = [by_id[r] for r in state.isr if r in by_id]
+            if (tp[0] not in self.checker.deleting and len(members) >= 2
+                    and all(m.up and not m.shutting_down for m in members)):
+                candidates.append(members)
+        if not candidates:
+            return
+        members = self.rng.choice(candidates)
+        lost = self.rng.choice(members)
+        self.loop.trace("fault", "ISR %s stops at once; %s loses power", ([m.name for m in members], lost.name))
+        for member in members:
+            lease = member.lease
+            member.crash_process(power_loss=member is lost)
+            if lease is not None:
+                self.etcd.expire_lease(lease.lease_id)
+        self.checker.on_power_loss(lost.broker_id)
+        first_ms = self._between(ISR_POWER_LOSS_DOWNTIME_MS)
+        self._restart_later(lost, lost.restart_process, first_ms)
+        for member in members:
+            if member is not lost:
+                self._restart_later(member, member.restart_process,
+                                    first_ms + self._between(ISR_POWER_LOSS_OTHERS_LATER_MS))
 
     def _restart_later(self, node: Node, restart: Callable[[], None], delay_ms: int) -> None:
         incarnation = node.incarnation
@@ -148,6 +254,15 @@ class FaultInjector:
         self.etcd.expire_lease(lease.lease_id)
 
     # ---- controllers -----------------------------------------------------------------
+
+    def fail_over_controller(self) -> None:
+        """Crash the active controller now (between two of its events); it restarts a little later."""
+        controller = next((c for c in self.controllers if c.up and c.active is not None), None)
+        if controller is None:
+            return
+        self.faults_injected += 1
+        controller.crash_process()
+        self._restart_later(controller, controller.restart_process, self._between(CONTROLLER_DOWNTIME_MS))
 
     def _controller_fault(self) -> None:
         active = [c for c in self.controllers if c.up and c.active is not None] or [
@@ -208,6 +323,7 @@ class FaultInjector:
     def heal_all(self) -> None:
         """Stop injecting; end every fault; restart everything that is down."""
         self.active = False
+        self.network.on_request_sent = None
         self.network.heal()
         self._calm(self._storm_generation)
         for node, token in list(self._pauses):
@@ -218,3 +334,13 @@ class FaultInjector:
             restart()
         self._restarts.clear()
         self.loop.trace("sim", "all faults healed", ())
+
+
+def _set_broker_epoch(broker: SimBroker, broker_epoch: int) -> None:
+    """What the broker process believes its broker epoch is: the core's field.
+
+    Only the late-registration-answer fault writes it, opening the gap between the
+    registration's commit and the process reading the answer (server.py sets the
+    epoch when register() returns).
+    """
+    broker.core.broker_epoch = broker_epoch

@@ -69,6 +69,8 @@ class Network:
         self.slow_rate = 0.0
         self._next_req_id = 0
         self.messages_sent = 0
+        # Sees every request as it is sent (a fault that times itself to a message); None: off.
+        self.on_request_sent: Callable[[Envelope], None] | None = None
 
     def add(self, node: RpcNode) -> None:
         self.nodes[node.name] = node
@@ -95,6 +97,8 @@ class Network:
         if not src.up:
             return  # a dead process sends nothing (a callback of its last moments)
         self.messages_sent += 1
+        if self.on_request_sent is not None and not env.is_reply:
+            self.on_request_sent(env)
         dst = self.nodes.get(env.dst)
         if dst is None:
             raise KeyError(f"message to unknown node {env.dst}")

@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{result.simulated_ms / 1000:.0f} s simulated in {result.wall_s:.2f} s  "
                   f"{result.events} events  {result.faults} faults  acks=all {result.acks_all}  "
                   f"acks=1 {result.acks_one}  consumed {result.records_consumed}  "
-                  f"truncations checked {result.truncations_checked}  trace {result.trace_digest}")
+                  f"truncations checked {result.truncations_checked}  topics deleted {result.topics_deleted}  "
+                  f"log start resets {result.log_start_resets}  trace {result.trace_digest}")
     wall_s = time.perf_counter() - started
     cpu_s = time.process_time() - cpu_started
     ran = len(seeds) if not args.stop_on_failure or not failed else seeds.index(failed[-1]) + 1

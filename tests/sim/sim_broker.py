@@ -245,6 +245,7 @@ class SimBroker(RpcNode):
         self.core.broker_epoch = result.gets[0][0].create_revision
         self.trace("registered, broker epoch %d%s", self.core.broker_epoch,
                    " (unclean shutdown)" if self.unclean_shutdown else "")
+        self.unclean_shutdown = False  # server.py: a later registration of this process lost nothing
 
     def _on_lease_lost(self) -> None:
         """server.py watch_lease: register again as a new incarnation (same data, new broker epoch)."""

@@ -4,15 +4,16 @@
 apply() (fenced etcd transactions in chunks, replay through handlers.apply_write,
 then the RPC batches of _send) run unchanged on the simulated etcd through
 `run_sync`. Only the transport is swapped: `_sync_senders` creates `SimSender`s
-(BrokerSender's rules: one request at a time per broker, in decision order, five
-attempts with a growing pause) instead of asyncio tasks on gRPC channels.
+(one request at a time per broker incarnation, in decision order, sent again by
+the same pure rule as BrokerSender: services/controller/sender_rules.py) instead of
+asyncio tasks on gRPC channels.
 
 What `SimController` re-implements is the asyncio around it, in the same order as
 the real code: ControllerElection._try_once (the election transaction), server.py's
 act() (start the loop, stop acting and resign when the lease is lost or the loop is
 fenced), the loop's _run error handling (ControllerFenced resigns, any other failure
 reloads from etcd), the broker watch (read the whole prefix, queue one BrokerChange),
-and the servicer's NOT_CONTROLLER answers and admin waits.
+and the servicer's NOT_CONTROLLER answers and admin waits (DeleteTopics' included).
 
 One deliberate difference: an InvariantViolation raised by the pure logic is not
 swallowed by the "reload and carry on" branch of _run; it ends the run, since finding
@@ -30,9 +31,9 @@ from coordinator.memory_store import MemoryWatch
 from coordinator.store import CoordinatorError, Get, Put, compare_missing, compare_mod_revision, json_bytes
 from protos.highwater.v1 import common_pb2, controller_pb2
 from services.common.errors import HighwaterError, InvariantViolation
-from services.controller import handlers
+from services.controller import handlers, sender_rules
 from services.controller.context import BrokerInfo, ControllerContext
-from services.controller.event_loop import CONTROL_RPC_ATTEMPTS_MAX, ControllerEventLoop
+from services.controller.event_loop import ControllerEventLoop
 from services.controller.server import ADMIN_PROPAGATION_WAIT_S
 from tests.sim.clock import EventLoop
 from tests.sim.config import SimConfig
@@ -44,21 +45,28 @@ if TYPE_CHECKING:
     from tests.sim.checker import Checker
 
 
-class SimFuture:
-    """What BrokerSender.send returns: done once the RPC answered or gave up."""
+# The servicer polls its context this often while DeleteTopics waits (server.py: 20 ms; a
+# coarser step costs fewer events and changes nothing the checker can see).
+DELETE_TOPICS_POLL_MS = 100
+# DeleteTopics' wait when the request names none (server.py: 30 s).
+DELETE_TOPICS_TIMEOUT_MS_DEFAULT = 30_000
 
-    __slots__ = ("_callbacks", "done", "result")
+
+class SimFuture:
+    """What BrokerSender.send returns: done once the RPC answered or gave up (asyncio.Future's surface)."""
+
+    __slots__ = ("_callbacks", "done", "value")
 
     def __init__(self) -> None:
         self.done = False
-        self.result: Any = None
+        self.value: Any = None
         self._callbacks: list[Callable[[], None]] = []
 
-    def set(self, result: Any) -> None:
+    def set(self, value: Any) -> None:
         if self.done:
             return
         self.done = True
-        self.result = result
+        self.value = value
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
@@ -69,24 +77,27 @@ class SimFuture:
         else:
             self._callbacks.append(callback)
 
-    # The asyncio.Future surface event_loop._send uses (deletion answers).
     def add_done_callback(self, fn: Callable[[SimFuture], None]) -> None:
         self.on_done(lambda: fn(self))
 
+    def result(self) -> Any:
+        return self.value
+
     def cancelled(self) -> bool:
-        return isinstance(self.result, RpcError) and self.result.code == "CANCELLED"
+        return isinstance(self.value, RpcError) and self.value.code == "CANCELLED"
 
     def exception(self) -> BaseException | None:
-        return RuntimeError(self.result.code) if isinstance(self.result, RpcError) else None
+        return RuntimeError(self.value.code) if isinstance(self.value, RpcError) else None
 
 
 class SimSender:
-    """BrokerSender: control requests to one broker in order, each retried up to 5 times."""
+    """BrokerSender: control requests to one broker incarnation in order, sent again by sender_rules."""
 
-    def __init__(self, controller: SimController, broker_id: int, address: str) -> None:
+    def __init__(self, controller: SimController, broker_id: int, address: str, broker_epoch: int) -> None:
         self.controller = controller
         self.target = broker_node(broker_id)
         self.address = address
+        self.broker_epoch = broker_epoch
         self.queue: deque[tuple[str, Any, SimFuture]] = deque()
         self.busy = False
         self.stopped = False
@@ -115,8 +126,10 @@ class SimSender:
     def _answered(self, attempt: int, response: Any) -> None:
         if self.stopped:
             return
-        if isinstance(response, RpcError) and attempt < CONTROL_RPC_ATTEMPTS_MAX:
-            self.controller.after(100 * attempt, self._attempt, attempt + 1)
+        error_code = None if isinstance(response, RpcError) else getattr(response, "error_code", 0)
+        pause_ms = sender_rules.retry_after_ms(attempt, error_code=error_code)
+        if pause_ms is not None:
+            self.controller.after(pause_ms, self._attempt, attempt + 1)
             return
         _, _, fut = self.queue.popleft()
         fut.set(response)
@@ -136,14 +149,15 @@ class SimControllerLoop(ControllerEventLoop):
         self.node = node
 
     def _sync_senders(self) -> None:
-        """One sender per live broker at its current address (gateways are not simulated)."""
-        wanted = {("b", b.broker_id): b.address for b in self.ctx.live_brokers.values()}
+        """One sender per live broker incarnation (gateways are not simulated)."""
+        wanted = {key: v for key, v in self.wanted_senders().items() if key[0] == "b"}
         for key in list(self.senders):
-            if key not in wanted or wanted[key] != self.senders[key].address:  # type: ignore[attr-defined]
+            sender = self.senders[key]
+            if wanted.get(key) != (sender.address, sender.broker_epoch):
                 self.senders.pop(key).stop()  # type: ignore[attr-defined]
-        for key, address in sorted(wanted.items()):
+        for key, (address, broker_epoch) in sorted(wanted.items()):
             if key not in self.senders:
-                self.senders[key] = SimSender(self.node, key[1], address)  # type: ignore[assignment]
+                self.senders[key] = SimSender(self.node, key[1], address, broker_epoch)  # type: ignore[assignment]
 
     def enqueue(self, name: str, handler: Callable[[], handlers.ControllerResult]) -> None:
         """An event nobody waits for: it runs after the ones already queued (a timer at now)."""
@@ -264,6 +278,7 @@ class SimController(RpcNode):
             self._resign()
             return
         self.active = loop
+        loop.queue_follow_ups("Startup")
         self.broker_watch = self.etcd.subscribe(self.etcd.keys.brokers_prefix, start_revision=revision + 1)
         self.checker.on_controller_active(self, epoch)
         if self.config.leader_imbalance_check_interval_ms > 0:
@@ -314,8 +329,7 @@ class SimController(RpcNode):
         try:
             result = handler()
             run_sync(loop.apply(result))
-            if name != "ReassignmentProgress" and handlers.ongoing_reassignments(loop.ctx):
-                loop.enqueue("ReassignmentProgress", lambda: handlers.on_reassignment_progress(loop.ctx))
+            loop.queue_follow_ups(name)
             return result
         except ControllerFenced as exc:
             self.trace("%s fenced: %s", name, exc)
@@ -380,6 +394,8 @@ class SimController(RpcNode):
         elif rpc == "AlterPartitionReassignments":
             self._serve(env, common_pb2.AlterPartitionReassignmentsResponse,
                         lambda ctx: handlers.on_alter_reassignments(ctx, body), wait_rpcs=True)
+        elif rpc == "DeleteTopics":
+            self._delete_topics(env)
         elif rpc == "InitProducerId":
             self._init_producer_id(env)
         else:
@@ -418,6 +434,43 @@ class SimController(RpcNode):
         for f in futures:
             f.on_done(answer)
         self.after(int(ADMIN_PROPAGATION_WAIT_S * 1000), answer)
+
+    def _delete_topics(self, env: Envelope) -> None:
+        """ControllerServicer.DeleteTopics: the TopicDeletion turn, then a bounded wait for every replica."""
+        names = list(env.body.names)
+        loop = self.active
+        if loop is None:
+            self.reply(env, common_pb2.DeleteTopicsResponse(error_code=common_pb2.NOT_CONTROLLER,
+                                                            error_message="not the controller"))
+            return
+        outcome = self._process("DeleteTopics", lambda: handlers.on_delete_topics(
+            loop.ctx, names, deletion_enabled=loop.delete_topic_enable))
+        if isinstance(outcome, ControllerResignedError):
+            self.reply(env, common_pb2.DeleteTopicsResponse(error_code=common_pb2.NOT_CONTROLLER,
+                                                            error_message=str(outcome)))
+            return
+        if isinstance(outcome, HighwaterError):
+            self.reply(env, common_pb2.DeleteTopicsResponse(error_code=outcome.code, error_message=outcome.message))
+            return
+        if isinstance(outcome, Exception):
+            self.reply(env, RpcError("UNKNOWN", str(outcome)))
+            return
+        response: common_pb2.DeleteTopicsResponse = outcome.response
+        deadline_ms = self.loop.now_ms + (env.body.timeout_ms or DELETE_TOPICS_TIMEOUT_MS_DEFAULT)
+        self._await_deletion(env, loop, response, deadline_ms)
+
+    def _await_deletion(self, env: Envelope, loop: SimControllerLoop, response: common_pb2.DeleteTopicsResponse,
+                        deadline_ms: int) -> None:
+        """Answer once every started deletion left the context, or REQUEST_TIMED_OUT at the deadline."""
+        waiting = [a for a in response.topics if a.error_code == common_pb2.NONE and a.name in loop.ctx.topics]
+        if waiting and loop is self.active and self.loop.now_ms < deadline_ms:
+            self.after(DELETE_TOPICS_POLL_MS, self._await_deletion, env, loop, response, deadline_ms)
+            return
+        for answer in waiting:
+            answer.error_code = common_pb2.REQUEST_TIMED_OUT
+            answer.error_message = (f"deletion of {answer.name!r} started but not every replica confirmed in time; "
+                                    "it completes when they do")
+        self.reply(env, response)
 
 
     def _init_producer_id(self, env: Envelope) -> None:

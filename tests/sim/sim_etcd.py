@@ -64,6 +64,8 @@ class SimEtcd:
         self.keys = self.store.keys
         self.fence_controller_epoch = fence_controller_epoch
         self.lease_owner: dict[int, str] = {}
+        # The SimLease of every lease granted and not yet stopped or lost, for prompt expiry notices.
+        self.leases: dict[int, SimLease] = {}
         self._watchers: list[tuple[Node, Callable[[], None]]] = []
         self._notified_revision = self.store.revision
         self._next_lease_check_ms = 0
@@ -81,12 +83,20 @@ class SimEtcd:
             return
         self._next_lease_check_ms = now_ms + LEASE_CHECK_INTERVAL_MS
         for lease_id in self.store.advance(now_ms):
+            self.leases.pop(lease_id, None)
             self.loop.trace(ETCD, "lease of %s expired", (self.lease_owner.get(lease_id, "?"),))
 
-    def expire_lease(self, lease_id: int) -> None:
-        """Fault: etcd ends a session now (as a TTL running out under a slow keep-alive path)."""
+    def expire_lease(self, lease_id: int, *, noticed_after_ms: int | None = None) -> None:
+        """Fault: etcd ends a session now (as a TTL running out under a slow keep-alive path).
+
+        With `noticed_after_ms`, its holder's next keep-alive comes that soon (its keep-alive
+        was due anyway), so the holder learns of it, and re-registers, at a chosen moment.
+        """
         if self.store.expire_lease(lease_id):
             self.loop.trace(ETCD, "lease of %s expired (injected)", (self.lease_owner.get(lease_id, "?"),))
+            lease = self.leases.pop(lease_id, None)
+            if lease is not None and noticed_after_ms is not None and lease.held_by_live_process():
+                lease.node.after(noticed_after_ms, lease.keep_alive_now)
 
     def watch(self, node: Node, on_change: Callable[[], None]) -> None:
         """Call node's on_change (as a timer of the node) shortly after every new revision."""
@@ -171,6 +181,8 @@ class SimLease:
         self.interval_ms = self.ttl_ms // LEASE_KEEPALIVES_PER_TTL
         self.on_lost = on_lost
         self.lease_id = run_sync(client.grant_lease(ttl_s))  # raises CoordinatorError if unreachable
+        client.etcd.leases[self.lease_id] = self
+        self.incarnation = node.incarnation
         self._last_ok_sent_at_ms = node.loop.now_ms
         self.lost = False
         self.stopped = False
@@ -202,7 +214,23 @@ class SimLease:
         self._last_ok_sent_at_ms = now
         self._schedule()
 
+    def held_by_live_process(self) -> bool:
+        """The process that took the lease still runs (a crashed one's lease just times out)."""
+        return self.node.up and self.node.incarnation == self.incarnation
+
+    def keep_alive_now(self) -> None:
+        """One keep-alive out of turn (the regular ones go on): notices an expired lease at once."""
+        if not self.alive:
+            return
+        try:
+            ttl_left = run_sync(self.client.keep_alive_once(self.lease_id))
+        except CoordinatorError:
+            return
+        if ttl_left <= 0:
+            self._declare_lost("etcd says the lease has expired")
+
     def _declare_lost(self, why: str) -> None:
+        self.client.etcd.leases.pop(self.lease_id, None)
         self.lost = True
         self.node.trace("lease lost: %s", why)
         self.on_lost()
@@ -211,6 +239,7 @@ class SimLease:
         if self.stopped:
             return
         self.stopped = True
+        self.client.etcd.leases.pop(self.lease_id, None)
         if revoke and not self.lost:
             try:
                 run_sync(self.client.revoke_lease(self.lease_id))

@@ -8,9 +8,14 @@ Phases:
 1. start etcd, controller candidates, brokers; the operator creates topic t0;
    producers and consumers start;
 2. fault phase: faults and admin operations for `fault_phase_ms`; topic t1 is created
-   at a random moment;
+   at a random moment (in some runs with little retention); topics are deleted, a
+   replica bouncing as the deletion runs, and created again under the same name;
+   reassignments, some with the active controller crashing once their targets are in
+   the ISR;
 3. heal: every fault ends, everything down restarts, producers stop;
-4. settle for `settle_ms`, then the final history check.
+4. settle for `settle_ms` (in some runs with one more reassignment and a controller
+   crash in it), waiting a bounded extra while the cluster has not converged, then the
+   final history and liveness check.
 """
 
 from __future__ import annotations
@@ -36,9 +41,23 @@ from tests.sim.workload import Consumer, Operator, Producer
 # The operator's first topic is created this long after start: brokers have registered.
 FIRST_TOPIC_AT_MS = 1_000
 # After the settle phase, wait in steps of this long, at most this many times, for the
-# controller's last requests to arrive (their retries take up to 5 x 5 s).
+# controller's last requests to arrive (their retries take up to 5 x 5 s) and the cluster
+# to converge.
 SETTLE_EXTRA_STEP_MS = 1_000
 SETTLE_EXTRA_STEPS_MAX = 30
+# The retention topic: segments of the smallest size topic configs allow (about 4 s of a
+# partition's traffic here), none kept but the active one (retention deletes whole inactive
+# segments below the HW), so a follower paused, cut off or down for a few seconds falls below
+# the leader's log start.
+RETENTION_SEGMENT_BYTES = 1_024
+RETENTION_BYTES = 1  # 0 is "not set" on the wire (TopicConfig), so the smallest real limit
+# A replica of a topic being deleted bounces within this long of the DeleteTopics request,
+# while the StopReplicas are on their way (a message takes 1..4 ms each way).
+DELETION_BOUNCE_AFTER_MS = (0, 20)
+# A deleted topic is created again this long after its deletion finished.
+RECREATE_AFTER_MS = (500, 5_000)
+# The settle phase's reassignment starts this far into it: brokers have restarted.
+SETTLE_REASSIGNMENT_AT_FRACTION = 0.25
 
 def repro_command(seed: int, config: SimConfig) -> str:
     """The command line that runs this seed with this config again."""
@@ -87,6 +106,9 @@ class SimResult:
     acks_one: int
     records_consumed: int
     truncations_checked: int
+    topics_deleted: int
+    # Followers that restarted at the leader's log start, consumers that reset to it (retention).
+    log_start_resets: int
     # sha256 of the trace's last lines: equal digests (with equal event counts) mean the same run.
     trace_digest: str
 
@@ -127,10 +149,25 @@ class Simulation:
                                     self.controllers, self.checker)
         self.loop.on_time = self.etcd.advance
         self.loop.after_step = self._after_step
+        # Partitions whose reassignment crashes the active controller once its targets are in the ISR.
+        self._failover_when_due: set[tuple[str, int]] = set()
+        self.topics_deleted = 0
 
     def _after_step(self, node: object) -> None:
         self.etcd.notify_watchers()
         self.checker.after_step(node)  # type: ignore[arg-type]
+        if self.checker.registrations:
+            registered, self.checker.registrations = self.checker.registrations, []
+            for broker_id, broker_epoch in registered:
+                self.faults.on_registered(broker_id, broker_epoch)
+        if self.checker.reassignments_due:
+            due, self.checker.reassignments_due = self.checker.reassignments_due, []
+            if any(tp in self._failover_when_due for tp in due):
+                # The controller committed the step that put the targets in the ISR and has
+                # not finished the walk yet: it dies here, before its next event.
+                self._failover_when_due.difference_update(due)
+                self.loop.trace("sim", "targets of %s in the ISR: the active controller fails", (due,))
+                self.faults.fail_over_controller()
 
     def _topic_created(self, name: str) -> None:
         for client in [*self.producers, *self.consumers]:
@@ -145,9 +182,7 @@ class Simulation:
         if choice < 0.35:
             self.operator.preferred_election()
         elif choice < 0.6 and self.operator.created:
-            topic = self.rng.choice(sorted(self.operator.created))
-            replicas = self.rng.sample([b.broker_id for b in self.brokers], self.config.replication_factor)
-            self.operator.reassign((topic, self.rng.randrange(self.config.partitions_per_topic)), replicas)
+            self._reassign(self.rng.random() < self.config.failover_mid_reassignment_fraction)
         else:
             up = [b for b in self.brokers if b.up and not b.shutting_down and not b.paused]
             if len(up) == len(self.brokers):  # one rolling restart at a time, on a healthy cluster
@@ -155,6 +190,58 @@ class Simulation:
                 self.operator.rolling_restart(broker, self.rng.randint(500, 4_000), lambda: None)
         self.loop.call_at(self.loop.now_ms + int(self.rng.expovariate(1 / self.config.admin_every_ms)),
                           self._admin_step)
+
+    def _reassign(self, fail_over_when_due: bool) -> None:
+        """Move a random partition to random brokers; maybe crash the controller once the targets are in the ISR."""
+        if not self.operator.created:
+            return
+        topic = self.rng.choice(sorted(self.operator.created))
+        tp = (topic, self.rng.randrange(self.config.partitions_per_topic))
+        replicas = self.rng.sample([b.broker_id for b in self.brokers], self.config.replication_factor)
+        if fail_over_when_due:
+            self._failover_when_due.add(tp)
+        self.operator.reassign(tp, replicas)
+
+    def _settle_reassignment(self) -> None:
+        if self.rng.random() < self.config.settle_reassignment_fraction:
+            self._reassign(True)
+
+    def _deletion_step(self) -> None:
+        """Delete a topic; one of its replicas bounces while the deletion runs; create it again later."""
+        if not self.faults.active:
+            return
+        topics = sorted(self.operator.created)
+        if topics:
+            topic = self.rng.choice(topics)
+            self.topics_deleted += 1
+            self.checker.on_topic_deletion_requested(topic)
+            for client in [*self.producers, *self.consumers]:
+                client.topic_deleted(topic)
+            self.operator.delete_topic(topic, self._topic_deleted)
+            holders = sorted({r for tp, replicas in self.checker.assignments.items() if tp[0] == topic
+                              for r in replicas})
+            if holders:
+                broker = {b.broker_id: b for b in self.brokers}[self.rng.choice(holders)]
+                self.loop.call_at(self.loop.now_ms + self.rng.randint(*DELETION_BOUNCE_AFTER_MS),
+                                  self.faults.bounce_broker, broker)
+        self.loop.call_at(self.loop.now_ms + int(self.rng.expovariate(1 / self.config.topic_deletion_every_ms)),
+                          self._deletion_step)
+
+    def _topic_deleted(self, topic: str) -> None:
+        self.loop.call_at(self.loop.now_ms + self.rng.randint(*RECREATE_AFTER_MS), self.operator.recreate_topic,
+                          topic)
+
+    def _cluster_stop_step(self) -> None:
+        """Every broker is asked to stop cleanly at once; each comes back a little later."""
+        if not self.faults.active:
+            return
+        up = [b for b in self.brokers if b.up and not b.shutting_down and not b.paused]
+        if len(up) == len(self.brokers):
+            self.loop.trace("sim", "every broker stops cleanly at once", ())
+            for broker in up:
+                self.operator.rolling_restart(broker, self.rng.randint(500, 4_000), lambda: None)
+        self.loop.call_at(self.loop.now_ms + int(self.rng.expovariate(1 / self.config.cluster_stop_every_ms)),
+                          self._cluster_stop_step)
 
     # ---- running ---------------------------------------------------------------------------
 
@@ -165,18 +252,27 @@ class Simulation:
         try:
             self.loop.call_at(FIRST_TOPIC_AT_MS, self.operator.create_topic, "t0")
             second_topic_at = self.rng.randint(FIRST_TOPIC_AT_MS + 1_000, fault_end_ms)
-            self.loop.call_at(second_topic_at, self.operator.create_topic, "t1")
+            retention = self.rng.random() < config.retention_topic_fraction
+            self.loop.call_at(second_topic_at, self.operator.create_topic, "t1", {
+                "segment.bytes": str(RETENTION_SEGMENT_BYTES), "retention.bytes": str(RETENTION_BYTES)}
+                if retention else None)
             self.loop.call_at(FIRST_TOPIC_AT_MS + 2_000, self.faults.start, fault_end_ms)
             if config.admin_every_ms > 0:
                 self.loop.call_at(FIRST_TOPIC_AT_MS + 3_000, self._admin_step)
+            for mean_ms, step in ((config.topic_deletion_every_ms, self._deletion_step),
+                                  (config.cluster_stop_every_ms, self._cluster_stop_step)):
+                if mean_ms > 0:
+                    self.loop.call_at(FIRST_TOPIC_AT_MS + 3_000 + int(self.rng.expovariate(1 / mean_ms)), step)
             self.loop.run_until(fault_end_ms)
             self.faults.heal_all()
             for producer in self.producers:
                 producer.stopped = True
             for controller in self.controllers:
                 controller.quiet = True
+            self.loop.call_at(fault_end_ms + int(config.settle_ms * SETTLE_REASSIGNMENT_AT_FRACTION),
+                              self._settle_reassignment)
             self.loop.run_until(fault_end_ms + config.settle_ms)
-            self._drain_control_requests()
+            self._settle_until_converged()
             self.checker.final_check()
         except (InvariantBroken, InvariantViolation) as exc:
             kind = "invariant broken" if isinstance(exc, InvariantBroken) else "InvariantViolation in the pure logic"
@@ -188,12 +284,18 @@ class Simulation:
             events=self.loop.events_run, messages=self.network.messages_sent, faults=self.faults.faults_injected,
             acks_all=self.checker.acks_all_total, acks_one=self.checker.acks_one_total,
             records_consumed=self.checker.records_consumed, truncations_checked=self.checker.truncations_checked,
+            topics_deleted=self.topics_deleted,
+            log_start_resets=self.checker.log_start_resets + self.checker.consumer_resets,
             trace_digest=hashlib.sha256("\n".join(self.loop.trace_lines()).encode()).hexdigest()[:16])
 
-    def _drain_control_requests(self) -> None:
-        """Let control requests still on their way land before the final check (bounded)."""
+    def _settle_until_converged(self) -> None:
+        """Let control requests still on their way land, and the cluster converge, before the final check.
+
+        Bounded: a cluster that has not converged by then fails the liveness check.
+        """
         for _ in range(SETTLE_EXTRA_STEPS_MAX):
-            if all(c.active is None or c.active.idle() for c in self.controllers):
+            if (all(c.active is None or c.active.idle() for c in self.controllers)
+                    and self.checker.liveness_problem() is None):
                 return
             self.loop.run_until(self.loop.now_ms + SETTLE_EXTRA_STEP_MS)
 

@@ -231,3 +231,100 @@ def test_ki4_not_controller_answer_keeps_the_member_in_the_hw() -> None:
     _more_records_replicated_to_2_only(leader)
     assert leader.high_watermark <= 2, (
         f"HW {leader.high_watermark} passed the LEO 2 of broker 3, which the committed ISR may count")
+
+
+# ---- topic deletion: a StopReplica answer that arrives after its broker left -------------------
+
+def test_stale_stop_replica_answer_does_not_halt_the_controller() -> None:
+    """Sim seeds of defect (c): broker 2 answered StopReplica(delete), then left (lease expiry) before
+    the controller handled the answer; its replica was marked ReplicaDeletionIneligible, and the
+    late success answer moved it Ineligible -> Successful, an illegal transition that halted the
+    controller. The answer must be taken for what it is (stale) and the deletion finish once
+    broker 2 is back and confirms."""
+    ctx = _context({1: 10, 2: 11, 3: 12}, (1, 2, 3))
+    _apply(ctx, handlers.on_delete_topics(ctx, ["t"], deletion_enabled=True))
+    _apply(ctx, handlers.on_broker_change(ctx, {1: _broker(1, 10), 3: _broker(3, 12)}))
+    stale = _apply(ctx, handlers.on_replica_deletion_result(ctx, 2, 11, [TP], True))  # no halt
+    assert not stale.writes, "an answer from an incarnation that is gone changes nothing"
+    for broker_id, broker_epoch in ((1, 10), (3, 12)):
+        _apply(ctx, handlers.on_replica_deletion_result(ctx, broker_id, broker_epoch, [TP], True))
+    back = _apply(ctx, handlers.on_broker_change(ctx, {1: _broker(1, 10), 2: _broker(2, 21), 3: _broker(3, 12)}))
+    assert TP in back.rpcs.stop_replica.get(2, {}), "broker 2 is asked again to delete its replica"
+    done = _apply(ctx, handlers.on_replica_deletion_result(ctx, 2, 21, [TP], True))
+    assert "t" not in ctx.topics and any(isinstance(w, handlers.TopicDelete) for w in done.writes), (
+        "the topic's keys go once every replica confirmed")
+
+
+def test_stale_stop_replica_answer_after_a_resend_does_not_halt_the_controller() -> None:
+    """Issue 16 defect 3 as reported: broker 2 re-registered during a deletion, the deletion was sent
+    again to the new incarnation, then the old request's failure arrived (moving Started ->
+    Ineligible) and the re-send's success asked for Ineligible -> Successful (exit 70)."""
+    ctx = _context({1: 10, 2: 11, 3: 12}, (1, 2, 3))
+    _apply(ctx, handlers.on_delete_topics(ctx, ["t"], deletion_enabled=True))
+    resent = _apply(ctx, handlers.on_broker_change(ctx, {1: _broker(1, 10), 2: _broker(2, 22),
+                                                         3: _broker(3, 12)}))
+    assert TP in resent.rpcs.stop_replica.get(2, {})
+    _apply(ctx, handlers.on_replica_deletion_result(ctx, 2, 11, [TP], False))  # the old incarnation's failure
+    for broker_id, broker_epoch in ((2, 22), (1, 10), (3, 12)):
+        _apply(ctx, handlers.on_replica_deletion_result(ctx, broker_id, broker_epoch, [TP], True))
+    assert "t" not in ctx.topics, "the topic is deleted once every live incarnation confirmed"
+
+
+def test_deciding_a_deletion_changes_the_context_only_when_its_writes_are_replayed() -> None:
+    """Handlers decide; the context changes on replay (a controller that fails to commit knows nothing new)."""
+    ctx = _context({1: 10, 2: 11, 3: 12}, (1, 2, 3))
+    decided = handlers.on_delete_topics(ctx, ["t"], deletion_enabled=True)
+    assert not ctx.replica_deletion and not ctx.topics_to_delete
+    _apply(ctx, decided)
+    assert set(ctx.replica_deletion) == {(TP, 1), (TP, 2), (TP, 3)}
+    shutdown = handlers.on_controlled_shutdown(ctx, 1, 10)
+    assert not ctx.shutting_down
+    _apply(ctx, shutdown)
+    assert ctx.shutting_down == {1}
+
+
+# ---- KI-1: a broker that lost unflushed data in a power loss ----------------------------------
+
+def _offline_with_isr(isr: tuple[int, ...]) -> ControllerContext:
+    """Partition t-0 on brokers 1, 2, 3 went offline keeping ISR `isr` (every member died at once)."""
+    ctx = _context({1: 10, 2: 11, 3: 12}, (1, 2, 3))
+    ctx.states[TP] = LeaderAndIsr(isr[0], 4, isr, 1, 5)
+    gone = {b: info for b, info in ctx.live_brokers.items() if b not in isr}
+    _apply(ctx, handlers.on_broker_change(ctx, gone))
+    assert ctx.states[TP].leader == -1 and ctx.states[TP].isr == isr
+    return ctx
+
+
+def _back(ctx: ControllerContext, broker_id: int, broker_epoch: int, *, unclean: bool) -> None:
+    registered = dict(ctx.live_brokers)
+    registered[broker_id] = BrokerInfo(broker_id, f"b{broker_id}", 9092, "", 0, broker_epoch, unclean)
+    _apply(ctx, handlers.on_broker_change(ctx, registered))
+
+
+def test_ki1_broker_back_after_power_loss_does_not_lead_while_another_isr_member_may_return() -> None:
+    ctx = _offline_with_isr((2, 3))
+    _back(ctx, 2, 30, unclean=True)
+    assert ctx.states[TP].leader == -1, "broker 2 lost unflushed data; broker 3 may still have everything"
+    assert ctx.states[TP].isr == (3,), "the member that lost data leaves the last ISR"
+    _back(ctx, 3, 31, unclean=False)
+    assert ctx.states[TP].leader == 3 and ctx.states[TP].isr == (3,)
+
+
+def test_ki1_last_isr_members_all_back_after_power_loss_elect_the_first() -> None:
+    ctx = _offline_with_isr((2, 3))
+    _back(ctx, 2, 30, unclean=True)
+    _back(ctx, 3, 31, unclean=True)
+    assert ctx.states[TP].leader == 3, "every member lost data: the one left in the last ISR leads"
+
+
+def test_ki1_broker_back_after_a_clean_stop_leads_at_once() -> None:
+    ctx = _offline_with_isr((2, 3))
+    _back(ctx, 2, 30, unclean=False)
+    assert ctx.states[TP].leader == 2 and ctx.states[TP].isr == (2,)
+
+
+def test_ki1_unclean_election_enabled_takes_the_first_live_replica() -> None:
+    ctx = _offline_with_isr((2, 3))
+    ctx.topics["t"].configs["unclean.leader.election.enable"] = "true"
+    _back(ctx, 2, 30, unclean=True)
+    assert ctx.states[TP].leader == 1 and ctx.states[TP].isr == (1,), "unclean: first live replica in AR order"

@@ -6,9 +6,11 @@
   (tests/sim/known_issues.py) are xfailed with that bug's tag.
 - `test_*_off_is_caught`: with one safety mechanism switched off, the checker must find a
   violation within a small seed budget, on a seed that is green with the mechanism on.
-- `test_known_issue_seed`: one regression seed per known bug, xfail(strict=True): they
-  start passing, and so fail, the day the bug is fixed; then drop the mark
-  (tests/sim/test_known_issues.py has the same bugs as scripted scenarios).
+- a bug found and not fixed at once gets an entry in tests/sim/known_issues.py and a
+  regression seed here marked xfail(strict=True, raises=SimulationFailure), which starts
+  passing, and so fails, the day the bug is fixed (none is open today).
+- `test_seed_of_a_fixed_bug_stays_green`, `test_seed_of_a_scenario_defect_stays_green`:
+  seeds that once failed by a bug since fixed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from collections.abc import Iterator
 import pytest
 
 from tests.sim.config import PROFILES, Safety
-from tests.sim.known_issues import KNOWN_ISSUES
 from tests.sim.simulation import SimulationFailure, run_seed
 
 # Mechanism-off experiments must find a violation within this many seeds.
@@ -96,33 +97,43 @@ def test_controller_epoch_fence_off_is_caught() -> None:
                                      "controller-epoch fence")
 
 
-def _known_issue_seed(tag: str, seed: int, profile: str) -> object:
-    return pytest.param(tag, seed, profile, id=f"{tag}-seed-{seed}-{profile}", marks=pytest.mark.xfail(
-        strict=True, raises=SimulationFailure, reason=f"{tag}: {KNOWN_ISSUES[tag]}"))
+# Seeds that found bugs since fixed: they must stay green.
+# 10 is KI-1's last regression seed: ISR [2, 5] stops at once, 2 losing power, and 2 led
+# again on its return before brokers reported unclean shutdowns.
+FIXED_ISSUE_SEEDS = [(10, "default"), (29, "default"), (65, "default"), (182, "default"), (340, "default"),
+                     (516, "default")]
 
-
-# One seed per known bug that still reproduces it (tests/sim/known_issues.py). A seed whose
-# run changes for an unrelated reason (the simulation or the code moved on) stops failing
-# and shows up as XPASS: pick a new one with `python -m tests.sim.run -q`.
-KNOWN_ISSUE_SEEDS = [
-    _known_issue_seed("KI-1", 162, "default"),
+# Seeds of the scenarios added for topic deletion, reassignment failover, re-registration
+# races, retention and ISR power loss: each failed on the code before the fixes they check,
+# with the line given; they must stay green.
+DEFECT_SEEDS = [
+    # (a) a restarted broker refused the LeaderAndIsr that raced its registration (its epoch
+    # not known yet) and the controller took the refusal as delivered: "t0-0: replica 2 does
+    # not follow leader 1 in epoch 1 after the settle phase".
+    (55, "default"),
+    # (a) likewise, a re-registered broker: "t1-0: broker 2 does not lead epoch 3 after the
+    # settle phase (b2 up be78 )".
+    (113, "default"),
+    # (b) the controller crashed once the targets joined the ISR; the new one never finished
+    # the walk: "t1-0: reassignment to [4, 3, 1] still open after the settle phase".
+    (75, "default"),
+    # (c) a StopReplica answer handled after its broker left: "illegal replica transition
+    # ReplicaDeletionIneligible -> ReplicaDeletionSuccessful for (('t0', 0), 2)".
+    (49, "default"),
+    (18, "default"),
+    # KI-1, on the code before the broker reported unclean shutdowns: a broker that lost
+    # unflushed data led again over intact ISR members: "broker 5 cuts committed record
+    # b'p1-193' (leader epoch 7) at offset 213 of t0-1".
+    (69, "default"),
+    (260, "default"),
 ]
 
 
-# Seeds that found bugs since fixed: they must stay green.
-FIXED_ISSUE_SEEDS = [(29, "default"), (65, "default"), (182, "default"), (340, "default"), (516, "default")]
+@pytest.mark.parametrize(("seed", "profile"), DEFECT_SEEDS, ids=[f"seed-{s}" for s, _ in DEFECT_SEEDS])
+def test_seed_of_a_scenario_defect_stays_green(seed: int, profile: str) -> None:
+    run_seed(seed, PROFILES[profile])
 
 
 @pytest.mark.parametrize(("seed", "profile"), FIXED_ISSUE_SEEDS, ids=[f"seed-{s}" for s, _ in FIXED_ISSUE_SEEDS])
 def test_seed_of_a_fixed_bug_stays_green(seed: int, profile: str) -> None:
     run_seed(seed, PROFILES[profile])
-
-
-@pytest.mark.parametrize(("tag", "seed", "profile"), KNOWN_ISSUE_SEEDS)
-def test_known_issue_seed(tag: str, seed: int, profile: str) -> None:
-    try:
-        run_seed(seed, PROFILES[profile])
-    except SimulationFailure as failure:
-        if not (failure.known_issue or "").startswith(tag + ":"):
-            pytest.fail(f"seed {seed} no longer fails by {tag} but by something else:\n{failure}")
-        raise

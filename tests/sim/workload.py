@@ -8,10 +8,17 @@
   allowed, lost acknowledged records not), until it succeeds by an idempotent one (no
   duplicates allowed either, DESIGN.md rule 8).
 - A Consumer reads every partition from offset 0 on with replica_id -1 (so only below
-  the HW), handing every record to the checker as it arrives.
+  the HW), handing every record to the checker as it arrives. When retention has passed
+  its position (OFFSET_OUT_OF_RANGE below the leader's log start) it resets to the log
+  start, as auto.offset.reset=earliest does, and tells the checker what it skipped.
 - The Operator creates topics and, during the fault phase, asks for preferred leader
-  elections, moves partitions (AlterPartitionReassignments) and rolls brokers through
-  a controlled shutdown and restart.
+  elections, moves partitions (AlterPartitionReassignments), rolls brokers through
+  a controlled shutdown and restart, and deletes topics (DeleteTopics) to create them
+  again under the same name.
+
+A deleted topic's clients drop it at once (`topic_deleted`): a batch or a fetch of the
+old topic still in flight is dropped when it answers, so nothing of the old topic is
+reported as the new one's; the re-created topic starts from offset 0 and sequence 0.
 
 Clients learn where to send from broker metadata (UpdateMetadata-fed caches), as
 the real clients do, and refresh it on NOT_LEADER_OR_FOLLOWER, timeouts and the like.
@@ -44,6 +51,11 @@ CLIENT_RETRY_BACKOFF_MS = 100
 CONSUMER_PARTITION_MAX_BYTES = 64 * 1024
 # Extra wait on top of a request's own timeout before the client gives up on the RPC.
 CLIENT_RPC_SLACK_MS = 1_000
+# The operator's admin calls wait this long for an answer (DeleteTopics waits for the deletion).
+DELETE_TOPICS_TIMEOUT_MS = 5_000
+ADMIN_RPC_TIMEOUT_MS = DELETE_TOPICS_TIMEOUT_MS + 5_000
+# A deletion not finished within DeleteTopics' wait is asked about again after this long.
+DELETE_TOPICS_RETRY_MS = 1_000
 
 
 class MetadataView:
@@ -80,6 +92,8 @@ class MetadataView:
 class _Batch:
     tp: TopicPartitionKey
     values: list[bytes]
+    # The topic's generation at the producer when the batch was made (bumped by a deletion).
+    generation: int = 0
     base_sequence: int = -1  # idempotent producers only
     producer_epoch: int = -1
     attempt: int = 1
@@ -107,6 +121,8 @@ class Producer(RpcNode):
         self.metadata = MetadataView(self, broker_ids, rng)
         self.controller_ids = controller_ids
         self.topics: list[str] = []
+        # topic -> times it was deleted: batches made for an older generation are dropped.
+        self.generations: dict[str, int] = {}
         self.seq = 0
         self.stopped = False
         self._round_robin = 0
@@ -132,12 +148,28 @@ class Producer(RpcNode):
             self.trace("producer id %d epoch %d", self.producer_id, self.producer_epoch)
             if then is None:
                 self._send_next()
-            else:
+            elif not self._stale(then):
                 self._number(then)
                 self.checker.on_renumbered(then.values)
                 self._send(then)
 
         self.call(target, "InitProducerId", request, 5_000, answered)
+
+    def topic_deleted(self, topic: str) -> None:
+        """The operator deleted `topic`: stop sending to it; a re-created one starts at sequence 0."""
+        if topic in self.topics:
+            self.topics.remove(topic)
+        self.generations[topic] = self.generations.get(topic, 0) + 1
+        for tp in [tp for tp in self._sequences if tp[0] == topic]:
+            del self._sequences[tp]
+
+    def _stale(self, batch: _Batch) -> bool:
+        """The batch's topic was deleted since it was made: drop it and go on with the next one."""
+        if batch.generation == self.generations.get(batch.tp[0], 0):
+            return False
+        self.trace("drop batch of deleted topic %s-%d", *batch.tp)
+        self.after(CLIENT_RETRY_BACKOFF_MS, self._send_next)
+        return True
 
     def _number(self, batch: _Batch) -> None:
         base = self._sequences.get(batch.tp, 0)
@@ -156,7 +188,8 @@ class Producer(RpcNode):
         tp = partitions[self._round_robin % len(partitions)]
         self._round_robin += 1
         count = self.rng.randint(1, self.config.records_per_batch_max)
-        batch = _Batch(tp, [f"{self.name}-{self.seq + i}".encode() for i in range(count)])
+        batch = _Batch(tp, [f"{self.name}-{self.seq + i}".encode() for i in range(count)],
+                       self.generations.get(tp[0], 0))
         self.seq += count
         if self.idempotent:
             self._number(batch)
@@ -164,6 +197,8 @@ class Producer(RpcNode):
         self._send(batch)
 
     def _send(self, batch: _Batch) -> None:
+        if self._stale(batch):
+            return
         tp = batch.tp
         leader = self.metadata.leaders.get(tp, -1)
         if leader < 0:
@@ -183,6 +218,8 @@ class Producer(RpcNode):
                   lambda resp: self._answered(batch, resp))
 
     def _answered(self, batch: _Batch, resp: Any) -> None:
+        if self._stale(batch):
+            return
         if isinstance(resp, RpcError):
             self._failed(batch)
             return
@@ -224,21 +261,37 @@ class Consumer(RpcNode):
         self.topics: list[str] = []
         self.positions: dict[TopicPartitionKey, int] = {}
         self.seen: dict[TopicPartitionKey, dict[int, bytes]] = {}
+        # [from, to) ranges a reset to the leader's log start skipped (deleted by retention).
+        self.skipped: dict[TopicPartitionKey, list[tuple[int, int]]] = {}
         # Partitions whose fetch loop runs (a fetch in flight or a retry pending).
         self._running: set[TopicPartitionKey] = set()
+        # topic -> times it was deleted: a fetch loop of an older generation ends.
+        self.generations: dict[str, int] = {}
         self.after(100, self._poll)
+
+    def topic_deleted(self, topic: str) -> None:
+        """The operator deleted `topic`: forget it; a re-created one is read from offset 0 again."""
+        if topic in self.topics:
+            self.topics.remove(topic)
+        self.generations[topic] = self.generations.get(topic, 0) + 1
+        for table in (self.positions, self.seen, self.skipped):
+            for tp in [tp for tp in table if tp[0] == topic]:
+                del table[tp]
+        self._running = {tp for tp in self._running if tp[0] != topic}
 
     def _poll(self) -> None:
         """Start a fetch loop for every known partition that has none running."""
         for tp in sorted(self.metadata.leaders):
             if tp[0] in self.topics and tp not in self._running:
                 self._running.add(tp)
-                self._fetch(tp)
+                self._fetch(tp, self.generations.get(tp[0], 0))
         self.metadata.refresh(lambda: None)
         self.after(1_000, self._poll)
 
-    def _fetch(self, tp: TopicPartitionKey) -> None:
+    def _fetch(self, tp: TopicPartitionKey, generation: int) -> None:
         """One turn of a partition's fetch loop; the loop ends while the partition has no known leader."""
+        if generation != self.generations.get(tp[0], 0):
+            return  # the topic was deleted; _running no longer counts this loop
         leader = self.metadata.leaders.get(tp, -1)
         if leader < 0:
             self._running.discard(tp)
@@ -252,19 +305,30 @@ class Consumer(RpcNode):
                 current_leader_epoch=-1)])])
         self.call(broker_node(leader), "Fetch", request,
                   self.config.consumer_fetch_wait_ms + self.config.control_rpc_timeout_ms,
-                  lambda resp: self._answered(tp, position, resp))
+                  lambda resp: self._answered(tp, generation, position, resp))
 
-    def _answered(self, tp: TopicPartitionKey, position: int, resp: Any) -> None:
+    def _answered(self, tp: TopicPartitionKey, generation: int, position: int, resp: Any) -> None:
+        if generation != self.generations.get(tp[0], 0):
+            return  # an answer about the deleted topic
         if isinstance(resp, RpcError):
-            self.after(CLIENT_RETRY_BACKOFF_MS, self._fetch, tp)
+            self.after(CLIENT_RETRY_BACKOFF_MS, self._fetch, tp, generation)
             return
         pr = resp.topics[0].partitions[0]
+        if pr.error_code == common_pb2.OFFSET_OUT_OF_RANGE and pr.log_start_offset > position:
+            # Retention deleted what we had not read yet (auto.offset.reset=earliest).
+            self.trace("%s-%d: position %d below the log start %d; resetting", *tp, position, pr.log_start_offset)
+            self.checker.on_consumer_reset(self, tp, position, pr.log_start_offset, pr.high_watermark)
+            self.skipped.setdefault(tp, []).append((position, pr.log_start_offset))
+            self.positions[tp] = pr.log_start_offset
+            self.after(0, self._fetch, tp, generation)
+            return
         if pr.error_code != common_pb2.NONE:
-            # OFFSET_OUT_OF_RANGE included: consumers send no leader epoch (-1), so a deposed
-            # leader that has not heard of its successor yet may answer; fresh metadata fixes
-            # that. Records that are really gone show up in the final check, not here.
+            # OFFSET_OUT_OF_RANGE above the log start included: consumers send no leader epoch
+            # (-1), so a deposed leader that has not heard of its successor yet may answer;
+            # fresh metadata fixes that. Records that are really gone show up in the final
+            # check, not here.
             self.metadata.refresh(lambda: None)
-            self.after(CLIENT_RETRY_BACKOFF_MS, self._fetch, tp)
+            self.after(CLIENT_RETRY_BACKOFF_MS, self._fetch, tp, generation)
             return
         if pr.records:
             seen = self.seen.setdefault(tp, {})
@@ -275,11 +339,11 @@ class Consumer(RpcNode):
                 seen[offset] = value
                 position = offset + 1
             self.positions[tp] = position
-        self.after(0, self._fetch, tp)
+        self.after(0, self._fetch, tp, generation)
 
 
 class Operator(RpcNode):
-    """Admin work: topic creation, preferred elections, rolling restarts through controlled shutdown."""
+    """Admin work: topics created and deleted, preferred elections, moves, rolling restarts."""
 
     def __init__(self, loop: EventLoop, network: Network, rng: random.Random, config: SimConfig,
                  controller_ids: list[int], on_topic_created: Callable[[str], None]) -> None:
@@ -289,6 +353,10 @@ class Operator(RpcNode):
         self.controller_ids = controller_ids
         self.on_topic_created = on_topic_created
         self.created: set[str] = set()
+        # Topics whose DeleteTopics was sent and that are not created again yet.
+        self.deleting: set[str] = set()
+        # Overrides asked for at creation, per topic (kept for its re-creation).
+        self.topic_configs: dict[str, dict[str, str]] = {}
 
     def _to_controller(self, rpc: str, request: Any, done: Callable[[Any], None], attempt: int = 0) -> None:
         """Try the candidates in turn until one is the active controller (NOT_CONTROLLER otherwise)."""
@@ -300,25 +368,50 @@ class Operator(RpcNode):
             else:
                 done(resp)
 
-        self.call(target, rpc, request, 10_000, answered)
+        self.call(target, rpc, request, ADMIN_RPC_TIMEOUT_MS, answered)
 
-    def create_topic(self, name: str) -> None:
+    def create_topic(self, name: str, configs: dict[str, str] | None = None) -> None:
+        """Create `name` (min.insync.replicas plus `configs`), retrying until the controller has it."""
+        overrides = self.topic_configs.setdefault(name, {"min.insync.replicas": str(self.config.min_insync_replicas),
+                                                         **(configs or {})})
         request = common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
             name=name, num_partitions=self.config.partitions_per_topic,
-            replication_factor=self.config.replication_factor,
-            configs={"min.insync.replicas": str(self.config.min_insync_replicas)})])
+            replication_factor=self.config.replication_factor, configs=overrides)])
 
         def done(resp: Any) -> None:
             result = resp.topics[0]
+            # TOPIC_ALREADY_EXISTS: an earlier attempt committed and its answer was lost. A
+            # re-creation starts only once the deletion answered, so the old topic is gone.
             if result.error_code in (common_pb2.NONE, common_pb2.TOPIC_ALREADY_EXISTS):
                 if name not in self.created:
                     self.created.add(name)
-                    self.trace("topic %s created", name)
+                    self.trace("topic %s created%s", name, f" {configs}" if configs else "")
                     self.on_topic_created(name)
             else:
                 self.after(500, self.create_topic, name)  # e.g. too few live brokers for the RF
 
         self._to_controller("CreateTopics", request, done)
+
+    def delete_topic(self, name: str, on_deleted: Callable[[str], None]) -> None:
+        """DeleteTopics until the controller says the topic is gone; then on_deleted(name)."""
+        self.created.discard(name)
+        self.deleting.add(name)
+        self.trace("delete topic %s", name)
+        request = common_pb2.DeleteTopicsRequest(names=[name], timeout_ms=DELETE_TOPICS_TIMEOUT_MS)
+
+        def done(resp: Any) -> None:
+            result = resp.topics[0]
+            if result.error_code in (common_pb2.NONE, common_pb2.UNKNOWN_TOPIC_OR_PARTITION):
+                self.trace("topic %s deleted", name)
+                on_deleted(name)
+            else:  # REQUEST_TIMED_OUT: a replica's broker is down; the deletion goes on without us
+                self.after(DELETE_TOPICS_RETRY_MS, self._to_controller, "DeleteTopics", request, done)
+
+        self._to_controller("DeleteTopics", request, done)
+
+    def recreate_topic(self, name: str) -> None:
+        self.deleting.discard(name)
+        self.create_topic(name)
 
     def preferred_election(self) -> None:
         self._to_controller("ElectLeaders", common_pb2.ElectLeadersRequest(election_type=common_pb2.PREFERRED),

@@ -173,6 +173,8 @@ def test_controlled_shutdown_moves_leadership_to_another_isr_member():
     assert writes[("t", 0)].leader == 2 and 1 not in writes[("t", 0)].isr
     assert writes[("t", 1)].leader == 2 and 1 not in writes[("t", 1)].isr
     assert list(result.response.remaining_partitions) == []
+    assert 1 not in ctx.shutting_down, "deciding changes nothing; replaying the writes does"
+    commit(ctx, result)
     assert 1 in ctx.shutting_down
 
 
@@ -206,12 +208,13 @@ def test_delete_topic_removes_keys_only_after_every_replica_confirmed_deletion()
     assert result.rpcs.stop_replica == {1: {("t", 0): True}, 2: {("t", 0): True, ("t", 1): True}}
     commit(ctx, result)
     assert ctx.topics_to_delete == {"t"} and "t" in ctx.topics
-    commit(ctx, handlers.on_replica_deletion_result(ctx, 1, [("t", 0)], True))
-    commit(ctx, handlers.on_replica_deletion_result(ctx, 2, [("t", 0), ("t", 1)], True))
+    commit(ctx, handlers.on_replica_deletion_result(ctx, 1, ctx.with_broker_epoch(1), [("t", 0)], True))
+    commit(ctx, handlers.on_replica_deletion_result(ctx, 2, ctx.with_broker_epoch(2), [("t", 0), ("t", 1)], True))
     assert "t" in ctx.topics, "broker 3 (down) has not deleted its replica yet"
     returned = handlers.on_broker_change(ctx, {**ctx.live_brokers, 3: broker(3)})
     assert returned.rpcs.stop_replica[3] == {("t", 1): True}
-    done = handlers.on_replica_deletion_result(ctx, 3, [("t", 1)], True)
+    commit(ctx, returned)
+    done = handlers.on_replica_deletion_result(ctx, 3, ctx.with_broker_epoch(3), [("t", 1)], True)
     assert any(isinstance(w, handlers.TopicDelete) for w in done.writes)
     commit(ctx, done)
     assert "t" not in ctx.topics and not ctx.states and not ctx.topics_to_delete

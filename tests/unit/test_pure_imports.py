@@ -29,6 +29,7 @@ PURE_MODULES = [
     "services/gateway/routing.py",
     "services/broker/producer_state.py",
     "services/controller/state_machines.py",
+    "services/controller/sender_rules.py",
     "clients/accumulator.py",
     "clients/idempotence.py",
     "clients/partitioner.py",
