@@ -316,8 +316,11 @@ class Checker:
                 self.fail("unclean election: %s-%d leader %d at epoch %d is not in the previous ISR %s", *tp,
                           state.leader, state.leader_epoch, list(old.isr))
             if state.leader_epoch == old.leader_epoch and old.leader in h.intact:
-                # An ISR expansion by the leader: the new member caught up with an intact leader.
-                h.intact.update(r for r in state.isr if r not in old.isr)
+                # An ISR expansion by the leader: the new member caught up with an intact leader,
+                # unless it went down since (the commit can come after a power loss that took
+                # what it had fetched: it is not intact then, whatever the ISR says).
+                h.intact.update(r for r in state.isr if r not in old.isr
+                                and (r not in self.brokers or self.brokers[r].up))
         self.states[tp] = state
         self._maybe_compromised(tp)
 

@@ -200,10 +200,6 @@ class SimBroker(RpcNode):
     def broker_epoch(self) -> int:
         return self.core.broker_epoch
 
-    @property
-    def fetchers(self) -> dict[int, FetcherCore]:
-        return self.core.fetchers
-
     def crash_process(self, *, power_loss: bool) -> None:
         """kill -9 (files keep what was written) or a power cut (unflushed bytes are lost, the host reboots)."""
         self.core.crash()

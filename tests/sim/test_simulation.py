@@ -103,29 +103,32 @@ def test_controller_epoch_fence_off_is_caught() -> None:
 FIXED_ISSUE_SEEDS = [(10, "default"), (29, "default"), (65, "default"), (182, "default"), (340, "default"),
                      (516, "default")]
 
-# Seeds of the scenarios added for topic deletion, reassignment failover, re-registration
-# races, retention and ISR power loss: each failed on the code before the fixes they check,
-# with the line given; they must stay green.
+# Seeds of the scenarios added with issue 16 (topic deletion with brokers bouncing,
+# controller failover mid-reassignment, re-registration racing control requests,
+# retention with a lagging follower, power loss of an ISR member). Each failed on the code
+# before issue 16's controller fixes (46636f8, run with this simulation), with the line
+# given; they must stay green.
 DEFECT_SEEDS = [
-    # (a) a restarted broker refused the LeaderAndIsr that raced its registration (its epoch
-    # not known yet) and the controller took the refusal as delivered: "t0-0: replica 2 does
-    # not follow leader 1 in epoch 1 after the settle phase".
-    (55, "default"),
-    # (a) likewise, a re-registered broker: "t1-0: broker 2 does not lead epoch 3 after the
-    # settle phase (b2 up be78 )".
-    (113, "default"),
-    # (b) the controller crashed once the targets joined the ISR; the new one never finished
-    # the walk: "t1-0: reassignment to [4, 3, 1] still open after the settle phase".
-    (75, "default"),
-    # (c) a StopReplica answer handled after its broker left: "illegal replica transition
-    # ReplicaDeletionIneligible -> ReplicaDeletionSuccessful for (('t0', 0), 2)".
-    (49, "default"),
-    (18, "default"),
-    # KI-1, on the code before the broker reported unclean shutdowns: a broker that lost
-    # unflushed data led again over intact ISR members: "broker 5 cuts committed record
-    # b'p1-193' (leader epoch 7) at offset 213 of t0-1".
-    (69, "default"),
-    (260, "default"),
+    # Defect 1: a control request refused by a broker whose registration it raced (its epoch
+    # not known yet, or a newer one) was counted as delivered: "t0-1: replica 5 does not
+    # follow leader 4 in epoch 8 after the settle phase"; "t0-0: replica 1 does not follow
+    # leader 3 in epoch 11"; "t0-1: broker 3 does not lead epoch 5 after the settle phase".
+    (24, "default"), (57, "default"), (56, "default"),
+    # Defect 2: the controller died once the targets joined the ISR and the new one never
+    # finished the walk: "t0-1: reassignment to [4, 2, 5] still open after the settle phase".
+    (5, "default"), (36, "default"),
+    # Defect 3: a StopReplica answer from an incarnation that was gone: "illegal replica
+    # transition ReplicaDeletionIneligible -> ReplicaDeletionSuccessful" (the controller halted).
+    (7, "default"), (8, "default"),
+    # KI-1: a broker back from a power loss led over an ISR member that kept every record:
+    # "acknowledged record lost: t1-0 offset 23 should hold b'p2-77', leader 3 has None".
+    (345, "default"),
+    # A deletion never finished: "topic t0 was deleted but etcd still has [...]".
+    (73, "default"), (86, "default"),
+    # Found once the above were fixed (they failed first by defect 3 on the old code): a
+    # controlled shutdown moved leadership of a topic being deleted, bringing back deleted
+    # replicas; a replica left on disk by a deleted topic grafted onto the re-created one.
+    (84, "default"), (197, "default"),
 ]
 
 
