@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from coordinator.etcd_server import EtcdServer, EtcdServerTls, free_port
+from coordinator.etcd_server import EtcdServer, EtcdServerTls
 
 if TYPE_CHECKING:
     from coordinator.store import EtcdTls
@@ -131,7 +131,9 @@ class LocalCluster:
                 extra += ["--replica-lag-time-max-ms", str(replica_lag_time_max_ms)]
             self._add(f"broker-{i}", "broker", extra)
         for i in range(1, gateways + 1):
-            port = gateway_port + i - 1 if gateway_port else free_port(self._placement(f"gateway-{i}").host)
+            # Port 0 lets the gateway bind any free port itself (a port picked here could be taken before the
+            # gateway binds it); _wait_ready pins the bound port so restarts keep the address clients know.
+            port = gateway_port + i - 1 if gateway_port else 0
             self._add(f"gateway-{i}", "gateway", ["--gateway-id", str(i), "--port", str(port)])
 
     def _placement(self, name: str) -> Placement:

@@ -35,6 +35,7 @@ from coordinator.limits import (
     ETCD_SERVER_HEALTH_PROBE_TIMEOUT_S,
     ETCD_SERVER_HEARTBEAT_INTERVAL_MS,
     ETCD_SERVER_LOG_TAIL_BYTES,
+    ETCD_SERVER_PORT_PICK_ATTEMPTS,
     ETCD_SERVER_START_TIMEOUT_S,
     ETCD_SERVER_STOP_TIMEOUT_S,
 )
@@ -205,6 +206,20 @@ class EtcdServer:
         """
         if self.running:
             raise EtcdServerError(f"etcd server {self.name} is already running (pid {self.pid})")
+        picks_ports = not self.client_port and not self.peer_port
+        for attempt in range(1, ETCD_SERVER_PORT_PICK_ATTEMPTS + 1):
+            try:
+                return self._start_once(timeout_s)
+            except EtcdServerError as exc:
+                lost_port_race = picks_ports and "address already in use" in str(exc)
+                if not lost_port_race or attempt == ETCD_SERVER_PORT_PICK_ATTEMPTS:
+                    raise
+                log.warning("etcd server %s: a port picked for it was taken before it bound it; starting it on "
+                            "fresh ports (attempt %d of %d)", self.name, attempt + 1, ETCD_SERVER_PORT_PICK_ATTEMPTS)
+                self.client_port = self.peer_port = 0
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _start_once(self, timeout_s: float) -> EtcdServer:
         if not self.client_port:
             self.client_port = free_port(self.host)
         if not self.peer_port:

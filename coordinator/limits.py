@@ -66,6 +66,9 @@ ELECTION_RETRY_BACKOFF_S_MAX = 2.0
 # How long `start()` waits for a fresh etcd to answer its health check; a healthy
 # single-node etcd is ready in well under a second on loopback.
 ETCD_SERVER_START_TIMEOUT_S = 10.0
+# Ports picked here are free when picked but another process may bind them before etcd does; etcd is started
+# again on fresh ports this many times in all before the start fails.
+ETCD_SERVER_PORT_PICK_ATTEMPTS = 3
 # SIGTERM grace before SIGKILL on stop().
 ETCD_SERVER_STOP_TIMEOUT_S = 5.0
 # Raft timings of the local single-node server: short, so a restart elects itself at

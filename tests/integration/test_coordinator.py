@@ -143,6 +143,30 @@ async def test_connect_to_nothing_fails_fast_with_a_clear_error() -> None:
         await EtcdStore.connect(endpoint, timeout_s=0.5)
 
 
+def test_etcd_started_on_picked_ports_survives_losing_a_port_to_another_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another process binds the first port picked for etcd before etcd does (a parallel test run did this
+    # to a gateway once): etcd must start on fresh ports instead of failing.
+    import socket
+
+    import coordinator.etcd_server as etcd_server
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    picks = iter([taken.getsockname()[1]])
+    real_free_port = etcd_server.free_port
+    monkeypatch.setattr(etcd_server, "free_port", lambda host="127.0.0.1": next(picks, None) or real_free_port(host))
+    server = EtcdServer(tmp_path / "data", log_path=tmp_path / "etcd.log", name="highwater-port-race")
+    try:
+        server.start()
+        assert server.client_port != taken.getsockname()[1]
+        assert "address already in use" in server.log_tail(1 << 20)
+    finally:
+        server.stop()
+        taken.close()
+
+
 # --- registration ----------------------------------------------------------------------------
 
 

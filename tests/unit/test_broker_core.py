@@ -1,0 +1,310 @@
+"""The broker core's rules (services/broker/core.py), driven through its seams without I/O."""
+
+from __future__ import annotations
+
+import pytest
+
+from clients.records import Record, decode_batches, encode_batch
+from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2
+from services.broker.core import PARTITION_METADATA_FILE, RUN_MARKER_FILE
+from services.broker.log import MemoryStorage
+from services.broker.partition import Role
+from services.broker.steps import CallController, RpcFailed, Sleep
+from tests.unit.broker_seams import Broker, partition_error
+from tests.unit.test_fetcher_core import T0, one_round, pair, values_in
+
+
+def batch(*values: str) -> bytes:
+    return encode_batch([Record(None, v.encode(), [], 1_000) for v in values])
+
+
+def consumer_fetch(offset: int, current_leader_epoch: int = -1, max_wait_ms: int = 0) -> common_pb2.FetchRequest:
+    return common_pb2.FetchRequest(replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1, topics=[
+        common_pb2.FetchTopic(topic="t", partitions=[common_pb2.FetchPartition(
+            partition=0, fetch_offset=offset, partition_max_bytes=1 << 20,
+            current_leader_epoch=current_leader_epoch)])])
+
+
+def stop_replica(broker: Broker, *, delete: bool) -> broker_pb2.StopReplicaResponse:
+    return broker.core.stop_replica(broker_pb2.StopReplicaRequest(
+        header=broker.header(), partitions=[broker_pb2.StopReplicaPartition(
+            topic="t", partition=0, leader_epoch=-2, delete_partition=delete)]))
+
+
+# ---- control requests: who may be told what -----------------------------------------------------
+
+
+def test_control_requests_before_registration_are_refused_as_not_available_so_the_controller_retries() -> None:
+    b = Broker(1)
+    b.core.start("boot-1")
+    resp = b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[],
+                            header=b.header(broker_epoch=10))
+    assert resp.error_code == common_pb2.BROKER_NOT_AVAILABLE and "has not registered" in resp.error_message
+    assert not b.core.partitions
+
+
+def test_control_requests_while_closing_are_refused_as_not_available() -> None:
+    b = Broker(1)
+    b.register(10)
+    b.core.begin_close()
+    resp = b.core.update_metadata(broker_pb2.UpdateMetadataRequest(header=b.header()))
+    assert resp.error_code == common_pb2.BROKER_NOT_AVAILABLE and "shutting down" in resp.error_message
+
+
+def test_only_an_older_broker_epoch_is_stale_a_newer_one_names_this_incarnation() -> None:
+    # The broker registered as epoch 10 but its driver has not learned 12 yet (Kafka refuses older only).
+    b = Broker(1)
+    b.register(10)
+    stale = b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node],
+                             header=b.header(broker_epoch=9))
+    assert stale.error_code == common_pb2.STALE_BROKER_EPOCH and "older than this incarnation's 10" in \
+        stale.error_message
+    newer = b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node],
+                             header=b.header(broker_epoch=12))
+    assert newer.error_code == common_pb2.NONE
+    assert b.core.partitions[T0].role is Role.LEADER
+
+
+def test_a_request_from_an_older_controller_epoch_is_refused_after_a_newer_one_was_seen() -> None:
+    b = Broker(1)
+    b.register(10)
+    assert b.core.update_metadata(broker_pb2.UpdateMetadataRequest(header=b.header(controller_epoch=5))
+                                  ).error_code == common_pb2.NONE
+    old = b.core.update_metadata(broker_pb2.UpdateMetadataRequest(header=b.header(controller_epoch=4)))
+    assert old.error_code == common_pb2.STALE_CONTROLLER_EPOCH
+
+
+def test_leader_and_isr_with_an_epoch_that_is_not_newer_is_fenced_per_partition() -> None:
+    b = Broker(1)
+    b.register(10)
+    assert b.leader_and_isr(leader=1, leader_epoch=3, isr=(1,), replicas=(1,), live=[b.node]).error_code == 0
+    resp = b.leader_and_isr(leader=1, leader_epoch=2, isr=(1,), replicas=(1,), live=[b.node])
+    (result,) = resp.partitions
+    assert result.error_code == common_pb2.FENCED_LEADER_EPOCH
+    assert b.core.partitions[T0].leader_epoch == 3
+
+
+# ---- produce -------------------------------------------------------------------------------------
+
+
+def test_produce_to_a_follower_is_refused_naming_the_leader() -> None:
+    _leader, follower, _fetcher = pair()
+    (resp,) = follower.produce(batch("a"), acks=1)
+    part = resp.topics[0].partitions[0]
+    assert part.error_code == common_pb2.NOT_LEADER_OR_FOLLOWER and "leader is 1" in part.error_message
+    assert part.base_offset == -1, "nothing was written"
+
+
+def test_acks_all_waits_until_every_isr_member_has_the_records() -> None:
+    leader, follower, fetcher = pair()
+    answers = leader.produce(batch("a", "b"), acks=-1)
+    assert answers == [], "the follower has not fetched yet"
+    one_round(fetcher, leader)  # the follower copies the records...
+    assert answers == []
+    one_round(fetcher, leader)  # ...and its next fetch tells the leader it has them
+    assert len(answers) == 1 and partition_error(answers[0]) == common_pb2.NONE
+    assert values_in(follower) == [b"a", b"b"]
+
+
+def test_acks_all_times_out_at_the_produce_timeout() -> None:
+    leader, _follower, _fetcher = pair()
+    answers = leader.produce(batch("a"), acks=-1, timeout_ms=1_000)
+    leader.clock.now_ms = 999
+    leader.io.fire_due()
+    assert answers == []
+    leader.clock.now_ms = 1_000
+    leader.io.fire_due()
+    assert len(answers) == 1 and partition_error(answers[0]) == common_pb2.REQUEST_TIMED_OUT
+    assert len(leader.core.purgatory) == 0
+
+
+def test_closing_answers_a_waiting_produce_and_stops_every_fetcher() -> None:
+    leader, follower, fetcher = pair()
+    answers = leader.produce(batch("a"), acks=-1)
+    leader.core.begin_close()
+    assert len(answers) == 1 and partition_error(answers[0]) == common_pb2.NOT_LEADER_OR_FOLLOWER
+    follower.core.begin_close()
+    assert fetcher.stopped and follower.io.stopped == [fetcher]
+
+
+def test_produce_to_an_unknown_topic_says_it_does_not_exist() -> None:
+    b = Broker(1)
+    b.register(10)
+    (resp,) = b.produce(batch("a"), acks=1, topic="nope")
+    assert partition_error(resp) == common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+
+
+# ---- fetch ---------------------------------------------------------------------------------------
+
+
+def test_a_consumer_reads_only_up_to_the_high_watermark() -> None:
+    leader, _follower, fetcher = pair()
+    leader.produce(batch("a"), acks=1)
+    one_round(fetcher, leader)
+    one_round(fetcher, leader)  # HW 1
+    leader.produce(batch("b"), acks=1)  # not yet on the follower
+    part = leader.fetch_now(consumer_fetch(0)).topics[0].partitions[0]
+    assert part.high_watermark == 1 and part.log_end_offset == 2
+    assert [r.value for r in _decode(part.records)] == [b"a"]
+
+
+def test_a_consumer_fetch_at_the_high_watermark_waits_for_new_data() -> None:
+    leader, _follower, fetcher = pair()
+    answers: list[common_pb2.FetchResponse] = []
+    leader.core.fetch(consumer_fetch(0, max_wait_ms=500), answers.append)
+    assert answers == [] and len(leader.core.purgatory) == 1
+    leader.produce(batch("a"), acks=1)
+    assert answers == [], "the record is not committed yet"
+    one_round(fetcher, leader)
+    one_round(fetcher, leader)
+    assert len(answers) == 1 and answers[0].topics[0].partitions[0].records
+
+
+def test_fetch_with_an_older_leader_epoch_is_fenced_and_a_newer_one_is_unknown() -> None:
+    leader, _follower, _fetcher = pair()
+    leader.leader_and_isr(leader=1, leader_epoch=2, isr=(1, 2), replicas=(1, 2), partition_epoch=2,
+                          live=[leader.node])
+    fenced = leader.fetch_now(consumer_fetch(0, current_leader_epoch=1)).topics[0].partitions[0]
+    assert fenced.error_code == common_pb2.FENCED_LEADER_EPOCH
+    unknown = leader.fetch_now(consumer_fetch(0, current_leader_epoch=3)).topics[0].partitions[0]
+    assert unknown.error_code == common_pb2.UNKNOWN_LEADER_EPOCH
+    current = leader.fetch_now(consumer_fetch(0, current_leader_epoch=2)).topics[0].partitions[0]
+    assert current.error_code == common_pb2.NONE
+
+
+def test_offsets_for_leader_epoch_answers_the_end_of_the_asked_epoch() -> None:
+    b = Broker(1)
+    b.register(10)
+    b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node])
+    b.produce(batch("a", "b"), acks=1)
+    b.leader_and_isr(leader=1, leader_epoch=1, isr=(1,), replicas=(1,), partition_epoch=2, live=[b.node])
+    b.produce(batch("c"), acks=1)
+
+    def ask(epoch: int) -> tuple[int, int]:
+        resp = b.core.offsets_for_leader_epoch(broker_pb2.OffsetsForLeaderEpochRequest(
+            replica_id=2, topics=[broker_pb2.OffsetsForLeaderEpochTopic(topic="t", partitions=[
+                broker_pb2.OffsetsForLeaderEpochPartition(partition=0, current_leader_epoch=-1,
+                                                          leader_epoch=epoch)])]))
+        (res,) = resp.topics[0].partitions
+        return res.leader_epoch, res.end_offset
+
+    assert ask(0) == (0, 2)
+    assert ask(1) == (1, 3), "the current epoch ends at the LEO"
+    assert ask(7) == (-1, -1), "an epoch newer than any known is undefined (as Kafka answers)"
+
+
+# ---- the run marker ------------------------------------------------------------------------------
+
+
+def test_the_run_marker_reports_an_unclean_stop_only_across_a_reboot() -> None:
+    storage = MemoryStorage()
+    first = Broker(1, storage=storage)
+    previous = first.core.start("boot-1")
+    assert previous.clean, "a new data directory"
+    # Killed (no close): the same host still runs, the page cache kept every write.
+    killed = Broker(1, storage=storage).core.start("boot-1")
+    assert not killed.clean and not killed.unclean_shutdown
+    # Killed again, then the host restarted (a new boot id): unflushed writes may be gone.
+    power_loss = Broker(1, storage=storage)
+    assert power_loss.core.start("boot-2").unclean_shutdown
+    assert "did not stop cleanly and its host restarted" in power_loss.lines.text("warning")
+    power_loss.core.close()
+    assert Broker(1, storage=storage).core.start("boot-3").clean
+
+
+def test_an_unreadable_run_marker_counts_as_a_power_loss() -> None:
+    storage = MemoryStorage()
+    storage.mkdir("/data/b1")
+    storage.write_atomic(f"/data/b1/{RUN_MARKER_FILE}", b"\x00garbage")
+    assert Broker(1, storage=storage).core.start("boot-1").unclean_shutdown
+
+
+# ---- topic ids -----------------------------------------------------------------------------------
+
+
+def test_a_replica_of_a_deleted_topic_with_the_same_name_is_dropped_not_reused() -> None:
+    storage = MemoryStorage()
+    b = Broker(1, storage=storage)
+    b.register(10)
+    b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node], topic_id="old-id")
+    b.produce(batch("old"), acks=1)
+    assert storage.read_file(f"/data/b1/t-0/{PARTITION_METADATA_FILE}") == b"version: 0\ntopic_id: old-id\n"
+    b.core.close()
+
+    # The broker was down while "t" was deleted and created again; it comes back to the new "t".
+    again = Broker(1, storage=storage)
+    again.register(20, boot_id="boot-1")
+    again.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[again.node], topic_id="new-id")
+    p = again.core.partitions[T0]
+    assert p.log.log_end_offset == 0, "the old topic's records are gone"
+    assert p.log.leader_epoch_cache.latest_epoch() == 0
+    assert storage.read_file(f"/data/b1/t-0/{PARTITION_METADATA_FILE}") == b"version: 0\ntopic_id: new-id\n"
+    assert "belongs to topic id old-id, not new-id" in again.lines.text("warning")
+
+
+def test_a_replica_of_the_same_topic_is_kept_across_a_restart() -> None:
+    storage = MemoryStorage()
+    b = Broker(1, storage=storage)
+    b.register(10)
+    b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node], topic_id="id-1")
+    b.produce(batch("kept"), acks=1)
+    b.core.close()
+    again = Broker(1, storage=storage)
+    again.register(20, boot_id="boot-1")
+    again.leader_and_isr(leader=1, leader_epoch=1, isr=(1,), replicas=(1,), live=[again.node], topic_id="id-1",
+                         partition_epoch=2)
+    assert values_in(again) == [b"kept"]
+
+
+def test_stop_replica_with_delete_removes_the_replica_and_its_files() -> None:
+    storage = MemoryStorage()
+    b = Broker(1, storage=storage)
+    b.register(10)
+    b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node], topic_id="id-1")
+    b.produce(batch("a"), acks=1)
+    assert stop_replica(b, delete=True).partitions[0].error_code == common_pb2.NONE
+    assert T0 not in b.core.partitions
+    assert not storage.exists(f"/data/b1/t-0/{PARTITION_METADATA_FILE}")
+
+
+# ---- AlterPartition ------------------------------------------------------------------------------
+
+
+def test_an_isr_shrink_asks_the_controller_again_with_the_current_broker_epoch_until_answered() -> None:
+    leader, _follower, _fetcher = pair()
+    leader.clock.now_ms = 60_000  # the follower has not fetched for longer than replica.lag.time.max.ms
+    for _ in leader.core.periodic_duties():
+        pass
+    ((name, task),) = leader.io.spawned
+    assert name == "alter-partition"
+    call = next(task)
+    assert isinstance(call, CallController) and call.rpc == "AlterPartition"
+    assert (call.request.broker_epoch, list(call.request.partitions[0].new_isr)) == (10, [1])
+    assert isinstance(task.send(RpcFailed("controller unreachable")), Sleep)
+    leader.core.broker_epoch = 15  # the broker re-registered meanwhile
+    retry = task.send(None)
+    assert isinstance(retry, CallController) and retry.request.broker_epoch == 15
+    committed = common_pb2.PartitionState(topic="t", partition=0, leader=1, leader_epoch=0, isr=[1],
+                                          replicas=[1, 2], partition_epoch=2)
+    with pytest.raises(StopIteration):
+        task.send(controller_pb2.AlterPartitionResponse(partitions=[
+            controller_pb2.AlterPartitionResult(topic="t", partition=0, state=committed)]))
+    p = leader.core.partitions[T0]
+    assert (p.isr, p.partition_epoch, p.pending_isr) == ((1,), 2, None)
+
+
+def test_an_isr_shrink_stops_asking_once_leadership_moved() -> None:
+    leader, _follower, _fetcher = pair()
+    leader.clock.now_ms = 60_000
+    for _ in leader.core.periodic_duties():
+        pass
+    ((_, task),) = leader.io.spawned
+    next(task)
+    leader.leader_and_isr(leader=2, leader_epoch=1, isr=(1, 2), replicas=(1, 2), partition_epoch=2,
+                          live=[leader.node, common_pb2.BrokerNode(broker_id=2, host="127.0.0.1", port=9002)])
+    with pytest.raises(StopIteration):
+        task.send(RpcFailed("controller unreachable"))
+
+
+def _decode(records: bytes) -> list[Record]:
+    return list(decode_batches(records))
