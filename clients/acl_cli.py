@@ -301,8 +301,11 @@ def tls_group() -> None:
 
     \b
     Examples:
-      highwater tls init ./tls --name controller-1 --name broker-1 --name gateway-1 --name admin
-      highwater tls init ./tls --name broker-2 --host broker-2.internal
+      highwater tls init ./tls --name etcd --name controller-1 --name broker-1 --name gateway-1 --name admin \\
+          --etcd-client etcd --etcd-client controller-1 --etcd-client broker-1 --etcd-client gateway-1 \\
+          --etcd-client admin
+      highwater tls init ./tls --name alice          # a client: reaches the services, never etcd
+      highwater tls init ./tls --name broker-2 --host broker-2.internal --etcd-client broker-2
     """
 
 
@@ -313,15 +316,27 @@ def tls_group() -> None:
                    "client name. Repeatable; existing ones are kept.")
 @click.option("--host", "hosts", multiple=True, metavar="HOST",
               help="Extra DNS name or IP address for every certificate made (besides NAME, localhost, 127.0.0.1).")
-def tls_init(directory: Path, names: tuple[str, ...], hosts: tuple[str, ...]) -> None:
-    """Create DIRECTORY/ca.pem (if missing) and DIRECTORY/NAME.pem + NAME-key.pem for each name.
+@click.option("--etcd-client", "etcd_clients", multiple=True, metavar="NAME",
+              help="An etcd client certificate to make, from the separate etcd client CA (made if missing): only "
+                   "the services, etcd's own health probe (etcd) and operators who run `highwater acl|token`. "
+                   "Repeatable.")
+def tls_init(directory: Path, names: tuple[str, ...], hosts: tuple[str, ...], etcd_clients: tuple[str, ...]
+             ) -> None:
+    """Create DIRECTORY/ca.pem (if missing) and DIRECTORY/NAME.pem + NAME-key.pem for each name,
+    and DIRECTORY/etcd-client-ca.pem with NAME.etcd-client.pem for each --etcd-client.
 
-    Example: highwater tls init ./tls --name controller-1 --name broker-1 --name gateway-1 --name admin
+    etcd must trust etcd-client-ca.pem (its --trusted-ca-file), never ca.pem: a certificate of
+    the cluster CA is then no key to etcd.
+
+    \b
+    Example:
+      highwater tls init ./tls --name broker-1 --etcd-client broker-1
     """
     from services.security.certs import ensure_local_pki
 
-    ensure_local_pki(directory, names, hosts=hosts)
-    click.echo(f"CA and {len(names)} certificates in {directory}")
+    ensure_local_pki(directory, names, hosts=hosts, etcd_clients=etcd_clients)
+    click.echo(f"CA and {len(names)} certificates in {directory}"
+               + (f"; etcd client CA and {len(etcd_clients)} etcd client certificates" if etcd_clients else ""))
 
 
 SECURITY_COMMANDS: list[click.Command] = [acl_group, token_group, tls_group]

@@ -40,6 +40,7 @@ from clients.types import (
     TopicPartition,
 )
 from protos.highwater.v1 import common_pb2, gateway_pb2
+from services.common.topics import validate_topic_configs
 
 ELECTION_TYPES = {"preferred": common_pb2.PREFERRED, "unclean": common_pb2.UNCLEAN}
 
@@ -143,6 +144,8 @@ class AsyncAdmin:
             for key, value in topic.configs.items():
                 if not isinstance(key, str) or not key or not isinstance(value, str):
                     raise InvalidArgument(f"topic config {key!r}={value!r}: names and values must be str")
+            # The controller checks again; checking here names the bad value before any request.
+            validate_topic_configs(topic.configs)
             assignments = {
                 check_int("partition", p, minimum=0): common_pb2.ReplicaList(
                     replicas=_check_replicas(f"partition {p}", replicas))

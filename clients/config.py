@@ -10,12 +10,13 @@ in the middle of a send.
 from __future__ import annotations
 
 import dataclasses
-import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from clients.errors import InvalidArgument
 from services.common import limits
+from services.common.topics import group_id_problem, topic_name_problem
 
 # --- connection --------------------------------------------------------------
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -75,20 +76,25 @@ COMMIT_OFFSETS_PER_REQUEST_MAX = limits.COMMIT_OFFSETS_PER_REQUEST_MAX
 
 # --- topics ----------------------------------------------------------------
 TOPIC_NAME_MAX_CHARS = limits.TOPIC_NAME_MAX_CHARS
-_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 
 
 def check_topic_name(topic: object) -> str:
     """Return `topic` if it is a legal topic name (Kafka's rules), else raise InvalidArgument."""
-    if not isinstance(topic, str):
-        raise InvalidArgument(f"topic must be a str, got {type(topic).__name__}")
-    if not topic:
-        raise InvalidArgument("topic name is empty")
-    if len(topic) > TOPIC_NAME_MAX_CHARS:
-        raise InvalidArgument(f"topic name is {len(topic)} characters, the limit is {TOPIC_NAME_MAX_CHARS}")
-    if topic in (".", "..") or not _TOPIC_NAME.match(topic):
-        raise InvalidArgument(f"topic name {topic!r} may hold only ASCII letters, digits, '.', '_' and '-'")
-    return topic
+    return _checked_name("topic", topic, topic_name_problem)
+
+
+def check_group_id(group_id: object) -> str:
+    """Return `group_id` if it can name a consumer group, else raise InvalidArgument."""
+    return _checked_name("group_id", group_id, group_id_problem)
+
+
+def _checked_name(what: str, value: object, problem_of: Callable[[str], str | None]) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a str, got {type(value).__name__}")
+    problem = problem_of(value)
+    if problem is not None:
+        raise InvalidArgument(problem)
+    return value
 
 
 def check_int(name: str, value: object, *, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -207,8 +213,8 @@ class ConsumerConfig(ConnectionConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.group_id is not None and (not isinstance(self.group_id, str) or not self.group_id):
-            raise InvalidArgument(f"group_id must be a non-empty str or None, got {self.group_id!r}")
+        if self.group_id is not None:
+            check_group_id(self.group_id)
         _check_choice("auto_offset_reset", self.auto_offset_reset, AUTO_OFFSET_RESET_VALUES)
         check_int("auto_commit_interval_ms", self.auto_commit_interval_ms, minimum=1)
         check_int("fetch_max_wait_ms", self.fetch_max_wait_ms, minimum=0, maximum=limits.FETCH_MAX_WAIT_MS_MAX)

@@ -40,6 +40,7 @@ from clients.config import (
     DEFAULT_BOOTSTRAP,
     ConsumerConfig,
     build_config,
+    check_group_id,
     check_int,
     check_topic_name,
 )
@@ -148,9 +149,7 @@ class AsyncConsumer:
         if not names:
             raise InvalidArgument("subscribe() needs at least one topic")
         if group_id is not None:
-            if not isinstance(group_id, str) or not group_id:
-                raise InvalidArgument(f"group_id must be a non-empty str, got {group_id!r}")
-            self._group_id = group_id
+            self._group_id = check_group_id(group_id)
         self._subscription = names
         self._set_assignment([tp for tp in self._assignment if tp.topic in names])
         for name in names:

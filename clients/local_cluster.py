@@ -111,11 +111,19 @@ class LocalCluster:
         etcd_tls = None
         if self.tls_dir is not None:
             from services.security.certs import ensure_local_pki
+            from services.security.tls import ETCD_CLIENT_CA_FILE, etcd_client_cert_path, etcd_client_key_path
 
-            names = ["etcd", ADMIN_TLS_NAME, *(f"controller-{i}" for i in range(1, controllers + 1)),
-                     *(f"broker-{i}" for i in range(1, brokers + 1)), *(f"gateway-{i}" for i in range(1, gateways + 1))]
-            ensure_local_pki(self.tls_dir, names)
-            etcd_tls = EtcdServerTls(self.tls_dir / "ca.pem", self.tls_dir / "etcd.pem", self.tls_dir / "etcd-key.pem")
+            services = [*(f"controller-{i}" for i in range(1, controllers + 1)),
+                        *(f"broker-{i}" for i in range(1, brokers + 1)), *(f"gateway-{i}" for i in range(1, gateways + 1))]
+            # etcd takes client certificates of its own CA only: the services', the admin's (for
+            # `highwater acl|token`) and its own health probe's. Client certificates of the
+            # cluster CA (issue_client_certificate) cannot reach it.
+            ensure_local_pki(self.tls_dir, ["etcd", ADMIN_TLS_NAME, *services],
+                             etcd_clients=["etcd", ADMIN_TLS_NAME, *services])
+            etcd_tls = EtcdServerTls(self.tls_dir / ETCD_CLIENT_CA_FILE, self.tls_dir / "etcd.pem",
+                                     self.tls_dir / "etcd-key.pem", probe_ca_file=self.tls_dir / "ca.pem",
+                                     probe_cert_file=etcd_client_cert_path(self.tls_dir, "etcd"),
+                                     probe_key_file=etcd_client_key_path(self.tls_dir, "etcd"))
         self.etcd = EtcdServer(self.base_dir / "etcd", log_path=self.base_dir / "logs" / "etcd.log", tls=etcd_tls,
                                host=host)
         self.processes: dict[str, ServiceProcess] = {}

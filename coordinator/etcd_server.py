@@ -103,12 +103,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 class EtcdServerTls:
     """TLS for the client URL: etcd's certificate and key, and the CA whose client
     certificates it accepts (--client-cert-auth: every client must present one).
-    The health probe presents etcd's own certificate, which is CA-signed for
-    client use too (services/security/certs.py makes such certificates)."""
+
+    The health probe checks etcd's certificate against probe_ca_file and presents
+    probe_cert_file (defaults: ca_file and etcd's own certificate, for a setup where
+    one CA signs both)."""
 
     ca_file: Path
     cert_file: Path
     key_file: Path
+    probe_ca_file: Path | None = None
+    probe_cert_file: Path | None = None
+    probe_key_file: Path | None = None
 
 
 class EtcdServer:
@@ -272,8 +277,9 @@ class EtcdServer:
     def _probe_ssl_context(self) -> ssl.SSLContext | None:
         if self.tls is None:
             return None
-        context = ssl.create_default_context(cafile=str(self.tls.ca_file))
-        context.load_cert_chain(str(self.tls.cert_file), str(self.tls.key_file))
+        tls = self.tls
+        context = ssl.create_default_context(cafile=str(tls.probe_ca_file or tls.ca_file))
+        context.load_cert_chain(str(tls.probe_cert_file or tls.cert_file), str(tls.probe_key_file or tls.key_file))
         return context
 
     def stop(self, timeout_s: float = ETCD_SERVER_STOP_TIMEOUT_S) -> int | None:

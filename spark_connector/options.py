@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from clients.config import TOPIC_NAME_MAX_CHARS
+from services.common.topics import topic_name_problem
 from spark_connector import limits
 
 TopicPartitionKey = tuple[str, int]
@@ -30,7 +30,6 @@ TopicPartitionKey = tuple[str, int]
 EARLIEST = -2  # Kafka's offsets-JSON value (and ListOffsets timestamp) for the log start
 LATEST = -1  # ... and for the high watermark
 
-_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 _BYTE_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -128,9 +127,9 @@ def _lower(options: Mapping[str, str]) -> dict[str, str]:
 def check_topic(topic: object, where: str) -> str:
     if not isinstance(topic, str) or not topic:
         raise OptionError(f"{where}: a topic name must be a non-empty string, got {topic!r}")
-    if len(topic) > TOPIC_NAME_MAX_CHARS or topic in (".", "..") or not _TOPIC_NAME.match(topic):
-        raise OptionError(f"{where}: {topic!r} is not a legal topic name (ASCII letters, digits, '.', '_', '-'; "
-                          f"at most {TOPIC_NAME_MAX_CHARS} characters)")
+    problem = topic_name_problem(topic)
+    if problem is not None:
+        raise OptionError(f"{where}: {problem}")
     return topic
 
 

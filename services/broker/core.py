@@ -62,6 +62,7 @@ from services.broker.purgatory import (
     DelayedOperation,
     DelayedProduce,
     Purgatory,
+    produce_response,
 )
 from services.broker.steps import CallController, RpcFailed, Sleep, Task
 from services.common import limits
@@ -71,10 +72,12 @@ from services.common.errors import (
     NotLeaderOrFollower,
     StaleBrokerEpoch,
     StaleControllerEpoch,
+    StorageError,
     UnknownLeaderEpoch,
     UnknownTopicOrPartition,
 )
 from services.common.metadata_cache import MetadataCache
+from services.common.request_checks import produce_request_problem
 
 TopicPartitionKey = tuple[str, int]
 
@@ -195,7 +198,7 @@ class BrokerCore:
         # The topic id each open replica was created for (also in its partition.metadata file).
         self.topic_ids: dict[TopicPartitionKey, str] = {}
         # Every replica's HW in one file of the data directory (Kafka's replication-offset-checkpoint).
-        self.hw_checkpoint = HighWatermarkCheckpoint(storage, self.data_dir)
+        self.hw_checkpoint = HighWatermarkCheckpoint(storage, self.data_dir, warn=log.error)
         # The current fetcher per leader; `all_fetchers` also holds replaced ones until stopped.
         self.fetchers: dict[int, FetcherCore] = {}
         self.metadata = MetadataCache()
@@ -394,6 +397,10 @@ class BrokerCore:
                     self._make_follower(p, state)
                 self.notify(tp)
         except HighwaterError as exc:
+            # Logged: a replica the controller thinks is fine but this broker refused (a topic config
+            # its log cannot take, a storage error) must not fail every produce in silence.
+            self.log.warning("LeaderAndIsr for %s-%d at leader epoch %d refused: %s: %s", *tp, s.leader_epoch,
+                             exc.code_name(), exc.message)
             return exc.code, exc.message
         return common_pb2.NONE, ""
 
@@ -628,6 +635,12 @@ class BrokerCore:
     def produce(self, req: common_pb2.ProduceRequest, on_complete: Callable[[common_pb2.ProduceResponse], None]
                 ) -> None:
         """Append as leader; answer at once (acks 0/1, errors) or when the ISR has it (acks=all)."""
+        problem = produce_request_problem(req)
+        if problem is not None:
+            on_complete(produce_response({(t.topic, pd.partition): common_pb2.ProducePartitionResponse(
+                partition=pd.partition, error_code=common_pb2.INVALID_REQUEST, error_message=problem, base_offset=-1,
+                log_append_time_ms=-1) for t in req.topics for pd in t.partitions}))
+            return
         timeout_ms = min(req.timeout_ms or limits.PRODUCE_TIMEOUT_MS_DEFAULT, limits.PRODUCE_TIMEOUT_MS_MAX)
         results: dict[TopicPartitionKey, common_pb2.ProducePartitionResponse] = {}
         awaited: dict[TopicPartitionKey, AwaitedAppend] = {}
@@ -652,12 +665,21 @@ class BrokerCore:
                     if req.acks == -1:
                         awaited[tp] = AwaitedAppend(info.next_offset, p.leader_epoch, note)
                 except HighwaterError as exc:
-                    res.error_code, res.error_message = exc.code, exc.message
+                    res.error_code, res.error_message = self._client_error(tp, exc)
                 results[tp] = res
         op = DelayedProduce(results=results, awaited=awaited, deadline_ms=self.clock.monotonic_ms() + timeout_ms,
                             timeout_ms=timeout_ms, partition=self.partitions.get, on_complete=on_complete,
                             on_acknowledged=self.observer.on_acknowledged)
         self._watch(op, timeout_ms)
+
+    def _client_error(self, tp: TopicPartitionKey, exc: HighwaterError) -> tuple[int, str]:
+        """The error code and sentence a client gets: a storage failure is logged here with its
+        file and cause, and the client is told only that it happened (no paths leave the broker)."""
+        if isinstance(exc, StorageError):
+            self.log.error("%s-%d: %s", *tp, exc.message)
+            return exc.code, (f"broker {self.broker_id} could not read or write its replica of {tp[0]}-{tp[1]} "
+                              "(a storage error; the broker's log names the file and the cause)")
+        return exc.code, exc.message
 
     def _leader_partition(self, tp: TopicPartitionKey) -> Partition:
         p = self.partitions.get(tp)
@@ -678,14 +700,35 @@ class BrokerCore:
 
     def fetch(self, req: common_pb2.FetchRequest, on_complete: Callable[[common_pb2.FetchResponse], None]) -> None:
         """Read now, or wait in the purgatory for min_bytes, an error or max_wait_ms."""
+        if req.replica_id < -1:
+            on_complete(common_pb2.FetchResponse(topics=[common_pb2.FetchTopicResponse(topic=t.topic, partitions=[
+                common_pb2.FetchPartitionResponse(
+                    partition=fp.partition, error_code=common_pb2.INVALID_REQUEST, high_watermark=-1,
+                    error_message=f"replica_id {req.replica_id}: consumers send -1, followers their broker id")
+                for fp in t.partitions]) for t in req.topics]))
+            return
         is_follower = req.replica_id >= 0
         if is_follower:
             self._record_follower_fetches(req)
         max_wait_ms = min(req.max_wait_ms, limits.FETCH_MAX_WAIT_MS_MAX)
         keys = [(t.topic, p.partition) for t in req.topics for p in t.partitions]
         op = DelayedFetch(request=req, keys=keys, deadline_ms=self.clock.monotonic_ms() + max_wait_ms,
-                          read=lambda r: self.read_all(r, is_follower), on_complete=on_complete)
+                          read=lambda r: self.read_all(r, is_follower), on_complete=on_complete,
+                          state=lambda: self._readable_state(keys, req.replica_id))
         self._watch(op, max_wait_ms)
+
+    def _readable_state(self, keys: list[TopicPartitionKey], replica_id: int) -> tuple[object, ...]:
+        """What a read of these partitions by replica_id depends on (DelayedFetch's `state`)."""
+        out: list[object] = []
+        for tp in keys:
+            p = self.partitions.get(tp)
+            if p is None:
+                out.append(None)
+                continue
+            as_replica = replica_id >= 0 and replica_id in p.replicas
+            out.append((id(p), p.role, p.leader_epoch, p.log.log_start_offset,
+                        p.log.log_end_offset if as_replica else p.high_watermark))
+        return tuple(out)
 
     def _record_follower_fetches(self, req: common_pb2.FetchRequest) -> None:
         mono = self.clock.monotonic_ms()
@@ -724,13 +767,16 @@ class BrokerCore:
                                               log_end_offset=-1)
                 try:
                     p = self._fetchable_partition(tp, fp.current_leader_epoch)
+                    # Only a replica of the partition reads past the HW: anyone else claiming a broker
+                    # id (plaintext mode lets anyone try) reads what a consumer may.
+                    as_replica = is_follower and req.replica_id in p.replicas
                     pr.high_watermark = p.high_watermark
                     pr.log_start_offset = p.log.log_start_offset
                     pr.log_end_offset = p.log.log_end_offset
                     pr.leader_epoch = p.leader_epoch
-                    max_offset = None if is_follower else p.high_watermark
+                    max_offset = None if as_replica else p.high_watermark
                     limit = min(fp.partition_max_bytes or limits.FETCH_PARTITION_MAX_BYTES_DEFAULT, budget)
-                    if fp.fetch_offset == (p.log.log_end_offset if is_follower else p.high_watermark) \
+                    if fp.fetch_offset == (p.log.log_end_offset if as_replica else p.high_watermark) \
                             and fp.fetch_offset >= p.log.log_start_offset:
                         continue
                     info = p.log.read(fp.fetch_offset, max_bytes=max(limit, 1), max_offset=max_offset,
@@ -740,10 +786,10 @@ class BrokerCore:
                         pr.records = info.records
                         total += size
                         budget = max(budget - size, 0)
-                        if not is_follower:
+                        if not as_replica:
                             metrics.BYTES_OUT.labels(t.topic).inc(size)
                 except HighwaterError as exc:
-                    pr.error_code, pr.error_message = exc.code, exc.message
+                    pr.error_code, pr.error_message = self._client_error(tp, exc)
                     has_error = True
         return resp, total, has_error
 
@@ -833,7 +879,7 @@ class BrokerCore:
                         if found is not None and found[0] < p.high_watermark:
                             res.offset, res.timestamp = found
                 except HighwaterError as exc:
-                    res.error_code, res.error_message = exc.code, exc.message
+                    res.error_code, res.error_message = self._client_error(tp, exc)
                 parts.append(res)
             topics.append(common_pb2.ListOffsetsTopicResponse(topic=t.topic, partitions=parts))
         return common_pb2.ListOffsetsResponse(topics=topics)

@@ -117,6 +117,11 @@ class DelayedFetch:
 
     `read` reads every asked partition now and returns (response, bytes read, whether
     some partition answered an error); the read that completes the fetch is its answer.
+    `state`, when given, sums up everything a read depends on (per partition: which
+    replica object, role, leader epoch, log start, the end the reader may read to): a
+    try before the deadline with the same state as the last read would read the same
+    answer, so it is skipped (a leader's follower fetches are woken by every append and
+    HW move of their partitions, most of them not changing what this fetch may read).
     """
 
     request: common_pb2.FetchRequest
@@ -124,11 +129,19 @@ class DelayedFetch:
     deadline_ms: int
     read: Callable[[common_pb2.FetchRequest], tuple[common_pb2.FetchResponse, int, bool]]
     on_complete: Callable[[common_pb2.FetchResponse], None]
+    state: Callable[[], object] | None = None
     completed: bool = False
+    _read_at_state: object = field(default=None, repr=False)
+    _read_once: bool = field(default=False, repr=False)
 
     def try_complete(self, now_ms: int) -> bool:
         if self.completed:
             return True
+        if self.state is not None and now_ms < self.deadline_ms:
+            state = self.state()
+            if self._read_once and state == self._read_at_state:
+                return False
+            self._read_at_state, self._read_once = state, True
         response, bytes_read, has_error = self.read(self.request)
         if not fetch_answers_now(max_wait_ms=self.request.max_wait_ms, partitions_asked=len(self.keys),
                                  bytes_read=bytes_read, min_bytes=self.request.min_bytes, has_error=has_error,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,9 +141,26 @@ class ControllerClient:
         return await method(request, timeout=timeout_s)
 
 
+def raise_open_files_limit() -> int:
+    """Lift the soft limit on open files to the hard one (each replica's active segment holds three
+    files; Kafka's docs ask for 100,000 or more). Returns the limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-files limit from %d to %d: %s", soft, hard, exc)
+    if soft < 3 * limits.REPLICAS_PER_BROKER_MAX:
+        log.warning("open-files limit %d is below 3 per replica for %d replicas; raise it (ulimit -n, LimitNOFILE)",
+                    soft, limits.REPLICAS_PER_BROKER_MAX)
+    return soft
+
+
 async def serve(config: BrokerConfig) -> None:
     config.check()
     prepare_data_dir(config.data_dir)
+    raise_open_files_limit()
     store = await EtcdStore.connect(config.etcd_endpoints, prefix=config.etcd_prefix,
                                     tls=config.security.etcd_tls())
     security = await ServiceSecurity.start(config.security, store)

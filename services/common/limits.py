@@ -60,6 +60,10 @@ ISR_CHECK_INTERVAL_MS = 1_000
 # --- topics ----------------------------------------------------------------
 TOPIC_NAME_MAX_CHARS = 249  # Kafka's limit: the name becomes a directory name.
 PARTITIONS_PER_TOPIC_MAX = 10_000
+# Replicas one broker may hold (Kafka's operational guidance: at most ~4,000 partitions per broker).
+# Every open replica holds file handles and memory; CreateTopics and CreatePartitions refuse to go
+# past this (one 10,000-partition topic with RF 3 once exhausted every broker's file handles).
+REPLICAS_PER_BROKER_MAX = 4_000
 DEFAULT_NUM_PARTITIONS = 3
 DEFAULT_REPLICATION_FACTOR = 3
 DEFAULT_MIN_INSYNC_REPLICAS = 1
@@ -70,6 +74,8 @@ SUBSCRIBE_MAX_BYTES_DEFAULT = 1024 * 1024
 # Commit requests: bound the number of offsets one etcd transaction writes
 # (etcd's default --max-txn-ops is 128).
 COMMIT_OFFSETS_PER_REQUEST_MAX = 128
+# Kafka's offset.metadata.max.bytes: the free-text metadata stored with a committed offset.
+OFFSET_METADATA_MAX_CHARS = 4096
 
 
 def check_relations(*, lease_ttl_s: int, keepalive_interval_s: float, replica_lag_time_max_ms: int,

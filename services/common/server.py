@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common import limits
+from services.common.request_guard import MalformedRequestGuard
 
 log = logging.getLogger("highwater.server")
 
@@ -67,8 +68,12 @@ class ServiceRuntime:
     stopping: asyncio.Event = field(init=False)
 
     def __post_init__(self) -> None:
-        self.server = grpc.aio.server(**(self.security.server_kwargs(GRPC_OPTIONS) if self.security is not None
-                                         else {"options": GRPC_OPTIONS}))
+        kwargs = (self.security.server_kwargs(GRPC_OPTIONS) if self.security is not None
+                  else {"options": GRPC_OPTIONS})
+        if not kwargs.get("interceptors"):
+            # The security interceptor parses requests itself; without it, this one does.
+            kwargs["interceptors"] = [MalformedRequestGuard()]
+        self.server = grpc.aio.server(**kwargs)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]

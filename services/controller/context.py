@@ -22,7 +22,7 @@ from typing import Any
 
 from protos.highwater.v1 import common_pb2
 from services.common import limits
-from services.common.errors import InvalidConfig, check
+from services.common.errors import check
 
 TopicPartitionKey = tuple[str, int]
 NO_LEADER = -1
@@ -96,53 +96,6 @@ class LeaderAndIsr:
         """The state after a change: leader_epoch + 1 (never decreasing), partition_epoch + 1."""
         return LeaderAndIsr(leader, self.leader_epoch + 1 if bump_epoch else self.leader_epoch, isr,
                             controller_epoch, self.partition_epoch + 1)
-
-
-# Kafka config names a topic may set, with their parser and check.
-TOPIC_CONFIG_KEYS: dict[str, str] = {
-    "min.insync.replicas": "int>=1",
-    "unclean.leader.election.enable": "bool",
-    "retention.ms": "int>=-1",
-    "retention.bytes": "int>=-1",
-    "segment.bytes": "int>=1024",
-    "segment.ms": "int>=1",
-    "max.message.bytes": "int>=1",
-}
-
-
-def validate_topic_configs(configs: dict[str, str]) -> dict[str, str]:
-    """Check names and values; raise InvalidConfig naming the bad one."""
-    out: dict[str, str] = {}
-    for key, value in configs.items():
-        kind = TOPIC_CONFIG_KEYS.get(key)
-        if kind is None:
-            raise InvalidConfig(f"unknown topic config {key!r}; known: {', '.join(sorted(TOPIC_CONFIG_KEYS))}")
-        if kind == "bool":
-            if value.lower() not in ("true", "false"):
-                raise InvalidConfig(f"{key} must be true or false, got {value!r}")
-            out[key] = value.lower()
-            continue
-        minimum = int(kind.split(">=")[1])
-        try:
-            number = int(value)
-        except ValueError:
-            raise InvalidConfig(f"{key} must be an integer, got {value!r}") from None
-        if number < minimum:
-            raise InvalidConfig(f"{key} must be >= {minimum}, got {number}")
-        out[key] = str(number)
-    return out
-
-
-def topic_config_proto(configs: dict[str, str]) -> common_pb2.TopicConfig:
-    return common_pb2.TopicConfig(
-        min_insync_replicas=int(configs.get("min.insync.replicas", limits.DEFAULT_MIN_INSYNC_REPLICAS)),
-        unclean_leader_election_enable=configs.get("unclean.leader.election.enable", "false") == "true",
-        retention_ms=int(configs.get("retention.ms", 0)),
-        retention_bytes=int(configs.get("retention.bytes", 0)),
-        segment_bytes=int(configs.get("segment.bytes", 0)),
-        segment_ms=int(configs.get("segment.ms", 0)),
-        max_message_bytes=int(configs.get("max.message.bytes", 0)),
-    )
 
 
 @dataclass

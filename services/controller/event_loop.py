@@ -41,6 +41,7 @@ from services.common import limits
 from services.common.errors import InvariantViolation
 from services.common.peers import PeerChannels
 from services.common.server import halt_on_invariant_violation
+from services.common.topics import stored_topic_configs, topic_config_proto
 from services.controller import handlers, metrics, sender_rules
 from services.controller.context import (
     BrokerInfo,
@@ -49,7 +50,6 @@ from services.controller.context import (
     LeaderAndIsr,
     TopicInfo,
     TopicPartitionKey,
-    topic_config_proto,
 )
 from services.controller.handlers import (
     ConfigWrite,
@@ -261,9 +261,15 @@ class ControllerEventLoop:
             name = kv.key[len(self.keys.config_prefix):]
             if name in self.ctx.topics:
                 try:
-                    self.ctx.topics[name].configs = {str(k): str(v) for k, v in json.loads(kv.value).items()}
+                    stored = json.loads(kv.value)
+                    configs, skipped = stored_topic_configs({str(k): v for k, v in stored.items()})
                 except (ValueError, AttributeError) as exc:
                     log.error("ignoring malformed topic config at %s: %s", kv.key, exc)
+                    continue
+                for problem in skipped:
+                    # Never a reason to stop: the controller must come up to let anyone fix it.
+                    log.error("topic %s: stored config skipped: %s", name, problem)
+                self.ctx.topics[name].configs = configs
         return revision
 
     # ---- the loop --------------------------------------------------------------------------

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import uuid
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +40,7 @@ from services.common.errors import (
     TopicAlreadyExists,
     UnknownTopicOrPartition,
 )
+from services.common.topics import topic_name_problem, validate_topic_configs
 from services.controller import elections
 from services.controller.assignment import assign_replicas
 from services.controller.context import (
@@ -49,14 +50,10 @@ from services.controller.context import (
     LeaderAndIsr,
     TopicInfo,
     TopicPartitionKey,
-    validate_topic_configs,
 )
 from services.controller.state_machines import REPLICA_TRANSITIONS, ReplicaState, replica_transition
 
 log = logging.getLogger("highwater.controller")
-
-TOPIC_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
-
 
 # ---- what a handler asks for ----------------------------------------------------------
 
@@ -296,14 +293,9 @@ def on_gateway_change(ctx: ControllerContext, gateways: dict[int, Any]) -> Contr
 
 
 def validate_topic_name(name: str) -> None:
-    if not name:
-        raise InvalidTopic("topic name is empty")
-    if name in (".", ".."):
-        raise InvalidTopic(f"topic name {name!r} is not allowed")
-    if len(name) > limits.TOPIC_NAME_MAX_CHARS:
-        raise InvalidTopic(f"topic name is {len(name)} characters; the limit is {limits.TOPIC_NAME_MAX_CHARS}")
-    if not TOPIC_NAME_RE.match(name):
-        raise InvalidTopic(f"topic name {name!r} may contain only ASCII letters, digits, '.', '_' and '-'")
+    problem = topic_name_problem(name)
+    if problem is not None:
+        raise InvalidTopic(problem)
 
 
 def on_create_topics(ctx: ControllerContext, req: common_pb2.CreateTopicsRequest) -> ControllerResult:
@@ -311,6 +303,7 @@ def on_create_topics(ctx: ControllerContext, req: common_pb2.CreateTopicsRequest
     answers = []
     live_racks = {b: info.rack for b, info in ctx.live_brokers.items() if ctx.is_live(b)}
     seen: set[str] = set()
+    granted: Counter[int] = Counter()
     for ct in req.topics:
         answer = common_pb2.TopicResult(name=ct.name)
         try:
@@ -342,6 +335,7 @@ def on_create_topics(ctx: ControllerContext, req: common_pb2.CreateTopicsRequest
                 raise InvalidReplicationFactor(
                     f"min.insync.replicas={min_isr} is larger than the replication factor {rf_actual}: "
                     "acks=all writes could never succeed")
+            granted = _check_replicas_per_broker(ctx, assignment, granted)
             answer.num_partitions = len(assignment)
             answer.replication_factor = rf_actual
             if not req.validate_only:
@@ -362,6 +356,24 @@ def on_create_topics(ctx: ControllerContext, req: common_pb2.CreateTopicsRequest
         answers.append(answer)
     result.response = common_pb2.CreateTopicsResponse(topics=answers)
     return result
+
+
+def _check_replicas_per_broker(ctx: ControllerContext, added: dict[int, tuple[int, ...]],
+                               pending: Counter[int]) -> Counter[int]:
+    """Refuse new replicas that would take a broker past REPLICAS_PER_BROKER_MAX.
+
+    `pending` counts replicas granted earlier in the same request; returns it with these added.
+    """
+    new = Counter(b for replicas in added.values() for b in replicas)
+    held = Counter(b for topic in ctx.topics.values() for replicas in topic.assignment.values() for b in replicas)
+    for broker, count in sorted(new.items()):
+        total = held[broker] + pending[broker] + count
+        if total > limits.REPLICAS_PER_BROKER_MAX:
+            raise InvalidPartitions(
+                f"broker {broker} would hold {total} replicas; the limit is {limits.REPLICAS_PER_BROKER_MAX} "
+                "per broker (each replica holds open files and memory): add brokers, or use fewer partitions "
+                "or a lower replication factor")
+    return pending + new
 
 
 def _check_assignment(assignment: dict[int, tuple[int, ...]], known: set[int]) -> None:
@@ -524,6 +536,7 @@ def on_create_partitions(ctx: ControllerContext, req: common_pb2.CreatePartition
     result = ControllerResult()
     answers = []
     live_racks = {b: info.rack for b, info in ctx.live_brokers.items() if ctx.is_live(b)}
+    granted: Counter[int] = Counter()
     for ct in req.topics:
         answer = common_pb2.TopicResult(name=ct.name)
         try:
@@ -545,6 +558,7 @@ def on_create_partitions(ctx: ControllerContext, req: common_pb2.CreatePartition
             else:
                 added = assign_replicas(live_racks, ct.count - current, rf, start_index=len(ctx.topics),
                                         first_partition=current)
+            granted = _check_replicas_per_broker(ctx, added, granted)
             answer.num_partitions = ct.count
             answer.replication_factor = rf
             if not req.validate_only:

@@ -186,7 +186,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
 
 
 def _config(configs: dict[str, str]) -> common_pb2.TopicConfig:
-    from services.controller.context import topic_config_proto
+    from services.common.topics import topic_config_proto
     return topic_config_proto(configs)
 
 

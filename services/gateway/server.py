@@ -30,7 +30,9 @@ from services.common import limits
 from services.common.metadata_cache import MetadataCache
 from services.common.peers import PeerChannels
 from services.common.record_batch import iter_batch_headers
+from services.common.request_checks import consumer_fetch_problem, produce_request_problem
 from services.common.server import ServiceRuntime
+from services.common.topics import group_id_problem
 from services.gateway import metrics, routing
 from services.security.config import SecurityConfig
 from services.security.runtime import ServiceSecurity
@@ -122,8 +124,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def Produce(self, request: common_pb2.ProduceRequest, context: grpc.aio.ServicerContext
                       ) -> common_pb2.ProduceResponse:
-        if request.acks not in (0, 1, -1):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"acks must be 0, 1 or -1 (all), got {request.acks}")
+        problem = produce_request_problem(request)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         with metrics.REQUEST_LATENCY.labels("Produce").time():
             timeout_ms = min(request.timeout_ms or limits.PRODUCE_TIMEOUT_MS_DEFAULT, limits.PRODUCE_TIMEOUT_MS_MAX)
             deadline = time.monotonic() + timeout_ms / 1000
@@ -187,6 +190,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def Fetch(self, request: common_pb2.FetchRequest, context: grpc.aio.ServicerContext
                     ) -> common_pb2.FetchResponse:
+        problem = consumer_fetch_problem(request)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         with metrics.REQUEST_LATENCY.labels("Fetch").time():
             return await self._fetch(request)
 
@@ -274,7 +280,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if not starts:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Subscribe needs at least one partition")
         lo_req = common_pb2.ListOffsetsRequest(topics=[
-            common_pb2.ListOffsetsTopic(topic=t, partitions=[common_pb2.ListOffsetsPartition(partition=p, timestamp=s)])
+            # current_leader_epoch -1: the gateway knows no epoch to fence with (0 would be refused as
+            # FENCED_LEADER_EPOCH after the first leader change).
+            common_pb2.ListOffsetsTopic(topic=t, partitions=[common_pb2.ListOffsetsPartition(
+                partition=p, timestamp=s, current_leader_epoch=-1)])
             for t, p, s in starts if s < 0])
         if lo_req.topics:
             resolved = await self.ListOffsets(lo_req, context)
@@ -321,10 +330,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def _commit_offsets(self, request: gateway_pb2.CommitOffsetsRequest, context: grpc.aio.ServicerContext
                             ) -> gateway_pb2.CommitOffsetsResponse:
-        if not request.group_id or "/" in request.group_id:
-            return gateway_pb2.CommitOffsetsResponse(
-                error_code=common_pb2.INVALID_REQUEST,
-                error_message=f"group id {request.group_id!r} must be non-empty and contain no '/'")
+        problem = group_id_problem(request.group_id)
+        if problem is not None:
+            return gateway_pb2.CommitOffsetsResponse(error_code=common_pb2.INVALID_REQUEST, error_message=problem)
         ops = []
         results = []
         for t in request.topics:
@@ -333,6 +341,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                     results.append(common_pb2.PartitionResult(
                         topic=t.topic, partition=p.partition, error_code=common_pb2.INVALID_COMMIT_OFFSET,
                         error_message=f"offset must be >= 0, got {p.offset}"))
+                    continue
+                if len(p.metadata) > limits.OFFSET_METADATA_MAX_CHARS:
+                    results.append(common_pb2.PartitionResult(
+                        topic=t.topic, partition=p.partition, error_code=common_pb2.INVALID_REQUEST,
+                        error_message=f"offset metadata is {len(p.metadata)} characters; the limit is "
+                                      f"{limits.OFFSET_METADATA_MAX_CHARS}"))
                     continue
                 if t.topic not in self.cache.topics():
                     await self.refresh_metadata()
@@ -360,10 +374,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def _fetch_committed_offsets(self, request: gateway_pb2.FetchCommittedOffsetsRequest,
                                     context: grpc.aio.ServicerContext) -> gateway_pb2.FetchCommittedOffsetsResponse:
-        if not request.group_id or "/" in request.group_id:
-            return gateway_pb2.FetchCommittedOffsetsResponse(
-                error_code=common_pb2.INVALID_REQUEST,
-                error_message=f"group id {request.group_id!r} must be non-empty and contain no '/'")
+        problem = group_id_problem(request.group_id)
+        if problem is not None:
+            return gateway_pb2.FetchCommittedOffsetsResponse(error_code=common_pb2.INVALID_REQUEST,
+                                                             error_message=problem)
         kvs, _ = await self.store.get_prefix(self.store.keys.consumer_group_prefix(request.group_id))
         stored: dict[routing.TopicPartitionKey, dict[str, Any]] = {}
         for kv in kvs:

@@ -54,6 +54,9 @@ QUOTA_DELAY_DEADLINE_SHARE = 0.5
 # Requests that may wait for a slot on one connection, per slot; beyond that a request is
 # refused at once (RESOURCE_EXHAUSTED) rather than held in memory.
 WAITING_PER_SLOT_MAX = 4
+# A stream opened with a bearer token re-checks it before every message it sends and, while idle,
+# this often: a revoked or expired token ends the stream (UNAUTHENTICATED) within this bound.
+STREAM_TOKEN_RECHECK_S = 1.0
 
 CURRENT_CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("highwater_caller", default=None)
 
@@ -257,7 +260,10 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
                 return
             charged = fetch and self.quotas is not None and caller.service is None and caller.forwarded_by is None
             CURRENT_CALLER.set(caller)  # this generator runs in the RPC's own task: nothing leaks
-            async for item in _aiter(inner(admission.request, context)):
+            items = _aiter(inner(admission.request, context))
+            if caller.authenticated_by == "token":
+                items = self._while_token_valid(method, items, _bearer_token(context), context)
+            async for item in items:
                 yield item
                 if charged:
                     # A stream has no throttle field: pace it here instead.
@@ -268,6 +274,36 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
                         await asyncio.sleep(throttle_ms / 1000)
 
         return behavior
+
+    async def _while_token_valid(self, method: str, items: AsyncIterator[Any], token: str | None,
+                                 context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        """The stream's items while its bearer token stays valid; then UNAUTHENTICATED.
+
+        Checked before each item and every STREAM_TOKEN_RECHECK_S while none comes, so a
+        revoked token neither receives another record nor keeps an idle stream open.
+        """
+        def valid() -> bool:
+            return token is not None and self.cache is not None and \
+                self.cache.verify_token(token, _wall_ms()) is not None
+
+        next_item: asyncio.Future[Any] = asyncio.ensure_future(items.__anext__())
+        try:
+            while True:
+                done, _ = await asyncio.wait({next_item}, timeout=STREAM_TOKEN_RECHECK_S)
+                if not valid():
+                    await self._refuse(context, method, "token_revoked_mid_stream", grpc.StatusCode.UNAUTHENTICATED,
+                                       "the bearer token was revoked or expired while the stream was open")
+                if not done:
+                    continue
+                try:
+                    item = next_item.result()
+                except StopAsyncIteration:
+                    return
+                yield item
+                next_item = asyncio.ensure_future(items.__anext__())
+        finally:
+            if not next_item.done():
+                next_item.cancel()
 
     # ---- the checks -------------------------------------------------------------------------
 
@@ -405,3 +441,11 @@ def _now_ms() -> int:
 
 def _wall_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _bearer_token(context: grpc.aio.ServicerContext) -> str | None:
+    """The token of the call's `authorization: Bearer ...` metadata, if any."""
+    for key, value in context.invocation_metadata() or ():
+        if key == AUTHORIZATION_KEY:
+            return tokens.bearer_value(value if isinstance(value, str) else value.decode(errors="replace"))
+    return None

@@ -14,6 +14,19 @@ each certificate needs the serverAuth and clientAuth extended key usages and
 subject alternative names for the addresses it is reached at (certs.py makes
 such certificates).
 
+etcd trusts a CA of its own, never the cluster's: with the cluster CA, every
+client certificate (`highwater tls init --name alice`) was an etcd client with
+the run of every key (ACLs, tokens, deletion marks). Who may reach etcd has
+
+    etcd-client-ca.pem              the CA etcd accepts client certificates from
+    <name>.etcd-client.pem          a client certificate from it (clientAuth only)
+    <name>.etcd-client-key.pem      its key
+
+in the same directory: the services, and the operators who run `highwater acl`
+and `highwater token`. A directory without etcd-client-ca.pem is an older one:
+etcd then trusts the cluster CA, as before, and every holder of one of its
+certificates can reach etcd.
+
 Files are read once at start-up; a missing or unreadable file stops the
 service with a message naming it. Rotating certificates means restarting the
 process (one at a time: the cluster keeps serving).
@@ -29,6 +42,7 @@ import grpc
 from coordinator.store import EtcdTls
 
 CA_FILE = "ca.pem"
+ETCD_CLIENT_CA_FILE = "etcd-client-ca.pem"
 
 
 class TlsConfigError(SystemExit):
@@ -41,6 +55,14 @@ def cert_path(directory: Path, name: str) -> Path:
 
 def key_path(directory: Path, name: str) -> Path:
     return Path(directory) / f"{name}-key.pem"
+
+
+def etcd_client_cert_path(directory: Path, name: str) -> Path:
+    return Path(directory) / f"{name}.etcd-client.pem"
+
+
+def etcd_client_key_path(directory: Path, name: str) -> Path:
+    return Path(directory) / f"{name}.etcd-client-key.pem"
 
 
 def _read(path: Path, what: str) -> bytes:
@@ -97,5 +119,17 @@ class TlsMaterial:
                                             certificate_chain=self.cert_chain)
 
     def etcd_tls(self, server_name: str | None = None) -> EtcdTls:
-        return EtcdTls(ca_cert=self.ca_cert, cert_chain=self.cert_chain, cert_key=self.private_key,
+        """Mutual TLS to etcd: etcd's certificate checked against the cluster CA, and this name's
+        etcd client certificate (or, in an older directory without an etcd client CA, its own)."""
+        if not (self.directory / ETCD_CLIENT_CA_FILE).exists():
+            return EtcdTls(ca_cert=self.ca_cert, cert_chain=self.cert_chain, cert_key=self.private_key,
+                           server_name=server_name)
+        cert_file = etcd_client_cert_path(self.directory, self.name)
+        if not self.name or not cert_file.exists():
+            raise TlsConfigError(
+                f"TLS: {self.name or 'this client'} has no etcd client certificate ({cert_file}); etcd accepts "
+                f"only certificates of {self.directory / ETCD_CLIENT_CA_FILE}. An operator makes one with "
+                f"`highwater tls init {self.directory} --etcd-client {self.name or 'NAME'}`")
+        return EtcdTls(ca_cert=self.ca_cert, cert_chain=_read(cert_file, "etcd client certificate"),
+                       cert_key=_read(etcd_client_key_path(self.directory, self.name), "etcd client key"),
                        server_name=server_name)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +31,7 @@ from click.testing import CliRunner
 from clients.cli import cli
 from clients.errors import HighwaterError
 from clients.producer import Producer
-from clients.records import Record, encode_batch
+from clients.records import Record, decode_batches, encode_batch
 from coordinator.acls import put_token
 from coordinator.store import CoordinatorUnavailable, EtcdStore, EtcdTls
 from protos.highwater.v1 import (
@@ -252,6 +253,29 @@ def test_etcd_refuses_clients_without_a_certificate_of_the_cluster(secure):
     asyncio.run(connect(secure.etcd_tls()))
 
 
+def test_etcd_refuses_client_certificates_of_the_cluster_ca(secure):
+    """A principal's certificate (User:alice, no ACLs) once read and wrote every key in etcd:
+    granted itself All, wrote a token for User:admin, marked topics for deletion."""
+    async def connect(tls: EtcdTls) -> None:
+        store = await EtcdStore.connect(secure.etcd_endpoint, tls=tls, timeout_s=1.0)
+        await store.close()
+
+    alice = settings(secure, "alice")
+    with pytest.raises(CoordinatorUnavailable):
+        asyncio.run(connect(EtcdTls(ca_cert=alice.ca_cert, cert_chain=alice.cert_chain, cert_key=alice.private_key)))
+    # A service's own cluster certificate is no key to etcd either: services use their etcd client ones.
+    gateway = settings(secure, "gateway-1")
+    with pytest.raises(CoordinatorUnavailable):
+        asyncio.run(connect(EtcdTls(ca_cert=gateway.ca_cert, cert_chain=gateway.cert_chain,
+                                    cert_key=gateway.private_key)))
+    # The CLI, run as alice, says what is missing instead of reaching etcd.
+    result = CliRunner().invoke(cli, ["--tls-dir", str(secure.tls_dir), "--tls-name", "alice", "acl", "add",
+                                      "--etcd", secure.etcd_endpoint, "--principal", "User:alice",
+                                      "--operation", "All", "--topic", "*"])
+    assert result.exit_code != 0 and "alice has no etcd client certificate" in result.output, result.output
+    assert not [line for line in acl(secure, "list").splitlines() if "User:alice" in line and " All " in line]
+
+
 # --- identities on the control plane ----------------------------------------------------------
 
 
@@ -462,3 +486,177 @@ def test_concurrent_requests_per_connection_are_bounded(secure):
         answers = list(pool.map(lambda _: stub.Fetch(request, timeout=CALL_TIMEOUT_S), range(MAX_STREAMS * 2)))
     assert all(a.topics[0].partitions[0].error_code == 0 for a in answers)
     assert time.monotonic() - start >= 1.8, "twice the streams allowed take two rounds"
+
+
+# --- hostile input found by the adversarial review (each failed before its fix) --------------
+
+
+def create(c: TestCluster, name: str, configs: dict[str, str] | None = None, *, rf: int = 2
+           ) -> common_pb2.TopicResult:
+    resp = gw(c).CreateTopics(common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
+        name=name, num_partitions=1, replication_factor=rf, configs=configs or {})]), timeout=CALL_TIMEOUT_S)
+    return resp.topics[0]
+
+
+def test_create_topics_refuses_configs_out_of_bounds_and_names_with_a_newline(secure):
+    for configs, says in (({"max.message.bytes": "3000000000"}, "an integer from 61 to 67108864 bytes"),
+                          ({"max.message.bytes": "1"}, "an integer from 61 to"),
+                          ({"retention.ms": "0"}, "-1 (unlimited)")):
+        result = create(secure, "sec-bad-config", configs)
+        assert result.error_code == common_pb2.INVALID_CONFIG and says in result.error_message, result
+    for name in ("sec-orders\n", "sec-orders\r\n", "sec-\x00"):
+        assert create(secure, name).error_code == common_pb2.INVALID_TOPIC
+    assert not {"sec-bad-config", "sec-orders\n"} & topics_seen(secure, "admin")
+    # The controller is still active: it answers, and a good topic is created.
+    assert create(secure, "sec-good-config", {"max.message.bytes": "2000000"}).error_code == common_pb2.NONE
+
+
+def test_subscribe_from_earliest_and_latest_works_after_a_leader_change(secure):
+    assert create(secure, "sec-sub").error_code == common_pb2.NONE
+    wait_for(lambda: codes(gw(secure).Produce(produce_request("sec-sub"), timeout=CALL_TIMEOUT_S)) ==
+             {"sec-sub": 0}, timeout_s=20, what="the first write to sec-sub")
+    md = gw(secure).Metadata(common_pb2.MetadataRequest(topics=["sec-sub"]), timeout=CALL_TIMEOUT_S)
+    first = md.topics[0].partitions[0]
+    # Stop the leader: the other replica (in the ISR) leads in a newer epoch.
+    wait_for(lambda: len(gw(secure).Metadata(common_pb2.MetadataRequest(topics=["sec-sub"]), timeout=CALL_TIMEOUT_S)
+                     .topics[0].partitions[0].isr) == 2, timeout_s=20, what="both replicas in the ISR")
+    other = next(r for r in first.replicas if r != first.leader)
+    admin = gw(secure)
+    secure.kill_broker(first.leader)
+
+    def moved() -> bool:
+        p = admin.Metadata(common_pb2.MetadataRequest(topics=["sec-sub"]), timeout=CALL_TIMEOUT_S).topics[0]
+        return p.partitions[0].leader == other and p.partitions[0].leader_epoch > first.leader_epoch
+
+    try:
+        wait_for(moved, timeout_s=20, what="the leader to move")
+    finally:
+        secure.start_broker(first.leader)
+
+    def keep_producing(stop: threading.Event) -> None:
+        # A stream from the end sees only records written after it resolved "latest".
+        while not stop.is_set():
+            admin.Produce(produce_request("sec-sub"), timeout=CALL_TIMEOUT_S)
+            stop.wait(0.2)
+
+    for start in (-2, -1):
+        stream = admin.Subscribe(gateway_pb2.SubscribeRequest(partitions=[gateway_pb2.SubscribePartition(
+            topic="sec-sub", partition=0, start_offset=start)]), timeout=CALL_TIMEOUT_S)
+        stop = threading.Event()
+        producer = threading.Thread(target=keep_producing, args=(stop,)) if start == -1 else None
+        if producer is not None:
+            producer.start()
+        try:
+            message = next(iter(stream))
+        finally:
+            stop.set()
+            if producer is not None:
+                producer.join(timeout=CALL_TIMEOUT_S)
+            stream.cancel()
+        assert message.error_code == common_pb2.NONE, message.error_message
+        assert message.records
+
+
+def test_commit_offsets_refuses_huge_or_unprintable_group_ids_and_oversized_metadata(secure):
+    admin = gw(secure)
+
+    def commit(group_id: str, metadata: str = "") -> gateway_pb2.CommitOffsetsResponse:
+        return admin.CommitOffsets(gateway_pb2.CommitOffsetsRequest(group_id=group_id, topics=[
+            gateway_pb2.OffsetCommitTopic(topic="sec-ok", partitions=[
+                gateway_pb2.OffsetCommitPartition(partition=0, offset=0, metadata=metadata)])]),
+            timeout=CALL_TIMEOUT_S)
+
+    huge = commit("g" * (2 * 1024 * 1024))
+    assert huge.error_code == common_pb2.INVALID_REQUEST and "the limit is 255" in huge.error_message
+    nul = commit("g\x00")
+    assert nul.error_code == common_pb2.INVALID_REQUEST and "control characters" in nul.error_message
+    big_metadata = commit("sec-group", metadata="m" * 5000)
+    assert big_metadata.partitions[0].error_code == common_pb2.INVALID_REQUEST
+    assert "the limit is 4096" in big_metadata.partitions[0].error_message
+    fetched = admin.FetchCommittedOffsets(gateway_pb2.FetchCommittedOffsetsRequest(group_id="sec-group"),
+                                          timeout=CALL_TIMEOUT_S)
+    assert list(fetched.offsets) == [], "nothing was stored"
+
+
+def test_produce_naming_a_partition_twice_or_with_a_negative_timeout_writes_nothing(secure):
+    before = end_offsets(secure)
+    twice = produce_request("sec-other")
+    twice.topics[0].partitions.append(twice.topics[0].partitions[0])
+    negative = produce_request("sec-other")
+    negative.timeout_ms = -1
+    for request, says in ((twice, "appears more than once"), (negative, "timeout_ms must be >= 0")):
+        with pytest.raises(grpc.RpcError) as err:
+            gw(secure).Produce(request, timeout=CALL_TIMEOUT_S)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and says in str(err.value.details())
+        # Straight to the leader (a broker is reachable too): refused there as well.
+        md = gw(secure).Metadata(common_pb2.MetadataRequest(topics=["sec-other"]), timeout=CALL_TIMEOUT_S)
+        leader = next(p.leader for p in md.topics[0].partitions if p.partition == 0)
+        stub = broker_pb2_grpc.BrokerServiceStub(channel(secure, f"broker-{leader}", "admin"))
+        resp = stub.Produce(request, timeout=CALL_TIMEOUT_S)
+        assert {p.error_code for t in resp.topics for p in t.partitions} == {common_pb2.INVALID_REQUEST}
+    assert end_offsets(secure) == before
+
+
+def test_revoking_a_token_ends_its_open_subscribe_stream(secure):
+    token = make_token(secure, "User:tok")
+    admin = gw(secure)
+    client = gw(secure, None, token=token, client_port=True)
+    wait_for(lambda: _works(client), timeout_s=10, what="the token to reach the gateway")
+    stream = client.Subscribe(gateway_pb2.SubscribeRequest(partitions=[gateway_pb2.SubscribePartition(
+        topic="sec-quota", partition=0, start_offset=-1)]), timeout=60)
+    stop = threading.Event()
+
+    def keep_producing() -> None:
+        while not stop.is_set():
+            admin.Produce(produce_request("sec-quota"), timeout=CALL_TIMEOUT_S)
+            stop.wait(0.2)
+
+    producer = threading.Thread(target=keep_producing)
+    producer.start()
+    try:
+        first = next(iter(stream))
+        assert first.error_code == common_pb2.NONE and first.records, "the stream works before the revocation"
+        result = CliRunner().invoke(cli, ["--tls-dir", str(secure.tls_dir), "token", "revoke", token,
+                                          "--etcd", secure.etcd_endpoint])
+        assert result.exit_code == 0, result.output
+        wait_for(lambda: not _works(client), timeout_s=10, what="the revocation to reach the gateway")
+        cutoff = end_offsets(secure)[("sec-quota", 0)]  # written while the gateway already knew
+        delivered_after: list[int] = []
+        with pytest.raises(grpc.RpcError) as ended:
+            for message in stream:  # records keep coming in; the stream must end instead
+                delivered_after += [r.offset for r in decode_batches(message.records) if r.offset >= cutoff]
+        assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED, ended.value
+        assert "revoked or expired while the stream was open" in str(ended.value.details())
+        assert delivered_after == [], "records written after the revocation reached the revoked token"
+    finally:
+        stop.set()
+        producer.join(timeout=CALL_TIMEOUT_S)
+        stream.cancel()
+
+
+def test_a_bad_topic_config_already_in_etcd_is_skipped_and_the_controller_comes_up(secure):
+    """Last in the module: it restarts the controller."""
+    assert create(secure, "sec-stored-config").error_code == common_pb2.NONE
+
+    async def put_bad_config() -> None:
+        store = await EtcdStore.connect(secure.etcd_endpoint, tls=secure.etcd_tls())
+        try:
+            await store.put(store.keys.topic_config("sec-stored-config"),
+                            b'{"max.message.bytes": "3000000000", "retention.ms": "60000"}')
+        finally:
+            await store.close()
+
+    asyncio.run(put_bad_config())
+    secure.kill("controller-1")
+    secure.start_process("controller-1")
+
+    def described() -> common_pb2.DescribeClusterResponse | None:
+        resp = gw(secure).DescribeCluster(common_pb2.DescribeClusterRequest(), timeout=CALL_TIMEOUT_S)
+        return resp if resp.error_code == common_pb2.NONE else None
+
+    cluster = wait_for(described, timeout_s=30, what="the restarted controller to become active")
+    assert cluster.topic_configs["sec-stored-config"].retention_ms == 60000
+    assert cluster.topic_configs["sec-stored-config"].max_message_bytes == 0, "skipped: the default applies"
+    log = secure.processes["controller-1"].log_path.read_text()
+    assert "topic sec-stored-config: stored config skipped: max.message.bytes must be" in log
+    assert create(secure, "sec-after-restart").error_code == common_pb2.NONE

@@ -152,3 +152,13 @@ def partition_error(response: common_pb2.ProduceResponse | common_pb2.FetchRespo
     (topic,) = response.topics
     (part,) = topic.partitions
     return int(part.error_code)
+
+
+def lone_leader(storage: MemoryStorage | None = None, *, broker_epoch: int = 10, boot_id: str = "boot-1",
+                topic_id: str = "", leader_epoch: int = 0, partition_epoch: int = 1) -> Broker:
+    """Broker 1, registered, leading t-0 with no other replica."""
+    b = Broker(1, storage=storage)
+    b.register(broker_epoch, boot_id=boot_id)
+    b.leader_and_isr(leader=1, leader_epoch=leader_epoch, isr=(1,), replicas=(1,), live=[b.node], topic_id=topic_id,
+                     partition_epoch=partition_epoch)
+    return b

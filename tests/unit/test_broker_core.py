@@ -10,7 +10,7 @@ from services.broker.core import PARTITION_METADATA_FILE, RUN_MARKER_FILE
 from services.broker.log import MemoryStorage
 from services.broker.partition import Role
 from services.broker.steps import CallController, RpcFailed, Sleep
-from tests.unit.broker_seams import Broker, partition_error
+from tests.unit.broker_seams import Broker, lone_leader, partition_error, run_slices
 from tests.unit.test_fetcher_core import T0, one_round, pair, values_in
 
 
@@ -224,17 +224,13 @@ def test_an_unreadable_run_marker_counts_as_a_power_loss() -> None:
 
 def test_a_replica_of_a_deleted_topic_with_the_same_name_is_dropped_not_reused() -> None:
     storage = MemoryStorage()
-    b = Broker(1, storage=storage)
-    b.register(10)
-    b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node], topic_id="old-id")
+    b = lone_leader(storage, broker_epoch=10, topic_id="old-id")
     b.produce(batch("old"), acks=1)
     assert storage.read_file(f"/data/b1/t-0/{PARTITION_METADATA_FILE}") == b"version: 0\ntopic_id: old-id\n"
     b.core.close()
 
     # The broker was down while "t" was deleted and created again; it comes back to the new "t".
-    again = Broker(1, storage=storage)
-    again.register(20, boot_id="boot-1")
-    again.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[again.node], topic_id="new-id")
+    again = lone_leader(storage, broker_epoch=20, topic_id="new-id")
     p = again.core.partitions[T0]
     assert p.log.log_end_offset == 0, "the old topic's records are gone"
     assert p.log.leader_epoch_cache.latest_epoch() == 0
@@ -244,23 +240,16 @@ def test_a_replica_of_a_deleted_topic_with_the_same_name_is_dropped_not_reused()
 
 def test_a_replica_of_the_same_topic_is_kept_across_a_restart() -> None:
     storage = MemoryStorage()
-    b = Broker(1, storage=storage)
-    b.register(10)
-    b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node], topic_id="id-1")
+    b = lone_leader(storage, broker_epoch=10, topic_id="id-1")
     b.produce(batch("kept"), acks=1)
     b.core.close()
-    again = Broker(1, storage=storage)
-    again.register(20, boot_id="boot-1")
-    again.leader_and_isr(leader=1, leader_epoch=1, isr=(1,), replicas=(1,), live=[again.node], topic_id="id-1",
-                         partition_epoch=2)
+    again = lone_leader(storage, broker_epoch=20, topic_id="id-1", leader_epoch=1, partition_epoch=2)
     assert values_in(again) == [b"kept"]
 
 
 def test_stop_replica_with_delete_removes_the_replica_and_its_files() -> None:
     storage = MemoryStorage()
-    b = Broker(1, storage=storage)
-    b.register(10)
-    b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node], topic_id="id-1")
+    b = lone_leader(storage, broker_epoch=10, topic_id="id-1")
     b.produce(batch("a"), acks=1)
     assert stop_replica(b, delete=True).partitions[0].error_code == common_pb2.NONE
     assert T0 not in b.core.partitions
@@ -308,3 +297,84 @@ def test_an_isr_shrink_stops_asking_once_leadership_moved() -> None:
 
 def _decode(records: bytes) -> list[Record]:
     return list(decode_batches(records))
+
+
+def test_a_replica_refused_for_its_topic_config_is_logged_not_silent() -> None:
+    b = Broker(1)
+    b.register(10)
+    state = common_pb2.PartitionState(topic="t", partition=0, leader=1, leader_epoch=0, isr=[1], replicas=[1],
+                                      controller_epoch=1, partition_epoch=1)
+    req = broker_pb2.LeaderAndIsrRequest(header=b.header(), live_leaders=[b.node], partitions=[
+        broker_pb2.LeaderAndIsrPartition(state=state, config=common_pb2.TopicConfig(max_message_bytes=1))])
+    (result,) = run_slices(b.core.leader_and_isr(req)).partitions
+    assert result.error_code == common_pb2.INVALID_CONFIG
+    assert "LeaderAndIsr for t-0 at leader epoch 0 refused: INVALID_CONFIG" in b.lines.text("warning")
+
+
+def test_a_broker_with_a_malformed_high_watermark_checkpoint_starts_and_says_so() -> None:
+    storage = MemoryStorage()
+    storage.mkdir("/data/b1")
+    storage.write_atomic("/data/b1/replication-offset-checkpoint", b"0\n1\nnot a valid line\n")
+    b = Broker(1, storage=storage)
+    b.register(10)
+    assert "malformed checkpoint" in b.lines.text("error")
+    assert b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node]).error_code == 0
+
+
+# ---- requests a broker must refuse whole (found by the adversarial review) ----------------------
+
+
+def test_a_produce_naming_a_partition_twice_writes_nothing() -> None:
+    b = Broker(1)
+    b.register(10)
+    b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node])
+    answers: list[common_pb2.ProduceResponse] = []
+    entry = common_pb2.ProducePartitionData(partition=0, records=batch("a"))
+    b.core.produce(common_pb2.ProduceRequest(acks=1, topics=[
+        common_pb2.ProduceTopicData(topic="t", partitions=[entry, entry])]), answers.append)
+    (part,) = answers[0].topics[0].partitions
+    assert part.error_code == common_pb2.INVALID_REQUEST and "appears more than once" in part.error_message
+    assert b.core.partitions[T0].log.log_end_offset == 0
+
+
+def test_a_produce_with_a_negative_timeout_writes_nothing() -> None:
+    b = Broker(1)
+    b.register(10)
+    b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node])
+    (resp,) = b.produce(batch("a"), acks=-1, timeout_ms=-1)
+    assert partition_error(resp) == common_pb2.INVALID_REQUEST
+    assert b.core.partitions[T0].log.log_end_offset == 0
+
+
+def test_a_fetch_claiming_a_broker_id_that_is_not_a_replica_reads_only_committed_records() -> None:
+    leader, _follower, fetcher = pair()
+    leader.produce(batch("a"), acks=1)
+    one_round(fetcher, leader)
+    one_round(fetcher, leader)  # HW 1
+    leader.produce(batch("uncommitted"), acks=1)
+    stranger = consumer_fetch(0)
+    stranger.replica_id = 0  # not a replica of t-0 (replicas are 1 and 2)
+    part = leader.fetch_now(stranger).topics[0].partitions[0]
+    assert [r.value for r in _decode(part.records)] == [b"a"]
+    assert leader.core.partitions[T0].followers.keys() == {2}, "and it is not taken for a follower"
+
+
+def test_a_fetch_with_a_replica_id_below_minus_one_is_refused() -> None:
+    leader, _follower, _fetcher = pair()
+    bad = consumer_fetch(0)
+    bad.replica_id = -5
+    part = leader.fetch_now(bad).topics[0].partitions[0]
+    assert part.error_code == common_pb2.INVALID_REQUEST and "consumers send -1" in part.error_message
+
+
+def test_a_storage_failure_is_logged_with_its_file_and_the_client_sees_no_path() -> None:
+    storage = MemoryStorage()
+    b = Broker(1, storage=storage)
+    b.register(10)
+    b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node])
+    storage.fail_writes = True
+    (resp,) = b.produce(batch("a"), acks=1)
+    part = resp.topics[0].partitions[0]
+    assert part.error_code == common_pb2.STORAGE_ERROR
+    assert "/data/" not in part.error_message and "could not read or write its replica of t-0" in part.error_message
+    assert "/data/b1/t-0" in b.lines.text("error")

@@ -69,6 +69,13 @@ def test_create_topic_writes_assignment_then_initial_states_and_tells_replicas()
     ("ok", 2, {"min.insync.replicas": "3"}, common_pb2.INVALID_REPLICATION_FACTOR),
     ("ok", 1, {"no.such.config": "1"}, common_pb2.INVALID_CONFIG),
     ("ok", 1, {"retention.ms": "soon"}, common_pb2.INVALID_CONFIG),
+    # Found by the adversarial review: above int32 it stopped every controller start; below one
+    # batch header every broker refused the replica while the topic looked healthy.
+    ("ok", 1, {"max.message.bytes": "3000000000"}, common_pb2.INVALID_CONFIG),
+    ("ok", 1, {"max.message.bytes": "1"}, common_pb2.INVALID_CONFIG),
+    ("ok", 1, {"min.insync.replicas": str(2**31)}, common_pb2.INVALID_CONFIG),
+    ("orders\n", 1, {}, common_pb2.INVALID_TOPIC),
+    ("orders\r\n", 1, {}, common_pb2.INVALID_TOPIC),
 ])
 def test_create_topic_rejects_bad_input_with_named_errors_and_writes_nothing(name, rf, configs, code):
     ctx = context([1, 2, 3])
@@ -415,3 +422,22 @@ def test_a_second_reassignment_keeps_the_replicas_the_first_one_added_until_the_
     commit(ctx, handlers.on_reassignment_progress(ctx))
     assert ctx.topics["t"].assignment[0] == (5, 4)
     assert ctx.states[tp].leader in (5, 4) and set(ctx.states[tp].isr) <= {4, 5}
+
+
+def test_topics_that_would_take_a_broker_past_its_replica_limit_are_refused(monkeypatch):
+    monkeypatch.setattr(handlers.limits, "REPLICAS_PER_BROKER_MAX", 10)
+    ctx = context([1, 2, 3])
+    with_topic(ctx, "held", {p: (1, 2, 3) for p in range(4)})  # 4 replicas on each broker already
+    req = common_pb2.CreateTopicsRequest(topics=[
+        common_pb2.CreatableTopic(name="fits", num_partitions=6, replication_factor=3),
+        common_pb2.CreatableTopic(name="over", num_partitions=1, replication_factor=3)])
+    result = handlers.on_create_topics(ctx, req)
+    fits, over = result.response.topics
+    assert fits.error_code == common_pb2.NONE
+    assert over.error_code == common_pb2.INVALID_PARTITIONS
+    assert "would hold 11 replicas; the limit is 10 per broker" in over.error_message
+    assert {w.topic.name for w in result.writes if isinstance(w, TopicWrite)} == {"fits"}
+    grow = handlers.on_create_partitions(ctx, common_pb2.CreatePartitionsRequest(topics=[
+        common_pb2.CreatePartitionsTopic(name="held", count=11)]))
+    assert grow.response.topics[0].error_code == common_pb2.INVALID_PARTITIONS
+    assert grow.writes == []

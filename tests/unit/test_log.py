@@ -452,6 +452,29 @@ def test_high_watermark_checkpoint_is_kafkas_text_format(tmp_path: Path) -> None
     assert (tmp_path / "replication-offset-checkpoint").read_text() == "0\n2\nt 0 12\nt 1 9\n"
 
 
+def test_a_malformed_high_watermark_checkpoint_is_reported_and_rewritten_not_fatal() -> None:
+    # What a topic named "orders\n" once did to the file: every broker hosting it then refused to start.
+    storage = MemoryStorage()
+    storage.mkdir("/data")
+    storage.write_atomic("/data/replication-offset-checkpoint", b"0\n2\norders\n 0 5\nt 0 7\n")
+    warnings: list[str] = []
+    hws = HighWatermarkCheckpoint(storage, "/data", warn=lambda msg, *args: warnings.append(msg % args))
+    assert "malformed checkpoint /data/replication-offset-checkpoint" in warnings[0]
+    assert "high watermark 0" in warnings[0]
+    assert hws.stored_at_start(("t", 0)) == 0, "HW 0 is never above what is committed"
+    assert hws.write({("t", 0): 7})
+    assert HighWatermarkCheckpoint(storage, "/data").stored_at_start(("t", 0)) == 7
+
+
+def test_a_topic_name_that_would_break_a_checkpoint_line_is_left_out_of_it() -> None:
+    storage = MemoryStorage()
+    warnings: list[str] = []
+    hws = HighWatermarkCheckpoint(storage, "/data", warn=lambda msg, *args: warnings.append(msg % args))
+    assert hws.write({("orders\n", 0): 5, ("t", 0): 7})
+    assert storage.read_file("/data/replication-offset-checkpoint") == b"0\n1\nt 0 7\n"
+    assert "'orders\\n' cannot be written" in warnings[0]
+
+
 def test_checkpoint_files_have_a_version_line(tmp_path: Path) -> None:
     log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
     fill(log, 3)

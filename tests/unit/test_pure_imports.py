@@ -30,6 +30,8 @@ PURE_MODULES = [
     "services/broker/producer_state.py",
     "services/controller/state_machines.py",
     "services/controller/sender_rules.py",
+    "services/common/topics.py",
+    "services/common/request_checks.py",
     "clients/accumulator.py",
     "clients/idempotence.py",
     "clients/partitioner.py",

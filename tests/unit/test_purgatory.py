@@ -238,3 +238,23 @@ def test_purge_completed_drops_answered_operations_only() -> None:
     assert second.try_complete(now_ms=500)
     purgatory.purge_completed(TP)
     assert TP not in purgatory.watchers
+
+
+def test_a_fetch_whose_readable_state_did_not_change_is_not_read_again_until_its_deadline() -> None:
+    reads, answers = FetchReads(), Answers()
+    state = {"hw": 0}
+    op = delayed_fetch(reads, answers, min_bytes=100, deadline_ms=500)
+    op.state = lambda: state["hw"]
+    assert not op.try_complete(now_ms=0) and reads.reads == 1
+    assert not op.try_complete(now_ms=10) and reads.reads == 1, "same state: the same answer, not read"
+    state["hw"] = 1
+    reads.bytes_available = 100
+    assert op.try_complete(now_ms=20) and reads.reads == 2
+
+
+def test_a_fetch_is_read_at_its_deadline_even_when_nothing_changed() -> None:
+    reads, answers = FetchReads(), Answers()
+    op = delayed_fetch(reads, answers, min_bytes=100, deadline_ms=500)
+    op.state = lambda: "unchanged"
+    assert not op.try_complete(now_ms=0)
+    assert op.try_complete(now_ms=500) and reads.reads == 2 and len(answers.fetch) == 1

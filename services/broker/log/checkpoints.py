@@ -18,6 +18,7 @@ otherwise fsync a thousand files every pass).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from services.common.errors import StorageError
 
@@ -97,16 +98,25 @@ class HighWatermarkCheckpoint:
     the write when nothing changed. `forget(tp)` drops a deleted replica's entry.
     """
 
-    def __init__(self, storage: Storage, data_dir: str) -> None:
+    def __init__(self, storage: Storage, data_dir: str, warn: Callable[..., None] | None = None) -> None:
         self._storage = storage
         self._path = os.path.join(data_dir, REPLICATION_OFFSET_CHECKPOINT)
+        self._warn = warn or (lambda msg, *args: None)
         storage.mkdir(data_dir)
         self._on_disk: dict[TopicPartitionKey, int] = {}
-        for topic, partition, offset in read_fields(storage, self._path, fields_per_entry=3) or []:
-            try:
-                self._on_disk[(topic, int(partition))] = int(offset)
-            except ValueError as error:
-                raise StorageError(f"malformed checkpoint {self._path}: {error}") from error
+        try:
+            for topic, partition, offset in read_fields(storage, self._path, fields_per_entry=3) or []:
+                try:
+                    self._on_disk[(topic, int(partition))] = int(offset)
+                except ValueError as error:
+                    raise StorageError(f"malformed checkpoint {self._path}: {error}") from error
+        except StorageError as error:
+            # Only HWs are lost: every replica starts at HW 0 (never above what is committed), a
+            # follower learns the leader's with its first fetch and a leader recomputes its own
+            # from its followers. Refusing to start would take every replica here offline.
+            self._warn("%s; starting every replica of this directory at high watermark 0 and rewriting the file",
+                       error)
+            self._on_disk = {}
         self._not_loaded = dict(self._on_disk)
 
     def stored_at_start(self, tp: TopicPartitionKey) -> int:
@@ -118,7 +128,7 @@ class HighWatermarkCheckpoint:
 
     def write(self, high_watermarks: dict[TopicPartitionKey, int]) -> bool:
         """Store these HWs (plus the not yet loaded ones) if they differ from the file; True if written."""
-        merged = {**self._not_loaded, **high_watermarks}
+        merged = {tp: hw for tp, hw in {**self._not_loaded, **high_watermarks}.items() if self._writable(tp)}
         if merged == self._on_disk:
             return False
         lines: list[tuple[int | str, ...]] = [(topic, partition, offset)
@@ -126,3 +136,11 @@ class HighWatermarkCheckpoint:
         write_entries(self._storage, self._path, lines)
         self._on_disk = merged
         return True
+
+    def _writable(self, tp: TopicPartitionKey) -> bool:
+        """Whether tp fits one "topic partition offset" line (legal topic names always do)."""
+        if tp[0] and tp[0].isascii() and not any(c.isspace() for c in tp[0]):
+            return True
+        self._warn("topic name %r cannot be written to %s; its high watermark is not checkpointed", tp[0],
+                   self._path)
+        return False

@@ -509,7 +509,7 @@ class Log:
         leo = self.log_end_offset
         if fetch_offset < log_start or fetch_offset > leo:
             raise OffsetOutOfRange(
-                f"fetch offset {fetch_offset} is outside the log's range [{log_start}, {leo}] of {self._directory}"
+                f"fetch offset {fetch_offset} is outside the log's range [{log_start}, {leo}]"
             )
         upper = leo if max_offset is None else min(max_offset, leo)
         empty = FetchInfo(b"", fetch_offset, fetch_offset, log_start, leo)

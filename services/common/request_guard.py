@@ -1,0 +1,95 @@
+"""Malformed requests without the security layer: INVALID_ARGUMENT and one log line, not a traceback.
+
+gRPC parses a request before the servicer runs; bytes that do not parse make it
+answer UNKNOWN ("Unexpected DecodeError", as if a handler had failed) and log a
+~700-byte traceback per request, so anyone who can reach a plaintext port can
+flood the log. With the security interceptor on, it parses requests itself
+(services/security/interceptor.py); without it, this interceptor does the same
+for our own services' unary requests: the request arrives as bytes, is parsed
+here, and a failure is answered INVALID_ARGUMENT with a sentence, counted in a
+metric and logged at most once per MALFORMED_LOG_INTERVAL_S with how many were
+refused since. gRPC's own services (health, reflection) are left alone.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import prometheus_client
+
+log = logging.getLogger("highwater.requests")
+
+MALFORMED_LOG_INTERVAL_S = 10.0
+
+MALFORMED = prometheus_client.Counter(
+    "highwater_malformed_requests_total", "Requests refused because their bytes do not parse", ["method"])
+
+
+class MalformedRequestGuard(grpc.aio.ServerInterceptor):
+    def __init__(self) -> None:
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._last_log_s = float("-inf")
+        self._since_log = 0
+
+    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+                                handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        method = method.decode() if isinstance(method, bytes) else method
+        if handler is None or handler.request_deserializer is None or method.startswith("/grpc."):
+            return handler
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(method, handler)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        parse = handler.request_deserializer
+        raw = {"request_deserializer": None, "response_serializer": handler.response_serializer}
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def unary(request: bytes, context: grpc.aio.ServicerContext) -> Any:
+                parsed = await self._parse(method, parse, request, context)
+                result = inner(parsed, context)
+                return await result if inspect.isawaitable(result) else result
+
+            return grpc.unary_unary_rpc_method_handler(unary, **raw)
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            async def unary_stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                parsed = await self._parse(method, parse, request, context)
+                items = inner_stream(parsed, context)
+                if hasattr(items, "__aiter__"):
+                    async for item in items:
+                        yield item
+                else:
+                    for item in items:
+                        yield item
+
+            return grpc.unary_stream_rpc_method_handler(unary_stream, **raw)
+        return handler  # client-streaming methods: none of ours
+
+    async def _parse(self, method: str, parse: Callable[[bytes], Any], request: bytes,
+                     context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return parse(request)
+        except Exception as exc:  # DecodeError, or whatever a deserializer raises on garbage
+            MALFORMED.labels(method).inc()
+            self._since_log += 1
+            now = time.monotonic()
+            if now - self._last_log_s >= MALFORMED_LOG_INTERVAL_S:
+                log.warning("refused %d malformed request(s) since the last such line; latest: %s from %s (%s)",
+                            self._since_log, method, context.peer(), type(exc).__name__)
+                self._last_log_s, self._since_log = now, 0
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"the request bytes do not parse as the request of {method}: "
+                                f"{type(exc).__name__}: {exc}")
