@@ -700,11 +700,12 @@ class BrokerCore:
 
     def fetch(self, req: common_pb2.FetchRequest, on_complete: Callable[[common_pb2.FetchResponse], None]) -> None:
         """Read now, or wait in the purgatory for min_bytes, an error or max_wait_ms."""
-        if req.replica_id < -1:
+        problem = self._replica_id_problem(req)
+        if problem is not None:
             on_complete(common_pb2.FetchResponse(topics=[common_pb2.FetchTopicResponse(topic=t.topic, partitions=[
                 common_pb2.FetchPartitionResponse(
                     partition=fp.partition, error_code=common_pb2.INVALID_REQUEST, high_watermark=-1,
-                    error_message=f"replica_id {req.replica_id}: consumers send -1, followers their broker id")
+                    error_message=problem)
                 for fp in t.partitions]) for t in req.topics]))
             return
         is_follower = req.replica_id >= 0
@@ -716,6 +717,27 @@ class BrokerCore:
                           read=lambda r: self.read_all(r, is_follower), on_complete=on_complete,
                           state=lambda: self._readable_state(keys, req.replica_id))
         self._watch(op, max_wait_ms)
+
+    def _replica_id_problem(self, req: common_pb2.FetchRequest) -> str | None:
+        """Why this Fetch's replica_id is refused, or None: -1 (a consumer), or a broker of the cluster.
+
+        A broker id is known from UpdateMetadata or as a replica of an asked partition (a follower
+        may fetch before this broker's metadata lists it). A consumer that left replica_id at 0
+        would otherwise be served as some broker, silently.
+        """
+        if req.replica_id == -1:
+            return None
+        if req.replica_id >= 0:
+            if req.replica_id in self.metadata.brokers:
+                return None
+            for t in req.topics:
+                for fp in t.partitions:
+                    p = self.partitions.get((t.topic, fp.partition))
+                    if p is not None and req.replica_id in p.replicas:
+                        return None
+            return (f"replica_id {req.replica_id} is no broker of this cluster: consumers send -1, followers "
+                    "their broker id")
+        return f"replica_id {req.replica_id}: consumers send -1, followers their broker id"
 
     def _readable_state(self, keys: list[TopicPartitionKey], replica_id: int) -> tuple[object, ...]:
         """What a read of these partitions by replica_id depends on (DelayedFetch's `state`)."""

@@ -346,17 +346,30 @@ def test_a_produce_with_a_negative_timeout_writes_nothing() -> None:
     assert b.core.partitions[T0].log.log_end_offset == 0
 
 
-def test_a_fetch_claiming_a_broker_id_that_is_not_a_replica_reads_only_committed_records() -> None:
+def test_a_fetch_from_a_live_broker_that_is_not_a_replica_reads_only_committed_records() -> None:
     leader, _follower, fetcher = pair()
     leader.produce(batch("a"), acks=1)
     one_round(fetcher, leader)
     one_round(fetcher, leader)  # HW 1
     leader.produce(batch("uncommitted"), acks=1)
-    stranger = consumer_fetch(0)
-    stranger.replica_id = 0  # not a replica of t-0 (replicas are 1 and 2)
-    part = leader.fetch_now(stranger).topics[0].partitions[0]
+    bystander = common_pb2.BrokerNode(broker_id=3, host="127.0.0.1", port=9003, broker_epoch=12)
+    leader.core.update_metadata(broker_pb2.UpdateMetadataRequest(
+        header=leader.header(), live_brokers=[leader.node, bystander]))
+    fetch = consumer_fetch(0)
+    fetch.replica_id = 3  # a broker of the cluster, but not a replica of t-0 (replicas are 1 and 2)
+    part = leader.fetch_now(fetch).topics[0].partitions[0]
     assert [r.value for r in _decode(part.records)] == [b"a"]
     assert leader.core.partitions[T0].followers.keys() == {2}, "and it is not taken for a follower"
+
+
+def test_a_fetch_whose_replica_id_is_no_broker_of_the_cluster_is_refused() -> None:
+    leader, _follower, _fetcher = pair()
+    leader.produce(batch("a"), acks=1)
+    stranger = consumer_fetch(0)
+    stranger.replica_id = 0  # a consumer that left the field at its default
+    part = leader.fetch_now(stranger).topics[0].partitions[0]
+    assert part.error_code == common_pb2.INVALID_REQUEST and "no broker of this cluster" in part.error_message
+    assert not part.records
 
 
 def test_a_fetch_with_a_replica_id_below_minus_one_is_refused() -> None:
