@@ -20,10 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from services.common.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber
+from services.common.limits import PRODUCER_BATCHES_KEPT
 from services.common.record_batch import BatchHeader
 
-# Kafka keeps the last 5 batches per producer: enough for max.in.flight.requests.per.connection=5.
-PRODUCER_BATCHES_KEPT = 5
 NO_PRODUCER_ID = -1
 # Sequences wrap around after 2**31 - 1 as Kafka's.
 SEQUENCE_MODULUS = 2**31

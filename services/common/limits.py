@@ -57,6 +57,12 @@ REPLICA_FETCH_EPOCH_RACE_BACKOFF_MS = 50
 # How often a leader checks its followers for ISR shrink.
 ISR_CHECK_INTERVAL_MS = 1_000
 
+# --- idempotent producers ---------------------------------------------------
+# The broker keeps the last this-many batches per producer id and partition (Kafka: 5,
+# enough for max.in.flight.requests.per.connection=5); a retry of an older batch is not
+# recognised. Writers that replay batches (the Spark writer) must stay within it.
+PRODUCER_BATCHES_KEPT = 5
+
 # --- topics ----------------------------------------------------------------
 TOPIC_NAME_MAX_CHARS = 249  # Kafka's limit: the name becomes a directory name.
 PARTITIONS_PER_TOPIC_MAX = 10_000
