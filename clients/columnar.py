@@ -68,6 +68,12 @@ from services.common.record_batch import (
     RECORDS_COUNT_POS,
 )
 
+# The varint and UTF-8 kernels are the broker's record check's (one definition of the
+# grammar's pieces). numba's cache of this file's kernels is keyed on this file only: after
+# changing those two, clear __pycache__/*.nbi|*.nbc here too.
+from services.common.record_validation import read_varint as _varint
+from services.common.record_validation import utf8_valid as _utf8_valid
+
 # --- limits -----------------------------------------------------------------------------
 # The largest offset a range may end at (exclusive): "no end".
 OFFSET_END_MAX = 2**63 - 1
@@ -165,75 +171,8 @@ def _be_int(buf: np.ndarray, pos: int, width: int) -> int:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _varint(buf: np.ndarray, pos: int, end: int) -> tuple[int, int]:
-    """(value, next position) of the zigzag varint at buf[pos:end]; next position < 0 on error.
-
-    As aiokafka's decode_varint64: at most 10 bytes, bits past 64 dropped, then zigzag.
-    -1: it runs past `end`; -2: it is longer than 10 bytes.
-    """
-    if pos >= end:
-        return 0, -1
-    first = np.uint64(buf[pos])
-    if first < np.uint64(0x80):
-        # Most varints in a batch (attributes, deltas, small lengths) are one byte.
-        return np.int64(first >> np.uint64(1)) ^ -np.int64(first & np.uint64(1)), pos + 1
-    value = np.uint64(0)
-    shift = np.uint64(0)
-    while True:
-        if pos >= end:
-            return 0, -1
-        byte = np.uint64(buf[pos])
-        pos += 1
-        if byte & np.uint64(0x80):
-            value |= (byte & np.uint64(0x7F)) << shift
-            shift += np.uint64(7)
-            if shift > np.uint64(63):
-                return 0, -2
-        else:
-            value |= byte << shift
-            break
-    return np.int64(value >> np.uint64(1)) ^ -np.int64(value & np.uint64(1)), pos
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _varint_error(pos: int) -> int:
     return _ERR_VARINT_TRUNCATED if pos == -1 else _ERR_VARINT_TOO_LONG
-
-
-@njit(cache=True, nogil=True)
-def _utf8_valid(buf: np.ndarray, pos: int, end: int) -> bool:
-    """Whether buf[pos:end] is well-formed UTF-8 as Python's strict decoder has it
-    (no overlong forms, no surrogates, nothing above U+10FFFF)."""
-    while pos < end:
-        c = buf[pos]
-        if c < 0x80:
-            pos += 1
-            continue
-        if c < 0xC2:
-            return False
-        if c < 0xE0:
-            need, low, high = 1, 0x80, 0xBF
-        elif c < 0xF0:
-            need = 2
-            low = 0xA0 if c == 0xE0 else 0x80
-            high = 0x9F if c == 0xED else 0xBF
-        elif c < 0xF5:
-            need = 3
-            low = 0x90 if c == 0xF0 else 0x80
-            high = 0x8F if c == 0xF4 else 0xBF
-        else:
-            return False
-        if end - pos <= need:
-            return False
-        second = buf[pos + 1]
-        if second < low or second > high:
-            return False
-        for k in range(2, need + 1):
-            cont = buf[pos + k]
-            if cont < 0x80 or cont > 0xBF:
-                return False
-        pos += need + 1
-    return True
 
 
 @njit(cache=True, nogil=True)

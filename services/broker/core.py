@@ -152,6 +152,14 @@ def log_config_from(config: common_pb2.TopicConfig) -> LogConfig:
         retention_bytes=config.retention_bytes or defaults.retention_bytes,
         retention_ms=config.retention_ms or defaults.retention_ms,
         max_message_bytes=config.max_message_bytes or defaults.max_message_bytes,
+        message_timestamp_type=config.message_timestamp_type or defaults.message_timestamp_type,
+        # Optional fields: 0 is a legal limit, so only an absent field means the default.
+        message_timestamp_before_max_ms=(config.message_timestamp_before_max_ms
+                                         if config.HasField("message_timestamp_before_max_ms")
+                                         else defaults.message_timestamp_before_max_ms),
+        message_timestamp_after_max_ms=(config.message_timestamp_after_max_ms
+                                        if config.HasField("message_timestamp_after_max_ms")
+                                        else defaults.message_timestamp_after_max_ms),
     )
 
 
@@ -657,6 +665,7 @@ class BrokerCore:
                     records = pd.records  # each read of a bytes field copies it: read once
                     info = p.append_as_leader(records, acks=req.acks, now_ms=wall)
                     res.base_offset = info.first_offset
+                    res.log_append_time_ms = info.log_append_time_ms
                     res.log_start_offset = p.log.log_start_offset
                     note = self.observer.on_leader_append(p, info, req.acks)
                     if not info.duplicate:

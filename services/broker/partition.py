@@ -29,7 +29,8 @@ from services.common.errors import (
     UnknownLeaderEpoch,
     check,
 )
-from services.common.record_batch import BatchHeader, iter_batch_headers, validate_batches
+from services.common.record_batch import BatchHeader, apply_batch_fixes, iter_batch_headers, validate_batches
+from services.common.record_validation import TimestampRules, validate_records
 
 
 class Role(enum.Enum):
@@ -65,11 +66,13 @@ class LeaderAppend:
     """Where a produced request's batches are: [first_offset, next_offset).
 
     duplicate: the batches were written before (an idempotent retry) and not again.
+    log_append_time_ms: the leader's clock written into the batches (LogAppendTime topics), else -1.
     """
 
     first_offset: int
     next_offset: int
     duplicate: bool = False
+    log_append_time_ms: int = -1
 
 
 # Producer state is rebuilt by reading the log in pieces of this size (bounded memory).
@@ -172,6 +175,16 @@ class Partition:
     # ---- leader: produce ----------------------------------------------------
 
     def append_as_leader(self, records: bytes, *, acks: int, now_ms: int) -> LeaderAppend:
+        """Validate a produce request's batches for this partition and append them.
+
+        Checks the headers and CRCs (validate_batches), then the records themselves and the
+        topic's timestamp rules (validate_records: Kafka's LogValidator), before anything is
+        written: a batch consumers could not read is refused with CorruptMessage,
+        InvalidRecord or InvalidTimestamp, and then nothing of `records` is written, the
+        valid batches before the bad one included (Kafka refuses the request's records for
+        the partition as a whole too). `now_ms` is the leader's wall clock: the timestamp
+        window and LogAppendTime use it.
+        """
         if self.role is not Role.LEADER:
             raise NotLeaderOrFollower(
                 f"broker {self.local_broker_id} is not the leader of {self.topic}-{self.partition} "
@@ -180,14 +193,23 @@ class Partition:
             raise NotEnoughReplicas(
                 f"{self.topic}-{self.partition} has {len(self.isr)} in-sync replicas {list(self.isr)}, "
                 f"below min.insync.replicas={self.min_insync_replicas}; nothing was written")
-        headers = validate_batches(records, max_batch_bytes=self.log.config.max_message_bytes)
+        config = self.log.config
+        headers = validate_batches(records, max_batch_bytes=config.max_message_bytes)
+        rules = TimestampRules(config.message_timestamp_type == "LogAppendTime",
+                               config.message_timestamp_before_max_ms, config.message_timestamp_after_max_ms)
+        fixes = validate_records(records, headers, rules=rules, now_ms=now_ms)
+        data: bytes | bytearray = records
+        if fixes:
+            # LogAppendTime, or a CreateTime max_timestamp that was wrong: CRC-covered bytes change.
+            data, headers = apply_batch_fixes(records, headers, fixes)
         duplicate = self.producers.check(headers)
         if duplicate is not None:
             return LeaderAppend(duplicate.first_offset, duplicate.last_offset + 1, duplicate=True)
-        info = self.log.append_as_leader(records, leader_epoch=self.leader_epoch, now_ms=now_ms, validated=headers)
+        info = self.log.append_as_leader(data, leader_epoch=self.leader_epoch, now_ms=now_ms, validated=headers)
         self.producers.update(info.headers)
         self.maybe_advance_high_watermark()
-        return LeaderAppend(info.first_offset, info.next_offset)
+        return LeaderAppend(info.first_offset, info.next_offset,
+                            log_append_time_ms=now_ms if rules.log_append_time else -1)
 
     def append_as_follower(self, records: bytes, *, now_ms: int) -> None:
         """Replicated batches (offsets assigned by the leader); producer state follows along."""

@@ -105,6 +105,10 @@ BrokerNotAvailable = _error("BrokerNotAvailable", common_pb2.BROKER_NOT_AVAILABL
 UnknownServerError = _error("UnknownServerError", common_pb2.UNKNOWN_SERVER_ERROR)
 InvalidUpdateVersion = _error("InvalidUpdateVersion", common_pb2.INVALID_UPDATE_VERSION, retriable=True)
 InvalidCommitOffset = _error("InvalidCommitOffset", common_pb2.INVALID_COMMIT_OFFSET)
+# A produced batch whose records break the v2 format, or whose timestamps the topic refuses
+# (services/common/record_validation.py); sending the same bytes again cannot succeed.
+InvalidRecord = _error("InvalidRecord", common_pb2.INVALID_RECORD)
+InvalidTimestamp = _error("InvalidTimestamp", common_pb2.INVALID_TIMESTAMP)
 
 
 def error_for_code(code: int, message: str = "") -> HighwaterError:

@@ -19,6 +19,38 @@ SHUTDOWN_GRACE_S = 5.0
 # small and local, so a slow answer means the peer is in trouble.
 CONTROL_RPC_TIMEOUT_S = 5.0
 
+# --- token listener (--client-port) ------------------------------------------
+# Whoever reaches this listener is unknown until a call's headers show a valid bearer token
+# (no client certificates here), so it runs on a gRPC server of its own with these bounds, and
+# a call without a valid token is refused from its headers, before gRPC reads its body
+# (security/runtime.py, TokenListenerGate). Such a call costs its headers plus the data HTTP/2
+# flow control let through before the refusal (one stream window: 64 KiB, grown by gRPC's
+# bandwidth-delay estimate on a busy connection). 16 concurrent 60 MiB requests without
+# credentials took a gateway from 228 MiB to 1.47 GiB RSS when bodies were read first; 24 of
+# them now add 26-43 MiB (tests/integration/test_memory_bounds.py).
+# Connections at once (grpc.max_allowed_incoming_connections; one more is closed at accept and
+# its client sees UNAVAILABLE). An idle TLS connection costs ~57 KiB of gateway RSS (measured),
+# so 1,024 cost ~57 MiB. gRPC Python has no per-address cap: one client can hold them all for
+# TOKEN_LISTENER_CONNECTION_IDLE_MS and lock others out, a denial of service but no blow-up.
+TOKEN_LISTENER_CONNECTIONS_MAX = 1_024
+# HTTP/2 streams (calls) per connection: RFC 7540's recommended minimum, and the client
+# library's largest max_in_flight_requests, so a producer never waits on it.
+TOKEN_LISTENER_STREAMS_PER_CONNECTION_MAX = 100
+# Calls whose headers are in but that the server has not yet taken up
+# (grpc.server.max_pending_requests, gRPC's default made explicit; more are refused
+# RESOURCE_EXHAUSTED): with TOKEN_LISTENER_METADATA_BYTES_MAX, at most 1,000 * 8 KiB = 8 MiB
+# of headers waiting for the gate, whatever the connections * streams product.
+TOKEN_LISTENER_PENDING_CALLS_MAX = 1_000
+# Headers of one call (grpc.max_metadata_size, gRPC's default made explicit); a bearer token
+# is at most tokens.TOKEN_CHARS_MAX (128) characters.
+TOKEN_LISTENER_METADATA_BYTES_MAX = 8 * 1024
+# A connection must finish TLS and the HTTP/2 preface within this (gRPC's default: 120 s),
+# so half-open connections give their slots back within seconds.
+TOKEN_LISTENER_HANDSHAKE_TIMEOUT_MS = 10_000
+# A connection without calls for this long is closed (GOAWAY; clients reconnect on their next
+# call), so idle connections give their slots back. Above the handshake timeout (checked).
+TOKEN_LISTENER_CONNECTION_IDLE_MS = 60_000
+
 # --- etcd leases -----------------------------------------------------------
 # A dead broker's registration disappears at most this long after its last
 # keep-alive; failover time is bounded below by it (Kafka's
@@ -29,6 +61,12 @@ LEASE_TTL_S_MIN = 2
 # --- records and requests --------------------------------------------------
 # Kafka's message.max.bytes default (1 MiB + the 12-byte log overhead).
 MAX_MESSAGE_BYTES = 1024 * 1024 + 12
+# A compressed batch's records, decompressed, may take at most this (the leader checks
+# them before appending: services/common/record_validation.py). The gRPC limit: a batch
+# this large uncompressed could have been sent as it is. Bounds the memory one produced
+# batch can make the leader (and every consumer, which decompress a batch whole) take: a
+# zip bomb of a few KiB otherwise inflates to gigabytes.
+DECOMPRESSED_BATCH_BYTES_MAX = GRPC_MAX_MESSAGE_BYTES
 # Produce requests: how long acks=all may wait for the ISR before
 # REQUEST_TIMED_OUT (Kafka's request.timeout.ms is 30 s; we cap what a client may ask).
 PRODUCE_TIMEOUT_MS_DEFAULT = 30_000
@@ -73,6 +111,20 @@ REPLICAS_PER_BROKER_MAX = 4_000
 DEFAULT_NUM_PARTITIONS = 3
 DEFAULT_REPLICATION_FACTOR = 3
 DEFAULT_MIN_INSYNC_REPLICAS = 1
+
+# --- storage (partition logs) ------------------------------------------------
+# Open handles of inactive segment files (log, offset index, time index), for all the
+# replicas of a broker together; the least recently used is closed past this and reopened
+# when read again. Only the active segment of each replica keeps its three files open, so a
+# broker needs 3 * REPLICAS_PER_BROKER_MAX + OPEN_SEGMENT_FILES_MAX + sockets under its
+# open-files limit however many segments it holds (tiny segment_bytes or offset jumps once
+# took three brokers to 20,000 open files). A catch-up read of an old segment touches two
+# files (offset index, log): 1,024 serve ~500 such readers at once without reopening.
+OPEN_SEGMENT_FILES_MAX = 1_024
+# What a broker holds besides segment files (sockets of clients, peers and etcd, its own files
+# and libraries): the open-files limit it asks for is 3 * REPLICAS_PER_BROKER_MAX +
+# OPEN_SEGMENT_FILES_MAX + this (broker/server.py warns below that).
+OPEN_FILES_OTHER_MIN = 4_096
 
 # --- gateway ---------------------------------------------------------------
 # A Subscribe stream pushes at most this much per message.

@@ -23,13 +23,16 @@ Layout (big-endian), byte positions within a batch:
     57 records_count          int32
     61 records...
 
+The records after the header are checked by the leader only, in
+services/common/record_validation.py (Kafka's LogValidator).
+
 Pure module: no I/O, no clock, no asyncio.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from crc32c import crc32c
@@ -63,6 +66,9 @@ COMPRESSION_MASK = 0x07
 TIMESTAMP_TYPE_MASK = 0x08
 TRANSACTIONAL_MASK = 0x10
 CONTROL_MASK = 0x20
+# Kafka's names of the timestamp types, by the value of the timestamp-type bit (its topic
+# config message.timestamp.type takes these).
+TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
 
 # Offsets are int64 but a batch spans at most 2**31 offsets (last_offset_delta is int32).
 MAX_LAST_OFFSET_DELTA = 2**31 - 1
@@ -71,6 +77,8 @@ _HEADER = struct.Struct(">qiibIhiqqqhii")
 check(_HEADER.size == BATCH_HEADER_SIZE, "header struct is %d bytes, expected %d", _HEADER.size, BATCH_HEADER_SIZE)
 _INT64 = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
+_INT16 = struct.Struct(">h")
+_UINT32 = struct.Struct(">I")
 _LENGTH_PREFIX = struct.Struct(">qi")
 
 Buffer = bytes | bytearray | memoryview
@@ -294,3 +302,38 @@ def assign_offsets(buf: bytearray, headers: list[BatchHeader], first_offset: int
         _INT32.pack_into(buf, header.position + PARTITION_LEADER_EPOCH_POS, leader_epoch)
         next_offset += header.last_offset_delta + 1
     return next_offset
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFix:
+    """New attributes and max_timestamp for the batch at byte `position` of a request.
+
+    What the leader's timestamp rules rewrite (services/common/record_validation.py): the
+    LogAppendTime type bit with the leader's clock, or a CreateTime batch's true maximum.
+    """
+
+    position: int
+    attributes: int
+    max_timestamp: int
+
+
+def apply_batch_fixes(buf: Buffer, headers: Sequence[BatchHeader], fixes: Sequence[BatchFix]
+                      ) -> tuple[bytearray, list[BatchHeader]]:
+    """A copy of `buf` with every fix written and its batch's CRC recomputed, and the headers of the copy.
+
+    Unlike base_offset and partition_leader_epoch, attributes and max_timestamp lie inside
+    the CRC-covered range, so the CRC must follow (as Kafka's DefaultRecordBatch.setMaxTimestamp
+    does). `headers` come from validate_batches on `buf`; every fix names one of their positions.
+    """
+    out = bytearray(buf)
+    by_position = {header.position: index for index, header in enumerate(headers)}
+    fixed = list(headers)
+    for fix in fixes:
+        index = by_position.get(fix.position, -1)
+        check(index >= 0, "apply_batch_fixes: no batch at byte %d", fix.position)
+        header = headers[index]
+        _INT16.pack_into(out, fix.position + ATTRIBUTES_POS, fix.attributes)
+        _INT64.pack_into(out, fix.position + MAX_TIMESTAMP_POS, fix.max_timestamp)
+        _UINT32.pack_into(out, fix.position + CRC_POS, batch_crc(out, fix.position, header.size_bytes))
+        fixed[index] = parse_header(out, fix.position)
+    return out, fixed

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from protos.highwater.v1 import common_pb2
 from services.common import limits
 from services.common.errors import InvalidConfig
-from services.common.record_batch import BATCH_HEADER_SIZE
+from services.common.record_batch import BATCH_HEADER_SIZE, TIMESTAMP_TYPES
 
 # Kafka's legal characters; fullmatch, so "orders\n" is not a name (a `$` match allowed it,
 # and the newline then split a line of the brokers' replication-offset-checkpoint).
@@ -72,7 +72,8 @@ SEGMENT_BYTES_MAX = 1024 * 1024 * 1024
 class ConfigKey:
     """One topic config: its kind, bounds and unit (bounds inclusive; -1 means unlimited where allowed).
 
-    max.message.bytes starts at one batch header: no batch fits below it.
+    max.message.bytes starts at one batch header: no batch fits below it. A `str` key
+    takes one of `choices`, spelled exactly as Kafka spells them.
     """
 
     name: str
@@ -81,10 +82,13 @@ class ConfigKey:
     maximum: int = 0
     unit: str = ""
     unlimited: bool = False
+    choices: tuple[str, ...] = ()
 
     def bounds(self) -> str:
         if self.kind is bool:
             return "true or false"
+        if self.kind is str:
+            return "one of " + ", ".join(self.choices)
         unit = f" {self.unit}" if self.unit else ""
         low = "-1 (unlimited) or " if self.unlimited else ""
         first = 1 if self.unlimited else self.minimum
@@ -97,6 +101,10 @@ class ConfigKey:
             if text.lower() not in ("true", "false"):
                 raise InvalidConfig(f"{self.name} must be {self.bounds()}, got {text!r}")
             return text.lower()
+        if self.kind is str:
+            if text not in self.choices:
+                raise InvalidConfig(f"{self.name} must be {self.bounds()}, got {text!r}")
+            return text
         try:
             number = int(text)
         except ValueError:
@@ -116,6 +124,10 @@ TOPIC_CONFIG_SCHEMA: dict[str, ConfigKey] = {key.name: key for key in (
     ConfigKey("segment.bytes", int, SEGMENT_BYTES_MIN, SEGMENT_BYTES_MAX, "bytes"),
     ConfigKey("segment.ms", int, 1, INT64_MAX, "ms"),
     ConfigKey("max.message.bytes", int, BATCH_HEADER_SIZE, MAX_MESSAGE_BYTES_MAX, "bytes"),
+    # Kafka's names since 3.6 (KIP-937) and bounds (atLeast(0)); defaults in LogConfig.
+    ConfigKey("message.timestamp.type", str, choices=TIMESTAMP_TYPES),
+    ConfigKey("message.timestamp.before.max.ms", int, 0, INT64_MAX, "ms"),
+    ConfigKey("message.timestamp.after.max.ms", int, 0, INT64_MAX, "ms"),
 )}
 
 
@@ -146,7 +158,7 @@ def stored_topic_configs(configs: Mapping[str, object]) -> tuple[dict[str, str],
 
 
 def topic_config_proto(configs: Mapping[str, str]) -> common_pb2.TopicConfig:
-    """The wire form of validated configs (0 or false: the broker's default)."""
+    """The wire form of validated configs (0, false, "" or an absent optional field: the broker's default)."""
     return common_pb2.TopicConfig(
         min_insync_replicas=int(configs.get("min.insync.replicas", limits.DEFAULT_MIN_INSYNC_REPLICAS)),
         unclean_leader_election_enable=configs.get("unclean.leader.election.enable", "false") == "true",
@@ -155,4 +167,12 @@ def topic_config_proto(configs: Mapping[str, str]) -> common_pb2.TopicConfig:
         segment_bytes=int(configs.get("segment.bytes", 0)),
         segment_ms=int(configs.get("segment.ms", 0)),
         max_message_bytes=int(configs.get("max.message.bytes", 0)),
+        message_timestamp_type=configs.get("message.timestamp.type", ""),
+        # Optional on the wire (0 is a legal limit): set only when the topic sets them.
+        message_timestamp_before_max_ms=_optional_int(configs.get("message.timestamp.before.max.ms")),
+        message_timestamp_after_max_ms=_optional_int(configs.get("message.timestamp.after.max.ms")),
     )
+
+
+def _optional_int(value: str | None) -> int | None:
+    return None if value is None else int(value)

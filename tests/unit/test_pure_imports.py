@@ -21,6 +21,7 @@ PURE_MODULES = [
     "services/broker/fetch_state.py",
     "services/broker/log",
     "services/common/record_batch.py",
+    "services/common/record_validation.py",
     "services/common/errors.py",
     "services/controller/context.py",
     "services/controller/handlers.py",

@@ -44,6 +44,9 @@ def test_legal_topic_names_pass(name: str) -> None:
     ("min.insync.replicas", "0", "from 1 to 2147483647 replicas"),
     ("segment.ms", "soon", "got 'soon'"),
     ("unclean.leader.election.enable", "yes", "must be true or false"),
+    ("message.timestamp.type", "logappendtime", "must be one of CreateTime, LogAppendTime, got 'logappendtime'"),
+    ("message.timestamp.after.max.ms", "-1", "an integer from 0 to 9223372036854775807 ms"),
+    ("message.timestamp.before.max.ms", "9223372036854775808", "an integer from 0 to"),
 ])
 def test_a_bad_value_is_refused_naming_the_key_and_its_bounds(key: str, value: str, says: str) -> None:
     with pytest.raises(InvalidConfig) as raised:
@@ -70,7 +73,7 @@ def test_valid_values_are_normalised_and_reach_the_wire_and_the_broker_log() -> 
 
 def test_the_extremes_of_every_bound_reach_the_wire_and_the_broker_log() -> None:
     for key in TOPIC_CONFIG_SCHEMA.values():
-        if key.kind is bool:
+        if key.kind is not int:
             continue
         for value in (key.minimum, key.maximum):
             configs = validate_topic_configs({key.name: str(value)})
@@ -84,3 +87,15 @@ def test_stored_configs_keep_the_good_values_and_explain_the_skipped_ones() -> N
     assert len(skipped) == 2
     assert "max.message.bytes must be an integer from 61" in skipped[0] and "using the default" in skipped[0]
     assert "unknown topic config 'no.such'" in skipped[1]
+
+
+def test_timestamp_configs_reach_the_broker_log_and_a_zero_limit_is_not_taken_for_the_default() -> None:
+    configs = validate_topic_configs({"message.timestamp.type": "LogAppendTime",
+                                      "message.timestamp.after.max.ms": "0"})
+    log_config = log_config_from(topic_config_proto(configs))
+    assert (log_config.message_timestamp_type, log_config.message_timestamp_after_max_ms,
+            log_config.message_timestamp_before_max_ms) == ("LogAppendTime", 0, 2**63 - 1)
+    defaults = log_config_from(topic_config_proto({}))
+    # Kafka 4.0's defaults: CreateTime, any past, at most one hour ahead (KIP-1030).
+    assert (defaults.message_timestamp_type, defaults.message_timestamp_before_max_ms,
+            defaults.message_timestamp_after_max_ms) == ("CreateTime", 2**63 - 1, 3_600_000)

@@ -47,6 +47,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_UPDATE_VERSION: _ClassVar[ErrorCode]
     UNKNOWN_MEMBER_ID: _ClassVar[ErrorCode]
     INVALID_COMMIT_OFFSET: _ClassVar[ErrorCode]
+    INVALID_TIMESTAMP: _ClassVar[ErrorCode]
+    INVALID_RECORD: _ClassVar[ErrorCode]
 
 class ElectionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -90,6 +92,8 @@ UNKNOWN_SERVER_ERROR: ErrorCode
 INVALID_UPDATE_VERSION: ErrorCode
 UNKNOWN_MEMBER_ID: ErrorCode
 INVALID_COMMIT_OFFSET: ErrorCode
+INVALID_TIMESTAMP: ErrorCode
+INVALID_RECORD: ErrorCode
 PREFERRED: ElectionType
 UNCLEAN: ElectionType
 
@@ -162,7 +166,7 @@ class PartitionState(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., replicas: _Optional[_Iterable[int]] = ..., controller_epoch: _Optional[int] = ..., partition_epoch: _Optional[int] = ..., adding_replicas: _Optional[_Iterable[int]] = ..., removing_replicas: _Optional[_Iterable[int]] = ..., topic_id: _Optional[str] = ...) -> None: ...
 
 class TopicConfig(_message.Message):
-    __slots__ = ("min_insync_replicas", "unclean_leader_election_enable", "retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes")
+    __slots__ = ("min_insync_replicas", "unclean_leader_election_enable", "retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes", "message_timestamp_type", "message_timestamp_before_max_ms", "message_timestamp_after_max_ms")
     MIN_INSYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     UNCLEAN_LEADER_ELECTION_ENABLE_FIELD_NUMBER: _ClassVar[int]
     RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +174,9 @@ class TopicConfig(_message.Message):
     SEGMENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TIMESTAMP_TYPE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TIMESTAMP_BEFORE_MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TIMESTAMP_AFTER_MAX_MS_FIELD_NUMBER: _ClassVar[int]
     min_insync_replicas: int
     unclean_leader_election_enable: bool
     retention_ms: int
@@ -177,7 +184,10 @@ class TopicConfig(_message.Message):
     segment_bytes: int
     segment_ms: int
     max_message_bytes: int
-    def __init__(self, min_insync_replicas: _Optional[int] = ..., unclean_leader_election_enable: _Optional[bool] = ..., retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., segment_ms: _Optional[int] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
+    message_timestamp_type: str
+    message_timestamp_before_max_ms: int
+    message_timestamp_after_max_ms: int
+    def __init__(self, min_insync_replicas: _Optional[int] = ..., unclean_leader_election_enable: _Optional[bool] = ..., retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., segment_ms: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., message_timestamp_type: _Optional[str] = ..., message_timestamp_before_max_ms: _Optional[int] = ..., message_timestamp_after_max_ms: _Optional[int] = ...) -> None: ...
 
 class ControllerHeader(_message.Message):
     __slots__ = ("controller_id", "controller_epoch", "broker_epoch")

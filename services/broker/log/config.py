@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.errors import InvalidConfig
-from services.common.record_batch import BATCH_HEADER_SIZE
+from services.common.record_batch import BATCH_HEADER_SIZE, TIMESTAMP_TYPES
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
-DAY_MS = 24 * 60 * 60 * 1000
+HOUR_MS = 60 * 60 * 1000
+DAY_MS = 24 * HOUR_MS
+INT64_MAX = 2**63 - 1
 
 # Index entries store a segment position as int32, so a segment (plus the one batch that
 # may straddle its size limit) must stay below 2 GiB.
@@ -45,6 +47,16 @@ class LogConfig:
     flush_messages: int | None = None
     # fsync when this long has passed since the last flush (None: off).
     flush_ms: int | None = None
+    # Kafka's message.timestamp.type: CreateTime keeps the producer's record timestamps;
+    # LogAppendTime makes the leader's clock every record's timestamp (the leader writes it
+    # into each batch's max_timestamp; services/common/record_validation.py).
+    message_timestamp_type: str = "CreateTime"
+    # How far behind the leader's clock a CreateTime record's timestamp may be (Kafka's
+    # message.timestamp.before.max.ms; its default, Long.MAX_VALUE, is no limit).
+    message_timestamp_before_max_ms: int = INT64_MAX
+    # How far ahead of it (Kafka 4.0's default, KIP-1030: one hour). A timestamp from the
+    # future holds a segment back from time-based retention and skews time lookups.
+    message_timestamp_after_max_ms: int = HOUR_MS
 
     def __post_init__(self) -> None:
         def require(condition: bool, message: str) -> None:
@@ -71,6 +83,12 @@ class LogConfig:
         )
         require(self.flush_messages is None or self.flush_messages >= 1, f"flush_messages {self.flush_messages} must be >= 1")
         require(self.flush_ms is None or self.flush_ms >= 0, f"flush_ms {self.flush_ms} must be >= 0")
+        require(self.message_timestamp_type in TIMESTAMP_TYPES,
+                f"message_timestamp_type {self.message_timestamp_type!r} must be one of {TIMESTAMP_TYPES}")
+        require(0 <= self.message_timestamp_before_max_ms <= INT64_MAX,
+                f"message_timestamp_before_max_ms {self.message_timestamp_before_max_ms} must be 0..{INT64_MAX}")
+        require(0 <= self.message_timestamp_after_max_ms <= INT64_MAX,
+                f"message_timestamp_after_max_ms {self.message_timestamp_after_max_ms} must be 0..{INT64_MAX}")
 
     @property
     def max_index_entries(self) -> int:
