@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from services.broker.log.storage import open_real_file_count
+
 PARTITION_COUNT = Gauge("highwater_partition_count", "Partition replicas on this broker")
 LEADER_COUNT = Gauge("highwater_leader_count", "Partitions this broker leads")
 UNDER_REPLICATED = Gauge("highwater_under_replicated_partitions",
@@ -17,3 +19,9 @@ REQUEST_LATENCY = Histogram("highwater_request_latency_seconds", "Broker RPC lat
                             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
                                      10, 30))
 LEASE_KEEPALIVE_FAILURES = Gauge("highwater_lease_keepalive_failures", "etcd lease keep-alive failures so far")
+# Read at scrape time: three files per replica's active segment plus at most
+# OPEN_SEGMENT_FILES_MAX of older segments (services/common/limits.py); compare with the
+# process's open-files limit.
+OPEN_SEGMENT_FILES = Gauge("highwater_open_segment_files",
+                           "Segment files (log, offset index, time index) open in this broker")
+OPEN_SEGMENT_FILES.set_function(open_real_file_count)

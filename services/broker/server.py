@@ -143,7 +143,8 @@ class ControllerClient:
 
 def raise_open_files_limit() -> int:
     """Lift the soft limit on open files to the hard one (each replica's active segment holds three
-    files; Kafka's docs ask for 100,000 or more). Returns the limit in force."""
+    files, other segments' files share a bounded cache; Kafka's docs ask for 100,000 or more).
+    Returns the limit in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         try:
@@ -151,9 +152,13 @@ def raise_open_files_limit() -> int:
             soft = hard
         except (ValueError, OSError) as exc:
             log.warning("could not raise the open-files limit from %d to %d: %s", soft, hard, exc)
-    if soft < 3 * limits.REPLICAS_PER_BROKER_MAX:
-        log.warning("open-files limit %d is below 3 per replica for %d replicas; raise it (ulimit -n, LimitNOFILE)",
-                    soft, limits.REPLICAS_PER_BROKER_MAX)
+    # Pinned: the active segment's three files per replica; cached: OPEN_SEGMENT_FILES_MAX of the
+    # others (storage.py); the rest is sockets and the process's own files.
+    wanted = 3 * limits.REPLICAS_PER_BROKER_MAX + limits.OPEN_SEGMENT_FILES_MAX + limits.OPEN_FILES_OTHER_MIN
+    if soft < wanted:
+        log.warning("open-files limit %d is below the %d a broker may need (3 per replica for %d replicas, %d "
+                    "cached segment files, %d for sockets); raise it (ulimit -n, LimitNOFILE)", soft, wanted,
+                    limits.REPLICAS_PER_BROKER_MAX, limits.OPEN_SEGMENT_FILES_MAX, limits.OPEN_FILES_OTHER_MIN)
     return soft
 
 

@@ -34,6 +34,7 @@ from services.common.errors import (
     OffsetOutOfRange,
     StorageError,
 )
+from services.common.limits import OPEN_SEGMENT_FILES_MAX
 from services.common.record_batch import BASE_OFFSET_POS, assign_offsets, validate_batches
 
 SMALL = LogConfig(segment_bytes=2_000, index_interval_bytes=100, retention_ms=-1, max_message_bytes=1_500)
@@ -47,11 +48,14 @@ def offsets(records: bytes) -> list[int]:
     return [record.offset for record in decode_batches(records)]
 
 
-@pytest.fixture(params=["memory", "file"])
+@pytest.fixture(params=["memory", "file", "memory-evicting", "file-evicting"])
 def place(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Storage, str]:
-    if request.param == "memory":
-        return MemoryStorage(), "/data/topic-0"
-    return FileStorage(), str(tmp_path / "topic-0")
+    # "-evicting": a cache of two open files, so inactive segments' files are closed and
+    # reopened all the time (tests/unit/test_segment_handles.py has the bound itself).
+    open_files_max = 2 if request.param.endswith("-evicting") else OPEN_SEGMENT_FILES_MAX
+    if request.param.startswith("memory"):
+        return MemoryStorage(open_files_max=open_files_max), "/data/topic-0"
+    return FileStorage(open_files_max=open_files_max), str(tmp_path / "topic-0")
 
 
 def open_log(place: tuple[Storage, str], config: LogConfig = SMALL, now_ms: int = 0) -> Log:

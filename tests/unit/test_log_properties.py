@@ -32,6 +32,9 @@ CONFIG = LogConfig(
     max_index_bytes=48 * 12,
 )
 DIRECTORY = "/data/topic-0"
+# Two open files beyond the active segment's three: old segments' files are evicted and
+# reopened all the time, so every rule also runs through the open-file bound (issue 17).
+OPEN_FILES_MAX = 2
 
 
 class LogModel(RuleBasedStateMachine):
@@ -52,7 +55,7 @@ class LogModel(RuleBasedStateMachine):
         self.batch_starts: list[int] = []
 
     def make_storage(self) -> Storage:
-        return MemoryStorage()
+        return MemoryStorage(open_files_max=OPEN_FILES_MAX)
 
     def make_directory(self) -> str:
         return DIRECTORY
@@ -170,6 +173,10 @@ class LogModel(RuleBasedStateMachine):
         assert offset == log.log_end_offset
 
     @invariant()
+    def only_the_active_segment_and_the_cache_hold_files_open(self) -> None:
+        assert self.storage.open_files.open_count <= 3 + OPEN_FILES_MAX
+
+    @invariant()
     def epoch_cache_names_each_offsets_epoch(self) -> None:
         cache = self.log.leader_epoch_cache
         entries = cache.entries()
@@ -182,13 +189,14 @@ class LogModel(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.log.abandon()
+        assert self.storage.open_files.open_count == 0
 
 
 class FileLogModel(LogModel):
     """The same model on real files; a 'crash' is a killed process (the OS keeps every write)."""
 
     def make_storage(self) -> Storage:
-        return FileStorage()
+        return FileStorage(open_files_max=OPEN_FILES_MAX)
 
     def make_directory(self) -> str:
         self._tmp = tempfile.TemporaryDirectory()

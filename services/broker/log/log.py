@@ -18,7 +18,9 @@ Invariants kept here (DESIGN.md section 8):
 Ownership: one Log belongs to the one task that owns its partition (STYLE.md practice
 3). It holds no locks, reads no clock (now_ms is an argument) and does no asyncio; the
 broker calls it from that task (or hands whole calls to a thread, one at a time); it is
-not safe to call from two threads at once.
+not safe to call from two threads at once. All the logs of one Storage share its
+OpenFileCache (a read may close another log's file), so they must all be called from
+one thread: the broker's event loop.
 Durability comes from replication; fsync happens on flush(), by the flush_messages /
 flush_ms settings (off by default, as Kafka), after recovery, on truncation and on close().
 """

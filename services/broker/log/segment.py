@@ -4,6 +4,11 @@ A segment holds the batches of offsets [base_offset, next_offset), back to back,
 they arrived (DESIGN.md section 5). Only the last segment of a log (the active one)
 is appended to. Indexes are sparse and rebuilt from the log whenever in doubt.
 
+Open files (issue 17): the active segment pins its three files open; an inactive one
+keeps in memory only its sizes, next offset, max timestamp and last index entries, and
+its files are opened through the storage's broker-wide `OpenFileCache`, closed when the
+cache evicts them and reopened at the next read.
+
 Invariants kept here:
 - batches are contiguous in offsets: each starts at the previous one's next offset,
   the first at base_offset;
@@ -33,7 +38,7 @@ from services.common.record_batch import (
 
 from .config import OFFSET_INDEX_ENTRY_BYTES, TIME_INDEX_ENTRY_BYTES, LogConfig
 from .index import OffsetIndex, TimeIndex
-from .storage import Storage
+from .storage import CachedFile, Storage
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -82,9 +87,10 @@ class LogSegment:
         self.log_path = os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX))
         self.index_path = os.path.join(directory, segment_file_name(base_offset, INDEX_SUFFIX))
         self.time_index_path = os.path.join(directory, segment_file_name(base_offset, TIME_INDEX_SUFFIX))
-        self.log = storage.open(self.log_path)
-        index_file = storage.open(self.index_path)
-        time_index_file = storage.open(self.time_index_path)
+        self.log = storage.open_files.open(self.log_path, pinned=active)
+        index_file = storage.open_files.open(self.index_path, pinned=active)
+        time_index_file = storage.open_files.open(self.time_index_path, pinned=active)
+        self._files: tuple[CachedFile, ...] = (self.log, index_file, time_index_file)
         # A torn index write leaves a partial entry: such an index is rebuilt, never trusted.
         self.index_damaged = (
             index_file.size % OFFSET_INDEX_ENTRY_BYTES != 0 or time_index_file.size % TIME_INDEX_ENTRY_BYTES != 0
@@ -114,12 +120,18 @@ class LogSegment:
         return self.log.size == 0
 
     def make_active(self) -> None:
+        """Pin the files open and keep the indexes in memory: appends and truncation come here."""
+        for file in self._files:
+            file.pin()
         self.offset_index.load()
         self.time_index.load()
 
     def make_inactive(self) -> None:
+        """Drop the in-memory indexes and let the cache close the files between reads."""
         self.offset_index.unload()
         self.time_index.unload()
+        for file in self._files:
+            file.unpin()
 
     def should_roll(self, incoming_bytes: int, last_offset: int, now_ms: int) -> bool:
         """Whether a batch group must go to a new segment (never for an empty segment)."""

@@ -3,8 +3,14 @@
 STYLE.md practice 4 (raft's Storage/MemoryStorage): the log's logic runs unchanged on
 `FileStorage` (the broker) and on `MemoryStorage` (unit tests and the deterministic
 simulation in tests/sim/). The seam is deliberately small: files addressed by path,
-opened once, appended at their end, read at a position, truncated, fsynced; plus the
-few directory operations the log needs and an atomic whole-file write for checkpoints.
+appended at their end, read at a position, truncated, fsynced; plus the few directory
+operations the log needs and an atomic whole-file write for checkpoints.
+
+Open files are bounded (issue 17: tiny segments once took brokers to 20,000 open files).
+Segment files are opened through the storage's `OpenFileCache`: the active segments'
+files stay open, every other handle sits in one LRU of OPEN_SEGMENT_FILES_MAX, closed
+when evicted and reopened at its next use. Both sides share that cache, so the
+simulation runs the same open/evict/reopen sequence as the broker.
 
 Durability model (what `MemoryStorage.crash()` keeps, and what the log may rely on):
 - bytes appended to a file survive a crash only once that file was fsynced after them;
@@ -21,10 +27,12 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections import OrderedDict
 from pathlib import Path
 from typing import Protocol
 
 from services.common.errors import StorageError, check
+from services.common.limits import OPEN_SEGMENT_FILES_MAX
 
 Buffer = bytes | bytearray | memoryview
 
@@ -55,8 +63,15 @@ class StorageFile(Protocol):
 class Storage(Protocol):
     """Directory and file operations. Paths are strings; directories are created explicitly."""
 
-    def open(self, path: str) -> StorageFile:
-        """Open `path` for reading and appending, creating it empty if missing."""
+    # The bounded set of open segment files of this storage (one storage per broker).
+    open_files: OpenFileCache
+
+    def open(self, path: str, *, create: bool = True) -> StorageFile:
+        """Open `path` for reading and appending, creating it empty if missing.
+
+        With create=False a missing file is a StorageError: a file reopened after its handle
+        was evicted must be the one that was closed, never a new empty one.
+        """
         ...
 
     def exists(self, path: str) -> bool: ...
@@ -89,6 +104,191 @@ class Storage(Protocol):
 
 
 # ---------------------------------------------------------------------------------------
+# The bound on open files, shared by both sides
+
+
+class OpenFileCache:
+    """The open segment files of one storage: pinned ones, plus an LRU of at most `max_open`.
+
+    The active segment's files are pinned: appended to on every produce, they keep their
+    handles, outside the bound (one active segment per replica, and replicas per broker
+    are bounded by REPLICAS_PER_BROKER_MAX). Other segments' files are unpinned: their
+    handles sit in the LRU; past `max_open` the least recently used one is closed, and it
+    is reopened (never created) when next used. A consumer reading an old segment from
+    start to end keeps that segment's files at the recent end of the LRU, so it reopens
+    them once per segment, not once per read.
+
+    Closing is safe because a `CachedFile` fetches its handle at the start of each
+    operation and drops it at the end, and eviction happens only while another file is
+    being fetched: no operation ever holds a handle that another one closes. That needs
+    one thread: one event loop owns every log of a broker (ARCHITECTURE.md section 6),
+    and no Log call awaits. Not thread-safe.
+    """
+
+    def __init__(self, storage: Storage, max_open: int = OPEN_SEGMENT_FILES_MAX) -> None:
+        check(max_open >= 1, "open file cache of %d files: at least one is needed", max_open)
+        self._storage = storage
+        self.max_open = max_open
+        self._pinned: set[CachedFile] = set()
+        # Unpinned files that hold a handle, least recently used first.
+        self._lru: OrderedDict[CachedFile, None] = OrderedDict()
+        # Handles opened again after an eviction: for tests and benchmarks.
+        self.reopen_count = 0
+        self._crashed = False
+
+    @property
+    def open_count(self) -> int:
+        """Handles open now (pinned + cached): what the open-files limit sees of the logs."""
+        return len(self._pinned) + len(self._lru)
+
+    def open(self, path: str, *, pinned: bool) -> CachedFile:
+        """Open (creating if missing) a segment file through the cache."""
+        file = CachedFile(self, path, self._storage.open(path))
+        if pinned:
+            self._pinned.add(file)
+        else:
+            self._admit(file)
+        return file
+
+    def pin(self, file: CachedFile) -> None:
+        """Keep the file's handle open until unpinned or closed (it became the active segment's)."""
+        if file in self._pinned:
+            return
+        file.handle()  # reopens it if it was evicted
+        del self._lru[file]
+        self._pinned.add(file)
+
+    def unpin(self, file: CachedFile) -> None:
+        """Let the file's handle be evicted (its segment is no longer the active one)."""
+        if file in self._pinned:
+            self._pinned.remove(file)
+            self._admit(file)
+
+    def reopen(self, file: CachedFile, path: str) -> StorageFile:
+        """A new handle for an evicted file, admitted to the LRU as the most recent."""
+        check(not self._crashed, "segment file %s used after the process that opened it crashed", path)
+        handle = self._storage.open(path, create=False)
+        self.reopen_count += 1
+        self._admit(file)
+        return handle
+
+    def touch(self, file: CachedFile) -> None:
+        if file in self._lru:
+            self._lru.move_to_end(file)
+
+    def forget(self, file: CachedFile) -> None:
+        """The file was closed by its owner."""
+        self._pinned.discard(file)
+        self._lru.pop(file, None)
+
+    def crash(self) -> None:
+        """The process died (MemoryStorage.crash): its handles are gone, and so are their users.
+
+        Open files are closed for good and evicted ones may not be reopened, so a Log kept
+        by mistake across a crash fails at its next use instead of reading a disk it no
+        longer matches. The next incarnation opens its files through a new cache.
+        """
+        self._crashed = True
+        for file in [*self._pinned, *self._lru]:
+            file.close()
+
+    def _admit(self, file: CachedFile) -> None:
+        """Add `file` as the most recent; close the least recent beyond the bound (never `file`)."""
+        self._lru[file] = None
+        while len(self._lru) > self.max_open:
+            victim, _ = self._lru.popitem(last=False)
+            victim.release()
+
+
+class CachedFile:
+    """A segment file opened through an `OpenFileCache`: a StorageFile whose handle may be
+    closed between operations and is reopened on demand.
+
+    The size is kept here, so reading it opens nothing (retention sums every segment's size).
+    A file deleted, renamed or resized behind an evicted handle is a StorageError at its
+    next use, never recreated empty: a segment closes its files before deleting them, and
+    nothing else writes to them. Owned by one segment or index, as any StorageFile.
+    """
+
+    __slots__ = ("_cache", "_closed", "_handle", "_path", "_size")
+
+    def __init__(self, cache: OpenFileCache, path: str, handle: StorageFile) -> None:
+        self._cache = cache
+        self._path = path
+        self._handle: StorageFile | None = handle
+        self._size = handle.size
+        self._closed = False
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def is_open(self) -> bool:
+        """Whether a handle is held now (False once evicted or closed)."""
+        return self._handle is not None
+
+    def handle(self) -> StorageFile:
+        """The open handle, reopening the file if it was evicted. Use it at once, never keep it."""
+        handle = self._handle
+        if handle is not None:
+            self._cache.touch(self)
+            return handle
+        check(not self._closed, "segment file %s used after it was closed", self._path)
+        handle = self._cache.reopen(self, self._path)
+        if handle.size != self._size:
+            # Only its segment writes to it: anything else changed the file behind our back.
+            self._cache.forget(self)
+            handle.close()
+            raise StorageError(f"{self._path} has {handle.size} bytes on reopening, {self._size} expected")
+        self._handle = handle
+        return handle
+
+    def pin(self) -> None:
+        self._cache.pin(self)
+
+    def unpin(self) -> None:
+        self._cache.unpin(self)
+
+    def append(self, data: Buffer) -> int:
+        handle = self.handle()
+        try:
+            return handle.append(data)
+        finally:
+            self._size = handle.size  # a failed write may still have written a part
+
+    def read_at(self, position: int, size: int) -> bytes:
+        return self.handle().read_at(position, size)
+
+    def truncate(self, size: int) -> None:
+        handle = self.handle()
+        handle.truncate(size)
+        self._size = handle.size
+
+    def fsync(self) -> None:
+        # A reopened handle flushes what an evicted one wrote: dirty pages belong to the
+        # file, not to a descriptor (and MemoryStorage keeps durability per inode).
+        self.handle().fsync()
+
+    def release(self) -> None:
+        """Close the handle, keep the file usable (the cache evicted it)."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.close()
+
+    def close(self) -> None:
+        """Close for good; idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._cache.forget(self)
+            self.release()
+
+
+# ---------------------------------------------------------------------------------------
 # Real files
 
 
@@ -97,12 +297,19 @@ class _RealFile:
 
     __slots__ = ("_fd", "_path", "_size")
 
-    def __init__(self, path: str) -> None:
+    # Descriptors open in this process, for the broker's open-segment-files gauge.
+    open_count = 0
+
+    def __init__(self, path: str, *, create: bool) -> None:
         self._path = path
+        self._fd = -1
+        flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | (os.O_CREAT if create else 0)
         try:
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            self._fd = os.open(path, flags, 0o644)
+            _RealFile.open_count += 1
             self._size = os.fstat(self._fd).st_size
         except OSError as error:
+            self.close()
             raise StorageError(f"cannot open {path}: {error}") from error
 
     @property
@@ -159,13 +366,25 @@ class _RealFile:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+            _RealFile.open_count -= 1
+
+
+def open_real_file_count() -> int:
+    """Segment files open in this process through every FileStorage (the broker's gauge)."""
+    return _RealFile.open_count
 
 
 class FileStorage:
-    """The broker's storage: real files with os.pread/os.pwrite, no buffering of our own."""
+    """The broker's storage: real files with os.pread/os.pwrite, no buffering of our own.
 
-    def open(self, path: str) -> StorageFile:
-        return _RealFile(path)
+    One per broker, so `open_files` bounds the handles of all its replicas together.
+    """
+
+    def __init__(self, *, open_files_max: int = OPEN_SEGMENT_FILES_MAX) -> None:
+        self.open_files = OpenFileCache(self, open_files_max)
+
+    def open(self, path: str, *, create: bool = True) -> StorageFile:
+        return _RealFile(path, create=create)
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
@@ -274,12 +493,14 @@ class MemoryStorage:
     the old Log must be dropped and a new one opened, as after a process restart.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, open_files_max: int = OPEN_SEGMENT_FILES_MAX) -> None:
         self._files: dict[str, _MemoryInode] = {}
         self._dirs: set[str] = set()
         self.fsync_count = 0
         # Set by tests to make writes fail with StorageError (a failed disk).
         self.fail_writes = False
+        # The same bound as FileStorage's: evictions and reopens happen in the simulation too.
+        self.open_files = OpenFileCache(self, open_files_max)
 
     @staticmethod
     def _key(path: str | Path) -> str:
@@ -289,11 +510,13 @@ class MemoryStorage:
         if self.fail_writes:
             raise StorageError(f"write to {path} failed: simulated disk failure")
 
-    def open(self, path: str) -> StorageFile:
+    def open(self, path: str, *, create: bool = True) -> StorageFile:
         key = self._key(path)
         check(os.path.dirname(key) in self._dirs, "open %s: directory does not exist", key)
         inode = self._files.get(key)
         if inode is None:
+            if not create:
+                raise StorageError(f"cannot open {key}: no such file")
             self.check_writable(key)
             inode = self._files[key] = _MemoryInode()
         return _MemoryFile(self, key, inode)
@@ -347,7 +570,10 @@ class MemoryStorage:
 
         With `rng`, a file whose unsynced bytes extend its durable content keeps a random
         prefix of them (a torn write: the page cache had written back part of the tail).
+        The process's open files die with it: logs open before the crash must not be used.
         """
+        self.open_files.crash()
+        self.open_files = OpenFileCache(self, self.open_files.max_open)
         for key in list(self._files):
             inode = self._files[key]
             if inode.durable is None:
