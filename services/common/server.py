@@ -5,6 +5,10 @@ reflection, a Prometheus `/metrics` HTTP endpoint, a ready file for whoever
 started the process, and a clean stop on SIGTERM/SIGINT: health goes
 NOT_SERVING, the service's own `on_stop` runs (a broker's controlled shutdown,
 a registration's lease revoke), then in-flight RPCs get `SHUTDOWN_GRACE_S`.
+
+With a token listener (--client-port) the process runs two grpc.aio servers, one per
+listener, serving the same handlers: gRPC's connection, stream and header bounds are
+per server, and the token listener needs its own (services/security/runtime.py).
 """
 
 from __future__ import annotations
@@ -48,6 +52,35 @@ def channel_options() -> list[tuple[str, int]]:
     ]
 
 
+class ServerGroup:
+    """The grpc.aio servers of one process (one per listener), serving the same handlers.
+
+    A service registers its servicer once, `add_XServicer_to_server(servicer, runtime.server)`,
+    and every server gets it. `service` is the server of --port; `token` the token listener's.
+    """
+
+    def __init__(self, service: grpc.aio.Server, token: grpc.aio.Server | None = None) -> None:
+        self.service = service
+        self.token = token
+        self.servers = [service] if token is None else [service, token]
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        for server in self.servers:
+            server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service_name: str,
+                                       method_handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        for server in self.servers:
+            server.add_registered_method_handlers(service_name, method_handlers)
+
+    async def start(self) -> None:
+        for server in self.servers:
+            await server.start()
+
+    async def stop(self, grace_s: float) -> None:
+        await asyncio.gather(*(server.stop(grace_s) for server in self.servers))
+
+
 @dataclass
 class ServiceRuntime:
     """One service process: gRPC server, health, reflection, metrics, ready file, signals."""
@@ -61,7 +94,7 @@ class ServiceRuntime:
     # services.security.runtime.ServiceSecurity: TLS listeners, the security interceptor and
     # request limits. None (or an inactive one): plaintext, exactly as without the layer.
     security: Any = None
-    server: grpc.aio.Server = field(init=False)
+    server: ServerGroup = field(init=False)
     health: health.aio.HealthServicer = field(init=False)
     bound_port: int = field(init=False, default=0)
     bound_metrics_port: int = field(init=False, default=0)
@@ -73,21 +106,27 @@ class ServiceRuntime:
         if not kwargs.get("interceptors"):
             # The security interceptor parses requests itself; without it, this one does.
             kwargs["interceptors"] = [MalformedRequestGuard()]
-        self.server = grpc.aio.server(**kwargs)
+        token_kwargs = (self.security.token_listener_server_kwargs(GRPC_OPTIONS) if self.security is not None
+                        else None)
+        self.server = ServerGroup(grpc.aio.server(**kwargs),
+                                  grpc.aio.server(**token_kwargs) if token_kwargs is not None else None)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
-        reflection.enable_server_reflection(names, self.server)
+        for server in self.server.servers:  # reflection wants a grpc.aio.Server itself
+            reflection.enable_server_reflection(names, server)
         self.stopping = asyncio.Event()
 
     async def start(self) -> None:
         """Bind and start serving; health stays NOT_SERVING until `mark_ready`."""
         if self.security is not None:
-            self.bound_port = self.security.bind(self.server, self.host, self.port)
+            self.bound_port = self.security.bind(self.server.service, self.host, self.port)
         else:
-            self.bound_port = self.server.add_insecure_port(f"{self.host}:{self.port}")
+            self.bound_port = self.server.service.add_insecure_port(f"{self.host}:{self.port}")
         if self.bound_port == 0:
             raise SystemExit(f"{self.name}: cannot listen on {self.host}:{self.port} (port in use?)")
+        if self.server.token is not None:
+            self.security.bind_token_listener(self.server.token, self.host)
         await self.server.start()
         for svc in ["", *self.service_names]:
             await self.health.set(svc, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -97,8 +136,9 @@ class ServiceRuntime:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
-        log.info("%s listening on %s:%d (metrics on %d)", self.name, self.host, self.bound_port,
-                 self.bound_metrics_port)
+        token_port = self.security.bound_client_port if self.server.token is not None else None
+        log.info("%s listening on %s:%d%s (metrics on %d)", self.name, self.host, self.bound_port,
+                 f", token clients on {token_port}" if token_port else "", self.bound_metrics_port)
 
     async def mark_ready(self, **extra: object) -> None:
         """Health SERVING, and write the ready file (port numbers for whoever started us)."""

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 
 from services.common import limits
 from services.common.authz import AclError, check_principal
+from services.common.errors import check
 from services.security.identity import parse_service_name
+from services.security.tokens import TOKEN_CHARS_MAX
 
 if TYPE_CHECKING:  # imported when used: `highwater --help` should not load grpc and etcd3aio
     from coordinator.store import EtcdTls
@@ -34,6 +36,11 @@ MAX_REQUEST_BYTES_MIN = 64 * 1024
 MAX_BATCH_RECORDS_MAX = 10_000_000
 # Concurrent requests per connection: an upper bound for the flag itself.
 REQUESTS_PER_CONNECTION_MAX = 10_000
+# What gRPC's own request headers (:path, :authority, content-type, te, user-agent, grpc-timeout)
+# count against grpc.max_metadata_size, generously (HPACK counts name + value + 32 bytes an entry).
+GRPC_STANDARD_HEADERS_BYTES_MAX = 1024
+# `authorization: Bearer <token>` as HPACK counts it.
+TOKEN_HEADER_BYTES_MAX = len("authorization") + len("Bearer ") + TOKEN_CHARS_MAX + 32
 
 
 class SecurityConfigError(SystemExit):
@@ -112,6 +119,12 @@ class SecurityConfig:
         if not 0 <= self.max_requests_per_connection <= REQUESTS_PER_CONNECTION_MAX:
             raise SecurityConfigError(f"--max-concurrent-requests-per-connection must be within "
                                       f"[0, {REQUESTS_PER_CONNECTION_MAX}]")
+        if self.client_port is not None:
+            # The token listener's header bound must let a bearer token through with gRPC's own headers.
+            check(limits.TOKEN_LISTENER_METADATA_BYTES_MAX >= GRPC_STANDARD_HEADERS_BYTES_MAX + TOKEN_HEADER_BYTES_MAX,
+                  "token listener: a %s-byte header bound cannot carry a bearer token (%s bytes) and gRPC's "
+                  "own headers (%s bytes)", limits.TOKEN_LISTENER_METADATA_BYTES_MAX, TOKEN_HEADER_BYTES_MAX,
+                  GRPC_STANDARD_HEADERS_BYTES_MAX)
 
     def tls_material(self) -> TlsMaterial | None:
         """The process's certificate files, read now (None without --tls-dir). Raises TlsConfigError."""
