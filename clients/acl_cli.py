@@ -1,11 +1,18 @@
-"""`highwater acl|token|tls`: manage ACLs and client tokens in etcd, and make certificates.
+"""`highwater acl|token|tls`: manage ACLs and client tokens through the controller, and make certificates.
 
-Like Kafka's original kafka-acls (which wrote to ZooKeeper), the acl and token
-commands talk to etcd directly (--etcd, env HIGHWATER_ETCD): whoever can write
-to etcd is the cluster's administrator anyway. With --tls-dir on the root
-command, etcd is reached with mutual TLS using the certificate named by
---tls-name (default: admin). Services pick up every change within
-milliseconds through their watch.
+The acl and token commands call the controller's admin RPCs (CreateAcls,
+DeleteAcls, DescribeAcls, CreateToken, RevokeToken, ListTokens) through a
+gateway (--bootstrap on the root command), like the topic commands: the
+caller needs Alter on the Cluster to change ACLs or tokens and Describe on
+it to list them, or to be a super user (--super-users on the services). No
+etcd access is involved: an operator needs a client certificate of the
+cluster CA (or a token), never an etcd client certificate. With --tls-dir
+and neither --tls-name nor --token, the certificate DIR/admin.pem is used
+(what `cluster up --tls` makes for its super user).
+
+Bootstrap: with --authorizer acl nobody holds Alter on the Cluster at first;
+a super user grants it (`acl add --principal User:ops --operation Alter
+--cluster`). See docs/SECURITY.md.
 
 Examples:
 
@@ -18,12 +25,11 @@ Examples:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -32,44 +38,39 @@ from rich.table import Table
 
 from services.common.authz import AclBinding, AclError, Operation, PatternType, Permission, ResourceType
 
-T = TypeVar("T")
-ETCD_DEFAULT = "127.0.0.1:2379"
+if TYPE_CHECKING:  # imported when used: `highwater --help` should not load grpc
+    from clients.admin import Admin
+
 DEFAULT_ADMIN_NAME = "admin"
 
 
-def _etcd_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    f = click.option("--etcd-prefix", envvar="HIGHWATER_ETCD_PREFIX", default="/highwater", show_default=True,
-                     help="The cluster's key prefix in etcd.")(f)
-    return click.option("--etcd", envvar="HIGHWATER_ETCD", default=ETCD_DEFAULT, show_default=True,
-                        metavar="HOST:PORT[,HOST:PORT]", help="etcd endpoints (env HIGHWATER_ETCD).")(f)
+def _no_etcd(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value:
+        raise click.UsageError("--etcd is gone: `highwater acl` and `highwater token` call the controller through "
+                               "a gateway now (pass --bootstrap HOST:PORT to `highwater`); no etcd certificate "
+                               "is needed", ctx)
 
 
-def _with_store(ctx: click.Context, etcd: str, prefix: str, action: Callable[[Any], Awaitable[T]]) -> T:
-    """Run `action(store)` against etcd, TLS per the root command's --tls-dir; errors become one line."""
-    from coordinator.store import CoordinatorError, EtcdStore
+def _legacy_etcd_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The old --etcd option, hidden: it says what replaced it instead of "no such option"."""
+    return click.option("--etcd", hidden=True, expose_value=False, callback=_no_etcd, metavar="HOST:PORT")(f)
 
-    tls = None
+
+def _admin(ctx: click.Context) -> Admin:
+    """An Admin client per the root command's --bootstrap, --tls-dir, --tls-name, --token."""
     obj = ctx.find_root().obj
-    tls_dir = getattr(obj, "tls_dir", None)
-    if tls_dir:
-        from services.security.tls import TlsMaterial
+    if obj is None:  # the group invoked on its own (tests): plain defaults
+        from clients.cli import CliContext
+        from clients.config import DEFAULT_BOOTSTRAP
 
-        try:
-            tls = TlsMaterial.load(Path(tls_dir), getattr(obj, "tls_name", None) or DEFAULT_ADMIN_NAME).etcd_tls()
-        except SystemExit as exc:
-            raise click.ClickException(str(exc)) from None
-
-    async def run() -> T:
-        store = await EtcdStore.connect(etcd, prefix=prefix, tls=tls)
-        try:
-            return await action(store)
-        finally:
-            await store.close()
-
-    try:
-        return asyncio.run(run())
-    except (CoordinatorError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+        obj = CliContext(bootstrap=DEFAULT_BOOTSTRAP, output="table", timeout_ms=30_000)
+    if obj.tls_dir and not obj.tls_name and not obj.token:
+        obj.tls_name = DEFAULT_ADMIN_NAME
+    if obj.tls_dir and obj.tls_name and not (Path(obj.tls_dir) / f"{obj.tls_name}.pem").exists():
+        raise click.ClickException(f"no client certificate {Path(obj.tls_dir) / obj.tls_name}.pem: pass "
+                                   "--tls-name NAME (a certificate of the cluster CA) or --token")
+    admin: Admin = obj.admin()
+    return admin
 
 
 # --- acl ---------------------------------------------------------------------------------------
@@ -77,17 +78,19 @@ def _with_store(ctx: click.Context, etcd: str, prefix: str, action: Callable[[An
 
 @click.group("acl")
 def acl_group() -> None:
-    """Add, remove and list ACLs (Kafka's kafka-acls).
+    """Add, remove and list ACLs (Kafka's kafka-acls), through the controller.
 
     An ACL allows or denies a principal an operation on a topic, group or the
     cluster. Deny wins over allow; without any matching allow, access is refused.
-    Services enforce ACLs only when started with --authorizer acl.
+    Services enforce ACLs only when started with --authorizer acl. Adding and
+    removing need Alter on the cluster, listing Describe on it (or a super user).
 
     \b
     Examples:
       highwater acl add --principal User:alice --operation Write --topic orders
       highwater acl add --principal User:etl --operation Read --topic logs- --prefixed
       highwater acl add --principal User:etl --operation Read --group etl
+      highwater acl add --principal User:ops --operation Alter --cluster    # delegate ACL management
       highwater acl list --principal User:alice
     """
 
@@ -125,72 +128,64 @@ def _bindings(principals: tuple[str, ...], operations: tuple[str, ...], topics: 
 
 @acl_group.command("add")
 @_binding_options
-@_etcd_options
+@_legacy_etcd_option
 @click.pass_context
 def acl_add(ctx: click.Context, principals: tuple[str, ...], operations: tuple[str, ...], topics: tuple[str, ...],
-            groups: tuple[str, ...], cluster: bool, prefixed: bool, deny: bool, etcd: str, etcd_prefix: str) -> None:
+            groups: tuple[str, ...], cluster: bool, prefixed: bool, deny: bool) -> None:
     """Add ACLs: every principal x operation x resource given.
 
     Example: highwater acl add --principal User:alice --operation Read --operation Write --topic orders
     """
-    from coordinator.acls import add_acls
-
     bindings = _bindings(principals, operations, topics, groups, cluster, prefixed, deny)
-    added = _with_store(ctx, etcd, etcd_prefix, lambda store: add_acls(store, [b.to_dict() for b in bindings]))
+    with _admin(ctx) as admin:
+        outcome = admin.create_acls(bindings)
     for b in bindings:
         click.echo(b.describe())
-    click.echo(f"{added} added, {len(bindings) - added} already present")
+    added = sum(outcome.values())
+    click.echo(f"{added} added, {len(outcome) - added} already present")
 
 
 @acl_group.command("remove")
 @_binding_options
-@_etcd_options
+@_legacy_etcd_option
 @click.pass_context
 def acl_remove(ctx: click.Context, principals: tuple[str, ...], operations: tuple[str, ...],
-               topics: tuple[str, ...], groups: tuple[str, ...], cluster: bool, prefixed: bool, deny: bool,
-               etcd: str, etcd_prefix: str) -> None:
+               topics: tuple[str, ...], groups: tuple[str, ...], cluster: bool, prefixed: bool, deny: bool) -> None:
     """Remove ACLs (the same arguments as add).
 
     Example: highwater acl remove --principal User:alice --operation Write --topic orders
     """
-    from coordinator.acls import remove_acls
-
     bindings = _bindings(principals, operations, topics, groups, cluster, prefixed, deny)
-    removed = _with_store(ctx, etcd, etcd_prefix, lambda store: remove_acls(store, [b.to_dict() for b in bindings]))
-    click.echo(f"{removed} removed, {len(bindings) - removed} were not present")
+    with _admin(ctx) as admin:
+        outcome = admin.delete_acls(bindings)
+    removed = sum(outcome.values())
+    click.echo(f"{removed} removed, {len(outcome) - removed} were not present")
 
 
 @acl_group.command("list")
-@click.option("--principal", default=None, metavar="User:NAME", help="Only ACLs of this principal.")
+@click.option("--principal", default=None, metavar="User:NAME", help="Only ACLs of this principal (and of User:*).")
 @click.option("--topic", default=None, metavar="NAME", help="Only ACLs whose pattern matches this topic.")
 @click.option("--group", default=None, metavar="NAME", help="Only ACLs whose pattern matches this group.")
-@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@_etcd_options
+@click.option("--cluster", is_flag=True, help="Only ACLs on the cluster.")
+@click.option("--output", "-o", type=click.Choice(["table", "json"]), default=None,
+              help="table or json (default: the root command's --output).")
+@_legacy_etcd_option
 @click.pass_context
-def acl_list(ctx: click.Context, principal: str | None, topic: str | None, group: str | None, output: str,
-             etcd: str, etcd_prefix: str) -> None:
-    """List ACLs, optionally only those of a principal or matching a topic or group.
+def acl_list(ctx: click.Context, principal: str | None, topic: str | None, group: str | None, cluster: bool,
+             output: str | None) -> None:
+    """List ACLs, optionally only those of a principal or matching a topic, a group or the cluster.
 
     Example: highwater acl list --topic orders
     """
-    from coordinator.acls import list_acls
-    from services.common.authz import Resource
-
-    rows = []
-    for data in _with_store(ctx, etcd, etcd_prefix, list_acls):
-        try:
-            b = AclBinding.from_dict(data)
-        except AclError:
-            continue
-        if principal and b.principal not in (principal, "User:*"):
-            continue
-        if topic is not None and not b.matches_resource(Resource(ResourceType.TOPIC, topic)):
-            continue
-        if group is not None and not b.matches_resource(Resource(ResourceType.GROUP, group)):
-            continue
-        rows.append(b)
-    rows.sort(key=lambda b: (b.resource_type.value, b.resource_name, b.principal, b.operation.value))
-    if output == "json":
+    resources = [(t, n) for t, n in (("Topic", topic), ("Group", group), ("Cluster", "" if cluster else None))
+                 if n is not None]
+    if len(resources) > 1:
+        raise click.UsageError("give at most one of --topic, --group, --cluster")
+    resource_type, resource_name = resources[0] if resources else (None, None)
+    with _admin(ctx) as admin:
+        rows = admin.describe_acls(principal, resource_type, resource_name)
+    root = ctx.find_root().obj
+    if (output or getattr(root, "output", "table")) == "json":
         click.echo(json.dumps([b.to_dict() for b in rows], indent=2))
         return
     table = Table(title=f"{len(rows)} ACLs", title_justify="left")
@@ -207,11 +202,12 @@ def acl_list(ctx: click.Context, principal: str | None, topic: str | None, group
 
 @click.group("token")
 def token_group() -> None:
-    """Create, revoke and list bearer tokens for clients without certificates.
+    """Create, revoke and list bearer tokens for clients without certificates, through the controller.
 
     Gateways and brokers accept a token on their TLS listeners (including the
     --client-port one, which needs no client certificate). Only a salted hash
-    is stored; the token is shown once, at creation.
+    is stored; the token is shown once, at creation. Creating and revoking
+    need Alter on the cluster, listing Describe on it (or a super user).
 
     \b
     Examples:
@@ -226,69 +222,69 @@ def token_group() -> None:
 @click.option("--expires-in-s", type=click.IntRange(0), default=0, show_default=True,
               help="Lifetime in seconds (0: until revoked).")
 @click.option("--description", default="", help="A note stored with the token.")
-@_etcd_options
+@_legacy_etcd_option
 @click.pass_context
-def token_create(ctx: click.Context, principal: str, expires_in_s: int, description: str, etcd: str,
-                 etcd_prefix: str) -> None:
+def token_create(ctx: click.Context, principal: str, expires_in_s: int, description: str) -> None:
     """Create a token and print it (once: it cannot be shown again).
 
     Example: highwater token create --principal User:bob --expires-in-s 3600
     """
-    from coordinator.acls import put_token
-    from services.security.tokens import TokenError, new_token
+    from services.common.authz import check_principal
+    from services.security.tokens import TOKEN_LIFETIME_MS_MAX
 
     try:
-        text, token_id, record = new_token(principal, now_ms=int(time.time() * 1000),
-                                           expires_in_ms=expires_in_s * 1000, description=description)
-    except (TokenError, AclError) as exc:
+        check_principal(principal)
+    except AclError as exc:
         raise click.BadParameter(str(exc), param_hint="--principal") from None
-    _with_store(ctx, etcd, etcd_prefix, lambda store: put_token(store, token_id, record.to_dict()))
-    click.echo(f"token id {token_id} for {principal}" +
+    if expires_in_s * 1000 > TOKEN_LIFETIME_MS_MAX:
+        raise click.BadParameter(f"at most {TOKEN_LIFETIME_MS_MAX // 1000} s", param_hint="--expires-in-s")
+    with _admin(ctx) as admin:
+        created = admin.create_token(principal, expires_in_s * 1000, description)
+    click.echo(f"token id {created.description.token_id} for {principal}" +
                (f", expires in {expires_in_s} s" if expires_in_s else ", never expires"), err=True)
-    click.echo(text)
+    click.echo(created.token)
 
 
 @token_group.command("revoke")
 @click.argument("token_ids", nargs=-1, required=True, metavar="TOKEN_ID...")
-@_etcd_options
+@_legacy_etcd_option
 @click.pass_context
-def token_revoke(ctx: click.Context, token_ids: tuple[str, ...], etcd: str, etcd_prefix: str) -> None:
+def token_revoke(ctx: click.Context, token_ids: tuple[str, ...]) -> None:
     """Revoke tokens by id (the part between the dots of hwt.<id>.<secret>, or the whole token).
 
     Example: highwater token revoke 3f2a9c0d1e4b5a69
     """
-    from coordinator.acls import delete_token
-    from services.security.tokens import parse_token
+    from services.security.tokens import token_id_of
 
-    ids = [(parse_token(t) or (t, ""))[0] for t in token_ids]
-
-    async def revoke(store: Any) -> list[bool]:
-        return [await delete_token(store, i) for i in ids]
-
-    for token_id, existed in zip(ids, _with_store(ctx, etcd, etcd_prefix, revoke), strict=True):
-        click.echo(f"{token_id}: {'revoked' if existed else 'no such token'}")
+    ids = []
+    for text in token_ids:
+        token_id = token_id_of(text)
+        if token_id is None:
+            raise click.BadParameter(f"{text[:80]!r} is neither a token nor a token id", param_hint="TOKEN_ID")
+        ids.append(token_id)
+    with _admin(ctx) as admin:
+        for token_id in ids:
+            click.echo(f"{token_id}: {'revoked' if admin.revoke_token(token_id) else 'no such token'}")
 
 
 @token_group.command("list")
-@_etcd_options
+@_legacy_etcd_option
 @click.pass_context
-def token_list(ctx: click.Context, etcd: str, etcd_prefix: str) -> None:
+def token_list(ctx: click.Context) -> None:
     """List tokens: id, principal, expiry (never the secrets).
 
     Example: highwater token list
     """
-    from coordinator.acls import list_tokens
-
-    tokens = _with_store(ctx, etcd, etcd_prefix, list_tokens)
+    with _admin(ctx) as admin:
+        tokens = admin.list_tokens()
     now_ms = int(time.time() * 1000)
     table = Table(title=f"{len(tokens)} tokens", title_justify="left")
     for col in ("id", "principal", "expires", "description"):
         table.add_column(col)
-    for token_id, rec in sorted(tokens.items()):
-        expires = int(rec.get("expires_ms", 0) or 0)
-        when = "never" if not expires else ("expired" if expires <= now_ms else
-                                            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(expires / 1000)))
-        table.add_row(token_id, escape(str(rec.get("principal"))), when, escape(str(rec.get("description", ""))))
+    for t in tokens:
+        when = "never" if not t.expires_ms else ("expired" if t.expires_ms <= now_ms else
+                                                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t.expires_ms / 1000)))
+        table.add_row(t.token_id, escape(t.principal), when, escape(t.description))
     Console(highlight=False, soft_wrap=True).print(table)
 
 
@@ -302,9 +298,8 @@ def tls_group() -> None:
     \b
     Examples:
       highwater tls init ./tls --name etcd --name controller-1 --name broker-1 --name gateway-1 --name admin \\
-          --etcd-client etcd --etcd-client controller-1 --etcd-client broker-1 --etcd-client gateway-1 \\
-          --etcd-client admin
-      highwater tls init ./tls --name alice          # a client: reaches the services, never etcd
+          --etcd-client etcd --etcd-client controller-1 --etcd-client broker-1 --etcd-client gateway-1
+      highwater tls init ./tls --name alice          # a client or operator: reaches the services, never etcd
       highwater tls init ./tls --name broker-2 --host broker-2.internal --etcd-client broker-2
     """
 
@@ -318,8 +313,8 @@ def tls_group() -> None:
               help="Extra DNS name or IP address for every certificate made (besides NAME, localhost, 127.0.0.1).")
 @click.option("--etcd-client", "etcd_clients", multiple=True, metavar="NAME",
               help="An etcd client certificate to make, from the separate etcd client CA (made if missing): only "
-                   "the services, etcd's own health probe (etcd) and operators who run `highwater acl|token`. "
-                   "Repeatable.")
+                   "the services and etcd's own health probe (etcd); operators need none (`highwater acl|token` "
+                   "go through the controller). Repeatable.")
 def tls_init(directory: Path, names: tuple[str, ...], hosts: tuple[str, ...], etcd_clients: tuple[str, ...]
              ) -> None:
     """Create DIRECTORY/ca.pem (if missing) and DIRECTORY/NAME.pem + NAME-key.pem for each name,

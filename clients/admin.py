@@ -1,5 +1,5 @@
 """Admin clients: `AsyncAdmin` (asyncio) and `Admin` (synchronous) — topics, partitions,
-reassignments, leader elections, the cluster and consumer groups.
+reassignments, leader elections, the cluster, consumer groups, ACLs and tokens.
 
 Every call goes to a gateway, which passes admin calls to the active controller
 (DESIGN.md section 3). A per-topic or per-partition error in the answer is raised
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from clients.config import (
@@ -39,7 +40,8 @@ from clients.types import (
     TopicDescription,
     TopicPartition,
 )
-from protos.highwater.v1 import common_pb2, gateway_pb2
+from protos.highwater.v1 import common_pb2, controller_pb2, gateway_pb2
+from services.common.authz import ACL_BINDINGS_PER_REQUEST_MAX, AclBinding, AclError
 from services.common.topics import validate_topic_configs
 
 ELECTION_TYPES = {"preferred": common_pb2.PREFERRED, "unclean": common_pb2.UNCLEAN}
@@ -53,11 +55,59 @@ TOPIC_CONFIG_NAMES = {
     "segment_bytes": "segment.bytes",
     "segment_ms": "segment.ms",
     "max_message_bytes": "max.message.bytes",
+    "message_timestamp_type": "message.timestamp.type",
+    "message_timestamp_before_max_ms": "message.timestamp.before.max.ms",
+    "message_timestamp_after_max_ms": "message.timestamp.after.max.ms",
 }
+# Optional on the wire (0 is a legal value): shown only when the topic sets them.
+_OPTIONAL_TOPIC_CONFIG_FIELDS = frozenset({"message_timestamp_before_max_ms", "message_timestamp_after_max_ms"})
 
 
-def topic_config_dict(config: common_pb2.TopicConfig) -> dict[str, int | bool]:
-    return {kafka_name: getattr(config, field) for field, kafka_name in TOPIC_CONFIG_NAMES.items()}
+def topic_config_dict(config: common_pb2.TopicConfig) -> dict[str, int | bool | str]:
+    return {kafka_name: getattr(config, field) for field, kafka_name in TOPIC_CONFIG_NAMES.items()
+            if field not in _OPTIONAL_TOPIC_CONFIG_FIELDS or config.HasField(field)}
+
+
+@dataclass(frozen=True)
+class TokenDescription:
+    """A bearer token as ListTokens shows it: never its secret. expires_ms 0: never."""
+
+    token_id: str
+    principal: str
+    created_ms: int
+    expires_ms: int
+    description: str
+
+
+@dataclass(frozen=True)
+class CreatedToken:
+    """A new token: `token` (hwt.<id>.<secret>) is shown this once; the cluster keeps only a hash."""
+
+    token: str
+    description: TokenDescription
+
+
+def _token_description(info: controller_pb2.TokenInfo) -> TokenDescription:
+    return TokenDescription(info.token_id, info.principal, info.created_ms, info.expires_ms, info.description)
+
+
+def _binding(msg: controller_pb2.AclBinding) -> AclBinding:
+    try:
+        return AclBinding.of(msg.principal, msg.operation, msg.resource_type, msg.resource_name,
+                             permission=msg.permission, pattern_type=msg.pattern_type or "Literal",
+                             host=msg.host or "*")
+    except AclError as exc:
+        raise error_for_code(common_pb2.UNKNOWN_SERVER_ERROR, f"the cluster answered a malformed ACL: {exc}") from None
+
+
+def _check_bindings(bindings: Iterable[AclBinding], what: str) -> list[AclBinding]:
+    checked = list(bindings)
+    if not checked:
+        raise InvalidArgument(f"{what}() needs at least one ACL binding")
+    for b in checked:
+        if not isinstance(b, AclBinding):
+            raise InvalidArgument(f"{what}() takes AclBinding objects (AclBinding.of(...)), got {b!r}")
+    return checked
 
 
 def _raise_first(errors: list[HighwaterError]) -> None:
@@ -314,6 +364,67 @@ class AsyncAdmin:
                                   key=lambda n: n.node_id)),
         )
 
+    # --- ACLs and tokens (need Alter on the cluster; listing, Describe) -------------------
+
+    async def _alter_acls(self, method: str, bindings: Iterable[AclBinding]) -> dict[AclBinding, bool]:
+        wanted = _check_bindings(bindings, "create_acls" if method == "CreateAcls" else "delete_acls")
+        outcome: dict[AclBinding, bool] = {}
+        errors: list[HighwaterError] = []
+        for start in range(0, len(wanted), ACL_BINDINGS_PER_REQUEST_MAX):
+            chunk = [controller_pb2.AclBinding(**b.to_dict()) for b in wanted[start:start + ACL_BINDINGS_PER_REQUEST_MAX]]
+            request = (controller_pb2.CreateAclsRequest(creations=chunk) if method == "CreateAcls"
+                       else controller_pb2.DeleteAclsRequest(deletions=chunk))
+            response = await self._call(method, request)
+            for r in response.results:
+                if r.error_code != common_pb2.NONE:
+                    errors.append(error_for_code(r.error_code, r.error_message or method))
+                else:
+                    b = _binding(r.binding)
+                    outcome[b] = outcome.get(b, False) or r.changed
+        _raise_first(errors)
+        return outcome
+
+    async def create_acls(self, bindings: Iterable[AclBinding]) -> dict[AclBinding, bool]:
+        """Add ACLs; returns {binding: True if it was new, False if already present}.
+
+        Raises ClusterAuthorizationFailed without Alter on the cluster, InvalidRequest for a
+        malformed binding (the well-formed ones of the same request are added).
+        """
+        return await self._alter_acls("CreateAcls", bindings)
+
+    async def delete_acls(self, bindings: Iterable[AclBinding]) -> dict[AclBinding, bool]:
+        """Remove these exact ACLs; returns {binding: True if it was present}."""
+        return await self._alter_acls("DeleteAcls", bindings)
+
+    async def describe_acls(self, principal: str | None = None, resource_type: str | None = None,
+                            resource_name: str | None = None) -> list[AclBinding]:
+        """ACLs of a principal (and of User:*), and/or whose pattern matches a resource; default all."""
+        response = await self._call("DescribeAcls", controller_pb2.DescribeAclsRequest(
+            principal=principal or "", resource_type=resource_type or "", resource_name=resource_name or ""))
+        return [_binding(b) for b in response.acls]
+
+    async def create_token(self, principal: str, expires_in_ms: int = 0, description: str = "") -> CreatedToken:
+        """A bearer token for the principal (0: until revoked). The token text is returned only here."""
+        check_int("expires_in_ms", expires_in_ms, minimum=0)
+        response = await self._call("CreateToken", controller_pb2.CreateTokenRequest(
+            principal=principal, expires_in_ms=expires_in_ms, description=description))
+        return CreatedToken(response.token, _token_description(response.info))
+
+    async def revoke_token(self, token_id: str) -> bool:
+        """Revoke a token by id (or give the whole token); False when there was no such token."""
+        from services.security.tokens import token_id_of
+
+        parsed = token_id_of(token_id) if isinstance(token_id, str) else None
+        if parsed is None:
+            raise InvalidArgument(f"{str(token_id)[:80]!r} is neither a token nor a token id")
+        response = await self._call("RevokeToken", controller_pb2.RevokeTokenRequest(token_id=parsed))
+        return bool(response.revoked)
+
+    async def list_tokens(self) -> list[TokenDescription]:
+        """Every token: id, principal, creation and expiry, description (never a secret)."""
+        response = await self._call("ListTokens", controller_pb2.ListTokensRequest())
+        return [_token_description(t) for t in response.tokens]
+
     # --- offsets and groups -----------------------------------------------------------
 
     async def list_offsets(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
@@ -428,6 +539,25 @@ class Admin:
 
     def describe_cluster(self) -> ClusterDescription:
         return self._run(self._async.describe_cluster(), "describe_cluster()")
+
+    def create_acls(self, bindings: Iterable[AclBinding]) -> dict[AclBinding, bool]:
+        return self._run(self._async.create_acls(bindings), "create_acls()")
+
+    def delete_acls(self, bindings: Iterable[AclBinding]) -> dict[AclBinding, bool]:
+        return self._run(self._async.delete_acls(bindings), "delete_acls()")
+
+    def describe_acls(self, principal: str | None = None, resource_type: str | None = None,
+                      resource_name: str | None = None) -> list[AclBinding]:
+        return self._run(self._async.describe_acls(principal, resource_type, resource_name), "describe_acls()")
+
+    def create_token(self, principal: str, expires_in_ms: int = 0, description: str = "") -> CreatedToken:
+        return self._run(self._async.create_token(principal, expires_in_ms, description), "create_token()")
+
+    def revoke_token(self, token_id: str) -> bool:
+        return self._run(self._async.revoke_token(token_id), "revoke_token()")
+
+    def list_tokens(self) -> list[TokenDescription]:
+        return self._run(self._async.list_tokens(), "list_tokens()")
 
     def list_offsets(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
         return self._run(self._async.list_offsets(timestamps), "list_offsets()")

@@ -57,6 +57,10 @@ HINTS: list[tuple[type[HighwaterError], str]] = [
     (wire_errors.NotController, "a controller election is in progress: retry in a few seconds"),
     (wire_errors.LeaderNotAvailable, "a leader election is in progress: retry in a few seconds"),
     (wire_errors.MessageTooLarge, "records and batches are limited by max.message.bytes (1 MiB by default)"),
+    (wire_errors.ClusterAuthorizationFailed, "your principal lacks an ACL for this: `highwater acl` and `highwater "
+                                             "token` need Alter on the cluster (listing: Describe), granted by a "
+                                             "super user with `highwater acl add --principal User:NAME --operation "
+                                             "Alter --cluster`; see docs/SECURITY.md"),
 ]
 
 

@@ -115,8 +115,9 @@ class LocalCluster:
 
             services = [*(f"controller-{i}" for i in range(1, controllers + 1)),
                         *(f"broker-{i}" for i in range(1, brokers + 1)), *(f"gateway-{i}" for i in range(1, gateways + 1))]
-            # etcd takes client certificates of its own CA only: the services', the admin's (for
-            # `highwater acl|token`) and its own health probe's. Client certificates of the
+            # etcd takes client certificates of its own CA only: the services', its own health
+            # probe's and the admin's (for tests and debugging that read etcd itself; `highwater
+            # acl|token` go through the controller's RPCs and need none). Client certificates of the
             # cluster CA (issue_client_certificate) cannot reach it.
             ensure_local_pki(self.tls_dir, ["etcd", ADMIN_TLS_NAME, *services],
                              etcd_clients=["etcd", ADMIN_TLS_NAME, *services])
@@ -389,7 +390,7 @@ def up_command(data_dir: Path, brokers: int, controllers: int, gateways: int, ga
         if cluster.tls_dir is not None:
             console.print(f"TLS: certificates in {cluster.tls_dir}; etcd at https://{cluster.etcd.endpoint}; "
                           f"bearer-token clients use {cluster.gateway_client_address} "
-                          f"(highwater --tls-dir {cluster.tls_dir} token create --etcd {cluster.etcd.endpoint} "
+                          f"(highwater --bootstrap {cluster.gateway_address}{tls_flags} token create "
                           "--principal User:NAME)", soft_wrap=True)
         if demo:
             from clients.demo import run_demo

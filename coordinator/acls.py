@@ -15,6 +15,12 @@ event. Nothing here interprets a binding or checks a token: that is
 services/common/authz.py and services/security/tokens.py. Values are plain
 dicts so the coordinator package depends on nothing above it.
 
+Writers: the active controller, through `commit_security_changes` (one
+transaction fenced by its controller epoch, so a deposed controller cannot
+write), when it serves CreateAcls, DeleteAcls, CreateToken and RevokeToken.
+The unfenced helpers (`add_acls`, `put_token`, ...) are for tests and for
+repairs by whoever holds an etcd client certificate.
+
 Every call may raise CoordinatorUnavailable (store.py).
 """
 
@@ -25,7 +31,9 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from coordinator.store import MetadataStore, from_json_bytes, json_bytes
+from coordinator.election import fenced_txn
+from coordinator.limits import ETCD_TXN_OPS_MAX
+from coordinator.store import CoordinatorError, Delete, MetadataStore, Op, Put, from_json_bytes, json_bytes
 
 # Token ids are random hex (services/security/tokens.py); anything else is not ours.
 TOKEN_ID_MAX_CHARS = 64
@@ -104,6 +112,36 @@ async def list_tokens(store: MetadataStore) -> dict[str, dict[str, Any]]:
     keys = security_keys(store)
     kvs, _ = await store.get_prefix(keys.tokens_prefix)
     return {kv.key[len(keys.tokens_prefix):]: _json_or_none(kv.value) or {} for kv in kvs}
+
+
+# --- the controller's fenced writes ---------------------------------------------------
+
+
+async def commit_security_changes(store: MetadataStore, controller_epoch: int,
+                                  changes: Iterable[SecurityChange]) -> None:
+    """Apply the changes in one transaction fenced by controller_epoch: all of them or none.
+
+    A change puts its value under `/security/{acls|tokens}/{name}`, or deletes the key when
+    value is None; build ACL changes with `acl_change`, which names them by digest. Raises
+    ControllerFenced when controller_epoch is no longer current, CoordinatorError when the
+    changes do not fit one transaction, ValueError for a malformed token id.
+    """
+    keys = security_keys(store)
+    ops: list[Op] = []
+    for change in changes:
+        key = keys.token(change.name) if change.kind == "token" else f"{keys.acls_prefix}{change.name}"
+        ops.append(Delete(key) if change.value is None else Put(key, json_bytes(change.value)))
+    if not ops:
+        return
+    if len(ops) > ETCD_TXN_OPS_MAX:
+        raise CoordinatorError(f"{len(ops)} security changes do not fit one etcd transaction "
+                               f"(at most {ETCD_TXN_OPS_MAX})")
+    await fenced_txn(store, controller_epoch, [], ops)
+
+
+def acl_change(binding: dict[str, str], *, delete: bool = False) -> SecurityChange:
+    """The change that stores (or removes) one binding under its digest key."""
+    return SecurityChange("acl", acl_digest(binding), None if delete else binding)
 
 
 # --- snapshot and watch (for the services' caches) ------------------------------------

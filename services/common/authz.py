@@ -44,6 +44,12 @@ _PRINCIPAL = re.compile(r"^User:[\x21-\x7e][\x20-\x7e]*$")
 # Decisions cached per Authorizer snapshot; a new snapshot starts empty. The
 # bound keeps a flood of distinct topic names from growing memory.
 DECISION_CACHE_ENTRIES_MAX = 100_000
+# ACLs in the cluster: every service holds all of them and scans those of a
+# resource type per uncached decision, and DescribeAcls returns them in one answer.
+ACL_BINDINGS_MAX = 10_000
+# Bindings one CreateAcls/DeleteAcls request may name: they are written in one
+# etcd transaction (etcd's default --max-txn-ops is 128).
+ACL_BINDINGS_PER_REQUEST_MAX = 100
 
 
 class AclError(ValueError):
@@ -179,6 +185,46 @@ class AclBinding:
         """One line for people: 'User:alice has Allow permission for Read on Topic:LITERAL:orders'."""
         return (f"{self.principal} has {self.permission.value} permission for {self.operation.value} on "
                 f"{self.resource_type.value}:{self.pattern_type.value.upper()}:{self.resource_name}")
+
+    def sort_key(self) -> tuple[str, str, str, str, str, str]:
+        """The order listings use: resource, then principal, then operation."""
+        return (self.resource_type.value, self.resource_name, self.pattern_type.value, self.principal,
+                self.operation.value, self.permission.value)
+
+
+@dataclass(frozen=True, slots=True)
+class AclFilter:
+    """Which bindings a listing returns (Kafka's AclBindingFilter with pattern type MATCH).
+
+    principal: bindings of this principal and of everyone ("User:*"); None: any.
+    resource_type: bindings on resources of this type; None: any.
+    resource_name: with a type, bindings whose pattern matches this very resource
+      (literal name, "*" or a matching prefix); None: any name.
+    """
+
+    principal: str | None = None
+    resource_type: ResourceType | None = None
+    resource_name: str | None = None
+
+    @classmethod
+    def of(cls, principal: str = "", resource_type: str = "", resource_name: str = "") -> AclFilter:
+        """Empty strings match everything; raises AclError for a malformed principal or type."""
+        if principal and principal != WILDCARD_PRINCIPAL:
+            check_principal(principal)
+        if resource_name and not resource_type:
+            raise AclError("a resource name needs a resource type (Topic, Group or Cluster)")
+        rtype = _enum(ResourceType, resource_type, "resource type") if resource_type else None
+        name = CLUSTER_NAME if rtype is ResourceType.CLUSTER else (resource_name or None)
+        return cls(principal or None, rtype, name)
+
+    def matches(self, binding: AclBinding) -> bool:
+        if self.principal is not None and binding.principal not in (self.principal, WILDCARD_PRINCIPAL):
+            return False
+        if self.resource_type is None:
+            return True
+        if self.resource_name is None:
+            return binding.resource_type is self.resource_type
+        return binding.matches_resource(Resource(self.resource_type, self.resource_name))
 
 
 class Authorizer:

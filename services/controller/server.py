@@ -4,26 +4,32 @@ Every instance serves ControllerService from the start. While standing by it
 answers NOT_CONTROLLER with the active controller's address; once it wins the
 election it loads the cluster from etcd and runs the event loop until it loses
 its lease or is fenced, then it stops acting at once and campaigns again.
+
+The security admin calls (ACLs, tokens) are decided in security_admin.py and
+written here, one at a time, in a transaction fenced by the active epoch;
+they touch nothing the event loop owns, so they do not queue behind it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
 
+from coordinator.acls import SecurityChange, acl_change, commit_security_changes, load_security
 from coordinator.election import ControllerElection, ControllerFenced, current_controller
-from coordinator.store import EtcdStore
+from coordinator.store import CoordinatorError, EtcdStore
 from protos.highwater.v1 import common_pb2, controller_pb2, controller_pb2_grpc
 from services.common import limits
 from services.common.errors import HighwaterError
 from services.common.peers import PeerChannels
 from services.common.server import ServiceRuntime
-from services.controller import handlers, metrics
+from services.controller import handlers, metrics, security_admin
 from services.controller.event_loop import ControllerEventLoop, ControllerResigned
 from services.security.config import SecurityConfig
 from services.security.runtime import ServiceSecurity
@@ -59,6 +65,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
         self.active: ControllerEventLoop | None = None
         self.host = ""
         self.port = 0
+        # Security admin calls read, decide and write one at a time, so two of them never
+        # decide on the same snapshot (an ACL counted as created twice, a limit passed).
+        self._security_lock = asyncio.Lock()
 
     async def _not_controller(self, response_cls: type[R]) -> R:
         info = await current_controller(self.store)
@@ -168,6 +177,62 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             partitions=[ctx.partition_state_proto(tp) for tp in ctx.partitions() if tp in ctx.states],
             topic_configs={t: _config(lp_topic.configs) for t, lp_topic in ctx.topics.items()})
 
+    # ---- security admin: ACLs and tokens (authorized by the interceptor's rules) ---------------
+
+    async def _security(self, name: str, response_cls: type[R],
+                        decide: Callable[[security_admin.SecurityState], security_admin.Decision]) -> R:
+        with metrics.REQUEST_LATENCY.labels(name).time():
+            loop = self.active
+            if loop is None:
+                return await self._not_controller(response_cls)
+            async with self._security_lock:
+                try:
+                    snapshot = await load_security(self.store)
+                    decision = decide(security_admin.SecurityState.from_records(snapshot.acls.values(),
+                                                                                snapshot.tokens))
+                    if decision.writes:
+                        await commit_security_changes(self.store, loop.epoch,
+                                                      [_security_change(w) for w in decision.writes])
+                except ControllerFenced:
+                    loop.resigned.set()  # a newer controller exists: stop acting
+                    return await self._not_controller(response_cls)
+                except CoordinatorError as exc:
+                    return response_cls(error_code=common_pb2.REQUEST_TIMED_OUT,  # type: ignore[call-arg]
+                                        error_message=f"{name}: etcd did not take the change ({exc}); retry")
+            response: R = decision.response
+            return response
+
+    async def CreateAcls(self, request: controller_pb2.CreateAclsRequest, context: grpc.aio.ServicerContext
+                         ) -> controller_pb2.CreateAclsResponse:
+        return await self._security("CreateAcls", controller_pb2.CreateAclsResponse,
+                                    lambda state: security_admin.create_acls(state, request))
+
+    async def DeleteAcls(self, request: controller_pb2.DeleteAclsRequest, context: grpc.aio.ServicerContext
+                         ) -> controller_pb2.DeleteAclsResponse:
+        return await self._security("DeleteAcls", controller_pb2.DeleteAclsResponse,
+                                    lambda state: security_admin.delete_acls(state, request))
+
+    async def DescribeAcls(self, request: controller_pb2.DescribeAclsRequest, context: grpc.aio.ServicerContext
+                           ) -> controller_pb2.DescribeAclsResponse:
+        return await self._security("DescribeAcls", controller_pb2.DescribeAclsResponse,
+                                    lambda state: security_admin.describe_acls(state, request))
+
+    async def CreateToken(self, request: controller_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext
+                          ) -> controller_pb2.CreateTokenResponse:
+        now_ms = int(time.time() * 1000)  # wall clock: expiry is checked against every service's wall clock
+        return await self._security("CreateToken", controller_pb2.CreateTokenResponse,
+                                    lambda state: security_admin.create_token(state, request, now_ms=now_ms))
+
+    async def RevokeToken(self, request: controller_pb2.RevokeTokenRequest, context: grpc.aio.ServicerContext
+                          ) -> controller_pb2.RevokeTokenResponse:
+        return await self._security("RevokeToken", controller_pb2.RevokeTokenResponse,
+                                    lambda state: security_admin.revoke_token(state, request))
+
+    async def ListTokens(self, request: controller_pb2.ListTokensRequest, context: grpc.aio.ServicerContext
+                         ) -> controller_pb2.ListTokensResponse:
+        return await self._security("ListTokens", controller_pb2.ListTokensResponse,
+                                    lambda state: security_admin.list_tokens(state, request))
+
     async def InitProducerId(self, request: common_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext
                              ) -> common_pb2.InitProducerIdResponse:
         loop = self.active
@@ -183,6 +248,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             loop.resigned.set()  # a newer controller exists: stop acting
             return await self._not_controller(common_pb2.InitProducerIdResponse)
         return common_pb2.InitProducerIdResponse(producer_id=producer_id, producer_epoch=0)
+
+
+def _security_change(write: security_admin.SecurityWrite) -> SecurityChange:
+    if isinstance(write, security_admin.AclWrite):
+        return acl_change(write.binding, delete=write.delete)
+    return SecurityChange("token", write.token_id, write.record)
 
 
 def _config(configs: dict[str, str]) -> common_pb2.TopicConfig:

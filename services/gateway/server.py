@@ -25,7 +25,7 @@ import grpc
 from coordinator.election import current_controller
 from coordinator.registration import register_gateway, register_waiting_for_old_lease
 from coordinator.store import EtcdStore, Put
-from protos.highwater.v1 import broker_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc
+from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
 from services.common.peers import PeerChannels
@@ -46,6 +46,8 @@ ROUTING_RETRY_BACKOFF_MS = 100
 # The least time between two metadata pulls from the controller.
 METADATA_REFRESH_INTERVAL_MS_MIN = 50
 SUBSCRIBE_POLL_WAIT_MS = 500
+# Statuses of the controller's own authorization checks, passed on as they are.
+AUTHORIZATION_STATUSES = frozenset({grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED})
 
 
 @dataclass(frozen=True)
@@ -396,12 +398,19 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     # ---- admin pass-through -------------------------------------------------------------------
 
-    async def _admin(self, rpc: str, request: Any, response_cls: type) -> Any:
-        """Call the active controller; follow one NOT_CONTROLLER redirect."""
-        with metrics.REQUEST_LATENCY.labels(rpc).time():
-            return await self._admin_timed(rpc, request, response_cls)
+    async def _admin(self, rpc: str, request: Any, response_cls: type,
+                     context: grpc.aio.ServicerContext | None = None) -> Any:
+        """Call the active controller; follow one NOT_CONTROLLER redirect.
 
-    async def _admin_timed(self, rpc: str, request: Any, response_cls: type) -> Any:
+        With `context`, a refusal of the controller's own authorization (it re-checks the
+        forwarded principal) is passed on to the client as that status, not as a
+        retriable NOT_CONTROLLER: the ACL and token calls give it.
+        """
+        with metrics.REQUEST_LATENCY.labels(rpc).time():
+            return await self._admin_timed(rpc, request, response_cls, context)
+
+    async def _admin_timed(self, rpc: str, request: Any, response_cls: type,
+                           context: grpc.aio.ServicerContext | None = None) -> Any:
         address = await self.controller_address()
         for _ in range(3):
             if address is None:
@@ -410,6 +419,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             try:
                 resp = await getattr(self.peers.controller(address), rpc)(request, timeout=30.0)
             except grpc.aio.AioRpcError as exc:
+                if context is not None and exc.code() in AUTHORIZATION_STATUSES:
+                    await context.abort(exc.code(), f"the controller refused: {exc.details()}")
                 return response_cls(error_code=common_pb2.NOT_CONTROLLER,
                                     error_message=f"controller at {address} could not be reached: {exc.code().name}")
             if resp.error_code == common_pb2.NOT_CONTROLLER and resp.active_controller.port:
@@ -455,6 +466,33 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def InitProducerId(self, request: common_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext
                              ) -> common_pb2.InitProducerIdResponse:
         return await self._admin("InitProducerId", request, common_pb2.InitProducerIdResponse)
+
+    # ACLs and tokens: authorized here and again at the controller, which sees the client's
+    # principal (rules.FORWARDED_METHODS), never the gateway's own identity.
+
+    async def CreateAcls(self, request: controller_pb2.CreateAclsRequest, context: grpc.aio.ServicerContext
+                         ) -> controller_pb2.CreateAclsResponse:
+        return await self._admin("CreateAcls", request, controller_pb2.CreateAclsResponse, context)
+
+    async def DeleteAcls(self, request: controller_pb2.DeleteAclsRequest, context: grpc.aio.ServicerContext
+                         ) -> controller_pb2.DeleteAclsResponse:
+        return await self._admin("DeleteAcls", request, controller_pb2.DeleteAclsResponse, context)
+
+    async def DescribeAcls(self, request: controller_pb2.DescribeAclsRequest, context: grpc.aio.ServicerContext
+                           ) -> controller_pb2.DescribeAclsResponse:
+        return await self._admin("DescribeAcls", request, controller_pb2.DescribeAclsResponse, context)
+
+    async def CreateToken(self, request: controller_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext
+                          ) -> controller_pb2.CreateTokenResponse:
+        return await self._admin("CreateToken", request, controller_pb2.CreateTokenResponse, context)
+
+    async def RevokeToken(self, request: controller_pb2.RevokeTokenRequest, context: grpc.aio.ServicerContext
+                          ) -> controller_pb2.RevokeTokenResponse:
+        return await self._admin("RevokeToken", request, controller_pb2.RevokeTokenResponse, context)
+
+    async def ListTokens(self, request: controller_pb2.ListTokensRequest, context: grpc.aio.ServicerContext
+                         ) -> controller_pb2.ListTokensResponse:
+        return await self._admin("ListTokens", request, controller_pb2.ListTokensResponse, context)
 
 
 async def serve(config: GatewayConfig) -> None:

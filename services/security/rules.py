@@ -26,6 +26,14 @@ very broker; AlterPartition and ControlledShutdown only from the broker they
 name. Service identities act as super users on the data plane (a gateway
 refreshing metadata, a follower fetching). Without TLS there are no
 identities and these checks are skipped, as before this layer existed.
+
+ACLs and tokens are managed through the controller's admin RPCs: CreateAcls
+and DeleteAcls need Alter on the Cluster, DescribeAcls Describe on it (Kafka's
+rules); CreateToken and RevokeToken need Alter, ListTokens Describe, alike,
+since a token may name any principal. Alter on the Cluster is
+therefore full administration (its holder can grant itself anything and mint
+a token for any principal); the first one is granted by a super user
+(--super-users), who needs no ACL.
 """
 
 from __future__ import annotations
@@ -474,6 +482,13 @@ _ADMIN: dict[str, Rule] = {
     "ElectLeaders": _cluster(Operation.ALTER, "ElectLeaders"),
     "DescribeCluster": describe_cluster,
     "InitProducerId": init_producer_id,
+    # Security admin: Kafka's rules for the ACL calls; the token calls follow them.
+    "CreateAcls": _cluster(Operation.ALTER, "CreateAcls"),
+    "DeleteAcls": _cluster(Operation.ALTER, "DeleteAcls"),
+    "DescribeAcls": _cluster(Operation.DESCRIBE, "DescribeAcls"),
+    "CreateToken": _cluster(Operation.ALTER, "CreateToken"),
+    "RevokeToken": _cluster(Operation.ALTER, "RevokeToken"),
+    "ListTokens": _cluster(Operation.DESCRIBE, "ListTokens"),
 }
 RULES: dict[str, Rule] = {
     _BROKER + "LeaderAndIsr": _from(("controller",), "LeaderAndIsr"),
@@ -505,7 +520,9 @@ UNAUTHENTICATED_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.heal
 # Methods whose request/response byte counts are charged to byte-rate quotas.
 PRODUCE_METHODS = frozenset({_BROKER + "Produce", _GATEWAY + "Produce"})
 FETCH_METHODS = frozenset({_BROKER + "Fetch", _GATEWAY + "Fetch", _GATEWAY + "Subscribe"})
-# Calls a gateway makes on behalf of its client: the principal travels with them.
+# Calls a gateway makes on behalf of its client: the principal travels with them, so the
+# controller authorizes the client and never the gateway's own (service) identity. Every
+# admin call but DescribeCluster, which gateways also make for themselves.
 FORWARDED_METHODS = frozenset({
     _BROKER + "Produce", _BROKER + "Fetch", _BROKER + "ListOffsets", _BROKER + "Metadata",
     *(_CONTROLLER + name for name in _ADMIN if name != "DescribeCluster"),

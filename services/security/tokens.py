@@ -10,6 +10,10 @@ secrets chosen by people against guessing. These secrets are 256 random bits;
 nobody can enumerate them, and a salted sha256 costs about a microsecond, so
 every request can be checked without a cache of verified tokens.
 
+Tokens are made by the active controller's CreateToken
+(services/controller/security_admin.py), which returns the token text once
+and stores only the record; RevokeToken deletes the record.
+
 Comparisons use hmac.compare_digest. Expiry is checked against the `now_ms`
 the caller passes in (wall-clock milliseconds): this module reads no clock.
 """
@@ -34,6 +38,12 @@ TOKEN_SALT_BYTES = 16
 TOKEN_CHARS_MAX = 128
 # Human text stored with a token, bounded like every other field.
 TOKEN_DESCRIPTION_CHARS_MAX = 200
+# Longest lifetime a token may be given (ten years): keeps expires_ms far inside int64.
+TOKEN_LIFETIME_MS_MAX = 10 * 365 * 24 * 3600 * 1000
+# Tokens in the cluster: every service keeps every token record in memory.
+TOKENS_MAX = 10_000
+# Token ids are 16 hex digits; ids up to this long are accepted when read back (etcd keys, revocations).
+TOKEN_ID_CHARS_MAX = 64
 
 
 class TokenError(ValueError):
@@ -81,14 +91,19 @@ def new_token(principal: str, *, now_ms: int, expires_in_ms: int = 0, descriptio
     check_principal(principal)
     if is_reserved_principal(principal):
         raise TokenError(f"{principal} is a service identity; services authenticate with certificates only")
-    if expires_in_ms < 0:
-        raise TokenError(f"expiry must be >= 0 ms (0: never), got {expires_in_ms}")
+    if not 0 <= expires_in_ms <= TOKEN_LIFETIME_MS_MAX:
+        raise TokenError(f"expiry must be within [0, {TOKEN_LIFETIME_MS_MAX}] ms (0: never), got {expires_in_ms}")
     token_id = secrets.token_hex(TOKEN_ID_BYTES)
     secret = base64.urlsafe_b64encode(secrets.token_bytes(TOKEN_SECRET_BYTES)).decode().rstrip("=")
     salt = secrets.token_bytes(TOKEN_SALT_BYTES)
     record = TokenRecord(principal, salt, _digest(salt, secret), now_ms,
                          now_ms + expires_in_ms if expires_in_ms else 0, description[:TOKEN_DESCRIPTION_CHARS_MAX])
     return f"{TOKEN_SCHEME}.{token_id}.{secret}", token_id, record
+
+
+def is_token_id(text: str) -> bool:
+    """True for what may name a token record: 1-TOKEN_ID_CHARS_MAX ASCII letters or digits."""
+    return 0 < len(text) <= TOKEN_ID_CHARS_MAX and text.isascii() and text.isalnum()
 
 
 def parse_token(text: str) -> tuple[str, str] | None:
@@ -99,9 +114,17 @@ def parse_token(text: str) -> tuple[str, str] | None:
     if len(parts) != 3 or parts[0] != TOKEN_SCHEME or not parts[1] or not parts[2]:
         return None
     token_id, secret = parts[1], parts[2]
-    if not token_id.isascii() or not token_id.isalnum():
+    if not is_token_id(token_id):
         return None
     return token_id, secret
+
+
+def token_id_of(text: str) -> str | None:
+    """The token id of a whole token (hwt.<id>.<secret>) or of a bare id, else None (for revocations)."""
+    parsed = parse_token(text)
+    if parsed is not None:
+        return parsed[0]
+    return text if is_token_id(text) else None
 
 
 def bearer_value(header: str) -> str | None:

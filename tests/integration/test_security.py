@@ -13,12 +13,17 @@ with a forged forwarded principal (PERMISSION_DENIED), and as a principal
 without ACLs (per-partition TOPIC_AUTHORIZATION_FAILED, hidden topics,
 PERMISSION_DENIED for cluster and group operations). After each part, nothing
 was written (log end offsets unchanged) and the cluster still serves the admin.
+
+ACLs and tokens are managed as an operator does it: `highwater acl|token`
+through the gateway to the controller's admin RPCs, with a certificate of the
+cluster CA and no etcd client certificate (issue 17).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -28,21 +33,22 @@ import grpc
 import pytest
 from click.testing import CliRunner
 
+from clients.admin import Admin
 from clients.cli import cli
 from clients.errors import HighwaterError
 from clients.producer import Producer
 from clients.records import Record, decode_batches, encode_batch
-from coordinator.acls import put_token
+from coordinator.acls import load_security
 from coordinator.store import CoordinatorUnavailable, EtcdStore, EtcdTls
 from protos.highwater.v1 import (
     broker_pb2,
     broker_pb2_grpc,
     common_pb2,
     controller_pb2,
+    controller_pb2_grpc,
     gateway_pb2,
     gateway_pb2_grpc,
 )
-from services.security import tokens
 from services.security.certs import create_ca, issue_certificate
 from services.security.client import ClientTls
 from tests.integration.conftest import TEST_LEASE_TTL_S, TestCluster
@@ -100,11 +106,18 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
         c.stop()
 
 
-def acl(c: TestCluster, *args: str) -> str:
-    result = CliRunner().invoke(cli, ["--tls-dir", str(c.tls_dir), "acl", args[0], "--etcd", c.etcd_endpoint,
-                                      *args[1:]])
-    assert result.exit_code == 0, result.output
+def highwater(c: TestCluster, *args: str, tls_dir: Path | None = None, name: str | None = None,
+              expect_exit: int = 0) -> str:
+    """Run the `highwater` CLI against the cluster's gateway, as an operator would (no etcd involved)."""
+    root = ["--bootstrap", c.gateway_address, "--tls-dir", str(tls_dir or c.tls_dir)]
+    result = CliRunner().invoke(cli, [*root, *(["--tls-name", name] if name else []), *args])
+    assert result.exit_code == expect_exit, (args, result.output)
     return result.output
+
+
+def acl(c: TestCluster, *args: str) -> str:
+    """`highwater acl ARGS` as the super user User:admin (the CLI's default certificate with --tls-dir)."""
+    return highwater(c, "acl", *args)
 
 
 def settings(c: TestCluster, name: str | None) -> ClientTls:
@@ -154,18 +167,9 @@ def codes(resp: common_pb2.ProduceResponse) -> dict[str, int]:
 
 
 def make_token(c: TestCluster, principal: str, *, expires_in_ms: int = 0) -> str:
-    text, token_id, record = tokens.new_token(principal, now_ms=int(time.time() * 1000),
-                                              expires_in_ms=expires_in_ms)
-
-    async def put() -> None:
-        store = await EtcdStore.connect(c.etcd_endpoint, tls=c.etcd_tls())
-        try:
-            await put_token(store, token_id, record.to_dict())
-        finally:
-            await store.close()
-
-    asyncio.run(put())
-    return text
+    """A token from the controller's CreateToken, asked by the super user through the gateway."""
+    with Admin(c.gateway_address, **c.client_settings("admin")) as admin:
+        return admin.create_token(principal, expires_in_ms).token
 
 
 def raw_call(ch: grpc.Channel, service: str, method: str, payload: bytes = b"") -> grpc.StatusCode:
@@ -195,9 +199,7 @@ def test_every_rpc_of_every_service_refuses_missing_wrong_expired_and_revoked_cr
     revoked = make_token(secure, "User:alice")
     ok = gateway_pb2_grpc.GatewayServiceStub(channel(secure, "gateway-1", None, token=revoked, client_port=True))
     wait_for(lambda: _works(ok), timeout_s=10, what="the new token to reach the gateway")
-    result = CliRunner().invoke(cli, ["--tls-dir", str(secure.tls_dir), "token", "revoke", revoked,
-                                      "--etcd", secure.etcd_endpoint])
-    assert result.exit_code == 0 and "revoked" in result.output, result.output
+    assert "revoked" in highwater(secure, "token", "revoke", revoked)
     wait_for(lambda: not _works(ok), timeout_s=10, what="the revocation to reach the gateway")
     kinds = {"no credentials": None, "wrong token": "hwt.0123456789abcdef.not-the-secret",
              "malformed token": "not-a-token", "expired token": expired, "revoked token": revoked}
@@ -268,11 +270,10 @@ def test_etcd_refuses_client_certificates_of_the_cluster_ca(secure):
     with pytest.raises(CoordinatorUnavailable):
         asyncio.run(connect(EtcdTls(ca_cert=gateway.ca_cert, cert_chain=gateway.cert_chain,
                                     cert_key=gateway.private_key)))
-    # The CLI, run as alice, says what is missing instead of reaching etcd.
-    result = CliRunner().invoke(cli, ["--tls-dir", str(secure.tls_dir), "--tls-name", "alice", "acl", "add",
-                                      "--etcd", secure.etcd_endpoint, "--principal", "User:alice",
-                                      "--operation", "All", "--topic", "*"])
-    assert result.exit_code != 0 and "alice has no etcd client certificate" in result.output, result.output
+    # Nor is the CLI a way around: it goes through the controller, which wants Alter on the cluster.
+    refused = highwater(secure, "acl", "add", "--principal", "User:alice", "--operation", "All", "--topic", "*",
+                        name="alice", expect_exit=1)
+    assert "CLUSTER_AUTHORIZATION_FAILED" in refused and "may not Alter Cluster" in refused, refused
     assert not [line for line in acl(secure, "list").splitlines() if "User:alice" in line and " All " in line]
 
 
@@ -399,6 +400,139 @@ def test_acl_changes_and_token_clients_through_the_library(secure):
         acl(secure, "add", "--principal", "User:tok", "--operation", "All", "--topic", "sec-quota")
     listed = acl(secure, "list", "--principal", "User:alice")
     assert "sec-secret" in listed and "Deny" in listed
+
+
+# --- ACL and token administration: controller RPCs, not etcd (issue 17) ----------------------
+
+
+SECURITY_ADMIN_CALLS = [
+    ("CreateAcls", controller_pb2.CreateAclsRequest(creations=[controller_pb2.AclBinding(
+        principal="User:mallory", permission="Allow", operation="All", resource_type="Cluster")])),
+    ("DeleteAcls", controller_pb2.DeleteAclsRequest(deletions=[controller_pb2.AclBinding(
+        principal="User:alice", permission="Allow", operation="Read", resource_type="Group", resource_name="g1")])),
+    ("DescribeAcls", controller_pb2.DescribeAclsRequest()),
+    ("CreateToken", controller_pb2.CreateTokenRequest(principal="User:admin")),
+    ("RevokeToken", controller_pb2.RevokeTokenRequest(token_id="0123456789abcdef")),
+    ("ListTokens", controller_pb2.ListTokensRequest()),
+]
+
+
+def security_records(c: TestCluster) -> tuple[dict[str, object], set[str]]:
+    """What etcd holds under /security/ (the test reads it with the etcd client certificate cluster up makes)."""
+    async def read() -> tuple[dict[str, object], set[str]]:
+        store = await EtcdStore.connect(c.etcd_endpoint, tls=c.etcd_tls())
+        try:
+            snapshot = await load_security(store)
+            return dict(snapshot.acls), set(snapshot.tokens)
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def test_without_alter_on_the_cluster_no_principal_manages_acls_or_tokens(secure):
+    """mallory (no ACL), alice (ACLs on topics and a group) and a token client with All on a topic are
+    refused every ACL and token call, at the gateway and at the controller itself; nothing changes.
+    The super user is served, at both."""
+    before = security_records(secure)
+    tok = make_token(secure, "User:tok")
+    callers = {"mallory": gw(secure, "mallory"), "alice": gw(secure, "alice"),
+               "token": gw(secure, None, token=tok, client_port=True),
+               "mallory at the controller": controller_pb2_grpc.ControllerServiceStub(
+                   channel(secure, "controller-1", "mallory")),
+               "alice at the controller": controller_pb2_grpc.ControllerServiceStub(
+                   channel(secure, "controller-1", "alice"))}
+    wait_for(lambda: _works(callers["token"]), timeout_s=10, what="the token to reach the gateway")
+    for who, stub in callers.items():
+        for method, request in SECURITY_ADMIN_CALLS:
+            with pytest.raises(grpc.RpcError) as err:
+                getattr(stub, method)(request, timeout=CALL_TIMEOUT_S)
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, (who, method, err.value)
+            assert f"({method})" in str(err.value.details()), err.value.details()
+    # Through the client library, the same refusal is the typed CLUSTER_AUTHORIZATION_FAILED.
+    with Admin(secure.gateway_address, **secure.client_settings("mallory")) as admin, \
+            pytest.raises(HighwaterError) as typed:
+        admin.create_token("User:admin")
+    assert typed.value.code == common_pb2.CLUSTER_AUTHORIZATION_FAILED
+    assert security_records(secure)[0] == before[0] and len(security_records(secure)[1]) == len(before[1]) + 1
+    # The super user may, at the gateway and at the controller.
+    binding = controller_pb2.AclBinding(principal="User:nobody", permission="Deny", operation="Read",
+                                        resource_type="Topic", resource_name="sec-nobody")
+    for stub in (gw(secure), controller_pb2_grpc.ControllerServiceStub(channel(secure, "controller-1", "admin"))):
+        created = stub.CreateAcls(controller_pb2.CreateAclsRequest(creations=[binding]), timeout=CALL_TIMEOUT_S)
+        assert created.error_code == common_pb2.NONE and created.results[0].changed, created
+        listed = stub.DescribeAcls(controller_pb2.DescribeAclsRequest(principal="User:nobody"), timeout=CALL_TIMEOUT_S)
+        assert [(b.operation, b.resource_name) for b in listed.acls] == [("Read", "sec-nobody")]
+        deleted = stub.DeleteAcls(controller_pb2.DeleteAclsRequest(deletions=[binding]), timeout=CALL_TIMEOUT_S)
+        assert deleted.results[0].changed, deleted
+
+
+def test_operators_manage_acls_and_tokens_with_the_cli_and_no_etcd_certificate(secure, tmp_path: Path):
+    """`highwater acl add/list/remove` and `highwater token create/list/revoke` as User:ops, whose TLS
+    directory holds only the cluster CA and its own certificate. A super user delegates ACL management
+    to it with Alter on the cluster; a token it creates works until it revokes it."""
+    import shutil
+
+    secure.issue_client_certificate("ops")
+    ops_dir = tmp_path / "ops-tls"
+    ops_dir.mkdir()
+    for name in ("ca.pem", "ops.pem", "ops-key.pem"):
+        shutil.copy(secure.tls_dir / name, ops_dir / name)
+    assert not [f for f in ops_dir.iterdir() if "etcd" in f.name], "no etcd client CA or certificate"
+
+    def ops(*args: str, expect_exit: int = 0) -> str:
+        return highwater(secure, *args, tls_dir=ops_dir, name="ops", expect_exit=expect_exit)
+
+    refused = ops("acl", "list", expect_exit=1)
+    assert "CLUSTER_AUTHORIZATION_FAILED" in refused and "may not Describe Cluster" in refused, refused
+    assert "1 added, 0 already present" in acl(secure, "add", "--principal", "User:ops", "--operation", "Alter",
+                                               "--cluster")
+    try:
+        wait_for(lambda: CliRunner().invoke(cli, ["--bootstrap", secure.gateway_address, "--tls-dir", str(ops_dir),
+                                                  "--tls-name", "ops", "acl", "list"]).exit_code == 0,
+                 timeout_s=10, what="the grant to reach the gateway and the controller")
+        added = ops("acl", "add", "--principal", "User:carol", "--operation", "Read", "--topic", "sec-ok")
+        assert "User:carol has Allow permission for Read on Topic:LITERAL:sec-ok" in added
+        assert "1 added, 0 already present" in added
+        assert "0 added, 1 already present" in ops("acl", "add", "--principal", "User:carol", "--operation", "Read",
+                                                   "--topic", "sec-ok")
+        listed = ops("acl", "list", "--principal", "User:carol", "--topic", "sec-ok", "--output", "json")
+        assert json.loads(listed) == [{"principal": "User:carol", "permission": "Allow", "operation": "Read",
+                                       "resource_type": "Topic", "resource_name": "sec-ok",
+                                       "pattern_type": "Literal", "host": "*"}]
+        assert "User:carol" in ops("acl", "list", "--topic", "sec-ok")
+
+        created = ops("token", "create", "--principal", "User:carol", "--expires-in-s", "3600",
+                      "--description", "ci")
+        token = next(line for line in created.splitlines() if line.startswith("hwt."))
+        token_id = token.split(".")[1]
+        assert f"token id {token_id} for User:carol, expires in 3600 s" in created
+        carol = gw(secure, None, token=token, client_port=True)
+        wait_for(lambda: _works(carol), timeout_s=10, what="the new token to reach the gateway")
+        assert topics_seen_by(carol) == {"sec-ok"}, "the token acts as User:carol, with carol's ACLs"
+        listed_tokens = ops("token", "list")
+        assert token_id in listed_tokens and "User:carol" in listed_tokens and "ci" in listed_tokens
+        assert token.split(".")[2] not in listed_tokens, "a secret is shown once, at creation"
+
+        assert f"{token_id}: revoked" in ops("token", "revoke", token)
+        wait_for(lambda: not _works(carol), timeout_s=10, what="the revocation to reach the gateway")
+        assert f"{token_id}: no such token" in ops("token", "revoke", token_id)
+        assert token_id not in ops("token", "list")
+        assert "1 removed, 0 were not present" in ops("acl", "remove", "--principal", "User:carol", "--operation",
+                                                      "Read", "--topic", "sec-ok")
+        # Services never hand out tokens for their own names, whoever asks.
+        assert "service identity" in ops("token", "create", "--principal", "User:controller-1", expect_exit=1)
+        # The old direct-to-etcd option says what replaced it.
+        assert "--etcd is gone" in ops("acl", "list", "--etcd", secure.etcd_endpoint, expect_exit=2)
+    finally:
+        acl(secure, "remove", "--principal", "User:ops", "--operation", "Alter", "--cluster")
+    wait_for(lambda: CliRunner().invoke(cli, ["--bootstrap", secure.gateway_address, "--tls-dir", str(ops_dir),
+                                              "--tls-name", "ops", "acl", "list"]).exit_code == 1,
+             timeout_s=10, what="the removed grant to take effect")
+
+
+def topics_seen_by(stub: gateway_pb2_grpc.GatewayServiceStub) -> set[str]:
+    return {t.name for t in stub.Metadata(common_pb2.MetadataRequest(), timeout=CALL_TIMEOUT_S).topics}
 
 
 # --- limits ----------------------------------------------------------------------------------
@@ -616,9 +750,7 @@ def test_revoking_a_token_ends_its_open_subscribe_stream(secure):
     try:
         first = next(iter(stream))
         assert first.error_code == common_pb2.NONE and first.records, "the stream works before the revocation"
-        result = CliRunner().invoke(cli, ["--tls-dir", str(secure.tls_dir), "token", "revoke", token,
-                                          "--etcd", secure.etcd_endpoint])
-        assert result.exit_code == 0, result.output
+        highwater(secure, "token", "revoke", token)
         wait_for(lambda: not _works(client), timeout_s=10, what="the revocation to reach the gateway")
         cutoff = end_offsets(secure)[("sec-quota", 0)]  # written while the gateway already knew
         delivered_after: list[int] = []

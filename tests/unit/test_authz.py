@@ -285,6 +285,83 @@ def test_admin_calls_are_per_topic_or_cluster_wide() -> None:
         rules.init_producer_id(common_pb2.InitProducerIdRequest(), access(authorizer=Authorizer()), LIMITS)
 
 
+SECURITY_ADMIN = {
+    "CreateAcls": (controller_pb2.CreateAclsRequest(), "Alter"),
+    "DeleteAcls": (controller_pb2.DeleteAclsRequest(), "Alter"),
+    "CreateToken": (controller_pb2.CreateTokenRequest(principal="User:alice"), "Alter"),
+    "RevokeToken": (controller_pb2.RevokeTokenRequest(token_id="ab"), "Alter"),
+    "DescribeAcls": (controller_pb2.DescribeAclsRequest(), "Describe"),
+    "ListTokens": (controller_pb2.ListTokensRequest(), "Describe"),
+}
+
+
+@pytest.mark.parametrize("service", ["ControllerService", "GatewayService"])
+@pytest.mark.parametrize("method", sorted(SECURITY_ADMIN))
+def test_acl_and_token_admin_needs_alter_or_describe_on_the_cluster(service: str, method: str) -> None:
+    """Kafka's rules: altering ACLs and tokens needs Alter on the Cluster, describing them Describe;
+    ACLs on topics (even All on every topic) grant nothing here; super users and services may."""
+    request, needed = SECURITY_ADMIN[method]
+    rule = rules.RULES[f"/highwater.v1.{service}/{method}"]
+    everything_but_the_cluster = Authorizer([acl("User:alice", "All", "Topic", "*"),
+                                             acl("User:alice", "All", "Group", "*"),
+                                             acl("User:alice", "Create", "Cluster", "x")])
+    for authorizer in (Authorizer(), everything_but_the_cluster):
+        with pytest.raises(rules.Denied) as denied:
+            rule(request, access(authorizer=authorizer), LIMITS)
+        assert denied.value.code == "PERMISSION_DENIED" and method in denied.value.message
+    granted = Authorizer([acl("User:alice", needed, "Cluster", "x")])
+    assert rule(request, access(authorizer=granted), LIMITS).request is request
+    if needed == "Describe":  # Alter implies Describe, as in Kafka
+        assert rule(request, access(authorizer=Authorizer([acl("User:alice", "Alter", "Cluster", "x")])),
+                    LIMITS).request is request
+    else:  # Describe alone does not let one change anything
+        with pytest.raises(rules.Denied):
+            rule(request, access(authorizer=Authorizer([acl("User:alice", "Describe", "Cluster", "x")])), LIMITS)
+    denied_alter = Authorizer([acl("User:alice", "All", "Cluster", "x"),
+                               acl("User:alice", needed, "Cluster", "x", permission="Deny")])
+    with pytest.raises(rules.Denied):
+        rule(request, access(authorizer=denied_alter), LIMITS)
+    assert rule(request, access(authorizer=Authorizer((), ["User:alice"])), LIMITS).request is request
+    assert rule(request, access(CONTROLLER, Authorizer()), LIMITS).request is request
+
+
+def test_security_admin_calls_carry_the_clients_principal_to_the_controller() -> None:
+    """Were they not forwarded, the controller would see the gateway's certificate: a service, which
+    may do everything, so anyone reaching a gateway could grant itself anything."""
+    for method in SECURITY_ADMIN:
+        assert f"/highwater.v1.ControllerService/{method}" in rules.FORWARDED_METHODS
+
+
+def test_acl_filters_match_a_principal_and_everyone_and_patterns_that_cover_a_resource() -> None:
+    from services.common.authz import AclError, AclFilter
+
+    bindings = [acl("User:alice", "Read", "Topic", "orders"), acl("User:*", "Read", "Topic", "ord", pattern_type="Prefixed"),
+                acl("User:bob", "Read", "Topic", "*"), acl("User:alice", "Read", "Group", "orders"),
+                acl("User:ops", "Alter", "Cluster", "x")]
+    def names(f: AclFilter) -> list[str]:
+        return [f"{b.principal} {b.resource_type.value}:{b.resource_name}" for b in bindings if f.matches(b)]
+    assert names(AclFilter.of()) == names(AclFilter()) and len(names(AclFilter.of())) == 5
+    assert names(AclFilter.of("User:alice")) == ["User:alice Topic:orders", "User:* Topic:ord",
+                                                 "User:alice Group:orders"]
+    assert names(AclFilter.of("", "Topic", "orders")) == ["User:alice Topic:orders", "User:* Topic:ord",
+                                                          "User:bob Topic:*"]
+    assert names(AclFilter.of("", "topic", "other")) == ["User:bob Topic:*"]
+    assert names(AclFilter.of("", "Group")) == ["User:alice Group:orders"]
+    assert names(AclFilter.of("User:ops", "Cluster")) == ["User:ops Cluster:highwater-cluster"]
+    for bad in (("alice", "", ""), ("", "Table", ""), ("", "", "orders")):
+        with pytest.raises(AclError):
+            AclFilter.of(*bad)
+
+
+def test_token_ids_are_read_from_a_whole_token_or_alone() -> None:
+    text, token_id, _ = tokens.new_token("User:bob", now_ms=0)
+    assert tokens.token_id_of(text) == token_id and tokens.token_id_of(token_id) == token_id
+    for bad in ("", "hwt..x", "a/b", "x" * 65, "../etc", "é"):
+        assert tokens.token_id_of(bad) is None, bad
+    with pytest.raises(tokens.TokenError):
+        tokens.new_token("User:bob", now_ms=0, expires_in_ms=tokens.TOKEN_LIFETIME_MS_MAX + 1)
+
+
 def test_every_rpc_of_every_service_has_a_rule() -> None:
     methods = {f"/{svc.full_name}/{m.name}" for module in (broker_pb2, controller_pb2, gateway_pb2)
                for svc in module.DESCRIPTOR.services_by_name.values() for m in svc.methods}

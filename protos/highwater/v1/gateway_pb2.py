@@ -24,35 +24,36 @@ _sym_db = _symbol_database.Default()
 
 from protos.highwater.v1 import broker_pb2 as protos_dot_highwater_dot_v1_dot_broker__pb2
 from protos.highwater.v1 import common_pb2 as protos_dot_highwater_dot_v1_dot_common__pb2
+from protos.highwater.v1 import controller_pb2 as protos_dot_highwater_dot_v1_dot_controller__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/highwater/v1/gateway.proto\x12\x0chighwater.v1\x1a protos/highwater/v1/broker.proto\x1a protos/highwater/v1/common.proto\"b\n\x15OffsetCommitPartition\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x10\n\x08metadata\x18\x03 \x01(\t\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x05\"[\n\x11OffsetCommitTopic\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x37\n\npartitions\x18\x02 \x03(\x0b\x32#.highwater.v1.OffsetCommitPartition\"Y\n\x14\x43ommitOffsetsRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12/\n\x06topics\x18\x02 \x03(\x0b\x32\x1f.highwater.v1.OffsetCommitTopic\"\x8e\x01\n\x15\x43ommitOffsetsResponse\x12+\n\nerror_code\x18\x01 \x01(\x0e\x32\x17.highwater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x31\n\npartitions\x18\x03 \x03(\x0b\x32\x1d.highwater.v1.PartitionResult\"b\n\x1c\x46\x65tchCommittedOffsetsRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x30\n\npartitions\x18\x02 \x03(\x0b\x32\x1c.highwater.v1.TopicPartition\"k\n\x0f\x43ommittedOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x10\n\x08metadata\x18\x04 \x01(\t\x12\x14\n\x0cleader_epoch\x18\x05 \x01(\x05\"\x93\x01\n\x1d\x46\x65tchCommittedOffsetsResponse\x12+\n\nerror_code\x18\x01 \x01(\x0e\x32\x17.highwater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12.\n\x07offsets\x18\x03 \x03(\x0b\x32\x1d.highwater.v1.CommittedOffset\"L\n\x12SubscribePartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\"[\n\x10SubscribeRequest\x12\x34\n\npartitions\x18\x01 \x03(\x0b\x32 .highwater.v1.SubscribePartition\x12\x11\n\tmax_bytes\x18\x02 \x01(\x05\"\xb7\x01\n\x11SubscribeResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.highwater.v1.ErrorCode\x12\x0f\n\x07records\x18\x04 \x01(\x0c\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x06 \x01(\x03\x12\x15\n\rerror_message\x18\x07 \x01(\t2\xdd\x0b\n\x0eGatewayService\x12\x46\n\x07Produce\x12\x1c.highwater.v1.ProduceRequest\x1a\x1d.highwater.v1.ProduceResponse\x12@\n\x05\x46\x65tch\x12\x1a.highwater.v1.FetchRequest\x1a\x1b.highwater.v1.FetchResponse\x12R\n\x0bListOffsets\x12 .highwater.v1.ListOffsetsRequest\x1a!.highwater.v1.ListOffsetsResponse\x12I\n\x08Metadata\x12\x1d.highwater.v1.MetadataRequest\x1a\x1e.highwater.v1.MetadataResponse\x12X\n\rCommitOffsets\x12\".highwater.v1.CommitOffsetsRequest\x1a#.highwater.v1.CommitOffsetsResponse\x12p\n\x15\x46\x65tchCommittedOffsets\x12*.highwater.v1.FetchCommittedOffsetsRequest\x1a+.highwater.v1.FetchCommittedOffsetsResponse\x12N\n\tSubscribe\x12\x1e.highwater.v1.SubscribeRequest\x1a\x1f.highwater.v1.SubscribeResponse0\x01\x12[\n\x0eUpdateMetadata\x12#.highwater.v1.UpdateMetadataRequest\x1a$.highwater.v1.UpdateMetadataResponse\x12[\n\x0eInitProducerId\x12#.highwater.v1.InitProducerIdRequest\x1a$.highwater.v1.InitProducerIdResponse\x12U\n\x0c\x43reateTopics\x12!.highwater.v1.CreateTopicsRequest\x1a\".highwater.v1.CreateTopicsResponse\x12U\n\x0c\x44\x65leteTopics\x12!.highwater.v1.DeleteTopicsRequest\x1a\".highwater.v1.DeleteTopicsResponse\x12\x61\n\x10\x43reatePartitions\x12%.highwater.v1.CreatePartitionsRequest\x1a&.highwater.v1.CreatePartitionsResponse\x12\x82\x01\n\x1b\x41lterPartitionReassignments\x12\x30.highwater.v1.AlterPartitionReassignmentsRequest\x1a\x31.highwater.v1.AlterPartitionReassignmentsResponse\x12\x7f\n\x1aListPartitionReassignments\x12/.highwater.v1.ListPartitionReassignmentsRequest\x1a\x30.highwater.v1.ListPartitionReassignmentsResponse\x12U\n\x0c\x45lectLeaders\x12!.highwater.v1.ElectLeadersRequest\x1a\".highwater.v1.ElectLeadersResponse\x12^\n\x0f\x44\x65scribeCluster\x12$.highwater.v1.DescribeClusterRequest\x1a%.highwater.v1.DescribeClusterResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/highwater/v1/gateway.proto\x12\x0chighwater.v1\x1a protos/highwater/v1/broker.proto\x1a protos/highwater/v1/common.proto\x1a$protos/highwater/v1/controller.proto\"b\n\x15OffsetCommitPartition\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x10\n\x08metadata\x18\x03 \x01(\t\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x05\"[\n\x11OffsetCommitTopic\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x37\n\npartitions\x18\x02 \x03(\x0b\x32#.highwater.v1.OffsetCommitPartition\"Y\n\x14\x43ommitOffsetsRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12/\n\x06topics\x18\x02 \x03(\x0b\x32\x1f.highwater.v1.OffsetCommitTopic\"\x8e\x01\n\x15\x43ommitOffsetsResponse\x12+\n\nerror_code\x18\x01 \x01(\x0e\x32\x17.highwater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x31\n\npartitions\x18\x03 \x03(\x0b\x32\x1d.highwater.v1.PartitionResult\"b\n\x1c\x46\x65tchCommittedOffsetsRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x30\n\npartitions\x18\x02 \x03(\x0b\x32\x1c.highwater.v1.TopicPartition\"k\n\x0f\x43ommittedOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x10\n\x08metadata\x18\x04 \x01(\t\x12\x14\n\x0cleader_epoch\x18\x05 \x01(\x05\"\x93\x01\n\x1d\x46\x65tchCommittedOffsetsResponse\x12+\n\nerror_code\x18\x01 \x01(\x0e\x32\x17.highwater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12.\n\x07offsets\x18\x03 \x03(\x0b\x32\x1d.highwater.v1.CommittedOffset\"L\n\x12SubscribePartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\"[\n\x10SubscribeRequest\x12\x34\n\npartitions\x18\x01 \x03(\x0b\x32 .highwater.v1.SubscribePartition\x12\x11\n\tmax_bytes\x18\x02 \x01(\x05\"\xb7\x01\n\x11SubscribeResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.highwater.v1.ErrorCode\x12\x0f\n\x07records\x18\x04 \x01(\x0c\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x06 \x01(\x03\x12\x15\n\rerror_message\x18\x07 \x01(\t2\xcf\x0f\n\x0eGatewayService\x12\x46\n\x07Produce\x12\x1c.highwater.v1.ProduceRequest\x1a\x1d.highwater.v1.ProduceResponse\x12@\n\x05\x46\x65tch\x12\x1a.highwater.v1.FetchRequest\x1a\x1b.highwater.v1.FetchResponse\x12R\n\x0bListOffsets\x12 .highwater.v1.ListOffsetsRequest\x1a!.highwater.v1.ListOffsetsResponse\x12I\n\x08Metadata\x12\x1d.highwater.v1.MetadataRequest\x1a\x1e.highwater.v1.MetadataResponse\x12X\n\rCommitOffsets\x12\".highwater.v1.CommitOffsetsRequest\x1a#.highwater.v1.CommitOffsetsResponse\x12p\n\x15\x46\x65tchCommittedOffsets\x12*.highwater.v1.FetchCommittedOffsetsRequest\x1a+.highwater.v1.FetchCommittedOffsetsResponse\x12N\n\tSubscribe\x12\x1e.highwater.v1.SubscribeRequest\x1a\x1f.highwater.v1.SubscribeResponse0\x01\x12[\n\x0eUpdateMetadata\x12#.highwater.v1.UpdateMetadataRequest\x1a$.highwater.v1.UpdateMetadataResponse\x12[\n\x0eInitProducerId\x12#.highwater.v1.InitProducerIdRequest\x1a$.highwater.v1.InitProducerIdResponse\x12U\n\x0c\x43reateTopics\x12!.highwater.v1.CreateTopicsRequest\x1a\".highwater.v1.CreateTopicsResponse\x12U\n\x0c\x44\x65leteTopics\x12!.highwater.v1.DeleteTopicsRequest\x1a\".highwater.v1.DeleteTopicsResponse\x12\x61\n\x10\x43reatePartitions\x12%.highwater.v1.CreatePartitionsRequest\x1a&.highwater.v1.CreatePartitionsResponse\x12\x82\x01\n\x1b\x41lterPartitionReassignments\x12\x30.highwater.v1.AlterPartitionReassignmentsRequest\x1a\x31.highwater.v1.AlterPartitionReassignmentsResponse\x12\x7f\n\x1aListPartitionReassignments\x12/.highwater.v1.ListPartitionReassignmentsRequest\x1a\x30.highwater.v1.ListPartitionReassignmentsResponse\x12U\n\x0c\x45lectLeaders\x12!.highwater.v1.ElectLeadersRequest\x1a\".highwater.v1.ElectLeadersResponse\x12^\n\x0f\x44\x65scribeCluster\x12$.highwater.v1.DescribeClusterRequest\x1a%.highwater.v1.DescribeClusterResponse\x12O\n\nCreateAcls\x12\x1f.highwater.v1.CreateAclsRequest\x1a .highwater.v1.CreateAclsResponse\x12O\n\nDeleteAcls\x12\x1f.highwater.v1.DeleteAclsRequest\x1a .highwater.v1.DeleteAclsResponse\x12U\n\x0c\x44\x65scribeAcls\x12!.highwater.v1.DescribeAclsRequest\x1a\".highwater.v1.DescribeAclsResponse\x12R\n\x0b\x43reateToken\x12 .highwater.v1.CreateTokenRequest\x1a!.highwater.v1.CreateTokenResponse\x12R\n\x0bRevokeToken\x12 .highwater.v1.RevokeTokenRequest\x1a!.highwater.v1.RevokeTokenResponse\x12O\n\nListTokens\x12\x1f.highwater.v1.ListTokensRequest\x1a .highwater.v1.ListTokensResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.highwater.v1.gateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OFFSETCOMMITPARTITION']._serialized_start=119
-  _globals['_OFFSETCOMMITPARTITION']._serialized_end=217
-  _globals['_OFFSETCOMMITTOPIC']._serialized_start=219
-  _globals['_OFFSETCOMMITTOPIC']._serialized_end=310
-  _globals['_COMMITOFFSETSREQUEST']._serialized_start=312
-  _globals['_COMMITOFFSETSREQUEST']._serialized_end=401
-  _globals['_COMMITOFFSETSRESPONSE']._serialized_start=404
-  _globals['_COMMITOFFSETSRESPONSE']._serialized_end=546
-  _globals['_FETCHCOMMITTEDOFFSETSREQUEST']._serialized_start=548
-  _globals['_FETCHCOMMITTEDOFFSETSREQUEST']._serialized_end=646
-  _globals['_COMMITTEDOFFSET']._serialized_start=648
-  _globals['_COMMITTEDOFFSET']._serialized_end=755
-  _globals['_FETCHCOMMITTEDOFFSETSRESPONSE']._serialized_start=758
-  _globals['_FETCHCOMMITTEDOFFSETSRESPONSE']._serialized_end=905
-  _globals['_SUBSCRIBEPARTITION']._serialized_start=907
-  _globals['_SUBSCRIBEPARTITION']._serialized_end=983
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=985
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=1076
-  _globals['_SUBSCRIBERESPONSE']._serialized_start=1079
-  _globals['_SUBSCRIBERESPONSE']._serialized_end=1262
-  _globals['_GATEWAYSERVICE']._serialized_start=1265
-  _globals['_GATEWAYSERVICE']._serialized_end=2766
+  _globals['_OFFSETCOMMITPARTITION']._serialized_start=157
+  _globals['_OFFSETCOMMITPARTITION']._serialized_end=255
+  _globals['_OFFSETCOMMITTOPIC']._serialized_start=257
+  _globals['_OFFSETCOMMITTOPIC']._serialized_end=348
+  _globals['_COMMITOFFSETSREQUEST']._serialized_start=350
+  _globals['_COMMITOFFSETSREQUEST']._serialized_end=439
+  _globals['_COMMITOFFSETSRESPONSE']._serialized_start=442
+  _globals['_COMMITOFFSETSRESPONSE']._serialized_end=584
+  _globals['_FETCHCOMMITTEDOFFSETSREQUEST']._serialized_start=586
+  _globals['_FETCHCOMMITTEDOFFSETSREQUEST']._serialized_end=684
+  _globals['_COMMITTEDOFFSET']._serialized_start=686
+  _globals['_COMMITTEDOFFSET']._serialized_end=793
+  _globals['_FETCHCOMMITTEDOFFSETSRESPONSE']._serialized_start=796
+  _globals['_FETCHCOMMITTEDOFFSETSRESPONSE']._serialized_end=943
+  _globals['_SUBSCRIBEPARTITION']._serialized_start=945
+  _globals['_SUBSCRIBEPARTITION']._serialized_end=1021
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=1023
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=1114
+  _globals['_SUBSCRIBERESPONSE']._serialized_start=1117
+  _globals['_SUBSCRIBERESPONSE']._serialized_end=1300
+  _globals['_GATEWAYSERVICE']._serialized_start=1303
+  _globals['_GATEWAYSERVICE']._serialized_end=3302
 # @@protoc_insertion_point(module_scope)

@@ -1,5 +1,6 @@
 from protos.highwater.v1 import broker_pb2 as _broker_pb2
 from protos.highwater.v1 import common_pb2 as _common_pb2
+from protos.highwater.v1 import controller_pb2 as _controller_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

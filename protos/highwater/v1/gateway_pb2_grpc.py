@@ -5,6 +5,7 @@ import warnings
 
 from protos.highwater.v1 import broker_pb2 as protos_dot_highwater_dot_v1_dot_broker__pb2
 from protos.highwater.v1 import common_pb2 as protos_dot_highwater_dot_v1_dot_common__pb2
+from protos.highwater.v1 import controller_pb2 as protos_dot_highwater_dot_v1_dot_controller__pb2
 from protos.highwater.v1 import gateway_pb2 as protos_dot_highwater_dot_v1_dot_gateway__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -116,6 +117,36 @@ class GatewayServiceStub:
                 request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterRequest.SerializeToString,
                 response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterResponse.FromString,
                 _registered_method=True)
+        self.CreateAcls = channel.unary_unary(
+                '/highwater.v1.GatewayService/CreateAcls',
+                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsRequest.SerializeToString,
+                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsResponse.FromString,
+                _registered_method=True)
+        self.DeleteAcls = channel.unary_unary(
+                '/highwater.v1.GatewayService/DeleteAcls',
+                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
+                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
+                _registered_method=True)
+        self.DescribeAcls = channel.unary_unary(
+                '/highwater.v1.GatewayService/DescribeAcls',
+                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsRequest.SerializeToString,
+                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsResponse.FromString,
+                _registered_method=True)
+        self.CreateToken = channel.unary_unary(
+                '/highwater.v1.GatewayService/CreateToken',
+                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenRequest.SerializeToString,
+                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenResponse.FromString,
+                _registered_method=True)
+        self.RevokeToken = channel.unary_unary(
+                '/highwater.v1.GatewayService/RevokeToken',
+                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenRequest.SerializeToString,
+                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenResponse.FromString,
+                _registered_method=True)
+        self.ListTokens = channel.unary_unary(
+                '/highwater.v1.GatewayService/ListTokens',
+                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensRequest.SerializeToString,
+                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServiceServicer:
@@ -217,6 +248,43 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateAcls(self, request, context):
+        """Security admin (controller.proto), passed to the active controller with the caller's principal.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -299,6 +367,36 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.DescribeCluster,
                     request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterRequest.FromString,
                     response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterResponse.SerializeToString,
+            ),
+            'CreateAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcls,
+                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsRequest.FromString,
+                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsResponse.SerializeToString,
+            ),
+            'DeleteAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcls,
+                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsRequest.FromString,
+                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsResponse.SerializeToString,
+            ),
+            'DescribeAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeAcls,
+                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsRequest.FromString,
+                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsResponse.SerializeToString,
+            ),
+            'CreateToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateToken,
+                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenRequest.FromString,
+                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenResponse.SerializeToString,
+            ),
+            'RevokeToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeToken,
+                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenRequest.FromString,
+                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenResponse.SerializeToString,
+            ),
+            'ListTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTokens,
+                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensRequest.FromString,
+                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -733,6 +831,168 @@ class GatewayService:
             '/highwater.v1.GatewayService/DescribeCluster',
             protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterRequest.SerializeToString,
             protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/CreateAcls',
+            protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsRequest.SerializeToString,
+            protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/DeleteAcls',
+            protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
+            protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/DescribeAcls',
+            protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsRequest.SerializeToString,
+            protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/CreateToken',
+            protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenRequest.SerializeToString,
+            protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/RevokeToken',
+            protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenRequest.SerializeToString,
+            protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/ListTokens',
+            protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensRequest.SerializeToString,
+            protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensResponse.FromString,
             options,
             channel_credentials,
             insecure,
