@@ -455,8 +455,9 @@ def test_well_formed_batches_with_hostile_contents_are_refused(harness: Harness,
     # Some spoilers leave a batch that still decodes (a flipped byte inside a value, a codec
     # flag equal to the batch's own): accepting those is right. Whatever was accepted is
     # checked by decoding it at the end (test_every_service_...).
-    if result.error_code == common_pb2.NONE:
-        harness.outcomes[f"accepted: {what}"] = harness.outcomes.get(f"accepted: {what}", 0) + 1
+    outcome = (f"accepted: {what}" if result.error_code == common_pb2.NONE
+               else f"refused {common_pb2.ErrorCode.Name(result.error_code)}")
+    harness.outcomes[outcome] = harness.outcomes.get(outcome, 0) + 1
 
 
 def test_oversized_requests_are_refused_before_they_are_read(harness: Harness) -> None:
