@@ -6,10 +6,23 @@ paths a plaintext cluster takes without it.
 
 from __future__ import annotations
 
+import os
+import struct
+import time
+
 import grpc
 import pytest
+from crc32c import crc32c
 
+from clients.records import Record, decode_batches, encode_batch
 from protos.highwater.v1 import common_pb2
+from services.common.record_batch import (
+    ATTRIBUTES_POS,
+    CRC_POS,
+    CRC_START_POS,
+    LAST_OFFSET_DELTA_POS,
+    RECORDS_COUNT_POS,
+)
 from tests.integration.conftest import TestCluster
 from tests.integration.helpers import create_topic, gateway_stub, produce, wait_for
 
@@ -71,3 +84,62 @@ def test_malformed_bytes_are_invalid_argument_and_do_not_flood_the_log(cluster: 
     assert len(added) < 2_000, f"200 malformed requests wrote {len(added)} bytes of log"
     # The gateway still serves.
     gateway_stub(cluster.gateway_address).Metadata(common_pb2.MetadataRequest(), timeout=CALL_TIMEOUT_S)
+
+
+def _respoiled(batch: bytes, *, records_count: int | None = None, codec: int | None = None) -> bytes:
+    """`batch` with a header field changed and its CRC recomputed: only a check of the contents refuses it."""
+    spoiled = bytearray(batch)
+    if records_count is not None:
+        struct.pack_into(">i", spoiled, RECORDS_COUNT_POS, records_count)
+        struct.pack_into(">i", spoiled, LAST_OFFSET_DELTA_POS, records_count - 1)
+    if codec is not None:
+        attributes = struct.unpack_from(">h", spoiled, ATTRIBUTES_POS)[0]
+        struct.pack_into(">h", spoiled, ATTRIBUTES_POS, (attributes & ~0x07) | codec)
+    struct.pack_into(">I", spoiled, CRC_POS, crc32c(bytes(spoiled[CRC_START_POS:])))
+    return bytes(spoiled)
+
+
+def _open_files(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_tiny_batches_claiming_two_billion_records_are_refused_and_open_no_files(cluster: TestCluster) -> None:
+    """69 bytes claiming 2^31-1 records once passed the header check and rolled a segment each
+    (three files); 7,000 of them took three brokers to 20,000 open files."""
+    gw = gateway_stub(cluster.gateway_address)
+    create_topic(gw, "pt-count", partitions=1, replication_factor=1)
+    wait_for(lambda: produce(gw, "pt-count", 0, [b"first"]).error_code == common_pb2.NONE, timeout_s=20,
+             what="the first write to pt-count")
+    leader = next(p.leader for p in gw.Metadata(common_pb2.MetadataRequest(topics=["pt-count"]),
+                                                 timeout=CALL_TIMEOUT_S).topics[0].partitions)
+    pid = cluster.broker_pid(leader)
+    assert pid is not None
+    files_before, end_before = _open_files(pid), end_offset(cluster, "pt-count")
+    liar = _respoiled(encode_batch([Record(None, b"x", [], int(time.time() * 1000))]), records_count=2**31 - 1)
+    for _ in range(200):
+        result = gw.Produce(common_pb2.ProduceRequest(acks=1, timeout_ms=5000, topics=[common_pb2.ProduceTopicData(
+            topic="pt-count", partitions=[common_pb2.ProducePartitionData(partition=0, records=liar)])]),
+            timeout=CALL_TIMEOUT_S).topics[0].partitions[0]
+        assert result.error_code == common_pb2.INVALID_RECORD, result
+    assert "records_count" in result.error_message and "nothing" in result.error_message
+    assert end_offset(cluster, "pt-count") == end_before
+    assert _open_files(pid) - files_before <= 10, "no segment was rolled for a refused batch"
+
+
+def test_a_batch_no_consumer_could_read_is_refused_and_the_records_before_it_stay_readable(
+        cluster: TestCluster) -> None:
+    gw = gateway_stub(cluster.gateway_address)
+    create_topic(gw, "pt-codec", partitions=1, replication_factor=1)
+    wait_for(lambda: produce(gw, "pt-codec", 0, [b"valid"]).error_code == common_pb2.NONE, timeout_s=20,
+             what="the first write to pt-codec")
+    poison = _respoiled(encode_batch([Record(None, b"poison", [], int(time.time() * 1000))]), codec=7)
+    result = gw.Produce(common_pb2.ProduceRequest(acks=-1, timeout_ms=5000, topics=[common_pb2.ProduceTopicData(
+        topic="pt-codec", partitions=[common_pb2.ProducePartitionData(partition=0, records=poison)])]),
+        timeout=CALL_TIMEOUT_S).topics[0].partitions[0]
+    assert result.error_code == common_pb2.CORRUPT_MESSAGE and "codec 7" in result.error_message, result
+    assert produce(gw, "pt-codec", 0, [b"after"]).error_code == common_pb2.NONE
+    fetched = gw.Fetch(common_pb2.FetchRequest(replica_id=-1, max_wait_ms=0, topics=[common_pb2.FetchTopic(
+        topic="pt-codec", partitions=[common_pb2.FetchPartition(partition=0, fetch_offset=0, current_leader_epoch=-1,
+                                                                partition_max_bytes=1 << 20)])]),
+        timeout=CALL_TIMEOUT_S).topics[0].partitions[0]
+    assert [r.value for r in decode_batches(fetched.records)] == [b"valid", b"after"]
