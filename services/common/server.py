@@ -25,8 +25,10 @@ from typing import Any
 
 import grpc
 import prometheus_client
+from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
+from grpc_reflection.v1alpha._async import ReflectionServicer
 
 from services.common import limits
 from services.common.request_guard import MalformedRequestGuard
@@ -50,6 +52,52 @@ def channel_options() -> list[tuple[str, int]]:
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1000),
     ]
+
+
+# gRPC server reflection comes in two versions with the same messages under two package
+# names; grpcio-reflection serves only v1alpha, while newer tools (grpcurl >= 1.9 first,
+# Postman, grpcui, buf curl) ask v1 and some of them never fall back.
+REFLECTION_V1_SERVICE = "grpc.reflection.v1.ServerReflection"
+_REFLECTION_V1_FILE = "grpc/reflection/v1/reflection.proto"
+
+
+def _add_reflection_v1_descriptor() -> None:
+    """Put grpc/reflection/v1/reflection.proto into the default pool, so v1 can describe itself.
+
+    Made from v1alpha's descriptor with the package renamed: the two files differ in
+    nothing else that reaches the wire (grpc/grpc-proto, reflection/v1/reflection.proto).
+    """
+    pool = descriptor_pool.Default()
+    try:
+        pool.FindFileByName(_REFLECTION_V1_FILE)
+        return
+    except KeyError:
+        pass
+    proto = descriptor_pb2.FileDescriptorProto()
+    reflection_pb2.DESCRIPTOR.CopyToProto(proto)
+    old, new = ".grpc.reflection.v1alpha.", ".grpc.reflection.v1."
+    proto.name = _REFLECTION_V1_FILE
+    proto.package = "grpc.reflection.v1"
+    proto.ClearField("options")
+    for message in proto.message_type:
+        for f in message.field:
+            if f.HasField("type_name"):
+                f.type_name = f.type_name.replace(old, new)
+    for service in proto.service:
+        for method in service.method:
+            method.input_type = method.input_type.replace(old, new)
+            method.output_type = method.output_type.replace(old, new)
+    pool.Add(proto)
+
+
+def reflection_v1_handler(servicer: ReflectionServicer) -> grpc.GenericRpcHandler:
+    """grpc.reflection.v1.ServerReflection, answered by the v1alpha servicer (same message bytes)."""
+    _add_reflection_v1_descriptor()
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)
+    return grpc.method_handlers_generic_handler(REFLECTION_V1_SERVICE, {"ServerReflectionInfo": handler})
 
 
 class ServerGroup:
@@ -112,9 +160,10 @@ class ServiceRuntime:
                                   grpc.aio.server(**token_kwargs) if token_kwargs is not None else None)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
+        names = [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1_SERVICE]
         for server in self.server.servers:  # reflection wants a grpc.aio.Server itself
             reflection.enable_server_reflection(names, server)
+        self.server.add_generic_rpc_handlers([reflection_v1_handler(ReflectionServicer(names))])
         self.stopping = asyncio.Event()
 
     async def start(self) -> None:

@@ -27,13 +27,15 @@ from coordinator.registration import register_gateway, register_waiting_for_old_
 from coordinator.store import EtcdStore, Put
 from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common import limits
+from services.common.errors import CorruptMessage
 from services.common.metadata_cache import MetadataCache
 from services.common.peers import PeerChannels
 from services.common.record_batch import iter_batch_headers
 from services.common.request_checks import consumer_fetch_problem, produce_request_problem
 from services.common.server import ServiceRuntime
 from services.common.topics import group_id_problem
-from services.gateway import metrics, routing
+from services.gateway import metrics, record_level, routing
+from services.gateway.record_producer import RecordProducer
 from services.security.config import SecurityConfig
 from services.security.runtime import ServiceSecurity
 
@@ -64,13 +66,22 @@ class GatewayConfig:
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
-    def __init__(self, store: EtcdStore, peers: PeerChannels) -> None:
+    def __init__(self, store: EtcdStore, peers: PeerChannels, security: SecurityConfig | None = None) -> None:
         self.store = store
         self.peers = peers
         self.cache = MetadataCache()
         self._last_refresh = 0.0
         self._refresh_lock = asyncio.Lock()
         self._tasks: set[asyncio.Future[None]] = set()
+        # DescribeCluster carries it; UpdateMetadata does not, so it is kept from the last pull.
+        self.cluster_id = ""
+        # Batches the gateway makes must pass the brokers' request limits, which the gateway shares.
+        security = security or SecurityConfig()
+        self.records = RecordProducer(
+            self.cache, self._produce, self._init_producer_id, self.refresh_metadata,
+            records_per_batch_max=min(security.max_batch_records or limits.RECORDS_PER_BATCH_MAX,
+                                      limits.RECORDS_PER_BATCH_MAX),
+            request_bytes_max=security.max_request_bytes or limits.GRPC_MAX_MESSAGE_BYTES)
 
     def _background(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -98,6 +109,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 return
             if resp.error_code == common_pb2.NONE:
                 self.cache.apply_describe(resp)
+                self.cluster_id = resp.cluster_id or self.cluster_id
                 self._last_refresh = time.monotonic()
 
     async def UpdateMetadata(self, request: broker_pb2.UpdateMetadataRequest, context: grpc.aio.ServicerContext
@@ -118,9 +130,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def _metadata(self, request: common_pb2.MetadataRequest, context: grpc.aio.ServicerContext
                        ) -> common_pb2.MetadataResponse:
         missing = [t for t in request.topics if t not in self.cache.topics()]
-        if missing or not self.cache.brokers:
+        if missing or not self.cache.brokers or not self.cluster_id:
             await self.refresh_metadata()
-        return self.cache.metadata_response(list(request.topics))
+        response = self.cache.metadata_response(list(request.topics))
+        response.cluster_id = self.cluster_id
+        return response
 
     # ---- produce ---------------------------------------------------------------------------
 
@@ -130,38 +144,42 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         with metrics.REQUEST_LATENCY.labels("Produce").time():
-            timeout_ms = min(request.timeout_ms or limits.PRODUCE_TIMEOUT_MS_DEFAULT, limits.PRODUCE_TIMEOUT_MS_MAX)
-            deadline = time.monotonic() + timeout_ms / 1000
-            results: dict[routing.TopicPartitionKey, common_pb2.ProducePartitionResponse] = {}
-            pending = list(request.topics)
-            # Retrying a batch that may already be in the log would write it twice, unless
-            # the leader can recognise it (an idempotent producer's sequence numbers).
-            idempotent = routing.idempotent_partitions(request.topics)
-            if any(t.topic not in self.cache.topics() for t in pending):
-                await self.refresh_metadata()
-            while True:
-                split = routing.split_produce(self.cache, pending)
-                for tp, (code, message) in split.unroutable.items():
-                    results[tp] = common_pb2.ProducePartitionResponse(partition=tp[1], error_code=code,
-                                                                      error_message=message, base_offset=-1)
-                sends = {address: asyncio.ensure_future(self._produce_to(address, request, items, deadline))
-                         for address, items in split.by_leader.items()}
-                uncertain: set[routing.TopicPartitionKey] = set()
-                for fut in sends.values():
-                    answered, unknown = await fut
-                    results.update(answered)
-                    uncertain |= unknown
-                retry = {tp for tp, res in results.items()
-                         if res.error_code in RETRIABLE_ROUTING_CODES
-                         and ((res.base_offset < 0 and tp not in uncertain) or tp in idempotent)}
-                if not retry or time.monotonic() + ROUTING_RETRY_BACKOFF_MS / 1000 >= deadline:
-                    break
-                await asyncio.sleep(ROUTING_RETRY_BACKOFF_MS / 1000)
-                await self.refresh_metadata(force=True)
-                pending = [common_pb2.ProduceTopicData(topic=t.topic, partitions=[
-                    pd for pd in t.partitions if (t.topic, pd.partition) in retry]) for t in request.topics]
-                pending = [t for t in pending if t.partitions]
-            return routing.merge_produce(results, request.topics)
+            return await self._produce(request)
+
+    async def _produce(self, request: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse:
+        """Route a checked Produce to the leaders, retrying what is safe to retry (see Departures)."""
+        timeout_ms = min(request.timeout_ms or limits.PRODUCE_TIMEOUT_MS_DEFAULT, limits.PRODUCE_TIMEOUT_MS_MAX)
+        deadline = time.monotonic() + timeout_ms / 1000
+        results: dict[routing.TopicPartitionKey, common_pb2.ProducePartitionResponse] = {}
+        pending = list(request.topics)
+        # Retrying a batch that may already be in the log would write it twice, unless
+        # the leader can recognise it (an idempotent producer's sequence numbers).
+        idempotent = routing.idempotent_partitions(request.topics)
+        if any(t.topic not in self.cache.topics() for t in pending):
+            await self.refresh_metadata()
+        while True:
+            split = routing.split_produce(self.cache, pending)
+            for tp, (code, message) in split.unroutable.items():
+                results[tp] = common_pb2.ProducePartitionResponse(partition=tp[1], error_code=code,
+                                                                  error_message=message, base_offset=-1)
+            sends = {address: asyncio.ensure_future(self._produce_to(address, request, items, deadline))
+                     for address, items in split.by_leader.items()}
+            uncertain: set[routing.TopicPartitionKey] = set()
+            for fut in sends.values():
+                answered, unknown = await fut
+                results.update(answered)
+                uncertain |= unknown
+            retry = {tp for tp, res in results.items()
+                     if res.error_code in RETRIABLE_ROUTING_CODES
+                     and ((res.base_offset < 0 and tp not in uncertain) or tp in idempotent)}
+            if not retry or time.monotonic() + ROUTING_RETRY_BACKOFF_MS / 1000 >= deadline:
+                break
+            await asyncio.sleep(ROUTING_RETRY_BACKOFF_MS / 1000)
+            await self.refresh_metadata(force=True)
+            pending = [common_pb2.ProduceTopicData(topic=t.topic, partitions=[
+                pd for pd in t.partitions if (t.topic, pd.partition) in retry]) for t in request.topics]
+            pending = [t for t in pending if t.partitions]
+        return routing.merge_produce(results, request.topics)
 
     async def _produce_to(self, address: str, template: common_pb2.ProduceRequest,
                           items: list[tuple[str, common_pb2.ProducePartitionData]], deadline: float
@@ -239,8 +257,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         with metrics.REQUEST_LATENCY.labels("ListOffsets").time():
             return await self._list_offsets(request, context)
 
-    async def _list_offsets(self, request: common_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
-                          ) -> common_pb2.ListOffsetsResponse:
+    async def _list_offsets(self, request: common_pb2.ListOffsetsRequest,
+                            context: grpc.aio.ServicerContext | None) -> common_pb2.ListOffsetsResponse:
         tps = routing.collect_partitions(request.topics)
         if any(tp[0] not in self.cache.topics() for tp in tps):
             await self.refresh_metadata()
@@ -322,6 +340,121 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                         return
             if all(not pr.records for t in resp.topics for pr in t.partitions):
                 await asyncio.sleep(0.01)
+
+    # ---- record-level calls (docs/GRPC.md) ----------------------------------------------------
+
+    async def ProduceRecords(self, request: gateway_pb2.ProduceRecordsRequest, context: grpc.aio.ServicerContext
+                             ) -> gateway_pb2.ProduceRecordsResponse:
+        """Partition, batch, encode and write plain records idempotently (record_producer.py)."""
+        problem = record_level.produce_records_problem(request)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        with metrics.REQUEST_LATENCY.labels("ProduceRecords").time():
+            return await self.records.produce(request)
+
+    async def _init_producer_id(self, request: common_pb2.InitProducerIdRequest) -> common_pb2.InitProducerIdResponse:
+        return await self._admin("InitProducerId", request, common_pb2.InitProducerIdResponse)
+
+    async def ConsumeRecords(self, request: gateway_pb2.ConsumeRecordsRequest, context: grpc.aio.ServicerContext
+                             ) -> AsyncIterator[gateway_pb2.ConsumeRecordsResponse]:
+        """Decoded records of one topic as its HW moves: Subscribe's long-poll loop, record by record.
+
+        A partition that fails for good (unknown, out of range, undecodable) is reported once in
+        `errors` and dropped; routing errors (a leader moving) are retried on the next poll.
+        """
+        problem = record_level.consume_records_problem(request)
+        if problem is None and request.group_id:
+            problem = group_id_problem(request.group_id)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        topic = request.topic
+        if topic not in self.cache.topics():
+            await self.refresh_metadata()
+        count = len(self.cache.partitions_of(topic))
+        starts = {p.partition: p.start_offset for p in request.partitions} if request.partitions else \
+            {p: request.default_start_offset for p in range(count)}
+        errors: list[gateway_pb2.ConsumePartitionError] = []
+        for partition in list(starts):
+            if (topic, partition) not in self.cache.partitions:
+                errors.append(gateway_pb2.ConsumePartitionError(
+                    partition=partition, error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION, next_offset=-1,
+                    error_message=f"topic {topic!r} does not exist" if count == 0 else
+                    f"topic {topic!r} has partitions 0..{count - 1}; there is no partition {partition}"))
+                del starts[partition]
+        if not starts and not errors:
+            errors.append(gateway_pb2.ConsumePartitionError(
+                partition=-1, error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION, next_offset=-1,
+                error_message=f"topic {topic!r} does not exist"))
+        if request.group_id and starts:
+            committed = await self._fetch_committed_offsets(gateway_pb2.FetchCommittedOffsetsRequest(
+                group_id=request.group_id, partitions=[common_pb2.TopicPartition(topic=topic, partition=p)
+                                                       for p in starts]), context)
+            for c in committed.offsets:
+                if c.offset >= 0:
+                    starts[c.partition] = c.offset
+        positions = await self._resolve_starts(topic, starts, errors)
+        if errors:
+            yield gateway_pb2.ConsumeRecordsResponse(errors=errors)
+        per_message = request.max_records_per_message or limits.CONSUME_RECORDS_PER_MESSAGE_DEFAULT
+        partition_max_bytes = request.partition_max_bytes or limits.FETCH_PARTITION_MAX_BYTES_DEFAULT
+        left = request.max_records or -1
+        while positions and left != 0 and not context.cancelled():
+            resp = await self._fetch(common_pb2.FetchRequest(
+                replica_id=-1, max_wait_ms=limits.CONSUME_FETCH_WAIT_MS, min_bytes=1,
+                max_bytes=limits.FETCH_MAX_BYTES_DEFAULT, topics=[common_pb2.FetchTopic(topic=topic, partitions=[
+                    common_pb2.FetchPartition(partition=p, fetch_offset=off, partition_max_bytes=partition_max_bytes,
+                                              current_leader_epoch=-1) for p, off in positions.items()])]))
+            records: list[gateway_pb2.ConsumedRecord] = []
+            errors = []
+            for pr in resp.topics[0].partitions:
+                position = positions[pr.partition]
+                if pr.error_code in RETRIABLE_ROUTING_CODES:
+                    continue
+                if pr.error_code == common_pb2.NONE:
+                    try:
+                        got = record_level.consumed_records(topic, pr.partition, pr.records, position)
+                    except CorruptMessage as exc:
+                        pr = common_pb2.FetchPartitionResponse(partition=pr.partition, error_code=exc.code,
+                                                               error_message=str(exc))
+                    else:
+                        headers = list(iter_batch_headers(pr.records))
+                        if headers:
+                            positions[pr.partition] = max(position, headers[-1].next_offset)
+                        if 0 < left < len(records) + len(got):
+                            got = got[:left - len(records)]
+                            positions[pr.partition] = got[-1].offset + 1 if got else position
+                        records.extend(got)
+                        continue
+                errors.append(gateway_pb2.ConsumePartitionError(
+                    partition=pr.partition, error_code=pr.error_code, error_message=pr.error_message,
+                    next_offset=position))
+                del positions[pr.partition]
+            for first in range(0, len(records), per_message):
+                yield gateway_pb2.ConsumeRecordsResponse(records=records[first:first + per_message])
+            if errors:
+                yield gateway_pb2.ConsumeRecordsResponse(errors=errors)
+            if left > 0:
+                left -= len(records)
+            if not records and not errors:
+                await asyncio.sleep(0.01)
+
+    async def _resolve_starts(self, topic: str, starts: dict[int, int],
+                              errors: list[gateway_pb2.ConsumePartitionError]) -> dict[int, int]:
+        """Start offsets with -2 (earliest) and -1 (latest) looked up; failures go to `errors`."""
+        positions = {p: s for p, s in starts.items() if s >= 0}
+        wanted = [p for p, s in starts.items() if s < 0]
+        if not wanted:
+            return positions
+        resolved = await self._list_offsets(common_pb2.ListOffsetsRequest(replica_id=-1, topics=[
+            common_pb2.ListOffsetsTopic(topic=topic, partitions=[common_pb2.ListOffsetsPartition(
+                partition=p, timestamp=starts[p], current_leader_epoch=-1) for p in wanted])]), None)
+        for p in resolved.topics[0].partitions:
+            if p.error_code == common_pb2.NONE:
+                positions[p.partition] = p.offset
+            else:
+                errors.append(gateway_pb2.ConsumePartitionError(partition=p.partition, error_code=p.error_code,
+                                                                error_message=p.error_message, next_offset=-1))
+        return positions
 
     # ---- consumer offsets ---------------------------------------------------------------------
 
@@ -500,7 +633,7 @@ async def serve(config: GatewayConfig) -> None:
                                     tls=config.security.etcd_tls())
     security = await ServiceSecurity.start(config.security, store)
     peers = PeerChannels()
-    servicer = GatewayServicer(store, peers)
+    servicer = GatewayServicer(store, peers, config.security)
     runtime = ServiceRuntime(name=f"gateway-{config.gateway_id}", host=config.host, port=config.port,
                              metrics_port=config.metrics_port, ready_file=config.ready_file,
                              service_names=[gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name],

@@ -375,6 +375,29 @@ def subscribe(req: gateway_pb2.SubscribeRequest, access: Access, limits: Limits)
     return Admission(req)
 
 
+def produce_records(req: gateway_pb2.ProduceRecordsRequest, access: Access, limits: Limits) -> Admission:
+    """Write on the topic; refused, every record is answered TOPIC_AUTHORIZATION_FAILED and none is written."""
+    if access.allowed(Operation.WRITE, topic(req.topic)):
+        return Admission(req)
+    message = _refusal(access, Operation.WRITE, "topic", req.topic)
+    return Admission(req, answer=gateway_pb2.ProduceRecordsResponse(topic=req.topic, results=[
+        gateway_pb2.RecordResult(partition=-1, offset=-1, timestamp_ms=-1, error_code=TOPIC_AUTHORIZATION_FAILED,
+                                 error_message=message) for _ in req.records]))
+
+
+def consume_records(req: gateway_pb2.ConsumeRecordsRequest, access: Access, limits: Limits) -> Admission:
+    """Read on the topic (the stream ends with one error), and Read on the group when one is named."""
+    if req.group_id:
+        access.require(Operation.READ, group(req.group_id), "ConsumeRecords with a group_id")
+    if access.allowed(Operation.READ, topic(req.topic)):
+        return Admission(req)
+    message = _refusal(access, Operation.READ, "topic", req.topic)
+    partitions = [p.partition for p in req.partitions] or [-1]
+    return Admission(req, answer=[gateway_pb2.ConsumeRecordsResponse(errors=[
+        gateway_pb2.ConsumePartitionError(partition=p, error_code=TOPIC_AUTHORIZATION_FAILED, error_message=message,
+                                          next_offset=-1) for p in partitions])])
+
+
 # --- admin --------------------------------------------------------------------------------------
 
 
@@ -509,6 +532,8 @@ RULES: dict[str, Rule] = {
     _GATEWAY + "CommitOffsets": commit_offsets,
     _GATEWAY + "FetchCommittedOffsets": fetch_committed_offsets,
     _GATEWAY + "Subscribe": subscribe,
+    _GATEWAY + "ProduceRecords": produce_records,
+    _GATEWAY + "ConsumeRecords": consume_records,
     _GATEWAY + "UpdateMetadata": _from(("controller",), "UpdateMetadata"),
     **{_GATEWAY + name: rule for name, rule in _ADMIN.items()},
     # Any authenticated caller may list services (the protos are public anyway).
@@ -518,8 +543,9 @@ RULES: dict[str, Rule] = {
 # Health checks answer without credentials: load balancers and orchestrators probe them.
 UNAUTHENTICATED_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 # Methods whose request/response byte counts are charged to byte-rate quotas.
-PRODUCE_METHODS = frozenset({_BROKER + "Produce", _GATEWAY + "Produce"})
-FETCH_METHODS = frozenset({_BROKER + "Fetch", _GATEWAY + "Fetch", _GATEWAY + "Subscribe"})
+PRODUCE_METHODS = frozenset({_BROKER + "Produce", _GATEWAY + "Produce", _GATEWAY + "ProduceRecords"})
+FETCH_METHODS = frozenset({_BROKER + "Fetch", _GATEWAY + "Fetch", _GATEWAY + "Subscribe",
+                           _GATEWAY + "ConsumeRecords"})
 # Calls a gateway makes on behalf of its client: the principal travels with them, so the
 # controller authorizes the client and never the gateway's own (service) identity. Every
 # admin call but DescribeCluster, which gateways also make for themselves.

@@ -25,22 +25,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_a_stub_generated_elsewhere_produces_and_fetches_through_the_gateway(cluster, tmp_path):
     assert create_topic(gateway_stub(cluster.gateway_address), "stub-users", partitions=1).error_code == 0
-    proto_root = tmp_path / "proto_src"
-    shutil.copytree(ROOT / "protos", proto_root / "protos", ignore=shutil.ignore_patterns("*.py", "*.pyi"))
+    # The natural include path, as docs/GRPC.md gives it: the protos/ folder itself.
+    proto_root = tmp_path / "protos"
+    shutil.copytree(ROOT / "protos", proto_root, ignore=shutil.ignore_patterns("*.py", "*.pyi"))
     out = tmp_path / "generated"
     out.mkdir()
     include = Path(protoc.__file__).parent / "_proto"
-    sources = [str(p.relative_to(proto_root)) for p in (proto_root / "protos/highwater/v1").glob("*.proto")]
+    sources = [str(p.relative_to(proto_root)) for p in (proto_root / "highwater/v1").glob("*.proto")]
     assert protoc.main(["protoc", f"-I{proto_root}", f"-I{include}", f"--python_out={out}",
                         f"--grpc_python_out={out}", *sources]) == 0
-    for d in (out / "protos", out / "protos/highwater", out / "protos/highwater/v1"):
+    for d in (out / "highwater", out / "highwater/v1"):
         (d / "__init__.py").touch()
     script = textwrap.dedent(f"""
         import sys
         sys.path[:] = [{str(out)!r}] + [p for p in sys.path if "site-packages" in p or p.endswith(".zip")
                                         or "lib/python" in p and "work" not in p]
         import grpc
-        from protos.highwater.v1 import common_pb2, gateway_pb2_grpc
+        from highwater.v1 import common_pb2, gateway_pb2_grpc
         assert "{ROOT}" not in common_pb2.__file__, common_pb2.__file__
         stub = gateway_pb2_grpc.GatewayServiceStub(grpc.insecure_channel({cluster.gateway_address!r}))
         md = stub.Metadata(common_pb2.MetadataRequest(topics=["stub-users"]))

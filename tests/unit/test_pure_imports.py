@@ -28,6 +28,7 @@ PURE_MODULES = [
     "services/controller/elections.py",
     "services/controller/assignment.py",
     "services/gateway/routing.py",
+    "services/gateway/record_level.py",
     "services/broker/producer_state.py",
     "services/controller/state_machines.py",
     "services/controller/sender_rules.py",

@@ -3,8 +3,8 @@
 import grpc
 import warnings
 
-from protos.highwater.v1 import broker_pb2 as protos_dot_highwater_dot_v1_dot_broker__pb2
-from protos.highwater.v1 import common_pb2 as protos_dot_highwater_dot_v1_dot_common__pb2
+from protos.highwater.v1 import broker_pb2 as highwater_dot_v1_dot_broker__pb2
+from protos.highwater.v1 import common_pb2 as highwater_dot_v1_dot_common__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -19,7 +19,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/highwater/v1/broker_pb2_grpc.py depends on'
+        + ' but the generated code in highwater/v1/broker_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,43 +37,43 @@ class BrokerServiceStub:
         """
         self.LeaderAndIsr = channel.unary_unary(
                 '/highwater.v1.BrokerService/LeaderAndIsr',
-                request_serializer=protos_dot_highwater_dot_v1_dot_broker__pb2.LeaderAndIsrRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_broker__pb2.LeaderAndIsrResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_broker__pb2.LeaderAndIsrRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_broker__pb2.LeaderAndIsrResponse.FromString,
                 _registered_method=True)
         self.UpdateMetadata = channel.unary_unary(
                 '/highwater.v1.BrokerService/UpdateMetadata',
-                request_serializer=protos_dot_highwater_dot_v1_dot_broker__pb2.UpdateMetadataRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_broker__pb2.UpdateMetadataResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_broker__pb2.UpdateMetadataRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_broker__pb2.UpdateMetadataResponse.FromString,
                 _registered_method=True)
         self.StopReplica = channel.unary_unary(
                 '/highwater.v1.BrokerService/StopReplica',
-                request_serializer=protos_dot_highwater_dot_v1_dot_broker__pb2.StopReplicaRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_broker__pb2.StopReplicaResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_broker__pb2.StopReplicaRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_broker__pb2.StopReplicaResponse.FromString,
                 _registered_method=True)
         self.Produce = channel.unary_unary(
                 '/highwater.v1.BrokerService/Produce',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.ProduceRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.ProduceResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.ProduceResponse.FromString,
                 _registered_method=True)
         self.Fetch = channel.unary_unary(
                 '/highwater.v1.BrokerService/Fetch',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.FetchRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.FetchResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.FetchRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.FetchResponse.FromString,
                 _registered_method=True)
         self.ListOffsets = channel.unary_unary(
                 '/highwater.v1.BrokerService/ListOffsets',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.FromString,
                 _registered_method=True)
         self.OffsetsForLeaderEpoch = channel.unary_unary(
                 '/highwater.v1.BrokerService/OffsetsForLeaderEpoch',
-                request_serializer=protos_dot_highwater_dot_v1_dot_broker__pb2.OffsetsForLeaderEpochRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_broker__pb2.OffsetsForLeaderEpochResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_broker__pb2.OffsetsForLeaderEpochRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_broker__pb2.OffsetsForLeaderEpochResponse.FromString,
                 _registered_method=True)
         self.Metadata = channel.unary_unary(
                 '/highwater.v1.BrokerService/Metadata',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.MetadataRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.MetadataResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.MetadataRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.MetadataResponse.FromString,
                 _registered_method=True)
 
 
@@ -133,43 +133,43 @@ def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'LeaderAndIsr': grpc.unary_unary_rpc_method_handler(
                     servicer.LeaderAndIsr,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_broker__pb2.LeaderAndIsrRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_broker__pb2.LeaderAndIsrResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_broker__pb2.LeaderAndIsrRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_broker__pb2.LeaderAndIsrResponse.SerializeToString,
             ),
             'UpdateMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateMetadata,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_broker__pb2.UpdateMetadataRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_broker__pb2.UpdateMetadataResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_broker__pb2.UpdateMetadataRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_broker__pb2.UpdateMetadataResponse.SerializeToString,
             ),
             'StopReplica': grpc.unary_unary_rpc_method_handler(
                     servicer.StopReplica,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_broker__pb2.StopReplicaRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_broker__pb2.StopReplicaResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_broker__pb2.StopReplicaRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_broker__pb2.StopReplicaResponse.SerializeToString,
             ),
             'Produce': grpc.unary_unary_rpc_method_handler(
                     servicer.Produce,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.ProduceRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.ProduceResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.ProduceRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.ProduceResponse.SerializeToString,
             ),
             'Fetch': grpc.unary_unary_rpc_method_handler(
                     servicer.Fetch,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.FetchRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.FetchResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.FetchRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.FetchResponse.SerializeToString,
             ),
             'ListOffsets': grpc.unary_unary_rpc_method_handler(
                     servicer.ListOffsets,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.SerializeToString,
             ),
             'OffsetsForLeaderEpoch': grpc.unary_unary_rpc_method_handler(
                     servicer.OffsetsForLeaderEpoch,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_broker__pb2.OffsetsForLeaderEpochRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_broker__pb2.OffsetsForLeaderEpochResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_broker__pb2.OffsetsForLeaderEpochRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_broker__pb2.OffsetsForLeaderEpochResponse.SerializeToString,
             ),
             'Metadata': grpc.unary_unary_rpc_method_handler(
                     servicer.Metadata,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.MetadataRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.MetadataResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.MetadataRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.MetadataResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -197,8 +197,8 @@ class BrokerService:
             request,
             target,
             '/highwater.v1.BrokerService/LeaderAndIsr',
-            protos_dot_highwater_dot_v1_dot_broker__pb2.LeaderAndIsrRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_broker__pb2.LeaderAndIsrResponse.FromString,
+            highwater_dot_v1_dot_broker__pb2.LeaderAndIsrRequest.SerializeToString,
+            highwater_dot_v1_dot_broker__pb2.LeaderAndIsrResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -224,8 +224,8 @@ class BrokerService:
             request,
             target,
             '/highwater.v1.BrokerService/UpdateMetadata',
-            protos_dot_highwater_dot_v1_dot_broker__pb2.UpdateMetadataRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_broker__pb2.UpdateMetadataResponse.FromString,
+            highwater_dot_v1_dot_broker__pb2.UpdateMetadataRequest.SerializeToString,
+            highwater_dot_v1_dot_broker__pb2.UpdateMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -251,8 +251,8 @@ class BrokerService:
             request,
             target,
             '/highwater.v1.BrokerService/StopReplica',
-            protos_dot_highwater_dot_v1_dot_broker__pb2.StopReplicaRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_broker__pb2.StopReplicaResponse.FromString,
+            highwater_dot_v1_dot_broker__pb2.StopReplicaRequest.SerializeToString,
+            highwater_dot_v1_dot_broker__pb2.StopReplicaResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -278,8 +278,8 @@ class BrokerService:
             request,
             target,
             '/highwater.v1.BrokerService/Produce',
-            protos_dot_highwater_dot_v1_dot_common__pb2.ProduceRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.ProduceResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.ProduceRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.ProduceResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -305,8 +305,8 @@ class BrokerService:
             request,
             target,
             '/highwater.v1.BrokerService/Fetch',
-            protos_dot_highwater_dot_v1_dot_common__pb2.FetchRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.FetchResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.FetchRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.FetchResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -332,8 +332,8 @@ class BrokerService:
             request,
             target,
             '/highwater.v1.BrokerService/ListOffsets',
-            protos_dot_highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -359,8 +359,8 @@ class BrokerService:
             request,
             target,
             '/highwater.v1.BrokerService/OffsetsForLeaderEpoch',
-            protos_dot_highwater_dot_v1_dot_broker__pb2.OffsetsForLeaderEpochRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_broker__pb2.OffsetsForLeaderEpochResponse.FromString,
+            highwater_dot_v1_dot_broker__pb2.OffsetsForLeaderEpochRequest.SerializeToString,
+            highwater_dot_v1_dot_broker__pb2.OffsetsForLeaderEpochResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -386,8 +386,8 @@ class BrokerService:
             request,
             target,
             '/highwater.v1.BrokerService/Metadata',
-            protos_dot_highwater_dot_v1_dot_common__pb2.MetadataRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.MetadataResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.MetadataRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.MetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,8 +3,8 @@
 import grpc
 import warnings
 
-from protos.highwater.v1 import common_pb2 as protos_dot_highwater_dot_v1_dot_common__pb2
-from protos.highwater.v1 import controller_pb2 as protos_dot_highwater_dot_v1_dot_controller__pb2
+from protos.highwater.v1 import common_pb2 as highwater_dot_v1_dot_common__pb2
+from protos.highwater.v1 import controller_pb2 as highwater_dot_v1_dot_controller__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -19,7 +19,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/highwater/v1/controller_pb2_grpc.py depends on'
+        + ' but the generated code in highwater/v1/controller_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,83 +37,83 @@ class ControllerServiceStub:
         """
         self.AlterPartition = channel.unary_unary(
                 '/highwater.v1.ControllerService/AlterPartition',
-                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.AlterPartitionRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.AlterPartitionResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_controller__pb2.AlterPartitionRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_controller__pb2.AlterPartitionResponse.FromString,
                 _registered_method=True)
         self.ControlledShutdown = channel.unary_unary(
                 '/highwater.v1.ControllerService/ControlledShutdown',
-                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.ControlledShutdownRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.ControlledShutdownResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_controller__pb2.ControlledShutdownRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_controller__pb2.ControlledShutdownResponse.FromString,
                 _registered_method=True)
         self.InitProducerId = channel.unary_unary(
                 '/highwater.v1.ControllerService/InitProducerId',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.InitProducerIdRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.InitProducerIdResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.InitProducerIdRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.InitProducerIdResponse.FromString,
                 _registered_method=True)
         self.CreateTopics = channel.unary_unary(
                 '/highwater.v1.ControllerService/CreateTopics',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.CreateTopicsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.CreateTopicsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.CreateTopicsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.CreateTopicsResponse.FromString,
                 _registered_method=True)
         self.DeleteTopics = channel.unary_unary(
                 '/highwater.v1.ControllerService/DeleteTopics',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.DeleteTopicsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.DeleteTopicsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.DeleteTopicsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.DeleteTopicsResponse.FromString,
                 _registered_method=True)
         self.CreatePartitions = channel.unary_unary(
                 '/highwater.v1.ControllerService/CreatePartitions',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.FromString,
                 _registered_method=True)
         self.AlterPartitionReassignments = channel.unary_unary(
                 '/highwater.v1.ControllerService/AlterPartitionReassignments',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsResponse.FromString,
                 _registered_method=True)
         self.ListPartitionReassignments = channel.unary_unary(
                 '/highwater.v1.ControllerService/ListPartitionReassignments',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsResponse.FromString,
                 _registered_method=True)
         self.ElectLeaders = channel.unary_unary(
                 '/highwater.v1.ControllerService/ElectLeaders',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.ElectLeadersRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.ElectLeadersResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.ElectLeadersRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.ElectLeadersResponse.FromString,
                 _registered_method=True)
         self.DescribeCluster = channel.unary_unary(
                 '/highwater.v1.ControllerService/DescribeCluster',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.DescribeClusterRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.DescribeClusterResponse.FromString,
                 _registered_method=True)
         self.CreateAcls = channel.unary_unary(
                 '/highwater.v1.ControllerService/CreateAcls',
-                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_controller__pb2.CreateAclsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_controller__pb2.CreateAclsResponse.FromString,
                 _registered_method=True)
         self.DeleteAcls = channel.unary_unary(
                 '/highwater.v1.ControllerService/DeleteAcls',
-                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
                 _registered_method=True)
         self.DescribeAcls = channel.unary_unary(
                 '/highwater.v1.ControllerService/DescribeAcls',
-                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_controller__pb2.DescribeAclsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_controller__pb2.DescribeAclsResponse.FromString,
                 _registered_method=True)
         self.CreateToken = channel.unary_unary(
                 '/highwater.v1.ControllerService/CreateToken',
-                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_controller__pb2.CreateTokenRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_controller__pb2.CreateTokenResponse.FromString,
                 _registered_method=True)
         self.RevokeToken = channel.unary_unary(
                 '/highwater.v1.ControllerService/RevokeToken',
-                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_controller__pb2.RevokeTokenRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_controller__pb2.RevokeTokenResponse.FromString,
                 _registered_method=True)
         self.ListTokens = channel.unary_unary(
                 '/highwater.v1.ControllerService/ListTokens',
-                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_controller__pb2.ListTokensRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_controller__pb2.ListTokensResponse.FromString,
                 _registered_method=True)
 
 
@@ -221,83 +221,83 @@ def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'AlterPartition': grpc.unary_unary_rpc_method_handler(
                     servicer.AlterPartition,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.AlterPartitionRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.AlterPartitionResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_controller__pb2.AlterPartitionRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_controller__pb2.AlterPartitionResponse.SerializeToString,
             ),
             'ControlledShutdown': grpc.unary_unary_rpc_method_handler(
                     servicer.ControlledShutdown,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.ControlledShutdownRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.ControlledShutdownResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_controller__pb2.ControlledShutdownRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_controller__pb2.ControlledShutdownResponse.SerializeToString,
             ),
             'InitProducerId': grpc.unary_unary_rpc_method_handler(
                     servicer.InitProducerId,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.InitProducerIdRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.InitProducerIdResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.InitProducerIdRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.InitProducerIdResponse.SerializeToString,
             ),
             'CreateTopics': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTopics,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.CreateTopicsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.CreateTopicsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.CreateTopicsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.CreateTopicsResponse.SerializeToString,
             ),
             'DeleteTopics': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteTopics,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.DeleteTopicsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.DeleteTopicsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.DeleteTopicsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.DeleteTopicsResponse.SerializeToString,
             ),
             'CreatePartitions': grpc.unary_unary_rpc_method_handler(
                     servicer.CreatePartitions,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.SerializeToString,
             ),
             'AlterPartitionReassignments': grpc.unary_unary_rpc_method_handler(
                     servicer.AlterPartitionReassignments,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
             ),
             'ListPartitionReassignments': grpc.unary_unary_rpc_method_handler(
                     servicer.ListPartitionReassignments,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsResponse.SerializeToString,
             ),
             'ElectLeaders': grpc.unary_unary_rpc_method_handler(
                     servicer.ElectLeaders,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.ElectLeadersRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.ElectLeadersResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.ElectLeadersRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.ElectLeadersResponse.SerializeToString,
             ),
             'DescribeCluster': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeCluster,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.DescribeClusterRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.DescribeClusterResponse.SerializeToString,
             ),
             'CreateAcls': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateAcls,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_controller__pb2.CreateAclsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_controller__pb2.CreateAclsResponse.SerializeToString,
             ),
             'DeleteAcls': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteAcls,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_controller__pb2.DeleteAclsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_controller__pb2.DeleteAclsResponse.SerializeToString,
             ),
             'DescribeAcls': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeAcls,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_controller__pb2.DescribeAclsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_controller__pb2.DescribeAclsResponse.SerializeToString,
             ),
             'CreateToken': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateToken,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_controller__pb2.CreateTokenRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_controller__pb2.CreateTokenResponse.SerializeToString,
             ),
             'RevokeToken': grpc.unary_unary_rpc_method_handler(
                     servicer.RevokeToken,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_controller__pb2.RevokeTokenRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_controller__pb2.RevokeTokenResponse.SerializeToString,
             ),
             'ListTokens': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTokens,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_controller__pb2.ListTokensRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_controller__pb2.ListTokensResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -325,8 +325,8 @@ class ControllerService:
             request,
             target,
             '/highwater.v1.ControllerService/AlterPartition',
-            protos_dot_highwater_dot_v1_dot_controller__pb2.AlterPartitionRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_controller__pb2.AlterPartitionResponse.FromString,
+            highwater_dot_v1_dot_controller__pb2.AlterPartitionRequest.SerializeToString,
+            highwater_dot_v1_dot_controller__pb2.AlterPartitionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -352,8 +352,8 @@ class ControllerService:
             request,
             target,
             '/highwater.v1.ControllerService/ControlledShutdown',
-            protos_dot_highwater_dot_v1_dot_controller__pb2.ControlledShutdownRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_controller__pb2.ControlledShutdownResponse.FromString,
+            highwater_dot_v1_dot_controller__pb2.ControlledShutdownRequest.SerializeToString,
+            highwater_dot_v1_dot_controller__pb2.ControlledShutdownResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -379,8 +379,8 @@ class ControllerService:
             request,
             target,
             '/highwater.v1.ControllerService/InitProducerId',
-            protos_dot_highwater_dot_v1_dot_common__pb2.InitProducerIdRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.InitProducerIdResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.InitProducerIdRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.InitProducerIdResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -406,8 +406,8 @@ class ControllerService:
             request,
             target,
             '/highwater.v1.ControllerService/CreateTopics',
-            protos_dot_highwater_dot_v1_dot_common__pb2.CreateTopicsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.CreateTopicsResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.CreateTopicsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.CreateTopicsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -433,8 +433,8 @@ class ControllerService:
             request,
             target,
             '/highwater.v1.ControllerService/DeleteTopics',
-            protos_dot_highwater_dot_v1_dot_common__pb2.DeleteTopicsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.DeleteTopicsResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.DeleteTopicsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.DeleteTopicsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -460,8 +460,8 @@ class ControllerService:
             request,
             target,
             '/highwater.v1.ControllerService/CreatePartitions',
-            protos_dot_highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -487,8 +487,8 @@ class ControllerService:
             request,
             target,
             '/highwater.v1.ControllerService/AlterPartitionReassignments',
-            protos_dot_highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -514,8 +514,8 @@ class ControllerService:
             request,
             target,
             '/highwater.v1.ControllerService/ListPartitionReassignments',
-            protos_dot_highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -541,8 +541,8 @@ class ControllerService:
             request,
             target,
             '/highwater.v1.ControllerService/ElectLeaders',
-            protos_dot_highwater_dot_v1_dot_common__pb2.ElectLeadersRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.ElectLeadersResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.ElectLeadersRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.ElectLeadersResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -568,8 +568,8 @@ class ControllerService:
             request,
             target,
             '/highwater.v1.ControllerService/DescribeCluster',
-            protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.DescribeClusterRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.DescribeClusterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -595,8 +595,8 @@ class ControllerService:
             request,
             target,
             '/highwater.v1.ControllerService/CreateAcls',
-            protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsResponse.FromString,
+            highwater_dot_v1_dot_controller__pb2.CreateAclsRequest.SerializeToString,
+            highwater_dot_v1_dot_controller__pb2.CreateAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -622,8 +622,8 @@ class ControllerService:
             request,
             target,
             '/highwater.v1.ControllerService/DeleteAcls',
-            protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
+            highwater_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
+            highwater_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -649,8 +649,8 @@ class ControllerService:
             request,
             target,
             '/highwater.v1.ControllerService/DescribeAcls',
-            protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsResponse.FromString,
+            highwater_dot_v1_dot_controller__pb2.DescribeAclsRequest.SerializeToString,
+            highwater_dot_v1_dot_controller__pb2.DescribeAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -676,8 +676,8 @@ class ControllerService:
             request,
             target,
             '/highwater.v1.ControllerService/CreateToken',
-            protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenResponse.FromString,
+            highwater_dot_v1_dot_controller__pb2.CreateTokenRequest.SerializeToString,
+            highwater_dot_v1_dot_controller__pb2.CreateTokenResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -703,8 +703,8 @@ class ControllerService:
             request,
             target,
             '/highwater.v1.ControllerService/RevokeToken',
-            protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenResponse.FromString,
+            highwater_dot_v1_dot_controller__pb2.RevokeTokenRequest.SerializeToString,
+            highwater_dot_v1_dot_controller__pb2.RevokeTokenResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -730,8 +730,8 @@ class ControllerService:
             request,
             target,
             '/highwater.v1.ControllerService/ListTokens',
-            protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensResponse.FromString,
+            highwater_dot_v1_dot_controller__pb2.ListTokensRequest.SerializeToString,
+            highwater_dot_v1_dot_controller__pb2.ListTokensResponse.FromString,
             options,
             channel_credentials,
             insecure,

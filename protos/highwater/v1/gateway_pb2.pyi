@@ -114,3 +114,129 @@ class SubscribeResponse(_message.Message):
     next_offset: int
     error_message: str
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., records: _Optional[bytes] = ..., high_watermark: _Optional[int] = ..., next_offset: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class RecordHeader(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: bytes
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class ProducerRecord(_message.Message):
+    __slots__ = ("key", "value", "headers", "timestamp_ms", "partition")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    value: bytes
+    headers: _containers.RepeatedCompositeFieldContainer[RecordHeader]
+    timestamp_ms: int
+    partition: int
+    def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[RecordHeader, _Mapping]]] = ..., timestamp_ms: _Optional[int] = ..., partition: _Optional[int] = ...) -> None: ...
+
+class ProduceRecordsRequest(_message.Message):
+    __slots__ = ("topic", "records", "request_id", "timeout_ms", "compression")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    records: _containers.RepeatedCompositeFieldContainer[ProducerRecord]
+    request_id: str
+    timeout_ms: int
+    compression: str
+    def __init__(self, topic: _Optional[str] = ..., records: _Optional[_Iterable[_Union[ProducerRecord, _Mapping]]] = ..., request_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., compression: _Optional[str] = ...) -> None: ...
+
+class RecordResult(_message.Message):
+    __slots__ = ("partition", "offset", "error_code", "error_message", "timestamp_ms")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    offset: int
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    timestamp_ms: int
+    def __init__(self, partition: _Optional[int] = ..., offset: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class ProduceRecordsResponse(_message.Message):
+    __slots__ = ("topic", "results", "throttle_time_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    results: _containers.RepeatedCompositeFieldContainer[RecordResult]
+    throttle_time_ms: int
+    def __init__(self, topic: _Optional[str] = ..., results: _Optional[_Iterable[_Union[RecordResult, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
+
+class ConsumePartition(_message.Message):
+    __slots__ = ("partition", "start_offset")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    start_offset: int
+    def __init__(self, partition: _Optional[int] = ..., start_offset: _Optional[int] = ...) -> None: ...
+
+class ConsumeRecordsRequest(_message.Message):
+    __slots__ = ("topic", "partitions", "default_start_offset", "group_id", "max_records", "max_records_per_message", "partition_max_bytes")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORDS_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partitions: _containers.RepeatedCompositeFieldContainer[ConsumePartition]
+    default_start_offset: int
+    group_id: str
+    max_records: int
+    max_records_per_message: int
+    partition_max_bytes: int
+    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[ConsumePartition, _Mapping]]] = ..., default_start_offset: _Optional[int] = ..., group_id: _Optional[str] = ..., max_records: _Optional[int] = ..., max_records_per_message: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ...) -> None: ...
+
+class ConsumedRecord(_message.Message):
+    __slots__ = ("topic", "partition", "offset", "timestamp_ms", "timestamp_type", "key", "value", "headers")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_TYPE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    timestamp_type: int
+    key: bytes
+    value: bytes
+    headers: _containers.RepeatedCompositeFieldContainer[RecordHeader]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., timestamp_type: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[RecordHeader, _Mapping]]] = ...) -> None: ...
+
+class ConsumePartitionError(_message.Message):
+    __slots__ = ("partition", "error_code", "error_message", "next_offset")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    next_offset: int
+    def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., next_offset: _Optional[int] = ...) -> None: ...
+
+class ConsumeRecordsResponse(_message.Message):
+    __slots__ = ("records", "errors")
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[ConsumedRecord]
+    errors: _containers.RepeatedCompositeFieldContainer[ConsumePartitionError]
+    def __init__(self, records: _Optional[_Iterable[_Union[ConsumedRecord, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[ConsumePartitionError, _Mapping]]] = ...) -> None: ...

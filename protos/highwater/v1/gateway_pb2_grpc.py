@@ -3,10 +3,10 @@
 import grpc
 import warnings
 
-from protos.highwater.v1 import broker_pb2 as protos_dot_highwater_dot_v1_dot_broker__pb2
-from protos.highwater.v1 import common_pb2 as protos_dot_highwater_dot_v1_dot_common__pb2
-from protos.highwater.v1 import controller_pb2 as protos_dot_highwater_dot_v1_dot_controller__pb2
-from protos.highwater.v1 import gateway_pb2 as protos_dot_highwater_dot_v1_dot_gateway__pb2
+from protos.highwater.v1 import broker_pb2 as highwater_dot_v1_dot_broker__pb2
+from protos.highwater.v1 import common_pb2 as highwater_dot_v1_dot_common__pb2
+from protos.highwater.v1 import controller_pb2 as highwater_dot_v1_dot_controller__pb2
+from protos.highwater.v1 import gateway_pb2 as highwater_dot_v1_dot_gateway__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -21,7 +21,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/highwater/v1/gateway_pb2_grpc.py depends on'
+        + ' but the generated code in highwater/v1/gateway_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,123 +37,147 @@ class GatewayServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.ProduceRecords = channel.unary_unary(
+                '/highwater.v1.GatewayService/ProduceRecords',
+                request_serializer=highwater_dot_v1_dot_gateway__pb2.ProduceRecordsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_gateway__pb2.ProduceRecordsResponse.FromString,
+                _registered_method=True)
+        self.ConsumeRecords = channel.unary_stream(
+                '/highwater.v1.GatewayService/ConsumeRecords',
+                request_serializer=highwater_dot_v1_dot_gateway__pb2.ConsumeRecordsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_gateway__pb2.ConsumeRecordsResponse.FromString,
+                _registered_method=True)
         self.Produce = channel.unary_unary(
                 '/highwater.v1.GatewayService/Produce',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.ProduceRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.ProduceResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.ProduceResponse.FromString,
                 _registered_method=True)
         self.Fetch = channel.unary_unary(
                 '/highwater.v1.GatewayService/Fetch',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.FetchRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.FetchResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.FetchRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.FetchResponse.FromString,
                 _registered_method=True)
         self.ListOffsets = channel.unary_unary(
                 '/highwater.v1.GatewayService/ListOffsets',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.FromString,
                 _registered_method=True)
         self.Metadata = channel.unary_unary(
                 '/highwater.v1.GatewayService/Metadata',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.MetadataRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.MetadataResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.MetadataRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.MetadataResponse.FromString,
                 _registered_method=True)
         self.CommitOffsets = channel.unary_unary(
                 '/highwater.v1.GatewayService/CommitOffsets',
-                request_serializer=protos_dot_highwater_dot_v1_dot_gateway__pb2.CommitOffsetsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_gateway__pb2.CommitOffsetsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_gateway__pb2.CommitOffsetsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_gateway__pb2.CommitOffsetsResponse.FromString,
                 _registered_method=True)
         self.FetchCommittedOffsets = channel.unary_unary(
                 '/highwater.v1.GatewayService/FetchCommittedOffsets',
-                request_serializer=protos_dot_highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsResponse.FromString,
                 _registered_method=True)
         self.Subscribe = channel.unary_stream(
                 '/highwater.v1.GatewayService/Subscribe',
-                request_serializer=protos_dot_highwater_dot_v1_dot_gateway__pb2.SubscribeRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_gateway__pb2.SubscribeResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_gateway__pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_gateway__pb2.SubscribeResponse.FromString,
                 _registered_method=True)
         self.UpdateMetadata = channel.unary_unary(
                 '/highwater.v1.GatewayService/UpdateMetadata',
-                request_serializer=protos_dot_highwater_dot_v1_dot_broker__pb2.UpdateMetadataRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_broker__pb2.UpdateMetadataResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_broker__pb2.UpdateMetadataRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_broker__pb2.UpdateMetadataResponse.FromString,
                 _registered_method=True)
         self.InitProducerId = channel.unary_unary(
                 '/highwater.v1.GatewayService/InitProducerId',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.InitProducerIdRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.InitProducerIdResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.InitProducerIdRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.InitProducerIdResponse.FromString,
                 _registered_method=True)
         self.CreateTopics = channel.unary_unary(
                 '/highwater.v1.GatewayService/CreateTopics',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.CreateTopicsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.CreateTopicsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.CreateTopicsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.CreateTopicsResponse.FromString,
                 _registered_method=True)
         self.DeleteTopics = channel.unary_unary(
                 '/highwater.v1.GatewayService/DeleteTopics',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.DeleteTopicsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.DeleteTopicsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.DeleteTopicsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.DeleteTopicsResponse.FromString,
                 _registered_method=True)
         self.CreatePartitions = channel.unary_unary(
                 '/highwater.v1.GatewayService/CreatePartitions',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.FromString,
                 _registered_method=True)
         self.AlterPartitionReassignments = channel.unary_unary(
                 '/highwater.v1.GatewayService/AlterPartitionReassignments',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsResponse.FromString,
                 _registered_method=True)
         self.ListPartitionReassignments = channel.unary_unary(
                 '/highwater.v1.GatewayService/ListPartitionReassignments',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsResponse.FromString,
                 _registered_method=True)
         self.ElectLeaders = channel.unary_unary(
                 '/highwater.v1.GatewayService/ElectLeaders',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.ElectLeadersRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.ElectLeadersResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.ElectLeadersRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.ElectLeadersResponse.FromString,
                 _registered_method=True)
         self.DescribeCluster = channel.unary_unary(
                 '/highwater.v1.GatewayService/DescribeCluster',
-                request_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_common__pb2.DescribeClusterRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.DescribeClusterResponse.FromString,
                 _registered_method=True)
         self.CreateAcls = channel.unary_unary(
                 '/highwater.v1.GatewayService/CreateAcls',
-                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_controller__pb2.CreateAclsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_controller__pb2.CreateAclsResponse.FromString,
                 _registered_method=True)
         self.DeleteAcls = channel.unary_unary(
                 '/highwater.v1.GatewayService/DeleteAcls',
-                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
                 _registered_method=True)
         self.DescribeAcls = channel.unary_unary(
                 '/highwater.v1.GatewayService/DescribeAcls',
-                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_controller__pb2.DescribeAclsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_controller__pb2.DescribeAclsResponse.FromString,
                 _registered_method=True)
         self.CreateToken = channel.unary_unary(
                 '/highwater.v1.GatewayService/CreateToken',
-                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_controller__pb2.CreateTokenRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_controller__pb2.CreateTokenResponse.FromString,
                 _registered_method=True)
         self.RevokeToken = channel.unary_unary(
                 '/highwater.v1.GatewayService/RevokeToken',
-                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_controller__pb2.RevokeTokenRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_controller__pb2.RevokeTokenResponse.FromString,
                 _registered_method=True)
         self.ListTokens = channel.unary_unary(
                 '/highwater.v1.GatewayService/ListTokens',
-                request_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensRequest.SerializeToString,
-                response_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensResponse.FromString,
+                request_serializer=highwater_dot_v1_dot_controller__pb2.ListTokensRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_controller__pb2.ListTokensResponse.FromString,
                 _registered_method=True)
 
 
 class GatewayServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Produce(self, request, context):
+    def ProduceRecords(self, request, context):
+        """Record-level calls: no record encoding on the client's side.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ConsumeRecords(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Produce(self, request, context):
+        """Batch-level calls (RecordBatch v2 bytes; docs/GRPC.md, "Batch-level calls").
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -288,115 +312,125 @@ class GatewayServiceServicer:
 
 def add_GatewayServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'ProduceRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProduceRecords,
+                    request_deserializer=highwater_dot_v1_dot_gateway__pb2.ProduceRecordsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_gateway__pb2.ProduceRecordsResponse.SerializeToString,
+            ),
+            'ConsumeRecords': grpc.unary_stream_rpc_method_handler(
+                    servicer.ConsumeRecords,
+                    request_deserializer=highwater_dot_v1_dot_gateway__pb2.ConsumeRecordsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_gateway__pb2.ConsumeRecordsResponse.SerializeToString,
+            ),
             'Produce': grpc.unary_unary_rpc_method_handler(
                     servicer.Produce,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.ProduceRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.ProduceResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.ProduceRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.ProduceResponse.SerializeToString,
             ),
             'Fetch': grpc.unary_unary_rpc_method_handler(
                     servicer.Fetch,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.FetchRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.FetchResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.FetchRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.FetchResponse.SerializeToString,
             ),
             'ListOffsets': grpc.unary_unary_rpc_method_handler(
                     servicer.ListOffsets,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.SerializeToString,
             ),
             'Metadata': grpc.unary_unary_rpc_method_handler(
                     servicer.Metadata,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.MetadataRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.MetadataResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.MetadataRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.MetadataResponse.SerializeToString,
             ),
             'CommitOffsets': grpc.unary_unary_rpc_method_handler(
                     servicer.CommitOffsets,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_gateway__pb2.CommitOffsetsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_gateway__pb2.CommitOffsetsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_gateway__pb2.CommitOffsetsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_gateway__pb2.CommitOffsetsResponse.SerializeToString,
             ),
             'FetchCommittedOffsets': grpc.unary_unary_rpc_method_handler(
                     servicer.FetchCommittedOffsets,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsResponse.SerializeToString,
             ),
             'Subscribe': grpc.unary_stream_rpc_method_handler(
                     servicer.Subscribe,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_gateway__pb2.SubscribeRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_gateway__pb2.SubscribeResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_gateway__pb2.SubscribeRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_gateway__pb2.SubscribeResponse.SerializeToString,
             ),
             'UpdateMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateMetadata,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_broker__pb2.UpdateMetadataRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_broker__pb2.UpdateMetadataResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_broker__pb2.UpdateMetadataRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_broker__pb2.UpdateMetadataResponse.SerializeToString,
             ),
             'InitProducerId': grpc.unary_unary_rpc_method_handler(
                     servicer.InitProducerId,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.InitProducerIdRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.InitProducerIdResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.InitProducerIdRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.InitProducerIdResponse.SerializeToString,
             ),
             'CreateTopics': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTopics,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.CreateTopicsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.CreateTopicsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.CreateTopicsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.CreateTopicsResponse.SerializeToString,
             ),
             'DeleteTopics': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteTopics,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.DeleteTopicsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.DeleteTopicsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.DeleteTopicsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.DeleteTopicsResponse.SerializeToString,
             ),
             'CreatePartitions': grpc.unary_unary_rpc_method_handler(
                     servicer.CreatePartitions,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.SerializeToString,
             ),
             'AlterPartitionReassignments': grpc.unary_unary_rpc_method_handler(
                     servicer.AlterPartitionReassignments,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
             ),
             'ListPartitionReassignments': grpc.unary_unary_rpc_method_handler(
                     servicer.ListPartitionReassignments,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsResponse.SerializeToString,
             ),
             'ElectLeaders': grpc.unary_unary_rpc_method_handler(
                     servicer.ElectLeaders,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.ElectLeadersRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.ElectLeadersResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.ElectLeadersRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.ElectLeadersResponse.SerializeToString,
             ),
             'DescribeCluster': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeCluster,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.DescribeClusterRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.DescribeClusterResponse.SerializeToString,
             ),
             'CreateAcls': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateAcls,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_controller__pb2.CreateAclsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_controller__pb2.CreateAclsResponse.SerializeToString,
             ),
             'DeleteAcls': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteAcls,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_controller__pb2.DeleteAclsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_controller__pb2.DeleteAclsResponse.SerializeToString,
             ),
             'DescribeAcls': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeAcls,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_controller__pb2.DescribeAclsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_controller__pb2.DescribeAclsResponse.SerializeToString,
             ),
             'CreateToken': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateToken,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_controller__pb2.CreateTokenRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_controller__pb2.CreateTokenResponse.SerializeToString,
             ),
             'RevokeToken': grpc.unary_unary_rpc_method_handler(
                     servicer.RevokeToken,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_controller__pb2.RevokeTokenRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_controller__pb2.RevokeTokenResponse.SerializeToString,
             ),
             'ListTokens': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTokens,
-                    request_deserializer=protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensRequest.FromString,
-                    response_serializer=protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensResponse.SerializeToString,
+                    request_deserializer=highwater_dot_v1_dot_controller__pb2.ListTokensRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_controller__pb2.ListTokensResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -408,6 +442,60 @@ def add_GatewayServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class GatewayService:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ProduceRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/ProduceRecords',
+            highwater_dot_v1_dot_gateway__pb2.ProduceRecordsRequest.SerializeToString,
+            highwater_dot_v1_dot_gateway__pb2.ProduceRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConsumeRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/highwater.v1.GatewayService/ConsumeRecords',
+            highwater_dot_v1_dot_gateway__pb2.ConsumeRecordsRequest.SerializeToString,
+            highwater_dot_v1_dot_gateway__pb2.ConsumeRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Produce(request,
@@ -424,8 +512,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/Produce',
-            protos_dot_highwater_dot_v1_dot_common__pb2.ProduceRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.ProduceResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.ProduceRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.ProduceResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -451,8 +539,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/Fetch',
-            protos_dot_highwater_dot_v1_dot_common__pb2.FetchRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.FetchResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.FetchRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.FetchResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -478,8 +566,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/ListOffsets',
-            protos_dot_highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -505,8 +593,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/Metadata',
-            protos_dot_highwater_dot_v1_dot_common__pb2.MetadataRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.MetadataResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.MetadataRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.MetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -532,8 +620,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/CommitOffsets',
-            protos_dot_highwater_dot_v1_dot_gateway__pb2.CommitOffsetsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_gateway__pb2.CommitOffsetsResponse.FromString,
+            highwater_dot_v1_dot_gateway__pb2.CommitOffsetsRequest.SerializeToString,
+            highwater_dot_v1_dot_gateway__pb2.CommitOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -559,8 +647,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/FetchCommittedOffsets',
-            protos_dot_highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsResponse.FromString,
+            highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsRequest.SerializeToString,
+            highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -586,8 +674,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/Subscribe',
-            protos_dot_highwater_dot_v1_dot_gateway__pb2.SubscribeRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_gateway__pb2.SubscribeResponse.FromString,
+            highwater_dot_v1_dot_gateway__pb2.SubscribeRequest.SerializeToString,
+            highwater_dot_v1_dot_gateway__pb2.SubscribeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -613,8 +701,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/UpdateMetadata',
-            protos_dot_highwater_dot_v1_dot_broker__pb2.UpdateMetadataRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_broker__pb2.UpdateMetadataResponse.FromString,
+            highwater_dot_v1_dot_broker__pb2.UpdateMetadataRequest.SerializeToString,
+            highwater_dot_v1_dot_broker__pb2.UpdateMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -640,8 +728,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/InitProducerId',
-            protos_dot_highwater_dot_v1_dot_common__pb2.InitProducerIdRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.InitProducerIdResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.InitProducerIdRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.InitProducerIdResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -667,8 +755,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/CreateTopics',
-            protos_dot_highwater_dot_v1_dot_common__pb2.CreateTopicsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.CreateTopicsResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.CreateTopicsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.CreateTopicsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -694,8 +782,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/DeleteTopics',
-            protos_dot_highwater_dot_v1_dot_common__pb2.DeleteTopicsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.DeleteTopicsResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.DeleteTopicsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.DeleteTopicsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -721,8 +809,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/CreatePartitions',
-            protos_dot_highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -748,8 +836,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/AlterPartitionReassignments',
-            protos_dot_highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -775,8 +863,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/ListPartitionReassignments',
-            protos_dot_highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.ListPartitionReassignmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -802,8 +890,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/ElectLeaders',
-            protos_dot_highwater_dot_v1_dot_common__pb2.ElectLeadersRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.ElectLeadersResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.ElectLeadersRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.ElectLeadersResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -829,8 +917,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/DescribeCluster',
-            protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_common__pb2.DescribeClusterResponse.FromString,
+            highwater_dot_v1_dot_common__pb2.DescribeClusterRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.DescribeClusterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -856,8 +944,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/CreateAcls',
-            protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_controller__pb2.CreateAclsResponse.FromString,
+            highwater_dot_v1_dot_controller__pb2.CreateAclsRequest.SerializeToString,
+            highwater_dot_v1_dot_controller__pb2.CreateAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -883,8 +971,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/DeleteAcls',
-            protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
+            highwater_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
+            highwater_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -910,8 +998,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/DescribeAcls',
-            protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_controller__pb2.DescribeAclsResponse.FromString,
+            highwater_dot_v1_dot_controller__pb2.DescribeAclsRequest.SerializeToString,
+            highwater_dot_v1_dot_controller__pb2.DescribeAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -937,8 +1025,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/CreateToken',
-            protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_controller__pb2.CreateTokenResponse.FromString,
+            highwater_dot_v1_dot_controller__pb2.CreateTokenRequest.SerializeToString,
+            highwater_dot_v1_dot_controller__pb2.CreateTokenResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -964,8 +1052,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/RevokeToken',
-            protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_controller__pb2.RevokeTokenResponse.FromString,
+            highwater_dot_v1_dot_controller__pb2.RevokeTokenRequest.SerializeToString,
+            highwater_dot_v1_dot_controller__pb2.RevokeTokenResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -991,8 +1079,8 @@ class GatewayService:
             request,
             target,
             '/highwater.v1.GatewayService/ListTokens',
-            protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensRequest.SerializeToString,
-            protos_dot_highwater_dot_v1_dot_controller__pb2.ListTokensResponse.FromString,
+            highwater_dot_v1_dot_controller__pb2.ListTokensRequest.SerializeToString,
+            highwater_dot_v1_dot_controller__pb2.ListTokensResponse.FromString,
             options,
             channel_credentials,
             insecure,
