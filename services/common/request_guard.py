@@ -16,11 +16,13 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 import prometheus_client
+
+from services.common.interceptors import WrappingInterceptor
 
 log = logging.getLogger("highwater.requests")
 
@@ -30,25 +32,14 @@ MALFORMED = prometheus_client.Counter(
     "highwater_malformed_requests_total", "Requests refused because their bytes do not parse", ["method"])
 
 
-class MalformedRequestGuard(grpc.aio.ServerInterceptor):
+class MalformedRequestGuard(WrappingInterceptor):
     def __init__(self) -> None:
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        super().__init__()
         self._last_log_s = float("-inf")
         self._since_log = 0
 
-    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-                                handler_call_details: grpc.HandlerCallDetails) -> Any:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        method = method.decode() if isinstance(method, bytes) else method
-        if handler is None or handler.request_deserializer is None or method.startswith("/grpc."):
-            return handler
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(method, handler)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+    def wants(self, method: str, handler: grpc.RpcMethodHandler) -> bool:
+        return handler.request_deserializer is not None and not method.startswith("/grpc.")
 
     def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         parse = handler.request_deserializer

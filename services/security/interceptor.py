@@ -32,13 +32,14 @@ import inspect
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 import grpc
 import prometheus_client
 
 from services.common.authz import Authorizer, check_principal
+from services.common.interceptors import WrappingInterceptor
 from services.common.quotas import QuotaKind, QuotaManager
 from services.security import rules, tokens
 from services.security.identity import ANONYMOUS_CALLER, Caller, parse_service_name
@@ -137,32 +138,18 @@ class ConnectionLimiter:
             del self._connections[peer]
 
 
-class SecurityInterceptor(grpc.aio.ServerInterceptor):
+class SecurityInterceptor(WrappingInterceptor):
     """Authentication, per-RPC rules and quotas for one service's server (owned by its event loop)."""
 
     def __init__(self, *, tls: bool, cache: TokenVerifier | None, acl: bool, limits: rules.Limits,
                  quotas: QuotaManager | None, connections: ConnectionLimiter | None = None) -> None:
+        super().__init__()
         self.tls = tls
         self.cache = cache
         self.acl = acl
         self.limits = limits
         self.quotas = quotas
         self.connections = connections
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
-
-    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-                                handler_call_details: grpc.HandlerCallDetails) -> Any:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method
-        method = method.decode() if isinstance(method, bytes) else method
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(method, handler)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
 
     # ---- wrapping ---------------------------------------------------------------------------
 

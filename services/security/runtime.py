@@ -32,6 +32,7 @@ from grpc_health.v1 import health_pb2
 
 from coordinator.store import MetadataStore
 from services.common import limits
+from services.common.interceptors import method_name
 from services.common.quotas import QuotaManager
 from services.security import channels, rules, tokens
 from services.security.cache import SecurityCache
@@ -88,8 +89,7 @@ class TokenListenerGate(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        method = handler_call_details.method
-        method = method.decode() if isinstance(method, bytes) else method
+        method = method_name(handler_call_details)
         reason = self._unauthenticated(handler_call_details.invocation_metadata or ())
         if reason is None:
             return handler

@@ -1,0 +1,47 @@
+"""What our grpc.aio server interceptors share: the method's name, and one wrapped handler per method.
+
+gRPC asks an interceptor for a method's handler on every call; building the wrapper
+each time would cost a closure per call, so it is built once per method and kept as
+long as gRPC hands out the same handler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+
+def method_name(handler_call_details: grpc.HandlerCallDetails) -> str:
+    """The call's full method name, "/package.Service/Method" (gRPC may hand it over as bytes)."""
+    method = handler_call_details.method
+    return method.decode() if isinstance(method, bytes) else method
+
+
+class WrappingInterceptor(grpc.aio.ServerInterceptor):
+    """An interceptor that replaces the handlers of the methods it `wants` with `_wrap(method, handler)`."""
+
+    def __init__(self) -> None:
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def wants(self, method: str, handler: grpc.RpcMethodHandler) -> bool:
+        return True
+
+    def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        raise NotImplementedError
+
+    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+                                handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = method_name(handler_call_details)
+        if not self.wants(method, handler):
+            return handler
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(method, handler)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
