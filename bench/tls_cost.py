@@ -82,7 +82,7 @@ def _allow_write(cluster: object) -> None:
 
 
 def _credentials(cluster: object, name: str) -> object | None:
-    from services.security.client import ClientTls
+    from clients.tls import ClientTls
 
     s = cluster.client_settings(name)  # type: ignore[attr-defined]
     if not s:

@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from services.common.authz import AclBinding, AclError, Operation, PatternType, Permission, ResourceType
+from clients.acls import AclBinding, AclError, Operation, PatternType, Permission, ResourceType
 
 if TYPE_CHECKING:  # imported when used: `highwater --help` should not load grpc
     from clients.admin import Admin
@@ -229,8 +229,8 @@ def token_create(ctx: click.Context, principal: str, expires_in_s: int, descript
 
     Example: highwater token create --principal User:bob --expires-in-s 3600
     """
-    from services.common.authz import check_principal
-    from services.security.tokens import TOKEN_LIFETIME_MS_MAX
+    from clients.acls import check_principal
+    from clients.tokens import TOKEN_LIFETIME_MS_MAX
 
     try:
         check_principal(principal)
@@ -254,7 +254,7 @@ def token_revoke(ctx: click.Context, token_ids: tuple[str, ...]) -> None:
 
     Example: highwater token revoke 3f2a9c0d1e4b5a69
     """
-    from services.security.tokens import token_id_of
+    from clients.tokens import token_id_of
 
     ids = []
     for text in token_ids:

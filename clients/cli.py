@@ -119,7 +119,7 @@ class CliContext:
             "connect_timeout_ms": min(self.timeout_ms, CLI_CONNECT_TIMEOUT_MS_MAX),
         }
         if self.tls_dir:
-            from services.security.client import tls_dir_settings
+            from clients.tls import tls_dir_settings
             settings.update(tls_dir_settings(self.tls_dir, self.tls_name))
         if self.token:
             settings["auth_token"] = self.token

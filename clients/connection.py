@@ -26,6 +26,7 @@ import grpc
 
 from clients.config import GRPC_MAX_MESSAGE_BYTES
 from clients.errors import ClientClosed, GatewayUnavailable, InvalidArgument
+from clients.tls import ClientTls, ClientTlsError
 from protos.highwater.v1 import gateway_pb2_grpc
 from services.common.errors import (
     ClusterAuthorizationFailed,
@@ -35,7 +36,6 @@ from services.common.errors import (
     RequestTimedOut,
     UnknownServerError,
 )
-from services.security.client import ClientTls, ClientTlsError
 
 log = logging.getLogger("highwater.client.connection")
 

@@ -185,7 +185,7 @@ class LocalCluster:
         when name is given, that client certificate (the admin one by default)."""
         if self.tls_dir is None:
             return {}
-        from services.security.client import tls_dir_settings
+        from clients.tls import tls_dir_settings
 
         return tls_dir_settings(self.tls_dir, name)
 

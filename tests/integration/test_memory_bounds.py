@@ -24,11 +24,11 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from clients.records import Record, encode_batch
+from clients.tls import ClientTls
 from coordinator.acls import put_token
 from coordinator.store import EtcdStore
 from protos.highwater.v1 import common_pb2, gateway_pb2_grpc
 from services.security import tokens
-from services.security.client import ClientTls
 from tests.integration.conftest import TEST_LEASE_TTL_S, TestCluster
 from tests.integration.helpers import wait_for
 

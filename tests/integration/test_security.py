@@ -38,6 +38,7 @@ from clients.cli import cli
 from clients.errors import HighwaterError
 from clients.producer import Producer
 from clients.records import Record, decode_batches, encode_batch
+from clients.tls import ClientTls
 from coordinator.acls import load_security
 from coordinator.store import CoordinatorUnavailable, EtcdStore, EtcdTls
 from protos.highwater.v1 import (
@@ -50,7 +51,6 @@ from protos.highwater.v1 import (
     gateway_pb2_grpc,
 )
 from services.security.certs import create_ca, issue_certificate
-from services.security.client import ClientTls
 from tests.integration.conftest import TEST_LEASE_TTL_S, TestCluster
 from tests.integration.helpers import wait_for
 

@@ -1,4 +1,6 @@
-"""TLS and bearer-token credentials for the client library (clients/connection.py).
+"""TLS and bearer-token credentials for the client library (clients/connection.py); the services
+and tools use the same settings (services depend on the client library, as Kafka's broker
+depends on its clients' common package, never the other way).
 
 Kafka's client names: ssl_cafile (the CA that signed the gateways'
 certificates; None uses the system's roots), ssl_certfile / ssl_keyfile (a
