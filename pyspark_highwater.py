@@ -7,6 +7,11 @@ So once the package is installed where Spark's Python workers run, `format("high
 works with no code. Spark finds modules with pkgutil.iter_modules(), which sees
 regular installs and directories on the Python path but not setuptools' default
 editable installs: see docs/SPARK.md.
+
+The lookup runs in Spark's Python workers: if their interpreter cannot import this
+module, Spark reports only DATA_SOURCE_NOT_FOUND. `spark_connector.configure(builder)`
+makes the workers run this interpreter, and `spark_connector.check_spark_session(spark)`
+names what to set when they do not.
 """
 
 from spark_connector.source import HighwaterDataSource as DefaultSource

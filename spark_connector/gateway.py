@@ -13,6 +13,12 @@ UNAVAILABLE moves on to the next gateway. `HighwaterSparkError` messages name th
 option that set the addresses, so an unreachable gateway fails the query with a
 sentence, not a stack of gRPC internals.
 
+Channels are plaintext, or TLS with the CA, client certificate and bearer token of the
+highwater.ssl.* / highwater.auth.token options (ClientSettings carries the bytes, read on
+the driver). A client with a token and no certificate never fetches from leaders: brokers'
+registered ports are mutual TLS. Authentication and ACL refusals become sentences that
+name the option to set or the ACL to grant.
+
 Reading tasks fetch from partition leaders directly (`fetch_future`, option
 highwater.fetch.from.leaders, default true), as Kafka's consumers do: the gateway's
 Metadata names each partition's leader and its address. The answer is the same
@@ -66,6 +72,15 @@ def code_name(code: int) -> str:
     return common_pb2.ErrorCode.Name(code) if code in common_pb2.ErrorCode.values() else str(code)
 
 
+def not_authorized(topic: str, operation: str, detail: str = "") -> HighwaterSparkError:
+    """TOPIC_AUTHORIZATION_FAILED as a sentence: which topic, which operation, how to grant it."""
+    return HighwaterSparkError(
+        f"not authorized to {operation} topic {topic!r} (TOPIC_AUTHORIZATION_FAILED{': ' + detail if detail else ''})"
+        f": the ACL authorizer refused the principal of this query's credentials (highwater.ssl.certfile or "
+        f"highwater.auth.token); an operator grants it with `highwater acl add --principal User:<name> "
+        f"--operation {operation} --topic {topic}` (docs/SECURITY.md)")
+
+
 class GatewayClient:
     """Blocking calls to the gateways of `bootstrap`; one per task or per driver-side reader."""
 
@@ -82,6 +97,9 @@ class GatewayClient:
         # Per leader, its Fetch method answering the raw bytes (parse_fetch_response reads them).
         self._leader_fetch: dict[str, grpc.UnaryUnaryMultiCallable] = {}
         self._unreachable_leaders: set[str] = set()
+        # Brokers' registered ports are mutual TLS on a secure cluster: a client without a
+        # certificate (a token only) cannot connect there, so it reads through the gateway.
+        self._direct_fetch = settings.fetch_from_leaders and (not settings.secure or settings.cert_chain is not None)
 
     def close(self) -> None:
         for channel in (*self._channels.values(), *self._leader_channels.values()):
@@ -107,7 +125,7 @@ class GatewayClient:
         while True:
             address = self.addresses[self._current]
             if address not in self._channels:
-                self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                self._channels[address] = self._channel(address)
                 self._stubs[address] = gateway_pb2_grpc.GatewayServiceStub(self._channels[address])
             if address in self._connected:
                 return address, self._stubs[address]
@@ -122,9 +140,41 @@ class GatewayClient:
             self._current = (self._current + 1) % len(self.addresses)
             if time.monotonic() >= deadline:
                 tried = ", ".join(f"{a} ({failures.get(a, 'not tried')})" for a in self.addresses)
+                hint = ("; if the cluster uses TLS, set highwater.ssl.cafile (and a client certificate or "
+                        "highwater.auth.token)" if not self.settings.secure else
+                        "; with TLS, check that highwater.ssl.cafile is the cluster's CA, and that a client "
+                        "without a certificate (token only) names the gateways' client ports")
                 raise HighwaterSparkError(
                     f"option 'bootstrap': no Highwater gateway answered within "
-                    f"{self.settings.connect_timeout_ms} ms (highwater.connect.timeout.ms): {tried}")
+                    f"{self.settings.connect_timeout_ms} ms (highwater.connect.timeout.ms): {tried}{hint}")
+
+    def _channel(self, address: str) -> grpc.Channel:
+        """A plaintext channel, or TLS with the CA, client certificate and token the options gave."""
+        s = self.settings
+        if not s.secure:
+            return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        credentials = grpc.ssl_channel_credentials(root_certificates=s.ca_cert, private_key=s.private_key,
+                                                   certificate_chain=s.cert_chain)
+        if s.token:
+            # gRPC sends call credentials only over TLS, so the token never travels in the clear.
+            credentials = grpc.composite_channel_credentials(credentials,
+                                                             grpc.access_token_call_credentials(s.token))
+        return grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
+
+    def _rpc_error(self, method: str, address: str, error: grpc.RpcError) -> HighwaterSparkError:
+        """A sentence for a failed call; authentication and authorization failures say what to set."""
+        status = error.code()  # type: ignore[attr-defined]
+        details = error.details()  # type: ignore[attr-defined]
+        if status == grpc.StatusCode.UNAUTHENTICATED:
+            return HighwaterSparkError(
+                f"{method} to gateway {address}: the cluster did not accept this query's credentials "
+                f"(UNAUTHENTICATED: {details}); set highwater.auth.token to a valid token, or "
+                "highwater.ssl.certfile / highwater.ssl.keyfile to a certificate of the cluster's CA")
+        if status == grpc.StatusCode.PERMISSION_DENIED:
+            return HighwaterSparkError(
+                f"{method} to gateway {address}: not authorized (PERMISSION_DENIED: {details}); the principal "
+                "of this query's credentials needs an ACL for it (`highwater acl add`, docs/SECURITY.md)")
+        return HighwaterSparkError(f"{method} to gateway {address} failed: {status.name} {details}")
 
     def call(self, method: str, request: Any, *, timeout_ms: int | None = None) -> Any:
         """Send `request` to GatewayService.`method`, failing over between gateways."""
@@ -137,9 +187,7 @@ class GatewayClient:
             except grpc.RpcError as error:
                 status = error.code()  # type: ignore[attr-defined]
                 if status not in _FAILOVER_STATUS or time.monotonic() >= deadline:
-                    raise HighwaterSparkError(
-                        f"{method} to gateway {address} failed: {status.name} {error.details()}"  # type: ignore[attr-defined]
-                    ) from None
+                    raise self._rpc_error(method, address, error) from None
                 log.info("gateway %s: %s %s; trying the next one", address, method, status.name)
                 self._connected.discard(address)
                 self._current = (self._current + 1) % len(self.addresses)
@@ -174,7 +222,7 @@ class GatewayClient:
         up again. The caller handles per-partition errors as for any Fetch.
         """
         request = self.fetch_request(tp, offset, max_bytes, max_wait_ms)
-        address = self._leader_address(tp) if self.settings.fetch_from_leaders else None
+        address = self._leader_address(tp) if self._direct_fetch else None
         if address is None:
             waiter = self.call_future("Fetch", request)
             return lambda: FetchedPartition.from_proto(waiter())
@@ -222,7 +270,7 @@ class GatewayClient:
         if address in self._unreachable_leaders:
             return None
         if address not in self._leader_channels:
-            channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = self._channel(address)
             try:
                 grpc.channel_ready_future(channel).result(timeout=limits.LEADER_CONNECT_TIMEOUT_MS / 1000)
             except grpc.FutureTimeoutError:
@@ -263,6 +311,8 @@ class GatewayClient:
         for t in response.topics:
             if t.error_code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION:
                 out[t.name] = None
+            elif t.error_code == common_pb2.TOPIC_AUTHORIZATION_FAILED:
+                raise not_authorized(t.name, "Describe", t.error_message)
             elif t.error_code != common_pb2.NONE:
                 raise HighwaterSparkError(f"metadata of topic {t.name!r}: {code_name(t.error_code)} "
                                           f"{t.error_message}")

@@ -31,6 +31,11 @@ FETCH_EMPTY_WAIT_MS = 500
 # from the micro-batch's start offset (a soft limit, as Databricks' Kafka source has).
 BYTES_SAMPLE_MAX_BYTES = 256 * 1024
 
+# Option maxTriggerDelay: with minOffsetsPerTrigger, a trigger is skipped while fewer offsets
+# are available, but never for longer than this since the last batch. 15 minutes is Spark's
+# Kafka source's default.
+MAX_TRIGGER_DELAY_MS_DEFAULT = 15 * 60 * 1000
+
 # --- all RPCs ----------------------------------------------------------------
 # Option highwater.request.timeout.ms: one RPC to a gateway.
 REQUEST_TIMEOUT_MS_DEFAULT = 30_000
@@ -50,7 +55,8 @@ WRITE_BATCH_BYTES_DEFAULT = 512 * 1024
 WRITE_BATCH_BYTES_MAX = MAX_MESSAGE_BYTES - 1024
 # A record batch also closes at this many records (varint offset deltas stay small).
 WRITE_BATCH_RECORDS_MAX = 50_000
-# One Produce carries at most this many bytes of batches (several partitions at once).
+# One Produce carries at most this many bytes of batches (several partitions at once): the
+# default and the maximum of option highwater.max.request.size (kafka.max.request.size).
 PRODUCE_REQUEST_BYTES_MAX = 8 * 1024 * 1024
 # The broker remembers the last PRODUCER_BATCHES_KEPT batches per producer id and
 # partition. A writer task moves to a fresh derived producer id after that many batches

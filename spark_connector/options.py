@@ -12,6 +12,11 @@ maxBytesPerTrigger, minPartitions, failOnDataLoss, includeHeaders, topic. Spark 
 options over case-insensitively (keys may arrive lower-cased), so every lookup here
 is by lower-cased name. Offsets JSON is Kafka's: {"topic": {"0": 23, "1": -2}} with -2
 meaning earliest and -1 latest.
+
+A job ported from format("kafka") keeps its options: Kafka client settings (`kafka.`
+prefix) and Spark's Kafka-only options either map to the connector's setting of the same
+meaning or are refused with a message naming them (translate_kafka_options); none is
+accepted and ignored.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from services.common.topics import topic_name_problem
@@ -40,7 +46,12 @@ class OptionError(ValueError):
 
 @dataclass(frozen=True)
 class ClientSettings:
-    """Settings passed through with the `highwater.` prefix (see CLIENT_SETTINGS)."""
+    """Settings passed through with the `highwater.` prefix (see CLIENT_SETTINGS), or Kafka's names for them.
+
+    The TLS material and the token are read on the driver at planning and travel to the
+    tasks inside the pickled reader or writer (never in the plan's printed options), so
+    executors need no copy of the files. They are left out of repr() so no log shows them.
+    """
 
     request_timeout_ms: int = limits.REQUEST_TIMEOUT_MS_DEFAULT
     connect_timeout_ms: int = limits.CONNECT_TIMEOUT_MS_DEFAULT
@@ -50,10 +61,21 @@ class ClientSettings:
     batch_size_bytes: int = limits.WRITE_BATCH_BYTES_DEFAULT
     compression: str = "none"
     fetch_from_leaders: bool = True
+    linger_ms: int | None = None  # None: a Produce leaves when it is full or the task ends
+    max_request_bytes: int = limits.PRODUCE_REQUEST_BYTES_MAX
+    ca_cert: bytes | None = field(default=None, repr=False)
+    cert_chain: bytes | None = field(default=None, repr=False)
+    private_key: bytes | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+
+    @property
+    def secure(self) -> bool:
+        """TLS is on: any of the CA, a client certificate or a token was given."""
+        return bool(self.ca_cert or self.cert_chain or self.token)
 
 
-# option name (after the prefix) -> (ClientSettings field, minimum, maximum); acks and
-# compression are checked on their own.
+# option name (after the prefix) -> (ClientSettings field, minimum, maximum); the others are
+# checked on their own.
 CLIENT_PREFIX = "highwater."
 _INT_SETTINGS: dict[str, tuple[str, int, int]] = {
     "request.timeout.ms": ("request_timeout_ms", 1, 3_600_000),
@@ -61,9 +83,132 @@ _INT_SETTINGS: dict[str, tuple[str, int, int]] = {
     "retry.timeout.ms": ("retry_timeout_ms", 0, 3_600_000),
     "fetch.max.bytes": ("fetch_max_bytes", 1024, limits.FETCH_MAX_BYTES_MAX),
     "batch.size.bytes": ("batch_size_bytes", 1, limits.WRITE_BATCH_BYTES_MAX),
+    "linger.ms": ("linger_ms", 0, 3_600_000),
+    "max.request.size": ("max_request_bytes", 1024, limits.PRODUCE_REQUEST_BYTES_MAX),
 }
-CLIENT_SETTINGS = (*_INT_SETTINGS, "acks", "compression", "fetch.from.leaders")
+# Files read on the driver (PEM), and the bearer token. The token's option name contains
+# "token", which Spark's default spark.redaction.regex matches, so explain() and the UI
+# show it as *********(redacted).
+_TLS_FILES = {"ssl.cafile": "ca_cert", "ssl.certfile": "cert_chain", "ssl.keyfile": "private_key"}
+TOKEN_SETTING = "auth.token"
+CLIENT_SETTINGS = (*_INT_SETTINGS, "acks", "compression", "fetch.from.leaders", *_TLS_FILES, TOKEN_SETTING)
 _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
+
+
+# --- Spark's Kafka source and sink options --------------------------------------------------
+# A job ported from format("kafka") keeps its options. Each one either means here what it
+# means there, or is refused with a message naming it and what to use instead: an option
+# accepted and ignored would change the job silently (docs/SPARK.md has the table).
+KAFKA_PREFIX = "kafka."
+_SECURITY_INSTEAD = ("use highwater.ssl.cafile (the CA's PEM), highwater.ssl.certfile and highwater.ssl.keyfile "
+                     "(a client certificate) or highwater.auth.token (a bearer token from `highwater token create`)")
+# Kafka client settings with the same meaning here: kafka.<name> -> highwater.<name>.
+KAFKA_READ_EQUIVALENTS = {
+    "request.timeout.ms": "request.timeout.ms",
+    "max.partition.fetch.bytes": "fetch.max.bytes",  # one Fetch reads one partition, so both bound it
+    "fetch.max.bytes": "fetch.max.bytes",
+}
+KAFKA_WRITE_EQUIVALENTS = {
+    "acks": "acks",
+    "compression.type": "compression",
+    "linger.ms": "linger.ms",
+    "batch.size": "batch.size.bytes",
+    "max.request.size": "max.request.size",
+    "request.timeout.ms": "request.timeout.ms",
+    "delivery.timeout.ms": "retry.timeout.ms",
+}
+# Kafka client settings refused with a reason and what to use instead.
+KAFKA_REFUSED: dict[str, str] = {
+    "group.id": "the connector reads fixed offset ranges with no consumer group (offsets live in the query's "
+                "checkpoint, as with Spark's Kafka source, which commits none either); remove it, and use the "
+                "query's progress (lastProgress, reportLatestOffset) to watch its position",
+    "auto.offset.reset": "set the option startingOffsets (earliest, latest or per-partition JSON) instead, as "
+                         "Spark's Kafka source also requires",
+    "enable.auto.commit": "no offsets are committed to a group; the query's checkpoint keeps them",
+    "key.deserializer": "keys are always read as binary (cast them in the query)",
+    "value.deserializer": "values are always read as binary (cast them in the query)",
+    "key.serializer": "keys are written as binary or UTF-8 strings (serialize them in the query)",
+    "value.serializer": "values are written as binary or UTF-8 strings (serialize them in the query)",
+    "interceptor.classes": "there are no client interceptors; transform the DataFrame instead",
+    "max.poll.records": "tasks do not poll: each Fetch returns up to highwater.fetch.max.bytes; bound a "
+                        "micro-batch with maxOffsetsPerTrigger",
+    "enable.idempotence": "writes are always idempotent (a replayed task writes nothing twice); remove it",
+    "retries": "retriable errors are retried until highwater.retry.timeout.ms (kafka.delivery.timeout.ms) passes",
+    "transactional.id": "there are no transactions; streaming writes are idempotent per micro-batch instead "
+                        "(docs/SPARK.md, Guarantees)",
+    "partitioner.class": "rows go to murmur2(key) like Kafka's default partitioner; set a 'partition' column "
+                         "to choose",
+    "security.protocol": "TLS and authentication are set with the connector's own options: " + _SECURITY_INSTEAD,
+    "sasl.mechanism": "Highwater authenticates with a client certificate or a bearer token: " + _SECURITY_INSTEAD,
+    "sasl.jaas.config": "Highwater authenticates with a client certificate or a bearer token: " + _SECURITY_INSTEAD,
+}
+# Spark's own (unprefixed) Kafka source options that have no meaning here.
+SPARK_REFUSED: dict[str, str] = {
+    "groupIdPrefix": "the connector uses no consumer group (see kafka.group.id); remove it",
+    "fetchOffset.numRetries": "offset look-ups are retried with a back-off until highwater.retry.timeout.ms "
+                              "passes; set that instead",
+    "fetchOffset.retryIntervalMs": "offset look-ups are retried with a back-off until highwater.retry.timeout.ms "
+                                   "passes; set that instead",
+}
+# Spark's Kafka option with a Highwater equivalent of the same meaning (a task's wait for one Fetch).
+SPARK_READ_EQUIVALENTS = {"kafkaConsumer.pollTimeoutMs": "request.timeout.ms"}
+
+
+def _kafka_refusal(option: str, why: str) -> OptionError:
+    return OptionError(f"option {option!r} is a Kafka client setting with no Highwater meaning: {why}")
+
+
+def translate_kafka_options(options: Mapping[str, str], *, writing: bool) -> tuple[dict[str, str], dict[str, str]]:
+    """Kafka's option names turned into the connector's, or refused (OptionError naming the option).
+
+    Takes lower-cased options; returns them with each equivalent moved to its `highwater.`
+    name, and display names (highwater name -> the option the user wrote) for messages.
+    The same setting given under two names with different values is an error.
+    """
+    out = dict(options)
+    display: dict[str, str] = {}
+    equivalents = KAFKA_WRITE_EQUIVALENTS if writing else KAFKA_READ_EQUIVALENTS
+    other = KAFKA_READ_EQUIVALENTS if writing else KAFKA_WRITE_EQUIVALENTS
+    renames: dict[str, str] = {}
+    for name, target in SPARK_READ_EQUIVALENTS.items():
+        if not writing:
+            renames[name.lower()] = CLIENT_PREFIX + target
+    for name, why in SPARK_REFUSED.items():
+        if name.lower() in options:
+            raise OptionError(f"option {name!r} of Spark's Kafka source has no Highwater meaning: {why}")
+    for key in options:
+        if not key.startswith(KAFKA_PREFIX):
+            continue
+        name = key[len(KAFKA_PREFIX):]
+        if name == "bootstrap.servers":
+            continue
+        if name in equivalents:
+            renames[key] = CLIENT_PREFIX + equivalents[name]
+        elif name in KAFKA_REFUSED:
+            raise _kafka_refusal(key, KAFKA_REFUSED[name])
+        elif name.startswith(("ssl.", "sasl.")):
+            raise _kafka_refusal(key, _SECURITY_INSTEAD)
+        elif name in other:
+            what = "a producer setting, and this is a read" if not writing else "a consumer setting, and this is a write"
+            raise OptionError(f"option {key!r} is {what}: it has no meaning here; remove it")
+        else:
+            settings = ", ".join(f"{KAFKA_PREFIX}{k}" for k in sorted(equivalents))
+            raise _kafka_refusal(key, f"remove it; the Kafka settings with a Highwater equivalent for "
+                                      f"{'writes' if writing else 'reads'} are {settings}, and the connector's "
+                                      f"own are the highwater.* options (docs/SPARK.md)")
+    # Options arrive lower-cased; messages use the names as Spark documents them.
+    spelled = {name.lower(): name for name in SPARK_READ_EQUIVALENTS}
+    for key, target in renames.items():
+        if key not in options:
+            continue
+        name = spelled.get(key, key)
+        if target in out and out[target].strip().lower() != options[key].strip().lower():
+            shown = display.get(target, target)
+            raise OptionError(f"options {shown!r} and {name!r} set the same thing to different values "
+                              f"({out[target]!r}, {options[key]!r}); give one")
+        out[target] = options[key]
+        display[target] = name
+    return out, display
 
 
 @dataclass(frozen=True)
@@ -106,7 +251,10 @@ class ReadOptions:
     timestamp_strategy: str  # "error" | "latest": no record at/after a starting timestamp
     max_offsets_per_trigger: int | None
     max_bytes_per_trigger: int | None
+    min_offsets_per_trigger: int | None
+    max_trigger_delay_ms: int  # only with min_offsets_per_trigger
     min_partitions: int | None
+    max_records_per_partition: int | None
     fail_on_data_loss: bool
     include_headers: bool
     push_filters: bool
@@ -156,6 +304,22 @@ def parse_int(options: Mapping[str, str], name: str, *, minimum: int, maximum: i
     return value
 
 
+_DURATION = re.compile(r"^\s*(\d+)\s*(us|ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
+_DURATION_MS = {"us": 0.001, "ms": 1, "": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000,
+                "d": 86_400_000}
+
+
+def parse_duration_ms(options: Mapping[str, str], name: str, default_ms: int) -> int:
+    """A duration as Spark writes them (Utils.timeStringAsMs): 15m, 5s, 100ms; a bare number is ms."""
+    text = options.get(name.lower())
+    if text is None:
+        return default_ms
+    match = _DURATION.match(text)
+    if not match:
+        raise OptionError(f"option {name!r} must be a duration such as 15m, 30s or 500ms, got {text!r}")
+    return int(int(match.group(1)) * _DURATION_MS[(match.group(2) or "").lower()])
+
+
 def parse_byte_size(options: Mapping[str, str], name: str) -> int | None:
     """Bytes, optionally with a binary unit: 1048576, 512k, 10m, 1g (also kb / mib ...)."""
     text = options.get(name.lower())
@@ -171,36 +335,65 @@ def parse_byte_size(options: Mapping[str, str], name: str) -> int | None:
     return value
 
 
-def parse_client_settings(options: Mapping[str, str]) -> ClientSettings:
-    """The `highwater.`-prefixed options; an unknown one is an error (a typo would be silently ignored)."""
+def parse_client_settings(options: Mapping[str, str], display: Mapping[str, str] | None = None) -> ClientSettings:
+    """The `highwater.`-prefixed options; an unknown one is an error (a typo would be silently ignored).
+
+    `display` maps a setting's name to the option the user wrote (a Kafka name), for messages.
+    """
+    shown = display or {}
     values: dict[str, Any] = {}
     for key, text in options.items():
         if not key.startswith(CLIENT_PREFIX) or key == CLIENT_PREFIX + "bootstrap":
             continue
         name = key[len(CLIENT_PREFIX):]
+        label = shown.get(key, key)
         if name in _INT_SETTINGS:
             attr, minimum, maximum = _INT_SETTINGS[name]
-            values[attr] = parse_int(options, key, minimum=minimum, maximum=maximum)
+            values[attr] = parse_int(options, key, minimum=minimum, maximum=maximum, display=label)
         elif name == "acks":
             acks = {"all": -1, "-1": -1, "1": 1, "0": 0}.get(text.strip().lower())
             if acks is None:
-                raise OptionError(f"option 'highwater.acks' must be all, 1 or 0, got {text!r}")
+                raise OptionError(f"option {label!r} must be all, 1 or 0, got {text!r}")
             values["acks"] = acks
         elif name == "compression":
             if text.strip().lower() not in _COMPRESSIONS:
-                raise OptionError(f"option 'highwater.compression' must be one of {', '.join(_COMPRESSIONS)}, "
-                                  f"got {text!r}")
+                raise OptionError(f"option {label!r} must be one of {', '.join(_COMPRESSIONS)}, got {text!r}")
             values["compression"] = text.strip().lower()
         elif name == "fetch.from.leaders":
             values["fetch_from_leaders"] = parse_bool(options, key, True)
+        elif name in _TLS_FILES:
+            values[_TLS_FILES[name]] = _read_pem(key, text)
+        elif name == TOKEN_SETTING:
+            if not text.strip():
+                raise OptionError(f"option {key!r} is empty")
+            values["token"] = text.strip()
         else:
             known = ", ".join(CLIENT_PREFIX + s for s in sorted(CLIENT_SETTINGS))
             raise OptionError(f"unknown option {key!r}; the client settings are {known}")
+    if bool(values.get("cert_chain")) != bool(values.get("private_key")):
+        raise OptionError("options 'highwater.ssl.certfile' and 'highwater.ssl.keyfile' go together: "
+                          "give both or neither")
     return ClientSettings(**values)
 
 
+def _read_pem(option: str, path: str) -> bytes:
+    """A PEM file's bytes, read on the driver so executors need no copy of it."""
+    try:
+        data = Path(path.strip()).read_bytes()
+    except OSError as exc:
+        raise OptionError(f"option {option!r}: cannot read {path!r} on the driver: {exc.strerror}") from None
+    if b"-----BEGIN" not in data:
+        raise OptionError(f"option {option!r}: {path!r} is not a PEM file")
+    return data
+
+
 def parse_bootstrap(options: Mapping[str, str]) -> str:
-    text = options.get("bootstrap") or options.get("highwater.bootstrap") or options.get("kafka.bootstrap.servers")
+    given = {name: options[name].strip() for name in ("bootstrap", "highwater.bootstrap", "kafka.bootstrap.servers")
+             if options.get(name) and options[name].strip()}
+    if len(set(given.values())) > 1:
+        raise OptionError(f"options {', '.join(map(repr, given))} name different gateways "
+                          f"({', '.join(map(repr, given.values()))}); give one")
+    text = next(iter(given.values()), None)
     if not text or not text.strip():
         raise OptionError("option 'bootstrap' is required: the gateway addresses, e.g. 127.0.0.1:9092")
     for part in (p.strip() for p in text.split(",")):
@@ -312,7 +505,7 @@ def _offset_spec(options: Mapping[str, str], *, starting: bool, streaming: bool)
 
 
 def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOptions:
-    options = _lower(raw)
+    options, display = translate_kafka_options(_lower(raw), writing=False)
     if not streaming and "maxoffsetspertrigger" in options:
         pass  # accepted and ignored in batch queries, as Spark's Kafka source does
     ending_names = ("endingOffsets", "endingOffsetsByTimestamp", "endingTimestamp")
@@ -323,6 +516,14 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
     if strategy not in ("error", "latest"):
         raise OptionError(f"option 'startingOffsetsByTimestampStrategy' must be error or latest, got {strategy!r}")
     min_partitions = parse_int(options, "minPartitions", minimum=1, maximum=1_000_000)
+    min_offsets = parse_int(options, "minOffsetsPerTrigger", minimum=1)
+    if "maxtriggerdelay" in options and min_offsets is None:
+        raise OptionError("option 'maxTriggerDelay' only applies with minOffsetsPerTrigger (as in Spark's Kafka "
+                          "source): set minOffsetsPerTrigger too, or remove it")
+    max_offsets = parse_int(options, "maxOffsetsPerTrigger", minimum=1)
+    if min_offsets is not None and max_offsets is not None and min_offsets > max_offsets:
+        raise OptionError(f"option 'minOffsetsPerTrigger' ({min_offsets}) is larger than 'maxOffsetsPerTrigger' "
+                          f"({max_offsets}): no micro-batch could satisfy both")
     subscription = parse_subscription(options)
     starting = _offset_spec(options, starting=True, streaming=streaming)
     ending = None if streaming else _offset_spec(options, starting=False, streaming=streaming)
@@ -342,23 +543,29 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
         starting=starting,
         ending=ending,
         timestamp_strategy=strategy,
-        max_offsets_per_trigger=parse_int(options, "maxOffsetsPerTrigger", minimum=1),
+        max_offsets_per_trigger=max_offsets,
         max_bytes_per_trigger=parse_byte_size(options, "maxBytesPerTrigger"),
+        min_offsets_per_trigger=min_offsets,
+        max_trigger_delay_ms=parse_duration_ms(options, "maxTriggerDelay", limits.MAX_TRIGGER_DELAY_MS_DEFAULT),
         min_partitions=min_partitions,
+        max_records_per_partition=parse_int(options, "maxRecordsPerPartition", minimum=1),
         fail_on_data_loss=parse_bool(options, "failOnDataLoss", True),
         include_headers=parse_bool(options, "includeHeaders", False),
         push_filters=parse_bool(options, "pushFilters", False),
-        client=parse_client_settings(options),
+        client=parse_client_settings(options, display),
     )
 
 
 def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
-    options = _lower(raw)
+    options, display = translate_kafka_options(_lower(raw), writing=True)
     topic = options.get("topic")
+    # Spark's Kafka sink takes includeHeaders and writes a 'headers' column whenever there is
+    # one, whatever its value; so does this sink. Checked only for its form.
+    parse_bool(options, "includeHeaders", False)
     return WriteOptions(
         bootstrap=parse_bootstrap(options),
         topic=check_topic(topic.strip(), "option 'topic'") if topic is not None else None,
-        client=parse_client_settings(options),
+        client=parse_client_settings(options, display),
     )
 
 

@@ -27,27 +27,38 @@ class OffsetRange:
         return max(self.end - self.start, 0)
 
 
-def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
-    """Split ranges so there are at least `min_partitions` tasks (Spark's KafkaOffsetRangeCalculator).
+def split_ranges(ranges: list[OffsetRange], min_partitions: int | None,
+                 max_records: int | None = None) -> list[OffsetRange]:
+    """Split ranges into Spark tasks as Spark's KafkaOffsetRangeCalculator does.
 
-    Each non-empty range gets max(1, round(size / total * min_partitions)) pieces of
-    near-equal size, so a large partition spreads over several tasks while small ones
-    stay whole. Without min_partitions, or with enough ranges already, ranges are
-    returned as they are (one task per topic-partition). Empty ranges are dropped.
+    `max_records` (maxRecordsPerPartition): first cut every range into the fewest
+    near-equal pieces of at most that many records. `min_partitions`: then, if there are
+    fewer pieces than that, each non-empty piece gets max(1, round(size / total *
+    min_partitions)) near-equal pieces, so a large partition spreads over several tasks
+    while small ones stay whole. With neither, ranges are returned as they are (one task
+    per topic-partition). Empty ranges are dropped.
     """
     non_empty = [r for r in ranges if r.size > 0]
+    if max_records:
+        non_empty = [piece for r in non_empty for piece in _cut(r, math.ceil(r.size / max_records))]
     if not min_partitions or len(non_empty) >= min_partitions:
         return non_empty
     total = sum(r.size for r in non_empty)
     out: list[OffsetRange] = []
     for r in non_empty:
-        pieces = min(max(round(r.size / total * min_partitions), 1), r.size)
-        step, extra = divmod(r.size, pieces)
-        start = r.start
-        for i in range(pieces):
-            end = start + step + (1 if i < extra else 0)
-            out.append(OffsetRange(r.topic, r.partition, start, end))
-            start = end
+        out.extend(_cut(r, min(max(round(r.size / total * min_partitions), 1), r.size)))
+    return out
+
+
+def _cut(r: OffsetRange, pieces: int) -> list[OffsetRange]:
+    """`r` in `pieces` contiguous ranges whose sizes differ by at most one."""
+    step, extra = divmod(r.size, pieces)
+    out: list[OffsetRange] = []
+    start = r.start
+    for i in range(pieces):
+        end = start + step + (1 if i < extra else 0)
+        out.append(OffsetRange(r.topic, r.partition, start, end))
+        start = end
     return out
 
 

@@ -46,6 +46,7 @@ from pyspark.sql.streaming.datasource import (
     ReadLimit,
     ReadMaxBytes,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 
@@ -54,7 +55,13 @@ from clients.consumer import next_fetch_offset
 from protos.highwater.v1 import common_pb2
 from spark_connector import limits, planning
 from spark_connector.fetch_response import FetchedPartition
-from spark_connector.gateway import RETRIABLE_CODES, GatewayClient, HighwaterSparkError, code_name
+from spark_connector.gateway import (
+    RETRIABLE_CODES,
+    GatewayClient,
+    HighwaterSparkError,
+    code_name,
+    not_authorized,
+)
 from spark_connector.options import (
     EARLIEST,
     LATEST,
@@ -123,6 +130,9 @@ def list_offsets(client: GatewayClient, timestamps: dict[TopicPartitionKey, int]
     gone = [tp for tp, (_, code) in answers.items() if code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION]
     if gone:
         raise HighwaterSparkError(f"{what}: {_unknown(gone)} does not exist (was the topic deleted?)")
+    refused = sorted(tp for tp, (_, code) in answers.items() if code == common_pb2.TOPIC_AUTHORIZATION_FAILED)
+    if refused:
+        raise not_authorized(refused[0][0], "Describe", f"ListOffsets for {what}")
     failed = {tp: code for tp, (_, code) in answers.items() if code != common_pb2.NONE}
     if failed:
         raise HighwaterSparkError(f"{what}: ListOffsets failed for " + ", ".join(
@@ -130,9 +140,34 @@ def list_offsets(client: GatewayClient, timestamps: dict[TopicPartitionKey, int]
     return {tp: offset for tp, (offset, _) in answers.items()}
 
 
+def check_every_partition_named(spec: OffsetSpec, tps: Sequence[TopicPartitionKey]) -> None:
+    """Per-partition offsets or timestamps must name exactly the partitions the query reads.
+
+    Spark's Kafka source refuses JSON that leaves a partition out ("you must specify all
+    TopicPartitions"); taking a default for the rest would start them somewhere the job
+    did not say. Partitions that appear later, in a running stream, start at earliest.
+    """
+    if spec.kind not in ("offsets", "timestamps") or spec.timestamp_all is not None:
+        return
+    named = set(spec.offsets) if spec.kind == "offsets" else set(spec.timestamps)
+    missing = [tp for tp in tps if tp not in named]
+    extra = [tp for tp in named if tp not in set(tps)]
+    if missing or extra:
+        use = "-2 for earliest, -1 for latest" if spec.kind == "offsets" else "a timestamp in ms"
+        problems = ([f"leaves out {_unknown(missing)}"] if missing else []) + (
+            [f"names {_unknown(extra)}, which the query does not read (no such partition?)"] if extra else [])
+        raise HighwaterSparkError(
+            f"option {spec.option!r} {' and '.join(problems)}: per-partition JSON must give every partition of "
+            f"the subscribed topics ({use}), as Spark's Kafka source requires; partitions: {_unknown(tps)}")
+
+
 def resolve_offsets(client: GatewayClient, spec: OffsetSpec, tps: Sequence[TopicPartitionKey], *,
                     default: int, timestamp_strategy: str = "error") -> dict[TopicPartitionKey, int]:
-    """Concrete offsets for `tps` from an OffsetSpec (ListOffsets for earliest, latest, timestamps)."""
+    """Concrete offsets for `tps` from an OffsetSpec (ListOffsets for earliest, latest, timestamps).
+
+    Per-partition JSON must name every partition (the caller checks that first, with
+    check_every_partition_named); `default` is what the others would get.
+    """
     if spec.kind in ("earliest", "latest"):
         ts = EARLIEST if spec.kind == "earliest" else LATEST
         return list_offsets(client, dict.fromkeys(tps, ts), f"option {spec.option!r}")
@@ -359,6 +394,8 @@ def _after_fetch_error(client: GatewayClient, r: OffsetRange, offset: int,
             raise HighwaterSparkError(f"{lost}; set failOnDataLoss=false to skip them")
         log.warning("%s; skipping them (failOnDataLoss=false)", lost)
         return r.end
+    if code == common_pb2.TOPIC_AUTHORIZATION_FAILED:
+        raise not_authorized(r.topic, "Read", f"Fetch of {name}")
     raise HighwaterSparkError(f"Fetch of {name} at offset {offset} failed: {code_name(code)} {part.error_message}")
 
 
@@ -374,8 +411,11 @@ class HighwaterBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
         with GatewayClient(options.bootstrap, options.client) as client:
-            tps = [tp for tp in resolve_partitions(client, options, allow_empty=False)
-                   if self.bounds.allows_partition(tp[1])]
+            selected = resolve_partitions(client, options, allow_empty=False)
+            for spec in (options.starting, options.ending):
+                if spec is not None:
+                    check_every_partition_named(spec, selected)
+            tps = [tp for tp in selected if self.bounds.allows_partition(tp[1])]
             if not tps:
                 return []
             if options.ending is None:  # pragma: no cover - batch options always have one
@@ -394,7 +434,7 @@ class HighwaterBatchReader(DataSourceReader):
                 starts = {tp: min(s, ends[tp]) for tp, s in starts.items()}
             starts = check_ranges(client, starts, ends, options, options.starting.option)
         ranges = [self.bounds.narrow(OffsetRange(t, p, starts[(t, p)], ends[(t, p)])) for t, p in tps]
-        split = planning.split_ranges(ranges, options.min_partitions)
+        split = planning.split_ranges(ranges, options.min_partitions, options.max_records_per_partition)
         return [HighwaterInputPartition(i, r) for i, r in enumerate(split)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -434,6 +474,10 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.options = options
         self._client: GatewayClient | None = None
         self._available_now_target: dict[TopicPartitionKey, int] | None = None
+        # minOffsetsPerTrigger / maxTriggerDelay: when the last micro-batch was admitted
+        # (time.monotonic()). None, like Spark's Kafka source's 0, makes the first trigger after
+        # a (re)start never delayed.
+        self._last_trigger_s: float | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -451,6 +495,7 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def initialOffset(self) -> dict:
         tps = resolve_partitions(self.client, self.options, allow_empty=self.options.subscription.pattern is not None)
+        check_every_partition_named(self.options.starting, tps)
         starts = resolve_offsets(self.client, self.options.starting, tps, default=LATEST,
                                  timestamp_strategy=self.options.timestamp_strategy)
         latest = list_offsets(self.client, dict.fromkeys(tps, LATEST), "high watermarks")
@@ -458,11 +503,34 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return offsets_to_json(starts)
 
     def getDefaultReadLimit(self) -> ReadLimit:
+        # PySpark has no composite limit: minOffsetsPerTrigger is applied in latestOffset from
+        # the options whenever Spark does not ask for everything (ReadAllAvailable: Trigger.Once).
         if self.options.max_offsets_per_trigger is not None:
             return ReadMaxRows(self.options.max_offsets_per_trigger)
         if self.options.max_bytes_per_trigger is not None:
             return ReadMaxBytes(self.options.max_bytes_per_trigger)
+        if self.options.min_offsets_per_trigger is not None:
+            return ReadMinRows(self.options.min_offsets_per_trigger)
         return ReadAllAvailable()
+
+    def _delay_batch(self, current: dict[TopicPartitionKey, int], latest: dict[TopicPartitionKey, int]) -> bool:
+        """Spark's rule (KafkaMicroBatchStream.delayBatch): skip this trigger while fewer than
+        minOffsetsPerTrigger offsets are available, unless maxTriggerDelay has passed since the
+        last batch was admitted."""
+        minimum = self.options.min_offsets_per_trigger
+        if minimum is None:
+            return False
+        now = time.monotonic()
+        last = self._last_trigger_s
+        if last is None or (now - last) * 1000 >= self.options.max_trigger_delay_ms:
+            self._last_trigger_s = now
+            return False
+        available = sum(latest[tp] - current.get(tp, 0) for tp in latest)
+        if available < minimum:
+            log.debug("trigger skipped: %d offsets available, minOffsetsPerTrigger=%d", available, minimum)
+            return True
+        self._last_trigger_s = now
+        return False
 
     def prepareForTriggerAvailableNow(self) -> None:
         tps = self._current_partitions()
@@ -497,6 +565,11 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 base[tp] = latest[tp]
         current = {tp: base[tp] for tp in tps}
         latest = {tp: latest[tp] for tp in tps}
+        # Trigger.AvailableNow reads to its target whatever minOffsetsPerTrigger says (waiting for
+        # more could wait forever), and ReadAllAvailable (Trigger.Once) asks for everything.
+        if (self._available_now_target is None and not isinstance(limit, ReadAllAvailable)
+                and self._delay_batch(current, latest)):
+            return offsets_to_json(current)
         if isinstance(limit, ReadMaxRows):
             end = planning.limit_by_rows(current, latest, limit.max_rows)
             if self.options.max_bytes_per_trigger is not None:
@@ -527,6 +600,9 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         """High watermarks of the partitions that still exist (a topic being deleted may still be in
         the metadata while its leaders already answer UNKNOWN_TOPIC_OR_PARTITION)."""
         answers = self.client.list_offsets(dict.fromkeys(tps, LATEST))
+        refused = sorted(tp for tp, (_, code) in answers.items() if code == common_pb2.TOPIC_AUTHORIZATION_FAILED)
+        if refused:
+            raise not_authorized(refused[0][0], "Describe", "ListOffsets for high watermarks")
         failed = {tp: code for tp, (_, code) in answers.items()
                   if code not in (common_pb2.NONE, common_pb2.UNKNOWN_TOPIC_OR_PARTITION)}
         if failed:
@@ -550,7 +626,8 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if new:
             begin.update(list_offsets(self.client, dict.fromkeys(new, EARLIEST), "log start offsets"))
         ranges = [OffsetRange(t, p, min(begin[(t, p)], e), e) for (t, p), e in sorted(finish.items())]
-        split = planning.split_ranges(ranges, self.options.min_partitions)
+        split = planning.split_ranges(ranges, self.options.min_partitions,
+                                       self.options.max_records_per_partition)
         return [HighwaterInputPartition(i, r) for i, r in enumerate(split)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -52,7 +52,13 @@ from clients.partitioner import partition_for_key
 from clients.records import encode_batch
 from protos.highwater.v1 import common_pb2
 from spark_connector import limits
-from spark_connector.gateway import RETRIABLE_CODES, GatewayClient, HighwaterSparkError, code_name
+from spark_connector.gateway import (
+    RETRIABLE_CODES,
+    GatewayClient,
+    HighwaterSparkError,
+    code_name,
+    not_authorized,
+)
 from spark_connector.options import OptionError, WriteOptions, check_topic
 from spark_connector.schema import HEADERS_TYPE
 
@@ -63,6 +69,9 @@ BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 # Per-record bytes the varint framing adds, for closing batches near batch.size.bytes.
 _RECORD_FRAMING_BYTES = 16
+# Bytes a Produce request and a record batch add around the records (request and batch
+# headers), kept free when a batch must fit under max.request.size.
+_REQUEST_FRAMING_BYTES = 512
 
 
 # --- planning (driver) --------------------------------------------------------------------------
@@ -191,12 +200,22 @@ class ChunkSender:
         self.stats = stats
         self.queues: dict[tuple[str, int], deque[_Chunk]] = {}
         self.queued_bytes = 0
+        self.request_bytes_max = client.settings.max_request_bytes
+        self.linger_ms = client.settings.linger_ms
+        self._oldest_queued: float | None = None  # monotonic time the oldest waiting batch was queued
         self._in_flight: tuple[Callable[[], Any], list[_Chunk]] | None = None
 
     def add(self, chunk: _Chunk) -> None:
         self.queues.setdefault(chunk.tp, deque()).append(chunk)
         self.queued_bytes += len(chunk.data)
-        if self.queued_bytes >= limits.PRODUCE_REQUEST_BYTES_MAX:
+        now = time.monotonic()
+        if self._oldest_queued is None:
+            self._oldest_queued = now
+        # linger.ms (Kafka's meaning): a closed batch waits at most this long for others to join
+        # its Produce. It only decides when requests leave, never how batches are cut, so a
+        # replayed task still numbers the same batches (see the module docstring).
+        lingered = self.linger_ms is not None and (now - self._oldest_queued) * 1000 >= self.linger_ms
+        if self.queued_bytes >= self.request_bytes_max or lingered:
             self._complete()
             self._send()
 
@@ -209,13 +228,14 @@ class ChunkSender:
         chunks: list[_Chunk] = []
         size = 0
         for queue in self.queues.values():
-            if queue and (not chunks or size + len(queue[0].data) <= limits.PRODUCE_REQUEST_BYTES_MAX):
+            if queue and (not chunks or size + len(queue[0].data) <= self.request_bytes_max):
                 chunk = queue.popleft()
                 chunks.append(chunk)
                 size += len(chunk.data)
         if not chunks:
             return
         self.queued_bytes -= size
+        self._oldest_queued = time.monotonic() if self.queued_bytes else None
         by_topic: dict[str, list[common_pb2.ProducePartitionData]] = {}
         for c in chunks:
             by_topic.setdefault(c.tp[0], []).append(common_pb2.ProducePartitionData(partition=c.tp[1], records=c.data))
@@ -272,6 +292,8 @@ class ChunkSender:
         if code == common_pb2.INVALID_PRODUCER_EPOCH:
             return (f"{where}: {message}. A later micro-batch has already written with this task's "
                     "producer id: this is a leftover attempt of an older batch")
+        if code == common_pb2.TOPIC_AUTHORIZATION_FAILED:
+            return str(not_authorized(chunk.tp[0], "Write", f"{where}: {message}" if message else where))
         if code == common_pb2.MESSAGE_TOO_LARGE:
             return (f"{where}: {message}. Lower highwater.batch.size.bytes, or raise the topic's "
                     "max.message.bytes if a single record is that large")
@@ -285,7 +307,8 @@ def write_task(rows: Iterator[pa.RecordBatch], options: WriteOptions, columns: I
     """Write every row of one Spark task; returns what was acknowledged."""
     stats = WriteStats()
     settings = options.client
-    batch_bytes_max = settings.batch_size_bytes
+    # A batch must fit in one Produce (kafka.max.request.size / highwater.max.request.size).
+    batch_bytes_max = min(settings.batch_size_bytes, settings.max_request_bytes - _REQUEST_FRAMING_BYTES)
     with GatewayClient(options.bootstrap, settings) as client:
         sender = ChunkSender(client, settings.acks, stats)
         partition_counts: dict[str, int] = {}
@@ -342,6 +365,11 @@ def write_task(rows: Iterator[pa.RecordBatch], options: WriteOptions, columns: I
                 value = values[i]
                 record_headers = headers[i] if headers is not None else []
                 size = _RECORD_FRAMING_BYTES + (len(value) if value else 0) + (len(key) if key else 0)
+                if size > batch_bytes_max and size + _REQUEST_FRAMING_BYTES > settings.max_request_bytes:
+                    raise HighwaterSparkError(
+                        f"a record of {size} bytes for {topic}-{partition} is larger than the request size "
+                        f"limit of {settings.max_request_bytes} bytes (kafka.max.request.size / "
+                        "highwater.max.request.size), as Kafka's producer refuses it too")
                 pending = open_batches.get(tp)
                 if pending is None:
                     pending = open_batches[tp] = ([], [0])

@@ -11,6 +11,8 @@ from clients.producer import Producer
 from clients.types import ConsumerRecord, TopicPartition
 
 CONSUME_TIMEOUT_S = 30
+# How often wait_until_written looks at the topic again.
+WRITTEN_POLL_S = 0.2
 
 
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:
@@ -46,3 +48,14 @@ def consume_all(bootstrap: str, topic: str) -> list[ConsumerRecord]:
 
 def read_options(bootstrap: str, **options: Any) -> dict[str, str]:
     return {"bootstrap": bootstrap, **{k: str(v) for k, v in options.items()}}
+
+
+def wait_until_written(bootstrap: str, topic: str, values: set[bytes], timeout_s: float) -> None:
+    """Wait (bounded) until every one of `values` is in `topic`; AssertionError after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if values <= {r.value for r in consume_all(bootstrap, topic)}:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{len(values)} values did not reach {topic} within {timeout_s} s")
+        time.sleep(WRITTEN_POLL_S)

@@ -32,7 +32,7 @@ def test_bad_read_input(spark: Any, cluster: TestCluster) -> None:
     _fails(lambda: read(subscribe="no-such-topic").count(), "option 'subscribe'", "no-such-topic", "does not exist")
     _fails(lambda: read(subscribe="bad-input", startingOffsets='{"bad-input": {"0": }').count(),
            "option 'startingOffsets'", "not valid JSON")
-    _fails(lambda: read(subscribe="bad-input", endingOffsets='{"bad-input": {"0": 5000}}').count(),
+    _fails(lambda: read(subscribe="bad-input", endingOffsets='{"bad-input": {"0": 5000, "1": -1}}').count(),
            "option 'endingOffsets'", "past its high watermark")
     _fails(lambda: read(assign='{"bad-input": [7]}').count(), "option 'assign'", "bad-input-7")
     _fails(lambda: spark.read.format("highwater").options(**read_options(

@@ -13,11 +13,13 @@ from pyspark.sql import functions as F
 
 from clients.admin import Admin
 from tests.integration.conftest import TestCluster
-from tests.spark.helpers import consume_all, create_topic, produce, read_options
+from tests.spark.helpers import consume_all, create_topic, produce, read_options, wait_until_written
 
 pytestmark = pytest.mark.integration
 
 QUERY_TIMEOUT_S = 90
+# How long the killing UDF waits for the writer to have put rows in the topic.
+KILL_WAIT_S = 60
 
 
 def _stream(spark: Any, bootstrap: str, topic: str, **options: Any) -> Any:
@@ -84,18 +86,29 @@ def test_max_offsets_per_trigger_sizes_the_batches(spark: Any, cluster: TestClus
 
 def test_stream_write_killed_mid_batch_writes_no_duplicates(spark: Any, cluster: TestCluster,
                                                             tmp_path: Path) -> None:
+    """A worker killed in the middle of micro-batch 1, after the other task of that batch wrote all of
+    its rows: the restarted query replays batch 1 and writes no row twice.
+
+    Nothing checked depends on timing. Batch 1 (offsets 500-999 of both partitions) runs as two
+    tasks; the one for partition 1 waits (bounded) in its UDF until the one for partition 0 has
+    all of its rows in the topic, and then kills its own Python worker. So before the restart the
+    topic holds exactly batch 0 and partition 0's half of batch 1 (a partition's task sends its
+    record batches only when its Produce request is full or its rows end, so none of partition
+    1's half), and the replay has to recognise every batch of partition 0's half.
+    """
     bootstrap = cluster.gateway_address
     create_topic(bootstrap, "wstream-in", 2)
     create_topic(bootstrap, "wstream-out", 3)
     produce(bootstrap, "wstream-in", [(i % 2, None, f"r-{i % 2}-{i // 2}".encode(), []) for i in range(3000)])
     marker = tmp_path / "killed-once"
     checkpoint = str(tmp_path / "checkpoint")
+    batch_0 = {f"r-{p}-{i}".encode() for p in (0, 1) for i in range(500)}
+    batch_1_partition_0 = {f"r-0-{i}".encode() for i in range(500, 1000)}
 
     @F.udf("binary")
     def kill_once(value: bytes) -> bytes:
-        # The second micro-batch (offsets 500-999 per partition) dies here the first time: the
-        # Python worker is killed outright, in the middle of the task that writes partition 1.
         if value == b"r-1-800" and not marker.exists():
+            wait_until_written(bootstrap, "wstream-out", batch_1_partition_0, KILL_WAIT_S)
             marker.touch()
             os.kill(os.getpid(), signal.SIGKILL)
         return value
@@ -104,7 +117,7 @@ def test_stream_write_killed_mid_batch_writes_no_duplicates(spark: Any, cluster:
         rows = _stream(spark, bootstrap, "wstream-in", maxOffsetsPerTrigger=1000).select(
             kill_once(F.col("value")).alias("value"))
         return (rows.writeStream.format("highwater").option("bootstrap", bootstrap).option("topic", "wstream-out")
-                .option("highwater.batch.size.bytes", "1024")  # many small batches: partial writes
+                .option("highwater.batch.size.bytes", "1024")  # many small batches to recognise
                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
 
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
@@ -113,9 +126,9 @@ def test_stream_write_killed_mid_batch_writes_no_duplicates(spark: Any, cluster:
         with pytest.raises(Exception):  # noqa: B017 - the killed worker fails the query
             query.awaitTermination(QUERY_TIMEOUT_S)
         assert marker.exists()
-        written_before_restart = len(consume_all(bootstrap, "wstream-out"))
-        # Batch 0 (1000 rows) is complete; part of batch 1 made it before the kill.
-        assert 1000 < written_before_restart < 3000, written_before_restart
+        before = Counter(r.value for r in consume_all(bootstrap, "wstream-out"))
+        assert [v for v, n in before.items() if n > 1] == []
+        assert set(before) == batch_0 | batch_1_partition_0
 
         query = start()
         query.awaitTermination(QUERY_TIMEOUT_S)
