@@ -15,6 +15,7 @@ Pure module: no I/O, no clock; randomness only from the injected `random.Random`
 
 from __future__ import annotations
 
+import bisect
 import random
 import struct
 from collections.abc import Sequence
@@ -80,17 +81,15 @@ class StickyPartitioner:
         """The partition for a keyless record of `size_bytes` on `topic`.
 
         `available` are the partitions with a leader (sorted); when none has one,
-        every partition is a candidate and the send waits for a leader downstream.
+        every partition is a candidate and the send waits for a leader downstream. A
+        sticky partition that lost its leader (metadata changed) is left at once.
         """
         state = self._sticky.get(topic)
-        if state is None or state[1] >= self._batch_size_bytes or state[0] >= num_partitions:
+        if state is None or state[1] >= self._batch_size_bytes or state[0] >= num_partitions \
+                or (available and not _holds(available, state[0])):
             state = self._switch(topic, num_partitions, available, None if state is None else state[0])
         state[1] += size_bytes
         return state[0]
-
-    def on_partitions_changed(self, topic: str) -> None:
-        """Forget the sticky choice (after metadata changes its partitions or leaders)."""
-        self._sticky.pop(topic, None)
 
     def _switch(self, topic: str, num_partitions: int, available: Sequence[int], previous: int | None) -> list[int]:
         candidates: Sequence[int] = available or range(num_partitions)
@@ -101,3 +100,9 @@ class StickyPartitioner:
         state = [chosen, 0]
         self._sticky[topic] = state
         return state
+
+
+def _holds(sorted_partitions: Sequence[int], partition: int) -> bool:
+    """Whether `partition` is in the sorted sequence (bisect: a topic may have thousands)."""
+    i = bisect.bisect_left(sorted_partitions, partition)
+    return i < len(sorted_partitions) and sorted_partitions[i] == partition

@@ -2,7 +2,9 @@
 
 A setting a user may change lives in the service's config dataclass and takes
 its default from here; relations between settings are checked at start-up
-(`check_relations`). Nothing else in services/ should carry a bare number.
+(`check_relations`). Bounds that belong to one module's own mechanism (a codec's
+buffer, a test seam) may live beside it, named with their unit and a comment; every
+bound a user or an operator meets is here.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ etcd values (JSON), as docs/ARCHITECTURE.md lists them:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from protos.highwater.v1 import common_pb2
@@ -185,7 +185,3 @@ class ControllerContext:
     def offline_partitions(self) -> list[TopicPartitionKey]:
         return [tp for tp in self.partitions() if (s := self.states.get(tp)) is None or s.leader == NO_LEADER
                 or s.leader not in self.live_brokers]
-
-
-def copy_state(state: LeaderAndIsr, **changes: object) -> LeaderAndIsr:
-    return replace(state, **changes)  # type: ignore[arg-type]

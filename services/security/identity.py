@@ -68,10 +68,6 @@ class Caller:
     forwarded_by: ServiceIdentity | None = None
     authenticated_by: str = "none"
 
-    @property
-    def is_service(self) -> bool:
-        return self.service is not None
-
     def describe(self) -> str:
         if self.service is not None:
             return f"service {self.service.name}"

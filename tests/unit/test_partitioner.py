@@ -89,3 +89,13 @@ def test_sticky_choice_is_per_topic() -> None:
     b_choices = {sticky.partition("b", 100, list(range(100)), 10) for _ in range(5)}
     assert len(b_choices) == 1
     assert sticky.partition("a", 100, list(range(100)), 10) == a
+
+
+def test_a_sticky_partition_that_lost_its_leader_is_left_at_once() -> None:
+    sticky = StickyPartitioner(batch_size_bytes=1_000_000, rng=random.Random(3))
+    first = sticky.partition("t", 4, [0, 1, 2, 3], 10)
+    assert sticky.partition("t", 4, [0, 1, 2, 3], 10) == first
+    still_led = [p for p in range(4) if p != first]
+    moved = sticky.partition("t", 4, still_led, 10)
+    assert moved in still_led, "records must not keep going to a partition with no leader until the batch fills"
+    assert sticky.partition("t", 4, still_led, 10) == moved, "and the new choice sticks"

@@ -64,9 +64,6 @@ class LeaderEpochCache:
     def latest_epoch(self) -> int | None:
         return self._epochs[-1] if self._epochs else None
 
-    def earliest_entry(self) -> tuple[int, int] | None:
-        return (self._epochs[0], self._start_offsets[0]) if self._epochs else None
-
     def epoch_for_offset(self, offset: int) -> int | None:
         """The epoch whose range holds `offset`, None if it lies before the first entry."""
         index = bisect.bisect_right(self._start_offsets, offset) - 1

@@ -11,14 +11,16 @@ Invariants kept here (DESIGN.md section 8):
 - log_start_offset <= LEO, and neither goes down except through truncate_to /
   truncate_fully_and_start_at, which the replication layer calls deliberately;
 - leader epochs never decrease along the log, and the leader epoch cache names, for
-  every epoch present, the offset where it starts (it is persisted before the data);
+  every epoch present, the offset where it starts (a new entry is written to disk when
+  the recovery point is about to pass it, so it becomes durable with the data it names;
+  epoch_cache.py says why);
 - nothing invalid reaches a segment: a batch is written only after its CRC and header
   checks pass, and recovery cuts whatever a crash left torn or corrupt.
 
 Ownership: one Log belongs to the one task that owns its partition (STYLE.md practice
 3). It holds no locks, reads no clock (now_ms is an argument) and does no asyncio; the
-broker calls it from that task (or hands whole calls to a thread, one at a time); it is
-not safe to call from two threads at once. All the logs of one Storage share its
+broker calls it from its event loop, never from another thread; it is not safe to
+call from two threads at once. All the logs of one Storage share its
 OpenFileCache (a read may close another log's file), so they must all be called from
 one thread: the broker's event loop.
 Durability comes from replication; fsync happens on flush(), by the flush_messages /
@@ -329,10 +331,6 @@ class Log:
     @property
     def segment_base_offsets(self) -> list[int]:
         return list(self._base_offsets)
-
-    @property
-    def unflushed_messages(self) -> int:
-        return self._unflushed_messages
 
     @property
     def _active(self) -> LogSegment:

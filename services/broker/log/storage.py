@@ -587,12 +587,3 @@ class MemoryStorage:
             inode.data = kept
             # What reached the platter before the cut is durable from now on.
             inode.durable = bytes(kept)
-
-    def file_bytes(self, path: str) -> bytearray:
-        """The live content of a file, mutable, so tests can corrupt it in place."""
-        return self._files[self._key(path)].data
-
-    def make_durable(self, path: str) -> None:
-        """Treat the current content as fsynced (tests that corrupt files on 'disk')."""
-        inode = self._files[self._key(path)]
-        inode.durable = bytes(inode.data)
