@@ -2,7 +2,8 @@
 
 The gateway refuses such a request with INVALID_ARGUMENT; the broker core answers
 INVALID_REQUEST for every partition of it (a broker is reached by gateways and, in
-plaintext mode, by anyone).
+plaintext mode, by anyone); the controller answers an InitProducerId it cannot take
+with INVALID_REQUEST.
 """
 
 from __future__ import annotations
@@ -38,4 +39,18 @@ def consumer_fetch_problem(request: common_pb2.FetchRequest) -> str | None:
                 "fetching as followers, which talk to brokers, not to a gateway)")
     if request.max_wait_ms < 0 or request.min_bytes < 0 or request.max_bytes < 0:
         return "max_wait_ms, min_bytes and max_bytes must be >= 0"
+    return None
+
+
+def init_producer_id_problem(request: common_pb2.InitProducerIdRequest) -> str | None:
+    """Why an InitProducerId cannot be answered, or None (ids and epochs as a batch header holds them)."""
+    if request.transactional_id:
+        return "transactional ids are not supported (Highwater has no transactions); send an empty one"
+    if request.producer_id < -1:
+        return f"producer_id must be -1 (a new producer) or an id this cluster gave out, got {request.producer_id}"
+    if not -1 <= request.producer_epoch <= limits.PRODUCER_EPOCH_MAX:
+        return (f"producer_epoch must be -1 (a new producer) or within [0, {limits.PRODUCER_EPOCH_MAX}] (int16 in a "
+                f"batch header), got {request.producer_epoch}")
+    if request.producer_id == -1 and request.producer_epoch != -1:
+        return f"a new producer (producer_id -1) sends producer_epoch -1, got {request.producer_epoch}"
     return None

@@ -28,6 +28,7 @@ from protos.highwater.v1 import common_pb2, controller_pb2, controller_pb2_grpc
 from services.common import limits
 from services.common.errors import HighwaterError
 from services.common.peers import PeerChannels
+from services.common.request_checks import init_producer_id_problem
 from services.common.server import ServiceRuntime
 from services.controller import handlers, metrics, security_admin
 from services.controller.event_loop import ControllerEventLoop, ControllerResigned
@@ -238,7 +239,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
         loop = self.active
         if loop is None:
             return await self._not_controller(common_pb2.InitProducerIdResponse)
-        problem = _init_producer_id_problem(request)
+        problem = init_producer_id_problem(request)
         if problem is not None:
             return common_pb2.InitProducerIdResponse(error_code=common_pb2.INVALID_REQUEST, error_message=problem)
         if request.producer_id >= 0 and request.producer_epoch < limits.PRODUCER_EPOCH_MAX:
@@ -252,20 +253,6 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             loop.resigned.set()  # a newer controller exists: stop acting
             return await self._not_controller(common_pb2.InitProducerIdResponse)
         return common_pb2.InitProducerIdResponse(producer_id=producer_id, producer_epoch=0)
-
-
-def _init_producer_id_problem(request: common_pb2.InitProducerIdRequest) -> str | None:
-    """Why an InitProducerId cannot be answered, or None (ids and epochs as a batch header holds them)."""
-    if request.transactional_id:
-        return "transactional ids are not supported (Highwater has no transactions); send an empty one"
-    if request.producer_id < -1:
-        return f"producer_id must be -1 (a new producer) or an id this cluster gave out, got {request.producer_id}"
-    if not -1 <= request.producer_epoch <= limits.PRODUCER_EPOCH_MAX:
-        return (f"producer_epoch must be -1 (a new producer) or within [0, {limits.PRODUCER_EPOCH_MAX}] (int16 in a "
-                f"batch header), got {request.producer_epoch}")
-    if request.producer_id == -1 and request.producer_epoch != -1:
-        return f"a new producer (producer_id -1) sends producer_epoch -1, got {request.producer_epoch}"
-    return None
 
 
 def _security_change(write: security_admin.SecurityWrite) -> SecurityChange:

@@ -6,7 +6,7 @@ import pytest
 
 from protos.highwater.v1 import common_pb2
 from services.common import limits
-from services.controller.server import _init_producer_id_problem
+from services.common.request_checks import init_producer_id_problem
 
 
 @pytest.mark.parametrize(("producer_id", "producer_epoch", "says"), [
@@ -19,13 +19,13 @@ from services.controller.server import _init_producer_id_problem
 ])
 def test_ids_and_epochs_a_batch_header_cannot_hold_are_refused(producer_id: int, producer_epoch: int,
                                                                 says: str) -> None:
-    problem = _init_producer_id_problem(common_pb2.InitProducerIdRequest(producer_id=producer_id,
+    problem = init_producer_id_problem(common_pb2.InitProducerIdRequest(producer_id=producer_id,
                                                                          producer_epoch=producer_epoch))
     assert problem is not None and says in problem
 
 
 def test_a_transactional_id_is_refused_with_the_reason() -> None:
-    problem = _init_producer_id_problem(common_pb2.InitProducerIdRequest(transactional_id="tx", producer_id=-1,
+    problem = init_producer_id_problem(common_pb2.InitProducerIdRequest(transactional_id="tx", producer_id=-1,
                                                                          producer_epoch=-1))
     assert problem is not None and "no transactions" in problem
 
@@ -33,5 +33,5 @@ def test_a_transactional_id_is_refused_with_the_reason() -> None:
 @pytest.mark.parametrize(("producer_id", "producer_epoch"), [(-1, -1), (7, 0), (7, -1),
                                                              (7, limits.PRODUCER_EPOCH_MAX)])
 def test_new_producers_and_epoch_bumps_pass(producer_id: int, producer_epoch: int) -> None:
-    assert _init_producer_id_problem(common_pb2.InitProducerIdRequest(
+    assert init_producer_id_problem(common_pb2.InitProducerIdRequest(
         producer_id=producer_id, producer_epoch=producer_epoch)) is None
