@@ -40,10 +40,21 @@ def encode(values: list[bytes], rounds: int, compression: str) -> tuple[float, l
     loop = asyncio.new_event_loop()
     batches: list[bytes] = []
     try:
-        core = _ProducerCore(ProducerConfig(buffer_memory_bytes=1 << 31, compression=compression), loop,
-                             wake=lambda: None, on_batch_done=lambda: None)
-        info = TopicInfo("t", "id", (0, 1, 2), (0, 1, 2), common_pb2.TopicMetadata(name="t"), 0,
-                         tuple(TopicPartition("t", p) for p in range(3)))
+        core = _ProducerCore(
+            ProducerConfig(buffer_memory_bytes=1 << 31, compression=compression),
+            loop,
+            wake=lambda: None,
+            on_batch_done=lambda: None,
+        )
+        info = TopicInfo(
+            "t",
+            "id",
+            (0, 1, 2),
+            (0, 1, 2),
+            common_pb2.TopicMetadata(name="t"),
+            0,
+            tuple(TopicPartition("t", p) for p in range(3)),
+        )
         sink = type("Sink", (), {"settle": lambda *args: None})()
         encoded = 0
         started = time.perf_counter()
@@ -74,7 +85,9 @@ def decode(batches: list[bytes]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--records", type=int, default=2_000_000, help="records per measurement")
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"])
@@ -91,13 +104,23 @@ def main() -> None:
     dec = sorted(decode_rates)[len(decode_rates) // 2]
     print(f"machine: {common.machine()}  load average {common.load_average():.1f}")
     print(f"accelerated codec: {records.codec_is_accelerated()}")
-    print(f"encode (Producer bulk path, 1 thread): {enc:,.0f} records/s  "
-          f"(target {ENCODE_TARGET_RECORDS_PER_S:,}, ratio {enc / ENCODE_TARGET_RECORDS_PER_S:.2f})")
+    print(
+        f"encode (Producer bulk path, 1 thread): {enc:,.0f} records/s  "
+        f"(target {ENCODE_TARGET_RECORDS_PER_S:,}, ratio {enc / ENCODE_TARGET_RECORDS_PER_S:.2f})"
+    )
     print(f"decode (decode_batches, CRC checked):  {dec:,.0f} records/s")
-    common.write_result("client_bench", {**common.header(), "value_bytes": args.value_bytes,
-                                         "compression": args.compression, "encode_records_per_s": enc,
-                                         "decode_records_per_s": dec, "encode_runs": encode_rates,
-                                         "decode_runs": decode_rates})
+    common.write_result(
+        "client_bench",
+        {
+            **common.header(),
+            "value_bytes": args.value_bytes,
+            "compression": args.compression,
+            "encode_records_per_s": enc,
+            "decode_records_per_s": dec,
+            "encode_runs": encode_rates,
+            "decode_runs": decode_rates,
+        },
+    )
 
 
 if __name__ == "__main__":

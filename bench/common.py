@@ -41,6 +41,7 @@ E2E_IDLE_END_S = 3.0
 
 # ---- the machine and what runs on it ----------------------------------------------------------
 
+
 def machine() -> dict[str, object]:
     """Cores, memory, CPU model, kernel and Python of this machine."""
     mem_kib = 0
@@ -52,8 +53,13 @@ def machine() -> dict[str, object]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    return {"cores": os.cpu_count(), "memory_gib": round(mem_kib / 2**20, 1), "cpu": cpu,
-            "platform": platform.platform(), "python": platform.python_version()}
+    return {
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kib / 2**20, 1),
+        "cpu": cpu,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
 
 
 def _package_version(name: str) -> str | None:
@@ -75,21 +81,32 @@ def _binary_version(cmd: list[str]) -> str | None:
 def versions(*, peers: bool = False) -> dict[str, object]:
     """Versions of what the figures depend on: our commit, the Python packages, the servers."""
     commit = _binary_version(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     from clients.records import codec_is_accelerated
 
     out: dict[str, object] = {
-        "highwater_commit": commit, "highwater_tree_modified": bool(dirty),
-        "grpcio": _package_version("grpcio"), "protobuf": _package_version("protobuf"),
-        "aiokafka": _package_version("aiokafka"), "record_codec_accelerated": codec_is_accelerated(),
+        "highwater_commit": commit,
+        "highwater_tree_modified": bool(dirty),
+        "grpcio": _package_version("grpcio"),
+        "protobuf": _package_version("protobuf"),
+        "aiokafka": _package_version("aiokafka"),
+        "record_codec_accelerated": codec_is_accelerated(),
         "etcd": _binary_version(["etcd", "--version"]),
     }
     if peers:
-        out.update({"nats_server": _binary_version(["nats-server", "--version"]),
-                    "nats_py": _package_version("nats-py"),
-                    "redis_server": _binary_version(["redis-server", "--version"]),
-                    "redis_py": _package_version("redis"), "hiredis": _package_version("hiredis")})
+        out.update(
+            {
+                "nats_server": _binary_version(["nats-server", "--version"]),
+                "nats_py": _package_version("nats-py"),
+                "redis_server": _binary_version(["redis-server", "--version"]),
+                "redis_py": _package_version("redis"),
+                "hiredis": _package_version("hiredis"),
+            }
+        )
     return out
 
 
@@ -97,8 +114,9 @@ def load_average() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def wait_for_quiet(max_load: float = QUIET_LOAD_MAX, wait_s: float = QUIET_WAIT_S_DEFAULT,
-                   say: bool = True) -> dict[str, object]:
+def wait_for_quiet(
+    max_load: float = QUIET_LOAD_MAX, wait_s: float = QUIET_WAIT_S_DEFAULT, say: bool = True
+) -> dict[str, object]:
     """Wait (at most wait_s) for the 1-minute load to drop below max_load; never fails.
 
     Returns {"load_1m_before": ..., "quiet": bool, "waited_s": ...} for the result JSON, so a
@@ -112,12 +130,16 @@ def wait_for_quiet(max_load: float = QUIET_LOAD_MAX, wait_s: float = QUIET_WAIT_
     waited = round(time.monotonic() - start, 1)
     quiet = load < max_load
     if say and not quiet:
-        print(f"  note: 1-minute load {load} >= {max_load} after waiting {waited:.0f} s: measuring anyway "
-              "(the machine is shared)", flush=True)
+        print(
+            f"  note: 1-minute load {load} >= {max_load} after waiting {waited:.0f} s: measuring anyway "
+            "(the machine is shared)",
+            flush=True,
+        )
     return {"load_1m_before": load, "quiet": quiet, "waited_s": waited}
 
 
 # ---- CPU per process --------------------------------------------------------------------------
+
 
 def process_cpu_s(pid: int) -> float | None:
     """utime + stime of a process (all its threads), in seconds; None once it is gone."""
@@ -127,7 +149,7 @@ def process_cpu_s(pid: int) -> float | None:
     except OSError:
         return None
     # The command name (field 2) may hold spaces: split after its closing parenthesis.
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS_PER_S
 
 
@@ -163,8 +185,10 @@ class CpuMeter:
                 continue
             used = now - self._start.get(name, 0.0)
             out[name] = {"cpu_s": round(used, 2), "cores": round(used / wall, 2)}
-        out["total"] = {"cpu_s": round(sum(v["cpu_s"] for v in out.values()), 2),
-                        "cores": round(sum(v["cores"] for v in out.values()), 2)}
+        out["total"] = {
+            "cpu_s": round(sum(v["cpu_s"] for v in out.values()), 2),
+            "cores": round(sum(v["cores"] for v in out.values()), 2),
+        }
         return out
 
 
@@ -195,11 +219,14 @@ def percentiles_ms(samples_s: Sequence[float]) -> dict[str, float | int]:
 def format_latency(lat: dict[str, float | int]) -> str:
     if not lat.get("count"):
         return "no samples"
-    return (f"p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, p99.9 {lat['p99_9_ms']:.2f} ms, "
-            f"max {lat['max_ms']:.2f} ms")
+    return (
+        f"p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, p99.9 {lat['p99_9_ms']:.2f} ms, "
+        f"max {lat['max_ms']:.2f} ms"
+    )
 
 
 # ---- results ----------------------------------------------------------------------------------
+
 
 def write_result(name: str, result: dict[str, object]) -> Path:
     """bench/results/<name>.json (the latest run of that benchmark; RESULTS.md keeps the table)."""
@@ -210,10 +237,15 @@ def write_result(name: str, result: dict[str, object]) -> Path:
 
 
 def header(*, peers: bool = False) -> dict[str, object]:
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "machine": machine(), "versions": versions(peers=peers)}
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "machine": machine(),
+        "versions": versions(peers=peers),
+    }
 
 
 # ---- a Highwater cluster for a workload --------------------------------------------------------
+
 
 @dataclass
 class Target:
@@ -247,8 +279,15 @@ def _gateway_stub(address: str):  # type: ignore[no-untyped-def]
     return channel, gateway_pb2_grpc.GatewayServiceStub(channel)
 
 
-def create_topic(gateway: str, topic: str, *, partitions: int, replication_factor: int, min_insync: int,
-                 timeout_s: float = 60.0) -> dict[int, str]:
+def create_topic(
+    gateway: str,
+    topic: str,
+    *,
+    partitions: int,
+    replication_factor: int,
+    min_insync: int,
+    timeout_s: float = 60.0,
+) -> dict[int, str]:
     """Create `topic` and wait until every partition has a leader and a full ISR.
 
     Returns partition -> leader address. Raises SystemExit with the reason if that does not
@@ -258,48 +297,86 @@ def create_topic(gateway: str, topic: str, *, partitions: int, replication_facto
 
     channel, stub = _gateway_stub(gateway)
     try:
-        resp = stub.CreateTopics(common_pb2.CreateTopicsRequest(timeout_ms=int(timeout_s * 1000), topics=[
-            common_pb2.CreatableTopic(name=topic, num_partitions=partitions, replication_factor=replication_factor,
-                                      configs={"min.insync.replicas": str(min_insync)})]), timeout=timeout_s)
+        resp = stub.CreateTopics(
+            common_pb2.CreateTopicsRequest(
+                timeout_ms=int(timeout_s * 1000),
+                topics=[
+                    common_pb2.CreatableTopic(
+                        name=topic,
+                        num_partitions=partitions,
+                        replication_factor=replication_factor,
+                        configs={"min.insync.replicas": str(min_insync)},
+                    )
+                ],
+            ),
+            timeout=timeout_s,
+        )
         err = resp.topics[0].error_code if resp.topics else resp.error_code
         if err not in (common_pb2.NONE, common_pb2.TOPIC_ALREADY_EXISTS):
-            raise SystemExit(f"CreateTopics {topic}: {common_pb2.ErrorCode.Name(err)} "
-                             f"{resp.topics[0].error_message if resp.topics else resp.error_message}")
+            raise SystemExit(
+                f"CreateTopics {topic}: {common_pb2.ErrorCode.Name(err)} "
+                f"{resp.topics[0].error_message if resp.topics else resp.error_message}"
+            )
         deadline = time.monotonic() + timeout_s
         while True:
             d = stub.DescribeCluster(common_pb2.DescribeClusterRequest(), timeout=10)
             brokers = {b.broker_id: f"{b.host}:{b.port}" for b in d.brokers}
             states = [p for p in d.partitions if p.topic == topic]
-            ready = {p.partition: brokers[p.leader] for p in states
-                     if p.leader in brokers and len(p.isr) >= min(replication_factor, len(p.replicas))}
+            ready = {
+                p.partition: brokers[p.leader]
+                for p in states
+                if p.leader in brokers and len(p.isr) >= min(replication_factor, len(p.replicas))
+            }
             if len(states) == partitions and len(ready) == partitions:
                 return ready
             if time.monotonic() > deadline:
-                raise SystemExit(f"topic {topic}: only {len(ready)} of {partitions} partitions have a leader "
-                                 f"and a full ISR after {timeout_s:.0f} s")
+                raise SystemExit(
+                    f"topic {topic}: only {len(ready)} of {partitions} partitions have a leader "
+                    f"and a full ISR after {timeout_s:.0f} s"
+                )
             time.sleep(0.1)
     finally:
         channel.close()
 
 
 @contextlib.contextmanager
-def highwater_target(*, bootstrap: str | None, topic: str, partitions: int, replication_factor: int,
-                     min_insync: int, brokers: int = 3, tmp_dir: str | None = None) -> Iterator[Target]:
+def highwater_target(
+    *,
+    bootstrap: str | None,
+    topic: str,
+    partitions: int,
+    replication_factor: int,
+    min_insync: int,
+    brokers: int = 3,
+    tmp_dir: str | None = None,
+) -> Iterator[Target]:
     """A topic ready for a workload: on --bootstrap's cluster, or on a LocalCluster of our own
     (etcd + controller + `brokers` brokers + gateway, in a temporary directory, every process
     stopped by pid on the way out). tmp_dir puts the brokers' logs elsewhere (/dev/shm: no disk)."""
     if bootstrap:
-        leaders = create_topic(bootstrap, topic, partitions=partitions, replication_factor=replication_factor,
-                               min_insync=min_insync)
+        leaders = create_topic(
+            bootstrap,
+            topic,
+            partitions=partitions,
+            replication_factor=replication_factor,
+            min_insync=min_insync,
+        )
         yield Target(bootstrap, topic, partitions, leaders)
         return
     from clients.local_cluster import LocalCluster
 
-    with tempfile.TemporaryDirectory(prefix="hw-bench-", dir=tmp_dir) as tmp, \
-            LocalCluster(Path(tmp), brokers=brokers) as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="hw-bench-", dir=tmp_dir) as tmp,
+        LocalCluster(Path(tmp), brokers=brokers) as cluster,
+    ):
         gateway = cluster.gateway_addresses[0]
-        leaders = create_topic(gateway, topic, partitions=partitions, replication_factor=replication_factor,
-                               min_insync=min_insync)
+        leaders = create_topic(
+            gateway,
+            topic,
+            partitions=partitions,
+            replication_factor=replication_factor,
+            min_insync=min_insync,
+        )
         pids: dict[str, int] = {"etcd": cluster.etcd.pid} if cluster.etcd.pid else {}
         names: dict[str, str] = {}
         ports: dict[str, int] = {}
@@ -315,7 +392,10 @@ def highwater_target(*, bootstrap: str | None, topic: str, partitions: int, repl
 
 # ---- server-side request latency, from the services' Prometheus histograms ---------------------
 
-_LATENCY_METRICS = {"gateway": "highwater_gateway_request_latency_seconds", "broker": "highwater_request_latency_seconds"}
+_LATENCY_METRICS = {
+    "gateway": "highwater_gateway_request_latency_seconds",
+    "broker": "highwater_request_latency_seconds",
+}
 
 
 def rpc_totals(target: Target, rpc: str) -> dict[str, tuple[float, float]]:
@@ -345,19 +425,24 @@ def rpc_totals(target: Target, rpc: str) -> dict[str, tuple[float, float]]:
     return out
 
 
-def rpc_delta(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]],
-              elapsed_s: float) -> dict[str, dict[str, float]]:
+def rpc_delta(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], elapsed_s: float
+) -> dict[str, dict[str, float]]:
     """Per process: requests/s and mean server-side latency (ms) of the RPC between two scrapes."""
     out: dict[str, dict[str, float]] = {}
     for name, (count, total) in after.items():
         c0, t0 = before.get(name, (0.0, 0.0))
         n = count - c0
         if n > 0:
-            out[name] = {"requests_per_s": round(n / elapsed_s, 1), "mean_ms": round((total - t0) / n * 1000, 2)}
+            out[name] = {
+                "requests_per_s": round(n / elapsed_s, 1),
+                "mean_ms": round((total - t0) / n * 1000, 2),
+            }
     return out
 
 
 # ---- py-spy: where the time goes ---------------------------------------------------------------
+
 
 def py_spy_binary() -> str | None:
     """py-spy from the venv (the `bench` extra) or PATH."""
@@ -370,14 +455,28 @@ def py_spy_binary() -> str | None:
 
 
 # Our code, for the inclusive table (library and entry-point frames are in every stack).
-_OUR_PREFIXES = ("(services/", "(clients/", "(coordinator/", "(bench/", "(produce.py", "(consume.py",
-                 "(e2e_latency.py", "(compare.py", "(nats_js.py", "(redis_streams.py")
-_ENTRY_FILES = ("(services/cli.py)", "(services/__main__.py)", "(services/security/cli_options.py)",
-                "(clients/loop_thread.py)")
+_OUR_PREFIXES = (
+    "(services/",
+    "(clients/",
+    "(coordinator/",
+    "(bench/",
+    "(produce.py",
+    "(consume.py",
+    "(e2e_latency.py",
+    "(compare.py",
+    "(nats_js.py",
+    "(redis_streams.py",
+)
+_ENTRY_FILES = (
+    "(services/cli.py)",
+    "(services/__main__.py)",
+    "(services/security/cli_options.py)",
+    "(clients/loop_thread.py)",
+)
 
 
 def _is_ours(frame: str) -> bool:
-    where = frame[frame.find(" (") + 1:] if " (" in frame else ""
+    where = frame[frame.find(" (") + 1 :] if " (" in frame else ""
     return where.startswith(_OUR_PREFIXES) and not where.startswith(_ENTRY_FILES) and "_pb2" not in where
 
 
@@ -390,8 +489,9 @@ class PySpy:
     and the top functions by self time and by inclusive time, as shares of its busy samples.
     """
 
-    def __init__(self, pids: dict[str, int], duration_s: float, out_dir: Path, *, rate: int = 100,
-                 native: bool = False) -> None:
+    def __init__(
+        self, pids: dict[str, int], duration_s: float, out_dir: Path, *, rate: int = 100, native: bool = False
+    ) -> None:
         self.binary = py_spy_binary()
         self.pids = pids
         self.duration_s = max(1, math.ceil(duration_s))
@@ -407,12 +507,28 @@ class PySpy:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         for name, pid in self.pids.items():
             out = self.out_dir / f"{name}.txt"
-            cmd = [self.binary, "record", "--pid", str(pid), "--duration", str(self.duration_s), "--rate",
-                   str(self.rate), "--format", "raw", "--function", "--output", str(out)]
+            cmd = [
+                self.binary,
+                "record",
+                "--pid",
+                str(pid),
+                "--duration",
+                str(self.duration_s),
+                "--rate",
+                str(self.rate),
+                "--format",
+                "raw",
+                "--function",
+                "--output",
+                str(out),
+            ]
             # --native (C frames of gRPC and protobuf) needs the target paused while its stack is
             # read; without it the target runs on (--nonblocking) and barely slows down.
             cmd.append("--native" if self.native else "--nonblocking")
-            self._procs[name] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), out)
+            self._procs[name] = (
+                subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE),
+                out,
+            )
         return self
 
     def finish(self, top: int = 12) -> dict[str, object]:
@@ -460,7 +576,9 @@ def summarize_py_spy(path: Path, expected_samples: int, top: int) -> dict[str, o
         "busy": round(total / max(expected_samples, 1), 2),
         "threads": {t: round(c / total, 3) for t, c in threads.most_common(6)},
         "top_self": [{"function": f, "share": round(c / total, 3)} for f, c in self_counts.most_common(top)],
-        "top_inclusive": [{"function": f, "share": round(c / total, 3)} for f, c in inclusive.most_common(top)],
+        "top_inclusive": [
+            {"function": f, "share": round(c / total, 3)} for f, c in inclusive.most_common(top)
+        ],
     }
 
 
@@ -510,8 +628,14 @@ def spawn(cmd: list[str], log_path: Path | None = None, **kwargs: object) -> sub
     """Start a child that dies with us; its output goes to log_path (or is dropped)."""
     out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
     try:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=_die_with_parent, **kwargs)  # type: ignore[call-overload]
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+            **kwargs,
+        )  # type: ignore[call-overload]
     finally:
         if log_path is not None:
             out.close()  # type: ignore[union-attr]

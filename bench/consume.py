@@ -53,8 +53,10 @@ async def _load(target: common.Target, records: int, record_size: int, batch_siz
     groups: dict[str, list[int]] = {}
     for partition, address in sorted(target.leaders.items()):
         groups.setdefault(address, []).append(partition)
-    left = {p: records // target.partitions + (1 if p < records % target.partitions else 0)
-            for p in range(target.partitions)}
+    left = {
+        p: records // target.partitions + (1 if p < records % target.partitions else 0)
+        for p in range(target.partitions)
+    }
     channels = {a: grpc.aio.insecure_channel(a, options=CHANNEL_OPTIONS) for a in groups}
 
     async def loader(address: str, partitions: list[int]) -> None:
@@ -74,13 +76,21 @@ async def _load(target: common.Target, records: int, record_size: int, batch_siz
                     parts.append(common_pb2.ProducePartitionData(partition=p, records=data))
             if not parts:
                 return
-            resp = await stub.Produce(common_pb2.ProduceRequest(acks=-1, timeout_ms=PRODUCE_TIMEOUT_MS, topics=[
-                common_pb2.ProduceTopicData(topic=target.topic, partitions=parts)]), timeout=PRODUCE_TIMEOUT_MS / 1000 + 5)
+            resp = await stub.Produce(
+                common_pb2.ProduceRequest(
+                    acks=-1,
+                    timeout_ms=PRODUCE_TIMEOUT_MS,
+                    topics=[common_pb2.ProduceTopicData(topic=target.topic, partitions=parts)],
+                ),
+                timeout=PRODUCE_TIMEOUT_MS / 1000 + 5,
+            )
             for t in resp.topics:
                 for part in t.partitions:
                     if part.error_code != common_pb2.NONE:
-                        raise SystemExit(f"loading failed: partition {part.partition}: "
-                                         f"{common_pb2.ErrorCode.Name(part.error_code)} {part.error_message}")
+                        raise SystemExit(
+                            f"loading failed: partition {part.partition}: "
+                            f"{common_pb2.ErrorCode.Name(part.error_code)} {part.error_message}"
+                        )
 
     start = time.perf_counter()
     try:
@@ -97,15 +107,22 @@ def load(target: common.Target, records: int, record_size: int, batch_size: int)
 
 # ---- readers ----------------------------------------------------------------------------------
 
-def read_consumer(target: common.Target, records: int, max_poll_records: int, window: Window) -> dict[str, object]:
+
+def read_consumer(
+    target: common.Target, records: int, max_poll_records: int, window: Window
+) -> dict[str, object]:
     from clients.consumer import Consumer
     from clients.types import TopicPartition
 
     tps = [TopicPartition(target.topic, p) for p in range(target.partitions)]
     received = 0
     value_bytes = 0
-    with Consumer(bootstrap=target.gateway, auto_offset_reset="earliest", enable_auto_commit=False,
-                  max_poll_records=max_poll_records) as consumer:
+    with Consumer(
+        bootstrap=target.gateway,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_poll_records=max_poll_records,
+    ) as consumer:
         consumer.assign(tps)
         consumer.seek_to_beginning()
         window.open()
@@ -121,8 +138,9 @@ def read_consumer(target: common.Target, records: int, max_poll_records: int, wi
     return _summary("consumer", received, records, elapsed, value_bytes)
 
 
-async def _read_fetch(target: common.Target, records: int, direct: bool, decode: bool, partition_max_bytes: int,
-                      window: Window) -> dict[str, object]:
+async def _read_fetch(
+    target: common.Target, records: int, direct: bool, decode: bool, partition_max_bytes: int, window: Window
+) -> dict[str, object]:
     import grpc
 
     from clients.connection import CHANNEL_OPTIONS
@@ -145,23 +163,41 @@ async def _read_fetch(target: common.Target, records: int, direct: bool, decode:
     async def reader(address: str, partitions: list[int]) -> None:
         stub = stub_cls(channels[address])
         # What the load put there: records spread evenly, the remainder on the first partitions.
-        share = sum(records // target.partitions + (1 if p < records % target.partitions else 0) for p in partitions)
+        share = sum(
+            records // target.partitions + (1 if p < records % target.partitions else 0) for p in partitions
+        )
         mine = 0
         while mine < share and time.perf_counter() < deadline:
-            request = common_pb2.FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=50 * 1024 * 1024,
-                                              topics=[common_pb2.FetchTopic(topic=target.topic, partitions=[
-                                                  common_pb2.FetchPartition(partition=p, fetch_offset=offsets[p],
-                                                                            partition_max_bytes=partition_max_bytes,
-                                                                            current_leader_epoch=-1)
-                                                  for p in partitions])])
+            request = common_pb2.FetchRequest(
+                replica_id=-1,
+                max_wait_ms=0,
+                min_bytes=0,
+                max_bytes=50 * 1024 * 1024,
+                topics=[
+                    common_pb2.FetchTopic(
+                        topic=target.topic,
+                        partitions=[
+                            common_pb2.FetchPartition(
+                                partition=p,
+                                fetch_offset=offsets[p],
+                                partition_max_bytes=partition_max_bytes,
+                                current_leader_epoch=-1,
+                            )
+                            for p in partitions
+                        ],
+                    )
+                ],
+            )
             response = await stub.Fetch(request, timeout=30)
             totals["requests"] += 1
             got = 0
             for topic in response.topics:
                 for part in topic.partitions:
                     if part.error_code != common_pb2.NONE:
-                        raise SystemExit(f"Fetch of partition {part.partition}: "
-                                         f"{common_pb2.ErrorCode.Name(part.error_code)} {part.error_message}")
+                        raise SystemExit(
+                            f"Fetch of partition {part.partition}: "
+                            f"{common_pb2.ErrorCode.Name(part.error_code)} {part.error_message}"
+                        )
                     buf = part.records
                     if not buf:
                         continue
@@ -205,60 +241,102 @@ async def _read_fetch(target: common.Target, records: int, direct: bool, decode:
     return result
 
 
-def read_fetch(target: common.Target, records: int, direct: bool, decode: bool, partition_max_bytes: int,
-               window: Window) -> dict[str, object]:
+def read_fetch(
+    target: common.Target, records: int, direct: bool, decode: bool, partition_max_bytes: int, window: Window
+) -> dict[str, object]:
     return asyncio.run(_read_fetch(target, records, direct, decode, partition_max_bytes, window))
 
 
-def _summary(path: str, received: int, expected: int, elapsed_s: float, value_bytes: int) -> dict[str, object]:
+def _summary(
+    path: str, received: int, expected: int, elapsed_s: float, value_bytes: int
+) -> dict[str, object]:
     rate = received / elapsed_s if elapsed_s > 0 else 0.0
-    return {"path": path, "records": received, "complete": received >= expected, "elapsed_s": round(elapsed_s, 3),
-            "records_per_s": round(rate), "mb_per_s": round(value_bytes / elapsed_s / 1e6, 1) if elapsed_s else 0.0}
+    return {
+        "path": path,
+        "records": received,
+        "complete": received >= expected,
+        "elapsed_s": round(elapsed_s, 3),
+        "records_per_s": round(rate),
+        "mb_per_s": round(value_bytes / elapsed_s / 1e6, 1) if elapsed_s else 0.0,
+    }
 
 
-def run_path(target: common.Target, path: str, records: int, args: argparse.Namespace, window: Window
-             ) -> dict[str, object]:
+def run_path(
+    target: common.Target, path: str, records: int, args: argparse.Namespace, window: Window
+) -> dict[str, object]:
     if path == "consumer":
         return read_consumer(target, records, args.max_poll_records, window)
     return read_fetch(target, records, path == "fetch-direct", args.decode, args.partition_max_bytes, window)
 
 
 def describe(result: dict[str, object]) -> str:
-    text = (f"{result['path']:>20}: {result['records_per_s']:>10,} records/s  {result['mb_per_s']:>7.1f} MB/s  "
-            f"({result['records']:,} records in {result['elapsed_s']} s)")
+    text = (
+        f"{result['path']:>20}: {result['records_per_s']:>10,} records/s  {result['mb_per_s']:>7.1f} MB/s  "
+        f"({result['records']:,} records in {result['elapsed_s']} s)"
+    )
     return text if result["complete"] else text + "  INCOMPLETE (timed out)"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=2_000_000, help="records to load and read (default 2M)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--records", type=int, default=2_000_000, help="records to load and read (default 2M)"
+    )
     parser.add_argument("--record-size", type=int, default=100)
-    parser.add_argument("--batch-size", type=int, default=16 * 1024,
-                        help="bytes per batch when loading (default 16384, the Producer's default)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=16 * 1024,
+        help="bytes per batch when loading (default 16384, the Producer's default)",
+    )
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--replication-factor", type=int, default=3)
     parser.add_argument("--min-insync", type=int, default=2)
     parser.add_argument("--path", choices=PATHS, nargs="+", default=list(PATHS))
-    parser.add_argument("--max-poll-records", type=int, default=500, help="Consumer max_poll_records (Kafka's 500)")
-    parser.add_argument("--partition-max-bytes", type=int, default=1024 * 1024,
-                        help="raw Fetch: bytes per partition per request (default 1 MiB, Kafka's)")
+    parser.add_argument(
+        "--max-poll-records", type=int, default=500, help="Consumer max_poll_records (Kafka's 500)"
+    )
+    parser.add_argument(
+        "--partition-max-bytes",
+        type=int,
+        default=1024 * 1024,
+        help="raw Fetch: bytes per partition per request (default 1 MiB, Kafka's)",
+    )
     parser.add_argument("--decode", action="store_true", help="raw Fetch: decode every record too")
-    parser.add_argument("--bootstrap", help="an existing cluster's gateway HOST:PORT (default: start our own)")
+    parser.add_argument(
+        "--bootstrap", help="an existing cluster's gateway HOST:PORT (default: start our own)"
+    )
     parser.add_argument("--topic", default=None)
     parser.add_argument("--profile", action="store_true", help="one more read per path under py-spy")
     parser.add_argument("--quiet-wait-s", type=float, default=common.QUIET_WAIT_S_DEFAULT)
     parser.add_argument("--output", default="consume")
     args = parser.parse_args()
     topic = args.topic or f"bench-consume-{int(time.time())}"
-    out: dict[str, object] = {**common.header(), "records": args.records, "record_size": args.record_size,
-                              "batch_size": args.batch_size, "partitions": args.partitions,
-                              "replication_factor": args.replication_factor, "runs": []}
-    with common.highwater_target(bootstrap=args.bootstrap, topic=topic, partitions=args.partitions,
-                                 replication_factor=args.replication_factor, min_insync=args.min_insync) as target:
+    out: dict[str, object] = {
+        **common.header(),
+        "records": args.records,
+        "record_size": args.record_size,
+        "batch_size": args.batch_size,
+        "partitions": args.partitions,
+        "replication_factor": args.replication_factor,
+        "runs": [],
+    }
+    with common.highwater_target(
+        bootstrap=args.bootstrap,
+        topic=topic,
+        partitions=args.partitions,
+        replication_factor=args.replication_factor,
+        min_insync=args.min_insync,
+    ) as target:
         took = load(target, args.records, args.record_size, args.batch_size)
         out["load_s"] = round(took, 2)
-        print(f"consume: loaded {args.records:,} records of {args.record_size} B into {args.partitions} partitions "
-              f"(RF {args.replication_factor}, {args.batch_size} B batches) in {took:.1f} s", flush=True)
+        print(
+            f"consume: loaded {args.records:,} records of {args.record_size} B into {args.partitions} partitions "
+            f"(RF {args.replication_factor}, {args.batch_size} B batches) in {took:.1f} s",
+            flush=True,
+        )
         for path in args.path:
             gate = common.wait_for_quiet(wait_s=args.quiet_wait_s)
             window = Window(common.CpuMeter({**target.pids, "client": os.getpid()}))
@@ -267,15 +345,24 @@ def main() -> int:
             result["cpu_us_per_record"] = per = common.cpu_us_per_record(window.cpu, int(result["records"]))  # type: ignore[call-overload]
             result["idle_2_core_ceiling_records_per_s"] = common.idle_machine_ceiling(per)
             print("  " + describe(result), flush=True)
-            print(f"      CPU (cores): {common.format_cpu(window.cpu)}; CPU µs/record: "
-                  f"{per.get('total')} (idle-machine ceiling {result['idle_2_core_ceiling_records_per_s'] or 0:,}/s); "
-                  f"load {gate['load_1m_before']} -> "
-                  f"{result['load_1m_after']}", flush=True)
+            print(
+                f"      CPU (cores): {common.format_cpu(window.cpu)}; CPU µs/record: "
+                f"{per.get('total')} (idle-machine ceiling {result['idle_2_core_ceiling_records_per_s'] or 0:,}/s); "
+                f"load {gate['load_1m_before']} -> "
+                f"{result['load_1m_after']}",
+                flush=True,
+            )
             if args.profile:
                 import tempfile
 
-                pids = {"client": os.getpid(), **{n: target.pids[n] for n in ("gateway-1", *target.leader_processes())
-                                                  if n in target.pids}}
+                pids = {
+                    "client": os.getpid(),
+                    **{
+                        n: target.pids[n]
+                        for n in ("gateway-1", *target.leader_processes())
+                        if n in target.pids
+                    },
+                }
                 with tempfile.TemporaryDirectory(prefix="hw-pyspy-") as tmp:
                     window = Window(profiler=common.PySpy(pids, max(result["elapsed_s"], 1), Path(tmp)))  # type: ignore[arg-type]
                     profiled = run_path(target, path, args.records, args, window)

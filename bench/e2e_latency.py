@@ -45,8 +45,13 @@ class E2EConsumer:
     """A consumer process started with `cmd`: waits for its 'ready' line; result() reads its JSON."""
 
     def __init__(self, cmd: list[str]) -> None:
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                     preexec_fn=common._die_with_parent)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            preexec_fn=common._die_with_parent,
+        )
         deadline = time.monotonic() + CONSUMER_READY_TIMEOUT_S
         line = ""
         while time.monotonic() < deadline:
@@ -74,8 +79,16 @@ class E2EConsumer:
         common.stop_process(self.proc)  # type: ignore[arg-type]
 
 
-def produce_at_rate(gateway: str, topic: str, *, rate: float, duration_s: float, warmup_s: float, record_size: int,
-                    linger_ms: int) -> dict[str, object]:
+def produce_at_rate(
+    gateway: str,
+    topic: str,
+    *,
+    rate: float,
+    duration_s: float,
+    warmup_s: float,
+    record_size: int,
+    linger_ms: int,
+) -> dict[str, object]:
     """Producer.send() one record at a time on a fixed schedule; returns what was sent."""
     from clients.producer import Producer
 
@@ -100,8 +113,12 @@ def produce_at_rate(gateway: str, topic: str, *, rate: float, duration_s: float,
             sent += 1
             measured += is_measured
         producer.flush(timeout_ms=60_000)
-    return {"sent": sent, "measured": measured, "achieved_rate": round(measured / duration_s),
-            "schedule_late_ms_max": round(late_s_max * 1000, 2)}
+    return {
+        "sent": sent,
+        "measured": measured,
+        "achieved_rate": round(measured / duration_s),
+        "schedule_late_ms_max": round(late_s_max * 1000, 2),
+    }
 
 
 def consume_role(args: argparse.Namespace) -> int:
@@ -111,8 +128,13 @@ def consume_role(args: argparse.Namespace) -> int:
 
     latencies: list[float] = []
     warmup = 0
-    with Consumer(bootstrap=args.bootstrap, auto_offset_reset="latest", enable_auto_commit=False,
-                  fetch_max_wait_ms=args.fetch_max_wait_ms, max_poll_records=10_000) as consumer:
+    with Consumer(
+        bootstrap=args.bootstrap,
+        auto_offset_reset="latest",
+        enable_auto_commit=False,
+        fetch_max_wait_ms=args.fetch_max_wait_ms,
+        max_poll_records=10_000,
+    ) as consumer:
         tps = [TopicPartition(args.topic, p) for p in range(args.partitions)]
         consumer.assign(tps)
         for tp in tps:
@@ -135,45 +157,88 @@ def consume_role(args: argparse.Namespace) -> int:
                     latencies.append((now - sent_ns) / 1e9)
                 else:
                     warmup += 1
-    print(json.dumps({"received": len(latencies), "warmup_received": warmup,
-                      "latency": common.percentiles_ms(latencies)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "received": len(latencies),
+                "warmup_received": warmup,
+                "latency": common.percentiles_ms(latencies),
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 
 def run_rate(target: common.Target, rate: float, args: argparse.Namespace) -> dict[str, object]:
     gate = common.wait_for_quiet(wait_s=args.quiet_wait_s)
     expected = int(rate * args.duration_s)
-    consumer = E2EConsumer([sys.executable, __file__, "consumer", "--bootstrap", target.gateway, "--topic",
-                            target.topic, "--partitions", str(target.partitions), "--expected", str(expected),
-                            "--timeout-s", str(args.warmup_s + args.duration_s + DRAIN_S + 30),
-                            "--fetch-max-wait-ms", str(args.fetch_max_wait_ms)])
+    consumer = E2EConsumer(
+        [
+            sys.executable,
+            __file__,
+            "consumer",
+            "--bootstrap",
+            target.gateway,
+            "--topic",
+            target.topic,
+            "--partitions",
+            str(target.partitions),
+            "--expected",
+            str(expected),
+            "--timeout-s",
+            str(args.warmup_s + args.duration_s + DRAIN_S + 30),
+            "--fetch-max-wait-ms",
+            str(args.fetch_max_wait_ms),
+        ]
+    )
     try:
         meter = common.CpuMeter({**target.pids, "producer": os.getpid(), "consumer": consumer.pid}).start()
         before = {rpc: common.rpc_totals(target, rpc) for rpc in ("Produce", "Fetch")}
         started = time.monotonic()
-        sent = produce_at_rate(target.gateway, target.topic, rate=rate, duration_s=args.duration_s,
-                               warmup_s=args.warmup_s, record_size=args.record_size, linger_ms=args.linger_ms)
+        sent = produce_at_rate(
+            target.gateway,
+            target.topic,
+            rate=rate,
+            duration_s=args.duration_s,
+            warmup_s=args.warmup_s,
+            record_size=args.record_size,
+            linger_ms=args.linger_ms,
+        )
         cpu = meter.stop()
         # Server-side Produce and Fetch: requests/s and mean time in the gateway and brokers (the
         # parts of the end-to-end path; a Produce holds its records until the ISR has them).
-        server = {rpc: common.rpc_delta(before[rpc], common.rpc_totals(target, rpc), time.monotonic() - started)
-                  for rpc in before}
+        server = {
+            rpc: common.rpc_delta(before[rpc], common.rpc_totals(target, rpc), time.monotonic() - started)
+            for rpc in before
+        }
         got = consumer.result(timeout_s=DRAIN_S + common.E2E_IDLE_END_S + 30)
     finally:
         consumer.stop()
-    return {"rate": rate, **sent, **got, **gate, "load_1m_after": common.load_average(), "cpu_cores": cpu,
-            "server_rpcs": server}
+    return {
+        "rate": rate,
+        **sent,
+        **got,
+        **gate,
+        "load_1m_after": common.load_average(),
+        "cpu_cores": cpu,
+        "server_rpcs": server,
+    }
 
 
 def describe(result: dict[str, object]) -> str:
     lat = result.get("latency") or {}
-    text = (f"{result['rate']:>8,.0f} records/s: {common.format_latency(lat)}  "  # type: ignore[arg-type]
-            f"({result.get('received', 0):,} of {result.get('measured', 0):,} measured records received)")
+    text = (
+        f"{result['rate']:>8,.0f} records/s: {common.format_latency(lat)}  "  # type: ignore[arg-type]
+        f"({result.get('received', 0):,} of {result.get('measured', 0):,} measured records received)"
+    )
     return text
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="role")
     role = sub.add_parser("consumer", help="(started by this script) the consuming process")
     role.add_argument("--bootstrap", required=True)
@@ -182,17 +247,29 @@ def main() -> int:
     role.add_argument("--expected", type=int, required=True)
     role.add_argument("--timeout-s", type=float, required=True)
     role.add_argument("--fetch-max-wait-ms", type=int, default=500)
-    parser.add_argument("--rates", type=float, nargs="+", default=[2000, 20000], help="records/s (default 2000 20000)")
-    parser.add_argument("--duration-s", type=float, default=20.0, help="measured seconds per rate (default 20)")
+    parser.add_argument(
+        "--rates", type=float, nargs="+", default=[2000, 20000], help="records/s (default 2000 20000)"
+    )
+    parser.add_argument(
+        "--duration-s", type=float, default=20.0, help="measured seconds per rate (default 20)"
+    )
     parser.add_argument("--warmup-s", type=float, default=2.0)
     parser.add_argument("--record-size", type=int, default=100)
-    parser.add_argument("--linger-ms", type=int, default=0, help="Producer linger_ms (default 0: send at once)")
-    parser.add_argument("--fetch-max-wait-ms", type=int, default=500,
-                        help="Consumer fetch_max_wait_ms (the long poll; an arriving record ends it at once)")
+    parser.add_argument(
+        "--linger-ms", type=int, default=0, help="Producer linger_ms (default 0: send at once)"
+    )
+    parser.add_argument(
+        "--fetch-max-wait-ms",
+        type=int,
+        default=500,
+        help="Consumer fetch_max_wait_ms (the long poll; an arriving record ends it at once)",
+    )
     parser.add_argument("--partitions", type=int, default=1, help="default 1, as Kafka's EndToEndLatency")
     parser.add_argument("--replication-factor", type=int, default=3)
     parser.add_argument("--min-insync", type=int, default=2)
-    parser.add_argument("--bootstrap", help="an existing cluster's gateway HOST:PORT (default: start our own)")
+    parser.add_argument(
+        "--bootstrap", help="an existing cluster's gateway HOST:PORT (default: start our own)"
+    )
     parser.add_argument("--topic", default=None)
     parser.add_argument("--quiet-wait-s", type=float, default=common.QUIET_WAIT_S_DEFAULT)
     parser.add_argument("--output", default="e2e_latency")
@@ -200,23 +277,45 @@ def main() -> int:
     if args.role == "consumer":
         return consume_role(args)
     topic = args.topic or f"bench-e2e-{int(time.time())}"
-    out: dict[str, object] = {**common.header(), "record_size": args.record_size, "partitions": args.partitions,
-                              "replication_factor": args.replication_factor, "linger_ms": args.linger_ms,
-                              "duration_s": args.duration_s, "runs": []}
-    print(f"e2e latency: {args.record_size} B records, acks=all, linger {args.linger_ms} ms, {args.partitions} "
-          f"partition(s), RF {args.replication_factor}, {args.duration_s:.0f} s per rate", flush=True)
-    with common.highwater_target(bootstrap=args.bootstrap, topic=topic, partitions=args.partitions,
-                                 replication_factor=args.replication_factor, min_insync=args.min_insync) as target:
+    out: dict[str, object] = {
+        **common.header(),
+        "record_size": args.record_size,
+        "partitions": args.partitions,
+        "replication_factor": args.replication_factor,
+        "linger_ms": args.linger_ms,
+        "duration_s": args.duration_s,
+        "runs": [],
+    }
+    print(
+        f"e2e latency: {args.record_size} B records, acks=all, linger {args.linger_ms} ms, {args.partitions} "
+        f"partition(s), RF {args.replication_factor}, {args.duration_s:.0f} s per rate",
+        flush=True,
+    )
+    with common.highwater_target(
+        bootstrap=args.bootstrap,
+        topic=topic,
+        partitions=args.partitions,
+        replication_factor=args.replication_factor,
+        min_insync=args.min_insync,
+    ) as target:
         for rate in args.rates:
             result = run_rate(target, rate, args)
             print("  " + describe(result), flush=True)
             for rpc, per in result["server_rpcs"].items():  # type: ignore[union-attr]
                 if per:
-                    print(f"      server-side {rpc}: " + ", ".join(
-                        f"{n} {v['requests_per_s']:.0f}/s mean {v['mean_ms']:.1f} ms" for n, v in per.items()),
-                        flush=True)
-            print(f"      CPU (cores): {common.format_cpu(result['cpu_cores'])}; load "  # type: ignore[arg-type]
-                  f"{result['load_1m_before']} -> {result['load_1m_after']}", flush=True)
+                    print(
+                        f"      server-side {rpc}: "
+                        + ", ".join(
+                            f"{n} {v['requests_per_s']:.0f}/s mean {v['mean_ms']:.1f} ms"
+                            for n, v in per.items()
+                        ),
+                        flush=True,
+                    )
+            print(
+                f"      CPU (cores): {common.format_cpu(result['cpu_cores'])}; load "  # type: ignore[arg-type]
+                f"{result['load_1m_before']} -> {result['load_1m_after']}",
+                flush=True,
+            )
             out["runs"].append(result)  # type: ignore[union-attr]
     path = common.write_result(args.output, out)
     print(f"machine: {out['machine']}; results: {path.relative_to(common.REPO)}")

@@ -41,27 +41,52 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def gateway(cluster: LocalCluster) -> gateway_pb2_grpc.GatewayServiceStub:
-    return gateway_pb2_grpc.GatewayServiceStub(grpc.insecure_channel(
-        cluster.gateway_addresses[0], options=[("grpc.max_receive_message_length", 64 << 20)]))
+    return gateway_pb2_grpc.GatewayServiceStub(
+        grpc.insecure_channel(
+            cluster.gateway_addresses[0], options=[("grpc.max_receive_message_length", 64 << 20)]
+        )
+    )
 
 
-def create_led_by(gw: gateway_pb2_grpc.GatewayServiceStub, topic: str, partitions: int, replicas: list[int],
-                  min_isr: int) -> None:
+def create_led_by(
+    gw: gateway_pb2_grpc.GatewayServiceStub, topic: str, partitions: int, replicas: list[int], min_isr: int
+) -> None:
     """A topic whose every partition has the same replica list, so replicas[0] leads them all."""
     assignments = {p: common_pb2.ReplicaList(replicas=replicas) for p in range(partitions)}
-    resp = gw.CreateTopics(common_pb2.CreateTopicsRequest(timeout_ms=120_000, topics=[common_pb2.CreatableTopic(
-        name=topic, num_partitions=-1, replication_factor=-1, assignments=assignments,
-        configs={"min.insync.replicas": str(min_isr)})]), timeout=300)
+    resp = gw.CreateTopics(
+        common_pb2.CreateTopicsRequest(
+            timeout_ms=120_000,
+            topics=[
+                common_pb2.CreatableTopic(
+                    name=topic,
+                    num_partitions=-1,
+                    replication_factor=-1,
+                    assignments=assignments,
+                    configs={"min.insync.replicas": str(min_isr)},
+                )
+            ],
+        ),
+        timeout=300,
+    )
     if resp.topics[0].error_code:
         raise SystemExit(f"CreateTopics failed: {resp.topics[0].error_message}")
 
 
-def produce_all(gw: gateway_pb2_grpc.GatewayServiceStub, topic: str, partitions: list[int], timeout_ms: int
-                ) -> set[int]:
+def produce_all(
+    gw: gateway_pb2_grpc.GatewayServiceStub, topic: str, partitions: list[int], timeout_ms: int
+) -> set[int]:
     """One acks=all Produce for all partitions; returns those that succeeded."""
     batch = encode_batch([Record(None, b"x" * 100, [], int(time.time() * 1000))])
-    req = common_pb2.ProduceRequest(acks=-1, timeout_ms=timeout_ms, topics=[common_pb2.ProduceTopicData(
-        topic=topic, partitions=[common_pb2.ProducePartitionData(partition=p, records=batch) for p in partitions])])
+    req = common_pb2.ProduceRequest(
+        acks=-1,
+        timeout_ms=timeout_ms,
+        topics=[
+            common_pb2.ProduceTopicData(
+                topic=topic,
+                partitions=[common_pb2.ProducePartitionData(partition=p, records=batch) for p in partitions],
+            )
+        ],
+    )
     try:
         resp = gw.Produce(req, timeout=timeout_ms / 1000 + 5)
     except grpc.RpcError:
@@ -69,7 +94,9 @@ def produce_all(gw: gateway_pb2_grpc.GatewayServiceStub, topic: str, partitions:
     return {p.partition for t in resp.topics for p in t.partitions if p.error_code == 0}
 
 
-def wait_all_ok(gw: gateway_pb2_grpc.GatewayServiceStub, topic: str, partitions: int, deadline_s: float) -> float:
+def wait_all_ok(
+    gw: gateway_pb2_grpc.GatewayServiceStub, topic: str, partitions: int, deadline_s: float
+) -> float:
     """Seconds until every partition accepted an acks=all write (inf if never within deadline)."""
     start = time.monotonic()
     pending = set(range(partitions))
@@ -92,9 +119,14 @@ def bench_broker_failure(partitions: int, ttl_s: int, base: Path, run: int) -> d
         recovered = wait_all_ok(gw, "led", partitions, deadline_s=ttl_s * 10 + 30)
         # wait_all_ok started right after the kill, so its time is the time since the kill.
         detected = detection_time(cluster.processes["controller-1"].log_path, killed_wall)
-        return {"partitions": partitions, "lease_ttl_s": ttl_s, "recovery_s": round(recovered, 3),
-                "lease_expiry_seen_s": detected, "target_s": ttl_s + 1,
-                "ratio_to_target": round(recovered / (ttl_s + 1), 3)}
+        return {
+            "partitions": partitions,
+            "lease_ttl_s": ttl_s,
+            "recovery_s": round(recovered, 3),
+            "lease_expiry_seen_s": detected,
+            "target_s": ttl_s + 1,
+            "ratio_to_target": round(recovered / (ttl_s + 1), 3),
+        }
 
 
 def detection_time(controller_log: Path, killed_wall: float) -> float | None:
@@ -118,17 +150,29 @@ def bench_controller_takeover(partitions: int, base: Path) -> dict[str, object]:
         gw = gateway(cluster)
         for i in range(topics):
             assignments = {p: common_pb2.ReplicaList(replicas=[1 + (p + i) % 3]) for p in range(per_topic)}
-            resp = gw.CreateTopics(common_pb2.CreateTopicsRequest(timeout_ms=120_000, topics=[
-                common_pb2.CreatableTopic(name=f"t{i}", num_partitions=-1, replication_factor=-1,
-                                          assignments=assignments)]), timeout=300)
+            resp = gw.CreateTopics(
+                common_pb2.CreateTopicsRequest(
+                    timeout_ms=120_000,
+                    topics=[
+                        common_pb2.CreatableTopic(
+                            name=f"t{i}", num_partitions=-1, replication_factor=-1, assignments=assignments
+                        )
+                    ],
+                ),
+                timeout=300,
+            )
             if resp.topics[0].error_code:
                 raise SystemExit(resp.topics[0].error_message)
-        active = next(p for p in cluster.by_kind("controller")
-                      if gateway(cluster).DescribeCluster(common_pb2.DescribeClusterRequest()).controller_id
-                      == int(p.name.split("-")[1]))
+        active = next(
+            p
+            for p in cluster.by_kind("controller")
+            if gateway(cluster).DescribeCluster(common_pb2.DescribeClusterRequest()).controller_id
+            == int(p.name.split("-")[1])
+        )
         standby = next(p for p in cluster.by_kind("controller") if p is not active)
-        stub = controller_pb2_grpc.ControllerServiceStub(grpc.insecure_channel(
-            standby.address, options=[("grpc.max_receive_message_length", 64 << 20)]))
+        stub = controller_pb2_grpc.ControllerServiceStub(
+            grpc.insecure_channel(standby.address, options=[("grpc.max_receive_message_length", 64 << 20)])
+        )
         stopped = time.monotonic()
         cluster.terminate(active.name)
         stop_s = time.monotonic() - stopped
@@ -138,8 +182,13 @@ def bench_controller_takeover(partitions: int, base: Path) -> dict[str, object]:
                 break
             time.sleep(0.02)
         takeover = time.monotonic() - stopped
-        return {"partitions": topics * per_topic, "takeover_s": round(takeover, 3),
-                "old_controller_stop_s": round(stop_s, 3), "target_s": 2.0, "ratio_to_target": round(takeover / 2, 3)}
+        return {
+            "partitions": topics * per_topic,
+            "takeover_s": round(takeover, 3),
+            "old_controller_stop_s": round(stop_s, 3),
+            "target_s": 2.0,
+            "ratio_to_target": round(takeover / 2, 3),
+        }
 
 
 def bench_controlled_shutdown(partitions: int, base: Path) -> dict[str, object]:
@@ -169,22 +218,40 @@ def bench_controlled_shutdown(partitions: int, base: Path) -> dict[str, object]:
         still_led = sum(1 for p in resp.partitions if p.topic == "led" and p.leader == 1)
         # The figure is the time until every leadership moved away (what clients notice);
         # the process then closes its logs (checkpoints, clean-shutdown markers) and exits.
-        return {"partitions": partitions, "controlled_shutdown_s": round(moved, 3),
-                "process_exit_s": round(took, 3), "exit_code": code, "partitions_still_led": still_led,
-                "target_s": 2.0, "ratio_to_target": round(moved / 2, 3)}
+        return {
+            "partitions": partitions,
+            "controlled_shutdown_s": round(moved, 3),
+            "process_exit_s": round(took, 3),
+            "exit_code": code,
+            "partitions_still_led": still_led,
+            "target_s": 2.0,
+            "ratio_to_target": round(moved / 2, 3),
+        }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--partitions", type=int, default=1000, help="partitions led by the failing broker")
     parser.add_argument("--ttls", type=int, nargs="+", default=[2, 6], help="lease TTLs to measure, seconds")
-    parser.add_argument("--repeat", type=int, default=3, help="broker-failure runs per lease TTL (a new cluster each)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="broker-failure runs per lease TTL (a new cluster each)"
+    )
     parser.add_argument("--takeover-partitions", type=int, default=10_000)
-    parser.add_argument("--only", choices=["failure", "takeover", "shutdown"], nargs="*",
-                        default=["failure", "takeover", "shutdown"])
-    parser.add_argument("--keep", type=Path, metavar="DIR",
-                        help="run the clusters under DIR and keep their data and logs (default: a temporary "
-                             "directory, removed at the end)")
+    parser.add_argument(
+        "--only",
+        choices=["failure", "takeover", "shutdown"],
+        nargs="*",
+        default=["failure", "takeover", "shutdown"],
+    )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="run the clusters under DIR and keep their data and logs (default: a temporary "
+        "directory, removed at the end)",
+    )
     args = parser.parse_args()
     out: dict[str, object] = {"machine": common.machine(), "date": time.strftime("%Y-%m-%d")}
     with tempfile.TemporaryDirectory(prefix="hw-failover-") as tmp:
@@ -195,20 +262,26 @@ def main() -> None:
             for run, ttl in enumerate(ttl for ttl in args.ttls for _ in range(args.repeat)):
                 r = bench_broker_failure(args.partitions, ttl, base, run)
                 out["broker_failure"].append(r)  # type: ignore[union-attr]
-                print(f"broker failure, {r['partitions']} partitions, lease TTL {ttl} s: all accept acks=all "
-                      f"after {r['recovery_s']} s (lease expiry seen after {r['lease_expiry_seen_s']} s; "
-                      f"target {r['target_s']} s, ratio {r['ratio_to_target']})")
+                print(
+                    f"broker failure, {r['partitions']} partitions, lease TTL {ttl} s: all accept acks=all "
+                    f"after {r['recovery_s']} s (lease expiry seen after {r['lease_expiry_seen_s']} s; "
+                    f"target {r['target_s']} s, ratio {r['ratio_to_target']})"
+                )
         if "takeover" in args.only:
             r = bench_controller_takeover(args.takeover_partitions, base)
             out["controller_takeover"] = r
-            print(f"controller takeover, {r['partitions']} partitions: {r['takeover_s']} s "
-                  f"(target 2 s, ratio {r['ratio_to_target']})")
+            print(
+                f"controller takeover, {r['partitions']} partitions: {r['takeover_s']} s "
+                f"(target 2 s, ratio {r['ratio_to_target']})"
+            )
         if "shutdown" in args.only:
             r = bench_controlled_shutdown(args.partitions, base)
             out["controlled_shutdown"] = r
-            print(f"controlled shutdown, {r['partitions']} partitions led: every leadership moved after "
-                  f"{r['controlled_shutdown_s']} s, process exited after {r['process_exit_s']} s, "
-                  f"{r['partitions_still_led']} still led (target 2 s, ratio {r['ratio_to_target']})")
+            print(
+                f"controlled shutdown, {r['partitions']} partitions led: every leadership moved after "
+                f"{r['controlled_shutdown_s']} s, process exited after {r['process_exit_s']} s, "
+                f"{r['partitions_still_led']} still led (target 2 s, ratio {r['ratio_to_target']})"
+            )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "failover.json").write_text(json.dumps(out, indent=2))
     print(json.dumps(out["machine"]))

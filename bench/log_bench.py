@@ -155,10 +155,14 @@ def recovery_scan(directory: Path, config: LogConfig, log: Log) -> tuple[float, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a new temp dir)")
     parser.add_argument("--total-mib", type=int, default=512, help="bytes written per append run, MiB")
-    parser.add_argument("--segment-mib", type=int, default=128, help="segment_bytes of the benchmark log, MiB")
+    parser.add_argument(
+        "--segment-mib", type=int, default=128, help="segment_bytes of the benchmark log, MiB"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is reported")
     parser.add_argument("--lookups", type=int, default=5_000, help="random offsets per lookup run")
     parser.add_argument("--seed", type=int, default=1, help="seed of the random offsets")
@@ -173,14 +177,27 @@ def main() -> None:
     rng = random.Random(args.seed)
     info = machine()
     print(f"machine: {info['cores']} cores, {info['memory_gib']} GiB, {info['cpu']}, Python {info['python']}")
-    print(f"codec accelerated: {info['codec_accelerated']}; {args.total_mib} MiB per run, {args.repeat} runs, dir {base}")
+    print(
+        f"codec accelerated: {info['codec_accelerated']}; {args.total_mib} MiB per run, {args.repeat} runs, dir {base}"
+    )
 
     batch_16k = make_batch(16 * 1024)
     batch_1m = make_batch(MIB)
-    runs: dict[str, list[float]] = {key: [] for key in (
-        "raw_disk_mb_s", "append_16k_mb_s", "append_1m_mb_s", "ratio_16k", "ratio_1m",
-        "read_mb_s", "locate_median_us", "locate_p99_us", "read_one_batch_median_us", "recovery_mb_s",
-    )}
+    runs: dict[str, list[float]] = {
+        key: []
+        for key in (
+            "raw_disk_mb_s",
+            "append_16k_mb_s",
+            "append_1m_mb_s",
+            "ratio_16k",
+            "ratio_1m",
+            "read_mb_s",
+            "locate_median_us",
+            "locate_p99_us",
+            "read_one_batch_median_us",
+            "recovery_mb_s",
+        )
+    }
     try:
         for run in range(args.repeat):
             # Raw speed right before each append run: the shared disk drifts within minutes.
@@ -198,10 +215,16 @@ def main() -> None:
             shutil.rmtree(directory_16k)
             shutil.rmtree(directory_1m)
             for key, value in (
-                ("raw_disk_mb_s", raw), ("append_16k_mb_s", append_16k), ("append_1m_mb_s", append_1m),
-                ("ratio_16k", append_16k / raw_before_16k), ("ratio_1m", append_1m / raw_before_1m), ("read_mb_s", read),
-                ("locate_median_us", locate_median), ("locate_p99_us", locate_p99),
-                ("read_one_batch_median_us", read_one), ("recovery_mb_s", recovery),
+                ("raw_disk_mb_s", raw),
+                ("append_16k_mb_s", append_16k),
+                ("append_1m_mb_s", append_1m),
+                ("ratio_16k", append_16k / raw_before_16k),
+                ("ratio_1m", append_1m / raw_before_1m),
+                ("read_mb_s", read),
+                ("locate_median_us", locate_median),
+                ("locate_p99_us", locate_p99),
+                ("read_one_batch_median_us", read_one),
+                ("recovery_mb_s", recovery),
             ):
                 runs[key].append(value)
             print(
@@ -220,26 +243,42 @@ def main() -> None:
     print()
     print(f"median of {args.repeat} runs:")
     print(f"  raw disk write (1 MiB writes + fsync)    {medians['raw_disk_mb_s']:8.0f} MB/s")
-    print(f"  append, 16 KiB batches (~{records_16k} records) {medians['append_16k_mb_s']:8.0f} MB/s  "
-          f"{medians['ratio_16k']:.0%} of raw")
-    print(f"  append, 1 MiB batches                    {medians['append_1m_mb_s']:8.0f} MB/s  "
-          f"{medians['ratio_1m']:.0%} of raw (target >= 60%)")
+    print(
+        f"  append, 16 KiB batches (~{records_16k} records) {medians['append_16k_mb_s']:8.0f} MB/s  "
+        f"{medians['ratio_16k']:.0%} of raw"
+    )
+    print(
+        f"  append, 1 MiB batches                    {medians['append_1m_mb_s']:8.0f} MB/s  "
+        f"{medians['ratio_1m']:.0%} of raw (target >= 60%)"
+    )
     print(f"  sequential read, page cache              {medians['read_mb_s']:8.0f} MB/s  (target >= 1000)")
-    print(f"  index lookup (locate), random offsets    {medians['locate_median_us']:8.1f} µs median, "
-          f"{medians['locate_p99_us']:.1f} µs p99")
+    print(
+        f"  index lookup (locate), random offsets    {medians['locate_median_us']:8.1f} µs median, "
+        f"{medians['locate_p99_us']:.1f} µs p99"
+    )
     print(f"  read of one batch at a random offset     {medians['read_one_batch_median_us']:8.1f} µs median")
     print(f"  recovery scan (CRC + index rebuild)      {medians['recovery_mb_s']:8.0f} MB/s  (target >= 300)")
 
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({
-        "machine": info,
-        "settings": {
-            "total_mib": args.total_mib, "segment_mib": args.segment_mib, "repeat": args.repeat,
-            "batch_16k_bytes": len(batch_16k), "batch_1m_bytes": len(batch_1m), "record_bytes": RECORD_BYTES,
-        },
-        "median": medians,
-        "runs": runs,
-    }, indent=2) + "\n")
+    args.json.write_text(
+        json.dumps(
+            {
+                "machine": info,
+                "settings": {
+                    "total_mib": args.total_mib,
+                    "segment_mib": args.segment_mib,
+                    "repeat": args.repeat,
+                    "batch_16k_bytes": len(batch_16k),
+                    "batch_1m_bytes": len(batch_1m),
+                    "record_bytes": RECORD_BYTES,
+                },
+                "median": medians,
+                "runs": runs,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {args.json}")
 
 

@@ -105,7 +105,7 @@ def make_values(size: int, count: int) -> list[bytes]:
     block = rng.randbytes(size * count)
     letters = bytes(65 + b % 26 for b in range(256))
     block = block.translate(letters)
-    return [block[i * size:(i + 1) * size] for i in range(count)]
+    return [block[i * size : (i + 1) * size] for i in range(count)]
 
 
 class Window:
@@ -132,16 +132,22 @@ class Window:
 
 # ---- the Producer through the gateway --------------------------------------------------------
 
+
 def produce_client(target: common.Target, spec: ProduceSpec, window: Window) -> dict[str, object]:
     from clients.producer import Producer
 
     per_send = spec.records_per_batch
     values = make_values(spec.record_size, per_send)
     settings: dict[str, object] = dict(
-        acks=spec.acks, linger_ms=spec.linger_ms, batch_size_bytes=spec.batch_size,
-        compression=spec.compression, enable_idempotence=spec.acks_wire == -1,
-        max_in_flight_requests=spec.in_flight, buffer_memory_bytes=spec.buffer_memory,
-        max_request_bytes=max(1024 * 1024, spec.batch_size))
+        acks=spec.acks,
+        linger_ms=spec.linger_ms,
+        batch_size_bytes=spec.batch_size,
+        compression=spec.compression,
+        enable_idempotence=spec.acks_wire == -1,
+        max_in_flight_requests=spec.in_flight,
+        buffer_memory_bytes=spec.buffer_memory,
+        max_request_bytes=max(1024 * 1024, spec.batch_size),
+    )
     lock = threading.Lock()
     latencies: list[float] = []
     state = {"acked": 0, "failed": 0, "errors": {}}
@@ -188,14 +194,25 @@ def produce_client(target: common.Target, spec: ProduceSpec, window: Window) -> 
         window.open()
         sent, elapsed = run(spec.duration_s)
         window.close()
-    return summarize("client", spec, sent, int(state["acked"]), int(state["failed"]),  # type: ignore[arg-type]
-                     dict(state["errors"]), elapsed, latencies, per_request=per_send)  # type: ignore[arg-type]
+    return summarize(
+        "client",
+        spec,
+        sent,
+        int(state["acked"]),
+        int(state["failed"]),  # type: ignore[arg-type]
+        dict(state["errors"]),
+        elapsed,
+        latencies,
+        per_request=per_send,
+    )  # type: ignore[arg-type]
 
 
 # ---- raw gRPC Produce: to the gateway or to each leader --------------------------------------
 
-async def _produce_raw(target: common.Target, spec: ProduceSpec, direct: bool, window: Window
-                       ) -> dict[str, object]:
+
+async def _produce_raw(
+    target: common.Target, spec: ProduceSpec, direct: bool, window: Window
+) -> dict[str, object]:
     import grpc
 
     from clients.connection import CHANNEL_OPTIONS
@@ -232,10 +249,24 @@ async def _produce_raw(target: common.Target, spec: ProduceSpec, direct: bool, w
                     continue
             counts["sent"] += per_request
             timestamp_ms = time.time_ns() // 1_000_000
-            request = common_pb2.ProduceRequest(acks=spec.acks_wire, timeout_ms=PRODUCE_TIMEOUT_MS, topics=[
-                common_pb2.ProduceTopicData(topic=target.topic, partitions=[
-                    common_pb2.ProducePartitionData(partition=p, records=encode_values(
-                        values, timestamp_ms=timestamp_ms, compression=spec.compression)) for p in partitions])])
+            request = common_pb2.ProduceRequest(
+                acks=spec.acks_wire,
+                timeout_ms=PRODUCE_TIMEOUT_MS,
+                topics=[
+                    common_pb2.ProduceTopicData(
+                        topic=target.topic,
+                        partitions=[
+                            common_pb2.ProducePartitionData(
+                                partition=p,
+                                records=encode_values(
+                                    values, timestamp_ms=timestamp_ms, compression=spec.compression
+                                ),
+                            )
+                            for p in partitions
+                        ],
+                    )
+                ],
+            )
             sent_at = time.perf_counter()
             try:
                 response = await stub.Produce(request, timeout=PRODUCE_TIMEOUT_MS / 1000 + 5)
@@ -260,8 +291,13 @@ async def _produce_raw(target: common.Target, spec: ProduceSpec, direct: bool, w
     async def run(duration_s: float) -> float:
         start = time.perf_counter()
         stop_at = start + duration_s
-        await asyncio.gather(*(worker(address, partitions, stop_at, start)
-                               for address, partitions in groups.items() for _ in range(spec.in_flight)))
+        await asyncio.gather(
+            *(
+                worker(address, partitions, stop_at, start)
+                for address, partitions in groups.items()
+                for _ in range(spec.in_flight)
+            )
+        )
         return time.perf_counter() - start
 
     try:
@@ -278,21 +314,48 @@ async def _produce_raw(target: common.Target, spec: ProduceSpec, direct: bool, w
     finally:
         for channel in channels.values():
             await channel.close()
-    return summarize("direct" if direct else "gateway", spec, counts["sent"], counts["acked"], counts["failed"],
-                     errors, elapsed, latencies, per_request=per_batch * target.partitions // len(groups))
+    return summarize(
+        "direct" if direct else "gateway",
+        spec,
+        counts["sent"],
+        counts["acked"],
+        counts["failed"],
+        errors,
+        elapsed,
+        latencies,
+        per_request=per_batch * target.partitions // len(groups),
+    )
 
 
 def produce_raw(target: common.Target, spec: ProduceSpec, direct: bool, window: Window) -> dict[str, object]:
     return asyncio.run(_produce_raw(target, spec, direct, window))
 
 
-def summarize(path: str, spec: ProduceSpec, sent: int, acked: int, failed: int, errors: dict[str, int],
-              elapsed_s: float, latencies: list[float], *, per_request: int) -> dict[str, object]:
+def summarize(
+    path: str,
+    spec: ProduceSpec,
+    sent: int,
+    acked: int,
+    failed: int,
+    errors: dict[str, int],
+    elapsed_s: float,
+    latencies: list[float],
+    *,
+    per_request: int,
+) -> dict[str, object]:
     rate = acked / elapsed_s if elapsed_s > 0 else 0.0
-    return {"path": path, "records_sent": sent, "records_acked": acked, "records_failed": failed,
-            "errors": errors, "elapsed_s": round(elapsed_s, 3), "records_per_s": round(rate),
-            "mb_per_s": round(rate * spec.record_size / 1e6, 1), "records_per_request": per_request,
-            "latency_per_request": common.percentiles_ms(latencies)}
+    return {
+        "path": path,
+        "records_sent": sent,
+        "records_acked": acked,
+        "records_failed": failed,
+        "errors": errors,
+        "elapsed_s": round(elapsed_s, 3),
+        "records_per_s": round(rate),
+        "mb_per_s": round(rate * spec.record_size / 1e6, 1),
+        "records_per_request": per_request,
+        "latency_per_request": common.percentiles_ms(latencies),
+    }
 
 
 def run_path(target: common.Target, spec: ProduceSpec, path: str, window: Window) -> dict[str, object]:
@@ -303,9 +366,11 @@ def run_path(target: common.Target, spec: ProduceSpec, path: str, window: Window
 
 def describe(result: dict[str, object]) -> str:
     lat = result["latency_per_request"]
-    text = (f"{result['path']:>7}: {result['records_per_s']:>10,} records/s  {result['mb_per_s']:>7.1f} MB/s  "
-            f"latency per request ({result['records_per_request']} records): "
-            f"{common.format_latency(lat)}")  # type: ignore[arg-type]
+    text = (
+        f"{result['path']:>7}: {result['records_per_s']:>10,} records/s  {result['mb_per_s']:>7.1f} MB/s  "
+        f"latency per request ({result['records_per_request']} records): "
+        f"{common.format_latency(lat)}"
+    )  # type: ignore[arg-type]
     if result["records_failed"]:
         text += f"  FAILED {result['records_failed']} records: {result['errors']}"
     return text
@@ -321,56 +386,119 @@ def profile_pids(target: common.Target) -> dict[str, int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--record-size", type=int, default=100, help="bytes per record value (default 100)")
-    parser.add_argument("--duration-s", type=float, default=20.0, help="measured seconds per path (default 20)")
+    parser.add_argument(
+        "--duration-s", type=float, default=20.0, help="measured seconds per path (default 20)"
+    )
     parser.add_argument("--warmup-s", type=float, default=2.0, help="unmeasured seconds first (default 2)")
-    parser.add_argument("--throughput", type=float, default=-1, help="records/s to aim at; -1 unbounded (default)")
+    parser.add_argument(
+        "--throughput", type=float, default=-1, help="records/s to aim at; -1 unbounded (default)"
+    )
     parser.add_argument("--acks", choices=["all", "1", "0"], default="all")
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--replication-factor", type=int, default=3)
-    parser.add_argument("--min-insync", type=int, default=2, help="min.insync.replicas of the topic (default 2)")
-    parser.add_argument("--batch-size", type=int, default=16 * 1024,
-                        help="bytes per partition batch (Producer batch_size_bytes; raw paths: records per "
-                             "batch = what fits). Default 16384, Kafka's")
-    parser.add_argument("--linger-ms", type=int, default=5, help="Producer linger_ms (client path; default 5)")
+    parser.add_argument(
+        "--min-insync", type=int, default=2, help="min.insync.replicas of the topic (default 2)"
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=16 * 1024,
+        help="bytes per partition batch (Producer batch_size_bytes; raw paths: records per "
+        "batch = what fits). Default 16384, Kafka's",
+    )
+    parser.add_argument(
+        "--linger-ms", type=int, default=5, help="Producer linger_ms (client path; default 5)"
+    )
     parser.add_argument("--compression", choices=["none", "gzip", "snappy", "lz4", "zstd"], default="none")
-    parser.add_argument("--in-flight", type=int, default=5,
-                        help="requests in flight (client: max_in_flight_requests; raw: per target); default 5")
-    parser.add_argument("--buffer-memory", type=int, default=32 * 1024 * 1024, help="Producer buffer_memory_bytes")
-    parser.add_argument("--path", choices=PATHS, nargs="+", default=None,
-                        help="client (Producer via gateway), gateway (raw gRPC), direct (raw gRPC to leaders)")
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=5,
+        help="requests in flight (client: max_in_flight_requests; raw: per target); default 5",
+    )
+    parser.add_argument(
+        "--buffer-memory", type=int, default=32 * 1024 * 1024, help="Producer buffer_memory_bytes"
+    )
+    parser.add_argument(
+        "--path",
+        choices=PATHS,
+        nargs="+",
+        default=None,
+        help="client (Producer via gateway), gateway (raw gRPC), direct (raw gRPC to leaders)",
+    )
     parser.add_argument("--direct", action="store_true", help="same as --path direct")
-    parser.add_argument("--bootstrap", help="an existing cluster's gateway HOST:PORT (default: start our own)")
+    parser.add_argument(
+        "--bootstrap", help="an existing cluster's gateway HOST:PORT (default: start our own)"
+    )
     parser.add_argument("--brokers", type=int, default=3, help="brokers of our own cluster (default 3)")
-    parser.add_argument("--tmp-dir", default=None,
-                        help="where our cluster's data goes (default: the system temp dir; /dev/shm takes the "
-                             "disk out of the figure)")
+    parser.add_argument(
+        "--tmp-dir",
+        default=None,
+        help="where our cluster's data goes (default: the system temp dir; /dev/shm takes the "
+        "disk out of the figure)",
+    )
     parser.add_argument("--topic", default=None, help="topic name (default: a new one per run)")
-    parser.add_argument("--profile", action="store_true",
-                        help="one more run per path under py-spy: top functions of client, gateway, leaders")
-    parser.add_argument("--native", action="store_true", help="py-spy --native (C frames of gRPC and protobuf)")
-    parser.add_argument("--quiet-wait-s", type=float, default=common.QUIET_WAIT_S_DEFAULT,
-                        help="wait up to this long for the 1-minute load to drop below 1.5 (default 20)")
-    parser.add_argument("--output", default="produce", help="results file name under bench/results (default produce)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="one more run per path under py-spy: top functions of client, gateway, leaders",
+    )
+    parser.add_argument(
+        "--native", action="store_true", help="py-spy --native (C frames of gRPC and protobuf)"
+    )
+    parser.add_argument(
+        "--quiet-wait-s",
+        type=float,
+        default=common.QUIET_WAIT_S_DEFAULT,
+        help="wait up to this long for the 1-minute load to drop below 1.5 (default 20)",
+    )
+    parser.add_argument(
+        "--output", default="produce", help="results file name under bench/results (default produce)"
+    )
     args = parser.parse_args()
     paths = ["direct"] if args.direct else (args.path or ["client"])
-    spec = ProduceSpec(record_size=args.record_size, duration_s=args.duration_s, warmup_s=args.warmup_s,
-                       throughput=args.throughput, acks=args.acks, batch_size=args.batch_size,
-                       linger_ms=args.linger_ms, compression=args.compression, in_flight=args.in_flight,
-                       buffer_memory=args.buffer_memory)
+    spec = ProduceSpec(
+        record_size=args.record_size,
+        duration_s=args.duration_s,
+        warmup_s=args.warmup_s,
+        throughput=args.throughput,
+        acks=args.acks,
+        batch_size=args.batch_size,
+        linger_ms=args.linger_ms,
+        compression=args.compression,
+        in_flight=args.in_flight,
+        buffer_memory=args.buffer_memory,
+    )
     topic = args.topic or f"bench-produce-{int(time.time())}"
-    out: dict[str, object] = {**common.header(), "spec": asdict(spec), "partitions": args.partitions,
-                              "tmp_dir": args.tmp_dir or tempfile.gettempdir(),
-                              "replication_factor": args.replication_factor, "min_insync": args.min_insync,
-                              "runs": []}
-    print(f"produce: {spec.record_size} B records, acks={spec.acks}, {args.partitions} partitions, RF "
-          f"{args.replication_factor}, min.insync {args.min_insync}, batch {spec.batch_size} B "
-          f"({spec.records_per_batch} records), linger {spec.linger_ms} ms, compression {spec.compression}, "
-          f"{spec.duration_s:.0f} s per path", flush=True)
-    with common.highwater_target(bootstrap=args.bootstrap, topic=topic, partitions=args.partitions,
-                                 replication_factor=args.replication_factor, min_insync=args.min_insync,
-                                 brokers=args.brokers, tmp_dir=args.tmp_dir) as target:
+    out: dict[str, object] = {
+        **common.header(),
+        "spec": asdict(spec),
+        "partitions": args.partitions,
+        "tmp_dir": args.tmp_dir or tempfile.gettempdir(),
+        "replication_factor": args.replication_factor,
+        "min_insync": args.min_insync,
+        "runs": [],
+    }
+    print(
+        f"produce: {spec.record_size} B records, acks={spec.acks}, {args.partitions} partitions, RF "
+        f"{args.replication_factor}, min.insync {args.min_insync}, batch {spec.batch_size} B "
+        f"({spec.records_per_batch} records), linger {spec.linger_ms} ms, compression {spec.compression}, "
+        f"{spec.duration_s:.0f} s per path",
+        flush=True,
+    )
+    with common.highwater_target(
+        bootstrap=args.bootstrap,
+        topic=topic,
+        partitions=args.partitions,
+        replication_factor=args.replication_factor,
+        min_insync=args.min_insync,
+        brokers=args.brokers,
+        tmp_dir=args.tmp_dir,
+    ) as target:
         out["leaders"] = target.leader_processes()
         for path in paths:
             gate = common.wait_for_quiet(wait_s=args.quiet_wait_s)
@@ -379,24 +507,38 @@ def main() -> int:
             result = run_path(target, spec, path, window)
             # Server-side view: Produce requests/s and mean time each took in the gateway and the
             # leaders (Little's law: rate x latency = requests in flight, the pipeline's depth).
-            result["server_produce"] = common.rpc_delta(before, common.rpc_totals(target, "Produce"),
-                                                        float(result["elapsed_s"]))  # type: ignore[arg-type]
+            result["server_produce"] = common.rpc_delta(
+                before, common.rpc_totals(target, "Produce"), float(result["elapsed_s"])
+            )  # type: ignore[arg-type]
             result.update(gate, load_1m_after=common.load_average(), cpu_cores=window.cpu)
-            result["cpu_us_per_record"] = per = common.cpu_us_per_record(window.cpu, int(result["records_acked"]))  # type: ignore[call-overload]
+            result["cpu_us_per_record"] = per = common.cpu_us_per_record(
+                window.cpu, int(result["records_acked"])
+            )  # type: ignore[call-overload]
             result["idle_2_core_ceiling_records_per_s"] = common.idle_machine_ceiling(per)
             print("  " + describe(result), flush=True)
             if result["server_produce"]:
-                print("           server-side Produce: " + ", ".join(
-                    f"{n} {v['requests_per_s']:.0f}/s mean {v['mean_ms']:.1f} ms"
-                    for n, v in result["server_produce"].items()), flush=True)  # type: ignore[union-attr]
-            print(f"           CPU (cores): {common.format_cpu(window.cpu)}; CPU µs/record: "
-                  f"{per.get('total')} (idle-machine ceiling {result['idle_2_core_ceiling_records_per_s'] or 0:,}/s); "
-                  f"load {gate['load_1m_before']} -> "
-                  f"{result['load_1m_after']}", flush=True)
+                print(
+                    "           server-side Produce: "
+                    + ", ".join(
+                        f"{n} {v['requests_per_s']:.0f}/s mean {v['mean_ms']:.1f} ms"
+                        for n, v in result["server_produce"].items()
+                    ),
+                    flush=True,
+                )  # type: ignore[union-attr]
+            print(
+                f"           CPU (cores): {common.format_cpu(window.cpu)}; CPU µs/record: "
+                f"{per.get('total')} (idle-machine ceiling {result['idle_2_core_ceiling_records_per_s'] or 0:,}/s); "
+                f"load {gate['load_1m_before']} -> "
+                f"{result['load_1m_after']}",
+                flush=True,
+            )
             if args.profile:
                 with tempfile.TemporaryDirectory(prefix="hw-pyspy-") as tmp:
-                    window = Window(profiler=common.PySpy(profile_pids(target), spec.duration_s, Path(tmp),
-                                                          native=args.native))
+                    window = Window(
+                        profiler=common.PySpy(
+                            profile_pids(target), spec.duration_s, Path(tmp), native=args.native
+                        )
+                    )
                     profiled = run_path(target, spec, path, window)
                 result["profiled_run"] = {k: profiled[k] for k in ("records_per_s", "mb_per_s")}
                 result["profile"] = window.profile

@@ -105,6 +105,7 @@ class ProduceRun:
 
 # ---- the cluster --------------------------------------------------------------------------------
 
+
 class ProfiledCluster(LocalCluster):
     """A LocalCluster whose process `profiled` runs its usual command under `python -m cProfile -o`.
 
@@ -124,8 +125,10 @@ class ProfiledCluster(LocalCluster):
             super()._spawn(p)
             return
         launcher = self.base_dir / "run" / "python-under-cprofile"
-        launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(self.python)} -m cProfile "
-                            f"-o {shlex.quote(str(self.profile_path))} \"$@\"\n")
+        launcher.write_text(
+            f"#!/bin/sh\nexec {shlex.quote(self.python)} -m cProfile "
+            f'-o {shlex.quote(str(self.profile_path))} "$@"\n'
+        )
         launcher.chmod(0o755)
         python, self.python = self.python, str(launcher)
         try:
@@ -137,14 +140,24 @@ class ProfiledCluster(LocalCluster):
 def create_topic_led_by_broker_1(cluster: LocalCluster) -> None:
     with grpc.insecure_channel(cluster.gateway_addresses[0]) as channel:
         gw = gateway_pb2_grpc.GatewayServiceStub(channel)
-        resp = gw.CreateTopics(common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
-            name=TOPIC, num_partitions=-1, replication_factor=-1,
-            assignments={0: common_pb2.ReplicaList(replicas=[LEADER_ID, 2, 3])},
-            configs={"min.insync.replicas": "2"})]))
+        resp = gw.CreateTopics(
+            common_pb2.CreateTopicsRequest(
+                topics=[
+                    common_pb2.CreatableTopic(
+                        name=TOPIC,
+                        num_partitions=-1,
+                        replication_factor=-1,
+                        assignments={0: common_pb2.ReplicaList(replicas=[LEADER_ID, 2, 3])},
+                        configs={"min.insync.replicas": "2"},
+                    )
+                ]
+            )
+        )
         result = resp.topics[0]
         if result.error_code != common_pb2.NONE:
-            raise SystemExit(f"CreateTopics failed: {common_pb2.ErrorCode.Name(result.error_code)} "
-                             f"{result.error_message}")
+            raise SystemExit(
+                f"CreateTopics failed: {common_pb2.ErrorCode.Name(result.error_code)} {result.error_message}"
+            )
         deadline = time.monotonic() + TOPIC_READY_TIMEOUT_S
         while time.monotonic() < deadline:
             states = gw.DescribeCluster(common_pb2.DescribeClusterRequest()).partitions
@@ -152,7 +165,9 @@ def create_topic_led_by_broker_1(cluster: LocalCluster) -> None:
             if state is not None and state.leader == LEADER_ID and sorted(state.isr) == [1, 2, 3]:
                 return
             time.sleep(0.1)
-    raise SystemExit(f"{TOPIC}-0 did not get leader {LEADER_ID} and a full ISR within {TOPIC_READY_TIMEOUT_S} s")
+    raise SystemExit(
+        f"{TOPIC}-0 did not get leader {LEADER_ID} and a full ISR within {TOPIC_READY_TIMEOUT_S} s"
+    )
 
 
 def make_batch(target_bytes: int) -> bytes:
@@ -173,11 +188,19 @@ def make_batch(target_bytes: int) -> bytes:
 
 # ---- producing ----------------------------------------------------------------------------------
 
-async def _produce_for(address: str, batch: bytes, records_per_batch: int, duration_s: float, in_flight: int,
-                       phase: str) -> ProduceRun:
-    request = common_pb2.ProduceRequest(acks=-1, timeout_ms=PRODUCE_TIMEOUT_MS, topics=[
-        common_pb2.ProduceTopicData(topic=TOPIC, partitions=[
-            common_pb2.ProducePartitionData(partition=0, records=batch)])])
+
+async def _produce_for(
+    address: str, batch: bytes, records_per_batch: int, duration_s: float, in_flight: int, phase: str
+) -> ProduceRun:
+    request = common_pb2.ProduceRequest(
+        acks=-1,
+        timeout_ms=PRODUCE_TIMEOUT_MS,
+        topics=[
+            common_pb2.ProduceTopicData(
+                topic=TOPIC, partitions=[common_pb2.ProducePartitionData(partition=0, records=batch)]
+            )
+        ],
+    )
     acked = 0
     errors: Counter[str] = Counter()
     async with grpc.aio.insecure_channel(address, options=channel_options()) as channel:
@@ -197,15 +220,24 @@ async def _produce_for(address: str, batch: bytes, records_per_batch: int, durat
 
         await asyncio.gather(*(sender() for _ in range(in_flight)))
         elapsed = time.monotonic() - started
-    return ProduceRun(phase, acked, sum(errors.values()), dict(errors), records_per_batch, len(batch), elapsed)
+    return ProduceRun(
+        phase, acked, sum(errors.values()), dict(errors), records_per_batch, len(batch), elapsed
+    )
 
 
-def produce_for(cluster: LocalCluster, batch: bytes, records_per_batch: int, duration_s: float, in_flight: int,
-                phase: str) -> ProduceRun:
-    run = asyncio.run(_produce_for(cluster.processes[LEADER].address, batch, records_per_batch, duration_s,
-                                   in_flight, phase))
-    print(f"  {phase}: {run.batches_acked} batches acknowledged in {run.elapsed_s:.1f} s = {run.mb_per_s:.1f} MB/s"
-          + (f", {run.batches_failed} failed {run.errors}" if run.batches_failed else ""), flush=True)
+def produce_for(
+    cluster: LocalCluster, batch: bytes, records_per_batch: int, duration_s: float, in_flight: int, phase: str
+) -> ProduceRun:
+    run = asyncio.run(
+        _produce_for(
+            cluster.processes[LEADER].address, batch, records_per_batch, duration_s, in_flight, phase
+        )
+    )
+    print(
+        f"  {phase}: {run.batches_acked} batches acknowledged in {run.elapsed_s:.1f} s = {run.mb_per_s:.1f} MB/s"
+        + (f", {run.batches_failed} failed {run.errors}" if run.batches_failed else ""),
+        flush=True,
+    )
     return run
 
 
@@ -236,8 +268,12 @@ def _relative(path: str) -> str:
 
 def _is_ours(path: str) -> bool:
     relative = _relative(path)
-    return (relative.split("/", 1)[0] in OUR_PACKAGES and relative.endswith(".py")
-            and not relative.endswith(("_pb2.py", "_pb2_grpc.py")) and ".venv" not in relative)
+    return (
+        relative.split("/", 1)[0] in OUR_PACKAGES
+        and relative.endswith(".py")
+        and not relative.endswith(("_pb2.py", "_pb2_grpc.py"))
+        and ".venv" not in relative
+    )
 
 
 @dataclass
@@ -273,18 +309,36 @@ def parse_py_spy_raw(path: Path) -> Samples:
     return samples
 
 
-def run_py_spy(cluster: LocalCluster, batch: bytes, records_per_batch: int, args: argparse.Namespace,
-               out_dir: Path) -> tuple[ProduceRun, dict[str, object]] | None:
+def run_py_spy(
+    cluster: LocalCluster, batch: bytes, records_per_batch: int, args: argparse.Namespace, out_dir: Path
+) -> tuple[ProduceRun, dict[str, object]] | None:
     py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if py_spy is None:
         print("  py-spy is not installed (pip install -e '.[dev]'): phase skipped", flush=True)
         return None
     raw = out_dir / "py-spy.raw"
     duration = math.ceil(args.duration_s)
-    sampler = subprocess.Popen([py_spy, "record", "--pid", str(cluster.processes[LEADER].pid), "--duration",
-                                str(duration), "--rate", str(args.py_spy_rate), "--format", "raw", "--function",
-                                "--output", str(raw), "--nonblocking", *(["--native"] if args.native else [])],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    sampler = subprocess.Popen(
+        [
+            py_spy,
+            "record",
+            "--pid",
+            str(cluster.processes[LEADER].pid),
+            "--duration",
+            str(duration),
+            "--rate",
+            str(args.py_spy_rate),
+            "--format",
+            "raw",
+            "--function",
+            "--output",
+            str(raw),
+            "--nonblocking",
+            *(["--native"] if args.native else []),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         run = produce_for(cluster, batch, records_per_batch, duration, args.in_flight, "py-spy")
         output, _ = sampler.communicate(timeout=PY_SPY_EXIT_TIMEOUT_S)
@@ -293,36 +347,58 @@ def run_py_spy(cluster: LocalCluster, batch: bytes, records_per_batch: int, args
             sampler.kill()
             sampler.wait()
     if sampler.returncode != 0 or not raw.exists():
-        print(f"  py-spy failed (exit {sampler.returncode}): {output.decode(errors='replace')[-2000:]}", flush=True)
+        print(
+            f"  py-spy failed (exit {sampler.returncode}): {output.decode(errors='replace')[-2000:]}",
+            flush=True,
+        )
         return run, {}
     s = parse_py_spy_raw(raw)
     wall = duration * args.py_spy_rate
     total = max(s.total, 1)
     ours_self = sum(n for (_, path), n in s.self_samples.items() if _is_ours(path))
-    print(f"\n  leader broker, py-spy at {args.py_spy_rate} Hz for {duration} s ({wall} samples per thread): "
-          f"{s.total} samples of running threads; the event loop thread ran {s.event_loop / wall:.0%} of the "
-          f"time ({s.event_loop_waiting / wall:.0%} of it in epoll), other threads (gRPC's poller) "
-          f"{(s.total - s.event_loop) / wall:.0%}; our code on top of the stack in {ours_self / total:.1%} "
-          "of the samples")
-    print(f"  top functions by self time (share of all samples; C work is charged to the Python frame calling it)"
-          f"\n  {'self %':>7} {'incl %':>7}  function (file)")
+    print(
+        f"\n  leader broker, py-spy at {args.py_spy_rate} Hz for {duration} s ({wall} samples per thread): "
+        f"{s.total} samples of running threads; the event loop thread ran {s.event_loop / wall:.0%} of the "
+        f"time ({s.event_loop_waiting / wall:.0%} of it in epoll), other threads (gRPC's poller) "
+        f"{(s.total - s.event_loop) / wall:.0%}; our code on top of the stack in {ours_self / total:.1%} "
+        "of the samples"
+    )
+    print(
+        f"  top functions by self time (share of all samples; C work is charged to the Python frame calling it)"
+        f"\n  {'self %':>7} {'incl %':>7}  function (file)"
+    )
     top = []
     for (name, path), n in s.self_samples.most_common(args.top):
         share, incl = n / total, s.inclusive[(name, path)] / total
-        top.append({"function": name, "file": _relative(path), "self": round(share, 4), "inclusive": round(incl, 4)})
+        top.append(
+            {"function": name, "file": _relative(path), "self": round(share, 4), "inclusive": round(incl, 4)}
+        )
         print(f"  {share:7.1%} {incl:7.1%}  {name} ({_relative(path)})")
-    ours_inclusive = sorted(((n, name, path) for (name, path), n in s.inclusive.items()
-                             if _is_ours(path) and _relative(path) not in _ENTRY_FILES), reverse=True)[: args.top]
+    ours_inclusive = sorted(
+        (
+            (n, name, path)
+            for (name, path), n in s.inclusive.items()
+            if _is_ours(path) and _relative(path) not in _ENTRY_FILES
+        ),
+        reverse=True,
+    )[: args.top]
     print(f"\n  our functions by inclusive time:\n  {'incl %':>7} {'self %':>7}  function (file)")
     for n, name, path in ours_inclusive:
         print(f"  {n / total:7.1%} {s.self_samples[(name, path)] / total:7.1%}  {name} ({_relative(path)})")
-    return run, {"samples": s.total, "event_loop_busy": round((s.event_loop - s.event_loop_waiting) / wall, 3),
-                 "ours_self_share": round(ours_self / total, 4), "top_self": top,
-                 "ours_inclusive": [{"function": name, "file": _relative(path), "inclusive": round(n / total, 4)}
-                                    for n, name, path in ours_inclusive]}
+    return run, {
+        "samples": s.total,
+        "event_loop_busy": round((s.event_loop - s.event_loop_waiting) / wall, 3),
+        "ours_self_share": round(ours_self / total, 4),
+        "top_self": top,
+        "ours_inclusive": [
+            {"function": name, "file": _relative(path), "inclusive": round(n / total, 4)}
+            for n, name, path in ours_inclusive
+        ],
+    }
 
 
 # ---- cProfile: call counts -------------------------------------------------------------------------
+
 
 def check_call_counts(profile: Path, run: ProduceRun, args: argparse.Namespace) -> dict[str, object]:
     """Per-batch calls of every function of ours in the leader; flags any called per record."""
@@ -334,13 +410,21 @@ def check_call_counts(profile: Path, run: ProduceRun, args: argparse.Namespace) 
         if _is_ours(path):
             ours.append((ncalls, name, _relative(path), line, tottime, cumtime))
     ours.sort(reverse=True)
-    print(f"\n  leader broker under cProfile: {run.batches_sent} batches of {run.records_per_batch} records "
-          f"({run.batches_sent * run.records_per_batch} records)")
-    print(f"  our functions with the most calls:\n  {'calls':>9} {'per batch':>9} {'self s':>7}  function (file:line)")
+    print(
+        f"\n  leader broker under cProfile: {run.batches_sent} batches of {run.records_per_batch} records "
+        f"({run.batches_sent * run.records_per_batch} records)"
+    )
+    print(
+        f"  our functions with the most calls:\n  {'calls':>9} {'per batch':>9} {'self s':>7}  function (file:line)"
+    )
     for ncalls, name, path, line, tottime, _ in ours[: args.top]:
         print(f"  {ncalls:9d} {ncalls / batches:9.2f} {tottime:7.2f}  {name} ({path}:{line})")
-    print("  (cProfile counts every resumption of a coroutine as a call: produce resumes while it waits for the HW)")
-    print(f"\n  the per-batch steps of the produce path:\n  {'calls':>9} {'per batch':>9} {'self s':>7}  function (file)")
+    print(
+        "  (cProfile counts every resumption of a coroutine as a call: produce resumes while it waits for the HW)"
+    )
+    print(
+        f"\n  the per-batch steps of the produce path:\n  {'calls':>9} {'per batch':>9} {'self s':>7}  function (file)"
+    )
     for ncalls, name, path, line, tottime, _ in ours:
         if (path, name) in PER_BATCH_STEPS:
             print(f"  {ncalls:9d} {ncalls / batches:9.2f} {tottime:7.2f}  {name} ({path}:{line})")
@@ -351,48 +435,91 @@ def check_call_counts(profile: Path, run: ProduceRun, args: argparse.Namespace) 
             print(f"    {name} ({path}:{line}): {ncalls} calls, {ncalls / batches:.0f} per batch")
     else:
         top_rate = ours[0][0] / batches if ours else 0.0
-        print(f"\n  OK: no function of ours is called per record: the most called, {ours[0][1] if ours else '-'}, "
-              f"runs {top_rate:.1f} times per batch (a batch holds {run.records_per_batch} records; the limit "
-              f"is {args.per_record_calls_min} per batch)")
+        print(
+            f"\n  OK: no function of ours is called per record: the most called, {ours[0][1] if ours else '-'}, "
+            f"runs {top_rate:.1f} times per batch (a batch holds {run.records_per_batch} records; the limit "
+            f"is {args.per_record_calls_min} per batch)"
+        )
     return {
         "batches": run.batches_sent,
         "records_per_batch": run.records_per_batch,
-        "most_called": [{"function": name, "file": f"{path}:{line}", "calls": ncalls,
-                         "per_batch": round(ncalls / batches, 2)} for ncalls, name, path, line, _, _ in ours[:args.top]],
+        "most_called": [
+            {
+                "function": name,
+                "file": f"{path}:{line}",
+                "calls": ncalls,
+                "per_batch": round(ncalls / batches, 2),
+            }
+            for ncalls, name, path, line, _, _ in ours[: args.top]
+        ],
         "per_record_functions": [f"{name} ({path}:{line})" for _, name, path, line in flagged],
     }
 
 
 # ---- main -------------------------------------------------------------------------------------------
 
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration-s", type=float, default=10.0, help="Produce time of each phase (default 10).")
-    parser.add_argument("--warmup-s", type=float, default=2.0, help="Unmeasured produce time first (default 2).")
-    parser.add_argument("--in-flight", type=int, default=4, help="Produce requests in flight at once (default 4).")
-    parser.add_argument("--py-spy-rate", type=int, default=100, help="py-spy samples per second (default 100).")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--duration-s", type=float, default=10.0, help="Produce time of each phase (default 10)."
+    )
+    parser.add_argument(
+        "--warmup-s", type=float, default=2.0, help="Unmeasured produce time first (default 2)."
+    )
+    parser.add_argument(
+        "--in-flight", type=int, default=4, help="Produce requests in flight at once (default 4)."
+    )
+    parser.add_argument(
+        "--py-spy-rate", type=int, default=100, help="py-spy samples per second (default 100)."
+    )
     parser.add_argument("--no-py-spy", action="store_true", help="Skip the py-spy phase.")
-    parser.add_argument("--native", action="store_true",
-                        help="py-spy --native: show C/C++ frames (gRPC, protobuf) instead of charging them to Python.")
-    parser.add_argument("--no-cprofile", action="store_true", help="Skip the cProfile phase (its own cluster).")
-    parser.add_argument("--per-record-calls-min", type=int, default=100,
-                        help="Calls per batch from which a function counts as per-record work (default 100; "
-                             "a 1 MiB batch holds ~9,600 records).")
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="py-spy --native: show C/C++ frames (gRPC, protobuf) instead of charging them to Python.",
+    )
+    parser.add_argument(
+        "--no-cprofile", action="store_true", help="Skip the cProfile phase (its own cluster)."
+    )
+    parser.add_argument(
+        "--per-record-calls-min",
+        type=int,
+        default=100,
+        help="Calls per batch from which a function counts as per-record work (default 100; "
+        "a 1 MiB batch holds ~9,600 records).",
+    )
     parser.add_argument("--top", type=int, default=15, help="Rows in each table (default 15).")
-    parser.add_argument("--keep-dir", action="store_true", help="Keep the temporary directory (logs, profiles).")
-    parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "profile_produce.json",
-                        help="Where to write the figures (default bench/results/profile_produce.json).")
+    parser.add_argument(
+        "--keep-dir", action="store_true", help="Keep the temporary directory (logs, profiles)."
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=REPO / "bench" / "results" / "profile_produce.json",
+        help="Where to write the figures (default bench/results/profile_produce.json).",
+    )
     args = parser.parse_args()
 
     batch = make_batch(BATCH_BYTES_MAX)
     records_per_batch = sum(1 for _ in decode_batches(batch))
-    print(f"batch: {len(batch)} bytes, {records_per_batch} records of 100 bytes; acks=all, RF 3, "
-          f"min.insync.replicas 2, {args.in_flight} requests in flight; load average {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} cores", flush=True)
+    print(
+        f"batch: {len(batch)} bytes, {records_per_batch} records of 100 bytes; acks=all, RF 3, "
+        f"min.insync.replicas 2, {args.in_flight} requests in flight; load average {os.getloadavg()[0]:.1f} "
+        f"on {os.cpu_count()} cores",
+        flush=True,
+    )
     work = Path(tempfile.mkdtemp(prefix="highwater-profile-produce-"))
-    results: dict[str, object] = {"machine": machine(), "batch_bytes": len(batch),
-                                  "records_per_batch": records_per_batch, "in_flight": args.in_flight,
-                                  "duration_s": args.duration_s, "load_average_start": os.getloadavg()[0]}
+    results: dict[str, object] = {
+        "machine": machine(),
+        "batch_bytes": len(batch),
+        "records_per_batch": records_per_batch,
+        "in_flight": args.in_flight,
+        "duration_s": args.duration_s,
+        "load_average_start": os.getloadavg()[0],
+    }
     failed_check = False
     try:
         if not args.no_py_spy:
@@ -400,7 +527,9 @@ def main() -> int:
             with LocalCluster(work / "cluster", brokers=3) as cluster:
                 create_topic_led_by_broker_1(cluster)
                 produce_for(cluster, batch, records_per_batch, args.warmup_s, args.in_flight, "warm-up")
-                baseline = produce_for(cluster, batch, records_per_batch, args.duration_s, args.in_flight, "baseline")
+                baseline = produce_for(
+                    cluster, batch, records_per_batch, args.duration_s, args.in_flight, "baseline"
+                )
                 results["baseline"] = {**asdict(baseline), "mb_per_s": round(baseline.mb_per_s, 1)}
                 sampled = run_py_spy(cluster, batch, records_per_batch, args, work)
                 if sampled is not None:
@@ -409,15 +538,21 @@ def main() -> int:
         if not args.no_cprofile:
             profile_path = work / "leader.cprofile"
             print(f"\ncluster 2 ({LEADER} under cProfile)", flush=True)
-            cluster = ProfiledCluster(work / "cluster-cprofile", brokers=3, profiled=LEADER, profile_path=profile_path)
+            cluster = ProfiledCluster(
+                work / "cluster-cprofile", brokers=3, profiled=LEADER, profile_path=profile_path
+            )
             with cluster:
                 create_topic_led_by_broker_1(cluster)
-                run = produce_for(cluster, batch, records_per_batch, args.duration_s, args.in_flight, "cProfile")
+                run = produce_for(
+                    cluster, batch, records_per_batch, args.duration_s, args.in_flight, "cProfile"
+                )
                 leader = cluster.processes[LEADER]
                 cluster.terminate(LEADER, timeout_s=PROFILED_EXIT_TIMEOUT_S)
             if not profile_path.exists():
-                raise SystemExit(f"{LEADER} wrote no profile (exit code {leader.proc.returncode if leader.proc else None}); "
-                                 f"its log ends with:\n{leader.log_tail()}")
+                raise SystemExit(
+                    f"{LEADER} wrote no profile (exit code {leader.proc.returncode if leader.proc else None}); "
+                    f"its log ends with:\n{leader.log_tail()}"
+                )
             counts = check_call_counts(profile_path, run, args)
             results["cprofile"] = {**asdict(run), "mb_per_s": round(run.mb_per_s, 1), **counts}
             failed_check = bool(counts["per_record_functions"])

@@ -44,8 +44,10 @@ FETCH_PARTITION_MAX_BYTES = 1 << 20
 
 
 def _records(count: int, seed: int) -> list[tuple[bytes, bytes]]:
-    return [(f"key-{seed}-{i % 10_000:08d}".encode()[:16].ljust(16, b"."), bytes([i % 251]) * VALUE_BYTES)
-            for i in range(count)]
+    return [
+        (f"key-{seed}-{i % 10_000:08d}".encode()[:16].ljust(16, b"."), bytes([i % 251]) * VALUE_BYTES)
+        for i in range(count)
+    ]
 
 
 def _windowed(calls: list[Callable[[], grpc.Future]], check: Callable[[object], None]) -> None:
@@ -59,12 +61,22 @@ def _windowed(calls: list[Callable[[], grpc.Future]], check: Callable[[object], 
         check(fut.result(timeout=RPC_TIMEOUT_S))
 
 
-def produce_record_level(stub: gateway_pb2_grpc.GatewayServiceStub, topic: str, records: list[tuple[bytes, bytes]]
-                         ) -> float:
+def produce_record_level(
+    stub: gateway_pb2_grpc.GatewayServiceStub, topic: str, records: list[tuple[bytes, bytes]]
+) -> float:
     def call(chunk: list[tuple[bytes, bytes]]) -> Callable[[], grpc.Future]:
-        return lambda: stub.ProduceRecords.future(gateway_pb2.ProduceRecordsRequest(topic=topic, records=[
-            gateway_pb2.ProducerRecord(key=k, value=v, headers=[gateway_pb2.RecordHeader(key="h", value=b"1")])
-            for k, v in chunk]), timeout=RPC_TIMEOUT_S)
+        return lambda: stub.ProduceRecords.future(
+            gateway_pb2.ProduceRecordsRequest(
+                topic=topic,
+                records=[
+                    gateway_pb2.ProducerRecord(
+                        key=k, value=v, headers=[gateway_pb2.RecordHeader(key="h", value=b"1")]
+                    )
+                    for k, v in chunk
+                ],
+            ),
+            timeout=RPC_TIMEOUT_S,
+        )
 
     def check(resp: object) -> None:
         bad = [r for r in resp.results if r.error_code]  # type: ignore[attr-defined]
@@ -72,22 +84,40 @@ def produce_record_level(stub: gateway_pb2_grpc.GatewayServiceStub, topic: str, 
             raise SystemExit(f"ProduceRecords failed: {bad[0]}")
 
     started = time.perf_counter()
-    _windowed([call(records[i:i + REQUEST_RECORDS]) for i in range(0, len(records), REQUEST_RECORDS)], check)
+    _windowed(
+        [call(records[i : i + REQUEST_RECORDS]) for i in range(0, len(records), REQUEST_RECORDS)], check
+    )
     return len(records) / (time.perf_counter() - started)
 
 
-def produce_batch_level(stub: gateway_pb2_grpc.GatewayServiceStub, topic: str, records: list[tuple[bytes, bytes]]
-                        ) -> float:
+def produce_batch_level(
+    stub: gateway_pb2_grpc.GatewayServiceStub, topic: str, records: list[tuple[bytes, bytes]]
+) -> float:
     def call(chunk: list[tuple[bytes, bytes]]) -> Callable[[], grpc.Future]:
         def make() -> grpc.Future:
             now = int(time.time() * 1000)
             by_partition: dict[int, list[tuple[bytes, bytes, list[tuple[str, bytes]], int]]] = {}
             for k, v in chunk:
-                by_partition.setdefault(partition_for_key(k, PARTITIONS), []).append((k, v, [("h", b"1")], now))
-            return stub.Produce.future(common_pb2.ProduceRequest(acks=-1, timeout_ms=30_000, topics=[
-                common_pb2.ProduceTopicData(topic=topic, partitions=[
-                    common_pb2.ProducePartitionData(partition=p, records=encode_batch(rs))
-                    for p, rs in by_partition.items()])]), timeout=RPC_TIMEOUT_S)
+                by_partition.setdefault(partition_for_key(k, PARTITIONS), []).append(
+                    (k, v, [("h", b"1")], now)
+                )
+            return stub.Produce.future(
+                common_pb2.ProduceRequest(
+                    acks=-1,
+                    timeout_ms=30_000,
+                    topics=[
+                        common_pb2.ProduceTopicData(
+                            topic=topic,
+                            partitions=[
+                                common_pb2.ProducePartitionData(partition=p, records=encode_batch(rs))
+                                for p, rs in by_partition.items()
+                            ],
+                        )
+                    ],
+                ),
+                timeout=RPC_TIMEOUT_S,
+            )
+
         return make
 
     def check(resp: object) -> None:
@@ -96,16 +126,21 @@ def produce_batch_level(stub: gateway_pb2_grpc.GatewayServiceStub, topic: str, r
             raise SystemExit(f"Produce failed: {bad[0]}")
 
     started = time.perf_counter()
-    _windowed([call(records[i:i + REQUEST_RECORDS]) for i in range(0, len(records), REQUEST_RECORDS)], check)
+    _windowed(
+        [call(records[i : i + REQUEST_RECORDS]) for i in range(0, len(records), REQUEST_RECORDS)], check
+    )
     return len(records) / (time.perf_counter() - started)
 
 
 def consume_record_level(stub: gateway_pb2_grpc.GatewayServiceStub, topic: str, count: int) -> float:
     started = time.perf_counter()
     seen = 0
-    for message in stub.ConsumeRecords(gateway_pb2.ConsumeRecordsRequest(
-            topic=topic, default_start_offset=-2, max_records=count, max_records_per_message=1_000),
-            timeout=RPC_TIMEOUT_S * 5):
+    for message in stub.ConsumeRecords(
+        gateway_pb2.ConsumeRecordsRequest(
+            topic=topic, default_start_offset=-2, max_records=count, max_records_per_message=1_000
+        ),
+        timeout=RPC_TIMEOUT_S * 5,
+    ):
         if message.errors:
             raise SystemExit(f"ConsumeRecords failed: {message.errors[0]}")
         seen += sum(1 for r in message.records if r.value)
@@ -122,12 +157,29 @@ def consume_batch_level(stub: gateway_pb2_grpc.GatewayServiceStub, topic: str, c
     while seen < count:
         if time.monotonic() > deadline:
             raise SystemExit(f"Fetch returned {seen} of {count} records in time")
-        resp = stub.Fetch(common_pb2.FetchRequest(replica_id=-1, max_wait_ms=100, min_bytes=1, max_bytes=50 << 20,
-                                                  topics=[common_pb2.FetchTopic(topic=topic, partitions=[
-                                                      common_pb2.FetchPartition(
-                                                          partition=p, fetch_offset=o, current_leader_epoch=-1,
-                                                          partition_max_bytes=FETCH_PARTITION_MAX_BYTES)
-                                                      for p, o in positions.items()])]), timeout=RPC_TIMEOUT_S)
+        resp = stub.Fetch(
+            common_pb2.FetchRequest(
+                replica_id=-1,
+                max_wait_ms=100,
+                min_bytes=1,
+                max_bytes=50 << 20,
+                topics=[
+                    common_pb2.FetchTopic(
+                        topic=topic,
+                        partitions=[
+                            common_pb2.FetchPartition(
+                                partition=p,
+                                fetch_offset=o,
+                                current_leader_epoch=-1,
+                                partition_max_bytes=FETCH_PARTITION_MAX_BYTES,
+                            )
+                            for p, o in positions.items()
+                        ],
+                    )
+                ],
+            ),
+            timeout=RPC_TIMEOUT_S,
+        )
         for pr in resp.topics[0].partitions:
             for record in decode_batches(pr.records):
                 if record.offset >= positions[pr.partition]:
@@ -137,39 +189,70 @@ def consume_batch_level(stub: gateway_pb2_grpc.GatewayServiceStub, topic: str, c
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--records", type=int, default=200_000, help="records per path per round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--bootstrap", help="the gateway of a running cluster (default: start one)")
     args = parser.parse_args()
     result: dict[str, object] = common.header()
-    runs: dict[str, list[float]] = {"produce_record_level": [], "produce_batch_level": [],
-                                    "consume_record_level": [], "consume_batch_level": []}
-    with common.highwater_target(bootstrap=args.bootstrap, topic="bench-rl-warm", partitions=PARTITIONS,
-                                 replication_factor=3, min_insync=2) as target:
-        channel = grpc.insecure_channel(target.gateway, options=[("grpc.max_receive_message_length", 64 << 20),
-                                                                 ("grpc.max_send_message_length", 64 << 20)])
+    runs: dict[str, list[float]] = {
+        "produce_record_level": [],
+        "produce_batch_level": [],
+        "consume_record_level": [],
+        "consume_batch_level": [],
+    }
+    with common.highwater_target(
+        bootstrap=args.bootstrap,
+        topic="bench-rl-warm",
+        partitions=PARTITIONS,
+        replication_factor=3,
+        min_insync=2,
+    ) as target:
+        channel = grpc.insecure_channel(
+            target.gateway,
+            options=[
+                ("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 64 << 20),
+            ],
+        )
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         load_before = common.load_average()
         for round_ in range(args.rounds):
             for path in ("record_level", "batch_level"):
                 topic = f"bench-rl-{path}-{round_}-{int(time.time())}"
-                common.create_topic(target.gateway, topic, partitions=PARTITIONS, replication_factor=3, min_insync=2)
+                common.create_topic(
+                    target.gateway, topic, partitions=PARTITIONS, replication_factor=3, min_insync=2
+                )
                 records = _records(args.records, round_)
                 produce = produce_record_level if path == "record_level" else produce_batch_level
                 consume = consume_record_level if path == "record_level" else consume_batch_level
                 runs[f"produce_{path}"].append(produce(stub, topic, records))
                 runs[f"consume_{path}"].append(consume(stub, topic, args.records))
-                print(f"round {round_} {path}: produce {runs[f'produce_{path}'][-1]:,.0f} records/s, "
-                      f"consume {runs[f'consume_{path}'][-1]:,.0f} records/s", flush=True)
+                print(
+                    f"round {round_} {path}: produce {runs[f'produce_{path}'][-1]:,.0f} records/s, "
+                    f"consume {runs[f'consume_{path}'][-1]:,.0f} records/s",
+                    flush=True,
+                )
         channel.close()
-    result.update(records_per_round=args.records, rounds=args.rounds, request_records=REQUEST_RECORDS,
-                  in_flight=IN_FLIGHT, value_bytes=VALUE_BYTES, partitions=PARTITIONS, runs=runs,
-                  best={k: max(v) for k, v in runs.items()}, load_before=load_before,
-                  load_after=common.load_average())
+    result.update(
+        records_per_round=args.records,
+        rounds=args.rounds,
+        request_records=REQUEST_RECORDS,
+        in_flight=IN_FLIGHT,
+        value_bytes=VALUE_BYTES,
+        partitions=PARTITIONS,
+        runs=runs,
+        best={k: max(v) for k, v in runs.items()},
+        load_before=load_before,
+        load_after=common.load_average(),
+    )
     path = common.write_result("record_level", result)
     for name, values in runs.items():
-        print(f"{name:22s} best {max(values):>10,.0f} records/s  (runs: {', '.join(f'{v:,.0f}' for v in values)})")
+        print(
+            f"{name:22s} best {max(values):>10,.0f} records/s  (runs: {', '.join(f'{v:,.0f}' for v in values)})"
+        )
     print(f"load {load_before:.1f} -> {result['load_after']:.1f}; written to {path}")
 
 

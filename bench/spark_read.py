@@ -69,7 +69,7 @@ def descendants(pid: int) -> list[int]:
                     stat = f.read()
             except OSError:
                 continue
-            children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry))
+            children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(entry))
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -104,7 +104,9 @@ class JobCpu:
         wall = time.monotonic() - self._t0
         after = self._sample()
         # Python workers forked during the job count from zero (their start is not in _before).
-        self.cores = {name: round(max(after[name] - self._before.get(name, 0.0), 0.0) / wall, 2) for name in after}
+        self.cores = {
+            name: round(max(after[name] - self._before.get(name, 0.0), 0.0) / wall, 2) for name in after
+        }
         self.cores["total"] = round(sum(self.cores.values()), 2)
 
 
@@ -151,7 +153,9 @@ def floor_source(directory: Path) -> Any:
     return FloorSource
 
 
-def load_topic(bootstrap: str, records: int, partitions: int, value_bytes: int, replication_factor: int) -> float:
+def load_topic(
+    bootstrap: str, records: int, partitions: int, value_bytes: int, replication_factor: int
+) -> float:
     """Create the topic and fill it round-robin; returns seconds taken."""
     import grpc
 
@@ -162,7 +166,9 @@ def load_topic(bootstrap: str, records: int, partitions: int, value_bytes: int, 
 
     with Admin(bootstrap) as admin:
         admin.create_topics(TOPIC, partitions, replication_factor)
-    stub = gateway_pb2_grpc.GatewayServiceStub(grpc.insecure_channel(bootstrap.split(",")[0], options=CHANNEL_OPTIONS))
+    stub = gateway_pb2_grpc.GatewayServiceStub(
+        grpc.insecure_channel(bootstrap.split(",")[0], options=CHANNEL_OPTIONS)
+    )
     started = time.perf_counter()
     per_request = max(LOAD_REQUEST_BYTES // (LOAD_BATCH_RECORDS * value_bytes), 1)
     left = records
@@ -177,17 +183,21 @@ def load_topic(bootstrap: str, records: int, partitions: int, value_bytes: int, 
                 if n <= 0:
                     break
                 blob = os.urandom(n * value_bytes)
-                values = [blob[i:i + value_bytes] for i in range(0, len(blob), value_bytes)]
+                values = [blob[i : i + value_bytes] for i in range(0, len(blob), value_bytes)]
                 batches.append(encode_values(values, timestamp_ms=now_ms))
                 left -= n
             if batches:
                 parts.append(common_pb2.ProducePartitionData(partition=p, records=b"".join(batches)))
         topics.append(common_pb2.ProduceTopicData(topic=TOPIC, partitions=parts))
-        response = stub.Produce(common_pb2.ProduceRequest(acks=1, timeout_ms=60_000, topics=topics), timeout=120)
+        response = stub.Produce(
+            common_pb2.ProduceRequest(acks=1, timeout_ms=60_000, topics=topics), timeout=120
+        )
         for t in response.topics:
             for pr in t.partitions:
                 if pr.error_code != common_pb2.NONE:
-                    raise RuntimeError(f"load: Produce to {t.topic}-{pr.partition} failed: {pr.error_message}")
+                    raise RuntimeError(
+                        f"load: Produce to {t.topic}-{pr.partition} failed: {pr.error_message}"
+                    )
     return time.perf_counter() - started
 
 
@@ -206,15 +216,19 @@ def write_parquet(spark: Any, bootstrap: str, path: Path, floor_dir: Path) -> fl
 
     started = time.perf_counter()
     options = _read_options(bootstrap)
-    with GatewayClient(bootstrap, ClientSettings()) as client, \
-            pq.ParquetWriter(path, arrow_schema(False), compression="snappy") as writer:
+    with (
+        GatewayClient(bootstrap, ClientSettings()) as client,
+        pq.ParquetWriter(path, arrow_schema(False), compression="snappy") as writer,
+    ):
         ends = client.list_offsets({(TOPIC, p): -1 for p in client.partitions([TOPIC])[TOPIC] or []})
         floor_dir.mkdir(parents=True, exist_ok=True)
         for (topic, p), (end, _) in sorted(ends.items()):
             pending = []
             rows = 0
-            with pa.OSFile(str(floor_dir / f"{topic}-{p}.arrow"), "wb") as sink, \
-                    pa.ipc.new_file(sink, arrow_schema(False)) as floor:
+            with (
+                pa.OSFile(str(floor_dir / f"{topic}-{p}.arrow"), "wb") as sink,
+                pa.ipc.new_file(sink, arrow_schema(False)) as floor,
+            ):
                 for batch in read_range(client, OffsetRange(topic, p, 0, end), options):
                     floor.write_batch(batch)
                     pending.append(batch)
@@ -273,13 +287,15 @@ def profile_task(bootstrap: str) -> dict[str, float]:
     out: dict[str, float] = {}
     settings = ClientSettings()
     with GatewayClient(bootstrap, settings) as client:
-        (end, _), = client.list_offsets({(TOPIC, 0): -1}).values()
+        ((end, _),) = client.list_offsets({(TOPIC, 0): -1}).values()
         for path in ("gateway", "leader"):
             started = time.perf_counter()
             offset, chunks = 0, []
             while offset < end:
                 if path == "gateway":
-                    response = client.call("Fetch", client.fetch_request((TOPIC, 0), offset, settings.fetch_max_bytes))
+                    response = client.call(
+                        "Fetch", client.fetch_request((TOPIC, 0), offset, settings.fetch_max_bytes)
+                    )
                     records = response.topics[0].partitions[0].records
                 else:
                     records = client.fetch_future((TOPIC, 0), offset, settings.fetch_max_bytes)().records
@@ -293,33 +309,61 @@ def profile_task(bootstrap: str) -> dict[str, float]:
         columns = sum(len(cols) for c in chunks for cols in decode_columns(c))
         out["decode_columns_records_per_s"] = round(columns / (time.perf_counter() - started))
         if columns != decoded or decoded != end:
-            raise RuntimeError(f"decode_columns gave {columns} records, decode_batches {decoded}, expected {end}")
+            raise RuntimeError(
+                f"decode_columns gave {columns} records, decode_batches {decoded}, expected {end}"
+            )
         started = time.perf_counter()
-        rows = sum(b.num_rows for b in read_range(client, OffsetRange(TOPIC, 0, 0, end), _read_options(bootstrap)))
+        rows = sum(
+            b.num_rows for b in read_range(client, OffsetRange(TOPIC, 0, 0, end), _read_options(bootstrap))
+        )
         out["read_range_records_per_s"] = round(rows / (time.perf_counter() - started))
     out["records"] = rows
     return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=10_000_000, help="records to load (default 10,000,000)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--records", type=int, default=10_000_000, help="records to load (default 10,000,000)"
+    )
     parser.add_argument("--value-bytes", type=int, default=100, help="bytes per value (default 100)")
     parser.add_argument("--partitions", type=int, default=6, help="topic partitions (default 6)")
-    parser.add_argument("--replication-factor", type=int, default=1,
-                        help="replication factor of the bench topic (default 1: reads touch leaders only, and "
-                             "loading 3 copies costs minutes on 2 cores)")
+    parser.add_argument(
+        "--replication-factor",
+        type=int,
+        default=1,
+        help="replication factor of the bench topic (default 1: reads touch leaders only, and "
+        "loading 3 copies costs minutes on 2 cores)",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of each job (default 3)")
-    parser.add_argument("--warmup", type=int, default=1,
-                        help="untimed passes of each job first (default 1): the first connector pass loads "
-                             "numba's cached kernels and the JVM compiles the Arrow paths, which is not reading")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="untimed passes of each job first (default 1): the first connector pass loads "
+        "numba's cached kernels and the JVM compiles the Arrow paths, which is not reading",
+    )
     parser.add_argument("--min-partitions", type=int, default=None, help="connector minPartitions option")
-    parser.add_argument("--reader-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="another option for format('highwater'), e.g. highwater.fetch.max.bytes=16777216")
-    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
-                        help="another Spark setting for the session both sides share")
+    parser.add_argument(
+        "--reader-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another option for format('highwater'), e.g. highwater.fetch.max.bytes=16777216",
+    )
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another Spark setting for the session both sides share",
+    )
     parser.add_argument("--profile", action="store_true", help="also time one partition's read outside Spark")
-    parser.add_argument("--json", type=Path, default=RESULTS / "spark_read.json", help="where to write results")
+    parser.add_argument(
+        "--json", type=Path, default=RESULTS / "spark_read.json", help="where to write results"
+    )
     args = parser.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -335,19 +379,28 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="spark-bench-"))
     cluster = LocalCluster(base / "cluster", brokers=3)
     cluster.start()
-    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(),
-                              "versions": {**versions(), **_spark_versions()},
-                              "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": machine(),
+        "versions": {**versions(), **_spark_versions()},
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }
     try:
         bootstrap = cluster.gateway_address
-        load_s = load_topic(bootstrap, args.records, args.partitions, args.value_bytes, args.replication_factor)
+        load_s = load_topic(
+            bootstrap, args.records, args.partitions, args.value_bytes, args.replication_factor
+        )
         print(f"loaded {args.records:,} records in {load_s:.1f} s ({args.records / load_s:,.0f} records/s)")
-        builder = (SparkSession.builder.master("local[2]").appName("highwater-spark-bench")
-                   .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-                   .config("spark.driver.memory", "2g")
-                   # Default false; said explicitly because with it Parquet would answer the
-                   # max()/count() from file statistics without reading the rows.
-                   .config("spark.sql.parquet.aggregatePushdown", "false"))
+        builder = (
+            SparkSession.builder.master("local[2]")
+            .appName("highwater-spark-bench")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.driver.memory", "2g")
+            # Default false; said explicitly because with it Parquet would answer the
+            # max()/count() from file statistics without reading the rows.
+            .config("spark.sql.parquet.aggregatePushdown", "false")
+        )
         for setting in args.spark_conf:
             key, _, value = setting.partition("=")
             builder = builder.config(key, value)
@@ -370,11 +423,18 @@ def main() -> None:
         runs: dict[str, list[dict[str, Any]]] = {"highwater": [], "floor": [], "parquet": []}
         answers: dict[str, dict[str, Any]] = {}
         for _ in range(args.warmup):
-            for df in (reader.load(), spark.read.format(FLOOR_SOURCE).load(), spark.read.parquet(str(parquet))):
+            for df in (
+                reader.load(),
+                spark.read.format(FLOOR_SOURCE).load(),
+                spark.read.parquet(str(parquet)),
+            ):
                 timed_job(df)
         for _ in range(args.repeat):  # interleaved, so all three see the same neighbours
-            for name, df in (("highwater", reader.load()), ("floor", spark.read.format(FLOOR_SOURCE).load()),
-                             ("parquet", spark.read.parquet(str(parquet)))):
+            for name, df in (
+                ("highwater", reader.load()),
+                ("floor", spark.read.format(FLOOR_SOURCE).load()),
+                ("parquet", spark.read.parquet(str(parquet))),
+            ):
                 load_before = load_average()
                 with JobCpu(cluster, spark_pid) as cpu:
                     seconds, row = timed_job(df)
@@ -383,11 +443,20 @@ def main() -> None:
                 answers[name] = row
                 # CPU µs per row holds better than rows/s on a shared machine (bench/common.py).
                 us_per_row = {k: round(v * seconds / args.records * 1e6, 3) for k, v in cpu.cores.items()}
-                runs[name].append({"rows_per_s": round(args.records / seconds), "seconds": round(seconds, 2),
-                                   "load_1m_before": load_before, "cores": cpu.cores, "cpu_us_per_row": us_per_row})
-                print(f"  {name:9s} {args.records / seconds:12,.0f} rows/s ({seconds:.2f} s, load {load_before}); "
-                      "CPU µs/row: " + ", ".join(f"{k} {v:.2f}" for k, v in us_per_row.items() if v >= 0.005),
-                      flush=True)
+                runs[name].append(
+                    {
+                        "rows_per_s": round(args.records / seconds),
+                        "seconds": round(seconds, 2),
+                        "load_1m_before": load_before,
+                        "cores": cpu.cores,
+                        "cpu_us_per_row": us_per_row,
+                    }
+                )
+                print(
+                    f"  {name:9s} {args.records / seconds:12,.0f} rows/s ({seconds:.2f} s, load {load_before}); "
+                    "CPU µs/row: " + ", ".join(f"{k} {v:.2f}" for k, v in us_per_row.items() if v >= 0.005),
+                    flush=True,
+                )
         spark.stop()
         if not answers["highwater"] == answers["floor"] == answers["parquet"]:
             raise RuntimeError(f"the three sides disagree: {answers}")
@@ -397,25 +466,36 @@ def main() -> None:
         ratio = best["highwater"] / best["parquet"]
         floor_ratio = best["highwater"] / best["floor"]
         # Per pass: the connector against the floor pass right after it (same neighbours).
-        pass_ratios = [round(h["rows_per_s"] / f["rows_per_s"], 3)
-                       for h, f in zip(runs["highwater"], runs["floor"], strict=True)]
-        result.update({"load_s": round(load_s, 1), "runs": runs, "rows_per_s": rates,
-                       "best_rows_per_s": best, "median_rows_per_s": {n: round(r) for n, r in median.items()},
-                       "floor_ratio_best": round(floor_ratio, 3),
-                       "floor_ratio_median": round(median["highwater"] / median["floor"], 3),
-                       "floor_ratio_per_pass": pass_ratios,
-                       "ratio_best": round(ratio, 3),
-                       "ratio_median": round(median["highwater"] / median["parquet"], 3),
-                       "aggregate_row": {k: str(v) for k, v in answers["highwater"].items()},
-                       "load_1m_after": load_average()})
-        print(f"highwater best {best['highwater']:,.0f} rows/s (target {TARGET_ROWS_PER_S:,}), "
-              f"median {median['highwater']:,.0f}; parquet best {best['parquet']:,.0f} rows/s, "
-              f"median {median['parquet']:,.0f}; ratio best {ratio:.0%}, median "
-              f"{median['highwater'] / median['parquet']:.0%} (target {TARGET_RATIO:.0%}); "
-              f"floor best {best['floor']:,.0f} rows/s, median {median['floor']:,.0f}; connector / floor: best "
-              f"{floor_ratio:.0%}, median {median['highwater'] / median['floor']:.0%}, per pass "
-              f"{', '.join(f'{r:.0%}' for r in pass_ratios)} (goal {TARGET_FLOOR_RATIO:.0%}); "
-              f"load {load_average()} (/proc/loadavg: {_loadavg()})")
+        pass_ratios = [
+            round(h["rows_per_s"] / f["rows_per_s"], 3)
+            for h, f in zip(runs["highwater"], runs["floor"], strict=True)
+        ]
+        result.update(
+            {
+                "load_s": round(load_s, 1),
+                "runs": runs,
+                "rows_per_s": rates,
+                "best_rows_per_s": best,
+                "median_rows_per_s": {n: round(r) for n, r in median.items()},
+                "floor_ratio_best": round(floor_ratio, 3),
+                "floor_ratio_median": round(median["highwater"] / median["floor"], 3),
+                "floor_ratio_per_pass": pass_ratios,
+                "ratio_best": round(ratio, 3),
+                "ratio_median": round(median["highwater"] / median["parquet"], 3),
+                "aggregate_row": {k: str(v) for k, v in answers["highwater"].items()},
+                "load_1m_after": load_average(),
+            }
+        )
+        print(
+            f"highwater best {best['highwater']:,.0f} rows/s (target {TARGET_ROWS_PER_S:,}), "
+            f"median {median['highwater']:,.0f}; parquet best {best['parquet']:,.0f} rows/s, "
+            f"median {median['parquet']:,.0f}; ratio best {ratio:.0%}, median "
+            f"{median['highwater'] / median['parquet']:.0%} (target {TARGET_RATIO:.0%}); "
+            f"floor best {best['floor']:,.0f} rows/s, median {median['floor']:,.0f}; connector / floor: best "
+            f"{floor_ratio:.0%}, median {median['highwater'] / median['floor']:.0%}, per pass "
+            f"{', '.join(f'{r:.0%}' for r in pass_ratios)} (goal {TARGET_FLOOR_RATIO:.0%}); "
+            f"load {load_average()} (/proc/loadavg: {_loadavg()})"
+        )
         if args.profile:
             result["profile_one_partition"] = profile_task(bootstrap)
             print("one partition outside Spark:", result["profile_one_partition"])

@@ -73,8 +73,13 @@ def _allow_write(cluster: object) -> None:
     async def add() -> None:
         store = await EtcdStore.connect(cluster.etcd_endpoint, tls=cluster.etcd_tls())  # type: ignore[attr-defined]
         try:
-            await add_acls(store, [AclBinding.of(f"User:{BENCH_PRINCIPAL}", op, "Topic", TOPIC).to_dict()
-                                   for op in ("Write", "Describe")])
+            await add_acls(
+                store,
+                [
+                    AclBinding.of(f"User:{BENCH_PRINCIPAL}", op, "Topic", TOPIC).to_dict()
+                    for op in ("Write", "Describe")
+                ],
+            )
         finally:
             await store.close()
 
@@ -87,8 +92,12 @@ def _credentials(cluster: object, name: str) -> object | None:
     s = cluster.client_settings(name)  # type: ignore[attr-defined]
     if not s:
         return None
-    return ClientTls.from_settings(ssl_cafile=s["ssl_cafile"], ssl_certfile=s.get("ssl_certfile"),
-                                   ssl_keyfile=s.get("ssl_keyfile"), auth_token=None)
+    return ClientTls.from_settings(
+        ssl_cafile=s["ssl_cafile"],
+        ssl_certfile=s.get("ssl_certfile"),
+        ssl_keyfile=s.get("ssl_keyfile"),
+        auth_token=None,
+    )
 
 
 def create_topic(cluster: object) -> None:
@@ -101,9 +110,19 @@ def create_topic(cluster: object) -> None:
     address = cluster.gateway_addresses[0]  # type: ignore[attr-defined]
     channel = creds.channel(address) if creds is not None else grpc.insecure_channel(address)  # type: ignore[attr-defined]
     stub = gateway_pb2_grpc.GatewayServiceStub(channel)
-    resp = stub.CreateTopics(common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
-        name=TOPIC, num_partitions=PARTITIONS, replication_factor=3, configs={"min.insync.replicas": "2"})]),
-        timeout=30)
+    resp = stub.CreateTopics(
+        common_pb2.CreateTopicsRequest(
+            topics=[
+                common_pb2.CreatableTopic(
+                    name=TOPIC,
+                    num_partitions=PARTITIONS,
+                    replication_factor=3,
+                    configs={"min.insync.replicas": "2"},
+                )
+            ]
+        ),
+        timeout=30,
+    )
     if resp.topics[0].error_code not in (common_pb2.NONE, common_pb2.TOPIC_ALREADY_EXISTS):
         raise SystemExit(f"CreateTopics on {address}: {resp.topics[0].error_message}")
     deadline = time.monotonic() + 30
@@ -127,8 +146,11 @@ async def produce_run(cluster: object, seconds: float, batch_bytes: int, in_flig
 
     creds = _credentials(cluster, BENCH_PRINCIPAL)
     address = cluster.gateway_addresses[0]  # type: ignore[attr-defined]
-    channel = (creds.aio_channel(address, CHANNEL_OPTIONS) if creds is not None  # type: ignore[attr-defined]
-               else grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS))
+    channel = (
+        creds.aio_channel(address, CHANNEL_OPTIONS)
+        if creds is not None  # type: ignore[attr-defined]
+        else grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    )
     stub = gateway_pb2_grpc.GatewayServiceStub(channel)
     values = [b"v" * RECORD_BYTES] * max(1, batch_bytes // (RECORD_BYTES + 10))
     totals = {"bytes": 0, "requests": 0, "errors": 0}
@@ -140,9 +162,16 @@ async def produce_run(cluster: object, seconds: float, batch_bytes: int, in_flig
             partition = next_partition % PARTITIONS
             next_partition += 1
             records = encode_values(values, timestamp_ms=time.time_ns() // 1_000_000, compression="none")
-            request = common_pb2.ProduceRequest(acks=-1, timeout_ms=PRODUCE_TIMEOUT_MS, topics=[
-                common_pb2.ProduceTopicData(topic=TOPIC, partitions=[
-                    common_pb2.ProducePartitionData(partition=partition, records=records)])])
+            request = common_pb2.ProduceRequest(
+                acks=-1,
+                timeout_ms=PRODUCE_TIMEOUT_MS,
+                topics=[
+                    common_pb2.ProduceTopicData(
+                        topic=TOPIC,
+                        partitions=[common_pb2.ProducePartitionData(partition=partition, records=records)],
+                    )
+                ],
+            )
             try:
                 resp = await stub.Produce(request, timeout=PRODUCE_TIMEOUT_MS / 1000 + 5)
             except grpc.aio.AioRpcError:
@@ -163,8 +192,13 @@ async def produce_run(cluster: object, seconds: float, batch_bytes: int, in_flig
         elapsed = time.perf_counter() - start
     finally:
         await channel.close()
-    return {"mb_per_s": round(totals["bytes"] / elapsed / 1e6, 2), "requests_per_s": round(totals["requests"] / elapsed, 1),
-            "errors": totals["errors"], "seconds": round(elapsed, 2), "mb": round(totals["bytes"] / 1e6, 2)}
+    return {
+        "mb_per_s": round(totals["bytes"] / elapsed / 1e6, 2),
+        "requests_per_s": round(totals["requests"] / elapsed, 1),
+        "errors": totals["errors"],
+        "seconds": round(elapsed, 2),
+        "mb": round(totals["bytes"] / 1e6, 2),
+    }
 
 
 def _pids(cluster: object) -> dict[str, int]:
@@ -184,37 +218,57 @@ def main() -> int:
     parser.add_argument("--tmp-dir", default=None, help="Where the clusters' data goes (default: /tmp).")
     args = parser.parse_args()
 
-    result: dict[str, object] = {**common.header(), "settings": vars(args) | {"record_bytes": RECORD_BYTES,
-                                                                             "partitions": PARTITIONS,
-                                                                             "replication_factor": 3, "acks": "all"}}
+    result: dict[str, object] = {
+        **common.header(),
+        "settings": vars(args)
+        | {"record_bytes": RECORD_BYTES, "partitions": PARTITIONS, "replication_factor": 3, "acks": "all"},
+    }
     result["load"] = common.wait_for_quiet()
     runs: dict[str, list[dict[str, object]]] = {"plain": [], "secure": []}
-    with tempfile.TemporaryDirectory(prefix="hw-tls-cost-", dir=args.tmp_dir) as tmp, \
-            clusters(Path(tmp), acl=not args.no_acl) as both:
+    with (
+        tempfile.TemporaryDirectory(prefix="hw-tls-cost-", dir=args.tmp_dir) as tmp,
+        clusters(Path(tmp), acl=not args.no_acl) as both,
+    ):
         for cluster in both.values():
             create_topic(cluster)
         for i in range(args.runs):
             for mode, cluster in both.items():
                 meter = common.CpuMeter(_pids(cluster)).start()
-                figures = asyncio.run(produce_run(cluster, args.seconds, args.batch_kib * 1024, args.in_flight))
+                figures = asyncio.run(
+                    produce_run(cluster, args.seconds, args.batch_kib * 1024, args.in_flight)
+                )
                 cpu = meter.stop()
                 mb = max(float(figures["mb"]), 1e-9)
                 figures["cpu_s_per_mb"] = {name: round(v["cpu_s"] / mb, 4) for name, v in cpu.items()}
                 figures["load_1m"] = common.load_average()
                 runs[mode].append(figures)
-                print(f"run {i + 1} {mode:>6}: {figures['mb_per_s']:7.2f} MB/s, {figures['requests_per_s']:6.1f} req/s, "
-                      f"errors {figures['errors']}, CPU s/MB total {figures['cpu_s_per_mb']['total']:.3f}, "
-                      f"load {figures['load_1m']}", flush=True)
+                print(
+                    f"run {i + 1} {mode:>6}: {figures['mb_per_s']:7.2f} MB/s, {figures['requests_per_s']:6.1f} req/s, "
+                    f"errors {figures['errors']}, CPU s/MB total {figures['cpu_s_per_mb']['total']:.3f}, "
+                    f"load {figures['load_1m']}",
+                    flush=True,
+                )
     med = {mode: statistics.median(float(r["mb_per_s"]) for r in rs) for mode, rs in runs.items()}
-    cpu_med = {mode: statistics.median(float(r["cpu_s_per_mb"]["total"]) for r in rs)  # type: ignore[index]
-               for mode, rs in runs.items()}
+    cpu_med = {
+        mode: statistics.median(float(r["cpu_s_per_mb"]["total"]) for r in rs)  # type: ignore[index]
+        for mode, rs in runs.items()
+    }
     ratio = med["secure"] / med["plain"] if med["plain"] else 0.0
-    result.update(runs=runs, median_mb_per_s=med, median_cpu_s_per_mb=cpu_med, ratio_secure_to_plain=round(ratio, 3),
-                  cpu_ratio_secure_to_plain=round(cpu_med["secure"] / cpu_med["plain"], 3) if cpu_med["plain"] else None)
+    result.update(
+        runs=runs,
+        median_mb_per_s=med,
+        median_cpu_s_per_mb=cpu_med,
+        ratio_secure_to_plain=round(ratio, 3),
+        cpu_ratio_secure_to_plain=round(cpu_med["secure"] / cpu_med["plain"], 3)
+        if cpu_med["plain"]
+        else None,
+    )
     label = "TLS + mTLS + ACL" if not args.no_acl else "TLS + mTLS"
-    print(f"median plain {med['plain']:.2f} MB/s, {label} {med['secure']:.2f} MB/s: ratio {ratio:.3f} "
-          f"({(1 - ratio) * 100:.1f}% less throughput); CPU s per MB plain {cpu_med['plain']:.3f}, "
-          f"secure {cpu_med['secure']:.3f}")
+    print(
+        f"median plain {med['plain']:.2f} MB/s, {label} {med['secure']:.2f} MB/s: ratio {ratio:.3f} "
+        f"({(1 - ratio) * 100:.1f}% less throughput); CPU s per MB plain {cpu_med['plain']:.3f}, "
+        f"secure {cpu_med['secure']:.3f}"
+    )
     path = common.write_result("tls_cost_no_acl" if args.no_acl else "tls_cost", result)
     print(f"wrote {path}")
     return 0

@@ -56,7 +56,7 @@ def make_batch(target_bytes: int, compression: str) -> tuple[bytes, int, int]:
     values = [os.urandom(RECORD_BYTES // 2).hex().encode() for _ in range(count)]
     plain = encode_values(values, timestamp_ms=NOW_MS)
     while len(plain) > target_bytes:  # offset deltas grow with the count: trim to fit
-        values = values[:-max(1, (len(plain) - target_bytes) // RECORD_BYTES)]
+        values = values[: -max(1, (len(plain) - target_bytes) // RECORD_BYTES)]
         plain = encode_values(values, timestamp_ms=NOW_MS)
     return encode_values(values, timestamp_ms=NOW_MS, compression=compression), len(values), len(plain)
 
@@ -94,7 +94,9 @@ def measure(target_bytes: int, compression: str, total_bytes: int, rounds: int) 
     validate_records(batch, headers, rules=RULES, now_ms=NOW_MS)  # warm (the kernel is loaded at import)
     validation, without, with_check = [], [], []
     for _ in range(rounds):
-        validation.append(cpu_seconds(lambda: validate_records(batch, headers, rules=RULES, now_ms=NOW_MS), calls))
+        validation.append(
+            cpu_seconds(lambda: validate_records(batch, headers, rules=RULES, now_ms=NOW_MS), calls)
+        )
         without.append(append_seconds(batch, calls, check=False))
         with_check.append(append_seconds(batch, calls, check=True))
     per_mib = 1e6 / uncompressed_mib
@@ -113,12 +115,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--total-mib", type=int, default=64, help="MiB appended per measurement (default 64)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds; medians are printed")
-    parser.add_argument("--codecs", default="none,lz4,zstd", help="comma-separated: none,gzip,snappy,lz4,zstd")
+    parser.add_argument(
+        "--codecs", default="none,lz4,zstd", help="comma-separated: none,gzip,snappy,lz4,zstd"
+    )
     args = parser.parse_args()
-    print(f"load average {os.getloadavg()[0]:.1f}; CPU time; medians of {args.rounds} rounds; "
-          f"µs per MiB of uncompressed batch")
-    print(f"{'batch':>8} {'codec':>6} {'records':>7} | {'validation':>10} {'append (today)':>14} {'ratio':>6} | "
-          f"{'append+check':>12} {'append slower':>13} | {'vs produce path':>15} | {'ns/record':>9}")
+    print(
+        f"load average {os.getloadavg()[0]:.1f}; CPU time; medians of {args.rounds} rounds; "
+        f"µs per MiB of uncompressed batch"
+    )
+    print(
+        f"{'batch':>8} {'codec':>6} {'records':>7} | {'validation':>10} {'append (today)':>14} {'ratio':>6} | "
+        f"{'append+check':>12} {'append slower':>13} | {'vs produce path':>15} | {'ns/record':>9}"
+    )
     for codec in args.codecs.split(","):
         for target in (16 * 1024, MIB):
             r = measure(target, codec, args.total_mib * MIB, args.rounds)
@@ -126,9 +134,11 @@ def main() -> None:
             slower = r["append_checked_us_per_mib"] / r["append_us_per_mib"] - 1
             path_share = r["validation_us_per_mib"] / r["produce_path_us_per_mib"]
             label = "16 KiB" if target < MIB else "1 MiB"
-            print(f"{label:>8} {codec:>6} {int(r['records']):>7} | {r['validation_us_per_mib']:>10.0f} "
-                  f"{r['append_us_per_mib']:>14.0f} {ratio:>6.1%} | {r['append_checked_us_per_mib']:>12.0f} "
-                  f"{slower:>13.1%} | {path_share:>15.1%} | {r['validation_ns_per_record']:>9.1f}")
+            print(
+                f"{label:>8} {codec:>6} {int(r['records']):>7} | {r['validation_us_per_mib']:>10.0f} "
+                f"{r['append_us_per_mib']:>14.0f} {ratio:>6.1%} | {r['append_checked_us_per_mib']:>12.0f} "
+                f"{slower:>13.1%} | {path_share:>15.1%} | {r['validation_ns_per_record']:>9.1f}"
+            )
 
 
 if __name__ == "__main__":

@@ -91,9 +91,13 @@ class RecordAccumulator:
         max_batch_bytes: int,
         buffer_memory_bytes: int,
     ) -> None:
-        check(0 < batch_size_bytes <= max_batch_bytes <= buffer_memory_bytes,
-              "need 0 < batch_size_bytes (%d) <= max_batch_bytes (%d) <= buffer_memory_bytes (%d)",
-              batch_size_bytes, max_batch_bytes, buffer_memory_bytes)
+        check(
+            0 < batch_size_bytes <= max_batch_bytes <= buffer_memory_bytes,
+            "need 0 < batch_size_bytes (%d) <= max_batch_bytes (%d) <= buffer_memory_bytes (%d)",
+            batch_size_bytes,
+            max_batch_bytes,
+            buffer_memory_bytes,
+        )
         self.batch_size_bytes = batch_size_bytes
         self.linger_ms = linger_ms
         self.max_batch_bytes = max_batch_bytes
@@ -151,8 +155,16 @@ class RecordAccumulator:
             return created, True
         return created, False
 
-    def append_run(self, tp: TopicPartition, records: list[RecordTuple], headers: Headers | None,
-                   size_bytes: int, sink: Any, sink_start: int, now_ms: int) -> None:
+    def append_run(
+        self,
+        tp: TopicPartition,
+        records: list[RecordTuple],
+        headers: Headers | None,
+        size_bytes: int,
+        sink: Any,
+        sink_start: int,
+        now_ms: int,
+    ) -> None:
         """Queue `records` (a run of a bulk send, about a batch in size) as one closed batch.
 
         `sink.settle(...)` hears how they went (see ProducerBatch.sinks); `sink_start`
@@ -167,7 +179,9 @@ class RecordAccumulator:
         batch.closed = True
         self.buffered_bytes += size_bytes
 
-    def _open_batch(self, tp: TopicPartition, queue: deque[ProducerBatch] | None, now_ms: int) -> ProducerBatch:
+    def _open_batch(
+        self, tp: TopicPartition, queue: deque[ProducerBatch] | None, now_ms: int
+    ) -> ProducerBatch:
         if queue is None:
             queue = self._queues[tp] = deque()
         elif queue:
@@ -226,8 +240,11 @@ class RecordAccumulator:
             batch = queue.popleft()
             if batch.attempts == 0:
                 limit = min(self.max_batch_bytes, max_request_bytes - request_bytes)
-                while queue and queue[0].attempts == 0 and \
-                        batch.size_bytes + queue[0].size_bytes - BATCH_OVERHEAD_BYTES <= limit:
+                while (
+                    queue
+                    and queue[0].attempts == 0
+                    and batch.size_bytes + queue[0].size_bytes - BATCH_OVERHEAD_BYTES <= limit
+                ):
                     self._merge(batch, queue.popleft())
             batch.closed = True
             batch.attempts += 1
@@ -244,7 +261,9 @@ class RecordAccumulator:
                 into.headers = {}
             into.headers.update((index + shift, headers) for index, headers in other.headers.items())
         into.records.extend(other.records)
-        into.completions.extend((index + shift, future, callback) for index, future, callback in other.completions)
+        into.completions.extend(
+            (index + shift, future, callback) for index, future, callback in other.completions
+        )
         into.sinks.extend((index + shift, count, sink, start) for index, count, sink, start in other.sinks)
         into.size_bytes += other.size_bytes - BATCH_OVERHEAD_BYTES
         self.buffered_bytes -= BATCH_OVERHEAD_BYTES

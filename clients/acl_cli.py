@@ -46,9 +46,12 @@ DEFAULT_ADMIN_NAME = "admin"
 
 def _no_etcd(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     if value:
-        raise click.UsageError("--etcd is gone: `highwater acl` and `highwater token` call the controller through "
-                               "a gateway now (pass --bootstrap HOST:PORT to `highwater`); no etcd certificate "
-                               "is needed", ctx)
+        raise click.UsageError(
+            "--etcd is gone: `highwater acl` and `highwater token` call the controller through "
+            "a gateway now (pass --bootstrap HOST:PORT to `highwater`); no etcd certificate "
+            "is needed",
+            ctx,
+        )
 
 
 def _legacy_etcd_option(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -67,8 +70,10 @@ def _admin(ctx: click.Context) -> Admin:
     if obj.tls_dir and not obj.tls_name and not obj.token:
         obj.tls_name = DEFAULT_ADMIN_NAME
     if obj.tls_dir and obj.tls_name and not (Path(obj.tls_dir) / f"{obj.tls_name}.pem").exists():
-        raise click.ClickException(f"no client certificate {Path(obj.tls_dir) / obj.tls_name}.pem: pass "
-                                   "--tls-name NAME (a certificate of the cluster CA) or --token")
+        raise click.ClickException(
+            f"no client certificate {Path(obj.tls_dir) / obj.tls_name}.pem: pass "
+            "--tls-name NAME (a certificate of the cluster CA) or --token"
+        )
     admin: Admin = obj.admin()
     return admin
 
@@ -97,14 +102,30 @@ def acl_group() -> None:
 
 def _binding_options(f: Callable[..., Any]) -> Callable[..., Any]:
     options = [
-        click.option("--principal", "principals", multiple=True, required=True, metavar="User:NAME",
-                     help="Whom the ACL is for (User:* for everyone); repeatable."),
-        click.option("--operation", "operations", multiple=True, required=True,
-                     type=click.Choice([o.value for o in Operation], case_sensitive=False), help="Repeatable."),
-        click.option("--topic", "topics", multiple=True, metavar="NAME", help="Topic name (or * for all); repeatable."),
+        click.option(
+            "--principal",
+            "principals",
+            multiple=True,
+            required=True,
+            metavar="User:NAME",
+            help="Whom the ACL is for (User:* for everyone); repeatable.",
+        ),
+        click.option(
+            "--operation",
+            "operations",
+            multiple=True,
+            required=True,
+            type=click.Choice([o.value for o in Operation], case_sensitive=False),
+            help="Repeatable.",
+        ),
+        click.option(
+            "--topic", "topics", multiple=True, metavar="NAME", help="Topic name (or * for all); repeatable."
+        ),
         click.option("--group", "groups", multiple=True, metavar="NAME", help="Consumer group; repeatable."),
         click.option("--cluster", is_flag=True, help="The cluster (admin operations, ClusterAction)."),
-        click.option("--prefixed", is_flag=True, help="Names are prefixes: they match every name starting so."),
+        click.option(
+            "--prefixed", is_flag=True, help="Names are prefixes: they match every name starting so."
+        ),
         click.option("--deny", is_flag=True, help="A deny ACL (default: allow). Deny wins."),
     ]
     for option in reversed(options):
@@ -112,16 +133,36 @@ def _binding_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _bindings(principals: tuple[str, ...], operations: tuple[str, ...], topics: tuple[str, ...],
-              groups: tuple[str, ...], cluster: bool, prefixed: bool, deny: bool) -> list[AclBinding]:
-    resources = ([(ResourceType.TOPIC, t) for t in topics] + [(ResourceType.GROUP, g) for g in groups]
-                 + ([(ResourceType.CLUSTER, "")] if cluster else []))
+def _bindings(
+    principals: tuple[str, ...],
+    operations: tuple[str, ...],
+    topics: tuple[str, ...],
+    groups: tuple[str, ...],
+    cluster: bool,
+    prefixed: bool,
+    deny: bool,
+) -> list[AclBinding]:
+    resources = (
+        [(ResourceType.TOPIC, t) for t in topics]
+        + [(ResourceType.GROUP, g) for g in groups]
+        + ([(ResourceType.CLUSTER, "")] if cluster else [])
+    )
     if not resources:
         raise click.UsageError("name a resource: --topic, --group or --cluster")
     try:
-        return [AclBinding.of(p, op, rtype, name or "-", permission=Permission.DENY if deny else Permission.ALLOW,
-                              pattern_type=PatternType.PREFIXED if prefixed else PatternType.LITERAL)
-                for p in principals for op in operations for rtype, name in resources]
+        return [
+            AclBinding.of(
+                p,
+                op,
+                rtype,
+                name or "-",
+                permission=Permission.DENY if deny else Permission.ALLOW,
+                pattern_type=PatternType.PREFIXED if prefixed else PatternType.LITERAL,
+            )
+            for p in principals
+            for op in operations
+            for rtype, name in resources
+        ]
     except AclError as exc:
         raise click.BadParameter(str(exc)) from None
 
@@ -130,8 +171,16 @@ def _bindings(principals: tuple[str, ...], operations: tuple[str, ...], topics: 
 @_binding_options
 @_legacy_etcd_option
 @click.pass_context
-def acl_add(ctx: click.Context, principals: tuple[str, ...], operations: tuple[str, ...], topics: tuple[str, ...],
-            groups: tuple[str, ...], cluster: bool, prefixed: bool, deny: bool) -> None:
+def acl_add(
+    ctx: click.Context,
+    principals: tuple[str, ...],
+    operations: tuple[str, ...],
+    topics: tuple[str, ...],
+    groups: tuple[str, ...],
+    cluster: bool,
+    prefixed: bool,
+    deny: bool,
+) -> None:
     """Add ACLs: every principal x operation x resource given.
 
     Example: highwater acl add --principal User:alice --operation Read --operation Write --topic orders
@@ -149,8 +198,16 @@ def acl_add(ctx: click.Context, principals: tuple[str, ...], operations: tuple[s
 @_binding_options
 @_legacy_etcd_option
 @click.pass_context
-def acl_remove(ctx: click.Context, principals: tuple[str, ...], operations: tuple[str, ...],
-               topics: tuple[str, ...], groups: tuple[str, ...], cluster: bool, prefixed: bool, deny: bool) -> None:
+def acl_remove(
+    ctx: click.Context,
+    principals: tuple[str, ...],
+    operations: tuple[str, ...],
+    topics: tuple[str, ...],
+    groups: tuple[str, ...],
+    cluster: bool,
+    prefixed: bool,
+    deny: bool,
+) -> None:
     """Remove ACLs (the same arguments as add).
 
     Example: highwater acl remove --principal User:alice --operation Write --topic orders
@@ -163,22 +220,38 @@ def acl_remove(ctx: click.Context, principals: tuple[str, ...], operations: tupl
 
 
 @acl_group.command("list")
-@click.option("--principal", default=None, metavar="User:NAME", help="Only ACLs of this principal (and of User:*).")
+@click.option(
+    "--principal", default=None, metavar="User:NAME", help="Only ACLs of this principal (and of User:*)."
+)
 @click.option("--topic", default=None, metavar="NAME", help="Only ACLs whose pattern matches this topic.")
 @click.option("--group", default=None, metavar="NAME", help="Only ACLs whose pattern matches this group.")
 @click.option("--cluster", is_flag=True, help="Only ACLs on the cluster.")
-@click.option("--output", "-o", type=click.Choice(["table", "json"]), default=None,
-              help="table or json (default: the root command's --output).")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Choice(["table", "json"]),
+    default=None,
+    help="table or json (default: the root command's --output).",
+)
 @_legacy_etcd_option
 @click.pass_context
-def acl_list(ctx: click.Context, principal: str | None, topic: str | None, group: str | None, cluster: bool,
-             output: str | None) -> None:
+def acl_list(
+    ctx: click.Context,
+    principal: str | None,
+    topic: str | None,
+    group: str | None,
+    cluster: bool,
+    output: str | None,
+) -> None:
     """List ACLs, optionally only those of a principal or matching a topic, a group or the cluster.
 
     Example: highwater acl list --topic orders
     """
-    resources = [(t, n) for t, n in (("Topic", topic), ("Group", group), ("Cluster", "" if cluster else None))
-                 if n is not None]
+    resources = [
+        (t, n)
+        for t, n in (("Topic", topic), ("Group", group), ("Cluster", "" if cluster else None))
+        if n is not None
+    ]
     if len(resources) > 1:
         raise click.UsageError("give at most one of --topic, --group, --cluster")
     resource_type, resource_name = resources[0] if resources else (None, None)
@@ -192,8 +265,13 @@ def acl_list(ctx: click.Context, principal: str | None, topic: str | None, group
     for col in ("principal", "permission", "operation", "resource", "pattern"):
         table.add_column(col)
     for b in rows:
-        table.add_row(escape(b.principal), b.permission.value, b.operation.value,
-                      escape(f"{b.resource_type.value}:{b.resource_name}"), b.pattern_type.value)
+        table.add_row(
+            escape(b.principal),
+            b.permission.value,
+            b.operation.value,
+            escape(f"{b.resource_type.value}:{b.resource_name}"),
+            b.pattern_type.value,
+        )
     Console(highlight=False, soft_wrap=True).print(table)
 
 
@@ -219,8 +297,13 @@ def token_group() -> None:
 
 @token_group.command("create")
 @click.option("--principal", required=True, metavar="User:NAME", help="Whom the token authenticates.")
-@click.option("--expires-in-s", type=click.IntRange(0), default=0, show_default=True,
-              help="Lifetime in seconds (0: until revoked).")
+@click.option(
+    "--expires-in-s",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Lifetime in seconds (0: until revoked).",
+)
 @click.option("--description", default="", help="A note stored with the token.")
 @_legacy_etcd_option
 @click.pass_context
@@ -240,8 +323,11 @@ def token_create(ctx: click.Context, principal: str, expires_in_s: int, descript
         raise click.BadParameter(f"at most {TOKEN_LIFETIME_MS_MAX // 1000} s", param_hint="--expires-in-s")
     with _admin(ctx) as admin:
         created = admin.create_token(principal, expires_in_s * 1000, description)
-    click.echo(f"token id {created.description.token_id} for {principal}" +
-               (f", expires in {expires_in_s} s" if expires_in_s else ", never expires"), err=True)
+    click.echo(
+        f"token id {created.description.token_id} for {principal}"
+        + (f", expires in {expires_in_s} s" if expires_in_s else ", never expires"),
+        err=True,
+    )
     click.echo(created.token)
 
 
@@ -260,7 +346,9 @@ def token_revoke(ctx: click.Context, token_ids: tuple[str, ...]) -> None:
     for text in token_ids:
         token_id = token_id_of(text)
         if token_id is None:
-            raise click.BadParameter(f"{text[:80]!r} is neither a token nor a token id", param_hint="TOKEN_ID")
+            raise click.BadParameter(
+                f"{text[:80]!r} is neither a token nor a token id", param_hint="TOKEN_ID"
+            )
         ids.append(token_id)
     with _admin(ctx) as admin:
         for token_id in ids:
@@ -282,8 +370,15 @@ def token_list(ctx: click.Context) -> None:
     for col in ("id", "principal", "expires", "description"):
         table.add_column(col)
     for t in tokens:
-        when = "never" if not t.expires_ms else ("expired" if t.expires_ms <= now_ms else
-                                                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t.expires_ms / 1000)))
+        when = (
+            "never"
+            if not t.expires_ms
+            else (
+                "expired"
+                if t.expires_ms <= now_ms
+                else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t.expires_ms / 1000))
+            )
+        )
         table.add_row(t.token_id, escape(t.principal), when, escape(t.description))
     Console(highlight=False, soft_wrap=True).print(table)
 
@@ -306,17 +401,33 @@ def tls_group() -> None:
 
 @tls_group.command("init")
 @click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
-@click.option("--name", "names", multiple=True, metavar="NAME",
-              help="A certificate to make (CN = NAME): controller-<id>, broker-<id>, gateway-<id>, etcd, or a "
-                   "client name. Repeatable; existing ones are kept.")
-@click.option("--host", "hosts", multiple=True, metavar="HOST",
-              help="Extra DNS name or IP address for every certificate made (besides NAME, localhost, 127.0.0.1).")
-@click.option("--etcd-client", "etcd_clients", multiple=True, metavar="NAME",
-              help="An etcd client certificate to make, from the separate etcd client CA (made if missing): only "
-                   "the services and etcd's own health probe (etcd); operators need none (`highwater acl|token` "
-                   "go through the controller). Repeatable.")
-def tls_init(directory: Path, names: tuple[str, ...], hosts: tuple[str, ...], etcd_clients: tuple[str, ...]
-             ) -> None:
+@click.option(
+    "--name",
+    "names",
+    multiple=True,
+    metavar="NAME",
+    help="A certificate to make (CN = NAME): controller-<id>, broker-<id>, gateway-<id>, etcd, or a "
+    "client name. Repeatable; existing ones are kept.",
+)
+@click.option(
+    "--host",
+    "hosts",
+    multiple=True,
+    metavar="HOST",
+    help="Extra DNS name or IP address for every certificate made (besides NAME, localhost, 127.0.0.1).",
+)
+@click.option(
+    "--etcd-client",
+    "etcd_clients",
+    multiple=True,
+    metavar="NAME",
+    help="An etcd client certificate to make, from the separate etcd client CA (made if missing): only "
+    "the services and etcd's own health probe (etcd); operators need none (`highwater acl|token` "
+    "go through the controller). Repeatable.",
+)
+def tls_init(
+    directory: Path, names: tuple[str, ...], hosts: tuple[str, ...], etcd_clients: tuple[str, ...]
+) -> None:
     """Create DIRECTORY/ca.pem (if missing) and DIRECTORY/NAME.pem + NAME-key.pem for each name,
     and DIRECTORY/etcd-client-ca.pem with NAME.etcd-client.pem for each --etcd-client.
 
@@ -330,8 +441,10 @@ def tls_init(directory: Path, names: tuple[str, ...], hosts: tuple[str, ...], et
     from services.security.certs import ensure_local_pki
 
     ensure_local_pki(directory, names, hosts=hosts, etcd_clients=etcd_clients)
-    click.echo(f"CA and {len(names)} certificates in {directory}"
-               + (f"; etcd client CA and {len(etcd_clients)} etcd client certificates" if etcd_clients else ""))
+    click.echo(
+        f"CA and {len(names)} certificates in {directory}"
+        + (f"; etcd client CA and {len(etcd_clients)} etcd client certificates" if etcd_clients else "")
+    )
 
 
 SECURITY_COMMANDS: list[click.Command] = [acl_group, token_group, tls_group]

@@ -115,9 +115,17 @@ class AclBinding:
     host: str = WILDCARD
 
     @classmethod
-    def of(cls, principal: str, operation: str | Operation, resource_type: str | ResourceType,
-           resource_name: str, *, permission: str | Permission = Permission.ALLOW,
-           pattern_type: str | PatternType = PatternType.LITERAL, host: str = WILDCARD) -> AclBinding:
+    def of(
+        cls,
+        principal: str,
+        operation: str | Operation,
+        resource_type: str | ResourceType,
+        resource_name: str,
+        *,
+        permission: str | Permission = Permission.ALLOW,
+        pattern_type: str | PatternType = PatternType.LITERAL,
+        host: str = WILDCARD,
+    ) -> AclBinding:
         """A checked binding; raises AclError naming the bad field."""
         rtype = _enum(ResourceType, resource_type, "resource type")
         ptype = _enum(PatternType, pattern_type, "pattern type")
@@ -133,22 +141,40 @@ class AclBinding:
             raise AclError("only host '*' is supported")
         if principal != WILDCARD_PRINCIPAL:
             check_principal(principal)
-        return cls(principal, _enum(Permission, permission, "permission"),
-                   _enum(Operation, operation, "operation"), rtype, resource_name, ptype, host)
+        return cls(
+            principal,
+            _enum(Permission, permission, "permission"),
+            _enum(Operation, operation, "operation"),
+            rtype,
+            resource_name,
+            ptype,
+            host,
+        )
 
     def to_dict(self) -> dict[str, str]:
         """The JSON form stored in etcd (Kafka's names, so it reads like kafka-acls output)."""
-        return {"principal": self.principal, "permission": self.permission.value,
-                "operation": self.operation.value, "resource_type": self.resource_type.value,
-                "resource_name": self.resource_name, "pattern_type": self.pattern_type.value,
-                "host": self.host}
+        return {
+            "principal": self.principal,
+            "permission": self.permission.value,
+            "operation": self.operation.value,
+            "resource_type": self.resource_type.value,
+            "resource_name": self.resource_name,
+            "pattern_type": self.pattern_type.value,
+            "host": self.host,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AclBinding:
         try:
-            return cls.of(data["principal"], data["operation"], data["resource_type"], data["resource_name"],
-                          permission=data["permission"], pattern_type=data.get("pattern_type", "Literal"),
-                          host=data.get("host", WILDCARD))
+            return cls.of(
+                data["principal"],
+                data["operation"],
+                data["resource_type"],
+                data["resource_name"],
+                permission=data["permission"],
+                pattern_type=data.get("pattern_type", "Literal"),
+                host=data.get("host", WILDCARD),
+            )
         except (KeyError, TypeError) as exc:
             raise AclError(f"ACL record {data!r} lacks a field or has a wrong type: {exc}") from exc
 
@@ -161,13 +187,21 @@ class AclBinding:
 
     def describe(self) -> str:
         """One line for people: 'User:alice has Allow permission for Read on Topic:LITERAL:orders'."""
-        return (f"{self.principal} has {self.permission.value} permission for {self.operation.value} on "
-                f"{self.resource_type.value}:{self.pattern_type.value.upper()}:{self.resource_name}")
+        return (
+            f"{self.principal} has {self.permission.value} permission for {self.operation.value} on "
+            f"{self.resource_type.value}:{self.pattern_type.value.upper()}:{self.resource_name}"
+        )
 
     def sort_key(self) -> tuple[str, str, str, str, str, str]:
         """The order listings use: resource, then principal, then operation."""
-        return (self.resource_type.value, self.resource_name, self.pattern_type.value, self.principal,
-                self.operation.value, self.permission.value)
+        return (
+            self.resource_type.value,
+            self.resource_name,
+            self.pattern_type.value,
+            self.principal,
+            self.operation.value,
+            self.permission.value,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,12 +60,17 @@ TOPIC_CONFIG_NAMES = {
     "message_timestamp_after_max_ms": "message.timestamp.after.max.ms",
 }
 # Optional on the wire (0 is a legal value): shown only when the topic sets them.
-_OPTIONAL_TOPIC_CONFIG_FIELDS = frozenset({"message_timestamp_before_max_ms", "message_timestamp_after_max_ms"})
+_OPTIONAL_TOPIC_CONFIG_FIELDS = frozenset(
+    {"message_timestamp_before_max_ms", "message_timestamp_after_max_ms"}
+)
 
 
 def topic_config_dict(config: common_pb2.TopicConfig) -> dict[str, int | bool | str]:
-    return {kafka_name: getattr(config, field) for field, kafka_name in TOPIC_CONFIG_NAMES.items()
-            if field not in _OPTIONAL_TOPIC_CONFIG_FIELDS or config.HasField(field)}
+    return {
+        kafka_name: getattr(config, field)
+        for field, kafka_name in TOPIC_CONFIG_NAMES.items()
+        if field not in _OPTIONAL_TOPIC_CONFIG_FIELDS or config.HasField(field)
+    }
 
 
 @dataclass(frozen=True)
@@ -93,11 +98,19 @@ def _token_description(info: controller_pb2.TokenInfo) -> TokenDescription:
 
 def _binding(msg: controller_pb2.AclBinding) -> AclBinding:
     try:
-        return AclBinding.of(msg.principal, msg.operation, msg.resource_type, msg.resource_name,
-                             permission=msg.permission, pattern_type=msg.pattern_type or "Literal",
-                             host=msg.host or "*")
+        return AclBinding.of(
+            msg.principal,
+            msg.operation,
+            msg.resource_type,
+            msg.resource_name,
+            permission=msg.permission,
+            pattern_type=msg.pattern_type or "Literal",
+            host=msg.host or "*",
+        )
     except AclError as exc:
-        raise error_for_code(common_pb2.UNKNOWN_SERVER_ERROR, f"the cluster answered a malformed ACL: {exc}") from None
+        raise error_for_code(
+            common_pb2.UNKNOWN_SERVER_ERROR, f"the cluster answered a malformed ACL: {exc}"
+        ) from None
 
 
 def _check_bindings(bindings: Iterable[AclBinding], what: str) -> list[AclBinding]:
@@ -198,22 +211,37 @@ class AsyncAdmin:
             validate_topic_configs(topic.configs)
             assignments = {
                 check_int("partition", p, minimum=0): common_pb2.ReplicaList(
-                    replicas=_check_replicas(f"partition {p}", replicas))
+                    replicas=_check_replicas(f"partition {p}", replicas)
+                )
                 for p, replicas in topic.assignments.items()
             }
-            creatable.append(common_pb2.CreatableTopic(
-                name=topic.name, num_partitions=topic.num_partitions, replication_factor=topic.replication_factor,
-                assignments=assignments, configs=dict(topic.configs),
-            ))
-        response = await self._call("CreateTopics", common_pb2.CreateTopicsRequest(
-            topics=creatable, timeout_ms=self.config.request_timeout_ms, validate_only=validate_only))
+            creatable.append(
+                common_pb2.CreatableTopic(
+                    name=topic.name,
+                    num_partitions=topic.num_partitions,
+                    replication_factor=topic.replication_factor,
+                    assignments=assignments,
+                    configs=dict(topic.configs),
+                )
+            )
+        response = await self._call(
+            "CreateTopics",
+            common_pb2.CreateTopicsRequest(
+                topics=creatable, timeout_ms=self.config.request_timeout_ms, validate_only=validate_only
+            ),
+        )
         created, errors = [], []
         for result in response.topics:
             if result.error_code != common_pb2.NONE:
-                errors.append(error_for_code(result.error_code, result.error_message or f"topic {result.name!r}"))
+                errors.append(
+                    error_for_code(result.error_code, result.error_message or f"topic {result.name!r}")
+                )
             else:
-                created.append(TopicCreated(result.name, result.topic_id, result.num_partitions,
-                                            result.replication_factor))
+                created.append(
+                    TopicCreated(
+                        result.name, result.topic_id, result.num_partitions, result.replication_factor
+                    )
+                )
         _raise_first(errors)
         return created
 
@@ -222,10 +250,15 @@ class AsyncAdmin:
         wanted = [check_topic_name(n) for n in ([names] if isinstance(names, str) else names)]
         if not wanted:
             raise InvalidArgument("delete_topics() needs at least one topic")
-        response = await self._call("DeleteTopics", common_pb2.DeleteTopicsRequest(
-            names=wanted, timeout_ms=self.config.request_timeout_ms))
-        errors = [error_for_code(r.error_code, r.error_message or f"topic {r.name!r}")
-                  for r in response.topics if r.error_code != common_pb2.NONE]
+        response = await self._call(
+            "DeleteTopics",
+            common_pb2.DeleteTopicsRequest(names=wanted, timeout_ms=self.config.request_timeout_ms),
+        )
+        errors = [
+            error_for_code(r.error_code, r.error_message or f"topic {r.name!r}")
+            for r in response.topics
+            if r.error_code != common_pb2.NONE
+        ]
         _raise_first(errors)
         return [r.name for r in response.topics]
 
@@ -239,30 +272,49 @@ class AsyncAdmin:
 
     async def describe_topics(self, names: str | Iterable[str] | None = None) -> list[TopicDescription]:
         """Partitions of each topic (default: all) with leader, leader epoch, replicas and ISR."""
-        wanted = [] if names is None else [check_topic_name(n) for n in ([names] if isinstance(names, str) else names)]
+        wanted = (
+            []
+            if names is None
+            else [check_topic_name(n) for n in ([names] if isinstance(names, str) else names)]
+        )
         response = await self._metadata(wanted)
         descriptions, errors = [], []
         answered = set()
         for topic in response.topics:
             answered.add(topic.name)
             if topic.error_code != common_pb2.NONE:
-                errors.append(error_for_code(topic.error_code, topic.error_message or f"topic {topic.name!r}"))
+                errors.append(
+                    error_for_code(topic.error_code, topic.error_message or f"topic {topic.name!r}")
+                )
                 continue
             partitions = tuple(
-                PartitionDescription(p.partition, p.leader, p.leader_epoch, tuple(p.replicas), tuple(p.isr),
-                                     tuple(p.offline_replicas))
+                PartitionDescription(
+                    p.partition,
+                    p.leader,
+                    p.leader_epoch,
+                    tuple(p.replicas),
+                    tuple(p.isr),
+                    tuple(p.offline_replicas),
+                )
                 for p in sorted(topic.partitions, key=lambda p: p.partition)
             )
-            descriptions.append(TopicDescription(topic.name, topic.topic_id, partitions,
-                                                 topic_config_dict(topic.config)))
+            descriptions.append(
+                TopicDescription(topic.name, topic.topic_id, partitions, topic_config_dict(topic.config))
+            )
         for name in wanted:
             if name not in answered:
-                errors.append(error_for_code(common_pb2.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"))
+                errors.append(
+                    error_for_code(common_pb2.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+                )
         _raise_first(errors)
         return sorted(descriptions, key=lambda d: d.name)
 
-    async def create_partitions(self, topics: str | Mapping[str, int], total_count: int | None = None,
-                                assignments: Sequence[Sequence[int]] | None = None) -> None:
+    async def create_partitions(
+        self,
+        topics: str | Mapping[str, int],
+        total_count: int | None = None,
+        assignments: Sequence[Sequence[int]] | None = None,
+    ) -> None:
         """Grow a topic to `total_count` partitions (or {topic: total_count} for several).
 
         `assignments` optionally gives the replicas of each new partition.
@@ -277,13 +329,26 @@ class AsyncAdmin:
         for name, count in wanted.items():
             check_topic_name(name)
             check_int(f"partition count of {name!r}", count, minimum=1)
-            replica_lists = [common_pb2.ReplicaList(replicas=_check_replicas(f"new partition {i}", r))
-                             for i, r in enumerate(assignments or [])]
-            request_topics.append(common_pb2.CreatePartitionsTopic(name=name, count=count, assignments=replica_lists))
-        response = await self._call("CreatePartitions", common_pb2.CreatePartitionsRequest(
-            topics=request_topics, timeout_ms=self.config.request_timeout_ms))
-        _raise_first([error_for_code(r.error_code, r.error_message or f"topic {r.name!r}")
-                      for r in response.topics if r.error_code != common_pb2.NONE])
+            replica_lists = [
+                common_pb2.ReplicaList(replicas=_check_replicas(f"new partition {i}", r))
+                for i, r in enumerate(assignments or [])
+            ]
+            request_topics.append(
+                common_pb2.CreatePartitionsTopic(name=name, count=count, assignments=replica_lists)
+            )
+        response = await self._call(
+            "CreatePartitions",
+            common_pb2.CreatePartitionsRequest(
+                topics=request_topics, timeout_ms=self.config.request_timeout_ms
+            ),
+        )
+        _raise_first(
+            [
+                error_for_code(r.error_code, r.error_message or f"topic {r.name!r}")
+                for r in response.topics
+                if r.error_code != common_pb2.NONE
+            ]
+        )
 
     # --- partitions -----------------------------------------------------------------
 
@@ -304,36 +369,55 @@ class AsyncAdmin:
             by_topic.setdefault(tp.topic, []).append(part)
         if not by_topic:
             raise InvalidArgument("alter_partition_reassignments() needs at least one partition")
-        response = await self._call("AlterPartitionReassignments", common_pb2.AlterPartitionReassignmentsRequest(
-            topics=[common_pb2.ReassignableTopic(name=t, partitions=p) for t, p in by_topic.items()],
-            timeout_ms=self.config.request_timeout_ms))
-        _raise_first([error_for_code(r.error_code, r.error_message or f"{r.topic}-{r.partition}")
-                      for r in response.partitions if r.error_code != common_pb2.NONE])
+        response = await self._call(
+            "AlterPartitionReassignments",
+            common_pb2.AlterPartitionReassignmentsRequest(
+                topics=[common_pb2.ReassignableTopic(name=t, partitions=p) for t, p in by_topic.items()],
+                timeout_ms=self.config.request_timeout_ms,
+            ),
+        )
+        _raise_first(
+            [
+                error_for_code(r.error_code, r.error_message or f"{r.topic}-{r.partition}")
+                for r in response.partitions
+                if r.error_code != common_pb2.NONE
+            ]
+        )
 
     async def list_partition_reassignments(
         self, partitions: Iterable[TopicPartition] | None = None
     ) -> dict[TopicPartition, OngoingReassignment]:
         """Reassignments in progress (of these partitions, default all)."""
         tps = [] if partitions is None else check_partitions(partitions)
-        response = await self._call("ListPartitionReassignments", common_pb2.ListPartitionReassignmentsRequest(
-            partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in tps]))
+        response = await self._call(
+            "ListPartitionReassignments",
+            common_pb2.ListPartitionReassignmentsRequest(
+                partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in tps]
+            ),
+        )
         return {
             TopicPartition(r.topic, r.partition): OngoingReassignment(
-                r.topic, r.partition, tuple(r.replicas), tuple(r.adding_replicas), tuple(r.removing_replicas))
+                r.topic, r.partition, tuple(r.replicas), tuple(r.adding_replicas), tuple(r.removing_replicas)
+            )
             for r in response.reassignments
         }
 
-    async def elect_leaders(self, election_type: str = "preferred",
-                            partitions: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, str]:
+    async def elect_leaders(
+        self, election_type: str = "preferred", partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, str]:
         """Elect leaders ("preferred": the first replica; "unclean": any live replica, may lose data)
         for these partitions (default all). Returns {tp: "elected" | "not needed"}."""
         if election_type not in ELECTION_TYPES:
             raise InvalidArgument(f"election_type must be 'preferred' or 'unclean', got {election_type!r}")
         tps = [] if partitions is None else check_partitions(partitions)
-        response = await self._call("ElectLeaders", common_pb2.ElectLeadersRequest(
-            election_type=ELECTION_TYPES[election_type],
-            partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in tps],
-            timeout_ms=self.config.request_timeout_ms))
+        response = await self._call(
+            "ElectLeaders",
+            common_pb2.ElectLeadersRequest(
+                election_type=ELECTION_TYPES[election_type],
+                partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in tps],
+                timeout_ms=self.config.request_timeout_ms,
+            ),
+        )
         outcome: dict[TopicPartition, str] = {}
         errors = []
         for r in response.partitions:
@@ -358,10 +442,18 @@ class AsyncAdmin:
             controller_id=r.controller_id,
             controller_epoch=r.controller_epoch,
             controller_address=controller_address,
-            brokers=tuple(sorted((NodeDescription(b.broker_id, b.host, b.port, b.rack) for b in r.brokers),
-                                 key=lambda n: n.node_id)),
-            gateways=tuple(sorted((NodeDescription(g.gateway_id, g.host, g.port) for g in r.gateways),
-                                  key=lambda n: n.node_id)),
+            brokers=tuple(
+                sorted(
+                    (NodeDescription(b.broker_id, b.host, b.port, b.rack) for b in r.brokers),
+                    key=lambda n: n.node_id,
+                )
+            ),
+            gateways=tuple(
+                sorted(
+                    (NodeDescription(g.gateway_id, g.host, g.port) for g in r.gateways),
+                    key=lambda n: n.node_id,
+                )
+            ),
         )
 
     # --- ACLs and tokens (need Alter on the cluster; listing, Describe) -------------------
@@ -371,9 +463,15 @@ class AsyncAdmin:
         outcome: dict[AclBinding, bool] = {}
         errors: list[HighwaterError] = []
         for start in range(0, len(wanted), ACL_BINDINGS_PER_REQUEST_MAX):
-            chunk = [controller_pb2.AclBinding(**b.to_dict()) for b in wanted[start:start + ACL_BINDINGS_PER_REQUEST_MAX]]
-            request = (controller_pb2.CreateAclsRequest(creations=chunk) if method == "CreateAcls"
-                       else controller_pb2.DeleteAclsRequest(deletions=chunk))
+            chunk = [
+                controller_pb2.AclBinding(**b.to_dict())
+                for b in wanted[start : start + ACL_BINDINGS_PER_REQUEST_MAX]
+            ]
+            request = (
+                controller_pb2.CreateAclsRequest(creations=chunk)
+                if method == "CreateAcls"
+                else controller_pb2.DeleteAclsRequest(deletions=chunk)
+            )
             response = await self._call(method, request)
             for r in response.results:
                 if r.error_code != common_pb2.NONE:
@@ -396,18 +494,31 @@ class AsyncAdmin:
         """Remove these exact ACLs; returns {binding: True if it was present}."""
         return await self._alter_acls("DeleteAcls", bindings)
 
-    async def describe_acls(self, principal: str | None = None, resource_type: str | None = None,
-                            resource_name: str | None = None) -> list[AclBinding]:
+    async def describe_acls(
+        self, principal: str | None = None, resource_type: str | None = None, resource_name: str | None = None
+    ) -> list[AclBinding]:
         """ACLs of a principal (and of User:*), and/or whose pattern matches a resource; default all."""
-        response = await self._call("DescribeAcls", controller_pb2.DescribeAclsRequest(
-            principal=principal or "", resource_type=resource_type or "", resource_name=resource_name or ""))
+        response = await self._call(
+            "DescribeAcls",
+            controller_pb2.DescribeAclsRequest(
+                principal=principal or "",
+                resource_type=resource_type or "",
+                resource_name=resource_name or "",
+            ),
+        )
         return [_binding(b) for b in response.acls]
 
-    async def create_token(self, principal: str, expires_in_ms: int = 0, description: str = "") -> CreatedToken:
+    async def create_token(
+        self, principal: str, expires_in_ms: int = 0, description: str = ""
+    ) -> CreatedToken:
         """A bearer token for the principal (0: until revoked). The token text is returned only here."""
         check_int("expires_in_ms", expires_in_ms, minimum=0)
-        response = await self._call("CreateToken", controller_pb2.CreateTokenRequest(
-            principal=principal, expires_in_ms=expires_in_ms, description=description))
+        response = await self._call(
+            "CreateToken",
+            controller_pb2.CreateTokenRequest(
+                principal=principal, expires_in_ms=expires_in_ms, description=description
+            ),
+        )
         return CreatedToken(response.token, _token_description(response.info))
 
     async def revoke_token(self, token_id: str) -> bool:
@@ -433,9 +544,15 @@ class AsyncAdmin:
         for tp in check_partitions(timestamps):
             ts = check_int(f"timestamp for {tp}", timestamps[tp], minimum=EARLIEST)
             by_topic.setdefault(tp.topic, []).append(
-                common_pb2.ListOffsetsPartition(partition=tp.partition, timestamp=ts, current_leader_epoch=-1))
-        response = await self._conn().call("ListOffsets", common_pb2.ListOffsetsRequest(
-            replica_id=-1, topics=[common_pb2.ListOffsetsTopic(topic=t, partitions=p) for t, p in by_topic.items()]))
+                common_pb2.ListOffsetsPartition(partition=tp.partition, timestamp=ts, current_leader_epoch=-1)
+            )
+        response = await self._conn().call(
+            "ListOffsets",
+            common_pb2.ListOffsetsRequest(
+                replica_id=-1,
+                topics=[common_pb2.ListOffsetsTopic(topic=t, partitions=p) for t, p in by_topic.items()],
+            ),
+        )
         result, errors = {}, []
         for topic in response.topics:
             for p in topic.partitions:
@@ -447,15 +564,20 @@ class AsyncAdmin:
         _raise_first(errors)
         return result
 
-    async def list_group_offsets(self, group_id: str,
-                                 partitions: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, int]:
+    async def list_group_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, int]:
         """The group's committed offsets (next offset to read) for these partitions, default all."""
         if not isinstance(group_id, str) or not group_id:
             raise InvalidArgument(f"group id must be a non-empty str, got {group_id!r}")
         tps = [] if partitions is None else check_partitions(partitions)
-        response = await self._call("FetchCommittedOffsets", gateway_pb2.FetchCommittedOffsetsRequest(
-            group_id=group_id,
-            partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in tps]))
+        response = await self._call(
+            "FetchCommittedOffsets",
+            gateway_pb2.FetchCommittedOffsetsRequest(
+                group_id=group_id,
+                partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in tps],
+            ),
+        )
         return {TopicPartition(o.topic, o.partition): o.offset for o in response.offsets}
 
     async def describe_group(self, group_id: str) -> list[GroupPartitionOffset]:
@@ -505,11 +627,21 @@ class Admin:
     def _run(self, coro: Any, what: str) -> Any:
         return self._thread.run(coro, None, what)
 
-    def create_topics(self, topics: str | NewTopic | Sequence[NewTopic], partitions: int = -1,
-                      replication_factor: int = -1, configs: Mapping[str, str] | None = None, *,
-                      validate_only: bool = False) -> list[TopicCreated]:
-        return self._run(self._async.create_topics(topics, partitions, replication_factor, configs,
-                                                   validate_only=validate_only), "create_topics()")
+    def create_topics(
+        self,
+        topics: str | NewTopic | Sequence[NewTopic],
+        partitions: int = -1,
+        replication_factor: int = -1,
+        configs: Mapping[str, str] | None = None,
+        *,
+        validate_only: bool = False,
+    ) -> list[TopicCreated]:
+        return self._run(
+            self._async.create_topics(
+                topics, partitions, replication_factor, configs, validate_only=validate_only
+            ),
+            "create_topics()",
+        )
 
     def delete_topics(self, names: str | Iterable[str]) -> list[str]:
         return self._run(self._async.delete_topics(names), "delete_topics()")
@@ -520,21 +652,29 @@ class Admin:
     def describe_topics(self, names: str | Iterable[str] | None = None) -> list[TopicDescription]:
         return self._run(self._async.describe_topics(names), "describe_topics()")
 
-    def create_partitions(self, topics: str | Mapping[str, int], total_count: int | None = None,
-                          assignments: Sequence[Sequence[int]] | None = None) -> None:
+    def create_partitions(
+        self,
+        topics: str | Mapping[str, int],
+        total_count: int | None = None,
+        assignments: Sequence[Sequence[int]] | None = None,
+    ) -> None:
         self._run(self._async.create_partitions(topics, total_count, assignments), "create_partitions()")
 
-    def alter_partition_reassignments(self, reassignments: Mapping[TopicPartition, Sequence[int] | None]) -> None:
+    def alter_partition_reassignments(
+        self, reassignments: Mapping[TopicPartition, Sequence[int] | None]
+    ) -> None:
         self._run(self._async.alter_partition_reassignments(reassignments), "alter_partition_reassignments()")
 
     def list_partition_reassignments(
         self, partitions: Iterable[TopicPartition] | None = None
     ) -> dict[TopicPartition, OngoingReassignment]:
-        return self._run(self._async.list_partition_reassignments(partitions),
-                         "list_partition_reassignments()")
+        return self._run(
+            self._async.list_partition_reassignments(partitions), "list_partition_reassignments()"
+        )
 
-    def elect_leaders(self, election_type: str = "preferred",
-                      partitions: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, str]:
+    def elect_leaders(
+        self, election_type: str = "preferred", partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, str]:
         return self._run(self._async.elect_leaders(election_type, partitions), "elect_leaders()")
 
     def describe_cluster(self) -> ClusterDescription:
@@ -546,9 +686,12 @@ class Admin:
     def delete_acls(self, bindings: Iterable[AclBinding]) -> dict[AclBinding, bool]:
         return self._run(self._async.delete_acls(bindings), "delete_acls()")
 
-    def describe_acls(self, principal: str | None = None, resource_type: str | None = None,
-                      resource_name: str | None = None) -> list[AclBinding]:
-        return self._run(self._async.describe_acls(principal, resource_type, resource_name), "describe_acls()")
+    def describe_acls(
+        self, principal: str | None = None, resource_type: str | None = None, resource_name: str | None = None
+    ) -> list[AclBinding]:
+        return self._run(
+            self._async.describe_acls(principal, resource_type, resource_name), "describe_acls()"
+        )
 
     def create_token(self, principal: str, expires_in_ms: int = 0, description: str = "") -> CreatedToken:
         return self._run(self._async.create_token(principal, expires_in_ms, description), "create_token()")
@@ -562,8 +705,9 @@ class Admin:
     def list_offsets(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
         return self._run(self._async.list_offsets(timestamps), "list_offsets()")
 
-    def list_group_offsets(self, group_id: str,
-                           partitions: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, int]:
+    def list_group_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, int]:
         return self._run(self._async.list_group_offsets(group_id, partitions), "list_group_offsets()")
 
     def describe_group(self, group_id: str) -> list[GroupPartitionOffset]:

@@ -43,24 +43,37 @@ ECHO_OFFSETS_MAX_RECORDS = 10
 CLI_CONNECT_TIMEOUT_MS_MAX = 5_000
 
 HINTS: list[tuple[type[HighwaterError], str]] = [
-    (GatewayUnavailable, "is a gateway running there? start one with `highwater cluster up`, or pass "
-                         "--bootstrap HOST:PORT (env HIGHWATER_BOOTSTRAP)"),
+    (
+        GatewayUnavailable,
+        "is a gateway running there? start one with `highwater cluster up`, or pass "
+        "--bootstrap HOST:PORT (env HIGHWATER_BOOTSTRAP)",
+    ),
     (InvalidArgument, "see `highwater COMMAND --help`"),
     (wire_errors.UnknownTopicOrPartition, "list topics with `highwater topic list`"),
     (wire_errors.TopicAlreadyExists, "see it with `highwater topic describe NAME`"),
-    (wire_errors.InvalidReplicationFactor, "the replication factor cannot exceed the live brokers "
-                                           "(`highwater cluster describe`)"),
+    (
+        wire_errors.InvalidReplicationFactor,
+        "the replication factor cannot exceed the live brokers (`highwater cluster describe`)",
+    ),
     (wire_errors.InvalidPartitions, "a topic's partition count can only grow"),
-    (wire_errors.NotEnoughReplicas, "fewer in-sync replicas than min.insync.replicas: "
-                                    "see `highwater topic describe NAME`"),
-    (wire_errors.RequestTimedOut, "raise --request-timeout-ms, or check the cluster with `highwater cluster describe`"),
+    (
+        wire_errors.NotEnoughReplicas,
+        "fewer in-sync replicas than min.insync.replicas: see `highwater topic describe NAME`",
+    ),
+    (
+        wire_errors.RequestTimedOut,
+        "raise --request-timeout-ms, or check the cluster with `highwater cluster describe`",
+    ),
     (wire_errors.NotController, "a controller election is in progress: retry in a few seconds"),
     (wire_errors.LeaderNotAvailable, "a leader election is in progress: retry in a few seconds"),
     (wire_errors.MessageTooLarge, "records and batches are limited by max.message.bytes (1 MiB by default)"),
-    (wire_errors.ClusterAuthorizationFailed, "your principal lacks an ACL for this: `highwater acl` and `highwater "
-                                             "token` need Alter on the cluster (listing: Describe), granted by a "
-                                             "super user with `highwater acl add --principal User:NAME --operation "
-                                             "Alter --cluster`; see docs/SECURITY.md"),
+    (
+        wire_errors.ClusterAuthorizationFailed,
+        "your principal lacks an ACL for this: `highwater acl` and `highwater "
+        "token` need Alter on the cluster (listing: Describe), granted by a "
+        "super user with `highwater acl add --principal User:NAME --operation "
+        "Alter --cluster`; see docs/SECURITY.md",
+    ),
 ]
 
 
@@ -120,6 +133,7 @@ class CliContext:
         }
         if self.tls_dir:
             from clients.tls import tls_dir_settings
+
             settings.update(tls_dir_settings(self.tls_dir, self.tls_name))
         if self.token:
             settings["auth_token"] = self.token
@@ -171,23 +185,65 @@ def text_of(data: bytes | None) -> str | None:
 
 # --- the root -----------------------------------------------------------------------
 
+
 @click.group(cls=HighwaterGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--bootstrap", "-b", envvar="HIGHWATER_BOOTSTRAP", default=DEFAULT_BOOTSTRAP, show_default=True,
-              metavar="HOST:PORT[,HOST:PORT]", help="Gateway addresses (env HIGHWATER_BOOTSTRAP); failover in order.")
-@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="Tables for people, JSON for scripts.")
-@click.option("--request-timeout-ms", "timeout_ms", type=click.IntRange(100, 600_000), default=30_000, show_default=True,
-              help="Timeout of each request to the cluster.")
-@click.option("--tls-dir", envvar="HIGHWATER_TLS_DIR", default=None, metavar="DIR",
-              help="Use TLS: DIR/ca.pem verifies the gateways (env HIGHWATER_TLS_DIR).")
-@click.option("--tls-name", envvar="HIGHWATER_TLS_NAME", default=None, metavar="NAME",
-              help="Present the client certificate DIR/NAME.pem (principal User:NAME; env HIGHWATER_TLS_NAME).")
-@click.option("--token", envvar="HIGHWATER_TOKEN", default=None, metavar="TOKEN",
-              help="Authenticate with a bearer token from `highwater token create` (env HIGHWATER_TOKEN).")
+@click.option(
+    "--bootstrap",
+    "-b",
+    envvar="HIGHWATER_BOOTSTRAP",
+    default=DEFAULT_BOOTSTRAP,
+    show_default=True,
+    metavar="HOST:PORT[,HOST:PORT]",
+    help="Gateway addresses (env HIGHWATER_BOOTSTRAP); failover in order.",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="Tables for people, JSON for scripts.",
+)
+@click.option(
+    "--request-timeout-ms",
+    "timeout_ms",
+    type=click.IntRange(100, 600_000),
+    default=30_000,
+    show_default=True,
+    help="Timeout of each request to the cluster.",
+)
+@click.option(
+    "--tls-dir",
+    envvar="HIGHWATER_TLS_DIR",
+    default=None,
+    metavar="DIR",
+    help="Use TLS: DIR/ca.pem verifies the gateways (env HIGHWATER_TLS_DIR).",
+)
+@click.option(
+    "--tls-name",
+    envvar="HIGHWATER_TLS_NAME",
+    default=None,
+    metavar="NAME",
+    help="Present the client certificate DIR/NAME.pem (principal User:NAME; env HIGHWATER_TLS_NAME).",
+)
+@click.option(
+    "--token",
+    envvar="HIGHWATER_TOKEN",
+    default=None,
+    metavar="TOKEN",
+    help="Authenticate with a bearer token from `highwater token create` (env HIGHWATER_TOKEN).",
+)
 @click.version_option(package_name="highwater", prog_name="highwater")
 @click.pass_context
-def cli(ctx: click.Context, bootstrap: str, output: str, timeout_ms: int, tls_dir: str | None,
-        tls_name: str | None, token: str | None) -> None:
+def cli(
+    ctx: click.Context,
+    bootstrap: str,
+    output: str,
+    timeout_ms: int,
+    tls_dir: str | None,
+    tls_name: str | None,
+    token: str | None,
+) -> None:
     """Highwater: a replicated, partitioned commit log with Kafka's design.
 
     \b
@@ -197,14 +253,21 @@ def cli(ctx: click.Context, bootstrap: str, output: str, timeout_ms: int, tls_di
       seq 10 | highwater produce orders
       highwater consume orders --from-beginning --max-records 10
     """
-    ctx.obj = CliContext(bootstrap=bootstrap, output=output, timeout_ms=timeout_ms, tls_dir=tls_dir,
-                         tls_name=tls_name, token=token)
+    ctx.obj = CliContext(
+        bootstrap=bootstrap,
+        output=output,
+        timeout_ms=timeout_ms,
+        tls_dir=tls_dir,
+        tls_name=tls_name,
+        token=token,
+    )
 
 
 pass_cli = click.make_pass_decorator(CliContext)
 
 
 # --- topic --------------------------------------------------------------------------------
+
 
 @cli.group()
 def topic() -> None:
@@ -218,16 +281,38 @@ def topic() -> None:
 
 @topic.command("create")
 @click.argument("name")
-@click.option("--partitions", "-p", type=click.IntRange(min=1), default=None,
-              help="Number of partitions [default: the cluster's].")
-@click.option("--replication-factor", "-r", type=click.IntRange(min=1), default=None,
-              help="Replicas per partition [default: the cluster's].")
-@click.option("--config", "-c", "configs", multiple=True, metavar="KEY=VALUE",
-              help="A topic config, e.g. min.insync.replicas=2 (repeatable).")
+@click.option(
+    "--partitions",
+    "-p",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Number of partitions [default: the cluster's].",
+)
+@click.option(
+    "--replication-factor",
+    "-r",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Replicas per partition [default: the cluster's].",
+)
+@click.option(
+    "--config",
+    "-c",
+    "configs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A topic config, e.g. min.insync.replicas=2 (repeatable).",
+)
 @click.option("--if-not-exists", is_flag=True, help="Succeed quietly when the topic exists.")
 @pass_cli
-def topic_create(obj: CliContext, name: str, partitions: int | None, replication_factor: int | None,
-                 configs: tuple[str, ...], if_not_exists: bool) -> None:
+def topic_create(
+    obj: CliContext,
+    name: str,
+    partitions: int | None,
+    replication_factor: int | None,
+    configs: tuple[str, ...],
+    if_not_exists: bool,
+) -> None:
     """Create topic NAME.
 
     \b
@@ -243,12 +328,23 @@ def topic_create(obj: CliContext, name: str, partitions: int | None, replication
                 raise
             created = []
     if obj.json:
-        print_json([{"name": c.name, "topic_id": c.topic_id, "partitions": c.num_partitions,
-                     "replication_factor": c.replication_factor} for c in created])
+        print_json(
+            [
+                {
+                    "name": c.name,
+                    "topic_id": c.topic_id,
+                    "partitions": c.num_partitions,
+                    "replication_factor": c.replication_factor,
+                }
+                for c in created
+            ]
+        )
         return
     for c in created:
-        out().print(f"created topic [bold]{escape(c.name)}[/bold]: {c.num_partitions} partitions, "
-                    f"replication factor {c.replication_factor} (id {c.topic_id})")
+        out().print(
+            f"created topic [bold]{escape(c.name)}[/bold]: {c.num_partitions} partitions, "
+            f"replication factor {c.replication_factor} (id {c.topic_id})"
+        )
     if not created:
         out().print(f"topic {escape(name)} already exists")
 
@@ -284,12 +380,27 @@ def topic_describe(obj: CliContext, names: tuple[str, ...]) -> None:
     with obj.admin() as admin:
         descriptions = admin.describe_topics(list(names) if names else None)
     if obj.json:
-        print_json([{
-            "name": d.name, "topic_id": d.topic_id, "config": d.config,
-            "partitions": [{"partition": p.partition, "leader": p.leader, "leader_epoch": p.leader_epoch,
-                            "replicas": list(p.replicas), "isr": list(p.isr),
-                            "offline_replicas": list(p.offline_replicas)} for p in d.partitions],
-        } for d in descriptions])
+        print_json(
+            [
+                {
+                    "name": d.name,
+                    "topic_id": d.topic_id,
+                    "config": d.config,
+                    "partitions": [
+                        {
+                            "partition": p.partition,
+                            "leader": p.leader,
+                            "leader_epoch": p.leader_epoch,
+                            "replicas": list(p.replicas),
+                            "isr": list(p.isr),
+                            "offline_replicas": list(p.offline_replicas),
+                        }
+                        for p in d.partitions
+                    ],
+                }
+                for d in descriptions
+            ]
+        )
         return
     console = out()
     for d in descriptions:
@@ -297,12 +408,15 @@ def topic_describe(obj: CliContext, names: tuple[str, ...]) -> None:
         title = f"{d.name}  ({len(d.partitions)} partitions, id {d.topic_id})"
         table = Table(title=escape(title), title_justify="left")
         for column in ("partition", "leader", "leader epoch", "replicas", "ISR", "offline"):
-            table.add_column(column, justify="right" if column in ("partition", "leader", "leader epoch") else "left")
+            table.add_column(
+                column, justify="right" if column in ("partition", "leader", "leader epoch") else "left"
+            )
         for p in d.partitions:
             leader = "[red]none[/red]" if p.leader < 0 else str(p.leader)
             isr = ids(p.isr) if len(p.isr) >= len(p.replicas) else f"[yellow]{ids(p.isr)}[/yellow]"
-            table.add_row(str(p.partition), leader, str(p.leader_epoch), ids(p.replicas), isr,
-                          ids(p.offline_replicas))
+            table.add_row(
+                str(p.partition), leader, str(p.leader_epoch), ids(p.replicas), isr, ids(p.offline_replicas)
+            )
         console.print(table)
         if under:
             console.print(f"[yellow]{under} partition(s) under-replicated[/yellow]")
@@ -329,8 +443,14 @@ def topic_delete(obj: CliContext, names: tuple[str, ...]) -> None:
 
 @topic.command("add-partitions")
 @click.argument("name")
-@click.option("--partitions", "-p", "total", type=click.IntRange(min=1), required=True,
-              help="The new total number of partitions (it can only grow).")
+@click.option(
+    "--partitions",
+    "-p",
+    "total",
+    type=click.IntRange(min=1),
+    required=True,
+    help="The new total number of partitions (it can only grow).",
+)
 @pass_cli
 def topic_add_partitions(obj: CliContext, name: str, total: int) -> None:
     """Grow topic NAME to --partitions partitions. Keys may map to other partitions afterwards.
@@ -349,6 +469,7 @@ def topic_add_partitions(obj: CliContext, name: str, total: int) -> None:
 
 # --- produce / consume -------------------------------------------------------------------------
 
+
 def _generated_values(value: str | None, size: int, count: int) -> Iterator[bytes]:
     if value is not None:
         fixed = value.encode()
@@ -357,7 +478,7 @@ def _generated_values(value: str | None, size: int, count: int) -> Iterator[byte
         return
     for i in range(count):
         prefix = f"record-{i:010d} ".encode()
-        yield (prefix + b"x" * max(0, size - len(prefix)))[:max(size, 1)]
+        yield (prefix + b"x" * max(0, size - len(prefix)))[: max(size, 1)]
 
 
 @contextmanager
@@ -368,8 +489,14 @@ def _progress(console: Console, total: int | None) -> Iterator[Callable[[int, fl
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    progress = Progress(TextColumn("producing"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console)
+    progress = Progress(
+        TextColumn("producing"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeRemainingColumn(),
+        console=console,
+    )
     with progress:
         task = progress.add_task("produce", total=total, rate="")
         yield lambda done, rate: progress.update(task, completed=done, rate=f"{rate:,.0f} records/s")
@@ -378,25 +505,53 @@ def _progress(console: Console, total: int | None) -> Iterator[Callable[[int, fl
 @cli.command()
 @click.argument("topic_name", metavar="TOPIC")
 @click.option("--value", default=None, help="Produce this value (--count times) instead of reading stdin.")
-@click.option("--count", type=click.IntRange(min=1), default=None,
-              help="Produce this many generated records (of --size bytes) instead of reading stdin.")
-@click.option("--size", type=click.IntRange(min=1), default=100, show_default=True,
-              help="Bytes per generated value.")
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Produce this many generated records (of --size bytes) instead of reading stdin.",
+)
+@click.option(
+    "--size", type=click.IntRange(min=1), default=100, show_default=True, help="Bytes per generated value."
+)
 @click.option("--key", default=None, help="Key of every record (records with one key keep their order).")
-@click.option("--key-separator", default=None, metavar="SEP",
-              help="Read 'KEY<SEP>VALUE' lines from stdin, e.g. --key-separator ':'.")
+@click.option(
+    "--key-separator",
+    default=None,
+    metavar="SEP",
+    help="Read 'KEY<SEP>VALUE' lines from stdin, e.g. --key-separator ':'.",
+)
 @click.option("--header", "headers", multiple=True, metavar="KEY=VALUE", help="A record header (repeatable).")
-@click.option("--partition", type=click.IntRange(min=0), default=None, help="Send every record to this partition.")
+@click.option(
+    "--partition", type=click.IntRange(min=0), default=None, help="Send every record to this partition."
+)
 @click.option("--acks", type=click.Choice(["all", "1", "0"]), default="all", show_default=True)
-@click.option("--compression", type=click.Choice(["none", "gzip", "snappy", "lz4", "zstd"]), default="none",
-              show_default=True)
+@click.option(
+    "--compression",
+    type=click.Choice(["none", "gzip", "snappy", "lz4", "zstd"]),
+    default="none",
+    show_default=True,
+)
 @click.option("--linger-ms", type=click.IntRange(min=0), default=5, show_default=True)
-@click.option("--batch-size-bytes", type=click.IntRange(min=1, max=1024 * 1024), default=16 * 1024,
-              show_default=True)
+@click.option(
+    "--batch-size-bytes", type=click.IntRange(min=1, max=1024 * 1024), default=16 * 1024, show_default=True
+)
 @pass_cli
-def produce(obj: CliContext, topic_name: str, value: str | None, count: int | None, size: int, key: str | None,
-            key_separator: str | None, headers: tuple[str, ...], partition: int | None, acks: str,
-            compression: str, linger_ms: int, batch_size_bytes: int) -> None:
+def produce(
+    obj: CliContext,
+    topic_name: str,
+    value: str | None,
+    count: int | None,
+    size: int,
+    key: str | None,
+    key_separator: str | None,
+    headers: tuple[str, ...],
+    partition: int | None,
+    acks: str,
+    compression: str,
+    linger_ms: int,
+    batch_size_bytes: int,
+) -> None:
     """Produce records to TOPIC: one per stdin line, or --count generated ones.
 
     \b
@@ -435,9 +590,14 @@ def produce(obj: CliContext, topic_name: str, value: str | None, count: int | No
             failures.append(error)
 
     producer_acks = "all" if acks == "all" else int(acks)
-    settings: dict[str, Any] = dict(obj.client_settings(), acks=producer_acks, compression=compression,
-                                    linger_ms=linger_ms, batch_size_bytes=batch_size_bytes,
-                                    enable_idempotence=acks == "all")
+    settings: dict[str, Any] = dict(
+        obj.client_settings(),
+        acks=producer_acks,
+        compression=compression,
+        linger_ms=linger_ms,
+        batch_size_bytes=batch_size_bytes,
+        enable_idempotence=acks == "all",
+    )
     settings["delivery_timeout_ms"] = max(120_000, linger_ms + obj.timeout_ms)
     err_console = Console(stderr=True, highlight=False)
     show_progress = total is not None and total >= PROGRESS_MIN_RECORDS and err_console.is_terminal
@@ -453,8 +613,11 @@ def produce(obj: CliContext, topic_name: str, value: str | None, count: int | No
             chunks = _generated_values(value, size, total)
             with _progress(err_console, total if show_progress else None) as advance:
                 while chunk := list(islice(chunks, GENERATED_CHUNK_RECORDS)):
-                    bulk.append(producer.send_batch(topic_name, chunk, key=fixed_key, partition=partition,
-                                                    headers=header_list))
+                    bulk.append(
+                        producer.send_batch(
+                            topic_name, chunk, key=fixed_key, partition=partition, headers=header_list
+                        )
+                    )
                     sent += len(chunk)
                     advance(sent, sent / max(time.monotonic() - started, 1e-9))
                 producer.flush()
@@ -466,7 +629,9 @@ def produce(obj: CliContext, topic_name: str, value: str | None, count: int | No
                 if echo:
                     echoed.append(producer.send(topic_name, v, k, headers=header_list, partition=partition))
                 else:
-                    producer.produce(topic_name, v, k, headers=header_list, partition=partition, callback=on_delivery)
+                    producer.produce(
+                        topic_name, v, k, headers=header_list, partition=partition, callback=on_delivery
+                    )
                 sent += 1
             producer.flush()
     elapsed = max(time.monotonic() - started, 1e-9)
@@ -479,8 +644,13 @@ def produce(obj: CliContext, topic_name: str, value: str | None, count: int | No
     if failures:
         first = failures[0]
         raise type(first)(f"{len(failures)} of {sent} record(s) failed; first: {first.message}")
-    summary = {"topic": topic_name, "records": sent, "seconds": round(elapsed, 3),
-               "records_per_s": round(sent / elapsed), "failed": 0}
+    summary = {
+        "topic": topic_name,
+        "records": sent,
+        "seconds": round(elapsed, 3),
+        "records_per_s": round(sent / elapsed),
+        "failed": 0,
+    }
     if obj.json:
         summary["offsets"] = [{"partition": m.partition, "offset": m.offset} for m in results]
         print_json(summary)
@@ -490,23 +660,45 @@ def produce(obj: CliContext, topic_name: str, value: str | None, count: int | No
         console.print(f"partition {m.partition} offset {m.offset}")
     rate = f" ({sent / elapsed:,.0f} records/s)" if sent >= 1000 else ""
     Console(stderr=True, highlight=False).print(
-        f"[dim]produced {sent:,} record(s) to {escape(topic_name)} in {elapsed:.2f} s{rate}[/dim]")
+        f"[dim]produced {sent:,} record(s) to {escape(topic_name)} in {elapsed:.2f} s{rate}[/dim]"
+    )
 
 
 @cli.command()
 @click.argument("topic_name", metavar="TOPIC")
-@click.option("--from-beginning", is_flag=True, help="Start at the oldest record (when no offset is committed).")
+@click.option(
+    "--from-beginning", is_flag=True, help="Start at the oldest record (when no offset is committed)."
+)
 @click.option("--max-records", type=click.IntRange(min=1), default=None, help="Stop after this many records.")
-@click.option("--partition", "partitions", type=click.IntRange(min=0), multiple=True,
-              help="Read only this partition (repeatable) [default: all].")
-@click.option("--offset", type=click.IntRange(min=0), default=None,
-              help="Start at this offset in each --partition.")
+@click.option(
+    "--partition",
+    "partitions",
+    type=click.IntRange(min=0),
+    multiple=True,
+    help="Read only this partition (repeatable) [default: all].",
+)
+@click.option(
+    "--offset", type=click.IntRange(min=0), default=None, help="Start at this offset in each --partition."
+)
 @click.option("--group", default=None, help="Consumer group: start from its committed offsets and commit.")
-@click.option("--timeout-ms", "idle_timeout_ms", type=click.IntRange(min=0), default=None,
-              help="Stop when no record arrived for this long [default: run until Ctrl-C].")
+@click.option(
+    "--timeout-ms",
+    "idle_timeout_ms",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Stop when no record arrived for this long [default: run until Ctrl-C].",
+)
 @pass_cli
-def consume(obj: CliContext, topic_name: str, from_beginning: bool, max_records: int | None,
-            partitions: tuple[int, ...], offset: int | None, group: str | None, idle_timeout_ms: int | None) -> None:
+def consume(
+    obj: CliContext,
+    topic_name: str,
+    from_beginning: bool,
+    max_records: int | None,
+    partitions: tuple[int, ...],
+    offset: int | None,
+    group: str | None,
+    idle_timeout_ms: int | None,
+) -> None:
     """Print records of TOPIC: partition, offset, key and value (JSON lines with -o json).
 
     \b
@@ -517,8 +709,9 @@ def consume(obj: CliContext, topic_name: str, from_beginning: bool, max_records:
     """
     if offset is not None and not partitions:
         raise click.UsageError("--offset needs --partition")
-    settings: dict[str, Any] = dict(obj.client_settings(),
-                                    auto_offset_reset="earliest" if from_beginning else "latest")
+    settings: dict[str, Any] = dict(
+        obj.client_settings(), auto_offset_reset="earliest" if from_beginning else "latest"
+    )
     if group is not None:
         settings["group_id"] = group
     consumed = 0
@@ -530,7 +723,8 @@ def consume(obj: CliContext, topic_name: str, from_beginning: bool, max_records:
         missing = [tp.partition for tp in wanted if tp.partition not in existing]
         if missing:
             raise wire_errors.UnknownTopicOrPartition(
-                f"topic {topic_name!r} has partitions 0-{len(existing) - 1}; there is no {ids(missing)}")
+                f"topic {topic_name!r} has partitions 0-{len(existing) - 1}; there is no {ids(missing)}"
+            )
         if group is not None and not partitions:
             consumer.subscribe([topic_name], group)
         else:
@@ -556,23 +750,36 @@ def consume(obj: CliContext, topic_name: str, from_beginning: bool, max_records:
         try:
             consumer.close()
         except HighwaterError as error:
-            Console(stderr=True).print(f"[yellow]warning: closing the consumer: {escape(str(error))}[/yellow]")
+            Console(stderr=True).print(
+                f"[yellow]warning: closing the consumer: {escape(str(error))}[/yellow]"
+            )
     Console(stderr=True, highlight=False).print(f"[dim]consumed {consumed:,} record(s)[/dim]")
 
 
 def _print_record(console: Console, as_json: bool, record: Any) -> None:
     if as_json:
-        click.echo(json.dumps({
-            "topic": record.topic, "partition": record.partition, "offset": record.offset,
-            "key": text_of(record.key), "value": text_of(record.value),
-            "headers": {k: text_of(v) for k, v in record.headers}, "timestamp_ms": record.timestamp_ms,
-        }))
+        click.echo(
+            json.dumps(
+                {
+                    "topic": record.topic,
+                    "partition": record.partition,
+                    "offset": record.offset,
+                    "key": text_of(record.key),
+                    "value": text_of(record.value),
+                    "headers": {k: text_of(v) for k, v in record.headers},
+                    "timestamp_ms": record.timestamp_ms,
+                }
+            )
+        )
         return
     key = text_of(record.key)
-    click.echo(f"{record.partition}\t{record.offset}\t{'-' if key is None else key}\t{text_of(record.value) or ''}")
+    click.echo(
+        f"{record.partition}\t{record.offset}\t{'-' if key is None else key}\t{text_of(record.value) or ''}"
+    )
 
 
 # --- cluster -----------------------------------------------------------------------------
+
 
 @cli.group()
 def cluster() -> None:
@@ -596,17 +803,24 @@ def cluster_describe(obj: CliContext) -> None:
     with obj.admin() as admin:
         d = admin.describe_cluster()
     if obj.json:
-        print_json({
-            "cluster_id": d.cluster_id, "controller_id": d.controller_id, "controller_epoch": d.controller_epoch,
-            "controller_address": d.controller_address,
-            "brokers": [{"id": b.node_id, "address": b.address, "rack": b.rack} for b in d.brokers],
-            "gateways": [{"id": g.node_id, "address": g.address} for g in d.gateways],
-        })
+        print_json(
+            {
+                "cluster_id": d.cluster_id,
+                "controller_id": d.controller_id,
+                "controller_epoch": d.controller_epoch,
+                "controller_address": d.controller_address,
+                "brokers": [{"id": b.node_id, "address": b.address, "rack": b.rack} for b in d.brokers],
+                "gateways": [{"id": g.node_id, "address": g.address} for g in d.gateways],
+            }
+        )
         return
     console = out()
     at = f" at {d.controller_address}" if d.controller_address else ""
-    controller = (f"{d.controller_id}{at} (epoch {d.controller_epoch})"
-                  if d.controller_id >= 0 else "[red]none active[/red]")
+    controller = (
+        f"{d.controller_id}{at} (epoch {d.controller_epoch})"
+        if d.controller_id >= 0
+        else "[red]none active[/red]"
+    )
     if d.cluster_id:
         console.print(f"cluster id: [bold]{escape(d.cluster_id)}[/bold]")
     console.print(f"controller: {controller}")
@@ -621,6 +835,7 @@ def cluster_describe(obj: CliContext) -> None:
 
 
 # --- reassignments and elections ------------------------------------------------------------------
+
 
 @cli.group()
 def reassign() -> None:
@@ -648,13 +863,16 @@ def reassign_start(obj: CliContext, assignments: tuple[str, ...]) -> None:
     for item in assignments:
         target, sep, replicas = item.partition("=")
         if not sep:
-            raise click.BadParameter(f"{item!r} is not TOPIC:PARTITION=REPLICAS (e.g. orders:0=1,2,3)",
-                                     param_hint="ASSIGNMENTS")
+            raise click.BadParameter(
+                f"{item!r} is not TOPIC:PARTITION=REPLICAS (e.g. orders:0=1,2,3)", param_hint="ASSIGNMENTS"
+            )
         wanted[parse_topic_partition(target)] = parse_replicas(replicas, "ASSIGNMENTS")
     with obj.admin() as admin:
         admin.alter_partition_reassignments(wanted)
     if obj.json:
-        print_json([{"topic": tp.topic, "partition": tp.partition, "replicas": r} for tp, r in wanted.items()])
+        print_json(
+            [{"topic": tp.topic, "partition": tp.partition, "replicas": r} for tp, r in wanted.items()]
+        )
         return
     for tp, replicas in wanted.items():
         out().print(f"reassigning {escape(str(tp))} to replicas {ids(replicas or [])}")
@@ -676,8 +894,18 @@ def reassign_list(obj: CliContext, partitions: tuple[str, ...]) -> None:
         ongoing = admin.list_partition_reassignments(tps)
     rows = sorted(ongoing.values(), key=lambda r: (r.topic, r.partition))
     if obj.json:
-        print_json([{"topic": r.topic, "partition": r.partition, "replicas": list(r.replicas),
-                     "adding": list(r.adding_replicas), "removing": list(r.removing_replicas)} for r in rows])
+        print_json(
+            [
+                {
+                    "topic": r.topic,
+                    "partition": r.partition,
+                    "replicas": list(r.replicas),
+                    "adding": list(r.adding_replicas),
+                    "removing": list(r.removing_replicas),
+                }
+                for r in rows
+            ]
+        )
         return
     if not rows:
         out().print("no reassignment in progress")
@@ -686,7 +914,9 @@ def reassign_list(obj: CliContext, partitions: tuple[str, ...]) -> None:
     for column in ("topic", "partition", "replicas", "adding", "removing"):
         table.add_column(column)
     for r in rows:
-        table.add_row(r.topic, str(r.partition), ids(r.replicas), ids(r.adding_replicas), ids(r.removing_replicas))
+        table.add_row(
+            r.topic, str(r.partition), ids(r.replicas), ids(r.adding_replicas), ids(r.removing_replicas)
+        )
     out().print(table)
 
 
@@ -712,12 +942,20 @@ def reassign_cancel(obj: CliContext, partitions: tuple[str, ...]) -> None:
 
 @cli.command("elect-leaders")
 @click.argument("partitions", nargs=-1, metavar="[TOPIC:PARTITION]...")
-@click.option("--type", "election_type", type=click.Choice(["preferred", "unclean"]), default="preferred",
-              show_default=True, help="preferred: give leadership back to the first replica; unclean: let a "
-                                      "replica outside the ISR lead (may lose acknowledged records).")
+@click.option(
+    "--type",
+    "election_type",
+    type=click.Choice(["preferred", "unclean"]),
+    default="preferred",
+    show_default=True,
+    help="preferred: give leadership back to the first replica; unclean: let a "
+    "replica outside the ISR lead (may lose acknowledged records).",
+)
 @click.option("--all", "all_partitions", is_flag=True, help="Every partition of every topic.")
 @pass_cli
-def elect_leaders(obj: CliContext, partitions: tuple[str, ...], election_type: str, all_partitions: bool) -> None:
+def elect_leaders(
+    obj: CliContext, partitions: tuple[str, ...], election_type: str, all_partitions: bool
+) -> None:
     """Run leader elections (kafka-leader-election).
 
     \b
@@ -731,7 +969,9 @@ def elect_leaders(obj: CliContext, partitions: tuple[str, ...], election_type: s
     with obj.admin() as admin:
         outcome = admin.elect_leaders(election_type, tps)
     if obj.json:
-        print_json([{"topic": tp.topic, "partition": tp.partition, "result": r} for tp, r in sorted(outcome.items())])
+        print_json(
+            [{"topic": tp.topic, "partition": tp.partition, "result": r} for tp, r in sorted(outcome.items())]
+        )
         return
     if not outcome:
         out().print("no partition needed an election")
@@ -740,6 +980,7 @@ def elect_leaders(obj: CliContext, partitions: tuple[str, ...], election_type: s
 
 
 # --- groups ---------------------------------------------------------------------------------
+
 
 @cli.group()
 def groups() -> None:
@@ -764,8 +1005,18 @@ def groups_describe(obj: CliContext, group: str) -> None:
     with obj.admin() as admin:
         rows = admin.describe_group(group)
     if obj.json:
-        print_json([{"topic": r.topic, "partition": r.partition, "committed_offset": r.committed_offset,
-                     "end_offset": r.end_offset, "lag": r.lag} for r in rows])
+        print_json(
+            [
+                {
+                    "topic": r.topic,
+                    "partition": r.partition,
+                    "committed_offset": r.committed_offset,
+                    "end_offset": r.end_offset,
+                    "lag": r.lag,
+                }
+                for r in rows
+            ]
+        )
         return
     if not rows:
         out().print(f"group {escape(group)} has no committed offsets")
@@ -774,12 +1025,18 @@ def groups_describe(obj: CliContext, group: str) -> None:
     for column in ("topic", "partition", "committed offset", "end offset", "lag"):
         table.add_column(column, justify="left" if column == "topic" else "right")
     for r in rows:
-        table.add_row(r.topic, str(r.partition), str(r.committed_offset) if r.committed_offset >= 0 else "-",
-                      str(r.end_offset), "-" if r.lag is None else str(r.lag))
+        table.add_row(
+            r.topic,
+            str(r.partition),
+            str(r.committed_offset) if r.committed_offset >= 0 else "-",
+            str(r.end_offset),
+            "-" if r.lag is None else str(r.lag),
+        )
     out().print(table)
 
 
 # --- commands owned elsewhere -------------------------------------------------------------------------
+
 
 def _add_optional_commands() -> None:
     """`cluster up` (clients/local_cluster.py) and the service commands (services/cli.py), when present."""

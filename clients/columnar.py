@@ -103,8 +103,9 @@ _TIMESTAMP_TYPE_MASK = 0x08
 _CONTROL_MASK = 0x20
 _DECOMPRESS = {1: gzip_decode, 2: snappy_decode, 3: lz4_decode, 4: zstd_decode}
 
-HEADERS_TYPE = pa.list_(pa.field("element", pa.struct([pa.field("key", pa.string()),
-                                                       pa.field("value", pa.binary())])))
+HEADERS_TYPE = pa.list_(
+    pa.field("element", pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
+)
 TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
 
 # --- status codes the kernels return (0 = fine) ------------------------------------------
@@ -157,6 +158,7 @@ _SIZES = 10
 
 
 # --- kernels ----------------------------------------------------------------------------------
+
 
 @njit(cache=True, nogil=True, inline="always")
 def _be_int(buf: np.ndarray, pos: int, width: int) -> int:
@@ -229,8 +231,9 @@ def _copy(typingctx: Any, dst: Any, dst_pos: Any, src: Any, src_pos: Any, count:
         dst_value, dst_at, src_value, src_at, size = args
         dst_array = context.make_array(sig.args[0])(context, builder, dst_value)
         src_array = context.make_array(sig.args[2])(context, builder, src_value)
-        cgutils.raw_memcpy(builder, builder.gep(dst_array.data, [dst_at]), builder.gep(src_array.data, [src_at]),
-                           size, 1)
+        cgutils.raw_memcpy(
+            builder, builder.gep(dst_array.data, [dst_at]), builder.gep(src_array.data, [src_at]), size, 1
+        )
         return context.get_dummy_value()
 
     return signature, codegen
@@ -254,14 +257,29 @@ def _set_bit(bitmap: np.ndarray, index: int) -> None:
 
 
 @njit(cache=True, nogil=True)
-def _decode_records(src: np.ndarray, batches: np.ndarray, start_offset: int, end_offset: int,
-                    want_headers: bool,
-                    key_offsets: np.ndarray, key_data: np.ndarray, key_valid: np.ndarray,
-                    value_offsets: np.ndarray, value_data: np.ndarray, value_valid: np.ndarray,
-                    offsets: np.ndarray, timestamps: np.ndarray, ts_types: np.ndarray,
-                    header_offsets: np.ndarray, hkey_offsets: np.ndarray, hkey_data: np.ndarray,
-                    hvalue_offsets: np.ndarray, hvalue_data: np.ndarray, hvalue_valid: np.ndarray,
-                    sizes: np.ndarray) -> int:
+def _decode_records(
+    src: np.ndarray,
+    batches: np.ndarray,
+    start_offset: int,
+    end_offset: int,
+    want_headers: bool,
+    key_offsets: np.ndarray,
+    key_data: np.ndarray,
+    key_valid: np.ndarray,
+    value_offsets: np.ndarray,
+    value_data: np.ndarray,
+    value_valid: np.ndarray,
+    offsets: np.ndarray,
+    timestamps: np.ndarray,
+    ts_types: np.ndarray,
+    header_offsets: np.ndarray,
+    hkey_offsets: np.ndarray,
+    hkey_data: np.ndarray,
+    hvalue_offsets: np.ndarray,
+    hvalue_data: np.ndarray,
+    hvalue_valid: np.ndarray,
+    sizes: np.ndarray,
+) -> int:
     """Parse the records of every batch in `batches` (rows of _R_* columns, sections of `src`).
 
     Every record is parsed and checked; those with offsets in [start_offset, end_offset)
@@ -407,6 +425,7 @@ def _decode_records(src: np.ndarray, batches: np.ndarray, start_offset: int, end
 
 # --- Python side ------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class RecordColumns:
     """The records of some batches of one partition, in log order, as Arrow arrays of equal length."""
@@ -432,9 +451,14 @@ class _Group:
     section_bytes: int = 0
 
 
-def decode_columns(buf: bytes | bytearray | memoryview, *, start_offset: int = 0,
-                   end_offset: int = OFFSET_END_MAX, include_headers: bool = False,
-                   check_crc: bool = True) -> Iterator[RecordColumns]:
+def decode_columns(
+    buf: bytes | bytearray | memoryview,
+    *,
+    start_offset: int = 0,
+    end_offset: int = OFFSET_END_MAX,
+    include_headers: bool = False,
+    check_crc: bool = True,
+) -> Iterator[RecordColumns]:
     """Yield the records of every data batch in `buf` with offsets in [start_offset, end_offset).
 
     Usually one `RecordColumns` per call; more when the record sections exceed
@@ -453,26 +477,39 @@ def decode_columns(buf: bytes | bytearray | memoryview, *, start_offset: int = 0
     group = _Group([], [])
     for position, size, base_offset, crc, attributes, first_ts, max_ts, count, _ in table[:found].tolist():
         end = position + size
-        if check_crc and crc32c(view[position + ATTRIBUTES_POS:end]) != crc:
+        if check_crc and crc32c(view[position + ATTRIBUTES_POS : end]) != crc:
             raise CorruptMessage(f"CRC mismatch in the batch at offset {base_offset}")
         if attributes & _CONTROL_MASK:
             continue
         codec = attributes & _CODEC_MASK
-        section: memoryview | bytes = view[position + BATCH_HEADER_SIZE:end]
+        section: memoryview | bytes = view[position + BATCH_HEADER_SIZE : end]
         if codec:
             section = _decompress(codec, section, base_offset)
         if count < 0 or count > len(section) // RECORD_BYTES_MIN:
-            raise CorruptMessage(f"batch at offset {base_offset}: {_MESSAGES[_ERR_RECORD_COUNT]} "
-                                 f"({count} records in {len(section)} bytes)")
+            raise CorruptMessage(
+                f"batch at offset {base_offset}: {_MESSAGES[_ERR_RECORD_COUNT]} "
+                f"({count} records in {len(section)} bytes)"
+            )
         if len(section) > ARROW_BINARY_BYTES_MAX:
-            raise MessageTooLarge(f"batch at offset {base_offset}: its records take {len(section)} bytes, more "
-                                  f"than an Arrow binary column holds ({ARROW_BINARY_BYTES_MAX})")
+            raise MessageTooLarge(
+                f"batch at offset {base_offset}: its records take {len(section)} bytes, more "
+                f"than an Arrow binary column holds ({ARROW_BINARY_BYTES_MAX})"
+            )
         if group.rows and group.section_bytes + len(section) > COLUMNS_GROUP_BYTES_MAX:
             yield _decode_group(data, group, start_offset, end_offset, include_headers)
             group = _Group([], [])
         start = position + BATCH_HEADER_SIZE
-        group.rows.append([start, start + len(section), count, base_offset, first_ts, max_ts,
-                           1 if attributes & _TIMESTAMP_TYPE_MASK else 0])
+        group.rows.append(
+            [
+                start,
+                start + len(section),
+                count,
+                base_offset,
+                first_ts,
+                max_ts,
+                1 if attributes & _TIMESTAMP_TYPE_MASK else 0,
+            ]
+        )
         group.sections.append(section)
         group.compressed = group.compressed or bool(codec)
         group.section_bytes += len(section)
@@ -480,14 +517,15 @@ def decode_columns(buf: bytes | bytearray | memoryview, *, start_offset: int = 0
         # Batches before the bad one are still yielded, as decode_batches yields their records.
         if group.rows:
             yield _decode_group(data, group, start_offset, end_offset, include_headers)
-        raise CorruptMessage(f"batch at byte {failed_at} (offset {_base_offset_at(view, failed_at)}): "
-                             f"{_MESSAGES[status]}")
+        raise CorruptMessage(
+            f"batch at byte {failed_at} (offset {_base_offset_at(view, failed_at)}): {_MESSAGES[status]}"
+        )
     if group.rows:
         yield _decode_group(data, group, start_offset, end_offset, include_headers)
 
 
 def _base_offset_at(view: memoryview, position: int) -> int:
-    return int.from_bytes(view[position:position + 8], "big", signed=True)
+    return int.from_bytes(view[position : position + 8], "big", signed=True)
 
 
 def _decompress(codec: int, section: memoryview, base_offset: int) -> bytes:
@@ -500,12 +538,14 @@ def _decompress(codec: int, section: memoryview, base_offset: int) -> bytes:
     except MemoryError:
         raise
     except Exception as error:  # every codec has its own error types: zlib.error, EOFError, cramjam's...
-        raise CorruptMessage(f"batch at offset {base_offset}: its records do not decompress "
-                             f"({type(error).__name__}: {error})") from error
+        raise CorruptMessage(
+            f"batch at offset {base_offset}: its records do not decompress ({type(error).__name__}: {error})"
+        ) from error
 
 
-def _decode_group(data: np.ndarray, group: _Group, start_offset: int, end_offset: int,
-                  include_headers: bool) -> RecordColumns:
+def _decode_group(
+    data: np.ndarray, group: _Group, start_offset: int, end_offset: int, include_headers: bool
+) -> RecordColumns:
     """Run the record kernel over one group and wrap its buffers as Arrow arrays."""
     batches = np.array(group.rows, dtype=np.int64).reshape(-1, _RECORD_TABLE_COLUMNS)
     src = data
@@ -536,29 +576,69 @@ def _decode_group(data: np.ndarray, group: _Group, start_offset: int, end_offset
     hvalue_data = np.empty(bytes_max if include_headers else 0, dtype=np.uint8)
     hvalue_valid = np.zeros((headers_max + 7) // 8, dtype=np.uint8)
     sizes = np.zeros(_SIZES, dtype=np.int64)
-    status = _decode_records(src, batches, start_offset, end_offset, include_headers,
-                             key_offsets, key_data, key_valid, value_offsets, value_data, value_valid,
-                             offsets, timestamps, ts_types,
-                             header_offsets, hkey_offsets, hkey_data, hvalue_offsets, hvalue_data, hvalue_valid,
-                             sizes)
+    status = _decode_records(
+        src,
+        batches,
+        start_offset,
+        end_offset,
+        include_headers,
+        key_offsets,
+        key_data,
+        key_valid,
+        value_offsets,
+        value_data,
+        value_valid,
+        offsets,
+        timestamps,
+        ts_types,
+        header_offsets,
+        hkey_offsets,
+        hkey_data,
+        hvalue_offsets,
+        hvalue_data,
+        hvalue_valid,
+        sizes,
+    )
     if status != _OK:
         failed = batches[int(sizes[_S_FAILED_BATCH])]
         raise CorruptMessage(f"batch at offset {int(failed[_R_BASE_OFFSET])}: {_MESSAGES[status]}")
     rows = int(sizes[_S_ROWS])
-    key = _binary(pa.binary(), rows, key_offsets, key_data, int(sizes[_S_KEY_BYTES]), key_valid,
-                  int(sizes[_S_KEY_NULLS]))
-    value = _binary(pa.binary(), rows, value_offsets, value_data, int(sizes[_S_VALUE_BYTES]), value_valid,
-                    int(sizes[_S_VALUE_NULLS]))
+    key = _binary(
+        pa.binary(),
+        rows,
+        key_offsets,
+        key_data,
+        int(sizes[_S_KEY_BYTES]),
+        key_valid,
+        int(sizes[_S_KEY_NULLS]),
+    )
+    value = _binary(
+        pa.binary(),
+        rows,
+        value_offsets,
+        value_data,
+        int(sizes[_S_VALUE_BYTES]),
+        value_valid,
+        int(sizes[_S_VALUE_NULLS]),
+    )
     timestamp = pa.Array.from_buffers(TIMESTAMP_TYPE, rows, [None, pa.py_buffer(timestamps[:rows])])
     headers = None
     if include_headers:
         count = int(sizes[_S_HEADERS])
         hkey = _binary(pa.string(), count, hkey_offsets, hkey_data, int(sizes[_S_HKEY_BYTES]), None, 0)
-        hvalue = _binary(pa.binary(), count, hvalue_offsets, hvalue_data, int(sizes[_S_HVALUE_BYTES]), hvalue_valid,
-                         int(sizes[_S_HVALUE_NULLS]))
+        hvalue = _binary(
+            pa.binary(),
+            count,
+            hvalue_offsets,
+            hvalue_data,
+            int(sizes[_S_HVALUE_BYTES]),
+            hvalue_valid,
+            int(sizes[_S_HVALUE_NULLS]),
+        )
         entries = pa.Array.from_buffers(HEADERS_TYPE.value_type, count, [None], children=[hkey, hvalue])
-        headers = pa.Array.from_buffers(HEADERS_TYPE, rows, [None, pa.py_buffer(header_offsets[:rows + 1])],
-                                        children=[entries])
+        headers = pa.Array.from_buffers(
+            HEADERS_TYPE, rows, [None, pa.py_buffer(header_offsets[: rows + 1])], children=[entries]
+        )
     return RecordColumns(
         key=key,
         value=value,
@@ -574,7 +654,18 @@ def _validity(bitmap: np.ndarray | None, nulls: int) -> pa.Buffer | None:
     return pa.py_buffer(bitmap) if nulls and bitmap is not None else None
 
 
-def _binary(kind: pa.DataType, rows: int, offsets: np.ndarray, data: np.ndarray, used: int,
-            bitmap: np.ndarray | None, nulls: int) -> pa.Array:
-    return pa.Array.from_buffers(kind, rows, [_validity(bitmap, nulls), pa.py_buffer(offsets[:rows + 1]),
-                                              pa.py_buffer(data[:used])], null_count=nulls)
+def _binary(
+    kind: pa.DataType,
+    rows: int,
+    offsets: np.ndarray,
+    data: np.ndarray,
+    used: int,
+    bitmap: np.ndarray | None,
+    nulls: int,
+) -> pa.Array:
+    return pa.Array.from_buffers(
+        kind,
+        rows,
+        [_validity(bitmap, nulls), pa.py_buffer(offsets[: rows + 1]), pa.py_buffer(data[:used])],
+        null_count=nulls,
+    )

@@ -143,7 +143,9 @@ class ConnectionConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.bootstrap, str) and not isinstance(self.bootstrap, (list, tuple)):
-            raise InvalidArgument(f"bootstrap must be 'host:port,host:port' or a list, got {self.bootstrap!r}")
+            raise InvalidArgument(
+                f"bootstrap must be 'host:port,host:port' or a list, got {self.bootstrap!r}"
+            )
         check_int("request_timeout_ms", self.request_timeout_ms, minimum=1)
         check_int("connect_timeout_ms", self.connect_timeout_ms, minimum=1)
         check_int("retry_backoff_ms", self.retry_backoff_ms, minimum=0)
@@ -176,7 +178,9 @@ class ProducerConfig(ConnectionConfig):
         super().__post_init__()
         object.__setattr__(self, "acks", normalize_acks(self.acks))
         check_int("linger_ms", self.linger_ms, minimum=0)
-        check_int("max_request_bytes", self.max_request_bytes, minimum=1024, maximum=GRPC_MAX_MESSAGE_BYTES // 2)
+        check_int(
+            "max_request_bytes", self.max_request_bytes, minimum=1024, maximum=GRPC_MAX_MESSAGE_BYTES // 2
+        )
         check_int("batch_size_bytes", self.batch_size_bytes, minimum=1, maximum=self.max_request_bytes)
         check_int("buffer_memory_bytes", self.buffer_memory_bytes, minimum=self.max_request_bytes)
         check_int("max_block_ms", self.max_block_ms, minimum=0)
@@ -188,8 +192,9 @@ class ProducerConfig(ConnectionConfig):
             # Kafka's rule: deduplication needs the leader to hold what it acknowledged.
             raise InvalidArgument(f"enable_idempotence needs acks='all', got acks={self.acks}")
         # Kafka's rule: a record must get a full request attempt after lingering.
-        check_int("delivery_timeout_ms", self.delivery_timeout_ms,
-                  minimum=self.linger_ms + self.request_timeout_ms)
+        check_int(
+            "delivery_timeout_ms", self.delivery_timeout_ms, minimum=self.linger_ms + self.request_timeout_ms
+        )
 
     @property
     def acks_wire(self) -> int:
@@ -217,15 +222,23 @@ class ConsumerConfig(ConnectionConfig):
             check_group_id(self.group_id)
         _check_choice("auto_offset_reset", self.auto_offset_reset, AUTO_OFFSET_RESET_VALUES)
         check_int("auto_commit_interval_ms", self.auto_commit_interval_ms, minimum=1)
-        check_int("fetch_max_wait_ms", self.fetch_max_wait_ms, minimum=0, maximum=limits.FETCH_MAX_WAIT_MS_MAX)
+        check_int(
+            "fetch_max_wait_ms", self.fetch_max_wait_ms, minimum=0, maximum=limits.FETCH_MAX_WAIT_MS_MAX
+        )
         check_int("fetch_min_bytes", self.fetch_min_bytes, minimum=0)
         check_int("fetch_max_bytes", self.fetch_max_bytes, minimum=1, maximum=FETCH_MAX_BYTES_MAX)
-        check_int("max_partition_fetch_bytes", self.max_partition_fetch_bytes, minimum=1,
-                  maximum=self.fetch_max_bytes)
+        check_int(
+            "max_partition_fetch_bytes",
+            self.max_partition_fetch_bytes,
+            minimum=1,
+            maximum=self.fetch_max_bytes,
+        )
         check_int("max_poll_records", self.max_poll_records, minimum=1)
 
 
-def build_config(cls: type[Any], bootstrap: str | list[str] | tuple[str, ...], settings: dict[str, Any]) -> Any:
+def build_config(
+    cls: type[Any], bootstrap: str | list[str] | tuple[str, ...], settings: dict[str, Any]
+) -> Any:
     """cls(bootstrap=..., **settings), with an unknown setting named in InvalidArgument."""
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(settings) - known)

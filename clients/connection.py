@@ -62,7 +62,9 @@ def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
     elif isinstance(bootstrap, (list, tuple)):
         parts = [str(part).strip() for part in bootstrap]
     else:
-        raise InvalidArgument(f"bootstrap must be 'host:port,host:port' or a list, got {type(bootstrap).__name__}")
+        raise InvalidArgument(
+            f"bootstrap must be 'host:port,host:port' or a list, got {type(bootstrap).__name__}"
+        )
     addresses: list[str] = []
     for part in parts:
         if not part:
@@ -117,8 +119,11 @@ class GatewayConnection:
     def _stub(self, address: str) -> gateway_pb2_grpc.GatewayServiceStub:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = (self.tls.aio_channel(address, CHANNEL_OPTIONS) if self.tls is not None
-                       else grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS))
+            channel = (
+                self.tls.aio_channel(address, CHANNEL_OPTIONS)
+                if self.tls is not None
+                else grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            )
             self._channels[address] = channel
             stub = self._stubs[address] = gateway_pb2_grpc.GatewayServiceStub(channel)
         return stub
@@ -168,7 +173,9 @@ class GatewayConnection:
                     throttle_ms = getattr(response, "throttle_time_ms", 0)
                     if throttle_ms > 0:
                         log.debug("%s at %s: throttled for %d ms (quota)", method, address, throttle_ms)
-                        self._throttled_until = max(self._throttled_until, time.monotonic() + throttle_ms / 1000)
+                        self._throttled_until = max(
+                            self._throttled_until, time.monotonic() + throttle_ms / 1000
+                        )
                     return response
                 except grpc.aio.AioRpcError as error:
                     if error.code() not in _FAILOVER_CODES:
@@ -200,13 +207,19 @@ class GatewayConnection:
 def client_tls(config: Any) -> ClientTls | None:
     """The TLS and token credentials a ConnectionConfig asks for (None: plaintext); InvalidArgument if unusable."""
     try:
-        return ClientTls.from_settings(ssl_cafile=config.ssl_cafile, ssl_certfile=config.ssl_certfile,
-                                       ssl_keyfile=config.ssl_keyfile, auth_token=config.auth_token)
+        return ClientTls.from_settings(
+            ssl_cafile=config.ssl_cafile,
+            ssl_certfile=config.ssl_certfile,
+            ssl_keyfile=config.ssl_keyfile,
+            auth_token=config.auth_token,
+        )
     except ClientTlsError as exc:
         raise InvalidArgument(str(exc)) from None
 
 
-def error_from_status(error: grpc.aio.AioRpcError | grpc.RpcError, method: str, address: str) -> HighwaterError:
+def error_from_status(
+    error: grpc.aio.AioRpcError | grpc.RpcError, method: str, address: str
+) -> HighwaterError:
     """The typed error for a whole-request gRPC failure other than UNAVAILABLE.
 
     UNAVAILABLE is not mapped here: the connection fails over to the next gateway

@@ -171,8 +171,15 @@ class AsyncConsumer:
 
     def _set_assignment(self, partitions: list[TopicPartition]) -> None:
         keep = set(partitions)
-        for state in (self._positions, self._fetch_offsets, self._resets, self._buffers,
-                      self._high_watermarks, self._backoff_until_ms, self._partition_fetch_bytes):
+        for state in (
+            self._positions,
+            self._fetch_offsets,
+            self._resets,
+            self._buffers,
+            self._high_watermarks,
+            self._backoff_until_ms,
+            self._partition_fetch_bytes,
+        ):
             for tp in [tp for tp in state if tp not in keep]:
                 del state[tp]
         self._paused &= keep
@@ -195,8 +202,9 @@ class AsyncConsumer:
 
     async def partitions_for_topic(self, topic: str) -> list[int]:
         """The topic's partition ids; UnknownTopicOrPartition at once if it does not exist."""
-        info = await self._meta().topic(check_topic_name(topic), wait_ms=0,
-                                        backoff_ms=self.config.retry_backoff_ms)
+        info = await self._meta().topic(
+            check_topic_name(topic), wait_ms=0, backoff_ms=self.config.retry_backoff_ms
+        )
         return list(info.partitions)
 
     # --- positions -------------------------------------------------------------------
@@ -287,16 +295,22 @@ class AsyncConsumer:
 
     # --- offsets from the gateway -------------------------------------------------------
 
-    async def _list_offsets(self, timestamps: Mapping[TopicPartition, int], *,
-                            raise_retriable: bool = True) -> dict[TopicPartition, tuple[int, int]]:
+    async def _list_offsets(
+        self, timestamps: Mapping[TopicPartition, int], *, raise_retriable: bool = True
+    ) -> dict[TopicPartition, tuple[int, int]]:
         """ListOffsets: {tp: (offset, timestamp)}; retriable per-partition errors are raised
         or (raise_retriable=False) left out for the next try."""
         by_topic: dict[str, list[common_pb2.ListOffsetsPartition]] = {}
         for tp, timestamp in timestamps.items():
             by_topic.setdefault(tp.topic, []).append(
-                common_pb2.ListOffsetsPartition(partition=tp.partition, timestamp=timestamp, current_leader_epoch=-1))
+                common_pb2.ListOffsetsPartition(
+                    partition=tp.partition, timestamp=timestamp, current_leader_epoch=-1
+                )
+            )
         request = common_pb2.ListOffsetsRequest(
-            replica_id=-1, topics=[common_pb2.ListOffsetsTopic(topic=t, partitions=p) for t, p in by_topic.items()])
+            replica_id=-1,
+            topics=[common_pb2.ListOffsetsTopic(topic=t, partitions=p) for t, p in by_topic.items()],
+        )
         response = await self._conn().call("ListOffsets", request)
         result: dict[TopicPartition, tuple[int, int]] = {}
         for topic in response.topics:
@@ -315,12 +329,16 @@ class AsyncConsumer:
     async def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """Log start offset of each partition."""
         tps = check_partitions(partitions)
-        return {tp: offset for tp, (offset, _) in (await self._list_offsets(dict.fromkeys(tps, EARLIEST))).items()}
+        return {
+            tp: offset for tp, (offset, _) in (await self._list_offsets(dict.fromkeys(tps, EARLIEST))).items()
+        }
 
     async def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """High watermark of each partition: the offset the next committed record will get."""
         tps = check_partitions(partitions)
-        return {tp: offset for tp, (offset, _) in (await self._list_offsets(dict.fromkeys(tps, LATEST))).items()}
+        return {
+            tp: offset for tp, (offset, _) in (await self._list_offsets(dict.fromkeys(tps, LATEST))).items()
+        }
 
     async def offsets_for_times(
         self, timestamps: Mapping[TopicPartition, int]
@@ -335,22 +353,37 @@ class AsyncConsumer:
         asked = {tp: check_int("timestamp_ms", timestamps[tp], minimum=0) for tp in tps}
         found = await self._list_offsets(asked)
         hits = {tp: found[tp] for tp in tps if tp in found and found[tp][0] >= 0}
-        exact = await self._first_records_at_or_after(
-            {tp: offset for tp, (offset, _) in hits.items()}, asked) if hits else {}
+        exact = (
+            await self._first_records_at_or_after({tp: offset for tp, (offset, _) in hits.items()}, asked)
+            if hits
+            else {}
+        )
         return {tp: exact.get(tp) or (OffsetAndTimestamp(*hits[tp]) if tp in hits else None) for tp in tps}
 
-    async def _first_records_at_or_after(self, offsets: dict[TopicPartition, int],
-                                         timestamps: dict[TopicPartition, int]) -> dict[TopicPartition,
-                                                                                        OffsetAndTimestamp]:
+    async def _first_records_at_or_after(
+        self, offsets: dict[TopicPartition, int], timestamps: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp]:
         """One Fetch (no wait) from each offset: the first record with timestamp >= the one asked."""
         by_topic: dict[str, list[common_pb2.FetchPartition]] = {}
         for tp, offset in offsets.items():
-            by_topic.setdefault(tp.topic, []).append(common_pb2.FetchPartition(
-                partition=tp.partition, fetch_offset=offset, current_leader_epoch=-1,
-                partition_max_bytes=self.config.max_partition_fetch_bytes))
-        response = await self._conn().call("Fetch", common_pb2.FetchRequest(
-            replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=self.config.fetch_max_bytes,
-            topics=[common_pb2.FetchTopic(topic=t, partitions=p) for t, p in by_topic.items()]))
+            by_topic.setdefault(tp.topic, []).append(
+                common_pb2.FetchPartition(
+                    partition=tp.partition,
+                    fetch_offset=offset,
+                    current_leader_epoch=-1,
+                    partition_max_bytes=self.config.max_partition_fetch_bytes,
+                )
+            )
+        response = await self._conn().call(
+            "Fetch",
+            common_pb2.FetchRequest(
+                replica_id=-1,
+                max_wait_ms=0,
+                min_bytes=0,
+                max_bytes=self.config.fetch_max_bytes,
+                topics=[common_pb2.FetchTopic(topic=t, partitions=p) for t, p in by_topic.items()],
+            ),
+        )
         exact: dict[TopicPartition, OffsetAndTimestamp] = {}
         for topic in response.topics:
             for part in topic.partitions:
@@ -367,13 +400,17 @@ class AsyncConsumer:
 
     def _require_group(self, what: str) -> str:
         if self._group_id is None:
-            raise InvalidArgument(f"{what} needs a group_id (Consumer(group_id=...) or subscribe(..., group_id=...))")
+            raise InvalidArgument(
+                f"{what} needs a group_id (Consumer(group_id=...) or subscribe(..., group_id=...))"
+            )
         return self._group_id
 
     async def _fetch_committed(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
         request = gateway_pb2.FetchCommittedOffsetsRequest(
             group_id=self._require_group("committed offsets"),
-            partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in partitions],
+            partitions=[
+                common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in partitions
+            ],
         )
         response = await self._conn().call("FetchCommittedOffsets", request)
         if response.error_code != common_pb2.NONE:
@@ -396,15 +433,17 @@ class AsyncConsumer:
         if offsets is None:
             to_commit = {tp: self._positions[tp] for tp in self._assignment if tp in self._positions}
         else:
-            to_commit = {tp: check_int(f"offset for {tp}", offsets[tp], minimum=0)
-                         for tp in check_partitions(offsets)}
+            to_commit = {
+                tp: check_int(f"offset for {tp}", offsets[tp], minimum=0) for tp in check_partitions(offsets)
+            }
         items = list(to_commit.items())
         for start in range(0, len(items), COMMIT_OFFSETS_PER_REQUEST_MAX):
-            chunk = items[start:start + COMMIT_OFFSETS_PER_REQUEST_MAX]
+            chunk = items[start : start + COMMIT_OFFSETS_PER_REQUEST_MAX]
             by_topic: dict[str, list[gateway_pb2.OffsetCommitPartition]] = {}
             for tp, offset in chunk:
                 by_topic.setdefault(tp.topic, []).append(
-                    gateway_pb2.OffsetCommitPartition(partition=tp.partition, offset=offset, leader_epoch=-1))
+                    gateway_pb2.OffsetCommitPartition(partition=tp.partition, offset=offset, leader_epoch=-1)
+                )
             request = gateway_pb2.CommitOffsetsRequest(
                 group_id=group,
                 topics=[gateway_pb2.OffsetCommitTopic(topic=t, partitions=p) for t, p in by_topic.items()],
@@ -420,8 +459,9 @@ class AsyncConsumer:
                     )
         return to_commit
 
-    def commit_async(self, offsets: Mapping[TopicPartition, int] | None = None,
-                     callback: CommitCallback | None = None) -> asyncio.Task[dict[TopicPartition, int]]:
+    def commit_async(
+        self, offsets: Mapping[TopicPartition, int] | None = None, callback: CommitCallback | None = None
+    ) -> asyncio.Task[dict[TopicPartition, int]]:
         """commit() in the background; `callback(offsets, error)` runs when it is done."""
         snapshot = dict(offsets) if offsets is not None else None
 
@@ -472,8 +512,11 @@ class AsyncConsumer:
         partition; an empty list when nothing arrived in time.
         """
         check_int("timeout_ms", timeout_ms, minimum=0)
-        limit = self.config.max_poll_records if max_records is None else check_int("max_records", max_records,
-                                                                                   minimum=1)
+        limit = (
+            self.config.max_poll_records
+            if max_records is None
+            else check_int("max_records", max_records, minimum=1)
+        )
         if self._subscription is None and not self._assignment:
             raise InvalidArgument("poll() needs assign() or subscribe() first")
         deadline = now_ms() + timeout_ms
@@ -528,8 +571,11 @@ class AsyncConsumer:
         """One Fetch for every assigned partition that has a position and nothing buffered."""
         now = now_ms()
         fetchable = [
-            tp for tp in self._assignment
-            if tp in self._fetch_offsets and tp not in self._paused and not self._buffers.get(tp)
+            tp
+            for tp in self._assignment
+            if tp in self._fetch_offsets
+            and tp not in self._paused
+            and not self._buffers.get(tp)
             and self._backoff_until_ms.get(tp, 0) <= now
         ]
         if not fetchable:
@@ -539,16 +585,26 @@ class AsyncConsumer:
         asked = {tp: self._fetch_offsets[tp] for tp in fetchable}
         by_topic: dict[str, list[common_pb2.FetchPartition]] = {}
         for tp, offset in asked.items():
-            by_topic.setdefault(tp.topic, []).append(common_pb2.FetchPartition(
-                partition=tp.partition, fetch_offset=offset, current_leader_epoch=-1,
-                partition_max_bytes=self._partition_fetch_bytes.get(tp, self.config.max_partition_fetch_bytes),
-            ))
+            by_topic.setdefault(tp.topic, []).append(
+                common_pb2.FetchPartition(
+                    partition=tp.partition,
+                    fetch_offset=offset,
+                    current_leader_epoch=-1,
+                    partition_max_bytes=self._partition_fetch_bytes.get(
+                        tp, self.config.max_partition_fetch_bytes
+                    ),
+                )
+            )
         request = common_pb2.FetchRequest(
-            replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=self.config.fetch_min_bytes,
+            replica_id=-1,
+            max_wait_ms=max_wait_ms,
+            min_bytes=self.config.fetch_min_bytes,
             max_bytes=self.config.fetch_max_bytes,
             topics=[common_pb2.FetchTopic(topic=t, partitions=p) for t, p in by_topic.items()],
         )
-        response = await self._conn().call("Fetch", request, timeout_ms=self.config.request_timeout_ms + max_wait_ms)
+        response = await self._conn().call(
+            "Fetch", request, timeout_ms=self.config.request_timeout_ms + max_wait_ms
+        )
         if response.error_code != common_pb2.NONE:
             raise error_for_code(response.error_code, "Fetch")
         for topic in response.topics:
@@ -558,12 +614,20 @@ class AsyncConsumer:
                     continue  # unassigned or sought elsewhere while the fetch was out
                 self._take_fetched(tp, asked[tp], part)
 
-    def _take_fetched(self, tp: TopicPartition, fetch_offset: int, part: common_pb2.FetchPartitionResponse) -> None:
+    def _take_fetched(
+        self, tp: TopicPartition, fetch_offset: int, part: common_pb2.FetchPartitionResponse
+    ) -> None:
         if part.error_code != common_pb2.NONE:
-            error = error_for_code(part.error_code, part.error_message or f"Fetch of {tp} at offset {fetch_offset}")
+            error = error_for_code(
+                part.error_code, part.error_message or f"Fetch of {tp} at offset {fetch_offset}"
+            )
             if part.error_code == common_pb2.OFFSET_OUT_OF_RANGE and self.config.auto_offset_reset != "none":
-                log.info("%s: offset %d out of range; resetting to %s", tp, fetch_offset,
-                         self.config.auto_offset_reset)
+                log.info(
+                    "%s: offset %d out of range; resetting to %s",
+                    tp,
+                    fetch_offset,
+                    self.config.auto_offset_reset,
+                )
                 self._seek_to((tp,), _RESET_TIMESTAMPS[self.config.auto_offset_reset])
                 return
             if error.retriable:
@@ -581,8 +645,10 @@ class AsyncConsumer:
             # A batch larger than the partition's fetch size: ask for more next time.
             current = self._partition_fetch_bytes.get(tp, self.config.max_partition_fetch_bytes)
             if current >= self.config.fetch_max_bytes:
-                raise MessageTooLarge(f"the batch at offset {fetch_offset} of {tp} is larger than "
-                                      f"fetch_max_bytes={self.config.fetch_max_bytes}")
+                raise MessageTooLarge(
+                    f"the batch at offset {fetch_offset} of {tp} is larger than "
+                    f"fetch_max_bytes={self.config.fetch_max_bytes}"
+                )
             self._partition_fetch_bytes[tp] = min(current * 2, self.config.fetch_max_bytes)
             return
         self._partition_fetch_bytes.pop(tp, None)
@@ -721,7 +787,9 @@ class Consumer:
     def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return self._run(self._async.end_offsets(list(partitions)), "end_offsets()")
 
-    def offsets_for_times(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+    def offsets_for_times(
+        self, timestamps: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
         return self._run(self._async.offsets_for_times(dict(timestamps)), "offsets_for_times()")
 
     def committed(self, tp: TopicPartition) -> int | None:
@@ -731,8 +799,9 @@ class Consumer:
         """Store offsets synchronously (default: every assigned partition's position)."""
         return self._run(self._async.commit(offsets), "commit()")
 
-    def commit_async(self, offsets: Mapping[TopicPartition, int] | None = None,
-                     callback: CommitCallback | None = None) -> concurrent.futures.Future[dict[TopicPartition, int]]:
+    def commit_async(
+        self, offsets: Mapping[TopicPartition, int] | None = None, callback: CommitCallback | None = None
+    ) -> concurrent.futures.Future[dict[TopicPartition, int]]:
         """Commit in the background; the future (and `callback(offsets, error)`) tell the outcome.
         The callback runs on the consumer's loop thread."""
         snapshot = dict(offsets) if offsets is not None else None
@@ -768,4 +837,3 @@ class Consumer:
             batch = self.poll(self.config.fetch_max_wait_ms, max_records=1)
             if batch:
                 return batch[0]
-

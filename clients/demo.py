@@ -37,8 +37,9 @@ def run_demo(bootstrap: str, console: Console, settings: dict[str, str] | None =
             console.print(f"topic [bold]{DEMO_TOPIC}[/bold] exists")
     with Producer(bootstrap, **settings) as producer:
         futures = [
-            producer.send(DEMO_TOPIC, f"hello {i}".encode(), key=f"user-{i % 3}".encode(),
-                          headers=[("source", b"demo")])
+            producer.send(
+                DEMO_TOPIC, f"hello {i}".encode(), key=f"user-{i % 3}".encode(), headers=[("source", b"demo")]
+            )
             for i in range(DEMO_RECORDS)
         ]
         producer.flush()
@@ -47,8 +48,9 @@ def run_demo(bootstrap: str, console: Console, settings: dict[str, str] | None =
     table = Table(title=f"consumed from {DEMO_TOPIC}", title_justify="left")
     for column in ("partition", "offset", "key", "value"):
         table.add_column(column)
-    with Consumer(bootstrap=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
-                  **settings) as consumer:
+    with Consumer(
+        bootstrap=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False, **settings
+    ) as consumer:
         partitions = [TopicPartition(DEMO_TOPIC, p) for p in consumer.partitions_for_topic(DEMO_TOPIC)]
         consumer.assign(partitions)
         ends = consumer.end_offsets(partitions)
@@ -57,7 +59,11 @@ def run_demo(bootstrap: str, console: Console, settings: dict[str, str] | None =
         while time.monotonic() < deadline and any(consumer.position(tp) < ends[tp] for tp in partitions):
             for record in consumer.poll(timeout_ms=500, max_records=1000):
                 seen += 1
-                table.add_row(str(record.partition), str(record.offset),
-                              (record.key or b"").decode(), (record.value or b"").decode())
+                table.add_row(
+                    str(record.partition),
+                    str(record.offset),
+                    (record.key or b"").decode(),
+                    (record.value or b"").decode(),
+                )
     console.print(table)
     console.print(f"consumed {seen} records; keys keep their partition, offsets grow per partition")

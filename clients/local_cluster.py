@@ -91,11 +91,23 @@ class ServiceProcess:
 class LocalCluster:
     """etcd + controllers + brokers + gateways on loopback, under base_dir."""
 
-    def __init__(self, base_dir: Path, *, brokers: int = 3, controllers: int = 1, gateways: int = 1,
-                 lease_ttl_s: int = 6, gateway_port: int = 0, replica_lag_time_max_ms: int | None = None,
-                 racks: list[str] | None = None, python: str = sys.executable, tls: bool = False,
-                 service_args: list[str] | None = None, host: str = "127.0.0.1",
-                 placements: dict[str, Placement] | None = None) -> None:
+    def __init__(
+        self,
+        base_dir: Path,
+        *,
+        brokers: int = 3,
+        controllers: int = 1,
+        gateways: int = 1,
+        lease_ttl_s: int = 6,
+        gateway_port: int = 0,
+        replica_lag_time_max_ms: int | None = None,
+        racks: list[str] | None = None,
+        python: str = sys.executable,
+        tls: bool = False,
+        service_args: list[str] | None = None,
+        host: str = "127.0.0.1",
+        placements: dict[str, Placement] | None = None,
+    ) -> None:
         """tls: make a local CA and certificates under base_dir/tls and run etcd and every service
         with TLS (mutual TLS between them; each service also gets a --client-port for token
         clients). service_args: extra flags for every service (e.g. --authorizer acl).
@@ -113,20 +125,31 @@ class LocalCluster:
             from services.security.certs import ensure_local_pki
             from services.security.tls import ETCD_CLIENT_CA_FILE, etcd_client_cert_path, etcd_client_key_path
 
-            services = [*(f"controller-{i}" for i in range(1, controllers + 1)),
-                        *(f"broker-{i}" for i in range(1, brokers + 1)), *(f"gateway-{i}" for i in range(1, gateways + 1))]
+            services = [
+                *(f"controller-{i}" for i in range(1, controllers + 1)),
+                *(f"broker-{i}" for i in range(1, brokers + 1)),
+                *(f"gateway-{i}" for i in range(1, gateways + 1)),
+            ]
             # etcd takes client certificates of its own CA only: the services', its own health
             # probe's and the admin's (for tests and debugging that read etcd itself; `highwater
             # acl|token` go through the controller's RPCs and need none). Client certificates of the
             # cluster CA (issue_client_certificate) cannot reach it.
-            ensure_local_pki(self.tls_dir, ["etcd", ADMIN_TLS_NAME, *services],
-                             etcd_clients=["etcd", ADMIN_TLS_NAME, *services])
-            etcd_tls = EtcdServerTls(self.tls_dir / ETCD_CLIENT_CA_FILE, self.tls_dir / "etcd.pem",
-                                     self.tls_dir / "etcd-key.pem", probe_ca_file=self.tls_dir / "ca.pem",
-                                     probe_cert_file=etcd_client_cert_path(self.tls_dir, "etcd"),
-                                     probe_key_file=etcd_client_key_path(self.tls_dir, "etcd"))
-        self.etcd = EtcdServer(self.base_dir / "etcd", log_path=self.base_dir / "logs" / "etcd.log", tls=etcd_tls,
-                               host=host)
+            ensure_local_pki(
+                self.tls_dir,
+                ["etcd", ADMIN_TLS_NAME, *services],
+                etcd_clients=["etcd", ADMIN_TLS_NAME, *services],
+            )
+            etcd_tls = EtcdServerTls(
+                self.tls_dir / ETCD_CLIENT_CA_FILE,
+                self.tls_dir / "etcd.pem",
+                self.tls_dir / "etcd-key.pem",
+                probe_ca_file=self.tls_dir / "ca.pem",
+                probe_cert_file=etcd_client_cert_path(self.tls_dir, "etcd"),
+                probe_key_file=etcd_client_key_path(self.tls_dir, "etcd"),
+            )
+        self.etcd = EtcdServer(
+            self.base_dir / "etcd", log_path=self.base_dir / "logs" / "etcd.log", tls=etcd_tls, host=host
+        )
         self.processes: dict[str, ServiceProcess] = {}
         (self.base_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.base_dir / "run").mkdir(parents=True, exist_ok=True)
@@ -154,8 +177,14 @@ class LocalCluster:
         placement = self._placement(name)
         if placement.host != "127.0.0.1":  # the services' default: loopback command lines stay as they were
             args = [*args, "--host", placement.host]
-        self.processes[name] = ServiceProcess(name, kind, args, self.base_dir / "logs" / f"{name}.log",
-                                              self.base_dir / "run" / f"{name}.ready", placement=placement)
+        self.processes[name] = ServiceProcess(
+            name,
+            kind,
+            args,
+            self.base_dir / "logs" / f"{name}.log",
+            self.base_dir / "run" / f"{name}.ready",
+            placement=placement,
+        )
 
     # ---- addresses -----------------------------------------------------------------------
 
@@ -177,8 +206,11 @@ class LocalCluster:
     @property
     def gateway_client_address(self) -> str:
         """With tls: the gateways' listeners without client certificates (bearer-token clients)."""
-        return ",".join(f"{p.placement.host}:{p.info['client_port']}" for p in self.by_kind("gateway")
-                        if p.info.get("client_port"))
+        return ",".join(
+            f"{p.placement.host}:{p.info['client_port']}"
+            for p in self.by_kind("gateway")
+            if p.info.get("client_port")
+        )
 
     def client_settings(self, name: str | None = ADMIN_TLS_NAME) -> dict[str, str]:
         """Producer/Consumer/Admin settings for this cluster: {} without tls, else the CA and,
@@ -229,13 +261,26 @@ class LocalCluster:
 
     def _spawn(self, p: ServiceProcess) -> None:
         p.ready_path.unlink(missing_ok=True)
-        cmd = [*p.placement.command_prefix, self.python, "-m", "services", p.kind, *p.args,
-               "--etcd", self.etcd.endpoint, "--lease-ttl-s", str(self.lease_ttl_s), "--ready-file", str(p.ready_path),
-               *self.service_args]
+        cmd = [
+            *p.placement.command_prefix,
+            self.python,
+            "-m",
+            "services",
+            p.kind,
+            *p.args,
+            "--etcd",
+            self.etcd.endpoint,
+            "--lease-ttl-s",
+            str(self.lease_ttl_s),
+            "--ready-file",
+            str(p.ready_path),
+            *self.service_args,
+        ]
         log = p.log_path.open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        p.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  env=env, cwd=self.base_dir)
+        p.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.base_dir
+        )
         log.close()
         p.info = {}
 
@@ -243,8 +288,10 @@ class LocalCluster:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if p.proc is not None and p.proc.poll() is not None:
-                raise RuntimeError(f"{p.name} exited with code {p.proc.returncode} before it was ready; "
-                                   f"its log ({p.log_path}) ends with:\n{p.log_tail()}")
+                raise RuntimeError(
+                    f"{p.name} exited with code {p.proc.returncode} before it was ready; "
+                    f"its log ({p.log_path}) ends with:\n{p.log_tail()}"
+                )
             if p.ready_path.exists():
                 with contextlib.suppress(ValueError, OSError):
                     p.info = json.loads(p.ready_path.read_text())
@@ -255,8 +302,10 @@ class LocalCluster:
                             self._pin_port(p, int(p.info["client_port"]), "--client-port")  # type: ignore[call-overload]
                     return
             time.sleep(0.05)
-        raise TimeoutError(f"{p.name} was not ready within {timeout_s:.0f} s; its log ({p.log_path}) ends with:\n"
-                           f"{p.log_tail()}")
+        raise TimeoutError(
+            f"{p.name} was not ready within {timeout_s:.0f} s; its log ({p.log_path}) ends with:\n"
+            f"{p.log_tail()}"
+        )
 
     @staticmethod
     def _pin_port(p: ServiceProcess, port: int, flag: str = "--port") -> None:
@@ -327,25 +376,61 @@ class LocalCluster:
 
 # ---- the `highwater cluster up` command ------------------------------------------------------
 
+
 @click.command("up")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=Path("data/local-cluster"), show_default=True,
-              help="Where etcd's data, the brokers' logs and every process's log file go.")
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=Path("data/local-cluster"),
+    show_default=True,
+    help="Where etcd's data, the brokers' logs and every process's log file go.",
+)
 @click.option("--brokers", type=click.IntRange(1, 16), default=3, show_default=True)
 @click.option("--controllers", type=click.IntRange(1, 3), default=1, show_default=True)
 @click.option("--gateways", type=click.IntRange(1, 4), default=1, show_default=True)
-@click.option("--gateway-port", type=click.IntRange(0, 65535), default=9092, show_default=True,
-              help="Port of the first gateway (0: any free port).")
+@click.option(
+    "--gateway-port",
+    type=click.IntRange(0, 65535),
+    default=9092,
+    show_default=True,
+    help="Port of the first gateway (0: any free port).",
+)
 @click.option("--lease-ttl-s", type=click.IntRange(2, 60), default=6, show_default=True)
-@click.option("--tls", is_flag=True,
-              help="Make a local CA and certificates (DATA_DIR/tls) and run etcd and every service with TLS.")
-@click.option("--authorizer", type=click.Choice(["none", "acl"]), default="none", show_default=True,
-              help="With --tls: enforce ACLs (`highwater acl`); User:admin is a super user.")
-@click.option("--demo", is_flag=True, help="Create a topic, produce and consume a few records, then keep running.")
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="Make a local CA and certificates (DATA_DIR/tls) and run etcd and every service with TLS.",
+)
+@click.option(
+    "--authorizer",
+    type=click.Choice(["none", "acl"]),
+    default="none",
+    show_default=True,
+    help="With --tls: enforce ACLs (`highwater acl`); User:admin is a super user.",
+)
+@click.option(
+    "--demo", is_flag=True, help="Create a topic, produce and consume a few records, then keep running."
+)
 @click.option("--exit-after-demo", is_flag=True, help="With --demo: stop the cluster when the demo is done.")
-@click.option("--spark-demo/--no-spark-demo", default=True, show_default=True,
-              help="With --demo: also write and read the topic with a local PySpark job (needs pyspark, Java 17).")
-def up_command(data_dir: Path, brokers: int, controllers: int, gateways: int, gateway_port: int, lease_ttl_s: int,
-               tls: bool, authorizer: str, demo: bool, exit_after_demo: bool, spark_demo: bool) -> None:
+@click.option(
+    "--spark-demo/--no-spark-demo",
+    default=True,
+    show_default=True,
+    help="With --demo: also write and read the topic with a local PySpark job (needs pyspark, Java 17).",
+)
+def up_command(
+    data_dir: Path,
+    brokers: int,
+    controllers: int,
+    gateways: int,
+    gateway_port: int,
+    lease_ttl_s: int,
+    tls: bool,
+    authorizer: str,
+    demo: bool,
+    exit_after_demo: bool,
+    spark_demo: bool,
+) -> None:
     """Start etcd and a whole cluster as child processes on 127.0.0.1.
 
     Runs until Ctrl-C or SIGTERM, then stops every process cleanly.
@@ -356,13 +441,24 @@ def up_command(data_dir: Path, brokers: int, controllers: int, gateways: int, ga
 
     console = Console()
     if gateway_port and not _port_free(gateway_port):
-        raise click.ClickException(f"port {gateway_port} is in use: stop what listens there or pass "
-                                   "--gateway-port 0")
+        raise click.ClickException(
+            f"port {gateway_port} is in use: stop what listens there or pass --gateway-port 0"
+        )
     if authorizer == "acl" and not tls:
         raise click.UsageError("--authorizer acl needs --tls (ACLs name authenticated principals)")
-    service_args = ["--authorizer", "acl", "--super-users", f"User:{ADMIN_TLS_NAME}"] if authorizer == "acl" else []
-    cluster = LocalCluster(data_dir, brokers=brokers, controllers=controllers, gateways=gateways,
-                           lease_ttl_s=lease_ttl_s, gateway_port=gateway_port, tls=tls, service_args=service_args)
+    service_args = (
+        ["--authorizer", "acl", "--super-users", f"User:{ADMIN_TLS_NAME}"] if authorizer == "acl" else []
+    )
+    cluster = LocalCluster(
+        data_dir,
+        brokers=brokers,
+        controllers=controllers,
+        gateways=gateways,
+        lease_ttl_s=lease_ttl_s,
+        gateway_port=gateway_port,
+        tls=tls,
+        service_args=service_args,
+    )
     stop_requested = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -377,23 +473,33 @@ def up_command(data_dir: Path, brokers: int, controllers: int, gateways: int, ga
         except (RuntimeError, TimeoutError) as exc:
             raise click.ClickException(str(exc)) from exc
     try:
-        console.print("[bold]Highwater local cluster[/bold] (data and logs under "
-                      f"{cluster.base_dir})", soft_wrap=True)
+        console.print(
+            f"[bold]Highwater local cluster[/bold] (data and logs under {cluster.base_dir})", soft_wrap=True
+        )
         console.print(f"  etcd          pid {cluster.etcd.pid:<7} {cluster.etcd.endpoint}", soft_wrap=True)
         for p in cluster.processes.values():
-            console.print(f"  {p.name:<13} pid {p.pid:<7} {p.address:<21} "
-                          f"metrics http://127.0.0.1:{p.info.get('metrics_port')}/metrics  log {p.log_path}",
-                          soft_wrap=True)
+            console.print(
+                f"  {p.name:<13} pid {p.pid:<7} {p.address:<21} "
+                f"metrics http://127.0.0.1:{p.info.get('metrics_port')}/metrics  log {p.log_path}",
+                soft_wrap=True,
+            )
         tls_flags = f" --tls-dir {cluster.tls_dir} --tls-name {ADMIN_TLS_NAME}" if cluster.tls_dir else ""
-        console.print(f"bootstrap (gateway): [bold]{cluster.gateway_address}[/bold]   "
-                      f"try: highwater --bootstrap {cluster.gateway_address}{tls_flags} topic list", soft_wrap=True)
+        console.print(
+            f"bootstrap (gateway): [bold]{cluster.gateway_address}[/bold]   "
+            f"try: highwater --bootstrap {cluster.gateway_address}{tls_flags} topic list",
+            soft_wrap=True,
+        )
         if cluster.tls_dir is not None:
-            console.print(f"TLS: certificates in {cluster.tls_dir}; etcd at https://{cluster.etcd.endpoint}; "
-                          f"bearer-token clients use {cluster.gateway_client_address} "
-                          f"(highwater --bootstrap {cluster.gateway_address}{tls_flags} token create "
-                          "--principal User:NAME)", soft_wrap=True)
+            console.print(
+                f"TLS: certificates in {cluster.tls_dir}; etcd at https://{cluster.etcd.endpoint}; "
+                f"bearer-token clients use {cluster.gateway_client_address} "
+                f"(highwater --bootstrap {cluster.gateway_address}{tls_flags} token create "
+                "--principal User:NAME)",
+                soft_wrap=True,
+            )
         if demo:
             from clients.demo import run_demo
+
             run_demo(cluster.gateway_address, console, cluster.client_settings())
             if spark_demo and not tls:
                 _spark_demo(cluster.gateway_address, console)
@@ -403,7 +509,9 @@ def up_command(data_dir: Path, brokers: int, controllers: int, gateways: int, ga
         while not stop_requested:
             for p in cluster.processes.values():
                 if p.proc is not None and p.proc.poll() is not None and not stop_requested:
-                    console.print(f"[red]{p.name} exited with code {p.proc.returncode}; see {p.log_path}[/red]")
+                    console.print(
+                        f"[red]{p.name} exited with code {p.proc.returncode}; see {p.log_path}[/red]"
+                    )
                     p.proc = None
             time.sleep(0.2)
     finally:
@@ -424,7 +532,7 @@ def _spark_demo(bootstrap: str, console: object) -> None:
     if shutil.which("java") is None:
         console.print("[yellow]skipping the Spark demo: no java on PATH (install Java 17)[/yellow]")  # type: ignore[attr-defined]
         return
-    console.print("[bold]Spark:[/bold] format(\"highwater\") write and read-back on local[2] ...")  # type: ignore[attr-defined]
+    console.print('[bold]Spark:[/bold] format("highwater") write and read-back on local[2] ...')  # type: ignore[attr-defined]
     run_spark_demo(bootstrap)
 
 

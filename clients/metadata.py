@@ -67,7 +67,9 @@ class ClusterMetadata:
         else:
             self._stale.add(topic)
 
-    def update(self, response: common_pb2.MetadataResponse, now_ms: int, *, asked: list[str] | None = None) -> None:
+    def update(
+        self, response: common_pb2.MetadataResponse, now_ms: int, *, asked: list[str] | None = None
+    ) -> None:
         """Take a Metadata answer. Topics asked for but answered with an error are forgotten."""
         self.cluster_id = response.cluster_id
         self.controller_id = response.controller_id
@@ -79,7 +81,9 @@ class ClusterMetadata:
             self._stale.discard(topic.name)
             if topic.error_code != common_pb2.NONE:
                 self.topics.pop(topic.name, None)
-                self.topic_errors[topic.name] = error_for_code(topic.error_code, topic.error_message or topic.name)
+                self.topic_errors[topic.name] = error_for_code(
+                    topic.error_code, topic.error_message or topic.name
+                )
                 continue
             self.topic_errors.pop(topic.name, None)
             ordered = sorted(topic.partitions, key=lambda p: p.partition)
@@ -90,7 +94,9 @@ class ClusterMetadata:
                 available=tuple(p.partition for p in ordered if p.leader >= 0),
                 metadata=topic,
                 fetched_at_ms=now_ms,
-                tps=tuple(TopicPartition(topic.name, p) for p in range(ordered[-1].partition + 1 if ordered else 0)),
+                tps=tuple(
+                    TopicPartition(topic.name, p) for p in range(ordered[-1].partition + 1 if ordered else 0)
+                ),
                 max_message_bytes=topic.config.max_message_bytes,
             )
         if asked is None:
@@ -124,7 +130,9 @@ class MetadataFetcher:
         async with self._refresh_lock:
             response = await self.connection.call("Metadata", common_pb2.MetadataRequest(topics=topics or []))
             self.cache.update(response, now_ms(), asked=list(topics) if topics else None)
-            self.connection.learn_gateways([f"{g.host}:{g.port}" for g in response.gateways if g.host and g.port])
+            self.connection.learn_gateways(
+                [f"{g.host}:{g.port}" for g in response.gateways if g.host and g.port]
+            )
             return response
 
     async def topic(self, topic: str, *, wait_ms: int, backoff_ms: int) -> TopicInfo:

@@ -85,13 +85,19 @@ class StickyPartitioner:
         sticky partition that lost its leader (metadata changed) is left at once.
         """
         state = self._sticky.get(topic)
-        if state is None or state[1] >= self._batch_size_bytes or state[0] >= num_partitions \
-                or (available and not _holds(available, state[0])):
+        if (
+            state is None
+            or state[1] >= self._batch_size_bytes
+            or state[0] >= num_partitions
+            or (available and not _holds(available, state[0]))
+        ):
             state = self._switch(topic, num_partitions, available, None if state is None else state[0])
         state[1] += size_bytes
         return state[0]
 
-    def _switch(self, topic: str, num_partitions: int, available: Sequence[int], previous: int | None) -> list[int]:
+    def _switch(
+        self, topic: str, num_partitions: int, available: Sequence[int], previous: int | None
+    ) -> list[int]:
         candidates: Sequence[int] = available or range(num_partitions)
         if previous is None:
             chosen = candidates[self._rng.randrange(len(candidates))]

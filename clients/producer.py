@@ -97,7 +97,11 @@ def _check_headers(headers: HeadersArg) -> tuple[list[tuple[str, bytes]], int]:
         if not isinstance(name, str) or not name:
             raise InvalidArgument(f"a header name must be a non-empty str, got {name!r}")
         value_bytes = _check_bytes(f"header {name!r} value", value)
-        size += len(name.encode()) + (len(value_bytes) if value_bytes is not None else 0) + HEADER_OVERHEAD_BYTES_MAX
+        size += (
+            len(name.encode())
+            + (len(value_bytes) if value_bytes is not None else 0)
+            + HEADER_OVERHEAD_BYTES_MAX
+        )
         checked.append((name, value_bytes))  # type: ignore[arg-type]
     return checked, size
 
@@ -111,8 +115,13 @@ def _log_sender_end(task: asyncio.Task[None]) -> None:
 class _ProducerCore:
     """What both producers share. Appends may come from any thread; the rest runs on `loop`."""
 
-    def __init__(self, config: ProducerConfig, loop: asyncio.AbstractEventLoop, wake: Callable[[], None],
-                 on_batch_done: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: ProducerConfig,
+        loop: asyncio.AbstractEventLoop,
+        wake: Callable[[], None],
+        on_batch_done: Callable[[], None],
+    ) -> None:
         self.config = config
         self.loop = loop
         self.wake = wake
@@ -135,7 +144,9 @@ class _ProducerCore:
             buffer_memory_bytes=config.buffer_memory_bytes,
         )
         self.partitioner = StickyPartitioner(config.batch_size_bytes)
-        self.sender = Sender(config, self.accumulator, self.lock, self.connection, self.metadata, on_batch_done)
+        self.sender = Sender(
+            config, self.accumulator, self.lock, self.connection, self.metadata, on_batch_done
+        )
         self.sender_task: asyncio.Task[None] | None = None
         self.closed = False
         self._valid_topics: set[str] = set()
@@ -165,8 +176,9 @@ class _ProducerCore:
         self._refreshing[topic] = self.loop.create_task(_refresh())
 
     async def topic_info(self, topic: str) -> TopicInfo:
-        return await self.fetcher.topic(topic, wait_ms=self.config.max_block_ms,
-                                        backoff_ms=self.config.retry_backoff_ms)
+        return await self.fetcher.topic(
+            topic, wait_ms=self.config.max_block_ms, backoff_ms=self.config.retry_backoff_ms
+        )
 
     async def shutdown(self, pending_records: int) -> None:
         """Fail what is left, stop the sender, close the channels."""
@@ -194,8 +206,17 @@ class _ProducerCore:
         info = self.metadata.get(topic)
         return info, info is None or self.metadata.needs_refresh(topic, now_ms())
 
-    def append_one(self, info: TopicInfo, value: object, key: object, headers: HeadersArg, partition: object,
-                   timestamp_ms: object, future: Any, callback: Callback | None) -> Pending | None:
+    def append_one(
+        self,
+        info: TopicInfo,
+        value: object,
+        key: object,
+        headers: HeadersArg,
+        partition: object,
+        timestamp_ms: object,
+        future: Any,
+        callback: Callback | None,
+    ) -> Pending | None:
         """Check one record, choose its partition and append it: None when done, or (when the
         buffer is full) what to pass to `try_append` once there is room.
 
@@ -216,8 +237,9 @@ class _ProducerCore:
         if headers is not None:
             header_list, header_bytes = _check_headers(headers)
             size += header_bytes
-        if size > self.record_bytes_max or (info.max_message_bytes and
-                                            size + BATCH_OVERHEAD_BYTES > info.max_message_bytes):
+        if size > self.record_bytes_max or (
+            info.max_message_bytes and size + BATCH_OVERHEAD_BYTES > info.max_message_bytes
+        ):
             raise self._too_large(info, size, "record")
         if timestamp_ms is None:
             timestamp_ms = time_ns() // 1_000_000
@@ -231,10 +253,20 @@ class _ProducerCore:
         with self.lock:
             if partition is None and key is None:
                 tp = tps[self.partitioner.partition(info.name, len(tps), info.available, size)]
-            if accumulator.buffered_bytes and accumulator.buffered_bytes + size > accumulator.buffer_memory_bytes:
+            if (
+                accumulator.buffered_bytes
+                and accumulator.buffered_bytes + size > accumulator.buffer_memory_bytes
+            ):
                 return tp, record, header_list, size
-            created, full = accumulator.append(tp, record, header_list, size, future, callback,  # type: ignore[arg-type]
-                                               int(monotonic() * 1000))
+            created, full = accumulator.append(
+                tp,
+                record,
+                header_list,
+                size,
+                future,
+                callback,  # type: ignore[arg-type]
+                int(monotonic() * 1000),
+            )
         if created or full:
             self.wake()
         return None
@@ -249,8 +281,9 @@ class _ProducerCore:
                 return tps[self.partitioner.partition(info.name, len(tps), info.available, size)]
         if type(partition) is not int or not 0 <= partition < len(tps):  # type: ignore[operator]
             check_int("partition", partition, minimum=0)
-            raise UnknownTopicOrPartition(f"partition {partition} of {info.name!r} does not exist "
-                                          f"(it has {len(tps)})")
+            raise UnknownTopicOrPartition(
+                f"partition {partition} of {info.name!r} does not exist (it has {len(tps)})"
+            )
         return tps[partition]  # type: ignore[index]
 
     def _too_large(self, info: TopicInfo, size: int, what: str) -> MessageTooLarge:
@@ -268,22 +301,39 @@ class _ProducerCore:
             self._valid_topics.add(topic)  # type: ignore[arg-type]
         return topic  # type: ignore[return-value]
 
-    def try_append(self, tp: TopicPartition, record: tuple[Any, ...], headers: list[tuple[str, bytes]] | None,
-                   size: int, future: Any, callback: Callback | None) -> bool:
+    def try_append(
+        self,
+        tp: TopicPartition,
+        record: tuple[Any, ...],
+        headers: list[tuple[str, bytes]] | None,
+        size: int,
+        future: Any,
+        callback: Callback | None,
+    ) -> bool:
         """Append if the buffer has room (caller holds no lock). False: no room, wait and retry."""
         accumulator = self.accumulator
         with self.lock:
-            if accumulator.buffered_bytes and accumulator.buffered_bytes + size > accumulator.buffer_memory_bytes:
+            if (
+                accumulator.buffered_bytes
+                and accumulator.buffered_bytes + size > accumulator.buffer_memory_bytes
+            ):
                 return False
             created, full = accumulator.append(tp, record, headers, size, future, callback, now_ms())  # type: ignore[arg-type]
         if created or full:
             self.wake()
         return True
 
-    def prepare_runs(self, info: TopicInfo, values: object, key: object, headers: HeadersArg,
-                     partition: object, timestamp_ms: object
-                     ) -> tuple[int, list[tuple[TopicPartition, int, int, int]], list[tuple[Any, ...]],
-                                list[tuple[str, bytes]]]:
+    def prepare_runs(
+        self,
+        info: TopicInfo,
+        values: object,
+        key: object,
+        headers: HeadersArg,
+        partition: object,
+        timestamp_ms: object,
+    ) -> tuple[
+        int, list[tuple[TopicPartition, int, int, int]], list[tuple[Any, ...]], list[tuple[str, bytes]]
+    ]:
         """Check a bulk send and cut it into runs of about batch_size_bytes.
 
         Returns (record count, [(tp, start, end, size_bytes)], record tuples, headers). Per-record
@@ -308,7 +358,11 @@ class _ProducerCore:
         if count and max(lengths) + fixed > self.record_bytes_max:
             index = lengths.index(max(lengths))
             raise self._too_large(info, lengths[index] + fixed, f"values[{index}]")
-        if info.max_message_bytes and count and max(lengths) + fixed + BATCH_OVERHEAD_BYTES > info.max_message_bytes:
+        if (
+            info.max_message_bytes
+            and count
+            and max(lengths) + fixed + BATCH_OVERHEAD_BYTES > info.max_message_bytes
+        ):
             index = lengths.index(max(lengths))
             raise self._too_large(info, lengths[index] + fixed, f"values[{index}]")
         cumulative = list(accumulate(lengths))
@@ -319,20 +373,34 @@ class _ProducerCore:
         while start < count:
             before = cumulative[start - 1] if start else 0
             # The longest run from `start` whose bytes stay within a batch (at least one record).
-            fit = bisect_right(range(start + 1, count + 1), run_bytes,
-                               key=lambda end, before=before, start=start:
-                               cumulative[end - 1] - before + fixed * (end - start))
+            fit = bisect_right(
+                range(start + 1, count + 1),
+                run_bytes,
+                key=lambda end, before=before, start=start: (
+                    cumulative[end - 1] - before + fixed * (end - start)
+                ),
+            )
             end = start + max(fit, 1)
             size = cumulative[end - 1] - before + fixed * (end - start)
             runs.append((self._choose(info, key, partition, size), start, end, size))
             start = end
         return count, runs, records_, header_list
 
-    def try_append_run(self, tp: TopicPartition, run: list[tuple[Any, ...]], headers: list[tuple[str, bytes]],
-                       size: int, sink: BulkSendResult, sink_start: int) -> bool:
+    def try_append_run(
+        self,
+        tp: TopicPartition,
+        run: list[tuple[Any, ...]],
+        headers: list[tuple[str, bytes]],
+        size: int,
+        sink: BulkSendResult,
+        sink_start: int,
+    ) -> bool:
         accumulator = self.accumulator
         with self.lock:
-            if accumulator.buffered_bytes and accumulator.buffered_bytes + size > accumulator.buffer_memory_bytes:
+            if (
+                accumulator.buffered_bytes
+                and accumulator.buffered_bytes + size > accumulator.buffer_memory_bytes
+            ):
                 return False
             accumulator.append_run(tp, run, headers, size, sink, sink_start, now_ms())
         self.wake()
@@ -376,9 +444,17 @@ class Producer:
             self._thread.call_soon(self._core.refresh_in_background, topic)
         return info
 
-    def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
-             headers: HeadersArg = None, partition: int | None = None, timestamp_ms: int | None = None,
-             callback: Callback | None = None) -> concurrent.futures.Future[RecordMetadata]:
+    def send(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        *,
+        headers: HeadersArg = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        callback: Callback | None = None,
+    ) -> concurrent.futures.Future[RecordMetadata]:
         """Queue one record; the future resolves to its RecordMetadata or fails with a HighwaterError.
 
         Blocks only when the topic's metadata is not cached yet or the buffer is full
@@ -389,15 +465,30 @@ class Producer:
         self._append(topic, value, key, headers, partition, timestamp_ms, future, callback)
         return future
 
-    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
-                headers: HeadersArg = None, partition: int | None = None, timestamp_ms: int | None = None,
-                callback: Callback | None = None) -> None:
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        *,
+        headers: HeadersArg = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        callback: Callback | None = None,
+    ) -> None:
         """`send` without a future: the fast path for bulk loads. Errors reach `callback` only."""
         self._append(topic, value, key, headers, partition, timestamp_ms, None, callback)
 
-    def send_batch(self, topic: str, values: Sequence[bytes], *, key: bytes | None = None,
-                   partition: int | None = None, headers: HeadersArg = None,
-                   timestamp_ms: int | None = None) -> concurrent.futures.Future[SentRecords]:
+    def send_batch(
+        self,
+        topic: str,
+        values: Sequence[bytes],
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: HeadersArg = None,
+        timestamp_ms: int | None = None,
+    ) -> concurrent.futures.Future[SentRecords]:
         """Queue many values at once (all with one key, headers and timestamp): the bulk path.
 
         Checks and batching run in C loops and each batch is encoded once, so this goes
@@ -409,7 +500,9 @@ class Producer:
         core = self._core
         core.check_open()
         info = self._topic_info(core.check_topic(topic))
-        count, runs, records_, header_list = core.prepare_runs(info, values, key, headers, partition, timestamp_ms)
+        count, runs, records_, header_list = core.prepare_runs(
+            info, values, key, headers, partition, timestamp_ms
+        )
         future: concurrent.futures.Future[SentRecords] = concurrent.futures.Future()
         sink = BulkSendResult(info.name, count, future)
         for number, (tp, start, end, size) in enumerate(runs):
@@ -423,8 +516,17 @@ class Producer:
                 raise
         return future
 
-    def _append(self, topic: str, value: object, key: object, headers: HeadersArg, partition: int | None,
-                timestamp_ms: int | None, future: Any, callback: Callback | None) -> None:
+    def _append(
+        self,
+        topic: str,
+        value: object,
+        key: object,
+        headers: HeadersArg,
+        partition: int | None,
+        timestamp_ms: int | None,
+        future: Any,
+        callback: Callback | None,
+    ) -> None:
         core = self._core
         core.check_open()
         info = self._topic_info(core.check_topic(topic))
@@ -503,7 +605,9 @@ class Producer:
         except HighwaterError:
             pass  # what is left fails below
         try:
-            self._thread.run(core.shutdown(core.pending_records()), timeout_ms=10_000, what="closing the producer")
+            self._thread.run(
+                core.shutdown(core.pending_records()), timeout_ms=10_000, what="closing the producer"
+            )
         except HighwaterError:
             pass
         finally:
@@ -538,8 +642,9 @@ class AsyncProducer:
         if self._closed:
             raise ClientClosed("the producer is closed")
         loop = asyncio.get_running_loop()
-        core = _ProducerCore(self.config, loop, wake=lambda: core.sender.wake(),
-                             on_batch_done=self._batch_done.set)
+        core = _ProducerCore(
+            self.config, loop, wake=lambda: core.sender.wake(), on_batch_done=self._batch_done.set
+        )
         core.start()
         self._core = core
 
@@ -560,9 +665,17 @@ class AsyncProducer:
             core.refresh_in_background(topic)
         return info
 
-    async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
-                   headers: HeadersArg = None, partition: int | None = None, timestamp_ms: int | None = None,
-                   callback: Callback | None = None) -> asyncio.Future[RecordMetadata]:
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        *,
+        headers: HeadersArg = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        callback: Callback | None = None,
+    ) -> asyncio.Future[RecordMetadata]:
         """Queue one record; await the returned future for its RecordMetadata.
 
         Awaits only for metadata or buffer space (at most max_block_ms). Raises at once,
@@ -602,13 +715,22 @@ class AsyncProducer:
             with core.lock:
                 core.accumulator.memory_waiters -= 1
 
-    async def send_batch(self, topic: str, values: Sequence[bytes], *, key: bytes | None = None,
-                         partition: int | None = None, headers: HeadersArg = None,
-                         timestamp_ms: int | None = None) -> asyncio.Future[SentRecords]:
+    async def send_batch(
+        self,
+        topic: str,
+        values: Sequence[bytes],
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: HeadersArg = None,
+        timestamp_ms: int | None = None,
+    ) -> asyncio.Future[SentRecords]:
         """As Producer.send_batch: queue many values at once; await the future for their metadata."""
         core = await self._ready_core()
         info = await self._topic_info(core, core.check_topic(topic))
-        count, runs, records_, header_list = core.prepare_runs(info, values, key, headers, partition, timestamp_ms)
+        count, runs, records_, header_list = core.prepare_runs(
+            info, values, key, headers, partition, timestamp_ms
+        )
         future: asyncio.Future[SentRecords] = core.loop.create_future()
         sink = BulkSendResult(info.name, count, future)
         for number, (tp, start, end, size) in enumerate(runs):
@@ -622,11 +744,20 @@ class AsyncProducer:
                 raise
         return future
 
-    async def send_and_wait(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
-                            headers: HeadersArg = None, partition: int | None = None,
-                            timestamp_ms: int | None = None) -> RecordMetadata:
+    async def send_and_wait(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        *,
+        headers: HeadersArg = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> RecordMetadata:
         """send() and wait for the acknowledgement."""
-        future = await self.send(topic, value, key, headers=headers, partition=partition, timestamp_ms=timestamp_ms)
+        future = await self.send(
+            topic, value, key, headers=headers, partition=partition, timestamp_ms=timestamp_ms
+        )
         return await future
 
     async def flush(self, timeout_ms: int | None = None) -> None:

@@ -99,7 +99,9 @@ def _compression_code(compression: str) -> int:
         ) from None
 
 
-def _new_builder(compression: str, producer_id: int, producer_epoch: int, base_sequence: int) -> DefaultRecordBatchBuilder:
+def _new_builder(
+    compression: str, producer_id: int, producer_epoch: int, base_sequence: int
+) -> DefaultRecordBatchBuilder:
     return DefaultRecordBatchBuilder(
         _MAGIC_V2,
         _compression_code(compression),
@@ -183,7 +185,7 @@ def decode_batches(buf: bytes | bytearray | memoryview, *, check_crc: bool = Tru
     data = bytes(buf) if not isinstance(buf, bytes) else buf
     view = memoryview(data)
     for position, size in _batch_extents(data):
-        batch = DefaultRecordBatch(view[position:position + size])
+        batch = DefaultRecordBatch(view[position : position + size])
         if check_crc and not batch.validate_crc():
             raise CorruptMessage(f"CRC mismatch in the batch at offset {batch.base_offset}")
         if batch.attributes & _CONTROL_MASK:
@@ -202,8 +204,10 @@ def decode_batches(buf: bytes | bytearray | memoryview, *, check_crc: bool = Tru
         except MemoryError:
             raise
         except Exception as error:  # each codec has its own error types: zlib.error, EOFError, cramjam's...
-            raise CorruptMessage(f"batch at offset {batch.base_offset}: its records do not decompress "
-                                 f"({type(error).__name__}: {error})") from error
+            raise CorruptMessage(
+                f"batch at offset {batch.base_offset}: its records do not decompress "
+                f"({type(error).__name__}: {error})"
+            ) from error
         try:
             for record in records:
                 yield Record(
@@ -233,15 +237,20 @@ def _batch_extents(data: bytes) -> Iterator[tuple[int, int]]:
     while end - position >= LOG_OVERHEAD:
         (length,) = _INT32.unpack_from(data, position + BATCH_LENGTH_POS)
         if length < _RECORD_OVERHEAD_V0:
-            raise CorruptMessage(f"batch at byte {position}: its length {length} is below the minimum record "
-                                 f"overhead ({_RECORD_OVERHEAD_V0})")
+            raise CorruptMessage(
+                f"batch at byte {position}: its length {length} is below the minimum record "
+                f"overhead ({_RECORD_OVERHEAD_V0})"
+            )
         if length > end - position - LOG_OVERHEAD:
             return
         if data[position + MAGIC_POS] != _MAGIC_V2:
-            raise CorruptMessage(f"batch at byte {position} is not magic {_MAGIC_V2} "
-                                 f"(magic {data[position + MAGIC_POS]})")
+            raise CorruptMessage(
+                f"batch at byte {position} is not magic {_MAGIC_V2} (magic {data[position + MAGIC_POS]})"
+            )
         if length < MIN_BATCH_LENGTH:
-            raise CorruptMessage(f"batch at byte {position}: its length {length} is below a v2 batch header "
-                                 f"({MIN_BATCH_LENGTH})")
+            raise CorruptMessage(
+                f"batch at byte {position}: its length {length} is below a v2 batch header "
+                f"({MIN_BATCH_LENGTH})"
+            )
         yield position, length + LOG_OVERHEAD
         position += length + LOG_OVERHEAD

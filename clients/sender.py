@@ -58,7 +58,9 @@ def backoff_ms(attempts: int, retry_backoff_ms: int, retry_backoff_max_ms: int) 
 _NO_HEADERS: list[tuple[str, bytes]] = []
 
 
-def with_headers(batch: ProducerBatch) -> list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]], int]]:
+def with_headers(
+    batch: ProducerBatch,
+) -> list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]], int]]:
     """The batch's records as records.encode_batch takes them: (key, value, headers, timestamp_ms).
 
     Built just before encoding, so these tuples (which hold lists) never linger in memory.
@@ -66,12 +68,15 @@ def with_headers(batch: ProducerBatch) -> list[tuple[bytes | None, bytes | None,
     headers = batch.headers
     if not headers:
         return [(key, value, _NO_HEADERS, timestamp_ms) for key, value, timestamp_ms in batch.records]
-    return [(key, value, headers.get(index, _NO_HEADERS), timestamp_ms)
-            for index, (key, value, timestamp_ms) in enumerate(batch.records)]
+    return [
+        (key, value, headers.get(index, _NO_HEADERS), timestamp_ms)
+        for index, (key, value, timestamp_ms) in enumerate(batch.records)
+    ]
 
 
-def settle_batch(batch: ProducerBatch, base_offset: int, log_append_time_ms: int,
-                 error: HighwaterError | None) -> None:
+def settle_batch(
+    batch: ProducerBatch, base_offset: int, log_append_time_ms: int, error: HighwaterError | None
+) -> None:
     """Resolve every record future, run every callback and tell every bulk sink of a completed batch.
 
     A callback that raises is logged and does not stop the others (as Kafka's).
@@ -82,8 +87,9 @@ def settle_batch(batch: ProducerBatch, base_offset: int, log_append_time_ms: int
         metadata: RecordMetadata | None = None
         if error is None:
             timestamp_ms = log_append_time_ms if log_append_time_ms >= 0 else records_[index][2]
-            metadata = RecordMetadata(topic, partition, base_offset + index if base_offset >= 0 else -1,
-                                      timestamp_ms)
+            metadata = RecordMetadata(
+                topic, partition, base_offset + index if base_offset >= 0 else -1, timestamp_ms
+            )
         if future is not None and not future.done():
             try:
                 if error is None:
@@ -98,8 +104,14 @@ def settle_batch(batch: ProducerBatch, base_offset: int, log_append_time_ms: int
             except Exception:
                 log.exception("a delivery callback for %s raised", batch.tp)
     for index, count, sink, input_start in batch.sinks:
-        sink.settle(input_start, batch.tp, base_offset + index if base_offset >= 0 else -1,
-                    records_[index:index + count], log_append_time_ms, error)
+        sink.settle(
+            input_start,
+            batch.tp,
+            base_offset + index if base_offset >= 0 else -1,
+            records_[index : index + count],
+            log_append_time_ms,
+            error,
+        )
 
 
 class SentRecords(Sequence[RecordMetadata]):
@@ -133,7 +145,9 @@ class SentRecords(Sequence[RecordMetadata]):
             index += self.count
         if not 0 <= index < self.count:
             raise IndexError(f"record {index} of a bulk send of {self.count}")
-        start, _count, partition, base_offset, timestamp_ms = self._runs[bisect_right(self._starts, index) - 1]
+        start, _count, partition, base_offset, timestamp_ms = self._runs[
+            bisect_right(self._starts, index) - 1
+        ]
         offset = base_offset + index - start if base_offset >= 0 else -1
         return RecordMetadata(self._topic, partition, offset, timestamp_ms)
 
@@ -160,8 +174,15 @@ class BulkSendResult:
         if count == 0:
             future.set_result(SentRecords(topic, 0, []))
 
-    def settle(self, input_start: int, tp: TopicPartition, base_offset: int, run: list[tuple[Any, ...]],
-               log_append_time_ms: int, error: HighwaterError | None) -> None:
+    def settle(
+        self,
+        input_start: int,
+        tp: TopicPartition,
+        base_offset: int,
+        run: list[tuple[Any, ...]],
+        log_append_time_ms: int,
+        error: HighwaterError | None,
+    ) -> None:
         if error is not None:
             self.error = self.error or error
         elif run:
@@ -322,7 +343,9 @@ class Sender:
                     continue
                 except (TypeError, ValueError, OverflowError) as error:
                     batches.remove(batch)
-                    self._fail(batch, error_for_code(common_pb2.CORRUPT_MESSAGE, f"cannot encode batch: {error}"))
+                    self._fail(
+                        batch, error_for_code(common_pb2.CORRUPT_MESSAGE, f"cannot encode batch: {error}")
+                    )
                     continue
             by_topic.setdefault(batch.tp.topic, []).append(
                 common_pb2.ProducePartitionData(partition=batch.tp.partition, records=batch.encoded)
@@ -332,7 +355,10 @@ class Sender:
         return common_pb2.ProduceRequest(
             acks=config.acks_wire,
             timeout_ms=min(config.request_timeout_ms, limits.PRODUCE_TIMEOUT_MS_MAX),
-            topics=[common_pb2.ProduceTopicData(topic=topic, partitions=parts) for topic, parts in by_topic.items()],
+            topics=[
+                common_pb2.ProduceTopicData(topic=topic, partitions=parts)
+                for topic, parts in by_topic.items()
+            ],
         )
 
     async def _send(self, request: common_pb2.ProduceRequest, batches: list[ProducerBatch]) -> None:
@@ -352,14 +378,20 @@ class Sender:
             for batch in batches:
                 answer = answers.get(batch.tp)
                 if answer is None:
-                    self._retry_or_fail(batch, RequestTimedOut(f"the gateway's Produce answer left out {batch.tp}"))
+                    self._retry_or_fail(
+                        batch, RequestTimedOut(f"the gateway's Produce answer left out {batch.tp}")
+                    )
                 elif answer.error_code == common_pb2.NONE:
                     base_offset = answer.base_offset if self.config.acks_wire != 0 else -1
-                    self._succeed(batch, base_offset, answer.log_append_time_ms if answer.log_append_time_ms > 0 else -1)
+                    self._succeed(
+                        batch, base_offset, answer.log_append_time_ms if answer.log_append_time_ms > 0 else -1
+                    )
                 elif answer.error_code == common_pb2.DUPLICATE_SEQUENCE_NUMBER:
                     self._succeed(batch, -1, -1)
                 else:
-                    error = error_for_code(answer.error_code, answer.error_message or f"producing to {batch.tp}")
+                    error = error_for_code(
+                        answer.error_code, answer.error_message or f"producing to {batch.tp}"
+                    )
                     if answer.error_code in _SEQUENCE_ERRORS:
                         self._fail(batch, error)
                     else:
@@ -391,10 +423,13 @@ class Sender:
             self._init_attempts += 1
             if error.retriable:
                 self._init_retry_at_ms = now_ms() + backoff_ms(
-                    self._init_attempts, self.config.retry_backoff_ms, self.config.retry_backoff_max_ms)
+                    self._init_attempts, self.config.retry_backoff_ms, self.config.retry_backoff_max_ms
+                )
                 log.info("InitProducerId failed (%s); retrying", error)
             else:
-                self.fatal_error = type(error)(f"the idempotent producer cannot get a producer id: {error.message}")
+                self.fatal_error = type(error)(
+                    f"the idempotent producer cannot get a producer id: {error.message}"
+                )
         finally:
             self._init_task = None
             self._wake.set()
@@ -406,11 +441,21 @@ class Sender:
         if error.refresh_metadata:
             self.metadata.mark_stale(batch.tp.topic)
         now = now_ms()
-        retry_at = now + backoff_ms(batch.attempts, self.config.retry_backoff_ms, self.config.retry_backoff_max_ms)
-        if error.retriable and not self._stopping_hard() and \
-                retry_at - batch.created_ms < self.config.delivery_timeout_ms:
-            log.debug("retrying %d records to %s after %s (attempt %d)", batch.record_count, batch.tp, error,
-                      batch.attempts)
+        retry_at = now + backoff_ms(
+            batch.attempts, self.config.retry_backoff_ms, self.config.retry_backoff_max_ms
+        )
+        if (
+            error.retriable
+            and not self._stopping_hard()
+            and retry_at - batch.created_ms < self.config.delivery_timeout_ms
+        ):
+            log.debug(
+                "retrying %d records to %s after %s (attempt %d)",
+                batch.record_count,
+                batch.tp,
+                error,
+                batch.attempts,
+            )
             with self.lock:
                 self.accumulator.reenqueue(batch, retry_at)
             return
@@ -443,4 +488,3 @@ class Sender:
 
 def closed_error(pending_records: int) -> ClientClosed:
     return ClientClosed(f"the producer was closed with {pending_records} record(s) not yet acknowledged")
-

@@ -90,11 +90,17 @@ class ClusterStatus:
     def to_json(self) -> dict[str, object]:
         return {
             "cluster_id": self.cluster_id,
-            "controller": {"id": self.controller_id, "address": self.controller_address,
-                           "epoch": self.controller_epoch},
+            "controller": {
+                "id": self.controller_id,
+                "address": self.controller_address,
+                "epoch": self.controller_epoch,
+            },
             "brokers": [asdict(b) for b in self.brokers],
-            "partitions": {"total": self.partition_count, "under_replicated": len(self.under_replicated),
-                           "offline": len(self.offline)},
+            "partitions": {
+                "total": self.partition_count,
+                "under_replicated": len(self.under_replicated),
+                "offline": len(self.offline),
+            },
             "under_replicated_partitions": [asdict(p) for p in self.under_replicated],
             "offline_partitions": [asdict(p) for p in self.offline],
         }
@@ -102,7 +108,10 @@ class ClusterStatus:
 
 # ---- gathering ---------------------------------------------------------------------------------
 
-def describe_cluster(bootstrap: str, timeout_s: float = DESCRIBE_TIMEOUT_S) -> common_pb2.DescribeClusterResponse:
+
+def describe_cluster(
+    bootstrap: str, timeout_s: float = DESCRIBE_TIMEOUT_S
+) -> common_pb2.DescribeClusterResponse:
     """DescribeCluster through the first gateway of `bootstrap` that answers; StatusError if none does."""
     addresses = [a.strip() for a in bootstrap.split(",") if a.strip()]
     if not addresses:
@@ -112,16 +121,21 @@ def describe_cluster(bootstrap: str, timeout_s: float = DESCRIBE_TIMEOUT_S) -> c
         with grpc.insecure_channel(address) as channel:
             try:
                 resp: common_pb2.DescribeClusterResponse = gateway_pb2_grpc.GatewayServiceStub(
-                    channel).DescribeCluster(common_pb2.DescribeClusterRequest(), timeout=timeout_s)
+                    channel
+                ).DescribeCluster(common_pb2.DescribeClusterRequest(), timeout=timeout_s)
             except grpc.RpcError as exc:
                 failures.append(f"{address}: {exc.code().name}")  # type: ignore[attr-defined]
                 continue
         if resp.error_code != common_pb2.NONE:
             code = common_pb2.ErrorCode.Name(resp.error_code)
-            raise StatusError(f"the gateway at {address} answered {code}: {resp.error_message or 'no detail'}")
+            raise StatusError(
+                f"the gateway at {address} answered {code}: {resp.error_message or 'no detail'}"
+            )
         return resp
-    raise StatusError(f"cannot reach a gateway ({'; '.join(failures)}); is one running? pass --bootstrap "
-                      "HOST:PORT or set HIGHWATER_BOOTSTRAP")
+    raise StatusError(
+        f"cannot reach a gateway ({'; '.join(failures)}); is one running? pass --bootstrap "
+        "HOST:PORT or set HIGHWATER_BOOTSTRAP"
+    )
 
 
 def scrape_broker(host: str, metrics_port: int, timeout_s: float = METRICS_TIMEOUT_S) -> dict[str, float]:
@@ -130,8 +144,12 @@ def scrape_broker(host: str, metrics_port: int, timeout_s: float = METRICS_TIMEO
         raise ValueError("the broker registered no metrics port")
     with urllib.request.urlopen(f"http://{host}:{metrics_port}/metrics", timeout=timeout_s) as resp:
         text = resp.read().decode()
-    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
-            if not s.labels}
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if not s.labels
+    }
 
 
 def _scrape_all(brokers: list[common_pb2.BrokerNode]) -> dict[int, dict[str, float] | str]:
@@ -149,16 +167,20 @@ def _scrape_all(brokers: list[common_pb2.BrokerNode]) -> dict[int, dict[str, flo
         return dict(zip([b.broker_id for b in brokers], pool.map(one, brokers), strict=True))
 
 
-def build_status(resp: common_pb2.DescribeClusterResponse,
-                 metrics: dict[int, dict[str, float] | str]) -> ClusterStatus:
+def build_status(
+    resp: common_pb2.DescribeClusterResponse, metrics: dict[int, dict[str, float] | str]
+) -> ClusterStatus:
     """Pure: the status from a DescribeCluster answer and the brokers' scraped samples."""
-    status = ClusterStatus(cluster_id=resp.cluster_id, controller_id=resp.controller_id,
-                           controller_address=(f"{resp.controller_host}:{resp.controller_port}"
-                                               if resp.controller_host else ""),
-                           controller_epoch=resp.controller_epoch)
+    status = ClusterStatus(
+        cluster_id=resp.cluster_id,
+        controller_id=resp.controller_id,
+        controller_address=(f"{resp.controller_host}:{resp.controller_port}" if resp.controller_host else ""),
+        controller_epoch=resp.controller_epoch,
+    )
     rows: dict[int, BrokerRow] = {
         b.broker_id: BrokerRow(id=b.broker_id, address=f"{b.host}:{b.port}", rack=b.rack, alive=True)
-        for b in resp.brokers}
+        for b in resp.brokers
+    }
     for p in resp.partitions:
         row = PartitionRow(p.topic, p.partition, p.leader, list(p.isr), list(p.replicas))
         status.partition_count += 1
@@ -193,23 +215,40 @@ def gather(bootstrap: str) -> ClusterStatus:
 
 # ---- showing -----------------------------------------------------------------------------------
 
+
 def render(status: ClusterStatus, console: Console) -> None:
     if status.controller_id >= 0:
-        controller = (f"{status.controller_id} at {status.controller_address or '?'} "
-                      f"(epoch {status.controller_epoch})")
+        controller = (
+            f"{status.controller_id} at {status.controller_address or '?'} (epoch {status.controller_epoch})"
+        )
     else:
         controller = "[red]none active[/red]"
     console.print(f"cluster id: [bold]{escape(status.cluster_id or '-')}[/bold]   controller: {controller}")
     urp, offline = len(status.under_replicated), len(status.offline)
-    console.print(f"partitions: {status.partition_count}   "
-                  f"under-replicated: {_colour(urp, 'yellow')}   offline: {_colour(offline, 'red')}")
+    console.print(
+        f"partitions: {status.partition_count}   "
+        f"under-replicated: {_colour(urp, 'yellow')}   offline: {_colour(offline, 'red')}"
+    )
 
     # Short headers, explained in the caption, so the table fits an 80-column terminal.
-    table = Table(title="brokers", title_justify="left", box=box.SIMPLE_HEAD, caption_justify="left",
-                  caption="replicas: partition replicas hosted; leads: partitions led; URP: of those, "
-                          "under-replicated; lag: replica fetcher max lag (records)")
-    for column, justify in (("id", "right"), ("address", "left"), ("rack", "left"), ("status", "left"),
-                            ("replicas", "right"), ("leads", "right"), ("URP", "right"), ("lag", "right")):
+    table = Table(
+        title="brokers",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        caption_justify="left",
+        caption="replicas: partition replicas hosted; leads: partitions led; URP: of those, "
+        "under-replicated; lag: replica fetcher max lag (records)",
+    )
+    for column, justify in (
+        ("id", "right"),
+        ("address", "left"),
+        ("rack", "left"),
+        ("status", "left"),
+        ("replicas", "right"),
+        ("leads", "right"),
+        ("URP", "right"),
+        ("lag", "right"),
+    ):
         table.add_column(column, justify=justify, no_wrap=column == "address")  # type: ignore[arg-type]
     for b in status.brokers:
         if b.metrics_error is not None:
@@ -218,20 +257,34 @@ def render(status: ClusterStatus, console: Console) -> None:
             lag = "-" if not b.alive else "0"
         else:
             lag = f"{b.max_lag:.0f}"
-        table.add_row(str(b.id), b.address or "-", b.rack or "-", "[green]up[/green]" if b.alive else "[red]down[/red]",
-                      str(b.partitions), str(b.leaders), _colour(b.under_replicated, "yellow"), lag)
+        table.add_row(
+            str(b.id),
+            b.address or "-",
+            b.rack or "-",
+            "[green]up[/green]" if b.alive else "[red]down[/red]",
+            str(b.partitions),
+            str(b.leaders),
+            _colour(b.under_replicated, "yellow"),
+            lag,
+        )
     console.print(table)
 
-    for title, rows, colour in (("offline partitions", status.offline, "red"),
-                                ("under-replicated partitions", status.under_replicated, "yellow")):
+    for title, rows, colour in (
+        ("offline partitions", status.offline, "red"),
+        ("under-replicated partitions", status.under_replicated, "yellow"),
+    ):
         if not rows:
             continue
         t = Table(title=f"[{colour}]{title}[/{colour}]", title_justify="left", box=box.SIMPLE_HEAD)
         for column in ("partition", "leader", "isr", "replicas"):
             t.add_column(column)
         for p in rows[:PARTITIONS_LISTED_MAX]:
-            t.add_row(escape(f"{p.topic}-{p.partition}"), str(p.leader) if p.leader >= 0 else "[red]none[/red]",
-                      ",".join(map(str, p.isr)), ",".join(map(str, p.replicas)))
+            t.add_row(
+                escape(f"{p.topic}-{p.partition}"),
+                str(p.leader) if p.leader >= 0 else "[red]none[/red]",
+                ",".join(map(str, p.isr)),
+                ",".join(map(str, p.replicas)),
+            )
         console.print(t)
         if len(rows) > PARTITIONS_LISTED_MAX:
             console.print(f"... and {len(rows) - PARTITIONS_LISTED_MAX} more (--output json lists all)")
@@ -242,10 +295,23 @@ def _colour(n: int, colour: str) -> str:
 
 
 @click.command("status")
-@click.option("--bootstrap", "-b", envvar="HIGHWATER_BOOTSTRAP", default=DEFAULT_BOOTSTRAP, show_default=True,
-              metavar="HOST:PORT[,HOST:PORT]", help="Gateway addresses (env HIGHWATER_BOOTSTRAP), tried in order.")
-@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="A table for people, JSON for scripts.")
+@click.option(
+    "--bootstrap",
+    "-b",
+    envvar="HIGHWATER_BOOTSTRAP",
+    default=DEFAULT_BOOTSTRAP,
+    show_default=True,
+    metavar="HOST:PORT[,HOST:PORT]",
+    help="Gateway addresses (env HIGHWATER_BOOTSTRAP), tried in order.",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="A table for people, JSON for scripts.",
+)
 def status_command(bootstrap: str, output: str) -> None:
     """Show the controller, brokers (rack, up/down, lag) and partition health.
 

@@ -39,21 +39,30 @@ class ClientTls:
     token: str | None
 
     @classmethod
-    def from_settings(cls, *, ssl_cafile: str | None, ssl_certfile: str | None, ssl_keyfile: str | None,
-                      auth_token: str | None) -> ClientTls | None:
+    def from_settings(
+        cls,
+        *,
+        ssl_cafile: str | None,
+        ssl_certfile: str | None,
+        ssl_keyfile: str | None,
+        auth_token: str | None,
+    ) -> ClientTls | None:
         """None when nothing is set (plaintext, as before); raises ClientTlsError for unusable files."""
         if not (ssl_cafile or ssl_certfile or ssl_keyfile or auth_token):
             return None
         if bool(ssl_certfile) != bool(ssl_keyfile):
             raise ClientTlsError("ssl_certfile and ssl_keyfile go together: give both or neither")
-        return cls(_read(ssl_cafile, "ssl_cafile") if ssl_cafile else None,
-                   _read(ssl_certfile, "ssl_certfile") if ssl_certfile else None,
-                   _read(ssl_keyfile, "ssl_keyfile") if ssl_keyfile else None,
-                   auth_token or None)
+        return cls(
+            _read(ssl_cafile, "ssl_cafile") if ssl_cafile else None,
+            _read(ssl_certfile, "ssl_certfile") if ssl_certfile else None,
+            _read(ssl_keyfile, "ssl_keyfile") if ssl_keyfile else None,
+            auth_token or None,
+        )
 
     def credentials(self) -> grpc.ChannelCredentials:
-        creds = grpc.ssl_channel_credentials(root_certificates=self.ca_cert, private_key=self.private_key,
-                                             certificate_chain=self.cert_chain)
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=self.ca_cert, private_key=self.private_key, certificate_chain=self.cert_chain
+        )
         if self.token:
             creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(self.token))
         return creds

@@ -124,5 +124,7 @@ class GroupPartitionOffset:
     partition: int
     committed_offset: int  # -1: nothing committed
     end_offset: int  # the high watermark
-    lag: int | None  # end_offset - committed_offset; None when nothing is committed (as Kafka's tool shows "-")
+    lag: (
+        int | None
+    )  # end_offset - committed_offset; None when nothing is committed (as Kafka's tool shows "-")
     metadata: str = ""

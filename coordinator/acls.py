@@ -53,7 +53,12 @@ class SecurityKeys:
         return f"{self.acls_prefix}{acl_digest(binding)}"
 
     def token(self, token_id: str) -> str:
-        if not token_id or not token_id.isalnum() or not token_id.isascii() or len(token_id) > TOKEN_ID_MAX_CHARS:
+        if (
+            not token_id
+            or not token_id.isalnum()
+            or not token_id.isascii()
+            or len(token_id) > TOKEN_ID_MAX_CHARS
+        ):
             raise ValueError(f"token id {token_id!r} must be 1-{TOKEN_ID_MAX_CHARS} ASCII letters or digits")
         return f"{self.tokens_prefix}{token_id}"
 
@@ -111,14 +116,15 @@ async def delete_token(store: MetadataStore, token_id: str) -> bool:
 async def list_tokens(store: MetadataStore) -> dict[str, dict[str, Any]]:
     keys = security_keys(store)
     kvs, _ = await store.get_prefix(keys.tokens_prefix)
-    return {kv.key[len(keys.tokens_prefix):]: _json_or_none(kv.value) or {} for kv in kvs}
+    return {kv.key[len(keys.tokens_prefix) :]: _json_or_none(kv.value) or {} for kv in kvs}
 
 
 # --- the controller's fenced writes ---------------------------------------------------
 
 
-async def commit_security_changes(store: MetadataStore, controller_epoch: int,
-                                  changes: Iterable[SecurityChange]) -> None:
+async def commit_security_changes(
+    store: MetadataStore, controller_epoch: int, changes: Iterable[SecurityChange]
+) -> None:
     """Apply the changes in one transaction fenced by controller_epoch: all of them or none.
 
     A change puts its value under `/security/{acls|tokens}/{name}`, or deletes the key when
@@ -134,8 +140,9 @@ async def commit_security_changes(store: MetadataStore, controller_epoch: int,
     if not ops:
         return
     if len(ops) > ETCD_TXN_OPS_MAX:
-        raise CoordinatorError(f"{len(ops)} security changes do not fit one etcd transaction "
-                               f"(at most {ETCD_TXN_OPS_MAX})")
+        raise CoordinatorError(
+            f"{len(ops)} security changes do not fit one etcd transaction (at most {ETCD_TXN_OPS_MAX})"
+        )
     await fenced_txn(store, controller_epoch, [], ops)
 
 
@@ -185,23 +192,26 @@ async def watch_security(store: MetadataStore, start_revision: int) -> AsyncIter
     async for events in store.watch_prefix(keys.prefix, start_revision=start_revision):
         changes = []
         for event in events:
-            change = _classify(keys, event.key, event.value if event.kind == "put" else None,
-                               deleted=event.kind == "delete")
+            change = _classify(
+                keys, event.key, event.value if event.kind == "put" else None, deleted=event.kind == "delete"
+            )
             if change is not None:
                 changes.append(change)
         if changes:
             yield changes
 
 
-def _classify(keys: SecurityKeys, key: str, value: bytes | None, *, deleted: bool = False) -> SecurityChange | None:
+def _classify(
+    keys: SecurityKeys, key: str, value: bytes | None, *, deleted: bool = False
+) -> SecurityChange | None:
     parsed = None if deleted or value is None else _json_or_none(value)
     if not deleted and not isinstance(parsed, dict):
         # A hand-written or foreign value: ignore it rather than stop the cache.
         return None
     if key.startswith(keys.acls_prefix):
-        return SecurityChange("acl", key[len(keys.acls_prefix):], parsed)
+        return SecurityChange("acl", key[len(keys.acls_prefix) :], parsed)
     if key.startswith(keys.tokens_prefix):
-        return SecurityChange("token", key[len(keys.tokens_prefix):], parsed)
+        return SecurityChange("token", key[len(keys.tokens_prefix) :], parsed)
     return None
 
 
@@ -210,4 +220,3 @@ def _json_or_none(value: bytes) -> Any:
         return from_json_bytes(value)
     except (ValueError, UnicodeDecodeError):
         return None
-

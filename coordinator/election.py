@@ -137,7 +137,9 @@ class ControllerElection:
         """The fencing compare for epoch (default: the epoch this candidate won)."""
         if epoch is None:
             if self.epoch is None:
-                raise RuntimeError(f"controller {self.controller_id} has not won an election: no epoch to fence with")
+                raise RuntimeError(
+                    f"controller {self.controller_id} has not won an election: no epoch to fence with"
+                )
             epoch = self.epoch
         return fenced_compare(self.store.keys, epoch)
 
@@ -154,7 +156,12 @@ class ControllerElection:
             try:
                 epoch = await self._try_once()
             except CoordinatorUnavailable as exc:
-                log.warning("controller %d: election attempt failed (%s); retrying in %.1f s", self.controller_id, exc, backoff_s)
+                log.warning(
+                    "controller %d: election attempt failed (%s); retrying in %.1f s",
+                    self.controller_id,
+                    exc,
+                    backoff_s,
+                )
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, ELECTION_RETRY_BACKOFF_S_MAX)
                 continue
@@ -190,7 +197,10 @@ class ControllerElection:
                     if epoch_kv is not None
                     else compare_missing(keys.controller_epoch),
                 ],
-                [Put(keys.controller, json_bytes(value), lease=lease_id), Put(keys.controller_epoch, str(new_epoch).encode())],
+                [
+                    Put(keys.controller, json_bytes(value), lease=lease_id),
+                    Put(keys.controller_epoch, str(new_epoch).encode()),
+                ],
             )
         except BaseException:
             # Unknown outcome: revoking the lease deletes /controller if we did write it.
@@ -203,19 +213,28 @@ class ControllerElection:
         self._keeper = keeper
         self._resigned = False
         self.epoch = new_epoch
-        log.info("controller %d: elected with controller epoch %d (lease %x)", self.controller_id, new_epoch, lease_id)
+        log.info(
+            "controller %d: elected with controller epoch %d (lease %x)",
+            self.controller_id,
+            new_epoch,
+            lease_id,
+        )
         return new_epoch
 
     async def _wait_for_controller_delete(self, start_revision: int) -> None:
         key = self.store.keys.controller
         # A prefix watch on /controller also sees /controller_epoch: match the key exactly.
-        async with contextlib.aclosing(self.store.watch_prefix(key, start_revision=start_revision)) as events_stream:
+        async with contextlib.aclosing(
+            self.store.watch_prefix(key, start_revision=start_revision)
+        ) as events_stream:
             async for events in events_stream:
                 if any(e.key == key and e.kind == "delete" for e in events):
                     return
 
     def _on_lease_lost(self) -> object:
-        log.error("controller %d: lease lost; controller epoch %s must stop acting", self.controller_id, self.epoch)
+        log.error(
+            "controller %d: lease lost; controller epoch %s must stop acting", self.controller_id, self.epoch
+        )
         self._lost.set()
         return self.on_lost() if self.on_lost is not None else None
 

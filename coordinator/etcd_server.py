@@ -141,7 +141,9 @@ class EtcdServer:
         self.peer_port = peer_port
         self.host = host
         self.name = name
-        self.log_path = Path(log_path) if log_path is not None else self.data_dir.with_name(self.data_dir.name + ".log")
+        self.log_path = (
+            Path(log_path) if log_path is not None else self.data_dir.with_name(self.data_dir.name + ".log")
+        )
         self._binary = binary
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -149,7 +151,7 @@ class EtcdServer:
 
     @property
     def endpoint(self) -> str:
-        """"host:port" of the client URL, as EtcdStore.connect and --etcd take it."""
+        """ "host:port" of the client URL, as EtcdStore.connect and --etcd take it."""
         if not self.client_port:
             raise EtcdServerError("etcd server has no client port yet: call start() first")
         return f"{self.host}:{self.client_port}"
@@ -219,8 +221,13 @@ class EtcdServer:
                 lost_port_race = picks_ports and "address already in use" in str(exc)
                 if not lost_port_race or attempt == ETCD_SERVER_PORT_PICK_ATTEMPTS:
                     raise
-                log.warning("etcd server %s: a port picked for it was taken before it bound it; starting it on "
-                            "fresh ports (attempt %d of %d)", self.name, attempt + 1, ETCD_SERVER_PORT_PICK_ATTEMPTS)
+                log.warning(
+                    "etcd server %s: a port picked for it was taken before it bound it; starting it on "
+                    "fresh ports (attempt %d of %d)",
+                    self.name,
+                    attempt + 1,
+                    ETCD_SERVER_PORT_PICK_ATTEMPTS,
+                )
                 self.client_port = self.peer_port = 0
         raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -246,14 +253,22 @@ class EtcdServer:
         # A CLI or test run that exits without stop() (an exception, Ctrl-C) still
         # stops its etcd; only a SIGKILL of this process leaves it running.
         atexit.register(self.stop)
-        log.info("etcd server %s starting: pid %d, client %s, data %s", self.name, self._proc.pid, self.client_url, self.data_dir)
+        log.info(
+            "etcd server %s starting: pid %d, client %s, data %s",
+            self.name,
+            self._proc.pid,
+            self.client_url,
+            self.data_dir,
+        )
         deadline = time.monotonic() + timeout_s
         while True:
             if self._proc.poll() is not None:
                 code = self._proc.returncode
                 self._proc = None
                 atexit.unregister(self.stop)
-                raise EtcdServerError(f"etcd server exited with code {code} while starting; log {self.log_path}:\n{self.log_tail()}")
+                raise EtcdServerError(
+                    f"etcd server exited with code {code} while starting; log {self.log_path}:\n{self.log_tail()}"
+                )
             if self._healthy():
                 log.info("etcd server %s ready at %s", self.name, self.endpoint)
                 return self
@@ -267,7 +282,9 @@ class EtcdServer:
     def _healthy(self) -> bool:
         try:
             with urllib.request.urlopen(
-                f"{self.client_url}/health", timeout=ETCD_SERVER_HEALTH_PROBE_TIMEOUT_S, context=self._probe_ssl_context()
+                f"{self.client_url}/health",
+                timeout=ETCD_SERVER_HEALTH_PROBE_TIMEOUT_S,
+                context=self._probe_ssl_context(),
             ) as resp:
                 body = json.loads(resp.read() or b"{}")
         except (OSError, ValueError, urllib.error.URLError):
@@ -279,7 +296,9 @@ class EtcdServer:
             return None
         tls = self.tls
         context = ssl.create_default_context(cafile=str(tls.probe_ca_file or tls.ca_file))
-        context.load_cert_chain(str(tls.probe_cert_file or tls.cert_file), str(tls.probe_key_file or tls.key_file))
+        context.load_cert_chain(
+            str(tls.probe_cert_file or tls.cert_file), str(tls.probe_key_file or tls.key_file)
+        )
         return context
 
     def stop(self, timeout_s: float = ETCD_SERVER_STOP_TIMEOUT_S) -> int | None:
@@ -295,7 +314,12 @@ class EtcdServer:
             try:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                log.warning("etcd server %s (pid %d) ignored SIGTERM for %.1f s; killing it", self.name, proc.pid, timeout_s)
+                log.warning(
+                    "etcd server %s (pid %d) ignored SIGTERM for %.1f s; killing it",
+                    self.name,
+                    proc.pid,
+                    timeout_s,
+                )
                 proc.kill()
                 proc.wait()
         self._proc = None

@@ -28,7 +28,9 @@ TopicKeyKind = tuple[Literal["topic"], str] | tuple[Literal["partition_state"], 
 
 def _check_name(kind: str, name: str) -> str:
     if not name or "/" in name:
-        raise ValueError(f"{kind} name {name!r} cannot be used in an etcd key: it must be non-empty and contain no '/'")
+        raise ValueError(
+            f"{kind} name {name!r} cannot be used in an etcd key: it must be non-empty and contain no '/'"
+        )
     return name
 
 
@@ -155,16 +157,21 @@ class Keys:
         return f"{self.consumers_prefix}{_check_name('consumer group', group)}/"
 
     def consumer_offset(self, group: str, topic: str, partition: int) -> str:
-        return (
-            f"{self.consumer_group_prefix(group)}offsets/{_check_name('topic', topic)}/{_check_id('partition', partition)}"
-        )
+        return f"{self.consumer_group_prefix(group)}offsets/{_check_name('topic', topic)}/{_check_id('partition', partition)}"
 
     def parse_consumer_offset(self, key: str) -> tuple[str, str, int] | None:
         """(group, topic, partition) of a consumer offset key, or None for any other key."""
         if not key.startswith(self.consumers_prefix):
             return None
         parts = key[len(self.consumers_prefix) :].split("/")
-        if len(parts) == 4 and parts[0] and parts[1] == "offsets" and parts[2] and parts[3].isdigit() and parts[3].isascii():
+        if (
+            len(parts) == 4
+            and parts[0]
+            and parts[1] == "offsets"
+            and parts[2]
+            and parts[3].isdigit()
+            and parts[3].isascii()
+        ):
             return (parts[0], parts[2], int(parts[3]))
         return None
 

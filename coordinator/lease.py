@@ -108,14 +108,18 @@ class LeaseKeeper:
     def on_own_thread(self) -> bool:
         return self._thread is not None
 
-    async def start(self, store: MetadataStore, ttl_s: int, *, keepalive_interval_s: float | None = None) -> int:
+    async def start(
+        self, store: MetadataStore, ttl_s: int, *, keepalive_interval_s: float | None = None
+    ) -> int:
         """Grant a lease of ttl_s and start keeping it alive; returns the lease id.
 
         The interval defaults to ttl_s / LEASE_KEEPALIVES_PER_TTL. Raises ValueError
         for a TTL/interval pair that cannot keep a lease (checked before any call),
         RuntimeError when started twice, CoordinatorUnavailable when the grant fails.
         """
-        interval_s = keepalive_interval_s if keepalive_interval_s is not None else ttl_s / LEASE_KEEPALIVES_PER_TTL
+        interval_s = (
+            keepalive_interval_s if keepalive_interval_s is not None else ttl_s / LEASE_KEEPALIVES_PER_TTL
+        )
         check_keepalive_interval(ttl_s, interval_s)
         if self._task is not None or self._thread is not None or self._stopped:
             raise RuntimeError(f"{self.name}: a LeaseKeeper keeps one lease; create another")
@@ -131,10 +135,18 @@ class LeaseKeeper:
             self._thread = _KeepAliveThread(self, open_client())
             self._thread.start()
         else:
-            self._task = asyncio.create_task(self._run(store), name=f"lease-keeper {self.name} {self.lease_id:x}")
+            self._task = asyncio.create_task(
+                self._run(store), name=f"lease-keeper {self.name} {self.lease_id:x}"
+            )
             self._task.add_done_callback(self._on_task_done)
-        log.info("%s: lease %x granted (TTL %d s, keep-alive every %.2f s%s)", self.name, self.lease_id, ttl_s,
-                 interval_s, " on its own thread" if self._thread is not None else "")
+        log.info(
+            "%s: lease %x granted (TTL %d s, keep-alive every %.2f s%s)",
+            self.name,
+            self.lease_id,
+            ttl_s,
+            interval_s,
+            " on its own thread" if self._thread is not None else "",
+        )
         return self.lease_id
 
     async def _run(self, store: MetadataStore) -> None:
@@ -185,7 +197,9 @@ class LeaseKeeper:
 
     def _failed(self, exc: BaseException) -> None:
         self.keepalive_failures_total += 1
-        log.warning("%s: keep-alive of lease %x failed (%s)", self.name, self.lease_id, str(exc) or type(exc).__name__)
+        log.warning(
+            "%s: keep-alive of lease %x failed (%s)", self.name, self.lease_id, str(exc) or type(exc).__name__
+        )
 
     def _answered(self, sent_at: float, ttl_left: int) -> bool:
         """Record etcd's answer; False (and lost reported) when it says the lease is gone."""
@@ -248,8 +262,11 @@ class LeaseKeeper:
             thread.stop()
             await asyncio.to_thread(thread.join, KEEPALIVE_THREAD_JOIN_TIMEOUT_S)
             if thread.is_alive():
-                log.warning("%s: keep-alive thread did not end within %.0f s", self.name,
-                            KEEPALIVE_THREAD_JOIN_TIMEOUT_S)
+                log.warning(
+                    "%s: keep-alive thread did not end within %.0f s",
+                    self.name,
+                    KEEPALIVE_THREAD_JOIN_TIMEOUT_S,
+                )
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -263,13 +280,21 @@ class LeaseKeeper:
             try:
                 await self._store.revoke_lease(self.lease_id)
             except CoordinatorError as exc:
-                log.warning("%s: could not revoke lease %x (%s); it ends within %d s", self.name, self.lease_id, exc, self.ttl_s)
+                log.warning(
+                    "%s: could not revoke lease %x (%s); it ends within %d s",
+                    self.name,
+                    self.lease_id,
+                    exc,
+                    self.ttl_s,
+                )
             else:
                 log.info("%s: lease %x revoked", self.name, self.lease_id)
 
     def __repr__(self) -> str:
         started = self._task is not None or self._thread is not None
-        state = "lost" if self.lost.is_set() else "stopped" if self._stopped else "alive" if started else "new"
+        state = (
+            "lost" if self.lost.is_set() else "stopped" if self._stopped else "alive" if started else "new"
+        )
         return f"LeaseKeeper({self.name!r}, lease={self.lease_id:x}, {state})"
 
 

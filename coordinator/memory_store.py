@@ -159,7 +159,11 @@ class MemoryStore:
         if now_ms < self._now_ms:
             raise ValueError(f"MemoryStore clock cannot go back: now {self._now_ms} ms, asked {now_ms} ms")
         self._now_ms = now_ms
-        due = sorted((lease.expires_at_ms, lease.lease_id) for lease in self._leases.values() if lease.expires_at_ms <= now_ms)
+        due = sorted(
+            (lease.expires_at_ms, lease.lease_id)
+            for lease in self._leases.values()
+            if lease.expires_at_ms <= now_ms
+        )
         for _, lease_id in due:
             self._revoke(lease_id)
         return [lease_id for _, lease_id in due]
@@ -231,7 +235,9 @@ class MemoryStore:
         self._txn([], [Delete(key, prefix)], ())
         return before - len(self._data)
 
-    async def txn(self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()) -> TxnResult:
+    async def txn(
+        self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> TxnResult:
         self._check_usable("txn")
         return self._txn(compares, success, failure)
 
@@ -297,7 +303,9 @@ class MemoryStore:
     def _check_request(self, compares: Sequence[Compare], branch: Sequence[Op]) -> None:
         """etcd's checks of a transaction branch before anything is applied."""
         if len(compares) > ETCD_TXN_OPS_MAX or len(branch) > ETCD_TXN_OPS_MAX:
-            raise CoordinatorError(f"etcd txn failed: too many operations in txn request (max {ETCD_TXN_OPS_MAX})")
+            raise CoordinatorError(
+                f"etcd txn failed: too many operations in txn request (max {ETCD_TXN_OPS_MAX})"
+            )
         put_keys: set[str] = set()
         deletes: list[Delete] = []
         for op in branch:
@@ -317,8 +325,12 @@ class MemoryStore:
     def _txn(self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]) -> TxnResult:
         self._check_request(compares, success)
         self._check_request(compares, failure)
-        request_bytes = sum(len(op.key) + (len(op.value) if isinstance(op, Put) else 0) for op in (*success, *failure))
-        request_bytes += sum(len(c.key) + (len(c.value) if isinstance(c.value, bytes) else 8) for c in compares)
+        request_bytes = sum(
+            len(op.key) + (len(op.value) if isinstance(op, Put) else 0) for op in (*success, *failure)
+        )
+        request_bytes += sum(
+            len(c.key) + (len(c.value) if isinstance(c.value, bytes) else 8) for c in compares
+        )
         if request_bytes > ETCD_REQUEST_BYTES_MAX:
             raise CoordinatorError(
                 f"etcd request failed: request is too large ({request_bytes} bytes > {ETCD_REQUEST_BYTES_MAX})"
@@ -378,7 +390,9 @@ class MemoryStore:
             return
         self.revision += 1
         if events[0].mod_revision != self.revision:
-            raise RuntimeError(f"MemoryStore revision skew: events at {events[0].mod_revision}, store at {self.revision}")
+            raise RuntimeError(
+                f"MemoryStore revision skew: events at {events[0].mod_revision}, store at {self.revision}"
+            )
         self._history.append((self.revision, tuple(events)))
         if len(self._history) > self._history_revisions_max:
             self.compact(self._history[len(self._history) - self._history_revisions_max - 1][0])

@@ -109,7 +109,13 @@ async def register_broker(
     """
     key = store.keys.broker(broker_id)
     registration, holder = await _register(
-        store, key, info, ttl_s=ttl_s, keepalive_interval_s=keepalive_interval_s, on_lost=on_lost, name=f"broker {broker_id}"
+        store,
+        key,
+        info,
+        ttl_s=ttl_s,
+        keepalive_interval_s=keepalive_interval_s,
+        on_lost=on_lost,
+        name=f"broker {broker_id}",
     )
     if registration is None:
         raise BrokerIdInUse(
@@ -134,7 +140,13 @@ async def register_gateway(
     """
     key = store.keys.gateway(gateway_id)
     registration, holder = await _register(
-        store, key, info, ttl_s=ttl_s, keepalive_interval_s=keepalive_interval_s, on_lost=on_lost, name=f"gateway {gateway_id}"
+        store,
+        key,
+        info,
+        ttl_s=ttl_s,
+        keepalive_interval_s=keepalive_interval_s,
+        on_lost=on_lost,
+        name=f"gateway {gateway_id}",
     )
     if registration is None:
         raise GatewayIdInUse(
@@ -144,8 +156,9 @@ async def register_gateway(
     return registration
 
 
-async def register_waiting_for_old_lease(register: Callable[[], Awaitable[Registration]], *, ttl_s: int,
-                                         what: str) -> Registration:
+async def register_waiting_for_old_lease(
+    register: Callable[[], Awaitable[Registration]], *, ttl_s: int, what: str
+) -> Registration:
     """Register, waiting out the lease of a previous incarnation that died without revoking it.
 
     A process restarted right after a crash finds its own old key still held by a

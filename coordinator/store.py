@@ -71,7 +71,6 @@ log = logging.getLogger("highwater.coordinator")
 T = TypeVar("T")
 
 
-
 # --- errors -------------------------------------------------------------------
 
 
@@ -235,7 +234,9 @@ class MetadataStore(Protocol):
 
     async def delete(self, key: str, *, prefix: bool = False) -> int: ...
 
-    async def txn(self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()) -> TxnResult: ...
+    async def txn(
+        self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> TxnResult: ...
 
     async def grant_lease(self, ttl_s: int) -> int: ...
 
@@ -271,7 +272,7 @@ _WATCH_RETRY_CODES = frozenset(
 
 
 def parse_endpoints(endpoints: Sequence[str] | str) -> list[str]:
-    """"h1:p1,h2:p2" or ["http://h1:p1", ...] -> ["h1:p1", ...]; ValueError when empty."""
+    """ "h1:p1,h2:p2" or ["http://h1:p1", ...] -> ["h1:p1", ...]; ValueError when empty."""
     items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
     parsed = []
     for item in items:
@@ -385,8 +386,9 @@ class SyncLeaseClient:
         else:
             if tls.server_name is not None:
                 options.append(("grpc.ssl_target_name_override", tls.server_name))
-            credentials = grpc.ssl_channel_credentials(root_certificates=tls.ca_cert, private_key=tls.cert_key,
-                                                       certificate_chain=tls.cert_chain)
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=tls.ca_cert, private_key=tls.cert_key, certificate_chain=tls.cert_chain
+            )
             self._channel = grpc.secure_channel(manager.target, credentials, options=options)
         self._stub = LeaseStub(self._channel)
 
@@ -395,16 +397,19 @@ class SyncLeaseClient:
 
         Raises CoordinatorUnavailable when etcd does not answer within timeout_s.
         """
-        call = self._stub.LeaseKeepAlive(iter([LeaseKeepAliveRequest(ID=lease_id)]),
-                                         timeout=min(timeout_s, self.request_timeout_s))
+        call = self._stub.LeaseKeepAlive(
+            iter([LeaseKeepAliveRequest(ID=lease_id)]), timeout=min(timeout_s, self.request_timeout_s)
+        )
         try:
             resp = next(call)
         except StopIteration:
             raise CoordinatorUnavailable(
-                f"etcd at {','.join(self.endpoints)} closed the lease keep-alive stream") from None
+                f"etcd at {','.join(self.endpoints)} closed the lease keep-alive stream"
+            ) from None
         except grpc.RpcError as exc:
             raise CoordinatorUnavailable(
-                f"etcd at {','.join(self.endpoints)} unavailable for lease keep-alive: {exc.code().name}") from exc
+                f"etcd at {','.join(self.endpoints)} unavailable for lease keep-alive: {exc.code().name}"
+            ) from exc
         finally:
             call.cancel()
         return int(resp.TTL)
@@ -467,8 +472,16 @@ class EtcdStore:
                 ("grpc.max_receive_message_length", ETCD_RESPONSE_BYTES_MAX),
             ]
         )
-        channel = (manager.get_channel(ca_cert=tls.ca_cert, cert_key=tls.cert_key, cert_chain=tls.cert_chain,
-                                       tls_server_name=tls.server_name) if tls is not None else manager.get_channel())
+        channel = (
+            manager.get_channel(
+                ca_cert=tls.ca_cert,
+                cert_key=tls.cert_key,
+                cert_chain=tls.cert_chain,
+                tls_server_name=tls.server_name,
+            )
+            if tls is not None
+            else manager.get_channel()
+        )
         store = cls(parsed, keys, channel, request_timeout_s=request_timeout_s)
         store._tls = tls
         loop = asyncio.get_running_loop()
@@ -479,7 +492,9 @@ class EtcdStore:
             if remaining <= 0:
                 break
             try:
-                await store._kv.get(keys.controller_epoch, timeout=min(remaining, request_timeout_s), max_attempts=1)
+                await store._kv.get(
+                    keys.controller_epoch, timeout=min(remaining, request_timeout_s), max_attempts=1
+                )
             except (EtcdError, TimeoutError, grpc.aio.AioRpcError) as exc:
                 last_error = exc
                 await asyncio.sleep(min(ETCD_CONNECT_RETRY_S, max(0.0, deadline - loop.time())))
@@ -545,7 +560,11 @@ class EtcdStore:
             resp = await self._call(
                 "get_prefix",
                 self._kv.get(
-                    start, range_end=range_end, revision=revision, limit=ETCD_RANGE_PAGE_KEYS, timeout=self.request_timeout_s
+                    start,
+                    range_end=range_end,
+                    revision=revision,
+                    limit=ETCD_RANGE_PAGE_KEYS,
+                    timeout=self.request_timeout_s,
                 ),
             )
             if revision == 0:
@@ -564,10 +583,14 @@ class EtcdStore:
     async def delete(self, key: str, *, prefix: bool = False) -> int:
         """Delete the key (or every key under it); returns how many were deleted."""
         range_end = prefix_range_end(key) if prefix else None
-        resp = await self._call("delete", self._kv.delete(key, range_end=range_end, timeout=self.request_timeout_s))
+        resp = await self._call(
+            "delete", self._kv.delete(key, range_end=range_end, timeout=self.request_timeout_s)
+        )
         return int(resp.deleted)
 
-    async def txn(self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()) -> TxnResult:
+    async def txn(
+        self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> TxnResult:
         """Atomically: if every compare holds run success, else failure.
 
         Raises LeaseLost when a Put of the executed branch names an expired lease (then
@@ -585,7 +608,11 @@ class EtcdStore:
                 max_attempts=ETCD_TXN_ATTEMPTS_MAX,
             ),
         )
-        gets = [[_kv(pb) for pb in r.response_range.kvs] for r in resp.responses if r.WhichOneof("response") == "response_range"]
+        gets = [
+            [_kv(pb) for pb in r.response_range.kvs]
+            for r in resp.responses
+            if r.WhichOneof("response") == "response_range"
+        ]
         return TxnResult(succeeded=bool(resp.succeeded), revision=int(resp.header.revision), gets=gets)
 
     # --- leases ---------------------------------------------------------------------
@@ -625,7 +652,9 @@ class EtcdStore:
             finally:
                 stream.cancel()
             if resp is grpc.aio.EOF:
-                raise CoordinatorUnavailable(f"etcd at {','.join(self.endpoints)} closed the lease keep-alive stream")
+                raise CoordinatorUnavailable(
+                    f"etcd at {','.join(self.endpoints)} closed the lease keep-alive stream"
+                )
             return int(resp.TTL)
 
         return await self._call("lease keep-alive", one_keepalive())
@@ -671,7 +700,9 @@ class EtcdStore:
                             watch_resp.compact_revision,
                         )
                     if watch_resp.canceled:
-                        raise CoordinatorError(f"etcd cancelled the watch on {prefix}: {watch_resp.cancel_reason}")
+                        raise CoordinatorError(
+                            f"etcd cancelled the watch on {prefix}: {watch_resp.cancel_reason}"
+                        )
                     if watch_resp.created:
                         backoff_s = WATCH_RECONNECT_BACKOFF_S_MIN
                         if next_revision == 0:

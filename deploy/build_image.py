@@ -107,6 +107,7 @@ def compose_bin() -> str:
 
 # ---- 1. tools ---------------------------------------------------------------------------------
 
+
 def missing_packages() -> list[str]:
     """Debian packages whose command is not on this machine."""
     return sorted({pkg for cmd, pkg in REQUIRED_COMMANDS.items() if shutil.which(cmd) is None})
@@ -133,7 +134,9 @@ def install_tools() -> None:
         left_s = max(deadline - time.monotonic(), 1.0)
         res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=left_s, check=False)
         if res.returncode != 0:
-            raise ToolsUnavailable(f"`{' '.join(cmd)}` failed ({res.returncode}): {res.stderr.strip()[-500:]}")
+            raise ToolsUnavailable(
+                f"`{' '.join(cmd)}` failed ({res.returncode}): {res.stderr.strip()[-500:]}"
+            )
     still = missing_packages()
     if still:
         raise ToolsUnavailable(f"apt-get ran but {', '.join(still)} is still missing")
@@ -141,10 +144,15 @@ def install_tools() -> None:
 
 # ---- 2. the daemon ----------------------------------------------------------------------------
 
+
 def daemon_answers() -> bool:
     try:
-        res = subprocess.run([docker_bin(), "info", "--format", "{{.ServerVersion}}"], capture_output=True,
-                             timeout=DOCKER_INFO_TIMEOUT_S, check=False)
+        res = subprocess.run(
+            [docker_bin(), "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            timeout=DOCKER_INFO_TIMEOUT_S,
+            check=False,
+        )
     except (subprocess.TimeoutExpired, ToolsUnavailable):
         return False
     return res.returncode == 0
@@ -163,13 +171,19 @@ def start_daemon(log_path: Path = DOCKERD_LOG, timeout_s: float = DOCKERD_START_
         raise ToolsUnavailable("no dockerd: install Debian's docker.io")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as out:
-        proc = subprocess.Popen([dockerd, *DOCKERD_ARGS], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [dockerd, *DOCKERD_ARGS],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"dockerd exited with code {proc.returncode}; see {log_path}:\n"
-                               f"{_tail(log_path)}")
+            raise RuntimeError(
+                f"dockerd exited with code {proc.returncode}; see {log_path}:\n{_tail(log_path)}"
+            )
         if daemon_answers():
             log(f"dockerd started (pid {proc.pid}, log {log_path})")
             return proc.pid
@@ -203,9 +217,14 @@ def _tail(path: Path, size_bytes: int = 3000) -> str:
 
 # ---- 3. the base image ------------------------------------------------------------------------
 
+
 def image_exists(name: str) -> bool:
-    res = subprocess.run([docker_bin(), "image", "inspect", name], capture_output=True,
-                         timeout=DOCKER_INFO_TIMEOUT_S, check=False)
+    res = subprocess.run(
+        [docker_bin(), "image", "inspect", name],
+        capture_output=True,
+        timeout=DOCKER_INFO_TIMEOUT_S,
+        check=False,
+    )
     return res.returncode == 0
 
 
@@ -241,18 +260,30 @@ def ensure_base_image(name: str = BASE_IMAGE, *, rebuild: bool = False) -> None:
     with tempfile.TemporaryDirectory(prefix="highwater-rootfs-", dir="/var/tmp") as tmp:
         rootfs = Path(tmp) / "rootfs"
         log(f"debootstrap --variant=minbase {DEBIAN_SUITE} from {mirror} (about half a minute)")
-        res = subprocess.run(["debootstrap", "--variant=minbase", DEBIAN_SUITE, str(rootfs), mirror],
-                             capture_output=True, text=True, timeout=DEBOOTSTRAP_TIMEOUT_S, check=False)
+        res = subprocess.run(
+            ["debootstrap", "--variant=minbase", DEBIAN_SUITE, str(rootfs), mirror],
+            capture_output=True,
+            text=True,
+            timeout=DEBOOTSTRAP_TIMEOUT_S,
+            check=False,
+        )
         if res.returncode != 0:
-            raise RuntimeError(f"debootstrap failed ({res.returncode}):\n{res.stdout[-2000:]}{res.stderr[-2000:]}")
+            raise RuntimeError(
+                f"debootstrap failed ({res.returncode}):\n{res.stdout[-2000:]}{res.stderr[-2000:]}"
+            )
         # Downloaded .debs are not needed in the image.
         for deb in (rootfs / "var/cache/apt/archives").glob("*.deb"):
             deb.unlink()
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
         try:
-            res = subprocess.run([docker_bin(), "import", "--change", 'CMD ["/bin/bash"]', "-", name],
-                                 stdin=tar.stdout, capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S,
-                                 check=False)
+            res = subprocess.run(
+                [docker_bin(), "import", "--change", 'CMD ["/bin/bash"]', "-", name],
+                stdin=tar.stdout,
+                capture_output=True,
+                text=True,
+                timeout=IMPORT_TIMEOUT_S,
+                check=False,
+            )
         finally:
             if tar.stdout is not None:
                 tar.stdout.close()
@@ -263,6 +294,7 @@ def ensure_base_image(name: str = BASE_IMAGE, *, rebuild: bool = False) -> None:
 
 
 # ---- 4. the Highwater image -------------------------------------------------------------------
+
 
 def stage_context(dest: Path, repo: Path = REPO_ROOT) -> None:
     """Copy what `pip install` needs into dest: pyproject, README, packages, the deploy scripts.
@@ -310,14 +342,30 @@ def build_image(tag: str = IMAGE, base: str = BASE_IMAGE, repo: Path = REPO_ROOT
         context = Path(tmp)
         stage_context(context, repo)
         # --force-rm: a failed step leaves no stopped container behind.
-        cmd = [docker_bin(), "build", "--force-rm", "--network", "host", "--build-arg", f"BASE_IMAGE={base}",
-               "-f", str(context / "deploy" / "Dockerfile"), "-t", tag, str(context)]
+        cmd = [
+            docker_bin(),
+            "build",
+            "--force-rm",
+            "--network",
+            "host",
+            "--build-arg",
+            f"BASE_IMAGE={base}",
+            "-f",
+            str(context / "deploy" / "Dockerfile"),
+            "-t",
+            tag,
+            str(context),
+        ]
         log(f"docker build -t {tag} (base {base})")
         # The classic builder honours --network host for RUN steps; see the module docstring.
         env = {**os.environ, "DOCKER_BUILDKIT": "0"}
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+        res = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
+        )
         if res.returncode != 0:
-            raise RuntimeError(f"docker build failed ({res.returncode}):\n{res.stdout[-4000:]}\n{res.stderr[-3000:]}")
+            raise RuntimeError(
+                f"docker build failed ({res.returncode}):\n{res.stdout[-4000:]}\n{res.stderr[-3000:]}"
+            )
     log(f"image {tag} built in {time.monotonic() - started:.0f} s")
 
 
@@ -328,11 +376,14 @@ def ensure_image(tag: str = IMAGE, base: str = BASE_IMAGE, *, rebuild_base: bool
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tag", default=IMAGE, help=f"image to build (default {IMAGE})")
     parser.add_argument("--base", default=BASE_IMAGE, help=f"debootstrap base image (default {BASE_IMAGE})")
-    parser.add_argument("--rebuild-base", action="store_true", help="debootstrap again even if the base exists")
+    parser.add_argument(
+        "--rebuild-base", action="store_true", help="debootstrap again even if the base exists"
+    )
     args = parser.parse_args(argv)
     try:
         install_tools()

@@ -44,8 +44,9 @@ def main() -> int:
 
     with grpc.insecure_channel(address) as channel:
         try:
-            resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
-                                                             timeout=HEALTH_RPC_TIMEOUT_S)
+            resp = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=HEALTH_RPC_TIMEOUT_S
+            )
         except grpc.RpcError as exc:
             print(f"unhealthy: gRPC health check of {address} failed: {exc.code().name}")  # type: ignore[attr-defined]
             return 1

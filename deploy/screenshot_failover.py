@@ -93,11 +93,18 @@ def ensure_packages() -> None:
     log(f"installing {' '.join(missing)} with apt-get")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "update", "-q"], env=env, check=True, capture_output=True, timeout=600)
-    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], env=env, check=True,
-                   capture_output=True, timeout=900)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
 
 
-def wait_until(condition: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.5) -> object:
+def wait_until(
+    condition: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.5
+) -> object:
     deadline = time.monotonic() + timeout_s
     while True:
         result = condition()
@@ -110,12 +117,14 @@ def wait_until(condition: Callable[[], object], timeout_s: float, what: str, int
 
 # ---- Prometheus ---------------------------------------------------------------------------------
 
+
 def prometheus_config(cluster: LocalCluster) -> str:
     """Static targets named after the processes (instance="broker-2"), so the legends read well."""
     jobs: dict[str, list[dict[str, object]]] = {}
     for p in cluster.processes.values():
-        jobs.setdefault(p.kind, []).append({"targets": [f"127.0.0.1:{p.info['metrics_port']}"],
-                                            "labels": {"instance": p.name}})
+        jobs.setdefault(p.kind, []).append(
+            {"targets": [f"127.0.0.1:{p.info['metrics_port']}"], "labels": {"instance": p.name}}
+        )
     config = {
         "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "scrape_timeout": f"{SCRAPE_INTERVAL_S}s"},
         "scrape_configs": [{"job_name": kind, "static_configs": targets} for kind, targets in jobs.items()],
@@ -135,8 +144,9 @@ def graph_url(prom_url: str, range_s: int) -> str:
     """Prometheus's classic graph page (Debian's package ships the classic UI) with two graphs."""
     params = {}
     for i, expr in enumerate(("highwater_under_replicated_partitions", "highwater_leader_count")):
-        params.update({f"g{i}.expr": expr, f"g{i}.tab": "0", f"g{i}.stacked": "0",
-                       f"g{i}.range_input": f"{range_s}s"})
+        params.update(
+            {f"g{i}.expr": expr, f"g{i}.tab": "0", f"g{i}.stacked": "0", f"g{i}.range_input": f"{range_s}s"}
+        )
     return f"{prom_url}/classic/graph?{urllib.parse.urlencode(params)}"
 
 
@@ -152,6 +162,7 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
 
 
 # ---- the load -----------------------------------------------------------------------------------
+
 
 class Load(threading.Thread):
     """Small acks=1 batches to random partitions until stopped; errors during the failover are expected."""
@@ -169,11 +180,23 @@ class Load(threading.Thread):
             sent = 0
             while not self.stopped.is_set() and sent < LOAD_RECORDS_MAX:
                 now = int(time.time() * 1000)
-                batch = encode_batch([Record(None, f"record-{sent + i}".encode(), [], now)
-                                      for i in range(LOAD_BATCH_RECORDS)])
-                request = common_pb2.ProduceRequest(acks=1, timeout_ms=2_000, topics=[common_pb2.ProduceTopicData(
-                    topic=TOPIC, partitions=[common_pb2.ProducePartitionData(
-                        partition=random.randrange(PARTITIONS), records=batch)])])
+                batch = encode_batch(
+                    [Record(None, f"record-{sent + i}".encode(), [], now) for i in range(LOAD_BATCH_RECORDS)]
+                )
+                request = common_pb2.ProduceRequest(
+                    acks=1,
+                    timeout_ms=2_000,
+                    topics=[
+                        common_pb2.ProduceTopicData(
+                            topic=TOPIC,
+                            partitions=[
+                                common_pb2.ProducePartitionData(
+                                    partition=random.randrange(PARTITIONS), records=batch
+                                )
+                            ],
+                        )
+                    ],
+                )
                 try:
                     resp = stub.Produce(request, timeout=RPC_TIMEOUT_S)
                     ok = resp.topics[0].partitions[0].error_code == common_pb2.NONE
@@ -187,9 +210,17 @@ class Load(threading.Thread):
 
 # ---- the run ------------------------------------------------------------------------------------
 
+
 def run(out: Path, work: Path) -> None:
-    cluster = LocalCluster(work / "cluster", brokers=3, controllers=1, gateways=1, lease_ttl_s=CLUSTER_LEASE_TTL_S,
-                           replica_lag_time_max_ms=REPLICA_LAG_TIME_MAX_MS, racks=["rack-a", "rack-b", "rack-c"])
+    cluster = LocalCluster(
+        work / "cluster",
+        brokers=3,
+        controllers=1,
+        gateways=1,
+        lease_ttl_s=CLUSTER_LEASE_TTL_S,
+        replica_lag_time_max_ms=REPLICA_LAG_TIME_MAX_MS,
+        racks=["rack-a", "rack-b", "rack-c"],
+    )
     prometheus: subprocess.Popen[bytes] | None = None
     load: Load | None = None
     try:
@@ -205,14 +236,23 @@ def run(out: Path, work: Path) -> None:
         config_path.write_text(prometheus_config(cluster))
         with (work / "prometheus.log").open("ab") as prom_log:
             prometheus = subprocess.Popen(
-                ["prometheus", f"--config.file={config_path}", f"--storage.tsdb.path={work / 'tsdb'}",
-                 f"--web.listen-address=127.0.0.1:{prom_port}"],
-                stdout=prom_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                [
+                    "prometheus",
+                    f"--config.file={config_path}",
+                    f"--storage.tsdb.path={work / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                ],
+                stdout=prom_log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         log(f"prometheus (pid {prometheus.pid}) on {prom_url}")
 
         def prometheus_ready() -> bool:
-            with contextlib.suppress(OSError), urllib.request.urlopen(f"{prom_url}/-/ready",
-                                                                     timeout=RPC_TIMEOUT_S) as resp:
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"{prom_url}/-/ready", timeout=RPC_TIMEOUT_S) as resp,
+            ):
                 return resp.status == 200
             return False
 
@@ -220,8 +260,14 @@ def run(out: Path, work: Path) -> None:
         started = time.time()
 
         gw = gateway_pb2_grpc.GatewayServiceStub(grpc.insecure_channel(cluster.gateway_address))
-        created = gw.CreateTopics(common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
-            name=TOPIC, num_partitions=PARTITIONS, replication_factor=3)]), timeout=RPC_TIMEOUT_S)
+        created = gw.CreateTopics(
+            common_pb2.CreateTopicsRequest(
+                topics=[
+                    common_pb2.CreatableTopic(name=TOPIC, num_partitions=PARTITIONS, replication_factor=3)
+                ]
+            ),
+            timeout=RPC_TIMEOUT_S,
+        )
         if created.topics[0].error_code != common_pb2.NONE:
             raise RuntimeError(f"CreateTopics: {created.topics[0].error_message}")
         load = Load(cluster.gateway_address)
@@ -231,17 +277,29 @@ def run(out: Path, work: Path) -> None:
             return lambda: query(prom_url, f"sum({metric})")
 
         urp = sum_of("highwater_under_replicated_partitions")
-        wait_until(lambda: sum_of("highwater_leader_count")() == PARTITIONS and urp() == 0, PHASE_TIMEOUT_S,
-                   "every partition led and fully replicated, as Prometheus sees it")
+        wait_until(
+            lambda: sum_of("highwater_leader_count")() == PARTITIONS and urp() == 0,
+            PHASE_TIMEOUT_S,
+            "every partition led and fully replicated, as Prometheus sees it",
+        )
         log(f"phase 1: steady, holding {PHASE_HOLD_S:.0f} s")
         time.sleep(PHASE_HOLD_S)  # the plateau the graph shows before the failure
 
         log("phase 2: SIGKILL broker-2")
         cluster.kill("broker-2")
         wait_until(lambda: (urp() or 0) > 0, PHASE_TIMEOUT_S, "under_replicated_partitions > 0")
-        wait_until(lambda: query(prom_url, 'highwater_leader_count{instance="broker-1"} + '
-                                           'ignoring(instance) highwater_leader_count{instance="broker-3"}')
-                   == PARTITIONS, PHASE_TIMEOUT_S, "brokers 1 and 3 leading every partition")
+        wait_until(
+            lambda: (
+                query(
+                    prom_url,
+                    'highwater_leader_count{instance="broker-1"} + '
+                    'ignoring(instance) highwater_leader_count{instance="broker-3"}',
+                )
+                == PARTITIONS
+            ),
+            PHASE_TIMEOUT_S,
+            "brokers 1 and 3 leading every partition",
+        )
         log(f"under-replicated: {urp():.0f}; holding {PHASE_HOLD_S:.0f} s")
         time.sleep(PHASE_HOLD_S)
 
@@ -251,17 +309,26 @@ def run(out: Path, work: Path) -> None:
 
         def preferred_election_done() -> bool:
             """One ElectLeaders(PREFERRED); done once broker 2 leads what it prefers again."""
-            elected = gw.ElectLeaders(common_pb2.ElectLeadersRequest(election_type=common_pb2.PREFERRED,
-                                                                     timeout_ms=10_000), timeout=15.0)
-            refused = [f"{p.topic}-{p.partition}: {p.error_message}" for p in elected.partitions
-                       if p.error_code not in (common_pb2.NONE, common_pb2.ELECTION_NOT_NEEDED)]
+            elected = gw.ElectLeaders(
+                common_pb2.ElectLeadersRequest(election_type=common_pb2.PREFERRED, timeout_ms=10_000),
+                timeout=15.0,
+            )
+            refused = [
+                f"{p.topic}-{p.partition}: {p.error_message}"
+                for p in elected.partitions
+                if p.error_code not in (common_pb2.NONE, common_pb2.ELECTION_NOT_NEEDED)
+            ]
             if elected.error_code != common_pb2.NONE or refused:
                 log(f"ElectLeaders: {elected.error_message or ''} {refused}; retrying")
                 return False
             return (query(prom_url, 'highwater_leader_count{instance="broker-2"}') or 0) > 0
 
-        wait_until(preferred_election_done, PHASE_TIMEOUT_S, "broker-2 leading again after a preferred election",
-                   interval_s=2.0)
+        wait_until(
+            preferred_election_done,
+            PHASE_TIMEOUT_S,
+            "broker-2 leading again after a preferred election",
+            interval_s=2.0,
+        )
         log(f"recovered; holding {PHASE_HOLD_S:.0f} s")
         time.sleep(PHASE_HOLD_S)
         load.stopped.set()
@@ -283,10 +350,21 @@ def run(out: Path, work: Path) -> None:
 def screenshot(url: str, out: Path, work: Path) -> None:
     """Headless Chromium; its own process group, ended by pid on timeout."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-dev-shm-usage", "--hide-scrollbars", "--no-first-run", f"--user-data-dir={work / 'chromium'}",
-           f"--window-size={WINDOW_WIDTH_PX},{WINDOW_HEIGHT_PX}",
-           f"--virtual-time-budget={CHROMIUM_VIRTUAL_TIME_MS}", f"--screenshot={out}", url]
+    cmd = [
+        "chromium",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        "--no-first-run",
+        f"--user-data-dir={work / 'chromium'}",
+        f"--window-size={WINDOW_WIDTH_PX},{WINDOW_HEIGHT_PX}",
+        f"--virtual-time-budget={CHROMIUM_VIRTUAL_TIME_MS}",
+        f"--screenshot={out}",
+        url,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=CHROMIUM_TIMEOUT_S)

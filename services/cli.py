@@ -32,16 +32,39 @@ def _common(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--etcd", "etcd", default="127.0.0.1:2379", show_default=True, help=ETCD_HELP),
         click.option("--etcd-prefix", default="/highwater", show_default=True, help="Key prefix in etcd."),
         click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on."),
-        click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
-                     help="gRPC port (0: any free port, written to --ready-file)."),
-        click.option("--metrics-port", type=click.IntRange(0, 65535), default=0, show_default=True,
-                     help="Prometheus /metrics port (0: any free port)."),
-        click.option("--lease-ttl-s", type=click.IntRange(limits.LEASE_TTL_S_MIN, 300), default=limits.LEASE_TTL_S,
-                     show_default=True, help="etcd lease TTL: how soon a dead process is noticed."),
-        click.option("--ready-file", type=click.Path(path_type=Path), default=None,
-                     help="Write {pid, port, metrics_port} as JSON here once ready."),
-        click.option("--log-level", default="INFO", show_default=True,
-                     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False)),
+        click.option(
+            "--port",
+            type=click.IntRange(0, 65535),
+            default=0,
+            show_default=True,
+            help="gRPC port (0: any free port, written to --ready-file).",
+        ),
+        click.option(
+            "--metrics-port",
+            type=click.IntRange(0, 65535),
+            default=0,
+            show_default=True,
+            help="Prometheus /metrics port (0: any free port).",
+        ),
+        click.option(
+            "--lease-ttl-s",
+            type=click.IntRange(limits.LEASE_TTL_S_MIN, 300),
+            default=limits.LEASE_TTL_S,
+            show_default=True,
+            help="etcd lease TTL: how soon a dead process is noticed.",
+        ),
+        click.option(
+            "--ready-file",
+            type=click.Path(path_type=Path),
+            default=None,
+            help="Write {pid, port, metrics_port} as JSON here once ready.",
+        ),
+        click.option(
+            "--log-level",
+            default="INFO",
+            show_default=True,
+            type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+        ),
         click.option("--json-logs", is_flag=True, help="Log JSON lines instead of text."),
     ]
     for option in reversed(options):
@@ -63,78 +86,168 @@ def _run(main: Awaitable[None], log_level: str, json_logs: bool) -> None:
 
 
 @click.command("broker", context_settings={"auto_envvar_prefix": "HIGHWATER"})
-@click.option("--broker-id", type=click.IntRange(0, 2**31 - 1), required=True, help="Unique id of this broker.")
-@click.option("--data-dir", type=click.Path(path_type=Path), required=True,
-              help="Directory for the partition logs of this broker.")
+@click.option(
+    "--broker-id", type=click.IntRange(0, 2**31 - 1), required=True, help="Unique id of this broker."
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Directory for the partition logs of this broker.",
+)
 @click.option("--rack", default="", help="Rack (failure domain) for replica placement.")
-@click.option("--replica-lag-time-max-ms", type=click.IntRange(1000), default=limits.REPLICA_LAG_TIME_MAX_MS,
-              show_default=True, help="A follower not caught up for this long leaves the ISR.")
+@click.option(
+    "--replica-lag-time-max-ms",
+    type=click.IntRange(1000),
+    default=limits.REPLICA_LAG_TIME_MAX_MS,
+    show_default=True,
+    help="A follower not caught up for this long leaves the ISR.",
+)
 @_common
 @security_options
-def broker_command(broker_id: int, data_dir: Path, rack: str, replica_lag_time_max_ms: int, etcd: str,
-                   etcd_prefix: str, host: str, port: int, metrics_port: int, lease_ttl_s: int,
-                   ready_file: Path | None, log_level: str, json_logs: bool, security: Any) -> None:
+def broker_command(
+    broker_id: int,
+    data_dir: Path,
+    rack: str,
+    replica_lag_time_max_ms: int,
+    etcd: str,
+    etcd_prefix: str,
+    host: str,
+    port: int,
+    metrics_port: int,
+    lease_ttl_s: int,
+    ready_file: Path | None,
+    log_level: str,
+    json_logs: bool,
+    security: Any,
+) -> None:
     """Run a broker: stores partition logs, leads and follows partitions.
 
     Example: highwater broker --broker-id 1 --data-dir /var/lib/highwater/1 --etcd 127.0.0.1:2379
     """
     from services.broker.server import BrokerConfig, serve
 
-    config = BrokerConfig(broker_id=broker_id, data_dir=data_dir, etcd_endpoints=_endpoints(etcd), host=host,
-                          port=port, metrics_port=metrics_port, rack=rack, etcd_prefix=etcd_prefix,
-                          lease_ttl_s=lease_ttl_s, replica_lag_time_max_ms=replica_lag_time_max_ms,
-                          ready_file=ready_file, security=security.for_service(f"broker-{broker_id}"))
+    config = BrokerConfig(
+        broker_id=broker_id,
+        data_dir=data_dir,
+        etcd_endpoints=_endpoints(etcd),
+        host=host,
+        port=port,
+        metrics_port=metrics_port,
+        rack=rack,
+        etcd_prefix=etcd_prefix,
+        lease_ttl_s=lease_ttl_s,
+        replica_lag_time_max_ms=replica_lag_time_max_ms,
+        ready_file=ready_file,
+        security=security.for_service(f"broker-{broker_id}"),
+    )
     _run(serve(config), log_level, json_logs)
 
 
 @click.command("controller", context_settings={"auto_envvar_prefix": "HIGHWATER"})
-@click.option("--controller-id", type=click.IntRange(0, 2**31 - 1), required=True,
-              help="Unique id of this controller candidate.")
-@click.option("--delete-topic-enable/--no-delete-topic-enable", default=True, show_default=True,
-              help="Allow DeleteTopics (Kafka's delete.topic.enable).")
-@click.option("--auto-leader-rebalance-enable/--no-auto-leader-rebalance-enable", default=True, show_default=True,
-              help="Move leadership back to preferred replicas when a broker's imbalance passes the threshold.")
-@click.option("--leader-imbalance-check-interval-s", type=click.FloatRange(1), default=300.0, show_default=True)
-@click.option("--leader-imbalance-per-broker-percentage", type=click.IntRange(0, 100), default=10,
-              show_default=True)
+@click.option(
+    "--controller-id",
+    type=click.IntRange(0, 2**31 - 1),
+    required=True,
+    help="Unique id of this controller candidate.",
+)
+@click.option(
+    "--delete-topic-enable/--no-delete-topic-enable",
+    default=True,
+    show_default=True,
+    help="Allow DeleteTopics (Kafka's delete.topic.enable).",
+)
+@click.option(
+    "--auto-leader-rebalance-enable/--no-auto-leader-rebalance-enable",
+    default=True,
+    show_default=True,
+    help="Move leadership back to preferred replicas when a broker's imbalance passes the threshold.",
+)
+@click.option(
+    "--leader-imbalance-check-interval-s", type=click.FloatRange(1), default=300.0, show_default=True
+)
+@click.option(
+    "--leader-imbalance-per-broker-percentage", type=click.IntRange(0, 100), default=10, show_default=True
+)
 @_common
 @security_options
-def controller_command(controller_id: int, delete_topic_enable: bool, auto_leader_rebalance_enable: bool,
-                       leader_imbalance_check_interval_s: float, leader_imbalance_per_broker_percentage: int,
-                       etcd: str, etcd_prefix: str, host: str, port: int, metrics_port: int, lease_ttl_s: int,
-                       ready_file: Path | None, log_level: str, json_logs: bool, security: Any) -> None:
+def controller_command(
+    controller_id: int,
+    delete_topic_enable: bool,
+    auto_leader_rebalance_enable: bool,
+    leader_imbalance_check_interval_s: float,
+    leader_imbalance_per_broker_percentage: int,
+    etcd: str,
+    etcd_prefix: str,
+    host: str,
+    port: int,
+    metrics_port: int,
+    lease_ttl_s: int,
+    ready_file: Path | None,
+    log_level: str,
+    json_logs: bool,
+    security: Any,
+) -> None:
     """Run a controller candidate: one wins the election in etcd and manages the cluster.
 
     Example: highwater controller --controller-id 1 --etcd 127.0.0.1:2379
     """
     from services.controller.server import ControllerConfig, serve
 
-    config = ControllerConfig(controller_id=controller_id, etcd_endpoints=_endpoints(etcd), host=host, port=port,
-                              metrics_port=metrics_port, etcd_prefix=etcd_prefix, lease_ttl_s=lease_ttl_s,
-                              delete_topic_enable=delete_topic_enable,
-                              auto_leader_rebalance_enable=auto_leader_rebalance_enable,
-                              leader_imbalance_check_interval_s=leader_imbalance_check_interval_s,
-                              leader_imbalance_per_broker_percentage=leader_imbalance_per_broker_percentage,
-                              ready_file=ready_file, security=security.for_service(f"controller-{controller_id}"))
+    config = ControllerConfig(
+        controller_id=controller_id,
+        etcd_endpoints=_endpoints(etcd),
+        host=host,
+        port=port,
+        metrics_port=metrics_port,
+        etcd_prefix=etcd_prefix,
+        lease_ttl_s=lease_ttl_s,
+        delete_topic_enable=delete_topic_enable,
+        auto_leader_rebalance_enable=auto_leader_rebalance_enable,
+        leader_imbalance_check_interval_s=leader_imbalance_check_interval_s,
+        leader_imbalance_per_broker_percentage=leader_imbalance_per_broker_percentage,
+        ready_file=ready_file,
+        security=security.for_service(f"controller-{controller_id}"),
+    )
     _run(serve(config), log_level, json_logs)
 
 
 @click.command("gateway", context_settings={"auto_envvar_prefix": "HIGHWATER"})
-@click.option("--gateway-id", type=click.IntRange(0, 2**31 - 1), required=True, help="Unique id of this gateway.")
+@click.option(
+    "--gateway-id", type=click.IntRange(0, 2**31 - 1), required=True, help="Unique id of this gateway."
+)
 @_common
 @security_options
-def gateway_command(gateway_id: int, etcd: str, etcd_prefix: str, host: str, port: int, metrics_port: int,
-                    lease_ttl_s: int, ready_file: Path | None, log_level: str, json_logs: bool,
-                    security: Any) -> None:
+def gateway_command(
+    gateway_id: int,
+    etcd: str,
+    etcd_prefix: str,
+    host: str,
+    port: int,
+    metrics_port: int,
+    lease_ttl_s: int,
+    ready_file: Path | None,
+    log_level: str,
+    json_logs: bool,
+    security: Any,
+) -> None:
     """Run a fetch gateway: the address clients talk to; routes requests to partition leaders.
 
     Example: highwater gateway --gateway-id 1 --port 9092 --etcd 127.0.0.1:2379
     """
     from services.gateway.server import GatewayConfig, serve
 
-    config = GatewayConfig(gateway_id=gateway_id, etcd_endpoints=_endpoints(etcd), host=host, port=port,
-                           metrics_port=metrics_port, etcd_prefix=etcd_prefix, lease_ttl_s=lease_ttl_s,
-                           ready_file=ready_file, security=security.for_service(f"gateway-{gateway_id}"))
+    config = GatewayConfig(
+        gateway_id=gateway_id,
+        etcd_endpoints=_endpoints(etcd),
+        host=host,
+        port=port,
+        metrics_port=metrics_port,
+        etcd_prefix=etcd_prefix,
+        lease_ttl_s=lease_ttl_s,
+        ready_file=ready_file,
+        security=security.for_service(f"gateway-{gateway_id}"),
+    )
     _run(serve(config), log_level, json_logs)
 
 

@@ -18,8 +18,15 @@ from typing import Any
 from spark_connector.session import SparkSetupError, check_spark_session, configure, spark_settings
 from spark_connector.source import SHORT_NAME, HighwaterDataSource
 
-__all__ = ["SHORT_NAME", "HighwaterDataSource", "SparkSetupError", "check_spark_session", "configure", "register",
-           "spark_settings"]
+__all__ = [
+    "SHORT_NAME",
+    "HighwaterDataSource",
+    "SparkSetupError",
+    "check_spark_session",
+    "configure",
+    "register",
+    "spark_settings",
+]
 
 
 def register(spark: Any) -> None:

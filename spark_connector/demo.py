@@ -41,8 +41,13 @@ def run_spark_demo(bootstrap: str) -> None:
 
     from spark_connector import register
 
-    spark = (SparkSession.builder.master("local[2]").appName("highwater-spark-demo")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("highwater-spark-demo")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel(_SPARK_LOG_LEVEL)
     try:
         # Explicit registration works whatever way the package was installed (an editable
@@ -51,16 +56,36 @@ def run_spark_demo(bootstrap: str) -> None:
         rows = spark.range(DEMO_ROWS).select(
             F.concat(F.lit("user-"), (F.col("id") % 3).cast("string")).alias("key"),
             F.concat(F.lit("hello from spark "), F.col("id").cast("string")).alias("value"),
-            F.array(F.struct(F.lit("source").alias("key"), F.lit(b"spark-demo").alias("value"))).alias("headers"),
+            F.array(F.struct(F.lit("source").alias("key"), F.lit(b"spark-demo").alias("value"))).alias(
+                "headers"
+            ),
         )
-        (rows.write.format("highwater").option("bootstrap", bootstrap).option("topic", DEMO_TOPIC)
-         .mode("append").save())
+        (
+            rows.write.format("highwater")
+            .option("bootstrap", bootstrap)
+            .option("topic", DEMO_TOPIC)
+            .mode("append")
+            .save()
+        )
         print(f"wrote {DEMO_ROWS} rows to {DEMO_TOPIC} with df.write.format('highwater')")
-        read = (spark.read.format("highwater").option("bootstrap", bootstrap).option("subscribe", DEMO_TOPIC)
-                .option("includeHeaders", "true").load())
+        read = (
+            spark.read.format("highwater")
+            .option("bootstrap", bootstrap)
+            .option("subscribe", DEMO_TOPIC)
+            .option("includeHeaders", "true")
+            .load()
+        )
         print(f"read back {read.count()} records from {DEMO_TOPIC} with spark.read.format('highwater'):")
-        (read.select("partition", "offset", F.col("key").cast("string").alias("key"),
-                     F.col("value").cast("string").alias("value"), "timestamp")
-         .orderBy(F.col("timestamp").desc(), "partition", "offset").show(5, truncate=False))
+        (
+            read.select(
+                "partition",
+                "offset",
+                F.col("key").cast("string").alias("key"),
+                F.col("value").cast("string").alias("value"),
+                "timestamp",
+            )
+            .orderBy(F.col("timestamp").desc(), "partition", "offset")
+            .show(5, truncate=False)
+        )
     finally:
         spark.stop()

@@ -58,13 +58,23 @@ class FetchedPartition:
         if not response.topics or not response.topics[0].partitions:
             return cls._missing(response.error_code)
         p = response.topics[0].partitions[0]
-        return cls(p.partition, p.error_code, p.high_watermark, p.log_start_offset, p.log_end_offset,
-                   p.records, p.error_message, p.leader_epoch)
+        return cls(
+            p.partition,
+            p.error_code,
+            p.high_watermark,
+            p.log_start_offset,
+            p.log_end_offset,
+            p.records,
+            p.error_message,
+            p.leader_epoch,
+        )
 
     @classmethod
     def _missing(cls, error_code: int) -> FetchedPartition:
         if error_code == common_pb2.NONE:
-            raise MalformedFetchResponse("a Fetch answer without the partition asked for and without an error")
+            raise MalformedFetchResponse(
+                "a Fetch answer without the partition asked for and without an error"
+            )
         return cls(error_code=error_code, error_message="the Fetch answer names no partition")
 
 
@@ -94,8 +104,14 @@ def parse_fetch_response(raw: bytes) -> FetchedPartition:
 
 
 def _partition(view: memoryview, begin: int, stop: int) -> FetchedPartition:
-    ints = {_P_PARTITION: 0, _P_ERROR_CODE: 0, _P_HIGH_WATERMARK: 0, _P_LOG_START_OFFSET: 0,
-            _P_LOG_END_OFFSET: 0, _P_LEADER_EPOCH: 0}
+    ints = {
+        _P_PARTITION: 0,
+        _P_ERROR_CODE: 0,
+        _P_HIGH_WATERMARK: 0,
+        _P_LOG_START_OFFSET: 0,
+        _P_LOG_END_OFFSET: 0,
+        _P_LEADER_EPOCH: 0,
+    }
     records: bytes | memoryview = b""
     error_message = ""
     for number, wire, start, end, value in _fields(view, begin, stop):

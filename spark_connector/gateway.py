@@ -56,11 +56,18 @@ T = TypeVar("T")
 
 # Per-partition codes that a retry after a short back-off may fix: leadership is moving,
 # a leader is restarting, or the ISR is briefly too small.
-RETRIABLE_CODES = frozenset({
-    common_pb2.NOT_LEADER_OR_FOLLOWER, common_pb2.LEADER_NOT_AVAILABLE, common_pb2.FENCED_LEADER_EPOCH,
-    common_pb2.UNKNOWN_LEADER_EPOCH, common_pb2.REQUEST_TIMED_OUT, common_pb2.NOT_ENOUGH_REPLICAS,
-    common_pb2.NOT_ENOUGH_REPLICAS_AFTER_APPEND, common_pb2.BROKER_NOT_AVAILABLE,
-})
+RETRIABLE_CODES = frozenset(
+    {
+        common_pb2.NOT_LEADER_OR_FOLLOWER,
+        common_pb2.LEADER_NOT_AVAILABLE,
+        common_pb2.FENCED_LEADER_EPOCH,
+        common_pb2.UNKNOWN_LEADER_EPOCH,
+        common_pb2.REQUEST_TIMED_OUT,
+        common_pb2.NOT_ENOUGH_REPLICAS,
+        common_pb2.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        common_pb2.BROKER_NOT_AVAILABLE,
+    }
+)
 _FAILOVER_STATUS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 
@@ -78,7 +85,8 @@ def not_authorized(topic: str, operation: str, detail: str = "") -> HighwaterSpa
         f"not authorized to {operation} topic {topic!r} (TOPIC_AUTHORIZATION_FAILED{': ' + detail if detail else ''})"
         f": the ACL authorizer refused the principal of this query's credentials (highwater.ssl.certfile or "
         f"highwater.auth.token); an operator grants it with `highwater acl add --principal User:<name> "
-        f"--operation {operation} --topic {topic}` (docs/SECURITY.md)")
+        f"--operation {operation} --topic {topic}` (docs/SECURITY.md)"
+    )
 
 
 class GatewayClient:
@@ -99,7 +107,9 @@ class GatewayClient:
         self._unreachable_leaders: set[str] = set()
         # Brokers' registered ports are mutual TLS on a secure cluster: a client without a
         # certificate (a token only) cannot connect there, so it reads through the gateway.
-        self._direct_fetch = settings.fetch_from_leaders and (not settings.secure or settings.cert_chain is not None)
+        self._direct_fetch = settings.fetch_from_leaders and (
+            not settings.secure or settings.cert_chain is not None
+        )
 
     def close(self) -> None:
         for channel in (*self._channels.values(), *self._leader_channels.values()):
@@ -132,7 +142,10 @@ class GatewayClient:
             remaining = deadline - time.monotonic()
             try:
                 grpc.channel_ready_future(self._channels[address]).result(
-                    timeout=max(min(remaining, self.settings.connect_timeout_ms / 1000 / len(self.addresses)), 0.05))
+                    timeout=max(
+                        min(remaining, self.settings.connect_timeout_ms / 1000 / len(self.addresses)), 0.05
+                    )
+                )
                 self._connected.add(address)
                 return address, self._stubs[address]
             except grpc.FutureTimeoutError:
@@ -140,25 +153,31 @@ class GatewayClient:
             self._current = (self._current + 1) % len(self.addresses)
             if time.monotonic() >= deadline:
                 tried = ", ".join(f"{a} ({failures.get(a, 'not tried')})" for a in self.addresses)
-                hint = ("; if the cluster uses TLS, set highwater.ssl.cafile (and a client certificate or "
-                        "highwater.auth.token)" if not self.settings.secure else
-                        "; with TLS, check that highwater.ssl.cafile is the cluster's CA, and that a client "
-                        "without a certificate (token only) names the gateways' client ports")
+                hint = (
+                    "; if the cluster uses TLS, set highwater.ssl.cafile (and a client certificate or "
+                    "highwater.auth.token)"
+                    if not self.settings.secure
+                    else "; with TLS, check that highwater.ssl.cafile is the cluster's CA, and that a client "
+                    "without a certificate (token only) names the gateways' client ports"
+                )
                 raise HighwaterSparkError(
                     f"option 'bootstrap': no Highwater gateway answered within "
-                    f"{self.settings.connect_timeout_ms} ms (highwater.connect.timeout.ms): {tried}{hint}")
+                    f"{self.settings.connect_timeout_ms} ms (highwater.connect.timeout.ms): {tried}{hint}"
+                )
 
     def _channel(self, address: str) -> grpc.Channel:
         """A plaintext channel, or TLS with the CA, client certificate and token the options gave."""
         s = self.settings
         if not s.secure:
             return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-        credentials = grpc.ssl_channel_credentials(root_certificates=s.ca_cert, private_key=s.private_key,
-                                                   certificate_chain=s.cert_chain)
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=s.ca_cert, private_key=s.private_key, certificate_chain=s.cert_chain
+        )
         if s.token:
             # gRPC sends call credentials only over TLS, so the token never travels in the clear.
-            credentials = grpc.composite_channel_credentials(credentials,
-                                                             grpc.access_token_call_credentials(s.token))
+            credentials = grpc.composite_channel_credentials(
+                credentials, grpc.access_token_call_credentials(s.token)
+            )
         return grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
 
     def _rpc_error(self, method: str, address: str, error: grpc.RpcError) -> HighwaterSparkError:
@@ -169,11 +188,13 @@ class GatewayClient:
             return HighwaterSparkError(
                 f"{method} to gateway {address}: the cluster did not accept this query's credentials "
                 f"(UNAUTHENTICATED: {details}); set highwater.auth.token to a valid token, or "
-                "highwater.ssl.certfile / highwater.ssl.keyfile to a certificate of the cluster's CA")
+                "highwater.ssl.certfile / highwater.ssl.keyfile to a certificate of the cluster's CA"
+            )
         if status == grpc.StatusCode.PERMISSION_DENIED:
             return HighwaterSparkError(
                 f"{method} to gateway {address}: not authorized (PERMISSION_DENIED: {details}); the principal "
-                "of this query's credentials needs an ACL for it (`highwater acl add`, docs/SECURITY.md)")
+                "of this query's credentials needs an ACL for it (`highwater acl add`, docs/SECURITY.md)"
+            )
         return HighwaterSparkError(f"{method} to gateway {address} failed: {status.name} {details}")
 
     def call(self, method: str, request: Any, *, timeout_ms: int | None = None) -> Any:
@@ -210,8 +231,9 @@ class GatewayClient:
 
         return result
 
-    def fetch_future(self, tp: TopicPartitionKey, offset: int, max_bytes: int,
-                     max_wait_ms: int = 0) -> Callable[[], FetchedPartition]:
+    def fetch_future(
+        self, tp: TopicPartitionKey, offset: int, max_bytes: int, max_wait_ms: int = 0
+    ) -> Callable[[], FetchedPartition]:
         """Start a Fetch of one partition at its leader (or through a gateway); return a waiter.
 
         The waiter returns the partition's answer whichever way it came; from a leader its
@@ -235,13 +257,23 @@ class GatewayClient:
             try:
                 part = parse_fetch_response(future.result())
             except grpc.RpcError as error:
-                log.info("leader %s of %s-%d: Fetch %s; reading through the gateway", address, tp[0], tp[1],
-                         error.code().name)  # type: ignore[attr-defined]
+                log.info(
+                    "leader %s of %s-%d: Fetch %s; reading through the gateway",
+                    address,
+                    tp[0],
+                    tp[1],
+                    error.code().name,
+                )  # type: ignore[attr-defined]
                 self._leaders.pop(tp, None)
                 return through_gateway()
             except MalformedFetchResponse as error:
-                log.warning("leader %s of %s-%d: unreadable Fetch answer (%s); reading through the gateway",
-                            address, tp[0], tp[1], error)
+                log.warning(
+                    "leader %s of %s-%d: unreadable Fetch answer (%s); reading through the gateway",
+                    address,
+                    tp[0],
+                    tp[1],
+                    error,
+                )
                 self._leaders.pop(tp, None)
                 return through_gateway()
             if part.error_code != common_pb2.NONE:
@@ -275,16 +307,21 @@ class GatewayClient:
                 grpc.channel_ready_future(channel).result(timeout=limits.LEADER_CONNECT_TIMEOUT_MS / 1000)
             except grpc.FutureTimeoutError:
                 channel.close()
-                log.info("leader %s does not accept connections within %d ms: reading through the gateway",
-                         address, limits.LEADER_CONNECT_TIMEOUT_MS)
+                log.info(
+                    "leader %s does not accept connections within %d ms: reading through the gateway",
+                    address,
+                    limits.LEADER_CONNECT_TIMEOUT_MS,
+                )
                 self._unreachable_leaders.add(address)
                 return None
             self._leader_channels[address] = channel
             # The generated stub would parse the answer into a message (copying the records
             # twice); None as deserializer hands over gRPC's bytes as they are.
             self._leader_fetch[address] = channel.unary_unary(
-                BROKER_FETCH_METHOD, request_serializer=common_pb2.FetchRequest.SerializeToString,
-                response_deserializer=None)
+                BROKER_FETCH_METHOD,
+                request_serializer=common_pb2.FetchRequest.SerializeToString,
+                response_deserializer=None,
+            )
         return address
 
     def retry(self, what: str, attempt: Callable[[], T | None]) -> T:
@@ -295,8 +332,10 @@ class GatewayClient:
             if result is not None:
                 return result
             if time.monotonic() >= deadline:
-                raise HighwaterSparkError(f"{what}: still failing after highwater.retry.timeout.ms="
-                                          f"{self.settings.retry_timeout_ms} ms")
+                raise HighwaterSparkError(
+                    f"{what}: still failing after highwater.retry.timeout.ms="
+                    f"{self.settings.retry_timeout_ms} ms"
+                )
             time.sleep(limits.RETRY_BACKOFF_MS / 1000)
 
     # --- the calls ---------------------------------------------------------------------
@@ -314,16 +353,18 @@ class GatewayClient:
             elif t.error_code == common_pb2.TOPIC_AUTHORIZATION_FAILED:
                 raise not_authorized(t.name, "Describe", t.error_message)
             elif t.error_code != common_pb2.NONE:
-                raise HighwaterSparkError(f"metadata of topic {t.name!r}: {code_name(t.error_code)} "
-                                          f"{t.error_message}")
+                raise HighwaterSparkError(
+                    f"metadata of topic {t.name!r}: {code_name(t.error_code)} {t.error_message}"
+                )
             else:
                 out[t.name] = sorted(p.partition for p in t.partitions)
         for topic in topics:
             out.setdefault(topic, None)
         return out
 
-    def list_offsets(self, timestamps: Mapping[TopicPartitionKey, int]
-                     ) -> dict[TopicPartitionKey, tuple[int, int]]:
+    def list_offsets(
+        self, timestamps: Mapping[TopicPartitionKey, int]
+    ) -> dict[TopicPartitionKey, tuple[int, int]]:
         """(topic, partition) -> (offset, error code) for ListOffsets timestamps (-2, -1 or ms).
 
         Retriable per-partition errors are retried; others are returned for the caller
@@ -336,10 +377,20 @@ class GatewayClient:
         def attempt() -> bool | None:
             by_topic: dict[str, list[common_pb2.ListOffsetsPartition]] = {}
             for (topic, partition), ts in pending.items():
-                by_topic.setdefault(topic, []).append(common_pb2.ListOffsetsPartition(
-                    partition=partition, timestamp=ts, current_leader_epoch=-1))
-            response = self.call("ListOffsets", common_pb2.ListOffsetsRequest(replica_id=-1, topics=[
-                common_pb2.ListOffsetsTopic(topic=t, partitions=ps) for t, ps in by_topic.items()]))
+                by_topic.setdefault(topic, []).append(
+                    common_pb2.ListOffsetsPartition(
+                        partition=partition, timestamp=ts, current_leader_epoch=-1
+                    )
+                )
+            response = self.call(
+                "ListOffsets",
+                common_pb2.ListOffsetsRequest(
+                    replica_id=-1,
+                    topics=[
+                        common_pb2.ListOffsetsTopic(topic=t, partitions=ps) for t, ps in by_topic.items()
+                    ],
+                ),
+            )
             for t in response.topics:
                 for p in t.partitions:
                     tp = (t.topic, p.partition)
@@ -353,10 +404,25 @@ class GatewayClient:
             self.retry(f"ListOffsets of {', '.join(f'{t}-{p}' for t, p in sorted(pending))}", attempt)
         return out
 
-    def fetch_request(self, tp: TopicPartitionKey, offset: int, max_bytes: int,
-                      max_wait_ms: int = 0) -> common_pb2.FetchRequest:
-        return common_pb2.FetchRequest(replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=max_bytes,
-                                       topics=[common_pb2.FetchTopic(topic=tp[0], partitions=[
-                                           common_pb2.FetchPartition(partition=tp[1], fetch_offset=offset,
-                                                                     partition_max_bytes=max_bytes,
-                                                                     current_leader_epoch=-1)])])
+    def fetch_request(
+        self, tp: TopicPartitionKey, offset: int, max_bytes: int, max_wait_ms: int = 0
+    ) -> common_pb2.FetchRequest:
+        return common_pb2.FetchRequest(
+            replica_id=-1,
+            max_wait_ms=max_wait_ms,
+            min_bytes=1,
+            max_bytes=max_bytes,
+            topics=[
+                common_pb2.FetchTopic(
+                    topic=tp[0],
+                    partitions=[
+                        common_pb2.FetchPartition(
+                            partition=tp[1],
+                            fetch_offset=offset,
+                            partition_max_bytes=max_bytes,
+                            current_leader_epoch=-1,
+                        )
+                    ],
+                )
+            ],
+        )

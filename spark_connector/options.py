@@ -100,8 +100,10 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 # means there, or is refused with a message naming it and what to use instead: an option
 # accepted and ignored would change the job silently (docs/SPARK.md has the table).
 KAFKA_PREFIX = "kafka."
-_SECURITY_INSTEAD = ("use highwater.ssl.cafile (the CA's PEM), highwater.ssl.certfile and highwater.ssl.keyfile "
-                     "(a client certificate) or highwater.auth.token (a bearer token from `highwater token create`)")
+_SECURITY_INSTEAD = (
+    "use highwater.ssl.cafile (the CA's PEM), highwater.ssl.certfile and highwater.ssl.keyfile "
+    "(a client certificate) or highwater.auth.token (a bearer token from `highwater token create`)"
+)
 # Kafka client settings with the same meaning here: kafka.<name> -> highwater.<name>.
 KAFKA_READ_EQUIVALENTS = {
     "request.timeout.ms": "request.timeout.ms",
@@ -120,10 +122,10 @@ KAFKA_WRITE_EQUIVALENTS = {
 # Kafka client settings refused with a reason and what to use instead.
 KAFKA_REFUSED: dict[str, str] = {
     "group.id": "the connector reads fixed offset ranges with no consumer group (offsets live in the query's "
-                "checkpoint, as with Spark's Kafka source, which commits none either); remove it, and use the "
-                "query's progress (lastProgress, reportLatestOffset) to watch its position",
+    "checkpoint, as with Spark's Kafka source, which commits none either); remove it, and use the "
+    "query's progress (lastProgress, reportLatestOffset) to watch its position",
     "auto.offset.reset": "set the option startingOffsets (earliest, latest or per-partition JSON) instead, as "
-                         "Spark's Kafka source also requires",
+    "Spark's Kafka source also requires",
     "enable.auto.commit": "no offsets are committed to a group; the query's checkpoint keeps them",
     "key.deserializer": "keys are always read as binary (cast them in the query)",
     "value.deserializer": "values are always read as binary (cast them in the query)",
@@ -131,24 +133,27 @@ KAFKA_REFUSED: dict[str, str] = {
     "value.serializer": "values are written as binary or UTF-8 strings (serialize them in the query)",
     "interceptor.classes": "there are no client interceptors; transform the DataFrame instead",
     "max.poll.records": "tasks do not poll: each Fetch returns up to highwater.fetch.max.bytes; bound a "
-                        "micro-batch with maxOffsetsPerTrigger",
+    "micro-batch with maxOffsetsPerTrigger",
     "enable.idempotence": "writes are always idempotent (a replayed task writes nothing twice); remove it",
     "retries": "retriable errors are retried until highwater.retry.timeout.ms (kafka.delivery.timeout.ms) passes",
     "transactional.id": "there are no transactions; streaming writes are idempotent per micro-batch instead "
-                        "(docs/SPARK.md, Guarantees)",
+    "(docs/SPARK.md, Guarantees)",
     "partitioner.class": "rows go to murmur2(key) like Kafka's default partitioner; set a 'partition' column "
-                         "to choose",
-    "security.protocol": "TLS and authentication are set with the connector's own options: " + _SECURITY_INSTEAD,
-    "sasl.mechanism": "Highwater authenticates with a client certificate or a bearer token: " + _SECURITY_INSTEAD,
-    "sasl.jaas.config": "Highwater authenticates with a client certificate or a bearer token: " + _SECURITY_INSTEAD,
+    "to choose",
+    "security.protocol": "TLS and authentication are set with the connector's own options: "
+    + _SECURITY_INSTEAD,
+    "sasl.mechanism": "Highwater authenticates with a client certificate or a bearer token: "
+    + _SECURITY_INSTEAD,
+    "sasl.jaas.config": "Highwater authenticates with a client certificate or a bearer token: "
+    + _SECURITY_INSTEAD,
 }
 # Spark's own (unprefixed) Kafka source options that have no meaning here.
 SPARK_REFUSED: dict[str, str] = {
     "groupIdPrefix": "the connector uses no consumer group (see kafka.group.id); remove it",
     "fetchOffset.numRetries": "offset look-ups are retried with a back-off until highwater.retry.timeout.ms "
-                              "passes; set that instead",
+    "passes; set that instead",
     "fetchOffset.retryIntervalMs": "offset look-ups are retried with a back-off until highwater.retry.timeout.ms "
-                                   "passes; set that instead",
+    "passes; set that instead",
 }
 # Spark's Kafka option with a Highwater equivalent of the same meaning (a task's wait for one Fetch).
 SPARK_READ_EQUIVALENTS = {"kafkaConsumer.pollTimeoutMs": "request.timeout.ms"}
@@ -158,7 +163,9 @@ def _kafka_refusal(option: str, why: str) -> OptionError:
     return OptionError(f"option {option!r} is a Kafka client setting with no Highwater meaning: {why}")
 
 
-def translate_kafka_options(options: Mapping[str, str], *, writing: bool) -> tuple[dict[str, str], dict[str, str]]:
+def translate_kafka_options(
+    options: Mapping[str, str], *, writing: bool
+) -> tuple[dict[str, str], dict[str, str]]:
     """Kafka's option names turned into the connector's, or refused (OptionError naming the option).
 
     Takes lower-cased options; returns them with each equivalent moved to its `highwater.`
@@ -179,7 +186,7 @@ def translate_kafka_options(options: Mapping[str, str], *, writing: bool) -> tup
     for key in options:
         if not key.startswith(KAFKA_PREFIX):
             continue
-        name = key[len(KAFKA_PREFIX):]
+        name = key[len(KAFKA_PREFIX) :]
         if name == "bootstrap.servers":
             continue
         if name in equivalents:
@@ -189,13 +196,20 @@ def translate_kafka_options(options: Mapping[str, str], *, writing: bool) -> tup
         elif name.startswith(("ssl.", "sasl.")):
             raise _kafka_refusal(key, _SECURITY_INSTEAD)
         elif name in other:
-            what = "a producer setting, and this is a read" if not writing else "a consumer setting, and this is a write"
+            what = (
+                "a producer setting, and this is a read"
+                if not writing
+                else "a consumer setting, and this is a write"
+            )
             raise OptionError(f"option {key!r} is {what}: it has no meaning here; remove it")
         else:
             settings = ", ".join(f"{KAFKA_PREFIX}{k}" for k in sorted(equivalents))
-            raise _kafka_refusal(key, f"remove it; the Kafka settings with a Highwater equivalent for "
-                                      f"{'writes' if writing else 'reads'} are {settings}, and the connector's "
-                                      f"own are the highwater.* options (docs/SPARK.md)")
+            raise _kafka_refusal(
+                key,
+                f"remove it; the Kafka settings with a Highwater equivalent for "
+                f"{'writes' if writing else 'reads'} are {settings}, and the connector's "
+                f"own are the highwater.* options (docs/SPARK.md)",
+            )
     # Options arrive lower-cased; messages use the names as Spark documents them.
     spelled = {name.lower(): name for name in SPARK_READ_EQUIVALENTS}
     for key, target in renames.items():
@@ -204,8 +218,10 @@ def translate_kafka_options(options: Mapping[str, str], *, writing: bool) -> tup
         name = spelled.get(key, key)
         if target in out and out[target].strip().lower() != options[key].strip().lower():
             shown = display.get(target, target)
-            raise OptionError(f"options {shown!r} and {name!r} set the same thing to different values "
-                              f"({out[target]!r}, {options[key]!r}); give one")
+            raise OptionError(
+                f"options {shown!r} and {name!r} set the same thing to different values "
+                f"({out[target]!r}, {options[key]!r}); give one"
+            )
         out[target] = options[key]
         display[target] = name
     return out, display
@@ -290,8 +306,14 @@ def parse_bool(options: Mapping[str, str], name: str, default: bool) -> bool:
     raise OptionError(f"option {name!r} must be true or false, got {text!r}")
 
 
-def parse_int(options: Mapping[str, str], name: str, *, minimum: int, maximum: int = 2**63 - 1,
-              display: str | None = None) -> int | None:
+def parse_int(
+    options: Mapping[str, str],
+    name: str,
+    *,
+    minimum: int,
+    maximum: int = 2**63 - 1,
+    display: str | None = None,
+) -> int | None:
     text = options.get(name.lower())
     if text is None:
         return None
@@ -305,8 +327,16 @@ def parse_int(options: Mapping[str, str], name: str, *, minimum: int, maximum: i
 
 
 _DURATION = re.compile(r"^\s*(\d+)\s*(us|ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
-_DURATION_MS = {"us": 0.001, "ms": 1, "": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000,
-                "d": 86_400_000}
+_DURATION_MS = {
+    "us": 0.001,
+    "ms": 1,
+    "": 1,
+    "s": 1000,
+    "m": 60_000,
+    "min": 60_000,
+    "h": 3_600_000,
+    "d": 86_400_000,
+}
 
 
 def parse_duration_ms(options: Mapping[str, str], name: str, default_ms: int) -> int:
@@ -335,7 +365,9 @@ def parse_byte_size(options: Mapping[str, str], name: str) -> int | None:
     return value
 
 
-def parse_client_settings(options: Mapping[str, str], display: Mapping[str, str] | None = None) -> ClientSettings:
+def parse_client_settings(
+    options: Mapping[str, str], display: Mapping[str, str] | None = None
+) -> ClientSettings:
     """The `highwater.`-prefixed options; an unknown one is an error (a typo would be silently ignored).
 
     `display` maps a setting's name to the option the user wrote (a Kafka name), for messages.
@@ -345,7 +377,7 @@ def parse_client_settings(options: Mapping[str, str], display: Mapping[str, str]
     for key, text in options.items():
         if not key.startswith(CLIENT_PREFIX) or key == CLIENT_PREFIX + "bootstrap":
             continue
-        name = key[len(CLIENT_PREFIX):]
+        name = key[len(CLIENT_PREFIX) :]
         label = shown.get(key, key)
         if name in _INT_SETTINGS:
             attr, minimum, maximum = _INT_SETTINGS[name]
@@ -371,8 +403,9 @@ def parse_client_settings(options: Mapping[str, str], display: Mapping[str, str]
             known = ", ".join(CLIENT_PREFIX + s for s in sorted(CLIENT_SETTINGS))
             raise OptionError(f"unknown option {key!r}; the client settings are {known}")
     if bool(values.get("cert_chain")) != bool(values.get("private_key")):
-        raise OptionError("options 'highwater.ssl.certfile' and 'highwater.ssl.keyfile' go together: "
-                          "give both or neither")
+        raise OptionError(
+            "options 'highwater.ssl.certfile' and 'highwater.ssl.keyfile' go together: give both or neither"
+        )
     return ClientSettings(**values)
 
 
@@ -388,11 +421,16 @@ def _read_pem(option: str, path: str) -> bytes:
 
 
 def parse_bootstrap(options: Mapping[str, str]) -> str:
-    given = {name: options[name].strip() for name in ("bootstrap", "highwater.bootstrap", "kafka.bootstrap.servers")
-             if options.get(name) and options[name].strip()}
+    given = {
+        name: options[name].strip()
+        for name in ("bootstrap", "highwater.bootstrap", "kafka.bootstrap.servers")
+        if options.get(name) and options[name].strip()
+    }
     if len(set(given.values())) > 1:
-        raise OptionError(f"options {', '.join(map(repr, given))} name different gateways "
-                          f"({', '.join(map(repr, given.values()))}); give one")
+        raise OptionError(
+            f"options {', '.join(map(repr, given))} name different gateways "
+            f"({', '.join(map(repr, given.values()))}); give one"
+        )
     text = next(iter(given.values()), None)
     if not text or not text.strip():
         raise OptionError("option 'bootstrap' is required: the gateway addresses, e.g. 127.0.0.1:9092")
@@ -408,28 +446,37 @@ def _json(options: Mapping[str, str], name: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise OptionError(f"option {name!r} is not valid JSON ({exc.msg} at character {exc.pos}): {text!r}") from None
+        raise OptionError(
+            f"option {name!r} is not valid JSON ({exc.msg} at character {exc.pos}): {text!r}"
+        ) from None
 
 
 def _partition_map(name: str, value: object, what: str) -> dict[TopicPartitionKey, int]:
     """{"topic": {"0": n, ...}, ...} -> {(topic, 0): n}; OptionError naming `name` if malformed."""
     example = '{"topicA": {"0": 23, "1": -2}}'
     if not isinstance(value, dict) or not value:
-        raise OptionError(f"option {name!r} must be a JSON object of topic -> {{partition: {what}}}, "
-                          f"e.g. {example}; got {json.dumps(value)}")
+        raise OptionError(
+            f"option {name!r} must be a JSON object of topic -> {{partition: {what}}}, "
+            f"e.g. {example}; got {json.dumps(value)}"
+        )
     out: dict[TopicPartitionKey, int] = {}
     for topic, partitions in value.items():
         check_topic(topic, f"option {name!r}")
         if not isinstance(partitions, dict) or not partitions:
-            raise OptionError(f"option {name!r}: topic {topic!r} must map to an object of partition -> {what}, "
-                              f"e.g. {example}")
+            raise OptionError(
+                f"option {name!r}: topic {topic!r} must map to an object of partition -> {what}, "
+                f"e.g. {example}"
+            )
         for partition, number in partitions.items():
             if not str(partition).isdigit():
-                raise OptionError(f"option {name!r}: partition {partition!r} of {topic!r} is not a non-negative "
-                                  "integer")
+                raise OptionError(
+                    f"option {name!r}: partition {partition!r} of {topic!r} is not a non-negative integer"
+                )
             if not isinstance(number, int) or isinstance(number, bool):
-                raise OptionError(f"option {name!r}: {what} for {topic}-{partition} must be an integer, "
-                                  f"got {json.dumps(number)}")
+                raise OptionError(
+                    f"option {name!r}: {what} for {topic}-{partition} must be an integer, "
+                    f"got {json.dumps(number)}"
+                )
             out[(topic, int(partition))] = number
     return out
 
@@ -437,8 +484,10 @@ def _partition_map(name: str, value: object, what: str) -> dict[TopicPartitionKe
 def parse_subscription(options: Mapping[str, str]) -> Subscription:
     given = [name for name in ("subscribe", "subscribePattern", "assign") if name.lower() in options]
     if len(given) != 1:
-        raise OptionError("exactly one of the options 'subscribe', 'subscribePattern', 'assign' must be given"
-                          + (f", got {', '.join(given)}" if given else ""))
+        raise OptionError(
+            "exactly one of the options 'subscribe', 'subscribePattern', 'assign' must be given"
+            + (f", got {', '.join(given)}" if given else "")
+        )
     name = given[0]
     text = options[name.lower()]
     if name == "subscribe":
@@ -452,18 +501,25 @@ def parse_subscription(options: Mapping[str, str]) -> Subscription:
         try:
             re.compile(text)
         except re.error as exc:
-            raise OptionError(f"option 'subscribePattern': {text!r} is not a regular expression: {exc}") from None
+            raise OptionError(
+                f"option 'subscribePattern': {text!r} is not a regular expression: {exc}"
+            ) from None
         return Subscription(name, pattern=text)
     value = _json(options, "assign")
     if not isinstance(value, dict) or not value:
-        raise OptionError('option \'assign\' must be a JSON object of topic -> [partitions], e.g. {"topicA": [0, 1]}')
+        raise OptionError(
+            "option 'assign' must be a JSON object of topic -> [partitions], e.g. {\"topicA\": [0, 1]}"
+        )
     assigned: list[TopicPartitionKey] = []
     for topic, partitions in value.items():
         check_topic(topic, "option 'assign'")
-        if not isinstance(partitions, list) or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0
-                                                       for p in partitions):
-            raise OptionError(f"option 'assign': topic {topic!r} must map to a list of partition numbers, "
-                              f"got {json.dumps(partitions)}")
+        if not isinstance(partitions, list) or not all(
+            isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in partitions
+        ):
+            raise OptionError(
+                f"option 'assign': topic {topic!r} must map to a list of partition numbers, "
+                f"got {json.dumps(partitions)}"
+            )
         assigned.extend((topic, p) for p in partitions if (topic, p) not in assigned)
     return Subscription(name, assigned=tuple(assigned))
 
@@ -479,7 +535,9 @@ def _offset_spec(options: Mapping[str, str], *, starting: bool, streaming: bool)
         timestamps = _partition_map(by_ts, _json(options, by_ts), "timestamp in ms")
         for tp, ts in timestamps.items():
             if ts < 0:
-                raise OptionError(f"option {by_ts!r}: timestamp for {tp[0]}-{tp[1]} must be >= 0 ms, got {ts}")
+                raise OptionError(
+                    f"option {by_ts!r}: timestamp for {tp[0]}-{tp[1]} must be >= 0 ms, got {ts}"
+                )
         return OffsetSpec(by_ts, "timestamps", timestamps=timestamps)
     text = options.get(plain.lower())
     if text is None:
@@ -487,20 +545,25 @@ def _offset_spec(options: Mapping[str, str], *, starting: bool, streaming: bool)
     if text.strip().lower() in ("earliest", "latest"):
         kind = text.strip().lower()
         if not streaming and starting and kind == "latest":
-            raise OptionError("option 'startingOffsets' cannot be latest for a batch query (it would read nothing)")
+            raise OptionError(
+                "option 'startingOffsets' cannot be latest for a batch query (it would read nothing)"
+            )
         if not starting and kind == "earliest":
             raise OptionError("option 'endingOffsets' cannot be earliest")
         return OffsetSpec(plain, kind)
     offsets = _partition_map(plain, _json(options, plain), "offset (-2 earliest, -1 latest)")
     for tp, offset in offsets.items():
         if offset < EARLIEST:
-            raise OptionError(f"option {plain!r}: offset {offset} for {tp[0]}-{tp[1]} is not an offset, "
-                              "-2 (earliest) or -1 (latest)")
+            raise OptionError(
+                f"option {plain!r}: offset {offset} for {tp[0]}-{tp[1]} is not an offset, "
+                "-2 (earliest) or -1 (latest)"
+            )
         if not starting and offset == EARLIEST:
             raise OptionError(f"option 'endingOffsets': -2 (earliest) is not allowed, for {tp[0]}-{tp[1]}")
         if not streaming and starting and offset == LATEST:
-            raise OptionError(f"option 'startingOffsets': -1 (latest) is not allowed in a batch query, "
-                              f"for {tp[0]}-{tp[1]}")
+            raise OptionError(
+                f"option 'startingOffsets': -1 (latest) is not allowed in a batch query, for {tp[0]}-{tp[1]}"
+            )
     return OffsetSpec(plain, "offsets", offsets=offsets)
 
 
@@ -510,20 +573,28 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
         pass  # accepted and ignored in batch queries, as Spark's Kafka source does
     ending_names = ("endingOffsets", "endingOffsetsByTimestamp", "endingTimestamp")
     if streaming and any(n.lower() in options for n in ending_names):
-        raise OptionError("options 'endingOffsets' / 'endingOffsetsByTimestamp' / 'endingTimestamp' are for "
-                          "batch queries only; a streaming query reads on as new records arrive")
+        raise OptionError(
+            "options 'endingOffsets' / 'endingOffsetsByTimestamp' / 'endingTimestamp' are for "
+            "batch queries only; a streaming query reads on as new records arrive"
+        )
     strategy = options.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
     if strategy not in ("error", "latest"):
-        raise OptionError(f"option 'startingOffsetsByTimestampStrategy' must be error or latest, got {strategy!r}")
+        raise OptionError(
+            f"option 'startingOffsetsByTimestampStrategy' must be error or latest, got {strategy!r}"
+        )
     min_partitions = parse_int(options, "minPartitions", minimum=1, maximum=1_000_000)
     min_offsets = parse_int(options, "minOffsetsPerTrigger", minimum=1)
     if "maxtriggerdelay" in options and min_offsets is None:
-        raise OptionError("option 'maxTriggerDelay' only applies with minOffsetsPerTrigger (as in Spark's Kafka "
-                          "source): set minOffsetsPerTrigger too, or remove it")
+        raise OptionError(
+            "option 'maxTriggerDelay' only applies with minOffsetsPerTrigger (as in Spark's Kafka "
+            "source): set minOffsetsPerTrigger too, or remove it"
+        )
     max_offsets = parse_int(options, "maxOffsetsPerTrigger", minimum=1)
     if min_offsets is not None and max_offsets is not None and min_offsets > max_offsets:
-        raise OptionError(f"option 'minOffsetsPerTrigger' ({min_offsets}) is larger than 'maxOffsetsPerTrigger' "
-                          f"({max_offsets}): no micro-batch could satisfy both")
+        raise OptionError(
+            f"option 'minOffsetsPerTrigger' ({min_offsets}) is larger than 'maxOffsetsPerTrigger' "
+            f"({max_offsets}): no micro-batch could satisfy both"
+        )
     subscription = parse_subscription(options)
     starting = _offset_spec(options, starting=True, streaming=streaming)
     ending = None if streaming else _offset_spec(options, starting=False, streaming=streaming)
@@ -532,11 +603,14 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
             continue
         for tp in (*spec.offsets, *spec.timestamps):
             if subscription.option == "assign" and tp not in subscription.assigned:
-                raise OptionError(f"option {spec.option!r} names {tp[0]}-{tp[1]}, which option 'assign' does "
-                                  "not include")
+                raise OptionError(
+                    f"option {spec.option!r} names {tp[0]}-{tp[1]}, which option 'assign' does not include"
+                )
             if not subscription.matches(tp[0]):
-                raise OptionError(f"option {spec.option!r} names topic {tp[0]!r}, which option "
-                                  f"{subscription.option!r} does not select")
+                raise OptionError(
+                    f"option {spec.option!r} names topic {tp[0]!r}, which option "
+                    f"{subscription.option!r} does not select"
+                )
     return ReadOptions(
         bootstrap=parse_bootstrap(options),
         subscription=subscription,
@@ -546,7 +620,9 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
         max_offsets_per_trigger=max_offsets,
         max_bytes_per_trigger=parse_byte_size(options, "maxBytesPerTrigger"),
         min_offsets_per_trigger=min_offsets,
-        max_trigger_delay_ms=parse_duration_ms(options, "maxTriggerDelay", limits.MAX_TRIGGER_DELAY_MS_DEFAULT),
+        max_trigger_delay_ms=parse_duration_ms(
+            options, "maxTriggerDelay", limits.MAX_TRIGGER_DELAY_MS_DEFAULT
+        ),
         min_partitions=min_partitions,
         max_records_per_partition=parse_int(options, "maxRecordsPerPartition", minimum=1),
         fail_on_data_loss=parse_bool(options, "failOnDataLoss", True),
@@ -570,6 +646,7 @@ def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
 
 
 # --- offsets as Spark keeps them in the checkpoint ------------------------------------------
+
 
 def offsets_to_json(offsets: Mapping[TopicPartitionKey, int]) -> dict[str, dict[str, int]]:
     """{(t, p): n} -> {"t": {"p": n}}: Kafka's per-partition JSON, sorted so equal offsets compare equal."""

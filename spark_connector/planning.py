@@ -27,8 +27,9 @@ class OffsetRange:
         return max(self.end - self.start, 0)
 
 
-def split_ranges(ranges: list[OffsetRange], min_partitions: int | None,
-                 max_records: int | None = None) -> list[OffsetRange]:
+def split_ranges(
+    ranges: list[OffsetRange], min_partitions: int | None, max_records: int | None = None
+) -> list[OffsetRange]:
     """Split ranges into Spark tasks as Spark's KafkaOffsetRangeCalculator does.
 
     `max_records` (maxRecordsPerPartition): first cut every range into the fewest
@@ -85,17 +86,21 @@ def allocate(sizes: Mapping[TopicPartitionKey, int], limit: int) -> dict[TopicPa
     return out
 
 
-def limit_by_rows(start: Mapping[TopicPartitionKey, int], latest: Mapping[TopicPartitionKey, int],
-                  max_rows: int) -> dict[TopicPartitionKey, int]:
+def limit_by_rows(
+    start: Mapping[TopicPartitionKey, int], latest: Mapping[TopicPartitionKey, int], max_rows: int
+) -> dict[TopicPartitionKey, int]:
     """End offsets of a micro-batch reading at most `max_rows` records (maxOffsetsPerTrigger)."""
     available = {tp: max(latest[tp] - start.get(tp, latest[tp]), 0) for tp in latest}
     granted = allocate(available, max_rows)
     return {tp: start.get(tp, latest[tp]) + granted[tp] for tp in latest}
 
 
-def limit_by_bytes(start: Mapping[TopicPartitionKey, int], latest: Mapping[TopicPartitionKey, int],
-                   bytes_per_record: Mapping[TopicPartitionKey, float], max_bytes: int
-                   ) -> dict[TopicPartitionKey, int]:
+def limit_by_bytes(
+    start: Mapping[TopicPartitionKey, int],
+    latest: Mapping[TopicPartitionKey, int],
+    bytes_per_record: Mapping[TopicPartitionKey, float],
+    max_bytes: int,
+) -> dict[TopicPartitionKey, int]:
     """End offsets of a micro-batch reading about `max_bytes` (maxBytesPerTrigger, a soft limit).
 
     Bytes per record come from a sample of each partition; a partition without a
@@ -113,7 +118,8 @@ def limit_by_bytes(start: Mapping[TopicPartitionKey, int], latest: Mapping[Topic
     return {tp: start.get(tp, latest[tp]) + granted[tp] for tp in latest}
 
 
-def cap(offsets: Mapping[TopicPartitionKey, int], ceiling: Mapping[TopicPartitionKey, int]
-        ) -> dict[TopicPartitionKey, int]:
+def cap(
+    offsets: Mapping[TopicPartitionKey, int], ceiling: Mapping[TopicPartitionKey, int]
+) -> dict[TopicPartitionKey, int]:
     """Offsets no higher than `ceiling` where it has the partition (Trigger.AvailableNow's target)."""
     return {tp: min(o, ceiling[tp]) if tp in ceiling else o for tp, o in offsets.items()}

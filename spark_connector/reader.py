@@ -92,8 +92,10 @@ class HighwaterInputPartition(InputPartition):
 
 # --- planning (driver) ------------------------------------------------------------------------
 
-def resolve_partitions(client: GatewayClient, options: ReadOptions, *, allow_empty: bool,
-                       missing_ok: bool = False) -> list[TopicPartitionKey]:
+
+def resolve_partitions(
+    client: GatewayClient, options: ReadOptions, *, allow_empty: bool, missing_ok: bool = False
+) -> list[TopicPartitionKey]:
     """The topic-partitions the subscription selects now; failures name the option.
 
     `missing_ok`: a subscribed topic that does not exist (any more) selects nothing instead
@@ -110,8 +112,10 @@ def resolve_partitions(client: GatewayClient, options: ReadOptions, *, allow_emp
     found = client.partitions(topics)
     missing = [t for t in topics if found.get(t) is None]
     if missing and not missing_ok:
-        raise HighwaterSparkError(f"option {sub.option!r}: topic {', '.join(map(repr, missing))} does not exist "
-                                  f"(gateway {options.bootstrap})")
+        raise HighwaterSparkError(
+            f"option {sub.option!r}: topic {', '.join(map(repr, missing))} does not exist "
+            f"(gateway {options.bootstrap})"
+        )
     if sub.assigned:
         absent = [f"{t}-{p}" for t, p in sub.assigned if p not in (found[t] or [])]
         if absent and not missing_ok:
@@ -124,8 +128,9 @@ def _unknown(tps: Iterable[TopicPartitionKey]) -> str:
     return ", ".join(f"{t}-{p}" for t, p in sorted(tps))
 
 
-def list_offsets(client: GatewayClient, timestamps: dict[TopicPartitionKey, int], what: str
-                 ) -> dict[TopicPartitionKey, int]:
+def list_offsets(
+    client: GatewayClient, timestamps: dict[TopicPartitionKey, int], what: str
+) -> dict[TopicPartitionKey, int]:
     answers = client.list_offsets(timestamps)
     gone = [tp for tp, (_, code) in answers.items() if code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION]
     if gone:
@@ -135,8 +140,10 @@ def list_offsets(client: GatewayClient, timestamps: dict[TopicPartitionKey, int]
         raise not_authorized(refused[0][0], "Describe", f"ListOffsets for {what}")
     failed = {tp: code for tp, (_, code) in answers.items() if code != common_pb2.NONE}
     if failed:
-        raise HighwaterSparkError(f"{what}: ListOffsets failed for " + ", ".join(
-            f"{t}-{p} ({code_name(c)})" for (t, p), c in sorted(failed.items())))
+        raise HighwaterSparkError(
+            f"{what}: ListOffsets failed for "
+            + ", ".join(f"{t}-{p} ({code_name(c)})" for (t, p), c in sorted(failed.items()))
+        )
     return {tp: offset for tp, (offset, _) in answers.items()}
 
 
@@ -155,14 +162,22 @@ def check_every_partition_named(spec: OffsetSpec, tps: Sequence[TopicPartitionKe
     if missing or extra:
         use = "-2 for earliest, -1 for latest" if spec.kind == "offsets" else "a timestamp in ms"
         problems = ([f"leaves out {_unknown(missing)}"] if missing else []) + (
-            [f"names {_unknown(extra)}, which the query does not read (no such partition?)"] if extra else [])
+            [f"names {_unknown(extra)}, which the query does not read (no such partition?)"] if extra else []
+        )
         raise HighwaterSparkError(
             f"option {spec.option!r} {' and '.join(problems)}: per-partition JSON must give every partition of "
-            f"the subscribed topics ({use}), as Spark's Kafka source requires; partitions: {_unknown(tps)}")
+            f"the subscribed topics ({use}), as Spark's Kafka source requires; partitions: {_unknown(tps)}"
+        )
 
 
-def resolve_offsets(client: GatewayClient, spec: OffsetSpec, tps: Sequence[TopicPartitionKey], *,
-                    default: int, timestamp_strategy: str = "error") -> dict[TopicPartitionKey, int]:
+def resolve_offsets(
+    client: GatewayClient,
+    spec: OffsetSpec,
+    tps: Sequence[TopicPartitionKey],
+    *,
+    default: int,
+    timestamp_strategy: str = "error",
+) -> dict[TopicPartitionKey, int]:
     """Concrete offsets for `tps` from an OffsetSpec (ListOffsets for earliest, latest, timestamps).
 
     Per-partition JSON must name every partition (the caller checks that first, with
@@ -177,8 +192,10 @@ def resolve_offsets(client: GatewayClient, spec: OffsetSpec, tps: Sequence[Topic
         resolved = list_offsets(client, special, f"option {spec.option!r}") if special else {}
         return {tp: resolved.get(tp, o) for tp, o in wanted.items()}
     # Timestamps: the first offset whose timestamp is >= the one asked.
-    asked = {tp: spec.timestamps.get(tp, spec.timestamp_all if spec.timestamp_all is not None else -1)
-             for tp in tps}
+    asked = {
+        tp: spec.timestamps.get(tp, spec.timestamp_all if spec.timestamp_all is not None else -1)
+        for tp in tps
+    }
     missing_ts = [tp for tp, ts in asked.items() if ts < 0]
     if missing_ts:
         raise HighwaterSparkError(f"option {spec.option!r} gives no timestamp for {_unknown(missing_ts)}")
@@ -189,14 +206,20 @@ def resolve_offsets(client: GatewayClient, spec: OffsetSpec, tps: Sequence[Topic
         if starting and timestamp_strategy == "error":
             raise HighwaterSparkError(
                 f"option {spec.option!r}: no record at or after the timestamp in {_unknown(none)} "
-                "(set startingOffsetsByTimestampStrategy=latest to start at the end instead)")
+                "(set startingOffsetsByTimestampStrategy=latest to start at the end instead)"
+            )
         latest = list_offsets(client, dict.fromkeys(none, LATEST), f"option {spec.option!r}")
         found.update(latest)
     return found
 
 
-def check_ranges(client: GatewayClient, starts: dict[TopicPartitionKey, int], ends: dict[TopicPartitionKey, int],
-                 options: ReadOptions, starting_option: str) -> dict[TopicPartitionKey, int]:
+def check_ranges(
+    client: GatewayClient,
+    starts: dict[TopicPartitionKey, int],
+    ends: dict[TopicPartitionKey, int],
+    options: ReadOptions,
+    starting_option: str,
+) -> dict[TopicPartitionKey, int]:
     """Starts checked against each partition's [log start, high watermark]; returns usable starts.
 
     A start below the log start offset means records were deleted by retention
@@ -207,8 +230,10 @@ def check_ranges(client: GatewayClient, starts: dict[TopicPartitionKey, int], en
     for tp, start in starts.items():
         end = ends[tp]
         if start > end:
-            raise HighwaterSparkError(f"option {starting_option!r}: start offset {start} of {tp[0]}-{tp[1]} is "
-                                      f"past its end offset {end}")
+            raise HighwaterSparkError(
+                f"option {starting_option!r}: start offset {start} of {tp[0]}-{tp[1]} is "
+                f"past its end offset {end}"
+            )
         if start < earliest[tp]:
             lost = f"records [{start}, {earliest[tp]}) of {tp[0]}-{tp[1]} were deleted by retention"
             if options.fail_on_data_loss:
@@ -220,6 +245,7 @@ def check_ranges(client: GatewayClient, starts: dict[TopicPartitionKey, int], en
 
 
 # --- filter pushdown ---------------------------------------------------------------------------
+
 
 @dataclass
 class PushedBounds:
@@ -234,8 +260,9 @@ class PushedBounds:
     applied: list[str] = field(default_factory=list)
 
     def allows_partition(self, partition: int) -> bool:
-        return (self.partition_min <= partition <= self.partition_max
-                and (self.partitions is None or partition in self.partitions))
+        return self.partition_min <= partition <= self.partition_max and (
+            self.partitions is None or partition in self.partitions
+        )
 
     def narrow(self, r: OffsetRange) -> OffsetRange:
         return OffsetRange(r.topic, r.partition, max(r.start, self.offset_min), min(r.end, self.offset_end))
@@ -309,6 +336,7 @@ def push_filter(bounds: PushedBounds, f: Filter) -> bool:
 
 # --- reading (tasks) ---------------------------------------------------------------------------
 
+
 def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatch]:
     """Arrow batches of every record in [r.start, r.end) of one partition, in offset order.
 
@@ -338,7 +366,9 @@ def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> I
         if next_offset is None or next_offset <= offset:
             # Nothing below the high watermark yet at `offset` though the plan says there is: a
             # new leader whose high watermark lags, briefly. Long-poll, within the retry timeout.
-            stalled = _Stall.check(stalled, client, r, offset, f"no records (high watermark {part.high_watermark})")
+            stalled = _Stall.check(
+                stalled, client, r, offset, f"no records (high watermark {part.high_watermark})"
+            )
             pending = client.fetch_future(tp, offset, max_bytes, limits.FETCH_EMPTY_WAIT_MS)
             continue
         stalled = None
@@ -346,8 +376,9 @@ def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> I
             pending = client.fetch_future(tp, next_offset, max_bytes)
         # The first batch may start before `offset` and the last may run past the end: the
         # decoder keeps only [offset, r.end).
-        for columns in decode_columns(data, start_offset=offset, end_offset=r.end,
-                                      include_headers=options.include_headers):
+        for columns in decode_columns(
+            data, start_offset=offset, end_offset=r.end, include_headers=options.include_headers
+        ):
             if len(columns):
                 yield columns_to_arrow(columns, constants, options.include_headers)
         offset = next_offset
@@ -367,12 +398,14 @@ class _Stall:
         if now >= stall.deadline:
             raise HighwaterSparkError(
                 f"{r.topic}-{r.partition}: no progress at offset {offset} (the plan reads to {r.end}) for "
-                f"highwater.retry.timeout.ms={client.settings.retry_timeout_ms} ms; last: {why}")
+                f"highwater.retry.timeout.ms={client.settings.retry_timeout_ms} ms; last: {why}"
+            )
         return stall
 
 
-def _after_fetch_error(client: GatewayClient, r: OffsetRange, offset: int,
-                       part: FetchedPartition, options: ReadOptions) -> int:
+def _after_fetch_error(
+    client: GatewayClient, r: OffsetRange, offset: int, part: FetchedPartition, options: ReadOptions
+) -> int:
     """Where to go on after a per-partition Fetch error: the same offset, a later one, or raise."""
     code = part.error_code
     name = f"{r.topic}-{r.partition}"
@@ -380,7 +413,9 @@ def _after_fetch_error(client: GatewayClient, r: OffsetRange, offset: int,
         time.sleep(limits.RETRY_BACKOFF_MS / 1000)
         return offset
     if code == common_pb2.OFFSET_OUT_OF_RANGE:
-        earliest, _ = client.list_offsets({(r.topic, r.partition): EARLIEST}).get((r.topic, r.partition), (-1, 0))
+        earliest, _ = client.list_offsets({(r.topic, r.partition): EARLIEST}).get(
+            (r.topic, r.partition), (-1, 0)
+        )
         if earliest <= offset:
             raise HighwaterSparkError(f"{name}: offset {offset} is out of range: {part.error_message}")
         lost = f"{name}: records [{offset}, {min(earliest, r.end)}) were deleted by retention before they were read"
@@ -396,10 +431,13 @@ def _after_fetch_error(client: GatewayClient, r: OffsetRange, offset: int,
         return r.end
     if code == common_pb2.TOPIC_AUTHORIZATION_FAILED:
         raise not_authorized(r.topic, "Read", f"Fetch of {name}")
-    raise HighwaterSparkError(f"Fetch of {name} at offset {offset} failed: {code_name(code)} {part.error_message}")
+    raise HighwaterSparkError(
+        f"Fetch of {name} at offset {offset} failed: {code_name(code)} {part.error_message}"
+    )
 
 
 # --- batch reader --------------------------------------------------------------------------------
+
 
 class HighwaterBatchReader(DataSourceReader):
     """Reads [startingOffsets, endingOffsets) of every selected partition, once."""
@@ -424,13 +462,20 @@ class HighwaterBatchReader(DataSourceReader):
             latest = list_offsets(client, dict.fromkeys(tps, LATEST), "high watermarks")
             for tp, end in ends.items():
                 if end > latest[tp]:
-                    raise HighwaterSparkError(f"option {options.ending.option!r}: end offset {end} of "
-                                              f"{tp[0]}-{tp[1]} is past its high watermark {latest[tp]}")
-            starts = resolve_offsets(client, options.starting, tps, default=EARLIEST,
-                                     timestamp_strategy=options.timestamp_strategy)
+                    raise HighwaterSparkError(
+                        f"option {options.ending.option!r}: end offset {end} of "
+                        f"{tp[0]}-{tp[1]} is past its high watermark {latest[tp]}"
+                    )
+            starts = resolve_offsets(
+                client, options.starting, tps, default=EARLIEST, timestamp_strategy=options.timestamp_strategy
+            )
             if self.bounds.timestamp_min_ms is not None:
-                by_time = list_offsets(client, dict.fromkeys(tps, self.bounds.timestamp_min_ms), "timestamp filter")
-                starts = {tp: max(s, by_time[tp] if by_time[tp] >= 0 else ends[tp]) for tp, s in starts.items()}
+                by_time = list_offsets(
+                    client, dict.fromkeys(tps, self.bounds.timestamp_min_ms), "timestamp filter"
+                )
+                starts = {
+                    tp: max(s, by_time[tp] if by_time[tp] >= 0 else ends[tp]) for tp, s in starts.items()
+                }
                 starts = {tp: min(s, ends[tp]) for tp, s in starts.items()}
             starts = check_ranges(client, starts, ends, options, options.starting.option)
         ranges = [self.bounds.narrow(OffsetRange(t, p, starts[(t, p)], ends[(t, p)])) for t, p in tps]
@@ -460,6 +505,7 @@ class HighwaterFilteringBatchReader(HighwaterBatchReader):
 
 
 # --- streaming reader ------------------------------------------------------------------------------
+
 
 class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reader. Offsets are Kafka's per-partition JSON: {"topic": {"0": next offset}}.
@@ -494,10 +540,17 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return resolve_partitions(self.client, self.options, allow_empty=True, missing_ok=True)
 
     def initialOffset(self) -> dict:
-        tps = resolve_partitions(self.client, self.options, allow_empty=self.options.subscription.pattern is not None)
+        tps = resolve_partitions(
+            self.client, self.options, allow_empty=self.options.subscription.pattern is not None
+        )
         check_every_partition_named(self.options.starting, tps)
-        starts = resolve_offsets(self.client, self.options.starting, tps, default=LATEST,
-                                 timestamp_strategy=self.options.timestamp_strategy)
+        starts = resolve_offsets(
+            self.client,
+            self.options.starting,
+            tps,
+            default=LATEST,
+            timestamp_strategy=self.options.timestamp_strategy,
+        )
         latest = list_offsets(self.client, dict.fromkeys(tps, LATEST), "high watermarks")
         starts = check_ranges(self.client, starts, latest, self.options, self.options.starting.option)
         return offsets_to_json(starts)
@@ -513,7 +566,9 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return ReadMinRows(self.options.min_offsets_per_trigger)
         return ReadAllAvailable()
 
-    def _delay_batch(self, current: dict[TopicPartitionKey, int], latest: dict[TopicPartitionKey, int]) -> bool:
+    def _delay_batch(
+        self, current: dict[TopicPartitionKey, int], latest: dict[TopicPartitionKey, int]
+    ) -> bool:
         """Spark's rule (KafkaMicroBatchStream.delayBatch): skip this trigger while fewer than
         minOffsetsPerTrigger offsets are available, unless maxTriggerDelay has passed since the
         last batch was admitted."""
@@ -557,8 +612,10 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             base.update(list_offsets(self.client, dict.fromkeys(new, EARLIEST), "log start offsets"))
         for tp in tps:
             if latest[tp] < base[tp]:
-                lost = (f"{tp[0]}-{tp[1]}: high watermark {latest[tp]} is below the next offset to read "
-                        f"{base[tp]} (topic re-created, or an unclean leader election lost records)")
+                lost = (
+                    f"{tp[0]}-{tp[1]}: high watermark {latest[tp]} is below the next offset to read "
+                    f"{base[tp]} (topic re-created, or an unclean leader election lost records)"
+                )
                 if self.options.fail_on_data_loss:
                     raise HighwaterSparkError(f"{lost}; set failOnDataLoss=false to go on from there")
                 log.warning("%s; going on from %d (failOnDataLoss=false)", lost, latest[tp])
@@ -567,8 +624,11 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         latest = {tp: latest[tp] for tp in tps}
         # Trigger.AvailableNow reads to its target whatever minOffsetsPerTrigger says (waiting for
         # more could wait forever), and ReadAllAvailable (Trigger.Once) asks for everything.
-        if (self._available_now_target is None and not isinstance(limit, ReadAllAvailable)
-                and self._delay_batch(current, latest)):
+        if (
+            self._available_now_target is None
+            and not isinstance(limit, ReadAllAvailable)
+            and self._delay_batch(current, latest)
+        ):
             return offsets_to_json(current)
         if isinstance(limit, ReadMaxRows):
             end = planning.limit_by_rows(current, latest, limit.max_rows)
@@ -582,16 +642,24 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         # next batch knows where they begin.
         return offsets_to_json(end)
 
-    def _limit_bytes(self, start: dict[TopicPartitionKey, int], latest: dict[TopicPartitionKey, int],
-                     max_bytes: int) -> dict[TopicPartitionKey, int]:
+    def _limit_bytes(
+        self, start: dict[TopicPartitionKey, int], latest: dict[TopicPartitionKey, int], max_bytes: int
+    ) -> dict[TopicPartitionKey, int]:
         """Sample each partition's record size from its start (a soft limit, see planning.limit_by_bytes)."""
         per_record: dict[TopicPartitionKey, float] = {}
         for tp, s in start.items():
             if latest[tp] <= s:
                 continue
-            part = self.client.call("Fetch", self.client.fetch_request(
-                tp, s, limits.BYTES_SAMPLE_MAX_BYTES)).topics[0].partitions[0]
-            end = next_fetch_offset(part.records, s) if part.error_code == common_pb2.NONE and part.records else None
+            part = (
+                self.client.call("Fetch", self.client.fetch_request(tp, s, limits.BYTES_SAMPLE_MAX_BYTES))
+                .topics[0]
+                .partitions[0]
+            )
+            end = (
+                next_fetch_offset(part.records, s)
+                if part.error_code == common_pb2.NONE and part.records
+                else None
+            )
             if end is not None and end > s:
                 per_record[tp] = len(part.records) / (end - s)
         return planning.limit_by_bytes(start, latest, per_record, max_bytes)
@@ -600,14 +668,21 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         """High watermarks of the partitions that still exist (a topic being deleted may still be in
         the metadata while its leaders already answer UNKNOWN_TOPIC_OR_PARTITION)."""
         answers = self.client.list_offsets(dict.fromkeys(tps, LATEST))
-        refused = sorted(tp for tp, (_, code) in answers.items() if code == common_pb2.TOPIC_AUTHORIZATION_FAILED)
+        refused = sorted(
+            tp for tp, (_, code) in answers.items() if code == common_pb2.TOPIC_AUTHORIZATION_FAILED
+        )
         if refused:
             raise not_authorized(refused[0][0], "Describe", "ListOffsets for high watermarks")
-        failed = {tp: code for tp, (_, code) in answers.items()
-                  if code not in (common_pb2.NONE, common_pb2.UNKNOWN_TOPIC_OR_PARTITION)}
+        failed = {
+            tp: code
+            for tp, (_, code) in answers.items()
+            if code not in (common_pb2.NONE, common_pb2.UNKNOWN_TOPIC_OR_PARTITION)
+        }
         if failed:
-            raise HighwaterSparkError("high watermarks: ListOffsets failed for " + ", ".join(
-                f"{t}-{p} ({code_name(c)})" for (t, p), c in sorted(failed.items())))
+            raise HighwaterSparkError(
+                "high watermarks: ListOffsets failed for "
+                + ", ".join(f"{t}-{p} ({code_name(c)})" for (t, p), c in sorted(failed.items()))
+            )
         return {tp: offset for tp, (offset, code) in answers.items() if code == common_pb2.NONE}
 
     def reportLatestOffset(self) -> dict | None:
@@ -626,8 +701,9 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if new:
             begin.update(list_offsets(self.client, dict.fromkeys(new, EARLIEST), "log start offsets"))
         ranges = [OffsetRange(t, p, min(begin[(t, p)], e), e) for (t, p), e in sorted(finish.items())]
-        split = planning.split_ranges(ranges, self.options.min_partitions,
-                                       self.options.max_records_per_partition)
+        split = planning.split_ranges(
+            ranges, self.options.min_partitions, self.options.max_records_per_partition
+        )
         return [HighwaterInputPartition(i, r) for i, r in enumerate(split)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -59,8 +59,9 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
     return to_arrow_schema(read_schema(include_headers), timezone="UTC")
 
 
-def records_to_arrow(records: Sequence[Record], topic: str, partition: int, include_headers: bool
-                     ) -> pa.RecordBatch:
+def records_to_arrow(
+    records: Sequence[Record], topic: str, partition: int, include_headers: bool
+) -> pa.RecordBatch:
     """One Arrow batch of the read schema from decoded records of one partition."""
     schema = arrow_schema(include_headers)
     count = len(records)
@@ -103,12 +104,21 @@ class ConstantColumns:
         return self._topic_column.slice(0, rows), self._partition_column.slice(0, rows)
 
 
-def columns_to_arrow(columns: RecordColumns, constants: ConstantColumns, include_headers: bool) -> pa.RecordBatch:
+def columns_to_arrow(
+    columns: RecordColumns, constants: ConstantColumns, include_headers: bool
+) -> pa.RecordBatch:
     """One Arrow batch of the read schema from columns decoded by clients.columnar (no copy of them)."""
     schema = arrow_schema(include_headers)
     topic, partition = constants.columns(len(columns))
-    arrays = [columns.key, columns.value, topic, partition, columns.offset, columns.timestamp,
-              columns.timestamp_type]
+    arrays = [
+        columns.key,
+        columns.value,
+        topic,
+        partition,
+        columns.offset,
+        columns.timestamp,
+        columns.timestamp_type,
+    ]
     if include_headers:
         check(columns.headers is not None, "columns_to_arrow: headers asked for but not decoded")
         arrays.append(columns.headers)
@@ -118,9 +128,16 @@ def columns_to_arrow(columns: RecordColumns, constants: ConstantColumns, include
 # clients.columnar builds these types without importing Spark; they must be Spark's exactly
 # (list field names included: Spark compares schemas before it takes a batch).
 _SPARK_HEADERS = arrow_schema(True).field("headers").type
-check(_SPARK_HEADERS.equals(columnar.HEADERS_TYPE)
-      and _SPARK_HEADERS.value_field.name == columnar.HEADERS_TYPE.value_field.name,
-      "clients.columnar.HEADERS_TYPE %s is not Spark's %s", columnar.HEADERS_TYPE, _SPARK_HEADERS)
-check(arrow_schema(False).field("timestamp").type.equals(columnar.TIMESTAMP_TYPE),
-      "clients.columnar.TIMESTAMP_TYPE %s is not Spark's %s", columnar.TIMESTAMP_TYPE,
-      arrow_schema(False).field("timestamp").type)
+check(
+    _SPARK_HEADERS.equals(columnar.HEADERS_TYPE)
+    and _SPARK_HEADERS.value_field.name == columnar.HEADERS_TYPE.value_field.name,
+    "clients.columnar.HEADERS_TYPE %s is not Spark's %s",
+    columnar.HEADERS_TYPE,
+    _SPARK_HEADERS,
+)
+check(
+    arrow_schema(False).field("timestamp").type.equals(columnar.TIMESTAMP_TYPE),
+    "clients.columnar.TIMESTAMP_TYPE %s is not Spark's %s",
+    columnar.TIMESTAMP_TYPE,
+    arrow_schema(False).field("timestamp").type,
+)

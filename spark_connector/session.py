@@ -47,8 +47,11 @@ def _module_directory() -> Path | None:
 
 def _installed(directory: Path) -> bool:
     """True when `directory` is on every interpreter's default path (site-packages), not a checkout."""
-    site = {Path(p).resolve() for p in (sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib"))
-            if p}
+    site = {
+        Path(p).resolve()
+        for p in (sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib"))
+        if p
+    }
     return directory in site
 
 
@@ -114,17 +117,21 @@ def check_spark_session(spark: Any) -> str:
     try:
         executable, problem, path = context.parallelize([0], 1).map(report).collect()[0]
     except Exception as exc:  # the worker could not even start, e.g. a bad spark.pyspark.python
-        configured = context.getConf().get(WORKER_PYTHON_SETTING) or os.environ.get("PYSPARK_PYTHON") or "python3"
+        configured = (
+            context.getConf().get(WORKER_PYTHON_SETTING) or os.environ.get("PYSPARK_PYTHON") or "python3"
+        )
         raise SparkSetupError(
             f"Spark's Python workers (interpreter {configured!r}) could not run a task ({type(exc).__name__}); "
             f"set {WORKER_PYTHON_SETTING} to an interpreter with highwater[spark] installed, e.g. "
-            f"{_suggestion()}") from exc
+            f"{_suggestion()}"
+        ) from exc
     if problem:
         raise SparkSetupError(
             f"Spark's Python workers run {executable}, which cannot import {LOOKUP_MODULE} ({problem}), so "
-            f"format(\"highwater\") fails with DATA_SOURCE_NOT_FOUND. Set {_suggestion()} before the session "
+            f'format("highwater") fails with DATA_SOURCE_NOT_FOUND. Set {_suggestion()} before the session '
             f"starts (spark_connector.configure(SparkSession.builder) does it; or export PYSPARK_PYTHON), or "
-            f"install highwater[spark] into {executable} on every node. Worker sys.path: {path}")
+            f"install highwater[spark] into {executable} on every node. Worker sys.path: {path}"
+        )
     return str(executable)
 
 

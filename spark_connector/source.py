@@ -43,13 +43,17 @@ class HighwaterDataSource(DataSource):
     def _check_schema(self, schema: StructType) -> None:
         expected = self.schema()
         if schema != expected:
-            raise OptionError(f"a Highwater read has a fixed schema ({expected.simpleString()}); "
-                              f"do not pass .schema(...): got {schema.simpleString()}")
+            raise OptionError(
+                f"a Highwater read has a fixed schema ({expected.simpleString()}); "
+                f"do not pass .schema(...): got {schema.simpleString()}"
+            )
 
     def reader(self, schema: StructType) -> DataSourceReader:
         self._check_schema(schema)
         options = parse_read_options(self.options, streaming=False)
-        return HighwaterFilteringBatchReader(options) if options.push_filters else HighwaterBatchReader(options)
+        return (
+            HighwaterFilteringBatchReader(options) if options.push_filters else HighwaterBatchReader(options)
+        )
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         self._check_schema(schema)
@@ -57,8 +61,9 @@ class HighwaterDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
-            raise OptionError("save mode overwrite is not supported: records are appended to a log; "
-                              "use mode('append')")
+            raise OptionError(
+                "save mode overwrite is not supported: records are appended to a log; use mode('append')"
+            )
         options = parse_write_options(self.options)
         columns = check_input_schema(schema, options)
         check_topic_exists(options)
@@ -66,8 +71,10 @@ class HighwaterDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         if overwrite:
-            raise OptionError("output mode complete is not supported: records are appended to a log; "
-                              "use outputMode('append') or 'update'")
+            raise OptionError(
+                "output mode complete is not supported: records are appended to a log; "
+                "use outputMode('append') or 'update'"
+            )
         options = parse_write_options(self.options)
         columns = check_input_schema(schema, options)
         check_topic_exists(options)

@@ -66,8 +66,10 @@ def _tune_malloc() -> None:
         return
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    for parameter, value in ((_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES),
-                             (_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES),
-                             (_M_ARENA_MAX, MALLOC_ARENAS_MAX)):
+    for parameter, value in (
+        (_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES),
+        (_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES),
+        (_M_ARENA_MAX, MALLOC_ARENAS_MAX),
+    ):
         if mallopt(parameter, value) != 1:
             log.debug("mallopt(%d, %d) refused; keeping malloc's default", parameter, value)

@@ -76,6 +76,7 @@ _REQUEST_FRAMING_BYTES = 512
 
 # --- planning (driver) --------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class InputColumns:
     """Which input columns the writer uses and whether string columns need encoding."""
@@ -101,23 +102,35 @@ def check_input_schema(schema: StructType, options: WriteOptions) -> InputColumn
 
     value = kind("value", text_or_bytes, "binary or string")
     if value is None:
-        raise OptionError(f"the DataFrame has no 'value' column (binary or string), which a Highwater write "
-                          f"needs; its columns are {', '.join(fields) or 'none'}")
+        raise OptionError(
+            f"the DataFrame has no 'value' column (binary or string), which a Highwater write "
+            f"needs; its columns are {', '.join(fields) or 'none'}"
+        )
     key = kind("key", text_or_bytes, "binary or string")
     topic = kind("topic", (StringType(),), "string")
     partition = kind("partition", (IntegerType(), LongType()), "int")
     headers = fields.get("headers")
     # Nullability aside, the element must be struct<key string, value binary>.
     wanted = [(f.name, f.dataType) for f in HEADERS_TYPE.elementType.fields]  # type: ignore[attr-defined]
-    if headers is not None and (not isinstance(headers, ArrayType) or not isinstance(headers.elementType, StructType)
-                                or [(f.name, f.dataType) for f in headers.elementType.fields] != wanted):
-        raise OptionError(f"column 'headers' must be array<struct<key: string, value: binary>>, "
-                          f"got {headers.simpleString()}")
+    if headers is not None and (
+        not isinstance(headers, ArrayType)
+        or not isinstance(headers.elementType, StructType)
+        or [(f.name, f.dataType) for f in headers.elementType.fields] != wanted
+    ):
+        raise OptionError(
+            f"column 'headers' must be array<struct<key: string, value: binary>>, "
+            f"got {headers.simpleString()}"
+        )
     if topic is None and options.topic is None:
         raise OptionError("no 'topic' option and no 'topic' column: say which topic to write to")
-    return InputColumns(value_is_string=value == StringType(), key=key is not None,
-                        key_is_string=key == StringType(), topic=topic is not None and options.topic is None,
-                        partition=partition is not None, headers=headers is not None)
+    return InputColumns(
+        value_is_string=value == StringType(),
+        key=key is not None,
+        key_is_string=key == StringType(),
+        topic=topic is not None and options.topic is None,
+        partition=partition is not None,
+        headers=headers is not None,
+    )
 
 
 def check_topic_exists(options: WriteOptions) -> None:
@@ -126,16 +139,20 @@ def check_topic_exists(options: WriteOptions) -> None:
         return
     with GatewayClient(options.bootstrap, options.client) as client:
         if client.partitions([options.topic]).get(options.topic) is None:
-            raise HighwaterSparkError(f"option 'topic': topic {options.topic!r} does not exist "
-                                      f"(gateway {options.bootstrap})")
+            raise HighwaterSparkError(
+                f"option 'topic': topic {options.topic!r} does not exist (gateway {options.bootstrap})"
+            )
 
 
 # --- producer identity ------------------------------------------------------------------------------
 
+
 def derived_producer_id(scope: str, task: int, era: int, group: int) -> int:
     """A producer id in [2**62, 2**63) from the writer's identity; the controller's ids stay far below."""
     digest = hashlib.blake2b(f"{scope}|{task}|{era}|{group}".encode(), digest_size=8).digest()
-    return limits.DERIVED_PRODUCER_ID_BASE | (int.from_bytes(digest, "big") & (limits.DERIVED_PRODUCER_ID_BASE - 1))
+    return limits.DERIVED_PRODUCER_ID_BASE | (
+        int.from_bytes(digest, "big") & (limits.DERIVED_PRODUCER_ID_BASE - 1)
+    )
 
 
 @dataclass
@@ -171,6 +188,7 @@ class BatchNumbering:
 
 
 # --- sending -----------------------------------------------------------------------------------------
+
 
 @dataclass
 class _Chunk:
@@ -238,10 +256,14 @@ class ChunkSender:
         self._oldest_queued = time.monotonic() if self.queued_bytes else None
         by_topic: dict[str, list[common_pb2.ProducePartitionData]] = {}
         for c in chunks:
-            by_topic.setdefault(c.tp[0], []).append(common_pb2.ProducePartitionData(partition=c.tp[1], records=c.data))
+            by_topic.setdefault(c.tp[0], []).append(
+                common_pb2.ProducePartitionData(partition=c.tp[1], records=c.data)
+            )
         request = common_pb2.ProduceRequest(
-            acks=self.acks, timeout_ms=self.client.settings.request_timeout_ms,
-            topics=[common_pb2.ProduceTopicData(topic=t, partitions=ps) for t, ps in by_topic.items()])
+            acks=self.acks,
+            timeout_ms=self.client.settings.request_timeout_ms,
+            topics=[common_pb2.ProduceTopicData(topic=t, partitions=ps) for t, ps in by_topic.items()],
+        )
         self._in_flight = (self.client.call_future("Produce", request), chunks)
 
     def _complete(self) -> None:
@@ -264,7 +286,8 @@ class ChunkSender:
                     raise HighwaterSparkError(
                         f"writing to {chunk.tp[0]}-{chunk.tp[1]}: {code_name(code)} for longer than "
                         f"highwater.retry.timeout.ms={self.client.settings.retry_timeout_ms} ms: "
-                        f"{answer.error_message if answer is not None else ''}")
+                        f"{answer.error_message if answer is not None else ''}"
+                    )
                 retry.append(chunk)
             else:
                 raise HighwaterSparkError(self._explain(chunk, code, answer.error_message if answer else ""))
@@ -286,24 +309,32 @@ class ChunkSender:
     def _explain(chunk: _Chunk, code: int, message: str) -> str:
         where = f"writing to {chunk.tp[0]}-{chunk.tp[1]}"
         if code == common_pb2.OUT_OF_ORDER_SEQUENCE_NUMBER:
-            return (f"{where}: {message}. A replayed task cut its rows into batches that differ from the "
-                    "attempt that wrote before (its input was not the same rows in the same order), so "
-                    "duplicates cannot be ruled out; failing instead")
+            return (
+                f"{where}: {message}. A replayed task cut its rows into batches that differ from the "
+                "attempt that wrote before (its input was not the same rows in the same order), so "
+                "duplicates cannot be ruled out; failing instead"
+            )
         if code == common_pb2.INVALID_PRODUCER_EPOCH:
-            return (f"{where}: {message}. A later micro-batch has already written with this task's "
-                    "producer id: this is a leftover attempt of an older batch")
+            return (
+                f"{where}: {message}. A later micro-batch has already written with this task's "
+                "producer id: this is a leftover attempt of an older batch"
+            )
         if code == common_pb2.TOPIC_AUTHORIZATION_FAILED:
             return str(not_authorized(chunk.tp[0], "Write", f"{where}: {message}" if message else where))
         if code == common_pb2.MESSAGE_TOO_LARGE:
-            return (f"{where}: {message}. Lower highwater.batch.size.bytes, or raise the topic's "
-                    "max.message.bytes if a single record is that large")
+            return (
+                f"{where}: {message}. Lower highwater.batch.size.bytes, or raise the topic's "
+                "max.message.bytes if a single record is that large"
+            )
         return f"{where}: {code_name(code)} {message}"
 
 
 # --- the task ------------------------------------------------------------------------------------------
 
-def write_task(rows: Iterator[pa.RecordBatch], options: WriteOptions, columns: InputColumns,
-               numbering: BatchNumbering) -> WriteStats:
+
+def write_task(
+    rows: Iterator[pa.RecordBatch], options: WriteOptions, columns: InputColumns, numbering: BatchNumbering
+) -> WriteStats:
     """Write every row of one Spark task; returns what was acknowledged."""
     stats = WriteStats()
     settings = options.client
@@ -328,8 +359,13 @@ def write_task(rows: Iterator[pa.RecordBatch], options: WriteOptions, columns: I
         def close(tp: tuple[str, int]) -> None:
             records, _ = open_batches.pop(tp)
             producer_id, epoch, base_sequence = numbering.number(tp, len(records))
-            data = encode_batch(records, compression=settings.compression, producer_id=producer_id,
-                                producer_epoch=epoch, base_sequence=base_sequence)
+            data = encode_batch(
+                records,
+                compression=settings.compression,
+                producer_id=producer_id,
+                producer_epoch=epoch,
+                base_sequence=base_sequence,
+            )
             sender.add(_Chunk(tp, data, len(records)))
 
         for batch in rows:
@@ -359,8 +395,9 @@ def write_task(rows: Iterator[pa.RecordBatch], options: WriteOptions, columns: I
                         keyless_counter[topic] = k + 1
                         partition = (numbering.task + k) % n
                 elif not 0 <= partition < n:
-                    raise HighwaterSparkError(f"column 'partition': {partition} is not a partition of {topic!r} "
-                                              f"(it has {n})")
+                    raise HighwaterSparkError(
+                        f"column 'partition': {partition} is not a partition of {topic!r} (it has {n})"
+                    )
                 tp = (topic, partition)
                 value = values[i]
                 record_headers = headers[i] if headers is not None else []
@@ -369,7 +406,8 @@ def write_task(rows: Iterator[pa.RecordBatch], options: WriteOptions, columns: I
                     raise HighwaterSparkError(
                         f"a record of {size} bytes for {topic}-{partition} is larger than the request size "
                         f"limit of {settings.max_request_bytes} bytes (kafka.max.request.size / "
-                        "highwater.max.request.size), as Kafka's producer refuses it too")
+                        "highwater.max.request.size), as Kafka's producer refuses it too"
+                    )
                 pending = open_batches.get(tp)
                 if pending is None:
                     pending = open_batches[tp] = ([], [0])
@@ -433,17 +471,26 @@ class HighwaterBatchWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         partition_id, attempt, _ = _task_context()
-        stats = write_task(iterator, self.options, self.columns, BatchNumbering(self.write_id, partition_id, 0))
+        stats = write_task(
+            iterator, self.options, self.columns, BatchNumbering(self.write_id, partition_id, 0)
+        )
         return HighwaterCommitMessage(partition_id, attempt, stats.records, stats.batches, stats.offsets)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         done = [m for m in messages if isinstance(m, HighwaterCommitMessage)]
-        log.info("Highwater write %s: %d records in %d batches from %d tasks", self.write_id,
-                 sum(m.records for m in done), sum(m.batches for m in done), len(done))
+        log.info(
+            "Highwater write %s: %d records in %d batches from %d tasks",
+            self.write_id,
+            sum(m.records for m in done),
+            sum(m.batches for m in done),
+            len(done),
+        )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         # A log cannot take records back: what tasks wrote stays (at-least-once for a failed job).
-        log.warning("Highwater write %s aborted; records already acknowledged stay in the topics", self.write_id)
+        log.warning(
+            "Highwater write %s aborted; records already acknowledged stay in the topics", self.write_id
+        )
 
 
 class HighwaterStreamWriter(DataSourceStreamArrowWriter):
@@ -461,16 +508,27 @@ class HighwaterStreamWriter(DataSourceStreamArrowWriter):
         if query_id and batch_text is not None:
             numbering = BatchNumbering(f"query:{query_id}", partition_id, int(batch_text))
         else:  # pragma: no cover - Spark sets both on every micro-batch task
-            log.warning("no streaming query id / batch id on this task: a replayed batch may be written twice")
+            log.warning(
+                "no streaming query id / batch id on this task: a replayed batch may be written twice"
+            )
             numbering = BatchNumbering(self.fallback_scope, partition_id, 0)
         stats = write_task(iterator, self.options, self.columns, numbering)
         return HighwaterCommitMessage(partition_id, attempt, stats.records, stats.batches, stats.offsets)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         done = [m for m in messages if isinstance(m, HighwaterCommitMessage)]
-        log.info("Highwater micro-batch %d: %d records in %d batches from %d tasks", batchId,
-                 sum(m.records for m in done), sum(m.batches for m in done), len(done))
+        log.info(
+            "Highwater micro-batch %d: %d records in %d batches from %d tasks",
+            batchId,
+            sum(m.records for m in done),
+            sum(m.batches for m in done),
+            len(done),
+        )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        log.warning("Highwater micro-batch %d aborted; what tasks wrote stays, and the replay of batch %d "
-                    "will not write it again", batchId, batchId)
+        log.warning(
+            "Highwater micro-batch %d aborted; what tasks wrote stays, and the replay of batch %d "
+            "will not write it again",
+            batchId,
+            batchId,
+        )

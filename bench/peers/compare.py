@@ -59,7 +59,8 @@ def _delete_topic(gateway: str, topic: str) -> None:
 
     with contextlib.suppress(grpc.RpcError), grpc.insecure_channel(gateway) as channel:
         gateway_pb2_grpc.GatewayServiceStub(channel).DeleteTopics(
-            common_pb2.DeleteTopicsRequest(names=[topic], timeout_ms=30_000), timeout=35)
+            common_pb2.DeleteTopicsRequest(names=[topic], timeout_ms=30_000), timeout=35
+        )
 
 
 class Systems:
@@ -67,8 +68,15 @@ class Systems:
 
     def __init__(self, stack: contextlib.ExitStack, args: argparse.Namespace) -> None:
         self.args = args
-        self.hw = stack.enter_context(common.highwater_target(
-            bootstrap=None, topic="bench-warm", partitions=args.partitions, replication_factor=3, min_insync=2))
+        self.hw = stack.enter_context(
+            common.highwater_target(
+                bootstrap=None,
+                topic="bench-warm",
+                partitions=args.partitions,
+                replication_factor=3,
+                min_insync=2,
+            )
+        )
         self.nats = stack.enter_context(nats_js.nats_cluster())
         asyncio.run(nats_js.create_stream(self.nats, replicas=3))
         self.redis = stack.enter_context(redis_streams.redis_cluster())
@@ -80,20 +88,28 @@ class Systems:
             _delete_topic(self.hw.gateway, self.hw.topic)
         self._round_topic += 1
         topic = f"bench-{self.args.workload}-{self._round_topic}"
-        leaders = common.create_topic(self.hw.gateway, topic, partitions=self.args.partitions,
-                                      replication_factor=3, min_insync=2)
+        leaders = common.create_topic(
+            self.hw.gateway, topic, partitions=self.args.partitions, replication_factor=3, min_insync=2
+        )
         self.hw.topic, self.hw.leaders = topic, leaders
         return self.hw
 
 
 # ---- one run of a workload on one system ------------------------------------------------------
 
+
 def run_produce(systems: Systems, system: str, size: int) -> list[dict[str, object]]:
     args = systems.args
     if system == "highwater":
         target = systems.fresh_topic()
-        spec = produce.ProduceSpec(record_size=size, duration_s=args.duration_s, warmup_s=args.warmup_s,
-                                   batch_size=args.batch_size, linger_ms=args.linger_ms, in_flight=args.in_flight)
+        spec = produce.ProduceSpec(
+            record_size=size,
+            duration_s=args.duration_s,
+            warmup_s=args.warmup_s,
+            batch_size=args.batch_size,
+            linger_ms=args.linger_ms,
+            in_flight=args.in_flight,
+        )
         out = []
         for path in args.our_paths:
             window = _meter(target.pids)
@@ -103,14 +119,29 @@ def run_produce(systems: Systems, system: str, size: int) -> list[dict[str, obje
     if system == "nats":
         asyncio.run(nats_js.purge(systems.nats.urls))
         window = _meter(systems.nats.pids)
-        result = asyncio.run(nats_js.produce(systems.nats.urls, record_size=size, duration_s=args.duration_s,
-                                             warmup_s=args.warmup_s, throughput=-1,
-                                             in_flight=nats_js.PUBLISH_ASYNC_MAX_PENDING_DEFAULT, window=window))
+        result = asyncio.run(
+            nats_js.produce(
+                systems.nats.urls,
+                record_size=size,
+                duration_s=args.duration_s,
+                warmup_s=args.warmup_s,
+                throughput=-1,
+                in_flight=nats_js.PUBLISH_ASYNC_MAX_PENDING_DEFAULT,
+                window=window,
+            )
+        )
         return [{"system": "nats", **result, "cpu_cores": window.cpu}]
     redis_streams.reset(systems.redis.primary_port)
     window = _meter(systems.redis.pids)
-    result = redis_streams.produce(systems.redis.primary_port, record_size=size, duration_s=args.duration_s,
-                                   warmup_s=args.warmup_s, throughput=-1, batch=args.redis_batch, window=window)
+    result = redis_streams.produce(
+        systems.redis.primary_port,
+        record_size=size,
+        duration_s=args.duration_s,
+        warmup_s=args.warmup_s,
+        throughput=-1,
+        batch=args.redis_batch,
+        window=window,
+    )
     return [{"system": "redis", **result, "cpu_cores": window.cpu}]
 
 
@@ -124,10 +155,13 @@ def run_consume(systems: Systems, system: str) -> list[dict[str, object]]:
         out = []
         for path in args.our_consume_paths:
             window = _meter(target.pids)
-            ns = argparse.Namespace(max_poll_records=args.max_poll_records, decode=False,
-                                    partition_max_bytes=1024 * 1024)
+            ns = argparse.Namespace(
+                max_poll_records=args.max_poll_records, decode=False, partition_max_bytes=1024 * 1024
+            )
             result = consume.run_path(target, path, n, ns, window)
-            out.append({"system": f"highwater {path}", **result, "load_s": round(loaded, 2), "cpu_cores": window.cpu})
+            out.append(
+                {"system": f"highwater {path}", **result, "load_s": round(loaded, 2), "cpu_cores": window.cpu}
+            )
         return out
     if system == "nats":
         out = []
@@ -135,15 +169,21 @@ def run_consume(systems: Systems, system: str) -> list[dict[str, object]]:
         loaded = asyncio.run(nats_js.load(systems.nats.urls, count=n, record_size=size))
         for mode in ("pull", "push"):  # both read the same stream from its start
             window = _meter(systems.nats.pids)
-            result = asyncio.run(nats_js.consume(systems.nats.urls, count=n, record_size=size, fetch_batch=1000,
-                                                 window=window, mode=mode))
-            out.append({"system": f"nats {mode}", **result, "load_s": round(loaded, 2), "cpu_cores": window.cpu})
+            result = asyncio.run(
+                nats_js.consume(
+                    systems.nats.urls, count=n, record_size=size, fetch_batch=1000, window=window, mode=mode
+                )
+            )
+            out.append(
+                {"system": f"nats {mode}", **result, "load_s": round(loaded, 2), "cpu_cores": window.cpu}
+            )
         return out
     redis_streams.reset(systems.redis.primary_port)
     loaded = redis_streams.load(systems.redis.primary_port, count=n, record_size=size)
     window = _meter(systems.redis.pids)
-    result = redis_streams.consume(systems.redis.primary_port, count=n, record_size=size, fetch_batch=10_000,
-                                   window=window)
+    result = redis_streams.consume(
+        systems.redis.primary_port, count=n, record_size=size, fetch_batch=10_000, window=window
+    )
     return [{"system": "redis", **result, "load_s": round(loaded, 2), "cpu_cores": window.cpu}]
 
 
@@ -154,31 +194,64 @@ def run_e2e(systems: Systems, system: str, rate: float) -> list[dict[str, object
     timeout_s = args.warmup_s + args.duration_s + e2e_latency.DRAIN_S + 30
     if system == "highwater":
         target = systems.fresh_topic()
-        ns = argparse.Namespace(quiet_wait_s=0, warmup_s=args.warmup_s, duration_s=args.duration_s,
-                                record_size=size, linger_ms=0, fetch_max_wait_ms=500)
+        ns = argparse.Namespace(
+            quiet_wait_s=0,
+            warmup_s=args.warmup_s,
+            duration_s=args.duration_s,
+            record_size=size,
+            linger_ms=0,
+            fetch_max_wait_ms=500,
+        )
         result = e2e_latency.run_rate(target, rate, ns)
         return [{"system": "highwater", **result}]
     # The peers' producers carry no warm-up flag: their warm-up is a separate short run first.
     if system == "nats":
         asyncio.run(nats_js.purge(systems.nats.urls))
-        asyncio.run(nats_js.e2e_produce(systems.nats.urls, rate=rate, duration_s=args.warmup_s, record_size=size))
-        cmd = [sys.executable, nats_js.__file__, "e2e-consumer", "--urls", ",".join(systems.nats.urls),
-               "--expected", str(expected), "--timeout-s", str(timeout_s)]
+        asyncio.run(
+            nats_js.e2e_produce(systems.nats.urls, rate=rate, duration_s=args.warmup_s, record_size=size)
+        )
+        cmd = [
+            sys.executable,
+            nats_js.__file__,
+            "e2e-consumer",
+            "--urls",
+            ",".join(systems.nats.urls),
+            "--expected",
+            str(expected),
+            "--timeout-s",
+            str(timeout_s),
+        ]
         pids = systems.nats.pids
 
         def send() -> dict[str, object]:
-            return asyncio.run(nats_js.e2e_produce(systems.nats.urls, rate=rate, duration_s=args.duration_s,
-                                                   record_size=size))
+            return asyncio.run(
+                nats_js.e2e_produce(
+                    systems.nats.urls, rate=rate, duration_s=args.duration_s, record_size=size
+                )
+            )
     else:
         redis_streams.reset(systems.redis.primary_port)
-        redis_streams.e2e_produce(systems.redis.primary_port, rate=rate, duration_s=args.warmup_s, record_size=size)
-        cmd = [sys.executable, redis_streams.__file__, "e2e-consumer", "--port", str(systems.redis.primary_port),
-               "--expected", str(expected), "--timeout-s", str(timeout_s)]
+        redis_streams.e2e_produce(
+            systems.redis.primary_port, rate=rate, duration_s=args.warmup_s, record_size=size
+        )
+        cmd = [
+            sys.executable,
+            redis_streams.__file__,
+            "e2e-consumer",
+            "--port",
+            str(systems.redis.primary_port),
+            "--expected",
+            str(expected),
+            "--timeout-s",
+            str(timeout_s),
+        ]
         pids = systems.redis.pids
 
         def send() -> dict[str, object]:
-            return redis_streams.e2e_produce(systems.redis.primary_port, rate=rate, duration_s=args.duration_s,
-                                             record_size=size)
+            return redis_streams.e2e_produce(
+                systems.redis.primary_port, rate=rate, duration_s=args.duration_s, record_size=size
+            )
+
     consumer = e2e_latency.E2EConsumer(cmd)
     try:
         meter = common.CpuMeter({**pids, "producer": os.getpid(), "consumer": consumer.pid}).start()
@@ -193,6 +266,7 @@ def run_e2e(systems: Systems, system: str, rate: float) -> list[dict[str, object
 
 # ---- figures and ratios -------------------------------------------------------------------------
 
+
 def figure(result: dict[str, object], workload: str) -> float:
     """The one number compared: records/s (produce, consume) or p50 ms (e2e)."""
     if workload == "e2e":
@@ -204,8 +278,10 @@ def line(result: dict[str, object], workload: str) -> str:
     name = f"{result['system']:<24}"
     if workload == "e2e":
         lat = result.get("latency") or {}
-        return (f"{name} {result['rate']:>7,.0f}/s  {common.format_latency(lat)}  "  # type: ignore[arg-type]
-                f"({result.get('received', 0):,} received; sent at {result.get('achieved_rate', 0):,}/s)")
+        return (
+            f"{name} {result['rate']:>7,.0f}/s  {common.format_latency(lat)}  "  # type: ignore[arg-type]
+            f"({result.get('received', 0):,} received; sent at {result.get('achieved_rate', 0):,}/s)"
+        )
     text = f"{name} {result['records_per_s']:>10,} records/s {result['mb_per_s']:>7.1f} MB/s"
     lat = result.get("latency_per_request")
     if lat:
@@ -242,46 +318,85 @@ def ratios(rows: list[dict[str, object]], workload: str) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workload", choices=WORKLOADS, required=True)
     parser.add_argument("--rounds", type=int, default=2, help="alternations Highwater/NATS/Redis (default 2)")
-    parser.add_argument("--duration-s", type=float, default=None,
-                        help="measured seconds per run (default 6 for produce, 8 for e2e)")
+    parser.add_argument(
+        "--duration-s",
+        type=float,
+        default=None,
+        help="measured seconds per run (default 6 for produce, 8 for e2e)",
+    )
     parser.add_argument("--warmup-s", type=float, default=1.0)
-    parser.add_argument("--partitions", type=int, default=6, help="Highwater partitions (default 6; e2e uses 1)")
-    parser.add_argument("--batch-size", type=int, default=16 * 1024, help="Highwater batch bytes (default 16384)")
+    parser.add_argument(
+        "--partitions", type=int, default=6, help="Highwater partitions (default 6; e2e uses 1)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=16 * 1024, help="Highwater batch bytes (default 16384)"
+    )
     parser.add_argument("--linger-ms", type=int, default=5)
     parser.add_argument("--in-flight", type=int, default=5)
-    parser.add_argument("--our-paths", nargs="+", choices=produce.PATHS, default=["client", "direct"],
-                        help="Highwater produce paths to run (default client direct)")
-    parser.add_argument("--our-consume-paths", nargs="+", choices=consume.PATHS, default=["consumer", "fetch"],
-                        help="Highwater consume paths (default consumer fetch)")
+    parser.add_argument(
+        "--our-paths",
+        nargs="+",
+        choices=produce.PATHS,
+        default=["client", "direct"],
+        help="Highwater produce paths to run (default client direct)",
+    )
+    parser.add_argument(
+        "--our-consume-paths",
+        nargs="+",
+        choices=consume.PATHS,
+        default=["consumer", "fetch"],
+        help="Highwater consume paths (default consumer fetch)",
+    )
     parser.add_argument("--max-poll-records", type=int, default=500)
-    parser.add_argument("--redis-batch", type=int, default=1000, help="XADDs per pipeline before WAIT 2 (default 1000)")
-    parser.add_argument("--records", type=int, default=500_000, help="consume: records loaded (default 500,000)")
+    parser.add_argument(
+        "--redis-batch", type=int, default=1000, help="XADDs per pipeline before WAIT 2 (default 1000)"
+    )
+    parser.add_argument(
+        "--records", type=int, default=500_000, help="consume: records loaded (default 500,000)"
+    )
     parser.add_argument("--rates", type=float, nargs="+", default=[2000, 20000], help="e2e rates (records/s)")
-    parser.add_argument("--output", default=None,
-                        help="results file name under bench/results (default compare-<workload>)")
-    parser.add_argument("--quiet-wait-s", type=float, default=10.0,
-                        help="per run, wait up to this long for the 1-minute load to drop below 1.5 (default 10)")
+    parser.add_argument(
+        "--output", default=None, help="results file name under bench/results (default compare-<workload>)"
+    )
+    parser.add_argument(
+        "--quiet-wait-s",
+        type=float,
+        default=10.0,
+        help="per run, wait up to this long for the 1-minute load to drop below 1.5 (default 10)",
+    )
     args = parser.parse_args()
     if args.duration_s is None:
         args.duration_s = 8.0 if args.workload == "e2e" else 6.0
     if args.workload == "e2e":
         args.partitions = 1
         args.rounds = min(args.rounds, 1) if "--rounds" not in sys.argv else args.rounds
-    out: dict[str, object] = {**common.header(peers=True), "workload": args.workload, "args": vars(args),
-                              "rounds": []}
-    print(f"compare {args.workload}: {args.rounds} round(s) of Highwater, NATS JetStream, Redis Streams; "
-          f"{args.duration_s:.0f} s per run", flush=True)
+    out: dict[str, object] = {
+        **common.header(peers=True),
+        "workload": args.workload,
+        "args": vars(args),
+        "rounds": [],
+    }
+    print(
+        f"compare {args.workload}: {args.rounds} round(s) of Highwater, NATS JetStream, Redis Streams; "
+        f"{args.duration_s:.0f} s per run",
+        flush=True,
+    )
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         systems = Systems(stack, args)
         print(f"  all up in {time.monotonic() - started:.1f} s", flush=True)
         for number in range(1, args.rounds + 1):
             rows: list[dict[str, object]] = []
-            cases = [(s, rate) for rate in args.rates for s in SYSTEMS] if args.workload == "e2e" else \
-                [(s, None) for s in SYSTEMS]
+            cases = (
+                [(s, rate) for rate in args.rates for s in SYSTEMS]
+                if args.workload == "e2e"
+                else [(s, None) for s in SYSTEMS]
+            )
             for system, rate in cases:
                 gate = common.wait_for_quiet(wait_s=args.quiet_wait_s)
                 try:
@@ -301,10 +416,14 @@ def main() -> int:
                     if records and result.get("cpu_cores"):
                         # CPU per record holds better than records/s on a loaded machine.
                         result["cpu_us_per_record"] = common.cpu_us_per_record(
-                            result["cpu_cores"], int(records))  # type: ignore[arg-type, call-overload]
+                            result["cpu_cores"], int(records)
+                        )  # type: ignore[arg-type, call-overload]
                     print(f"  round {number}: {line(result, args.workload)}", flush=True)
-                    print(f"           CPU (cores): {common.format_cpu(result['cpu_cores'])}; load "  # type: ignore[arg-type]
-                          f"{gate['load_1m_before']} -> {result['load_1m_after']}", flush=True)
+                    print(
+                        f"           CPU (cores): {common.format_cpu(result['cpu_cores'])}; load "  # type: ignore[arg-type]
+                        f"{gate['load_1m_before']} -> {result['load_1m_after']}",
+                        flush=True,
+                    )
                 rows.extend(got)
             if args.workload == "e2e":  # compare like with like: each rate on its own
                 r = {}
@@ -325,8 +444,10 @@ def main() -> int:
     for key, value in summary.items():
         print(f"  {key}: {value}x")
     path = common.write_result(args.output or f"compare-{args.workload}", out)
-    print(f"took {time.monotonic() - started:.0f} s; machine: {out['machine']}; results: "
-          f"{path.relative_to(common.REPO)}")
+    print(
+        f"took {time.monotonic() - started:.0f} s; machine: {out['machine']}; results: "
+        f"{path.relative_to(common.REPO)}"
+    )
     return 0
 
 

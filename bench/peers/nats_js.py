@@ -74,7 +74,8 @@ class NatsCluster:
                 f'server_name: "{name}"\nhost: "127.0.0.1"\nport: {self.client_ports[i]}\n'
                 f'jetstream {{ store_dir: "{store}" }}\n'
                 f'cluster {{\n  name: "bench"\n  host: "127.0.0.1"\n  port: {route_ports[i]}\n'
-                f'  routes: [{routes}]\n}}\n')
+                f"  routes: [{routes}]\n}}\n"
+            )
             self.procs[name] = common.spawn(["nats-server", "-c", str(conf)], self.base_dir / f"{name}.log")
         return self
 
@@ -100,8 +101,14 @@ async def connect(cluster_urls: list[str], max_pending: int = PUBLISH_ASYNC_MAX_
     async def quiet(exc: Exception) -> None:  # nats-py logs every failed attempt by default
         pass
 
-    nc = await nats.connect(servers=cluster_urls, connect_timeout=5, max_reconnect_attempts=5,
-                            pending_size=256 * 1024 * 1024, error_cb=quiet, allow_reconnect=False)
+    nc = await nats.connect(
+        servers=cluster_urls,
+        connect_timeout=5,
+        max_reconnect_attempts=5,
+        pending_size=256 * 1024 * 1024,
+        error_cb=quiet,
+        allow_reconnect=False,
+    )
     return nc, nc.jetstream(publish_async_max_pending=max_pending, timeout=10)
 
 
@@ -121,24 +128,40 @@ async def create_stream(cluster: NatsCluster, replicas: int = 3) -> None:
         try:
             with contextlib.suppress(Exception):
                 await js.delete_stream(STREAM)
-            await js.add_stream(StreamConfig(name=STREAM, subjects=[SUBJECT], num_replicas=replicas,
-                                             storage=StorageType.FILE))
+            await js.add_stream(
+                StreamConfig(name=STREAM, subjects=[SUBJECT], num_replicas=replicas, storage=StorageType.FILE)
+            )
             info = await js.stream_info(STREAM)
-            if info.cluster is not None and info.cluster.leader and len(info.cluster.replicas or []) == replicas - 1:
+            if (
+                info.cluster is not None
+                and info.cluster.leader
+                and len(info.cluster.replicas or []) == replicas - 1
+            ):
                 return
         except Exception as exc:  # no meta leader yet, or peers still joining
             last_error = exc
         finally:
             await nc.close()
         await asyncio.sleep(0.5)
-    raise SystemExit(f"NATS JetStream stream with {replicas} replicas not ready within "
-                     f"{SERVER_READY_TIMEOUT_S:.0f} s: {last_error}")
+    raise SystemExit(
+        f"NATS JetStream stream with {replicas} replicas not ready within "
+        f"{SERVER_READY_TIMEOUT_S:.0f} s: {last_error}"
+    )
 
 
 # ---- produce ----------------------------------------------------------------------------------
 
-async def produce(urls: list[str], *, record_size: int, duration_s: float, warmup_s: float, throughput: float,
-                  in_flight: int, window: object) -> dict[str, object]:
+
+async def produce(
+    urls: list[str],
+    *,
+    record_size: int,
+    duration_s: float,
+    warmup_s: float,
+    throughput: float,
+    in_flight: int,
+    window: object,
+) -> dict[str, object]:
     payload = b"x" * record_size
     nc, js = await connect(urls, max_pending=in_flight)
     latencies: list[float] = []
@@ -178,8 +201,9 @@ async def produce(urls: list[str], *, record_size: int, duration_s: float, warmu
             sent += 1
         counts["sent"] += sent
         # A PubAck that never comes would hang publish_async_completed() for ever: bound it.
-        _, missing = await asyncio.wait([f for f in futures if not f.done()] or [asyncio.sleep(0)],
-                                        timeout=PUBACK_WAIT_S)
+        _, missing = await asyncio.wait(
+            [f for f in futures if not f.done()] or [asyncio.sleep(0)], timeout=PUBACK_WAIT_S
+        )
         elapsed = time.perf_counter() - start
         for future in missing:
             future.cancel()  # counted as failed ("cancelled") by on_ack
@@ -197,13 +221,22 @@ async def produce(urls: list[str], *, record_size: int, duration_s: float, warmu
     finally:
         await nc.close()
     rate = counts["acked"] / elapsed
-    return {"path": "nats-py publish_async", "records_sent": counts["sent"], "records_acked": counts["acked"],
-            "records_failed": counts["failed"], "errors": errors, "elapsed_s": round(elapsed, 3),
-            "records_per_s": round(rate), "mb_per_s": round(rate * record_size / 1e6, 1),
-            "records_per_request": 1, "latency_per_request": common.percentiles_ms(latencies)}
+    return {
+        "path": "nats-py publish_async",
+        "records_sent": counts["sent"],
+        "records_acked": counts["acked"],
+        "records_failed": counts["failed"],
+        "errors": errors,
+        "elapsed_s": round(elapsed, 3),
+        "records_per_s": round(rate),
+        "mb_per_s": round(rate * record_size / 1e6, 1),
+        "records_per_request": 1,
+        "latency_per_request": common.percentiles_ms(latencies),
+    }
 
 
 # ---- consume (catch-up) -----------------------------------------------------------------------
+
 
 async def purge(urls: list[str]) -> None:
     """Empty the stream between runs (file storage of a 10 KB run is gigabytes)."""
@@ -233,15 +266,25 @@ async def load(urls: list[str], *, count: int, record_size: int, timeout_s: floa
         deadline = start + timeout_s
         while (await js.stream_info(STREAM)).state.messages < before + count:
             if time.perf_counter() > deadline:
-                raise SystemExit(f"NATS: the stream did not reach {before + count} messages in {timeout_s:.0f} s")
+                raise SystemExit(
+                    f"NATS: the stream did not reach {before + count} messages in {timeout_s:.0f} s"
+                )
             await asyncio.sleep(0.1)
     finally:
         await nc.close()
     return time.perf_counter() - start
 
 
-async def consume(urls: list[str], *, count: int, record_size: int, fetch_batch: int, window: object,
-                  mode: str = "pull", timeout_s: float = 120.0) -> dict[str, object]:
+async def consume(
+    urls: list[str],
+    *,
+    count: int,
+    record_size: int,
+    fetch_batch: int,
+    window: object,
+    mode: str = "pull",
+    timeout_s: float = 120.0,
+) -> dict[str, object]:
     """Read `count` records from the start of the stream, without acks.
 
     mode "pull": a pull consumer, fetch(fetch_batch) at a time; "push": an ordered push
@@ -253,8 +296,12 @@ async def consume(urls: list[str], *, count: int, record_size: int, fetch_batch:
     received = 0
     try:
         if mode == "pull":
-            sub = await js.pull_subscribe(SUBJECT, durable=None, stream=STREAM, config=ConsumerConfig(
-                ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL))
+            sub = await js.pull_subscribe(
+                SUBJECT,
+                durable=None,
+                stream=STREAM,
+                config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL),
+            )
             window.open()  # type: ignore[attr-defined]
             start = time.perf_counter()
             deadline = start + timeout_s
@@ -275,8 +322,14 @@ async def consume(urls: list[str], *, count: int, record_size: int, fetch_batch:
 
             window.open()  # type: ignore[attr-defined]
             start = time.perf_counter()
-            await js.subscribe(SUBJECT, cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL,
-                               pending_msgs_limit=1_000_000, pending_bytes_limit=1024 * 1024 * 1024)
+            await js.subscribe(
+                SUBJECT,
+                cb=on_msg,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.ALL,
+                pending_msgs_limit=1_000_000,
+                pending_bytes_limit=1024 * 1024 * 1024,
+            )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), timeout_s)
         elapsed = time.perf_counter() - start
@@ -285,13 +338,22 @@ async def consume(urls: list[str], *, count: int, record_size: int, fetch_batch:
         await nc.close()
     rate = received / elapsed
     path = f"nats-py pull fetch({fetch_batch})" if mode == "pull" else "nats-py ordered push consumer"
-    return {"path": path, "records": received, "elapsed_s": round(elapsed, 3), "records_per_s": round(rate),
-            "mb_per_s": round(rate * record_size / 1e6, 1), "complete": received >= count}
+    return {
+        "path": path,
+        "records": received,
+        "elapsed_s": round(elapsed, 3),
+        "records_per_s": round(rate),
+        "mb_per_s": round(rate * record_size / 1e6, 1),
+        "complete": received >= count,
+    }
 
 
 # ---- end-to-end latency -----------------------------------------------------------------------
 
-async def e2e_produce(urls: list[str], *, rate: float, duration_s: float, record_size: int) -> dict[str, object]:
+
+async def e2e_produce(
+    urls: list[str], *, rate: float, duration_s: float, record_size: int
+) -> dict[str, object]:
     """Publish at `rate` records/s for duration_s, the send time in each payload."""
     pad = b"x" * max(record_size - _SENT_NS.size, 0)
     nc, js = await connect(urls)
@@ -343,7 +405,9 @@ async def e2e_consume(urls: list[str], *, expected: int, timeout_s: float) -> di
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="role", required=True)
     consumer = sub.add_parser("e2e-consumer", help="(used by e2e) read and time records; JSON on stdout")
     consumer.add_argument("--urls", required=True)

@@ -65,9 +65,25 @@ class RedisCluster:
             name = "redis-primary" if i == 0 else f"redis-replica-{i}"
             data = self.base_dir / name
             data.mkdir(parents=True, exist_ok=True)
-            cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
-                   "--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no",
-                   "--logfile", ""]
+            cmd = [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(data),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "no",
+                "--logfile",
+                "",
+            ]
             if i > 0:
                 cmd += ["--replicaof", "127.0.0.1", str(self.ports[0])]
             self.procs[name] = common.spawn(cmd, self.base_dir / f"{name}.log")
@@ -76,8 +92,11 @@ class RedisCluster:
         while time.monotonic() < deadline:
             with contextlib.suppress(redis.RedisError):
                 info = primary.info("replication")
-                online = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)
-                          and v.get("state") == "online"]
+                online = [
+                    v
+                    for k, v in info.items()
+                    if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online"
+                ]
                 if len(online) == self.replicas:
                     primary.close()
                     return self
@@ -116,8 +135,17 @@ def reset(port: int) -> None:
 
 # ---- produce ----------------------------------------------------------------------------------
 
-def produce(port: int, *, record_size: int, duration_s: float, warmup_s: float, throughput: float, batch: int,
-            window: object) -> dict[str, object]:
+
+def produce(
+    port: int,
+    *,
+    record_size: int,
+    duration_s: float,
+    warmup_s: float,
+    throughput: float,
+    batch: int,
+    window: object,
+) -> dict[str, object]:
     payload = b"x" * record_size
     r = client(port)
     latencies: list[float] = []
@@ -165,13 +193,22 @@ def produce(port: int, *, record_size: int, duration_s: float, warmup_s: float, 
     finally:
         r.close()
     rate = counts["acked"] / elapsed
-    return {"path": f"redis-py pipeline({batch} XADD)+WAIT {REPLICAS}", "records_sent": counts["sent"],
-            "records_acked": counts["acked"], "records_failed": counts["failed"], "errors": errors,
-            "elapsed_s": round(elapsed, 3), "records_per_s": round(rate), "mb_per_s": round(rate * record_size / 1e6, 1),
-            "records_per_request": batch, "latency_per_request": common.percentiles_ms(latencies)}
+    return {
+        "path": f"redis-py pipeline({batch} XADD)+WAIT {REPLICAS}",
+        "records_sent": counts["sent"],
+        "records_acked": counts["acked"],
+        "records_failed": counts["failed"],
+        "errors": errors,
+        "elapsed_s": round(elapsed, 3),
+        "records_per_s": round(rate),
+        "mb_per_s": round(rate * record_size / 1e6, 1),
+        "records_per_request": batch,
+        "latency_per_request": common.percentiles_ms(latencies),
+    }
 
 
 # ---- consume (catch-up) -----------------------------------------------------------------------
+
 
 def load(port: int, *, count: int, record_size: int, batch: int = 1000) -> float:
     payload = b"x" * record_size
@@ -192,7 +229,9 @@ def load(port: int, *, count: int, record_size: int, batch: int = 1000) -> float
     return time.perf_counter() - start
 
 
-def consume(port: int, *, count: int, record_size: int, fetch_batch: int, window: object) -> dict[str, object]:
+def consume(
+    port: int, *, count: int, record_size: int, fetch_batch: int, window: object
+) -> dict[str, object]:
     r = client(port)
     received = 0
     try:
@@ -210,12 +249,18 @@ def consume(port: int, *, count: int, record_size: int, fetch_batch: int, window
     finally:
         r.close()
     rate = received / elapsed
-    return {"path": f"redis-py XRANGE COUNT {fetch_batch}", "records": received, "elapsed_s": round(elapsed, 3),
-            "records_per_s": round(rate), "mb_per_s": round(rate * record_size / 1e6, 1),
-            "complete": received >= count}
+    return {
+        "path": f"redis-py XRANGE COUNT {fetch_batch}",
+        "records": received,
+        "elapsed_s": round(elapsed, 3),
+        "records_per_s": round(rate),
+        "mb_per_s": round(rate * record_size / 1e6, 1),
+        "complete": received >= count,
+    }
 
 
 # ---- end-to-end latency -----------------------------------------------------------------------
+
 
 def e2e_produce(port: int, *, rate: float, duration_s: float, record_size: int) -> dict[str, object]:
     """XADD + WAIT 2 per record at `rate` records/s; records that fell due together go in one
@@ -274,7 +319,9 @@ def e2e_consume(port: int, *, expected: int, timeout_s: float) -> dict[str, obje
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="role", required=True)
     consumer = sub.add_parser("e2e-consumer", help="(used by e2e) read and time records; JSON on stdout")
     consumer.add_argument("--port", type=int, required=True)

@@ -154,12 +154,16 @@ def log_config_from(config: common_pb2.TopicConfig) -> LogConfig:
         max_message_bytes=config.max_message_bytes or defaults.max_message_bytes,
         message_timestamp_type=config.message_timestamp_type or defaults.message_timestamp_type,
         # Optional fields: 0 is a legal limit, so only an absent field means the default.
-        message_timestamp_before_max_ms=(config.message_timestamp_before_max_ms
-                                         if config.HasField("message_timestamp_before_max_ms")
-                                         else defaults.message_timestamp_before_max_ms),
-        message_timestamp_after_max_ms=(config.message_timestamp_after_max_ms
-                                        if config.HasField("message_timestamp_after_max_ms")
-                                        else defaults.message_timestamp_after_max_ms),
+        message_timestamp_before_max_ms=(
+            config.message_timestamp_before_max_ms
+            if config.HasField("message_timestamp_before_max_ms")
+            else defaults.message_timestamp_before_max_ms
+        ),
+        message_timestamp_after_max_ms=(
+            config.message_timestamp_after_max_ms
+            if config.HasField("message_timestamp_after_max_ms")
+            else defaults.message_timestamp_after_max_ms
+        ),
     )
 
 
@@ -184,11 +188,20 @@ class PreviousRun:
 class BrokerCore:
     """All replicas on this broker. Every method runs on the broker's one event loop."""
 
-    def __init__(self, *, broker_id: int, data_dir: str, storage: Storage, clock: Clock, io: BrokerIO,
-                 log: BrokerLog, replica_lag_time_max_ms: int = limits.REPLICA_LAG_TIME_MAX_MS,
-                 fetcher_settings: FetcherSettings = DEFAULT_FETCHER_SETTINGS,
-                 tune_log_config: Callable[[LogConfig], LogConfig] = lambda config: config,
-                 observer: ReplicaObserver | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        broker_id: int,
+        data_dir: str,
+        storage: Storage,
+        clock: Clock,
+        io: BrokerIO,
+        log: BrokerLog,
+        replica_lag_time_max_ms: int = limits.REPLICA_LAG_TIME_MAX_MS,
+        fetcher_settings: FetcherSettings = DEFAULT_FETCHER_SETTINGS,
+        tune_log_config: Callable[[LogConfig], LogConfig] = lambda config: config,
+        observer: ReplicaObserver | None = None,
+    ) -> None:
         self.broker_id = broker_id
         self.data_dir = data_dir.rstrip("/")
         self.storage = storage
@@ -224,21 +237,28 @@ class BrokerCore:
         if self.storage.exists(path):
             try:
                 stored = json.loads(self.storage.read_file(path))
-                previous = PreviousRun(clean=bool(stored.get("clean")), same_boot=stored.get("boot_id") == boot_id)
+                previous = PreviousRun(
+                    clean=bool(stored.get("clean")), same_boot=stored.get("boot_id") == boot_id
+                )
             except (ValueError, AttributeError):
                 # Unreadable: assume the worst, as after a power loss.
                 self.log.warning("run marker %s is unreadable; treating the last stop as unclean", path)
                 previous = PreviousRun(clean=False, same_boot=False)
         self._write_run_marker(clean=False)
         if previous.unclean_shutdown:
-            self.log.warning("broker %d did not stop cleanly and its host restarted since: unflushed writes "
-                             "may be lost; registering with unclean_shutdown", self.broker_id)
+            self.log.warning(
+                "broker %d did not stop cleanly and its host restarted since: unflushed writes "
+                "may be lost; registering with unclean_shutdown",
+                self.broker_id,
+            )
         return previous
 
     def _write_run_marker(self, *, clean: bool) -> None:
         self.storage.mkdir(self.data_dir)
-        self.storage.write_atomic(f"{self.data_dir}/{RUN_MARKER_FILE}",
-                                  json.dumps({"clean": clean, "boot_id": self._boot_id}).encode())
+        self.storage.write_atomic(
+            f"{self.data_dir}/{RUN_MARKER_FILE}",
+            json.dumps({"clean": clean, "boot_id": self._boot_id}).encode(),
+        )
 
     def begin_close(self) -> None:
         """The broker is stopping: refuse control requests, answer every waiting request,
@@ -301,8 +321,13 @@ class BrokerCore:
                 self.log.error("roll/flush of %s-%d failed: %s", p.topic, p.partition, exc)
             change = p.check_isr_shrink(self.clock.monotonic_ms(), self.replica_lag_time_max_ms)
             if change is not None:
-                self.log.info("shrinking ISR of %s-%d from %s to %s", p.topic, p.partition, list(p.isr),
-                              list(change.new_isr))
+                self.log.info(
+                    "shrinking ISR of %s-%d from %s to %s",
+                    p.topic,
+                    p.partition,
+                    list(p.isr),
+                    list(change.new_isr),
+                )
                 metrics.ISR_SHRINKS.inc()
                 self.io.spawn("alter-partition", self._alter_partition(p, change))
             if checkpoint_now and p.role in (Role.LEADER, Role.FOLLOWER):
@@ -353,15 +378,18 @@ class BrokerCore:
             return BrokerNotAvailable(f"broker {self.broker_id} has not registered yet; retry")
         if header.controller_epoch < self.controller_epoch:
             return StaleControllerEpoch(
-                f"controller epoch {header.controller_epoch} is older than {self.controller_epoch} already seen")
+                f"controller epoch {header.controller_epoch} is older than {self.controller_epoch} already seen"
+            )
         if 0 <= header.broker_epoch < self.broker_epoch:
             return StaleBrokerEpoch(
-                f"request for broker epoch {header.broker_epoch}, older than this incarnation's {self.broker_epoch}")
+                f"request for broker epoch {header.broker_epoch}, older than this incarnation's {self.broker_epoch}"
+            )
         self.controller_epoch = header.controller_epoch
         return None
 
-    def leader_and_isr(self, req: broker_pb2.LeaderAndIsrRequest
-                       ) -> Generator[None, None, broker_pb2.LeaderAndIsrResponse]:
+    def leader_and_isr(
+        self, req: broker_pb2.LeaderAndIsrRequest
+    ) -> Generator[None, None, broker_pb2.LeaderAndIsrResponse]:
         """becomeLeaderOrFollower: fence, then split into make-leader and make-follower."""
         err = self.check_control_request(req.header)
         if err is not None:
@@ -375,26 +403,39 @@ class BrokerCore:
             if i and i % LEADER_AND_ISR_PARTITIONS_PER_YIELD == 0:
                 yield
             if self.closing:
-                results.append(common_pb2.PartitionResult(
-                    topic=s.topic, partition=s.partition, error_code=common_pb2.BROKER_NOT_AVAILABLE,
-                    error_message=f"broker {self.broker_id} is shutting down"))
+                results.append(
+                    common_pb2.PartitionResult(
+                        topic=s.topic,
+                        partition=s.partition,
+                        error_code=common_pb2.BROKER_NOT_AVAILABLE,
+                        error_message=f"broker {self.broker_id} is shutting down",
+                    )
+                )
                 continue
             code, message = self._leader_and_isr_partition(item)
-            results.append(common_pb2.PartitionResult(topic=s.topic, partition=s.partition, error_code=code,
-                                                      error_message=message))
+            results.append(
+                common_pb2.PartitionResult(
+                    topic=s.topic, partition=s.partition, error_code=code, error_message=message
+                )
+            )
         return broker_pb2.LeaderAndIsrResponse(partitions=results)
 
     def _leader_and_isr_partition(self, item: broker_pb2.LeaderAndIsrPartition) -> tuple[int, str]:
         s = item.state
         tp = (s.topic, s.partition)
-        state = LeaderAndIsrState(s.leader, s.leader_epoch, tuple(s.isr), tuple(s.replicas),
-                                  s.partition_epoch, s.controller_epoch)
+        state = LeaderAndIsrState(
+            s.leader, s.leader_epoch, tuple(s.isr), tuple(s.replicas), s.partition_epoch, s.controller_epoch
+        )
         try:
             self._drop_replica_of_an_older_topic(tp, s.topic_id)
             action = decide_leader_and_isr(self.broker_id, self.partitions.get(tp), state)
             if action is LeaderAndIsrAction.NOT_A_REPLICA:
-                self.log.warning("LeaderAndIsr for %s-%d does not list broker %d among replicas %s; skipped",
-                                 *tp, self.broker_id, list(s.replicas))
+                self.log.warning(
+                    "LeaderAndIsr for %s-%d does not list broker %d among replicas %s; skipped",
+                    *tp,
+                    self.broker_id,
+                    list(s.replicas),
+                )
                 return common_pb2.UNKNOWN_TOPIC_OR_PARTITION, "this broker is not a replica"
             if action is not LeaderAndIsrAction.ISR_UPDATED:
                 p = self.partitions.get(tp) or self._create_partition(s, item.config)
@@ -407,8 +448,13 @@ class BrokerCore:
         except HighwaterError as exc:
             # Logged: a replica the controller thinks is fine but this broker refused (a topic config
             # its log cannot take, a storage error) must not fail every produce in silence.
-            self.log.warning("LeaderAndIsr for %s-%d at leader epoch %d refused: %s: %s", *tp, s.leader_epoch,
-                             exc.code_name(), exc.message)
+            self.log.warning(
+                "LeaderAndIsr for %s-%d at leader epoch %d refused: %s: %s",
+                *tp,
+                s.leader_epoch,
+                exc.code_name(),
+                exc.message,
+            )
             return exc.code, exc.message
         return common_pb2.NONE, ""
 
@@ -438,8 +484,13 @@ class BrokerCore:
         stored = self.topic_ids.get(tp) if tp in self.partitions else self._stored_topic_id(tp)
         if not stored or stored == topic_id:
             return
-        self.log.warning("replica %s-%d on disk belongs to topic id %s, not %s (a deleted topic of the same "
-                         "name); deleting it", *tp, stored, topic_id)
+        self.log.warning(
+            "replica %s-%d on disk belongs to topic id %s, not %s (a deleted topic of the same "
+            "name); deleting it",
+            *tp,
+            stored,
+            topic_id,
+        )
         self._remove_from_fetchers(tp)
         p = self.partitions.pop(tp, None)
         self.hw_checkpoint.forget(tp)
@@ -455,16 +506,23 @@ class BrokerCore:
     def _create_partition(self, s: common_pb2.PartitionState, config: common_pb2.TopicConfig) -> Partition:
         tp = (s.topic, s.partition)
         directory = self._partition_dir(tp)
-        plog = Log.open(directory, self.tune_log_config(log_config_from(config)), storage=self.storage,
-                        now_ms=self.clock.wall_ms())
+        plog = Log.open(
+            directory,
+            self.tune_log_config(log_config_from(config)),
+            storage=self.storage,
+            now_ms=self.clock.wall_ms(),
+        )
         p = Partition(topic=s.topic, partition=s.partition, local_broker_id=self.broker_id, log=plog)
-        p.high_watermark = min(self.hw_checkpoint.stored_at_start((s.topic, s.partition)), plog.log_end_offset)
+        p.high_watermark = min(
+            self.hw_checkpoint.stored_at_start((s.topic, s.partition)), plog.log_end_offset
+        )
         p.rebuild_producer_state()
         self.partitions[tp] = p
         if s.topic_id:
             if self._stored_topic_id(tp) != s.topic_id:
-                self.storage.write_atomic(f"{directory}/{PARTITION_METADATA_FILE}",
-                                          f"version: 0\ntopic_id: {s.topic_id}\n".encode())
+                self.storage.write_atomic(
+                    f"{directory}/{PARTITION_METADATA_FILE}", f"version: 0\ntopic_id: {s.topic_id}\n".encode()
+                )
             self.topic_ids[tp] = s.topic_id
         return p
 
@@ -472,8 +530,15 @@ class BrokerCore:
         self._remove_from_fetchers((p.topic, p.partition))
         p.become_leader(state, self.clock.monotonic_ms())
         p.maybe_advance_high_watermark()
-        self.log.info("became leader of %s-%d at epoch %d, LEO %d, HW %d, ISR %s", p.topic, p.partition,
-                      p.leader_epoch, p.log.log_end_offset, p.high_watermark, list(p.isr))
+        self.log.info(
+            "became leader of %s-%d at epoch %d, LEO %d, HW %d, ISR %s",
+            p.topic,
+            p.partition,
+            p.leader_epoch,
+            p.log.log_end_offset,
+            p.high_watermark,
+            list(p.isr),
+        )
         self.observer.on_become_leader(p)
 
     def _make_follower(self, p: Partition, state: LeaderAndIsrState) -> None:
@@ -485,13 +550,20 @@ class BrokerCore:
             return
         leader = self.metadata.brokers.get(state.leader)
         if leader is None:
-            self.log.warning("leader %d of %s-%d is not a live broker we know; waiting for metadata",
-                             state.leader, *tp)
+            self.log.warning(
+                "leader %d of %s-%d is not a live broker we know; waiting for metadata", state.leader, *tp
+            )
             return
         fetcher = self._fetcher_for(state.leader, f"{leader.host}:{leader.port}")
         fetcher.add_partition(tp, state.leader_epoch, p.log.log_end_offset)
-        self.log.info("following %d for %s-%d at epoch %d from LEO %d, HW %d", state.leader, *tp,
-                      state.leader_epoch, p.log.log_end_offset, p.high_watermark)
+        self.log.info(
+            "following %d for %s-%d at epoch %d from LEO %d, HW %d",
+            state.leader,
+            *tp,
+            state.leader_epoch,
+            p.log.log_end_offset,
+            p.high_watermark,
+        )
 
     def _fetcher_for(self, leader_id: int, address: str) -> FetcherCore:
         """The fetcher for a leader at its current address.
@@ -506,9 +578,17 @@ class BrokerCore:
         moved = dict(fetcher.partitions) if fetcher is not None else {}
         if fetcher is not None:
             self._stop_fetcher(fetcher)
-        fetcher = FetcherCore(local_broker_id=self.broker_id, broker_epoch=lambda: self.broker_epoch,
-                              leader_id=leader_id, leader_address=address, logs=self, clock=self.clock,
-                              log=self.log, settings=self.fetcher_settings, observer=self.observer)
+        fetcher = FetcherCore(
+            local_broker_id=self.broker_id,
+            broker_epoch=lambda: self.broker_epoch,
+            leader_id=leader_id,
+            leader_address=address,
+            logs=self,
+            clock=self.clock,
+            log=self.log,
+            settings=self.fetcher_settings,
+            observer=self.observer,
+        )
         self.fetchers[leader_id] = fetcher
         self.io.start_fetcher(fetcher)
         for tp, st in moved.items():
@@ -584,19 +664,31 @@ class BrokerCore:
             # Built for each attempt: a broker that re-registered meanwhile asks with its new
             # broker epoch (asking with the old one is refused forever, sim seed 26).
             req = controller_pb2.AlterPartitionRequest(
-                broker_id=self.broker_id, broker_epoch=self.broker_epoch,
-                partitions=[controller_pb2.AlterPartitionItem(
-                    topic=p.topic, partition=p.partition, leader_epoch=change.leader_epoch,
-                    partition_epoch=change.partition_epoch, new_isr=list(change.new_isr))])
+                broker_id=self.broker_id,
+                broker_epoch=self.broker_epoch,
+                partitions=[
+                    controller_pb2.AlterPartitionItem(
+                        topic=p.topic,
+                        partition=p.partition,
+                        leader_epoch=change.leader_epoch,
+                        partition_epoch=change.partition_epoch,
+                        new_isr=list(change.new_isr),
+                    )
+                ],
+            )
             resp = yield CallController("AlterPartition", req, ALTER_PARTITION_TIMEOUT_MS)
             if not isinstance(resp, RpcFailed) and resp.error_code == common_pb2.NONE and resp.partitions:
                 break
             if not self._still_proposing(p, change):
                 return
-            outcome = (resp.reason if isinstance(resp, RpcFailed)
-                       else f"refused: {common_pb2.ErrorCode.Name(resp.error_code)} {resp.error_message}")
-            self.log.warning("AlterPartition for %s-%d %s; retrying in %d ms", p.topic, p.partition, outcome,
-                             backoff_ms)
+            outcome = (
+                resp.reason
+                if isinstance(resp, RpcFailed)
+                else f"refused: {common_pb2.ErrorCode.Name(resp.error_code)} {resp.error_message}"
+            )
+            self.log.warning(
+                "AlterPartition for %s-%d %s; retrying in %d ms", p.topic, p.partition, outcome, backoff_ms
+            )
             yield Sleep(backoff_ms)
             if not self._still_proposing(p, change):
                 return
@@ -606,22 +698,33 @@ class BrokerCore:
             st = result.state
             p.update_isr(tuple(st.isr), st.partition_epoch, st.leader_epoch)
         if result.error_code != common_pb2.NONE:
-            self.log.info("AlterPartition for %s-%d: %s (%s); state re-read", p.topic, p.partition,
-                          common_pb2.ErrorCode.Name(result.error_code), result.error_message)
+            self.log.info(
+                "AlterPartition for %s-%d: %s (%s); state re-read",
+                p.topic,
+                p.partition,
+                common_pb2.ErrorCode.Name(result.error_code),
+                result.error_message,
+            )
         p.isr_change_failed()  # clears pending either way; the next check proposes again if needed
         p.maybe_advance_high_watermark()
         self.notify((p.topic, p.partition))
 
     def _still_proposing(self, p: Partition, change: IsrChange) -> bool:
-        return (not self.closing and self.partitions.get((p.topic, p.partition)) is p
-                and p.pending_isr == change.new_isr and p.role is Role.LEADER
-                and p.leader_epoch == change.leader_epoch)
+        return (
+            not self.closing
+            and self.partitions.get((p.topic, p.partition)) is p
+            and p.pending_isr == change.new_isr
+            and p.role is Role.LEADER
+            and p.leader_epoch == change.leader_epoch
+        )
 
     # ---- controlled shutdown (a task) ----------------------------------------------------------
 
     def controlled_shutdown(self) -> Task[bool]:
         """Ask the controller to move our leaderships away before we stop. Returns whether it did."""
-        req = controller_pb2.ControlledShutdownRequest(broker_id=self.broker_id, broker_epoch=self.broker_epoch)
+        req = controller_pb2.ControlledShutdownRequest(
+            broker_id=self.broker_id, broker_epoch=self.broker_epoch
+        )
         for attempt in range(1, CONTROLLED_SHUTDOWN_ATTEMPTS_MAX + 1):
             resp = yield CallController("ControlledShutdown", req, CONTROLLED_SHUTDOWN_TIMEOUT_MS)
             if isinstance(resp, RpcFailed):
@@ -630,24 +733,42 @@ class BrokerCore:
                 self.log.info("controlled shutdown done: no partitions led here any more")
                 return True
             else:
-                self.log.info("controlled shutdown attempt %d: %s, %d partitions still led here", attempt,
-                              common_pb2.ErrorCode.Name(resp.error_code), len(resp.remaining_partitions))
+                self.log.info(
+                    "controlled shutdown attempt %d: %s, %d partitions still led here",
+                    attempt,
+                    common_pb2.ErrorCode.Name(resp.error_code),
+                    len(resp.remaining_partitions),
+                )
             if attempt < CONTROLLED_SHUTDOWN_ATTEMPTS_MAX:
                 yield Sleep(CONTROLLED_SHUTDOWN_BACKOFF_MS * attempt)
-        self.log.warning("controlled shutdown incomplete; stopping anyway (the controller fails over on "
-                         "lease expiry)")
+        self.log.warning(
+            "controlled shutdown incomplete; stopping anyway (the controller fails over on lease expiry)"
+        )
         return False
 
     # ---- produce ------------------------------------------------------------------------------
 
-    def produce(self, req: common_pb2.ProduceRequest, on_complete: Callable[[common_pb2.ProduceResponse], None]
-                ) -> None:
+    def produce(
+        self, req: common_pb2.ProduceRequest, on_complete: Callable[[common_pb2.ProduceResponse], None]
+    ) -> None:
         """Append as leader; answer at once (acks 0/1, errors) or when the ISR has it (acks=all)."""
         problem = produce_request_problem(req)
         if problem is not None:
-            on_complete(produce_response({(t.topic, pd.partition): common_pb2.ProducePartitionResponse(
-                partition=pd.partition, error_code=common_pb2.INVALID_REQUEST, error_message=problem, base_offset=-1,
-                log_append_time_ms=-1) for t in req.topics for pd in t.partitions}))
+            on_complete(
+                produce_response(
+                    {
+                        (t.topic, pd.partition): common_pb2.ProducePartitionResponse(
+                            partition=pd.partition,
+                            error_code=common_pb2.INVALID_REQUEST,
+                            error_message=problem,
+                            base_offset=-1,
+                            log_append_time_ms=-1,
+                        )
+                        for t in req.topics
+                        for pd in t.partitions
+                    }
+                )
+            )
             return
         timeout_ms = min(req.timeout_ms or limits.PRODUCE_TIMEOUT_MS_DEFAULT, limits.PRODUCE_TIMEOUT_MS_MAX)
         results: dict[TopicPartitionKey, common_pb2.ProducePartitionResponse] = {}
@@ -658,8 +779,9 @@ class BrokerCore:
                 tp = (topic.topic, pd.partition)
                 # base_offset stays -1 unless the batches were appended: a gateway may retry
                 # a failed partition on its own only when nothing of it was written.
-                res = common_pb2.ProducePartitionResponse(partition=pd.partition, log_append_time_ms=-1,
-                                                          base_offset=-1)
+                res = common_pb2.ProducePartitionResponse(
+                    partition=pd.partition, log_append_time_ms=-1, base_offset=-1
+                )
                 try:
                     p = self._leader_partition(tp)
                     records = pd.records  # each read of a bytes field copies it: read once
@@ -676,9 +798,15 @@ class BrokerCore:
                 except HighwaterError as exc:
                     res.error_code, res.error_message = self._client_error(tp, exc)
                 results[tp] = res
-        op = DelayedProduce(results=results, awaited=awaited, deadline_ms=self.clock.monotonic_ms() + timeout_ms,
-                            timeout_ms=timeout_ms, partition=self.partitions.get, on_complete=on_complete,
-                            on_acknowledged=self.observer.on_acknowledged)
+        op = DelayedProduce(
+            results=results,
+            awaited=awaited,
+            deadline_ms=self.clock.monotonic_ms() + timeout_ms,
+            timeout_ms=timeout_ms,
+            partition=self.partitions.get,
+            on_complete=on_complete,
+            on_acknowledged=self.observer.on_acknowledged,
+        )
         self._watch(op, timeout_ms)
 
     def _client_error(self, tp: TopicPartitionKey, exc: HighwaterError) -> tuple[int, str]:
@@ -686,8 +814,10 @@ class BrokerCore:
         file and cause, and the client is told only that it happened (no paths leave the broker)."""
         if isinstance(exc, StorageError):
             self.log.error("%s-%d: %s", *tp, exc.message)
-            return exc.code, (f"broker {self.broker_id} could not read or write its replica of {tp[0]}-{tp[1]} "
-                              "(a storage error; the broker's log names the file and the cause)")
+            return exc.code, (
+                f"broker {self.broker_id} could not read or write its replica of {tp[0]}-{tp[1]} "
+                "(a storage error; the broker's log names the file and the cause)"
+            )
         return exc.code, exc.message
 
     def _leader_partition(self, tp: TopicPartitionKey) -> Partition:
@@ -698,33 +828,56 @@ class BrokerCore:
             state = self.metadata.partitions.get(tp)
             if state is None:
                 raise UnknownTopicOrPartition(f"topic {tp[0]} has no partition {tp[1]}")
-            raise NotLeaderOrFollower(f"broker {self.broker_id} holds no replica of {tp[0]}-{tp[1]} "
-                                      f"(leader is {state.leader})")
+            raise NotLeaderOrFollower(
+                f"broker {self.broker_id} holds no replica of {tp[0]}-{tp[1]} (leader is {state.leader})"
+            )
         if p.role is not Role.LEADER:
-            raise NotLeaderOrFollower(f"broker {self.broker_id} is not the leader of {tp[0]}-{tp[1]} "
-                                      f"(leader is {p.leader_id})")
+            raise NotLeaderOrFollower(
+                f"broker {self.broker_id} is not the leader of {tp[0]}-{tp[1]} (leader is {p.leader_id})"
+            )
         return p
 
     # ---- fetch ----------------------------------------------------------------------------------
 
-    def fetch(self, req: common_pb2.FetchRequest, on_complete: Callable[[common_pb2.FetchResponse], None]) -> None:
+    def fetch(
+        self, req: common_pb2.FetchRequest, on_complete: Callable[[common_pb2.FetchResponse], None]
+    ) -> None:
         """Read now, or wait in the purgatory for min_bytes, an error or max_wait_ms."""
         problem = self._replica_id_problem(req)
         if problem is not None:
-            on_complete(common_pb2.FetchResponse(topics=[common_pb2.FetchTopicResponse(topic=t.topic, partitions=[
-                common_pb2.FetchPartitionResponse(
-                    partition=fp.partition, error_code=common_pb2.INVALID_REQUEST, high_watermark=-1,
-                    error_message=problem)
-                for fp in t.partitions]) for t in req.topics]))
+            on_complete(
+                common_pb2.FetchResponse(
+                    topics=[
+                        common_pb2.FetchTopicResponse(
+                            topic=t.topic,
+                            partitions=[
+                                common_pb2.FetchPartitionResponse(
+                                    partition=fp.partition,
+                                    error_code=common_pb2.INVALID_REQUEST,
+                                    high_watermark=-1,
+                                    error_message=problem,
+                                )
+                                for fp in t.partitions
+                            ],
+                        )
+                        for t in req.topics
+                    ]
+                )
+            )
             return
         is_follower = req.replica_id >= 0
         if is_follower:
             self._record_follower_fetches(req)
         max_wait_ms = min(req.max_wait_ms, limits.FETCH_MAX_WAIT_MS_MAX)
         keys = [(t.topic, p.partition) for t in req.topics for p in t.partitions]
-        op = DelayedFetch(request=req, keys=keys, deadline_ms=self.clock.monotonic_ms() + max_wait_ms,
-                          read=lambda r: self.read_all(r, is_follower), on_complete=on_complete,
-                          state=lambda: self._readable_state(keys, req.replica_id))
+        op = DelayedFetch(
+            request=req,
+            keys=keys,
+            deadline_ms=self.clock.monotonic_ms() + max_wait_ms,
+            read=lambda r: self.read_all(r, is_follower),
+            on_complete=on_complete,
+            state=lambda: self._readable_state(keys, req.replica_id),
+        )
         self._watch(op, max_wait_ms)
 
     def _replica_id_problem(self, req: common_pb2.FetchRequest) -> str | None:
@@ -744,8 +897,10 @@ class BrokerCore:
                     p = self.partitions.get((t.topic, fp.partition))
                     if p is not None and req.replica_id in p.replicas:
                         return None
-            return (f"replica_id {req.replica_id} is no broker of this cluster: consumers send -1, followers "
-                    "their broker id")
+            return (
+                f"replica_id {req.replica_id} is no broker of this cluster: consumers send -1, followers "
+                "their broker id"
+            )
         return f"replica_id {req.replica_id}: consumers send -1, followers their broker id"
 
     def _readable_state(self, keys: list[TopicPartitionKey], replica_id: int) -> tuple[object, ...]:
@@ -757,8 +912,15 @@ class BrokerCore:
                 out.append(None)
                 continue
             as_replica = replica_id >= 0 and replica_id in p.replicas
-            out.append((id(p), p.role, p.leader_epoch, p.log.log_start_offset,
-                        p.log.log_end_offset if as_replica else p.high_watermark))
+            out.append(
+                (
+                    id(p),
+                    p.role,
+                    p.leader_epoch,
+                    p.log.log_start_offset,
+                    p.log.log_end_offset if as_replica else p.high_watermark,
+                )
+            )
         return tuple(out)
 
     def _record_follower_fetches(self, req: common_pb2.FetchRequest) -> None:
@@ -774,13 +936,17 @@ class BrokerCore:
                 hw_before = p.high_watermark
                 change = p.record_follower_fetch(req.replica_id, fp.fetch_offset, mono)
                 if change is not None:
-                    self.log.info("expanding ISR of %s-%d from %s to %s", *tp, list(p.isr), list(change.new_isr))
+                    self.log.info(
+                        "expanding ISR of %s-%d from %s to %s", *tp, list(p.isr), list(change.new_isr)
+                    )
                     metrics.ISR_EXPANDS.inc()
                     self.io.spawn("alter-partition", self._alter_partition(p, change))
                 if p.high_watermark != hw_before:
                     self.notify(tp)
 
-    def read_all(self, req: common_pb2.FetchRequest, is_follower: bool) -> tuple[common_pb2.FetchResponse, int, bool]:
+    def read_all(
+        self, req: common_pb2.FetchRequest, is_follower: bool
+    ) -> tuple[common_pb2.FetchResponse, int, bool]:
         """Read every asked partition into one response, built in place.
 
         Building with .add() matters: composing finished sub-messages makes protobuf copy
@@ -794,8 +960,9 @@ class BrokerCore:
             out_topic = resp.topics.add(topic=t.topic)
             for fp in t.partitions:
                 tp = (t.topic, fp.partition)
-                pr = out_topic.partitions.add(partition=fp.partition, high_watermark=-1, log_start_offset=-1,
-                                              log_end_offset=-1)
+                pr = out_topic.partitions.add(
+                    partition=fp.partition, high_watermark=-1, log_start_offset=-1, log_end_offset=-1
+                )
                 try:
                     p = self._fetchable_partition(tp, fp.current_leader_epoch)
                     # Only a replica of the partition reads past the HW: anyone else claiming a broker
@@ -807,11 +974,17 @@ class BrokerCore:
                     pr.leader_epoch = p.leader_epoch
                     max_offset = None if as_replica else p.high_watermark
                     limit = min(fp.partition_max_bytes or limits.FETCH_PARTITION_MAX_BYTES_DEFAULT, budget)
-                    if fp.fetch_offset == (p.log.log_end_offset if as_replica else p.high_watermark) \
-                            and fp.fetch_offset >= p.log.log_start_offset:
+                    if (
+                        fp.fetch_offset == (p.log.log_end_offset if as_replica else p.high_watermark)
+                        and fp.fetch_offset >= p.log.log_start_offset
+                    ):
                         continue
-                    info = p.log.read(fp.fetch_offset, max_bytes=max(limit, 1), max_offset=max_offset,
-                                      min_one_message=total == 0)
+                    info = p.log.read(
+                        fp.fetch_offset,
+                        max_bytes=max(limit, 1),
+                        max_offset=max_offset,
+                        min_one_message=total == 0,
+                    )
                     size = len(info.records)
                     if size:
                         pr.records = info.records
@@ -830,7 +1003,9 @@ class BrokerCore:
             # As Kafka (checkCurrentLeaderEpoch before the leader check): a follower that heard
             # of the new epoch first learns that we have not yet, and retries soon, instead of
             # being told we do not lead and backing off as from a wrong leader.
-            raise UnknownLeaderEpoch(f"leader epoch {current_leader_epoch} is newer than {local.leader_epoch}")
+            raise UnknownLeaderEpoch(
+                f"leader epoch {current_leader_epoch} is newer than {local.leader_epoch}"
+            )
         p = self._leader_partition(tp)
         p.check_current_leader_epoch(current_leader_epoch)
         return p
@@ -915,8 +1090,9 @@ class BrokerCore:
             topics.append(common_pb2.ListOffsetsTopicResponse(topic=t.topic, partitions=parts))
         return common_pb2.ListOffsetsResponse(topics=topics)
 
-    def offsets_for_leader_epoch(self, req: broker_pb2.OffsetsForLeaderEpochRequest
-                                 ) -> broker_pb2.OffsetsForLeaderEpochResponse:
+    def offsets_for_leader_epoch(
+        self, req: broker_pb2.OffsetsForLeaderEpochRequest
+    ) -> broker_pb2.OffsetsForLeaderEpochResponse:
         topics = []
         for t in req.topics:
             parts = []

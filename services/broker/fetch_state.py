@@ -41,8 +41,14 @@ class PartitionFetchState:
     resume_phase: FetchPhase = FetchPhase.TRUNCATING
 
     def move(self, phase: FetchPhase) -> None:
-        check(phase in LEGAL_TRANSITIONS[self.phase], "illegal fetch transition %s -> %s for %s-%d",
-              self.phase, phase, self.topic, self.partition)
+        check(
+            phase in LEGAL_TRANSITIONS[self.phase],
+            "illegal fetch transition %s -> %s for %s-%d",
+            self.phase,
+            phase,
+            self.topic,
+            self.partition,
+        )
         self.phase = phase
 
     def delay(self, now_ms: int, backoff_ms: int, resume: FetchPhase) -> None:
@@ -69,8 +75,14 @@ def backoff_after_error(error_code: int, backoff_ms: int) -> int:
     return backoff_ms
 
 
-def truncation_offset(*, local_leo: int, requested_epoch: int, leader_epoch: int, leader_end_offset: int,
-                      local_end_offset_for_leader_epoch: int) -> int:
+def truncation_offset(
+    *,
+    local_leo: int,
+    requested_epoch: int,
+    leader_epoch: int,
+    leader_end_offset: int,
+    local_end_offset_for_leader_epoch: int,
+) -> int:
     """Where a follower truncates after OffsetsForLeaderEpoch (KIP-101 / KIP-279).
 
     - The leader knows our latest epoch: truncate to min(its end offset for

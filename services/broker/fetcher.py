@@ -52,8 +52,13 @@ def _failure(exc: Exception) -> RpcFailed:
     return RpcFailed(f"{type(exc).__name__}: {exc}")
 
 
-async def drive(task: Task[R], *, controller: ControllerCall | None = None,
-                leader: GrpcLeaderEndpoint | None = None, wakeup: asyncio.Event | None = None) -> R:
+async def drive(
+    task: Task[R],
+    *,
+    controller: ControllerCall | None = None,
+    leader: GrpcLeaderEndpoint | None = None,
+    wakeup: asyncio.Event | None = None,
+) -> R:
     """Run a core task to its end, performing each step it yields."""
     answer: Any = None
     while True:
@@ -97,7 +102,9 @@ async def drive(task: Task[R], *, controller: ControllerCall | None = None,
             raise InvariantViolation(f"unknown task step {step!r}")
 
 
-async def run_replica_fetcher(fetcher: FetcherCore, endpoint: GrpcLeaderEndpoint, wakeup: asyncio.Event) -> None:
+async def run_replica_fetcher(
+    fetcher: FetcherCore, endpoint: GrpcLeaderEndpoint, wakeup: asyncio.Event
+) -> None:
     """One replica fetcher's loop until it is stopped (cancelled); the channel closes with it."""
     try:
         while not fetcher.stopped:

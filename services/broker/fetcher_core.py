@@ -121,10 +121,19 @@ class TruncationRequest:
 class FetcherCore:
     """Every partition this broker follows from one leader broker."""
 
-    def __init__(self, *, local_broker_id: int, broker_epoch: Callable[[], int], leader_id: int,
-                 leader_address: str, logs: FollowerLogs, clock: Clock, log: BrokerLog,
-                 settings: FetcherSettings | None = None,
-                 observer: TruncationObserver | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        local_broker_id: int,
+        broker_epoch: Callable[[], int],
+        leader_id: int,
+        leader_address: str,
+        logs: FollowerLogs,
+        clock: Clock,
+        log: BrokerLog,
+        settings: FetcherSettings | None = None,
+        observer: TruncationObserver | None = None,
+    ) -> None:
         self.local_broker_id = local_broker_id
         self.broker_epoch = broker_epoch
         self.leader_id = leader_id
@@ -158,11 +167,19 @@ class FetcherCore:
     def _fail_partition(self, tp: TopicPartitionKey, what: str, exc: Exception) -> None:
         self.partitions.pop(tp, None)
         self.failed.add(tp)
-        self.log.error("%s-%d: %s from leader %d failed (%s: %s); not fetched until the controller "
-                       "assigns it again", tp[0], tp[1], what, self.leader_id, type(exc).__name__, exc)
+        self.log.error(
+            "%s-%d: %s from leader %d failed (%s: %s); not fetched until the controller assigns it again",
+            tp[0],
+            tp[1],
+            what,
+            self.leader_id,
+            type(exc).__name__,
+            exc,
+        )
 
-    def _delay(self, tp: TopicPartitionKey, st: PartitionFetchState, now_ms: int, backoff_ms: int,
-               resume: FetchPhase) -> None:
+    def _delay(
+        self, tp: TopicPartitionKey, st: PartitionFetchState, now_ms: int, backoff_ms: int, resume: FetchPhase
+    ) -> None:
         st.delay(now_ms, backoff_ms, resume)
         self.partitions.move_to_end(tp)  # delayed partitions go to the end of the round
 
@@ -176,7 +193,9 @@ class FetcherCore:
                 continue
             truncation = self.build_truncation_request(self.clock.monotonic_ms())
             if truncation is not None:
-                answer = yield CallLeader("OffsetsForLeaderEpoch", truncation.request, self.settings.rpc_timeout_ms)
+                answer = yield CallLeader(
+                    "OffsetsForLeaderEpoch", truncation.request, self.settings.rpc_timeout_ms
+                )
                 if isinstance(answer, RpcFailed):
                     yield Sleep(self.leader_unreachable(self.clock.monotonic_ms(), answer.reason))
                     continue
@@ -193,8 +212,12 @@ class FetcherCore:
 
     def leader_unreachable(self, now_ms: int, reason: str) -> int:
         """A whole RPC failed: every partition not yet delayed backs off. Returns the sleep in ms."""
-        self.log.warning("fetch from leader %d failed: %s; backing off %d ms", self.leader_id, reason,
-                         self.settings.backoff_ms)
+        self.log.warning(
+            "fetch from leader %d failed: %s; backing off %d ms",
+            self.leader_id,
+            reason,
+            self.settings.backoff_ms,
+        )
         for st in self.partitions.values():
             if st.phase is not FetchPhase.DELAYED:
                 st.delay(now_ms, self.settings.backoff_ms, st.phase)
@@ -208,8 +231,11 @@ class FetcherCore:
         A partition with no epoch at all (an empty log) has nothing to truncate and moves
         to FETCHING from its LEO at once.
         """
-        truncating = [(tp, st) for tp, st in self.partitions.items()
-                      if st.ready(now_ms) and st.phase is FetchPhase.TRUNCATING]
+        truncating = [
+            (tp, st)
+            for tp, st in self.partitions.items()
+            if st.ready(now_ms) and st.phase is FetchPhase.TRUNCATING
+        ]
         if not truncating:
             return None
         if not self.settings.truncate_by_leader_epoch:
@@ -225,17 +251,27 @@ class FetcherCore:
                 st.move(FetchPhase.FETCHING)
                 continue
             asked[tp] = epoch
-            by_topic.setdefault(tp[0], []).append(broker_pb2.OffsetsForLeaderEpochPartition(
-                partition=tp[1], current_leader_epoch=st.current_leader_epoch, leader_epoch=epoch))
+            by_topic.setdefault(tp[0], []).append(
+                broker_pb2.OffsetsForLeaderEpochPartition(
+                    partition=tp[1], current_leader_epoch=st.current_leader_epoch, leader_epoch=epoch
+                )
+            )
         if not by_topic:
             return None
         request = broker_pb2.OffsetsForLeaderEpochRequest(
             replica_id=self.local_broker_id,
-            topics=[broker_pb2.OffsetsForLeaderEpochTopic(topic=t, partitions=ps) for t, ps in by_topic.items()])
+            topics=[
+                broker_pb2.OffsetsForLeaderEpochTopic(topic=t, partitions=ps) for t, ps in by_topic.items()
+            ],
+        )
         return TruncationRequest(request, asked)
 
-    def handle_truncation_answer(self, response: broker_pb2.OffsetsForLeaderEpochResponse,
-                                 asked: dict[TopicPartitionKey, int], now_ms: int) -> None:
+    def handle_truncation_answer(
+        self,
+        response: broker_pb2.OffsetsForLeaderEpochResponse,
+        asked: dict[TopicPartitionKey, int],
+        now_ms: int,
+    ) -> None:
         for topic in response.topics:
             for result in topic.partitions:
                 tp = (topic.topic, result.partition)
@@ -244,8 +280,12 @@ class FetcherCore:
                     continue  # removed, re-added or answered twice while the request was in flight
                 if result.error_code != common_pb2.NONE:
                     backoff_ms = backoff_after_error(result.error_code, self.settings.backoff_ms)
-                    self.log.info("OffsetsForLeaderEpoch for %s-%d: %s; retrying after %d ms", *tp,
-                                  common_pb2.ErrorCode.Name(result.error_code), backoff_ms)
+                    self.log.info(
+                        "OffsetsForLeaderEpoch for %s-%d: %s; retrying after %d ms",
+                        *tp,
+                        common_pb2.ErrorCode.Name(result.error_code),
+                        backoff_ms,
+                    )
                     self._delay(tp, st, now_ms, backoff_ms, FetchPhase.TRUNCATING)
                     continue
                 try:
@@ -255,8 +295,13 @@ class FetcherCore:
                 except Exception as exc:
                     self._fail_partition(tp, "truncation", exc)
 
-    def _truncate_after_answer(self, tp: TopicPartitionKey, st: PartitionFetchState, asked_epoch: int,
-                               result: broker_pb2.EpochEndOffset) -> None:
+    def _truncate_after_answer(
+        self,
+        tp: TopicPartitionKey,
+        st: PartitionFetchState,
+        asked_epoch: int,
+        result: broker_pb2.EpochEndOffset,
+    ) -> None:
         local_leo = self.logs.local_leo(tp)
         if local_leo is None:
             return
@@ -264,12 +309,23 @@ class FetcherCore:
             offset = local_leo  # the leader knows no epoch at all: keep ours
         else:
             offset = truncation_offset(
-                local_leo=local_leo, requested_epoch=asked_epoch, leader_epoch=result.leader_epoch,
+                local_leo=local_leo,
+                requested_epoch=asked_epoch,
+                leader_epoch=result.leader_epoch,
                 leader_end_offset=result.end_offset,
-                local_end_offset_for_leader_epoch=self.logs.local_end_offset_for_epoch(tp, result.leader_epoch))
+                local_end_offset_for_leader_epoch=self.logs.local_end_offset_for_epoch(
+                    tp, result.leader_epoch
+                ),
+            )
         if offset < local_leo:
-            self.log.info("truncating %s-%d from %d to %d (leader epoch %d ends at %d)", *tp, local_leo, offset,
-                          result.leader_epoch, result.end_offset)
+            self.log.info(
+                "truncating %s-%d from %d to %d (leader epoch %d ends at %d)",
+                *tp,
+                local_leo,
+                offset,
+                result.leader_epoch,
+                result.end_offset,
+            )
             self.observer.before_truncation(tp, offset)
         # Always, even with nothing to cut: epochs of ours starting at the offset go too.
         self.logs.truncate(tp, offset)
@@ -284,8 +340,9 @@ class FetcherCore:
             return
         offset = min(hw, local_leo)
         if offset < local_leo:
-            self.log.info("truncating %s-%d from %d to its HW %d (leader-epoch truncation off)", *tp, local_leo,
-                          offset)
+            self.log.info(
+                "truncating %s-%d from %d to its HW %d (leader-epoch truncation off)", *tp, local_leo, offset
+            )
             self.observer.before_truncation(tp, offset)
             self.logs.truncate(tp, offset)
         st.fetch_offset = offset
@@ -300,16 +357,25 @@ class FetcherCore:
         for tp, st in self.partitions.items():
             if not st.ready(now_ms) or st.phase is not FetchPhase.FETCHING:
                 continue
-            by_topic.setdefault(tp[0], []).append(common_pb2.FetchPartition(
-                partition=tp[1], fetch_offset=st.fetch_offset, partition_max_bytes=self.settings.partition_max_bytes,
-                current_leader_epoch=st.current_leader_epoch, log_start_offset=self.logs.local_log_start(tp)))
+            by_topic.setdefault(tp[0], []).append(
+                common_pb2.FetchPartition(
+                    partition=tp[1],
+                    fetch_offset=st.fetch_offset,
+                    partition_max_bytes=self.settings.partition_max_bytes,
+                    current_leader_epoch=st.current_leader_epoch,
+                    log_start_offset=self.logs.local_log_start(tp),
+                )
+            )
         if not by_topic:
             return None
         return common_pb2.FetchRequest(
-            replica_id=self.local_broker_id, replica_epoch=self.broker_epoch(),
-            max_wait_ms=self.settings.fetch_wait_max_ms, min_bytes=self.settings.fetch_min_bytes,
+            replica_id=self.local_broker_id,
+            replica_epoch=self.broker_epoch(),
+            max_wait_ms=self.settings.fetch_wait_max_ms,
+            min_bytes=self.settings.fetch_min_bytes,
             max_bytes=self.settings.fetch_max_bytes,
-            topics=[common_pb2.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()])
+            topics=[common_pb2.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
+        )
 
     def handle_fetch_answer(self, response: common_pb2.FetchResponse, now_ms: int) -> None:
         max_lag = 0
@@ -327,8 +393,13 @@ class FetcherCore:
                         self._handle_out_of_range(tp, st, pr)
                     else:
                         backoff_ms = backoff_after_error(code, self.settings.backoff_ms)
-                        self.log.info("fetch %s-%d from leader %d: %s; backing off %d ms", *tp, self.leader_id,
-                                      common_pb2.ErrorCode.Name(code), backoff_ms)
+                        self.log.info(
+                            "fetch %s-%d from leader %d: %s; backing off %d ms",
+                            *tp,
+                            self.leader_id,
+                            common_pb2.ErrorCode.Name(code),
+                            backoff_ms,
+                        )
                         self._delay(tp, st, now_ms, backoff_ms, FetchPhase.TRUNCATING)
                 except InvariantViolation:
                     raise
@@ -336,7 +407,9 @@ class FetcherCore:
                     self._fail_partition(tp, "append of fetched data", exc)
         self.max_lag = max_lag
 
-    def _append(self, tp: TopicPartitionKey, st: PartitionFetchState, pr: common_pb2.FetchPartitionResponse) -> int:
+    def _append(
+        self, tp: TopicPartitionKey, st: PartitionFetchState, pr: common_pb2.FetchPartitionResponse
+    ) -> int:
         """Append what the leader sent at our LEO; returns the partition's lag behind the leader's HW."""
         if self.logs.local_leo(tp) != st.fetch_offset:
             # The log moved under us (truncated by a newer LeaderAndIsr): start over.
@@ -349,21 +422,30 @@ class FetcherCore:
             self.partitions.move_to_end(tp)
         return max(pr.high_watermark - st.fetch_offset, 0)
 
-    def _handle_out_of_range(self, tp: TopicPartitionKey, st: PartitionFetchState,
-                             pr: common_pb2.FetchPartitionResponse) -> None:
+    def _handle_out_of_range(
+        self, tp: TopicPartitionKey, st: PartitionFetchState, pr: common_pb2.FetchPartitionResponse
+    ) -> None:
         """Our offset is outside the leader's log: above its LEO -> truncate; below its start -> reset.
 
         The second is how a lagging follower adopts the leader's log start offset after
         retention deleted what it had not fetched yet.
         """
         if st.fetch_offset > pr.log_end_offset >= 0:
-            self.log.info("%s-%d: fetch offset %d above leader LEO %d; truncating", *tp, st.fetch_offset,
-                          pr.log_end_offset)
+            self.log.info(
+                "%s-%d: fetch offset %d above leader LEO %d; truncating",
+                *tp,
+                st.fetch_offset,
+                pr.log_end_offset,
+            )
             self.observer.before_truncation(tp, pr.log_end_offset)
             self.logs.truncate(tp, pr.log_end_offset)
             st.fetch_offset = pr.log_end_offset
         else:
-            self.log.info("%s-%d: fetch offset %d below leader log start %d; restarting the log there", *tp,
-                          st.fetch_offset, pr.log_start_offset)
+            self.log.info(
+                "%s-%d: fetch offset %d below leader log start %d; restarting the log there",
+                *tp,
+                st.fetch_offset,
+                pr.log_start_offset,
+            )
             self.logs.truncate_fully_and_start_at(tp, pr.log_start_offset)
             st.fetch_offset = pr.log_start_offset

@@ -8,20 +8,30 @@ from services.broker.log.storage import open_real_file_count
 
 PARTITION_COUNT = Gauge("highwater_partition_count", "Partition replicas on this broker")
 LEADER_COUNT = Gauge("highwater_leader_count", "Partitions this broker leads")
-UNDER_REPLICATED = Gauge("highwater_under_replicated_partitions",
-                         "Partitions led here whose ISR is smaller than their replica list")
+UNDER_REPLICATED = Gauge(
+    "highwater_under_replicated_partitions",
+    "Partitions led here whose ISR is smaller than their replica list",
+)
 ISR_SHRINKS = Counter("highwater_isr_shrinks", "ISR shrinks proposed by this broker as leader")
 ISR_EXPANDS = Counter("highwater_isr_expands", "ISR expansions proposed by this broker as leader")
-FETCHER_MAX_LAG = Gauge("highwater_replica_fetcher_max_lag", "Largest HW - fetch offset over followed partitions")
+FETCHER_MAX_LAG = Gauge(
+    "highwater_replica_fetcher_max_lag", "Largest HW - fetch offset over followed partitions"
+)
 BYTES_IN = Counter("highwater_bytes_in", "Record bytes appended as leader", ["topic"])
 BYTES_OUT = Counter("highwater_bytes_out", "Record bytes returned to consumers", ["topic"])
-REQUEST_LATENCY = Histogram("highwater_request_latency_seconds", "Broker RPC latency", ["rpc"],
-                            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
-                                     10, 30))
-LEASE_KEEPALIVE_FAILURES = Gauge("highwater_lease_keepalive_failures", "etcd lease keep-alive failures so far")
+REQUEST_LATENCY = Histogram(
+    "highwater_request_latency_seconds",
+    "Broker RPC latency",
+    ["rpc"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+LEASE_KEEPALIVE_FAILURES = Gauge(
+    "highwater_lease_keepalive_failures", "etcd lease keep-alive failures so far"
+)
 # Read at scrape time: three files per replica's active segment plus at most
 # OPEN_SEGMENT_FILES_MAX of older segments (services/common/limits.py); compare with the
 # process's open-files limit.
-OPEN_SEGMENT_FILES = Gauge("highwater_open_segment_files",
-                           "Segment files (log, offset index, time index) open in this broker")
+OPEN_SEGMENT_FILES = Gauge(
+    "highwater_open_segment_files", "Segment files (log, offset index, time index) open in this broker"
+)
 OPEN_SEGMENT_FILES.set_function(open_real_file_count)

@@ -131,13 +131,20 @@ class Partition:
         shrunk away before their first fetch reaches us.
         """
         self._take_epoch(state)
-        check(state.leader == self.local_broker_id, "become_leader for %s-%d but leader is %d, we are %d",
-              self.topic, self.partition, state.leader, self.local_broker_id)
+        check(
+            state.leader == self.local_broker_id,
+            "become_leader for %s-%d but leader is %d, we are %d",
+            self.topic,
+            self.partition,
+            state.leader,
+            self.local_broker_id,
+        )
         self.role = Role.LEADER
         self.log.leader_epoch_cache.assign(state.leader_epoch, self.log.log_end_offset)
         self.followers = {
             r: FollowerState(last_caught_up_ms=now_ms if r in state.isr else 0)
-            for r in state.replicas if r != self.local_broker_id
+            for r in state.replicas
+            if r != self.local_broker_id
         }
         self.pending_isr = None
         # A new leader's HW may lag the old leader's; it only moves forward from here.
@@ -164,8 +171,14 @@ class Partition:
         self.pending_isr = None
 
     def _take_epoch(self, state: LeaderAndIsrState) -> None:
-        check(state.leader_epoch >= self.leader_epoch, "leader_epoch of %s-%d would go back from %d to %d",
-              self.topic, self.partition, self.leader_epoch, state.leader_epoch)
+        check(
+            state.leader_epoch >= self.leader_epoch,
+            "leader_epoch of %s-%d would go back from %d to %d",
+            self.topic,
+            self.partition,
+            self.leader_epoch,
+            state.leader_epoch,
+        )
         self.leader_id = state.leader
         self.leader_epoch = state.leader_epoch
         self.partition_epoch = state.partition_epoch
@@ -188,15 +201,20 @@ class Partition:
         if self.role is not Role.LEADER:
             raise NotLeaderOrFollower(
                 f"broker {self.local_broker_id} is not the leader of {self.topic}-{self.partition} "
-                f"(leader is {self.leader_id}); refresh metadata and retry")
+                f"(leader is {self.leader_id}); refresh metadata and retry"
+            )
         if acks == -1 and len(self.isr) < self.min_insync_replicas:
             raise NotEnoughReplicas(
                 f"{self.topic}-{self.partition} has {len(self.isr)} in-sync replicas {list(self.isr)}, "
-                f"below min.insync.replicas={self.min_insync_replicas}; nothing was written")
+                f"below min.insync.replicas={self.min_insync_replicas}; nothing was written"
+            )
         config = self.log.config
         headers = validate_batches(records, max_batch_bytes=config.max_message_bytes)
-        rules = TimestampRules(config.message_timestamp_type == "LogAppendTime",
-                               config.message_timestamp_before_max_ms, config.message_timestamp_after_max_ms)
+        rules = TimestampRules(
+            config.message_timestamp_type == "LogAppendTime",
+            config.message_timestamp_before_max_ms,
+            config.message_timestamp_after_max_ms,
+        )
         fixes = validate_records(records, headers, rules=rules, now_ms=now_ms)
         data: bytes | bytearray = records
         if fixes:
@@ -205,19 +223,23 @@ class Partition:
         duplicate = self.producers.check(headers)
         if duplicate is not None:
             return LeaderAppend(duplicate.first_offset, duplicate.last_offset + 1, duplicate=True)
-        info = self.log.append_as_leader(data, leader_epoch=self.leader_epoch, now_ms=now_ms, validated=headers)
+        info = self.log.append_as_leader(
+            data, leader_epoch=self.leader_epoch, now_ms=now_ms, validated=headers
+        )
         self.producers.update(info.headers)
         self.maybe_advance_high_watermark()
-        return LeaderAppend(info.first_offset, info.next_offset,
-                            log_append_time_ms=now_ms if rules.log_append_time else -1)
+        return LeaderAppend(
+            info.first_offset, info.next_offset, log_append_time_ms=now_ms if rules.log_append_time else -1
+        )
 
     def append_as_follower(self, records: bytes, *, now_ms: int) -> None:
         """Replicated batches (offsets assigned by the leader); producer state follows along."""
         info = self.log.append_as_follower(records, now_ms=now_ms)
         self.producers.update(info.headers)
 
-    def check_enough_replicas_reach_offset(self, required_offset: int, leader_epoch: int
-                                           ) -> tuple[bool, HighwaterError | None]:
+    def check_enough_replicas_reach_offset(
+        self, required_offset: int, leader_epoch: int
+    ) -> tuple[bool, HighwaterError | None]:
         """The acks=all completion rule (Kafka's Partition.checkEnoughReplicasReachOffset).
 
         An append made at leader_epoch and ending before required_offset is acknowledged
@@ -229,12 +251,14 @@ class Partition:
         """
         if self.role is not Role.LEADER or self.leader_epoch != leader_epoch:
             return True, NotLeaderOrFollower(
-                f"leadership of {self.topic}-{self.partition} moved before the write was replicated to the ISR")
+                f"leadership of {self.topic}-{self.partition} moved before the write was replicated to the ISR"
+            )
         if self.high_watermark < required_offset:
             return False, None
         if len(self.isr) < self.min_insync_replicas:
             return True, NotEnoughReplicasAfterAppend(
-                f"written, but the ISR {list(self.isr)} shrank below min.insync.replicas={self.min_insync_replicas}")
+                f"written, but the ISR {list(self.isr)} shrank below min.insync.replicas={self.min_insync_replicas}"
+            )
         return True, None
 
     def check_current_leader_epoch(self, current_leader_epoch: int) -> None:
@@ -291,16 +315,25 @@ class Partition:
         """Followers not caught up for replica_lag_time_max_ms leave the ISR."""
         if self.role is not Role.LEADER or self.pending_isr is not None:
             return None
-        lagging = {r for r in self.isr if r != self.local_broker_id
-                   and (f := self.followers.get(r)) is not None
-                   and now_ms - f.last_caught_up_ms > replica_lag_time_max_ms}
+        lagging = {
+            r
+            for r in self.isr
+            if r != self.local_broker_id
+            and (f := self.followers.get(r)) is not None
+            and now_ms - f.last_caught_up_ms > replica_lag_time_max_ms
+        }
         if not lagging:
             return None
         return self._propose(tuple(r for r in self.isr if r not in lagging))
 
     def _propose(self, new_isr: tuple[int, ...]) -> IsrChange:
-        check(self.local_broker_id in new_isr, "leader %d would drop itself from the ISR of %s-%d",
-              self.local_broker_id, self.topic, self.partition)
+        check(
+            self.local_broker_id in new_isr,
+            "leader %d would drop itself from the ISR of %s-%d",
+            self.local_broker_id,
+            self.topic,
+            self.partition,
+        )
         self.pending_isr = new_isr
         return IsrChange(new_isr, self.leader_epoch, self.partition_epoch)
 
@@ -321,8 +354,14 @@ class Partition:
             new_hw = min(new_hw, f.log_end_offset if f is not None else -1)
         if new_hw > self.high_watermark:
             self.high_watermark = new_hw
-            check(self.high_watermark <= self.log.log_end_offset, "HW %d above LEO %d on %s-%d",
-                  self.high_watermark, self.log.log_end_offset, self.topic, self.partition)
+            check(
+                self.high_watermark <= self.log.log_end_offset,
+                "HW %d above LEO %d on %s-%d",
+                self.high_watermark,
+                self.log.log_end_offset,
+                self.topic,
+                self.partition,
+            )
             return True
         return False
 
@@ -357,8 +396,9 @@ class LeaderAndIsrAction(enum.Enum):
     BECOME_FOLLOWER = "become follower"
 
 
-def decide_leader_and_isr(local_broker_id: int, existing: Partition | None,
-                          state: LeaderAndIsrState) -> LeaderAndIsrAction:
+def decide_leader_and_isr(
+    local_broker_id: int, existing: Partition | None, state: LeaderAndIsrState
+) -> LeaderAndIsrAction:
     """The per-partition rule of LeaderAndIsr, shared by the broker and the simulation.
 
     A leader epoch that is not newer is refused (FencedLeaderEpoch), except that the same
@@ -371,6 +411,11 @@ def decide_leader_and_isr(local_broker_id: int, existing: Partition | None,
         if state.leader_epoch == existing.leader_epoch and state.partition_epoch > existing.partition_epoch:
             existing.update_isr(state.isr, state.partition_epoch, state.leader_epoch)
             return LeaderAndIsrAction.ISR_UPDATED
-        raise FencedLeaderEpoch(f"leader epoch {state.leader_epoch} is not newer than {existing.leader_epoch}")
-    return (LeaderAndIsrAction.BECOME_LEADER if state.leader == local_broker_id
-            else LeaderAndIsrAction.BECOME_FOLLOWER)
+        raise FencedLeaderEpoch(
+            f"leader epoch {state.leader_epoch} is not newer than {existing.leader_epoch}"
+        )
+    return (
+        LeaderAndIsrAction.BECOME_LEADER
+        if state.leader == local_broker_id
+        else LeaderAndIsrAction.BECOME_FOLLOWER
+    )

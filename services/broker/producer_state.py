@@ -78,13 +78,18 @@ class ProducerStateManager:
                 fresh += 1
                 continue
             entry = self.producers.get(h.producer_id)
-            epoch, last = pending.get(h.producer_id, (entry.producer_epoch, entry.last_sequence) if entry
-                                      else (h.producer_epoch, -1))
+            epoch, last = pending.get(
+                h.producer_id,
+                (entry.producer_epoch, entry.last_sequence) if entry else (h.producer_epoch, -1),
+            )
             if h.producer_epoch < epoch:
                 raise InvalidProducerEpoch(
                     f"producer {h.producer_id} epoch {h.producer_epoch} is older than {epoch}: "
-                    "a newer instance of this producer is running")
-            dup = self._find_duplicate(entry, h) if entry and h.producer_epoch == entry.producer_epoch else None
+                    "a newer instance of this producer is running"
+                )
+            dup = (
+                self._find_duplicate(entry, h) if entry and h.producer_epoch == entry.producer_epoch else None
+            )
             if dup is not None:
                 duplicates.append(dup)
                 continue
@@ -92,10 +97,12 @@ class ProducerStateManager:
                 if entry is not None and h.base_sequence != 0:
                     raise OutOfOrderSequenceNumber(
                         f"producer {h.producer_id} started epoch {h.producer_epoch} at sequence {h.base_sequence}, "
-                        "expected 0")
+                        "expected 0"
+                    )
             elif h.base_sequence != (last + 1) % SEQUENCE_MODULUS:
                 raise OutOfOrderSequenceNumber(
-                    f"producer {h.producer_id} sent sequence {h.base_sequence}, expected {(last + 1) % SEQUENCE_MODULUS}")
+                    f"producer {h.producer_id} sent sequence {h.base_sequence}, expected {(last + 1) % SEQUENCE_MODULUS}"
+                )
             pending[h.producer_id] = (h.producer_epoch, _last_sequence(h))
             fresh += 1
         if duplicates and fresh:
@@ -118,7 +125,9 @@ class ProducerStateManager:
             entry = self.producers.get(h.producer_id)
             if entry is None or h.producer_epoch > entry.producer_epoch:
                 entry = self.producers[h.producer_id] = ProducerEntry(h.producer_id, h.producer_epoch)
-            entry.batches.append(BatchMetadata(h.base_sequence, _last_sequence(h), h.base_offset, h.last_offset))
+            entry.batches.append(
+                BatchMetadata(h.base_sequence, _last_sequence(h), h.base_offset, h.last_offset)
+            )
 
     def rebuild(self, headers: Iterable[BatchHeader]) -> None:
         """Start over from the log's batches (after a restart or a truncation)."""

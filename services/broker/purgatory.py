@@ -23,8 +23,16 @@ from services.common.errors import check
 TopicPartitionKey = tuple[str, int]
 
 
-def fetch_answers_now(*, max_wait_ms: int, partitions_asked: int, bytes_read: int, min_bytes: int,
-                      has_error: bool, now_ms: int, deadline_ms: int) -> bool:
+def fetch_answers_now(
+    *,
+    max_wait_ms: int,
+    partitions_asked: int,
+    bytes_read: int,
+    min_bytes: int,
+    has_error: bool,
+    now_ms: int,
+    deadline_ms: int,
+) -> bool:
     """Whether a Fetch is answered now rather than kept waiting (DelayedFetch's conditions).
 
     At once when it may not wait (max_wait_ms <= 0), asks for nothing, already has
@@ -32,8 +40,13 @@ def fetch_answers_now(*, max_wait_ms: int, partitions_asked: int, bytes_read: in
     the partition is gone, the offset is out of range, the epoch is fenced); otherwise
     when new data brings it to min_bytes, or at its deadline with whatever it has.
     """
-    return (max_wait_ms <= 0 or partitions_asked == 0 or bytes_read >= max(min_bytes, 1) or has_error
-            or now_ms >= deadline_ms)
+    return (
+        max_wait_ms <= 0
+        or partitions_asked == 0
+        or bytes_read >= max(min_bytes, 1)
+        or has_error
+        or now_ms >= deadline_ms
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +90,9 @@ class DelayedProduce:
             res = self.results[tp]
             if p is None:
                 res.error_code = common_pb2.NOT_LEADER_OR_FOLLOWER
-                res.error_message = f"the replica of {tp[0]}-{tp[1]} was stopped before the write was replicated"
+                res.error_message = (
+                    f"the replica of {tp[0]}-{tp[1]} was stopped before the write was replicated"
+                )
                 del self.awaited[tp]
                 continue
             done, error = p.check_enough_replicas_reach_offset(append.required_offset, append.leader_epoch)
@@ -93,7 +108,8 @@ class DelayedProduce:
                 self.results[tp].error_code = common_pb2.REQUEST_TIMED_OUT
                 self.results[tp].error_message = (
                     f"the ISR did not acknowledge within {self.timeout_ms} ms; the write may still be replicated, "
-                    "retry with the idempotent producer to avoid a duplicate")
+                    "retry with the idempotent producer to avoid a duplicate"
+                )
             self.awaited.clear()
         if self.awaited:
             return False
@@ -102,13 +118,15 @@ class DelayedProduce:
         return True
 
 
-def produce_response(results: dict[TopicPartitionKey, common_pb2.ProducePartitionResponse]
-                     ) -> common_pb2.ProduceResponse:
+def produce_response(
+    results: dict[TopicPartitionKey, common_pb2.ProducePartitionResponse],
+) -> common_pb2.ProduceResponse:
     by_topic: dict[str, list[common_pb2.ProducePartitionResponse]] = {}
     for (topic, _), res in results.items():
         by_topic.setdefault(topic, []).append(res)
     return common_pb2.ProduceResponse(
-        topics=[common_pb2.ProduceTopicResponse(topic=t, partitions=ps) for t, ps in by_topic.items()])
+        topics=[common_pb2.ProduceTopicResponse(topic=t, partitions=ps) for t, ps in by_topic.items()]
+    )
 
 
 @dataclass(eq=False)
@@ -143,9 +161,15 @@ class DelayedFetch:
                 return False
             self._read_at_state, self._read_once = state, True
         response, bytes_read, has_error = self.read(self.request)
-        if not fetch_answers_now(max_wait_ms=self.request.max_wait_ms, partitions_asked=len(self.keys),
-                                 bytes_read=bytes_read, min_bytes=self.request.min_bytes, has_error=has_error,
-                                 now_ms=now_ms, deadline_ms=self.deadline_ms):
+        if not fetch_answers_now(
+            max_wait_ms=self.request.max_wait_ms,
+            partitions_asked=len(self.keys),
+            bytes_read=bytes_read,
+            min_bytes=self.request.min_bytes,
+            has_error=has_error,
+            now_ms=now_ms,
+            deadline_ms=self.deadline_ms,
+        ):
             return False
         self.completed = True
         self.on_complete(response)

@@ -73,18 +73,31 @@ def _resolve(fut: asyncio.Future[Any]) -> Callable[[Any], None]:
     def set_result(result: Any) -> None:
         if not fut.done():  # the caller may have gone (cancelled) meanwhile
             fut.set_result(result)
+
     return set_result
 
 
 class ReplicaManager:
     """The broker core on asyncio (BrokerIO for the core)."""
 
-    def __init__(self, *, broker_id: int, data_dir: Path, call_controller: ControllerCall,
-                 replica_lag_time_max_ms: int = limits.REPLICA_LAG_TIME_MAX_MS) -> None:
+    def __init__(
+        self,
+        *,
+        broker_id: int,
+        data_dir: Path,
+        call_controller: ControllerCall,
+        replica_lag_time_max_ms: int = limits.REPLICA_LAG_TIME_MAX_MS,
+    ) -> None:
         self.call_controller = call_controller
-        self.core = BrokerCore(broker_id=broker_id, data_dir=str(data_dir), storage=FileStorage(),
-                               clock=SystemClock(), io=self, log=logging.getLogger("highwater.broker.core"),
-                               replica_lag_time_max_ms=replica_lag_time_max_ms)
+        self.core = BrokerCore(
+            broker_id=broker_id,
+            data_dir=str(data_dir),
+            storage=FileStorage(),
+            clock=SystemClock(),
+            io=self,
+            log=logging.getLogger("highwater.broker.core"),
+            replica_lag_time_max_ms=replica_lag_time_max_ms,
+        )
         # Every fetcher task ever started and not yet finished (replaced ones included).
         self._fetcher_tasks: dict[FetcherCore, asyncio.Task[None]] = {}
         self._wakeups: dict[FetcherCore, asyncio.Event] = {}
@@ -111,8 +124,10 @@ class ReplicaManager:
     def start_fetcher(self, fetcher: FetcherCore) -> None:
         wakeup = asyncio.Event()
         fetcher.wake = wakeup.set
-        task = asyncio.create_task(run_replica_fetcher(fetcher, GrpcLeaderEndpoint(fetcher.leader_address), wakeup),
-                                   name=f"replica-fetcher-{fetcher.leader_id}")
+        task = asyncio.create_task(
+            run_replica_fetcher(fetcher, GrpcLeaderEndpoint(fetcher.leader_address), wakeup),
+            name=f"replica-fetcher-{fetcher.leader_id}",
+        )
         self._fetcher_tasks[fetcher] = task
         task.add_done_callback(lambda _: self._fetcher_tasks.pop(fetcher, None))
 
@@ -189,7 +204,9 @@ class ReplicaManager:
         self.core.update_gauges()
         return resp
 
-    async def update_metadata(self, req: broker_pb2.UpdateMetadataRequest) -> broker_pb2.UpdateMetadataResponse:
+    async def update_metadata(
+        self, req: broker_pb2.UpdateMetadataRequest
+    ) -> broker_pb2.UpdateMetadataResponse:
         return self.core.update_metadata(req)
 
     async def stop_replica(self, req: broker_pb2.StopReplicaRequest) -> broker_pb2.StopReplicaResponse:
@@ -210,6 +227,7 @@ class ReplicaManager:
     def list_offsets(self, req: common_pb2.ListOffsetsRequest) -> common_pb2.ListOffsetsResponse:
         return self.core.list_offsets(req)
 
-    def offsets_for_leader_epoch(self, req: broker_pb2.OffsetsForLeaderEpochRequest
-                                 ) -> broker_pb2.OffsetsForLeaderEpochResponse:
+    def offsets_for_leader_epoch(
+        self, req: broker_pb2.OffsetsForLeaderEpochRequest
+    ) -> broker_pb2.OffsetsForLeaderEpochResponse:
         return self.core.offsets_for_leader_epoch(req)

@@ -52,9 +52,12 @@ class BrokerConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def check(self) -> None:
-        limits.check_relations(lease_ttl_s=self.lease_ttl_s, keepalive_interval_s=self.lease_ttl_s / 4,
-                               replica_lag_time_max_ms=self.replica_lag_time_max_ms,
-                               replica_fetch_wait_max_ms=limits.REPLICA_FETCH_WAIT_MAX_MS)
+        limits.check_relations(
+            lease_ttl_s=self.lease_ttl_s,
+            keepalive_interval_s=self.lease_ttl_s / 4,
+            replica_lag_time_max_ms=self.replica_lag_time_max_ms,
+            replica_fetch_wait_max_ms=limits.REPLICA_FETCH_WAIT_MAX_MS,
+        )
         if self.broker_id < 0:
             raise SystemExit(f"--broker-id must be >= 0, got {self.broker_id}")
 
@@ -67,8 +70,10 @@ def prepare_data_dir(path: Path) -> None:
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as exc:
-        raise SystemExit(f"STORAGE_ERROR: data directory {path} is not usable ({exc.strerror}); "
-                         "fix its permissions or pass another --data-dir") from exc
+        raise SystemExit(
+            f"STORAGE_ERROR: data directory {path} is not usable ({exc.strerror}); "
+            "fix its permissions or pass another --data-dir"
+        ) from exc
 
 
 class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
@@ -77,46 +82,55 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     def __init__(self, replicas: ReplicaManager) -> None:
         self.replicas = replicas
 
-    async def LeaderAndIsr(self, request: broker_pb2.LeaderAndIsrRequest, context: grpc.aio.ServicerContext
-                           ) -> broker_pb2.LeaderAndIsrResponse:
+    async def LeaderAndIsr(
+        self, request: broker_pb2.LeaderAndIsrRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.LeaderAndIsrResponse:
         with metrics.REQUEST_LATENCY.labels("LeaderAndIsr").time():
             return await self.replicas.leader_and_isr(request)
 
-    async def UpdateMetadata(self, request: broker_pb2.UpdateMetadataRequest, context: grpc.aio.ServicerContext
-                             ) -> broker_pb2.UpdateMetadataResponse:
+    async def UpdateMetadata(
+        self, request: broker_pb2.UpdateMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.UpdateMetadataResponse:
         with metrics.REQUEST_LATENCY.labels("UpdateMetadata").time():
             return await self.replicas.update_metadata(request)
 
-    async def StopReplica(self, request: broker_pb2.StopReplicaRequest, context: grpc.aio.ServicerContext
-                          ) -> broker_pb2.StopReplicaResponse:
+    async def StopReplica(
+        self, request: broker_pb2.StopReplicaRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.StopReplicaResponse:
         with metrics.REQUEST_LATENCY.labels("StopReplica").time():
             return await self.replicas.stop_replica(request)
 
-    async def Produce(self, request: common_pb2.ProduceRequest, context: grpc.aio.ServicerContext
-                      ) -> common_pb2.ProduceResponse:
+    async def Produce(
+        self, request: common_pb2.ProduceRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ProduceResponse:
         if request.acks not in (0, 1, -1):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"acks must be 0, 1 or -1 (all), got {request.acks}")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"acks must be 0, 1 or -1 (all), got {request.acks}"
+            )
         with metrics.REQUEST_LATENCY.labels("Produce").time():
             return await self.replicas.produce(request)
 
-    async def Fetch(self, request: common_pb2.FetchRequest, context: grpc.aio.ServicerContext
-                    ) -> common_pb2.FetchResponse:
+    async def Fetch(
+        self, request: common_pb2.FetchRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.FetchResponse:
         with metrics.REQUEST_LATENCY.labels("Fetch").time():
             return await self.replicas.fetch(request)
 
-    async def ListOffsets(self, request: common_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
-                          ) -> common_pb2.ListOffsetsResponse:
+    async def ListOffsets(
+        self, request: common_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ListOffsetsResponse:
         with metrics.REQUEST_LATENCY.labels("ListOffsets").time():
             return self.replicas.list_offsets(request)
 
-    async def OffsetsForLeaderEpoch(self, request: broker_pb2.OffsetsForLeaderEpochRequest,
-                                    context: grpc.aio.ServicerContext) -> broker_pb2.OffsetsForLeaderEpochResponse:
+    async def OffsetsForLeaderEpoch(
+        self, request: broker_pb2.OffsetsForLeaderEpochRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.OffsetsForLeaderEpochResponse:
         with metrics.REQUEST_LATENCY.labels("OffsetsForLeaderEpoch").time():
             return self.replicas.offsets_for_leader_epoch(request)
 
-    async def Metadata(self, request: common_pb2.MetadataRequest, context: grpc.aio.ServicerContext
-                       ) -> common_pb2.MetadataResponse:
+    async def Metadata(
+        self, request: common_pb2.MetadataRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.MetadataResponse:
         with metrics.REQUEST_LATENCY.labels("Metadata").time():
             return self.replicas.metadata.metadata_response(list(request.topics))
 
@@ -156,9 +170,15 @@ def raise_open_files_limit() -> int:
     # others (storage.py); the rest is sockets and the process's own files.
     wanted = 3 * limits.REPLICAS_PER_BROKER_MAX + limits.OPEN_SEGMENT_FILES_MAX + limits.OPEN_FILES_OTHER_MIN
     if soft < wanted:
-        log.warning("open-files limit %d is below the %d a broker may need (3 per replica for %d replicas, %d "
-                    "cached segment files, %d for sockets); raise it (ulimit -n, LimitNOFILE)", soft, wanted,
-                    limits.REPLICAS_PER_BROKER_MAX, limits.OPEN_SEGMENT_FILES_MAX, limits.OPEN_FILES_OTHER_MIN)
+        log.warning(
+            "open-files limit %d is below the %d a broker may need (3 per replica for %d replicas, %d "
+            "cached segment files, %d for sockets); raise it (ulimit -n, LimitNOFILE)",
+            soft,
+            wanted,
+            limits.REPLICAS_PER_BROKER_MAX,
+            limits.OPEN_SEGMENT_FILES_MAX,
+            limits.OPEN_FILES_OTHER_MIN,
+        )
     return soft
 
 
@@ -166,30 +186,48 @@ async def serve(config: BrokerConfig) -> None:
     config.check()
     prepare_data_dir(config.data_dir)
     raise_open_files_limit()
-    store = await EtcdStore.connect(config.etcd_endpoints, prefix=config.etcd_prefix,
-                                    tls=config.security.etcd_tls())
+    store = await EtcdStore.connect(
+        config.etcd_endpoints, prefix=config.etcd_prefix, tls=config.security.etcd_tls()
+    )
     security = await ServiceSecurity.start(config.security, store)
     peers = PeerChannels()
     controller = ControllerClient(store, peers)
-    replicas = ReplicaManager(broker_id=config.broker_id, data_dir=config.data_dir,
-                              call_controller=controller.call,
-                              replica_lag_time_max_ms=config.replica_lag_time_max_ms)
-    runtime = ServiceRuntime(name=f"broker-{config.broker_id}", host=config.host, port=config.port,
-                             metrics_port=config.metrics_port, ready_file=config.ready_file,
-                             service_names=[broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name],
-                             security=security)
+    replicas = ReplicaManager(
+        broker_id=config.broker_id,
+        data_dir=config.data_dir,
+        call_controller=controller.call,
+        replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+    )
+    runtime = ServiceRuntime(
+        name=f"broker-{config.broker_id}",
+        host=config.host,
+        port=config.port,
+        metrics_port=config.metrics_port,
+        ready_file=config.ready_file,
+        service_names=[broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name],
+        security=security,
+    )
     broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(replicas), runtime.server)
     # Control requests that arrive between here and registration are answered
     # BROKER_NOT_AVAILABLE (the controller retries them): the broker epoch is not known yet.
     await runtime.start()
     unclean_shutdown = replicas.start()
-    info = {"broker_id": config.broker_id, "host": config.host, "port": runtime.bound_port, "rack": config.rack,
-            "metrics_port": runtime.bound_metrics_port, "pid": os.getpid(), "unclean_shutdown": unclean_shutdown}
+    info = {
+        "broker_id": config.broker_id,
+        "host": config.host,
+        "port": runtime.bound_port,
+        "rack": config.rack,
+        "metrics_port": runtime.bound_metrics_port,
+        "pid": os.getpid(),
+        "unclean_shutdown": unclean_shutdown,
+    }
 
     async def register() -> object:
         registration = await register_waiting_for_old_lease(
             lambda: register_broker(store, config.broker_id, info, ttl_s=config.lease_ttl_s),
-            ttl_s=config.lease_ttl_s, what=f"broker {config.broker_id}")
+            ttl_s=config.lease_ttl_s,
+            what=f"broker {config.broker_id}",
+        )
         replicas.broker_epoch = registration.broker_epoch
         log.info("broker %d registered with broker epoch %d", config.broker_id, registration.broker_epoch)
         # Only this process's first registration speaks for the previous run: a later one
@@ -205,7 +243,9 @@ async def serve(config: BrokerConfig) -> None:
         nonlocal registration
         while True:
             await registration.lease.lost.wait()  # type: ignore[attr-defined]
-            log.warning("broker %d lost its etcd lease; registering again as a new incarnation", config.broker_id)
+            log.warning(
+                "broker %d lost its etcd lease; registering again as a new incarnation", config.broker_id
+            )
             deadline = time.monotonic() + config.lease_ttl_s * 10
             while time.monotonic() < deadline:
                 try:
@@ -233,4 +273,3 @@ async def serve(config: BrokerConfig) -> None:
         await store.close()
 
     await runtime.run_until_stopped(on_stop)
-

@@ -58,6 +58,7 @@ from clients.acls import (  # noqa: F401
 # bound keeps a flood of distinct topic names from growing memory.
 DECISION_CACHE_ENTRIES_MAX = 100_000
 
+
 class Authorizer:
     """An immutable snapshot of every ACL plus the super users; answers authorization questions.
 
@@ -70,7 +71,8 @@ class Authorizer:
         self.acls = tuple(acls)
         self.super_users = frozenset(super_users)
         self._by_type: dict[ResourceType, tuple[AclBinding, ...]] = {
-            rtype: tuple(a for a in self.acls if a.resource_type is rtype) for rtype in ResourceType}
+            rtype: tuple(a for a in self.acls if a.resource_type is rtype) for rtype in ResourceType
+        }
         self._memo: dict[tuple[str, Operation, Resource], bool] = {}
 
     def authorize(self, principal: str, operation: Operation, resource: Resource) -> bool:
@@ -113,7 +115,10 @@ class Authorizer:
             return True
         allowed = False
         for acl in self._by_type[resource_type]:
-            if acl.principal not in (principal, WILDCARD_PRINCIPAL) or acl.operation not in (operation, Operation.ALL):
+            if acl.principal not in (principal, WILDCARD_PRINCIPAL) or acl.operation not in (
+                operation,
+                Operation.ALL,
+            ):
                 continue
             if acl.permission is Permission.DENY:
                 if acl.pattern_type is PatternType.LITERAL and acl.resource_name == WILDCARD:

@@ -61,23 +61,37 @@ class HighwaterError(Exception):
 _BY_CODE: dict[int, type[HighwaterError]] = {}
 
 
-def _error(name: str, code: int, *, retriable: bool = False, refresh_metadata: bool = False) -> type[HighwaterError]:
-    cls = type(name, (HighwaterError,), {"code": code, "retriable": retriable, "refresh_metadata": refresh_metadata})
+def _error(
+    name: str, code: int, *, retriable: bool = False, refresh_metadata: bool = False
+) -> type[HighwaterError]:
+    cls = type(
+        name, (HighwaterError,), {"code": code, "retriable": retriable, "refresh_metadata": refresh_metadata}
+    )
     _BY_CODE[code] = cls
     return cls
 
 
 # One class per wire code. Retriable: a later attempt may succeed without any
 # change by the caller. Refresh metadata: the caller's idea of who leads is stale.
-NotLeaderOrFollower = _error("NotLeaderOrFollower", common_pb2.NOT_LEADER_OR_FOLLOWER, retriable=True, refresh_metadata=True)
-UnknownTopicOrPartition = _error("UnknownTopicOrPartition", common_pb2.UNKNOWN_TOPIC_OR_PARTITION, retriable=True, refresh_metadata=True)
+NotLeaderOrFollower = _error(
+    "NotLeaderOrFollower", common_pb2.NOT_LEADER_OR_FOLLOWER, retriable=True, refresh_metadata=True
+)
+UnknownTopicOrPartition = _error(
+    "UnknownTopicOrPartition", common_pb2.UNKNOWN_TOPIC_OR_PARTITION, retriable=True, refresh_metadata=True
+)
 OffsetOutOfRange = _error("OffsetOutOfRange", common_pb2.OFFSET_OUT_OF_RANGE)
-FencedLeaderEpoch = _error("FencedLeaderEpoch", common_pb2.FENCED_LEADER_EPOCH, retriable=True, refresh_metadata=True)
-UnknownLeaderEpoch = _error("UnknownLeaderEpoch", common_pb2.UNKNOWN_LEADER_EPOCH, retriable=True, refresh_metadata=True)
+FencedLeaderEpoch = _error(
+    "FencedLeaderEpoch", common_pb2.FENCED_LEADER_EPOCH, retriable=True, refresh_metadata=True
+)
+UnknownLeaderEpoch = _error(
+    "UnknownLeaderEpoch", common_pb2.UNKNOWN_LEADER_EPOCH, retriable=True, refresh_metadata=True
+)
 StaleControllerEpoch = _error("StaleControllerEpoch", common_pb2.STALE_CONTROLLER_EPOCH)
 StaleBrokerEpoch = _error("StaleBrokerEpoch", common_pb2.STALE_BROKER_EPOCH)
 NotEnoughReplicas = _error("NotEnoughReplicas", common_pb2.NOT_ENOUGH_REPLICAS, retriable=True)
-NotEnoughReplicasAfterAppend = _error("NotEnoughReplicasAfterAppend", common_pb2.NOT_ENOUGH_REPLICAS_AFTER_APPEND, retriable=True)
+NotEnoughReplicasAfterAppend = _error(
+    "NotEnoughReplicasAfterAppend", common_pb2.NOT_ENOUGH_REPLICAS_AFTER_APPEND, retriable=True
+)
 RequestTimedOut = _error("RequestTimedOut", common_pb2.REQUEST_TIMED_OUT, retriable=True)
 CorruptMessage = _error("CorruptMessage", common_pb2.CORRUPT_MESSAGE)
 MessageTooLarge = _error("MessageTooLarge", common_pb2.MESSAGE_TOO_LARGE)
@@ -96,12 +110,20 @@ InvalidRequest = _error("InvalidRequest", common_pb2.INVALID_REQUEST)
 InvalidReplicaAssignment = _error("InvalidReplicaAssignment", common_pb2.INVALID_REPLICA_ASSIGNMENT)
 NoReassignmentInProgress = _error("NoReassignmentInProgress", common_pb2.NO_REASSIGNMENT_IN_PROGRESS)
 ElectionNotNeeded = _error("ElectionNotNeeded", common_pb2.ELECTION_NOT_NEEDED)
-PreferredLeaderNotAvailable = _error("PreferredLeaderNotAvailable", common_pb2.PREFERRED_LEADER_NOT_AVAILABLE, retriable=True)
-EligibleLeadersNotAvailable = _error("EligibleLeadersNotAvailable", common_pb2.ELIGIBLE_LEADERS_NOT_AVAILABLE, retriable=True)
-LeaderNotAvailable = _error("LeaderNotAvailable", common_pb2.LEADER_NOT_AVAILABLE, retriable=True, refresh_metadata=True)
+PreferredLeaderNotAvailable = _error(
+    "PreferredLeaderNotAvailable", common_pb2.PREFERRED_LEADER_NOT_AVAILABLE, retriable=True
+)
+EligibleLeadersNotAvailable = _error(
+    "EligibleLeadersNotAvailable", common_pb2.ELIGIBLE_LEADERS_NOT_AVAILABLE, retriable=True
+)
+LeaderNotAvailable = _error(
+    "LeaderNotAvailable", common_pb2.LEADER_NOT_AVAILABLE, retriable=True, refresh_metadata=True
+)
 InvalidConfig = _error("InvalidConfig", common_pb2.INVALID_CONFIG)
 TopicDeletionDisabled = _error("TopicDeletionDisabled", common_pb2.TOPIC_DELETION_DISABLED)
-BrokerNotAvailable = _error("BrokerNotAvailable", common_pb2.BROKER_NOT_AVAILABLE, retriable=True, refresh_metadata=True)
+BrokerNotAvailable = _error(
+    "BrokerNotAvailable", common_pb2.BROKER_NOT_AVAILABLE, retriable=True, refresh_metadata=True
+)
 UnknownServerError = _error("UnknownServerError", common_pb2.UNKNOWN_SERVER_ERROR)
 InvalidUpdateVersion = _error("InvalidUpdateVersion", common_pb2.INVALID_UPDATE_VERSION, retriable=True)
 InvalidCommitOffset = _error("InvalidCommitOffset", common_pb2.INVALID_COMMIT_OFFSET)

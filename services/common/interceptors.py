@@ -31,8 +31,11 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):
     def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         raise NotImplementedError
 
-    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-                                handler_call_details: grpc.HandlerCallDetails) -> Any:
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None

@@ -165,12 +165,30 @@ CONSUME_RECORDS_PER_MESSAGE_MAX = 10_000
 CONSUME_FETCH_WAIT_MS = 500
 
 
-def check_relations(*, lease_ttl_s: int, keepalive_interval_s: float, replica_lag_time_max_ms: int,
-                    replica_fetch_wait_max_ms: int) -> None:
+def check_relations(
+    *,
+    lease_ttl_s: int,
+    keepalive_interval_s: float,
+    replica_lag_time_max_ms: int,
+    replica_fetch_wait_max_ms: int,
+) -> None:
     """Relations between settings that must hold, checked loudly at start-up."""
-    check(lease_ttl_s >= LEASE_TTL_S_MIN, "lease_ttl_s=%s is below the minimum %s s", lease_ttl_s, LEASE_TTL_S_MIN)
-    check(keepalive_interval_s * 2 < lease_ttl_s,
-          "keep-alive interval %.2f s must be well under half the lease TTL %s s", keepalive_interval_s, lease_ttl_s)
-    check(replica_fetch_wait_max_ms * 2 < replica_lag_time_max_ms,
-          "replica fetch wait %s ms must be well under replica.lag.time.max.ms %s ms, or idle followers "
-          "would fall out of the ISR", replica_fetch_wait_max_ms, replica_lag_time_max_ms)
+    check(
+        lease_ttl_s >= LEASE_TTL_S_MIN,
+        "lease_ttl_s=%s is below the minimum %s s",
+        lease_ttl_s,
+        LEASE_TTL_S_MIN,
+    )
+    check(
+        keepalive_interval_s * 2 < lease_ttl_s,
+        "keep-alive interval %.2f s must be well under half the lease TTL %s s",
+        keepalive_interval_s,
+        lease_ttl_s,
+    )
+    check(
+        replica_fetch_wait_max_ms * 2 < replica_lag_time_max_ms,
+        "replica fetch wait %s ms must be well under replica.lag.time.max.ms %s ms, or idle followers "
+        "would fall out of the ISR",
+        replica_fetch_wait_max_ms,
+        replica_lag_time_max_ms,
+    )

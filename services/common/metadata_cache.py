@@ -73,15 +73,36 @@ class MetadataCache:
         for name in wanted:
             parts = self.partitions_of(name)
             if not parts:
-                out.append(common_pb2.TopicMetadata(name=name, error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
-                                                    error_message=f"topic {name!r} does not exist"))
+                out.append(
+                    common_pb2.TopicMetadata(
+                        name=name,
+                        error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+                        error_message=f"topic {name!r} does not exist",
+                    )
+                )
                 continue
-            out.append(common_pb2.TopicMetadata(
-                name=name, topic_id=self.topic_ids.get(name, ""), config=self.topic_configs.get(name),
-                partitions=[common_pb2.PartitionMetadata(
-                    partition=s.partition, leader=s.leader, leader_epoch=s.leader_epoch, replicas=s.replicas,
-                    isr=s.isr, offline_replicas=[r for r in s.replicas if r not in self.brokers],
-                    error_code=common_pb2.NONE if s.leader >= 0 else common_pb2.LEADER_NOT_AVAILABLE)
-                    for s in parts]))
-        return common_pb2.MetadataResponse(brokers=list(self.brokers.values()), controller_id=self.controller_id,
-                                           topics=out, gateways=list(self.gateways.values()))
+            out.append(
+                common_pb2.TopicMetadata(
+                    name=name,
+                    topic_id=self.topic_ids.get(name, ""),
+                    config=self.topic_configs.get(name),
+                    partitions=[
+                        common_pb2.PartitionMetadata(
+                            partition=s.partition,
+                            leader=s.leader,
+                            leader_epoch=s.leader_epoch,
+                            replicas=s.replicas,
+                            isr=s.isr,
+                            offline_replicas=[r for r in s.replicas if r not in self.brokers],
+                            error_code=common_pb2.NONE if s.leader >= 0 else common_pb2.LEADER_NOT_AVAILABLE,
+                        )
+                        for s in parts
+                    ],
+                )
+            )
+        return common_pb2.MetadataResponse(
+            brokers=list(self.brokers.values()),
+            controller_id=self.controller_id,
+            topics=out,
+            gateways=list(self.gateways.values()),
+        )

@@ -47,12 +47,19 @@ class _Bucket:
 class QuotaManager:
     """Token buckets per (principal, kind). A rate of 0 means unlimited (nothing is tracked)."""
 
-    def __init__(self, *, produce_bytes_per_s: int = 0, fetch_bytes_per_s: int = 0,
-                 burst_s: float = QUOTA_BURST_S, throttle_time_ms_max: int = THROTTLE_TIME_MS_MAX,
-                 principals_max: int = PRINCIPALS_TRACKED_MAX) -> None:
+    def __init__(
+        self,
+        *,
+        produce_bytes_per_s: int = 0,
+        fetch_bytes_per_s: int = 0,
+        burst_s: float = QUOTA_BURST_S,
+        throttle_time_ms_max: int = THROTTLE_TIME_MS_MAX,
+        principals_max: int = PRINCIPALS_TRACKED_MAX,
+    ) -> None:
         if produce_bytes_per_s < 0 or fetch_bytes_per_s < 0:
-            raise ValueError(f"quota rates must be >= 0, got produce {produce_bytes_per_s}, "
-                             f"fetch {fetch_bytes_per_s}")
+            raise ValueError(
+                f"quota rates must be >= 0, got produce {produce_bytes_per_s}, fetch {fetch_bytes_per_s}"
+            )
         if burst_s <= 0:
             raise ValueError(f"burst_s must be > 0, got {burst_s}")
         self.rates = {QuotaKind.PRODUCE: produce_bytes_per_s, QuotaKind.FETCH: fetch_bytes_per_s}

@@ -74,7 +74,12 @@ TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
 MAX_LAST_OFFSET_DELTA = 2**31 - 1
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
-check(_HEADER.size == BATCH_HEADER_SIZE, "header struct is %d bytes, expected %d", _HEADER.size, BATCH_HEADER_SIZE)
+check(
+    _HEADER.size == BATCH_HEADER_SIZE,
+    "header struct is %d bytes, expected %d",
+    _HEADER.size,
+    BATCH_HEADER_SIZE,
+)
 _INT64 = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
 _INT16 = struct.Struct(">h")
@@ -178,7 +183,9 @@ def batch_crc(buf: Buffer, position: int, size_bytes: int) -> int:
     return crc32c(view[position + CRC_START_POS : position + size_bytes])
 
 
-def check_batch(buf: Buffer, position: int, *, max_batch_bytes: int | None, position_base: int = 0) -> BatchHeader:
+def check_batch(
+    buf: Buffer, position: int, *, max_batch_bytes: int | None, position_base: int = 0
+) -> BatchHeader:
     """Parse and check the batch at `position` of `buf`; return its header.
 
     Positions in messages and in the header are `position_base` + the position in `buf`
@@ -200,11 +207,17 @@ def check_batch(buf: Buffer, position: int, *, max_batch_bytes: int | None, posi
             f"batch_length {header.batch_length} at byte {at} is below the minimum {MIN_BATCH_LENGTH}"
         )
     if header.size_bytes > remaining:
-        raise CorruptMessage(f"batch at byte {at} declares {header.size_bytes} bytes but only {remaining} remain")
+        raise CorruptMessage(
+            f"batch at byte {at} declares {header.size_bytes} bytes but only {remaining} remain"
+        )
     if header.magic != MAGIC_V2:
-        raise CorruptMessage(f"batch at byte {at} has magic {header.magic}, only magic {MAGIC_V2} is supported")
+        raise CorruptMessage(
+            f"batch at byte {at} has magic {header.magic}, only magic {MAGIC_V2} is supported"
+        )
     if max_batch_bytes is not None and header.size_bytes > max_batch_bytes:
-        raise MessageTooLarge(f"batch at byte {at} is {header.size_bytes} bytes, the limit is {max_batch_bytes}")
+        raise MessageTooLarge(
+            f"batch at byte {at} is {header.size_bytes} bytes, the limit is {max_batch_bytes}"
+        )
     actual_crc = batch_crc(buf, position, header.size_bytes)
     if actual_crc != header.crc:
         raise CorruptMessage(
@@ -262,7 +275,9 @@ def valid_prefix(buf: Buffer, *, position_base: int = 0) -> tuple[list[BatchHead
     return headers, position_base + position, ""
 
 
-def iter_batch_headers(buf: Buffer, start_position: int = 0, *, position_base: int = 0) -> Iterator[BatchHeader]:
+def iter_batch_headers(
+    buf: Buffer, start_position: int = 0, *, position_base: int = 0
+) -> Iterator[BatchHeader]:
     """Yield headers of complete batches without checking CRCs (data already validated).
 
     Stops cleanly at a torn tail: a batch whose header or body is incomplete, or whose
@@ -317,8 +332,9 @@ class BatchFix:
     max_timestamp: int
 
 
-def apply_batch_fixes(buf: Buffer, headers: Sequence[BatchHeader], fixes: Sequence[BatchFix]
-                      ) -> tuple[bytearray, list[BatchHeader]]:
+def apply_batch_fixes(
+    buf: Buffer, headers: Sequence[BatchHeader], fixes: Sequence[BatchFix]
+) -> tuple[bytearray, list[BatchHeader]]:
     """A copy of `buf` with every fix written and its batch's CRC recomputed, and the headers of the copy.
 
     Unlike base_offset and partition_leader_epoch, attributes and max_timestamp lie inside

@@ -91,7 +91,13 @@ DECOMPRESSION_FIRST_RATIO = 8
 DECOMPRESSION_FIRST_BYTES_MIN = 1024 * 1024
 
 CODEC_NONE, CODEC_GZIP, CODEC_SNAPPY, CODEC_LZ4, CODEC_ZSTD = 0, 1, 2, 3, 4
-CODEC_NAMES = {CODEC_NONE: "none", CODEC_GZIP: "gzip", CODEC_SNAPPY: "snappy", CODEC_LZ4: "lz4", CODEC_ZSTD: "zstd"}
+CODEC_NAMES = {
+    CODEC_NONE: "none",
+    CODEC_GZIP: "gzip",
+    CODEC_SNAPPY: "snappy",
+    CODEC_LZ4: "lz4",
+    CODEC_ZSTD: "zstd",
+}
 _CODEC_MASK = 0x07
 # Attribute bits that need a look beyond the records: codec, timestamp type, transactional, control.
 _ATTRIBUTES_TO_CHECK = _CODEC_MASK | TIMESTAMP_TYPE_MASK | TRANSACTIONAL_MASK | CONTROL_MASK
@@ -121,8 +127,10 @@ _ERR_TRAILING_BYTES = 19
 # What each status means; `{detail}` is the kernel's DETAIL column.
 _MESSAGES = {
     _ERR_VARINT_TRUNCATED: "a field runs past the end of the record",
-    _ERR_VARINT_TOO_LONG: (f"a varint is longer than its field allows ({VARINT32_BYTES_MAX} bytes for int32 fields, "
-                           f"{VARINT_BYTES_MAX} for the timestamp delta) or outside int32"),
+    _ERR_VARINT_TOO_LONG: (
+        f"a varint is longer than its field allows ({VARINT32_BYTES_MAX} bytes for int32 fields, "
+        f"{VARINT_BYTES_MAX} for the timestamp delta) or outside int32"
+    ),
     _ERR_FEWER_RECORDS: "the records end after {detail} records, short of records_count",
     _ERR_RECORD_LENGTH_FIELD: "its length field is {detail}",
     _ERR_RECORD_BOUNDS: "its length field says {detail} bytes, more than remain in the batch",
@@ -143,14 +151,25 @@ _MESSAGES = {
 }
 
 # Slots of the array the kernel fills.
-_O_STATUS, _O_RECORD, _O_DETAIL, _O_MIN_TS, _O_MIN_TS_RECORD, _O_MAX_TS, _O_MAX_TS_RECORD = 0, 1, 2, 3, 4, 5, 6
+_O_STATUS, _O_RECORD, _O_DETAIL, _O_MIN_TS, _O_MIN_TS_RECORD, _O_MAX_TS, _O_MAX_TS_RECORD = (
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+)
 _OUT_COLUMNS = 7
 
 # The varint fields of a record, in order: the kernel's states.
-_F_LENGTH, _F_TS_DELTA, _F_OFFSET_DELTA, _F_KEY, _F_VALUE, _F_HEADER_COUNT, _F_HEADER_KEY, _F_HEADER_VALUE = range(8)
+_F_LENGTH, _F_TS_DELTA, _F_OFFSET_DELTA, _F_KEY, _F_VALUE, _F_HEADER_COUNT, _F_HEADER_KEY, _F_HEADER_VALUE = (
+    range(8)
+)
 
 
 # --- kernels (read_varint and utf8_valid are shared with clients/columnar.py) ------------------
+
 
 @njit(cache=True, nogil=True, inline="always")
 def read_varint(buf: np.ndarray, pos: int, end: int) -> tuple[int, int]:
@@ -239,7 +258,10 @@ def _short_varint(b0: int, b1: int, b2: int) -> tuple[int, int]:
 
 _SECTION_SIGNATURE = types.int64(
     types.Array(types.uint8, 1, "C", readonly=True),
-    types.int64, types.int64, types.int64, types.int64,
+    types.int64,
+    types.int64,
+    types.int64,
+    types.int64,
     types.Array(types.int64, 1, "C"),
 )
 
@@ -281,30 +303,48 @@ def _check_section(src: np.ndarray, pos: int, end: int, count: int, first_ts: in
             # means no read was clamped. Anything else is read again below, field by field,
             # which also names what is wrong.
             last = end - 1
-            length, size = _short_varint(np.int64(src[pos]), np.int64(src[min(pos + 1, last)]),
-                                         np.int64(src[min(pos + 2, last)]))
+            length, size = _short_varint(
+                np.int64(src[pos]), np.int64(src[min(pos + 1, last)]), np.int64(src[min(pos + 2, last)])
+            )
             q = pos + size
             if size > 0 and 0 < length <= end - q:
                 rend = q + length
                 rlast = rend - 1
                 attributes = np.int64(src[q])
                 q += 1
-                delta, size1 = _short_varint(np.int64(src[min(q, rlast)]), np.int64(src[min(q + 1, rlast)]),
-                                             np.int64(src[min(q + 2, rlast)]))
+                delta, size1 = _short_varint(
+                    np.int64(src[min(q, rlast)]),
+                    np.int64(src[min(q + 1, rlast)]),
+                    np.int64(src[min(q + 2, rlast)]),
+                )
                 q += size1
-                offset_delta, size2 = _short_varint(np.int64(src[min(q, rlast)]), np.int64(src[min(q + 1, rlast)]),
-                                                    np.int64(src[min(q + 2, rlast)]))
+                offset_delta, size2 = _short_varint(
+                    np.int64(src[min(q, rlast)]),
+                    np.int64(src[min(q + 1, rlast)]),
+                    np.int64(src[min(q + 2, rlast)]),
+                )
                 q += size2
-                key_len, size3 = _short_varint(np.int64(src[min(q, rlast)]), np.int64(src[min(q + 1, rlast)]),
-                                               np.int64(src[min(q + 2, rlast)]))
+                key_len, size3 = _short_varint(
+                    np.int64(src[min(q, rlast)]),
+                    np.int64(src[min(q + 1, rlast)]),
+                    np.int64(src[min(q + 2, rlast)]),
+                )
                 q += size3
-                if (size1 > 0 and size2 > 0 and size3 > 0 and attributes <= RECORD_ATTRIBUTES_MAX
-                        and offset_delta == i and -1 <= key_len <= rend - q):
+                if (
+                    size1 > 0
+                    and size2 > 0
+                    and size3 > 0
+                    and attributes <= RECORD_ATTRIBUTES_MAX
+                    and offset_delta == i
+                    and -1 <= key_len <= rend - q
+                ):
                     if key_len > 0:
                         q += key_len
-                    value_len, size4 = _short_varint(np.int64(src[min(q, rlast)]),
-                                                     np.int64(src[min(q + 1, rlast)]),
-                                                     np.int64(src[min(q + 2, rlast)]))
+                    value_len, size4 = _short_varint(
+                        np.int64(src[min(q, rlast)]),
+                        np.int64(src[min(q + 1, rlast)]),
+                        np.int64(src[min(q + 2, rlast)]),
+                    )
                     q += size4
                     if size4 > 0 and -1 <= value_len < rend - q:
                         if value_len > 0:
@@ -353,7 +393,9 @@ def _check_section(src: np.ndarray, pos: int, end: int, count: int, first_ts: in
             if status != _OK:
                 break
         value = np.int64(np.uint64(raw) >> np.uint64(1)) ^ -(raw & 1)
-        if field != _F_TS_DELTA and (pos - start > VARINT32_BYTES_MAX or value < INT32_MIN or value > INT32_MAX):
+        if field != _F_TS_DELTA and (
+            pos - start > VARINT32_BYTES_MAX or value < INT32_MIN or value > INT32_MAX
+        ):
             status = _ERR_VARINT_TOO_LONG
             break
         # What the value means depends on the field.
@@ -465,6 +507,7 @@ def _check_section(src: np.ndarray, pos: int, end: int, count: int, first_ts: in
 
 # --- Python side ---------------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class TimestampRules:
     """A topic's timestamp configs (Kafka's message.timestamp.*), as the leader applies them."""
@@ -479,8 +522,9 @@ _XERIAL_HEADER_BYTES = 16
 _INT32 = struct.Struct(">i")
 
 
-def validate_records(buf: Buffer, headers: Sequence[BatchHeader], *, rules: TimestampRules, now_ms: int
-                     ) -> list[BatchFix]:
+def validate_records(
+    buf: Buffer, headers: Sequence[BatchHeader], *, rules: TimestampRules, now_ms: int
+) -> list[BatchFix]:
     """Check the records of every batch in `buf` (`headers` from validate_batches on `buf`).
 
     Returns the rewrites the topic's timestamp rules ask for (empty for a CreateTime batch
@@ -497,13 +541,24 @@ def validate_records(buf: Buffer, headers: Sequence[BatchHeader], *, rules: Time
         if header.attributes & _ATTRIBUTES_TO_CHECK:
             _check_attributes(header, index, count)
         if header.attributes & _CODEC_MASK:
-            section = _decompress(header.compression, data[header.position + BATCH_HEADER_SIZE:header.end_position],
-                                  _where(header, index, count))
+            section = _decompress(
+                header.compression,
+                data[header.position + BATCH_HEADER_SIZE : header.end_position],
+                _where(header, index, count),
+            )
             section.flags.writeable = False
-            status = _check_section(section, 0, len(section), header.records_count, header.first_timestamp, out)
+            status = _check_section(
+                section, 0, len(section), header.records_count, header.first_timestamp, out
+            )
         else:
-            status = _check_section(data, header.position + BATCH_HEADER_SIZE, header.end_position,
-                                    header.records_count, header.first_timestamp, out)
+            status = _check_section(
+                data,
+                header.position + BATCH_HEADER_SIZE,
+                header.end_position,
+                header.records_count,
+                header.first_timestamp,
+                out,
+            )
         row = out.tolist()
         if status != _OK:
             raise _record_error(header, index, count, row)
@@ -514,8 +569,10 @@ def validate_records(buf: Buffer, headers: Sequence[BatchHeader], *, rules: Time
 
 
 def _where(header: BatchHeader, index: int, count: int) -> str:
-    return (f"batch {index + 1} of {count} (at byte {header.position} of the request, "
-            f"{CODEC_NAMES.get(header.compression, 'unknown codec')}, records_count {header.records_count})")
+    return (
+        f"batch {index + 1} of {count} (at byte {header.position} of the request, "
+        f"{CODEC_NAMES.get(header.compression, 'unknown codec')}, records_count {header.records_count})"
+    )
 
 
 _NOTHING_WRITTEN = "nothing of this request was written to the partition"
@@ -528,21 +585,25 @@ def _check_attributes(header: BatchHeader, index: int, count: int) -> None:
         raise CorruptMessage(
             f"{_where(header, index, count)}: unknown compression codec {codec} (known: 0 none, 1 gzip, 2 snappy, "
             f"3 lz4, 4 zstd); {_NOTHING_WRITTEN}. The producer's batch encoder is broken or the bytes were "
-            "damaged before the CRC was computed: send the records again from a correct encoder")
+            "damaged before the CRC was computed: send the records again from a correct encoder"
+        )
     if header.is_control:
         raise InvalidRecord(
             f"{_where(header, index, count)} is a control batch; producers may not write control batches "
-            f"(Highwater has no transactions); {_NOTHING_WRITTEN}. Send data batches only")
+            f"(Highwater has no transactions); {_NOTHING_WRITTEN}. Send data batches only"
+        )
     if header.is_transactional:
         raise InvalidRecord(
             f"{_where(header, index, count)} is transactional; Highwater has no transactions, so it cannot commit "
             f"or abort it and consumers would wait for a marker forever; {_NOTHING_WRITTEN}. Send it without "
-            "the transactional flag")
+            "the transactional flag"
+        )
     if header.attributes & TIMESTAMP_TYPE_MASK:
         raise InvalidTimestamp(
             f"{_where(header, index, count)} has the LogAppendTime timestamp type set; only the leader sets it "
             f"(for topics with message.timestamp.type=LogAppendTime); {_NOTHING_WRITTEN}. Send it as "
-            "CreateTime")
+            "CreateTime"
+        )
 
 
 def _record_error(header: BatchHeader, index: int, count: int, row: list[int]) -> InvalidRecord:
@@ -551,7 +612,8 @@ def _record_error(header: BatchHeader, index: int, count: int, row: list[int]) -
     subject = "" if status in (_ERR_FEWER_RECORDS, _ERR_TRAILING_BYTES) else f"record {record}: "
     return InvalidRecord(
         f"{_where(header, index, count)}: {subject}{what}; {_NOTHING_WRITTEN}. The records do not follow "
-        "Kafka's v2 record format (a broken encoder): send them again from a correct one")
+        "Kafka's v2 record format (a broken encoder): send them again from a correct one"
+    )
 
 
 def _decompress(codec: int, section: np.ndarray, where: str) -> np.ndarray:
@@ -566,7 +628,8 @@ def _decompress(codec: int, section: np.ndarray, where: str) -> np.ndarray:
     limit = limits.DECOMPRESSED_BATCH_BYTES_MAX
     too_big = MessageTooLarge(
         f"{where}: its records decompress to more than {limit} bytes (limits.DECOMPRESSED_BATCH_BYTES_MAX); "
-        f"{_NOTHING_WRITTEN}. Send smaller batches")
+        f"{_NOTHING_WRITTEN}. Send smaller batches"
+    )
     try:
         if codec == CODEC_GZIP:
             with gzip.GzipFile(fileobj=io.BytesIO(section), mode="rb") as reader:
@@ -601,7 +664,8 @@ def _decompress(codec: int, section: np.ndarray, where: str) -> np.ndarray:
         raise CorruptMessage(
             f"{where}: its records do not decompress as {CODEC_NAMES[codec]} ({type(error).__name__}: {error}); "
             f"{_NOTHING_WRITTEN}. The compression flag does not match the bytes, or they were damaged before the "
-            "CRC was computed: send the records again") from error
+            "CRC was computed: send the records again"
+        ) from error
 
 
 def _snappy_decompress(section: np.ndarray, limit: int, too_big: MessageTooLarge) -> np.ndarray:
@@ -617,7 +681,7 @@ def _snappy_decompress(section: np.ndarray, limit: int, too_big: MessageTooLarge
             cursor += _INT32.size
             if size < 0 or size > len(section) - cursor:
                 raise ValueError(f"xerial block of {size} bytes at byte {cursor} runs past the end")
-            blocks.append(section[cursor:cursor + size])
+            blocks.append(section[cursor : cursor + size])
             cursor += size
     else:
         blocks = [section]
@@ -626,11 +690,14 @@ def _snappy_decompress(section: np.ndarray, limit: int, too_big: MessageTooLarge
         total += cramjam.snappy.decompress_raw_len(block)
         if total > limit:
             raise too_big
-    return np.frombuffer(b"".join(bytes(cramjam.snappy.decompress_raw(block)) for block in blocks), dtype=np.uint8)
+    return np.frombuffer(
+        b"".join(bytes(cramjam.snappy.decompress_raw(block)) for block in blocks), dtype=np.uint8
+    )
 
 
-def _check_timestamps(header: BatchHeader, index: int, count: int, row: list[int], rules: TimestampRules,
-                      now_ms: int) -> BatchFix | None:
+def _check_timestamps(
+    header: BatchHeader, index: int, count: int, row: list[int], rules: TimestampRules, now_ms: int
+) -> BatchFix | None:
     """The topic's timestamp rules for one checked batch: refuse, rewrite, or leave it as it is."""
     if rules.log_append_time:
         return BatchFix(header.position, header.attributes | TIMESTAMP_TYPE_MASK, now_ms)
@@ -642,14 +709,16 @@ def _check_timestamps(header: BatchHeader, index: int, count: int, row: list[int
             f"before the leader's clock ({now_ms}); the topic's message.timestamp.before.max.ms is "
             f"{rules.before_max_ms}, so timestamps must lie in [{now_ms - rules.before_max_ms}, "
             f"{now_ms + rules.after_max_ms}]; {_NOTHING_WRITTEN}. Fix the producer's timestamps or clock, or raise "
-            "the topic's limit")
+            "the topic's limit"
+        )
     if max_record >= 0 and max_ts != NO_TIMESTAMP and max_ts - now_ms > rules.after_max_ms:
         raise InvalidTimestamp(
             f"{_where(header, index, count)}: record {max_record} has timestamp {max_ts}, {max_ts - now_ms} ms "
             f"after the leader's clock ({now_ms}); the topic's message.timestamp.after.max.ms is "
             f"{rules.after_max_ms}, so timestamps must lie in [{now_ms - rules.before_max_ms}, "
             f"{now_ms + rules.after_max_ms}]; {_NOTHING_WRITTEN}. Fix the producer's timestamps or clock, or raise "
-            "the topic's limit")
+            "the topic's limit"
+        )
     if header.max_timestamp != max_ts:
         # Kafka sets a CreateTime batch's max_timestamp to its largest record timestamp: the
         # time index and time-based retention trust it, so a wrong one must not be stored.

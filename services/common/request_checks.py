@@ -19,8 +19,10 @@ def produce_request_problem(request: common_pb2.ProduceRequest) -> str | None:
     if request.acks not in (0, 1, -1):
         return f"acks must be 0, 1 or -1 (all), got {request.acks}"
     if request.timeout_ms < 0:
-        return f"timeout_ms must be >= 0 (0: the default, {limits.PRODUCE_TIMEOUT_MS_DEFAULT} ms), got " \
-               f"{request.timeout_ms}"
+        return (
+            f"timeout_ms must be >= 0 (0: the default, {limits.PRODUCE_TIMEOUT_MS_DEFAULT} ms), got "
+            f"{request.timeout_ms}"
+        )
     seen: set[TopicPartitionKey] = set()
     for t in request.topics:
         for pd in t.partitions:
@@ -35,8 +37,10 @@ def produce_request_problem(request: common_pb2.ProduceRequest) -> str | None:
 def consumer_fetch_problem(request: common_pb2.FetchRequest) -> str | None:
     """What makes a client's Fetch (through a gateway) unanswerable as a whole, or None."""
     if request.replica_id != -1:
-        return (f"replica_id must be -1 for a consumer, got {request.replica_id} (ids >= 0 are brokers "
-                "fetching as followers, which talk to brokers, not to a gateway)")
+        return (
+            f"replica_id must be -1 for a consumer, got {request.replica_id} (ids >= 0 are brokers "
+            "fetching as followers, which talk to brokers, not to a gateway)"
+        )
     if request.max_wait_ms < 0 or request.min_bytes < 0 or request.max_bytes < 0:
         return "max_wait_ms, min_bytes and max_bytes must be >= 0"
     return None
@@ -49,8 +53,10 @@ def init_producer_id_problem(request: common_pb2.InitProducerIdRequest) -> str |
     if request.producer_id < -1:
         return f"producer_id must be -1 (a new producer) or an id this cluster gave out, got {request.producer_id}"
     if not -1 <= request.producer_epoch <= limits.PRODUCER_EPOCH_MAX:
-        return (f"producer_epoch must be -1 (a new producer) or within [0, {limits.PRODUCER_EPOCH_MAX}] (int16 in a "
-                f"batch header), got {request.producer_epoch}")
+        return (
+            f"producer_epoch must be -1 (a new producer) or within [0, {limits.PRODUCER_EPOCH_MAX}] (int16 in a "
+            f"batch header), got {request.producer_epoch}"
+        )
     if request.producer_id == -1 and request.producer_epoch != -1:
         return f"a new producer (producer_id -1) sends producer_epoch -1, got {request.producer_epoch}"
     return None

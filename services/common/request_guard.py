@@ -29,7 +29,8 @@ log = logging.getLogger("highwater.requests")
 MALFORMED_LOG_INTERVAL_S = 10.0
 
 MALFORMED = prometheus_client.Counter(
-    "highwater_malformed_requests_total", "Requests refused because their bytes do not parse", ["method"])
+    "highwater_malformed_requests_total", "Requests refused because their bytes do not parse", ["method"]
+)
 
 
 class MalformedRequestGuard(WrappingInterceptor):
@@ -69,8 +70,9 @@ class MalformedRequestGuard(WrappingInterceptor):
             return grpc.unary_stream_rpc_method_handler(unary_stream, **raw)
         return handler  # client-streaming methods: none of ours
 
-    async def _parse(self, method: str, parse: Callable[[bytes], Any], request: bytes,
-                     context: grpc.aio.ServicerContext) -> Any:
+    async def _parse(
+        self, method: str, parse: Callable[[bytes], Any], request: bytes, context: grpc.aio.ServicerContext
+    ) -> Any:
         try:
             return parse(request)
         except Exception as exc:  # DecodeError, or whatever a deserializer raises on garbage
@@ -78,9 +80,15 @@ class MalformedRequestGuard(WrappingInterceptor):
             self._since_log += 1
             now = time.monotonic()
             if now - self._last_log_s >= MALFORMED_LOG_INTERVAL_S:
-                log.warning("refused %d malformed request(s) since the last such line; latest: %s from %s (%s)",
-                            self._since_log, method, context.peer(), type(exc).__name__)
+                log.warning(
+                    "refused %d malformed request(s) since the last such line; latest: %s from %s (%s)",
+                    self._since_log,
+                    method,
+                    context.peer(),
+                    type(exc).__name__,
+                )
                 self._last_log_s, self._since_log = now, 0
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"the request bytes do not parse as the request of {method}: "
-                                f"{type(exc).__name__}: {exc}")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the request bytes do not parse as the request of {method}: {type(exc).__name__}: {exc}",
+            )

@@ -96,7 +96,8 @@ def reflection_v1_handler(servicer: ReflectionServicer) -> grpc.GenericRpcHandle
     handler = grpc.stream_stream_rpc_method_handler(
         servicer.ServerReflectionInfo,
         request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
-        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
     return grpc.method_handlers_generic_handler(REFLECTION_V1_SERVICE, {"ServerReflectionInfo": handler})
 
 
@@ -116,8 +117,9 @@ class ServerGroup:
         for server in self.servers:
             server.add_generic_rpc_handlers(handlers)
 
-    def add_registered_method_handlers(self, service_name: str,
-                                       method_handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+    def add_registered_method_handlers(
+        self, service_name: str, method_handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
         for server in self.servers:
             server.add_registered_method_handlers(service_name, method_handlers)
 
@@ -149,15 +151,20 @@ class ServiceRuntime:
     stopping: asyncio.Event = field(init=False)
 
     def __post_init__(self) -> None:
-        kwargs = (self.security.server_kwargs(GRPC_OPTIONS) if self.security is not None
-                  else {"options": GRPC_OPTIONS})
+        kwargs = (
+            self.security.server_kwargs(GRPC_OPTIONS)
+            if self.security is not None
+            else {"options": GRPC_OPTIONS}
+        )
         if not kwargs.get("interceptors"):
             # The security interceptor parses requests itself; without it, this one does.
             kwargs["interceptors"] = [MalformedRequestGuard()]
-        token_kwargs = (self.security.token_listener_server_kwargs(GRPC_OPTIONS) if self.security is not None
-                        else None)
-        self.server = ServerGroup(grpc.aio.server(**kwargs),
-                                  grpc.aio.server(**token_kwargs) if token_kwargs is not None else None)
+        token_kwargs = (
+            self.security.token_listener_server_kwargs(GRPC_OPTIONS) if self.security is not None else None
+        )
+        self.server = ServerGroup(
+            grpc.aio.server(**kwargs), grpc.aio.server(**token_kwargs) if token_kwargs is not None else None
+        )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1_SERVICE]
@@ -186,23 +193,35 @@ class ServiceRuntime:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
         token_port = self.security.bound_client_port if self.server.token is not None else None
-        log.info("%s listening on %s:%d%s (metrics on %d)", self.name, self.host, self.bound_port,
-                 f", token clients on {token_port}" if token_port else "", self.bound_metrics_port)
+        log.info(
+            "%s listening on %s:%d%s (metrics on %d)",
+            self.name,
+            self.host,
+            self.bound_port,
+            f", token clients on {token_port}" if token_port else "",
+            self.bound_metrics_port,
+        )
 
     async def mark_ready(self, **extra: object) -> None:
         """Health SERVING, and write the ready file (port numbers for whoever started us)."""
         for svc in ["", *self.service_names]:
             await self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
         if self.ready_file is not None:
-            info = {"pid": os.getpid(), "host": self.host, "port": self.bound_port,
-                    "metrics_port": self.bound_metrics_port,
-                    **(self.security.ready_info() if self.security is not None else {}), **extra}
+            info = {
+                "pid": os.getpid(),
+                "host": self.host,
+                "port": self.bound_port,
+                "metrics_port": self.bound_metrics_port,
+                **(self.security.ready_info() if self.security is not None else {}),
+                **extra,
+            }
             tmp = self.ready_file.with_suffix(".tmp")
             tmp.write_text(json.dumps(info))
             tmp.replace(self.ready_file)
 
-    async def run_until_stopped(self, on_stop: Callable[[], Awaitable[None]] | None = None,
-                                lost: asyncio.Event | None = None) -> None:
+    async def run_until_stopped(
+        self, on_stop: Callable[[], Awaitable[None]] | None = None, lost: asyncio.Event | None = None
+    ) -> None:
         """Serve until SIGTERM/SIGINT (or `lost` is set), then stop cleanly."""
         waiters = [asyncio.create_task(self.stopping.wait())]
         if lost is not None:
@@ -229,8 +248,13 @@ def configure_logging(level: str = "INFO", json_logs: bool = False) -> None:
 
     class JsonFormatter(logging.Formatter):
         def format(self, record: logging.LogRecord) -> str:
-            out = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name,
-                   "msg": record.getMessage(), "pid": os.getpid()}
+            out = {
+                "ts": round(record.created, 3),
+                "level": record.levelname,
+                "logger": record.name,
+                "msg": record.getMessage(),
+                "pid": os.getpid(),
+            }
             for key in ("topic", "partition", "leader_epoch", "controller_epoch", "broker_id", "request_id"):
                 if hasattr(record, key):
                     out[key] = getattr(record, key)
@@ -242,7 +266,9 @@ def configure_logging(level: str = "INFO", json_logs: bool = False) -> None:
     if json_logs:
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"))
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s")
+        )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -116,19 +116,22 @@ class ConfigKey:
         return str(number)
 
 
-TOPIC_CONFIG_SCHEMA: dict[str, ConfigKey] = {key.name: key for key in (
-    ConfigKey("min.insync.replicas", int, 1, INT32_MAX, "replicas"),
-    ConfigKey("unclean.leader.election.enable", bool),
-    ConfigKey("retention.ms", int, -1, INT64_MAX, "ms", unlimited=True),
-    ConfigKey("retention.bytes", int, -1, INT64_MAX, "bytes", unlimited=True),
-    ConfigKey("segment.bytes", int, SEGMENT_BYTES_MIN, SEGMENT_BYTES_MAX, "bytes"),
-    ConfigKey("segment.ms", int, 1, INT64_MAX, "ms"),
-    ConfigKey("max.message.bytes", int, BATCH_HEADER_SIZE, MAX_MESSAGE_BYTES_MAX, "bytes"),
-    # Kafka's names since 3.6 (KIP-937) and bounds (atLeast(0)); defaults in LogConfig.
-    ConfigKey("message.timestamp.type", str, choices=TIMESTAMP_TYPES),
-    ConfigKey("message.timestamp.before.max.ms", int, 0, INT64_MAX, "ms"),
-    ConfigKey("message.timestamp.after.max.ms", int, 0, INT64_MAX, "ms"),
-)}
+TOPIC_CONFIG_SCHEMA: dict[str, ConfigKey] = {
+    key.name: key
+    for key in (
+        ConfigKey("min.insync.replicas", int, 1, INT32_MAX, "replicas"),
+        ConfigKey("unclean.leader.election.enable", bool),
+        ConfigKey("retention.ms", int, -1, INT64_MAX, "ms", unlimited=True),
+        ConfigKey("retention.bytes", int, -1, INT64_MAX, "bytes", unlimited=True),
+        ConfigKey("segment.bytes", int, SEGMENT_BYTES_MIN, SEGMENT_BYTES_MAX, "bytes"),
+        ConfigKey("segment.ms", int, 1, INT64_MAX, "ms"),
+        ConfigKey("max.message.bytes", int, BATCH_HEADER_SIZE, MAX_MESSAGE_BYTES_MAX, "bytes"),
+        # Kafka's names since 3.6 (KIP-937) and bounds (atLeast(0)); defaults in LogConfig.
+        ConfigKey("message.timestamp.type", str, choices=TIMESTAMP_TYPES),
+        ConfigKey("message.timestamp.before.max.ms", int, 0, INT64_MAX, "ms"),
+        ConfigKey("message.timestamp.after.max.ms", int, 0, INT64_MAX, "ms"),
+    )
+}
 
 
 def validate_topic_configs(configs: Mapping[str, object]) -> dict[str, str]:
@@ -137,7 +140,9 @@ def validate_topic_configs(configs: Mapping[str, object]) -> dict[str, str]:
     for key, value in configs.items():
         schema = TOPIC_CONFIG_SCHEMA.get(key)
         if schema is None:
-            raise InvalidConfig(f"unknown topic config {key!r}; known: {', '.join(sorted(TOPIC_CONFIG_SCHEMA))}")
+            raise InvalidConfig(
+                f"unknown topic config {key!r}; known: {', '.join(sorted(TOPIC_CONFIG_SCHEMA))}"
+            )
         out[key] = schema.parse(value)
     return out
 

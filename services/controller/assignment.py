@@ -32,8 +32,14 @@ def rack_alternating_order(broker_racks: Mapping[int, str]) -> list[int]:
     return ordered
 
 
-def assign_replicas(broker_racks: Mapping[int, str], num_partitions: int, replication_factor: int, *,
-                    start_index: int = 0, first_partition: int = 0) -> dict[int, tuple[int, ...]]:
+def assign_replicas(
+    broker_racks: Mapping[int, str],
+    num_partitions: int,
+    replication_factor: int,
+    *,
+    start_index: int = 0,
+    first_partition: int = 0,
+) -> dict[int, tuple[int, ...]]:
     """partition -> replicas (preferred leader first) for partitions [first_partition, +num_partitions)."""
     if num_partitions <= 0:
         raise InvalidPartitions(f"number of partitions must be >= 1, got {num_partitions}")
@@ -42,7 +48,8 @@ def assign_replicas(broker_racks: Mapping[int, str], num_partitions: int, replic
     if replication_factor > len(broker_racks):
         raise InvalidReplicationFactor(
             f"replication factor {replication_factor} is larger than the {len(broker_racks)} live brokers "
-            f"{sorted(broker_racks)}; start more brokers or lower the replication factor")
+            f"{sorted(broker_racks)}; start more brokers or lower the replication factor"
+        )
     order = rack_alternating_order(broker_racks)
     n = len(order)
     racks_count = len(set(broker_racks.values()))
@@ -66,7 +73,11 @@ def assign_replicas(broker_racks: Mapping[int, str], num_partitions: int, replic
                 continue
             replicas.append(candidate)
             used_racks.add(rack)
-        check(len(set(replicas)) == replication_factor, "assignment of partition %d repeats a broker: %s",
-              p, replicas)
+        check(
+            len(set(replicas)) == replication_factor,
+            "assignment of partition %d repeats a broker: %s",
+            p,
+            replicas,
+        )
         result[p] = tuple(replicas)
     return result

@@ -47,12 +47,25 @@ class BrokerInfo:
     @classmethod
     def from_json(cls, raw: bytes, broker_epoch: int) -> BrokerInfo:
         d = json.loads(raw)
-        return cls(int(d["broker_id"]), str(d["host"]), int(d["port"]), str(d.get("rack", "")),
-                   int(d.get("metrics_port", 0)), broker_epoch, d.get("unclean_shutdown") is True)
+        return cls(
+            int(d["broker_id"]),
+            str(d["host"]),
+            int(d["port"]),
+            str(d.get("rack", "")),
+            int(d.get("metrics_port", 0)),
+            broker_epoch,
+            d.get("unclean_shutdown") is True,
+        )
 
     def to_proto(self) -> common_pb2.BrokerNode:
-        return common_pb2.BrokerNode(broker_id=self.broker_id, host=self.host, port=self.port, rack=self.rack,
-                                     metrics_port=self.metrics_port, broker_epoch=self.broker_epoch)
+        return common_pb2.BrokerNode(
+            broker_id=self.broker_id,
+            host=self.host,
+            port=self.port,
+            rack=self.rack,
+            metrics_port=self.metrics_port,
+            broker_epoch=self.broker_epoch,
+        )
 
 
 @dataclass(frozen=True)
@@ -82,20 +95,37 @@ class LeaderAndIsr:
     partition_epoch: int = 0
 
     def to_json(self) -> bytes:
-        return json.dumps({"leader": self.leader, "leader_epoch": self.leader_epoch, "isr": list(self.isr),
-                           "controller_epoch": self.controller_epoch}).encode()
+        return json.dumps(
+            {
+                "leader": self.leader,
+                "leader_epoch": self.leader_epoch,
+                "isr": list(self.isr),
+                "controller_epoch": self.controller_epoch,
+            }
+        ).encode()
 
     @classmethod
     def from_json(cls, raw: bytes, partition_epoch: int) -> LeaderAndIsr:
         d = json.loads(raw)
-        return cls(int(d["leader"]), int(d["leader_epoch"]), tuple(int(x) for x in d["isr"]),
-                   int(d["controller_epoch"]), partition_epoch)
+        return cls(
+            int(d["leader"]),
+            int(d["leader_epoch"]),
+            tuple(int(x) for x in d["isr"]),
+            int(d["controller_epoch"]),
+            partition_epoch,
+        )
 
-    def next(self, *, leader: int, isr: tuple[int, ...], controller_epoch: int, bump_epoch: bool = True
-             ) -> LeaderAndIsr:
+    def next(
+        self, *, leader: int, isr: tuple[int, ...], controller_epoch: int, bump_epoch: bool = True
+    ) -> LeaderAndIsr:
         """The state after a change: leader_epoch + 1 (never decreasing), partition_epoch + 1."""
-        return LeaderAndIsr(leader, self.leader_epoch + 1 if bump_epoch else self.leader_epoch, isr,
-                            controller_epoch, self.partition_epoch + 1)
+        return LeaderAndIsr(
+            leader,
+            self.leader_epoch + 1 if bump_epoch else self.leader_epoch,
+            isr,
+            controller_epoch,
+            self.partition_epoch + 1,
+        )
 
 
 @dataclass
@@ -108,20 +138,31 @@ class TopicInfo:
     removing_replicas: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
-        return json.dumps({
-            "version": 1, "topic_id": self.topic_id,
-            "partitions": {str(p): list(r) for p, r in sorted(self.assignment.items())},
-            "adding_replicas": {str(p): list(r) for p, r in sorted(self.adding_replicas.items())},
-            "removing_replicas": {str(p): list(r) for p, r in sorted(self.removing_replicas.items())},
-        }).encode()
+        return json.dumps(
+            {
+                "version": 1,
+                "topic_id": self.topic_id,
+                "partitions": {str(p): list(r) for p, r in sorted(self.assignment.items())},
+                "adding_replicas": {str(p): list(r) for p, r in sorted(self.adding_replicas.items())},
+                "removing_replicas": {str(p): list(r) for p, r in sorted(self.removing_replicas.items())},
+            }
+        ).encode()
 
     @classmethod
     def from_json(cls, name: str, raw: bytes) -> TopicInfo:
         d = json.loads(raw)
+
         def parse(m: dict[str, list[int]]) -> dict[int, tuple[int, ...]]:
             return {int(p): tuple(int(x) for x in r) for p, r in m.items()}
-        return cls(name, str(d["topic_id"]), parse(d["partitions"]), {},
-                   parse(d.get("adding_replicas", {})), parse(d.get("removing_replicas", {})))
+
+        return cls(
+            name,
+            str(d["topic_id"]),
+            parse(d["partitions"]),
+            {},
+            parse(d.get("adding_replicas", {})),
+            parse(d.get("removing_replicas", {})),
+        )
 
     @property
     def min_insync_replicas(self) -> int:
@@ -165,23 +206,42 @@ class ControllerContext:
         """Replay a committed partition state (invariant: leader_epoch never decreases)."""
         old = self.states.get(tp)
         if old is not None:
-            check(state.leader_epoch >= old.leader_epoch, "leader_epoch of %s-%d would go back from %d to %d",
-                  tp[0], tp[1], old.leader_epoch, state.leader_epoch)
+            check(
+                state.leader_epoch >= old.leader_epoch,
+                "leader_epoch of %s-%d would go back from %d to %d",
+                tp[0],
+                tp[1],
+                old.leader_epoch,
+                state.leader_epoch,
+            )
         self.states[tp] = state
 
     def partition_state_proto(self, tp: TopicPartitionKey) -> common_pb2.PartitionState:
         s = self.states.get(tp) or LeaderAndIsr(NO_LEADER, -1, (), self.epoch, 0)
         topic = self.topics[tp[0]]
         return common_pb2.PartitionState(
-            topic=tp[0], partition=tp[1], leader=s.leader, leader_epoch=s.leader_epoch, isr=list(s.isr),
-            replicas=list(topic.assignment[tp[1]]), controller_epoch=s.controller_epoch,
-            partition_epoch=s.partition_epoch, adding_replicas=list(topic.adding_replicas.get(tp[1], ())),
-            removing_replicas=list(topic.removing_replicas.get(tp[1], ())), topic_id=topic.topic_id)
+            topic=tp[0],
+            partition=tp[1],
+            leader=s.leader,
+            leader_epoch=s.leader_epoch,
+            isr=list(s.isr),
+            replicas=list(topic.assignment[tp[1]]),
+            controller_epoch=s.controller_epoch,
+            partition_epoch=s.partition_epoch,
+            adding_replicas=list(topic.adding_replicas.get(tp[1], ())),
+            removing_replicas=list(topic.removing_replicas.get(tp[1], ())),
+            topic_id=topic.topic_id,
+        )
 
     def with_broker_epoch(self, broker_id: int) -> int:
         b = self.live_brokers.get(broker_id)
         return b.broker_epoch if b is not None else -1
 
     def offline_partitions(self) -> list[TopicPartitionKey]:
-        return [tp for tp in self.partitions() if (s := self.states.get(tp)) is None or s.leader == NO_LEADER
-                or s.leader not in self.live_brokers]
+        return [
+            tp
+            for tp in self.partitions()
+            if (s := self.states.get(tp)) is None
+            or s.leader == NO_LEADER
+            or s.leader not in self.live_brokers
+        ]

@@ -12,8 +12,9 @@ from collections.abc import Collection, Sequence
 Election = tuple[int, tuple[int, ...]]
 
 
-def offline_partition_leader(assignment: Sequence[int], isr: Sequence[int], live: Collection[int],
-                             unclean_enabled: bool) -> tuple[Election | None, bool]:
+def offline_partition_leader(
+    assignment: Sequence[int], isr: Sequence[int], live: Collection[int], unclean_enabled: bool
+) -> tuple[Election | None, bool]:
     """Leader after the current one died: first live replica in AR order that is in the ISR.
 
     Returns ((leader, new_isr), unclean) where unclean says the leader came from
@@ -30,8 +31,9 @@ def offline_partition_leader(assignment: Sequence[int], isr: Sequence[int], live
     return None, False
 
 
-def preferred_replica_leader(assignment: Sequence[int], isr: Sequence[int], live: Collection[int]
-                             ) -> Election | None:
+def preferred_replica_leader(
+    assignment: Sequence[int], isr: Sequence[int], live: Collection[int]
+) -> Election | None:
     """The first replica of AR, if it is live and in the ISR."""
     if not assignment:
         return None
@@ -41,8 +43,9 @@ def preferred_replica_leader(assignment: Sequence[int], isr: Sequence[int], live
     return None
 
 
-def controlled_shutdown_leader(assignment: Sequence[int], isr: Sequence[int], live: Collection[int],
-                               shutting_down: Collection[int]) -> Election | None:
+def controlled_shutdown_leader(
+    assignment: Sequence[int], isr: Sequence[int], live: Collection[int], shutting_down: Collection[int]
+) -> Election | None:
     """A live ISR member other than the brokers shutting down; they leave the ISR."""
     new_isr = tuple(r for r in isr if r not in shutting_down)
     for r in assignment:
@@ -59,8 +62,13 @@ def reassignment_leader(target: Sequence[int], isr: Sequence[int], live: Collect
     return None
 
 
-def restarted_isr_leader(assignment: Sequence[int], last_isr: Sequence[int], live: Collection[int],
-                         restarted: Collection[int], lost_data: Collection[int]) -> Election | None:
+def restarted_isr_leader(
+    assignment: Sequence[int],
+    last_isr: Sequence[int],
+    live: Collection[int],
+    restarted: Collection[int],
+    lost_data: Collection[int],
+) -> Election | None:
     """When no member of the last ISR survived: one that restarted since (Kafka's KIP-966 idea).
 
     `restarted` are live brokers whose registration is newer than their ISR

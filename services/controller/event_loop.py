@@ -102,13 +102,16 @@ class BrokerSender:
     replaced when the broker re-registers (ControllerEventLoop._sync_senders).
     """
 
-    def __init__(self, address: str, peers: PeerChannels, *, is_gateway: bool = False,
-                 broker_epoch: int = -1) -> None:
+    def __init__(
+        self, address: str, peers: PeerChannels, *, is_gateway: bool = False, broker_epoch: int = -1
+    ) -> None:
         self.address = address
         self.broker_epoch = broker_epoch
         self.peers = peers
         self.is_gateway = is_gateway
-        self.queue: asyncio.Queue[tuple[str, Any, asyncio.Future[Any]]] = asyncio.Queue(SENDER_QUEUE_LENGTH_MAX)
+        self.queue: asyncio.Queue[tuple[str, Any, asyncio.Future[Any]]] = asyncio.Queue(
+            SENDER_QUEUE_LENGTH_MAX
+        )
         self.task = asyncio.create_task(self._run(), name=f"control-sender-{address}")
 
     def send(self, rpc: str, request: Any) -> asyncio.Future[Any]:
@@ -133,19 +136,30 @@ class BrokerSender:
                     break
                 if attempt == 1 or attempt % 10 == 0:
                     what = exc_name(outcome) if error_code is None else common_pb2.ErrorCode.Name(error_code)
-                    log.info("%s to %s (broker epoch %d) got %s; sending it again", rpc, self.address,
-                             self.broker_epoch, what)
+                    log.info(
+                        "%s to %s (broker epoch %d) got %s; sending it again",
+                        rpc,
+                        self.address,
+                        self.broker_epoch,
+                        what,
+                    )
                 await asyncio.sleep(pause_ms / 1000)
                 attempt += 1
             if isinstance(outcome, grpc.aio.AioRpcError):
-                log.warning("%s to %s failed %d times (%s); giving up", rpc, self.address, attempt,
-                            exc_name(outcome))
+                log.warning(
+                    "%s to %s failed %d times (%s); giving up", rpc, self.address, attempt, exc_name(outcome)
+                )
                 if not fut.done():
                     fut.set_exception(outcome)
                 continue
             if error_code:
-                log.warning("%s to %s answered %s: %s", rpc, self.address,
-                            common_pb2.ErrorCode.Name(error_code), outcome.error_message)
+                log.warning(
+                    "%s to %s answered %s: %s",
+                    rpc,
+                    self.address,
+                    common_pb2.ErrorCode.Name(error_code),
+                    outcome.error_message,
+                )
             if not fut.done():
                 fut.set_result(outcome)
 
@@ -164,10 +178,18 @@ class BrokerSender:
 class ControllerEventLoop:
     """Everything the active controller does, serialised."""
 
-    def __init__(self, *, store: EtcdStore, controller_id: int, epoch: int, peers: PeerChannels,
-                 delete_topic_enable: bool = True, auto_leader_rebalance: bool = True,
-                 leader_imbalance_check_interval_s: float = LEADER_IMBALANCE_CHECK_INTERVAL_S,
-                 leader_imbalance_per_broker_percentage: int = LEADER_IMBALANCE_PER_BROKER_PERCENTAGE) -> None:
+    def __init__(
+        self,
+        *,
+        store: EtcdStore,
+        controller_id: int,
+        epoch: int,
+        peers: PeerChannels,
+        delete_topic_enable: bool = True,
+        auto_leader_rebalance: bool = True,
+        leader_imbalance_check_interval_s: float = LEADER_IMBALANCE_CHECK_INTERVAL_S,
+        leader_imbalance_per_broker_percentage: int = LEADER_IMBALANCE_PER_BROKER_PERCENTAGE,
+    ) -> None:
         self.auto_leader_rebalance = auto_leader_rebalance
         self.leader_imbalance_check_interval_s = leader_imbalance_check_interval_s
         self.leader_imbalance_per_broker_percentage = leader_imbalance_per_broker_percentage
@@ -195,22 +217,36 @@ class ControllerEventLoop:
         await self.apply(result)
         self.queue_follow_ups("Startup")
         self._tasks.append(asyncio.create_task(self._run(), name="controller-event-loop"))
-        self._tasks.append(asyncio.create_task(self._watch(self.keys.brokers_prefix, revision, "BrokerChange"),
-                                               name="watch-brokers"))
-        self._tasks.append(asyncio.create_task(self._watch(self.keys.gateways_prefix, revision, "GatewayChange"),
-                                               name="watch-gateways"))
+        self._tasks.append(
+            asyncio.create_task(
+                self._watch(self.keys.brokers_prefix, revision, "BrokerChange"), name="watch-brokers"
+            )
+        )
+        self._tasks.append(
+            asyncio.create_task(
+                self._watch(self.keys.gateways_prefix, revision, "GatewayChange"), name="watch-gateways"
+            )
+        )
         self._tasks.append(asyncio.create_task(self._watch_admin(revision), name="watch-admin"))
         if self.auto_leader_rebalance:
             self._tasks.append(asyncio.create_task(self._rebalance_ticks(), name="leader-rebalance"))
         await self._admin_requests_at_start()
-        log.info("controller %d active at epoch %d: %d brokers, %d topics, %d partitions, loaded in %.0f ms",
-                 self.ctx.controller_id, self.epoch, len(self.ctx.live_brokers), len(self.ctx.topics),
-                 len(self.ctx.states), (time.monotonic() - started) * 1000)
+        log.info(
+            "controller %d active at epoch %d: %d brokers, %d topics, %d partitions, loaded in %.0f ms",
+            self.ctx.controller_id,
+            self.epoch,
+            len(self.ctx.live_brokers),
+            len(self.ctx.topics),
+            len(self.ctx.states),
+            (time.monotonic() - started) * 1000,
+        )
 
     async def _cluster_id(self) -> str:
         """The cluster's uuid, written once by the first controller ever (create-if-missing)."""
         key = self.keys.cluster_id
-        await fenced_txn(self.store, self.epoch, [compare_missing(key)], [Put(key, str(uuid.uuid4()).encode())])
+        await fenced_txn(
+            self.store, self.epoch, [compare_missing(key)], [Put(key, str(uuid.uuid4()).encode())]
+        )
         kv = await self.store.get(key)
         return kv.value.decode() if kv is not None else ""
 
@@ -238,7 +274,9 @@ class ControllerEventLoop:
             info = BrokerInfo.from_json(kv.value, kv.create_revision)
             self.ctx.live_brokers[info.broker_id] = info
         gateways, _ = await self.store.get_prefix(self.keys.gateways_prefix)
-        self.ctx.live_gateways = {g.gateway_id: g for g in (GatewayInfo.from_json(kv.value) for kv in gateways)}
+        self.ctx.live_gateways = {
+            g.gateway_id: g for g in (GatewayInfo.from_json(kv.value) for kv in gateways)
+        }
         topic_kvs, _ = await self.store.get_prefix(self.keys.topics_prefix)
         states: dict[TopicPartitionKey, LeaderAndIsr] = {}
         for kv in topic_kvs:
@@ -255,10 +293,12 @@ class ControllerEventLoop:
                 log.error("ignoring malformed value at %s: %s", kv.key, exc)
         self.ctx.states = {tp: s for tp, s in states.items() if tp[0] in self.ctx.topics}
         marks, _ = await self.store.get_prefix(self.keys.delete_topics_prefix)
-        self.ctx.topics_to_delete = {kv.key[len(self.keys.delete_topics_prefix):] for kv in marks} & set(self.ctx.topics)
+        self.ctx.topics_to_delete = {kv.key[len(self.keys.delete_topics_prefix) :] for kv in marks} & set(
+            self.ctx.topics
+        )
         configs, _ = await self.store.get_prefix(self.keys.config_prefix)
         for kv in configs:
-            name = kv.key[len(self.keys.config_prefix):]
+            name = kv.key[len(self.keys.config_prefix) :]
             if name in self.ctx.topics:
                 try:
                     stored = json.loads(kv.value)
@@ -299,7 +339,9 @@ class ControllerEventLoop:
                     ev.done.set_result(result)
                 self.queue_follow_ups(ev.name)
             except ControllerFenced as exc:
-                log.error("controller %d fenced at epoch %d: %s; resigning", self.ctx.controller_id, self.epoch, exc)
+                log.error(
+                    "controller %d fenced at epoch %d: %s; resigning", self.ctx.controller_id, self.epoch, exc
+                )
                 if not ev.done.done():
                     ev.done.set_exception(ControllerResigned(str(exc)))
                 self.resigned.set()
@@ -332,31 +374,44 @@ class ControllerEventLoop:
             self.resigned.set()
 
     async def _admin_requests_at_start(self) -> None:
-        for key, kind in ((self.keys.reassign_partitions, "reassign"), (self.keys.preferred_replica_election,
-                                                                          "preferred")):
+        for key, kind in (
+            (self.keys.reassign_partitions, "reassign"),
+            (self.keys.preferred_replica_election, "preferred"),
+        ):
             kv = await self.store.get(key)
             if kv is not None:
-                self.enqueue("AdminRequest", lambda k=key, t=kind, v=kv.value: handlers.on_admin_request(
-                    self.ctx, t, k, v))
+                self.enqueue(
+                    "AdminRequest",
+                    lambda k=key, t=kind, v=kv.value: handlers.on_admin_request(self.ctx, t, k, v),
+                )
 
     async def _watch_admin(self, revision: int) -> None:
         """Requests written by hand under /admin (Kafka's znode-based admin tools)."""
         kinds = {self.keys.reassign_partitions: "reassign", self.keys.preferred_replica_election: "preferred"}
         while True:
             try:
-                async for events in self.store.watch_prefix(self.keys.prefix + "/admin/",
-                                                            start_revision=revision + 1):
+                async for events in self.store.watch_prefix(
+                    self.keys.prefix + "/admin/", start_revision=revision + 1
+                ):
                     for ev in events:
                         revision = max(revision, ev.mod_revision)
                         if ev.kind != "put":
                             continue
                         if ev.key in kinds:
-                            self.enqueue("AdminRequest", lambda k=ev.key, v=ev.value: handlers.on_admin_request(
-                                self.ctx, kinds[k], k, v))
+                            self.enqueue(
+                                "AdminRequest",
+                                lambda k=ev.key, v=ev.value: handlers.on_admin_request(
+                                    self.ctx, kinds[k], k, v
+                                ),
+                            )
                         elif ev.key.startswith(self.keys.delete_topics_prefix):
-                            topic = ev.key[len(self.keys.delete_topics_prefix):]
-                            self.enqueue("TopicDeletion", lambda t=topic, k=ev.key: handlers.on_admin_delete_marker(
-                                self.ctx, t, k, deletion_enabled=self.delete_topic_enable))
+                            topic = ev.key[len(self.keys.delete_topics_prefix) :]
+                            self.enqueue(
+                                "TopicDeletion",
+                                lambda t=topic, k=ev.key: handlers.on_admin_delete_marker(
+                                    self.ctx, t, k, deletion_enabled=self.delete_topic_enable
+                                ),
+                            )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -366,8 +421,12 @@ class ControllerEventLoop:
     async def _rebalance_ticks(self) -> None:
         while True:
             await asyncio.sleep(self.leader_imbalance_check_interval_s)
-            self.enqueue("AutoLeaderRebalance", lambda: handlers.on_auto_leader_rebalance(
-                self.ctx, self.leader_imbalance_per_broker_percentage))
+            self.enqueue(
+                "AutoLeaderRebalance",
+                lambda: handlers.on_auto_leader_rebalance(
+                    self.ctx, self.leader_imbalance_per_broker_percentage
+                ),
+            )
 
     async def _watch(self, prefix: str, revision: int, name: str) -> None:
         """On any change under prefix, read the whole prefix and queue one membership event.
@@ -419,9 +478,16 @@ class ControllerEventLoop:
         sent = time.monotonic()
         if decided_s + sent - started >= SLOW_EVENT_LOG_S:
             # What a failover's time went to, in the log (the metrics hold the totals).
-            log.info("event %s: decided in %.0f ms, %d writes committed in %d transactions in %.0f ms, "
-                     "requests queued in %.0f ms", event or "?", decided_s * 1000, len(result.writes), txns,
-                     (committed - started) * 1000, (sent - committed) * 1000)
+            log.info(
+                "event %s: decided in %.0f ms, %d writes committed in %d transactions in %.0f ms, "
+                "requests queued in %.0f ms",
+                event or "?",
+                decided_s * 1000,
+                len(result.writes),
+                txns,
+                (committed - started) * 1000,
+                (sent - committed) * 1000,
+            )
         metrics.OFFLINE_PARTITIONS.set(len(self.ctx.offline_partitions()))
         metrics.GLOBAL_PARTITION_COUNT.set(len(self.ctx.states))
 
@@ -447,9 +513,13 @@ class ControllerEventLoop:
         chunks = [c for c in chunks if c]
         keys_per_chunk = [{op.key for _, ops in chunk for op in ops} for chunk in chunks]
         prefixed = any(getattr(op, "prefix", False) for chunk in chunks for _, ops in chunk for op in ops)
-        disjoint = not prefixed and sum(len(keys) for keys in keys_per_chunk) == len(set().union(*keys_per_chunk))
+        disjoint = not prefixed and sum(len(keys) for keys in keys_per_chunk) == len(
+            set().union(*keys_per_chunk)
+        )
         if disjoint and len(chunks) > 1:
-            results = await asyncio.gather(*(self._commit_chunk(chunk) for chunk in chunks), return_exceptions=True)
+            results = await asyncio.gather(
+                *(self._commit_chunk(chunk) for chunk in chunks), return_exceptions=True
+            )
             for outcome in results:
                 if isinstance(outcome, BaseException):
                     raise outcome
@@ -483,9 +553,12 @@ class ControllerEventLoop:
         if isinstance(write, (handlers.ReplicaStatesWrite, handlers.ShuttingDownWrite)):
             return [], []
         if isinstance(write, TopicDelete):
-            return [], [EtcdDelete(k.topic(write.topic)), EtcdDelete(k.topic_partitions_prefix(write.topic),
-                                                                      prefix=True),
-                         EtcdDelete(k.topic_config(write.topic)), EtcdDelete(k.delete_topic(write.topic))]
+            return [], [
+                EtcdDelete(k.topic(write.topic)),
+                EtcdDelete(k.topic_partitions_prefix(write.topic), prefix=True),
+                EtcdDelete(k.topic_config(write.topic)),
+                EtcdDelete(k.delete_topic(write.topic)),
+            ]
         raise TypeError(f"unknown write {write!r}")
 
     def wanted_senders(self) -> dict[tuple[str, int], tuple[str, int]]:
@@ -505,12 +578,16 @@ class ControllerEventLoop:
                 del self.senders[key]
         for key, (address, broker_epoch) in wanted.items():
             if key not in self.senders:
-                self.senders[key] = BrokerSender(address, self.peers, is_gateway=key[0] == "g",
-                                                 broker_epoch=broker_epoch)
+                self.senders[key] = BrokerSender(
+                    address, self.peers, is_gateway=key[0] == "g", broker_epoch=broker_epoch
+                )
 
     def header(self, broker_id: int) -> common_pb2.ControllerHeader:
-        return common_pb2.ControllerHeader(controller_id=self.ctx.controller_id, controller_epoch=self.epoch,
-                                           broker_epoch=self.ctx.with_broker_epoch(broker_id))
+        return common_pb2.ControllerHeader(
+            controller_id=self.ctx.controller_id,
+            controller_epoch=self.epoch,
+            broker_epoch=self.ctx.with_broker_epoch(broker_id),
+        )
 
     def _send(self, result: ControllerResult) -> None:
         """Queue the result's RPCs: LeaderAndIsr and StopReplica first, UpdateMetadata after."""
@@ -526,65 +603,113 @@ class ControllerEventLoop:
                 if tp[0] not in self.ctx.topics:
                     continue
                 state = self.ctx.partition_state_proto(tp)
-                parts.append(broker_pb2.LeaderAndIsrPartition(
-                    state=state, is_new=(broker_id, tp) in rpcs.new_replicas,
-                    config=topic_config_proto(self.ctx.topics[tp[0]].configs)))
+                parts.append(
+                    broker_pb2.LeaderAndIsrPartition(
+                        state=state,
+                        is_new=(broker_id, tp) in rpcs.new_replicas,
+                        config=topic_config_proto(self.ctx.topics[tp[0]].configs),
+                    )
+                )
                 leader = self.ctx.live_brokers.get(state.leader)
                 if leader is not None:
                     leaders[leader.broker_id] = leader.to_proto()
             if parts:
-                futures.append(sender.send("LeaderAndIsr", broker_pb2.LeaderAndIsrRequest(
-                    header=self.header(broker_id), partitions=parts, live_leaders=list(leaders.values()))))
+                futures.append(
+                    sender.send(
+                        "LeaderAndIsr",
+                        broker_pb2.LeaderAndIsrRequest(
+                            header=self.header(broker_id),
+                            partitions=parts,
+                            live_leaders=list(leaders.values()),
+                        ),
+                    )
+                )
         for broker_id, tps in sorted(rpcs.stop_replica.items()):
             sender = self.senders.get(("b", broker_id))
             if sender is None:
                 continue
-            fut = sender.send("StopReplica", broker_pb2.StopReplicaRequest(
-                header=self.header(broker_id),
-                partitions=[broker_pb2.StopReplicaPartition(topic=tp[0], partition=tp[1], leader_epoch=-2,
-                                                            delete_partition=delete)
-                            for tp, delete in sorted(tps.items())]))
-            deleted = [tp for tp, delete in sorted(tps.items()) if delete and tp[0] in self.ctx.topics_to_delete]
+            fut = sender.send(
+                "StopReplica",
+                broker_pb2.StopReplicaRequest(
+                    header=self.header(broker_id),
+                    partitions=[
+                        broker_pb2.StopReplicaPartition(
+                            topic=tp[0], partition=tp[1], leader_epoch=-2, delete_partition=delete
+                        )
+                        for tp, delete in sorted(tps.items())
+                    ],
+                ),
+            )
+            deleted = [
+                tp for tp, delete in sorted(tps.items()) if delete and tp[0] in self.ctx.topics_to_delete
+            ]
             if deleted:
                 epoch = self.ctx.with_broker_epoch(broker_id)
-                fut.add_done_callback(lambda f, b=broker_id, e=epoch, d=deleted: self._deletion_answered(b, e, d, f))
+                fut.add_done_callback(
+                    lambda f, b=broker_id, e=epoch, d=deleted: self._deletion_answered(b, e, d, f)
+                )
             futures.append(fut)
         if rpcs.full_metadata or rpcs.update_metadata or rpcs.deleted_topics:
             for (kind, target_id), sender in sorted(self.senders.items()):
-                futures.append(sender.send("UpdateMetadata", self.update_metadata_request(
-                    full=rpcs.full_metadata, tps=rpcs.update_metadata, deleted=rpcs.deleted_topics,
-                    broker_epoch=self.ctx.with_broker_epoch(target_id) if kind == "b" else -1)))
+                futures.append(
+                    sender.send(
+                        "UpdateMetadata",
+                        self.update_metadata_request(
+                            full=rpcs.full_metadata,
+                            tps=rpcs.update_metadata,
+                            deleted=rpcs.deleted_topics,
+                            broker_epoch=self.ctx.with_broker_epoch(target_id) if kind == "b" else -1,
+                        ),
+                    )
+                )
         result.rpc_futures = futures
 
-    def _deletion_answered(self, broker_id: int, broker_epoch: int, tps: list[TopicPartitionKey],
-                           fut: asyncio.Future[Any]) -> None:
+    def _deletion_answered(
+        self, broker_id: int, broker_epoch: int, tps: list[TopicPartitionKey], fut: asyncio.Future[Any]
+    ) -> None:
         answer = None if fut.cancelled() or fut.exception() is not None else fut.result()
         self.deletion_answered(broker_id, broker_epoch, tps, answer)
 
-    def deletion_answered(self, broker_id: int, broker_epoch: int, tps: list[TopicPartitionKey],
-                          answer: broker_pb2.StopReplicaResponse | None) -> None:
+    def deletion_answered(
+        self,
+        broker_id: int,
+        broker_epoch: int,
+        tps: list[TopicPartitionKey],
+        answer: broker_pb2.StopReplicaResponse | None,
+    ) -> None:
         """Queue a StopReplica(delete) outcome (None: no answer) for the incarnation it was sent to."""
         if self.resigned.is_set():
             return
-        ok = answer is not None and answer.error_code == common_pb2.NONE and all(
-            p.error_code == common_pb2.NONE for p in answer.partitions)
-        self.enqueue("ReplicaDeletionResult",
-                     lambda: handlers.on_replica_deletion_result(self.ctx, broker_id, broker_epoch, tps, ok))
+        ok = (
+            answer is not None
+            and answer.error_code == common_pb2.NONE
+            and all(p.error_code == common_pb2.NONE for p in answer.partitions)
+        )
+        self.enqueue(
+            "ReplicaDeletionResult",
+            lambda: handlers.on_replica_deletion_result(self.ctx, broker_id, broker_epoch, tps, ok),
+        )
 
-    def update_metadata_request(self, *, full: bool, tps: set[TopicPartitionKey], deleted: set[str],
-                                broker_epoch: int) -> broker_pb2.UpdateMetadataRequest:
+    def update_metadata_request(
+        self, *, full: bool, tps: set[TopicPartitionKey], deleted: set[str], broker_epoch: int
+    ) -> broker_pb2.UpdateMetadataRequest:
         chosen = self.ctx.partitions() if full else sorted(tp for tp in tps if tp[0] in self.ctx.topics)
         topics = {tp[0] for tp in chosen}
         return broker_pb2.UpdateMetadataRequest(
-            header=common_pb2.ControllerHeader(controller_id=self.ctx.controller_id, controller_epoch=self.epoch,
-                                               broker_epoch=broker_epoch),
+            header=common_pb2.ControllerHeader(
+                controller_id=self.ctx.controller_id, controller_epoch=self.epoch, broker_epoch=broker_epoch
+            ),
             live_brokers=[b.to_proto() for b in self.ctx.live_brokers.values()],
-            live_gateways=[common_pb2.GatewayNode(gateway_id=g.gateway_id, host=g.host, port=g.port)
-                           for g in self.ctx.live_gateways.values()],
+            live_gateways=[
+                common_pb2.GatewayNode(gateway_id=g.gateway_id, host=g.host, port=g.port)
+                for g in self.ctx.live_gateways.values()
+            ],
             partitions=[self.ctx.partition_state_proto(tp) for tp in chosen if tp in self.ctx.states],
-            full=full, deleted_topics=sorted(deleted),
+            full=full,
+            deleted_topics=sorted(deleted),
             topic_configs={t: topic_config_proto(self.ctx.topics[t].configs) for t in topics},
-            topic_ids={t: self.ctx.topics[t].topic_id for t in topics})
+            topic_ids={t: self.ctx.topics[t].topic_id for t in topics},
+        )
 
     # ---- producer ids ---------------------------------------------------------------------------
 
@@ -596,10 +721,15 @@ class ControllerEventLoop:
             for _ in range(10):
                 kv = await self.store.get(key)
                 start = json.loads(kv.value)["next"] if kv is not None else 0
-                compare = compare_mod_revision(key, kv.mod_revision) if kv is not None else compare_missing(key)
-                txn = await fenced_txn(self.store, self.epoch, [compare],
-                                       [Put(key, json.dumps({"next": start + PRODUCER_ID_BLOCK_SIZE}).encode()),
-                                        Get(key)])
+                compare = (
+                    compare_mod_revision(key, kv.mod_revision) if kv is not None else compare_missing(key)
+                )
+                txn = await fenced_txn(
+                    self.store,
+                    self.epoch,
+                    [compare],
+                    [Put(key, json.dumps({"next": start + PRODUCER_ID_BLOCK_SIZE}).encode()), Get(key)],
+                )
                 if txn.succeeded:
                     nxt, end = start, start + PRODUCER_ID_BLOCK_SIZE
                     break

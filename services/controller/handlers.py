@@ -57,6 +57,7 @@ log = logging.getLogger("highwater.controller")
 
 # ---- what a handler asks for ----------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class StateWrite:
     """Write a partition state key; expected_version is the key's version now (0: absent)."""
@@ -100,8 +101,6 @@ class ShuttingDownWrite:
     remove: frozenset[int] = frozenset()
 
 
-
-
 @dataclass
 class ControlRpcs:
     """Control RPCs to send after the writes commit, built from the committed context."""
@@ -113,7 +112,9 @@ class ControlRpcs:
     stop_replica: dict[int, dict[TopicPartitionKey, bool]] = field(default_factory=dict)
     deleted_topics: set[str] = field(default_factory=set)
 
-    def add_leader_and_isr(self, brokers: Iterable[int], tp: TopicPartitionKey, *, is_new: bool = False) -> None:
+    def add_leader_and_isr(
+        self, brokers: Iterable[int], tp: TopicPartitionKey, *, is_new: bool = False
+    ) -> None:
         for b in brokers:
             self.leader_and_isr.setdefault(b, set()).add(tp)
             if is_new:
@@ -121,8 +122,13 @@ class ControlRpcs:
         self.update_metadata.add(tp)
 
     def is_empty(self) -> bool:
-        return not (self.leader_and_isr or self.update_metadata or self.full_metadata or self.stop_replica
-                    or self.deleted_topics)
+        return not (
+            self.leader_and_isr
+            or self.update_metadata
+            or self.full_metadata
+            or self.stop_replica
+            or self.deleted_topics
+        )
 
 
 @dataclass
@@ -138,21 +144,32 @@ class ControllerResult:
 
 # ---- helpers ---------------------------------------------------------------------------------
 
-def _change_state(ctx: ControllerContext, result: ControllerResult, tp: TopicPartitionKey, *, leader: int,
-                  isr: tuple[int, ...], send_to_replicas: bool = True) -> LeaderAndIsr:
+
+def _change_state(
+    ctx: ControllerContext,
+    result: ControllerResult,
+    tp: TopicPartitionKey,
+    *,
+    leader: int,
+    isr: tuple[int, ...],
+    send_to_replicas: bool = True,
+) -> LeaderAndIsr:
     old = ctx.states[tp]
     new = old.next(leader=leader, isr=isr, controller_epoch=ctx.epoch)
     result.writes.append(StateWrite(tp, new, old.partition_epoch))
     if send_to_replicas:
         # Every registered replica is told, including one shutting down: it must learn that it
         # no longer leads, or produce requests waiting on it would hang until it stops.
-        result.rpcs.add_leader_and_isr([r for r in ctx.replicas(tp) if r in ctx.live_brokers or r == leader], tp)
+        result.rpcs.add_leader_and_isr(
+            [r for r in ctx.replicas(tp) if r in ctx.live_brokers or r == leader], tp
+        )
     else:
         result.rpcs.update_metadata.add(tp)
     return new
 
 
 # ---- events ----------------------------------------------------------------------------------
+
 
 def on_startup(ctx: ControllerContext) -> ControllerResult:
     """Controller failover: initialise missing states, elect offline partitions, tell everyone."""
@@ -167,7 +184,9 @@ def on_startup(ctx: ControllerContext) -> ControllerResult:
         # Brokers registered after this state was written restarted since (perhaps with
         # less than they had): they count as failed and started, as in on_broker_change.
         written_at = ctx.state_revisions.get(tp, 0)
-        restarted = {b for b, info in ctx.live_brokers.items() if written_at and info.broker_epoch > written_at}
+        restarted = {
+            b for b, info in ctx.live_brokers.items() if written_at and info.broker_epoch > written_at
+        }
         gone = {r for r in (*ctx.replicas(tp), ctx.states[tp].leader) if r >= 0 and r not in ctx.live_brokers}
         _fail_over(ctx, result, tp, dead=gone | restarted, restarted=restarted, live=live)
     for tp in ctx.partitions():
@@ -238,8 +257,15 @@ def on_broker_change(ctx: ControllerContext, registered: dict[int, BrokerInfo]) 
     return result
 
 
-def _fail_over(ctx: ControllerContext, result: ControllerResult, tp: TopicPartitionKey, *, dead: set[int],
-               restarted: set[int], live: set[int]) -> None:
+def _fail_over(
+    ctx: ControllerContext,
+    result: ControllerResult,
+    tp: TopicPartitionKey,
+    *,
+    dead: set[int],
+    restarted: set[int],
+    live: set[int],
+) -> None:
     """One partition after brokers failed (dead) or restarted (restarted, a subset of dead).
 
     Dead brokers leave the ISR; a new leader comes from the surviving ISR members in AR
@@ -263,24 +289,40 @@ def _fail_over(ctx: ControllerContext, result: ControllerResult, tp: TopicPartit
     if choice is None:
         choice = elections.restarted_isr_leader(replicas, state.isr, live, restarted, lost_data)
         if choice is not None and choice[0] in lost_data:
-            log.error("every member of %s-%d's last ISR %s restarted after an unclean shutdown; broker %d leads "
-                      "and records they acknowledged but had not flushed may be lost", *tp, list(state.isr),
-                      choice[0])
+            log.error(
+                "every member of %s-%d's last ISR %s restarted after an unclean shutdown; broker %d leads "
+                "and records they acknowledged but had not flushed may be lost",
+                *tp,
+                list(state.isr),
+                choice[0],
+            )
     if choice is None and topic.unclean_leader_election:
         choice, unclean = elections.offline_partition_leader(replicas, (), live, True)
     if choice is None:
         kept_isr = tuple(r for r in state.isr if r not in lost_data) or state.isr
         if state.leader != NO_LEADER or kept_isr != state.isr:
-            waiting = f"; {sorted(lost_data & set(state.isr))} lost data in an unclean shutdown" \
-                if kept_isr != state.isr else ""
-            log.warning("%s-%d has no live in-sync replica (last ISR %s)%s; partition is offline until one "
-                        "returns", *tp, list(kept_isr), waiting)
+            waiting = (
+                f"; {sorted(lost_data & set(state.isr))} lost data in an unclean shutdown"
+                if kept_isr != state.isr
+                else ""
+            )
+            log.warning(
+                "%s-%d has no live in-sync replica (last ISR %s)%s; partition is offline until one returns",
+                *tp,
+                list(kept_isr),
+                waiting,
+            )
             _change_state(ctx, result, tp, leader=NO_LEADER, isr=kept_isr)
         return
     if unclean:
         result.unclean_elections += 1
-        log.error("UNCLEAN leader election for %s-%d: broker %d was not in the ISR %s; "
-                  "records acknowledged by the old ISR may be lost", *tp, choice[0], list(state.isr))
+        log.error(
+            "UNCLEAN leader election for %s-%d: broker %d was not in the ISR %s; "
+            "records acknowledged by the old ISR may be lost",
+            *tp,
+            choice[0],
+            list(state.isr),
+        )
     _change_state(ctx, result, tp, leader=choice[0], isr=choice[1])
 
 
@@ -313,7 +355,9 @@ def on_create_topics(ctx: ControllerContext, req: common_pb2.CreateTopicsRequest
             configs = validate_topic_configs(dict(ct.configs))
             if ct.assignments:
                 if ct.num_partitions not in (0, -1) or ct.replication_factor not in (0, -1):
-                    raise InvalidRequest("give either explicit assignments or num_partitions/replication_factor")
+                    raise InvalidRequest(
+                        "give either explicit assignments or num_partitions/replication_factor"
+                    )
                 assignment = {p: tuple(rl.replicas) for p, rl in ct.assignments.items()}
                 _check_assignment(assignment, set(ctx.live_brokers))
             else:
@@ -321,8 +365,9 @@ def on_create_topics(ctx: ControllerContext, req: common_pb2.CreateTopicsRequest
                 if ct.num_partitions < -1 or ct.num_partitions == 0:
                     raise InvalidPartitions(f"number of partitions must be >= 1, got {ct.num_partitions}")
                 if partitions > limits.PARTITIONS_PER_TOPIC_MAX:
-                    raise InvalidPartitions(f"{partitions} partitions is above the limit "
-                                            f"{limits.PARTITIONS_PER_TOPIC_MAX}")
+                    raise InvalidPartitions(
+                        f"{partitions} partitions is above the limit {limits.PARTITIONS_PER_TOPIC_MAX}"
+                    )
                 rf = ct.replication_factor
                 if rf in (0, -1):
                     rf = min(limits.DEFAULT_REPLICATION_FACTOR, max(len(live_racks), 1))
@@ -334,7 +379,8 @@ def on_create_topics(ctx: ControllerContext, req: common_pb2.CreateTopicsRequest
             if min_isr > rf_actual:
                 raise InvalidReplicationFactor(
                     f"min.insync.replicas={min_isr} is larger than the replication factor {rf_actual}: "
-                    "acks=all writes could never succeed")
+                    "acks=all writes could never succeed"
+                )
             granted = _check_replicas_per_broker(ctx, assignment, granted)
             answer.num_partitions = len(assignment)
             answer.replication_factor = rf_actual
@@ -358,21 +404,25 @@ def on_create_topics(ctx: ControllerContext, req: common_pb2.CreateTopicsRequest
     return result
 
 
-def _check_replicas_per_broker(ctx: ControllerContext, added: dict[int, tuple[int, ...]],
-                               pending: Counter[int]) -> Counter[int]:
+def _check_replicas_per_broker(
+    ctx: ControllerContext, added: dict[int, tuple[int, ...]], pending: Counter[int]
+) -> Counter[int]:
     """Refuse new replicas that would take a broker past REPLICAS_PER_BROKER_MAX.
 
     `pending` counts replicas granted earlier in the same request; returns it with these added.
     """
     new = Counter(b for replicas in added.values() for b in replicas)
-    held = Counter(b for topic in ctx.topics.values() for replicas in topic.assignment.values() for b in replicas)
+    held = Counter(
+        b for topic in ctx.topics.values() for replicas in topic.assignment.values() for b in replicas
+    )
     for broker, count in sorted(new.items()):
         total = held[broker] + pending[broker] + count
         if total > limits.REPLICAS_PER_BROKER_MAX:
             raise InvalidPartitions(
                 f"broker {broker} would hold {total} replicas; the limit is {limits.REPLICAS_PER_BROKER_MAX} "
                 "per broker (each replica holds open files and memory): add brokers, or use fewer partitions "
-                "or a lower replication factor")
+                "or a lower replication factor"
+            )
     return pending + new
 
 
@@ -380,8 +430,9 @@ def _check_assignment(assignment: dict[int, tuple[int, ...]], known: set[int]) -
     if not assignment:
         raise InvalidReplicaAssignment("the assignment is empty")
     if sorted(assignment) != list(range(len(assignment))):
-        raise InvalidReplicaAssignment(f"partitions must be numbered 0..{len(assignment) - 1}, "
-                                       f"got {sorted(assignment)}")
+        raise InvalidReplicaAssignment(
+            f"partitions must be numbered 0..{len(assignment) - 1}, got {sorted(assignment)}"
+        )
     sizes = {len(r) for r in assignment.values()}
     if len(sizes) != 1 or 0 in sizes:
         raise InvalidReplicaAssignment("every partition needs the same, non-zero number of replicas")
@@ -390,7 +441,9 @@ def _check_assignment(assignment: dict[int, tuple[int, ...]], known: set[int]) -
             raise InvalidReplicaAssignment(f"partition {p} lists a broker twice: {list(replicas)}")
         unknown = [r for r in replicas if r not in known]
         if unknown:
-            raise InvalidReplicaAssignment(f"partition {p} names unknown brokers {unknown}; live: {sorted(known)}")
+            raise InvalidReplicaAssignment(
+                f"partition {p} names unknown brokers {unknown}; live: {sorted(known)}"
+            )
 
 
 def on_alter_partition(ctx: ControllerContext, req: controller_pb2.AlterPartitionRequest) -> ControllerResult:
@@ -401,7 +454,8 @@ def on_alter_partition(ctx: ControllerContext, req: controller_pb2.AlterPartitio
     if broker is None or broker.broker_epoch != req.broker_epoch:
         result.response = controller_pb2.AlterPartitionResponse(
             error_code=common_pb2.STALE_BROKER_EPOCH,
-            error_message=f"broker {req.broker_id} epoch {req.broker_epoch} is not the live incarnation")
+            error_message=f"broker {req.broker_id} epoch {req.broker_epoch} is not the live incarnation",
+        )
         return result
     for item in req.partitions:
         tp = (item.topic, item.partition)
@@ -420,22 +474,31 @@ def on_alter_partition(ctx: ControllerContext, req: controller_pb2.AlterPartitio
             answer.state.CopyFrom(ctx.partition_state_proto(tp))
         elif item.partition_epoch != state.partition_epoch:
             answer.error_code = common_pb2.INVALID_UPDATE_VERSION
-            answer.error_message = (f"partition epoch {item.partition_epoch} is stale; current is "
-                                    f"{state.partition_epoch}: re-read the state and retry")
+            answer.error_message = (
+                f"partition epoch {item.partition_epoch} is stale; current is "
+                f"{state.partition_epoch}: re-read the state and retry"
+            )
             answer.state.CopyFrom(ctx.partition_state_proto(tp))
         else:
             new_isr = tuple(item.new_isr)
             replicas = ctx.replicas(tp)
             added = [r for r in new_isr if r not in state.isr]
-            if req.broker_id not in new_isr or any(r not in replicas for r in new_isr) or \
-                    len(set(new_isr)) != len(new_isr):
+            if (
+                req.broker_id not in new_isr
+                or any(r not in replicas for r in new_isr)
+                or len(set(new_isr)) != len(new_isr)
+            ):
                 answer.error_code = common_pb2.INVALID_REQUEST
-                answer.error_message = f"ISR {list(new_isr)} must contain the leader and only replicas {replicas}"
+                answer.error_message = (
+                    f"ISR {list(new_isr)} must contain the leader and only replicas {replicas}"
+                )
             elif any(not ctx.is_live(r) for r in added):
                 answer.error_code = common_pb2.INVALID_REQUEST
                 answer.error_message = f"replicas {added} are not live and cannot join the ISR"
             else:
-                new = state.next(leader=state.leader, isr=new_isr, controller_epoch=ctx.epoch, bump_epoch=False)
+                new = state.next(
+                    leader=state.leader, isr=new_isr, controller_epoch=ctx.epoch, bump_epoch=False
+                )
                 result.writes.append(StateWrite(tp, new, state.partition_epoch))
                 result.rpcs.update_metadata.add(tp)
                 answer.state.CopyFrom(ctx.partition_state_proto(tp))
@@ -454,7 +517,8 @@ def on_controlled_shutdown(ctx: ControllerContext, broker_id: int, broker_epoch:
     if broker is None or broker.broker_epoch != broker_epoch:
         result.response = controller_pb2.ControlledShutdownResponse(
             error_code=common_pb2.STALE_BROKER_EPOCH,
-            error_message=f"broker {broker_id} epoch {broker_epoch} is not a live incarnation")
+            error_message=f"broker {broker_id} epoch {broker_epoch} is not a live incarnation",
+        )
         return result
     result.writes.append(ShuttingDownWrite(add=frozenset({broker_id})))
     shutting_down = ctx.shutting_down | {broker_id}
@@ -473,8 +537,9 @@ def on_controlled_shutdown(ctx: ControllerContext, broker_id: int, broker_epoch:
                 continue
             _change_state(ctx, result, tp, leader=choice[0], isr=choice[1])
         elif broker_id in state.isr and len(state.isr) > 1:
-            _change_state(ctx, result, tp, leader=state.leader,
-                          isr=tuple(r for r in state.isr if r != broker_id))
+            _change_state(
+                ctx, result, tp, leader=state.leader, isr=tuple(r for r in state.isr if r != broker_id)
+            )
             result.rpcs.stop_replica.setdefault(broker_id, {})[tp] = False
     result.response = controller_pb2.ControlledShutdownResponse(remaining_partitions=remaining)
     return result
@@ -483,7 +548,8 @@ def on_controlled_shutdown(ctx: ControllerContext, broker_id: int, broker_epoch:
 def on_elect_leaders(ctx: ControllerContext, req: common_pb2.ElectLeadersRequest) -> ControllerResult:
     result = ControllerResult()
     wanted = [(p.topic, p.partition) for p in req.partitions] or [
-        tp for tp in ctx.partitions() if tp[0] not in ctx.topics_to_delete]
+        tp for tp in ctx.partitions() if tp[0] not in ctx.topics_to_delete
+    ]
     live = {b for b in ctx.live_brokers if ctx.is_live(b)}
     answers = []
     for tp in wanted:
@@ -545,10 +611,14 @@ def on_create_partitions(ctx: ControllerContext, req: common_pb2.CreatePartition
                 raise UnknownTopicOrPartition(f"topic {ct.name!r} is being deleted")
             current = len(topic.assignment)
             if ct.count <= current:
-                raise InvalidPartitions(f"topic {ct.name!r} has {current} partitions; the new count must be "
-                                        f"larger, got {ct.count}")
+                raise InvalidPartitions(
+                    f"topic {ct.name!r} has {current} partitions; the new count must be "
+                    f"larger, got {ct.count}"
+                )
             if ct.count > limits.PARTITIONS_PER_TOPIC_MAX:
-                raise InvalidPartitions(f"{ct.count} partitions is above the limit {limits.PARTITIONS_PER_TOPIC_MAX}")
+                raise InvalidPartitions(
+                    f"{ct.count} partitions is above the limit {limits.PARTITIONS_PER_TOPIC_MAX}"
+                )
             rf = len(topic.assignment[0])
             if ct.assignments:
                 added = {current + i: tuple(rl.replicas) for i, rl in enumerate(ct.assignments)}
@@ -556,20 +626,30 @@ def on_create_partitions(ctx: ControllerContext, req: common_pb2.CreatePartition
                     raise InvalidReplicaAssignment(f"give {ct.count - current} assignments, got {len(added)}")
                 _check_assignment({**topic.assignment, **added}, set(ctx.live_brokers))
             else:
-                added = assign_replicas(live_racks, ct.count - current, rf, start_index=len(ctx.topics),
-                                        first_partition=current)
+                added = assign_replicas(
+                    live_racks, ct.count - current, rf, start_index=len(ctx.topics), first_partition=current
+                )
             granted = _check_replicas_per_broker(ctx, added, granted)
             answer.num_partitions = ct.count
             answer.replication_factor = rf
             if not req.validate_only:
-                new_topic = TopicInfo(topic.name, topic.topic_id, {**topic.assignment, **added}, topic.configs,
-                                      topic.adding_replicas, topic.removing_replicas)
+                new_topic = TopicInfo(
+                    topic.name,
+                    topic.topic_id,
+                    {**topic.assignment, **added},
+                    topic.configs,
+                    topic.adding_replicas,
+                    topic.removing_replicas,
+                )
                 result.writes.append(TopicWrite(new_topic, create=False))
                 for p, replicas in sorted(added.items()):
                     live_replicas = tuple(r for r in replicas if ctx.is_live(r))
                     leader = live_replicas[0] if live_replicas else NO_LEADER
-                    result.writes.append(StateWrite((ct.name, p), LeaderAndIsr(leader, 0, live_replicas or replicas,
-                                                                             ctx.epoch, 1), 0))
+                    result.writes.append(
+                        StateWrite(
+                            (ct.name, p), LeaderAndIsr(leader, 0, live_replicas or replicas, ctx.epoch, 1), 0
+                        )
+                    )
                     result.rpcs.add_leader_and_isr(live_replicas, (ct.name, p), is_new=True)
         except HighwaterError as exc:
             answer.error_code, answer.error_message = exc.code, exc.message
@@ -580,6 +660,7 @@ def on_create_partitions(ctx: ControllerContext, req: common_pb2.CreatePartition
 
 # ---- topic deletion ---------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class DeletionMark:
     """Put /admin/delete_topics/{topic}: deletion survives a controller failover."""
@@ -587,8 +668,7 @@ class DeletionMark:
     topic: str
 
 
-def on_delete_topics(ctx: ControllerContext, names: list[str], *, deletion_enabled: bool
-                            ) -> ControllerResult:
+def on_delete_topics(ctx: ControllerContext, names: list[str], *, deletion_enabled: bool) -> ControllerResult:
     """TopicDeletion, started: mark, then StopReplica(delete) to every live replica.
 
     The keys are removed only when every replica confirmed its deletion
@@ -638,8 +718,13 @@ class ReplicaMoves:
     def move_on_answer(self, key: tuple[TopicPartitionKey, int], target: ReplicaState) -> None:
         current = self.state(key)
         if target not in REPLICA_TRANSITIONS[current]:
-            log.info("ignoring a StopReplica answer for %s-%d on broker %d: it asks for %s -> %s", *key[0], key[1],
-                     current.value, target.value)
+            log.info(
+                "ignoring a StopReplica answer for %s-%d on broker %d: it asks for %s -> %s",
+                *key[0],
+                key[1],
+                current.value,
+                target.value,
+            )
             return
         self.moves[key] = target
 
@@ -648,8 +733,9 @@ class ReplicaMoves:
             result.writes.append(ReplicaStatesWrite(tuple(sorted(self.moves.items()))))
 
 
-def _start_replica_deletion(ctx: ControllerContext, result: ControllerResult, moves: ReplicaMoves,
-                            topic: str) -> None:
+def _start_replica_deletion(
+    ctx: ControllerContext, result: ControllerResult, moves: ReplicaMoves, topic: str
+) -> None:
     for tp in ctx.partitions_of(topic):
         for r in ctx.replicas(tp):
             if moves.state((tp, r)) is ReplicaState.DELETION_SUCCESSFUL:
@@ -662,8 +748,9 @@ def _start_replica_deletion(ctx: ControllerContext, result: ControllerResult, mo
     result.rpcs.deleted_topics.add(topic)
 
 
-def on_replica_deletion_result(ctx: ControllerContext, broker_id: int, broker_epoch: int,
-                               tps: list[TopicPartitionKey], succeeded: bool) -> ControllerResult:
+def on_replica_deletion_result(
+    ctx: ControllerContext, broker_id: int, broker_epoch: int, tps: list[TopicPartitionKey], succeeded: bool
+) -> ControllerResult:
     """StopReplica(delete) answered (or failed): finish topics whose replicas are all gone.
 
     An answer from an incarnation that is not the broker's current one is stale: the
@@ -672,8 +759,12 @@ def on_replica_deletion_result(ctx: ControllerContext, broker_id: int, broker_ep
     """
     result = ControllerResult()
     if ctx.with_broker_epoch(broker_id) != broker_epoch:
-        log.info("ignoring a StopReplica answer from broker %d epoch %d: not its live incarnation (%d)",
-                 broker_id, broker_epoch, ctx.with_broker_epoch(broker_id))
+        log.info(
+            "ignoring a StopReplica answer from broker %d epoch %d: not its live incarnation (%d)",
+            broker_id,
+            broker_epoch,
+            ctx.with_broker_epoch(broker_id),
+        )
         return result
     moves = ReplicaMoves(ctx)
     target = ReplicaState.DELETION_SUCCESSFUL if succeeded else ReplicaState.DELETION_INELIGIBLE
@@ -683,17 +774,24 @@ def on_replica_deletion_result(ctx: ControllerContext, broker_id: int, broker_ep
             moves.move_on_answer(key, target)
     moves.commit(result)
     for topic in sorted({tp[0] for tp in tps}):
-        if topic in ctx.topics and topic in ctx.topics_to_delete and all(
+        if (
+            topic in ctx.topics
+            and topic in ctx.topics_to_delete
+            and all(
                 moves.state((tp, r)) is ReplicaState.DELETION_SUCCESSFUL
-                for tp in ctx.partitions_of(topic) for r in ctx.replicas(tp)):
+                for tp in ctx.partitions_of(topic)
+                for r in ctx.replicas(tp)
+            )
+        ):
             log.info("topic %s deleted from every replica; removing its keys", topic)
             result.writes.append(TopicDelete(topic))
             result.rpcs.deleted_topics.add(topic)
     return result
 
 
-def resume_deletions(ctx: ControllerContext, result: ControllerResult, moves: ReplicaMoves,
-                     brokers: set[int] | None = None) -> None:
+def resume_deletions(
+    ctx: ControllerContext, result: ControllerResult, moves: ReplicaMoves, brokers: set[int] | None = None
+) -> None:
     """Send deletion again to replicas not yet deleted on the given (default: all) live brokers."""
     for topic in sorted(ctx.topics_to_delete):
         if topic not in ctx.topics:
@@ -711,10 +809,14 @@ def resume_deletions(ctx: ControllerContext, result: ControllerResult, moves: Re
 
 # ---- partition reassignment (OAR -> RAR) ---------------------------------------------------------
 
+
 def ongoing_reassignments(ctx: ControllerContext) -> list[TopicPartitionKey]:
-    return sorted((t.name, p) for t in ctx.topics.values()
-                  for p in set(t.adding_replicas) | set(t.removing_replicas)
-                  if t.name not in ctx.topics_to_delete)
+    return sorted(
+        (t.name, p)
+        for t in ctx.topics.values()
+        for p in set(t.adding_replicas) | set(t.removing_replicas)
+        if t.name not in ctx.topics_to_delete
+    )
 
 
 def original_replicas(topic: TopicInfo, p: int) -> tuple[int, ...]:
@@ -729,10 +831,17 @@ def target_replicas(topic: TopicInfo, p: int) -> tuple[int, ...]:
     return tuple(r for r in topic.assignment[p] if r not in removing)
 
 
-def _with_assignment(topic: TopicInfo, p: int, replicas: tuple[int, ...], adding: tuple[int, ...],
-                     removing: tuple[int, ...]) -> TopicInfo:
-    new = TopicInfo(topic.name, topic.topic_id, {**topic.assignment, p: replicas}, topic.configs,
-                    dict(topic.adding_replicas), dict(topic.removing_replicas))
+def _with_assignment(
+    topic: TopicInfo, p: int, replicas: tuple[int, ...], adding: tuple[int, ...], removing: tuple[int, ...]
+) -> TopicInfo:
+    new = TopicInfo(
+        topic.name,
+        topic.topic_id,
+        {**topic.assignment, p: replicas},
+        topic.configs,
+        dict(topic.adding_replicas),
+        dict(topic.removing_replicas),
+    )
     for field_map, value in ((new.adding_replicas, adding), (new.removing_replicas, removing)):
         if value:
             field_map[p] = value
@@ -741,8 +850,9 @@ def _with_assignment(topic: TopicInfo, p: int, replicas: tuple[int, ...], adding
     return new
 
 
-def on_alter_reassignments(ctx: ControllerContext, req: common_pb2.AlterPartitionReassignmentsRequest
-                           ) -> ControllerResult:
+def on_alter_reassignments(
+    ctx: ControllerContext, req: common_pb2.AlterPartitionReassignmentsRequest
+) -> ControllerResult:
     """Start (or cancel) reassignments: AR := OAR + RAR, new replicas start, epoch bumped."""
     result = ControllerResult()
     answers = []
@@ -758,10 +868,14 @@ def on_alter_reassignments(ctx: ControllerContext, req: common_pb2.AlterPartitio
                 if rp.partition not in topic.assignment or tp not in ctx.states:
                     raise UnknownTopicOrPartition(f"topic {rt.name!r} has no partition {rp.partition}")
                 oar = original_replicas(topic, rp.partition)
-                ongoing = bool(topic.adding_replicas.get(rp.partition) or topic.removing_replicas.get(rp.partition))
+                ongoing = bool(
+                    topic.adding_replicas.get(rp.partition) or topic.removing_replicas.get(rp.partition)
+                )
                 if rp.cancel or not rp.replicas:
                     if not ongoing:
-                        raise NoReassignmentInProgress(f"{rt.name}-{rp.partition} has no reassignment to cancel")
+                        raise NoReassignmentInProgress(
+                            f"{rt.name}-{rp.partition} has no reassignment to cancel"
+                        )
                     topics[rt.name] = _cancel_reassignment(ctx, result, topic, tp, oar)
                 else:
                     rar = tuple(rp.replicas)
@@ -770,7 +884,8 @@ def on_alter_reassignments(ctx: ControllerContext, req: common_pb2.AlterPartitio
                     unknown = [r for r in rar if r not in ctx.live_brokers]
                     if unknown:
                         raise InvalidReplicaAssignment(
-                            f"target replicas {unknown} are not registered brokers; live: {sorted(ctx.live_brokers)}")
+                            f"target replicas {unknown} are not registered brokers; live: {sorted(ctx.live_brokers)}"
+                        )
                     if rar == oar and not ongoing:
                         raise ElectionNotNeeded(f"{rt.name}-{rp.partition} already has replicas {list(rar)}")
                     # A new target for a partition already moving starts from every replica it
@@ -788,8 +903,14 @@ def on_alter_reassignments(ctx: ControllerContext, req: common_pb2.AlterPartitio
                     result.rpcs.add_leader_and_isr([r for r in ar if ctx.is_live(r)], tp)
                     for r in adding:
                         result.rpcs.new_replicas.add((r, tp))
-                    log.info("reassigning %s-%d from %s to %s (adding %s, removing %s)", *tp, list(oar),
-                             list(rar), list(adding), list(removing))
+                    log.info(
+                        "reassigning %s-%d from %s to %s (adding %s, removing %s)",
+                        *tp,
+                        list(oar),
+                        list(rar),
+                        list(adding),
+                        list(removing),
+                    )
             except HighwaterError as exc:
                 answer.error_code, answer.error_message = exc.code, exc.message
             answers.append(answer)
@@ -799,8 +920,13 @@ def on_alter_reassignments(ctx: ControllerContext, req: common_pb2.AlterPartitio
     return result
 
 
-def _cancel_reassignment(ctx: ControllerContext, result: ControllerResult, topic: TopicInfo,
-                         tp: TopicPartitionKey, oar: tuple[int, ...]) -> TopicInfo:
+def _cancel_reassignment(
+    ctx: ControllerContext,
+    result: ControllerResult,
+    topic: TopicInfo,
+    tp: TopicPartitionKey,
+    oar: tuple[int, ...],
+) -> TopicInfo:
     state = ctx.states[tp]
     adding = topic.adding_replicas.get(tp[1], ())
     isr = tuple(r for r in state.isr if r in oar)
@@ -860,22 +986,29 @@ def on_reassignment_progress(ctx: ControllerContext) -> ControllerResult:
     return result
 
 
-def list_reassignments(ctx: ControllerContext, req: common_pb2.ListPartitionReassignmentsRequest
-                       ) -> common_pb2.ListPartitionReassignmentsResponse:
+def list_reassignments(
+    ctx: ControllerContext, req: common_pb2.ListPartitionReassignmentsRequest
+) -> common_pb2.ListPartitionReassignmentsResponse:
     wanted = {(p.topic, p.partition) for p in req.partitions}
     out = []
     for tp in ongoing_reassignments(ctx):
         if wanted and tp not in wanted:
             continue
         topic = ctx.topics[tp[0]]
-        out.append(common_pb2.OngoingReassignment(
-            topic=tp[0], partition=tp[1], replicas=list(topic.assignment[tp[1]]),
-            adding_replicas=list(topic.adding_replicas.get(tp[1], ())),
-            removing_replicas=list(topic.removing_replicas.get(tp[1], ()))))
+        out.append(
+            common_pb2.OngoingReassignment(
+                topic=tp[0],
+                partition=tp[1],
+                replicas=list(topic.assignment[tp[1]]),
+                adding_replicas=list(topic.adding_replicas.get(tp[1], ())),
+                removing_replicas=list(topic.removing_replicas.get(tp[1], ())),
+            )
+        )
     return common_pb2.ListPartitionReassignmentsResponse(reassignments=out)
 
 
 # ---- automatic leader rebalance ------------------------------------------------------------------
+
 
 def on_auto_leader_rebalance(ctx: ControllerContext, imbalance_percentage_max: int) -> ControllerResult:
     """Preferred elections for brokers whose share of non-preferred leadership passes the threshold."""
@@ -892,8 +1025,12 @@ def on_auto_leader_rebalance(ctx: ControllerContext, imbalance_percentage_max: i
         not_led = [tp for tp in tps if ctx.states[tp].leader != broker_id]
         if not tps or len(not_led) * 100 <= imbalance_percentage_max * len(tps):
             continue
-        log.info("broker %d leads %d of its %d preferred partitions; rebalancing", broker_id,
-                 len(tps) - len(not_led), len(tps))
+        log.info(
+            "broker %d leads %d of its %d preferred partitions; rebalancing",
+            broker_id,
+            len(tps) - len(not_led),
+            len(tps),
+        )
         for tp in not_led:
             state = ctx.states[tp]
             choice = elections.preferred_replica_leader(ctx.replicas(tp), state.isr, live)
@@ -904,6 +1041,7 @@ def on_auto_leader_rebalance(ctx: ControllerContext, imbalance_percentage_max: i
 
 # ---- replay -----------------------------------------------------------------------------------
 
+
 def apply_write(ctx: ControllerContext, write: Write) -> None:
     """Replay one committed write into the context (the only way handler writes change it)."""
     if isinstance(write, StateWrite):
@@ -912,8 +1050,13 @@ def apply_write(ctx: ControllerContext, write: Write) -> None:
         old = ctx.topics.get(write.topic.name)
         configs = old.configs if old is not None else write.topic.configs
         ctx.topics[write.topic.name] = TopicInfo(
-            write.topic.name, write.topic.topic_id, dict(write.topic.assignment), dict(configs or {}),
-            dict(write.topic.adding_replicas), dict(write.topic.removing_replicas))
+            write.topic.name,
+            write.topic.topic_id,
+            dict(write.topic.assignment),
+            dict(configs or {}),
+            dict(write.topic.adding_replicas),
+            dict(write.topic.removing_replicas),
+        )
     elif isinstance(write, ConfigWrite):
         topic = ctx.topics.get(write.topic)
         if topic is not None:
@@ -936,6 +1079,7 @@ def apply_write(ctx: ControllerContext, write: Write) -> None:
 
 # ---- requests written by hand under /admin ---------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class AdminKeyDelete:
     """Remove a handled (or malformed) /admin request key."""
@@ -951,24 +1095,31 @@ def parse_admin_reassignment(raw: bytes) -> common_pb2.AlterPartitionReassignmen
         for item in doc["partitions"]:
             replicas = [int(r) for r in item["replicas"]]
             by_topic.setdefault(str(item["topic"]), []).append(
-                common_pb2.ReassignablePartition(partition=int(item["partition"]), replicas=replicas))
+                common_pb2.ReassignablePartition(partition=int(item["partition"]), replicas=replicas)
+            )
     except (ValueError, KeyError, TypeError) as exc:
-        raise InvalidRequest(f"malformed reassignment JSON ({exc}); expected "
-                             '{"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [1, 2]}]}'
-                             ) from exc
+        raise InvalidRequest(
+            f"malformed reassignment JSON ({exc}); expected "
+            '{"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [1, 2]}]}'
+        ) from exc
     return common_pb2.AlterPartitionReassignmentsRequest(
-        topics=[common_pb2.ReassignableTopic(name=t, partitions=ps) for t, ps in by_topic.items()])
+        topics=[common_pb2.ReassignableTopic(name=t, partitions=ps) for t, ps in by_topic.items()]
+    )
 
 
 def parse_admin_preferred_election(raw: bytes) -> common_pb2.ElectLeadersRequest:
     """{"partitions": [{"topic": "t", "partition": 0}]} (an empty list: every partition)."""
     try:
         doc = json.loads(raw)
-        parts = [common_pb2.TopicPartition(topic=str(p["topic"]), partition=int(p["partition"]))
-                 for p in doc.get("partitions", [])]
+        parts = [
+            common_pb2.TopicPartition(topic=str(p["topic"]), partition=int(p["partition"]))
+            for p in doc.get("partitions", [])
+        ]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise InvalidRequest(f"malformed preferred election JSON ({exc}); expected "
-                             '{"partitions": [{"topic": "t", "partition": 0}]}') from exc
+        raise InvalidRequest(
+            f"malformed preferred election JSON ({exc}); expected "
+            '{"partitions": [{"topic": "t", "partition": 0}]}'
+        ) from exc
     return common_pb2.ElectLeadersRequest(election_type=common_pb2.PREFERRED, partitions=parts)
 
 
@@ -983,8 +1134,14 @@ def on_admin_request(ctx: ControllerContext, kind: str, key: str, raw: bytes) ->
             raise InvalidRequest(f"unknown admin request {key}")
         for p in getattr(result.response, "partitions", []):
             if p.error_code:
-                log.error("admin request %s: %s-%d: %s %s", key, p.topic, p.partition,
-                          common_pb2.ErrorCode.Name(p.error_code), p.error_message)
+                log.error(
+                    "admin request %s: %s-%d: %s %s",
+                    key,
+                    p.topic,
+                    p.partition,
+                    common_pb2.ErrorCode.Name(p.error_code),
+                    p.error_message,
+                )
     except HighwaterError as exc:
         log.error("admin request %s refused: %s", key, exc)
         result = ControllerResult()
@@ -992,19 +1149,32 @@ def on_admin_request(ctx: ControllerContext, kind: str, key: str, raw: bytes) ->
     return result
 
 
-Write = (StateWrite | TopicWrite | ConfigWrite | TopicDelete | DeletionMark | AdminKeyDelete | ReplicaStatesWrite
-         | ShuttingDownWrite)
+Write = (
+    StateWrite
+    | TopicWrite
+    | ConfigWrite
+    | TopicDelete
+    | DeletionMark
+    | AdminKeyDelete
+    | ReplicaStatesWrite
+    | ShuttingDownWrite
+)
 
 
-def on_admin_delete_marker(ctx: ControllerContext, topic: str, key: str, *, deletion_enabled: bool
-                           ) -> ControllerResult:
+def on_admin_delete_marker(
+    ctx: ControllerContext, topic: str, key: str, *, deletion_enabled: bool
+) -> ControllerResult:
     """A /admin/delete_topics/{topic} key: delete the topic, or log why not and remove the key."""
     if topic in ctx.topics_to_delete:
         return ControllerResult()  # our own mark, already being handled
     result = on_delete_topics(ctx, [topic], deletion_enabled=deletion_enabled)
     answer = result.response.topics[0]
     if answer.error_code:
-        log.error("deletion of %r requested under /admin refused: %s %s", topic,
-                  common_pb2.ErrorCode.Name(answer.error_code), answer.error_message)
+        log.error(
+            "deletion of %r requested under /admin refused: %s %s",
+            topic,
+            common_pb2.ErrorCode.Name(answer.error_code),
+            answer.error_message,
+        )
         result.writes.append(AdminKeyDelete(key))
     return result

@@ -9,12 +9,17 @@ CONTROLLER_EPOCH = Gauge("highwater_controller_epoch", "Epoch of this controller
 OFFLINE_PARTITIONS = Gauge("highwater_offline_partitions_count", "Partitions with no live leader")
 GLOBAL_PARTITION_COUNT = Gauge("highwater_global_partition_count", "Partitions in the cluster")
 UNCLEAN_ELECTIONS = Counter("highwater_unclean_leader_elections", "Leaders chosen from outside the ISR")
-EVENT_QUEUE_TIME = Histogram("highwater_controller_event_queue_time_seconds", "Time an event waited in the queue",
-                             ["event"])
-EVENT_PROCESSING_TIME = Histogram("highwater_controller_event_processing_seconds",
-                                  "Time to decide and commit an event", ["event"])
+EVENT_QUEUE_TIME = Histogram(
+    "highwater_controller_event_queue_time_seconds", "Time an event waited in the queue", ["event"]
+)
+EVENT_PROCESSING_TIME = Histogram(
+    "highwater_controller_event_processing_seconds", "Time to decide and commit an event", ["event"]
+)
 # Admin calls and the brokers' AlterPartition / ControlledShutdown, as the active
 # controller answers them (event queue wait and etcd commit included).
-REQUEST_LATENCY = Histogram("highwater_controller_request_latency_seconds", "Controller RPC latency", ["rpc"],
-                            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
-                                     10, 30))
+REQUEST_LATENCY = Histogram(
+    "highwater_controller_request_latency_seconds",
+    "Controller RPC latency",
+    ["rpc"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)

@@ -47,6 +47,7 @@ INVALID_REQUEST = common_pb2.INVALID_REQUEST
 
 # ---- what a decision asks for -----------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class AclWrite:
     """Store one binding (delete False) or remove it (delete True); the store names the key by its digest."""
@@ -87,8 +88,9 @@ class SecurityState:
     token_ids: frozenset[str] = frozenset()
 
     @classmethod
-    def from_records(cls, acls: Iterable[dict[str, Any]], token_records: Mapping[str, dict[str, Any]]
-                     ) -> SecurityState:
+    def from_records(
+        cls, acls: Iterable[dict[str, Any]], token_records: Mapping[str, dict[str, Any]]
+    ) -> SecurityState:
         bindings = set()
         for data in acls:
             try:
@@ -106,11 +108,18 @@ class SecurityState:
 
 # ---- wire form of a binding ---------------------------------------------------------------------
 
+
 def binding_from_proto(msg: controller_pb2.AclBinding) -> AclBinding:
     """The checked binding a message stands for; raises AclError naming the bad field."""
-    return AclBinding.of(msg.principal, msg.operation, msg.resource_type, msg.resource_name,
-                         permission=msg.permission, pattern_type=msg.pattern_type or "Literal",
-                         host=msg.host or WILDCARD)
+    return AclBinding.of(
+        msg.principal,
+        msg.operation,
+        msg.resource_type,
+        msg.resource_name,
+        permission=msg.permission,
+        pattern_type=msg.pattern_type or "Literal",
+        host=msg.host or WILDCARD,
+    )
 
 
 def binding_to_proto(binding: AclBinding) -> controller_pb2.AclBinding:
@@ -118,21 +127,30 @@ def binding_to_proto(binding: AclBinding) -> controller_pb2.AclBinding:
 
 
 def token_info(token_id: str, record: tokens.TokenRecord) -> controller_pb2.TokenInfo:
-    return controller_pb2.TokenInfo(token_id=token_id, principal=record.principal, created_ms=record.created_ms,
-                                    expires_ms=record.expires_ms, description=record.description)
+    return controller_pb2.TokenInfo(
+        token_id=token_id,
+        principal=record.principal,
+        created_ms=record.created_ms,
+        expires_ms=record.expires_ms,
+        description=record.description,
+    )
 
 
 # ---- ACLs ---------------------------------------------------------------------------------------
 
+
 def _too_many(count: int, what: str) -> str | None:
     if count > ACL_BINDINGS_PER_REQUEST_MAX:
-        return (f"{what} names {count} ACL bindings; at most {ACL_BINDINGS_PER_REQUEST_MAX} per request "
-                "(send several requests)")
+        return (
+            f"{what} names {count} ACL bindings; at most {ACL_BINDINGS_PER_REQUEST_MAX} per request "
+            "(send several requests)"
+        )
     return None
 
 
-def _parse_each(messages: Iterable[controller_pb2.AclBinding]
-                ) -> list[tuple[controller_pb2.AclBinding, AclBinding | None, str]]:
+def _parse_each(
+    messages: Iterable[controller_pb2.AclBinding],
+) -> list[tuple[controller_pb2.AclBinding, AclBinding | None, str]]:
     """(as sent, checked binding or None, why not) for each binding of a request."""
     parsed = []
     for msg in messages:
@@ -161,10 +179,13 @@ def create_acls(state: SecurityState, request: controller_pb2.CreateAclsRequest)
             writes.append(AclWrite(binding.to_dict()))
         response.results.add(binding=binding_to_proto(binding), changed=changed)
     if len(state.acls) + len(new) > ACL_BINDINGS_MAX:
-        return Decision(controller_pb2.CreateAclsResponse(
-            error_code=INVALID_REQUEST,
-            error_message=f"the cluster has {len(state.acls)} ACLs; {len(new)} more would pass the limit of "
-                          f"{ACL_BINDINGS_MAX} (remove some, or use prefixed and wildcard patterns)"))
+        return Decision(
+            controller_pb2.CreateAclsResponse(
+                error_code=INVALID_REQUEST,
+                error_message=f"the cluster has {len(state.acls)} ACLs; {len(new)} more would pass the limit of "
+                f"{ACL_BINDINGS_MAX} (remove some, or use prefixed and wildcard patterns)",
+            )
+        )
     return Decision(response, writes)
 
 
@@ -193,43 +214,63 @@ def describe_acls(state: SecurityState, request: controller_pb2.DescribeAclsRequ
     try:
         acl_filter = AclFilter.of(request.principal, request.resource_type, request.resource_name)
     except AclError as exc:
-        return Decision(controller_pb2.DescribeAclsResponse(error_code=INVALID_REQUEST, error_message=str(exc)))
+        return Decision(
+            controller_pb2.DescribeAclsResponse(error_code=INVALID_REQUEST, error_message=str(exc))
+        )
     matching = sorted((b for b in state.acls if acl_filter.matches(b)), key=AclBinding.sort_key)
     return Decision(controller_pb2.DescribeAclsResponse(acls=[binding_to_proto(b) for b in matching]))
 
 
 # ---- tokens -------------------------------------------------------------------------------------
 
-def create_token(state: SecurityState, request: controller_pb2.CreateTokenRequest, *, now_ms: int) -> Decision:
+
+def create_token(
+    state: SecurityState, request: controller_pb2.CreateTokenRequest, *, now_ms: int
+) -> Decision:
     """A new token for the principal: its record is written, its text answered once."""
     if len(state.token_ids | state.tokens.keys()) >= tokens.TOKENS_MAX:
-        return Decision(controller_pb2.CreateTokenResponse(
-            error_code=INVALID_REQUEST,
-            error_message=f"the cluster has {tokens.TOKENS_MAX} tokens, the limit; revoke unused ones first"))
+        return Decision(
+            controller_pb2.CreateTokenResponse(
+                error_code=INVALID_REQUEST,
+                error_message=f"the cluster has {tokens.TOKENS_MAX} tokens, the limit; revoke unused ones first",
+            )
+        )
     try:
-        text, token_id, record = tokens.new_token(request.principal, now_ms=now_ms,
-                                                  expires_in_ms=request.expires_in_ms,
-                                                  description=request.description)
+        text, token_id, record = tokens.new_token(
+            request.principal,
+            now_ms=now_ms,
+            expires_in_ms=request.expires_in_ms,
+            description=request.description,
+        )
     except (tokens.TokenError, AclError) as exc:
-        return Decision(controller_pb2.CreateTokenResponse(error_code=INVALID_REQUEST, error_message=str(exc)))
-    return Decision(controller_pb2.CreateTokenResponse(token=text, info=token_info(token_id, record)),
-                    [TokenWrite(token_id, record.to_dict())])
+        return Decision(
+            controller_pb2.CreateTokenResponse(error_code=INVALID_REQUEST, error_message=str(exc))
+        )
+    return Decision(
+        controller_pb2.CreateTokenResponse(token=text, info=token_info(token_id, record)),
+        [TokenWrite(token_id, record.to_dict())],
+    )
 
 
 def revoke_token(state: SecurityState, request: controller_pb2.RevokeTokenRequest) -> Decision:
     """Delete the token's record; revoked False when there was none."""
     if not tokens.is_token_id(request.token_id):
-        return Decision(controller_pb2.RevokeTokenResponse(
-            error_code=INVALID_REQUEST,
-            error_message=f"{request.token_id[:80]!r} is not a token id (1-{tokens.TOKEN_ID_CHARS_MAX} ASCII "
-                          "letters or digits: the part between the dots of hwt.<id>.<secret>)"))
+        return Decision(
+            controller_pb2.RevokeTokenResponse(
+                error_code=INVALID_REQUEST,
+                error_message=f"{request.token_id[:80]!r} is not a token id (1-{tokens.TOKEN_ID_CHARS_MAX} ASCII "
+                "letters or digits: the part between the dots of hwt.<id>.<secret>)",
+            )
+        )
     if request.token_id not in state.tokens and request.token_id not in state.token_ids:
         return Decision(controller_pb2.RevokeTokenResponse(revoked=False))
-    return Decision(controller_pb2.RevokeTokenResponse(revoked=True),
-                    [TokenWrite(request.token_id, None)])
+    return Decision(controller_pb2.RevokeTokenResponse(revoked=True), [TokenWrite(request.token_id, None)])
 
 
 def list_tokens(state: SecurityState, request: controller_pb2.ListTokensRequest) -> Decision:
     """Every token's id, principal and lifetime: never a secret, never a hash."""
-    return Decision(controller_pb2.ListTokensResponse(
-        tokens=[token_info(i, state.tokens[i]) for i in sorted(state.tokens)]))
+    return Decision(
+        controller_pb2.ListTokensResponse(
+            tokens=[token_info(i, state.tokens[i]) for i in sorted(state.tokens)]
+        )
+    )

@@ -75,20 +75,38 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
         active = common_pb2.NotControllerInfo(controller_id=-1)
         message = "no controller is active yet; retry shortly"
         if info:
-            active = common_pb2.NotControllerInfo(controller_id=int(info["controller_id"]),
-                                                      host=str(info["host"]), port=int(info["port"]))
-            message = (f"this is a standby controller; the active one is {active.controller_id} at "
-                       f"{active.host}:{active.port}")
-        return response_cls(error_code=common_pb2.NOT_CONTROLLER, error_message=message,  # type: ignore[call-arg]
-                            active_controller=active)
+            active = common_pb2.NotControllerInfo(
+                controller_id=int(info["controller_id"]), host=str(info["host"]), port=int(info["port"])
+            )
+            message = (
+                f"this is a standby controller; the active one is {active.controller_id} at "
+                f"{active.host}:{active.port}"
+            )
+        return response_cls(
+            error_code=common_pb2.NOT_CONTROLLER,
+            error_message=message,  # type: ignore[call-arg]
+            active_controller=active,
+        )
 
-    async def _run(self, name: str, response_cls: type[R], decide: Callable[[ControllerEventLoop],
-                   handlers.ControllerResult], *, wait_rpcs: bool = False) -> R:
+    async def _run(
+        self,
+        name: str,
+        response_cls: type[R],
+        decide: Callable[[ControllerEventLoop], handlers.ControllerResult],
+        *,
+        wait_rpcs: bool = False,
+    ) -> R:
         with metrics.REQUEST_LATENCY.labels(name).time():
             return await self._run_timed(name, response_cls, decide, wait_rpcs=wait_rpcs)
 
-    async def _run_timed(self, name: str, response_cls: type[R], decide: Callable[[ControllerEventLoop],
-                         handlers.ControllerResult], *, wait_rpcs: bool) -> R:
+    async def _run_timed(
+        self,
+        name: str,
+        response_cls: type[R],
+        decide: Callable[[ControllerEventLoop], handlers.ControllerResult],
+        *,
+        wait_rpcs: bool,
+    ) -> R:
         loop = self.active
         if loop is None:
             return await self._not_controller(response_cls)
@@ -102,18 +120,28 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             await asyncio.wait(result.rpc_futures, timeout=ADMIN_PROPAGATION_WAIT_S)
         return result.response
 
-    async def CreateTopics(self, request: common_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
-                           ) -> common_pb2.CreateTopicsResponse:
-        return await self._run("CreateTopics", common_pb2.CreateTopicsResponse,
-                               lambda lp: handlers.on_create_topics(lp.ctx, request), wait_rpcs=True)
+    async def CreateTopics(
+        self, request: common_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.CreateTopicsResponse:
+        return await self._run(
+            "CreateTopics",
+            common_pb2.CreateTopicsResponse,
+            lambda lp: handlers.on_create_topics(lp.ctx, request),
+            wait_rpcs=True,
+        )
 
-    async def DeleteTopics(self, request: common_pb2.DeleteTopicsRequest, context: grpc.aio.ServicerContext
-                           ) -> common_pb2.DeleteTopicsResponse:
+    async def DeleteTopics(
+        self, request: common_pb2.DeleteTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.DeleteTopicsResponse:
         """Start the deletion and wait (bounded) until every replica confirmed it, as Kafka's DeleteTopics."""
-        response = await self._run("DeleteTopics", common_pb2.DeleteTopicsResponse,
-                                   lambda lp: handlers.on_delete_topics(lp.ctx, list(request.names),
-                                                                        deletion_enabled=lp.delete_topic_enable),
-                                   wait_rpcs=True)
+        response = await self._run(
+            "DeleteTopics",
+            common_pb2.DeleteTopicsResponse,
+            lambda lp: handlers.on_delete_topics(
+                lp.ctx, list(request.names), deletion_enabled=lp.delete_topic_enable
+            ),
+            wait_rpcs=True,
+        )
         loop = self.active
         wait_s = (request.timeout_ms or 30_000) / 1000
         deadline = asyncio.get_running_loop().time() + wait_s
@@ -124,64 +152,99 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
                 await asyncio.sleep(0.02)
             if answer.name in loop.ctx.topics:
                 answer.error_code = common_pb2.REQUEST_TIMED_OUT
-                answer.error_message = (f"deletion of {answer.name!r} started but not every replica confirmed "
-                                        f"within {wait_s:.0f} s (a broker is down?); it completes when they do")
+                answer.error_message = (
+                    f"deletion of {answer.name!r} started but not every replica confirmed "
+                    f"within {wait_s:.0f} s (a broker is down?); it completes when they do"
+                )
         return response
 
-    async def CreatePartitions(self, request: common_pb2.CreatePartitionsRequest,
-                               context: grpc.aio.ServicerContext) -> common_pb2.CreatePartitionsResponse:
-        return await self._run("CreatePartitions", common_pb2.CreatePartitionsResponse,
-                               lambda lp: handlers.on_create_partitions(lp.ctx, request), wait_rpcs=True)
+    async def CreatePartitions(
+        self, request: common_pb2.CreatePartitionsRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.CreatePartitionsResponse:
+        return await self._run(
+            "CreatePartitions",
+            common_pb2.CreatePartitionsResponse,
+            lambda lp: handlers.on_create_partitions(lp.ctx, request),
+            wait_rpcs=True,
+        )
 
-    async def ElectLeaders(self, request: common_pb2.ElectLeadersRequest, context: grpc.aio.ServicerContext
-                           ) -> common_pb2.ElectLeadersResponse:
-        return await self._run("ElectLeaders", common_pb2.ElectLeadersResponse,
-                               lambda lp: handlers.on_elect_leaders(lp.ctx, request), wait_rpcs=True)
+    async def ElectLeaders(
+        self, request: common_pb2.ElectLeadersRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ElectLeadersResponse:
+        return await self._run(
+            "ElectLeaders",
+            common_pb2.ElectLeadersResponse,
+            lambda lp: handlers.on_elect_leaders(lp.ctx, request),
+            wait_rpcs=True,
+        )
 
-    async def AlterPartition(self, request: controller_pb2.AlterPartitionRequest,
-                             context: grpc.aio.ServicerContext) -> controller_pb2.AlterPartitionResponse:
-        return await self._run("AlterPartition", controller_pb2.AlterPartitionResponse,
-                               lambda lp: handlers.on_alter_partition(lp.ctx, request))
+    async def AlterPartition(
+        self, request: controller_pb2.AlterPartitionRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.AlterPartitionResponse:
+        return await self._run(
+            "AlterPartition",
+            controller_pb2.AlterPartitionResponse,
+            lambda lp: handlers.on_alter_partition(lp.ctx, request),
+        )
 
-    async def ControlledShutdown(self, request: controller_pb2.ControlledShutdownRequest,
-                                 context: grpc.aio.ServicerContext) -> controller_pb2.ControlledShutdownResponse:
-        return await self._run("ControlledShutdown", controller_pb2.ControlledShutdownResponse,
-                               lambda lp: handlers.on_controlled_shutdown(lp.ctx, request.broker_id,
-                                                                          request.broker_epoch), wait_rpcs=True)
+    async def ControlledShutdown(
+        self, request: controller_pb2.ControlledShutdownRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.ControlledShutdownResponse:
+        return await self._run(
+            "ControlledShutdown",
+            controller_pb2.ControlledShutdownResponse,
+            lambda lp: handlers.on_controlled_shutdown(lp.ctx, request.broker_id, request.broker_epoch),
+            wait_rpcs=True,
+        )
 
-    async def AlterPartitionReassignments(self, request: common_pb2.AlterPartitionReassignmentsRequest,
-                                          context: grpc.aio.ServicerContext
-                                          ) -> common_pb2.AlterPartitionReassignmentsResponse:
-        return await self._run("AlterPartitionReassignments", common_pb2.AlterPartitionReassignmentsResponse,
-                               lambda lp: handlers.on_alter_reassignments(lp.ctx, request), wait_rpcs=True)
+    async def AlterPartitionReassignments(
+        self, request: common_pb2.AlterPartitionReassignmentsRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.AlterPartitionReassignmentsResponse:
+        return await self._run(
+            "AlterPartitionReassignments",
+            common_pb2.AlterPartitionReassignmentsResponse,
+            lambda lp: handlers.on_alter_reassignments(lp.ctx, request),
+            wait_rpcs=True,
+        )
 
-    async def ListPartitionReassignments(self, request: common_pb2.ListPartitionReassignmentsRequest,
-                                         context: grpc.aio.ServicerContext
-                                         ) -> common_pb2.ListPartitionReassignmentsResponse:
+    async def ListPartitionReassignments(
+        self, request: common_pb2.ListPartitionReassignmentsRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ListPartitionReassignmentsResponse:
         loop = self.active
         if loop is None:
             return await self._not_controller(common_pb2.ListPartitionReassignmentsResponse)
         return handlers.list_reassignments(loop.ctx, request)
 
-    async def DescribeCluster(self, request: common_pb2.DescribeClusterRequest, context: grpc.aio.ServicerContext
-                              ) -> common_pb2.DescribeClusterResponse:
+    async def DescribeCluster(
+        self, request: common_pb2.DescribeClusterRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.DescribeClusterResponse:
         loop = self.active
         if loop is None:
             return await self._not_controller(common_pb2.DescribeClusterResponse)
         ctx = loop.ctx
         return common_pb2.DescribeClusterResponse(
-            cluster_id=loop.cluster_id, controller_host=self.host, controller_port=self.port,
-            controller_id=ctx.controller_id, controller_epoch=ctx.epoch,
+            cluster_id=loop.cluster_id,
+            controller_host=self.host,
+            controller_port=self.port,
+            controller_id=ctx.controller_id,
+            controller_epoch=ctx.epoch,
             brokers=[b.to_proto() for b in sorted(ctx.live_brokers.values(), key=lambda b: b.broker_id)],
-            gateways=[common_pb2.GatewayNode(gateway_id=g.gateway_id, host=g.host, port=g.port)
-                      for g in ctx.live_gateways.values()],
+            gateways=[
+                common_pb2.GatewayNode(gateway_id=g.gateway_id, host=g.host, port=g.port)
+                for g in ctx.live_gateways.values()
+            ],
             partitions=[ctx.partition_state_proto(tp) for tp in ctx.partitions() if tp in ctx.states],
-            topic_configs={t: _config(lp_topic.configs) for t, lp_topic in ctx.topics.items()})
+            topic_configs={t: _config(lp_topic.configs) for t, lp_topic in ctx.topics.items()},
+        )
 
     # ---- security admin: ACLs and tokens (authorized by the interceptor's rules) ---------------
 
-    async def _security(self, name: str, response_cls: type[R],
-                        decide: Callable[[security_admin.SecurityState], security_admin.Decision]) -> R:
+    async def _security(
+        self,
+        name: str,
+        response_cls: type[R],
+        decide: Callable[[security_admin.SecurityState], security_admin.Decision],
+    ) -> R:
         with metrics.REQUEST_LATENCY.labels(name).time():
             loop = self.active
             if loop is None:
@@ -189,64 +252,96 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             async with self._security_lock:
                 try:
                     snapshot = await load_security(self.store)
-                    decision = decide(security_admin.SecurityState.from_records(snapshot.acls.values(),
-                                                                                snapshot.tokens))
+                    decision = decide(
+                        security_admin.SecurityState.from_records(snapshot.acls.values(), snapshot.tokens)
+                    )
                     if decision.writes:
-                        await commit_security_changes(self.store, loop.epoch,
-                                                      [_security_change(w) for w in decision.writes])
+                        await commit_security_changes(
+                            self.store, loop.epoch, [_security_change(w) for w in decision.writes]
+                        )
                 except ControllerFenced:
                     loop.resigned.set()  # a newer controller exists: stop acting
                     return await self._not_controller(response_cls)
                 except CoordinatorError as exc:
-                    return response_cls(error_code=common_pb2.REQUEST_TIMED_OUT,  # type: ignore[call-arg]
-                                        error_message=f"{name}: etcd did not take the change ({exc}); retry")
+                    return response_cls(
+                        error_code=common_pb2.REQUEST_TIMED_OUT,  # type: ignore[call-arg]
+                        error_message=f"{name}: etcd did not take the change ({exc}); retry",
+                    )
             response: R = decision.response
             return response
 
-    async def CreateAcls(self, request: controller_pb2.CreateAclsRequest, context: grpc.aio.ServicerContext
-                         ) -> controller_pb2.CreateAclsResponse:
-        return await self._security("CreateAcls", controller_pb2.CreateAclsResponse,
-                                    lambda state: security_admin.create_acls(state, request))
+    async def CreateAcls(
+        self, request: controller_pb2.CreateAclsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.CreateAclsResponse:
+        return await self._security(
+            "CreateAcls",
+            controller_pb2.CreateAclsResponse,
+            lambda state: security_admin.create_acls(state, request),
+        )
 
-    async def DeleteAcls(self, request: controller_pb2.DeleteAclsRequest, context: grpc.aio.ServicerContext
-                         ) -> controller_pb2.DeleteAclsResponse:
-        return await self._security("DeleteAcls", controller_pb2.DeleteAclsResponse,
-                                    lambda state: security_admin.delete_acls(state, request))
+    async def DeleteAcls(
+        self, request: controller_pb2.DeleteAclsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.DeleteAclsResponse:
+        return await self._security(
+            "DeleteAcls",
+            controller_pb2.DeleteAclsResponse,
+            lambda state: security_admin.delete_acls(state, request),
+        )
 
-    async def DescribeAcls(self, request: controller_pb2.DescribeAclsRequest, context: grpc.aio.ServicerContext
-                           ) -> controller_pb2.DescribeAclsResponse:
-        return await self._security("DescribeAcls", controller_pb2.DescribeAclsResponse,
-                                    lambda state: security_admin.describe_acls(state, request))
+    async def DescribeAcls(
+        self, request: controller_pb2.DescribeAclsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.DescribeAclsResponse:
+        return await self._security(
+            "DescribeAcls",
+            controller_pb2.DescribeAclsResponse,
+            lambda state: security_admin.describe_acls(state, request),
+        )
 
-    async def CreateToken(self, request: controller_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext
-                          ) -> controller_pb2.CreateTokenResponse:
+    async def CreateToken(
+        self, request: controller_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.CreateTokenResponse:
         now_ms = int(time.time() * 1000)  # wall clock: expiry is checked against every service's wall clock
-        return await self._security("CreateToken", controller_pb2.CreateTokenResponse,
-                                    lambda state: security_admin.create_token(state, request, now_ms=now_ms))
+        return await self._security(
+            "CreateToken",
+            controller_pb2.CreateTokenResponse,
+            lambda state: security_admin.create_token(state, request, now_ms=now_ms),
+        )
 
-    async def RevokeToken(self, request: controller_pb2.RevokeTokenRequest, context: grpc.aio.ServicerContext
-                          ) -> controller_pb2.RevokeTokenResponse:
-        return await self._security("RevokeToken", controller_pb2.RevokeTokenResponse,
-                                    lambda state: security_admin.revoke_token(state, request))
+    async def RevokeToken(
+        self, request: controller_pb2.RevokeTokenRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.RevokeTokenResponse:
+        return await self._security(
+            "RevokeToken",
+            controller_pb2.RevokeTokenResponse,
+            lambda state: security_admin.revoke_token(state, request),
+        )
 
-    async def ListTokens(self, request: controller_pb2.ListTokensRequest, context: grpc.aio.ServicerContext
-                         ) -> controller_pb2.ListTokensResponse:
-        return await self._security("ListTokens", controller_pb2.ListTokensResponse,
-                                    lambda state: security_admin.list_tokens(state, request))
+    async def ListTokens(
+        self, request: controller_pb2.ListTokensRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.ListTokensResponse:
+        return await self._security(
+            "ListTokens",
+            controller_pb2.ListTokensResponse,
+            lambda state: security_admin.list_tokens(state, request),
+        )
 
-    async def InitProducerId(self, request: common_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext
-                             ) -> common_pb2.InitProducerIdResponse:
+    async def InitProducerId(
+        self, request: common_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.InitProducerIdResponse:
         loop = self.active
         if loop is None:
             return await self._not_controller(common_pb2.InitProducerIdResponse)
         problem = init_producer_id_problem(request)
         if problem is not None:
-            return common_pb2.InitProducerIdResponse(error_code=common_pb2.INVALID_REQUEST, error_message=problem)
+            return common_pb2.InitProducerIdResponse(
+                error_code=common_pb2.INVALID_REQUEST, error_message=problem
+            )
         if request.producer_id >= 0 and request.producer_epoch < limits.PRODUCER_EPOCH_MAX:
             # A known producer bumps its epoch (fencing its older incarnation); one whose epoch is
             # exhausted gets a new producer id below, as Kafka's KIP-360 does.
-            return common_pb2.InitProducerIdResponse(producer_id=request.producer_id,
-                                                     producer_epoch=max(request.producer_epoch, 0) + 1)
+            return common_pb2.InitProducerIdResponse(
+                producer_id=request.producer_id, producer_epoch=max(request.producer_epoch, 0) + 1
+            )
         try:
             producer_id = await loop.next_producer_id()
         except ControllerFenced:
@@ -263,25 +358,35 @@ def _security_change(write: security_admin.SecurityWrite) -> SecurityChange:
 
 def _config(configs: dict[str, str]) -> common_pb2.TopicConfig:
     from services.common.topics import topic_config_proto
+
     return topic_config_proto(configs)
 
 
 async def serve(config: ControllerConfig) -> None:
-    store = await EtcdStore.connect(config.etcd_endpoints, prefix=config.etcd_prefix,
-                                    tls=config.security.etcd_tls())
+    store = await EtcdStore.connect(
+        config.etcd_endpoints, prefix=config.etcd_prefix, tls=config.security.etcd_tls()
+    )
     security = await ServiceSecurity.start(config.security, store)
     peers = PeerChannels()
     servicer = ControllerServicer(store)
-    runtime = ServiceRuntime(name=f"controller-{config.controller_id}", host=config.host, port=config.port,
-                             metrics_port=config.metrics_port, ready_file=config.ready_file,
-                             service_names=[controller_pb2.DESCRIPTOR.services_by_name["ControllerService"]
-                                            .full_name],
-                             security=security)
+    runtime = ServiceRuntime(
+        name=f"controller-{config.controller_id}",
+        host=config.host,
+        port=config.port,
+        metrics_port=config.metrics_port,
+        ready_file=config.ready_file,
+        service_names=[controller_pb2.DESCRIPTOR.services_by_name["ControllerService"].full_name],
+        security=security,
+    )
     controller_pb2_grpc.add_ControllerServiceServicer_to_server(servicer, runtime.server)
     await runtime.start()
     servicer.host, servicer.port = config.host, runtime.bound_port
-    election = ControllerElection(store, config.controller_id,
-                                  {"host": config.host, "port": runtime.bound_port}, ttl_s=config.lease_ttl_s)
+    election = ControllerElection(
+        store,
+        config.controller_id,
+        {"host": config.host, "port": runtime.bound_port},
+        ttl_s=config.lease_ttl_s,
+    )
     await runtime.mark_ready(controller_id=config.controller_id)
 
     stopping = asyncio.Event()
@@ -296,11 +401,15 @@ async def serve(config: ControllerConfig) -> None:
                 return
             log.info("controller %d won the election at epoch %d", config.controller_id, epoch)
             loop = ControllerEventLoop(
-                store=store, controller_id=config.controller_id, epoch=epoch, peers=peers,
+                store=store,
+                controller_id=config.controller_id,
+                epoch=epoch,
+                peers=peers,
                 delete_topic_enable=config.delete_topic_enable,
                 auto_leader_rebalance=config.auto_leader_rebalance_enable,
                 leader_imbalance_check_interval_s=config.leader_imbalance_check_interval_s,
-                leader_imbalance_per_broker_percentage=config.leader_imbalance_per_broker_percentage)
+                leader_imbalance_per_broker_percentage=config.leader_imbalance_per_broker_percentage,
+            )
             try:
                 await loop.start()
                 servicer.active = loop
@@ -311,8 +420,11 @@ async def serve(config: ControllerConfig) -> None:
                 await asyncio.wait([lost, resigned], return_when=asyncio.FIRST_COMPLETED)
                 lost.cancel()
                 resigned.cancel()
-                log.warning("controller %d stops acting at epoch %d (lease lost or fenced)", config.controller_id,
-                            epoch)
+                log.warning(
+                    "controller %d stops acting at epoch %d (lease lost or fenced)",
+                    config.controller_id,
+                    epoch,
+                )
             except Exception:
                 log.exception("controller %d failed while active at epoch %d", config.controller_id, epoch)
             finally:
@@ -349,4 +461,3 @@ async def serve(config: ControllerConfig) -> None:
         await store.close()
 
     await runtime.run_until_stopped(on_stop)
-

@@ -36,17 +36,30 @@ REPLICA_TRANSITIONS: Mapping[ReplicaState, frozenset[ReplicaState]] = {
     ReplicaState.NON_EXISTENT: frozenset({ReplicaState.NEW, ReplicaState.ONLINE, ReplicaState.OFFLINE}),
     ReplicaState.NEW: frozenset({ReplicaState.ONLINE, ReplicaState.OFFLINE, ReplicaState.NEW}),
     ReplicaState.ONLINE: frozenset({ReplicaState.ONLINE, ReplicaState.OFFLINE}),
-    ReplicaState.OFFLINE: frozenset({ReplicaState.ONLINE, ReplicaState.OFFLINE, ReplicaState.DELETION_STARTED,
-                                     ReplicaState.DELETION_INELIGIBLE}),
-    ReplicaState.DELETION_STARTED: frozenset({ReplicaState.DELETION_SUCCESSFUL,
-                                              ReplicaState.DELETION_INELIGIBLE}),
+    ReplicaState.OFFLINE: frozenset(
+        {
+            ReplicaState.ONLINE,
+            ReplicaState.OFFLINE,
+            ReplicaState.DELETION_STARTED,
+            ReplicaState.DELETION_INELIGIBLE,
+        }
+    ),
+    ReplicaState.DELETION_STARTED: frozenset(
+        {ReplicaState.DELETION_SUCCESSFUL, ReplicaState.DELETION_INELIGIBLE}
+    ),
     ReplicaState.DELETION_SUCCESSFUL: frozenset({ReplicaState.NON_EXISTENT}),
-    ReplicaState.DELETION_INELIGIBLE: frozenset({ReplicaState.OFFLINE, ReplicaState.DELETION_STARTED,
-                                                 ReplicaState.ONLINE}),
+    ReplicaState.DELETION_INELIGIBLE: frozenset(
+        {ReplicaState.OFFLINE, ReplicaState.DELETION_STARTED, ReplicaState.ONLINE}
+    ),
 }
 
 
 def replica_transition(current: ReplicaState, target: ReplicaState, what: object) -> ReplicaState:
-    check(target in REPLICA_TRANSITIONS[current], "illegal replica transition %s -> %s for %s",
-          current.value, target.value, what)
+    check(
+        target in REPLICA_TRANSITIONS[current],
+        "illegal replica transition %s -> %s for %s",
+        current.value,
+        target.value,
+        what,
+    )
     return target

@@ -38,14 +38,20 @@ def produce_records_problem(request: gateway_pb2.ProduceRecordsRequest) -> str |
     if count == 0:
         return "records is empty; send at least one record"
     if count > limits.PRODUCE_RECORDS_PER_REQUEST_MAX:
-        return (f"{count} records in one request; the limit is {limits.PRODUCE_RECORDS_PER_REQUEST_MAX} "
-                "(send several requests)")
+        return (
+            f"{count} records in one request; the limit is {limits.PRODUCE_RECORDS_PER_REQUEST_MAX} "
+            "(send several requests)"
+        )
     if len(request.request_id) > limits.PRODUCE_REQUEST_ID_MAX_CHARS:
-        return (f"request_id is {len(request.request_id)} characters; the limit is "
-                f"{limits.PRODUCE_REQUEST_ID_MAX_CHARS}")
+        return (
+            f"request_id is {len(request.request_id)} characters; the limit is "
+            f"{limits.PRODUCE_REQUEST_ID_MAX_CHARS}"
+        )
     if request.timeout_ms < 0:
-        return (f"timeout_ms must be >= 0 (0: the default, {limits.PRODUCE_TIMEOUT_MS_DEFAULT} ms), got "
-                f"{request.timeout_ms}")
+        return (
+            f"timeout_ms must be >= 0 (0: the default, {limits.PRODUCE_TIMEOUT_MS_DEFAULT} ms), got "
+            f"{request.timeout_ms}"
+        )
     if request.compression and request.compression not in COMPRESSION_CODES:
         return f"unknown compression {request.compression!r}; expected one of {sorted(COMPRESSION_CODES)}"
     for index, record in enumerate(request.records):
@@ -76,8 +82,13 @@ def record_size_bytes(record: gateway_pb2.ProducerRecord) -> int:
     return record.ByteSize() + RECORD_OVERHEAD_BYTES_MAX
 
 
-def plan_produce(topic: str, records: Sequence[gateway_pb2.ProducerRecord], partition_count: int,
-                 available: Sequence[int], sticky: StickyPartitioner) -> ProducePlan:
+def plan_produce(
+    topic: str,
+    records: Sequence[gateway_pb2.ProducerRecord],
+    partition_count: int,
+    available: Sequence[int],
+    sticky: StickyPartitioner,
+) -> ProducePlan:
     """The partition of every record, as our Producer would choose it.
 
     A record naming a partition goes there (if the topic has it); a keyed record to
@@ -91,9 +102,11 @@ def plan_produce(topic: str, records: Sequence[gateway_pb2.ProducerRecord], part
         if record.HasField("partition"):
             partition = record.partition
             if not 0 <= partition < partition_count:
-                plan.refused[index] = (common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
-                                       f"topic {topic!r} has partitions 0..{partition_count - 1}; there is no "
-                                       f"partition {partition}")
+                plan.refused[index] = (
+                    common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"topic {topic!r} has partitions 0..{partition_count - 1}; there is no "
+                    f"partition {partition}",
+                )
                 continue
         elif record.HasField("key"):
             partition = partition_for_key(record.key, partition_count)
@@ -103,8 +116,12 @@ def plan_produce(topic: str, records: Sequence[gateway_pb2.ProducerRecord], part
     return plan
 
 
-def cut_batches(records: Sequence[gateway_pb2.ProducerRecord], indexes: Sequence[int], batch_bytes_max: int,
-                records_max: int = limits.RECORDS_PER_BATCH_MAX) -> list[list[int]]:
+def cut_batches(
+    records: Sequence[gateway_pb2.ProducerRecord],
+    indexes: Sequence[int],
+    batch_bytes_max: int,
+    records_max: int = limits.RECORDS_PER_BATCH_MAX,
+) -> list[list[int]]:
     """Split one partition's records (by request index) into batches under `batch_bytes_max`
     and of at most `records_max` records.
 
@@ -126,25 +143,44 @@ def cut_batches(records: Sequence[gateway_pb2.ProducerRecord], indexes: Sequence
     return batches
 
 
-def encode_records(records: Sequence[gateway_pb2.ProducerRecord], indexes: Sequence[int], *, now_ms: int,
-                   compression: str, producer_id: int, producer_epoch: int, base_sequence: int) -> bytes:
+def encode_records(
+    records: Sequence[gateway_pb2.ProducerRecord],
+    indexes: Sequence[int],
+    *,
+    now_ms: int,
+    compression: str,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+) -> bytes:
     """One RecordBatch v2 of these records, numbered from `base_sequence` for the idempotent producer."""
     tuples = []
     for index in indexes:
         record = records[index]
-        tuples.append((record.key if record.HasField("key") else None,
-                       record.value if record.HasField("value") else None,
-                       [(h.key, h.value) for h in record.headers],
-                       record.timestamp_ms if record.HasField("timestamp_ms") else now_ms))
-    return encode_batch(tuples, compression=compression or "none", producer_id=producer_id,
-                        producer_epoch=producer_epoch, base_sequence=base_sequence)
+        tuples.append(
+            (
+                record.key if record.HasField("key") else None,
+                record.value if record.HasField("value") else None,
+                [(h.key, h.value) for h in record.headers],
+                record.timestamp_ms if record.HasField("timestamp_ms") else now_ms,
+            )
+        )
+    return encode_batch(
+        tuples,
+        compression=compression or "none",
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+    )
 
 
 def next_sequence(sequence: int, increment: int) -> int:
     return (sequence + increment) % SEQUENCE_MODULUS
 
 
-def consumed_records(topic: str, partition: int, data: bytes, from_offset: int) -> list[gateway_pb2.ConsumedRecord]:
+def consumed_records(
+    topic: str, partition: int, data: bytes, from_offset: int
+) -> list[gateway_pb2.ConsumedRecord]:
     """The records of fetched batches at or past `from_offset` (a fetch may start mid-batch).
 
     Raises CorruptMessage (services/common/errors.py) for bytes a consumer cannot decode.
@@ -158,10 +194,14 @@ def consumed_records(topic: str, partition: int, data: bytes, from_offset: int) 
 
 
 def _consumed(topic: str, partition: int, record: Record) -> gateway_pb2.ConsumedRecord:
-    message = gateway_pb2.ConsumedRecord(topic=topic, partition=partition, offset=record.offset,
-                                         timestamp_ms=record.timestamp_ms, timestamp_type=record.timestamp_type,
-                                         headers=[gateway_pb2.RecordHeader(key=k, value=v or b"")
-                                                  for k, v in record.headers])
+    message = gateway_pb2.ConsumedRecord(
+        topic=topic,
+        partition=partition,
+        offset=record.offset,
+        timestamp_ms=record.timestamp_ms,
+        timestamp_type=record.timestamp_type,
+        headers=[gateway_pb2.RecordHeader(key=k, value=v or b"") for k, v in record.headers],
+    )
     if record.key is not None:
         message.key = record.key
     if record.value is not None:
@@ -169,19 +209,33 @@ def _consumed(topic: str, partition: int, record: Record) -> gateway_pb2.Consume
     return message
 
 
-def failed_results(indexes: Iterable[int], partition: int, code: int, message: str
-                   ) -> dict[int, gateway_pb2.RecordResult]:
-    return {i: gateway_pb2.RecordResult(partition=partition, offset=-1, error_code=code, error_message=message,
-                                        timestamp_ms=-1) for i in indexes}
+def failed_results(
+    indexes: Iterable[int], partition: int, code: int, message: str
+) -> dict[int, gateway_pb2.RecordResult]:
+    return {
+        i: gateway_pb2.RecordResult(
+            partition=partition, offset=-1, error_code=code, error_message=message, timestamp_ms=-1
+        )
+        for i in indexes
+    }
 
 
-def written_results(indexes: Sequence[int], partition: int, base_offset: int, timestamps_ms: Sequence[int],
-                    log_append_time_ms: int) -> dict[int, gateway_pb2.RecordResult]:
+def written_results(
+    indexes: Sequence[int],
+    partition: int,
+    base_offset: int,
+    timestamps_ms: Sequence[int],
+    log_append_time_ms: int,
+) -> dict[int, gateway_pb2.RecordResult]:
     """Results of records written together: consecutive offsets from `base_offset`."""
-    return {index: gateway_pb2.RecordResult(
-        partition=partition, offset=base_offset + position,
-        timestamp_ms=log_append_time_ms if log_append_time_ms >= 0 else timestamps_ms[position])
-        for position, index in enumerate(indexes)}
+    return {
+        index: gateway_pb2.RecordResult(
+            partition=partition,
+            offset=base_offset + position,
+            timestamp_ms=log_append_time_ms if log_append_time_ms >= 0 else timestamps_ms[position],
+        )
+        for position, index in enumerate(indexes)
+    }
 
 
 def consume_records_problem(request: gateway_pb2.ConsumeRecordsRequest) -> str | None:
@@ -191,8 +245,10 @@ def consume_records_problem(request: gateway_pb2.ConsumeRecordsRequest) -> str |
     if request.max_records < 0:
         return f"max_records must be >= 0 (0: no limit), got {request.max_records}"
     if not 0 <= request.max_records_per_message <= limits.CONSUME_RECORDS_PER_MESSAGE_MAX:
-        return (f"max_records_per_message must be 0..{limits.CONSUME_RECORDS_PER_MESSAGE_MAX} (0: "
-                f"{limits.CONSUME_RECORDS_PER_MESSAGE_DEFAULT}), got {request.max_records_per_message}")
+        return (
+            f"max_records_per_message must be 0..{limits.CONSUME_RECORDS_PER_MESSAGE_MAX} (0: "
+            f"{limits.CONSUME_RECORDS_PER_MESSAGE_DEFAULT}), got {request.max_records_per_message}"
+        )
     if request.partition_max_bytes < 0:
         return f"partition_max_bytes must be >= 0 (0: 1 MiB), got {request.partition_max_bytes}"
     seen: set[int] = set()

@@ -53,9 +53,9 @@ class PendingWrite:
 
     request: gateway_pb2.ProduceRecordsRequest
     partition: int
-    batches: list[list[int]]          # request indexes, batch by batch; shrinks as batches are sent
-    now_ms: int                       # the timestamp of records without one
-    deadline: float                   # time.monotonic() by which the request must be answered
+    batches: list[list[int]]  # request indexes, batch by batch; shrinks as batches are sent
+    now_ms: int  # the timestamp of records without one
+    deadline: float  # time.monotonic() by which the request must be answered
     done: asyncio.Future[dict[int, gateway_pb2.RecordResult]]
     results: dict[int, gateway_pb2.RecordResult] = field(default_factory=dict)
     failed: tuple[int, str] | None = None
@@ -92,9 +92,14 @@ def _take_group(queue: deque[PendingWrite]) -> list[tuple[PendingWrite, list[lis
         if head.failed is not None:
             code, message = head.failed
             for batch in head.batches:
-                head.results.update(record_level.failed_results(
-                    batch, head.partition, code,
-                    f"not sent: an earlier batch of this partition in this request failed ({message})"))
+                head.results.update(
+                    record_level.failed_results(
+                        batch,
+                        head.partition,
+                        code,
+                        f"not sent: an earlier batch of this partition in this request failed ({message})",
+                    )
+                )
             head.batches = []
             queue.popleft()
             _settle([(head, [])])
@@ -133,10 +138,16 @@ class RecordProducer:
     they are answered per record.
     """
 
-    def __init__(self, cache: MetadataCache, send: SendProduce, init_producer_id: InitProducerId,
-                 refresh_metadata: Callable[[], Awaitable[None]], *,
-                 records_per_batch_max: int = limits.RECORDS_PER_BATCH_MAX,
-                 request_bytes_max: int = limits.GRPC_MAX_MESSAGE_BYTES) -> None:
+    def __init__(
+        self,
+        cache: MetadataCache,
+        send: SendProduce,
+        init_producer_id: InitProducerId,
+        refresh_metadata: Callable[[], Awaitable[None]],
+        *,
+        records_per_batch_max: int = limits.RECORDS_PER_BATCH_MAX,
+        request_bytes_max: int = limits.GRPC_MAX_MESSAGE_BYTES,
+    ) -> None:
         """`records_per_batch_max` and `request_bytes_max`: what the brokers accept (their
         --max-batch-records and --max-request-bytes, which the gateway shares)."""
         self.cache = cache
@@ -152,8 +163,9 @@ class RecordProducer:
         self._shared_identity: tuple[int, int] | None = None
         self._identity_lock = asyncio.Lock()
         # (principal, topic, request id) -> (monotonic ms when it started, the task answering it)
-        self._requests: OrderedDict[tuple[str, str, str], tuple[float, asyncio.Task[
-            gateway_pb2.ProduceRecordsResponse]]] = OrderedDict()
+        self._requests: OrderedDict[
+            tuple[str, str, str], tuple[float, asyncio.Task[gateway_pb2.ProduceRecordsResponse]]
+        ] = OrderedDict()
 
     async def produce(self, request: gateway_pb2.ProduceRecordsRequest) -> gateway_pb2.ProduceRecordsResponse:
         """Write the request's records (its checks passed); the same request id gets the same answer."""
@@ -177,17 +189,27 @@ class RecordProducer:
                 return
             self._requests.popitem(last=False)
 
-    async def _produce(self, request: gateway_pb2.ProduceRecordsRequest) -> gateway_pb2.ProduceRecordsResponse:
-        timeout_ms = min(request.timeout_ms or limits.PRODUCE_TIMEOUT_MS_DEFAULT, limits.PRODUCE_TIMEOUT_MS_MAX)
+    async def _produce(
+        self, request: gateway_pb2.ProduceRecordsRequest
+    ) -> gateway_pb2.ProduceRecordsResponse:
+        timeout_ms = min(
+            request.timeout_ms or limits.PRODUCE_TIMEOUT_MS_DEFAULT, limits.PRODUCE_TIMEOUT_MS_MAX
+        )
         deadline = time.monotonic() + timeout_ms / 1000
         topic = request.topic
         if topic not in self.cache.topics():
             await self._refresh_metadata()
         states = self.cache.partitions_of(topic)
         if not states:
-            return gateway_pb2.ProduceRecordsResponse(topic=topic, results=record_level.failed_results(
-                range(len(request.records)), -1, common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
-                f"topic {topic!r} does not exist").values())
+            return gateway_pb2.ProduceRecordsResponse(
+                topic=topic,
+                results=record_level.failed_results(
+                    range(len(request.records)),
+                    -1,
+                    common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"topic {topic!r} does not exist",
+                ).values(),
+            )
         available = [s.partition for s in states if s.leader >= 0 and s.leader in self.cache.brokers]
         plan = record_level.plan_produce(topic, request.records, len(states), available, self._sticky)
         results: dict[int, gateway_pb2.RecordResult] = {}
@@ -197,20 +219,38 @@ class RecordProducer:
         batch_bytes_max = min(limits.RECORD_BATCH_BYTES_TARGET, self._send_batch_bytes_max)
         if config is not None and config.max_message_bytes > 0:
             batch_bytes_max = min(batch_bytes_max, config.max_message_bytes)
-        writes = [self._write_partition(request, partition, indexes, batch_bytes_max, deadline)
-                  for partition, indexes in plan.by_partition.items()]
+        writes = [
+            self._write_partition(request, partition, indexes, batch_bytes_max, deadline)
+            for partition, indexes in plan.by_partition.items()
+        ]
         for written in await asyncio.gather(*writes):
             results.update(written)
-        return gateway_pb2.ProduceRecordsResponse(topic=topic, results=[results[i] for i in range(len(request.records))])
+        return gateway_pb2.ProduceRecordsResponse(
+            topic=topic, results=[results[i] for i in range(len(request.records))]
+        )
 
-    async def _write_partition(self, request: gateway_pb2.ProduceRecordsRequest, partition: int, indexes: list[int],
-                               batch_bytes_max: int, deadline: float) -> dict[int, gateway_pb2.RecordResult]:
+    async def _write_partition(
+        self,
+        request: gateway_pb2.ProduceRecordsRequest,
+        partition: int,
+        indexes: list[int],
+        batch_bytes_max: int,
+        deadline: float,
+    ) -> dict[int, gateway_pb2.RecordResult]:
         """Queue one request's records for their partition's sender and wait for their results."""
         tp = (request.topic, partition)
         state = self._sequences.setdefault(tp, PartitionSequence())
-        batches = record_level.cut_batches(request.records, indexes, batch_bytes_max, self._records_per_batch_max)
-        pending = PendingWrite(request, partition, batches, int(time.time() * 1000), deadline,
-                               asyncio.get_running_loop().create_future())
+        batches = record_level.cut_batches(
+            request.records, indexes, batch_bytes_max, self._records_per_batch_max
+        )
+        pending = PendingWrite(
+            request,
+            partition,
+            batches,
+            int(time.time() * 1000),
+            deadline,
+            asyncio.get_running_loop().create_future(),
+        )
         state.queue.append(pending)
         if state.sender is None or state.sender.done():
             state.sender = asyncio.ensure_future(self._send_queued(partition, state))
@@ -235,8 +275,9 @@ class RecordProducer:
             state.queue.clear()
             raise
 
-    async def _send_group(self, partition: int, state: PartitionSequence,
-                          group: list[tuple[PendingWrite, list[list[int]]]]) -> None:
+    async def _send_group(
+        self, partition: int, state: PartitionSequence, group: list[tuple[PendingWrite, list[list[int]]]]
+    ) -> None:
         topic = group[0][0].request.topic
         if state.producer_id < 0:
             problem = await self._take_identity(state)
@@ -245,20 +286,42 @@ class RecordProducer:
                 return
         remaining_ms = int((min(pending.deadline for pending, _ in group) - time.monotonic()) * 1000)
         if remaining_ms <= 0:
-            _fail(group, common_pb2.REQUEST_TIMED_OUT,
-                  "the request's timeout_ms ran out before these records could be sent")
+            _fail(
+                group,
+                common_pb2.REQUEST_TIMED_OUT,
+                "the request's timeout_ms ran out before these records could be sent",
+            )
             return
         encoded = []
         sequence = state.next_sequence
         for pending, batches in group:
             for batch in batches:
-                encoded.append(record_level.encode_records(
-                    pending.request.records, batch, now_ms=pending.now_ms, compression=pending.request.compression,
-                    producer_id=state.producer_id, producer_epoch=state.producer_epoch, base_sequence=sequence))
+                encoded.append(
+                    record_level.encode_records(
+                        pending.request.records,
+                        batch,
+                        now_ms=pending.now_ms,
+                        compression=pending.request.compression,
+                        producer_id=state.producer_id,
+                        producer_epoch=state.producer_epoch,
+                        base_sequence=sequence,
+                    )
+                )
                 sequence = record_level.next_sequence(sequence, len(batch))
-        answer = await self._send(common_pb2.ProduceRequest(acks=-1, timeout_ms=remaining_ms, topics=[
-            common_pb2.ProduceTopicData(topic=topic, partitions=[
-                common_pb2.ProducePartitionData(partition=partition, records=b"".join(encoded))])]))
+        answer = await self._send(
+            common_pb2.ProduceRequest(
+                acks=-1,
+                timeout_ms=remaining_ms,
+                topics=[
+                    common_pb2.ProduceTopicData(
+                        topic=topic,
+                        partitions=[
+                            common_pb2.ProducePartitionData(partition=partition, records=b"".join(encoded))
+                        ],
+                    )
+                ],
+            )
+        )
         p = answer.topics[0].partitions[0]
         if p.error_code != common_pb2.NONE:
             # A gap or an unknown in this partition's numbering: start afresh (module docstring).
@@ -271,10 +334,13 @@ class RecordProducer:
         for pending, batches in group:
             records = pending.request.records
             flat = [i for batch in batches for i in batch]
-            timestamps = [records[i].timestamp_ms if records[i].HasField("timestamp_ms") else pending.now_ms
-                          for i in flat]
-            pending.results.update(record_level.written_results(flat, partition, offset, timestamps,
-                                                                p.log_append_time_ms))
+            timestamps = [
+                records[i].timestamp_ms if records[i].HasField("timestamp_ms") else pending.now_ms
+                for i in flat
+            ]
+            pending.results.update(
+                record_level.written_results(flat, partition, offset, timestamps, p.log_append_time_ms)
+            )
             offset += len(flat)
         _settle(group)
 
@@ -284,7 +350,9 @@ class RecordProducer:
             if self._shared_identity is not None and not state.needs_fresh_id:
                 identity = self._shared_identity
             else:
-                resp = await self._init_producer_id(common_pb2.InitProducerIdRequest(producer_id=-1, producer_epoch=-1))
+                resp = await self._init_producer_id(
+                    common_pb2.InitProducerIdRequest(producer_id=-1, producer_epoch=-1)
+                )
                 if resp.error_code != common_pb2.NONE:
                     return resp.error_code, f"the gateway could not get a producer id: {resp.error_message}"
                 identity = (resp.producer_id, resp.producer_epoch)

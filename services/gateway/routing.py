@@ -33,8 +33,10 @@ def route_error(cache: MetadataCache, tp: TopicPartitionKey) -> tuple[int, str] 
     state = cache.partitions.get(tp)
     if state is None:
         count = len(cache.partitions_of(tp[0]))
-        return (common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
-                f"topic {tp[0]!r} has partitions 0..{count - 1}; there is no partition {tp[1]}")
+        return (
+            common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+            f"topic {tp[0]!r} has partitions 0..{count - 1}; there is no partition {tp[1]}",
+        )
     if state.leader < 0 or state.leader not in cache.brokers:
         return common_pb2.LEADER_NOT_AVAILABLE, f"{tp[0]}-{tp[1]} has no live leader right now"
     return None
@@ -66,28 +68,37 @@ def idempotent_partitions(topics: Iterable[common_pb2.ProduceTopicData]) -> set[
     return out
 
 
-def produce_request(template: common_pb2.ProduceRequest, items: list[tuple[str, common_pb2.ProducePartitionData]]
-                    ) -> common_pb2.ProduceRequest:
+def produce_request(
+    template: common_pb2.ProduceRequest, items: list[tuple[str, common_pb2.ProducePartitionData]]
+) -> common_pb2.ProduceRequest:
     by_topic: dict[str, list[common_pb2.ProducePartitionData]] = {}
     for topic, pd in items:
         by_topic.setdefault(topic, []).append(pd)
     return common_pb2.ProduceRequest(
-        acks=template.acks, timeout_ms=template.timeout_ms,
-        topics=[common_pb2.ProduceTopicData(topic=t, partitions=ps) for t, ps in by_topic.items()])
+        acks=template.acks,
+        timeout_ms=template.timeout_ms,
+        topics=[common_pb2.ProduceTopicData(topic=t, partitions=ps) for t, ps in by_topic.items()],
+    )
 
 
-def merge_produce(results: dict[TopicPartitionKey, common_pb2.ProducePartitionResponse],
-                  order: Iterable[common_pb2.ProduceTopicData]) -> common_pb2.ProduceResponse:
+def merge_produce(
+    results: dict[TopicPartitionKey, common_pb2.ProducePartitionResponse],
+    order: Iterable[common_pb2.ProduceTopicData],
+) -> common_pb2.ProduceResponse:
     """Answers in the order the client asked, one per partition."""
     topics = []
     for t in order:
-        topics.append(common_pb2.ProduceTopicResponse(
-            topic=t.topic, partitions=[results[(t.topic, pd.partition)] for pd in t.partitions]))
+        topics.append(
+            common_pb2.ProduceTopicResponse(
+                topic=t.topic, partitions=[results[(t.topic, pd.partition)] for pd in t.partitions]
+            )
+        )
     return common_pb2.ProduceResponse(topics=topics)
 
 
-def split_by_leader(cache: MetadataCache, tps: Iterable[TopicPartitionKey]
-                    ) -> tuple[dict[str, list[TopicPartitionKey]], dict[TopicPartitionKey, tuple[int, str]]]:
+def split_by_leader(
+    cache: MetadataCache, tps: Iterable[TopicPartitionKey]
+) -> tuple[dict[str, list[TopicPartitionKey]], dict[TopicPartitionKey, tuple[int, str]]]:
     by_leader: dict[str, list[TopicPartitionKey]] = {}
     unroutable: dict[TopicPartitionKey, tuple[int, str]] = {}
     for tp in tps:
@@ -101,19 +112,27 @@ def split_by_leader(cache: MetadataCache, tps: Iterable[TopicPartitionKey]
     return by_leader, unroutable
 
 
-def fetch_request_for(template: common_pb2.FetchRequest, wanted: set[TopicPartitionKey]) -> common_pb2.FetchRequest:
+def fetch_request_for(
+    template: common_pb2.FetchRequest, wanted: set[TopicPartitionKey]
+) -> common_pb2.FetchRequest:
     topics = []
     for t in template.topics:
         parts = [p for p in t.partitions if (t.topic, p.partition) in wanted]
         if parts:
             topics.append(common_pb2.FetchTopic(topic=t.topic, partitions=parts))
-    return common_pb2.FetchRequest(replica_id=-1, max_wait_ms=template.max_wait_ms, min_bytes=template.min_bytes,
-                                   max_bytes=template.max_bytes, topics=topics,
-                                   isolation_level=template.isolation_level)
+    return common_pb2.FetchRequest(
+        replica_id=-1,
+        max_wait_ms=template.max_wait_ms,
+        min_bytes=template.min_bytes,
+        max_bytes=template.max_bytes,
+        topics=topics,
+        isolation_level=template.isolation_level,
+    )
 
 
-def list_offsets_request_for(template: common_pb2.ListOffsetsRequest, wanted: set[TopicPartitionKey]
-                             ) -> common_pb2.ListOffsetsRequest:
+def list_offsets_request_for(
+    template: common_pb2.ListOffsetsRequest, wanted: set[TopicPartitionKey]
+) -> common_pb2.ListOffsetsRequest:
     topics = []
     for t in template.topics:
         parts = [p for p in t.partitions if (t.topic, p.partition) in wanted]
@@ -122,8 +141,10 @@ def list_offsets_request_for(template: common_pb2.ListOffsetsRequest, wanted: se
     return common_pb2.ListOffsetsRequest(replica_id=-1, topics=topics)
 
 
-def collect_partitions(topics: Iterable[object], partition_of: Callable[[object], int] = lambda p: p.partition  # type: ignore[attr-defined]
-                       ) -> list[TopicPartitionKey]:
+def collect_partitions(
+    topics: Iterable[object],
+    partition_of: Callable[[object], int] = lambda p: p.partition,  # type: ignore[attr-defined]
+) -> list[TopicPartitionKey]:
     out = []
     for t in topics:
         for p in t.partitions:  # type: ignore[attr-defined]

@@ -41,8 +41,14 @@ from services.security.runtime import ServiceSecurity
 
 log = logging.getLogger("highwater.gateway")
 
-RETRIABLE_ROUTING_CODES = frozenset({common_pb2.NOT_LEADER_OR_FOLLOWER, common_pb2.LEADER_NOT_AVAILABLE,
-                                     common_pb2.FENCED_LEADER_EPOCH, common_pb2.UNKNOWN_LEADER_EPOCH})
+RETRIABLE_ROUTING_CODES = frozenset(
+    {
+        common_pb2.NOT_LEADER_OR_FOLLOWER,
+        common_pb2.LEADER_NOT_AVAILABLE,
+        common_pb2.FENCED_LEADER_EPOCH,
+        common_pb2.UNKNOWN_LEADER_EPOCH,
+    }
+)
 # Between two routing attempts of one request.
 ROUTING_RETRY_BACKOFF_MS = 100
 # The least time between two metadata pulls from the controller.
@@ -78,10 +84,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         # Batches the gateway makes must pass the brokers' request limits, which the gateway shares.
         security = security or SecurityConfig()
         self.records = RecordProducer(
-            self.cache, self._produce, self._init_producer_id, self.refresh_metadata,
-            records_per_batch_max=min(security.max_batch_records or limits.RECORDS_PER_BATCH_MAX,
-                                      limits.RECORDS_PER_BATCH_MAX),
-            request_bytes_max=security.max_request_bytes or limits.GRPC_MAX_MESSAGE_BYTES)
+            self.cache,
+            self._produce,
+            self._init_producer_id,
+            self.refresh_metadata,
+            records_per_batch_max=min(
+                security.max_batch_records or limits.RECORDS_PER_BATCH_MAX, limits.RECORDS_PER_BATCH_MAX
+            ),
+            request_bytes_max=security.max_request_bytes or limits.GRPC_MAX_MESSAGE_BYTES,
+        )
 
     def _background(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -96,14 +107,18 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def refresh_metadata(self, *, force: bool = False) -> None:
         async with self._refresh_lock:
-            if not force and (time.monotonic() - self._last_refresh) * 1000 < METADATA_REFRESH_INTERVAL_MS_MIN:
+            if (
+                not force
+                and (time.monotonic() - self._last_refresh) * 1000 < METADATA_REFRESH_INTERVAL_MS_MIN
+            ):
                 return
             address = await self.controller_address()
             if address is None:
                 return
             try:
                 resp = await self.peers.controller(address).DescribeCluster(
-                    common_pb2.DescribeClusterRequest(), timeout=limits.CONTROL_RPC_TIMEOUT_S)
+                    common_pb2.DescribeClusterRequest(), timeout=limits.CONTROL_RPC_TIMEOUT_S
+                )
             except grpc.aio.AioRpcError as exc:
                 log.warning("metadata refresh from controller at %s failed: %s", address, exc.code().name)
                 return
@@ -112,23 +127,27 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 self.cluster_id = resp.cluster_id or self.cluster_id
                 self._last_refresh = time.monotonic()
 
-    async def UpdateMetadata(self, request: broker_pb2.UpdateMetadataRequest, context: grpc.aio.ServicerContext
-                             ) -> broker_pb2.UpdateMetadataResponse:
+    async def UpdateMetadata(
+        self, request: broker_pb2.UpdateMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.UpdateMetadataResponse:
         if request.header.controller_epoch < self.cache.controller_epoch:
             return broker_pb2.UpdateMetadataResponse(
                 error_code=common_pb2.STALE_CONTROLLER_EPOCH,
                 error_message=f"controller epoch {request.header.controller_epoch} is older than "
-                              f"{self.cache.controller_epoch}")
+                f"{self.cache.controller_epoch}",
+            )
         self.cache.apply(request)
         return broker_pb2.UpdateMetadataResponse()
 
-    async def Metadata(self, request: common_pb2.MetadataRequest, context: grpc.aio.ServicerContext
-                       ) -> common_pb2.MetadataResponse:
+    async def Metadata(
+        self, request: common_pb2.MetadataRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.MetadataResponse:
         with metrics.REQUEST_LATENCY.labels("Metadata").time():
             return await self._metadata(request, context)
 
-    async def _metadata(self, request: common_pb2.MetadataRequest, context: grpc.aio.ServicerContext
-                       ) -> common_pb2.MetadataResponse:
+    async def _metadata(
+        self, request: common_pb2.MetadataRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.MetadataResponse:
         missing = [t for t in request.topics if t not in self.cache.topics()]
         if missing or not self.cache.brokers or not self.cluster_id:
             await self.refresh_metadata()
@@ -138,8 +157,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     # ---- produce ---------------------------------------------------------------------------
 
-    async def Produce(self, request: common_pb2.ProduceRequest, context: grpc.aio.ServicerContext
-                      ) -> common_pb2.ProduceResponse:
+    async def Produce(
+        self, request: common_pb2.ProduceRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ProduceResponse:
         problem = produce_request_problem(request)
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
@@ -148,7 +168,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def _produce(self, request: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse:
         """Route a checked Produce to the leaders, retrying what is safe to retry (see Departures)."""
-        timeout_ms = min(request.timeout_ms or limits.PRODUCE_TIMEOUT_MS_DEFAULT, limits.PRODUCE_TIMEOUT_MS_MAX)
+        timeout_ms = min(
+            request.timeout_ms or limits.PRODUCE_TIMEOUT_MS_DEFAULT, limits.PRODUCE_TIMEOUT_MS_MAX
+        )
         deadline = time.monotonic() + timeout_ms / 1000
         results: dict[routing.TopicPartitionKey, common_pb2.ProducePartitionResponse] = {}
         pending = list(request.topics)
@@ -160,31 +182,46 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         while True:
             split = routing.split_produce(self.cache, pending)
             for tp, (code, message) in split.unroutable.items():
-                results[tp] = common_pb2.ProducePartitionResponse(partition=tp[1], error_code=code,
-                                                                  error_message=message, base_offset=-1)
-            sends = {address: asyncio.ensure_future(self._produce_to(address, request, items, deadline))
-                     for address, items in split.by_leader.items()}
+                results[tp] = common_pb2.ProducePartitionResponse(
+                    partition=tp[1], error_code=code, error_message=message, base_offset=-1
+                )
+            sends = {
+                address: asyncio.ensure_future(self._produce_to(address, request, items, deadline))
+                for address, items in split.by_leader.items()
+            }
             uncertain: set[routing.TopicPartitionKey] = set()
             for fut in sends.values():
                 answered, unknown = await fut
                 results.update(answered)
                 uncertain |= unknown
-            retry = {tp for tp, res in results.items()
-                     if res.error_code in RETRIABLE_ROUTING_CODES
-                     and ((res.base_offset < 0 and tp not in uncertain) or tp in idempotent)}
+            retry = {
+                tp
+                for tp, res in results.items()
+                if res.error_code in RETRIABLE_ROUTING_CODES
+                and ((res.base_offset < 0 and tp not in uncertain) or tp in idempotent)
+            }
             if not retry or time.monotonic() + ROUTING_RETRY_BACKOFF_MS / 1000 >= deadline:
                 break
             await asyncio.sleep(ROUTING_RETRY_BACKOFF_MS / 1000)
             await self.refresh_metadata(force=True)
-            pending = [common_pb2.ProduceTopicData(topic=t.topic, partitions=[
-                pd for pd in t.partitions if (t.topic, pd.partition) in retry]) for t in request.topics]
+            pending = [
+                common_pb2.ProduceTopicData(
+                    topic=t.topic, partitions=[pd for pd in t.partitions if (t.topic, pd.partition) in retry]
+                )
+                for t in request.topics
+            ]
             pending = [t for t in pending if t.partitions]
         return routing.merge_produce(results, request.topics)
 
-    async def _produce_to(self, address: str, template: common_pb2.ProduceRequest,
-                          items: list[tuple[str, common_pb2.ProducePartitionData]], deadline: float
-                          ) -> tuple[dict[routing.TopicPartitionKey, common_pb2.ProducePartitionResponse],
-                                     set[routing.TopicPartitionKey]]:
+    async def _produce_to(
+        self,
+        address: str,
+        template: common_pb2.ProduceRequest,
+        items: list[tuple[str, common_pb2.ProducePartitionData]],
+        deadline: float,
+    ) -> tuple[
+        dict[routing.TopicPartitionKey, common_pb2.ProducePartitionResponse], set[routing.TopicPartitionKey]
+    ]:
         """One leader's answers, and the partitions whose outcome is unknown (the call itself failed)."""
         req = routing.produce_request(template, items)
         remaining_s = max(deadline - time.monotonic(), 0.001)
@@ -192,13 +229,21 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         try:
             resp = await self.peers.broker(address).Produce(req, timeout=remaining_s + 1.0)
         except grpc.aio.AioRpcError as exc:
-            code = (common_pb2.REQUEST_TIMED_OUT if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-                    else common_pb2.LEADER_NOT_AVAILABLE)
-            failed = {(t, pd.partition): common_pb2.ProducePartitionResponse(
-                partition=pd.partition, error_code=code, base_offset=-1,
-                error_message=f"the call to the leader at {address} failed ({exc.code().name}); the write may "
-                              "or may not have happened (an idempotent producer's retry is safe)")
-                for t, pd in items}
+            code = (
+                common_pb2.REQUEST_TIMED_OUT
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                else common_pb2.LEADER_NOT_AVAILABLE
+            )
+            failed = {
+                (t, pd.partition): common_pb2.ProducePartitionResponse(
+                    partition=pd.partition,
+                    error_code=code,
+                    base_offset=-1,
+                    error_message=f"the call to the leader at {address} failed ({exc.code().name}); the write may "
+                    "or may not have happened (an idempotent producer's retry is safe)",
+                )
+                for t, pd in items
+            }
             return failed, set(failed)
         out = {}
         for t in resp.topics:
@@ -208,8 +253,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     # ---- fetch / list offsets ---------------------------------------------------------------
 
-    async def Fetch(self, request: common_pb2.FetchRequest, context: grpc.aio.ServicerContext
-                    ) -> common_pb2.FetchResponse:
+    async def Fetch(
+        self, request: common_pb2.FetchRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.FetchResponse:
         problem = consumer_fetch_problem(request)
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
@@ -221,12 +267,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if any(tp[0] not in self.cache.topics() for tp in tps):
             await self.refresh_metadata()
         by_leader, unroutable = routing.split_by_leader(self.cache, tps)
-        calls = {address: asyncio.ensure_future(self._fetch_from(address, request, set(group)))
-                 for address, group in by_leader.items()}
+        calls = {
+            address: asyncio.ensure_future(self._fetch_from(address, request, set(group)))
+            for address, group in by_leader.items()
+        }
         parts: dict[routing.TopicPartitionKey, common_pb2.FetchPartitionResponse] = {}
         for tp, (code, message) in unroutable.items():
-            parts[tp] = common_pb2.FetchPartitionResponse(partition=tp[1], error_code=code, error_message=message,
-                                                          high_watermark=-1)
+            parts[tp] = common_pb2.FetchPartitionResponse(
+                partition=tp[1], error_code=code, error_message=message, high_watermark=-1
+            )
         stale = False
         for fut in calls.values():
             for tp, pr in (await fut).items():
@@ -234,39 +283,53 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 stale = stale or pr.error_code in RETRIABLE_ROUTING_CODES
         if stale or unroutable:
             self._background(self.refresh_metadata())
-        topics = [common_pb2.FetchTopicResponse(topic=t.topic, partitions=[parts[(t.topic, p.partition)]
-                                                                           for p in t.partitions])
-                  for t in request.topics]
+        topics = [
+            common_pb2.FetchTopicResponse(
+                topic=t.topic, partitions=[parts[(t.topic, p.partition)] for p in t.partitions]
+            )
+            for t in request.topics
+        ]
         return common_pb2.FetchResponse(topics=topics)
 
-    async def _fetch_from(self, address: str, template: common_pb2.FetchRequest,
-                          wanted: set[routing.TopicPartitionKey]
-                          ) -> dict[routing.TopicPartitionKey, common_pb2.FetchPartitionResponse]:
+    async def _fetch_from(
+        self, address: str, template: common_pb2.FetchRequest, wanted: set[routing.TopicPartitionKey]
+    ) -> dict[routing.TopicPartitionKey, common_pb2.FetchPartitionResponse]:
         req = routing.fetch_request_for(template, wanted)
-        timeout_s = min(template.max_wait_ms, limits.FETCH_MAX_WAIT_MS_MAX) / 1000 + limits.CONTROL_RPC_TIMEOUT_S
+        timeout_s = (
+            min(template.max_wait_ms, limits.FETCH_MAX_WAIT_MS_MAX) / 1000 + limits.CONTROL_RPC_TIMEOUT_S
+        )
         try:
             resp = await self.peers.broker(address).Fetch(req, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
-            return {tp: common_pb2.FetchPartitionResponse(
-                partition=tp[1], error_code=common_pb2.LEADER_NOT_AVAILABLE, high_watermark=-1,
-                error_message=f"leader at {address} could not be reached: {exc.code().name}") for tp in wanted}
+            return {
+                tp: common_pb2.FetchPartitionResponse(
+                    partition=tp[1],
+                    error_code=common_pb2.LEADER_NOT_AVAILABLE,
+                    high_watermark=-1,
+                    error_message=f"leader at {address} could not be reached: {exc.code().name}",
+                )
+                for tp in wanted
+            }
         return {(t.topic, p.partition): p for t in resp.topics for p in t.partitions}
 
-    async def ListOffsets(self, request: common_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
-                          ) -> common_pb2.ListOffsetsResponse:
+    async def ListOffsets(
+        self, request: common_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ListOffsetsResponse:
         with metrics.REQUEST_LATENCY.labels("ListOffsets").time():
             return await self._list_offsets(request, context)
 
-    async def _list_offsets(self, request: common_pb2.ListOffsetsRequest,
-                            context: grpc.aio.ServicerContext | None) -> common_pb2.ListOffsetsResponse:
+    async def _list_offsets(
+        self, request: common_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext | None
+    ) -> common_pb2.ListOffsetsResponse:
         tps = routing.collect_partitions(request.topics)
         if any(tp[0] not in self.cache.topics() for tp in tps):
             await self.refresh_metadata()
         by_leader, unroutable = routing.split_by_leader(self.cache, tps)
         parts: dict[routing.TopicPartitionKey, common_pb2.ListOffsetsPartitionResponse] = {}
         for tp, (code, message) in unroutable.items():
-            parts[tp] = common_pb2.ListOffsetsPartitionResponse(partition=tp[1], error_code=code,
-                                                                error_message=message, offset=-1)
+            parts[tp] = common_pb2.ListOffsetsPartitionResponse(
+                partition=tp[1], error_code=code, error_message=message, offset=-1
+            )
 
         async def one(address: str, group: list[routing.TopicPartitionKey]) -> None:
             req = routing.list_offsets_request_for(request, set(group))
@@ -278,51 +341,86 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             except grpc.aio.AioRpcError as exc:
                 for tp in group:
                     parts[tp] = common_pb2.ListOffsetsPartitionResponse(
-                        partition=tp[1], error_code=common_pb2.LEADER_NOT_AVAILABLE, offset=-1,
-                        error_message=f"leader at {address} could not be reached: {exc.code().name}")
+                        partition=tp[1],
+                        error_code=common_pb2.LEADER_NOT_AVAILABLE,
+                        offset=-1,
+                        error_message=f"leader at {address} could not be reached: {exc.code().name}",
+                    )
 
         await asyncio.gather(*(one(a, g) for a, g in by_leader.items()))
         if any(p.error_code in RETRIABLE_ROUTING_CODES for p in parts.values()):
             self._background(self.refresh_metadata())
-        return common_pb2.ListOffsetsResponse(topics=[
-            common_pb2.ListOffsetsTopicResponse(topic=t.topic, partitions=[parts[(t.topic, p.partition)]
-                                                                           for p in t.partitions])
-            for t in request.topics])
+        return common_pb2.ListOffsetsResponse(
+            topics=[
+                common_pb2.ListOffsetsTopicResponse(
+                    topic=t.topic, partitions=[parts[(t.topic, p.partition)] for p in t.partitions]
+                )
+                for t in request.topics
+            ]
+        )
 
     # ---- subscribe --------------------------------------------------------------------------
 
-    async def Subscribe(self, request: gateway_pb2.SubscribeRequest, context: grpc.aio.ServicerContext
-                        ) -> AsyncIterator[gateway_pb2.SubscribeResponse]:
+    async def Subscribe(
+        self, request: gateway_pb2.SubscribeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[gateway_pb2.SubscribeResponse]:
         """Push batches below the HW as it moves: a long-poll Fetch loop on the client's behalf."""
         max_bytes = request.max_bytes or limits.SUBSCRIBE_MAX_BYTES_DEFAULT
         positions: dict[routing.TopicPartitionKey, int] = {}
         starts = [(p.topic, p.partition, p.start_offset) for p in request.partitions]
         if not starts:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Subscribe needs at least one partition")
-        lo_req = common_pb2.ListOffsetsRequest(topics=[
-            # current_leader_epoch -1: the gateway knows no epoch to fence with (0 would be refused as
-            # FENCED_LEADER_EPOCH after the first leader change).
-            common_pb2.ListOffsetsTopic(topic=t, partitions=[common_pb2.ListOffsetsPartition(
-                partition=p, timestamp=s, current_leader_epoch=-1)])
-            for t, p, s in starts if s < 0])
+        lo_req = common_pb2.ListOffsetsRequest(
+            topics=[
+                # current_leader_epoch -1: the gateway knows no epoch to fence with (0 would be refused as
+                # FENCED_LEADER_EPOCH after the first leader change).
+                common_pb2.ListOffsetsTopic(
+                    topic=t,
+                    partitions=[
+                        common_pb2.ListOffsetsPartition(partition=p, timestamp=s, current_leader_epoch=-1)
+                    ],
+                )
+                for t, p, s in starts
+                if s < 0
+            ]
+        )
         if lo_req.topics:
             resolved = await self.ListOffsets(lo_req, context)
             for t in resolved.topics:
                 for p in t.partitions:
                     if p.error_code != common_pb2.NONE:
-                        yield gateway_pb2.SubscribeResponse(topic=t.topic, partition=p.partition,
-                                                            error_code=p.error_code, error_message=p.error_message)
+                        yield gateway_pb2.SubscribeResponse(
+                            topic=t.topic,
+                            partition=p.partition,
+                            error_code=p.error_code,
+                            error_message=p.error_message,
+                        )
                         return
                     positions[(t.topic, p.partition)] = p.offset
         for t, p, s in starts:
             if s >= 0:
                 positions[(t, p)] = s
         while not context.cancelled():
-            req = common_pb2.FetchRequest(replica_id=-1, max_wait_ms=SUBSCRIBE_POLL_WAIT_MS, min_bytes=1,
-                                          max_bytes=max_bytes, topics=[
-                common_pb2.FetchTopic(topic=t, partitions=[common_pb2.FetchPartition(
-                    partition=p, fetch_offset=off, partition_max_bytes=max_bytes, current_leader_epoch=-1)])
-                for (t, p), off in positions.items()])
+            req = common_pb2.FetchRequest(
+                replica_id=-1,
+                max_wait_ms=SUBSCRIBE_POLL_WAIT_MS,
+                min_bytes=1,
+                max_bytes=max_bytes,
+                topics=[
+                    common_pb2.FetchTopic(
+                        topic=t,
+                        partitions=[
+                            common_pb2.FetchPartition(
+                                partition=p,
+                                fetch_offset=off,
+                                partition_max_bytes=max_bytes,
+                                current_leader_epoch=-1,
+                            )
+                        ],
+                    )
+                    for (t, p), off in positions.items()
+                ],
+            )
             resp = await self._fetch(req)
             for t in resp.topics:
                 for pr in t.partitions:
@@ -331,20 +429,29 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                         headers = list(iter_batch_headers(pr.records))
                         nxt = headers[-1].next_offset if headers else positions[tp]
                         positions[tp] = nxt
-                        yield gateway_pb2.SubscribeResponse(topic=t.topic, partition=pr.partition,
-                                                            records=pr.records, high_watermark=pr.high_watermark,
-                                                            next_offset=nxt)
+                        yield gateway_pb2.SubscribeResponse(
+                            topic=t.topic,
+                            partition=pr.partition,
+                            records=pr.records,
+                            high_watermark=pr.high_watermark,
+                            next_offset=nxt,
+                        )
                     elif pr.error_code not in (common_pb2.NONE, *RETRIABLE_ROUTING_CODES):
-                        yield gateway_pb2.SubscribeResponse(topic=t.topic, partition=pr.partition,
-                                                            error_code=pr.error_code, error_message=pr.error_message)
+                        yield gateway_pb2.SubscribeResponse(
+                            topic=t.topic,
+                            partition=pr.partition,
+                            error_code=pr.error_code,
+                            error_message=pr.error_message,
+                        )
                         return
             if all(not pr.records for t in resp.topics for pr in t.partitions):
                 await asyncio.sleep(0.01)
 
     # ---- record-level calls (docs/GRPC.md) ----------------------------------------------------
 
-    async def ProduceRecords(self, request: gateway_pb2.ProduceRecordsRequest, context: grpc.aio.ServicerContext
-                             ) -> gateway_pb2.ProduceRecordsResponse:
+    async def ProduceRecords(
+        self, request: gateway_pb2.ProduceRecordsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ProduceRecordsResponse:
         """Partition, batch, encode and write plain records idempotently (record_producer.py)."""
         problem = record_level.produce_records_problem(request)
         if problem is not None:
@@ -352,11 +459,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         with metrics.REQUEST_LATENCY.labels("ProduceRecords").time():
             return await self.records.produce(request)
 
-    async def _init_producer_id(self, request: common_pb2.InitProducerIdRequest) -> common_pb2.InitProducerIdResponse:
+    async def _init_producer_id(
+        self, request: common_pb2.InitProducerIdRequest
+    ) -> common_pb2.InitProducerIdResponse:
         return await self._admin("InitProducerId", request, common_pb2.InitProducerIdResponse)
 
-    async def ConsumeRecords(self, request: gateway_pb2.ConsumeRecordsRequest, context: grpc.aio.ServicerContext
-                             ) -> AsyncIterator[gateway_pb2.ConsumeRecordsResponse]:
+    async def ConsumeRecords(
+        self, request: gateway_pb2.ConsumeRecordsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[gateway_pb2.ConsumeRecordsResponse]:
         """Decoded records of one topic as its HW moves: Subscribe's long-poll loop, record by record.
 
         A partition that fails for good (unknown, out of range, undecodable) is reported once in
@@ -371,24 +481,42 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if topic not in self.cache.topics():
             await self.refresh_metadata()
         count = len(self.cache.partitions_of(topic))
-        starts = {p.partition: p.start_offset for p in request.partitions} if request.partitions else \
-            {p: request.default_start_offset for p in range(count)}
+        starts = (
+            {p.partition: p.start_offset for p in request.partitions}
+            if request.partitions
+            else {p: request.default_start_offset for p in range(count)}
+        )
         errors: list[gateway_pb2.ConsumePartitionError] = []
         for partition in list(starts):
             if (topic, partition) not in self.cache.partitions:
-                errors.append(gateway_pb2.ConsumePartitionError(
-                    partition=partition, error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION, next_offset=-1,
-                    error_message=f"topic {topic!r} does not exist" if count == 0 else
-                    f"topic {topic!r} has partitions 0..{count - 1}; there is no partition {partition}"))
+                errors.append(
+                    gateway_pb2.ConsumePartitionError(
+                        partition=partition,
+                        error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+                        next_offset=-1,
+                        error_message=f"topic {topic!r} does not exist"
+                        if count == 0
+                        else f"topic {topic!r} has partitions 0..{count - 1}; there is no partition {partition}",
+                    )
+                )
                 del starts[partition]
         if not starts and not errors:
-            errors.append(gateway_pb2.ConsumePartitionError(
-                partition=-1, error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION, next_offset=-1,
-                error_message=f"topic {topic!r} does not exist"))
+            errors.append(
+                gateway_pb2.ConsumePartitionError(
+                    partition=-1,
+                    error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+                    next_offset=-1,
+                    error_message=f"topic {topic!r} does not exist",
+                )
+            )
         if request.group_id and starts:
-            committed = await self._fetch_committed_offsets(gateway_pb2.FetchCommittedOffsetsRequest(
-                group_id=request.group_id, partitions=[common_pb2.TopicPartition(topic=topic, partition=p)
-                                                       for p in starts]), context)
+            committed = await self._fetch_committed_offsets(
+                gateway_pb2.FetchCommittedOffsetsRequest(
+                    group_id=request.group_id,
+                    partitions=[common_pb2.TopicPartition(topic=topic, partition=p) for p in starts],
+                ),
+                context,
+            )
             for c in committed.offsets:
                 if c.offset >= 0:
                     starts[c.partition] = c.offset
@@ -399,11 +527,28 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         partition_max_bytes = request.partition_max_bytes or limits.FETCH_PARTITION_MAX_BYTES_DEFAULT
         left = request.max_records or -1
         while positions and left != 0 and not context.cancelled():
-            resp = await self._fetch(common_pb2.FetchRequest(
-                replica_id=-1, max_wait_ms=limits.CONSUME_FETCH_WAIT_MS, min_bytes=1,
-                max_bytes=limits.FETCH_MAX_BYTES_DEFAULT, topics=[common_pb2.FetchTopic(topic=topic, partitions=[
-                    common_pb2.FetchPartition(partition=p, fetch_offset=off, partition_max_bytes=partition_max_bytes,
-                                              current_leader_epoch=-1) for p, off in positions.items()])]))
+            resp = await self._fetch(
+                common_pb2.FetchRequest(
+                    replica_id=-1,
+                    max_wait_ms=limits.CONSUME_FETCH_WAIT_MS,
+                    min_bytes=1,
+                    max_bytes=limits.FETCH_MAX_BYTES_DEFAULT,
+                    topics=[
+                        common_pb2.FetchTopic(
+                            topic=topic,
+                            partitions=[
+                                common_pb2.FetchPartition(
+                                    partition=p,
+                                    fetch_offset=off,
+                                    partition_max_bytes=partition_max_bytes,
+                                    current_leader_epoch=-1,
+                                )
+                                for p, off in positions.items()
+                            ],
+                        )
+                    ],
+                )
+            )
             records: list[gateway_pb2.ConsumedRecord] = []
             errors = []
             for pr in resp.topics[0].partitions:
@@ -414,23 +559,29 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                     try:
                         got = record_level.consumed_records(topic, pr.partition, pr.records, position)
                     except CorruptMessage as exc:
-                        pr = common_pb2.FetchPartitionResponse(partition=pr.partition, error_code=exc.code,
-                                                               error_message=str(exc))
+                        pr = common_pb2.FetchPartitionResponse(
+                            partition=pr.partition, error_code=exc.code, error_message=str(exc)
+                        )
                     else:
                         headers = list(iter_batch_headers(pr.records))
                         if headers:
                             positions[pr.partition] = max(position, headers[-1].next_offset)
                         if 0 < left < len(records) + len(got):
-                            got = got[:left - len(records)]
+                            got = got[: left - len(records)]
                             positions[pr.partition] = got[-1].offset + 1 if got else position
                         records.extend(got)
                         continue
-                errors.append(gateway_pb2.ConsumePartitionError(
-                    partition=pr.partition, error_code=pr.error_code, error_message=pr.error_message,
-                    next_offset=position))
+                errors.append(
+                    gateway_pb2.ConsumePartitionError(
+                        partition=pr.partition,
+                        error_code=pr.error_code,
+                        error_message=pr.error_message,
+                        next_offset=position,
+                    )
+                )
                 del positions[pr.partition]
             for first in range(0, len(records), per_message):
-                yield gateway_pb2.ConsumeRecordsResponse(records=records[first:first + per_message])
+                yield gateway_pb2.ConsumeRecordsResponse(records=records[first : first + per_message])
             if errors:
                 yield gateway_pb2.ConsumeRecordsResponse(errors=errors)
             if left > 0:
@@ -438,81 +589,133 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             if not records and not errors:
                 await asyncio.sleep(0.01)
 
-    async def _resolve_starts(self, topic: str, starts: dict[int, int],
-                              errors: list[gateway_pb2.ConsumePartitionError]) -> dict[int, int]:
+    async def _resolve_starts(
+        self, topic: str, starts: dict[int, int], errors: list[gateway_pb2.ConsumePartitionError]
+    ) -> dict[int, int]:
         """Start offsets with -2 (earliest) and -1 (latest) looked up; failures go to `errors`."""
         positions = {p: s for p, s in starts.items() if s >= 0}
         wanted = [p for p, s in starts.items() if s < 0]
         if not wanted:
             return positions
-        resolved = await self._list_offsets(common_pb2.ListOffsetsRequest(replica_id=-1, topics=[
-            common_pb2.ListOffsetsTopic(topic=topic, partitions=[common_pb2.ListOffsetsPartition(
-                partition=p, timestamp=starts[p], current_leader_epoch=-1) for p in wanted])]), None)
+        resolved = await self._list_offsets(
+            common_pb2.ListOffsetsRequest(
+                replica_id=-1,
+                topics=[
+                    common_pb2.ListOffsetsTopic(
+                        topic=topic,
+                        partitions=[
+                            common_pb2.ListOffsetsPartition(
+                                partition=p, timestamp=starts[p], current_leader_epoch=-1
+                            )
+                            for p in wanted
+                        ],
+                    )
+                ],
+            ),
+            None,
+        )
         for p in resolved.topics[0].partitions:
             if p.error_code == common_pb2.NONE:
                 positions[p.partition] = p.offset
             else:
-                errors.append(gateway_pb2.ConsumePartitionError(partition=p.partition, error_code=p.error_code,
-                                                                error_message=p.error_message, next_offset=-1))
+                errors.append(
+                    gateway_pb2.ConsumePartitionError(
+                        partition=p.partition,
+                        error_code=p.error_code,
+                        error_message=p.error_message,
+                        next_offset=-1,
+                    )
+                )
         return positions
 
     # ---- consumer offsets ---------------------------------------------------------------------
 
-    async def CommitOffsets(self, request: gateway_pb2.CommitOffsetsRequest, context: grpc.aio.ServicerContext
-                            ) -> gateway_pb2.CommitOffsetsResponse:
+    async def CommitOffsets(
+        self, request: gateway_pb2.CommitOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.CommitOffsetsResponse:
         with metrics.REQUEST_LATENCY.labels("CommitOffsets").time():
             return await self._commit_offsets(request, context)
 
-    async def _commit_offsets(self, request: gateway_pb2.CommitOffsetsRequest, context: grpc.aio.ServicerContext
-                            ) -> gateway_pb2.CommitOffsetsResponse:
+    async def _commit_offsets(
+        self, request: gateway_pb2.CommitOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.CommitOffsetsResponse:
         problem = group_id_problem(request.group_id)
         if problem is not None:
-            return gateway_pb2.CommitOffsetsResponse(error_code=common_pb2.INVALID_REQUEST, error_message=problem)
+            return gateway_pb2.CommitOffsetsResponse(
+                error_code=common_pb2.INVALID_REQUEST, error_message=problem
+            )
         ops = []
         results = []
         for t in request.topics:
             for p in t.partitions:
                 if p.offset < 0:
-                    results.append(common_pb2.PartitionResult(
-                        topic=t.topic, partition=p.partition, error_code=common_pb2.INVALID_COMMIT_OFFSET,
-                        error_message=f"offset must be >= 0, got {p.offset}"))
+                    results.append(
+                        common_pb2.PartitionResult(
+                            topic=t.topic,
+                            partition=p.partition,
+                            error_code=common_pb2.INVALID_COMMIT_OFFSET,
+                            error_message=f"offset must be >= 0, got {p.offset}",
+                        )
+                    )
                     continue
                 if len(p.metadata) > limits.OFFSET_METADATA_MAX_CHARS:
-                    results.append(common_pb2.PartitionResult(
-                        topic=t.topic, partition=p.partition, error_code=common_pb2.INVALID_REQUEST,
-                        error_message=f"offset metadata is {len(p.metadata)} characters; the limit is "
-                                      f"{limits.OFFSET_METADATA_MAX_CHARS}"))
+                    results.append(
+                        common_pb2.PartitionResult(
+                            topic=t.topic,
+                            partition=p.partition,
+                            error_code=common_pb2.INVALID_REQUEST,
+                            error_message=f"offset metadata is {len(p.metadata)} characters; the limit is "
+                            f"{limits.OFFSET_METADATA_MAX_CHARS}",
+                        )
+                    )
                     continue
                 if t.topic not in self.cache.topics():
                     await self.refresh_metadata()
                 if (t.topic, p.partition) not in self.cache.partitions:
-                    results.append(common_pb2.PartitionResult(
-                        topic=t.topic, partition=p.partition, error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
-                        error_message=f"{t.topic}-{p.partition} does not exist"))
+                    results.append(
+                        common_pb2.PartitionResult(
+                            topic=t.topic,
+                            partition=p.partition,
+                            error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+                            error_message=f"{t.topic}-{p.partition} does not exist",
+                        )
+                    )
                     continue
-                value = json.dumps({"offset": p.offset, "metadata": p.metadata, "leader_epoch": p.leader_epoch,
-                                    "commit_time_ms": int(time.time() * 1000)}).encode()
-                ops.append(Put(self.store.keys.consumer_offset(request.group_id, t.topic, p.partition), value))
+                value = json.dumps(
+                    {
+                        "offset": p.offset,
+                        "metadata": p.metadata,
+                        "leader_epoch": p.leader_epoch,
+                        "commit_time_ms": int(time.time() * 1000),
+                    }
+                ).encode()
+                ops.append(
+                    Put(self.store.keys.consumer_offset(request.group_id, t.topic, p.partition), value)
+                )
                 results.append(common_pb2.PartitionResult(topic=t.topic, partition=p.partition))
         if len(ops) > limits.COMMIT_OFFSETS_PER_REQUEST_MAX:
             return gateway_pb2.CommitOffsetsResponse(
                 error_code=common_pb2.INVALID_REQUEST,
-                error_message=f"{len(ops)} offsets in one commit; the limit is {limits.COMMIT_OFFSETS_PER_REQUEST_MAX}")
+                error_message=f"{len(ops)} offsets in one commit; the limit is {limits.COMMIT_OFFSETS_PER_REQUEST_MAX}",
+            )
         if ops:
             await self.store.txn([], ops)
         return gateway_pb2.CommitOffsetsResponse(partitions=results)
 
-    async def FetchCommittedOffsets(self, request: gateway_pb2.FetchCommittedOffsetsRequest,
-                                    context: grpc.aio.ServicerContext) -> gateway_pb2.FetchCommittedOffsetsResponse:
+    async def FetchCommittedOffsets(
+        self, request: gateway_pb2.FetchCommittedOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.FetchCommittedOffsetsResponse:
         with metrics.REQUEST_LATENCY.labels("FetchCommittedOffsets").time():
             return await self._fetch_committed_offsets(request, context)
 
-    async def _fetch_committed_offsets(self, request: gateway_pb2.FetchCommittedOffsetsRequest,
-                                    context: grpc.aio.ServicerContext) -> gateway_pb2.FetchCommittedOffsetsResponse:
+    async def _fetch_committed_offsets(
+        self, request: gateway_pb2.FetchCommittedOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.FetchCommittedOffsetsResponse:
         problem = group_id_problem(request.group_id)
         if problem is not None:
-            return gateway_pb2.FetchCommittedOffsetsResponse(error_code=common_pb2.INVALID_REQUEST,
-                                                             error_message=problem)
+            return gateway_pb2.FetchCommittedOffsetsResponse(
+                error_code=common_pb2.INVALID_REQUEST, error_message=problem
+            )
         kvs, _ = await self.store.get_prefix(self.store.keys.consumer_group_prefix(request.group_id))
         stored: dict[routing.TopicPartitionKey, dict[str, Any]] = {}
         for kv in kvs:
@@ -523,16 +726,22 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         offsets = []
         for tp in wanted:
             entry = stored.get(tp)
-            offsets.append(gateway_pb2.CommittedOffset(
-                topic=tp[0], partition=tp[1], offset=entry["offset"] if entry else -1,
-                metadata=entry.get("metadata", "") if entry else "",
-                leader_epoch=entry.get("leader_epoch", -1) if entry else -1))
+            offsets.append(
+                gateway_pb2.CommittedOffset(
+                    topic=tp[0],
+                    partition=tp[1],
+                    offset=entry["offset"] if entry else -1,
+                    metadata=entry.get("metadata", "") if entry else "",
+                    leader_epoch=entry.get("leader_epoch", -1) if entry else -1,
+                )
+            )
         return gateway_pb2.FetchCommittedOffsetsResponse(offsets=offsets)
 
     # ---- admin pass-through -------------------------------------------------------------------
 
-    async def _admin(self, rpc: str, request: Any, response_cls: type,
-                     context: grpc.aio.ServicerContext | None = None) -> Any:
+    async def _admin(
+        self, rpc: str, request: Any, response_cls: type, context: grpc.aio.ServicerContext | None = None
+    ) -> Any:
         """Call the active controller; follow one NOT_CONTROLLER redirect.
 
         With `context`, a refusal of the controller's own authorization (it re-checks the
@@ -542,20 +751,25 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         with metrics.REQUEST_LATENCY.labels(rpc).time():
             return await self._admin_timed(rpc, request, response_cls, context)
 
-    async def _admin_timed(self, rpc: str, request: Any, response_cls: type,
-                           context: grpc.aio.ServicerContext | None = None) -> Any:
+    async def _admin_timed(
+        self, rpc: str, request: Any, response_cls: type, context: grpc.aio.ServicerContext | None = None
+    ) -> Any:
         address = await self.controller_address()
         for _ in range(3):
             if address is None:
-                return response_cls(error_code=common_pb2.NOT_CONTROLLER,
-                                    error_message="no controller is active; start one or retry shortly")
+                return response_cls(
+                    error_code=common_pb2.NOT_CONTROLLER,
+                    error_message="no controller is active; start one or retry shortly",
+                )
             try:
                 resp = await getattr(self.peers.controller(address), rpc)(request, timeout=30.0)
             except grpc.aio.AioRpcError as exc:
                 if context is not None and exc.code() in AUTHORIZATION_STATUSES:
                     await context.abort(exc.code(), f"the controller refused: {exc.details()}")
-                return response_cls(error_code=common_pb2.NOT_CONTROLLER,
-                                    error_message=f"controller at {address} could not be reached: {exc.code().name}")
+                return response_cls(
+                    error_code=common_pb2.NOT_CONTROLLER,
+                    error_message=f"controller at {address} could not be reached: {exc.code().name}",
+                )
             if resp.error_code == common_pb2.NOT_CONTROLLER and resp.active_controller.port:
                 address = f"{resp.active_controller.host}:{resp.active_controller.port}"
                 continue
@@ -564,86 +778,113 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             return resp
         return resp
 
-    async def CreateTopics(self, request: common_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
-                           ) -> common_pb2.CreateTopicsResponse:
+    async def CreateTopics(
+        self, request: common_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.CreateTopicsResponse:
         return await self._admin("CreateTopics", request, common_pb2.CreateTopicsResponse)
 
-    async def DeleteTopics(self, request: common_pb2.DeleteTopicsRequest, context: grpc.aio.ServicerContext
-                           ) -> common_pb2.DeleteTopicsResponse:
+    async def DeleteTopics(
+        self, request: common_pb2.DeleteTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.DeleteTopicsResponse:
         return await self._admin("DeleteTopics", request, common_pb2.DeleteTopicsResponse)
 
-    async def CreatePartitions(self, request: common_pb2.CreatePartitionsRequest,
-                               context: grpc.aio.ServicerContext) -> common_pb2.CreatePartitionsResponse:
+    async def CreatePartitions(
+        self, request: common_pb2.CreatePartitionsRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.CreatePartitionsResponse:
         return await self._admin("CreatePartitions", request, common_pb2.CreatePartitionsResponse)
 
-    async def AlterPartitionReassignments(self, request: common_pb2.AlterPartitionReassignmentsRequest,
-                                          context: grpc.aio.ServicerContext
-                                          ) -> common_pb2.AlterPartitionReassignmentsResponse:
-        return await self._admin("AlterPartitionReassignments", request,
-                                 common_pb2.AlterPartitionReassignmentsResponse)
+    async def AlterPartitionReassignments(
+        self, request: common_pb2.AlterPartitionReassignmentsRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.AlterPartitionReassignmentsResponse:
+        return await self._admin(
+            "AlterPartitionReassignments", request, common_pb2.AlterPartitionReassignmentsResponse
+        )
 
-    async def ListPartitionReassignments(self, request: common_pb2.ListPartitionReassignmentsRequest,
-                                         context: grpc.aio.ServicerContext
-                                         ) -> common_pb2.ListPartitionReassignmentsResponse:
-        return await self._admin("ListPartitionReassignments", request,
-                                 common_pb2.ListPartitionReassignmentsResponse)
+    async def ListPartitionReassignments(
+        self, request: common_pb2.ListPartitionReassignmentsRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ListPartitionReassignmentsResponse:
+        return await self._admin(
+            "ListPartitionReassignments", request, common_pb2.ListPartitionReassignmentsResponse
+        )
 
-    async def ElectLeaders(self, request: common_pb2.ElectLeadersRequest, context: grpc.aio.ServicerContext
-                           ) -> common_pb2.ElectLeadersResponse:
+    async def ElectLeaders(
+        self, request: common_pb2.ElectLeadersRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ElectLeadersResponse:
         return await self._admin("ElectLeaders", request, common_pb2.ElectLeadersResponse)
 
-    async def DescribeCluster(self, request: common_pb2.DescribeClusterRequest, context: grpc.aio.ServicerContext
-                              ) -> common_pb2.DescribeClusterResponse:
+    async def DescribeCluster(
+        self, request: common_pb2.DescribeClusterRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.DescribeClusterResponse:
         return await self._admin("DescribeCluster", request, common_pb2.DescribeClusterResponse)
 
-    async def InitProducerId(self, request: common_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext
-                             ) -> common_pb2.InitProducerIdResponse:
+    async def InitProducerId(
+        self, request: common_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.InitProducerIdResponse:
         return await self._admin("InitProducerId", request, common_pb2.InitProducerIdResponse)
 
     # ACLs and tokens: authorized here and again at the controller, which sees the client's
     # principal (rules.FORWARDED_METHODS), never the gateway's own identity.
 
-    async def CreateAcls(self, request: controller_pb2.CreateAclsRequest, context: grpc.aio.ServicerContext
-                         ) -> controller_pb2.CreateAclsResponse:
+    async def CreateAcls(
+        self, request: controller_pb2.CreateAclsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.CreateAclsResponse:
         return await self._admin("CreateAcls", request, controller_pb2.CreateAclsResponse, context)
 
-    async def DeleteAcls(self, request: controller_pb2.DeleteAclsRequest, context: grpc.aio.ServicerContext
-                         ) -> controller_pb2.DeleteAclsResponse:
+    async def DeleteAcls(
+        self, request: controller_pb2.DeleteAclsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.DeleteAclsResponse:
         return await self._admin("DeleteAcls", request, controller_pb2.DeleteAclsResponse, context)
 
-    async def DescribeAcls(self, request: controller_pb2.DescribeAclsRequest, context: grpc.aio.ServicerContext
-                           ) -> controller_pb2.DescribeAclsResponse:
+    async def DescribeAcls(
+        self, request: controller_pb2.DescribeAclsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.DescribeAclsResponse:
         return await self._admin("DescribeAcls", request, controller_pb2.DescribeAclsResponse, context)
 
-    async def CreateToken(self, request: controller_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext
-                          ) -> controller_pb2.CreateTokenResponse:
+    async def CreateToken(
+        self, request: controller_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.CreateTokenResponse:
         return await self._admin("CreateToken", request, controller_pb2.CreateTokenResponse, context)
 
-    async def RevokeToken(self, request: controller_pb2.RevokeTokenRequest, context: grpc.aio.ServicerContext
-                          ) -> controller_pb2.RevokeTokenResponse:
+    async def RevokeToken(
+        self, request: controller_pb2.RevokeTokenRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.RevokeTokenResponse:
         return await self._admin("RevokeToken", request, controller_pb2.RevokeTokenResponse, context)
 
-    async def ListTokens(self, request: controller_pb2.ListTokensRequest, context: grpc.aio.ServicerContext
-                         ) -> controller_pb2.ListTokensResponse:
+    async def ListTokens(
+        self, request: controller_pb2.ListTokensRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.ListTokensResponse:
         return await self._admin("ListTokens", request, controller_pb2.ListTokensResponse, context)
 
 
 async def serve(config: GatewayConfig) -> None:
-    store = await EtcdStore.connect(config.etcd_endpoints, prefix=config.etcd_prefix,
-                                    tls=config.security.etcd_tls())
+    store = await EtcdStore.connect(
+        config.etcd_endpoints, prefix=config.etcd_prefix, tls=config.security.etcd_tls()
+    )
     security = await ServiceSecurity.start(config.security, store)
     peers = PeerChannels()
     servicer = GatewayServicer(store, peers, config.security)
-    runtime = ServiceRuntime(name=f"gateway-{config.gateway_id}", host=config.host, port=config.port,
-                             metrics_port=config.metrics_port, ready_file=config.ready_file,
-                             service_names=[gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name],
-                             security=security)
+    runtime = ServiceRuntime(
+        name=f"gateway-{config.gateway_id}",
+        host=config.host,
+        port=config.port,
+        metrics_port=config.metrics_port,
+        ready_file=config.ready_file,
+        service_names=[gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name],
+        security=security,
+    )
     gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, runtime.server)
     await runtime.start()
-    info = {"gateway_id": config.gateway_id, "host": config.host, "port": runtime.bound_port, "pid": os.getpid()}
+    info = {
+        "gateway_id": config.gateway_id,
+        "host": config.host,
+        "port": runtime.bound_port,
+        "pid": os.getpid(),
+    }
     registration = await register_waiting_for_old_lease(
         lambda: register_gateway(store, config.gateway_id, info, ttl_s=config.lease_ttl_s),
-        ttl_s=config.lease_ttl_s, what=f"gateway {config.gateway_id}")
+        ttl_s=config.lease_ttl_s,
+        what=f"gateway {config.gateway_id}",
+    )
     await servicer.refresh_metadata(force=True)
     await runtime.mark_ready(gateway_id=config.gateway_id)
 

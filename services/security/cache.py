@@ -91,8 +91,12 @@ class SecurityCache:
             except asyncio.CancelledError:
                 raise
             except (CoordinatorError, Exception) as exc:
-                log.warning("the watch on ACLs and tokens failed (%s); keeping the last known set and "
-                            "reading again in %.1f s", exc, backoff_s)
+                log.warning(
+                    "the watch on ACLs and tokens failed (%s); keeping the last known set and "
+                    "reading again in %.1f s",
+                    exc,
+                    backoff_s,
+                )
             await asyncio.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, RELOAD_BACKOFF_S_MAX)
             try:

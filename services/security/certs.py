@@ -56,38 +56,65 @@ def _write_private(path: Path, data: bytes) -> None:
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
-def create_ca(directory: Path, *, common_name: str = "Highwater local CA", valid_days: int = CA_VALID_DAYS,
-              ca_file: str = CA_FILE, key_file: str = CA_KEY_FILE) -> Path:
+def create_ca(
+    directory: Path,
+    *,
+    common_name: str = "Highwater local CA",
+    valid_days: int = CA_VALID_DAYS,
+    ca_file: str = CA_FILE,
+    key_file: str = CA_KEY_FILE,
+) -> Path:
     """Write ca.pem and ca-key.pem (or the names given) into directory (created if missing); returns the
     certificate's path."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Highwater"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Highwater"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
     now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder()
-            .subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - CLOCK_SKEW_ALLOWANCE).not_valid_after(now + datetime.timedelta(days=valid_days))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                         key_agreement=False, encipher_only=False, decipher_only=False),
-                           critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - CLOCK_SKEW_ALLOWANCE)
+        .not_valid_after(now + datetime.timedelta(days=valid_days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     _write_private(directory / key_file, _key_pem(key))
     (directory / ca_file).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return directory / ca_file
 
 
-def _load_ca(directory: Path, ca_file: str = CA_FILE, key_file: str = CA_KEY_FILE
-             ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+def _load_ca(
+    directory: Path, ca_file: str = CA_FILE, key_file: str = CA_KEY_FILE
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     cert = x509.load_pem_x509_certificate((directory / ca_file).read_bytes())
     key = serialization.load_pem_private_key((directory / key_file).read_bytes(), password=None)
     if not isinstance(key, ec.EllipticCurvePrivateKey):
@@ -95,9 +122,16 @@ def _load_ca(directory: Path, ca_file: str = CA_FILE, key_file: str = CA_KEY_FIL
     return cert, key
 
 
-def issue_certificate(directory: Path, name: str, *, hosts: Iterable[str] = (), ca_dir: Path | None = None,
-                      valid_days: int = CERT_VALID_DAYS, not_before_days_ago: float = 0.0,
-                      etcd_client: bool = False) -> tuple[Path, Path]:
+def issue_certificate(
+    directory: Path,
+    name: str,
+    *,
+    hosts: Iterable[str] = (),
+    ca_dir: Path | None = None,
+    valid_days: int = CERT_VALID_DAYS,
+    not_before_days_ago: float = 0.0,
+    etcd_client: bool = False,
+) -> tuple[Path, Path]:
     """Write <name>.pem and <name>-key.pem into directory, signed by the CA in ca_dir (default: directory).
 
     etcd_client: write <name>.etcd-client.pem and its key instead, signed by the etcd client CA,
@@ -115,25 +149,55 @@ def issue_certificate(directory: Path, name: str, *, hosts: Iterable[str] = (), 
             sans.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
             sans.append(x509.DNSName(host))
-    start = datetime.datetime.now(datetime.UTC) - CLOCK_SKEW_ALLOWANCE - \
-        datetime.timedelta(days=not_before_days_ago)
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Highwater"),
-                                     x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-            .issuer_name(ca_cert.subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(start).not_valid_after(start + datetime.timedelta(days=valid_days))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, key_cert_sign=False,
-                                         crl_sign=False, content_commitment=False, data_encipherment=False,
-                                         key_agreement=True, encipher_only=False, decipher_only=False),
-                           critical=True)
-            .add_extension(x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.CLIENT_AUTH] if etcd_client
-                else [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    start = (
+        datetime.datetime.now(datetime.UTC)
+        - CLOCK_SKEW_ALLOWANCE
+        - datetime.timedelta(days=not_before_days_ago)
+    )
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Highwater"),
+                    x509.NameAttribute(NameOID.COMMON_NAME, name),
+                ]
+            )
+        )
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + datetime.timedelta(days=valid_days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_encipherment=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                content_commitment=False,
+                data_encipherment=False,
+                key_agreement=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.CLIENT_AUTH]
+                if etcd_client
+                else [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     if etcd_client:
         cert_file, key_file = etcd_client_cert_path(directory, name), etcd_client_key_path(directory, name)
     else:
@@ -143,8 +207,9 @@ def issue_certificate(directory: Path, name: str, *, hosts: Iterable[str] = (), 
     return cert_file, key_file
 
 
-def ensure_local_pki(directory: Path, names: Iterable[str], *, hosts: Iterable[str] = (),
-                     etcd_clients: Iterable[str] = ()) -> Path:
+def ensure_local_pki(
+    directory: Path, names: Iterable[str], *, hosts: Iterable[str] = (), etcd_clients: Iterable[str] = ()
+) -> Path:
     """A CA in directory (made if missing) and a certificate for every name that has none yet;
     with etcd_clients, the etcd client CA too and an etcd client certificate for each of those."""
     directory = Path(directory)
@@ -155,11 +220,19 @@ def ensure_local_pki(directory: Path, names: Iterable[str], *, hosts: Iterable[s
         if not cert_path(directory, name).exists() or not key_path(directory, name).exists():
             issue_certificate(directory, name, hosts=hosts)
     etcd_clients = tuple(etcd_clients)
-    if etcd_clients and not ((directory / ETCD_CLIENT_CA_FILE).exists()
-                             and (directory / ETCD_CLIENT_CA_KEY_FILE).exists()):
-        create_ca(directory, common_name="Highwater etcd clients CA", ca_file=ETCD_CLIENT_CA_FILE,
-                  key_file=ETCD_CLIENT_CA_KEY_FILE)
+    if etcd_clients and not (
+        (directory / ETCD_CLIENT_CA_FILE).exists() and (directory / ETCD_CLIENT_CA_KEY_FILE).exists()
+    ):
+        create_ca(
+            directory,
+            common_name="Highwater etcd clients CA",
+            ca_file=ETCD_CLIENT_CA_FILE,
+            key_file=ETCD_CLIENT_CA_KEY_FILE,
+        )
     for name in etcd_clients:
-        if not etcd_client_cert_path(directory, name).exists() or not etcd_client_key_path(directory, name).exists():
+        if (
+            not etcd_client_cert_path(directory, name).exists()
+            or not etcd_client_key_path(directory, name).exists()
+        ):
             issue_certificate(directory, name, etcd_client=True)
     return directory

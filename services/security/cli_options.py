@@ -27,31 +27,79 @@ def _super_users(ctx: click.Context, param: click.Parameter, value: str | None) 
 
 
 OPTIONS = [
-    click.option("--tls-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
-                 help="Turn on TLS: listeners, peer channels (mutual TLS) and etcd. Holds ca.pem, <name>.pem, "
-                      "<name>-key.pem, <name> being controller-<id>, broker-<id> or gateway-<id>."),
-    click.option("--client-port", type=click.IntRange(0, 65535), default=None,
-                 help="Also listen here with TLS but without client certificates, for bearer-token clients "
-                      "(0: any free port, written to --ready-file). Needs --tls-dir."),
-    click.option("--authorizer", type=click.Choice(AUTHORIZERS), default="none", show_default=True,
-                 help="acl: check every request against the ACLs in etcd (`highwater acl`). Needs --tls-dir."),
-    click.option("--super-users", default="", callback=_super_users, metavar="User:A;User:B",
-                 help="Principals allowed everything, whatever the ACLs say."),
-    click.option("--max-request-bytes", type=click.IntRange(0), default=0,
-                 help="Refuse requests larger than this (RESOURCE_EXHAUSTED). 0: the 64 MiB default."),
-    click.option("--max-batch-records", type=click.IntRange(0), default=0,
-                 help="Refuse produce batches holding more records than this (per partition). 0: no limit."),
-    click.option("--producer-byte-rate", type=click.IntRange(0), default=0,
-                 help="Per-principal produce quota in bytes/s; over it, responses carry throttle_time_ms. "
-                      "0: unlimited. Needs --tls-dir."),
-    click.option("--consumer-byte-rate", type=click.IntRange(0), default=0,
-                 help="Per-principal fetch quota in bytes/s. 0: unlimited. Needs --tls-dir."),
-    click.option("--max-concurrent-requests-per-connection", "max_requests_per_connection", type=click.IntRange(0),
-                 default=0, help="Requests one connection may have in progress at once; more wait for a slot "
-                                 "(a bounded queue, then RESOURCE_EXHAUSTED). 0: no limit."),
+    click.option(
+        "--tls-dir",
+        type=click.Path(path_type=Path, file_okay=False),
+        default=None,
+        help="Turn on TLS: listeners, peer channels (mutual TLS) and etcd. Holds ca.pem, <name>.pem, "
+        "<name>-key.pem, <name> being controller-<id>, broker-<id> or gateway-<id>.",
+    ),
+    click.option(
+        "--client-port",
+        type=click.IntRange(0, 65535),
+        default=None,
+        help="Also listen here with TLS but without client certificates, for bearer-token clients "
+        "(0: any free port, written to --ready-file). Needs --tls-dir.",
+    ),
+    click.option(
+        "--authorizer",
+        type=click.Choice(AUTHORIZERS),
+        default="none",
+        show_default=True,
+        help="acl: check every request against the ACLs in etcd (`highwater acl`). Needs --tls-dir.",
+    ),
+    click.option(
+        "--super-users",
+        default="",
+        callback=_super_users,
+        metavar="User:A;User:B",
+        help="Principals allowed everything, whatever the ACLs say.",
+    ),
+    click.option(
+        "--max-request-bytes",
+        type=click.IntRange(0),
+        default=0,
+        help="Refuse requests larger than this (RESOURCE_EXHAUSTED). 0: the 64 MiB default.",
+    ),
+    click.option(
+        "--max-batch-records",
+        type=click.IntRange(0),
+        default=0,
+        help="Refuse produce batches holding more records than this (per partition). 0: no limit.",
+    ),
+    click.option(
+        "--producer-byte-rate",
+        type=click.IntRange(0),
+        default=0,
+        help="Per-principal produce quota in bytes/s; over it, responses carry throttle_time_ms. "
+        "0: unlimited. Needs --tls-dir.",
+    ),
+    click.option(
+        "--consumer-byte-rate",
+        type=click.IntRange(0),
+        default=0,
+        help="Per-principal fetch quota in bytes/s. 0: unlimited. Needs --tls-dir.",
+    ),
+    click.option(
+        "--max-concurrent-requests-per-connection",
+        "max_requests_per_connection",
+        type=click.IntRange(0),
+        default=0,
+        help="Requests one connection may have in progress at once; more wait for a slot "
+        "(a bounded queue, then RESOURCE_EXHAUSTED). 0: no limit.",
+    ),
 ]
-_NAMES = ("tls_dir", "client_port", "authorizer", "super_users", "max_request_bytes", "max_batch_records",
-          "producer_byte_rate", "consumer_byte_rate", "max_requests_per_connection")
+_NAMES = (
+    "tls_dir",
+    "client_port",
+    "authorizer",
+    "super_users",
+    "max_request_bytes",
+    "max_batch_records",
+    "producer_byte_rate",
+    "consumer_byte_rate",
+    "max_requests_per_connection",
+)
 
 
 def security_options(f: Callable[..., Any]) -> Callable[..., Any]:

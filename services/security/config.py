@@ -83,8 +83,13 @@ class SecurityConfig:
     @property
     def needs_interceptor(self) -> bool:
         """Whether requests pass through the security interceptor at all."""
-        return (self.tls or self.acl or self.quotas or self.max_batch_records > 0
-                or self.max_requests_per_connection > 0)
+        return (
+            self.tls
+            or self.acl
+            or self.quotas
+            or self.max_batch_records > 0
+            or self.max_requests_per_connection > 0
+        )
 
     @property
     def active(self) -> bool:
@@ -96,35 +101,58 @@ class SecurityConfig:
     def check(self) -> None:
         """Raise SecurityConfigError naming the flags that do not fit together."""
         if self.authorizer not in AUTHORIZERS:
-            raise SecurityConfigError(f"--authorizer must be one of {', '.join(AUTHORIZERS)}, got {self.authorizer!r}")
-        needs_tls = [flag for flag, on in (("--authorizer acl", self.acl), ("--client-port", self.client_port is not None),
-                                           ("--producer-byte-rate/--consumer-byte-rate", self.quotas),
-                                           ("--super-users", bool(self.super_users))) if on]
+            raise SecurityConfigError(
+                f"--authorizer must be one of {', '.join(AUTHORIZERS)}, got {self.authorizer!r}"
+            )
+        needs_tls = [
+            flag
+            for flag, on in (
+                ("--authorizer acl", self.acl),
+                ("--client-port", self.client_port is not None),
+                ("--producer-byte-rate/--consumer-byte-rate", self.quotas),
+                ("--super-users", bool(self.super_users)),
+            )
+            if on
+        ]
         if needs_tls and not self.tls:
-            raise SecurityConfigError(f"{', '.join(needs_tls)} need authenticated callers: add --tls-dir "
-                                      "(see docs/SECURITY.md)")
+            raise SecurityConfigError(
+                f"{', '.join(needs_tls)} need authenticated callers: add --tls-dir (see docs/SECURITY.md)"
+            )
         if self.tls and parse_service_name(self.name) is None:
-            raise SecurityConfigError(f"TLS identity {self.name!r} is not a service name "
-                                      "(controller-<id>, broker-<id>, gateway-<id>)")
+            raise SecurityConfigError(
+                f"TLS identity {self.name!r} is not a service name "
+                "(controller-<id>, broker-<id>, gateway-<id>)"
+            )
         for user in self.super_users:
             try:
                 check_principal(user)
             except AclError as exc:
                 raise SecurityConfigError(f"--super-users: {exc}") from exc
-        if self.max_request_bytes and not MAX_REQUEST_BYTES_MIN <= self.max_request_bytes <= limits.GRPC_MAX_MESSAGE_BYTES:
-            raise SecurityConfigError(f"--max-request-bytes must be within [{MAX_REQUEST_BYTES_MIN}, "
-                                      f"{limits.GRPC_MAX_MESSAGE_BYTES}], got {self.max_request_bytes}")
+        if (
+            self.max_request_bytes
+            and not MAX_REQUEST_BYTES_MIN <= self.max_request_bytes <= limits.GRPC_MAX_MESSAGE_BYTES
+        ):
+            raise SecurityConfigError(
+                f"--max-request-bytes must be within [{MAX_REQUEST_BYTES_MIN}, "
+                f"{limits.GRPC_MAX_MESSAGE_BYTES}], got {self.max_request_bytes}"
+            )
         if not 0 <= self.max_batch_records <= MAX_BATCH_RECORDS_MAX:
             raise SecurityConfigError(f"--max-batch-records must be within [0, {MAX_BATCH_RECORDS_MAX}]")
         if not 0 <= self.max_requests_per_connection <= REQUESTS_PER_CONNECTION_MAX:
-            raise SecurityConfigError(f"--max-concurrent-requests-per-connection must be within "
-                                      f"[0, {REQUESTS_PER_CONNECTION_MAX}]")
+            raise SecurityConfigError(
+                f"--max-concurrent-requests-per-connection must be within [0, {REQUESTS_PER_CONNECTION_MAX}]"
+            )
         if self.client_port is not None:
             # The token listener's header bound must let a bearer token through with gRPC's own headers.
-            check(limits.TOKEN_LISTENER_METADATA_BYTES_MAX >= GRPC_STANDARD_HEADERS_BYTES_MAX + TOKEN_HEADER_BYTES_MAX,
-                  "token listener: a %s-byte header bound cannot carry a bearer token (%s bytes) and gRPC's "
-                  "own headers (%s bytes)", limits.TOKEN_LISTENER_METADATA_BYTES_MAX, TOKEN_HEADER_BYTES_MAX,
-                  GRPC_STANDARD_HEADERS_BYTES_MAX)
+            check(
+                limits.TOKEN_LISTENER_METADATA_BYTES_MAX
+                >= GRPC_STANDARD_HEADERS_BYTES_MAX + TOKEN_HEADER_BYTES_MAX,
+                "token listener: a %s-byte header bound cannot carry a bearer token (%s bytes) and gRPC's "
+                "own headers (%s bytes)",
+                limits.TOKEN_LISTENER_METADATA_BYTES_MAX,
+                TOKEN_HEADER_BYTES_MAX,
+                GRPC_STANDARD_HEADERS_BYTES_MAX,
+            )
 
     def tls_material(self) -> TlsMaterial | None:
         """The process's certificate files, read now (None without --tls-dir). Raises TlsConfigError."""

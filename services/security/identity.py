@@ -48,7 +48,7 @@ def parse_service_name(name: str) -> ServiceIdentity | None:
 
 def is_reserved_principal(principal: str) -> bool:
     """True for "User:<service name>": no token may carry it (it would look like a service)."""
-    return principal.startswith("User:") and parse_service_name(principal[len("User:"):]) is not None
+    return principal.startswith("User:") and parse_service_name(principal[len("User:") :]) is not None
 
 
 @dataclass(frozen=True, slots=True)

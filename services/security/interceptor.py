@@ -59,15 +59,23 @@ WAITING_PER_SLOT_MAX = 4
 # this often: a revoked or expired token ends the stream (UNAUTHENTICATED) within this bound.
 STREAM_TOKEN_RECHECK_S = 1.0
 
-CURRENT_CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("highwater_caller", default=None)
+CURRENT_CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar(
+    "highwater_caller", default=None
+)
 
 REFUSED = prometheus_client.Counter(
-    "highwater_security_refused_requests_total", "Requests refused whole by the security layer", ["method", "reason"])
+    "highwater_security_refused_requests_total",
+    "Requests refused whole by the security layer",
+    ["method", "reason"],
+)
 PARTITIONS_REFUSED = prometheus_client.Counter(
-    "highwater_security_refused_partitions_total", "Topics or partitions answered with an authorization error",
-    ["method"])
+    "highwater_security_refused_partitions_total",
+    "Topics or partitions answered with an authorization error",
+    ["method"],
+)
 THROTTLE_MS = prometheus_client.Counter(
-    "highwater_quota_throttle_time_ms_total", "throttle_time_ms handed out, by quota", ["quota"])
+    "highwater_quota_throttle_time_ms_total", "throttle_time_ms handed out, by quota", ["quota"]
+)
 
 
 class TokenVerifier(Protocol):
@@ -141,8 +149,16 @@ class ConnectionLimiter:
 class SecurityInterceptor(WrappingInterceptor):
     """Authentication, per-RPC rules and quotas for one service's server (owned by its event loop)."""
 
-    def __init__(self, *, tls: bool, cache: TokenVerifier | None, acl: bool, limits: rules.Limits,
-                 quotas: QuotaManager | None, connections: ConnectionLimiter | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        tls: bool,
+        cache: TokenVerifier | None,
+        acl: bool,
+        limits: rules.Limits,
+        quotas: QuotaManager | None,
+        connections: ConnectionLimiter | None = None,
+    ) -> None:
         super().__init__()
         self.tls = tls
         self.cache = cache
@@ -157,18 +173,23 @@ class SecurityInterceptor(WrappingInterceptor):
         if method in rules.UNAUTHENTICATED_METHODS:
             return handler
         rule = rules.rule_for(method)
-        kwargs = {"request_deserializer": handler.request_deserializer,
-                  "response_serializer": handler.response_serializer}
+        kwargs = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
         # Unary requests arrive as bytes and are parsed here, after authentication: an
         # unauthenticated caller costs no parsing, and a malformed request is answered
         # INVALID_ARGUMENT (gRPC itself would say UNKNOWN, as if a handler had failed).
         raw = {"request_deserializer": None, "response_serializer": handler.response_serializer}
         parse = handler.request_deserializer
         if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(self._unary(method, rule, handler.unary_unary, parse), **raw)
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(method, rule, handler.unary_unary, parse), **raw
+            )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                self._unary_stream(method, rule, handler.unary_stream, parse), **raw)
+                self._unary_stream(method, rule, handler.unary_stream, parse), **raw
+            )
         if handler.stream_unary is not None:
             inner_su = handler.stream_unary
 
@@ -179,15 +200,22 @@ class SecurityInterceptor(WrappingInterceptor):
             return grpc.stream_unary_rpc_method_handler(stream_unary, **kwargs)
         inner_ss = handler.stream_stream
 
-        async def stream_stream(request_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def stream_stream(
+            request_iterator: Any, context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[Any]:
             await self._admit(method, rule, None, context, None)
             async for item in _aiter(inner_ss(request_iterator, context)):
                 yield item
 
         return grpc.stream_stream_rpc_method_handler(stream_stream, **kwargs)
 
-    def _unary(self, method: str, rule: rules.Rule | None, inner: Callable[..., Any],
-               parse: Callable[[bytes], Any] | None) -> Callable[..., Any]:
+    def _unary(
+        self,
+        method: str,
+        rule: rules.Rule | None,
+        inner: Callable[..., Any],
+        parse: Callable[[bytes], Any] | None,
+    ) -> Callable[..., Any]:
         produce = method in rules.PRODUCE_METHODS
         fetch = method in rules.FETCH_METHODS
 
@@ -204,7 +232,9 @@ class SecurityInterceptor(WrappingInterceptor):
             caller, request, admission = await self._admit(method, rule, raw, context, parse)
             charged = self.quotas is not None and caller.service is None and caller.forwarded_by is None
             if charged and (produce or (fetch and request.replica_id < 0)):
-                await self._wait_out_throttle(caller, QuotaKind.PRODUCE if produce else QuotaKind.FETCH, context)
+                await self._wait_out_throttle(
+                    caller, QuotaKind.PRODUCE if produce else QuotaKind.FETCH, context
+                )
             if admission.answer is not None:
                 response = admission.answer
             else:
@@ -226,8 +256,13 @@ class SecurityInterceptor(WrappingInterceptor):
 
         return behavior
 
-    def _unary_stream(self, method: str, rule: rules.Rule | None, inner: Callable[..., Any],
-                      parse: Callable[[bytes], Any] | None) -> Callable[..., AsyncIterator[Any]]:
+    def _unary_stream(
+        self,
+        method: str,
+        rule: rules.Rule | None,
+        inner: Callable[..., Any],
+        parse: Callable[[bytes], Any] | None,
+    ) -> Callable[..., AsyncIterator[Any]]:
         fetch = method in rules.FETCH_METHODS
 
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
@@ -245,7 +280,9 @@ class SecurityInterceptor(WrappingInterceptor):
                 for item in admission.answer:
                     yield item
                 return
-            charged = fetch and self.quotas is not None and caller.service is None and caller.forwarded_by is None
+            charged = (
+                fetch and self.quotas is not None and caller.service is None and caller.forwarded_by is None
+            )
             CURRENT_CALLER.set(caller)  # this generator runs in the RPC's own task: nothing leaks
             items = _aiter(inner(admission.request, context))
             if caller.authenticated_by == "token":
@@ -254,32 +291,46 @@ class SecurityInterceptor(WrappingInterceptor):
                 yield item
                 if charged:
                     # A stream has no throttle field: pace it here instead.
-                    throttle_ms = self.quotas.record(caller.principal, QuotaKind.FETCH,  # type: ignore[union-attr]
-                                                     item.ByteSize(), _now_ms())
+                    throttle_ms = self.quotas.record(
+                        caller.principal,
+                        QuotaKind.FETCH,  # type: ignore[union-attr]
+                        item.ByteSize(),
+                        _now_ms(),
+                    )
                     if throttle_ms:
                         THROTTLE_MS.labels(QuotaKind.FETCH.value).inc(throttle_ms)
                         await asyncio.sleep(throttle_ms / 1000)
 
         return behavior
 
-    async def _while_token_valid(self, method: str, items: AsyncIterator[Any], token: str | None,
-                                 context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def _while_token_valid(
+        self, method: str, items: AsyncIterator[Any], token: str | None, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
         """The stream's items while its bearer token stays valid; then UNAUTHENTICATED.
 
         Checked before each item and every STREAM_TOKEN_RECHECK_S while none comes, so a
         revoked token neither receives another record nor keeps an idle stream open.
         """
+
         def valid() -> bool:
-            return token is not None and self.cache is not None and \
-                self.cache.verify_token(token, _wall_ms()) is not None
+            return (
+                token is not None
+                and self.cache is not None
+                and self.cache.verify_token(token, _wall_ms()) is not None
+            )
 
         next_item: asyncio.Future[Any] = asyncio.ensure_future(items.__anext__())
         try:
             while True:
                 done, _ = await asyncio.wait({next_item}, timeout=STREAM_TOKEN_RECHECK_S)
                 if not valid():
-                    await self._refuse(context, method, "token_revoked_mid_stream", grpc.StatusCode.UNAUTHENTICATED,
-                                       "the bearer token was revoked or expired while the stream was open")
+                    await self._refuse(
+                        context,
+                        method,
+                        "token_revoked_mid_stream",
+                        grpc.StatusCode.UNAUTHENTICATED,
+                        "the bearer token was revoked or expired while the stream was open",
+                    )
                 if not done:
                     continue
                 try:
@@ -297,12 +348,23 @@ class SecurityInterceptor(WrappingInterceptor):
     async def _take_slot(self, method: str, context: grpc.aio.ServicerContext) -> str:
         peer = context.peer()
         if not await self.connections.acquire(peer):  # type: ignore[union-attr]
-            await self._refuse(context, method, "too_many_requests", grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               "too many concurrent requests on this connection; wait for answers first")
+            await self._refuse(
+                context,
+                method,
+                "too_many_requests",
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "too many concurrent requests on this connection; wait for answers first",
+            )
         return peer
 
-    async def _admit(self, method: str, rule: rules.Rule | None, raw: Any, context: grpc.aio.ServicerContext,
-                     parse: Callable[[bytes], Any] | None) -> tuple[Caller, Any, rules.Admission]:
+    async def _admit(
+        self,
+        method: str,
+        rule: rules.Rule | None,
+        raw: Any,
+        context: grpc.aio.ServicerContext,
+        parse: Callable[[bytes], Any] | None,
+    ) -> tuple[Caller, Any, rules.Admission]:
         """Authenticate, parse the request, run the method's rule; aborts the RPC on refusal."""
         caller = await self._authenticate(method, context)
         request = raw
@@ -310,21 +372,37 @@ class SecurityInterceptor(WrappingInterceptor):
             try:
                 request = parse(raw)
             except Exception as exc:  # DecodeError, or anything a deserializer raises on garbage
-                await self._refuse(context, method, "malformed", grpc.StatusCode.INVALID_ARGUMENT,
-                                   f"the request is not a valid message for {method} ({type(exc).__name__})")
+                await self._refuse(
+                    context,
+                    method,
+                    "malformed",
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"the request is not a valid message for {method} ({type(exc).__name__})",
+                )
         if rule is None:
-            await self._refuse(context, method, "no_rule", grpc.StatusCode.PERMISSION_DENIED,
-                               f"{method} has no authorization rule; refused")
+            await self._refuse(
+                context,
+                method,
+                "no_rule",
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{method} has no authorization rule; refused",
+            )
         authorizer = self.cache.authorizer if (self.acl and self.cache is not None) else None
         access = rules.Access(caller, authorizer, identities_checked=self.tls)
         try:
             admission = rule(request, access, self.limits) if request is not None else rules.Admission(None)  # type: ignore[misc]
         except rules.Denied as denied:
-            await self._refuse(context, method, "forbidden", getattr(grpc.StatusCode, denied.code), denied.message)
+            await self._refuse(
+                context, method, "forbidden", getattr(grpc.StatusCode, denied.code), denied.message
+            )
         if access.denials:
             PARTITIONS_REFUSED.labels(method).inc(len(access.denials))
-            log.debug("%s for %s: refused %s", method, caller.describe(),
-                      ", ".join(f"{op.value} {res.type.value}:{res.name}" for op, res in access.denials[:10]))
+            log.debug(
+                "%s for %s: refused %s",
+                method,
+                caller.describe(),
+                ", ".join(f"{op.value} {res.type.value}:{res.name}" for op, res in access.denials[:10]),
+            )
         return caller, request, admission
 
     async def _authenticate(self, method: str, context: grpc.aio.ServicerContext) -> Caller:
@@ -342,39 +420,71 @@ class SecurityInterceptor(WrappingInterceptor):
             elif key == FORWARDED_PRINCIPAL_KEY:
                 forwarded = value
         if bearer is not None:
-            token = tokens.bearer_value(bearer if isinstance(bearer, str) else bearer.decode(errors="replace"))
-            principal = self.cache.verify_token(token, _wall_ms()) if (token and self.cache is not None) else None
+            token = tokens.bearer_value(
+                bearer if isinstance(bearer, str) else bearer.decode(errors="replace")
+            )
+            principal = (
+                self.cache.verify_token(token, _wall_ms()) if (token and self.cache is not None) else None
+            )
             if principal is None:
-                await self._refuse(context, method, "bad_token", grpc.StatusCode.UNAUTHENTICATED,
-                                   "the bearer token is unknown, revoked, expired or malformed")
+                await self._refuse(
+                    context,
+                    method,
+                    "bad_token",
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "the bearer token is unknown, revoked, expired or malformed",
+                )
             caller = Caller(principal, service=None, authenticated_by="token")  # type: ignore[arg-type]
         elif common_name:
             caller = Caller(f"User:{common_name}", service=service, authenticated_by="certificate")
         elif auth.get("x509_pem_cert"):
-            await self._refuse(context, method, "no_common_name", grpc.StatusCode.UNAUTHENTICATED,
-                               "the client certificate has no common name, so it names no principal")
+            await self._refuse(
+                context,
+                method,
+                "no_common_name",
+                grpc.StatusCode.UNAUTHENTICATED,
+                "the client certificate has no common name, so it names no principal",
+            )
         else:
-            await self._refuse(context, method, "no_credentials", grpc.StatusCode.UNAUTHENTICATED,
-                               "no client certificate and no bearer token: authenticate with one of them")
+            await self._refuse(
+                context,
+                method,
+                "no_credentials",
+                grpc.StatusCode.UNAUTHENTICATED,
+                "no client certificate and no bearer token: authenticate with one of them",
+            )
         if forwarded is not None:
             if caller.service is None or caller.service.kind != "gateway":
-                await self._refuse(context, method, "forged_forward", grpc.StatusCode.PERMISSION_DENIED,
-                                   f"only a gateway may act for another principal, not {caller.describe()}")
+                await self._refuse(
+                    context,
+                    method,
+                    "forged_forward",
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"only a gateway may act for another principal, not {caller.describe()}",
+                )
             try:
                 principal = check_principal(forwarded.decode() if isinstance(forwarded, bytes) else forwarded)
             except (ValueError, UnicodeDecodeError):
-                await self._refuse(context, method, "bad_forward", grpc.StatusCode.INVALID_ARGUMENT,
-                                   "the forwarded principal is malformed")
+                await self._refuse(
+                    context,
+                    method,
+                    "bad_forward",
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "the forwarded principal is malformed",
+                )
             return Caller(principal, service=None, forwarded_by=caller.service, authenticated_by="forwarded")
         return caller
 
-    async def _refuse(self, context: grpc.aio.ServicerContext, method: str, reason: str, code: grpc.StatusCode,
-                      message: str) -> None:
+    async def _refuse(
+        self, context: grpc.aio.ServicerContext, method: str, reason: str, code: grpc.StatusCode, message: str
+    ) -> None:
         REFUSED.labels(method, reason).inc()
         log.debug("refused %s (%s): %s", method, reason, message)
         await context.abort(code, message)
 
-    async def _wait_out_throttle(self, caller: Caller, kind: QuotaKind, context: grpc.aio.ServicerContext) -> None:
+    async def _wait_out_throttle(
+        self, caller: Caller, kind: QuotaKind, context: grpc.aio.ServicerContext
+    ) -> None:
         """A principal that did not back off as told waits here (Kafka mutes its channel instead)."""
         delay_ms = self.quotas.delay_ms(caller.principal, kind, _now_ms())  # type: ignore[union-attr]
         if delay_ms <= 0:
@@ -394,8 +504,9 @@ class ForwardPrincipal(grpc.aio.UnaryUnaryClientInterceptor):
     stay its own.
     """
 
-    async def intercept_unary_unary(self, continuation: Callable[..., Any], client_call_details: Any,
-                                    request: Any) -> Any:
+    async def intercept_unary_unary(
+        self, continuation: Callable[..., Any], client_call_details: Any, request: Any
+    ) -> Any:
         caller = CURRENT_CALLER.get()
         if caller is not None and caller.service is None:
             method = client_call_details.method
@@ -404,8 +515,12 @@ class ForwardPrincipal(grpc.aio.UnaryUnaryClientInterceptor):
                 metadata = grpc.aio.Metadata(*(client_call_details.metadata or ()))
                 metadata.add(FORWARDED_PRINCIPAL_KEY, caller.principal.encode())
                 client_call_details = grpc.aio.ClientCallDetails(
-                    client_call_details.method, client_call_details.timeout, metadata,
-                    client_call_details.credentials, client_call_details.wait_for_ready)
+                    client_call_details.method,
+                    client_call_details.timeout,
+                    metadata,
+                    client_call_details.credentials,
+                    client_call_details.wait_for_ready,
+                )
         return await continuation(client_call_details, request)
 
 

@@ -106,8 +106,11 @@ class Access:
 
     def require(self, operation: Operation, resource: Resource, what: str) -> None:
         if not self.allowed(operation, resource):
-            raise Denied("PERMISSION_DENIED", f"{self.caller.describe()} may not {operation.value} "
-                                              f"{resource.type.value} {resource.name!r} ({what})")
+            raise Denied(
+                "PERMISSION_DENIED",
+                f"{self.caller.describe()} may not {operation.value} "
+                f"{resource.type.value} {resource.name!r} ({what})",
+            )
 
     def require_service(self, what: str, kinds: tuple[str, ...], service_id: int | None = None) -> None:
         """Only these service identities (and, when given, only the one with this id) may call."""
@@ -115,11 +118,15 @@ class Access:
             return
         svc = self.caller.service
         if svc is None or svc.kind not in kinds:
-            raise Denied("PERMISSION_DENIED", f"{what} is only accepted from {' or '.join(kinds)} certificates, "
-                                              f"not from {self.caller.describe()}")
+            raise Denied(
+                "PERMISSION_DENIED",
+                f"{what} is only accepted from {' or '.join(kinds)} certificates, "
+                f"not from {self.caller.describe()}",
+            )
         if service_id is not None and svc.id != service_id:
-            raise Denied("PERMISSION_DENIED", f"{what} names {svc.kind} {service_id} but the certificate is "
-                                              f"{svc.name}")
+            raise Denied(
+                "PERMISSION_DENIED", f"{what} names {svc.kind} {service_id} but the certificate is {svc.name}"
+            )
 
 
 @dataclass(slots=True)
@@ -139,8 +146,9 @@ def _refusal(access: Access, operation: Operation, kind: str, name: str) -> str:
 # --- per-partition filters ------------------------------------------------------------------
 
 
-def _split(topics: Iterable[Any], refuse: Callable[[Any, Any], tuple[int, str] | None]
-           ) -> tuple[list[tuple[Any, list[Any]]], list[tuple[str, int, int, str]]]:
+def _split(
+    topics: Iterable[Any], refuse: Callable[[Any, Any], tuple[int, str] | None]
+) -> tuple[list[tuple[Any, list[Any]]], list[tuple[str, int, int, str]]]:
     """Sort each topic's partitions into kept ones and refused (topic, partition, code, message)."""
     kept: list[tuple[Any, list[Any]]] = []
     refused: list[tuple[str, int, int, str]] = []
@@ -190,8 +198,11 @@ def produce(req: common_pb2.ProduceRequest, access: Access, limits: Limits) -> A
         if limits.max_batch_records:
             count = _records_over(p.records, limits.max_batch_records)
             if count:
-                return (common_pb2.INVALID_REQUEST, f"a batch of {count} records is over the limit of "
-                                                    f"{limits.max_batch_records} records per batch")
+                return (
+                    common_pb2.INVALID_REQUEST,
+                    f"a batch of {count} records is over the limit of "
+                    f"{limits.max_batch_records} records per batch",
+                )
         return None
 
     kept, refused = _split(req.topics, refuse)
@@ -199,8 +210,14 @@ def produce(req: common_pb2.ProduceRequest, access: Access, limits: Limits) -> A
         return Admission(req)
 
     def make(partition: int, code: int, message: str) -> common_pb2.ProducePartitionResponse:
-        return common_pb2.ProducePartitionResponse(partition=partition, error_code=code, error_message=message,
-                                                   base_offset=-1, log_append_time_ms=-1, log_start_offset=-1)
+        return common_pb2.ProducePartitionResponse(
+            partition=partition,
+            error_code=code,
+            error_message=message,
+            base_offset=-1,
+            log_append_time_ms=-1,
+            log_start_offset=-1,
+        )
 
     def respond(resp: common_pb2.ProduceResponse) -> common_pb2.ProduceResponse:
         _merge(resp.topics, refused, make)
@@ -208,8 +225,9 @@ def produce(req: common_pb2.ProduceRequest, access: Access, limits: Limits) -> A
 
     if not kept:
         return Admission(req, answer=respond(common_pb2.ProduceResponse()))
-    narrowed = common_pb2.ProduceRequest(acks=req.acks, timeout_ms=req.timeout_ms,
-                                         transactional_id=req.transactional_id)
+    narrowed = common_pb2.ProduceRequest(
+        acks=req.acks, timeout_ms=req.timeout_ms, transactional_id=req.transactional_id
+    )
     for t, parts in kept:
         narrowed.topics.add(topic=t.topic).partitions.extend(parts)
     return Admission(narrowed, respond=respond)
@@ -223,21 +241,31 @@ def fetch(req: common_pb2.FetchRequest, access: Access, limits: Limits) -> Admis
 
 
 def _fetch_error(partition: int, code: int, message: str) -> common_pb2.FetchPartitionResponse:
-    return common_pb2.FetchPartitionResponse(partition=partition, error_code=code, error_message=message,
-                                             high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
+    return common_pb2.FetchPartitionResponse(
+        partition=partition,
+        error_code=code,
+        error_message=message,
+        high_watermark=-1,
+        log_start_offset=-1,
+        log_end_offset=-1,
+    )
 
 
 def list_offsets(req: common_pb2.ListOffsetsRequest, access: Access, limits: Limits) -> Admission:
-    return _per_topic_read(req, access, Operation.DESCRIBE, common_pb2.ListOffsetsRequest, _list_offsets_error)
+    return _per_topic_read(
+        req, access, Operation.DESCRIBE, common_pb2.ListOffsetsRequest, _list_offsets_error
+    )
 
 
 def _list_offsets_error(partition: int, code: int, message: str) -> common_pb2.ListOffsetsPartitionResponse:
-    return common_pb2.ListOffsetsPartitionResponse(partition=partition, error_code=code, error_message=message,
-                                                   timestamp=-1, offset=-1)
+    return common_pb2.ListOffsetsPartitionResponse(
+        partition=partition, error_code=code, error_message=message, timestamp=-1, offset=-1
+    )
 
 
-def _per_topic_read(req: Any, access: Access, operation: Operation, request_cls: type,
-                    make: Callable[[int, int, str], Any]) -> Admission:
+def _per_topic_read(
+    req: Any, access: Access, operation: Operation, request_cls: type, make: Callable[[int, int, str], Any]
+) -> Admission:
     allowed: dict[str, bool] = {}
 
     def refuse(t: Any, p: Any) -> tuple[int, str] | None:
@@ -254,7 +282,9 @@ def _per_topic_read(req: Any, access: Access, operation: Operation, request_cls:
         _merge(resp.topics, refused, make)
         return resp
 
-    response_cls = common_pb2.FetchResponse if request_cls is common_pb2.FetchRequest else common_pb2.ListOffsetsResponse
+    response_cls = (
+        common_pb2.FetchResponse if request_cls is common_pb2.FetchRequest else common_pb2.ListOffsetsResponse
+    )
     if not kept:
         return Admission(req, answer=respond(response_cls()))
     narrowed = request_cls()
@@ -265,8 +295,9 @@ def _per_topic_read(req: Any, access: Access, operation: Operation, request_cls:
     return Admission(narrowed, respond=respond)
 
 
-def offsets_for_leader_epoch(req: broker_pb2.OffsetsForLeaderEpochRequest, access: Access, limits: Limits
-                             ) -> Admission:
+def offsets_for_leader_epoch(
+    req: broker_pb2.OffsetsForLeaderEpochRequest, access: Access, limits: Limits
+) -> Admission:
     access.require_service("OffsetsForLeaderEpoch", ("broker",), req.replica_id)
     return Admission(req)
 
@@ -283,9 +314,13 @@ def metadata(req: common_pb2.MetadataRequest, access: Access, limits: Limits) ->
             if access.allowed(Operation.DESCRIBE, topic(t.name)):
                 kept.append(t)
             elif t.name in named:
-                kept.append(common_pb2.TopicMetadata(
-                    name=t.name, error_code=TOPIC_AUTHORIZATION_FAILED,
-                    error_message=_refusal(access, Operation.DESCRIBE, "topic", t.name)))
+                kept.append(
+                    common_pb2.TopicMetadata(
+                        name=t.name,
+                        error_code=TOPIC_AUTHORIZATION_FAILED,
+                        error_message=_refusal(access, Operation.DESCRIBE, "topic", t.name),
+                    )
+                )
         del resp.topics[:]
         resp.topics.extend(kept)
         return resp
@@ -299,8 +334,10 @@ def describe_cluster(req: common_pb2.DescribeClusterRequest, access: Access, lim
         return Admission(req)
 
     def respond(resp: common_pb2.DescribeClusterResponse) -> common_pb2.DescribeClusterResponse:
-        visible = {t: access.allowed(Operation.DESCRIBE, topic(t))
-                   for t in {p.topic for p in resp.partitions} | set(resp.topic_configs)}
+        visible = {
+            t: access.allowed(Operation.DESCRIBE, topic(t))
+            for t in {p.topic for p in resp.partitions} | set(resp.topic_configs)
+        }
         kept = [p for p in resp.partitions if visible[p.topic]]
         del resp.partitions[:]
         resp.partitions.extend(kept)
@@ -323,7 +360,9 @@ def commit_offsets(req: gateway_pb2.CommitOffsetsRequest, access: Access, limits
         ok = allowed.get(t.topic)
         if ok is None:
             ok = allowed[t.topic] = access.allowed(Operation.READ, topic(t.topic))
-        return None if ok else (TOPIC_AUTHORIZATION_FAILED, _refusal(access, Operation.READ, "topic", t.topic))
+        return (
+            None if ok else (TOPIC_AUTHORIZATION_FAILED, _refusal(access, Operation.READ, "topic", t.topic))
+        )
 
     kept, refused = _split(req.topics, refuse)
     if not refused:
@@ -342,8 +381,9 @@ def commit_offsets(req: gateway_pb2.CommitOffsetsRequest, access: Access, limits
     return Admission(narrowed, respond=respond)
 
 
-def fetch_committed_offsets(req: gateway_pb2.FetchCommittedOffsetsRequest, access: Access, limits: Limits
-                            ) -> Admission:
+def fetch_committed_offsets(
+    req: gateway_pb2.FetchCommittedOffsetsRequest, access: Access, limits: Limits
+) -> Admission:
     """Offsets of topics the caller may not Describe read as "nothing committed" (or are left out)."""
     access.require(Operation.DESCRIBE, group(req.group_id), "FetchCommittedOffsets")
     if access.authorizer is None or access.caller.service is not None:
@@ -356,8 +396,11 @@ def fetch_committed_offsets(req: gateway_pb2.FetchCommittedOffsetsRequest, acces
             if access.allowed(Operation.DESCRIBE, topic(o.topic)):
                 kept.append(o)
             elif (o.topic, o.partition) in named:
-                kept.append(gateway_pb2.CommittedOffset(topic=o.topic, partition=o.partition, offset=-1,
-                                                        leader_epoch=-1))
+                kept.append(
+                    gateway_pb2.CommittedOffset(
+                        topic=o.topic, partition=o.partition, offset=-1, leader_epoch=-1
+                    )
+                )
         del resp.offsets[:]
         resp.offsets.extend(kept)
         return resp
@@ -369,9 +412,17 @@ def subscribe(req: gateway_pb2.SubscribeRequest, access: Access, limits: Limits)
     """A stream: an unauthorized partition ends it with one error message, as Subscribe reports errors."""
     for p in req.partitions:
         if not access.allowed(Operation.READ, topic(p.topic)):
-            return Admission(req, answer=[gateway_pb2.SubscribeResponse(
-                topic=p.topic, partition=p.partition, error_code=TOPIC_AUTHORIZATION_FAILED,
-                error_message=_refusal(access, Operation.READ, "topic", p.topic))])
+            return Admission(
+                req,
+                answer=[
+                    gateway_pb2.SubscribeResponse(
+                        topic=p.topic,
+                        partition=p.partition,
+                        error_code=TOPIC_AUTHORIZATION_FAILED,
+                        error_message=_refusal(access, Operation.READ, "topic", p.topic),
+                    )
+                ],
+            )
     return Admission(req)
 
 
@@ -380,9 +431,22 @@ def produce_records(req: gateway_pb2.ProduceRecordsRequest, access: Access, limi
     if access.allowed(Operation.WRITE, topic(req.topic)):
         return Admission(req)
     message = _refusal(access, Operation.WRITE, "topic", req.topic)
-    return Admission(req, answer=gateway_pb2.ProduceRecordsResponse(topic=req.topic, results=[
-        gateway_pb2.RecordResult(partition=-1, offset=-1, timestamp_ms=-1, error_code=TOPIC_AUTHORIZATION_FAILED,
-                                 error_message=message) for _ in req.records]))
+    return Admission(
+        req,
+        answer=gateway_pb2.ProduceRecordsResponse(
+            topic=req.topic,
+            results=[
+                gateway_pb2.RecordResult(
+                    partition=-1,
+                    offset=-1,
+                    timestamp_ms=-1,
+                    error_code=TOPIC_AUTHORIZATION_FAILED,
+                    error_message=message,
+                )
+                for _ in req.records
+            ],
+        ),
+    )
 
 
 def consume_records(req: gateway_pb2.ConsumeRecordsRequest, access: Access, limits: Limits) -> Admission:
@@ -393,24 +457,46 @@ def consume_records(req: gateway_pb2.ConsumeRecordsRequest, access: Access, limi
         return Admission(req)
     message = _refusal(access, Operation.READ, "topic", req.topic)
     partitions = [p.partition for p in req.partitions] or [-1]
-    return Admission(req, answer=[gateway_pb2.ConsumeRecordsResponse(errors=[
-        gateway_pb2.ConsumePartitionError(partition=p, error_code=TOPIC_AUTHORIZATION_FAILED, error_message=message,
-                                          next_offset=-1) for p in partitions])])
+    return Admission(
+        req,
+        answer=[
+            gateway_pb2.ConsumeRecordsResponse(
+                errors=[
+                    gateway_pb2.ConsumePartitionError(
+                        partition=p,
+                        error_code=TOPIC_AUTHORIZATION_FAILED,
+                        error_message=message,
+                        next_offset=-1,
+                    )
+                    for p in partitions
+                ]
+            )
+        ],
+    )
 
 
 # --- admin --------------------------------------------------------------------------------------
 
 
-def _per_topic_admin(names: list[str], access: Access, check: Callable[[str], bool], operation: Operation,
-                     rebuild: Callable[[set[str]], Any], response_cls: type) -> Admission:
+def _per_topic_admin(
+    names: list[str],
+    access: Access,
+    check: Callable[[str], bool],
+    operation: Operation,
+    rebuild: Callable[[set[str]], Any],
+    response_cls: type,
+) -> Admission:
     refused = [n for n in dict.fromkeys(names) if not check(n)]
     if not refused:
         return Admission(None)
 
     def respond(resp: Any) -> Any:
         for name in refused:
-            resp.topics.add(name=name, error_code=TOPIC_AUTHORIZATION_FAILED,
-                            error_message=_refusal(access, operation, "topic", name))
+            resp.topics.add(
+                name=name,
+                error_code=TOPIC_AUTHORIZATION_FAILED,
+                error_message=_refusal(access, operation, "topic", name),
+            )
         return resp
 
     if len(refused) == len(set(names)):
@@ -419,8 +505,11 @@ def _per_topic_admin(names: list[str], access: Access, check: Callable[[str], bo
 
 
 def create_topics(req: common_pb2.CreateTopicsRequest, access: Access, limits: Limits) -> Admission:
-    cluster_create = access.authorizer is None or access.caller.service is not None or \
-        access.authorizer.authorize(access.caller.principal, Operation.CREATE, CLUSTER)
+    cluster_create = (
+        access.authorizer is None
+        or access.caller.service is not None
+        or access.authorizer.authorize(access.caller.principal, Operation.CREATE, CLUSTER)
+    )
 
     def rebuild(refused: set[str]) -> common_pb2.CreateTopicsRequest:
         narrowed = common_pb2.CreateTopicsRequest()
@@ -429,20 +518,32 @@ def create_topics(req: common_pb2.CreateTopicsRequest, access: Access, limits: L
         narrowed.topics.extend(t for t in req.topics if t.name not in refused)
         return narrowed
 
-    admission = _per_topic_admin([t.name for t in req.topics], access,
-                                 lambda n: cluster_create or access.allowed(Operation.CREATE, topic(n)),
-                                 Operation.CREATE, rebuild, common_pb2.CreateTopicsResponse)
+    admission = _per_topic_admin(
+        [t.name for t in req.topics],
+        access,
+        lambda n: cluster_create or access.allowed(Operation.CREATE, topic(n)),
+        Operation.CREATE,
+        rebuild,
+        common_pb2.CreateTopicsResponse,
+    )
     admission.request = admission.request or req
     return admission
 
 
 def delete_topics(req: common_pb2.DeleteTopicsRequest, access: Access, limits: Limits) -> Admission:
     def rebuild(refused: set[str]) -> common_pb2.DeleteTopicsRequest:
-        return common_pb2.DeleteTopicsRequest(names=[n for n in req.names if n not in refused],
-                                              timeout_ms=req.timeout_ms)
+        return common_pb2.DeleteTopicsRequest(
+            names=[n for n in req.names if n not in refused], timeout_ms=req.timeout_ms
+        )
 
-    admission = _per_topic_admin(list(req.names), access, lambda n: access.allowed(Operation.DELETE, topic(n)),
-                                 Operation.DELETE, rebuild, common_pb2.DeleteTopicsResponse)
+    admission = _per_topic_admin(
+        list(req.names),
+        access,
+        lambda n: access.allowed(Operation.DELETE, topic(n)),
+        Operation.DELETE,
+        rebuild,
+        common_pb2.DeleteTopicsResponse,
+    )
     admission.request = admission.request or req
     return admission
 
@@ -455,9 +556,14 @@ def create_partitions(req: common_pb2.CreatePartitionsRequest, access: Access, l
         narrowed.topics.extend(t for t in req.topics if t.name not in refused)
         return narrowed
 
-    admission = _per_topic_admin([t.name for t in req.topics], access,
-                                 lambda n: access.allowed(Operation.ALTER, topic(n)),
-                                 Operation.ALTER, rebuild, common_pb2.CreatePartitionsResponse)
+    admission = _per_topic_admin(
+        [t.name for t in req.topics],
+        access,
+        lambda n: access.allowed(Operation.ALTER, topic(n)),
+        Operation.ALTER,
+        rebuild,
+        common_pb2.CreatePartitionsResponse,
+    )
     admission.request = admission.request or req
     return admission
 
@@ -466,14 +572,18 @@ def _cluster(operation: Operation, what: str) -> Rule:
     def rule(req: Any, access: Access, limits: Limits) -> Admission:
         access.require(operation, CLUSTER, what)
         return Admission(req)
+
     return rule
 
 
 def init_producer_id(req: common_pb2.InitProducerIdRequest, access: Access, limits: Limits) -> Admission:
     """Kafka's rule for idempotent producers: Write on at least one topic."""
     if not access.allowed_any(Operation.WRITE, ResourceType.TOPIC):
-        raise Denied("PERMISSION_DENIED", f"{access.caller.describe()} may not Write any topic, so it cannot "
-                                          "get a producer id (InitProducerId)")
+        raise Denied(
+            "PERMISSION_DENIED",
+            f"{access.caller.describe()} may not Write any topic, so it cannot "
+            "get a producer id (InitProducerId)",
+        )
     return Admission(req)
 
 
@@ -484,6 +594,7 @@ def _from(kinds: tuple[str, ...], what: str, id_field: str | None = None) -> Rul
     def rule(req: Any, access: Access, limits: Limits) -> Admission:
         access.require_service(what, kinds, getattr(req, id_field) if id_field else None)
         return Admission(req)
+
     return rule
 
 
@@ -544,17 +655,22 @@ RULES: dict[str, Rule] = {
 UNAUTHENTICATED_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 # Methods whose request/response byte counts are charged to byte-rate quotas.
 PRODUCE_METHODS = frozenset({_BROKER + "Produce", _GATEWAY + "Produce", _GATEWAY + "ProduceRecords"})
-FETCH_METHODS = frozenset({_BROKER + "Fetch", _GATEWAY + "Fetch", _GATEWAY + "Subscribe",
-                           _GATEWAY + "ConsumeRecords"})
+FETCH_METHODS = frozenset(
+    {_BROKER + "Fetch", _GATEWAY + "Fetch", _GATEWAY + "Subscribe", _GATEWAY + "ConsumeRecords"}
+)
 # Calls a gateway makes on behalf of its client: the principal travels with them, so the
 # controller authorizes the client and never the gateway's own (service) identity. Every
 # admin call but DescribeCluster, which gateways also make for themselves.
-FORWARDED_METHODS = frozenset({
-    _BROKER + "Produce", _BROKER + "Fetch", _BROKER + "ListOffsets", _BROKER + "Metadata",
-    *(_CONTROLLER + name for name in _ADMIN if name != "DescribeCluster"),
-})
+FORWARDED_METHODS = frozenset(
+    {
+        _BROKER + "Produce",
+        _BROKER + "Fetch",
+        _BROKER + "ListOffsets",
+        _BROKER + "Metadata",
+        *(_CONTROLLER + name for name in _ADMIN if name != "DescribeCluster"),
+    }
+)
 
 
 def rule_for(method: str) -> Rule | None:
     return RULES.get(method)
-

@@ -84,8 +84,11 @@ class TokenListenerGate(grpc.aio.ServerInterceptor):
     def __init__(self, verifier: TokenVerifier) -> None:
         self.verifier = verifier
 
-    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-                                handler_call_details: grpc.HandlerCallDetails) -> Any:
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
@@ -97,14 +100,18 @@ class TokenListenerGate(grpc.aio.ServerInterceptor):
             return _health_without_body(handler)
         REFUSED.labels(method, reason).inc()
         log.debug("refused %s on the token listener before its body (%s)", method, reason)
-        return _refusal(handler, "no valid bearer token: this listener takes token clients only "
-                                 "(`authorization: Bearer hwt...`)")
+        return _refusal(
+            handler,
+            "no valid bearer token: this listener takes token clients only (`authorization: Bearer hwt...`)",
+        )
 
     def _unauthenticated(self, metadata: Any) -> str | None:
         """None when the headers carry a valid bearer token, else the reason (REFUSED's label)."""
         for key, value in metadata:
             if key == AUTHORIZATION_KEY:
-                token = tokens.bearer_value(value if isinstance(value, str) else value.decode(errors="replace"))
+                token = tokens.bearer_value(
+                    value if isinstance(value, str) else value.decode(errors="replace")
+                )
                 if token and self.verifier.verify_token(token, int(time.time() * 1000)) is not None:
                     return None
                 return "bad_token"
@@ -116,6 +123,7 @@ def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHand
 
     Request-streaming on our side whatever the method: gRPC reads a unary request before
     calling the handler, a stream only when the handler iterates it (the wire is the same)."""
+
     async def refuse(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
@@ -136,21 +144,30 @@ def _health_without_body(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandle
         async def check_server(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
             return await check(_EMPTY_HEALTH_REQUEST, context)
 
-        return grpc.stream_unary_rpc_method_handler(check_server, response_serializer=handler.response_serializer)
+        return grpc.stream_unary_rpc_method_handler(
+            check_server, response_serializer=handler.response_serializer
+        )
     watch = handler.unary_stream
 
     async def watch_server(request_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async for item in watch(_EMPTY_HEALTH_REQUEST, context):
             yield item
 
-    return grpc.stream_stream_rpc_method_handler(watch_server, response_serializer=handler.response_serializer)
+    return grpc.stream_stream_rpc_method_handler(
+        watch_server, response_serializer=handler.response_serializer
+    )
 
 
 class ServiceSecurity:
     """TLS material, the ACL/token cache and the interceptor of one service process."""
 
-    def __init__(self, config: SecurityConfig, tls: TlsMaterial | None, cache: SecurityCache | None,
-                 interceptor: SecurityInterceptor | None) -> None:
+    def __init__(
+        self,
+        config: SecurityConfig,
+        tls: TlsMaterial | None,
+        cache: SecurityCache | None,
+        interceptor: SecurityInterceptor | None,
+    ) -> None:
         self.config = config
         self.tls = tls
         self.cache = cache
@@ -177,20 +194,34 @@ class ServiceSecurity:
             channels.configure(tls.channel_credentials(), forward)
         quotas = None
         if config.quotas:
-            quotas = QuotaManager(produce_bytes_per_s=config.producer_byte_rate,
-                                  fetch_bytes_per_s=config.consumer_byte_rate)
+            quotas = QuotaManager(
+                produce_bytes_per_s=config.producer_byte_rate, fetch_bytes_per_s=config.consumer_byte_rate
+            )
         interceptor = None
         if config.needs_interceptor:
-            interceptor = SecurityInterceptor(tls=tls is not None, cache=cache, acl=config.acl,
-                                              limits=rules.Limits(max_batch_records=config.max_batch_records),
-                                              quotas=quotas,
-                                              connections=ConnectionLimiter(config.max_requests_per_connection)
-                                              if config.max_requests_per_connection else None)
-        log.info("security: tls=%s authorizer=%s super_users=%s quotas(produce=%d B/s, fetch=%d B/s) "
-                 "max_request_bytes=%d max_batch_records=%d max_requests_per_connection=%d client_port=%s",
-                 tls is not None, config.authorizer, ",".join(config.super_users) or "-",
-                 config.producer_byte_rate, config.consumer_byte_rate, config.max_request_bytes,
-                 config.max_batch_records, config.max_requests_per_connection, config.client_port)
+            interceptor = SecurityInterceptor(
+                tls=tls is not None,
+                cache=cache,
+                acl=config.acl,
+                limits=rules.Limits(max_batch_records=config.max_batch_records),
+                quotas=quotas,
+                connections=ConnectionLimiter(config.max_requests_per_connection)
+                if config.max_requests_per_connection
+                else None,
+            )
+        log.info(
+            "security: tls=%s authorizer=%s super_users=%s quotas(produce=%d B/s, fetch=%d B/s) "
+            "max_request_bytes=%d max_batch_records=%d max_requests_per_connection=%d client_port=%s",
+            tls is not None,
+            config.authorizer,
+            ",".join(config.super_users) or "-",
+            config.producer_byte_rate,
+            config.consumer_byte_rate,
+            config.max_request_bytes,
+            config.max_batch_records,
+            config.max_requests_per_connection,
+            config.client_port,
+        )
         return cls(config, tls, cache, interceptor)
 
     def server_kwargs(self, options: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -231,10 +262,12 @@ class ServiceSecurity:
         if self.tls is None or self.config.client_port is None:
             raise ValueError("bind_token_listener needs --tls-dir and --client-port")
         self.bound_client_port = server.add_secure_port(
-            f"{host}:{self.config.client_port}", self.tls.server_credentials(require_client_cert=False))
+            f"{host}:{self.config.client_port}", self.tls.server_credentials(require_client_cert=False)
+        )
         if self.bound_client_port == 0:
-            raise SystemExit(f"cannot listen on {host}:{self.config.client_port} for token clients "
-                             "(port in use?)")
+            raise SystemExit(
+                f"cannot listen on {host}:{self.config.client_port} for token clients (port in use?)"
+            )
 
     def ready_info(self) -> dict[str, Any]:
         """Extra fields for the ready file."""

@@ -69,8 +69,10 @@ def _read(path: Path, what: str) -> bytes:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise TlsConfigError(f"TLS: cannot read {what} {path} ({exc.strerror}); create it with "
-                             "`highwater tls issue` or point --tls-dir at the right directory") from exc
+        raise TlsConfigError(
+            f"TLS: cannot read {what} {path} ({exc.strerror}); create it with "
+            "`highwater tls issue` or point --tls-dir at the right directory"
+        ) from exc
     if b"-----BEGIN" not in data:
         raise TlsConfigError(f"TLS: {what} {path} is not PEM")
     return data
@@ -108,28 +110,41 @@ class TlsMaterial:
         (the token listener, --client-port).
         """
         if self.cert_chain is None or self.private_key is None:
-            raise TlsConfigError(f"TLS: a listener needs a certificate and key ({self.name}) in {self.directory}")
-        return grpc.ssl_server_credentials([(self.private_key, self.cert_chain)],
-                                           root_certificates=self.ca_cert if require_client_cert else None,
-                                           require_client_auth=require_client_cert)
+            raise TlsConfigError(
+                f"TLS: a listener needs a certificate and key ({self.name}) in {self.directory}"
+            )
+        return grpc.ssl_server_credentials(
+            [(self.private_key, self.cert_chain)],
+            root_certificates=self.ca_cert if require_client_cert else None,
+            require_client_auth=require_client_cert,
+        )
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """Verify the server against our CA and present our certificate (when we have one)."""
-        return grpc.ssl_channel_credentials(root_certificates=self.ca_cert, private_key=self.private_key,
-                                            certificate_chain=self.cert_chain)
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca_cert, private_key=self.private_key, certificate_chain=self.cert_chain
+        )
 
     def etcd_tls(self, server_name: str | None = None) -> EtcdTls:
         """Mutual TLS to etcd: etcd's certificate checked against the cluster CA, and this name's
         etcd client certificate (or, in an older directory without an etcd client CA, its own)."""
         if not (self.directory / ETCD_CLIENT_CA_FILE).exists():
-            return EtcdTls(ca_cert=self.ca_cert, cert_chain=self.cert_chain, cert_key=self.private_key,
-                           server_name=server_name)
+            return EtcdTls(
+                ca_cert=self.ca_cert,
+                cert_chain=self.cert_chain,
+                cert_key=self.private_key,
+                server_name=server_name,
+            )
         cert_file = etcd_client_cert_path(self.directory, self.name)
         if not self.name or not cert_file.exists():
             raise TlsConfigError(
                 f"TLS: {self.name or 'this client'} has no etcd client certificate ({cert_file}); etcd accepts "
                 f"only certificates of {self.directory / ETCD_CLIENT_CA_FILE}. An operator makes one with "
-                f"`highwater tls init {self.directory} --etcd-client {self.name or 'NAME'}`")
-        return EtcdTls(ca_cert=self.ca_cert, cert_chain=_read(cert_file, "etcd client certificate"),
-                       cert_key=_read(etcd_client_key_path(self.directory, self.name), "etcd client key"),
-                       server_name=server_name)
+                f"`highwater tls init {self.directory} --etcd-client {self.name or 'NAME'}`"
+            )
+        return EtcdTls(
+            ca_cert=self.ca_cert,
+            cert_chain=_read(cert_file, "etcd client certificate"),
+            cert_key=_read(etcd_client_key_path(self.directory, self.name), "etcd client key"),
+            server_name=server_name,
+        )

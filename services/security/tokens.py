@@ -64,15 +64,27 @@ class TokenRecord:
     description: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"principal": self.principal, "salt": self.salt.hex(), "hash": self.digest.hex(),
-                "created_ms": self.created_ms, "expires_ms": self.expires_ms, "description": self.description}
+        return {
+            "principal": self.principal,
+            "salt": self.salt.hex(),
+            "hash": self.digest.hex(),
+            "created_ms": self.created_ms,
+            "expires_ms": self.expires_ms,
+            "description": self.description,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TokenRecord:
         """Raises ValueError for a record that is not one of ours."""
         try:
-            return cls(check_principal(data["principal"]), bytes.fromhex(data["salt"]), bytes.fromhex(data["hash"]),
-                       int(data["created_ms"]), int(data.get("expires_ms", 0)), str(data.get("description", "")))
+            return cls(
+                check_principal(data["principal"]),
+                bytes.fromhex(data["salt"]),
+                bytes.fromhex(data["hash"]),
+                int(data["created_ms"]),
+                int(data.get("expires_ms", 0)),
+                str(data.get("description", "")),
+            )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"token record {data!r} lacks a field or has a wrong type") from exc
 
@@ -84,8 +96,9 @@ def _digest(salt: bytes, secret: str) -> bytes:
     return hashlib.sha256(salt + secret.encode()).digest()
 
 
-def new_token(principal: str, *, now_ms: int, expires_in_ms: int = 0, description: str = ""
-              ) -> tuple[str, str, TokenRecord]:
+def new_token(
+    principal: str, *, now_ms: int, expires_in_ms: int = 0, description: str = ""
+) -> tuple[str, str, TokenRecord]:
     """A fresh token: (token string to hand to the client once, token id, record to store).
 
     Raises TokenError for a service name as principal or a negative expiry.
@@ -94,12 +107,20 @@ def new_token(principal: str, *, now_ms: int, expires_in_ms: int = 0, descriptio
     if is_reserved_principal(principal):
         raise TokenError(f"{principal} is a service identity; services authenticate with certificates only")
     if not 0 <= expires_in_ms <= TOKEN_LIFETIME_MS_MAX:
-        raise TokenError(f"expiry must be within [0, {TOKEN_LIFETIME_MS_MAX}] ms (0: never), got {expires_in_ms}")
+        raise TokenError(
+            f"expiry must be within [0, {TOKEN_LIFETIME_MS_MAX}] ms (0: never), got {expires_in_ms}"
+        )
     token_id = secrets.token_hex(TOKEN_ID_BYTES)
     secret = base64.urlsafe_b64encode(secrets.token_bytes(TOKEN_SECRET_BYTES)).decode().rstrip("=")
     salt = secrets.token_bytes(TOKEN_SALT_BYTES)
-    record = TokenRecord(principal, salt, _digest(salt, secret), now_ms,
-                         now_ms + expires_in_ms if expires_in_ms else 0, description[:TOKEN_DESCRIPTION_CHARS_MAX])
+    record = TokenRecord(
+        principal,
+        salt,
+        _digest(salt, secret),
+        now_ms,
+        now_ms + expires_in_ms if expires_in_ms else 0,
+        description[:TOKEN_DESCRIPTION_CHARS_MAX],
+    )
     return f"{TOKEN_SCHEME}.{token_id}.{secret}", token_id, record
 
 

@@ -41,7 +41,8 @@ class History:
     acked: dict[TopicPartitionKey, dict[int, bytes]] = field(default_factory=lambda: defaultdict(dict))
     failed_writes: int = 0
     consumed: dict[str, dict[TopicPartitionKey, list[tuple[int, bytes]]]] = field(
-        default_factory=lambda: defaultdict(lambda: defaultdict(list)))
+        default_factory=lambda: defaultdict(lambda: defaultdict(list))
+    )
     faults: list[str] = field(default_factory=list)
     attempts: list[WriteAttempt] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -50,7 +51,9 @@ class History:
         with self._lock:
             previous = self.acked[tp].get(offset)
             if previous is not None and previous != value:
-                raise AssertionError(f"offset {offset} of {tp} acknowledged twice: {previous!r} and {value!r}")
+                raise AssertionError(
+                    f"offset {offset} of {tp} acknowledged twice: {previous!r} and {value!r}"
+                )
             self.acked[tp][offset] = value
 
     def fail(self) -> None:
@@ -61,10 +64,14 @@ class History:
         with self._lock:
             self.attempts.append(WriteAttempt(tp, started_s, finished_s, outcome))
 
-    def attempts_within(self, tps: set[TopicPartitionKey], start_s: float, end_s: float) -> list[WriteAttempt]:
+    def attempts_within(
+        self, tps: set[TopicPartitionKey], start_s: float, end_s: float
+    ) -> list[WriteAttempt]:
         """Attempts on tps sent at or after start_s and answered by end_s (both time.monotonic())."""
         with self._lock:
-            return [a for a in self.attempts if a.tp in tps and a.started_s >= start_s and a.finished_s <= end_s]
+            return [
+                a for a in self.attempts if a.tp in tps and a.started_s >= start_s and a.finished_s <= end_s
+            ]
 
     def consume(self, reader: str, tp: TopicPartitionKey, offset: int, value: bytes) -> None:
         with self._lock:
@@ -87,8 +94,10 @@ def check(history: History, logs: dict[TopicPartitionKey, list[tuple[int, bytes]
         lost = [(o, v) for o, v in sorted(acked.items()) if stored.get(o) != v]
         if lost:
             o, v = lost[0]
-            problems.append(f"{tp}: {len(lost)} acknowledged records lost or moved; first: offset {o} "
-                            f"{v!r} is now {stored.get(o)!r}")
+            problems.append(
+                f"{tp}: {len(lost)} acknowledged records lost or moved; first: offset {o} "
+                f"{v!r} is now {stored.get(o)!r}"
+            )
     for tp, records in logs.items():
         offsets = [o for o, _ in records]
         if len(offsets) != len(set(offsets)):
@@ -110,21 +119,29 @@ def check(history: History, logs: dict[TopicPartitionKey, list[tuple[int, bytes]
             if offsets:
                 read_up_to = offsets[-1]
                 read = set(offsets)
-                skipped = [o for o in history.acked.get(tp, {}) if offsets[0] <= o <= read_up_to and o not in read]
+                skipped = [
+                    o for o in history.acked.get(tp, {}) if offsets[0] <= o <= read_up_to and o not in read
+                ]
                 if skipped:
-                    problems.append(f"reader {reader} skipped {len(skipped)} acknowledged records of {tp} "
-                                    f"(first offset {min(skipped)})")
+                    problems.append(
+                        f"reader {reader} skipped {len(skipped)} acknowledged records of {tp} "
+                        f"(first offset {min(skipped)})"
+                    )
             stored = dict(logs.get(tp, []))
             wrong = [(o, v) for o, v in records if o in stored and stored[o] != v]
             if wrong:
-                problems.append(f"reader {reader} read {tp} offset {wrong[0][0]} as {wrong[0][1]!r}, "
-                                f"the log has {stored[wrong[0][0]]!r}")
+                problems.append(
+                    f"reader {reader} read {tp} offset {wrong[0][0]} as {wrong[0][1]!r}, "
+                    f"the log has {stored[wrong[0][0]]!r}"
+                )
     return problems
 
 
-def check_replicas(logs: dict[TopicPartitionKey, list[tuple[int, bytes]]],
-                   replicas: dict[int, dict[TopicPartitionKey, list[tuple[int, bytes]]]],
-                   in_sync: dict[TopicPartitionKey, set[int]]) -> list[str]:
+def check_replicas(
+    logs: dict[TopicPartitionKey, list[tuple[int, bytes]]],
+    replicas: dict[int, dict[TopicPartitionKey, list[tuple[int, bytes]]]],
+    in_sync: dict[TopicPartitionKey, set[int]],
+) -> list[str]:
     """Invariant 6 on the replicas' own logs (read from disk after the cluster stopped).
 
     logs: each partition as read back through its leader (the committed records).
@@ -148,12 +165,16 @@ def check_replicas(logs: dict[TopicPartitionKey, list[tuple[int, bytes]]],
             for o, v in records:
                 first = holders.setdefault(o, (f"broker {broker}", v))
                 if first[1] != v:
-                    problems.append(f"{tp}: broker {broker} holds {v!r} at offset {o}, {first[0]} holds {first[1]!r}")
+                    problems.append(
+                        f"{tp}: broker {broker} holds {v!r} at offset {o}, {first[0]} holds {first[1]!r}"
+                    )
                     break
             if broker in in_sync.get(tp, set()):
                 held = set(offsets)
                 missing = [o for o, _ in committed if o not in held]
                 if missing:
-                    problems.append(f"{tp}: broker {broker} is in the ISR but lacks {len(missing)} committed "
-                                    f"records (first offset {missing[0]})")
+                    problems.append(
+                        f"{tp}: broker {broker} is in the ISR but lacks {len(missing)} committed "
+                        f"records (first offset {missing[0]})"
+                    )
     return problems

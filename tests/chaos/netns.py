@@ -168,7 +168,20 @@ class Topology:
                 _ip("-n", ns, "link", "set", "lo", "up")
                 # Made inside the hub with its peer placed straight into the broker's namespace:
                 # no interface ever exists in the root namespace, even for a moment.
-                _ip("-n", self.hub, "link", "add", f"b{b}", "type", "veth", "peer", "name", "eth0", "netns", ns)
+                _ip(
+                    "-n",
+                    self.hub,
+                    "link",
+                    "add",
+                    f"b{b}",
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "eth0",
+                    "netns",
+                    ns,
+                )
                 _ip("-n", self.hub, "link", "set", f"b{b}", "master", BRIDGE)
                 _ip("-n", self.hub, "link", "set", f"b{b}", "up")
                 _ip("-n", ns, "addr", "add", f"{broker_address(b)}/{PREFIX_LENGTH}", "dev", "eth0")
@@ -206,10 +219,14 @@ class Topology:
         it sends reaches the others, so nothing it appends later can be replicated to them.
         """
         for o in others:
-            _ip("-n", self.broker_namespace(broker_id), "route", "add", "blackhole", f"{broker_address(o)}/32")
+            _ip(
+                "-n", self.broker_namespace(broker_id), "route", "add", "blackhole", f"{broker_address(o)}/32"
+            )
         in_place_s = time.monotonic()
         for o in others:
-            _ip("-n", self.broker_namespace(o), "route", "add", "blackhole", f"{broker_address(broker_id)}/32")
+            _ip(
+                "-n", self.broker_namespace(o), "route", "add", "blackhole", f"{broker_address(broker_id)}/32"
+            )
         return in_place_s
 
     def cut_from_etcd(self, broker_id: int) -> None:

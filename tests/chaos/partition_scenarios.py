@@ -104,8 +104,9 @@ class Run:
     facts: dict[str, object] = field(default_factory=dict)
     started_s: float = field(default_factory=time.monotonic)
     # Checks made once the cluster is stopped, on the replicas' logs (broker -> partition -> records).
-    after_stop: list[Callable[[dict[int, dict[tuple[str, int], list[tuple[int, bytes]]]]], list[str]]] = field(
-        default_factory=list)
+    after_stop: list[Callable[[dict[int, dict[tuple[str, int], list[tuple[int, bytes]]]]], list[str]]] = (
+        field(default_factory=list)
+    )
 
     def say(self, message: str) -> None:
         print(f"[{time.monotonic() - self.started_s:6.1f} s] {message}", flush=True)
@@ -114,8 +115,9 @@ class Run:
         self.history.fault(what)
         self.say(f"fault: {what}")
 
-    def state(self, what: str, ok: Callable[[common_pb2.PartitionState], bool],
-              timeout_s: float) -> dict[int, common_pb2.PartitionState]:
+    def state(
+        self, what: str, ok: Callable[[common_pb2.PartitionState], bool], timeout_s: float
+    ) -> dict[int, common_pb2.PartitionState]:
         state = workload.wait_for_state(self.c, TOPIC, PARTITIONS, what, ok, timeout_s)
         self.say(f"{what}: {workload.describe_state(state)}")
         return state
@@ -127,12 +129,17 @@ class Run:
 
     def progress(self, tps: set[tuple[str, int]], since_s: float, what: str) -> dict[tuple[str, int], int]:
         """Wait (bounded) until each of tps has acknowledged writes sent after since_s."""
+
         def enough() -> dict[tuple[str, int], int] | None:
             counts = workload.acks_per_partition(self.history, tps, since_s, time.monotonic())
             return counts if min(counts.values()) >= ACKS_PER_PARTITION_AFTER_CHANGE else None
 
-        counts = wait_for(enough, timeout_s=PROGRESS_TIMEOUT_S, interval_s=workload.STATE_POLL_INTERVAL_S,
-                          what=f"{ACKS_PER_PARTITION_AFTER_CHANGE} acknowledged writes on each of {sorted(tps)} {what}")
+        counts = wait_for(
+            enough,
+            timeout_s=PROGRESS_TIMEOUT_S,
+            interval_s=workload.STATE_POLL_INTERVAL_S,
+            what=f"{ACKS_PER_PARTITION_AFTER_CHANGE} acknowledged writes on each of {sorted(tps)} {what}",
+        )
         self.say(f"writes go on {what}: {_per_partition(counts)}")
         return counts
 
@@ -156,12 +163,19 @@ def follower_partitioned(run: Run) -> None:
     follower = 3
     state = run.healthy("start-up")
     if any(s.leader == follower for s in state.values()):
-        raise AssertionError(f"broker {follower} leads a partition, so it is not only a follower: "
-                             f"{workload.describe_state(state)}")
+        raise AssertionError(
+            f"broker {follower} leads a partition, so it is not only a follower: "
+            f"{workload.describe_state(state)}"
+        )
     cut_s = run.net.cut_off(follower, [1, 2])
-    run.fault(f"cut follower broker {follower} off from brokers 1 and 2 (the leaders); it still reaches the hub")
-    run.state(f"broker {follower} out of every ISR", lambda p: follower not in p.isr and len(p.isr) == 2,
-              ISR_CHANGE_TIMEOUT_S)
+    run.fault(
+        f"cut follower broker {follower} off from brokers 1 and 2 (the leaders); it still reaches the hub"
+    )
+    run.state(
+        f"broker {follower} out of every ISR",
+        lambda p: follower not in p.isr and len(p.isr) == 2,
+        ISR_CHANGE_TIMEOUT_S,
+    )
     shrunk_s = time.monotonic()
     run.facts["isr_shrink_s"] = round(shrunk_s - cut_s, 1)
     counts = run.progress(all_tps(), shrunk_s, f"with broker {follower} out of the ISR")
@@ -176,6 +190,7 @@ def follower_partitioned(run: Run) -> None:
 
 # ---- (b) the leader cut off from both followers, still reaching etcd and the controller ----------
 
+
 def leader_cut_from_followers(run: Run) -> None:
     state = run.healthy("start-up")
     leader = state[0].leader
@@ -186,39 +201,59 @@ def leader_cut_from_followers(run: Run) -> None:
     # A write sent before the leader's own routes are in place may still reach the followers and be
     # acknowledged; one sent after cannot (the leader appends it after it can no longer send to them).
     cut_s = run.net.cut_off(leader, followers)
-    run.fault(f"cut leader broker {leader} (leads {sorted(p for _, p in led)}) off from brokers {followers} "
-              f"(its routes in place {cut_s - cut_started_s:.3f} s after the cut began); it still reaches etcd "
-              "and the controller")
-    run.state(f"the ISR of broker {leader}'s partitions shrunk to [{leader}], broker {leader} out of the others'",
-              lambda p: list(p.isr) == [leader] if p.leader == leader else leader not in p.isr,
-              ISR_CHANGE_TIMEOUT_S)
+    run.fault(
+        f"cut leader broker {leader} (leads {sorted(p for _, p in led)}) off from brokers {followers} "
+        f"(its routes in place {cut_s - cut_started_s:.3f} s after the cut began); it still reaches etcd "
+        "and the controller"
+    )
+    run.state(
+        f"the ISR of broker {leader}'s partitions shrunk to [{leader}], broker {leader} out of the others'",
+        lambda p: list(p.isr) == [leader] if p.leader == leader else leader not in p.isr,
+        ISR_CHANGE_TIMEOUT_S,
+    )
     shrunk_s = time.monotonic()
     run.facts["isr_shrink_s"] = round(shrunk_s - cut_s, 1)
 
     def refused() -> int:
-        return sum(1 for a in run.history.attempts_within(led, shrunk_s, time.monotonic())
-                   if a.outcome in NOT_ENOUGH_REPLICAS_CODES)
+        return sum(
+            1
+            for a in run.history.attempts_within(led, shrunk_s, time.monotonic())
+            if a.outcome in NOT_ENOUGH_REPLICAS_CODES
+        )
 
-    wait_for(lambda: refused() >= NOT_ENOUGH_REPLICAS_ANSWERS, timeout_s=PROGRESS_TIMEOUT_S,
-             what=f"{NOT_ENOUGH_REPLICAS_ANSWERS} NOT_ENOUGH_REPLICAS answers from broker {leader}")
+    wait_for(
+        lambda: refused() >= NOT_ENOUGH_REPLICAS_ANSWERS,
+        timeout_s=PROGRESS_TIMEOUT_S,
+        what=f"{NOT_ENOUGH_REPLICAS_ANSWERS} NOT_ENOUGH_REPLICAS answers from broker {leader}",
+    )
     if others:
         run.progress(others, shrunk_s, f"on the partitions broker {leader} does not lead")
     still = workload.cluster_state(run.c, TOPIC)
     if still is None or any(still[p].leader != leader for _, p in led):
-        raise AssertionError(f"broker {leader} was expected to keep leading {sorted(led)} (it holds its lease): "
-                             f"{workload.describe_state(still)}")
+        raise AssertionError(
+            f"broker {leader} was expected to keep leading {sorted(led)} (it holds its lease): "
+            f"{workload.describe_state(still)}"
+        )
     healed_s = time.monotonic()
     outcomes = Counter(a.outcome for a in run.history.attempts_within(led, cut_s, healed_s))
     run.facts["outcomes_on_cut_leaders_partitions"] = dict(outcomes)
     run.facts["acks_on_cut_leaders_partitions"] = outcomes.get(ACKNOWLEDGED, 0)
-    run.say(f"writes to broker {leader}'s partitions sent after the cut and answered before the heal: "
-            f"{dict(outcomes)}")
-    acked = [a for a in run.history.attempts_within(led, cut_started_s, healed_s) if a.outcome == ACKNOWLEDGED]
-    run.say("acknowledged writes to those partitions sent since the cut began (s after it began, sent-answered): "
-            + ", ".join(f"{a.started_s - cut_started_s:.3f}-{a.finished_s - cut_started_s:.3f}" for a in acked))
+    run.say(
+        f"writes to broker {leader}'s partitions sent after the cut and answered before the heal: "
+        f"{dict(outcomes)}"
+    )
+    acked = [
+        a for a in run.history.attempts_within(led, cut_started_s, healed_s) if a.outcome == ACKNOWLEDGED
+    ]
+    run.say(
+        "acknowledged writes to those partitions sent since the cut began (s after it began, sent-answered): "
+        + ", ".join(f"{a.started_s - cut_started_s:.3f}-{a.finished_s - cut_started_s:.3f}" for a in acked)
+    )
     if outcomes.get(ACKNOWLEDGED, 0):
-        raise AssertionError(f"broker {leader} acknowledged {outcomes[ACKNOWLEDGED]} acks=all writes while cut off "
-                             f"from every follower (min.insync.replicas 2): {dict(outcomes)}")
+        raise AssertionError(
+            f"broker {leader} acknowledged {outcomes[ACKNOWLEDGED]} acks=all writes while cut off "
+            f"from every follower (min.insync.replicas 2): {dict(outcomes)}"
+        )
     run.net.heal()
     run.fault(f"heal: broker {leader} reaches brokers {followers} again")
     run.healthy("the followers rejoined every ISR")
@@ -227,6 +262,7 @@ def leader_cut_from_followers(run: Run) -> None:
 
 
 # ---- (c) the leader isolated from everything: lease lost, new leader, divergent tail truncated ---
+
 
 def leader_isolated(run: Run) -> None:
     state = run.healthy("start-up")
@@ -239,12 +275,16 @@ def leader_isolated(run: Run) -> None:
     # one write of the scenario's own makes the divergent tail: the leader appends it and cannot commit it.
     value = b"divergent-probe"
     sent_s = time.monotonic()
-    answer = produce(gateway_stub(run.c.gateway_address), TOPIC, 0, [value], timeout_ms=PROBE_WRITE_TIMEOUT_MS)
+    answer = produce(
+        gateway_stub(run.c.gateway_address), TOPIC, 0, [value], timeout_ms=PROBE_WRITE_TIMEOUT_MS
+    )
     outcome = common_pb2.ErrorCode.Name(answer.error_code)
     run.history.attempt(tp, sent_s, time.monotonic(), outcome)
     if answer.error_code == common_pb2.NONE:
         run.history.ack(tp, answer.base_offset, value)  # the checkers then judge it like any other
-        raise AssertionError(f"broker {leader} acknowledged an acks=all write while cut off from every follower")
+        raise AssertionError(
+            f"broker {leader} acknowledged an acks=all write while cut off from every follower"
+        )
     run.history.fail()
     run.say(f"a write to p0 sent after the cut was answered {outcome}")
     # Wait for records on the leader that no follower has: acks=all writes it appended and cannot commit.
@@ -254,8 +294,10 @@ def leader_isolated(run: Run) -> None:
         if ends[leader] > max(ends[f] for f in followers):
             break
         if time.monotonic() > deadline:
-            raise AssertionError(f"no record reached only broker {leader} within {DIVERGENCE_TIMEOUT_S} s "
-                                 f"(records per replica of p0: {ends})")
+            raise AssertionError(
+                f"no record reached only broker {leader} within {DIVERGENCE_TIMEOUT_S} s "
+                f"(records per replica of p0: {ends})"
+            )
         time.sleep(DIVERGENCE_POLL_S)
     run.say(f"records per replica of p0 on disk: {ends}")
     isolated_s = time.monotonic()
@@ -263,10 +305,15 @@ def leader_isolated(run: Run) -> None:
     run.fault(f"isolate broker {leader} from everything (etcd, controller, gateway, brokers)")
     before = workload.cluster_state(run.c, TOPIC)
     if before is None or len(before[0].isr) < 2:
-        raise AssertionError(f"p0's ISR had already shrunk to its leader when it was isolated; the partition would "
-                             f"go offline instead of electing a follower: {workload.describe_state(before)}")
-    run.state(f"a new leader for every partition and broker {leader} out of every ISR",
-              lambda p: p.leader > 0 and p.leader != leader and leader not in p.isr, ELECTION_TIMEOUT_S)
+        raise AssertionError(
+            f"p0's ISR had already shrunk to its leader when it was isolated; the partition would "
+            f"go offline instead of electing a follower: {workload.describe_state(before)}"
+        )
+    run.state(
+        f"a new leader for every partition and broker {leader} out of every ISR",
+        lambda p: p.leader > 0 and p.leader != leader and leader not in p.isr,
+        ELECTION_TIMEOUT_S,
+    )
     elected_s = time.monotonic()
     run.facts["election_s"] = round(elected_s - isolated_s, 1)
     run.progress(all_tps(), elected_s, f"with broker {leader} isolated")
@@ -280,13 +327,22 @@ def leader_isolated(run: Run) -> None:
     if final[0].leader == leader:
         raise AssertionError(f"broker {leader} leads p0 again right after rejoining; expected a follower")
     run.progress(all_tps(), time.monotonic(), "after the heal")
-    run.after_stop.append(lambda replicas: tail_truncated(run, leader, final[0].leader, stale, replicas,
-                                                          require_divergence=True))
+    run.after_stop.append(
+        lambda replicas: tail_truncated(
+            run, leader, final[0].leader, stale, replicas, require_divergence=True
+        )
+    )
 
 
-def tail_truncated(run: Run, old_leader: int, new_leader: int, stale: list[tuple[int, bytes]],
-                   replicas: dict[int, dict[tuple[str, int], list[tuple[int, bytes]]]], *,
-                   require_divergence: bool) -> list[str]:
+def tail_truncated(
+    run: Run,
+    old_leader: int,
+    new_leader: int,
+    stale: list[tuple[int, bytes]],
+    replicas: dict[int, dict[tuple[str, int], list[tuple[int, bytes]]]],
+    *,
+    require_divergence: bool,
+) -> list[str]:
     """Problems if old_leader still holds records of p0 that it had (stale) and the new leader does not."""
     tp = (TOPIC, 0)
     reference = dict(replicas[new_leader].get(tp, []))
@@ -296,18 +352,23 @@ def tail_truncated(run: Run, old_leader: int, new_leader: int, stale: list[tuple
     run.facts["divergent_tail_records"] = len(divergent)
     run.facts["divergent_records_kept"] = len(kept)
     span = f"offsets {divergent[0][0]}..{divergent[-1][0]}" if divergent else "none"
-    run.say(f"broker {old_leader}'s p0 held {len(divergent)} records broker {new_leader} does not ({span}) before "
-            f"the heal; {len(kept)} of them still in its log after it rejoined")
+    run.say(
+        f"broker {old_leader}'s p0 held {len(divergent)} records broker {new_leader} does not ({span}) before "
+        f"the heal; {len(kept)} of them still in its log after it rejoined"
+    )
     problems = []
     if require_divergence and not divergent:
         problems.append(f"broker {old_leader} had no divergent tail to truncate (the scenario made none)")
     if kept:
-        problems.append(f"broker {old_leader} kept {len(kept)} records of its divergent tail; first: offset "
-                        f"{kept[0][0]} {kept[0][1]!r}, broker {new_leader} has {reference.get(kept[0][0])!r}")
+        problems.append(
+            f"broker {old_leader} kept {len(kept)} records of its divergent tail; first: offset "
+            f"{kept[0][0]} {kept[0][1]!r}, broker {new_leader} has {reference.get(kept[0][0])!r}"
+        )
     return problems
 
 
 # ---- (e) the leader loses etcd only: a zombie that must not acknowledge ------------------------
+
 
 def leader_cut_from_etcd(run: Run) -> None:
     state = run.healthy("start-up")
@@ -315,10 +376,15 @@ def leader_cut_from_etcd(run: Run) -> None:
     led = sorted(p for p, s in state.items() if s.leader == leader)
     cut_s = time.monotonic()
     run.net.cut_from_etcd(leader)
-    run.fault(f"cut leader broker {leader} (leads {led}) off from etcd only; it still reaches the controller, "
-              "the gateway and the other brokers")
-    run.state(f"a new leader for every partition and broker {leader} out of every ISR",
-              lambda p: p.leader > 0 and p.leader != leader and leader not in p.isr, ELECTION_TIMEOUT_S)
+    run.fault(
+        f"cut leader broker {leader} (leads {led}) off from etcd only; it still reaches the controller, "
+        "the gateway and the other brokers"
+    )
+    run.state(
+        f"a new leader for every partition and broker {leader} out of every ISR",
+        lambda p: p.leader > 0 and p.leader != leader and leader not in p.isr,
+        ELECTION_TIMEOUT_S,
+    )
     elected_s = time.monotonic()
     run.facts["election_s"] = round(elected_s - cut_s, 1)
     # Straight to the zombie, not through the gateway (which already routes to the new leaders).
@@ -342,10 +408,14 @@ def leader_cut_from_etcd(run: Run) -> None:
             else:
                 run.history.fail()
     run.facts["zombie_answers"] = answers
-    run.say(f"acks=all writes sent straight to broker {leader} for its old partitions were answered {answers}")
+    run.say(
+        f"acks=all writes sent straight to broker {leader} for its old partitions were answered {answers}"
+    )
     if any(a == "NONE" for a in answers.values()):
-        raise AssertionError(f"broker {leader} acknowledged acks=all writes after losing its lease and its "
-                             f"leadership: {answers}")
+        raise AssertionError(
+            f"broker {leader} acknowledged acks=all writes after losing its lease and its "
+            f"leadership: {answers}"
+        )
     # The new leaders take writes; bounded so the zombie is healed before it gives up registering.
     # Not a failure when the time runs out: progress is required after the heal in any case.
     since = time.monotonic()
@@ -363,8 +433,11 @@ def leader_cut_from_etcd(run: Run) -> None:
     final = run.healthy(f"broker {leader} registered again and rejoined every ISR")
     run.facts["isr_rejoin_s"] = round(time.monotonic() - healed_s, 1)
     run.progress(all_tps(), time.monotonic(), "after the heal")
-    run.after_stop.append(lambda replicas: tail_truncated(run, leader, final[0].leader, stale, replicas,
-                                                          require_divergence=False))
+    run.after_stop.append(
+        lambda replicas: tail_truncated(
+            run, leader, final[0].leader, stale, replicas, require_divergence=False
+        )
+    )
 
 
 SCENARIOS: dict[str, tuple[Callable[[Run], None], dict[int, list[int]] | None]] = {
@@ -376,13 +449,19 @@ SCENARIOS: dict[str, tuple[Callable[[Run], None], dict[int, list[int]] | None]] 
 
 
 def create_topic(c: TestCluster, assignment: dict[int, list[int]] | None) -> None:
-    topic = common_pb2.CreatableTopic(name=TOPIC, num_partitions=PARTITIONS, replication_factor=BROKERS,
-                                      configs={"min.insync.replicas": "2"})
+    topic = common_pb2.CreatableTopic(
+        name=TOPIC,
+        num_partitions=PARTITIONS,
+        replication_factor=BROKERS,
+        configs={"min.insync.replicas": "2"},
+    )
     if assignment is not None:
         topic.num_partitions = topic.replication_factor = -1
         for p, replicas in assignment.items():
             topic.assignments[p].replicas.extend(replicas)
-    resp = gateway_stub(c.gateway_address).CreateTopics(common_pb2.CreateTopicsRequest(topics=[topic]), timeout=30)
+    resp = gateway_stub(c.gateway_address).CreateTopics(
+        common_pb2.CreateTopicsRequest(topics=[topic]), timeout=30
+    )
     if resp.topics[0].error_code:
         raise AssertionError(f"could not create {TOPIC}: {resp.topics[0].error_message}")
 
@@ -393,27 +472,40 @@ def check_in_hub() -> None:
         try:
             s.bind((HUB_ADDRESS, 0))
         except OSError as exc:
-            raise SystemExit(f"{HUB_ADDRESS} is not an address here ({exc.strerror}): run this inside the hub "
-                             "namespace, ip netns exec <prefix>-hub ...") from exc
+            raise SystemExit(
+                f"{HUB_ADDRESS} is not an address here ({exc.strerror}): run this inside the hub "
+                "namespace, ip netns exec <prefix>-hub ..."
+            ) from exc
 
 
 def run_scenario(name: str, net: Topology, base_dir: Path) -> dict[str, object]:
     scenario, assignment = SCENARIOS[name]
-    placements = {f"broker-{b}": Placement(broker_address(b), net.exec_prefix(net.broker_namespace(b)))
-                  for b in range(1, BROKERS + 1)}
+    placements = {
+        f"broker-{b}": Placement(broker_address(b), net.exec_prefix(net.broker_namespace(b)))
+        for b in range(1, BROKERS + 1)
+    }
     placements["controller-1"] = placements["gateway-1"] = Placement(HUB_ADDRESS)
     # host: etcd's address (the one process without a placement).
-    c = TestCluster(base_dir, brokers=BROKERS, controllers=1, lease_ttl_s=LEASE_TTL_S,
-                    replica_lag_time_max_ms=REPLICA_LAG_TIME_MAX_MS, host=ETCD_ADDRESS, placements=placements)
+    c = TestCluster(
+        base_dir,
+        brokers=BROKERS,
+        controllers=1,
+        lease_ttl_s=LEASE_TTL_S,
+        replica_lag_time_max_ms=REPLICA_LAG_TIME_MAX_MS,
+        host=ETCD_ADDRESS,
+        placements=placements,
+    )
     run = Run(c, net, History())
     result: dict[str, object] = {"scenario": name, "error": None, "problems": []}
     problems: list[str] = []
     in_sync: dict[tuple[str, int], set[int]] = {}
     try:
         c.start()
-        run.say(f"cluster up: etcd at {ETCD_ADDRESS}, controller-1 and gateway-1 at {HUB_ADDRESS} in {net.hub}; "
-                "brokers at "
-                + ", ".join(f"{broker_address(b)} in {net.broker_namespace(b)}" for b in range(1, BROKERS + 1)))
+        run.say(
+            f"cluster up: etcd at {ETCD_ADDRESS}, controller-1 and gateway-1 at {HUB_ADDRESS} in {net.hub}; "
+            "brokers at "
+            + ", ".join(f"{broker_address(b)} in {net.broker_namespace(b)}" for b in range(1, BROKERS + 1))
+        )
         create_topic(c, assignment)
         workload.wait_healthy(c, TOPIC, PARTITIONS, "creating the topic")
         with workload.Workload(c, run.history, TOPIC, PARTITIONS):
@@ -424,9 +516,11 @@ def run_scenario(name: str, net: Topology, base_dir: Path) -> dict[str, object]:
         in_sync = {(TOPIC, p): set(s.isr) for p, s in final.items()}
         logs = workload.read_logs(c, TOPIC, PARTITIONS)
         problems = check(run.history, logs)
-        run.say(f"history checker: {run.history.acked_count} acknowledged acks=all writes checked, "
-                f"{run.history.failed_writes} failed writes, reader saw "
-                f"{sum(len(v) for v in run.history.consumed['reader'].values())} records; {len(problems)} problems")
+        run.say(
+            f"history checker: {run.history.acked_count} acknowledged acks=all writes checked, "
+            f"{run.history.failed_writes} failed writes, reader saw "
+            f"{sum(len(v) for v in run.history.consumed['reader'].values())} records; {len(problems)} problems"
+        )
     except Exception as exc:  # reported in the result line; the test fails on it
         traceback.print_exc()
         result["error"] = f"{type(exc).__name__}: {exc}"
@@ -440,26 +534,39 @@ def run_scenario(name: str, net: Topology, base_dir: Path) -> dict[str, object]:
         replica_problems = check_replicas(logs, replicas, in_sync)
         for after in run.after_stop:
             replica_problems += after(replicas)
-        run.say(f"replica checker (segment files of every replica, after the stop): "
-                f"{sum(len(r) for by_tp in replicas.values() for r in by_tp.values())} records on "
-                f"{sum(len(by_tp) for by_tp in replicas.values())} replicas compared; "
-                f"{len(replica_problems)} problems")
+        run.say(
+            f"replica checker (segment files of every replica, after the stop): "
+            f"{sum(len(r) for by_tp in replicas.values() for r in by_tp.values())} records on "
+            f"{sum(len(by_tp) for by_tp in replicas.values())} replicas compared; "
+            f"{len(replica_problems)} problems"
+        )
         problems += replica_problems
     for p in problems:
         run.say(f"PROBLEM: {p}")
     outcomes = Counter(a.outcome for a in run.history.attempts)
-    result.update(problems=problems, faults=run.history.faults, acked=run.history.acked_count,
-                  failed_writes=run.history.failed_writes, outcomes=dict(outcomes),
-                  reader_records=sum(len(v) for v in run.history.consumed["reader"].values()),
-                  facts=run.facts, elapsed_s=round(time.monotonic() - run.started_s, 1), logs=str(c.base_dir / "logs"))
-    run.say(f"{name}: {len(run.history.faults)} faults, {run.history.acked_count} acknowledged writes checked, "
-            f"outcomes {dict(outcomes)}, facts {run.facts}; "
-            f"{'ERROR ' + str(result['error']) if result['error'] else str(len(problems)) + ' problems'}")
+    result.update(
+        problems=problems,
+        faults=run.history.faults,
+        acked=run.history.acked_count,
+        failed_writes=run.history.failed_writes,
+        outcomes=dict(outcomes),
+        reader_records=sum(len(v) for v in run.history.consumed["reader"].values()),
+        facts=run.facts,
+        elapsed_s=round(time.monotonic() - run.started_s, 1),
+        logs=str(c.base_dir / "logs"),
+    )
+    run.say(
+        f"{name}: {len(run.history.faults)} faults, {run.history.acked_count} acknowledged writes checked, "
+        f"outcomes {dict(outcomes)}, facts {run.facts}; "
+        f"{'ERROR ' + str(result['error']) if result['error'] else str(len(problems)) + ' problems'}"
+    )
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("scenario", choices=sorted(SCENARIOS))
     parser.add_argument("--prefix", required=True, help="the namespaces' name prefix (netns.Topology)")
     parser.add_argument("--base-dir", type=Path, required=True, help="where the cluster's data and logs go")

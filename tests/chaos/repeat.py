@@ -23,10 +23,16 @@ RUN_TIMEOUT_S = 1_800
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=10, help="consecutive runs wanted (default 10)")
-    parser.add_argument("--log-dir", type=Path, default=Path("data/chaos-repeat"),
-                        help="where each run's pytest output is kept (default data/chaos-repeat)")
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        default=Path("data/chaos-repeat"),
+        help="where each run's pytest output is kept (default data/chaos-repeat)",
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -36,12 +42,22 @@ def main(argv: list[str] | None = None) -> int:
     for run in range(1, args.runs + 1):
         log_path = args.log_dir / f"run-{run:02d}.log"
         started = time.monotonic()
-        cmd = [sys.executable, "-m", "pytest", "tests/chaos", "-q", "-p", "no:cacheprovider", *args.pytest_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/chaos",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *args.pytest_args,
+        ]
         print(f"run {run}/{args.runs}: {' '.join(cmd[2:])} ...", end="", flush=True)
         try:
             with log_path.open("wb") as out:
-                code = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                      timeout=RUN_TIMEOUT_S, check=False).returncode
+                code = subprocess.run(
+                    cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S, check=False
+                ).returncode
         except subprocess.TimeoutExpired:
             print(f" stuck past {RUN_TIMEOUT_S} s; output in {log_path}")
             return 1

@@ -50,7 +50,10 @@ def chaos_cluster(tmp_path) -> Iterator[TestCluster]:
     c.start()
     try:
         gw = gateway_stub(c.gateway_address)
-        assert create_topic(gw, TOPIC, partitions=PARTITIONS, configs={"min.insync.replicas": "2"}).error_code == 0
+        assert (
+            create_topic(gw, TOPIC, partitions=PARTITIONS, configs={"min.insync.replicas": "2"}).error_code
+            == 0
+        )
         yield c
     finally:
         c.stop()
@@ -93,10 +96,12 @@ def run_scenario(c: TestCluster, faults: list[tuple[str, Callable[[], None]]]) -
                 time.sleep(0.05)
     logs = workload.read_logs(c, TOPIC, PARTITIONS)
     problems = check(history, logs)
-    print(f"\nchaos: injected {len(history.faults)} faults ({', '.join(history.faults)}); "
-          f"{history.acked_count} acknowledged acks=all writes checked, {history.failed_writes} failed writes; "
-          f"reader saw {sum(len(v) for v in history.consumed['reader'].values())} records; "
-          f"checker found {len(problems)} problems")
+    print(
+        f"\nchaos: injected {len(history.faults)} faults ({', '.join(history.faults)}); "
+        f"{history.acked_count} acknowledged acks=all writes checked, {history.failed_writes} failed writes; "
+        f"reader saw {sum(len(v) for v in history.consumed['reader'].values())} records; "
+        f"checker found {len(problems)} problems"
+    )
     assert problems == [], problems
     assert history.acked_count > 0
     return history
@@ -113,10 +118,14 @@ def test_clean_and_hard_bounce_of_the_leader_five_times_each(chaos_cluster):
             else:
                 assert c.terminate(f"broker-{leader}") == 0
             c.start_broker(leader)
+
         return inject
 
-    run_scenario(c, [("clean bounce of the leader", bounce(False))] * BOUNCES
-                 + [("hard bounce of the leader", bounce(True))] * BOUNCES)
+    run_scenario(
+        c,
+        [("clean bounce of the leader", bounce(False))] * BOUNCES
+        + [("hard bounce of the leader", bounce(True))] * BOUNCES,
+    )
 
 
 def test_clean_and_hard_bounce_of_the_controller_five_times(chaos_cluster):
@@ -130,10 +139,16 @@ def test_clean_and_hard_bounce_of_the_controller_five_times(chaos_cluster):
             else:
                 c.terminate(name)
             c.start_process(name)
+
         return inject
 
-    run_scenario(c, [(f"{'hard' if i % 2 else 'clean'} bounce of the controller", bounce(bool(i % 2)))
-                     for i in range(BOUNCES)])
+    run_scenario(
+        c,
+        [
+            (f"{'hard' if i % 2 else 'clean'} bounce of the controller", bounce(bool(i % 2)))
+            for i in range(BOUNCES)
+        ],
+    )
 
 
 def test_follower_pause_etcd_pause_and_gateway_kill(chaos_cluster):
@@ -162,6 +177,13 @@ def test_follower_pause_etcd_pause_and_gateway_kill(chaos_cluster):
         c.kill_broker(victim)
         c.start_broker(victim)
 
-    run_scenario(c, [("pause a follower past its lease", pause_follower), ("pause etcd", pause_etcd),
-                     ("kill the gateway", kill_gateway), ("hard bounce of a random broker", hard_bounce_random_broker),
-                     ("pause a follower past its lease", pause_follower)])
+    run_scenario(
+        c,
+        [
+            ("pause a follower past its lease", pause_follower),
+            ("pause etcd", pause_etcd),
+            ("kill the gateway", kill_gateway),
+            ("hard bounce of a random broker", hard_bounce_random_broker),
+            ("pause a follower past its lease", pause_follower),
+        ],
+    )

@@ -56,13 +56,23 @@ def topology() -> Iterator[netns.Topology]:
 def run_in_hub(net: netns.Topology, scenario: str, tmp_path: Path) -> dict[str, object]:
     """Run one scenario in the hub namespace (bounded); its result line, after printing its output."""
     output = tmp_path / f"{scenario}.out"
-    cmd = [*net.exec_prefix(net.hub), sys.executable, "-m", "tests.chaos.partition_scenarios", scenario,
-           "--prefix", net.prefix, "--base-dir", str(tmp_path / "cluster")]
+    cmd = [
+        *net.exec_prefix(net.hub),
+        sys.executable,
+        "-m",
+        "tests.chaos.partition_scenarios",
+        scenario,
+        "--prefix",
+        net.prefix,
+        "--base-dir",
+        str(tmp_path / "cluster"),
+    ]
     env = {k: v for k, v in os.environ.items() if k.lower() not in _PROXY_VARIABLES}
     env["PYTHONUNBUFFERED"] = "1"
     with output.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=REPO_ROOT, env=env)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT, env=env
+        )
         try:
             proc.wait(timeout=SCENARIO_TIMEOUT_S)
             timed_out = False
@@ -72,10 +82,12 @@ def run_in_hub(net: netns.Topology, scenario: str, tmp_path: Path) -> dict[str, 
             timed_out = True
     text = output.read_text(errors="replace")
     print(f"\n--- {scenario} (in {net.hub}) ---\n{text}")
-    assert not timed_out, f"{scenario} did not finish within {SCENARIO_TIMEOUT_S} s; its output:\n{text[-6000:]}"
+    assert not timed_out, (
+        f"{scenario} did not finish within {SCENARIO_TIMEOUT_S} s; its output:\n{text[-6000:]}"
+    )
     lines = [line for line in text.splitlines() if line.startswith(RESULT_PREFIX)]
     assert lines, f"{scenario} exited with {proc.returncode} and no result line; its output:\n{text[-6000:]}"
-    result: dict[str, object] = json.loads(lines[-1][len(RESULT_PREFIX):])
+    result: dict[str, object] = json.loads(lines[-1][len(RESULT_PREFIX) :])
     assert result["error"] is None, f"{scenario}: {result['error']} (logs in {result['logs']})"
     assert result["problems"] == [], result["problems"]
     assert isinstance(result["acked"], int) and result["acked"] > 0

@@ -50,10 +50,21 @@ def moving_cluster(tmp_path) -> Iterator[TestCluster]:
     c.start()
     try:
         gw = gateway_stub(c.gateway_address)
-        resp = gw.CreateTopics(common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
-            name=TOPIC, num_partitions=-1, replication_factor=-1,
-            assignments={p: common_pb2.ReplicaList(replicas=r) for p, r in OLD_ASSIGNMENT.items()},
-            configs={"min.insync.replicas": "2"})]))
+        resp = gw.CreateTopics(
+            common_pb2.CreateTopicsRequest(
+                topics=[
+                    common_pb2.CreatableTopic(
+                        name=TOPIC,
+                        num_partitions=-1,
+                        replication_factor=-1,
+                        assignments={
+                            p: common_pb2.ReplicaList(replicas=r) for p, r in OLD_ASSIGNMENT.items()
+                        },
+                        configs={"min.insync.replicas": "2"},
+                    )
+                ]
+            )
+        )
         assert resp.topics[0].error_code == 0, resp.topics[0].error_message
         yield c
     finally:
@@ -63,7 +74,8 @@ def moving_cluster(tmp_path) -> Iterator[TestCluster]:
 def ongoing(c: TestCluster) -> int:
     """How many partitions of the topic are being reassigned."""
     resp = gateway_stub(c.gateway_address).ListPartitionReassignments(
-        common_pb2.ListPartitionReassignmentsRequest(), timeout=10)
+        common_pb2.ListPartitionReassignmentsRequest(), timeout=10
+    )
     return sum(1 for r in resp.reassignments if r.topic == TOPIC)
 
 
@@ -80,13 +92,25 @@ def test_reassignment_with_bounces_in_the_old_and_new_replica_sets(moving_cluste
     def settle(what: str) -> None:
         """Every partition led by a running broker, every running replica in the ISR, writes going on."""
         state = workload.wait_for_state(
-            c, TOPIC, PARTITIONS, f"a running leader and every running replica in the ISR after {what}",
-            lambda p: p.leader in up and set(p.replicas) & up <= set(p.isr))
+            c,
+            TOPIC,
+            PARTITIONS,
+            f"a running leader and every running replica in the ISR after {what}",
+            lambda p: p.leader in up and set(p.replicas) & up <= set(p.isr),
+        )
         since = time.monotonic()
-        wait_for(lambda: min(workload.acks_per_partition(history, {(TOPIC, p) for p in range(PARTITIONS)},
-                                                         since, time.monotonic()).values())
-                 >= ACKS_PER_PARTITION_AFTER_BOUNCE,
-                 timeout_s=workload.RECOVERY_TIMEOUT_S, what=f"acknowledged writes on every partition after {what}")
+        wait_for(
+            lambda: (
+                min(
+                    workload.acks_per_partition(
+                        history, {(TOPIC, p) for p in range(PARTITIONS)}, since, time.monotonic()
+                    ).values()
+                )
+                >= ACKS_PER_PARTITION_AFTER_BOUNCE
+            ),
+            timeout_s=workload.RECOVERY_TIMEOUT_S,
+            what=f"acknowledged writes on every partition after {what}",
+        )
         say(f"settled after {what}: {workload.describe_state(state)}")
 
     def bounce(what: str, inject: Callable[[], None]) -> None:
@@ -106,6 +130,7 @@ def test_reassignment_with_bounces_in_the_old_and_new_replica_sets(moving_cluste
                 assert c.terminate(f"broker-{broker}") == 0, f"broker {broker}'s clean stop failed"
             c.start_broker(broker)
             up.add(broker)
+
         return inject
 
     def controller_bounce() -> None:
@@ -123,47 +148,83 @@ def test_reassignment_with_bounces_in_the_old_and_new_replica_sets(moving_cluste
         c.pause("broker-4")
         up.discard(4)
         history.fault("pause broker 4 (new replica sets only)")
-        resp = gw.AlterPartitionReassignments(common_pb2.AlterPartitionReassignmentsRequest(topics=[
-            common_pb2.ReassignableTopic(name=TOPIC, partitions=[
-                common_pb2.ReassignablePartition(partition=p, replicas=r) for p, r in NEW_ASSIGNMENT.items()])]),
-            timeout=30)
+        resp = gw.AlterPartitionReassignments(
+            common_pb2.AlterPartitionReassignmentsRequest(
+                topics=[
+                    common_pb2.ReassignableTopic(
+                        name=TOPIC,
+                        partitions=[
+                            common_pb2.ReassignablePartition(partition=p, replicas=r)
+                            for p, r in NEW_ASSIGNMENT.items()
+                        ],
+                    )
+                ]
+            ),
+            timeout=30,
+        )
         assert [r.error_code for r in resp.partitions] == [0] * PARTITIONS, resp
-        say(f"reassignment started: {OLD_ASSIGNMENT} -> {NEW_ASSIGNMENT}, broker 4 paused; "
-            f"{ongoing(c)} partitions being reassigned")
+        say(
+            f"reassignment started: {OLD_ASSIGNMENT} -> {NEW_ASSIGNMENT}, broker 4 paused; "
+            f"{ongoing(c)} partitions being reassigned"
+        )
         bounce("clean bounce of broker 1 (old replica sets only)", broker_bounce(1, hard=False))
         bounce("hard bounce of broker 2 (old and new replica sets)", broker_bounce(2, hard=True))
         bounce("hard bounce of the active controller", controller_bounce)
         bounce("clean bounce of broker 3 (old and new replica sets)", broker_bounce(3, hard=False))
-        bounce("hard bounce of broker 4 (new replica sets only, paused until now)", broker_bounce(4, hard=True))
+        bounce(
+            "hard bounce of broker 4 (new replica sets only, paused until now)", broker_bounce(4, hard=True)
+        )
         moved = workload.wait_for_state(
-            c, TOPIC, PARTITIONS, "the reassignment to finish",
-            lambda p: list(p.replicas) == NEW_ASSIGNMENT[p.partition] and set(p.isr) == set(p.replicas)
-            and p.leader in p.replicas and not p.adding_replicas and not p.removing_replicas,
-            REASSIGNMENT_TIMEOUT_S)
+            c,
+            TOPIC,
+            PARTITIONS,
+            "the reassignment to finish",
+            lambda p: (
+                list(p.replicas) == NEW_ASSIGNMENT[p.partition]
+                and set(p.isr) == set(p.replicas)
+                and p.leader in p.replicas
+                and not p.adding_replicas
+                and not p.removing_replicas
+            ),
+            REASSIGNMENT_TIMEOUT_S,
+        )
         assert ongoing(c) == 0
         say(f"reassignment finished: {workload.describe_state(moved)}")
         since = time.monotonic()
-        wait_for(lambda: min(workload.acks_per_partition(history, {(TOPIC, p) for p in range(PARTITIONS)},
-                                                         since, time.monotonic()).values())
-                 >= ACKS_PER_PARTITION_AFTER_BOUNCE,
-                 timeout_s=workload.RECOVERY_TIMEOUT_S, what="acknowledged writes after the reassignment")
+        wait_for(
+            lambda: (
+                min(
+                    workload.acks_per_partition(
+                        history, {(TOPIC, p) for p in range(PARTITIONS)}, since, time.monotonic()
+                    ).values()
+                )
+                >= ACKS_PER_PARTITION_AFTER_BOUNCE
+            ),
+            timeout_s=workload.RECOVERY_TIMEOUT_S,
+            what="acknowledged writes after the reassignment",
+        )
     final = workload.wait_healthy(c, TOPIC, PARTITIONS, "the writers stopped")
     logs = workload.read_logs(c, TOPIC, PARTITIONS)
     problems = check(history, logs)
-    wait_for(lambda: not any((c.base_dir / "broker-1" / f"{TOPIC}-{p}").exists() for p in range(PARTITIONS)),
-             timeout_s=REPLICA_DELETION_TIMEOUT_S, what="broker 1's removed replicas to be deleted")
+    wait_for(
+        lambda: not any((c.base_dir / "broker-1" / f"{TOPIC}-{p}").exists() for p in range(PARTITIONS)),
+        timeout_s=REPLICA_DELETION_TIMEOUT_S,
+        what="broker 1's removed replicas to be deleted",
+    )
     c.stop()
     replicas = workload.read_replica_logs(c, TOPIC, PARTITIONS)
     replica_problems = check_replicas(logs, replicas, {(TOPIC, p): set(s.isr) for p, s in final.items()})
-    print(f"\nreassignment chaos: injected {len(history.faults)} faults ({', '.join(history.faults)}); "
-          f"{sum(bounces_during_reassignment)} of {len(bounces_during_reassignment)} bounces while the "
-          f"reassignment ran; {history.acked_count} acknowledged acks=all writes checked, "
-          f"{history.failed_writes} failed writes; reader saw "
-          f"{sum(len(v) for v in history.consumed['reader'].values())} records; history checker found "
-          f"{len(problems)} problems; replica checker compared "
-          f"{sum(len(r) for by_tp in replicas.values() for r in by_tp.values())} records on "
-          f"{sum(len(by_tp) for by_tp in replicas.values())} replicas and found {len(replica_problems)} problems; "
-          f"took {time.monotonic() - started_s:.0f} s")
+    print(
+        f"\nreassignment chaos: injected {len(history.faults)} faults ({', '.join(history.faults)}); "
+        f"{sum(bounces_during_reassignment)} of {len(bounces_during_reassignment)} bounces while the "
+        f"reassignment ran; {history.acked_count} acknowledged acks=all writes checked, "
+        f"{history.failed_writes} failed writes; reader saw "
+        f"{sum(len(v) for v in history.consumed['reader'].values())} records; history checker found "
+        f"{len(problems)} problems; replica checker compared "
+        f"{sum(len(r) for by_tp in replicas.values() for r in by_tp.values())} records on "
+        f"{sum(len(by_tp) for by_tp in replicas.values())} replicas and found {len(replica_problems)} problems; "
+        f"took {time.monotonic() - started_s:.0f} s"
+    )
     assert problems == [], problems
     assert replica_problems == [], replica_problems
     assert all(bounces_during_reassignment), "every bounce was meant to happen while the reassignment ran"

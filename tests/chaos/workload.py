@@ -41,9 +41,14 @@ def cluster_state(c: LocalCluster, topic: str) -> dict[int, common_pb2.Partition
     return {p.partition: p for p in resp.partitions if p.topic == topic}
 
 
-def wait_for_state(c: LocalCluster, topic: str, partitions: int, what: str,
-                   ok: Callable[[common_pb2.PartitionState], bool],
-                   timeout_s: float = RECOVERY_TIMEOUT_S) -> dict[int, common_pb2.PartitionState]:
+def wait_for_state(
+    c: LocalCluster,
+    topic: str,
+    partitions: int,
+    what: str,
+    ok: Callable[[common_pb2.PartitionState], bool],
+    timeout_s: float = RECOVERY_TIMEOUT_S,
+) -> dict[int, common_pb2.PartitionState]:
     """Poll until every partition of topic satisfies ok; fail with the last state seen after timeout_s."""
     deadline = time.monotonic() + timeout_s
     state = None
@@ -52,22 +57,38 @@ def wait_for_state(c: LocalCluster, topic: str, partitions: int, what: str,
         if state and len(state) == partitions and all(ok(p) for p in state.values()):
             return state
         time.sleep(STATE_POLL_INTERVAL_S)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last state: "
-                         f"{describe_state(state)}")
+    raise AssertionError(
+        f"timed out after {timeout_s} s waiting for {what}; last state: {describe_state(state)}"
+    )
 
 
-def wait_healthy(c: LocalCluster, topic: str, partitions: int, what: str, *, replicas: int = 3,
-                 timeout_s: float = RECOVERY_TIMEOUT_S) -> dict[int, common_pb2.PartitionState]:
+def wait_healthy(
+    c: LocalCluster,
+    topic: str,
+    partitions: int,
+    what: str,
+    *,
+    replicas: int = 3,
+    timeout_s: float = RECOVERY_TIMEOUT_S,
+) -> dict[int, common_pb2.PartitionState]:
     """Every partition led by a live broker with a full ISR (bounded)."""
-    return wait_for_state(c, topic, partitions, f"a leader and a full ISR on every partition after {what}",
-                          lambda p: p.leader > 0 and len(p.isr) == replicas, timeout_s)
+    return wait_for_state(
+        c,
+        topic,
+        partitions,
+        f"a leader and a full ISR on every partition after {what}",
+        lambda p: p.leader > 0 and len(p.isr) == replicas,
+        timeout_s,
+    )
 
 
 def describe_state(state: dict[int, common_pb2.PartitionState] | None) -> str:
     if state is None:
         return "unknown (no answer from the gateway)"
-    return "; ".join(f"p{p}: leader {s.leader} epoch {s.leader_epoch} isr {list(s.isr)} replicas {list(s.replicas)}"
-                     for p, s in sorted(state.items()))
+    return "; ".join(
+        f"p{p}: leader {s.leader} epoch {s.leader_epoch} isr {list(s.isr)} replicas {list(s.replicas)}"
+        for p, s in sorted(state.items())
+    )
 
 
 class Workload:
@@ -79,7 +100,9 @@ class Workload:
     records what it consumed in order.
     """
 
-    def __init__(self, c: LocalCluster, history: History, topic: str, partitions: int, writers: int = 2) -> None:
+    def __init__(
+        self, c: LocalCluster, history: History, topic: str, partitions: int, writers: int = 2
+    ) -> None:
         self.c = c
         self.history = history
         self.topic = topic
@@ -128,12 +151,28 @@ class Workload:
         while not self.stop.is_set():
             for p in range(self.partitions):
                 try:
-                    resp = gw.Fetch(common_pb2.FetchRequest(replica_id=-1, max_wait_ms=100, min_bytes=1,
-                                                            max_bytes=1 << 20, topics=[common_pb2.FetchTopic(
-                                                                topic=self.topic, partitions=[common_pb2.FetchPartition(
-                                                                    partition=p, fetch_offset=positions[p],
-                                                                    partition_max_bytes=1 << 20,
-                                                                    current_leader_epoch=-1)])]), timeout=10)
+                    resp = gw.Fetch(
+                        common_pb2.FetchRequest(
+                            replica_id=-1,
+                            max_wait_ms=100,
+                            min_bytes=1,
+                            max_bytes=1 << 20,
+                            topics=[
+                                common_pb2.FetchTopic(
+                                    topic=self.topic,
+                                    partitions=[
+                                        common_pb2.FetchPartition(
+                                            partition=p,
+                                            fetch_offset=positions[p],
+                                            partition_max_bytes=1 << 20,
+                                            current_leader_epoch=-1,
+                                        )
+                                    ],
+                                )
+                            ],
+                        ),
+                        timeout=10,
+                    )
                 except grpc.RpcError:
                     time.sleep(WRITE_RETRY_PAUSE_S)
                     continue
@@ -155,10 +194,27 @@ def read_logs(c: LocalCluster, topic: str, partitions: int) -> dict[tuple[str, i
         offset = 0
         deadline = time.monotonic() + READ_BACK_TIMEOUT_S
         while time.monotonic() < deadline:
-            resp = gw.Fetch(common_pb2.FetchRequest(replica_id=-1, max_wait_ms=0, max_bytes=8 << 20, topics=[
-                common_pb2.FetchTopic(topic=topic, partitions=[common_pb2.FetchPartition(
-                    partition=p, fetch_offset=offset, partition_max_bytes=8 << 20, current_leader_epoch=-1)])]),
-                timeout=10)
+            resp = gw.Fetch(
+                common_pb2.FetchRequest(
+                    replica_id=-1,
+                    max_wait_ms=0,
+                    max_bytes=8 << 20,
+                    topics=[
+                        common_pb2.FetchTopic(
+                            topic=topic,
+                            partitions=[
+                                common_pb2.FetchPartition(
+                                    partition=p,
+                                    fetch_offset=offset,
+                                    partition_max_bytes=8 << 20,
+                                    current_leader_epoch=-1,
+                                )
+                            ],
+                        )
+                    ],
+                ),
+                timeout=10,
+            )
             pr = resp.topics[0].partitions[0]
             if pr.error_code:
                 time.sleep(STATE_POLL_INTERVAL_S)
@@ -181,8 +237,9 @@ def wait_for_acks(history: History, count: int, timeout_s: float) -> bool:
     return history.acked_count >= count
 
 
-def acks_per_partition(history: History, tps: Iterable[tuple[str, int]], start_s: float, end_s: float
-                       ) -> dict[tuple[str, int], int]:
+def acks_per_partition(
+    history: History, tps: Iterable[tuple[str, int]], start_s: float, end_s: float
+) -> dict[tuple[str, int], int]:
     """How many writes to each of tps were sent at or after start_s and acknowledged by end_s."""
     wanted = set(tps)
     counts = dict.fromkeys(wanted, 0)
@@ -192,8 +249,9 @@ def acks_per_partition(history: History, tps: Iterable[tuple[str, int]], start_s
     return counts
 
 
-def read_replica_logs(c: LocalCluster, topic: str, partitions: int
-                      ) -> dict[int, dict[tuple[str, int], list[tuple[int, bytes]]]]:
+def read_replica_logs(
+    c: LocalCluster, topic: str, partitions: int
+) -> dict[int, dict[tuple[str, int], list[tuple[int, bytes]]]]:
     """broker -> partition -> every record of its replica's segment files, read from disk.
 
     Meant for a stopped cluster (or a broker cut off from everyone): files being

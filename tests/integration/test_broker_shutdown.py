@@ -33,7 +33,12 @@ def _keep_producing(address: str, stop: threading.Event, written: list[int]) -> 
     n = 0
     while not stop.is_set():
         with contextlib.suppress(Exception):  # the brokers are going away: failures are expected
-            if produce(gw, "all-stop", n % PARTITIONS, [b"x" * 200] * 20, acks=1, timeout_ms=2_000).error_code == 0:
+            if (
+                produce(
+                    gw, "all-stop", n % PARTITIONS, [b"x" * 200] * 20, acks=1, timeout_ms=2_000
+                ).error_code
+                == 0
+            ):
                 written[0] += 1
         n += 1
 
@@ -41,18 +46,26 @@ def _keep_producing(address: str, stop: threading.Event, written: list[int]) -> 
 def test_stopping_every_broker_at_once_exits_cleanly_twenty_times(make_cluster):
     c = make_cluster(brokers=3)
     gw = gateway_stub(c.gateway_address)
-    assert create_topic(gw, "all-stop", partitions=PARTITIONS, configs={"min.insync.replicas": "2"}).error_code == 0
+    assert (
+        create_topic(gw, "all-stop", partitions=PARTITIONS, configs={"min.insync.replicas": "2"}).error_code
+        == 0
+    )
     exits: list[list[int | None]] = []
     for round_ in range(ROUNDS):
         for p in range(PARTITIONS):
-            wait_for(lambda p=p: len(describe_partition(gw, "all-stop", p).isr) == 3, timeout_s=30,
-                     what=f"a full ISR of all-stop-{p} before round {round_}")
+            wait_for(
+                lambda p=p: len(describe_partition(gw, "all-stop", p).isr) == 3,
+                timeout_s=30,
+                what=f"a full ISR of all-stop-{p} before round {round_}",
+            )
         resp = produce(gw, "all-stop", round_ % PARTITIONS, [f"round-{round_}".encode()])
         assert resp.error_code == 0, resp.error_message
         brokers = [c.processes[f"broker-{b}"] for b in c.broker_ids]
         stop = threading.Event()
         written = [0]
-        loader = threading.Thread(target=_keep_producing, args=(c.gateway_address, stop, written), daemon=True)
+        loader = threading.Thread(
+            target=_keep_producing, args=(c.gateway_address, stop, written), daemon=True
+        )
         loader.start()
         wait_for(lambda w=written: w[0] >= 2 * PARTITIONS, timeout_s=30, what="writes to every partition")
         for proc in brokers:
@@ -63,7 +76,9 @@ def test_stopping_every_broker_at_once_exits_cleanly_twenty_times(make_cluster):
         for proc in brokers:
             assert proc.proc is not None
             try:
-                codes.append(proc.proc.wait(timeout=max(BROKER_EXIT_S_MAX - (time.monotonic() - started), 0.1)))
+                codes.append(
+                    proc.proc.wait(timeout=max(BROKER_EXIT_S_MAX - (time.monotonic() - started), 0.1))
+                )
             except subprocess.TimeoutExpired:
                 codes.append(None)
                 proc.proc.kill()
@@ -73,7 +88,8 @@ def test_stopping_every_broker_at_once_exits_cleanly_twenty_times(make_cluster):
         exits.append(codes)
         assert codes == [0, 0, 0], (
             f"round {round_}: broker exit codes {codes} (None: still running after {BROKER_EXIT_S_MAX} s)\n"
-            + "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in brokers))
+            + "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in brokers)
+        )
         for proc in brokers:
             assert "invariant broken" not in proc.log_path.read_text(errors="replace"), proc.log_tail()
         for b in c.broker_ids:

@@ -43,8 +43,9 @@ def consume_until(consumer: Consumer, count: int, timeout_s: float = 20.0) -> li
 
 def create(cluster, name: str, partitions: int = 3, replication_factor: int = 3, **configs: str) -> None:
     with Admin(cluster.gateway_address, **FAST) as admin:
-        admin.create_topics(name, partitions, replication_factor,
-                            {k.replace("_", "."): v for k, v in configs.items()})
+        admin.create_topics(
+            name, partitions, replication_factor, {k.replace("_", "."): v for k, v in configs.items()}
+        )
 
 
 def test_keyed_records_with_headers_come_back_identical_and_in_order_per_partition(cluster):
@@ -52,8 +53,12 @@ def test_keyed_records_with_headers_come_back_identical_and_in_order_per_partiti
     keys = [f"key-{i % 7}".encode() for i in range(300)]
     with Producer(cluster.gateway_address, **FAST) as producer:
         futures = [
-            producer.send("clients-roundtrip", f"value-{i}".encode(), key=keys[i],
-                          headers=[("seq", str(i).encode()), ("source", b"test")])
+            producer.send(
+                "clients-roundtrip",
+                f"value-{i}".encode(),
+                key=keys[i],
+                headers=[("seq", str(i).encode()), ("source", b"test")],
+            )
             for i in range(300)
         ]
         producer.flush(timeout_ms=20_000)
@@ -112,8 +117,14 @@ def test_commit_and_committed_offsets_resume_a_group(cluster):
             producer.send("clients-commit", f"r{i}".encode(), partition=i % 2)
         producer.flush(timeout_ms=20_000)
     tp0, tp1 = TopicPartition("clients-commit", 0), TopicPartition("clients-commit", 1)
-    with Consumer("clients-commit", bootstrap=cluster.gateway_address, group_id="g-commit",
-                  auto_offset_reset="earliest", enable_auto_commit=False, **FAST) as consumer:
+    with Consumer(
+        "clients-commit",
+        bootstrap=cluster.gateway_address,
+        group_id="g-commit",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        **FAST,
+    ) as consumer:
         first = consume_until(consumer, 40)
         assert consumer.committed(tp0) is None
         committed = consumer.commit({tp0: 5, tp1: 20})
@@ -122,8 +133,13 @@ def test_commit_and_committed_offsets_resume_a_group(cluster):
         assert consumer.position(tp1) == 20
         assert consumer.lag(tp0) == 0
     assert len(first) == 40
-    with Consumer("clients-commit", bootstrap=cluster.gateway_address, group_id="g-commit",
-                  auto_offset_reset="earliest", **FAST) as consumer:
+    with Consumer(
+        "clients-commit",
+        bootstrap=cluster.gateway_address,
+        group_id="g-commit",
+        auto_offset_reset="earliest",
+        **FAST,
+    ) as consumer:
         resumed = consume_until(consumer, 15)
         assert sorted((r.partition, r.offset) for r in resumed) == [(0, o) for o in range(5, 20)]
         assert consumer.position(tp0) == 20
@@ -168,7 +184,9 @@ def test_seek_seek_to_beginning_end_and_timestamps(cluster):
 def test_describe_topics_cluster_and_admin_errors(cluster):
     with Admin(cluster.gateway_address, **FAST) as admin:
         created = admin.create_topics("clients-describe", 4, 3, {"min.insync.replicas": "2"})
-        assert [(c.name, c.num_partitions, c.replication_factor) for c in created] == [("clients-describe", 4, 3)]
+        assert [(c.name, c.num_partitions, c.replication_factor) for c in created] == [
+            ("clients-describe", 4, 3)
+        ]
         assert "clients-describe" in admin.list_topics()
         [description] = admin.describe_topics("clients-describe")
         assert [p.partition for p in description.partitions] == [0, 1, 2, 3]
@@ -191,7 +209,9 @@ def test_describe_topics_cluster_and_admin_errors(cluster):
         assert len(admin.describe_topics("clients-describe")[0].partitions) == 6
         with pytest.raises(errors.InvalidPartitions):
             admin.create_partitions("clients-describe", 2)
-        assert admin.list_partition_reassignments() == {} or isinstance(admin.list_partition_reassignments(), dict)
+        assert admin.list_partition_reassignments() == {} or isinstance(
+            admin.list_partition_reassignments(), dict
+        )
         outcome = admin.elect_leaders("preferred", [TopicPartition("clients-describe", 0)])
         assert set(outcome.values()) <= {"elected", "not needed"}
 
@@ -203,7 +223,9 @@ def test_async_producer_and_consumer(cluster):
         async with AsyncProducer(cluster.gateway_address, **FAST) as producer:
             futures = [await producer.send("clients-async", f"a{i}".encode(), key=b"one") for i in range(20)]
             await asyncio.gather(*futures)
-        async with AsyncConsumer(bootstrap=cluster.gateway_address, auto_offset_reset="earliest", **FAST) as consumer:
+        async with AsyncConsumer(
+            bootstrap=cluster.gateway_address, auto_offset_reset="earliest", **FAST
+        ) as consumer:
             consumer.assign([TopicPartition("clients-async", p) for p in range(2)])
             got: list[ConsumerRecord] = []
             deadline = time.monotonic() + 20
@@ -224,14 +246,32 @@ def test_cli_round_trip(cluster):
     assert result.exit_code == 0, result.output
     [described] = json.loads(result.output)
     assert len(described["partitions"]) == 2 and all(p["leader"] >= 0 for p in described["partitions"])
-    result = runner.invoke(cli, [*base, "produce", "clients-cli", "--key-separator", ":"],
-                           input="k1:hello\nk2:world\nk1:again\n")
+    result = runner.invoke(
+        cli, [*base, "produce", "clients-cli", "--key-separator", ":"], input="k1:hello\nk2:world\nk1:again\n"
+    )
     assert result.exit_code == 0, result.output
-    result = runner.invoke(cli, [*base, "-o", "json", "consume", "clients-cli", "--from-beginning",
-                                 "--max-records", "3", "--group", "cli-group"])
+    result = runner.invoke(
+        cli,
+        [
+            *base,
+            "-o",
+            "json",
+            "consume",
+            "clients-cli",
+            "--from-beginning",
+            "--max-records",
+            "3",
+            "--group",
+            "cli-group",
+        ],
+    )
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
-    assert sorted((r["key"], r["value"]) for r in lines) == [("k1", "again"), ("k1", "hello"), ("k2", "world")]
+    assert sorted((r["key"], r["value"]) for r in lines) == [
+        ("k1", "again"),
+        ("k1", "hello"),
+        ("k2", "world"),
+    ]
     result = runner.invoke(cli, [*base, "-o", "json", "groups", "describe", "cli-group"])
     assert result.exit_code == 0, result.output
     assert sum(r["committed_offset"] for r in json.loads(result.output)) == 3

@@ -48,12 +48,37 @@ IMAGE = "highwater:dev"
 
 # The ports deploy/docker-compose.test.yml gives each service on 127.0.0.1.
 GATEWAY_ADDRESS = "127.0.0.1:19092"
-PORTS = (19379, 19380, 19381, 19382, 19383, 19384,   # etcd client/peer
-         19093, 19094, 19193, 19194,                  # controllers: gRPC, metrics
-         19101, 19102, 19103, 19201, 19202, 19203,    # brokers: gRPC, metrics
-         19092, 19192)                                # gateway: gRPC, metrics
-SERVICES = ("etcd-1", "etcd-2", "etcd-3", "controller-1", "controller-2", "broker-1", "broker-2", "broker-3",
-            "gateway")
+PORTS = (
+    19379,
+    19380,
+    19381,
+    19382,
+    19383,
+    19384,  # etcd client/peer
+    19093,
+    19094,
+    19193,
+    19194,  # controllers: gRPC, metrics
+    19101,
+    19102,
+    19103,
+    19201,
+    19202,
+    19203,  # brokers: gRPC, metrics
+    19092,
+    19192,
+)  # gateway: gRPC, metrics
+SERVICES = (
+    "etcd-1",
+    "etcd-2",
+    "etcd-3",
+    "controller-1",
+    "controller-2",
+    "broker-1",
+    "broker-2",
+    "broker-3",
+    "gateway",
+)
 
 # Cold: apt-get of the tools (~20 s), debootstrap (~1 min), image build (~2 min).
 TEST_TIMEOUT_S = 900
@@ -72,7 +97,9 @@ DOCKER_CALL_TIMEOUT_S = 60.0
 
 def _load_build_image() -> ModuleType:
     """deploy/build_image.py is a script, not a package: load it by path."""
-    spec = importlib.util.spec_from_file_location("highwater_build_image", REPO_ROOT / "deploy" / "build_image.py")
+    spec = importlib.util.spec_from_file_location(
+        "highwater_build_image", REPO_ROOT / "deploy" / "build_image.py"
+    )
     if spec is None or spec.loader is None:
         raise RuntimeError("cannot load deploy/build_image.py")
     module = importlib.util.module_from_spec(spec)
@@ -87,8 +114,9 @@ class Compose:
         self.compose_bin = compose_bin
         self.docker_bin = docker_bin
 
-    def run(self, *args: str, timeout_s: float = DOCKER_CALL_TIMEOUT_S, check: bool = True
-            ) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, timeout_s: float = DOCKER_CALL_TIMEOUT_S, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         cmd = [self.compose_bin, "-f", str(COMPOSE_FILE), "-p", PROJECT, *args]
         env = {**os.environ, "HIGHWATER_IMAGE": IMAGE}
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False, env=env)
@@ -105,9 +133,20 @@ class Compose:
     def health(self) -> dict[str, str]:
         """service -> Docker's health status ('healthy', 'starting', 'unhealthy') or the container state."""
         out = subprocess.run(
-            [self.docker_bin, "ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}", "--format",
-             '{{.Label "com.docker.compose.service"}} {{.State}} {{.Status}}'],
-            capture_output=True, text=True, timeout=DOCKER_CALL_TIMEOUT_S, check=True).stdout
+            [
+                self.docker_bin,
+                "ps",
+                "-a",
+                "--filter",
+                f"label=com.docker.compose.project={PROJECT}",
+                "--format",
+                '{{.Label "com.docker.compose.service"}} {{.State}} {{.Status}}',
+            ],
+            capture_output=True,
+            text=True,
+            timeout=DOCKER_CALL_TIMEOUT_S,
+            check=True,
+        ).stdout
         states: dict[str, str] = {}
         for line in out.splitlines():
             service, state, status = line.split(" ", 2)
@@ -155,8 +194,9 @@ def docker_image() -> Iterator[tuple[ModuleType, float]]:
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_compose_cluster_survives_a_killed_leader_broker(docker_image: tuple[ModuleType, float],
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_compose_cluster_survives_a_killed_leader_broker(
+    docker_image: tuple[ModuleType, float], capsys: pytest.CaptureFixture[str]
+) -> None:
     build_image, build_s = docker_image
     compose = Compose(build_image.compose_bin(), build_image.docker_bin())
     times: dict[str, float] = {"image (tools, base, build)": build_s}
@@ -184,30 +224,45 @@ def test_compose_cluster_survives_a_killed_leader_broker(docker_image: tuple[Mod
         topic = "compose-failover"
 
         def topic_created() -> bool:
-            code = create_topic(gw, topic, partitions=3, replication_factor=3,
-                                configs={"min.insync.replicas": "2"}).error_code
+            code = create_topic(
+                gw, topic, partitions=3, replication_factor=3, configs={"min.insync.replicas": "2"}
+            ).error_code
             return code in (common_pb2.NONE, common_pb2.TOPIC_ALREADY_EXISTS)
 
-        wait_for(topic_created, timeout_s=ADMIN_READY_TIMEOUT_S, interval_s=0.5, what=f"topic {topic} created")
+        wait_for(
+            topic_created, timeout_s=ADMIN_READY_TIMEOUT_S, interval_s=0.5, what=f"topic {topic} created"
+        )
         before = [f"before-{i}".encode() for i in range(100)]
-        res = wait_for(lambda: _produced(gw, topic, before), timeout_s=ADMIN_READY_TIMEOUT_S, interval_s=0.5,
-                       what="first produce acknowledged")
+        res = wait_for(
+            lambda: _produced(gw, topic, before),
+            timeout_s=ADMIN_READY_TIMEOUT_S,
+            interval_s=0.5,
+            what="first produce acknowledged",
+        )
         assert res.base_offset == 0
         assert [r.value for r in fetch_all(gw, topic, 0)] == before
 
         old = describe_partition(gw, topic, 0)
         assert sorted(old.isr) == [1, 2, 3], f"ISR before the kill: {list(old.isr)}"
         t_kill = time.monotonic()
-        subprocess.run([build_image.docker_bin(), "kill", compose.container_id(f"broker-{old.leader}")],
-                       capture_output=True, timeout=DOCKER_CALL_TIMEOUT_S, check=True)
+        subprocess.run(
+            [build_image.docker_bin(), "kill", compose.container_id(f"broker-{old.leader}")],
+            capture_output=True,
+            timeout=DOCKER_CALL_TIMEOUT_S,
+            check=True,
+        )
 
         def new_leader() -> common_pb2.PartitionState | None:
             state = describe_partition(gw, topic, 0)
             moved = state.leader not in (-1, old.leader) and state.leader_epoch > old.leader_epoch
             return state if moved and old.leader not in state.isr else None
 
-        new = wait_for(new_leader, timeout_s=FAILOVER_TIMEOUT_S, interval_s=0.2,
-                       what=f"a new leader for {topic}-0 after killing broker {old.leader}")
+        new = wait_for(
+            new_leader,
+            timeout_s=FAILOVER_TIMEOUT_S,
+            interval_s=0.2,
+            what=f"a new leader for {topic}-0 after killing broker {old.leader}",
+        )
         times["kill until new leader"] = time.monotonic() - t_kill
         assert new.leader in old.isr, "a clean election picks the new leader from the ISR"
 
@@ -218,16 +273,21 @@ def test_compose_cluster_survives_a_killed_leader_broker(docker_image: tuple[Mod
 
         # Two live replicas still meet min.insync.replicas=2: acks=all writes go on.
         after = [f"after-{i}".encode() for i in range(50)]
-        wait_for(lambda: _produced(gw, topic, after), timeout_s=FAILOVER_TIMEOUT_S, interval_s=0.5,
-                 what="produce acknowledged by the new leader")
+        wait_for(
+            lambda: _produced(gw, topic, after),
+            timeout_s=FAILOVER_TIMEOUT_S,
+            interval_s=0.5,
+            what="produce acknowledged by the new leader",
+        )
         values = [r.value for r in fetch_all(gw, topic, 0, timeout_s=FAILOVER_TIMEOUT_S)]
         assert values[:100] == before
         assert values[-50:] == after
         times["total, cluster part"] = time.monotonic() - t0
     finally:
         t_down = time.monotonic()
-        down = compose.run("down", "-v", "--remove-orphans", "--timeout", "10", timeout_s=COMPOSE_DOWN_TIMEOUT_S,
-                           check=False)
+        down = compose.run(
+            "down", "-v", "--remove-orphans", "--timeout", "10", timeout_s=COMPOSE_DOWN_TIMEOUT_S, check=False
+        )
         times["down"] = time.monotonic() - t_down
         with capsys.disabled():
             print("\ncompose test wall times: " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items()))

@@ -27,8 +27,6 @@ from tests.integration.helpers import (
 pytestmark = pytest.mark.integration
 
 
-
-
 def active_controller_id(endpoint: str) -> int | None:
     raw = etcd_value(endpoint, "/highwater/controller")
     return json.loads(raw)["controller_id"] if raw else None
@@ -40,18 +38,27 @@ def test_standby_controller_takes_over_after_kill_and_the_cluster_keeps_working(
     first = active_controller_id(c.etcd_endpoint)
     epoch_before = int(etcd_value(c.etcd_endpoint, "/highwater/controller_epoch") or b"0")
     c.kill(f"controller-{first}")
-    other = wait_for(lambda: (a := active_controller_id(c.etcd_endpoint)) not in (None, first) and a,
-                     timeout_s=TEST_LEASE_TTL_S + 5, what="the standby to take over")
+    other = wait_for(
+        lambda: (a := active_controller_id(c.etcd_endpoint)) not in (None, first) and a,
+        timeout_s=TEST_LEASE_TTL_S + 5,
+        what="the standby to take over",
+    )
     assert int(etcd_value(c.etcd_endpoint, "/highwater/controller_epoch") or b"0") == epoch_before + 1
     # The new controller creates topics and handles a broker failure.
-    result = wait_for(lambda: (r := create_topic(gw, "after-failover", partitions=2)).error_code == 0 and r,
-                      timeout_s=10, what="CreateTopics on the new controller")
+    result = wait_for(
+        lambda: (r := create_topic(gw, "after-failover", partitions=2)).error_code == 0 and r,
+        timeout_s=10,
+        what="CreateTopics on the new controller",
+    )
     assert result.error_code == 0
     assert produce(gw, "after-failover", 0, [b"x"]).error_code == 0
     old_leader = describe_partition(gw, "after-failover", 0).leader
     c.kill_broker(old_leader)
-    wait_for(lambda: describe_partition(gw, "after-failover", 0).leader not in (-1, old_leader),
-             timeout_s=TEST_LEASE_TTL_S + 5, what=f"controller {other} to fail over the partition")
+    wait_for(
+        lambda: describe_partition(gw, "after-failover", 0).leader not in (-1, old_leader),
+        timeout_s=TEST_LEASE_TTL_S + 5,
+        what=f"controller {other} to fail over the partition",
+    )
 
 
 def test_paused_controller_resumed_after_its_ttl_is_fenced_and_changes_nothing(make_cluster):
@@ -60,16 +67,25 @@ def test_paused_controller_resumed_after_its_ttl_is_fenced_and_changes_nothing(m
     first_address = c.processes[f"controller-{first}"].address
     c.pause(f"controller-{first}")
     try:
-        wait_for(lambda: active_controller_id(c.etcd_endpoint) not in (None, first),
-                 timeout_s=TEST_LEASE_TTL_S + 5, what="the standby to take over from the paused controller")
+        wait_for(
+            lambda: active_controller_id(c.etcd_endpoint) not in (None, first),
+            timeout_s=TEST_LEASE_TTL_S + 5,
+            what="the standby to take over from the paused controller",
+        )
         epoch_after_takeover = etcd_value(c.etcd_endpoint, "/highwater/controller_epoch")
     finally:
         c.resume(f"controller-{first}")
     stub = controller_pb2_grpc.ControllerServiceStub(grpc.insecure_channel(first_address))
 
     def refuses() -> bool:
-        resp = stub.CreateTopics(common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
-            name="from-the-deposed", num_partitions=1, replication_factor=1)]), timeout=5)
+        resp = stub.CreateTopics(
+            common_pb2.CreateTopicsRequest(
+                topics=[
+                    common_pb2.CreatableTopic(name="from-the-deposed", num_partitions=1, replication_factor=1)
+                ]
+            ),
+            timeout=5,
+        )
         return resp.error_code == common_pb2.NOT_CONTROLLER
 
     wait_for(refuses, timeout_s=10, what="the resumed controller to stand down")
@@ -99,8 +115,9 @@ def test_deleted_topic_data_is_removed_from_every_broker_disk(make_cluster):
 
 def _producer_loop(bootstrap: str, topic: str, stop: threading.Event, acked: list, failed: list) -> None:
     """A steady acks=all load through the client library (idempotent, retrying within its timeout)."""
-    with Producer(bootstrap, acks="all", delivery_timeout_ms=30_000, request_timeout_ms=10_000,
-                  retry_backoff_ms=50) as producer:
+    with Producer(
+        bootstrap, acks="all", delivery_timeout_ms=30_000, request_timeout_ms=10_000, retry_backoff_ms=50
+    ) as producer:
         i = 0
         while not stop.is_set():
             value = f"r{i}".encode()
@@ -116,22 +133,45 @@ def test_reassignment_under_load_loses_no_acknowledged_record(make_cluster):
     c = make_cluster(brokers=4)
     gw = gateway_stub(c.gateway_address)
     assignments = {0: common_pb2.ReplicaList(replicas=[1, 2, 3])}
-    resp = gw.CreateTopics(common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
-        name="moving", num_partitions=-1, replication_factor=-1, assignments=assignments,
-        configs={"min.insync.replicas": "2"})]))
+    resp = gw.CreateTopics(
+        common_pb2.CreateTopicsRequest(
+            topics=[
+                common_pb2.CreatableTopic(
+                    name="moving",
+                    num_partitions=-1,
+                    replication_factor=-1,
+                    assignments=assignments,
+                    configs={"min.insync.replicas": "2"},
+                )
+            ]
+        )
+    )
     assert resp.topics[0].error_code == 0
     stop, acked, failed = threading.Event(), [], []
     loader = threading.Thread(target=_producer_loop, args=(c.gateway_address, "moving", stop, acked, failed))
     loader.start()
     try:
         wait_for(lambda: len(acked) >= 20, timeout_s=10, what="some acknowledged records")
-        resp = gw.AlterPartitionReassignments(common_pb2.AlterPartitionReassignmentsRequest(topics=[
-            common_pb2.ReassignableTopic(name="moving", partitions=[
-                common_pb2.ReassignablePartition(partition=0, replicas=[4, 3, 2])])]))
+        resp = gw.AlterPartitionReassignments(
+            common_pb2.AlterPartitionReassignmentsRequest(
+                topics=[
+                    common_pb2.ReassignableTopic(
+                        name="moving",
+                        partitions=[common_pb2.ReassignablePartition(partition=0, replicas=[4, 3, 2])],
+                    )
+                ]
+            )
+        )
         assert resp.partitions[0].error_code == 0, resp.partitions[0].error_message
-        wait_for(lambda: not gw.ListPartitionReassignments(
-            common_pb2.ListPartitionReassignmentsRequest()).reassignments, timeout_s=30,
-            what="the reassignment to finish")
+        wait_for(
+            lambda: (
+                not gw.ListPartitionReassignments(
+                    common_pb2.ListPartitionReassignmentsRequest()
+                ).reassignments
+            ),
+            timeout_s=30,
+            what="the reassignment to finish",
+        )
         count = len(acked)
         wait_for(lambda: len(acked) >= count + 20, timeout_s=10, what="writes after the move")
     finally:
@@ -155,22 +195,25 @@ def test_rolling_restart_with_controlled_shutdown_fails_no_produce_request(make_
     loader.start()
     try:
         for b in c.broker_ids:
-            wait_for(lambda: len(describe_partition(gw, "rolling", 0).isr) == 3, timeout_s=30,
-                     what=f"a full ISR before bouncing broker {b}")
+            wait_for(
+                lambda: len(describe_partition(gw, "rolling", 0).isr) == 3,
+                timeout_s=30,
+                what=f"a full ISR before bouncing broker {b}",
+            )
             count = len(acked)
             started = time.monotonic()
             assert c.terminate(f"broker-{b}") == 0
             assert time.monotonic() - started < 10, "a controlled shutdown takes seconds, not a lease expiry"
             c.start_broker(b)
-            wait_for(lambda n=count: len(acked) > n + 5, timeout_s=15, what=f"writes after bouncing broker {b}")
+            wait_for(
+                lambda n=count: len(acked) > n + 5, timeout_s=15, what=f"writes after bouncing broker {b}"
+            )
     finally:
         stop.set()
         loader.join(timeout=30)
     assert failed == []
     records = {r.offset: r.value for r in fetch_all(gw, "rolling", 0)}
     assert all(records.get(offset) == value for offset, value in acked)
-
-
 
 
 def etcd_put(endpoint: str, key: str, value: bytes) -> None:
@@ -180,6 +223,7 @@ def etcd_put(endpoint: str, key: str, value: bytes) -> None:
             await store.put(key, value)
         finally:
             await store.close()
+
     asyncio.run(put())
 
 
@@ -187,15 +231,28 @@ def test_malformed_admin_json_is_refused_and_removed_and_the_controller_keeps_wo
     gw = gateway_stub(cluster.gateway_address)
     key = "/highwater/admin/reassign_partitions"
     etcd_put(cluster.etcd_endpoint, key, b"{this is not json")
-    wait_for(lambda: etcd_value(cluster.etcd_endpoint, key) is None, timeout_s=10,
-             what="the controller to remove the malformed request")
+    wait_for(
+        lambda: etcd_value(cluster.etcd_endpoint, key) is None,
+        timeout_s=10,
+        what="the controller to remove the malformed request",
+    )
     log_text = (cluster.base_dir / "logs" / "controller-1.log").read_text()
     assert "malformed reassignment JSON" in log_text
     assert create_topic(gw, "after-bad-admin", partitions=1, replication_factor=2).error_code == 0
     # A well-formed request written by hand is carried out, like Kafka's reassignment tool.
-    target = [b for b in cluster.broker_ids if b not in describe_partition(gw, "after-bad-admin", 0).replicas][:1]
+    target = [
+        b for b in cluster.broker_ids if b not in describe_partition(gw, "after-bad-admin", 0).replicas
+    ][:1]
     replicas = [*target, describe_partition(gw, "after-bad-admin", 0).leader]
-    etcd_put(cluster.etcd_endpoint, key, json.dumps({"version": 1, "partitions": [
-        {"topic": "after-bad-admin", "partition": 0, "replicas": replicas}]}).encode())
-    wait_for(lambda: list(describe_partition(gw, "after-bad-admin", 0).replicas) == replicas, timeout_s=30,
-             what="the hand-written reassignment to finish")
+    etcd_put(
+        cluster.etcd_endpoint,
+        key,
+        json.dumps(
+            {"version": 1, "partitions": [{"topic": "after-bad-admin", "partition": 0, "replicas": replicas}]}
+        ).encode(),
+    )
+    wait_for(
+        lambda: list(describe_partition(gw, "after-bad-admin", 0).replicas) == replicas,
+        timeout_s=30,
+        what="the hand-written reassignment to finish",
+    )

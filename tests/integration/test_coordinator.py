@@ -81,7 +81,9 @@ def private_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServe
 
 
 @contextlib.asynccontextmanager
-async def collecting(store: EtcdStore, prefix: str, start_revision: int = 0) -> AsyncIterator[asyncio.Queue[WatchEvent]]:
+async def collecting(
+    store: EtcdStore, prefix: str, start_revision: int = 0
+) -> AsyncIterator[asyncio.Queue[WatchEvent]]:
     """Watch prefix in a task feeding a queue; the task is cancelled on exit."""
     queue: asyncio.Queue[WatchEvent] = asyncio.Queue()
 
@@ -126,11 +128,22 @@ async def test_put_get_prefix_delete_and_txn(etcd_store: EtcdStore) -> None:
     await etcd_store.put(keys.partition_state("t", 0), b"{}")
     await etcd_store.put(keys.topic("t2"), b"{}")
     kv = await etcd_store.get(keys.topic("t"))
-    assert kv is not None and (kv.value, kv.create_revision, kv.mod_revision, kv.version) == (b'{"p":1}', rev, rev, 1)
+    assert kv is not None and (kv.value, kv.create_revision, kv.mod_revision, kv.version) == (
+        b'{"p":1}',
+        rev,
+        rev,
+        1,
+    )
     kvs, revision = await etcd_store.get_prefix(keys.topics_prefix)
-    assert [keys.classify_topic_key(kv.key) for kv in kvs] == [("topic", "t"), ("partition_state", "t", 0), ("topic", "t2")]
+    assert [keys.classify_topic_key(kv.key) for kv in kvs] == [
+        ("topic", "t"),
+        ("partition_state", "t", 0),
+        ("topic", "t2"),
+    ]
     assert revision >= rev + 2
-    result = await etcd_store.txn([compare_missing(keys.topic("t"))], [Put(keys.topic("t"), b"x")], [Get(keys.topic("t"))])
+    result = await etcd_store.txn(
+        [compare_missing(keys.topic("t"))], [Put(keys.topic("t"), b"x")], [Get(keys.topic("t"))]
+    )
     assert not result.succeeded and result.gets[0][0].value == b'{"p":1}'
     assert await etcd_store.delete(keys.topics_prefix, prefix=True) == 3
     assert await etcd_store.get(keys.topic("t")) is None
@@ -144,7 +157,8 @@ async def test_connect_to_nothing_fails_fast_with_a_clear_error() -> None:
 
 
 def test_etcd_started_on_picked_ports_survives_losing_a_port_to_another_process(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Another process binds the first port picked for etcd before etcd does (a parallel test run did this
     # to a gateway once): etcd must start on fresh ports instead of failing.
     import socket
@@ -156,7 +170,9 @@ def test_etcd_started_on_picked_ports_survives_losing_a_port_to_another_process(
     taken.listen()
     picks = iter([taken.getsockname()[1]])
     real_free_port = etcd_server.free_port
-    monkeypatch.setattr(etcd_server, "free_port", lambda host="127.0.0.1": next(picks, None) or real_free_port(host))
+    monkeypatch.setattr(
+        etcd_server, "free_port", lambda host="127.0.0.1": next(picks, None) or real_free_port(host)
+    )
     server = EtcdServer(tmp_path / "data", log_path=tmp_path / "etcd.log", name="highwater-port-race")
     try:
         server.start()
@@ -172,19 +188,25 @@ def test_etcd_started_on_picked_ports_survives_losing_a_port_to_another_process(
 
 @pytest.mark.asyncio
 async def test_broker_registration_refuses_a_live_id(etcd_store: EtcdStore) -> None:
-    first = await register_broker(etcd_store, 1, {"host": "127.0.0.1", "port": 9001, "rack": None}, ttl_s=TTL_S)
+    first = await register_broker(
+        etcd_store, 1, {"host": "127.0.0.1", "port": 9001, "rack": None}, ttl_s=TTL_S
+    )
     try:
         kv = await etcd_store.get(etcd_store.keys.broker(1))
         assert kv is not None and kv.lease == first.lease_id
         assert json.loads(kv.value)["port"] == 9001
         assert first.broker_epoch == kv.create_revision
-        with pytest.raises(BrokerIdInUse, match=r"broker id 1 is already registered by a live process at 127\.0\.0\.1:9001"):
+        with pytest.raises(
+            BrokerIdInUse, match=r"broker id 1 is already registered by a live process at 127\.0\.0\.1:9001"
+        ):
             await register_broker(etcd_store, 1, {"host": "127.0.0.1", "port": 9002}, ttl_s=TTL_S)
         gateway = await register_gateway(etcd_store, 1, {"host": "127.0.0.1", "port": 9101}, ttl_s=TTL_S)
         with pytest.raises(GatewayIdInUse):
             await register_gateway(etcd_store, 1, {"host": "127.0.0.1", "port": 9102}, ttl_s=TTL_S)
         await gateway.close()
-        assert await etcd_store.get(etcd_store.keys.gateway(1)) is None, "close() revokes: the key goes at once"
+        assert await etcd_store.get(etcd_store.keys.gateway(1)) is None, (
+            "close() revokes: the key goes at once"
+        )
     finally:
         await first.close()
 
@@ -192,7 +214,9 @@ async def test_broker_registration_refuses_a_live_id(etcd_store: EtcdStore) -> N
 @pytest.mark.asyncio
 async def test_registration_lives_while_kept_alive_and_expires_after(etcd_store: EtcdStore) -> None:
     key = etcd_store.keys.broker(7)
-    registration = await register_broker(etcd_store, 7, {"host": "h", "port": 1}, ttl_s=TTL_S, keepalive_interval_s=0.2)
+    registration = await register_broker(
+        etcd_store, 7, {"host": "h", "port": 1}, ttl_s=TTL_S, keepalive_interval_s=0.2
+    )
     _, revision = await etcd_store.get_prefix(key)
     async with collecting(etcd_store, key, start_revision=revision + 1) as events:
         # Kept alive for twice its TTL: no delete.
@@ -218,7 +242,9 @@ BUSY_LEASE_TTL_S = 2
 
 
 @pytest.mark.asyncio
-async def test_a_lease_outlives_a_busy_event_loop_and_its_loss_still_reaches_the_owner(etcd_store: EtcdStore) -> None:
+async def test_a_lease_outlives_a_busy_event_loop_and_its_loss_still_reaches_the_owner(
+    etcd_store: EtcdStore,
+) -> None:
     lost_seen_on_owner_loop = asyncio.Event()
     keeper = LeaseKeeper(on_lost=lost_seen_on_owner_loop.set, name="busy owner")
     await keeper.start(etcd_store, BUSY_LEASE_TTL_S)
@@ -249,12 +275,23 @@ async def test_a_lease_outlives_a_busy_event_loop_and_its_loss_still_reaches_the
 @pytest.mark.asyncio
 async def test_election_failover_and_fencing(etcd_store: EtcdStore) -> None:
     keys = etcd_store.keys
-    first = ControllerElection(etcd_store, 1, {"host": "127.0.0.1", "port": 9301}, ttl_s=TTL_S, keepalive_interval_s=0.2)
-    second = ControllerElection(etcd_store, 2, {"host": "127.0.0.1", "port": 9302}, ttl_s=TTL_S, keepalive_interval_s=0.2)
-    third = ControllerElection(etcd_store, 3, {"host": "127.0.0.1", "port": 9303}, ttl_s=TTL_S, keepalive_interval_s=0.2)
+    first = ControllerElection(
+        etcd_store, 1, {"host": "127.0.0.1", "port": 9301}, ttl_s=TTL_S, keepalive_interval_s=0.2
+    )
+    second = ControllerElection(
+        etcd_store, 2, {"host": "127.0.0.1", "port": 9302}, ttl_s=TTL_S, keepalive_interval_s=0.2
+    )
+    third = ControllerElection(
+        etcd_store, 3, {"host": "127.0.0.1", "port": 9303}, ttl_s=TTL_S, keepalive_interval_s=0.2
+    )
     try:
         assert await first.campaign() == 1
-        assert await current_controller(etcd_store) == {"controller_id": 1, "epoch": 1, "host": "127.0.0.1", "port": 9301}
+        assert await current_controller(etcd_store) == {
+            "controller_id": 1,
+            "epoch": 1,
+            "host": "127.0.0.1",
+            "port": 9301,
+        }
         takeover = asyncio.create_task(second.campaign())
         done, _ = await asyncio.wait({takeover}, timeout=0.5)
         assert not done, "a second candidate waits while the first holds /controller"
@@ -271,7 +308,9 @@ async def test_election_failover_and_fencing(etcd_store: EtcdStore) -> None:
             await fenced_txn(etcd_store, 1, [], [Put(keys.topic("written-by-stale"), b"{}")])
         assert (fenced.value.epoch, fenced.value.current_epoch) == (1, 2)
         assert await etcd_store.get(keys.topic("written-by-stale")) is None
-        result = await fenced_txn(etcd_store, 2, [compare_missing(keys.topic("t"))], [Put(keys.topic("t"), b"{}")])
+        result = await fenced_txn(
+            etcd_store, 2, [compare_missing(keys.topic("t"))], [Put(keys.topic("t"), b"{}")]
+        )
         assert result.succeeded
 
         # etcd revokes the active controller's lease: it learns it lost, a standby takes over at once.
@@ -294,17 +333,24 @@ async def test_election_failover_and_fencing(etcd_store: EtcdStore) -> None:
 
 
 @pytest.mark.asyncio
-async def test_watch_sees_puts_and_deletes_and_resumes_across_an_etcd_restart(private_etcd: EtcdServer) -> None:
+async def test_watch_sees_puts_and_deletes_and_resumes_across_an_etcd_restart(
+    private_etcd: EtcdServer,
+) -> None:
     prefix = f"/restart-{secrets.token_hex(4)}"
     async with await EtcdStore.connect(private_etcd.endpoint, prefix=prefix, request_timeout_s=1.0) as store:
         base = f"{prefix}/w/"
         async with collecting(store, base) as events:
             # The watch is live once an event arrives; "from now on" may start after the first put.
-            await wait_until(lambda: _put_and_see(store, base + "probe", events), PROMPT_WAIT_S_MAX, "the watch to start")
+            await wait_until(
+                lambda: _put_and_see(store, base + "probe", events), PROMPT_WAIT_S_MAX, "the watch to start"
+            )
             await store.put(base + "a", b"1")
             await store.delete(base + "a")
             seen = [await next_event(events), await next_event(events)]
-            assert [(e.kind, e.key, e.value) for e in seen] == [("put", base + "a", b"1"), ("delete", base + "a", b"")]
+            assert [(e.kind, e.key, e.value) for e in seen] == [
+                ("put", base + "a", b"1"),
+                ("delete", base + "a", b""),
+            ]
 
             private_etcd.stop()
             with pytest.raises(CoordinatorUnavailable, match=private_etcd.endpoint):

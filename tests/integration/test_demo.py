@@ -18,9 +18,24 @@ DEMO_TIMEOUT_S = 120
 
 def test_cluster_up_demo_produces_and_consumes_then_stops_every_process(tmp_path: Path):
     highwater = shutil.which("highwater", path=str(Path(sys.executable).parent)) or "highwater"
-    proc = subprocess.Popen([highwater, "cluster", "up", "--demo", "--exit-after-demo", "--no-spark-demo",
-                             "--gateway-port", "0", "--data-dir", str(tmp_path / "data")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            highwater,
+            "cluster",
+            "up",
+            "--demo",
+            "--exit-after-demo",
+            "--no-spark-demo",
+            "--gateway-port",
+            "0",
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=DEMO_TIMEOUT_S)
     finally:

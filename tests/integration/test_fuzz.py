@@ -92,13 +92,25 @@ SERVICES = {
 TARGETS = sorted((process, m.name) for process, svc in SERVICES.items() for m in svc.methods)
 # Plaintext mode lets anyone do these, by design: a structured message there is a legitimate
 # (if unwelcome) command, not a fuzz finding, and would tear down the cluster under test.
-TRUSTED_NETWORK_ONLY = frozenset({
-    "LeaderAndIsr", "UpdateMetadata", "StopReplica", "AlterPartition", "ControlledShutdown",
-    "DeleteTopics", "AlterPartitionReassignments", "ElectLeaders", "CreatePartitions",
-})
-MESSAGE_CLASSES = {msg.DESCRIPTOR.full_name: msg for module in (broker_pb2, common_pb2, controller_pb2, gateway_pb2)
-                   for msg in (getattr(module, name) for name in dir(module))
-                   if isinstance(msg, type) and hasattr(msg, "DESCRIPTOR") and hasattr(msg, "SerializeToString")}
+TRUSTED_NETWORK_ONLY = frozenset(
+    {
+        "LeaderAndIsr",
+        "UpdateMetadata",
+        "StopReplica",
+        "AlterPartition",
+        "ControlledShutdown",
+        "DeleteTopics",
+        "AlterPartitionReassignments",
+        "ElectLeaders",
+        "CreatePartitions",
+    }
+)
+MESSAGE_CLASSES = {
+    msg.DESCRIPTOR.full_name: msg
+    for module in (broker_pb2, common_pb2, controller_pb2, gateway_pb2)
+    for msg in (getattr(module, name) for name in dir(module))
+    if isinstance(msg, type) and hasattr(msg, "DESCRIPTOR") and hasattr(msg, "SerializeToString")
+}
 
 
 def _open_files(pid: int) -> int:
@@ -122,8 +134,11 @@ class Harness:
             tls_dir = cluster.tls_dir
             ca = (tls_dir / "ca.pem").read_bytes()
             self.credentials = {
-                who: ClientTls(ca, (tls_dir / f"{who}.pem").read_bytes(), (tls_dir / f"{who}-key.pem").read_bytes(),
-                               None) for who in ("fuzzer", "admin")}
+                who: ClientTls(
+                    ca, (tls_dir / f"{who}.pem").read_bytes(), (tls_dir / f"{who}-key.pem").read_bytes(), None
+                )
+                for who in ("fuzzer", "admin")
+            }
             self.credentials["none"] = ClientTls(ca, None, None, None)
         self._channels: dict[tuple[str, str], grpc.Channel] = {}
         self.outcomes: dict[str, int] = {}
@@ -138,16 +153,20 @@ class Harness:
             port = info["client_port"] if who == "none" and self.credentials else info["port"]
             options = [("grpc.max_send_message_length", 64 << 20)]
             address = f"127.0.0.1:{port}"
-            self._channels[key] = (self.credentials[who].channel(address, options) if self.credentials
-                                   else grpc.insecure_channel(address, options))
+            self._channels[key] = (
+                self.credentials[who].channel(address, options)
+                if self.credentials
+                else grpc.insecure_channel(address, options)
+            )
         return self._channels[key]
 
     def call(self, process: str, method: str, payload: bytes, who: str = "fuzzer") -> grpc.StatusCode:
         code, _ = self.call_for_answer(process, method, payload, who)
         return code
 
-    def call_for_answer(self, process: str, method: str, payload: bytes, who: str = "fuzzer"
-                        ) -> tuple[grpc.StatusCode, bytes | None]:
+    def call_for_answer(
+        self, process: str, method: str, payload: bytes, who: str = "fuzzer"
+    ) -> tuple[grpc.StatusCode, bytes | None]:
         svc = SERVICES[process]
         path = f"/{svc.full_name}/{method}"
         ch = self.channel(process, who)
@@ -183,9 +202,20 @@ class Harness:
             assert status == health_pb2.HealthCheckResponse.SERVING, process
 
     def end_offsets(self, topic: str, partitions: int) -> list[int]:
-        resp = self.gateway().ListOffsets(common_pb2.ListOffsetsRequest(topics=[common_pb2.ListOffsetsTopic(
-            topic=topic, partitions=[common_pb2.ListOffsetsPartition(partition=p, timestamp=-1)
-                                     for p in range(partitions)])]), timeout=10)
+        resp = self.gateway().ListOffsets(
+            common_pb2.ListOffsetsRequest(
+                topics=[
+                    common_pb2.ListOffsetsTopic(
+                        topic=topic,
+                        partitions=[
+                            common_pb2.ListOffsetsPartition(partition=p, timestamp=-1)
+                            for p in range(partitions)
+                        ],
+                    )
+                ]
+            ),
+            timeout=10,
+        )
         return [p.offset for p in resp.topics[0].partitions]
 
     def canary_offsets(self) -> list[int]:
@@ -206,14 +236,32 @@ class Harness:
         for partition, end in enumerate(self.end_offsets(topic, partitions)):
             offset = 0
             while offset < end:
-                resp = self.gateway().Fetch(common_pb2.FetchRequest(
-                    replica_id=-1, max_wait_ms=0, max_bytes=4 << 20, topics=[common_pb2.FetchTopic(
-                        topic=topic, partitions=[common_pb2.FetchPartition(
-                            partition=partition, fetch_offset=offset, partition_max_bytes=4 << 20,
-                            current_leader_epoch=-1)])]), timeout=10)
+                resp = self.gateway().Fetch(
+                    common_pb2.FetchRequest(
+                        replica_id=-1,
+                        max_wait_ms=0,
+                        max_bytes=4 << 20,
+                        topics=[
+                            common_pb2.FetchTopic(
+                                topic=topic,
+                                partitions=[
+                                    common_pb2.FetchPartition(
+                                        partition=partition,
+                                        fetch_offset=offset,
+                                        partition_max_bytes=4 << 20,
+                                        current_leader_epoch=-1,
+                                    )
+                                ],
+                            )
+                        ],
+                    ),
+                    timeout=10,
+                )
                 part = resp.topics[0].partitions[0]
                 assert part.error_code == common_pb2.NONE, (topic, partition, offset, part.error_message)
-                decoded = list(decode_batches(part.records))  # raises CorruptMessage on what a consumer cannot read
+                decoded = list(
+                    decode_batches(part.records)
+                )  # raises CorruptMessage on what a consumer cannot read
                 assert decoded, f"{topic}-{partition}: no record at offset {offset} below the end {end}"
                 records += len(decoded)
                 offset = decoded[-1].offset + 1
@@ -221,11 +269,22 @@ class Harness:
 
 
 def _start_cluster(base: Any, mode: str) -> TestCluster:
-    limits_args = ["--max-request-bytes", str(MAX_REQUEST_BYTES), "--max-batch-records", "1000",
-                   "--max-concurrent-requests-per-connection", "64"]
+    limits_args = [
+        "--max-request-bytes",
+        str(MAX_REQUEST_BYTES),
+        "--max-batch-records",
+        "1000",
+        "--max-concurrent-requests-per-connection",
+        "64",
+    ]
     if mode == "tls":
-        c = TestCluster(base, brokers=2, lease_ttl_s=TEST_LEASE_TTL_S, tls=True,
-                        service_args=["--authorizer", "acl", "--super-users", "User:admin", *limits_args])
+        c = TestCluster(
+            base,
+            brokers=2,
+            lease_ttl_s=TEST_LEASE_TTL_S,
+            tls=True,
+            service_args=["--authorizer", "acl", "--super-users", "User:admin", *limits_args],
+        )
     else:
         c = TestCluster(base, brokers=2, lease_ttl_s=TEST_LEASE_TTL_S, service_args=limits_args)
     return c.start()
@@ -240,20 +299,56 @@ def harness(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             c.issue_client_certificate("fuzzer")
         h = Harness(c, mode)
         gw = h.gateway()
-        created = gw.CreateTopics(common_pb2.CreateTopicsRequest(topics=[
-            common_pb2.CreatableTopic(name=CANARY, num_partitions=2, replication_factor=2),
-            common_pb2.CreatableTopic(name=HOSTILE, num_partitions=HOSTILE_PARTITIONS, replication_factor=2)]),
-            timeout=10)
+        created = gw.CreateTopics(
+            common_pb2.CreateTopicsRequest(
+                topics=[
+                    common_pb2.CreatableTopic(name=CANARY, num_partitions=2, replication_factor=2),
+                    common_pb2.CreatableTopic(
+                        name=HOSTILE, num_partitions=HOSTILE_PARTITIONS, replication_factor=2
+                    ),
+                ]
+            ),
+            timeout=10,
+        )
         assert [t.error_code for t in created.topics] == [0, 0], created
         batch = encode_batch([Record(b"k", b"canary", [], int(time.time() * 1000))])
         for topic in (CANARY, HOSTILE):
-            resp = gw.Produce(common_pb2.ProduceRequest(acks=-1, timeout_ms=5000, topics=[common_pb2.ProduceTopicData(
-                topic=topic, partitions=[common_pb2.ProducePartitionData(partition=0, records=batch)])]), timeout=10)
+            resp = gw.Produce(
+                common_pb2.ProduceRequest(
+                    acks=-1,
+                    timeout_ms=5000,
+                    topics=[
+                        common_pb2.ProduceTopicData(
+                            topic=topic,
+                            partitions=[common_pb2.ProducePartitionData(partition=0, records=batch)],
+                        )
+                    ],
+                ),
+                timeout=10,
+            )
             assert resp.topics[0].partitions[0].error_code == 0, resp
         if mode == "tls":
-            acl(c, "add", "--principal", "User:fuzzer", "--operation", "Read", "--operation", "Write",
-                "--operation", "Describe", "--operation", "Create", "--operation", "Delete", "--operation", "Alter",
-                "--topic", "fz-", "--prefixed")
+            acl(
+                c,
+                "add",
+                "--principal",
+                "User:fuzzer",
+                "--operation",
+                "Read",
+                "--operation",
+                "Write",
+                "--operation",
+                "Describe",
+                "--operation",
+                "Create",
+                "--operation",
+                "Delete",
+                "--operation",
+                "Alter",
+                "--topic",
+                "fz-",
+                "--prefixed",
+            )
             acl(c, "add", "--principal", "User:fuzzer", "--operation", "Read", "--group", "fz-", "--prefixed")
         h.before = h.canary_offsets()
         h.resources_before = h.resources()
@@ -268,23 +363,51 @@ def _allowed(harness: Harness, method: str) -> bool:
 
 # --- strategies: a message of any request type with nonsense in every field -----------------------
 
-NAMES = st.one_of(st.sampled_from(["", CANARY, "fz-x", HOSTILE, "/", "..", ".", "a/b", "fz-" + "x" * 300, "\x00",
-                                   "é", "fz-\n", "User:admin", "*", "highwater-cluster"]), st.text(max_size=40))
-INT32 = st.one_of(st.sampled_from([0, -1, -2, -3, 1, 2, 3, 2**31 - 1, -(2**31)]), st.integers(-(2**31), 2**31 - 1))
+NAMES = st.one_of(
+    st.sampled_from(
+        [
+            "",
+            CANARY,
+            "fz-x",
+            HOSTILE,
+            "/",
+            "..",
+            ".",
+            "a/b",
+            "fz-" + "x" * 300,
+            "\x00",
+            "é",
+            "fz-\n",
+            "User:admin",
+            "*",
+            "highwater-cluster",
+        ]
+    ),
+    st.text(max_size=40),
+)
+INT32 = st.one_of(
+    st.sampled_from([0, -1, -2, -3, 1, 2, 3, 2**31 - 1, -(2**31)]), st.integers(-(2**31), 2**31 - 1)
+)
 INT64 = st.one_of(st.sampled_from([0, -1, -2, 2**63 - 1, -(2**63)]), st.integers(-(2**63), 2**63 - 1))
 
 
 def _corrupted(batch: bytes, position: int) -> bytes:
     """A well-formed batch with one byte changed after the CRC field: it parses, its CRC fails."""
     at = 21 + position % (len(batch) - 21)
-    return batch[:at] + bytes([batch[at] ^ 0xFF]) + batch[at + 1:]
+    return batch[:at] + bytes([batch[at] ^ 0xFF]) + batch[at + 1 :]
 
 
 # Record bytes: random, or real batches with one byte flipped, so a produce that passes every
 # check up to the CRC still must not be written (a valid batch would be a legitimate write).
-RECORDS = st.one_of(st.binary(max_size=300),
-                    st.builds(lambda n, v, at: _corrupted(encode_batch([Record(None, v, [], 0) for _ in range(n)]), at),
-                              st.integers(1, 5), st.binary(max_size=50), st.integers(0, 10_000)))
+RECORDS = st.one_of(
+    st.binary(max_size=300),
+    st.builds(
+        lambda n, v, at: _corrupted(encode_batch([Record(None, v, [], 0) for _ in range(n)]), at),
+        st.integers(1, 5),
+        st.binary(max_size=50),
+        st.integers(0, 10_000),
+    ),
+)
 
 
 def _scalar(field: FieldDescriptor) -> st.SearchStrategy[Any]:
@@ -317,9 +440,15 @@ def messages(descriptor: Descriptor, depth: int = 0) -> st.SearchStrategy[Any]:
     fields: dict[str, st.SearchStrategy[Any]] = {}
     for field in descriptor.fields:
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            key_field, value_field = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
-            value = (messages(value_field.message_type, depth + 1) if value_field.message_type is not None
-                     else _scalar(value_field))
+            key_field, value_field = (
+                field.message_type.fields_by_name["key"],
+                field.message_type.fields_by_name["value"],
+            )
+            value = (
+                messages(value_field.message_type, depth + 1)
+                if value_field.message_type is not None
+                else _scalar(value_field)
+            )
             fields[field.name] = st.dictionaries(_scalar(key_field), value, max_size=3)
             continue
         one = messages(field.message_type, depth + 1) if field.message_type is not None else _scalar(field)
@@ -352,6 +481,7 @@ def messages(descriptor: Descriptor, depth: int = 0) -> st.SearchStrategy[Any]:
 
 # --- hostile batches: a valid CRC over contents no consumer can read -------------------------------
 
+
 def _with_crc(batch: bytearray) -> bytes:
     """The batch with its CRC recomputed, so that only a check of its contents can refuse it."""
     struct.pack_into(">I", batch, CRC_POS, crc32c(bytes(batch[CRC_START_POS:])))
@@ -368,6 +498,7 @@ def _codec(code: int) -> Callable[[bytearray, int], bytearray]:
         attributes = struct.unpack_from(">h", batch, ATTRIBUTES_POS)[0]
         struct.pack_into(">h", batch, ATTRIBUTES_POS, (attributes & ~0x07) | code)
         return batch
+
     return spoil
 
 
@@ -376,6 +507,7 @@ def _records_count(count: int) -> Callable[[bytearray, int], bytearray]:
         struct.pack_into(">i", batch, RECORDS_COUNT_POS, count)
         struct.pack_into(">i", batch, LAST_OFFSET_DELTA_POS, count - 1)
         return batch
+
     return spoil
 
 
@@ -387,7 +519,7 @@ def _flip(batch: bytearray, at: int) -> bytearray:
 
 
 def _truncate(batch: bytearray, at: int) -> bytearray:
-    return _set_length(batch[:BATCH_HEADER_SIZE + at % max(len(batch) - BATCH_HEADER_SIZE, 1)])
+    return _set_length(batch[: BATCH_HEADER_SIZE + at % max(len(batch) - BATCH_HEADER_SIZE, 1)])
 
 
 def _pad(batch: bytearray, at: int) -> bytearray:
@@ -396,12 +528,20 @@ def _pad(batch: bytearray, at: int) -> bytearray:
 
 # Each keeps the header parseable and the CRC right; each spoils what the records say.
 SPOILERS: dict[str, Callable[[bytearray, int], bytearray]] = {
-    "codec 5": _codec(5), "codec 6": _codec(6), "codec 7": _codec(7),
-    "gzip flag": _codec(1), "zstd flag": _codec(4), "no codec flag": _codec(0),
-    "records_count 2^31-1": _records_count(2**31 - 1), "records_count +1": lambda b, a: _records_count(
-        struct.unpack_from(">i", b, RECORDS_COUNT_POS)[0] + 1)(b, a),
+    "codec 5": _codec(5),
+    "codec 6": _codec(6),
+    "codec 7": _codec(7),
+    "gzip flag": _codec(1),
+    "zstd flag": _codec(4),
+    "no codec flag": _codec(0),
+    "records_count 2^31-1": _records_count(2**31 - 1),
+    "records_count +1": lambda b, a: _records_count(struct.unpack_from(">i", b, RECORDS_COUNT_POS)[0] + 1)(
+        b, a
+    ),
     "records_count 0": _records_count(0),
-    "flipped byte": _flip, "truncated records": _truncate, "padded records": _pad,
+    "flipped byte": _flip,
+    "truncated records": _truncate,
+    "padded records": _pad,
 }
 
 
@@ -409,45 +549,78 @@ SPOILERS: dict[str, Callable[[bytearray, int], bytearray]] = {
 def hostile_batches(draw: st.DrawFn) -> tuple[str, bytes]:
     codec = draw(st.sampled_from(sorted(COMPRESSION_CODES)))
     now_ms = int(time.time() * 1000)
-    records = [Record(draw(st.one_of(st.none(), st.binary(max_size=8))), draw(st.binary(max_size=40)),
-                      [("h", b"v")] if draw(st.booleans()) else [], now_ms)
-               for _ in range(draw(st.integers(1, 6)))]
+    records = [
+        Record(
+            draw(st.one_of(st.none(), st.binary(max_size=8))),
+            draw(st.binary(max_size=40)),
+            [("h", b"v")] if draw(st.booleans()) else [],
+            now_ms,
+        )
+        for _ in range(draw(st.integers(1, 6)))
+    ]
     spoiler = draw(st.sampled_from(sorted(SPOILERS)))
     batch = bytearray(encode_batch(records, compression=codec))
     return f"{spoiler} on {codec}", _with_crc(SPOILERS[spoiler](batch, draw(st.integers(0, 10_000))))
 
 
 STRUCTURED = st.sampled_from(TARGETS).flatmap(
-    lambda t: st.tuples(st.just(t), messages(SERVICES[t[0]].methods_by_name[t[1]].input_type)))
-FUZZ_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                                HealthCheck.data_too_large])
+    lambda t: st.tuples(st.just(t), messages(SERVICES[t[0]].methods_by_name[t[1]].input_type))
+)
+FUZZ_SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 
 
 @FUZZ_SETTINGS
-@given(target=st.sampled_from(TARGETS), payload=st.binary(max_size=2048),
-       who=st.sampled_from(["fuzzer", "fuzzer", "fuzzer", "none"]))
-def test_random_bytes_at_every_method(harness: Harness, target: tuple[str, str], payload: bytes, who: str) -> None:
+@given(
+    target=st.sampled_from(TARGETS),
+    payload=st.binary(max_size=2048),
+    who=st.sampled_from(["fuzzer", "fuzzer", "fuzzer", "none"]),
+)
+def test_random_bytes_at_every_method(
+    harness: Harness, target: tuple[str, str], payload: bytes, who: str
+) -> None:
     harness.call(*target, payload, who=who)
 
 
 @FUZZ_SETTINGS
 @given(case=STRUCTURED)
-def test_valid_messages_with_nonsense_values_at_every_method(harness: Harness, case: tuple[tuple[str, str], Any]
-                                                            ) -> None:
+def test_valid_messages_with_nonsense_values_at_every_method(
+    harness: Harness, case: tuple[tuple[str, str], Any]
+) -> None:
     (process, method), message = case
     if _allowed(harness, method):
         harness.call(process, method, message.SerializeToString())
 
 
 @FUZZ_SETTINGS
-@given(case=hostile_batches(), process=st.sampled_from(["gateway-1", "broker-1", "broker-2"]),
-       partition=st.integers(0, HOSTILE_PARTITIONS - 1), acks=st.sampled_from([-1, 1, 0]))
-def test_well_formed_batches_with_hostile_contents_are_refused(harness: Harness, case: tuple[str, bytes],
-                                                               process: str, partition: int, acks: int) -> None:
+@given(
+    case=hostile_batches(),
+    process=st.sampled_from(["gateway-1", "broker-1", "broker-2"]),
+    partition=st.integers(0, HOSTILE_PARTITIONS - 1),
+    acks=st.sampled_from([-1, 1, 0]),
+)
+def test_well_formed_batches_with_hostile_contents_are_refused(
+    harness: Harness, case: tuple[str, bytes], process: str, partition: int, acks: int
+) -> None:
     what, batch = case
-    request = common_pb2.ProduceRequest(acks=acks, timeout_ms=1000, topics=[common_pb2.ProduceTopicData(
-        topic=HOSTILE, partitions=[common_pb2.ProducePartitionData(partition=partition, records=batch)])])
+    request = common_pb2.ProduceRequest(
+        acks=acks,
+        timeout_ms=1000,
+        topics=[
+            common_pb2.ProduceTopicData(
+                topic=HOSTILE,
+                partitions=[common_pb2.ProducePartitionData(partition=partition, records=batch)],
+            )
+        ],
+    )
     code, answer = harness.call_for_answer(process, "Produce", request.SerializeToString())
     if code != grpc.StatusCode.OK or answer is None or acks == 0:
         return
@@ -455,8 +628,11 @@ def test_well_formed_batches_with_hostile_contents_are_refused(harness: Harness,
     # Some spoilers leave a batch that still decodes (a flipped byte inside a value, a codec
     # flag equal to the batch's own): accepting those is right. Whatever was accepted is
     # checked by decoding it at the end (test_every_service_...).
-    outcome = (f"accepted: {what}" if result.error_code == common_pb2.NONE
-               else f"refused {common_pb2.ErrorCode.Name(result.error_code)}")
+    outcome = (
+        f"accepted: {what}"
+        if result.error_code == common_pb2.NONE
+        else f"refused {common_pb2.ErrorCode.Name(result.error_code)}"
+    )
     harness.outcomes[outcome] = harness.outcomes.get(outcome, 0) + 1
 
 
@@ -467,7 +643,9 @@ def test_oversized_requests_are_refused_before_they_are_read(harness: Harness) -
         assert harness.call(process, method, payload) == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-def test_every_service_still_serves_nothing_unreadable_was_stored_and_nothing_leaked(harness: Harness) -> None:
+def test_every_service_still_serves_nothing_unreadable_was_stored_and_nothing_leaked(
+    harness: Harness,
+) -> None:
     """Runs last in this module: the state after every fuzz call above."""
     harness.serving()
     assert harness.canary_offsets() == harness.before
@@ -476,17 +654,33 @@ def test_every_service_still_serves_nothing_unreadable_was_stored_and_nothing_le
     after = harness.resources()
     for process, (files, rss) in after.items():
         files_before, rss_before = harness.resources_before[process]
-        assert files - files_before <= OPEN_FILES_GROWTH_MAX, \
+        assert files - files_before <= OPEN_FILES_GROWTH_MAX, (
             f"{process}: open files {files_before} -> {files} after the fuzz run"
-        assert rss - rss_before <= RSS_GROWTH_MAX_BYTES, \
+        )
+        assert rss - rss_before <= RSS_GROWTH_MAX_BYTES, (
             f"{process}: RSS {rss_before >> 20} MiB -> {rss >> 20} MiB after the fuzz run"
+        )
     gw = harness.gateway()
     batch = encode_batch([Record(None, b"after", [], int(time.time() * 1000))])
-    resp = gw.Produce(common_pb2.ProduceRequest(acks=-1, timeout_ms=5000, topics=[common_pb2.ProduceTopicData(
-        topic=CANARY, partitions=[common_pb2.ProducePartitionData(partition=1, records=batch)])]), timeout=10)
+    resp = gw.Produce(
+        common_pb2.ProduceRequest(
+            acks=-1,
+            timeout_ms=5000,
+            topics=[
+                common_pb2.ProduceTopicData(
+                    topic=CANARY, partitions=[common_pb2.ProducePartitionData(partition=1, records=batch)]
+                )
+            ],
+        ),
+        timeout=10,
+    )
     assert resp.topics[0].partitions[0].error_code == 0
     print(f"fuzz ({harness.mode}) outcomes:", dict(sorted(harness.outcomes.items())))
     print(f"fuzz ({harness.mode}) records readable in {HOSTILE}: {readable}")
-    print(f"fuzz ({harness.mode}) open files and RSS MiB before -> after:",
-          {p: f"{harness.resources_before[p][0]}->{f}, {harness.resources_before[p][1] >> 20}->{r >> 20}"
-           for p, (f, r) in after.items()})
+    print(
+        f"fuzz ({harness.mode}) open files and RSS MiB before -> after:",
+        {
+            p: f"{harness.resources_before[p][0]}->{f}, {harness.resources_before[p][1] >> 20}->{r >> 20}"
+            for p, (f, r) in after.items()
+        },
+    )

@@ -90,8 +90,11 @@ def test_two_gateways_one_killed_and_the_client_carries_on(make_cluster):
         wait_for(lambda: len(acked) >= 20, timeout_s=15, what="writes through either gateway")
         c.kill_gateway(1)
         count = len(acked)
-        wait_for(lambda: len(acked) >= count + 20, timeout_s=TEST_LEASE_TTL_S + 15,
-                 what="writes carrying on through the second gateway")
+        wait_for(
+            lambda: len(acked) >= count + 20,
+            timeout_s=TEST_LEASE_TTL_S + 15,
+            what="writes carrying on through the second gateway",
+        )
     finally:
         stop.set()
         loader.join(timeout=60)

@@ -32,8 +32,19 @@ def test_a_stub_generated_elsewhere_produces_and_fetches_through_the_gateway(clu
     out.mkdir()
     include = Path(protoc.__file__).parent / "_proto"
     sources = [str(p.relative_to(proto_root)) for p in (proto_root / "highwater/v1").glob("*.proto")]
-    assert protoc.main(["protoc", f"-I{proto_root}", f"-I{include}", f"--python_out={out}",
-                        f"--grpc_python_out={out}", *sources]) == 0
+    assert (
+        protoc.main(
+            [
+                "protoc",
+                f"-I{proto_root}",
+                f"-I{include}",
+                f"--python_out={out}",
+                f"--grpc_python_out={out}",
+                *sources,
+            ]
+        )
+        == 0
+    )
     for d in (out / "highwater", out / "highwater/v1"):
         (d / "__init__.py").touch()
     script = textwrap.dedent(f"""
@@ -77,7 +88,8 @@ def test_a_stub_generated_elsewhere_produces_and_fetches_through_the_gateway(clu
         assert data[12 + 4 + 1 + 4:] == after_crc, "the broker stores the batch bytes untouched past the CRC"
         print("stub ok", p.base_offset)
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                            cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert "stub ok 0" in result.stdout

@@ -89,8 +89,11 @@ def client_channel(c: TestCluster, token: str | None, index: int = 0) -> grpc.Ch
     """A channel of its own (own connection) to the gateway's token listener."""
     ca = (c.tls_dir / "ca.pem").read_bytes()  # type: ignore[operator]
     creds = ClientTls(ca, None, None, token)
-    options = [("grpc.max_send_message_length", -1), ("grpc.use_local_subchannel_pool", 1),
-               ("highwater.test.connection", index)]
+    options = [
+        ("grpc.max_send_message_length", -1),
+        ("grpc.use_local_subchannel_pool", 1),
+        ("highwater.test.connection", index),
+    ]
     return creds.channel(f"127.0.0.1:{c.processes['gateway-1'].info['client_port']}", options)
 
 
@@ -123,9 +126,12 @@ def test_unauthenticated_large_requests_on_the_token_listener_leave_memory_bound
 
     def attack(ch: grpc.Channel, path: str, payload: bytes) -> None:
         try:
-            answer: object = ch.unary_unary(path, response_deserializer=(
-                health_pb2.HealthCheckResponse.FromString if path == HEALTH_CHECK_PATH else None))(
-                payload, timeout=ATTACK_CALL_TIMEOUT_S)
+            answer: object = ch.unary_unary(
+                path,
+                response_deserializer=(
+                    health_pb2.HealthCheckResponse.FromString if path == HEALTH_CHECK_PATH else None
+                ),
+            )(payload, timeout=ATTACK_CALL_TIMEOUT_S)
         except grpc.RpcError as exc:
             answer = exc.code()
         with lock:
@@ -135,8 +141,11 @@ def test_unauthenticated_large_requests_on_the_token_listener_leave_memory_bound
                 produce_statuses.append(answer)  # type: ignore[arg-type]
 
     calls = [(ch, PRODUCE_PATH) for ch in produce_channels] + [(health_channel, HEALTH_CHECK_PATH)]
-    threads = [threading.Thread(target=attack, args=(*call, payload), daemon=True)
-               for call in calls for _ in range(ATTACK_STREAMS_PER_CONNECTION)]
+    threads = [
+        threading.Thread(target=attack, args=(*call, payload), daemon=True)
+        for call in calls
+        for _ in range(ATTACK_STREAMS_PER_CONNECTION)
+    ]
     peak = baseline
     started = time.monotonic()
     for t in threads:
@@ -153,29 +162,46 @@ def test_unauthenticated_large_requests_on_the_token_listener_leave_memory_bound
     after = rss_bytes(pid)
     peak = max(peak, after)
     mib = 1024 * 1024
-    print(f"gateway RSS: baseline {baseline / mib:.0f} MiB, peak {peak / mib:.0f} MiB "
-          f"(+{(peak - baseline) / mib:.0f} MiB), after {after / mib:.0f} MiB; attack took {elapsed:.1f} s; "
-          f"Produce: {sorted({s.name for s in produce_statuses})}; health: {health_answers[:1]}")
+    print(
+        f"gateway RSS: baseline {baseline / mib:.0f} MiB, peak {peak / mib:.0f} MiB "
+        f"(+{(peak - baseline) / mib:.0f} MiB), after {after / mib:.0f} MiB; attack took {elapsed:.1f} s; "
+        f"Produce: {sorted({s.name for s in produce_statuses})}; health: {health_answers[:1]}"
+    )
 
     assert not any(t.is_alive() for t in threads), "attacking calls did not end within their deadline"
     assert peak - baseline < RSS_GROWTH_MAX_BYTES, (
         f"gateway RSS grew by {(peak - baseline) / mib:.0f} MiB under the attack "
-        f"(bound {RSS_GROWTH_MAX_BYTES / mib:.0f} MiB)")
+        f"(bound {RSS_GROWTH_MAX_BYTES / mib:.0f} MiB)"
+    )
     assert len(produce_statuses) == len(produce_channels) * ATTACK_STREAMS_PER_CONNECTION, produce_statuses
     assert set(produce_statuses) <= REFUSALS, produce_statuses
     serving = health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
     assert health_answers == [serving] * ATTACK_STREAMS_PER_CONNECTION, health_answers
     assert metadata_works(ok), "the gateway no longer serves a token client after the attack"
     # A token client's body is read: it still creates a topic and produces a batch of ~0.5 MiB.
-    created = ok.CreateTopics(common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
-        name="memory-bounds", num_partitions=1, replication_factor=1)]), timeout=CALL_TIMEOUT_S)
+    created = ok.CreateTopics(
+        common_pb2.CreateTopicsRequest(
+            topics=[common_pb2.CreatableTopic(name="memory-bounds", num_partitions=1, replication_factor=1)]
+        ),
+        timeout=CALL_TIMEOUT_S,
+    )
     assert created.topics[0].error_code == common_pb2.NONE, created
     batch = encode_batch([Record(None, b"v" * 1024, [], int(time.time() * 1000)) for _ in range(512)])
-    request = common_pb2.ProduceRequest(acks=-1, timeout_ms=5000, topics=[common_pb2.ProduceTopicData(
-        topic="memory-bounds", partitions=[common_pb2.ProducePartitionData(partition=0, records=batch)])])
+    request = common_pb2.ProduceRequest(
+        acks=-1,
+        timeout_ms=5000,
+        topics=[
+            common_pb2.ProduceTopicData(
+                topic="memory-bounds",
+                partitions=[common_pb2.ProducePartitionData(partition=0, records=batch)],
+            )
+        ],
+    )
 
     def produced() -> bool:
         resp = ok.Produce(request, timeout=CALL_TIMEOUT_S)
         return resp.topics[0].partitions[0].error_code == common_pb2.NONE
 
-    wait_for(produced, timeout_s=10, what="a token client's produce to succeed (the leader may still be starting)")
+    wait_for(
+        produced, timeout_s=10, what="a token client's produce to succeed (the leader may still be starting)"
+    )

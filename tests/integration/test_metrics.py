@@ -61,19 +61,34 @@ def test_every_process_exports_its_metrics(cluster: TestCluster) -> None:
     assert create_topic(gw, "metrics-export", partitions=3).error_code == common_pb2.NONE
     assert produce(gw, "metrics-export", 0, [b"x" * 100]).error_code == common_pb2.NONE
 
-    wait_for(lambda: metric(cluster, "controller-1", "highwater_active_controller_count") == 1,
-             timeout_s=SETTLE_TIMEOUT_S, what="controller-1 reporting itself active")
+    wait_for(
+        lambda: metric(cluster, "controller-1", "highwater_active_controller_count") == 1,
+        timeout_s=SETTLE_TIMEOUT_S,
+        what="controller-1 reporting itself active",
+    )
     controller = scrape(cluster, "controller-1")
     assert controller["highwater_offline_partitions_count"] == 0
     assert controller["highwater_global_partition_count"] >= 3
 
     leader = describe_partition(gw, "metrics-export", 0).leader
-    wait_for(lambda: (metric(cluster, f"broker-{leader}", 'highwater_bytes_in_total{topic="metrics-export"}')
-                      or 0) > 0, timeout_s=SETTLE_TIMEOUT_S, what="bytes in counted on the leader")
-    wait_for(lambda: sum(metric(cluster, f"broker-{b}", "highwater_leader_count") or 0
-                         for b in cluster.broker_ids) >= 3,
-             timeout_s=SETTLE_TIMEOUT_S, what="leader counts covering the topic's 3 partitions")
-    replicas = sum(metric(cluster, f"broker-{b}", "highwater_partition_count") or 0 for b in cluster.broker_ids)
+    wait_for(
+        lambda: (
+            (metric(cluster, f"broker-{leader}", 'highwater_bytes_in_total{topic="metrics-export"}') or 0) > 0
+        ),
+        timeout_s=SETTLE_TIMEOUT_S,
+        what="bytes in counted on the leader",
+    )
+    wait_for(
+        lambda: (
+            sum(metric(cluster, f"broker-{b}", "highwater_leader_count") or 0 for b in cluster.broker_ids)
+            >= 3
+        ),
+        timeout_s=SETTLE_TIMEOUT_S,
+        what="leader counts covering the topic's 3 partitions",
+    )
+    replicas = sum(
+        metric(cluster, f"broker-{b}", "highwater_partition_count") or 0 for b in cluster.broker_ids
+    )
     assert replicas >= 9, replicas  # 3 partitions x 3 replicas, plus other tests' topics
     broker = scrape(cluster, f"broker-{leader}")
     assert broker['highwater_request_latency_seconds_count{rpc="Produce"}'] >= 1
@@ -86,19 +101,28 @@ def test_under_replicated_partitions_rise_when_a_follower_dies_and_fall_when_it_
     gw = gateway_stub(cluster.gateway_address)
     topic = "metrics-urp"
     assert create_topic(gw, topic, partitions=1, replication_factor=3).error_code == common_pb2.NONE
-    state = wait_for(lambda: (s := describe_partition(gw, topic, 0)) and len(s.isr) == 3 and s,
-                     timeout_s=SETTLE_TIMEOUT_S, what="a full ISR")
+    state = wait_for(
+        lambda: (s := describe_partition(gw, topic, 0)) and len(s.isr) == 3 and s,
+        timeout_s=SETTLE_TIMEOUT_S,
+        what="a full ISR",
+    )
     leader = f"broker-{state.leader}"
     follower_id = next(b for b in state.replicas if b != state.leader)
     assert produce(gw, topic, 0, [b"before"] * 10).error_code == common_pb2.NONE
-    wait_for(lambda: metric(cluster, leader, "highwater_leader_count") == 1, timeout_s=SETTLE_TIMEOUT_S,
-             what=f"{leader} reporting the leadership")
+    wait_for(
+        lambda: metric(cluster, leader, "highwater_leader_count") == 1,
+        timeout_s=SETTLE_TIMEOUT_S,
+        what=f"{leader} reporting the leadership",
+    )
     assert metric(cluster, leader, "highwater_under_replicated_partitions") == 0
 
     cluster.kill_broker(follower_id)  # SIGKILL: no controlled shutdown, the lease runs out
-    wait_for(lambda: metric(cluster, leader, "highwater_under_replicated_partitions") == 1,
-             timeout_s=URP_RISE_TIMEOUT_S, interval_s=0.2,
-             what=f"under_replicated_partitions = 1 on {leader} after broker {follower_id} died")
+    wait_for(
+        lambda: metric(cluster, leader, "highwater_under_replicated_partitions") == 1,
+        timeout_s=URP_RISE_TIMEOUT_S,
+        interval_s=0.2,
+        what=f"under_replicated_partitions = 1 on {leader} after broker {follower_id} died",
+    )
     # The leader keeps accepting writes meanwhile (min.insync.replicas is 1 by default).
     assert produce(gw, topic, 0, [b"during"] * 10).error_code == common_pb2.NONE
     status = cluster_status(cluster)
@@ -107,9 +131,12 @@ def test_under_replicated_partitions_rise_when_a_follower_dies_and_fall_when_it_
     assert {b["id"]: b["alive"] for b in status["brokers"]}[follower_id] is False
 
     cluster.start_broker(follower_id)
-    wait_for(lambda: metric(cluster, leader, "highwater_under_replicated_partitions") == 0,
-             timeout_s=URP_FALL_TIMEOUT_S, interval_s=0.2,
-             what=f"under_replicated_partitions back to 0 on {leader} after broker {follower_id} returned")
+    wait_for(
+        lambda: metric(cluster, leader, "highwater_under_replicated_partitions") == 0,
+        timeout_s=URP_FALL_TIMEOUT_S,
+        interval_s=0.2,
+        what=f"under_replicated_partitions back to 0 on {leader} after broker {follower_id} returned",
+    )
     state = describe_partition(gw, topic, 0)
     assert sorted(state.isr) == sorted(state.replicas)
     # Taking the follower back is the leader's own AlterPartition (the shrink may
@@ -128,13 +155,19 @@ def test_cluster_status_shows_brokers_racks_and_lag(make_cluster) -> None:
     cluster: TestCluster = make_cluster(brokers=3, racks=["rack-a", "rack-b", "rack-c"])
     gw = gateway_stub(cluster.gateway_address)
     assert create_topic(gw, "status-topic", partitions=2).error_code == common_pb2.NONE
-    status = wait_for(lambda: (s := cluster_status(cluster)) and s["partitions"]["total"] == 2 and s,
-                      timeout_s=SETTLE_TIMEOUT_S, what="status listing the new topic's partitions")
+    status = wait_for(
+        lambda: (s := cluster_status(cluster)) and s["partitions"]["total"] == 2 and s,
+        timeout_s=SETTLE_TIMEOUT_S,
+        what="status listing the new topic's partitions",
+    )
     assert status["controller"]["id"] == 1
     assert status["partitions"] == {"total": 2, "under_replicated": 0, "offline": 0}
     brokers = {b["id"]: b for b in status["brokers"]}
     assert {i: (b["rack"], b["alive"]) for i, b in brokers.items()} == {
-        1: ("rack-a", True), 2: ("rack-b", True), 3: ("rack-c", True)}
+        1: ("rack-a", True),
+        2: ("rack-b", True),
+        3: ("rack-c", True),
+    }
     assert sum(b["partitions"] for b in brokers.values()) == 6
     assert sum(b["leaders"] for b in brokers.values()) == 2
     assert all(b["metrics_error"] is None and b["max_lag"] is not None for b in brokers.values()), brokers

@@ -35,14 +35,21 @@ def _npm_installed() -> None:
     """node_modules/ matching package-lock.json, installed with `npm ci` when it does not."""
     npm = shutil.which("npm")
     if npm is None:
-        pytest.fail("node is installed but npm is not; install npm (it ships with Node.js) to run the Node client")
+        pytest.fail(
+            "node is installed but npm is not; install npm (it ships with Node.js) to run the Node client"
+        )
     lock = NODE_DIR / "package-lock.json"
     want = hashlib.sha256(lock.read_bytes()).hexdigest()
     stamp = NODE_DIR / "node_modules" / ".highwater-installed"
     if stamp.exists() and stamp.read_text() == want:
         return
-    result = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, capture_output=True, text=True,
-                            timeout=NPM_INSTALL_TIMEOUT_S)
+    result = subprocess.run(
+        [npm, "ci", "--no-audit", "--no-fund"],
+        cwd=NODE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=NPM_INSTALL_TIMEOUT_S,
+    )
     assert result.returncode == 0, f"npm ci failed in {NODE_DIR}:\n{result.stdout}\n{result.stderr}"
     stamp.write_text(want)
 
@@ -53,9 +60,13 @@ def test_the_node_client_produces_and_consumes_10000_keyed_records_partitioned_a
     if node is None:
         pytest.skip("node is not installed: the Node.js client (clients/node/) needs Node.js 18 or later")
     _npm_installed()
-    result = subprocess.run([node, "contract_test.js", cluster.gateway_address.split(",")[0], "node-contract",
-                             str(RECORDS)], cwd=NODE_DIR, capture_output=True, text=True,
-                            timeout=CONTRACT_TEST_TIMEOUT_S)
+    result = subprocess.run(
+        [node, "contract_test.js", cluster.gateway_address.split(",")[0], "node-contract", str(RECORDS)],
+        cwd=NODE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=CONTRACT_TEST_TIMEOUT_S,
+    )
     lines = result.stdout.strip().splitlines()
     assert lines, f"the Node contract test printed nothing (exit {result.returncode}):\n{result.stderr}"
     report = json.loads(lines[-1])

@@ -33,18 +33,33 @@ PRODUCE = "/highwater.v1.GatewayService/Produce"
 
 
 def end_offset(cluster: TestCluster, topic: str) -> int:
-    resp = gateway_stub(cluster.gateway_address).ListOffsets(common_pb2.ListOffsetsRequest(topics=[
-        common_pb2.ListOffsetsTopic(topic=topic, partitions=[
-            common_pb2.ListOffsetsPartition(partition=0, timestamp=-1, current_leader_epoch=-1)])]),
-        timeout=CALL_TIMEOUT_S)
+    resp = gateway_stub(cluster.gateway_address).ListOffsets(
+        common_pb2.ListOffsetsRequest(
+            topics=[
+                common_pb2.ListOffsetsTopic(
+                    topic=topic,
+                    partitions=[
+                        common_pb2.ListOffsetsPartition(partition=0, timestamp=-1, current_leader_epoch=-1)
+                    ],
+                )
+            ]
+        ),
+        timeout=CALL_TIMEOUT_S,
+    )
     return resp.topics[0].partitions[0].offset
 
 
 def test_a_client_fetch_whose_replica_id_is_not_minus_one_is_refused(cluster: TestCluster) -> None:
     gw = gateway_stub(cluster.gateway_address)
     create_topic(gw, "pt-fetch", partitions=1, replication_factor=1)
-    request = common_pb2.FetchRequest(max_wait_ms=0, topics=[common_pb2.FetchTopic(  # replica_id left at 0
-        topic="pt-fetch", partitions=[common_pb2.FetchPartition(partition=0, current_leader_epoch=-1)])])
+    request = common_pb2.FetchRequest(
+        max_wait_ms=0,
+        topics=[
+            common_pb2.FetchTopic(  # replica_id left at 0
+                topic="pt-fetch", partitions=[common_pb2.FetchPartition(partition=0, current_leader_epoch=-1)]
+            )
+        ],
+    )
     with pytest.raises(grpc.RpcError) as err:
         gw.Fetch(request, timeout=CALL_TIMEOUT_S)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -54,16 +69,21 @@ def test_a_client_fetch_whose_replica_id_is_not_minus_one_is_refused(cluster: Te
 def test_a_produce_naming_a_partition_twice_writes_nothing(cluster: TestCluster) -> None:
     gw = gateway_stub(cluster.gateway_address)
     create_topic(gw, "pt-twice", partitions=1, replication_factor=1)
-    wait_for(lambda: produce(gw, "pt-twice", 0, [b"first"]).error_code == common_pb2.NONE, timeout_s=20,
-             what="the first write to pt-twice")
+    wait_for(
+        lambda: produce(gw, "pt-twice", 0, [b"first"]).error_code == common_pb2.NONE,
+        timeout_s=20,
+        what="the first write to pt-twice",
+    )
     before = end_offset(cluster, "pt-twice")
     entry = common_pb2.ProducePartitionData(partition=0, records=b"")
-    request = common_pb2.ProduceRequest(acks=-1, topics=[common_pb2.ProduceTopicData(
-        topic="pt-twice", partitions=[entry, entry])])
+    request = common_pb2.ProduceRequest(
+        acks=-1, topics=[common_pb2.ProduceTopicData(topic="pt-twice", partitions=[entry, entry])]
+    )
     with pytest.raises(grpc.RpcError) as err:
         gw.Produce(request, timeout=CALL_TIMEOUT_S)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "appears more than once" in str(
-        err.value.details())
+        err.value.details()
+    )
     assert end_offset(cluster, "pt-twice") == before
 
 
@@ -103,23 +123,48 @@ def _open_files(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def test_tiny_batches_claiming_two_billion_records_are_refused_and_open_no_files(cluster: TestCluster) -> None:
+def test_tiny_batches_claiming_two_billion_records_are_refused_and_open_no_files(
+    cluster: TestCluster,
+) -> None:
     """69 bytes claiming 2^31-1 records once passed the header check and rolled a segment each
     (three files); 7,000 of them took three brokers to 20,000 open files."""
     gw = gateway_stub(cluster.gateway_address)
     create_topic(gw, "pt-count", partitions=1, replication_factor=1)
-    wait_for(lambda: produce(gw, "pt-count", 0, [b"first"]).error_code == common_pb2.NONE, timeout_s=20,
-             what="the first write to pt-count")
-    leader = next(p.leader for p in gw.Metadata(common_pb2.MetadataRequest(topics=["pt-count"]),
-                                                 timeout=CALL_TIMEOUT_S).topics[0].partitions)
+    wait_for(
+        lambda: produce(gw, "pt-count", 0, [b"first"]).error_code == common_pb2.NONE,
+        timeout_s=20,
+        what="the first write to pt-count",
+    )
+    leader = next(
+        p.leader
+        for p in gw.Metadata(common_pb2.MetadataRequest(topics=["pt-count"]), timeout=CALL_TIMEOUT_S)
+        .topics[0]
+        .partitions
+    )
     pid = cluster.broker_pid(leader)
     assert pid is not None
     files_before, end_before = _open_files(pid), end_offset(cluster, "pt-count")
-    liar = _respoiled(encode_batch([Record(None, b"x", [], int(time.time() * 1000))]), records_count=2**31 - 1)
+    liar = _respoiled(
+        encode_batch([Record(None, b"x", [], int(time.time() * 1000))]), records_count=2**31 - 1
+    )
     for _ in range(200):
-        result = gw.Produce(common_pb2.ProduceRequest(acks=1, timeout_ms=5000, topics=[common_pb2.ProduceTopicData(
-            topic="pt-count", partitions=[common_pb2.ProducePartitionData(partition=0, records=liar)])]),
-            timeout=CALL_TIMEOUT_S).topics[0].partitions[0]
+        result = (
+            gw.Produce(
+                common_pb2.ProduceRequest(
+                    acks=1,
+                    timeout_ms=5000,
+                    topics=[
+                        common_pb2.ProduceTopicData(
+                            topic="pt-count",
+                            partitions=[common_pb2.ProducePartitionData(partition=0, records=liar)],
+                        )
+                    ],
+                ),
+                timeout=CALL_TIMEOUT_S,
+            )
+            .topics[0]
+            .partitions[0]
+        )
         assert result.error_code == common_pb2.INVALID_RECORD, result
     assert "records_count" in result.error_message and "nothing" in result.error_message
     assert end_offset(cluster, "pt-count") == end_before
@@ -127,19 +172,57 @@ def test_tiny_batches_claiming_two_billion_records_are_refused_and_open_no_files
 
 
 def test_a_batch_no_consumer_could_read_is_refused_and_the_records_before_it_stay_readable(
-        cluster: TestCluster) -> None:
+    cluster: TestCluster,
+) -> None:
     gw = gateway_stub(cluster.gateway_address)
     create_topic(gw, "pt-codec", partitions=1, replication_factor=1)
-    wait_for(lambda: produce(gw, "pt-codec", 0, [b"valid"]).error_code == common_pb2.NONE, timeout_s=20,
-             what="the first write to pt-codec")
+    wait_for(
+        lambda: produce(gw, "pt-codec", 0, [b"valid"]).error_code == common_pb2.NONE,
+        timeout_s=20,
+        what="the first write to pt-codec",
+    )
     poison = _respoiled(encode_batch([Record(None, b"poison", [], int(time.time() * 1000))]), codec=7)
-    result = gw.Produce(common_pb2.ProduceRequest(acks=-1, timeout_ms=5000, topics=[common_pb2.ProduceTopicData(
-        topic="pt-codec", partitions=[common_pb2.ProducePartitionData(partition=0, records=poison)])]),
-        timeout=CALL_TIMEOUT_S).topics[0].partitions[0]
+    result = (
+        gw.Produce(
+            common_pb2.ProduceRequest(
+                acks=-1,
+                timeout_ms=5000,
+                topics=[
+                    common_pb2.ProduceTopicData(
+                        topic="pt-codec",
+                        partitions=[common_pb2.ProducePartitionData(partition=0, records=poison)],
+                    )
+                ],
+            ),
+            timeout=CALL_TIMEOUT_S,
+        )
+        .topics[0]
+        .partitions[0]
+    )
     assert result.error_code == common_pb2.CORRUPT_MESSAGE and "codec 7" in result.error_message, result
     assert produce(gw, "pt-codec", 0, [b"after"]).error_code == common_pb2.NONE
-    fetched = gw.Fetch(common_pb2.FetchRequest(replica_id=-1, max_wait_ms=0, topics=[common_pb2.FetchTopic(
-        topic="pt-codec", partitions=[common_pb2.FetchPartition(partition=0, fetch_offset=0, current_leader_epoch=-1,
-                                                                partition_max_bytes=1 << 20)])]),
-        timeout=CALL_TIMEOUT_S).topics[0].partitions[0]
+    fetched = (
+        gw.Fetch(
+            common_pb2.FetchRequest(
+                replica_id=-1,
+                max_wait_ms=0,
+                topics=[
+                    common_pb2.FetchTopic(
+                        topic="pt-codec",
+                        partitions=[
+                            common_pb2.FetchPartition(
+                                partition=0,
+                                fetch_offset=0,
+                                current_leader_epoch=-1,
+                                partition_max_bytes=1 << 20,
+                            )
+                        ],
+                    )
+                ],
+            ),
+            timeout=CALL_TIMEOUT_S,
+        )
+        .topics[0]
+        .partitions[0]
+    )
     assert [r.value for r in decode_batches(fetched.records)] == [b"valid", b"after"]

@@ -21,8 +21,9 @@ CLIENT_CALL_TIMEOUT_S = 2.0
 RETRY_FOR_S = 60.0
 
 
-def _produce_with_retries(gw, request: gateway_pb2.ProduceRecordsRequest) -> tuple[
-        gateway_pb2.ProduceRecordsResponse, int]:
+def _produce_with_retries(
+    gw, request: gateway_pb2.ProduceRecordsRequest
+) -> tuple[gateway_pb2.ProduceRecordsResponse, int]:
     """The answer, and how many times the client had to resend the same request id."""
     deadline = time.monotonic() + RETRY_FOR_S
     resent = 0
@@ -30,8 +31,10 @@ def _produce_with_retries(gw, request: gateway_pb2.ProduceRecordsRequest) -> tup
         try:
             return gw.ProduceRecords(request, timeout=CLIENT_CALL_TIMEOUT_S), resent
         except grpc.RpcError as exc:
-            if exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE) \
-                    or time.monotonic() > deadline:
+            if (
+                exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+                or time.monotonic() > deadline
+            ):
                 raise
             resent += 1
 
@@ -46,9 +49,12 @@ def test_a_leader_killed_mid_stream_leaves_no_duplicates_and_no_gaps(make_cluste
     resent = 0
     for n in range(REQUESTS):
         values = [f"{n:03d}-{i:03d}".encode() for i in range(RECORDS_PER_REQUEST)]
-        request = gateway_pb2.ProduceRecordsRequest(topic="rl-failover", request_id=f"req-{n}", timeout_ms=30_000,
-                                                    records=[gateway_pb2.ProducerRecord(key=b"k", value=v)
-                                                             for v in values])
+        request = gateway_pb2.ProduceRecordsRequest(
+            topic="rl-failover",
+            request_id=f"req-{n}",
+            timeout_ms=30_000,
+            records=[gateway_pb2.ProducerRecord(key=b"k", value=v) for v in values],
+        )
         answer, again = _produce_with_retries(gw, request)
         resent += again
         assert {r.error_code for r in answer.results} == {common_pb2.NONE}, answer.results[0].error_message
@@ -57,7 +63,15 @@ def test_a_leader_killed_mid_stream_leaves_no_duplicates_and_no_gaps(make_cluste
         if n == REQUESTS // 3:
             c.kill_broker(leader)
     assert offsets == list(range(REQUESTS * RECORDS_PER_REQUEST)), "every record acknowledged once, no gaps"
-    got = [r.value for m in gw.ConsumeRecords(gateway_pb2.ConsumeRecordsRequest(
-        topic="rl-failover", default_start_offset=-2, max_records=len(sent)), timeout=60) for r in m.records]
+    got = [
+        r.value
+        for m in gw.ConsumeRecords(
+            gateway_pb2.ConsumeRecordsRequest(
+                topic="rl-failover", default_start_offset=-2, max_records=len(sent)
+            ),
+            timeout=60,
+        )
+        for r in m.records
+    ]
     assert got == sent, "the log holds every record once, in the order sent"
     print(f"client resends of a request id during the failover: {resent}")

@@ -47,6 +47,7 @@ CATCH_UP_TIMEOUT_S = 30.0
 
 # ---- helpers -----------------------------------------------------------------------------------
 
+
 def etcd_kv(endpoint: str, key: str) -> KeyValue | None:
     async def get() -> KeyValue | None:
         store = await EtcdStore.connect(endpoint)
@@ -54,14 +55,27 @@ def etcd_kv(endpoint: str, key: str) -> KeyValue | None:
             return await store.get(key)
         finally:
             await store.close()
+
     return asyncio.run(get())
 
 
 def high_watermark(gw, topic: str, partition: int) -> int:
     """The leader's HW (ListOffsets with the latest timestamp answers it), -1 while unavailable."""
-    resp = gw.ListOffsets(common_pb2.ListOffsetsRequest(replica_id=-1, topics=[common_pb2.ListOffsetsTopic(
-        topic=topic, partitions=[common_pb2.ListOffsetsPartition(partition=partition, timestamp=-1,
-                                                                 current_leader_epoch=-1)])]))
+    resp = gw.ListOffsets(
+        common_pb2.ListOffsetsRequest(
+            replica_id=-1,
+            topics=[
+                common_pb2.ListOffsetsTopic(
+                    topic=topic,
+                    partitions=[
+                        common_pb2.ListOffsetsPartition(
+                            partition=partition, timestamp=-1, current_leader_epoch=-1
+                        )
+                    ],
+                )
+            ],
+        )
+    )
     pr = resp.topics[0].partitions[0]
     return pr.offset if pr.error_code == common_pb2.NONE else -1
 
@@ -98,14 +112,19 @@ def wait_logs_identical_below_hw(c, gw, topic: str, brokers: list[int], expected
         return first
 
     try:
-        return wait_for(identical, timeout_s=CATCH_UP_TIMEOUT_S, what=f"{topic}-0 identical on brokers {brokers}")
+        return wait_for(
+            identical, timeout_s=CATCH_UP_TIMEOUT_S, what=f"{topic}-0 identical on brokers {brokers}"
+        )
     except AssertionError as exc:
-        raise AssertionError(f"{exc}; HW {high_watermark(gw, topic, 0)} (want {expected_hw}), bytes below it "
-                             f"per broker: {last}") from None
+        raise AssertionError(
+            f"{exc}; HW {high_watermark(gw, topic, 0)} (want {expected_hw}), bytes below it "
+            f"per broker: {last}"
+        ) from None
 
 
 def wait_stopped(pid: int) -> None:
     """SIGSTOP takes effect when each thread next enters the kernel: wait until every thread is stopped."""
+
     def stopped() -> bool:
         states = []
         for task in Path(f"/proc/{pid}/task").iterdir():
@@ -113,6 +132,7 @@ def wait_stopped(pid: int) -> None:
                 stat = (task / "stat").read_text()
                 states.append(stat[stat.rindex(")") + 2])
         return bool(states) and all(s in "tT" for s in states)
+
     wait_for(stopped, timeout_s=5, what=f"every thread of pid {pid} to stop")
 
 
@@ -146,14 +166,20 @@ def append_only_on_leader(gw, topic: str, values: list[bytes]) -> int:
 
 
 def produce_acked(gw, topic: str, values: list[bytes], *, acks: int = -1) -> int:
-    res = wait_for(lambda: (r := produce(gw, topic, 0, values, acks=acks)).error_code == common_pb2.NONE and r,
-                   timeout_s=FAILOVER_TIMEOUT_S, what=f"an acks={acks} write to {topic}-0")
+    res = wait_for(
+        lambda: (r := produce(gw, topic, 0, values, acks=acks)).error_code == common_pb2.NONE and r,
+        timeout_s=FAILOVER_TIMEOUT_S,
+        what=f"an acks={acks} write to {topic}-0",
+    )
     return res.base_offset
 
 
 def new_leader(gw, topic: str, old: common_pb2.PartitionState) -> common_pb2.PartitionState:
-    return wait_for(lambda: (s := describe_partition(gw, topic, 0)).leader not in (-1, old.leader) and s,
-                    timeout_s=FAILOVER_TIMEOUT_S, what=f"a leader of {topic}-0 other than {old.leader}")
+    return wait_for(
+        lambda: (s := describe_partition(gw, topic, 0)).leader not in (-1, old.leader) and s,
+        timeout_s=FAILOVER_TIMEOUT_S,
+        what=f"a leader of {topic}-0 other than {old.leader}",
+    )
 
 
 def broker_log(c, broker_id: int) -> str:
@@ -161,6 +187,7 @@ def broker_log(c, broker_id: int) -> str:
 
 
 # ---- leader failover: committed data kept, replicas byte-identical -----------------------------
+
 
 def test_leader_killed_new_leader_from_isr_and_every_replica_byte_identical_below_hw(make_cluster):
     c = make_cluster(brokers=3)
@@ -190,21 +217,27 @@ def test_leader_killed_new_leader_from_isr_and_every_replica_byte_identical_belo
         acked.update((produce_acked(gw, topic, values) + j, v) for j, v in enumerate(values))
     records = fetch_all(gw, topic, 0)
     by_offset = {r.offset: r.value for r in records}
-    assert all(by_offset.get(offset) == value for offset, value in acked.items()), \
+    assert all(by_offset.get(offset) == value for offset, value in acked.items()), (
         "every acks=all record is readable at its original offset after the failover"
-    assert b"only-on-the-old-leader" not in by_offset.values(), \
+    )
+    assert b"only-on-the-old-leader" not in by_offset.values(), (
         "set-up: the suffix written while the followers were paused must not have reached them"
+    )
     end = records[-1].offset + 1
     assert end > divergent_offset, "the new leader has written over the old leader's divergent offsets"
 
     wait_logs_identical_below_hw(c, gw, topic, followers, end)
     c.start_broker(old.leader)
-    wait_for(lambda: sorted(describe_partition(gw, topic, 0).isr) == [1, 2, 3], timeout_s=CATCH_UP_TIMEOUT_S,
-             what=f"broker {old.leader} back in the ISR")
+    wait_for(
+        lambda: sorted(describe_partition(gw, topic, 0).isr) == [1, 2, 3],
+        timeout_s=CATCH_UP_TIMEOUT_S,
+        what=f"broker {old.leader} back in the ISR",
+    )
     identical = wait_logs_identical_below_hw(c, gw, topic, [1, 2, 3], end)
     assert len(identical) > 0
-    assert f"truncating {topic}-0 from" in broker_log(c, old.leader), \
+    assert f"truncating {topic}-0 from" in broker_log(c, old.leader), (
         "the old leader truncated its divergent suffix after OffsetsForLeaderEpoch"
+    )
     final = {r.offset: r.value for r in fetch_all(gw, topic, 0)}
     assert all(final.get(offset) == value for offset, value in acked.items())
 
@@ -217,8 +250,13 @@ REPLICA_LAG_TIME_MAX_MS = 2_000
 PAUSE_TEST_LEASE_TTL_S = 10
 
 
-def _produce_loop(gw, topic: str, stop: threading.Event, acked: list[tuple[int, bytes]],
-                  failed: list[tuple[bytes, str, str]]) -> None:
+def _produce_loop(
+    gw,
+    topic: str,
+    stop: threading.Event,
+    acked: list[tuple[int, bytes]],
+    failed: list[tuple[bytes, str, str]],
+) -> None:
     i = 0
     while not stop.is_set():
         value = f"r{i}".encode()
@@ -230,8 +268,12 @@ def _produce_loop(gw, topic: str, stop: threading.Event, acked: list[tuple[int, 
         i += 1
 
 
-def test_paused_follower_leaves_the_isr_by_lag_and_rejoins_after_resume_while_acks_all_writes_go_on(make_cluster):
-    c = make_cluster(brokers=3, replica_lag_time_max_ms=REPLICA_LAG_TIME_MAX_MS, lease_ttl_s=PAUSE_TEST_LEASE_TTL_S)
+def test_paused_follower_leaves_the_isr_by_lag_and_rejoins_after_resume_while_acks_all_writes_go_on(
+    make_cluster,
+):
+    c = make_cluster(
+        brokers=3, replica_lag_time_max_ms=REPLICA_LAG_TIME_MAX_MS, lease_ttl_s=PAUSE_TEST_LEASE_TTL_S
+    )
     gw = gateway_stub(c.gateway_address)
     topic = "lagging"
     assert create_topic(gw, topic, partitions=1, configs={"min.insync.replicas": "2"}).error_code == 0
@@ -246,23 +288,34 @@ def test_paused_follower_leaves_the_isr_by_lag_and_rejoins_after_resume_while_ac
         wait_for(lambda: len(acked) >= 20, timeout_s=15, what="acks=all writes with the full ISR")
         with paused(c, [follower]):
             paused_at = time.monotonic()
-            shrunk = wait_for(lambda: follower not in (s := describe_partition(gw, topic, 0)).isr and s,
-                              timeout_s=PAUSE_TEST_LEASE_TTL_S - 3, what=f"paused broker {follower} to leave the ISR")
+            shrunk = wait_for(
+                lambda: follower not in (s := describe_partition(gw, topic, 0)).isr and s,
+                timeout_s=PAUSE_TEST_LEASE_TTL_S - 3,
+                what=f"paused broker {follower} to leave the ISR",
+            )
             shrink_after_s = time.monotonic() - paused_at
             count = len(acked)
-            wait_for(lambda: len(acked) >= count + 20, timeout_s=10,
-                     what="acks=all writes with the follower still paused and out of the ISR")
+            wait_for(
+                lambda: len(acked) >= count + 20,
+                timeout_s=10,
+                what="acks=all writes with the follower still paused and out of the ISR",
+            )
         assert shrunk.leader == before.leader
         assert shrunk.leader_epoch == before.leader_epoch, "an AlterPartition shrink keeps the leader epoch"
         assert sorted(shrunk.isr) == sorted(b for b in before.replicas if b != follower)
-        assert shrink_after_s >= REPLICA_LAG_TIME_MAX_MS / 1000 / 2, \
+        assert shrink_after_s >= REPLICA_LAG_TIME_MAX_MS / 1000 / 2, (
             f"the ISR shrank {shrink_after_s:.1f} s after the pause, before replica.lag.time.max.ms could pass"
+        )
         still = etcd_kv(c.etcd_endpoint, f"/highwater/brokers/ids/{follower}")
-        assert still is not None and still.create_revision == registration.create_revision, \
+        assert still is not None and still.create_revision == registration.create_revision, (
             "the paused follower kept its lease and broker epoch: the shrink came from the lag rule"
+        )
 
-        rejoined = wait_for(lambda: follower in (s := describe_partition(gw, topic, 0)).isr and s,
-                            timeout_s=CATCH_UP_TIMEOUT_S, what=f"broker {follower} to rejoin the ISR")
+        rejoined = wait_for(
+            lambda: follower in (s := describe_partition(gw, topic, 0)).isr and s,
+            timeout_s=CATCH_UP_TIMEOUT_S,
+            what=f"broker {follower} to rejoin the ISR",
+        )
         assert rejoined.leader_epoch == before.leader_epoch
         count = len(acked)
         wait_for(lambda: len(acked) >= count + 20, timeout_s=10, what="acks=all writes after the rejoin")
@@ -278,6 +331,7 @@ def test_paused_follower_leaves_the_isr_by_lag_and_rejoins_after_resume_while_ac
 
 # ---- double failover: a follower whose latest epoch the new leader never had (KIP-279) ---------
 
+
 def test_follower_truncates_an_epoch_the_new_leader_never_saw_after_a_double_failover(make_cluster):
     """Two replicas A, B (unclean election enabled so A may lead again after both died).
 
@@ -291,8 +345,12 @@ def test_follower_truncates_an_epoch_the_new_leader_never_saw_after_a_double_fai
     c = make_cluster(brokers=2)
     gw = gateway_stub(c.gateway_address)
     topic = "double-failover"
-    assert create_topic(gw, topic, partitions=1, replication_factor=2,
-                        configs={"unclean.leader.election.enable": "true"}).error_code == 0
+    assert (
+        create_topic(
+            gw, topic, partitions=1, replication_factor=2, configs={"unclean.leader.election.enable": "true"}
+        ).error_code
+        == 0
+    )
     start = describe_partition(gw, topic, 0)
     a, b = start.leader, next(r for r in start.replicas if r != start.leader)
     m1 = [f"m1-{i}".encode() for i in range(5)]
@@ -306,12 +364,18 @@ def test_follower_truncates_an_epoch_the_new_leader_never_saw_after_a_double_fai
     m3_offset = produce_acked(gw, topic, [b"m3-a", b"m3-b", b"m3-c"], acks=1)
     assert m3_offset <= m2_offset, "m3 is written over offsets that hold m2 on A"
     c.kill_broker(b)
-    wait_for(lambda: etcd_kv(c.etcd_endpoint, f"/highwater/brokers/ids/{b}") is None,
-             timeout_s=FAILOVER_TIMEOUT_S, what=f"broker {b}'s registration to expire")
+    wait_for(
+        lambda: etcd_kv(c.etcd_endpoint, f"/highwater/brokers/ids/{b}") is None,
+        timeout_s=FAILOVER_TIMEOUT_S,
+        what=f"broker {b}'s registration to expire",
+    )
 
     c.start_broker(a)
-    epoch_a = wait_for(lambda: (s := describe_partition(gw, topic, 0)).leader == a and s,
-                       timeout_s=FAILOVER_TIMEOUT_S, what=f"broker {a} to lead again (unclean election)")
+    epoch_a = wait_for(
+        lambda: (s := describe_partition(gw, topic, 0)).leader == a and s,
+        timeout_s=FAILOVER_TIMEOUT_S,
+        what=f"broker {a} to lead again (unclean election)",
+    )
     assert epoch_a.leader_epoch > epoch_b.leader_epoch
     m4_offset = produce_acked(gw, topic, [b"m4"], acks=1)
     assert m4_offset == m2_offset + 3, "A's log goes on after m2: it never had epoch 1"
@@ -323,23 +387,39 @@ def test_follower_truncates_an_epoch_the_new_leader_never_saw_after_a_double_fai
     assert values[:5] == m1
     assert values[m2_offset:] == [b"m2-a", b"m2-b", b"m2-c", b"m4"]
     assert not any(v.startswith(b"m3") for v in values)
-    assert f"truncating {topic}-0 from {m3_offset + 3} to {m3_offset}" in broker_log(c, b), \
+    assert f"truncating {topic}-0 from {m3_offset + 3} to {m3_offset}" in broker_log(c, b), (
         "B cut m3: its own end of epoch 0, not A's end offset for it"
+    )
 
 
 # ---- idempotent producer through the gateway ---------------------------------------------------
 
+
 def produce_batch(gw, topic: str, batch: bytes, *, acks: int = -1) -> common_pb2.ProducePartitionResponse:
-    resp = gw.Produce(common_pb2.ProduceRequest(acks=acks, timeout_ms=10_000, topics=[
-        common_pb2.ProduceTopicData(topic=topic, partitions=[common_pb2.ProducePartitionData(partition=0,
-                                                                                            records=batch)])]))
+    resp = gw.Produce(
+        common_pb2.ProduceRequest(
+            acks=acks,
+            timeout_ms=10_000,
+            topics=[
+                common_pb2.ProduceTopicData(
+                    topic=topic, partitions=[common_pb2.ProducePartitionData(partition=0, records=batch)]
+                )
+            ],
+        )
+    )
     return resp.topics[0].partitions[0]
 
 
-def idempotent_batch(producer: common_pb2.InitProducerIdResponse, base_sequence: int, values: list[bytes]) -> bytes:
+def idempotent_batch(
+    producer: common_pb2.InitProducerIdResponse, base_sequence: int, values: list[bytes]
+) -> bytes:
     now = int(time.time() * 1000)
-    return encode_batch([Record(None, v, [], now) for v in values], producer_id=producer.producer_id,
-                        producer_epoch=producer.producer_epoch, base_sequence=base_sequence)
+    return encode_batch(
+        [Record(None, v, [], now) for v in values],
+        producer_id=producer.producer_id,
+        producer_epoch=producer.producer_epoch,
+        base_sequence=base_sequence,
+    )
 
 
 def test_idempotent_retry_is_written_once_also_after_failover_and_a_sequence_gap_is_refused(make_cluster):
@@ -354,7 +434,9 @@ def test_idempotent_retry_is_written_once_also_after_failover_and_a_sequence_gap
     sent = produce_batch(gw, topic, first)
     assert (sent.error_code, sent.base_offset) == (common_pb2.NONE, 0)
     retried = produce_batch(gw, topic, first)
-    assert (retried.error_code, retried.base_offset) == (common_pb2.NONE, 0), "a retry answers the original offset"
+    assert (retried.error_code, retried.base_offset) == (common_pb2.NONE, 0), (
+        "a retry answers the original offset"
+    )
 
     gap = produce_batch(gw, topic, idempotent_batch(producer, 7, [b"after-a-gap"]))
     assert gap.error_code == common_pb2.OUT_OF_ORDER_SEQUENCE_NUMBER, gap.error_message
@@ -362,16 +444,20 @@ def test_idempotent_retry_is_written_once_also_after_failover_and_a_sequence_gap
 
     second = idempotent_batch(producer, 5, [f"second-{i}".encode() for i in range(5)])
     assert produce_batch(gw, topic, second).base_offset == 5
-    assert [r.value for r in fetch_all(gw, topic, 0)] == [f"first-{i}".encode() for i in range(5)] + \
-        [f"second-{i}".encode() for i in range(5)]
+    assert [r.value for r in fetch_all(gw, topic, 0)] == [f"first-{i}".encode() for i in range(5)] + [
+        f"second-{i}".encode() for i in range(5)
+    ]
 
     # The followers replicated the producer state with the batches: the new leader
     # recognises a retry of a batch the old leader wrote.
     old = describe_partition(gw, topic, 0)
     c.kill_broker(old.leader)
     new_leader(gw, topic, old)
-    retried = wait_for(lambda: (r := produce_batch(gw, topic, second)).error_code == common_pb2.NONE and r,
-                       timeout_s=FAILOVER_TIMEOUT_S, what="the retry to be answered by the new leader")
+    retried = wait_for(
+        lambda: (r := produce_batch(gw, topic, second)).error_code == common_pb2.NONE and r,
+        timeout_s=FAILOVER_TIMEOUT_S,
+        what="the retry to be answered by the new leader",
+    )
     assert retried.base_offset == 5
     third = idempotent_batch(producer, 10, [b"third"])
     assert produce_batch(gw, topic, third).base_offset == 10

@@ -75,39 +75,84 @@ SERVICES = {
 
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
-    c = TestCluster(tmp_path_factory.mktemp("secure"), brokers=2, lease_ttl_s=TEST_LEASE_TTL_S, tls=True,
-                    service_args=["--authorizer", "acl", "--super-users", "User:admin",
-                                  "--producer-byte-rate", str(PRODUCER_BYTE_RATE),
-                                  "--consumer-byte-rate", str(CONSUMER_BYTE_RATE),
-                                  "--max-request-bytes", str(MAX_REQUEST_BYTES),
-                                  "--max-batch-records", str(MAX_BATCH_RECORDS),
-                                  "--max-concurrent-requests-per-connection", str(MAX_STREAMS)])
+    c = TestCluster(
+        tmp_path_factory.mktemp("secure"),
+        brokers=2,
+        lease_ttl_s=TEST_LEASE_TTL_S,
+        tls=True,
+        service_args=[
+            "--authorizer",
+            "acl",
+            "--super-users",
+            "User:admin",
+            "--producer-byte-rate",
+            str(PRODUCER_BYTE_RATE),
+            "--consumer-byte-rate",
+            str(CONSUMER_BYTE_RATE),
+            "--max-request-bytes",
+            str(MAX_REQUEST_BYTES),
+            "--max-batch-records",
+            str(MAX_BATCH_RECORDS),
+            "--max-concurrent-requests-per-connection",
+            str(MAX_STREAMS),
+        ],
+    )
     c.start()
     try:
         for name in ("alice", "mallory"):
             c.issue_client_certificate(name)
         admin = gw(c, "admin")
         for topic in ("sec-ok", "sec-secret", "sec-other", "sec-quota"):
-            resp = admin.CreateTopics(common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
-                name=topic, num_partitions=2, replication_factor=2)]), timeout=CALL_TIMEOUT_S)
+            resp = admin.CreateTopics(
+                common_pb2.CreateTopicsRequest(
+                    topics=[common_pb2.CreatableTopic(name=topic, num_partitions=2, replication_factor=2)]
+                ),
+                timeout=CALL_TIMEOUT_S,
+            )
             assert resp.topics[0].error_code == common_pb2.NONE, resp
         # User:alice writes and reads every sec- topic but sec-secret (deny wins), and commits as group g1.
-        acl(c, "add", "--principal", "User:alice", "--operation", "Write", "--operation", "Read",
-            "--topic", "sec-", "--prefixed")
-        acl(c, "add", "--principal", "User:alice", "--operation", "Write", "--operation", "Read",
-            "--topic", "sec-secret", "--deny")
+        acl(
+            c,
+            "add",
+            "--principal",
+            "User:alice",
+            "--operation",
+            "Write",
+            "--operation",
+            "Read",
+            "--topic",
+            "sec-",
+            "--prefixed",
+        )
+        acl(
+            c,
+            "add",
+            "--principal",
+            "User:alice",
+            "--operation",
+            "Write",
+            "--operation",
+            "Read",
+            "--topic",
+            "sec-secret",
+            "--deny",
+        )
         acl(c, "add", "--principal", "User:alice", "--operation", "Read", "--group", "g1")
         acl(c, "add", "--principal", "User:tok", "--operation", "All", "--topic", "sec-quota")
         # sec-secret stays visible: denying Read and Write does not deny Describe (Kafka's rule).
-        wait_for(lambda: topics_seen(c, "alice") == {"sec-ok", "sec-secret", "sec-other", "sec-quota"}, timeout_s=10,
-                 what="alice's ACLs to reach the gateway")
+        wait_for(
+            lambda: topics_seen(c, "alice") == {"sec-ok", "sec-secret", "sec-other", "sec-quota"},
+            timeout_s=10,
+            what="alice's ACLs to reach the gateway",
+        )
         yield c
     finally:
         c.stop()
 
 
-def highwater(c: TestCluster, *args: str, tls_dir: Path | None = None, name: str | None = None,
-              expect_exit: int = 0) -> str:
+def highwater(
+    c: TestCluster, *args: str, tls_dir: Path | None = None, name: str | None = None, expect_exit: int = 0
+) -> str:
     """Run the `highwater` CLI against the cluster's gateway, as an operator would (no etcd involved)."""
     root = ["--bootstrap", c.gateway_address, "--tls-dir", str(tls_dir or c.tls_dir)]
     result = CliRunner().invoke(cli, [*root, *(["--tls-name", name] if name else []), *args])
@@ -122,14 +167,24 @@ def acl(c: TestCluster, *args: str) -> str:
 
 def settings(c: TestCluster, name: str | None) -> ClientTls:
     s = c.client_settings(name)
-    made = ClientTls.from_settings(ssl_cafile=s["ssl_cafile"], ssl_certfile=s.get("ssl_certfile"),
-                                   ssl_keyfile=s.get("ssl_keyfile"), auth_token=None)
+    made = ClientTls.from_settings(
+        ssl_cafile=s["ssl_cafile"],
+        ssl_certfile=s.get("ssl_certfile"),
+        ssl_keyfile=s.get("ssl_keyfile"),
+        auth_token=None,
+    )
     assert made is not None
     return made
 
 
-def channel(c: TestCluster, process: str, name: str | None = "admin", *, token: str | None = None,
-            client_port: bool = False) -> grpc.Channel:
+def channel(
+    c: TestCluster,
+    process: str,
+    name: str | None = "admin",
+    *,
+    token: str | None = None,
+    client_port: bool = False,
+) -> grpc.Channel:
     info = c.processes[process].info
     port = info["client_port"] if client_port else info["port"]
     base = settings(c, name)
@@ -149,17 +204,34 @@ def topics_seen(c: TestCluster, name: str) -> set[str]:
 def end_offsets(c: TestCluster) -> dict[tuple[str, int], int]:
     """Every sec- partition's high watermark, read by the admin (a super user)."""
     md = gw(c).Metadata(common_pb2.MetadataRequest(), timeout=CALL_TIMEOUT_S)
-    req = common_pb2.ListOffsetsRequest(topics=[common_pb2.ListOffsetsTopic(topic=t.name, partitions=[
-        common_pb2.ListOffsetsPartition(partition=p.partition, timestamp=-1) for p in t.partitions])
-        for t in md.topics if t.name.startswith("sec-")])
+    req = common_pb2.ListOffsetsRequest(
+        topics=[
+            common_pb2.ListOffsetsTopic(
+                topic=t.name,
+                partitions=[
+                    common_pb2.ListOffsetsPartition(partition=p.partition, timestamp=-1) for p in t.partitions
+                ],
+            )
+            for t in md.topics
+            if t.name.startswith("sec-")
+        ]
+    )
     resp = gw(c).ListOffsets(req, timeout=CALL_TIMEOUT_S)
     return {(t.topic, p.partition): p.offset for t in resp.topics for p in t.partitions}
 
 
 def produce_request(*topics: str, records: int = 1, value: bytes = b"v") -> common_pb2.ProduceRequest:
     batch = encode_batch([Record(None, value, [], int(time.time() * 1000)) for _ in range(records)])
-    return common_pb2.ProduceRequest(acks=-1, timeout_ms=5000, topics=[common_pb2.ProduceTopicData(
-        topic=t, partitions=[common_pb2.ProducePartitionData(partition=0, records=batch)]) for t in topics])
+    return common_pb2.ProduceRequest(
+        acks=-1,
+        timeout_ms=5000,
+        topics=[
+            common_pb2.ProduceTopicData(
+                topic=t, partitions=[common_pb2.ProducePartitionData(partition=0, records=batch)]
+            )
+            for t in topics
+        ],
+    )
 
 
 def codes(resp: common_pb2.ProduceResponse) -> dict[str, int]:
@@ -197,12 +269,19 @@ def test_every_rpc_of_every_service_refuses_missing_wrong_expired_and_revoked_cr
     before = end_offsets(secure)
     expired = make_token(secure, "User:alice", expires_in_ms=1)
     revoked = make_token(secure, "User:alice")
-    ok = gateway_pb2_grpc.GatewayServiceStub(channel(secure, "gateway-1", None, token=revoked, client_port=True))
+    ok = gateway_pb2_grpc.GatewayServiceStub(
+        channel(secure, "gateway-1", None, token=revoked, client_port=True)
+    )
     wait_for(lambda: _works(ok), timeout_s=10, what="the new token to reach the gateway")
     assert "revoked" in highwater(secure, "token", "revoke", revoked)
     wait_for(lambda: not _works(ok), timeout_s=10, what="the revocation to reach the gateway")
-    kinds = {"no credentials": None, "wrong token": "hwt.0123456789abcdef.not-the-secret",
-             "malformed token": "not-a-token", "expired token": expired, "revoked token": revoked}
+    kinds = {
+        "no credentials": None,
+        "wrong token": "hwt.0123456789abcdef.not-the-secret",
+        "malformed token": "not-a-token",
+        "expired token": expired,
+        "revoked token": revoked,
+    }
     refused = []
     for svc, method in ALL_METHODS:
         for kind, token in kinds.items():
@@ -213,9 +292,12 @@ def test_every_rpc_of_every_service_refuses_missing_wrong_expired_and_revoked_cr
     assert len(refused) == len(ALL_METHODS) * len(kinds)
     # Health checks stay open for probes; nothing was written; the admin is still served.
     from grpc_health.v1 import health_pb2, health_pb2_grpc
+
     health = health_pb2_grpc.HealthStub(channel(secure, "broker-1", None, client_port=True))
-    assert health.Check(health_pb2.HealthCheckRequest(), timeout=CALL_TIMEOUT_S).status == \
-        health_pb2.HealthCheckResponse.SERVING
+    assert (
+        health.Check(health_pb2.HealthCheckRequest(), timeout=CALL_TIMEOUT_S).status
+        == health_pb2.HealthCheckResponse.SERVING
+    )
     assert end_offsets(secure) == before
     assert codes(gw(secure).Produce(produce_request("sec-other"), timeout=CALL_TIMEOUT_S)) == {"sec-other": 0}
 
@@ -232,12 +314,18 @@ def _works(stub: gateway_pb2_grpc.GatewayServiceStub) -> bool:
 def test_a_certificate_from_another_authority_fails_the_handshake_everywhere(secure, tmp_path: Path):
     create_ca(tmp_path, common_name="Evil CA")
     issue_certificate(tmp_path, "controller-1")  # even a service's name, signed by the wrong CA
-    evil = ClientTls(settings(secure, None).ca_cert, (tmp_path / "controller-1.pem").read_bytes(),
-                     (tmp_path / "controller-1-key.pem").read_bytes(), None)
+    evil = ClientTls(
+        settings(secure, None).ca_cert,
+        (tmp_path / "controller-1.pem").read_bytes(),
+        (tmp_path / "controller-1-key.pem").read_bytes(),
+        None,
+    )
     for svc in SERVICES:
         ch = evil.channel(f"127.0.0.1:{secure.processes[svc].info['port']}")
-        assert raw_call(ch, svc, "UpdateMetadata" if svc != "controller-1" else "AlterPartition") == \
-            grpc.StatusCode.UNAVAILABLE
+        assert (
+            raw_call(ch, svc, "UpdateMetadata" if svc != "controller-1" else "AlterPartition")
+            == grpc.StatusCode.UNAVAILABLE
+        )
     # A plaintext client cannot talk to a TLS listener at all.
     plain = grpc.insecure_channel(secure.gateway_address)
     assert raw_call(plain, "gateway-1", "Metadata") == grpc.StatusCode.UNAVAILABLE
@@ -258,21 +346,38 @@ def test_etcd_refuses_clients_without_a_certificate_of_the_cluster(secure):
 def test_etcd_refuses_client_certificates_of_the_cluster_ca(secure):
     """A principal's certificate (User:alice, no ACLs) once read and wrote every key in etcd:
     granted itself All, wrote a token for User:admin, marked topics for deletion."""
+
     async def connect(tls: EtcdTls) -> None:
         store = await EtcdStore.connect(secure.etcd_endpoint, tls=tls, timeout_s=1.0)
         await store.close()
 
     alice = settings(secure, "alice")
     with pytest.raises(CoordinatorUnavailable):
-        asyncio.run(connect(EtcdTls(ca_cert=alice.ca_cert, cert_chain=alice.cert_chain, cert_key=alice.private_key)))
+        asyncio.run(
+            connect(EtcdTls(ca_cert=alice.ca_cert, cert_chain=alice.cert_chain, cert_key=alice.private_key))
+        )
     # A service's own cluster certificate is no key to etcd either: services use their etcd client ones.
     gateway = settings(secure, "gateway-1")
     with pytest.raises(CoordinatorUnavailable):
-        asyncio.run(connect(EtcdTls(ca_cert=gateway.ca_cert, cert_chain=gateway.cert_chain,
-                                    cert_key=gateway.private_key)))
+        asyncio.run(
+            connect(
+                EtcdTls(ca_cert=gateway.ca_cert, cert_chain=gateway.cert_chain, cert_key=gateway.private_key)
+            )
+        )
     # Nor is the CLI a way around: it goes through the controller, which wants Alter on the cluster.
-    refused = highwater(secure, "acl", "add", "--principal", "User:alice", "--operation", "All", "--topic", "*",
-                        name="alice", expect_exit=1)
+    refused = highwater(
+        secure,
+        "acl",
+        "add",
+        "--principal",
+        "User:alice",
+        "--operation",
+        "All",
+        "--topic",
+        "*",
+        name="alice",
+        expect_exit=1,
+    )
     assert "CLUSTER_AUTHORIZATION_FAILED" in refused and "may not Alter Cluster" in refused, refused
     assert not [line for line in acl(secure, "list").splitlines() if "User:alice" in line and " All " in line]
 
@@ -283,10 +388,29 @@ def test_etcd_refuses_client_certificates_of_the_cluster_ca(secure):
 CONTROL_PLANE = [
     ("broker-1", "LeaderAndIsr", broker_pb2.LeaderAndIsrRequest()),
     ("broker-1", "UpdateMetadata", broker_pb2.UpdateMetadataRequest(full=True)),
-    ("broker-1", "StopReplica", broker_pb2.StopReplicaRequest(partitions=[
-        broker_pb2.StopReplicaPartition(topic="sec-ok", partition=0, leader_epoch=-2, delete_partition=True)])),
-    ("broker-1", "Fetch", common_pb2.FetchRequest(replica_id=2, topics=[common_pb2.FetchTopic(
-        topic="sec-ok", partitions=[common_pb2.FetchPartition(partition=0, fetch_offset=10**9)])])),
+    (
+        "broker-1",
+        "StopReplica",
+        broker_pb2.StopReplicaRequest(
+            partitions=[
+                broker_pb2.StopReplicaPartition(
+                    topic="sec-ok", partition=0, leader_epoch=-2, delete_partition=True
+                )
+            ]
+        ),
+    ),
+    (
+        "broker-1",
+        "Fetch",
+        common_pb2.FetchRequest(
+            replica_id=2,
+            topics=[
+                common_pb2.FetchTopic(
+                    topic="sec-ok", partitions=[common_pb2.FetchPartition(partition=0, fetch_offset=10**9)]
+                )
+            ],
+        ),
+    ),
     ("broker-1", "OffsetsForLeaderEpoch", broker_pb2.OffsetsForLeaderEpochRequest(replica_id=2)),
     ("controller-1", "AlterPartition", controller_pb2.AlterPartitionRequest(broker_id=1)),
     ("controller-1", "ControlledShutdown", controller_pb2.ControlledShutdownRequest(broker_id=1)),
@@ -299,24 +423,39 @@ def test_control_plane_rpcs_need_the_right_service_certificate(secure, caller):
     """A client certificate on the inter-service port, even a super user's, cannot act as a service;
     a broker cannot act as another broker, nor a gateway as a controller."""
     before = end_offsets(secure)
-    name = {"mallory": "mallory", "admin": "admin", "broker-2-as-1": "broker-2", "gateway": "gateway-1"}[caller]
+    name = {"mallory": "mallory", "admin": "admin", "broker-2-as-1": "broker-2", "gateway": "gateway-1"}[
+        caller
+    ]
     for svc, method, request in CONTROL_PLANE:
         if caller == "broker-2-as-1" and method in ("Fetch", "OffsetsForLeaderEpoch"):
             continue  # broker 2 may fetch as replica 2: that is its own id
         code = raw_call(channel(secure, svc, name), svc, method, request.SerializeToString())
         assert code == grpc.StatusCode.PERMISSION_DENIED, (caller, svc, method, code)
     assert end_offsets(secure) == before
-    assert wait_for(lambda: len(gw(secure).Metadata(common_pb2.MetadataRequest(topics=["sec-ok"]),
-                                                    timeout=CALL_TIMEOUT_S).topics[0].partitions) == 2,
-                    timeout_s=5, what="sec-ok intact")
+    assert wait_for(
+        lambda: (
+            len(
+                gw(secure)
+                .Metadata(common_pb2.MetadataRequest(topics=["sec-ok"]), timeout=CALL_TIMEOUT_S)
+                .topics[0]
+                .partitions
+            )
+            == 2
+        ),
+        timeout_s=5,
+        what="sec-ok intact",
+    )
 
 
 def test_only_a_gateway_may_forward_a_principal(secure):
     """A client that sends the forwarding header itself is refused, whatever principal it names."""
     stub = broker_pb2_grpc.BrokerServiceStub(channel(secure, "broker-1", "mallory"))
     with pytest.raises(grpc.RpcError) as err:
-        stub.Produce(produce_request("sec-ok"), metadata=[("x-highwater-principal-bin", b"User:admin")],
-                     timeout=CALL_TIMEOUT_S)
+        stub.Produce(
+            produce_request("sec-ok"),
+            metadata=[("x-highwater-principal-bin", b"User:admin")],
+            timeout=CALL_TIMEOUT_S,
+        )
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
@@ -325,19 +464,29 @@ def test_only_a_gateway_may_forward_a_principal(secure):
 
 def test_produce_writes_authorized_partitions_and_refuses_the_rest_of_the_same_request(secure):
     before = end_offsets(secure)
-    resp = gw(secure, "alice").Produce(produce_request("sec-ok", "sec-secret", "sec-nonexistent-x"),
-                                       timeout=CALL_TIMEOUT_S)
-    assert codes(resp) == {"sec-ok": common_pb2.NONE, "sec-secret": TAF,
-                           "sec-nonexistent-x": common_pb2.UNKNOWN_TOPIC_OR_PARTITION}
+    resp = gw(secure, "alice").Produce(
+        produce_request("sec-ok", "sec-secret", "sec-nonexistent-x"), timeout=CALL_TIMEOUT_S
+    )
+    assert codes(resp) == {
+        "sec-ok": common_pb2.NONE,
+        "sec-secret": TAF,
+        "sec-nonexistent-x": common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+    }
     after = end_offsets(secure)
     assert after[("sec-ok", 0)] == before[("sec-ok", 0)] + 1
-    assert {k: v for k, v in after.items() if k != ("sec-ok", 0)} == \
-        {k: v for k, v in before.items() if k != ("sec-ok", 0)}
+    assert {k: v for k, v in after.items() if k != ("sec-ok", 0)} == {
+        k: v for k, v in before.items() if k != ("sec-ok", 0)
+    }
     # mallory has no ACL at all: nothing of hers is written, through the gateway or at the leader.
     resp = gw(secure, "mallory").Produce(produce_request("sec-ok", "sec-other"), timeout=CALL_TIMEOUT_S)
     assert codes(resp) == {"sec-ok": TAF, "sec-other": TAF}
-    leader = gw(secure).Metadata(common_pb2.MetadataRequest(topics=["sec-ok"]),
-                                 timeout=CALL_TIMEOUT_S).topics[0].partitions[0].leader
+    leader = (
+        gw(secure)
+        .Metadata(common_pb2.MetadataRequest(topics=["sec-ok"]), timeout=CALL_TIMEOUT_S)
+        .topics[0]
+        .partitions[0]
+        .leader
+    )
     direct = broker_pb2_grpc.BrokerServiceStub(channel(secure, f"broker-{leader}", "mallory"))
     assert codes(direct.Produce(produce_request("sec-ok"), timeout=CALL_TIMEOUT_S)) == {"sec-ok": TAF}
     assert end_offsets(secure) == after
@@ -345,40 +494,78 @@ def test_produce_writes_authorized_partitions_and_refuses_the_rest_of_the_same_r
 
 def test_reads_are_checked_per_topic_and_unauthorized_topics_are_hidden(secure):
     alice = gw(secure, "alice")
-    fetch = alice.Fetch(common_pb2.FetchRequest(replica_id=-1, max_wait_ms=0, topics=[
-        common_pb2.FetchTopic(topic=t, partitions=[common_pb2.FetchPartition(partition=0, current_leader_epoch=-1)])
-        for t in ("sec-ok", "sec-secret")]), timeout=CALL_TIMEOUT_S)
+    fetch = alice.Fetch(
+        common_pb2.FetchRequest(
+            replica_id=-1,
+            max_wait_ms=0,
+            topics=[
+                common_pb2.FetchTopic(
+                    topic=t, partitions=[common_pb2.FetchPartition(partition=0, current_leader_epoch=-1)]
+                )
+                for t in ("sec-ok", "sec-secret")
+            ],
+        ),
+        timeout=CALL_TIMEOUT_S,
+    )
     assert {t.topic: t.partitions[0].error_code for t in fetch.topics} == {"sec-ok": 0, "sec-secret": TAF}
-    offsets = gw(secure, "mallory").ListOffsets(common_pb2.ListOffsetsRequest(topics=[common_pb2.ListOffsetsTopic(
-        topic="sec-ok", partitions=[common_pb2.ListOffsetsPartition(partition=0, timestamp=-1)])]),
-        timeout=CALL_TIMEOUT_S)
+    offsets = gw(secure, "mallory").ListOffsets(
+        common_pb2.ListOffsetsRequest(
+            topics=[
+                common_pb2.ListOffsetsTopic(
+                    topic="sec-ok", partitions=[common_pb2.ListOffsetsPartition(partition=0, timestamp=-1)]
+                )
+            ]
+        ),
+        timeout=CALL_TIMEOUT_S,
+    )
     assert offsets.topics[0].partitions[0].error_code == TAF
     assert topics_seen(secure, "mallory") == set()
-    named = gw(secure, "mallory").Metadata(common_pb2.MetadataRequest(topics=["sec-ok"]), timeout=CALL_TIMEOUT_S)
+    named = gw(secure, "mallory").Metadata(
+        common_pb2.MetadataRequest(topics=["sec-ok"]), timeout=CALL_TIMEOUT_S
+    )
     assert named.topics[0].error_code == TAF and not named.topics[0].partitions
-    stream = alice.Subscribe(gateway_pb2.SubscribeRequest(partitions=[
-        gateway_pb2.SubscribePartition(topic="sec-secret", partition=0, start_offset=-2)]), timeout=CALL_TIMEOUT_S)
+    stream = alice.Subscribe(
+        gateway_pb2.SubscribeRequest(
+            partitions=[gateway_pb2.SubscribePartition(topic="sec-secret", partition=0, start_offset=-2)]
+        ),
+        timeout=CALL_TIMEOUT_S,
+    )
     assert [m.error_code for m in stream] == [TAF]
 
 
 def test_admin_and_group_operations_need_their_acls(secure):
     mallory = gw(secure, "mallory")
-    created = mallory.CreateTopics(common_pb2.CreateTopicsRequest(topics=[
-        common_pb2.CreatableTopic(name="sec-mallory", num_partitions=1, replication_factor=1)]), timeout=CALL_TIMEOUT_S)
+    created = mallory.CreateTopics(
+        common_pb2.CreateTopicsRequest(
+            topics=[common_pb2.CreatableTopic(name="sec-mallory", num_partitions=1, replication_factor=1)]
+        ),
+        timeout=CALL_TIMEOUT_S,
+    )
     assert created.topics[0].error_code == TAF
     deleted = mallory.DeleteTopics(common_pb2.DeleteTopicsRequest(names=["sec-ok"]), timeout=CALL_TIMEOUT_S)
     assert deleted.topics[0].error_code == TAF
-    for call, request in [(mallory.ElectLeaders, common_pb2.ElectLeadersRequest()),
-                          (mallory.DescribeCluster, common_pb2.DescribeClusterRequest()),
-                          (mallory.InitProducerId, common_pb2.InitProducerIdRequest(producer_id=-1)),
-                          (mallory.CommitOffsets, gateway_pb2.CommitOffsetsRequest(group_id="g1")),
-                          (gw(secure, "alice").CommitOffsets, gateway_pb2.CommitOffsetsRequest(group_id="g2"))]:
+    for call, request in [
+        (mallory.ElectLeaders, common_pb2.ElectLeadersRequest()),
+        (mallory.DescribeCluster, common_pb2.DescribeClusterRequest()),
+        (mallory.InitProducerId, common_pb2.InitProducerIdRequest(producer_id=-1)),
+        (mallory.CommitOffsets, gateway_pb2.CommitOffsetsRequest(group_id="g1")),
+        (gw(secure, "alice").CommitOffsets, gateway_pb2.CommitOffsetsRequest(group_id="g2")),
+    ]:
         with pytest.raises(grpc.RpcError) as err:
             call(request, timeout=CALL_TIMEOUT_S)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, (call, err.value)
-    commit = gw(secure, "alice").CommitOffsets(gateway_pb2.CommitOffsetsRequest(group_id="g1", topics=[
-        gateway_pb2.OffsetCommitTopic(topic=t, partitions=[gateway_pb2.OffsetCommitPartition(partition=0, offset=0)])
-        for t in ("sec-ok", "sec-secret")]), timeout=CALL_TIMEOUT_S)
+    commit = gw(secure, "alice").CommitOffsets(
+        gateway_pb2.CommitOffsetsRequest(
+            group_id="g1",
+            topics=[
+                gateway_pb2.OffsetCommitTopic(
+                    topic=t, partitions=[gateway_pb2.OffsetCommitPartition(partition=0, offset=0)]
+                )
+                for t in ("sec-ok", "sec-secret")
+            ],
+        ),
+        timeout=CALL_TIMEOUT_S,
+    )
     assert {p.topic: p.error_code for p in commit.partitions} == {"sec-ok": 0, "sec-secret": TAF}
     assert "sec-ok" in topics_seen(secure, "admin")
 
@@ -387,13 +574,28 @@ def test_acl_changes_and_token_clients_through_the_library(secure):
     """A token client on the client port; its ACL removed then re-added takes effect at once."""
     token = make_token(secure, "User:tok")
     gateway_client = f"127.0.0.1:{secure.processes['gateway-1'].info['client_port']}"
-    with Producer(gateway_client, ssl_cafile=str(secure.tls_dir / "ca.pem"), auth_token=token,
-                  request_timeout_ms=5000, delivery_timeout_ms=8000, linger_ms=0) as producer:
+    with Producer(
+        gateway_client,
+        ssl_cafile=str(secure.tls_dir / "ca.pem"),
+        auth_token=token,
+        request_timeout_ms=5000,
+        delivery_timeout_ms=8000,
+        linger_ms=0,
+    ) as producer:
         assert producer.send("sec-quota", b"hello", partition=1).result(timeout=10).offset >= 0
         acl(secure, "remove", "--principal", "User:tok", "--operation", "All", "--topic", "sec-quota")
-        resp_codes = wait_for(lambda: codes(gw(secure, None, token=token, client_port=True).Produce(
-            produce_request("sec-quota"), timeout=CALL_TIMEOUT_S)) == {"sec-quota": TAF}, timeout_s=10,
-            what="the removed ACL to take effect")
+        resp_codes = wait_for(
+            lambda: (
+                codes(
+                    gw(secure, None, token=token, client_port=True).Produce(
+                        produce_request("sec-quota"), timeout=CALL_TIMEOUT_S
+                    )
+                )
+                == {"sec-quota": TAF}
+            ),
+            timeout_s=10,
+            what="the removed ACL to take effect",
+        )
         assert resp_codes
         with pytest.raises(HighwaterError):
             producer.send("sec-quota", b"refused", partition=1).result(timeout=10)
@@ -406,10 +608,30 @@ def test_acl_changes_and_token_clients_through_the_library(secure):
 
 
 SECURITY_ADMIN_CALLS = [
-    ("CreateAcls", controller_pb2.CreateAclsRequest(creations=[controller_pb2.AclBinding(
-        principal="User:mallory", permission="Allow", operation="All", resource_type="Cluster")])),
-    ("DeleteAcls", controller_pb2.DeleteAclsRequest(deletions=[controller_pb2.AclBinding(
-        principal="User:alice", permission="Allow", operation="Read", resource_type="Group", resource_name="g1")])),
+    (
+        "CreateAcls",
+        controller_pb2.CreateAclsRequest(
+            creations=[
+                controller_pb2.AclBinding(
+                    principal="User:mallory", permission="Allow", operation="All", resource_type="Cluster"
+                )
+            ]
+        ),
+    ),
+    (
+        "DeleteAcls",
+        controller_pb2.DeleteAclsRequest(
+            deletions=[
+                controller_pb2.AclBinding(
+                    principal="User:alice",
+                    permission="Allow",
+                    operation="Read",
+                    resource_type="Group",
+                    resource_name="g1",
+                )
+            ]
+        ),
+    ),
     ("DescribeAcls", controller_pb2.DescribeAclsRequest()),
     ("CreateToken", controller_pb2.CreateTokenRequest(principal="User:admin")),
     ("RevokeToken", controller_pb2.RevokeTokenRequest(token_id="0123456789abcdef")),
@@ -419,6 +641,7 @@ SECURITY_ADMIN_CALLS = [
 
 def security_records(c: TestCluster) -> tuple[dict[str, object], set[str]]:
     """What etcd holds under /security/ (the test reads it with the etcd client certificate cluster up makes)."""
+
     async def read() -> tuple[dict[str, object], set[str]]:
         store = await EtcdStore.connect(c.etcd_endpoint, tls=c.etcd_tls())
         try:
@@ -436,12 +659,17 @@ def test_without_alter_on_the_cluster_no_principal_manages_acls_or_tokens(secure
     The super user is served, at both."""
     before = security_records(secure)
     tok = make_token(secure, "User:tok")
-    callers = {"mallory": gw(secure, "mallory"), "alice": gw(secure, "alice"),
-               "token": gw(secure, None, token=tok, client_port=True),
-               "mallory at the controller": controller_pb2_grpc.ControllerServiceStub(
-                   channel(secure, "controller-1", "mallory")),
-               "alice at the controller": controller_pb2_grpc.ControllerServiceStub(
-                   channel(secure, "controller-1", "alice"))}
+    callers = {
+        "mallory": gw(secure, "mallory"),
+        "alice": gw(secure, "alice"),
+        "token": gw(secure, None, token=tok, client_port=True),
+        "mallory at the controller": controller_pb2_grpc.ControllerServiceStub(
+            channel(secure, "controller-1", "mallory")
+        ),
+        "alice at the controller": controller_pb2_grpc.ControllerServiceStub(
+            channel(secure, "controller-1", "alice")
+        ),
+    }
     wait_for(lambda: _works(callers["token"]), timeout_s=10, what="the token to reach the gateway")
     for who, stub in callers.items():
         for method, request in SECURITY_ADMIN_CALLS:
@@ -450,20 +678,36 @@ def test_without_alter_on_the_cluster_no_principal_manages_acls_or_tokens(secure
             assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, (who, method, err.value)
             assert f"({method})" in str(err.value.details()), err.value.details()
     # Through the client library, the same refusal is the typed CLUSTER_AUTHORIZATION_FAILED.
-    with Admin(secure.gateway_address, **secure.client_settings("mallory")) as admin, \
-            pytest.raises(HighwaterError) as typed:
+    with (
+        Admin(secure.gateway_address, **secure.client_settings("mallory")) as admin,
+        pytest.raises(HighwaterError) as typed,
+    ):
         admin.create_token("User:admin")
     assert typed.value.code == common_pb2.CLUSTER_AUTHORIZATION_FAILED
     assert security_records(secure)[0] == before[0] and len(security_records(secure)[1]) == len(before[1]) + 1
     # The super user may, at the gateway and at the controller.
-    binding = controller_pb2.AclBinding(principal="User:nobody", permission="Deny", operation="Read",
-                                        resource_type="Topic", resource_name="sec-nobody")
-    for stub in (gw(secure), controller_pb2_grpc.ControllerServiceStub(channel(secure, "controller-1", "admin"))):
-        created = stub.CreateAcls(controller_pb2.CreateAclsRequest(creations=[binding]), timeout=CALL_TIMEOUT_S)
+    binding = controller_pb2.AclBinding(
+        principal="User:nobody",
+        permission="Deny",
+        operation="Read",
+        resource_type="Topic",
+        resource_name="sec-nobody",
+    )
+    for stub in (
+        gw(secure),
+        controller_pb2_grpc.ControllerServiceStub(channel(secure, "controller-1", "admin")),
+    ):
+        created = stub.CreateAcls(
+            controller_pb2.CreateAclsRequest(creations=[binding]), timeout=CALL_TIMEOUT_S
+        )
         assert created.error_code == common_pb2.NONE and created.results[0].changed, created
-        listed = stub.DescribeAcls(controller_pb2.DescribeAclsRequest(principal="User:nobody"), timeout=CALL_TIMEOUT_S)
+        listed = stub.DescribeAcls(
+            controller_pb2.DescribeAclsRequest(principal="User:nobody"), timeout=CALL_TIMEOUT_S
+        )
         assert [(b.operation, b.resource_name) for b in listed.acls] == [("Read", "sec-nobody")]
-        deleted = stub.DeleteAcls(controller_pb2.DeleteAclsRequest(deletions=[binding]), timeout=CALL_TIMEOUT_S)
+        deleted = stub.DeleteAcls(
+            controller_pb2.DeleteAclsRequest(deletions=[binding]), timeout=CALL_TIMEOUT_S
+        )
         assert deleted.results[0].changed, deleted
 
 
@@ -485,25 +729,55 @@ def test_operators_manage_acls_and_tokens_with_the_cli_and_no_etcd_certificate(s
 
     refused = ops("acl", "list", expect_exit=1)
     assert "CLUSTER_AUTHORIZATION_FAILED" in refused and "may not Describe Cluster" in refused, refused
-    assert "1 added, 0 already present" in acl(secure, "add", "--principal", "User:ops", "--operation", "Alter",
-                                               "--cluster")
+    assert "1 added, 0 already present" in acl(
+        secure, "add", "--principal", "User:ops", "--operation", "Alter", "--cluster"
+    )
     try:
-        wait_for(lambda: CliRunner().invoke(cli, ["--bootstrap", secure.gateway_address, "--tls-dir", str(ops_dir),
-                                                  "--tls-name", "ops", "acl", "list"]).exit_code == 0,
-                 timeout_s=10, what="the grant to reach the gateway and the controller")
+        wait_for(
+            lambda: (
+                CliRunner()
+                .invoke(
+                    cli,
+                    [
+                        "--bootstrap",
+                        secure.gateway_address,
+                        "--tls-dir",
+                        str(ops_dir),
+                        "--tls-name",
+                        "ops",
+                        "acl",
+                        "list",
+                    ],
+                )
+                .exit_code
+                == 0
+            ),
+            timeout_s=10,
+            what="the grant to reach the gateway and the controller",
+        )
         added = ops("acl", "add", "--principal", "User:carol", "--operation", "Read", "--topic", "sec-ok")
         assert "User:carol has Allow permission for Read on Topic:LITERAL:sec-ok" in added
         assert "1 added, 0 already present" in added
-        assert "0 added, 1 already present" in ops("acl", "add", "--principal", "User:carol", "--operation", "Read",
-                                                   "--topic", "sec-ok")
+        assert "0 added, 1 already present" in ops(
+            "acl", "add", "--principal", "User:carol", "--operation", "Read", "--topic", "sec-ok"
+        )
         listed = ops("acl", "list", "--principal", "User:carol", "--topic", "sec-ok", "--output", "json")
-        assert json.loads(listed) == [{"principal": "User:carol", "permission": "Allow", "operation": "Read",
-                                       "resource_type": "Topic", "resource_name": "sec-ok",
-                                       "pattern_type": "Literal", "host": "*"}]
+        assert json.loads(listed) == [
+            {
+                "principal": "User:carol",
+                "permission": "Allow",
+                "operation": "Read",
+                "resource_type": "Topic",
+                "resource_name": "sec-ok",
+                "pattern_type": "Literal",
+                "host": "*",
+            }
+        ]
         assert "User:carol" in ops("acl", "list", "--topic", "sec-ok")
 
-        created = ops("token", "create", "--principal", "User:carol", "--expires-in-s", "3600",
-                      "--description", "ci")
+        created = ops(
+            "token", "create", "--principal", "User:carol", "--expires-in-s", "3600", "--description", "ci"
+        )
         token = next(line for line in created.splitlines() if line.startswith("hwt."))
         token_id = token.split(".")[1]
         assert f"token id {token_id} for User:carol, expires in 3600 s" in created
@@ -518,17 +792,37 @@ def test_operators_manage_acls_and_tokens_with_the_cli_and_no_etcd_certificate(s
         wait_for(lambda: not _works(carol), timeout_s=10, what="the revocation to reach the gateway")
         assert f"{token_id}: no such token" in ops("token", "revoke", token_id)
         assert token_id not in ops("token", "list")
-        assert "1 removed, 0 were not present" in ops("acl", "remove", "--principal", "User:carol", "--operation",
-                                                      "Read", "--topic", "sec-ok")
+        assert "1 removed, 0 were not present" in ops(
+            "acl", "remove", "--principal", "User:carol", "--operation", "Read", "--topic", "sec-ok"
+        )
         # Services never hand out tokens for their own names, whoever asks.
         assert "service identity" in ops("token", "create", "--principal", "User:controller-1", expect_exit=1)
         # The old direct-to-etcd option says what replaced it.
         assert "--etcd is gone" in ops("acl", "list", "--etcd", secure.etcd_endpoint, expect_exit=2)
     finally:
         acl(secure, "remove", "--principal", "User:ops", "--operation", "Alter", "--cluster")
-    wait_for(lambda: CliRunner().invoke(cli, ["--bootstrap", secure.gateway_address, "--tls-dir", str(ops_dir),
-                                              "--tls-name", "ops", "acl", "list"]).exit_code == 1,
-             timeout_s=10, what="the removed grant to take effect")
+    wait_for(
+        lambda: (
+            CliRunner()
+            .invoke(
+                cli,
+                [
+                    "--bootstrap",
+                    secure.gateway_address,
+                    "--tls-dir",
+                    str(ops_dir),
+                    "--tls-name",
+                    "ops",
+                    "acl",
+                    "list",
+                ],
+            )
+            .exit_code
+            == 1
+        ),
+        timeout_s=10,
+        what="the removed grant to take effect",
+    )
 
 
 def topics_seen_by(stub: gateway_pb2_grpc.GatewayServiceStub) -> set[str]:
@@ -546,17 +840,25 @@ def test_produce_quota_throttles_and_the_client_backs_off(secure):
     wait_for(lambda: _works(stub), timeout_s=10, what="the token")
     value = b"x" * 1000
     start = time.monotonic()
-    throttles = [stub.Produce(produce_request("sec-quota", records=256, value=value),
-                              timeout=CALL_TIMEOUT_S).throttle_time_ms for _ in range(4)]
+    throttles = [
+        stub.Produce(
+            produce_request("sec-quota", records=256, value=value), timeout=CALL_TIMEOUT_S
+        ).throttle_time_ms
+        for _ in range(4)
+    ]
     assert throttles[:2] == [0, 0] and all(t > 0 for t in throttles[2:]), throttles
     assert time.monotonic() - start >= throttles[2] / 1000 * 0.9, "the 4th call, sent at once, was held back"
     time.sleep(throttles[-1] / 1000)
     start = time.monotonic()
     total = 1536 * 1024
     value = b"x" * 2000  # a full 1 MiB batch stays under MAX_BATCH_RECORDS
-    with Producer(f"127.0.0.1:{secure.processes['gateway-1'].info['client_port']}",
-                  ssl_cafile=str(secure.tls_dir / "ca.pem"), auth_token=token, linger_ms=5,
-                  batch_size_bytes=64 * 1024) as producer:
+    with Producer(
+        f"127.0.0.1:{secure.processes['gateway-1'].info['client_port']}",
+        ssl_cafile=str(secure.tls_dir / "ca.pem"),
+        auth_token=token,
+        linger_ms=5,
+        batch_size_bytes=64 * 1024,
+    ) as producer:
         futures = [producer.send("sec-quota", value, partition=0) for _ in range(total // len(value))]
         producer.flush()
         assert all(f.result(timeout=30).offset >= 0 for f in futures)
@@ -576,19 +878,37 @@ def test_fetch_quota_throttles_and_brokers_check_tokens_too(secure):
         assert admin.Produce(req, timeout=CALL_TIMEOUT_S).topics[0].partitions[0].error_code == 0
     md = admin.Metadata(common_pb2.MetadataRequest(topics=["sec-quota"]), timeout=CALL_TIMEOUT_S)
     leader = next(p.leader for p in md.topics[0].partitions if p.partition == 1)
-    direct = broker_pb2_grpc.BrokerServiceStub(channel(secure, f"broker-{leader}", None, token=token,
-                                                       client_port=True))
-    wait_for(lambda: _fetch(direct).topics[0].partitions[0].error_code == 0, timeout_s=10,
-             what="the token at the broker")
+    direct = broker_pb2_grpc.BrokerServiceStub(
+        channel(secure, f"broker-{leader}", None, token=token, client_port=True)
+    )
+    wait_for(
+        lambda: _fetch(direct).topics[0].partitions[0].error_code == 0,
+        timeout_s=10,
+        what="the token at the broker",
+    )
     throttles = [_fetch(direct).throttle_time_ms for _ in range(3)]
     assert throttles[1] > 0 and throttles[2] > 0, throttles
 
 
 def _fetch(stub: broker_pb2_grpc.BrokerServiceStub) -> common_pb2.FetchResponse:
-    return stub.Fetch(common_pb2.FetchRequest(replica_id=-1, max_wait_ms=0, max_bytes=8 << 20, topics=[
-        common_pb2.FetchTopic(topic="sec-quota", partitions=[common_pb2.FetchPartition(
-            partition=1, fetch_offset=0, partition_max_bytes=4 << 20, current_leader_epoch=-1)])]),
-        timeout=CALL_TIMEOUT_S)
+    return stub.Fetch(
+        common_pb2.FetchRequest(
+            replica_id=-1,
+            max_wait_ms=0,
+            max_bytes=8 << 20,
+            topics=[
+                common_pb2.FetchTopic(
+                    topic="sec-quota",
+                    partitions=[
+                        common_pb2.FetchPartition(
+                            partition=1, fetch_offset=0, partition_max_bytes=4 << 20, current_leader_epoch=-1
+                        )
+                    ],
+                )
+            ],
+        ),
+        timeout=CALL_TIMEOUT_S,
+    )
 
 
 def test_oversized_requests_and_batches_are_refused_without_writing(secure):
@@ -597,7 +917,9 @@ def test_oversized_requests_and_batches_are_refused_without_writing(secure):
     with pytest.raises(grpc.RpcError) as err:
         gw(secure).Produce(huge, timeout=CALL_TIMEOUT_S)
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    resp = gw(secure).Produce(produce_request("sec-other", records=MAX_BATCH_RECORDS + 1), timeout=CALL_TIMEOUT_S)
+    resp = gw(secure).Produce(
+        produce_request("sec-other", records=MAX_BATCH_RECORDS + 1), timeout=CALL_TIMEOUT_S
+    )
     assert codes(resp) == {"sec-other": common_pb2.INVALID_REQUEST}
     assert end_offsets(secure) == before
 
@@ -609,15 +931,25 @@ def test_concurrent_requests_per_connection_are_bounded(secure):
     hw = end_offsets(secure)[("sec-other", 1)]
     stub = broker_pb2_grpc.BrokerServiceStub(channel(secure, f"broker-{leader}", "admin"))
     # Nobody writes sec-other-1: each Fetch at its end waits the whole max_wait_ms for min_bytes.
-    request = common_pb2.FetchRequest(replica_id=-1, max_wait_ms=1000, min_bytes=10**6, topics=[
-        common_pb2.FetchTopic(topic="sec-other", partitions=[
-            common_pb2.FetchPartition(partition=1, fetch_offset=hw, current_leader_epoch=-1)])])
+    request = common_pb2.FetchRequest(
+        replica_id=-1,
+        max_wait_ms=1000,
+        min_bytes=10**6,
+        topics=[
+            common_pb2.FetchTopic(
+                topic="sec-other",
+                partitions=[common_pb2.FetchPartition(partition=1, fetch_offset=hw, current_leader_epoch=-1)],
+            )
+        ],
+    )
     start = time.monotonic()
     stub.Fetch(request, timeout=CALL_TIMEOUT_S)
     assert time.monotonic() - start >= 0.9, "a single long poll waits its max_wait_ms"
     start = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(MAX_STREAMS * 2) as pool:
-        answers = list(pool.map(lambda _: stub.Fetch(request, timeout=CALL_TIMEOUT_S), range(MAX_STREAMS * 2)))
+        answers = list(
+            pool.map(lambda _: stub.Fetch(request, timeout=CALL_TIMEOUT_S), range(MAX_STREAMS * 2))
+        )
     assert all(a.topics[0].partitions[0].error_code == 0 for a in answers)
     assert time.monotonic() - start >= 1.8, "twice the streams allowed take two rounds"
 
@@ -625,17 +957,28 @@ def test_concurrent_requests_per_connection_are_bounded(secure):
 # --- hostile input found by the adversarial review (each failed before its fix) --------------
 
 
-def create(c: TestCluster, name: str, configs: dict[str, str] | None = None, *, rf: int = 2
-           ) -> common_pb2.TopicResult:
-    resp = gw(c).CreateTopics(common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
-        name=name, num_partitions=1, replication_factor=rf, configs=configs or {})]), timeout=CALL_TIMEOUT_S)
+def create(
+    c: TestCluster, name: str, configs: dict[str, str] | None = None, *, rf: int = 2
+) -> common_pb2.TopicResult:
+    resp = gw(c).CreateTopics(
+        common_pb2.CreateTopicsRequest(
+            topics=[
+                common_pb2.CreatableTopic(
+                    name=name, num_partitions=1, replication_factor=rf, configs=configs or {}
+                )
+            ]
+        ),
+        timeout=CALL_TIMEOUT_S,
+    )
     return resp.topics[0]
 
 
 def test_create_topics_refuses_configs_out_of_bounds_and_names_with_a_newline(secure):
-    for configs, says in (({"max.message.bytes": "3000000000"}, "an integer from 61 to 67108864 bytes"),
-                          ({"max.message.bytes": "1"}, "an integer from 61 to"),
-                          ({"retention.ms": "0"}, "-1 (unlimited)")):
+    for configs, says in (
+        ({"max.message.bytes": "3000000000"}, "an integer from 61 to 67108864 bytes"),
+        ({"max.message.bytes": "1"}, "an integer from 61 to"),
+        ({"retention.ms": "0"}, "-1 (unlimited)"),
+    ):
         result = create(secure, "sec-bad-config", configs)
         assert result.error_code == common_pb2.INVALID_CONFIG and says in result.error_message, result
     for name in ("sec-orders\n", "sec-orders\r\n", "sec-\x00"):
@@ -647,13 +990,30 @@ def test_create_topics_refuses_configs_out_of_bounds_and_names_with_a_newline(se
 
 def test_subscribe_from_earliest_and_latest_works_after_a_leader_change(secure):
     assert create(secure, "sec-sub").error_code == common_pb2.NONE
-    wait_for(lambda: codes(gw(secure).Produce(produce_request("sec-sub"), timeout=CALL_TIMEOUT_S)) ==
-             {"sec-sub": 0}, timeout_s=20, what="the first write to sec-sub")
+    wait_for(
+        lambda: (
+            codes(gw(secure).Produce(produce_request("sec-sub"), timeout=CALL_TIMEOUT_S)) == {"sec-sub": 0}
+        ),
+        timeout_s=20,
+        what="the first write to sec-sub",
+    )
     md = gw(secure).Metadata(common_pb2.MetadataRequest(topics=["sec-sub"]), timeout=CALL_TIMEOUT_S)
     first = md.topics[0].partitions[0]
     # Stop the leader: the other replica (in the ISR) leads in a newer epoch.
-    wait_for(lambda: len(gw(secure).Metadata(common_pb2.MetadataRequest(topics=["sec-sub"]), timeout=CALL_TIMEOUT_S)
-                     .topics[0].partitions[0].isr) == 2, timeout_s=20, what="both replicas in the ISR")
+    wait_for(
+        lambda: (
+            len(
+                gw(secure)
+                .Metadata(common_pb2.MetadataRequest(topics=["sec-sub"]), timeout=CALL_TIMEOUT_S)
+                .topics[0]
+                .partitions[0]
+                .isr
+            )
+            == 2
+        ),
+        timeout_s=20,
+        what="both replicas in the ISR",
+    )
     other = next(r for r in first.replicas if r != first.leader)
     admin = gw(secure)
     secure.kill_broker(first.leader)
@@ -674,8 +1034,12 @@ def test_subscribe_from_earliest_and_latest_works_after_a_leader_change(secure):
             stop.wait(0.2)
 
     for start in (-2, -1):
-        stream = admin.Subscribe(gateway_pb2.SubscribeRequest(partitions=[gateway_pb2.SubscribePartition(
-            topic="sec-sub", partition=0, start_offset=start)]), timeout=CALL_TIMEOUT_S)
+        stream = admin.Subscribe(
+            gateway_pb2.SubscribeRequest(
+                partitions=[gateway_pb2.SubscribePartition(topic="sec-sub", partition=0, start_offset=start)]
+            ),
+            timeout=CALL_TIMEOUT_S,
+        )
         stop = threading.Event()
         producer = threading.Thread(target=keep_producing, args=(stop,)) if start == -1 else None
         if producer is not None:
@@ -695,10 +1059,20 @@ def test_commit_offsets_refuses_huge_or_unprintable_group_ids_and_oversized_meta
     admin = gw(secure)
 
     def commit(group_id: str, metadata: str = "") -> gateway_pb2.CommitOffsetsResponse:
-        return admin.CommitOffsets(gateway_pb2.CommitOffsetsRequest(group_id=group_id, topics=[
-            gateway_pb2.OffsetCommitTopic(topic="sec-ok", partitions=[
-                gateway_pb2.OffsetCommitPartition(partition=0, offset=0, metadata=metadata)])]),
-            timeout=CALL_TIMEOUT_S)
+        return admin.CommitOffsets(
+            gateway_pb2.CommitOffsetsRequest(
+                group_id=group_id,
+                topics=[
+                    gateway_pb2.OffsetCommitTopic(
+                        topic="sec-ok",
+                        partitions=[
+                            gateway_pb2.OffsetCommitPartition(partition=0, offset=0, metadata=metadata)
+                        ],
+                    )
+                ],
+            ),
+            timeout=CALL_TIMEOUT_S,
+        )
 
     huge = commit("g" * (2 * 1024 * 1024))
     assert huge.error_code == common_pb2.INVALID_REQUEST and "the limit is 255" in huge.error_message
@@ -707,8 +1081,9 @@ def test_commit_offsets_refuses_huge_or_unprintable_group_ids_and_oversized_meta
     big_metadata = commit("sec-group", metadata="m" * 5000)
     assert big_metadata.partitions[0].error_code == common_pb2.INVALID_REQUEST
     assert "the limit is 4096" in big_metadata.partitions[0].error_message
-    fetched = admin.FetchCommittedOffsets(gateway_pb2.FetchCommittedOffsetsRequest(group_id="sec-group"),
-                                          timeout=CALL_TIMEOUT_S)
+    fetched = admin.FetchCommittedOffsets(
+        gateway_pb2.FetchCommittedOffsetsRequest(group_id="sec-group"), timeout=CALL_TIMEOUT_S
+    )
     assert list(fetched.offsets) == [], "nothing was stored"
 
 
@@ -736,8 +1111,12 @@ def test_revoking_a_token_ends_its_open_subscribe_stream(secure):
     admin = gw(secure)
     client = gw(secure, None, token=token, client_port=True)
     wait_for(lambda: _works(client), timeout_s=10, what="the token to reach the gateway")
-    stream = client.Subscribe(gateway_pb2.SubscribeRequest(partitions=[gateway_pb2.SubscribePartition(
-        topic="sec-quota", partition=0, start_offset=-1)]), timeout=60)
+    stream = client.Subscribe(
+        gateway_pb2.SubscribeRequest(
+            partitions=[gateway_pb2.SubscribePartition(topic="sec-quota", partition=0, start_offset=-1)]
+        ),
+        timeout=60,
+    )
     stop = threading.Event()
 
     def keep_producing() -> None:
@@ -773,8 +1152,10 @@ def test_a_bad_topic_config_already_in_etcd_is_skipped_and_the_controller_comes_
     async def put_bad_config() -> None:
         store = await EtcdStore.connect(secure.etcd_endpoint, tls=secure.etcd_tls())
         try:
-            await store.put(store.keys.topic_config("sec-stored-config"),
-                            b'{"max.message.bytes": "3000000000", "retention.ms": "60000"}')
+            await store.put(
+                store.keys.topic_config("sec-stored-config"),
+                b'{"max.message.bytes": "3000000000", "retention.ms": "60000"}',
+            )
         finally:
             await store.close()
 

@@ -55,11 +55,17 @@ def segment_files(partition_dir: Path) -> list[Path]:
 def restart_after_crash(c, broker_id: int, gw, topic: str) -> None:
     """Wait for the killed broker's registration to expire, start it, and wait until it leads again."""
     key = f"/highwater/brokers/ids/{broker_id}"
-    wait_for(lambda: etcd_value(c.etcd_endpoint, key) is None, timeout_s=TEST_LEASE_TTL_S + 5,
-             what=f"broker {broker_id}'s registration to expire")
+    wait_for(
+        lambda: etcd_value(c.etcd_endpoint, key) is None,
+        timeout_s=TEST_LEASE_TTL_S + 5,
+        what=f"broker {broker_id}'s registration to expire",
+    )
     c.start_broker(broker_id)
-    wait_for(lambda: describe_partition(gw, topic, 0).leader == broker_id, timeout_s=LEADER_BACK_TIMEOUT_S,
-             what=f"broker {broker_id} to lead {topic}-0 again")
+    wait_for(
+        lambda: describe_partition(gw, topic, 0).leader == broker_id,
+        timeout_s=LEADER_BACK_TIMEOUT_S,
+        what=f"broker {broker_id} to lead {topic}-0 again",
+    )
 
 
 @dataclass
@@ -73,8 +79,9 @@ class AckedBatches:
         return {base + i: v for base, values in self.batches.items() for i, v in enumerate(values)}
 
 
-def _produce_forever(gw, topic: str, name: str, rng: random.Random, stop: threading.Event,
-                     acked: AckedBatches) -> None:
+def _produce_forever(
+    gw, topic: str, name: str, rng: random.Random, stop: threading.Event, acked: AckedBatches
+) -> None:
     """Append batches of varied size with acks=1 until stopped; failures (the broker is down) are retried."""
     seq = 0
     while not stop.is_set():
@@ -113,7 +120,9 @@ def check_disk_holds(partition_dir: Path, acked: dict[int, list[bytes]]) -> tupl
             sound_end = headers[-1].next_offset
         torn += len(data) - end
     missing = {base: len(values) for base, values in acked.items() if sound.get(base) != len(values)}
-    assert not missing, f"acknowledged batches (base offset: records) not whole on disk after SIGKILL: {missing}"
+    assert not missing, (
+        f"acknowledged batches (base offset: records) not whole on disk after SIGKILL: {missing}"
+    )
     return sound_end, torn
 
 
@@ -131,8 +140,14 @@ def test_sigkill_during_appends_loses_no_acknowledged_batch_and_leaves_nothing_c
     acked = AckedBatches()
     stop = threading.Event()
     # Two producers, so a kill often lands while an append is in flight on the broker.
-    producers = [threading.Thread(target=_produce_forever, args=(gw, topic, f"t{n}", random.Random(rng.random()),
-                                                                 stop, acked), daemon=True) for n in range(2)]
+    producers = [
+        threading.Thread(
+            target=_produce_forever,
+            args=(gw, topic, f"t{n}", random.Random(rng.random()), stop, acked),
+            daemon=True,
+        )
+        for n in range(2)
+    ]
     for producer in producers:
         producer.start()
     torn_per_cycle = []
@@ -141,12 +156,17 @@ def test_sigkill_during_appends_loses_no_acknowledged_batch_and_leaves_nothing_c
         for cycle in range(1, CRASH_CYCLES + 1):
             # Kill at a random point of the stream: after a random number of further acknowledgements.
             target = len(acked.batches) + rng.randint(1, 30)
-            wait_for(lambda t=target: len(acked.batches) >= t, timeout_s=20,
-                     what=f"{target} acknowledged batches before crash {cycle}")
+            wait_for(
+                lambda t=target: len(acked.batches) >= t,
+                timeout_s=20,
+                what=f"{target} acknowledged batches before crash {cycle}",
+            )
             c.kill_broker(1)
             # Copy: the producer thread may still record an answer that raced the kill.
             acked_before_kill = dict(acked.batches)
-            assert not (partition_dir / CLEAN_SHUTDOWN_MARKER).exists(), "SIGKILL leaves no clean-shutdown marker"
+            assert not (partition_dir / CLEAN_SHUTDOWN_MARKER).exists(), (
+                "SIGKILL leaves no clean-shutdown marker"
+            )
             sound_end, torn = check_disk_holds(partition_dir, acked_before_kill)
             torn_per_cycle.append(torn)
             acked_end = max(base + len(values) for base, values in acked_before_kill.items())
@@ -154,11 +174,15 @@ def test_sigkill_during_appends_loses_no_acknowledged_batch_and_leaves_nothing_c
 
             restart_after_crash(c, 1, gw, topic)
             records = fetch_all(gw, topic, 0, timeout_s=20)  # decode_batches checks every batch's CRC
-            assert [r.offset for r in records] == list(range(len(records))), \
+            assert [r.offset for r in records] == list(range(len(records))), (
                 f"cycle {cycle}: offsets below the HW are not contiguous from 0"
+            )
             by_offset = {r.offset: r.value for r in records}
-            lost = [(base, len(values)) for base, values in acked_before_kill.items()
-                    if any(by_offset.get(base + i) != v for i, v in enumerate(values))]
+            lost = [
+                (base, len(values))
+                for base, values in acked_before_kill.items()
+                if any(by_offset.get(base + i) != v for i, v in enumerate(values))
+            ]
             assert not lost, f"cycle {cycle} (seed {seed}): acknowledged batches lost or changed: {lost[:10]}"
             # Recovery really ran: one scan per unclean start, each saying what it dropped.
             recoveries = broker_log.read_text(errors="replace").count(f"log {partition_dir}: recovered")
@@ -170,9 +194,11 @@ def test_sigkill_during_appends_loses_no_acknowledged_batch_and_leaves_nothing_c
     assert not any(producer.is_alive() for producer in producers)
     final = {r.offset: r.value for r in fetch_all(gw, topic, 0, timeout_s=20)}
     assert all(final.get(offset) == value for offset, value in acked.records().items())
-    print(f"{CRASH_CYCLES} crashes, {len(acked.batches)} batches acknowledged, {len(acked.failed)} produce attempts "
-          f"failed during outages; torn tail bytes on disk after each kill: {torn_per_cycle}; records written "
-          f"past the last acknowledged one at each kill (in flight, answer lost): {unacknowledged_survivors}")
+    print(
+        f"{CRASH_CYCLES} crashes, {len(acked.batches)} batches acknowledged, {len(acked.failed)} produce attempts "
+        f"failed during outages; torn tail bytes on disk after each kill: {torn_per_cycle}; records written "
+        f"past the last acknowledged one at each kill (in flight, answer lost): {unacknowledged_survivors}"
+    )
 
 
 # ---- damaged segment files --------------------------------------------------------------------
@@ -197,7 +223,9 @@ def _flip_byte_in_middle_batch(data: bytearray, headers: list[BatchHeader]) -> t
     return data, victim
 
 
-def _rewrite_base_offset_of_middle_batch(data: bytearray, headers: list[BatchHeader]) -> tuple[bytearray, int]:
+def _rewrite_base_offset_of_middle_batch(
+    data: bytearray, headers: list[BatchHeader]
+) -> tuple[bytearray, int]:
     # base_offset lies outside the CRC: only the offset-contiguity check can catch this.
     victim = 7
     struct.pack_into(">q", data, headers[victim].position, headers[victim].base_offset + 1000)
@@ -238,8 +266,9 @@ def test_recovery_cuts_exactly_the_damaged_part_of_a_segment(make_cluster):
         segment = directory / "00000000000000000000.log"
         data = bytearray(segment.read_bytes())
         headers = list(iter_batch_headers(data))
-        assert len(headers) == BATCHES_PER_PARTITION and headers[-1].end_position == len(data), \
+        assert len(headers) == BATCHES_PER_PARTITION and headers[-1].end_position == len(data), (
             f"{segment} should hold exactly the {BATCHES_PER_PARTITION} batches produced"
+        )
         original = bytes(data)
         damaged, first_bad = damage(data, headers)
         segment.write_bytes(damaged)
@@ -248,15 +277,19 @@ def test_recovery_cuts_exactly_the_damaged_part_of_a_segment(make_cluster):
 
     restart_after_crash(c, 1, gw, topic)
     for p in DAMAGES:
-        wait_for(lambda p=p: describe_partition(gw, topic, p).leader == 1, timeout_s=LEADER_BACK_TIMEOUT_S,
-                 what=f"broker 1 to lead {topic}-{p} again")
+        wait_for(
+            lambda p=p: describe_partition(gw, topic, p).leader == 1,
+            timeout_s=LEADER_BACK_TIMEOUT_S,
+            what=f"broker 1 to lead {topic}-{p} again",
+        )
     for p, (what, _) in DAMAGES.items():
         kept_batches, original, kept_bytes, dropped_bytes = expected[p]
         directory = c.base_dir / "broker-1" / f"{topic}-{p}"
         records = fetch_all(gw, topic, p)
         want = [(base + i, v) for base, values in produced[p][:kept_batches] for i, v in enumerate(values)]
-        assert [(r.offset, r.value) for r in records] == want, \
+        assert [(r.offset, r.value) for r in records] == want, (
             f"{topic}-{p} ({what}): every batch before the damage at its offset, nothing after"
+        )
         # Read after the fetch: the log opens (and recovers) when the controller's LeaderAndIsr arrives.
         broker_log = c.processes["broker-1"].log_path.read_text(errors="replace")
         message = f"log {directory}: dropped {dropped_bytes} bytes at byte {kept_bytes} of segment 0"

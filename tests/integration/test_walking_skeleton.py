@@ -23,8 +23,6 @@ from tests.integration.helpers import (
 pytestmark = pytest.mark.integration
 
 
-
-
 def test_records_produced_with_acks_all_are_consumed_back_identical(cluster):
     gw = gateway_stub(cluster.gateway_address)
     assert create_topic(gw, "skeleton-roundtrip", configs={"min.insync.replicas": "2"}).error_code == 0
@@ -43,7 +41,9 @@ def test_describe_shows_the_leader_and_isr_stored_in_etcd(cluster):
     assert create_topic(gw, "skeleton-describe", partitions=2).error_code == 0
     for p in range(2):
         described = describe_partition(gw, "skeleton-describe", p)
-        raw = etcd_value(cluster.etcd_endpoint, f"/highwater/brokers/topics/skeleton-describe/partitions/{p}/state")
+        raw = etcd_value(
+            cluster.etcd_endpoint, f"/highwater/brokers/topics/skeleton-describe/partitions/{p}/state"
+        )
         assert raw is not None
         stored = json.loads(raw)
         assert described.leader == stored["leader"]
@@ -68,8 +68,9 @@ def test_bad_topic_requests_get_named_errors(cluster):
     no_partition = produce(gw, "skeleton-twice", 7, [b"x"])
     assert no_partition.error_code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION
     assert "no partition 7" in no_partition.error_message
-    impossible_isr = create_topic(gw, "skeleton-minisr", replication_factor=2,
-                                  configs={"min.insync.replicas": "3"})
+    impossible_isr = create_topic(
+        gw, "skeleton-minisr", replication_factor=2, configs={"min.insync.replicas": "3"}
+    )
     assert impossible_isr.error_code == common_pb2.INVALID_REPLICATION_FACTOR
 
 
@@ -79,8 +80,11 @@ def test_killed_broker_registration_disappears_within_the_lease_ttl(make_cluster
     assert etcd_value(c.etcd_endpoint, key) is not None
     c.kill_broker(2)
     killed_at = time.monotonic()
-    wait_for(lambda: etcd_value(c.etcd_endpoint, key) is None, timeout_s=TEST_LEASE_TTL_S + 3,
-             what="the killed broker's /brokers/ids key to expire")
+    wait_for(
+        lambda: etcd_value(c.etcd_endpoint, key) is None,
+        timeout_s=TEST_LEASE_TTL_S + 3,
+        what="the killed broker's /brokers/ids key to expire",
+    )
     # etcd checks expiry every 500 ms, so allow a second past the TTL.
     assert time.monotonic() - killed_at <= TEST_LEASE_TTL_S + 1.5
 
@@ -97,16 +101,22 @@ def test_leader_killed_acknowledged_records_survive_at_their_offsets(make_cluste
         acked.extend((res.base_offset + j, v) for j, v in enumerate(values))
     old = partition_metadata(gw, "failover", 0)
     c.kill_broker(old.leader)
-    new = wait_for(lambda: (m := describe_partition(gw, "failover", 0)).leader not in (-1, old.leader) and m,
-                   timeout_s=TEST_LEASE_TTL_S + 5, what="a new leader")
+    new = wait_for(
+        lambda: (m := describe_partition(gw, "failover", 0)).leader not in (-1, old.leader) and m,
+        timeout_s=TEST_LEASE_TTL_S + 5,
+        what="a new leader",
+    )
     assert new.leader in old.isr
     assert new.leader_epoch > old.leader_epoch
     # The new leader accepts acks=all writes (two live ISR members remain).
-    res = wait_for(lambda: (r := produce(gw, "failover", 0, [b"after"])).error_code == 0 and r, timeout_s=10,
-                   what="acks=all writes on the new leader")
+    res = wait_for(
+        lambda: (r := produce(gw, "failover", 0, [b"after"])).error_code == 0 and r,
+        timeout_s=10,
+        what="acks=all writes on the new leader",
+    )
     assert res.base_offset == len(acked)
     records = fetch_all(gw, "failover", 0)
-    assert [(r.offset, r.value) for r in records[:len(acked)]] == acked
+    assert [(r.offset, r.value) for r in records[: len(acked)]] == acked
 
 
 def test_acks_all_below_min_insync_replicas_is_refused_and_writes_nothing(make_cluster):
@@ -118,8 +128,11 @@ def test_acks_all_below_min_insync_replicas_is_refused_and_writes_nothing(make_c
     followers = [b for b in c.broker_ids if b != leader]
     for b in followers:
         c.kill_broker(b)
-    wait_for(lambda: list(describe_partition(gw, "minisr", 0).isr) == [leader], timeout_s=TEST_LEASE_TTL_S + 5,
-             what="the ISR to shrink to the leader")
+    wait_for(
+        lambda: list(describe_partition(gw, "minisr", 0).isr) == [leader],
+        timeout_s=TEST_LEASE_TTL_S + 5,
+        what="the ISR to shrink to the leader",
+    )
     refused = produce(gw, "minisr", 0, [b"refused"])
     assert refused.error_code == common_pb2.NOT_ENOUGH_REPLICAS
     assert "min.insync.replicas=2" in refused.error_message

@@ -181,22 +181,43 @@ class Checker:
         for tp, p in broker.partitions.items():
             hw = p.high_watermark
             if hw > p.log.log_end_offset:
-                self.fail("HW above LEO: %s-%d on broker %d has HW %d, LEO %d", *tp, broker_id, hw,
-                          p.log.log_end_offset)
+                self.fail(
+                    "HW above LEO: %s-%d on broker %d has HW %d, LEO %d",
+                    *tp,
+                    broker_id,
+                    hw,
+                    p.log.log_end_offset,
+                )
             if p.role is Role.LEADER:
                 committed = self.states.get(tp)
-                if (committed is not None and committed.leader == broker_id
-                        and committed.leader_epoch == p.leader_epoch):
+                if (
+                    committed is not None
+                    and committed.leader == broker_id
+                    and committed.leader_epoch == p.leader_epoch
+                ):
                     # Members the controller counts in sync but the leader's HW ignores, that the HW
                     # has already passed: elect one of them and committed records are gone.
-                    behind = sorted(r for r in set(committed.isr) - set(p.isr) - set(p.pending_isr or ())
-                                    if r in p.followers and hw > p.followers[r].log_end_offset)
+                    behind = sorted(
+                        r
+                        for r in set(committed.isr) - set(p.isr) - set(p.pending_isr or ())
+                        if r in p.followers and hw > p.followers[r].log_end_offset
+                    )
                     if behind:
-                        self.fail("leader %d of %s-%d moved its HW to %d counting ISR %s (pending %s), but the "
-                                  "committed ISR is %s (leader epoch %d, partition epoch %d): the HW no longer "
-                                  "waits for %s, at LEO %s", broker_id, *tp, hw, list(p.isr), p.pending_isr,
-                                  list(committed.isr), committed.leader_epoch, committed.partition_epoch, behind,
-                                  [p.followers[r].log_end_offset for r in behind])
+                        self.fail(
+                            "leader %d of %s-%d moved its HW to %d counting ISR %s (pending %s), but the "
+                            "committed ISR is %s (leader epoch %d, partition epoch %d): the HW no longer "
+                            "waits for %s, at LEO %s",
+                            broker_id,
+                            *tp,
+                            hw,
+                            list(p.isr),
+                            p.pending_isr,
+                            list(committed.isr),
+                            committed.leader_epoch,
+                            committed.partition_epoch,
+                            behind,
+                            [p.followers[r].log_end_offset for r in behind],
+                        )
             key = (broker_id, tp)
             last = last_seen.get(key)
             if last is not None and last[0] is p and last[1] == incarnation:
@@ -204,11 +225,23 @@ class Checker:
                 if p.log.log_start_offset > last_hw:
                     self.log_start_resets += 1  # truncate_fully_and_start_at: retention passed it
                 if p.leader_epoch < last_epoch:
-                    self.fail("leader epoch of %s-%d went back on broker %d: %d -> %d", *tp, broker_id,
-                              last_epoch, p.leader_epoch)
+                    self.fail(
+                        "leader epoch of %s-%d went back on broker %d: %d -> %d",
+                        *tp,
+                        broker_id,
+                        last_epoch,
+                        p.leader_epoch,
+                    )
                 if p.role is Role.LEADER and last_role is Role.LEADER and hw < last_hw:
-                    self.fail("leader HW went back: %s-%d on broker %d from %d to %d (epoch %d -> %d)", *tp,
-                              broker_id, last_hw, hw, last_epoch, p.leader_epoch)
+                    self.fail(
+                        "leader HW went back: %s-%d on broker %d from %d to %d (epoch %d -> %d)",
+                        *tp,
+                        broker_id,
+                        last_hw,
+                        hw,
+                        last_epoch,
+                        p.leader_epoch,
+                    )
                 if last_role is p.role and last_epoch == p.leader_epoch and last_hw == hw:
                     continue
             last_seen[key] = (p, incarnation, p.role, p.leader_epoch, hw)
@@ -251,16 +284,26 @@ class Checker:
             if state is None or replicas is None:
                 continue
             if (state.leader >= 0 and state.leader not in replicas) or not set(state.isr) <= set(replicas):
-                self.fail("%s-%d: leader %d / ISR %s outside its replicas %s (leader epoch %d)", *tp, state.leader,
-                          list(state.isr), list(replicas), state.leader_epoch)
+                self.fail(
+                    "%s-%d: leader %d / ISR %s outside its replicas %s (leader epoch %d)",
+                    *tp,
+                    state.leader,
+                    list(state.isr),
+                    list(replicas),
+                    state.leader_epoch,
+                )
             target = self.reassigning.get(tp)
             if target is not None and set(target) <= set(state.isr):
                 self.reassignments_due.append(tp)
         if elected is not None:
             epoch, controller_id = int(elected["epoch"]), int(elected["controller_id"])
             if epoch != self.controller_epoch:
-                self.fail("controller %d registered with epoch %d but /controller_epoch is %d", controller_id, epoch,
-                          self.controller_epoch)
+                self.fail(
+                    "controller %d registered with epoch %d but /controller_epoch is %d",
+                    controller_id,
+                    epoch,
+                    self.controller_epoch,
+                )
             holder = self.controller_by_epoch.setdefault(epoch, controller_id)
             if holder != controller_id:
                 self.fail("two controllers for epoch %d: %d and %d", epoch, holder, controller_id)
@@ -268,7 +311,9 @@ class Checker:
     def _on_topic_write(self, topic: TopicInfo) -> None:
         known_id = self.topic_ids.get(topic.name)
         if known_id is not None and known_id != topic.topic_id:
-            self.fail("topic %s got id %s over %s without being deleted first", topic.name, topic.topic_id, known_id)
+            self.fail(
+                "topic %s got id %s over %s without being deleted first", topic.name, topic.topic_id, known_id
+            )
         if known_id is None:
             self.topic_ids[topic.name] = topic.topic_id
             self.deleted.discard(topic.name)
@@ -301,26 +346,43 @@ class Checker:
 
     def _on_state_write(self, tp: TopicPartitionKey, state: LeaderAndIsr) -> None:
         if state.controller_epoch != self.controller_epoch:
-            self.fail("controller epoch fence broken: the state of %s-%d (leader %d, leader epoch %d, ISR %s) "
-                      "was committed by controller epoch %d while /controller_epoch is %d", *tp, state.leader,
-                      state.leader_epoch, list(state.isr), state.controller_epoch, self.controller_epoch)
+            self.fail(
+                "controller epoch fence broken: the state of %s-%d (leader %d, leader epoch %d, ISR %s) "
+                "was committed by controller epoch %d while /controller_epoch is %d",
+                *tp,
+                state.leader,
+                state.leader_epoch,
+                list(state.isr),
+                state.controller_epoch,
+                self.controller_epoch,
+            )
         old = self.states.get(tp)
         h = self._history(tp)
         if old is None:
             h.intact = set(state.isr)
         else:
             if state.leader_epoch < old.leader_epoch:
-                self.fail("leader epoch of %s-%d went back in etcd: %d -> %d", *tp, old.leader_epoch,
-                          state.leader_epoch)
+                self.fail(
+                    "leader epoch of %s-%d went back in etcd: %d -> %d",
+                    *tp,
+                    old.leader_epoch,
+                    state.leader_epoch,
+                )
             if state.leader_epoch > old.leader_epoch and state.leader >= 0 and state.leader not in old.isr:
-                self.fail("unclean election: %s-%d leader %d at epoch %d is not in the previous ISR %s", *tp,
-                          state.leader, state.leader_epoch, list(old.isr))
+                self.fail(
+                    "unclean election: %s-%d leader %d at epoch %d is not in the previous ISR %s",
+                    *tp,
+                    state.leader,
+                    state.leader_epoch,
+                    list(old.isr),
+                )
             if state.leader_epoch == old.leader_epoch and old.leader in h.intact:
                 # An ISR expansion by the leader: the new member caught up with an intact leader,
                 # unless it went down since (the commit can come after a power loss that took
                 # what it had fetched: it is not intact then, whatever the ISR says).
-                h.intact.update(r for r in state.isr if r not in old.isr
-                                and (r not in self.brokers or self.brokers[r].up))
+                h.intact.update(
+                    r for r in state.isr if r not in old.isr and (r not in self.brokers or self.brokers[r].up)
+                )
         self.states[tp] = state
         self._maybe_compromised(tp)
 
@@ -332,8 +394,11 @@ class Checker:
         # No ISR member still holds what was committed: losing it breaks no rule. Deposed leaders
         # may still serve the old lineage for a while, so the partition's history is not checked
         # again in this run (its step invariants still are).
-        self.loop.trace("check", "%s-%d compromised: ISR %s all lost unflushed data; history excused",
-                        (*tp, list(state.isr)))
+        self.loop.trace(
+            "check",
+            "%s-%d compromised: ISR %s all lost unflushed data; history excused",
+            (*tp, list(state.isr)),
+        )
         h.compromised_at_ms.append(self.loop.now_ms)
         h.committed.clear()
         h.committed_epoch.clear()
@@ -350,25 +415,36 @@ class Checker:
     def on_controller_active(self, controller: SimController, epoch: int) -> None:
         for other in self.controllers.values():
             if other is not controller and other.up and other.active is not None and other.epoch == epoch:
-                self.fail("controllers %d and %d both active at epoch %d", other.controller_id,
-                          controller.controller_id, epoch)
+                self.fail(
+                    "controllers %d and %d both active at epoch %d",
+                    other.controller_id,
+                    controller.controller_id,
+                    epoch,
+                )
 
     # ---- brokers ---------------------------------------------------------------------------
 
     def on_become_leader(self, broker: SimBroker, p: Partition) -> None:
         tp = (p.topic, p.partition)
-        holder, incarnation = self.leader_of_epoch.setdefault((tp, p.leader_epoch),
-                                                              (broker.broker_id, broker.incarnation))
+        holder, incarnation = self.leader_of_epoch.setdefault(
+            (tp, p.leader_epoch), (broker.broker_id, broker.incarnation)
+        )
         if holder != broker.broker_id:
-            self.fail("two leaders of %s-%d in leader epoch %d: brokers %d and %d", *tp, p.leader_epoch, holder,
-                      broker.broker_id)
+            self.fail(
+                "two leaders of %s-%d in leader epoch %d: brokers %d and %d",
+                *tp,
+                p.leader_epoch,
+                holder,
+                broker.broker_id,
+            )
         if incarnation != broker.incarnation:
             # The same epoch led by a new process: whatever the old one wrote in that epoch and
             # the new one does not have, the new one may now write differently, so the epoch no
             # longer names one history (fine after kill -9, harmful after a power loss).
             self.suspect_leaders.append(
                 f"{tp[0]}-{tp[1]} epoch {p.leader_epoch}: broker {broker.broker_id} leads the same epoch again "
-                f"after a restart (LEO {p.log.log_end_offset}) ({self.loop.now_ms} ms)")
+                f"after a restart (LEO {p.log.log_end_offset}) ({self.loop.now_ms} ms)"
+            )
         h = self._history(tp)
         state = self.states.get(tp)
         intact_members = h.intact & set(state.isr) if state is not None else set()
@@ -378,13 +454,18 @@ class Checker:
             self.suspect_leaders.append(
                 f"{tp[0]}-{tp[1]} epoch {p.leader_epoch}: broker {broker.broker_id} leads after a power loss "
                 f"(LEO {p.log.log_end_offset}) and a restart the controller did not act on, while ISR members "
-                f"{sorted(intact_members)} kept every record ({self.loop.now_ms} ms)")
+                f"{sorted(intact_members)} kept every record ({self.loop.now_ms} ms)"
+            )
 
     def on_acks_all_success(self, broker: SimBroker, p: Partition, rec: AppendRecord) -> None:
         tp = rec.tp
         if len(p.isr) < p.min_insync_replicas:
-            self.fail("acks=all success for %s-%d with ISR %s below min.insync.replicas %d", *tp, list(p.isr),
-                      p.min_insync_replicas)
+            self.fail(
+                "acks=all success for %s-%d with ISR %s below min.insync.replicas %d",
+                *tp,
+                list(p.isr),
+                p.min_insync_replicas,
+            )
         if rec.duplicate:
             return  # written (and maybe acknowledged) before: the members of that time are unknown here
         h = self._history(tp)
@@ -406,9 +487,19 @@ class Checker:
             epoch = rp.log.leader_epoch_cache.epoch_for_offset(rec.first_offset) if rp is not None else None
             # A duplicate (an idempotent retry) was written earlier, maybe in an older epoch.
             if leo < rec.next_offset or (epoch != rec.leader_epoch and not rec.duplicate):
-                self.fail("acks=all success for %s-%d [%d, %d) at leader epoch %d by broker %d, but ISR member %d "
-                          "has LEO %d and epoch %s at offset %d", *tp, rec.first_offset, rec.next_offset,
-                          rec.leader_epoch, broker.broker_id, r, leo, epoch, rec.first_offset)
+                self.fail(
+                    "acks=all success for %s-%d [%d, %d) at leader epoch %d by broker %d, but ISR member %d "
+                    "has LEO %d and epoch %s at offset %d",
+                    *tp,
+                    rec.first_offset,
+                    rec.next_offset,
+                    rec.leader_epoch,
+                    broker.broker_id,
+                    r,
+                    leo,
+                    epoch,
+                    rec.first_offset,
+                )
 
     def before_truncation(self, follower: SimBroker, tp: TopicPartitionKey, offset: int) -> None:
         """A replica is about to cut [offset, LEO): none of those records may be a committed one.
@@ -425,11 +516,22 @@ class Checker:
             return
         for o, (value, epoch) in read_log(p, offset).items():
             if o >= offset and h.committed.get(o) == value and h.committed_epoch.get(o) == epoch:
-                self.fail("broker %d cuts committed record %r (leader epoch %d) at offset %d of %s-%d (truncating "
-                          "from LEO %d to %d, HW %d)", follower.broker_id, value, epoch, o, *tp,
-                          p.log.log_end_offset, offset, p.high_watermark)
+                self.fail(
+                    "broker %d cuts committed record %r (leader epoch %d) at offset %d of %s-%d (truncating "
+                    "from LEO %d to %d, HW %d)",
+                    follower.broker_id,
+                    value,
+                    epoch,
+                    o,
+                    *tp,
+                    p.log.log_end_offset,
+                    offset,
+                    p.high_watermark,
+                )
 
-    def after_truncation(self, follower: SimBroker, tp: TopicPartitionKey, leader_id: int, leader_epoch: int) -> None:
+    def after_truncation(
+        self, follower: SimBroker, tp: TopicPartitionKey, leader_id: int, leader_epoch: int
+    ) -> None:
         leader = self.brokers.get(leader_id)
         fp = follower.partitions.get(tp)
         if leader is None or not leader.up or fp is None:
@@ -440,8 +542,14 @@ class Checker:
         self.truncations_checked += 1
         mismatch = lineage_mismatch(fp, lp)
         if mismatch is not None:
-            self.fail("after truncating, broker %d's log of %s-%d is not a prefix of leader %d's (epoch %d): %s",
-                      follower.broker_id, *tp, leader_id, leader_epoch, mismatch)
+            self.fail(
+                "after truncating, broker %d's log of %s-%d is not a prefix of leader %d's (epoch %d): %s",
+                follower.broker_id,
+                *tp,
+                leader_id,
+                leader_epoch,
+                mismatch,
+            )
 
     # ---- clients ---------------------------------------------------------------------------
 
@@ -454,8 +562,9 @@ class Checker:
         """An idempotent producer bumped its epoch and resent these: a second copy is no bug."""
         self.idempotent_values.difference_update(values)
 
-    def on_produce_ack(self, producer: Producer, tp: TopicPartitionKey, base_offset: int, values: list[bytes],
-                       acks: int) -> None:
+    def on_produce_ack(
+        self, producer: Producer, tp: TopicPartitionKey, base_offset: int, values: list[bytes], acks: int
+    ) -> None:
         h = self._history(tp)
         if acks != -1:
             self.acks_one_total += 1
@@ -467,45 +576,96 @@ class Checker:
             offset = base_offset + i
             prior = h.committed.get(offset)
             if prior is not None and prior != value:
-                self.fail("two records at offset %d of %s-%d: %r was committed, now %r is acknowledged (acks=all)",
-                          offset, *tp, prior, value)
+                self.fail(
+                    "two records at offset %d of %s-%d: %r was committed, now %r is acknowledged (acks=all)",
+                    offset,
+                    *tp,
+                    prior,
+                    value,
+                )
             h.committed[offset] = value
             h.acked_all[offset] = value
 
-    def on_consume(self, consumer: Consumer, tp: TopicPartitionKey, position: int, offset: int, value: bytes,
-                   epoch: int, high_watermark: int) -> None:
+    def on_consume(
+        self,
+        consumer: Consumer,
+        tp: TopicPartitionKey,
+        position: int,
+        offset: int,
+        value: bytes,
+        epoch: int,
+        high_watermark: int,
+    ) -> None:
         h = self._history(tp)
         self.records_consumed += 1
         if offset >= high_watermark:
-            self.fail("consumer %s read offset %d of %s-%d at or above the HW %d", consumer.name, offset, *tp,
-                      high_watermark)
+            self.fail(
+                "consumer %s read offset %d of %s-%d at or above the HW %d",
+                consumer.name,
+                offset,
+                *tp,
+                high_watermark,
+            )
         if h.compromised_at_ms or tp[0] in self.deleting:
             return
         if offset != position:
-            self.fail("consumer %s expected offset %d of %s-%d next but got %d: offsets skipped", consumer.name,
-                      position, *tp, offset)
+            self.fail(
+                "consumer %s expected offset %d of %s-%d next but got %d: offsets skipped",
+                consumer.name,
+                position,
+                *tp,
+                offset,
+            )
         if value not in self.produced:
-            self.fail("consumer %s read %r at offset %d of %s-%d, which no producer sent", consumer.name, value,
-                      offset, *tp)
+            self.fail(
+                "consumer %s read %r at offset %d of %s-%d, which no producer sent",
+                consumer.name,
+                value,
+                offset,
+                *tp,
+            )
         prior = h.committed.get(offset)
         if prior is not None and prior != value:
-            self.fail("committed record changed: offset %d of %s-%d held %r, consumer %s now reads %r", offset, *tp,
-                      prior, consumer.name, value)
+            self.fail(
+                "committed record changed: offset %d of %s-%d held %r, consumer %s now reads %r",
+                offset,
+                *tp,
+                prior,
+                consumer.name,
+                value,
+            )
         h.committed[offset] = value
         h.committed_epoch[offset] = epoch
         if value in self.idempotent_values:
             first = h.idempotent_offsets.setdefault(value, offset)
             if first != offset:
-                self.fail("idempotent producer's %r written twice in %s-%d: offsets %d and %d", value, *tp, first,
-                          offset)
+                self.fail(
+                    "idempotent producer's %r written twice in %s-%d: offsets %d and %d",
+                    value,
+                    *tp,
+                    first,
+                    offset,
+                )
 
-    def on_consumer_reset(self, consumer: Consumer, tp: TopicPartitionKey, position: int, log_start_offset: int,
-                          high_watermark: int) -> None:
+    def on_consumer_reset(
+        self,
+        consumer: Consumer,
+        tp: TopicPartitionKey,
+        position: int,
+        log_start_offset: int,
+        high_watermark: int,
+    ) -> None:
         """A leader said `position` is below its log start: retention deleted [position, log start)."""
         self.consumer_resets += 1
         if log_start_offset > high_watermark:
-            self.fail("a leader of %s-%d answered consumer %s with log start %d above its HW %d: retention deleted "
-                      "records that were not committed", *tp, consumer.name, log_start_offset, high_watermark)
+            self.fail(
+                "a leader of %s-%d answered consumer %s with log start %d above its HW %d: retention deleted "
+                "records that were not committed",
+                *tp,
+                consumer.name,
+                log_start_offset,
+                high_watermark,
+            )
 
     # ---- the end ---------------------------------------------------------------------------
 
@@ -520,24 +680,52 @@ class Checker:
                 self.fail("%s-%d has no leader after the settle phase (ISR %s)", *tp, list(state.isr))
             leader = self.brokers[state.leader]
             lp = leader.partitions.get(tp)
-            if not leader.up or lp is None or lp.role is not Role.LEADER or lp.leader_epoch != state.leader_epoch:
-                self.fail("%s-%d: broker %d does not lead epoch %d after the settle phase (%s)", *tp, state.leader,
-                          state.leader_epoch, leader.describe())
+            if (
+                not leader.up
+                or lp is None
+                or lp.role is not Role.LEADER
+                or lp.leader_epoch != state.leader_epoch
+            ):
+                self.fail(
+                    "%s-%d: broker %d does not lead epoch %d after the settle phase (%s)",
+                    *tp,
+                    state.leader,
+                    state.leader_epoch,
+                    leader.describe(),
+                )
             log_start = lp.log.log_start_offset
             if log_start > lp.high_watermark:
-                self.fail("%s-%d: leader %d's log start %d is above its HW %d: retention deleted records that were "
-                          "not committed", *tp, state.leader, log_start, lp.high_watermark)
+                self.fail(
+                    "%s-%d: leader %d's log start %d is above its HW %d: retention deleted records that were "
+                    "not committed",
+                    *tp,
+                    state.leader,
+                    log_start,
+                    lp.high_watermark,
+                )
             leader_log = {o: value for o, (value, _) in read_log(lp).items()}
             seen_at: dict[bytes, int] = {}
             for offset, value in sorted(leader_log.items()):
                 if value in self.idempotent_values and seen_at.setdefault(value, offset) != offset:
-                    self.fail("idempotent producer's %r written twice in %s-%d: offsets %d and %d on leader %d",
-                              value, *tp, seen_at[value], offset, state.leader)
+                    self.fail(
+                        "idempotent producer's %r written twice in %s-%d: offsets %d and %d on leader %d",
+                        value,
+                        *tp,
+                        seen_at[value],
+                        offset,
+                        state.leader,
+                    )
             for offset, value in sorted(h.acked_all.items()):
                 got = leader_log.get(offset)
                 if got != value and offset >= log_start:  # below the log start: deleted by retention
-                    self.fail("acknowledged record lost: %s-%d offset %d should hold %r, leader %d has %r", *tp,
-                              offset, value, state.leader, got)
+                    self.fail(
+                        "acknowledged record lost: %s-%d offset %d should hold %r, leader %d has %r",
+                        *tp,
+                        offset,
+                        value,
+                        state.leader,
+                        got,
+                    )
             for r in state.isr:
                 if r == state.leader:
                     continue
@@ -548,23 +736,48 @@ class Checker:
                 replica_log = {o: value for o, (value, _) in read_log(rp).items()}
                 for offset, value in sorted(h.acked_all.items()):
                     if replica_log.get(offset) != value and offset >= rp.log.log_start_offset:
-                        self.fail("acknowledged record missing on ISR member %d: %s-%d offset %d should hold %r, "
-                                  "it has %r", r, *tp, offset, value, replica_log.get(offset))
-                for offset in range(max(rp.log.log_start_offset, log_start),
-                                    min(lp.high_watermark, rp.log.log_end_offset)):
+                        self.fail(
+                            "acknowledged record missing on ISR member %d: %s-%d offset %d should hold %r, "
+                            "it has %r",
+                            r,
+                            *tp,
+                            offset,
+                            value,
+                            replica_log.get(offset),
+                        )
+                for offset in range(
+                    max(rp.log.log_start_offset, log_start), min(lp.high_watermark, rp.log.log_end_offset)
+                ):
                     if replica_log.get(offset) != leader_log.get(offset):
-                        self.fail("ISR member %d diverges from leader %d on %s-%d at offset %d below the HW: "
-                                  "%r vs %r", r, state.leader, *tp, offset, replica_log.get(offset),
-                                  leader_log.get(offset))
+                        self.fail(
+                            "ISR member %d diverges from leader %d on %s-%d at offset %d below the HW: "
+                            "%r vs %r",
+                            r,
+                            state.leader,
+                            *tp,
+                            offset,
+                            replica_log.get(offset),
+                            leader_log.get(offset),
+                        )
             for consumer in self.consumers:
                 seen = consumer.seen.get(tp, {})
                 position = consumer.positions.get(tp, 0)
                 skipped = consumer.skipped.get(tp, [])
                 for offset, value in sorted(h.acked_all.items()):
-                    if offset < position and seen.get(offset) != value and not any(
-                            start <= offset < end for start, end in skipped):
-                        self.fail("consumer %s passed offset %d of %s-%d without reading the acknowledged %r "
-                                  "(it read %r)", consumer.name, offset, *tp, value, seen.get(offset))
+                    if (
+                        offset < position
+                        and seen.get(offset) != value
+                        and not any(start <= offset < end for start, end in skipped)
+                    ):
+                        self.fail(
+                            "consumer %s passed offset %d of %s-%d without reading the acknowledged %r "
+                            "(it read %r)",
+                            consumer.name,
+                            offset,
+                            *tp,
+                            value,
+                            seen.get(offset),
+                        )
         problem = self.liveness_problem()
         if problem is not None:
             self.fail("%s", problem)
@@ -581,30 +794,45 @@ class Checker:
             return f"/admin/reassign_partitions still holds {kv.value!r} after the settle phase"
         for tp, target in sorted(self.reassigning.items()):
             if tp[0] not in self.deleting:
-                return (f"{tp[0]}-{tp[1]}: reassignment to {list(target)} still open after the settle phase "
-                        f"(replicas {list(self.assignments.get(tp, ()))}, state {self._describe_state(tp)})")
+                return (
+                    f"{tp[0]}-{tp[1]}: reassignment to {list(target)} still open after the settle phase "
+                    f"(replicas {list(self.assignments.get(tp, ()))}, state {self._describe_state(tp)})"
+                )
         for tp, state in sorted(self.states.items()):
             replicas = self.assignments.get(tp, ())
-            if (tp[0] in self.deleting or self._history(tp).compromised_at_ms
-                    or not all(self.brokers[r].up for r in replicas)):
+            if (
+                tp[0] in self.deleting
+                or self._history(tp).compromised_at_ms
+                or not all(self.brokers[r].up for r in replicas)
+            ):
                 continue
             leader = self.brokers.get(state.leader)
             lp = leader.partitions.get(tp) if leader is not None else None
             if lp is None or lp.role is not Role.LEADER or lp.leader_epoch != state.leader_epoch:
-                return (f"{tp[0]}-{tp[1]}: no broker leads it in epoch {state.leader_epoch} after the settle phase "
-                        f"(state {self._describe_state(tp)}; {leader.describe() if leader else 'no leader'})")
+                return (
+                    f"{tp[0]}-{tp[1]}: no broker leads it in epoch {state.leader_epoch} after the settle phase "
+                    f"(state {self._describe_state(tp)}; {leader.describe() if leader else 'no leader'})"
+                )
             for r in replicas:
                 if r == state.leader:
                     continue
                 rp = self.brokers[r].partitions.get(tp)
-                if (rp is None or rp.role is not Role.FOLLOWER or rp.leader_epoch != state.leader_epoch
-                        or rp.leader_id != state.leader):
-                    return (f"{tp[0]}-{tp[1]}: replica {r} does not follow leader {state.leader} in epoch "
-                            f"{state.leader_epoch} after the settle phase ({self.brokers[r].describe()})")
+                if (
+                    rp is None
+                    or rp.role is not Role.FOLLOWER
+                    or rp.leader_epoch != state.leader_epoch
+                    or rp.leader_id != state.leader
+                ):
+                    return (
+                        f"{tp[0]}-{tp[1]}: replica {r} does not follow leader {state.leader} in epoch "
+                        f"{state.leader_epoch} after the settle phase ({self.brokers[r].describe()})"
+                    )
             if set(state.isr) != set(replicas) or set(lp.isr) != set(replicas):
-                return (f"{tp[0]}-{tp[1]}: ISR {list(state.isr)} (leader {state.leader} has {list(lp.isr)}) is not "
-                        f"every replica {list(replicas)} after the settle phase; "
-                        + "; ".join(self.brokers[r].describe() for r in replicas))
+                return (
+                    f"{tp[0]}-{tp[1]}: ISR {list(state.isr)} (leader {state.leader} has {list(lp.isr)}) is not "
+                    f"every replica {list(replicas)} after the settle phase; "
+                    + "; ".join(self.brokers[r].describe() for r in replicas)
+                )
         for topic in sorted(self.deleting | self.deleted):
             keys = [self.keys.topic(topic), self.keys.topic_config(topic), self.keys.delete_topic(topic)]
             left = [key for key in keys if run_sync(self.etcd.store.get(key)) is not None]
@@ -615,7 +843,9 @@ class Checker:
             for broker in self.brokers.values():
                 held = sorted(tp for tp in broker.partitions if tp[0] == topic)
                 if broker.up and held:
-                    return f"topic {topic} was deleted but broker {broker.broker_id} still has replicas {held}"
+                    return (
+                        f"topic {topic} was deleted but broker {broker.broker_id} still has replicas {held}"
+                    )
         return None
 
     def _describe_state(self, tp: TopicPartitionKey) -> str:
@@ -631,7 +861,7 @@ def decode_records(buf: bytes) -> list[tuple[int, bytes, int]]:
     view = memoryview(buf)
     for header in iter_batch_headers(buf):
         epoch = header.partition_leader_epoch
-        batch = view[header.position:header.position + header.size_bytes]
+        batch = view[header.position : header.position + header.size_bytes]
         out.extend((r.offset, r.value or b"", epoch) for r in decode_batches(batch))
     return out
 
@@ -669,5 +899,7 @@ def lineage_mismatch(follower: Partition, leader: Partition) -> str | None:
             continue
         fe, le = f_cache.epoch_for_offset(offset), l_cache.epoch_for_offset(offset)
         if fe != le:
-            return f"offset {offset} is in epoch {fe} on the follower, {le} on the leader (follower LEO {f_leo})"
+            return (
+                f"offset {offset} is in epoch {fe} on the follower, {le} on the leader (follower LEO {f_leo})"
+            )
     return None

@@ -100,8 +100,9 @@ class EventLoop:
         # Called after every event with the node it ran on (None for global events): the checker.
         self.after_step: Callable[[Node | None], None] = lambda node: None
 
-    def schedule(self, at_ms: int, node: Node | None, incarnation: int, fn: Callable[..., None],
-                 args: tuple[Any, ...]) -> None:
+    def schedule(
+        self, at_ms: int, node: Node | None, incarnation: int, fn: Callable[..., None], args: tuple[Any, ...]
+    ) -> None:
         self._seq += 1
         heapq.heappush(self._queue, (at_ms, self._seq, node, incarnation, fn, args))
 

@@ -110,9 +110,12 @@ class SimConfig:
 
     def check(self) -> None:
         """The relations services/common/limits.check_relations enforces at start-up, plus ours."""
-        limits.check_relations(lease_ttl_s=self.lease_ttl_s, keepalive_interval_s=self.lease_ttl_s / 4,
-                               replica_lag_time_max_ms=self.replica_lag_time_max_ms,
-                               replica_fetch_wait_max_ms=self.replica_fetch_wait_max_ms)
+        limits.check_relations(
+            lease_ttl_s=self.lease_ttl_s,
+            keepalive_interval_s=self.lease_ttl_s / 4,
+            replica_lag_time_max_ms=self.replica_lag_time_max_ms,
+            replica_fetch_wait_max_ms=self.replica_fetch_wait_max_ms,
+        )
         if self.min_insync_replicas > self.replication_factor:
             raise ValueError("min_insync_replicas above replication_factor: acks=all could never succeed")
 
@@ -140,7 +143,13 @@ PROFILES: dict[str, SimConfig] = {
     "no-power-loss": SimConfig(power_loss_fraction=0.0),
     # Two controller candidates under frequent crashes, pauses and session expiries, with
     # more admin work: a deposed controller acting before it notices is likely here.
-    "controller-chaos": SimConfig(controllers=2, power_loss_fraction=0.0, fault_phase_ms=30_000, settle_ms=10_000,
-                                  controller_fault_every_ms=1_500, lease_expiry_every_ms=3_000,
-                                  admin_every_ms=2_000),
+    "controller-chaos": SimConfig(
+        controllers=2,
+        power_loss_fraction=0.0,
+        fault_phase_ms=30_000,
+        settle_ms=10_000,
+        controller_fault_every_ms=1_500,
+        lease_expiry_every_ms=3_000,
+        admin_every_ms=2_000,
+    ),
 }

@@ -62,8 +62,17 @@ CONTROL_RPCS = frozenset({"LeaderAndIsr", "UpdateMetadata", "StopReplica"})
 
 
 class FaultInjector:
-    def __init__(self, loop: EventLoop, network: Network, etcd: SimEtcd, rng: random.Random, config: SimConfig,
-                 brokers: list[SimBroker], controllers: list[SimController], checker: Checker) -> None:
+    def __init__(
+        self,
+        loop: EventLoop,
+        network: Network,
+        etcd: SimEtcd,
+        rng: random.Random,
+        config: SimConfig,
+        brokers: list[SimBroker],
+        controllers: list[SimController],
+        checker: Checker,
+    ) -> None:
         self.loop = loop
         self.network = network
         self.etcd = etcd
@@ -133,7 +142,9 @@ class FaultInjector:
             return
         self.faults_injected += 1
         if self.rng.random() < 0.5 and broker.lease is not None:
-            self.etcd.expire_lease(broker.lease.lease_id, noticed_after_ms=self._between(SESSION_END_NOTICED_MS))
+            self.etcd.expire_lease(
+                broker.lease.lease_id, noticed_after_ms=self._between(SESSION_END_NOTICED_MS)
+            )
             return
         power_loss = self.rng.random() < self.config.power_loss_fraction
         broker.crash_process(power_loss=power_loss)
@@ -146,19 +157,33 @@ class FaultInjector:
         broker = next((b for b in self.brokers if b.broker_id == broker_id), None)
         if broker is None:
             return
-        known, self._known_epochs[broker_id] = self._known_epochs.get(broker_id), (broker.incarnation, broker_epoch)
+        known, self._known_epochs[broker_id] = (
+            self._known_epochs.get(broker_id),
+            (broker.incarnation, broker_epoch),
+        )
         # Before the answer: the previous registration's epoch, or none in a process that just started.
         before = known[1] if known is not None and known[0] == broker.incarnation else -1
-        if (not self.active or broker.broker_epoch != broker_epoch
-                or self.rng.random() >= self.config.late_registration_answer_fraction):
+        if (
+            not self.active
+            or broker.broker_epoch != broker_epoch
+            or self.rng.random() >= self.config.late_registration_answer_fraction
+        ):
             return
         self.faults_injected += 1
         broker.trace("registration answer late: broker epoch %d still %d for a while", broker_epoch, before)
         _set_broker_epoch(broker, before)
-        self.loop.call_at(self.loop.now_ms + self._between(REGISTRATION_ANSWER_LATE_MS), self._registration_answered,
-                          broker, broker.incarnation, before, broker_epoch)
+        self.loop.call_at(
+            self.loop.now_ms + self._between(REGISTRATION_ANSWER_LATE_MS),
+            self._registration_answered,
+            broker,
+            broker.incarnation,
+            before,
+            broker_epoch,
+        )
 
-    def _registration_answered(self, broker: SimBroker, incarnation: int, before: int, broker_epoch: int) -> None:
+    def _registration_answered(
+        self, broker: SimBroker, incarnation: int, before: int, broker_epoch: int
+    ) -> None:
         if broker.up and broker.incarnation == incarnation and broker.broker_epoch == before:
             _set_broker_epoch(broker, broker_epoch)
 
@@ -182,14 +207,19 @@ class FaultInjector:
         candidates = []
         for tp, state in sorted(self.checker.states.items()):
             members = [by_id[r] for r in state.isr if r in by_id]
-            if (tp[0] not in self.checker.deleting and len(members) >= 2
-                    and all(m.up and not m.shutting_down for m in members)):
+            if (
+                tp[0] not in self.checker.deleting
+                and len(members) >= 2
+                and all(m.up and not m.shutting_down for m in members)
+            ):
                 candidates.append(members)
         if not candidates:
             return
         members = self.rng.choice(candidates)
         lost = self.rng.choice(members)
-        self.loop.trace("fault", "ISR %s stops at once; %s loses power", ([m.name for m in members], lost.name))
+        self.loop.trace(
+            "fault", "ISR %s stops at once; %s loses power", ([m.name for m in members], lost.name)
+        )
         for member in members:
             lease = member.lease
             member.crash_process(power_loss=member is lost)
@@ -200,8 +230,9 @@ class FaultInjector:
         self._restart_later(lost, lost.restart_process, first_ms)
         for member in members:
             if member is not lost:
-                self._restart_later(member, member.restart_process,
-                                    first_ms + self._between(ISR_POWER_LOSS_OTHERS_LATER_MS))
+                self._restart_later(
+                    member, member.restart_process, first_ms + self._between(ISR_POWER_LOSS_OTHERS_LATER_MS)
+                )
 
     def _restart_later(self, node: Node, restart: Callable[[], None], delay_ms: int) -> None:
         incarnation = node.incarnation
@@ -246,7 +277,9 @@ class FaultInjector:
             node.resume(token)
 
     def _expire_lease(self) -> None:
-        holders = [n for n in [*self.brokers, *self.controllers] if n.up and getattr(n, "lease", None) is not None]
+        holders = [
+            n for n in [*self.brokers, *self.controllers] if n.up and getattr(n, "lease", None) is not None
+        ]
         if not holders:
             return
         node = self.rng.choice(holders)
@@ -266,7 +299,8 @@ class FaultInjector:
 
     def _controller_fault(self) -> None:
         active = [c for c in self.controllers if c.up and c.active is not None] or [
-            c for c in self.controllers if c.up]
+            c for c in self.controllers if c.up
+        ]
         if not active:
             return
         controller = self.rng.choice(active)
@@ -296,8 +330,14 @@ class FaultInjector:
         self._partition_generation += 1
         generation = self._partition_generation
         self.network.groups = groups
-        self.loop.trace("net", "PARTITION %s | %s", (sorted(n for n in names if groups.get(n, 0) == 0),
-                                                     sorted(n for n in names if groups.get(n, 0) == 1)))
+        self.loop.trace(
+            "net",
+            "PARTITION %s | %s",
+            (
+                sorted(n for n in names if groups.get(n, 0) == 0),
+                sorted(n for n in names if groups.get(n, 0) == 1),
+            ),
+        )
         self.loop.call_at(self.loop.now_ms + self._between(PARTITION_MS), self._heal_partition, generation)
 
     def _heal_partition(self, generation: int) -> None:
@@ -310,8 +350,11 @@ class FaultInjector:
         self.network.dup_rate = self.rng.choice([0.0, 0.05, 0.2])
         self.network.slow_rate = self.rng.choice([0.0, 0.05, 0.2])
         self._storm_generation += 1
-        self.loop.trace("net", "STORM drop %.2f dup %.2f slow %.2f",
-                        (self.network.drop_rate, self.network.dup_rate, self.network.slow_rate))
+        self.loop.trace(
+            "net",
+            "STORM drop %.2f dup %.2f slow %.2f",
+            (self.network.drop_rate, self.network.dup_rate, self.network.slow_rate),
+        )
         self.loop.call_at(self.loop.now_ms + self._between(STORM_MS), self._calm, self._storm_generation)
 
     def _calm(self, generation: int) -> None:

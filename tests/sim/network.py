@@ -157,8 +157,9 @@ class RpcNode(Node):
 
     # ---- client side ------------------------------------------------------------------
 
-    def call(self, dst: str, rpc: str, body: Any, timeout_ms: int, on_reply: Reply, *,
-             address: str | None = None) -> int:
+    def call(
+        self, dst: str, rpc: str, body: Any, timeout_ms: int, on_reply: Reply, *, address: str | None = None
+    ) -> int:
         """Send a request (to `address` if given); on_reply gets the response or an RpcError exactly once."""
         req_id = self.network.next_req_id()
         self._pending[req_id] = on_reply
@@ -193,8 +194,17 @@ class RpcNode(Node):
 
     def reply(self, request: Envelope, body: Any) -> None:
         # The reply goes back to the incarnation that asked (its connection).
-        self.network.send(Envelope(self.name, request.src_incarnation, request.src, request.rpc, body,
-                                   request.req_id, is_reply=True))
+        self.network.send(
+            Envelope(
+                self.name,
+                request.src_incarnation,
+                request.src,
+                request.rpc,
+                body,
+                request.req_id,
+                is_reply=True,
+            )
+        )
 
 
 class Describe:
@@ -220,40 +230,64 @@ def describe_body(body: Any) -> str:
         return f"error {body.code}"
     if isinstance(body, broker_pb2.LeaderAndIsrRequest):
         return f"c{body.header.controller_id}/ce{body.header.controller_epoch} " + _states(
-            item.state for item in body.partitions)
+            item.state for item in body.partitions
+        )
     if isinstance(body, broker_pb2.UpdateMetadataRequest):
         return f"c{body.header.controller_id}/ce{body.header.controller_epoch} full={body.full} " + _states(
-            body.partitions)
+            body.partitions
+        )
     if isinstance(body, common_pb2.FetchRequest):
-        parts = " ".join(f"{t.topic}-{p.partition}@{p.fetch_offset}e{p.current_leader_epoch}"
-                         for t in body.topics for p in t.partitions)
+        parts = " ".join(
+            f"{t.topic}-{p.partition}@{p.fetch_offset}e{p.current_leader_epoch}"
+            for t in body.topics
+            for p in t.partitions
+        )
         return f"r{body.replica_id} {parts}"
     if isinstance(body, common_pb2.FetchResponse):
         parts = " ".join(
             f"{t.topic}-{p.partition}:{common_pb2.ErrorCode.Name(p.error_code) if p.error_code else ''}"
             f"hw{p.high_watermark}/leo{p.log_end_offset}/{len(p.records)}B"
-            for t in body.topics for p in t.partitions)
+            for t in body.topics
+            for p in t.partitions
+        )
         return parts
     if isinstance(body, common_pb2.ProduceRequest):
-        return " ".join(f"{t.topic}-{p.partition} acks={body.acks} {len(p.records)}B"
-                        for t in body.topics for p in t.partitions)
+        return " ".join(
+            f"{t.topic}-{p.partition} acks={body.acks} {len(p.records)}B"
+            for t in body.topics
+            for p in t.partitions
+        )
     if isinstance(body, common_pb2.ProduceResponse):
-        return " ".join(f"{t.topic}-{p.partition}:{common_pb2.ErrorCode.Name(p.error_code)}@{p.base_offset}"
-                        for t in body.topics for p in t.partitions)
+        return " ".join(
+            f"{t.topic}-{p.partition}:{common_pb2.ErrorCode.Name(p.error_code)}@{p.base_offset}"
+            for t in body.topics
+            for p in t.partitions
+        )
     if isinstance(body, broker_pb2.OffsetsForLeaderEpochRequest):
-        return " ".join(f"{t.topic}-{p.partition}:e{p.leader_epoch}/cur{p.current_leader_epoch}"
-                        for t in body.topics for p in t.partitions)
+        return " ".join(
+            f"{t.topic}-{p.partition}:e{p.leader_epoch}/cur{p.current_leader_epoch}"
+            for t in body.topics
+            for p in t.partitions
+        )
     if isinstance(body, broker_pb2.OffsetsForLeaderEpochResponse):
-        return " ".join(f"{t.topic}-{p.partition}:e{p.leader_epoch}->{p.end_offset}"
-                        f"{' ' + common_pb2.ErrorCode.Name(p.error_code) if p.error_code else ''}"
-                        for t in body.topics for p in t.partitions)
+        return " ".join(
+            f"{t.topic}-{p.partition}:e{p.leader_epoch}->{p.end_offset}"
+            f"{' ' + common_pb2.ErrorCode.Name(p.error_code) if p.error_code else ''}"
+            for t in body.topics
+            for p in t.partitions
+        )
     if isinstance(body, controller_pb2.AlterPartitionRequest):
-        return " ".join(f"{p.topic}-{p.partition}:e{p.leader_epoch}/pe{p.partition_epoch}->{list(p.new_isr)}"
-                        for p in body.partitions)
+        return " ".join(
+            f"{p.topic}-{p.partition}:e{p.leader_epoch}/pe{p.partition_epoch}->{list(p.new_isr)}"
+            for p in body.partitions
+        )
     if isinstance(body, controller_pb2.AlterPartitionResponse):
         if body.error_code:
             return common_pb2.ErrorCode.Name(body.error_code)
-        return " ".join(f"{p.topic}-{p.partition}:{common_pb2.ErrorCode.Name(p.error_code)} "
-                        f"isr{list(p.state.isr)}/pe{p.state.partition_epoch}" for p in body.partitions)
+        return " ".join(
+            f"{p.topic}-{p.partition}:{common_pb2.ErrorCode.Name(p.error_code)} "
+            f"isr{list(p.state.isr)}/pe{p.state.partition_epoch}"
+            for p in body.partitions
+        )
     error_code = getattr(body, "error_code", 0)
     return common_pb2.ErrorCode.Name(error_code) if error_code else ""

@@ -118,14 +118,28 @@ class _CheckerObserver:
         self.checker.on_become_leader(self.broker, p)
 
     def on_leader_append(self, p: Partition, append: LeaderAppend, acks: int) -> object:
-        self.broker.trace("append %s-%d [%d, %d) epoch %d acks=%d%s", p.topic, p.partition, append.first_offset,
-                          append.next_offset, p.leader_epoch, acks, " (duplicate)" if append.duplicate else "")
+        self.broker.trace(
+            "append %s-%d [%d, %d) epoch %d acks=%d%s",
+            p.topic,
+            p.partition,
+            append.first_offset,
+            append.next_offset,
+            p.leader_epoch,
+            acks,
+            " (duplicate)" if append.duplicate else "",
+        )
         if not append.duplicate:
             self.broker.disk_write()
         if acks != -1:
             return None
-        return AppendRecord((p.topic, p.partition), p.leader_epoch, append.first_offset, append.next_offset,
-                            self.checker.incarnations(), append.duplicate)
+        return AppendRecord(
+            (p.topic, p.partition),
+            p.leader_epoch,
+            append.first_offset,
+            append.next_offset,
+            self.checker.incarnations(),
+            append.duplicate,
+        )
 
     def on_acknowledged(self, p: Partition, append: AwaitedAppend) -> None:
         if isinstance(append.note, AppendRecord):
@@ -148,8 +162,16 @@ def _answer(resp: Any) -> Any:
 class SimBroker(RpcNode):
     """One broker process; a crash starts a new incarnation on the same MemoryStorage."""
 
-    def __init__(self, broker_id: int, loop: EventLoop, network: Network, etcd: SimEtcd, config: SimConfig,
-                 rng: random.Random, checker: Checker) -> None:
+    def __init__(
+        self,
+        broker_id: int,
+        loop: EventLoop,
+        network: Network,
+        etcd: SimEtcd,
+        config: SimConfig,
+        rng: random.Random,
+        checker: Checker,
+    ) -> None:
         super().__init__(broker_node(broker_id), loop, network)
         self.broker_id = broker_id
         self.config = config
@@ -162,9 +184,11 @@ class SimBroker(RpcNode):
         # The host's boot id changes with every power loss (a reboot); a kill -9 keeps it.
         self.boots = 0
         self.fetcher_settings = FetcherSettings(
-            fetch_wait_max_ms=config.replica_fetch_wait_max_ms, backoff_ms=config.replica_fetch_backoff_ms,
+            fetch_wait_max_ms=config.replica_fetch_wait_max_ms,
+            backoff_ms=config.replica_fetch_backoff_ms,
             rpc_timeout_ms=config.control_rpc_timeout_ms,
-            truncate_by_leader_epoch=config.safety.leader_epoch_truncation)
+            truncate_by_leader_epoch=config.safety.leader_epoch_truncation,
+        )
         # Fault knobs.
         self.disk_delay_ms = 0
         self.shutting_down = False
@@ -178,11 +202,17 @@ class SimBroker(RpcNode):
         self.port = 9092 + self.incarnation
         self.address = f"{self.name}:{self.port}"
         self.core = BrokerCore(
-            broker_id=self.broker_id, data_dir=str(self.data_dir), storage=self.storage, clock=_SimClock(self.loop),
-            io=self, log=_TraceLog(self), replica_lag_time_max_ms=self.config.replica_lag_time_max_ms,
+            broker_id=self.broker_id,
+            data_dir=str(self.data_dir),
+            storage=self.storage,
+            clock=_SimClock(self.loop),
+            io=self,
+            log=_TraceLog(self),
+            replica_lag_time_max_ms=self.config.replica_lag_time_max_ms,
             fetcher_settings=self.fetcher_settings,
             tune_log_config=lambda c: dataclasses.replace(c, index_interval_bytes=SIM_INDEX_INTERVAL_BYTES),
-            observer=_CheckerObserver(self))
+            observer=_CheckerObserver(self),
+        )
         self.unclean_shutdown = self.core.start(boot_id=f"boot-{self.boots}").unclean_shutdown
         self.lease: SimLease | None = None
         self.shutting_down = False
@@ -224,11 +254,22 @@ class SimBroker(RpcNode):
         except CoordinatorError:
             self.after(self.config.register_retry_ms, self._register)
             return
-        info = {"broker_id": self.broker_id, "host": self.name, "port": self.port, "rack": "", "metrics_port": 0,
-                "unclean_shutdown": self.unclean_shutdown}
+        info = {
+            "broker_id": self.broker_id,
+            "host": self.name,
+            "port": self.port,
+            "rack": "",
+            "metrics_port": 0,
+            "unclean_shutdown": self.unclean_shutdown,
+        }
         try:
-            result = run_sync(self.etcd_client.txn(
-                [compare_missing(key)], [Put(key, json_bytes(info), lease=lease.lease_id), Get(key)], [Get(key)]))
+            result = run_sync(
+                self.etcd_client.txn(
+                    [compare_missing(key)],
+                    [Put(key, json_bytes(info), lease=lease.lease_id), Get(key)],
+                    [Get(key)],
+                )
+            )
         except CoordinatorError:
             lease.stop(revoke=True)
             self.after(self.config.register_retry_ms, self._register)
@@ -239,8 +280,11 @@ class SimBroker(RpcNode):
             return
         self.lease = lease
         self.core.broker_epoch = result.gets[0][0].create_revision
-        self.trace("registered, broker epoch %d%s", self.core.broker_epoch,
-                   " (unclean shutdown)" if self.unclean_shutdown else "")
+        self.trace(
+            "registered, broker epoch %d%s",
+            self.core.broker_epoch,
+            " (unclean shutdown)" if self.unclean_shutdown else "",
+        )
         self.unclean_shutdown = False  # server.py: a later registration of this process lost nothing
 
     def _on_lease_lost(self) -> None:
@@ -284,8 +328,13 @@ class SimBroker(RpcNode):
             del self._idle[fetcher]
             self._step(idle[0], None, fetcher)
 
-    def _step(self, task: Task[Any], answer: Any, fetcher: FetcherCore | None = None,
-              on_done: Callable[[Any], None] | None = None) -> None:
+    def _step(
+        self,
+        task: Task[Any],
+        answer: Any,
+        fetcher: FetcherCore | None = None,
+        on_done: Callable[[Any], None] | None = None,
+    ) -> None:
         """Resume a core task with an answer and perform the step it yields next."""
         if fetcher is not None and fetcher.stopped:
             return  # ReplicaFetcher.stop: the task is cancelled; an answer in flight is ignored
@@ -306,15 +355,26 @@ class SimBroker(RpcNode):
         elif isinstance(step, CallLeader):
             if fetcher is None:
                 raise ValueError(f"{self.name}: {step.rpc} from a task that is not a fetcher")
-            self.call(broker_node(fetcher.leader_id), step.rpc, step.request, step.timeout_ms,
-                      lambda resp: self._step(task, _answer(resp), fetcher, on_done), address=fetcher.leader_address)
+            self.call(
+                broker_node(fetcher.leader_id),
+                step.rpc,
+                step.request,
+                step.timeout_ms,
+                lambda resp: self._step(task, _answer(resp), fetcher, on_done),
+                address=fetcher.leader_address,
+            )
         elif isinstance(step, CallController):
             address = self._controller_address()
             if address is None:
                 self._step(task, RpcFailed("no active controller registered in etcd"), fetcher, on_done)
                 return
-            self.call(address, step.rpc, step.request, step.timeout_ms,
-                      lambda resp: self._step(task, _answer(resp), fetcher, on_done))
+            self.call(
+                address,
+                step.rpc,
+                step.request,
+                step.timeout_ms,
+                lambda resp: self._step(task, _answer(resp), fetcher, on_done),
+            )
         else:
             raise ValueError(f"{self.name}: unknown task step {step!r}")
 
@@ -369,6 +429,8 @@ class SimBroker(RpcNode):
     def describe(self) -> str:
         parts = []
         for (topic, partition), p in sorted(self.partitions.items()):
-            parts.append(f"{topic}-{partition}:{p.role.value[0].upper()}e{p.leader_epoch} leo{p.log.log_end_offset} "
-                         f"hw{p.high_watermark} isr{list(p.isr)}")
+            parts.append(
+                f"{topic}-{partition}:{p.role.value[0].upper()}e{p.leader_epoch} leo{p.log.log_end_offset} "
+                f"hw{p.high_watermark} isr{list(p.isr)}"
+            )
         return f"{self.name} {'up' if self.up else 'down'} be{self.broker_epoch} " + "; ".join(parts)

@@ -120,8 +120,14 @@ class SimSender:
         if self.stopped:
             return
         rpc, request, _ = self.queue[0]
-        self.controller.call(self.target, rpc, request, self.controller.config.control_rpc_timeout_ms,
-                             lambda resp: self._answered(attempt, resp), address=self.address)
+        self.controller.call(
+            self.target,
+            rpc,
+            request,
+            self.controller.config.control_rpc_timeout_ms,
+            lambda resp: self._answered(attempt, resp),
+            address=self.address,
+        )
 
     def _answered(self, attempt: int, response: Any) -> None:
         if self.stopped:
@@ -176,8 +182,15 @@ class SimControllerLoop(ControllerEventLoop):
 class SimController(RpcNode):
     """One controller candidate process."""
 
-    def __init__(self, controller_id: int, loop: EventLoop, network: Network, etcd: SimEtcd, config: SimConfig,
-                 checker: Checker) -> None:
+    def __init__(
+        self,
+        controller_id: int,
+        loop: EventLoop,
+        network: Network,
+        etcd: SimEtcd,
+        config: SimConfig,
+        checker: Checker,
+    ) -> None:
         super().__init__(controller_node(controller_id), loop, network)
         self.controller_id = controller_id
         self.config = config
@@ -245,12 +258,20 @@ class SimController(RpcNode):
             return
         value = {"host": self.name, "port": 9093, "controller_id": self.controller_id, "epoch": new_epoch}
         try:
-            result = run_sync(self.client.txn(
-                [compare_missing(keys.controller),
-                 compare_mod_revision(keys.controller_epoch, epoch_kv.mod_revision) if epoch_kv is not None
-                 else compare_missing(keys.controller_epoch)],
-                [Put(keys.controller, json_bytes(value), lease=lease.lease_id),
-                 Put(keys.controller_epoch, str(new_epoch).encode())]))
+            result = run_sync(
+                self.client.txn(
+                    [
+                        compare_missing(keys.controller),
+                        compare_mod_revision(keys.controller_epoch, epoch_kv.mod_revision)
+                        if epoch_kv is not None
+                        else compare_missing(keys.controller_epoch),
+                    ],
+                    [
+                        Put(keys.controller, json_bytes(value), lease=lease.lease_id),
+                        Put(keys.controller_epoch, str(new_epoch).encode()),
+                    ],
+                )
+            )
         except CoordinatorError:
             lease.stop(revoke=True)
             return
@@ -288,8 +309,10 @@ class SimController(RpcNode):
         """_rebalance_ticks: queue AutoLeaderRebalance every leader.imbalance.check.interval."""
         if loop is not self.active or self.quiet:
             return
-        loop.enqueue("AutoLeaderRebalance", lambda: handlers.on_auto_leader_rebalance(
-            loop.ctx, loop.leader_imbalance_per_broker_percentage))
+        loop.enqueue(
+            "AutoLeaderRebalance",
+            lambda: handlers.on_auto_leader_rebalance(loop.ctx, loop.leader_imbalance_per_broker_percentage),
+        )
         self.after(self.config.leader_imbalance_check_interval_ms, self._rebalance_tick, loop)
 
     def _on_lease_lost(self) -> None:
@@ -315,13 +338,15 @@ class SimController(RpcNode):
 
     # ---- the event loop's _run, one event at a time ----------------------------------------
 
-    def process_queued(self, loop: SimControllerLoop, name: str, handler: Callable[[], handlers.ControllerResult]
-                       ) -> None:
+    def process_queued(
+        self, loop: SimControllerLoop, name: str, handler: Callable[[], handlers.ControllerResult]
+    ) -> None:
         if loop is self.active:
             self._process(name, handler)
 
-    def _process(self, name: str, handler: Callable[[], handlers.ControllerResult]
-                 ) -> handlers.ControllerResult | Exception:
+    def _process(
+        self, name: str, handler: Callable[[], handlers.ControllerResult]
+    ) -> handlers.ControllerResult | Exception:
         """One turn of _run: decide, commit (fenced), replay, send. Returns the result or the caller's error."""
         loop = self.active
         if loop is None:
@@ -367,9 +392,16 @@ class SimController(RpcNode):
             info = BrokerInfo.from_json(kv.value, kv.create_revision)
             registered[info.broker_id] = info
         loop = self.active
-        bounced = sorted(b for b, info in registered.items() if loop is not None and b in loop.ctx.live_brokers
-                         and loop.ctx.live_brokers[b].broker_epoch != info.broker_epoch)
-        self.trace("BrokerChange: live %s%s", sorted(registered), f" (re-registered: {bounced})" if bounced else "")
+        bounced = sorted(
+            b
+            for b, info in registered.items()
+            if loop is not None
+            and b in loop.ctx.live_brokers
+            and loop.ctx.live_brokers[b].broker_epoch != info.broker_epoch
+        )
+        self.trace(
+            "BrokerChange: live %s%s", sorted(registered), f" (re-registered: {bounced})" if bounced else ""
+        )
         if loop is not None:
             loop.enqueue("BrokerChange", lambda: handlers.on_broker_change(loop.ctx, registered))
 
@@ -379,21 +411,37 @@ class SimController(RpcNode):
         rpc = env.rpc
         body = env.body
         if rpc == "AlterPartition":
-            self._serve(env, controller_pb2.AlterPartitionResponse,
-                        lambda ctx: handlers.on_alter_partition(ctx, body))
+            self._serve(
+                env, controller_pb2.AlterPartitionResponse, lambda ctx: handlers.on_alter_partition(ctx, body)
+            )
         elif rpc == "ControlledShutdown":
-            self._serve(env, controller_pb2.ControlledShutdownResponse,
-                        lambda ctx: handlers.on_controlled_shutdown(ctx, body.broker_id, body.broker_epoch),
-                        wait_rpcs=True)
+            self._serve(
+                env,
+                controller_pb2.ControlledShutdownResponse,
+                lambda ctx: handlers.on_controlled_shutdown(ctx, body.broker_id, body.broker_epoch),
+                wait_rpcs=True,
+            )
         elif rpc == "CreateTopics":
-            self._serve(env, common_pb2.CreateTopicsResponse, lambda ctx: handlers.on_create_topics(ctx, body),
-                        wait_rpcs=True)
+            self._serve(
+                env,
+                common_pb2.CreateTopicsResponse,
+                lambda ctx: handlers.on_create_topics(ctx, body),
+                wait_rpcs=True,
+            )
         elif rpc == "ElectLeaders":
-            self._serve(env, common_pb2.ElectLeadersResponse, lambda ctx: handlers.on_elect_leaders(ctx, body),
-                        wait_rpcs=True)
+            self._serve(
+                env,
+                common_pb2.ElectLeadersResponse,
+                lambda ctx: handlers.on_elect_leaders(ctx, body),
+                wait_rpcs=True,
+            )
         elif rpc == "AlterPartitionReassignments":
-            self._serve(env, common_pb2.AlterPartitionReassignmentsResponse,
-                        lambda ctx: handlers.on_alter_reassignments(ctx, body), wait_rpcs=True)
+            self._serve(
+                env,
+                common_pb2.AlterPartitionReassignmentsResponse,
+                lambda ctx: handlers.on_alter_reassignments(ctx, body),
+                wait_rpcs=True,
+            )
         elif rpc == "DeleteTopics":
             self._delete_topics(env)
         elif rpc == "InitProducerId":
@@ -401,11 +449,19 @@ class SimController(RpcNode):
         else:
             raise ValueError(f"{self.name}: unknown rpc {rpc}")
 
-    def _serve(self, env: Envelope, response_cls: type, decide: Callable[[ControllerContext],
-               handlers.ControllerResult], *, wait_rpcs: bool = False) -> None:
+    def _serve(
+        self,
+        env: Envelope,
+        response_cls: type,
+        decide: Callable[[ControllerContext], handlers.ControllerResult],
+        *,
+        wait_rpcs: bool = False,
+    ) -> None:
         """ControllerServicer._run: NOT_CONTROLLER when standing by or resigned, else the handler's answer."""
         if self.active is None:
-            self.reply(env, response_cls(error_code=common_pb2.NOT_CONTROLLER, error_message="not the controller"))
+            self.reply(
+                env, response_cls(error_code=common_pb2.NOT_CONTROLLER, error_message="not the controller")
+            )
             return
         loop = self.active
         outcome = self._process(env.rpc, lambda: decide(loop.ctx))
@@ -440,17 +496,29 @@ class SimController(RpcNode):
         names = list(env.body.names)
         loop = self.active
         if loop is None:
-            self.reply(env, common_pb2.DeleteTopicsResponse(error_code=common_pb2.NOT_CONTROLLER,
-                                                            error_message="not the controller"))
+            self.reply(
+                env,
+                common_pb2.DeleteTopicsResponse(
+                    error_code=common_pb2.NOT_CONTROLLER, error_message="not the controller"
+                ),
+            )
             return
-        outcome = self._process("DeleteTopics", lambda: handlers.on_delete_topics(
-            loop.ctx, names, deletion_enabled=loop.delete_topic_enable))
+        outcome = self._process(
+            "DeleteTopics",
+            lambda: handlers.on_delete_topics(loop.ctx, names, deletion_enabled=loop.delete_topic_enable),
+        )
         if isinstance(outcome, ControllerResignedError):
-            self.reply(env, common_pb2.DeleteTopicsResponse(error_code=common_pb2.NOT_CONTROLLER,
-                                                            error_message=str(outcome)))
+            self.reply(
+                env,
+                common_pb2.DeleteTopicsResponse(
+                    error_code=common_pb2.NOT_CONTROLLER, error_message=str(outcome)
+                ),
+            )
             return
         if isinstance(outcome, HighwaterError):
-            self.reply(env, common_pb2.DeleteTopicsResponse(error_code=outcome.code, error_message=outcome.message))
+            self.reply(
+                env, common_pb2.DeleteTopicsResponse(error_code=outcome.code, error_message=outcome.message)
+            )
             return
         if isinstance(outcome, Exception):
             self.reply(env, RpcError("UNKNOWN", str(outcome)))
@@ -459,19 +527,27 @@ class SimController(RpcNode):
         deadline_ms = self.loop.now_ms + (env.body.timeout_ms or DELETE_TOPICS_TIMEOUT_MS_DEFAULT)
         self._await_deletion(env, loop, response, deadline_ms)
 
-    def _await_deletion(self, env: Envelope, loop: SimControllerLoop, response: common_pb2.DeleteTopicsResponse,
-                        deadline_ms: int) -> None:
+    def _await_deletion(
+        self,
+        env: Envelope,
+        loop: SimControllerLoop,
+        response: common_pb2.DeleteTopicsResponse,
+        deadline_ms: int,
+    ) -> None:
         """Answer once every started deletion left the context, or REQUEST_TIMED_OUT at the deadline."""
-        waiting = [a for a in response.topics if a.error_code == common_pb2.NONE and a.name in loop.ctx.topics]
+        waiting = [
+            a for a in response.topics if a.error_code == common_pb2.NONE and a.name in loop.ctx.topics
+        ]
         if waiting and loop is self.active and self.loop.now_ms < deadline_ms:
             self.after(DELETE_TOPICS_POLL_MS, self._await_deletion, env, loop, response, deadline_ms)
             return
         for answer in waiting:
             answer.error_code = common_pb2.REQUEST_TIMED_OUT
-            answer.error_message = (f"deletion of {answer.name!r} started but not every replica confirmed in time; "
-                                    "it completes when they do")
+            answer.error_message = (
+                f"deletion of {answer.name!r} started but not every replica confirmed in time; "
+                "it completes when they do"
+            )
         self.reply(env, response)
-
 
     def _init_producer_id(self, env: Envelope) -> None:
         """ControllerServicer.InitProducerId: a bumped epoch for a known producer, else a new id from etcd."""
@@ -481,8 +557,12 @@ class SimController(RpcNode):
             self.reply(env, common_pb2.InitProducerIdResponse(error_code=common_pb2.NOT_CONTROLLER))
             return
         if request.producer_id >= 0:
-            self.reply(env, common_pb2.InitProducerIdResponse(
-                producer_id=request.producer_id, producer_epoch=max(request.producer_epoch, 0) + 1))
+            self.reply(
+                env,
+                common_pb2.InitProducerIdResponse(
+                    producer_id=request.producer_id, producer_epoch=max(request.producer_epoch, 0) + 1
+                ),
+            )
             return
         try:
             producer_id = run_sync(loop.next_producer_id())

@@ -148,7 +148,9 @@ class EtcdClient:
         self._check("delete")
         return await self._store.delete(key, prefix=prefix)
 
-    async def txn(self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()) -> TxnResult:
+    async def txn(
+        self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> TxnResult:
         self._check("txn")
         if not self.etcd.fence_controller_epoch:
             # Test switch: forget the fence fenced_txn adds (a value compare on /controller_epoch).

@@ -59,6 +59,7 @@ RECREATE_AFTER_MS = (500, 5_000)
 # The settle phase's reassignment starts this far into it: brokers have restarted.
 SETTLE_REASSIGNMENT_AT_FRACTION = 0.25
 
+
 def repro_command(seed: int, config: SimConfig) -> str:
     """The command line that runs this seed with this config again."""
     flags = []
@@ -75,15 +76,25 @@ def repro_command(seed: int, config: SimConfig) -> str:
 class SimulationFailure(AssertionError):
     """A run broke a rule. Carries the seed that reproduces it and the end of the trace."""
 
-    def __init__(self, seed: int, reason: str, at_ms: int, trace: list[str], detail: str = "",
-                 known_issue: str | None = None, config: SimConfig | None = None) -> None:
+    def __init__(
+        self,
+        seed: int,
+        reason: str,
+        at_ms: int,
+        trace: list[str],
+        detail: str = "",
+        known_issue: str | None = None,
+        config: SimConfig | None = None,
+    ) -> None:
         self.seed = seed
         self.reason = reason
         self.at_ms = at_ms
         self.trace = trace
         self.known_issue = known_issue
-        lines = [f"simulation seed {seed} failed at {at_ms} ms: {reason}",
-                 f"reproduce: {repro_command(seed, config or SimConfig())}"]
+        lines = [
+            f"simulation seed {seed} failed at {at_ms} ms: {reason}",
+            f"reproduce: {repro_command(seed, config or SimConfig())}",
+        ]
         if known_issue:
             lines.append(f"known issue: {known_issue}")
         if detail:
@@ -116,8 +127,9 @@ class SimResult:
 class Simulation:
     """The whole cluster of one run. Build with a seed, then run()."""
 
-    def __init__(self, seed: int, config: SimConfig | None = None, *,
-                 trace_lines_max: int = TRACE_LINES_DEFAULT) -> None:
+    def __init__(
+        self, seed: int, config: SimConfig | None = None, *, trace_lines_max: int = TRACE_LINES_DEFAULT
+    ) -> None:
         self.seed = seed
         self.config = config or SimConfig()
         self.config.check()
@@ -125,28 +137,61 @@ class Simulation:
         self.shape = ClusterShape.choose(self.config, self.rng)
         self.loop = EventLoop(trace_lines_max=trace_lines_max)
         self.network = Network(self.loop, self.rng)
-        self.etcd = SimEtcd(self.loop, self.network,
-                            fence_controller_epoch=self.config.safety.controller_epoch_fence)
+        self.etcd = SimEtcd(
+            self.loop, self.network, fence_controller_epoch=self.config.safety.controller_epoch_fence
+        )
         self.checker = Checker(self.loop, self.etcd)
-        self.controllers = [SimController(i, self.loop, self.network, self.etcd, self.config, self.checker)
-                            for i in range(1, self.shape.controllers + 1)]
-        self.brokers = [SimBroker(i, self.loop, self.network, self.etcd, self.config, self.rng, self.checker)
-                        for i in range(1, self.shape.brokers + 1)]
+        self.controllers = [
+            SimController(i, self.loop, self.network, self.etcd, self.config, self.checker)
+            for i in range(1, self.shape.controllers + 1)
+        ]
+        self.brokers = [
+            SimBroker(i, self.loop, self.network, self.etcd, self.config, self.rng, self.checker)
+            for i in range(1, self.shape.brokers + 1)
+        ]
         self.checker.watch_brokers(self.brokers)
         self.checker.controllers = {c.controller_id: c for c in self.controllers}
         broker_ids = [b.broker_id for b in self.brokers]
         controller_ids = [c.controller_id for c in self.controllers]
         # Producer 0: acks=all; 1: acks=1; 2: acks=all, idempotent; then again.
-        self.producers = [Producer(i, 1 if i % 3 == 1 else -1, i % 3 == 2, self.loop, self.network, self.rng,
-                                   self.config, self.checker, broker_ids, controller_ids)
-                          for i in range(self.config.producers)]
-        self.consumers = [Consumer(i, self.loop, self.network, self.rng, self.config, self.checker, broker_ids)
-                          for i in range(self.config.consumers)]
+        self.producers = [
+            Producer(
+                i,
+                1 if i % 3 == 1 else -1,
+                i % 3 == 2,
+                self.loop,
+                self.network,
+                self.rng,
+                self.config,
+                self.checker,
+                broker_ids,
+                controller_ids,
+            )
+            for i in range(self.config.producers)
+        ]
+        self.consumers = [
+            Consumer(i, self.loop, self.network, self.rng, self.config, self.checker, broker_ids)
+            for i in range(self.config.consumers)
+        ]
         self.checker.consumers = self.consumers
-        self.operator = Operator(self.loop, self.network, self.rng, self.config,
-                                 [c.controller_id for c in self.controllers], self._topic_created)
-        self.faults = FaultInjector(self.loop, self.network, self.etcd, self.rng, self.config, self.brokers,
-                                    self.controllers, self.checker)
+        self.operator = Operator(
+            self.loop,
+            self.network,
+            self.rng,
+            self.config,
+            [c.controller_id for c in self.controllers],
+            self._topic_created,
+        )
+        self.faults = FaultInjector(
+            self.loop,
+            self.network,
+            self.etcd,
+            self.rng,
+            self.config,
+            self.brokers,
+            self.controllers,
+            self.checker,
+        )
         self.loop.on_time = self.etcd.advance
         self.loop.after_step = self._after_step
         # Partitions whose reassignment crashes the active controller once its targets are in the ISR.
@@ -188,8 +233,9 @@ class Simulation:
             if len(up) == len(self.brokers):  # one rolling restart at a time, on a healthy cluster
                 broker = self.rng.choice(up)
                 self.operator.rolling_restart(broker, self.rng.randint(500, 4_000), lambda: None)
-        self.loop.call_at(self.loop.now_ms + int(self.rng.expovariate(1 / self.config.admin_every_ms)),
-                          self._admin_step)
+        self.loop.call_at(
+            self.loop.now_ms + int(self.rng.expovariate(1 / self.config.admin_every_ms)), self._admin_step
+        )
 
     def _reassign(self, fail_over_when_due: bool) -> None:
         """Move a random partition to random brokers; maybe crash the controller once the targets are in the ISR."""
@@ -218,18 +264,25 @@ class Simulation:
             for client in [*self.producers, *self.consumers]:
                 client.topic_deleted(topic)
             self.operator.delete_topic(topic, self._topic_deleted)
-            holders = sorted({r for tp, replicas in self.checker.assignments.items() if tp[0] == topic
-                              for r in replicas})
+            holders = sorted(
+                {r for tp, replicas in self.checker.assignments.items() if tp[0] == topic for r in replicas}
+            )
             if holders:
                 broker = {b.broker_id: b for b in self.brokers}[self.rng.choice(holders)]
-                self.loop.call_at(self.loop.now_ms + self.rng.randint(*DELETION_BOUNCE_AFTER_MS),
-                                  self.faults.bounce_broker, broker)
-        self.loop.call_at(self.loop.now_ms + int(self.rng.expovariate(1 / self.config.topic_deletion_every_ms)),
-                          self._deletion_step)
+                self.loop.call_at(
+                    self.loop.now_ms + self.rng.randint(*DELETION_BOUNCE_AFTER_MS),
+                    self.faults.bounce_broker,
+                    broker,
+                )
+        self.loop.call_at(
+            self.loop.now_ms + int(self.rng.expovariate(1 / self.config.topic_deletion_every_ms)),
+            self._deletion_step,
+        )
 
     def _topic_deleted(self, topic: str) -> None:
-        self.loop.call_at(self.loop.now_ms + self.rng.randint(*RECREATE_AFTER_MS), self.operator.recreate_topic,
-                          topic)
+        self.loop.call_at(
+            self.loop.now_ms + self.rng.randint(*RECREATE_AFTER_MS), self.operator.recreate_topic, topic
+        )
 
     def _cluster_stop_step(self) -> None:
         """Every broker is asked to stop cleanly at once; each comes back a little later."""
@@ -240,8 +293,10 @@ class Simulation:
             self.loop.trace("sim", "every broker stops cleanly at once", ())
             for broker in up:
                 self.operator.rolling_restart(broker, self.rng.randint(500, 4_000), lambda: None)
-        self.loop.call_at(self.loop.now_ms + int(self.rng.expovariate(1 / self.config.cluster_stop_every_ms)),
-                          self._cluster_stop_step)
+        self.loop.call_at(
+            self.loop.now_ms + int(self.rng.expovariate(1 / self.config.cluster_stop_every_ms)),
+            self._cluster_stop_step,
+        )
 
     # ---- running ---------------------------------------------------------------------------
 
@@ -253,40 +308,70 @@ class Simulation:
             self.loop.call_at(FIRST_TOPIC_AT_MS, self.operator.create_topic, "t0")
             second_topic_at = self.rng.randint(FIRST_TOPIC_AT_MS + 1_000, fault_end_ms)
             retention = self.rng.random() < config.retention_topic_fraction
-            self.loop.call_at(second_topic_at, self.operator.create_topic, "t1", {
-                "segment.bytes": str(RETENTION_SEGMENT_BYTES), "retention.bytes": str(RETENTION_BYTES)}
-                if retention else None)
+            self.loop.call_at(
+                second_topic_at,
+                self.operator.create_topic,
+                "t1",
+                {"segment.bytes": str(RETENTION_SEGMENT_BYTES), "retention.bytes": str(RETENTION_BYTES)}
+                if retention
+                else None,
+            )
             self.loop.call_at(FIRST_TOPIC_AT_MS + 2_000, self.faults.start, fault_end_ms)
             if config.admin_every_ms > 0:
                 self.loop.call_at(FIRST_TOPIC_AT_MS + 3_000, self._admin_step)
-            for mean_ms, step in ((config.topic_deletion_every_ms, self._deletion_step),
-                                  (config.cluster_stop_every_ms, self._cluster_stop_step)):
+            for mean_ms, step in (
+                (config.topic_deletion_every_ms, self._deletion_step),
+                (config.cluster_stop_every_ms, self._cluster_stop_step),
+            ):
                 if mean_ms > 0:
-                    self.loop.call_at(FIRST_TOPIC_AT_MS + 3_000 + int(self.rng.expovariate(1 / mean_ms)), step)
+                    self.loop.call_at(
+                        FIRST_TOPIC_AT_MS + 3_000 + int(self.rng.expovariate(1 / mean_ms)), step
+                    )
             self.loop.run_until(fault_end_ms)
             self.faults.heal_all()
             for producer in self.producers:
                 producer.stopped = True
             for controller in self.controllers:
                 controller.quiet = True
-            self.loop.call_at(fault_end_ms + int(config.settle_ms * SETTLE_REASSIGNMENT_AT_FRACTION),
-                              self._settle_reassignment)
+            self.loop.call_at(
+                fault_end_ms + int(config.settle_ms * SETTLE_REASSIGNMENT_AT_FRACTION),
+                self._settle_reassignment,
+            )
             self.loop.run_until(fault_end_ms + config.settle_ms)
             self._settle_until_converged()
             self.checker.final_check()
         except (InvariantBroken, InvariantViolation) as exc:
-            kind = "invariant broken" if isinstance(exc, InvariantBroken) else "InvariantViolation in the pure logic"
-            raise SimulationFailure(self.seed, f"{kind}: {exc}", self.loop.now_ms, self.loop.trace_lines(),
-                                    self.cluster_state(), known_issue(str(exc), self.checker), self.config) from exc
+            kind = (
+                "invariant broken"
+                if isinstance(exc, InvariantBroken)
+                else "InvariantViolation in the pure logic"
+            )
+            raise SimulationFailure(
+                self.seed,
+                f"{kind}: {exc}",
+                self.loop.now_ms,
+                self.loop.trace_lines(),
+                self.cluster_state(),
+                known_issue(str(exc), self.checker),
+                self.config,
+            ) from exc
         wall_s = time.perf_counter() - started
         return SimResult(
-            seed=self.seed, shape=self.shape, simulated_ms=self.loop.now_ms, wall_s=wall_s,
-            events=self.loop.events_run, messages=self.network.messages_sent, faults=self.faults.faults_injected,
-            acks_all=self.checker.acks_all_total, acks_one=self.checker.acks_one_total,
-            records_consumed=self.checker.records_consumed, truncations_checked=self.checker.truncations_checked,
+            seed=self.seed,
+            shape=self.shape,
+            simulated_ms=self.loop.now_ms,
+            wall_s=wall_s,
+            events=self.loop.events_run,
+            messages=self.network.messages_sent,
+            faults=self.faults.faults_injected,
+            acks_all=self.checker.acks_all_total,
+            acks_one=self.checker.acks_one_total,
+            records_consumed=self.checker.records_consumed,
+            truncations_checked=self.checker.truncations_checked,
             topics_deleted=self.topics_deleted,
             log_start_resets=self.checker.log_start_resets + self.checker.consumer_resets,
-            trace_digest=hashlib.sha256("\n".join(self.loop.trace_lines()).encode()).hexdigest()[:16])
+            trace_digest=hashlib.sha256("\n".join(self.loop.trace_lines()).encode()).hexdigest()[:16],
+        )
 
     def _settle_until_converged(self) -> None:
         """Let control requests still on their way land, and the cluster converge, before the final check.
@@ -294,29 +379,38 @@ class Simulation:
         Bounded: a cluster that has not converged by then fails the liveness check.
         """
         for _ in range(SETTLE_EXTRA_STEPS_MAX):
-            if (all(c.active is None or c.active.idle() for c in self.controllers)
-                    and self.checker.liveness_problem() is None):
+            if (
+                all(c.active is None or c.active.idle() for c in self.controllers)
+                and self.checker.liveness_problem() is None
+            ):
                 return
             self.loop.run_until(self.loop.now_ms + SETTLE_EXTRA_STEP_MS)
 
     def cluster_state(self) -> str:
         lines = []
         if self.checker.suspect_leaders:
-            lines.append("suspect leaders (lost data in a power loss, then led while intact replicas were in the ISR):")
+            lines.append(
+                "suspect leaders (lost data in a power loss, then led while intact replicas were in the ISR):"
+            )
             lines.extend("  " + line for line in self.checker.suspect_leaders[-5:])
         lines.append("cluster state:")
         for b in self.brokers:
             lines.append("  " + b.describe())
         for c in self.controllers:
-            lines.append(f"  {c.name} {'up' if c.up else 'down'} "
-                         f"{'active at epoch ' + str(c.epoch) if c.active is not None else 'standby'}")
+            lines.append(
+                f"  {c.name} {'up' if c.up else 'down'} "
+                f"{'active at epoch ' + str(c.epoch) if c.active is not None else 'standby'}"
+            )
         for tp, s in sorted(self.checker.states.items()):
-            lines.append(f"  etcd {tp[0]}-{tp[1]}: leader {s.leader} epoch {s.leader_epoch} isr {list(s.isr)} "
-                         f"partition epoch {s.partition_epoch} controller epoch {s.controller_epoch}")
+            lines.append(
+                f"  etcd {tp[0]}-{tp[1]}: leader {s.leader} epoch {s.leader_epoch} isr {list(s.isr)} "
+                f"partition epoch {s.partition_epoch} controller epoch {s.controller_epoch}"
+            )
         return "\n".join(lines)
 
 
-def run_seed(seed: int, config: SimConfig | None = None, *, trace_lines_max: int = TRACE_LINES_DEFAULT
-             ) -> SimResult:
+def run_seed(
+    seed: int, config: SimConfig | None = None, *, trace_lines_max: int = TRACE_LINES_DEFAULT
+) -> SimResult:
     """Run one seed; raises SimulationFailure with the seed and the trace when a rule breaks."""
     return Simulation(seed, config, trace_lines_max=trace_lines_max).run()

@@ -29,8 +29,11 @@ TP = ("t", 0)
 
 # ---- KI-2: an empty leader epoch at the follower's LEO -------------------------------------
 
+
 def _partition(broker_id: int, storage: MemoryStorage) -> Partition:
-    return Partition("t", 0, broker_id, Log.open(f"/ki2/b{broker_id}", LogConfig(), storage=storage, now_ms=0))
+    return Partition(
+        "t", 0, broker_id, Log.open(f"/ki2/b{broker_id}", LogConfig(), storage=storage, now_ms=0)
+    )
 
 
 def _state(leader: int, epoch: int) -> LeaderAndIsrState:
@@ -49,8 +52,13 @@ def _replicate(follower: Partition, leader: Partition) -> None:
         end = leader.log.log_end_offset
     _, local_end = follower.log.leader_epoch_cache.end_offset_for_epoch(epoch)
     local_leo = follower.log.log_end_offset
-    offset = truncation_offset(local_leo=local_leo, requested_epoch=asked, leader_epoch=epoch, leader_end_offset=end,
-                               local_end_offset_for_leader_epoch=local_end if local_end >= 0 else local_leo)
+    offset = truncation_offset(
+        local_leo=local_leo,
+        requested_epoch=asked,
+        leader_epoch=epoch,
+        leader_end_offset=end,
+        local_end_offset_for_leader_epoch=local_end if local_end >= 0 else local_leo,
+    )
     follower.truncate_to(offset)  # fetcher.maybe_truncate: always (epochs starting at the offset go too)
     records = leader.log.read(follower.log.log_end_offset, max_bytes=1 << 20).records
     if records:
@@ -78,6 +86,7 @@ def test_ki2_follower_replicates_after_leading_an_epoch_without_writing() -> Non
 
 # ---- controller scenarios -------------------------------------------------------------------
 
+
 def _broker(broker_id: int, broker_epoch: int) -> BrokerInfo:
     return BrokerInfo(broker_id, f"b{broker_id}", 9092, "", 0, broker_epoch)
 
@@ -97,8 +106,13 @@ def _apply(ctx: ControllerContext, result: handlers.ControllerResult) -> handler
 
 
 def _reassign(replicas: list[int]) -> common_pb2.AlterPartitionReassignmentsRequest:
-    return common_pb2.AlterPartitionReassignmentsRequest(topics=[common_pb2.ReassignableTopic(
-        name="t", partitions=[common_pb2.ReassignablePartition(partition=0, replicas=replicas)])])
+    return common_pb2.AlterPartitionReassignmentsRequest(
+        topics=[
+            common_pb2.ReassignableTopic(
+                name="t", partitions=[common_pb2.ReassignablePartition(partition=0, replicas=replicas)]
+            )
+        ]
+    )
 
 
 def test_ki3_second_reassignment_keeps_the_leader_in_the_replica_set() -> None:
@@ -106,22 +120,43 @@ def test_ki3_second_reassignment_keeps_the_leader_in_the_replica_set() -> None:
     ctx = _context({1: 10, 2: 11, 3: 12, 4: 13, 5: 14}, (1, 2, 3))
     _apply(ctx, handlers.on_alter_reassignments(ctx, _reassign([2, 3, 5])))  # AR (2, 3, 5, 1), adding 5
     state = ctx.states[TP]
-    _apply(ctx, handlers.on_alter_partition(ctx, controller_pb2.AlterPartitionRequest(
-        broker_id=state.leader, broker_epoch=10, partitions=[controller_pb2.AlterPartitionItem(
-            topic="t", partition=0, leader_epoch=state.leader_epoch, partition_epoch=state.partition_epoch,
-            new_isr=[1, 2, 3, 5])])))
+    _apply(
+        ctx,
+        handlers.on_alter_partition(
+            ctx,
+            controller_pb2.AlterPartitionRequest(
+                broker_id=state.leader,
+                broker_epoch=10,
+                partitions=[
+                    controller_pb2.AlterPartitionItem(
+                        topic="t",
+                        partition=0,
+                        leader_epoch=state.leader_epoch,
+                        partition_epoch=state.partition_epoch,
+                        new_isr=[1, 2, 3, 5],
+                    )
+                ],
+            ),
+        ),
+    )
     # Brokers 1, 2 and 3 fail: 5, caught up and in the ISR, is elected.
     _apply(ctx, handlers.on_broker_change(ctx, {4: _broker(4, 13), 5: _broker(5, 14)}))
     assert ctx.states[TP].leader == 5
     # 2 and 3 come back (out of the ISR); an operator moves the partition again, leaving 5 out.
-    _apply(ctx, handlers.on_broker_change(ctx, {2: _broker(2, 21), 3: _broker(3, 22), 4: _broker(4, 13),
-                                                5: _broker(5, 14)}))
+    _apply(
+        ctx,
+        handlers.on_broker_change(
+            ctx, {2: _broker(2, 21), 3: _broker(3, 22), 4: _broker(4, 13), 5: _broker(5, 14)}
+        ),
+    )
     result = _apply(ctx, handlers.on_alter_reassignments(ctx, _reassign([3, 4, 2])))
     state = ctx.states[TP]
     assert state.leader in ctx.replicas(TP) or state.leader == -1, (
-        f"leader {state.leader} is outside replicas {ctx.replicas(TP)}")
+        f"leader {state.leader} is outside replicas {ctx.replicas(TP)}"
+    )
     assert state.leader < 0 or TP in result.rpcs.leader_and_isr.get(state.leader, set()), (
-        f"leader {state.leader} is not sent leader epoch {state.leader_epoch}")
+        f"leader {state.leader} is not sent leader epoch {state.leader_epoch}"
+    )
 
 
 def test_ki1_restarted_broker_is_handled_as_failed_then_started() -> None:
@@ -133,10 +168,13 @@ def test_ki1_restarted_broker_is_handled_as_failed_then_started() -> None:
     # and leave the ISR until it has caught up again.
     _apply(ctx, handlers.on_broker_change(ctx, {1: _broker(1, 20), 2: _broker(2, 11), 3: _broker(3, 12)}))
     state = ctx.states[TP]
-    assert state.leader != 1 and 1 not in state.isr, f"restarted broker 1 kept leader {state.leader} ISR {state.isr}"
+    assert state.leader != 1 and 1 not in state.isr, (
+        f"restarted broker 1 kept leader {state.leader} ISR {state.isr}"
+    )
 
 
 # ---- KI-4: the leader's HW stops waiting for a member the controller put in the ISR ----------
+
 
 def _leader_expanding_to_3() -> tuple[Partition, object]:
     """Leader 1 of replicas (1, 2, 3), ISR (1, 2); follower 3 has caught up: expansion proposed."""
@@ -177,14 +215,22 @@ class _FrozenClock:
         return 0
 
 
-def _ask_controller(leader: Partition, change: IsrChange, answer: Callable[[], object], attempts: int = 5) -> int:
+def _ask_controller(
+    leader: Partition, change: IsrChange, answer: Callable[[], object], attempts: int = 5
+) -> int:
     """Run the broker core's AlterPartition task for `attempts` calls, answering each with answer().
 
     Its back-off sleeps are stepped over: only what it decides matters here. Returns how
     many calls it made (fewer when it stopped asking by itself).
     """
-    core = BrokerCore(broker_id=1, data_dir="/ki4", storage=MemoryStorage(), clock=_FrozenClock(), io=_UnusedIO(),
-                      log=logging.getLogger("tests.sim.ki4"))
+    core = BrokerCore(
+        broker_id=1,
+        data_dir="/ki4",
+        storage=MemoryStorage(),
+        clock=_FrozenClock(),
+        io=_UnusedIO(),
+        log=logging.getLogger("tests.sim.ki4"),
+    )
     core.partitions[TP] = leader
     task = core._alter_partition(leader, change)
     asked, reply = 0, None
@@ -200,13 +246,17 @@ def _ask_controller(leader: Partition, change: IsrChange, answer: Callable[[], o
 
 def test_ki4_lost_alter_partition_answer_keeps_the_member_in_the_hw() -> None:
     leader, change = _leader_expanding_to_3()
-    asked = _ask_controller(leader, change, lambda: RpcFailed(
-        "DEADLINE_EXCEEDED: the controller committed ISR (1, 2, 3), its answer was lost"))
+    asked = _ask_controller(
+        leader,
+        change,
+        lambda: RpcFailed("DEADLINE_EXCEEDED: the controller committed ISR (1, 2, 3), its answer was lost"),
+    )
     assert asked == 5, "an unanswered expansion is asked again"
     assert leader.pending_isr == (1, 2, 3), "the unanswered expansion stays pending"
     _more_records_replicated_to_2_only(leader)
     assert leader.high_watermark <= 2, (
-        f"HW {leader.high_watermark} passed the LEO 2 of broker 3, which the committed ISR may count")
+        f"HW {leader.high_watermark} passed the LEO 2 of broker 3, which the committed ISR may count"
+    )
 
 
 def test_ki4_stale_update_metadata_keeps_the_pending_member_in_the_hw() -> None:
@@ -216,7 +266,8 @@ def test_ki4_stale_update_metadata_keeps_the_pending_member_in_the_hw() -> None:
     leader.update_isr((1, 2), partition_epoch=1, leader_epoch=0)
     _more_records_replicated_to_2_only(leader)
     assert leader.high_watermark <= 2, (
-        f"HW {leader.high_watermark} passed the LEO 2 of broker 3 while its expansion is still unanswered")
+        f"HW {leader.high_watermark} passed the LEO 2 of broker 3 while its expansion is still unanswered"
+    )
 
 
 def test_ki4_not_controller_answer_keeps_the_member_in_the_hw() -> None:
@@ -224,16 +275,23 @@ def test_ki4_not_controller_answer_keeps_the_member_in_the_hw() -> None:
     controller that had just restarted and answered NOT_CONTROLLER. That is no answer about
     the partition, so the expansion must stay pending, not be dropped."""
     leader, change = _leader_expanding_to_3()
-    asked = _ask_controller(leader, change, lambda: controller_pb2.AlterPartitionResponse(
-        error_code=common_pb2.NOT_CONTROLLER, error_message="this controller is not active"))
+    asked = _ask_controller(
+        leader,
+        change,
+        lambda: controller_pb2.AlterPartitionResponse(
+            error_code=common_pb2.NOT_CONTROLLER, error_message="this controller is not active"
+        ),
+    )
     assert asked >= 2, "NOT_CONTROLLER is asked again (the active controller may answer next time)"
     assert leader.pending_isr == (1, 2, 3), "an expansion answered only by NOT_CONTROLLER stays pending"
     _more_records_replicated_to_2_only(leader)
     assert leader.high_watermark <= 2, (
-        f"HW {leader.high_watermark} passed the LEO 2 of broker 3, which the committed ISR may count")
+        f"HW {leader.high_watermark} passed the LEO 2 of broker 3, which the committed ISR may count"
+    )
 
 
 # ---- topic deletion: a StopReplica answer that arrives after its broker left -------------------
+
 
 def test_stale_stop_replica_answer_does_not_halt_the_controller() -> None:
     """Sim seeds of defect (c): broker 2 answered StopReplica(delete), then left (lease expiry) before
@@ -248,11 +306,14 @@ def test_stale_stop_replica_answer_does_not_halt_the_controller() -> None:
     assert not stale.writes, "an answer from an incarnation that is gone changes nothing"
     for broker_id, broker_epoch in ((1, 10), (3, 12)):
         _apply(ctx, handlers.on_replica_deletion_result(ctx, broker_id, broker_epoch, [TP], True))
-    back = _apply(ctx, handlers.on_broker_change(ctx, {1: _broker(1, 10), 2: _broker(2, 21), 3: _broker(3, 12)}))
+    back = _apply(
+        ctx, handlers.on_broker_change(ctx, {1: _broker(1, 10), 2: _broker(2, 21), 3: _broker(3, 12)})
+    )
     assert TP in back.rpcs.stop_replica.get(2, {}), "broker 2 is asked again to delete its replica"
     done = _apply(ctx, handlers.on_replica_deletion_result(ctx, 2, 21, [TP], True))
     assert "t" not in ctx.topics and any(isinstance(w, handlers.TopicDelete) for w in done.writes), (
-        "the topic's keys go once every replica confirmed")
+        "the topic's keys go once every replica confirmed"
+    )
 
 
 def test_stale_stop_replica_answer_after_a_resend_does_not_halt_the_controller() -> None:
@@ -261,8 +322,9 @@ def test_stale_stop_replica_answer_after_a_resend_does_not_halt_the_controller()
     Ineligible) and the re-send's success asked for Ineligible -> Successful (exit 70)."""
     ctx = _context({1: 10, 2: 11, 3: 12}, (1, 2, 3))
     _apply(ctx, handlers.on_delete_topics(ctx, ["t"], deletion_enabled=True))
-    resent = _apply(ctx, handlers.on_broker_change(ctx, {1: _broker(1, 10), 2: _broker(2, 22),
-                                                         3: _broker(3, 12)}))
+    resent = _apply(
+        ctx, handlers.on_broker_change(ctx, {1: _broker(1, 10), 2: _broker(2, 22), 3: _broker(3, 12)})
+    )
     assert TP in resent.rpcs.stop_replica.get(2, {})
     _apply(ctx, handlers.on_replica_deletion_result(ctx, 2, 11, [TP], False))  # the old incarnation's failure
     for broker_id, broker_epoch in ((2, 22), (1, 10), (3, 12)):
@@ -284,6 +346,7 @@ def test_deciding_a_deletion_changes_the_context_only_when_its_writes_are_replay
 
 
 # ---- KI-1: a broker that lost unflushed data in a power loss ----------------------------------
+
 
 def _offline_with_isr(isr: tuple[int, ...]) -> ControllerContext:
     """Partition t-0 on brokers 1, 2, 3 went offline keeping ISR `isr` (every member died at once)."""
@@ -327,4 +390,6 @@ def test_ki1_unclean_election_enabled_takes_the_first_live_replica() -> None:
     ctx = _offline_with_isr((2, 3))
     ctx.topics["t"].configs["unclean.leader.election.enable"] = "true"
     _back(ctx, 2, 30, unclean=True)
-    assert ctx.states[TP].leader == 1 and ctx.states[TP].isr == (1,), "unclean: first live replica in AR order"
+    assert ctx.states[TP].leader == 1 and ctx.states[TP].isr == (1,), (
+        "unclean: first live replica in AR order"
+    )

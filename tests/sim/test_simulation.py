@@ -55,8 +55,11 @@ def test_seed(sim_seed: int) -> None:
 def test_a_seed_replays_exactly() -> None:
     first = run_seed(7, PROFILES["default"])
     second = run_seed(7, PROFILES["default"])
-    assert (first.events, first.messages, first.trace_digest) == (second.events, second.messages,
-                                                                  second.trace_digest)
+    assert (first.events, first.messages, first.trace_digest) == (
+        second.events,
+        second.messages,
+        second.trace_digest,
+    )
 
 
 def _assert_caught_and_green_when_on(profile: str, mechanism_off: Safety, what: str) -> None:
@@ -87,21 +90,29 @@ def _assert_caught_and_green_when_on(profile: str, mechanism_off: Safety, what: 
 
 def test_leader_epoch_truncation_off_is_caught() -> None:
     """Pre-KIP-101 truncation to the HW loses acknowledged records or lets replicas diverge."""
-    _assert_caught_and_green_when_on("no-power-loss", Safety(leader_epoch_truncation=False),
-                                     "leader-epoch truncation")
+    _assert_caught_and_green_when_on(
+        "no-power-loss", Safety(leader_epoch_truncation=False), "leader-epoch truncation"
+    )
 
 
 def test_controller_epoch_fence_off_is_caught() -> None:
     """Without the /controller_epoch compare, a deposed controller's writes commit."""
-    _assert_caught_and_green_when_on("controller-chaos", Safety(controller_epoch_fence=False),
-                                     "controller-epoch fence")
+    _assert_caught_and_green_when_on(
+        "controller-chaos", Safety(controller_epoch_fence=False), "controller-epoch fence"
+    )
 
 
 # Seeds that found bugs since fixed: they must stay green.
 # 10 is KI-1's last regression seed: ISR [2, 5] stops at once, 2 losing power, and 2 led
 # again on its return before brokers reported unclean shutdowns.
-FIXED_ISSUE_SEEDS = [(10, "default"), (29, "default"), (65, "default"), (182, "default"), (340, "default"),
-                     (516, "default")]
+FIXED_ISSUE_SEEDS = [
+    (10, "default"),
+    (29, "default"),
+    (65, "default"),
+    (182, "default"),
+    (340, "default"),
+    (516, "default"),
+]
 
 # Seeds of the scenarios added with issue 16 (topic deletion with brokers bouncing,
 # controller failover mid-reassignment, re-registration racing control requests,
@@ -113,22 +124,28 @@ DEFECT_SEEDS = [
     # not known yet, or a newer one) was counted as delivered: "t0-1: replica 5 does not
     # follow leader 4 in epoch 8 after the settle phase"; "t0-0: replica 1 does not follow
     # leader 3 in epoch 11"; "t0-1: broker 3 does not lead epoch 5 after the settle phase".
-    (24, "default"), (57, "default"), (56, "default"),
+    (24, "default"),
+    (57, "default"),
+    (56, "default"),
     # Defect 2: the controller died once the targets joined the ISR and the new one never
     # finished the walk: "t0-1: reassignment to [4, 2, 5] still open after the settle phase".
-    (5, "default"), (36, "default"),
+    (5, "default"),
+    (36, "default"),
     # Defect 3: a StopReplica answer from an incarnation that was gone: "illegal replica
     # transition ReplicaDeletionIneligible -> ReplicaDeletionSuccessful" (the controller halted).
-    (7, "default"), (8, "default"),
+    (7, "default"),
+    (8, "default"),
     # KI-1: a broker back from a power loss led over an ISR member that kept every record:
     # "acknowledged record lost: t1-0 offset 23 should hold b'p2-77', leader 3 has None".
     (345, "default"),
     # A deletion never finished: "topic t0 was deleted but etcd still has [...]".
-    (73, "default"), (86, "default"),
+    (73, "default"),
+    (86, "default"),
     # Found once the above were fixed (they failed first by defect 3 on the old code): a
     # controlled shutdown moved leadership of a topic being deleted, bringing back deleted
     # replicas; a replica left on disk by a deleted topic grafted onto the re-created one.
-    (84, "default"), (197, "default"),
+    (84, "default"),
+    (197, "default"),
 ]
 
 
@@ -137,6 +154,8 @@ def test_seed_of_a_scenario_defect_stays_green(seed: int, profile: str) -> None:
     run_seed(seed, PROFILES[profile])
 
 
-@pytest.mark.parametrize(("seed", "profile"), FIXED_ISSUE_SEEDS, ids=[f"seed-{s}" for s, _ in FIXED_ISSUE_SEEDS])
+@pytest.mark.parametrize(
+    ("seed", "profile"), FIXED_ISSUE_SEEDS, ids=[f"seed-{s}" for s, _ in FIXED_ISSUE_SEEDS]
+)
 def test_seed_of_a_fixed_bug_stays_green(seed: int, profile: str) -> None:
     run_seed(seed, PROFILES[profile])

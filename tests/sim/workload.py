@@ -109,9 +109,19 @@ class Producer(RpcNode):
     written twice, and the checker is told so.
     """
 
-    def __init__(self, index: int, acks: int, idempotent: bool, loop: EventLoop, network: Network,
-                 rng: random.Random, config: SimConfig, checker: Checker, broker_ids: list[int],
-                 controller_ids: list[int]) -> None:
+    def __init__(
+        self,
+        index: int,
+        acks: int,
+        idempotent: bool,
+        loop: EventLoop,
+        network: Network,
+        rng: random.Random,
+        config: SimConfig,
+        checker: Checker,
+        broker_ids: list[int],
+        controller_ids: list[int],
+    ) -> None:
         super().__init__(f"p{index}", loop, network)
         self.acks = acks
         self.idempotent = idempotent
@@ -129,15 +139,20 @@ class Producer(RpcNode):
         self.producer_id = -1
         self.producer_epoch = -1
         self._sequences: dict[TopicPartitionKey, int] = {}
-        self.after(rng.randint(0, config.produce_interval_ms_max),
-                   self._init_producer_id if idempotent else self._send_next, None)
+        self.after(
+            rng.randint(0, config.produce_interval_ms_max),
+            self._init_producer_id if idempotent else self._send_next,
+            None,
+        )
 
     # ---- InitProducerId (idempotent only) --------------------------------------------
 
     def _init_producer_id(self, then: _Batch | None, attempt: int = 0) -> None:
         """A new id (or, with one already, the next epoch); then send `then` or start producing."""
         target = controller_node(self.controller_ids[attempt % len(self.controller_ids)])
-        request = common_pb2.InitProducerIdRequest(producer_id=self.producer_id, producer_epoch=self.producer_epoch)
+        request = common_pb2.InitProducerIdRequest(
+            producer_id=self.producer_id, producer_epoch=self.producer_epoch
+        )
 
         def answered(resp: Any) -> None:
             if isinstance(resp, RpcError) or resp.error_code != common_pb2.NONE:
@@ -188,8 +203,9 @@ class Producer(RpcNode):
         tp = partitions[self._round_robin % len(partitions)]
         self._round_robin += 1
         count = self.rng.randint(1, self.config.records_per_batch_max)
-        batch = _Batch(tp, [f"{self.name}-{self.seq + i}".encode() for i in range(count)],
-                       self.generations.get(tp[0], 0))
+        batch = _Batch(
+            tp, [f"{self.name}-{self.seq + i}".encode() for i in range(count)], self.generations.get(tp[0], 0)
+        )
         self.seq += count
         if self.idempotent:
             self._number(batch)
@@ -205,17 +221,32 @@ class Producer(RpcNode):
             self._failed(batch)
             return
         if self.idempotent:
-            records = encode_values(batch.values, timestamp_ms=WALL_CLOCK_BASE_MS + self.loop.now_ms,
-                                    producer_id=self.producer_id, producer_epoch=batch.producer_epoch,
-                                    base_sequence=batch.base_sequence)
+            records = encode_values(
+                batch.values,
+                timestamp_ms=WALL_CLOCK_BASE_MS + self.loop.now_ms,
+                producer_id=self.producer_id,
+                producer_epoch=batch.producer_epoch,
+                base_sequence=batch.base_sequence,
+            )
         else:
             records = encode_values(batch.values, timestamp_ms=WALL_CLOCK_BASE_MS + self.loop.now_ms)
         request = common_pb2.ProduceRequest(
-            acks=self.acks, timeout_ms=self.config.produce_timeout_ms,
-            topics=[common_pb2.ProduceTopicData(topic=tp[0], partitions=[
-                common_pb2.ProducePartitionData(partition=tp[1], records=records)])])
-        self.call(broker_node(leader), "Produce", request, self.config.produce_timeout_ms + CLIENT_RPC_SLACK_MS,
-                  lambda resp: self._answered(batch, resp))
+            acks=self.acks,
+            timeout_ms=self.config.produce_timeout_ms,
+            topics=[
+                common_pb2.ProduceTopicData(
+                    topic=tp[0],
+                    partitions=[common_pb2.ProducePartitionData(partition=tp[1], records=records)],
+                )
+            ],
+        )
+        self.call(
+            broker_node(leader),
+            "Produce",
+            request,
+            self.config.produce_timeout_ms + CLIENT_RPC_SLACK_MS,
+            lambda resp: self._answered(batch, resp),
+        )
 
     def _answered(self, batch: _Batch, resp: Any) -> None:
         if self._stale(batch):
@@ -225,19 +256,27 @@ class Producer(RpcNode):
             return
         pr = resp.topics[0].partitions[0]
         if pr.error_code == common_pb2.NONE:
-            self.trace("acked %s-%d @%d acks=%d %d records", *batch.tp, pr.base_offset, self.acks, len(batch.values))
+            self.trace(
+                "acked %s-%d @%d acks=%d %d records", *batch.tp, pr.base_offset, self.acks, len(batch.values)
+            )
             self.checker.on_produce_ack(self, batch.tp, pr.base_offset, batch.values, self.acks)
             self.after(self.rng.randint(1, self.config.produce_interval_ms_max), self._send_next)
-        elif self.idempotent and pr.error_code in (common_pb2.OUT_OF_ORDER_SEQUENCE_NUMBER,
-                                                   common_pb2.INVALID_PRODUCER_EPOCH):
-            self.trace("%s for %s-%d: bumping the producer epoch", common_pb2.ErrorCode.Name(pr.error_code),
-                       *batch.tp)
+        elif self.idempotent and pr.error_code in (
+            common_pb2.OUT_OF_ORDER_SEQUENCE_NUMBER,
+            common_pb2.INVALID_PRODUCER_EPOCH,
+        ):
+            self.trace(
+                "%s for %s-%d: bumping the producer epoch",
+                common_pb2.ErrorCode.Name(pr.error_code),
+                *batch.tp,
+            )
             self._init_producer_id(batch)
         else:
             self._failed(batch)
 
     def _failed(self, batch: _Batch) -> None:
         """Refresh metadata, then send the same batch again (or give up on it and move on)."""
+
         def retry() -> None:
             if self.stopped:
                 return
@@ -251,8 +290,16 @@ class Producer(RpcNode):
 
 
 class Consumer(RpcNode):
-    def __init__(self, index: int, loop: EventLoop, network: Network, rng: random.Random, config: SimConfig,
-                 checker: Checker, broker_ids: list[int]) -> None:
+    def __init__(
+        self,
+        index: int,
+        loop: EventLoop,
+        network: Network,
+        rng: random.Random,
+        config: SimConfig,
+        checker: Checker,
+        broker_ids: list[int],
+    ) -> None:
         super().__init__(f"k{index}", loop, network)
         self.rng = rng
         self.config = config
@@ -298,14 +345,31 @@ class Consumer(RpcNode):
             return
         position = self.positions.setdefault(tp, 0)
         request = common_pb2.FetchRequest(
-            replica_id=-1, max_wait_ms=self.config.consumer_fetch_wait_ms, min_bytes=1,
+            replica_id=-1,
+            max_wait_ms=self.config.consumer_fetch_wait_ms,
+            min_bytes=1,
             max_bytes=CONSUMER_PARTITION_MAX_BYTES,
-            topics=[common_pb2.FetchTopic(topic=tp[0], partitions=[common_pb2.FetchPartition(
-                partition=tp[1], fetch_offset=position, partition_max_bytes=CONSUMER_PARTITION_MAX_BYTES,
-                current_leader_epoch=-1)])])
-        self.call(broker_node(leader), "Fetch", request,
-                  self.config.consumer_fetch_wait_ms + self.config.control_rpc_timeout_ms,
-                  lambda resp: self._answered(tp, generation, position, resp))
+            topics=[
+                common_pb2.FetchTopic(
+                    topic=tp[0],
+                    partitions=[
+                        common_pb2.FetchPartition(
+                            partition=tp[1],
+                            fetch_offset=position,
+                            partition_max_bytes=CONSUMER_PARTITION_MAX_BYTES,
+                            current_leader_epoch=-1,
+                        )
+                    ],
+                )
+            ],
+        )
+        self.call(
+            broker_node(leader),
+            "Fetch",
+            request,
+            self.config.consumer_fetch_wait_ms + self.config.control_rpc_timeout_ms,
+            lambda resp: self._answered(tp, generation, position, resp),
+        )
 
     def _answered(self, tp: TopicPartitionKey, generation: int, position: int, resp: Any) -> None:
         if generation != self.generations.get(tp[0], 0):
@@ -316,7 +380,9 @@ class Consumer(RpcNode):
         pr = resp.topics[0].partitions[0]
         if pr.error_code == common_pb2.OFFSET_OUT_OF_RANGE and pr.log_start_offset > position:
             # Retention deleted what we had not read yet (auto.offset.reset=earliest).
-            self.trace("%s-%d: position %d below the log start %d; resetting", *tp, position, pr.log_start_offset)
+            self.trace(
+                "%s-%d: position %d below the log start %d; resetting", *tp, position, pr.log_start_offset
+            )
             self.checker.on_consumer_reset(self, tp, position, pr.log_start_offset, pr.high_watermark)
             self.skipped.setdefault(tp, []).append((position, pr.log_start_offset))
             self.positions[tp] = pr.log_start_offset
@@ -345,8 +411,15 @@ class Consumer(RpcNode):
 class Operator(RpcNode):
     """Admin work: topics created and deleted, preferred elections, moves, rolling restarts."""
 
-    def __init__(self, loop: EventLoop, network: Network, rng: random.Random, config: SimConfig,
-                 controller_ids: list[int], on_topic_created: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        loop: EventLoop,
+        network: Network,
+        rng: random.Random,
+        config: SimConfig,
+        controller_ids: list[int],
+        on_topic_created: Callable[[str], None],
+    ) -> None:
         super().__init__("admin", loop, network)
         self.rng = rng
         self.config = config
@@ -372,11 +445,19 @@ class Operator(RpcNode):
 
     def create_topic(self, name: str, configs: dict[str, str] | None = None) -> None:
         """Create `name` (min.insync.replicas plus `configs`), retrying until the controller has it."""
-        overrides = self.topic_configs.setdefault(name, {"min.insync.replicas": str(self.config.min_insync_replicas),
-                                                         **(configs or {})})
-        request = common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
-            name=name, num_partitions=self.config.partitions_per_topic,
-            replication_factor=self.config.replication_factor, configs=overrides)])
+        overrides = self.topic_configs.setdefault(
+            name, {"min.insync.replicas": str(self.config.min_insync_replicas), **(configs or {})}
+        )
+        request = common_pb2.CreateTopicsRequest(
+            topics=[
+                common_pb2.CreatableTopic(
+                    name=name,
+                    num_partitions=self.config.partitions_per_topic,
+                    replication_factor=self.config.replication_factor,
+                    configs=overrides,
+                )
+            ]
+        )
 
         def done(resp: Any) -> None:
             result = resp.topics[0]
@@ -414,17 +495,28 @@ class Operator(RpcNode):
         self.create_topic(name)
 
     def preferred_election(self) -> None:
-        self._to_controller("ElectLeaders", common_pb2.ElectLeadersRequest(election_type=common_pb2.PREFERRED),
-                            lambda resp: None)
+        self._to_controller(
+            "ElectLeaders",
+            common_pb2.ElectLeadersRequest(election_type=common_pb2.PREFERRED),
+            lambda resp: None,
+        )
 
     def reassign(self, tp: TopicPartitionKey, replicas: list[int]) -> None:
         """Move a partition to other brokers (AlterPartitionReassignments; the controller walks it through)."""
         self.trace("reassign %s-%d to %s", *tp, replicas)
-        request = common_pb2.AlterPartitionReassignmentsRequest(topics=[common_pb2.ReassignableTopic(
-            name=tp[0], partitions=[common_pb2.ReassignablePartition(partition=tp[1], replicas=replicas)])])
+        request = common_pb2.AlterPartitionReassignmentsRequest(
+            topics=[
+                common_pb2.ReassignableTopic(
+                    name=tp[0],
+                    partitions=[common_pb2.ReassignablePartition(partition=tp[1], replicas=replicas)],
+                )
+            ]
+        )
         self._to_controller("AlterPartitionReassignments", request, lambda resp: None)
 
-    def rolling_restart(self, broker: SimBroker, restart_after_ms: int, on_restarted: Callable[[], None]) -> None:
+    def rolling_restart(
+        self, broker: SimBroker, restart_after_ms: int, on_restarted: Callable[[], None]
+    ) -> None:
         def stopped() -> None:
             self.loop.call_at(self.loop.now_ms + restart_after_ms, restart)
 

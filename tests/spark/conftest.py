@@ -40,7 +40,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    pyspark_sql = pytest.importorskip("pyspark.sql", reason="the Spark tests need pyspark (pip install -e '.[dev]')")
+    pyspark_sql = pytest.importorskip(
+        "pyspark.sql", reason="the Spark tests need pyspark (pip install -e '.[dev]')"
+    )
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.fail("the Spark tests need Java 17 (e.g. apt-get install openjdk-17-jre-headless)")
     os.environ["PYSPARK_PYTHON"] = sys.executable

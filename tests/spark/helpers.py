@@ -20,12 +20,15 @@ def create_topic(bootstrap: str, name: str, partitions: int) -> None:
         admin.create_topics(name, partitions, 3)
 
 
-def produce(bootstrap: str, topic: str, records: list[tuple[int, bytes | None, bytes, list[tuple[str, bytes]]]]
-            ) -> None:
+def produce(
+    bootstrap: str, topic: str, records: list[tuple[int, bytes | None, bytes, list[tuple[str, bytes]]]]
+) -> None:
     """(partition, key, value, headers) records, acks=all, idempotent."""
     with Producer(bootstrap, linger_ms=0) as producer:
-        futures = [producer.send(topic, value, key, headers=headers or None, partition=partition)
-                   for partition, key, value, headers in records]
+        futures = [
+            producer.send(topic, value, key, headers=headers or None, partition=partition)
+            for partition, key, value, headers in records
+        ]
         producer.flush()
         for future in futures:
             future.result()

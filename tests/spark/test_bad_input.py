@@ -29,18 +29,46 @@ def test_bad_read_input(spark: Any, cluster: TestCluster) -> None:
     def read(**options: Any) -> Any:
         return spark.read.format("highwater").options(**read_options(bootstrap, **options)).load()
 
-    _fails(lambda: read(subscribe="no-such-topic").count(), "option 'subscribe'", "no-such-topic", "does not exist")
-    _fails(lambda: read(subscribe="bad-input", startingOffsets='{"bad-input": {"0": }').count(),
-           "option 'startingOffsets'", "not valid JSON")
-    _fails(lambda: read(subscribe="bad-input", endingOffsets='{"bad-input": {"0": 5000, "1": -1}}').count(),
-           "option 'endingOffsets'", "past its high watermark")
+    _fails(
+        lambda: read(subscribe="no-such-topic").count(),
+        "option 'subscribe'",
+        "no-such-topic",
+        "does not exist",
+    )
+    _fails(
+        lambda: read(subscribe="bad-input", startingOffsets='{"bad-input": {"0": }').count(),
+        "option 'startingOffsets'",
+        "not valid JSON",
+    )
+    _fails(
+        lambda: read(subscribe="bad-input", endingOffsets='{"bad-input": {"0": 5000, "1": -1}}').count(),
+        "option 'endingOffsets'",
+        "past its high watermark",
+    )
     _fails(lambda: read(assign='{"bad-input": [7]}').count(), "option 'assign'", "bad-input-7")
-    _fails(lambda: spark.read.format("highwater").options(**read_options(
-        "127.0.0.1:1", subscribe="bad-input", **{"highwater.connect.timeout.ms": 1500})).load().count(),
-        "option 'bootstrap'", "127.0.0.1:1")
-    _fails(lambda: spark.readStream.format("highwater").options(**read_options(
-        bootstrap, subscribe="bad-input", endingOffsets="latest")).load().writeStream.format("noop").start()
-        .awaitTermination(60), "endingOffsets")
+    _fails(
+        lambda: (
+            spark.read.format("highwater")
+            .options(
+                **read_options("127.0.0.1:1", subscribe="bad-input", **{"highwater.connect.timeout.ms": 1500})
+            )
+            .load()
+            .count()
+        ),
+        "option 'bootstrap'",
+        "127.0.0.1:1",
+    )
+    _fails(
+        lambda: (
+            spark.readStream.format("highwater")
+            .options(**read_options(bootstrap, subscribe="bad-input", endingOffsets="latest"))
+            .load()
+            .writeStream.format("noop")
+            .start()
+            .awaitTermination(60)
+        ),
+        "endingOffsets",
+    )
 
 
 def test_bad_write_input(spark: Any, cluster: TestCluster) -> None:
@@ -51,12 +79,19 @@ def test_bad_write_input(spark: Any, cluster: TestCluster) -> None:
         df.write.format("highwater").options(**{"bootstrap": bootstrap, **options}).mode("append").save()
 
     values = spark.range(3).select(F.col("id").cast("string").alias("value"))
-    _fails(lambda: write(spark.range(3).select(F.col("id").cast("string").alias("payload")), topic="bad-write"),
-           "'value' column")
-    _fails(lambda: write(spark.range(3).select(F.col("id").alias("value")), topic="bad-write"),
-           "column 'value'", "bigint")
+    _fails(
+        lambda: write(spark.range(3).select(F.col("id").cast("string").alias("payload")), topic="bad-write"),
+        "'value' column",
+    )
+    _fails(
+        lambda: write(spark.range(3).select(F.col("id").alias("value")), topic="bad-write"),
+        "column 'value'",
+        "bigint",
+    )
     _fails(lambda: write(values.withColumn("partition", F.lit("x")), topic="bad-write"), "column 'partition'")
     _fails(lambda: write(values), "'topic'")
     _fails(lambda: write(values, topic="no-such-topic"), "option 'topic'", "does not exist")
     _fails(lambda: write(values.withColumn("topic", F.lit("also-missing"))), "column 'topic'", "also-missing")
-    _fails(lambda: write(values.withColumn("partition", F.lit(9)), topic="bad-write"), "column 'partition'", "9")
+    _fails(
+        lambda: write(values.withColumn("partition", F.lit(9)), topic="bad-write"), "column 'partition'", "9"
+    )

@@ -19,53 +19,106 @@ pytestmark = pytest.mark.integration
 
 
 def _rows(df: Any) -> set[tuple[Any, ...]]:
-    return {(r.partition, r.offset, r.key, r.value, tuple((h.key, h.value) for h in r.headers or []))
-            for r in df.collect()}
+    return {
+        (r.partition, r.offset, r.key, r.value, tuple((h.key, h.value) for h in r.headers or []))
+        for r in df.collect()
+    }
 
 
 def test_batch_read_equals_what_a_consumer_reads(spark: Any, cluster: TestCluster) -> None:
     bootstrap = cluster.gateway_address
     create_topic(bootstrap, "read-multi", 3)
-    records = [(i % 3, f"k{i}".encode() if i % 4 else None, f"value-{i}".encode(),
-                [("n", str(i).encode())] if i % 2 else []) for i in range(600)]
+    records = [
+        (
+            i % 3,
+            f"k{i}".encode() if i % 4 else None,
+            f"value-{i}".encode(),
+            [("n", str(i).encode())] if i % 2 else [],
+        )
+        for i in range(600)
+    ]
     produce(bootstrap, "read-multi", records)
 
-    df = spark.read.format("highwater").options(**read_options(bootstrap, subscribe="read-multi",
-                                                                  includeHeaders="true")).load()
-    assert df.schema.simpleString() == ("struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
-                                        "timestamp:timestamp,timestampType:int,"
-                                        "headers:array<struct<key:string,value:binary>>>")
+    df = (
+        spark.read.format("highwater")
+        .options(**read_options(bootstrap, subscribe="read-multi", includeHeaders="true"))
+        .load()
+    )
+    assert df.schema.simpleString() == (
+        "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
+        "timestamp:timestamp,timestampType:int,"
+        "headers:array<struct<key:string,value:binary>>>"
+    )
     got = df.collect()
     expected = consume_all(bootstrap, "read-multi")
     assert len(got) == len(expected) == 600
-    assert {(r.partition, r.offset, r.key, r.value, tuple((h.key, h.value) for h in r.headers), r.timestampType,
-             int(r.timestamp.timestamp() * 1000)) for r in got} == \
-        {(c.partition, c.offset, c.key, c.value, tuple(c.headers), 0, c.timestamp_ms) for c in expected}
+    assert {
+        (
+            r.partition,
+            r.offset,
+            r.key,
+            r.value,
+            tuple((h.key, h.value) for h in r.headers),
+            r.timestampType,
+            int(r.timestamp.timestamp() * 1000),
+        )
+        for r in got
+    } == {(c.partition, c.offset, c.key, c.value, tuple(c.headers), 0, c.timestamp_ms) for c in expected}
     assert {r.topic for r in got} == {"read-multi"}
 
     # Per-partition offsets JSON (Spark's format), minPartitions splitting, and filter pushdown.
-    window = spark.read.format("highwater").options(**read_options(
-        bootstrap, subscribe="read-multi", startingOffsets='{"read-multi": {"0": 50, "1": -2, "2": -2}}',
-        endingOffsets='{"read-multi": {"0": 150, "1": 10, "2": -1}}', minPartitions=8)).load()
+    window = (
+        spark.read.format("highwater")
+        .options(
+            **read_options(
+                bootstrap,
+                subscribe="read-multi",
+                startingOffsets='{"read-multi": {"0": 50, "1": -2, "2": -2}}',
+                endingOffsets='{"read-multi": {"0": 150, "1": 10, "2": -1}}',
+                minPartitions=8,
+            )
+        )
+        .load()
+    )
     assert window.rdd.getNumPartitions() >= 8
     counts = {r.partition: r["count"] for r in window.groupBy("partition").count().collect()}
     assert counts == {0: 100, 1: 10, 2: 200}
 
-    pushed = (spark.read.format("highwater")
-              .options(**read_options(bootstrap, subscribe="read-multi", pushFilters="true")).load()
-              .where((F.col("partition") == 1) & (F.col("offset") >= 20) & (F.col("offset") < 30)))
+    pushed = (
+        spark.read.format("highwater")
+        .options(**read_options(bootstrap, subscribe="read-multi", pushFilters="true"))
+        .load()
+        .where((F.col("partition") == 1) & (F.col("offset") >= 20) & (F.col("offset") < 30))
+    )
     assert sorted(r.offset for r in pushed.collect()) == list(range(20, 30))
     assert pushed.rdd.getNumPartitions() == 1  # partition filter pruned the other two partitions
 
     # startingOffsetsByTimestamp: nothing is newer than the future, so with strategy latest: empty.
     future_ms = int(time.time() * 1000) + 3_600_000
-    later = spark.read.format("highwater").options(**read_options(
-        bootstrap, subscribe="read-multi", startingTimestamp=future_ms,
-        startingOffsetsByTimestampStrategy="latest")).load()
+    later = (
+        spark.read.format("highwater")
+        .options(
+            **read_options(
+                bootstrap,
+                subscribe="read-multi",
+                startingTimestamp=future_ms,
+                startingOffsetsByTimestampStrategy="latest",
+            )
+        )
+        .load()
+    )
     assert later.count() == 0
-    from_zero = spark.read.format("highwater").options(**read_options(
-        bootstrap, subscribe="read-multi",
-        startingOffsetsByTimestamp='{"read-multi": {"0": 0, "1": 0, "2": 0}}')).load()
+    from_zero = (
+        spark.read.format("highwater")
+        .options(
+            **read_options(
+                bootstrap,
+                subscribe="read-multi",
+                startingOffsetsByTimestamp='{"read-multi": {"0": 0, "1": 0, "2": 0}}',
+            )
+        )
+        .load()
+    )
     assert from_zero.count() == 600
 
 
@@ -76,14 +129,19 @@ def test_batch_write_then_read_back(spark: Any, cluster: TestCluster) -> None:
         F.concat(F.lit("key-"), (F.col("id") % 7).cast("string")).alias("key"),
         F.concat(F.lit("value-"), F.col("id").cast("string")).cast("binary").alias("value"),
         F.when(F.col("id") < 100, F.lit(2)).cast("int").alias("partition"),
-        F.array(F.struct(F.lit("id").alias("key"), F.col("id").cast("string").cast("binary").alias("value")))
-        .alias("headers"),
+        F.array(
+            F.struct(F.lit("id").alias("key"), F.col("id").cast("string").cast("binary").alias("value"))
+        ).alias("headers"),
     )
-    source.write.format("highwater").option("bootstrap", bootstrap).option("topic", "write-back") \
-        .option("highwater.batch.size.bytes", "4096").mode("append").save()
+    source.write.format("highwater").option("bootstrap", bootstrap).option("topic", "write-back").option(
+        "highwater.batch.size.bytes", "4096"
+    ).mode("append").save()
 
-    back = spark.read.format("highwater").options(**read_options(bootstrap, subscribe="write-back",
-                                                                    includeHeaders="true")).load()
+    back = (
+        spark.read.format("highwater")
+        .options(**read_options(bootstrap, subscribe="write-back", includeHeaders="true"))
+        .load()
+    )
     rows = back.collect()
     assert len(rows) == 1000
     assert sorted(r.value for r in rows) == sorted(f"value-{i}".encode() for i in range(1000))
@@ -96,6 +154,7 @@ def test_batch_write_then_read_back(spark: Any, cluster: TestCluster) -> None:
             assert row.partition == 2  # the partition column wins
     # Rows without a partition go where Kafka's producer would put their key (murmur2).
     from clients.partitioner import partition_for_key
+
     assert all(r.partition == partition_for_key(r.key, 3) for r in rows if int(r.value[6:]) >= 100)
 
 
@@ -104,12 +163,22 @@ def test_leader_and_gateway_fetches_read_the_same_rows(spark: Any, cluster: Test
     the gateway. Small Fetches (many per task) and a start inside a batch exercise the range cuts."""
     bootstrap = cluster.gateway_address
     create_topic(bootstrap, "read-paths", 2)
-    produce(bootstrap, "read-paths", [(i % 2, None if i % 3 else f"k{i}".encode(), b"v" * (i % 50), [])
-                                      for i in range(900)])
-    options = read_options(bootstrap, subscribe="read-paths", startingOffsets='{"read-paths": {"0": 7, "1": 0}}',
-                           endingOffsets='{"read-paths": {"0": 440, "1": -1}}', **{"highwater.fetch.max.bytes": 4096})
+    produce(
+        bootstrap,
+        "read-paths",
+        [(i % 2, None if i % 3 else f"k{i}".encode(), b"v" * (i % 50), []) for i in range(900)],
+    )
+    options = read_options(
+        bootstrap,
+        subscribe="read-paths",
+        startingOffsets='{"read-paths": {"0": 7, "1": 0}}',
+        endingOffsets='{"read-paths": {"0": 440, "1": -1}}',
+        **{"highwater.fetch.max.bytes": 4096},
+    )
     direct = spark.read.format("highwater").options(**options).load()
-    through_gateway = spark.read.format("highwater").options(**options, **{"highwater.fetch.from.leaders": "false"}).load()
+    through_gateway = (
+        spark.read.format("highwater").options(**options, **{"highwater.fetch.from.leaders": "false"}).load()
+    )
     columns = ["partition", "offset", "key", "value", "topic", "timestamp", "timestampType"]
     rows = sorted(tuple(r) for r in direct.select(*columns).collect())  # (partition, offset) are unique
     assert rows == sorted(tuple(r) for r in through_gateway.select(*columns).collect())
@@ -130,7 +199,9 @@ def test_an_unreachable_leader_is_read_through_the_gateway(cluster: TestCluster)
     produce(bootstrap, "read-fallback", [(0, None, b"x%d" % i, []) for i in range(300)])
     options = parse_read_options(read_options(bootstrap, subscribe="read-fallback"), streaming=False)
     with GatewayClient(bootstrap, ClientSettings(fetch_max_bytes=2048)) as client:
-        client._leaders[("read-fallback", 0)] = "127.0.0.1:1"  # as if Metadata named an address we cannot reach
+        client._leaders[("read-fallback", 0)] = (
+            "127.0.0.1:1"  # as if Metadata named an address we cannot reach
+        )
         batches = list(read_range(client, OffsetRange("read-fallback", 0, 0, 300), options))
         assert "127.0.0.1:1" in client._unreachable_leaders
     assert [v for b in batches for v in b.column("value").to_pylist()] == [b"x%d" % i for i in range(300)]

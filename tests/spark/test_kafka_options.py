@@ -62,8 +62,11 @@ def log_batches(bootstrap: str, topic: str, partition: int) -> list[tuple[int, i
     with GatewayClient(bootstrap, ClientSettings()) as client:
         end = client.list_offsets({(topic, partition): -1})[(topic, partition)][0]
         while offset < end:
-            part = client.call("Fetch", client.fetch_request((topic, partition), offset, 1 << 20)).topics[0] \
+            part = (
+                client.call("Fetch", client.fetch_request((topic, partition), offset, 1 << 20))
+                .topics[0]
                 .partitions[0]
+            )
             data = bytes(part.records)
             assert data, f"no records at {topic}-{partition} offset {offset}"
             at = 0
@@ -81,118 +84,193 @@ def log_batches(bootstrap: str, topic: str, partition: int) -> list[tuple[int, i
 
 # --- reading ----------------------------------------------------------------------------------
 
+
 def test_a_read_with_only_kafka_option_names_reads_the_topic(spark: Any, cluster: TestCluster) -> None:
     bootstrap = cluster.gateway_address
     create_topic(bootstrap, "kopt-read", 2)
     produce(bootstrap, "kopt-read", [(i % 2, None, f"v{i}".encode(), [("h", b"x")]) for i in range(100)])
-    df = (spark.read.format("highwater")
-          .option("kafka.bootstrap.servers", bootstrap)  # instead of bootstrap
-          .option("subscribe", "kopt-read")
-          .option("kafka.request.timeout.ms", "20000")
-          .option("kafka.max.partition.fetch.bytes", "1024")  # tiny Fetches: many per partition
-          .option("kafka.fetch.max.bytes", "1024")
-          .option("kafkaConsumer.pollTimeoutMs", "20000")
-          .option("minPartitions", "4")
-          .option("maxRecordsPerPartition", "20")  # 50 per partition: 3 tasks each
-          .option("failOnDataLoss", "true")
-          .option("includeHeaders", "true")
-          .option("maxOffsetsPerTrigger", "10")  # accepted and ignored in batch, as in Spark
-          .load())
+    df = (
+        spark.read.format("highwater")
+        .option("kafka.bootstrap.servers", bootstrap)  # instead of bootstrap
+        .option("subscribe", "kopt-read")
+        .option("kafka.request.timeout.ms", "20000")
+        .option("kafka.max.partition.fetch.bytes", "1024")  # tiny Fetches: many per partition
+        .option("kafka.fetch.max.bytes", "1024")
+        .option("kafkaConsumer.pollTimeoutMs", "20000")
+        .option("minPartitions", "4")
+        .option("maxRecordsPerPartition", "20")  # 50 per partition: 3 tasks each
+        .option("failOnDataLoss", "true")
+        .option("includeHeaders", "true")
+        .option("maxOffsetsPerTrigger", "10")  # accepted and ignored in batch, as in Spark
+        .load()
+    )
     rows = df.collect()
     assert sorted(r.value for r in rows) == sorted(f"v{i}".encode() for i in range(100))
     assert df.rdd.getNumPartitions() == 6
     assert {tuple((h.key, h.value) for h in r.headers) for r in rows} == {(("h", b"x"),)}
 
 
-def test_subscription_and_ending_timestamp_options_read_what_spark_says(spark: Any, cluster: TestCluster) -> None:
+def test_subscription_and_ending_timestamp_options_read_what_spark_says(
+    spark: Any, cluster: TestCluster
+) -> None:
     bootstrap = cluster.gateway_address
     create_topic(bootstrap, "kopt-span", 2)
     produce(bootstrap, "kopt-span", [(i % 2, None, f"v{i}".encode(), []) for i in range(100)])
     future_ms = int(time.time() * 1000) + 3_600_000
 
     def count(**options: str) -> int:
-        return int(spark.read.format("highwater").option("kafka.bootstrap.servers", bootstrap)
-                   .options(**options).load().count())
+        return int(
+            spark.read.format("highwater")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .options(**options)
+            .load()
+            .count()
+        )
 
     assert count(subscribePattern="kopt-sp.n") == 100
     assert count(assign='{"kopt-span": [1]}') == 50
     assert count(subscribe="kopt-span", endingTimestamp=str(future_ms)) == 100  # none after it: to the end
     assert count(subscribe="kopt-span", endingTimestamp="0") == 0  # every record is at or after 0
-    assert count(subscribe="kopt-span", endingOffsetsByTimestamp=f'{{"kopt-span": {{"0": 0, "1": {future_ms}}}}}') == 50
+    assert (
+        count(
+            subscribe="kopt-span", endingOffsetsByTimestamp=f'{{"kopt-span": {{"0": 0, "1": {future_ms}}}}}'
+        )
+        == 50
+    )
 
 
-@pytest.mark.parametrize(("option", "value", "named"), [
-    ("kafka.group.id", "g1", ["kafka.group.id", "no Highwater meaning", "checkpoint"]),
-    ("groupIdPrefix", "spark-kafka", ["groupIdPrefix", "no Highwater meaning"]),
-    ("kafka.auto.offset.reset", "earliest", ["kafka.auto.offset.reset", "startingOffsets"]),
-    ("kafka.enable.auto.commit", "true", ["kafka.enable.auto.commit", "checkpoint"]),
-    ("kafka.key.deserializer", "x.Y", ["kafka.key.deserializer", "binary"]),
-    ("kafka.value.deserializer", "x.Y", ["kafka.value.deserializer", "binary"]),
-    ("kafka.interceptor.classes", "x.Y", ["kafka.interceptor.classes", "no Highwater meaning"]),
-    ("kafka.max.poll.records", "500", ["kafka.max.poll.records", "maxOffsetsPerTrigger"]),
-    ("kafka.security.protocol", "SSL", ["kafka.security.protocol", "highwater.ssl.cafile", "highwater.auth.token"]),
-    ("kafka.ssl.truststore.location", "/x.jks", ["kafka.ssl.truststore.location", "highwater.ssl.cafile"]),
-    ("kafka.sasl.mechanism", "PLAIN", ["kafka.sasl.mechanism", "highwater.auth.token"]),
-    ("kafka.isolation.level", "read_committed", ["kafka.isolation.level", "no Highwater meaning"]),
-    ("kafka.client.id", "me", ["kafka.client.id", "no Highwater meaning"]),
-    ("kafka.acks", "all", ["kafka.acks", "producer setting", "this is a read"]),
-    ("kafka.compression.type", "zstd", ["kafka.compression.type", "producer setting"]),
-    ("kafka.batch.size", "1024", ["kafka.batch.size", "producer setting"]),
-    ("kafka.linger.ms", "5", ["kafka.linger.ms", "producer setting"]),
-    ("kafka.max.request.size", "1048576", ["kafka.max.request.size", "producer setting"]),
-    ("kafka.delivery.timeout.ms", "1000", ["kafka.delivery.timeout.ms", "producer setting"]),
-    ("kafka.enable.idempotence", "true", ["kafka.enable.idempotence", "always idempotent"]),
-    ("fetchOffset.numRetries", "3", ["fetchOffset.numRetries", "highwater.retry.timeout.ms"]),
-    ("fetchOffset.retryIntervalMs", "10", ["fetchOffset.retryIntervalMs", "highwater.retry.timeout.ms"]),
-    ("maxTriggerDelay", "5s", ["maxTriggerDelay", "minOffsetsPerTrigger"]),
-])
+@pytest.mark.parametrize(
+    ("option", "value", "named"),
+    [
+        ("kafka.group.id", "g1", ["kafka.group.id", "no Highwater meaning", "checkpoint"]),
+        ("groupIdPrefix", "spark-kafka", ["groupIdPrefix", "no Highwater meaning"]),
+        ("kafka.auto.offset.reset", "earliest", ["kafka.auto.offset.reset", "startingOffsets"]),
+        ("kafka.enable.auto.commit", "true", ["kafka.enable.auto.commit", "checkpoint"]),
+        ("kafka.key.deserializer", "x.Y", ["kafka.key.deserializer", "binary"]),
+        ("kafka.value.deserializer", "x.Y", ["kafka.value.deserializer", "binary"]),
+        ("kafka.interceptor.classes", "x.Y", ["kafka.interceptor.classes", "no Highwater meaning"]),
+        ("kafka.max.poll.records", "500", ["kafka.max.poll.records", "maxOffsetsPerTrigger"]),
+        (
+            "kafka.security.protocol",
+            "SSL",
+            ["kafka.security.protocol", "highwater.ssl.cafile", "highwater.auth.token"],
+        ),
+        (
+            "kafka.ssl.truststore.location",
+            "/x.jks",
+            ["kafka.ssl.truststore.location", "highwater.ssl.cafile"],
+        ),
+        ("kafka.sasl.mechanism", "PLAIN", ["kafka.sasl.mechanism", "highwater.auth.token"]),
+        ("kafka.isolation.level", "read_committed", ["kafka.isolation.level", "no Highwater meaning"]),
+        ("kafka.client.id", "me", ["kafka.client.id", "no Highwater meaning"]),
+        ("kafka.acks", "all", ["kafka.acks", "producer setting", "this is a read"]),
+        ("kafka.compression.type", "zstd", ["kafka.compression.type", "producer setting"]),
+        ("kafka.batch.size", "1024", ["kafka.batch.size", "producer setting"]),
+        ("kafka.linger.ms", "5", ["kafka.linger.ms", "producer setting"]),
+        ("kafka.max.request.size", "1048576", ["kafka.max.request.size", "producer setting"]),
+        ("kafka.delivery.timeout.ms", "1000", ["kafka.delivery.timeout.ms", "producer setting"]),
+        ("kafka.enable.idempotence", "true", ["kafka.enable.idempotence", "always idempotent"]),
+        ("fetchOffset.numRetries", "3", ["fetchOffset.numRetries", "highwater.retry.timeout.ms"]),
+        ("fetchOffset.retryIntervalMs", "10", ["fetchOffset.retryIntervalMs", "highwater.retry.timeout.ms"]),
+        ("maxTriggerDelay", "5s", ["maxTriggerDelay", "minOffsetsPerTrigger"]),
+    ],
+)
 def test_kafka_read_options_without_a_highwater_meaning_are_refused_by_name(
-        spark: Any, cluster: TestCluster, refusal_topics: None, option: str, value: str, named: list[str]) -> None:
+    spark: Any, cluster: TestCluster, refusal_topics: None, option: str, value: str, named: list[str]
+) -> None:
     bootstrap = cluster.gateway_address
-    _fails(lambda: spark.read.format("highwater").option("bootstrap", bootstrap).option("subscribe", "kopt-refused")
-           .option(option, value).load().count(), *named)
+    _fails(
+        lambda: (
+            spark.read.format("highwater")
+            .option("bootstrap", bootstrap)
+            .option("subscribe", "kopt-refused")
+            .option(option, value)
+            .load()
+            .count()
+        ),
+        *named,
+    )
 
 
-def test_offsets_json_leaving_out_a_partition_is_refused_as_spark_refuses_it(spark: Any, cluster: TestCluster,
-                                                                             tmp_path: Any) -> None:
+def test_offsets_json_leaving_out_a_partition_is_refused_as_spark_refuses_it(
+    spark: Any, cluster: TestCluster, tmp_path: Any
+) -> None:
     bootstrap = cluster.gateway_address
     create_topic(bootstrap, "kopt-partial", 2)
     produce(bootstrap, "kopt-partial", [(i % 2, None, b"x", []) for i in range(10)])
 
     def read(**options: str) -> Any:
-        return spark.read.format("highwater").options(bootstrap=bootstrap, subscribe="kopt-partial",
-                                                      **options).load()
+        return (
+            spark.read.format("highwater")
+            .options(bootstrap=bootstrap, subscribe="kopt-partial", **options)
+            .load()
+        )
 
-    _fails(lambda: read(startingOffsets='{"kopt-partial": {"0": 1}}').count(),
-           "option 'startingOffsets'", "leaves out kopt-partial-1", "every partition")
-    _fails(lambda: read(endingOffsets='{"kopt-partial": {"1": 3}}').count(),
-           "option 'endingOffsets'", "leaves out kopt-partial-0")
-    _fails(lambda: read(startingOffsets='{"kopt-partial": {"0": 0, "1": 0, "2": 0}}').count(),
-           "option 'startingOffsets'", "names kopt-partial-2")
-    _fails(lambda: read(startingOffsetsByTimestamp='{"kopt-partial": {"0": 0}}').count(),
-           "option 'startingOffsetsByTimestamp'", "leaves out kopt-partial-1")
+    _fails(
+        lambda: read(startingOffsets='{"kopt-partial": {"0": 1}}').count(),
+        "option 'startingOffsets'",
+        "leaves out kopt-partial-1",
+        "every partition",
+    )
+    _fails(
+        lambda: read(endingOffsets='{"kopt-partial": {"1": 3}}').count(),
+        "option 'endingOffsets'",
+        "leaves out kopt-partial-0",
+    )
+    _fails(
+        lambda: read(startingOffsets='{"kopt-partial": {"0": 0, "1": 0, "2": 0}}').count(),
+        "option 'startingOffsets'",
+        "names kopt-partial-2",
+    )
+    _fails(
+        lambda: read(startingOffsetsByTimestamp='{"kopt-partial": {"0": 0}}').count(),
+        "option 'startingOffsetsByTimestamp'",
+        "leaves out kopt-partial-1",
+    )
     # Every partition named: fine, -2 / -1 as Kafka's JSON has them.
-    assert read(startingOffsets='{"kopt-partial": {"0": 1, "1": -2}}',
-                endingOffsets='{"kopt-partial": {"0": -1, "1": 3}}').count() == 4 + 3
+    assert (
+        read(
+            startingOffsets='{"kopt-partial": {"0": 1, "1": -2}}',
+            endingOffsets='{"kopt-partial": {"0": -1, "1": 3}}',
+        ).count()
+        == 4 + 3
+    )
     # A stream is held to the same rule when it starts.
-    query = (spark.readStream.format("highwater").options(bootstrap=bootstrap, subscribe="kopt-partial",
-                                                          startingOffsets='{"kopt-partial": {"0": 1}}').load()
-             .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp")).start())
-    _fails(lambda: query.awaitTermination(QUERY_TIMEOUT_S), "option 'startingOffsets'", "leaves out kopt-partial-1")
+    query = (
+        spark.readStream.format("highwater")
+        .options(bootstrap=bootstrap, subscribe="kopt-partial", startingOffsets='{"kopt-partial": {"0": 1}}')
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+    _fails(
+        lambda: query.awaitTermination(QUERY_TIMEOUT_S),
+        "option 'startingOffsets'",
+        "leaves out kopt-partial-1",
+    )
 
 
 def produce_at_once(bootstrap: str, topic: str, value: bytes, count: int) -> None:
     """`count` records to partition 0 in one record batch: they become readable all at once."""
     batch = encode_batch([Record(None, value, [], int(time.time() * 1000)) for _ in range(count)])
-    request = common_pb2.ProduceRequest(acks=-1, timeout_ms=10_000, topics=[common_pb2.ProduceTopicData(
-        topic=topic, partitions=[common_pb2.ProducePartitionData(partition=0, records=batch)])])
+    request = common_pb2.ProduceRequest(
+        acks=-1,
+        timeout_ms=10_000,
+        topics=[
+            common_pb2.ProduceTopicData(
+                topic=topic, partitions=[common_pb2.ProducePartitionData(partition=0, records=batch)]
+            )
+        ],
+    )
     with GatewayClient(bootstrap, ClientSettings()) as client:
         answer = client.call("Produce", request).topics[0].partitions[0]
     assert answer.error_code == common_pb2.NONE, answer
 
 
 def test_min_offsets_per_trigger_waits_for_enough_records_or_max_trigger_delay(
-        spark: Any, cluster: TestCluster, tmp_path: Any) -> None:
+    spark: Any, cluster: TestCluster, tmp_path: Any
+) -> None:
     """Spark's rule: a trigger is skipped while fewer than minOffsetsPerTrigger offsets are available,
     unless maxTriggerDelay has passed since the last batch (the first trigger after a start is not
     delayed); maxOffsetsPerTrigger still caps each batch. Records arrive in single batches, so what
@@ -201,17 +279,30 @@ def test_min_offsets_per_trigger_waits_for_enough_records_or_max_trigger_delay(
     create_topic(bootstrap, "kopt-min", 1)
     produce_at_once(bootstrap, "kopt-min", b"a", 100)
     minimum, maximum = 300, 500
-    query = (spark.readStream.format("highwater")
-             .options(bootstrap=bootstrap, subscribe="kopt-min", startingOffsets="earliest",
-                      minOffsetsPerTrigger=str(minimum), maxOffsetsPerTrigger=str(maximum),
-                      maxTriggerDelay=f"{DELAY_MS}ms").load()
-             .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp"))
-             .trigger(processingTime=f"{TRIGGER_MS} milliseconds").start())
+    query = (
+        spark.readStream.format("highwater")
+        .options(
+            bootstrap=bootstrap,
+            subscribe="kopt-min",
+            startingOffsets="earliest",
+            minOffsetsPerTrigger=str(minimum),
+            maxOffsetsPerTrigger=str(maximum),
+            maxTriggerDelay=f"{DELAY_MS}ms",
+        )
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime=f"{TRIGGER_MS} milliseconds")
+        .start()
+    )
 
     def batches() -> list[tuple[float, int]]:
         """(trigger start in s, rows) of every micro-batch that read something."""
-        return [(datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp(), p["numInputRows"])
-                for p in query.recentProgress if p["numInputRows"]]
+        return [
+            (datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp(), p["numInputRows"])
+            for p in query.recentProgress
+            if p["numInputRows"]
+        ]
 
     def wait_rows(total: int) -> None:
         deadline = time.monotonic() + QUERY_TIMEOUT_S
@@ -237,19 +328,32 @@ def test_min_offsets_per_trigger_waits_for_enough_records_or_max_trigger_delay(
 
 # --- writing ----------------------------------------------------------------------------------
 
+
 def test_kafka_producer_settings_apply_to_writes(spark: Any, cluster: TestCluster) -> None:
     bootstrap = cluster.gateway_address
     create_topic(bootstrap, "kopt-write", 1)
-    rows = spark.range(400).select(F.format_string("value-%05d", F.col("id")).alias("value"),
-                                   F.array(F.struct(F.lit("h").alias("key"),
-                                                    F.lit(b"x").cast("binary").alias("value"))).alias("headers"))
-    (rows.coalesce(1).write.format("highwater")
-     .option("kafka.bootstrap.servers", bootstrap).option("topic", "kopt-write")
-     .option("kafka.acks", "all").option("kafka.compression.type", "zstd")
-     .option("kafka.batch.size", "1024").option("kafka.linger.ms", "5")
-     .option("kafka.max.request.size", "65536").option("kafka.request.timeout.ms", "20000")
-     .option("kafka.delivery.timeout.ms", "60000").option("includeHeaders", "true")
-     .mode("append").save())
+    rows = spark.range(400).select(
+        F.format_string("value-%05d", F.col("id")).alias("value"),
+        F.array(F.struct(F.lit("h").alias("key"), F.lit(b"x").cast("binary").alias("value"))).alias(
+            "headers"
+        ),
+    )
+    (
+        rows.coalesce(1)
+        .write.format("highwater")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", "kopt-write")
+        .option("kafka.acks", "all")
+        .option("kafka.compression.type", "zstd")
+        .option("kafka.batch.size", "1024")
+        .option("kafka.linger.ms", "5")
+        .option("kafka.max.request.size", "65536")
+        .option("kafka.request.timeout.ms", "20000")
+        .option("kafka.delivery.timeout.ms", "60000")
+        .option("includeHeaders", "true")
+        .mode("append")
+        .save()
+    )
     written = consume_all(bootstrap, "kopt-write")
     assert sorted(r.value for r in written) == [f"value-{i:05d}".encode() for i in range(400)]
     assert {tuple(r.headers) for r in written} == {(("h", b"x"),)}
@@ -260,40 +364,69 @@ def test_kafka_producer_settings_apply_to_writes(spark: Any, cluster: TestCluste
 
     # acks=0: nothing is acknowledged, yet the records arrive.
     create_topic(bootstrap, "kopt-acks0", 1)
-    (spark.range(50).select(F.col("id").cast("string").alias("value")).write.format("highwater")
-     .option("bootstrap", bootstrap).option("topic", "kopt-acks0").option("kafka.acks", "0")
-     .mode("append").save())
+    (
+        spark.range(50)
+        .select(F.col("id").cast("string").alias("value"))
+        .write.format("highwater")
+        .option("bootstrap", bootstrap)
+        .option("topic", "kopt-acks0")
+        .option("kafka.acks", "0")
+        .mode("append")
+        .save()
+    )
     wait_until_written(bootstrap, "kopt-acks0", {str(i).encode() for i in range(50)}, QUERY_TIMEOUT_S)
 
     # kafka.max.request.size also bounds one record, as Kafka's producer refuses a larger one.
     big = spark.range(1).select(F.repeat(F.lit("x"), 4000).alias("value"))
-    _fails(lambda: big.write.format("highwater").option("bootstrap", bootstrap).option("topic", "kopt-write")
-           .option("kafka.max.request.size", "2048").mode("append").save(),
-           "kafka.max.request.size", "4016 bytes")
+    _fails(
+        lambda: (
+            big.write.format("highwater")
+            .option("bootstrap", bootstrap)
+            .option("topic", "kopt-write")
+            .option("kafka.max.request.size", "2048")
+            .mode("append")
+            .save()
+        ),
+        "kafka.max.request.size",
+        "4016 bytes",
+    )
 
 
-@pytest.mark.parametrize(("option", "value", "named"), [
-    ("kafka.enable.idempotence", "false", ["kafka.enable.idempotence", "always idempotent"]),
-    ("kafka.retries", "5", ["kafka.retries", "kafka.delivery.timeout.ms"]),
-    ("kafka.transactional.id", "t", ["kafka.transactional.id", "no transactions"]),
-    ("kafka.key.serializer", "x.Y", ["kafka.key.serializer", "no Highwater meaning"]),
-    ("kafka.value.serializer", "x.Y", ["kafka.value.serializer", "no Highwater meaning"]),
-    ("kafka.partitioner.class", "x.Y", ["kafka.partitioner.class", "'partition' column"]),
-    ("kafka.buffer.memory", "1000", ["kafka.buffer.memory", "kafka.linger.ms"]),
-    ("kafka.max.in.flight.requests.per.connection", "1", ["kafka.max.in.flight.requests.per.connection"]),
-    ("kafka.security.protocol", "SASL_SSL", ["kafka.security.protocol", "highwater.auth.token"]),
-    ("kafka.group.id", "g", ["kafka.group.id", "no Highwater meaning"]),
-    ("groupIdPrefix", "g", ["groupIdPrefix", "no Highwater meaning"]),
-    ("kafka.fetch.max.bytes", "1024", ["kafka.fetch.max.bytes", "consumer setting"]),
-    ("kafka.interceptor.classes", "x.Y", ["kafka.interceptor.classes", "no Highwater meaning"]),
-    ("kafka.ssl.keystore.location", "/x.jks", ["kafka.ssl.keystore.location", "highwater.ssl.certfile"]),
-    ("kafka.max.partition.fetch.bytes", "1024", ["kafka.max.partition.fetch.bytes", "consumer setting"]),
-    ("kafka.acks", "2", ["kafka.acks", "all, 1 or 0"]),
-    ("kafka.compression.type", "producer", ["kafka.compression.type", "zstd"]),
-])
+@pytest.mark.parametrize(
+    ("option", "value", "named"),
+    [
+        ("kafka.enable.idempotence", "false", ["kafka.enable.idempotence", "always idempotent"]),
+        ("kafka.retries", "5", ["kafka.retries", "kafka.delivery.timeout.ms"]),
+        ("kafka.transactional.id", "t", ["kafka.transactional.id", "no transactions"]),
+        ("kafka.key.serializer", "x.Y", ["kafka.key.serializer", "no Highwater meaning"]),
+        ("kafka.value.serializer", "x.Y", ["kafka.value.serializer", "no Highwater meaning"]),
+        ("kafka.partitioner.class", "x.Y", ["kafka.partitioner.class", "'partition' column"]),
+        ("kafka.buffer.memory", "1000", ["kafka.buffer.memory", "kafka.linger.ms"]),
+        ("kafka.max.in.flight.requests.per.connection", "1", ["kafka.max.in.flight.requests.per.connection"]),
+        ("kafka.security.protocol", "SASL_SSL", ["kafka.security.protocol", "highwater.auth.token"]),
+        ("kafka.group.id", "g", ["kafka.group.id", "no Highwater meaning"]),
+        ("groupIdPrefix", "g", ["groupIdPrefix", "no Highwater meaning"]),
+        ("kafka.fetch.max.bytes", "1024", ["kafka.fetch.max.bytes", "consumer setting"]),
+        ("kafka.interceptor.classes", "x.Y", ["kafka.interceptor.classes", "no Highwater meaning"]),
+        ("kafka.ssl.keystore.location", "/x.jks", ["kafka.ssl.keystore.location", "highwater.ssl.certfile"]),
+        ("kafka.max.partition.fetch.bytes", "1024", ["kafka.max.partition.fetch.bytes", "consumer setting"]),
+        ("kafka.acks", "2", ["kafka.acks", "all, 1 or 0"]),
+        ("kafka.compression.type", "producer", ["kafka.compression.type", "zstd"]),
+    ],
+)
 def test_kafka_write_options_without_a_highwater_meaning_are_refused_by_name(
-        spark: Any, cluster: TestCluster, refusal_topics: None, option: str, value: str, named: list[str]) -> None:
+    spark: Any, cluster: TestCluster, refusal_topics: None, option: str, value: str, named: list[str]
+) -> None:
     bootstrap = cluster.gateway_address
     values = spark.range(3).select(F.col("id").cast("string").alias("value"))
-    _fails(lambda: values.write.format("highwater").option("bootstrap", bootstrap).option("topic", "kopt-wrefused")
-           .option(option, value).mode("append").save(), *named)
+    _fails(
+        lambda: (
+            values.write.format("highwater")
+            .option("bootstrap", bootstrap)
+            .option("topic", "kopt-wrefused")
+            .option(option, value)
+            .mode("append")
+            .save()
+        ),
+        *named,
+    )

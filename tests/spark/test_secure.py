@@ -41,8 +41,13 @@ RECORDS = 60
 
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
-    c = TestCluster(tmp_path_factory.mktemp("spark-secure"), brokers=2, lease_ttl_s=TEST_LEASE_TTL_S, tls=True,
-                    service_args=["--authorizer", "acl", "--super-users", "User:admin"])
+    c = TestCluster(
+        tmp_path_factory.mktemp("spark-secure"),
+        brokers=2,
+        lease_ttl_s=TEST_LEASE_TTL_S,
+        tls=True,
+        service_args=["--authorizer", "acl", "--super-users", "User:admin"],
+    )
     c.start()
     try:
         for name in ("alice", "mallory"):
@@ -50,12 +55,36 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
         with Admin(c.gateway_address, **c.client_settings("admin")) as admin:
             for topic in ("sspark-in", "sspark-out", "sspark-stream"):
                 admin.create_topics(topic, 2, 2)
-        acl(c, "add", "--principal", "User:alice", "--operation", "Read", "--operation", "Write",
-            "--topic", "sspark-", "--prefixed")
-        acl(c, "add", "--principal", "User:mallory", "--operation", "Describe", "--topic", "sspark-", "--prefixed")
+        acl(
+            c,
+            "add",
+            "--principal",
+            "User:alice",
+            "--operation",
+            "Read",
+            "--operation",
+            "Write",
+            "--topic",
+            "sspark-",
+            "--prefixed",
+        )
+        acl(
+            c,
+            "add",
+            "--principal",
+            "User:mallory",
+            "--operation",
+            "Describe",
+            "--topic",
+            "sspark-",
+            "--prefixed",
+        )
         acl(c, "add", "--principal", "User:tok", "--operation", "All", "--topic", "sspark-", "--prefixed")
-        wait_for(lambda: "sspark-in" in topics_seen(c, "mallory"), timeout_s=ACL_PROPAGATION_TIMEOUT_S,
-                 what="the ACLs to reach the gateway")
+        wait_for(
+            lambda: "sspark-in" in topics_seen(c, "mallory"),
+            timeout_s=ACL_PROPAGATION_TIMEOUT_S,
+            what="the ACLs to reach the gateway",
+        )
         with Admin(c.gateway_address, **c.client_settings("admin")) as admin:
             admin_produce(c, "sspark-in", [f"in-{i}".encode() for i in range(RECORDS)])
         yield c
@@ -65,7 +94,9 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
 
 def acl(c: TestCluster, *args: str) -> None:
     """`highwater acl ARGS` as the super user User:admin, as an operator runs it."""
-    result = CliRunner().invoke(cli, ["--bootstrap", c.gateway_address, "--tls-dir", str(c.tls_dir), "acl", *args])
+    result = CliRunner().invoke(
+        cli, ["--bootstrap", c.gateway_address, "--tls-dir", str(c.tls_dir), "acl", *args]
+    )
     assert result.exit_code == 0, (args, result.output)
 
 
@@ -87,8 +118,12 @@ def admin_produce(c: TestCluster, topic: str, values: list[bytes]) -> None:
 def admin_read(c: TestCluster, topic: str) -> list[bytes]:
     """Every value of `topic` below its high watermark, read as the super user."""
     out: list[bytes] = []
-    with Consumer(bootstrap=c.gateway_address, auto_offset_reset="earliest", enable_auto_commit=False,
-                  **c.client_settings("admin")) as consumer:
+    with Consumer(
+        bootstrap=c.gateway_address,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        **c.client_settings("admin"),
+    ) as consumer:
         tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
         consumer.assign(tps)
         ends = consumer.end_offsets(tps)
@@ -101,14 +136,21 @@ def admin_read(c: TestCluster, topic: str) -> list[bytes]:
 
 def cert_options(c: TestCluster, name: str) -> dict[str, str]:
     tls = Path(str(c.tls_dir))
-    return {"bootstrap": c.gateway_address, "highwater.ssl.cafile": str(tls / "ca.pem"),
-            "highwater.ssl.certfile": str(tls / f"{name}.pem"), "highwater.ssl.keyfile": str(tls / f"{name}-key.pem")}
+    return {
+        "bootstrap": c.gateway_address,
+        "highwater.ssl.cafile": str(tls / "ca.pem"),
+        "highwater.ssl.certfile": str(tls / f"{name}.pem"),
+        "highwater.ssl.keyfile": str(tls / f"{name}-key.pem"),
+    }
 
 
 def token_options(c: TestCluster, token: str) -> dict[str, str]:
     # A token client has no certificate: it names the gateway's client port (TLS, no client certificate).
-    return {"bootstrap": c.gateway_client_address, "highwater.ssl.cafile": str(Path(str(c.tls_dir)) / "ca.pem"),
-            "highwater.auth.token": token}
+    return {
+        "bootstrap": c.gateway_client_address,
+        "highwater.ssl.cafile": str(Path(str(c.tls_dir)) / "ca.pem"),
+        "highwater.auth.token": token,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -130,44 +172,92 @@ def test_batch_read_and_write_with_a_client_certificate_that_may(spark: Any, sec
     options = cert_options(secure, "alice")
     rows = spark.read.format("highwater").options(subscribe="sspark-in", **options).load()
     assert sorted(r.value for r in rows.collect()) == sorted(f"in-{i}".encode() for i in range(RECORDS))
-    rows.select("value").write.format("highwater").options(topic="sspark-out", **options).mode("append").save()
+    rows.select("value").write.format("highwater").options(topic="sspark-out", **options).mode(
+        "append"
+    ).save()
     assert sorted(admin_read(secure, "sspark-out")) == sorted(f"in-{i}".encode() for i in range(RECORDS))
 
 
-def test_a_principal_that_may_not_read_or_write_gets_the_authorizers_refusal(spark: Any, secure: TestCluster,
-                                                                          tmp_path: Path) -> None:
+def test_a_principal_that_may_not_read_or_write_gets_the_authorizers_refusal(
+    spark: Any, secure: TestCluster, tmp_path: Path
+) -> None:
     options = cert_options(secure, "mallory")  # may Describe the topics, not Read or Write them
-    _fails(lambda: spark.read.format("highwater").options(subscribe="sspark-in", **options).load().count(),
-           "not authorized to Read topic 'sspark-in'", "TOPIC_AUTHORIZATION_FAILED", "highwater acl add")
+    _fails(
+        lambda: spark.read.format("highwater").options(subscribe="sspark-in", **options).load().count(),
+        "not authorized to Read topic 'sspark-in'",
+        "TOPIC_AUTHORIZATION_FAILED",
+        "highwater acl add",
+    )
     values = spark.range(3).select(F.col("id").cast("string").alias("value"))
-    _fails(lambda: values.write.format("highwater").options(topic="sspark-out", **options).mode("append").save(),
-           "not authorized to Write topic 'sspark-out'", "TOPIC_AUTHORIZATION_FAILED")
-    query = (spark.readStream.format("highwater").options(subscribe="sspark-in", startingOffsets="earliest",
-                                                          **options).load()
-             .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp")).start())
+    _fails(
+        lambda: values.write.format("highwater").options(topic="sspark-out", **options).mode("append").save(),
+        "not authorized to Write topic 'sspark-out'",
+        "TOPIC_AUTHORIZATION_FAILED",
+    )
+    query = (
+        spark.readStream.format("highwater")
+        .options(subscribe="sspark-in", startingOffsets="earliest", **options)
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
     _fails(lambda: query.awaitTermination(QUERY_TIMEOUT_S), "not authorized to Read topic 'sspark-in'")
     # A stream that alice reads and mallory writes: the write is refused.
-    query = (spark.readStream.format("highwater").options(subscribe="sspark-in", startingOffsets="earliest",
-                                                          **cert_options(secure, "alice")).load().select("value")
-             .writeStream.format("highwater").options(topic="sspark-out", **options)
-             .option("checkpointLocation", str(tmp_path / "cp-write")).trigger(availableNow=True).start())
+    query = (
+        spark.readStream.format("highwater")
+        .options(subscribe="sspark-in", startingOffsets="earliest", **cert_options(secure, "alice"))
+        .load()
+        .select("value")
+        .writeStream.format("highwater")
+        .options(topic="sspark-out", **options)
+        .option("checkpointLocation", str(tmp_path / "cp-write"))
+        .trigger(availableNow=True)
+        .start()
+    )
     _fails(lambda: query.awaitTermination(QUERY_TIMEOUT_S), "not authorized to Write topic 'sspark-out'")
     # A principal the cluster does not know at all, and no credentials on a TLS cluster.
-    _fails(lambda: spark.read.format("highwater").options(
-        subscribe="sspark-in", **token_options(secure, "hwt.0.not-a-token")).load().count(), "UNAUTHENTICATED",
-        "highwater.auth.token")
-    _fails(lambda: spark.read.format("highwater").options(
-        subscribe="sspark-in", bootstrap=secure.gateway_address, **{"highwater.connect.timeout.ms": "1500"})
-        .load().count(), "option 'bootstrap'", "highwater.ssl.cafile")
+    _fails(
+        lambda: (
+            spark.read.format("highwater")
+            .options(subscribe="sspark-in", **token_options(secure, "hwt.0.not-a-token"))
+            .load()
+            .count()
+        ),
+        "UNAUTHENTICATED",
+        "highwater.auth.token",
+    )
+    _fails(
+        lambda: (
+            spark.read.format("highwater")
+            .options(
+                subscribe="sspark-in",
+                bootstrap=secure.gateway_address,
+                **{"highwater.connect.timeout.ms": "1500"},
+            )
+            .load()
+            .count()
+        ),
+        "option 'bootstrap'",
+        "highwater.ssl.cafile",
+    )
 
 
-def test_streaming_read_and_write_with_a_token(spark: Any, secure: TestCluster, token: str, tmp_path: Path) -> None:
+def test_streaming_read_and_write_with_a_token(
+    spark: Any, secure: TestCluster, token: str, tmp_path: Path
+) -> None:
     options = token_options(secure, token)
-    query = (spark.readStream.format("highwater").options(subscribe="sspark-in", startingOffsets="earliest",
-                                                          maxOffsetsPerTrigger="25", **options).load()
-             .select("key", "value")
-             .writeStream.format("highwater").options(topic="sspark-stream", **options)
-             .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
+    query = (
+        spark.readStream.format("highwater")
+        .options(subscribe="sspark-in", startingOffsets="earliest", maxOffsetsPerTrigger="25", **options)
+        .load()
+        .select("key", "value")
+        .writeStream.format("highwater")
+        .options(topic="sspark-stream", **options)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(QUERY_TIMEOUT_S)
     assert query.exception() is None
     assert sorted(admin_read(secure, "sspark-stream")) == sorted(f"in-{i}".encode() for i in range(RECORDS))
@@ -176,11 +266,20 @@ def test_streaming_read_and_write_with_a_token(spark: Any, secure: TestCluster, 
 def test_explain_does_not_show_the_token(spark: Any, secure: TestCluster, token: str, tmp_path: Path) -> None:
     options = token_options(secure, token)
     batch = spark.read.format("highwater").options(subscribe="sspark-in", **options).load()
-    stream = (spark.readStream.format("highwater").options(subscribe="sspark-in", **options).load()
-              .writeStream.format("highwater").options(topic="sspark-stream", **options)
-              .option("checkpointLocation", str(tmp_path / "cp")).trigger(processingTime="1 second").start())
+    stream = (
+        spark.readStream.format("highwater")
+        .options(subscribe="sspark-in", **options)
+        .load()
+        .writeStream.format("highwater")
+        .options(topic="sspark-stream", **options)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="1 second")
+        .start()
+    )
     try:
-        wait_for(lambda: stream.lastProgress is not None, timeout_s=QUERY_TIMEOUT_S, what="a first micro-batch")
+        wait_for(
+            lambda: stream.lastProgress is not None, timeout_s=QUERY_TIMEOUT_S, what="a first micro-batch"
+        )
         shown = io.StringIO()
         with contextlib.redirect_stdout(shown):
             batch.explain(extended=True)
@@ -192,12 +291,15 @@ def test_explain_does_not_show_the_token(spark: Any, secure: TestCluster, token:
     assert token not in text and token.split(".")[-1] not in text, text
     # Wherever Spark prints a source's options (the UI, event logs, DESCRIBE), it redacts those
     # whose names match spark.redaction.regex; the token's option name is one of them.
-    redaction = spark.sparkContext.getConf().get("spark.redaction.regex", "(?i)secret|password|token|access[.]?key")
+    redaction = spark.sparkContext.getConf().get(
+        "spark.redaction.regex", "(?i)secret|password|token|access[.]?key"
+    )
     assert re.search(redaction, "highwater.auth.token")
 
 
 def test_a_certificate_client_fetches_from_leaders_and_a_token_client_through_the_gateway(
-        secure: TestCluster, token: str) -> None:
+    secure: TestCluster, token: str
+) -> None:
     """Brokers' registered ports are mutual TLS: a certificate reaches the leaders there; a token
     alone could not, so it reads through the gateway's client port."""
     for options, direct in ((cert_options(secure, "alice"), True), (token_options(secure, token), False)):

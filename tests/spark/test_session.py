@@ -47,18 +47,33 @@ SCRIPT = textwrap.dedent("""
 def _run(tmp_path: Path, mode: str) -> str:
     script = tmp_path / "job.py"
     script.write_text(SCRIPT.format(root=str(REPO_ROOT)))
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH")
+    }
     env["SPARK_LOCAL_IP"] = "127.0.0.1"
     # The workers' default interpreter ("python3") must be one without highwater, as on a fresh node.
-    done = subprocess.run([sys.executable, str(script), mode], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=SCRIPT_TIMEOUT_S, check=False)
+    done = subprocess.run(
+        [sys.executable, str(script), mode],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SCRIPT_TIMEOUT_S,
+        check=False,
+    )
     return done.stdout + done.stderr[-3000:]
 
 
 def test_without_the_helper_the_check_says_exactly_what_to_set(tmp_path: Path) -> None:
-    probe = subprocess.run(["python3", "-c", "import pyspark_highwater"], cwd=tmp_path, capture_output=True,
-                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, check=False)
+    probe = subprocess.run(
+        ["python3", "-c", "import pyspark_highwater"],
+        cwd=tmp_path,
+        capture_output=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        check=False,
+    )
     if probe.returncode == 0:
         pytest.skip("the default python3 here has highwater installed: nothing would be missing")
     out = _run(tmp_path, "plain")

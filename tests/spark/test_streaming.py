@@ -23,25 +23,38 @@ KILL_WAIT_S = 60
 
 
 def _stream(spark: Any, bootstrap: str, topic: str, **options: Any) -> Any:
-    return spark.readStream.format("highwater").options(**read_options(
-        bootstrap, subscribe=topic, startingOffsets="earliest", **options)).load()
+    return (
+        spark.readStream.format("highwater")
+        .options(**read_options(bootstrap, subscribe=topic, startingOffsets="earliest", **options))
+        .load()
+    )
 
 
-def test_restarted_query_reads_every_record_exactly_once(spark: Any, cluster: TestCluster, tmp_path: Path) -> None:
+def test_restarted_query_reads_every_record_exactly_once(
+    spark: Any, cluster: TestCluster, tmp_path: Path
+) -> None:
     bootstrap = cluster.gateway_address
     create_topic(bootstrap, "stream-in", 2)
     produce(bootstrap, "stream-in", [(i % 2, None, f"a{i}".encode(), []) for i in range(400)])
     out, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
 
     def start(trigger: dict[str, Any]) -> Any:
-        rows = _stream(spark, bootstrap, "stream-in", maxOffsetsPerTrigger=100).select("partition", "offset", "value")
-        return (rows.writeStream.format("parquet").option("path", out).option("checkpointLocation", checkpoint)
-                .trigger(**trigger).start())
+        rows = _stream(spark, bootstrap, "stream-in", maxOffsetsPerTrigger=100).select(
+            "partition", "offset", "value"
+        )
+        return (
+            rows.writeStream.format("parquet")
+            .option("path", out)
+            .option("checkpointLocation", checkpoint)
+            .trigger(**trigger)
+            .start()
+        )
 
     # Run 1: processing-time trigger, stopped once it has done some batches (maybe mid-batch).
     query = start({"processingTime": "200 milliseconds"})
     try:
         import time
+
         deadline = time.monotonic() + QUERY_TIMEOUT_S
         while sum(p["numInputRows"] for p in query.recentProgress) < 200:
             assert time.monotonic() < deadline, "the first run made no progress"
@@ -73,19 +86,27 @@ def test_restarted_query_reads_every_record_exactly_once(spark: Any, cluster: Te
 def test_max_offsets_per_trigger_sizes_the_batches(spark: Any, cluster: TestCluster, tmp_path: Path) -> None:
     bootstrap = cluster.gateway_address
     create_topic(bootstrap, "stream-limit", 3)
-    produce(bootstrap, "stream-limit", [(p, None, b"x", []) for p, n in ((0, 100), (1, 60), (2, 40))
-                                        for _ in range(n)])
+    produce(
+        bootstrap,
+        "stream-limit",
+        [(p, None, b"x", []) for p, n in ((0, 100), (1, 60), (2, 40)) for _ in range(n)],
+    )
     sizes: list[int] = []
-    query = (_stream(spark, bootstrap, "stream-limit", maxOffsetsPerTrigger=50).writeStream
-             .foreachBatch(lambda df, _batch_id: sizes.append(df.count()))
-             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+    query = (
+        _stream(spark, bootstrap, "stream-limit", maxOffsetsPerTrigger=50)
+        .writeStream.foreachBatch(lambda df, _batch_id: sizes.append(df.count()))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(QUERY_TIMEOUT_S)
     assert query.exception() is None
     assert [s for s in sizes if s] == [50, 50, 50, 50]
 
 
-def test_stream_write_killed_mid_batch_writes_no_duplicates(spark: Any, cluster: TestCluster,
-                                                            tmp_path: Path) -> None:
+def test_stream_write_killed_mid_batch_writes_no_duplicates(
+    spark: Any, cluster: TestCluster, tmp_path: Path
+) -> None:
     """A worker killed in the middle of micro-batch 1, after the other task of that batch wrote all of
     its rows: the restarted query replays batch 1 and writes no row twice.
 
@@ -115,10 +136,17 @@ def test_stream_write_killed_mid_batch_writes_no_duplicates(spark: Any, cluster:
 
     def start() -> Any:
         rows = _stream(spark, bootstrap, "wstream-in", maxOffsetsPerTrigger=1000).select(
-            kill_once(F.col("value")).alias("value"))
-        return (rows.writeStream.format("highwater").option("bootstrap", bootstrap).option("topic", "wstream-out")
-                .option("highwater.batch.size.bytes", "1024")  # many small batches to recognise
-                .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+            kill_once(F.col("value")).alias("value")
+        )
+        return (
+            rows.writeStream.format("highwater")
+            .option("bootstrap", bootstrap)
+            .option("topic", "wstream-out")
+            .option("highwater.batch.size.bytes", "1024")  # many small batches to recognise
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
 
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
     try:
@@ -141,17 +169,22 @@ def test_stream_write_killed_mid_batch_writes_no_duplicates(spark: Any, cluster:
     assert set(values) == {f"r-{i % 2}-{i // 2}".encode() for i in range(3000)}
 
 
-def test_deleted_topic_fails_the_query_or_is_skipped_per_fail_on_data_loss(spark: Any, cluster: TestCluster,
-                                                                           tmp_path: Path) -> None:
+def test_deleted_topic_fails_the_query_or_is_skipped_per_fail_on_data_loss(
+    spark: Any, cluster: TestCluster, tmp_path: Path
+) -> None:
     bootstrap = cluster.gateway_address
     create_topic(bootstrap, "loss", 1)
     produce(bootstrap, "loss", [(0, None, b"x", []) for _ in range(10)])
 
     def run(fail_on_data_loss: bool) -> Any:
         checkpoint = str(tmp_path / f"fail-{fail_on_data_loss}")
-        query = (_stream(spark, bootstrap, "loss", failOnDataLoss=str(fail_on_data_loss).lower()).writeStream
-                 .foreachBatch(lambda df, _batch_id: df.count()).option("checkpointLocation", checkpoint)
-                 .trigger(availableNow=True).start())
+        query = (
+            _stream(spark, bootstrap, "loss", failOnDataLoss=str(fail_on_data_loss).lower())
+            .writeStream.foreachBatch(lambda df, _batch_id: df.count())
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
         query.awaitTermination(QUERY_TIMEOUT_S)
         return query
 

@@ -29,44 +29,60 @@ BASE = {"bootstrap": "127.0.0.1:9092"}
 
 
 def test_offsets_json_is_kafkas_and_round_trips() -> None:
-    options = parse_read_options({**BASE, "subscribe": "a,b",
-                                  "startingOffsets": '{"a": {"0": 23, "1": -2}, "b": {"0": -1}}'}, streaming=True)
+    options = parse_read_options(
+        {**BASE, "subscribe": "a,b", "startingOffsets": '{"a": {"0": 23, "1": -2}, "b": {"0": -1}}'},
+        streaming=True,
+    )
     assert options.starting.offsets == {("a", 0): 23, ("a", 1): -2, ("b", 0): -1}
     assert offsets_from_json(offsets_to_json({("a", 1): 5, ("a", 0): 3})) == {("a", 0): 3, ("a", 1): 5}
     assert offsets_to_json({("a", 1): 5, ("a", 0): 3}) == {"a": {"0": 3, "1": 5}}
 
 
-@pytest.mark.parametrize(("options", "named"), [
-    ({"subscribe": "a", "startingOffsets": "{not json"}, "startingOffsets"),
-    ({"subscribe": "a", "startingOffsets": '{"a": [1]}'}, "startingOffsets"),
-    ({"subscribe": "a", "endingOffsets": '{"a": {"0": -2}}'}, "endingOffsets"),
-    ({"subscribe": "a", "startingOffsets": "latest"}, "startingOffsets"),
-    ({"assign": '{"a": "0"}'}, "assign"),
-    ({"subscribe": "a", "subscribePattern": "a.*"}, "subscribe"),
-    ({"subscribe": "a", "startingOffsets": '{"b": {"0": 1}}'}, "startingOffsets"),
-    ({"subscribe": "bad topic"}, "subscribe"),
-    ({"subscribe": "a", "minPartitions": "0"}, "minPartitions"),
-    ({"subscribe": "a", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
-    ({"subscribe": "a", "highwater.request.timeout": "5"}, "highwater.request.timeout"),
-    ({"subscribe": "a", "bootstrap": "nohost"}, "bootstrap"),
-])
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"subscribe": "a", "startingOffsets": "{not json"}, "startingOffsets"),
+        ({"subscribe": "a", "startingOffsets": '{"a": [1]}'}, "startingOffsets"),
+        ({"subscribe": "a", "endingOffsets": '{"a": {"0": -2}}'}, "endingOffsets"),
+        ({"subscribe": "a", "startingOffsets": "latest"}, "startingOffsets"),
+        ({"assign": '{"a": "0"}'}, "assign"),
+        ({"subscribe": "a", "subscribePattern": "a.*"}, "subscribe"),
+        ({"subscribe": "a", "startingOffsets": '{"b": {"0": 1}}'}, "startingOffsets"),
+        ({"subscribe": "bad topic"}, "subscribe"),
+        ({"subscribe": "a", "minPartitions": "0"}, "minPartitions"),
+        ({"subscribe": "a", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
+        ({"subscribe": "a", "highwater.request.timeout": "5"}, "highwater.request.timeout"),
+        ({"subscribe": "a", "bootstrap": "nohost"}, "bootstrap"),
+    ],
+)
 def test_bad_read_options_name_the_option(options: dict[str, str], named: str) -> None:
     with pytest.raises(OptionError, match=named):
         parse_read_options({**BASE, **options}, streaming=False)
 
 
 def test_options_are_case_insensitive_and_typed() -> None:
-    options = parse_read_options({**BASE, "SUBSCRIBE": "a", "maxoffsetspertrigger": "10",
-                                  "maxBytesPerTrigger": "2m", "includeHeaders": "TRUE",
-                                  "highwater.fetch.max.bytes": "65536"}, streaming=True)
+    options = parse_read_options(
+        {
+            **BASE,
+            "SUBSCRIBE": "a",
+            "maxoffsetspertrigger": "10",
+            "maxBytesPerTrigger": "2m",
+            "includeHeaders": "TRUE",
+            "highwater.fetch.max.bytes": "65536",
+        },
+        streaming=True,
+    )
     assert options.subscription.topics == ("a",)
     assert (options.max_offsets_per_trigger, options.max_bytes_per_trigger) == (10, 2 << 20)
     assert options.include_headers and options.client.fetch_max_bytes == 65536
     assert options.client.fetch_from_leaders
-    assert not parse_read_options({**BASE, "subscribe": "a", "highwater.fetch.from.leaders": "False"},
-                                  streaming=False).client.fetch_from_leaders
+    assert not parse_read_options(
+        {**BASE, "subscribe": "a", "highwater.fetch.from.leaders": "False"}, streaming=False
+    ).client.fetch_from_leaders
     with pytest.raises(OptionError, match=r"highwater\.fetch\.from\.leaders"):
-        parse_read_options({**BASE, "subscribe": "a", "highwater.fetch.from.leaders": "sometimes"}, streaming=False)
+        parse_read_options(
+            {**BASE, "subscribe": "a", "highwater.fetch.from.leaders": "sometimes"}, streaming=False
+        )
     with pytest.raises(OptionError, match="batch queries only"):
         parse_read_options({**BASE, "subscribe": "a", "endingOffsets": "latest"}, streaming=True)
     assert parse_write_options({**BASE, "highwater.acks": "1"}).client.acks == 1
@@ -109,36 +125,58 @@ def test_batch_numbering_is_deterministic_and_moves_producer_id_every_five_batch
 
 
 def test_kafka_client_settings_map_to_the_connectors_with_the_same_meaning() -> None:
-    write = parse_write_options({"kafka.bootstrap.servers": "h:1", "topic": "t", "kafka.acks": "0",
-                                 "kafka.compression.type": "ZSTD", "kafka.linger.ms": "5", "kafka.batch.size": "1024",
-                                 "kafka.max.request.size": "65536", "kafka.request.timeout.ms": "7000",
-                                 "kafka.delivery.timeout.ms": "9000", "includeHeaders": "true"})
+    write = parse_write_options(
+        {
+            "kafka.bootstrap.servers": "h:1",
+            "topic": "t",
+            "kafka.acks": "0",
+            "kafka.compression.type": "ZSTD",
+            "kafka.linger.ms": "5",
+            "kafka.batch.size": "1024",
+            "kafka.max.request.size": "65536",
+            "kafka.request.timeout.ms": "7000",
+            "kafka.delivery.timeout.ms": "9000",
+            "includeHeaders": "true",
+        }
+    )
     c = write.client
     assert write.bootstrap == "h:1"
     assert (c.acks, c.compression, c.linger_ms, c.batch_size_bytes) == (0, "zstd", 5, 1024)
     assert (c.max_request_bytes, c.request_timeout_ms, c.retry_timeout_ms) == (65536, 7000, 9000)
-    read = parse_read_options({**BASE, "subscribe": "a", "kafka.max.partition.fetch.bytes": "65536",
-                               "kafkaConsumer.pollTimeoutMs": "5000"}, streaming=False)
+    read = parse_read_options(
+        {
+            **BASE,
+            "subscribe": "a",
+            "kafka.max.partition.fetch.bytes": "65536",
+            "kafkaConsumer.pollTimeoutMs": "5000",
+        },
+        streaming=False,
+    )
     assert (read.client.fetch_max_bytes, read.client.request_timeout_ms) == (65536, 5000)
 
 
 def test_one_setting_under_two_names_with_different_values_is_refused() -> None:
     with pytest.raises(OptionError, match=r"'highwater\.acks' and 'kafka\.acks'"):
         parse_write_options({**BASE, "topic": "t", "highwater.acks": "1", "kafka.acks": "all"})
-    assert parse_write_options({**BASE, "topic": "t", "highwater.acks": "1", "kafka.acks": "1"}).client.acks == 1
+    assert (
+        parse_write_options({**BASE, "topic": "t", "highwater.acks": "1", "kafka.acks": "1"}).client.acks == 1
+    )
     with pytest.raises(OptionError, match=r"kafka\.linger\.ms' must be between"):
         parse_write_options({**BASE, "topic": "t", "kafka.linger.ms": "-1"})
 
 
 def test_min_offsets_per_trigger_and_max_trigger_delay_are_parsed_as_spark_does() -> None:
-    options = parse_read_options({**BASE, "subscribe": "a", "minOffsetsPerTrigger": "100",
-                                  "maxTriggerDelay": "2m"}, streaming=True)
+    options = parse_read_options(
+        {**BASE, "subscribe": "a", "minOffsetsPerTrigger": "100", "maxTriggerDelay": "2m"}, streaming=True
+    )
     assert (options.min_offsets_per_trigger, options.max_trigger_delay_ms) == (100, 120_000)
     default = parse_read_options({**BASE, "subscribe": "a", "minOffsetsPerTrigger": "1"}, streaming=True)
     assert default.max_trigger_delay_ms == limits.MAX_TRIGGER_DELAY_MS_DEFAULT == 15 * 60 * 1000
-    for bad, named in (({"minOffsetsPerTrigger": "10", "maxOffsetsPerTrigger": "5"}, "minOffsetsPerTrigger"),
-                       ({"minOffsetsPerTrigger": "10", "maxTriggerDelay": "soon"}, "maxTriggerDelay"),
-                       ({"maxTriggerDelay": "5s"}, "maxTriggerDelay")):
+    for bad, named in (
+        ({"minOffsetsPerTrigger": "10", "maxOffsetsPerTrigger": "5"}, "minOffsetsPerTrigger"),
+        ({"minOffsetsPerTrigger": "10", "maxTriggerDelay": "soon"}, "maxTriggerDelay"),
+        ({"maxTriggerDelay": "5s"}, "maxTriggerDelay"),
+    ):
         with pytest.raises(OptionError, match=named):
             parse_read_options({**BASE, "subscribe": "a", **bad}, streaming=True)
 
@@ -146,13 +184,16 @@ def test_min_offsets_per_trigger_and_max_trigger_delay_are_parsed_as_spark_does(
 def test_credentials_are_read_on_the_driver_and_never_printed(tmp_path: Any) -> None:
     pem = tmp_path / "ca.pem"
     pem.write_bytes(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
-    options = parse_read_options({**BASE, "subscribe": "a", "highwater.ssl.cafile": str(pem),
-                                  "highwater.auth.token": "hwt.1.s3cret"}, streaming=False)
+    options = parse_read_options(
+        {**BASE, "subscribe": "a", "highwater.ssl.cafile": str(pem), "highwater.auth.token": "hwt.1.s3cret"},
+        streaming=False,
+    )
     assert options.client.ca_cert == pem.read_bytes() and options.client.token == "hwt.1.s3cret"
     assert options.client.secure and "s3cret" not in repr(options) and "MIIB" not in repr(options)
     with pytest.raises(OptionError, match=r"highwater\.ssl\.cafile.*cannot read"):
-        parse_read_options({**BASE, "subscribe": "a", "highwater.ssl.cafile": str(tmp_path / "nope")},
-                           streaming=False)
+        parse_read_options(
+            {**BASE, "subscribe": "a", "highwater.ssl.cafile": str(tmp_path / "nope")}, streaming=False
+        )
     with pytest.raises(OptionError, match="go together"):
         parse_read_options({**BASE, "subscribe": "a", "highwater.ssl.certfile": str(pem)}, streaming=False)
 
@@ -176,9 +217,18 @@ class _RecordingClient:
 
     def call_future(self, method: str, request: Any) -> Any:
         self.requests.append(request)
-        answer = common_pb2.ProduceResponse(topics=[common_pb2.ProduceTopicResponse(topic=t.topic, partitions=[
-            common_pb2.ProducePartitionResponse(partition=p.partition, base_offset=0) for p in t.partitions])
-            for t in request.topics])
+        answer = common_pb2.ProduceResponse(
+            topics=[
+                common_pb2.ProduceTopicResponse(
+                    topic=t.topic,
+                    partitions=[
+                        common_pb2.ProducePartitionResponse(partition=p.partition, base_offset=0)
+                        for p in t.partitions
+                    ],
+                )
+                for t in request.topics
+            ]
+        )
         return lambda: answer
 
 
@@ -209,6 +259,9 @@ def test_max_request_size_bounds_what_one_produce_carries() -> None:
 
 
 def test_bootstrap_under_two_names_must_agree() -> None:
-    assert parse_write_options({"bootstrap": "h:1", "kafka.bootstrap.servers": "h:1", "topic": "t"}).bootstrap == "h:1"
+    assert (
+        parse_write_options({"bootstrap": "h:1", "kafka.bootstrap.servers": "h:1", "topic": "t"}).bootstrap
+        == "h:1"
+    )
     with pytest.raises(OptionError, match=r"kafka\.bootstrap\.servers"):
         parse_write_options({"bootstrap": "h:1", "kafka.bootstrap.servers": "h:2", "topic": "t"})

@@ -87,15 +87,28 @@ class RecordingIO:
 class Broker:
     """One BrokerCore with its seams; `storage` survives a restart (a new Broker on the same storage)."""
 
-    def __init__(self, broker_id: int, *, storage: MemoryStorage | None = None, clock: ManualClock | None = None,
-                 fetcher_settings: FetcherSettings = NO_WAIT_FETCHER) -> None:
+    def __init__(
+        self,
+        broker_id: int,
+        *,
+        storage: MemoryStorage | None = None,
+        clock: ManualClock | None = None,
+        fetcher_settings: FetcherSettings = NO_WAIT_FETCHER,
+    ) -> None:
         self.broker_id = broker_id
         self.storage = storage or MemoryStorage()
         self.clock = clock or ManualClock()
         self.io = RecordingIO(self.clock)
         self.lines = Lines()
-        self.core = BrokerCore(broker_id=broker_id, data_dir=f"/data/b{broker_id}", storage=self.storage,
-                               clock=self.clock, io=self.io, log=self.lines, fetcher_settings=fetcher_settings)
+        self.core = BrokerCore(
+            broker_id=broker_id,
+            data_dir=f"/data/b{broker_id}",
+            storage=self.storage,
+            clock=self.clock,
+            io=self.io,
+            log=self.lines,
+            fetcher_settings=fetcher_settings,
+        )
 
     def register(self, broker_epoch: int, boot_id: str = "boot-1") -> None:
         self.core.start(boot_id)
@@ -103,36 +116,80 @@ class Broker:
 
     @property
     def node(self) -> common_pb2.BrokerNode:
-        return common_pb2.BrokerNode(broker_id=self.broker_id, host="127.0.0.1", port=9000 + self.broker_id,
-                                     broker_epoch=self.core.broker_epoch)
+        return common_pb2.BrokerNode(
+            broker_id=self.broker_id,
+            host="127.0.0.1",
+            port=9000 + self.broker_id,
+            broker_epoch=self.core.broker_epoch,
+        )
 
-    def header(self, broker_epoch: int | None = None, controller_epoch: int = CONTROLLER_EPOCH
-               ) -> common_pb2.ControllerHeader:
+    def header(
+        self, broker_epoch: int | None = None, controller_epoch: int = CONTROLLER_EPOCH
+    ) -> common_pb2.ControllerHeader:
         return common_pb2.ControllerHeader(
-            controller_id=1, controller_epoch=controller_epoch,
-            broker_epoch=self.core.broker_epoch if broker_epoch is None else broker_epoch)
+            controller_id=1,
+            controller_epoch=controller_epoch,
+            broker_epoch=self.core.broker_epoch if broker_epoch is None else broker_epoch,
+        )
 
-    def leader_and_isr(self, *, leader: int, leader_epoch: int, isr: tuple[int, ...], replicas: tuple[int, ...],
-                       live: list[common_pb2.BrokerNode], topic: str = "t", partition: int = 0,
-                       partition_epoch: int = 1, topic_id: str = "", min_isr: int = 1,
-                       header: common_pb2.ControllerHeader | None = None) -> broker_pb2.LeaderAndIsrResponse:
+    def leader_and_isr(
+        self,
+        *,
+        leader: int,
+        leader_epoch: int,
+        isr: tuple[int, ...],
+        replicas: tuple[int, ...],
+        live: list[common_pb2.BrokerNode],
+        topic: str = "t",
+        partition: int = 0,
+        partition_epoch: int = 1,
+        topic_id: str = "",
+        min_isr: int = 1,
+        header: common_pb2.ControllerHeader | None = None,
+    ) -> broker_pb2.LeaderAndIsrResponse:
         state = common_pb2.PartitionState(
-            topic=topic, partition=partition, leader=leader, leader_epoch=leader_epoch, isr=list(isr),
-            replicas=list(replicas), controller_epoch=CONTROLLER_EPOCH, partition_epoch=partition_epoch,
-            topic_id=topic_id)
+            topic=topic,
+            partition=partition,
+            leader=leader,
+            leader_epoch=leader_epoch,
+            isr=list(isr),
+            replicas=list(replicas),
+            controller_epoch=CONTROLLER_EPOCH,
+            partition_epoch=partition_epoch,
+            topic_id=topic_id,
+        )
         req = broker_pb2.LeaderAndIsrRequest(
             header=header or self.header(),
-            partitions=[broker_pb2.LeaderAndIsrPartition(
-                state=state, config=common_pb2.TopicConfig(min_insync_replicas=min_isr))],
-            live_leaders=[n for n in live if n.broker_id == leader])
+            partitions=[
+                broker_pb2.LeaderAndIsrPartition(
+                    state=state, config=common_pb2.TopicConfig(min_insync_replicas=min_isr)
+                )
+            ],
+            live_leaders=[n for n in live if n.broker_id == leader],
+        )
         return run_slices(self.core.leader_and_isr(req))
 
-    def produce(self, records: bytes, *, acks: int = -1, topic: str = "t", partition: int = 0,
-                timeout_ms: int = 30_000) -> list[common_pb2.ProduceResponse]:
+    def produce(
+        self,
+        records: bytes,
+        *,
+        acks: int = -1,
+        topic: str = "t",
+        partition: int = 0,
+        timeout_ms: int = 30_000,
+    ) -> list[common_pb2.ProduceResponse]:
         """Produce; the list receives the answer when the core gives it (at once, or later)."""
         answers: list[common_pb2.ProduceResponse] = []
-        req = common_pb2.ProduceRequest(acks=acks, timeout_ms=timeout_ms, topics=[common_pb2.ProduceTopicData(
-            topic=topic, partitions=[common_pb2.ProducePartitionData(partition=partition, records=records)])])
+        req = common_pb2.ProduceRequest(
+            acks=acks,
+            timeout_ms=timeout_ms,
+            topics=[
+                common_pb2.ProduceTopicData(
+                    topic=topic,
+                    partitions=[common_pb2.ProducePartitionData(partition=partition, records=records)],
+                )
+            ],
+        )
         self.core.produce(req, answers.append)
         return answers
 
@@ -154,11 +211,25 @@ def partition_error(response: common_pb2.ProduceResponse | common_pb2.FetchRespo
     return int(part.error_code)
 
 
-def lone_leader(storage: MemoryStorage | None = None, *, broker_epoch: int = 10, boot_id: str = "boot-1",
-                topic_id: str = "", leader_epoch: int = 0, partition_epoch: int = 1) -> Broker:
+def lone_leader(
+    storage: MemoryStorage | None = None,
+    *,
+    broker_epoch: int = 10,
+    boot_id: str = "boot-1",
+    topic_id: str = "",
+    leader_epoch: int = 0,
+    partition_epoch: int = 1,
+) -> Broker:
     """Broker 1, registered, leading t-0 with no other replica."""
     b = Broker(1, storage=storage)
     b.register(broker_epoch, boot_id=boot_id)
-    b.leader_and_isr(leader=1, leader_epoch=leader_epoch, isr=(1,), replicas=(1,), live=[b.node], topic_id=topic_id,
-                     partition_epoch=partition_epoch)
+    b.leader_and_isr(
+        leader=1,
+        leader_epoch=leader_epoch,
+        isr=(1,),
+        replicas=(1,),
+        live=[b.node],
+        topic_id=topic_id,
+        partition_epoch=partition_epoch,
+    )
     return b

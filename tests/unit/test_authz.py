@@ -45,12 +45,14 @@ def test_no_acl_means_no_access_and_super_users_may_do_everything() -> None:
 
 
 def test_literal_prefixed_and_wildcard_patterns() -> None:
-    authz = Authorizer([
-        acl("User:alice", "Read", "Topic", "orders"),
-        acl("User:alice", "Write", "Topic", "logs-", pattern_type="Prefixed"),
-        acl("User:*", "Read", "Topic", "public"),
-        acl("User:bob", "Read", "Topic", "*"),
-    ])
+    authz = Authorizer(
+        [
+            acl("User:alice", "Read", "Topic", "orders"),
+            acl("User:alice", "Write", "Topic", "logs-", pattern_type="Prefixed"),
+            acl("User:*", "Read", "Topic", "public"),
+            acl("User:bob", "Read", "Topic", "*"),
+        ]
+    )
     assert authz.authorize("User:alice", Operation.READ, topic("orders"))
     assert not authz.authorize("User:alice", Operation.READ, topic("orders2")), "a literal is not a prefix"
     assert authz.authorize("User:alice", Operation.WRITE, topic("logs-app"))
@@ -62,21 +64,29 @@ def test_literal_prefixed_and_wildcard_patterns() -> None:
 
 
 def test_deny_wins_over_allow_whatever_the_pattern() -> None:
-    authz = Authorizer([
-        acl("User:alice", "All", "Topic", "*"),
-        acl("User:alice", "Write", "Topic", "secret-", pattern_type="Prefixed", permission="Deny"),
-        acl("User:*", "Read", "Topic", "payroll", permission="Deny"),
-    ])
+    authz = Authorizer(
+        [
+            acl("User:alice", "All", "Topic", "*"),
+            acl("User:alice", "Write", "Topic", "secret-", pattern_type="Prefixed", permission="Deny"),
+            acl("User:*", "Read", "Topic", "payroll", permission="Deny"),
+        ]
+    )
     assert authz.authorize("User:alice", Operation.WRITE, topic("orders"))
     assert not authz.authorize("User:alice", Operation.WRITE, topic("secret-plans"))
     assert authz.authorize("User:alice", Operation.READ, topic("secret-plans")), "deny is per operation"
-    assert not authz.authorize("User:alice", Operation.READ, topic("payroll")), "a wildcard deny applies to all"
+    assert not authz.authorize("User:alice", Operation.READ, topic("payroll")), (
+        "a wildcard deny applies to all"
+    )
 
 
 def test_read_write_delete_alter_imply_describe_but_a_deny_only_denies_its_operation() -> None:
-    authz = Authorizer([acl("User:alice", "Write", "Topic", "orders"),
-                        acl("User:bob", "Read", "Topic", "orders"),
-                        acl("User:bob", "Describe", "Topic", "orders", permission="Deny")])
+    authz = Authorizer(
+        [
+            acl("User:alice", "Write", "Topic", "orders"),
+            acl("User:bob", "Read", "Topic", "orders"),
+            acl("User:bob", "Describe", "Topic", "orders", permission="Deny"),
+        ]
+    )
     assert authz.authorize("User:alice", Operation.DESCRIBE, topic("orders"))
     assert not authz.authorize("User:alice", Operation.READ, topic("orders"))
     assert not authz.authorize("User:bob", Operation.DESCRIBE, topic("orders"))
@@ -84,9 +94,13 @@ def test_read_write_delete_alter_imply_describe_but_a_deny_only_denies_its_opera
 
 
 def test_authorize_any_finds_write_on_some_topic_unless_denied_everywhere() -> None:
-    authz = Authorizer([acl("User:alice", "Write", "Topic", "logs-", pattern_type="Prefixed"),
-                        acl("User:bob", "Write", "Topic", "x"),
-                        acl("User:bob", "Write", "Topic", "*", permission="Deny")])
+    authz = Authorizer(
+        [
+            acl("User:alice", "Write", "Topic", "logs-", pattern_type="Prefixed"),
+            acl("User:bob", "Write", "Topic", "x"),
+            acl("User:bob", "Write", "Topic", "*", permission="Deny"),
+        ]
+    )
     assert authz.authorize_any("User:alice", Operation.WRITE, ResourceType.TOPIC)
     assert not authz.authorize_any("User:bob", Operation.WRITE, ResourceType.TOPIC)
     assert not authz.authorize_any("User:carol", Operation.WRITE, ResourceType.TOPIC)
@@ -96,8 +110,12 @@ def test_bindings_are_checked_when_built_and_round_trip_through_their_stored_for
     b = acl("User:alice", "read", "topic", "orders", pattern_type="prefixed", permission="deny")
     assert AclBinding.from_dict(b.to_dict()) == b
     assert acl("User:ops", "Alter", "Cluster", "ignored").resource_name == CLUSTER.name
-    for bad in [("alice", "Read", "Topic", "t"), ("User:alice", "Fly", "Topic", "t"),
-                ("User:alice", "Read", "Table", "t"), ("User:alice", "Read", "Topic", "")]:
+    for bad in [
+        ("alice", "Read", "Topic", "t"),
+        ("User:alice", "Fly", "Topic", "t"),
+        ("User:alice", "Read", "Table", "t"),
+        ("User:alice", "Read", "Topic", ""),
+    ]:
         with pytest.raises(AclError):
             acl(*bad)
     with pytest.raises(AclError):
@@ -176,8 +194,13 @@ def test_service_names_are_reserved_for_certificates() -> None:
 ALICE = Caller("User:alice", authenticated_by="certificate")
 CONTROLLER = Caller("User:controller-1", service=ServiceIdentity("controller", 1))
 BROKER_2 = Caller("User:broker-2", service=ServiceIdentity("broker", 2))
-AUTHZ = Authorizer([acl("User:alice", "Write", "Topic", "ok"), acl("User:alice", "Read", "Topic", "ok"),
-                    acl("User:alice", "Read", "Group", "g")])
+AUTHZ = Authorizer(
+    [
+        acl("User:alice", "Write", "Topic", "ok"),
+        acl("User:alice", "Read", "Topic", "ok"),
+        acl("User:alice", "Read", "Group", "g"),
+    ]
+)
 LIMITS = rules.Limits()
 
 
@@ -187,41 +210,72 @@ def access(caller: Caller = ALICE, authorizer: Authorizer | None = AUTHZ) -> rul
 
 def batch(records: int) -> bytes:
     from clients.records import Record, encode_batch
+
     return encode_batch([Record(None, b"v", [], 0) for _ in range(records)])
 
 
 def produce_request(*topics: str) -> common_pb2.ProduceRequest:
-    return common_pb2.ProduceRequest(acks=-1, timeout_ms=100, topics=[
-        common_pb2.ProduceTopicData(topic=t, partitions=[common_pb2.ProducePartitionData(partition=p, records=batch(1))
-                                                         for p in (0, 1)]) for t in topics])
+    return common_pb2.ProduceRequest(
+        acks=-1,
+        timeout_ms=100,
+        topics=[
+            common_pb2.ProduceTopicData(
+                topic=t,
+                partitions=[common_pb2.ProducePartitionData(partition=p, records=batch(1)) for p in (0, 1)],
+            )
+            for t in topics
+        ],
+    )
 
 
 def test_produce_keeps_authorized_partitions_and_answers_the_rest_with_topic_authorization_failed() -> None:
     req = produce_request("ok", "no")
     admission = rules.produce(req, access(), LIMITS)
     assert [t.topic for t in admission.request.topics] == ["ok"], "the servicer never sees the refused topic"
-    resp = common_pb2.ProduceResponse(topics=[common_pb2.ProduceTopicResponse(topic="ok", partitions=[
-        common_pb2.ProducePartitionResponse(partition=0), common_pb2.ProducePartitionResponse(partition=1)])])
+    resp = common_pb2.ProduceResponse(
+        topics=[
+            common_pb2.ProduceTopicResponse(
+                topic="ok",
+                partitions=[
+                    common_pb2.ProducePartitionResponse(partition=0),
+                    common_pb2.ProducePartitionResponse(partition=1),
+                ],
+            )
+        ]
+    )
     merged = admission.respond(resp)
     codes = {(t.topic, p.partition): p.error_code for t in merged.topics for p in t.partitions}
-    assert codes == {("ok", 0): 0, ("ok", 1): 0, ("no", 0): common_pb2.TOPIC_AUTHORIZATION_FAILED,
-                     ("no", 1): common_pb2.TOPIC_AUTHORIZATION_FAILED}
+    assert codes == {
+        ("ok", 0): 0,
+        ("ok", 1): 0,
+        ("no", 0): common_pb2.TOPIC_AUTHORIZATION_FAILED,
+        ("no", 1): common_pb2.TOPIC_AUTHORIZATION_FAILED,
+    }
 
 
 def test_produce_to_only_refused_topics_is_answered_without_the_servicer() -> None:
     admission = rules.produce(produce_request("no"), access(), LIMITS)
     assert admission.answer is not None
     assert {p.error_code for t in admission.answer.topics for p in t.partitions} == {
-        common_pb2.TOPIC_AUTHORIZATION_FAILED}
+        common_pb2.TOPIC_AUTHORIZATION_FAILED
+    }
 
 
 def test_produce_untouched_when_everything_is_allowed_and_batches_over_the_record_limit_are_refused() -> None:
     req = produce_request("ok")
     assert rules.produce(req, access(), LIMITS).request is req
     assert rules.produce(produce_request("no"), access(authorizer=None), LIMITS).answer is None, "ACLs off"
-    big = common_pb2.ProduceRequest(topics=[common_pb2.ProduceTopicData(topic="ok", partitions=[
-        common_pb2.ProducePartitionData(partition=0, records=batch(11)),
-        common_pb2.ProducePartitionData(partition=1, records=batch(10))])])
+    big = common_pb2.ProduceRequest(
+        topics=[
+            common_pb2.ProduceTopicData(
+                topic="ok",
+                partitions=[
+                    common_pb2.ProducePartitionData(partition=0, records=batch(11)),
+                    common_pb2.ProducePartitionData(partition=1, records=batch(10)),
+                ],
+            )
+        ]
+    )
     admission = rules.produce(big, access(), rules.Limits(max_batch_records=10))
     assert [p.partition for p in admission.request.topics[0].partitions] == [1]
     merged = admission.respond(common_pb2.ProduceResponse())
@@ -229,9 +283,13 @@ def test_produce_untouched_when_everything_is_allowed_and_batches_over_the_recor
 
 
 def test_fetch_filters_topics_and_replica_fetches_need_that_brokers_certificate() -> None:
-    req = common_pb2.FetchRequest(replica_id=-1, topics=[
-        common_pb2.FetchTopic(topic="ok", partitions=[common_pb2.FetchPartition(partition=0)]),
-        common_pb2.FetchTopic(topic="no", partitions=[common_pb2.FetchPartition(partition=0)])])
+    req = common_pb2.FetchRequest(
+        replica_id=-1,
+        topics=[
+            common_pb2.FetchTopic(topic="ok", partitions=[common_pb2.FetchPartition(partition=0)]),
+            common_pb2.FetchTopic(topic="no", partitions=[common_pb2.FetchPartition(partition=0)]),
+        ],
+    )
     admission = rules.fetch(req, access(), LIMITS)
     assert [t.topic for t in admission.request.topics] == ["ok"]
     follower = common_pb2.FetchRequest(replica_id=2)
@@ -257,13 +315,18 @@ def test_control_rpcs_only_from_the_controller_and_broker_rpcs_only_from_the_nam
 
 
 def test_metadata_hides_unauthorized_topics_unless_named() -> None:
-    resp = common_pb2.MetadataResponse(topics=[common_pb2.TopicMetadata(name="ok"), common_pb2.TopicMetadata(name="no")])
+    resp = common_pb2.MetadataResponse(
+        topics=[common_pb2.TopicMetadata(name="ok"), common_pb2.TopicMetadata(name="no")]
+    )
     listed = rules.metadata(common_pb2.MetadataRequest(), access(), LIMITS).respond(resp)
     assert [t.name for t in listed.topics] == ["ok"]
-    resp = common_pb2.MetadataResponse(topics=[common_pb2.TopicMetadata(name="no", partitions=[
-        common_pb2.PartitionMetadata(partition=0)])])
+    resp = common_pb2.MetadataResponse(
+        topics=[common_pb2.TopicMetadata(name="no", partitions=[common_pb2.PartitionMetadata(partition=0)])]
+    )
     named = rules.metadata(common_pb2.MetadataRequest(topics=["no"]), access(), LIMITS).respond(resp)
-    assert named.topics[0].error_code == common_pb2.TOPIC_AUTHORIZATION_FAILED and not named.topics[0].partitions
+    assert (
+        named.topics[0].error_code == common_pb2.TOPIC_AUTHORIZATION_FAILED and not named.topics[0].partitions
+    )
 
 
 def test_admin_calls_are_per_topic_or_cluster_wide() -> None:
@@ -273,13 +336,23 @@ def test_admin_calls_are_per_topic_or_cluster_wide() -> None:
     creator = Authorizer([acl("User:alice", "Create", "Cluster", "x")])
     assert rules.create_topics(create, access(authorizer=creator), LIMITS).answer is None
     with pytest.raises(rules.Denied):
-        rules.RULES["/highwater.v1.GatewayService/ElectLeaders"](common_pb2.ElectLeadersRequest(), access(), LIMITS)
+        rules.RULES["/highwater.v1.GatewayService/ElectLeaders"](
+            common_pb2.ElectLeadersRequest(), access(), LIMITS
+        )
     with pytest.raises(rules.Denied):
         rules.commit_offsets(gateway_pb2.CommitOffsetsRequest(group_id="other"), access(), LIMITS)
-    commit = gateway_pb2.CommitOffsetsRequest(group_id="g", topics=[
-        gateway_pb2.OffsetCommitTopic(topic="no", partitions=[gateway_pb2.OffsetCommitPartition(partition=0)])])
-    assert rules.commit_offsets(commit, access(), LIMITS).answer.partitions[0].error_code == \
-        common_pb2.TOPIC_AUTHORIZATION_FAILED
+    commit = gateway_pb2.CommitOffsetsRequest(
+        group_id="g",
+        topics=[
+            gateway_pb2.OffsetCommitTopic(
+                topic="no", partitions=[gateway_pb2.OffsetCommitPartition(partition=0)]
+            )
+        ],
+    )
+    assert (
+        rules.commit_offsets(commit, access(), LIMITS).answer.partitions[0].error_code
+        == common_pb2.TOPIC_AUTHORIZATION_FAILED
+    )
     rules.init_producer_id(common_pb2.InitProducerIdRequest(), access(), LIMITS)
     with pytest.raises(rules.Denied):
         rules.init_producer_id(common_pb2.InitProducerIdRequest(), access(authorizer=Authorizer()), LIMITS)
@@ -302,9 +375,13 @@ def test_acl_and_token_admin_needs_alter_or_describe_on_the_cluster(service: str
     ACLs on topics (even All on every topic) grant nothing here; super users and services may."""
     request, needed = SECURITY_ADMIN[method]
     rule = rules.RULES[f"/highwater.v1.{service}/{method}"]
-    everything_but_the_cluster = Authorizer([acl("User:alice", "All", "Topic", "*"),
-                                             acl("User:alice", "All", "Group", "*"),
-                                             acl("User:alice", "Create", "Cluster", "x")])
+    everything_but_the_cluster = Authorizer(
+        [
+            acl("User:alice", "All", "Topic", "*"),
+            acl("User:alice", "All", "Group", "*"),
+            acl("User:alice", "Create", "Cluster", "x"),
+        ]
+    )
     for authorizer in (Authorizer(), everything_but_the_cluster):
         with pytest.raises(rules.Denied) as denied:
             rule(request, access(authorizer=authorizer), LIMITS)
@@ -312,13 +389,25 @@ def test_acl_and_token_admin_needs_alter_or_describe_on_the_cluster(service: str
     granted = Authorizer([acl("User:alice", needed, "Cluster", "x")])
     assert rule(request, access(authorizer=granted), LIMITS).request is request
     if needed == "Describe":  # Alter implies Describe, as in Kafka
-        assert rule(request, access(authorizer=Authorizer([acl("User:alice", "Alter", "Cluster", "x")])),
-                    LIMITS).request is request
+        assert (
+            rule(
+                request, access(authorizer=Authorizer([acl("User:alice", "Alter", "Cluster", "x")])), LIMITS
+            ).request
+            is request
+        )
     else:  # Describe alone does not let one change anything
         with pytest.raises(rules.Denied):
-            rule(request, access(authorizer=Authorizer([acl("User:alice", "Describe", "Cluster", "x")])), LIMITS)
-    denied_alter = Authorizer([acl("User:alice", "All", "Cluster", "x"),
-                               acl("User:alice", needed, "Cluster", "x", permission="Deny")])
+            rule(
+                request,
+                access(authorizer=Authorizer([acl("User:alice", "Describe", "Cluster", "x")])),
+                LIMITS,
+            )
+    denied_alter = Authorizer(
+        [
+            acl("User:alice", "All", "Cluster", "x"),
+            acl("User:alice", needed, "Cluster", "x", permission="Deny"),
+        ]
+    )
     with pytest.raises(rules.Denied):
         rule(request, access(authorizer=denied_alter), LIMITS)
     assert rule(request, access(authorizer=Authorizer((), ["User:alice"])), LIMITS).request is request
@@ -335,16 +424,28 @@ def test_security_admin_calls_carry_the_clients_principal_to_the_controller() ->
 def test_acl_filters_match_a_principal_and_everyone_and_patterns_that_cover_a_resource() -> None:
     from services.common.authz import AclError, AclFilter
 
-    bindings = [acl("User:alice", "Read", "Topic", "orders"), acl("User:*", "Read", "Topic", "ord", pattern_type="Prefixed"),
-                acl("User:bob", "Read", "Topic", "*"), acl("User:alice", "Read", "Group", "orders"),
-                acl("User:ops", "Alter", "Cluster", "x")]
+    bindings = [
+        acl("User:alice", "Read", "Topic", "orders"),
+        acl("User:*", "Read", "Topic", "ord", pattern_type="Prefixed"),
+        acl("User:bob", "Read", "Topic", "*"),
+        acl("User:alice", "Read", "Group", "orders"),
+        acl("User:ops", "Alter", "Cluster", "x"),
+    ]
+
     def names(f: AclFilter) -> list[str]:
         return [f"{b.principal} {b.resource_type.value}:{b.resource_name}" for b in bindings if f.matches(b)]
+
     assert names(AclFilter.of()) == names(AclFilter()) and len(names(AclFilter.of())) == 5
-    assert names(AclFilter.of("User:alice")) == ["User:alice Topic:orders", "User:* Topic:ord",
-                                                 "User:alice Group:orders"]
-    assert names(AclFilter.of("", "Topic", "orders")) == ["User:alice Topic:orders", "User:* Topic:ord",
-                                                          "User:bob Topic:*"]
+    assert names(AclFilter.of("User:alice")) == [
+        "User:alice Topic:orders",
+        "User:* Topic:ord",
+        "User:alice Group:orders",
+    ]
+    assert names(AclFilter.of("", "Topic", "orders")) == [
+        "User:alice Topic:orders",
+        "User:* Topic:ord",
+        "User:bob Topic:*",
+    ]
     assert names(AclFilter.of("", "topic", "other")) == ["User:bob Topic:*"]
     assert names(AclFilter.of("", "Group")) == ["User:alice Group:orders"]
     assert names(AclFilter.of("User:ops", "Cluster")) == ["User:ops Cluster:highwater-cluster"]
@@ -363,14 +464,25 @@ def test_token_ids_are_read_from_a_whole_token_or_alone() -> None:
 
 
 def test_every_rpc_of_every_service_has_a_rule() -> None:
-    methods = {f"/{svc.full_name}/{m.name}" for module in (broker_pb2, controller_pb2, gateway_pb2)
-               for svc in module.DESCRIPTOR.services_by_name.values() for m in svc.methods}
+    methods = {
+        f"/{svc.full_name}/{m.name}"
+        for module in (broker_pb2, controller_pb2, gateway_pb2)
+        for svc in module.DESCRIPTOR.services_by_name.values()
+        for m in svc.methods
+    }
     assert methods - set(rules.RULES) == set()
     assert set(rules.RULES) >= rules.FORWARDED_METHODS
 
 
-@pytest.mark.parametrize("module", ["services/common/authz.py", "services/common/quotas.py",
-                                    "services/security/identity.py", "services/security/tokens.py"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "services/common/authz.py",
+        "services/common/quotas.py",
+        "services/security/identity.py",
+        "services/security/tokens.py",
+    ],
+)
 def test_decision_modules_stay_pure(module: str) -> None:
     tree = ast.parse((ROOT / module).read_text())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -415,8 +527,12 @@ def test_security_is_off_by_default_and_flags_that_need_tls_say_so() -> None:
 
     assert not SecurityConfig().active and not SecurityConfig().needs_interceptor
     SecurityConfig().check()
-    for flags in ({"authorizer": "acl"}, {"client_port": 0}, {"producer_byte_rate": 1},
-                  {"super_users": ("User:admin",)}):
+    for flags in (
+        {"authorizer": "acl"},
+        {"client_port": 0},
+        {"producer_byte_rate": 1},
+        {"super_users": ("User:admin",)},
+    ):
         with pytest.raises(SecurityConfigError, match="--tls-dir"):
             SecurityConfig(**flags).check()  # type: ignore[arg-type]
     with pytest.raises(SecurityConfigError, match="service name"):
@@ -434,7 +550,15 @@ def test_the_service_commands_take_the_security_flags() -> None:
     from services.cli import broker_command
 
     result = CliRunner().invoke(broker_command, ["--help"])
-    for flag in ("--tls-dir", "--client-port", "--authorizer", "--super-users", "--max-request-bytes",
-                 "--max-batch-records", "--producer-byte-rate", "--consumer-byte-rate",
-                 "--max-concurrent-requests-per-connection"):
+    for flag in (
+        "--tls-dir",
+        "--client-port",
+        "--authorizer",
+        "--super-users",
+        "--max-request-bytes",
+        "--max-batch-records",
+        "--producer-byte-rate",
+        "--consumer-byte-rate",
+        "--max-concurrent-requests-per-connection",
+    ):
         assert flag in result.output

@@ -18,27 +18,53 @@ def batch(*values: str) -> bytes:
     return encode_batch([Record(None, v.encode(), [], 1_000) for v in values])
 
 
-def consumer_fetch(offset: int, current_leader_epoch: int = -1, max_wait_ms: int = 0) -> common_pb2.FetchRequest:
-    return common_pb2.FetchRequest(replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1, topics=[
-        common_pb2.FetchTopic(topic="t", partitions=[common_pb2.FetchPartition(
-            partition=0, fetch_offset=offset, partition_max_bytes=1 << 20,
-            current_leader_epoch=current_leader_epoch)])])
+def consumer_fetch(
+    offset: int, current_leader_epoch: int = -1, max_wait_ms: int = 0
+) -> common_pb2.FetchRequest:
+    return common_pb2.FetchRequest(
+        replica_id=-1,
+        max_wait_ms=max_wait_ms,
+        min_bytes=1,
+        topics=[
+            common_pb2.FetchTopic(
+                topic="t",
+                partitions=[
+                    common_pb2.FetchPartition(
+                        partition=0,
+                        fetch_offset=offset,
+                        partition_max_bytes=1 << 20,
+                        current_leader_epoch=current_leader_epoch,
+                    )
+                ],
+            )
+        ],
+    )
 
 
 def stop_replica(broker: Broker, *, delete: bool) -> broker_pb2.StopReplicaResponse:
-    return broker.core.stop_replica(broker_pb2.StopReplicaRequest(
-        header=broker.header(), partitions=[broker_pb2.StopReplicaPartition(
-            topic="t", partition=0, leader_epoch=-2, delete_partition=delete)]))
+    return broker.core.stop_replica(
+        broker_pb2.StopReplicaRequest(
+            header=broker.header(),
+            partitions=[
+                broker_pb2.StopReplicaPartition(
+                    topic="t", partition=0, leader_epoch=-2, delete_partition=delete
+                )
+            ],
+        )
+    )
 
 
 # ---- control requests: who may be told what -----------------------------------------------------
 
 
-def test_control_requests_before_registration_are_refused_as_not_available_so_the_controller_retries() -> None:
+def test_control_requests_before_registration_are_refused_as_not_available_so_the_controller_retries() -> (
+    None
+):
     b = Broker(1)
     b.core.start("boot-1")
-    resp = b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[],
-                            header=b.header(broker_epoch=10))
+    resp = b.leader_and_isr(
+        leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[], header=b.header(broker_epoch=10)
+    )
     assert resp.error_code == common_pb2.BROKER_NOT_AVAILABLE and "has not registered" in resp.error_message
     assert not b.core.partitions
 
@@ -55,12 +81,16 @@ def test_only_an_older_broker_epoch_is_stale_a_newer_one_names_this_incarnation(
     # The broker registered as epoch 10 but its driver has not learned 12 yet (Kafka refuses older only).
     b = Broker(1)
     b.register(10)
-    stale = b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node],
-                             header=b.header(broker_epoch=9))
-    assert stale.error_code == common_pb2.STALE_BROKER_EPOCH and "older than this incarnation's 10" in \
-        stale.error_message
-    newer = b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node],
-                             header=b.header(broker_epoch=12))
+    stale = b.leader_and_isr(
+        leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node], header=b.header(broker_epoch=9)
+    )
+    assert (
+        stale.error_code == common_pb2.STALE_BROKER_EPOCH
+        and "older than this incarnation's 10" in stale.error_message
+    )
+    newer = b.leader_and_isr(
+        leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node], header=b.header(broker_epoch=12)
+    )
     assert newer.error_code == common_pb2.NONE
     assert b.core.partitions[T0].role is Role.LEADER
 
@@ -68,8 +98,12 @@ def test_only_an_older_broker_epoch_is_stale_a_newer_one_names_this_incarnation(
 def test_a_request_from_an_older_controller_epoch_is_refused_after_a_newer_one_was_seen() -> None:
     b = Broker(1)
     b.register(10)
-    assert b.core.update_metadata(broker_pb2.UpdateMetadataRequest(header=b.header(controller_epoch=5))
-                                  ).error_code == common_pb2.NONE
+    assert (
+        b.core.update_metadata(
+            broker_pb2.UpdateMetadataRequest(header=b.header(controller_epoch=5))
+        ).error_code
+        == common_pb2.NONE
+    )
     old = b.core.update_metadata(broker_pb2.UpdateMetadataRequest(header=b.header(controller_epoch=4)))
     assert old.error_code == common_pb2.STALE_CONTROLLER_EPOCH
 
@@ -162,8 +196,9 @@ def test_a_consumer_fetch_at_the_high_watermark_waits_for_new_data() -> None:
 
 def test_fetch_with_an_older_leader_epoch_is_fenced_and_a_newer_one_is_unknown() -> None:
     leader, _follower, _fetcher = pair()
-    leader.leader_and_isr(leader=1, leader_epoch=2, isr=(1, 2), replicas=(1, 2), partition_epoch=2,
-                          live=[leader.node])
+    leader.leader_and_isr(
+        leader=1, leader_epoch=2, isr=(1, 2), replicas=(1, 2), partition_epoch=2, live=[leader.node]
+    )
     fenced = leader.fetch_now(consumer_fetch(0, current_leader_epoch=1)).topics[0].partitions[0]
     assert fenced.error_code == common_pb2.FENCED_LEADER_EPOCH
     unknown = leader.fetch_now(consumer_fetch(0, current_leader_epoch=3)).topics[0].partitions[0]
@@ -181,10 +216,21 @@ def test_offsets_for_leader_epoch_answers_the_end_of_the_asked_epoch() -> None:
     b.produce(batch("c"), acks=1)
 
     def ask(epoch: int) -> tuple[int, int]:
-        resp = b.core.offsets_for_leader_epoch(broker_pb2.OffsetsForLeaderEpochRequest(
-            replica_id=2, topics=[broker_pb2.OffsetsForLeaderEpochTopic(topic="t", partitions=[
-                broker_pb2.OffsetsForLeaderEpochPartition(partition=0, current_leader_epoch=-1,
-                                                          leader_epoch=epoch)])]))
+        resp = b.core.offsets_for_leader_epoch(
+            broker_pb2.OffsetsForLeaderEpochRequest(
+                replica_id=2,
+                topics=[
+                    broker_pb2.OffsetsForLeaderEpochTopic(
+                        topic="t",
+                        partitions=[
+                            broker_pb2.OffsetsForLeaderEpochPartition(
+                                partition=0, current_leader_epoch=-1, leader_epoch=epoch
+                            )
+                        ],
+                    )
+                ],
+            )
+        )
         (res,) = resp.topics[0].partitions
         return res.leader_epoch, res.end_offset
 
@@ -273,11 +319,15 @@ def test_an_isr_shrink_asks_the_controller_again_with_the_current_broker_epoch_u
     leader.core.broker_epoch = 15  # the broker re-registered meanwhile
     retry = task.send(None)
     assert isinstance(retry, CallController) and retry.request.broker_epoch == 15
-    committed = common_pb2.PartitionState(topic="t", partition=0, leader=1, leader_epoch=0, isr=[1],
-                                          replicas=[1, 2], partition_epoch=2)
+    committed = common_pb2.PartitionState(
+        topic="t", partition=0, leader=1, leader_epoch=0, isr=[1], replicas=[1, 2], partition_epoch=2
+    )
     with pytest.raises(StopIteration):
-        task.send(controller_pb2.AlterPartitionResponse(partitions=[
-            controller_pb2.AlterPartitionResult(topic="t", partition=0, state=committed)]))
+        task.send(
+            controller_pb2.AlterPartitionResponse(
+                partitions=[controller_pb2.AlterPartitionResult(topic="t", partition=0, state=committed)]
+            )
+        )
     p = leader.core.partitions[T0]
     assert (p.isr, p.partition_epoch, p.pending_isr) == ((1,), 2, None)
 
@@ -289,8 +339,14 @@ def test_an_isr_shrink_stops_asking_once_leadership_moved() -> None:
         pass
     ((_, task),) = leader.io.spawned
     next(task)
-    leader.leader_and_isr(leader=2, leader_epoch=1, isr=(1, 2), replicas=(1, 2), partition_epoch=2,
-                          live=[leader.node, common_pb2.BrokerNode(broker_id=2, host="127.0.0.1", port=9002)])
+    leader.leader_and_isr(
+        leader=2,
+        leader_epoch=1,
+        isr=(1, 2),
+        replicas=(1, 2),
+        partition_epoch=2,
+        live=[leader.node, common_pb2.BrokerNode(broker_id=2, host="127.0.0.1", port=9002)],
+    )
     with pytest.raises(StopIteration):
         task.send(RpcFailed("controller unreachable"))
 
@@ -302,10 +358,23 @@ def _decode(records: bytes) -> list[Record]:
 def test_a_replica_refused_for_its_topic_config_is_logged_not_silent() -> None:
     b = Broker(1)
     b.register(10)
-    state = common_pb2.PartitionState(topic="t", partition=0, leader=1, leader_epoch=0, isr=[1], replicas=[1],
-                                      controller_epoch=1, partition_epoch=1)
-    req = broker_pb2.LeaderAndIsrRequest(header=b.header(), live_leaders=[b.node], partitions=[
-        broker_pb2.LeaderAndIsrPartition(state=state, config=common_pb2.TopicConfig(max_message_bytes=1))])
+    state = common_pb2.PartitionState(
+        topic="t",
+        partition=0,
+        leader=1,
+        leader_epoch=0,
+        isr=[1],
+        replicas=[1],
+        controller_epoch=1,
+        partition_epoch=1,
+    )
+    req = broker_pb2.LeaderAndIsrRequest(
+        header=b.header(),
+        live_leaders=[b.node],
+        partitions=[
+            broker_pb2.LeaderAndIsrPartition(state=state, config=common_pb2.TopicConfig(max_message_bytes=1))
+        ],
+    )
     (result,) = run_slices(b.core.leader_and_isr(req)).partitions
     assert result.error_code == common_pb2.INVALID_CONFIG
     assert "LeaderAndIsr for t-0 at leader epoch 0 refused: INVALID_CONFIG" in b.lines.text("warning")
@@ -330,8 +399,12 @@ def test_a_produce_naming_a_partition_twice_writes_nothing() -> None:
     b.leader_and_isr(leader=1, leader_epoch=0, isr=(1,), replicas=(1,), live=[b.node])
     answers: list[common_pb2.ProduceResponse] = []
     entry = common_pb2.ProducePartitionData(partition=0, records=batch("a"))
-    b.core.produce(common_pb2.ProduceRequest(acks=1, topics=[
-        common_pb2.ProduceTopicData(topic="t", partitions=[entry, entry])]), answers.append)
+    b.core.produce(
+        common_pb2.ProduceRequest(
+            acks=1, topics=[common_pb2.ProduceTopicData(topic="t", partitions=[entry, entry])]
+        ),
+        answers.append,
+    )
     (part,) = answers[0].topics[0].partitions
     assert part.error_code == common_pb2.INVALID_REQUEST and "appears more than once" in part.error_message
     assert b.core.partitions[T0].log.log_end_offset == 0
@@ -353,8 +426,9 @@ def test_a_fetch_from_a_live_broker_that_is_not_a_replica_reads_only_committed_r
     one_round(fetcher, leader)  # HW 1
     leader.produce(batch("uncommitted"), acks=1)
     bystander = common_pb2.BrokerNode(broker_id=3, host="127.0.0.1", port=9003, broker_epoch=12)
-    leader.core.update_metadata(broker_pb2.UpdateMetadataRequest(
-        header=leader.header(), live_brokers=[leader.node, bystander]))
+    leader.core.update_metadata(
+        broker_pb2.UpdateMetadataRequest(header=leader.header(), live_brokers=[leader.node, bystander])
+    )
     fetch = consumer_fetch(0)
     fetch.replica_id = 3  # a broker of the cluster, but not a replica of t-0 (replicas are 1 and 2)
     part = leader.fetch_now(fetch).topics[0].partitions[0]
@@ -389,5 +463,8 @@ def test_a_storage_failure_is_logged_with_its_file_and_the_client_sees_no_path()
     (resp,) = b.produce(batch("a"), acks=1)
     part = resp.topics[0].partitions[0]
     assert part.error_code == common_pb2.STORAGE_ERROR
-    assert "/data/" not in part.error_message and "could not read or write its replica of t-0" in part.error_message
+    assert (
+        "/data/" not in part.error_message
+        and "could not read or write its replica of t-0" in part.error_message
+    )
     assert "/data/b1/t-0" in b.lines.text("error")

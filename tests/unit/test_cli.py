@@ -24,8 +24,11 @@ def all_commands(group: click.Group = cli, prefix: tuple[str, ...] = ()) -> list
     return found
 
 
-OUR_COMMANDS = [path for path in all_commands() if path[0] not in ("broker", "controller", "gateway")
-                and path != ("cluster", "up")]
+OUR_COMMANDS = [
+    path
+    for path in all_commands()
+    if path[0] not in ("broker", "controller", "gateway") and path != ("cluster", "up")
+]
 
 
 def run(*args: str, input: str | None = None) -> click.testing.Result:
@@ -62,40 +65,46 @@ def test_cluster_up_and_service_commands_are_wired_in_when_present() -> None:
         assert {"broker", "controller", "gateway"} <= names
 
 
-@pytest.mark.parametrize("args", [
-    ("topic", "create", "t", "--partitions", "0"),
-    ("topic", "create", "t", "--partitions", "many"),
-    ("topic", "create", "t", "--config", "no-equals-sign"),
-    ("topic", "create"),
-    ("topic", "add-partitions", "t"),
-    ("consume", "t", "--offset", "5"),
-    ("consume", "t", "--partition", "-1"),
-    ("produce", "t", "--acks", "2"),
-    ("produce", "t", "--count", "0"),
-    ("produce", "t", "--count", "3", "--key-separator", ":"),
-    ("elect-leaders",),
-    ("elect-leaders", "t:0", "--all"),
-    ("elect-leaders", "t-without-partition", "--type", "preferred"),
-    ("reassign", "start", "t:0"),
-    ("reassign", "start", "t:0=a,b"),
-    ("--output", "yaml", "topic", "list"),
-    ("--request-timeout-ms", "0", "topic", "list"),
-    ("no-such-command",),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("topic", "create", "t", "--partitions", "0"),
+        ("topic", "create", "t", "--partitions", "many"),
+        ("topic", "create", "t", "--config", "no-equals-sign"),
+        ("topic", "create"),
+        ("topic", "add-partitions", "t"),
+        ("consume", "t", "--offset", "5"),
+        ("consume", "t", "--partition", "-1"),
+        ("produce", "t", "--acks", "2"),
+        ("produce", "t", "--count", "0"),
+        ("produce", "t", "--count", "3", "--key-separator", ":"),
+        ("elect-leaders",),
+        ("elect-leaders", "t:0", "--all"),
+        ("elect-leaders", "t-without-partition", "--type", "preferred"),
+        ("reassign", "start", "t:0"),
+        ("reassign", "start", "t:0=a,b"),
+        ("--output", "yaml", "topic", "list"),
+        ("--request-timeout-ms", "0", "topic", "list"),
+        ("no-such-command",),
+    ],
+)
 def test_usage_errors_exit_2_without_contacting_the_cluster(args: tuple[str, ...]) -> None:
     result = run("--bootstrap", UNREACHABLE, *args)
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("args", [
-    ("topic", "list"),
-    ("topic", "describe", "orders"),
-    ("cluster", "describe"),
-    ("groups", "describe", "billing"),
-    ("consume", "orders", "--max-records", "1"),
-    ("produce", "orders", "--value", "x"),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("topic", "list"),
+        ("topic", "describe", "orders"),
+        ("cluster", "describe"),
+        ("groups", "describe", "billing"),
+        ("consume", "orders", "--max-records", "1"),
+        ("produce", "orders", "--value", "x"),
+    ],
+)
 def test_an_unreachable_gateway_is_one_red_line_and_a_hint(args: tuple[str, ...]) -> None:
     result = run("--bootstrap", UNREACHABLE, "--request-timeout-ms", "500", *args)
     assert result.exit_code == 1, result.output
@@ -117,8 +126,9 @@ def test_bad_values_the_client_checks_are_operating_errors_naming_the_value() ->
 
 
 def test_the_bootstrap_comes_from_the_environment() -> None:
-    result = CliRunner(env={"HIGHWATER_BOOTSTRAP": "127.0.0.1:2"}).invoke(cli, ["--request-timeout-ms", "300",
-                                                                               "topic", "list"])
+    result = CliRunner(env={"HIGHWATER_BOOTSTRAP": "127.0.0.1:2"}).invoke(
+        cli, ["--request-timeout-ms", "300", "topic", "list"]
+    )
     assert result.exit_code == 1 and "127.0.0.1:2" in result.output
 
 

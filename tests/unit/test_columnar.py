@@ -75,12 +75,16 @@ def batches(draw: st.DrawFn, base_offset: int, codecs: Sequence[str]) -> bytes:
 def fix_crc(data: bytearray, position: int) -> bytes:
     """Recompute the CRC of the batch at `position` (after patching CRC-covered bytes)."""
     size = struct.unpack_from(">i", data, position + 8)[0] + 12
-    struct.pack_into(">I", data, position + CRC_POS, crc32c(memoryview(data)[position + ATTRIBUTES_POS:position + size]))
+    struct.pack_into(
+        ">I", data, position + CRC_POS, crc32c(memoryview(data)[position + ATTRIBUTES_POS : position + size])
+    )
     return bytes(data)
 
 
 @st.composite
-def fetch_responses(draw: st.DrawFn, cut: bool = True, codecs: Sequence[str] = CODECS) -> tuple[bytes, list[int]]:
+def fetch_responses(
+    draw: st.DrawFn, cut: bool = True, codecs: Sequence[str] = CODECS
+) -> tuple[bytes, list[int]]:
     """Batches back to back (offsets contiguous), maybe (`cut`) cut mid-way through the last one."""
     out: list[bytes] = []
     starts: list[int] = []
@@ -92,15 +96,20 @@ def fetch_responses(draw: st.DrawFn, cut: bool = True, codecs: Sequence[str] = C
         offset += struct.unpack_from(">i", batch, RECORDS_COUNT_POS)[0]
     data = b"".join(out)
     if cut and draw(st.booleans()):
-        data = data[:draw(st.integers(starts[-1], len(data)))]
+        data = data[: draw(st.integers(starts[-1], len(data)))]
     return data, starts
 
 
 # --- comparing the two decoders ---------------------------------------------------------------
 
-def reference_rows(data: bytes, start: int, end: int, include_headers: bool, check_crc: bool = True) -> list[Row]:
+
+def reference_rows(
+    data: bytes, start: int, end: int, include_headers: bool, check_crc: bool = True
+) -> list[Row]:
     # decode_batches keeps every record; the reader used to cut [start, end) after it.
-    return [_row(r, include_headers) for r in decode_batches(data, check_crc=check_crc) if start <= r.offset < end]
+    return [
+        _row(r, include_headers) for r in decode_batches(data, check_crc=check_crc) if start <= r.offset < end
+    ]
 
 
 def _row(r: Record, include_headers: bool) -> Row:
@@ -109,22 +118,39 @@ def _row(r: Record, include_headers: bool) -> Row:
     return r.key, r.value, r.offset, ts_us, r.timestamp_type, list(r.headers) if include_headers else None
 
 
-def columnar_rows(data: bytes, start: int, end: int, include_headers: bool, check_crc: bool = True) -> list[Row]:
+def columnar_rows(
+    data: bytes, start: int, end: int, include_headers: bool, check_crc: bool = True
+) -> list[Row]:
     rows: list[Row] = []
-    for cols in decode_columns(data, start_offset=start, end_offset=end, include_headers=include_headers,
-                               check_crc=check_crc):
+    for cols in decode_columns(
+        data, start_offset=start, end_offset=end, include_headers=include_headers, check_crc=check_crc
+    ):
         _check_arrays(cols, include_headers)
-        headers: list[Any] = (cols.headers.to_pylist() if cols.headers is not None else [None] * len(cols))
-        rows.extend(zip(cols.key.to_pylist(), cols.value.to_pylist(), cols.offset.to_pylist(),
-                        cols.timestamp.cast(pa.int64()).to_pylist(), cols.timestamp_type.to_pylist(),
-                        [None if h is None else [(e["key"], e["value"]) for e in h] for h in headers], strict=True))
+        headers: list[Any] = cols.headers.to_pylist() if cols.headers is not None else [None] * len(cols)
+        rows.extend(
+            zip(
+                cols.key.to_pylist(),
+                cols.value.to_pylist(),
+                cols.offset.to_pylist(),
+                cols.timestamp.cast(pa.int64()).to_pylist(),
+                cols.timestamp_type.to_pylist(),
+                [None if h is None else [(e["key"], e["value"]) for e in h] for h in headers],
+                strict=True,
+            )
+        )
     return rows
 
 
 def _check_arrays(cols: RecordColumns, include_headers: bool) -> None:
     """Every array is well formed (offsets, bitmaps, UTF-8) and of the types Spark takes."""
     arrays = [cols.key, cols.value, cols.offset, cols.timestamp, cols.timestamp_type]
-    assert [a.type for a in arrays] == [pa.binary(), pa.binary(), pa.int64(), pa.timestamp("us", tz="UTC"), pa.int32()]
+    assert [a.type for a in arrays] == [
+        pa.binary(),
+        pa.binary(),
+        pa.int64(),
+        pa.timestamp("us", tz="UTC"),
+        pa.int32(),
+    ]
     assert len({len(a) for a in arrays}) == 1
     assert (cols.headers is not None) == include_headers
     if cols.headers is not None:
@@ -144,26 +170,34 @@ def outcome(decode: Any, *args: Any, **kwargs: Any) -> list[Row] | str:
 
 # --- properties -------------------------------------------------------------------------------
 
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fetch_responses(), st.integers(0, 1_100), st.integers(0, 1_200), st.booleans())
-def test_same_rows_as_decode_batches(response: tuple[bytes, list[int]], start: int, length: int,
-                                     include_headers: bool) -> None:
+def test_same_rows_as_decode_batches(
+    response: tuple[bytes, list[int]], start: int, length: int, include_headers: bool
+) -> None:
     data, _ = response
     end = start + length
-    assert columnar_rows(data, start, end, include_headers) == reference_rows(data, start, end, include_headers)
+    assert columnar_rows(data, start, end, include_headers) == reference_rows(
+        data, start, end, include_headers
+    )
 
 
 @settings(max_examples=50, deadline=None)
 @given(fetch_responses(), st.booleans())
 def test_no_range_means_every_record(response: tuple[bytes, list[int]], include_headers: bool) -> None:
     data, _ = response
-    rows = [r for cols in decode_columns(data, include_headers=include_headers) for r in cols.offset.to_pylist()]
+    rows = [
+        r for cols in decode_columns(data, include_headers=include_headers) for r in cols.offset.to_pylist()
+    ]
     assert rows == [r.offset for r in decode_batches(data)]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fetch_responses(cut=False), st.data())
-def test_byte_flips_are_refused_like_decode_batches(response: tuple[bytes, list[int]], data: st.DataObject) -> None:
+def test_byte_flips_are_refused_like_decode_batches(
+    response: tuple[bytes, list[int]], data: st.DataObject
+) -> None:
     """Flips anywhere, CRC checked: a flip inside the CRC's bytes is a CRC error in both; one
     outside (base offset, length, leader epoch, magic, the CRC itself) is judged by framing."""
     raw, _ = response
@@ -178,7 +212,8 @@ def test_byte_flips_are_refused_like_decode_batches(response: tuple[bytes, list[
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fetch_responses(cut=False), st.data(), st.booleans())
 def test_corrupt_records_with_a_valid_crc_are_refused_like_decode_batches(
-        response: tuple[bytes, list[int]], data: st.DataObject, include_headers: bool) -> None:
+    response: tuple[bytes, list[int]], data: st.DataObject, include_headers: bool
+) -> None:
     """Flips in a batch's CRC-covered bytes, then its CRC recomputed: only the record grammar
     can catch them. The kernel must never read past the batch, and must refuse exactly what
     aiokafka refuses (varints, lengths, header counts, UTF-8 keys, trailing bytes, codecs)."""
@@ -210,18 +245,27 @@ def test_flips_without_crc_check_never_crash(response: tuple[bytes, list[int]], 
 
 @settings(max_examples=60, deadline=None)
 @given(fetch_responses(), st.integers(0, 10_000))
-def test_truncation_anywhere_drops_only_the_partial_batch(response: tuple[bytes, list[int]], cut: int) -> None:
+def test_truncation_anywhere_drops_only_the_partial_batch(
+    response: tuple[bytes, list[int]], cut: int
+) -> None:
     raw, _ = response
-    buf = raw[:cut % (len(raw) + 1)]
+    buf = raw[: cut % (len(raw) + 1)]
     assert columnar_rows(buf, 0, INT64_MAX, True) == reference_rows(buf, 0, INT64_MAX, True)
 
 
 # --- cases by name ------------------------------------------------------------------------------
 
+
 def sample(compression: str = "none", base_offset: int = 0) -> bytes:
-    return encode_batch([(b"k", b"v", [("h", b"x"), ("n", None)], 1_700_000_000_000),  # type: ignore[list-item]
-                         (None, None, [], 1_700_000_000_005),
-                         (b"", b"", [], -1)], compression=compression, base_offset=base_offset)
+    return encode_batch(
+        [
+            (b"k", b"v", [("h", b"x"), ("n", None)], 1_700_000_000_000),  # type: ignore[list-item]
+            (None, None, [], 1_700_000_000_005),
+            (b"", b"", [], -1),
+        ],
+        compression=compression,
+        base_offset=base_offset,
+    )
 
 
 @pytest.mark.parametrize("compression", CODECS)
@@ -232,8 +276,10 @@ def test_every_codec_decodes_through_the_same_kernel(compression: str) -> None:
     assert cols.key.to_pylist() == [b"k", None, b""]
     assert cols.value.null_count == 1
     assert cols.offset.to_pylist() == [40, 41, 42]
-    assert cols.headers is not None and cols.headers.to_pylist()[0] == [{"key": "h", "value": b"x"},
-                                                                         {"key": "n", "value": None}]
+    assert cols.headers is not None and cols.headers.to_pylist()[0] == [
+        {"key": "h", "value": b"x"},
+        {"key": "n", "value": None},
+    ]
 
 
 def test_log_append_time_takes_the_batch_max_timestamp() -> None:
@@ -261,11 +307,14 @@ def test_a_crc_mismatch_names_the_batch() -> None:
     assert len(list(decode_columns(bytes(data), check_crc=False))) == 1
 
 
-@pytest.mark.parametrize(("patch", "message"), [
-    (lambda d: struct.pack_into(">i", d, 8, 10), "below the minimum record overhead"),
-    (lambda d: d.__setitem__(16, 1), "not magic 2"),
-    (lambda d: struct.pack_into(">i", d, 8, 30), "below a v2 batch header"),
-])
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        (lambda d: struct.pack_into(">i", d, 8, 10), "below the minimum record overhead"),
+        (lambda d: d.__setitem__(16, 1), "not magic 2"),
+        (lambda d: struct.pack_into(">i", d, 8, 30), "below a v2 batch header"),
+    ],
+)
 def test_impossible_framing_is_corrupt_in_both(patch: Any, message: str) -> None:
     data = bytearray(sample()) + bytearray(64)
     patch(data)
@@ -338,10 +387,20 @@ print(ok, corrupt)
 def test_kernel_stays_in_bounds_under_numba_boundscheck(tmp_path: Path) -> None:
     """Numba checks no index by default; with NUMBA_BOUNDSCHECK=1 an out-of-bounds index raises
     IndexError instead. Compiled afresh (own cache dir) so the checked build is what runs."""
-    env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path),
-           "PYTHONPATH": str(REPO_ROOT)}
-    run = subprocess.run([sys.executable, "-c", BOUNDSCHECK_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=240, cwd=REPO_ROOT)
+    env = {
+        **os.environ,
+        "NUMBA_BOUNDSCHECK": "1",
+        "NUMBA_CACHE_DIR": str(tmp_path),
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", BOUNDSCHECK_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO_ROOT,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     ok, corrupt = map(int, run.stdout.split())
     assert ok > 0 and corrupt > 0

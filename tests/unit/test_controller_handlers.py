@@ -27,11 +27,23 @@ def commit(ctx: ControllerContext, result: handlers.ControllerResult) -> None:
         handlers.apply_write(ctx, w)
 
 
-def with_topic(ctx: ControllerContext, name: str, assignment: dict[int, tuple[int, ...]],
-               configs: dict[str, str] | None = None) -> None:
-    req = common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
-        name=name, num_partitions=-1, replication_factor=-1, configs=configs or {},
-        assignments={p: common_pb2.ReplicaList(replicas=list(r)) for p, r in assignment.items()})])
+def with_topic(
+    ctx: ControllerContext,
+    name: str,
+    assignment: dict[int, tuple[int, ...]],
+    configs: dict[str, str] | None = None,
+) -> None:
+    req = common_pb2.CreateTopicsRequest(
+        topics=[
+            common_pb2.CreatableTopic(
+                name=name,
+                num_partitions=-1,
+                replication_factor=-1,
+                configs=configs or {},
+                assignments={p: common_pb2.ReplicaList(replicas=list(r)) for p, r in assignment.items()},
+            )
+        ]
+    )
     result = handlers.on_create_topics(ctx, req)
     assert result.response.topics[0].error_code == 0, result.response.topics[0].error_message
     commit(ctx, result)
@@ -39,8 +51,13 @@ def with_topic(ctx: ControllerContext, name: str, assignment: dict[int, tuple[in
 
 def test_create_topic_writes_assignment_then_initial_states_and_tells_replicas():
     ctx = context([1, 2, 3])
-    req = common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
-        name="orders", num_partitions=3, replication_factor=3, configs={"min.insync.replicas": "2"})])
+    req = common_pb2.CreateTopicsRequest(
+        topics=[
+            common_pb2.CreatableTopic(
+                name="orders", num_partitions=3, replication_factor=3, configs={"min.insync.replicas": "2"}
+            )
+        ]
+    )
     result = handlers.on_create_topics(ctx, req)
     answer = result.response.topics[0]
     assert (answer.error_code, answer.num_partitions, answer.replication_factor) == (0, 3, 3)
@@ -61,26 +78,32 @@ def test_create_topic_writes_assignment_then_initial_states_and_tells_replicas()
     assert ctx.topics == {}, "deciding changes nothing: only apply_write does"
 
 
-@pytest.mark.parametrize("name,rf,configs,code", [
-    ("", 1, {}, common_pb2.INVALID_TOPIC),
-    ("a/b", 1, {}, common_pb2.INVALID_TOPIC),
-    ("x" * 250, 1, {}, common_pb2.INVALID_TOPIC),
-    ("ok", 4, {}, common_pb2.INVALID_REPLICATION_FACTOR),
-    ("ok", 2, {"min.insync.replicas": "3"}, common_pb2.INVALID_REPLICATION_FACTOR),
-    ("ok", 1, {"no.such.config": "1"}, common_pb2.INVALID_CONFIG),
-    ("ok", 1, {"retention.ms": "soon"}, common_pb2.INVALID_CONFIG),
-    # Found by the adversarial review: above int32 it stopped every controller start; below one
-    # batch header every broker refused the replica while the topic looked healthy.
-    ("ok", 1, {"max.message.bytes": "3000000000"}, common_pb2.INVALID_CONFIG),
-    ("ok", 1, {"max.message.bytes": "1"}, common_pb2.INVALID_CONFIG),
-    ("ok", 1, {"min.insync.replicas": str(2**31)}, common_pb2.INVALID_CONFIG),
-    ("orders\n", 1, {}, common_pb2.INVALID_TOPIC),
-    ("orders\r\n", 1, {}, common_pb2.INVALID_TOPIC),
-])
+@pytest.mark.parametrize(
+    "name,rf,configs,code",
+    [
+        ("", 1, {}, common_pb2.INVALID_TOPIC),
+        ("a/b", 1, {}, common_pb2.INVALID_TOPIC),
+        ("x" * 250, 1, {}, common_pb2.INVALID_TOPIC),
+        ("ok", 4, {}, common_pb2.INVALID_REPLICATION_FACTOR),
+        ("ok", 2, {"min.insync.replicas": "3"}, common_pb2.INVALID_REPLICATION_FACTOR),
+        ("ok", 1, {"no.such.config": "1"}, common_pb2.INVALID_CONFIG),
+        ("ok", 1, {"retention.ms": "soon"}, common_pb2.INVALID_CONFIG),
+        # Found by the adversarial review: above int32 it stopped every controller start; below one
+        # batch header every broker refused the replica while the topic looked healthy.
+        ("ok", 1, {"max.message.bytes": "3000000000"}, common_pb2.INVALID_CONFIG),
+        ("ok", 1, {"max.message.bytes": "1"}, common_pb2.INVALID_CONFIG),
+        ("ok", 1, {"min.insync.replicas": str(2**31)}, common_pb2.INVALID_CONFIG),
+        ("orders\n", 1, {}, common_pb2.INVALID_TOPIC),
+        ("orders\r\n", 1, {}, common_pb2.INVALID_TOPIC),
+    ],
+)
 def test_create_topic_rejects_bad_input_with_named_errors_and_writes_nothing(name, rf, configs, code):
     ctx = context([1, 2, 3])
-    req = common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
-        name=name, num_partitions=1, replication_factor=rf, configs=configs)])
+    req = common_pb2.CreateTopicsRequest(
+        topics=[
+            common_pb2.CreatableTopic(name=name, num_partitions=1, replication_factor=rf, configs=configs)
+        ]
+    )
     result = handlers.on_create_topics(ctx, req)
     assert result.response.topics[0].error_code == code
     assert result.response.topics[0].error_message
@@ -90,9 +113,16 @@ def test_create_topic_rejects_bad_input_with_named_errors_and_writes_nothing(nam
 def test_explicit_assignment_with_unknown_broker_or_duplicate_is_refused():
     ctx = context([1, 2, 3])
     for replicas in ([1, 9], [2, 2]):
-        req = common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(
-            name="t", num_partitions=-1, replication_factor=-1,
-            assignments={0: common_pb2.ReplicaList(replicas=replicas)})])
+        req = common_pb2.CreateTopicsRequest(
+            topics=[
+                common_pb2.CreatableTopic(
+                    name="t",
+                    num_partitions=-1,
+                    replication_factor=-1,
+                    assignments={0: common_pb2.ReplicaList(replicas=replicas)},
+                )
+            ]
+        )
         result = handlers.on_create_topics(ctx, req)
         assert result.response.topics[0].error_code == common_pb2.INVALID_REPLICA_ASSIGNMENT
         assert result.writes == []
@@ -120,7 +150,9 @@ def test_no_live_isr_member_takes_the_partition_offline_unless_unclean_is_enable
     for unclean, leader in (("false", -1), ("true", 3)):
         ctx = context([1, 2, 3])
         with_topic(ctx, "t", {0: (1, 2, 3)}, {"unclean.leader.election.enable": unclean})
-        commit(ctx, handlers.ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(1, 0, (1, 2), 5, 2), 1)]))
+        commit(
+            ctx, handlers.ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(1, 0, (1, 2), 5, 2), 1)])
+        )
         result = handlers.on_broker_change(ctx, {3: ctx.live_brokers[3]})
         state = next(w.state for w in result.writes if isinstance(w, StateWrite))
         assert state.leader == leader
@@ -144,11 +176,22 @@ def test_alter_partition_is_guarded_by_leader_epoch_and_partition_epoch():
     ctx = context([1, 2, 3])
     with_topic(ctx, "t", {0: (1, 2, 3)})
 
-    def alter(broker_id: int, leader_epoch: int, partition_epoch: int, isr: list[int]) -> controller_pb2.AlterPartitionResult:
-        req = controller_pb2.AlterPartitionRequest(broker_id=broker_id, broker_epoch=ctx.live_brokers[broker_id].broker_epoch,
-                                                   partitions=[controller_pb2.AlterPartitionItem(
-                                                       topic="t", partition=0, leader_epoch=leader_epoch,
-                                                       partition_epoch=partition_epoch, new_isr=isr)])
+    def alter(
+        broker_id: int, leader_epoch: int, partition_epoch: int, isr: list[int]
+    ) -> controller_pb2.AlterPartitionResult:
+        req = controller_pb2.AlterPartitionRequest(
+            broker_id=broker_id,
+            broker_epoch=ctx.live_brokers[broker_id].broker_epoch,
+            partitions=[
+                controller_pb2.AlterPartitionItem(
+                    topic="t",
+                    partition=0,
+                    leader_epoch=leader_epoch,
+                    partition_epoch=partition_epoch,
+                    new_isr=isr,
+                )
+            ],
+        )
         result = handlers.on_alter_partition(ctx, req)
         commit(ctx, result)
         return result.response.partitions[0]
@@ -196,10 +239,16 @@ def test_controlled_shutdown_of_sole_isr_member_reports_the_partition_as_remaini
 def test_preferred_election_moves_leadership_back_to_the_first_replica():
     ctx = context([1, 2, 3])
     with_topic(ctx, "t", {0: (1, 2, 3)})
-    commit(ctx, handlers.ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(2, 1, (2, 3, 1), 5, 2), 1)]))
-    req = common_pb2.ElectLeadersRequest(election_type=common_pb2.PREFERRED,
-                                         partitions=[common_pb2.TopicPartition(topic="t", partition=0),
-                                                     common_pb2.TopicPartition(topic="nope", partition=0)])
+    commit(
+        ctx, handlers.ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(2, 1, (2, 3, 1), 5, 2), 1)])
+    )
+    req = common_pb2.ElectLeadersRequest(
+        election_type=common_pb2.PREFERRED,
+        partitions=[
+            common_pb2.TopicPartition(topic="t", partition=0),
+            common_pb2.TopicPartition(topic="nope", partition=0),
+        ],
+    )
     result = handlers.on_elect_leaders(ctx, req)
     assert [p.error_code for p in result.response.partitions] == [0, common_pb2.UNKNOWN_TOPIC_OR_PARTITION]
     state = next(w.state for w in result.writes if isinstance(w, StateWrite))
@@ -216,7 +265,9 @@ def test_delete_topic_removes_keys_only_after_every_replica_confirmed_deletion()
     commit(ctx, result)
     assert ctx.topics_to_delete == {"t"} and "t" in ctx.topics
     commit(ctx, handlers.on_replica_deletion_result(ctx, 1, ctx.with_broker_epoch(1), [("t", 0)], True))
-    commit(ctx, handlers.on_replica_deletion_result(ctx, 2, ctx.with_broker_epoch(2), [("t", 0), ("t", 1)], True))
+    commit(
+        ctx, handlers.on_replica_deletion_result(ctx, 2, ctx.with_broker_epoch(2), [("t", 0), ("t", 1)], True)
+    )
     assert "t" in ctx.topics, "broker 3 (down) has not deleted its replica yet"
     returned = handlers.on_broker_change(ctx, {**ctx.live_brokers, 3: broker(3)})
     assert returned.rpcs.stop_replica[3] == {("t", 1): True}
@@ -230,17 +281,33 @@ def test_delete_topic_removes_keys_only_after_every_replica_confirmed_deletion()
 
 
 def _reassign(ctx: ControllerContext, topic: str, partition: int, replicas: list[int], cancel: bool = False):
-    req = common_pb2.AlterPartitionReassignmentsRequest(topics=[common_pb2.ReassignableTopic(
-        name=topic, partitions=[common_pb2.ReassignablePartition(partition=partition, replicas=replicas,
-                                                                 cancel=cancel)])])
+    req = common_pb2.AlterPartitionReassignmentsRequest(
+        topics=[
+            common_pb2.ReassignableTopic(
+                name=topic,
+                partitions=[
+                    common_pb2.ReassignablePartition(partition=partition, replicas=replicas, cancel=cancel)
+                ],
+            )
+        ]
+    )
     return handlers.on_alter_reassignments(ctx, req)
 
 
 def _isr(ctx: ControllerContext, tp, isr: tuple[int, ...]) -> None:
     s = ctx.states[tp]
-    commit(ctx, handlers.ControllerResult(writes=[StateWrite(tp, s.next(leader=s.leader, isr=isr,
-                                                                       controller_epoch=ctx.epoch, bump_epoch=False),
-                                                             s.partition_epoch)]))
+    commit(
+        ctx,
+        handlers.ControllerResult(
+            writes=[
+                StateWrite(
+                    tp,
+                    s.next(leader=s.leader, isr=isr, controller_epoch=ctx.epoch, bump_epoch=False),
+                    s.partition_epoch,
+                )
+            ]
+        ),
+    )
 
 
 def test_reassignment_walk_from_oar_123_to_rar_456_step_by_step():
@@ -258,7 +325,9 @@ def test_reassignment_walk_from_oar_123_to_rar_456_step_by_step():
     assert state_write.state.leader_epoch == 1 and state_write.state.leader == 1
     assert {(b, tp) for b in (4, 5, 6)} <= start.rpcs.new_replicas
     commit(ctx, start)
-    assert handlers.list_reassignments(ctx, common_pb2.ListPartitionReassignmentsRequest()).reassignments[0].adding_replicas == [4, 5, 6]
+    assert handlers.list_reassignments(ctx, common_pb2.ListPartitionReassignmentsRequest()).reassignments[
+        0
+    ].adding_replicas == [4, 5, 6]
     # Step 2: nothing happens until every target replica is in the ISR.
     _isr(ctx, tp, (1, 2, 3, 4, 5))
     assert handlers.on_reassignment_progress(ctx).writes == []
@@ -285,8 +354,13 @@ def test_reassignment_resumes_after_a_controller_crash_at_every_step(crash_after
     # The crash: only the first writes of the finishing step reached etcd.
     for w in finishing.writes[:crash_after_write]:
         handlers.apply_write(ctx, w)
-    fresh = ControllerContext(controller_id=2, epoch=ctx.epoch + 1, live_brokers=dict(ctx.live_brokers),
-                              topics=ctx.topics, states=ctx.states)
+    fresh = ControllerContext(
+        controller_id=2,
+        epoch=ctx.epoch + 1,
+        live_brokers=dict(ctx.live_brokers),
+        topics=ctx.topics,
+        states=ctx.states,
+    )
     commit(fresh, handlers.on_startup(fresh))
     for _ in range(3):
         commit(fresh, handlers.on_reassignment_progress(fresh))
@@ -299,16 +373,20 @@ def test_reassignment_resumes_after_a_controller_crash_at_every_step(crash_after
 def test_reassignment_bad_input_is_refused_with_named_errors():
     ctx = context([1, 2, 3])
     with_topic(ctx, "t", {0: (1, 2)})
-    cases = [("t", 0, [1, 9], common_pb2.INVALID_REPLICA_ASSIGNMENT),
-             ("t", 0, [3, 3], common_pb2.INVALID_REPLICA_ASSIGNMENT),
-             ("t", 5, [1, 2], common_pb2.UNKNOWN_TOPIC_OR_PARTITION),
-             ("nope", 0, [1, 2], common_pb2.UNKNOWN_TOPIC_OR_PARTITION),
-             ("t", 0, [], common_pb2.NO_REASSIGNMENT_IN_PROGRESS)]
+    cases = [
+        ("t", 0, [1, 9], common_pb2.INVALID_REPLICA_ASSIGNMENT),
+        ("t", 0, [3, 3], common_pb2.INVALID_REPLICA_ASSIGNMENT),
+        ("t", 5, [1, 2], common_pb2.UNKNOWN_TOPIC_OR_PARTITION),
+        ("nope", 0, [1, 2], common_pb2.UNKNOWN_TOPIC_OR_PARTITION),
+        ("t", 0, [], common_pb2.NO_REASSIGNMENT_IN_PROGRESS),
+    ]
     for topic, p, replicas, code in cases:
         result = _reassign(ctx, topic, p, replicas)
         assert result.response.partitions[0].error_code == code, (topic, p, replicas)
-        assert result.writes == [] or all(isinstance(w, TopicWrite) and w.topic.assignment == ctx.topics["t"].assignment
-                                           for w in result.writes)
+        assert result.writes == [] or all(
+            isinstance(w, TopicWrite) and w.topic.assignment == ctx.topics["t"].assignment
+            for w in result.writes
+        )
 
 
 def test_cancelled_reassignment_returns_to_the_original_replicas():
@@ -333,9 +411,14 @@ def test_auto_rebalance_moves_leadership_back_when_imbalance_passes_the_threshol
     with_topic(ctx, "t", {0: (1, 2), 1: (1, 2), 2: (2, 1)})
     for p in (0, 1):
         s = ctx.states[("t", p)]
-        commit(ctx, handlers.ControllerResult(writes=[StateWrite(("t", p), s.next(leader=2, isr=(2, 1),
-                                                                                  controller_epoch=5),
-                                                                 s.partition_epoch)]))
+        commit(
+            ctx,
+            handlers.ControllerResult(
+                writes=[
+                    StateWrite(("t", p), s.next(leader=2, isr=(2, 1), controller_epoch=5), s.partition_epoch)
+                ]
+            ),
+        )
     result = handlers.on_auto_leader_rebalance(ctx, imbalance_percentage_max=10)
     assert sorted(w.tp for w in result.writes) == [("t", 0), ("t", 1)]
     assert all(w.state.leader == 1 for w in result.writes)
@@ -346,6 +429,7 @@ def test_leader_epoch_never_decreases_when_replaying():
     with_topic(ctx, "t", {0: (1,)})
     commit(ctx, handlers.ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(1, 3, (1,), 5, 2), 1)]))
     from services.common.errors import InvariantViolation
+
     with pytest.raises(InvariantViolation, match="would go back"):
         handlers.apply_write(ctx, StateWrite(("t", 0), LeaderAndIsr(1, 2, (1,), 5, 3), 2))
 
@@ -371,14 +455,18 @@ def test_startup_initialises_partitions_whose_state_was_never_written():
     ctx.topics["half"] = TopicInfo("half", "id", {0: (1, 2), 1: (2, 1)})
     result = handlers.on_startup(ctx)
     writes = [w for w in result.writes if isinstance(w, StateWrite)]
-    assert [(w.tp, w.state.leader, w.expected_version) for w in writes] == [(("half", 0), 1, 0), (("half", 1), 2, 0)]
+    assert [(w.tp, w.state.leader, w.expected_version) for w in writes] == [
+        (("half", 0), 1, 0),
+        (("half", 1), 2, 0),
+    ]
     assert result.rpcs.full_metadata
 
 
 def test_hand_written_deletion_of_an_unknown_topic_is_logged_and_its_key_removed():
     ctx = context([1])
-    result = handlers.on_admin_delete_marker(ctx, "ghost", "/highwater/admin/delete_topics/ghost",
-                                             deletion_enabled=True)
+    result = handlers.on_admin_delete_marker(
+        ctx, "ghost", "/highwater/admin/delete_topics/ghost", deletion_enabled=True
+    )
     assert [type(w) for w in result.writes] == [handlers.AdminKeyDelete]
 
 
@@ -398,8 +486,9 @@ def test_a_bounced_broker_that_is_the_only_isr_member_leads_again():
     ctx = context([1, 2])
     with_topic(ctx, "t", {0: (1, 2)})
     commit(ctx, handlers.ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(1, 0, (1,), 5, 2), 1)]))
-    result = handlers.on_broker_change(ctx, {1: BrokerInfo(1, "127.0.0.1", 9101, "", 0, 999),
-                                             2: ctx.live_brokers[2]})
+    result = handlers.on_broker_change(
+        ctx, {1: BrokerInfo(1, "127.0.0.1", 9101, "", 0, 999), 2: ctx.live_brokers[2]}
+    )
     state = next(w.state for w in result.writes if isinstance(w, StateWrite))
     assert (state.leader, state.isr, state.leader_epoch) == (1, (1,), 1)
 
@@ -412,8 +501,12 @@ def test_a_second_reassignment_keeps_the_replicas_the_first_one_added_until_the_
     commit(ctx, _reassign(ctx, "t", 0, [3, 4]))
     _isr(ctx, tp, (1, 2, 3, 4))
     s = ctx.states[tp]
-    commit(ctx, handlers.ControllerResult(writes=[StateWrite(tp, s.next(leader=3, isr=s.isr, controller_epoch=5),
-                                                             s.partition_epoch)]))
+    commit(
+        ctx,
+        handlers.ControllerResult(
+            writes=[StateWrite(tp, s.next(leader=3, isr=s.isr, controller_epoch=5), s.partition_epoch)]
+        ),
+    )
     second = _reassign(ctx, "t", 0, [5, 4])
     commit(ctx, second)
     assert 3 in ctx.topics["t"].assignment[0], "the current leader stays a replica while the walk goes on"
@@ -428,16 +521,21 @@ def test_topics_that_would_take_a_broker_past_its_replica_limit_are_refused(monk
     monkeypatch.setattr(handlers.limits, "REPLICAS_PER_BROKER_MAX", 10)
     ctx = context([1, 2, 3])
     with_topic(ctx, "held", {p: (1, 2, 3) for p in range(4)})  # 4 replicas on each broker already
-    req = common_pb2.CreateTopicsRequest(topics=[
-        common_pb2.CreatableTopic(name="fits", num_partitions=6, replication_factor=3),
-        common_pb2.CreatableTopic(name="over", num_partitions=1, replication_factor=3)])
+    req = common_pb2.CreateTopicsRequest(
+        topics=[
+            common_pb2.CreatableTopic(name="fits", num_partitions=6, replication_factor=3),
+            common_pb2.CreatableTopic(name="over", num_partitions=1, replication_factor=3),
+        ]
+    )
     result = handlers.on_create_topics(ctx, req)
     fits, over = result.response.topics
     assert fits.error_code == common_pb2.NONE
     assert over.error_code == common_pb2.INVALID_PARTITIONS
     assert "would hold 11 replicas; the limit is 10 per broker" in over.error_message
     assert {w.topic.name for w in result.writes if isinstance(w, TopicWrite)} == {"fits"}
-    grow = handlers.on_create_partitions(ctx, common_pb2.CreatePartitionsRequest(topics=[
-        common_pb2.CreatePartitionsTopic(name="held", count=11)]))
+    grow = handlers.on_create_partitions(
+        ctx,
+        common_pb2.CreatePartitionsRequest(topics=[common_pb2.CreatePartitionsTopic(name="held", count=11)]),
+    )
     assert grow.response.topics[0].error_code == common_pb2.INVALID_PARTITIONS
     assert grow.writes == []

@@ -91,7 +91,9 @@ def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 def queries() -> list[tuple[str, str]]:
     """(panel title, PromQL) for every target of every panel, rows' nested panels included."""
     dashboard = json.loads(DASHBOARD.read_text())
-    return [(p.get("title", "?"), t["expr"]) for p in _panels(dashboard["panels"]) for t in p.get("targets", [])]
+    return [
+        (p.get("title", "?"), t["expr"]) for p in _panels(dashboard["panels"]) for t in p.get("targets", [])
+    ]
 
 
 def test_the_services_export_metrics_at_all() -> None:
@@ -115,9 +117,10 @@ def test_counters_and_histograms_are_only_read_as_rates(title: str, expr: str) -
     # (By type, not by suffix: gauges such as highwater_leader_count end in _count too.)
     for m in METRIC_NAME.finditer(expr):
         if m.group() in cumulative_names():
-            before = expr[:m.start()].rstrip()
+            before = expr[: m.start()].rstrip()
             assert before.endswith(("rate(", "increase(")), (
-                f"panel {title!r} uses {m.group()} outside rate()/increase(): {expr}")
+                f"panel {title!r} uses {m.group()} outside rate()/increase(): {expr}"
+            )
 
 
 def test_the_dashboard_shows_everything_the_issue_asks_for() -> None:

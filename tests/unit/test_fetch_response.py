@@ -23,16 +23,25 @@ ERROR_CODES = st.sampled_from(list(common_pb2.ErrorCode.values()))
 @st.composite
 def partitions(draw: st.DrawFn) -> common_pb2.FetchPartitionResponse:
     return common_pb2.FetchPartitionResponse(
-        partition=draw(INT32), error_code=draw(ERROR_CODES), high_watermark=draw(INT64),
-        log_start_offset=draw(INT64), log_end_offset=draw(INT64), records=draw(st.binary(max_size=300)),
-        error_message=draw(st.text(max_size=40)), leader_epoch=draw(INT32))
+        partition=draw(INT32),
+        error_code=draw(ERROR_CODES),
+        high_watermark=draw(INT64),
+        log_start_offset=draw(INT64),
+        log_end_offset=draw(INT64),
+        records=draw(st.binary(max_size=300)),
+        error_message=draw(st.text(max_size=40)),
+        leader_epoch=draw(INT32),
+    )
 
 
 @st.composite
 def responses(draw: st.DrawFn) -> common_pb2.FetchResponse:
-    topics = [common_pb2.FetchTopicResponse(topic=draw(st.text(max_size=20)),
-                                            partitions=draw(st.lists(partitions(), min_size=1, max_size=3)))
-              for _ in range(draw(st.integers(1, 3)))]
+    topics = [
+        common_pb2.FetchTopicResponse(
+            topic=draw(st.text(max_size=20)), partitions=draw(st.lists(partitions(), min_size=1, max_size=3))
+        )
+        for _ in range(draw(st.integers(1, 3)))
+    ]
     return common_pb2.FetchResponse(topics=topics, throttle_time_ms=draw(INT32), error_code=draw(ERROR_CODES))
 
 
@@ -46,13 +55,21 @@ def test_the_wire_reader_gives_what_the_protobuf_parser_gives(response: common_p
     raw = response.SerializeToString()
     part = parse_fetch_response(raw)
     want = expected(response)
-    assert {**_fields(part), "records": bytes(part.records)} == {**_fields(want), "records": bytes(want.records)}
+    assert {**_fields(part), "records": bytes(part.records)} == {
+        **_fields(want),
+        "records": bytes(want.records),
+    }
 
 
 def test_records_are_a_view_of_the_received_bytes_not_a_copy() -> None:
     records = bytes(range(256)) * 4096
-    raw = common_pb2.FetchResponse(topics=[common_pb2.FetchTopicResponse(
-        topic="t", partitions=[common_pb2.FetchPartitionResponse(partition=3, records=records)])]).SerializeToString()
+    raw = common_pb2.FetchResponse(
+        topics=[
+            common_pb2.FetchTopicResponse(
+                topic="t", partitions=[common_pb2.FetchPartitionResponse(partition=3, records=records)]
+            )
+        ]
+    ).SerializeToString()
     part = parse_fetch_response(raw)
     assert isinstance(part.records, memoryview) and part.records.obj is raw
     assert part.records == records and part.partition == 3
@@ -61,10 +78,20 @@ def test_records_are_a_view_of_the_received_bytes_not_a_copy() -> None:
 def test_fields_it_does_not_know_are_skipped() -> None:
     # A newer broker may add fields: here field 15 (varint), 16 (fixed64), 17 (length) and
     # 18 (fixed32) inside the partition, and field 9 (length) in the response.
-    part = common_pb2.FetchPartitionResponse(partition=1, error_code=common_pb2.NONE, high_watermark=42,
-                                             records=b"abc").SerializeToString()
-    unknown = _varint(15 << 3 | 0) + bytes([0x96, 0x01]) + _varint(16 << 3 | 1) + bytes(8) \
-        + _varint(17 << 3 | 2) + bytes([2]) + b"zz" + _varint(18 << 3 | 5) + bytes(4)
+    part = common_pb2.FetchPartitionResponse(
+        partition=1, error_code=common_pb2.NONE, high_watermark=42, records=b"abc"
+    ).SerializeToString()
+    unknown = (
+        _varint(15 << 3 | 0)
+        + bytes([0x96, 0x01])
+        + _varint(16 << 3 | 1)
+        + bytes(8)
+        + _varint(17 << 3 | 2)
+        + bytes([2])
+        + b"zz"
+        + _varint(18 << 3 | 5)
+        + bytes(4)
+    )
     topic = common_pb2.FetchTopicResponse(topic="t").SerializeToString() + _len_field(2, unknown + part)
     raw = _len_field(1, topic) + _len_field(9, b"later")
     got = parse_fetch_response(raw)
@@ -80,17 +107,21 @@ def test_an_answer_with_only_a_top_level_error_is_that_error() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(responses(), st.data())
-def test_truncated_answers_are_refused_or_read_within_their_bytes(response: common_pb2.FetchResponse,
-                                                                  data: st.DataObject) -> None:
+def test_truncated_answers_are_refused_or_read_within_their_bytes(
+    response: common_pb2.FetchResponse, data: st.DataObject
+) -> None:
     raw = response.SerializeToString()
-    cut = raw[:data.draw(st.integers(0, len(raw) - 1))]
+    cut = raw[: data.draw(st.integers(0, len(raw) - 1))]
     try:
         part = parse_fetch_response(cut)
     except MalformedFetchResponse:
         return
     # A cut between whole fields is still well-formed protobuf: then it must agree with the parser.
     want = FetchedPartition.from_proto(common_pb2.FetchResponse.FromString(cut))
-    assert {**_fields(part), "records": bytes(part.records)} == {**_fields(want), "records": bytes(want.records)}
+    assert {**_fields(part), "records": bytes(part.records)} == {
+        **_fields(want),
+        "records": bytes(want.records),
+    }
 
 
 def test_garbled_keys_are_refused() -> None:

@@ -51,8 +51,9 @@ def one_round(fetcher: FetcherCore, leader: Broker) -> None:
     now = fetcher.clock.monotonic_ms()
     truncation = fetcher.build_truncation_request(now)
     if truncation is not None:
-        fetcher.handle_truncation_answer(leader.core.offsets_for_leader_epoch(truncation.request),
-                                         truncation.asked, now)
+        fetcher.handle_truncation_answer(
+            leader.core.offsets_for_leader_epoch(truncation.request), truncation.asked, now
+        )
     request = fetcher.build_fetch_request(now)
     if request is not None:
         fetcher.handle_fetch_answer(leader.fetch_now(request), now)
@@ -64,10 +65,12 @@ def pair(partitions: tuple[int, ...] = (0,)) -> tuple[Broker, Broker, FetcherCor
     leader.register(10)
     follower.register(11)
     for partition in partitions:
-        leader.leader_and_isr(leader=1, leader_epoch=0, isr=(1, 2), replicas=(1, 2), partition=partition,
-                              live=[leader.node])
-        follower.leader_and_isr(leader=1, leader_epoch=0, isr=(1, 2), replicas=(1, 2), partition=partition,
-                                live=[leader.node])
+        leader.leader_and_isr(
+            leader=1, leader_epoch=0, isr=(1, 2), replicas=(1, 2), partition=partition, live=[leader.node]
+        )
+        follower.leader_and_isr(
+            leader=1, leader_epoch=0, isr=(1, 2), replicas=(1, 2), partition=partition, live=[leader.node]
+        )
     (fetcher,) = follower.io.started
     return leader, follower, fetcher
 
@@ -98,14 +101,20 @@ def test_a_divergent_follower_truncates_to_the_leaders_end_of_its_epoch_then_fet
     one_round(to_old, old)
     assert values_in(new) == [b"a", b"b"]
     old.produce(batch("c"), acks=1)
-    new.leader_and_isr(leader=1, leader_epoch=1, isr=(1,), replicas=(1, 2), partition_epoch=2, live=[new.node])
+    new.leader_and_isr(
+        leader=1, leader_epoch=1, isr=(1,), replicas=(1, 2), partition_epoch=2, live=[new.node]
+    )
     new.produce(batch("d"), acks=1)
-    old.leader_and_isr(leader=1, leader_epoch=1, isr=(1,), replicas=(1, 2), partition_epoch=2, live=[new.node])
+    old.leader_and_isr(
+        leader=1, leader_epoch=1, isr=(1,), replicas=(1, 2), partition_epoch=2, live=[new.node]
+    )
     (to_new,) = old.io.started
 
     truncation = to_new.build_truncation_request(0)
     assert truncation is not None and truncation.asked == {T0: 0}, "asks for its latest epoch"
-    to_new.handle_truncation_answer(new.core.offsets_for_leader_epoch(truncation.request), truncation.asked, 0)
+    to_new.handle_truncation_answer(
+        new.core.offsets_for_leader_epoch(truncation.request), truncation.asked, 0
+    )
     assert old.core.partitions[T0].log.log_end_offset == 2
     assert to_new.partitions[T0].phase is FetchPhase.FETCHING and to_new.partitions[T0].fetch_offset == 2
     one_round(to_new, new)
@@ -121,9 +130,21 @@ def test_a_partition_whose_append_fails_is_isolated_and_the_others_keep_fetching
     good = batch("x")
     corrupt = bytearray(batch("y"))
     corrupt[-1] ^= 0xFF  # the CRC no longer matches
-    response = common_pb2.FetchResponse(topics=[common_pb2.FetchTopicResponse(topic="t", partitions=[
-        common_pb2.FetchPartitionResponse(partition=0, records=bytes(corrupt), high_watermark=1, log_end_offset=1),
-        common_pb2.FetchPartitionResponse(partition=1, records=good, high_watermark=1, log_end_offset=1)])])
+    response = common_pb2.FetchResponse(
+        topics=[
+            common_pb2.FetchTopicResponse(
+                topic="t",
+                partitions=[
+                    common_pb2.FetchPartitionResponse(
+                        partition=0, records=bytes(corrupt), high_watermark=1, log_end_offset=1
+                    ),
+                    common_pb2.FetchPartitionResponse(
+                        partition=1, records=good, high_watermark=1, log_end_offset=1
+                    ),
+                ],
+            )
+        ]
+    )
     fetcher.handle_fetch_answer(response, 0)
     assert fetcher.failed == {T0} and T0 not in fetcher.partitions
     assert values_in(follower, T1) == [b"x"]
@@ -138,9 +159,19 @@ def test_a_partition_level_error_delays_that_partition_only_and_sends_it_to_the_
     leader, _follower, fetcher = pair(partitions=(0, 1))
     one_round(fetcher, leader)
     assert list(fetcher.partitions) == [T0, T1]
-    response = common_pb2.FetchResponse(topics=[common_pb2.FetchTopicResponse(topic="t", partitions=[
-        common_pb2.FetchPartitionResponse(partition=0, error_code=common_pb2.NOT_LEADER_OR_FOLLOWER),
-        common_pb2.FetchPartitionResponse(partition=1, high_watermark=0, log_end_offset=0)])])
+    response = common_pb2.FetchResponse(
+        topics=[
+            common_pb2.FetchTopicResponse(
+                topic="t",
+                partitions=[
+                    common_pb2.FetchPartitionResponse(
+                        partition=0, error_code=common_pb2.NOT_LEADER_OR_FOLLOWER
+                    ),
+                    common_pb2.FetchPartitionResponse(partition=1, high_watermark=0, log_end_offset=0),
+                ],
+            )
+        ]
+    )
     fetcher.handle_fetch_answer(response, now_ms=100)
     assert list(fetcher.partitions) == [T1, T0]
     assert fetcher.partitions[T0].phase is FetchPhase.DELAYED
@@ -183,9 +214,21 @@ def test_a_follower_above_the_leaders_end_truncates_to_it() -> None:
     request = fetcher.build_fetch_request(0)
     assert request is not None
     # A leader whose log ends at 2 (a hand-built answer: our leader would have truncated us first).
-    response = common_pb2.FetchResponse(topics=[common_pb2.FetchTopicResponse(topic="t", partitions=[
-        common_pb2.FetchPartitionResponse(partition=0, error_code=common_pb2.OFFSET_OUT_OF_RANGE,
-                                          log_start_offset=0, log_end_offset=2)])])
+    response = common_pb2.FetchResponse(
+        topics=[
+            common_pb2.FetchTopicResponse(
+                topic="t",
+                partitions=[
+                    common_pb2.FetchPartitionResponse(
+                        partition=0,
+                        error_code=common_pb2.OFFSET_OUT_OF_RANGE,
+                        log_start_offset=0,
+                        log_end_offset=2,
+                    )
+                ],
+            )
+        ]
+    )
     fetcher.handle_fetch_answer(response, 0)
     assert values_in(follower) == [b"a", b"b"]
     assert fetcher.partitions[T0].fetch_offset == 2

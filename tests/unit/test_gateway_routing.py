@@ -9,41 +9,70 @@ from services.gateway import routing
 
 def cache() -> MetadataCache:
     c = MetadataCache()
-    c.apply(broker_pb2.UpdateMetadataRequest(
-        header=common_pb2.ControllerHeader(controller_id=1, controller_epoch=3),
-        live_brokers=[common_pb2.BrokerNode(broker_id=b, host="127.0.0.1", port=9000 + b) for b in (1, 2)],
-        partitions=[common_pb2.PartitionState(topic="t", partition=p, leader=leader, replicas=[1, 2, 3])
-                    for p, leader in ((0, 1), (1, 2), (2, 3), (3, -1))],
-        full=True))
+    c.apply(
+        broker_pb2.UpdateMetadataRequest(
+            header=common_pb2.ControllerHeader(controller_id=1, controller_epoch=3),
+            live_brokers=[
+                common_pb2.BrokerNode(broker_id=b, host="127.0.0.1", port=9000 + b) for b in (1, 2)
+            ],
+            partitions=[
+                common_pb2.PartitionState(topic="t", partition=p, leader=leader, replicas=[1, 2, 3])
+                for p, leader in ((0, 1), (1, 2), (2, 3), (3, -1))
+            ],
+            full=True,
+        )
+    )
     return c
 
 
 def test_produce_is_split_per_leader_and_unroutable_partitions_say_why():
-    topics = [common_pb2.ProduceTopicData(topic="t", partitions=[
-        common_pb2.ProducePartitionData(partition=p, records=b"x") for p in range(5)]),
-        common_pb2.ProduceTopicData(topic="nope", partitions=[common_pb2.ProducePartitionData(partition=0)])]
+    topics = [
+        common_pb2.ProduceTopicData(
+            topic="t",
+            partitions=[common_pb2.ProducePartitionData(partition=p, records=b"x") for p in range(5)],
+        ),
+        common_pb2.ProduceTopicData(topic="nope", partitions=[common_pb2.ProducePartitionData(partition=0)]),
+    ]
     split = routing.split_produce(cache(), topics)
     assert {a: [pd.partition for _, pd in items] for a, items in split.by_leader.items()} == {
-        "127.0.0.1:9001": [0], "127.0.0.1:9002": [1]}
+        "127.0.0.1:9001": [0],
+        "127.0.0.1:9002": [1],
+    }
     codes = {tp: code for tp, (code, _) in split.unroutable.items()}
-    assert codes == {("t", 2): common_pb2.LEADER_NOT_AVAILABLE,      # leader 3 is not live
-                     ("t", 3): common_pb2.LEADER_NOT_AVAILABLE,      # offline
-                     ("t", 4): common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
-                     ("nope", 0): common_pb2.UNKNOWN_TOPIC_OR_PARTITION}
+    assert codes == {
+        ("t", 2): common_pb2.LEADER_NOT_AVAILABLE,  # leader 3 is not live
+        ("t", 3): common_pb2.LEADER_NOT_AVAILABLE,  # offline
+        ("t", 4): common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+        ("nope", 0): common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+    }
     assert "no partition 4" in split.unroutable[("t", 4)][1]
 
 
 def test_merged_answers_follow_the_order_the_client_asked():
-    order = [common_pb2.ProduceTopicData(topic="t", partitions=[
-        common_pb2.ProducePartitionData(partition=p) for p in (2, 0, 1)])]
-    results = {("t", p): common_pb2.ProducePartitionResponse(partition=p, base_offset=10 * p) for p in range(3)}
+    order = [
+        common_pb2.ProduceTopicData(
+            topic="t", partitions=[common_pb2.ProducePartitionData(partition=p) for p in (2, 0, 1)]
+        )
+    ]
+    results = {
+        ("t", p): common_pb2.ProducePartitionResponse(partition=p, base_offset=10 * p) for p in range(3)
+    }
     merged = routing.merge_produce(results, order)
     assert [p.partition for p in merged.topics[0].partitions] == [2, 0, 1]
 
 
 def test_a_fetch_split_keeps_only_the_partitions_of_one_leader():
-    template = common_pb2.FetchRequest(replica_id=-1, max_wait_ms=100, min_bytes=1, max_bytes=1000, topics=[
-        common_pb2.FetchTopic(topic="t", partitions=[common_pb2.FetchPartition(partition=p) for p in range(3)])])
+    template = common_pb2.FetchRequest(
+        replica_id=-1,
+        max_wait_ms=100,
+        min_bytes=1,
+        max_bytes=1000,
+        topics=[
+            common_pb2.FetchTopic(
+                topic="t", partitions=[common_pb2.FetchPartition(partition=p) for p in range(3)]
+            )
+        ],
+    )
     by_leader, unroutable = routing.split_by_leader(cache(), routing.collect_partitions(template.topics))
     sub = routing.fetch_request_for(template, set(by_leader["127.0.0.1:9002"]))
     assert [(t.topic, [p.partition for p in t.partitions]) for t in sub.topics] == [("t", [1])]

@@ -237,7 +237,11 @@ def test_segments_roll_by_size(place: tuple[Storage, str]) -> None:
     storage, directory = place
     names = storage.list_dir(directory)
     for base in bases:
-        assert f"{base:020d}.log" in names and f"{base:020d}.index" in names and f"{base:020d}.timeindex" in names
+        assert (
+            f"{base:020d}.log" in names
+            and f"{base:020d}.index" in names
+            and f"{base:020d}.timeindex" in names
+        )
 
 
 def test_an_append_bigger_than_the_room_left_spreads_over_segments(place: tuple[Storage, str]) -> None:
@@ -332,7 +336,9 @@ def test_truncate_fully_and_start_at(place: tuple[Storage, str]) -> None:
 # --- log start and retention ---------------------------------------------------------
 
 
-def test_advance_log_start_deletes_whole_segments_below_and_survives_reopen(place: tuple[Storage, str]) -> None:
+def test_advance_log_start_deletes_whole_segments_below_and_survives_reopen(
+    place: tuple[Storage, str],
+) -> None:
     log = open_log(place)
     fill(log, 60)
     second = log.segment_base_offsets[1]
@@ -436,7 +442,9 @@ def test_high_watermark_checkpoint_round_trips(place: tuple[Storage, str]) -> No
     assert again.stored_at_start(("t", 0)) == 42 and again.stored_at_start(("other", 3)) == 7
 
 
-def test_high_watermark_checkpoint_keeps_replicas_not_loaded_yet_and_skips_unchanged_writes(tmp_path: Path) -> None:
+def test_high_watermark_checkpoint_keeps_replicas_not_loaded_yet_and_skips_unchanged_writes(
+    tmp_path: Path,
+) -> None:
     storage = MemoryStorage()
     first = HighWatermarkCheckpoint(storage, "/data")
     assert first.write({("a", 0): 5, ("b", 1): 9, ("gone", 0): 3})
@@ -447,8 +455,11 @@ def test_high_watermark_checkpoint_keeps_replicas_not_loaded_yet_and_skips_uncha
     assert restarted.write({("a", 0): 6})
     storage.crash()  # written atomically with an fsync: it survives
     last = HighWatermarkCheckpoint(storage, "/data")
-    assert (last.stored_at_start(("a", 0)), last.stored_at_start(("b", 1)), last.stored_at_start(("gone", 0))) == (
-        6, 9, 0)
+    assert (
+        last.stored_at_start(("a", 0)),
+        last.stored_at_start(("b", 1)),
+        last.stored_at_start(("gone", 0)),
+    ) == (6, 9, 0)
 
 
 def test_high_watermark_checkpoint_is_kafkas_text_format(tmp_path: Path) -> None:
@@ -655,7 +666,9 @@ def reopen(tmp_path: Path) -> Log:
     return Log.open(tmp_path / "t-0", SMALL, now_ms=0)
 
 
-def test_recovery_cuts_a_torn_tail_at_the_last_whole_batch(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_recovery_cuts_a_torn_tail_at_the_last_whole_batch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     crash_files(tmp_path, 10)  # one segment of 10 batches
     path = tmp_path / "t-0" / f"{0:020d}.log"
     one = len(batch())
@@ -817,7 +830,9 @@ def test_recovery_reads_in_pieces_and_keeps_batches_that_cross_piece_ends(
     assert cut.recovery_report.bytes_dropped == len(batch(sizes[-1], size=20)) - 5
 
 
-def test_batch_headers_walks_every_batch_from_an_offset_for_producer_state(place: tuple[Storage, str]) -> None:
+def test_batch_headers_walks_every_batch_from_an_offset_for_producer_state(
+    place: tuple[Storage, str],
+) -> None:
     log = open_log(place)
     fill(log, 40)
     assert [h.base_offset for h in log.batch_headers()] == list(range(0, 120, 3))

@@ -65,7 +65,11 @@ class LogModel(RuleBasedStateMachine):
 
     # --- rules --------------------------------------------------------------------------
 
-    @rule(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=4), new_epoch=st.booleans(), advance_ms=st.integers(0, 2_000))
+    @rule(
+        sizes=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+        new_epoch=st.booleans(),
+        advance_ms=st.integers(0, 2_000),
+    )
     def append(self, sizes: list[int], new_epoch: bool, advance_ms: int) -> None:
         self.now_ms += advance_ms
         if new_epoch:

@@ -61,7 +61,14 @@ async def reference_script(store: MetadataStore, base: str) -> list[Any]:
     def kv(item: KeyValue | None) -> tuple[Any, ...] | None:
         if item is None:
             return None
-        return (item.key.removeprefix(base), item.value, rel(item.create_revision), rel(item.mod_revision), item.version, item.lease != 0)
+        return (
+            item.key.removeprefix(base),
+            item.value,
+            rel(item.create_revision),
+            rel(item.mod_revision),
+            item.version,
+            item.lease != 0,
+        )
 
     a, b, c = base + "a", base + "b", base + "c"
     trace.append(("put", rel(await store.put(a, b"1"))))
@@ -101,9 +108,13 @@ async def reference_script(store: MetadataStore, base: str) -> list[Any]:
         [Put(c, b"new"), Put(a, b"3"), Get(a), Get(base, prefix=True), Delete(b)],
         [Get(a)],
     )
-    trace.append(("txn ok", result.succeeded, rel(result.revision), [[kv(i) for i in g] for g in result.gets]))
+    trace.append(
+        ("txn ok", result.succeeded, rel(result.revision), [[kv(i) for i in g] for g in result.gets])
+    )
     result = await store.txn([compare_missing(c)], [Put(c, b"again")], [Get(c), Get(base + "nothing")])
-    trace.append(("txn failed", result.succeeded, rel(result.revision), [[kv(i) for i in g] for g in result.gets]))
+    trace.append(
+        ("txn failed", result.succeeded, rel(result.revision), [[kv(i) for i in g] for g in result.gets])
+    )
     for name, bad in [
         ("duplicate put", [Put(a, b"1"), Put(a, b"2")]),
         ("put inside deleted range", [Delete(base, prefix=True), Put(a, b"1")]),
@@ -143,7 +154,14 @@ async def reference_script(store: MetadataStore, base: str) -> list[Any]:
         async with asyncio.timeout(WAIT_S_MAX):
             async for batch in stream:
                 events.extend(
-                    (e.kind, e.key.removeprefix(base), e.value, rel(e.create_revision), rel(e.mod_revision), e.version)
+                    (
+                        e.kind,
+                        e.key.removeprefix(base),
+                        e.value,
+                        rel(e.create_revision),
+                        rel(e.mod_revision),
+                        e.version,
+                    )
                     for e in batch
                 )
                 if batch[-1].mod_revision >= end:
@@ -180,7 +198,12 @@ async def test_reference_script_expected_values() -> None:
     assert ok and rev == 5
     assert gets == [
         [("a", b"3", 1, 5, 3, False)],
-        [("a", b"3", 1, 5, 3, False), ("b", b"x", 3, 3, 1, False), ("b/child", b"y", 4, 4, 1, False), ("c", b"new", 5, 5, 1, False)],
+        [
+            ("a", b"3", 1, 5, 3, False),
+            ("b", b"x", 3, 3, 1, False),
+            ("b/child", b"y", 4, 4, 1, False),
+            ("c", b"new", 5, 5, 1, False),
+        ],
     ]
     assert as_dict["txn failed"] == [(False, 5, [[("c", b"new", 5, 5, 1, False)], []])]
     assert all(refused for _, refused in as_dict["refused"])
@@ -338,7 +361,10 @@ async def test_watch_delivers_in_revision_order_from_a_past_revision() -> None:
     await store.put("/other", b"")
     await store.txn([], [Put("/w/c", b"3"), Delete("/w/a")])
     batches: list[list[WatchEvent]] = []
-    async with contextlib.aclosing(store.watch_prefix("/w/", start_revision=start)) as stream, asyncio.timeout(WAIT_S_MAX):
+    async with (
+        contextlib.aclosing(store.watch_prefix("/w/", start_revision=start)) as stream,
+        asyncio.timeout(WAIT_S_MAX),
+    ):
         async for batch in stream:
             batches.append(batch)
             if len(batches) == 3:
@@ -519,11 +545,14 @@ async def test_election_fencing_over_memory_store() -> None:
     assert await store.get(keys.topic("t")) is None
     ok = await fenced_txn(store, 2, [compare_missing(keys.topic("t"))], [Put(keys.topic("t"), b"{}")])
     assert ok.succeeded
-    again = await fenced_txn(store, 2, [compare_missing(keys.topic("t"))], [Put(keys.topic("t"), b"{}")], [Get(keys.topic("t"))])
-    assert not again.succeeded and again.gets[0][0].value == b"{}", "the caller's own compare failed: no ControllerFenced"
+    again = await fenced_txn(
+        store, 2, [compare_missing(keys.topic("t"))], [Put(keys.topic("t"), b"{}")], [Get(keys.topic("t"))]
+    )
+    assert not again.succeeded and again.gets[0][0].value == b"{}", (
+        "the caller's own compare failed: no ControllerFenced"
+    )
     await second.resign()
     assert await current_controller(store) is None
-
 
 
 # --- the key layout the stores are used with ---------------------------------------------------
@@ -544,7 +573,9 @@ def test_key_layout_and_parsers() -> None:
     assert keys.consumer_offset("g", "t", 0).startswith(keys.consumer_group_prefix("g"))
     assert not keys.consumer_offset("g2", "t", 0).startswith(keys.consumer_group_prefix("g"))
     assert keys.parse_topic_name(keys.delete_topic("t"), keys.delete_topics_prefix) == "t"
-    assert keys.topic_config("t") == "/hw/config/topics/t" and keys.producer_id_block == "/hw/producer_id_block"
+    assert (
+        keys.topic_config("t") == "/hw/config/topics/t" and keys.producer_id_block == "/hw/producer_id_block"
+    )
     for bad in ("/hw/brokers/ids/", "/hw/brokers/ids/x", "/hw/brokers/ids/1/2", "/other/brokers/ids/1"):
         with pytest.raises(ValueError):
             keys.parse_broker_id(bad)

@@ -20,8 +20,13 @@ def partition(broker_id: int = 1, min_isr: int = 1) -> Partition:
     return Partition("t", 0, broker_id, log, min_insync_replicas=min_isr)
 
 
-def state(leader: int, epoch: int, isr: tuple[int, ...], replicas: tuple[int, ...] = (1, 2, 3),
-          partition_epoch: int = 1) -> LeaderAndIsrState:
+def state(
+    leader: int,
+    epoch: int,
+    isr: tuple[int, ...],
+    replicas: tuple[int, ...] = (1, 2, 3),
+    partition_epoch: int = 1,
+) -> LeaderAndIsrState:
     return LeaderAndIsrState(leader, epoch, isr, replicas, partition_epoch, 1)
 
 
@@ -107,16 +112,37 @@ def test_follower_truncates_to_leader_epoch_end_offset_after_double_failover():
     """KIP-279: the follower's latest epoch is unknown to the new leader; truncate to min of both ends."""
     # Follower holds epoch 1 entries [2, 5) that the leader (which went from epoch 0 to 2) never had.
     # The leader answers for epoch 1 with its largest epoch <= 1, which is 0, ending at offset 3.
-    offset = truncation_offset(local_leo=5, requested_epoch=1, leader_epoch=0, leader_end_offset=3,
-                               local_end_offset_for_leader_epoch=2)
+    offset = truncation_offset(
+        local_leo=5,
+        requested_epoch=1,
+        leader_epoch=0,
+        leader_end_offset=3,
+        local_end_offset_for_leader_epoch=2,
+    )
     assert offset == 2
 
 
 def test_follower_keeps_its_log_when_the_leader_knows_its_epoch_and_has_more():
-    assert truncation_offset(local_leo=5, requested_epoch=3, leader_epoch=3, leader_end_offset=9,
-                             local_end_offset_for_leader_epoch=5) == 5
-    assert truncation_offset(local_leo=5, requested_epoch=3, leader_epoch=3, leader_end_offset=4,
-                             local_end_offset_for_leader_epoch=5) == 4
+    assert (
+        truncation_offset(
+            local_leo=5,
+            requested_epoch=3,
+            leader_epoch=3,
+            leader_end_offset=9,
+            local_end_offset_for_leader_epoch=5,
+        )
+        == 5
+    )
+    assert (
+        truncation_offset(
+            local_leo=5,
+            requested_epoch=3,
+            leader_epoch=3,
+            leader_end_offset=4,
+            local_end_offset_for_leader_epoch=5,
+        )
+        == 4
+    )
 
 
 def test_fetch_state_transitions_are_data_and_illegal_ones_fail_loudly():
@@ -127,6 +153,7 @@ def test_fetch_state_transitions_are_data_and_illegal_ones_fail_loudly():
     assert not st.ready(now_ms=120)
     assert st.ready(now_ms=150) and st.phase is FetchPhase.TRUNCATING
     import services.broker.fetch_state as fs
+
     original = fs.LEGAL_TRANSITIONS[FetchPhase.TRUNCATING]
     fs.LEGAL_TRANSITIONS[FetchPhase.TRUNCATING] = frozenset({FetchPhase.FETCHING})
     try:

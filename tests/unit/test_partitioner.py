@@ -97,5 +97,7 @@ def test_a_sticky_partition_that_lost_its_leader_is_left_at_once() -> None:
     assert sticky.partition("t", 4, [0, 1, 2, 3], 10) == first
     still_led = [p for p in range(4) if p != first]
     moved = sticky.partition("t", 4, still_led, 10)
-    assert moved in still_led, "records must not keep going to a partition with no leader until the batch fills"
+    assert moved in still_led, (
+        "records must not keep going to a partition with no leader until the batch fills"
+    )
     assert sticky.partition("t", 4, still_led, 10) == moved, "and the new choice sticks"

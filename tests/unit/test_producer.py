@@ -38,7 +38,12 @@ def record(value: bytes = b"v" * 100, ts: int = 1) -> tuple[None, bytes, int]:
 
 
 def accumulator(**overrides: int) -> RecordAccumulator:
-    settings = {"batch_size_bytes": 1000, "linger_ms": 5, "max_batch_bytes": 4000, "buffer_memory_bytes": 100_000}
+    settings = {
+        "batch_size_bytes": 1000,
+        "linger_ms": 5,
+        "max_batch_bytes": 4000,
+        "buffer_memory_bytes": 100_000,
+    }
     settings.update(overrides)
     return RecordAccumulator(**settings)
 
@@ -217,20 +222,36 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
     init_requests: list[tuple[int, int]] = field(default_factory=list)
 
     async def Metadata(self, request, context):
-        return common_pb2.MetadataResponse(cluster_id="fake", controller_id=1, topics=[
-            common_pb2.TopicMetadata(name="t", topic_id="id-t", partitions=[
-                common_pb2.PartitionMetadata(partition=p, leader=1, replicas=[1], isr=[1])
-                for p in range(self.partitions)])
-        ] if not request.topics or "t" in request.topics else [
-            common_pb2.TopicMetadata(name=name, error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
-                                     error_message=f"topic {name!r} does not exist") for name in request.topics
-        ])
+        return common_pb2.MetadataResponse(
+            cluster_id="fake",
+            controller_id=1,
+            topics=[
+                common_pb2.TopicMetadata(
+                    name="t",
+                    topic_id="id-t",
+                    partitions=[
+                        common_pb2.PartitionMetadata(partition=p, leader=1, replicas=[1], isr=[1])
+                        for p in range(self.partitions)
+                    ],
+                )
+            ]
+            if not request.topics or "t" in request.topics
+            else [
+                common_pb2.TopicMetadata(
+                    name=name,
+                    error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+                    error_message=f"topic {name!r} does not exist",
+                )
+                for name in request.topics
+            ],
+        )
 
     async def InitProducerId(self, request, context):
         self.init_requests.append((request.producer_id, request.producer_epoch))
         if request.producer_id >= 0:
-            return common_pb2.InitProducerIdResponse(producer_id=request.producer_id,
-                                                     producer_epoch=request.producer_epoch + 1)
+            return common_pb2.InitProducerIdResponse(
+                producer_id=request.producer_id, producer_epoch=request.producer_epoch + 1
+            )
         self.next_producer_id += 1
         return common_pb2.InitProducerIdResponse(producer_id=self.next_producer_id, producer_epoch=0)
 
@@ -245,16 +266,26 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
                 key = (topic.topic, data.partition)
                 fault = self.faults[key].pop(0) if self.faults[key] else None
                 if isinstance(fault, int):
-                    parts.append(common_pb2.ProducePartitionResponse(partition=data.partition, error_code=fault,
-                                                                     error_message="injected", base_offset=-1))
+                    parts.append(
+                        common_pb2.ProducePartitionResponse(
+                            partition=data.partition,
+                            error_code=fault,
+                            error_message="injected",
+                            base_offset=-1,
+                        )
+                    )
                     continue
                 base_offset = self._append(key, data.records)
                 if fault == "lose-ack":
-                    parts.append(common_pb2.ProducePartitionResponse(
-                        partition=data.partition, error_code=common_pb2.REQUEST_TIMED_OUT, base_offset=-1))
+                    parts.append(
+                        common_pb2.ProducePartitionResponse(
+                            partition=data.partition, error_code=common_pb2.REQUEST_TIMED_OUT, base_offset=-1
+                        )
+                    )
                 else:
-                    parts.append(common_pb2.ProducePartitionResponse(partition=data.partition,
-                                                                     base_offset=base_offset))
+                    parts.append(
+                        common_pb2.ProducePartitionResponse(partition=data.partition, base_offset=base_offset)
+                    )
             topics.append(common_pb2.ProduceTopicResponse(topic=topic.topic, partitions=parts))
         return common_pb2.ProduceResponse(topics=topics)
 
@@ -293,8 +324,13 @@ def gateway() -> Iterator[tuple[FakeGateway, str]]:
         thread.stop()
 
 
-FAST = {"linger_ms": 1, "retry_backoff_ms": 10, "request_timeout_ms": 2_000, "delivery_timeout_ms": 10_000,
-        "connect_timeout_ms": 2_000}
+FAST = {
+    "linger_ms": 1,
+    "retry_backoff_ms": 10,
+    "request_timeout_ms": 2_000,
+    "delivery_timeout_ms": 10_000,
+    "connect_timeout_ms": 2_000,
+}
 
 
 def test_keyed_records_are_delivered_in_order_with_offsets_and_headers(gateway) -> None:
@@ -338,7 +374,9 @@ def test_retriable_errors_are_retried_and_fatal_ones_fail_the_batch(gateway) -> 
         # The lost batch had sequence numbers: the next one goes out under a new epoch.
         again = producer.send("t", b"again", partition=2)
         assert again.result(timeout=5).offset == 0
-    assert len(delivered) == 1 and delivered[0][0] is None and isinstance(delivered[0][1], errors.CorruptMessage)
+    assert (
+        len(delivered) == 1 and delivered[0][0] is None and isinstance(delivered[0][1], errors.CorruptMessage)
+    )
     assert any(pid >= 0 for pid, _ in fake.init_requests), "the producer epoch was bumped"
 
 
@@ -410,8 +448,10 @@ def test_close_fails_what_cannot_be_delivered_in_time(gateway) -> None:
 
 
 def test_an_unreachable_gateway_is_a_one_line_gateway_unavailable() -> None:
-    with Producer("127.0.0.1:1", connect_timeout_ms=300) as producer, \
-            pytest.raises(GatewayUnavailable) as caught:
+    with (
+        Producer("127.0.0.1:1", connect_timeout_ms=300) as producer,
+        pytest.raises(GatewayUnavailable) as caught,
+    ):
         producer.send("t", b"v")
     message = str(caught.value)
     assert message.startswith("GATEWAY_UNAVAILABLE: ") and "127.0.0.1:1" in message and "\n" not in message
@@ -473,10 +513,18 @@ def test_the_bulk_path_encodes_per_batch_with_the_compiled_codec() -> None:
 
     loop = asyncio_.new_event_loop()
     try:
-        core = _ProducerCore(ProducerConfig(buffer_memory_bytes=1 << 30), loop, wake=lambda: None,
-                             on_batch_done=lambda: None)
-        info = TopicInfo("t", "id", (0, 1, 2), (0, 1, 2), common_pb2.TopicMetadata(name="t"), 0,
-                         tuple(TopicPartition("t", p) for p in range(3)))
+        core = _ProducerCore(
+            ProducerConfig(buffer_memory_bytes=1 << 30), loop, wake=lambda: None, on_batch_done=lambda: None
+        )
+        info = TopicInfo(
+            "t",
+            "id",
+            (0, 1, 2),
+            (0, 1, 2),
+            common_pb2.TopicMetadata(name="t"),
+            0,
+            tuple(TopicPartition("t", p) for p in range(3)),
+        )
         values = [b"x" * 100] * 10_000
         encoded = 0
         encode_calls = 0

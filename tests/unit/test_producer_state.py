@@ -11,8 +11,12 @@ from services.common.errors import InvalidProducerEpoch, OutOfOrderSequenceNumbe
 
 
 def batch(producer_id: int, epoch: int, first_seq: int, n: int = 2) -> bytes:
-    return encode_batch([Record(None, f"s{first_seq + i}".encode(), [], 1_000) for i in range(n)],
-                        producer_id=producer_id, producer_epoch=epoch, base_sequence=first_seq)
+    return encode_batch(
+        [Record(None, f"s{first_seq + i}".encode(), [], 1_000) for i in range(n)],
+        producer_id=producer_id,
+        producer_epoch=epoch,
+        base_sequence=first_seq,
+    )
 
 
 def leader() -> Partition:
@@ -27,7 +31,10 @@ def test_a_retried_batch_is_not_written_twice_and_gets_its_original_offset():
     first = p.append_as_leader(batch(7, 0, 0), acks=1, now_ms=0)
     p.append_as_leader(batch(8, 0, 0), acks=1, now_ms=0)
     retry = p.append_as_leader(batch(7, 0, 0), acks=1, now_ms=0)
-    assert retry.duplicate and (retry.first_offset, retry.next_offset) == (first.first_offset, first.next_offset)
+    assert retry.duplicate and (retry.first_offset, retry.next_offset) == (
+        first.first_offset,
+        first.next_offset,
+    )
     assert p.log.log_end_offset == 4
 
 

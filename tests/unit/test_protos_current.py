@@ -19,7 +19,9 @@ def _load_generator():
 
 def test_generated_modules_match_the_proto_files(tmp_path):
     protos = _load_generator().generate(tmp_path)
-    fresh = sorted(p for p in (tmp_path / "protos" / "highwater" / "v1").iterdir() if p.suffix in (".py", ".pyi"))
+    fresh = sorted(
+        p for p in (tmp_path / "protos" / "highwater" / "v1").iterdir() if p.suffix in (".py", ".pyi")
+    )
     assert len(fresh) == 3 * len(protos)
     stale = [p.name for p in fresh if (GENERATED_DIR / p.name).read_bytes() != p.read_bytes()]
     assert not stale, f"generated code is stale for {stale}: run `make protos` and commit the result"

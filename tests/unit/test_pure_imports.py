@@ -49,7 +49,9 @@ def _files(entry: str) -> list[Path]:
     return sorted(path.rglob("*.py")) if path.is_dir() else [path]
 
 
-@pytest.mark.parametrize("path", [p for e in PURE_MODULES for p in _files(e)], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "path", [p for e in PURE_MODULES for p in _files(e)], ids=lambda p: str(p.relative_to(ROOT))
+)
 def test_pure_module_has_no_io_imports(path: Path) -> None:
     tree = ast.parse(path.read_text(), filename=str(path))
     bad = []

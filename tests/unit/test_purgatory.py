@@ -37,13 +37,22 @@ class Answers:
         self.fetch: list[common_pb2.FetchResponse] = []
 
 
-def delayed_produce(partitions: dict[TopicPartitionKey, Partition | None], awaited: dict[TopicPartitionKey, int],
-                    answers: Answers, *, deadline_ms: int = 1_000, epoch: int = 0) -> DelayedProduce:
+def delayed_produce(
+    partitions: dict[TopicPartitionKey, Partition | None],
+    awaited: dict[TopicPartitionKey, int],
+    answers: Answers,
+    *,
+    deadline_ms: int = 1_000,
+    epoch: int = 0,
+) -> DelayedProduce:
     return DelayedProduce(
         results={tp: common_pb2.ProducePartitionResponse(partition=tp[1]) for tp in awaited},
         awaited={tp: AwaitedAppend(required_offset=end, leader_epoch=epoch) for tp, end in awaited.items()},
-        deadline_ms=deadline_ms, timeout_ms=deadline_ms, partition=partitions.get,
-        on_complete=answers.produce.append)
+        deadline_ms=deadline_ms,
+        timeout_ms=deadline_ms,
+        partition=partitions.get,
+        on_complete=answers.produce.append,
+    )
 
 
 def only_partition(response: common_pb2.ProduceResponse) -> common_pb2.ProducePartitionResponse:
@@ -55,8 +64,15 @@ def only_partition(response: common_pb2.ProduceResponse) -> common_pb2.ProducePa
 
 
 def test_fetch_waits_only_while_it_may_wait_and_has_neither_enough_bytes_nor_an_error() -> None:
-    waiting = dict(max_wait_ms=500, partitions_asked=1, bytes_read=10, min_bytes=100, has_error=False,
-                   now_ms=0, deadline_ms=500)
+    waiting = dict(
+        max_wait_ms=500,
+        partitions_asked=1,
+        bytes_read=10,
+        min_bytes=100,
+        has_error=False,
+        now_ms=0,
+        deadline_ms=500,
+    )
     assert not fetch_answers_now(**waiting)  # type: ignore[arg-type]
     assert fetch_answers_now(**{**waiting, "max_wait_ms": 0})  # type: ignore[arg-type]
     assert fetch_answers_now(**{**waiting, "partitions_asked": 0})  # type: ignore[arg-type]
@@ -67,10 +83,24 @@ def test_fetch_waits_only_while_it_may_wait_and_has_neither_enough_bytes_nor_an_
 
 def test_min_bytes_zero_still_waits_for_one_byte() -> None:
     # Kafka answers a min_bytes=0 fetch at once only when it may not wait; with nothing read it waits.
-    assert not fetch_answers_now(max_wait_ms=500, partitions_asked=1, bytes_read=0, min_bytes=0, has_error=False,
-                                 now_ms=0, deadline_ms=500)
-    assert fetch_answers_now(max_wait_ms=500, partitions_asked=1, bytes_read=1, min_bytes=0, has_error=False,
-                             now_ms=0, deadline_ms=500)
+    assert not fetch_answers_now(
+        max_wait_ms=500,
+        partitions_asked=1,
+        bytes_read=0,
+        min_bytes=0,
+        has_error=False,
+        now_ms=0,
+        deadline_ms=500,
+    )
+    assert fetch_answers_now(
+        max_wait_ms=500,
+        partitions_asked=1,
+        bytes_read=1,
+        min_bytes=0,
+        has_error=False,
+        now_ms=0,
+        deadline_ms=500,
+    )
 
 
 # ---- DelayedProduce ------------------------------------------------------------------------------
@@ -131,7 +161,10 @@ def test_acks_all_produce_answers_not_enough_replicas_after_append_when_the_isr_
     answers = Answers()
     assert delayed_produce({TP: p}, {TP: end}, answers).try_complete(now_ms=1)
     res = only_partition(answers.produce[0])
-    assert res.error_code == common_pb2.NOT_ENOUGH_REPLICAS_AFTER_APPEND and "min.insync.replicas=2" in res.error_message
+    assert (
+        res.error_code == common_pb2.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        and "min.insync.replicas=2" in res.error_message
+    )
 
 
 def test_a_produce_over_two_partitions_answers_once_when_both_are_done() -> None:
@@ -172,8 +205,9 @@ class FetchReads:
         return common_pb2.FetchResponse(), self.bytes_available, self.error
 
 
-def delayed_fetch(reads: FetchReads, answers: Answers, *, min_bytes: int = 100, deadline_ms: int = 500
-                  ) -> DelayedFetch:
+def delayed_fetch(
+    reads: FetchReads, answers: Answers, *, min_bytes: int = 100, deadline_ms: int = 500
+) -> DelayedFetch:
     request = common_pb2.FetchRequest(replica_id=-1, max_wait_ms=deadline_ms, min_bytes=min_bytes)
     return DelayedFetch(request, [TP], deadline_ms, reads, answers.fetch.append)
 
@@ -217,8 +251,9 @@ def test_complete_all_answers_every_waiting_operation_by_its_own_rules() -> None
     p = leader(isr=(1, 2))
     end = p.append_as_leader(batch(), acks=-1, now_ms=0).next_offset
     answers, reads, purgatory = Answers(), FetchReads(), Purgatory()
-    assert not purgatory.try_complete_else_watch(delayed_produce({TP: p}, {TP: end}, answers, deadline_ms=30_000),
-                                                 now_ms=0)
+    assert not purgatory.try_complete_else_watch(
+        delayed_produce({TP: p}, {TP: end}, answers, deadline_ms=30_000), now_ms=0
+    )
     assert not purgatory.try_complete_else_watch(delayed_fetch(reads, answers, deadline_ms=500), now_ms=0)
     assert len(purgatory) == 2
     purgatory.complete_all(now_ms=10)

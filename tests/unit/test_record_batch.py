@@ -69,7 +69,9 @@ def test_validate_walks_every_batch_with_positions() -> None:
 
 def test_validate_accepts_memoryview_and_bytearray() -> None:
     data = batch()
-    assert validate_batches(memoryview(data), max_batch_bytes=LIMIT) == validate_batches(bytearray(data), max_batch_bytes=LIMIT)
+    assert validate_batches(memoryview(data), max_batch_bytes=LIMIT) == validate_batches(
+        bytearray(data), max_batch_bytes=LIMIT
+    )
 
 
 def test_empty_buffer_is_corrupt() -> None:

@@ -19,15 +19,22 @@ def _records(*records: gateway_pb2.ProducerRecord) -> list[gateway_pb2.ProducerR
 
 def test_keyed_records_go_where_kafkas_partitioner_puts_them():
     keys = [f"user-{i}".encode() for i in range(300)] + [b""]
-    plan = record_level.plan_produce("t", [gateway_pb2.ProducerRecord(key=k) for k in keys], 7, range(7),
-                                     StickyPartitioner(16384, random.Random(1)))
+    plan = record_level.plan_produce(
+        "t",
+        [gateway_pb2.ProducerRecord(key=k) for k in keys],
+        7,
+        range(7),
+        StickyPartitioner(16384, random.Random(1)),
+    )
     placed = {i: p for p, indexes in plan.by_partition.items() for i in indexes}
     assert placed == {i: partition_for_key(k, 7) for i, k in enumerate(keys)}
 
 
 def test_an_empty_key_is_a_key_and_an_unset_one_is_sticky():
     sticky = StickyPartitioner(16384, random.Random(3))
-    records = [gateway_pb2.ProducerRecord(value=b"x") for _ in range(20)] + [gateway_pb2.ProducerRecord(key=b"")]
+    records = [gateway_pb2.ProducerRecord(value=b"x") for _ in range(20)] + [
+        gateway_pb2.ProducerRecord(key=b"")
+    ]
     plan = record_level.plan_produce("t", records, 5, range(5), sticky)
     keyless = {p for p, indexes in plan.by_partition.items() for i in indexes if i < 20}
     assert len(keyless) == 1, "keyless records under the batch size share one partition"
@@ -35,12 +42,17 @@ def test_an_empty_key_is_a_key_and_an_unset_one_is_sticky():
 
 
 def test_an_explicit_partition_wins_and_one_out_of_range_is_refused_with_a_sentence():
-    records = _records(gateway_pb2.ProducerRecord(key=b"k", partition=1), gateway_pb2.ProducerRecord(partition=9),
-                       gateway_pb2.ProducerRecord(partition=-1))
+    records = _records(
+        gateway_pb2.ProducerRecord(key=b"k", partition=1),
+        gateway_pb2.ProducerRecord(partition=9),
+        gateway_pb2.ProducerRecord(partition=-1),
+    )
     plan = record_level.plan_produce("orders", records, 3, range(3), StickyPartitioner(16384))
     assert plan.by_partition == {1: [0]}
-    assert plan.refused[1] == (common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
-                               "topic 'orders' has partitions 0..2; there is no partition 9")
+    assert plan.refused[1] == (
+        common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+        "topic 'orders' has partitions 0..2; there is no partition 9",
+    )
     assert 2 in plan.refused
 
 
@@ -51,13 +63,17 @@ def test_order_within_a_partition_follows_the_request():
 
 
 def test_batches_are_cut_under_the_cap_and_a_large_record_travels_alone():
-    records = [gateway_pb2.ProducerRecord(value=b"v" * 1000) for _ in range(10)] + \
-        [gateway_pb2.ProducerRecord(value=b"big" * 2000)]
+    records = [gateway_pb2.ProducerRecord(value=b"v" * 1000) for _ in range(10)] + [
+        gateway_pb2.ProducerRecord(value=b"big" * 2000)
+    ]
     batches = record_level.cut_batches(records, list(range(11)), 4096)
     assert [i for b in batches for i in b] == list(range(11))
     assert batches[-1] == [10]
     for batch in batches[:-1]:
-        assert record_level.BATCH_OVERHEAD_BYTES + sum(record_level.record_size_bytes(records[i]) for i in batch) <= 4096
+        assert (
+            record_level.BATCH_OVERHEAD_BYTES + sum(record_level.record_size_bytes(records[i]) for i in batch)
+            <= 4096
+        )
 
 
 def test_batches_hold_at_most_the_records_per_batch_limit():
@@ -68,21 +84,36 @@ def test_batches_hold_at_most_the_records_per_batch_limit():
 
 def test_encoded_records_decode_to_what_was_sent_with_nulls_kept():
     records = _records(
-        gateway_pb2.ProducerRecord(key=b"k", value=b"\x00\xff", timestamp_ms=5,
-                                   headers=[gateway_pb2.RecordHeader(key="a", value=b"1"),
-                                            gateway_pb2.RecordHeader(key="a", value=b"")]),
+        gateway_pb2.ProducerRecord(
+            key=b"k",
+            value=b"\x00\xff",
+            timestamp_ms=5,
+            headers=[
+                gateway_pb2.RecordHeader(key="a", value=b"1"),
+                gateway_pb2.RecordHeader(key="a", value=b""),
+            ],
+        ),
         gateway_pb2.ProducerRecord(),
     )
-    data = record_level.encode_records(records, [0, 1], now_ms=77, compression="zstd", producer_id=12,
-                                       producer_epoch=3, base_sequence=40)
+    data = record_level.encode_records(
+        records, [0, 1], now_ms=77, compression="zstd", producer_id=12, producer_epoch=3, base_sequence=40
+    )
     header = next(iter_batch_headers(data))
-    assert (header.producer_id, header.producer_epoch, header.base_sequence, header.records_count) == (12, 3, 40, 2)
+    assert (header.producer_id, header.producer_epoch, header.base_sequence, header.records_count) == (
+        12,
+        3,
+        40,
+        2,
+    )
     decoded = list(decode_batches(data))
     assert [(r.key, r.value, r.headers, r.timestamp_ms) for r in decoded] == [
-        (b"k", b"\x00\xff", [("a", b"1"), ("a", b"")], 5), (None, None, [], 77)]
+        (b"k", b"\x00\xff", [("a", b"1"), ("a", b"")], 5),
+        (None, None, [], 77),
+    ]
     consumed = record_level.consumed_records("t", 2, data, 1)
     assert [(c.offset, c.HasField("key"), c.HasField("value"), c.timestamp_ms) for c in consumed] == [
-        (1, False, False, 77)]
+        (1, False, False, 77)
+    ]
 
 
 def test_sequence_numbers_wrap_like_kafkas():
@@ -103,13 +134,17 @@ def test_whole_request_problems_are_sentences():
         "topic is empty": gateway_pb2.ProduceRecordsRequest(records=[gateway_pb2.ProducerRecord()]),
         "records is empty": gateway_pb2.ProduceRecordsRequest(topic="t"),
         "request_id is 129 characters": gateway_pb2.ProduceRecordsRequest(
-            topic="t", records=[gateway_pb2.ProducerRecord()], request_id="r" * 129),
+            topic="t", records=[gateway_pb2.ProducerRecord()], request_id="r" * 129
+        ),
         "timeout_ms must be >= 0": gateway_pb2.ProduceRecordsRequest(
-            topic="t", records=[gateway_pb2.ProducerRecord()], timeout_ms=-1),
+            topic="t", records=[gateway_pb2.ProducerRecord()], timeout_ms=-1
+        ),
         "unknown compression 'brotli'": gateway_pb2.ProduceRecordsRequest(
-            topic="t", records=[gateway_pb2.ProducerRecord()], compression="brotli"),
+            topic="t", records=[gateway_pb2.ProducerRecord()], compression="brotli"
+        ),
         "record 0: timestamp_ms must be >= 0": gateway_pb2.ProduceRecordsRequest(
-            topic="t", records=[gateway_pb2.ProducerRecord(timestamp_ms=-5)]),
+            topic="t", records=[gateway_pb2.ProducerRecord(timestamp_ms=-5)]
+        ),
     }
     for sentence, request in cases.items():
         problem = record_level.produce_records_problem(request)
@@ -118,12 +153,19 @@ def test_whole_request_problems_are_sentences():
 
 def test_consume_request_problems_are_sentences():
     assert record_level.consume_records_problem(gateway_pb2.ConsumeRecordsRequest(topic="t")) is None
-    twice = gateway_pb2.ConsumeRecordsRequest(topic="t", partitions=[gateway_pb2.ConsumePartition(partition=1),
-                                                                     gateway_pb2.ConsumePartition(partition=1)])
+    twice = gateway_pb2.ConsumeRecordsRequest(
+        topic="t",
+        partitions=[gateway_pb2.ConsumePartition(partition=1), gateway_pb2.ConsumePartition(partition=1)],
+    )
     assert record_level.consume_records_problem(twice) == "partition 1 is listed twice"
     assert "max_records must be >= 0" in record_level.consume_records_problem(
-        gateway_pb2.ConsumeRecordsRequest(topic="t", max_records=-1))
-    assert "start_offset must be -2" in record_level.consume_records_problem(gateway_pb2.ConsumeRecordsRequest(
-        topic="t", partitions=[gateway_pb2.ConsumePartition(partition=0, start_offset=-3)]))
+        gateway_pb2.ConsumeRecordsRequest(topic="t", max_records=-1)
+    )
+    assert "start_offset must be -2" in record_level.consume_records_problem(
+        gateway_pb2.ConsumeRecordsRequest(
+            topic="t", partitions=[gateway_pb2.ConsumePartition(partition=0, start_offset=-3)]
+        )
+    )
     assert "max_records_per_message" in record_level.consume_records_problem(
-        gateway_pb2.ConsumeRecordsRequest(topic="t", max_records_per_message=10**6))
+        gateway_pb2.ConsumeRecordsRequest(topic="t", max_records_per_message=10**6)
+    )

@@ -11,8 +11,12 @@ from services.security import rules
 from services.security.identity import Caller
 
 ALICE = Caller("User:alice", authenticated_by="certificate")
-AUTHZ = Authorizer([AclBinding.of("User:alice", op, rtype, name)  # type: ignore[arg-type]
-                    for op, rtype, name in (("Write", "Topic", "ok"), ("Read", "Topic", "ok"), ("Read", "Group", "g"))])
+AUTHZ = Authorizer(
+    [
+        AclBinding.of("User:alice", op, rtype, name)  # type: ignore[arg-type]
+        for op, rtype, name in (("Write", "Topic", "ok"), ("Read", "Topic", "ok"), ("Read", "Group", "g"))
+    ]
+)
 
 
 def access() -> rules.Access:
@@ -26,10 +30,13 @@ def test_produce_records_to_a_writable_topic_reaches_the_servicer_untouched() ->
 
 
 def test_produce_records_without_write_answers_every_record_and_writes_nothing() -> None:
-    req = gateway_pb2.ProduceRecordsRequest(topic="no", records=[gateway_pb2.ProducerRecord() for _ in range(3)])
+    req = gateway_pb2.ProduceRecordsRequest(
+        topic="no", records=[gateway_pb2.ProducerRecord() for _ in range(3)]
+    )
     admission = rules.produce_records(req, access(), rules.Limits())
     assert [(r.error_code, r.offset) for r in admission.answer.results] == [
-        (common_pb2.TOPIC_AUTHORIZATION_FAILED, -1)] * 3
+        (common_pb2.TOPIC_AUTHORIZATION_FAILED, -1)
+    ] * 3
     assert "may not Write topic 'no'" in admission.answer.results[0].error_message
 
 
@@ -39,8 +46,9 @@ def test_consume_records_needs_read_on_the_topic_and_on_a_named_group() -> None:
     refused = rules.consume_records(gateway_pb2.ConsumeRecordsRequest(topic="no"), access(), rules.Limits())
     assert [e.error_code for m in refused.answer for e in m.errors] == [common_pb2.TOPIC_AUTHORIZATION_FAILED]
     with pytest.raises(rules.Denied) as denied:
-        rules.consume_records(gateway_pb2.ConsumeRecordsRequest(topic="ok", group_id="other"), access(),
-                              rules.Limits())
+        rules.consume_records(
+            gateway_pb2.ConsumeRecordsRequest(topic="ok", group_id="other"), access(), rules.Limits()
+        )
     assert denied.value.code == "PERMISSION_DENIED"
 
 

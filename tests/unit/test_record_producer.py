@@ -47,7 +47,9 @@ class FakeLeader:
         self.logs[pd.partition] = base + sum(h.records_count for h in headers)
         return _answer(pd.partition, common_pb2.NONE, base)
 
-    async def init_producer_id(self, request: common_pb2.InitProducerIdRequest) -> common_pb2.InitProducerIdResponse:
+    async def init_producer_id(
+        self, request: common_pb2.InitProducerIdRequest
+    ) -> common_pb2.InitProducerIdResponse:
         self.next_producer_id += 1
         return common_pb2.InitProducerIdResponse(producer_id=self.next_producer_id, producer_epoch=0)
 
@@ -62,14 +64,32 @@ def _with_offsets(headers: list[BatchHeader], base: int) -> list[BatchHeader]:
 
 
 def _answer(partition: int, code: int, base_offset: int) -> common_pb2.ProduceResponse:
-    return common_pb2.ProduceResponse(topics=[common_pb2.ProduceTopicResponse(topic=TOPIC, partitions=[
-        common_pb2.ProducePartitionResponse(partition=partition, error_code=code, base_offset=base_offset,
-                                            log_append_time_ms=-1, error_message="" if not code else "timed out")])])
+    return common_pb2.ProduceResponse(
+        topics=[
+            common_pb2.ProduceTopicResponse(
+                topic=TOPIC,
+                partitions=[
+                    common_pb2.ProducePartitionResponse(
+                        partition=partition,
+                        error_code=code,
+                        base_offset=base_offset,
+                        log_append_time_ms=-1,
+                        error_message="" if not code else "timed out",
+                    )
+                ],
+            )
+        ]
+    )
 
 
 def _producer(leader: FakeLeader, partitions: int = 2) -> RecordProducer:
-    cache = MetadataCache(brokers={1: common_pb2.BrokerNode(broker_id=1, host="h", port=1)}, partitions={
-        (TOPIC, p): common_pb2.PartitionState(topic=TOPIC, partition=p, leader=1) for p in range(partitions)})
+    cache = MetadataCache(
+        brokers={1: common_pb2.BrokerNode(broker_id=1, host="h", port=1)},
+        partitions={
+            (TOPIC, p): common_pb2.PartitionState(topic=TOPIC, partition=p, leader=1)
+            for p in range(partitions)
+        },
+    )
 
     async def refresh() -> None:
         return None
@@ -78,8 +98,11 @@ def _producer(leader: FakeLeader, partitions: int = 2) -> RecordProducer:
 
 
 def _request(count: int, *, partition: int = 0, request_id: str = "") -> gateway_pb2.ProduceRecordsRequest:
-    return gateway_pb2.ProduceRecordsRequest(topic=TOPIC, request_id=request_id, records=[
-        gateway_pb2.ProducerRecord(value=b"v", partition=partition) for _ in range(count)])
+    return gateway_pb2.ProduceRecordsRequest(
+        topic=TOPIC,
+        request_id=request_id,
+        records=[gateway_pb2.ProducerRecord(value=b"v", partition=partition) for _ in range(count)],
+    )
 
 
 @pytest.mark.asyncio

@@ -56,15 +56,21 @@ CREATE_TIME = TimestampRules(log_append_time=False, before_max_ms=2**63 - 1, aft
 
 # --- building batches with a valid CRC and bad contents --------------------------------------
 
+
 def values_batch(n: int = 3, *, compression: str = "none", timestamp_ms: int = NOW_MS) -> bytes:
-    return encode_values([f"value-{i}".encode() for i in range(n)], timestamp_ms=timestamp_ms,
-                         compression=compression)
+    return encode_values(
+        [f"value-{i}".encode() for i in range(n)], timestamp_ms=timestamp_ms, compression=compression
+    )
 
 
 def with_fields(batch: bytes, **fields: int) -> bytes:
     """`batch` with header fields overwritten and its CRC recomputed: a valid CRC over whatever results."""
-    layout = {"attributes": (ATTRIBUTES_POS, ">h"), "records_count": (RECORDS_COUNT_POS, ">i"),
-              "last_offset_delta": (LAST_OFFSET_DELTA_POS, ">i"), "max_timestamp": (MAX_TIMESTAMP_POS, ">q")}
+    layout = {
+        "attributes": (ATTRIBUTES_POS, ">h"),
+        "records_count": (RECORDS_COUNT_POS, ">i"),
+        "last_offset_delta": (LAST_OFFSET_DELTA_POS, ">i"),
+        "max_timestamp": (MAX_TIMESTAMP_POS, ">q"),
+    }
     out = bytearray(batch)
     for name, value in fields.items():
         position, fmt = layout[name]
@@ -98,9 +104,17 @@ def varint(value: int) -> bytes:
             return bytes(out)
 
 
-def record(offset_delta: int, value: bytes | None = b"v", *, key: bytes | None = None, ts_delta: int = 0,
-           headers: list[tuple[bytes, bytes]] | None = None, attributes: int = 0, length_adjust: int = 0,
-           header_count: int | None = None) -> bytes:
+def record(
+    offset_delta: int,
+    value: bytes | None = b"v",
+    *,
+    key: bytes | None = None,
+    ts_delta: int = 0,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    attributes: int = 0,
+    length_adjust: int = 0,
+    header_count: int | None = None,
+) -> bytes:
     """One v2 record, hand-encoded so each field can be made wrong on purpose."""
     body = bytes([attributes]) + varint(ts_delta) + varint(offset_delta)
     body += varint(-1) if key is None else varint(len(key)) + key
@@ -115,10 +129,13 @@ def record(offset_delta: int, value: bytes | None = b"v", *, key: bytes | None =
 def hand_batch(records: list[bytes], *, count: int | None = None) -> bytes:
     """A CreateTime batch around hand-encoded records; records_count = len(records) unless given."""
     n = len(records) if count is None else count
-    return with_fields(with_records(values_batch(1), b"".join(records)), records_count=n, last_offset_delta=n - 1)
+    return with_fields(
+        with_records(values_batch(1), b"".join(records)), records_count=n, last_offset_delta=n - 1
+    )
 
 
 # --- a leader partition on a log -----------------------------------------------------------
+
 
 def leader(config: LogConfig | None = None) -> Partition:
     log = Log.open("/p/t-0", config or LogConfig(), storage=MemoryStorage(), now_ms=0)
@@ -143,6 +160,7 @@ def stored(p: Partition) -> bytes:
 
 # --- poison batches ---------------------------------------------------------------------------
 
+
 def test_unknown_codec_7_is_refused_as_corrupt_message():
     poison = with_fields(values_batch(), attributes=7)
     error = refused(leader(), poison, CorruptMessage, "unknown compression codec 7")
@@ -154,16 +172,31 @@ def test_a_gzip_flag_on_a_body_that_is_not_gzip_is_refused():
     refused(leader(), poison, CorruptMessage, "do not decompress as gzip")
 
 
-@pytest.mark.parametrize("records,says", [
-    ([record(0, key=b"k"), record(1)[:-3]], "record 1: its length field says 7 bytes, more than remain"),
-    ([record(0, b"v" * 5, length_adjust=1)], "says 10 bytes but its fields end elsewhere|more than remain"),
-    ([record(0, header_count=-1)], "header count is -1"),
-    ([record(0, headers=[(b"\xff\xfe", b"x")])], "header key is not UTF-8"),
-    ([record(0, attributes=0x80)], "attributes byte 0x80"),
-    ([varint(9) + b"\x00" + varint(0) + varint(0) + varint(-1) + varint(50) + b"vvvv" + varint(0)],
-     "record 0: its value of 50 bytes runs past the end of the record"),
-], ids=["truncated-record", "length-mismatch", "negative-header-count", "header-key-not-utf8",
-        "attributes-high-bit", "value-past-record"])
+@pytest.mark.parametrize(
+    "records,says",
+    [
+        ([record(0, key=b"k"), record(1)[:-3]], "record 1: its length field says 7 bytes, more than remain"),
+        (
+            [record(0, b"v" * 5, length_adjust=1)],
+            "says 10 bytes but its fields end elsewhere|more than remain",
+        ),
+        ([record(0, header_count=-1)], "header count is -1"),
+        ([record(0, headers=[(b"\xff\xfe", b"x")])], "header key is not UTF-8"),
+        ([record(0, attributes=0x80)], "attributes byte 0x80"),
+        (
+            [varint(9) + b"\x00" + varint(0) + varint(0) + varint(-1) + varint(50) + b"vvvv" + varint(0)],
+            "record 0: its value of 50 bytes runs past the end of the record",
+        ),
+    ],
+    ids=[
+        "truncated-record",
+        "length-mismatch",
+        "negative-header-count",
+        "header-key-not-utf8",
+        "attributes-high-bit",
+        "value-past-record",
+    ],
+)
 def test_records_that_do_not_decode_are_refused(records: list[bytes], says: str):
     poison = hand_batch(records, count=len(records))
     with pytest.raises(HighwaterError):  # the consumers' decoder cannot read it either
@@ -199,28 +232,40 @@ def test_control_and_transactional_batches_from_producers_are_refused():
 
 
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
-def test_a_compressed_batch_that_inflates_past_the_limit_is_refused(codec: str, monkeypatch: pytest.MonkeyPatch):
+def test_a_compressed_batch_that_inflates_past_the_limit_is_refused(
+    codec: str, monkeypatch: pytest.MonkeyPatch
+):
     monkeypatch.setattr(limits, "DECOMPRESSED_BATCH_BYTES_MAX", 64 * 1024)
     bomb = encode_values([bytes(1024)] * 100, timestamp_ms=NOW_MS, compression=codec)  # ~100 KiB of zeros
     assert len(bomb) < 64 * 1024
     refused(leader(), bomb, MessageTooLarge, "decompress to more than 65536 bytes")
-    leader().append_as_leader(encode_values([bytes(1024)] * 50, timestamp_ms=NOW_MS, compression=codec),
-                              acks=1, now_ms=NOW_MS)
+    leader().append_as_leader(
+        encode_values([bytes(1024)] * 50, timestamp_ms=NOW_MS, compression=codec), acks=1, now_ms=NOW_MS
+    )
 
 
 # --- what still passes ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("codec", CODECS)
 def test_a_valid_batch_of_every_codec_is_accepted(codec: str):
-    records = [Record(b"k%d" % i if i % 2 else None, None if i == 3 else b"v" * i,
-                      [("h", b"x"), ("\u00e9", b"")] if i % 3 == 0 else [], NOW_MS - i) for i in range(40)]
+    records = [
+        Record(
+            b"k%d" % i if i % 2 else None,
+            None if i == 3 else b"v" * i,
+            [("h", b"x"), ("\u00e9", b"")] if i % 3 == 0 else [],
+            NOW_MS - i,
+        )
+        for i in range(40)
+    ]
     batch = encode_batch(records, compression=codec)
     p = leader()
     append = p.append_as_leader(batch, acks=1, now_ms=NOW_MS)
     assert (append.first_offset, append.next_offset, append.log_append_time_ms) == (0, 40, -1)
     assert stored(p)[MAX_TIMESTAMP_POS:] == batch[MAX_TIMESTAMP_POS:], "stored as sent (offsets aside)"
     assert [(r.key, r.value, r.timestamp_ms) for r in decode_batches(stored(p))] == [
-        (r.key, r.value, r.timestamp_ms) for r in records]
+        (r.key, r.value, r.timestamp_ms) for r in records
+    ]
 
 
 def test_a_valid_batch_before_a_poison_one_in_the_same_request_is_not_written_either():
@@ -235,10 +280,17 @@ def test_a_valid_batch_before_a_poison_one_in_the_same_request_is_not_written_ei
 
 # --- timestamps ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("timestamp_ms,accepted", [
-    (NOW_MS + HOUR_MS, True), (NOW_MS + HOUR_MS + 1, False),
-    (NOW_MS - 10_000, True), (NOW_MS - 10_001, False), (-1, True),
-])
+
+@pytest.mark.parametrize(
+    "timestamp_ms,accepted",
+    [
+        (NOW_MS + HOUR_MS, True),
+        (NOW_MS + HOUR_MS + 1, False),
+        (NOW_MS - 10_000, True),
+        (NOW_MS - 10_001, False),
+        (-1, True),
+    ],
+)
 def test_timestamps_outside_the_before_and_after_window_are_refused(timestamp_ms: int, accepted: bool):
     p = leader(LogConfig(message_timestamp_before_max_ms=10_000, message_timestamp_after_max_ms=HOUR_MS))
     batch = encode_batch([Record(None, b"a", [], NOW_MS), Record(None, b"b", [], timestamp_ms)])
@@ -252,7 +304,9 @@ def test_timestamps_outside_the_before_and_after_window_are_refused(timestamp_ms
 def test_by_default_only_an_hour_into_the_future_is_allowed_as_in_kafka_4():
     p = leader()
     p.append_as_leader(values_batch(timestamp_ms=0), acks=1, now_ms=NOW_MS)  # any past
-    refused(p, values_batch(timestamp_ms=NOW_MS + HOUR_MS + 1), InvalidTimestamp, "message.timestamp.after.max.ms")
+    refused(
+        p, values_batch(timestamp_ms=NOW_MS + HOUR_MS + 1), InvalidTimestamp, "message.timestamp.after.max.ms"
+    )
 
 
 def test_a_producer_may_not_set_the_log_append_time_type():
@@ -293,10 +347,16 @@ def test_a_ten_byte_timestamp_delta_is_read_as_the_clients_read_it():
 # --- properties ---------------------------------------------------------------------------------
 
 HEADER_KEYS = st.text(max_size=6)
-RECORDS = st.lists(st.tuples(st.none() | st.binary(max_size=20), st.none() | st.binary(max_size=300),
-                             st.lists(st.tuples(HEADER_KEYS, st.binary(max_size=8)), max_size=3),
-                             st.integers(NOW_MS - 10 * HOUR_MS, NOW_MS + HOUR_MS)),
-                   min_size=1, max_size=30)
+RECORDS = st.lists(
+    st.tuples(
+        st.none() | st.binary(max_size=20),
+        st.none() | st.binary(max_size=300),
+        st.lists(st.tuples(HEADER_KEYS, st.binary(max_size=8)), max_size=3),
+        st.integers(NOW_MS - 10 * HOUR_MS, NOW_MS + HOUR_MS),
+    ),
+    min_size=1,
+    max_size=30,
+)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -359,9 +419,20 @@ print(ok, refused)
 def test_the_record_kernel_stays_in_bounds_under_numba_boundscheck(tmp_path: Path) -> None:
     """Numba checks no index by default; with NUMBA_BOUNDSCHECK=1 an out-of-bounds index raises
     IndexError instead. Compiled afresh (own cache dir) so the checked build is what runs."""
-    env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
-    run = subprocess.run([sys.executable, "-c", BOUNDSCHECK_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=240, cwd=REPO_ROOT)
+    env = {
+        **os.environ,
+        "NUMBA_BOUNDSCHECK": "1",
+        "NUMBA_CACHE_DIR": str(tmp_path),
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", BOUNDSCHECK_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO_ROOT,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     ok, refused = map(int, run.stdout.split())
     assert ok > 0 and refused > 0

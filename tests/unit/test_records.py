@@ -40,7 +40,9 @@ def test_round_trip_keeps_keys_values_headers_timestamps(compression: str) -> No
 
 @pytest.mark.parametrize("compression", CODECS)
 def test_broker_accepts_what_the_codec_makes(compression: str) -> None:
-    data = encode_batch(sample_records(), compression=compression, producer_id=5, producer_epoch=1, base_sequence=9)
+    data = encode_batch(
+        sample_records(), compression=compression, producer_id=5, producer_epoch=1, base_sequence=9
+    )
     (header,) = validate_batches(data, max_batch_bytes=LIMIT)
     assert header.records_count == 4
     assert header.max_timestamp == 1_700_000_000_009
@@ -65,7 +67,9 @@ def test_encode_values_fast_path_round_trips() -> None:
 
 
 def test_assign_offsets_then_decode_gives_the_patched_offsets() -> None:
-    buf = bytearray(encode_values([b"a", b"b"], timestamp_ms=1) + encode_batch(sample_records(), compression="lz4"))
+    buf = bytearray(
+        encode_values([b"a", b"b"], timestamp_ms=1) + encode_batch(sample_records(), compression="lz4")
+    )
     headers = validate_batches(buf, max_batch_bytes=LIMIT)
     assert assign_offsets(buf, headers, 1_000, leader_epoch=3) == 1_006
     assert [r.offset for r in decode_batches(buf)] == list(range(1_000, 1_006))

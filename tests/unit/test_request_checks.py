@@ -11,21 +11,36 @@ from services.common.request_checks import consumer_fetch_problem, produce_reque
 from services.common.topics import group_id_problem
 
 
-def produce(acks: int = -1, timeout_ms: int = 0, partitions: tuple[int, ...] = (0,)) -> common_pb2.ProduceRequest:
-    return common_pb2.ProduceRequest(acks=acks, timeout_ms=timeout_ms, topics=[common_pb2.ProduceTopicData(
-        topic="t", partitions=[common_pb2.ProducePartitionData(partition=p, records=b"x") for p in partitions])])
+def produce(
+    acks: int = -1, timeout_ms: int = 0, partitions: tuple[int, ...] = (0,)
+) -> common_pb2.ProduceRequest:
+    return common_pb2.ProduceRequest(
+        acks=acks,
+        timeout_ms=timeout_ms,
+        topics=[
+            common_pb2.ProduceTopicData(
+                topic="t",
+                partitions=[common_pb2.ProducePartitionData(partition=p, records=b"x") for p in partitions],
+            )
+        ],
+    )
 
 
 def test_a_well_formed_produce_passes() -> None:
     assert produce_request_problem(produce(partitions=(0, 1))) is None
 
 
-@pytest.mark.parametrize("request_,says", [
-    (produce(acks=2), "acks must be 0, 1 or -1"),
-    (produce(timeout_ms=-1), "timeout_ms must be >= 0"),
-    (produce(partitions=(0, 0)), "partition t-0 appears more than once"),
-])
-def test_a_produce_that_cannot_be_answered_whole_is_named(request_: common_pb2.ProduceRequest, says: str) -> None:
+@pytest.mark.parametrize(
+    "request_,says",
+    [
+        (produce(acks=2), "acks must be 0, 1 or -1"),
+        (produce(timeout_ms=-1), "timeout_ms must be >= 0"),
+        (produce(partitions=(0, 0)), "partition t-0 appears more than once"),
+    ],
+)
+def test_a_produce_that_cannot_be_answered_whole_is_named(
+    request_: common_pb2.ProduceRequest, says: str
+) -> None:
     problem = produce_request_problem(request_)
     assert problem is not None and says in problem
 

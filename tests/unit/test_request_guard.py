@@ -15,8 +15,9 @@ PRODUCE = "/highwater.v1.GatewayService/Produce"
 SUBSCRIBE = "/highwater.v1.GatewayService/Subscribe"
 
 
-async def call_with(payloads: list[bytes], method: str = PRODUCE, stream: bool = False
-                    ) -> list[tuple[grpc.StatusCode, str]]:
+async def call_with(
+    payloads: list[bytes], method: str = PRODUCE, stream: bool = False
+) -> list[tuple[grpc.StatusCode, str]]:
     server = grpc.aio.server(interceptors=[MalformedRequestGuard()])
     # The base servicer answers UNIMPLEMENTED: a request that parses reaches it.
     gateway_pb2_grpc.add_GatewayServiceServicer_to_server(gateway_pb2_grpc.GatewayServiceServicer(), server)
@@ -41,7 +42,8 @@ async def call_with(payloads: list[bytes], method: str = PRODUCE, stream: bool =
 
 
 def test_malformed_requests_are_invalid_argument_and_logged_once_not_a_traceback_each(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.INFO)
     statuses = asyncio.run(call_with([b"\xff\xff\xff\xff garbage"] * 20))
     assert {code for code, _ in statuses} == {grpc.StatusCode.INVALID_ARGUMENT}

@@ -36,9 +36,14 @@ INVALID = common_pb2.INVALID_REQUEST
 
 
 def wire(principal: str, operation: str, rtype: str, name: str, **kw: str) -> controller_pb2.AclBinding:
-    return controller_pb2.AclBinding(principal=principal, operation=operation, resource_type=rtype,
-                                     resource_name=name, permission=kw.get("permission", "Allow"),
-                                     pattern_type=kw.get("pattern_type", ""))
+    return controller_pb2.AclBinding(
+        principal=principal,
+        operation=operation,
+        resource_type=rtype,
+        resource_name=name,
+        permission=kw.get("permission", "Allow"),
+        pattern_type=kw.get("pattern_type", ""),
+    )
 
 
 def binding(principal: str, operation: str, rtype: str, name: str) -> AclBinding:
@@ -61,54 +66,85 @@ def test_security_admin_decisions_stay_pure() -> None:
 def test_create_acls_writes_new_bindings_once_and_answers_each_in_order() -> None:
     present = binding("User:alice", "Read", "Topic", "orders")
     state = SecurityState(frozenset({present}), {})
-    request = controller_pb2.CreateAclsRequest(creations=[
-        wire("User:alice", "Read", "Topic", "orders"),                 # already there
-        wire("User:alice", "write", "topic", "orders"),                # new (names are case-insensitive)
-        wire("User:alice", "Write", "Topic", "orders"),                # the same again in this request
-        wire("alice", "Read", "Topic", "orders"),                      # malformed principal
-        wire("User:ops", "Alter", "Cluster", "ignored"),               # the cluster has one name
-        wire("User:x", "Fly", "Topic", "t"),                           # unknown operation
-    ])
+    request = controller_pb2.CreateAclsRequest(
+        creations=[
+            wire("User:alice", "Read", "Topic", "orders"),  # already there
+            wire("User:alice", "write", "topic", "orders"),  # new (names are case-insensitive)
+            wire("User:alice", "Write", "Topic", "orders"),  # the same again in this request
+            wire("alice", "Read", "Topic", "orders"),  # malformed principal
+            wire("User:ops", "Alter", "Cluster", "ignored"),  # the cluster has one name
+            wire("User:x", "Fly", "Topic", "t"),  # unknown operation
+        ]
+    )
     decision = security_admin.create_acls(state, request)
     r = decision.response
     assert r.error_code == NONE
-    assert [(x.error_code, x.changed) for x in r.results] == [(NONE, False), (NONE, True), (NONE, False),
-                                                              (INVALID, False), (NONE, True), (INVALID, False)]
+    assert [(x.error_code, x.changed) for x in r.results] == [
+        (NONE, False),
+        (NONE, True),
+        (NONE, False),
+        (INVALID, False),
+        (NONE, True),
+        (INVALID, False),
+    ]
     assert "User:<name>" in r.results[3].error_message and "operation" in r.results[5].error_message
     assert r.results[4].binding.resource_name == "highwater-cluster"
-    assert decision.writes == [AclWrite(binding("User:alice", "Write", "Topic", "orders").to_dict()),
-                               AclWrite(binding("User:ops", "Alter", "Cluster", "").to_dict())]
+    assert decision.writes == [
+        AclWrite(binding("User:alice", "Write", "Topic", "orders").to_dict()),
+        AclWrite(binding("User:ops", "Alter", "Cluster", "").to_dict()),
+    ]
 
 
 def test_acl_requests_and_the_acl_set_are_bounded_and_refused_whole() -> None:
-    many = controller_pb2.CreateAclsRequest(creations=[wire("User:a", "Read", "Topic", f"t{i}")
-                                                       for i in range(ACL_BINDINGS_PER_REQUEST_MAX + 1)])
-    for decision in (security_admin.create_acls(EMPTY, many),
-                     security_admin.delete_acls(EMPTY, controller_pb2.DeleteAclsRequest(deletions=many.creations))):
+    many = controller_pb2.CreateAclsRequest(
+        creations=[wire("User:a", "Read", "Topic", f"t{i}") for i in range(ACL_BINDINGS_PER_REQUEST_MAX + 1)]
+    )
+    for decision in (
+        security_admin.create_acls(EMPTY, many),
+        security_admin.delete_acls(EMPTY, controller_pb2.DeleteAclsRequest(deletions=many.creations)),
+    ):
         assert decision.response.error_code == INVALID and not decision.writes
         assert f"at most {ACL_BINDINGS_PER_REQUEST_MAX}" in decision.response.error_message
-    full = SecurityState(frozenset(binding("User:a", "Read", "Topic", f"t{i}") for i in range(ACL_BINDINGS_MAX)), {})
-    decision = security_admin.create_acls(full, controller_pb2.CreateAclsRequest(creations=[
-        wire("User:a", "Read", "Topic", "t0"), wire("User:a", "Read", "Topic", "new")]))
+    full = SecurityState(
+        frozenset(binding("User:a", "Read", "Topic", f"t{i}") for i in range(ACL_BINDINGS_MAX)), {}
+    )
+    decision = security_admin.create_acls(
+        full,
+        controller_pb2.CreateAclsRequest(
+            creations=[wire("User:a", "Read", "Topic", "t0"), wire("User:a", "Read", "Topic", "new")]
+        ),
+    )
     assert decision.response.error_code == INVALID and not decision.writes
     assert f"limit of {ACL_BINDINGS_MAX}" in decision.response.error_message
-    again = security_admin.create_acls(full, controller_pb2.CreateAclsRequest(creations=[
-        wire("User:a", "Read", "Topic", "t0")]))
+    again = security_admin.create_acls(
+        full, controller_pb2.CreateAclsRequest(creations=[wire("User:a", "Read", "Topic", "t0")])
+    )
     assert again.response.error_code == NONE and not again.writes, "re-adding one present is not growth"
 
 
 def test_delete_acls_removes_exactly_the_named_bindings() -> None:
     a, b = binding("User:alice", "Read", "Topic", "orders"), binding("User:alice", "Write", "Topic", "orders")
-    decision = security_admin.delete_acls(SecurityState(frozenset({a, b}), {}), controller_pb2.DeleteAclsRequest(
-        deletions=[wire("User:alice", "Read", "Topic", "orders"), wire("User:alice", "Read", "Topic", "orders"),
-                   wire("User:alice", "Read", "Topic", "ord", pattern_type="Prefixed")]))
+    decision = security_admin.delete_acls(
+        SecurityState(frozenset({a, b}), {}),
+        controller_pb2.DeleteAclsRequest(
+            deletions=[
+                wire("User:alice", "Read", "Topic", "orders"),
+                wire("User:alice", "Read", "Topic", "orders"),
+                wire("User:alice", "Read", "Topic", "ord", pattern_type="Prefixed"),
+            ]
+        ),
+    )
     assert [x.changed for x in decision.response.results] == [True, False, False]
     assert decision.writes == [AclWrite(a.to_dict(), delete=True)]
 
 
 def test_describe_acls_filters_and_sorts() -> None:
-    bindings = [binding("User:bob", "Read", "Topic", "orders"), binding("User:alice", "Read", "Topic", "orders"),
-                binding("User:alice", "Read", "Group", "g"), binding("User:*", "Describe", "Topic", "*")]
+    bindings = [
+        binding("User:bob", "Read", "Topic", "orders"),
+        binding("User:alice", "Read", "Topic", "orders"),
+        binding("User:alice", "Read", "Group", "g"),
+        binding("User:*", "Describe", "Topic", "*"),
+    ]
     state = SecurityState(frozenset(bindings), {})
 
     def described(**kw: str) -> list[tuple[str, str, str]]:
@@ -116,22 +152,38 @@ def test_describe_acls_filters_and_sorts() -> None:
         assert r.error_code == NONE
         return [(b.principal, b.resource_type, b.resource_name) for b in r.acls]
 
-    assert described() == [("User:alice", "Group", "g"), ("User:*", "Topic", "*"), ("User:alice", "Topic", "orders"),
-                           ("User:bob", "Topic", "orders")]
+    assert described() == [
+        ("User:alice", "Group", "g"),
+        ("User:*", "Topic", "*"),
+        ("User:alice", "Topic", "orders"),
+        ("User:bob", "Topic", "orders"),
+    ]
     assert described(principal="User:alice", resource_type="Topic", resource_name="orders") == [
-        ("User:*", "Topic", "*"), ("User:alice", "Topic", "orders")]
-    bad = security_admin.describe_acls(state, controller_pb2.DescribeAclsRequest(resource_type="Table")).response
+        ("User:*", "Topic", "*"),
+        ("User:alice", "Topic", "orders"),
+    ]
+    bad = security_admin.describe_acls(
+        state, controller_pb2.DescribeAclsRequest(resource_type="Table")
+    ).response
     assert bad.error_code == INVALID and "resource type" in bad.error_message
 
 
 def test_create_token_answers_the_secret_once_and_writes_only_its_hash() -> None:
-    decision = security_admin.create_token(EMPTY, controller_pb2.CreateTokenRequest(
-        principal="User:bob", expires_in_ms=60_000, description="ci"), now_ms=1_000)
+    decision = security_admin.create_token(
+        EMPTY,
+        controller_pb2.CreateTokenRequest(principal="User:bob", expires_in_ms=60_000, description="ci"),
+        now_ms=1_000,
+    )
     r = decision.response
     assert r.error_code == NONE and r.token.startswith("hwt.")
     token_id, secret = tokens.parse_token(r.token)  # type: ignore[misc]
-    assert (r.info.token_id, r.info.principal, r.info.created_ms, r.info.expires_ms, r.info.description) == \
-        (token_id, "User:bob", 1_000, 61_000, "ci")
+    assert (r.info.token_id, r.info.principal, r.info.created_ms, r.info.expires_ms, r.info.description) == (
+        token_id,
+        "User:bob",
+        1_000,
+        61_000,
+        "ci",
+    )
     [write] = decision.writes
     assert isinstance(write, TokenWrite) and write.token_id == token_id and write.record is not None
     assert secret not in repr(write.record), "the secret is never stored"
@@ -140,27 +192,36 @@ def test_create_token_answers_the_secret_once_and_writes_only_its_hash() -> None
     assert tokens.verify(record, secret, now_ms=61_000) is None, "expired"
 
 
-@pytest.mark.parametrize("principal, expires_in_ms, says", [
-    ("User:controller-1", 0, "service identity"),
-    ("User:gateway-2", 0, "service identity"),
-    ("bob", 0, "User:<name>"),
-    ("User:bob", -1, "expiry"),
-    ("User:bob", tokens.TOKEN_LIFETIME_MS_MAX + 1, "expiry"),
-])
-def test_create_token_refuses_service_names_and_bad_lifetimes(principal: str, expires_in_ms: int, says: str) -> None:
-    decision = security_admin.create_token(EMPTY, controller_pb2.CreateTokenRequest(
-        principal=principal, expires_in_ms=expires_in_ms), now_ms=0)
+@pytest.mark.parametrize(
+    "principal, expires_in_ms, says",
+    [
+        ("User:controller-1", 0, "service identity"),
+        ("User:gateway-2", 0, "service identity"),
+        ("bob", 0, "User:<name>"),
+        ("User:bob", -1, "expiry"),
+        ("User:bob", tokens.TOKEN_LIFETIME_MS_MAX + 1, "expiry"),
+    ],
+)
+def test_create_token_refuses_service_names_and_bad_lifetimes(
+    principal: str, expires_in_ms: int, says: str
+) -> None:
+    decision = security_admin.create_token(
+        EMPTY, controller_pb2.CreateTokenRequest(principal=principal, expires_in_ms=expires_in_ms), now_ms=0
+    )
     assert decision.response.error_code == INVALID and says in decision.response.error_message
     assert not decision.writes and not decision.response.token
 
 
 def test_tokens_are_bounded_revoked_by_id_and_listed_without_secrets() -> None:
     _, token_id, record = tokens.new_token("User:bob", now_ms=5, description="d")
-    state = SecurityState.from_records([{"bogus": 1}], {token_id: record.to_dict(), "junk": {"principal": "x"}})
+    state = SecurityState.from_records(
+        [{"bogus": 1}], {token_id: record.to_dict(), "junk": {"principal": "x"}}
+    )
     assert set(state.tokens) == {token_id} and state.token_ids == {token_id, "junk"}
     listed = security_admin.list_tokens(state, controller_pb2.ListTokensRequest()).response
-    assert [(t.token_id, t.principal, t.created_ms, t.description) for t in listed.tokens] == \
-        [(token_id, "User:bob", 5, "d")]
+    assert [(t.token_id, t.principal, t.created_ms, t.description) for t in listed.tokens] == [
+        (token_id, "User:bob", 5, "d")
+    ]
     assert record.digest.hex() not in str(listed) and record.salt.hex() not in str(listed)
     revoke = security_admin.revoke_token(state, controller_pb2.RevokeTokenRequest(token_id=token_id))
     assert revoke.response.revoked and revoke.writes == [TokenWrite(token_id, None)]
@@ -171,7 +232,9 @@ def test_tokens_are_bounded_revoked_by_id_and_listed_without_secrets() -> None:
     bad = security_admin.revoke_token(state, controller_pb2.RevokeTokenRequest(token_id="../acls/x"))
     assert bad.response.error_code == INVALID and not bad.writes
     full = SecurityState(frozenset(), {}, frozenset(f"{i:x}" for i in range(tokens.TOKENS_MAX)))
-    over = security_admin.create_token(full, controller_pb2.CreateTokenRequest(principal="User:bob"), now_ms=0)
+    over = security_admin.create_token(
+        full, controller_pb2.CreateTokenRequest(principal="User:bob"), now_ms=0
+    )
     assert over.response.error_code == INVALID and not over.writes
 
 
@@ -199,8 +262,9 @@ async def servicer_at(epoch: int) -> tuple[Any, MemoryStore]:
 @pytest.mark.asyncio
 async def test_the_active_controller_writes_acls_and_tokens_that_the_services_caches_read() -> None:
     servicer, store = await servicer_at(3)
-    created = await servicer.CreateAcls(controller_pb2.CreateAclsRequest(creations=[
-        wire("User:alice", "Write", "Topic", "orders")]), None)
+    created = await servicer.CreateAcls(
+        controller_pb2.CreateAclsRequest(creations=[wire("User:alice", "Write", "Topic", "orders")]), None
+    )
     assert created.results[0].changed
     token = await servicer.CreateToken(controller_pb2.CreateTokenRequest(principal="User:bob"), None)
     snapshot = await load_security(store)
@@ -211,8 +275,16 @@ async def test_the_active_controller_writes_acls_and_tokens_that_the_services_ca
     listed = await servicer.ListTokens(controller_pb2.ListTokensRequest(), None)
     assert [t.token_id for t in listed.tokens] == [token_id]
     assert (await servicer.RevokeToken(controller_pb2.RevokeTokenRequest(token_id=token_id), None)).revoked
-    assert (await servicer.DeleteAcls(controller_pb2.DeleteAclsRequest(deletions=[
-        wire("User:alice", "Write", "Topic", "orders")]), None)).results[0].changed
+    assert (
+        (
+            await servicer.DeleteAcls(
+                controller_pb2.DeleteAclsRequest(deletions=[wire("User:alice", "Write", "Topic", "orders")]),
+                None,
+            )
+        )
+        .results[0]
+        .changed
+    )
     after = await load_security(store)
     assert not after.acls and not after.tokens
 
@@ -223,8 +295,9 @@ async def test_a_standby_answers_not_controller_and_a_fenced_one_writes_nothing_
     await store.put(store.keys.controller, b'{"controller_id": 2, "epoch": 4, "host": "h", "port": 9}')
     loop = servicer.active
     servicer.active = None
-    standby = await servicer.CreateAcls(controller_pb2.CreateAclsRequest(creations=[
-        wire("User:alice", "Read", "Topic", "t")]), None)
+    standby = await servicer.CreateAcls(
+        controller_pb2.CreateAclsRequest(creations=[wire("User:alice", "Read", "Topic", "t")]), None
+    )
     assert standby.error_code == common_pb2.NOT_CONTROLLER and standby.active_controller.port == 9
     servicer.active = loop
     await store.put(store.keys.controller_epoch, b"4")  # a newer controller won meanwhile
@@ -253,8 +326,13 @@ class RefusingController:
         async def call(request: Any, timeout: float) -> Any:
             import grpc
 
-            raise grpc.aio.AioRpcError(grpc.StatusCode.PERMISSION_DENIED, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                       details=f"User:ops may not Alter Cluster 'highwater-cluster' ({rpc})")
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                details=f"User:ops may not Alter Cluster 'highwater-cluster' ({rpc})",
+            )
+
         return call
 
 
@@ -271,12 +349,16 @@ async def test_the_gateway_passes_the_controllers_refusal_on_instead_of_a_retria
     from services.gateway.server import GatewayServicer
 
     store = MemoryStore()
-    await store.put(store.keys.controller, b'{"controller_id": 1, "epoch": 1, "host": "127.0.0.1", "port": 1}')
+    await store.put(
+        store.keys.controller, b'{"controller_id": 1, "epoch": 1, "host": "127.0.0.1", "port": 1}'
+    )
 
     class Peers:
         def controller(self, address: str) -> RefusingController:
             return RefusingController()
 
     gateway = GatewayServicer(store, Peers())  # type: ignore[arg-type]
-    with pytest.raises(RuntimeError, match="aborted PERMISSION_DENIED: the controller refused: User:ops may not"):
+    with pytest.raises(
+        RuntimeError, match="aborted PERMISSION_DENIED: the controller refused: User:ops may not"
+    ):
         await gateway.CreateAcls(controller_pb2.CreateAclsRequest(), AbortingContext())  # type: ignore[arg-type]

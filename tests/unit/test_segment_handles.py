@@ -46,8 +46,11 @@ def fill_segments(log: Log, segments: int) -> None:
     now_ms = 0
     while len(log.segment_base_offsets) < segments:
         first = log.log_end_offset
-        log.append_as_leader(encode_values([value(first + i) for i in range(4)], timestamp_ms=now_ms),
-                             leader_epoch=0, now_ms=now_ms)
+        log.append_as_leader(
+            encode_values([value(first + i) for i in range(4)], timestamp_ms=now_ms),
+            leader_epoch=0,
+            now_ms=now_ms,
+        )
         now_ms += 1
 
 
@@ -75,7 +78,9 @@ def test_a_log_of_500_tiny_segments_keeps_a_bounded_number_of_files_open(tmp_pat
 
     log = Log.open(directory, TINY, storage=storage, now_ms=0)
     fill_segments(log, SEGMENTS)
-    segment_files = [name for name in os.listdir(directory) if name.endswith((".log", ".index", ".timeindex"))]
+    segment_files = [
+        name for name in os.listdir(directory) if name.endswith((".log", ".index", ".timeindex"))
+    ]
     assert len(segment_files) == 3 * SEGMENTS  # every file exists on disk ...
     assert open_fds() - fds_before <= ACTIVE_FILES + CACHE_FILES  # ... but few are open
     assert open_real_file_count() - real_before == storage.open_files.open_count == open_fds() - fds_before
@@ -103,9 +108,18 @@ def test_a_log_of_500_tiny_segments_keeps_a_bounded_number_of_files_open(tmp_pat
     assert not os.path.exists(os.path.join(directory, f"{bases[99]:020d}.log"))
     log.close()
     assert open_fds() == fds_before
-    by_size = Log.open(directory, LogConfig(segment_bytes=1024, index_interval_bytes=100, retention_ms=-1,
-                                            max_message_bytes=1024, retention_bytes=50 * 1024),
-                       storage=storage, now_ms=0)
+    by_size = Log.open(
+        directory,
+        LogConfig(
+            segment_bytes=1024,
+            index_interval_bytes=100,
+            retention_ms=-1,
+            max_message_bytes=1024,
+            retention_bytes=50 * 1024,
+        ),
+        storage=storage,
+        now_ms=0,
+    )
     assert open_fds() - fds_before <= ACTIVE_FILES + CACHE_FILES  # opening 220 segments stays bounded too
     assert by_size.delete_old_segments(now_ms=0, high_watermark=by_size.log_end_offset) > 100
     assert by_size.size_bytes <= 50 * 1024 + TINY.segment_bytes  # whole segments go

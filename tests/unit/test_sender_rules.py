@@ -27,7 +27,11 @@ def test_a_stale_broker_epoch_refusal_is_asked_again() -> None:
 
 
 def test_other_refusals_end_the_request() -> None:
-    for code in (common_pb2.STALE_CONTROLLER_EPOCH, common_pb2.INVALID_REQUEST, common_pb2.FENCED_LEADER_EPOCH):
+    for code in (
+        common_pb2.STALE_CONTROLLER_EPOCH,
+        common_pb2.INVALID_REQUEST,
+        common_pb2.FENCED_LEADER_EPOCH,
+    ):
         assert retry_after_ms(1, error_code=code) is None
 
 

@@ -59,8 +59,14 @@ def _glibc() -> bool:
 
 
 def _arenas(mode: str) -> int:
-    done = subprocess.run([sys.executable, "-c", ARENA_REPORT, mode], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", ARENA_REPORT, mode],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return int(done.stdout.strip())
 
 
@@ -73,10 +79,13 @@ def test_a_prepared_worker_keeps_its_threads_in_the_existing_malloc_arenas() -> 
 
 def test_preparing_freezes_what_the_worker_holds_and_can_be_repeated() -> None:
     # In a fresh process: preparing changes process-wide state this test process should keep.
-    script = ("import gc\nfrom spark_connector.worker import prepare_python_worker\n"
-              "prepare_python_worker()\nfirst = gc.get_freeze_count()\n"
-              "prepare_python_worker()\nprint(first, gc.get_freeze_count())")
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          check=True)
+    script = (
+        "import gc\nfrom spark_connector.worker import prepare_python_worker\n"
+        "prepare_python_worker()\nfirst = gc.get_freeze_count()\n"
+        "prepare_python_worker()\nprint(first, gc.get_freeze_count())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
     first, second = map(int, done.stdout.split())
     assert first > 0 and second >= first

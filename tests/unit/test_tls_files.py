@@ -22,8 +22,11 @@ def test_etcd_client_certificates_come_from_a_ca_clients_never_get_certificates_
     etcd_cert = etcd_client_cert_path(tmp_path, "broker-1")
     assert "etcd clients CA" in issuer_of(etcd_cert)
     assert "etcd clients CA" not in issuer_of(tmp_path / "alice.pem")
-    usages = x509.load_pem_x509_certificate(etcd_cert.read_bytes()).extensions.get_extension_for_class(
-        x509.ExtendedKeyUsage).value
+    usages = (
+        x509.load_pem_x509_certificate(etcd_cert.read_bytes())
+        .extensions.get_extension_for_class(x509.ExtendedKeyUsage)
+        .value
+    )
     assert list(usages) == [ExtendedKeyUsageOID.CLIENT_AUTH], "an etcd client certificate serves nothing"
 
 

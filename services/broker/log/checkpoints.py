@@ -58,7 +58,9 @@ def read_fields(storage: Storage, path: str, *, fields_per_entry: int) -> list[l
     except (IndexError, ValueError) as error:
         raise StorageError(f"malformed checkpoint {path}: {error}") from error
     if len(entries) != count or any(len(entry) != fields_per_entry for entry in entries):
-        raise StorageError(f"malformed checkpoint {path}: expected {count} entries of {fields_per_entry} fields")
+        raise StorageError(
+            f"malformed checkpoint {path}: expected {count} entries of {fields_per_entry} fields"
+        )
     return entries
 
 
@@ -114,8 +116,10 @@ class HighWatermarkCheckpoint:
             # Only HWs are lost: every replica starts at HW 0 (never above what is committed), a
             # follower learns the leader's with its first fetch and a leader recomputes its own
             # from its followers. Refusing to start would take every replica here offline.
-            self._warn("%s; starting every replica of this directory at high watermark 0 and rewriting the file",
-                       error)
+            self._warn(
+                "%s; starting every replica of this directory at high watermark 0 and rewriting the file",
+                error,
+            )
             self._on_disk = {}
         self._not_loaded = dict(self._on_disk)
 
@@ -131,8 +135,9 @@ class HighWatermarkCheckpoint:
         merged = {tp: hw for tp, hw in {**self._not_loaded, **high_watermarks}.items() if self._writable(tp)}
         if merged == self._on_disk:
             return False
-        lines: list[tuple[int | str, ...]] = [(topic, partition, offset)
-                                              for (topic, partition), offset in sorted(merged.items())]
+        lines: list[tuple[int | str, ...]] = [
+            (topic, partition, offset) for (topic, partition), offset in sorted(merged.items())
+        ]
         write_entries(self._storage, self._path, lines)
         self._on_disk = merged
         return True
@@ -141,6 +146,7 @@ class HighWatermarkCheckpoint:
         """Whether tp fits one "topic partition offset" line (legal topic names always do)."""
         if tp[0] and tp[0].isascii() and not any(c.isspace() for c in tp[0]):
             return True
-        self._warn("topic name %r cannot be written to %s; its high watermark is not checkpointed", tp[0],
-                   self._path)
+        self._warn(
+            "topic name %r cannot be written to %s; its high watermark is not checkpointed", tp[0], self._path
+        )
         return False

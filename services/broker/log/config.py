@@ -63,7 +63,10 @@ class LogConfig:
             if not condition:
                 raise InvalidConfig(f"LogConfig: {message}")
 
-        require(self.segment_bytes >= BATCH_HEADER_SIZE, f"segment_bytes {self.segment_bytes} is below one batch header")
+        require(
+            self.segment_bytes >= BATCH_HEADER_SIZE,
+            f"segment_bytes {self.segment_bytes} is below one batch header",
+        )
         require(
             self.segment_bytes + self.max_message_bytes <= SEGMENT_POSITION_MAX,
             f"segment_bytes {self.segment_bytes} + max_message_bytes {self.max_message_bytes} must stay below 2 GiB "
@@ -76,19 +79,30 @@ class LogConfig:
             self.max_message_bytes >= BATCH_HEADER_SIZE,
             f"max_message_bytes {self.max_message_bytes} is below one batch header ({BATCH_HEADER_SIZE})",
         )
-        require(self.index_interval_bytes >= 0, f"index_interval_bytes {self.index_interval_bytes} is negative")
+        require(
+            self.index_interval_bytes >= 0, f"index_interval_bytes {self.index_interval_bytes} is negative"
+        )
         require(
             self.max_index_bytes >= 4 * TIME_INDEX_ENTRY_BYTES,
             f"max_index_bytes {self.max_index_bytes} holds fewer than 4 index entries",
         )
-        require(self.flush_messages is None or self.flush_messages >= 1, f"flush_messages {self.flush_messages} must be >= 1")
+        require(
+            self.flush_messages is None or self.flush_messages >= 1,
+            f"flush_messages {self.flush_messages} must be >= 1",
+        )
         require(self.flush_ms is None or self.flush_ms >= 0, f"flush_ms {self.flush_ms} must be >= 0")
-        require(self.message_timestamp_type in TIMESTAMP_TYPES,
-                f"message_timestamp_type {self.message_timestamp_type!r} must be one of {TIMESTAMP_TYPES}")
-        require(0 <= self.message_timestamp_before_max_ms <= INT64_MAX,
-                f"message_timestamp_before_max_ms {self.message_timestamp_before_max_ms} must be 0..{INT64_MAX}")
-        require(0 <= self.message_timestamp_after_max_ms <= INT64_MAX,
-                f"message_timestamp_after_max_ms {self.message_timestamp_after_max_ms} must be 0..{INT64_MAX}")
+        require(
+            self.message_timestamp_type in TIMESTAMP_TYPES,
+            f"message_timestamp_type {self.message_timestamp_type!r} must be one of {TIMESTAMP_TYPES}",
+        )
+        require(
+            0 <= self.message_timestamp_before_max_ms <= INT64_MAX,
+            f"message_timestamp_before_max_ms {self.message_timestamp_before_max_ms} must be 0..{INT64_MAX}",
+        )
+        require(
+            0 <= self.message_timestamp_after_max_ms <= INT64_MAX,
+            f"message_timestamp_after_max_ms {self.message_timestamp_after_max_ms} must be 0..{INT64_MAX}",
+        )
 
     @property
     def max_index_entries(self) -> int:

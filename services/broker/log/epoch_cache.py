@@ -96,7 +96,12 @@ class LeaderEpochCache:
         As Kafka: entries with an epoch >= `epoch` or a start offset >= `start_offset`
         are dropped first, so the list stays strictly increasing in both.
         """
-        check(epoch >= 0 and start_offset >= 0, "assign epoch %d at offset %d: both must be >= 0", epoch, start_offset)
+        check(
+            epoch >= 0 and start_offset >= 0,
+            "assign epoch %d at offset %d: both must be >= 0",
+            epoch,
+            start_offset,
+        )
         if self._epochs and self._epochs[-1] == epoch and self._start_offsets[-1] <= start_offset:
             return
         self._assign_in_memory(epoch, start_offset)

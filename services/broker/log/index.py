@@ -47,7 +47,12 @@ class _SparseIndex:
     def __init__(self, file: StorageFile, *, max_entries: int, in_memory: bool) -> None:
         self._file = file
         self._max_entries = max_entries
-        check(file.size % self._ENTRY.size == 0, "index file size %d is not a multiple of %d", file.size, self._ENTRY.size)
+        check(
+            file.size % self._ENTRY.size == 0,
+            "index file size %d is not a multiple of %d",
+            file.size,
+            self._ENTRY.size,
+        )
         self._count = file.size // self._ENTRY.size
         self._keys: array[int] | None = None
         self._values: array[int] | None = None
@@ -80,7 +85,9 @@ class _SparseIndex:
         values: array[int] = array(self._VALUE_CODE)
         self._write_pending()
         if self._count:
-            flat = struct.unpack(">" + self._ENTRY.format.lstrip(">") * self._count, self._file.read_at(0, self.size_bytes))
+            flat = struct.unpack(
+                ">" + self._ENTRY.format.lstrip(">") * self._count, self._file.read_at(0, self.size_bytes)
+            )
             keys.extend(flat[0::2])
             values.extend(flat[1::2])
         self._keys, self._values = keys, values

@@ -177,12 +177,18 @@ class Log:
         bases.sort()
         for name in names:
             parsed = parse_segment_file_name(name)
-            if parsed is not None and parsed[1] in (INDEX_SUFFIX, TIME_INDEX_SUFFIX) and parsed[0] not in bases:
+            if (
+                parsed is not None
+                and parsed[1] in (INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+                and parsed[0] not in bases
+            ):
                 storage.delete(self._path(name))  # orphan index of a segment deleted before a crash
 
         log_start_checkpoint = checkpoints.read_offset(storage, self._path(LOG_START_OFFSET_CHECKPOINT))
         recovery_point = checkpoints.read_offset(storage, self._path(RECOVERY_POINT_CHECKPOINT)) or 0
-        epoch_entries = checkpoints.read_entries(storage, self._path(LEADER_EPOCH_CHECKPOINT), fields_per_entry=2) or []
+        epoch_entries = (
+            checkpoints.read_entries(storage, self._path(LEADER_EPOCH_CHECKPOINT), fields_per_entry=2) or []
+        )
         self._epoch_cache = LeaderEpochCache(
             [(epoch, start) for epoch, start in epoch_entries],
             log_end_offset=lambda: self.log_end_offset,
@@ -283,7 +289,9 @@ class Log:
             # From here on a crash is an unclean stop again.
             storage.delete(self._path(CLEAN_SHUTDOWN_MARKER))
         self._last_flush_ms = now_ms
-        self.recovery_report = RecoveryReport(clean, recovered_count, scanned, dropped, segments_dropped, reason)
+        self.recovery_report = RecoveryReport(
+            clean, recovered_count, scanned, dropped, segments_dropped, reason
+        )
         if scanned and not clean:
             logger.info(
                 "log %s: recovered %d segment(s), scanned %d bytes, dropped %d bytes; offsets [%d, %d)",
@@ -339,12 +347,15 @@ class Log:
     def _ensure_usable(self) -> None:
         check(not self._closed, "log %s is closed", self._directory)
         if self._offline_reason is not None:
-            raise StorageError(f"log {self._directory} is offline after a failed write: {self._offline_reason}")
+            raise StorageError(
+                f"log {self._directory} is offline after a failed write: {self._offline_reason}"
+            )
 
     # --- appending --------------------------------------------------------------------
 
-    def append_as_leader(self, records: Buffer, *, leader_epoch: int, now_ms: int,
-                         validated: list[BatchHeader] | None = None) -> AppendInfo:
+    def append_as_leader(
+        self, records: Buffer, *, leader_epoch: int, now_ms: int, validated: list[BatchHeader] | None = None
+    ) -> AppendInfo:
         """Validate, assign offsets from the LEO, stamp `leader_epoch`, and write.
 
         Raises CorruptMessage / MessageTooLarge (nothing is written) for a bad batch.
@@ -354,8 +365,11 @@ class Log:
         an epoch below the latest one in the log is a bug.
         """
         self._ensure_usable()
-        headers = (validated if validated is not None
-                   else validate_batches(records, max_batch_bytes=self._config.max_message_bytes))
+        headers = (
+            validated
+            if validated is not None
+            else validate_batches(records, max_batch_bytes=self._config.max_message_bytes)
+        )
         latest_epoch = self._epoch_cache.latest_epoch()
         check(
             leader_epoch >= 0 and (latest_epoch is None or leader_epoch >= latest_epoch),
@@ -516,8 +530,13 @@ class Log:
         if fetch_offset >= upper:
             return empty
         index = bisect.bisect_right(self._base_offsets, fetch_offset) - 1
-        check(index >= 0, "log %s: offset %d lies before the first segment %d", self._directory, fetch_offset,
-              self._base_offsets[0])
+        check(
+            index >= 0,
+            "log %s: offset %d lies before the first segment %d",
+            self._directory,
+            fetch_offset,
+            self._base_offsets[0],
+        )
         while index < len(self._segments):
             segment = self._segments[index]
             first = segment.find_batch(fetch_offset)
@@ -732,7 +751,9 @@ class Log:
             # Recovery rebuilds epoch entries only past the recovery point: persist first.
             self._epoch_cache.persist_if_dirty()
             self._recovery_point = self.log_end_offset
-            checkpoints.write_offset(self._storage, self._path(RECOVERY_POINT_CHECKPOINT), self._recovery_point)
+            checkpoints.write_offset(
+                self._storage, self._path(RECOVERY_POINT_CHECKPOINT), self._recovery_point
+            )
 
     def maybe_flush(self, now_ms: int) -> bool:
         """Flush when flush_ms has passed since the last flush and there is something to flush."""
@@ -757,8 +778,12 @@ class Log:
                 segment.flush()
             self._epoch_cache.persist_if_dirty()
             self._recovery_point = self.log_end_offset
-            checkpoints.write_offset(self._storage, self._path(RECOVERY_POINT_CHECKPOINT), self._recovery_point)
-            checkpoints.write_offset(self._storage, self._path(LOG_START_OFFSET_CHECKPOINT), self._log_start_offset)
+            checkpoints.write_offset(
+                self._storage, self._path(RECOVERY_POINT_CHECKPOINT), self._recovery_point
+            )
+            checkpoints.write_offset(
+                self._storage, self._path(LOG_START_OFFSET_CHECKPOINT), self._log_start_offset
+            )
             self._storage.write_atomic(self._path(CLEAN_SHUTDOWN_MARKER), b"")
         for segment in self._segments:
             segment.close()

@@ -80,7 +80,9 @@ class RecoveryResult:
 class LogSegment:
     """Files and in-memory state of one segment."""
 
-    def __init__(self, storage: Storage, directory: str, base_offset: int, config: LogConfig, *, active: bool) -> None:
+    def __init__(
+        self, storage: Storage, directory: str, base_offset: int, config: LogConfig, *, active: bool
+    ) -> None:
         self.base_offset = base_offset
         self.config = config
         self.storage = storage
@@ -93,7 +95,8 @@ class LogSegment:
         self._files: tuple[CachedFile, ...] = (self.log, index_file, time_index_file)
         # A torn index write leaves a partial entry: such an index is rebuilt, never trusted.
         self.index_damaged = (
-            index_file.size % OFFSET_INDEX_ENTRY_BYTES != 0 or time_index_file.size % TIME_INDEX_ENTRY_BYTES != 0
+            index_file.size % OFFSET_INDEX_ENTRY_BYTES != 0
+            or time_index_file.size % TIME_INDEX_ENTRY_BYTES != 0
         )
         if self.index_damaged:
             index_file.truncate(0)
@@ -151,7 +154,10 @@ class LogSegment:
         return (
             self.index_damaged
             or not self.offset_index.sane_for(self.size_bytes)
-            or (self.offset_index.entry_count == 0 and self.size_bytes > 2 * self.config.index_interval_bytes + (1 << 20))
+            or (
+                self.offset_index.entry_count == 0
+                and self.size_bytes > 2 * self.config.index_interval_bytes + (1 << 20)
+            )
         )
 
     # --- writing ----------------------------------------------------------------------
@@ -373,8 +379,13 @@ class LogSegment:
         self.time_index.truncate_to_offset(relative)
         self.log.truncate(header.position)
         end = self.load_tail()
-        check(end == header.position, "segment %d: after truncation the batches end at byte %d, not %d",
-              self.base_offset, end, header.position)
+        check(
+            end == header.position,
+            "segment %d: after truncation the batches end at byte %d, not %d",
+            self.base_offset,
+            end,
+            header.position,
+        )
         if self.is_empty:
             self.rolling_base_ms = None
         self.unflushed = True

@@ -346,7 +346,9 @@ class _RealFile:
                 got += len(more)
             return b"".join(parts)
         except OSError as error:
-            raise StorageError(f"read of {size} bytes from {self._path} at byte {position} failed: {error}") from error
+            raise StorageError(
+                f"read of {size} bytes from {self._path} at byte {position} failed: {error}"
+            ) from error
 
     def truncate(self, size: int) -> None:
         check(0 <= size <= self._size, "truncate %s to %d bytes: file has %d", self._path, size, self._size)
@@ -474,7 +476,13 @@ class _MemoryFile:
 
     def truncate(self, size: int) -> None:
         self._storage.check_writable(self._path)
-        check(0 <= size <= len(self._inode.data), "truncate %s to %d bytes: file has %d", self._path, size, len(self._inode.data))
+        check(
+            0 <= size <= len(self._inode.data),
+            "truncate %s to %d bytes: file has %d",
+            self._path,
+            size,
+            len(self._inode.data),
+        )
         del self._inode.data[size:]
 
     def fsync(self) -> None:
