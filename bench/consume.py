@@ -333,8 +333,8 @@ def main() -> int:
         took = load(target, args.records, args.record_size, args.batch_size)
         out["load_s"] = round(took, 2)
         print(
-            f"consume: loaded {args.records:,} records of {args.record_size} B into {args.partitions} partitions "
-            f"(RF {args.replication_factor}, {args.batch_size} B batches) in {took:.1f} s",
+            f"consume: loaded {args.records:,} records of {args.record_size} B into {args.partitions} "
+            f"partitions (RF {args.replication_factor}, {args.batch_size} B batches) in {took:.1f} s",
             flush=True,
         )
         for path in args.path:
@@ -347,7 +347,8 @@ def main() -> int:
             print("  " + describe(result), flush=True)
             print(
                 f"      CPU (cores): {common.format_cpu(window.cpu)}; CPU µs/record: "
-                f"{per.get('total')} (idle-machine ceiling {result['idle_2_core_ceiling_records_per_s'] or 0:,}/s); "
+                f"{per.get('total')} (idle-machine ceiling "
+                f"{result['idle_2_core_ceiling_records_per_s'] or 0:,}/s); "
                 f"load {gate['load_1m_before']} -> "
                 f"{result['load_1m_after']}",
                 flush=True,

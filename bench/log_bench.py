@@ -178,7 +178,8 @@ def main() -> None:
     info = machine()
     print(f"machine: {info['cores']} cores, {info['memory_gib']} GiB, {info['cpu']}, Python {info['python']}")
     print(
-        f"codec accelerated: {info['codec_accelerated']}; {args.total_mib} MiB per run, {args.repeat} runs, dir {base}"
+        f"codec accelerated: {info['codec_accelerated']}; {args.total_mib} MiB per run, {args.repeat} runs, "
+        f"dir {base}"
     )
 
     batch_16k = make_batch(16 * 1024)
@@ -229,8 +230,8 @@ def main() -> None:
                 runs[key].append(value)
             print(
                 f"run {run + 1}: raw {raw_before_16k:.0f} MB/s, append 16 KiB {append_16k:.0f} MB/s "
-                f"({append_16k / raw_before_16k:.0%}) | raw {raw_before_1m:.0f} MB/s, append 1 MiB {append_1m:.0f} MB/s "
-                f"({append_1m / raw_before_1m:.0%}) | read {read:.0f} MB/s "
+                f"({append_16k / raw_before_16k:.0%}) | raw {raw_before_1m:.0f} MB/s, append 1 MiB "
+                f"{append_1m:.0f} MB/s ({append_1m / raw_before_1m:.0%}) | read {read:.0f} MB/s "
                 f"| locate {locate_median:.1f} µs (p99 {locate_p99:.1f}) | read one batch {read_one:.1f} µs "
                 f"| recovery {recovery:.0f} MB/s"
             )

@@ -15,7 +15,8 @@ several may be given and run one after another on the same cluster):
            bypassing the gateway: --in-flight requests at once per leader.
 
 Each batch holds distinct records (random upper-case letters, made once), so compression
-figures are not flattered by repeats. Prints records/s, MB/s (MB = 10^6 bytes of record values) and latency percentiles (p50,
+figures are not flattered by repeats. Prints records/s, MB/s (MB = 10^6 bytes of record values)
+and latency percentiles (p50,
 p99, p99.9, max) per request/batch, and the CPU each process used (etcd, controller,
 brokers, gateway and this client) in cores (CPU seconds per second). Starts its own
 LocalCluster (3 brokers) in a temporary directory unless --bootstrap HOST:PORT names a
@@ -527,7 +528,8 @@ def main() -> int:
                 )  # type: ignore[union-attr]
             print(
                 f"           CPU (cores): {common.format_cpu(window.cpu)}; CPU µs/record: "
-                f"{per.get('total')} (idle-machine ceiling {result['idle_2_core_ceiling_records_per_s'] or 0:,}/s); "
+                f"{per.get('total')} (idle-machine ceiling "
+                f"{result['idle_2_core_ceiling_records_per_s'] or 0:,}/s); "
                 f"load {gate['load_1m_before']} -> "
                 f"{result['load_1m_after']}",
                 flush=True,

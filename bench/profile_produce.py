@@ -234,7 +234,8 @@ def produce_for(
         )
     )
     print(
-        f"  {phase}: {run.batches_acked} batches acknowledged in {run.elapsed_s:.1f} s = {run.mb_per_s:.1f} MB/s"
+        f"  {phase}: {run.batches_acked} batches acknowledged in {run.elapsed_s:.1f} s "
+        f"= {run.mb_per_s:.1f} MB/s"
         + (f", {run.batches_failed} failed {run.errors}" if run.batches_failed else ""),
         flush=True,
     )
@@ -364,8 +365,8 @@ def run_py_spy(
         "of the samples"
     )
     print(
-        f"  top functions by self time (share of all samples; C work is charged to the Python frame calling it)"
-        f"\n  {'self %':>7} {'incl %':>7}  function (file)"
+        "  top functions by self time (share of all samples; C work is charged to the Python frame calling "
+        f"it)\n  {'self %':>7} {'incl %':>7}  function (file)"
     )
     top = []
     for (name, path), n in s.self_samples.most_common(args.top):
@@ -415,15 +416,18 @@ def check_call_counts(profile: Path, run: ProduceRun, args: argparse.Namespace) 
         f"({run.batches_sent * run.records_per_batch} records)"
     )
     print(
-        f"  our functions with the most calls:\n  {'calls':>9} {'per batch':>9} {'self s':>7}  function (file:line)"
+        f"  our functions with the most calls:\n  {'calls':>9} {'per batch':>9} {'self s':>7}  function "
+        "(file:line)"
     )
     for ncalls, name, path, line, tottime, _ in ours[: args.top]:
         print(f"  {ncalls:9d} {ncalls / batches:9.2f} {tottime:7.2f}  {name} ({path}:{line})")
     print(
-        "  (cProfile counts every resumption of a coroutine as a call: produce resumes while it waits for the HW)"
+        "  (cProfile counts every resumption of a coroutine as a call: produce resumes while it waits for "
+        "the HW)"
     )
     print(
-        f"\n  the per-batch steps of the produce path:\n  {'calls':>9} {'per batch':>9} {'self s':>7}  function (file)"
+        f"\n  the per-batch steps of the produce path:\n  {'calls':>9} {'per batch':>9} {'self s':>7}  "
+        "function (file)"
     )
     for ncalls, name, path, line, tottime, _ in ours:
         if (path, name) in PER_BATCH_STEPS:
@@ -436,7 +440,8 @@ def check_call_counts(profile: Path, run: ProduceRun, args: argparse.Namespace) 
     else:
         top_rate = ours[0][0] / batches if ours else 0.0
         print(
-            f"\n  OK: no function of ours is called per record: the most called, {ours[0][1] if ours else '-'}, "
+            "\n  OK: no function of ours is called per record: the most called, "
+            f"{ours[0][1] if ours else '-'}, "
             f"runs {top_rate:.1f} times per batch (a batch holds {run.records_per_batch} records; the limit "
             f"is {args.per_record_calls_min} per batch)"
         )
@@ -550,7 +555,8 @@ def main() -> int:
                 cluster.terminate(LEADER, timeout_s=PROFILED_EXIT_TIMEOUT_S)
             if not profile_path.exists():
                 raise SystemExit(
-                    f"{LEADER} wrote no profile (exit code {leader.proc.returncode if leader.proc else None}); "
+                    f"{LEADER} wrote no profile (exit code "
+                    f"{leader.proc.returncode if leader.proc else None}); "
                     f"its log ends with:\n{leader.log_tail()}"
                 )
             counts = check_call_counts(profile_path, run, args)

@@ -251,7 +251,8 @@ def main() -> None:
     path = common.write_result("record_level", result)
     for name, values in runs.items():
         print(
-            f"{name:22s} best {max(values):>10,.0f} records/s  (runs: {', '.join(f'{v:,.0f}' for v in values)})"
+            f"{name:22s} best {max(values):>10,.0f} records/s  (runs: "
+            f"{', '.join(f'{v:,.0f}' for v in values)})"
         )
     print(f"load {load_before:.1f} -> {result['load_after']:.1f}; written to {path}")
 

@@ -27,7 +27,8 @@ connector's rate is reported as a ratio of the floor's (goal >= 80%) beside the 
 The figure is rows/s of each and their ratios (measured in one run, interleaved, as
 FACTS.md advises on this shared machine), with the 1-minute load average before each
 job and the CPU each process used (cores: CPU seconds per wall second). Targets:
->= 1,500,000 rows/s, >= 80% of the floor, and (the earlier target) >= 50% of Parquet. `--profile` also times one partition's read
+>= 1,500,000 rows/s, >= 80% of the floor, and (the earlier target) >= 50% of Parquet.
+`--profile` also times one partition's read
 outside Spark (Fetch only, decode_batches, decode_columns, read_range) to show what
 bounds the rate.
 
@@ -453,7 +454,8 @@ def main() -> None:
                     }
                 )
                 print(
-                    f"  {name:9s} {args.records / seconds:12,.0f} rows/s ({seconds:.2f} s, load {load_before}); "
+                    f"  {name:9s} {args.records / seconds:12,.0f} rows/s ({seconds:.2f} s, load "
+                    f"{load_before}); "
                     "CPU µs/row: " + ", ".join(f"{k} {v:.2f}" for k, v in us_per_row.items() if v >= 0.005),
                     flush=True,
                 )

@@ -243,7 +243,8 @@ def main() -> int:
                 figures["load_1m"] = common.load_average()
                 runs[mode].append(figures)
                 print(
-                    f"run {i + 1} {mode:>6}: {figures['mb_per_s']:7.2f} MB/s, {figures['requests_per_s']:6.1f} req/s, "
+                    f"run {i + 1} {mode:>6}: {figures['mb_per_s']:7.2f} MB/s, "
+                    f"{figures['requests_per_s']:6.1f} req/s, "
                     f"errors {figures['errors']}, CPU s/MB total {figures['cpu_s_per_mb']['total']:.3f}, "
                     f"load {figures['load_1m']}",
                     flush=True,

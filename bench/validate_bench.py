@@ -124,8 +124,8 @@ def main() -> None:
         f"µs per MiB of uncompressed batch"
     )
     print(
-        f"{'batch':>8} {'codec':>6} {'records':>7} | {'validation':>10} {'append (today)':>14} {'ratio':>6} | "
-        f"{'append+check':>12} {'append slower':>13} | {'vs produce path':>15} | {'ns/record':>9}"
+        f"{'batch':>8} {'codec':>6} {'records':>7} | {'validation':>10} {'append (today)':>14} {'ratio':>6} "
+        f"| {'append+check':>12} {'append slower':>13} | {'vs produce path':>15} | {'ns/record':>9}"
     )
     for codec in args.codecs.split(","):
         for target in (16 * 1024, MIB):

@@ -396,7 +396,7 @@ def tls_group() -> None:
           --etcd-client etcd --etcd-client controller-1 --etcd-client broker-1 --etcd-client gateway-1
       highwater tls init ./tls --name alice          # a client or operator: reaches the services, never etcd
       highwater tls init ./tls --name broker-2 --host broker-2.internal --etcd-client broker-2
-    """
+    """  # noqa: E501 (help text: click prints the example lines as they are)
 
 
 @tls_group.command("init")

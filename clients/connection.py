@@ -205,7 +205,9 @@ class GatewayConnection:
 
 
 def client_tls(config: Any) -> ClientTls | None:
-    """The TLS and token credentials a ConnectionConfig asks for (None: plaintext); InvalidArgument if unusable."""
+    """The TLS and token credentials a ConnectionConfig asks for (None: plaintext);
+    InvalidArgument if unusable.
+    """
     try:
         return ClientTls.from_settings(
             ssl_cafile=config.ssl_cafile,

@@ -22,7 +22,7 @@ The unfenced helpers (`add_acls`, `put_token`, ...) are for tests and for
 repairs by whoever holds an etcd client certificate.
 
 Every call may raise CoordinatorUnavailable (store.py).
-"""
+"""  # noqa: E501 (a Markdown table cannot be wrapped)
 
 from __future__ import annotations
 

@@ -46,7 +46,8 @@ class ControllerFenced(CoordinatorError):
 
     def __init__(self, epoch: int, current_epoch: int | None) -> None:
         super().__init__(
-            f"controller epoch {epoch} is stale: /controller_epoch is now {current_epoch}; this controller must stop acting"
+            f"controller epoch {epoch} is stale: /controller_epoch is now {current_epoch}; "
+            "this controller must stop acting"
         )
         self.epoch = epoch
         self.current_epoch = current_epoch
@@ -83,7 +84,9 @@ async def fenced_txn(
 
 
 async def current_controller(store: MetadataStore) -> dict[str, Any] | None:
-    """The active controller's `/controller` value ({"controller_id", "epoch", "host", "port", ...}), or None."""
+    """The active controller's `/controller` value ({"controller_id", "epoch", "host", "port", ...}),
+    or None.
+    """
     kv = await store.get(store.keys.controller)
     if kv is None:
         return None

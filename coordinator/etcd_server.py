@@ -267,7 +267,8 @@ class EtcdServer:
                 self._proc = None
                 atexit.unregister(self.stop)
                 raise EtcdServerError(
-                    f"etcd server exited with code {code} while starting; log {self.log_path}:\n{self.log_tail()}"
+                    f"etcd server exited with code {code} while starting; log "
+                    f"{self.log_path}:\n{self.log_tail()}"
                 )
             if self._healthy():
                 log.info("etcd server %s ready at %s", self.name, self.endpoint)
@@ -275,7 +276,8 @@ class EtcdServer:
             if time.monotonic() >= deadline:
                 self.kill()
                 raise EtcdServerError(
-                    f"etcd server at {self.client_url} not healthy after {timeout_s:.1f} s; log {self.log_path}:\n{self.log_tail()}"
+                    f"etcd server at {self.client_url} not healthy after {timeout_s:.1f} s; log "
+                    f"{self.log_path}:\n{self.log_tail()}"
                 )
             time.sleep(ETCD_SERVER_HEALTH_PROBE_INTERVAL_S)
 
@@ -302,7 +304,9 @@ class EtcdServer:
         return context
 
     def stop(self, timeout_s: float = ETCD_SERVER_STOP_TIMEOUT_S) -> int | None:
-        """SIGTERM, then SIGKILL after timeout_s; always reaps. Returns the exit code (None if not running)."""
+        """SIGTERM, then SIGKILL after timeout_s; always reaps.
+        Returns the exit code (None if not running).
+        """
         proc = self._proc
         if proc is None:
             return None

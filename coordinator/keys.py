@@ -157,7 +157,10 @@ class Keys:
         return f"{self.consumers_prefix}{_check_name('consumer group', group)}/"
 
     def consumer_offset(self, group: str, topic: str, partition: int) -> str:
-        return f"{self.consumer_group_prefix(group)}offsets/{_check_name('topic', topic)}/{_check_id('partition', partition)}"
+        return (
+            f"{self.consumer_group_prefix(group)}offsets/{_check_name('topic', topic)}/"
+            f"{_check_id('partition', partition)}"
+        )
 
     def parse_consumer_offset(self, key: str) -> tuple[str, str, int] | None:
         """(group, topic, partition) of a consumer offset key, or None for any other key."""

@@ -333,7 +333,8 @@ class MemoryStore:
         )
         if request_bytes > ETCD_REQUEST_BYTES_MAX:
             raise CoordinatorError(
-                f"etcd request failed: request is too large ({request_bytes} bytes > {ETCD_REQUEST_BYTES_MAX})"
+                f"etcd request failed: request is too large ({request_bytes} bytes > "
+                f"{ETCD_REQUEST_BYTES_MAX})"
             )
         succeeded = all(_compare_holds(c, self._data.get(c.key)) for c in compares)
         branch = success if succeeded else failure

@@ -28,7 +28,9 @@ _IMPORT = re.compile(r"^from highwater\.v1 import ", re.MULTILINE)
 
 
 def generate(out_dir: Path) -> list[Path]:
-    """Write *_pb2.py, *_pb2.pyi and *_pb2_grpc.py under out_dir/protos/highwater/v1; return the .proto files."""
+    """Write *_pb2.py, *_pb2.pyi and *_pb2_grpc.py under out_dir/protos/highwater/v1;
+    return the .proto files.
+    """
     protos = sorted((ROOT / PROTO_ROOT / PACKAGE_DIR).glob("*.proto"))
     if not protos:
         raise SystemExit(f"no .proto files under {ROOT / PROTO_ROOT / PACKAGE_DIR}")

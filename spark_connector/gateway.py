@@ -82,7 +82,8 @@ def code_name(code: int) -> str:
 def not_authorized(topic: str, operation: str, detail: str = "") -> HighwaterSparkError:
     """TOPIC_AUTHORIZATION_FAILED as a sentence: which topic, which operation, how to grant it."""
     return HighwaterSparkError(
-        f"not authorized to {operation} topic {topic!r} (TOPIC_AUTHORIZATION_FAILED{': ' + detail if detail else ''})"
+        f"not authorized to {operation} topic {topic!r} "
+        f"(TOPIC_AUTHORIZATION_FAILED{': ' + detail if detail else ''})"
         f": the ACL authorizer refused the principal of this query's credentials (highwater.ssl.certfile or "
         f"highwater.auth.token); an operator grants it with `highwater acl add --principal User:<name> "
         f"--operation {operation} --topic {topic}` (docs/SECURITY.md)"
@@ -192,7 +193,8 @@ class GatewayClient:
             )
         if status == grpc.StatusCode.PERMISSION_DENIED:
             return HighwaterSparkError(
-                f"{method} to gateway {address}: not authorized (PERMISSION_DENIED: {details}); the principal "
+                f"{method} to gateway {address}: not authorized (PERMISSION_DENIED: {details}); the "
+                "principal "
                 "of this query's credentials needs an ACL for it (`highwater acl add`, docs/SECURITY.md)"
             )
         return HighwaterSparkError(f"{method} to gateway {address} failed: {status.name} {details}")

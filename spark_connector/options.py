@@ -124,8 +124,8 @@ KAFKA_REFUSED: dict[str, str] = {
     "group.id": "the connector reads fixed offset ranges with no consumer group (offsets live in the query's "
     "checkpoint, as with Spark's Kafka source, which commits none either); remove it, and use the "
     "query's progress (lastProgress, reportLatestOffset) to watch its position",
-    "auto.offset.reset": "set the option startingOffsets (earliest, latest or per-partition JSON) instead, as "
-    "Spark's Kafka source also requires",
+    "auto.offset.reset": "set the option startingOffsets (earliest, latest or per-partition JSON) instead, "
+    "as Spark's Kafka source also requires",
     "enable.auto.commit": "no offsets are committed to a group; the query's checkpoint keeps them",
     "key.deserializer": "keys are always read as binary (cast them in the query)",
     "value.deserializer": "values are always read as binary (cast them in the query)",
@@ -135,7 +135,8 @@ KAFKA_REFUSED: dict[str, str] = {
     "max.poll.records": "tasks do not poll: each Fetch returns up to highwater.fetch.max.bytes; bound a "
     "micro-batch with maxOffsetsPerTrigger",
     "enable.idempotence": "writes are always idempotent (a replayed task writes nothing twice); remove it",
-    "retries": "retriable errors are retried until highwater.retry.timeout.ms (kafka.delivery.timeout.ms) passes",
+    "retries": "retriable errors are retried until highwater.retry.timeout.ms "
+    "(kafka.delivery.timeout.ms) passes",
     "transactional.id": "there are no transactions; streaming writes are idempotent per micro-batch instead "
     "(docs/SPARK.md, Guarantees)",
     "partitioner.class": "rows go to murmur2(key) like Kafka's default partitioner; set a 'partition' column "
@@ -152,8 +153,8 @@ SPARK_REFUSED: dict[str, str] = {
     "groupIdPrefix": "the connector uses no consumer group (see kafka.group.id); remove it",
     "fetchOffset.numRetries": "offset look-ups are retried with a back-off until highwater.retry.timeout.ms "
     "passes; set that instead",
-    "fetchOffset.retryIntervalMs": "offset look-ups are retried with a back-off until highwater.retry.timeout.ms "
-    "passes; set that instead",
+    "fetchOffset.retryIntervalMs": "offset look-ups are retried with a back-off until "
+    "highwater.retry.timeout.ms passes; set that instead",
 }
 # Spark's Kafka option with a Highwater equivalent of the same meaning (a task's wait for one Fetch).
 SPARK_READ_EQUIVALENTS = {"kafkaConsumer.pollTimeoutMs": "request.timeout.ms"}

@@ -165,8 +165,8 @@ def check_every_partition_named(spec: OffsetSpec, tps: Sequence[TopicPartitionKe
             [f"names {_unknown(extra)}, which the query does not read (no such partition?)"] if extra else []
         )
         raise HighwaterSparkError(
-            f"option {spec.option!r} {' and '.join(problems)}: per-partition JSON must give every partition of "
-            f"the subscribed topics ({use}), as Spark's Kafka source requires; partitions: {_unknown(tps)}"
+            f"option {spec.option!r} {' and '.join(problems)}: per-partition JSON must give every partition "
+            f"of the subscribed topics ({use}), as Spark's Kafka source requires; partitions: {_unknown(tps)}"
         )
 
 
@@ -418,7 +418,10 @@ def _after_fetch_error(
         )
         if earliest <= offset:
             raise HighwaterSparkError(f"{name}: offset {offset} is out of range: {part.error_message}")
-        lost = f"{name}: records [{offset}, {min(earliest, r.end)}) were deleted by retention before they were read"
+        lost = (
+            f"{name}: records [{offset}, {min(earliest, r.end)}) were deleted by retention "
+            "before they were read"
+        )
         if options.fail_on_data_loss:
             raise HighwaterSparkError(f"{lost}; set failOnDataLoss=false to skip them")
         log.warning("%s; skipping them (failOnDataLoss=false)", lost)

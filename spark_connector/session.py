@@ -121,7 +121,8 @@ def check_spark_session(spark: Any) -> str:
             context.getConf().get(WORKER_PYTHON_SETTING) or os.environ.get("PYSPARK_PYTHON") or "python3"
         )
         raise SparkSetupError(
-            f"Spark's Python workers (interpreter {configured!r}) could not run a task ({type(exc).__name__}); "
+            f"Spark's Python workers (interpreter {configured!r}) could not run a task "
+            f"({type(exc).__name__}); "
             f"set {WORKER_PYTHON_SETTING} to an interpreter with highwater[spark] installed, e.g. "
             f"{_suggestion()}"
         ) from exc

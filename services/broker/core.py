@@ -378,11 +378,13 @@ class BrokerCore:
             return BrokerNotAvailable(f"broker {self.broker_id} has not registered yet; retry")
         if header.controller_epoch < self.controller_epoch:
             return StaleControllerEpoch(
-                f"controller epoch {header.controller_epoch} is older than {self.controller_epoch} already seen"
+                f"controller epoch {header.controller_epoch} is older than "
+                f"{self.controller_epoch} already seen"
             )
         if 0 <= header.broker_epoch < self.broker_epoch:
             return StaleBrokerEpoch(
-                f"request for broker epoch {header.broker_epoch}, older than this incarnation's {self.broker_epoch}"
+                f"request for broker epoch {header.broker_epoch}, older than this incarnation's "
+                f"{self.broker_epoch}"
             )
         self.controller_epoch = header.controller_epoch
         return None

@@ -251,13 +251,15 @@ class Partition:
         """
         if self.role is not Role.LEADER or self.leader_epoch != leader_epoch:
             return True, NotLeaderOrFollower(
-                f"leadership of {self.topic}-{self.partition} moved before the write was replicated to the ISR"
+                f"leadership of {self.topic}-{self.partition} moved before the write was "
+                "replicated to the ISR"
             )
         if self.high_watermark < required_offset:
             return False, None
         if len(self.isr) < self.min_insync_replicas:
             return True, NotEnoughReplicasAfterAppend(
-                f"written, but the ISR {list(self.isr)} shrank below min.insync.replicas={self.min_insync_replicas}"
+                f"written, but the ISR {list(self.isr)} shrank below "
+                f"min.insync.replicas={self.min_insync_replicas}"
             )
         return True, None
 

@@ -96,12 +96,13 @@ class ProducerStateManager:
             if h.producer_epoch > epoch or entry is None:
                 if entry is not None and h.base_sequence != 0:
                     raise OutOfOrderSequenceNumber(
-                        f"producer {h.producer_id} started epoch {h.producer_epoch} at sequence {h.base_sequence}, "
-                        "expected 0"
+                        f"producer {h.producer_id} started epoch {h.producer_epoch} at sequence "
+                        f"{h.base_sequence}, expected 0"
                     )
             elif h.base_sequence != (last + 1) % SEQUENCE_MODULUS:
                 raise OutOfOrderSequenceNumber(
-                    f"producer {h.producer_id} sent sequence {h.base_sequence}, expected {(last + 1) % SEQUENCE_MODULUS}"
+                    f"producer {h.producer_id} sent sequence {h.base_sequence}, expected "
+                    f"{(last + 1) % SEQUENCE_MODULUS}"
                 )
             pending[h.producer_id] = (h.producer_epoch, _last_sequence(h))
             fresh += 1

@@ -107,8 +107,8 @@ class DelayedProduce:
             for tp in self.awaited:
                 self.results[tp].error_code = common_pb2.REQUEST_TIMED_OUT
                 self.results[tp].error_message = (
-                    f"the ISR did not acknowledge within {self.timeout_ms} ms; the write may still be replicated, "
-                    "retry with the idempotent producer to avoid a duplicate"
+                    f"the ISR did not acknowledge within {self.timeout_ms} ms; the write may still be "
+                    "replicated, retry with the idempotent producer to avoid a duplicate"
                 )
             self.awaited.clear()
         if self.awaited:

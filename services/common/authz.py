@@ -129,7 +129,9 @@ class Authorizer:
 
 
 def parse_super_users(text: str) -> tuple[str, ...]:
-    """Kafka's super.users syntax: "User:admin;User:ops" -> ("User:admin", "User:ops"); AclError if malformed."""
+    """Kafka's super.users syntax: "User:admin;User:ops" -> ("User:admin", "User:ops");
+    AclError if malformed.
+    """
     users = tuple(u.strip() for u in text.replace(",", ";").split(";") if u.strip())
     for user in users:
         check_principal(user)

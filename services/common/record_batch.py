@@ -13,7 +13,8 @@ Layout (big-endian), byte positions within a batch:
     12 partition_leader_epoch int32   leader epoch that appended the batch
     16 magic                  int8    always 2
     17 crc                    uint32  CRC-32C of bytes [21, end of batch)
-    21 attributes             int16   compression (bits 0-2), timestamp type (3), transactional (4), control (5)
+    21 attributes             int16   compression (bits 0-2), timestamp type (3), transactional (4),
+                                      control (5)
     23 last_offset_delta      int32   last offset = base_offset + last_offset_delta
     27 first_timestamp        int64
     35 max_timestamp          int64

@@ -583,7 +583,8 @@ def _check_attributes(header: BatchHeader, index: int, count: int) -> None:
     codec = header.compression
     if codec not in CODEC_NAMES:
         raise CorruptMessage(
-            f"{_where(header, index, count)}: unknown compression codec {codec} (known: 0 none, 1 gzip, 2 snappy, "
+            f"{_where(header, index, count)}: unknown compression codec {codec} (known: 0 none, 1 gzip, 2 "
+            "snappy, "
             f"3 lz4, 4 zstd); {_NOTHING_WRITTEN}. The producer's batch encoder is broken or the bytes were "
             "damaged before the CRC was computed: send the records again from a correct encoder"
         )
@@ -594,14 +595,15 @@ def _check_attributes(header: BatchHeader, index: int, count: int) -> None:
         )
     if header.is_transactional:
         raise InvalidRecord(
-            f"{_where(header, index, count)} is transactional; Highwater has no transactions, so it cannot commit "
+            f"{_where(header, index, count)} is transactional; Highwater has no transactions, so it cannot "
+            "commit "
             f"or abort it and consumers would wait for a marker forever; {_NOTHING_WRITTEN}. Send it without "
             "the transactional flag"
         )
     if header.attributes & TIMESTAMP_TYPE_MASK:
         raise InvalidTimestamp(
-            f"{_where(header, index, count)} has the LogAppendTime timestamp type set; only the leader sets it "
-            f"(for topics with message.timestamp.type=LogAppendTime); {_NOTHING_WRITTEN}. Send it as "
+            f"{_where(header, index, count)} has the LogAppendTime timestamp type set; only the leader sets "
+            f"it (for topics with message.timestamp.type=LogAppendTime); {_NOTHING_WRITTEN}. Send it as "
             "CreateTime"
         )
 
@@ -662,9 +664,10 @@ def _decompress(codec: int, section: np.ndarray, where: str) -> np.ndarray:
         raise
     except Exception as error:  # every codec has its own error types: zlib.error, EOFError, cramjam's...
         raise CorruptMessage(
-            f"{where}: its records do not decompress as {CODEC_NAMES[codec]} ({type(error).__name__}: {error}); "
-            f"{_NOTHING_WRITTEN}. The compression flag does not match the bytes, or they were damaged before the "
-            "CRC was computed: send the records again"
+            f"{where}: its records do not decompress as {CODEC_NAMES[codec]} ({type(error).__name__}: "
+            f"{error}); "
+            f"{_NOTHING_WRITTEN}. The compression flag does not match the bytes, or they were damaged before "
+            "the CRC was computed: send the records again"
         ) from error
 
 
@@ -705,19 +708,19 @@ def _check_timestamps(
     max_ts, max_record = row[_O_MAX_TS], row[_O_MAX_TS_RECORD]
     if min_record >= 0 and now_ms - min_ts > rules.before_max_ms:
         raise InvalidTimestamp(
-            f"{_where(header, index, count)}: record {min_record} has timestamp {min_ts}, {now_ms - min_ts} ms "
-            f"before the leader's clock ({now_ms}); the topic's message.timestamp.before.max.ms is "
+            f"{_where(header, index, count)}: record {min_record} has timestamp {min_ts}, {now_ms - min_ts} "
+            f"ms before the leader's clock ({now_ms}); the topic's message.timestamp.before.max.ms is "
             f"{rules.before_max_ms}, so timestamps must lie in [{now_ms - rules.before_max_ms}, "
-            f"{now_ms + rules.after_max_ms}]; {_NOTHING_WRITTEN}. Fix the producer's timestamps or clock, or raise "
-            "the topic's limit"
+            f"{now_ms + rules.after_max_ms}]; {_NOTHING_WRITTEN}. Fix the producer's timestamps or clock, or "
+            "raise the topic's limit"
         )
     if max_record >= 0 and max_ts != NO_TIMESTAMP and max_ts - now_ms > rules.after_max_ms:
         raise InvalidTimestamp(
-            f"{_where(header, index, count)}: record {max_record} has timestamp {max_ts}, {max_ts - now_ms} ms "
-            f"after the leader's clock ({now_ms}); the topic's message.timestamp.after.max.ms is "
+            f"{_where(header, index, count)}: record {max_record} has timestamp {max_ts}, {max_ts - now_ms} "
+            f"ms after the leader's clock ({now_ms}); the topic's message.timestamp.after.max.ms is "
             f"{rules.after_max_ms}, so timestamps must lie in [{now_ms - rules.before_max_ms}, "
-            f"{now_ms + rules.after_max_ms}]; {_NOTHING_WRITTEN}. Fix the producer's timestamps or clock, or raise "
-            "the topic's limit"
+            f"{now_ms + rules.after_max_ms}]; {_NOTHING_WRITTEN}. Fix the producer's timestamps or clock, or "
+            "raise the topic's limit"
         )
     if header.max_timestamp != max_ts:
         # Kafka sets a CreateTime batch's max_timestamp to its largest record timestamp: the

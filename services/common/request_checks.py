@@ -51,11 +51,14 @@ def init_producer_id_problem(request: common_pb2.InitProducerIdRequest) -> str |
     if request.transactional_id:
         return "transactional ids are not supported (Highwater has no transactions); send an empty one"
     if request.producer_id < -1:
-        return f"producer_id must be -1 (a new producer) or an id this cluster gave out, got {request.producer_id}"
+        return (
+            f"producer_id must be -1 (a new producer) or an id this cluster gave out, "
+            f"got {request.producer_id}"
+        )
     if not -1 <= request.producer_epoch <= limits.PRODUCER_EPOCH_MAX:
         return (
-            f"producer_epoch must be -1 (a new producer) or within [0, {limits.PRODUCER_EPOCH_MAX}] (int16 in a "
-            f"batch header), got {request.producer_epoch}"
+            f"producer_epoch must be -1 (a new producer) or within [0, {limits.PRODUCER_EPOCH_MAX}] (int16 "
+            f"in a batch header), got {request.producer_epoch}"
         )
     if request.producer_id == -1 and request.producer_epoch != -1:
         return f"a new producer (producer_id -1) sends producer_epoch -1, got {request.producer_epoch}"

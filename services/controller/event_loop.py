@@ -497,7 +497,8 @@ class ControllerEventLoop:
         Transactions that touch disjoint keys go to etcd together (one round trip and,
         etcd batching them, about one disk sync instead of one each: a failover of 1,000
         partitions is 10 of them). If a key appears in two of them, or a prefix delete in
-        any, they go one by one, in order. Either way a refused one raises, and the caller reloads the state from etcd.
+        any, they go one by one, in order. Either way a refused one raises, and the caller reloads the
+        state from etcd.
         """
         chunks: list[list[tuple[list[Any], list[Op]]]] = [[]]
         ops_in_chunk = 0

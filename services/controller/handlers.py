@@ -884,7 +884,8 @@ def on_alter_reassignments(
                     unknown = [r for r in rar if r not in ctx.live_brokers]
                     if unknown:
                         raise InvalidReplicaAssignment(
-                            f"target replicas {unknown} are not registered brokers; live: {sorted(ctx.live_brokers)}"
+                            f"target replicas {unknown} are not registered brokers; live: "
+                            f"{sorted(ctx.live_brokers)}"
                         )
                     if rar == oar and not ongoing:
                         raise ElectionNotNeeded(f"{rt.name}-{rp.partition} already has replicas {list(rar)}")

@@ -182,8 +182,8 @@ def create_acls(state: SecurityState, request: controller_pb2.CreateAclsRequest)
         return Decision(
             controller_pb2.CreateAclsResponse(
                 error_code=INVALID_REQUEST,
-                error_message=f"the cluster has {len(state.acls)} ACLs; {len(new)} more would pass the limit of "
-                f"{ACL_BINDINGS_MAX} (remove some, or use prefixed and wildcard patterns)",
+                error_message=f"the cluster has {len(state.acls)} ACLs; {len(new)} more would pass the limit "
+                f"of {ACL_BINDINGS_MAX} (remove some, or use prefixed and wildcard patterns)",
             )
         )
     return Decision(response, writes)
@@ -232,7 +232,8 @@ def create_token(
         return Decision(
             controller_pb2.CreateTokenResponse(
                 error_code=INVALID_REQUEST,
-                error_message=f"the cluster has {tokens.TOKENS_MAX} tokens, the limit; revoke unused ones first",
+                error_message=f"the cluster has {tokens.TOKENS_MAX} tokens, the limit; "
+                "revoke unused ones first",
             )
         )
     try:
@@ -258,8 +259,8 @@ def revoke_token(state: SecurityState, request: controller_pb2.RevokeTokenReques
         return Decision(
             controller_pb2.RevokeTokenResponse(
                 error_code=INVALID_REQUEST,
-                error_message=f"{request.token_id[:80]!r} is not a token id (1-{tokens.TOKEN_ID_CHARS_MAX} ASCII "
-                "letters or digits: the part between the dots of hwt.<id>.<secret>)",
+                error_message=f"{request.token_id[:80]!r} is not a token id (1-{tokens.TOKEN_ID_CHARS_MAX} "
+                "ASCII letters or digits: the part between the dots of hwt.<id>.<secret>)",
             )
         )
     if request.token_id not in state.tokens and request.token_id not in state.token_ids:

@@ -56,7 +56,10 @@ def produce_records_problem(request: gateway_pb2.ProduceRecordsRequest) -> str |
         return f"unknown compression {request.compression!r}; expected one of {sorted(COMPRESSION_CODES)}"
     for index, record in enumerate(request.records):
         if record.HasField("timestamp_ms") and record.timestamp_ms < 0:
-            return f"record {index}: timestamp_ms must be >= 0 (ms since the Unix epoch), got {record.timestamp_ms}"
+            return (
+                f"record {index}: timestamp_ms must be >= 0 (ms since the Unix epoch), "
+                f"got {record.timestamp_ms}"
+            )
     return None
 
 

@@ -239,8 +239,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                     partition=pd.partition,
                     error_code=code,
                     base_offset=-1,
-                    error_message=f"the call to the leader at {address} failed ({exc.code().name}); the write may "
-                    "or may not have happened (an idempotent producer's retry is safe)",
+                    error_message=f"the call to the leader at {address} failed ({exc.code().name}); the "
+                    "write may or may not have happened (an idempotent producer's retry is safe)",
                 )
                 for t, pd in items
             }
@@ -496,7 +496,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                         next_offset=-1,
                         error_message=f"topic {topic!r} does not exist"
                         if count == 0
-                        else f"topic {topic!r} has partitions 0..{count - 1}; there is no partition {partition}",
+                        else f"topic {topic!r} has partitions 0..{count - 1}; there is no partition "
+                        f"{partition}",
                     )
                 )
                 del starts[partition]
@@ -696,7 +697,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if len(ops) > limits.COMMIT_OFFSETS_PER_REQUEST_MAX:
             return gateway_pb2.CommitOffsetsResponse(
                 error_code=common_pb2.INVALID_REQUEST,
-                error_message=f"{len(ops)} offsets in one commit; the limit is {limits.COMMIT_OFFSETS_PER_REQUEST_MAX}",
+                error_message=f"{len(ops)} offsets in one commit; the limit is "
+                f"{limits.COMMIT_OFFSETS_PER_REQUEST_MAX}",
             )
         if ops:
             await self.store.txn([], ops)

@@ -427,7 +427,9 @@ def subscribe(req: gateway_pb2.SubscribeRequest, access: Access, limits: Limits)
 
 
 def produce_records(req: gateway_pb2.ProduceRecordsRequest, access: Access, limits: Limits) -> Admission:
-    """Write on the topic; refused, every record is answered TOPIC_AUTHORIZATION_FAILED and none is written."""
+    """Write on the topic; refused, every record is answered TOPIC_AUTHORIZATION_FAILED
+    and none is written.
+    """
     if access.allowed(Operation.WRITE, topic(req.topic)):
         return Admission(req)
     message = _refusal(access, Operation.WRITE, "topic", req.topic)

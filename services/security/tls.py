@@ -138,7 +138,8 @@ class TlsMaterial:
         cert_file = etcd_client_cert_path(self.directory, self.name)
         if not self.name or not cert_file.exists():
             raise TlsConfigError(
-                f"TLS: {self.name or 'this client'} has no etcd client certificate ({cert_file}); etcd accepts "
+                f"TLS: {self.name or 'this client'} has no etcd client certificate ({cert_file}); etcd "
+                "accepts "
                 f"only certificates of {self.directory / ETCD_CLIENT_CA_FILE}. An operator makes one with "
                 f"`highwater tls init {self.directory} --etcd-client {self.name or 'NAME'}`"
             )

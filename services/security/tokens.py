@@ -125,7 +125,9 @@ def new_token(
 
 
 def verify(record: TokenRecord | None, secret: str, now_ms: int) -> str | None:
-    """The principal when `secret` matches an unexpired record, else None (unknown, revoked, expired, wrong)."""
+    """The principal when `secret` matches an unexpired record, else None
+    (unknown, revoked, expired, wrong).
+    """
     if record is None:
         # Same work as a real check, so timing does not tell which token ids exist.
         hmac.compare_digest(_digest(b"\0" * TOKEN_SALT_BYTES, secret), b"\0" * 32)

@@ -192,7 +192,9 @@ class Topology:
         return self
 
     def destroy(self) -> dict[str, list[int]]:
-        """Kill what still runs in the namespaces, then delete them (never raises); namespace -> pids killed."""
+        """Kill what still runs in the namespaces, then delete them (never raises);
+        namespace -> pids killed.
+        """
         killed: dict[str, list[int]] = {}
         existing = set()
         with contextlib.suppress(Exception):

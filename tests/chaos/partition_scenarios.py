@@ -353,8 +353,8 @@ def tail_truncated(
     run.facts["divergent_records_kept"] = len(kept)
     span = f"offsets {divergent[0][0]}..{divergent[-1][0]}" if divergent else "none"
     run.say(
-        f"broker {old_leader}'s p0 held {len(divergent)} records broker {new_leader} does not ({span}) before "
-        f"the heal; {len(kept)} of them still in its log after it rejoined"
+        f"broker {old_leader}'s p0 held {len(divergent)} records broker {new_leader} does not ({span}) "
+        f"before the heal; {len(kept)} of them still in its log after it rejoined"
     )
     problems = []
     if require_divergence and not divergent:
@@ -519,7 +519,8 @@ def run_scenario(name: str, net: Topology, base_dir: Path) -> dict[str, object]:
         run.say(
             f"history checker: {run.history.acked_count} acknowledged acks=all writes checked, "
             f"{run.history.failed_writes} failed writes, reader saw "
-            f"{sum(len(v) for v in run.history.consumed['reader'].values())} records; {len(problems)} problems"
+            f"{sum(len(v) for v in run.history.consumed['reader'].values())} records; "
+            f"{len(problems)} problems"
         )
     except Exception as exc:  # reported in the result line; the test fails on it
         traceback.print_exc()

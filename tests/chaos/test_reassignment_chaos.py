@@ -222,8 +222,8 @@ def test_reassignment_with_bounces_in_the_old_and_new_replica_sets(moving_cluste
         f"{sum(len(v) for v in history.consumed['reader'].values())} records; history checker found "
         f"{len(problems)} problems; replica checker compared "
         f"{sum(len(r) for by_tp in replicas.values() for r in by_tp.values())} records on "
-        f"{sum(len(by_tp) for by_tp in replicas.values())} replicas and found {len(replica_problems)} problems; "
-        f"took {time.monotonic() - started_s:.0f} s"
+        f"{sum(len(by_tp) for by_tp in replicas.values())} replicas and found {len(replica_problems)} "
+        f"problems; took {time.monotonic() - started_s:.0f} s"
     )
     assert problems == [], problems
     assert replica_problems == [], replica_problems

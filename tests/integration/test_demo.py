@@ -1,4 +1,6 @@
-"""The README's run command: `highwater cluster up --demo` starts a cluster, runs the demo and stops it all."""
+"""The README's run command: `highwater cluster up --demo` starts a cluster,
+runs the demo and stops it all.
+"""
 
 from __future__ import annotations
 

@@ -151,7 +151,8 @@ def paused(c, brokers: list[int]) -> Iterator[None]:
 
 
 def append_only_on_leader(gw, topic: str, values: list[bytes]) -> int:
-    """With every follower paused: write a batch (acks=1) that no follower can receive; return its base offset.
+    """With every follower paused: write a batch (acks=1) that no follower can receive;
+    return its base offset.
 
     A follower's long-poll Fetch may be waiting on the leader when it was paused, and
     the leader answers it with the next append. A first, draining batch completes those
@@ -304,7 +305,8 @@ def test_paused_follower_leaves_the_isr_by_lag_and_rejoins_after_resume_while_ac
         assert shrunk.leader_epoch == before.leader_epoch, "an AlterPartition shrink keeps the leader epoch"
         assert sorted(shrunk.isr) == sorted(b for b in before.replicas if b != follower)
         assert shrink_after_s >= REPLICA_LAG_TIME_MAX_MS / 1000 / 2, (
-            f"the ISR shrank {shrink_after_s:.1f} s after the pause, before replica.lag.time.max.ms could pass"
+            f"the ISR shrank {shrink_after_s:.1f} s after the pause, before "
+            "replica.lag.time.max.ms could pass"
         )
         still = etcd_kv(c.etcd_endpoint, f"/highwater/brokers/ids/{follower}")
         assert still is not None and still.create_revision == registration.create_revision, (

@@ -640,7 +640,9 @@ SECURITY_ADMIN_CALLS = [
 
 
 def security_records(c: TestCluster) -> tuple[dict[str, object], set[str]]:
-    """What etcd holds under /security/ (the test reads it with the etcd client certificate cluster up makes)."""
+    """What etcd holds under /security/
+    (the test reads it with the etcd client certificate cluster up makes).
+    """
 
     async def read() -> tuple[dict[str, object], set[str]]:
         store = await EtcdStore.connect(c.etcd_endpoint, tls=c.etcd_tls())

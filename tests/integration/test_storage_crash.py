@@ -195,7 +195,8 @@ def test_sigkill_during_appends_loses_no_acknowledged_batch_and_leaves_nothing_c
     final = {r.offset: r.value for r in fetch_all(gw, topic, 0, timeout_s=20)}
     assert all(final.get(offset) == value for offset, value in acked.records().items())
     print(
-        f"{CRASH_CYCLES} crashes, {len(acked.batches)} batches acknowledged, {len(acked.failed)} produce attempts "
+        f"{CRASH_CYCLES} crashes, {len(acked.batches)} batches acknowledged, {len(acked.failed)} produce "
+        "attempts "
         f"failed during outages; torn tail bytes on disk after each kill: {torn_per_cycle}; records written "
         f"past the last acknowledged one at each kill (in flight, answer lost): {unacknowledged_survivors}"
     )

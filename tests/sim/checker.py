@@ -442,8 +442,8 @@ class Checker:
             # the new one does not have, the new one may now write differently, so the epoch no
             # longer names one history (fine after kill -9, harmful after a power loss).
             self.suspect_leaders.append(
-                f"{tp[0]}-{tp[1]} epoch {p.leader_epoch}: broker {broker.broker_id} leads the same epoch again "
-                f"after a restart (LEO {p.log.log_end_offset}) ({self.loop.now_ms} ms)"
+                f"{tp[0]}-{tp[1]} epoch {p.leader_epoch}: broker {broker.broker_id} leads the same epoch "
+                f"again after a restart (LEO {p.log.log_end_offset}) ({self.loop.now_ms} ms)"
             )
         h = self._history(tp)
         state = self.states.get(tp)
@@ -453,8 +453,8 @@ class Checker:
             # was last known to hold every committed record, while members that kept them exist.
             self.suspect_leaders.append(
                 f"{tp[0]}-{tp[1]} epoch {p.leader_epoch}: broker {broker.broker_id} leads after a power loss "
-                f"(LEO {p.log.log_end_offset}) and a restart the controller did not act on, while ISR members "
-                f"{sorted(intact_members)} kept every record ({self.loop.now_ms} ms)"
+                f"(LEO {p.log.log_end_offset}) and a restart the controller did not act on, while ISR "
+                f"members {sorted(intact_members)} kept every record ({self.loop.now_ms} ms)"
             )
 
     def on_acks_all_success(self, broker: SimBroker, p: Partition, rec: AppendRecord) -> None:
@@ -810,7 +810,8 @@ class Checker:
             lp = leader.partitions.get(tp) if leader is not None else None
             if lp is None or lp.role is not Role.LEADER or lp.leader_epoch != state.leader_epoch:
                 return (
-                    f"{tp[0]}-{tp[1]}: no broker leads it in epoch {state.leader_epoch} after the settle phase "
+                    f"{tp[0]}-{tp[1]}: no broker leads it in epoch {state.leader_epoch} after the settle "
+                    "phase "
                     f"(state {self._describe_state(tp)}; {leader.describe() if leader else 'no leader'})"
                 )
             for r in replicas:
@@ -829,8 +830,8 @@ class Checker:
                     )
             if set(state.isr) != set(replicas) or set(lp.isr) != set(replicas):
                 return (
-                    f"{tp[0]}-{tp[1]}: ISR {list(state.isr)} (leader {state.leader} has {list(lp.isr)}) is not "
-                    f"every replica {list(replicas)} after the settle phase; "
+                    f"{tp[0]}-{tp[1]}: ISR {list(state.isr)} (leader {state.leader} has {list(lp.isr)}) is "
+                    f"not every replica {list(replicas)} after the settle phase; "
                     + "; ".join(self.brokers[r].describe() for r in replicas)
                 )
         for topic in sorted(self.deleting | self.deleted):
@@ -882,7 +883,9 @@ def read_log(p: Partition, start_offset: int = 0) -> dict[int, tuple[bytes, int]
 
 
 def lineage_mismatch(follower: Partition, leader: Partition) -> str | None:
-    """Where the follower's log stops being a prefix of the leader's, judged by leader epochs; None if it is."""
+    """Where the follower's log stops being a prefix of the leader's, judged by leader epochs;
+    None if it is.
+    """
     f_leo = follower.log.log_end_offset
     l_leo = leader.log.log_end_offset
     if f_leo > l_leo:

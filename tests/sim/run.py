@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in failed if s not in known]
     print(
         f"{ran} seeds, {len(failed)} failed{': ' + ' '.join(map(str, failed)) if failed else ''}"
-        f"{f' ({len(known)} by known issues, new: ' + (' '.join(map(str, unknown)) or 'none') + ')' if known else ''}; "
+        f"{f' ({len(known)} by known issues, new: ' + (' '.join(map(str, unknown)) or 'none') + ')' if known else ''}; "  # noqa: E501
         f"{ran / wall_s * 60:.0f} seeds/minute, {simulated_ms / 1000 / wall_s:.0f} simulated s per wall s "
         f"({wall_s:.1f} s wall; {simulated_ms / 1000 / cpu_s:.0f} simulated s per CPU s)"
     )

@@ -231,7 +231,9 @@ class SimBroker(RpcNode):
         return self.core.broker_epoch
 
     def crash_process(self, *, power_loss: bool) -> None:
-        """kill -9 (files keep what was written) or a power cut (unflushed bytes are lost, the host reboots)."""
+        """kill -9 (files keep what was written) or a power cut (unflushed bytes are lost,
+        the host reboots).
+        """
         self.core.crash()
         if power_loss:
             self.storage.crash(self.rng)

@@ -347,7 +347,9 @@ class SimController(RpcNode):
     def _process(
         self, name: str, handler: Callable[[], handlers.ControllerResult]
     ) -> handlers.ControllerResult | Exception:
-        """One turn of _run: decide, commit (fenced), replay, send. Returns the result or the caller's error."""
+        """One turn of _run: decide, commit (fenced), replay, send.
+        Returns the result or the caller's error.
+        """
         loop = self.active
         if loop is None:
             return ControllerResignedError("not active")

@@ -238,7 +238,9 @@ class Simulation:
         )
 
     def _reassign(self, fail_over_when_due: bool) -> None:
-        """Move a random partition to random brokers; maybe crash the controller once the targets are in the ISR."""
+        """Move a random partition to random brokers;
+        maybe crash the controller once the targets are in the ISR.
+        """
         if not self.operator.created:
             return
         topic = self.rng.choice(sorted(self.operator.created))

@@ -333,7 +333,9 @@ def test_stale_stop_replica_answer_after_a_resend_does_not_halt_the_controller()
 
 
 def test_deciding_a_deletion_changes_the_context_only_when_its_writes_are_replayed() -> None:
-    """Handlers decide; the context changes on replay (a controller that fails to commit knows nothing new)."""
+    """Handlers decide; the context changes on replay
+    (a controller that fails to commit knows nothing new).
+    """
     ctx = _context({1: 10, 2: 11, 3: 12}, (1, 2, 3))
     decided = handlers.on_delete_topics(ctx, ["t"], deletion_enabled=True)
     assert not ctx.replica_deletion and not ctx.topics_to_delete

@@ -502,7 +502,9 @@ class Operator(RpcNode):
         )
 
     def reassign(self, tp: TopicPartitionKey, replicas: list[int]) -> None:
-        """Move a partition to other brokers (AlterPartitionReassignments; the controller walks it through)."""
+        """Move a partition to other brokers (AlterPartitionReassignments;
+        the controller walks it through).
+        """
         self.trace("reassign %s-%d to %s", *tp, replicas)
         request = common_pb2.AlterPartitionReassignmentsRequest(
             topics=[

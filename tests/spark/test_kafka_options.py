@@ -1,4 +1,5 @@
-"""A job ported from format("kafka") keeps its options: each works with Kafka's meaning, or is refused by name.
+"""A job ported from format("kafka") keeps its options:
+each works with Kafka's meaning, or is refused by name.
 
 Every row of docs/SPARK.md's "Options of Spark's Kafka source" table is exercised here
 against the real cluster: the supported ones by what they do (a read that uses only Kafka's

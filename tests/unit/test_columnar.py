@@ -367,7 +367,8 @@ from services.common.errors import CorruptMessage
 rng = random.Random(7)
 ok = corrupt = 0
 for i in range(3000):
-    recs = [(rng.choice([None, rng.randbytes(rng.randrange(8))]), rng.choice([None, rng.randbytes(rng.randrange(40))]),
+    recs = [(rng.choice([None, rng.randbytes(rng.randrange(8))]),
+             rng.choice([None, rng.randbytes(rng.randrange(40))]),
              [("k%d" % j, rng.choice([None, b"v"])) for j in range(rng.randrange(3))], rng.randrange(10**12))
             for _ in range(rng.randrange(1, 8))]
     data = bytearray(encode_batch(recs, compression=rng.choice(["none", "zstd"])))

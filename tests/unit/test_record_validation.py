@@ -399,7 +399,8 @@ rng = random.Random(11)
 rules = TimestampRules(False, 2**63 - 1, 2**63 - 1)
 ok = refused = 0
 for i in range(3000):
-    recs = [Record(rng.choice([None, rng.randbytes(rng.randrange(8))]), rng.choice([None, rng.randbytes(rng.randrange(300))]),
+    recs = [Record(rng.choice([None, rng.randbytes(rng.randrange(8))]),
+                   rng.choice([None, rng.randbytes(rng.randrange(300))]),
                    [("k%d" % j, b"v") for j in range(rng.randrange(3))], rng.randrange(10**12))
             for _ in range(rng.randrange(1, 8))]
     data = bytearray(encode_batch(recs, compression=rng.choice(["none", "zstd"])))

@@ -69,8 +69,8 @@ class LogConfig:
         )
         require(
             self.segment_bytes + self.max_message_bytes <= SEGMENT_POSITION_MAX,
-            f"segment_bytes {self.segment_bytes} + max_message_bytes {self.max_message_bytes} must stay below 2 GiB "
-            "(index positions are int32)",
+            f"segment_bytes {self.segment_bytes} + max_message_bytes {self.max_message_bytes} must stay "
+            "below 2 GiB (index positions are int32)",
         )
         require(self.segment_ms > 0, f"segment_ms {self.segment_ms} must be positive")
         require(self.retention_bytes >= -1, f"retention_bytes {self.retention_bytes} must be -1 or >= 0")

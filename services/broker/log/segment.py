@@ -327,7 +327,10 @@ class LogSegment:
             expected = self.next_offset
             for count, header in enumerate(headers):
                 if header.base_offset != expected:
-                    reason = f"batch at byte {header.position} has base offset {header.base_offset}, expected {expected}"
+                    reason = (
+                        f"batch at byte {header.position} has base offset {header.base_offset}, "
+                        f"expected {expected}"
+                    )
                 elif epoch is not None and header.partition_leader_epoch < epoch:
                     reason = (
                         f"batch at byte {header.position} has leader epoch {header.partition_leader_epoch} "
