@@ -7,7 +7,7 @@ cluster benchmark (issue: Fetch gateway and clients; target: at least
 - encode: the Producer's bulk path (send_batch's work: check, cut into
   per-partition batches, drain, encode with the compiled RecordBatch codec),
   single thread, no I/O.
-- decode: clients.records.decode_batches over the same batches (what
+- decode: clients.common.records.decode_batches over the same batches (what
   Consumer.poll does per fetched partition), CRC checked.
 
 Usage: python bench/client_bench.py [--records N] [--value-bytes B] [--compression zstd]
@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/client_bench.py` from anywhere
 
 from bench import common
-from clients import records
+from clients.common import records
 from clients.config import ProducerConfig
 from clients.metadata import TopicInfo
 from clients.producer import _ProducerCore

@@ -86,7 +86,7 @@ def versions(*, peers: bool = False) -> dict[str, object]:
         capture_output=True,
         text=True,
     ).stdout.strip()
-    from clients.records import codec_is_accelerated
+    from clients.common.records import codec_is_accelerated
 
     out: dict[str, object] = {
         "highwater_commit": commit,
@@ -363,7 +363,7 @@ def highwater_target(
         )
         yield Target(bootstrap, topic, partitions, leaders)
         return
-    from clients.local_cluster import LocalCluster
+    from clients.tools.local_cluster import LocalCluster
 
     with (
         tempfile.TemporaryDirectory(prefix="hw-bench-", dir=tmp_dir) as tmp,

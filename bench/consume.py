@@ -10,7 +10,7 @@ times reading them all back from offset 0, one way after another on the same dat
 - fetch:         raw gRPC Fetch to the gateway for every partition at once, one request at
                  a time, advancing each partition's offset past the batches returned.
                  Records are counted from the batch headers (no decoding: what a pass-through
-                 reader pays); --decode decodes every record as well (clients.records).
+                 reader pays); --decode decodes every record as well (clients.common.records).
 - fetch-direct:  the same raw Fetch sent to each partition's leader broker, one loop per
                  leader running concurrently, bypassing the gateway.
 
@@ -44,8 +44,8 @@ async def _load(target: common.Target, records: int, record_size: int, batch_siz
     """Write `records` records spread evenly over the partitions, acks=all, direct to leaders."""
     import grpc
 
+    from clients.common.records import encode_values
     from clients.connection import CHANNEL_OPTIONS
-    from clients.records import encode_values
     from protos.highwater.v1 import broker_pb2_grpc, common_pb2
 
     per_batch = records_per_batch(batch_size, record_size)
@@ -143,10 +143,10 @@ async def _read_fetch(
 ) -> dict[str, object]:
     import grpc
 
+    from clients.common.record_batch import iter_batch_headers
+    from clients.common.records import decode_batches
     from clients.connection import CHANNEL_OPTIONS
-    from clients.records import decode_batches
     from protos.highwater.v1 import broker_pb2_grpc, common_pb2, gateway_pb2_grpc
-    from services.common.record_batch import iter_batch_headers
 
     if direct:
         groups: dict[str, list[int]] = {}

@@ -33,8 +33,8 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/failover.py` from anywhere
 
 from bench import common
-from clients.local_cluster import LocalCluster
-from clients.records import Record, encode_batch
+from clients.common.records import Record, encode_batch
+from clients.tools.local_cluster import LocalCluster
 from protos.highwater.v1 import common_pb2, controller_pb2_grpc, gateway_pb2_grpc
 
 RESULTS = Path(__file__).resolve().parent / "results"

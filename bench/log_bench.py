@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from clients.records import codec_is_accelerated, encode_values
+from clients.common.records import codec_is_accelerated, encode_values
 from services.broker.log import Log, LogConfig
 from services.broker.log.checkpoints import RECOVERY_POINT_CHECKPOINT
 

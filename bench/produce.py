@@ -81,7 +81,7 @@ def records_per_batch(batch_size: int, record_size: int) -> int:
     Measured on a probe batch: a record's framing grows with its offset delta (varints), so
     a fixed overhead guess overshoots a 1 MiB batch past the broker's max.message.bytes.
     """
-    from clients.records import encode_values
+    from clients.common.records import encode_values
 
     probe = 1000
     size = len(encode_values([b"x" * record_size] * probe, timestamp_ms=0)) - BATCH_HEADER_BYTES
@@ -216,8 +216,8 @@ async def _produce_raw(
 ) -> dict[str, object]:
     import grpc
 
+    from clients.common.records import encode_values
     from clients.connection import CHANNEL_OPTIONS
-    from clients.records import encode_values
     from protos.highwater.v1 import broker_pb2_grpc, common_pb2, gateway_pb2_grpc
 
     if direct:

@@ -44,8 +44,8 @@ sys.path.insert(0, str(REPO))
 import grpc  # noqa: E402
 
 from bench.log_bench import machine  # noqa: E402
-from clients.local_cluster import LocalCluster, ServiceProcess  # noqa: E402
-from clients.records import decode_batches, encode_values  # noqa: E402
+from clients.common.records import decode_batches, encode_values  # noqa: E402
+from clients.tools.local_cluster import LocalCluster, ServiceProcess  # noqa: E402
 from protos.highwater.v1 import broker_pb2_grpc, common_pb2, gateway_pb2_grpc  # noqa: E402
 from services.common import limits  # noqa: E402
 from services.common.server import channel_options  # noqa: E402
@@ -68,11 +68,11 @@ PROFILED_EXIT_TIMEOUT_S = 60.0
 PER_BATCH_STEPS = {
     ("services/broker/replica_manager.py", "produce"),
     ("services/broker/partition.py", "append_as_leader"),
-    ("services/common/record_batch.py", "validate_batches"),
-    ("services/common/record_batch.py", "batch_crc"),
+    ("clients/common/record_batch.py", "validate_batches"),
+    ("clients/common/record_batch.py", "batch_crc"),
     ("services/broker/producer_state.py", "check"),
     ("services/broker/log/log.py", "append_as_leader"),
-    ("services/common/record_batch.py", "assign_offsets"),
+    ("clients/common/record_batch.py", "assign_offsets"),
     ("services/broker/log/segment.py", "append"),
     ("services/broker/log/storage.py", "append"),
     ("services/broker/replica_manager.py", "_read_all"),

@@ -7,7 +7,7 @@ factor 3, min.insync.replicas 2, acks=all):
 - produce, record-level: ProduceRecords with REQUEST_RECORDS records per call; the
   gateway partitions (murmur2), batches, encodes and writes idempotently.
 - produce, batch-level: the script partitions with the same murmur2 and encodes one
-  RecordBatch v2 per partition (clients/records.py), then calls Produce; encoding time
+  RecordBatch v2 per partition (clients/common/records.py), then calls Produce; encoding time
   counts, since it is the work the record-level call moves to the gateway.
 - consume, record-level: one ConsumeRecords stream from the earliest offset of every
   partition until every record came back as a protobuf message.
@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/re
 import grpc
 
 from bench import common
-from clients.partitioner import partition_for_key
-from clients.records import decode_batches, encode_batch
+from clients.common.partitioner import partition_for_key
+from clients.common.records import decode_batches, encode_batch
 from protos.highwater.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 PARTITIONS = 6

@@ -161,8 +161,8 @@ def load_topic(
     import grpc
 
     from clients.admin import Admin
+    from clients.common.records import encode_values
     from clients.connection import CHANNEL_OPTIONS
-    from clients.records import encode_values
     from protos.highwater.v1 import common_pb2, gateway_pb2_grpc
 
     with Admin(bootstrap) as admin:
@@ -277,9 +277,9 @@ def profile_task(bootstrap: str) -> dict[str, float]:
     gateway and straight from the leader (what tasks do); decode_batches (a Record per record,
     the reader's old decoder) and decode_columns (its decoder now) over the fetched bytes;
     read_range (Fetch in flight + decode_columns + Arrow batch)."""
-    from clients.columnar import decode_columns
+    from clients.common.records import decode_batches
     from clients.consumer import next_fetch_offset
-    from clients.records import decode_batches
+    from spark_connector.columnar import decode_columns
     from spark_connector.gateway import GatewayClient
     from spark_connector.options import ClientSettings
     from spark_connector.planning import OffsetRange
@@ -374,7 +374,7 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     from bench.common import load_average, machine, versions
-    from clients.local_cluster import LocalCluster
+    from clients.tools.local_cluster import LocalCluster
     from spark_connector import register
 
     base = Path(tempfile.mkdtemp(prefix="spark-bench-"))

@@ -48,7 +48,7 @@ BENCH_PRINCIPAL = "bench"
 @contextlib.contextmanager
 def clusters(base: Path, *, acl: bool) -> Iterator[dict[str, object]]:
     """Both clusters started, the topic ready on each; every process stopped by pid on the way out."""
-    from clients.local_cluster import LocalCluster
+    from clients.tools.local_cluster import LocalCluster
 
     secure_args = ["--authorizer", "acl", "--super-users", "User:admin"] if acl else []
     plain = LocalCluster(base / "plain", brokers=3)
@@ -68,7 +68,7 @@ def clusters(base: Path, *, acl: bool) -> Iterator[dict[str, object]]:
 def _allow_write(cluster: object) -> None:
     from coordinator.acls import add_acls
     from coordinator.store import EtcdStore
-    from services.common.authz import AclBinding
+    from services.security.authz import AclBinding
 
     async def add() -> None:
         store = await EtcdStore.connect(cluster.etcd_endpoint, tls=cluster.etcd_tls())  # type: ignore[attr-defined]
@@ -140,8 +140,8 @@ async def produce_run(cluster: object, seconds: float, batch_bytes: int, in_flig
     """Produce for `seconds`; acknowledged MB/s and requests/s."""
     import grpc
 
+    from clients.common.records import encode_values
     from clients.connection import CHANNEL_OPTIONS
-    from clients.records import encode_values
     from protos.highwater.v1 import common_pb2, gateway_pb2_grpc
 
     creds = _credentials(cluster, BENCH_PRINCIPAL)

@@ -34,11 +34,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import services.broker.partition as partition_module
-from clients.records import encode_values
+from clients.common.record_batch import validate_batches
+from clients.common.record_validation import TimestampRules, validate_records
+from clients.common.records import encode_values
 from services.broker.log import Log, LogConfig
 from services.broker.partition import LeaderAndIsrState, Partition
-from services.common.record_batch import validate_batches
-from services.common.record_validation import TimestampRules, validate_records
 
 MIB = 1024 * 1024
 RECORD_BYTES = 100

@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from clients.common.errors import HighwaterError, check
 from clients.config import BATCH_OVERHEAD_BYTES
 from clients.types import TopicPartition
-from services.common.errors import HighwaterError, check
 
 # (key, value, timestamp_ms): only atomic values, so the garbage collector stops tracking
 # the tuple after its first collection. Headers (lists, always tracked) live apart in

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clients.acls import ACL_BINDINGS_PER_REQUEST_MAX, AclBinding, AclError
+from clients.common.acls import ACL_BINDINGS_PER_REQUEST_MAX, AclBinding, AclError
+from clients.common.topics import validate_topic_configs
 from clients.config import (
     DEFAULT_BOOTSTRAP,
     ConnectionConfig,
@@ -42,7 +43,6 @@ from clients.types import (
     TopicPartition,
 )
 from protos.highwater.v1 import common_pb2, controller_pb2, gateway_pb2
-from services.common.topics import validate_topic_configs
 
 ELECTION_TYPES = {"preferred": common_pb2.PREFERRED, "unclean": common_pb2.UNCLEAN}
 
@@ -523,7 +523,7 @@ class AsyncAdmin:
 
     async def revoke_token(self, token_id: str) -> bool:
         """Revoke a token by id (or give the whole token); False when there was no such token."""
-        from clients.tokens import token_id_of
+        from clients.common.tokens import token_id_of
 
         parsed = token_id_of(token_id) if isinstance(token_id, str) else None
         if parsed is None:

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from clients.common import limits
+from clients.common.topics import group_id_problem, topic_name_problem
 from clients.errors import InvalidArgument
-from services.common import limits
-from services.common.topics import group_id_problem, topic_name_problem
 
 # --- connection --------------------------------------------------------------
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -37,7 +37,7 @@ GRPC_MAX_MESSAGE_BYTES = limits.GRPC_MAX_MESSAGE_BYTES
 
 # --- producer ----------------------------------------------------------------
 # Kafka's batch.size: a partition's batch is sent once it holds this many bytes.
-BATCH_SIZE_BYTES_DEFAULT = 16 * 1024
+BATCH_SIZE_BYTES_DEFAULT = limits.BATCH_SIZE_BYTES_DEFAULT
 # Kafka 4.0's linger.ms default: a few milliseconds buys much fuller batches.
 LINGER_MS_DEFAULT = 5
 # Kafka's max.request.size; also the cap on one batch, which must fit the broker's

@@ -24,11 +24,7 @@ from typing import Any
 
 import grpc
 
-from clients.config import GRPC_MAX_MESSAGE_BYTES
-from clients.errors import ClientClosed, GatewayUnavailable, InvalidArgument
-from clients.tls import ClientTls, ClientTlsError
-from protos.highwater.v1 import gateway_pb2_grpc
-from services.common.errors import (
+from clients.common.errors import (
     ClusterAuthorizationFailed,
     HighwaterError,
     InvalidRequest,
@@ -36,6 +32,10 @@ from services.common.errors import (
     RequestTimedOut,
     UnknownServerError,
 )
+from clients.config import GRPC_MAX_MESSAGE_BYTES
+from clients.errors import ClientClosed, GatewayUnavailable, InvalidArgument
+from clients.tls import ClientTls, ClientTlsError
+from protos.highwater.v1 import gateway_pb2_grpc
 
 log = logging.getLogger("highwater.client.connection")
 

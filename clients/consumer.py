@@ -34,7 +34,9 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from clients import records
+from clients.common import records
+from clients.common.errors import InvariantViolation, MessageTooLarge, OffsetOutOfRange
+from clients.common.record_batch import iter_batch_headers
 from clients.config import (
     COMMIT_OFFSETS_PER_REQUEST_MAX,
     DEFAULT_BOOTSTRAP,
@@ -50,8 +52,6 @@ from clients.loop_thread import LoopThread
 from clients.metadata import ClusterMetadata, MetadataFetcher, now_ms
 from clients.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
 from protos.highwater.v1 import common_pb2, gateway_pb2
-from services.common.errors import InvariantViolation, MessageTooLarge, OffsetOutOfRange
-from services.common.record_batch import iter_batch_headers
 
 log = logging.getLogger("highwater.client.consumer")
 

@@ -1,4 +1,4 @@
-"""Errors a client raises: the wire errors of services/common/errors.py plus a few of its own.
+"""Errors a client raises: the wire errors of clients/common/errors.py plus a few of its own.
 
 Every operating error a client raises is a `HighwaterError`, so a caller (and the
 CLI) needs one `except` clause, and each carries `retriable` / `refresh_metadata`
@@ -17,8 +17,7 @@ accumulator and the partitioner stay free of I/O imports.
 
 from __future__ import annotations
 
-from protos.highwater.v1 import common_pb2
-from services.common.errors import (
+from clients.common.errors import (
     HighwaterError,
     InvalidRequest,
     MessageTooLarge,
@@ -26,6 +25,7 @@ from services.common.errors import (
     error_for_code,
     raise_for_code,
 )
+from protos.highwater.v1 import common_pb2
 
 __all__ = [
     "ClientClosed",

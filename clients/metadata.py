@@ -16,11 +16,11 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from clients.common.errors import UnknownTopicOrPartition
 from clients.connection import GatewayConnection
 from clients.errors import HighwaterError, error_for_code
 from clients.types import TopicPartition
 from protos.highwater.v1 import common_pb2
-from services.common.errors import UnknownTopicOrPartition
 
 
 @dataclass(frozen=True, slots=True)

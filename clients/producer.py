@@ -37,6 +37,8 @@ from time import monotonic, time_ns
 from typing import Any
 
 from clients.accumulator import RecordAccumulator
+from clients.common.errors import UnknownTopicOrPartition
+from clients.common.partitioner import StickyPartitioner, partition_for_key
 from clients.config import (
     BATCH_OVERHEAD_BYTES,
     DEFAULT_BOOTSTRAP,
@@ -51,10 +53,8 @@ from clients.connection import GatewayConnection, client_tls
 from clients.errors import ClientClosed, HighwaterError, InvalidArgument, MessageTooLarge, RequestTimedOut
 from clients.loop_thread import LoopThread
 from clients.metadata import ClusterMetadata, MetadataFetcher, TopicInfo, now_ms
-from clients.partitioner import StickyPartitioner, partition_for_key
 from clients.sender import BulkSendResult, Sender, SentRecords, closed_error
 from clients.types import RecordMetadata, TopicPartition
-from services.common.errors import UnknownTopicOrPartition
 
 log = logging.getLogger("highwater.client.producer")
 

@@ -29,8 +29,9 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any, overload
 
-from clients import records
 from clients.accumulator import ProducerBatch, RecordAccumulator
+from clients.common import limits, records
+from clients.common.errors import InvariantViolation
 from clients.config import ProducerConfig
 from clients.connection import GatewayConnection
 from clients.errors import ClientClosed, HighwaterError, RequestTimedOut, error_for_code
@@ -38,8 +39,6 @@ from clients.idempotence import IdempotenceState
 from clients.metadata import ClusterMetadata, now_ms
 from clients.types import RecordMetadata, TopicPartition
 from protos.highwater.v1 import common_pb2
-from services.common import limits
-from services.common.errors import InvariantViolation
 
 log = logging.getLogger("highwater.client.producer")
 

@@ -10,15 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from clients.common.types import TopicPartition
+
+__all__ = ["TopicPartition"]  # defined with the wire's shared types, re-exported for callers
+
 Headers = list[tuple[str, bytes]]
-
-
-class TopicPartition(NamedTuple):
-    topic: str
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}-{self.partition}"
 
 
 class RecordMetadata(NamedTuple):

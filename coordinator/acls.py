@@ -12,7 +12,7 @@ One key per ACL binding, named by a digest of the binding's canonical JSON:
 adding is a put (adding the same binding twice is one key), removing is a
 delete of the same digest, and a watch on the prefix sees each change as one
 event. Nothing here interprets a binding or checks a token: that is
-services/common/authz.py and services/security/tokens.py. Values are plain
+services/security/authz.py and services/security/tokens.py. Values are plain
 dicts so the coordinator package depends on nothing above it.
 
 Writers: the active controller, through `commit_security_changes` (one

@@ -12,7 +12,7 @@ import os
 import sys
 
 from clients.admin import Admin
-from services.common.errors import TopicAlreadyExists
+from clients.common.errors import TopicAlreadyExists
 
 DEMO_TOPIC = "spark-demo"
 DEMO_PARTITIONS = 3

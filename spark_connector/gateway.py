@@ -40,11 +40,13 @@ from typing import Any, TypeVar
 
 import grpc
 
+from clients.common import errors
+from clients.common.types import TopicPartitionKey
 from clients.connection import CHANNEL_OPTIONS
 from protos.highwater.v1 import broker_pb2, common_pb2, gateway_pb2_grpc
 from spark_connector import limits
 from spark_connector.fetch_response import FetchedPartition, MalformedFetchResponse, parse_fetch_response
-from spark_connector.options import ClientSettings, TopicPartitionKey
+from spark_connector.options import ClientSettings
 
 # The broker's Fetch, called with the answer left as bytes (see _leader_address).
 _FETCH = broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].methods_by_name["Fetch"]
@@ -54,20 +56,10 @@ log = logging.getLogger("highwater.spark")
 
 T = TypeVar("T")
 
-# Per-partition codes that a retry after a short back-off may fix: leadership is moving,
-# a leader is restarting, or the ISR is briefly too small.
-RETRIABLE_CODES = frozenset(
-    {
-        common_pb2.NOT_LEADER_OR_FOLLOWER,
-        common_pb2.LEADER_NOT_AVAILABLE,
-        common_pb2.FENCED_LEADER_EPOCH,
-        common_pb2.UNKNOWN_LEADER_EPOCH,
-        common_pb2.REQUEST_TIMED_OUT,
-        common_pb2.NOT_ENOUGH_REPLICAS,
-        common_pb2.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-        common_pb2.BROKER_NOT_AVAILABLE,
-    }
-)
+# Per-partition codes that a retry after a short back-off may fix (leadership moving, a leader
+# restarting, the ISR briefly too small): the error flags' policy, except
+# UNKNOWN_TOPIC_OR_PARTITION, which for a planned read means the topic was deleted under it.
+RETRIABLE_CODES = errors.RETRIABLE_CODES - {common_pb2.UNKNOWN_TOPIC_OR_PARTITION}
 _FAILOVER_STATUS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 

@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.common.topics import topic_name_problem
+from clients.common.topics import topic_name_problem
+from clients.common.types import TopicPartitionKey
 from spark_connector import limits
-
-TopicPartitionKey = tuple[str, int]
 
 EARLIEST = -2  # Kafka's offsets-JSON value (and ListOffsets timestamp) for the log start
 LATEST = -1  # ... and for the high watermark

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-TopicPartitionKey = tuple[str, int]
+from clients.common.types import TopicPartitionKey
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ offsets with ListOffsets, check them, and cut [start, end) ranges into input
 partitions (one per topic-partition, split further by minPartitions). Reading (a
 task): raw Fetch from the range's start (at the partition's leader, or through a
 gateway: GatewayClient.fetch_future), one Fetch kept in flight while the previous
-answer is decoded straight into Arrow columns (clients.columnar.decode_columns: no
+answer is decoded straight into Arrow columns (spark_connector.columnar.decode_columns: no
 Python object per record; records outside the range dropped by the decoder) and
 handed to Spark as a batch of the exact read schema. Only records below the high
 watermark are ever returned (consumer fetches use replica_id -1), and each task stops
@@ -50,10 +50,10 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from clients.columnar import decode_columns
 from clients.consumer import next_fetch_offset
 from protos.highwater.v1 import common_pb2
 from spark_connector import limits, planning
+from spark_connector.columnar import decode_columns
 from spark_connector.fetch_response import FetchedPartition
 from spark_connector.gateway import (
     RETRIABLE_CODES,

@@ -6,7 +6,7 @@
 timestampType is 0 for CreateTime and 1 for LogAppendTime, as Kafka numbers them.
 Arrow batches handed to Spark must match its schema exactly (FACTS.md: int32 for INT,
 timestamp[us, tz=UTC]); `arrow_schema` derives it with Spark's own converter so the
-two cannot drift. `columns_to_arrow` is the reader's path: clients/columnar.py has
+two cannot drift. `columns_to_arrow` is the reader's path: spark_connector/columnar.py has
 already decoded a Fetch response into Arrow arrays of the right types, and the topic and
 partition columns are slices of arrays built once per task (`ConstantColumns`), so a
 batch costs no work per row here. `records_to_arrow` builds the same batch from decoded
@@ -32,10 +32,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from clients import columnar
-from clients.columnar import RecordColumns
-from clients.records import Record
-from services.common.errors import check
+from clients.common.errors import check
+from clients.common.records import Record
+from spark_connector import columnar
+from spark_connector.columnar import RecordColumns
 
 HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
 
@@ -107,7 +107,8 @@ class ConstantColumns:
 def columns_to_arrow(
     columns: RecordColumns, constants: ConstantColumns, include_headers: bool
 ) -> pa.RecordBatch:
-    """One Arrow batch of the read schema from columns decoded by clients.columnar (no copy of them)."""
+    """One Arrow batch of the read schema from columns decoded by spark_connector.columnar
+    (no copy of them)."""
     schema = arrow_schema(include_headers)
     topic, partition = constants.columns(len(columns))
     arrays = [
@@ -125,19 +126,19 @@ def columns_to_arrow(
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-# clients.columnar builds these types without importing Spark; they must be Spark's exactly
+# spark_connector.columnar builds these types without importing Spark; they must be Spark's exactly
 # (list field names included: Spark compares schemas before it takes a batch).
 _SPARK_HEADERS = arrow_schema(True).field("headers").type
 check(
     _SPARK_HEADERS.equals(columnar.HEADERS_TYPE)
     and _SPARK_HEADERS.value_field.name == columnar.HEADERS_TYPE.value_field.name,
-    "clients.columnar.HEADERS_TYPE %s is not Spark's %s",
+    "spark_connector.columnar.HEADERS_TYPE %s is not Spark's %s",
     columnar.HEADERS_TYPE,
     _SPARK_HEADERS,
 )
 check(
     arrow_schema(False).field("timestamp").type.equals(columnar.TIMESTAMP_TYPE),
-    "clients.columnar.TIMESTAMP_TYPE %s is not Spark's %s",
+    "spark_connector.columnar.TIMESTAMP_TYPE %s is not Spark's %s",
     columnar.TIMESTAMP_TYPE,
     arrow_schema(False).field("timestamp").type,
 )

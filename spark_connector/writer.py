@@ -48,8 +48,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StringType, StructType
 
-from clients.partitioner import partition_for_key
-from clients.records import encode_batch
+from clients.common.partitioner import partition_for_key
+from clients.common.records import encode_batch
 from protos.highwater.v1 import common_pb2
 from spark_connector import limits
 from spark_connector.gateway import (

@@ -34,6 +34,17 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from clients.common.errors import (
+    BrokerNotAvailable,
+    HighwaterError,
+    NotLeaderOrFollower,
+    StaleBrokerEpoch,
+    StaleControllerEpoch,
+    StorageError,
+    UnknownLeaderEpoch,
+    UnknownTopicOrPartition,
+)
+from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2
 from services.broker import metrics
 from services.broker.fetcher_core import (
@@ -66,20 +77,8 @@ from services.broker.purgatory import (
 )
 from services.broker.steps import CallController, RpcFailed, Sleep, Task
 from services.common import limits
-from services.common.errors import (
-    BrokerNotAvailable,
-    HighwaterError,
-    NotLeaderOrFollower,
-    StaleBrokerEpoch,
-    StaleControllerEpoch,
-    StorageError,
-    UnknownLeaderEpoch,
-    UnknownTopicOrPartition,
-)
 from services.common.metadata_cache import MetadataCache
 from services.common.request_checks import produce_request_problem
-
-TopicPartitionKey = tuple[str, int]
 
 # LeaderAndIsr handles this many partitions between yields (opening logs is synchronous work).
 LEADER_AND_ISR_PARTITIONS_PER_YIELD = 10

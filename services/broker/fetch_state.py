@@ -11,9 +11,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from clients.common.errors import check
 from protos.highwater.v1 import common_pb2
 from services.common import limits
-from services.common.errors import check
 
 
 class FetchPhase(enum.Enum):

@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 
 import grpc
 
+from clients.common.errors import InvariantViolation
 from protos.highwater.v1 import broker_pb2_grpc
 from services.broker.fetcher_core import FetcherCore
 from services.broker.steps import AwaitWork, CallController, CallLeader, RpcFailed, Sleep, Step, Task
-from services.common.errors import InvariantViolation
 from services.common.server import channel_options, halt_on_invariant_violation
 from services.security.channels import open_channel
 

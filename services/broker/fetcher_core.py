@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from clients.common.errors import InvariantViolation
+from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.broker.fetch_state import (
     FetchPhase,
@@ -42,9 +44,6 @@ from services.broker.fetch_state import (
 )
 from services.broker.steps import AwaitWork, CallLeader, RpcFailed, Sleep, Task
 from services.common import limits
-from services.common.errors import InvariantViolation
-
-TopicPartitionKey = tuple[str, int]
 
 # With nothing to follow, the loop waits for a partition this long before looking again.
 FETCHER_EMPTY_WAIT_MS = 1_000

@@ -18,9 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from services.broker.log import Log
-from services.broker.producer_state import ProducerStateManager
-from services.common.errors import (
+from clients.common.errors import (
     FencedLeaderEpoch,
     HighwaterError,
     NotEnoughReplicas,
@@ -29,8 +27,10 @@ from services.common.errors import (
     UnknownLeaderEpoch,
     check,
 )
-from services.common.record_batch import BatchHeader, apply_batch_fixes, iter_batch_headers, validate_batches
-from services.common.record_validation import TimestampRules, validate_records
+from clients.common.record_batch import BatchHeader, apply_batch_fixes, iter_batch_headers, validate_batches
+from clients.common.record_validation import TimestampRules, validate_records
+from services.broker.log import Log
+from services.broker.producer_state import ProducerStateManager
 
 
 class Role(enum.Enum):

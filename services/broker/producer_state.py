@@ -19,9 +19,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from services.common.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber
+from clients.common.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber
+from clients.common.record_batch import BatchHeader
 from services.common.limits import PRODUCER_BATCHES_KEPT
-from services.common.record_batch import BatchHeader
 
 NO_PRODUCER_ID = -1
 # Sequences wrap around after 2**31 - 1 as Kafka's.

@@ -16,11 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from clients.common.errors import check
+from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import common_pb2
 from services.broker.partition import Partition
-from services.common.errors import check
-
-TopicPartitionKey = tuple[str, int]
 
 
 def fetch_answers_now(

@@ -21,6 +21,8 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from clients.common.errors import InvariantViolation
+from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.broker.core import BrokerCore
 from services.broker.fetcher import ControllerCall, GrpcLeaderEndpoint, drive, run_replica_fetcher
@@ -29,14 +31,12 @@ from services.broker.log import FileStorage
 from services.broker.partition import Partition
 from services.broker.steps import Task
 from services.common import limits
-from services.common.errors import InvariantViolation
 from services.common.metadata_cache import MetadataCache
 from services.common.server import halt_on_invariant_violation
 
 log = logging.getLogger("highwater.replica_manager")
 
 R = TypeVar("R")
-TopicPartitionKey = tuple[str, int]
 # A closing broker waits this long at most for its fetchers and tasks to end.
 CLOSE_TASKS_TIMEOUT_S = 5.0
 

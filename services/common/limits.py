@@ -9,12 +9,57 @@ bound a user or an operator meets is here.
 
 from __future__ import annotations
 
-from services.common.errors import check
+from clients.common.errors import check
+from clients.common.limits import (
+    BATCH_SIZE_BYTES_DEFAULT as BATCH_SIZE_BYTES_DEFAULT,
+)
+from clients.common.limits import (
+    COMMIT_OFFSETS_PER_REQUEST_MAX as COMMIT_OFFSETS_PER_REQUEST_MAX,
+)
+from clients.common.limits import (
+    DECOMPRESSED_BATCH_BYTES_MAX as DECOMPRESSED_BATCH_BYTES_MAX,
+)
+from clients.common.limits import (
+    DEFAULT_MIN_INSYNC_REPLICAS as DEFAULT_MIN_INSYNC_REPLICAS,
+)
+from clients.common.limits import (
+    FETCH_MAX_BYTES_DEFAULT as FETCH_MAX_BYTES_DEFAULT,
+)
+from clients.common.limits import (
+    FETCH_MAX_WAIT_MS_MAX as FETCH_MAX_WAIT_MS_MAX,
+)
+from clients.common.limits import (
+    FETCH_PARTITION_MAX_BYTES_DEFAULT as FETCH_PARTITION_MAX_BYTES_DEFAULT,
+)
+
+# The protocol's bounds are defined beside the wire format; re-exported so a service reads
+# every bound from here.
+from clients.common.limits import (
+    GRPC_MAX_MESSAGE_BYTES as GRPC_MAX_MESSAGE_BYTES,
+)
+from clients.common.limits import (
+    MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES,
+)
+from clients.common.limits import (
+    OFFSET_METADATA_MAX_CHARS as OFFSET_METADATA_MAX_CHARS,
+)
+from clients.common.limits import (
+    PRODUCE_TIMEOUT_MS_DEFAULT as PRODUCE_TIMEOUT_MS_DEFAULT,
+)
+from clients.common.limits import (
+    PRODUCE_TIMEOUT_MS_MAX as PRODUCE_TIMEOUT_MS_MAX,
+)
+from clients.common.limits import (
+    PRODUCER_BATCHES_KEPT as PRODUCER_BATCHES_KEPT,
+)
+from clients.common.limits import (
+    PRODUCER_EPOCH_MAX as PRODUCER_EPOCH_MAX,
+)
+from clients.common.limits import (
+    TOPIC_NAME_MAX_CHARS as TOPIC_NAME_MAX_CHARS,
+)
 
 # --- gRPC ------------------------------------------------------------------
-# A Produce or Fetch carries whole record batches; 64 MiB leaves room for
-# several max-size batches per request without letting one request exhaust memory.
-GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # How long a stopping service lets in-flight RPCs finish (SIGTERM -> exit).
 SHUTDOWN_GRACE_S = 5.0
 # Control RPCs (LeaderAndIsr, UpdateMetadata, StopReplica, AlterPartition):
@@ -60,24 +105,6 @@ TOKEN_LISTENER_CONNECTION_IDLE_MS = 60_000
 LEASE_TTL_S = 6
 LEASE_TTL_S_MIN = 2
 
-# --- records and requests --------------------------------------------------
-# Kafka's message.max.bytes default (1 MiB + the 12-byte log overhead).
-MAX_MESSAGE_BYTES = 1024 * 1024 + 12
-# A compressed batch's records, decompressed, may take at most this (the leader checks
-# them before appending: services/common/record_validation.py). The gRPC limit: a batch
-# this large uncompressed could have been sent as it is. Bounds the memory one produced
-# batch can make the leader (and every consumer, which decompress a batch whole) take: a
-# zip bomb of a few KiB otherwise inflates to gigabytes.
-DECOMPRESSED_BATCH_BYTES_MAX = GRPC_MAX_MESSAGE_BYTES
-# Produce requests: how long acks=all may wait for the ISR before
-# REQUEST_TIMED_OUT (Kafka's request.timeout.ms is 30 s; we cap what a client may ask).
-PRODUCE_TIMEOUT_MS_DEFAULT = 30_000
-PRODUCE_TIMEOUT_MS_MAX = 300_000
-# Fetch long-poll: the longest a Fetch may wait for min_bytes.
-FETCH_MAX_WAIT_MS_MAX = 30_000
-FETCH_MAX_BYTES_DEFAULT = 50 * 1024 * 1024
-FETCH_PARTITION_MAX_BYTES_DEFAULT = 1024 * 1024
-
 # --- replication -----------------------------------------------------------
 # Kafka's replica.lag.time.max.ms: a follower not caught up for this long
 # leaves the ISR.
@@ -97,17 +124,7 @@ REPLICA_FETCH_EPOCH_RACE_BACKOFF_MS = 50
 # How often a leader checks its followers for ISR shrink.
 ISR_CHECK_INTERVAL_MS = 1_000
 
-# --- idempotent producers ---------------------------------------------------
-# The broker keeps the last this-many batches per producer id and partition (Kafka: 5,
-# enough for max.in.flight.requests.per.connection=5); a retry of an older batch is not
-# recognised. Writers that replay batches (the Spark writer) must stay within it.
-PRODUCER_BATCHES_KEPT = 5
-# Producer epochs are int16 in a batch header. Kafka (KIP-360) hands out a new producer id
-# instead of bumping an epoch past this, so an epoch never wraps around.
-PRODUCER_EPOCH_MAX = 2**15 - 2
-
 # --- topics ----------------------------------------------------------------
-TOPIC_NAME_MAX_CHARS = 249  # Kafka's limit: the name becomes a directory name.
 PARTITIONS_PER_TOPIC_MAX = 10_000
 # Replicas one broker may hold (Kafka's operational guidance: at most ~4,000 partitions per broker).
 # Every open replica holds file handles and memory; CreateTopics and CreatePartitions refuse to go
@@ -115,7 +132,6 @@ PARTITIONS_PER_TOPIC_MAX = 10_000
 REPLICAS_PER_BROKER_MAX = 4_000
 DEFAULT_NUM_PARTITIONS = 3
 DEFAULT_REPLICATION_FACTOR = 3
-DEFAULT_MIN_INSYNC_REPLICAS = 1
 
 # --- storage (partition logs) ------------------------------------------------
 # Open handles of inactive segment files (log, offset index, time index), for all the
@@ -134,12 +150,6 @@ OPEN_FILES_OTHER_MIN = 4_096
 # --- gateway ---------------------------------------------------------------
 # A Subscribe stream pushes at most this much per message.
 SUBSCRIBE_MAX_BYTES_DEFAULT = 1024 * 1024
-# Commit requests: bound the number of offsets one etcd transaction writes
-# (etcd's default --max-txn-ops is 128).
-COMMIT_OFFSETS_PER_REQUEST_MAX = 128
-# Kafka's offset.metadata.max.bytes: the free-text metadata stored with a committed offset.
-OFFSET_METADATA_MAX_CHARS = 4096
-
 # --- gateway: record-level calls (ProduceRecords, ConsumeRecords; docs/GRPC.md) ---------
 # Records in one ProduceRecords request. Each gets a RecordResult in the answer, and the
 # request is planned in one step on the event loop; 100,000 small records take ~0.3 s of it.

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import broker_pb2, common_pb2
-
-TopicPartitionKey = tuple[str, int]
 
 
 @dataclass

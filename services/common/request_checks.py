@@ -8,10 +8,9 @@ with INVALID_REQUEST.
 
 from __future__ import annotations
 
+from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import common_pb2
 from services.common import limits
-
-TopicPartitionKey = tuple[str, int]
 
 
 def produce_request_problem(request: common_pb2.ProduceRequest) -> str | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from services.common.errors import InvalidPartitions, InvalidReplicationFactor, check
+from clients.common.errors import InvalidPartitions, InvalidReplicationFactor, check
 
 
 def rack_alternating_order(broker_racks: Mapping[int, str]) -> list[int]:

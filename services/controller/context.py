@@ -20,11 +20,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from clients.common.errors import check
+from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import common_pb2
 from services.common import limits
-from services.common.errors import check
 
-TopicPartitionKey = tuple[str, int]
 NO_LEADER = -1
 
 

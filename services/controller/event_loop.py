@@ -22,6 +22,8 @@ from typing import Any
 
 import grpc
 
+from clients.common.errors import InvariantViolation
+from clients.common.topics import stored_topic_configs, topic_config_proto
 from coordinator.election import ControllerFenced, fenced_txn
 from coordinator.keys import Keys
 from coordinator.store import (
@@ -38,10 +40,8 @@ from coordinator.store import (
 )
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.common import limits
-from services.common.errors import InvariantViolation
 from services.common.peers import PeerChannels
 from services.common.server import halt_on_invariant_violation
-from services.common.topics import stored_topic_configs, topic_config_proto
 from services.controller import handlers, metrics, sender_rules
 from services.controller.context import (
     BrokerInfo,

@@ -25,9 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protos.highwater.v1 import common_pb2, controller_pb2
-from services.common import limits
-from services.common.errors import (
+from clients.common.errors import (
     ElectionNotNeeded,
     EligibleLeadersNotAvailable,
     HighwaterError,
@@ -40,7 +38,9 @@ from services.common.errors import (
     TopicAlreadyExists,
     UnknownTopicOrPartition,
 )
-from services.common.topics import topic_name_problem, validate_topic_configs
+from clients.common.topics import topic_name_problem, validate_topic_configs
+from protos.highwater.v1 import common_pb2, controller_pb2
+from services.common import limits
 from services.controller import elections
 from services.controller.assignment import assign_replicas
 from services.controller.context import (

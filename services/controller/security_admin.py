@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protos.highwater.v1 import common_pb2, controller_pb2
-from services.common.authz import (
+from services.security import tokens
+from services.security.authz import (
     ACL_BINDINGS_MAX,
     ACL_BINDINGS_PER_REQUEST_MAX,
     WILDCARD,
@@ -40,7 +41,6 @@ from services.common.authz import (
     AclError,
     AclFilter,
 )
-from services.security import tokens
 
 INVALID_REQUEST = common_pb2.INVALID_REQUEST
 

@@ -21,12 +21,12 @@ from typing import Any, TypeVar
 
 import grpc
 
+from clients.common.errors import HighwaterError
 from coordinator.acls import SecurityChange, acl_change, commit_security_changes, load_security
 from coordinator.election import ControllerElection, ControllerFenced, current_controller
 from coordinator.store import CoordinatorError, EtcdStore
 from protos.highwater.v1 import common_pb2, controller_pb2, controller_pb2_grpc
 from services.common import limits
-from services.common.errors import HighwaterError
 from services.common.peers import PeerChannels
 from services.common.request_checks import init_producer_id_problem
 from services.common.server import ServiceRuntime
@@ -357,7 +357,7 @@ def _security_change(write: security_admin.SecurityWrite) -> SecurityChange:
 
 
 def _config(configs: dict[str, str]) -> common_pb2.TopicConfig:
-    from services.common.topics import topic_config_proto
+    from clients.common.topics import topic_config_proto
 
     return topic_config_proto(configs)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
-from services.common.errors import check
+from clients.common.errors import check
 
 
 class ReplicaState(enum.Enum):

@@ -3,8 +3,8 @@ batches, and how answers are put together. Pure: no grpc, no asyncio, no clock.
 
 ProduceRecords lets a client in any language send plain records; the gateway then does
 what our Python Producer does on the client side (clients/producer.py): the same
-partitioner (clients/partitioner.py, Kafka's murmur2 for keyed records, sticky for
-keyless ones), the same codec (clients/records.py) and idempotent batches. The servicer
+partitioner (clients/common/partitioner.py, Kafka's murmur2 for keyed records, sticky for
+keyless ones), the same codec (clients/common/records.py) and idempotent batches. The servicer
 (server.py) owns the I/O: producer ids, per-partition sequence numbers, sending.
 ConsumeRecords turns fetched batches back into records (`consumed_records`).
 """
@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from clients.partitioner import StickyPartitioner, partition_for_key
-from clients.records import COMPRESSION_CODES, Record, decode_batches, encode_batch
+from clients.common.errors import check
+from clients.common.partitioner import StickyPartitioner, partition_for_key
+from clients.common.records import COMPRESSION_CODES, Record, decode_batches, encode_batch
 from protos.highwater.v1 import common_pb2, gateway_pb2
 from services.common import limits
-from services.common.errors import check
 
 # Bytes a record adds to a batch beyond its protobuf size: its length, attributes,
 # timestamp and offset deltas and header count (varints, at most ~25 together).
@@ -186,7 +186,7 @@ def consumed_records(
 ) -> list[gateway_pb2.ConsumedRecord]:
     """The records of fetched batches at or past `from_offset` (a fetch may start mid-batch).
 
-    Raises CorruptMessage (services/common/errors.py) for bytes a consumer cannot decode.
+    Raises CorruptMessage (clients/common/errors.py) for bytes a consumer cannot decode.
     """
     out = []
     for record in decode_batches(data):

@@ -31,8 +31,8 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from clients.config import BATCH_SIZE_BYTES_DEFAULT
-from clients.partitioner import StickyPartitioner
+from clients.common.limits import BATCH_SIZE_BYTES_DEFAULT
+from clients.common.partitioner import StickyPartitioner
 from protos.highwater.v1 import common_pb2, gateway_pb2
 from services.common import limits
 from services.common.metadata_cache import MetadataCache

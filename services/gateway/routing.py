@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from clients.common.errors import check
+from clients.common.record_batch import iter_batch_headers
+from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import common_pb2
-from services.common.errors import check
 from services.common.metadata_cache import MetadataCache
-from services.common.record_batch import iter_batch_headers
-
-TopicPartitionKey = tuple[str, int]
 
 
 @dataclass

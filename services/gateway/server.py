@@ -22,18 +22,19 @@ from typing import Any
 
 import grpc
 
+from clients.common import errors
+from clients.common.errors import CorruptMessage
+from clients.common.record_batch import iter_batch_headers
+from clients.common.topics import group_id_problem
 from coordinator.election import current_controller
 from coordinator.registration import register_gateway, register_waiting_for_old_lease
 from coordinator.store import EtcdStore, Put
 from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common import limits
-from services.common.errors import CorruptMessage
 from services.common.metadata_cache import MetadataCache
 from services.common.peers import PeerChannels
-from services.common.record_batch import iter_batch_headers
 from services.common.request_checks import consumer_fetch_problem, produce_request_problem
 from services.common.server import ServiceRuntime
-from services.common.topics import group_id_problem
 from services.gateway import metrics, record_level, routing
 from services.gateway.record_producer import RecordProducer
 from services.security.config import SecurityConfig
@@ -41,14 +42,11 @@ from services.security.runtime import ServiceSecurity
 
 log = logging.getLogger("highwater.gateway")
 
-RETRIABLE_ROUTING_CODES = frozenset(
-    {
-        common_pb2.NOT_LEADER_OR_FOLLOWER,
-        common_pb2.LEADER_NOT_AVAILABLE,
-        common_pb2.FENCED_LEADER_EPOCH,
-        common_pb2.UNKNOWN_LEADER_EPOCH,
-    }
-)
+# Per-partition answers the gateway retries itself (within the request's deadline), after
+# refreshing metadata: the error flags' policy, except UNKNOWN_TOPIC_OR_PARTITION, which the
+# gateway's own metadata already decided (a leader saying it goes back to the client, whose
+# retry policy waits for a topic still being created).
+RETRIABLE_ROUTING_CODES = errors.RETRIABLE_AFTER_REFRESH_CODES - {common_pb2.UNKNOWN_TOPIC_OR_PARTITION}
 # Between two routing attempts of one request.
 ROUTING_RETRY_BACKOFF_MS = 100
 # The least time between two metadata pulls from the controller.

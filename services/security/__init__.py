@@ -16,6 +16,6 @@ Everything is off unless a flag turns it on (docs/SECURITY.md). The pieces:
 - `client.py`    TLS and token credentials for the client library.
 - `cli_options.py` the service commands' security flags (`@security_options`).
 
-The decision logic itself is pure: services/common/authz.py (the ACL
-authorizer) and services/common/quotas.py (byte-rate quotas).
+The decision logic itself is pure: services/security/authz.py (the ACL
+authorizer) and services/security/quotas.py (byte-rate quotas).
 """

@@ -21,8 +21,8 @@ from typing import Any
 
 from coordinator.acls import SecurityChange, load_security, watch_security
 from coordinator.store import CoordinatorError, MetadataStore
-from services.common.authz import AclBinding, AclError, Authorizer
 from services.security import tokens
+from services.security.authz import AclBinding, AclError, Authorizer
 
 log = logging.getLogger("highwater.security")
 

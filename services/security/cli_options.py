@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from services.common.authz import AclError, parse_super_users
+from services.security.authz import AclError, parse_super_users
 from services.security.config import AUTHORIZERS, SecurityConfig
 
 

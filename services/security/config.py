@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from clients.common.errors import check
 from services.common import limits
-from services.common.authz import AclError, check_principal
-from services.common.errors import check
+from services.security.authz import AclError, check_principal
 from services.security.identity import parse_service_name
 from services.security.tokens import TOKEN_CHARS_MAX
 

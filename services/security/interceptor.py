@@ -38,11 +38,11 @@ from typing import Any, Protocol
 import grpc
 import prometheus_client
 
-from services.common.authz import Authorizer, check_principal
 from services.common.interceptors import WrappingInterceptor
-from services.common.quotas import QuotaKind, QuotaManager
 from services.security import rules, tokens
+from services.security.authz import Authorizer, check_principal
 from services.security.identity import ANONYMOUS_CALLER, Caller, parse_service_name
+from services.security.quotas import QuotaKind, QuotaManager
 
 log = logging.getLogger("highwater.security")
 

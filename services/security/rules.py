@@ -42,8 +42,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from clients.common.record_batch import iter_batch_headers
 from protos.highwater.v1 import broker_pb2, common_pb2, gateway_pb2
-from services.common.authz import (
+from services.security.authz import (
     CLUSTER,
     Authorizer,
     Operation,
@@ -52,7 +53,6 @@ from services.common.authz import (
     group,
     topic,
 )
-from services.common.record_batch import iter_batch_headers
 from services.security.identity import Caller
 
 TOPIC_AUTHORIZATION_FAILED = common_pb2.TOPIC_AUTHORIZATION_FAILED

@@ -33,7 +33,6 @@ from grpc_health.v1 import health_pb2
 from coordinator.store import MetadataStore
 from services.common import limits
 from services.common.interceptors import method_name
-from services.common.quotas import QuotaManager
 from services.security import channels, rules, tokens
 from services.security.cache import SecurityCache
 from services.security.config import SecurityConfig
@@ -46,6 +45,7 @@ from services.security.interceptor import (
     SecurityInterceptor,
     TokenVerifier,
 )
+from services.security.quotas import QuotaManager
 from services.security.tls import TlsMaterial
 
 log = logging.getLogger("highwater.security")

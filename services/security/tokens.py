@@ -27,7 +27,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from clients.tokens import (  # noqa: F401  (the token format, shared with the client library)
+from clients.common.tokens import (  # noqa: F401  (the token format, shared with the client library)
     TOKEN_CHARS_MAX,
     TOKEN_DESCRIPTION_CHARS_MAX,
     TOKEN_ID_CHARS_MAX,
@@ -38,7 +38,7 @@ from clients.tokens import (  # noqa: F401  (the token format, shared with the c
     parse_token,
     token_id_of,
 )
-from services.common.authz import check_principal
+from services.security.authz import check_principal
 from services.security.identity import is_reserved_principal
 
 TOKEN_ID_BYTES = 8

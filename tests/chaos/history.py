@@ -21,7 +21,8 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-TopicPartitionKey = tuple[str, int]
+from clients.common.types import TopicPartitionKey
+
 # The outcome of a write the gateway answered without an error code; others are ErrorCode names.
 ACKNOWLEDGED = "NONE"
 # The outcome of a write whose gRPC call itself failed (the gateway unreachable or too slow).

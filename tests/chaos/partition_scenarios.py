@@ -57,7 +57,7 @@ from pathlib import Path
 
 import grpc
 
-from clients.local_cluster import Placement
+from clients.tools.local_cluster import Placement
 from protos.highwater.v1 import broker_pb2_grpc, common_pb2
 from tests.chaos import workload
 from tests.chaos.history import ACKNOWLEDGED, RPC_FAILED, History, check, check_replicas

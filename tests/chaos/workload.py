@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 
 import grpc
 
-from clients.local_cluster import LocalCluster
-from clients.records import decode_batches
+from clients.common.records import decode_batches
+from clients.tools.local_cluster import LocalCluster
 from protos.highwater.v1 import common_pb2
 from tests.chaos.history import ACKNOWLEDGED, RPC_FAILED, History
 from tests.integration.helpers import gateway_stub, produce

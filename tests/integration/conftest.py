@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.local_cluster import LocalCluster
+from clients.tools.local_cluster import LocalCluster
 
 TEST_LEASE_TTL_S = 3
 

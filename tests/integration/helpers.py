@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import grpc
 
-from clients.records import Record, decode_batches, encode_batch
+from clients.common.records import Record, decode_batches, encode_batch
 from coordinator.store import EtcdStore
 from protos.highwater.v1 import common_pb2, gateway_pb2_grpc
 

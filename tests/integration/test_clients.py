@@ -23,9 +23,9 @@ from clients import (
     Producer,
     TopicPartition,
 )
-from clients.cli import cli
-from clients.partitioner import partition_for_key
-from services.common import errors
+from clients.common import errors
+from clients.common.partitioner import partition_for_key
+from clients.tools.cli import cli
 
 pytestmark = pytest.mark.integration
 

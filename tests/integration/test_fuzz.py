@@ -53,10 +53,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clients.records import COMPRESSION_CODES, Record, decode_batches, encode_batch
-from clients.tls import ClientTls
-from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2, gateway_pb2, gateway_pb2_grpc
-from services.common.record_batch import (
+from clients.common.record_batch import (
     ATTRIBUTES_POS,
     BATCH_HEADER_SIZE,
     BATCH_LENGTH_POS,
@@ -66,6 +63,9 @@ from services.common.record_batch import (
     LOG_OVERHEAD,
     RECORDS_COUNT_POS,
 )
+from clients.common.records import COMPRESSION_CODES, Record, decode_batches, encode_batch
+from clients.tls import ClientTls
+from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.integration.conftest import TEST_LEASE_TTL_S, TestCluster
 from tests.integration.test_security import acl
 

@@ -23,7 +23,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from clients.records import Record, encode_batch
+from clients.common.records import Record, encode_batch
 from clients.tls import ClientTls
 from coordinator.acls import put_token
 from coordinator.store import EtcdStore

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from clients.status import status_command
+from clients.tools.status import status_command
 from coordinator.etcd_server import free_port
 from protos.highwater.v1 import common_pb2
 from tests.integration.conftest import TEST_LEASE_TTL_S, TestCluster

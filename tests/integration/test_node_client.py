@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.partitioner import partition_for_key
+from clients.common.partitioner import partition_for_key
 
 pytestmark = pytest.mark.integration
 

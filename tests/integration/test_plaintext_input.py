@@ -14,15 +14,15 @@ import grpc
 import pytest
 from crc32c import crc32c
 
-from clients.records import Record, decode_batches, encode_batch
-from protos.highwater.v1 import common_pb2
-from services.common.record_batch import (
+from clients.common.record_batch import (
     ATTRIBUTES_POS,
     CRC_POS,
     CRC_START_POS,
     LAST_OFFSET_DELTA_POS,
     RECORDS_COUNT_POS,
 )
+from clients.common.records import Record, decode_batches, encode_batch
+from protos.highwater.v1 import common_pb2
 from tests.integration.conftest import TestCluster
 from tests.integration.helpers import create_topic, gateway_stub, produce, wait_for
 

@@ -12,7 +12,7 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from grpc_reflection.v1alpha import reflection_pb2
 
-from clients.partitioner import partition_for_key
+from clients.common.partitioner import partition_for_key
 from protos.highwater.v1 import common_pb2, gateway_pb2
 from tests.integration.helpers import create_topic, gateway_stub
 

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from clients.records import Record, encode_batch
+from clients.common.record_batch import iter_batch_headers
+from clients.common.records import Record, encode_batch
 from coordinator.store import EtcdStore, KeyValue
 from protos.highwater.v1 import common_pb2
-from services.common.record_batch import iter_batch_headers
 from tests.integration.conftest import TEST_LEASE_TTL_S
 from tests.integration.helpers import (
     create_topic,

@@ -34,11 +34,11 @@ import pytest
 from click.testing import CliRunner
 
 from clients.admin import Admin
-from clients.cli import cli
+from clients.common.records import Record, decode_batches, encode_batch
 from clients.errors import HighwaterError
 from clients.producer import Producer
-from clients.records import Record, decode_batches, encode_batch
 from clients.tls import ClientTls
+from clients.tools.cli import cli
 from coordinator.acls import load_security
 from coordinator.store import CoordinatorUnavailable, EtcdStore, EtcdTls
 from protos.highwater.v1 import (

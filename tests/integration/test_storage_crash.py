@@ -23,9 +23,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from clients.common.record_batch import BatchHeader, iter_batch_headers, valid_prefix
 from protos.highwater.v1 import common_pb2
 from services.broker.log.checkpoints import CLEAN_SHUTDOWN_MARKER
-from services.common.record_batch import BatchHeader, iter_batch_headers, valid_prefix
 from tests.integration.conftest import TEST_LEASE_TTL_S
 from tests.integration.helpers import (
     create_topic,

@@ -61,10 +61,11 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from clients.records import decode_batches
+from clients.common.record_batch import iter_batch_headers
+from clients.common.records import decode_batches
+from clients.common.types import TopicPartitionKey
 from coordinator.store import WatchEvent
 from services.broker.partition import Partition, Role
-from services.common.record_batch import iter_batch_headers
 from services.controller.context import LeaderAndIsr, TopicInfo
 from tests.sim.clock import EventLoop, Node
 from tests.sim.sim_etcd import SimEtcd, run_sync
@@ -74,7 +75,6 @@ if TYPE_CHECKING:
     from tests.sim.sim_controller import SimController
     from tests.sim.workload import Consumer, Producer
 
-TopicPartitionKey = tuple[str, int]
 
 # Bytes read per call when the final check reads a whole log.
 FINAL_READ_BYTES = 1 << 20

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from clients.common.types import TopicPartitionKey
 from coordinator.election import current_controller
 from coordinator.store import CoordinatorError, Get, Put, compare_missing, json_bytes
 from services.broker.core import BrokerCore
@@ -53,7 +54,6 @@ from tests.sim.sim_etcd import SimEtcd, SimLease, run_sync
 if TYPE_CHECKING:
     from tests.sim.checker import Checker
 
-TopicPartitionKey = tuple[str, int]
 
 # Bytes of log between offset-index entries in simulated logs (LogConfig's default is 4096):
 # the same lookup logic, shorter header scans per read (our batches are ~100 bytes).

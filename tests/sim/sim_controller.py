@@ -26,11 +26,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from clients.common.errors import HighwaterError, InvariantViolation
 from coordinator.election import ControllerFenced
 from coordinator.memory_store import MemoryWatch
 from coordinator.store import CoordinatorError, Get, Put, compare_missing, compare_mod_revision, json_bytes
 from protos.highwater.v1 import common_pb2, controller_pb2
-from services.common.errors import HighwaterError, InvariantViolation
 from services.controller import handlers, sender_rules
 from services.controller.context import BrokerInfo, ControllerContext
 from services.controller.event_loop import ControllerEventLoop

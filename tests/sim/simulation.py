@@ -26,7 +26,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from services.common.errors import InvariantViolation
+from clients.common.errors import InvariantViolation
 from tests.sim.checker import Checker, InvariantBroken
 from tests.sim.clock import TRACE_LINES_DEFAULT, EventLoop
 from tests.sim.config import PROFILES, ClusterShape, Safety, SimConfig

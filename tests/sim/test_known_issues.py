@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from clients.records import encode_values
+from clients.common.records import encode_values
 from protos.highwater.v1 import common_pb2, controller_pb2
 from services.broker.core import BrokerCore
 from services.broker.fetch_state import truncation_offset

@@ -31,7 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from clients.records import encode_values
+from clients.common.records import encode_values
+from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import common_pb2
 from tests.sim.checker import decode_records
 from tests.sim.clock import EventLoop
@@ -42,7 +43,6 @@ from tests.sim.sim_broker import SimBroker, broker_node, controller_node
 if TYPE_CHECKING:
     from tests.sim.checker import Checker
 
-TopicPartitionKey = tuple[str, int]
 
 # A failed batch is sent again this many times before the producer gives up on it.
 PRODUCE_ATTEMPTS_MAX = 4

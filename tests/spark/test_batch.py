@@ -153,7 +153,7 @@ def test_batch_write_then_read_back(spark: Any, cluster: TestCluster) -> None:
         if i < 100:
             assert row.partition == 2  # the partition column wins
     # Rows without a partition go where Kafka's producer would put their key (murmur2).
-    from clients.partitioner import partition_for_key
+    from clients.common.partitioner import partition_for_key
 
     assert all(r.partition == partition_for_key(r.key, 3) for r in rows if int(r.value[6:]) >= 100)
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
-from clients.records import Record, encode_batch
+from clients.common.records import Record, encode_batch
 from protos.highwater.v1 import common_pb2
 from spark_connector.gateway import GatewayClient
 from spark_connector.options import ClientSettings

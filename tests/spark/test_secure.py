@@ -23,8 +23,8 @@ from click.testing import CliRunner
 from pyspark.sql import functions as F
 
 from clients.admin import Admin
-from clients.cli import cli
 from clients.consumer import Consumer
+from clients.tools.cli import cli
 from clients.types import TopicPartition
 from protos.highwater.v1 import common_pb2
 from spark_connector.gateway import GatewayClient

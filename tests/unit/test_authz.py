@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2, gateway_pb2
-from services.common.authz import (
+from services.security import rules, tokens
+from services.security.authz import (
     CLUSTER,
     AclBinding,
     AclError,
@@ -23,9 +24,8 @@ from services.common.authz import (
     parse_super_users,
     topic,
 )
-from services.common.quotas import QuotaKind, QuotaManager
-from services.security import rules, tokens
 from services.security.identity import Caller, ServiceIdentity, is_reserved_principal, parse_service_name
+from services.security.quotas import QuotaKind, QuotaManager
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -209,7 +209,7 @@ def access(caller: Caller = ALICE, authorizer: Authorizer | None = AUTHZ) -> rul
 
 
 def batch(records: int) -> bytes:
-    from clients.records import Record, encode_batch
+    from clients.common.records import Record, encode_batch
 
     return encode_batch([Record(None, b"v", [], 0) for _ in range(records)])
 
@@ -422,7 +422,7 @@ def test_security_admin_calls_carry_the_clients_principal_to_the_controller() ->
 
 
 def test_acl_filters_match_a_principal_and_everyone_and_patterns_that_cover_a_resource() -> None:
-    from services.common.authz import AclError, AclFilter
+    from services.security.authz import AclError, AclFilter
 
     bindings = [
         acl("User:alice", "Read", "Topic", "orders"),
@@ -477,8 +477,8 @@ def test_every_rpc_of_every_service_has_a_rule() -> None:
 @pytest.mark.parametrize(
     "module",
     [
-        "services/common/authz.py",
-        "services/common/quotas.py",
+        "services/security/authz.py",
+        "services/security/quotas.py",
         "services/security/identity.py",
         "services/security/tokens.py",
     ],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clients.records import Record, decode_batches, encode_batch
+from clients.common.records import Record, decode_batches, encode_batch
 from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2
 from services.broker.core import PARTITION_METADATA_FILE, RUN_MARKER_FILE
 from services.broker.log import MemoryStorage

@@ -1,4 +1,4 @@
-"""clients.columnar against clients.records.decode_batches: same rows, same refusals.
+"""spark_connector.columnar against clients.common.records.decode_batches: same rows, same refusals.
 
 decode_batches (aiokafka's compiled codec, one object per record) is the reference: on
 random batches — every codec, null keys and values, headers, LogAppendTime, control
@@ -21,22 +21,22 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("numba", reason="clients.columnar needs numba (pip install -e '.[dev]')")
+pytest.importorskip("numba", reason="spark_connector.columnar needs numba (pip install -e '.[dev]')")
 
 import pyarrow as pa
 from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clients.columnar import ARROW_BINARY_BYTES_MAX, HEADERS_TYPE, RecordColumns, decode_columns
-from clients.records import COMPRESSION_CODES, Record, decode_batches, encode_batch
-from services.common.errors import CorruptMessage
-from services.common.record_batch import (
+from clients.common.errors import CorruptMessage
+from clients.common.record_batch import (
     ATTRIBUTES_POS,
     CRC_POS,
     MAX_TIMESTAMP_POS,
     RECORDS_COUNT_POS,
 )
+from clients.common.records import COMPRESSION_CODES, Record, decode_batches, encode_batch
+from spark_connector.columnar import ARROW_BINARY_BYTES_MAX, HEADERS_TYPE, RecordColumns, decode_columns
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CODECS = list(COMPRESSION_CODES)
@@ -361,9 +361,9 @@ def test_limits_are_consistent() -> None:
 BOUNDSCHECK_SCRIPT = r"""
 import random, struct
 from crc32c import crc32c
-from clients.columnar import decode_columns
-from clients.records import encode_batch
-from services.common.errors import CorruptMessage
+from spark_connector.columnar import decode_columns
+from clients.common.records import encode_batch
+from clients.common.errors import CorruptMessage
 rng = random.Random(7)
 ok = corrupt = 0
 for i in range(3000):

@@ -428,7 +428,7 @@ def test_leader_epoch_never_decreases_when_replaying():
     ctx = context([1])
     with_topic(ctx, "t", {0: (1,)})
     commit(ctx, handlers.ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(1, 3, (1,), 5, 2), 1)]))
-    from services.common.errors import InvariantViolation
+    from clients.common.errors import InvariantViolation
 
     with pytest.raises(InvariantViolation, match="would go back"):
         handlers.apply_write(ctx, StateWrite(("t", 0), LeaderAndIsr(1, 2, (1,), 5, 3), 2))

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from clients.records import Record, decode_batches, encode_batch
+from clients.common.records import Record, decode_batches, encode_batch
 from protos.highwater.v1 import common_pb2
 from services.broker.fetch_state import FetchPhase
 from services.broker.fetcher_core import FETCHER_EMPTY_WAIT_MS, FetcherCore

@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from clients.records import decode_batches, encode_values
+from clients.common.record_batch import iter_batch_headers
+from clients.common.records import decode_batches, encode_values
 from services.broker.log import FileStorage, Log, LogConfig, MemoryStorage
 from services.broker.log.storage import Storage
-from services.common.record_batch import iter_batch_headers
 
 CONFIG = LogConfig(
     segment_bytes=600,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from clients.records import Record, encode_batch
+from clients.common.errors import InvariantViolation, NotEnoughReplicas, NotLeaderOrFollower
+from clients.common.records import Record, encode_batch
 from services.broker.fetch_state import FetchPhase, PartitionFetchState, truncation_offset
 from services.broker.log import Log, LogConfig, MemoryStorage
 from services.broker.partition import LeaderAndIsrState, Partition, Role
-from services.common.errors import InvariantViolation, NotEnoughReplicas, NotLeaderOrFollower
 
 
 def batch(n: int = 1) -> bytes:

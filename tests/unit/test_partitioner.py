@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from clients.partitioner import StickyPartitioner, murmur2, partition_for_key, to_positive
+from clients.common.partitioner import StickyPartitioner, murmur2, partition_for_key, to_positive
 
 KAFKA_MURMUR2_VECTORS = [
     (b"21", -973932308),

@@ -16,18 +16,17 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
-from clients import records
 from clients.accumulator import RecordAccumulator
+from clients.common import errors, records
+from clients.common.partitioner import partition_for_key
+from clients.common.record_batch import iter_batch_headers
 from clients.errors import ClientClosed, GatewayUnavailable, InvalidArgument, MessageTooLarge, RequestTimedOut
 from clients.idempotence import SEQUENCE_MODULUS, IdempotenceState
 from clients.loop_thread import LoopThread
-from clients.partitioner import partition_for_key
 from clients.producer import AsyncProducer, Producer
 from clients.sender import backoff_ms
 from clients.types import RecordMetadata, TopicPartition
 from protos.highwater.v1 import common_pb2, gateway_pb2_grpc
-from services.common import errors
-from services.common.record_batch import iter_batch_headers
 
 TP0 = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)

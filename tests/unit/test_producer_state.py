@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from clients.records import Record, encode_batch
+from clients.common.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber
+from clients.common.records import Record, encode_batch
 from services.broker.log import Log, LogConfig, MemoryStorage
 from services.broker.partition import LeaderAndIsrState, Partition
-from services.common.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber
 
 
 def batch(producer_id: int, epoch: int, first_seq: int, n: int = 2) -> bytes:

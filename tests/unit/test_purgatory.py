@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clients.records import Record, encode_batch
+from clients.common.records import Record, encode_batch
 from protos.highwater.v1 import common_pb2
 from services.broker.log import Log, LogConfig, MemoryStorage
 from services.broker.partition import LeaderAndIsrState, Partition

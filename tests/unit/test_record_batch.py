@@ -7,9 +7,8 @@ import struct
 import pytest
 from crc32c import crc32c
 
-from clients.records import encode_batch, encode_values
-from services.common.errors import CorruptMessage, InvariantViolation, MessageTooLarge
-from services.common.record_batch import (
+from clients.common.errors import CorruptMessage, InvariantViolation, MessageTooLarge
+from clients.common.record_batch import (
     ATTRIBUTES_POS,
     BASE_OFFSET_POS,
     BATCH_HEADER_SIZE,
@@ -24,6 +23,7 @@ from services.common.record_batch import (
     valid_prefix,
     validate_batches,
 )
+from clients.common.records import encode_batch, encode_values
 
 LIMIT = 1024 * 1024
 

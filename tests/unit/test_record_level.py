@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import random
 
-from clients.partitioner import StickyPartitioner, partition_for_key
-from clients.records import decode_batches
+from clients.common.partitioner import StickyPartitioner, partition_for_key
+from clients.common.record_batch import iter_batch_headers
+from clients.common.records import decode_batches
 from protos.highwater.v1 import common_pb2, gateway_pb2
 from services.common import limits
-from services.common.record_batch import iter_batch_headers
 from services.gateway import record_level
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from protos.highwater.v1 import common_pb2, gateway_pb2
-from services.common.authz import AclBinding, Authorizer
 from services.security import rules
+from services.security.authz import AclBinding, Authorizer
 from services.security.identity import Caller
 
 ALICE = Caller("User:alice", authenticated_by="certificate")

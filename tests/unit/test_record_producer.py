@@ -9,10 +9,10 @@ import dataclasses
 
 import pytest
 
+from clients.common.record_batch import BatchHeader, iter_batch_headers
 from protos.highwater.v1 import common_pb2, gateway_pb2
 from services.broker.producer_state import ProducerStateManager
 from services.common.metadata_cache import MetadataCache
-from services.common.record_batch import BatchHeader, iter_batch_headers
 from services.gateway.record_producer import RecordProducer
 
 TOPIC = "t"

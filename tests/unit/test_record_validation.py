@@ -1,4 +1,4 @@
-"""The leader's check of a produced batch's records (services/common/record_validation.py, issue 17).
+"""The leader's check of a produced batch's records (clients/common/record_validation.py, issue 17).
 
 A batch with a valid CRC but contents no consumer can read ("poison batch") used to be
 stored, and every consumer of the partition then stopped for good. Each test here builds
@@ -20,19 +20,14 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clients.columnar import decode_columns
-from clients.records import COMPRESSION_CODES, Record, decode_batches, encode_batch, encode_values
-from services.broker.log import Log, LogConfig, MemoryStorage
-from services.broker.partition import LeaderAndIsrState, Partition
-from services.common import limits
-from services.common.errors import (
+from clients.common.errors import (
     CorruptMessage,
     HighwaterError,
     InvalidRecord,
     InvalidTimestamp,
     MessageTooLarge,
 )
-from services.common.record_batch import (
+from clients.common.record_batch import (
     ATTRIBUTES_POS,
     BATCH_HEADER_SIZE,
     BATCH_LENGTH_POS,
@@ -46,7 +41,12 @@ from services.common.record_batch import (
     parse_header,
     validate_batches,
 )
-from services.common.record_validation import TimestampRules, validate_records
+from clients.common.record_validation import TimestampRules, validate_records
+from clients.common.records import COMPRESSION_CODES, Record, decode_batches, encode_batch, encode_values
+from services.broker.log import Log, LogConfig, MemoryStorage
+from services.broker.partition import LeaderAndIsrState, Partition
+from clients.common import limits
+from spark_connector.columnar import decode_columns
 
 NOW_MS = 1_700_000_000_000
 HOUR_MS = 3_600_000
@@ -391,10 +391,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BOUNDSCHECK_SCRIPT = r"""
 import random, struct
 from crc32c import crc32c
-from clients.records import Record, encode_batch
-from services.common.errors import HighwaterError
-from services.common.record_batch import validate_batches
-from services.common.record_validation import TimestampRules, validate_records
+from clients.common.records import Record, encode_batch
+from clients.common.errors import HighwaterError
+from clients.common.record_batch import validate_batches
+from clients.common.record_validation import TimestampRules, validate_records
 rng = random.Random(11)
 rules = TimestampRules(False, 2**63 - 1, 2**63 - 1)
 ok = refused = 0

@@ -8,9 +8,9 @@ import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from crc32c import crc32c
 
-from clients.records import Record, codec_is_accelerated, decode_batches, encode_batch, encode_values
-from services.common.errors import CorruptMessage, InvalidRequest
-from services.common.record_batch import ATTRIBUTES_POS, CRC_POS, assign_offsets, validate_batches
+from clients.common.errors import CorruptMessage, InvalidRequest
+from clients.common.record_batch import ATTRIBUTES_POS, CRC_POS, assign_offsets, validate_batches
+from clients.common.records import Record, codec_is_accelerated, decode_batches, encode_batch, encode_values
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 LIMIT = 1024 * 1024

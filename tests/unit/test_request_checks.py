@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from clients.common.topics import group_id_problem
 from clients.config import check_group_id
 from clients.errors import InvalidArgument
 from protos.highwater.v1 import common_pb2
 from services.common.request_checks import consumer_fetch_problem, produce_request_problem
-from services.common.topics import group_id_problem
 
 
 def produce(

@@ -18,7 +18,10 @@ import pytest
 from coordinator.acls import load_security, put_token
 from coordinator.memory_store import MemoryStore
 from protos.highwater.v1 import common_pb2, controller_pb2
-from services.common.authz import (
+from services.controller import security_admin
+from services.controller.security_admin import AclWrite, SecurityState, TokenWrite
+from services.security import tokens
+from services.security.authz import (
     ACL_BINDINGS_MAX,
     ACL_BINDINGS_PER_REQUEST_MAX,
     AclBinding,
@@ -26,9 +29,6 @@ from services.common.authz import (
     Operation,
     topic,
 )
-from services.controller import security_admin
-from services.controller.security_admin import AclWrite, SecurityState, TokenWrite
-from services.security import tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 NONE = common_pb2.NONE

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from clients.records import decode_batches, encode_values
+from clients.common.errors import InvariantViolation, StorageError
+from clients.common.records import decode_batches, encode_values
 from services.broker.log import FileStorage, Log, LogConfig, MemoryStorage
 from services.broker.log.storage import open_real_file_count
-from services.common.errors import InvariantViolation, StorageError
 from services.common.limits import OPEN_SEGMENT_FILES_MAX
 
 # The smallest segment a topic may ask for: about four of the batches below per segment.

@@ -1,21 +1,21 @@
-"""Topic names and the topic-config schema (services/common/topics.py), and where they are enforced."""
+"""Topic names and the topic-config schema (clients/common/topics.py), and where they are enforced."""
 
 from __future__ import annotations
 
 import pytest
 
-from clients.config import check_topic_name
-from clients.errors import InvalidArgument
-from protos.highwater.v1 import common_pb2
-from services.broker.core import log_config_from
-from services.common.errors import InvalidConfig
-from services.common.topics import (
+from clients.common.errors import InvalidConfig
+from clients.common.topics import (
     TOPIC_CONFIG_SCHEMA,
     stored_topic_configs,
     topic_config_proto,
     topic_name_problem,
     validate_topic_configs,
 )
+from clients.config import check_topic_name
+from clients.errors import InvalidArgument
+from protos.highwater.v1 import common_pb2
+from services.broker.core import log_config_from
 from spark_connector.options import OptionError, check_topic
 
 

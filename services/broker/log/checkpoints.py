@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from services.common.errors import StorageError
+from clients.common.errors import StorageError
+from clients.common.types import TopicPartitionKey
 
 from .storage import Storage
 
@@ -86,9 +87,6 @@ def read_offset(storage: Storage, path: str) -> int | None:
     if len(entries) != 1:
         raise StorageError(f"checkpoint {path} holds {len(entries)} values, expected 1")
     return entries[0][0]
-
-
-TopicPartitionKey = tuple[str, int]
 
 
 class HighWatermarkCheckpoint:

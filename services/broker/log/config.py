@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.errors import InvalidConfig
-from services.common.record_batch import BATCH_HEADER_SIZE, TIMESTAMP_TYPES
+from clients.common.errors import InvalidConfig
+from clients.common.record_batch import BATCH_HEADER_SIZE, TIMESTAMP_TYPES
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -49,7 +49,7 @@ class LogConfig:
     flush_ms: int | None = None
     # Kafka's message.timestamp.type: CreateTime keeps the producer's record timestamps;
     # LogAppendTime makes the leader's clock every record's timestamp (the leader writes it
-    # into each batch's max_timestamp; services/common/record_validation.py).
+    # into each batch's max_timestamp; clients/common/record_validation.py).
     message_timestamp_type: str = "CreateTime"
     # How far behind the leader's clock a CreateTime record's timestamp may be (Kafka's
     # message.timestamp.before.max.ms; its default, Long.MAX_VALUE, is no limit).

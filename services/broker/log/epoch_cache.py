@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 
-from services.common.errors import check
+from clients.common.errors import check
 
 UNDEFINED_EPOCH = -1
 UNDEFINED_EPOCH_OFFSET = -1

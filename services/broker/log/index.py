@@ -22,7 +22,7 @@ import bisect
 import struct
 from array import array
 
-from services.common.errors import check
+from clients.common.errors import check
 
 from .storage import StorageFile
 

@@ -2,7 +2,7 @@
 
 DESIGN.md section 5. Offsets are half-open: the log holds [log_start_offset,
 log_end_offset); the LEO is the next offset to be written. The broker never decodes
-records: appends are checked and stamped per batch (services/common/record_batch.py)
+records: appends are checked and stamped per batch (clients/common/record_batch.py)
 and reads return file bytes, whole batches only.
 
 Invariants kept here (DESIGN.md section 8):
@@ -36,8 +36,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.errors import OffsetOutOfRange, StorageError, check
-from services.common.record_batch import (
+from clients.common.errors import OffsetOutOfRange, StorageError, check
+from clients.common.record_batch import (
     BatchHeader,
     Buffer,
     assign_offsets,

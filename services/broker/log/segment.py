@@ -24,8 +24,8 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from services.common.errors import check
-from services.common.record_batch import (
+from clients.common.errors import check
+from clients.common.record_batch import (
     BATCH_HEADER_SIZE,
     MIN_BATCH_LENGTH,
     BatchHeader,

@@ -31,7 +31,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Protocol
 
-from services.common.errors import StorageError, check
+from clients.common.errors import StorageError, check
 from services.common.limits import OPEN_SEGMENT_FILES_MAX
 
 Buffer = bytes | bytearray | memoryview

@@ -1,6 +1,6 @@
 """Kafka RecordBatch v2 bytes -> Arrow columns, with no Python object per record.
 
-The Spark reader's decoder (spark_connector/reader.py). `clients.records.decode_batches`
+The Spark reader's decoder (spark_connector/reader.py). `clients.common.records.decode_batches`
 builds a `Record` per record, ~1.5 µs each, which capped a Spark task at ~0.65 M
 records/s (bench/RESULTS.md, "Spark connector"); this module turns the bytes of one
 Fetch response straight into the Arrow arrays Spark takes:
@@ -52,8 +52,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from services.common.errors import CorruptMessage, MessageTooLarge
-from services.common.record_batch import (
+from clients.common.errors import CorruptMessage, MessageTooLarge
+from clients.common.record_batch import (
     ATTRIBUTES_POS,
     BASE_OFFSET_POS,
     BATCH_HEADER_SIZE,
@@ -71,8 +71,8 @@ from services.common.record_batch import (
 # The varint and UTF-8 kernels are the broker's record check's (one definition of the
 # grammar's pieces). numba's cache of this file's kernels is keyed on this file only: after
 # changing those two, clear __pycache__/*.nbi|*.nbc here too.
-from services.common.record_validation import read_varint as _varint
-from services.common.record_validation import utf8_valid as _utf8_valid
+from clients.common.record_validation import read_varint as _varint
+from clients.common.record_validation import utf8_valid as _utf8_valid
 
 # --- limits -----------------------------------------------------------------------------
 # The largest offset a range may end at (exclusive): "no end".

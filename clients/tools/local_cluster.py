@@ -498,7 +498,7 @@ def up_command(
                 soft_wrap=True,
             )
         if demo:
-            from clients.demo import run_demo
+            from clients.tools.demo import run_demo
 
             run_demo(cluster.gateway_address, console, cluster.client_settings())
             if spark_demo and not tls:

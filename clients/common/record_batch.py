@@ -25,7 +25,7 @@ Layout (big-endian), byte positions within a batch:
     61 records...
 
 The records after the header are checked by the leader only, in
-services/common/record_validation.py (Kafka's LogValidator).
+clients/common/record_validation.py (Kafka's LogValidator).
 
 Pure module: no I/O, no clock, no asyncio.
 """
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from services.common.errors import CorruptMessage, MessageTooLarge, check
+from clients.common.errors import CorruptMessage, MessageTooLarge, check
 
 BASE_OFFSET_POS = 0
 BATCH_LENGTH_POS = 8
@@ -324,7 +324,7 @@ def assign_offsets(buf: bytearray, headers: list[BatchHeader], first_offset: int
 class BatchFix:
     """New attributes and max_timestamp for the batch at byte `position` of a request.
 
-    What the leader's timestamp rules rewrite (services/common/record_validation.py): the
+    What the leader's timestamp rules rewrite (clients/common/record_validation.py): the
     LogAppendTime type bit with the leader's clock, or a CreateTime batch's true maximum.
     """
 

@@ -12,6 +12,7 @@ does. A Python traceback means a bug, never a cluster condition.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -26,12 +27,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from clients.admin import Admin
+from clients.common import errors as wire_errors
 from clients.config import DEFAULT_BOOTSTRAP
 from clients.consumer import Consumer
 from clients.errors import GatewayUnavailable, HighwaterError, InvalidArgument
 from clients.producer import Producer
 from clients.types import TopicPartition
-from services.common import errors as wire_errors
 
 # Produce runs at least this long get a progress bar (when stderr is a terminal).
 PROGRESS_MIN_RECORDS = 10_000
@@ -1038,24 +1039,44 @@ def groups_describe(obj: CliContext, group: str) -> None:
 # --- commands owned elsewhere -------------------------------------------------------------------------
 
 
+SERVICE_KINDS = ("controller", "broker", "gateway")
+
+
+def _service_command(kind: str) -> click.Command:
+    """`highwater <kind> ...`: runs `python -m services <kind> ...` in this process's place.
+
+    The operator tools never import the services (they reach a cluster only through its
+    authorized RPCs), so the service processes are started by their own entry point
+    (services/__main__.py); this keeps `highwater broker --broker-id 1 ...` working.
+    """
+
+    @click.command(
+        kind,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        add_help_option=False,
+        help=f"Run one {kind} process (`python -m services {kind}`); `--help` lists its flags.",
+    )
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def command(args: tuple[str, ...]) -> None:
+        os.execv(sys.executable, [sys.executable, "-m", "services", kind, *args])
+
+    return command
+
+
 def _add_optional_commands() -> None:
-    """`cluster up` (clients/local_cluster.py) and the service commands (services/cli.py), when present."""
-    from clients.local_cluster import up_command
-    from clients.status import status_command
+    """`cluster up` (clients/tools/local_cluster.py), the security commands and the service
+    launchers."""
+    from clients.tools.local_cluster import up_command
+    from clients.tools.status import status_command
 
     cluster.add_command(up_command, "up")
     cluster.add_command(status_command, "status")
-    from clients.acl_cli import SECURITY_COMMANDS
+    from clients.tools.acl_cli import SECURITY_COMMANDS
 
     for command in SECURITY_COMMANDS:
         cli.add_command(command)
-    try:
-        from services.cli import SERVICE_COMMANDS
-    except ImportError:
-        pass
-    else:
-        for command in SERVICE_COMMANDS:
-            cli.add_command(command)
+    for kind in SERVICE_KINDS:
+        cli.add_command(_service_command(kind))
 
 
 _add_optional_commands()
@@ -1065,3 +1086,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point (`highwater`)."""
     cli.main(args=argv, prog_name="highwater")
     sys.exit(0)  # pragma: no cover - click exits itself
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,6 @@
 """What a leader checks inside a produced batch before appending it: Kafka's LogValidator.
 
-services/common/record_batch.py checks a batch's 61-byte header and CRC. A batch can pass
+clients/common/record_batch.py checks a batch's 61-byte header and CRC. A batch can pass
 both and still stop every consumer for good ("poison batch", issue 17): an unknown
 compression codec, a gzip flag on a body that is not gzip, records that do not parse, a
 records_count that the bytes do not hold. So the leader, before anything of a produce
@@ -26,7 +26,7 @@ accepted and do not check again):
   `BatchFix`es and record_batch.apply_batch_fixes recomputes the CRC, as Kafka does.
 
 The grammar is the union of Kafka's and of our two decoders' (aiokafka's, behind
-clients/records.decode_batches, and clients/columnar.py's): whatever passes here, both
+clients/records.decode_batches, and spark_connector/columnar.py's): whatever passes here, both
 decode. Where they differ we take the stricter: int32 fields (lengths, counts, offset
 delta) are varints of at most 5 bytes within int32, as Kafka reads them; the attributes
 byte must be below 0x80, so a reader of one int8 (Kafka) and a varint reader (aiokafka)
@@ -60,9 +60,9 @@ import cramjam
 import numpy as np
 from numba import njit, types
 
-from services.common import limits
-from services.common.errors import CorruptMessage, InvalidRecord, InvalidTimestamp, MessageTooLarge
-from services.common.record_batch import (
+from clients.common import limits
+from clients.common.errors import CorruptMessage, InvalidRecord, InvalidTimestamp, MessageTooLarge
+from clients.common.record_batch import (
     BATCH_HEADER_SIZE,
     CONTROL_MASK,
     TIMESTAMP_TYPE_MASK,
@@ -168,7 +168,7 @@ _F_LENGTH, _F_TS_DELTA, _F_OFFSET_DELTA, _F_KEY, _F_VALUE, _F_HEADER_COUNT, _F_H
 )
 
 
-# --- kernels (read_varint and utf8_valid are shared with clients/columnar.py) ------------------
+# --- kernels (read_varint and utf8_valid are shared with spark_connector/columnar.py) ------------------
 
 
 @njit(cache=True, nogil=True, inline="always")

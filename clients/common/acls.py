@@ -1,5 +1,5 @@
 """ACL bindings and filters as Kafka models them: what `Admin.create_acls` and `highwater acl`
-build and what the authorizer (services/common/authz.py) decides with.
+build and what the authorizer (services/security/authz.py) decides with.
 
 Pure data and parsing, no I/O. It lives in the client library because both sides use it:
 a client builds bindings and checks them before sending, the services parse the same

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-# The binding model lives in the client library (clients/acls.py): names re-exported here so
+# The binding model lives in the client library (clients/common/acls.py): names re-exported here so
 # the services keep one import for the authorizer and what it decides with.
-from clients.acls import (  # noqa: F401
+from clients.common.acls import (  # noqa: F401
     ACL_BINDINGS_MAX,
     ACL_BINDINGS_PER_REQUEST_MAX,
     CLUSTER,

@@ -12,10 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from clients.admin import Admin
+from clients.common.errors import TopicAlreadyExists
 from clients.consumer import Consumer
 from clients.producer import Producer
 from clients.types import TopicPartition
-from services.common.errors import TopicAlreadyExists
 
 DEMO_TOPIC = "demo"
 DEMO_PARTITIONS = 3

@@ -12,7 +12,7 @@ lag. The picture comes from two sources:
 
 A broker named in some partition's replica list but missing from the live
 list is shown as down. Wiring: `cluster.add_command(status_command)` in
-clients/cli.py.
+clients/tools/cli.py.
 """
 
 from __future__ import annotations

@@ -17,10 +17,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from clients.common import limits
+from clients.common.errors import InvalidConfig
+from clients.common.record_batch import BATCH_HEADER_SIZE, TIMESTAMP_TYPES
 from protos.highwater.v1 import common_pb2
-from services.common import limits
-from services.common.errors import InvalidConfig
-from services.common.record_batch import BATCH_HEADER_SIZE, TIMESTAMP_TYPES
 
 # Kafka's legal characters; fullmatch, so "orders\n" is not a name (a `$` match allowed it,
 # and the newline then split a line of the brokers' replication-offset-checkpoint).

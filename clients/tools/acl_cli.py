@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from clients.acls import AclBinding, AclError, Operation, PatternType, Permission, ResourceType
+from clients.common.acls import AclBinding, AclError, Operation, PatternType, Permission, ResourceType
 
 if TYPE_CHECKING:  # imported when used: `highwater --help` should not load grpc
     from clients.admin import Admin
@@ -63,8 +63,8 @@ def _admin(ctx: click.Context) -> Admin:
     """An Admin client per the root command's --bootstrap, --tls-dir, --tls-name, --token."""
     obj = ctx.find_root().obj
     if obj is None:  # the group invoked on its own (tests): plain defaults
-        from clients.cli import CliContext
         from clients.config import DEFAULT_BOOTSTRAP
+        from clients.tools.cli import CliContext
 
         obj = CliContext(bootstrap=DEFAULT_BOOTSTRAP, output="table", timeout_ms=30_000)
     if obj.tls_dir and not obj.tls_name and not obj.token:
@@ -312,8 +312,8 @@ def token_create(ctx: click.Context, principal: str, expires_in_s: int, descript
 
     Example: highwater token create --principal User:bob --expires-in-s 3600
     """
-    from clients.acls import check_principal
-    from clients.tokens import TOKEN_LIFETIME_MS_MAX
+    from clients.common.acls import check_principal
+    from clients.common.tokens import TOKEN_LIFETIME_MS_MAX
 
     try:
         check_principal(principal)
@@ -340,7 +340,7 @@ def token_revoke(ctx: click.Context, token_ids: tuple[str, ...]) -> None:
 
     Example: highwater token revoke 3f2a9c0d1e4b5a69
     """
-    from clients.tokens import token_id_of
+    from clients.common.tokens import token_id_of
 
     ids = []
     for text in token_ids:

@@ -128,9 +128,19 @@ UnknownServerError = _error("UnknownServerError", common_pb2.UNKNOWN_SERVER_ERRO
 InvalidUpdateVersion = _error("InvalidUpdateVersion", common_pb2.INVALID_UPDATE_VERSION, retriable=True)
 InvalidCommitOffset = _error("InvalidCommitOffset", common_pb2.INVALID_COMMIT_OFFSET)
 # A produced batch whose records break the v2 format, or whose timestamps the topic refuses
-# (services/common/record_validation.py); sending the same bytes again cannot succeed.
+# (clients/common/record_validation.py); sending the same bytes again cannot succeed.
 InvalidRecord = _error("InvalidRecord", common_pb2.INVALID_RECORD)
 InvalidTimestamp = _error("InvalidTimestamp", common_pb2.INVALID_TIMESTAMP)
+
+
+# The retry policy, read from the flags above so a new code joins it where it is defined.
+# Every code a later attempt of the same request may fix:
+RETRIABLE_CODES = frozenset(code for code, cls in _BY_CODE.items() if cls.retriable)
+# ... of which those that first need fresh metadata (the partition's leader moved, is coming,
+# or the topic is not known yet where the request landed):
+RETRIABLE_AFTER_REFRESH_CODES = frozenset(
+    code for code, cls in _BY_CODE.items() if cls.retriable and cls.refresh_metadata
+)
 
 
 def error_for_code(code: int, message: str = "") -> HighwaterError:

@@ -9,11 +9,11 @@ warning is logged once when it is the slow one.
 
 Producers build one batch per partition per send (`encode_batch` / `encode_values`);
 consumers turn fetched bytes back into `Record`s (`decode_batches`). The Spark reader
-decodes the same bytes into Arrow columns instead (clients/columnar.py, numba), with
+decodes the same bytes into Arrow columns instead (spark_connector/columnar.py, numba), with
 the same rules: tests/unit/test_columnar.py holds the two to the same answers. The
 Consumer stays on `decode_batches` because it hands out one object per record anyway.
 The broker never uses this module: it sees batches only through
-services/common/record_batch.py.
+clients/common/record_batch.py.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from aiokafka.errors import CorruptRecordException
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from services.common.errors import CorruptMessage, InvalidRequest
-from services.common.record_batch import (
+from clients.common.errors import CorruptMessage, InvalidRequest
+from clients.common.record_batch import (
     BATCH_LENGTH_POS,
     LOG_OVERHEAD,
     MAGIC_POS,
@@ -179,7 +179,7 @@ def decode_batches(buf: bytes | bytearray | memoryview, *, check_crc: bool = Tru
     (a length below 14 bytes or below a v2 header, a magic other than 2), whose
     compression codec is unknown or whose records do not parse (aiokafka's
     CorruptRecordException, a header key that is not UTF-8, bytes that do not
-    decompress). clients/columnar.py decodes the same bytes into Arrow columns and
+    decompress). spark_connector/columnar.py decodes the same bytes into Arrow columns and
     must agree with this function on every input (tests/unit/test_columnar.py).
     """
     data = bytes(buf) if not isinstance(buf, bytes) else buf
@@ -229,7 +229,7 @@ def _batch_extents(data: bytes) -> Iterator[tuple[int, int]]:
     the magic of the first batch only): fewer than 12 bytes left, or a batch running
     past the end, ends the walk quietly (a Fetch may be cut mid-batch); a length below
     the v0 record overhead is corrupt before anything else is read; then the magic must
-    be 2 and the length must hold a v2 header. clients/columnar.py's `_scan_batches`
+    be 2 and the length must hold a v2 header. spark_connector/columnar.py's `_scan_batches`
     applies the same rules in the same order.
     """
     position = 0

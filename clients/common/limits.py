@@ -1,0 +1,56 @@
+"""The bounds both sides of the wire must agree on, with their units in their names and why.
+
+A client sizes its requests by them and a service refuses what passes them, so they live
+here, beside the wire format, and services/common/limits.py re-exports them with the
+services' own bounds (one definition, read from either side).
+"""
+
+from __future__ import annotations
+
+# --- gRPC ------------------------------------------------------------------
+# A Produce or Fetch carries whole record batches; 64 MiB leaves room for
+# several max-size batches per request without letting one request exhaust memory.
+GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+# --- records and requests --------------------------------------------------
+# Kafka's message.max.bytes default (1 MiB + the 12-byte log overhead).
+MAX_MESSAGE_BYTES = 1024 * 1024 + 12
+# A compressed batch's records, decompressed, may take at most this (the leader checks
+# them before appending: clients/common/record_validation.py). The gRPC limit: a batch
+# this large uncompressed could have been sent as it is. Bounds the memory one produced
+# batch can make the leader (and every consumer, which decompress a batch whole) take: a
+# zip bomb of a few KiB otherwise inflates to gigabytes.
+DECOMPRESSED_BATCH_BYTES_MAX = GRPC_MAX_MESSAGE_BYTES
+# Produce requests: how long acks=all may wait for the ISR before
+# REQUEST_TIMED_OUT (Kafka's request.timeout.ms is 30 s; we cap what a client may ask).
+PRODUCE_TIMEOUT_MS_DEFAULT = 30_000
+PRODUCE_TIMEOUT_MS_MAX = 300_000
+# Fetch long-poll: the longest a Fetch may wait for min_bytes.
+FETCH_MAX_WAIT_MS_MAX = 30_000
+FETCH_MAX_BYTES_DEFAULT = 50 * 1024 * 1024
+FETCH_PARTITION_MAX_BYTES_DEFAULT = 1024 * 1024
+
+# --- idempotent producers ---------------------------------------------------
+# The broker keeps the last this-many batches per producer id and partition (Kafka: 5,
+# enough for max.in.flight.requests.per.connection=5); a retry of an older batch is not
+# recognised. Writers that replay batches (the Spark writer) must stay within it.
+PRODUCER_BATCHES_KEPT = 5
+# Producer epochs are int16 in a batch header. Kafka (KIP-360) hands out a new producer id
+# instead of bumping an epoch past this, so an epoch never wraps around.
+PRODUCER_EPOCH_MAX = 2**15 - 2
+
+# --- topics ----------------------------------------------------------------
+TOPIC_NAME_MAX_CHARS = 249  # Kafka's limit: the name becomes a directory name.
+DEFAULT_MIN_INSYNC_REPLICAS = 1
+
+# --- offsets ---------------------------------------------------------------
+# Commit requests: bound the number of offsets one etcd transaction writes
+# (etcd's default --max-txn-ops is 128).
+COMMIT_OFFSETS_PER_REQUEST_MAX = 128
+# Kafka's offset.metadata.max.bytes: the free-text metadata stored with a committed offset.
+OFFSET_METADATA_MAX_CHARS = 4096
+
+# --- producer batches ---------------------------------------------------------
+# Kafka's batch.size default: what a producer fills before sending a partition's batch (the
+# gateway's record-level producer cuts the same size).
+BATCH_SIZE_BYTES_DEFAULT = 16 * 1024
