@@ -20,6 +20,7 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from clients.common import limits
 from clients.common.errors import (
     CorruptMessage,
     HighwaterError,
@@ -45,7 +46,6 @@ from clients.common.record_validation import TimestampRules, validate_records
 from clients.common.records import COMPRESSION_CODES, Record, decode_batches, encode_batch, encode_values
 from services.broker.log import Log, LogConfig, MemoryStorage
 from services.broker.partition import LeaderAndIsrState, Partition
-from clients.common import limits
 from spark_connector.columnar import decode_columns
 
 NOW_MS = 1_700_000_000_000
