@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from clients.common.records import codec_is_accelerated, encode_values
 from services.broker.log import Log, LogConfig
 from services.broker.log.checkpoints import RECOVERY_POINT_CHECKPOINT
+from services.broker.log.file_storage import FileStorage
 
 MIB = 1024 * 1024
 RECORD_BYTES = 100
@@ -98,7 +99,7 @@ def raw_disk_write(directory: Path, total_bytes: int) -> float:
 
 def append_run(directory: Path, batch: bytes, total_bytes: int, config: LogConfig) -> tuple[float, Log]:
     """MB/s of appending `batch` until total_bytes, with one flush at the end."""
-    log = Log.open(directory, config, now_ms=0)
+    log = Log.open(directory, config, storage=FileStorage(), now_ms=0)
     count = max(1, total_bytes // len(batch))
     start = time.perf_counter()
     for i in range(count):
@@ -146,7 +147,7 @@ def recovery_scan(directory: Path, config: LogConfig, log: Log) -> tuple[float, 
     log.abandon()
     (directory / RECOVERY_POINT_CHECKPOINT).write_text("0\n1\n0\n")
     start = time.perf_counter()
-    recovered = Log.open(directory, config, now_ms=0)
+    recovered = Log.open(directory, config, storage=FileStorage(), now_ms=0)
     elapsed = time.perf_counter() - start
     report = recovered.recovery_report
     assert report.bytes_scanned == size and report.bytes_dropped == 0, report

@@ -38,6 +38,7 @@ from clients.common.record_batch import validate_batches
 from clients.common.record_validation import TimestampRules, validate_records
 from clients.common.records import encode_values
 from services.broker.log import Log, LogConfig
+from services.broker.log.file_storage import FileStorage
 from services.broker.partition import LeaderAndIsrState, Partition
 
 MIB = 1024 * 1024
@@ -76,7 +77,7 @@ def append_seconds(batch: bytes, calls: int, *, check: bool) -> float:
         partition_module.validate_records = lambda *args, **kwargs: []  # type: ignore[assignment]
     try:
         with tempfile.TemporaryDirectory(prefix="validate-bench-") as directory:
-            log = Log.open(Path(directory) / "t-0", LogConfig(), now_ms=0)
+            log = Log.open(Path(directory) / "t-0", LogConfig(), storage=FileStorage(), now_ms=0)
             p = Partition("t", 0, 1, log)
             p.become_leader(LeaderAndIsrState(1, 0, (1,), (1,), 1, 1), now_ms=0)
             seconds = cpu_seconds(lambda: p.append_as_leader(batch, acks=1, now_ms=NOW_MS), calls)

@@ -33,7 +33,8 @@ from typing import Any, Literal
 
 from coordinator.election import fenced_txn
 from coordinator.limits import ETCD_TXN_OPS_MAX
-from coordinator.store import CoordinatorError, Delete, MetadataStore, Op, Put, from_json_bytes, json_bytes
+from coordinator.store import CoordinatorError, Delete, MetadataStore, Op, Put
+from coordinator.values import from_json_bytes, json_bytes
 
 # Token ids are random hex (services/security/tokens.py); anything else is not ours.
 TOKEN_ID_MAX_CHARS = 64

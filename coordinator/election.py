@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Sequence
 from typing import Any
 
+from coordinator import values
 from coordinator.keys import Keys
 from coordinator.lease import LeaseKeeper, OnLost
 from coordinator.limits import ELECTION_RETRY_BACKOFF_S_MAX, ELECTION_RETRY_BACKOFF_S_MIN
@@ -35,7 +35,6 @@ from coordinator.store import (
     compare_missing,
     compare_mod_revision,
     compare_value,
-    json_bytes,
 )
 
 log = logging.getLogger("highwater.coordinator")
@@ -55,7 +54,7 @@ class ControllerFenced(CoordinatorError):
 
 def fenced_compare(keys: Keys, epoch: int) -> Compare:
     """The guard every controller write carries: `/controller_epoch` still equals epoch."""
-    return compare_value(keys.controller_epoch, str(epoch).encode())
+    return compare_value(keys.controller_epoch, values.encode_controller_epoch(epoch))
 
 
 async def fenced_txn(
@@ -90,8 +89,7 @@ async def current_controller(store: MetadataStore) -> dict[str, Any] | None:
     kv = await store.get(store.keys.controller)
     if kv is None:
         return None
-    value: dict[str, Any] = json.loads(kv.value)
-    return value
+    return values.decode_controller(kv.value)
 
 
 class ControllerElection:
@@ -177,7 +175,7 @@ class ControllerElection:
         snapshot = await self.store.txn([], [Get(keys.controller), Get(keys.controller_epoch)])
         controller_kvs, epoch_kvs = snapshot.gets
         if controller_kvs:
-            holder = json.loads(controller_kvs[0].value)
+            holder = values.decode_controller(controller_kvs[0].value)
             log.info(
                 "controller %d: controller %s holds epoch %s; waiting for it to go",
                 self.controller_id,
@@ -187,7 +185,7 @@ class ControllerElection:
             await self._wait_for_controller_delete(snapshot.revision + 1)
             return None
         epoch_kv = epoch_kvs[0] if epoch_kvs else None
-        new_epoch = (int(epoch_kv.value) if epoch_kv is not None else 0) + 1
+        new_epoch = (values.decode_controller_epoch(epoch_kv.value) if epoch_kv is not None else 0) + 1
         self._lost = asyncio.Event()
         keeper = LeaseKeeper(on_lost=self._on_lease_lost, name=f"controller {self.controller_id}")
         lease_id = await keeper.start(self.store, self.ttl_s, keepalive_interval_s=self.keepalive_interval_s)
@@ -201,8 +199,8 @@ class ControllerElection:
                     else compare_missing(keys.controller_epoch),
                 ],
                 [
-                    Put(keys.controller, json_bytes(value), lease=lease_id),
-                    Put(keys.controller_epoch, str(new_epoch).encode()),
+                    Put(keys.controller, values.encode_controller(value), lease=lease_id),
+                    Put(keys.controller_epoch, values.encode_controller_epoch(new_epoch)),
                 ],
             )
         except BaseException:

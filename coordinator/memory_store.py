@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 
@@ -71,18 +71,21 @@ def _compare_holds(c: Compare, kv: KeyValue | None) -> bool:
             return False
         actual: int | bytes = 0
     else:
-        actual = {
+        by_target: dict[str, int | bytes] = {
             "version": kv.version,
             "value": kv.value,
             "mod_revision": kv.mod_revision,
             "create_revision": kv.create_revision,
-        }[c.target]
+        }
+        actual = by_target[c.target]
     want = c.value
     if c.op == "==":
         return actual == want
     if c.op == "!=":
         return actual != want
     if c.op == "<":
+        # Ordering compares are made on version and revisions only (int against int); mypy sees
+        # the int | bytes of every target.
         return actual < want  # type: ignore[operator]
     return actual > want  # type: ignore[operator]
 
@@ -263,7 +266,9 @@ class MemoryStore:
         lease.expires_at_ms = self._now_ms + lease.ttl_s * 1000
         return lease.ttl_s
 
-    async def watch_prefix(self, prefix: str, *, start_revision: int = 0) -> AsyncIterator[list[WatchEvent]]:
+    async def watch_prefix(
+        self, prefix: str, *, start_revision: int = 0
+    ) -> AsyncGenerator[list[WatchEvent], None]:
         """Events under prefix, one list per revision. While `available` is False the
         watch waits (as etcd3 clients re-connect) and then catches up without gaps."""
         if self._closed:

@@ -12,15 +12,15 @@ be fenced (STALE_BROKER_EPOCH).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from coordinator import values
 from coordinator.lease import LeaseKeeper, OnLost
 from coordinator.limits import REGISTRATION_RETRY_INTERVAL_S, REGISTRATION_RETRY_MARGIN_S
-from coordinator.store import CoordinatorError, Get, KeyValue, MetadataStore, Put, compare_missing, json_bytes
+from coordinator.store import CoordinatorError, Get, KeyValue, MetadataStore, Put, compare_missing
 
 log = logging.getLogger("highwater.coordinator")
 
@@ -56,8 +56,7 @@ def _holder_address(existing: KeyValue | None) -> str:
     if existing is None:
         return "an unknown address"
     try:
-        info = json.loads(existing.value)
-        return f"{info['host']}:{info['port']}"
+        return values.registration_address(existing.value)
     except (ValueError, TypeError, KeyError):
         return "an unknown address"
 
@@ -77,7 +76,7 @@ async def _register(
     try:
         result = await store.txn(
             [compare_missing(key)],
-            [Put(key, json_bytes(info), lease=lease_id), Get(key)],
+            [Put(key, values.encode_registration(info), lease=lease_id), Get(key)],
             [Get(key)],
         )
     except BaseException:

@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import json
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Protocol, TypeAlias, TypeVar
@@ -205,15 +204,6 @@ class TxnResult:
     gets: list[list[KeyValue]] = field(default_factory=list)
 
 
-def json_bytes(value: Any) -> bytes:
-    """The JSON encoding every Highwater value in etcd uses (sorted keys, compact)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-
-
-def from_json_bytes(data: bytes) -> Any:
-    return json.loads(data)
-
-
 # --- the protocol ---------------------------------------------------------------
 
 
@@ -244,7 +234,9 @@ class MetadataStore(Protocol):
 
     async def keep_alive_once(self, lease_id: int) -> int: ...
 
-    def watch_prefix(self, prefix: str, *, start_revision: int = 0) -> AsyncIterator[list[WatchEvent]]: ...
+    def watch_prefix(
+        self, prefix: str, *, start_revision: int = 0
+    ) -> AsyncGenerator[list[WatchEvent], None]: ...
 
     async def close(self) -> None: ...
 
@@ -332,13 +324,13 @@ def _event(pb: Any) -> WatchEvent:
 def _pb_compare(c: Compare) -> PbCompare:
     pb = PbCompare(key=c.key.encode(), target=_PB_TARGET[c.target], result=_PB_OP[c.op])
     if c.target == "value":
-        pb.value = c.value  # type: ignore[assignment]
+        pb.value = c.value
     elif c.target == "version":
-        pb.version = c.value  # type: ignore[assignment]
+        pb.version = c.value
     elif c.target == "mod_revision":
-        pb.mod_revision = c.value  # type: ignore[assignment]
+        pb.mod_revision = c.value
     else:
-        pb.create_revision = c.value  # type: ignore[assignment]
+        pb.create_revision = c.value
     return pb
 
 
@@ -661,7 +653,9 @@ class EtcdStore:
 
     # --- watches --------------------------------------------------------------------
 
-    async def watch_prefix(self, prefix: str, *, start_revision: int = 0) -> AsyncIterator[list[WatchEvent]]:
+    async def watch_prefix(
+        self, prefix: str, *, start_revision: int = 0
+    ) -> AsyncGenerator[list[WatchEvent], None]:
         """Yield the events under prefix, one list per etcd watch response, in revision order.
 
         start_revision 0 means "changes from now on"; to follow a snapshot from
@@ -713,11 +707,11 @@ class EtcdStore:
                         events = [_event(pb) for pb in watch_resp.events]
                         next_revision = events[-1].mod_revision + 1
                         yield events
-                if self._closed:
+                if self._is_closed():
                     return
                 log.warning("etcd ended the watch on %s; re-opening from revision %d", prefix, next_revision)
             except grpc.aio.AioRpcError as exc:
-                if self._closed:
+                if self._is_closed():
                     return
                 if exc.code() not in _WATCH_RETRY_CODES:
                     raise self._rpc_error(f"watch {prefix}", exc) from exc
@@ -735,6 +729,11 @@ class EtcdStore:
             backoff_s = min(backoff_s * 2, WATCH_RECONNECT_BACKOFF_S_MAX)
 
     # --- lifecycle --------------------------------------------------------------------
+
+    def _is_closed(self) -> bool:
+        """Read through a call: close() may run while a watch awaits, which mypy's narrowing of
+        `self._closed` after `while not self._closed` cannot see."""
+        return self._closed
 
     async def close(self) -> None:
         """Close the channel; open watches end, later calls raise CoordinatorError."""

@@ -8,7 +8,7 @@ image is configured.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ def _common(f: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--lease-ttl-s",
-            type=click.IntRange(limits.LEASE_TTL_S_MIN, 300),
+            type=click.IntRange(limits.LEASE_TTL_S_MIN, limits.LEASE_TTL_S_MAX),
             default=limits.LEASE_TTL_S,
             show_default=True,
             help="etcd lease TTL: how soon a dead process is noticed.",
@@ -72,7 +72,7 @@ def _common(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _run(main: Awaitable[None], log_level: str, json_logs: bool) -> None:
+def _run(main: Coroutine[Any, Any, None], log_level: str, json_logs: bool) -> None:
     from coordinator.store import CoordinatorError
     from services.common.server import configure_logging
 
@@ -98,7 +98,7 @@ def _run(main: Awaitable[None], log_level: str, json_logs: bool) -> None:
 @click.option("--rack", default="", help="Rack (failure domain) for replica placement.")
 @click.option(
     "--replica-lag-time-max-ms",
-    type=click.IntRange(1000),
+    type=click.IntRange(limits.REPLICA_LAG_TIME_MAX_MS_MIN),
     default=limits.REPLICA_LAG_TIME_MAX_MS,
     show_default=True,
     help="A follower not caught up for this long leaves the ISR.",

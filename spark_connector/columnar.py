@@ -39,20 +39,19 @@ so a fresh Python worker loads them in ~0.1 s instead of compiling for seconds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 from aiokafka.codec import gzip_decode, lz4_decode, snappy_decode, zstd_decode
 from crc32c import crc32c
-from numba import config as numba_config
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
 
 from clients.common.errors import CorruptMessage, MessageTooLarge
+from clients.common.numba_types import KernelInt, numba_bounds_check, void_intrinsic
 from clients.common.record_batch import (
     ATTRIBUTES_POS,
     BASE_OFFSET_POS,
@@ -73,18 +72,15 @@ from clients.common.record_batch import (
 # changing those two, clear __pycache__/*.nbi|*.nbc here too.
 from clients.common.record_validation import read_varint as _varint
 from clients.common.record_validation import utf8_valid as _utf8_valid
+from spark_connector import limits
 
-# --- limits -----------------------------------------------------------------------------
+# --- the bounds of the formats this decoder reads ------------------------------------------
 # The largest offset a range may end at (exclusive): "no end".
 OFFSET_END_MAX = 2**63 - 1
 # Arrow binary/string arrays address their bytes with int32 offsets, so one array holds
 # at most this many bytes; a single batch whose records are bigger cannot be decoded into
 # the schema Spark expects (it would need large_binary) and is refused by name.
 ARROW_BINARY_BYTES_MAX = 2**31 - 1
-# Batches are decoded in groups of at most this many bytes of record sections (after
-# decompression): bounds the buffers one call allocates and the Arrow batch handed on.
-# An uncompressed Fetch (8 MiB by default) is one group.
-COLUMNS_GROUP_BYTES_MAX = 256 * 1024 * 1024
 # aiokafka's MemoryRecords refuses a batch length below the v0 record overhead before it
 # knows the magic; kept so both decoders call the same bytes corrupt at the same point.
 RECORD_OVERHEAD_V0 = 14
@@ -101,7 +97,12 @@ _MAGIC_V2 = 2
 _CODEC_MASK = 0x07
 _TIMESTAMP_TYPE_MASK = 0x08
 _CONTROL_MASK = 0x20
-_DECOMPRESS = {1: gzip_decode, 2: snappy_decode, 3: lz4_decode, 4: zstd_decode}
+_DECOMPRESS: dict[int, Callable[[bytes | memoryview], bytes]] = {
+    1: gzip_decode,
+    2: snappy_decode,
+    3: lz4_decode,
+    4: zstd_decode,
+}
 
 HEADERS_TYPE = pa.list_(
     pa.field("element", pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
@@ -161,7 +162,7 @@ _SIZES = 10
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _be_int(buf: np.ndarray, pos: int, width: int) -> int:
+def _be_int(buf: np.ndarray, pos: KernelInt, width: int) -> np.int64:
     """Big-endian signed integer of `width` bytes at buf[pos:]; the caller checked the bounds."""
     value = np.uint64(0)
     for k in range(width):
@@ -173,12 +174,12 @@ def _be_int(buf: np.ndarray, pos: int, width: int) -> int:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _varint_error(pos: int) -> int:
+def _varint_error(pos: KernelInt) -> int:
     return _ERR_VARINT_TRUNCATED if pos == -1 else _ERR_VARINT_TOO_LONG
 
 
 @njit(cache=True, nogil=True)
-def _scan_batches(buf: np.ndarray, table: np.ndarray) -> tuple[int, int, int]:
+def _scan_batches(buf: np.ndarray, table: np.ndarray) -> tuple[int, int, KernelInt]:
     """Frame the batches of `buf` into `table` (one row per complete batch).
 
     Returns (batches found, status, position of the batch that failed or where the walk
@@ -188,7 +189,7 @@ def _scan_batches(buf: np.ndarray, table: np.ndarray) -> tuple[int, int, int]:
     least that long), so it cannot overflow.
     """
     size = buf.shape[0]
-    pos = 0
+    pos: KernelInt = 0
     n = 0
     while size - pos >= LOG_OVERHEAD:
         length = _be_int(buf, pos + BATCH_LENGTH_POS, 4)
@@ -216,7 +217,7 @@ def _scan_batches(buf: np.ndarray, table: np.ndarray) -> tuple[int, int, int]:
     return n, _OK, pos
 
 
-@intrinsic
+@void_intrinsic
 def _copy(typingctx: Any, dst: Any, dst_pos: Any, src: Any, src_pos: Any, count: Any) -> Any:
     """dst[dst_pos:dst_pos + count] = src[src_pos:src_pos + count] as one memcpy; the caller
     has checked both ranges (nothing here does).
@@ -231,7 +232,8 @@ def _copy(typingctx: Any, dst: Any, dst_pos: Any, src: Any, src_pos: Any, count:
         dst_value, dst_at, src_value, src_at, size = args
         dst_array = context.make_array(sig.args[0])(context, builder, dst_value)
         src_array = context.make_array(sig.args[2])(context, builder, src_value)
-        cgutils.raw_memcpy(
+        raw_memcpy = cast("Callable[..., None]", cgutils.raw_memcpy)  # numba.core.cgutils is unannotated
+        raw_memcpy(
             builder, builder.gep(dst_array.data, [dst_at]), builder.gep(src_array.data, [src_at]), size, 1
         )
         return context.get_dummy_value()
@@ -245,7 +247,7 @@ def _copy_checked(dst: np.ndarray, dst_pos: int, src: np.ndarray, src_pos: int, 
         dst[dst_pos + k] = src[src_pos + k]
 
 
-if numba_config.BOUNDSCHECK:
+if numba_bounds_check():
     # NUMBA_BOUNDSCHECK=1 (tests/unit/test_columnar.py's bounds test): copy through indexed
     # reads and writes, which numba then checks, so the test covers every byte copied too.
     _copy = _copy_checked
@@ -289,11 +291,11 @@ def _decode_records(
     `sizes` gets the counts (and, on failure, the index of the batch that failed).
     """
     row = 0
-    key_bytes = 0
-    value_bytes = 0
+    key_bytes: KernelInt = 0
+    value_bytes: KernelInt = 0
     headers = 0
-    hkey_bytes = 0
-    hvalue_bytes = 0
+    hkey_bytes: KernelInt = 0
+    hvalue_bytes: KernelInt = 0
     key_nulls = 0
     value_nulls = 0
     hvalue_nulls = 0
@@ -462,7 +464,7 @@ def decode_columns(
     """Yield the records of every data batch in `buf` with offsets in [start_offset, end_offset).
 
     Usually one `RecordColumns` per call; more when the record sections exceed
-    COLUMNS_GROUP_BYTES_MAX. Control batches are skipped and a partial trailing batch is
+    limits.COLUMNS_GROUP_BYTES_MAX. Control batches are skipped and a partial trailing batch is
     ignored, as in decode_batches. Raises CorruptMessage (naming the batch's base offset
     and what is wrong) for anything decode_batches calls corrupt, and MessageTooLarge for
     a single batch whose records exceed ARROW_BINARY_BYTES_MAX.
@@ -482,9 +484,8 @@ def decode_columns(
         if attributes & _CONTROL_MASK:
             continue
         codec = attributes & _CODEC_MASK
-        section: memoryview | bytes = view[position + BATCH_HEADER_SIZE : end]
-        if codec:
-            section = _decompress(codec, section, base_offset)
+        stored = view[position + BATCH_HEADER_SIZE : end]
+        section: memoryview | bytes = _decompress(codec, stored, base_offset) if codec else stored
         if count < 0 or count > len(section) // RECORD_BYTES_MIN:
             raise CorruptMessage(
                 f"batch at offset {base_offset}: {_MESSAGES[_ERR_RECORD_COUNT]} "
@@ -495,7 +496,7 @@ def decode_columns(
                 f"batch at offset {base_offset}: its records take {len(section)} bytes, more "
                 f"than an Arrow binary column holds ({ARROW_BINARY_BYTES_MAX})"
             )
-        if group.rows and group.section_bytes + len(section) > COLUMNS_GROUP_BYTES_MAX:
+        if group.rows and group.section_bytes + len(section) > limits.COLUMNS_GROUP_BYTES_MAX:
             yield _decode_group(data, group, start_offset, end_offset, include_headers)
             group = _Group([], [])
         start = position + BATCH_HEADER_SIZE
@@ -518,7 +519,7 @@ def decode_columns(
         if group.rows:
             yield _decode_group(data, group, start_offset, end_offset, include_headers)
         raise CorruptMessage(
-            f"batch at byte {failed_at} (offset {_base_offset_at(view, failed_at)}): {_MESSAGES[status]}"
+            f"batch at byte {failed_at} (offset {_base_offset_at(view, int(failed_at))}): {_MESSAGES[status]}"
         )
     if group.rows:
         yield _decode_group(data, group, start_offset, end_offset, include_headers)

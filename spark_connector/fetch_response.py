@@ -85,7 +85,7 @@ def parse_fetch_response(raw: bytes) -> FetchedPartition:
     """
     view = memoryview(raw)
     first_topic: tuple[int, int] | None = None
-    error_code = common_pb2.NONE
+    error_code: int = common_pb2.NONE
     for number, wire, start, end, value in _fields(view, 0, len(view)):
         if number == _RESPONSE_TOPICS and wire == _LEN and first_topic is None:
             first_topic = (start, end)

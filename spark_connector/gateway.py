@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 
@@ -61,6 +61,10 @@ T = TypeVar("T")
 # UNKNOWN_TOPIC_OR_PARTITION, which for a planned read means the topic was deleted under it.
 RETRIABLE_CODES = errors.RETRIABLE_CODES - {common_pb2.UNKNOWN_TOPIC_OR_PARTITION}
 _FAILOVER_STATUS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+# The generated *_pb2_grpc stubs are untyped (pyproject's mypy overrides): typed here, once.
+_new_stub = cast(
+    "Callable[[grpc.Channel], gateway_pb2_grpc.GatewayServiceStub]", gateway_pb2_grpc.GatewayServiceStub
+)
 
 
 class HighwaterSparkError(RuntimeError):
@@ -129,7 +133,7 @@ class GatewayClient:
             address = self.addresses[self._current]
             if address not in self._channels:
                 self._channels[address] = self._channel(address)
-                self._stubs[address] = gateway_pb2_grpc.GatewayServiceStub(self._channels[address])
+                self._stubs[address] = _new_stub(self._channels[address])
             if address in self._connected:
                 return address, self._stubs[address]
             remaining = deadline - time.monotonic()
@@ -175,8 +179,8 @@ class GatewayClient:
 
     def _rpc_error(self, method: str, address: str, error: grpc.RpcError) -> HighwaterSparkError:
         """A sentence for a failed call; authentication and authorization failures say what to set."""
-        status = error.code()  # type: ignore[attr-defined]
-        details = error.details()  # type: ignore[attr-defined]
+        status = error.code()
+        details = error.details()
         if status == grpc.StatusCode.UNAUTHENTICATED:
             return HighwaterSparkError(
                 f"{method} to gateway {address}: the cluster did not accept this query's credentials "
@@ -200,7 +204,7 @@ class GatewayClient:
             try:
                 return getattr(stub, method)(request, timeout=timeout_s)
             except grpc.RpcError as error:
-                status = error.code()  # type: ignore[attr-defined]
+                status = error.code()
                 if status not in _FAILOVER_STATUS or time.monotonic() >= deadline:
                     raise self._rpc_error(method, address, error) from None
                 log.info("gateway %s: %s %s; trying the next one", address, method, status.name)
@@ -257,7 +261,7 @@ class GatewayClient:
                     tp[0],
                     tp[1],
                     error.code().name,
-                )  # type: ignore[attr-defined]
+                )
                 self._leaders.pop(tp, None)
                 return through_gateway()
             except MalformedFetchResponse as error:
@@ -335,7 +339,10 @@ class GatewayClient:
     # --- the calls ---------------------------------------------------------------------
 
     def metadata(self, topics: Iterable[str] = ()) -> common_pb2.MetadataResponse:
-        return self.call("Metadata", common_pb2.MetadataRequest(topics=list(topics)))
+        response: common_pb2.MetadataResponse = self.call(
+            "Metadata", common_pb2.MetadataRequest(topics=list(topics))
+        )
+        return response
 
     def partitions(self, topics: Iterable[str] = ()) -> dict[str, list[int] | None]:
         """topic -> its partition ids (None: the topic does not exist). Empty `topics`: all topics."""

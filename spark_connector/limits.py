@@ -30,6 +30,10 @@ FETCH_EMPTY_WAIT_MS = 500
 # maxBytesPerTrigger turns bytes into offsets by sampling this much of each partition
 # from the micro-batch's start offset (a soft limit, as Databricks' Kafka source has).
 BYTES_SAMPLE_MAX_BYTES = 256 * 1024
+# spark_connector/columnar.py decodes a Fetch's batches in groups of at most this many bytes
+# of record sections (after decompression): bounds the buffers one call allocates and the
+# Arrow batch handed on. An uncompressed Fetch (8 MiB by default) is one group.
+COLUMNS_GROUP_BYTES_MAX = 256 * 1024 * 1024
 
 # Option maxTriggerDelay: with minOffsetsPerTrigger, a trigger is skipped while fewer offsets
 # are available, but never for longer than this since the last batch. 15 minutes is Spark's

@@ -50,6 +50,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from clients.common.types import TopicPartitionKey
 from clients.consumer import next_fetch_offset
 from protos.highwater.v1 import common_pb2
 from spark_connector import limits, planning
@@ -67,7 +68,6 @@ from spark_connector.options import (
     LATEST,
     OffsetSpec,
     ReadOptions,
-    TopicPartitionKey,
     offsets_from_json,
     offsets_to_json,
 )
@@ -285,11 +285,12 @@ def push_filter(bounds: PushedBounds, f: Filter) -> bool:
     bound moves each partition's start to the first offset at that time, but record
     timestamps are not ordered by offset, so Spark still evaluates timestamp filters.
     """
+    # pyspark's Filter base declares no `attribute`; every concrete filter has one.
     column = f.attribute[0] if len(f.attribute) == 1 else None  # type: ignore[attr-defined]
     value = getattr(f, "value", None)
     if column == "partition":
         if isinstance(f, In):
-            values = {v for v in value if _as_int(v) is not None}
+            values = {v for v in f.value if _as_int(v) is not None}
             bounds.partitions = values if bounds.partitions is None else bounds.partitions & values
         elif (v := _as_int(value)) is None:
             return False
@@ -362,7 +363,8 @@ def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> I
             pending = client.fetch_future(tp, offset, max_bytes)
             continue
         data = part.records
-        next_offset = next_fetch_offset(data, offset) if data else None
+        # next_fetch_offset says `bytes` but reads any buffer (iter_batch_headers takes a memoryview).
+        next_offset = next_fetch_offset(data, offset) if data else None  # type: ignore[arg-type]
         if next_offset is None or next_offset <= offset:
             # Nothing below the high watermark yet at `offset` though the plan says there is: a
             # new leader whose high watermark lags, briefly. Long-poll, within the retry timeout.
@@ -542,7 +544,7 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def _current_partitions(self) -> list[TopicPartitionKey]:
         return resolve_partitions(self.client, self.options, allow_empty=True, missing_ok=True)
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, dict[str, int]]:
         tps = resolve_partitions(
             self.client, self.options, allow_empty=self.options.subscription.pattern is not None
         )
@@ -594,7 +596,7 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         tps = self._current_partitions()
         self._available_now_target = list_offsets(self.client, dict.fromkeys(tps, LATEST), "high watermarks")
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, dict[str, int]]:
         begin = offsets_from_json(start, "start offset")
         tps = self._current_partitions()
         latest = self._latest(tps)
@@ -688,7 +690,7 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             )
         return {tp: offset for tp, (offset, code) in answers.items() if code == common_pb2.NONE}
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> dict[str, dict[str, int]] | None:
         # Progress reporting only: never fail the query from here (latestOffset decides).
         try:
             latest = self._latest(self._current_partitions())
@@ -697,7 +699,7 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return None
         return offsets_to_json(latest) if latest else None
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin = offsets_from_json(start, "start offset")
         finish = offsets_from_json(end, "end offset")
         new = [tp for tp in finish if tp not in begin]
@@ -716,7 +718,7 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         with GatewayClient(self.options.bootstrap, self.options.client) as client:
             yield from read_range(client, partition.range, self.options)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         log.debug("micro-batch up to %s committed", end)
 
     def stop(self) -> None:

@@ -37,7 +37,8 @@ from clients.common.records import Record
 from spark_connector import columnar
 from spark_connector.columnar import RecordColumns
 
-HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+HEADER_TYPE = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+HEADERS_TYPE = ArrayType(HEADER_TYPE)
 
 _BASE_FIELDS = [
     StructField("key", BinaryType()),

@@ -60,7 +60,7 @@ from spark_connector.gateway import (
     not_authorized,
 )
 from spark_connector.options import OptionError, WriteOptions, check_topic
-from spark_connector.schema import HEADERS_TYPE
+from spark_connector.schema import HEADER_TYPE
 
 log = logging.getLogger("highwater.spark")
 
@@ -111,7 +111,7 @@ def check_input_schema(schema: StructType, options: WriteOptions) -> InputColumn
     partition = kind("partition", (IntegerType(), LongType()), "int")
     headers = fields.get("headers")
     # Nullability aside, the element must be struct<key string, value binary>.
-    wanted = [(f.name, f.dataType) for f in HEADERS_TYPE.elementType.fields]  # type: ignore[attr-defined]
+    wanted = [(f.name, f.dataType) for f in HEADER_TYPE.fields]
     if headers is not None and (
         not isinstance(headers, ArrayType)
         or not isinstance(headers.elementType, StructType)
@@ -425,7 +425,8 @@ def _bytes_column(batch: pa.RecordBatch, name: str, is_string: bool) -> list[byt
     column = batch.column(name)
     if is_string:
         column = column.cast(pa.binary())  # UTF-8 bytes, as Spark's Kafka sink writes strings
-    return column.to_pylist()  # type: ignore[no-any-return]
+    values: list[bytes | None] = column.to_pylist()
+    return values
 
 
 def _headers_column(batch: pa.RecordBatch) -> list[list[tuple[str, bytes | None]]]:

@@ -14,20 +14,17 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+# Re-exported: services and clients/admin.py import these bounds from here.
+from clients.common.limits import ACL_BINDINGS_MAX as ACL_BINDINGS_MAX
+from clients.common.limits import ACL_BINDINGS_PER_REQUEST_MAX as ACL_BINDINGS_PER_REQUEST_MAX
+from clients.common.limits import PRINCIPAL_NAME_MAX_CHARS as PRINCIPAL_NAME_MAX_CHARS
+
 # Kafka's name for the one cluster resource; ACLs on the cluster use it.
 CLUSTER_NAME = "highwater-cluster"
 WILDCARD = "*"
 USER_TYPE = "User"
 WILDCARD_PRINCIPAL = "User:*"
-# Principal names travel in gRPC metadata and etcd keys: printable, bounded.
-PRINCIPAL_NAME_MAX_CHARS = 256
 _PRINCIPAL = re.compile(r"^User:[\x21-\x7e][\x20-\x7e]*$")
-# ACLs in the cluster: every service holds all of them and scans those of a
-# resource type per uncached decision, and DescribeAcls returns them in one answer.
-ACL_BINDINGS_MAX = 10_000
-# Bindings one CreateAcls/DeleteAcls request may name: they are written in one
-# etcd transaction (etcd's default --max-txn-ops is 128).
-ACL_BINDINGS_PER_REQUEST_MAX = 100
 
 
 class AclError(ValueError):

@@ -38,7 +38,7 @@ def check(condition: bool, message: str, *args: object) -> None:
 class HighwaterError(Exception):
     """An operating error with the wire code it travels as."""
 
-    code: ClassVar[int] = common_pb2.UNKNOWN_SERVER_ERROR
+    code: ClassVar[common_pb2.ErrorCode] = common_pb2.UNKNOWN_SERVER_ERROR
     retriable: ClassVar[bool] = False
     refresh_metadata: ClassVar[bool] = False
 
@@ -48,7 +48,8 @@ class HighwaterError(Exception):
 
     @classmethod
     def code_name(cls) -> str:
-        return ErrorCode.Name(cls.code)
+        name: str = ErrorCode.Name(cls.code)  # the enum wrapper's Name() is typed Any
+        return name
 
     @classmethod
     def default_message(cls) -> str:
@@ -62,7 +63,7 @@ _BY_CODE: dict[int, type[HighwaterError]] = {}
 
 
 def _error(
-    name: str, code: int, *, retriable: bool = False, refresh_metadata: bool = False
+    name: str, code: common_pb2.ErrorCode, *, retriable: bool = False, refresh_metadata: bool = False
 ) -> type[HighwaterError]:
     cls = type(
         name, (HighwaterError,), {"code": code, "retriable": retriable, "refresh_metadata": refresh_metadata}

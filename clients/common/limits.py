@@ -43,12 +43,46 @@ PRODUCER_EPOCH_MAX = 2**15 - 2
 TOPIC_NAME_MAX_CHARS = 249  # Kafka's limit: the name becomes a directory name.
 DEFAULT_MIN_INSYNC_REPLICAS = 1
 
+# --- topic configs -----------------------------------------------------------
+# segment.bytes range (clients/common/topics.py checks it): a segment of at least 1 KiB
+# holds a batch header and a few records; at most 1 GiB, so a segment plus one batch stays
+# below the 2 GiB that int32 index positions address.
+SEGMENT_BYTES_MIN = 1024
+SEGMENT_BYTES_MAX = 1024 * 1024 * 1024
+# max.message.bytes range's top: no request bigger than a gRPC message reaches a broker.
+# With segment.bytes at most 1 GiB, segment + one batch stays below the 2 GiB that int32
+# index positions can address, so the two need no joint check.
+MAX_MESSAGE_BYTES_MAX = GRPC_MAX_MESSAGE_BYTES
+
+# --- consumer groups ---------------------------------------------------------
+# A group id becomes part of an etcd key (/consumers/{group}/offsets/...): bounded, one path segment,
+# printable. Kafka itself takes any string; the key is why we cannot.
+GROUP_ID_MAX_CHARS = 255
+
 # --- offsets ---------------------------------------------------------------
 # Commit requests: bound the number of offsets one etcd transaction writes
 # (etcd's default --max-txn-ops is 128).
 COMMIT_OFFSETS_PER_REQUEST_MAX = 128
 # Kafka's offset.metadata.max.bytes: the free-text metadata stored with a committed offset.
 OFFSET_METADATA_MAX_CHARS = 4096
+
+# --- security ------------------------------------------------------------------
+# Principal names travel in gRPC metadata and etcd keys: printable, bounded.
+PRINCIPAL_NAME_MAX_CHARS = 256
+# ACLs in the cluster: every service holds all of them and scans those of a
+# resource type per uncached decision, and DescribeAcls returns them in one answer.
+ACL_BINDINGS_MAX = 10_000
+# Bindings one CreateAcls/DeleteAcls request may name: they are written in one
+# etcd transaction (etcd's default --max-txn-ops is 128).
+ACL_BINDINGS_PER_REQUEST_MAX = 100
+# A token string is at most this long; anything longer is refused before any work.
+TOKEN_CHARS_MAX = 128
+# Human text stored with a token, bounded like every other field.
+TOKEN_DESCRIPTION_CHARS_MAX = 200
+# Longest lifetime a token may be given (ten years): keeps expires_ms far inside int64.
+TOKEN_LIFETIME_MS_MAX = 10 * 365 * 24 * 3600 * 1000
+# Token ids are 16 hex digits; ids up to this long are accepted when read back (etcd keys, revocations).
+TOKEN_ID_CHARS_MAX = 64
 
 # --- producer batches ---------------------------------------------------------
 # Kafka's batch.size default: what a producer fills before sending a partition's batch (the

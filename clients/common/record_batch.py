@@ -88,6 +88,8 @@ _UINT32 = struct.Struct(">I")
 _LENGTH_PREFIX = struct.Struct(">qi")
 
 Buffer = bytes | bytearray | memoryview
+# What _HEADER unpacks to: BatchHeader's fields from base_offset to records_count, in order.
+_HeaderFields = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +155,7 @@ def parse_header(buf: Buffer, position: int = 0, *, position_base: int = 0) -> B
     The header's `position` is `position_base + position`: callers reading a piece of a
     file pass the piece's file position so headers carry file positions.
     """
-    fields = _HEADER.unpack_from(buf, position)
+    fields: _HeaderFields = _HEADER.unpack_from(buf, position)
     return BatchHeader(*fields, position_base + position, fields[1] + LOG_OVERHEAD)
 
 

@@ -61,7 +61,14 @@ import numpy as np
 from numba import njit, types
 
 from clients.common import limits
-from clients.common.errors import CorruptMessage, InvalidRecord, InvalidTimestamp, MessageTooLarge
+from clients.common.errors import (
+    CorruptMessage,
+    HighwaterError,
+    InvalidRecord,
+    InvalidTimestamp,
+    MessageTooLarge,
+)
+from clients.common.numba_types import KernelInt
 from clients.common.record_batch import (
     BATCH_HEADER_SIZE,
     CONTROL_MASK,
@@ -172,7 +179,7 @@ _F_LENGTH, _F_TS_DELTA, _F_OFFSET_DELTA, _F_KEY, _F_VALUE, _F_HEADER_COUNT, _F_H
 
 
 @njit(cache=True, nogil=True, inline="always")
-def read_varint(buf: np.ndarray, pos: int, end: int) -> tuple[int, int]:
+def read_varint(buf: np.ndarray, pos: KernelInt, end: KernelInt) -> tuple[KernelInt, KernelInt]:
     """(value, next position) of the zigzag varint at buf[pos:end]; next position < 0 on error.
 
     As aiokafka's decode_varint64: at most 10 bytes, bits past 64 dropped, then zigzag.
@@ -203,7 +210,7 @@ def read_varint(buf: np.ndarray, pos: int, end: int) -> tuple[int, int]:
 
 
 @njit(cache=True, nogil=True)
-def utf8_valid(buf: np.ndarray, pos: int, end: int) -> bool:
+def utf8_valid(buf: np.ndarray, pos: KernelInt, end: KernelInt) -> bool:
     """Whether buf[pos:end] is well-formed UTF-8 as Python's strict decoder has it
     (no overlong forms, no surrogates, nothing above U+10FFFF). Reads nothing past `end`."""
     while pos < end:
@@ -239,7 +246,7 @@ def utf8_valid(buf: np.ndarray, pos: int, end: int) -> bool:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _short_varint(b0: int, b1: int, b2: int) -> tuple[int, int]:
+def _short_varint(b0: KernelInt, b1: KernelInt, b2: KernelInt) -> tuple[KernelInt, int]:
     """(value, size) of a zigzag varint of 1 to 3 bytes from its first three bytes; size 0 if longer.
 
     Takes bytes, not the array: numba passes scalars to an inlined function for free (see
@@ -267,7 +274,9 @@ _SECTION_SIGNATURE = types.int64(
 
 
 @njit(_SECTION_SIGNATURE, cache=True, nogil=True)
-def _check_section(src: np.ndarray, pos: int, end: int, count: int, first_ts: int, out: np.ndarray) -> int:
+def _check_section(
+    src: np.ndarray, pos: KernelInt, end: int, count: int, first_ts: int, out: np.ndarray
+) -> int:
     """Check the records section src[pos:end] of a batch of `count` records; return its status (0: fine).
 
     The caller checked 0 <= pos <= end <= len(src). `out` gets (status, record index,
@@ -283,18 +292,18 @@ def _check_section(src: np.ndarray, pos: int, end: int, count: int, first_ts: in
     function through a reference count it cannot prune here, two atomic calls per varint;
     that tripled the cost per record (~60 against ~20 ns for 100-byte records).
     """
-    min_ts = INT64_MAX
+    min_ts: KernelInt = INT64_MAX
     min_record = -1
-    max_ts = NO_TIMESTAMP
+    max_ts: KernelInt = NO_TIMESTAMP
     max_record = -1
     status = _OK
-    detail = 0
+    detail: KernelInt = 0
     i = 0
     field = _F_LENGTH
-    record_end = end
-    record_length = 0
-    ts_delta = 0
-    headers_left = 0
+    record_end: KernelInt = end
+    record_length: KernelInt = 0
+    ts_delta: KernelInt = 0
+    headers_left: KernelInt = 0
     while i < count:
         if field == _F_LENGTH and pos < end:
             # Fast path for the usual record: no headers, every varint of 1-3 bytes. Reads are
@@ -362,7 +371,7 @@ def _check_section(src: np.ndarray, pos: int, end: int, count: int, first_ts: in
             if pos >= end:
                 status, detail = _ERR_FEWER_RECORDS, i
                 break
-            limit = end
+            limit: KernelInt = end
         else:
             limit = record_end
         # One zigzag varint at src[pos:limit], as aiokafka's decode_varint64 reads it.
@@ -608,7 +617,7 @@ def _check_attributes(header: BatchHeader, index: int, count: int) -> None:
         )
 
 
-def _record_error(header: BatchHeader, index: int, count: int, row: list[int]) -> InvalidRecord:
+def _record_error(header: BatchHeader, index: int, count: int, row: list[int]) -> HighwaterError:
     status, record, detail = row[_O_STATUS], row[_O_RECORD], row[_O_DETAIL]
     what = _MESSAGES[status].format(detail=detail)
     subject = "" if status in (_ERR_FEWER_RECORDS, _ERR_TRAILING_BYTES) else f"record {record}: "
@@ -634,7 +643,8 @@ def _decompress(codec: int, section: np.ndarray, where: str) -> np.ndarray:
     )
     try:
         if codec == CODEC_GZIP:
-            with gzip.GzipFile(fileobj=io.BytesIO(section), mode="rb") as reader:
+            # numpy's stubs declare ndarray.__buffer__ for Python 3.12+ only: an ndarray is a buffer.
+            with gzip.GzipFile(fileobj=io.BytesIO(section), mode="rb") as reader:  # type: ignore[arg-type]
                 plain = reader.read(limit + 1)
             if len(plain) > limit:
                 raise too_big
@@ -649,7 +659,8 @@ def _decompress(codec: int, section: np.ndarray, where: str) -> np.ndarray:
         for size_max in (first_bytes, limit):
             out = np.empty(size_max + 1, dtype=np.uint8)
             try:
-                size = decompress_into(section, out)
+                # numpy's stubs declare ndarray.__buffer__ for Python 3.12+ only: an ndarray is a buffer.
+                size = decompress_into(section, out)  # type: ignore[arg-type]
             except cramjam.DecompressionError as error:
                 # cramjam stops writing when the buffer is full and says so; any other error is damage.
                 if "whole buffer" in str(error):
@@ -671,7 +682,7 @@ def _decompress(codec: int, section: np.ndarray, where: str) -> np.ndarray:
         ) from error
 
 
-def _snappy_decompress(section: np.ndarray, limit: int, too_big: MessageTooLarge) -> np.ndarray:
+def _snappy_decompress(section: np.ndarray, limit: int, too_big: HighwaterError) -> np.ndarray:
     """aiokafka's snappy_decode (raw snappy, or xerial blocks of raw snappy) with every block's
     declared size checked against `limit` before it is decompressed."""
     if len(section) > _XERIAL_HEADER_BYTES and bytes(section[:_XERIAL_HEADER_BYTES]) == _XERIAL_HEADER:
@@ -680,7 +691,8 @@ def _snappy_decompress(section: np.ndarray, limit: int, too_big: MessageTooLarge
         while cursor < len(section):
             if len(section) - cursor < _INT32.size:
                 raise ValueError(f"xerial block length truncated at byte {cursor}")
-            (size,) = _INT32.unpack_from(section, cursor)
+            # numpy's stubs declare ndarray.__buffer__ for Python 3.12+ only: an ndarray is a buffer.
+            (size,) = _INT32.unpack_from(section, cursor)  # type: ignore[arg-type]
             cursor += _INT32.size
             if size < 0 or size > len(section) - cursor:
                 raise ValueError(f"xerial block of {size} bytes at byte {cursor} runs past the end")
@@ -690,11 +702,14 @@ def _snappy_decompress(section: np.ndarray, limit: int, too_big: MessageTooLarge
         blocks = [section]
     total = 0
     for block in blocks:
-        total += cramjam.snappy.decompress_raw_len(block)
+        # numpy's stubs declare ndarray.__buffer__ for Python 3.12+ only: an ndarray is a buffer.
+        total += cramjam.snappy.decompress_raw_len(block)  # type: ignore[arg-type]
         if total > limit:
             raise too_big
+    # numpy's stubs declare ndarray.__buffer__ for Python 3.12+ only: an ndarray is a buffer.
     return np.frombuffer(
-        b"".join(bytes(cramjam.snappy.decompress_raw(block)) for block in blocks), dtype=np.uint8
+        b"".join(bytes(cramjam.snappy.decompress_raw(block)) for block in blocks),  # type: ignore[arg-type]
+        dtype=np.uint8,
     )
 
 

@@ -22,6 +22,7 @@ import logging
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiokafka.errors import CorruptRecordException
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
@@ -34,6 +35,9 @@ from clients.common.record_batch import (
     MIN_BATCH_LENGTH,
     RECORDS_COUNT_POS,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
 
 logger = logging.getLogger("highwater.records")
 
@@ -140,13 +144,18 @@ def encode_batch(
         raise InvalidRequest("a record batch needs at least one record")
     builder = _new_builder(compression, producer_id, producer_epoch, base_sequence)
     append = builder.append
-    if isinstance(records[0], Record):
+    if _are_records(records):
         for relative_offset, record in enumerate(records):
-            append(relative_offset, record.timestamp_ms, record.key, record.value, record.headers)  # type: ignore[union-attr]
+            append(relative_offset, record.timestamp_ms, record.key, record.value, record.headers)
     else:
-        for relative_offset, (key, value, headers, timestamp_ms) in enumerate(records):  # type: ignore[misc]
+        for relative_offset, (key, value, headers, timestamp_ms) in enumerate(records):
             append(relative_offset, timestamp_ms, key, value, headers)
     return _finish(builder, base_offset)
+
+
+def _are_records(records: Sequence[RecordTuple] | Sequence[Record]) -> TypeIs[Sequence[Record]]:
+    """Whether `records` (not empty, all of one kind) holds `Record`s rather than tuples."""
+    return isinstance(records[0], Record)
 
 
 def encode_values(
@@ -213,7 +222,7 @@ def decode_batches(buf: bytes | bytearray | memoryview, *, check_crc: bool = Tru
                 yield Record(
                     record.key,
                     record.value,
-                    record.headers,  # type: ignore[arg-type]
+                    record.headers,
                     record.timestamp,
                     record.offset,
                     timestamp_type,

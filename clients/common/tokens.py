@@ -7,15 +7,13 @@ and send it as `authorization: Bearer <token>`. Pure: no I/O.
 
 from __future__ import annotations
 
+# Re-exported: services/security/tokens.py and clients/tools/acl_cli.py import these bounds from here.
+from clients.common.limits import TOKEN_CHARS_MAX as TOKEN_CHARS_MAX
+from clients.common.limits import TOKEN_DESCRIPTION_CHARS_MAX as TOKEN_DESCRIPTION_CHARS_MAX
+from clients.common.limits import TOKEN_ID_CHARS_MAX as TOKEN_ID_CHARS_MAX
+from clients.common.limits import TOKEN_LIFETIME_MS_MAX as TOKEN_LIFETIME_MS_MAX
+
 TOKEN_SCHEME = "hwt"
-# A token string is at most this long; anything longer is refused before any work.
-TOKEN_CHARS_MAX = 128
-# Human text stored with a token, bounded like every other field.
-TOKEN_DESCRIPTION_CHARS_MAX = 200
-# Longest lifetime a token may be given (ten years): keeps expires_ms far inside int64.
-TOKEN_LIFETIME_MS_MAX = 10 * 365 * 24 * 3600 * 1000
-# Token ids are 16 hex digits; ids up to this long are accepted when read back (etcd keys, revocations).
-TOKEN_ID_CHARS_MAX = 64
 
 
 def is_token_id(text: str) -> bool:

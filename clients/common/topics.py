@@ -40,17 +40,12 @@ def topic_name_problem(name: str) -> str | None:
     return None
 
 
-# A group id becomes part of an etcd key (/consumers/{group}/offsets/...): bounded, one path segment,
-# printable. Kafka itself takes any string; the key is why we cannot.
-GROUP_ID_MAX_CHARS = 255
-
-
 def group_id_problem(group_id: str) -> str | None:
     """Why `group_id` cannot name a consumer group, or None if it can."""
     if not group_id:
         return "group id is empty"
-    if len(group_id) > GROUP_ID_MAX_CHARS:
-        return f"group id is {len(group_id)} characters; the limit is {GROUP_ID_MAX_CHARS}"
+    if len(group_id) > limits.GROUP_ID_MAX_CHARS:
+        return f"group id is {len(group_id)} characters; the limit is {limits.GROUP_ID_MAX_CHARS}"
     if "/" in group_id:
         return f"group id {group_id[:40]!r} contains '/'"
     if not group_id.isprintable():
@@ -60,12 +55,6 @@ def group_id_problem(group_id: str) -> str | None:
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
-# Largest batch a topic may allow: no request bigger than a gRPC message reaches a broker.
-# With segment.bytes at most 1 GiB, segment + one batch stays below the 2 GiB that int32
-# index positions can address, so the two need no joint check.
-MAX_MESSAGE_BYTES_MAX = limits.GRPC_MAX_MESSAGE_BYTES
-SEGMENT_BYTES_MIN = 1024
-SEGMENT_BYTES_MAX = 1024 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -123,9 +112,9 @@ TOPIC_CONFIG_SCHEMA: dict[str, ConfigKey] = {
         ConfigKey("unclean.leader.election.enable", bool),
         ConfigKey("retention.ms", int, -1, INT64_MAX, "ms", unlimited=True),
         ConfigKey("retention.bytes", int, -1, INT64_MAX, "bytes", unlimited=True),
-        ConfigKey("segment.bytes", int, SEGMENT_BYTES_MIN, SEGMENT_BYTES_MAX, "bytes"),
+        ConfigKey("segment.bytes", int, limits.SEGMENT_BYTES_MIN, limits.SEGMENT_BYTES_MAX, "bytes"),
         ConfigKey("segment.ms", int, 1, INT64_MAX, "ms"),
-        ConfigKey("max.message.bytes", int, BATCH_HEADER_SIZE, MAX_MESSAGE_BYTES_MAX, "bytes"),
+        ConfigKey("max.message.bytes", int, BATCH_HEADER_SIZE, limits.MAX_MESSAGE_BYTES_MAX, "bytes"),
         # Kafka's names since 3.6 (KIP-937) and bounds (atLeast(0)); defaults in LogConfig.
         ConfigKey("message.timestamp.type", str, choices=TIMESTAMP_TYPES),
         ConfigKey("message.timestamp.before.max.ms", int, 0, INT64_MAX, "ms"),

@@ -85,16 +85,8 @@ LEADER_AND_ISR_PARTITIONS_PER_YIELD = 10
 # The periodic pass yields after this many log flushes (fsyncs) and after this many partitions.
 FLUSHES_PER_YIELD = 10
 ISR_PASS_PARTITIONS_PER_YIELD = 100
-# HWs are checkpointed and retention applied every this many periodic passes (Kafka: every 5 s).
-HW_CHECKPOINT_EVERY_ISR_TICKS = 5
-# AlterPartition calls that got no answer are retried with this back-off, doubling.
-ALTER_PARTITION_RETRY_BACKOFF_MS_MIN = 100
-ALTER_PARTITION_RETRY_BACKOFF_MS_MAX = 2_000
+# Each AlterPartition call's deadline.
 ALTER_PARTITION_TIMEOUT_MS = int(limits.CONTROL_RPC_TIMEOUT_S * 1000)
-# Controlled shutdown: attempts, the back-off unit between them, and each call's deadline.
-CONTROLLED_SHUTDOWN_ATTEMPTS_MAX = 3
-CONTROLLED_SHUTDOWN_BACKOFF_MS = 200
-CONTROLLED_SHUTDOWN_TIMEOUT_MS = int(limits.CONTROL_RPC_TIMEOUT_S * 2 * 1000)
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 # The broker's run marker in its data directory: written "not clean" at start and
@@ -302,7 +294,7 @@ class BrokerCore:
         ISR_PASS_PARTITIONS_PER_YIELD partitions.
         """
         self._isr_ticks += 1
-        checkpoint_now = self._isr_ticks % HW_CHECKPOINT_EVERY_ISR_TICKS == 0
+        checkpoint_now = self._isr_ticks % limits.HW_CHECKPOINT_EVERY_ISR_TICKS == 0
         flushed = 0
         for i, p in enumerate(list(self.partitions.values())):
             if flushed >= FLUSHES_PER_YIELD or (i and i % ISR_PASS_PARTITIONS_PER_YIELD == 0):
@@ -394,7 +386,9 @@ class BrokerCore:
         """becomeLeaderOrFollower: fence, then split into make-leader and make-follower."""
         err = self.check_control_request(req.header)
         if err is not None:
-            return broker_pb2.LeaderAndIsrResponse(error_code=err.code, error_message=err.message)
+            return broker_pb2.LeaderAndIsrResponse(
+                error_code=err.code, error_message=err.message
+            )
         for node in req.live_leaders:
             # The controller's view is newer than our cache: a restarted leader has a new address.
             self.metadata.brokers[node.broker_id] = node
@@ -421,7 +415,9 @@ class BrokerCore:
             )
         return broker_pb2.LeaderAndIsrResponse(partitions=results)
 
-    def _leader_and_isr_partition(self, item: broker_pb2.LeaderAndIsrPartition) -> tuple[int, str]:
+    def _leader_and_isr_partition(
+        self, item: broker_pb2.LeaderAndIsrPartition
+    ) -> tuple[common_pb2.ErrorCode, str]:
         s = item.state
         tp = (s.topic, s.partition)
         state = LeaderAndIsrState(
@@ -610,7 +606,9 @@ class BrokerCore:
     def stop_replica(self, req: broker_pb2.StopReplicaRequest) -> broker_pb2.StopReplicaResponse:
         err = self.check_control_request(req.header)
         if err is not None:
-            return broker_pb2.StopReplicaResponse(error_code=err.code, error_message=err.message)
+            return broker_pb2.StopReplicaResponse(
+                error_code=err.code, error_message=err.message
+            )
         results = []
         for item in req.partitions:
             tp = (item.topic, item.partition)
@@ -635,7 +633,9 @@ class BrokerCore:
     def update_metadata(self, req: broker_pb2.UpdateMetadataRequest) -> broker_pb2.UpdateMetadataResponse:
         err = self.check_control_request(req.header)
         if err is not None:
-            return broker_pb2.UpdateMetadataResponse(error_code=err.code, error_message=err.message)
+            return broker_pb2.UpdateMetadataResponse(
+                error_code=err.code, error_message=err.message
+            )
         self.metadata.apply(req)
         for leader_id, fetcher in list(self.fetchers.items()):
             node = self.metadata.brokers.get(leader_id)
@@ -660,7 +660,7 @@ class BrokerCore:
         on. Clearing it let a leader count an ISR smaller than the committed one (sim
         seeds KI-4, 340).
         """
-        backoff_ms = ALTER_PARTITION_RETRY_BACKOFF_MS_MIN
+        backoff_ms = limits.ALTER_PARTITION_RETRY_BACKOFF_MS_MIN
         while True:
             # Built for each attempt: a broker that re-registered meanwhile asks with its new
             # broker epoch (asking with the old one is refused forever, sim seed 26).
@@ -693,7 +693,7 @@ class BrokerCore:
             yield Sleep(backoff_ms)
             if not self._still_proposing(p, change):
                 return
-            backoff_ms = min(backoff_ms * 2, ALTER_PARTITION_RETRY_BACKOFF_MS_MAX)
+            backoff_ms = min(backoff_ms * 2, limits.ALTER_PARTITION_RETRY_BACKOFF_MS_MAX)
         result = resp.partitions[0]
         if result.HasField("state"):
             st = result.state
@@ -726,8 +726,8 @@ class BrokerCore:
         req = controller_pb2.ControlledShutdownRequest(
             broker_id=self.broker_id, broker_epoch=self.broker_epoch
         )
-        for attempt in range(1, CONTROLLED_SHUTDOWN_ATTEMPTS_MAX + 1):
-            resp = yield CallController("ControlledShutdown", req, CONTROLLED_SHUTDOWN_TIMEOUT_MS)
+        for attempt in range(1, limits.CONTROLLED_SHUTDOWN_ATTEMPTS_MAX + 1):
+            resp = yield CallController("ControlledShutdown", req, limits.CONTROLLED_SHUTDOWN_TIMEOUT_MS)
             if isinstance(resp, RpcFailed):
                 self.log.warning("controlled shutdown attempt %d failed: %s", attempt, resp.reason)
             elif resp.error_code == common_pb2.NONE and not resp.remaining_partitions:
@@ -740,8 +740,8 @@ class BrokerCore:
                     common_pb2.ErrorCode.Name(resp.error_code),
                     len(resp.remaining_partitions),
                 )
-            if attempt < CONTROLLED_SHUTDOWN_ATTEMPTS_MAX:
-                yield Sleep(CONTROLLED_SHUTDOWN_BACKOFF_MS * attempt)
+            if attempt < limits.CONTROLLED_SHUTDOWN_ATTEMPTS_MAX:
+                yield Sleep(limits.CONTROLLED_SHUTDOWN_BACKOFF_MS * attempt)
         self.log.warning(
             "controlled shutdown incomplete; stopping anyway (the controller fails over on lease expiry)"
         )
@@ -810,16 +810,17 @@ class BrokerCore:
         )
         self._watch(op, timeout_ms)
 
-    def _client_error(self, tp: TopicPartitionKey, exc: HighwaterError) -> tuple[int, str]:
+    def _client_error(self, tp: TopicPartitionKey, exc: HighwaterError) -> tuple[common_pb2.ErrorCode, str]:
         """The error code and sentence a client gets: a storage failure is logged here with its
         file and cause, and the client is told only that it happened (no paths leave the broker)."""
+        code = exc.code  # every HighwaterError.code is an ErrorCode value
         if isinstance(exc, StorageError):
             self.log.error("%s-%d: %s", *tp, exc.message)
-            return exc.code, (
+            return code, (
                 f"broker {self.broker_id} could not read or write its replica of {tp[0]}-{tp[1]} "
                 "(a storage error; the broker's log names the file and the cause)"
             )
-        return exc.code, exc.message
+        return code, exc.message
 
     def _leader_partition(self, tp: TopicPartitionKey) -> Partition:
         p = self.partitions.get(tp)

@@ -36,7 +36,7 @@ class GrpcLeaderEndpoint:
     def __init__(self, address: str) -> None:
         self.address = address
         self._channel = open_channel(address, channel_options())
-        self._stub = broker_pb2_grpc.BrokerServiceStub(self._channel)
+        self._stub = broker_pb2_grpc.BrokerServiceStub(self._channel)  # type: ignore[no-untyped-call]  # generated, unannotated
 
     async def call(self, rpc: str, request: Any, timeout_s: float) -> Any:
         method = {"Fetch": self._stub.Fetch, "OffsetsForLeaderEpoch": self._stub.OffsetsForLeaderEpoch}[rpc]
@@ -65,7 +65,8 @@ async def drive(
         try:
             step: Step = task.send(answer)
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            result: R = done.value  # StopIteration.value is Any; the generator's type says R
+            return result
         answer = None
         if isinstance(step, Sleep):
             await asyncio.sleep(step.ms / 1000)

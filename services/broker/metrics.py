@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.broker.log.storage import open_real_file_count
-
 PARTITION_COUNT = Gauge("highwater_partition_count", "Partition replicas on this broker")
 LEADER_COUNT = Gauge("highwater_leader_count", "Partitions this broker leads")
 UNDER_REPLICATED = Gauge(
@@ -34,4 +32,6 @@ LEASE_KEEPALIVE_FAILURES = Gauge(
 OPEN_SEGMENT_FILES = Gauge(
     "highwater_open_segment_files", "Segment files (log, offset index, time index) open in this broker"
 )
-OPEN_SEGMENT_FILES.set_function(open_real_file_count)
+# Read from the real files' count: replica_manager (the driver that owns FileStorage) sets
+# OPEN_SEGMENT_FILES.set_function(open_real_file_count), so the pure core importing these
+# metrics does not import the file layer.

@@ -24,10 +24,11 @@ from typing import Any, TypeVar
 from clients.common.errors import InvariantViolation
 from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import broker_pb2, common_pb2
+from services.broker import metrics
 from services.broker.core import BrokerCore
 from services.broker.fetcher import ControllerCall, GrpcLeaderEndpoint, drive, run_replica_fetcher
 from services.broker.fetcher_core import FetcherCore
-from services.broker.log import FileStorage
+from services.broker.log.file_storage import FileStorage, open_real_file_count
 from services.broker.partition import Partition
 from services.broker.steps import Task
 from services.common import limits
@@ -37,8 +38,6 @@ from services.common.server import halt_on_invariant_violation
 log = logging.getLogger("highwater.replica_manager")
 
 R = TypeVar("R")
-# A closing broker waits this long at most for its fetchers and tasks to end.
-CLOSE_TASKS_TIMEOUT_S = 5.0
 
 
 class SystemClock:
@@ -65,7 +64,8 @@ async def run_in_slices(slices: Generator[None, None, R]) -> R:
         try:
             next(slices)
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            result: R = done.value  # StopIteration.value is Any; the generator's type says R
+            return result
         await asyncio.sleep(0)
 
 
@@ -89,6 +89,7 @@ class ReplicaManager:
         replica_lag_time_max_ms: int = limits.REPLICA_LAG_TIME_MAX_MS,
     ) -> None:
         self.call_controller = call_controller
+        metrics.OPEN_SEGMENT_FILES.set_function(open_real_file_count)
         self.core = BrokerCore(
             broker_id=broker_id,
             data_dir=str(data_dir),
@@ -192,9 +193,13 @@ class ReplicaManager:
         for task in pending:
             task.cancel()
         if pending:
-            _, still = await asyncio.wait(pending, timeout=CLOSE_TASKS_TIMEOUT_S)
+            _, still = await asyncio.wait(pending, timeout=limits.BROKER_CLOSE_TASKS_TIMEOUT_S)
             if still:
-                log.warning("%d broker tasks did not stop within %.0f s", len(still), CLOSE_TASKS_TIMEOUT_S)
+                log.warning(
+                    "%d broker tasks did not stop within %.0f s",
+                    len(still),
+                    limits.BROKER_CLOSE_TASKS_TIMEOUT_S,
+                )
         self.core.close()
 
     # ---- requests ------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ from typing import Any
 import grpc
 
 from coordinator.election import current_controller
-from coordinator.registration import register_broker, register_waiting_for_old_lease
+from coordinator.limits import LEASE_KEEPALIVES_PER_TTL
+from coordinator.registration import Registration, register_broker, register_waiting_for_old_lease
 from coordinator.store import EtcdStore
 from protos.highwater.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.broker import metrics
@@ -54,7 +55,7 @@ class BrokerConfig:
     def check(self) -> None:
         limits.check_relations(
             lease_ttl_s=self.lease_ttl_s,
-            keepalive_interval_s=self.lease_ttl_s / 4,
+            keepalive_interval_s=self.lease_ttl_s / LEASE_KEEPALIVES_PER_TTL,
             replica_lag_time_max_ms=self.replica_lag_time_max_ms,
             replica_fetch_wait_max_ms=limits.REPLICA_FETCH_WAIT_MAX_MS,
         )
@@ -207,7 +208,10 @@ async def serve(config: BrokerConfig) -> None:
         service_names=[broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name],
         security=security,
     )
-    broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(replicas), runtime.server)
+    # The generated *_pb2_grpc module is unannotated.
+    broker_pb2_grpc.add_BrokerServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        BrokerServicer(replicas), runtime.server
+    )
     # Control requests that arrive between here and registration are answered
     # BROKER_NOT_AVAILABLE (the controller retries them): the broker epoch is not known yet.
     await runtime.start()
@@ -222,7 +226,7 @@ async def serve(config: BrokerConfig) -> None:
         "unclean_shutdown": unclean_shutdown,
     }
 
-    async def register() -> object:
+    async def register() -> Registration:
         registration = await register_waiting_for_old_lease(
             lambda: register_broker(store, config.broker_id, info, ttl_s=config.lease_ttl_s),
             ttl_s=config.lease_ttl_s,
@@ -242,18 +246,18 @@ async def serve(config: BrokerConfig) -> None:
     async def watch_lease() -> None:
         nonlocal registration
         while True:
-            await registration.lease.lost.wait()  # type: ignore[attr-defined]
+            await registration.lease.lost.wait()
             log.warning(
                 "broker %d lost its etcd lease; registering again as a new incarnation", config.broker_id
             )
-            deadline = time.monotonic() + config.lease_ttl_s * 10
+            deadline = time.monotonic() + config.lease_ttl_s * limits.LEASE_REREGISTER_TTLS_MAX
             while time.monotonic() < deadline:
                 try:
                     registration = await register()
                     break
                 except Exception as exc:
                     log.warning("re-registration failed (%s); retrying", exc)
-                    await asyncio.sleep(0.5)
+                    await asyncio.sleep(limits.LEASE_REREGISTER_BACKOFF_S)
             else:
                 runtime.stopping.set()
                 return
@@ -265,7 +269,7 @@ async def serve(config: BrokerConfig) -> None:
         await replicas.controlled_shutdown()
         await replicas.close()
         try:
-            await registration.lease.stop(revoke=True)  # type: ignore[attr-defined]
+            await registration.lease.stop(revoke=True)
         except Exception as exc:
             log.warning("could not revoke the lease: %s", exc)
         await peers.close()

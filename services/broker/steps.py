@@ -69,4 +69,5 @@ def run_to_completion(slices: Generator[None, None, R]) -> R:
         try:
             next(slices)
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            result: R = done.value  # StopIteration.value is Any; the generator's type says R
+            return result

@@ -19,7 +19,7 @@ def method_name(handler_call_details: grpc.HandlerCallDetails) -> str:
     return method.decode() if isinstance(method, bytes) else method
 
 
-class WrappingInterceptor(grpc.aio.ServerInterceptor):
+class WrappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc.aio is untyped
     """An interceptor that replaces the handlers of the methods it `wants` with `_wrap(method, handler)`."""
 
     def __init__(self) -> None:

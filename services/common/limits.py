@@ -65,6 +65,13 @@ SHUTDOWN_GRACE_S = 5.0
 # Control RPCs (LeaderAndIsr, UpdateMetadata, StopReplica, AlterPartition):
 # small and local, so a slow answer means the peer is in trouble.
 CONTROL_RPC_TIMEOUT_S = 5.0
+# Channels between our processes reconnect to a peer that went away after this back-off,
+# doubling up to the most: a restarted broker or controller is reached again within a second.
+PEER_RECONNECT_BACKOFF_MS_MIN = 100
+PEER_RECONNECT_BACKOFF_MS_MAX = 1_000
+# Malformed requests are logged at most once per this interval, with how many came since, so
+# whoever can reach a port cannot fill the disk with tracebacks (common/request_guard.py).
+MALFORMED_REQUEST_LOG_INTERVAL_S = 10.0
 
 # --- token listener (--client-port) ------------------------------------------
 # Whoever reaches this listener is unknown until a call's headers show a valid bearer token
@@ -104,11 +111,20 @@ TOKEN_LISTENER_CONNECTION_IDLE_MS = 60_000
 # zookeeper.session.timeout.ms plays the same role).
 LEASE_TTL_S = 6
 LEASE_TTL_S_MIN = 2
+# The longest --lease-ttl-s: a dead process is noticed no sooner than its lease expires.
+LEASE_TTL_S_MAX = 300
+# A broker that lost its lease registers again for at most this many lease TTLs, pausing this
+# long between attempts, then stops: without a registration the controller ignores it.
+LEASE_REREGISTER_TTLS_MAX = 10
+LEASE_REREGISTER_BACKOFF_S = 0.5
 
 # --- replication -----------------------------------------------------------
 # Kafka's replica.lag.time.max.ms: a follower not caught up for this long
 # leaves the ISR.
 REPLICA_LAG_TIME_MAX_MS = 10_000
+# The smallest --replica-lag-time-max-ms (check_relations also wants it above twice
+# REPLICA_FETCH_WAIT_MAX_MS): a shorter one drops followers on any GC pause or slow disk.
+REPLICA_LAG_TIME_MAX_MS_MIN = 1_000
 # Follower fetches: long-poll wait and sizes (Kafka's replica.fetch.*).
 REPLICA_FETCH_WAIT_MAX_MS = 500
 REPLICA_FETCH_MIN_BYTES = 1
@@ -123,6 +139,25 @@ REPLICA_FETCH_BACKOFF_MS = 1_000
 REPLICA_FETCH_EPOCH_RACE_BACKOFF_MS = 50
 # How often a leader checks its followers for ISR shrink.
 ISR_CHECK_INTERVAL_MS = 1_000
+# HWs are checkpointed and retention applied every this many ISR checks (Kafka: every 5 s):
+# an fsync per partition each second would cost more than the HW a crash might re-read.
+HW_CHECKPOINT_EVERY_ISR_TICKS = 5
+# An AlterPartition (ISR change) that got no answer is retried after this back-off, doubling up
+# to the most: quick after a controller failover, without hammering a controller in trouble.
+ALTER_PARTITION_RETRY_BACKOFF_MS_MIN = 100
+ALTER_PARTITION_RETRY_BACKOFF_MS_MAX = 2_000
+
+# --- broker shutdown ---------------------------------------------------------
+# A stopping broker asks the controller to move its leaderships away (Kafka's
+# controlled.shutdown.max.retries / retry.backoff.ms): at most this many attempts, the n-th
+# retry after n * CONTROLLED_SHUTDOWN_BACKOFF_MS, each call with twice the control deadline
+# (the controller elects a new leader for every partition the broker leads before answering).
+CONTROLLED_SHUTDOWN_ATTEMPTS_MAX = 3
+CONTROLLED_SHUTDOWN_BACKOFF_MS = 200
+CONTROLLED_SHUTDOWN_TIMEOUT_MS = int(CONTROL_RPC_TIMEOUT_S * 2 * 1000)
+# Then it waits this long at most for its fetchers and tasks to end, so SIGTERM -> exit stays
+# bounded even with a fetcher stuck on a dead leader.
+BROKER_CLOSE_TASKS_TIMEOUT_S = 5.0
 
 # --- topics ----------------------------------------------------------------
 PARTITIONS_PER_TOPIC_MAX = 10_000
@@ -146,6 +181,55 @@ OPEN_SEGMENT_FILES_MAX = 1_024
 # and libraries): the open-files limit it asks for is 3 * REPLICAS_PER_BROKER_MAX +
 # OPEN_SEGMENT_FILES_MAX + this (broker/server.py warns below that).
 OPEN_FILES_OTHER_MIN = 4_096
+# A topic's log settings when its config does not say (Kafka's defaults; LogConfig takes them):
+# roll a segment at 1 GiB or after 7 days, keep 7 days of data whatever its size.
+LOG_SEGMENT_BYTES_DEFAULT = 1024 * 1024 * 1024
+LOG_SEGMENT_MS_DEFAULT = 7 * 24 * 60 * 60 * 1000
+LOG_RETENTION_BYTES_DEFAULT = -1
+LOG_RETENTION_MS_DEFAULT = 7 * 24 * 60 * 60 * 1000
+# Bytes of log between two sparse offset-index entries: bounds the scan after an index lookup.
+LOG_INDEX_INTERVAL_BYTES_DEFAULT = 4096
+# An offset index's size before its segment rolls (Kafka's segment.index.bytes); also bounds
+# the memory of the active segment's in-memory index copy.
+LOG_INDEX_BYTES_MAX_DEFAULT = 10 * 1024 * 1024
+# How far ahead of the leader's clock a CreateTime timestamp may be (Kafka 4.0, KIP-1030): a
+# timestamp from the future holds its segment back from time-based retention.
+MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT = 60 * 60 * 1000
+
+# --- security (services/security) -------------------------------------------------
+# Bounds of the security flags themselves. The smallest --max-request-bytes still fits one
+# default-size batch plus framing (a smaller one would refuse ordinary produce requests).
+MAX_REQUEST_BYTES_MIN = 64 * 1024
+# A record batch v2 holds at most 2^31 - 1 records; --max-batch-records stays below something sane.
+MAX_BATCH_RECORDS_MAX = 10_000_000
+# The most --max-concurrent-requests-per-connection accepts.
+REQUESTS_PER_CONNECTION_MAX = 10_000
+# Requests that may wait for a slot on one connection, per slot; beyond that a request is
+# refused at once (RESOURCE_EXHAUSTED) rather than held in memory.
+WAITING_PER_SLOT_MAX = 4
+# A stream opened with a bearer token re-checks it this often while idle: a revoked or expired
+# token ends the stream (UNAUTHENTICATED) within this bound.
+STREAM_TOKEN_RECHECK_S = 1.0
+# Quotas: a bucket holds at most this many seconds of quota, so a principal idle for a while may
+# burst this much before it is throttled (Kafka's window is 11 samples of 1 s; one second keeps
+# the enforced rate tight).
+QUOTA_BURST_S = 1.0
+# One response asks for at most this long a pause (Kafka caps the throttle time at its quota
+# window); a longer debt is collected over later requests.
+THROTTLE_TIME_MS_MAX = 30_000
+# Principals whose quota is tracked; the least recently used bucket is dropped beyond it (a
+# dropped principal starts again with a full bucket, which at worst grants it one burst).
+PRINCIPALS_TRACKED_MAX = 10_000
+# Bearer tokens in the cluster: every service keeps every token record in memory.
+TOKENS_MAX = 10_000
+# After the watch on the security records broke, they are re-read after this back-off, doubling
+# up to the most: ACL and token changes reach every service within seconds of etcd recovering.
+SECURITY_RELOAD_BACKOFF_S_MIN = 0.1
+SECURITY_RELOAD_BACKOFF_S_MAX = 5.0
+# Validity of the certificates `highwater tls init` makes: the CA for ten years; leaf certificates
+# for 825 days, the longest that browsers and most tooling still accept.
+CA_VALID_DAYS = 3650
+CERT_VALID_DAYS = 825
 
 # --- gateway ---------------------------------------------------------------
 # A Subscribe stream pushes at most this much per message.
@@ -202,3 +286,29 @@ def check_relations(
         replica_fetch_wait_max_ms,
         replica_lag_time_max_ms,
     )
+
+
+# --- controller
+# An admin call (CreateTopics, DeleteTopics, ...) waits this long for the brokers to
+# acknowledge the control RPCs it caused before answering; past it the caller gets the
+# answer anyway and the RPCs keep retrying in the background.
+ADMIN_PROPAGATION_WAIT_S = 5.0
+# Events waiting for the controller's single event loop; a full queue pushes back on
+# admin callers instead of growing memory without bound.
+CONTROLLER_EVENT_QUEUE_LENGTH_MAX = 10_000
+# Control requests waiting to be sent to one broker; a broker this far behind is stuck,
+# and its sender is replaced when it re-registers.
+CONTROLLER_SENDER_QUEUE_LENGTH_MAX = 10_000
+# Kafka's leader.imbalance.check.interval.seconds: how often the controller looks for
+# brokers that lead too few of their preferred partitions.
+LEADER_IMBALANCE_CHECK_INTERVAL_S = 300.0
+# Kafka's leader.imbalance.per.broker.percentage: the share of a broker's preferred
+# partitions led elsewhere above which preferred elections move leadership back.
+LEADER_IMBALANCE_PER_BROKER_PERCENTAGE = 10
+
+# --- gateway
+# The least time between two metadata pulls from the controller, so a burst of
+# stale-metadata errors from many clients costs one pull, not one each.
+GATEWAY_METADATA_REFRESH_INTERVAL_MS_MIN = 50
+# How long one Subscribe poll waits at a broker for new records before answering empty.
+SUBSCRIBE_POLL_WAIT_MS = 500

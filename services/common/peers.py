@@ -5,13 +5,16 @@ Thin: a dictionary of grpc.aio channels and stubs. Callers own timeouts.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import grpc
 
 from protos.highwater.v1 import broker_pb2_grpc, controller_pb2_grpc, gateway_pb2_grpc
 from services.common.server import channel_options
 from services.security.channels import open_channel
+
+S = TypeVar("S")
 
 
 class PeerChannels:
@@ -27,9 +30,9 @@ class PeerChannels:
             ch = self._channels[address] = open_channel(address, channel_options())
         return ch
 
-    def _stub(self, kind: str, address: str, factory: Any) -> Any:
+    def _stub(self, kind: str, address: str, factory: Callable[[grpc.aio.Channel], S]) -> S:
         key = (kind, address)
-        stub = self._stubs.get(key)
+        stub: S | None = self._stubs.get(key)  # the stub `factory` made for this key before
         if stub is None:
             stub = self._stubs[key] = factory(self.channel(address))
         return stub

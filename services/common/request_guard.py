@@ -7,7 +7,7 @@ flood the log. With the security interceptor on, it parses requests itself
 (services/security/interceptor.py); without it, this interceptor does the same
 for our own services' unary requests: the request arrives as bytes, is parsed
 here, and a failure is answered INVALID_ARGUMENT with a sentence, counted in a
-metric and logged at most once per MALFORMED_LOG_INTERVAL_S with how many were
+metric and logged at most once per limits.MALFORMED_REQUEST_LOG_INTERVAL_S with how many were
 refused since. gRPC's own services (health, reflection) are left alone.
 """
 
@@ -22,11 +22,10 @@ from typing import Any
 import grpc
 import prometheus_client
 
+from services.common import limits
 from services.common.interceptors import WrappingInterceptor
 
 log = logging.getLogger("highwater.requests")
-
-MALFORMED_LOG_INTERVAL_S = 10.0
 
 MALFORMED = prometheus_client.Counter(
     "highwater_malformed_requests_total", "Requests refused because their bytes do not parse", ["method"]
@@ -79,7 +78,7 @@ class MalformedRequestGuard(WrappingInterceptor):
             MALFORMED.labels(method).inc()
             self._since_log += 1
             now = time.monotonic()
-            if now - self._last_log_s >= MALFORMED_LOG_INTERVAL_S:
+            if now - self._last_log_s >= limits.MALFORMED_REQUEST_LOG_INTERVAL_S:
                 log.warning(
                     "refused %d malformed request(s) since the last such line; latest: %s from %s (%s)",
                     self._since_log,

@@ -25,7 +25,9 @@ from typing import Any
 
 import grpc
 import prometheus_client
-from google.protobuf import descriptor_pb2, descriptor_pool
+
+# protobuf ships no type information and types-protobuf is not among the dev dependencies.
+from google.protobuf import descriptor_pb2, descriptor_pool  # type: ignore[import-untyped]
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 from grpc_reflection.v1alpha._async import ReflectionServicer
@@ -49,8 +51,8 @@ def channel_options() -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", limits.GRPC_MAX_MESSAGE_BYTES),
         # Fail fast on a dead peer instead of queueing calls forever.
         ("grpc.enable_retries", 0),
-        ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.max_reconnect_backoff_ms", 1000),
+        ("grpc.initial_reconnect_backoff_ms", limits.PEER_RECONNECT_BACKOFF_MS_MIN),
+        ("grpc.max_reconnect_backoff_ms", limits.PEER_RECONNECT_BACKOFF_MS_MAX),
     ]
 
 

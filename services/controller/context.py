@@ -2,21 +2,15 @@
 
 Everything here is rebuilt from etcd by a new controller (`ControllerContext`
 is filled by the event loop's load step), so nothing the controller knows is
-lost with it. Pure data plus the JSON forms of the etcd values: no I/O.
+lost with it. Pure data: no I/O.
 
-etcd values (JSON), as docs/ARCHITECTURE.md lists them:
-- /brokers/ids/{id}: {"broker_id", "host", "port", "rack", "metrics_port"};
-  broker epoch = the key's create_revision; "unclean_shutdown": true after a power loss.
-- /brokers/topics/{topic}: {"version": 1, "topic_id", "partitions": {"0": [1, 2, 3]},
-  "adding_replicas": {...}, "removing_replicas": {...}}
-- /brokers/topics/{topic}/partitions/{p}/state: {"leader", "leader_epoch", "isr",
-  "controller_epoch"}; partition epoch = the key's version.
-- /config/topics/{topic}: {"min.insync.replicas": "2", ...}
+The etcd value formats are spelled in coordinator/values.py, and the controller's
+event loop converts them to these types (event_loop.broker_info, topic_info,
+partition_state): this pure module imports nothing from coordinator/.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,19 +38,6 @@ class BrokerInfo:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    @classmethod
-    def from_json(cls, raw: bytes, broker_epoch: int) -> BrokerInfo:
-        d = json.loads(raw)
-        return cls(
-            int(d["broker_id"]),
-            str(d["host"]),
-            int(d["port"]),
-            str(d.get("rack", "")),
-            int(d.get("metrics_port", 0)),
-            broker_epoch,
-            d.get("unclean_shutdown") is True,
-        )
-
     def to_proto(self) -> common_pb2.BrokerNode:
         return common_pb2.BrokerNode(
             broker_id=self.broker_id,
@@ -78,11 +59,6 @@ class GatewayInfo:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    @classmethod
-    def from_json(cls, raw: bytes) -> GatewayInfo:
-        d = json.loads(raw)
-        return cls(int(d["gateway_id"]), str(d["host"]), int(d["port"]))
-
 
 @dataclass(frozen=True)
 class LeaderAndIsr:
@@ -93,27 +69,6 @@ class LeaderAndIsr:
     isr: tuple[int, ...]
     controller_epoch: int
     partition_epoch: int = 0
-
-    def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "leader": self.leader,
-                "leader_epoch": self.leader_epoch,
-                "isr": list(self.isr),
-                "controller_epoch": self.controller_epoch,
-            }
-        ).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes, partition_epoch: int) -> LeaderAndIsr:
-        d = json.loads(raw)
-        return cls(
-            int(d["leader"]),
-            int(d["leader_epoch"]),
-            tuple(int(x) for x in d["isr"]),
-            int(d["controller_epoch"]),
-            partition_epoch,
-        )
 
     def next(
         self, *, leader: int, isr: tuple[int, ...], controller_epoch: int, bump_epoch: bool = True
@@ -136,33 +91,6 @@ class TopicInfo:
     configs: dict[str, str] = field(default_factory=dict)
     adding_replicas: dict[int, tuple[int, ...]] = field(default_factory=dict)
     removing_replicas: dict[int, tuple[int, ...]] = field(default_factory=dict)
-
-    def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "version": 1,
-                "topic_id": self.topic_id,
-                "partitions": {str(p): list(r) for p, r in sorted(self.assignment.items())},
-                "adding_replicas": {str(p): list(r) for p, r in sorted(self.adding_replicas.items())},
-                "removing_replicas": {str(p): list(r) for p, r in sorted(self.removing_replicas.items())},
-            }
-        ).encode()
-
-    @classmethod
-    def from_json(cls, name: str, raw: bytes) -> TopicInfo:
-        d = json.loads(raw)
-
-        def parse(m: dict[str, list[int]]) -> dict[int, tuple[int, ...]]:
-            return {int(p): tuple(int(x) for x in r) for p, r in m.items()}
-
-        return cls(
-            name,
-            str(d["topic_id"]),
-            parse(d["partitions"]),
-            {},
-            parse(d.get("adding_replicas", {})),
-            parse(d.get("removing_replicas", {})),
-        )
 
     @property
     def min_insync_replicas(self) -> int:

@@ -12,7 +12,7 @@ requests reach each broker in the order they were decided.
 from __future__ import annotations
 
 import asyncio
-import json
+import functools
 import logging
 import time
 import uuid
@@ -24,6 +24,8 @@ import grpc
 
 from clients.common.errors import InvariantViolation
 from clients.common.topics import stored_topic_configs, topic_config_proto
+from clients.common.types import TopicPartitionKey
+from coordinator import values
 from coordinator.election import ControllerFenced, fenced_txn
 from coordinator.keys import Keys
 from coordinator.store import (
@@ -42,22 +44,26 @@ from protos.highwater.v1 import broker_pb2, common_pb2
 from services.common import limits
 from services.common.peers import PeerChannels
 from services.common.server import halt_on_invariant_violation
-from services.controller import handlers, metrics, sender_rules
+from services.controller import admin_requests, deletion, handlers, metrics, reassignment, sender_rules
 from services.controller.context import (
     BrokerInfo,
     ControllerContext,
     GatewayInfo,
     LeaderAndIsr,
     TopicInfo,
-    TopicPartitionKey,
 )
-from services.controller.handlers import (
+from services.controller.results import (
+    AdminKeyDelete,
     ConfigWrite,
     ControllerResult,
     DeletionMark,
+    ReplicaStatesWrite,
+    ShuttingDownWrite,
     StateWrite,
     TopicDelete,
     TopicWrite,
+    Write,
+    apply_write,
 )
 
 log = logging.getLogger("highwater.controller")
@@ -67,20 +73,59 @@ ETCD_TXN_OPS_MAX = 100
 # An event that takes at least this long from decision to queued requests is logged with
 # where its time went.
 SLOW_EVENT_LOG_S = 0.1
-# Events waiting for the loop; a full queue pushes back on admin callers.
-EVENT_QUEUE_LENGTH_MAX = 10_000
-# Per-broker control requests waiting to be sent.
-SENDER_QUEUE_LENGTH_MAX = 10_000
-PRODUCER_ID_BLOCK_SIZE = 1000
+# Producer ids reserved in etcd at a time: one etcd transaction per this many InitProducerId calls.
+PRODUCER_ID_BLOCK_IDS = 1000
 # After a watch on etcd breaks, wait this long before reading and watching again.
 WATCH_RETRY_BACKOFF_S = 0.5
-# Kafka's leader.imbalance.check.interval.seconds (300) and leader.imbalance.per.broker.percentage (10).
-LEADER_IMBALANCE_CHECK_INTERVAL_S = 300.0
-LEADER_IMBALANCE_PER_BROKER_PERCENTAGE = 10
+
+
+# ---- etcd values <-> the context's types (formats: coordinator/values.py) --------------------
+
+
+def broker_info(raw: bytes, broker_epoch: int) -> BrokerInfo:
+    """A /brokers/ids/{id} value; broker_epoch is the key's create_revision."""
+    v = values.decode_broker_registration(raw)
+    return BrokerInfo(
+        v["broker_id"],
+        v["host"],
+        v["port"],
+        v["rack"],
+        v["metrics_port"],
+        broker_epoch,
+        v["unclean_shutdown"],
+    )
+
+
+def gateway_info(raw: bytes) -> GatewayInfo:
+    v = values.decode_gateway_registration(raw)
+    return GatewayInfo(v["gateway_id"], v["host"], v["port"])
+
+
+def topic_info(name: str, raw: bytes) -> TopicInfo:
+    """A /brokers/topics/{topic} value; configs are stored apart and filled in later."""
+    v = values.decode_topic_assignment(raw)
+    return TopicInfo(name, v["topic_id"], v["partitions"], {}, v["adding_replicas"], v["removing_replicas"])
+
+
+def encode_topic(topic: TopicInfo) -> bytes:
+    return values.encode_topic_assignment(
+        topic.topic_id, topic.assignment, topic.adding_replicas, topic.removing_replicas
+    )
+
+
+def partition_state(raw: bytes, partition_epoch: int) -> LeaderAndIsr:
+    """A partition state value; partition_epoch is the key's etcd version."""
+    v = values.decode_partition_state(raw)
+    return LeaderAndIsr(v["leader"], v["leader_epoch"], v["isr"], v["controller_epoch"], partition_epoch)
+
+
+def encode_partition_state(state: LeaderAndIsr) -> bytes:
+    return values.encode_partition_state(state.leader, state.leader_epoch, state.isr, state.controller_epoch)
 
 
 def exc_name(exc: grpc.aio.AioRpcError) -> str:
-    return exc.code().name
+    name: str = exc.code().name  # grpc is untyped: code() is a grpc.StatusCode
+    return name
 
 
 class ControllerResigned(Exception):
@@ -110,7 +155,7 @@ class BrokerSender:
         self.peers = peers
         self.is_gateway = is_gateway
         self.queue: asyncio.Queue[tuple[str, Any, asyncio.Future[Any]]] = asyncio.Queue(
-            SENDER_QUEUE_LENGTH_MAX
+            limits.CONTROLLER_SENDER_QUEUE_LENGTH_MAX
         )
         self.task = asyncio.create_task(self._run(), name=f"control-sender-{address}")
 
@@ -187,8 +232,8 @@ class ControllerEventLoop:
         peers: PeerChannels,
         delete_topic_enable: bool = True,
         auto_leader_rebalance: bool = True,
-        leader_imbalance_check_interval_s: float = LEADER_IMBALANCE_CHECK_INTERVAL_S,
-        leader_imbalance_per_broker_percentage: int = LEADER_IMBALANCE_PER_BROKER_PERCENTAGE,
+        leader_imbalance_check_interval_s: float = limits.LEADER_IMBALANCE_CHECK_INTERVAL_S,
+        leader_imbalance_per_broker_percentage: int = limits.LEADER_IMBALANCE_PER_BROKER_PERCENTAGE,
     ) -> None:
         self.auto_leader_rebalance = auto_leader_rebalance
         self.leader_imbalance_check_interval_s = leader_imbalance_check_interval_s
@@ -199,7 +244,7 @@ class ControllerEventLoop:
         self.epoch = epoch
         self.delete_topic_enable = delete_topic_enable
         self.ctx = ControllerContext(controller_id=controller_id, epoch=epoch)
-        self.queue: asyncio.Queue[_Event] = asyncio.Queue(EVENT_QUEUE_LENGTH_MAX)
+        self.queue: asyncio.Queue[_Event] = asyncio.Queue(limits.CONTROLLER_EVENT_QUEUE_LENGTH_MAX)
         self.senders: dict[tuple[str, int], BrokerSender] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.resigned = asyncio.Event()
@@ -245,10 +290,13 @@ class ControllerEventLoop:
         """The cluster's uuid, written once by the first controller ever (create-if-missing)."""
         key = self.keys.cluster_id
         await fenced_txn(
-            self.store, self.epoch, [compare_missing(key)], [Put(key, str(uuid.uuid4()).encode())]
+            self.store,
+            self.epoch,
+            [compare_missing(key)],
+            [Put(key, values.encode_cluster_id(str(uuid.uuid4())))],
         )
         kv = await self.store.get(key)
-        return kv.value.decode() if kv is not None else ""
+        return values.decode_cluster_id(kv.value) if kv is not None else ""
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -271,12 +319,10 @@ class ControllerEventLoop:
         brokers, revision = await self.store.get_prefix(self.keys.brokers_prefix)
         self.ctx.live_brokers = {}
         for kv in brokers:
-            info = BrokerInfo.from_json(kv.value, kv.create_revision)
+            info = broker_info(kv.value, kv.create_revision)
             self.ctx.live_brokers[info.broker_id] = info
         gateways, _ = await self.store.get_prefix(self.keys.gateways_prefix)
-        self.ctx.live_gateways = {
-            g.gateway_id: g for g in (GatewayInfo.from_json(kv.value) for kv in gateways)
-        }
+        self.ctx.live_gateways = {g.gateway_id: g for g in (gateway_info(kv.value) for kv in gateways)}
         topic_kvs, _ = await self.store.get_prefix(self.keys.topics_prefix)
         states: dict[TopicPartitionKey, LeaderAndIsr] = {}
         for kv in topic_kvs:
@@ -285,10 +331,10 @@ class ControllerEventLoop:
                 continue
             try:
                 if kind[0] == "topic":
-                    self.ctx.topics[kind[1]] = TopicInfo.from_json(kind[1], kv.value)
+                    self.ctx.topics[kind[1]] = topic_info(kind[1], kv.value)
                 else:
-                    states[(kind[1], kind[2])] = LeaderAndIsr.from_json(kv.value, kv.version)  # type: ignore[misc]
-                    self.ctx.state_revisions[(kind[1], kind[2])] = kv.mod_revision  # type: ignore[index]
+                    states[(kind[1], kind[2])] = partition_state(kv.value, kv.version)
+                    self.ctx.state_revisions[(kind[1], kind[2])] = kv.mod_revision
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("ignoring malformed value at %s: %s", kv.key, exc)
         self.ctx.states = {tp: s for tp, s in states.items() if tp[0] in self.ctx.topics}
@@ -301,15 +347,14 @@ class ControllerEventLoop:
             name = kv.key[len(self.keys.config_prefix) :]
             if name in self.ctx.topics:
                 try:
-                    stored = json.loads(kv.value)
-                    configs, skipped = stored_topic_configs({str(k): v for k, v in stored.items()})
+                    topic_configs, skipped = stored_topic_configs(values.decode_topic_configs(kv.value))
                 except (ValueError, AttributeError) as exc:
                     log.error("ignoring malformed topic config at %s: %s", kv.key, exc)
                     continue
                 for problem in skipped:
                     # Never a reason to stop: the controller must come up to let anyone fix it.
                     log.error("topic %s: stored config skipped: %s", name, problem)
-                self.ctx.topics[name].configs = configs
+                self.ctx.topics[name].configs = topic_configs
         return revision
 
     # ---- the loop --------------------------------------------------------------------------
@@ -361,8 +406,8 @@ class ControllerEventLoop:
         new controller finishes a reassignment whose target replicas are already in the
         ISR without waiting for an unrelated event (issue 16, defect 2).
         """
-        if event != "ReassignmentProgress" and handlers.ongoing_reassignments(self.ctx):
-            self.enqueue("ReassignmentProgress", lambda: handlers.on_reassignment_progress(self.ctx))
+        if event != "ReassignmentProgress" and reassignment.ongoing_reassignments(self.ctx):
+            self.enqueue("ReassignmentProgress", lambda: reassignment.on_reassignment_progress(self.ctx))
 
     async def _resync(self) -> None:
         """After a failed apply the context may disagree with etcd: read it again."""
@@ -380,10 +425,11 @@ class ControllerEventLoop:
         ):
             kv = await self.store.get(key)
             if kv is not None:
-                self.enqueue(
-                    "AdminRequest",
-                    lambda k=key, t=kind, v=kv.value: handlers.on_admin_request(self.ctx, t, k, v),
-                )
+
+                def decide(k: str = key, t: str = kind, v: bytes = kv.value) -> ControllerResult:
+                    return admin_requests.on_admin_request(self.ctx, t, k, v)
+
+                self.enqueue("AdminRequest", decide)
 
     async def _watch_admin(self, revision: int) -> None:
         """Requests written by hand under /admin (Kafka's znode-based admin tools)."""
@@ -398,20 +444,20 @@ class ControllerEventLoop:
                         if ev.kind != "put":
                             continue
                         if ev.key in kinds:
-                            self.enqueue(
-                                "AdminRequest",
-                                lambda k=ev.key, v=ev.value: handlers.on_admin_request(
-                                    self.ctx, kinds[k], k, v
-                                ),
-                            )
+
+                            def request(k: str = ev.key, v: bytes = ev.value) -> ControllerResult:
+                                return admin_requests.on_admin_request(self.ctx, kinds[k], k, v)
+
+                            self.enqueue("AdminRequest", request)
                         elif ev.key.startswith(self.keys.delete_topics_prefix):
                             topic = ev.key[len(self.keys.delete_topics_prefix) :]
-                            self.enqueue(
-                                "TopicDeletion",
-                                lambda t=topic, k=ev.key: handlers.on_admin_delete_marker(
+
+                            def delete_marker(t: str = topic, k: str = ev.key) -> ControllerResult:
+                                return admin_requests.on_admin_delete_marker(
                                     self.ctx, t, k, deletion_enabled=self.delete_topic_enable
-                                ),
-                            )
+                                )
+
+                            self.enqueue("TopicDeletion", delete_marker)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -452,14 +498,14 @@ class ControllerEventLoop:
 
     def _membership_event(self, name: str, kvs: list[Any]) -> None:
         if name == "BrokerChange":
-            registered = {}
+            registered: dict[int, BrokerInfo] = {}
             for kv in kvs:
-                info = BrokerInfo.from_json(kv.value, kv.create_revision)
+                info = broker_info(kv.value, kv.create_revision)
                 registered[info.broker_id] = info
-            self.enqueue(name, lambda r=registered: handlers.on_broker_change(self.ctx, r))
+            self.enqueue(name, lambda: handlers.on_broker_change(self.ctx, registered))
         else:
-            gateways = {g.gateway_id: g for g in (GatewayInfo.from_json(kv.value) for kv in kvs)}
-            self.enqueue(name, lambda g=gateways: handlers.on_gateway_change(self.ctx, g))
+            gateways = {g.gateway_id: g for g in (gateway_info(kv.value) for kv in kvs)}
+            self.enqueue(name, lambda: handlers.on_gateway_change(self.ctx, gateways))
 
     # ---- apply: fenced writes, replay, RPCs ----------------------------------------------------
 
@@ -471,7 +517,7 @@ class ControllerEventLoop:
         if result.writes:
             txns = await self._commit(result.writes)
             for write in result.writes:
-                handlers.apply_write(self.ctx, write)
+                apply_write(self.ctx, write)
         committed = time.monotonic()
         self._sync_senders()
         self._send(result)
@@ -491,7 +537,7 @@ class ControllerEventLoop:
         metrics.OFFLINE_PARTITIONS.set(len(self.ctx.offline_partitions()))
         metrics.GLOBAL_PARTITION_COUNT.set(len(self.ctx.states))
 
-    async def _commit(self, writes: list[handlers.Write]) -> int:
+    async def _commit(self, writes: list[Write]) -> int:
         """Commit the writes in fenced transactions of at most ETCD_TXN_OPS_MAX ops; returns how many.
 
         Transactions that touch disjoint keys go to etcd together (one round trip and,
@@ -536,22 +582,24 @@ class ControllerEventLoop:
         if not txn.succeeded:
             raise RuntimeError(f"etcd rejected a controller write ({len(ops)} ops): a key changed under us")
 
-    def _etcd_ops(self, write: handlers.Write) -> tuple[list[Any], list[Op]]:
+    def _etcd_ops(self, write: Write) -> tuple[list[Any], list[Op]]:
         k = self.keys
         if isinstance(write, StateWrite):
             key = k.partition_state(*write.tp)
-            return [compare_version(key, write.expected_version)], [Put(key, write.state.to_json())]
+            return [compare_version(key, write.expected_version)], [
+                Put(key, encode_partition_state(write.state))
+            ]
         if isinstance(write, TopicWrite):
             key = k.topic(write.topic.name)
             compares = [compare_missing(key)] if write.create else []
-            return compares, [Put(key, write.topic.to_json())]
+            return compares, [Put(key, encode_topic(write.topic))]
         if isinstance(write, ConfigWrite):
-            return [], [Put(k.topic_config(write.topic), json.dumps(write.configs, sort_keys=True).encode())]
-        if isinstance(write, handlers.AdminKeyDelete):
+            return [], [Put(k.topic_config(write.topic), values.encode_topic_configs(write.configs))]
+        if isinstance(write, AdminKeyDelete):
             return [], [EtcdDelete(write.key)]
         if isinstance(write, DeletionMark):
-            return [], [Put(k.delete_topic(write.topic), b"{}")]
-        if isinstance(write, (handlers.ReplicaStatesWrite, handlers.ShuttingDownWrite)):
+            return [], [Put(k.delete_topic(write.topic), values.DELETE_TOPIC_MARK)]
+        if isinstance(write, (ReplicaStatesWrite, ShuttingDownWrite)):
             return [], []
         if isinstance(write, TopicDelete):
             return [], [
@@ -625,7 +673,7 @@ class ControllerEventLoop:
                         ),
                     )
                 )
-        for broker_id, tps in sorted(rpcs.stop_replica.items()):
+        for broker_id, deletes in sorted(rpcs.stop_replica.items()):
             sender = self.senders.get(("b", broker_id))
             if sender is None:
                 continue
@@ -637,18 +685,16 @@ class ControllerEventLoop:
                         broker_pb2.StopReplicaPartition(
                             topic=tp[0], partition=tp[1], leader_epoch=-2, delete_partition=delete
                         )
-                        for tp, delete in sorted(tps.items())
+                        for tp, delete in sorted(deletes.items())
                     ],
                 ),
             )
             deleted = [
-                tp for tp, delete in sorted(tps.items()) if delete and tp[0] in self.ctx.topics_to_delete
+                tp for tp, delete in sorted(deletes.items()) if delete and tp[0] in self.ctx.topics_to_delete
             ]
             if deleted:
                 epoch = self.ctx.with_broker_epoch(broker_id)
-                fut.add_done_callback(
-                    lambda f, b=broker_id, e=epoch, d=deleted: self._deletion_answered(b, e, d, f)
-                )
+                fut.add_done_callback(functools.partial(self._deletion_answered, broker_id, epoch, deleted))
             futures.append(fut)
         if rpcs.full_metadata or rpcs.update_metadata or rpcs.deleted_topics:
             for (kind, target_id), sender in sorted(self.senders.items()):
@@ -688,7 +734,7 @@ class ControllerEventLoop:
         )
         self.enqueue(
             "ReplicaDeletionResult",
-            lambda: handlers.on_replica_deletion_result(self.ctx, broker_id, broker_epoch, tps, ok),
+            lambda: deletion.on_replica_deletion_result(self.ctx, broker_id, broker_epoch, tps, ok),
         )
 
     def update_metadata_request(
@@ -721,7 +767,7 @@ class ControllerEventLoop:
             key = self.keys.producer_id_block
             for _ in range(10):
                 kv = await self.store.get(key)
-                start = json.loads(kv.value)["next"] if kv is not None else 0
+                start = values.decode_producer_id_block(kv.value) if kv is not None else 0
                 compare = (
                     compare_mod_revision(key, kv.mod_revision) if kv is not None else compare_missing(key)
                 )
@@ -729,10 +775,10 @@ class ControllerEventLoop:
                     self.store,
                     self.epoch,
                     [compare],
-                    [Put(key, json.dumps({"next": start + PRODUCER_ID_BLOCK_SIZE}).encode()), Get(key)],
+                    [Put(key, values.encode_producer_id_block(start + PRODUCER_ID_BLOCK_IDS)), Get(key)],
                 )
                 if txn.succeeded:
-                    nxt, end = start, start + PRODUCER_ID_BLOCK_SIZE
+                    nxt, end = start, start + PRODUCER_ID_BLOCK_IDS
                     break
             else:
                 raise RuntimeError("could not reserve a producer id block in etcd (contention)")

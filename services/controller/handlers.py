@@ -1,5 +1,10 @@
 """Controller event handlers: decide, then apply (Kafka's *ControlManager pattern).
 
+This module holds the handlers of partition leadership and topic creation; topic
+deletion lives in deletion.py, partition reassignment in reassignment.py, requests
+written by hand under /admin in admin_requests.py, and the write and result types
+they all return, with their replay (`apply_write`), in results.py.
+
 Each handler reads the ControllerContext and returns a `ControllerResult`:
 the etcd writes it wants (all fenced by the controller epoch when applied),
 the control RPCs to send once they are committed, and the answer for the
@@ -17,28 +22,23 @@ decisions.
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from clients.common.errors import (
-    ElectionNotNeeded,
-    EligibleLeadersNotAvailable,
     HighwaterError,
     InvalidPartitions,
     InvalidReplicaAssignment,
     InvalidReplicationFactor,
     InvalidRequest,
     InvalidTopic,
-    NoReassignmentInProgress,
     TopicAlreadyExists,
     UnknownTopicOrPartition,
 )
 from clients.common.topics import topic_name_problem, validate_topic_configs
+from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import common_pb2, controller_pb2
 from services.common import limits
 from services.controller import elections
@@ -49,98 +49,28 @@ from services.controller.context import (
     ControllerContext,
     LeaderAndIsr,
     TopicInfo,
-    TopicPartitionKey,
 )
-from services.controller.state_machines import REPLICA_TRANSITIONS, ReplicaState, replica_transition
+from services.controller.deletion import ReplicaMoves, resume_deletions
+
+# The `name as name` imports (here and below) re-export names that moved to deletion.py,
+# reassignment.py and results.py: tests/sim (sim_controller.py, test_known_issues.py) still
+# call them as `handlers.X`. Remove them once those call the new modules directly.
+from services.controller.deletion import on_delete_topics as on_delete_topics
+from services.controller.deletion import on_replica_deletion_result as on_replica_deletion_result
+from services.controller.reassignment import on_alter_reassignments as on_alter_reassignments
+from services.controller.results import (
+    ConfigWrite,
+    ControllerResult,
+    ShuttingDownWrite,
+    StateWrite,
+    TopicWrite,
+    require_topic,
+)
+from services.controller.results import TopicDelete as TopicDelete
+from services.controller.results import apply_write as apply_write
+from services.controller.state_machines import ReplicaState
 
 log = logging.getLogger("highwater.controller")
-
-# ---- what a handler asks for ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StateWrite:
-    """Write a partition state key; expected_version is the key's version now (0: absent)."""
-
-    tp: TopicPartitionKey
-    state: LeaderAndIsr
-    expected_version: int
-
-
-@dataclass(frozen=True)
-class TopicWrite:
-    topic: TopicInfo
-    create: bool
-
-
-@dataclass(frozen=True)
-class ConfigWrite:
-    topic: str
-    configs: dict[str, str]
-
-
-@dataclass(frozen=True)
-class TopicDelete:
-    """Remove every key of a topic (assignment, states, config, deletion marker)."""
-
-    topic: str
-
-
-@dataclass(frozen=True)
-class ReplicaStatesWrite:
-    """Replica state machine moves of replicas being deleted (kept in memory only, not in etcd)."""
-
-    states: tuple[tuple[tuple[TopicPartitionKey, int], ReplicaState], ...]
-
-
-@dataclass(frozen=True)
-class ShuttingDownWrite:
-    """Brokers that started (add) or ended (remove) a controlled shutdown (kept in memory only)."""
-
-    add: frozenset[int] = frozenset()
-    remove: frozenset[int] = frozenset()
-
-
-@dataclass
-class ControlRpcs:
-    """Control RPCs to send after the writes commit, built from the committed context."""
-
-    leader_and_isr: dict[int, set[TopicPartitionKey]] = field(default_factory=dict)
-    new_replicas: set[tuple[int, TopicPartitionKey]] = field(default_factory=set)
-    update_metadata: set[TopicPartitionKey] = field(default_factory=set)
-    full_metadata: bool = False
-    stop_replica: dict[int, dict[TopicPartitionKey, bool]] = field(default_factory=dict)
-    deleted_topics: set[str] = field(default_factory=set)
-
-    def add_leader_and_isr(
-        self, brokers: Iterable[int], tp: TopicPartitionKey, *, is_new: bool = False
-    ) -> None:
-        for b in brokers:
-            self.leader_and_isr.setdefault(b, set()).add(tp)
-            if is_new:
-                self.new_replicas.add((b, tp))
-        self.update_metadata.add(tp)
-
-    def is_empty(self) -> bool:
-        return not (
-            self.leader_and_isr
-            or self.update_metadata
-            or self.full_metadata
-            or self.stop_replica
-            or self.deleted_topics
-        )
-
-
-@dataclass
-class ControllerResult:
-    writes: list[Write] = field(default_factory=list)
-    rpcs: ControlRpcs = field(default_factory=ControlRpcs)
-    response: Any = None
-    # Count of elections that picked a leader from outside the ISR (potential data loss).
-    unclean_elections: int = 0
-    # Filled by the event loop: one future per control RPC queued for this result.
-    rpc_futures: list[Any] = field(default_factory=list)
-
 
 # ---- helpers ---------------------------------------------------------------------------------
 
@@ -591,13 +521,6 @@ def on_elect_leaders(ctx: ControllerContext, req: common_pb2.ElectLeadersRequest
     return result
 
 
-def require_topic(ctx: ControllerContext, name: str) -> TopicInfo:
-    topic = ctx.topics.get(name)
-    if topic is None:
-        raise UnknownTopicOrPartition(f"topic {name!r} does not exist")
-    return topic
-
-
 def on_create_partitions(ctx: ControllerContext, req: common_pb2.CreatePartitionsRequest) -> ControllerResult:
     result = ControllerResult()
     answers = []
@@ -658,356 +581,6 @@ def on_create_partitions(ctx: ControllerContext, req: common_pb2.CreatePartition
     return result
 
 
-# ---- topic deletion ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DeletionMark:
-    """Put /admin/delete_topics/{topic}: deletion survives a controller failover."""
-
-    topic: str
-
-
-def on_delete_topics(ctx: ControllerContext, names: list[str], *, deletion_enabled: bool) -> ControllerResult:
-    """TopicDeletion, started: mark, then StopReplica(delete) to every live replica.
-
-    The keys are removed only when every replica confirmed its deletion
-    (`on_replica_deletion_result`); replicas on dead brokers are
-    ReplicaDeletionIneligible and retried when their broker returns.
-    """
-    result = ControllerResult()
-    moves = ReplicaMoves(ctx)
-    answers = []
-    for name in names:
-        answer = common_pb2.TopicResult(name=name)
-        if not deletion_enabled:
-            answer.error_code = common_pb2.TOPIC_DELETION_DISABLED
-            answer.error_message = "topic deletion is disabled on this cluster (--no-delete-topic-enable)"
-        elif name not in ctx.topics:
-            answer.error_code = common_pb2.UNKNOWN_TOPIC_OR_PARTITION
-            answer.error_message = f"topic {name!r} does not exist"
-        elif name not in ctx.topics_to_delete:
-            result.writes.append(DeletionMark(name))
-            _start_replica_deletion(ctx, result, moves, name)
-        answers.append(answer)
-    moves.commit(result)
-    result.response = common_pb2.DeleteTopicsResponse(topics=answers)
-    return result
-
-
-class ReplicaMoves:
-    """The replica state machine moves one handler decides, committed as one ReplicaStatesWrite.
-
-    A replica of a topic being deleted that has no deletion state yet is
-    OfflineReplica (Kafka takes every replica offline before deleting it). Every
-    move goes through REPLICA_TRANSITIONS: one the controller decides on its own
-    halts it if illegal (its bookkeeping is wrong); one a broker's answer asks for
-    is ignored with a log line (`move_on_answer`), since an answer may be stale.
-    """
-
-    def __init__(self, ctx: ControllerContext) -> None:
-        self.ctx = ctx
-        self.moves: dict[tuple[TopicPartitionKey, int], ReplicaState] = {}
-
-    def state(self, key: tuple[TopicPartitionKey, int]) -> ReplicaState:
-        return self.moves.get(key) or self.ctx.replica_deletion.get(key) or ReplicaState.OFFLINE
-
-    def move(self, key: tuple[TopicPartitionKey, int], target: ReplicaState) -> None:
-        self.moves[key] = replica_transition(self.state(key), target, key)
-
-    def move_on_answer(self, key: tuple[TopicPartitionKey, int], target: ReplicaState) -> None:
-        current = self.state(key)
-        if target not in REPLICA_TRANSITIONS[current]:
-            log.info(
-                "ignoring a StopReplica answer for %s-%d on broker %d: it asks for %s -> %s",
-                *key[0],
-                key[1],
-                current.value,
-                target.value,
-            )
-            return
-        self.moves[key] = target
-
-    def commit(self, result: ControllerResult) -> None:
-        if self.moves:
-            result.writes.append(ReplicaStatesWrite(tuple(sorted(self.moves.items()))))
-
-
-def _start_replica_deletion(
-    ctx: ControllerContext, result: ControllerResult, moves: ReplicaMoves, topic: str
-) -> None:
-    for tp in ctx.partitions_of(topic):
-        for r in ctx.replicas(tp):
-            if moves.state((tp, r)) is ReplicaState.DELETION_SUCCESSFUL:
-                continue
-            if r in ctx.live_brokers:
-                moves.move((tp, r), ReplicaState.DELETION_STARTED)
-                result.rpcs.stop_replica.setdefault(r, {})[tp] = True
-            else:
-                moves.move((tp, r), ReplicaState.DELETION_INELIGIBLE)
-    result.rpcs.deleted_topics.add(topic)
-
-
-def on_replica_deletion_result(
-    ctx: ControllerContext, broker_id: int, broker_epoch: int, tps: list[TopicPartitionKey], succeeded: bool
-) -> ControllerResult:
-    """StopReplica(delete) answered (or failed): finish topics whose replicas are all gone.
-
-    An answer from an incarnation that is not the broker's current one is stale: the
-    deletion was sent again to the new one when it registered, and that answer decides
-    (acting on the old one halted the controller, issue 16 defect 3).
-    """
-    result = ControllerResult()
-    if ctx.with_broker_epoch(broker_id) != broker_epoch:
-        log.info(
-            "ignoring a StopReplica answer from broker %d epoch %d: not its live incarnation (%d)",
-            broker_id,
-            broker_epoch,
-            ctx.with_broker_epoch(broker_id),
-        )
-        return result
-    moves = ReplicaMoves(ctx)
-    target = ReplicaState.DELETION_SUCCESSFUL if succeeded else ReplicaState.DELETION_INELIGIBLE
-    for tp in tps:
-        key = (tp, broker_id)
-        if key in ctx.replica_deletion and ctx.replica_deletion[key] is not target:
-            moves.move_on_answer(key, target)
-    moves.commit(result)
-    for topic in sorted({tp[0] for tp in tps}):
-        if (
-            topic in ctx.topics
-            and topic in ctx.topics_to_delete
-            and all(
-                moves.state((tp, r)) is ReplicaState.DELETION_SUCCESSFUL
-                for tp in ctx.partitions_of(topic)
-                for r in ctx.replicas(tp)
-            )
-        ):
-            log.info("topic %s deleted from every replica; removing its keys", topic)
-            result.writes.append(TopicDelete(topic))
-            result.rpcs.deleted_topics.add(topic)
-    return result
-
-
-def resume_deletions(
-    ctx: ControllerContext, result: ControllerResult, moves: ReplicaMoves, brokers: set[int] | None = None
-) -> None:
-    """Send deletion again to replicas not yet deleted on the given (default: all) live brokers."""
-    for topic in sorted(ctx.topics_to_delete):
-        if topic not in ctx.topics:
-            continue
-        for tp in ctx.partitions_of(topic):
-            for r in ctx.replicas(tp):
-                state = moves.state((tp, r))
-                if state is ReplicaState.DELETION_SUCCESSFUL or r not in ctx.live_brokers:
-                    continue
-                if brokers is None or r in brokers:
-                    if state is not ReplicaState.DELETION_STARTED:
-                        moves.move((tp, r), ReplicaState.DELETION_STARTED)
-                    result.rpcs.stop_replica.setdefault(r, {})[tp] = True
-
-
-# ---- partition reassignment (OAR -> RAR) ---------------------------------------------------------
-
-
-def ongoing_reassignments(ctx: ControllerContext) -> list[TopicPartitionKey]:
-    return sorted(
-        (t.name, p)
-        for t in ctx.topics.values()
-        for p in set(t.adding_replicas) | set(t.removing_replicas)
-        if t.name not in ctx.topics_to_delete
-    )
-
-
-def original_replicas(topic: TopicInfo, p: int) -> tuple[int, ...]:
-    """OAR: the assignment before the reassignment (AR minus the replicas being added)."""
-    adding = topic.adding_replicas.get(p, ())
-    return tuple(r for r in topic.assignment[p] if r not in adding)
-
-
-def target_replicas(topic: TopicInfo, p: int) -> tuple[int, ...]:
-    """RAR: the assignment being moved to (AR minus the replicas being removed)."""
-    removing = topic.removing_replicas.get(p, ())
-    return tuple(r for r in topic.assignment[p] if r not in removing)
-
-
-def _with_assignment(
-    topic: TopicInfo, p: int, replicas: tuple[int, ...], adding: tuple[int, ...], removing: tuple[int, ...]
-) -> TopicInfo:
-    new = TopicInfo(
-        topic.name,
-        topic.topic_id,
-        {**topic.assignment, p: replicas},
-        topic.configs,
-        dict(topic.adding_replicas),
-        dict(topic.removing_replicas),
-    )
-    for field_map, value in ((new.adding_replicas, adding), (new.removing_replicas, removing)):
-        if value:
-            field_map[p] = value
-        else:
-            field_map.pop(p, None)
-    return new
-
-
-def on_alter_reassignments(
-    ctx: ControllerContext, req: common_pb2.AlterPartitionReassignmentsRequest
-) -> ControllerResult:
-    """Start (or cancel) reassignments: AR := OAR + RAR, new replicas start, epoch bumped."""
-    result = ControllerResult()
-    answers = []
-    topics: dict[str, TopicInfo] = {}
-    for rt in req.topics:
-        for rp in rt.partitions:
-            tp = (rt.name, rp.partition)
-            answer = common_pb2.PartitionResult(topic=rt.name, partition=rp.partition)
-            try:
-                topic = topics.get(rt.name) or require_topic(ctx, rt.name)
-                if rt.name in ctx.topics_to_delete:
-                    raise UnknownTopicOrPartition(f"topic {rt.name!r} is being deleted")
-                if rp.partition not in topic.assignment or tp not in ctx.states:
-                    raise UnknownTopicOrPartition(f"topic {rt.name!r} has no partition {rp.partition}")
-                oar = original_replicas(topic, rp.partition)
-                ongoing = bool(
-                    topic.adding_replicas.get(rp.partition) or topic.removing_replicas.get(rp.partition)
-                )
-                if rp.cancel or not rp.replicas:
-                    if not ongoing:
-                        raise NoReassignmentInProgress(
-                            f"{rt.name}-{rp.partition} has no reassignment to cancel"
-                        )
-                    topics[rt.name] = _cancel_reassignment(ctx, result, topic, tp, oar)
-                else:
-                    rar = tuple(rp.replicas)
-                    if len(set(rar)) != len(rar):
-                        raise InvalidReplicaAssignment(f"target replicas {list(rar)} list a broker twice")
-                    unknown = [r for r in rar if r not in ctx.live_brokers]
-                    if unknown:
-                        raise InvalidReplicaAssignment(
-                            f"target replicas {unknown} are not registered brokers; live: "
-                            f"{sorted(ctx.live_brokers)}"
-                        )
-                    if rar == oar and not ongoing:
-                        raise ElectionNotNeeded(f"{rt.name}-{rp.partition} already has replicas {list(rar)}")
-                    # A new target for a partition already moving starts from every replica it
-                    # has now, so none that leads or is in the ISR is dropped before the walk
-                    # moves leadership into the new target (sim seed KI-3).
-                    base = topic.assignment[rp.partition] if ongoing else oar
-                    ar = rar + tuple(r for r in base if r not in rar)
-                    adding = tuple(r for r in rar if r not in base)
-                    removing = tuple(r for r in base if r not in rar)
-                    new_topic = _with_assignment(topic, rp.partition, ar, adding, removing)
-                    topics[rt.name] = new_topic
-                    state = ctx.states[tp]
-                    new_state = state.next(leader=state.leader, isr=state.isr, controller_epoch=ctx.epoch)
-                    result.writes.append(StateWrite(tp, new_state, state.partition_epoch))
-                    result.rpcs.add_leader_and_isr([r for r in ar if ctx.is_live(r)], tp)
-                    for r in adding:
-                        result.rpcs.new_replicas.add((r, tp))
-                    log.info(
-                        "reassigning %s-%d from %s to %s (adding %s, removing %s)",
-                        *tp,
-                        list(oar),
-                        list(rar),
-                        list(adding),
-                        list(removing),
-                    )
-            except HighwaterError as exc:
-                answer.error_code, answer.error_message = exc.code, exc.message
-            answers.append(answer)
-    for topic in topics.values():
-        result.writes.insert(0, TopicWrite(topic, create=False))
-    result.response = common_pb2.AlterPartitionReassignmentsResponse(partitions=answers)
-    return result
-
-
-def _cancel_reassignment(
-    ctx: ControllerContext,
-    result: ControllerResult,
-    topic: TopicInfo,
-    tp: TopicPartitionKey,
-    oar: tuple[int, ...],
-) -> TopicInfo:
-    state = ctx.states[tp]
-    adding = topic.adding_replicas.get(tp[1], ())
-    isr = tuple(r for r in state.isr if r in oar)
-    leader = state.leader
-    if leader not in oar or not ctx.is_live(leader):
-        live = {b for b in ctx.live_brokers if ctx.is_live(b)}
-        choice = elections.reassignment_leader(oar, isr, live)
-        if choice is None:
-            raise EligibleLeadersNotAvailable(f"cannot cancel: no live in-sync replica among {list(oar)}")
-        leader = choice[0]
-    new_state = state.next(leader=leader, isr=isr or (leader,), controller_epoch=ctx.epoch)
-    result.writes.append(StateWrite(tp, new_state, state.partition_epoch))
-    result.rpcs.add_leader_and_isr([r for r in oar if ctx.is_live(r)], tp)
-    for r in adding:
-        if r in ctx.live_brokers:
-            result.rpcs.stop_replica.setdefault(r, {})[tp] = True
-    log.info("cancelled the reassignment of %s-%d back to %s", *tp, list(oar))
-    return _with_assignment(topic, tp[1], oar, (), ())
-
-
-def on_reassignment_progress(ctx: ControllerContext) -> ControllerResult:
-    """Finish reassignments whose target replicas are all in the ISR.
-
-    Leader moved into RAR if needed, OAR-RAR out of the ISR and deleted,
-    AR := RAR last — so a controller that dies between steps leaves a state
-    from which the next one finishes the same walk.
-    """
-    result = ControllerResult()
-    live = {b for b in ctx.live_brokers if ctx.is_live(b)}
-    topics: dict[str, TopicInfo] = {}
-    for tp in ongoing_reassignments(ctx):
-        topic = topics.get(tp[0]) or ctx.topics[tp[0]]
-        state = ctx.states.get(tp)
-        if state is None:
-            continue
-        rar = target_replicas(topic, tp[1])
-        if not all(r in state.isr for r in rar):
-            continue
-        leader = state.leader
-        if leader not in rar or leader not in live:
-            choice = elections.reassignment_leader(rar, state.isr, live)
-            if choice is None:
-                continue
-            leader = choice[0]
-        removing = topic.removing_replicas.get(tp[1], ())
-        new_isr = tuple(r for r in state.isr if r in rar)
-        new_state = state.next(leader=leader, isr=new_isr, controller_epoch=ctx.epoch)
-        result.writes.append(StateWrite(tp, new_state, state.partition_epoch))
-        result.rpcs.add_leader_and_isr([r for r in rar if r in live], tp)
-        for r in removing:
-            if r in ctx.live_brokers:
-                result.rpcs.stop_replica.setdefault(r, {})[tp] = True
-        topics[tp[0]] = _with_assignment(topic, tp[1], rar, (), ())
-        log.info("reassignment of %s-%d done: replicas %s, leader %d", *tp, list(rar), leader)
-    for topic in topics.values():
-        result.writes.append(TopicWrite(topic, create=False))
-    return result
-
-
-def list_reassignments(
-    ctx: ControllerContext, req: common_pb2.ListPartitionReassignmentsRequest
-) -> common_pb2.ListPartitionReassignmentsResponse:
-    wanted = {(p.topic, p.partition) for p in req.partitions}
-    out = []
-    for tp in ongoing_reassignments(ctx):
-        if wanted and tp not in wanted:
-            continue
-        topic = ctx.topics[tp[0]]
-        out.append(
-            common_pb2.OngoingReassignment(
-                topic=tp[0],
-                partition=tp[1],
-                replicas=list(topic.assignment[tp[1]]),
-                adding_replicas=list(topic.adding_replicas.get(tp[1], ())),
-                removing_replicas=list(topic.removing_replicas.get(tp[1], ())),
-            )
-        )
-    return common_pb2.ListPartitionReassignmentsResponse(reassignments=out)
-
-
 # ---- automatic leader rebalance ------------------------------------------------------------------
 
 
@@ -1037,145 +610,4 @@ def on_auto_leader_rebalance(ctx: ControllerContext, imbalance_percentage_max: i
             choice = elections.preferred_replica_leader(ctx.replicas(tp), state.isr, live)
             if choice is not None:
                 _change_state(ctx, result, tp, leader=choice[0], isr=choice[1])
-    return result
-
-
-# ---- replay -----------------------------------------------------------------------------------
-
-
-def apply_write(ctx: ControllerContext, write: Write) -> None:
-    """Replay one committed write into the context (the only way handler writes change it)."""
-    if isinstance(write, StateWrite):
-        ctx.apply_state(write.tp, write.state)
-    elif isinstance(write, TopicWrite):
-        old = ctx.topics.get(write.topic.name)
-        configs = old.configs if old is not None else write.topic.configs
-        ctx.topics[write.topic.name] = TopicInfo(
-            write.topic.name,
-            write.topic.topic_id,
-            dict(write.topic.assignment),
-            dict(configs or {}),
-            dict(write.topic.adding_replicas),
-            dict(write.topic.removing_replicas),
-        )
-    elif isinstance(write, ConfigWrite):
-        topic = ctx.topics.get(write.topic)
-        if topic is not None:
-            topic.configs = dict(write.configs)
-    elif isinstance(write, DeletionMark):
-        ctx.topics_to_delete.add(write.topic)
-    elif isinstance(write, ReplicaStatesWrite):
-        for key, state in write.states:
-            if key[0][0] in ctx.topics_to_delete:
-                ctx.replica_deletion[key] = state
-    elif isinstance(write, ShuttingDownWrite):
-        ctx.shutting_down = (ctx.shutting_down | write.add) - write.remove
-    elif isinstance(write, TopicDelete):
-        ctx.replica_deletion = {k: v for k, v in ctx.replica_deletion.items() if k[0][0] != write.topic}
-        ctx.topics.pop(write.topic, None)
-        ctx.topics_to_delete.discard(write.topic)
-        for tp in [tp for tp in ctx.states if tp[0] == write.topic]:
-            del ctx.states[tp]
-
-
-# ---- requests written by hand under /admin ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AdminKeyDelete:
-    """Remove a handled (or malformed) /admin request key."""
-
-    key: str
-
-
-def parse_admin_reassignment(raw: bytes) -> common_pb2.AlterPartitionReassignmentsRequest:
-    """Kafka's reassignment JSON: {"version": 1, "partitions": [{"topic", "partition", "replicas"}]}."""
-    try:
-        doc = json.loads(raw)
-        by_topic: dict[str, list[common_pb2.ReassignablePartition]] = {}
-        for item in doc["partitions"]:
-            replicas = [int(r) for r in item["replicas"]]
-            by_topic.setdefault(str(item["topic"]), []).append(
-                common_pb2.ReassignablePartition(partition=int(item["partition"]), replicas=replicas)
-            )
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InvalidRequest(
-            f"malformed reassignment JSON ({exc}); expected "
-            '{"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [1, 2]}]}'
-        ) from exc
-    return common_pb2.AlterPartitionReassignmentsRequest(
-        topics=[common_pb2.ReassignableTopic(name=t, partitions=ps) for t, ps in by_topic.items()]
-    )
-
-
-def parse_admin_preferred_election(raw: bytes) -> common_pb2.ElectLeadersRequest:
-    """{"partitions": [{"topic": "t", "partition": 0}]} (an empty list: every partition)."""
-    try:
-        doc = json.loads(raw)
-        parts = [
-            common_pb2.TopicPartition(topic=str(p["topic"]), partition=int(p["partition"]))
-            for p in doc.get("partitions", [])
-        ]
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise InvalidRequest(
-            f"malformed preferred election JSON ({exc}); expected "
-            '{"partitions": [{"topic": "t", "partition": 0}]}'
-        ) from exc
-    return common_pb2.ElectLeadersRequest(election_type=common_pb2.PREFERRED, partitions=parts)
-
-
-def on_admin_request(ctx: ControllerContext, kind: str, key: str, raw: bytes) -> ControllerResult:
-    """A request written by hand under /admin: run it, log its errors, remove the key."""
-    try:
-        if kind == "reassign":
-            result = on_alter_reassignments(ctx, parse_admin_reassignment(raw))
-        elif kind == "preferred":
-            result = on_elect_leaders(ctx, parse_admin_preferred_election(raw))
-        else:
-            raise InvalidRequest(f"unknown admin request {key}")
-        for p in getattr(result.response, "partitions", []):
-            if p.error_code:
-                log.error(
-                    "admin request %s: %s-%d: %s %s",
-                    key,
-                    p.topic,
-                    p.partition,
-                    common_pb2.ErrorCode.Name(p.error_code),
-                    p.error_message,
-                )
-    except HighwaterError as exc:
-        log.error("admin request %s refused: %s", key, exc)
-        result = ControllerResult()
-    result.writes.append(AdminKeyDelete(key))
-    return result
-
-
-Write = (
-    StateWrite
-    | TopicWrite
-    | ConfigWrite
-    | TopicDelete
-    | DeletionMark
-    | AdminKeyDelete
-    | ReplicaStatesWrite
-    | ShuttingDownWrite
-)
-
-
-def on_admin_delete_marker(
-    ctx: ControllerContext, topic: str, key: str, *, deletion_enabled: bool
-) -> ControllerResult:
-    """A /admin/delete_topics/{topic} key: delete the topic, or log why not and remove the key."""
-    if topic in ctx.topics_to_delete:
-        return ControllerResult()  # our own mark, already being handled
-    result = on_delete_topics(ctx, [topic], deletion_enabled=deletion_enabled)
-    answer = result.response.topics[0]
-    if answer.error_code:
-        log.error(
-            "deletion of %r requested under /admin refused: %s %s",
-            topic,
-            common_pb2.ErrorCode.Name(answer.error_code),
-            answer.error_message,
-        )
-        result.writes.append(AdminKeyDelete(key))
     return result

@@ -152,7 +152,7 @@ def _parse_each(
     messages: Iterable[controller_pb2.AclBinding],
 ) -> list[tuple[controller_pb2.AclBinding, AclBinding | None, str]]:
     """(as sent, checked binding or None, why not) for each binding of a request."""
-    parsed = []
+    parsed: list[tuple[controller_pb2.AclBinding, AclBinding | None, str]] = []
     for msg in messages:
         try:
             parsed.append((msg, binding_from_proto(msg), ""))

@@ -30,7 +30,7 @@ from services.common import limits
 from services.common.peers import PeerChannels
 from services.common.request_checks import init_producer_id_problem
 from services.common.server import ServiceRuntime
-from services.controller import handlers, metrics, security_admin
+from services.controller import deletion, handlers, metrics, reassignment, results, security_admin
 from services.controller.event_loop import ControllerEventLoop, ControllerResigned
 from services.security.config import SecurityConfig
 from services.security.runtime import ServiceSecurity
@@ -40,7 +40,6 @@ log = logging.getLogger("highwater.controller")
 R = TypeVar("R")
 # How long an admin call waits for the control RPCs its change caused (so a
 # created topic is usable when CreateTopics returns).
-ADMIN_PROPAGATION_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
         # decide on the same snapshot (an ACL counted as created twice, a limit passed).
         self._security_lock = asyncio.Lock()
 
-    async def _not_controller(self, response_cls: type[R]) -> R:
+    async def _not_controller(self, response_cls: Callable[..., R]) -> R:
         info = await current_controller(self.store)
         active = common_pb2.NotControllerInfo(controller_id=-1)
         message = "no controller is active yet; retry shortly"
@@ -84,15 +83,15 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             )
         return response_cls(
             error_code=common_pb2.NOT_CONTROLLER,
-            error_message=message,  # type: ignore[call-arg]
+            error_message=message,
             active_controller=active,
         )
 
     async def _run(
         self,
         name: str,
-        response_cls: type[R],
-        decide: Callable[[ControllerEventLoop], handlers.ControllerResult],
+        response_cls: Callable[..., R],
+        decide: Callable[[ControllerEventLoop], results.ControllerResult],
         *,
         wait_rpcs: bool = False,
     ) -> R:
@@ -102,8 +101,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
     async def _run_timed(
         self,
         name: str,
-        response_cls: type[R],
-        decide: Callable[[ControllerEventLoop], handlers.ControllerResult],
+        response_cls: Callable[..., R],
+        decide: Callable[[ControllerEventLoop], results.ControllerResult],
         *,
         wait_rpcs: bool,
     ) -> R:
@@ -115,10 +114,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
         except ControllerResigned:
             return await self._not_controller(response_cls)
         except HighwaterError as exc:
-            return response_cls(error_code=exc.code, error_message=exc.message)  # type: ignore[call-arg]
+            return response_cls(error_code=exc.code, error_message=exc.message)
         if wait_rpcs and result.rpc_futures:
-            await asyncio.wait(result.rpc_futures, timeout=ADMIN_PROPAGATION_WAIT_S)
-        return result.response
+            await asyncio.wait(result.rpc_futures, timeout=limits.ADMIN_PROPAGATION_WAIT_S)
+        response: R = result.response  # the handler's answer, a response_cls message
+        return response
 
     async def CreateTopics(
         self, request: common_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
@@ -137,7 +137,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
         response = await self._run(
             "DeleteTopics",
             common_pb2.DeleteTopicsResponse,
-            lambda lp: handlers.on_delete_topics(
+            lambda lp: deletion.on_delete_topics(
                 lp.ctx, list(request.names), deletion_enabled=lp.delete_topic_enable
             ),
             wait_rpcs=True,
@@ -203,7 +203,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
         return await self._run(
             "AlterPartitionReassignments",
             common_pb2.AlterPartitionReassignmentsResponse,
-            lambda lp: handlers.on_alter_reassignments(lp.ctx, request),
+            lambda lp: reassignment.on_alter_reassignments(lp.ctx, request),
             wait_rpcs=True,
         )
 
@@ -213,7 +213,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
         loop = self.active
         if loop is None:
             return await self._not_controller(common_pb2.ListPartitionReassignmentsResponse)
-        return handlers.list_reassignments(loop.ctx, request)
+        return reassignment.list_reassignments(loop.ctx, request)
 
     async def DescribeCluster(
         self, request: common_pb2.DescribeClusterRequest, context: grpc.aio.ServicerContext
@@ -242,7 +242,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
     async def _security(
         self,
         name: str,
-        response_cls: type[R],
+        response_cls: Callable[..., R],
         decide: Callable[[security_admin.SecurityState], security_admin.Decision],
     ) -> R:
         with metrics.REQUEST_LATENCY.labels(name).time():
@@ -264,7 +264,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
                     return await self._not_controller(response_cls)
                 except CoordinatorError as exc:
                     return response_cls(
-                        error_code=common_pb2.REQUEST_TIMED_OUT,  # type: ignore[call-arg]
+                        error_code=common_pb2.REQUEST_TIMED_OUT,
                         error_message=f"{name}: etcd did not take the change ({exc}); retry",
                     )
             response: R = decision.response
@@ -378,7 +378,8 @@ async def serve(config: ControllerConfig) -> None:
         service_names=[controller_pb2.DESCRIPTOR.services_by_name["ControllerService"].full_name],
         security=security,
     )
-    controller_pb2_grpc.add_ControllerServiceServicer_to_server(servicer, runtime.server)
+    # Generated by grpcio-tools without annotations (pyproject.toml: protos.* is not checked).
+    controller_pb2_grpc.add_ControllerServiceServicer_to_server(servicer, runtime.server)  # type: ignore[no-untyped-call]
     await runtime.start()
     servicer.host, servicer.port = config.host, runtime.bound_port
     election = ControllerElection(

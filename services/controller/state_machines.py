@@ -4,7 +4,7 @@ Transitions are data: the table lists every legal move, and
 `replica_transition` refuses any other loudly (InvariantViolation) with the
 replica and both states, since an illegal move the controller decides means its
 bookkeeping is wrong. (A move a broker's answer asks for is checked against the
-same table and ignored when illegal: handlers.ReplicaMoves.) The states live in
+same table and ignored when illegal: deletion.ReplicaMoves.) The states live in
 memory only; a new controller starts every replica of a topic being deleted
 from OfflineReplica and sends the deletion again.
 

@@ -72,7 +72,7 @@ class ProducePlan:
     """
 
     by_partition: dict[int, list[int]] = field(default_factory=dict)
-    refused: dict[int, tuple[int, str]] = field(default_factory=dict)
+    refused: dict[int, tuple[common_pb2.ErrorCode, str]] = field(default_factory=dict)
 
 
 def record_size_bytes(record: gateway_pb2.ProducerRecord) -> int:
@@ -82,7 +82,8 @@ def record_size_bytes(record: gateway_pb2.ProducerRecord) -> int:
     length prefix at least as long as the batch's varints; the record's own fields (length,
     attributes, deltas, header count) add at most RECORD_OVERHEAD_BYTES_MAX.
     """
-    return record.ByteSize() + RECORD_OVERHEAD_BYTES_MAX
+    size_bytes: int = record.ByteSize()  # protobuf's Message base class is untyped here
+    return size_bytes + RECORD_OVERHEAD_BYTES_MAX
 
 
 def plan_produce(
@@ -213,7 +214,7 @@ def _consumed(topic: str, partition: int, record: Record) -> gateway_pb2.Consume
 
 
 def failed_results(
-    indexes: Iterable[int], partition: int, code: int, message: str
+    indexes: Iterable[int], partition: int, code: common_pb2.ErrorCode, message: str
 ) -> dict[int, gateway_pb2.RecordResult]:
     return {
         i: gateway_pb2.RecordResult(

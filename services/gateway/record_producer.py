@@ -58,7 +58,7 @@ class PendingWrite:
     deadline: float  # time.monotonic() by which the request must be answered
     done: asyncio.Future[dict[int, gateway_pb2.RecordResult]]
     results: dict[int, gateway_pb2.RecordResult] = field(default_factory=dict)
-    failed: tuple[int, str] | None = None
+    failed: tuple[common_pb2.ErrorCode, str] | None = None
 
 
 @dataclass
@@ -115,7 +115,9 @@ def _take_group(queue: deque[PendingWrite]) -> list[tuple[PendingWrite, list[lis
     return group
 
 
-def _fail(group: list[tuple[PendingWrite, list[list[int]]]], code: int, message: str) -> None:
+def _fail(
+    group: list[tuple[PendingWrite, list[list[int]]]], code: common_pb2.ErrorCode, message: str
+) -> None:
     for pending, batches in group:
         for batch in batches:
             pending.results.update(record_level.failed_results(batch, pending.partition, code, message))
@@ -344,7 +346,7 @@ class RecordProducer:
             offset += len(flat)
         _settle(group)
 
-    async def _take_identity(self, state: PartitionSequence) -> tuple[int, str] | None:
+    async def _take_identity(self, state: PartitionSequence) -> tuple[common_pb2.ErrorCode, str] | None:
         """Give `state` a producer id: the gateway's shared one at first, a fresh one after a failure."""
         async with self._identity_lock:
             if self._shared_identity is not None and not state.needs_fresh_id:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from clients.common.errors import check
 from clients.common.record_batch import iter_batch_headers
@@ -22,10 +23,10 @@ class ProduceSplit:
     """Produce partitions grouped by leader address, and those that cannot be routed."""
 
     by_leader: dict[str, list[tuple[str, common_pb2.ProducePartitionData]]] = field(default_factory=dict)
-    unroutable: dict[TopicPartitionKey, tuple[int, str]] = field(default_factory=dict)
+    unroutable: dict[TopicPartitionKey, tuple[common_pb2.ErrorCode, str]] = field(default_factory=dict)
 
 
-def route_error(cache: MetadataCache, tp: TopicPartitionKey) -> tuple[int, str] | None:
+def route_error(cache: MetadataCache, tp: TopicPartitionKey) -> tuple[common_pb2.ErrorCode, str] | None:
     """Why tp cannot be routed now, or None if its leader is known."""
     if tp[0] not in cache.topics():
         return common_pb2.UNKNOWN_TOPIC_OR_PARTITION, f"topic {tp[0]!r} does not exist"
@@ -97,9 +98,9 @@ def merge_produce(
 
 def split_by_leader(
     cache: MetadataCache, tps: Iterable[TopicPartitionKey]
-) -> tuple[dict[str, list[TopicPartitionKey]], dict[TopicPartitionKey, tuple[int, str]]]:
+) -> tuple[dict[str, list[TopicPartitionKey]], dict[TopicPartitionKey, tuple[common_pb2.ErrorCode, str]]]:
     by_leader: dict[str, list[TopicPartitionKey]] = {}
-    unroutable: dict[TopicPartitionKey, tuple[int, str]] = {}
+    unroutable: dict[TopicPartitionKey, tuple[common_pb2.ErrorCode, str]] = {}
     for tp in tps:
         err = route_error(cache, tp)
         if err is not None:
@@ -140,12 +141,29 @@ def list_offsets_request_for(
     return common_pb2.ListOffsetsRequest(replica_id=-1, topics=topics)
 
 
+class PartitionRef(Protocol):
+    """A request's per-partition entry (FetchPartition, ListOffsetsPartition, ...)."""
+
+    @property
+    def partition(self) -> int: ...
+
+
+class TopicRef(Protocol):
+    """A request's per-topic entry: a topic name and its partition entries."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partitions(self) -> Iterable[PartitionRef]: ...
+
+
 def collect_partitions(
-    topics: Iterable[object],
-    partition_of: Callable[[object], int] = lambda p: p.partition,  # type: ignore[attr-defined]
+    topics: Iterable[TopicRef],
+    partition_of: Callable[[PartitionRef], int] = lambda p: p.partition,
 ) -> list[TopicPartitionKey]:
     out = []
     for t in topics:
-        for p in t.partitions:  # type: ignore[attr-defined]
-            out.append((t.topic, partition_of(p)))  # type: ignore[attr-defined]
+        for p in t.partitions:
+            out.append((t.topic, partition_of(p)))
     return out

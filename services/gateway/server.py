@@ -12,13 +12,12 @@ timeout. Consumer offsets live in etcd, one transaction per commit.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -26,6 +25,8 @@ from clients.common import errors
 from clients.common.errors import CorruptMessage
 from clients.common.record_batch import iter_batch_headers
 from clients.common.topics import group_id_problem
+from clients.common.types import TopicPartitionKey
+from coordinator import values
 from coordinator.election import current_controller
 from coordinator.registration import register_gateway, register_waiting_for_old_lease
 from coordinator.store import EtcdStore, Put
@@ -42,6 +43,9 @@ from services.security.runtime import ServiceSecurity
 
 log = logging.getLogger("highwater.gateway")
 
+# The response message type of one admin call passed through to the controller.
+R = TypeVar("R")
+
 # Per-partition answers the gateway retries itself (within the request's deadline), after
 # refreshing metadata: the error flags' policy, except UNKNOWN_TOPIC_OR_PARTITION, which the
 # gateway's own metadata already decided (a leader saying it goes back to the client, whose
@@ -49,9 +53,6 @@ log = logging.getLogger("highwater.gateway")
 RETRIABLE_ROUTING_CODES = errors.RETRIABLE_AFTER_REFRESH_CODES - {common_pb2.UNKNOWN_TOPIC_OR_PARTITION}
 # Between two routing attempts of one request.
 ROUTING_RETRY_BACKOFF_MS = 100
-# The least time between two metadata pulls from the controller.
-METADATA_REFRESH_INTERVAL_MS_MIN = 50
-SUBSCRIBE_POLL_WAIT_MS = 500
 # Statuses of the controller's own authorization checks, passed on as they are.
 AUTHORIZATION_STATUSES = frozenset({grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED})
 
@@ -107,7 +108,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         async with self._refresh_lock:
             if (
                 not force
-                and (time.monotonic() - self._last_refresh) * 1000 < METADATA_REFRESH_INTERVAL_MS_MIN
+                and (time.monotonic() - self._last_refresh) * 1000
+                < limits.GATEWAY_METADATA_REFRESH_INTERVAL_MS_MIN
             ):
                 return
             address = await self.controller_address()
@@ -170,7 +172,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             request.timeout_ms or limits.PRODUCE_TIMEOUT_MS_DEFAULT, limits.PRODUCE_TIMEOUT_MS_MAX
         )
         deadline = time.monotonic() + timeout_ms / 1000
-        results: dict[routing.TopicPartitionKey, common_pb2.ProducePartitionResponse] = {}
+        results: dict[TopicPartitionKey, common_pb2.ProducePartitionResponse] = {}
         pending = list(request.topics)
         # Retrying a batch that may already be in the log would write it twice, unless
         # the leader can recognise it (an idempotent producer's sequence numbers).
@@ -187,7 +189,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 address: asyncio.ensure_future(self._produce_to(address, request, items, deadline))
                 for address, items in split.by_leader.items()
             }
-            uncertain: set[routing.TopicPartitionKey] = set()
+            uncertain: set[TopicPartitionKey] = set()
             for fut in sends.values():
                 answered, unknown = await fut
                 results.update(answered)
@@ -217,9 +219,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         template: common_pb2.ProduceRequest,
         items: list[tuple[str, common_pb2.ProducePartitionData]],
         deadline: float,
-    ) -> tuple[
-        dict[routing.TopicPartitionKey, common_pb2.ProducePartitionResponse], set[routing.TopicPartitionKey]
-    ]:
+    ) -> tuple[dict[TopicPartitionKey, common_pb2.ProducePartitionResponse], set[TopicPartitionKey]]:
         """One leader's answers, and the partitions whose outcome is unknown (the call itself failed)."""
         req = routing.produce_request(template, items)
         remaining_s = max(deadline - time.monotonic(), 0.001)
@@ -269,7 +269,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             address: asyncio.ensure_future(self._fetch_from(address, request, set(group)))
             for address, group in by_leader.items()
         }
-        parts: dict[routing.TopicPartitionKey, common_pb2.FetchPartitionResponse] = {}
+        parts: dict[TopicPartitionKey, common_pb2.FetchPartitionResponse] = {}
         for tp, (code, message) in unroutable.items():
             parts[tp] = common_pb2.FetchPartitionResponse(
                 partition=tp[1], error_code=code, error_message=message, high_watermark=-1
@@ -290,8 +290,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         return common_pb2.FetchResponse(topics=topics)
 
     async def _fetch_from(
-        self, address: str, template: common_pb2.FetchRequest, wanted: set[routing.TopicPartitionKey]
-    ) -> dict[routing.TopicPartitionKey, common_pb2.FetchPartitionResponse]:
+        self, address: str, template: common_pb2.FetchRequest, wanted: set[TopicPartitionKey]
+    ) -> dict[TopicPartitionKey, common_pb2.FetchPartitionResponse]:
         req = routing.fetch_request_for(template, wanted)
         timeout_s = (
             min(template.max_wait_ms, limits.FETCH_MAX_WAIT_MS_MAX) / 1000 + limits.CONTROL_RPC_TIMEOUT_S
@@ -323,13 +323,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if any(tp[0] not in self.cache.topics() for tp in tps):
             await self.refresh_metadata()
         by_leader, unroutable = routing.split_by_leader(self.cache, tps)
-        parts: dict[routing.TopicPartitionKey, common_pb2.ListOffsetsPartitionResponse] = {}
+        parts: dict[TopicPartitionKey, common_pb2.ListOffsetsPartitionResponse] = {}
         for tp, (code, message) in unroutable.items():
             parts[tp] = common_pb2.ListOffsetsPartitionResponse(
                 partition=tp[1], error_code=code, error_message=message, offset=-1
             )
 
-        async def one(address: str, group: list[routing.TopicPartitionKey]) -> None:
+        async def one(address: str, group: list[TopicPartitionKey]) -> None:
             req = routing.list_offsets_request_for(request, set(group))
             try:
                 resp = await self.peers.broker(address).ListOffsets(req, timeout=limits.CONTROL_RPC_TIMEOUT_S)
@@ -364,7 +364,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> AsyncIterator[gateway_pb2.SubscribeResponse]:
         """Push batches below the HW as it moves: a long-poll Fetch loop on the client's behalf."""
         max_bytes = request.max_bytes or limits.SUBSCRIBE_MAX_BYTES_DEFAULT
-        positions: dict[routing.TopicPartitionKey, int] = {}
+        positions: dict[TopicPartitionKey, int] = {}
         starts = [(p.topic, p.partition, p.start_offset) for p in request.partitions]
         if not starts:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Subscribe needs at least one partition")
@@ -401,7 +401,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         while not context.cancelled():
             req = common_pb2.FetchRequest(
                 replica_id=-1,
-                max_wait_ms=SUBSCRIBE_POLL_WAIT_MS,
+                max_wait_ms=limits.SUBSCRIBE_POLL_WAIT_MS,
                 min_bytes=1,
                 max_bytes=max_bytes,
                 topics=[
@@ -680,14 +680,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                         )
                     )
                     continue
-                value = json.dumps(
-                    {
-                        "offset": p.offset,
-                        "metadata": p.metadata,
-                        "leader_epoch": p.leader_epoch,
-                        "commit_time_ms": int(time.time() * 1000),
-                    }
-                ).encode()
+                value = values.encode_consumer_offset(
+                    p.offset, p.metadata, p.leader_epoch, int(time.time() * 1000)
+                )
                 ops.append(
                     Put(self.store.keys.consumer_offset(request.group_id, t.topic, p.partition), value)
                 )
@@ -717,11 +712,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 error_code=common_pb2.INVALID_REQUEST, error_message=problem
             )
         kvs, _ = await self.store.get_prefix(self.store.keys.consumer_group_prefix(request.group_id))
-        stored: dict[routing.TopicPartitionKey, dict[str, Any]] = {}
+        stored: dict[TopicPartitionKey, values.CommittedOffsetValue] = {}
         for kv in kvs:
             parsed = self.store.keys.parse_consumer_offset(kv.key)
             if parsed is not None:
-                stored[(parsed[1], parsed[2])] = json.loads(kv.value)
+                stored[(parsed[1], parsed[2])] = values.decode_consumer_offset(kv.value)
         wanted = [(p.topic, p.partition) for p in request.partitions] or sorted(stored)
         offsets = []
         for tp in wanted:
@@ -740,8 +735,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     # ---- admin pass-through -------------------------------------------------------------------
 
     async def _admin(
-        self, rpc: str, request: Any, response_cls: type, context: grpc.aio.ServicerContext | None = None
-    ) -> Any:
+        self,
+        rpc: str,
+        request: Any,
+        response_cls: Callable[..., R],
+        context: grpc.aio.ServicerContext | None = None,
+    ) -> R:
         """Call the active controller; follow one NOT_CONTROLLER redirect.
 
         With `context`, a refusal of the controller's own authorization (it re-checks the
@@ -752,8 +751,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             return await self._admin_timed(rpc, request, response_cls, context)
 
     async def _admin_timed(
-        self, rpc: str, request: Any, response_cls: type, context: grpc.aio.ServicerContext | None = None
-    ) -> Any:
+        self,
+        rpc: str,
+        request: Any,
+        response_cls: Callable[..., R],
+        context: grpc.aio.ServicerContext | None = None,
+    ) -> R:
         address = await self.controller_address()
         for _ in range(3):
             if address is None:
@@ -762,7 +765,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                     error_message="no controller is active; start one or retry shortly",
                 )
             try:
-                resp = await getattr(self.peers.controller(address), rpc)(request, timeout=30.0)
+                # The generated stubs are untyped: the answer is the response_cls message.
+                answer = await getattr(self.peers.controller(address), rpc)(request, timeout=30.0)
             except grpc.aio.AioRpcError as exc:
                 if context is not None and exc.code() in AUTHORIZATION_STATUSES:
                     await context.abort(exc.code(), f"the controller refused: {exc.details()}")
@@ -770,8 +774,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                     error_code=common_pb2.NOT_CONTROLLER,
                     error_message=f"controller at {address} could not be reached: {exc.code().name}",
                 )
-            if resp.error_code == common_pb2.NOT_CONTROLLER and resp.active_controller.port:
-                address = f"{resp.active_controller.host}:{resp.active_controller.port}"
+            resp: R = answer
+            if answer.error_code == common_pb2.NOT_CONTROLLER and answer.active_controller.port:
+                address = f"{answer.active_controller.host}:{answer.active_controller.port}"
                 continue
             if rpc in ("CreateTopics", "DeleteTopics", "CreatePartitions", "ElectLeaders"):
                 await self.refresh_metadata(force=True)
@@ -872,7 +877,8 @@ async def serve(config: GatewayConfig) -> None:
         service_names=[gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name],
         security=security,
     )
-    gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, runtime.server)
+    # Generated by grpcio-tools without annotations (pyproject.toml: protos.* is not checked).
+    gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, runtime.server)  # type: ignore[no-untyped-call]
     await runtime.start()
     info = {
         "gateway_id": config.gateway_id,

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 
 # The binding model lives in the client library (clients/common/acls.py): names re-exported here so
 # the services keep one import for the authorizer and what it decides with.
-from clients.common.acls import (  # noqa: F401
+from clients.common.acls import (
     ACL_BINDINGS_MAX,
     ACL_BINDINGS_PER_REQUEST_MAX,
     CLUSTER,
@@ -53,6 +53,33 @@ from clients.common.acls import (  # noqa: F401
     group,
     topic,
 )
+
+# Re-exported names first (services import them from here), then this module's own.
+__all__ = [
+    "ACL_BINDINGS_MAX",
+    "ACL_BINDINGS_PER_REQUEST_MAX",
+    "CLUSTER",
+    "CLUSTER_NAME",
+    "IMPLIES_DESCRIBE",
+    "PRINCIPAL_NAME_MAX_CHARS",
+    "USER_TYPE",
+    "WILDCARD",
+    "WILDCARD_PRINCIPAL",
+    "AclBinding",
+    "AclError",
+    "AclFilter",
+    "Operation",
+    "PatternType",
+    "Permission",
+    "Resource",
+    "ResourceType",
+    "check_principal",
+    "group",
+    "topic",
+    "DECISION_CACHE_ENTRIES_MAX",
+    "Authorizer",
+    "parse_super_users",
+]
 
 # Decisions cached per Authorizer snapshot; a new snapshot starts empty. The
 # bound keeps a flood of distinct topic names from growing memory.

@@ -21,14 +21,11 @@ from typing import Any
 
 from coordinator.acls import SecurityChange, load_security, watch_security
 from coordinator.store import CoordinatorError, MetadataStore
+from services.common import limits
 from services.security import tokens
 from services.security.authz import AclBinding, AclError, Authorizer
 
 log = logging.getLogger("highwater.security")
-
-# Back-off between attempts to re-read the security records after the watch broke.
-RELOAD_BACKOFF_S_MIN = 0.1
-RELOAD_BACKOFF_S_MAX = 5.0
 
 
 class SecurityCache:
@@ -81,12 +78,12 @@ class SecurityCache:
         return snapshot.revision
 
     async def _follow(self, revision: int) -> None:
-        backoff_s = RELOAD_BACKOFF_S_MIN
+        backoff_s = limits.SECURITY_RELOAD_BACKOFF_S_MIN
         while True:
             try:
                 async for changes in watch_security(self.store, revision + 1):
                     self._apply(changes)
-                    backoff_s = RELOAD_BACKOFF_S_MIN
+                    backoff_s = limits.SECURITY_RELOAD_BACKOFF_S_MIN
                 log.warning("the watch on ACLs and tokens ended; reading them again")
             except asyncio.CancelledError:
                 raise
@@ -98,7 +95,7 @@ class SecurityCache:
                     backoff_s,
                 )
             await asyncio.sleep(backoff_s)
-            backoff_s = min(backoff_s * 2, RELOAD_BACKOFF_S_MAX)
+            backoff_s = min(backoff_s * 2, limits.SECURITY_RELOAD_BACKOFF_S_MAX)
             try:
                 revision = await self._reload()
             except CoordinatorError as exc:

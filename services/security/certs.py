@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from services.common import limits
 from services.security.tls import (
     CA_FILE,
     ETCD_CLIENT_CA_FILE,
@@ -42,8 +43,6 @@ from services.security.tls import (
 
 CA_KEY_FILE = "ca-key.pem"
 ETCD_CLIENT_CA_KEY_FILE = "etcd-client-ca-key.pem"
-CA_VALID_DAYS = 3650
-CERT_VALID_DAYS = 825  # the longest validity browsers and most tooling still accept
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
 # Certificates start this long before "now", so a peer whose clock is slightly behind accepts them.
 CLOCK_SKEW_ALLOWANCE = datetime.timedelta(minutes=5)
@@ -65,7 +64,7 @@ def create_ca(
     directory: Path,
     *,
     common_name: str = "Highwater local CA",
-    valid_days: int = CA_VALID_DAYS,
+    valid_days: int = limits.CA_VALID_DAYS,
     ca_file: str = CA_FILE,
     key_file: str = CA_KEY_FILE,
 ) -> Path:
@@ -128,7 +127,7 @@ def issue_certificate(
     *,
     hosts: Iterable[str] = (),
     ca_dir: Path | None = None,
-    valid_days: int = CERT_VALID_DAYS,
+    valid_days: int = limits.CERT_VALID_DAYS,
     not_before_days_ago: float = 0.0,
     etcd_client: bool = False,
 ) -> tuple[Path, Path]:

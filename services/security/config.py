@@ -29,13 +29,6 @@ if TYPE_CHECKING:  # imported when used: `highwater --help` should not load grpc
     from services.security.tls import TlsMaterial
 
 AUTHORIZERS = ("none", "acl")
-# The smallest request bound that still fits one default-size batch plus framing
-# (a smaller one would refuse ordinary produce requests).
-MAX_REQUEST_BYTES_MIN = 64 * 1024
-# A record batch v2 holds at most 2^31 - 1 records; bound the flag to something sane.
-MAX_BATCH_RECORDS_MAX = 10_000_000
-# Concurrent requests per connection: an upper bound for the flag itself.
-REQUESTS_PER_CONNECTION_MAX = 10_000
 # What gRPC's own request headers (:path, :authority, content-type, te, user-agent, grpc-timeout)
 # count against grpc.max_metadata_size, generously (HPACK counts name + value + 32 bytes an entry).
 GRPC_STANDARD_HEADERS_BYTES_MAX = 1024
@@ -130,17 +123,20 @@ class SecurityConfig:
                 raise SecurityConfigError(f"--super-users: {exc}") from exc
         if (
             self.max_request_bytes
-            and not MAX_REQUEST_BYTES_MIN <= self.max_request_bytes <= limits.GRPC_MAX_MESSAGE_BYTES
+            and not limits.MAX_REQUEST_BYTES_MIN <= self.max_request_bytes <= limits.GRPC_MAX_MESSAGE_BYTES
         ):
             raise SecurityConfigError(
-                f"--max-request-bytes must be within [{MAX_REQUEST_BYTES_MIN}, "
+                f"--max-request-bytes must be within [{limits.MAX_REQUEST_BYTES_MIN}, "
                 f"{limits.GRPC_MAX_MESSAGE_BYTES}], got {self.max_request_bytes}"
             )
-        if not 0 <= self.max_batch_records <= MAX_BATCH_RECORDS_MAX:
-            raise SecurityConfigError(f"--max-batch-records must be within [0, {MAX_BATCH_RECORDS_MAX}]")
-        if not 0 <= self.max_requests_per_connection <= REQUESTS_PER_CONNECTION_MAX:
+        if not 0 <= self.max_batch_records <= limits.MAX_BATCH_RECORDS_MAX:
             raise SecurityConfigError(
-                f"--max-concurrent-requests-per-connection must be within [0, {REQUESTS_PER_CONNECTION_MAX}]"
+                f"--max-batch-records must be within [0, {limits.MAX_BATCH_RECORDS_MAX}]"
+            )
+        if not 0 <= self.max_requests_per_connection <= limits.REQUESTS_PER_CONNECTION_MAX:
+            raise SecurityConfigError(
+                "--max-concurrent-requests-per-connection must be within "
+                f"[0, {limits.REQUESTS_PER_CONNECTION_MAX}]"
             )
         if self.client_port is not None:
             # The token listener's header bound must let a bearer token through with gRPC's own headers.

@@ -43,7 +43,8 @@ def parse_service_name(name: str) -> ServiceIdentity | None:
         return None
     if m.group(1):
         return ServiceIdentity("controller", int(m.group(2)) if m.group(2) else None)
-    return ServiceIdentity(m.group(3), int(m.group(4)))  # type: ignore[arg-type]
+    kind: ServiceKind = "broker" if m.group(3) == "broker" else "gateway"  # the pattern allows no other
+    return ServiceIdentity(kind, int(m.group(4)))
 
 
 def is_reserved_principal(principal: str) -> bool:

@@ -33,12 +33,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import grpc
 import prometheus_client
 
 from services.common.interceptors import WrappingInterceptor
+from services.common.limits import STREAM_TOKEN_RECHECK_S, WAITING_PER_SLOT_MAX
 from services.security import rules, tokens
 from services.security.authz import Authorizer, check_principal
 from services.security.identity import ANONYMOUS_CALLER, Caller, parse_service_name
@@ -52,12 +53,6 @@ FORWARDED_PRINCIPAL_KEY = "x-highwater-principal-bin"
 AUTHORIZATION_KEY = "authorization"
 # The part of a request's deadline a quota delay may use: the rest is left for the work.
 QUOTA_DELAY_DEADLINE_SHARE = 0.5
-# Requests that may wait for a slot on one connection, per slot; beyond that a request is
-# refused at once (RESOURCE_EXHAUSTED) rather than held in memory.
-WAITING_PER_SLOT_MAX = 4
-# A stream opened with a bearer token re-checks it before every message it sends and, while idle,
-# this often: a revoked or expired token ends the stream (UNAUTHENTICATED) within this bound.
-STREAM_TOKEN_RECHECK_S = 1.0
 
 CURRENT_CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar(
     "highwater_caller", default=None
@@ -220,20 +215,22 @@ class SecurityInterceptor(WrappingInterceptor):
         fetch = method in rules.FETCH_METHODS
 
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if self.connections is None:
+            connections = self.connections
+            if connections is None:
                 return await admitted(request, context)
-            peer = await self._take_slot(method, context)
+            peer = await self._take_slot(connections, method, context)
             try:
                 return await admitted(request, context)
             finally:
-                self.connections.release(peer)
+                connections.release(peer)
 
         async def admitted(raw: Any, context: grpc.aio.ServicerContext) -> Any:
             caller, request, admission = await self._admit(method, rule, raw, context, parse)
-            charged = self.quotas is not None and caller.service is None and caller.forwarded_by is None
-            if charged and (produce or (fetch and request.replica_id < 0)):
+            # Quotas charge direct clients only: forwarded requests were charged by the gateway.
+            quotas = self.quotas if caller.service is None and caller.forwarded_by is None else None
+            if quotas is not None and (produce or (fetch and request.replica_id < 0)):
                 await self._wait_out_throttle(
-                    caller, QuotaKind.PRODUCE if produce else QuotaKind.FETCH, context
+                    quotas, caller, QuotaKind.PRODUCE if produce else QuotaKind.FETCH, context
                 )
             if admission.answer is not None:
                 response = admission.answer
@@ -245,10 +242,14 @@ class SecurityInterceptor(WrappingInterceptor):
                     CURRENT_CALLER.reset(token)
                 if admission.respond is not None and response is not None:
                     response = admission.respond(response)
-            if charged and response is not None and (produce or (fetch and request.replica_id < 0)):
+            if (
+                quotas is not None
+                and response is not None
+                and (produce or (fetch and request.replica_id < 0))
+            ):
                 kind = QuotaKind.PRODUCE if produce else QuotaKind.FETCH
                 moved = admission.request.ByteSize() if produce else response.ByteSize()
-                throttle_ms = self.quotas.record(caller.principal, kind, moved, _now_ms())  # type: ignore[union-attr]
+                throttle_ms = quotas.record(caller.principal, kind, moved, _now_ms())
                 if throttle_ms:
                     THROTTLE_MS.labels(kind.value).inc(throttle_ms)
                     response.throttle_time_ms = max(response.throttle_time_ms, throttle_ms)
@@ -266,13 +267,17 @@ class SecurityInterceptor(WrappingInterceptor):
         fetch = method in rules.FETCH_METHODS
 
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            peer = await self._take_slot(method, context) if self.connections is not None else None
+            connections = self.connections
+            if connections is None:
+                async for item in admitted(request, context):
+                    yield item
+                return
+            peer = await self._take_slot(connections, method, context)
             try:
                 async for item in admitted(request, context):
                     yield item
             finally:
-                if peer is not None:
-                    self.connections.release(peer)  # type: ignore[union-attr]
+                connections.release(peer)
 
         async def admitted(raw: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             caller, _, admission = await self._admit(method, rule, raw, context, parse)
@@ -280,23 +285,16 @@ class SecurityInterceptor(WrappingInterceptor):
                 for item in admission.answer:
                     yield item
                 return
-            charged = (
-                fetch and self.quotas is not None and caller.service is None and caller.forwarded_by is None
-            )
+            quotas = self.quotas if fetch and caller.service is None and caller.forwarded_by is None else None
             CURRENT_CALLER.set(caller)  # this generator runs in the RPC's own task: nothing leaks
             items = _aiter(inner(admission.request, context))
             if caller.authenticated_by == "token":
                 items = self._while_token_valid(method, items, _bearer_token(context), context)
             async for item in items:
                 yield item
-                if charged:
+                if quotas is not None:
                     # A stream has no throttle field: pace it here instead.
-                    throttle_ms = self.quotas.record(
-                        caller.principal,
-                        QuotaKind.FETCH,  # type: ignore[union-attr]
-                        item.ByteSize(),
-                        _now_ms(),
-                    )
+                    throttle_ms = quotas.record(caller.principal, QuotaKind.FETCH, item.ByteSize(), _now_ms())
                     if throttle_ms:
                         THROTTLE_MS.labels(QuotaKind.FETCH.value).inc(throttle_ms)
                         await asyncio.sleep(throttle_ms / 1000)
@@ -345,9 +343,11 @@ class SecurityInterceptor(WrappingInterceptor):
 
     # ---- the checks -------------------------------------------------------------------------
 
-    async def _take_slot(self, method: str, context: grpc.aio.ServicerContext) -> str:
-        peer = context.peer()
-        if not await self.connections.acquire(peer):  # type: ignore[union-attr]
+    async def _take_slot(
+        self, connections: ConnectionLimiter, method: str, context: grpc.aio.ServicerContext
+    ) -> str:
+        peer: str = context.peer()
+        if not await connections.acquire(peer):
             await self._refuse(
                 context,
                 method,
@@ -390,7 +390,7 @@ class SecurityInterceptor(WrappingInterceptor):
         authorizer = self.cache.authorizer if (self.acl and self.cache is not None) else None
         access = rules.Access(caller, authorizer, identities_checked=self.tls)
         try:
-            admission = rule(request, access, self.limits) if request is not None else rules.Admission(None)  # type: ignore[misc]
+            admission = rule(request, access, self.limits) if request is not None else rules.Admission(None)
         except rules.Denied as denied:
             await self._refuse(
                 context, method, "forbidden", getattr(grpc.StatusCode, denied.code), denied.message
@@ -434,7 +434,7 @@ class SecurityInterceptor(WrappingInterceptor):
                     grpc.StatusCode.UNAUTHENTICATED,
                     "the bearer token is unknown, revoked, expired or malformed",
                 )
-            caller = Caller(principal, service=None, authenticated_by="token")  # type: ignore[arg-type]
+            caller = Caller(principal, service=None, authenticated_by="token")
         elif common_name:
             caller = Caller(f"User:{common_name}", service=service, authenticated_by="certificate")
         elif auth.get("x509_pem_cert"):
@@ -477,16 +477,18 @@ class SecurityInterceptor(WrappingInterceptor):
 
     async def _refuse(
         self, context: grpc.aio.ServicerContext, method: str, reason: str, code: grpc.StatusCode, message: str
-    ) -> None:
+    ) -> NoReturn:
+        """End the RPC with `code`: grpc.aio's `abort` raises, so no caller goes on past this."""
         REFUSED.labels(method, reason).inc()
         log.debug("refused %s (%s): %s", method, reason, message)
         await context.abort(code, message)
+        raise RuntimeError(f"grpc.aio ServicerContext.abort returned for {method} instead of raising")
 
     async def _wait_out_throttle(
-        self, caller: Caller, kind: QuotaKind, context: grpc.aio.ServicerContext
+        self, quotas: QuotaManager, caller: Caller, kind: QuotaKind, context: grpc.aio.ServicerContext
     ) -> None:
         """A principal that did not back off as told waits here (Kafka mutes its channel instead)."""
-        delay_ms = self.quotas.delay_ms(caller.principal, kind, _now_ms())  # type: ignore[union-attr]
+        delay_ms = quotas.delay_ms(caller.principal, kind, _now_ms())
         if delay_ms <= 0:
             return
         remaining = context.time_remaining()
@@ -496,7 +498,7 @@ class SecurityInterceptor(WrappingInterceptor):
         await asyncio.sleep(delay_s)
 
 
-class ForwardPrincipal(grpc.aio.UnaryUnaryClientInterceptor):
+class ForwardPrincipal(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]  # grpc.aio is untyped
     """On a gateway: pass the client's principal on with the calls made on its behalf.
 
     Only for FORWARDED_METHODS and only while serving a client (CURRENT_CALLER is

@@ -19,17 +19,7 @@ import enum
 import math
 from dataclasses import dataclass
 
-# The bucket holds at most this many seconds of quota: a principal idle for a
-# while may burst this much before it is throttled (Kafka's quota window is
-# 11 samples of 1 s; one second keeps the enforced rate tight).
-QUOTA_BURST_S = 1.0
-# One response asks for at most this long a pause (Kafka caps the throttle
-# time at its quota window). A longer debt is collected over later requests.
-THROTTLE_TIME_MS_MAX = 30_000
-# Principals tracked at most; the least recently used bucket is dropped
-# beyond it (a dropped principal starts again with a full bucket, which at
-# worst grants it one burst).
-PRINCIPALS_TRACKED_MAX = 10_000
+from services.common import limits
 
 
 class QuotaKind(enum.Enum):
@@ -52,9 +42,9 @@ class QuotaManager:
         *,
         produce_bytes_per_s: int = 0,
         fetch_bytes_per_s: int = 0,
-        burst_s: float = QUOTA_BURST_S,
-        throttle_time_ms_max: int = THROTTLE_TIME_MS_MAX,
-        principals_max: int = PRINCIPALS_TRACKED_MAX,
+        burst_s: float = limits.QUOTA_BURST_S,
+        throttle_time_ms_max: int = limits.THROTTLE_TIME_MS_MAX,
+        principals_max: int = limits.PRINCIPALS_TRACKED_MAX,
     ) -> None:
         if produce_bytes_per_s < 0 or fetch_bytes_per_s < 0:
             raise ValueError(

@@ -44,6 +44,7 @@ from typing import Any
 
 from clients.common.record_batch import iter_batch_headers
 from protos.highwater.v1 import broker_pb2, common_pb2, gateway_pb2
+from protos.highwater.v1.common_pb2 import ErrorCode
 from services.security.authz import (
     CLUSTER,
     Authorizer,
@@ -147,11 +148,11 @@ def _refusal(access: Access, operation: Operation, kind: str, name: str) -> str:
 
 
 def _split(
-    topics: Iterable[Any], refuse: Callable[[Any, Any], tuple[int, str] | None]
-) -> tuple[list[tuple[Any, list[Any]]], list[tuple[str, int, int, str]]]:
+    topics: Iterable[Any], refuse: Callable[[Any, Any], tuple[ErrorCode, str] | None]
+) -> tuple[list[tuple[Any, list[Any]]], list[tuple[str, int, ErrorCode, str]]]:
     """Sort each topic's partitions into kept ones and refused (topic, partition, code, message)."""
     kept: list[tuple[Any, list[Any]]] = []
-    refused: list[tuple[str, int, int, str]] = []
+    refused: list[tuple[str, int, ErrorCode, str]] = []
     for t in topics:
         parts = []
         for p in t.partitions:
@@ -165,7 +166,7 @@ def _split(
     return kept, refused
 
 
-def _merge(topics: Any, refused: list[tuple[str, int, int, str]], make: Callable[..., Any]) -> None:
+def _merge(topics: Any, refused: list[tuple[str, int, ErrorCode, str]], make: Callable[..., Any]) -> None:
     """Add the refused partitions to a response's repeated topic field (one entry per topic)."""
     by_topic = {t.topic: t for t in topics}
     for name, partition, code, message in refused:
@@ -189,7 +190,7 @@ def _records_over(records: bytes, max_records: int) -> int:
 def produce(req: common_pb2.ProduceRequest, access: Access, limits: Limits) -> Admission:
     allowed: dict[str, bool] = {}
 
-    def refuse(t: Any, p: Any) -> tuple[int, str] | None:
+    def refuse(t: Any, p: Any) -> tuple[ErrorCode, str] | None:
         ok = allowed.get(t.topic)
         if ok is None:
             ok = allowed[t.topic] = access.allowed(Operation.WRITE, topic(t.topic))
@@ -209,7 +210,7 @@ def produce(req: common_pb2.ProduceRequest, access: Access, limits: Limits) -> A
     if not refused:
         return Admission(req)
 
-    def make(partition: int, code: int, message: str) -> common_pb2.ProducePartitionResponse:
+    def make(partition: int, code: ErrorCode, message: str) -> common_pb2.ProducePartitionResponse:
         return common_pb2.ProducePartitionResponse(
             partition=partition,
             error_code=code,
@@ -240,7 +241,7 @@ def fetch(req: common_pb2.FetchRequest, access: Access, limits: Limits) -> Admis
     return _per_topic_read(req, access, Operation.READ, common_pb2.FetchRequest, _fetch_error)
 
 
-def _fetch_error(partition: int, code: int, message: str) -> common_pb2.FetchPartitionResponse:
+def _fetch_error(partition: int, code: ErrorCode, message: str) -> common_pb2.FetchPartitionResponse:
     return common_pb2.FetchPartitionResponse(
         partition=partition,
         error_code=code,
@@ -257,18 +258,24 @@ def list_offsets(req: common_pb2.ListOffsetsRequest, access: Access, limits: Lim
     )
 
 
-def _list_offsets_error(partition: int, code: int, message: str) -> common_pb2.ListOffsetsPartitionResponse:
+def _list_offsets_error(
+    partition: int, code: ErrorCode, message: str
+) -> common_pb2.ListOffsetsPartitionResponse:
     return common_pb2.ListOffsetsPartitionResponse(
         partition=partition, error_code=code, error_message=message, timestamp=-1, offset=-1
     )
 
 
 def _per_topic_read(
-    req: Any, access: Access, operation: Operation, request_cls: type, make: Callable[[int, int, str], Any]
+    req: Any,
+    access: Access,
+    operation: Operation,
+    request_cls: type,
+    make: Callable[[int, ErrorCode, str], Any],
 ) -> Admission:
     allowed: dict[str, bool] = {}
 
-    def refuse(t: Any, p: Any) -> tuple[int, str] | None:
+    def refuse(t: Any, p: Any) -> tuple[ErrorCode, str] | None:
         ok = allowed.get(t.topic)
         if ok is None:
             ok = allowed[t.topic] = access.allowed(operation, topic(t.topic))
@@ -356,7 +363,7 @@ def commit_offsets(req: gateway_pb2.CommitOffsetsRequest, access: Access, limits
     access.require(Operation.READ, group(req.group_id), "CommitOffsets")
     allowed: dict[str, bool] = {}
 
-    def refuse(t: Any, p: Any) -> tuple[int, str] | None:
+    def refuse(t: Any, p: Any) -> tuple[ErrorCode, str] | None:
         ok = allowed.get(t.topic)
         if ok is None:
             ok = allowed[t.topic] = access.allowed(Operation.READ, topic(t.topic))
@@ -406,6 +413,59 @@ def fetch_committed_offsets(
         return resp
 
     return Admission(req, respond=respond)
+
+
+# --- consumer groups (Kafka's rules for ConsumerGroupHeartbeat, ListGroups, DescribeGroups,
+# DeleteGroups) ----------------------------------------------------------------------------------
+
+
+def consumer_group_heartbeat(
+    req: gateway_pb2.ConsumerGroupHeartbeatRequest, access: Access, limits: Limits
+) -> Admission:
+    """Read on the group, and Describe on every subscribed topic (a member may not learn of
+    partitions of a topic it may not see)."""
+    access.require(Operation.READ, group(req.group_id), "ConsumerGroupHeartbeat")
+    for name in req.subscribed_topics:
+        if not access.allowed(Operation.DESCRIBE, topic(name)):
+            return Admission(
+                req,
+                answer=gateway_pb2.ConsumerGroupHeartbeatResponse(
+                    error_code=TOPIC_AUTHORIZATION_FAILED,
+                    error_message=_refusal(access, Operation.DESCRIBE, "topic", name),
+                ),
+            )
+    return Admission(req)
+
+
+def list_groups(req: gateway_pb2.ListGroupsRequest, access: Access, limits: Limits) -> Admission:
+    """Describe on the cluster lists every group; otherwise only the groups the caller may
+    Describe (as Kafka's ListGroups)."""
+    if (
+        access.authorizer is None
+        or access.caller.service is not None
+        or access.allowed(Operation.DESCRIBE, CLUSTER)
+    ):
+        return Admission(req)
+
+    def respond(resp: gateway_pb2.ListGroupsResponse) -> gateway_pb2.ListGroupsResponse:
+        kept = [g for g in resp.groups if access.allowed(Operation.DESCRIBE, group(g.group_id))]
+        del resp.groups[:]
+        resp.groups.extend(kept)
+        return resp
+
+    return Admission(req, respond=respond)
+
+
+def describe_groups(req: gateway_pb2.DescribeGroupsRequest, access: Access, limits: Limits) -> Admission:
+    for name in req.group_ids:
+        access.require(Operation.DESCRIBE, group(name), "DescribeGroups")
+    return Admission(req)
+
+
+def delete_groups(req: gateway_pb2.DeleteGroupsRequest, access: Access, limits: Limits) -> Admission:
+    for name in req.group_ids:
+        access.require(Operation.DELETE, group(name), "DeleteGroups")
+    return Admission(req)
 
 
 def subscribe(req: gateway_pb2.SubscribeRequest, access: Access, limits: Limits) -> Admission:
@@ -645,6 +705,10 @@ RULES: dict[str, Rule] = {
     _GATEWAY + "CommitOffsets": commit_offsets,
     _GATEWAY + "FetchCommittedOffsets": fetch_committed_offsets,
     _GATEWAY + "Subscribe": subscribe,
+    _GATEWAY + "ConsumerGroupHeartbeat": consumer_group_heartbeat,
+    _GATEWAY + "ListGroups": list_groups,
+    _GATEWAY + "DescribeGroups": describe_groups,
+    _GATEWAY + "DeleteGroups": delete_groups,
     _GATEWAY + "ProduceRecords": produce_records,
     _GATEWAY + "ConsumeRecords": consume_records,
     _GATEWAY + "UpdateMetadata": _from(("controller",), "UpdateMetadata"),

@@ -62,7 +62,7 @@ TOKEN_LISTENER_OPTIONS: list[tuple[str, int]] = [
 _EMPTY_HEALTH_REQUEST = health_pb2.HealthCheckRequest()
 
 
-class TokenListenerGate(grpc.aio.ServerInterceptor):
+class TokenListenerGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc.aio is untyped
     """On the token listener: a call without a valid bearer token is refused before its body is read.
 
     grpc.aio asks the interceptors for a method's handler once the call's headers are in, and
@@ -253,9 +253,14 @@ class ServiceSecurity:
 
     def bind(self, server: grpc.aio.Server, host: str, port: int) -> int:
         """Add the service port; returns its number (0 if it could not be bound)."""
+        bound: int
         if self.tls is None:
-            return server.add_insecure_port(f"{host}:{port}")
-        return server.add_secure_port(f"{host}:{port}", self.tls.server_credentials(require_client_cert=True))
+            bound = server.add_insecure_port(f"{host}:{port}")
+        else:
+            bound = server.add_secure_port(
+                f"{host}:{port}", self.tls.server_credentials(require_client_cert=True)
+            )
+        return bound
 
     def bind_token_listener(self, server: grpc.aio.Server, host: str) -> None:
         """Add --client-port to the server made from `token_listener_server_kwargs`. Raises SystemExit."""

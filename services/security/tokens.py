@@ -27,7 +27,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from clients.common.tokens import (  # noqa: F401  (the token format, shared with the client library)
+# The token format, shared with the client library.
+from clients.common.tokens import (
     TOKEN_CHARS_MAX,
     TOKEN_DESCRIPTION_CHARS_MAX,
     TOKEN_ID_CHARS_MAX,
@@ -38,14 +39,35 @@ from clients.common.tokens import (  # noqa: F401  (the token format, shared wit
     parse_token,
     token_id_of,
 )
+from services.common.limits import TOKENS_MAX
 from services.security.authz import check_principal
 from services.security.identity import is_reserved_principal
 
+# Re-exported names first (services import them from here), then this module's own.
+__all__ = [
+    "TOKEN_CHARS_MAX",
+    "TOKEN_DESCRIPTION_CHARS_MAX",
+    "TOKEN_ID_CHARS_MAX",
+    "TOKEN_LIFETIME_MS_MAX",
+    "TOKEN_SCHEME",
+    "bearer_value",
+    "is_token_id",
+    "parse_token",
+    "token_id_of",
+    "TOKEN_ID_BYTES",
+    "TOKEN_SECRET_BYTES",
+    "TOKEN_SALT_BYTES",
+    "TOKENS_MAX",
+    "TokenError",
+    "TokenRecord",
+    "new_token",
+    "verify",
+]
+
+# Random bytes in a token's id and secret, and in the salt its stored digest is made with.
 TOKEN_ID_BYTES = 8
 TOKEN_SECRET_BYTES = 32
 TOKEN_SALT_BYTES = 16
-# Tokens in the cluster: every service keeps every token record in memory.
-TOKENS_MAX = 10_000
 
 
 class TokenError(ValueError):

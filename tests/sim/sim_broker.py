@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from clients.common.types import TopicPartitionKey
 from coordinator.election import current_controller
-from coordinator.store import CoordinatorError, Get, Put, compare_missing, json_bytes
+from coordinator.store import CoordinatorError, Get, Put, compare_missing
+from coordinator.values import json_bytes
 from services.broker.core import BrokerCore
 from services.broker.fetcher_core import FetcherCore, FetcherSettings
 from services.broker.log import MemoryStorage

@@ -29,12 +29,13 @@ from typing import TYPE_CHECKING, Any
 from clients.common.errors import HighwaterError, InvariantViolation
 from coordinator.election import ControllerFenced
 from coordinator.memory_store import MemoryWatch
-from coordinator.store import CoordinatorError, Get, Put, compare_missing, compare_mod_revision, json_bytes
+from coordinator.store import CoordinatorError, Get, Put, compare_missing, compare_mod_revision
+from coordinator.values import json_bytes
 from protos.highwater.v1 import common_pb2, controller_pb2
-from services.controller import handlers, sender_rules
-from services.controller.context import BrokerInfo, ControllerContext
+from services.common.limits import ADMIN_PROPAGATION_WAIT_S
+from services.controller import event_loop, handlers, sender_rules
+from services.controller.context import ControllerContext
 from services.controller.event_loop import ControllerEventLoop
-from services.controller.server import ADMIN_PROPAGATION_WAIT_S
 from tests.sim.clock import EventLoop
 from tests.sim.config import SimConfig
 from tests.sim.network import Envelope, Network, RpcError, RpcNode
@@ -391,7 +392,7 @@ class SimController(RpcNode):
             return
         registered = {}
         for kv in kvs:
-            info = BrokerInfo.from_json(kv.value, kv.create_revision)
+            info = event_loop.broker_info(kv.value, kv.create_revision)
             registered[info.broker_id] = info
         loop = self.active
         bounced = sorted(

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from protos.highwater.v1 import common_pb2, controller_pb2
-from services.controller import handlers
+from services.controller import admin_requests, deletion, handlers, reassignment
 from services.controller.assignment import assign_replicas, rack_alternating_order
 from services.controller.context import BrokerInfo, ControllerContext, LeaderAndIsr, TopicInfo
 from services.controller.elections import offline_partition_leader
-from services.controller.handlers import StateWrite, TopicWrite
+from services.controller.results import AdminKeyDelete, ControllerResult, StateWrite, TopicWrite, apply_write
 
 
 def broker(i: int, epoch: int = 100, rack: str = "") -> BrokerInfo:
@@ -22,9 +22,9 @@ def context(brokers: list[int], *, epoch: int = 5) -> ControllerContext:
     return ctx
 
 
-def commit(ctx: ControllerContext, result: handlers.ControllerResult) -> None:
+def commit(ctx: ControllerContext, result: ControllerResult) -> None:
     for w in result.writes:
-        handlers.apply_write(ctx, w)
+        apply_write(ctx, w)
 
 
 def with_topic(
@@ -150,9 +150,7 @@ def test_no_live_isr_member_takes_the_partition_offline_unless_unclean_is_enable
     for unclean, leader in (("false", -1), ("true", 3)):
         ctx = context([1, 2, 3])
         with_topic(ctx, "t", {0: (1, 2, 3)}, {"unclean.leader.election.enable": unclean})
-        commit(
-            ctx, handlers.ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(1, 0, (1, 2), 5, 2), 1)])
-        )
+        commit(ctx, ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(1, 0, (1, 2), 5, 2), 1)]))
         result = handlers.on_broker_change(ctx, {3: ctx.live_brokers[3]})
         state = next(w.state for w in result.writes if isinstance(w, StateWrite))
         assert state.leader == leader
@@ -164,7 +162,7 @@ def test_no_live_isr_member_takes_the_partition_offline_unless_unclean_is_enable
 def test_returning_broker_is_told_its_partitions_and_offline_partitions_get_a_leader():
     ctx = context([2, 3])
     with_topic(ctx, "t", {0: (2, 3)})
-    commit(ctx, handlers.ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(-1, 3, (2,), 5, 2), 1)]))
+    commit(ctx, ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(-1, 3, (2,), 5, 2), 1)]))
     ctx.live_brokers = {3: broker(3)}
     result = handlers.on_broker_change(ctx, {2: broker(2), 3: broker(3)})
     state = next(w.state for w in result.writes if isinstance(w, StateWrite))
@@ -231,7 +229,7 @@ def test_controlled_shutdown_moves_leadership_to_another_isr_member():
 def test_controlled_shutdown_of_sole_isr_member_reports_the_partition_as_remaining():
     ctx = context([1, 2])
     with_topic(ctx, "t", {0: (1, 2)})
-    commit(ctx, handlers.ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(1, 0, (1,), 5, 2), 1)]))
+    commit(ctx, ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(1, 0, (1,), 5, 2), 1)]))
     result = handlers.on_controlled_shutdown(ctx, 1, ctx.live_brokers[1].broker_epoch)
     assert [(p.topic, p.partition) for p in result.response.remaining_partitions] == [("t", 0)]
 
@@ -239,9 +237,7 @@ def test_controlled_shutdown_of_sole_isr_member_reports_the_partition_as_remaini
 def test_preferred_election_moves_leadership_back_to_the_first_replica():
     ctx = context([1, 2, 3])
     with_topic(ctx, "t", {0: (1, 2, 3)})
-    commit(
-        ctx, handlers.ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(2, 1, (2, 3, 1), 5, 2), 1)])
-    )
+    commit(ctx, ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(2, 1, (2, 3, 1), 5, 2), 1)]))
     req = common_pb2.ElectLeadersRequest(
         election_type=common_pb2.PREFERRED,
         partitions=[
@@ -259,24 +255,24 @@ def test_delete_topic_removes_keys_only_after_every_replica_confirmed_deletion()
     ctx = context([1, 2, 3])
     with_topic(ctx, "t", {0: (1, 2), 1: (2, 3)})
     del ctx.live_brokers[3]
-    result = handlers.on_delete_topics(ctx, ["t", "missing"], deletion_enabled=True)
+    result = deletion.on_delete_topics(ctx, ["t", "missing"], deletion_enabled=True)
     assert [t.error_code for t in result.response.topics] == [0, common_pb2.UNKNOWN_TOPIC_OR_PARTITION]
     assert result.rpcs.stop_replica == {1: {("t", 0): True}, 2: {("t", 0): True, ("t", 1): True}}
     commit(ctx, result)
     assert ctx.topics_to_delete == {"t"} and "t" in ctx.topics
-    commit(ctx, handlers.on_replica_deletion_result(ctx, 1, ctx.with_broker_epoch(1), [("t", 0)], True))
+    commit(ctx, deletion.on_replica_deletion_result(ctx, 1, ctx.with_broker_epoch(1), [("t", 0)], True))
     commit(
-        ctx, handlers.on_replica_deletion_result(ctx, 2, ctx.with_broker_epoch(2), [("t", 0), ("t", 1)], True)
+        ctx, deletion.on_replica_deletion_result(ctx, 2, ctx.with_broker_epoch(2), [("t", 0), ("t", 1)], True)
     )
     assert "t" in ctx.topics, "broker 3 (down) has not deleted its replica yet"
     returned = handlers.on_broker_change(ctx, {**ctx.live_brokers, 3: broker(3)})
     assert returned.rpcs.stop_replica[3] == {("t", 1): True}
     commit(ctx, returned)
-    done = handlers.on_replica_deletion_result(ctx, 3, ctx.with_broker_epoch(3), [("t", 1)], True)
+    done = deletion.on_replica_deletion_result(ctx, 3, ctx.with_broker_epoch(3), [("t", 1)], True)
     assert any(isinstance(w, handlers.TopicDelete) for w in done.writes)
     commit(ctx, done)
     assert "t" not in ctx.topics and not ctx.states and not ctx.topics_to_delete
-    disabled = handlers.on_delete_topics(ctx, ["x"], deletion_enabled=False)
+    disabled = deletion.on_delete_topics(ctx, ["x"], deletion_enabled=False)
     assert disabled.response.topics[0].error_code == common_pb2.TOPIC_DELETION_DISABLED
 
 
@@ -291,14 +287,14 @@ def _reassign(ctx: ControllerContext, topic: str, partition: int, replicas: list
             )
         ]
     )
-    return handlers.on_alter_reassignments(ctx, req)
+    return reassignment.on_alter_reassignments(ctx, req)
 
 
 def _isr(ctx: ControllerContext, tp, isr: tuple[int, ...]) -> None:
     s = ctx.states[tp]
     commit(
         ctx,
-        handlers.ControllerResult(
+        ControllerResult(
             writes=[
                 StateWrite(
                     tp,
@@ -325,21 +321,21 @@ def test_reassignment_walk_from_oar_123_to_rar_456_step_by_step():
     assert state_write.state.leader_epoch == 1 and state_write.state.leader == 1
     assert {(b, tp) for b in (4, 5, 6)} <= start.rpcs.new_replicas
     commit(ctx, start)
-    assert handlers.list_reassignments(ctx, common_pb2.ListPartitionReassignmentsRequest()).reassignments[
+    assert reassignment.list_reassignments(ctx, common_pb2.ListPartitionReassignmentsRequest()).reassignments[
         0
     ].adding_replicas == [4, 5, 6]
     # Step 2: nothing happens until every target replica is in the ISR.
     _isr(ctx, tp, (1, 2, 3, 4, 5))
-    assert handlers.on_reassignment_progress(ctx).writes == []
+    assert reassignment.on_reassignment_progress(ctx).writes == []
     _isr(ctx, tp, (1, 2, 3, 4, 5, 6))
-    done = handlers.on_reassignment_progress(ctx)
+    done = reassignment.on_reassignment_progress(ctx)
     # Step 3: leader moved into RAR, OAR-RAR out of the ISR and deleted, AR := RAR (written last).
     state = next(w.state for w in done.writes if isinstance(w, StateWrite))
     assert state.leader == 4 and state.isr == (4, 5, 6) and state.leader_epoch == 2
     assert isinstance(done.writes[-1], TopicWrite) and done.writes[-1].topic.assignment[0] == (4, 5, 6)
     assert done.rpcs.stop_replica == {1: {tp: True}, 2: {tp: True}, 3: {tp: True}}
     commit(ctx, done)
-    assert handlers.ongoing_reassignments(ctx) == []
+    assert reassignment.ongoing_reassignments(ctx) == []
 
 
 @pytest.mark.parametrize("crash_after_write", range(3))
@@ -350,10 +346,10 @@ def test_reassignment_resumes_after_a_controller_crash_at_every_step(crash_after
     tp = ("t", 0)
     commit(ctx, _reassign(ctx, "t", 0, [4, 5, 6]))
     _isr(ctx, tp, (1, 2, 3, 4, 5, 6))
-    finishing = handlers.on_reassignment_progress(ctx)
+    finishing = reassignment.on_reassignment_progress(ctx)
     # The crash: only the first writes of the finishing step reached etcd.
     for w in finishing.writes[:crash_after_write]:
-        handlers.apply_write(ctx, w)
+        apply_write(ctx, w)
     fresh = ControllerContext(
         controller_id=2,
         epoch=ctx.epoch + 1,
@@ -363,8 +359,8 @@ def test_reassignment_resumes_after_a_controller_crash_at_every_step(crash_after
     )
     commit(fresh, handlers.on_startup(fresh))
     for _ in range(3):
-        commit(fresh, handlers.on_reassignment_progress(fresh))
-    assert handlers.ongoing_reassignments(fresh) == []
+        commit(fresh, reassignment.on_reassignment_progress(fresh))
+    assert reassignment.ongoing_reassignments(fresh) == []
     assert fresh.topics["t"].assignment[0] == (4, 5, 6)
     assert fresh.states[tp].leader in (4, 5, 6)
     assert set(fresh.states[tp].isr) <= {4, 5, 6}
@@ -396,14 +392,16 @@ def test_cancelled_reassignment_returns_to_the_original_replicas():
     cancel = _reassign(ctx, "t", 0, [], cancel=True)
     assert cancel.response.partitions[0].error_code == 0
     commit(ctx, cancel)
-    assert ctx.topics["t"].assignment[0] == (1, 2) and handlers.ongoing_reassignments(ctx) == []
+    assert ctx.topics["t"].assignment[0] == (1, 2) and reassignment.ongoing_reassignments(ctx) == []
     assert cancel.rpcs.stop_replica == {3: {("t", 0): True}, 4: {("t", 0): True}}
 
 
 def test_malformed_admin_json_is_refused_logged_and_removed():
     ctx = context([1, 2])
-    result = handlers.on_admin_request(ctx, "reassign", "/highwater/admin/reassign_partitions", b"{not json")
-    assert [type(w) for w in result.writes] == [handlers.AdminKeyDelete]
+    result = admin_requests.on_admin_request(
+        ctx, "reassign", "/highwater/admin/reassign_partitions", b"{not json"
+    )
+    assert [type(w) for w in result.writes] == [AdminKeyDelete]
 
 
 def test_auto_rebalance_moves_leadership_back_when_imbalance_passes_the_threshold():
@@ -413,7 +411,7 @@ def test_auto_rebalance_moves_leadership_back_when_imbalance_passes_the_threshol
         s = ctx.states[("t", p)]
         commit(
             ctx,
-            handlers.ControllerResult(
+            ControllerResult(
                 writes=[
                     StateWrite(("t", p), s.next(leader=2, isr=(2, 1), controller_epoch=5), s.partition_epoch)
                 ]
@@ -427,11 +425,11 @@ def test_auto_rebalance_moves_leadership_back_when_imbalance_passes_the_threshol
 def test_leader_epoch_never_decreases_when_replaying():
     ctx = context([1])
     with_topic(ctx, "t", {0: (1,)})
-    commit(ctx, handlers.ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(1, 3, (1,), 5, 2), 1)]))
+    commit(ctx, ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(1, 3, (1,), 5, 2), 1)]))
     from clients.common.errors import InvariantViolation
 
     with pytest.raises(InvariantViolation, match="would go back"):
-        handlers.apply_write(ctx, StateWrite(("t", 0), LeaderAndIsr(1, 2, (1,), 5, 3), 2))
+        apply_write(ctx, StateWrite(("t", 0), LeaderAndIsr(1, 2, (1,), 5, 3), 2))
 
 
 def test_assignment_spreads_replicas_over_racks_and_balances_leaders():
@@ -464,10 +462,10 @@ def test_startup_initialises_partitions_whose_state_was_never_written():
 
 def test_hand_written_deletion_of_an_unknown_topic_is_logged_and_its_key_removed():
     ctx = context([1])
-    result = handlers.on_admin_delete_marker(
+    result = admin_requests.on_admin_delete_marker(
         ctx, "ghost", "/highwater/admin/delete_topics/ghost", deletion_enabled=True
     )
-    assert [type(w) for w in result.writes] == [handlers.AdminKeyDelete]
+    assert [type(w) for w in result.writes] == [AdminKeyDelete]
 
 
 def test_a_bounced_broker_leaves_the_isr_and_another_in_sync_replica_leads():
@@ -485,7 +483,7 @@ def test_a_bounced_broker_leaves_the_isr_and_another_in_sync_replica_leads():
 def test_a_bounced_broker_that_is_the_only_isr_member_leads_again():
     ctx = context([1, 2])
     with_topic(ctx, "t", {0: (1, 2)})
-    commit(ctx, handlers.ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(1, 0, (1,), 5, 2), 1)]))
+    commit(ctx, ControllerResult(writes=[StateWrite(("t", 0), LeaderAndIsr(1, 0, (1,), 5, 2), 1)]))
     result = handlers.on_broker_change(
         ctx, {1: BrokerInfo(1, "127.0.0.1", 9101, "", 0, 999), 2: ctx.live_brokers[2]}
     )
@@ -503,7 +501,7 @@ def test_a_second_reassignment_keeps_the_replicas_the_first_one_added_until_the_
     s = ctx.states[tp]
     commit(
         ctx,
-        handlers.ControllerResult(
+        ControllerResult(
             writes=[StateWrite(tp, s.next(leader=3, isr=s.isr, controller_epoch=5), s.partition_epoch)]
         ),
     )
@@ -512,7 +510,7 @@ def test_a_second_reassignment_keeps_the_replicas_the_first_one_added_until_the_
     assert 3 in ctx.topics["t"].assignment[0], "the current leader stays a replica while the walk goes on"
     assert ctx.states[tp].leader == 3
     _isr(ctx, tp, (1, 2, 3, 4, 5))
-    commit(ctx, handlers.on_reassignment_progress(ctx))
+    commit(ctx, reassignment.on_reassignment_progress(ctx))
     assert ctx.topics["t"].assignment[0] == (5, 4)
     assert ctx.states[tp].leader in (5, 4) and set(ctx.states[tp].isr) <= {4, 5}
 

@@ -27,13 +27,13 @@ from clients.common.records import decode_batches, encode_values
 from services.broker.log import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
-    FileStorage,
     Log,
     LogConfig,
     MemoryStorage,
     checkpoints,
 )
 from services.broker.log.checkpoints import HighWatermarkCheckpoint
+from services.broker.log.file_storage import FileStorage
 from services.broker.log.storage import Storage
 from services.common.limits import OPEN_SEGMENT_FILES_MAX
 
@@ -419,14 +419,16 @@ def test_epoch_cache_assign_drops_non_monotonic_entries() -> None:
 
 
 def test_epoch_cache_is_persisted_in_kafka_text_format(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
+    log = Log.open(tmp_path / "t-0", SMALL, storage=FileStorage(), now_ms=0)
     fill(log, 2, epoch=3)
     fill(log, 1, epoch=8)
     assert log.leader_epoch_cache.persist_if_dirty()
     text = (tmp_path / "t-0" / "leader-epoch-checkpoint").read_text()
     assert text == "0\n2\n3 0\n8 6\n"
     log.close()
-    assert Log.open(tmp_path / "t-0", SMALL, now_ms=0).leader_epoch_cache.entries() == [(3, 0), (8, 6)]
+    assert Log.open(
+        tmp_path / "t-0", SMALL, storage=FileStorage(), now_ms=0
+    ).leader_epoch_cache.entries() == [(3, 0), (8, 6)]
 
 
 # --- checkpoints, close, delete ------------------------------------------------------
@@ -491,7 +493,7 @@ def test_a_topic_name_that_would_break_a_checkpoint_line_is_left_out_of_it() -> 
 
 
 def test_checkpoint_files_have_a_version_line(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
+    log = Log.open(tmp_path / "t-0", SMALL, storage=FileStorage(), now_ms=0)
     fill(log, 3)
     log.close()
     directory = tmp_path / "t-0"
@@ -656,14 +658,14 @@ def segment_path(log: Log, index: int, suffix: str = ".log") -> Path:
 
 def crash_files(tmp_path: Path, batches: int = 60) -> Log:
     """A log on real files left without its clean-shutdown marker (as after kill -9)."""
-    log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
+    log = Log.open(tmp_path / "t-0", SMALL, storage=FileStorage(), now_ms=0)
     fill(log, batches)
     log.flush(now_ms=0)
     return log
 
 
 def reopen(tmp_path: Path) -> Log:
-    return Log.open(tmp_path / "t-0", SMALL, now_ms=0)
+    return Log.open(tmp_path / "t-0", SMALL, storage=FileStorage(), now_ms=0)
 
 
 def test_recovery_cuts_a_torn_tail_at_the_last_whole_batch(
@@ -684,7 +686,7 @@ def test_recovery_cuts_a_torn_tail_at_the_last_whole_batch(
 
 def test_recovery_cuts_exactly_at_a_corrupt_batch_and_drops_later_segments(tmp_path: Path) -> None:
     # The recovery point must lie before the damage for the damaged segment to be scanned.
-    log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
+    log = Log.open(tmp_path / "t-0", SMALL, storage=FileStorage(), now_ms=0)
     fill(log, 60)
     bases = log.segment_base_offsets
     later_bytes = sum((Path(log.directory) / f"{b:020d}.log").stat().st_size for b in bases[2:])
@@ -726,7 +728,7 @@ def test_recovery_skips_segments_before_the_recovery_point(tmp_path: Path) -> No
 
 
 def test_a_garbage_index_is_rebuilt_from_the_log(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
+    log = Log.open(tmp_path / "t-0", SMALL, storage=FileStorage(), now_ms=0)
     fill(log, 60)
     log.close()
     index = tmp_path / "t-0" / f"{0:020d}.index"
@@ -736,7 +738,7 @@ def test_a_garbage_index_is_rebuilt_from_the_log(tmp_path: Path) -> None:
 
 
 def test_orphan_index_files_and_temp_files_are_removed_on_open(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "t-0", SMALL, now_ms=0)
+    log = Log.open(tmp_path / "t-0", SMALL, storage=FileStorage(), now_ms=0)
     fill(log, 3)
     log.close()
     directory = tmp_path / "t-0"
@@ -812,7 +814,7 @@ def test_recovery_reads_in_pieces_and_keeps_batches_that_cross_piece_ends(
 
     monkeypatch.setattr(segment_module, "RECOVERY_CHUNK_BYTES", 300)
     config = LogConfig(retention_ms=-1)
-    log = Log.open(tmp_path / "t-0", config, now_ms=0)
+    log = Log.open(tmp_path / "t-0", config, storage=FileStorage(), now_ms=0)
     sizes = [1, 9, 2, 30, 1, 3, 40, 2]  # some batches are bigger than a piece
     for count in sizes:
         log.append_as_leader(batch(count, size=20), leader_epoch=0, now_ms=0)
@@ -820,12 +822,12 @@ def test_recovery_reads_in_pieces_and_keeps_batches_that_cross_piece_ends(
     log.abandon()
     path = tmp_path / "t-0" / f"{0:020d}.log"
     full = path.stat().st_size
-    recovered = Log.open(tmp_path / "t-0", config, now_ms=0)
+    recovered = Log.open(tmp_path / "t-0", config, storage=FileStorage(), now_ms=0)
     assert recovered.log_end_offset == total and recovered.recovery_report.bytes_dropped == 0
     assert read_all(recovered) == list(range(total))
     recovered.abandon()
     os.truncate(path, full - 5)
-    cut = Log.open(tmp_path / "t-0", config, now_ms=0)
+    cut = Log.open(tmp_path / "t-0", config, storage=FileStorage(), now_ms=0)
     assert cut.log_end_offset == total - sizes[-1]
     assert cut.recovery_report.bytes_dropped == len(batch(sizes[-1], size=20)) - 5
 

@@ -20,7 +20,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from clients.common.record_batch import iter_batch_headers
 from clients.common.records import decode_batches, encode_values
-from services.broker.log import FileStorage, Log, LogConfig, MemoryStorage
+from services.broker.log import Log, LogConfig, MemoryStorage
+from services.broker.log.file_storage import FileStorage
 from services.broker.log.storage import Storage
 
 CONFIG = LogConfig(

@@ -20,8 +20,8 @@ import pytest
 
 from clients.common.errors import InvariantViolation, StorageError
 from clients.common.records import decode_batches, encode_values
-from services.broker.log import FileStorage, Log, LogConfig, MemoryStorage
-from services.broker.log.storage import open_real_file_count
+from services.broker.log import Log, LogConfig, MemoryStorage
+from services.broker.log.file_storage import FileStorage, open_real_file_count
 from services.common.limits import OPEN_SEGMENT_FILES_MAX
 
 # The smallest segment a topic may ask for: about four of the batches below per segment.
@@ -214,6 +214,8 @@ def test_a_segment_file_changed_while_its_handle_was_closed_is_a_storage_error(t
 
 def test_the_broker_gauge_reports_the_open_segment_files(tmp_path: Path) -> None:
     from services.broker.metrics import OPEN_SEGMENT_FILES
+
+    OPEN_SEGMENT_FILES.set_function(open_real_file_count)  # as the broker's replica manager does
 
     def gauge() -> float:
         return next(iter(OPEN_SEGMENT_FILES.collect())).samples[0].value

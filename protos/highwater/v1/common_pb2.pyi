@@ -49,6 +49,13 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_COMMIT_OFFSET: _ClassVar[ErrorCode]
     INVALID_TIMESTAMP: _ClassVar[ErrorCode]
     INVALID_RECORD: _ClassVar[ErrorCode]
+    NON_EMPTY_GROUP: _ClassVar[ErrorCode]
+    GROUP_ID_NOT_FOUND: _ClassVar[ErrorCode]
+    GROUP_MAX_SIZE_REACHED: _ClassVar[ErrorCode]
+    FENCED_MEMBER_EPOCH: _ClassVar[ErrorCode]
+    UNRELEASED_INSTANCE_ID: _ClassVar[ErrorCode]
+    UNSUPPORTED_ASSIGNOR: _ClassVar[ErrorCode]
+    STALE_MEMBER_EPOCH: _ClassVar[ErrorCode]
 
 class ElectionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -94,6 +101,13 @@ UNKNOWN_MEMBER_ID: ErrorCode
 INVALID_COMMIT_OFFSET: ErrorCode
 INVALID_TIMESTAMP: ErrorCode
 INVALID_RECORD: ErrorCode
+NON_EMPTY_GROUP: ErrorCode
+GROUP_ID_NOT_FOUND: ErrorCode
+GROUP_MAX_SIZE_REACHED: ErrorCode
+FENCED_MEMBER_EPOCH: ErrorCode
+UNRELEASED_INSTANCE_ID: ErrorCode
+UNSUPPORTED_ASSIGNOR: ErrorCode
+STALE_MEMBER_EPOCH: ErrorCode
 PREFERRED: ElectionType
 UNCLEAN: ElectionType
 

@@ -77,6 +77,26 @@ class GatewayServiceStub:
                 request_serializer=highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsRequest.SerializeToString,
                 response_deserializer=highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsResponse.FromString,
                 _registered_method=True)
+        self.ConsumerGroupHeartbeat = channel.unary_unary(
+                '/highwater.v1.GatewayService/ConsumerGroupHeartbeat',
+                request_serializer=highwater_dot_v1_dot_gateway__pb2.ConsumerGroupHeartbeatRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_gateway__pb2.ConsumerGroupHeartbeatResponse.FromString,
+                _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/highwater.v1.GatewayService/ListGroups',
+                request_serializer=highwater_dot_v1_dot_gateway__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_gateway__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
+        self.DescribeGroups = channel.unary_unary(
+                '/highwater.v1.GatewayService/DescribeGroups',
+                request_serializer=highwater_dot_v1_dot_gateway__pb2.DescribeGroupsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_gateway__pb2.DescribeGroupsResponse.FromString,
+                _registered_method=True)
+        self.DeleteGroups = channel.unary_unary(
+                '/highwater.v1.GatewayService/DeleteGroups',
+                request_serializer=highwater_dot_v1_dot_gateway__pb2.DeleteGroupsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_gateway__pb2.DeleteGroupsResponse.FromString,
+                _registered_method=True)
         self.Subscribe = channel.unary_stream(
                 '/highwater.v1.GatewayService/Subscribe',
                 request_serializer=highwater_dot_v1_dot_gateway__pb2.SubscribeRequest.SerializeToString,
@@ -207,6 +227,31 @@ class GatewayServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def FetchCommittedOffsets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ConsumerGroupHeartbeat(self, request, context):
+        """Consumer groups (Kafka's KIP-848 protocol): membership, server-side assignment, fencing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteGroups(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -351,6 +396,26 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.FetchCommittedOffsets,
                     request_deserializer=highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsRequest.FromString,
                     response_serializer=highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsResponse.SerializeToString,
+            ),
+            'ConsumerGroupHeartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConsumerGroupHeartbeat,
+                    request_deserializer=highwater_dot_v1_dot_gateway__pb2.ConsumerGroupHeartbeatRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_gateway__pb2.ConsumerGroupHeartbeatResponse.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=highwater_dot_v1_dot_gateway__pb2.ListGroupsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_gateway__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'DescribeGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeGroups,
+                    request_deserializer=highwater_dot_v1_dot_gateway__pb2.DescribeGroupsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_gateway__pb2.DescribeGroupsResponse.SerializeToString,
+            ),
+            'DeleteGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGroups,
+                    request_deserializer=highwater_dot_v1_dot_gateway__pb2.DeleteGroupsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_gateway__pb2.DeleteGroupsResponse.SerializeToString,
             ),
             'Subscribe': grpc.unary_stream_rpc_method_handler(
                     servicer.Subscribe,
@@ -649,6 +714,114 @@ class GatewayService:
             '/highwater.v1.GatewayService/FetchCommittedOffsets',
             highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsRequest.SerializeToString,
             highwater_dot_v1_dot_gateway__pb2.FetchCommittedOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConsumerGroupHeartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/ConsumerGroupHeartbeat',
+            highwater_dot_v1_dot_gateway__pb2.ConsumerGroupHeartbeatRequest.SerializeToString,
+            highwater_dot_v1_dot_gateway__pb2.ConsumerGroupHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/ListGroups',
+            highwater_dot_v1_dot_gateway__pb2.ListGroupsRequest.SerializeToString,
+            highwater_dot_v1_dot_gateway__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/DescribeGroups',
+            highwater_dot_v1_dot_gateway__pb2.DescribeGroupsRequest.SerializeToString,
+            highwater_dot_v1_dot_gateway__pb2.DescribeGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/DeleteGroups',
+            highwater_dot_v1_dot_gateway__pb2.DeleteGroupsRequest.SerializeToString,
+            highwater_dot_v1_dot_gateway__pb2.DeleteGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,19 +1,19 @@
 """The partition log (DESIGN.md section 5): segments, indexes, checkpoints, recovery, retention.
 
-Pure logic over a `Storage` seam: no grpc, no asyncio, no etcd, no clock reads.
+Pure logic over a `Storage` seam: no grpc, no asyncio, no etcd, no clock reads, no files.
+The broker's real files are `file_storage.FileStorage`, imported only by its drivers.
 """
 
 from .config import LogConfig
 from .epoch_cache import LeaderEpochCache
 from .log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, AppendInfo, FetchInfo, Log, RecoveryReport
-from .storage import FileStorage, MemoryStorage, Storage, StorageFile
+from .storage import MemoryStorage, Storage, StorageFile
 
 __all__ = [
     "EARLIEST_TIMESTAMP",
     "LATEST_TIMESTAMP",
     "AppendInfo",
     "FetchInfo",
-    "FileStorage",
     "LeaderEpochCache",
     "Log",
     "LogConfig",

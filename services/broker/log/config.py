@@ -10,16 +10,16 @@ from dataclasses import dataclass
 
 from clients.common.errors import InvalidConfig
 from clients.common.record_batch import BATCH_HEADER_SIZE, TIMESTAMP_TYPES
+from services.common import limits
 
-MIB = 1024 * 1024
-GIB = 1024 * MIB
-HOUR_MS = 60 * 60 * 1000
-DAY_MS = 24 * HOUR_MS
+# Timestamp bounds are int64 milliseconds on the wire; the largest means "no limit".
 INT64_MAX = 2**63 - 1
 
 # Index entries store a segment position as int32, so a segment (plus the one batch that
 # may straddle its size limit) must stay below 2 GiB.
 SEGMENT_POSITION_MAX = 2**31 - 1
+# Index entry layouts: offset index (relative offset, position: 2 x int32); time index
+# (timestamp int64, relative offset int32).
 OFFSET_INDEX_ENTRY_BYTES = 8
 TIME_INDEX_ENTRY_BYTES = 12
 
@@ -29,20 +29,20 @@ class LogConfig:
     """Settings of one partition log. -1 means unlimited where Kafka allows it; None means off."""
 
     # Roll the active segment when the next append would take it past this size.
-    segment_bytes: int = 1 * GIB
+    segment_bytes: int = limits.LOG_SEGMENT_BYTES_DEFAULT
     # Roll the active segment when its first batch was appended this long ago.
-    segment_ms: int = 7 * DAY_MS
+    segment_ms: int = limits.LOG_SEGMENT_MS_DEFAULT
     # Delete the oldest whole segments while the log is bigger than this (-1: no limit).
-    retention_bytes: int = -1
+    retention_bytes: int = limits.LOG_RETENTION_BYTES_DEFAULT
     # Delete whole segments whose newest batch is older than this (-1: keep forever).
-    retention_ms: int = 7 * DAY_MS
+    retention_ms: int = limits.LOG_RETENTION_MS_DEFAULT
     # Largest batch accepted from a producer, log overhead included (Kafka: 1 MiB + 12).
-    max_message_bytes: int = 1 * MIB + 12
+    max_message_bytes: int = limits.MAX_MESSAGE_BYTES
     # Bytes of log between two sparse offset-index entries (bounds the scan after a lookup).
-    index_interval_bytes: int = 4096
+    index_interval_bytes: int = limits.LOG_INDEX_INTERVAL_BYTES_DEFAULT
     # Size of an offset index before the segment rolls (Kafka segment.index.bytes, 10 MiB);
     # also bounds the memory the active segment's in-memory index copy may take.
-    max_index_bytes: int = 10 * MIB
+    max_index_bytes: int = limits.LOG_INDEX_BYTES_MAX_DEFAULT
     # fsync after this many messages since the last flush (None: leave it to the OS, as Kafka).
     flush_messages: int | None = None
     # fsync when this long has passed since the last flush (None: off).
@@ -56,7 +56,7 @@ class LogConfig:
     message_timestamp_before_max_ms: int = INT64_MAX
     # How far ahead of it (Kafka 4.0's default, KIP-1030: one hour). A timestamp from the
     # future holds a segment back from time-based retention and skews time lookups.
-    message_timestamp_after_max_ms: int = HOUR_MS
+    message_timestamp_after_max_ms: int = limits.MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT
 
     def __post_init__(self) -> None:
         def require(condition: bool, message: str) -> None:

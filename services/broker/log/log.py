@@ -56,7 +56,7 @@ from .checkpoints import (
 from .config import LogConfig
 from .epoch_cache import LeaderEpochCache
 from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, parse_segment_file_name
-from .storage import TEMP_SUFFIX, FileStorage, Storage
+from .storage import TEMP_SUFFIX, Storage
 
 logger = logging.getLogger("highwater.log")
 
@@ -143,7 +143,7 @@ class Log:
         directory: str | Path,
         config: LogConfig,
         *,
-        storage: Storage | None = None,
+        storage: Storage,
         now_ms: int,
         recover: bool = True,
     ) -> Log:
@@ -155,7 +155,7 @@ class Log:
         bytes dropped is logged. With the marker (or recover=False, for tools), segments are
         trusted and only each one's tail after its last index entry is read.
         """
-        log = cls(str(directory), config, storage or FileStorage())
+        log = cls(str(directory), config, storage)
         log._load(now_ms=now_ms, recover=recover)
         return log
 

@@ -1,10 +1,11 @@
 """The storage seam under the partition log: real files, or memory that can crash.
 
 STYLE.md practice 4 (raft's Storage/MemoryStorage): the log's logic runs unchanged on
-`FileStorage` (the broker) and on `MemoryStorage` (unit tests and the deterministic
-simulation in tests/sim/). The seam is deliberately small: files addressed by path,
-appended at their end, read at a position, truncated, fsynced; plus the few directory
-operations the log needs and an atomic whole-file write for checkpoints.
+`FileStorage` (the broker; file_storage.py, the only module of the log that touches files)
+and on `MemoryStorage` (unit tests and the deterministic simulation in tests/sim/). The
+seam is deliberately small: files addressed by path, appended at their end, read at a
+position, truncated, fsynced; plus the few directory operations the log needs and an
+atomic whole-file write for checkpoints.
 
 Open files are bounded (issue 17: tiny segments once took brokers to 20,000 open files).
 Segment files are opened through the storage's `OpenFileCache`: the active segments'
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 from collections import OrderedDict
 from pathlib import Path
 from typing import Protocol
@@ -286,157 +286,6 @@ class CachedFile:
             self._closed = True
             self._cache.forget(self)
             self.release()
-
-
-# ---------------------------------------------------------------------------------------
-# Real files
-
-
-class _RealFile:
-    """A file descriptor with a tracked size; writes use pwrite at that size (no seek state)."""
-
-    __slots__ = ("_fd", "_path", "_size")
-
-    # Descriptors open in this process, for the broker's open-segment-files gauge.
-    open_count = 0
-
-    def __init__(self, path: str, *, create: bool) -> None:
-        self._path = path
-        self._fd = -1
-        flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | (os.O_CREAT if create else 0)
-        try:
-            self._fd = os.open(path, flags, 0o644)
-            _RealFile.open_count += 1
-            self._size = os.fstat(self._fd).st_size
-        except OSError as error:
-            self.close()
-            raise StorageError(f"cannot open {path}: {error}") from error
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    def append(self, data: Buffer) -> int:
-        start = self._size
-        view = memoryview(data).cast("B")
-        written = 0
-        try:
-            while written < len(view):
-                written += os.pwrite(self._fd, view[written:], start + written)
-        except OSError as error:
-            raise StorageError(f"write to {self._path} at byte {start + written} failed: {error}") from error
-        finally:
-            self._size = start + written
-        return start
-
-    def read_at(self, position: int, size: int) -> bytes:
-        size = max(0, min(size, self._size - position))
-        try:
-            data = os.pread(self._fd, size, position)
-            if len(data) == size:
-                return data
-            # A short read happens only for very large sizes (Linux caps one read at ~2 GiB).
-            parts = [data]
-            got = len(data)
-            while got < size:
-                more = os.pread(self._fd, size - got, position + got)
-                if not more:
-                    break
-                parts.append(more)
-                got += len(more)
-            return b"".join(parts)
-        except OSError as error:
-            raise StorageError(
-                f"read of {size} bytes from {self._path} at byte {position} failed: {error}"
-            ) from error
-
-    def truncate(self, size: int) -> None:
-        check(0 <= size <= self._size, "truncate %s to %d bytes: file has %d", self._path, size, self._size)
-        try:
-            os.ftruncate(self._fd, size)
-        except OSError as error:
-            raise StorageError(f"truncate of {self._path} to {size} bytes failed: {error}") from error
-        self._size = size
-
-    def fsync(self) -> None:
-        try:
-            os.fsync(self._fd)
-        except OSError as error:
-            raise StorageError(f"fsync of {self._path} failed: {error}") from error
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-            _RealFile.open_count -= 1
-
-
-def open_real_file_count() -> int:
-    """Segment files open in this process through every FileStorage (the broker's gauge)."""
-    return _RealFile.open_count
-
-
-class FileStorage:
-    """The broker's storage: real files with os.pread/os.pwrite, no buffering of our own.
-
-    One per broker, so `open_files` bounds the handles of all its replicas together.
-    """
-
-    def __init__(self, *, open_files_max: int = OPEN_SEGMENT_FILES_MAX) -> None:
-        self.open_files = OpenFileCache(self, open_files_max)
-
-    def open(self, path: str, *, create: bool = True) -> StorageFile:
-        return _RealFile(path, create=create)
-
-    def exists(self, path: str) -> bool:
-        return os.path.exists(path)
-
-    def mkdir(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
-
-    def list_dir(self, path: str) -> list[str]:
-        return sorted(entry.name for entry in os.scandir(path) if entry.is_file())
-
-    def delete(self, path: str) -> None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-
-    def rename(self, source: str, target: str) -> None:
-        os.replace(source, target)
-        _fsync_dir(os.path.dirname(target) or ".")
-
-    def read_file(self, path: str) -> bytes:
-        with open(path, "rb") as file:
-            return file.read()
-
-    def write_atomic(self, path: str, data: bytes) -> None:
-        temp = path + TEMP_SUFFIX
-        try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temp, path)
-            _fsync_dir(os.path.dirname(path) or ".")
-        except OSError as error:
-            raise StorageError(f"atomic write of {path} failed: {error}") from error
-
-    def delete_dir(self, path: str) -> None:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------
