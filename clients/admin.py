@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from clients.common.acls import ACL_BINDINGS_PER_REQUEST_MAX, AclBinding, AclError
 from clients.common.topics import validate_topic_configs
@@ -43,6 +43,8 @@ from clients.types import (
     TopicPartition,
 )
 from protos.highwater.v1 import common_pb2, controller_pb2, gateway_pb2
+
+T = TypeVar("T")
 
 ELECTION_TYPES = {"preferred": common_pb2.PREFERRED, "unclean": common_pb2.UNCLEAN}
 
@@ -263,7 +265,10 @@ class AsyncAdmin:
         return [r.name for r in response.topics]
 
     async def _metadata(self, names: list[str]) -> common_pb2.MetadataResponse:
-        return await self._conn().call("Metadata", common_pb2.MetadataRequest(topics=names))
+        response: common_pb2.MetadataResponse = await self._conn().call(
+            "Metadata", common_pb2.MetadataRequest(topics=names)
+        )
+        return response
 
     async def list_topics(self) -> list[str]:
         """Names of every topic, sorted."""
@@ -624,7 +629,7 @@ class Admin:
         # A client dropped without close() still ends its thread (nothing on the loop refers back to us).
         weakref.finalize(self, self._thread.stop)
 
-    def _run(self, coro: Any, what: str) -> Any:
+    def _run(self, coro: Coroutine[Any, Any, T], what: str) -> T:
         return self._thread.run(coro, None, what)
 
     def create_topics(

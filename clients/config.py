@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from clients.common import limits
 from clients.common.topics import group_id_problem, topic_name_problem
@@ -34,6 +34,14 @@ RETRY_BACKOFF_MAX_MS_DEFAULT = 1_000
 METADATA_MAX_AGE_MS_DEFAULT = 300_000
 # gRPC message bound, the same as the services' (a Produce or Fetch carries whole batches).
 GRPC_MAX_MESSAGE_BYTES = limits.GRPC_MAX_MESSAGE_BYTES
+# gRPC channel reconnect back-off after a gateway restart (gRPC's own first back-off is 1 s,
+# too slow for a gateway that is back in a few hundred ms).
+GRPC_RECONNECT_BACKOFF_MS_INITIAL = 100
+GRPC_RECONNECT_BACKOFF_MS_MAX = 1_000
+# gRPC keep-alive: ping an idle channel this often, and call the peer dead when a ping
+# is not answered within the timeout.
+GRPC_KEEPALIVE_INTERVAL_MS = 30_000
+GRPC_KEEPALIVE_TIMEOUT_MS = 10_000
 
 # --- producer ----------------------------------------------------------------
 # Kafka's batch.size: a partition's batch is sent once it holds this many bytes.
@@ -43,6 +51,8 @@ LINGER_MS_DEFAULT = 5
 # Kafka's max.request.size; also the cap on one batch, which must fit the broker's
 # max_message_bytes (1 MiB + the 12-byte log overhead).
 MAX_REQUEST_BYTES_DEFAULT = 1024 * 1024
+# The smallest max_request_bytes accepted: room for a batch header and a small record.
+MAX_REQUEST_BYTES_MIN = 1024
 # Kafka's buffer.memory: records waiting to be sent; send() blocks beyond it.
 BUFFER_MEMORY_BYTES_DEFAULT = 32 * 1024 * 1024
 # Kafka's max.block.ms: the longest send() waits for buffer space or topic metadata.
@@ -52,6 +62,8 @@ DELIVERY_TIMEOUT_MS_DEFAULT = 120_000
 # Kafka's max.in.flight.requests.per.connection. Order per partition is kept anyway:
 # a partition has at most one batch in flight.
 MAX_IN_FLIGHT_REQUESTS_DEFAULT = 5
+# More concurrent Produce requests than this only queue up at the gateway.
+MAX_IN_FLIGHT_REQUESTS_MAX = 100
 ACKS_VALUES = {"all": -1, "-1": -1, "1": 1, "0": 0}
 COMPRESSION_VALUES = ("none", "gzip", "snappy", "lz4", "zstd")
 # Upper bound of the bytes a batch adds around its records (the 61-byte v2 header),
@@ -64,18 +76,40 @@ HEADER_OVERHEAD_BYTES_MAX = 10
 AUTO_OFFSET_RESET_VALUES = ("earliest", "latest", "none")
 # Kafka's fetch.max.wait.ms: how long a Fetch long-polls for fetch_min_bytes.
 FETCH_MAX_WAIT_MS_DEFAULT = 500
+# Kafka's fetch.min.bytes: a Fetch answers as soon as it has this much (1: any record).
 FETCH_MIN_BYTES_DEFAULT = 1
+# Kafka's fetch.max.bytes and max.partition.fetch.bytes: the bytes one Fetch answer may
+# carry in all, and for one partition (a larger batch still comes back, alone).
 FETCH_MAX_BYTES_DEFAULT = limits.FETCH_MAX_BYTES_DEFAULT
 MAX_PARTITION_FETCH_BYTES_DEFAULT = limits.FETCH_PARTITION_MAX_BYTES_DEFAULT
 # A Fetch answer must fit one gRPC message; 1 MiB is left for the per-partition fields.
 FETCH_MAX_BYTES_MAX = GRPC_MAX_MESSAGE_BYTES - 1024 * 1024
+# Kafka's max.poll.records: the most records one poll() returns.
 MAX_POLL_RECORDS_DEFAULT = 500
+# Kafka's auto.commit.interval.ms: how often positions are committed with enable_auto_commit.
 AUTO_COMMIT_INTERVAL_MS_DEFAULT = 5_000
 # One CommitOffsets request carries at most this many offsets (one etcd transaction).
 COMMIT_OFFSETS_PER_REQUEST_MAX = limits.COMMIT_OFFSETS_PER_REQUEST_MAX
 
 # --- topics ----------------------------------------------------------------
 TOPIC_NAME_MAX_CHARS = limits.TOPIC_NAME_MAX_CHARS
+
+# --- internal bounds (not settings) -------------------------------------------
+# How long LoopThread.stop() waits for the loop thread to finish its last callbacks.
+LOOP_STOP_WAIT_S = 5.0
+# How long a producer's close() waits for the sender task to end once everything is settled.
+SENDER_STOP_WAIT_S = 5.0
+# How long Producer.close() waits for that shutdown (failing what is left, stopping the
+# sender, closing the channels) on its loop thread: SENDER_STOP_WAIT_S plus room to spare.
+CLOSE_SHUTDOWN_TIMEOUT_MS = 10_000
+# How often a blocked flush() or send() checks that the producer is still alive.
+FLUSH_CHECK_INTERVAL_S = 0.5
+# A batch larger than a partition's fetch size: the next Fetch of that partition asks for
+# this many times more (up to fetch_max_bytes), so a few rounds reach any batch size.
+PARTITION_FETCH_BYTES_GROWTH_FACTOR = 2
+# The gRPC deadline of a Produce is the server-side timeout plus this, so the
+# gateway's own REQUEST_TIMED_OUT answer arrives before our deadline cuts it off.
+RPC_DEADLINE_MARGIN_MS = 2_000
 
 
 def check_topic_name(topic: object) -> str:
@@ -109,9 +143,9 @@ def check_int(name: str, value: object, *, minimum: int | None = None, maximum: 
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:
         raise InvalidArgument(f"{name} must be one of {', '.join(choices)}; got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def normalize_acks(acks: object) -> int:
@@ -127,7 +161,7 @@ def normalize_acks(acks: object) -> int:
 class ConnectionConfig:
     """How to reach the gateways; shared by producers, consumers and admins."""
 
-    bootstrap: str = DEFAULT_BOOTSTRAP
+    bootstrap: str | list[str] | tuple[str, ...] = DEFAULT_BOOTSTRAP
     request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT
     connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT
     retry_backoff_ms: int = RETRY_BACKOFF_MS_DEFAULT
@@ -142,7 +176,8 @@ class ConnectionConfig:
     auth_token: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.bootstrap, str) and not isinstance(self.bootstrap, (list, tuple)):
+        bootstrap: object = self.bootstrap  # checked at run time: callers may pass anything
+        if not isinstance(bootstrap, (str, list, tuple)):
             raise InvalidArgument(
                 f"bootstrap must be 'host:port,host:port' or a list, got {self.bootstrap!r}"
             )
@@ -179,12 +214,20 @@ class ProducerConfig(ConnectionConfig):
         object.__setattr__(self, "acks", normalize_acks(self.acks))
         check_int("linger_ms", self.linger_ms, minimum=0)
         check_int(
-            "max_request_bytes", self.max_request_bytes, minimum=1024, maximum=GRPC_MAX_MESSAGE_BYTES // 2
+            "max_request_bytes",
+            self.max_request_bytes,
+            minimum=MAX_REQUEST_BYTES_MIN,
+            maximum=GRPC_MAX_MESSAGE_BYTES // 2,
         )
         check_int("batch_size_bytes", self.batch_size_bytes, minimum=1, maximum=self.max_request_bytes)
         check_int("buffer_memory_bytes", self.buffer_memory_bytes, minimum=self.max_request_bytes)
         check_int("max_block_ms", self.max_block_ms, minimum=0)
-        check_int("max_in_flight_requests", self.max_in_flight_requests, minimum=1, maximum=100)
+        check_int(
+            "max_in_flight_requests",
+            self.max_in_flight_requests,
+            minimum=1,
+            maximum=MAX_IN_FLIGHT_REQUESTS_MAX,
+        )
         _check_choice("compression", self.compression, COMPRESSION_VALUES)
         if not isinstance(self.enable_idempotence, bool):
             raise InvalidArgument(f"enable_idempotence must be a bool, got {self.enable_idempotence!r}")
@@ -236,9 +279,12 @@ class ConsumerConfig(ConnectionConfig):
         check_int("max_poll_records", self.max_poll_records, minimum=1)
 
 
+ConfigT = TypeVar("ConfigT", bound=ConnectionConfig)
+
+
 def build_config(
-    cls: type[Any], bootstrap: str | list[str] | tuple[str, ...], settings: dict[str, Any]
-) -> Any:
+    cls: type[ConfigT], bootstrap: str | list[str] | tuple[str, ...], settings: dict[str, Any]
+) -> ConfigT:
     """cls(bootstrap=..., **settings), with an unknown setting named in InvalidArgument."""
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(settings) - known)

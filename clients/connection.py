@@ -32,7 +32,13 @@ from clients.common.errors import (
     RequestTimedOut,
     UnknownServerError,
 )
-from clients.config import GRPC_MAX_MESSAGE_BYTES
+from clients.config import (
+    GRPC_KEEPALIVE_INTERVAL_MS,
+    GRPC_KEEPALIVE_TIMEOUT_MS,
+    GRPC_MAX_MESSAGE_BYTES,
+    GRPC_RECONNECT_BACKOFF_MS_INITIAL,
+    GRPC_RECONNECT_BACKOFF_MS_MAX,
+)
 from clients.errors import ClientClosed, GatewayUnavailable, InvalidArgument
 from clients.tls import ClientTls, ClientTlsError
 from protos.highwater.v1 import gateway_pb2_grpc
@@ -44,11 +50,11 @@ log = logging.getLogger("highwater.client.connection")
 CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1_000),
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.initial_reconnect_backoff_ms", GRPC_RECONNECT_BACKOFF_MS_INITIAL),
+    ("grpc.min_reconnect_backoff_ms", GRPC_RECONNECT_BACKOFF_MS_INITIAL),
+    ("grpc.max_reconnect_backoff_ms", GRPC_RECONNECT_BACKOFF_MS_MAX),
+    ("grpc.keepalive_time_ms", GRPC_KEEPALIVE_INTERVAL_MS),
+    ("grpc.keepalive_timeout_ms", GRPC_KEEPALIVE_TIMEOUT_MS),
 ]
 
 # Status codes that mean "this gateway is not there (any more)": try another one.
@@ -125,7 +131,9 @@ class GatewayConnection:
                 else grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
             )
             self._channels[address] = channel
-            stub = self._stubs[address] = gateway_pb2_grpc.GatewayServiceStub(channel)
+            # The generated *_pb2_grpc stubs carry no annotations (pyproject.toml, [tool.mypy]).
+            stub = gateway_pb2_grpc.GatewayServiceStub(channel)  # type: ignore[no-untyped-call]
+            self._stubs[address] = stub
         return stub
 
     async def _connected(self, address: str, deadline: float) -> str:

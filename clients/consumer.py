@@ -31,8 +31,8 @@ import asyncio
 import concurrent.futures
 import logging
 import weakref
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import Any, TypeVar
 
 from clients.common import records
 from clients.common.errors import InvariantViolation, MessageTooLarge, OffsetOutOfRange
@@ -40,6 +40,7 @@ from clients.common.record_batch import iter_batch_headers
 from clients.config import (
     COMMIT_OFFSETS_PER_REQUEST_MAX,
     DEFAULT_BOOTSTRAP,
+    PARTITION_FETCH_BYTES_GROWTH_FACTOR,
     ConsumerConfig,
     build_config,
     check_group_id,
@@ -54,6 +55,7 @@ from clients.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
 from protos.highwater.v1 import common_pb2, gateway_pb2
 
 log = logging.getLogger("highwater.client.consumer")
+T = TypeVar("T")
 
 EARLIEST = -2  # ListOffsets timestamp for the log start offset
 LATEST = -1  # ListOffsets timestamp for the high watermark
@@ -186,7 +188,7 @@ class AsyncConsumer:
         self._assignment = partitions
 
     def _check_assigned(self, tp: object) -> TopicPartition:
-        checked = check_partitions([tp], "partition")[0]  # type: ignore[list-item]
+        checked = check_partitions([tp], "partition")[0]
         if checked not in self._assignment:
             raise InvalidArgument(f"{checked} is not assigned to this consumer")
         return checked
@@ -649,7 +651,9 @@ class AsyncConsumer:
                     f"the batch at offset {fetch_offset} of {tp} is larger than "
                     f"fetch_max_bytes={self.config.fetch_max_bytes}"
                 )
-            self._partition_fetch_bytes[tp] = min(current * 2, self.config.fetch_max_bytes)
+            self._partition_fetch_bytes[tp] = min(
+                current * PARTITION_FETCH_BYTES_GROWTH_FACTOR, self.config.fetch_max_bytes
+            )
             return
         self._partition_fetch_bytes.pop(tp, None)
         topic, partition = tp
@@ -724,7 +728,7 @@ class Consumer:
         # A client dropped without close() still ends its thread (nothing on the loop refers back to us).
         weakref.finalize(self, self._thread.stop)
 
-    def _run(self, coro: Any, what: str) -> Any:
+    def _run(self, coro: Coroutine[Any, Any, T], what: str) -> T:
         return self._thread.run(coro, None, what)
 
     # Local state: no I/O, called directly.

@@ -54,7 +54,9 @@ class GatewayUnavailable(HighwaterError):
         return "GATEWAY_UNAVAILABLE"
 
 
-class InvalidArgument(InvalidRequest, ValueError, TypeError):
+# InvalidRequest is made at run time by _error() in clients/common/errors.py, so mypy sees a
+# variable of type type[HighwaterError], not a class it can derive from.
+class InvalidArgument(InvalidRequest, ValueError, TypeError):  # type: ignore[misc, valid-type]
     """The caller passed a value of the wrong type or out of range; the message names it.
 
     Raised before anything is sent, so nothing half-done is left behind.

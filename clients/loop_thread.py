@@ -14,12 +14,10 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from clients.config import LOOP_STOP_WAIT_S
 from clients.errors import ClientClosed, RequestTimedOut
 
 T = TypeVar("T")
-
-# How long stop() waits for the loop thread to finish its last callbacks.
-LOOP_STOP_WAIT_S = 5.0
 
 
 class LoopThread:

@@ -128,7 +128,9 @@ class MetadataFetcher:
     async def refresh(self, topics: list[str] | None = None) -> common_pb2.MetadataResponse:
         """Ask the gateway for `topics` (None: all) and update the cache."""
         async with self._refresh_lock:
-            response = await self.connection.call("Metadata", common_pb2.MetadataRequest(topics=topics or []))
+            response: common_pb2.MetadataResponse = await self.connection.call(
+                "Metadata", common_pb2.MetadataRequest(topics=topics or [])
+            )
             self.cache.update(response, now_ms(), asked=list(topics) if topics else None)
             self.connection.learn_gateways(
                 [f"{g.host}:{g.port}" for g in response.gateways if g.host and g.port]

@@ -27,23 +27,27 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate, repeat
 from time import monotonic, time_ns
 from typing import Any
 
-from clients.accumulator import RecordAccumulator
+from clients.accumulator import Headers, RecordAccumulator, RecordTuple
 from clients.common.errors import UnknownTopicOrPartition
 from clients.common.partitioner import StickyPartitioner, partition_for_key
 from clients.config import (
     BATCH_OVERHEAD_BYTES,
+    CLOSE_SHUTDOWN_TIMEOUT_MS,
     DEFAULT_BOOTSTRAP,
+    FLUSH_CHECK_INTERVAL_S,
     HEADER_OVERHEAD_BYTES_MAX,
     RECORD_OVERHEAD_BYTES_MAX,
+    SENDER_STOP_WAIT_S,
     ProducerConfig,
     build_config,
     check_int,
@@ -61,18 +65,14 @@ log = logging.getLogger("highwater.client.producer")
 Callback = Callable[[RecordMetadata | None, HighwaterError | None], Any]
 HeadersArg = Iterable[tuple[str, bytes]] | Mapping[str, bytes] | None
 # A record checked and placed but not yet appended (no buffer room): (tp, record, headers, size).
-Pending = tuple[TopicPartition, tuple[Any, ...], list[tuple[str, bytes]] | None, int]
+Pending = tuple[TopicPartition, RecordTuple, Headers | None, int]
 
-_NO_HEADERS: list[tuple[str, bytes]] = []
-# How long close() waits for the sender task to end once everything is settled.
-SENDER_STOP_WAIT_S = 5.0
-# How often a blocked flush() checks that the sender task is still alive.
-_FLUSH_CHECK_INTERVAL_S = 0.5
+_NO_HEADERS: Headers = []
 
 
 def _check_bytes(name: str, value: object) -> bytes | None:
     if value is None or type(value) is bytes:
-        return value  # type: ignore[return-value]
+        return value
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     if isinstance(value, bytes):
@@ -83,13 +83,13 @@ def _check_bytes(name: str, value: object) -> bytes | None:
     )
 
 
-def _check_headers(headers: HeadersArg) -> tuple[list[tuple[str, bytes]], int]:
+def _check_headers(headers: HeadersArg) -> tuple[Headers, int]:
     """(headers as a list, their size bound in bytes); InvalidArgument for a bad one."""
     if headers is None:
         return _NO_HEADERS, 0
     items = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
     size = 0
-    checked: list[tuple[str, bytes]] = []
+    checked: Headers = []
     for item in items:
         if not isinstance(item, tuple) or len(item) != 2:
             raise InvalidArgument(f"a header must be a (str, bytes) pair, got {item!r}")
@@ -102,6 +102,8 @@ def _check_headers(headers: HeadersArg) -> tuple[list[tuple[str, bytes]], int]:
             + (len(value_bytes) if value_bytes is not None else 0)
             + HEADER_OVERHEAD_BYTES_MAX
         )
+        # A None value (Kafka's null header) encodes fine, but clients/common/records.py types
+        # header values as bytes only.
         checked.append((name, value_bytes))  # type: ignore[arg-type]
     return checked, size
 
@@ -230,9 +232,9 @@ class _ProducerCore:
             key = _check_bytes("key", key)
         size = RECORD_OVERHEAD_BYTES_MAX
         if value is not None:
-            size += len(value)  # type: ignore[arg-type]
+            size += len(value)
         if key is not None:
-            size += len(key)  # type: ignore[arg-type]
+            size += len(key)
         header_list = None
         if headers is not None:
             header_list, header_bytes = _check_headers(headers)
@@ -242,10 +244,12 @@ class _ProducerCore:
         ):
             raise self._too_large(info, size, "record")
         if timestamp_ms is None:
-            timestamp_ms = time_ns() // 1_000_000
-        elif type(timestamp_ms) is not int or timestamp_ms < 0:  # type: ignore[operator]
-            check_int("timestamp_ms", timestamp_ms, minimum=0)
-        record = (key, value, timestamp_ms)
+            timestamp = time_ns() // 1_000_000
+        elif type(timestamp_ms) is int and timestamp_ms >= 0:
+            timestamp = timestamp_ms
+        else:
+            timestamp = check_int("timestamp_ms", timestamp_ms, minimum=0)
+        record: RecordTuple = (key, value, timestamp)
         tps = info.tps
         if partition is not None or key is not None:
             tp = self._choose(info, key, partition, size)
@@ -264,7 +268,7 @@ class _ProducerCore:
                 header_list,
                 size,
                 future,
-                callback,  # type: ignore[arg-type]
+                callback,
                 int(monotonic() * 1000),
             )
         if created or full:
@@ -279,14 +283,15 @@ class _ProducerCore:
                 return tps[partition_for_key(key, len(tps))]
             with self.lock:
                 return tps[self.partitioner.partition(info.name, len(tps), info.available, size)]
-        if type(partition) is not int or not 0 <= partition < len(tps):  # type: ignore[operator]
+        if type(partition) is not int or not 0 <= partition < len(tps):
             check_int("partition", partition, minimum=0)
             raise UnknownTopicOrPartition(
                 f"partition {partition} of {info.name!r} does not exist (it has {len(tps)})"
             )
-        return tps[partition]  # type: ignore[index]
+        return tps[partition]
 
-    def _too_large(self, info: TopicInfo, size: int, what: str) -> MessageTooLarge:
+    def _too_large(self, info: TopicInfo, size: int, what: str) -> HighwaterError:
+        """A MessageTooLarge naming the limits (typed by its base: MessageTooLarge is made at run time)."""
         limit = min(self.config.max_request_bytes, info.max_message_bytes or self.config.max_request_bytes)
         return MessageTooLarge(
             f"{what} of about {size} bytes (key + value + headers) to {info.name!r} cannot fit a batch: "
@@ -295,17 +300,18 @@ class _ProducerCore:
             + f" (a batch adds {BATCH_OVERHEAD_BYTES} bytes; limit {limit})"
         )
 
-    def check_topic(self, topic: object) -> str:
+    def check_topic(self, topic: str) -> str:
+        """`topic` if it is a legal name (checked once per name), else InvalidArgument."""
         if topic not in self._valid_topics:
             check_topic_name(topic)
-            self._valid_topics.add(topic)  # type: ignore[arg-type]
-        return topic  # type: ignore[return-value]
+            self._valid_topics.add(topic)
+        return topic
 
     def try_append(
         self,
         tp: TopicPartition,
-        record: tuple[Any, ...],
-        headers: list[tuple[str, bytes]] | None,
+        record: RecordTuple,
+        headers: Headers | None,
         size: int,
         future: Any,
         callback: Callback | None,
@@ -318,7 +324,7 @@ class _ProducerCore:
                 and accumulator.buffered_bytes + size > accumulator.buffer_memory_bytes
             ):
                 return False
-            created, full = accumulator.append(tp, record, headers, size, future, callback, now_ms())  # type: ignore[arg-type]
+            created, full = accumulator.append(tp, record, headers, size, future, callback, now_ms())
         if created or full:
             self.wake()
         return True
@@ -331,9 +337,7 @@ class _ProducerCore:
         headers: HeadersArg,
         partition: object,
         timestamp_ms: object,
-    ) -> tuple[
-        int, list[tuple[TopicPartition, int, int, int]], list[tuple[Any, ...]], list[tuple[str, bytes]]
-    ]:
+    ) -> tuple[int, list[tuple[TopicPartition, int, int, int]], list[tuple[Any, ...]], Headers]:
         """Check a bulk send and cut it into runs of about batch_size_bytes.
 
         Returns (record count, [(tp, start, end, size_bytes)], record tuples, headers). Per-record
@@ -373,13 +377,11 @@ class _ProducerCore:
         while start < count:
             before = cumulative[start - 1] if start else 0
             # The longest run from `start` whose bytes stay within a batch (at least one record).
-            fit = bisect_right(
-                range(start + 1, count + 1),
-                run_bytes,
-                key=lambda end, before=before, start=start: (
-                    cumulative[end - 1] - before + fixed * (end - start)
-                ),
-            )
+
+            def bytes_up_to(end: int, before: int = before, start: int = start) -> int:
+                return cumulative[end - 1] - before + fixed * (end - start)
+
+            fit = bisect_right(range(start + 1, count + 1), run_bytes, key=bytes_up_to)
             end = start + max(fit, 1)
             size = cumulative[end - 1] - before + fixed * (end - start)
             runs.append((self._choose(info, key, partition, size), start, end, size))
@@ -390,7 +392,7 @@ class _ProducerCore:
         self,
         tp: TopicPartition,
         run: list[tuple[Any, ...]],
-        headers: list[tuple[str, bytes]],
+        headers: Headers,
         size: int,
         sink: BulkSendResult,
         sink_start: int,
@@ -409,6 +411,86 @@ class _ProducerCore:
     def pending_records(self) -> int:
         with self.lock:
             return self.accumulator.incomplete_records()
+
+    # --- waiting, for both front ends -----------------------------------------------
+    # One implementation of flush() and of the wait for buffer space. Producer waits on
+    # `batch_done` (a threading.Condition), AsyncProducer on an asyncio.Event; the
+    # generators say what to wait for and when to give up, and yield how long to wait
+    # next. They take no lock, so Producer drives them holding `batch_done` (whose lock is
+    # `lock`); the context managers take `lock` briefly, so enter them before `batch_done`.
+
+    @contextlib.contextmanager
+    def flushing(self) -> Iterator[int]:
+        """A flush in progress (the sender ignores linger_ms meanwhile); yields the id of the
+        last batch queued now, which the flush waits for."""
+        with self.lock:
+            target = self.accumulator.last_batch_id
+            self.accumulator.flushes_in_progress += 1
+        self.wake()
+        try:
+            yield target
+        finally:
+            with self.lock:
+                self.accumulator.flushes_in_progress -= 1
+
+    def flush_waits(self, target: int, timeout_ms: int | None) -> Iterator[float]:
+        """Seconds to wait for a completed batch, until every batch up to `target` is done.
+
+        RequestTimedOut after timeout_ms (None: no limit); ClientClosed if the sender task ends.
+        """
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        while not self.accumulator.done_up_to(target):
+            wait_s = FLUSH_CHECK_INTERVAL_S
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RequestTimedOut(
+                        f"flush: {self.accumulator.incomplete_records(target)} record(s) not yet "
+                        f"acknowledged after {timeout_ms} ms"
+                    )
+                wait_s = min(wait_s, remaining)
+            yield wait_s
+            if self.sender_task is not None and self.sender_task.done():
+                raise ClientClosed("the producer's sender task has stopped")
+
+    @contextlib.contextmanager
+    def waiting_for_room(self) -> Iterator[None]:
+        """A send blocked on buffer_memory_bytes: the sender sends at once while one waits."""
+        with self.lock:
+            self.accumulator.memory_waiters += 1
+        self.wake()
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.accumulator.memory_waiters -= 1
+
+    def room_waits(self, size: int) -> Iterator[float]:
+        """Seconds to wait for a completed batch, until the buffer has room for `size` bytes.
+
+        RequestTimedOut after max_block_ms; the producer's error if it closes or fails meanwhile.
+        """
+        deadline = time.monotonic() + self.config.max_block_ms / 1000
+        while not self.accumulator.has_room(size):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RequestTimedOut(
+                    f"buffer_memory_bytes={self.config.buffer_memory_bytes} stayed full for "
+                    f"max_block_ms={self.config.max_block_ms}: the gateway is not keeping up"
+                )
+            yield min(remaining, FLUSH_CHECK_INTERVAL_S)
+            self.check_open()
+
+    @staticmethod
+    def fail_runs(
+        sink: BulkSendResult,
+        runs: list[tuple[TopicPartition, int, int, int]],
+        records_: list[tuple[Any, ...]],
+        error: HighwaterError,
+    ) -> None:
+        """Settle the runs of a bulk send that were never queued with `error`."""
+        for tp, start, end, _ in runs:
+            sink.settle(start, tp, -1, records_[start:end], -1, error)
 
 
 class Producer:
@@ -511,8 +593,7 @@ class Producer:
                 while not core.try_append_run(tp, run, header_list, size, sink, start):
                     self._wait_for_room(size)
             except HighwaterError as error:
-                for tp_left, start_left, end_left, _ in runs[number:]:
-                    sink.settle(start_left, tp_left, -1, records_[start_left:end_left], -1, error)
+                core.fail_runs(sink, runs[number:], records_, error)
                 raise
         return future
 
@@ -537,23 +618,11 @@ class Producer:
                 self._wait_for_room(size)
 
     def _wait_for_room(self, size: int) -> None:
+        """Block until completed batches free room for `size` bytes; RequestTimedOut after max_block_ms."""
         core = self._core
-        deadline = time.monotonic() + self.config.max_block_ms / 1000
-        with core.batch_done:
-            core.accumulator.memory_waiters += 1
-            try:
-                self._thread.call_soon(core.sender.wake)
-                while not core.accumulator.has_room(size):
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise RequestTimedOut(
-                            f"buffer_memory_bytes={self.config.buffer_memory_bytes} stayed full for "
-                            f"max_block_ms={self.config.max_block_ms}: the gateway is not keeping up"
-                        )
-                    core.batch_done.wait(min(remaining, _FLUSH_CHECK_INTERVAL_S))
-                    core.check_open()
-            finally:
-                core.accumulator.memory_waiters -= 1
+        with core.waiting_for_room(), core.batch_done:
+            for wait_s in core.room_waits(size):
+                core.batch_done.wait(wait_s)
 
     def flush(self, timeout_ms: int | None = None) -> None:
         """Send everything queued now, ignoring linger_ms, and wait until each record sent
@@ -563,29 +632,9 @@ class Producer:
         queued and still complete within delivery_timeout_ms.
         """
         core = self._core
-        with core.lock:
-            target = core.accumulator.last_batch_id
-            core.accumulator.flushes_in_progress += 1
-        self._thread.call_soon(core.sender.wake)
-        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-        try:
-            with core.batch_done:
-                while not core.accumulator.done_up_to(target):
-                    wait_s = _FLUSH_CHECK_INTERVAL_S
-                    if deadline is not None:
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            raise RequestTimedOut(
-                                f"flush: {core.accumulator.incomplete_records(target)} record(s) not yet "
-                                f"acknowledged after {timeout_ms} ms"
-                            )
-                        wait_s = min(wait_s, remaining)
-                    core.batch_done.wait(wait_s)
-                    if core.sender_task is not None and core.sender_task.done():
-                        raise ClientClosed("the producer's sender task has stopped")
-        finally:
-            with core.lock:
-                core.accumulator.flushes_in_progress -= 1
+        with core.flushing() as target, core.batch_done:
+            for wait_s in core.flush_waits(target, timeout_ms):
+                core.batch_done.wait(wait_s)
 
     def partitions_for(self, topic: str) -> list[int]:
         """The topic's partition ids (from the gateway's metadata)."""
@@ -606,7 +655,9 @@ class Producer:
             pass  # what is left fails below
         try:
             self._thread.run(
-                core.shutdown(core.pending_records()), timeout_ms=10_000, what="closing the producer"
+                core.shutdown(core.pending_records()),
+                timeout_ms=CLOSE_SHUTDOWN_TIMEOUT_MS,
+                what="closing the producer",
             )
         except HighwaterError:
             pass
@@ -693,27 +744,15 @@ class AsyncProducer:
 
     async def _wait_for_room(self, core: _ProducerCore, size: int) -> None:
         """Wait until completed batches free room for `size` bytes; RequestTimedOut after max_block_ms."""
-        deadline = time.monotonic() + self.config.max_block_ms / 1000
-        with core.lock:
-            core.accumulator.memory_waiters += 1
-        core.sender.wake()
-        try:
-            while not core.accumulator.has_room(size):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise RequestTimedOut(
-                        f"buffer_memory_bytes={self.config.buffer_memory_bytes} stayed full for "
-                        f"max_block_ms={self.config.max_block_ms}: the gateway is not keeping up"
-                    )
-                self._batch_done.clear()
-                try:
-                    await asyncio.wait_for(self._batch_done.wait(), min(remaining, _FLUSH_CHECK_INTERVAL_S))
-                except TimeoutError:
-                    pass
-                core.check_open()
-        finally:
-            with core.lock:
-                core.accumulator.memory_waiters -= 1
+        with core.waiting_for_room():
+            for wait_s in core.room_waits(size):
+                await self._wait_batch_done(wait_s)
+
+    async def _wait_batch_done(self, timeout_s: float) -> None:
+        """Wait until the sender completes a batch, or `timeout_s` passes."""
+        self._batch_done.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._batch_done.wait(), timeout_s)
 
     async def send_batch(
         self,
@@ -739,8 +778,7 @@ class AsyncProducer:
                 while not core.try_append_run(tp, run, header_list, size, sink, start):
                     await self._wait_for_room(core, size)
             except HighwaterError as error:
-                for tp_left, start_left, end_left, _ in runs[number:]:
-                    sink.settle(start_left, tp_left, -1, records_[start_left:end_left], -1, error)
+                core.fail_runs(sink, runs[number:], records_, error)
                 raise
         return future
 
@@ -765,32 +803,9 @@ class AsyncProducer:
         core = self._core
         if core is None:
             return
-        with core.lock:
-            target = core.accumulator.last_batch_id
-            core.accumulator.flushes_in_progress += 1
-        core.sender.wake()
-        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-        try:
-            while not core.accumulator.done_up_to(target):
-                wait_s = _FLUSH_CHECK_INTERVAL_S
-                if deadline is not None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise RequestTimedOut(
-                            f"flush: {core.accumulator.incomplete_records(target)} record(s) not yet "
-                            f"acknowledged after {timeout_ms} ms"
-                        )
-                    wait_s = min(wait_s, remaining)
-                self._batch_done.clear()
-                try:
-                    await asyncio.wait_for(self._batch_done.wait(), wait_s)
-                except TimeoutError:
-                    pass
-                if core.sender_task is not None and core.sender_task.done():
-                    raise ClientClosed("the producer's sender task has stopped")
-        finally:
-            with core.lock:
-                core.accumulator.flushes_in_progress -= 1
+        with core.flushing() as target:
+            for wait_s in core.flush_waits(target, timeout_ms):
+                await self._wait_batch_done(wait_s)
 
     async def partitions_for(self, topic: str) -> list[int]:
         core = await self._ready_core()

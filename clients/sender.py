@@ -32,7 +32,7 @@ from typing import Any, overload
 from clients.accumulator import ProducerBatch, RecordAccumulator
 from clients.common import limits, records
 from clients.common.errors import InvariantViolation
-from clients.config import ProducerConfig
+from clients.config import RPC_DEADLINE_MARGIN_MS, ProducerConfig
 from clients.connection import GatewayConnection
 from clients.errors import ClientClosed, HighwaterError, RequestTimedOut, error_for_code
 from clients.idempotence import IdempotenceState
@@ -42,9 +42,6 @@ from protos.highwater.v1 import common_pb2
 
 log = logging.getLogger("highwater.client.producer")
 
-# The gRPC deadline of a Produce is the server-side timeout plus this, so the
-# gateway's own REQUEST_TIMED_OUT answer arrives before our deadline cuts it off.
-RPC_DEADLINE_MARGIN_MS = 2_000
 # Errors after which the batch's sequence numbers cannot be trusted: fail and renumber.
 _SEQUENCE_ERRORS = (common_pb2.OUT_OF_ORDER_SEQUENCE_NUMBER, common_pb2.INVALID_PRODUCER_EPOCH)
 
@@ -121,6 +118,8 @@ class SentRecords(Sequence[RecordMetadata]):
     """
 
     __slots__ = ("_runs", "_starts", "_topic", "count")
+    # The number of records (public since the first release); it hides Sequence.count(value).
+    count: int  # type: ignore[assignment]
 
     def __init__(self, topic: str, count: int, runs: list[tuple[int, int, int, int, int]]) -> None:
         self._topic = topic
@@ -388,17 +387,19 @@ class Sender:
                 elif answer.error_code == common_pb2.DUPLICATE_SEQUENCE_NUMBER:
                     self._succeed(batch, -1, -1)
                 else:
-                    error = error_for_code(
+                    answer_error = error_for_code(
                         answer.error_code, answer.error_message or f"producing to {batch.tp}"
                     )
                     if answer.error_code in _SEQUENCE_ERRORS:
-                        self._fail(batch, error)
+                        self._fail(batch, answer_error)
                     else:
-                        self._retry_or_fail(batch, error)
+                        self._retry_or_fail(batch, answer_error)
         finally:
             for batch in batches:
                 self._muted.discard(batch.tp)
-            self._in_flight.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+            task = asyncio.current_task()
+            if task is not None:
+                self._in_flight.pop(task, None)
             self._wake.set()
 
     async def _init_producer_id(self) -> None:

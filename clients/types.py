@@ -58,7 +58,7 @@ class TopicDescription:
     name: str
     topic_id: str
     partitions: tuple[PartitionDescription, ...]
-    config: dict[str, int | bool] = field(default_factory=dict)
+    config: dict[str, int | bool | str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

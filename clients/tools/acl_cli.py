@@ -63,10 +63,10 @@ def _admin(ctx: click.Context) -> Admin:
     """An Admin client per the root command's --bootstrap, --tls-dir, --tls-name, --token."""
     obj = ctx.find_root().obj
     if obj is None:  # the group invoked on its own (tests): plain defaults
-        from clients.config import DEFAULT_BOOTSTRAP
+        from clients.config import DEFAULT_BOOTSTRAP, REQUEST_TIMEOUT_MS_DEFAULT
         from clients.tools.cli import CliContext
 
-        obj = CliContext(bootstrap=DEFAULT_BOOTSTRAP, output="table", timeout_ms=30_000)
+        obj = CliContext(bootstrap=DEFAULT_BOOTSTRAP, output="table", timeout_ms=REQUEST_TIMEOUT_MS_DEFAULT)
     if obj.tls_dir and not obj.tls_name and not obj.token:
         obj.tls_name = DEFAULT_ADMIN_NAME
     if obj.tls_dir and obj.tls_name and not (Path(obj.tls_dir) / f"{obj.tls_name}.pem").exists():

@@ -28,7 +28,14 @@ from rich.table import Table
 
 from clients.admin import Admin
 from clients.common import errors as wire_errors
-from clients.config import DEFAULT_BOOTSTRAP
+from clients.config import (
+    BATCH_SIZE_BYTES_DEFAULT,
+    DEFAULT_BOOTSTRAP,
+    DELIVERY_TIMEOUT_MS_DEFAULT,
+    LINGER_MS_DEFAULT,
+    MAX_REQUEST_BYTES_DEFAULT,
+    REQUEST_TIMEOUT_MS_DEFAULT,
+)
 from clients.consumer import Consumer
 from clients.errors import GatewayUnavailable, HighwaterError, InvalidArgument
 from clients.producer import Producer
@@ -42,6 +49,11 @@ GENERATED_CHUNK_RECORDS = 10_000
 ECHO_OFFSETS_MAX_RECORDS = 10
 # How long to look for a gateway before GATEWAY_UNAVAILABLE, at most.
 CLI_CONNECT_TIMEOUT_MS_MAX = 5_000
+# The range --request-timeout-ms accepts: from too short for any real RPC to ten minutes.
+CLI_REQUEST_TIMEOUT_MS_MIN = 100
+CLI_REQUEST_TIMEOUT_MS_MAX = 600_000
+# `consume` polls this long at a time, so --timeout-ms and Ctrl-C are noticed promptly.
+CONSUME_POLL_MS = 500
 
 HINTS: list[tuple[type[HighwaterError], str]] = [
     (
@@ -208,8 +220,8 @@ def text_of(data: bytes | None) -> str | None:
 @click.option(
     "--request-timeout-ms",
     "timeout_ms",
-    type=click.IntRange(100, 600_000),
-    default=30_000,
+    type=click.IntRange(CLI_REQUEST_TIMEOUT_MS_MIN, CLI_REQUEST_TIMEOUT_MS_MAX),
+    default=REQUEST_TIMEOUT_MS_DEFAULT,
     show_default=True,
     help="Timeout of each request to the cluster.",
 )
@@ -533,9 +545,12 @@ def _progress(console: Console, total: int | None) -> Iterator[Callable[[int, fl
     default="none",
     show_default=True,
 )
-@click.option("--linger-ms", type=click.IntRange(min=0), default=5, show_default=True)
+@click.option("--linger-ms", type=click.IntRange(min=0), default=LINGER_MS_DEFAULT, show_default=True)
 @click.option(
-    "--batch-size-bytes", type=click.IntRange(min=1, max=1024 * 1024), default=16 * 1024, show_default=True
+    "--batch-size-bytes",
+    type=click.IntRange(min=1, max=MAX_REQUEST_BYTES_DEFAULT),
+    default=BATCH_SIZE_BYTES_DEFAULT,
+    show_default=True,
 )
 @pass_cli
 def produce(
@@ -576,10 +591,10 @@ def produce(
         for line in sys.stdin:
             line = line.rstrip("\r\n")
             if key_separator is not None:
-                k, sep, v = line.partition(key_separator)
-                if not sep:
+                key_text, found, value_text = line.partition(key_separator)
+                if not found:
                     raise InvalidArgument(f"stdin line {line!r} has no key separator {key_separator!r}")
-                yield k.encode(), v.encode()
+                yield key_text.encode(), value_text.encode()
             else:
                 yield fixed_key, line.encode()
 
@@ -599,7 +614,7 @@ def produce(
         batch_size_bytes=batch_size_bytes,
         enable_idempotence=acks == "all",
     )
-    settings["delivery_timeout_ms"] = max(120_000, linger_ms + obj.timeout_ms)
+    settings["delivery_timeout_ms"] = max(DELIVERY_TIMEOUT_MS_DEFAULT, linger_ms + obj.timeout_ms)
     err_console = Console(stderr=True, highlight=False)
     show_progress = total is not None and total >= PROGRESS_MIN_RECORDS and err_console.is_terminal
     echo = total is not None and total <= ECHO_OFFSETS_MAX_RECORDS
@@ -736,7 +751,7 @@ def consume(
         last_record_at = time.monotonic()
         while max_records is None or consumed < max_records:
             left = None if max_records is None else max_records - consumed
-            batch = consumer.poll(timeout_ms=500, max_records=left)
+            batch = consumer.poll(timeout_ms=CONSUME_POLL_MS, max_records=left)
             now = time.monotonic()
             if batch:
                 last_record_at = now
@@ -875,8 +890,8 @@ def reassign_start(obj: CliContext, assignments: tuple[str, ...]) -> None:
             [{"topic": tp.topic, "partition": tp.partition, "replicas": r} for tp, r in wanted.items()]
         )
         return
-    for tp, replicas in wanted.items():
-        out().print(f"reassigning {escape(str(tp))} to replicas {ids(replicas or [])}")
+    for tp, replica_ids in wanted.items():
+        out().print(f"reassigning {escape(str(tp))} to replicas {ids(replica_ids or [])}")
     out().print("follow it with `highwater reassign list`")
 
 

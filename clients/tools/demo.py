@@ -20,7 +20,11 @@ from clients.types import TopicPartition
 DEMO_TOPIC = "demo"
 DEMO_PARTITIONS = 3
 DEMO_RECORDS = 9
+# How long the demo waits to read back what it produced.
 DEMO_POLL_MS = 10_000
+# One poll of that wait: short, so the loop notices it has read everything.
+DEMO_POLL_STEP_MS = 500
+DEMO_POLL_RECORDS_MAX = 1_000
 
 
 def run_demo(bootstrap: str, console: Console, settings: dict[str, str] | None = None) -> None:
@@ -57,7 +61,7 @@ def run_demo(bootstrap: str, console: Console, settings: dict[str, str] | None =
         seen = 0
         deadline = time.monotonic() + DEMO_POLL_MS / 1000
         while time.monotonic() < deadline and any(consumer.position(tp) < ends[tp] for tp in partitions):
-            for record in consumer.poll(timeout_ms=500, max_records=1000):
+            for record in consumer.poll(timeout_ms=DEMO_POLL_STEP_MS, max_records=DEMO_POLL_RECORDS_MAX):
                 seen += 1
                 table.add_row(
                     str(record.partition),

@@ -26,19 +26,26 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import click
 
 from coordinator.etcd_server import EtcdServer, EtcdServerTls
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from coordinator.store import EtcdTls
 
 # How long one process may take to become ready (etcd connect, log recovery, registration).
 PROCESS_READY_TIMEOUT_S = 30.0
 # SIGTERM -> exit: a broker's controlled shutdown plus the gRPC grace period fit in this.
 PROCESS_STOP_TIMEOUT_S = 15.0
+# How often a process's ready file is looked for while it starts.
+READY_POLL_INTERVAL_S = 0.05
+# How often `cluster up` checks that its processes are still running.
+WATCH_INTERVAL_S = 0.2
+# How much of a failed process's log is shown.
 LOG_TAIL_BYTES = 4000
 # The client certificate `cluster up --tls` makes for the operator (and lists as a super user).
 ADMIN_TLS_NAME = "admin"
@@ -53,6 +60,17 @@ class Placement:
     command_prefix: tuple[str, ...] = ()
 
 
+class ReadyInfo(TypedDict, total=False):
+    """What a service writes to its --ready-file (services/common/server.py, mark_ready);
+    TLS services add more keys, such as the gateway's client_port."""
+
+    pid: int
+    host: str
+    port: int
+    metrics_port: int
+    client_port: int
+
+
 @dataclass
 class ServiceProcess:
     """One service process: how to start it again, and where it is now."""
@@ -63,7 +81,7 @@ class ServiceProcess:
     log_path: Path
     ready_path: Path
     proc: subprocess.Popen[bytes] | None = None
-    info: dict[str, object] = field(default_factory=dict)
+    info: ReadyInfo = field(default_factory=lambda: ReadyInfo())
     placement: Placement = field(default_factory=Placement)
 
     @property
@@ -297,11 +315,11 @@ class LocalCluster:
                     p.info = json.loads(p.ready_path.read_text())
                     if p.kind == "gateway":
                         # Keep the gateway's address across restarts: clients know it.
-                        self._pin_port(p, int(p.info["port"]))  # type: ignore[call-overload]
+                        self._pin_port(p, int(p.info["port"]))
                         if p.info.get("client_port"):
-                            self._pin_port(p, int(p.info["client_port"]), "--client-port")  # type: ignore[call-overload]
+                            self._pin_port(p, int(p.info["client_port"]), "--client-port")
                     return
-            time.sleep(0.05)
+            time.sleep(READY_POLL_INTERVAL_S)
         raise TimeoutError(
             f"{p.name} was not ready within {timeout_s:.0f} s; its log ({p.log_path}) ends with:\n"
             f"{p.log_tail()}"
@@ -353,17 +371,17 @@ class LocalCluster:
     def stop(self) -> None:
         """Stop every process by its pid (gateways, brokers, controllers, then etcd); never raises."""
         for kind in ("gateway", "broker", "controller"):
-            group = [p for p in self.by_kind(kind) if p.proc is not None and p.running]
-            for p in group:
+            group = [p.proc for p in self.by_kind(kind) if p.proc is not None and p.running]
+            for proc in group:
                 with contextlib.suppress(OSError):
-                    p.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
-                    p.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-            for p in group:
+                    proc.send_signal(signal.SIGCONT)
+                    proc.send_signal(signal.SIGTERM)
+            for proc in group:
                 try:
-                    p.proc.wait(timeout=PROCESS_STOP_TIMEOUT_S)  # type: ignore[union-attr]
+                    proc.wait(timeout=PROCESS_STOP_TIMEOUT_S)
                 except subprocess.TimeoutExpired:
-                    p.proc.kill()  # type: ignore[union-attr]
-                    p.proc.wait(timeout=PROCESS_STOP_TIMEOUT_S)  # type: ignore[union-attr]
+                    proc.kill()
+                    proc.wait(timeout=PROCESS_STOP_TIMEOUT_S)
         with contextlib.suppress(Exception):
             self.etcd.stop()
 
@@ -513,26 +531,26 @@ def up_command(
                         f"[red]{p.name} exited with code {p.proc.returncode}; see {p.log_path}[/red]"
                     )
                     p.proc = None
-            time.sleep(0.2)
+            time.sleep(WATCH_INTERVAL_S)
     finally:
         with console.status("stopping every process..."):
             cluster.stop()
         console.print("stopped")
 
 
-def _spark_demo(bootstrap: str, console: object) -> None:
+def _spark_demo(bootstrap: str, console: Console) -> None:
     """The PySpark part of the demo: skipped with a note when pyspark or Java is missing."""
     import shutil
 
     try:
         from spark_connector.demo import run_spark_demo
     except ImportError as exc:
-        console.print(f"[yellow]skipping the Spark demo: {exc} (pip install '.[spark]')[/yellow]")  # type: ignore[attr-defined]
+        console.print(f"[yellow]skipping the Spark demo: {exc} (pip install '.[spark]')[/yellow]")
         return
     if shutil.which("java") is None:
-        console.print("[yellow]skipping the Spark demo: no java on PATH (install Java 17)[/yellow]")  # type: ignore[attr-defined]
+        console.print("[yellow]skipping the Spark demo: no java on PATH (install Java 17)[/yellow]")
         return
-    console.print('[bold]Spark:[/bold] format("highwater") write and read-back on local[2] ...')  # type: ignore[attr-defined]
+    console.print('[bold]Spark:[/bold] format("highwater") write and read-back on local[2] ...')
     run_spark_demo(bootstrap)
 
 

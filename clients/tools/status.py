@@ -27,13 +27,13 @@ import click
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 from rich import box
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
+from clients.config import DEFAULT_BOOTSTRAP
 from protos.highwater.v1 import common_pb2, gateway_pb2_grpc
 
-DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 # DescribeCluster goes gateway -> active controller; a healthy cluster answers in
 # milliseconds, a controller election can take a lease TTL (6 s by default).
 DESCRIBE_TIMEOUT_S = 10.0
@@ -120,11 +120,13 @@ def describe_cluster(
     for address in addresses:
         with grpc.insecure_channel(address) as channel:
             try:
-                resp: common_pb2.DescribeClusterResponse = gateway_pb2_grpc.GatewayServiceStub(
-                    channel
-                ).DescribeCluster(common_pb2.DescribeClusterRequest(), timeout=timeout_s)
+                # The generated *_pb2_grpc stubs carry no annotations (pyproject.toml, [tool.mypy]).
+                stub = gateway_pb2_grpc.GatewayServiceStub(channel)  # type: ignore[no-untyped-call]
+                resp: common_pb2.DescribeClusterResponse = stub.DescribeCluster(
+                    common_pb2.DescribeClusterRequest(), timeout=timeout_s
+                )
             except grpc.RpcError as exc:
-                failures.append(f"{address}: {exc.code().name}")  # type: ignore[attr-defined]
+                failures.append(f"{address}: {exc.code().name}")
                 continue
         if resp.error_code != common_pb2.NONE:
             code = common_pb2.ErrorCode.Name(resp.error_code)
@@ -239,7 +241,7 @@ def render(status: ClusterStatus, console: Console) -> None:
         caption="replicas: partition replicas hosted; leads: partitions led; URP: of those, "
         "under-replicated; lag: replica fetcher max lag (records)",
     )
-    for column, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("id", "right"),
         ("address", "left"),
         ("rack", "left"),
@@ -248,8 +250,9 @@ def render(status: ClusterStatus, console: Console) -> None:
         ("leads", "right"),
         ("URP", "right"),
         ("lag", "right"),
-    ):
-        table.add_column(column, justify=justify, no_wrap=column == "address")  # type: ignore[arg-type]
+    )
+    for column, justify in columns:
+        table.add_column(column, justify=justify, no_wrap=column == "address")
     for b in status.brokers:
         if b.metrics_error is not None:
             lag = f"[dim]? ({escape(b.metrics_error)})[/dim]"

@@ -386,9 +386,7 @@ class BrokerCore:
         """becomeLeaderOrFollower: fence, then split into make-leader and make-follower."""
         err = self.check_control_request(req.header)
         if err is not None:
-            return broker_pb2.LeaderAndIsrResponse(
-                error_code=err.code, error_message=err.message
-            )
+            return broker_pb2.LeaderAndIsrResponse(error_code=err.code, error_message=err.message)
         for node in req.live_leaders:
             # The controller's view is newer than our cache: a restarted leader has a new address.
             self.metadata.brokers[node.broker_id] = node
@@ -606,9 +604,7 @@ class BrokerCore:
     def stop_replica(self, req: broker_pb2.StopReplicaRequest) -> broker_pb2.StopReplicaResponse:
         err = self.check_control_request(req.header)
         if err is not None:
-            return broker_pb2.StopReplicaResponse(
-                error_code=err.code, error_message=err.message
-            )
+            return broker_pb2.StopReplicaResponse(error_code=err.code, error_message=err.message)
         results = []
         for item in req.partitions:
             tp = (item.topic, item.partition)
@@ -633,9 +629,7 @@ class BrokerCore:
     def update_metadata(self, req: broker_pb2.UpdateMetadataRequest) -> broker_pb2.UpdateMetadataResponse:
         err = self.check_control_request(req.header)
         if err is not None:
-            return broker_pb2.UpdateMetadataResponse(
-                error_code=err.code, error_message=err.message
-            )
+            return broker_pb2.UpdateMetadataResponse(error_code=err.code, error_message=err.message)
         self.metadata.apply(req)
         for leader_id, fetcher in list(self.fetchers.items()):
             node = self.metadata.brokers.get(leader_id)
