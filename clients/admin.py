@@ -20,9 +20,11 @@ from typing import Any, TypeVar
 from clients.common.acls import ACL_BINDINGS_PER_REQUEST_MAX, AclBinding, AclError
 from clients.common.topics import validate_topic_configs
 from clients.config import (
+    COMMIT_OFFSETS_PER_REQUEST_MAX,
     DEFAULT_BOOTSTRAP,
     ConnectionConfig,
     build_config,
+    check_group_id,
     check_int,
     check_topic_name,
 )
@@ -33,6 +35,9 @@ from clients.loop_thread import LoopThread
 from clients.metadata import now_ms
 from clients.types import (
     ClusterDescription,
+    ConsumerGroupDescription,
+    GroupListing,
+    GroupMemberDescription,
     GroupPartitionOffset,
     NewTopic,
     NodeDescription,
@@ -599,6 +604,81 @@ class AsyncAdmin:
             rows.append(GroupPartitionOffset(tp.topic, tp.partition, offset, end, lag))
         return rows
 
+    async def list_groups(self) -> list[GroupListing]:
+        """Every consumer group with members or committed offsets."""
+        response = await self._call("ListGroups", gateway_pb2.ListGroupsRequest())
+        return [GroupListing(g.group_id, g.state, g.members, g.group_epoch) for g in response.groups]
+
+    async def describe_consumer_group(self, group_id: str) -> ConsumerGroupDescription:
+        """Members (host, client id, epoch, assignment) and committed offsets with lag;
+        GroupIdNotFound when the group has neither."""
+        group_id = check_group_id(group_id)
+        response = await self._call("DescribeGroups", gateway_pb2.DescribeGroupsRequest(group_ids=[group_id]))
+        (d,) = response.groups
+        if d.error_code != common_pb2.NONE:
+            raise error_for_code(d.error_code, d.error_message or f"DescribeGroups {group_id}")
+        members = [
+            GroupMemberDescription(
+                member_id=m.member_id,
+                instance_id=m.instance_id or None,
+                client_id=m.client_id,
+                client_host=m.client_host,
+                member_epoch=m.member_epoch,
+                assignment=[TopicPartition(p.topic, p.partition) for p in m.assignment],
+                target_assignment=[TopicPartition(p.topic, p.partition) for p in m.target_assignment],
+                state=m.state,
+            )
+            for m in d.members
+        ]
+        return ConsumerGroupDescription(
+            group_id=group_id,
+            state=d.state,
+            group_epoch=d.group_epoch,
+            target_epoch=d.target_epoch,
+            assignor=d.assignor,
+            members=members,
+            offsets=await self.describe_group(group_id),
+        )
+
+    async def delete_group(self, group_id: str) -> None:
+        """Delete a group's committed offsets; NonEmptyGroup while it has members."""
+        group_id = check_group_id(group_id)
+        response = await self._call("DeleteGroups", gateway_pb2.DeleteGroupsRequest(group_ids=[group_id]))
+        for r in response.results:
+            if r.error_code != common_pb2.NONE:
+                raise error_for_code(r.error_code, r.error_message or f"DeleteGroups {group_id}")
+
+    async def alter_group_offsets(self, group_id: str, offsets: Mapping[TopicPartition, int]) -> None:
+        """Set a group's committed offsets (the next offset to read) from outside the group:
+        kafka-consumer-groups --reset-offsets. NonEmptyGroup while the group has members
+        (their progress would be overwritten under them)."""
+        group_id = check_group_id(group_id)
+        items = [
+            (tp, check_int(f"offset for {tp}", offsets[tp], minimum=0)) for tp in check_partitions(offsets)
+        ]
+        for start in range(0, len(items), COMMIT_OFFSETS_PER_REQUEST_MAX):
+            by_topic: dict[str, list[gateway_pb2.OffsetCommitPartition]] = {}
+            for tp, offset in items[start : start + COMMIT_OFFSETS_PER_REQUEST_MAX]:
+                by_topic.setdefault(tp.topic, []).append(
+                    gateway_pb2.OffsetCommitPartition(partition=tp.partition, offset=offset, leader_epoch=-1)
+                )
+            response = await self._call(
+                "CommitOffsets",
+                gateway_pb2.CommitOffsetsRequest(
+                    group_id=group_id,
+                    topics=[
+                        gateway_pb2.OffsetCommitTopic(topic=t, partitions=p) for t, p in by_topic.items()
+                    ],
+                ),
+            )
+            _raise_first(
+                [
+                    error_for_code(r.error_code, r.error_message or f"commit for {r.topic}-{r.partition}")
+                    for r in response.partitions
+                    if r.error_code != common_pb2.NONE
+                ]
+            )
+
     async def close(self) -> None:
         if self._connection is not None:
             await self._connection.close()
@@ -717,6 +797,18 @@ class Admin:
 
     def describe_group(self, group_id: str) -> list[GroupPartitionOffset]:
         return self._run(self._async.describe_group(group_id), "describe_group()")
+
+    def list_groups(self) -> list[GroupListing]:
+        return self._run(self._async.list_groups(), "list_groups()")
+
+    def describe_consumer_group(self, group_id: str) -> ConsumerGroupDescription:
+        return self._run(self._async.describe_consumer_group(group_id), "describe_consumer_group()")
+
+    def delete_group(self, group_id: str) -> None:
+        self._run(self._async.delete_group(group_id), "delete_group()")
+
+    def alter_group_offsets(self, group_id: str, offsets: Mapping[TopicPartition, int]) -> None:
+        self._run(self._async.alter_group_offsets(group_id, offsets), "alter_group_offsets()")
 
     def close(self) -> None:
         try:

@@ -91,10 +91,30 @@ AUTO_COMMIT_INTERVAL_MS_DEFAULT = 5_000
 # One CommitOffsets request carries at most this many offsets (one etcd transaction).
 COMMIT_OFFSETS_PER_REQUEST_MAX = limits.COMMIT_OFFSETS_PER_REQUEST_MAX
 
+# --- consumer groups (clients/group_member.py) ---------------------------------
+# "consumer": subscribe() with a group id joins the group and reads the partitions its
+# coordinator assigns (KIP-848); "none": reads every partition of the subscription, the
+# group id only naming where offsets are committed.
+GROUP_PROTOCOL_VALUES = ("consumer", "none")
+# Kafka's session.timeout.ms: a member silent this long is removed and its partitions move.
+SESSION_TIMEOUT_MS_DEFAULT = 10_000
+SESSION_TIMEOUT_MS_MIN = 2_000
+SESSION_TIMEOUT_MS_MAX = 300_000
+# Kafka's max.poll.interval.ms, sent as the member's rebalance timeout: how long it may take
+# to give up partitions (its poll loop's longest gap).
+MAX_POLL_INTERVAL_MS_DEFAULT = 300_000
+# Kafka's group.remote.assignor: the server assignor the member asks for (None: the group's).
+GROUP_REMOTE_ASSIGNOR_VALUES = ("uniform", "range")
+
 # --- topics ----------------------------------------------------------------
 TOPIC_NAME_MAX_CHARS = limits.TOPIC_NAME_MAX_CHARS
 
 # --- internal bounds (not settings) -------------------------------------------
+# While the consumer still has to act on an assignment (poll() revokes and takes partitions),
+# its member heartbeats at least this often, keeping its session alive.
+GROUP_HEARTBEAT_WHILE_RECONCILING_MS = 500
+# close() waits this long for the gateway to acknowledge the leave; else the session expires.
+GROUP_LEAVE_TIMEOUT_MS = 5_000
 # How long LoopThread.stop() waits for the loop thread to finish its last callbacks.
 LOOP_STOP_WAIT_S = 5.0
 # How long a producer's close() waits for the sender task to end once everything is settled.
@@ -258,6 +278,11 @@ class ConsumerConfig(ConnectionConfig):
     max_partition_fetch_bytes: int = MAX_PARTITION_FETCH_BYTES_DEFAULT
     max_poll_records: int = MAX_POLL_RECORDS_DEFAULT
     check_crcs: bool = True
+    group_protocol: str = "consumer"
+    group_instance_id: str | None = None
+    session_timeout_ms: int = SESSION_TIMEOUT_MS_DEFAULT
+    max_poll_interval_ms: int = MAX_POLL_INTERVAL_MS_DEFAULT
+    group_remote_assignor: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -277,6 +302,24 @@ class ConsumerConfig(ConnectionConfig):
             maximum=self.fetch_max_bytes,
         )
         check_int("max_poll_records", self.max_poll_records, minimum=1)
+        _check_choice("group_protocol", self.group_protocol, GROUP_PROTOCOL_VALUES)
+        if self.group_instance_id is not None and not (
+            isinstance(self.group_instance_id, str)
+            and 0 < len(self.group_instance_id) <= TOPIC_NAME_MAX_CHARS
+        ):
+            raise InvalidArgument(
+                f"group_instance_id must be 1..{TOPIC_NAME_MAX_CHARS} characters, "
+                f"got {self.group_instance_id!r}"
+            )
+        check_int(
+            "session_timeout_ms",
+            self.session_timeout_ms,
+            minimum=SESSION_TIMEOUT_MS_MIN,
+            maximum=SESSION_TIMEOUT_MS_MAX,
+        )
+        check_int("max_poll_interval_ms", self.max_poll_interval_ms, minimum=1)
+        if self.group_remote_assignor is not None:
+            _check_choice("group_remote_assignor", self.group_remote_assignor, GROUP_REMOTE_ASSIGNOR_VALUES)
 
 
 ConfigT = TypeVar("ConfigT", bound=ConnectionConfig)

@@ -1,11 +1,17 @@
 """Consumers: `AsyncConsumer` (asyncio) and `Consumer` (synchronous), reading through the gateway.
 
-A consumer reads the partitions it was given with `assign()`, or every partition
-of the topics given to `subscribe()` (found from Metadata and followed as
-partitions are added). Highwater has no group coordinator: a group id names
-where committed offsets live (CommitOffsets / FetchCommittedOffsets), and one
-consumer per group reads all of a subscription; split partitions between
-processes with assign().
+A consumer reads the partitions it was given with `assign()`, or, after `subscribe()`:
+- with a group id (and group_protocol "consumer", the default), the partitions the group's
+  coordinator assigns it: consumers of one group share the subscription's partitions, a
+  partition moves when members join or leave, and a member fenced by the coordinator (its
+  session expired while it was paused) cannot commit (clients/group_member.py; Kafka's
+  KIP-848 protocol). on_partitions_revoked runs before a partition is given up (with
+  auto-commit on, its position is committed first), on_partitions_assigned after new ones
+  are taken, on_partitions_lost when they were taken away without a chance to commit.
+  The callbacks run inside poll() (for Consumer, on its loop thread: a callback may not
+  call the Consumer's own blocking methods), and may be coroutine functions.
+- without a group id (or with group_protocol "none"), every partition of the topics
+  (found from Metadata and followed as partitions are added).
 
 Positions (Kafka's semantics, half-open): `position(tp)` is the offset of the
 next record poll() will return. A partition without one starts from the group's
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import weakref
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -49,6 +56,7 @@ from clients.config import (
 )
 from clients.connection import GatewayConnection, client_tls
 from clients.errors import ClientClosed, HighwaterError, InvalidArgument, error_for_code
+from clients.group_member import FENCED_CODES, GroupMember
 from clients.loop_thread import LoopThread
 from clients.metadata import ClusterMetadata, MetadataFetcher, now_ms
 from clients.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
@@ -58,6 +66,24 @@ log = logging.getLogger("highwater.client.consumer")
 T = TypeVar("T")
 
 EARLIEST = -2  # ListOffsets timestamp for the log start offset
+# A rebalance callback: called with the partitions concerned; may be a coroutine function.
+PartitionsCallback = Callable[[list[TopicPartition]], Any]
+LISTENER_NAMES = ("on_partitions_assigned", "on_partitions_revoked", "on_partitions_lost")
+# Commit answers that mean this member was fenced: it must drop its partitions and rejoin.
+# (STALE_MEMBER_EPOCH is not one: the member's heartbeat moved on, and the commit named
+# partitions it no longer owns; the error goes to the caller.)
+_COMMIT_FENCED_CODES = FENCED_CODES
+# What a member tells the coordinator it is (kafka-consumer-groups' CLIENT-ID column).
+CLIENT_ID = "highwater-python"
+
+
+def _check_listeners(listeners: Mapping[str, Any]) -> dict[str, PartitionsCallback | None]:
+    for name, callback in listeners.items():
+        if callback is not None and not callable(callback):
+            raise InvalidArgument(f"{name} must be callable (called with a list of TopicPartition)")
+    return dict(listeners)
+
+
 LATEST = -1  # ListOffsets timestamp for the high watermark
 _RESET_TIMESTAMPS = {"earliest": EARLIEST, "latest": LATEST}
 
@@ -90,7 +116,11 @@ class AsyncConsumer:
     """asyncio consumer. `async with AsyncConsumer("orders", group_id="billing") as consumer:`."""
 
     def __init__(self, *topics: str, bootstrap: str | list[str] = DEFAULT_BOOTSTRAP, **settings: Any) -> None:
+        listeners = {name: settings.pop(name, None) for name in LISTENER_NAMES}
         self.config: ConsumerConfig = build_config(ConsumerConfig, bootstrap, settings)
+        self._listeners: dict[str, PartitionsCallback | None] = _check_listeners(listeners)
+        self._member: GroupMember | None = None
+        self._leaving: list[GroupMember] = []
         self._group_id = self.config.group_id
         self._metadata = ClusterMetadata(metadata_max_age_ms=self.config.metadata_max_age_ms)
         self._connection: GatewayConnection | None = None
@@ -136,30 +166,74 @@ class AsyncConsumer:
     # --- what to read --------------------------------------------------------------
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
-        """Read exactly these partitions (replaces any subscription). Positions of partitions
-        kept from the previous assignment are kept."""
+        """Read exactly these partitions (replaces any subscription, leaving its group).
+        Positions of partitions kept from the previous assignment are kept."""
         checked = check_partitions(partitions)
         self._subscription = None
+        self._drop_member()
         self._set_assignment(checked)
 
-    def subscribe(self, topics: Iterable[str], group_id: str | None = None) -> None:
-        """Read every partition of `topics`, following new partitions; `group_id` (or the
-        configured one) names where committed offsets are read and stored."""
+    def subscribe(
+        self,
+        topics: Iterable[str],
+        group_id: str | None = None,
+        *,
+        on_partitions_assigned: PartitionsCallback | None = None,
+        on_partitions_revoked: PartitionsCallback | None = None,
+        on_partitions_lost: PartitionsCallback | None = None,
+    ) -> None:
+        """Read `topics`: with a group id (this one or the configured one), the partitions the
+        group assigns this member; without, every partition, following new ones. The
+        callbacks (each called with a list of TopicPartition) replace those given before."""
         if isinstance(topics, str):
             topics = [topics]
         names = tuple(dict.fromkeys(check_topic_name(topic) for topic in topics))
         if not names:
             raise InvalidArgument("subscribe() needs at least one topic")
-        if group_id is not None:
-            self._group_id = check_group_id(group_id)
+        given = {
+            "on_partitions_assigned": on_partitions_assigned,
+            "on_partitions_revoked": on_partitions_revoked,
+            "on_partitions_lost": on_partitions_lost,
+        }
+        self._listeners.update(_check_listeners({k: v for k, v in given.items() if v is not None}))
+        if group_id is not None and check_group_id(group_id) != self._group_id:
+            self._drop_member()
+            self._group_id = group_id
         self._subscription = names
+        if self._member is not None:
+            self._member.resubscribe(names)
         self._set_assignment([tp for tp in self._assignment if tp.topic in names])
         for name in names:
             self._metadata.mark_stale(name)
 
     def unsubscribe(self) -> None:
+        """Stop reading; a group member leaves its group (at the next poll() or close())."""
         self._subscription = None
+        self._drop_member()
         self._set_assignment([])
+
+    @property
+    def _grouped(self) -> bool:
+        """Whether the subscription is read as a member of a consumer group."""
+        return (
+            self._subscription is not None
+            and self._group_id is not None
+            and self.config.group_protocol == "consumer"
+        )
+
+    def _drop_member(self) -> None:
+        if self._member is not None:
+            self._leaving.append(self._member)
+            self._member = None
+
+    @property
+    def member_id(self) -> str | None:
+        """This consumer's member id in its group (None when it is not a member)."""
+        return self._member.member_id or None if self._member is not None else None
+
+    @property
+    def member_epoch(self) -> int | None:
+        return self._member.epoch if self._member is not None else None
 
     def subscription(self) -> tuple[str, ...]:
         return self._subscription or ()
@@ -446,14 +520,19 @@ class AsyncConsumer:
                 by_topic.setdefault(tp.topic, []).append(
                     gateway_pb2.OffsetCommitPartition(partition=tp.partition, offset=offset, leader_epoch=-1)
                 )
+            member = self._member
             request = gateway_pb2.CommitOffsetsRequest(
                 group_id=group,
                 topics=[gateway_pb2.OffsetCommitTopic(topic=t, partitions=p) for t, p in by_topic.items()],
+                member_id=member.member_id if member is not None and member.active else "",
+                member_epoch=member.epoch if member is not None and member.active else 0,
             )
             response = await self._conn().call("CommitOffsets", request)
             if response.error_code != common_pb2.NONE:
                 raise error_for_code(response.error_code, response.error_message or "CommitOffsets")
             for result in response.partitions:
+                if result.error_code in _COMMIT_FENCED_CODES and member is not None:
+                    member.fence(result.error_code)  # the next poll() drops the partitions, rejoins
                 if result.error_code != common_pb2.NONE:
                     raise error_for_code(
                         result.error_code,
@@ -492,7 +571,13 @@ class AsyncConsumer:
     # --- polling ------------------------------------------------------------------
 
     async def _update_subscription(self) -> None:
+        for member in self._leaving:
+            await member.leave()
+        self._leaving.clear()
         if self._subscription is None:
+            return
+        if self._grouped:
+            await self._reconcile()
             return
         fetcher = self._meta()
         now = now_ms()
@@ -506,6 +591,62 @@ class AsyncConsumer:
                 partitions.extend(TopicPartition(topic, p) for p in info.partitions)
         if partitions != self._assignment:
             self._set_assignment(partitions)
+
+    async def _reconcile(self) -> None:
+        """Follow the group's assignment: give up partitions the coordinator took away
+        (committing their positions first with auto-commit on), take the new ones, and drop
+        everything without committing when the member was fenced; then tell the member."""
+        member = self._member
+        if member is None:
+            assert self._group_id is not None and self._subscription is not None
+            member = self._member = GroupMember(
+                self._conn,
+                self._group_id,
+                self._subscription,
+                instance_id=self.config.group_instance_id,
+                session_timeout_ms=self.config.session_timeout_ms,
+                rebalance_timeout_ms=self.config.max_poll_interval_ms,
+                assignor=self.config.group_remote_assignor,
+                client_id=CLIENT_ID,
+            )
+            member.start()
+        member.changed.clear()
+        if member.error is not None:
+            raise member.error
+        if member.lost:
+            lost = list(self._assignment)
+            self._set_assignment([])
+            await self._call_listener("on_partitions_lost", lost)
+            member.rejoin()
+            return
+        target = member.target
+        if target is None:
+            return  # no answer yet
+        revoked = [tp for tp in self._assignment if tp not in target]
+        if revoked:
+            if self.config.enable_auto_commit:
+                positions = {tp: self._positions[tp] for tp in revoked if tp in self._positions}
+                try:
+                    await self.commit(positions)
+                except HighwaterError as error:
+                    log.warning("commit before revoking %s failed: %s", revoked, error)
+                    if member.was_fenced():
+                        return await self._reconcile()
+            await self._call_listener("on_partitions_revoked", revoked)
+            self._set_assignment([tp for tp in self._assignment if tp in target])
+        added = [tp for tp in sorted(target) if tp not in self._assignment]
+        if added:
+            self._set_assignment(self._assignment + added)
+            await self._call_listener("on_partitions_assigned", added)
+        member.report_owned(frozenset(self._assignment))
+
+    async def _call_listener(self, name: str, partitions: list[TopicPartition]) -> None:
+        callback = self._listeners.get(name)
+        if callback is None or not partitions:
+            return
+        outcome = callback(list(partitions))
+        if asyncio.iscoroutine(outcome):
+            await outcome
 
     async def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> list[ConsumerRecord]:
         """Records after each partition's position, waiting up to timeout_ms for some.
@@ -581,6 +722,11 @@ class AsyncConsumer:
             and self._backoff_until_ms.get(tp, 0) <= now
         ]
         if not fetchable:
+            if self._member is not None and not self._assignment:
+                # Waiting for the group to give this member partitions: woken by its answer.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._member.changed.wait(), max_wait_ms / 1000)
+                return
             # Nothing to ask (all backing off or unresolved): wait a little instead of spinning.
             await asyncio.sleep(min(max_wait_ms, self.config.retry_backoff_ms) / 1000)
             return
@@ -669,7 +815,9 @@ class AsyncConsumer:
             self._positions[tp] = next_offset  # only control or compacted-away offsets
 
     async def close(self) -> None:
-        """Commit positions (with a group and auto-commit on), then close the channels."""
+        """Commit positions (with a group and auto-commit on), leave the group at once (its
+        partitions move to the other members now, not a session timeout later), then close
+        the channels."""
         if self._closed:
             return
         try:
@@ -678,6 +826,12 @@ class AsyncConsumer:
                     await self.commit()
                 except HighwaterError as error:
                     log.warning("final commit for group %s failed: %s", self._group_id, error)
+            if self._member is not None:
+                await self._call_listener("on_partitions_revoked", list(self._assignment))
+            self._drop_member()
+            for member in self._leaving:
+                await member.leave()
+            self._leaving.clear()
         finally:
             self._closed = True
             if self._connection is not None:
@@ -735,8 +889,24 @@ class Consumer:
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         self._async.assign(partitions)
 
-    def subscribe(self, topics: Iterable[str], group_id: str | None = None) -> None:
-        self._async.subscribe(topics, group_id)
+    def subscribe(
+        self,
+        topics: Iterable[str],
+        group_id: str | None = None,
+        *,
+        on_partitions_assigned: PartitionsCallback | None = None,
+        on_partitions_revoked: PartitionsCallback | None = None,
+        on_partitions_lost: PartitionsCallback | None = None,
+    ) -> None:
+        """As AsyncConsumer.subscribe; the callbacks run inside poll(), on this consumer's loop
+        thread (they may not call this Consumer's blocking methods)."""
+        self._async.subscribe(
+            topics,
+            group_id,
+            on_partitions_assigned=on_partitions_assigned,
+            on_partitions_revoked=on_partitions_revoked,
+            on_partitions_lost=on_partitions_lost,
+        )
 
     def unsubscribe(self) -> None:
         self._async.unsubscribe()
@@ -750,6 +920,14 @@ class Consumer:
     @property
     def group_id(self) -> str | None:
         return self._async.group_id
+
+    @property
+    def member_id(self) -> str | None:
+        return self._async.member_id
+
+    @property
+    def member_epoch(self) -> int | None:
+        return self._async.member_epoch
 
     def pause(self, *partitions: TopicPartition) -> None:
         self._async.pause(*partitions)

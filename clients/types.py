@@ -124,3 +124,38 @@ class GroupPartitionOffset:
         int | None
     )  # end_offset - committed_offset; None when nothing is committed (as Kafka's tool shows "-")
     metadata: str = ""
+
+
+@dataclass(frozen=True)
+class GroupListing:
+    """One consumer group as `highwater groups list` shows it."""
+
+    group_id: str
+    state: str  # "Empty", "Stable", "Reconciling", "Assigning"
+    members: int
+    group_epoch: int
+
+
+@dataclass(frozen=True)
+class GroupMemberDescription:
+    member_id: str
+    instance_id: str | None
+    client_id: str
+    client_host: str
+    member_epoch: int
+    assignment: list[TopicPartition]  # what it owns now (or is giving up)
+    target_assignment: list[TopicPartition]  # what the coordinator wants it to own
+    state: str
+
+
+@dataclass(frozen=True)
+class ConsumerGroupDescription:
+    """A consumer group: its members and what they own, and its committed offsets with lag."""
+
+    group_id: str
+    state: str
+    group_epoch: int
+    target_epoch: int
+    assignor: str
+    members: list[GroupMemberDescription]
+    offsets: list[GroupPartitionOffset]

@@ -162,6 +162,33 @@ class Keys:
             f"{_check_id('partition', partition)}"
         )
 
+    # --- consumer groups (services/groups; the gateway's group service) ------------------
+
+    def consumer_group_state(self, group: str) -> str:
+        """The group's coordinator state (members, epochs, target assignment) as one JSON value,
+        changed only by compare-and-swap on its mod revision."""
+        return f"{self.consumer_group_prefix(group)}state"
+
+    def consumer_group_members_prefix(self, group: str) -> str:
+        return f"{self.consumer_group_prefix(group)}members/"
+
+    def consumer_group_member(self, group: str, member_id: str) -> str:
+        """A member's liveness key, attached to a lease of the member's session timeout: it
+        disappears when the member stops heartbeating (the ZooKeeper-era consumers' ephemeral
+        node)."""
+        return f"{self.consumer_group_members_prefix(group)}{_check_name('member id', member_id)}"
+
+    def parse_consumer_group_key(self, key: str) -> tuple[str, str, str] | None:
+        """(group, kind, rest) of any key under a group: kind is "state", "members" (rest: the
+        member id) or "offsets" (rest: topic/partition); None for other keys."""
+        if not key.startswith(self.consumers_prefix):
+            return None
+        group, _, tail = key[len(self.consumers_prefix) :].partition("/")
+        kind, _, rest = tail.partition("/")
+        if not group or kind not in ("state", "members", "offsets"):
+            return None
+        return (group, kind, rest)
+
     def parse_consumer_offset(self, key: str) -> tuple[str, str, int] | None:
         """(group, topic, partition) of a consumer offset key, or None for any other key."""
         if not key.startswith(self.consumers_prefix):

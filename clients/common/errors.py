@@ -134,6 +134,19 @@ InvalidRecord = _error("InvalidRecord", common_pb2.INVALID_RECORD)
 InvalidTimestamp = _error("InvalidTimestamp", common_pb2.INVALID_TIMESTAMP)
 
 
+# Consumer groups (services/groups). A fenced member must rejoin (epoch 0) and drop its
+# partitions without committing; a stale epoch is a zombie's commit.
+UnknownMemberId = _error("UnknownMemberId", common_pb2.UNKNOWN_MEMBER_ID)
+FencedMemberEpoch = _error("FencedMemberEpoch", common_pb2.FENCED_MEMBER_EPOCH)
+# Retriable: the member's next heartbeat brings its current epoch.
+StaleMemberEpoch = _error("StaleMemberEpoch", common_pb2.STALE_MEMBER_EPOCH, retriable=True)
+UnreleasedInstanceId = _error("UnreleasedInstanceId", common_pb2.UNRELEASED_INSTANCE_ID)
+UnsupportedAssignor = _error("UnsupportedAssignor", common_pb2.UNSUPPORTED_ASSIGNOR)
+GroupMaxSizeReached = _error("GroupMaxSizeReached", common_pb2.GROUP_MAX_SIZE_REACHED)
+NonEmptyGroup = _error("NonEmptyGroup", common_pb2.NON_EMPTY_GROUP)
+GroupIdNotFound = _error("GroupIdNotFound", common_pb2.GROUP_ID_NOT_FOUND)
+
+
 # The retry policy, read from the flags above so a new code joins it where it is defined.
 # Every code a later attempt of the same request may fix:
 RETRIABLE_CODES = frozenset(code for code, cls in _BY_CODE.items() if cls.retriable)

@@ -11,6 +11,8 @@ does. A Python traceback means a bug, never a cluster condition.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 import os
 import sys
@@ -1000,55 +1002,204 @@ def elect_leaders(
 
 @cli.group()
 def groups() -> None:
-    """Consumer groups' committed offsets and lag (kafka-consumer-groups).
+    """Consumer groups: members, assignments, committed offsets and lag (kafka-consumer-groups).
 
     \b
     Example:
+      highwater groups list
       highwater groups describe billing
+      highwater groups reset-offsets billing --topic orders --to-earliest
     """
+
+
+@groups.command("list")
+@pass_cli
+def groups_list(obj: CliContext) -> None:
+    """List the consumer groups: state, members, epoch.
+
+    \b
+    Example:
+      highwater groups list
+    """
+    with obj.admin() as admin:
+        listing = admin.list_groups()
+    if obj.json:
+        print_json([dataclasses.asdict(g) for g in listing])
+        return
+    if not listing:
+        out().print("no consumer groups")
+        return
+    table = Table(title="consumer groups", title_justify="left")
+    for column in ("group", "state", "members", "epoch"):
+        table.add_column(column, justify="left" if column in ("group", "state") else "right")
+    for g in listing:
+        table.add_row(escape(g.group_id), g.state, str(g.members), str(g.group_epoch))
+    out().print(table)
+
+
+def _tps_text(tps: list[TopicPartition]) -> str:
+    by_topic: dict[str, list[int]] = {}
+    for tp in tps:
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    return (
+        " ".join(f"{t}:{','.join(str(p) for p in sorted(ps))}" for t, ps in sorted(by_topic.items())) or "-"
+    )
 
 
 @groups.command("describe")
 @click.argument("group")
 @pass_cli
 def groups_describe(obj: CliContext, group: str) -> None:
-    """Show GROUP's committed offset, the end offset and the lag of each partition.
+    """Show GROUP's members (host, client id, epoch, partitions) and, per partition, the
+    committed offset, the end offset and the lag.
 
     \b
     Example:
       highwater groups describe billing
     """
     with obj.admin() as admin:
-        rows = admin.describe_group(group)
+        d = admin.describe_consumer_group(group)
     if obj.json:
-        print_json(
-            [
-                {
-                    "topic": r.topic,
-                    "partition": r.partition,
-                    "committed_offset": r.committed_offset,
-                    "end_offset": r.end_offset,
-                    "lag": r.lag,
-                }
-                for r in rows
-            ]
-        )
+        print_json(dataclasses.asdict(d))
         return
-    if not rows:
-        out().print(f"group {escape(group)} has no committed offsets")
+    out().print(
+        f"group [bold]{escape(group)}[/bold]: {d.state}, epoch {d.group_epoch}, "
+        f"{len(d.members)} member(s), assignor {d.assignor}"
+    )
+    if d.members:
+        table = Table(title="members", title_justify="left")
+        for column in ("member id", "instance id", "host", "client id", "epoch", "partitions", "target"):
+            table.add_column(column)
+        for m in d.members:
+            table.add_row(
+                m.member_id,
+                escape(m.instance_id or "-"),
+                m.client_host,
+                escape(m.client_id),
+                str(m.member_epoch),
+                escape(_tps_text(m.assignment)),
+                escape(_tps_text(m.target_assignment)),
+            )
+        out().print(table)
+    if not d.offsets:
+        out().print("no committed offsets")
         return
-    table = Table(title=escape(f"group {group}"), title_justify="left")
-    for column in ("topic", "partition", "committed offset", "end offset", "lag"):
-        table.add_column(column, justify="left" if column == "topic" else "right")
-    for r in rows:
+    owner = {tp: m.member_id for m in d.members for tp in m.assignment}
+    table = Table(title="offsets", title_justify="left")
+    for column in ("topic", "partition", "committed offset", "end offset", "lag", "member id"):
+        table.add_column(column, justify="left" if column in ("topic", "member id") else "right")
+    for r in d.offsets:
         table.add_row(
-            r.topic,
+            escape(r.topic),
             str(r.partition),
             str(r.committed_offset) if r.committed_offset >= 0 else "-",
             str(r.end_offset),
             "-" if r.lag is None else str(r.lag),
+            owner.get(TopicPartition(r.topic, r.partition), "-"),
         )
     out().print(table)
+
+
+@groups.command("delete")
+@click.argument("group")
+@pass_cli
+def groups_delete(obj: CliContext, group: str) -> None:
+    """Delete GROUP's committed offsets (refused while it has members).
+
+    \b
+    Example:
+      highwater groups delete billing
+    """
+    with obj.admin() as admin:
+        admin.delete_group(group)
+    out().print(f"deleted group {escape(group)}")
+
+
+@groups.command("reset-offsets")
+@click.argument("group")
+@click.option(
+    "--topic", "topics", multiple=True, required=True, help="A topic, or TOPIC:PARTITION. Repeatable."
+)
+@click.option("--to-earliest", is_flag=True, help="To each partition's first offset.")
+@click.option("--to-latest", is_flag=True, help="To each partition's end (skip everything unread).")
+@click.option("--to-datetime", default=None, help="To the first record at or after this ISO 8601 time.")
+@click.option("--to-offset", type=click.IntRange(min=0), default=None, help="To this offset.")
+@click.option("--dry-run", is_flag=True, help="Show the new offsets without committing them.")
+@pass_cli
+def groups_reset_offsets(
+    obj: CliContext,
+    group: str,
+    topics: tuple[str, ...],
+    to_earliest: bool,
+    to_latest: bool,
+    to_datetime: str | None,
+    to_offset: int | None,
+    dry_run: bool,
+) -> None:
+    """Set GROUP's committed offsets; refused while the group has members (stop them first).
+
+    \b
+    Example:
+      highwater groups reset-offsets billing --topic orders --to-earliest
+      highwater groups reset-offsets billing --topic orders:0 --to-offset 42
+      highwater groups reset-offsets billing --topic orders --to-datetime 2026-11-25T06:00:00Z --dry-run
+    """
+    chosen = [to_earliest, to_latest, to_datetime is not None, to_offset is not None]
+    if sum(chosen) != 1:
+        raise click.UsageError("give exactly one of --to-earliest, --to-latest, --to-datetime, --to-offset")
+    with obj.admin() as admin:
+        wanted: list[TopicPartition] = []
+        for spec in topics:
+            if ":" in spec:
+                wanted.append(parse_topic_partition(spec, "--topic"))
+            else:
+                (description,) = admin.describe_topics([spec])
+                wanted.extend(TopicPartition(spec, p.partition) for p in description.partitions)
+        if to_offset is not None:
+            new = dict.fromkeys(wanted, to_offset)
+        else:
+            if to_earliest:
+                timestamp = EARLIEST_TIMESTAMP
+            elif to_latest:
+                timestamp = LATEST_TIMESTAMP
+            else:
+                assert to_datetime is not None
+                timestamp = _parse_datetime_ms(to_datetime)
+            found = admin.list_offsets(dict.fromkeys(wanted, timestamp))
+            ends = admin.list_offsets(dict.fromkeys(wanted, LATEST_TIMESTAMP))
+            # No record at or after the time: the end, as kafka-consumer-groups does.
+            new = {tp: found[tp] if found.get(tp, -1) >= 0 else ends[tp] for tp in wanted}
+        if not dry_run:
+            admin.alter_group_offsets(group, new)
+    if obj.json:
+        print_json(
+            [{"topic": tp.topic, "partition": tp.partition, "offset": o} for tp, o in sorted(new.items())]
+        )
+        return
+    table = Table(
+        title=escape(f"group {group}: new offsets{' (dry run, nothing committed)' if dry_run else ''}"),
+        title_justify="left",
+    )
+    for column in ("topic", "partition", "new offset"):
+        table.add_column(column, justify="left" if column == "topic" else "right")
+    for tp, offset in sorted(new.items()):
+        table.add_row(escape(tp.topic), str(tp.partition), str(offset))
+    out().print(table)
+
+
+def _parse_datetime_ms(text: str) -> int:
+    """ISO 8601 (a trailing Z or an offset; none: UTC) -> ms since the epoch."""
+    try:
+        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r} is not an ISO 8601 time, e.g. 2026-11-25T06:00:00Z") from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp() * 1000)
+
+
+EARLIEST_TIMESTAMP = -2  # ListOffsets: the log start offset
+LATEST_TIMESTAMP = -1  # ListOffsets: the high watermark
 
 
 # --- commands owned elsewhere -------------------------------------------------------------------------

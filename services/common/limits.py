@@ -312,3 +312,26 @@ LEADER_IMBALANCE_PER_BROKER_PERCENTAGE = 10
 GATEWAY_METADATA_REFRESH_INTERVAL_MS_MIN = 50
 # How long one Subscribe poll waits at a broker for new records before answering empty.
 SUBSCRIBE_POLL_WAIT_MS = 500
+
+# --- consumer groups (services/gateway/groups.py) -------------------------------------------
+# A member silent this long is removed and its partitions move (its etcd lease's TTL, rounded
+# up to whole seconds). Kafka's KIP-848 default is 45 s; 10 s moves a dead member's
+# partitions sooner, and a heartbeat every ~0.5 s keeps a live one far from it.
+GROUP_SESSION_TIMEOUT_MS_DEFAULT = 10_000
+# etcd refuses leases shorter than ~1.5 election timeouts; a member may not ask for less.
+GROUP_SESSION_TIMEOUT_MS_MIN = 2_000
+GROUP_SESSION_TIMEOUT_MS_MAX = 300_000
+# A heartbeat with nothing new for its member is held this long, woken by any change of its
+# group: the next heartbeat follows at once, so this is also how often a session is refreshed.
+GROUP_HEARTBEAT_LONG_POLL_MS = 500
+# Compare-and-swap rounds on a group's state before a heartbeat gives up (REQUEST_TIMED_OUT,
+# retriable): members of one group race only while membership changes.
+GROUP_STATE_CAS_ATTEMPTS_MAX = 20
+# How often every gateway checks that each member's liveness key still exists (a lease that
+# expired while no gateway watched), and how long a broken watch waits before restarting.
+GROUP_SWEEP_INTERVAL_MS = 5_000
+GROUP_WATCH_RETRY_BACKOFF_MS = 500
+# Request bounds of ConsumerGroupHeartbeat.
+GROUP_SUBSCRIBED_TOPICS_MAX = 1_000
+GROUP_OWNED_PARTITIONS_MAX = PARTITIONS_PER_TOPIC_MAX
+GROUP_INSTANCE_ID_MAX_CHARS = 249

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -29,7 +29,7 @@ from clients.common.types import TopicPartitionKey
 from coordinator import values
 from coordinator.election import current_controller
 from coordinator.registration import register_gateway, register_waiting_for_old_lease
-from coordinator.store import EtcdStore, Put
+from coordinator.store import CoordinatorError, EtcdStore, Put
 from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
@@ -37,6 +37,7 @@ from services.common.peers import PeerChannels
 from services.common.request_checks import consumer_fetch_problem, produce_request_problem
 from services.common.server import ServiceRuntime
 from services.gateway import metrics, record_level, routing
+from services.gateway.groups import GROUP_ERROR_CODES, GROUP_ERROR_MESSAGES, GroupService, GroupStateConflict
 from services.gateway.record_producer import RecordProducer
 from services.security.config import SecurityConfig
 from services.security.runtime import ServiceSecurity
@@ -92,6 +93,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             ),
             request_bytes_max=security.max_request_bytes or limits.GRPC_MAX_MESSAGE_BYTES,
         )
+        self.groups = GroupService(store, self.partition_counts)
 
     def _background(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -694,7 +696,31 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 f"{limits.COMMIT_OFFSETS_PER_REQUEST_MAX}",
             )
         if ops:
-            await self.store.txn([], ops)
+            committed = frozenset((r.topic, r.partition) for r in results if r.error_code == common_pb2.NONE)
+            for _ in range(limits.GROUP_STATE_CAS_ATTEMPTS_MAX):
+                error, unchanged = await self.groups.commit_guard(
+                    request.group_id, request.member_id, request.member_epoch, committed
+                )
+                if error is not None and not request.member_id:
+                    return _commit_refused(
+                        results,
+                        common_pb2.NON_EMPTY_GROUP,
+                        f"group {request.group_id!r} has members: its offsets are theirs to commit; stop "
+                        "them before resetting its offsets",
+                    )
+                if error is not None:
+                    return _commit_refused(results, GROUP_ERROR_CODES[error], GROUP_ERROR_MESSAGES[error])
+                # The group's state must be what the epoch check read: a member expired
+                # meanwhile (a zombie waking up) does not get its commit applied. A state that
+                # moved on (a rebalance) is checked again.
+                if (await self.store.txn([unchanged], ops)).succeeded:
+                    break
+            else:
+                return _commit_refused(
+                    results,
+                    common_pb2.REQUEST_TIMED_OUT,
+                    "the group kept changing while committing (a rebalance); commit again",
+                )
         return gateway_pb2.CommitOffsetsResponse(partitions=results)
 
     async def FetchCommittedOffsets(
@@ -731,6 +757,62 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 )
             )
         return gateway_pb2.FetchCommittedOffsetsResponse(offsets=offsets)
+
+    # ---- consumer groups (services/gateway/groups.py) -------------------------------------------
+
+    async def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
+        """Partition counts of the named topics that exist (the group coordinator's input)."""
+        if any(t not in self.cache.topics() for t in topics):
+            await self.refresh_metadata()
+        known = self.cache.topics()
+        return {t: len(self.cache.partitions_of(t)) for t in topics if t in known}
+
+    async def ConsumerGroupHeartbeat(
+        self, request: gateway_pb2.ConsumerGroupHeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ConsumerGroupHeartbeatResponse:
+        with metrics.REQUEST_LATENCY.labels("ConsumerGroupHeartbeat").time():
+            try:
+                return await self.groups.heartbeat(request, _peer_host(context.peer()))
+            except (GroupStateConflict, CoordinatorError) as exc:
+                return gateway_pb2.ConsumerGroupHeartbeatResponse(
+                    error_code=common_pb2.REQUEST_TIMED_OUT, error_message=f"{exc}; retry"
+                )
+
+    async def ListGroups(
+        self, request: gateway_pb2.ListGroupsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListGroupsResponse:
+        with metrics.REQUEST_LATENCY.labels("ListGroups").time():
+            return await self.groups.list_groups()
+
+    async def DescribeGroups(
+        self, request: gateway_pb2.DescribeGroupsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.DescribeGroupsResponse:
+        with metrics.REQUEST_LATENCY.labels("DescribeGroups").time():
+            response = gateway_pb2.DescribeGroupsResponse()
+            for group in request.group_ids:
+                problem = group_id_problem(group)
+                if problem is not None:
+                    response.groups.add(
+                        group_id=group, error_code=common_pb2.INVALID_REQUEST, error_message=problem
+                    )
+                else:
+                    response.groups.append(await self.groups.describe(group))
+            return response
+
+    async def DeleteGroups(
+        self, request: gateway_pb2.DeleteGroupsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.DeleteGroupsResponse:
+        with metrics.REQUEST_LATENCY.labels("DeleteGroups").time():
+            response = gateway_pb2.DeleteGroupsResponse()
+            for group in request.group_ids:
+                problem = group_id_problem(group)
+                if problem is not None:
+                    response.results.add(
+                        group_id=group, error_code=common_pb2.INVALID_REQUEST, error_message=problem
+                    )
+                else:
+                    response.results.append(await self.groups.delete(group))
+            return response
 
     # ---- admin pass-through -------------------------------------------------------------------
 
@@ -861,6 +943,24 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         return await self._admin("ListTokens", request, controller_pb2.ListTokensResponse, context)
 
 
+def _commit_refused(
+    results: list[common_pb2.PartitionResult], code: common_pb2.ErrorCode, message: str
+) -> gateway_pb2.CommitOffsetsResponse:
+    """Every partition of a refused commit answers the refusal (nothing was written)."""
+    for r in results:
+        if r.error_code == common_pb2.NONE:
+            r.error_code, r.error_message = code, message
+    return gateway_pb2.CommitOffsetsResponse(partitions=results)
+
+
+def _peer_host(peer: str) -> str:
+    """The client's address from gRPC's peer string ("ipv4:127.0.0.1:5123", "ipv6:[::1]:5123")."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return rest.rsplit(":", 1)[0].strip("[]")
+    return peer
+
+
 async def serve(config: GatewayConfig) -> None:
     store = await EtcdStore.connect(
         config.etcd_endpoints, prefix=config.etcd_prefix, tls=config.security.etcd_tls()
@@ -892,9 +992,11 @@ async def serve(config: GatewayConfig) -> None:
         what=f"gateway {config.gateway_id}",
     )
     await servicer.refresh_metadata(force=True)
+    servicer.groups.start()
     await runtime.mark_ready(gateway_id=config.gateway_id)
 
     async def on_stop() -> None:
+        await servicer.groups.stop()
         try:
             await registration.lease.stop(revoke=True)
         except Exception as exc:

@@ -257,23 +257,32 @@ def check_commit(
 ) -> GroupError | None:
     """Whether an offset commit may be applied; None when it may.
 
-    Only a present member at its current epoch that owns every committed partition may
-    commit: a lower epoch is a zombie of an older generation (STALE_MEMBER_EPOCH), a
-    higher one was never handed out (FENCED_MEMBER_EPOCH), and a partition it does not own
-    may be another member's now (FENCED_MEMBER_EPOCH: it must rejoin). A commit with the
-    empty member id and epoch -1 comes from outside the group (a standalone consumer) and
-    is allowed only while the group has no members, so it cannot overwrite their progress.
+    Only a present member that owns every committed partition may commit. A member whose
+    session expired was removed (UNKNOWN_MEMBER_ID): that is how a paused zombie is kept
+    from overwriting its successor's progress. An epoch the member was never given is
+    FENCED_MEMBER_EPOCH. An older epoch of a present member is accepted for partitions it
+    still owns (its heartbeat raised the epoch while the commit was on its way: the same
+    process, the same partitions), and is STALE_MEMBER_EPOCH for partitions it no longer
+    owns (the member retries with the epoch of its next heartbeat, or drops them). A
+    partition it does not own at its current epoch may be another member's now
+    (FENCED_MEMBER_EPOCH: it must rejoin). A commit with the empty member id and epoch -1
+    comes from outside the group (a standalone consumer, an admin reset) and is allowed only
+    while the group has no members, so it cannot overwrite their progress.
     """
     if member_id == "" and member_epoch == EPOCH_LEAVE:
         return None if not state.members else GroupError.UNKNOWN_MEMBER_ID
     member = state.members.get(member_id)
     if member is None or member.away:
         return GroupError.UNKNOWN_MEMBER_ID
-    if member_epoch < member.member_epoch:
-        return GroupError.STALE_MEMBER_EPOCH
-    if member_epoch > member.member_epoch or not partitions <= member.owns:
+    if member_epoch > member.member_epoch:
         return GroupError.FENCED_MEMBER_EPOCH
-    return None
+    if partitions <= member.owns:
+        return None
+    return (
+        GroupError.STALE_MEMBER_EPOCH
+        if member_epoch < member.member_epoch
+        else GroupError.FENCED_MEMBER_EPOCH
+    )
 
 
 def describe(state: GroupState) -> GroupDescription:

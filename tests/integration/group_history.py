@@ -47,10 +47,23 @@ LOG_SLACK_MS = 0
 class Member:
     name: str
     events: list[dict[str, Any]] = field(default_factory=list)
-    died_ms: int | None = None  # killed, or paused (a zombie from then on)
+    died_ms: int | None = None  # killed, or paused (a zombie from then on, until fenced)
     paused: bool = False
     resumed_ms: int | None = None
     close_started_ms: int | None = None
+
+    def zombie_until_ms(self) -> int:
+        """The end of the member's dead window: never for a killed member; for a paused one,
+        the moment it learnt it was fenced (its first "lost" after resuming)."""
+        if not self.paused or self.resumed_ms is None:
+            return 2**62
+        for ev in self.events:
+            if ev["ev"] == "lost" and int(ev["t"]) >= self.resumed_ms:
+                return int(ev["t"])
+        return 2**62
+
+    def dead_at(self, t: int) -> bool:
+        return self.died_ms is not None and self.died_ms <= t <= self.zombie_until_ms()
 
 
 def read_history(path: Path) -> list[dict[str, Any]]:
@@ -70,24 +83,44 @@ def _tp(raw: list[Any]) -> TopicPartitionKey:
 
 def ownership(member: Member) -> dict[TopicPartitionKey, list[tuple[int, int]]]:
     """Per partition, the [from, to) wall-clock intervals in which the member owned it while
-    alive. Ownership still open at death (or at the end) ends there."""
-    end_of_life = member.died_ms if member.died_ms is not None else 2**62
+    alive: an ownership open when the member died (was killed or paused) ends there."""
     owned: dict[TopicPartitionKey, int] = {}
-    intervals: dict[TopicPartitionKey, list[tuple[int, int]]] = defaultdict(list)
+    raw: dict[TopicPartitionKey, list[tuple[int, int]]] = defaultdict(list)
     for ev in member.events:
         t = int(ev["t"])
         if ev["ev"] == "assigned":
-            for raw in ev["tps"]:
-                owned.setdefault(_tp(raw), t)
+            for item in ev["tps"]:
+                owned.setdefault(_tp(item), t)
         elif ev["ev"] in ("revoked", "lost"):
-            for raw in ev["tps"]:
-                tp = _tp(raw)
+            for item in ev["tps"]:
+                tp = _tp(item)
                 if tp in owned:
-                    start = owned.pop(tp)
-                    intervals[tp].append((start, min(t, end_of_life)))
+                    raw[tp].append((owned.pop(tp), t))
     for tp, start in owned.items():
-        intervals[tp].append((start, end_of_life))
-    return {tp: [(a, b) for a, b in spans if a < b] for tp, spans in intervals.items()}
+        raw[tp].append((start, 2**62))
+    intervals: dict[TopicPartitionKey, list[tuple[int, int]]] = {}
+    for tp, spans in raw.items():
+        cut = []
+        for a, b in spans:
+            if member.died_ms is not None and a < member.died_ms:
+                b = min(b, member.died_ms)
+            elif member.died_ms is not None and a >= member.died_ms and a <= member.zombie_until_ms():
+                continue  # taken while a zombie (cannot happen: it heartbeats nothing then)
+            if a < b:
+                cut.append((a, b))
+        intervals[tp] = cut
+    return intervals
+
+
+def _committed_before(member: Member, tp: TopicPartitionKey, t: int) -> int:
+    """The highest next-offset the member committed for tp before time t (0: none)."""
+    best = 0
+    for ev in member.events:
+        if ev["ev"] == "commit" and int(ev["t"]) <= t:
+            for topic, p, nxt in ev["offsets"]:
+                if (topic, int(p)) == tp:
+                    best = max(best, int(nxt))
+    return best
 
 
 def check(
@@ -98,12 +131,12 @@ def check(
 ) -> list[str]:
     """Every violation of the rules above, as sentences (empty: the history is correct)."""
     problems: list[str] = []
-    processed: dict[tuple[TopicPartitionKey, int], list[tuple[int, str]]] = defaultdict(list)
+    processed: dict[tuple[TopicPartitionKey, int], list[tuple[int, Member]]] = defaultdict(list)
     for m in members:
         for ev in m.events:
             if ev["ev"] == "record":
                 tp = _tp(ev["tp"])
-                processed[(tp, int(ev["offset"]))].append((int(ev["t"]), m.name))
+                processed[(tp, int(ev["offset"]))].append((int(ev["t"]), m))
                 want = produced.get(tp, {}).get(int(ev["offset"]))
                 if want is not None and want != ev["value"]:
                     problems.append(
@@ -115,32 +148,24 @@ def check(
     if missing:
         problems.append(f"{len(missing)} acknowledged records never processed, e.g. {sorted(missing)[:5]}")
 
-    # 2. duplicates only from a dead member's uncommitted window
-    by_name = {m.name: m for m in members}
-    committed_by: dict[str, dict[TopicPartitionKey, int]] = {}
-    for m in members:
-        last: dict[TopicPartitionKey, int] = {}
-        for ev in m.events:
-            if ev["ev"] == "commit":
-                for topic, p, nxt in ev["offsets"]:
-                    last[(topic, int(p))] = max(last.get((topic, int(p)), 0), int(nxt))
-        committed_by[m.name] = last
+    # 2. duplicates only from a dead member's uncommitted window: of all the times a record
+    # was processed, at most one is by a member that was alive and had not died with the
+    # record uncommitted.
     for (tp, offset), seen in processed.items():
         if len(seen) < 2:
             continue
-        seen.sort()
-        for _, name in seen[:-1]:
-            first = by_name[name]
-            if first.died_ms is None:
-                problems.append(
-                    f"{tp}@{offset} processed again after {name}, which did not die: "
-                    f"a duplicate outside a dead member's window ({seen})"
-                )
-            elif committed_by[name].get(tp, 0) > offset:
-                problems.append(
-                    f"{tp}@{offset} processed again although {name} had committed past it "
-                    f"({committed_by[name][tp]})"
-                )
+        excused = []
+        for t, m in seen:
+            if m.dead_at(t):
+                excused.append(True)  # a zombie's processing after its pause
+            elif m.died_ms is not None and t < m.died_ms:
+                # before its death: excused only if it never committed past the record
+                excused.append(_committed_before(m, tp, m.died_ms) <= offset)
+            else:
+                excused.append(False)
+        if excused.count(False) > 1:
+            who = [(t, m.name) for t, m in sorted(seen, key=lambda s: s[0])]
+            problems.append(f"{tp}@{offset} processed by more than one live member: {who}")
 
     # 3. never two live owners at once
     spans: dict[TopicPartitionKey, list[tuple[int, int, str]]] = defaultdict(list)
@@ -159,39 +184,33 @@ def check(
     # 4. partitions owned again in time
     for m in members:
         if m.died_ms is not None:
-            bound, what = m.died_ms + session_timeout_ms + 1_000, "pause" if m.paused else "crash"
+            left_ms = m.died_ms
+            bound_ms, what = session_timeout_ms + 1_000, "pause" if m.paused else "crash"
         elif m.close_started_ms is not None:
-            bound, what = None, "clean leave"
+            left_ms, bound_ms, what = m.close_started_ms, 1_000, "clean leave"
         else:
             continue
-        left_ms = m.died_ms if m.died_ms is not None else _closed_ms(m)
-        if bound is None:
-            bound = left_ms + 1_000
-        held = [tp for tp, intervals in ownership(m).items() if intervals and intervals[-1][1] >= left_ms]
-        for tp in held:
-            taken = [a for a, _, n in spans[tp] if n != m.name and a >= intervals_end(m, tp)]
-            if not taken or min(taken) > bound + LOG_SLACK_MS:
+        for tp, intervals in ownership(m).items():
+            held = [a for a, b in intervals if a <= left_ms <= b]
+            if not held:
+                continue
+            taken = [a for a, _, n in spans[tp] if n != m.name and a >= held[0]]
+            if not taken or min(taken) - left_ms > bound_ms:
                 when = f"{min(taken) - left_ms} ms" if taken else "never"
-                problems.append(
-                    f"{tp} owned again {when} after {m.name}'s {what} (bound {bound - left_ms} ms)"
-                )
+                problems.append(f"{tp} owned again {when} after {m.name}'s {what} (bound {bound_ms} ms)")
 
     # 5. a resumed zombie cannot commit
     for m in members:
         if m.paused and m.resumed_ms is not None:
-            late = [ev for ev in m.events if ev["ev"] == "commit" and int(ev["t"]) >= m.resumed_ms]
+            late = [
+                ev
+                for ev in m.events
+                if ev["ev"] == "commit" and m.resumed_ms <= int(ev["t"]) <= m.zombie_until_ms()
+            ]
             if late:
                 problems.append(
                     f"{m.name} committed after it resumed from a pause past its session: {late[:2]}"
                 )
+            if m.zombie_until_ms() == 2**62:
+                problems.append(f"{m.name} resumed from a pause past its session and was never fenced")
     return problems
-
-
-def _closed_ms(m: Member) -> int:
-    assert m.close_started_ms is not None
-    return m.close_started_ms
-
-
-def intervals_end(m: Member, tp: TopicPartitionKey) -> int:
-    """When the member's last ownership of tp started (a successor's must start after it)."""
-    return ownership(m)[tp][-1][0]
