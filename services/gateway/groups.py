@@ -29,12 +29,14 @@ import contextlib
 import json
 import logging
 import math
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from clients.common.types import TopicPartitionKey
+from coordinator import values
 from coordinator.store import (
     Compare,
     CoordinatorError,
@@ -46,6 +48,7 @@ from coordinator.store import (
 )
 from protos.highwater.v1 import common_pb2, gateway_pb2
 from services.common import limits
+from services.gateway import metrics
 from services.groups import coordinator
 from services.groups.coordinator import GroupError, GroupState, HeartbeatRequest, MemberState
 
@@ -93,17 +96,23 @@ class GroupService:
         self,
         store: MetadataStore,
         partition_counts: Callable[[Sequence[str]], Awaitable[dict[str, int]]],
+        end_offsets: Callable[[Sequence[TopicPartitionKey]], Awaitable[dict[TopicPartitionKey, int]]]
+        | None = None,
         *,
         session_timeout_ms_default: int = limits.GROUP_SESSION_TIMEOUT_MS_DEFAULT,
     ) -> None:
         self.store = store
         self.keys = store.keys
         self._partition_counts = partition_counts
+        self._end_offsets = end_offsets
         self.session_timeout_ms_default = session_timeout_ms_default
         # group -> a future completed (and replaced) whenever the group's state key changes.
         self._changed: dict[str, asyncio.Future[None]] = {}
         self._leases: dict[tuple[str, str], int] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        # This gateway's copies of group states, and one lock per group for its own updates.
+        self._states: dict[str, _Loaded] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
         self._expiring: set[asyncio.Task[None]] = set()
 
     # --- lifecycle -------------------------------------------------------------------
@@ -124,10 +133,29 @@ class GroupService:
     # --- state in etcd ---------------------------------------------------------------
 
     async def _load(self, group: str) -> _Loaded:
+        """The group's state: this gateway's copy (kept current by its own writes and by the
+        watch), else read from etcd. A copy gone stale only makes a compare-and-swap fail,
+        which forgets it and reads again: no decision is written from a stale state."""
+        cached = self._states.get(group)
+        if cached is not None:
+            return cached
         kv = await self.store.get(self.keys.consumer_group_state(group))
-        if kv is None:
-            return _Loaded(GroupState(group_id=group), 0)
-        return _Loaded(GroupState.from_record(json.loads(kv.value)), kv.mod_revision)
+        loaded = (
+            _Loaded(GroupState(group_id=group), 0)
+            if kv is None
+            else _Loaded(GroupState.from_record(json.loads(kv.value)), kv.mod_revision)
+        )
+        return self._remember(group, loaded)
+
+    def _remember(self, group: str, loaded: _Loaded) -> _Loaded:
+        cached = self._states.get(group)
+        if cached is None or loaded.mod_revision >= cached.mod_revision:
+            self._states[group] = loaded
+        return self._states[group]
+
+    def forget(self, group: str) -> None:
+        """Drop this gateway's copy of the group's state (a compare-and-swap found it stale)."""
+        self._states.pop(group, None)
 
     async def _update(
         self,
@@ -135,19 +163,33 @@ class GroupService:
         step: Callable[[GroupState], tuple[GroupState, T]],
         extra_ops: Callable[[GroupState, T], list[Op]] | None = None,
     ) -> tuple[GroupState, T]:
-        """Run `step` on the current state and write its result if it changed, by CAS."""
+        """Run `step` on the current state and write its result if it changed, by CAS.
+
+        Updates of one group through this gateway run one at a time (its lock), so they do
+        not lose compare-and-swaps to each other; only another gateway's write can."""
         key = self.keys.consumer_group_state(group)
-        for _ in range(limits.GROUP_STATE_CAS_ATTEMPTS_MAX):
-            loaded = await self._load(group)
-            new_state, result = step(loaded.state)
-            ops = extra_ops(new_state, result) if extra_ops is not None else []
-            if new_state == loaded.state and not ops:
-                return new_state, result
-            writes: list[Op] = [*ops]
-            if new_state != loaded.state:
-                writes.append(Put(key, _encode(new_state)))
-            outcome = await self.store.txn([compare_mod_revision(key, loaded.mod_revision)], writes)
-            if outcome.succeeded:
+        lock = self._locks.setdefault(group, asyncio.Lock())
+        async with lock:
+            for _ in range(limits.GROUP_STATE_CAS_ATTEMPTS_MAX):
+                loaded = await self._load(group)
+                started = time.perf_counter()
+                new_state, result = step(loaded.state)
+                decided_s = time.perf_counter() - started
+                ops = extra_ops(new_state, result) if extra_ops is not None else []
+                if new_state == loaded.state and not ops:
+                    return new_state, result
+                writes: list[Op] = [*ops]
+                if new_state != loaded.state:
+                    writes.append(Put(key, _encode(new_state)))
+                outcome = await self.store.txn([compare_mod_revision(key, loaded.mod_revision)], writes)
+                if not outcome.succeeded:
+                    self.forget(group)
+                    continue
+                if new_state != loaded.state:
+                    self._remember(group, _Loaded(new_state, outcome.revision))
+                    metrics.GROUP_ASSIGNMENT_SECONDS.observe(decided_s)
+                if new_state.group_epoch > loaded.state.group_epoch:
+                    metrics.GROUP_REBALANCES.labels(group).inc()
                 return new_state, result
         raise GroupStateConflict(
             f"group {group!r}: its state changed under {limits.GROUP_STATE_CAS_ATTEMPTS_MAX} attempts "
@@ -187,6 +229,9 @@ class GroupService:
         if request.member_epoch == coordinator.EPOCH_JOIN:
             session_ms = request.session_timeout_ms or self.session_timeout_ms_default
             lease = await self.store.grant_lease(max(1, math.ceil(session_ms / 1000)))
+        # Registered before deciding, so a change that lands while this heartbeat is decided
+        # still wakes its long poll.
+        waiter = self._waiter(group)
         answer = await self._heartbeat_once(group, pure_request, lease)
         if lease and (answer.error is not None or answer.member_id == ""):
             await self.store.revoke_lease(lease)
@@ -195,7 +240,7 @@ class GroupService:
             if old:
                 await self.store.revoke_lease(old)
         if answer.error is None and _nothing_to_tell(answer, pure_request):
-            answer = await self._long_poll(group, pure_request, answer)
+            answer = await self._long_poll(group, pure_request, answer, waiter)
         return _response(answer)
 
     async def _heartbeat_once(
@@ -231,14 +276,22 @@ class GroupService:
             topics |= request.subscribed_topics
         return topics
 
-    async def _long_poll(
-        self, group: str, request: HeartbeatRequest, answer: coordinator.HeartbeatAnswer
-    ) -> coordinator.HeartbeatAnswer:
-        """Hold an answer with nothing new until the group's state changes (or the poll ends),
-        then heartbeat again with what the member last reported."""
+    def _waiter(self, group: str) -> asyncio.Future[None]:
+        """A future completed at the group's next state change."""
         waiter = self._changed.get(group)
         if waiter is None or waiter.done():
             waiter = self._changed[group] = asyncio.get_running_loop().create_future()
+        return waiter
+
+    async def _long_poll(
+        self,
+        group: str,
+        request: HeartbeatRequest,
+        answer: coordinator.HeartbeatAnswer,
+        waiter: asyncio.Future[None],
+    ) -> coordinator.HeartbeatAnswer:
+        """Hold an answer with nothing new until the group's state changes (or the poll ends),
+        then heartbeat again with what the member last reported."""
         try:
             await asyncio.wait_for(asyncio.shield(waiter), limits.GROUP_HEARTBEAT_LONG_POLL_MS / 1000)
         except TimeoutError:
@@ -287,6 +340,7 @@ class GroupService:
         prefix = self.keys.consumers_prefix
         while True:
             try:
+                self._states.clear()  # events may have been missed: read states afresh
                 await self.sweep()
                 async for events in self.store.watch_prefix(prefix):
                     for event in events:
@@ -295,6 +349,11 @@ class GroupService:
                             continue
                         group, kind, rest = parsed
                         if kind == "state":
+                            if event.kind == "put":
+                                state = GroupState.from_record(json.loads(event.value))
+                                self._remember(group, _Loaded(state, event.mod_revision))
+                            else:
+                                self.forget(group)
                             self._notify(group)
                         elif kind == "members" and event.kind == "delete":
                             task = asyncio.create_task(self._expire_logged(group, rest))
@@ -317,6 +376,7 @@ class GroupService:
         kvs, _ = await self.store.get_prefix(self.keys.consumers_prefix)
         live: set[tuple[str, str]] = set()
         states: dict[str, GroupState] = {}
+        committed: dict[str, dict[TopicPartitionKey, int]] = {}
         for kv in kvs:
             parsed = self.keys.parse_consumer_group_key(kv.key)
             if parsed is None:
@@ -326,10 +386,26 @@ class GroupService:
                 live.add((group, rest))
             elif kind == "state":
                 states[group] = GroupState.from_record(json.loads(kv.value))
+            else:
+                offset = self.keys.parse_consumer_offset(kv.key)
+                if offset is not None:
+                    committed.setdefault(group, {})[(offset[1], offset[2])] = values.decode_consumer_offset(
+                        kv.value
+                    )["offset"]
         for group, state in states.items():
+            metrics.GROUP_MEMBERS.labels(group).set(len(state.members))
             for member_id in state.members:
                 if (group, member_id) not in live:
                     await self._expire_logged(group, member_id)
+        await self._export_lag(committed)
+
+    async def _export_lag(self, committed: dict[str, dict[TopicPartitionKey, int]]) -> None:
+        if self._end_offsets is None or not committed:
+            return
+        ends = await self._end_offsets(sorted({tp for offsets in committed.values() for tp in offsets}))
+        for group, offsets in committed.items():
+            lag = sum(max(0, ends[tp] - o) for tp, o in offsets.items() if tp in ends and o >= 0)
+            metrics.GROUP_LAG.labels(group).set(lag)
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -429,6 +505,7 @@ class GroupService:
             [Delete(self.keys.consumer_group_prefix(group), prefix=True)],
         )
         if not outcome.succeeded:
+            self.forget(group)
             return gateway_pb2.DeleteGroupResult(
                 group_id=group,
                 error_code=common_pb2.NON_EMPTY_GROUP,

@@ -93,7 +93,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             ),
             request_bytes_max=security.max_request_bytes or limits.GRPC_MAX_MESSAGE_BYTES,
         )
-        self.groups = GroupService(store, self.partition_counts)
+        self.groups = GroupService(store, self.partition_counts, self.end_offsets)
 
     def _background(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -715,6 +715,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 # moved on (a rebalance) is checked again.
                 if (await self.store.txn([unchanged], ops)).succeeded:
                     break
+                self.groups.forget(request.group_id)
             else:
                 return _commit_refused(
                     results,
@@ -766,6 +767,25 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             await self.refresh_metadata()
         known = self.cache.topics()
         return {t: len(self.cache.partitions_of(t)) for t in topics if t in known}
+
+    async def end_offsets(self, tps: Sequence[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        """High watermarks of these partitions (those whose leader answered)."""
+        by_topic: dict[str, list[common_pb2.ListOffsetsPartition]] = {}
+        for topic, partition in tps:
+            by_topic.setdefault(topic, []).append(
+                common_pb2.ListOffsetsPartition(partition=partition, timestamp=-1, current_leader_epoch=-1)
+            )
+        request = common_pb2.ListOffsetsRequest(
+            replica_id=-1,
+            topics=[common_pb2.ListOffsetsTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
+        )
+        response = await self._list_offsets(request, None)
+        return {
+            (t.topic, p.partition): p.offset
+            for t in response.topics
+            for p in t.partitions
+            if p.error_code == common_pb2.NONE
+        }
 
     async def ConsumerGroupHeartbeat(
         self, request: gateway_pb2.ConsumerGroupHeartbeatRequest, context: grpc.aio.ServicerContext

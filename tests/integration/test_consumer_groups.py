@@ -22,8 +22,10 @@ import pytest
 from clients import Admin, Consumer, Producer
 from clients.common.errors import FencedMemberEpoch, NonEmptyGroup, UnknownMemberId
 from clients.types import NewTopic, RecordMetadata, TopicPartition
+from services.common import limits
 from tests.integration.conftest import TestCluster
 from tests.integration.group_history import Member, check, read_history
+from tests.integration.test_metrics import metric
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -266,6 +268,17 @@ def test_group_admin_and_a_zombie_commit_through_the_client(make_cluster: Callab
             assert sorted(d.members[0].assignment) == [TopicPartition("g-admin", p) for p in range(4)]
             assert sum(r.lag or 0 for r in d.offsets) == 0 and len(d.offsets) == 4
             assert [g.group_id for g in admin.list_groups()] == ["ga"]
+        # The gateway's group metrics: members and lag as of its sweep, rebalances it wrote.
+        wait_for(
+            lambda: (
+                metric(cluster, "gateway-1", 'highwater_group_members{group="ga"}') == 1
+                and metric(cluster, "gateway-1", 'highwater_group_lag_records{group="ga"}') == 0
+            ),
+            "the gateway's sweep to export the group's members and lag",
+            timeout_s=limits.GROUP_SWEEP_INTERVAL_MS / 1000 * 3,
+        )
+        assert (metric(cluster, "gateway-1", 'highwater_group_rebalances_total{group="ga"}') or 0) >= 1
+        with Admin(bootstrap) as admin:
             with pytest.raises(NonEmptyGroup):
                 admin.alter_group_offsets("ga", {TopicPartition("g-admin", 0): 0})
             with pytest.raises(NonEmptyGroup):
