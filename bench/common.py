@@ -10,6 +10,7 @@ is the bottleneck even when the absolute rate drifts.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.metadata
 import json
@@ -20,9 +21,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "bench" / "results"
@@ -47,19 +49,22 @@ def machine() -> dict[str, object]:
     mem_kib = 0
     with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as f:
         mem_kib = int(f.readline().split()[1])
-    cpu = platform.processor() or ""
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
     return {
         "cores": os.cpu_count(),
         "memory_gib": round(mem_kib / 2**20, 1),
-        "cpu": cpu,
+        "cpu": cpu_model(platform.processor() or ""),
         "platform": platform.platform(),
         "python": platform.python_version(),
     }
+
+
+def cpu_model(default: str = "") -> str:
+    """The CPU's model name from /proc/cpuinfo (default when it says none)."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return default
 
 
 def _package_version(name: str) -> str | None:
@@ -236,6 +241,13 @@ def write_result(name: str, result: dict[str, object]) -> Path:
     return path
 
 
+def finish(name: str, out: dict[str, object]) -> int:
+    """Write the result JSON and say where it went (and on what machine); the exit status 0."""
+    path = write_result(name, out)
+    print(f"machine: {out['machine']}; results: {path.relative_to(REPO)}")
+    return 0
+
+
 def header(*, peers: bool = False) -> dict[str, object]:
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
@@ -270,6 +282,47 @@ class Target:
         return out
 
 
+def address_groups(target: Target, direct: bool = True) -> dict[str, list[int]]:
+    """Partitions by where requests for them go: each partition's leader (direct) or the gateway."""
+    if not direct:
+        return {target.gateway: list(range(target.partitions))}
+    groups: dict[str, list[int]] = {}
+    for partition, address in sorted(target.leaders.items()):
+        groups.setdefault(address, []).append(partition)
+    return groups
+
+
+def aio_channels(addresses: Iterable[str]) -> dict[str, object]:
+    """An asyncio gRPC channel (the clients' options) to each address."""
+    import grpc
+
+    from clients.connection import CHANNEL_OPTIONS
+
+    return {a: grpc.aio.insecure_channel(a, options=CHANNEL_OPTIONS) for a in addresses}
+
+
+def check_partition_errors(response: object, what: str) -> None:
+    """SystemExit naming the first partition of a Produce/Fetch response that has an error."""
+    from protos.highwater.v1 import common_pb2
+
+    for t in response.topics:  # type: ignore[attr-defined]
+        for part in t.partitions:
+            if part.error_code != common_pb2.NONE:
+                raise SystemExit(
+                    f"{what} {part.partition}: "
+                    f"{common_pb2.ErrorCode.Name(part.error_code)} {part.error_message}"
+                )
+
+
+def profile_pids(target: Target) -> dict[str, int]:
+    """The client, the gateway and every leader broker: the processes a workload runs through."""
+    pids = {"client": os.getpid()}
+    for name in ("gateway-1", *target.leader_processes()):
+        if name in target.pids:
+            pids[name] = target.pids[name]
+    return pids
+
+
 def _gateway_stub(address: str):  # type: ignore[no-untyped-def]
     import grpc
 
@@ -277,6 +330,39 @@ def _gateway_stub(address: str):  # type: ignore[no-untyped-def]
 
     channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
     return channel, gateway_pb2_grpc.GatewayServiceStub(channel)
+
+
+def create_topics_request(
+    name: str, *, min_insync: int | None = None, timeout_ms: int | None = None, **fields: object
+) -> object:
+    """A CreateTopics request for one topic: CreatableTopic fields, min_insync as its
+    min.insync.replicas config."""
+    from protos.highwater.v1 import common_pb2
+
+    if min_insync is not None:
+        fields["configs"] = {"min.insync.replicas": str(min_insync)}
+    request = common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(name=name, **fields)])  # type: ignore[arg-type]
+    if timeout_ms is not None:
+        request.timeout_ms = timeout_ms
+    return request
+
+
+def produce_request(
+    topic: str, batches: Iterable[tuple[int, bytes]], *, timeout_ms: int, acks: int = -1
+) -> object:
+    """A Produce request to one topic: (partition, encoded records) for each partition."""
+    from protos.highwater.v1 import common_pb2
+
+    return common_pb2.ProduceRequest(
+        acks=acks,
+        timeout_ms=timeout_ms,
+        topics=[
+            common_pb2.ProduceTopicData(
+                topic=topic,
+                partitions=[common_pb2.ProducePartitionData(partition=p, records=r) for p, r in batches],
+            )
+        ],
+    )
 
 
 def create_topic(
@@ -298,16 +384,12 @@ def create_topic(
     channel, stub = _gateway_stub(gateway)
     try:
         resp = stub.CreateTopics(
-            common_pb2.CreateTopicsRequest(
+            create_topics_request(
+                topic,
+                num_partitions=partitions,
+                replication_factor=replication_factor,
+                min_insync=min_insync,
                 timeout_ms=int(timeout_s * 1000),
-                topics=[
-                    common_pb2.CreatableTopic(
-                        name=topic,
-                        num_partitions=partitions,
-                        replication_factor=replication_factor,
-                        configs={"min.insync.replicas": str(min_insync)},
-                    )
-                ],
             ),
             timeout=timeout_s,
         )
@@ -390,6 +472,19 @@ def highwater_target(
         yield Target(gateway, topic, partitions, leaders, pids, names, ports)
 
 
+def target_for(args: object, topic: str, **kwargs: object) -> contextlib.AbstractContextManager[Target]:
+    """highwater_target() from a script's --bootstrap, --partitions, --replication-factor and
+    --min-insync (kwargs: the rest, such as brokers and tmp_dir)."""
+    return highwater_target(
+        bootstrap=args.bootstrap,  # type: ignore[attr-defined]
+        topic=topic,
+        partitions=args.partitions,  # type: ignore[attr-defined]
+        replication_factor=args.replication_factor,  # type: ignore[attr-defined]
+        min_insync=args.min_insync,  # type: ignore[attr-defined]
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
 # ---- server-side request latency, from the services' Prometheus histograms ---------------------
 
 _LATENCY_METRICS = {
@@ -439,6 +534,11 @@ def rpc_delta(
                 "mean_ms": round((total - t0) / n * 1000, 2),
             }
     return out
+
+
+def format_rpc(per: dict[str, dict[str, float]]) -> str:
+    """rpc_delta()'s figures on one line."""
+    return ", ".join(f"{n} {v['requests_per_s']:.0f}/s mean {v['mean_ms']:.1f} ms" for n, v in per.items())
 
 
 # ---- py-spy: where the time goes ---------------------------------------------------------------
@@ -610,6 +710,41 @@ def format_profile(profile: dict[str, object], top: int = 6) -> str:
     return "\n".join(lines)
 
 
+class Window:
+    """The measured window: starts the CPU meter (and profiler) when sending starts."""
+
+    def __init__(self, meter: CpuMeter | None = None, profiler: PySpy | None = None) -> None:
+        self.meter = meter
+        self.profiler = profiler
+        self.cpu: dict[str, dict[str, float]] = {}
+        self.profile: dict[str, object] = {}
+
+    def open(self) -> None:
+        if self.meter is not None:
+            self.meter.start()
+        if self.profiler is not None:
+            self.profiler.start()
+
+    def close(self) -> None:
+        if self.meter is not None:
+            self.cpu = self.meter.stop()
+        if self.profiler is not None:
+            self.profile = self.profiler.finish()
+
+
+def profiled_run(
+    target: Target, run: Callable[[Window], dict[str, object]], duration_s: float, *, native: bool = False
+) -> tuple[dict[str, object], dict[str, object]]:
+    """One more run(window) with py-spy on profile_pids(target); prints its rate and profile,
+    returns (the run's result, the profile)."""
+    with tempfile.TemporaryDirectory(prefix="hw-pyspy-") as tmp:
+        window = Window(profiler=PySpy(profile_pids(target), duration_s, Path(tmp), native=native))
+        profiled = run(window)
+    print(f"  under py-spy: {profiled['records_per_s']:,} records/s", flush=True)
+    print(format_profile(window.profile), flush=True)
+    return profiled, window.profile
+
+
 # ---- processes a benchmark starts itself (peers, consumer roles) -------------------------------
 
 PROCESS_STOP_TIMEOUT_S = 10.0
@@ -656,6 +791,19 @@ def stop_process(proc: subprocess.Popen[bytes] | None, timeout_s: float = PROCES
             proc.wait(timeout=timeout_s)
 
 
+@contextlib.contextmanager
+def running_in_tmp_dir(prefix: str, make: Callable[[Path], Any]) -> Iterator[Any]:
+    """make(a new temporary directory), start()ed for the block and stop()ped on the way out
+    (the directory goes after): a peer's servers with their data."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        servers = make(Path(tmp))
+        try:
+            servers.start()
+            yield servers
+        finally:
+            servers.stop()
+
+
 def free_port() -> int:
     import socket
 
@@ -681,3 +829,112 @@ def idle_machine_ceiling(per_record_us: dict[str, float], cores: int | None = No
     if not total or not busiest:
         return None
     return round(min((cores or os.cpu_count() or 1) / total, 1.0 / busiest) * 1e6)
+
+
+def add_cpu_figures(
+    result: dict[str, object], gate: dict[str, object], cpu: dict[str, dict[str, float]], records: int
+) -> None:
+    """The load before and after, the CPU per process, its cost per record and the ceiling."""
+    result.update(gate, load_1m_after=load_average(), cpu_cores=cpu)
+    result["cpu_us_per_record"] = per = cpu_us_per_record(cpu, records)
+    result["idle_2_core_ceiling_records_per_s"] = idle_machine_ceiling(per)
+
+
+def format_cpu_figures(result: dict[str, object]) -> str:
+    """add_cpu_figures()'s figures on one line."""
+    per: dict[str, float] = result["cpu_us_per_record"]  # type: ignore[assignment]
+    return (
+        f"CPU (cores): {format_cpu(result['cpu_cores'])}; CPU µs/record: "  # type: ignore[arg-type]
+        f"{per.get('total')} (idle-machine ceiling "
+        f"{result['idle_2_core_ceiling_records_per_s'] or 0:,}/s); "
+        f"load {result['load_1m_before']} -> "
+        f"{result['load_1m_after']}"
+    )
+
+
+# ---- what the peers' workloads share -----------------------------------------------------------
+
+
+class SendClock:
+    """The turns of a send loop: `for now in SendClock(duration_s)` yields time.perf_counter()
+    until duration_s has passed since `start` (taken when the clock is made)."""
+
+    def __init__(self, duration_s: float) -> None:
+        self.start = time.perf_counter()
+        self.stop_at = self.start + duration_s
+
+    def __iter__(self) -> Iterator[float]:
+        while True:
+            now = time.perf_counter()
+            if now >= self.stop_at:
+                return
+            yield now
+
+
+def pacing_delay(start: float, sent: int, throughput: float, now: float) -> float:
+    """How long to wait (at most 0.05 s) before the next send to keep to `throughput` records/s
+    from `start`; 0.0: send now (also when throughput <= 0, unbounded)."""
+    if throughput > 0:
+        due = start + sent / throughput
+        if due > now:
+            return min(due - now, 0.05)
+    return 0.0
+
+
+def produce_summary(
+    path: str,
+    counts: dict[str, int],
+    errors: dict[str, int],
+    elapsed_s: float,
+    record_size: int,
+    latencies: list[float],
+    *,
+    per_request: int,
+) -> dict[str, object]:
+    """A produce run's result: counts (sent, acked, failed), rates and latency per request."""
+    rate = counts["acked"] / elapsed_s if elapsed_s > 0 else 0.0
+    return {
+        "path": path,
+        "records_sent": counts["sent"],
+        "records_acked": counts["acked"],
+        "records_failed": counts["failed"],
+        "errors": errors,
+        "elapsed_s": round(elapsed_s, 3),
+        "records_per_s": round(rate),
+        "mb_per_s": round(rate * record_size / 1e6, 1),
+        "records_per_request": per_request,
+        "latency_per_request": percentiles_ms(latencies),
+    }
+
+
+def read_summary(
+    path: str, received: int, expected: int, elapsed_s: float, record_size: int
+) -> dict[str, object]:
+    """A peer's catch-up read: records, rates and whether all `expected` came back."""
+    rate = received / elapsed_s
+    return {
+        "path": path,
+        "records": received,
+        "elapsed_s": round(elapsed_s, 3),
+        "records_per_s": round(rate),
+        "mb_per_s": round(rate * record_size / 1e6, 1),
+        "complete": received >= expected,
+    }
+
+
+def e2e_consumer_main(
+    doc: str | None,
+    add_address: Callable[[argparse.ArgumentParser], object],
+    consume: Callable[[argparse.Namespace], dict[str, object]],
+) -> int:
+    """A peer module's command line: `e2e-consumer` (address, --expected, --timeout-s) prints
+    consume(args) as JSON on stdout."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="role", required=True)
+    consumer = sub.add_parser("e2e-consumer", help="(used by e2e) read and time records; JSON on stdout")
+    add_address(consumer)
+    consumer.add_argument("--expected", type=int, required=True)
+    consumer.add_argument("--timeout-s", type=float, required=True)
+    args = parser.parse_args()
+    print(json.dumps(consume(args)), flush=True)
+    return 0

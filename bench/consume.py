@@ -42,22 +42,17 @@ LOAD_IN_FLIGHT = 4
 
 async def _load(target: common.Target, records: int, record_size: int, batch_size: int) -> float:
     """Write `records` records spread evenly over the partitions, acks=all, direct to leaders."""
-    import grpc
-
     from clients.common.records import encode_values
-    from clients.connection import CHANNEL_OPTIONS
     from protos.highwater.v1 import broker_pb2_grpc, common_pb2
 
     per_batch = records_per_batch(batch_size, record_size)
     payload = make_payload(record_size)
-    groups: dict[str, list[int]] = {}
-    for partition, address in sorted(target.leaders.items()):
-        groups.setdefault(address, []).append(partition)
+    groups = common.address_groups(target)
     left = {
         p: records // target.partitions + (1 if p < records % target.partitions else 0)
         for p in range(target.partitions)
     }
-    channels = {a: grpc.aio.insecure_channel(a, options=CHANNEL_OPTIONS) for a in groups}
+    channels = common.aio_channels(groups)
 
     async def loader(address: str, partitions: list[int]) -> None:
         stub = broker_pb2_grpc.BrokerServiceStub(channels[address])
@@ -84,13 +79,7 @@ async def _load(target: common.Target, records: int, record_size: int, batch_siz
                 ),
                 timeout=PRODUCE_TIMEOUT_MS / 1000 + 5,
             )
-            for t in resp.topics:
-                for part in t.partitions:
-                    if part.error_code != common_pb2.NONE:
-                        raise SystemExit(
-                            f"loading failed: partition {part.partition}: "
-                            f"{common_pb2.ErrorCode.Name(part.error_code)} {part.error_message}"
-                        )
+            common.check_partition_errors(resp, "loading failed: partition")
 
     start = time.perf_counter()
     try:
@@ -141,20 +130,12 @@ def read_consumer(
 async def _read_fetch(
     target: common.Target, records: int, direct: bool, decode: bool, partition_max_bytes: int, window: Window
 ) -> dict[str, object]:
-    import grpc
-
     from clients.common.record_batch import iter_batch_headers
     from clients.common.records import decode_batches
-    from clients.connection import CHANNEL_OPTIONS
     from protos.highwater.v1 import broker_pb2_grpc, common_pb2, gateway_pb2_grpc
 
-    if direct:
-        groups: dict[str, list[int]] = {}
-        for partition, address in sorted(target.leaders.items()):
-            groups.setdefault(address, []).append(partition)
-    else:
-        groups = {target.gateway: list(range(target.partitions))}
-    channels = {a: grpc.aio.insecure_channel(a, options=CHANNEL_OPTIONS) for a in groups}
+    groups = common.address_groups(target, direct)
+    channels = common.aio_channels(groups)
     stub_cls = broker_pb2_grpc.BrokerServiceStub if direct else gateway_pb2_grpc.GatewayServiceStub
     offsets = dict.fromkeys(range(target.partitions), 0)
     totals = {"records": 0, "bytes": 0, "requests": 0}
@@ -191,13 +172,9 @@ async def _read_fetch(
             response = await stub.Fetch(request, timeout=30)
             totals["requests"] += 1
             got = 0
+            common.check_partition_errors(response, "Fetch of partition")
             for topic in response.topics:
                 for part in topic.partitions:
-                    if part.error_code != common_pb2.NONE:
-                        raise SystemExit(
-                            f"Fetch of partition {part.partition}: "
-                            f"{common_pb2.ErrorCode.Name(part.error_code)} {part.error_message}"
-                        )
                     buf = part.records
                     if not buf:
                         continue
@@ -323,13 +300,7 @@ def main() -> int:
         "replication_factor": args.replication_factor,
         "runs": [],
     }
-    with common.highwater_target(
-        bootstrap=args.bootstrap,
-        topic=topic,
-        partitions=args.partitions,
-        replication_factor=args.replication_factor,
-        min_insync=args.min_insync,
-    ) as target:
+    with common.target_for(args, topic) as target:
         took = load(target, args.records, args.record_size, args.batch_size)
         out["load_s"] = round(took, 2)
         print(
@@ -341,39 +312,17 @@ def main() -> int:
             gate = common.wait_for_quiet(wait_s=args.quiet_wait_s)
             window = Window(common.CpuMeter({**target.pids, "client": os.getpid()}))
             result = run_path(target, path, args.records, args, window)
-            result.update(gate, load_1m_after=common.load_average(), cpu_cores=window.cpu)
-            result["cpu_us_per_record"] = per = common.cpu_us_per_record(window.cpu, int(result["records"]))  # type: ignore[call-overload]
-            result["idle_2_core_ceiling_records_per_s"] = common.idle_machine_ceiling(per)
+            common.add_cpu_figures(result, gate, window.cpu, int(result["records"]))  # type: ignore[call-overload]
             print("  " + describe(result), flush=True)
-            print(
-                f"      CPU (cores): {common.format_cpu(window.cpu)}; CPU µs/record: "
-                f"{per.get('total')} (idle-machine ceiling "
-                f"{result['idle_2_core_ceiling_records_per_s'] or 0:,}/s); "
-                f"load {gate['load_1m_before']} -> "
-                f"{result['load_1m_after']}",
-                flush=True,
-            )
+            print("      " + common.format_cpu_figures(result), flush=True)
             if args.profile:
-                import tempfile
-
-                pids = {
-                    "client": os.getpid(),
-                    **{
-                        n: target.pids[n]
-                        for n in ("gateway-1", *target.leader_processes())
-                        if n in target.pids
-                    },
-                }
-                with tempfile.TemporaryDirectory(prefix="hw-pyspy-") as tmp:
-                    window = Window(profiler=common.PySpy(pids, max(result["elapsed_s"], 1), Path(tmp)))  # type: ignore[arg-type]
-                    profiled = run_path(target, path, args.records, args, window)
-                result["profile"] = window.profile
-                print(f"  under py-spy: {profiled['records_per_s']:,} records/s", flush=True)
-                print(common.format_profile(window.profile), flush=True)
+                _, result["profile"] = common.profiled_run(
+                    target,
+                    lambda w, path=path: run_path(target, path, args.records, args, w),
+                    max(result["elapsed_s"], 1),  # type: ignore[type-var]
+                )
             out["runs"].append(result)  # type: ignore[union-attr]
-    path_ = common.write_result(args.output, out)
-    print(f"machine: {out['machine']}; results: {path_.relative_to(common.REPO)}")
-    return 0
+    return common.finish(args.output, out)
 
 
 if __name__ == "__main__":

@@ -291,35 +291,20 @@ def main() -> int:
         f"partition(s), RF {args.replication_factor}, {args.duration_s:.0f} s per rate",
         flush=True,
     )
-    with common.highwater_target(
-        bootstrap=args.bootstrap,
-        topic=topic,
-        partitions=args.partitions,
-        replication_factor=args.replication_factor,
-        min_insync=args.min_insync,
-    ) as target:
+    with common.target_for(args, topic) as target:
         for rate in args.rates:
             result = run_rate(target, rate, args)
             print("  " + describe(result), flush=True)
             for rpc, per in result["server_rpcs"].items():  # type: ignore[union-attr]
                 if per:
-                    print(
-                        f"      server-side {rpc}: "
-                        + ", ".join(
-                            f"{n} {v['requests_per_s']:.0f}/s mean {v['mean_ms']:.1f} ms"
-                            for n, v in per.items()
-                        ),
-                        flush=True,
-                    )
+                    print(f"      server-side {rpc}: " + common.format_rpc(per), flush=True)
             print(
                 f"      CPU (cores): {common.format_cpu(result['cpu_cores'])}; load "  # type: ignore[arg-type]
                 f"{result['load_1m_before']} -> {result['load_1m_after']}",
                 flush=True,
             )
             out["runs"].append(result)  # type: ignore[union-attr]
-    path = common.write_result(args.output, out)
-    print(f"machine: {out['machine']}; results: {path.relative_to(common.REPO)}")
-    return 0
+    return common.finish(args.output, out)
 
 
 if __name__ == "__main__":

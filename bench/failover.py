@@ -54,17 +54,13 @@ def create_led_by(
     """A topic whose every partition has the same replica list, so replicas[0] leads them all."""
     assignments = {p: common_pb2.ReplicaList(replicas=replicas) for p in range(partitions)}
     resp = gw.CreateTopics(
-        common_pb2.CreateTopicsRequest(
+        common.create_topics_request(
+            topic,
+            num_partitions=-1,
+            replication_factor=-1,
+            assignments=assignments,
+            min_insync=min_isr,
             timeout_ms=120_000,
-            topics=[
-                common_pb2.CreatableTopic(
-                    name=topic,
-                    num_partitions=-1,
-                    replication_factor=-1,
-                    assignments=assignments,
-                    configs={"min.insync.replicas": str(min_isr)},
-                )
-            ],
         ),
         timeout=300,
     )
@@ -77,16 +73,7 @@ def produce_all(
 ) -> set[int]:
     """One acks=all Produce for all partitions; returns those that succeeded."""
     batch = encode_batch([Record(None, b"x" * 100, [], int(time.time() * 1000))])
-    req = common_pb2.ProduceRequest(
-        acks=-1,
-        timeout_ms=timeout_ms,
-        topics=[
-            common_pb2.ProduceTopicData(
-                topic=topic,
-                partitions=[common_pb2.ProducePartitionData(partition=p, records=batch) for p in partitions],
-            )
-        ],
-    )
+    req = common.produce_request(topic, ((p, batch) for p in partitions), timeout_ms=timeout_ms)
     try:
         resp = gw.Produce(req, timeout=timeout_ms / 1000 + 5)
     except grpc.RpcError:
@@ -151,13 +138,12 @@ def bench_controller_takeover(partitions: int, base: Path) -> dict[str, object]:
         for i in range(topics):
             assignments = {p: common_pb2.ReplicaList(replicas=[1 + (p + i) % 3]) for p in range(per_topic)}
             resp = gw.CreateTopics(
-                common_pb2.CreateTopicsRequest(
+                common.create_topics_request(
+                    f"t{i}",
+                    num_partitions=-1,
+                    replication_factor=-1,
+                    assignments=assignments,
                     timeout_ms=120_000,
-                    topics=[
-                        common_pb2.CreatableTopic(
-                            name=f"t{i}", num_partitions=-1, replication_factor=-1, assignments=assignments
-                        )
-                    ],
                 ),
                 timeout=300,
             )

@@ -195,13 +195,8 @@ def main() -> None:
         try:
             stub = gateway_pb2_grpc.GatewayServiceStub(grpc.insecure_channel(cluster.gateway_address))
             resp = stub.CreateTopics(
-                common_pb2.CreateTopicsRequest(
-                    timeout_ms=120_000,
-                    topics=[
-                        common_pb2.CreatableTopic(
-                            name=TOPIC, num_partitions=args.partitions, replication_factor=1
-                        )
-                    ],
+                common.create_topics_request(
+                    TOPIC, num_partitions=args.partitions, replication_factor=1, timeout_ms=120_000
                 )
             )
             assert resp.topics[0].error_code == common_pb2.NONE, resp

@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import common
 from clients.common.records import codec_is_accelerated, encode_values
 from services.broker.log import Log, LogConfig
 from services.broker.log.checkpoints import RECOVERY_POINT_CHECKPOINT
@@ -49,19 +50,10 @@ def machine() -> dict[str, object]:
                     memory_bytes = int(line.split()[1]) * 1024
     except OSError:
         pass
-    cpu_model = ""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    cpu_model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     return {
         "cores": os.cpu_count(),
         "memory_gib": round(memory_bytes / 2**30, 1),
-        "cpu": cpu_model,
+        "cpu": common.cpu_model(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "codec_accelerated": codec_is_accelerated(),

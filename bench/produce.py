@@ -109,26 +109,8 @@ def make_values(size: int, count: int) -> list[bytes]:
     return [block[i * size : (i + 1) * size] for i in range(count)]
 
 
-class Window:
-    """The measured window: starts the CPU meter (and profiler) when sending starts."""
-
-    def __init__(self, meter: common.CpuMeter | None = None, profiler: common.PySpy | None = None) -> None:
-        self.meter = meter
-        self.profiler = profiler
-        self.cpu: dict[str, dict[str, float]] = {}
-        self.profile: dict[str, object] = {}
-
-    def open(self) -> None:
-        if self.meter is not None:
-            self.meter.start()
-        if self.profiler is not None:
-            self.profiler.start()
-
-    def close(self) -> None:
-        if self.meter is not None:
-            self.cpu = self.meter.stop()
-        if self.profiler is not None:
-            self.profile = self.profiler.finish()
+# The measured window (consume.py and peers/compare.py take it from here).
+Window = common.Window
 
 
 # ---- the Producer through the gateway --------------------------------------------------------
@@ -167,23 +149,18 @@ def produce_client(target: common.Target, spec: ProduceSpec, window: Window) -> 
 
     def run(duration_s: float) -> tuple[int, float]:
         sent = 0
-        start = time.perf_counter()
-        stop = start + duration_s
-        while True:
-            now = time.perf_counter()
-            if now >= stop:
-                break
-            if spec.throughput > 0:
-                due = start + sent / spec.throughput
-                if due > now:
-                    time.sleep(min(due - now, 0.05))
-                    continue
+        clock = common.SendClock(duration_s)
+        for now in clock:
+            wait = common.pacing_delay(clock.start, sent, spec.throughput, now)
+            if wait:
+                time.sleep(wait)
+                continue
             sent_at = time.perf_counter()
             future = producer.send_batch(target.topic, values)
             future.add_done_callback(lambda f, t=sent_at: on_done(f, t))
             sent += per_send
         producer.flush(timeout_ms=120_000)
-        return sent, time.perf_counter() - start
+        return sent, time.perf_counter() - clock.start
 
     with Producer(target.gateway, **settings) as producer:
         producer.partitions_for(target.topic)
@@ -217,16 +194,10 @@ async def _produce_raw(
     import grpc
 
     from clients.common.records import encode_values
-    from clients.connection import CHANNEL_OPTIONS
     from protos.highwater.v1 import broker_pb2_grpc, common_pb2, gateway_pb2_grpc
 
-    if direct:
-        groups: dict[str, list[int]] = {}
-        for partition, address in sorted(target.leaders.items()):
-            groups.setdefault(address, []).append(partition)
-    else:
-        groups = {target.gateway: list(range(target.partitions))}
-    channels = {address: grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) for address in groups}
+    groups = common.address_groups(target, direct)
+    channels = common.aio_channels(groups)
     stub_cls = broker_pb2_grpc.BrokerServiceStub if direct else gateway_pb2_grpc.GatewayServiceStub
     stubs = {address: stub_cls(channel) for address, channel in channels.items()}
     values = make_values(spec.record_size, spec.records_per_batch)
@@ -243,11 +214,10 @@ async def _produce_raw(
             now = time.perf_counter()
             if now >= stop_at:
                 return
-            if spec.throughput > 0:
-                due = start + counts["sent"] / spec.throughput
-                if due > now:
-                    await asyncio.sleep(min(due - now, 0.05))
-                    continue
+            wait = common.pacing_delay(start, counts["sent"], spec.throughput, now)
+            if wait:
+                await asyncio.sleep(wait)
+                continue
             counts["sent"] += per_request
             timestamp_ms = time.time_ns() // 1_000_000
             request = common_pb2.ProduceRequest(
@@ -344,19 +314,10 @@ def summarize(
     *,
     per_request: int,
 ) -> dict[str, object]:
-    rate = acked / elapsed_s if elapsed_s > 0 else 0.0
-    return {
-        "path": path,
-        "records_sent": sent,
-        "records_acked": acked,
-        "records_failed": failed,
-        "errors": errors,
-        "elapsed_s": round(elapsed_s, 3),
-        "records_per_s": round(rate),
-        "mb_per_s": round(rate * spec.record_size / 1e6, 1),
-        "records_per_request": per_request,
-        "latency_per_request": common.percentiles_ms(latencies),
-    }
+    counts = {"sent": sent, "acked": acked, "failed": failed}
+    return common.produce_summary(
+        path, counts, errors, elapsed_s, spec.record_size, latencies, per_request=per_request
+    )
 
 
 def run_path(target: common.Target, spec: ProduceSpec, path: str, window: Window) -> dict[str, object]:
@@ -375,15 +336,6 @@ def describe(result: dict[str, object]) -> str:
     if result["records_failed"]:
         text += f"  FAILED {result['records_failed']} records: {result['errors']}"
     return text
-
-
-def profile_pids(target: common.Target) -> dict[str, int]:
-    """The client, the gateway and every leader broker: the processes the produce path runs through."""
-    pids = {"client": os.getpid()}
-    for name in ("gateway-1", *target.leader_processes()):
-        if name in target.pids:
-            pids[name] = target.pids[name]
-    return pids
 
 
 def main() -> int:
@@ -491,15 +443,7 @@ def main() -> int:
         f"{spec.duration_s:.0f} s per path",
         flush=True,
     )
-    with common.highwater_target(
-        bootstrap=args.bootstrap,
-        topic=topic,
-        partitions=args.partitions,
-        replication_factor=args.replication_factor,
-        min_insync=args.min_insync,
-        brokers=args.brokers,
-        tmp_dir=args.tmp_dir,
-    ) as target:
+    with common.target_for(args, topic, brokers=args.brokers, tmp_dir=args.tmp_dir) as target:
         out["leaders"] = target.leader_processes()
         for path in paths:
             gate = common.wait_for_quiet(wait_s=args.quiet_wait_s)
@@ -511,45 +455,25 @@ def main() -> int:
             result["server_produce"] = common.rpc_delta(
                 before, common.rpc_totals(target, "Produce"), float(result["elapsed_s"])
             )  # type: ignore[arg-type]
-            result.update(gate, load_1m_after=common.load_average(), cpu_cores=window.cpu)
-            result["cpu_us_per_record"] = per = common.cpu_us_per_record(
-                window.cpu, int(result["records_acked"])
-            )  # type: ignore[call-overload]
-            result["idle_2_core_ceiling_records_per_s"] = common.idle_machine_ceiling(per)
+            common.add_cpu_figures(result, gate, window.cpu, int(result["records_acked"]))  # type: ignore[call-overload]
             print("  " + describe(result), flush=True)
             if result["server_produce"]:
                 print(
-                    "           server-side Produce: "
-                    + ", ".join(
-                        f"{n} {v['requests_per_s']:.0f}/s mean {v['mean_ms']:.1f} ms"
-                        for n, v in result["server_produce"].items()
-                    ),
+                    "           server-side Produce: " + common.format_rpc(result["server_produce"]),  # type: ignore[arg-type]
                     flush=True,
-                )  # type: ignore[union-attr]
-            print(
-                f"           CPU (cores): {common.format_cpu(window.cpu)}; CPU µs/record: "
-                f"{per.get('total')} (idle-machine ceiling "
-                f"{result['idle_2_core_ceiling_records_per_s'] or 0:,}/s); "
-                f"load {gate['load_1m_before']} -> "
-                f"{result['load_1m_after']}",
-                flush=True,
-            )
+                )
+            print("           " + common.format_cpu_figures(result), flush=True)
             if args.profile:
-                with tempfile.TemporaryDirectory(prefix="hw-pyspy-") as tmp:
-                    window = Window(
-                        profiler=common.PySpy(
-                            profile_pids(target), spec.duration_s, Path(tmp), native=args.native
-                        )
-                    )
-                    profiled = run_path(target, spec, path, window)
+                profiled, profile = common.profiled_run(
+                    target,
+                    lambda w, path=path: run_path(target, spec, path, w),
+                    spec.duration_s,
+                    native=args.native,
+                )
                 result["profiled_run"] = {k: profiled[k] for k in ("records_per_s", "mb_per_s")}
-                result["profile"] = window.profile
-                print(f"  under py-spy: {profiled['records_per_s']:,} records/s", flush=True)
-                print(common.format_profile(window.profile), flush=True)
+                result["profile"] = profile
             out["runs"].append(result)  # type: ignore[union-attr]
-    path = common.write_result(args.output, out)
-    print(f"machine: {out['machine']}; results: {path.relative_to(common.REPO)}")
-    return 0
+    return common.finish(args.output, out)
 
 
 if __name__ == "__main__":

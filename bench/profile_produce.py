@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO))
 
 import grpc  # noqa: E402
 
+from bench import common  # noqa: E402
 from bench.log_bench import machine  # noqa: E402
 from clients.common.records import decode_batches, encode_values  # noqa: E402
 from clients.tools.local_cluster import LocalCluster, ServiceProcess  # noqa: E402
@@ -141,16 +142,12 @@ def create_topic_led_by_broker_1(cluster: LocalCluster) -> None:
     with grpc.insecure_channel(cluster.gateway_addresses[0]) as channel:
         gw = gateway_pb2_grpc.GatewayServiceStub(channel)
         resp = gw.CreateTopics(
-            common_pb2.CreateTopicsRequest(
-                topics=[
-                    common_pb2.CreatableTopic(
-                        name=TOPIC,
-                        num_partitions=-1,
-                        replication_factor=-1,
-                        assignments={0: common_pb2.ReplicaList(replicas=[LEADER_ID, 2, 3])},
-                        configs={"min.insync.replicas": "2"},
-                    )
-                ]
+            common.create_topics_request(
+                TOPIC,
+                num_partitions=-1,
+                replication_factor=-1,
+                assignments={0: common_pb2.ReplicaList(replicas=[LEADER_ID, 2, 3])},
+                min_insync=2,
             )
         )
         result = resp.topics[0]
@@ -192,15 +189,7 @@ def make_batch(target_bytes: int) -> bytes:
 async def _produce_for(
     address: str, batch: bytes, records_per_batch: int, duration_s: float, in_flight: int, phase: str
 ) -> ProduceRun:
-    request = common_pb2.ProduceRequest(
-        acks=-1,
-        timeout_ms=PRODUCE_TIMEOUT_MS,
-        topics=[
-            common_pb2.ProduceTopicData(
-                topic=TOPIC, partitions=[common_pb2.ProducePartitionData(partition=0, records=batch)]
-            )
-        ],
-    )
+    request = common.produce_request(TOPIC, [(0, batch)], timeout_ms=PRODUCE_TIMEOUT_MS)
     acked = 0
     errors: Counter[str] = Counter()
     async with grpc.aio.insecure_channel(address, options=channel_options()) as channel:

@@ -61,6 +61,27 @@ def _windowed(calls: list[Callable[[], grpc.Future]], check: Callable[[object], 
         check(fut.result(timeout=RPC_TIMEOUT_S))
 
 
+def _produce_rate(
+    records: list[tuple[bytes, bytes]],
+    call: Callable[[list[tuple[bytes, bytes]]], Callable[[], grpc.Future]],
+    errors_in: Callable[[object], list[object]],
+    rpc: str,
+) -> float:
+    """Records/s of sending `records`, REQUEST_RECORDS a request (call(chunk) makes one), _windowed;
+    SystemExit with the first of errors_in(an answer) if any."""
+
+    def check(resp: object) -> None:
+        bad = errors_in(resp)
+        if bad:
+            raise SystemExit(f"{rpc} failed: {bad[0]}")
+
+    started = time.perf_counter()
+    _windowed(
+        [call(records[i : i + REQUEST_RECORDS]) for i in range(0, len(records), REQUEST_RECORDS)], check
+    )
+    return len(records) / (time.perf_counter() - started)
+
+
 def produce_record_level(
     stub: gateway_pb2_grpc.GatewayServiceStub, topic: str, records: list[tuple[bytes, bytes]]
 ) -> float:
@@ -78,16 +99,12 @@ def produce_record_level(
             timeout=RPC_TIMEOUT_S,
         )
 
-    def check(resp: object) -> None:
-        bad = [r for r in resp.results if r.error_code]  # type: ignore[attr-defined]
-        if bad:
-            raise SystemExit(f"ProduceRecords failed: {bad[0]}")
-
-    started = time.perf_counter()
-    _windowed(
-        [call(records[i : i + REQUEST_RECORDS]) for i in range(0, len(records), REQUEST_RECORDS)], check
+    return _produce_rate(
+        records,
+        call,
+        lambda resp: [r for r in resp.results if r.error_code],  # type: ignore[attr-defined]
+        "ProduceRecords",
     )
-    return len(records) / (time.perf_counter() - started)
 
 
 def produce_batch_level(
@@ -120,16 +137,12 @@ def produce_batch_level(
 
         return make
 
-    def check(resp: object) -> None:
-        bad = [p for t in resp.topics for p in t.partitions if p.error_code]  # type: ignore[attr-defined]
-        if bad:
-            raise SystemExit(f"Produce failed: {bad[0]}")
-
-    started = time.perf_counter()
-    _windowed(
-        [call(records[i : i + REQUEST_RECORDS]) for i in range(0, len(records), REQUEST_RECORDS)], check
+    return _produce_rate(
+        records,
+        call,
+        lambda resp: [p for t in resp.topics for p in t.partitions if p.error_code],  # type: ignore[attr-defined]
+        "Produce",
     )
-    return len(records) / (time.perf_counter() - started)
 
 
 def consume_record_level(stub: gateway_pb2_grpc.GatewayServiceStub, topic: str, count: int) -> float:

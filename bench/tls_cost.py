@@ -111,16 +111,7 @@ def create_topic(cluster: object) -> None:
     channel = creds.channel(address) if creds is not None else grpc.insecure_channel(address)  # type: ignore[attr-defined]
     stub = gateway_pb2_grpc.GatewayServiceStub(channel)
     resp = stub.CreateTopics(
-        common_pb2.CreateTopicsRequest(
-            topics=[
-                common_pb2.CreatableTopic(
-                    name=TOPIC,
-                    num_partitions=PARTITIONS,
-                    replication_factor=3,
-                    configs={"min.insync.replicas": "2"},
-                )
-            ]
-        ),
+        common.create_topics_request(TOPIC, num_partitions=PARTITIONS, replication_factor=3, min_insync=2),
         timeout=30,
     )
     if resp.topics[0].error_code not in (common_pb2.NONE, common_pb2.TOPIC_ALREADY_EXISTS):
@@ -162,16 +153,7 @@ async def produce_run(cluster: object, seconds: float, batch_bytes: int, in_flig
             partition = next_partition % PARTITIONS
             next_partition += 1
             records = encode_values(values, timestamp_ms=time.time_ns() // 1_000_000, compression="none")
-            request = common_pb2.ProduceRequest(
-                acks=-1,
-                timeout_ms=PRODUCE_TIMEOUT_MS,
-                topics=[
-                    common_pb2.ProduceTopicData(
-                        topic=TOPIC,
-                        partitions=[common_pb2.ProducePartitionData(partition=partition, records=records)],
-                    )
-                ],
-            )
+            request = common.produce_request(TOPIC, [(partition, records)], timeout_ms=PRODUCE_TIMEOUT_MS)
             try:
                 resp = await stub.Produce(request, timeout=PRODUCE_TIMEOUT_MS / 1000 + 5)
             except grpc.aio.AioRpcError:

@@ -20,7 +20,7 @@ its gRPC channels and its threads.
 
 from __future__ import annotations
 
-import importlib
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -39,29 +39,6 @@ if TYPE_CHECKING:
         TopicDescription,
         TopicPartition,
     )
-
-# Public name -> the module that defines it.
-_HOMES = {
-    "Admin": "clients.admin",
-    "AsyncAdmin": "clients.admin",
-    "AsyncConsumer": "clients.consumer",
-    "Consumer": "clients.consumer",
-    "ClientClosed": "clients.errors",
-    "GatewayUnavailable": "clients.errors",
-    "HighwaterError": "clients.errors",
-    "InvalidArgument": "clients.errors",
-    "AsyncProducer": "clients.producer",
-    "Producer": "clients.producer",
-    "SentRecords": "clients.sender",
-    "ClusterDescription": "clients.types",
-    "ConsumerRecord": "clients.types",
-    "NewTopic": "clients.types",
-    "OffsetAndTimestamp": "clients.types",
-    "PartitionDescription": "clients.types",
-    "RecordMetadata": "clients.types",
-    "TopicDescription": "clients.types",
-    "TopicPartition": "clients.types",
-}
 
 __all__ = [
     "Admin",
@@ -87,13 +64,38 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
+    """PEP 562: a public name, imported from its module on first use."""
+    home: ModuleType
+    if name in ("Admin", "AsyncAdmin"):
+        from clients import admin
+
+        home = admin
+    elif name in ("AsyncConsumer", "Consumer"):
+        from clients import consumer
+
+        home = consumer
+    elif name in ("ClientClosed", "GatewayUnavailable", "HighwaterError", "InvalidArgument"):
+        from clients import errors
+
+        home = errors
+    elif name in ("AsyncProducer", "Producer"):
+        from clients import producer
+
+        home = producer
+    elif name == "SentRecords":
+        from clients import sender
+
+        home = sender
+    elif name in __all__:
+        from clients import types
+
+        home = types
+    else:
         raise AttributeError(f"module 'clients' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
+    value = getattr(home, name)
     globals()[name] = value  # later lookups skip this function
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOMES])
+    return sorted([*globals(), *__all__])

@@ -12,10 +12,9 @@ request_timeout_ms.
 from __future__ import annotations
 
 import asyncio
-import weakref
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from clients.common.acls import ACL_BINDINGS_PER_REQUEST_MAX, AclBinding, AclError
 from clients.common.topics import validate_topic_configs
@@ -31,7 +30,7 @@ from clients.config import (
 from clients.connection import GatewayConnection, client_tls
 from clients.consumer import EARLIEST, LATEST, check_partitions
 from clients.errors import HighwaterError, InvalidArgument, error_for_code
-from clients.loop_thread import LoopThread
+from clients.loop_thread import SyncClient
 from clients.metadata import now_ms
 from clients.types import (
     ClusterDescription,
@@ -48,8 +47,6 @@ from clients.types import (
     TopicPartition,
 )
 from protos.highwater.v1 import common_pb2, controller_pb2, gateway_pb2
-
-T = TypeVar("T")
 
 ELECTION_TYPES = {"preferred": common_pb2.PREFERRED, "unclean": common_pb2.UNCLEAN}
 
@@ -691,7 +688,7 @@ class AsyncAdmin:
         await self.close()
 
 
-class Admin:
+class Admin(SyncClient[AsyncAdmin]):
     """Synchronous admin client: an AsyncAdmin on a private event-loop thread.
 
     Example::
@@ -703,14 +700,8 @@ class Admin:
     """
 
     def __init__(self, bootstrap: str | list[str] = DEFAULT_BOOTSTRAP, **settings: Any) -> None:
-        self._async = AsyncAdmin(bootstrap, **settings)
+        super().__init__(AsyncAdmin(bootstrap, **settings), "highwater-admin")
         self.config = self._async.config
-        self._thread = LoopThread("highwater-admin")
-        # A client dropped without close() still ends its thread (nothing on the loop refers back to us).
-        weakref.finalize(self, self._thread.stop)
-
-    def _run(self, coro: Coroutine[Any, Any, T], what: str) -> T:
-        return self._thread.run(coro, None, what)
 
     def create_topics(
         self,
@@ -809,15 +800,3 @@ class Admin:
 
     def alter_group_offsets(self, group_id: str, offsets: Mapping[TopicPartition, int]) -> None:
         self._run(self._async.alter_group_offsets(group_id, offsets), "alter_group_offsets()")
-
-    def close(self) -> None:
-        try:
-            self._run(self._async.close(), "close()")
-        finally:
-            self._thread.stop()
-
-    def __enter__(self) -> Admin:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()

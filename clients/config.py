@@ -162,6 +162,12 @@ def check_int(name: str, value: object, *, minimum: int | None = None, maximum: 
     return value
 
 
+def _check_ranges(config: object, ranges: dict[str, tuple[int | None, int | None]]) -> None:
+    """check_int on fields of `config`, in order: {field name: (minimum, maximum)}, None: no bound."""
+    for name, (minimum, maximum) in ranges.items():
+        check_int(name, getattr(config, name), minimum=minimum, maximum=maximum)
+
+
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise InvalidArgument(f"{name} must be one of {', '.join(choices)}; got {value!r}")
@@ -201,11 +207,16 @@ class ConnectionConfig:
             raise InvalidArgument(
                 f"bootstrap must be 'host:port,host:port' or a list, got {self.bootstrap!r}"
             )
-        check_int("request_timeout_ms", self.request_timeout_ms, minimum=1)
-        check_int("connect_timeout_ms", self.connect_timeout_ms, minimum=1)
-        check_int("retry_backoff_ms", self.retry_backoff_ms, minimum=0)
-        check_int("retry_backoff_max_ms", self.retry_backoff_max_ms, minimum=self.retry_backoff_ms)
-        check_int("metadata_max_age_ms", self.metadata_max_age_ms, minimum=1)
+        _check_ranges(
+            self,
+            {
+                "request_timeout_ms": (1, None),
+                "connect_timeout_ms": (1, None),
+                "retry_backoff_ms": (0, None),
+                "retry_backoff_max_ms": (self.retry_backoff_ms, None),
+                "metadata_max_age_ms": (1, None),
+            },
+        )
         for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "auth_token"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -232,21 +243,16 @@ class ProducerConfig(ConnectionConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "acks", normalize_acks(self.acks))
-        check_int("linger_ms", self.linger_ms, minimum=0)
-        check_int(
-            "max_request_bytes",
-            self.max_request_bytes,
-            minimum=MAX_REQUEST_BYTES_MIN,
-            maximum=GRPC_MAX_MESSAGE_BYTES // 2,
-        )
-        check_int("batch_size_bytes", self.batch_size_bytes, minimum=1, maximum=self.max_request_bytes)
-        check_int("buffer_memory_bytes", self.buffer_memory_bytes, minimum=self.max_request_bytes)
-        check_int("max_block_ms", self.max_block_ms, minimum=0)
-        check_int(
-            "max_in_flight_requests",
-            self.max_in_flight_requests,
-            minimum=1,
-            maximum=MAX_IN_FLIGHT_REQUESTS_MAX,
+        _check_ranges(
+            self,
+            {
+                "linger_ms": (0, None),
+                "max_request_bytes": (MAX_REQUEST_BYTES_MIN, GRPC_MAX_MESSAGE_BYTES // 2),
+                "batch_size_bytes": (1, self.max_request_bytes),
+                "buffer_memory_bytes": (self.max_request_bytes, None),
+                "max_block_ms": (0, None),
+                "max_in_flight_requests": (1, MAX_IN_FLIGHT_REQUESTS_MAX),
+            },
         )
         _check_choice("compression", self.compression, COMPRESSION_VALUES)
         if not isinstance(self.enable_idempotence, bool):
@@ -289,19 +295,17 @@ class ConsumerConfig(ConnectionConfig):
         if self.group_id is not None:
             check_group_id(self.group_id)
         _check_choice("auto_offset_reset", self.auto_offset_reset, AUTO_OFFSET_RESET_VALUES)
-        check_int("auto_commit_interval_ms", self.auto_commit_interval_ms, minimum=1)
-        check_int(
-            "fetch_max_wait_ms", self.fetch_max_wait_ms, minimum=0, maximum=limits.FETCH_MAX_WAIT_MS_MAX
+        _check_ranges(
+            self,
+            {
+                "auto_commit_interval_ms": (1, None),
+                "fetch_max_wait_ms": (0, limits.FETCH_MAX_WAIT_MS_MAX),
+                "fetch_min_bytes": (0, None),
+                "fetch_max_bytes": (1, FETCH_MAX_BYTES_MAX),
+                "max_partition_fetch_bytes": (1, self.fetch_max_bytes),
+                "max_poll_records": (1, None),
+            },
         )
-        check_int("fetch_min_bytes", self.fetch_min_bytes, minimum=0)
-        check_int("fetch_max_bytes", self.fetch_max_bytes, minimum=1, maximum=FETCH_MAX_BYTES_MAX)
-        check_int(
-            "max_partition_fetch_bytes",
-            self.max_partition_fetch_bytes,
-            minimum=1,
-            maximum=self.fetch_max_bytes,
-        )
-        check_int("max_poll_records", self.max_poll_records, minimum=1)
         _check_choice("group_protocol", self.group_protocol, GROUP_PROTOCOL_VALUES)
         if self.group_instance_id is not None and not (
             isinstance(self.group_instance_id, str)
@@ -311,13 +315,13 @@ class ConsumerConfig(ConnectionConfig):
                 f"group_instance_id must be 1..{TOPIC_NAME_MAX_CHARS} characters, "
                 f"got {self.group_instance_id!r}"
             )
-        check_int(
-            "session_timeout_ms",
-            self.session_timeout_ms,
-            minimum=SESSION_TIMEOUT_MS_MIN,
-            maximum=SESSION_TIMEOUT_MS_MAX,
+        _check_ranges(
+            self,
+            {
+                "session_timeout_ms": (SESSION_TIMEOUT_MS_MIN, SESSION_TIMEOUT_MS_MAX),
+                "max_poll_interval_ms": (1, None),
+            },
         )
-        check_int("max_poll_interval_ms", self.max_poll_interval_ms, minimum=1)
         if self.group_remote_assignor is not None:
             _check_choice("group_remote_assignor", self.group_remote_assignor, GROUP_REMOTE_ASSIGNOR_VALUES)
 

@@ -37,9 +37,8 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import weakref
-from collections.abc import Callable, Coroutine, Iterable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from clients.common import records
 from clients.common.errors import InvariantViolation, MessageTooLarge, OffsetOutOfRange
@@ -57,13 +56,12 @@ from clients.config import (
 from clients.connection import GatewayConnection, client_tls
 from clients.errors import ClientClosed, HighwaterError, InvalidArgument, error_for_code
 from clients.group_member import FENCED_CODES, GroupMember
-from clients.loop_thread import LoopThread
+from clients.loop_thread import SyncClient
 from clients.metadata import ClusterMetadata, MetadataFetcher, now_ms
 from clients.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
 from protos.highwater.v1 import common_pb2, gateway_pb2
 
 log = logging.getLogger("highwater.client.consumer")
-T = TypeVar("T")
 
 EARLIEST = -2  # ListOffsets timestamp for the log start offset
 # A rebalance callback: called with the partitions concerned; may be a coroutine function.
@@ -864,8 +862,9 @@ class AsyncConsumer:
         return taken[0] if taken else None
 
 
-class Consumer:
+class Consumer(SyncClient[AsyncConsumer]):
     """Synchronous consumer: an AsyncConsumer on a private event-loop thread. Not thread-safe.
+    close() commits (with a group and auto-commit on), then closes the channels and the thread.
 
     Example::
 
@@ -876,14 +875,8 @@ class Consumer:
     """
 
     def __init__(self, *topics: str, bootstrap: str | list[str] = DEFAULT_BOOTSTRAP, **settings: Any) -> None:
-        self._async = AsyncConsumer(*topics, bootstrap=bootstrap, **settings)
+        super().__init__(AsyncConsumer(*topics, bootstrap=bootstrap, **settings), "highwater-consumer")
         self.config = self._async.config
-        self._thread = LoopThread("highwater-consumer")
-        # A client dropped without close() still ends its thread (nothing on the loop refers back to us).
-        weakref.finalize(self, self._thread.stop)
-
-    def _run(self, coro: Coroutine[Any, Any, T], what: str) -> T:
-        return self._thread.run(coro, None, what)
 
     # Local state: no I/O, called directly.
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
@@ -992,19 +985,6 @@ class Consumer:
             return await self._async.commit_async(snapshot, callback)
 
         return self._thread.submit(_commit())
-
-    def close(self) -> None:
-        """Commit (with a group and auto-commit on), close the channels and the loop thread."""
-        try:
-            self._run(self._async.close(), "close()")
-        finally:
-            self._thread.stop()
-
-    def __enter__(self) -> Consumer:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def __iter__(self) -> Consumer:
         return self

@@ -11,13 +11,21 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import weakref
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 from clients.config import LOOP_STOP_WAIT_S
 from clients.errors import ClientClosed, RequestTimedOut
 
 T = TypeVar("T")
+
+
+class _AsyncClient(Protocol):
+    async def close(self) -> None: ...
+
+
+A = TypeVar("A", bound=_AsyncClient)
 
 
 class LoopThread:
@@ -97,3 +105,32 @@ class LoopThread:
             return
         if not self.in_loop_thread:
             self._thread.join(LOOP_STOP_WAIT_S)
+
+
+class SyncClient(Generic[A]):
+    """A synchronous client that drives an async one (`_async`) on its own LoopThread.
+
+    Admin and Consumer build on it: each method hands a coroutine of `_async` to `_run`.
+    """
+
+    def __init__(self, async_client: A, thread_name: str) -> None:
+        self._async = async_client
+        self._thread = LoopThread(thread_name)
+        # A client dropped without close() still ends its thread (nothing on the loop refers back to us).
+        weakref.finalize(self, self._thread.stop)
+
+    def _run(self, coro: Coroutine[Any, Any, T], what: str) -> T:
+        return self._thread.run(coro, None, what)
+
+    def close(self) -> None:
+        """Close the async client (see its close()), then stop the loop thread."""
+        try:
+            self._run(self._async.close(), "close()")
+        finally:
+            self._thread.stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

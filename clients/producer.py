@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate, repeat
 from time import monotonic, time_ns
 from typing import Any
@@ -319,10 +319,7 @@ class _ProducerCore:
         """Append if the buffer has room (caller holds no lock). False: no room, wait and retry."""
         accumulator = self.accumulator
         with self.lock:
-            if (
-                accumulator.buffered_bytes
-                and accumulator.buffered_bytes + size > accumulator.buffer_memory_bytes
-            ):
+            if not accumulator.has_room(size):
                 return False
             created, full = accumulator.append(tp, record, headers, size, future, callback, now_ms())
         if created or full:
@@ -399,10 +396,7 @@ class _ProducerCore:
     ) -> bool:
         accumulator = self.accumulator
         with self.lock:
-            if (
-                accumulator.buffered_bytes
-                and accumulator.buffered_bytes + size > accumulator.buffer_memory_bytes
-            ):
+            if not accumulator.has_room(size):
                 return False
             accumulator.append_run(tp, run, headers, size, sink, sink_start, now_ms())
         self.wake()
@@ -480,6 +474,48 @@ class _ProducerCore:
                 )
             yield min(remaining, FLUSH_CHECK_INTERVAL_S)
             self.check_open()
+
+    # --- queuing, for both front ends -----------------------------------------------
+    # Both generators yield a size in bytes each time the buffer has no room for it; the
+    # front end waits for room its own way (see `room_waits`), then resumes the generator.
+
+    def append_pending(self, pending: Pending, future: Any, callback: Callback | None) -> Iterator[int]:
+        """Append a record `append_one` found no room for, yielding its size while there is none.
+
+        Only this slow path is a generator: `append_one` stays a plain call per record.
+        """
+        tp, record, header_list, size = pending
+        while not self.try_append(tp, record, header_list, size, future, callback):
+            yield size
+
+    def queue_bulk(
+        self,
+        info: TopicInfo,
+        values: object,
+        key: object,
+        headers: HeadersArg,
+        partition: object,
+        timestamp_ms: object,
+        future: Any,
+    ) -> Generator[int, None, None]:
+        """Check and queue a bulk send (see `prepare_runs`) whose result settles `future`,
+        yielding a run's size while there is no room for it.
+
+        A HighwaterError thrown in at a yield (the front end gave up waiting) fails that run
+        and every later one with it, then propagates; runs already queued still complete.
+        """
+        count, runs, records_, header_list = self.prepare_runs(
+            info, values, key, headers, partition, timestamp_ms
+        )
+        sink = BulkSendResult(info.name, count, future)
+        for number, (tp, start, end, size) in enumerate(runs):
+            run = records_[start:end]
+            try:
+                while not self.try_append_run(tp, run, header_list, size, sink, start):
+                    yield size
+            except HighwaterError as error:
+                self.fail_runs(sink, runs[number:], records_, error)
+                raise
 
     @staticmethod
     def fail_runs(
@@ -582,19 +618,13 @@ class Producer:
         core = self._core
         core.check_open()
         info = self._topic_info(core.check_topic(topic))
-        count, runs, records_, header_list = core.prepare_runs(
-            info, values, key, headers, partition, timestamp_ms
-        )
         future: concurrent.futures.Future[SentRecords] = concurrent.futures.Future()
-        sink = BulkSendResult(info.name, count, future)
-        for number, (tp, start, end, size) in enumerate(runs):
-            run = records_[start:end]
+        queuing = core.queue_bulk(info, values, key, headers, partition, timestamp_ms, future)
+        for size in queuing:
             try:
-                while not core.try_append_run(tp, run, header_list, size, sink, start):
-                    self._wait_for_room(size)
+                self._wait_for_room(size)
             except HighwaterError as error:
-                core.fail_runs(sink, runs[number:], records_, error)
-                raise
+                queuing.throw(error)
         return future
 
     def _append(
@@ -613,8 +643,7 @@ class Producer:
         info = self._topic_info(core.check_topic(topic))
         pending = core.append_one(info, value, key, headers, partition, timestamp_ms, future, callback)
         if pending is not None:
-            tp, record, header_list, size = pending
-            while not core.try_append(tp, record, header_list, size, future, callback):
+            for size in core.append_pending(pending, future, callback):
                 self._wait_for_room(size)
 
     def _wait_for_room(self, size: int) -> None:
@@ -737,8 +766,7 @@ class AsyncProducer:
         future: asyncio.Future[RecordMetadata] = core.loop.create_future()
         pending = core.append_one(info, value, key, headers, partition, timestamp_ms, future, callback)
         if pending is not None:
-            tp, record, header_list, size = pending
-            while not core.try_append(tp, record, header_list, size, future, callback):
+            for size in core.append_pending(pending, future, callback):
                 await self._wait_for_room(core, size)
         return future
 
@@ -767,19 +795,13 @@ class AsyncProducer:
         """As Producer.send_batch: queue many values at once; await the future for their metadata."""
         core = await self._ready_core()
         info = await self._topic_info(core, core.check_topic(topic))
-        count, runs, records_, header_list = core.prepare_runs(
-            info, values, key, headers, partition, timestamp_ms
-        )
         future: asyncio.Future[SentRecords] = core.loop.create_future()
-        sink = BulkSendResult(info.name, count, future)
-        for number, (tp, start, end, size) in enumerate(runs):
-            run = records_[start:end]
+        queuing = core.queue_bulk(info, values, key, headers, partition, timestamp_ms, future)
+        for size in queuing:
             try:
-                while not core.try_append_run(tp, run, header_list, size, sink, start):
-                    await self._wait_for_room(core, size)
+                await self._wait_for_room(core, size)
             except HighwaterError as error:
-                core.fail_runs(sink, runs[number:], records_, error)
-                raise
+                queuing.throw(error)
         return future
 
     async def send_and_wait(

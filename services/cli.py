@@ -8,7 +8,9 @@ image is configured.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,44 @@ def _endpoints(value: str) -> list[str]:
     return endpoints
 
 
+@dataclass(frozen=True)
+class CommonOptions:
+    """The flags every service command takes (`@_common`), handed over as one `common` argument."""
+
+    etcd: str
+    etcd_prefix: str
+    host: str
+    port: int
+    metrics_port: int
+    lease_ttl_s: int
+    ready_file: Path | None
+    log_level: str
+    json_logs: bool
+
+    def config_fields(self) -> dict[str, Any]:
+        """The fields they set in every service's config (BrokerConfig, ControllerConfig, GatewayConfig)."""
+        return {
+            "etcd_endpoints": _endpoints(self.etcd),
+            "host": self.host,
+            "port": self.port,
+            "metrics_port": self.metrics_port,
+            "etcd_prefix": self.etcd_prefix,
+            "lease_ttl_s": self.lease_ttl_s,
+            "ready_file": self.ready_file,
+        }
+
+
+_COMMON_NAMES = tuple(CommonOptions.__dataclass_fields__)
+
+
 def _common(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the flags every service takes; the command receives them as `common=CommonOptions(...)`."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        values = {name: kwargs.pop(name) for name in _COMMON_NAMES}
+        return f(*args, common=CommonOptions(**values), **kwargs)
+
     options = [
         click.option("--etcd", "etcd", default="127.0.0.1:2379", show_default=True, help=ETCD_HELP),
         click.option("--etcd-prefix", default="/highwater", show_default=True, help="Key prefix in etcd."),
@@ -68,15 +107,15 @@ def _common(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--json-logs", is_flag=True, help="Log JSON lines instead of text."),
     ]
     for option in reversed(options):
-        f = option(f)
-    return f
+        wrapper = option(wrapper)
+    return wrapper
 
 
-def _run(main: Coroutine[Any, Any, None], log_level: str, json_logs: bool) -> None:
+def _run(main: Coroutine[Any, Any, None], common: CommonOptions) -> None:
     from coordinator.store import CoordinatorError
     from services.common.server import configure_logging
 
-    configure_logging(log_level, json_logs)
+    configure_logging(common.log_level, common.json_logs)
     try:
         asyncio.run(main)
     except CoordinatorError as exc:
@@ -110,15 +149,7 @@ def broker_command(
     data_dir: Path,
     rack: str,
     replica_lag_time_max_ms: int,
-    etcd: str,
-    etcd_prefix: str,
-    host: str,
-    port: int,
-    metrics_port: int,
-    lease_ttl_s: int,
-    ready_file: Path | None,
-    log_level: str,
-    json_logs: bool,
+    common: CommonOptions,
     security: Any,
 ) -> None:
     """Run a broker: stores partition logs, leads and follows partitions.
@@ -130,18 +161,12 @@ def broker_command(
     config = BrokerConfig(
         broker_id=broker_id,
         data_dir=data_dir,
-        etcd_endpoints=_endpoints(etcd),
-        host=host,
-        port=port,
-        metrics_port=metrics_port,
         rack=rack,
-        etcd_prefix=etcd_prefix,
-        lease_ttl_s=lease_ttl_s,
         replica_lag_time_max_ms=replica_lag_time_max_ms,
-        ready_file=ready_file,
         security=security.for_service(f"broker-{broker_id}"),
+        **common.config_fields(),
     )
-    _run(serve(config), log_level, json_logs)
+    _run(serve(config), common)
 
 
 @click.command("controller", context_settings={"auto_envvar_prefix": "HIGHWATER"})
@@ -177,15 +202,7 @@ def controller_command(
     auto_leader_rebalance_enable: bool,
     leader_imbalance_check_interval_s: float,
     leader_imbalance_per_broker_percentage: int,
-    etcd: str,
-    etcd_prefix: str,
-    host: str,
-    port: int,
-    metrics_port: int,
-    lease_ttl_s: int,
-    ready_file: Path | None,
-    log_level: str,
-    json_logs: bool,
+    common: CommonOptions,
     security: Any,
 ) -> None:
     """Run a controller candidate: one wins the election in etcd and manages the cluster.
@@ -196,20 +213,14 @@ def controller_command(
 
     config = ControllerConfig(
         controller_id=controller_id,
-        etcd_endpoints=_endpoints(etcd),
-        host=host,
-        port=port,
-        metrics_port=metrics_port,
-        etcd_prefix=etcd_prefix,
-        lease_ttl_s=lease_ttl_s,
         delete_topic_enable=delete_topic_enable,
         auto_leader_rebalance_enable=auto_leader_rebalance_enable,
         leader_imbalance_check_interval_s=leader_imbalance_check_interval_s,
         leader_imbalance_per_broker_percentage=leader_imbalance_per_broker_percentage,
-        ready_file=ready_file,
         security=security.for_service(f"controller-{controller_id}"),
+        **common.config_fields(),
     )
-    _run(serve(config), log_level, json_logs)
+    _run(serve(config), common)
 
 
 @click.command("gateway", context_settings={"auto_envvar_prefix": "HIGHWATER"})
@@ -218,19 +229,7 @@ def controller_command(
 )
 @_common
 @security_options
-def gateway_command(
-    gateway_id: int,
-    etcd: str,
-    etcd_prefix: str,
-    host: str,
-    port: int,
-    metrics_port: int,
-    lease_ttl_s: int,
-    ready_file: Path | None,
-    log_level: str,
-    json_logs: bool,
-    security: Any,
-) -> None:
+def gateway_command(gateway_id: int, common: CommonOptions, security: Any) -> None:
     """Run a fetch gateway: the address clients talk to; routes requests to partition leaders.
 
     Example: highwater gateway --gateway-id 1 --port 9092 --etcd 127.0.0.1:2379
@@ -239,16 +238,10 @@ def gateway_command(
 
     config = GatewayConfig(
         gateway_id=gateway_id,
-        etcd_endpoints=_endpoints(etcd),
-        host=host,
-        port=port,
-        metrics_port=metrics_port,
-        etcd_prefix=etcd_prefix,
-        lease_ttl_s=lease_ttl_s,
-        ready_file=ready_file,
         security=security.for_service(f"gateway-{gateway_id}"),
+        **common.config_fields(),
     )
-    _run(serve(config), log_level, json_logs)
+    _run(serve(config), common)
 
 
 SERVICE_COMMANDS: list[click.Command] = [controller_command, broker_command, gateway_command]

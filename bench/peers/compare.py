@@ -116,16 +116,15 @@ def run_produce(systems: Systems, system: str, size: int) -> list[dict[str, obje
             result = produce.run_path(target, spec, path, window)
             out.append({"system": f"highwater {path}", **result, "cpu_cores": window.cpu})
         return out
+    # What both peers' produce() take alike: unbounded, the sizes and times of our own runs.
+    workload = dict(record_size=size, duration_s=args.duration_s, warmup_s=args.warmup_s, throughput=-1)
     if system == "nats":
         asyncio.run(nats_js.purge(systems.nats.urls))
         window = _meter(systems.nats.pids)
         result = asyncio.run(
             nats_js.produce(
                 systems.nats.urls,
-                record_size=size,
-                duration_s=args.duration_s,
-                warmup_s=args.warmup_s,
-                throughput=-1,
+                **workload,
                 in_flight=nats_js.PUBLISH_ASYNC_MAX_PENDING_DEFAULT,
                 window=window,
             )
@@ -134,13 +133,7 @@ def run_produce(systems: Systems, system: str, size: int) -> list[dict[str, obje
     redis_streams.reset(systems.redis.primary_port)
     window = _meter(systems.redis.pids)
     result = redis_streams.produce(
-        systems.redis.primary_port,
-        record_size=size,
-        duration_s=args.duration_s,
-        warmup_s=args.warmup_s,
-        throughput=-1,
-        batch=args.redis_batch,
-        window=window,
+        systems.redis.primary_port, **workload, batch=args.redis_batch, window=window
     )
     return [{"system": "redis", **result, "cpu_cores": window.cpu}]
 
@@ -187,6 +180,20 @@ def run_consume(systems: Systems, system: str) -> list[dict[str, object]]:
     return [{"system": "redis", **result, "load_s": round(loaded, 2), "cpu_cores": window.cpu}]
 
 
+def _e2e_consumer_cmd(module_file: str, address: list[str], expected: int, timeout_s: float) -> list[str]:
+    """A peer module run as its `e2e-consumer` (common.e2e_consumer_main)."""
+    return [
+        sys.executable,
+        module_file,
+        "e2e-consumer",
+        *address,
+        "--expected",
+        str(expected),
+        "--timeout-s",
+        str(timeout_s),
+    ]
+
+
 def run_e2e(systems: Systems, system: str, rate: float) -> list[dict[str, object]]:
     args = systems.args
     size = 100
@@ -210,17 +217,9 @@ def run_e2e(systems: Systems, system: str, rate: float) -> list[dict[str, object
         asyncio.run(
             nats_js.e2e_produce(systems.nats.urls, rate=rate, duration_s=args.warmup_s, record_size=size)
         )
-        cmd = [
-            sys.executable,
-            nats_js.__file__,
-            "e2e-consumer",
-            "--urls",
-            ",".join(systems.nats.urls),
-            "--expected",
-            str(expected),
-            "--timeout-s",
-            str(timeout_s),
-        ]
+        cmd = _e2e_consumer_cmd(
+            nats_js.__file__, ["--urls", ",".join(systems.nats.urls)], expected, timeout_s
+        )
         pids = systems.nats.pids
 
         def send() -> dict[str, object]:
@@ -234,17 +233,9 @@ def run_e2e(systems: Systems, system: str, rate: float) -> list[dict[str, object
         redis_streams.e2e_produce(
             systems.redis.primary_port, rate=rate, duration_s=args.warmup_s, record_size=size
         )
-        cmd = [
-            sys.executable,
-            redis_streams.__file__,
-            "e2e-consumer",
-            "--port",
-            str(systems.redis.primary_port),
-            "--expected",
-            str(expected),
-            "--timeout-s",
-            str(timeout_s),
-        ]
+        cmd = _e2e_consumer_cmd(
+            redis_streams.__file__, ["--port", str(systems.redis.primary_port)], expected, timeout_s
+        )
         pids = systems.redis.pids
 
         def send() -> dict[str, object]:

@@ -17,15 +17,11 @@ Run it alone: python bench/peers/nats_js.py --help
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import json
 import struct
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,15 +80,8 @@ class NatsCluster:
             common.stop_process(proc)  # type: ignore[arg-type]
 
 
-@contextlib.contextmanager
-def nats_cluster(nodes: int = 3) -> Iterator[NatsCluster]:
-    with tempfile.TemporaryDirectory(prefix="hw-bench-nats-") as tmp:
-        cluster = NatsCluster(Path(tmp), nodes)
-        try:
-            cluster.start()
-            yield cluster
-        finally:
-            cluster.stop()
+def nats_cluster(nodes: int = 3) -> contextlib.AbstractContextManager[NatsCluster]:
+    return common.running_in_tmp_dir("hw-bench-nats-", lambda tmp: NatsCluster(tmp, nodes))
 
 
 async def connect(cluster_urls: list[str], max_pending: int = PUBLISH_ASYNC_MAX_PENDING_DEFAULT):  # type: ignore[no-untyped-def]
@@ -181,19 +170,14 @@ async def produce(
             latencies.append(took)
 
     async def run(seconds: float) -> float:
-        start = time.perf_counter()
-        stop_at = start + seconds
+        clock = common.SendClock(seconds)
         sent = 0
         futures = []
-        while True:
-            now = time.perf_counter()
-            if now >= stop_at:
-                break
-            if throughput > 0:
-                due = start + sent / throughput
-                if due > now:
-                    await asyncio.sleep(min(due - now, 0.05))
-                    continue
+        for now in clock:
+            wait = common.pacing_delay(clock.start, sent, throughput, now)
+            if wait:
+                await asyncio.sleep(wait)
+                continue
             sent_at = time.perf_counter()
             future = await js.publish_async(SUBJECT, payload)
             future.add_done_callback(lambda f, t=sent_at: on_ack(f, t))
@@ -204,7 +188,7 @@ async def produce(
         _, missing = await asyncio.wait(
             [f for f in futures if not f.done()] or [asyncio.sleep(0)], timeout=PUBACK_WAIT_S
         )
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - clock.start
         for future in missing:
             future.cancel()  # counted as failed ("cancelled") by on_ack
         return elapsed
@@ -220,19 +204,9 @@ async def produce(
         window.close()  # type: ignore[attr-defined]
     finally:
         await nc.close()
-    rate = counts["acked"] / elapsed
-    return {
-        "path": "nats-py publish_async",
-        "records_sent": counts["sent"],
-        "records_acked": counts["acked"],
-        "records_failed": counts["failed"],
-        "errors": errors,
-        "elapsed_s": round(elapsed, 3),
-        "records_per_s": round(rate),
-        "mb_per_s": round(rate * record_size / 1e6, 1),
-        "records_per_request": 1,
-        "latency_per_request": common.percentiles_ms(latencies),
-    }
+    return common.produce_summary(
+        "nats-py publish_async", counts, errors, elapsed, record_size, latencies, per_request=1
+    )
 
 
 # ---- consume (catch-up) -----------------------------------------------------------------------
@@ -336,16 +310,8 @@ async def consume(
         window.close()  # type: ignore[attr-defined]
     finally:
         await nc.close()
-    rate = received / elapsed
     path = f"nats-py pull fetch({fetch_batch})" if mode == "pull" else "nats-py ordered push consumer"
-    return {
-        "path": path,
-        "records": received,
-        "elapsed_s": round(elapsed, 3),
-        "records_per_s": round(rate),
-        "mb_per_s": round(rate * record_size / 1e6, 1),
-        "complete": received >= count,
-    }
+    return common.read_summary(path, received, count, elapsed, record_size)
 
 
 # ---- end-to-end latency -----------------------------------------------------------------------
@@ -359,13 +325,9 @@ async def e2e_produce(
     nc, js = await connect(urls)
     sent = 0
     try:
-        start = time.perf_counter()
-        stop_at = start + duration_s
-        while True:
-            now = time.perf_counter()
-            if now >= stop_at:
-                break
-            due = start + sent / rate
+        clock = common.SendClock(duration_s)
+        for now in clock:
+            due = clock.start + sent / rate
             if due > now:
                 await asyncio.sleep(due - now)
                 continue
@@ -405,18 +367,13 @@ async def e2e_consume(urls: list[str], *, expected: int, timeout_s: float) -> di
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    return common.e2e_consumer_main(
+        __doc__,
+        lambda consumer: consumer.add_argument("--urls", required=True),
+        lambda args: asyncio.run(
+            e2e_consume(args.urls.split(","), expected=args.expected, timeout_s=args.timeout_s)
+        ),
     )
-    sub = parser.add_subparsers(dest="role", required=True)
-    consumer = sub.add_parser("e2e-consumer", help="(used by e2e) read and time records; JSON on stdout")
-    consumer.add_argument("--urls", required=True)
-    consumer.add_argument("--expected", type=int, required=True)
-    consumer.add_argument("--timeout-s", type=float, required=True)
-    args = parser.parse_args()
-    result = asyncio.run(e2e_consume(args.urls.split(","), expected=args.expected, timeout_s=args.timeout_s))
-    print(json.dumps(result), flush=True)
-    return 0
 
 
 if __name__ == "__main__":

@@ -17,14 +17,10 @@ pid) here, with its data in a temporary directory. Run it alone: --help.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import struct
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,15 +105,8 @@ class RedisCluster:
             common.stop_process(proc)  # type: ignore[arg-type]
 
 
-@contextlib.contextmanager
-def redis_cluster(replicas: int = REPLICAS) -> Iterator[RedisCluster]:
-    with tempfile.TemporaryDirectory(prefix="hw-bench-redis-") as tmp:
-        cluster = RedisCluster(Path(tmp), replicas)
-        try:
-            cluster.start()
-            yield cluster
-        finally:
-            cluster.stop()
+def redis_cluster(replicas: int = REPLICAS) -> contextlib.AbstractContextManager[RedisCluster]:
+    return common.running_in_tmp_dir("hw-bench-redis-", lambda tmp: RedisCluster(tmp, replicas))
 
 
 def client(port: int):  # type: ignore[no-untyped-def]
@@ -153,18 +142,13 @@ def produce(
     errors: dict[str, int] = {}
 
     def run(seconds: float, record: bool) -> float:
-        start = time.perf_counter()
-        stop_at = start + seconds
+        clock = common.SendClock(seconds)
         sent = 0
-        while True:
-            now = time.perf_counter()
-            if now >= stop_at:
-                break
-            if throughput > 0:
-                due = start + sent / throughput
-                if due > now:
-                    time.sleep(min(due - now, 0.05))
-                    continue
+        for now in clock:
+            wait = common.pacing_delay(clock.start, sent, throughput, now)
+            if wait:
+                time.sleep(wait)
+                continue
             sent_at = time.perf_counter()
             pipe = r.pipeline(transaction=False)
             for _ in range(batch):
@@ -181,7 +165,7 @@ def produce(
                 counts["failed"] += batch
                 errors["WAIT short of replicas"] = errors.get("WAIT short of replicas", 0) + 1
         counts["sent"] += sent
-        return time.perf_counter() - start
+        return time.perf_counter() - clock.start
 
     try:
         if warmup_s > 0:
@@ -192,19 +176,15 @@ def produce(
         window.close()  # type: ignore[attr-defined]
     finally:
         r.close()
-    rate = counts["acked"] / elapsed
-    return {
-        "path": f"redis-py pipeline({batch} XADD)+WAIT {REPLICAS}",
-        "records_sent": counts["sent"],
-        "records_acked": counts["acked"],
-        "records_failed": counts["failed"],
-        "errors": errors,
-        "elapsed_s": round(elapsed, 3),
-        "records_per_s": round(rate),
-        "mb_per_s": round(rate * record_size / 1e6, 1),
-        "records_per_request": batch,
-        "latency_per_request": common.percentiles_ms(latencies),
-    }
+    return common.produce_summary(
+        f"redis-py pipeline({batch} XADD)+WAIT {REPLICAS}",
+        counts,
+        errors,
+        elapsed,
+        record_size,
+        latencies,
+        per_request=batch,
+    )
 
 
 # ---- consume (catch-up) -----------------------------------------------------------------------
@@ -248,15 +228,7 @@ def consume(
         window.close()  # type: ignore[attr-defined]
     finally:
         r.close()
-    rate = received / elapsed
-    return {
-        "path": f"redis-py XRANGE COUNT {fetch_batch}",
-        "records": received,
-        "elapsed_s": round(elapsed, 3),
-        "records_per_s": round(rate),
-        "mb_per_s": round(rate * record_size / 1e6, 1),
-        "complete": received >= count,
-    }
+    return common.read_summary(f"redis-py XRANGE COUNT {fetch_batch}", received, count, elapsed, record_size)
 
 
 # ---- end-to-end latency -----------------------------------------------------------------------
@@ -269,15 +241,11 @@ def e2e_produce(port: int, *, rate: float, duration_s: float, record_size: int) 
     r = client(port)
     sent = 0
     try:
-        start = time.perf_counter()
-        stop_at = start + duration_s
-        while True:
-            now = time.perf_counter()
-            if now >= stop_at:
-                break
-            due_count = min(int((now - start) * rate) + 1, int(duration_s * rate)) - sent
+        clock = common.SendClock(duration_s)
+        for now in clock:
+            due_count = min(int((now - clock.start) * rate) + 1, int(duration_s * rate)) - sent
             if due_count <= 0:
-                time.sleep(max(start + sent / rate - now, 0))
+                time.sleep(max(clock.start + sent / rate - now, 0))
                 continue
             pipe = r.pipeline(transaction=False)
             for _ in range(due_count):
@@ -319,17 +287,11 @@ def e2e_consume(port: int, *, expected: int, timeout_s: float) -> dict[str, obje
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    return common.e2e_consumer_main(
+        __doc__,
+        lambda consumer: consumer.add_argument("--port", type=int, required=True),
+        lambda args: e2e_consume(args.port, expected=args.expected, timeout_s=args.timeout_s),
     )
-    sub = parser.add_subparsers(dest="role", required=True)
-    consumer = sub.add_parser("e2e-consumer", help="(used by e2e) read and time records; JSON on stdout")
-    consumer.add_argument("--port", type=int, required=True)
-    consumer.add_argument("--expected", type=int, required=True)
-    consumer.add_argument("--timeout-s", type=float, required=True)
-    args = parser.parse_args()
-    print(json.dumps(e2e_consume(args.port, expected=args.expected, timeout_s=args.timeout_s)), flush=True)
-    return 0
 
 
 if __name__ == "__main__":

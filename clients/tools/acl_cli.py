@@ -25,6 +25,7 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -101,6 +102,13 @@ def acl_group() -> None:
 
 
 def _binding_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that name ACLs (--principal ... --deny); the command gets them as `bindings`,
+    every principal x operation x resource given (see _bindings)."""
+
+    @functools.wraps(f)
+    def command(**given: Any) -> Any:
+        return f(bindings=_bindings(**given))
+
     options = [
         click.option(
             "--principal",
@@ -129,8 +137,8 @@ def _binding_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--deny", is_flag=True, help="A deny ACL (default: allow). Deny wins."),
     ]
     for option in reversed(options):
-        f = option(f)
-    return f
+        command = option(command)
+    return command
 
 
 def _bindings(
@@ -171,21 +179,11 @@ def _bindings(
 @_binding_options
 @_legacy_etcd_option
 @click.pass_context
-def acl_add(
-    ctx: click.Context,
-    principals: tuple[str, ...],
-    operations: tuple[str, ...],
-    topics: tuple[str, ...],
-    groups: tuple[str, ...],
-    cluster: bool,
-    prefixed: bool,
-    deny: bool,
-) -> None:
+def acl_add(ctx: click.Context, bindings: list[AclBinding]) -> None:
     """Add ACLs: every principal x operation x resource given.
 
     Example: highwater acl add --principal User:alice --operation Read --operation Write --topic orders
     """
-    bindings = _bindings(principals, operations, topics, groups, cluster, prefixed, deny)
     with _admin(ctx) as admin:
         outcome = admin.create_acls(bindings)
     for b in bindings:
@@ -198,21 +196,11 @@ def acl_add(
 @_binding_options
 @_legacy_etcd_option
 @click.pass_context
-def acl_remove(
-    ctx: click.Context,
-    principals: tuple[str, ...],
-    operations: tuple[str, ...],
-    topics: tuple[str, ...],
-    groups: tuple[str, ...],
-    cluster: bool,
-    prefixed: bool,
-    deny: bool,
-) -> None:
+def acl_remove(ctx: click.Context, bindings: list[AclBinding]) -> None:
     """Remove ACLs (the same arguments as add).
 
     Example: highwater acl remove --principal User:alice --operation Write --topic orders
     """
-    bindings = _bindings(principals, operations, topics, groups, cluster, prefixed, deny)
     with _admin(ctx) as admin:
         outcome = admin.delete_acls(bindings)
     removed = sum(outcome.values())

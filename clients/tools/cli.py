@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
@@ -32,7 +32,6 @@ from clients.admin import Admin
 from clients.common import errors as wire_errors
 from clients.config import (
     BATCH_SIZE_BYTES_DEFAULT,
-    DEFAULT_BOOTSTRAP,
     DELIVERY_TIMEOUT_MS_DEFAULT,
     LINGER_MS_DEFAULT,
     MAX_REQUEST_BYTES_DEFAULT,
@@ -41,6 +40,7 @@ from clients.config import (
 from clients.consumer import Consumer
 from clients.errors import GatewayUnavailable, HighwaterError, InvalidArgument
 from clients.producer import Producer
+from clients.tools.status import bootstrap_option, output_option
 from clients.types import TopicPartition
 
 # Produce runs at least this long get a progress bar (when stderr is a terminal).
@@ -166,6 +166,22 @@ def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
+def make_table(
+    columns: Sequence[str],
+    rows: Iterable[Sequence[str]],
+    title: str | None = None,
+    right: Collection[str] = (),
+) -> Table:
+    """A table with a left-aligned title (rich markup: escape what is not) whose `right` columns are
+    right-justified (numbers)."""
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, justify="right" if column in right else "left")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
 def parse_key_values(pairs: tuple[str, ...], what: str) -> dict[str, str]:
     result: dict[str, str] = {}
     for pair in pairs:
@@ -202,23 +218,8 @@ def text_of(data: bytes | None) -> str | None:
 
 
 @click.group(cls=HighwaterGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--bootstrap",
-    "-b",
-    envvar="HIGHWATER_BOOTSTRAP",
-    default=DEFAULT_BOOTSTRAP,
-    show_default=True,
-    metavar="HOST:PORT[,HOST:PORT]",
-    help="Gateway addresses (env HIGHWATER_BOOTSTRAP); failover in order.",
-)
-@click.option(
-    "--output",
-    "-o",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="Tables for people, JSON for scripts.",
-)
+@bootstrap_option("Gateway addresses (env HIGHWATER_BOOTSTRAP); failover in order.")
+@output_option("Tables for people, JSON for scripts.")
 @click.option(
     "--request-timeout-ms",
     "timeout_ms",
@@ -421,18 +422,19 @@ def topic_describe(obj: CliContext, names: tuple[str, ...]) -> None:
     for d in descriptions:
         under = sum(1 for p in d.partitions if len(p.isr) < len(p.replicas))
         title = f"{d.name}  ({len(d.partitions)} partitions, id {d.topic_id})"
-        table = Table(title=escape(title), title_justify="left")
-        for column in ("partition", "leader", "leader epoch", "replicas", "ISR", "offline"):
-            table.add_column(
-                column, justify="right" if column in ("partition", "leader", "leader epoch") else "left"
+        rows = [
+            (
+                str(p.partition),
+                "[red]none[/red]" if p.leader < 0 else str(p.leader),
+                str(p.leader_epoch),
+                ids(p.replicas),
+                ids(p.isr) if len(p.isr) >= len(p.replicas) else f"[yellow]{ids(p.isr)}[/yellow]",
+                ids(p.offline_replicas),
             )
-        for p in d.partitions:
-            leader = "[red]none[/red]" if p.leader < 0 else str(p.leader)
-            isr = ids(p.isr) if len(p.isr) >= len(p.replicas) else f"[yellow]{ids(p.isr)}[/yellow]"
-            table.add_row(
-                str(p.partition), leader, str(p.leader_epoch), ids(p.replicas), isr, ids(p.offline_replicas)
-            )
-        console.print(table)
+            for p in d.partitions
+        ]
+        columns = ("partition", "leader", "leader epoch", "replicas", "ISR", "offline")
+        console.print(make_table(columns, rows, escape(title), right=("partition", "leader", "leader epoch")))
         if under:
             console.print(f"[yellow]{under} partition(s) under-replicated[/yellow]")
 
@@ -842,14 +844,9 @@ def cluster_describe(obj: CliContext) -> None:
     if d.cluster_id:
         console.print(f"cluster id: [bold]{escape(d.cluster_id)}[/bold]")
     console.print(f"controller: {controller}")
-    table = Table(title="nodes", title_justify="left")
-    for column in ("role", "id", "address", "rack"):
-        table.add_column(column)
-    for b in d.brokers:
-        table.add_row("broker", str(b.node_id), b.address, b.rack)
-    for g in d.gateways:
-        table.add_row("gateway", str(g.node_id), g.address, "")
-    console.print(table)
+    rows = [("broker", str(b.node_id), b.address, b.rack) for b in d.brokers]
+    rows += [("gateway", str(g.node_id), g.address, "") for g in d.gateways]
+    console.print(make_table(("role", "id", "address", "rack"), rows, "nodes"))
 
 
 # --- reassignments and elections ------------------------------------------------------------------
@@ -928,14 +925,11 @@ def reassign_list(obj: CliContext, partitions: tuple[str, ...]) -> None:
     if not rows:
         out().print("no reassignment in progress")
         return
-    table = Table()
-    for column in ("topic", "partition", "replicas", "adding", "removing"):
-        table.add_column(column)
-    for r in rows:
-        table.add_row(
-            r.topic, str(r.partition), ids(r.replicas), ids(r.adding_replicas), ids(r.removing_replicas)
-        )
-    out().print(table)
+    table = [
+        (r.topic, str(r.partition), ids(r.replicas), ids(r.adding_replicas), ids(r.removing_replicas))
+        for r in rows
+    ]
+    out().print(make_table(("topic", "partition", "replicas", "adding", "removing"), table))
 
 
 @reassign.command("cancel")
@@ -1029,12 +1023,9 @@ def groups_list(obj: CliContext) -> None:
     if not listing:
         out().print("no consumer groups")
         return
-    table = Table(title="consumer groups", title_justify="left")
-    for column in ("group", "state", "members", "epoch"):
-        table.add_column(column, justify="left" if column in ("group", "state") else "right")
-    for g in listing:
-        table.add_row(escape(g.group_id), g.state, str(g.members), str(g.group_epoch))
-    out().print(table)
+    rows = [(escape(g.group_id), g.state, str(g.members), str(g.group_epoch)) for g in listing]
+    columns = ("group", "state", "members", "epoch")
+    out().print(make_table(columns, rows, "consumer groups", right=("members", "epoch")))
 
 
 def _tps_text(tps: list[TopicPartition]) -> str:
@@ -1067,11 +1058,8 @@ def groups_describe(obj: CliContext, group: str) -> None:
         f"{len(d.members)} member(s), assignor {d.assignor}"
     )
     if d.members:
-        table = Table(title="members", title_justify="left")
-        for column in ("member id", "instance id", "host", "client id", "epoch", "partitions", "target"):
-            table.add_column(column)
-        for m in d.members:
-            table.add_row(
+        members = [
+            (
                 m.member_id,
                 escape(m.instance_id or "-"),
                 m.client_host,
@@ -1080,16 +1068,16 @@ def groups_describe(obj: CliContext, group: str) -> None:
                 escape(_tps_text(m.assignment)),
                 escape(_tps_text(m.target_assignment)),
             )
-        out().print(table)
+            for m in d.members
+        ]
+        columns = ("member id", "instance id", "host", "client id", "epoch", "partitions", "target")
+        out().print(make_table(columns, members, "members"))
     if not d.offsets:
         out().print("no committed offsets")
         return
     owner = {tp: m.member_id for m in d.members for tp in m.assignment}
-    table = Table(title="offsets", title_justify="left")
-    for column in ("topic", "partition", "committed offset", "end offset", "lag", "member id"):
-        table.add_column(column, justify="left" if column in ("topic", "member id") else "right")
-    for r in d.offsets:
-        table.add_row(
+    offsets = [
+        (
             escape(r.topic),
             str(r.partition),
             str(r.committed_offset) if r.committed_offset >= 0 else "-",
@@ -1097,7 +1085,11 @@ def groups_describe(obj: CliContext, group: str) -> None:
             "-" if r.lag is None else str(r.lag),
             owner.get(TopicPartition(r.topic, r.partition), "-"),
         )
-    out().print(table)
+        for r in d.offsets
+    ]
+    offset_columns = ("topic", "partition", "committed offset", "end offset", "lag", "member id")
+    right = ("partition", "committed offset", "end offset", "lag")
+    out().print(make_table(offset_columns, offsets, "offsets", right=right))
 
 
 @groups.command("delete")
@@ -1176,15 +1168,10 @@ def groups_reset_offsets(
             [{"topic": tp.topic, "partition": tp.partition, "offset": o} for tp, o in sorted(new.items())]
         )
         return
-    table = Table(
-        title=escape(f"group {group}: new offsets{' (dry run, nothing committed)' if dry_run else ''}"),
-        title_justify="left",
-    )
-    for column in ("topic", "partition", "new offset"):
-        table.add_column(column, justify="left" if column == "topic" else "right")
-    for tp, offset in sorted(new.items()):
-        table.add_row(escape(tp.topic), str(tp.partition), str(offset))
-    out().print(table)
+    title = escape(f"group {group}: new offsets{' (dry run, nothing committed)' if dry_run else ''}")
+    rows = [(escape(tp.topic), str(tp.partition), str(offset)) for tp, offset in sorted(new.items())]
+    right = ("partition", "new offset")
+    out().print(make_table(("topic", "partition", "new offset"), rows, title, right=right))
 
 
 def _parse_datetime_ms(text: str) -> int:

@@ -20,8 +20,10 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
 
 import click
 import grpc
@@ -33,6 +35,8 @@ from rich.table import Table
 
 from clients.config import DEFAULT_BOOTSTRAP
 from protos.highwater.v1 import common_pb2, gateway_pb2_grpc
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 # DescribeCluster goes gateway -> active controller; a healthy cluster answers in
 # milliseconds, a controller election can take a lease TTL (6 s by default).
@@ -297,24 +301,35 @@ def _colour(n: int, colour: str) -> str:
     return f"[{colour}]{n}[/{colour}]" if n else "0"
 
 
+def bootstrap_option(help_text: str) -> Callable[[F], F]:
+    """`--bootstrap/-b HOST:PORT[,HOST:PORT]` (env HIGHWATER_BOOTSTRAP). Defined here, not in
+    cli.py, because cli.py imports this module; the root `highwater` command uses it too."""
+    return click.option(
+        "--bootstrap",
+        "-b",
+        envvar="HIGHWATER_BOOTSTRAP",
+        default=DEFAULT_BOOTSTRAP,
+        show_default=True,
+        metavar="HOST:PORT[,HOST:PORT]",
+        help=help_text,
+    )
+
+
+def output_option(help_text: str) -> Callable[[F], F]:
+    """`--output/-o table|json` (default table), here for the same reason as bootstrap_option."""
+    return click.option(
+        "--output",
+        "-o",
+        type=click.Choice(["table", "json"]),
+        default="table",
+        show_default=True,
+        help=help_text,
+    )
+
+
 @click.command("status")
-@click.option(
-    "--bootstrap",
-    "-b",
-    envvar="HIGHWATER_BOOTSTRAP",
-    default=DEFAULT_BOOTSTRAP,
-    show_default=True,
-    metavar="HOST:PORT[,HOST:PORT]",
-    help="Gateway addresses (env HIGHWATER_BOOTSTRAP), tried in order.",
-)
-@click.option(
-    "--output",
-    "-o",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="A table for people, JSON for scripts.",
-)
+@bootstrap_option("Gateway addresses (env HIGHWATER_BOOTSTRAP), tried in order.")
+@output_option("A table for people, JSON for scripts.")
 def status_command(bootstrap: str, output: str) -> None:
     """Show the controller, brokers (rack, up/down, lag) and partition health.
 

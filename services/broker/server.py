@@ -30,9 +30,8 @@ from services.broker import metrics
 from services.broker.replica_manager import ReplicaManager
 from services.common import limits
 from services.common.peers import PeerChannels
-from services.common.server import ServiceRuntime
+from services.common.server import ServiceProcess
 from services.security.config import SecurityConfig
-from services.security.runtime import ServiceSecurity
 
 log = logging.getLogger("highwater.broker")
 
@@ -187,26 +186,19 @@ async def serve(config: BrokerConfig) -> None:
     config.check()
     prepare_data_dir(config.data_dir)
     raise_open_files_limit()
-    store = await EtcdStore.connect(
-        config.etcd_endpoints, prefix=config.etcd_prefix, tls=config.security.etcd_tls()
+    process = await ServiceProcess.start(
+        config,
+        name=f"broker-{config.broker_id}",
+        service_name=broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name,
+        log=log,
     )
-    security = await ServiceSecurity.start(config.security, store)
-    peers = PeerChannels()
-    controller = ControllerClient(store, peers)
+    store, runtime = process.store, process.runtime
+    controller = ControllerClient(store, process.peers)
     replicas = ReplicaManager(
         broker_id=config.broker_id,
         data_dir=config.data_dir,
         call_controller=controller.call,
         replica_lag_time_max_ms=config.replica_lag_time_max_ms,
-    )
-    runtime = ServiceRuntime(
-        name=f"broker-{config.broker_id}",
-        host=config.host,
-        port=config.port,
-        metrics_port=config.metrics_port,
-        ready_file=config.ready_file,
-        service_names=[broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name],
-        security=security,
     )
     # The generated *_pb2_grpc module is unannotated.
     broker_pb2_grpc.add_BrokerServiceServicer_to_server(  # type: ignore[no-untyped-call]
@@ -268,12 +260,6 @@ async def serve(config: BrokerConfig) -> None:
         lease_watcher.cancel()
         await replicas.controlled_shutdown()
         await replicas.close()
-        try:
-            await registration.lease.stop(revoke=True)
-        except Exception as exc:
-            log.warning("could not revoke the lease: %s", exc)
-        await peers.close()
-        await security.close()
-        await store.close()
+        await process.close(registration)
 
     await runtime.run_until_stopped(on_stop)

@@ -19,7 +19,27 @@ def method_name(handler_call_details: grpc.HandlerCallDetails) -> str:
     return method.decode() if isinstance(method, bytes) else method
 
 
-class WrappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc.aio is untyped
+class MethodInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc.aio is untyped
+    """An interceptor that decides per method, from the handler gRPC found for the call."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        return self._intercept(method_name(handler_call_details), handler, handler_call_details)
+
+    def _intercept(
+        self, method: str, handler: grpc.RpcMethodHandler, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler:
+        """The handler to serve `method` with: `handler` itself, or one in its place."""
+        raise NotImplementedError
+
+
+class WrappingInterceptor(MethodInterceptor):
     """An interceptor that replaces the handlers of the methods it `wants` with `_wrap(method, handler)`."""
 
     def __init__(self) -> None:
@@ -31,15 +51,9 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # 
     def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         raise NotImplementedError
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Any:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = method_name(handler_call_details)
+    def _intercept(
+        self, method: str, handler: grpc.RpcMethodHandler, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler:
         if not self.wants(method, handler):
             return handler
         cached = self._wrapped.get(method)

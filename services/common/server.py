@@ -21,7 +21,7 @@ import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 import prometheus_client
@@ -32,8 +32,17 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 from grpc_reflection.v1alpha._async import ReflectionServicer
 
+from coordinator.store import EtcdStore
 from services.common import limits
 from services.common.request_guard import MalformedRequestGuard
+from services.security.config import SecurityConfig
+from services.security.runtime import ServiceSecurity
+
+if TYPE_CHECKING:
+    # services.common.peers imports this module (channel_options); PeerChannels is imported
+    # where it is made, in ServiceProcess.start.
+    from coordinator.registration import Registration
+    from services.common.peers import PeerChannels
 
 log = logging.getLogger("highwater.server")
 
@@ -243,6 +252,74 @@ class ServiceRuntime:
         if self.ready_file is not None:
             self.ready_file.unlink(missing_ok=True)
         log.info("%s stopped", self.name)
+
+
+class ServiceConfig(Protocol):
+    """The settings every service's config carries (BrokerConfig, ControllerConfig, GatewayConfig)."""
+
+    @property
+    def etcd_endpoints(self) -> list[str]: ...
+    @property
+    def etcd_prefix(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def metrics_port(self) -> int | None: ...
+    @property
+    def ready_file(self) -> Path | None: ...
+    @property
+    def security(self) -> SecurityConfig: ...
+
+
+@dataclass
+class ServiceProcess:
+    """What every service's serve() starts from and closes last: etcd, security, peers, runtime.
+
+    process = await ServiceProcess.start(config, name="broker-1", service_name=..., log=log)
+    add_XServicer_to_server(servicer, process.runtime.server)
+    ...
+    await process.close(registration)  # last step of on_stop
+    """
+
+    store: EtcdStore
+    security: ServiceSecurity
+    peers: PeerChannels
+    runtime: ServiceRuntime
+    log: logging.Logger  # the service's own logger, for what close() has to report
+
+    @classmethod
+    async def start(
+        cls, config: ServiceConfig, *, name: str, service_name: str, log: logging.Logger
+    ) -> ServiceProcess:
+        from services.common.peers import PeerChannels
+
+        store = await EtcdStore.connect(
+            config.etcd_endpoints, prefix=config.etcd_prefix, tls=config.security.etcd_tls()
+        )
+        security = await ServiceSecurity.start(config.security, store)
+        runtime = ServiceRuntime(
+            name=name,
+            host=config.host,
+            port=config.port,
+            metrics_port=config.metrics_port,
+            ready_file=config.ready_file,
+            service_names=[service_name],
+            security=security,
+        )
+        return cls(store=store, security=security, peers=PeerChannels(), runtime=runtime, log=log)
+
+    async def close(self, registration: Registration | None = None) -> None:
+        """Revoke the registration's lease (so others see us gone at once), then close the rest."""
+        if registration is not None:
+            try:
+                await registration.lease.stop(revoke=True)
+            except Exception as exc:
+                self.log.warning("could not revoke the lease: %s", exc)
+        await self.peers.close()
+        await self.security.close()
+        await self.store.close()
 
 
 def configure_logging(level: str = "INFO", json_logs: bool = False) -> None:

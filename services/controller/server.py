@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -27,13 +27,12 @@ from coordinator.election import ControllerElection, ControllerFenced, current_c
 from coordinator.store import CoordinatorError, EtcdStore
 from protos.highwater.v1 import common_pb2, controller_pb2, controller_pb2_grpc
 from services.common import limits
-from services.common.peers import PeerChannels
 from services.common.request_checks import init_producer_id_problem
-from services.common.server import ServiceRuntime
+from services.common.server import ServiceProcess
 from services.controller import deletion, handlers, metrics, reassignment, results, security_admin
+from services.controller.context import ControllerContext
 from services.controller.event_loop import ControllerEventLoop, ControllerResigned
 from services.security.config import SecurityConfig
-from services.security.runtime import ServiceSecurity
 
 log = logging.getLogger("highwater.controller")
 
@@ -57,6 +56,43 @@ class ControllerConfig:
     leader_imbalance_per_broker_percentage: int = 10
     ready_file: Any = None
     security: SecurityConfig = field(default_factory=SecurityConfig)
+
+
+Req = TypeVar("Req")
+ServicerMethod = Callable[["ControllerServicer", Req, grpc.aio.ServicerContext], Awaitable[R]]
+
+
+def _event_loop_rpc(
+    name: str,
+    response_cls: Callable[..., R],
+    handle: Callable[[ControllerContext, Req], results.ControllerResult],
+    *,
+    wait_rpcs: bool = False,
+) -> ServicerMethod[Req, R]:
+    """A ControllerService method decided by `handle` on the event loop (`ControllerServicer._run`).
+
+    grpc finds the method by its name on the servicer: `name`.
+    """
+
+    async def method(self: ControllerServicer, request: Req, context: grpc.aio.ServicerContext) -> R:
+        return await self._run(name, response_cls, lambda lp: handle(lp.ctx, request), wait_rpcs=wait_rpcs)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+def _security_rpc(
+    name: str,
+    response_cls: Callable[..., R],
+    decide: Callable[[security_admin.SecurityState, Req], security_admin.Decision],
+) -> ServicerMethod[Req, R]:
+    """A security admin method decided by `decide` (`ControllerServicer._security`), named `name`."""
+
+    async def method(self: ControllerServicer, request: Req, context: grpc.aio.ServicerContext) -> R:
+        return await self._security(name, response_cls, lambda state: decide(state, request))
+
+    method.__name__ = method.__qualname__ = name
+    return method
 
 
 class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
@@ -120,15 +156,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
         response: R = result.response  # the handler's answer, a response_cls message
         return response
 
-    async def CreateTopics(
-        self, request: common_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
-    ) -> common_pb2.CreateTopicsResponse:
-        return await self._run(
-            "CreateTopics",
-            common_pb2.CreateTopicsResponse,
-            lambda lp: handlers.on_create_topics(lp.ctx, request),
-            wait_rpcs=True,
-        )
+    CreateTopics = _event_loop_rpc(
+        "CreateTopics", common_pb2.CreateTopicsResponse, handlers.on_create_topics, wait_rpcs=True
+    )
 
     async def DeleteTopics(
         self, request: common_pb2.DeleteTopicsRequest, context: grpc.aio.ServicerContext
@@ -158,34 +188,17 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
                 )
         return response
 
-    async def CreatePartitions(
-        self, request: common_pb2.CreatePartitionsRequest, context: grpc.aio.ServicerContext
-    ) -> common_pb2.CreatePartitionsResponse:
-        return await self._run(
-            "CreatePartitions",
-            common_pb2.CreatePartitionsResponse,
-            lambda lp: handlers.on_create_partitions(lp.ctx, request),
-            wait_rpcs=True,
-        )
+    CreatePartitions = _event_loop_rpc(
+        "CreatePartitions", common_pb2.CreatePartitionsResponse, handlers.on_create_partitions, wait_rpcs=True
+    )
 
-    async def ElectLeaders(
-        self, request: common_pb2.ElectLeadersRequest, context: grpc.aio.ServicerContext
-    ) -> common_pb2.ElectLeadersResponse:
-        return await self._run(
-            "ElectLeaders",
-            common_pb2.ElectLeadersResponse,
-            lambda lp: handlers.on_elect_leaders(lp.ctx, request),
-            wait_rpcs=True,
-        )
+    ElectLeaders = _event_loop_rpc(
+        "ElectLeaders", common_pb2.ElectLeadersResponse, handlers.on_elect_leaders, wait_rpcs=True
+    )
 
-    async def AlterPartition(
-        self, request: controller_pb2.AlterPartitionRequest, context: grpc.aio.ServicerContext
-    ) -> controller_pb2.AlterPartitionResponse:
-        return await self._run(
-            "AlterPartition",
-            controller_pb2.AlterPartitionResponse,
-            lambda lp: handlers.on_alter_partition(lp.ctx, request),
-        )
+    AlterPartition = _event_loop_rpc(
+        "AlterPartition", controller_pb2.AlterPartitionResponse, handlers.on_alter_partition
+    )
 
     async def ControlledShutdown(
         self, request: controller_pb2.ControlledShutdownRequest, context: grpc.aio.ServicerContext
@@ -197,15 +210,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             wait_rpcs=True,
         )
 
-    async def AlterPartitionReassignments(
-        self, request: common_pb2.AlterPartitionReassignmentsRequest, context: grpc.aio.ServicerContext
-    ) -> common_pb2.AlterPartitionReassignmentsResponse:
-        return await self._run(
-            "AlterPartitionReassignments",
-            common_pb2.AlterPartitionReassignmentsResponse,
-            lambda lp: reassignment.on_alter_reassignments(lp.ctx, request),
-            wait_rpcs=True,
-        )
+    AlterPartitionReassignments = _event_loop_rpc(
+        "AlterPartitionReassignments",
+        common_pb2.AlterPartitionReassignmentsResponse,
+        reassignment.on_alter_reassignments,
+        wait_rpcs=True,
+    )
 
     async def ListPartitionReassignments(
         self, request: common_pb2.ListPartitionReassignmentsRequest, context: grpc.aio.ServicerContext
@@ -270,32 +280,13 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             response: R = decision.response
             return response
 
-    async def CreateAcls(
-        self, request: controller_pb2.CreateAclsRequest, context: grpc.aio.ServicerContext
-    ) -> controller_pb2.CreateAclsResponse:
-        return await self._security(
-            "CreateAcls",
-            controller_pb2.CreateAclsResponse,
-            lambda state: security_admin.create_acls(state, request),
-        )
+    CreateAcls = _security_rpc("CreateAcls", controller_pb2.CreateAclsResponse, security_admin.create_acls)
 
-    async def DeleteAcls(
-        self, request: controller_pb2.DeleteAclsRequest, context: grpc.aio.ServicerContext
-    ) -> controller_pb2.DeleteAclsResponse:
-        return await self._security(
-            "DeleteAcls",
-            controller_pb2.DeleteAclsResponse,
-            lambda state: security_admin.delete_acls(state, request),
-        )
+    DeleteAcls = _security_rpc("DeleteAcls", controller_pb2.DeleteAclsResponse, security_admin.delete_acls)
 
-    async def DescribeAcls(
-        self, request: controller_pb2.DescribeAclsRequest, context: grpc.aio.ServicerContext
-    ) -> controller_pb2.DescribeAclsResponse:
-        return await self._security(
-            "DescribeAcls",
-            controller_pb2.DescribeAclsResponse,
-            lambda state: security_admin.describe_acls(state, request),
-        )
+    DescribeAcls = _security_rpc(
+        "DescribeAcls", controller_pb2.DescribeAclsResponse, security_admin.describe_acls
+    )
 
     async def CreateToken(
         self, request: controller_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext
@@ -307,23 +298,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             lambda state: security_admin.create_token(state, request, now_ms=now_ms),
         )
 
-    async def RevokeToken(
-        self, request: controller_pb2.RevokeTokenRequest, context: grpc.aio.ServicerContext
-    ) -> controller_pb2.RevokeTokenResponse:
-        return await self._security(
-            "RevokeToken",
-            controller_pb2.RevokeTokenResponse,
-            lambda state: security_admin.revoke_token(state, request),
-        )
+    RevokeToken = _security_rpc(
+        "RevokeToken", controller_pb2.RevokeTokenResponse, security_admin.revoke_token
+    )
 
-    async def ListTokens(
-        self, request: controller_pb2.ListTokensRequest, context: grpc.aio.ServicerContext
-    ) -> controller_pb2.ListTokensResponse:
-        return await self._security(
-            "ListTokens",
-            controller_pb2.ListTokensResponse,
-            lambda state: security_admin.list_tokens(state, request),
-        )
+    ListTokens = _security_rpc("ListTokens", controller_pb2.ListTokensResponse, security_admin.list_tokens)
 
     async def InitProducerId(
         self, request: common_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext
@@ -363,21 +342,14 @@ def _config(configs: dict[str, str]) -> common_pb2.TopicConfig:
 
 
 async def serve(config: ControllerConfig) -> None:
-    store = await EtcdStore.connect(
-        config.etcd_endpoints, prefix=config.etcd_prefix, tls=config.security.etcd_tls()
-    )
-    security = await ServiceSecurity.start(config.security, store)
-    peers = PeerChannels()
-    servicer = ControllerServicer(store)
-    runtime = ServiceRuntime(
+    process = await ServiceProcess.start(
+        config,
         name=f"controller-{config.controller_id}",
-        host=config.host,
-        port=config.port,
-        metrics_port=config.metrics_port,
-        ready_file=config.ready_file,
-        service_names=[controller_pb2.DESCRIPTOR.services_by_name["ControllerService"].full_name],
-        security=security,
+        service_name=controller_pb2.DESCRIPTOR.services_by_name["ControllerService"].full_name,
+        log=log,
     )
+    store, peers, runtime = process.store, process.peers, process.runtime
+    servicer = ControllerServicer(store)
     # Generated by grpcio-tools without annotations (pyproject.toml: protos.* is not checked).
     controller_pb2_grpc.add_ControllerServiceServicer_to_server(servicer, runtime.server)  # type: ignore[no-untyped-call]
     await runtime.start()
@@ -457,8 +429,6 @@ async def serve(config: ControllerConfig) -> None:
             await actor
         except (asyncio.CancelledError, Exception):
             pass
-        await peers.close()
-        await security.close()
-        await store.close()
+        await process.close()
 
     await runtime.run_until_stopped(on_stop)

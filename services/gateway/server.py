@@ -15,7 +15,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -35,12 +35,11 @@ from services.common import limits
 from services.common.metadata_cache import MetadataCache
 from services.common.peers import PeerChannels
 from services.common.request_checks import consumer_fetch_problem, produce_request_problem
-from services.common.server import ServiceRuntime
+from services.common.server import ServiceProcess
 from services.gateway import metrics, record_level, routing
 from services.gateway.groups import GROUP_ERROR_CODES, GROUP_ERROR_MESSAGES, GroupService, GroupStateConflict
 from services.gateway.record_producer import RecordProducer
 from services.security.config import SecurityConfig
-from services.security.runtime import ServiceSecurity
 
 log = logging.getLogger("highwater.gateway")
 
@@ -69,6 +68,26 @@ class GatewayConfig:
     lease_ttl_s: int = limits.LEASE_TTL_S
     ready_file: Any = None
     security: SecurityConfig = field(default_factory=SecurityConfig)
+
+
+Req = TypeVar("Req")
+
+
+def _pass_through(
+    rpc: str, request_cls: type[Req], response_cls: Callable[..., R], *, pass_refusals: bool = False
+) -> Callable[[GatewayServicer, Req, grpc.aio.ServicerContext], Awaitable[R]]:
+    """A GatewayService method that hands its request to the active controller (`_admin`).
+
+    With `pass_refusals`, the controller's authorization refusals reach the client as their
+    status (see `_admin`). `request_cls` only types the method. grpc finds the method by its
+    name on the servicer: `rpc`.
+    """
+
+    async def method(self: GatewayServicer, request: Req, context: grpc.aio.ServicerContext) -> R:
+        return await self._admin(rpc, request, response_cls, context if pass_refusals else None)
+
+    method.__name__ = method.__qualname__ = rpc
+    return method
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
@@ -809,14 +828,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> gateway_pb2.DescribeGroupsResponse:
         with metrics.REQUEST_LATENCY.labels("DescribeGroups").time():
             response = gateway_pb2.DescribeGroupsResponse()
-            for group in request.group_ids:
-                problem = group_id_problem(group)
-                if problem is not None:
-                    response.groups.add(
-                        group_id=group, error_code=common_pb2.INVALID_REQUEST, error_message=problem
-                    )
-                else:
-                    response.groups.append(await self.groups.describe(group))
+            await _answer_each_group(request.group_ids, response.groups, self.groups.describe)
             return response
 
     async def DeleteGroups(
@@ -824,14 +836,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> gateway_pb2.DeleteGroupsResponse:
         with metrics.REQUEST_LATENCY.labels("DeleteGroups").time():
             response = gateway_pb2.DeleteGroupsResponse()
-            for group in request.group_ids:
-                problem = group_id_problem(group)
-                if problem is not None:
-                    response.results.add(
-                        group_id=group, error_code=common_pb2.INVALID_REQUEST, error_message=problem
-                    )
-                else:
-                    response.results.append(await self.groups.delete(group))
+            await _answer_each_group(request.group_ids, response.results, self.groups.delete)
             return response
 
     # ---- admin pass-through -------------------------------------------------------------------
@@ -885,82 +890,78 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             return resp
         return resp
 
-    async def CreateTopics(
-        self, request: common_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
-    ) -> common_pb2.CreateTopicsResponse:
-        return await self._admin("CreateTopics", request, common_pb2.CreateTopicsResponse)
-
-    async def DeleteTopics(
-        self, request: common_pb2.DeleteTopicsRequest, context: grpc.aio.ServicerContext
-    ) -> common_pb2.DeleteTopicsResponse:
-        return await self._admin("DeleteTopics", request, common_pb2.DeleteTopicsResponse)
-
-    async def CreatePartitions(
-        self, request: common_pb2.CreatePartitionsRequest, context: grpc.aio.ServicerContext
-    ) -> common_pb2.CreatePartitionsResponse:
-        return await self._admin("CreatePartitions", request, common_pb2.CreatePartitionsResponse)
-
-    async def AlterPartitionReassignments(
-        self, request: common_pb2.AlterPartitionReassignmentsRequest, context: grpc.aio.ServicerContext
-    ) -> common_pb2.AlterPartitionReassignmentsResponse:
-        return await self._admin(
-            "AlterPartitionReassignments", request, common_pb2.AlterPartitionReassignmentsResponse
-        )
-
-    async def ListPartitionReassignments(
-        self, request: common_pb2.ListPartitionReassignmentsRequest, context: grpc.aio.ServicerContext
-    ) -> common_pb2.ListPartitionReassignmentsResponse:
-        return await self._admin(
-            "ListPartitionReassignments", request, common_pb2.ListPartitionReassignmentsResponse
-        )
-
-    async def ElectLeaders(
-        self, request: common_pb2.ElectLeadersRequest, context: grpc.aio.ServicerContext
-    ) -> common_pb2.ElectLeadersResponse:
-        return await self._admin("ElectLeaders", request, common_pb2.ElectLeadersResponse)
-
-    async def DescribeCluster(
-        self, request: common_pb2.DescribeClusterRequest, context: grpc.aio.ServicerContext
-    ) -> common_pb2.DescribeClusterResponse:
-        return await self._admin("DescribeCluster", request, common_pb2.DescribeClusterResponse)
-
-    async def InitProducerId(
-        self, request: common_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext
-    ) -> common_pb2.InitProducerIdResponse:
-        return await self._admin("InitProducerId", request, common_pb2.InitProducerIdResponse)
+    CreateTopics = _pass_through(
+        "CreateTopics", common_pb2.CreateTopicsRequest, common_pb2.CreateTopicsResponse
+    )
+    DeleteTopics = _pass_through(
+        "DeleteTopics", common_pb2.DeleteTopicsRequest, common_pb2.DeleteTopicsResponse
+    )
+    CreatePartitions = _pass_through(
+        "CreatePartitions", common_pb2.CreatePartitionsRequest, common_pb2.CreatePartitionsResponse
+    )
+    AlterPartitionReassignments = _pass_through(
+        "AlterPartitionReassignments",
+        common_pb2.AlterPartitionReassignmentsRequest,
+        common_pb2.AlterPartitionReassignmentsResponse,
+    )
+    ListPartitionReassignments = _pass_through(
+        "ListPartitionReassignments",
+        common_pb2.ListPartitionReassignmentsRequest,
+        common_pb2.ListPartitionReassignmentsResponse,
+    )
+    ElectLeaders = _pass_through(
+        "ElectLeaders", common_pb2.ElectLeadersRequest, common_pb2.ElectLeadersResponse
+    )
+    DescribeCluster = _pass_through(
+        "DescribeCluster", common_pb2.DescribeClusterRequest, common_pb2.DescribeClusterResponse
+    )
+    InitProducerId = _pass_through(
+        "InitProducerId", common_pb2.InitProducerIdRequest, common_pb2.InitProducerIdResponse
+    )
 
     # ACLs and tokens: authorized here and again at the controller, which sees the client's
     # principal (rules.FORWARDED_METHODS), never the gateway's own identity.
 
-    async def CreateAcls(
-        self, request: controller_pb2.CreateAclsRequest, context: grpc.aio.ServicerContext
-    ) -> controller_pb2.CreateAclsResponse:
-        return await self._admin("CreateAcls", request, controller_pb2.CreateAclsResponse, context)
+    CreateAcls = _pass_through(
+        "CreateAcls", controller_pb2.CreateAclsRequest, controller_pb2.CreateAclsResponse, pass_refusals=True
+    )
+    DeleteAcls = _pass_through(
+        "DeleteAcls", controller_pb2.DeleteAclsRequest, controller_pb2.DeleteAclsResponse, pass_refusals=True
+    )
+    DescribeAcls = _pass_through(
+        "DescribeAcls",
+        controller_pb2.DescribeAclsRequest,
+        controller_pb2.DescribeAclsResponse,
+        pass_refusals=True,
+    )
+    CreateToken = _pass_through(
+        "CreateToken",
+        controller_pb2.CreateTokenRequest,
+        controller_pb2.CreateTokenResponse,
+        pass_refusals=True,
+    )
+    RevokeToken = _pass_through(
+        "RevokeToken",
+        controller_pb2.RevokeTokenRequest,
+        controller_pb2.RevokeTokenResponse,
+        pass_refusals=True,
+    )
+    ListTokens = _pass_through(
+        "ListTokens", controller_pb2.ListTokensRequest, controller_pb2.ListTokensResponse, pass_refusals=True
+    )
 
-    async def DeleteAcls(
-        self, request: controller_pb2.DeleteAclsRequest, context: grpc.aio.ServicerContext
-    ) -> controller_pb2.DeleteAclsResponse:
-        return await self._admin("DeleteAcls", request, controller_pb2.DeleteAclsResponse, context)
 
-    async def DescribeAcls(
-        self, request: controller_pb2.DescribeAclsRequest, context: grpc.aio.ServicerContext
-    ) -> controller_pb2.DescribeAclsResponse:
-        return await self._admin("DescribeAcls", request, controller_pb2.DescribeAclsResponse, context)
-
-    async def CreateToken(
-        self, request: controller_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext
-    ) -> controller_pb2.CreateTokenResponse:
-        return await self._admin("CreateToken", request, controller_pb2.CreateTokenResponse, context)
-
-    async def RevokeToken(
-        self, request: controller_pb2.RevokeTokenRequest, context: grpc.aio.ServicerContext
-    ) -> controller_pb2.RevokeTokenResponse:
-        return await self._admin("RevokeToken", request, controller_pb2.RevokeTokenResponse, context)
-
-    async def ListTokens(
-        self, request: controller_pb2.ListTokensRequest, context: grpc.aio.ServicerContext
-    ) -> controller_pb2.ListTokensResponse:
-        return await self._admin("ListTokens", request, controller_pb2.ListTokensResponse, context)
+async def _answer_each_group(
+    group_ids: Sequence[str], answers: Any, answer: Callable[[str], Awaitable[Any]]
+) -> None:
+    """Append `answer(group)` to `answers` (a repeated field) for each group id; a malformed
+    id gets an INVALID_REQUEST entry instead and is never looked up."""
+    for group in group_ids:
+        problem = group_id_problem(group)
+        if problem is not None:
+            answers.add(group_id=group, error_code=common_pb2.INVALID_REQUEST, error_message=problem)
+        else:
+            answers.append(await answer(group))
 
 
 def _commit_refused(
@@ -982,21 +983,14 @@ def _peer_host(peer: str) -> str:
 
 
 async def serve(config: GatewayConfig) -> None:
-    store = await EtcdStore.connect(
-        config.etcd_endpoints, prefix=config.etcd_prefix, tls=config.security.etcd_tls()
-    )
-    security = await ServiceSecurity.start(config.security, store)
-    peers = PeerChannels()
-    servicer = GatewayServicer(store, peers, config.security)
-    runtime = ServiceRuntime(
+    process = await ServiceProcess.start(
+        config,
         name=f"gateway-{config.gateway_id}",
-        host=config.host,
-        port=config.port,
-        metrics_port=config.metrics_port,
-        ready_file=config.ready_file,
-        service_names=[gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name],
-        security=security,
+        service_name=gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name,
+        log=log,
     )
+    store, runtime = process.store, process.runtime
+    servicer = GatewayServicer(store, process.peers, config.security)
     # Generated by grpcio-tools without annotations (pyproject.toml: protos.* is not checked).
     gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, runtime.server)  # type: ignore[no-untyped-call]
     await runtime.start()
@@ -1017,12 +1011,6 @@ async def serve(config: GatewayConfig) -> None:
 
     async def on_stop() -> None:
         await servicer.groups.stop()
-        try:
-            await registration.lease.stop(revoke=True)
-        except Exception as exc:
-            log.warning("could not revoke the lease: %s", exc)
-        await peers.close()
-        await security.close()
-        await store.close()
+        await process.close(registration)
 
     await runtime.run_until_stopped(on_stop)

@@ -1,4 +1,6 @@
-"""ServiceSecurity: the security layer of one running service, as serve() and ServiceRuntime use it.
+"""ServiceSecurity: the security layer of one running service, as ServiceProcess and ServiceRuntime use it.
+
+ServiceProcess.start (services/common/server.py) takes these steps for every service:
 
     store = await EtcdStore.connect(..., tls=config.security.etcd_tls())
     security = await ServiceSecurity.start(config.security, store)
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -32,7 +34,7 @@ from grpc_health.v1 import health_pb2
 
 from coordinator.store import MetadataStore
 from services.common import limits
-from services.common.interceptors import method_name
+from services.common.interceptors import MethodInterceptor
 from services.security import channels, rules, tokens
 from services.security.cache import SecurityCache
 from services.security.config import SecurityConfig
@@ -62,7 +64,7 @@ TOKEN_LISTENER_OPTIONS: list[tuple[str, int]] = [
 _EMPTY_HEALTH_REQUEST = health_pb2.HealthCheckRequest()
 
 
-class TokenListenerGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc.aio is untyped
+class TokenListenerGate(MethodInterceptor):
     """On the token listener: a call without a valid bearer token is refused before its body is read.
 
     grpc.aio asks the interceptors for a method's handler once the call's headers are in, and
@@ -84,15 +86,9 @@ class TokenListenerGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # gr
     def __init__(self, verifier: TokenVerifier) -> None:
         self.verifier = verifier
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Any:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = method_name(handler_call_details)
+    def _intercept(
+        self, method: str, handler: grpc.RpcMethodHandler, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler:
         reason = self._unauthenticated(handler_call_details.invocation_metadata or ())
         if reason is None:
             return handler

@@ -136,15 +136,26 @@ def _tree(path: Path) -> ast.Module:
 
 
 def _run_time_nodes(path: Path) -> Iterator[ast.AST]:
-    """Every node of the file except those under `if TYPE_CHECKING:` (never executed)."""
-    todo: list[ast.AST] = [_tree(path)]
+    """Every node of the file except those never run by importing a module of the package:
+    under `if TYPE_CHECKING:`, and a package's PEP 562 `__getattr__` (it runs only when a
+    caller asks the package itself for a name it lacks, as `from clients import Producer`;
+    `from clients.common import errors` does not)."""
+    tree = _tree(path)
+    todo: list[ast.AST] = [tree]
     while todo:
         node = todo.pop()
         yield node
         if isinstance(node, ast.If) and _dotted(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
             todo.extend(node.orelse)
             continue
+        if node is tree and path.name == "__init__.py":
+            todo.extend(n for n in ast.iter_child_nodes(node) if not _is_lazy_getattr(n))
+            continue
         todo.extend(ast.iter_child_nodes(node))
+
+
+def _is_lazy_getattr(node: ast.AST) -> bool:
+    return isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
 
 
 def _imports(path: Path) -> Iterator[tuple[int, str]]:
