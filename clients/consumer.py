@@ -748,9 +748,23 @@ class AsyncConsumer:
             max_bytes=self.config.fetch_max_bytes,
             topics=[common_pb2.FetchTopic(topic=t, partitions=p) for t, p in by_topic.items()],
         )
-        response = await self._conn().call(
-            "Fetch", request, timeout_ms=self.config.request_timeout_ms + max_wait_ms
-        )
+        fetch = self._conn().call("Fetch", request, timeout_ms=self.config.request_timeout_ms + max_wait_ms)
+        if self._member is None:
+            response = await fetch
+        else:
+            # A group member stops waiting for records when its assignment changes: partitions
+            # freed by a leave or a crash are taken now, not after this long poll. Nothing is
+            # lost by dropping the fetch: positions move only when its answer is taken.
+            fetching = asyncio.ensure_future(fetch)
+            changed = asyncio.ensure_future(self._member.changed.wait())
+            await asyncio.wait({fetching, changed}, return_when=asyncio.FIRST_COMPLETED)
+            changed.cancel()
+            if not fetching.done():
+                fetching.cancel()
+                with contextlib.suppress(asyncio.CancelledError, HighwaterError):
+                    await fetching
+                return
+            response = fetching.result()
         if response.error_code != common_pb2.NONE:
             raise error_for_code(response.error_code, "Fetch")
         for topic in response.topics:

@@ -27,11 +27,11 @@ import asyncio
 import bisect
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field, replace
-from types import TracebackType
 
 from coordinator.keys import DEFAULT_PREFIX, Keys
 from coordinator.limits import ETCD_REQUEST_BYTES_MAX, ETCD_TXN_OPS_MAX, MEMORY_STORE_HISTORY_REVISIONS_MAX
 from coordinator.store import (
+    ClosedOnExit,
     Compare,
     CoordinatorError,
     CoordinatorUnavailable,
@@ -121,7 +121,7 @@ class MemoryWatch:
         return out
 
 
-class MemoryStore:
+class MemoryStore(ClosedOnExit):
     """In-memory MetadataStore with etcd semantics and an explicit clock."""
 
     def __init__(
@@ -285,17 +285,6 @@ class MemoryStore:
     async def close(self) -> None:
         self._closed = True
         self._notify()
-
-    async def __aenter__(self) -> MemoryStore:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     # --- internals -------------------------------------------------------------------------
 

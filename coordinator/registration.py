@@ -91,6 +91,37 @@ async def _register(
     return Registration(lease=keeper, broker_epoch=created.create_revision, key=key), None
 
 
+async def _register_id(
+    store: MetadataStore,
+    key: str,
+    info: dict[str, Any],
+    *,
+    ttl_s: int,
+    keepalive_interval_s: float | None,
+    on_lost: OnLost | None,
+    kind: str,
+    ident: int,
+    in_use: type[CoordinatorError],
+) -> Registration:
+    """`_register` the `kind` ("broker", "gateway") numbered `ident` at `key`; `in_use` when a
+    live process holds it, naming that process's address and the `--{kind}-id` option."""
+    registration, holder = await _register(
+        store,
+        key,
+        info,
+        ttl_s=ttl_s,
+        keepalive_interval_s=keepalive_interval_s,
+        on_lost=on_lost,
+        name=f"{kind} {ident}",
+    )
+    if registration is None:
+        raise in_use(
+            f"{kind} id {ident} is already registered by a live process at {_holder_address(holder)}; "
+            f"pick another --{kind}-id or stop that one"
+        )
+    return registration
+
+
 async def register_broker(
     store: MetadataStore,
     broker_id: int,
@@ -106,22 +137,17 @@ async def register_broker(
     process already holds the id, ValueError for a bad TTL/interval or id,
     CoordinatorUnavailable when etcd cannot be reached.
     """
-    key = store.keys.broker(broker_id)
-    registration, holder = await _register(
+    return await _register_id(
         store,
-        key,
+        store.keys.broker(broker_id),
         info,
         ttl_s=ttl_s,
         keepalive_interval_s=keepalive_interval_s,
         on_lost=on_lost,
-        name=f"broker {broker_id}",
+        kind="broker",
+        ident=broker_id,
+        in_use=BrokerIdInUse,
     )
-    if registration is None:
-        raise BrokerIdInUse(
-            f"broker id {broker_id} is already registered by a live process at {_holder_address(holder)}; "
-            "pick another --broker-id or stop that one"
-        )
-    return registration
 
 
 async def register_gateway(
@@ -137,22 +163,17 @@ async def register_gateway(
 
     Raises GatewayIdInUse when a live process already holds the id.
     """
-    key = store.keys.gateway(gateway_id)
-    registration, holder = await _register(
+    return await _register_id(
         store,
-        key,
+        store.keys.gateway(gateway_id),
         info,
         ttl_s=ttl_s,
         keepalive_interval_s=keepalive_interval_s,
         on_lost=on_lost,
-        name=f"gateway {gateway_id}",
+        kind="gateway",
+        ident=gateway_id,
+        in_use=GatewayIdInUse,
     )
-    if registration is None:
-        raise GatewayIdInUse(
-            f"gateway id {gateway_id} is already registered by a live process at {_holder_address(holder)}; "
-            "pick another --gateway-id or stop that one"
-        )
-    return registration
 
 
 async def register_waiting_for_old_lease(

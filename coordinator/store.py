@@ -31,7 +31,7 @@ import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, Protocol, TypeAlias, TypeVar
+from typing import Any, Literal, Protocol, Self, TypeAlias, TypeVar
 
 import grpc
 import grpc.aio
@@ -410,7 +410,25 @@ class SyncLeaseClient:
         self._channel.close()
 
 
-class EtcdStore:
+class ClosedOnExit:
+    """`async with store:` closes the store on the way out; the class defines `close`."""
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class EtcdStore(ClosedOnExit):
     """MetadataStore over etcd v3 (etcd3aio on one grpc.aio channel).
 
     Owned by one process; safe to share between tasks of its event loop. Every unary
@@ -741,17 +759,6 @@ class EtcdStore:
             return
         self._closed = True
         await self._channel.close()
-
-    async def __aenter__(self) -> EtcdStore:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def __repr__(self) -> str:
         return f"EtcdStore({','.join(self.endpoints)}, prefix={self.keys.prefix!r})"

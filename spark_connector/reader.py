@@ -441,6 +441,21 @@ def _after_fetch_error(
     )
 
 
+def _input_partitions(ranges: list[OffsetRange], options: ReadOptions) -> list[HighwaterInputPartition]:
+    """Spark's tasks for the ranges, split as minPartitions and maxRecordsPerPartition ask."""
+    split = planning.split_ranges(ranges, options.min_partitions, options.max_records_per_partition)
+    return [HighwaterInputPartition(i, r) for i, r in enumerate(split)]
+
+
+def _read_partition(partition: InputPartition, options: ReadOptions) -> Iterator[pa.RecordBatch]:
+    """A task's records: its range read through a gateway client of its own."""
+    if not isinstance(partition, HighwaterInputPartition):
+        return  # partitions() found nothing to read: Spark still runs one task with a placeholder
+    prepare_python_worker()
+    with GatewayClient(options.bootstrap, options.client) as client:
+        yield from read_range(client, partition.range, options)
+
+
 # --- batch reader --------------------------------------------------------------------------------
 
 
@@ -484,15 +499,10 @@ class HighwaterBatchReader(DataSourceReader):
                 starts = {tp: min(s, ends[tp]) for tp, s in starts.items()}
             starts = check_ranges(client, starts, ends, options, options.starting.option)
         ranges = [self.bounds.narrow(OffsetRange(t, p, starts[(t, p)], ends[(t, p)])) for t, p in tps]
-        split = planning.split_ranges(ranges, options.min_partitions, options.max_records_per_partition)
-        return [HighwaterInputPartition(i, r) for i, r in enumerate(split)]
+        return _input_partitions(ranges, options)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if not isinstance(partition, HighwaterInputPartition):
-            return  # partitions() found nothing to read: Spark still runs one task with a placeholder
-        prepare_python_worker()
-        with GatewayClient(self.options.bootstrap, self.options.client) as client:
-            yield from read_range(client, partition.range, self.options)
+        yield from _read_partition(partition, self.options)
 
 
 class HighwaterFilteringBatchReader(HighwaterBatchReader):
@@ -706,17 +716,10 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if new:
             begin.update(list_offsets(self.client, dict.fromkeys(new, EARLIEST), "log start offsets"))
         ranges = [OffsetRange(t, p, min(begin[(t, p)], e), e) for (t, p), e in sorted(finish.items())]
-        split = planning.split_ranges(
-            ranges, self.options.min_partitions, self.options.max_records_per_partition
-        )
-        return [HighwaterInputPartition(i, r) for i, r in enumerate(split)]
+        return _input_partitions(ranges, self.options)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if not isinstance(partition, HighwaterInputPartition):
-            return  # partitions() found nothing to read: Spark still runs one task with a placeholder
-        prepare_python_worker()
-        with GatewayClient(self.options.bootstrap, self.options.client) as client:
-            yield from read_range(client, partition.range, self.options)
+        yield from _read_partition(partition, self.options)
 
     def commit(self, end: dict[str, Any]) -> None:
         log.debug("micro-batch up to %s committed", end)

@@ -9,7 +9,7 @@ Each handler reads the ControllerContext and returns a `ControllerResult`:
 the etcd writes it wants (all fenced by the controller epoch when applied),
 the control RPCs to send once they are committed, and the answer for the
 caller. Handlers never change the context for writes: the event loop replays
-committed writes into it (`apply_result`), so a controller that crashes
+committed writes into it (`apply_write`, from the event loop's `apply`), so a controller that crashes
 between deciding and committing leaves nothing half-known, and a new one
 rebuilds the same context from etcd.
 

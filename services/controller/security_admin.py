@@ -161,23 +161,37 @@ def _parse_each(
     return parsed
 
 
+def _change_each(
+    state: SecurityState,
+    messages: Iterable[controller_pb2.AclBinding],
+    response: controller_pb2.CreateAclsResponse | controller_pb2.DeleteAclsResponse,
+    *,
+    delete: bool,
+) -> tuple[list[SecurityWrite], set[AclBinding]]:
+    """Answer each binding in `response.results`: malformed, or whether adding it (removing it,
+    with `delete`) changes the ACLs. The writes that do, and their bindings (each once)."""
+    writes: list[SecurityWrite] = []
+    changing: set[AclBinding] = set()
+    for sent, binding, why in _parse_each(messages):
+        if binding is None:
+            response.results.add(binding=sent, error_code=INVALID_REQUEST, error_message=why)
+            continue
+        # Adding changes what is absent, removing what is present.
+        changed = (binding in state.acls) == delete and binding not in changing
+        if changed:
+            changing.add(binding)
+            writes.append(AclWrite(binding.to_dict(), delete=delete))
+        response.results.add(binding=binding_to_proto(binding), changed=changed)
+    return writes, changing
+
+
 def create_acls(state: SecurityState, request: controller_pb2.CreateAclsRequest) -> Decision:
     """Store each well-formed binding (adding one already present changes nothing)."""
     problem = _too_many(len(request.creations), "CreateAcls")
     if problem:
         return Decision(controller_pb2.CreateAclsResponse(error_code=INVALID_REQUEST, error_message=problem))
     response = controller_pb2.CreateAclsResponse()
-    writes: list[SecurityWrite] = []
-    new: set[AclBinding] = set()
-    for sent, binding, why in _parse_each(request.creations):
-        if binding is None:
-            response.results.add(binding=sent, error_code=INVALID_REQUEST, error_message=why)
-            continue
-        changed = binding not in state.acls and binding not in new
-        if changed:
-            new.add(binding)
-            writes.append(AclWrite(binding.to_dict()))
-        response.results.add(binding=binding_to_proto(binding), changed=changed)
+    writes, new = _change_each(state, request.creations, response, delete=False)
     if len(state.acls) + len(new) > ACL_BINDINGS_MAX:
         return Decision(
             controller_pb2.CreateAclsResponse(
@@ -195,17 +209,7 @@ def delete_acls(state: SecurityState, request: controller_pb2.DeleteAclsRequest)
     if problem:
         return Decision(controller_pb2.DeleteAclsResponse(error_code=INVALID_REQUEST, error_message=problem))
     response = controller_pb2.DeleteAclsResponse()
-    writes: list[SecurityWrite] = []
-    gone: set[AclBinding] = set()
-    for sent, binding, why in _parse_each(request.deletions):
-        if binding is None:
-            response.results.add(binding=sent, error_code=INVALID_REQUEST, error_message=why)
-            continue
-        changed = binding in state.acls and binding not in gone
-        if changed:
-            gone.add(binding)
-            writes.append(AclWrite(binding.to_dict(), delete=True))
-        response.results.add(binding=binding_to_proto(binding), changed=changed)
+    writes, _ = _change_each(state, request.deletions, response, delete=True)
     return Decision(response, writes)
 
 

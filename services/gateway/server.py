@@ -181,11 +181,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def Produce(
         self, request: common_pb2.ProduceRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.ProduceResponse:
-        problem = produce_request_problem(request)
-        if problem is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        with metrics.REQUEST_LATENCY.labels("Produce").time():
-            return await self._produce(request)
+        return await _checked_and_timed(
+            "Produce", produce_request_problem(request), context, lambda: self._produce(request)
+        )
 
     async def _produce(self, request: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse:
         """Route a checked Produce to the leaders, retrying what is safe to retry (see Departures)."""
@@ -275,11 +273,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def Fetch(
         self, request: common_pb2.FetchRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.FetchResponse:
-        problem = consumer_fetch_problem(request)
-        if problem is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        with metrics.REQUEST_LATENCY.labels("Fetch").time():
-            return await self._fetch(request)
+        return await _checked_and_timed(
+            "Fetch", consumer_fetch_problem(request), context, lambda: self._fetch(request)
+        )
 
     async def _fetch(self, request: common_pb2.FetchRequest) -> common_pb2.FetchResponse:
         tps = routing.collect_partitions(request.topics)
@@ -472,11 +468,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self, request: gateway_pb2.ProduceRecordsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.ProduceRecordsResponse:
         """Partition, batch, encode and write plain records idempotently (record_producer.py)."""
-        problem = record_level.produce_records_problem(request)
-        if problem is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        with metrics.REQUEST_LATENCY.labels("ProduceRecords").time():
-            return await self.records.produce(request)
+        return await _checked_and_timed(
+            "ProduceRecords",
+            record_level.produce_records_problem(request),
+            context,
+            lambda: self.records.produce(request),
+        )
 
     async def _init_producer_id(
         self, request: common_pb2.InitProducerIdRequest
@@ -653,17 +650,16 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def CommitOffsets(
         self, request: gateway_pb2.CommitOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CommitOffsetsResponse:
-        with metrics.REQUEST_LATENCY.labels("CommitOffsets").time():
-            return await self._commit_offsets(request, context)
+        return await _for_valid_group(
+            "CommitOffsets",
+            request.group_id,
+            gateway_pb2.CommitOffsetsResponse,
+            lambda: self._commit_offsets(request, context),
+        )
 
     async def _commit_offsets(
         self, request: gateway_pb2.CommitOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CommitOffsetsResponse:
-        problem = group_id_problem(request.group_id)
-        if problem is not None:
-            return gateway_pb2.CommitOffsetsResponse(
-                error_code=common_pb2.INVALID_REQUEST, error_message=problem
-            )
         ops = []
         results = []
         for t in request.topics:
@@ -746,17 +742,18 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def FetchCommittedOffsets(
         self, request: gateway_pb2.FetchCommittedOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.FetchCommittedOffsetsResponse:
-        with metrics.REQUEST_LATENCY.labels("FetchCommittedOffsets").time():
-            return await self._fetch_committed_offsets(request, context)
+        return await _for_valid_group(
+            "FetchCommittedOffsets",
+            request.group_id,
+            gateway_pb2.FetchCommittedOffsetsResponse,
+            lambda: self._fetch_committed_offsets(request, context),
+        )
 
     async def _fetch_committed_offsets(
         self, request: gateway_pb2.FetchCommittedOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.FetchCommittedOffsetsResponse:
-        problem = group_id_problem(request.group_id)
-        if problem is not None:
-            return gateway_pb2.FetchCommittedOffsetsResponse(
-                error_code=common_pb2.INVALID_REQUEST, error_message=problem
-            )
+        """The group's committed offsets; its id is already checked (FetchCommittedOffsets,
+        ConsumeRecords)."""
         kvs, _ = await self.store.get_prefix(self.store.keys.consumer_group_prefix(request.group_id))
         stored: dict[TopicPartitionKey, values.CommittedOffsetValue] = {}
         for kv in kvs:
@@ -949,6 +946,29 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ListTokens = _pass_through(
         "ListTokens", controller_pb2.ListTokensRequest, controller_pb2.ListTokensResponse, pass_refusals=True
     )
+
+
+async def _checked_and_timed(
+    rpc: str, problem: str | None, context: grpc.aio.ServicerContext, answer: Callable[[], Awaitable[R]]
+) -> R:
+    """`answer()`, timed under REQUEST_LATENCY as `rpc`; a request with a `problem` is aborted
+    with INVALID_ARGUMENT first, outside the timing."""
+    if problem is not None:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+    with metrics.REQUEST_LATENCY.labels(rpc).time():
+        return await answer()
+
+
+async def _for_valid_group(
+    rpc: str, group_id: str, response_cls: Callable[..., R], answer: Callable[[], Awaitable[R]]
+) -> R:
+    """`answer()`, timed under REQUEST_LATENCY as `rpc`; a malformed group id gets an
+    INVALID_REQUEST response instead and is never looked up."""
+    with metrics.REQUEST_LATENCY.labels(rpc).time():
+        problem = group_id_problem(group_id)
+        if problem is not None:
+            return response_cls(error_code=common_pb2.INVALID_REQUEST, error_message=problem)
+        return await answer()
 
 
 async def _answer_each_group(

@@ -26,7 +26,12 @@ def _super_users(ctx: click.Context, param: click.Parameter, value: str | None) 
         raise click.BadParameter(str(exc)) from exc
 
 
-OPTIONS = [
+def _limit_option(*param_decls: str, help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A limit or quota flag: a count >= 0, where 0 (the default) leaves it off (or at its default)."""
+    return click.option(*param_decls, type=click.IntRange(0), default=0, help=help_text)
+
+
+OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option(
         "--tls-dir",
         type=click.Path(path_type=Path, file_okay=False),
@@ -55,37 +60,27 @@ OPTIONS = [
         metavar="User:A;User:B",
         help="Principals allowed everything, whatever the ACLs say.",
     ),
-    click.option(
+    _limit_option(
         "--max-request-bytes",
-        type=click.IntRange(0),
-        default=0,
-        help="Refuse requests larger than this (RESOURCE_EXHAUSTED). 0: the 64 MiB default.",
+        help_text="Refuse requests larger than this (RESOURCE_EXHAUSTED). 0: the 64 MiB default.",
     ),
-    click.option(
+    _limit_option(
         "--max-batch-records",
-        type=click.IntRange(0),
-        default=0,
-        help="Refuse produce batches holding more records than this (per partition). 0: no limit.",
+        help_text="Refuse produce batches holding more records than this (per partition). 0: no limit.",
     ),
-    click.option(
+    _limit_option(
         "--producer-byte-rate",
-        type=click.IntRange(0),
-        default=0,
-        help="Per-principal produce quota in bytes/s; over it, responses carry throttle_time_ms. "
+        help_text="Per-principal produce quota in bytes/s; over it, responses carry throttle_time_ms. "
         "0: unlimited. Needs --tls-dir.",
     ),
-    click.option(
+    _limit_option(
         "--consumer-byte-rate",
-        type=click.IntRange(0),
-        default=0,
-        help="Per-principal fetch quota in bytes/s. 0: unlimited. Needs --tls-dir.",
+        help_text="Per-principal fetch quota in bytes/s. 0: unlimited. Needs --tls-dir.",
     ),
-    click.option(
+    _limit_option(
         "--max-concurrent-requests-per-connection",
         "max_requests_per_connection",
-        type=click.IntRange(0),
-        default=0,
-        help="Requests one connection may have in progress at once; more wait for a slot "
+        help_text="Requests one connection may have in progress at once; more wait for a slot "
         "(a bounded queue, then RESOURCE_EXHAUSTED). 0: no limit.",
     ),
 ]

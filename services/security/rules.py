@@ -541,6 +541,7 @@ def consume_records(req: gateway_pb2.ConsumeRecordsRequest, access: Access, limi
 
 
 def _per_topic_admin(
+    req: Any,
     names: list[str],
     access: Access,
     check: Callable[[str], bool],
@@ -548,9 +549,11 @@ def _per_topic_admin(
     rebuild: Callable[[set[str]], Any],
     response_cls: type,
 ) -> Admission:
+    """Pass `req` on without the topics `check` refuses (`rebuild`), their refusals merged into
+    the answer; with every topic refused, answer at once."""
     refused = [n for n in dict.fromkeys(names) if not check(n)]
     if not refused:
-        return Admission(None)
+        return Admission(req)
 
     def respond(resp: Any) -> Any:
         for name in refused:
@@ -562,8 +565,17 @@ def _per_topic_admin(
         return resp
 
     if len(refused) == len(set(names)):
-        return Admission(None, answer=respond(response_cls()))
+        return Admission(req, answer=respond(response_cls()))
     return Admission(rebuild(set(refused)), respond=respond)
+
+
+def _without_topics(req: Any, refused: set[str]) -> Any:
+    """A copy of a request whose `topics` (each with a `name`) leaves out the refused ones."""
+    narrowed = type(req)()
+    narrowed.CopyFrom(req)
+    del narrowed.topics[:]
+    narrowed.topics.extend(t for t in req.topics if t.name not in refused)
+    return narrowed
 
 
 def create_topics(req: common_pb2.CreateTopicsRequest, access: Access, limits: Limits) -> Admission:
@@ -573,23 +585,15 @@ def create_topics(req: common_pb2.CreateTopicsRequest, access: Access, limits: L
         or access.authorizer.authorize(access.caller.principal, Operation.CREATE, CLUSTER)
     )
 
-    def rebuild(refused: set[str]) -> common_pb2.CreateTopicsRequest:
-        narrowed = common_pb2.CreateTopicsRequest()
-        narrowed.CopyFrom(req)
-        del narrowed.topics[:]
-        narrowed.topics.extend(t for t in req.topics if t.name not in refused)
-        return narrowed
-
-    admission = _per_topic_admin(
+    return _per_topic_admin(
+        req,
         [t.name for t in req.topics],
         access,
         lambda n: cluster_create or access.allowed(Operation.CREATE, topic(n)),
         Operation.CREATE,
-        rebuild,
+        lambda refused: _without_topics(req, refused),
         common_pb2.CreateTopicsResponse,
     )
-    admission.request = admission.request or req
-    return admission
 
 
 def delete_topics(req: common_pb2.DeleteTopicsRequest, access: Access, limits: Limits) -> Admission:
@@ -598,7 +602,8 @@ def delete_topics(req: common_pb2.DeleteTopicsRequest, access: Access, limits: L
             names=[n for n in req.names if n not in refused], timeout_ms=req.timeout_ms
         )
 
-    admission = _per_topic_admin(
+    return _per_topic_admin(
+        req,
         list(req.names),
         access,
         lambda n: access.allowed(Operation.DELETE, topic(n)),
@@ -606,28 +611,18 @@ def delete_topics(req: common_pb2.DeleteTopicsRequest, access: Access, limits: L
         rebuild,
         common_pb2.DeleteTopicsResponse,
     )
-    admission.request = admission.request or req
-    return admission
 
 
 def create_partitions(req: common_pb2.CreatePartitionsRequest, access: Access, limits: Limits) -> Admission:
-    def rebuild(refused: set[str]) -> common_pb2.CreatePartitionsRequest:
-        narrowed = common_pb2.CreatePartitionsRequest()
-        narrowed.CopyFrom(req)
-        del narrowed.topics[:]
-        narrowed.topics.extend(t for t in req.topics if t.name not in refused)
-        return narrowed
-
-    admission = _per_topic_admin(
+    return _per_topic_admin(
+        req,
         [t.name for t in req.topics],
         access,
         lambda n: access.allowed(Operation.ALTER, topic(n)),
         Operation.ALTER,
-        rebuild,
+        lambda refused: _without_topics(req, refused),
         common_pb2.CreatePartitionsResponse,
     )
-    admission.request = admission.request or req
-    return admission
 
 
 def _cluster(operation: Operation, what: str) -> Rule:

@@ -7,6 +7,7 @@ within their bounds.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,11 +17,14 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from clients import Admin, Consumer, Producer
 from clients.common.errors import FencedMemberEpoch, NonEmptyGroup, UnknownMemberId
+from clients.tools.cli import cli
 from clients.types import NewTopic, RecordMetadata, TopicPartition
 from services.common import limits
 from tests.integration.conftest import TestCluster
@@ -295,5 +299,30 @@ def test_group_admin_and_a_zombie_commit_through_the_client(make_cluster: Callab
         wait_for(lambda: admin.describe_consumer_group("ga").members == [], "the closed consumer to leave")
         admin.alter_group_offsets("ga", {TopicPartition("g-admin", 0): 3})
         assert admin.list_group_offsets("ga")[TopicPartition("g-admin", 0)] == 3
-        admin.delete_group("ga")
+
+        # The same through `highwater groups` (kafka-consumer-groups parity).
+        def cli_json(*args: str) -> Any:
+            result = CliRunner().invoke(cli, ["--bootstrap", bootstrap, "-o", "json", "groups", *args])
+            assert result.exit_code == 0, result.output
+            return json.loads(result.output)
+
+        assert [g["group_id"] for g in cli_json("list")] == ["ga"]
+        ends = admin.list_offsets({TopicPartition("g-admin", p): -1 for p in range(4)})
+        earliest = cli_json("reset-offsets", "ga", "--topic", "g-admin", "--to-earliest")
+        assert {(r["partition"], r["offset"]) for r in earliest} == {(p, 0) for p in range(4)}
+        assert set(admin.list_group_offsets("ga").values()) == {0}
+        cli_json("reset-offsets", "ga", "--topic", "g-admin:1", "--to-offset", "2")
+        assert admin.list_group_offsets("ga")[TopicPartition("g-admin", 1)] == 2
+        latest = cli_json(
+            "reset-offsets", "ga", "--topic", "g-admin", "--to-datetime", "2999-01-01T00:00:00Z"
+        )
+        assert {(r["partition"], r["offset"]) for r in latest} == {
+            (tp.partition, o) for tp, o in ends.items()
+        }
+        dry = cli_json("reset-offsets", "ga", "--topic", "g-admin", "--to-earliest", "--dry-run")
+        assert {r["offset"] for r in dry} == {0} and admin.list_group_offsets("ga") == ends  # nothing written
+        described = cli_json("describe", "ga")
+        assert described["members"] == [] and sum(r["lag"] for r in described["offsets"]) == 0
+        result = CliRunner().invoke(cli, ["--bootstrap", bootstrap, "groups", "delete", "ga"])
+        assert result.exit_code == 0, result.output
         assert admin.list_groups() == []
