@@ -43,15 +43,20 @@ def sim_seeds(request: pytest.FixtureRequest) -> int:
     return seeds
 
 
-@pytest.fixture(scope="session")
-def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
-    base: Path = tmp_path_factory.mktemp("etcd")
-    server = EtcdServer(base / "data", log_path=base / "etcd.log", name="highwater-test-etcd")
+def running_etcd(base: Path, name: str) -> Iterator[EtcdServer]:
+    """For a fixture to `yield from`: an EtcdServer with its data and log under base, started, and
+    stopped when the fixture is torn down."""
+    server = EtcdServer(base / "data", log_path=base / "etcd.log", name=name)
     server.start()
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    yield from running_etcd(tmp_path_factory.mktemp("etcd"), "highwater-test-etcd")
 
 
 @pytest_asyncio.fixture

@@ -51,13 +51,6 @@ from services.controller.context import (
     TopicInfo,
 )
 from services.controller.deletion import ReplicaMoves, resume_deletions
-
-# The `name as name` imports (here and below) re-export names that moved to deletion.py,
-# reassignment.py and results.py: tests/sim (sim_controller.py, test_known_issues.py) still
-# call them as `handlers.X`. Remove them once those call the new modules directly.
-from services.controller.deletion import on_delete_topics as on_delete_topics
-from services.controller.deletion import on_replica_deletion_result as on_replica_deletion_result
-from services.controller.reassignment import on_alter_reassignments as on_alter_reassignments
 from services.controller.results import (
     ConfigWrite,
     ControllerResult,
@@ -66,8 +59,6 @@ from services.controller.results import (
     TopicWrite,
     require_topic,
 )
-from services.controller.results import TopicDelete as TopicDelete
-from services.controller.results import apply_write as apply_write
 from services.controller.state_machines import ReplicaState
 
 log = logging.getLogger("highwater.controller")

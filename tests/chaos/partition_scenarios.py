@@ -127,6 +127,14 @@ class Run:
         self.say(f"healthy after {what}: {workload.describe_state(state)}")
         return state
 
+    def heal(self, fault: str, what: str, healed_s: float) -> dict[int, common_pb2.PartitionState]:
+        """Heal the network (the fault), wait until healthy after what; isr_rejoin_s counts from healed_s."""
+        self.net.heal()
+        self.fault(fault)
+        state = self.healthy(what)
+        self.facts["isr_rejoin_s"] = round(time.monotonic() - healed_s, 1)
+        return state
+
     def progress(self, tps: set[tuple[str, int]], since_s: float, what: str) -> dict[tuple[str, int], int]:
         """Wait (bounded) until each of tps has acknowledged writes sent after since_s."""
 
@@ -181,10 +189,11 @@ def follower_partitioned(run: Run) -> None:
     counts = run.progress(all_tps(), shrunk_s, f"with broker {follower} out of the ISR")
     run.facts["acks_per_partition_while_cut"] = min(counts.values())
     healed_s = time.monotonic()
-    run.net.heal()
-    run.fault(f"heal: broker {follower} reaches brokers 1 and 2 again")
-    run.healthy(f"broker {follower} rejoined every ISR")
-    run.facts["isr_rejoin_s"] = round(time.monotonic() - healed_s, 1)
+    run.heal(
+        f"heal: broker {follower} reaches brokers 1 and 2 again",
+        f"broker {follower} rejoined every ISR",
+        healed_s,
+    )
     run.progress(all_tps(), time.monotonic(), "after the rejoin")
 
 
@@ -254,10 +263,11 @@ def leader_cut_from_followers(run: Run) -> None:
             f"broker {leader} acknowledged {outcomes[ACKNOWLEDGED]} acks=all writes while cut off "
             f"from every follower (min.insync.replicas 2): {dict(outcomes)}"
         )
-    run.net.heal()
-    run.fault(f"heal: broker {leader} reaches brokers {followers} again")
-    run.healthy("the followers rejoined every ISR")
-    run.facts["isr_rejoin_s"] = round(time.monotonic() - healed_s, 1)
+    run.heal(
+        f"heal: broker {leader} reaches brokers {followers} again",
+        "the followers rejoined every ISR",
+        healed_s,
+    )
     run.progress(all_tps(), time.monotonic(), "after the heal")
 
 
@@ -320,10 +330,9 @@ def leader_isolated(run: Run) -> None:
     # The isolated broker cannot be reached, so its log does not change until the heal.
     stale = workload.replica_log(run.c, leader, TOPIC, 0) or []
     healed_s = time.monotonic()
-    run.net.heal()
-    run.fault(f"heal: broker {leader} reaches everyone again")
-    final = run.healthy(f"broker {leader} rejoined every ISR")
-    run.facts["isr_rejoin_s"] = round(time.monotonic() - healed_s, 1)
+    final = run.heal(
+        f"heal: broker {leader} reaches everyone again", f"broker {leader} rejoined every ISR", healed_s
+    )
     if final[0].leader == leader:
         raise AssertionError(f"broker {leader} leads p0 again right after rejoining; expected a follower")
     run.progress(all_tps(), time.monotonic(), "after the heal")
@@ -428,10 +437,11 @@ def leader_cut_from_etcd(run: Run) -> None:
     run.say(f"writes acknowledged while broker {leader} was cut off from etcd: {_per_partition(counts)}")
     stale = workload.replica_log(run.c, leader, TOPIC, 0) or []
     healed_s = time.monotonic()
-    run.net.heal()
-    run.fault(f"heal: broker {leader} reaches etcd again")
-    final = run.healthy(f"broker {leader} registered again and rejoined every ISR")
-    run.facts["isr_rejoin_s"] = round(time.monotonic() - healed_s, 1)
+    final = run.heal(
+        f"heal: broker {leader} reaches etcd again",
+        f"broker {leader} registered again and rejoined every ISR",
+        healed_s,
+    )
     run.progress(all_tps(), time.monotonic(), "after the heal")
     run.after_stop.append(
         lambda replicas: tail_truncated(

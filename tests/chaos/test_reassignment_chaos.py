@@ -89,16 +89,8 @@ def test_reassignment_with_bounces_in_the_old_and_new_replica_sets(moving_cluste
     def say(message: str) -> None:
         print(f"[{time.monotonic() - started_s:6.1f} s] {message}", flush=True)
 
-    def settle(what: str) -> None:
-        """Every partition led by a running broker, every running replica in the ISR, writes going on."""
-        state = workload.wait_for_state(
-            c,
-            TOPIC,
-            PARTITIONS,
-            f"a running leader and every running replica in the ISR after {what}",
-            lambda p: p.leader in up and set(p.replicas) & up <= set(p.isr),
-        )
-        since = time.monotonic()
+    def acks_resume(since: float, what: str) -> None:
+        """Wait (bounded) for ACKS_PER_PARTITION_AFTER_BOUNCE acknowledged writes on every partition since."""
         wait_for(
             lambda: (
                 min(
@@ -109,8 +101,20 @@ def test_reassignment_with_bounces_in_the_old_and_new_replica_sets(moving_cluste
                 >= ACKS_PER_PARTITION_AFTER_BOUNCE
             ),
             timeout_s=workload.RECOVERY_TIMEOUT_S,
-            what=f"acknowledged writes on every partition after {what}",
+            what=what,
         )
+
+    def settle(what: str) -> None:
+        """Every partition led by a running broker, every running replica in the ISR, writes going on."""
+        state = workload.wait_for_state(
+            c,
+            TOPIC,
+            PARTITIONS,
+            f"a running leader and every running replica in the ISR after {what}",
+            lambda p: p.leader in up and set(p.replicas) & up <= set(p.isr),
+        )
+        since = time.monotonic()
+        acks_resume(since, f"acknowledged writes on every partition after {what}")
         say(f"settled after {what}: {workload.describe_state(state)}")
 
     def bounce(what: str, inject: Callable[[], None]) -> None:
@@ -191,18 +195,7 @@ def test_reassignment_with_bounces_in_the_old_and_new_replica_sets(moving_cluste
         assert ongoing(c) == 0
         say(f"reassignment finished: {workload.describe_state(moved)}")
         since = time.monotonic()
-        wait_for(
-            lambda: (
-                min(
-                    workload.acks_per_partition(
-                        history, {(TOPIC, p) for p in range(PARTITIONS)}, since, time.monotonic()
-                    ).values()
-                )
-                >= ACKS_PER_PARTITION_AFTER_BOUNCE
-            ),
-            timeout_s=workload.RECOVERY_TIMEOUT_S,
-            what="acknowledged writes after the reassignment",
-        )
+        acks_resume(since, "acknowledged writes after the reassignment")
     final = workload.wait_healthy(c, TOPIC, PARTITIONS, "the writers stopped")
     logs = workload.read_logs(c, TOPIC, PARTITIONS)
     problems = check(history, logs)

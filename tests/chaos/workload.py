@@ -18,7 +18,7 @@ from clients.common.records import decode_batches
 from clients.tools.local_cluster import LocalCluster
 from protos.highwater.v1 import common_pb2
 from tests.chaos.history import ACKNOWLEDGED, RPC_FAILED, History
-from tests.integration.helpers import gateway_stub, produce
+from tests.integration.helpers import consumer_fetch, gateway_stub, produce
 
 RECOVERY_TIMEOUT_S = 60.0
 WRITE_TIMEOUT_MS = 10_000
@@ -151,28 +151,16 @@ class Workload:
         while not self.stop.is_set():
             for p in range(self.partitions):
                 try:
-                    resp = gw.Fetch(
-                        common_pb2.FetchRequest(
-                            replica_id=-1,
-                            max_wait_ms=100,
-                            min_bytes=1,
-                            max_bytes=1 << 20,
-                            topics=[
-                                common_pb2.FetchTopic(
-                                    topic=self.topic,
-                                    partitions=[
-                                        common_pb2.FetchPartition(
-                                            partition=p,
-                                            fetch_offset=positions[p],
-                                            partition_max_bytes=1 << 20,
-                                            current_leader_epoch=-1,
-                                        )
-                                    ],
-                                )
-                            ],
-                        ),
-                        timeout=10,
+                    request = consumer_fetch(
+                        self.topic,
+                        p,
+                        positions[p],
+                        max_wait_ms=100,
+                        min_bytes=1,
+                        max_bytes=1 << 20,
+                        partition_max_bytes=1 << 20,
                     )
+                    resp = gw.Fetch(request, timeout=10)
                 except grpc.RpcError:
                     time.sleep(WRITE_RETRY_PAUSE_S)
                     continue
@@ -195,25 +183,7 @@ def read_logs(c: LocalCluster, topic: str, partitions: int) -> dict[tuple[str, i
         deadline = time.monotonic() + READ_BACK_TIMEOUT_S
         while time.monotonic() < deadline:
             resp = gw.Fetch(
-                common_pb2.FetchRequest(
-                    replica_id=-1,
-                    max_wait_ms=0,
-                    max_bytes=8 << 20,
-                    topics=[
-                        common_pb2.FetchTopic(
-                            topic=topic,
-                            partitions=[
-                                common_pb2.FetchPartition(
-                                    partition=p,
-                                    fetch_offset=offset,
-                                    partition_max_bytes=8 << 20,
-                                    current_leader_epoch=-1,
-                                )
-                            ],
-                        )
-                    ],
-                ),
-                timeout=10,
+                consumer_fetch(topic, p, offset, max_bytes=8 << 20, partition_max_bytes=8 << 20), timeout=10
             )
             pr = resp.topics[0].partitions[0]
             if pr.error_code:

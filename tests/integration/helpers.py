@@ -74,6 +74,20 @@ def produce(
 ) -> common_pb2.ProducePartitionResponse:
     now = int(time.time() * 1000)
     batch = encode_batch([Record(key, v, [], now) for v in values])
+    return produce_batch(gw, topic, partition, batch, acks=acks, timeout_ms=timeout_ms)
+
+
+def produce_batch(
+    gw: gateway_pb2_grpc.GatewayServiceStub,
+    topic: str,
+    partition: int,
+    batch: bytes,
+    *,
+    acks: int = -1,
+    timeout_ms: int = 10_000,
+    timeout: float | None = None,
+) -> common_pb2.ProducePartitionResponse:
+    """Produce one encoded batch (as it is, valid or not) to one partition; that partition's result."""
     resp = gw.Produce(
         common_pb2.ProduceRequest(
             acks=acks,
@@ -84,9 +98,42 @@ def produce(
                     partitions=[common_pb2.ProducePartitionData(partition=partition, records=batch)],
                 )
             ],
-        )
+        ),
+        timeout=timeout,
     )
     return resp.topics[0].partitions[0]
+
+
+def consumer_fetch(
+    topic: str,
+    partition: int,
+    offset: int = 0,
+    *,
+    max_wait_ms: int = 0,
+    min_bytes: int = 0,
+    max_bytes: int = 0,
+    partition_max_bytes: int = 0,
+) -> common_pb2.FetchRequest:
+    """A consumer's Fetch (replica_id -1, current_leader_epoch -1) of one partition from offset."""
+    return common_pb2.FetchRequest(
+        replica_id=-1,
+        max_wait_ms=max_wait_ms,
+        min_bytes=min_bytes,
+        max_bytes=max_bytes,
+        topics=[
+            common_pb2.FetchTopic(
+                topic=topic,
+                partitions=[
+                    common_pb2.FetchPartition(
+                        partition=partition,
+                        fetch_offset=offset,
+                        partition_max_bytes=partition_max_bytes,
+                        current_leader_epoch=-1,
+                    )
+                ],
+            )
+        ],
+    )
 
 
 def fetch_all(
@@ -102,27 +149,8 @@ def fetch_all(
     offset = start
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        resp = gw.Fetch(
-            common_pb2.FetchRequest(
-                replica_id=-1,
-                max_wait_ms=0,
-                min_bytes=1,
-                max_bytes=8 << 20,
-                topics=[
-                    common_pb2.FetchTopic(
-                        topic=topic,
-                        partitions=[
-                            common_pb2.FetchPartition(
-                                partition=partition,
-                                fetch_offset=offset,
-                                partition_max_bytes=4 << 20,
-                                current_leader_epoch=-1,
-                            )
-                        ],
-                    )
-                ],
-            )
-        )
+        sizes = {"max_bytes": 8 << 20, "partition_max_bytes": 4 << 20}
+        resp = gw.Fetch(consumer_fetch(topic, partition, offset, min_bytes=1, **sizes))
         pr = resp.topics[0].partitions[0]
         if pr.error_code != common_pb2.NONE:
             time.sleep(0.1)

@@ -30,6 +30,7 @@ from coordinator.store import (
     WatchEvent,
     compare_missing,
 )
+from tests.conftest import running_etcd
 from tests.unit.test_memory_store import reference_script
 
 pytestmark = pytest.mark.integration
@@ -71,13 +72,7 @@ async def retry_unavailable(call: Callable[[], Awaitable[T]], timeout_s: float) 
 def private_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
     """An etcd server of this module's own: the conformance trace needs revisions nobody
     else moves, and the restart test stops and starts it."""
-    base: Path = tmp_path_factory.mktemp("private-etcd")
-    server = EtcdServer(base / "data", log_path=base / "etcd.log", name="highwater-private-etcd")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from running_etcd(tmp_path_factory.mktemp("private-etcd"), "highwater-private-etcd")
 
 
 @contextlib.asynccontextmanager

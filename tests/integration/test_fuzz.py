@@ -67,6 +67,7 @@ from clients.common.records import COMPRESSION_CODES, Record, decode_batches, en
 from clients.tls import ClientTls
 from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.integration.conftest import TEST_LEASE_TTL_S, TestCluster
+from tests.integration.helpers import consumer_fetch, produce_batch
 from tests.integration.test_security import acl
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -237,24 +238,7 @@ class Harness:
             offset = 0
             while offset < end:
                 resp = self.gateway().Fetch(
-                    common_pb2.FetchRequest(
-                        replica_id=-1,
-                        max_wait_ms=0,
-                        max_bytes=4 << 20,
-                        topics=[
-                            common_pb2.FetchTopic(
-                                topic=topic,
-                                partitions=[
-                                    common_pb2.FetchPartition(
-                                        partition=partition,
-                                        fetch_offset=offset,
-                                        partition_max_bytes=4 << 20,
-                                        current_leader_epoch=-1,
-                                    )
-                                ],
-                            )
-                        ],
-                    ),
+                    consumer_fetch(topic, partition, offset, max_bytes=4 << 20, partition_max_bytes=4 << 20),
                     timeout=10,
                 )
                 part = resp.topics[0].partitions[0]
@@ -313,20 +297,8 @@ def harness(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         assert [t.error_code for t in created.topics] == [0, 0], created
         batch = encode_batch([Record(b"k", b"canary", [], int(time.time() * 1000))])
         for topic in (CANARY, HOSTILE):
-            resp = gw.Produce(
-                common_pb2.ProduceRequest(
-                    acks=-1,
-                    timeout_ms=5000,
-                    topics=[
-                        common_pb2.ProduceTopicData(
-                            topic=topic,
-                            partitions=[common_pb2.ProducePartitionData(partition=0, records=batch)],
-                        )
-                    ],
-                ),
-                timeout=10,
-            )
-            assert resp.topics[0].partitions[0].error_code == 0, resp
+            result = produce_batch(gw, topic, 0, batch, acks=-1, timeout_ms=5000, timeout=10)
+            assert result.error_code == 0, result
         if mode == "tls":
             acl(
                 c,
@@ -662,19 +634,7 @@ def test_every_service_still_serves_nothing_unreadable_was_stored_and_nothing_le
         )
     gw = harness.gateway()
     batch = encode_batch([Record(None, b"after", [], int(time.time() * 1000))])
-    resp = gw.Produce(
-        common_pb2.ProduceRequest(
-            acks=-1,
-            timeout_ms=5000,
-            topics=[
-                common_pb2.ProduceTopicData(
-                    topic=CANARY, partitions=[common_pb2.ProducePartitionData(partition=1, records=batch)]
-                )
-            ],
-        ),
-        timeout=10,
-    )
-    assert resp.topics[0].partitions[0].error_code == 0
+    assert produce_batch(gw, CANARY, 1, batch, acks=-1, timeout_ms=5000, timeout=10).error_code == 0
     print(f"fuzz ({harness.mode}) outcomes:", dict(sorted(harness.outcomes.items())))
     print(f"fuzz ({harness.mode}) records readable in {HOSTILE}: {readable}")
     print(

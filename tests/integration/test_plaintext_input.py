@@ -22,9 +22,16 @@ from clients.common.record_batch import (
     RECORDS_COUNT_POS,
 )
 from clients.common.records import Record, decode_batches, encode_batch
-from protos.highwater.v1 import common_pb2
+from protos.highwater.v1 import common_pb2, gateway_pb2_grpc
 from tests.integration.conftest import TestCluster
-from tests.integration.helpers import create_topic, gateway_stub, produce, wait_for
+from tests.integration.helpers import (
+    consumer_fetch,
+    create_topic,
+    gateway_stub,
+    produce,
+    produce_batch,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -67,13 +74,7 @@ def test_a_client_fetch_whose_replica_id_is_not_minus_one_is_refused(cluster: Te
 
 
 def test_a_produce_naming_a_partition_twice_writes_nothing(cluster: TestCluster) -> None:
-    gw = gateway_stub(cluster.gateway_address)
-    create_topic(gw, "pt-twice", partitions=1, replication_factor=1)
-    wait_for(
-        lambda: produce(gw, "pt-twice", 0, [b"first"]).error_code == common_pb2.NONE,
-        timeout_s=20,
-        what="the first write to pt-twice",
-    )
+    gw = _topic_with_a_first_write(cluster, "pt-twice", b"first")
     before = end_offset(cluster, "pt-twice")
     entry = common_pb2.ProducePartitionData(partition=0, records=b"")
     request = common_pb2.ProduceRequest(
@@ -106,6 +107,20 @@ def test_malformed_bytes_are_invalid_argument_and_do_not_flood_the_log(cluster: 
     gateway_stub(cluster.gateway_address).Metadata(common_pb2.MetadataRequest(), timeout=CALL_TIMEOUT_S)
 
 
+def _topic_with_a_first_write(
+    cluster: TestCluster, topic: str, value: bytes
+) -> gateway_pb2_grpc.GatewayServiceStub:
+    """Create a one-partition topic and wait until a write of value to it succeeds; a gateway stub."""
+    gw = gateway_stub(cluster.gateway_address)
+    create_topic(gw, topic, partitions=1, replication_factor=1)
+    wait_for(
+        lambda: produce(gw, topic, 0, [value]).error_code == common_pb2.NONE,
+        timeout_s=20,
+        what=f"the first write to {topic}",
+    )
+    return gw
+
+
 def _respoiled(batch: bytes, *, records_count: int | None = None, codec: int | None = None) -> bytes:
     """`batch` with a header field changed and its CRC recomputed: only a check of the contents refuses it."""
     spoiled = bytearray(batch)
@@ -128,13 +143,7 @@ def test_tiny_batches_claiming_two_billion_records_are_refused_and_open_no_files
 ) -> None:
     """69 bytes claiming 2^31-1 records once passed the header check and rolled a segment each
     (three files); 7,000 of them took three brokers to 20,000 open files."""
-    gw = gateway_stub(cluster.gateway_address)
-    create_topic(gw, "pt-count", partitions=1, replication_factor=1)
-    wait_for(
-        lambda: produce(gw, "pt-count", 0, [b"first"]).error_code == common_pb2.NONE,
-        timeout_s=20,
-        what="the first write to pt-count",
-    )
+    gw = _topic_with_a_first_write(cluster, "pt-count", b"first")
     leader = next(
         p.leader
         for p in gw.Metadata(common_pb2.MetadataRequest(topics=["pt-count"]), timeout=CALL_TIMEOUT_S)
@@ -148,23 +157,7 @@ def test_tiny_batches_claiming_two_billion_records_are_refused_and_open_no_files
         encode_batch([Record(None, b"x", [], int(time.time() * 1000))]), records_count=2**31 - 1
     )
     for _ in range(200):
-        result = (
-            gw.Produce(
-                common_pb2.ProduceRequest(
-                    acks=1,
-                    timeout_ms=5000,
-                    topics=[
-                        common_pb2.ProduceTopicData(
-                            topic="pt-count",
-                            partitions=[common_pb2.ProducePartitionData(partition=0, records=liar)],
-                        )
-                    ],
-                ),
-                timeout=CALL_TIMEOUT_S,
-            )
-            .topics[0]
-            .partitions[0]
-        )
+        result = produce_batch(gw, "pt-count", 0, liar, acks=1, timeout_ms=5000, timeout=CALL_TIMEOUT_S)
         assert result.error_code == common_pb2.INVALID_RECORD, result
     assert "records_count" in result.error_message and "nothing" in result.error_message
     assert end_offset(cluster, "pt-count") == end_before
@@ -174,54 +167,13 @@ def test_tiny_batches_claiming_two_billion_records_are_refused_and_open_no_files
 def test_a_batch_no_consumer_could_read_is_refused_and_the_records_before_it_stay_readable(
     cluster: TestCluster,
 ) -> None:
-    gw = gateway_stub(cluster.gateway_address)
-    create_topic(gw, "pt-codec", partitions=1, replication_factor=1)
-    wait_for(
-        lambda: produce(gw, "pt-codec", 0, [b"valid"]).error_code == common_pb2.NONE,
-        timeout_s=20,
-        what="the first write to pt-codec",
-    )
+    gw = _topic_with_a_first_write(cluster, "pt-codec", b"valid")
     poison = _respoiled(encode_batch([Record(None, b"poison", [], int(time.time() * 1000))]), codec=7)
-    result = (
-        gw.Produce(
-            common_pb2.ProduceRequest(
-                acks=-1,
-                timeout_ms=5000,
-                topics=[
-                    common_pb2.ProduceTopicData(
-                        topic="pt-codec",
-                        partitions=[common_pb2.ProducePartitionData(partition=0, records=poison)],
-                    )
-                ],
-            ),
-            timeout=CALL_TIMEOUT_S,
-        )
-        .topics[0]
-        .partitions[0]
-    )
+    result = produce_batch(gw, "pt-codec", 0, poison, acks=-1, timeout_ms=5000, timeout=CALL_TIMEOUT_S)
     assert result.error_code == common_pb2.CORRUPT_MESSAGE and "codec 7" in result.error_message, result
     assert produce(gw, "pt-codec", 0, [b"after"]).error_code == common_pb2.NONE
     fetched = (
-        gw.Fetch(
-            common_pb2.FetchRequest(
-                replica_id=-1,
-                max_wait_ms=0,
-                topics=[
-                    common_pb2.FetchTopic(
-                        topic="pt-codec",
-                        partitions=[
-                            common_pb2.FetchPartition(
-                                partition=0,
-                                fetch_offset=0,
-                                current_leader_epoch=-1,
-                                partition_max_bytes=1 << 20,
-                            )
-                        ],
-                    )
-                ],
-            ),
-            timeout=CALL_TIMEOUT_S,
-        )
+        gw.Fetch(consumer_fetch("pt-codec", 0, 0, partition_max_bytes=1 << 20), timeout=CALL_TIMEOUT_S)
         .topics[0]
         .partitions[0]
     )

@@ -10,9 +10,16 @@ from collections.abc import Iterator
 import pytest
 
 from protos.highwater.v1 import common_pb2, gateway_pb2
-from tests.integration.conftest import TEST_LEASE_TTL_S, TestCluster
+from tests.integration.conftest import TestCluster
 from tests.integration.helpers import wait_for
-from tests.integration.test_security import CALL_TIMEOUT_S, acl, gw, topics_seen
+from tests.integration.test_security import (
+    CALL_TIMEOUT_S,
+    acl_cluster,
+    alice_writes_and_reads,
+    create_topics_as_admin,
+    gw,
+    topics_seen,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -24,46 +31,19 @@ MAX_REQUEST_BYTES = 256 * 1024
 
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
-    c = TestCluster(
+    c = acl_cluster(
         tmp_path_factory.mktemp("secure-records"),
-        brokers=2,
-        lease_ttl_s=TEST_LEASE_TTL_S,
-        tls=True,
-        service_args=[
-            "--authorizer",
-            "acl",
-            "--super-users",
-            "User:admin",
-            "--max-batch-records",
-            str(MAX_BATCH_RECORDS),
-            "--max-request-bytes",
-            str(MAX_REQUEST_BYTES),
-        ],
+        "--max-batch-records",
+        str(MAX_BATCH_RECORDS),
+        "--max-request-bytes",
+        str(MAX_REQUEST_BYTES),
     )
     c.start()
     try:
         for name in ("alice", "mallory"):
             c.issue_client_certificate(name)
-        resp = gw(c, "admin").CreateTopics(
-            common_pb2.CreateTopicsRequest(
-                topics=[common_pb2.CreatableTopic(name="rls-ok", num_partitions=2, replication_factor=2)]
-            ),
-            timeout=CALL_TIMEOUT_S,
-        )
-        assert resp.topics[0].error_code == common_pb2.NONE, resp
-        acl(
-            c,
-            "add",
-            "--principal",
-            "User:alice",
-            "--operation",
-            "Write",
-            "--operation",
-            "Read",
-            "--topic",
-            "rls-",
-            "--prefixed",
-        )
+        create_topics_as_admin(c, "rls-ok")
+        alice_writes_and_reads(c, "rls-", "--prefixed")
         wait_for(
             lambda: "rls-ok" in topics_seen(c, "alice"),
             timeout_s=10,

@@ -52,7 +52,7 @@ from protos.highwater.v1 import (
 )
 from services.security.certs import create_ca, issue_certificate
 from tests.integration.conftest import TEST_LEASE_TTL_S, TestCluster
-from tests.integration.helpers import wait_for
+from tests.integration.helpers import consumer_fetch, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -73,70 +73,70 @@ SERVICES = {
 # --- the cluster and credentials -----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
-    c = TestCluster(
-        tmp_path_factory.mktemp("secure"),
+def acl_cluster(path: Path, *limits: str) -> TestCluster:
+    """A two-broker TLS cluster (not started): ACL authorizer, User:admin its super user, and LIMITS."""
+    return TestCluster(
+        path,
         brokers=2,
         lease_ttl_s=TEST_LEASE_TTL_S,
         tls=True,
-        service_args=[
-            "--authorizer",
-            "acl",
-            "--super-users",
-            "User:admin",
-            "--producer-byte-rate",
-            str(PRODUCER_BYTE_RATE),
-            "--consumer-byte-rate",
-            str(CONSUMER_BYTE_RATE),
-            "--max-request-bytes",
-            str(MAX_REQUEST_BYTES),
-            "--max-batch-records",
-            str(MAX_BATCH_RECORDS),
-            "--max-concurrent-requests-per-connection",
-            str(MAX_STREAMS),
-        ],
+        service_args=["--authorizer", "acl", "--super-users", "User:admin", *limits],
+    )
+
+
+def create_topics_as_admin(c: TestCluster, *topics: str) -> None:
+    """Create each topic (two partitions, two replicas) as User:admin; each must succeed."""
+    admin = gw(c, "admin")
+    for topic in topics:
+        resp = admin.CreateTopics(
+            common_pb2.CreateTopicsRequest(
+                topics=[common_pb2.CreatableTopic(name=topic, num_partitions=2, replication_factor=2)]
+            ),
+            timeout=CALL_TIMEOUT_S,
+        )
+        assert resp.topics[0].error_code == common_pb2.NONE, resp
+
+
+def alice_writes_and_reads(c: TestCluster, topic: str, *flags: str) -> str:
+    """`acl add` for User:alice, Write and Read on TOPIC, with FLAGS such as --prefixed or --deny."""
+    return acl(
+        c,
+        "add",
+        "--principal",
+        "User:alice",
+        "--operation",
+        "Write",
+        "--operation",
+        "Read",
+        "--topic",
+        topic,
+        *flags,
+    )
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
+    c = acl_cluster(
+        tmp_path_factory.mktemp("secure"),
+        "--producer-byte-rate",
+        str(PRODUCER_BYTE_RATE),
+        "--consumer-byte-rate",
+        str(CONSUMER_BYTE_RATE),
+        "--max-request-bytes",
+        str(MAX_REQUEST_BYTES),
+        "--max-batch-records",
+        str(MAX_BATCH_RECORDS),
+        "--max-concurrent-requests-per-connection",
+        str(MAX_STREAMS),
     )
     c.start()
     try:
         for name in ("alice", "mallory"):
             c.issue_client_certificate(name)
-        admin = gw(c, "admin")
-        for topic in ("sec-ok", "sec-secret", "sec-other", "sec-quota"):
-            resp = admin.CreateTopics(
-                common_pb2.CreateTopicsRequest(
-                    topics=[common_pb2.CreatableTopic(name=topic, num_partitions=2, replication_factor=2)]
-                ),
-                timeout=CALL_TIMEOUT_S,
-            )
-            assert resp.topics[0].error_code == common_pb2.NONE, resp
+        create_topics_as_admin(c, "sec-ok", "sec-secret", "sec-other", "sec-quota")
         # User:alice writes and reads every sec- topic but sec-secret (deny wins), and commits as group g1.
-        acl(
-            c,
-            "add",
-            "--principal",
-            "User:alice",
-            "--operation",
-            "Write",
-            "--operation",
-            "Read",
-            "--topic",
-            "sec-",
-            "--prefixed",
-        )
-        acl(
-            c,
-            "add",
-            "--principal",
-            "User:alice",
-            "--operation",
-            "Write",
-            "--operation",
-            "Read",
-            "--topic",
-            "sec-secret",
-            "--deny",
-        )
+        alice_writes_and_reads(c, "sec-", "--prefixed")
+        alice_writes_and_reads(c, "sec-secret", "--deny")
         acl(c, "add", "--principal", "User:alice", "--operation", "Read", "--group", "g1")
         acl(c, "add", "--principal", "User:tok", "--operation", "All", "--topic", "sec-quota")
         # sec-secret stays visible: denying Read and Write does not deny Describe (Kafka's rule).
@@ -729,6 +729,11 @@ def test_operators_manage_acls_and_tokens_with_the_cli_and_no_etcd_certificate(s
     def ops(*args: str, expect_exit: int = 0) -> str:
         return highwater(secure, *args, tls_dir=ops_dir, name="ops", expect_exit=expect_exit)
 
+    def ops_list_exit_code() -> int:
+        """`highwater acl list` as User:ops, without asserting its exit code (for polling)."""
+        root = ["--bootstrap", secure.gateway_address, "--tls-dir", str(ops_dir), "--tls-name", "ops"]
+        return CliRunner().invoke(cli, [*root, "acl", "list"]).exit_code
+
     refused = ops("acl", "list", expect_exit=1)
     assert "CLUSTER_AUTHORIZATION_FAILED" in refused and "may not Describe Cluster" in refused, refused
     assert "1 added, 0 already present" in acl(
@@ -736,24 +741,7 @@ def test_operators_manage_acls_and_tokens_with_the_cli_and_no_etcd_certificate(s
     )
     try:
         wait_for(
-            lambda: (
-                CliRunner()
-                .invoke(
-                    cli,
-                    [
-                        "--bootstrap",
-                        secure.gateway_address,
-                        "--tls-dir",
-                        str(ops_dir),
-                        "--tls-name",
-                        "ops",
-                        "acl",
-                        "list",
-                    ],
-                )
-                .exit_code
-                == 0
-            ),
+            lambda: ops_list_exit_code() == 0,
             timeout_s=10,
             what="the grant to reach the gateway and the controller",
         )
@@ -804,24 +792,7 @@ def test_operators_manage_acls_and_tokens_with_the_cli_and_no_etcd_certificate(s
     finally:
         acl(secure, "remove", "--principal", "User:ops", "--operation", "Alter", "--cluster")
     wait_for(
-        lambda: (
-            CliRunner()
-            .invoke(
-                cli,
-                [
-                    "--bootstrap",
-                    secure.gateway_address,
-                    "--tls-dir",
-                    str(ops_dir),
-                    "--tls-name",
-                    "ops",
-                    "acl",
-                    "list",
-                ],
-            )
-            .exit_code
-            == 1
-        ),
+        lambda: ops_list_exit_code() == 1,
         timeout_s=10,
         what="the removed grant to take effect",
     )
@@ -893,24 +864,8 @@ def test_fetch_quota_throttles_and_brokers_check_tokens_too(secure):
 
 
 def _fetch(stub: broker_pb2_grpc.BrokerServiceStub) -> common_pb2.FetchResponse:
-    return stub.Fetch(
-        common_pb2.FetchRequest(
-            replica_id=-1,
-            max_wait_ms=0,
-            max_bytes=8 << 20,
-            topics=[
-                common_pb2.FetchTopic(
-                    topic="sec-quota",
-                    partitions=[
-                        common_pb2.FetchPartition(
-                            partition=1, fetch_offset=0, partition_max_bytes=4 << 20, current_leader_epoch=-1
-                        )
-                    ],
-                )
-            ],
-        ),
-        timeout=CALL_TIMEOUT_S,
-    )
+    request = consumer_fetch("sec-quota", 1, 0, max_bytes=8 << 20, partition_max_bytes=4 << 20)
+    return stub.Fetch(request, timeout=CALL_TIMEOUT_S)
 
 
 def test_oversized_requests_and_batches_are_refused_without_writing(secure):

@@ -224,6 +224,11 @@ def _states(states: Any) -> str:
     return " ".join(f"{s.topic}-{s.partition}:L{s.leader}e{s.leader_epoch}isr{list(s.isr)}" for s in states)
 
 
+def _per_partition(body: Any, describe: Callable[[Any, Any], str]) -> str:
+    """describe(topic, partition) for each partition of each topic of body, space-separated."""
+    return " ".join(describe(t, p) for t in body.topics for p in t.partitions)
+
+
 def describe_body(body: Any) -> str:
     """Short, stable text for the messages that matter when reading a failure."""
     if isinstance(body, RpcError):
@@ -237,44 +242,41 @@ def describe_body(body: Any) -> str:
             body.partitions
         )
     if isinstance(body, common_pb2.FetchRequest):
-        parts = " ".join(
-            f"{t.topic}-{p.partition}@{p.fetch_offset}e{p.current_leader_epoch}"
-            for t in body.topics
-            for p in t.partitions
+        parts = _per_partition(
+            body,
+            lambda t, p: f"{t.topic}-{p.partition}@{p.fetch_offset}e{p.current_leader_epoch}",
         )
         return f"r{body.replica_id} {parts}"
     if isinstance(body, common_pb2.FetchResponse):
-        parts = " ".join(
-            f"{t.topic}-{p.partition}:{common_pb2.ErrorCode.Name(p.error_code) if p.error_code else ''}"
-            f"hw{p.high_watermark}/leo{p.log_end_offset}/{len(p.records)}B"
-            for t in body.topics
-            for p in t.partitions
+        return _per_partition(
+            body,
+            lambda t, p: (
+                f"{t.topic}-{p.partition}:{common_pb2.ErrorCode.Name(p.error_code) if p.error_code else ''}"
+                f"hw{p.high_watermark}/leo{p.log_end_offset}/{len(p.records)}B"
+            ),
         )
-        return parts
     if isinstance(body, common_pb2.ProduceRequest):
-        return " ".join(
-            f"{t.topic}-{p.partition} acks={body.acks} {len(p.records)}B"
-            for t in body.topics
-            for p in t.partitions
+        return _per_partition(
+            body,
+            lambda t, p: f"{t.topic}-{p.partition} acks={body.acks} {len(p.records)}B",
         )
     if isinstance(body, common_pb2.ProduceResponse):
-        return " ".join(
-            f"{t.topic}-{p.partition}:{common_pb2.ErrorCode.Name(p.error_code)}@{p.base_offset}"
-            for t in body.topics
-            for p in t.partitions
+        return _per_partition(
+            body,
+            lambda t, p: f"{t.topic}-{p.partition}:{common_pb2.ErrorCode.Name(p.error_code)}@{p.base_offset}",
         )
     if isinstance(body, broker_pb2.OffsetsForLeaderEpochRequest):
-        return " ".join(
-            f"{t.topic}-{p.partition}:e{p.leader_epoch}/cur{p.current_leader_epoch}"
-            for t in body.topics
-            for p in t.partitions
+        return _per_partition(
+            body,
+            lambda t, p: f"{t.topic}-{p.partition}:e{p.leader_epoch}/cur{p.current_leader_epoch}",
         )
     if isinstance(body, broker_pb2.OffsetsForLeaderEpochResponse):
-        return " ".join(
-            f"{t.topic}-{p.partition}:e{p.leader_epoch}->{p.end_offset}"
-            f"{' ' + common_pb2.ErrorCode.Name(p.error_code) if p.error_code else ''}"
-            for t in body.topics
-            for p in t.partitions
+        return _per_partition(
+            body,
+            lambda t, p: (
+                f"{t.topic}-{p.partition}:e{p.leader_epoch}->{p.end_offset}"
+                f"{' ' + common_pb2.ErrorCode.Name(p.error_code) if p.error_code else ''}"
+            ),
         )
     if isinstance(body, controller_pb2.AlterPartitionRequest):
         return " ".join(

@@ -1,7 +1,7 @@
 """A controller candidate in the simulation: campaign, then the real event loop's decide-commit-send path.
 
 `SimControllerLoop` *is* services/controller/event_loop.ControllerEventLoop: load(),
-apply() (fenced etcd transactions in chunks, replay through handlers.apply_write,
+apply() (fenced etcd transactions in chunks, replay through results.apply_write,
 then the RPC batches of _send) run unchanged on the simulated etcd through
 `run_sync`. Only the transport is swapped: `_sync_senders` creates `SimSender`s
 (one request at a time per broker incarnation, in decision order, sent again by
@@ -33,9 +33,10 @@ from coordinator.store import CoordinatorError, Get, Put, compare_missing, compa
 from coordinator.values import json_bytes
 from protos.highwater.v1 import common_pb2, controller_pb2
 from services.common.limits import ADMIN_PROPAGATION_WAIT_S
-from services.controller import event_loop, handlers, sender_rules
+from services.controller import deletion, event_loop, handlers, reassignment, sender_rules
 from services.controller.context import ControllerContext
 from services.controller.event_loop import ControllerEventLoop
+from services.controller.results import ControllerResult
 from tests.sim.clock import EventLoop
 from tests.sim.config import SimConfig
 from tests.sim.network import Envelope, Network, RpcError, RpcNode
@@ -51,6 +52,15 @@ if TYPE_CHECKING:
 DELETE_TOPICS_POLL_MS = 100
 # DeleteTopics' wait when the request names none (server.py: 30 s).
 DELETE_TOPICS_TIMEOUT_MS_DEFAULT = 30_000
+# The admin calls served by one handler on the request, each waiting for the RPCs it sends.
+ADMIN_RPCS: dict[str, tuple[type, Callable[[ControllerContext, Any], ControllerResult]]] = {
+    "CreateTopics": (common_pb2.CreateTopicsResponse, handlers.on_create_topics),
+    "ElectLeaders": (common_pb2.ElectLeadersResponse, handlers.on_elect_leaders),
+    "AlterPartitionReassignments": (
+        common_pb2.AlterPartitionReassignmentsResponse,
+        reassignment.on_alter_reassignments,
+    ),
+}
 
 
 class SimFuture:
@@ -424,27 +434,9 @@ class SimController(RpcNode):
                 lambda ctx: handlers.on_controlled_shutdown(ctx, body.broker_id, body.broker_epoch),
                 wait_rpcs=True,
             )
-        elif rpc == "CreateTopics":
-            self._serve(
-                env,
-                common_pb2.CreateTopicsResponse,
-                lambda ctx: handlers.on_create_topics(ctx, body),
-                wait_rpcs=True,
-            )
-        elif rpc == "ElectLeaders":
-            self._serve(
-                env,
-                common_pb2.ElectLeadersResponse,
-                lambda ctx: handlers.on_elect_leaders(ctx, body),
-                wait_rpcs=True,
-            )
-        elif rpc == "AlterPartitionReassignments":
-            self._serve(
-                env,
-                common_pb2.AlterPartitionReassignmentsResponse,
-                lambda ctx: handlers.on_alter_reassignments(ctx, body),
-                wait_rpcs=True,
-            )
+        elif rpc in ADMIN_RPCS:
+            response_cls, handler = ADMIN_RPCS[rpc]
+            self._serve(env, response_cls, lambda ctx: handler(ctx, body), wait_rpcs=True)
         elif rpc == "DeleteTopics":
             self._delete_topics(env)
         elif rpc == "InitProducerId":
@@ -508,7 +500,7 @@ class SimController(RpcNode):
             return
         outcome = self._process(
             "DeleteTopics",
-            lambda: handlers.on_delete_topics(loop.ctx, names, deletion_enabled=loop.delete_topic_enable),
+            lambda: deletion.on_delete_topics(loop.ctx, names, deletion_enabled=loop.delete_topic_enable),
         )
         if isinstance(outcome, ControllerResignedError):
             self.reply(

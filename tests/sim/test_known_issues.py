@@ -21,7 +21,7 @@ from services.broker.fetch_state import truncation_offset
 from services.broker.log import Log, LogConfig, MemoryStorage
 from services.broker.partition import IsrChange, LeaderAndIsrState, Partition
 from services.broker.steps import CallController, RpcFailed
-from services.controller import handlers
+from services.controller import deletion, handlers, reassignment, results
 from services.controller.context import BrokerInfo, ControllerContext, LeaderAndIsr, TopicInfo
 
 TP = ("t", 0)
@@ -101,7 +101,7 @@ def _context(brokers: dict[int, int], replicas: tuple[int, ...]) -> ControllerCo
 
 def _apply(ctx: ControllerContext, result: handlers.ControllerResult) -> handlers.ControllerResult:
     for write in result.writes:
-        handlers.apply_write(ctx, write)
+        results.apply_write(ctx, write)
     return result
 
 
@@ -118,7 +118,7 @@ def _reassign(replicas: list[int]) -> common_pb2.AlterPartitionReassignmentsRequ
 def test_ki3_second_reassignment_keeps_the_leader_in_the_replica_set() -> None:
     """KI-3, fixed: a reassignment replacing an ongoing one kept dropping the replica being added."""
     ctx = _context({1: 10, 2: 11, 3: 12, 4: 13, 5: 14}, (1, 2, 3))
-    _apply(ctx, handlers.on_alter_reassignments(ctx, _reassign([2, 3, 5])))  # AR (2, 3, 5, 1), adding 5
+    _apply(ctx, reassignment.on_alter_reassignments(ctx, _reassign([2, 3, 5])))  # AR (2, 3, 5, 1), adding 5
     state = ctx.states[TP]
     _apply(
         ctx,
@@ -149,7 +149,7 @@ def test_ki3_second_reassignment_keeps_the_leader_in_the_replica_set() -> None:
             ctx, {2: _broker(2, 21), 3: _broker(3, 22), 4: _broker(4, 13), 5: _broker(5, 14)}
         ),
     )
-    result = _apply(ctx, handlers.on_alter_reassignments(ctx, _reassign([3, 4, 2])))
+    result = _apply(ctx, reassignment.on_alter_reassignments(ctx, _reassign([3, 4, 2])))
     state = ctx.states[TP]
     assert state.leader in ctx.replicas(TP) or state.leader == -1, (
         f"leader {state.leader} is outside replicas {ctx.replicas(TP)}"
@@ -300,18 +300,18 @@ def test_stale_stop_replica_answer_does_not_halt_the_controller() -> None:
     controller. The answer must be taken for what it is (stale) and the deletion finish once
     broker 2 is back and confirms."""
     ctx = _context({1: 10, 2: 11, 3: 12}, (1, 2, 3))
-    _apply(ctx, handlers.on_delete_topics(ctx, ["t"], deletion_enabled=True))
+    _apply(ctx, deletion.on_delete_topics(ctx, ["t"], deletion_enabled=True))
     _apply(ctx, handlers.on_broker_change(ctx, {1: _broker(1, 10), 3: _broker(3, 12)}))
-    stale = _apply(ctx, handlers.on_replica_deletion_result(ctx, 2, 11, [TP], True))  # no halt
+    stale = _apply(ctx, deletion.on_replica_deletion_result(ctx, 2, 11, [TP], True))  # no halt
     assert not stale.writes, "an answer from an incarnation that is gone changes nothing"
     for broker_id, broker_epoch in ((1, 10), (3, 12)):
-        _apply(ctx, handlers.on_replica_deletion_result(ctx, broker_id, broker_epoch, [TP], True))
+        _apply(ctx, deletion.on_replica_deletion_result(ctx, broker_id, broker_epoch, [TP], True))
     back = _apply(
         ctx, handlers.on_broker_change(ctx, {1: _broker(1, 10), 2: _broker(2, 21), 3: _broker(3, 12)})
     )
     assert TP in back.rpcs.stop_replica.get(2, {}), "broker 2 is asked again to delete its replica"
-    done = _apply(ctx, handlers.on_replica_deletion_result(ctx, 2, 21, [TP], True))
-    assert "t" not in ctx.topics and any(isinstance(w, handlers.TopicDelete) for w in done.writes), (
+    done = _apply(ctx, deletion.on_replica_deletion_result(ctx, 2, 21, [TP], True))
+    assert "t" not in ctx.topics and any(isinstance(w, results.TopicDelete) for w in done.writes), (
         "the topic's keys go once every replica confirmed"
     )
 
@@ -321,14 +321,14 @@ def test_stale_stop_replica_answer_after_a_resend_does_not_halt_the_controller()
     again to the new incarnation, then the old request's failure arrived (moving Started ->
     Ineligible) and the re-send's success asked for Ineligible -> Successful (exit 70)."""
     ctx = _context({1: 10, 2: 11, 3: 12}, (1, 2, 3))
-    _apply(ctx, handlers.on_delete_topics(ctx, ["t"], deletion_enabled=True))
+    _apply(ctx, deletion.on_delete_topics(ctx, ["t"], deletion_enabled=True))
     resent = _apply(
         ctx, handlers.on_broker_change(ctx, {1: _broker(1, 10), 2: _broker(2, 22), 3: _broker(3, 12)})
     )
     assert TP in resent.rpcs.stop_replica.get(2, {})
-    _apply(ctx, handlers.on_replica_deletion_result(ctx, 2, 11, [TP], False))  # the old incarnation's failure
+    _apply(ctx, deletion.on_replica_deletion_result(ctx, 2, 11, [TP], False))  # the old incarnation's failure
     for broker_id, broker_epoch in ((2, 22), (1, 10), (3, 12)):
-        _apply(ctx, handlers.on_replica_deletion_result(ctx, broker_id, broker_epoch, [TP], True))
+        _apply(ctx, deletion.on_replica_deletion_result(ctx, broker_id, broker_epoch, [TP], True))
     assert "t" not in ctx.topics, "the topic is deleted once every live incarnation confirmed"
 
 
@@ -337,7 +337,7 @@ def test_deciding_a_deletion_changes_the_context_only_when_its_writes_are_replay
     (a controller that fails to commit knows nothing new).
     """
     ctx = _context({1: 10, 2: 11, 3: 12}, (1, 2, 3))
-    decided = handlers.on_delete_topics(ctx, ["t"], deletion_enabled=True)
+    decided = deletion.on_delete_topics(ctx, ["t"], deletion_enabled=True)
     assert not ctx.replica_deletion and not ctx.topics_to_delete
     _apply(ctx, decided)
     assert set(ctx.replica_deletion) == {(TP, 1), (TP, 2), (TP, 3)}

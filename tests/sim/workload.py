@@ -99,7 +99,38 @@ class _Batch:
     attempt: int = 1
 
 
-class Producer(RpcNode):
+class _Client(RpcNode):
+    """What producers and consumers share: the run's rng, config and checker, a metadata view, the
+    topics it uses and how many times each was deleted."""
+
+    def __init__(
+        self,
+        name: str,
+        loop: EventLoop,
+        network: Network,
+        rng: random.Random,
+        config: SimConfig,
+        checker: Checker,
+        broker_ids: list[int],
+    ) -> None:
+        super().__init__(name, loop, network)
+        self.rng = rng
+        self.config = config
+        self.checker = checker
+        self.metadata = MetadataView(self, broker_ids, rng)
+        self.topics: list[str] = []
+        # topic -> times it was deleted: a producer drops batches made for an older generation, a
+        # consumer ends a fetch loop begun in one.
+        self.generations: dict[str, int] = {}
+
+    def topic_deleted(self, topic: str) -> None:
+        """The operator deleted `topic`: stop using it and count a new generation of it."""
+        if topic in self.topics:
+            self.topics.remove(topic)
+        self.generations[topic] = self.generations.get(topic, 0) + 1
+
+
+class Producer(_Client):
     """acks=all or acks=1; with `idempotent`, batches carry producer id, epoch and sequence.
 
     The idempotent producer never gives up on a batch (it retries with the same sequence
@@ -122,17 +153,10 @@ class Producer(RpcNode):
         broker_ids: list[int],
         controller_ids: list[int],
     ) -> None:
-        super().__init__(f"p{index}", loop, network)
+        super().__init__(f"p{index}", loop, network, rng, config, checker, broker_ids)
         self.acks = acks
         self.idempotent = idempotent
-        self.rng = rng
-        self.config = config
-        self.checker = checker
-        self.metadata = MetadataView(self, broker_ids, rng)
         self.controller_ids = controller_ids
-        self.topics: list[str] = []
-        # topic -> times it was deleted: batches made for an older generation are dropped.
-        self.generations: dict[str, int] = {}
         self.seq = 0
         self.stopped = False
         self._round_robin = 0
@@ -172,9 +196,7 @@ class Producer(RpcNode):
 
     def topic_deleted(self, topic: str) -> None:
         """The operator deleted `topic`: stop sending to it; a re-created one starts at sequence 0."""
-        if topic in self.topics:
-            self.topics.remove(topic)
-        self.generations[topic] = self.generations.get(topic, 0) + 1
+        super().topic_deleted(topic)
         for tp in [tp for tp in self._sequences if tp[0] == topic]:
             del self._sequences[tp]
 
@@ -289,7 +311,7 @@ class Producer(RpcNode):
         self.metadata.refresh(retry)
 
 
-class Consumer(RpcNode):
+class Consumer(_Client):
     def __init__(
         self,
         index: int,
@@ -300,27 +322,18 @@ class Consumer(RpcNode):
         checker: Checker,
         broker_ids: list[int],
     ) -> None:
-        super().__init__(f"k{index}", loop, network)
-        self.rng = rng
-        self.config = config
-        self.checker = checker
-        self.metadata = MetadataView(self, broker_ids, rng)
-        self.topics: list[str] = []
+        super().__init__(f"k{index}", loop, network, rng, config, checker, broker_ids)
         self.positions: dict[TopicPartitionKey, int] = {}
         self.seen: dict[TopicPartitionKey, dict[int, bytes]] = {}
         # [from, to) ranges a reset to the leader's log start skipped (deleted by retention).
         self.skipped: dict[TopicPartitionKey, list[tuple[int, int]]] = {}
         # Partitions whose fetch loop runs (a fetch in flight or a retry pending).
         self._running: set[TopicPartitionKey] = set()
-        # topic -> times it was deleted: a fetch loop of an older generation ends.
-        self.generations: dict[str, int] = {}
         self.after(100, self._poll)
 
     def topic_deleted(self, topic: str) -> None:
         """The operator deleted `topic`: forget it; a re-created one is read from offset 0 again."""
-        if topic in self.topics:
-            self.topics.remove(topic)
-        self.generations[topic] = self.generations.get(topic, 0) + 1
+        super().topic_deleted(topic)
         for table in (self.positions, self.seen, self.skipped):
             for tp in [tp for tp in table if tp[0] == topic]:
                 del table[tp]

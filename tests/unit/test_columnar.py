@@ -11,10 +11,7 @@ recomputed over bad bytes): `test_corrupt_records_with_a_valid_crc_*` makes exac
 
 from __future__ import annotations
 
-import os
 import struct
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,8 +34,8 @@ from clients.common.record_batch import (
 )
 from clients.common.records import COMPRESSION_CODES, Record, decode_batches, encode_batch
 from spark_connector.columnar import ARROW_BINARY_BYTES_MAX, HEADERS_TYPE, RecordColumns, decode_columns
+from tests.unit.boundscheck import run_with_numba_boundscheck
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CODECS = list(COMPRESSION_CODES)
 LOG_APPEND_TIME = 0x08
 CONTROL = 0x20
@@ -388,20 +385,5 @@ print(ok, corrupt)
 def test_kernel_stays_in_bounds_under_numba_boundscheck(tmp_path: Path) -> None:
     """Numba checks no index by default; with NUMBA_BOUNDSCHECK=1 an out-of-bounds index raises
     IndexError instead. Compiled afresh (own cache dir) so the checked build is what runs."""
-    env = {
-        **os.environ,
-        "NUMBA_BOUNDSCHECK": "1",
-        "NUMBA_CACHE_DIR": str(tmp_path),
-        "PYTHONPATH": str(REPO_ROOT),
-    }
-    run = subprocess.run(
-        [sys.executable, "-c", BOUNDSCHECK_SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO_ROOT,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    ok, corrupt = map(int, run.stdout.split())
+    ok, corrupt = run_with_numba_boundscheck(BOUNDSCHECK_SCRIPT, tmp_path)
     assert ok > 0 and corrupt > 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from protos.highwater.v1 import common_pb2, controller_pb2
-from services.controller import admin_requests, deletion, handlers, reassignment
+from services.controller import admin_requests, deletion, handlers, reassignment, results
 from services.controller.assignment import assign_replicas, rack_alternating_order
 from services.controller.context import BrokerInfo, ControllerContext, LeaderAndIsr, TopicInfo
 from services.controller.elections import offline_partition_leader
@@ -269,7 +269,7 @@ def test_delete_topic_removes_keys_only_after_every_replica_confirmed_deletion()
     assert returned.rpcs.stop_replica[3] == {("t", 1): True}
     commit(ctx, returned)
     done = deletion.on_replica_deletion_result(ctx, 3, ctx.with_broker_epoch(3), [("t", 1)], True)
-    assert any(isinstance(w, handlers.TopicDelete) for w in done.writes)
+    assert any(isinstance(w, results.TopicDelete) for w in done.writes)
     commit(ctx, done)
     assert "t" not in ctx.topics and not ctx.states and not ctx.topics_to_delete
     disabled = deletion.on_delete_topics(ctx, ["x"], deletion_enabled=False)

@@ -59,18 +59,21 @@ def one_round(fetcher: FetcherCore, leader: Broker) -> None:
         fetcher.handle_fetch_answer(leader.fetch_now(request), now)
 
 
+def answer_for_t(*partitions: common_pb2.FetchPartitionResponse) -> common_pb2.FetchResponse:
+    """A hand-built leader's FetchResponse with these partitions of topic t."""
+    return common_pb2.FetchResponse(topics=[common_pb2.FetchTopicResponse(topic="t", partitions=partitions)])
+
+
 def pair(partitions: tuple[int, ...] = (0,)) -> tuple[Broker, Broker, FetcherCore]:
     """Broker 1 leads epoch 0 of every partition; broker 2 follows it. Returns (leader, follower, fetcher)."""
     leader, follower = Broker(1), Broker(2)
     leader.register(10)
     follower.register(11)
     for partition in partitions:
-        leader.leader_and_isr(
-            leader=1, leader_epoch=0, isr=(1, 2), replicas=(1, 2), partition=partition, live=[leader.node]
-        )
-        follower.leader_and_isr(
-            leader=1, leader_epoch=0, isr=(1, 2), replicas=(1, 2), partition=partition, live=[leader.node]
-        )
+        for broker in (leader, follower):
+            broker.leader_and_isr(
+                leader=1, leader_epoch=0, isr=(1, 2), replicas=(1, 2), partition=partition, live=[leader.node]
+            )
     (fetcher,) = follower.io.started
     return leader, follower, fetcher
 
@@ -130,20 +133,11 @@ def test_a_partition_whose_append_fails_is_isolated_and_the_others_keep_fetching
     good = batch("x")
     corrupt = bytearray(batch("y"))
     corrupt[-1] ^= 0xFF  # the CRC no longer matches
-    response = common_pb2.FetchResponse(
-        topics=[
-            common_pb2.FetchTopicResponse(
-                topic="t",
-                partitions=[
-                    common_pb2.FetchPartitionResponse(
-                        partition=0, records=bytes(corrupt), high_watermark=1, log_end_offset=1
-                    ),
-                    common_pb2.FetchPartitionResponse(
-                        partition=1, records=good, high_watermark=1, log_end_offset=1
-                    ),
-                ],
-            )
-        ]
+    response = answer_for_t(
+        common_pb2.FetchPartitionResponse(
+            partition=0, records=bytes(corrupt), high_watermark=1, log_end_offset=1
+        ),
+        common_pb2.FetchPartitionResponse(partition=1, records=good, high_watermark=1, log_end_offset=1),
     )
     fetcher.handle_fetch_answer(response, 0)
     assert fetcher.failed == {T0} and T0 not in fetcher.partitions
@@ -159,18 +153,9 @@ def test_a_partition_level_error_delays_that_partition_only_and_sends_it_to_the_
     leader, _follower, fetcher = pair(partitions=(0, 1))
     one_round(fetcher, leader)
     assert list(fetcher.partitions) == [T0, T1]
-    response = common_pb2.FetchResponse(
-        topics=[
-            common_pb2.FetchTopicResponse(
-                topic="t",
-                partitions=[
-                    common_pb2.FetchPartitionResponse(
-                        partition=0, error_code=common_pb2.NOT_LEADER_OR_FOLLOWER
-                    ),
-                    common_pb2.FetchPartitionResponse(partition=1, high_watermark=0, log_end_offset=0),
-                ],
-            )
-        ]
+    response = answer_for_t(
+        common_pb2.FetchPartitionResponse(partition=0, error_code=common_pb2.NOT_LEADER_OR_FOLLOWER),
+        common_pb2.FetchPartitionResponse(partition=1, high_watermark=0, log_end_offset=0),
     )
     fetcher.handle_fetch_answer(response, now_ms=100)
     assert list(fetcher.partitions) == [T1, T0]
@@ -214,20 +199,13 @@ def test_a_follower_above_the_leaders_end_truncates_to_it() -> None:
     request = fetcher.build_fetch_request(0)
     assert request is not None
     # A leader whose log ends at 2 (a hand-built answer: our leader would have truncated us first).
-    response = common_pb2.FetchResponse(
-        topics=[
-            common_pb2.FetchTopicResponse(
-                topic="t",
-                partitions=[
-                    common_pb2.FetchPartitionResponse(
-                        partition=0,
-                        error_code=common_pb2.OFFSET_OUT_OF_RANGE,
-                        log_start_offset=0,
-                        log_end_offset=2,
-                    )
-                ],
-            )
-        ]
+    response = answer_for_t(
+        common_pb2.FetchPartitionResponse(
+            partition=0,
+            error_code=common_pb2.OFFSET_OUT_OF_RANGE,
+            log_start_offset=0,
+            log_end_offset=2,
+        )
     )
     fetcher.handle_fetch_answer(response, 0)
     assert values_in(follower) == [b"a", b"b"]

@@ -63,8 +63,10 @@ def only_partition(response: common_pb2.ProduceResponse) -> common_pb2.ProducePa
 # ---- fetch_answers_now --------------------------------------------------------------------------
 
 
-def test_fetch_waits_only_while_it_may_wait_and_has_neither_enough_bytes_nor_an_error() -> None:
-    waiting = dict(
+def answers_now(**changes: int | bool) -> bool:
+    """fetch_answers_now for a fetch that may wait (500 ms, to its deadline at 500), asked one partition
+    and read 10 of its min_bytes 100 with no error, at 0 ms: but for the changes."""
+    waiting: dict[str, int | bool] = dict(
         max_wait_ms=500,
         partitions_asked=1,
         bytes_read=10,
@@ -73,34 +75,22 @@ def test_fetch_waits_only_while_it_may_wait_and_has_neither_enough_bytes_nor_an_
         now_ms=0,
         deadline_ms=500,
     )
-    assert not fetch_answers_now(**waiting)  # type: ignore[arg-type]
-    assert fetch_answers_now(**{**waiting, "max_wait_ms": 0})  # type: ignore[arg-type]
-    assert fetch_answers_now(**{**waiting, "partitions_asked": 0})  # type: ignore[arg-type]
-    assert fetch_answers_now(**{**waiting, "bytes_read": 100})  # type: ignore[arg-type]
-    assert fetch_answers_now(**{**waiting, "has_error": True})  # type: ignore[arg-type]
-    assert fetch_answers_now(**{**waiting, "now_ms": 500})  # type: ignore[arg-type]
+    return fetch_answers_now(**{**waiting, **changes})  # type: ignore[arg-type]
+
+
+def test_fetch_waits_only_while_it_may_wait_and_has_neither_enough_bytes_nor_an_error() -> None:
+    assert not answers_now()
+    assert answers_now(max_wait_ms=0)
+    assert answers_now(partitions_asked=0)
+    assert answers_now(bytes_read=100)
+    assert answers_now(has_error=True)
+    assert answers_now(now_ms=500)
 
 
 def test_min_bytes_zero_still_waits_for_one_byte() -> None:
     # Kafka answers a min_bytes=0 fetch at once only when it may not wait; with nothing read it waits.
-    assert not fetch_answers_now(
-        max_wait_ms=500,
-        partitions_asked=1,
-        bytes_read=0,
-        min_bytes=0,
-        has_error=False,
-        now_ms=0,
-        deadline_ms=500,
-    )
-    assert fetch_answers_now(
-        max_wait_ms=500,
-        partitions_asked=1,
-        bytes_read=1,
-        min_bytes=0,
-        has_error=False,
-        now_ms=0,
-        deadline_ms=500,
-    )
+    assert not answers_now(bytes_read=0, min_bytes=0)
+    assert answers_now(bytes_read=1, min_bytes=0)
 
 
 # ---- DelayedProduce ------------------------------------------------------------------------------

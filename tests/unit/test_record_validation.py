@@ -9,10 +9,7 @@ topic (Kafka's message.timestamp.*) are applied as Kafka applies them.
 
 from __future__ import annotations
 
-import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -47,6 +44,7 @@ from clients.common.records import COMPRESSION_CODES, Record, decode_batches, en
 from services.broker.log import Log, LogConfig, MemoryStorage
 from services.broker.partition import LeaderAndIsrState, Partition
 from spark_connector.columnar import decode_columns
+from tests.unit.boundscheck import run_with_numba_boundscheck
 
 NOW_MS = 1_700_000_000_000
 HOUR_MS = 3_600_000
@@ -387,7 +385,6 @@ def test_a_corrupted_records_section_with_a_valid_crc_is_refused_or_still_decode
 
 # --- the kernel never reads out of bounds -------------------------------------------------------
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 BOUNDSCHECK_SCRIPT = r"""
 import random, struct
 from crc32c import crc32c
@@ -420,20 +417,5 @@ print(ok, refused)
 def test_the_record_kernel_stays_in_bounds_under_numba_boundscheck(tmp_path: Path) -> None:
     """Numba checks no index by default; with NUMBA_BOUNDSCHECK=1 an out-of-bounds index raises
     IndexError instead. Compiled afresh (own cache dir) so the checked build is what runs."""
-    env = {
-        **os.environ,
-        "NUMBA_BOUNDSCHECK": "1",
-        "NUMBA_CACHE_DIR": str(tmp_path),
-        "PYTHONPATH": str(REPO_ROOT),
-    }
-    run = subprocess.run(
-        [sys.executable, "-c", BOUNDSCHECK_SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO_ROOT,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    ok, refused = map(int, run.stdout.split())
+    ok, refused = run_with_numba_boundscheck(BOUNDSCHECK_SCRIPT, tmp_path)
     assert ok > 0 and refused > 0
