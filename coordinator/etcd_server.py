@@ -44,6 +44,9 @@ log = logging.getLogger("highwater.coordinator")
 
 ETCD_BIN_ENV = "HIGHWATER_ETCD_BIN"
 _REPO_ROOT = Path(__file__).resolve().parent.parent
+# pause() waits at most this long for the kernel to show etcd stopped, looking this often.
+PAUSE_CONFIRM_TIMEOUT_S = 2.0
+PAUSE_CONFIRM_POLL_S = 0.001
 
 
 class EtcdNotFound(RuntimeError):
@@ -349,8 +352,19 @@ class EtcdServer:
         return self.start(timeout_s)
 
     def pause(self) -> None:
-        """SIGSTOP: etcd stops answering but keeps its connections (a hung server)."""
+        """SIGSTOP: etcd stops answering but keeps its connections (a hung server).
+
+        Returns once the kernel shows the process stopped: a signal is delivered
+        asynchronously, and a request sent in between could still be answered."""
         self._signal(signal.SIGSTOP)
+        assert self._proc is not None
+        stat = Path(f"/proc/{self._proc.pid}/stat")
+        deadline = time.monotonic() + PAUSE_CONFIRM_TIMEOUT_S
+        while stat.exists() and time.monotonic() < deadline:
+            # The state is the field after the parenthesised command name.
+            if stat.read_text().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return
+            time.sleep(PAUSE_CONFIRM_POLL_S)
 
     def resume(self) -> None:
         """SIGCONT after pause()."""
