@@ -326,3 +326,60 @@ def test_group_admin_and_a_zombie_commit_through_the_client(make_cluster: Callab
         result = CliRunner().invoke(cli, ["--bootstrap", bootstrap, "groups", "delete", "ga"])
         assert result.exit_code == 0, result.output
         assert admin.list_groups() == []
+
+
+def test_a_static_member_restarting_within_its_session_keeps_its_partitions(
+    make_cluster: Callable[..., TestCluster],
+) -> None:
+    """group_instance_id: closing leaves "for a while" (epoch -2); a new process with the same
+    instance id within the session timeout gets the same partitions, and the other member's
+    partitions never move."""
+    cluster = make_cluster(brokers=1)
+    bootstrap = cluster.gateway_address
+    with Admin(bootstrap) as admin:
+        admin.create_topics([NewTopic("g-static", 4, 1)])
+    moves: list[tuple[str, str, list[TopicPartition]]] = []
+
+    def consumer(name: str, instance_id: str | None) -> Consumer:
+        c = Consumer(
+            bootstrap=bootstrap, group_id="gs", session_timeout_ms=SESSION_MS, group_instance_id=instance_id
+        )
+        c.subscribe(
+            ["g-static"],
+            on_partitions_assigned=lambda p: moves.append((name, "assigned", p)),
+            on_partitions_revoked=lambda p: moves.append((name, "revoked", p)),
+            on_partitions_lost=lambda p: moves.append((name, "lost", p)),
+        )
+        return c
+
+    def settle(consumers: list[Consumer], what: str) -> None:
+        def spread() -> bool:
+            for c in consumers:
+                c.poll(50)
+            sizes = [len(c.assignment()) for c in consumers]
+            return sum(sizes) == 4 and min(sizes) == 2
+
+        wait_for(spread, what)
+
+    static: Consumer | None = consumer("static", "svc-0")
+    dynamic = consumer("dynamic", None)
+    restarted: Consumer | None = None
+    try:
+        assert static is not None
+        settle([static, dynamic], "4 partitions spread 2/2")
+        owned_by_static, owned_by_dynamic = set(static.assignment()), set(dynamic.assignment())
+        moves.clear()
+        static.close()
+        static = None
+        restarted = consumer("restarted", "svc-0")
+        settle([restarted, dynamic], "the restarted static member to get its partitions back")
+        assert set(restarted.assignment()) == owned_by_static
+        assert set(dynamic.assignment()) == owned_by_dynamic
+        assert [m for m in moves if m[0] == "dynamic"] == [], f"the other member's partitions moved: {moves}"
+        with Admin(bootstrap) as admin:
+            instances = {m.instance_id for m in admin.describe_consumer_group("gs").members}
+        assert instances == {"svc-0", None}
+    finally:
+        for c in (static, dynamic, restarted):
+            if c is not None:
+                c.close()
