@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from clients.common.topics import group_id_problem, topic_name_problem
 from clients.common.types import TopicPartitionKey
 from coordinator import values
 from coordinator.store import (
@@ -50,7 +51,7 @@ from protos.highwater.v1 import common_pb2, gateway_pb2
 from services.common import limits
 from services.gateway import metrics
 from services.groups import coordinator
-from services.groups.coordinator import GroupError, GroupState, HeartbeatRequest, MemberState
+from services.groups.coordinator import GroupError, GroupState, HeartbeatRequest
 
 log = logging.getLogger("highwater.gateway.groups")
 T = TypeVar("T")
@@ -232,7 +233,12 @@ class GroupService:
         # Registered before deciding, so a change that lands while this heartbeat is decided
         # still wakes its long poll.
         waiter = self._waiter(group)
-        answer = await self._heartbeat_once(group, pure_request, lease)
+        try:
+            answer = await self._heartbeat_once(group, pure_request, lease)
+        except BaseException:
+            if lease:  # the join did not happen: its session lease goes at once, not at its TTL
+                await self.store.revoke_lease(lease)
+            raise
         if lease and (answer.error is not None or answer.member_id == ""):
             await self.store.revoke_lease(lease)
         if request.member_epoch == coordinator.EPOCH_LEAVE:
@@ -448,7 +454,7 @@ class GroupService:
             state = groups[group] or GroupState(group_id=group)
             response.groups.add(
                 group_id=group,
-                state=group_state_name(state),
+                state=coordinator.state_name(state),
                 members=len(state.members),
                 group_epoch=state.group_epoch,
             )
@@ -467,7 +473,7 @@ class GroupService:
         d = coordinator.describe(loaded.state)
         out = gateway_pb2.GroupDescription(
             group_id=group,
-            state=group_state_name(loaded.state),
+            state=coordinator.state_name(loaded.state),
             group_epoch=d.group_epoch,
             target_epoch=d.target_epoch,
             assignor=d.assignor,
@@ -514,18 +520,6 @@ class GroupService:
         return gateway_pb2.DeleteGroupResult(group_id=group)
 
 
-def group_state_name(state: GroupState) -> str:
-    """Kafka's consumer group states, as kafka-consumer-groups prints them."""
-    if not state.members:
-        return "Empty"
-    if state.target_epoch < state.group_epoch:
-        return "Assigning"
-    settled = all(
-        m.member_epoch == state.target_epoch and m.state is MemberState.STABLE for m in state.members.values()
-    )
-    return "Stable" if settled else "Reconciling"
-
-
 def _encode(state: GroupState) -> bytes:
     return json.dumps(state.to_record(), separators=(",", ":")).encode()
 
@@ -563,8 +557,6 @@ def _nothing_to_tell(answer: coordinator.HeartbeatAnswer, request: HeartbeatRequ
 
 
 def _heartbeat_problem(request: gateway_pb2.ConsumerGroupHeartbeatRequest) -> str | None:
-    from clients.common.topics import group_id_problem, topic_name_problem
-
     problem = group_id_problem(request.group_id)
     if problem is not None:
         return problem

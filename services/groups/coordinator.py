@@ -311,6 +311,18 @@ def describe(state: GroupState) -> GroupDescription:
     )
 
 
+def state_name(state: GroupState) -> str:
+    """Kafka's consumer group states, as kafka-consumer-groups prints them."""
+    if not state.members:
+        return "Empty"
+    if state.target_epoch < state.group_epoch:
+        return "Assigning"
+    settled = all(
+        m.member_epoch == state.target_epoch and m.state is MemberState.STABLE for m in state.members.values()
+    )
+    return "Stable" if settled else "Reconciling"
+
+
 def check_invariants(state: GroupState) -> None:
     """Raise InvariantViolation, naming the values, when the group breaks a rule of the module docstring."""
     check(

@@ -40,6 +40,9 @@ PARTITIONS = 12
 SESSION_MS = 3_000
 PRODUCE_INTERVAL_S = 0.004  # ~250 records/s
 STEP_TIMEOUT_S = 30.0
+# Records each live member reads between two faults (~1 s of the producer's rate over 12
+# partitions shared by three members).
+STEADY_RECORDS = 20
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = STEP_TIMEOUT_S) -> None:
@@ -157,6 +160,20 @@ def members(tmp_path: Path) -> Iterator[list[MemberProcess]]:
             m.stop()
 
 
+def records_processed(m: MemberProcess) -> int:
+    return sum(1 for e in m.events() if e["ev"] == "record")
+
+
+def wait_steady(live: list[MemberProcess], what: str) -> None:
+    """Wait until every live member has processed STEADY_RECORDS more records: the group is
+    reading under the producer before the next fault."""
+    start = {m.name: records_processed(m) for m in live}
+    wait_for(
+        lambda: all(records_processed(m) >= start[m.name] + STEADY_RECORDS for m in live),
+        f"{what} to process {STEADY_RECORDS} more records each",
+    )
+
+
 def all_owned_by(live: list[MemberProcess]) -> bool:
     owned = [m.owned() for m in live]
     union = set().union(*owned)
@@ -187,7 +204,7 @@ def test_members_come_and_go_and_nothing_is_lost_or_owned_twice(
         )
 
         # A crash: SIGKILL.
-        time.sleep(1)
+        wait_steady([m1, m2, m3], "m1, m2 and m3")
         m2.member.died_ms = m2.signal(signal.SIGKILL)
         m2.process.wait(timeout=STEP_TIMEOUT_S)
         wait_for(lambda: all_owned_by([m1, m3]), "m1 and m3 to own m2's partitions")
@@ -195,11 +212,11 @@ def test_members_come_and_go_and_nothing_is_lost_or_owned_twice(
         wait_for(lambda: all_owned_by([m1, m3, m4]) and len(m4.owned()) == 4, "m4 to get its share")
 
         # A zombie: SIGSTOP past the session timeout, then SIGCONT.
-        time.sleep(1)
+        wait_steady([m1, m3, m4], "m1, m3 and m4")
         m3.member.died_ms = m3.signal(signal.SIGSTOP)
         m3.member.paused = True
         wait_for(lambda: all_owned_by([m1, m4]), "m1 and m4 to own the paused m3's partitions")
-        time.sleep(1)
+        wait_steady([m1, m4], "m1 and m4 (m3 still paused)")
         m3.member.resumed_ms = m3.signal(signal.SIGCONT)
         wait_for(
             lambda: any(e["ev"] == "lost" for e in m3.events() if int(e["t"]) >= m3.member.resumed_ms),  # type: ignore[arg-type]
@@ -210,11 +227,11 @@ def test_members_come_and_go_and_nothing_is_lost_or_owned_twice(
         )
 
         # A clean leave: SIGTERM closes the consumer (commit, leave).
-        time.sleep(1)
+        wait_steady([m1, m3, m4], "m1, m3 and m4")
         m1.member.close_started_ms = m1.signal(signal.SIGTERM)
         m1.process.wait(timeout=STEP_TIMEOUT_S)
         wait_for(lambda: all_owned_by([m3, m4]), "m3 and m4 to own m1's partitions")
-        time.sleep(1)
+        wait_steady([m3, m4], "m3 and m4")
         producer.stop()
 
     def processed() -> set[tuple[tuple[str, int], int]]:

@@ -35,6 +35,7 @@ from services.groups.coordinator import (
     describe,
     expire,
     heartbeat,
+    state_name,
 )
 from tests.unit.test_pure_imports import ROOT, _io_in, _reached
 
@@ -392,3 +393,15 @@ def test_group_logic_reaches_no_io(path: Path) -> None:
         f"{' -> '.join(chain)}: {bad}" for reached, chain in _reached(path).items() for bad in _io_in(reached)
     ]
     assert not problems
+
+
+def test_state_names_follow_kafkas_consumer_group_states() -> None:
+    assert state_name(GroupState(group_id="g")) == "Empty"
+    group, clients = _homogeneous_group(2)
+    assert state_name(group.state) == "Stable"
+    newcomer = Client("c-new", frozenset({"a", "b"}))
+    group.beat(newcomer)
+    # The join bumped the group epoch and set a new target the others have not reached yet.
+    assert state_name(group.state) in ("Assigning", "Reconciling")
+    converge(group, [*clients, newcomer])
+    assert state_name(group.state) == "Stable"
