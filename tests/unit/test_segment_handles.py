@@ -7,8 +7,8 @@ Before this, every segment kept three descriptors for ever: a producer that made
 small segments (segment_bytes down to 1 KiB, or offset jumps) took three brokers to
 20,000 open files and STORAGE_ERROR "Too many open files".
 
-File counts here are the process's real descriptors (/proc/self/fd) where FileStorage
-is used, so a handle the cache forgot to close would show.
+File counts here are the process's real descriptors (/proc/self/fd) on the test's own
+files where FileStorage is used, so a handle the cache forgot to close would show.
 """
 
 from __future__ import annotations
@@ -33,8 +33,21 @@ CACHE_FILES = 8
 ACTIVE_FILES = 3
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def open_fds(under: Path) -> int:
+    """Descriptors of this process open on files below `under`.
+
+    Only the test's own directory counts: threads left by earlier tests in this process
+    (gRPC channels, etcd clients) open and close descriptors of their own at any moment.
+    """
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except FileNotFoundError:  # closed between the listing and the read
+            continue
+        if target.startswith(f"{under}/"):
+            count += 1
+    return count
 
 
 def value(offset: int) -> bytes:
@@ -73,7 +86,7 @@ def check_every_record(log: Log, *, max_bytes: int = 300) -> int:
 def test_a_log_of_500_tiny_segments_keeps_a_bounded_number_of_files_open(tmp_path: Path) -> None:
     directory = str(tmp_path / "topic-0")
     storage = FileStorage(open_files_max=CACHE_FILES)
-    fds_before = open_fds()
+    fds_before = open_fds(tmp_path)
     real_before = open_real_file_count()
 
     log = Log.open(directory, TINY, storage=storage, now_ms=0)
@@ -82,8 +95,9 @@ def test_a_log_of_500_tiny_segments_keeps_a_bounded_number_of_files_open(tmp_pat
         name for name in os.listdir(directory) if name.endswith((".log", ".index", ".timeindex"))
     ]
     assert len(segment_files) == 3 * SEGMENTS  # every file exists on disk ...
-    assert open_fds() - fds_before <= ACTIVE_FILES + CACHE_FILES  # ... but few are open
-    assert open_real_file_count() - real_before == storage.open_files.open_count == open_fds() - fds_before
+    assert open_fds(tmp_path) - fds_before <= ACTIVE_FILES + CACHE_FILES  # ... but few are open
+    open_now = open_fds(tmp_path) - fds_before
+    assert open_real_file_count() - real_before == storage.open_files.open_count == open_now
 
     # Every old segment still reads right, front to back and in a random order.
     check_every_record(log)
@@ -92,7 +106,7 @@ def test_a_log_of_500_tiny_segments_keeps_a_bounded_number_of_files_open(tmp_pat
         fetched = log.read(base + 1, max_bytes=1)
         assert [r.value for r in decode_batches(fetched.records)][1] == value(base + 1)
         assert log.offset_for_timestamp(base // 4) is not None  # the time index of an evicted segment
-    assert open_fds() - fds_before <= ACTIVE_FILES + CACHE_FILES
+    assert open_fds(tmp_path) - fds_before <= ACTIVE_FILES + CACHE_FILES
 
     # A follower truncating into an old, evicted segment: it becomes the active one again.
     target = bases[300] + 4  # the second batch of segment 300
@@ -107,7 +121,7 @@ def test_a_log_of_500_tiny_segments_keeps_a_bounded_number_of_files_open(tmp_pat
     assert log.segment_base_offsets[0] == bases[100]
     assert not os.path.exists(os.path.join(directory, f"{bases[99]:020d}.log"))
     log.close()
-    assert open_fds() == fds_before
+    assert open_fds(tmp_path) == fds_before
     by_size = Log.open(
         directory,
         LogConfig(
@@ -120,26 +134,27 @@ def test_a_log_of_500_tiny_segments_keeps_a_bounded_number_of_files_open(tmp_pat
         storage=storage,
         now_ms=0,
     )
-    assert open_fds() - fds_before <= ACTIVE_FILES + CACHE_FILES  # opening 220 segments stays bounded too
+    # Opening 220 segments stays bounded too.
+    assert open_fds(tmp_path) - fds_before <= ACTIVE_FILES + CACHE_FILES
     assert by_size.delete_old_segments(now_ms=0, high_watermark=by_size.log_end_offset) > 100
     assert by_size.size_bytes <= 50 * 1024 + TINY.segment_bytes  # whole segments go
     check_every_record(by_size)
-    assert open_fds() - fds_before <= ACTIVE_FILES + CACHE_FILES
+    assert open_fds(tmp_path) - fds_before <= ACTIVE_FILES + CACHE_FILES
     by_size.delete()
-    assert open_fds() == fds_before and storage.open_files.open_count == 0
+    assert open_fds(tmp_path) == fds_before and storage.open_files.open_count == 0
     assert not os.path.exists(directory)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors through /proc")
 def test_the_default_bound_holds_for_a_log_of_more_segments_than_it(tmp_path: Path) -> None:
     storage = FileStorage()
-    fds_before = open_fds()
+    fds_before = open_fds(tmp_path)
     log = Log.open(tmp_path / "topic-0", TINY, storage=storage, now_ms=0)
     fill_segments(log, OPEN_SEGMENT_FILES_MAX // 3 + 200)  # more files than the cache holds
-    assert open_fds() - fds_before <= ACTIVE_FILES + OPEN_SEGMENT_FILES_MAX
+    assert open_fds(tmp_path) - fds_before <= ACTIVE_FILES + OPEN_SEGMENT_FILES_MAX
     check_every_record(log)
     log.close()
-    assert open_fds() == fds_before
+    assert open_fds(tmp_path) == fds_before
 
 
 def test_a_sequential_reader_reopens_an_old_segment_once_not_per_read(tmp_path: Path) -> None:
