@@ -28,6 +28,11 @@ The figure is rows/s of each and their ratios (measured in one run, interleaved,
 FACTS.md advises on this shared machine), with the 1-minute load average before each
 job and the CPU each process used (cores: CPU seconds per wall second). Targets:
 >= 1,500,000 rows/s, >= 80% of the floor, and (the earlier target) >= 50% of Parquet.
+
+The connector runs with its defaults, so its tasks use short-circuit local reads (the
+cluster is on this host): the leaders name where the records lie and the tasks pread them
+from the segment files. `--reader-option highwater.local.reads=false` times the records
+fetched over gRPC instead, as executors on other hosts get them.
 `--profile` also times one partition's read
 outside Spark (Fetch only, decode_batches, decode_columns, read_range) to show what
 bounds the rate.
@@ -248,10 +253,13 @@ def _concat(batches: list[Any]) -> Any:
     return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
 
-def _read_options(bootstrap: str) -> Any:
+def _read_options(bootstrap: str, *, local_reads: bool = True) -> Any:
     from spark_connector.options import parse_read_options
 
-    return parse_read_options({"bootstrap": bootstrap, "subscribe": TOPIC}, streaming=False)
+    return parse_read_options(
+        {"bootstrap": bootstrap, "subscribe": TOPIC, "highwater.local.reads": str(local_reads).lower()},
+        streaming=False,
+    )
 
 
 def timed_job(df: Any) -> tuple[float, dict[str, Any]]:
@@ -274,9 +282,11 @@ def timed_job(df: Any) -> tuple[float, dict[str, Any]]:
 
 def profile_task(bootstrap: str) -> dict[str, float]:
     """One partition read outside Spark, one thread, in records/s: Fetch only, through the
-    gateway and straight from the leader (what tasks do); decode_batches (a Record per record,
-    the reader's old decoder) and decode_columns (its decoder now) over the fetched bytes;
-    read_range (Fetch in flight + decode_columns + Arrow batch)."""
+    gateway, straight from the leader, and from the leader's file (short-circuit local read,
+    what tasks do by default); decode_batches (a Record per record, the reader's old decoder)
+    and decode_columns (its decoder now) over the fetched bytes; read_range (Fetch in flight
+    + decode_columns + Arrow batch) with the bytes fetched and read locally, with this
+    process's CPU per record."""
     from clients.common.records import decode_batches
     from clients.consumer import next_fetch_offset
     from spark_connector.columnar import decode_columns
@@ -289,7 +299,7 @@ def profile_task(bootstrap: str) -> dict[str, float]:
     settings = ClientSettings()
     with GatewayClient(bootstrap, settings) as client:
         ((end, _),) = client.list_offsets({(TOPIC, 0): -1}).values()
-        for path in ("gateway", "leader"):
+        for path in ("gateway", "leader", "local"):
             started = time.perf_counter()
             offset, chunks = 0, []
             while offset < end:
@@ -298,8 +308,10 @@ def profile_task(bootstrap: str) -> dict[str, float]:
                         "Fetch", client.fetch_request((TOPIC, 0), offset, settings.fetch_max_bytes)
                     )
                     records = response.topics[0].partitions[0].records
-                else:
-                    records = client.fetch_future((TOPIC, 0), offset, settings.fetch_max_bytes)().records
+                else:  # the leader's bytes over gRPC, or read from its file (short-circuit local read)
+                    records = client.fetch_future(
+                        (TOPIC, 0), offset, settings.fetch_max_bytes, locate=path == "local"
+                    )().records
                 chunks.append(records)
                 offset = next_fetch_offset(records, offset) or end
             out[f"fetch_only_{path}_records_per_s"] = round(end / (time.perf_counter() - started))
@@ -313,11 +325,16 @@ def profile_task(bootstrap: str) -> dict[str, float]:
             raise RuntimeError(
                 f"decode_columns gave {columns} records, decode_batches {decoded}, expected {end}"
             )
-        started = time.perf_counter()
-        rows = sum(
-            b.num_rows for b in read_range(client, OffsetRange(TOPIC, 0, 0, end), _read_options(bootstrap))
-        )
-        out["read_range_records_per_s"] = round(rows / (time.perf_counter() - started))
+    for local_reads in (False, True):
+        # read_range as a task runs it; CPU of this process only (the leader's is apart).
+        options = _read_options(bootstrap, local_reads=local_reads)
+        with GatewayClient(bootstrap, options.client) as client:
+            started, cpu_started = time.perf_counter(), time.process_time()
+            rows = sum(b.num_rows for b in read_range(client, OffsetRange(TOPIC, 0, 0, end), options))
+            wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        name = "read_range_local" if local_reads else "read_range_fetched"
+        out[f"{name}_records_per_s"] = round(rows / wall)
+        out[f"{name}_reader_cpu_us_per_record"] = round(cpu / rows * 1e6, 3)
     out["records"] = rows
     return out
 

@@ -51,7 +51,12 @@ from numba import njit, types
 from numba.core import cgutils
 
 from clients.common.errors import CorruptMessage, MessageTooLarge
-from clients.common.numba_types import KernelInt, numba_bounds_check, void_intrinsic
+from clients.common.numba_types import (
+    KernelInt,
+    njit_without_refcounts,
+    numba_bounds_check,
+    void_intrinsic,
+)
 from clients.common.record_batch import (
     ATTRIBUTES_POS,
     BASE_OFFSET_POS,
@@ -178,7 +183,7 @@ def _varint_error(pos: KernelInt) -> int:
     return _ERR_VARINT_TRUNCATED if pos == -1 else _ERR_VARINT_TOO_LONG
 
 
-@njit(cache=True, nogil=True)
+@njit_without_refcounts  # no reference counting: see _decode_records below
 def _scan_batches(buf: np.ndarray, table: np.ndarray) -> tuple[int, int, KernelInt]:
     """Frame the batches of `buf` into `table` (one row per complete batch).
 
@@ -258,7 +263,14 @@ def _set_bit(bitmap: np.ndarray, index: int) -> None:
     bitmap[index >> 3] |= np.uint8(1 << (index & 7))
 
 
-@njit(cache=True, nogil=True)
+# _nrt=False: numba passes an array to every inlined helper call (each `_varint(src, ...)`)
+# through an atomic reference-count increment and decrement that its pruning pass leaves in
+# this loop: perf showed 78% of the kernel's time in NRT_incref/NRT_decref, ~55 of ~72 ns per
+# 100-byte record. The kernel allocates nothing and raises nothing (it returns status codes),
+# and the caller holds every array it is given for the whole call, so it needs no reference
+# counting at all; without the runtime, an allocation added here would fail to compile, not leak.
+# (record_validation.py's broker kernel avoids the same cost with a state machine instead.)
+@njit_without_refcounts
 def _decode_records(
     src: np.ndarray,
     batches: np.ndarray,

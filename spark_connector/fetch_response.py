@@ -28,6 +28,7 @@ _RESPONSE_TOPICS, _RESPONSE_ERROR_CODE = 1, 3
 _TOPIC_PARTITIONS = 2
 _P_PARTITION, _P_ERROR_CODE, _P_HIGH_WATERMARK, _P_LOG_START_OFFSET = 1, 2, 3, 4
 _P_LOG_END_OFFSET, _P_RECORDS, _P_ERROR_MESSAGE, _P_LEADER_EPOCH = 5, 6, 7, 8
+_P_RECORDS_LOCATION = 9
 
 _VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
 # A varint carries at most 64 bits in at most this many bytes.
@@ -41,7 +42,10 @@ class MalformedFetchResponse(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class FetchedPartition:
-    """The fields of a FetchPartitionResponse the reader uses; `records` may be a memoryview."""
+    """The fields of a FetchPartitionResponse the reader uses; `records` may be a memoryview.
+
+    `location` is set instead of records when the leader answered a short-circuit local read.
+    """
 
     partition: int = 0
     error_code: int = common_pb2.NONE
@@ -51,6 +55,7 @@ class FetchedPartition:
     records: bytes | memoryview = b""
     error_message: str = ""
     leader_epoch: int = 0
+    location: common_pb2.RecordsLocation | None = None
 
     @classmethod
     def from_proto(cls, response: common_pb2.FetchResponse) -> FetchedPartition:
@@ -67,6 +72,7 @@ class FetchedPartition:
             p.records,
             p.error_message,
             p.leader_epoch,
+            p.records_location if p.HasField("records_location") else None,
         )
 
     @classmethod
@@ -114,6 +120,7 @@ def _partition(view: memoryview, begin: int, stop: int) -> FetchedPartition:
     }
     records: bytes | memoryview = b""
     error_message = ""
+    location: common_pb2.RecordsLocation | None = None
     for number, wire, start, end, value in _fields(view, begin, stop):
         if wire == _VARINT and number in ints:
             ints[number] = value
@@ -124,6 +131,14 @@ def _partition(view: memoryview, begin: int, stop: int) -> FetchedPartition:
                 error_message = str(view[start:end], "utf-8")
             except UnicodeDecodeError as error:
                 raise MalformedFetchResponse(f"error_message is not UTF-8: {error}") from error
+        elif wire == _LEN and number == _P_RECORDS_LOCATION:
+            # A few dozen bytes: the generated parser is fine here (and merges repeats as protobuf does).
+            if location is None:
+                location = common_pb2.RecordsLocation()
+            try:
+                location.MergeFromString(bytes(view[start:end]))
+            except Exception as error:  # protobuf's DecodeError (the package has no type stubs)
+                raise MalformedFetchResponse(f"records_location: {error}") from error
     return FetchedPartition(
         partition=_int32(ints[_P_PARTITION]),
         error_code=_int32(ints[_P_ERROR_CODE]),
@@ -133,6 +148,7 @@ def _partition(view: memoryview, begin: int, stop: int) -> FetchedPartition:
         records=records,
         error_message=error_message,
         leader_epoch=_int32(ints[_P_LEADER_EPOCH]),
+        location=location,
     )
 
 

@@ -33,6 +33,7 @@ repeated through the gateway, and a partition whose leader answers a retriable e
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -43,6 +44,7 @@ import grpc
 from clients.common import errors
 from clients.common.types import TopicPartitionKey
 from clients.connection import CHANNEL_OPTIONS
+from clients.local_reads import NotReadableHere, read_located
 from protos.highwater.v1 import broker_pb2, common_pb2, gateway_pb2_grpc
 from spark_connector import limits
 from spark_connector.fetch_response import FetchedPartition, MalformedFetchResponse, parse_fetch_response
@@ -102,6 +104,8 @@ class GatewayClient:
         # Per leader, its Fetch method answering the raw bytes (parse_fetch_response reads them).
         self._leader_fetch: dict[str, grpc.UnaryUnaryMultiCallable] = {}
         self._unreachable_leaders: set[str] = set()
+        # Leaders whose files this process cannot read (another host, no permission).
+        self._remote_leaders: set[str] = set()
         # Brokers' registered ports are mutual TLS on a secure cluster: a client without a
         # certificate (a token only) cannot connect there, so it reads through the gateway.
         self._direct_fetch = settings.fetch_from_leaders and (
@@ -230,7 +234,7 @@ class GatewayClient:
         return result
 
     def fetch_future(
-        self, tp: TopicPartitionKey, offset: int, max_bytes: int, max_wait_ms: int = 0
+        self, tp: TopicPartitionKey, offset: int, max_bytes: int, max_wait_ms: int = 0, *, locate: bool = True
     ) -> Callable[[], FetchedPartition]:
         """Start a Fetch of one partition at its leader (or through a gateway); return a waiter.
 
@@ -240,15 +244,21 @@ class GatewayClient:
         through the gateway (with its failover); a retriable per-partition error from a
         leader (it no longer leads) makes the next Fetch of that partition look the leader
         up again. The caller handles per-partition errors as for any Fetch.
+
+        With highwater.local.reads (and `locate`), the leader is asked where the records lie
+        and they are read from its file when it is on this host (clients/local_reads.py); a
+        leader on another host is asked for bytes from then on.
         """
         request = self.fetch_request(tp, offset, max_bytes, max_wait_ms)
         address = self._leader_address(tp) if self._direct_fetch else None
         if address is None:
             waiter = self.call_future("Fetch", request)
             return lambda: FetchedPartition.from_proto(waiter())
+        request.locate_records = locate and self.settings.local_reads and address not in self._remote_leaders
         future = self._leader_fetch[address].future(request, timeout=self.settings.request_timeout_ms / 1000)
 
         def through_gateway() -> FetchedPartition:
+            request.locate_records = False
             return FetchedPartition.from_proto(self.call("Fetch", request))
 
         def result() -> FetchedPartition:
@@ -280,9 +290,37 @@ class GatewayClient:
                 # The reader takes this code for a deleted topic (data loss); a broker's metadata
                 # may lag the gateway's, so the gateway, whose answer that path was built on, decides.
                 return through_gateway()
+            if part.location is not None and part.error_code == common_pb2.NONE:
+                return self._read_located(
+                    address,
+                    tp,
+                    part,
+                    lambda: self.fetch_future(tp, offset, max_bytes, max_wait_ms, locate=False)(),
+                )
             return part
 
         return result
+
+    def _read_located(
+        self,
+        address: str,
+        tp: TopicPartitionKey,
+        part: FetchedPartition,
+        fetch_bytes: Callable[[], FetchedPartition],
+    ) -> FetchedPartition:
+        """The leader's answer with the records it located read from its file, or fetched as bytes."""
+        assert part.location is not None
+        try:
+            return dataclasses.replace(part, records=read_located(part.location), location=None)
+        except NotReadableHere as why:
+            if why.permanent:
+                log.info(
+                    "leader %s: no short-circuit local reads from here (%s); fetching the bytes", address, why
+                )
+                self._remote_leaders.add(address)
+            else:
+                log.debug("leader %s of %s-%d: %s; fetching the bytes", address, tp[0], tp[1], why)
+            return fetch_bytes()
 
     def _leader_address(self, tp: TopicPartitionKey) -> str | None:
         """The address of `tp`'s leader if it is known and reachable, else None (use a gateway)."""

@@ -60,6 +60,7 @@ class ClientSettings:
     batch_size_bytes: int = limits.WRITE_BATCH_BYTES_DEFAULT
     compression: str = "none"
     fetch_from_leaders: bool = True
+    local_reads: bool = True
     linger_ms: int | None = None  # None: a Produce leaves when it is full or the task ends
     max_request_bytes: int = limits.PRODUCE_REQUEST_BYTES_MAX
     ca_cert: bytes | None = field(default=None, repr=False)
@@ -90,7 +91,15 @@ _INT_SETTINGS: dict[str, tuple[str, int, int]] = {
 # show it as *********(redacted).
 _TLS_FILES = {"ssl.cafile": "ca_cert", "ssl.certfile": "cert_chain", "ssl.keyfile": "private_key"}
 TOKEN_SETTING = "auth.token"
-CLIENT_SETTINGS = (*_INT_SETTINGS, "acks", "compression", "fetch.from.leaders", *_TLS_FILES, TOKEN_SETTING)
+CLIENT_SETTINGS = (
+    *_INT_SETTINGS,
+    "acks",
+    "compression",
+    "fetch.from.leaders",
+    "local.reads",
+    *_TLS_FILES,
+    TOKEN_SETTING,
+)
 _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
@@ -393,6 +402,8 @@ def parse_client_settings(
             values["compression"] = text.strip().lower()
         elif name == "fetch.from.leaders":
             values["fetch_from_leaders"] = parse_bool(options, key, True)
+        elif name == "local.reads":
+            values["local_reads"] = parse_bool(options, key, True)
         elif name in _TLS_FILES:
             values[_TLS_FILES[name]] = _read_pem(key, text)
         elif name == TOKEN_SETTING:

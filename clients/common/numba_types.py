@@ -11,20 +11,37 @@ numba ships type stubs; where they fall short of what a kernel does, this says i
 - `numba.extending.intrinsic` is typed as returning an object called like the typing
   function, `typingctx` first; a kernel calls it without. `void_intrinsic` types it as
   kernels call it.
+- numba's `_nrt` option (compile without its reference-counting runtime) is missing from
+  njit's stubs: `njit_without_refcounts` sets it and keeps the kernel's own type.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Concatenate, ParamSpec, TypeAlias, cast
+from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar, cast
 
 import numpy as np
+from numba import njit
 from numba.core import config as numba_config
 from numba.extending import intrinsic
 
 KernelInt: TypeAlias = int | np.int64
 
 _P = ParamSpec("_P")
+_F = TypeVar("_F", bound=Callable[..., object])
+
+
+def njit_without_refcounts(kernel: _F) -> _F:
+    """njit(cache=True, nogil=True) without numba's reference-counting runtime (_nrt=False).
+
+    For kernels that allocate nothing and whose caller holds every array for the whole
+    call: numba otherwise passes an array to each inlined helper through an atomic
+    increment and decrement it cannot always prune, which can cost more than the work
+    (spark_connector/columnar.py says how much). An allocation in such a kernel fails to
+    compile rather than leak.
+    """
+    untyped_njit: Callable[..., Callable[[_F], object]] = njit  # the stubs lack _nrt
+    return cast("_F", untyped_njit(cache=True, nogil=True, _nrt=False)(kernel))
 
 
 def void_intrinsic(typing: Callable[Concatenate[Any, _P], object]) -> Callable[_P, None]:

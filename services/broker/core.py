@@ -975,15 +975,21 @@ class BrokerCore:
                         and fp.fetch_offset >= p.log.log_start_offset
                     ):
                         continue
-                    info = p.log.read(
-                        fp.fetch_offset,
-                        max_bytes=max(limit, 1),
-                        max_offset=max_offset,
-                        min_one_message=total == 0,
-                    )
-                    size = len(info.records)
+                    if req.locate_records and not is_follower:
+                        size = self._locate(p, fp.fetch_offset, max(limit, 1), total == 0, pr)
+                    else:
+                        size = -1
+                    if size < 0:
+                        info = p.log.read(
+                            fp.fetch_offset,
+                            max_bytes=max(limit, 1),
+                            max_offset=max_offset,
+                            min_one_message=total == 0,
+                        )
+                        size = len(info.records)
+                        if size:
+                            pr.records = info.records
                     if size:
-                        pr.records = info.records
                         total += size
                         budget = max(budget - size, 0)
                         if not as_replica:
@@ -992,6 +998,36 @@ class BrokerCore:
                     pr.error_code, pr.error_message = self._client_error(tp, exc)
                     has_error = True
         return resp, total, has_error
+
+    def _locate(
+        self,
+        p: Partition,
+        fetch_offset: int,
+        max_bytes: int,
+        min_one_message: bool,
+        pr: common_pb2.FetchPartitionResponse,
+    ) -> int:
+        """A consumer's short-circuit local read (clients/local_reads.py): fill pr.records_location.
+
+        Returns the bytes located (0: nothing to read), or -1 when the storage cannot say
+        where its files are (MemoryStorage): the caller then sends the bytes.
+        """
+        located = p.log.read_location(
+            fetch_offset, max_bytes=max_bytes, max_offset=p.high_watermark, min_one_message=min_one_message
+        )
+        if located is None:
+            return 0
+        where = self.storage.file_location(located.path)
+        if where is None:
+            return -1
+        location = pr.records_location
+        location.path = where.path
+        location.position = located.position
+        location.size = located.size
+        location.device = where.device
+        location.inode = where.inode
+        location.host_id = where.host_id
+        return located.size
 
     def _fetchable_partition(self, tp: TopicPartitionKey, current_leader_epoch: int) -> Partition:
         local = self.partitions.get(tp)

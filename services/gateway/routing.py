@@ -120,6 +120,8 @@ def fetch_request_for(
         parts = [p for p in t.partitions if (t.topic, p.partition) in wanted]
         if parts:
             topics.append(common_pb2.FetchTopic(topic=t.topic, partitions=parts))
+    # Never locate_records: a location names a file on the leader's host, of no use to a
+    # client that could not reach the leader itself. Gateways answer bytes.
     return common_pb2.FetchRequest(
         replica_id=-1,
         max_wait_ms=template.max_wait_ms,

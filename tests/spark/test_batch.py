@@ -175,15 +175,63 @@ def test_leader_and_gateway_fetches_read_the_same_rows(spark: Any, cluster: Test
         endingOffsets='{"read-paths": {"0": 440, "1": -1}}',
         **{"highwater.fetch.max.bytes": 4096},
     )
+    # By default tasks read from the leaders' files (short-circuit local reads).
     direct = spark.read.format("highwater").options(**options).load()
+    fetched = spark.read.format("highwater").options(**options, **{"highwater.local.reads": "false"}).load()
     through_gateway = (
         spark.read.format("highwater").options(**options, **{"highwater.fetch.from.leaders": "false"}).load()
     )
     columns = ["partition", "offset", "key", "value", "topic", "timestamp", "timestampType"]
     rows = sorted(tuple(r) for r in direct.select(*columns).collect())  # (partition, offset) are unique
     assert rows == sorted(tuple(r) for r in through_gateway.select(*columns).collect())
+    assert rows == sorted(tuple(r) for r in fetched.select(*columns).collect())
     assert len(rows) == (440 - 7) + 450
     assert {r[0] for r in rows if r[1] < 7} == {1}
+
+
+def test_local_reads_take_the_leaders_files_here_and_bytes_from_another_host(
+    cluster: TestCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Short-circuit local reads (clients/local_reads.py): on the leaders' host a task reads the
+    records from their segment files; a leader on another host (as its boot id says) is asked for
+    bytes from then on. The rows are the same either way."""
+    import spark_connector.gateway as gateway_module
+    from clients import local_reads
+    from spark_connector.gateway import GatewayClient
+    from spark_connector.options import parse_read_options
+    from spark_connector.planning import OffsetRange
+    from spark_connector.reader import read_range
+
+    bootstrap = cluster.gateway_address
+    create_topic(bootstrap, "read-local", 1)
+    for first in range(0, 3000, 100):  # 30 batches: a 4 KiB Fetch takes a few of them
+        produce(bootstrap, "read-local", [(0, None, b"x%d" % i, []) for i in range(first, first + 100)])
+    options = parse_read_options(
+        read_options(bootstrap, subscribe="read-local", **{"highwater.fetch.max.bytes": 4096}),
+        streaming=False,
+    )
+    expected = [b"x%d" % i for i in range(3000)]
+    located: list[int] = []
+
+    def counting_read(location: Any) -> bytes:
+        data = local_reads.read_located(location)
+        located.append(len(data))
+        return data
+
+    monkeypatch.setattr(gateway_module, "read_located", counting_read)
+    with GatewayClient(bootstrap, options.client) as client:
+        batches = list(read_range(client, OffsetRange("read-local", 0, 0, 3000), options))
+        assert not client._remote_leaders
+    assert [v for b in batches for v in b.column("value").to_pylist()] == expected
+    assert len(located) > 5 and sum(located) > 3000 * 5  # every Fetch was read from the file
+
+    located.clear()
+    monkeypatch.setattr(local_reads, "host_id", lambda: "another-host")
+    with GatewayClient(bootstrap, options.client) as client:
+        batches = list(read_range(client, OffsetRange("read-local", 0, 0, 3000), options))
+        assert len(client._remote_leaders) == 1
+    assert [v for b in batches for v in b.column("value").to_pylist()] == expected
+    assert located == []  # refused once (another host), then never asked again
 
 
 def test_an_unreachable_leader_is_read_through_the_gateway(cluster: TestCluster) -> None:

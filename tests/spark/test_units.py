@@ -83,6 +83,12 @@ def test_options_are_case_insensitive_and_typed() -> None:
         parse_read_options(
             {**BASE, "subscribe": "a", "highwater.fetch.from.leaders": "sometimes"}, streaming=False
         )
+    assert options.client.local_reads
+    assert not parse_read_options(
+        {**BASE, "subscribe": "a", "highwater.local.reads": "false"}, streaming=False
+    ).client.local_reads
+    with pytest.raises(OptionError, match=r"highwater\.local\.reads"):
+        parse_read_options({**BASE, "subscribe": "a", "highwater.local.reads": "maybe"}, streaming=False)
     with pytest.raises(OptionError, match="batch queries only"):
         parse_read_options({**BASE, "subscribe": "a", "endingOffsets": "latest"}, streaming=True)
     assert parse_write_options({**BASE, "highwater.acks": "1"}).client.acks == 1

@@ -13,7 +13,7 @@ from typing import Any
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.broker.core import BrokerCore
 from services.broker.fetcher_core import FetcherCore, FetcherSettings
-from services.broker.log import MemoryStorage
+from services.broker.log import MemoryStorage, Storage
 from services.broker.steps import Task, run_to_completion
 
 WALL_CLOCK_BASE_MS = 1_700_000_000_000
@@ -91,9 +91,10 @@ class Broker:
         self,
         broker_id: int,
         *,
-        storage: MemoryStorage | None = None,
+        storage: Storage | None = None,
         clock: ManualClock | None = None,
         fetcher_settings: FetcherSettings = NO_WAIT_FETCHER,
+        data_dir: str | None = None,
     ) -> None:
         self.broker_id = broker_id
         self.storage = storage or MemoryStorage()
@@ -102,7 +103,7 @@ class Broker:
         self.lines = Lines()
         self.core = BrokerCore(
             broker_id=broker_id,
-            data_dir=f"/data/b{broker_id}",
+            data_dir=data_dir or f"/data/b{broker_id}",
             storage=self.storage,
             clock=self.clock,
             io=self.io,
@@ -212,16 +213,17 @@ def partition_error(response: common_pb2.ProduceResponse | common_pb2.FetchRespo
 
 
 def lone_leader(
-    storage: MemoryStorage | None = None,
+    storage: Storage | None = None,
     *,
     broker_epoch: int = 10,
     boot_id: str = "boot-1",
     topic_id: str = "",
     leader_epoch: int = 0,
     partition_epoch: int = 1,
+    data_dir: str | None = None,
 ) -> Broker:
     """Broker 1, registered, leading t-0 with no other replica."""
-    b = Broker(1, storage=storage)
+    b = Broker(1, storage=storage, data_dir=data_dir)
     b.register(broker_epoch, boot_id=boot_id)
     b.leader_and_isr(
         leader=1,

@@ -350,7 +350,7 @@ class FetchTopic(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("replica_id", "max_wait_ms", "min_bytes", "max_bytes", "topics", "replica_epoch", "isolation_level")
+    __slots__ = ("replica_id", "max_wait_ms", "min_bytes", "max_bytes", "topics", "replica_epoch", "isolation_level", "locate_records")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -358,6 +358,7 @@ class FetchRequest(_message.Message):
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_EPOCH_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    LOCATE_RECORDS_FIELD_NUMBER: _ClassVar[int]
     replica_id: int
     max_wait_ms: int
     min_bytes: int
@@ -365,10 +366,27 @@ class FetchRequest(_message.Message):
     topics: _containers.RepeatedCompositeFieldContainer[FetchTopic]
     replica_epoch: int
     isolation_level: int
-    def __init__(self, replica_id: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[FetchTopic, _Mapping]]] = ..., replica_epoch: _Optional[int] = ..., isolation_level: _Optional[int] = ...) -> None: ...
+    locate_records: bool
+    def __init__(self, replica_id: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[FetchTopic, _Mapping]]] = ..., replica_epoch: _Optional[int] = ..., isolation_level: _Optional[int] = ..., locate_records: _Optional[bool] = ...) -> None: ...
+
+class RecordsLocation(_message.Message):
+    __slots__ = ("path", "position", "size", "device", "inode", "host_id")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    position: int
+    size: int
+    device: int
+    inode: int
+    host_id: str
+    def __init__(self, path: _Optional[str] = ..., position: _Optional[int] = ..., size: _Optional[int] = ..., device: _Optional[int] = ..., inode: _Optional[int] = ..., host_id: _Optional[str] = ...) -> None: ...
 
 class FetchPartitionResponse(_message.Message):
-    __slots__ = ("partition", "error_code", "high_watermark", "log_start_offset", "log_end_offset", "records", "error_message", "leader_epoch")
+    __slots__ = ("partition", "error_code", "high_watermark", "log_start_offset", "log_end_offset", "records", "error_message", "leader_epoch", "records_location")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
@@ -377,6 +395,7 @@ class FetchPartitionResponse(_message.Message):
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_LOCATION_FIELD_NUMBER: _ClassVar[int]
     partition: int
     error_code: ErrorCode
     high_watermark: int
@@ -385,7 +404,8 @@ class FetchPartitionResponse(_message.Message):
     records: bytes
     error_message: str
     leader_epoch: int
-    def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., records: _Optional[bytes] = ..., error_message: _Optional[str] = ..., leader_epoch: _Optional[int] = ...) -> None: ...
+    records_location: RecordsLocation
+    def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., records: _Optional[bytes] = ..., error_message: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., records_location: _Optional[_Union[RecordsLocation, _Mapping]] = ...) -> None: ...
 
 class FetchTopicResponse(_message.Message):
     __slots__ = ("topic", "partitions")

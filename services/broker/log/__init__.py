@@ -6,15 +6,25 @@ The broker's real files are `file_storage.FileStorage`, imported only by its dri
 
 from .config import LogConfig
 from .epoch_cache import LeaderEpochCache
-from .log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, AppendInfo, FetchInfo, Log, RecoveryReport
-from .storage import MemoryStorage, Storage, StorageFile
+from .log import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    AppendInfo,
+    FetchInfo,
+    LocatedRecords,
+    Log,
+    RecoveryReport,
+)
+from .storage import FileLocation, MemoryStorage, Storage, StorageFile
 
 __all__ = [
     "EARLIEST_TIMESTAMP",
     "LATEST_TIMESTAMP",
     "AppendInfo",
     "FetchInfo",
+    "FileLocation",
     "LeaderEpochCache",
+    "LocatedRecords",
     "Log",
     "LogConfig",
     "MemoryStorage",

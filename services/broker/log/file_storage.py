@@ -12,9 +12,10 @@ import os
 import shutil
 
 from clients.common.errors import StorageError, check
+from clients.local_reads import host_id
 from services.common.limits import OPEN_SEGMENT_FILES_MAX
 
-from .storage import TEMP_SUFFIX, Buffer, OpenFileCache, StorageFile
+from .storage import TEMP_SUFFIX, Buffer, FileLocation, OpenFileCache, StorageFile
 
 
 class _RealFile:
@@ -109,6 +110,7 @@ class FileStorage:
 
     def __init__(self, *, open_files_max: int = OPEN_SEGMENT_FILES_MAX) -> None:
         self.open_files = OpenFileCache(self, open_files_max)
+        self._host_id = host_id()
 
     def open(self, path: str, *, create: bool = True) -> StorageFile:
         return _RealFile(path, create=create)
@@ -154,6 +156,15 @@ class FileStorage:
 
     def delete_dir(self, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
+
+    def file_location(self, path: str) -> FileLocation | None:
+        if not self._host_id:
+            return None  # no boot id to tell hosts apart: no local reads
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return None
+        return FileLocation(os.path.abspath(path), stat.st_dev, stat.st_ino, self._host_id)
 
 
 def _fsync_dir(path: str) -> None:

@@ -102,6 +102,22 @@ class FetchInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class LocatedRecords:
+    """Where the batches a read would return lie: `size` bytes from `position` of `path`.
+
+    Covers offsets [first_offset, next_offset), whole batches, as FetchInfo.records would.
+    """
+
+    path: str
+    position: int
+    size: int
+    first_offset: int
+    next_offset: int
+    log_start_offset: int
+    log_end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class RecoveryReport:
     """What opening the log did: for logs, metrics and tests."""
 
@@ -518,6 +534,61 @@ class Log:
         plus one short header scan after an index lookup. Raises OffsetOutOfRange when
         fetch_offset is outside [log_start_offset, LEO].
         """
+        start = self._first_readable_batch(fetch_offset, max_bytes, max_offset, min_one_message)
+        if start is None:
+            return FetchInfo(b"", fetch_offset, fetch_offset, self._log_start_offset, self.log_end_offset)
+        segment, first, upper = start
+        chunk = segment.read(first.position, max(max_bytes, first.size_bytes))
+        cut = first.size_bytes
+        next_offset = first.next_offset
+        for header in iter_batch_headers(chunk, first.size_bytes):
+            if header.last_offset >= upper:
+                break
+            cut = header.end_position
+            next_offset = header.next_offset
+        records = chunk if cut == len(chunk) else chunk[:cut]
+        return FetchInfo(records, first.base_offset, next_offset, self._log_start_offset, self.log_end_offset)
+
+    def read_location(
+        self,
+        fetch_offset: int,
+        *,
+        max_bytes: int,
+        max_offset: int | None = None,
+        min_one_message: bool = True,
+    ) -> LocatedRecords | None:
+        """Where the bytes `read` would return lie in a segment file, without reading them.
+
+        For short-circuit local reads (a consumer on this host preads the file itself).
+        Same rules and errors as `read`; None where `read` would return no records. Only
+        batch headers are read, to find the cut.
+        """
+        start = self._first_readable_batch(fetch_offset, max_bytes, max_offset, min_one_message)
+        if start is None:
+            return None
+        segment, first, upper = start
+        end_position = first.end_position
+        next_offset = first.next_offset
+        limit = first.position + max(max_bytes, first.size_bytes)
+        for header in segment.iter_headers(end_position, min(limit, segment.size_bytes)):
+            if header.last_offset >= upper:
+                break
+            end_position = header.end_position
+            next_offset = header.next_offset
+        return LocatedRecords(
+            segment.log_path,
+            first.position,
+            end_position - first.position,
+            first.base_offset,
+            next_offset,
+            self._log_start_offset,
+            self.log_end_offset,
+        )
+
+    def _first_readable_batch(
+        self, fetch_offset: int, max_bytes: int, max_offset: int | None, min_one_message: bool
+    ) -> tuple[LogSegment, BatchHeader, int] | None:
+        """(segment, header of the batch holding fetch_offset, exclusive upper offset), or None."""
         check(not self._closed, "log %s is closed", self._directory)
         log_start = self._log_start_offset
         leo = self.log_end_offset
@@ -526,9 +597,8 @@ class Log:
                 f"fetch offset {fetch_offset} is outside the log's range [{log_start}, {leo}]"
             )
         upper = leo if max_offset is None else min(max_offset, leo)
-        empty = FetchInfo(b"", fetch_offset, fetch_offset, log_start, leo)
         if fetch_offset >= upper:
-            return empty
+            return None
         index = bisect.bisect_right(self._base_offsets, fetch_offset) - 1
         check(
             index >= 0,
@@ -544,18 +614,9 @@ class Log:
                 index += 1
                 continue
             if first.last_offset >= upper or (first.size_bytes > max_bytes and not min_one_message):
-                return empty
-            chunk = segment.read(first.position, max(max_bytes, first.size_bytes))
-            cut = first.size_bytes
-            next_offset = first.next_offset
-            for header in iter_batch_headers(chunk, first.size_bytes):
-                if header.last_offset >= upper:
-                    break
-                cut = header.end_position
-                next_offset = header.next_offset
-            records = chunk if cut == len(chunk) else chunk[:cut]
-            return FetchInfo(records, first.base_offset, next_offset, log_start, leo)
-        return empty
+                return None
+            return segment, first, upper
+        return None
 
     def locate(self, offset: int) -> tuple[int, int, int] | None:
         """(segment base offset, byte position, batch base offset) of the batch holding `offset`.

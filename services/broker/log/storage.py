@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import random
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -58,6 +59,21 @@ class StorageFile(Protocol):
     def fsync(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FileLocation:
+    """How another process on this host finds a file: its absolute path and identity.
+
+    `host_id` is the host's boot id; a reader elsewhere (another host, or a container
+    that sees other files at the path) tells by it, or by the device and inode of what it
+    opens, that the file is not the one meant.
+    """
+
+    path: str
+    device: int
+    inode: int
+    host_id: str
 
 
 class Storage(Protocol):
@@ -100,6 +116,10 @@ class Storage(Protocol):
 
     def delete_dir(self, path: str) -> None:
         """Remove a directory and everything in it."""
+        ...
+
+    def file_location(self, path: str) -> FileLocation | None:
+        """Where another process on this host can read `path` itself, or None: it cannot."""
         ...
 
 
@@ -419,6 +439,9 @@ class MemoryStorage:
         for name in [name for name in self._files if name.startswith(prefix)]:
             del self._files[name]
         self._dirs = {name for name in self._dirs if name != key and not name.startswith(prefix)}
+
+    def file_location(self, path: str) -> FileLocation | None:
+        return None  # memory is no other process's to read: readers get the bytes
 
     # --- test helpers -------------------------------------------------------------------
 
