@@ -34,6 +34,7 @@ repeated through the gateway, and a partition whose leader answers a retriable e
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -255,7 +256,15 @@ class GatewayClient:
             waiter = self.call_future("Fetch", request)
             return lambda: FetchedPartition.from_proto(waiter())
         request.locate_records = locate and self.settings.local_reads and address not in self._remote_leaders
-        future = self._leader_fetch[address].future(request, timeout=self.settings.request_timeout_ms / 1000)
+        call, timeout_s = self._leader_fetch[address], self.settings.request_timeout_ms / 1000
+        answer: Callable[[], bytes]
+        if request.locate_records:
+            # A location is a few dozen bytes: asked when the answer is wanted, on this thread.
+            # A future on a blocking channel starts a thread per call, which cost more CPU
+            # (~1.8 ms per Fetch) than the located read itself.
+            answer = functools.partial(call, request, timeout=timeout_s)
+        else:
+            answer = call.future(request, timeout=timeout_s).result
 
         def through_gateway() -> FetchedPartition:
             request.locate_records = False
@@ -263,7 +272,7 @@ class GatewayClient:
 
         def result() -> FetchedPartition:
             try:
-                part = parse_fetch_response(future.result())
+                part = parse_fetch_response(answer())
             except grpc.RpcError as error:
                 log.info(
                     "leader %s of %s-%d: Fetch %s; reading through the gateway",
