@@ -194,3 +194,19 @@ async def register_waiting_for_old_lease(
                 raise
             log.info("%s: id still held (%s); waiting for the old lease to expire", what, exc)
             await asyncio.sleep(REGISTRATION_RETRY_INTERVAL_S)
+
+
+async def revoke_broker_incarnation(store: MetadataStore, broker_id: int, broker_epoch: int) -> bool:
+    """Revoke the lease of broker_id's registration if it is still the incarnation broker_epoch.
+
+    The controller's fast path for a broker whose connection closed (BrokerHeartbeat): its key
+    then goes at once, and the controller's watch handles that as a broker failure. Reading the
+    key and then revoking its lease cannot hit another incarnation: the lease revoked is the one
+    the key of this incarnation names, and a re-registered broker holds a lease of its own.
+    Returns whether a lease was revoked (False: the key is gone or names another incarnation).
+    """
+    kv = await store.get(store.keys.broker(broker_id))
+    if kv is None or kv.create_revision != broker_epoch or not kv.lease:
+        return False
+    await store.revoke_lease(kv.lease)
+    return True

@@ -194,6 +194,16 @@ def broker_command(
 @click.option(
     "--leader-imbalance-per-broker-percentage", type=click.IntRange(0, 100), default=10, show_default=True
 )
+@click.option(
+    "--broker-connection-grace-ms",
+    type=click.IntRange(limits.BROKER_CONNECTION_GRACE_MS_MIN, limits.BROKER_CONNECTION_GRACE_MS_MAX),
+    default=limits.BROKER_CONNECTION_GRACE_MS,
+    show_default=True,
+    help="A broker whose liveness stream to the controller closed (its process died: connections "
+    "reset) and was not reopened within this is handled as failed at once (its lease is revoked) "
+    "instead of when its lease expires; must be under --lease-ttl-s. A network blip longer than "
+    "this costs a leader move, never data.",
+)
 @_common
 @security_options
 def controller_command(
@@ -202,6 +212,7 @@ def controller_command(
     auto_leader_rebalance_enable: bool,
     leader_imbalance_check_interval_s: float,
     leader_imbalance_per_broker_percentage: int,
+    broker_connection_grace_ms: int,
     common: CommonOptions,
     security: Any,
 ) -> None:
@@ -217,6 +228,7 @@ def controller_command(
         auto_leader_rebalance_enable=auto_leader_rebalance_enable,
         leader_imbalance_check_interval_s=leader_imbalance_check_interval_s,
         leader_imbalance_per_broker_percentage=leader_imbalance_per_broker_percentage,
+        broker_connection_grace_ms=broker_connection_grace_ms,
         security=security.for_service(f"controller-{controller_id}"),
         **common.config_fields(),
     )

@@ -27,6 +27,7 @@ from coordinator.registration import Registration, register_broker, register_wai
 from coordinator.store import EtcdStore
 from protos.highwater.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.broker import metrics
+from services.broker.heartbeat import ControllerHeartbeat
 from services.broker.replica_manager import ReplicaManager
 from services.common import limits
 from services.common.peers import PeerChannels
@@ -218,6 +219,9 @@ async def serve(config: BrokerConfig) -> None:
         "unclean_shutdown": unclean_shutdown,
     }
 
+    # The liveness stream to the active controller (heartbeat.py), started once registered.
+    heartbeat = ControllerHeartbeat(store, config.broker_id, lambda: replicas.broker_epoch)
+
     async def register() -> Registration:
         registration = await register_waiting_for_old_lease(
             lambda: register_broker(store, config.broker_id, info, ttl_s=config.lease_ttl_s),
@@ -229,6 +233,7 @@ async def serve(config: BrokerConfig) -> None:
         # Only this process's first registration speaks for the previous run: a later one
         # (the lease was lost) lost nothing on disk since.
         info["unclean_shutdown"] = False
+        heartbeat.reopen()  # the stream must name this incarnation
         return registration
 
     registration = await register()
@@ -255,11 +260,19 @@ async def serve(config: BrokerConfig) -> None:
                 return
 
     lease_watcher = asyncio.create_task(watch_lease())
+    heartbeat_task = asyncio.create_task(heartbeat.run(), name="controller-heartbeat")
 
     async def on_stop() -> None:
         lease_watcher.cancel()
         await replicas.controlled_shutdown()
         await replicas.close()
+        # Closed only now, next to the lease's revocation: a stream closed during the controlled
+        # shutdown would let the controller revoke the lease before the leaderships had moved.
+        heartbeat_task.cancel()
+        try:
+            await heartbeat_task
+        except asyncio.CancelledError:
+            pass
         await process.close(registration)
 
     await runtime.run_until_stopped(on_stop)

@@ -118,6 +118,27 @@ LEASE_TTL_S_MAX = 300
 LEASE_REREGISTER_TTLS_MAX = 10
 LEASE_REREGISTER_BACKOFF_S = 0.5
 
+# --- broker liveness stream (BrokerHeartbeat; services/controller/liveness.py) ------------
+# A broker's stream to the active controller that ended is given this long to be opened again
+# by the same incarnation before the controller revokes that incarnation's lease: a process that
+# dies resets its connections at once, so a crash costs this instead of a lease TTL. A network
+# blip longer than this costs a leader move (the broker re-registers), never data.
+BROKER_CONNECTION_GRACE_MS = 300
+# Below this a broker's own reconnect (etcd lookup, TCP and HTTP/2 set-up, on a loaded host)
+# would not fit, and every controller hiccup would cost a leader move.
+BROKER_CONNECTION_GRACE_MS_MIN = 100
+# Above this the stream saves little over the lease; must also stay under the lease TTL (checked).
+BROKER_CONNECTION_GRACE_MS_MAX = 60_000
+# A broker reopens a broken stream after this pause, doubling up to the most, so a reconnect
+# fits well inside the grace period while a controller that is down is not hammered.
+BROKER_HEARTBEAT_BACKOFF_MS_MIN = 50
+BROKER_HEARTBEAT_BACKOFF_MS_MAX = 1_000
+# While its stream is open a broker looks up the active controller in etcd this often, so a
+# stream held by a deposed controller that is paused (no reset, no answer) moves to the new one.
+BROKER_HEARTBEAT_CONTROLLER_CHECK_MS = 1_000
+# How long the broker waits for the controller's first answer on a new stream.
+BROKER_HEARTBEAT_ACCEPT_TIMEOUT_MS = 2_000
+
 # --- replication -----------------------------------------------------------
 # Kafka's replica.lag.time.max.ms: a follower not caught up for this long
 # leaves the ISR.
@@ -285,6 +306,24 @@ def check_relations(
         "would fall out of the ISR",
         replica_fetch_wait_max_ms,
         replica_lag_time_max_ms,
+    )
+
+
+def check_broker_connection_grace(*, grace_ms: int, lease_ttl_s: int) -> None:
+    """--broker-connection-grace-ms in its range and under the lease TTL, checked at start-up."""
+    check(
+        BROKER_CONNECTION_GRACE_MS_MIN <= grace_ms <= BROKER_CONNECTION_GRACE_MS_MAX,
+        "broker connection grace %s ms is outside [%s, %s] ms",
+        grace_ms,
+        BROKER_CONNECTION_GRACE_MS_MIN,
+        BROKER_CONNECTION_GRACE_MS_MAX,
+    )
+    check(
+        grace_ms < lease_ttl_s * 1000,
+        "broker connection grace %s ms must be under the lease TTL %s s, or the lease would always "
+        "notice a dead broker first",
+        grace_ms,
+        lease_ttl_s,
     )
 
 

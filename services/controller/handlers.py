@@ -144,7 +144,7 @@ def on_broker_change(ctx: ControllerContext, registered: dict[int, BrokerInfo]) 
     if not dead and not new:
         return result
     if dead:
-        log.info("brokers %s left (lease expired or re-registered)", sorted(dead))
+        log.info("brokers %s left (lease expired or revoked, or re-registered)", sorted(dead))
     if new:
         lost = sorted(b for b in new if registered[b].unclean_shutdown)
         log.info("brokers %s joined%s", sorted(new), f" ({lost} after an unclean shutdown)" if lost else "")

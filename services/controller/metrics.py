@@ -23,3 +23,14 @@ REQUEST_LATENCY = Histogram(
     ["rpc"],
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+# Leases the controller revoked because a broker's BrokerHeartbeat stream ended and the same
+# incarnation did not reopen it within --broker-connection-grace-ms (each then handled as a
+# broker failure by the registration watch).
+BROKER_CONNECTION_REVOCATIONS = Counter(
+    "highwater_controller_broker_connection_lease_revocations",
+    "Broker leases revoked because the broker's connection closed and was not reopened in time",
+)
+BROKER_CONNECTIONS = Gauge(
+    "highwater_controller_connected_brokers",
+    "Broker incarnations with a liveness stream open to this controller (0 unless active)",
+)

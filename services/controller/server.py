@@ -8,6 +8,11 @@ its lease or is fenced, then it stops acting at once and campaigns again.
 The security admin calls (ACLs, tokens) are decided in security_admin.py and
 written here, one at a time, in a transaction fenced by the active epoch;
 they touch nothing the event loop owns, so they do not queue behind it.
+
+While active it also holds each broker's BrokerHeartbeat stream; a stream that ends and is
+not reopened by the same broker incarnation within the grace period gets that incarnation's
+lease revoked (`BrokerConnectionWatch`, decided by liveness.py), so a crashed broker is
+handled within the grace period rather than a lease TTL.
 """
 
 from __future__ import annotations
@@ -15,15 +20,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from clients.common.errors import HighwaterError
 from coordinator.acls import SecurityChange, acl_change, commit_security_changes, load_security
 from coordinator.election import ControllerElection, ControllerFenced, current_controller
+from coordinator.registration import revoke_broker_incarnation
 from coordinator.store import CoordinatorError, EtcdStore
 from protos.highwater.v1 import common_pb2, controller_pb2, controller_pb2_grpc
 from services.common import limits
@@ -32,6 +39,7 @@ from services.common.server import ServiceProcess
 from services.controller import deletion, handlers, metrics, reassignment, results, security_admin
 from services.controller.context import ControllerContext
 from services.controller.event_loop import ControllerEventLoop, ControllerResigned
+from services.controller.liveness import BrokerConnections
 from services.security.config import SecurityConfig
 
 log = logging.getLogger("highwater.controller")
@@ -54,8 +62,14 @@ class ControllerConfig:
     auto_leader_rebalance_enable: bool = True
     leader_imbalance_check_interval_s: float = 300.0
     leader_imbalance_per_broker_percentage: int = 10
+    broker_connection_grace_ms: int = limits.BROKER_CONNECTION_GRACE_MS
     ready_file: Any = None
     security: SecurityConfig = field(default_factory=SecurityConfig)
+
+    def check(self) -> None:
+        limits.check_broker_connection_grace(
+            grace_ms=self.broker_connection_grace_ms, lease_ttl_s=self.lease_ttl_s
+        )
 
 
 Req = TypeVar("Req")
@@ -95,10 +109,95 @@ def _security_rpc(
     return method
 
 
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class BrokerConnectionWatch:
+    """The asyncio side of liveness.BrokerConnections for one active period of this controller.
+
+    Streams report opening and closing; a task sleeps until the next grace period ends and
+    revokes the lease of every incarnation still disconnected then, if etcd still names that
+    incarnation (coordinator/registration.py). The registration watch then sees the key go and
+    the event loop handles a broker failure as for an expired lease: one failure path.
+    """
+
+    def __init__(self, store: EtcdStore, grace_ms: int, clock_ms: Callable[[], int] = _monotonic_ms) -> None:
+        self.store = store
+        self.grace_ms = grace_ms
+        self.connections = BrokerConnections(grace_ms)
+        self._clock_ms = clock_ms
+        self._wake = asyncio.Event()
+        # Set when this controller stops acting: every stream it holds ends, so each broker
+        # finds the controller that acts now.
+        self.stopped = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name="broker-connection-watch")
+
+    def opened(self, broker_id: int, broker_epoch: int) -> None:
+        self.connections.opened(broker_id, broker_epoch)
+        metrics.BROKER_CONNECTIONS.set(self.connections.connected_count())
+
+    def closed(self, broker_id: int, broker_epoch: int) -> None:
+        if self.stopped.is_set():
+            return  # this controller no longer acts: streams end because it stood down
+        self.connections.closed(broker_id, broker_epoch, self._clock_ms())
+        metrics.BROKER_CONNECTIONS.set(self.connections.connected_count())
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Stop acting at once (this controller is no longer active): nothing more is revoked."""
+        self.stopped.set()
+        self._task.cancel()
+        metrics.BROKER_CONNECTIONS.set(0)
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            deadline_ms = self.connections.next_deadline_ms()
+            now_ms = self._clock_ms()
+            if deadline_ms is None or deadline_ms > now_ms:
+                timeout_s = None if deadline_ms is None else (deadline_ms - now_ms) / 1000
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout_s)
+                except TimeoutError:
+                    pass
+                continue
+            for broker_id, broker_epoch in self.connections.due(now_ms):
+                await self._revoke(broker_id, broker_epoch)
+
+    async def _revoke(self, broker_id: int, broker_epoch: int) -> None:
+        try:
+            revoked = await revoke_broker_incarnation(self.store, broker_id, broker_epoch)
+        except CoordinatorError as exc:
+            # etcd unreachable: the broker's lease expires on its own if it is really gone.
+            log.warning("could not revoke broker %d's lease after its connection closed: %s", broker_id, exc)
+            return
+        if revoked:
+            metrics.BROKER_CONNECTION_REVOCATIONS.inc()
+            log.warning(
+                "broker %d's connection closed and was not reopened within %d ms (broker epoch %d): "
+                "revoking its lease; handled as a broker failure",
+                broker_id,
+                self.grace_ms,
+                broker_epoch,
+            )
+
+
+async def _drain(requests: AsyncIterator[controller_pb2.BrokerHeartbeatRequest]) -> None:
+    """Read a stream's requests until the broker's side ends (closed, cancelled or reset)."""
+    try:
+        async for _ in requests:
+            pass
+    except DecodeError:
+        pass  # bytes that are not a request: the stream ends as if closed
+
+
 class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
     def __init__(self, store: EtcdStore) -> None:
         self.store = store
         self.active: ControllerEventLoop | None = None
+        # Set while active: the brokers' liveness streams of this active period.
+        self.connection_watch: BrokerConnectionWatch | None = None
         self.host = ""
         self.port = 0
         # Security admin calls read, decide and write one at a time, so two of them never
@@ -122,6 +221,53 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             error_message=message,
             active_controller=active,
         )
+
+    def activate(self, loop: ControllerEventLoop, broker_connection_grace_ms: int) -> None:
+        """This controller is active with `loop`: answer RPCs and hold the brokers' streams."""
+        self.connection_watch = BrokerConnectionWatch(self.store, broker_connection_grace_ms)
+        self.active = loop
+
+    def stand_by(self) -> None:
+        """Stop acting: answer NOT_CONTROLLER, end every stream held and revoke nothing more."""
+        self.active = None
+        if self.connection_watch is not None:
+            self.connection_watch.stop()
+            self.connection_watch = None
+
+    async def BrokerHeartbeat(
+        self,
+        request_iterator: AsyncIterator[controller_pb2.BrokerHeartbeatRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[controller_pb2.BrokerHeartbeatResponse]:
+        """A broker's liveness stream: accepted while active and held open until either side ends it.
+
+        The first request names the incarnation; the stream is "connected" until it ends (the
+        broker closed it, cancelled it, or its connection was reset) or this controller stops
+        acting (the broker then finds the new one). Its end starts the grace period.
+        """
+        try:
+            first = await anext(aiter(request_iterator), None)
+        except DecodeError as exc:
+            # gRPC parses streamed requests itself (request_guard.py covers unary ones only).
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"BrokerHeartbeat: the request does not parse: {exc}"
+            )
+        if first is None:
+            return
+        loop, watch = self.active, self.connection_watch
+        if loop is None or watch is None:
+            yield await self._not_controller(controller_pb2.BrokerHeartbeatResponse)
+            return
+        watch.opened(first.broker_id, first.broker_epoch)
+        drained = asyncio.ensure_future(_drain(request_iterator))
+        stopped = asyncio.ensure_future(watch.stopped.wait())
+        try:
+            yield controller_pb2.BrokerHeartbeatResponse(controller_epoch=loop.epoch)
+            await asyncio.wait([drained, stopped], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            drained.cancel()
+            stopped.cancel()
+            watch.closed(first.broker_id, first.broker_epoch)
 
     async def _run(
         self,
@@ -342,6 +488,7 @@ def _config(configs: dict[str, str]) -> common_pb2.TopicConfig:
 
 
 async def serve(config: ControllerConfig) -> None:
+    config.check()
     process = await ServiceProcess.start(
         config,
         name=f"controller-{config.controller_id}",
@@ -385,7 +532,7 @@ async def serve(config: ControllerConfig) -> None:
             )
             try:
                 await loop.start()
-                servicer.active = loop
+                servicer.activate(loop, config.broker_connection_grace_ms)
                 metrics.ACTIVE_CONTROLLER_COUNT.set(1)
                 metrics.CONTROLLER_EPOCH.set(epoch)
                 lost = asyncio.create_task(election.lost.wait())
@@ -401,7 +548,7 @@ async def serve(config: ControllerConfig) -> None:
             except Exception:
                 log.exception("controller %d failed while active at epoch %d", config.controller_id, epoch)
             finally:
-                servicer.active = None
+                servicer.stand_by()
                 metrics.ACTIVE_CONTROLLER_COUNT.set(0)
                 await loop.stop()
                 try:
@@ -417,7 +564,7 @@ async def serve(config: ControllerConfig) -> None:
         # the election back in between.
         stopping.set()
         loop = servicer.active
-        servicer.active = None
+        servicer.stand_by()
         if loop is not None:
             loop.resigned.set()
         try:

@@ -692,6 +692,9 @@ RULES: dict[str, Rule] = {
     _BROKER + "Metadata": metadata,
     _CONTROLLER + "AlterPartition": _from(("broker",), "AlterPartition", "broker_id"),
     _CONTROLLER + "ControlledShutdown": _from(("broker",), "ControlledShutdown", "broker_id"),
+    # A streaming call: the interceptor admits it before any request is read, so the caller must be
+    # a broker but which one is not compared with the broker id the stream names.
+    _CONTROLLER + "BrokerHeartbeat": _from(("broker",), "BrokerHeartbeat"),
     **{_CONTROLLER + name: rule for name, rule in _ADMIN.items()},
     _GATEWAY + "Produce": produce,
     _GATEWAY + "Fetch": fetch,

@@ -100,6 +100,7 @@ TRUSTED_NETWORK_ONLY = frozenset(
         "StopReplica",
         "AlterPartition",
         "ControlledShutdown",
+        "BrokerHeartbeat",  # a closed stream naming a live incarnation revokes its lease
         "DeleteTopics",
         "AlterPartitionReassignments",
         "ElectLeaders",

@@ -49,6 +49,7 @@ PURE_MODULES = [
     "services/controller/assignment.py",
     "services/controller/state_machines.py",
     "services/controller/sender_rules.py",
+    "services/controller/liveness.py",
     "services/gateway/routing.py",
     "services/gateway/record_level.py",
     "services/common/request_checks.py",

@@ -77,6 +77,26 @@ class ControlledShutdownResponse(_message.Message):
     active_controller: _common_pb2.NotControllerInfo
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., remaining_partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartition, _Mapping]]] = ..., active_controller: _Optional[_Union[_common_pb2.NotControllerInfo, _Mapping]] = ...) -> None: ...
 
+class BrokerHeartbeatRequest(_message.Message):
+    __slots__ = ("broker_id", "broker_epoch")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    broker_epoch: int
+    def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ...) -> None: ...
+
+class BrokerHeartbeatResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "controller_epoch", "active_controller")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_CONTROLLER_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    controller_epoch: int
+    active_controller: _common_pb2.NotControllerInfo
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., controller_epoch: _Optional[int] = ..., active_controller: _Optional[_Union[_common_pb2.NotControllerInfo, _Mapping]] = ...) -> None: ...
+
 class AclBinding(_message.Message):
     __slots__ = ("principal", "permission", "operation", "resource_type", "resource_name", "pattern_type", "host")
     PRINCIPAL_FIELD_NUMBER: _ClassVar[int]

@@ -115,6 +115,11 @@ class ControllerServiceStub:
                 request_serializer=highwater_dot_v1_dot_controller__pb2.ListTokensRequest.SerializeToString,
                 response_deserializer=highwater_dot_v1_dot_controller__pb2.ListTokensResponse.FromString,
                 _registered_method=True)
+        self.BrokerHeartbeat = channel.stream_stream(
+                '/highwater.v1.ControllerService/BrokerHeartbeat',
+                request_serializer=highwater_dot_v1_dot_controller__pb2.BrokerHeartbeatRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_controller__pb2.BrokerHeartbeatResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -216,6 +221,12 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BrokerHeartbeat(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -298,6 +309,11 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.ListTokens,
                     request_deserializer=highwater_dot_v1_dot_controller__pb2.ListTokensRequest.FromString,
                     response_serializer=highwater_dot_v1_dot_controller__pb2.ListTokensResponse.SerializeToString,
+            ),
+            'BrokerHeartbeat': grpc.stream_stream_rpc_method_handler(
+                    servicer.BrokerHeartbeat,
+                    request_deserializer=highwater_dot_v1_dot_controller__pb2.BrokerHeartbeatRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_controller__pb2.BrokerHeartbeatResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -732,6 +748,33 @@ class ControllerService:
             '/highwater.v1.ControllerService/ListTokens',
             highwater_dot_v1_dot_controller__pb2.ListTokensRequest.SerializeToString,
             highwater_dot_v1_dot_controller__pb2.ListTokensResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BrokerHeartbeat(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/highwater.v1.ControllerService/BrokerHeartbeat',
+            highwater_dot_v1_dot_controller__pb2.BrokerHeartbeatRequest.SerializeToString,
+            highwater_dot_v1_dot_controller__pb2.BrokerHeartbeatResponse.FromString,
             options,
             channel_credentials,
             insecure,
