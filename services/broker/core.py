@@ -57,6 +57,7 @@ from services.broker.fetcher_core import (
 )
 from services.broker.log import Log, LogConfig
 from services.broker.log.checkpoints import HighWatermarkCheckpoint
+from services.broker.log.log import CLOSE_STAGING_DIR, close_logs
 from services.broker.log.storage import Storage
 from services.broker.partition import (
     IsrChange,
@@ -236,6 +237,8 @@ class BrokerCore:
                 self.log.warning("run marker %s is unreadable; treating the last stop as unclean", path)
                 previous = PreviousRun(clean=False, same_boot=False)
         self._write_run_marker(clean=False)
+        # Files a crash left in the middle of a batched close (log.close_logs); no log reads them.
+        self.storage.delete_dir(f"{self.data_dir}/{CLOSE_STAGING_DIR}")
         if previous.unclean_shutdown:
             self.log.warning(
                 "broker %d did not stop cleanly and its host restarted since: unflushed writes "
@@ -265,14 +268,23 @@ class BrokerCore:
         self.fetchers.clear()
 
     def close(self) -> None:
-        """After begin_close: checkpoint HWs, close every log, mark the run clean."""
+        """After begin_close: checkpoint HWs, close every log, mark the run clean.
+
+        The logs close together (`close_logs`: three file-system syncs for all of them, not
+        ~11 fsyncs each: 1,000 partitions took ~1.9 s one by one), and the run marker says
+        "clean" only after that returned, so only once every byte it vouches for is durable.
+        """
         self.begin_close()
         self.checkpoint_high_watermarks()
-        for p in self.partitions.values():
-            try:
-                p.log.close()
-            except Exception as exc:
-                self.log.error("closing the log of %s-%d failed: %s", p.topic, p.partition, exc)
+        failures = close_logs(
+            [p.log for p in self.partitions.values()], storage=self.storage, sync_root=self.data_dir
+        )
+        for log, exc in failures:
+            self.log.error("closing the log %s failed: %s", log.directory, exc)
+        if failures:
+            # Its bytes may not be durable: the next start must not take this stop as clean.
+            self.log.error("%d log(s) did not close cleanly; the run stays marked unclean", len(failures))
+            return
         self._write_run_marker(clean=True)
 
     def crash(self) -> None:

@@ -34,10 +34,14 @@ REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
 CLEAN_SHUTDOWN_MARKER = ".clean-shutdown"
 
 
-def write_entries(storage: Storage, path: str, entries: list[tuple[int | str, ...]]) -> None:
+def encode_entries(entries: list[tuple[int | str, ...]]) -> bytes:
     lines = [str(CHECKPOINT_VERSION), str(len(entries))]
     lines.extend(" ".join(str(field) for field in entry) for entry in entries)
-    storage.write_atomic(path, ("\n".join(lines) + "\n").encode("ascii"))
+    return ("\n".join(lines) + "\n").encode("ascii")
+
+
+def write_entries(storage: Storage, path: str, entries: list[tuple[int | str, ...]]) -> None:
+    storage.write_atomic(path, encode_entries(entries))
 
 
 def read_fields(storage: Storage, path: str, *, fields_per_entry: int) -> list[list[str]] | None:

@@ -114,6 +114,10 @@ class LeaderEpochCache:
         self._write()
         return True
 
+    def mark_persisted(self) -> None:
+        """The entries were written by the Log itself (a batched clean close, log.close_logs)."""
+        self._dirty = False
+
     def _write(self) -> None:
         self._persist(self.entries())
         self._dirty = False

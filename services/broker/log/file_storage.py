@@ -1,15 +1,20 @@
 """The broker's storage: real files under the `Storage` seam of storage.py.
 
 The only module of the log that touches the file system (os.pread/os.pwrite, fsync,
-atomic renames); everything else in services/broker/log/ runs unchanged on MemoryStorage
+syncfs, atomic renames); everything else in services/broker/log/ runs unchanged on MemoryStorage
 in the unit tests and the deterministic simulation. Only the broker's drivers
 (replica_manager) and tools import it.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import platform
 import shutil
+import sys
+from collections.abc import Callable
 
 from clients.common.errors import StorageError, check
 from clients.local_reads import host_id
@@ -108,9 +113,11 @@ class FileStorage:
     One per broker, so `open_files` bounds the handles of all its replicas together.
     """
 
-    def __init__(self, *, open_files_max: int = OPEN_SEGMENT_FILES_MAX) -> None:
+    def __init__(self, *, open_files_max: int = OPEN_SEGMENT_FILES_MAX, use_syncfs: bool = True) -> None:
         self.open_files = OpenFileCache(self, open_files_max)
         self._host_id = host_id()
+        # sync_all: syncfs(2) where it reports write errors, else an fsync of every file.
+        self._syncfs = _syncfs_function() if use_syncfs else None
 
     def open(self, path: str, *, create: bool = True) -> StorageFile:
         return _RealFile(path, create=create)
@@ -120,6 +127,8 @@ class FileStorage:
 
     def mkdir(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)
+        if self._syncfs is not None:
+            self._file_system_fd(path)
 
     def list_dir(self, path: str) -> list[str]:
         return sorted(entry.name for entry in os.scandir(path) if entry.is_file())
@@ -141,18 +150,65 @@ class FileStorage:
     def write_atomic(self, path: str, data: bytes) -> None:
         temp = path + TEMP_SUFFIX
         try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _write_new(temp, data, fsync=True)
             os.replace(temp, path)
             _fsync_dir(os.path.dirname(path) or ".")
         except OSError as error:
             raise StorageError(f"atomic write of {path} failed: {error}") from error
+
+    def write_unsynced(self, path: str, data: bytes) -> None:
+        try:
+            _write_new(path, data, fsync=False)
+        except OSError as error:
+            raise StorageError(f"write of {path} failed: {error}") from error
+
+    def rename_unsynced(self, source: str, target: str) -> None:
+        try:
+            os.replace(source, target)
+        except OSError as error:
+            raise StorageError(f"rename of {source} to {target} failed: {error}") from error
+
+    def link_unsynced(self, source: str, target: str) -> None:
+        try:
+            os.link(source, target)
+        except FileExistsError:
+            pass  # the name exists already: left as it is (the Storage contract)
+        except OSError as error:
+            raise StorageError(f"link of {source} to {target} failed: {error}") from error
+
+    def sync_all(self, directory: str) -> None:
+        """syncfs(2) of the file system holding `directory`: one barrier for every file there.
+
+        Chosen over an fsync per file for the broker's clean close (ARCHITECTURE.md section 5):
+        1,000 partitions cost ~11,000 fsyncs (~1.5 s) one by one. It also writes back other
+        programs' dirty data on the same file system, which a dedicated data disk does not
+        have. Without a syncfs that reports errors (Linux before 5.8, other systems) every
+        file and directory under `directory` is fsynced instead: slow, but as safe.
+        """
+        try:
+            if self._syncfs is None:
+                _fsync_tree(directory)
+                return
+            fd = self._file_system_fd(directory)
+            if self._syncfs(fd) != 0:
+                error = ctypes.get_errno()
+                raise OSError(error, os.strerror(error))
+        except OSError as error:
+            raise StorageError(f"sync of the file system of {directory} failed: {error}") from error
+
+    def _file_system_fd(self, directory: str) -> int:
+        """A descriptor of the file system holding `directory`: of its mount point where readable,
+        so it pins no data directory (which stays free to be removed) and counts against none."""
+        device = os.stat(directory).st_dev
+        fd = _FILE_SYSTEM_FDS.get(device)
+        if fd is None:
+            flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+            try:
+                fd = os.open(_mount_point(directory), flags)
+            except OSError:
+                fd = os.open(directory, flags)
+            _FILE_SYSTEM_FDS[device] = fd
+        return fd
 
     def delete_dir(self, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
@@ -165,6 +221,70 @@ class FileStorage:
         except OSError:
             return None
         return FileLocation(os.path.abspath(path), stat.st_dev, stat.st_ino, self._host_id)
+
+
+# One descriptor per file system that a FileStorage of this process made a directory on,
+# opened at the first mkdir there (the broker's start) and kept: syncfs reports the write
+# errors of the file system since *its descriptor* was opened, so a late one would miss
+# earlier errors. Per process, not per FileStorage, so tools and tests making many leak none.
+_FILE_SYSTEM_FDS: dict[int, int] = {}
+
+# syncfs(2) reports write-back errors (those since the descriptor was opened) from Linux 5.8
+# on; before, it returned 0 whatever happened, which would hide a failed write.
+_SYNCFS_REPORTS_ERRORS_SINCE = (5, 8)
+
+
+@functools.cache
+def _syncfs_function() -> Callable[[int], int] | None:
+    """libc's syncfs where it reports write errors, else None (looked up once per process)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        major, minor = (int(part) for part in platform.release().split(".")[:2])
+    except ValueError:
+        return None
+    if (major, minor) < _SYNCFS_REPORTS_ERRORS_SINCE:
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols: libc's among them
+        function = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int]
+    function.restype = ctypes.c_int
+    syncfs: Callable[[int], int] = function
+    return syncfs
+
+
+def _mount_point(path: str) -> str:
+    path = os.path.realpath(path)
+    while not os.path.ismount(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def _write_new(path: str, data: bytes, *, fsync: bool) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(directory: str) -> None:
+    """fsync every file and directory under `directory`, the directories after their files."""
+    for root, _, names in os.walk(directory, topdown=False):
+        for name in names:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(root)
 
 
 def _fsync_dir(path: str) -> None:

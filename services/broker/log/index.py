@@ -98,6 +98,10 @@ class _SparseIndex:
         self._keys = self._values = None
         self._summary = None
 
+    def write_pending(self) -> None:
+        """Write the buffered entries to the file, without fsync (a batched close syncs them)."""
+        self._write_pending()
+
     def _write_pending(self) -> None:
         if self._pending:
             self._file.append(self._pending)

@@ -60,6 +60,11 @@ from .storage import TEMP_SUFFIX, Storage
 
 logger = logging.getLogger("highwater.log")
 
+# close_logs writes the new files of a batched close here, under the sync root (the broker's
+# data directory), and renames them into the logs' directories. Not a partition directory:
+# those are "{topic}-{partition number}".
+CLOSE_STAGING_DIR = ".close-staging"
+
 # A retention rule: (segment, base offset of the next segment) -> delete it?
 _Breach = Callable[[LogSegment, int], bool]
 
@@ -139,6 +144,8 @@ class Log:
         self._segments: list[LogSegment] = []
         self._base_offsets: list[int] = []
         self._log_start_offset = 0
+        # The log start offset as the checkpoint file holds it (every change is written at once).
+        self._log_start_offset_on_disk: int | None = None
         self._recovery_point = 0
         self._unflushed_messages = 0
         self._last_flush_ms = 0
@@ -292,6 +299,7 @@ class Log:
         self._epoch_cache.truncate_from_start(self._log_start_offset)
         if log_start_checkpoint != self._log_start_offset:
             checkpoints.write_offset(storage, self._path(LOG_START_OFFSET_CHECKPOINT), self._log_start_offset)
+        self._log_start_offset_on_disk = self._log_start_offset
 
         if recovered_count or dropped:
             # What recovery kept is exactly what is on disk: make it durable, then trust it.
@@ -794,6 +802,7 @@ class Log:
     def _set_log_start_offset(self, offset: int) -> None:
         self._log_start_offset = offset
         checkpoints.write_offset(self._storage, self._path(LOG_START_OFFSET_CHECKPOINT), offset)
+        self._log_start_offset_on_disk = offset
 
     # --- durability -------------------------------------------------------------------
 
@@ -850,6 +859,54 @@ class Log:
             segment.close()
         self._closed = True
 
+    # --- the batched clean close (close_logs) -------------------------------------------
+    # close() above costs about eleven fsyncs per log; close_logs does the same work for
+    # many logs in three phases separated by one Storage.sync_all each.
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def is_offline(self) -> bool:
+        return self._offline_reason is not None
+
+    def _stage_clean_close(self, staging_prefix: str) -> list[tuple[str, str]]:
+        """Phase 1 of close_logs: write what a clean close writes, without fsync.
+
+        Returns (staged path, final path) of the checkpoints staged, each written to
+        `staging_prefix` + its name. Segment bytes and index entries go to their own files.
+        Of the checkpoints only those a clean open relies on and that differ from the files
+        are staged: the leader epochs (a clean open trusts the file and rebuilds none) and
+        the log start offset (normally written at every change already). Not the recovery point: an open that
+        finds the marker does not use it (it trusts every segment and writes the point at
+        the end itself, durably, before it removes the marker), and one that does not find
+        the marker scans from the old, lower point, which is safe.
+        """
+        self._ensure_usable()
+        for segment in self._segments:
+            segment.write_buffered()
+        staged: list[tuple[str, str, bytes]] = []
+        if self._epoch_cache.dirty:
+            entries = checkpoints.encode_entries(list(self._epoch_cache.entries()))
+            staged.append((LEADER_EPOCH_CHECKPOINT, self._path(LEADER_EPOCH_CHECKPOINT), entries))
+        if self._log_start_offset_on_disk != self._log_start_offset:
+            start = checkpoints.encode_entries([(self._log_start_offset,)])
+            staged.append((LOG_START_OFFSET_CHECKPOINT, self._path(LOG_START_OFFSET_CHECKPOINT), start))
+        for name, _, data in staged:
+            self._storage.write_unsynced(staging_prefix + name, data)
+        return [(staging_prefix + name, final) for name, final, _ in staged]
+
+    def _finish_clean_close(self) -> None:
+        """After the last sync_all: every byte is durable and the marker vouches for it; close the files."""
+        self._epoch_cache.mark_persisted()
+        self._recovery_point = self.log_end_offset  # as the next open will take it
+        self._log_start_offset_on_disk = self._log_start_offset
+        for segment in self._segments:
+            segment.unflushed = False
+            segment.close()
+        self._closed = True
+
     def abandon(self) -> None:
         """Drop the log as a killed process would: close the files, flush nothing, leave no marker.
 
@@ -867,3 +924,104 @@ class Log:
                 segment.close()
             self._closed = True
         self._storage.delete_dir(self._directory)
+
+
+def close_logs(logs: list[Log], *, storage: Storage, sync_root: str) -> list[tuple[Log, Exception]]:
+    """Close many logs cleanly, as `Log.close` each, with three `sync_all`s instead of ~11 fsyncs per log.
+
+    Every log lies under `sync_root`. The phases keep Log.close's order of durability:
+    1. segment bytes and index entries are written to their files, each log's changed
+       checkpoints to new files in one staging directory (CLOSE_STAGING_DIR), and one empty
+       file there; sync_all: all of it is durable;
+    2. the staged checkpoints are renamed into their logs' directories (a rename of durable
+       bytes: all or nothing, as write_atomic); sync_all: the renames are durable;
+    3. each log's clean-shutdown marker is made a hard link to that one empty file (a
+       marker is an empty file whose presence is all that counts); sync_all: the markers
+       are durable.
+    A marker thus never exists (even after a power cut) before the data and checkpoints it
+    vouches for. New files are kept few because making one cost 0.4-0.7 ms on the busy
+    2-core test machine, just after the broker made thousands of files, while a rename or
+    a link cost ~0.01 ms: only a changed checkpoint gets a file of its own.
+
+    If a sync_all fails, no marker of this pass is left, and every log not finished is
+    closed by `Log.close`, whose per-file fsyncs tell which log is damaged (its next open
+    recovers). An offline log or one whose staging failed also goes that way. Returns the
+    logs whose close failed, with the error. ARCHITECTURE.md section 5 says why one barrier
+    over the file system rather than threads of fsyncs.
+    """
+    staging = os.path.join(sync_root, CLOSE_STAGING_DIR)
+    empty = os.path.join(staging, CLEAN_SHUTDOWN_MARKER)
+    open_logs = [log for log in logs if not log.is_closed]
+    slow: list[Log] = []
+    fast: list[tuple[Log, list[tuple[str, str]]]] = []
+    try:
+        storage.delete_dir(staging)  # what a crash in an earlier close left
+        storage.mkdir(staging)
+        storage.write_unsynced(empty, b"")
+    except StorageError as error:
+        logger.warning("cannot stage the close of the logs under %s (%s)", sync_root, error)
+        slow = open_logs
+    else:
+        for i, log in enumerate(open_logs):
+            if log.is_offline:
+                slow.append(log)  # Log.close gives it no marker: its next open recovers
+                continue
+            try:
+                fast.append((log, log._stage_clean_close(os.path.join(staging, f"{i}."))))
+            except StorageError:
+                slow.append(log)
+        if fast:
+            marked = _sync_and_mark(fast, slow, storage=storage, sync_root=sync_root, empty=empty)
+            for log in marked:
+                log._finish_clean_close()
+        storage.delete_dir(staging)
+    failures: list[tuple[Log, Exception]] = []
+    for log in slow:
+        try:
+            log.close()
+        except Exception as error:
+            failures.append((log, error))
+    return failures
+
+
+def _sync_and_mark(
+    fast: list[tuple[Log, list[tuple[str, str]]]],
+    slow: list[Log],
+    *,
+    storage: Storage,
+    sync_root: str,
+    empty: str,
+) -> list[Log]:
+    """Phases 1 (its sync) to 3 of close_logs; returns the logs now durably marked clean.
+
+    A log that cannot take part from here on is added to `slow`, and all of them if a
+    sync_all fails (then the markers of this pass are removed first).
+    """
+    marked: list[Log] = []
+    try:
+        storage.sync_all(sync_root)
+        ready: list[Log] = []
+        for log, staged in fast:
+            try:
+                for staged_path, final_path in staged:
+                    storage.rename_unsynced(staged_path, final_path)
+                ready.append(log)
+            except StorageError:
+                slow.append(log)
+        if any(staged for _, staged in fast):
+            storage.sync_all(sync_root)  # the renames, before any marker that relies on them
+        for log in ready:
+            try:
+                storage.link_unsynced(empty, log._path(CLEAN_SHUTDOWN_MARKER))
+                marked.append(log)
+            except StorageError:
+                slow.append(log)
+        storage.sync_all(sync_root)
+        return marked
+    except StorageError as error:
+        logger.warning("syncing the logs under %s failed (%s); closing them one by one", sync_root, error)
+        for log in marked:
+            storage.delete(log._path(CLEAN_SHUTDOWN_MARKER))
+        going_slow = {id(log) for log in slow}
+        slow.extend(log for log, _ in fast if id(log) not in going_slow)
+        return []

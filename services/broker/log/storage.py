@@ -20,7 +20,13 @@ Durability model (what `MemoryStorage.crash()` keeps, and what the log may rely 
 - `write_atomic` (temp file, fsync, rename, fsync of the directory) is all-or-nothing;
 - `mkdir`, `rename`, `delete` are durable at once (FileStorage fsyncs the directory
   after rename; the log never depends on a delete surviving a crash: a segment that
-  comes back is below the log start offset checkpoint and is deleted again).
+  comes back is below the log start offset checkpoint and is deleted again);
+- `write_unsynced`, `rename_unsynced` and `link_unsynced` are not durable until a `sync_all`
+  of a directory holding them: a crash before it loses the new file, and undoes the rename
+  or the link. Renaming or linking a file whose content is not durable yet is refused
+  (after a power cut the new name could hold an empty file), so `write_unsynced` +
+  `sync_all` + `rename_unsynced` + `sync_all` is `write_atomic` with its fsyncs shared by
+  any number of files (the broker's clean close, log.close_logs, ARCHITECTURE.md section 5).
 """
 
 from __future__ import annotations
@@ -112,6 +118,36 @@ class Storage(Protocol):
 
     def write_atomic(self, path: str, data: bytes) -> None:
         """Replace `path` with `data` all-or-nothing: temp file, fsync, rename, directory fsync."""
+        ...
+
+    def write_unsynced(self, path: str, data: bytes) -> None:
+        """Create (or replace) `path` holding `data`, without fsync: durable after a `sync_all`."""
+        ...
+
+    def rename_unsynced(self, source: str, target: str) -> None:
+        """Rename `source` over `target` without fsync: durable after the next `sync_all`.
+
+        Only once a `sync_all` made `source`'s content durable: a rename of unsynced data can
+        leave an empty `target` after a power cut.
+        """
+        ...
+
+    def link_unsynced(self, source: str, target: str) -> None:
+        """Give `source`'s file a second name `target` (a hard link: no new file), without fsync.
+
+        Durable after the next `sync_all`; only once a `sync_all` made `source` durable. A
+        `target` that exists already is left as it is. Both names then share one content:
+        only for files that are never written again (checkpoint files are replaced, never
+        rewritten in place).
+        """
+        ...
+
+    def sync_all(self, directory: str) -> None:
+        """Make every write, file, rename and delete so far under `directory` durable at once.
+
+        One barrier for many files instead of an fsync per file. Raises StorageError when the
+        file system reports that a write may not have reached the disk.
+        """
         ...
 
     def delete_dir(self, path: str) -> None:
@@ -378,6 +414,11 @@ class MemoryStorage:
         self.fail_writes = False
         # The same bound as FileStorage's: evictions and reopens happen in the simulation too.
         self.open_files = OpenFileCache(self, open_files_max)
+        # rename_unsynced/link_unsynced names not yet made durable by a sync_all: target ->
+        # (source of a rename, None for a link; the inode the name replaced or None); a crash
+        # undoes them, newest first.
+        self._unsynced_renames: dict[str, tuple[str | None, _MemoryInode | None]] = {}
+        self.sync_all_count = 0
 
     @staticmethod
     def _key(path: str | Path) -> str:
@@ -413,10 +454,15 @@ class MemoryStorage:
         return sorted(os.path.basename(name) for name in self._files if os.path.dirname(name) == key)
 
     def delete(self, path: str) -> None:
-        self._files.pop(self._key(path), None)
+        key = self._key(path)
+        self._files.pop(key, None)
+        self._unsynced_renames.pop(key, None)
 
     def rename(self, source: str, target: str) -> None:
         self._files[self._key(target)] = self._files.pop(self._key(source))
+        # Durable at once (FileStorage fsyncs the directory): nothing left to undo there.
+        self._unsynced_renames.pop(self._key(source), None)
+        self._unsynced_renames.pop(self._key(target), None)
 
     def read_file(self, path: str) -> bytes:
         key = self._key(path)
@@ -430,14 +476,71 @@ class MemoryStorage:
         inode = _MemoryInode()
         inode.data = bytearray(data)
         inode.durable = bytes(data)
-        self._files[self._key(path)] = inode
+        key = self._key(path)
+        self._files[key] = inode
+        self._unsynced_renames.pop(key, None)
         self.fsync_count += 1
+
+    def write_unsynced(self, path: str, data: bytes) -> None:
+        key = self._key(path)
+        check(os.path.dirname(key) in self._dirs, "write %s: directory does not exist", key)
+        self.check_writable(key)
+        inode = _MemoryInode()  # durable: None, so a crash before a sync_all loses it
+        inode.data = bytearray(data)
+        self._files[key] = inode
+        self._unsynced_renames.pop(key, None)
+
+    def rename_unsynced(self, source: str, target: str) -> None:
+        source_key, target_key = self._key(source), self._key(target)
+        inode = self._files.get(source_key)
+        if inode is None:
+            raise StorageError(f"rename of {source_key} failed: no such file")
+        check(
+            inode.durable is not None and inode.durable == inode.data,
+            "rename of %s to %s before a sync_all made its content durable",
+            source_key,
+            target_key,
+        )
+        self.check_writable(target_key)
+        check(source_key not in self._unsynced_renames, "rename of %s: renamed twice unsynced", source_key)
+        if target_key not in self._unsynced_renames:
+            self._unsynced_renames[target_key] = (source_key, self._files.get(target_key))
+        self._files[target_key] = self._files.pop(source_key)
+
+    def link_unsynced(self, source: str, target: str) -> None:
+        source_key, target_key = self._key(source), self._key(target)
+        inode = self._files.get(source_key)
+        if inode is None:
+            raise StorageError(f"link of {source_key} failed: no such file")
+        check(
+            inode.durable is not None and inode.durable == inode.data,
+            "link of %s to %s before a sync_all made its content durable",
+            source_key,
+            target_key,
+        )
+        self.check_writable(target_key)
+        if target_key in self._files:
+            return  # as link(2) refuses it: the name stays as it is
+        self._unsynced_renames[target_key] = (None, None)
+        self._files[target_key] = inode
+
+    def sync_all(self, directory: str) -> None:
+        self.check_writable(directory)
+        prefix = self._key(directory) + os.sep
+        for key, inode in self._files.items():
+            if key.startswith(prefix):
+                inode.durable = bytes(inode.data)
+        for target, (source, _) in list(self._unsynced_renames.items()):
+            if target.startswith(prefix) and (source is None or source.startswith(prefix)):
+                del self._unsynced_renames[target]
+        self.sync_all_count += 1
 
     def delete_dir(self, path: str) -> None:
         key = self._key(path)
         prefix = key + os.sep
         for name in [name for name in self._files if name.startswith(prefix)]:
             del self._files[name]
+            self._unsynced_renames.pop(name, None)
         self._dirs = {name for name in self._dirs if name != key and not name.startswith(prefix)}
 
     def file_location(self, path: str) -> FileLocation | None:
@@ -449,11 +552,23 @@ class MemoryStorage:
         """Lose everything not fsynced, per file, as a power cut would.
 
         With `rng`, a file whose unsynced bytes extend its durable content keeps a random
-        prefix of them (a torn write: the page cache had written back part of the tail).
+        prefix of them (a torn write: the page cache had written back part of the tail), and
+        each unsynced rename or link may have become durable or not.
         The process's open files die with it: logs open before the crash must not be used.
         """
         self.open_files.crash()
         self.open_files = OpenFileCache(self, self.open_files.max_open)
+        # Renames and links no sync_all made durable are lost, or with `rng` each one may
+        # have reached the disk anyway, in any combination (no order among them is promised).
+        for target, (source, replaced) in reversed(list(self._unsynced_renames.items())):
+            if rng is not None and rng.random() < 0.5:
+                continue
+            moved = self._files.pop(target, None)
+            if moved is not None and source is not None:
+                self._files[source] = moved
+            if replaced is not None:
+                self._files[target] = replaced
+        self._unsynced_renames.clear()
         for key in list(self._files):
             inode = self._files[key]
             if inode.durable is None:
