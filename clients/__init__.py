@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from clients.types import (
         ClusterDescription,
         ConsumerRecord,
+        FailedRecord,
         NewTopic,
         OffsetAndTimestamp,
         PartitionDescription,
@@ -49,6 +50,7 @@ __all__ = [
     "ClusterDescription",
     "Consumer",
     "ConsumerRecord",
+    "FailedRecord",
     "GatewayUnavailable",
     "HighwaterError",
     "InvalidArgument",

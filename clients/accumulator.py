@@ -43,6 +43,8 @@ RecordTuple = tuple[bytes | None, bytes | None, int]
 Headers = list[tuple[str, bytes]]
 # (index of the record in its batch, future or None, callback or None)
 Completion = tuple[int, Any, Callable[..., Any] | None]
+# RecordAccumulator's age_spread_ms when not bounded: any batch takes records.
+AGE_SPREAD_MS_UNBOUNDED = 1 << 62
 
 
 @dataclass(eq=False, slots=True)
@@ -90,6 +92,7 @@ class RecordAccumulator:
         linger_ms: int,
         max_batch_bytes: int,
         buffer_memory_bytes: int,
+        age_spread_ms: int = AGE_SPREAD_MS_UNBOUNDED,
     ) -> None:
         check(
             0 < batch_size_bytes <= max_batch_bytes <= buffer_memory_bytes,
@@ -102,6 +105,11 @@ class RecordAccumulator:
         self.linger_ms = linger_ms
         self.max_batch_bytes = max_batch_bytes
         self.buffer_memory_bytes = buffer_memory_bytes
+        # A batch times out by its creation (delivery_timeout_ms), so no record may join one
+        # created more than this before it (appended or merged): a record fails at most this
+        # much before its own delivery timeout. Normally the open batch is milliseconds old;
+        # only a partition stuck behind an in-flight request (an outage) keeps one open longer.
+        self.age_spread_ms = age_spread_ms
         self.buffered_bytes = 0
         self.flushes_in_progress = 0
         # Appenders blocked on buffer memory: while > 0 every batch is ready at once.
@@ -138,7 +146,12 @@ class RecordAccumulator:
         queue = self._queues.get(tp)
         batch = queue[-1] if queue else None
         created = False
-        if batch is None or batch.closed or batch.size_bytes + size_bytes > self.batch_size_bytes:
+        if (
+            batch is None
+            or batch.closed
+            or batch.size_bytes + size_bytes > self.batch_size_bytes
+            or now_ms - batch.created_ms > self.age_spread_ms
+        ):
             batch = self._open_batch(tp, queue, now_ms)
             created = True
         if completion_future is not None or completion_callback is not None:
@@ -223,8 +236,9 @@ class RecordAccumulator:
 
         A partition's never-sent batches are merged into one (up to max_batch_bytes):
         a producer that falls behind sends fewer, bigger batches, since per-request
-        cost dominates (FACTS.md). Partitions are visited from a rotating start so
-        none starves when the request fills up.
+        cost dominates (FACTS.md). Only batches created within `age_spread_ms` of the
+        first are merged: a merged batch times out by its oldest record. Partitions are
+        visited from a rotating start so none starves when the request fills up.
         """
         drained: list[ProducerBatch] = []
         if not ready:
@@ -244,6 +258,7 @@ class RecordAccumulator:
                     queue
                     and queue[0].attempts == 0
                     and batch.size_bytes + queue[0].size_bytes - BATCH_OVERHEAD_BYTES <= limit
+                    and queue[0].created_ms - batch.created_ms <= self.age_spread_ms
                 ):
                     self._merge(batch, queue.popleft())
             batch.closed = True
@@ -290,6 +305,15 @@ class RecordAccumulator:
             if not queue:
                 del self._queues[tp]
         return expired
+
+    def next_expiry_ms(self, delivery_timeout_ms: int) -> int | None:
+        """When the next queued batch reaches delivery_timeout_ms (None: nothing queued).
+
+        A queue's head is its oldest batch (new batches go to the tail, retried ones back
+        to the head), so only heads are looked at.
+        """
+        heads = [queue[0].created_ms for queue in self._queues.values() if queue]
+        return min(heads) + delivery_timeout_ms if heads else None
 
     def abort_queued(self) -> list[ProducerBatch]:
         """Remove and return every queued batch (close without waiting)."""

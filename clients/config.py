@@ -88,6 +88,15 @@ FETCH_MAX_BYTES_MAX = GRPC_MAX_MESSAGE_BYTES - 1024 * 1024
 MAX_POLL_RECORDS_DEFAULT = 500
 # Kafka's auto.commit.interval.ms: how often positions are committed with enable_auto_commit.
 AUTO_COMMIT_INTERVAL_MS_DEFAULT = 5_000
+# Kafka's default.api.timeout.ms: how long commit() (without timeout_ms) retries retriable
+# errors (no gateway, a timeout, the coordinator moving) before it raises.
+DEFAULT_API_TIMEOUT_MS_DEFAULT = 60_000
+# Kafka's consumer close() default: the final commit retries for at most this long.
+CONSUMER_CLOSE_TIMEOUT_MS = 30_000
+# poll(timeout_ms) returns within its timeout plus this: the calls it makes get this much
+# past the timeout (so poll(0) can still fetch, and a Fetch long-polled for the remaining
+# time is not cut off by the few ms its answer takes to arrive).
+POLL_CALL_GRACE_MS = 50
 # One CommitOffsets request carries at most this many offsets (one etcd transaction).
 COMMIT_OFFSETS_PER_REQUEST_MAX = limits.COMMIT_OFFSETS_PER_REQUEST_MAX
 
@@ -127,6 +136,13 @@ FLUSH_CHECK_INTERVAL_S = 0.5
 # A batch larger than a partition's fetch size: the next Fetch of that partition asks for
 # this many times more (up to fetch_max_bytes), so a few rounds reach any batch size.
 PARTITION_FETCH_BYTES_GROWTH_FACTOR = 2
+# A record joins a batch (appended, or merged at drain) only if the batch is younger than this
+# percentage of delivery_timeout_ms: a batch times out by its creation, so a record fails at
+# most this much before its own delivery timeout (6 s of the default 120 s).
+DELIVERY_TIMEOUT_SPREAD_PERCENT = 5
+# The sender's timer for the next delivery timeout fires this much after it, so the batch
+# is found expired on the first look (asyncio timers may fire a little early).
+EXPIRY_TIMER_MARGIN_MS = 1
 # The gRPC deadline of a Produce is the server-side timeout plus this, so the
 # gateway's own REQUEST_TIMED_OUT answer arrives before our deadline cuts it off.
 RPC_DEADLINE_MARGIN_MS = 2_000
@@ -289,6 +305,7 @@ class ConsumerConfig(ConnectionConfig):
     session_timeout_ms: int = SESSION_TIMEOUT_MS_DEFAULT
     max_poll_interval_ms: int = MAX_POLL_INTERVAL_MS_DEFAULT
     group_remote_assignor: str | None = None
+    default_api_timeout_ms: int = DEFAULT_API_TIMEOUT_MS_DEFAULT
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -304,6 +321,7 @@ class ConsumerConfig(ConnectionConfig):
                 "fetch_max_bytes": (1, FETCH_MAX_BYTES_MAX),
                 "max_partition_fetch_bytes": (1, self.fetch_max_bytes),
                 "max_poll_records": (1, None),
+                "default_api_timeout_ms": (1, None),
             },
         )
         _check_choice("group_protocol", self.group_protocol, GROUP_PROTOCOL_VALUES)

@@ -10,6 +10,13 @@ GatewayUnavailable names every address tried and the last reason, in one line.
 Other whole-request failures become typed errors (clients/errors.py); a call that
 takes longer than `request_timeout_ms` once connected is RequestTimedOut.
 
+A caller with a deadline of its own (poll(timeout_ms), commit's timeout, a batch's
+delivery_timeout_ms, send()'s max_block_ms) bounds every call it makes, connecting and
+failing over included: `call(..., deadline=)` for one call, or `call_deadline()` around a
+block of code for every call made in it (a context variable, so it reaches calls made by
+helpers without passing it through each of them). A call cut by such a deadline raises
+RequestTimedOut (or GatewayUnavailable when no gateway could be reached before it).
+
 Owned by one event loop: the channels are grpc.aio objects bound to the loop that
 created them, so every method must run on it.
 """
@@ -17,9 +24,11 @@ created them, so every method must run on it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import grpc
@@ -59,6 +68,33 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
 
 # Status codes that mean "this gateway is not there (any more)": try another one.
 _FAILOVER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+# The deadline (time.monotonic() seconds, None: none) that bounds every call made in the
+# current context; set with `call_deadline`. A task copies it when created, so a task that
+# must outlive its creator's deadline (a group member's heartbeats) starts in a clean context.
+_CALL_DEADLINE_S: ContextVar[float | None] = ContextVar("highwater_call_deadline_s", default=None)
+
+
+def current_call_deadline() -> float | None:
+    """The deadline (time.monotonic() seconds) bounding calls made here now; None: none."""
+    return _CALL_DEADLINE_S.get()
+
+
+def _earliest(first: float | None, second: float | None) -> float | None:
+    if first is None:
+        return second
+    return first if second is None else min(first, second)
+
+
+@contextlib.contextmanager
+def call_deadline(deadline_s: float | None) -> Iterator[None]:
+    """Bound every GatewayConnection.call made inside the block by `deadline_s`
+    (time.monotonic() seconds; None adds no bound). Nested blocks keep the earlier deadline."""
+    token = _CALL_DEADLINE_S.set(_earliest(_CALL_DEADLINE_S.get(), deadline_s))
+    try:
+        yield
+    finally:
+        _CALL_DEADLINE_S.reset(token)
 
 
 def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
@@ -155,28 +191,47 @@ class GatewayConnection:
             state = channel.get_state(try_to_connect=True)
         return ""
 
-    async def call(self, method: str, request: Any, *, timeout_ms: int | None = None) -> Any:
+    async def call(
+        self, method: str, request: Any, *, timeout_ms: int | None = None, deadline: float | None = None
+    ) -> Any:
         """Send `request` to GatewayService.`method` on the first gateway that answers.
 
         `timeout_ms` (default request_timeout_ms) bounds the RPC once a gateway is
-        connected. Raises GatewayUnavailable, RequestTimedOut or another HighwaterError.
+        connected. `deadline` (time.monotonic() seconds) and the enclosing `call_deadline`
+        bound the whole call, connecting and failing over included. Raises
+        GatewayUnavailable, RequestTimedOut or another HighwaterError.
         """
         if self._closed:
             raise ClientClosed(f"connection to {', '.join(self.bootstrap_addresses)} is closed")
+        deadline = _earliest(deadline, _CALL_DEADLINE_S.get())
         rpc_timeout_s = (timeout_ms if timeout_ms is not None else self.request_timeout_ms) / 1000
         throttled_s = self._throttled_until - time.monotonic()
         if throttled_s > 0:
+            if deadline is not None:
+                throttled_s = min(throttled_s, max(0.0, deadline - time.monotonic()))
             await asyncio.sleep(throttled_s)
-        connect_deadline = time.monotonic() + self.connect_timeout_ms / 1000
+        started = time.monotonic()
+        connect_deadline = started + self.connect_timeout_ms / 1000
+        if deadline is not None:
+            connect_deadline = min(connect_deadline, deadline)
         failures: dict[str, str] = {}
         tried_in_round = 0
         while True:
             address = self.addresses[self._current]
+            if deadline is not None and time.monotonic() >= deadline:
+                waited_ms = (time.monotonic() - started) * 1000
+                raise RequestTimedOut(
+                    f"{method}: the caller's deadline passed after {waited_ms:.0f} ms before a gateway "
+                    f"answered ({self._tried(failures)})"
+                )
             stub = self._stub(address)
             why = await self._connected(address, connect_deadline)
             if not why:
+                attempt_timeout_s = rpc_timeout_s
+                if deadline is not None:
+                    attempt_timeout_s = max(0.0, min(attempt_timeout_s, deadline - time.monotonic()))
                 try:
-                    response = await getattr(stub, method)(request, timeout=rpc_timeout_s)
+                    response = await getattr(stub, method)(request, timeout=attempt_timeout_s)
                     self.ever_answered = True
                     throttle_ms = getattr(response, "throttle_time_ms", 0)
                     if throttle_ms > 0:
@@ -194,15 +249,23 @@ class GatewayConnection:
             self._current = (self._current + 1) % len(self.addresses)
             tried_in_round += 1
             if time.monotonic() >= connect_deadline:
-                raise GatewayUnavailable(self._unavailable_message(failures))
+                raise GatewayUnavailable(self._unavailable_message(failures, started))
             if tried_in_round >= len(self.addresses):
                 tried_in_round = 0
                 pause_s = min(self.retry_backoff_ms / 1000, max(0.0, connect_deadline - time.monotonic()))
                 await asyncio.sleep(pause_s)
 
-    def _unavailable_message(self, failures: dict[str, str]) -> str:
-        tried = ", ".join(f"{address} ({failures.get(address, 'not tried')})" for address in self.addresses)
-        return f"no gateway answered within {self.connect_timeout_ms} ms: {tried}"
+    def _tried(self, failures: dict[str, str]) -> str:
+        return ", ".join(f"{address} ({failures.get(address, 'not tried')})" for address in self.addresses)
+
+    def _unavailable_message(self, failures: dict[str, str], started: float) -> str:
+        waited_ms = (time.monotonic() - started) * 1000
+        bound = (
+            f"within {self.connect_timeout_ms} ms (connect_timeout_ms)"
+            if waited_ms >= self.connect_timeout_ms
+            else f"within {waited_ms:.0f} ms (the caller's deadline)"
+        )
+        return f"no gateway answered {bound}: {self._tried(failures)}"
 
     async def close(self) -> None:
         """Close every channel; calls in flight end CANCELLED."""

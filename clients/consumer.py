@@ -37,6 +37,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -45,16 +46,25 @@ from clients.common.errors import InvariantViolation, MessageTooLarge, OffsetOut
 from clients.common.record_batch import iter_batch_headers
 from clients.config import (
     COMMIT_OFFSETS_PER_REQUEST_MAX,
+    CONSUMER_CLOSE_TIMEOUT_MS,
     DEFAULT_BOOTSTRAP,
     PARTITION_FETCH_BYTES_GROWTH_FACTOR,
+    POLL_CALL_GRACE_MS,
     ConsumerConfig,
     build_config,
     check_group_id,
     check_int,
     check_topic_name,
 )
-from clients.connection import GatewayConnection, client_tls
-from clients.errors import ClientClosed, HighwaterError, InvalidArgument, error_for_code
+from clients.connection import GatewayConnection, call_deadline, client_tls, current_call_deadline
+from clients.errors import (
+    ClientClosed,
+    HighwaterError,
+    InvalidArgument,
+    RequestTimedOut,
+    check_no_positional_timeout,
+    error_for_code,
+)
 from clients.group_member import FENCED_CODES, GroupMember
 from clients.loop_thread import SyncClient
 from clients.metadata import ClusterMetadata, MetadataFetcher, now_ms
@@ -497,46 +507,110 @@ class AsyncConsumer:
         offset = (await self._fetch_committed([checked])).get(checked, -1)
         return offset if offset >= 0 else None
 
-    async def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> dict[TopicPartition, int]:
+    async def commit(
+        self, offsets: Mapping[TopicPartition, int] | None = None, *, timeout_ms: int | None = None
+    ) -> dict[TopicPartition, int]:
         """Store offsets for the group (default: the position of every assigned partition).
 
-        An offset is the NEXT one to read, as in Kafka. Returns what was committed;
-        raises the typed error of the first partition that failed.
+        An offset is the NEXT one to read, as in Kafka. Returns what was committed.
+        Retriable errors (no gateway answers, a timeout, the coordinator moving) are retried
+        with back-off for up to timeout_ms (default default_api_timeout_ms; inside poll(),
+        never past the poll's own timeout), as Kafka's commitSync does; then RequestTimedOut
+        naming the bound and the last error. Other errors (a fenced member, a stale member
+        epoch: partitions it no longer owns) are raised at once, typed, for the first
+        partition that failed. Committing the same offsets again is harmless, so a retry
+        after an unanswered attempt is safe.
         """
         group = self._require_group("commit()")
+        budget_ms = (
+            self.config.default_api_timeout_ms
+            if timeout_ms is None
+            else check_int("timeout_ms", timeout_ms, minimum=1)
+        )
         if offsets is None:
             to_commit = {tp: self._positions[tp] for tp in self._assignment if tp in self._positions}
         else:
             to_commit = {
                 tp: check_int(f"offset for {tp}", offsets[tp], minimum=0) for tp in check_partitions(offsets)
             }
+        deadline_s = time.monotonic() + budget_ms / 1000
         items = list(to_commit.items())
         for start in range(0, len(items), COMMIT_OFFSETS_PER_REQUEST_MAX):
-            chunk = items[start : start + COMMIT_OFFSETS_PER_REQUEST_MAX]
-            by_topic: dict[str, list[gateway_pb2.OffsetCommitPartition]] = {}
-            for tp, offset in chunk:
-                by_topic.setdefault(tp.topic, []).append(
-                    gateway_pb2.OffsetCommitPartition(partition=tp.partition, offset=offset, leader_epoch=-1)
-                )
+            await self._commit_chunk(group, items[start : start + COMMIT_OFFSETS_PER_REQUEST_MAX], deadline_s)
+        return to_commit
+
+    async def _commit_chunk(
+        self, group: str, chunk: list[tuple[TopicPartition, int]], deadline_s: float
+    ) -> None:
+        """One CommitOffsets request, retried on retriable errors until `deadline_s`."""
+        by_topic: dict[str, list[gateway_pb2.OffsetCommitPartition]] = {}
+        for tp, offset in chunk:
+            by_topic.setdefault(tp.topic, []).append(
+                gateway_pb2.OffsetCommitPartition(partition=tp.partition, offset=offset, leader_epoch=-1)
+            )
+        topics = [gateway_pb2.OffsetCommitTopic(topic=t, partitions=p) for t, p in by_topic.items()]
+        started_s = time.monotonic()
+        attempts = 0
+        while True:
+            attempts += 1
+            # Rebuilt per attempt: the member may have a new epoch since the last one.
             member = self._member
             request = gateway_pb2.CommitOffsetsRequest(
                 group_id=group,
-                topics=[gateway_pb2.OffsetCommitTopic(topic=t, partitions=p) for t, p in by_topic.items()],
+                topics=topics,
                 member_id=member.member_id if member is not None and member.active else "",
                 member_epoch=member.epoch if member is not None and member.active else 0,
             )
-            response = await self._conn().call("CommitOffsets", request)
-            if response.error_code != common_pb2.NONE:
-                raise error_for_code(response.error_code, response.error_message or "CommitOffsets")
-            for result in response.partitions:
-                if result.error_code in _COMMIT_FENCED_CODES and member is not None:
-                    member.fence(result.error_code)  # the next poll() drops the partitions, rejoins
-                if result.error_code != common_pb2.NONE:
-                    raise error_for_code(
-                        result.error_code,
-                        result.error_message or f"commit for {result.topic}-{result.partition}",
-                    )
-        return to_commit
+            error: HighwaterError | None = None
+            try:
+                with call_deadline(deadline_s):
+                    response = await self._conn().call("CommitOffsets", request)
+                if response.error_code != common_pb2.NONE:
+                    error = error_for_code(response.error_code, response.error_message or "CommitOffsets")
+                for result in response.partitions:
+                    if result.error_code in _COMMIT_FENCED_CODES and member is not None:
+                        member.fence(result.error_code)  # the next poll() drops the partitions, rejoins
+                    if result.error_code != common_pb2.NONE and error is None:
+                        error = error_for_code(
+                            result.error_code,
+                            result.error_message or f"commit for {result.topic}-{result.partition}",
+                        )
+            except HighwaterError as call_error:
+                error = call_error
+            if error is None:
+                return
+            if not self._commit_retriable(error):
+                raise error
+            # The caller's deadline, or the poll's when the commit runs inside poll().
+            bound_s = min(deadline_s, current_call_deadline() or deadline_s)
+            # Kafka's exponential retry back-off: retry_backoff_ms doubling up to retry_backoff_max_ms.
+            pause_s = (
+                min(self.config.retry_backoff_max_ms, self.config.retry_backoff_ms << min(attempts - 1, 20))
+                / 1000
+            )
+            if time.monotonic() + pause_s >= bound_s:
+                raise RequestTimedOut(
+                    f"commit of {len(chunk)} offset(s) for group {group!r} not acknowledged within "
+                    f"{(time.monotonic() - started_s) * 1000:.0f} ms ({attempts} attempt(s); bound: "
+                    f"commit(timeout_ms=...), default_api_timeout_ms={self.config.default_api_timeout_ms}, "
+                    f"or the enclosing poll's timeout); last error: {error}"
+                ) from None
+            log.info("commit for group %s: %s; retrying (attempt %d)", group, error, attempts)
+            await asyncio.sleep(pause_s)
+
+    def _commit_retriable(self, error: HighwaterError) -> bool:
+        """Whether a commit that failed with `error` may be sent again as it is.
+
+        Not STALE_MEMBER_EPOCH (retriable elsewhere): here it means the commit named partitions
+        this member no longer owns, which no retry fixes. Not before any gateway ever answered:
+        a wrong bootstrap address is raised at once rather than waited out.
+        """
+        return (
+            error.retriable
+            and error.code != common_pb2.STALE_MEMBER_EPOCH
+            and self._connection is not None
+            and self._connection.ever_answered
+        )
 
     def commit_async(
         self, offsets: Mapping[TopicPartition, int] | None = None, callback: CommitCallback | None = None
@@ -661,8 +735,17 @@ class AsyncConsumer:
         if self._subscription is None and not self._assignment:
             raise InvalidArgument("poll() needs assign() or subscribe() first")
         deadline = now_ms() + timeout_ms
+        # Every call poll() makes (metadata, group, offsets, Fetch, auto-commit) ends by its
+        # timeout (plus a short grace): an outage costs the caller the timeout, no more.
+        with call_deadline((deadline + POLL_CALL_GRACE_MS) / 1000):
+            return await self._poll_until(deadline, limit, fetch_late=timeout_ms == 0)
+
+    async def _poll_until(self, deadline: int, limit: int, *, fetch_late: bool) -> list[ConsumerRecord]:
+        """poll()'s loop until `deadline` (ms). `fetch_late`: fetch once even if the time is up
+        (poll(0) asks the gateway once, within POLL_CALL_GRACE_MS); else a poll whose time went
+        on other calls (an auto-commit in an outage) returns without starting a Fetch."""
         await self._maybe_auto_commit(now_ms())
-        fetched_once = False
+        fetched_once = not fetch_late
         while True:
             try:
                 await self._update_subscription()
@@ -826,16 +909,21 @@ class AsyncConsumer:
         elif tp in self._positions:
             self._positions[tp] = next_offset  # only control or compacted-away offsets
 
-    async def close(self) -> None:
+    async def close(self, *args: object, timeout_ms: int | None = None) -> None:
         """Commit positions (with a group and auto-commit on), leave the group at once (its
         partitions move to the other members now, not a session timeout later), then close
-        the channels."""
+        the channels. The final commit retries for up to timeout_ms (keyword only, in
+        milliseconds; default CONSUMER_CLOSE_TIMEOUT_MS, Kafka's 30 s)."""
+        check_no_positional_timeout("close", args)
         if self._closed:
             return
+        commit_timeout_ms = CONSUMER_CLOSE_TIMEOUT_MS
+        if timeout_ms is not None:
+            commit_timeout_ms = check_int("timeout_ms", timeout_ms, minimum=1)
         try:
             if self._group_id is not None and self.config.enable_auto_commit and self._connection is not None:
                 try:
-                    await self.commit()
+                    await self.commit(timeout_ms=commit_timeout_ms)
                 except HighwaterError as error:
                     log.warning("final commit for group %s failed: %s", self._group_id, error)
             if self._member is not None:
@@ -984,9 +1072,22 @@ class Consumer(SyncClient[AsyncConsumer]):
     def committed(self, tp: TopicPartition) -> int | None:
         return self._run(self._async.committed(tp), "committed()")
 
-    def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> dict[TopicPartition, int]:
-        """Store offsets synchronously (default: every assigned partition's position)."""
-        return self._run(self._async.commit(offsets), "commit()")
+    def commit(
+        self, offsets: Mapping[TopicPartition, int] | None = None, *, timeout_ms: int | None = None
+    ) -> dict[TopicPartition, int]:
+        """Store offsets synchronously (default: every assigned partition's position), retrying
+        retriable errors for up to timeout_ms (default default_api_timeout_ms); see
+        AsyncConsumer.commit."""
+        return self._run(self._async.commit(offsets, timeout_ms=timeout_ms), "commit()")
+
+    def close(self, *args: object, timeout_ms: int | None = None) -> None:
+        """As AsyncConsumer.close (timeout_ms keyword only, in milliseconds), then stop the
+        loop thread."""
+        check_no_positional_timeout("close", args)
+        try:
+            self._run(self._async.close(timeout_ms=timeout_ms), "close()")
+        finally:
+            self._thread.stop()
 
     def commit_async(
         self, offsets: Mapping[TopicPartition, int] | None = None, callback: CommitCallback | None = None

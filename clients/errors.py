@@ -34,6 +34,7 @@ __all__ = [
     "InvalidArgument",
     "MessageTooLarge",
     "RequestTimedOut",
+    "check_no_positional_timeout",
     "error_for_code",
     "raise_for_code",
 ]
@@ -75,3 +76,16 @@ class ClientClosed(HighwaterError):
     @classmethod
     def code_name(cls) -> str:
         return "CLIENT_CLOSED"
+
+
+def check_no_positional_timeout(method: str, args: tuple[object, ...]) -> None:
+    """InvalidArgument (a TypeError) for flush(10.0) or close(5): timeouts are keyword only.
+
+    confluent-kafka's flush(timeout) takes seconds, ours milliseconds, so a positional value
+    would silently mean a thousand times less; the methods take `*args` only to say so.
+    """
+    if args:
+        raise InvalidArgument(
+            f"{method}() takes its timeout as a keyword in milliseconds, e.g. {method}(timeout_ms=10_000); "
+            f"got {method}({', '.join(map(repr, args))}) (confluent-kafka's {method}(10.0) means seconds)"
+        )

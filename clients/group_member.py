@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections.abc import Callable
 
@@ -83,7 +84,11 @@ class GroupMember:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"group-{self.group_id}")
+            # A clean context: the member is started inside a poll(), whose call deadline
+            # (clients/connection.py, call_deadline) must not bound the heartbeats that outlive it.
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"group-{self.group_id}", context=contextvars.Context()
+            )
 
     def report_owned(self, owned: frozenset[TopicPartition]) -> None:
         """What the consumer owns now (after revoking and taking what the last answer said)."""

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 
 from clients.common.errors import UnknownTopicOrPartition
-from clients.connection import GatewayConnection
-from clients.errors import HighwaterError, error_for_code
+from clients.connection import GatewayConnection, call_deadline
+from clients.errors import HighwaterError, RequestTimedOut, error_for_code
 from clients.types import TopicPartition
 from protos.highwater.v1 import common_pb2
 
@@ -137,18 +137,45 @@ class MetadataFetcher:
             )
             return response
 
-    async def topic(self, topic: str, *, wait_ms: int, backoff_ms: int) -> TopicInfo:
+    async def topic(self, topic: str, *, wait_ms: int, backoff_ms: int, wait_setting: str = "") -> TopicInfo:
         """The topic's info, refreshed when stale; waits up to `wait_ms` for a topic that is
         unknown or has no partitions yet (a gateway learns a new topic from the controller
         a moment after CreateTopics answers). Raises UnknownTopicOrPartition after that.
+
+        A refresh that fails with a retriable error (no gateway answers, a timeout) is
+        retried with `backoff_ms` pauses within the same `wait_ms`, each attempt bounded by
+        the time left, as Kafka's producer waits max.block.ms for metadata; after that,
+        RequestTimedOut naming `wait_setting` (the caller's setting, e.g. "max_block_ms").
+        Not while the connection has never reached a gateway: a wrong bootstrap address is
+        raised at once (GatewayUnavailable), not waited out.
         """
-        deadline_ms = now_ms() + wait_ms
+        started_ms = now_ms()
+        deadline_ms = started_ms + wait_ms
+        attempts = 0
         while True:
             if not self.cache.needs_refresh(topic, now_ms()):
                 info = self.cache.get(topic)
                 if info is not None and info.partitions:
                     return info
-            await self.refresh([topic])
+            attempts += 1
+            try:
+                # wait_ms=0 (look once) still gets one whole attempt.
+                with call_deadline(deadline_ms / 1000 if wait_ms > 0 else None):
+                    await self.refresh([topic])
+            except HighwaterError as refresh_error:
+                if not refresh_error.retriable or not self.connection.ever_answered:
+                    raise
+                if now_ms() >= deadline_ms:
+                    if wait_ms == 0:
+                        raise
+                    raise RequestTimedOut(
+                        f"metadata for topic {topic!r} not available after {now_ms() - started_ms} ms "
+                        f"({wait_setting or 'wait'}={wait_ms}, {attempts} attempt(s)); last error: "
+                        f"{refresh_error}. Check that a gateway and the topic's leaders are up, or raise "
+                        f"{wait_setting or 'the wait'}"
+                    ) from None
+                await asyncio.sleep(min(backoff_ms, max(0, deadline_ms - now_ms())) / 1000)
+                continue
             info = self.cache.get(topic)
             if info is not None and info.partitions:
                 return info

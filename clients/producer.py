@@ -13,7 +13,12 @@ linger_ms=5, batch_size_bytes=16 KiB, delivery_timeout_ms=120 s.
 Delivery is reported through futures resolving to RecordMetadata(topic,
 partition, offset, timestamp_ms) — concurrent.futures.Future from Producer,
 asyncio.Future from AsyncProducer — and optional callbacks
-`callback(metadata, error)`, run on the producer's I/O thread; keep them short.
+`callback(metadata, error)`, run on the producer's I/O thread; keep them short. On failure
+the callback gets a FailedRecord (topic, partition, offset -1, timestamp, key, value,
+headers) with the error, so it can tell which record failed.
+
+Timeouts are keyword arguments in milliseconds (`flush(timeout_ms=10_000)`): a positional
+value is refused, since confluent-kafka's flush(10.0) means seconds.
 
 The synchronous Producer runs its sender on a private event-loop thread; `send`
 appends from the caller's thread under a lock without crossing to that thread
@@ -44,6 +49,7 @@ from clients.config import (
     BATCH_OVERHEAD_BYTES,
     CLOSE_SHUTDOWN_TIMEOUT_MS,
     DEFAULT_BOOTSTRAP,
+    DELIVERY_TIMEOUT_SPREAD_PERCENT,
     FLUSH_CHECK_INTERVAL_S,
     HEADER_OVERHEAD_BYTES_MAX,
     RECORD_OVERHEAD_BYTES_MAX,
@@ -54,15 +60,24 @@ from clients.config import (
     check_topic_name,
 )
 from clients.connection import GatewayConnection, client_tls
-from clients.errors import ClientClosed, HighwaterError, InvalidArgument, MessageTooLarge, RequestTimedOut
+from clients.errors import (
+    ClientClosed,
+    HighwaterError,
+    InvalidArgument,
+    MessageTooLarge,
+    RequestTimedOut,
+    check_no_positional_timeout,
+)
 from clients.loop_thread import LoopThread
 from clients.metadata import ClusterMetadata, MetadataFetcher, TopicInfo, now_ms
 from clients.sender import BulkSendResult, Sender, SentRecords, closed_error
-from clients.types import RecordMetadata, TopicPartition
+from clients.types import FailedRecord, RecordMetadata, TopicPartition
 
 log = logging.getLogger("highwater.client.producer")
 
-Callback = Callable[[RecordMetadata | None, HighwaterError | None], Any]
+# callback(metadata, error): (RecordMetadata, None) once acknowledged, (FailedRecord, error)
+# when the record failed (FailedRecord carries its topic, partition, key and value).
+Callback = Callable[[RecordMetadata | FailedRecord, HighwaterError | None], Any]
 HeadersArg = Iterable[tuple[str, bytes]] | Mapping[str, bytes] | None
 # A record checked and placed but not yet appended (no buffer room): (tp, record, headers, size).
 Pending = tuple[TopicPartition, RecordTuple, Headers | None, int]
@@ -144,6 +159,7 @@ class _ProducerCore:
             linger_ms=config.linger_ms,
             max_batch_bytes=config.max_request_bytes,
             buffer_memory_bytes=config.buffer_memory_bytes,
+            age_spread_ms=config.delivery_timeout_ms * DELIVERY_TIMEOUT_SPREAD_PERCENT // 100,
         )
         self.partitioner = StickyPartitioner(config.batch_size_bytes)
         self.sender = Sender(
@@ -179,7 +195,10 @@ class _ProducerCore:
 
     async def topic_info(self, topic: str) -> TopicInfo:
         return await self.fetcher.topic(
-            topic, wait_ms=self.config.max_block_ms, backoff_ms=self.config.retry_backoff_ms
+            topic,
+            wait_ms=self.config.max_block_ms,
+            backoff_ms=self.config.retry_backoff_ms,
+            wait_setting="max_block_ms",
         )
 
     async def shutdown(self, pending_records: int) -> None:
@@ -653,13 +672,15 @@ class Producer:
             for wait_s in core.room_waits(size):
                 core.batch_done.wait(wait_s)
 
-    def flush(self, timeout_ms: int | None = None) -> None:
+    def flush(self, *args: object, timeout_ms: int | None = None) -> None:
         """Send everything queued now, ignoring linger_ms, and wait until each record sent
         before this call is acknowledged or has failed (see its future or callback).
 
-        Raises RequestTimedOut if that takes longer than timeout_ms; the records stay
-        queued and still complete within delivery_timeout_ms.
+        Raises RequestTimedOut if that takes longer than timeout_ms (keyword only, in
+        milliseconds; None: no limit); the records stay queued and still complete within
+        delivery_timeout_ms.
         """
+        check_no_positional_timeout("flush", args)
         core = self._core
         with core.flushing() as target, core.batch_done:
             for wait_s in core.flush_waits(target, timeout_ms):
@@ -670,16 +691,18 @@ class Producer:
         self._core.check_open()
         return list(self._topic_info(self._core.check_topic(topic)).partitions)
 
-    def close(self, timeout_ms: int | None = None) -> None:
-        """Deliver what is queued (within timeout_ms, default: wait), then fail whatever is
-        still pending with ClientClosed and release the thread and channels. Idempotent.
+    def close(self, *args: object, timeout_ms: int | None = None) -> None:
+        """Deliver what is queued (within timeout_ms, keyword only, in milliseconds; default:
+        wait), then fail whatever is still pending with ClientClosed and release the thread
+        and channels. Idempotent.
         """
+        check_no_positional_timeout("close", args)
         core = self._core
         if core.closed:
             return
         core.closed = True
         try:
-            self.flush(timeout_ms)
+            self.flush(timeout_ms=timeout_ms)
         except HighwaterError:
             pass  # what is left fails below
         try:
@@ -820,8 +843,10 @@ class AsyncProducer:
         )
         return await future
 
-    async def flush(self, timeout_ms: int | None = None) -> None:
-        """As Producer.flush: send everything now and wait for every record sent before."""
+    async def flush(self, *args: object, timeout_ms: int | None = None) -> None:
+        """As Producer.flush: send everything now and wait for every record sent before
+        (timeout_ms keyword only, in milliseconds)."""
+        check_no_positional_timeout("flush", args)
         core = self._core
         if core is None:
             return
@@ -833,8 +858,10 @@ class AsyncProducer:
         core = await self._ready_core()
         return list((await self._topic_info(core, core.check_topic(topic))).partitions)
 
-    async def close(self, timeout_ms: int | None = None) -> None:
-        """As Producer.close: deliver within timeout_ms, fail the rest, release the channels."""
+    async def close(self, *args: object, timeout_ms: int | None = None) -> None:
+        """As Producer.close: deliver within timeout_ms (keyword only, in milliseconds), fail
+        the rest, release the channels."""
+        check_no_positional_timeout("close", args)
         if self._closed:
             return
         self._closed = True
@@ -843,7 +870,7 @@ class AsyncProducer:
             return
         core.closed = True
         try:
-            await self.flush(timeout_ms)
+            await self.flush(timeout_ms=timeout_ms)
         except HighwaterError:
             pass
         await core.shutdown(core.pending_records())

@@ -32,12 +32,12 @@ from typing import Any, overload
 from clients.accumulator import ProducerBatch, RecordAccumulator
 from clients.common import limits, records
 from clients.common.errors import InvariantViolation
-from clients.config import RPC_DEADLINE_MARGIN_MS, ProducerConfig
+from clients.config import EXPIRY_TIMER_MARGIN_MS, RPC_DEADLINE_MARGIN_MS, ProducerConfig
 from clients.connection import GatewayConnection
 from clients.errors import ClientClosed, HighwaterError, RequestTimedOut, error_for_code
 from clients.idempotence import IdempotenceState
 from clients.metadata import ClusterMetadata, now_ms
-from clients.types import RecordMetadata, TopicPartition
+from clients.types import FailedRecord, RecordMetadata, TopicPartition
 from protos.highwater.v1 import common_pb2
 
 log = logging.getLogger("highwater.client.producer")
@@ -75,16 +75,24 @@ def settle_batch(
 ) -> None:
     """Resolve every record future, run every callback and tell every bulk sink of a completed batch.
 
-    A callback that raises is logged and does not stop the others (as Kafka's).
+    A callback that raises is logged and does not stop the others (as Kafka's). On failure a
+    callback gets the record itself (FailedRecord: topic, partition, key, value...) so that it
+    can tell which one failed; the future gets the error alone.
     """
     topic, partition = batch.tp
     records_ = batch.records
+    headers = batch.headers
     for index, future, callback in batch.completions:
-        metadata: RecordMetadata | None = None
+        metadata: RecordMetadata | FailedRecord | None = None
         if error is None:
             timestamp_ms = log_append_time_ms if log_append_time_ms >= 0 else records_[index][2]
             metadata = RecordMetadata(
                 topic, partition, base_offset + index if base_offset >= 0 else -1, timestamp_ms
+            )
+        elif callback is not None:
+            key, value, timestamp_ms = records_[index]
+            metadata = FailedRecord(
+                topic, partition, -1, timestamp_ms, key, value, headers.get(index, []) if headers else []
             )
         if future is not None and not future.done():
             try:
@@ -263,7 +271,15 @@ class Sender:
         """Run passes until stopped and idle. Owns the muted set and the in-flight tasks."""
         while True:
             self._wake.clear()
-            delay_ms = self._run_once(now_ms())
+            now = now_ms()
+            delay_ms = self._run_once(now)
+            # Wake for the next queued batch's delivery timeout too, whatever else is going on
+            # (waiting for a producer id, every partition muted): it fails on time, not late.
+            with self.lock:
+                expiry_ms = self.accumulator.next_expiry_ms(self.config.delivery_timeout_ms)
+            if expiry_ms is not None:
+                until_expiry_ms = max(0, expiry_ms - now_ms()) + EXPIRY_TIMER_MARGIN_MS
+                delay_ms = until_expiry_ms if delay_ms is None else min(delay_ms, until_expiry_ms)
             if self._stopping and not self._in_flight and self._init_task is None:
                 with self.lock:
                     idle = self.accumulator.incomplete_count == 0
@@ -360,10 +376,18 @@ class Sender:
         )
 
     async def _send(self, request: common_pb2.ProduceRequest, batches: list[ProducerBatch]) -> None:
+        # No batch may outlive its delivery_timeout_ms in flight: the call (connecting, failing
+        # over and the RPC) ends by the oldest batch's deadline, which then fails as timed out.
+        delivery_deadline_s = (
+            min(batch.created_ms for batch in batches) + self.config.delivery_timeout_ms
+        ) / 1000
         try:
             try:
                 response = await self.connection.call(
-                    "Produce", request, timeout_ms=request.timeout_ms + RPC_DEADLINE_MARGIN_MS
+                    "Produce",
+                    request,
+                    timeout_ms=request.timeout_ms + RPC_DEADLINE_MARGIN_MS,
+                    deadline=delivery_deadline_s,
                 )
             except HighwaterError as error:
                 for batch in batches:
@@ -444,10 +468,12 @@ class Sender:
         retry_at = now + backoff_ms(
             batch.attempts, self.config.retry_backoff_ms, self.config.retry_backoff_max_ms
         )
+        # A retriable error never fails a batch before its delivery timeout: it waits queued
+        # (for its back-off, or the timeout if that comes first), and expire() fails it then.
         if (
             error.retriable
             and not self._stopping_hard()
-            and retry_at - batch.created_ms < self.config.delivery_timeout_ms
+            and now - batch.created_ms < self.config.delivery_timeout_ms
         ):
             log.debug(
                 "retrying %d records to %s after %s (attempt %d)",

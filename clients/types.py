@@ -26,6 +26,25 @@ class RecordMetadata(NamedTuple):
     timestamp_ms: int
 
 
+class FailedRecord(NamedTuple):
+    """A record the producer could not deliver, as its delivery callback gets it on failure.
+
+    `callback(metadata, error)` gets RecordMetadata with error None on success, and this with
+    the error on failure, so a callback can tell which record failed (confluent-kafka's
+    msg.key()/value(), Kafka's onCompletion metadata with offset -1). The first four fields
+    are RecordMetadata's, so code reading .topic/.partition/.offset works for both; offset
+    is always -1 (nothing acknowledged) and partition -1 when none was chosen.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+
+
 class ConsumerRecord(NamedTuple):
     topic: str
     partition: int

@@ -42,7 +42,7 @@ def test_leader_killed_mid_stream_idempotent_producer_leaves_no_duplicates_and_n
                 c.kill_broker(leader)
             if i % 200 == 0:
                 time.sleep(0.01)  # spread the stream over the failover
-        producer.flush(60_000)
+        producer.flush(timeout_ms=60_000)
         offsets = [f.result(timeout=60).offset for f in futures]
     assert sorted(offsets) == list(range(3000)), "every record acknowledged once, no gaps"
     values = [r.value for r in read_all(c.gateway_address, "idem", 1, 3000)]

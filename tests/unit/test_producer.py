@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
+from clients import FailedRecord
 from clients.accumulator import RecordAccumulator
 from clients.common import errors, records
 from clients.common.partitioner import partition_for_key
@@ -373,8 +374,13 @@ def test_retriable_errors_are_retried_and_fatal_ones_fail_the_batch(gateway) -> 
         # The lost batch had sequence numbers: the next one goes out under a new epoch.
         again = producer.send("t", b"again", partition=2)
         assert again.result(timeout=5).offset == 0
-    assert (
-        len(delivered) == 1 and delivered[0][0] is None and isinstance(delivered[0][1], errors.CorruptMessage)
+    # The callback of a failed record names it (topic, partition, key, value), not None.
+    assert len(delivered) == 1 and isinstance(delivered[0][1], errors.CorruptMessage)
+    failed = delivered[0][0]
+    assert isinstance(failed, FailedRecord) and (failed.topic, failed.partition, failed.value) == (
+        "t",
+        2,
+        b"bad",
     )
     assert any(pid >= 0 for pid, _ in fake.init_requests), "the producer epoch was bumped"
 
