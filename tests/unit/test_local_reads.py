@@ -22,6 +22,7 @@ from services.broker.log.file_storage import FileStorage
 from services.gateway.routing import fetch_request_for
 from spark_connector.fetch_response import FetchedPartition, parse_fetch_response
 from tests.unit.broker_seams import lone_leader
+from tests.unit.test_broker_core import consumer_fetch
 from tests.unit.test_fetcher_core import one_round, pair
 
 pytestmark = pytest.mark.skipif(not host_id(), reason="local reads need Linux's boot id")
@@ -34,26 +35,10 @@ def batch(first: int, count: int) -> bytes:
     return encode_batch([Record(None, b"v%06d" % (first + i), [], 1_000) for i in range(count)])
 
 
-def located_fetch(offset: int, *, max_bytes: int = 1 << 20, locate: bool = True) -> common_pb2.FetchRequest:
-    return common_pb2.FetchRequest(
-        replica_id=-1,
-        min_bytes=1,
-        max_bytes=max_bytes,
-        locate_records=locate,
-        topics=[
-            common_pb2.FetchTopic(
-                topic="t",
-                partitions=[
-                    common_pb2.FetchPartition(
-                        partition=0,
-                        fetch_offset=offset,
-                        partition_max_bytes=max_bytes,
-                        current_leader_epoch=-1,
-                    )
-                ],
-            )
-        ],
-    )
+def located_fetch(offset: int, *, locate: bool = True) -> common_pb2.FetchRequest:
+    request = consumer_fetch(offset)
+    request.locate_records = locate
+    return request
 
 
 def test_a_location_names_exactly_the_bytes_a_read_returns(tmp_path: Path) -> None:
