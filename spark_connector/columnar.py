@@ -472,11 +472,13 @@ def decode_columns(
     end_offset: int = OFFSET_END_MAX,
     include_headers: bool = False,
     check_crc: bool = True,
+    group_bytes_max: int = limits.COLUMNS_GROUP_BYTES_MAX,
 ) -> Iterator[RecordColumns]:
     """Yield the records of every data batch in `buf` with offsets in [start_offset, end_offset).
 
     Usually one `RecordColumns` per call; more when the record sections exceed
-    limits.COLUMNS_GROUP_BYTES_MAX. Control batches are skipped and a partial trailing batch is
+    `group_bytes_max` (default limits.COLUMNS_GROUP_BYTES_MAX; a group holds at least one
+    batch). Control batches are skipped and a partial trailing batch is
     ignored, as in decode_batches. Raises CorruptMessage (naming the batch's base offset
     and what is wrong) for anything decode_batches calls corrupt, and MessageTooLarge for
     a single batch whose records exceed ARROW_BINARY_BYTES_MAX.
@@ -508,7 +510,7 @@ def decode_columns(
                 f"batch at offset {base_offset}: its records take {len(section)} bytes, more "
                 f"than an Arrow binary column holds ({ARROW_BINARY_BYTES_MAX})"
             )
-        if group.rows and group.section_bytes + len(section) > limits.COLUMNS_GROUP_BYTES_MAX:
+        if group.rows and group.section_bytes + len(section) > group_bytes_max:
             yield _decode_group(data, group, start_offset, end_offset, include_headers)
             group = _Group([], [])
         start = position + BATCH_HEADER_SIZE

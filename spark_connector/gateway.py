@@ -33,8 +33,8 @@ repeated through the gateway, and a partition whose leader answers a retriable e
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
-import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -107,6 +107,7 @@ class GatewayClient:
         self._unreachable_leaders: set[str] = set()
         # Leaders whose files this process cannot read (another host, no permission).
         self._remote_leaders: set[str] = set()
+        self._reader: concurrent.futures.ThreadPoolExecutor | None = None  # see _reading_thread
         # Brokers' registered ports are mutual TLS on a secure cluster: a client without a
         # certificate (a token only) cannot connect there, so it reads through the gateway.
         self._direct_fetch = settings.fetch_from_leaders and (
@@ -114,6 +115,9 @@ class GatewayClient:
         )
 
     def close(self) -> None:
+        if self._reader is not None:
+            self._reader.shutdown(wait=True, cancel_futures=True)
+            self._reader = None
         for channel in (*self._channels.values(), *self._leader_channels.values()):
             channel.close()
         self._channels.clear()
@@ -257,22 +261,29 @@ class GatewayClient:
             return lambda: FetchedPartition.from_proto(waiter())
         request.locate_records = locate and self.settings.local_reads and address not in self._remote_leaders
         call, timeout_s = self._leader_fetch[address], self.settings.request_timeout_ms / 1000
-        answer: Callable[[], bytes]
+        answer: Callable[[], tuple[FetchedPartition, NotReadableHere | None]]
         if request.locate_records:
-            # A location is a few dozen bytes: asked when the answer is wanted, on this thread.
-            # A future on a blocking channel starts a thread per call, which cost more CPU
-            # (~1.8 ms per Fetch) than the located read itself.
-            answer = functools.partial(call, request, timeout=timeout_s)
+            # No gRPC message carries the records: locate more per call (limits.LOCAL_READ_BYTES).
+            located_bytes = max(max_bytes, limits.LOCAL_READ_BYTES)
+            request.max_bytes = request.topics[0].partitions[0].partition_max_bytes = located_bytes
+            # Located and read on this client's reading thread while the caller decodes the
+            # previous answer (pread releases the GIL). Not a gRPC future: on a blocking channel
+            # each starts a thread of its own, which cost ~1.8 ms of CPU per Fetch.
+            answer = self._reading_thread().submit(_locate_and_read, call, request, timeout_s).result
         else:
-            answer = call.future(request, timeout=timeout_s).result
+            fetched = call.future(request, timeout=timeout_s).result
 
-        def through_gateway() -> FetchedPartition:
-            request.locate_records = False
-            return FetchedPartition.from_proto(self.call("Fetch", request))
+            def answer() -> tuple[FetchedPartition, NotReadableHere | None]:
+                return parse_fetch_response(fetched()), None
+
+        def through_gateway() -> FetchedPartition:  # bytes, as much as a fetched answer holds
+            return FetchedPartition.from_proto(
+                self.call("Fetch", self.fetch_request(tp, offset, max_bytes, max_wait_ms))
+            )
 
         def result() -> FetchedPartition:
             try:
-                part = parse_fetch_response(answer())
+                part, not_here = answer()
             except grpc.RpcError as error:
                 log.info(
                     "leader %s of %s-%d: Fetch %s; reading through the gateway",
@@ -299,37 +310,26 @@ class GatewayClient:
                 # The reader takes this code for a deleted topic (data loss); a broker's metadata
                 # may lag the gateway's, so the gateway, whose answer that path was built on, decides.
                 return through_gateway()
-            if part.location is not None and part.error_code == common_pb2.NONE:
-                return self._read_located(
-                    address,
-                    tp,
-                    part,
-                    lambda: self.fetch_future(tp, offset, max_bytes, max_wait_ms, locate=False)(),
-                )
+            if not_here is not None:
+                if not_here.permanent:
+                    log.info(
+                        "leader %s: no short-circuit local reads from here (%s); fetching the bytes",
+                        address,
+                        not_here,
+                    )
+                    self._remote_leaders.add(address)
+                else:
+                    log.debug("leader %s of %s-%d: %s; fetching the bytes", address, tp[0], tp[1], not_here)
+                return self.fetch_future(tp, offset, max_bytes, max_wait_ms, locate=False)()
             return part
 
         return result
 
-    def _read_located(
-        self,
-        address: str,
-        tp: TopicPartitionKey,
-        part: FetchedPartition,
-        fetch_bytes: Callable[[], FetchedPartition],
-    ) -> FetchedPartition:
-        """The leader's answer with the records it located read from its file, or fetched as bytes."""
-        assert part.location is not None
-        try:
-            return dataclasses.replace(part, records=read_located(part.location), location=None)
-        except NotReadableHere as why:
-            if why.permanent:
-                log.info(
-                    "leader %s: no short-circuit local reads from here (%s); fetching the bytes", address, why
-                )
-                self._remote_leaders.add(address)
-            else:
-                log.debug("leader %s of %s-%d: %s; fetching the bytes", address, tp[0], tp[1], why)
-            return fetch_bytes()
+    def _reading_thread(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The one thread that locates and reads this client's next records ahead of the caller."""
+        if self._reader is None:
+            self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="highwater-local-read")
+        return self._reader
 
     def _leader_address(self, tp: TopicPartitionKey) -> str | None:
         """The address of `tp`'s leader if it is known and reachable, else None (use a gateway)."""
@@ -474,3 +474,20 @@ class GatewayClient:
                 )
             ],
         )
+
+
+def _locate_and_read(
+    call: grpc.UnaryUnaryMultiCallable, request: common_pb2.FetchRequest, timeout_s: float
+) -> tuple[FetchedPartition, NotReadableHere | None]:
+    """A located Fetch and the read of its records (GatewayClient's reading thread).
+
+    Returns the partition's answer with the records in place, or as the leader gave it with
+    why they could not be read here; RpcError and MalformedFetchResponse pass to the caller.
+    """
+    part = parse_fetch_response(call(request, timeout=timeout_s))
+    if part.location is None or part.error_code != common_pb2.NONE:
+        return part, None
+    try:
+        return dataclasses.replace(part, records=read_located(part.location), location=None), None
+    except NotReadableHere as why:
+        return part, why

@@ -378,8 +378,14 @@ def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> I
             pending = client.fetch_future(tp, next_offset, max_bytes)
         # The first batch may start before `offset` and the last may run past the end: the
         # decoder keeps only [offset, r.end).
+        # A located read covers up to LOCAL_READ_BYTES: decoded in fetch.max.bytes groups, so
+        # Spark's Arrow batches are the size a fetched answer gives.
         for columns in decode_columns(
-            data, start_offset=offset, end_offset=r.end, include_headers=options.include_headers
+            data,
+            start_offset=offset,
+            end_offset=r.end,
+            include_headers=options.include_headers,
+            group_bytes_max=max_bytes,
         ):
             if len(columns):
                 yield columns_to_arrow(columns, constants, options.include_headers)

@@ -223,7 +223,9 @@ def test_local_reads_take_the_leaders_files_here_and_bytes_from_another_host(
         batches = list(read_range(client, OffsetRange("read-local", 0, 0, 3000), options))
         assert not client._remote_leaders
     assert [v for b in batches for v in b.column("value").to_pylist()] == expected
-    assert len(located) > 5 and sum(located) > 3000 * 5  # every Fetch was read from the file
+    # A located read covers up to LOCAL_READ_BYTES (all of it here), decoded in fetch.max.bytes groups.
+    assert located == [37_800]  # the whole log (30 batches) in one read
+    assert len(batches) > 5 and all(b.num_rows <= 400 for b in batches)  # 4 KiB groups: 3 batches each
 
     located.clear()
     monkeypatch.setattr(local_reads, "host_id", lambda: "another-host")
