@@ -190,6 +190,24 @@ def test_no_range_means_every_record(response: tuple[bytes, list[int]], include_
     assert rows == [r.offset for r in decode_batches(data)]
 
 
+@settings(max_examples=50, deadline=None)
+@given(fetch_responses(), st.integers(min_value=1, max_value=4096))
+def test_groups_of_a_bounded_size_hold_the_same_rows_in_order(
+    response: tuple[bytes, list[int]], group_bytes_max: int
+) -> None:
+    """A located read is decoded in fetch.max.bytes groups: smaller Arrow batches, same rows."""
+    data, _ = response
+    groups = list(decode_columns(data, group_bytes_max=group_bytes_max))
+    assert [o for cols in groups for o in cols.offset.to_pylist()] == [r.offset for r in decode_batches(data)]
+
+
+def test_a_group_bound_below_one_batch_gives_a_group_per_batch() -> None:
+    one_batch = encode_batch([Record(None, b"v", [], 1_000)] * 10)
+    three = one_batch + one_batch + one_batch  # offsets 0-9 three times: the kernel keeps each
+    assert [len(cols) for cols in decode_columns(three, group_bytes_max=1)] == [10, 10, 10]
+    assert [len(cols) for cols in decode_columns(three)] == [30]
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fetch_responses(cut=False), st.data())
 def test_byte_flips_are_refused_like_decode_batches(
