@@ -6,9 +6,15 @@ is unchanged since it was read, put `/controller` with my lease and bump
 (the active controller resigned, or its lease expired).
 
 Fencing: every write of a controller is a transaction that also compares
-`/controller_epoch` with the controller's own epoch (`fenced_txn`). A controller
-deposed while it was paused or partitioned therefore writes nothing: its
-transactions fail with ControllerFenced, and it must stop acting.
+`/controller_epoch` with the controller's own epoch and requires `/controller` to
+exist (`fenced_txn`). A controller deposed while it was paused or partitioned
+therefore writes nothing: its transactions fail with ControllerFenced, and it must
+stop acting. The second compare matters when the controller's lease has expired but
+nobody else has won yet: `/controller_epoch` still holds its epoch, and without it a
+controller resuming from a pause committed a decision made on a stale view of the
+cluster (an ISR expansion naming a broker that had since lost its log), then won the
+next election itself and elected that broker leader: acknowledged records were lost
+(simulation seed 126, tests/sim/test_liveness.py).
 """
 
 from __future__ import annotations
@@ -41,20 +47,26 @@ log = logging.getLogger("highwater.coordinator")
 
 
 class ControllerFenced(CoordinatorError):
-    """A controller write carried an epoch older than `/controller_epoch`: a newer controller exists."""
+    """A controller write carried an epoch older than `/controller_epoch` (a newer controller
+    exists), or its lease expired (`/controller` is gone)."""
 
-    def __init__(self, epoch: int, current_epoch: int | None) -> None:
-        super().__init__(
-            f"controller epoch {epoch} is stale: /controller_epoch is now {current_epoch}; "
-            "this controller must stop acting"
-        )
+    def __init__(self, epoch: int, current_epoch: int | None, *, lease_expired: bool = False) -> None:
+        if lease_expired:
+            why = f"/controller is gone (its lease expired; /controller_epoch is {current_epoch})"
+        else:
+            why = f"/controller_epoch is now {current_epoch}"
+        super().__init__(f"controller epoch {epoch} is stale: {why}; this controller must stop acting")
         self.epoch = epoch
         self.current_epoch = current_epoch
 
 
-def fenced_compare(keys: Keys, epoch: int) -> Compare:
-    """The guard every controller write carries: `/controller_epoch` still equals epoch."""
-    return compare_value(keys.controller_epoch, values.encode_controller_epoch(epoch))
+def fenced_compares(keys: Keys, epoch: int) -> list[Compare]:
+    """The guards every controller write carries: `/controller_epoch` still equals epoch, and
+    `/controller` still exists (the lease that holds it has not expired)."""
+    return [
+        compare_value(keys.controller_epoch, values.encode_controller_epoch(epoch)),
+        Compare(keys.controller, "version", ">", 0),
+    ]
 
 
 async def fenced_txn(
@@ -64,22 +76,26 @@ async def fenced_txn(
     ops: Sequence[Op],
     failure: Sequence[Op] = (),
 ) -> TxnResult:
-    """A controller write: ops run only if `/controller_epoch` == epoch and every compare holds.
+    """A controller write: ops run only if the controller still holds epoch and every compare holds.
 
     Returns the TxnResult (succeeded False when one of the caller's own compares
-    failed; its gets are those of `failure`). Raises ControllerFenced when the epoch
-    compare failed (told apart by reading `/controller_epoch` in the failure branch),
-    plus whatever store.txn raises.
+    failed; its gets are those of `failure`). Raises ControllerFenced when a fencing
+    compare failed (told apart by reading `/controller_epoch` and `/controller` in the
+    failure branch), plus whatever store.txn raises.
     """
-    epoch_key = store.keys.controller_epoch
-    result = await store.txn([fenced_compare(store.keys, epoch), *compares], ops, [*failure, Get(epoch_key)])
+    keys = store.keys
+    result = await store.txn(
+        [*fenced_compares(keys, epoch), *compares],
+        ops,
+        [*failure, Get(keys.controller_epoch), Get(keys.controller)],
+    )
     if result.succeeded:
         return result
-    epoch_kvs = result.gets[-1]
+    epoch_kvs, controller_kvs = result.gets[-2], result.gets[-1]
     current_epoch = int(epoch_kvs[0].value) if epoch_kvs else None
-    if current_epoch != epoch:
-        raise ControllerFenced(epoch, current_epoch)
-    return TxnResult(succeeded=False, revision=result.revision, gets=result.gets[:-1])
+    if current_epoch != epoch or not controller_kvs:
+        raise ControllerFenced(epoch, current_epoch, lease_expired=not controller_kvs)
+    return TxnResult(succeeded=False, revision=result.revision, gets=result.gets[:-2])
 
 
 async def current_controller(store: MetadataStore) -> dict[str, Any] | None:
@@ -134,15 +150,15 @@ class ControllerElection:
     def lease(self) -> LeaseKeeper | None:
         return self._keeper
 
-    def fenced(self, epoch: int | None = None) -> Compare:
-        """The fencing compare for epoch (default: the epoch this candidate won)."""
+    def fenced(self, epoch: int | None = None) -> list[Compare]:
+        """The fencing compares for epoch (default: the epoch this candidate won)."""
         if epoch is None:
             if self.epoch is None:
                 raise RuntimeError(
                     f"controller {self.controller_id} has not won an election: no epoch to fence with"
                 )
             epoch = self.epoch
-        return fenced_compare(self.store.keys, epoch)
+        return fenced_compares(self.store.keys, epoch)
 
     async def campaign(self) -> int:
         """Wait until this candidate is the controller; returns the new controller epoch.

@@ -11,6 +11,8 @@ network and clock. One file per concern:
 - sim_etcd.py: MemoryStore on the sim clock, per-process clients, leases;
 - sim_broker.py / sim_controller.py: the asyncio glue of the services, re-done as
   timers and callbacks around the real rules;
+- liveness.py: the brokers' liveness streams to the active controller and the controller's
+  fast failure path (the shipped BrokerConnections and revoke_broker_incarnation);
 - workload.py: producers (acks=all, acks=1, idempotent), consumers, operator;
 - faults.py: what goes wrong, and when;
 - checker.py: the invariants after every step and the history check at the end;

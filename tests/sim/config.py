@@ -56,6 +56,10 @@ class SimConfig:
     replica_fetch_backoff_ms: int = limits.REPLICA_FETCH_BACKOFF_MS
     isr_check_interval_ms: int = limits.ISR_CHECK_INTERVAL_MS
     control_rpc_timeout_ms: int = int(limits.CONTROL_RPC_TIMEOUT_S * 1000)
+    # The active controller revokes the lease of a broker incarnation whose liveness stream
+    # ended and was not reopened within this long (services/controller/liveness.py; the real
+    # default). 0: no liveness streams are modelled (failure detection by the lease only).
+    broker_connection_grace_ms: int = limits.BROKER_CONNECTION_GRACE_MS
     # A restarting broker whose old registration is still alive retries this often
     # (the real process exits with BrokerIdInUse and its supervisor starts it again).
     register_retry_ms: int = 500
@@ -103,6 +107,10 @@ class SimConfig:
     # Every member of a partition's ISR stops at once (one by power loss) and the one that lost
     # unflushed data comes back first (KI-1).
     isr_power_loss_every_ms: int = 25_000
+    # A live broker's link to the active controller alone is cut (it still serves clients and
+    # followers and reaches etcd), mostly for longer than the connection grace period: the
+    # controller revokes the lease of a broker that is alive (issue 24).
+    controller_link_cut_every_ms: int = 8_000
     # Every broker is asked to stop cleanly at once (a whole-cluster restart); they come back.
     cluster_stop_every_ms: int = 60_000
     # ---- the mechanisms under test ----
@@ -116,6 +124,10 @@ class SimConfig:
             replica_lag_time_max_ms=self.replica_lag_time_max_ms,
             replica_fetch_wait_max_ms=self.replica_fetch_wait_max_ms,
         )
+        if self.broker_connection_grace_ms:
+            limits.check_broker_connection_grace(
+                grace_ms=self.broker_connection_grace_ms, lease_ttl_s=self.lease_ttl_s
+            )
         if self.min_insync_replicas > self.replication_factor:
             raise ValueError("min_insync_replicas above replication_factor: acks=all could never succeed")
 

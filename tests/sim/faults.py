@@ -19,6 +19,10 @@ Scenarios aimed at one mechanism:
   learns its new broker epoch a few ms later (server.py sets replicas.broker_epoch only
   when register() returns), so a control request the controller sends on seeing the
   registration may land first and meet the old epoch (or none, after a restart);
+- a live broker cut off from the active controller alone (it still reaches etcd, its
+  followers, leaders and clients), mostly for longer than the connection grace period: the
+  controller's liveness fast path (liveness.py) revokes the lease of a broker that is alive,
+  which registers again while what it led moves away, fenced by leader epoch (issue 24);
 - `bounce_broker` and `fail_over_controller`, which the simulation times to a topic
   deletion and to a reassignment whose targets have just joined the ISR.
 
@@ -57,6 +61,12 @@ ISR_POWER_LOSS_OTHERS_LATER_MS = (2_000, 6_000)
 # How late a registration's answer reaches the broker: about the controller's watch delay
 # plus a message, so its first LeaderAndIsr can land before the broker knows its epoch.
 REGISTRATION_ANSWER_LATE_MS = (5, 30)
+# A broker's link to the active controller is cut this long: mostly past the connection grace
+# period (300 ms by default), so the controller revokes a live broker's lease; sometimes shorter,
+# so the stream is reopened in time and nothing is revoked.
+CONTROLLER_LINK_CUT_MS = (400, 4_000)
+CONTROLLER_LINK_CUT_SHORT_MS = (20, 250)
+CONTROLLER_LINK_CUT_SHORT_FRACTION = 0.2
 # Control requests whose landing a re-registration races.
 CONTROL_RPCS = frozenset({"LeaderAndIsr", "UpdateMetadata", "StopReplica"})
 
@@ -86,6 +96,9 @@ class FaultInjector:
         self._pauses: list[tuple[Node, int]] = []
         self._partition_generation = 0
         self._storm_generation = 0
+        self._link_cut_generation: dict[frozenset[str], int] = {}
+        # Told when a link storm starts: (drop rate, end time ms); the liveness streams' resets.
+        self.on_storm: Callable[[float, int], None] = lambda drop_rate, until_ms: None
         self._restarts: dict[str, Callable[[], None]] = {}
         # broker id -> (process incarnation, broker epoch) of its last registration.
         self._known_epochs: dict[int, tuple[int, int]] = {}
@@ -103,6 +116,7 @@ class FaultInjector:
             (self.config.lease_expiry_every_ms, self._expire_lease),
             (self.config.reregistration_race_every_ms, self._arm_reregistration_race),
             (self.config.isr_power_loss_every_ms, self._isr_power_loss),
+            (self.config.controller_link_cut_every_ms, self._cut_controller_link),
         ]
         for mean_ms, action in kinds:
             if mean_ms > 0:
@@ -355,11 +369,45 @@ class FaultInjector:
             "STORM drop %.2f dup %.2f slow %.2f",
             (self.network.drop_rate, self.network.dup_rate, self.network.slow_rate),
         )
-        self.loop.call_at(self.loop.now_ms + self._between(STORM_MS), self._calm, self._storm_generation)
+        until_ms = self.loop.now_ms + self._between(STORM_MS)
+        self.loop.call_at(until_ms, self._calm, self._storm_generation)
+        self.on_storm(self.network.drop_rate, until_ms)
 
     def _calm(self, generation: int) -> None:
         if generation == self._storm_generation:
             self.network.drop_rate = self.network.dup_rate = self.network.slow_rate = 0.0
+
+    def _cut_controller_link(self) -> None:
+        """Cut one live broker off from the active controller alone, for a while."""
+        acting = [c for c in self.controllers if c.up and c.active is not None and c.epoch is not None]
+        if not acting:
+            return
+        controller = max(acting, key=lambda c: c.epoch or 0)  # a deposed one may not know it yet
+        candidates = [
+            b
+            for b in self.brokers
+            if b.up and not b.shutting_down and b.lease is not None and b.broker_epoch > 0
+        ]
+        if not candidates:
+            return
+        broker = self.rng.choice(candidates)
+        short = self.rng.random() < CONTROLLER_LINK_CUT_SHORT_FRACTION
+        duration_ms = self._between(CONTROLLER_LINK_CUT_SHORT_MS if short else CONTROLLER_LINK_CUT_MS)
+        link = frozenset((broker.name, controller.name))
+        generation = self._link_cut_generation[link] = self._link_cut_generation.get(link, 0) + 1
+        self.network.cut_link(broker.name, controller.name)
+        self.loop.trace(
+            "net",
+            "LINK CUT %s <-> %s for %d ms (broker epoch %d)",
+            (broker.name, controller.name, duration_ms, broker.broker_epoch),
+        )
+        self.loop.call_at(self.loop.now_ms + duration_ms, self._restore_link, link, generation)
+
+    def _restore_link(self, link: frozenset[str], generation: int) -> None:
+        if self._link_cut_generation.get(link) == generation:
+            a, b = sorted(link)
+            self.network.restore_link(a, b)
+            self.loop.trace("net", "link %s <-> %s restored", (a, b))
 
     # ---- the end ---------------------------------------------------------------------
 
@@ -368,6 +416,8 @@ class FaultInjector:
         self.active = False
         self.network.on_request_sent = None
         self.network.heal()
+        self.network.cut_links.clear()
+        self._link_cut_generation.clear()
         self._calm(self._storm_generation)
         for node, token in list(self._pauses):
             self._unpause(node, token)

@@ -64,6 +64,9 @@ class Network:
         self.nodes: dict[str, RpcNode] = {}
         # Partition: nodes in different groups cannot exchange messages. Missing = group 0.
         self.groups: dict[str, int] = {}
+        # Single links cut on top of the partition (both directions): {a, b} cannot talk,
+        # each still reaches everyone else (a broker cut from the controller only).
+        self.cut_links: set[frozenset[str]] = set()
         self.drop_rate = 0.0
         self.dup_rate = 0.0
         self.slow_rate = 0.0
@@ -81,10 +84,19 @@ class Network:
 
     def reachable(self, a: str, b: str) -> bool:
         groups = self.groups
-        return not groups or groups.get(a, 0) == groups.get(b, 0)
+        if groups and groups.get(a, 0) != groups.get(b, 0):
+            return False
+        return not self.cut_links or frozenset((a, b)) not in self.cut_links
 
     def heal(self) -> None:
+        """End the partition (single cut links have their own end: `restore_link`)."""
         self.groups = {}
+
+    def cut_link(self, a: str, b: str) -> None:
+        self.cut_links.add(frozenset((a, b)))
+
+    def restore_link(self, a: str, b: str) -> None:
+        self.cut_links.discard(frozenset((a, b)))
 
     def _latency_ms(self) -> int:
         delay = self.rng.randint(LATENCY_MS_MIN, LATENCY_MS_MAX)

@@ -107,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{result.events} events  {result.faults} faults  acks=all {result.acks_all}  "
                 f"acks=1 {result.acks_one}  consumed {result.records_consumed}  "
                 f"truncations checked {result.truncations_checked}  topics deleted {result.topics_deleted}  "
-                f"log start resets {result.log_start_resets}  trace {result.trace_digest}"
+                f"log start resets {result.log_start_resets}  liveness revocations "
+                f"{result.liveness_revocations} ({result.liveness_revocations_alive} alive)  "
+                f"trace {result.trace_digest}"
             )
     wall_s = time.perf_counter() - started
     cpu_s = time.process_time() - cpu_started

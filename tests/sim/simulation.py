@@ -32,6 +32,7 @@ from tests.sim.clock import TRACE_LINES_DEFAULT, EventLoop
 from tests.sim.config import PROFILES, ClusterShape, Safety, SimConfig
 from tests.sim.faults import FaultInjector
 from tests.sim.known_issues import known_issue
+from tests.sim.liveness import LivenessModel
 from tests.sim.network import Network
 from tests.sim.sim_broker import SimBroker
 from tests.sim.sim_controller import SimController
@@ -120,6 +121,9 @@ class SimResult:
     topics_deleted: int
     # Followers that restarted at the leader's log start, consumers that reset to it (retention).
     log_start_resets: int
+    # Leases the controller's liveness fast path revoked, and how many of them a live broker held.
+    liveness_revocations: int
+    liveness_revocations_alive: int
     # sha256 of the trace's last lines: equal digests (with equal event counts) mean the same run.
     trace_digest: str
 
@@ -192,6 +196,16 @@ class Simulation:
             self.controllers,
             self.checker,
         )
+        # The brokers' liveness streams to the active controller and its fast failure path.
+        self.liveness = LivenessModel(
+            self.loop,
+            self.network,
+            self.rng,
+            self.config.broker_connection_grace_ms,
+            self.brokers,
+            self.controllers,
+        )
+        self.faults.on_storm = self.liveness.on_storm
         self.loop.on_time = self.etcd.advance
         self.loop.after_step = self._after_step
         # Partitions whose reassignment crashes the active controller once its targets are in the ISR.
@@ -213,6 +227,8 @@ class Simulation:
                 self._failover_when_due.difference_update(due)
                 self.loop.trace("sim", "targets of %s in the ISR: the active controller fails", (due,))
                 self.faults.fail_over_controller()
+        # Last: a late registration answer (on_registered above) decides which epoch a stream names.
+        self.liveness.reconcile()
 
     def _topic_created(self, name: str) -> None:
         for client in [*self.producers, *self.consumers]:
@@ -372,17 +388,23 @@ class Simulation:
             truncations_checked=self.checker.truncations_checked,
             topics_deleted=self.topics_deleted,
             log_start_resets=self.checker.log_start_resets + self.checker.consumer_resets,
+            liveness_revocations=self.liveness.revocations,
+            liveness_revocations_alive=self.liveness.revocations_alive,
             trace_digest=hashlib.sha256("\n".join(self.loop.trace_lines()).encode()).hexdigest()[:16],
         )
 
     def _settle_until_converged(self) -> None:
         """Let control requests still on their way land, and the cluster converge, before the final check.
 
-        Bounded: a cluster that has not converged by then fails the liveness check.
+        Bounded: a cluster that has not converged by then fails the liveness check. Brokers a
+        rolling restart or whole-cluster stop started before the heal still has down are waited
+        for too (their controlled shutdown can outlast the settle phase: one ControlledShutdown
+        sent to a controller that then paused and crashed waits out its 10 s timeout).
         """
         for _ in range(SETTLE_EXTRA_STEPS_MAX):
             if (
                 all(c.active is None or c.active.idle() for c in self.controllers)
+                and all(b.up and not b.shutting_down for b in self.brokers)
                 and self.checker.liveness_problem() is None
             ):
                 return
