@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -380,6 +381,12 @@ def main() -> None:
     )
     parser.add_argument("--profile", action="store_true", help="also time one partition's read outside Spark")
     parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the temporary directory (cluster data, Parquet, the floor's files; ~3 GB at the "
+        "defaults) instead of removing it at the end",
+    )
+    parser.add_argument(
         "--json", type=Path, default=RESULTS / "spark_read.json", help="where to write results"
     )
     args = parser.parse_args()
@@ -520,6 +527,11 @@ def main() -> None:
             print("one partition outside Spark:", result["profile_one_partition"])
     finally:
         cluster.stop()
+        if args.keep:
+            print(f"kept the cluster's data, the Parquet file and the floor's Arrow files in {base}")
+        else:
+            # ~3 GB a run at the defaults (the log, Parquet, the floor's Arrow IPC files).
+            shutil.rmtree(base, ignore_errors=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(f"results in {args.json}")
