@@ -335,12 +335,7 @@ class GatewayClient:
         """The address of `tp`'s leader if it is known and reachable, else None (use a gateway)."""
         address = self._leaders.get(tp)
         if address is None:
-            response = self.metadata([tp[0]])
-            brokers = {b.broker_id: f"{b.host}:{b.port}" for b in response.brokers}
-            for t in response.topics:
-                for p in t.partitions:
-                    if p.error_code == common_pb2.NONE and p.leader in brokers:
-                        self._leaders[(t.name, p.partition)] = brokers[p.leader]
+            self._remember_leaders(self.metadata([tp[0]]))
             address = self._leaders.get(tp)
             if address is None:
                 return None
@@ -369,6 +364,21 @@ class GatewayClient:
             )
         return address
 
+    def _remember_leaders(self, response: common_pb2.MetadataResponse) -> None:
+        brokers = {b.broker_id: f"{b.host}:{b.port}" for b in response.brokers}
+        for t in response.topics:
+            for p in t.partitions:
+                if p.error_code == common_pb2.NONE and p.leader in brokers:
+                    self._leaders[(t.name, p.partition)] = brokers[p.leader]
+
+    def known_leaders(self) -> dict[TopicPartitionKey, str]:
+        """Partition -> leader address, as this client's last Metadata answers named them."""
+        return dict(self._leaders)
+
+    def hint_leader(self, tp: TopicPartitionKey, address: str) -> None:
+        """Fetch `tp` from `address` until it answers otherwise (a leader the driver planned with)."""
+        self._leaders[tp] = address
+
     def retry(self, what: str, attempt: Callable[[], T | None]) -> T:
         """Run `attempt` until it returns non-None, backing off, within the retry timeout."""
         deadline = time.monotonic() + self.settings.retry_timeout_ms / 1000
@@ -392,8 +402,11 @@ class GatewayClient:
         return response
 
     def partitions(self, topics: Iterable[str] = ()) -> dict[str, list[int] | None]:
-        """topic -> its partition ids (None: the topic does not exist). Empty `topics`: all topics."""
+        """topic -> its partition ids (None: the topic does not exist). Empty `topics`: all topics.
+
+        Remembers the leaders the answer names (known_leaders)."""
         response = self.metadata(topics)
+        self._remember_leaders(response)
         out: dict[str, list[int] | None] = {}
         for t in response.topics:
             if t.error_code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION:

@@ -236,6 +236,30 @@ def test_local_reads_take_the_leaders_files_here_and_bytes_from_another_host(
     assert located == []  # refused once (another host), then never asked again
 
 
+def test_a_stale_leader_hint_costs_one_answer_then_the_leader_is_looked_up(cluster: TestCluster) -> None:
+    """Tasks fetch from the leader the driver planned with (HighwaterInputPartition.leader); a
+    broker that no longer leads answers NOT_LEADER_OR_FOLLOWER and the task asks the gateway."""
+    from spark_connector.gateway import GatewayClient
+    from spark_connector.options import parse_read_options
+    from spark_connector.planning import OffsetRange
+    from spark_connector.reader import read_range
+
+    bootstrap = cluster.gateway_address
+    create_topic(bootstrap, "read-hint", 1)
+    produce(bootstrap, "read-hint", [(0, None, b"h%d" % i, []) for i in range(500)])
+    options = parse_read_options(read_options(bootstrap, subscribe="read-hint"), streaming=False)
+    with GatewayClient(bootstrap, options.client) as client:
+        client.partitions(["read-hint"])
+        leader = client.known_leaders()[("read-hint", 0)]
+        brokers = {f"{b.host}:{b.port}" for b in client.metadata(["read-hint"]).brokers}
+    (not_leader,) = sorted(brokers - {leader})[:1]
+    with GatewayClient(bootstrap, options.client) as client:
+        client.hint_leader(("read-hint", 0), not_leader)
+        batches = list(read_range(client, OffsetRange("read-hint", 0, 0, 500), options))
+        assert client.known_leaders()[("read-hint", 0)] == leader
+    assert [v for b in batches for v in b.column("value").to_pylist()] == [b"h%d" % i for i in range(500)]
+
+
 def test_an_unreachable_leader_is_read_through_the_gateway(cluster: TestCluster) -> None:
     """A leader address that accepts no connection (brokers hidden behind the gateway) costs one
     connect timeout, then the task reads through the gateway."""
