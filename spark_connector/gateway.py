@@ -33,8 +33,8 @@ repeated through the gateway, and a partition whose leader answers a retriable e
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -107,7 +107,6 @@ class GatewayClient:
         self._unreachable_leaders: set[str] = set()
         # Leaders whose files this process cannot read (another host, no permission).
         self._remote_leaders: set[str] = set()
-        self._reader: concurrent.futures.ThreadPoolExecutor | None = None  # see _reading_thread
         # Brokers' registered ports are mutual TLS on a secure cluster: a client without a
         # certificate (a token only) cannot connect there, so it reads through the gateway.
         self._direct_fetch = settings.fetch_from_leaders and (
@@ -115,9 +114,6 @@ class GatewayClient:
         )
 
     def close(self) -> None:
-        if self._reader is not None:
-            self._reader.shutdown(wait=True, cancel_futures=True)
-            self._reader = None
         for channel in (*self._channels.values(), *self._leader_channels.values()):
             channel.close()
         self._channels.clear()
@@ -266,10 +262,11 @@ class GatewayClient:
             # No gRPC message carries the records: locate more per call (limits.LOCAL_READ_BYTES).
             located_bytes = max(max_bytes, limits.LOCAL_READ_BYTES)
             request.max_bytes = request.topics[0].partitions[0].partition_max_bytes = located_bytes
-            # Located and read on this client's reading thread while the caller decodes the
-            # previous answer (pread releases the GIL). Not a gRPC future: on a blocking channel
-            # each starts a thread of its own, which cost ~1.8 ms of CPU per Fetch.
-            answer = self._reading_thread().submit(_locate_and_read, call, request, timeout_s).result
+            # Located and read when the answer is wanted, on the caller's thread. Not a gRPC
+            # future: on a blocking channel each starts a thread of its own, which cost ~1.8 ms
+            # of CPU per Fetch; a reading thread of our own to read ahead cost more CPU than the
+            # overlap won (bench/RESULTS.md, "Spark connector").
+            answer = functools.partial(_locate_and_read, call, request, timeout_s)
         else:
             fetched = call.future(request, timeout=timeout_s).result
 
@@ -324,12 +321,6 @@ class GatewayClient:
             return part
 
         return result
-
-    def _reading_thread(self) -> concurrent.futures.ThreadPoolExecutor:
-        """The one thread that locates and reads this client's next records ahead of the caller."""
-        if self._reader is None:
-            self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="highwater-local-read")
-        return self._reader
 
     def _leader_address(self, tp: TopicPartitionKey) -> str | None:
         """The address of `tp`'s leader if it is known and reachable, else None (use a gateway)."""
@@ -492,7 +483,7 @@ class GatewayClient:
 def _locate_and_read(
     call: grpc.UnaryUnaryMultiCallable, request: common_pb2.FetchRequest, timeout_s: float
 ) -> tuple[FetchedPartition, NotReadableHere | None]:
-    """A located Fetch and the read of its records (GatewayClient's reading thread).
+    """A located Fetch and the read of its records.
 
     Returns the partition's answer with the records in place, or as the leader gave it with
     why they could not be read here; RpcError and MalformedFetchResponse pass to the caller.
