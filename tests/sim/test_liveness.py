@@ -21,10 +21,6 @@ idempotent producer's record, no divergence below the HW) with the fast path fir
 from __future__ import annotations
 
 import dataclasses
-import logging
-from collections.abc import Iterator
-
-import pytest
 
 from tests.sim.config import PROFILES, SimConfig
 from tests.sim.sim_broker import broker_node, controller_node
@@ -33,15 +29,6 @@ from tests.sim.simulation import Simulation, run_seed
 # Seeds of the default mix run with controller link cuts every 2 s of the fault phase.
 LINK_CUT_SEEDS = range(4)
 LINK_CUT_EVERY_MS = 2_000
-
-
-@pytest.fixture(autouse=True)
-def _quiet_service_logs() -> Iterator[None]:
-    logger = logging.getLogger("highwater")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
 
 
 def test_live_broker_cut_off_from_the_controller_loses_no_acknowledged_record() -> None:

@@ -16,8 +16,6 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
-from collections.abc import Iterator
 
 import pytest
 
@@ -26,16 +24,6 @@ from tests.sim.simulation import SimulationFailure, run_seed
 
 # Mechanism-off experiments must find a violation within this many seeds.
 MECHANISM_SEED_BUDGET = 12
-
-
-@pytest.fixture(autouse=True)
-def _quiet_service_logs() -> Iterator[None]:
-    """The services log every failover at WARNING; in a simulation those are the point, not news."""
-    logger = logging.getLogger("highwater")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -490,18 +490,24 @@ class MemoryStorage:
         self._files[key] = inode
         self._unsynced_renames.pop(key, None)
 
-    def rename_unsynced(self, source: str, target: str) -> None:
-        source_key, target_key = self._key(source), self._key(target)
+    def _synced_source(self, verb: str, source_key: str, target_key: str) -> _MemoryInode:
+        """The inode a rename or link takes: it must exist and its content be durable already."""
         inode = self._files.get(source_key)
         if inode is None:
-            raise StorageError(f"rename of {source_key} failed: no such file")
+            raise StorageError(f"{verb} of {source_key} failed: no such file")
         check(
             inode.durable is not None and inode.durable == inode.data,
-            "rename of %s to %s before a sync_all made its content durable",
+            "%s of %s to %s before a sync_all made its content durable",
+            verb,
             source_key,
             target_key,
         )
         self.check_writable(target_key)
+        return inode
+
+    def rename_unsynced(self, source: str, target: str) -> None:
+        source_key, target_key = self._key(source), self._key(target)
+        self._synced_source("rename", source_key, target_key)
         check(source_key not in self._unsynced_renames, "rename of %s: renamed twice unsynced", source_key)
         if target_key not in self._unsynced_renames:
             self._unsynced_renames[target_key] = (source_key, self._files.get(target_key))
@@ -509,16 +515,7 @@ class MemoryStorage:
 
     def link_unsynced(self, source: str, target: str) -> None:
         source_key, target_key = self._key(source), self._key(target)
-        inode = self._files.get(source_key)
-        if inode is None:
-            raise StorageError(f"link of {source_key} failed: no such file")
-        check(
-            inode.durable is not None and inode.durable == inode.data,
-            "link of %s to %s before a sync_all made its content durable",
-            source_key,
-            target_key,
-        )
-        self.check_writable(target_key)
+        inode = self._synced_source("link", source_key, target_key)
         if target_key in self._files:
             return  # as link(2) refuses it: the name stays as it is
         self._unsynced_renames[target_key] = (None, None)
