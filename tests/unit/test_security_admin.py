@@ -253,7 +253,11 @@ async def servicer_at(epoch: int) -> tuple[Any, MemoryStore]:
     from services.controller.server import ControllerServicer
 
     store = MemoryStore()
+    # As an election leaves them: the epoch, and /controller (fenced writes require both).
     await store.put(store.keys.controller_epoch, str(epoch).encode())
+    await store.put(
+        store.keys.controller, b'{"controller_id": 1, "epoch": %d, "host": "h", "port": 9}' % epoch
+    )
     servicer = ControllerServicer(store)  # type: ignore[arg-type]
     servicer.active = ActiveLoop(epoch)  # type: ignore[assignment]
     return servicer, store
