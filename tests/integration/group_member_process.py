@@ -5,7 +5,9 @@
 Reads TOPIC as a member of GROUP with an AsyncConsumer and writes what it does to HISTORY,
 one JSON line per event, flushed at once (tests/integration/group_history.py lists them):
 partitions assigned, revoked (after committing them) and lost, every record processed,
-every commit and every refused commit. SIGTERM closes the consumer cleanly (commit, leave).
+every commit and every refused commit. A member stopped for longer than its session commits
+its last committed offsets again when it wakes (a zombie's commit, which must be refused).
+SIGTERM closes the consumer cleanly (commit, leave).
 """
 
 from __future__ import annotations
@@ -47,18 +49,25 @@ async def run(bootstrap: str, topic: str, group: str, history: TextIO, session_m
         session_timeout_ms=session_ms,
     )
 
-    async def commit(partitions: list[TopicPartition] | None = None) -> None:
+    last_committed: dict[TopicPartition, int] = {}
+
+    async def commit(
+        partitions: list[TopicPartition] | None = None, *, offsets: dict[TopicPartition, int] | None = None
+    ) -> None:
         assigned = consumer.assignment()
-        wanted = {tp: await consumer.position(tp) for tp in (partitions or assigned) if tp in assigned}
+        wanted = offsets or {
+            tp: await consumer.position(tp) for tp in (partitions or assigned) if tp in assigned
+        }
         if not wanted:
             return
-        offsets = [[tp.topic, tp.partition, o] for tp, o in sorted(wanted.items())]
+        listed = [[tp.topic, tp.partition, o] for tp, o in sorted(wanted.items())]
         try:
             await consumer.commit(wanted)
         except HighwaterError as error:
-            write(history, ev="commit_refused", error=error.code_name(), offsets=offsets)
+            write(history, ev="commit_refused", error=error.code_name(), offsets=listed)
             return
-        write(history, ev="commit", offsets=offsets)
+        last_committed.update(wanted)
+        write(history, ev="commit", offsets=listed)
 
     async def revoked(partitions: list[TopicPartition]) -> None:
         await commit(partitions)
@@ -74,7 +83,14 @@ async def run(bootstrap: str, topic: str, group: str, history: TextIO, session_m
     )
     try:
         while not stop.is_set():
+            polled_at = time.monotonic()
             records = await consumer.poll(POLL_MS)
+            if last_committed and time.monotonic() - polled_at > session_ms / 1000:
+                # Stopped (SIGSTOP) for longer than the session: a zombie that wakes up and, as an
+                # application after a long pause would, commits the progress it last made. Its
+                # group has moved on, so the commit must be refused, whichever of its poll and
+                # its heartbeat learned of that first.
+                await commit(offsets=dict(last_committed))
             for r in records:
                 write(
                     history, ev="record", tp=[r.topic, r.partition], offset=r.offset, value=r.value.decode()
