@@ -166,12 +166,18 @@ async def _until(condition: Any, what: str) -> None:
         await asyncio.sleep(0.01)
 
 
+def _active_servicer(store: MemoryStore) -> ControllerServicer:
+    """A servicer acting as the active controller at epoch 4, with a 50 ms grace period."""
+    servicer = ControllerServicer(store)  # type: ignore[arg-type]
+    servicer.activate(SimpleNamespace(epoch=4), broker_connection_grace_ms=50)  # type: ignore[arg-type]
+    return servicer
+
+
 @pytest.mark.asyncio
 async def test_a_stream_that_ends_gets_its_incarnations_lease_revoked_after_the_grace_period() -> None:
     store = MemoryStore()
     epoch = await _registered(store, 1)
-    servicer = ControllerServicer(store)  # type: ignore[arg-type]
-    servicer.activate(SimpleNamespace(epoch=4), broker_connection_grace_ms=50)  # type: ignore[arg-type]
+    servicer = _active_servicer(store)
     revoked_before = metrics.BROKER_CONNECTION_REVOCATIONS._value.get()
     end = asyncio.Event()
     first, held = await _stream(servicer, 1, epoch, end)
@@ -191,8 +197,7 @@ async def test_a_stream_that_ends_gets_its_incarnations_lease_revoked_after_the_
 async def test_a_stream_naming_another_incarnation_revokes_nothing() -> None:
     store = MemoryStore()
     epoch = await _registered(store, 1)
-    servicer = ControllerServicer(store)  # type: ignore[arg-type]
-    servicer.activate(SimpleNamespace(epoch=4), broker_connection_grace_ms=50)  # type: ignore[arg-type]
+    servicer = _active_servicer(store)
     watch = servicer.connection_watch
     assert watch is not None
     end = asyncio.Event()
@@ -210,8 +215,7 @@ async def test_a_stream_naming_another_incarnation_revokes_nothing() -> None:
 async def test_a_controller_that_stops_acting_ends_its_streams_and_revokes_nothing() -> None:
     store = MemoryStore()
     epoch = await _registered(store, 1)
-    servicer = ControllerServicer(store)  # type: ignore[arg-type]
-    servicer.activate(SimpleNamespace(epoch=4), broker_connection_grace_ms=50)  # type: ignore[arg-type]
+    servicer = _active_servicer(store)
     _, held = await _stream(servicer, 1, epoch, asyncio.Event())
     servicer.stand_by()
     assert await asyncio.wait_for(held, WAIT_S) is None  # the stream ended: the broker looks again
