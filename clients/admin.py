@@ -27,7 +27,7 @@ from clients.config import (
     check_int,
     check_topic_name,
 )
-from clients.connection import GatewayConnection, client_tls
+from clients.connection import GatewayConnection
 from clients.consumer import EARLIEST, LATEST, check_partitions
 from clients.errors import HighwaterError, InvalidArgument, error_for_code
 from clients.loop_thread import SyncClient
@@ -150,13 +150,7 @@ class AsyncAdmin:
 
     def _conn(self) -> GatewayConnection:
         if self._connection is None:
-            self._connection = GatewayConnection(
-                self.config.bootstrap,
-                request_timeout_ms=self.config.request_timeout_ms,
-                connect_timeout_ms=self.config.connect_timeout_ms,
-                retry_backoff_ms=self.config.retry_backoff_ms,
-                tls=client_tls(self.config),
-            )
+            self._connection = GatewayConnection.from_config(self.config)
         return self._connection
 
     async def _call(self, method: str, request: Any) -> Any:

@@ -47,6 +47,7 @@ from clients.config import (
     GRPC_MAX_MESSAGE_BYTES,
     GRPC_RECONNECT_BACKOFF_MS_INITIAL,
     GRPC_RECONNECT_BACKOFF_MS_MAX,
+    ConnectionConfig,
 )
 from clients.errors import ClientClosed, GatewayUnavailable, InvalidArgument
 from clients.tls import ClientTls, ClientTlsError
@@ -147,6 +148,19 @@ class GatewayConnection:
         self._closed = False
         # True once any gateway has answered a call: later outages are transient, not a wrong address.
         self.ever_answered = False
+
+    @classmethod
+    def from_config(cls, config: ConnectionConfig) -> GatewayConnection:
+        """The connection a client's settings ask for (bootstrap, timeouts, TLS and token):
+        every client builds its connection here, so a new connection setting is passed once.
+        Raises InvalidArgument for unusable TLS settings."""
+        return cls(
+            config.bootstrap,
+            request_timeout_ms=config.request_timeout_ms,
+            connect_timeout_ms=config.connect_timeout_ms,
+            retry_backoff_ms=config.retry_backoff_ms,
+            tls=client_tls(config),
+        )
 
     @property
     def current_address(self) -> str:

@@ -56,7 +56,7 @@ from clients.config import (
     check_int,
     check_topic_name,
 )
-from clients.connection import GatewayConnection, call_deadline, client_tls, current_call_deadline
+from clients.connection import GatewayConnection, call_deadline, current_call_deadline
 from clients.errors import (
     ClientClosed,
     HighwaterError,
@@ -155,13 +155,7 @@ class AsyncConsumer:
         if self._closed:
             raise ClientClosed("the consumer is closed")
         if self._connection is None:
-            self._connection = GatewayConnection(
-                self.config.bootstrap,
-                request_timeout_ms=self.config.request_timeout_ms,
-                connect_timeout_ms=self.config.connect_timeout_ms,
-                retry_backoff_ms=self.config.retry_backoff_ms,
-                tls=client_tls(self.config),
-            )
+            self._connection = GatewayConnection.from_config(self.config)
             self._fetcher = MetadataFetcher(self._connection, self._metadata)
         return self._connection
 

@@ -59,7 +59,7 @@ from clients.config import (
     check_int,
     check_topic_name,
 )
-from clients.connection import GatewayConnection, client_tls
+from clients.connection import GatewayConnection
 from clients.errors import (
     ClientClosed,
     HighwaterError,
@@ -146,13 +146,7 @@ class _ProducerCore:
         # Notified after every completed batch: flush() and appends waiting for memory wait on it.
         self.batch_done = threading.Condition(self.lock)
         self.metadata = ClusterMetadata(metadata_max_age_ms=config.metadata_max_age_ms)
-        self.connection = GatewayConnection(
-            config.bootstrap,
-            request_timeout_ms=config.request_timeout_ms,
-            connect_timeout_ms=config.connect_timeout_ms,
-            retry_backoff_ms=config.retry_backoff_ms,
-            tls=client_tls(config),
-        )
+        self.connection = GatewayConnection.from_config(config)
         self.fetcher = MetadataFetcher(self.connection, self.metadata)
         self.accumulator = RecordAccumulator(
             batch_size_bytes=config.batch_size_bytes,
