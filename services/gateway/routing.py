@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from clients.common.errors import check
 from clients.common.record_batch import iter_batch_headers
 from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import common_pb2
 from services.common.metadata_cache import MetadataCache
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -115,11 +117,7 @@ def split_by_leader(
 def fetch_request_for(
     template: common_pb2.FetchRequest, wanted: set[TopicPartitionKey]
 ) -> common_pb2.FetchRequest:
-    topics = []
-    for t in template.topics:
-        parts = [p for p in t.partitions if (t.topic, p.partition) in wanted]
-        if parts:
-            topics.append(common_pb2.FetchTopic(topic=t.topic, partitions=parts))
+    topics = _wanted_topics(template.topics, wanted, common_pb2.FetchTopic)
     # Never locate_records: a location names a file on the leader's host, of no use to a
     # client that could not reach the leader itself. Gateways answer bytes.
     return common_pb2.FetchRequest(
@@ -135,11 +133,7 @@ def fetch_request_for(
 def list_offsets_request_for(
     template: common_pb2.ListOffsetsRequest, wanted: set[TopicPartitionKey]
 ) -> common_pb2.ListOffsetsRequest:
-    topics = []
-    for t in template.topics:
-        parts = [p for p in t.partitions if (t.topic, p.partition) in wanted]
-        if parts:
-            topics.append(common_pb2.ListOffsetsTopic(topic=t.topic, partitions=parts))
+    topics = _wanted_topics(template.topics, wanted, common_pb2.ListOffsetsTopic)
     return common_pb2.ListOffsetsRequest(replica_id=-1, topics=topics)
 
 
@@ -158,6 +152,19 @@ class TopicRef(Protocol):
 
     @property
     def partitions(self) -> Iterable[PartitionRef]: ...
+
+
+def _wanted_topics(
+    topics: Iterable[TopicRef], wanted: set[TopicPartitionKey], topic_cls: Callable[..., T]
+) -> list[T]:
+    """The request entries of `topics` narrowed to the partitions in `wanted`, one `topic_cls`
+    message a topic; a topic with none of them is left out, so each leader sees only its own."""
+    out = []
+    for t in topics:
+        parts = [p for p in t.partitions if (t.topic, p.partition) in wanted]
+        if parts:
+            out.append(topic_cls(topic=t.topic, partitions=parts))
+    return out
 
 
 def collect_partitions(
