@@ -30,9 +30,9 @@ only for an older broker epoch (STALE_BROKER_EPOCH) or controller epoch.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from clients.common.errors import (
     BrokerNotAvailable,
@@ -95,6 +95,35 @@ LATEST_TIMESTAMP = -1
 RUN_MARKER_FILE = "broker-run-marker"
 # Per replica directory: the id of the topic it was created for (Kafka's KIP-516 file and format).
 PARTITION_METADATA_FILE = "partition.metadata"
+
+
+_PartitionEntry = TypeVar("_PartitionEntry", covariant=True)
+_Answer = TypeVar("_Answer")
+_TopicAnswer = TypeVar("_TopicAnswer")
+
+
+class _TopicEntry(Protocol[_PartitionEntry]):
+    """A request's per-topic entry (ListOffsetsTopic, OffsetsForLeaderEpochTopic, ...)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partitions(self) -> Iterable[_PartitionEntry]: ...
+
+
+def _answer_each_partition(
+    topics: Iterable[_TopicEntry[_PartitionEntry]],
+    answer: Callable[[str, _PartitionEntry], _Answer],
+    topic_answer: Callable[..., _TopicAnswer],
+) -> list[_TopicAnswer]:
+    """One `topic_answer(topic=..., partitions=[...])` a requested topic, holding `answer(topic,
+    entry)` for each of its entries in the request's order: the reads that answer partition by
+    partition, each with its own error, share this walk."""
+    return [
+        topic_answer(topic=t.topic, partitions=[answer(t.topic, entry) for entry in t.partitions])
+        for t in topics
+    ]
 
 
 class BrokerIO(Protocol):
@@ -1111,43 +1140,39 @@ class BrokerCore:
     # ---- other reads ----------------------------------------------------------------------------
 
     def list_offsets(self, req: common_pb2.ListOffsetsRequest) -> common_pb2.ListOffsetsResponse:
-        topics = []
-        for t in req.topics:
-            parts = []
-            for lp in t.partitions:
-                tp = (t.topic, lp.partition)
-                res = common_pb2.ListOffsetsPartitionResponse(partition=lp.partition, timestamp=-1, offset=-1)
-                try:
-                    p = self._fetchable_partition(tp, lp.current_leader_epoch)
-                    res.leader_epoch = p.leader_epoch
-                    if lp.timestamp == EARLIEST_TIMESTAMP:
-                        res.offset = p.log.log_start_offset
-                    elif lp.timestamp == LATEST_TIMESTAMP:
-                        res.offset = p.high_watermark
-                    else:
-                        found = p.log.offset_for_timestamp(lp.timestamp if lp.timestamp >= 0 else 0)
-                        if found is not None and found[0] < p.high_watermark:
-                            res.offset, res.timestamp = found
-                except HighwaterError as exc:
-                    res.error_code, res.error_message = self._client_error(tp, exc)
-                parts.append(res)
-            topics.append(common_pb2.ListOffsetsTopicResponse(topic=t.topic, partitions=parts))
+        def answer(
+            topic: str, lp: common_pb2.ListOffsetsPartition
+        ) -> common_pb2.ListOffsetsPartitionResponse:
+            res = common_pb2.ListOffsetsPartitionResponse(partition=lp.partition, timestamp=-1, offset=-1)
+            try:
+                p = self._fetchable_partition((topic, lp.partition), lp.current_leader_epoch)
+                res.leader_epoch = p.leader_epoch
+                if lp.timestamp == EARLIEST_TIMESTAMP:
+                    res.offset = p.log.log_start_offset
+                elif lp.timestamp == LATEST_TIMESTAMP:
+                    res.offset = p.high_watermark
+                else:
+                    found = p.log.offset_for_timestamp(lp.timestamp if lp.timestamp >= 0 else 0)
+                    if found is not None and found[0] < p.high_watermark:
+                        res.offset, res.timestamp = found
+            except HighwaterError as exc:
+                res.error_code, res.error_message = self._client_error((topic, lp.partition), exc)
+            return res
+
+        topics = _answer_each_partition(req.topics, answer, common_pb2.ListOffsetsTopicResponse)
         return common_pb2.ListOffsetsResponse(topics=topics)
 
     def offsets_for_leader_epoch(
         self, req: broker_pb2.OffsetsForLeaderEpochRequest
     ) -> broker_pb2.OffsetsForLeaderEpochResponse:
-        topics = []
-        for t in req.topics:
-            parts = []
-            for op in t.partitions:
-                tp = (t.topic, op.partition)
-                res = broker_pb2.EpochEndOffset(partition=op.partition, leader_epoch=-1, end_offset=-1)
-                try:
-                    p = self._fetchable_partition(tp, op.current_leader_epoch)
-                    res.leader_epoch, res.end_offset = p.last_offset_for_leader_epoch(op.leader_epoch)
-                except HighwaterError as exc:
-                    res.error_code = exc.code
-                parts.append(res)
-            topics.append(broker_pb2.OffsetsForLeaderEpochTopicResult(topic=t.topic, partitions=parts))
+        def answer(topic: str, op: broker_pb2.OffsetsForLeaderEpochPartition) -> broker_pb2.EpochEndOffset:
+            res = broker_pb2.EpochEndOffset(partition=op.partition, leader_epoch=-1, end_offset=-1)
+            try:
+                p = self._fetchable_partition((topic, op.partition), op.current_leader_epoch)
+                res.leader_epoch, res.end_offset = p.last_offset_for_leader_epoch(op.leader_epoch)
+            except HighwaterError as exc:
+                res.error_code = exc.code
+            return res
+
+        topics = _answer_each_partition(req.topics, answer, broker_pb2.OffsetsForLeaderEpochTopicResult)
         return broker_pb2.OffsetsForLeaderEpochResponse(topics=topics)
