@@ -472,6 +472,33 @@ def highwater_target(
         yield Target(gateway, topic, partitions, leaders, pids, names, ports)
 
 
+def add_target_arguments(parser: argparse.ArgumentParser, *, partitions: int, output: str) -> None:
+    """The options target_for reads (--bootstrap and the topic's shape) and the ones every
+    cluster benchmark shares (--topic, --quiet-wait-s, --output), declared once so that the
+    scripts agree on their names and defaults."""
+    parser.add_argument(
+        "--partitions", type=int, default=partitions, help=f"topic partitions (default {partitions})"
+    )
+    parser.add_argument("--replication-factor", type=int, default=3, help="replicas of the topic (default 3)")
+    parser.add_argument(
+        "--min-insync", type=int, default=2, help="min.insync.replicas of the topic (default 2)"
+    )
+    parser.add_argument(
+        "--bootstrap", help="an existing cluster's gateway HOST:PORT (default: start our own)"
+    )
+    parser.add_argument("--topic", default=None, help="topic name (default: a new one per run)")
+    parser.add_argument(
+        "--quiet-wait-s",
+        type=float,
+        default=QUIET_WAIT_S_DEFAULT,
+        help=f"wait up to this long for the 1-minute load to drop below {QUIET_LOAD_MAX} "
+        f"(default {QUIET_WAIT_S_DEFAULT:g})",
+    )
+    parser.add_argument(
+        "--output", default=output, help=f"results file name under bench/results (default {output})"
+    )
+
+
 def target_for(args: object, topic: str, **kwargs: object) -> contextlib.AbstractContextManager[Target]:
     """highwater_target() from a script's --bootstrap, --partitions, --replication-factor and
     --min-insync (kwargs: the rest, such as brokers and tmp_dir)."""

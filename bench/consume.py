@@ -268,9 +268,6 @@ def main() -> int:
         default=16 * 1024,
         help="bytes per batch when loading (default 16384, the Producer's default)",
     )
-    parser.add_argument("--partitions", type=int, default=6)
-    parser.add_argument("--replication-factor", type=int, default=3)
-    parser.add_argument("--min-insync", type=int, default=2)
     parser.add_argument("--path", choices=PATHS, nargs="+", default=list(PATHS))
     parser.add_argument(
         "--max-poll-records", type=int, default=500, help="Consumer max_poll_records (Kafka's 500)"
@@ -282,13 +279,8 @@ def main() -> int:
         help="raw Fetch: bytes per partition per request (default 1 MiB, Kafka's)",
     )
     parser.add_argument("--decode", action="store_true", help="raw Fetch: decode every record too")
-    parser.add_argument(
-        "--bootstrap", help="an existing cluster's gateway HOST:PORT (default: start our own)"
-    )
-    parser.add_argument("--topic", default=None)
     parser.add_argument("--profile", action="store_true", help="one more read per path under py-spy")
-    parser.add_argument("--quiet-wait-s", type=float, default=common.QUIET_WAIT_S_DEFAULT)
-    parser.add_argument("--output", default="consume")
+    common.add_target_arguments(parser, partitions=6, output="consume")
     args = parser.parse_args()
     topic = args.topic or f"bench-consume-{int(time.time())}"
     out: dict[str, object] = {

@@ -264,15 +264,8 @@ def main() -> int:
         default=500,
         help="Consumer fetch_max_wait_ms (the long poll; an arriving record ends it at once)",
     )
-    parser.add_argument("--partitions", type=int, default=1, help="default 1, as Kafka's EndToEndLatency")
-    parser.add_argument("--replication-factor", type=int, default=3)
-    parser.add_argument("--min-insync", type=int, default=2)
-    parser.add_argument(
-        "--bootstrap", help="an existing cluster's gateway HOST:PORT (default: start our own)"
-    )
-    parser.add_argument("--topic", default=None)
-    parser.add_argument("--quiet-wait-s", type=float, default=common.QUIET_WAIT_S_DEFAULT)
-    parser.add_argument("--output", default="e2e_latency")
+    # One partition by default, as Kafka's EndToEndLatency.
+    common.add_target_arguments(parser, partitions=1, output="e2e_latency")
     args = parser.parse_args()
     if args.role == "consumer":
         return consume_role(args)

@@ -351,11 +351,6 @@ def main() -> int:
         "--throughput", type=float, default=-1, help="records/s to aim at; -1 unbounded (default)"
     )
     parser.add_argument("--acks", choices=["all", "1", "0"], default="all")
-    parser.add_argument("--partitions", type=int, default=6)
-    parser.add_argument("--replication-factor", type=int, default=3)
-    parser.add_argument(
-        "--min-insync", type=int, default=2, help="min.insync.replicas of the topic (default 2)"
-    )
     parser.add_argument(
         "--batch-size",
         type=int,
@@ -384,9 +379,6 @@ def main() -> int:
         help="client (Producer via gateway), gateway (raw gRPC), direct (raw gRPC to leaders)",
     )
     parser.add_argument("--direct", action="store_true", help="same as --path direct")
-    parser.add_argument(
-        "--bootstrap", help="an existing cluster's gateway HOST:PORT (default: start our own)"
-    )
     parser.add_argument("--brokers", type=int, default=3, help="brokers of our own cluster (default 3)")
     parser.add_argument(
         "--tmp-dir",
@@ -394,7 +386,6 @@ def main() -> int:
         help="where our cluster's data goes (default: the system temp dir; /dev/shm takes the "
         "disk out of the figure)",
     )
-    parser.add_argument("--topic", default=None, help="topic name (default: a new one per run)")
     parser.add_argument(
         "--profile",
         action="store_true",
@@ -403,15 +394,7 @@ def main() -> int:
     parser.add_argument(
         "--native", action="store_true", help="py-spy --native (C frames of gRPC and protobuf)"
     )
-    parser.add_argument(
-        "--quiet-wait-s",
-        type=float,
-        default=common.QUIET_WAIT_S_DEFAULT,
-        help="wait up to this long for the 1-minute load to drop below 1.5 (default 20)",
-    )
-    parser.add_argument(
-        "--output", default="produce", help="results file name under bench/results (default produce)"
-    )
+    common.add_target_arguments(parser, partitions=6, output="produce")
     args = parser.parse_args()
     paths = ["direct"] if args.direct else (args.path or ["client"])
     spec = ProduceSpec(
