@@ -7,7 +7,8 @@ long as gRPC hands out the same handler.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -17,6 +18,23 @@ def method_name(handler_call_details: grpc.HandlerCallDetails) -> str:
     """The call's full method name, "/package.Service/Method" (gRPC may hand it over as bytes)."""
     method = handler_call_details.method
     return method.decode() if isinstance(method, bytes) else method
+
+
+async def maybe_await(value: Any) -> Any:
+    """The result of a wrapped handler: grpc.aio serves plain and async servicer methods alike,
+    so a wrapper in front of one must take either."""
+    return await value if inspect.isawaitable(value) else value
+
+
+async def as_async_iter(items: Any) -> AsyncIterator[Any]:
+    """The items of a wrapped streaming handler, whether it is an async generator or returns a
+    plain iterable (grpc.aio accepts both)."""
+    if hasattr(items, "__aiter__"):
+        async for item in items:
+            yield item
+    else:
+        for item in items:
+            yield item
 
 
 class MethodInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc.aio is untyped

@@ -13,7 +13,6 @@ refused since. gRPC's own services (health, reflection) are left alone.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -23,7 +22,7 @@ import grpc
 import prometheus_client
 
 from services.common import limits
-from services.common.interceptors import WrappingInterceptor
+from services.common.interceptors import WrappingInterceptor, as_async_iter, maybe_await
 
 log = logging.getLogger("highwater.requests")
 
@@ -49,8 +48,7 @@ class MalformedRequestGuard(WrappingInterceptor):
 
             async def unary(request: bytes, context: grpc.aio.ServicerContext) -> Any:
                 parsed = await self._parse(method, parse, request, context)
-                result = inner(parsed, context)
-                return await result if inspect.isawaitable(result) else result
+                return await maybe_await(inner(parsed, context))
 
             return grpc.unary_unary_rpc_method_handler(unary, **raw)
         if handler.unary_stream is not None:
@@ -58,13 +56,8 @@ class MalformedRequestGuard(WrappingInterceptor):
 
             async def unary_stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 parsed = await self._parse(method, parse, request, context)
-                items = inner_stream(parsed, context)
-                if hasattr(items, "__aiter__"):
-                    async for item in items:
-                        yield item
-                else:
-                    for item in items:
-                        yield item
+                async for item in as_async_iter(inner_stream(parsed, context)):
+                    yield item
 
             return grpc.unary_stream_rpc_method_handler(unary_stream, **raw)
         return handler  # client-streaming methods: none of ours

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import inspect
 import logging
 import time
 from collections import deque
@@ -38,7 +37,7 @@ from typing import Any, NoReturn, Protocol
 import grpc
 import prometheus_client
 
-from services.common.interceptors import WrappingInterceptor
+from services.common.interceptors import WrappingInterceptor, as_async_iter, maybe_await
 from services.common.limits import STREAM_TOKEN_RECHECK_S, WAITING_PER_SLOT_MAX
 from services.security import rules, tokens
 from services.security.authz import Authorizer, check_principal
@@ -190,7 +189,7 @@ class SecurityInterceptor(WrappingInterceptor):
 
             async def stream_unary(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
                 await self._admit(method, rule, None, context, None)
-                return await _maybe_await(inner_su(request_iterator, context))
+                return await maybe_await(inner_su(request_iterator, context))
 
             return grpc.stream_unary_rpc_method_handler(stream_unary, **kwargs)
         inner_ss = handler.stream_stream
@@ -199,7 +198,7 @@ class SecurityInterceptor(WrappingInterceptor):
             request_iterator: Any, context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Any]:
             await self._admit(method, rule, None, context, None)
-            async for item in _aiter(inner_ss(request_iterator, context)):
+            async for item in as_async_iter(inner_ss(request_iterator, context)):
                 yield item
 
         return grpc.stream_stream_rpc_method_handler(stream_stream, **kwargs)
@@ -237,7 +236,7 @@ class SecurityInterceptor(WrappingInterceptor):
             else:
                 token = CURRENT_CALLER.set(caller)
                 try:
-                    response = await _maybe_await(inner(admission.request, context))
+                    response = await maybe_await(inner(admission.request, context))
                 finally:
                     CURRENT_CALLER.reset(token)
                 if admission.respond is not None and response is not None:
@@ -287,7 +286,7 @@ class SecurityInterceptor(WrappingInterceptor):
                 return
             quotas = self.quotas if fetch and caller.service is None and caller.forwarded_by is None else None
             CURRENT_CALLER.set(caller)  # this generator runs in the RPC's own task: nothing leaks
-            items = _aiter(inner(admission.request, context))
+            items = as_async_iter(inner(admission.request, context))
             if caller.authenticated_by == "token":
                 items = self._while_token_valid(method, items, _bearer_token(context), context)
             async for item in items:
@@ -524,19 +523,6 @@ class ForwardPrincipal(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[mi
                     client_call_details.wait_for_ready,
                 )
         return await continuation(client_call_details, request)
-
-
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
-
-
-async def _aiter(items: Any) -> AsyncIterator[Any]:
-    if hasattr(items, "__aiter__"):
-        async for item in items:
-            yield item
-    else:
-        for item in items:
-            yield item
 
 
 def _now_ms() -> int:
