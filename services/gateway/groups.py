@@ -31,7 +31,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -42,9 +42,11 @@ from coordinator.store import (
     Compare,
     CoordinatorError,
     Delete,
+    KeyValue,
     MetadataStore,
     Op,
     Put,
+    WatchEvent,
     compare_mod_revision,
 )
 from protos.highwater.v1 import common_pb2, gateway_pb2
@@ -55,6 +57,7 @@ from services.groups.coordinator import GroupError, GroupState, HeartbeatRequest
 
 log = logging.getLogger("highwater.gateway.groups")
 T = TypeVar("T")
+_Keyed = TypeVar("_Keyed", KeyValue, WatchEvent)
 
 # Wire codes of the coordinator's refusals.
 GROUP_ERROR_CODES: dict[GroupError, common_pb2.ErrorCode] = {
@@ -78,6 +81,11 @@ GROUP_ERROR_MESSAGES: dict[GroupError, str] = {
     GroupError.GROUP_MAX_SIZE_REACHED: f"the group already has {coordinator.GROUP_MEMBERS_MAX} members",
 }
 ASSIGNOR_NAMES = ("uniform", "range")
+
+
+def _decode_state(value: bytes) -> GroupState:
+    """A group's state record as stored under its state key (JSON)."""
+    return GroupState.from_record(json.loads(value))
 
 
 class GroupStateConflict(Exception):
@@ -144,7 +152,7 @@ class GroupService:
         loaded = (
             _Loaded(GroupState(group_id=group), 0)
             if kv is None
-            else _Loaded(GroupState.from_record(json.loads(kv.value)), kv.mod_revision)
+            else _Loaded(_decode_state(kv.value), kv.mod_revision)
         )
         return self._remember(group, loaded)
 
@@ -341,6 +349,15 @@ class GroupService:
         if changed:
             log.info("group %s: member %s removed (session expired)", group, member_id)
 
+    def _group_keys(self, items: Iterable[_Keyed]) -> Iterator[tuple[_Keyed, str, str, str]]:
+        """Each item stored under a consumer group's keys with the (group, kind, rest) its key
+        names (Keys.parse_consumer_group_key); items under any other key are skipped."""
+        for item in items:
+            parsed = self.keys.parse_consumer_group_key(item.key)
+            if parsed is not None:
+                group, kind, rest = parsed
+                yield item, group, kind, rest
+
     async def _watch(self) -> None:
         """State changes wake long-polling heartbeats; member key deletes are expiries."""
         prefix = self.keys.consumers_prefix
@@ -349,14 +366,10 @@ class GroupService:
                 self._states.clear()  # events may have been missed: read states afresh
                 await self.sweep()
                 async for events in self.store.watch_prefix(prefix):
-                    for event in events:
-                        parsed = self.keys.parse_consumer_group_key(event.key)
-                        if parsed is None:
-                            continue
-                        group, kind, rest = parsed
+                    for event, group, kind, rest in self._group_keys(events):
                         if kind == "state":
                             if event.kind == "put":
-                                state = GroupState.from_record(json.loads(event.value))
+                                state = _decode_state(event.value)
                                 self._remember(group, _Loaded(state, event.mod_revision))
                             else:
                                 self.forget(group)
@@ -383,15 +396,11 @@ class GroupService:
         live: set[tuple[str, str]] = set()
         states: dict[str, GroupState] = {}
         committed: dict[str, dict[TopicPartitionKey, int]] = {}
-        for kv in kvs:
-            parsed = self.keys.parse_consumer_group_key(kv.key)
-            if parsed is None:
-                continue
-            group, kind, rest = parsed
+        for kv, group, kind, rest in self._group_keys(kvs):
             if kind == "members":
                 live.add((group, rest))
             elif kind == "state":
-                states[group] = GroupState.from_record(json.loads(kv.value))
+                states[group] = _decode_state(kv.value)
             else:
                 offset = self.keys.parse_consumer_offset(kv.key)
                 if offset is not None:
@@ -440,13 +449,9 @@ class GroupService:
     async def list_groups(self) -> gateway_pb2.ListGroupsResponse:
         kvs, _ = await self.store.get_prefix(self.keys.consumers_prefix)
         groups: dict[str, GroupState | None] = {}
-        for kv in kvs:
-            parsed = self.keys.parse_consumer_group_key(kv.key)
-            if parsed is None:
-                continue
-            group, kind, _ = parsed
+        for kv, group, kind, _ in self._group_keys(kvs):
             if kind == "state":
-                groups[group] = GroupState.from_record(json.loads(kv.value))
+                groups[group] = _decode_state(kv.value)
             else:
                 groups.setdefault(group, None)
         response = gateway_pb2.ListGroupsResponse()
