@@ -52,6 +52,17 @@ class Registration:
         await self.lease.stop(revoke=revoke)
 
 
+@dataclass(frozen=True, slots=True)
+class _LeaseSettings:
+    """How a registration's lease is kept: its TTL, the keep-alive interval (None: the
+    LeaseKeeper's default) and what to call when it is lost. They travel together from the
+    public register_* calls to the LeaseKeeper."""
+
+    ttl_s: int
+    keepalive_interval_s: float | None
+    on_lost: OnLost | None
+
+
 def _holder_address(existing: KeyValue | None) -> str:
     if existing is None:
         return "an unknown address"
@@ -65,14 +76,11 @@ async def _register(
     store: MetadataStore,
     key: str,
     info: dict[str, Any],
-    *,
-    ttl_s: int,
-    keepalive_interval_s: float | None,
-    on_lost: OnLost | None,
+    lease: _LeaseSettings,
     name: str,
 ) -> tuple[Registration | None, KeyValue | None]:
-    keeper = LeaseKeeper(on_lost=on_lost, name=name)
-    lease_id = await keeper.start(store, ttl_s, keepalive_interval_s=keepalive_interval_s)
+    keeper = LeaseKeeper(on_lost=lease.on_lost, name=name)
+    lease_id = await keeper.start(store, lease.ttl_s, keepalive_interval_s=lease.keepalive_interval_s)
     try:
         result = await store.txn(
             [compare_missing(key)],
@@ -95,25 +103,15 @@ async def _register_id(
     store: MetadataStore,
     key: str,
     info: dict[str, Any],
+    lease: _LeaseSettings,
     *,
-    ttl_s: int,
-    keepalive_interval_s: float | None,
-    on_lost: OnLost | None,
     kind: str,
     ident: int,
     in_use: type[CoordinatorError],
 ) -> Registration:
     """`_register` the `kind` ("broker", "gateway") numbered `ident` at `key`; `in_use` when a
     live process holds it, naming that process's address and the `--{kind}-id` option."""
-    registration, holder = await _register(
-        store,
-        key,
-        info,
-        ttl_s=ttl_s,
-        keepalive_interval_s=keepalive_interval_s,
-        on_lost=on_lost,
-        name=f"{kind} {ident}",
-    )
+    registration, holder = await _register(store, key, info, lease, name=f"{kind} {ident}")
     if registration is None:
         raise in_use(
             f"{kind} id {ident} is already registered by a live process at {_holder_address(holder)}; "
@@ -137,17 +135,9 @@ async def register_broker(
     process already holds the id, ValueError for a bad TTL/interval or id,
     CoordinatorUnavailable when etcd cannot be reached.
     """
-    return await _register_id(
-        store,
-        store.keys.broker(broker_id),
-        info,
-        ttl_s=ttl_s,
-        keepalive_interval_s=keepalive_interval_s,
-        on_lost=on_lost,
-        kind="broker",
-        ident=broker_id,
-        in_use=BrokerIdInUse,
-    )
+    lease = _LeaseSettings(ttl_s, keepalive_interval_s, on_lost)
+    key = store.keys.broker(broker_id)
+    return await _register_id(store, key, info, lease, kind="broker", ident=broker_id, in_use=BrokerIdInUse)
 
 
 async def register_gateway(
@@ -163,16 +153,10 @@ async def register_gateway(
 
     Raises GatewayIdInUse when a live process already holds the id.
     """
+    lease = _LeaseSettings(ttl_s, keepalive_interval_s, on_lost)
+    key = store.keys.gateway(gateway_id)
     return await _register_id(
-        store,
-        store.keys.gateway(gateway_id),
-        info,
-        ttl_s=ttl_s,
-        keepalive_interval_s=keepalive_interval_s,
-        on_lost=on_lost,
-        kind="gateway",
-        ident=gateway_id,
-        in_use=GatewayIdInUse,
+        store, key, info, lease, kind="gateway", ident=gateway_id, in_use=GatewayIdInUse
     )
 
 
