@@ -130,9 +130,10 @@ def read_consumer(
 async def _read_fetch(
     target: common.Target, records: int, direct: bool, decode: bool, partition_max_bytes: int, window: Window
 ) -> dict[str, object]:
+    from clients.common.fetch_request import consumer_fetch_request
     from clients.common.record_batch import iter_batch_headers
     from clients.common.records import decode_batches
-    from protos.highwater.v1 import broker_pb2_grpc, common_pb2, gateway_pb2_grpc
+    from protos.highwater.v1 import broker_pb2_grpc, gateway_pb2_grpc
 
     groups = common.address_groups(target, direct)
     channels = common.aio_channels(groups)
@@ -149,25 +150,12 @@ async def _read_fetch(
         )
         mine = 0
         while mine < share and time.perf_counter() < deadline:
-            request = common_pb2.FetchRequest(
-                replica_id=-1,
+            request = consumer_fetch_request(
+                {(target.topic, p): offsets[p] for p in partitions},
                 max_wait_ms=0,
                 min_bytes=0,
                 max_bytes=50 * 1024 * 1024,
-                topics=[
-                    common_pb2.FetchTopic(
-                        topic=target.topic,
-                        partitions=[
-                            common_pb2.FetchPartition(
-                                partition=p,
-                                fetch_offset=offsets[p],
-                                partition_max_bytes=partition_max_bytes,
-                                current_leader_epoch=-1,
-                            )
-                            for p in partitions
-                        ],
-                    )
-                ],
+                partition_max_bytes=partition_max_bytes,
             )
             response = await stub.Fetch(request, timeout=30)
             totals["requests"] += 1

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/re
 import grpc
 
 from bench import common
+from clients.common.fetch_request import consumer_fetch_request
 from clients.common.partitioner import partition_for_key
 from clients.common.records import decode_batches, encode_batch
 from protos.highwater.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -170,29 +171,14 @@ def consume_batch_level(stub: gateway_pb2_grpc.GatewayServiceStub, topic: str, c
     while seen < count:
         if time.monotonic() > deadline:
             raise SystemExit(f"Fetch returned {seen} of {count} records in time")
-        resp = stub.Fetch(
-            common_pb2.FetchRequest(
-                replica_id=-1,
-                max_wait_ms=100,
-                min_bytes=1,
-                max_bytes=50 << 20,
-                topics=[
-                    common_pb2.FetchTopic(
-                        topic=topic,
-                        partitions=[
-                            common_pb2.FetchPartition(
-                                partition=p,
-                                fetch_offset=o,
-                                current_leader_epoch=-1,
-                                partition_max_bytes=FETCH_PARTITION_MAX_BYTES,
-                            )
-                            for p, o in positions.items()
-                        ],
-                    )
-                ],
-            ),
-            timeout=RPC_TIMEOUT_S,
+        request = consumer_fetch_request(
+            {(topic, p): o for p, o in positions.items()},
+            max_wait_ms=100,
+            min_bytes=1,
+            max_bytes=50 << 20,
+            partition_max_bytes=FETCH_PARTITION_MAX_BYTES,
         )
+        resp = stub.Fetch(request, timeout=RPC_TIMEOUT_S)
         for pr in resp.topics[0].partitions:
             for record in decode_batches(pr.records):
                 if record.offset >= positions[pr.partition]:

@@ -43,6 +43,7 @@ from typing import Any
 
 from clients.common import records
 from clients.common.errors import InvariantViolation, MessageTooLarge, OffsetOutOfRange
+from clients.common.fetch_request import consumer_fetch_request
 from clients.common.record_batch import iter_batch_headers
 from clients.config import (
     COMMIT_OFFSETS_PER_REQUEST_MAX,
@@ -442,26 +443,14 @@ class AsyncConsumer:
         self, offsets: dict[TopicPartition, int], timestamps: dict[TopicPartition, int]
     ) -> dict[TopicPartition, OffsetAndTimestamp]:
         """One Fetch (no wait) from each offset: the first record with timestamp >= the one asked."""
-        by_topic: dict[str, list[common_pb2.FetchPartition]] = {}
-        for tp, offset in offsets.items():
-            by_topic.setdefault(tp.topic, []).append(
-                common_pb2.FetchPartition(
-                    partition=tp.partition,
-                    fetch_offset=offset,
-                    current_leader_epoch=-1,
-                    partition_max_bytes=self.config.max_partition_fetch_bytes,
-                )
-            )
-        response = await self._conn().call(
-            "Fetch",
-            common_pb2.FetchRequest(
-                replica_id=-1,
-                max_wait_ms=0,
-                min_bytes=0,
-                max_bytes=self.config.fetch_max_bytes,
-                topics=[common_pb2.FetchTopic(topic=t, partitions=p) for t, p in by_topic.items()],
-            ),
+        request = consumer_fetch_request(
+            offsets,
+            max_wait_ms=0,
+            min_bytes=0,
+            max_bytes=self.config.fetch_max_bytes,
+            partition_max_bytes=self.config.max_partition_fetch_bytes,
         )
+        response = await self._conn().call("Fetch", request)
         exact: dict[TopicPartition, OffsetAndTimestamp] = {}
         for topic in response.topics:
             for part in topic.partitions:
@@ -806,24 +795,13 @@ class AsyncConsumer:
             await asyncio.sleep(min(max_wait_ms, self.config.retry_backoff_ms) / 1000)
             return
         asked = {tp: self._fetch_offsets[tp] for tp in fetchable}
-        by_topic: dict[str, list[common_pb2.FetchPartition]] = {}
-        for tp, offset in asked.items():
-            by_topic.setdefault(tp.topic, []).append(
-                common_pb2.FetchPartition(
-                    partition=tp.partition,
-                    fetch_offset=offset,
-                    current_leader_epoch=-1,
-                    partition_max_bytes=self._partition_fetch_bytes.get(
-                        tp, self.config.max_partition_fetch_bytes
-                    ),
-                )
-            )
-        request = common_pb2.FetchRequest(
-            replica_id=-1,
+        request = consumer_fetch_request(
+            asked,
             max_wait_ms=max_wait_ms,
             min_bytes=self.config.fetch_min_bytes,
             max_bytes=self.config.fetch_max_bytes,
-            topics=[common_pb2.FetchTopic(topic=t, partitions=p) for t, p in by_topic.items()],
+            partition_max_bytes=self.config.max_partition_fetch_bytes,
+            partition_max_bytes_by=self._partition_fetch_bytes,
         )
         fetch = self._conn().call("Fetch", request, timeout_ms=self.config.request_timeout_ms + max_wait_ms)
         if self._member is None:

@@ -43,6 +43,7 @@ from typing import Any, TypeVar, cast
 import grpc
 
 from clients.common import errors
+from clients.common.fetch_request import consumer_fetch_request
 from clients.common.types import TopicPartitionKey
 from clients.connection import CHANNEL_OPTIONS
 from clients.local_reads import NotReadableHere, read_located
@@ -459,24 +460,12 @@ class GatewayClient:
     def fetch_request(
         self, tp: TopicPartitionKey, offset: int, max_bytes: int, max_wait_ms: int = 0
     ) -> common_pb2.FetchRequest:
-        return common_pb2.FetchRequest(
-            replica_id=-1,
+        return consumer_fetch_request(
+            {tp: offset},
             max_wait_ms=max_wait_ms,
             min_bytes=1,
             max_bytes=max_bytes,
-            topics=[
-                common_pb2.FetchTopic(
-                    topic=tp[0],
-                    partitions=[
-                        common_pb2.FetchPartition(
-                            partition=tp[1],
-                            fetch_offset=offset,
-                            partition_max_bytes=max_bytes,
-                            current_leader_epoch=-1,
-                        )
-                    ],
-                )
-            ],
+            partition_max_bytes=max_bytes,
         )
 
 

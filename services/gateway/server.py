@@ -23,6 +23,7 @@ import grpc
 
 from clients.common import errors
 from clients.common.errors import CorruptMessage
+from clients.common.fetch_request import consumer_fetch_request
 from clients.common.record_batch import iter_batch_headers
 from clients.common.topics import group_id_problem
 from clients.common.types import TopicPartitionKey
@@ -416,25 +417,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             if s >= 0:
                 positions[(t, p)] = s
         while not context.cancelled():
-            req = common_pb2.FetchRequest(
-                replica_id=-1,
+            req = consumer_fetch_request(
+                positions,
                 max_wait_ms=limits.SUBSCRIBE_POLL_WAIT_MS,
                 min_bytes=1,
                 max_bytes=max_bytes,
-                topics=[
-                    common_pb2.FetchTopic(
-                        topic=t,
-                        partitions=[
-                            common_pb2.FetchPartition(
-                                partition=p,
-                                fetch_offset=off,
-                                partition_max_bytes=max_bytes,
-                                current_leader_epoch=-1,
-                            )
-                        ],
-                    )
-                    for (t, p), off in positions.items()
-                ],
+                partition_max_bytes=max_bytes,
             )
             resp = await self._fetch(req)
             for t in resp.topics:
@@ -545,25 +533,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         left = request.max_records or -1
         while positions and left != 0 and not context.cancelled():
             resp = await self._fetch(
-                common_pb2.FetchRequest(
-                    replica_id=-1,
+                consumer_fetch_request(
+                    {(topic, p): off for p, off in positions.items()},
                     max_wait_ms=limits.CONSUME_FETCH_WAIT_MS,
                     min_bytes=1,
                     max_bytes=limits.FETCH_MAX_BYTES_DEFAULT,
-                    topics=[
-                        common_pb2.FetchTopic(
-                            topic=topic,
-                            partitions=[
-                                common_pb2.FetchPartition(
-                                    partition=p,
-                                    fetch_offset=off,
-                                    partition_max_bytes=partition_max_bytes,
-                                    current_leader_epoch=-1,
-                                )
-                                for p, off in positions.items()
-                            ],
-                        )
-                    ],
+                    partition_max_bytes=partition_max_bytes,
                 )
             )
             records: list[gateway_pb2.ConsumedRecord] = []
