@@ -499,6 +499,23 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, partitions: int, ou
     )
 
 
+def target_topic(args: object, name: str) -> str:
+    """The topic a run writes: --topic, or a new one per run so that runs never read each other's records."""
+    return args.topic or f"bench-{name}-{int(time.time())}"  # type: ignore[attr-defined, no-any-return]
+
+
+def target_header(args: object, **fields: object) -> dict[str, object]:
+    """A result's opening fields: the machine and versions (header()), the topic's shape from
+    add_target_arguments' options, then the script's own `fields`; "runs" is left empty for it to fill."""
+    return {
+        **header(),
+        **fields,
+        "partitions": args.partitions,  # type: ignore[attr-defined]
+        "replication_factor": args.replication_factor,  # type: ignore[attr-defined]
+        "runs": [],
+    }
+
+
 def target_for(args: object, topic: str, **kwargs: object) -> contextlib.AbstractContextManager[Target]:
     """highwater_target() from a script's --bootstrap, --partitions, --replication-factor and
     --min-insync (kwargs: the rest, such as brokers and tmp_dir)."""

@@ -270,16 +270,10 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="one more read per path under py-spy")
     common.add_target_arguments(parser, partitions=6, output="consume")
     args = parser.parse_args()
-    topic = args.topic or f"bench-consume-{int(time.time())}"
-    out: dict[str, object] = {
-        **common.header(),
-        "records": args.records,
-        "record_size": args.record_size,
-        "batch_size": args.batch_size,
-        "partitions": args.partitions,
-        "replication_factor": args.replication_factor,
-        "runs": [],
-    }
+    topic = common.target_topic(args, "consume")
+    out = common.target_header(
+        args, records=args.records, record_size=args.record_size, batch_size=args.batch_size
+    )
     with common.target_for(args, topic) as target:
         took = load(target, args.records, args.record_size, args.batch_size)
         out["load_s"] = round(took, 2)

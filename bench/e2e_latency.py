@@ -269,16 +269,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.role == "consumer":
         return consume_role(args)
-    topic = args.topic or f"bench-e2e-{int(time.time())}"
-    out: dict[str, object] = {
-        **common.header(),
-        "record_size": args.record_size,
-        "partitions": args.partitions,
-        "replication_factor": args.replication_factor,
-        "linger_ms": args.linger_ms,
-        "duration_s": args.duration_s,
-        "runs": [],
-    }
+    topic = common.target_topic(args, "e2e")
+    out = common.target_header(
+        args, record_size=args.record_size, linger_ms=args.linger_ms, duration_s=args.duration_s
+    )
     print(
         f"e2e latency: {args.record_size} B records, acks=all, linger {args.linger_ms} ms, {args.partitions} "
         f"partition(s), RF {args.replication_factor}, {args.duration_s:.0f} s per rate",

@@ -409,16 +409,13 @@ def main() -> int:
         in_flight=args.in_flight,
         buffer_memory=args.buffer_memory,
     )
-    topic = args.topic or f"bench-produce-{int(time.time())}"
-    out: dict[str, object] = {
-        **common.header(),
-        "spec": asdict(spec),
-        "partitions": args.partitions,
-        "tmp_dir": args.tmp_dir or tempfile.gettempdir(),
-        "replication_factor": args.replication_factor,
-        "min_insync": args.min_insync,
-        "runs": [],
-    }
+    topic = common.target_topic(args, "produce")
+    out = common.target_header(
+        args,
+        spec=asdict(spec),
+        tmp_dir=args.tmp_dir or tempfile.gettempdir(),
+        min_insync=args.min_insync,
+    )
     print(
         f"produce: {spec.record_size} B records, acks={spec.acks}, {args.partitions} partitions, RF "
         f"{args.replication_factor}, min.insync {args.min_insync}, batch {spec.batch_size} B "
