@@ -8,7 +8,7 @@ line, so a SIGKILL loses nothing the member had written):
     {"t": ..., "ev": "revoked", "tps": [...]}     given up on request (after committing them)
     {"t": ..., "ev": "lost", "tps": [...]}        taken away without a chance to commit (fenced)
     {"t": ..., "ev": "record", "tp": [topic, p], "offset": o, "value": "..."}
-    {"t": ..., "ev": "commit", "offsets": [[topic, p, next_offset], ...]}      accepted
+    {"t": ..., "ev": "commit", "sent": ..., "offsets": [[topic, p, next_offset], ...]}  accepted
     {"t": ..., "ev": "commit_refused", "error": "FENCED_MEMBER_EPOCH", "offsets": [...]}
     {"t": ..., "ev": "closed"}
 
@@ -205,7 +205,10 @@ def check(
             late = [
                 ev
                 for ev in m.events
-                if ev["ev"] == "commit" and m.resumed_ms <= int(ev["t"]) <= m.zombie_until_ms()
+                # Judged by when the commit was sent: one sent before the pause and answered
+                # while the member was still live is logged only after it resumed.
+                if ev["ev"] == "commit"
+                and m.resumed_ms <= int(ev.get("sent", ev["t"])) <= m.zombie_until_ms()
             ]
             if late:
                 problems.append(

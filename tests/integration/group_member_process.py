@@ -61,13 +61,16 @@ async def run(bootstrap: str, topic: str, group: str, history: TextIO, session_m
         if not wanted:
             return
         listed = [[tp.topic, tp.partition, o] for tp, o in sorted(wanted.items())]
+        # When the commit was sent: one sent just before a SIGSTOP may be accepted while the
+        # member is still live and only logged after SIGCONT; the checker judges by this time.
+        sent_ms = int(time.time() * 1000)
         try:
             await consumer.commit(wanted)
         except HighwaterError as error:
             write(history, ev="commit_refused", error=error.code_name(), offsets=listed)
             return
         last_committed.update(wanted)
-        write(history, ev="commit", offsets=listed)
+        write(history, ev="commit", sent=sent_ms, offsets=listed)
 
     async def revoked(partitions: list[TopicPartition]) -> None:
         await commit(partitions)
