@@ -21,11 +21,12 @@ Consumers see only records below the high watermark (the gateway fetches with
 replica_id -1), and `lag(tp)` = end offset (HW) - position.
 
 poll() fetches every assigned partition in one Fetch, decodes the batches
-(records.decode_batches, per batch in C) and hands back ConsumerRecords in
-offset order per partition. Per-partition errors that a retry may fix
-(leadership moved, leader not available) back the partition off for
-retry_backoff_ms and refresh metadata; OFFSET_OUT_OF_RANGE resets the position
-per auto_offset_reset; other errors are raised.
+straight into ConsumerRecords (records.decode_records_as: per batch in C, one
+tuple built per record) and hands them back in offset order per partition.
+Per-partition errors that a retry may fix (leadership moved, leader not
+available) back the partition off for retry_backoff_ms and refresh metadata;
+OFFSET_OUT_OF_RANGE resets the position per auto_offset_reset; other errors are
+raised.
 
 AsyncConsumer is owned by the event loop it is first used on. Consumer runs one
 on a private loop thread; it is not thread-safe (as Kafka's consumer is not).
@@ -869,12 +870,14 @@ class AsyncConsumer:
             )
             return
         self._partition_fetch_bytes.pop(tp, None)
-        topic, partition = tp
-        fetched = [
-            ConsumerRecord(topic, partition, r.offset, r.key, r.value, r.headers, r.timestamp_ms)
-            for r in records.decode_batches(buf, check_crc=self.config.check_crcs)
-            if r.offset >= fetch_offset
-        ]
+        fetched = records.decode_records_as(
+            ConsumerRecord,
+            buf,
+            tp.topic,
+            tp.partition,
+            start_offset=fetch_offset,
+            check_crc=self.config.check_crcs,
+        )
         self._fetch_offsets[tp] = next_offset
         if fetched:
             self._buffers[tp] = fetched

@@ -8,10 +8,12 @@ build) about 60x slower; `codec_is_accelerated()` says which one is loaded and a
 warning is logged once when it is the slow one.
 
 Producers build one batch per partition per send (`encode_batch` / `encode_values`);
-consumers turn fetched bytes back into `Record`s (`decode_batches`). The Spark reader
-decodes the same bytes into Arrow columns instead (spark_connector/columnar.py, numba), with
-the same rules: tests/unit/test_columnar.py holds the two to the same answers. The
-Consumer stays on `decode_batches` because it hands out one object per record anyway.
+readers turn fetched bytes back into `Record`s (`decode_batches`). The Consumer decodes
+straight into the objects it hands out (`decode_records_as`, one list comprehension per
+batch over the compiled records: tests/unit/test_consumer_decode.py holds it to
+decode_batches' answers). The Spark reader decodes the same bytes into Arrow columns
+instead (spark_connector/columnar.py, numba), with the same rules:
+tests/unit/test_columnar.py holds the two to the same answers.
 The broker never uses this module: it sees batches only through
 clients/common/record_batch.py.
 """
@@ -22,10 +24,10 @@ import logging
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiokafka.errors import CorruptRecordException
-from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from aiokafka.record.default_records import DefaultRecord, DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from clients.common.errors import CorruptMessage, InvalidRequest
 from clients.common.record_batch import (
@@ -59,6 +61,9 @@ _INT32 = struct.Struct(">i")
 
 Headers = list[tuple[str, bytes]]
 RecordTuple = tuple[bytes | None, bytes | None, Headers, int]
+# What decode_records_as builds: a tuple class of (topic, partition, offset, key, value,
+# headers, timestamp_ms), clients.types.ConsumerRecord for the Consumer.
+RecordT = TypeVar("RecordT", bound=tuple[Any, ...])
 
 
 @dataclass(slots=True)
@@ -191,6 +196,63 @@ def decode_batches(buf: bytes | bytearray | memoryview, *, check_crc: bool = Tru
     decompress). spark_connector/columnar.py decodes the same bytes into Arrow columns and
     must agree with this function on every input (tests/unit/test_columnar.py).
     """
+    for batch in _data_batches(buf, check_crc):
+        timestamp_type = batch.timestamp_type
+        records = _records_of(batch)
+        try:
+            for record in records:
+                yield Record(
+                    record.key,
+                    record.value,
+                    record.headers,
+                    record.timestamp,
+                    record.offset,
+                    timestamp_type,
+                )
+        except (CorruptRecordException, UnicodeDecodeError) as error:
+            raise CorruptMessage(f"batch at offset {batch.base_offset}: {error}") from error
+
+
+def decode_records_as(
+    record_type: type[RecordT],
+    buf: bytes | bytearray | memoryview,
+    topic: str,
+    partition: int,
+    *,
+    start_offset: int = 0,
+    check_crc: bool = True,
+) -> list[RecordT]:
+    """The records of `buf` at or after `start_offset`, each built in one step as
+    `record_type(topic, partition, offset, key, value, headers, timestamp_ms)`.
+
+    What the Consumer hands out (record_type is clients.types.ConsumerRecord): the same
+    records, checks and errors as `decode_batches` followed by that constructor, without
+    a generator step and a `Record` per record in between (bench/RESULTS.md measured that
+    path at ~2 µs a record, this one at under half). `record_type` must be a tuple class
+    with those seven fields in that order (a NamedTuple): it is filled with
+    `tuple.__new__`, skipping the Python-level `__new__` of a NamedTuple. A corrupt batch
+    raises CorruptMessage and nothing of `buf` is returned.
+    """
+    make = tuple.__new__
+    decoded: list[RecordT] = []
+    for batch in _data_batches(buf, check_crc):
+        records = _records_of(batch)
+        try:
+            # Filtered per record, not per batch: records before start_offset can sit anywhere
+            # in the first batch, and a batch's offset deltas are only as sound as its producer.
+            decoded += [
+                make(record_type, (topic, partition, r.offset, r.key, r.value, r.headers, r.timestamp))
+                for r in records
+                if r.offset >= start_offset
+            ]
+        except (CorruptRecordException, UnicodeDecodeError) as error:
+            raise CorruptMessage(f"batch at offset {batch.base_offset}: {error}") from error
+    return decoded
+
+
+def _data_batches(buf: bytes | bytearray | memoryview, check_crc: bool) -> Iterator[DefaultRecordBatch]:
+    """Each complete data batch of `buf`, checked (CRC when asked, codec, record count) and
+    not yet iterated; control batches are skipped. Raises CorruptMessage (decode_batches)."""
     data = bytes(buf) if not isinstance(buf, bytes) else buf
     view = memoryview(data)
     for position, size in _batch_extents(data):
@@ -207,28 +269,20 @@ def decode_batches(buf: bytes | bytearray | memoryview, *, check_crc: bool = Tru
         if count < 0:
             # aiokafka reads no record and accepts it; Kafka's DefaultRecordBatch refuses it.
             raise CorruptMessage(f"batch at offset {batch.base_offset}: its record count {count} is negative")
-        timestamp_type = batch.timestamp_type
-        try:
-            records = iter(batch)  # decompresses
-        except MemoryError:
-            raise
-        except Exception as error:  # each codec has its own error types: zlib.error, EOFError, cramjam's...
-            raise CorruptMessage(
-                f"batch at offset {batch.base_offset}: its records do not decompress "
-                f"({type(error).__name__}: {error})"
-            ) from error
-        try:
-            for record in records:
-                yield Record(
-                    record.key,
-                    record.value,
-                    record.headers,
-                    record.timestamp,
-                    record.offset,
-                    timestamp_type,
-                )
-        except (CorruptRecordException, UnicodeDecodeError) as error:
-            raise CorruptMessage(f"batch at offset {batch.base_offset}: {error}") from error
+        yield batch
+
+
+def _records_of(batch: DefaultRecordBatch) -> Iterator[DefaultRecord]:
+    """The iterator over `batch`'s records: the batch decompressed (CorruptMessage if it does not)."""
+    try:
+        return iter(batch)
+    except MemoryError:
+        raise
+    except Exception as error:  # each codec has its own error types: zlib.error, EOFError, cramjam's...
+        raise CorruptMessage(
+            f"batch at offset {batch.base_offset}: its records do not decompress "
+            f"({type(error).__name__}: {error})"
+        ) from error
 
 
 def _batch_extents(data: bytes) -> Iterator[tuple[int, int]]:
