@@ -28,6 +28,14 @@ available) back the partition off for retry_backoff_ms and refresh metadata;
 OFFSET_OUT_OF_RANGE resets the position per auto_offset_reset; other errors are
 raised.
 
+Fetching ahead (Kafka's Fetcher does the same): when poll() hands out records, the next
+Fetch for the fetchable partitions, at the offsets after what is buffered, is sent at
+once, so the gateway and brokers work while the caller processes the records. One Fetch
+is out at a time and its answer stays undecoded until the buffers are handed out: at
+most one answer (fetch_max_bytes) ahead. A partition that is sought, reset, paused,
+unassigned or revoked meanwhile leaves the Fetch's `asked` partitions and its part of
+the answer is dropped (_FetchInFlight), so no record is handed out twice or skipped.
+
 AsyncConsumer is owned by the event loop it is first used on. Consumer runs one
 on a private loop thread; it is not thread-safe (as Kafka's consumer is not).
 """
@@ -37,6 +45,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -114,6 +124,34 @@ def check_partitions(partitions: Iterable[object], what: str = "partitions") -> 
     return checked
 
 
+@dataclasses.dataclass(slots=True)
+class _FetchInFlight:
+    """A Fetch sent and not yet taken, and the fetch offset it asked each partition at.
+
+    A partition leaves `asked` when its answer may no longer be used (seek, seek_to_*, an
+    offset reset, pause, unassignment or a revoked partition): its records would no longer
+    be the ones after the consumer's position, and using them would hand a record out
+    twice or skip some. The answer of a partition still in `asked` is used only if the
+    partition's fetch offset is still the one asked.
+    """
+
+    task: asyncio.Task[common_pb2.FetchResponse]
+    asked: dict[TopicPartition, int]
+
+    def abandon(self) -> None:
+        """Drop the answer: cancel the call if it is still out (its outcome is not wanted)."""
+        self.asked.clear()
+        if not self.task.done():
+            self.task.cancel()
+        self.task.add_done_callback(_discard_outcome)
+
+
+def _discard_outcome(task: asyncio.Task[common_pb2.FetchResponse]) -> None:
+    """Retrieve a dropped Fetch's error so that asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
 def next_fetch_offset(buf: bytes, fetch_offset: int) -> int | None:
     """The offset after the last complete batch in `buf` (None: no complete batch)."""
     last = None
@@ -141,6 +179,9 @@ class AsyncConsumer:
         self._fetch_offsets: dict[TopicPartition, int] = {}  # next offset to fetch
         self._resets: dict[TopicPartition, int] = {}  # EARLIEST / LATEST asked by seek_to_*
         self._buffers: dict[TopicPartition, list[ConsumerRecord]] = {}
+        # The one Fetch out at a time: sent while poll() hands out the buffers (fetching ahead),
+        # or by a poll with nothing buffered; its answer is taken once the buffers are empty.
+        self._in_flight: _FetchInFlight | None = None
         self._high_watermarks: dict[TopicPartition, int] = {}
         self._partition_fetch_bytes: dict[TopicPartition, int] = {}
         self._backoff_until_ms: dict[TopicPartition, int] = {}
@@ -262,6 +303,9 @@ class AsyncConsumer:
         ):
             for tp in [tp for tp in state if tp not in keep]:
                 del state[tp]
+        if self._in_flight is not None:
+            for tp in [tp for tp in self._in_flight.asked if tp not in keep]:
+                del self._in_flight.asked[tp]
         self._paused &= keep
         self._assignment = partitions
 
@@ -275,6 +319,7 @@ class AsyncConsumer:
         """Stop fetching these partitions until resume(); positions are kept."""
         for tp in partitions:
             self._paused.add(self._check_assigned(tp))
+            self._forget_fetch_ahead(tp)  # a paused partition holds no answer ahead (memory)
 
     def resume(self, *partitions: TopicPartition) -> None:
         for tp in partitions:
@@ -295,14 +340,24 @@ class AsyncConsumer:
         check_int("offset", offset, minimum=0)
         self._resets.pop(tp, None)
         self._buffers.pop(tp, None)
+        self._forget_fetch_ahead(tp)
         self._positions[tp] = self._fetch_offsets[tp] = offset
 
     def _seek_to(self, partitions: tuple[TopicPartition, ...], timestamp: int) -> None:
         for tp in [self._check_assigned(tp) for tp in partitions] if partitions else list(self._assignment):
             self._buffers.pop(tp, None)
+            self._forget_fetch_ahead(tp)
             self._positions.pop(tp, None)
             self._fetch_offsets.pop(tp, None)
             self._resets[tp] = timestamp
+
+    def _forget_fetch_ahead(self, tp: TopicPartition) -> None:
+        """The Fetch in flight's answer for tp will not be used: tp was sought, paused or
+        unassigned since it was sent, and its records are no longer the next ones to hand out.
+        Local state only (Consumer calls it from the caller's thread); the next poll() drops
+        a Fetch left with no partition."""
+        if self._in_flight is not None:
+            self._in_flight.asked.pop(tp, None)
 
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         """Read these (default: all assigned) partitions from their log start offset."""
@@ -736,12 +791,14 @@ class AsyncConsumer:
                 await self._update_positions()
                 ready = self._take_buffered(limit)
                 if ready:
+                    # The next answer is fetched while the caller works through these records.
+                    self._fetch_ahead()
                     return ready
                 remaining = deadline - now_ms()
                 if fetched_once and remaining <= 0:
                     return []
                 fetched_once = True
-                await self._fetch(max(0, min(self.config.fetch_max_wait_ms, remaining)))
+                await self._fetch(max(0, remaining))
             except HighwaterError as error:
                 # A gateway restart or a leader election: ride it out, as Kafka's consumer
                 # does, once the cluster has answered us at all. A wrong address is raised.
@@ -775,26 +832,18 @@ class AsyncConsumer:
                 del self._buffers[tp]
         return taken
 
-    async def _fetch(self, max_wait_ms: int) -> None:
-        """One Fetch for every assigned partition that has a position and nothing buffered."""
-        now = now_ms()
-        fetchable = [
+    def _fetchable(self, now: int) -> list[TopicPartition]:
+        """The partitions a Fetch sent now asks for: assigned, with a position, not paused, not
+        backing off. Partitions with records still buffered are asked past them (fetching ahead)."""
+        return [
             tp
             for tp in self._assignment
             if tp in self._fetch_offsets
             and tp not in self._paused
-            and not self._buffers.get(tp)
             and self._backoff_until_ms.get(tp, 0) <= now
         ]
-        if not fetchable:
-            if self._member is not None and not self._assignment:
-                # Waiting for the group to give this member partitions: woken by its answer.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._member.changed.wait(), max_wait_ms / 1000)
-                return
-            # Nothing to ask (all backing off or unresolved): wait a little instead of spinning.
-            await asyncio.sleep(min(max_wait_ms, self.config.retry_backoff_ms) / 1000)
-            return
+
+    def _send_fetch(self, fetchable: list[TopicPartition], max_wait_ms: int) -> _FetchInFlight:
         asked = {tp: self._fetch_offsets[tp] for tp in fetchable}
         request = consumer_fetch_request(
             asked,
@@ -804,30 +853,75 @@ class AsyncConsumer:
             partition_max_bytes=self.config.max_partition_fetch_bytes,
             partition_max_bytes_by=self._partition_fetch_bytes,
         )
-        fetch = self._conn().call("Fetch", request, timeout_ms=self.config.request_timeout_ms + max_wait_ms)
+        call = self._conn().call("Fetch", request, timeout_ms=self.config.request_timeout_ms + max_wait_ms)
+        # A clean context: the Fetch may outlive the poll that sent it (the next poll takes its
+        # answer), so that poll's deadline must not cut it; each poll bounds its own wait.
+        task = asyncio.get_running_loop().create_task(call, context=contextvars.Context())
+        self._in_flight = _FetchInFlight(task, asked)
+        return self._in_flight
+
+    def _fetch_ahead(self) -> None:
+        """Send the next Fetch now, if none is out, at the offsets after what is buffered: its
+        answer (one answer ahead, at most fetch_max_bytes) waits undecoded until the buffers
+        are handed out. Only after a gateway answered: a first Fetch is the poll's own."""
+        if self._in_flight is not None or self._closed or self._connection is None:
+            return
+        fetchable = self._fetchable(now_ms())
+        if fetchable and self._connection.ever_answered:
+            self._send_fetch(fetchable, self.config.fetch_max_wait_ms)
+
+    async def _fetch(self, remaining_ms: int) -> None:
+        """Take the answer of the Fetch in flight (sending one for every fetchable partition
+        if none is out), waiting at most remaining_ms (+ POLL_CALL_GRACE_MS) for it. Called
+        with nothing buffered to hand out: the answer's records become the buffers."""
+        now = now_ms()
+        fetchable = self._fetchable(now)
+        pending = self._in_flight
+        if pending is not None and (
+            not pending.asked  # nothing it asked for may be used any more
+            # A partition was sought, resumed or added since it was sent: ask again for all,
+            # rather than leave that one waiting behind a long poll.
+            or (not pending.task.done() and not pending.asked.keys() >= set(fetchable))
+        ):
+            pending.abandon()
+            pending = self._in_flight = None
+        if pending is None:
+            if not fetchable:
+                if self._member is not None and not self._assignment:
+                    # Waiting for the group to give this member partitions: woken by its answer.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._member.changed.wait(), remaining_ms / 1000)
+                    return
+                # Nothing to ask (all backing off or unresolved): wait a little instead of spinning.
+                await asyncio.sleep(min(remaining_ms, self.config.retry_backoff_ms) / 1000)
+                return
+            pending = self._send_fetch(fetchable, min(self.config.fetch_max_wait_ms, remaining_ms))
+        wait_s = (remaining_ms + POLL_CALL_GRACE_MS) / 1000
         if self._member is None:
-            response = await fetch
+            await asyncio.wait({pending.task}, timeout=wait_s)
         else:
             # A group member stops waiting for records when its assignment changes: partitions
             # freed by a leave or a crash are taken now, not after this long poll. Nothing is
             # lost by dropping the fetch: positions move only when its answer is taken.
-            fetching = asyncio.ensure_future(fetch)
             changed = asyncio.ensure_future(self._member.changed.wait())
-            await asyncio.wait({fetching, changed}, return_when=asyncio.FIRST_COMPLETED)
-            changed.cancel()
-            if not fetching.done():
-                fetching.cancel()
-                with contextlib.suppress(asyncio.CancelledError, HighwaterError):
-                    await fetching
+            await asyncio.wait({pending.task, changed}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            if changed.done() and not pending.task.done():
+                pending.abandon()
+                self._in_flight = None
                 return
-            response = fetching.result()
+            changed.cancel()
+        if not pending.task.done():
+            return  # the poll's time is up; a later poll takes the answer
+        self._in_flight = None
+        response = pending.task.result()  # a failed call raises here, in the poll that takes it
         if response.error_code != common_pb2.NONE:
             raise error_for_code(response.error_code, "Fetch")
+        asked = pending.asked
         for topic in response.topics:
             for part in topic.partitions:
                 tp = TopicPartition(topic.topic, part.partition)
                 if tp not in asked or self._fetch_offsets.get(tp) != asked[tp]:
-                    continue  # unassigned or sought elsewhere while the fetch was out
+                    continue  # sought, paused or unassigned while the fetch was out
                 self._take_fetched(tp, asked[tp], part)
 
     def _take_fetched(
@@ -870,6 +964,11 @@ class AsyncConsumer:
             )
             return
         self._partition_fetch_bytes.pop(tp, None)
+        if self._buffers.get(tp):
+            raise InvariantViolation(
+                f"{tp}: a Fetch answer at offset {fetch_offset} taken while {len(self._buffers[tp])} "
+                "records are still buffered (answers are taken only once the buffers are handed out)"
+            )
         fetched = records.decode_records_as(
             ConsumerRecord,
             buf,
@@ -895,6 +994,9 @@ class AsyncConsumer:
         commit_timeout_ms = CONSUMER_CLOSE_TIMEOUT_MS
         if timeout_ms is not None:
             commit_timeout_ms = check_int("timeout_ms", timeout_ms, minimum=1)
+        if self._in_flight is not None:
+            self._in_flight.abandon()
+            self._in_flight = None
         try:
             if self._group_id is not None and self.config.enable_auto_commit and self._connection is not None:
                 try:
