@@ -20,9 +20,10 @@ raise). `commit()` stores the position, the NEXT offset to read, as Kafka does.
 Consumers see only records below the high watermark (the gateway fetches with
 replica_id -1), and `lag(tp)` = end offset (HW) - position.
 
-poll() fetches every assigned partition in one Fetch, decodes the batches
-straight into ConsumerRecords (records.decode_records_as: per batch in C, one
-tuple built per record) and hands them back in offset order per partition.
+poll() fetches every assigned partition in one Fetch and hands back
+ConsumerRecords in offset order per partition, decoding the answer's batches
+straight into them a batch at a time as they are handed out
+(records.iter_records_as: per batch in C, one tuple built per record; _Buffered).
 Per-partition errors that a retry may fix (leadership moved, leader not
 available) back the partition off for retry_backoff_ms and refresh metadata;
 OFFSET_OUT_OF_RANGE resets the position per auto_offset_reset; other errors are
@@ -49,11 +50,11 @@ import contextvars
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from clients.common import records
-from clients.common.errors import InvariantViolation, MessageTooLarge, OffsetOutOfRange
+from clients.common.errors import CorruptMessage, InvariantViolation, MessageTooLarge, OffsetOutOfRange
 from clients.common.fetch_request import consumer_fetch_request
 from clients.common.record_batch import iter_batch_headers
 from clients.config import (
@@ -152,6 +153,56 @@ def _discard_outcome(task: asyncio.Task[common_pb2.FetchResponse]) -> None:
         task.exception()
 
 
+class _Buffered:
+    """A partition's records from a taken Fetch answer, decoded a batch at a time as they are
+    handed out (Kafka's CompletedFetch does the same).
+
+    The answer waits as bytes and about one batch of it exists as objects at a time. Decoding
+    a whole answer at once (tens of thousands of records) kept them alive long enough to be
+    promoted to the garbage collector's oldest generation, whose full collections then walked
+    them again and again: bench/RESULTS.md measured that at about as much CPU as decoding.
+    A corrupt batch is raised when it is the next thing to hand out, never before the
+    records ahead of it, and again at every take until a seek moves past it (as Kafka's
+    consumer stays at a corrupt record).
+    """
+
+    __slots__ = ("_batches", "_error", "_next", "_records")
+
+    def __init__(self, batches: Iterator[list[ConsumerRecord]]) -> None:
+        self._batches = batches
+        self._records: list[ConsumerRecord] = []
+        self._next = 0
+        self._error: HighwaterError | None = None  # a CorruptMessage
+
+    def ready(self) -> bool:
+        """Whether something is next (a record, or the corrupt batch's error), decoding the
+        next batches until one has a record; False once the answer is used up."""
+        while self._next >= len(self._records) and self._error is None:
+            try:
+                batch = next(self._batches, None)
+            except CorruptMessage as error:
+                self._error = error
+                return True
+            if batch is None:
+                return False
+            self._records, self._next = batch, 0
+        return True
+
+    @property
+    def error_next(self) -> bool:
+        """Whether the corrupt batch's error, not a record, is next (after ready())."""
+        return self._next >= len(self._records) and self._error is not None
+
+    def take(self, want: int) -> list[ConsumerRecord]:
+        """Up to `want` records of the decoded batch (after ready()); raises the corrupt batch's
+        CorruptMessage when it is next."""
+        if self._error is not None and self._next >= len(self._records):
+            raise self._error
+        taken = self._records[self._next : self._next + want]
+        self._next += len(taken)
+        return taken
+
+
 def next_fetch_offset(buf: bytes, fetch_offset: int) -> int | None:
     """The offset after the last complete batch in `buf` (None: no complete batch)."""
     last = None
@@ -178,7 +229,7 @@ class AsyncConsumer:
         self._positions: dict[TopicPartition, int] = {}  # next offset poll() returns
         self._fetch_offsets: dict[TopicPartition, int] = {}  # next offset to fetch
         self._resets: dict[TopicPartition, int] = {}  # EARLIEST / LATEST asked by seek_to_*
-        self._buffers: dict[TopicPartition, list[ConsumerRecord]] = {}
+        self._buffers: dict[TopicPartition, _Buffered] = {}  # only partitions with records to hand out
         # The one Fetch out at a time: sent while poll() hands out the buffers (fetching ahead),
         # or by a poll with nothing buffered; its answer is taken once the buffers are empty.
         self._in_flight: _FetchInFlight | None = None
@@ -811,6 +862,9 @@ class AsyncConsumer:
                 await asyncio.sleep(min(remaining, self.config.retry_backoff_max_ms) / 1000)
 
     def _take_buffered(self, limit: int) -> list[ConsumerRecord]:
+        """Up to `limit` buffered records, partitions taken in turn, each partition's position
+        moved past what it gave. A corrupt batch's CorruptMessage is raised only by a call
+        that has taken nothing yet, so no record taken here is lost to it."""
         taken: list[ConsumerRecord] = []
         assigned = self._assignment
         if not assigned:
@@ -819,17 +873,21 @@ class AsyncConsumer:
         self._drain_start += 1
         for tp in assigned[start:] + assigned[:start]:
             buffer = self._buffers.get(tp)
-            if not buffer or tp in self._paused:
+            if buffer is None or tp in self._paused:
                 continue
-            want = limit - len(taken)
-            if want <= 0:
-                break
-            chunk = buffer[:want]
-            del buffer[:want]
-            taken.extend(chunk)
-            self._positions[tp] = chunk[-1].offset + 1 if buffer else self._fetch_offsets[tp]
-            if not buffer:
+            chunk: list[ConsumerRecord] = []
+            while len(taken) + len(chunk) < limit and buffer.ready():
+                if buffer.error_next and (taken or chunk):
+                    break  # raised by a later call, once these are handed out
+                chunk += buffer.take(limit - len(taken) - len(chunk))
+            if chunk:
+                taken += chunk
+                self._positions[tp] = chunk[-1].offset + 1
+            if not buffer.ready():
                 del self._buffers[tp]
+                self._positions[tp] = self._fetch_offsets[tp]  # past control or compacted-away offsets
+            if len(taken) >= limit:
+                break
         return taken
 
     def _fetchable(self, now: int) -> list[TopicPartition]:
@@ -964,21 +1022,24 @@ class AsyncConsumer:
             )
             return
         self._partition_fetch_bytes.pop(tp, None)
-        if self._buffers.get(tp):
+        if tp in self._buffers:
             raise InvariantViolation(
-                f"{tp}: a Fetch answer at offset {fetch_offset} taken while {len(self._buffers[tp])} "
-                "records are still buffered (answers are taken only once the buffers are handed out)"
+                f"{tp}: a Fetch answer at offset {fetch_offset} taken while records of the last one "
+                "are still buffered (answers are taken only once the buffers are handed out)"
             )
-        fetched = records.decode_records_as(
-            ConsumerRecord,
-            buf,
-            tp.topic,
-            tp.partition,
-            start_offset=fetch_offset,
-            check_crc=self.config.check_crcs,
+        fetched = _Buffered(
+            records.iter_records_as(
+                ConsumerRecord,
+                buf,
+                tp.topic,
+                tp.partition,
+                start_offset=fetch_offset,
+                check_crc=self.config.check_crcs,
+            )
         )
+        first_ready = fetched.ready()  # decodes the first batch with a record
         self._fetch_offsets[tp] = next_offset
-        if fetched:
+        if first_ready:
             self._buffers[tp] = fetched
         elif tp in self._positions:
             self._positions[tp] = next_offset  # only control or compacted-away offsets

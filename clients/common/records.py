@@ -9,11 +9,11 @@ warning is logged once when it is the slow one.
 
 Producers build one batch per partition per send (`encode_batch` / `encode_values`);
 readers turn fetched bytes back into `Record`s (`decode_batches`). The Consumer decodes
-straight into the objects it hands out (`decode_records_as`, one list comprehension per
-batch over the compiled records: tests/unit/test_consumer_decode.py holds it to
-decode_batches' answers). The Spark reader decodes the same bytes into Arrow columns
-instead (spark_connector/columnar.py, numba), with the same rules:
-tests/unit/test_columnar.py holds the two to the same answers.
+straight into the objects it hands out, a batch at a time as it hands them out
+(`iter_records_as`, one list comprehension per batch over the compiled records:
+tests/unit/test_consumer_decode.py holds it to decode_batches' answers). The Spark reader
+decodes the same bytes into Arrow columns instead (spark_connector/columnar.py, numba),
+with the same rules: tests/unit/test_columnar.py holds the two to the same answers.
 The broker never uses this module: it sees batches only through
 clients/common/record_batch.py.
 """
@@ -225,29 +225,49 @@ def decode_records_as(
     """The records of `buf` at or after `start_offset`, each built in one step as
     `record_type(topic, partition, offset, key, value, headers, timestamp_ms)`.
 
-    What the Consumer hands out (record_type is clients.types.ConsumerRecord): the same
-    records, checks and errors as `decode_batches` followed by that constructor, without
-    a generator step and a `Record` per record in between (bench/RESULTS.md measured that
-    path at ~2 µs a record, this one at under half). `record_type` must be a tuple class
-    with those seven fields in that order (a NamedTuple): it is filled with
+    The same records, checks and errors as `decode_batches` followed by that constructor,
+    without a generator step and a `Record` per record in between (bench/RESULTS.md
+    measured that path at ~2 µs a record, this one at under half). `record_type` must be a
+    tuple class with those seven fields in that order (a NamedTuple): it is filled with
     `tuple.__new__`, skipping the Python-level `__new__` of a NamedTuple. A corrupt batch
     raises CorruptMessage and nothing of `buf` is returned.
     """
-    make = tuple.__new__
     decoded: list[RecordT] = []
+    for batch in iter_records_as(
+        record_type, buf, topic, partition, start_offset=start_offset, check_crc=check_crc
+    ):
+        decoded += batch
+    return decoded
+
+
+def iter_records_as(
+    record_type: type[RecordT],
+    buf: bytes | bytearray | memoryview,
+    topic: str,
+    partition: int,
+    *,
+    start_offset: int = 0,
+    check_crc: bool = True,
+) -> Iterator[list[RecordT]]:
+    """decode_records_as a batch at a time: one list per data batch (empty when none of its
+    records is at or after `start_offset`), each batch checked and decoded only when asked
+    for. The Consumer decodes this way as it hands records out (Kafka's CompletedFetch), so
+    a fetched answer waits as bytes rather than as objects the garbage collector walks.
+    Raises CorruptMessage when it reaches a corrupt batch, after yielding those before it."""
+    make = tuple.__new__
     for batch in _data_batches(buf, check_crc):
         records = _records_of(batch)
         try:
             # Filtered per record, not per batch: records before start_offset can sit anywhere
             # in the first batch, and a batch's offset deltas are only as sound as its producer.
-            decoded += [
+            decoded = [
                 make(record_type, (topic, partition, r.offset, r.key, r.value, r.headers, r.timestamp))
                 for r in records
                 if r.offset >= start_offset
             ]
         except (CorruptRecordException, UnicodeDecodeError) as error:
             raise CorruptMessage(f"batch at offset {batch.base_offset}: {error}") from error
-    return decoded
+        yield decoded
 
 
 def _data_batches(buf: bytes | bytearray | memoryview, check_crc: bool) -> Iterator[DefaultRecordBatch]:

@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 
 from clients.common.errors import CorruptMessage
 from clients.common.record_batch import ATTRIBUTES_POS, CRC_POS, MAX_TIMESTAMP_POS, RECORDS_COUNT_POS
-from clients.common.records import COMPRESSION_CODES, decode_batches, decode_records_as, encode_batch
+from clients.common.records import (
+    COMPRESSION_CODES,
+    decode_batches,
+    decode_records_as,
+    encode_batch,
+    iter_records_as,
+)
 from clients.types import ConsumerRecord
 
 LOG_APPEND_TIME = 0x08
@@ -127,3 +133,42 @@ def test_records_keep_the_public_type_and_fields() -> None:
     assert record == ConsumerRecord(TOPIC, PARTITION, 41, b"k", b"v", [("h", b"x")], 1_700_000_000_000)
     assert (record.topic, record.offset, record.timestamp_ms) == (TOPIC, 41, 1_700_000_000_000)
     assert record._asdict()["headers"] == [("h", b"x")]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fetch_answers(cut=False), st.integers(0, 1_100), st.data())
+def test_batch_at_a_time_gives_the_same_records_and_everything_before_a_corrupt_batch(
+    data: bytes, start_offset: int, draw: st.DataObject
+) -> None:
+    """iter_records_as (what the Consumer hands out from) yields decode_records_as' records
+    batch by batch; on a corrupt answer, every record before the batch it refuses."""
+    corrupted = bytearray(data)
+    if draw.draw(st.booleans()):
+        corrupted[draw.draw(st.integers(0, len(data) - 1))] ^= draw.draw(st.integers(1, 255))
+    buf = bytes(corrupted)
+    yielded: list[ConsumerRecord] = []
+    refused = False
+    try:
+        for batch_records in iter_records_as(
+            ConsumerRecord, buf, TOPIC, PARTITION, start_offset=start_offset
+        ):
+            yielded += batch_records
+    except CorruptMessage:
+        refused = True
+    expected = one_pass(buf, start_offset, True)
+    if refused:
+        assert expected == "corrupt"
+        everything_before: list[ConsumerRecord] = []
+        try:
+            for r in decode_batches(buf):
+                if r.offset >= start_offset:
+                    everything_before.append(
+                        ConsumerRecord(TOPIC, PARTITION, r.offset, r.key, r.value, r.headers, r.timestamp_ms)
+                    )
+        except CorruptMessage:
+            pass
+        # decode_batches yields a refused batch's records up to the bad one; a batch at a
+        # time holds the whole batch back.
+        assert everything_before[: len(yielded)] == yielded
+    else:
+        assert yielded == expected

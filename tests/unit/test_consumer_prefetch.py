@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from clients.common.errors import CorruptMessage
 from clients.common.records import encode_batch
 from clients.consumer import AsyncConsumer
 from clients.types import ConsumerRecord, TopicPartition
@@ -331,4 +332,30 @@ async def test_poll_returns_within_its_timeout_while_the_fetch_ahead_is_unanswer
     gateway.release()
     await poll_to_end(consumer, got, [TP0])
     assert_contiguous(got[TP0], 0)
+    await consumer.close()
+
+
+@pytest.mark.asyncio
+async def test_a_corrupt_batch_is_raised_after_the_records_before_it_and_until_a_seek_passes_it() -> None:
+    """Answers are decoded a batch at a time as poll() hands them out: a corrupt batch costs
+    none of the records ahead of it, is raised at every poll that reaches it (the position
+    stays before it, as Kafka's consumer stays at a corrupt record), and a seek moves past."""
+    gateway = FakeGateway((TP0,))
+    corrupt = bytearray(gateway.logs[TP0][1])  # offsets 5-9
+    corrupt[-1] ^= 0xFF  # a value byte: the CRC no longer matches
+    gateway.logs[TP0][1] = bytes(corrupt)
+    consumer = consumer_on(gateway)
+    consumer.assign([TP0])
+    consumer.seek(TP0, 0)
+    got: dict[TopicPartition, list[int]] = {}
+    record_offsets(await consumer.poll(timeout_ms=1_000, max_records=100), got)
+    assert got[TP0] == [0, 1, 2, 3, 4]
+    for _ in range(2):
+        with pytest.raises(CorruptMessage, match="CRC"):
+            await consumer.poll(timeout_ms=100)
+        assert await consumer.position(TP0) == 5
+    consumer.seek(TP0, 10)
+    after: dict[TopicPartition, list[int]] = {}
+    await poll_to_end(consumer, after, [TP0])
+    assert_contiguous(after[TP0], 10)
     await consumer.close()
