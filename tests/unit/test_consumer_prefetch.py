@@ -19,7 +19,7 @@ import pytest
 
 from clients.common.errors import CorruptMessage
 from clients.common.records import encode_batch
-from clients.consumer import AsyncConsumer
+from clients.consumer import AsyncConsumer, Consumer
 from clients.types import ConsumerRecord, TopicPartition
 from protos.highwater.v1 import common_pb2, gateway_pb2
 
@@ -359,3 +359,35 @@ async def test_a_corrupt_batch_is_raised_after_the_records_before_it_and_until_a
     await poll_to_end(consumer, after, [TP0])
     assert_contiguous(after[TP0], 10)
     await consumer.close()
+
+
+def test_the_sync_consumer_hands_out_a_fetched_answer_on_the_callers_thread() -> None:
+    """Consumer.poll takes records already fetched without the hop to its loop thread while
+    the next Fetch is out; every record still comes once, in order."""
+    gateway = FakeGateway((TP0,))
+    consumer = Consumer(bootstrap="127.0.0.1:1", enable_auto_commit=False)
+    consumer._async._connection = gateway  # type: ignore[assignment]  # the seam, as above
+    hops = 0
+    run = consumer._run
+
+    def counting_run(coro: Any, what: str) -> Any:
+        nonlocal hops
+        hops += 1
+        return run(coro, what)
+
+    consumer._run = counting_run  # type: ignore[method-assign]
+    try:
+        consumer.assign([TP0])
+        consumer.seek(TP0, 0)
+        got: dict[TopicPartition, list[int]] = {}
+        polls = 0
+        deadline = time.monotonic() + WAIT_S_MAX
+        while not got.get(TP0) or got[TP0][-1] < LOG_RECORDS - 1:
+            assert time.monotonic() < deadline, f"the log's end not reached: {got}"
+            record_offsets(consumer.poll(timeout_ms=100, max_records=3), got)
+            polls += 1
+        assert_contiguous(got[TP0], 0)
+        # An answer of 10 records is 4 polls of 3: the first goes to the loop, the rest need not.
+        assert hops <= polls // 2, (hops, polls)
+    finally:
+        consumer.close()
