@@ -42,6 +42,9 @@ class BrokerRegistration(TypedDict):
     metrics_port: int
     # True after a power loss: records the broker acknowledged but had not flushed may be gone.
     unclean_shutdown: bool
+    # The broker's Kafka protocol listener (docs/KAFKA.md); 0: none (also what a registration
+    # written before the field existed reads as).
+    kafka_port: int
 
 
 class GatewayRegistration(TypedDict):
@@ -64,6 +67,7 @@ def decode_broker_registration(raw: bytes) -> BrokerRegistration:
         rack=str(d.get("rack", "")),
         metrics_port=int(d.get("metrics_port", 0)),
         unclean_shutdown=d.get("unclean_shutdown") is True,
+        kafka_port=int(d.get("kafka_port", 0)),
     )
 
 

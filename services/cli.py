@@ -142,6 +142,13 @@ def _run(main: Coroutine[Any, Any, None], common: CommonOptions) -> None:
     show_default=True,
     help="A follower not caught up for this long leaves the ISR.",
 )
+@click.option(
+    "--kafka-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Also speak Kafka's wire protocol on this port (0: any free port; docs/KAFKA.md). "
+    "Off when not given.",
+)
 @_common
 @security_options
 def broker_command(
@@ -149,6 +156,7 @@ def broker_command(
     data_dir: Path,
     rack: str,
     replica_lag_time_max_ms: int,
+    kafka_port: int | None,
     common: CommonOptions,
     security: Any,
 ) -> None:
@@ -163,6 +171,7 @@ def broker_command(
         data_dir=data_dir,
         rack=rack,
         replica_lag_time_max_ms=replica_lag_time_max_ms,
+        kafka_port=kafka_port,
         security=security.for_service(f"broker-{broker_id}"),
         **common.config_fields(),
     )

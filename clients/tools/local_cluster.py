@@ -69,6 +69,7 @@ class ReadyInfo(TypedDict, total=False):
     port: int
     metrics_port: int
     client_port: int
+    kafka_port: int
 
 
 @dataclass
@@ -125,12 +126,15 @@ class LocalCluster:
         service_args: list[str] | None = None,
         host: str = "127.0.0.1",
         placements: dict[str, Placement] | None = None,
+        kafka: bool = True,
     ) -> None:
         """tls: make a local CA and certificates under base_dir/tls and run etcd and every service
         with TLS (mutual TLS between them; each service also gets a --client-port for token
         clients). service_args: extra flags for every service (e.g. --authorizer acl).
         host: the address etcd and every service without a placement listen on and advertise.
-        placements: process name ("broker-2") -> where that process runs instead."""
+        placements: process name ("broker-2") -> where that process runs instead.
+        kafka: give every broker a Kafka protocol listener on a free port (docs/KAFKA.md); never with
+        tls, which the Kafka listener does not speak yet."""
         self.base_dir = Path(base_dir).resolve()
         self.lease_ttl_s = lease_ttl_s
         self.python = python
@@ -179,6 +183,8 @@ class LocalCluster:
                 extra += ["--rack", racks[(i - 1) % len(racks)]]
             if replica_lag_time_max_ms is not None:
                 extra += ["--replica-lag-time-max-ms", str(replica_lag_time_max_ms)]
+            if kafka and not tls:
+                extra += ["--kafka-port", "0"]
             self._add(f"broker-{i}", "broker", extra)
         for i in range(1, gateways + 1):
             # Port 0 lets the gateway bind any free port itself (a port picked here could be taken before the
@@ -256,6 +262,14 @@ class LocalCluster:
 
         return TlsMaterial.load(self.tls_dir, name).etcd_tls()
 
+    def kafka_bootstrap(self) -> str:
+        """Every broker's Kafka listener, comma-separated (Kafka's bootstrap.servers); "" without."""
+        return ",".join(
+            f"{p.placement.host}:{p.info['kafka_port']}"
+            for p in self.by_kind("broker")
+            if p.info.get("kafka_port")
+        )
+
     @property
     def broker_ids(self) -> list[int]:
         return [int(p.name.split("-")[1]) for p in self.by_kind("broker")]
@@ -318,6 +332,9 @@ class LocalCluster:
                         self._pin_port(p, int(p.info["port"]))
                         if p.info.get("client_port"):
                             self._pin_port(p, int(p.info["client_port"]), "--client-port")
+                    if p.kind == "broker" and p.info.get("kafka_port"):
+                        # Kafka clients keep the addresses Metadata gave them: a restart keeps it.
+                        self._pin_port(p, int(p.info["kafka_port"]), "--kafka-port")
                     return
             time.sleep(READY_POLL_INTERVAL_S)
         raise TimeoutError(
@@ -499,6 +516,13 @@ def up_command(
             console.print(
                 f"  {p.name:<13} pid {p.pid:<7} {p.address:<21} "
                 f"metrics http://127.0.0.1:{p.info.get('metrics_port')}/metrics  log {p.log_path}",
+                soft_wrap=True,
+            )
+        kafka_bootstrap = cluster.kafka_bootstrap()
+        if kafka_bootstrap:
+            first = kafka_bootstrap.split(",")[0]
+            console.print(
+                f"Kafka protocol (brokers): [bold]{kafka_bootstrap}[/bold]   try: kcat -b {first} -L",
                 soft_wrap=True,
             )
         tls_flags = f" --tls-dir {cluster.tls_dir} --tls-name {ADMIN_TLS_NAME}" if cluster.tls_dir else ""

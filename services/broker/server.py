@@ -32,6 +32,9 @@ from services.broker.replica_manager import ReplicaManager
 from services.common import limits
 from services.common.peers import PeerChannels
 from services.common.server import ServiceProcess
+from services.kafka.backend import BrokerKafkaBackend
+from services.kafka.handler import KafkaHandler
+from services.kafka.listener import KafkaListener
 from services.security.config import SecurityConfig
 
 log = logging.getLogger("highwater.broker")
@@ -51,6 +54,8 @@ class BrokerConfig:
     replica_lag_time_max_ms: int = limits.REPLICA_LAG_TIME_MAX_MS
     ready_file: Path | None = None
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    # Kafka's wire protocol on its own port (docs/KAFKA.md); None: no Kafka listener, 0: any free port.
+    kafka_port: int | None = None
 
     def check(self) -> None:
         limits.check_relations(
@@ -61,6 +66,12 @@ class BrokerConfig:
         )
         if self.broker_id < 0:
             raise SystemExit(f"--broker-id must be >= 0, got {self.broker_id}")
+        if self.kafka_port is not None and (self.security.tls or self.security.acl):
+            # The Kafka listener has no TLS, SASL or ACL checks yet: opening it would bypass them.
+            raise SystemExit(
+                "--kafka-port cannot be used with --tls-dir or --authorizer acl: the Kafka protocol "
+                "listener does not authenticate or authorize yet (docs/KAFKA.md, Security)"
+            )
 
 
 def prepare_data_dir(path: Path) -> None:
@@ -208,6 +219,11 @@ async def serve(config: BrokerConfig) -> None:
     # Control requests that arrive between here and registration are answered
     # BROKER_NOT_AVAILABLE (the controller retries them): the broker epoch is not known yet.
     await runtime.start()
+    kafka: KafkaListener | None = None
+    if config.kafka_port is not None:
+        backend = BrokerKafkaBackend(config.broker_id, replicas, store, process.peers)
+        kafka = KafkaListener(KafkaHandler(backend), config.host, config.kafka_port)
+        await kafka.start()
     unclean_shutdown = replicas.start()
     info = {
         "broker_id": config.broker_id,
@@ -217,6 +233,7 @@ async def serve(config: BrokerConfig) -> None:
         "metrics_port": runtime.bound_metrics_port,
         "pid": os.getpid(),
         "unclean_shutdown": unclean_shutdown,
+        "kafka_port": kafka.port if kafka is not None else 0,
     }
 
     # The liveness stream to the active controller (heartbeat.py), started once registered.
@@ -238,7 +255,9 @@ async def serve(config: BrokerConfig) -> None:
 
     registration = await register()
     metrics.LEASE_KEEPALIVE_FAILURES.set_function(lambda: registration.lease.keepalive_failures_total)
-    await runtime.mark_ready(broker_id=config.broker_id, broker_epoch=replicas.broker_epoch)
+    await runtime.mark_ready(
+        broker_id=config.broker_id, broker_epoch=replicas.broker_epoch, kafka_port=info["kafka_port"]
+    )
 
     async def watch_lease() -> None:
         nonlocal registration
@@ -265,6 +284,8 @@ async def serve(config: BrokerConfig) -> None:
     async def on_stop() -> None:
         lease_watcher.cancel()
         await replicas.controlled_shutdown()
+        if kafka is not None:
+            await kafka.close()
         await replicas.close()
         # Closed only now, next to the lease's revocation: a stream closed during the controlled
         # shutdown would let the controller revoke the lease before the leaderships had moved.

@@ -374,3 +374,20 @@ GROUP_WATCH_RETRY_BACKOFF_MS = 500
 GROUP_SUBSCRIBED_TOPICS_MAX = 1_000
 GROUP_OWNED_PARTITIONS_MAX = PARTITIONS_PER_TOPIC_MAX
 GROUP_INSTANCE_ID_MAX_CHARS = 249
+
+# --- Kafka protocol listener (services/kafka/, docs/KAFKA.md) ---------------------------------
+# One Kafka request's size prefix may say at most this; a larger one closes the connection
+# before its body is read (Kafka's socket.request.max.bytes is 100 MiB; ours is the gRPC bound,
+# so the two listeners accept the same largest produce).
+KAFKA_REQUEST_BYTES_MAX = GRPC_MAX_MESSAGE_BYTES
+# Requests one Kafka connection may have in progress; answers leave in request order, so a
+# client's next request waits for a slot (librdkafka pipelines up to 1,000,000 by default;
+# a long-polling Fetch must not hold back its connection's Produce, hence more than one).
+KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX = 32
+# Open Kafka connections per broker; one more is closed as soon as it is accepted.
+KAFKA_CONNECTIONS_MAX = 1_000
+# How long Metadata may reuse the registered brokers' Kafka addresses read from etcd.
+KAFKA_BROKER_LIST_CACHE_MS = 1_000
+# One call a Kafka request makes to the controller or etcd (InitProducerId, admin requests,
+# offset commits) waits at most this long; it is answered REQUEST_TIMED_OUT after.
+KAFKA_BACKEND_CALL_TIMEOUT_S = 10.0

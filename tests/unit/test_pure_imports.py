@@ -53,6 +53,8 @@ PURE_MODULES = [
     "services/gateway/routing.py",
     "services/gateway/record_level.py",
     "services/common/request_checks.py",
+    "services/kafka/protocol.py",
+    "services/kafka/handler.py",
     "services/groups",
     "clients/common",
     "clients/accumulator.py",

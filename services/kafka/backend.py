@@ -1,0 +1,96 @@
+"""The broker process's side of the Kafka listener: the ReplicaManager, etcd and the controller.
+
+The same calls the gRPC BrokerServicer makes (produce, fetch, list_offsets,
+offsets_for_leader_epoch on the ReplicaManager; the metadata cache UpdateMetadata feeds), plus
+the reads Kafka's answers need that gRPC's do not: every broker's Kafka port (from its etcd
+registration) and calls to the active controller (found in etcd, as for AlterPartition).
+Owned by the broker's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import grpc
+
+from coordinator import kafka_reads
+from coordinator.election import current_controller
+from coordinator.store import CoordinatorError, MetadataStore
+from protos.highwater.v1 import broker_pb2, common_pb2
+from services.broker.replica_manager import ReplicaManager
+from services.common import limits
+from services.common.metadata_cache import MetadataCache
+from services.common.peers import PeerChannels
+from services.kafka.handler import BackendUnavailable, KafkaBroker
+
+
+class BrokerKafkaBackend:
+    def __init__(
+        self, broker_id: int, replicas: ReplicaManager, store: MetadataStore, peers: PeerChannels
+    ) -> None:
+        self._broker_id = broker_id
+        self.replicas = replicas
+        self.store = store
+        self.peers = peers
+        self._brokers: list[KafkaBroker] = []
+        self._brokers_read_at = -float("inf")
+        self._cluster_id = ""
+
+    @property
+    def broker_id(self) -> int:
+        return self._broker_id
+
+    @property
+    def metadata(self) -> MetadataCache:
+        return self.replicas.metadata
+
+    async def produce(self, req: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse:
+        return await self.replicas.produce(req)
+
+    async def fetch(self, req: common_pb2.FetchRequest) -> common_pb2.FetchResponse:
+        return await self.replicas.fetch(req)
+
+    def list_offsets(self, req: common_pb2.ListOffsetsRequest) -> common_pb2.ListOffsetsResponse:
+        return self.replicas.list_offsets(req)
+
+    def offsets_for_leader_epoch(
+        self, req: broker_pb2.OffsetsForLeaderEpochRequest
+    ) -> broker_pb2.OffsetsForLeaderEpochResponse:
+        return self.replicas.offsets_for_leader_epoch(req)
+
+    async def _etcd(self, what: str, call: Any) -> Any:
+        try:
+            return await asyncio.wait_for(call, limits.KAFKA_BACKEND_CALL_TIMEOUT_S)
+        except (CoordinatorError, TimeoutError) as exc:
+            raise BackendUnavailable(f"{what}: etcd did not answer ({exc})") from exc
+
+    async def kafka_brokers(self) -> list[KafkaBroker]:
+        now = time.monotonic()
+        if now - self._brokers_read_at >= limits.KAFKA_BROKER_LIST_CACHE_MS / 1000:
+            registrations = await self._etcd("broker list", kafka_reads.registered_brokers(self.store))
+            self._brokers = [
+                KafkaBroker(r["broker_id"], r["host"], r["kafka_port"], r["rack"])
+                for r in registrations
+                if r["kafka_port"] > 0
+            ]
+            self._brokers_read_at = now
+        return self._brokers
+
+    async def cluster_id(self) -> str:
+        if not self._cluster_id:
+            self._cluster_id = await self._etcd("cluster id", kafka_reads.cluster_id(self.store))
+        return self._cluster_id
+
+    async def call_controller(self, rpc: str, request: Any) -> Any:
+        info = await self._etcd("active controller", current_controller(self.store))
+        if not info:
+            raise BackendUnavailable(f"{rpc}: no active controller registered in etcd")
+        stub = self.peers.controller(f"{info['host']}:{info['port']}")
+        try:
+            return await getattr(stub, rpc)(request, timeout=limits.KAFKA_BACKEND_CALL_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            raise BackendUnavailable(
+                f"{rpc} to the controller failed: {exc.code().name} {exc.details()}"
+            ) from exc

@@ -1,0 +1,515 @@
+"""Kafka requests -> the broker's own calls -> Kafka answers.
+
+Each API is one method that turns kio's request object into the protobuf request the gRPC
+servicers pass to the same ReplicaManager (so Produce gets the same validation, sequence checks
+and purgatory) or the controller, and the answer back into kio's response class of the asked
+version. Fields are named as in the newest version and `build` drops the ones an older version
+lacks, so one method serves every version in protocol.SUPPORTED_VERSIONS.
+
+No sockets and no clock here: the listener owns the connection and the backend
+(backend.py) the I/O, so a unit test drives this with a fake backend.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kio.schema.errors import ErrorCode as K
+
+from protos.highwater.v1 import broker_pb2, common_pb2
+from services.common import limits
+from services.common.metadata_cache import MetadataCache
+from services.kafka import protocol
+from services.kafka.protocol import Request, build, kafka_error, nested
+
+log = logging.getLogger("highwater.kafka")
+
+_NO_THROTTLE = datetime.timedelta(0)
+_NO_TIME = -1
+
+
+@dataclass(frozen=True)
+class KafkaBroker:
+    """A registered broker as Kafka clients must reach it: its Kafka listener's address."""
+
+    broker_id: int
+    host: str
+    kafka_port: int
+    rack: str
+
+
+class BackendUnavailable(Exception):
+    """The controller or etcd could not be reached in time; answered with a retriable code."""
+
+
+class KafkaBackend(Protocol):
+    """What the Kafka listener needs of its broker process (backend.py is the real one)."""
+
+    @property
+    def broker_id(self) -> int: ...
+
+    @property
+    def metadata(self) -> MetadataCache: ...
+
+    async def produce(self, req: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse: ...
+
+    async def fetch(self, req: common_pb2.FetchRequest) -> common_pb2.FetchResponse: ...
+
+    def list_offsets(self, req: common_pb2.ListOffsetsRequest) -> common_pb2.ListOffsetsResponse: ...
+
+    def offsets_for_leader_epoch(
+        self, req: broker_pb2.OffsetsForLeaderEpochRequest
+    ) -> broker_pb2.OffsetsForLeaderEpochResponse: ...
+
+    async def kafka_brokers(self) -> list[KafkaBroker]:
+        """Registered brokers with a Kafka listener; raises BackendUnavailable."""
+        ...
+
+    async def cluster_id(self) -> str: ...
+
+    async def call_controller(self, rpc: str, request: Any) -> Any:
+        """One call to the active controller; raises BackendUnavailable."""
+        ...
+
+
+def _ms(value: datetime.timedelta) -> int:
+    return int(value.total_seconds() * 1000)
+
+
+def _topic_uuid(topic_id: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(topic_id)
+    except ValueError:
+        return uuid.UUID(int=0)
+
+
+class KafkaHandler:
+    """Answers decoded Kafka requests for one broker. Owned by the broker's event loop."""
+
+    def __init__(self, backend: KafkaBackend) -> None:
+        self.backend = backend
+        self._apis: dict[int, Callable[[Request], Awaitable[Any]]] = {
+            protocol.API_VERSIONS: self.api_versions,
+            protocol.METADATA: self.metadata,
+            protocol.PRODUCE: self.produce,
+            protocol.FETCH: self.fetch,
+            protocol.LIST_OFFSETS: self.list_offsets,
+            protocol.OFFSET_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
+            protocol.INIT_PRODUCER_ID: self.init_producer_id,
+        }
+        missing = set(protocol.SUPPORTED_VERSIONS) - set(self._apis)
+        if missing:
+            raise RuntimeError(f"advertised Kafka API keys without a handler: {sorted(missing)}")
+
+    async def handle(self, request: Request) -> Any | None:
+        """The answer to one request, or None when Kafka sends none (Produce with acks=0)."""
+        return await self._apis[request.api_key](request)
+
+    # ---- ApiVersions -------------------------------------------------------------------------
+
+    async def api_versions(self, request: Request) -> Any:
+        return api_versions_response(request.api_version, K.none)
+
+    # ---- Metadata ----------------------------------------------------------------------------
+
+    async def metadata(self, request: Request) -> Any:
+        cls = protocol.response_class(protocol.METADATA, request.api_version)
+        body = request.body
+        try:
+            brokers = await self.backend.kafka_brokers()
+            cluster_id = await self.backend.cluster_id()
+        except BackendUnavailable as exc:
+            # Without etcd this broker cannot say where the others listen; its own address is
+            # still right, and a client retries Metadata (every topic LEADER_NOT_AVAILABLE).
+            log.warning("Metadata without the broker list: %s", exc)
+            brokers, cluster_id = [], ""
+        cache = self.backend.metadata
+        by_id = {name: tid for name, tid in cache.topic_ids.items()}
+        if body.topics is None or (request.api_version == 0 and not body.topics):
+            names = sorted(cache.topics())
+        else:
+            names = []
+            for t in body.topics:
+                name = getattr(t, "name", None)
+                if name is None and getattr(t, "topic_id", None) is not None:
+                    name = next((n for n, tid in by_id.items() if _topic_uuid(tid) == t.topic_id), None)
+                if name is not None:
+                    names.append(name)
+        broker_cls = nested(cls, "MetadataResponseBroker")
+        topic_cls = nested(cls, "MetadataResponseTopic")
+        partition_cls = nested(cls, "MetadataResponsePartition")
+        live = {b.broker_id for b in brokers}
+        topics = []
+        for name in names:
+            parts = cache.partitions_of(name)
+            if not parts:
+                topics.append(
+                    build(
+                        topic_cls,
+                        error_code=K.unknown_topic_or_partition,
+                        name=name,
+                        topic_id=uuid.UUID(int=0),
+                        partitions=(),
+                    )
+                )
+                continue
+            topics.append(
+                build(
+                    topic_cls,
+                    error_code=K.none,
+                    name=name,
+                    topic_id=_topic_uuid(cache.topic_ids.get(name, "")),
+                    is_internal=False,
+                    partitions=tuple(
+                        build(
+                            partition_cls,
+                            error_code=K.none if s.leader >= 0 else K.leader_not_available,
+                            partition_index=s.partition,
+                            leader_id=s.leader,
+                            leader_epoch=s.leader_epoch,
+                            replica_nodes=tuple(s.replicas),
+                            isr_nodes=tuple(s.isr),
+                            offline_replicas=tuple(r for r in s.replicas if r not in live),
+                        )
+                        for s in parts
+                    ),
+                )
+            )
+        return build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            brokers=tuple(
+                build(broker_cls, node_id=b.broker_id, host=b.host, port=b.kafka_port, rack=b.rack or None)
+                for b in brokers
+            ),
+            cluster_id=cluster_id or None,
+            # Kafka clients send admin requests to the controller named here, which must be a
+            # broker they can reach: every broker forwards them to the active controller.
+            controller_id=self.backend.broker_id,
+            topics=tuple(topics),
+        )
+
+    # ---- Produce -----------------------------------------------------------------------------
+
+    async def produce(self, request: Request) -> Any:
+        body = request.body
+        req = common_pb2.ProduceRequest(
+            acks=body.acks,
+            timeout_ms=max(0, min(_ms(body.timeout), limits.PRODUCE_TIMEOUT_MS_MAX)),
+            topics=[
+                common_pb2.ProduceTopicData(
+                    topic=t.name,
+                    partitions=[
+                        common_pb2.ProducePartitionData(partition=p.index, records=bytes(p.records or b""))
+                        for p in t.partition_data
+                    ],
+                )
+                for t in body.topic_data
+            ],
+        )
+        if body.acks not in (0, 1, -1):
+            resp = _produce_refusal(
+                req, common_pb2.INVALID_REQUEST, f"acks must be 0, 1 or -1, got {body.acks}"
+            )
+        elif body.transactional_id is not None:
+            resp = _produce_refusal(
+                req, common_pb2.INVALID_REQUEST, "transactions are not supported (docs/KAFKA.md)"
+            )
+        else:
+            resp = await self.backend.produce(req)
+        if body.acks == 0:
+            return None
+        cls = protocol.response_class(protocol.PRODUCE, request.api_version)
+        topic_cls = nested(cls, "TopicProduceResponse")
+        part_cls = nested(cls, "PartitionProduceResponse")
+        return build(
+            cls,
+            throttle_time=datetime.timedelta(milliseconds=resp.throttle_time_ms),
+            responses=tuple(
+                build(
+                    topic_cls,
+                    name=t.topic,
+                    partition_responses=tuple(
+                        build(
+                            part_cls,
+                            index=p.partition,
+                            error_code=kafka_error(p.error_code),
+                            base_offset=p.base_offset,
+                            log_append_time=(
+                                datetime.datetime.fromtimestamp(p.log_append_time_ms / 1000, datetime.UTC)
+                                if p.log_append_time_ms >= 0
+                                else None
+                            ),
+                            log_start_offset=p.log_start_offset,
+                            record_errors=(),
+                            error_message=p.error_message or None,
+                        )
+                        for p in t.partitions
+                    ),
+                )
+                for t in resp.topics
+            ),
+        )
+
+    # ---- Fetch -------------------------------------------------------------------------------
+
+    async def fetch(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.FETCH, request.api_version)
+        if body.replica_id >= 0:
+            # Followers fetch over gRPC only; a Kafka replica fetch would skip the broker-epoch check.
+            return build(cls, throttle_time=_NO_THROTTLE, error_code=K.invalid_request, responses=())
+        resp = await self.backend.fetch(
+            common_pb2.FetchRequest(
+                replica_id=-1,
+                max_wait_ms=max(0, min(_ms(body.max_wait), limits.FETCH_MAX_WAIT_MS_MAX)),
+                min_bytes=max(0, body.min_bytes),
+                max_bytes=max(0, body.max_bytes),
+                isolation_level=0,
+                topics=[
+                    common_pb2.FetchTopic(
+                        topic=t.topic,
+                        partitions=[
+                            common_pb2.FetchPartition(
+                                partition=p.partition,
+                                fetch_offset=p.fetch_offset,
+                                partition_max_bytes=max(0, p.partition_max_bytes),
+                                current_leader_epoch=getattr(p, "current_leader_epoch", -1),
+                            )
+                            for p in t.partitions
+                        ],
+                    )
+                    for t in body.topics
+                ],
+            )
+        )
+        topic_cls = nested(cls, "FetchableTopicResponse")
+        part_cls = nested(cls, "PartitionData")
+        cache = self.backend.metadata
+        leader_cls = (
+            nested(cls, "LeaderIdAndEpoch") if protocol.has_field(part_cls, "current_leader") else None
+        )
+
+        def current_leader(topic: str, partition: int) -> Any:
+            state = cache.partitions.get((topic, partition))
+            if leader_cls is None or state is None:
+                return None
+            return leader_cls(leader_id=state.leader, leader_epoch=state.leader_epoch)
+
+        topics = []
+        for t in resp.topics:
+            parts = []
+            for p in t.partitions:
+                extra: dict[str, Any] = {}
+                if (
+                    p.error_code == common_pb2.NOT_LEADER_OR_FOLLOWER
+                    or p.error_code == common_pb2.FENCED_LEADER_EPOCH
+                ):
+                    leader = current_leader(t.topic, p.partition)
+                    if leader is not None:
+                        extra["current_leader"] = leader
+                ok = p.error_code == common_pb2.NONE
+                parts.append(
+                    build(
+                        part_cls,
+                        partition_index=p.partition,
+                        error_code=kafka_error(p.error_code),
+                        high_watermark=p.high_watermark if ok else -1,
+                        # No transactions: everything below the HW is stable.
+                        last_stable_offset=p.high_watermark if ok else -1,
+                        log_start_offset=p.log_start_offset if ok else -1,
+                        aborted_transactions=None,
+                        preferred_read_replica=-1,
+                        records=p.records if ok else None,
+                        **extra,
+                    )
+                )
+            topics.append(build(topic_cls, topic=t.topic, partitions=tuple(parts)))
+        return build(
+            cls,
+            throttle_time=datetime.timedelta(milliseconds=resp.throttle_time_ms),
+            error_code=kafka_error(resp.error_code),
+            session_id=0,  # no fetch sessions (KIP-227): every Fetch is a full one
+            responses=tuple(topics),
+        )
+
+    # ---- ListOffsets -------------------------------------------------------------------------
+
+    async def list_offsets(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.LIST_OFFSETS, request.api_version)
+        resp = self.backend.list_offsets(
+            common_pb2.ListOffsetsRequest(
+                replica_id=-1,
+                topics=[
+                    common_pb2.ListOffsetsTopic(
+                        topic=t.name,
+                        partitions=[
+                            common_pb2.ListOffsetsPartition(
+                                partition=p.partition_index,
+                                timestamp=p.timestamp,
+                                current_leader_epoch=getattr(p, "current_leader_epoch", -1),
+                            )
+                            for p in t.partitions
+                        ],
+                    )
+                    for t in body.topics
+                ],
+            )
+        )
+        topic_cls = nested(cls, "ListOffsetsTopicResponse")
+        part_cls = nested(cls, "ListOffsetsPartitionResponse")
+        return build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            topics=tuple(
+                build(
+                    topic_cls,
+                    name=t.topic,
+                    partitions=tuple(
+                        build(
+                            part_cls,
+                            partition_index=p.partition,
+                            error_code=kafka_error(p.error_code),
+                            timestamp=p.timestamp,
+                            offset=p.offset,
+                            leader_epoch=p.leader_epoch,
+                        )
+                        for p in t.partitions
+                    ),
+                )
+                for t in resp.topics
+            ),
+        )
+
+    # ---- OffsetForLeaderEpoch ----------------------------------------------------------------
+
+    async def offsets_for_leader_epoch(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.OFFSET_FOR_LEADER_EPOCH, request.api_version)
+        resp = self.backend.offsets_for_leader_epoch(
+            broker_pb2.OffsetsForLeaderEpochRequest(
+                replica_id=-1,
+                topics=[
+                    broker_pb2.OffsetsForLeaderEpochTopic(
+                        topic=t.topic,
+                        partitions=[
+                            broker_pb2.OffsetsForLeaderEpochPartition(
+                                partition=p.partition,
+                                current_leader_epoch=p.current_leader_epoch,
+                                leader_epoch=p.leader_epoch,
+                            )
+                            for p in t.partitions
+                        ],
+                    )
+                    for t in body.topics
+                ],
+            )
+        )
+        topic_cls = nested(cls, "OffsetForLeaderTopicResult")
+        part_cls = nested(cls, "EpochEndOffset")
+        return build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            topics=tuple(
+                build(
+                    topic_cls,
+                    topic=t.topic,
+                    partitions=tuple(
+                        build(
+                            part_cls,
+                            error_code=kafka_error(p.error_code),
+                            partition=p.partition,
+                            leader_epoch=p.leader_epoch,
+                            end_offset=p.end_offset,
+                        )
+                        for p in t.partitions
+                    ),
+                )
+                for t in resp.topics
+            ),
+        )
+
+    # ---- InitProducerId ----------------------------------------------------------------------
+
+    async def init_producer_id(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.INIT_PRODUCER_ID, request.api_version)
+        if body.transactional_id is not None:
+            return build(
+                cls,
+                throttle_time=_NO_THROTTLE,
+                error_code=K.transactional_id_authorization_failed,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
+        try:
+            resp = await self.backend.call_controller(
+                "InitProducerId",
+                common_pb2.InitProducerIdRequest(
+                    producer_id=getattr(body, "producer_id", -1),
+                    producer_epoch=getattr(body, "producer_epoch", -1),
+                ),
+            )
+            code = kafka_error(resp.error_code)
+            if resp.error_code == common_pb2.NOT_CONTROLLER:
+                code = K.coordinator_not_available
+        except BackendUnavailable as exc:
+            log.warning("InitProducerId: %s", exc)
+            # Retriable for every Kafka client, which asks again (NOT_CONTROLLER is not, for them).
+            return build(
+                cls,
+                throttle_time=_NO_THROTTLE,
+                error_code=K.coordinator_not_available,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
+        return build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            error_code=code,
+            producer_id=resp.producer_id if code == K.none else -1,
+            producer_epoch=resp.producer_epoch if code == K.none else -1,
+        )
+
+
+def api_versions_response(version: int, error_code: K) -> Any:
+    """ApiVersions' answer in `version`: every API key with the versions answered."""
+    cls = protocol.response_class(protocol.API_VERSIONS, version)
+    api_cls = nested(cls, "ApiVersion")
+    return build(
+        cls,
+        error_code=error_code,
+        api_keys=tuple(
+            api_cls(api_key=key, min_version=lo, max_version=hi)
+            for key, (lo, hi) in sorted(protocol.SUPPORTED_VERSIONS.items())
+        ),
+        throttle_time=_NO_THROTTLE,
+    )
+
+
+def _produce_refusal(req: common_pb2.ProduceRequest, code: int, message: str) -> common_pb2.ProduceResponse:
+    return common_pb2.ProduceResponse(
+        topics=[
+            common_pb2.ProduceTopicResponse(
+                topic=t.topic,
+                partitions=[
+                    common_pb2.ProducePartitionResponse(
+                        partition=p.partition,
+                        error_code=code,  # type: ignore[arg-type]
+                        base_offset=-1,
+                        log_append_time_ms=-1,
+                        log_start_offset=-1,
+                        error_message=message,
+                    )
+                    for p in t.partitions
+                ],
+            )
+            for t in req.topics
+        ]
+    )

@@ -1,0 +1,172 @@
+"""The Kafka protocol listener: one asyncio server on the broker's event loop.
+
+Per connection, a reading loop cuts frames (4-byte size, bounded by KAFKA_REQUEST_BYTES_MAX:
+a larger size closes the connection before its body is read) and starts each request's
+answer as a task; a writing task sends the answers in request order, as Kafka requires. At
+most KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX answers are in progress per connection, so a
+long-polling Fetch does not hold back the Produce behind it, yet a client cannot pile up work.
+
+A request for an API or version not served is answered UNSUPPORTED_VERSION when it is
+ApiVersions (in v0, which every client reads); for any other API the connection is closed, as
+Kafka does: its answer's layout is not known. Bytes that are not a Kafka request close it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from kio.schema.errors import ErrorCode as K
+
+from services.common import limits
+from services.kafka import protocol
+from services.kafka.handler import KafkaHandler, api_versions_response
+
+log = logging.getLogger("highwater.kafka")
+
+
+class _CloseConnection(Exception):
+    """This connection must end (bad bytes, an unanswerable version, a handler failure)."""
+
+
+class KafkaListener:
+    """Owned by the broker's event loop: start(), then close() at the broker's stop."""
+
+    def __init__(
+        self,
+        handler: KafkaHandler,
+        host: str,
+        port: int,
+        *,
+        request_bytes_max: int = limits.KAFKA_REQUEST_BYTES_MAX,
+        in_flight_max: int = limits.KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX,
+        connections_max: int = limits.KAFKA_CONNECTIONS_MAX,
+    ) -> None:
+        self.handler = handler
+        self.host = host
+        self.port = port
+        self.request_bytes_max = request_bytes_max
+        self.in_flight_max = in_flight_max
+        self.connections_max = connections_max
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> int:
+        """Bind and listen; returns the bound port (the one asked, or a free one for 0)."""
+        self._server = await asyncio.start_server(self._accept, self.host, self.port)
+        port: int = self._server.sockets[0].getsockname()[1]
+        self.port = port
+        log.info("Kafka protocol listener on %s:%d", self.host, port)
+        return port
+
+    async def close(self) -> None:
+        """Stop accepting, end every connection (answers in progress are dropped: clients retry)."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        for task in list(self._connections):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 5.0)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._connections) >= self.connections_max:
+            log.warning("Kafka connection refused: %d connections already open", len(self._connections))
+            writer.close()
+            return
+        task = asyncio.current_task()
+        if task is None:  # asyncio runs every accepted connection in a task of its own
+            raise RuntimeError("Kafka connection handler runs outside a task")
+        self._connections.add(task)
+        try:
+            await self._serve(reader, writer)
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(self.in_flight_max)
+        sender = asyncio.create_task(self._send_answers(answers, writer, peer))
+        try:
+            while not sender.done():
+                try:
+                    size = protocol.frame_size(await reader.readexactly(4))
+                    if size > self.request_bytes_max:
+                        log.warning(
+                            "Kafka client %s sent a %d-byte request, over the %d-byte bound; closing",
+                            peer,
+                            size,
+                            self.request_bytes_max,
+                        )
+                        break
+                    frame = await reader.readexactly(size)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    break
+                except protocol.KafkaProtocolError as exc:
+                    log.warning("Kafka client %s: %s; closing", peer, exc)
+                    break
+                await answers.put(asyncio.create_task(self._answer(frame, peer)))
+            # The sender consumes the queue until this end mark (closing or not), so this put
+            # returns; then the answers already started go out, each bounded by its own wait.
+            if not sender.done():
+                await answers.put(None)
+                await sender
+        finally:
+            sender.cancel()
+            while not answers.empty():
+                pending = answers.get_nowait()
+                if pending is not None:
+                    pending.cancel()
+
+    async def _answer(self, frame: bytes, peer: object) -> bytes | None:
+        try:
+            request = protocol.decode_request(frame)
+        except protocol.UnsupportedVersion as exc:
+            if exc.api_key == protocol.API_VERSIONS:
+                return protocol.encode_response(
+                    exc.api_key,
+                    exc.correlation_id,
+                    api_versions_response(protocol.API_VERSIONS_FALLBACK_VERSION, K.unsupported_version),
+                )
+            log.warning("Kafka client %s: %s; closing", peer, exc)
+            raise _CloseConnection(str(exc)) from exc
+        except protocol.KafkaProtocolError as exc:
+            log.warning("Kafka client %s: %s; closing", peer, exc)
+            raise _CloseConnection(str(exc)) from exc
+        try:
+            response = await self.handler.handle(request)
+        except Exception as exc:
+            log.exception("Kafka request api key %d v%d failed", request.api_key, request.api_version)
+            raise _CloseConnection(str(exc)) from exc
+        if response is None:
+            return None
+        return protocol.encode_response(request.api_key, request.correlation_id, response)
+
+    @staticmethod
+    async def _send_answers(
+        answers: asyncio.Queue[asyncio.Task[bytes | None] | None], writer: asyncio.StreamWriter, peer: object
+    ) -> None:
+        closed = False
+        while True:
+            task = await answers.get()
+            if task is None:
+                return
+            if closed:
+                # Nothing more goes out; keep taking from the queue so the reader never blocks on it.
+                task.cancel()
+                continue
+            try:
+                frame = await task
+                if frame is not None:
+                    writer.write(frame)
+                    await writer.drain()
+            except (_CloseConnection, ConnectionError):
+                writer.close()  # the reader then meets the end of the stream
+                closed = True

@@ -1,0 +1,290 @@
+"""Kafka's wire protocol on the brokers, driven by clients nobody here wrote (issue 23).
+
+confluent-kafka (librdkafka) produces idempotently with acks=all and consumes back; kcat lists
+metadata, produces and consumes; records written over gRPC are read back over Kafka's protocol
+byte for byte and the reverse. A few raw requests (built with kio, the library the broker uses)
+check what clients rarely send: an unknown version, a Produce to a follower.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import socket
+import struct
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from clients import Admin, Consumer, Producer, TopicPartition
+from services.kafka import protocol
+from tests.integration.helpers import consumer_fetch, gateway_stub
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+
+pytestmark = pytest.mark.integration
+
+FAST = {"request_timeout_ms": 10_000, "connect_timeout_ms": 5_000, "retry_backoff_ms": 50}
+CALL_TIMEOUT_S = 15.0
+
+
+def create(cluster: Any, name: str, partitions: int = 3) -> None:
+    with Admin(cluster.gateway_address, **FAST) as admin:
+        admin.create_topics(name, partitions, 3, {"min.insync.replicas": "2"})
+
+
+def kafka_address(cluster: Any, broker_id: int) -> tuple[str, int]:
+    return "127.0.0.1", int(cluster.processes[f"broker-{broker_id}"].info["kafka_port"])
+
+
+def raw_call(
+    address: tuple[str, int], api_key: int, version: int, body: Any, correlation_id: int = 7
+) -> bytes:
+    """One request over a fresh connection; the answer's frame after its size (b"" if closed)."""
+    from kio.schema.request_header.v1.header import RequestHeader as V1
+    from kio.schema.request_header.v2.header import RequestHeader as V2
+    from kio.serial import entity_writer
+
+    buf = io.BytesIO()
+    header_cls = V2 if body is not None and body.__flexible__ else V1
+    entity_writer(header_cls)(
+        buf,
+        header_cls(
+            request_api_key=api_key, request_api_version=version, correlation_id=correlation_id, client_id="t"
+        ),
+    )
+    if body is not None:
+        entity_writer(type(body))(buf, body)
+    frame = buf.getvalue()
+    with socket.create_connection(address, timeout=CALL_TIMEOUT_S) as s:
+        s.sendall(struct.pack(">i", len(frame)) + frame)
+        size_bytes = s.recv(4, socket.MSG_WAITALL)
+        if len(size_bytes) < 4:
+            return b""
+        (size,) = struct.unpack(">i", size_bytes)
+        return s.recv(size, socket.MSG_WAITALL)
+
+
+def read_answer(api_key: int, version: int, answer: bytes) -> Any:
+    from kio.serial import entity_reader
+
+    cls = protocol.response_class(api_key, version)
+    (correlation_id,) = struct.unpack_from(">i", answer)
+    offset = 4 + (1 if cls.__flexible__ and api_key != protocol.API_VERSIONS else 0)
+    body, _ = entity_reader(cls)(answer, offset)
+    assert correlation_id == 7
+    return body
+
+
+def test_confluent_kafka_idempotent_producer_and_consumer_round_trip(cluster):
+    create(cluster, "kafka-confluent")
+    bootstrap = cluster.kafka_bootstrap()
+    producer = confluent_kafka.Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "message.timeout.ms": 20_000,
+        }
+    )
+    delivered: list[Any] = []
+    errors: list[Any] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        (errors if err else delivered).append(err or msg)
+
+    sent = [(f"k{i % 11}".encode(), f"value-{i}".encode()) for i in range(500)]
+    for key, value in sent:
+        producer.produce(
+            "kafka-confluent", key=key, value=value, headers=[("h", b"x")], on_delivery=on_delivery
+        )
+    assert producer.flush(CALL_TIMEOUT_S) == 0, "every record delivered in time"
+    assert not errors
+    assert len(delivered) == 500
+    per_partition: dict[int, list[int]] = {}
+    for m in delivered:
+        per_partition.setdefault(m.partition(), []).append(m.offset())
+    for offsets in per_partition.values():
+        assert sorted(offsets) == list(range(len(offsets))), "no record written twice, no gap"
+
+    consumer = confluent_kafka.Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "kafka-confluent", "enable.auto.commit": False}
+    )
+    try:
+        consumer.assign([confluent_kafka.TopicPartition("kafka-confluent", p, 0) for p in range(3)])
+        got = []
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while len(got) < 500 and time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is not None and not m.error():
+                got.append(m)
+    finally:
+        consumer.close()
+    assert sorted((m.key(), m.value()) for m in got) == sorted(sent)
+    assert all(m.headers() == [("h", b"x")] for m in got)
+
+    # The same records through the gRPC gateway and our own Consumer.
+    with Consumer(bootstrap=cluster.gateway_address, auto_offset_reset="earliest", **FAST) as ours:
+        ours.assign([TopicPartition("kafka-confluent", p) for p in range(3)])
+        records: list[Any] = []
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while len(records) < 500 and time.monotonic() < deadline:
+            records.extend(ours.poll(timeout_ms=500))
+    assert sorted((r.key, r.value) for r in records) == sorted(sent)
+    by_place = {(m.partition(), m.offset()): (m.key(), m.value(), m.timestamp()[1]) for m in got}
+    assert all(by_place[(r.partition, r.offset)] == (r.key, r.value, r.timestamp_ms) for r in records)
+
+
+def test_grpc_written_batches_read_over_kafka_byte_for_byte(cluster):
+    create(cluster, "kafka-bytes", partitions=1)
+    with Producer(cluster.gateway_address, **FAST) as producer:
+        for i in range(50):
+            producer.send("kafka-bytes", f"r{i}".encode(), key=b"k", partition=0)
+        producer.flush(timeout_ms=20_000)
+    grpc_answer = gateway_stub(cluster.gateway_address).Fetch(
+        consumer_fetch("kafka-bytes", 0, max_bytes=1 << 20, partition_max_bytes=1 << 20),
+        timeout=CALL_TIMEOUT_S,
+    )
+    grpc_bytes = grpc_answer.topics[0].partitions[0].records
+    assert grpc_bytes
+
+    fetch = protocol.request_class(protocol.FETCH, 12)
+    mod = __import__(fetch.__module__, fromlist=["x"])
+    body = fetch(
+        max_wait=__import__("datetime").timedelta(milliseconds=0),
+        min_bytes=0,
+        topics=(
+            mod.FetchTopic(
+                topic="kafka-bytes",
+                partitions=(mod.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20),),
+            ),
+        ),
+        forgotten_topics_data=(),
+    )
+    leader = leader_of(cluster, "kafka-bytes", 0)
+    answer = read_answer(
+        protocol.FETCH, 12, raw_call(kafka_address(cluster, leader), protocol.FETCH, 12, body)
+    )
+    part = answer.responses[0].partitions[0]
+    assert part.error_code == 0
+    assert part.high_watermark == 50
+    assert bytes(part.records) == grpc_bytes, "the leader's stored batches, unchanged"
+
+
+def leader_of(cluster: Any, topic: str, partition: int) -> int:
+    with Admin(cluster.gateway_address, **FAST) as admin:
+        for t in admin.describe_topics([topic]):
+            for p in t.partitions:
+                if p.partition == partition:
+                    return int(p.leader)
+    raise AssertionError(f"{topic}-{partition} has no leader")
+
+
+def test_produce_to_a_follower_is_not_leader_or_follower(cluster):
+    create(cluster, "kafka-follower", partitions=1)
+    leader = leader_of(cluster, "kafka-follower", 0)
+    follower = next(b for b in (1, 2, 3) if b != leader)
+    from clients.common.records import encode_batch  # our own encoder, as a client would send
+
+    produce = protocol.request_class(protocol.PRODUCE, 9)
+    mod = __import__(produce.__module__, fromlist=["x"])
+    body = produce(
+        acks=-1,
+        timeout=__import__("datetime").timedelta(seconds=5),
+        topic_data=(
+            mod.TopicProduceData(
+                name="kafka-follower",
+                partition_data=(
+                    mod.PartitionProduceData(index=0, records=encode_batch([(None, b"v", [], 1_000)])),
+                ),
+            ),
+        ),
+    )
+    answer = read_answer(
+        protocol.PRODUCE, 9, raw_call(kafka_address(cluster, follower), protocol.PRODUCE, 9, body)
+    )
+    assert answer.responses[0].partition_responses[0].error_code == 6, "NOT_LEADER_OR_FOLLOWER"
+
+
+def test_unsupported_versions(cluster):
+    address = kafka_address(cluster, 1)
+    # ApiVersions at a version not served: answered in v0 with UNSUPPORTED_VERSION and the list.
+    answer = read_answer(protocol.API_VERSIONS, 0, raw_call(address, protocol.API_VERSIONS, 99, None))
+    assert answer.error_code == 35
+    assert {k.api_key: (k.min_version, k.max_version) for k in answer.api_keys} == protocol.SUPPORTED_VERSIONS
+    # Any other API at an unserved version: the connection is closed, as Kafka does.
+    assert raw_call(address, protocol.FETCH, 99, None) == b""
+    assert raw_call(address, 57, 0, None) == b"", "an API not served at all (UpdateFeatures)"
+
+
+def test_kcat_lists_metadata_produces_and_consumes(cluster):
+    kcat = shutil.which("kcat")
+    if kcat is None:
+        pytest.skip("kcat is not installed (Debian package kcat; ./dev test installs it)")
+    create(cluster, "kafka-kcat")
+    bootstrap = cluster.kafka_bootstrap().split(",")[0]
+    listing = json.loads(
+        subprocess.run(
+            [kcat, "-b", bootstrap, "-L", "-J", "-t", "kafka-kcat"],
+            capture_output=True,
+            timeout=CALL_TIMEOUT_S,
+            check=True,
+        ).stdout
+    )
+    brokers = {b["id"]: b["name"] for b in listing["brokers"]}
+    assert brokers == {
+        i: f"127.0.0.1:{cluster.processes[f'broker-{i}'].info['kafka_port']}" for i in (1, 2, 3)
+    }, "every broker's Kafka address, from its registration"
+    (topic,) = listing["topics"]
+    assert topic["topic"] == "kafka-kcat"
+    assert sorted(p["partition"] for p in topic["partitions"]) == [0, 1, 2]
+    assert all(p["leader"] in brokers and len(p["isrs"]) == 3 for p in topic["partitions"])
+
+    lines = [f"key{i}:value{i}" for i in range(30)]
+    subprocess.run(
+        [kcat, "-b", bootstrap, "-P", "-t", "kafka-kcat", "-K:", "-X", "acks=all"],
+        input="\n".join(lines).encode(),
+        timeout=CALL_TIMEOUT_S,
+        check=True,
+    )
+    consumed = subprocess.run(
+        [kcat, "-b", bootstrap, "-C", "-t", "kafka-kcat", "-e", "-f", "%k:%s\\n"],
+        capture_output=True,
+        timeout=CALL_TIMEOUT_S,
+        check=True,
+    ).stdout.decode()
+    assert sorted(consumed.split()) == sorted(lines)
+
+    # Written over Kafka's protocol, read over gRPC.
+    with Consumer(bootstrap=cluster.gateway_address, auto_offset_reset="earliest", **FAST) as ours:
+        ours.assign([TopicPartition("kafka-kcat", p) for p in range(3)])
+        records: list[Any] = []
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while len(records) < 30 and time.monotonic() < deadline:
+            records.extend(ours.poll(timeout_ms=500))
+    assert sorted(f"{r.key.decode()}:{r.value.decode()}" for r in records) == sorted(lines)
+
+
+def test_list_offsets_and_offsets_for_leader_epoch(cluster):
+    create(cluster, "kafka-offsets", partitions=1)
+    with Producer(cluster.gateway_address, **FAST) as producer:
+        for _ in range(10):
+            producer.send("kafka-offsets", b"v", partition=0)
+        producer.flush(timeout_ms=20_000)
+    consumer = confluent_kafka.Consumer(
+        {"bootstrap.servers": cluster.kafka_bootstrap(), "group.id": "kafka-offsets"}
+    )
+    try:
+        low, high = consumer.get_watermark_offsets(
+            confluent_kafka.TopicPartition("kafka-offsets", 0), timeout=CALL_TIMEOUT_S
+        )
+        assert (low, high) == (0, 10)
+        found = consumer.offsets_for_times(
+            [confluent_kafka.TopicPartition("kafka-offsets", 0, 0)], timeout=CALL_TIMEOUT_S
+        )
+        assert found[0].offset == 0, "the first record with a timestamp >= 0"
+    finally:
+        consumer.close()
