@@ -126,15 +126,15 @@ class LocalCluster:
         service_args: list[str] | None = None,
         host: str = "127.0.0.1",
         placements: dict[str, Placement] | None = None,
-        kafka: bool = True,
+        kafka_port: int | None = 0,
     ) -> None:
         """tls: make a local CA and certificates under base_dir/tls and run etcd and every service
         with TLS (mutual TLS between them; each service also gets a --client-port for token
         clients). service_args: extra flags for every service (e.g. --authorizer acl).
         host: the address etcd and every service without a placement listen on and advertise.
         placements: process name ("broker-2") -> where that process runs instead.
-        kafka: give every broker a Kafka protocol listener on a free port (docs/KAFKA.md); never with
-        tls, which the Kafka listener does not speak yet."""
+        kafka_port: every broker's Kafka protocol listener (docs/KAFKA.md): broker i on kafka_port + i - 1,
+        any free port with 0, none with None; never with tls, which the Kafka listener does not speak yet."""
         self.base_dir = Path(base_dir).resolve()
         self.lease_ttl_s = lease_ttl_s
         self.python = python
@@ -183,8 +183,8 @@ class LocalCluster:
                 extra += ["--rack", racks[(i - 1) % len(racks)]]
             if replica_lag_time_max_ms is not None:
                 extra += ["--replica-lag-time-max-ms", str(replica_lag_time_max_ms)]
-            if kafka and not tls:
-                extra += ["--kafka-port", "0"]
+            if kafka_port is not None and not tls:
+                extra += ["--kafka-port", str(kafka_port + i - 1 if kafka_port else 0)]
             self._add(f"broker-{i}", "broker", extra)
         for i in range(1, gateways + 1):
             # Port 0 lets the gateway bind any free port itself (a port picked here could be taken before the
@@ -430,6 +430,13 @@ class LocalCluster:
     show_default=True,
     help="Port of the first gateway (0: any free port).",
 )
+@click.option(
+    "--kafka-port",
+    type=click.IntRange(0, 65535),
+    default=19092,
+    show_default=True,
+    help="Kafka protocol port of broker 1 (broker i: this + i - 1; 0: any free ports). Not with --tls.",
+)
 @click.option("--lease-ttl-s", type=click.IntRange(2, 60), default=6, show_default=True)
 @click.option(
     "--tls",
@@ -459,6 +466,7 @@ def up_command(
     controllers: int,
     gateways: int,
     gateway_port: int,
+    kafka_port: int,
     lease_ttl_s: int,
     tls: bool,
     authorizer: str,
@@ -479,6 +487,12 @@ def up_command(
         raise click.ClickException(
             f"port {gateway_port} is in use: stop what listens there or pass --gateway-port 0"
         )
+    if kafka_port and not tls:
+        taken = [port for port in range(kafka_port, kafka_port + brokers) if not _port_free(port)]
+        if taken:
+            raise click.ClickException(
+                f"Kafka port(s) {taken} in use: stop what listens there or pass --kafka-port 0"
+            )
     if authorizer == "acl" and not tls:
         raise click.UsageError("--authorizer acl needs --tls (ACLs name authenticated principals)")
     service_args = (
@@ -493,6 +507,7 @@ def up_command(
         gateway_port=gateway_port,
         tls=tls,
         service_args=service_args,
+        kafka_port=None if tls else kafka_port,
     )
     stop_requested = False
 
@@ -525,6 +540,8 @@ def up_command(
                 f"Kafka protocol (brokers): [bold]{kafka_bootstrap}[/bold]   try: kcat -b {first} -L",
                 soft_wrap=True,
             )
+        elif cluster.tls_dir is not None:
+            console.print("Kafka protocol: off with --tls (docs/KAFKA.md, Security)", soft_wrap=True)
         tls_flags = f" --tls-dir {cluster.tls_dir} --tls-name {ADMIN_TLS_NAME}" if cluster.tls_dir else ""
         console.print(
             f"bootstrap (gateway): [bold]{cluster.gateway_address}[/bold]   "
