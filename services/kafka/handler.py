@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from kio.schema.errors import ErrorCode as K
 
 from protos.highwater.v1 import broker_pb2, common_pb2
+from services.broker.core import log_config_from
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
 from services.kafka import protocol
@@ -101,6 +102,11 @@ class KafkaHandler:
             protocol.LIST_OFFSETS: self.list_offsets,
             protocol.OFFSET_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
             protocol.INIT_PRODUCER_ID: self.init_producer_id,
+            protocol.CREATE_TOPICS: self.create_topics,
+            protocol.DELETE_TOPICS: self.delete_topics,
+            protocol.CREATE_PARTITIONS: self.create_partitions,
+            protocol.DESCRIBE_CONFIGS: self.describe_configs,
+            protocol.DESCRIBE_CLUSTER: self.describe_cluster,
         }
         missing = set(protocol.SUPPORTED_VERSIONS) - set(self._apis)
         if missing:
@@ -477,6 +483,216 @@ class KafkaHandler:
             producer_epoch=resp.producer_epoch if code == K.none else -1,
         )
 
+    # ---- admin: forwarded to the active controller ------------------------------------------
+
+    async def _admin(self, rpc: str, request: Any) -> tuple[Any, K, str | None]:
+        """The controller's answer, or (None, a whole-request code, message). NOT_CONTROLLER is what
+        Kafka's admin clients retry after refreshing metadata, for a standby's answer and for a
+        controller that cannot be reached alike."""
+        try:
+            resp = await self.backend.call_controller(rpc, request)
+        except BackendUnavailable as exc:
+            log.warning("%s: %s", rpc, exc)
+            return None, K.not_controller, str(exc)
+        if resp.error_code != common_pb2.NONE:
+            return None, kafka_error(resp.error_code), resp.error_message or None
+        return resp, K.none, None
+
+    async def create_topics(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.CREATE_TOPICS, request.api_version)
+        result_cls = nested(cls, "CreatableTopicResult")
+        resp, code, message = await self._admin(
+            "CreateTopics",
+            common_pb2.CreateTopicsRequest(
+                topics=[
+                    common_pb2.CreatableTopic(
+                        name=t.name,
+                        num_partitions=t.num_partitions,
+                        replication_factor=t.replication_factor,
+                        assignments={
+                            a.partition_index: common_pb2.ReplicaList(replicas=list(a.broker_ids))
+                            for a in t.assignments
+                        },
+                        configs={c.name: c.value for c in t.configs if c.value is not None},
+                    )
+                    for t in body.topics
+                ],
+                timeout_ms=max(0, _ms(body.timeout)),
+                validate_only=getattr(body, "validate_only", False),
+            ),
+        )
+        if resp is None:
+            results = [(t.name, code, message, "", -1, -1) for t in body.topics]
+        else:
+            results = [
+                (
+                    r.name,
+                    kafka_error(r.error_code),
+                    r.error_message or None,
+                    r.topic_id,
+                    r.num_partitions or -1,
+                    r.replication_factor or -1,
+                )
+                for r in resp.topics
+            ]
+        return build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            topics=tuple(
+                build(
+                    result_cls,
+                    name=name,
+                    topic_id=_topic_uuid(topic_id),
+                    error_code=err,
+                    error_message=msg,
+                    num_partitions=partitions if err == K.none else -1,
+                    replication_factor=factor if err == K.none else -1,
+                    configs=None,  # not returned: DescribeConfigs says them
+                )
+                for name, err, msg, topic_id, partitions, factor in results
+            ),
+        )
+
+    async def delete_topics(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.DELETE_TOPICS, request.api_version)
+        result_cls = nested(cls, "DeletableTopicResult")
+        names = list(body.topic_names)
+        resp, code, message = await self._admin(
+            "DeleteTopics", common_pb2.DeleteTopicsRequest(names=names, timeout_ms=max(0, _ms(body.timeout)))
+        )
+        results = (
+            [(n, code, message) for n in names]
+            if resp is None
+            else [(r.name, kafka_error(r.error_code), r.error_message or None) for r in resp.topics]
+        )
+        return build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            responses=tuple(
+                build(result_cls, name=n, error_code=err, error_message=msg) for n, err, msg in results
+            ),
+        )
+
+    async def create_partitions(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.CREATE_PARTITIONS, request.api_version)
+        result_cls = nested(cls, "CreatePartitionsTopicResult")
+        resp, code, message = await self._admin(
+            "CreatePartitions",
+            common_pb2.CreatePartitionsRequest(
+                topics=[
+                    common_pb2.CreatePartitionsTopic(
+                        name=t.name,
+                        count=t.count,
+                        assignments=[
+                            common_pb2.ReplicaList(replicas=list(a.broker_ids)) for a in (t.assignments or ())
+                        ],
+                    )
+                    for t in body.topics
+                ],
+                timeout_ms=max(0, _ms(body.timeout)),
+                validate_only=body.validate_only,
+            ),
+        )
+        results = (
+            [(t.name, code, message) for t in body.topics]
+            if resp is None
+            else [(r.name, kafka_error(r.error_code), r.error_message or None) for r in resp.topics]
+        )
+        return build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            results=tuple(
+                build(result_cls, name=n, error_code=err, error_message=msg) for n, err, msg in results
+            ),
+        )
+
+    # ---- DescribeConfigs and DescribeCluster: this broker's metadata ---------------------------
+
+    async def describe_configs(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.DESCRIBE_CONFIGS, request.api_version)
+        result_cls = nested(cls, "DescribeConfigsResult")
+        entry_cls = nested(cls, "DescribeConfigsResourceResult")
+        cache = self.backend.metadata
+        results = []
+        for resource in body.resources:
+            wanted = set(resource.configuration_keys) if resource.configuration_keys is not None else None
+            code, message, entries = K.none, None, []
+            if resource.resource_type == RESOURCE_TOPIC:
+                if resource.resource_name not in cache.topics():
+                    code, message = (
+                        K.unknown_topic_or_partition,
+                        f"topic {resource.resource_name!r} does not exist",
+                    )
+                else:
+                    config = cache.topic_configs.get(resource.resource_name, common_pb2.TopicConfig())
+                    entries = [
+                        build(
+                            entry_cls,
+                            name=name,
+                            value=value,
+                            read_only=False,
+                            is_default=not set_here,
+                            config_source=SOURCE_TOPIC_CONFIG if set_here else SOURCE_DEFAULT_CONFIG,
+                            is_sensitive=False,
+                            synonyms=(),
+                            config_type=0,
+                            documentation=None,
+                        )
+                        for name, value, set_here in topic_config_entries(config)
+                        if wanted is None or name in wanted
+                    ]
+            elif resource.resource_type != RESOURCE_BROKER:
+                # Broker resources are answered with no entries (no broker config is dynamic here).
+                code, message = (
+                    K.invalid_request,
+                    f"resource type {resource.resource_type} is not described here",
+                )
+            results.append(
+                build(
+                    result_cls,
+                    error_code=code,
+                    error_message=message,
+                    resource_type=resource.resource_type,
+                    resource_name=resource.resource_name,
+                    configs=tuple(entries),
+                )
+            )
+        return build(cls, throttle_time=_NO_THROTTLE, results=tuple(results))
+
+    async def describe_cluster(self, request: Request) -> Any:
+        cls = protocol.response_class(protocol.DESCRIBE_CLUSTER, request.api_version)
+        broker_cls = nested(cls, "DescribeClusterBroker")
+        try:
+            brokers = await self.backend.kafka_brokers()
+            cluster_id = await self.backend.cluster_id()
+        except BackendUnavailable as exc:
+            return build(
+                cls,
+                throttle_time=_NO_THROTTLE,
+                error_code=K.request_timed_out,
+                error_message=str(exc),
+                cluster_id="",
+                controller_id=-1,
+                brokers=(),
+            )
+        return build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            error_code=K.none,
+            error_message=None,
+            endpoint_type=1,  # brokers: the only endpoints a Kafka client reaches here
+            cluster_id=cluster_id,
+            controller_id=self.backend.broker_id,  # as in Metadata: this broker forwards admin requests
+            brokers=tuple(
+                build(broker_cls, broker_id=b.broker_id, host=b.host, port=b.kafka_port, rack=b.rack or None)
+                for b in brokers
+            ),
+        )
+
 
 def api_versions_response(version: int, error_code: K) -> Any:
     """ApiVersions' answer in `version`: every API key with the versions answered."""
@@ -513,3 +729,44 @@ def _produce_refusal(req: common_pb2.ProduceRequest, code: int, message: str) ->
             for t in req.topics
         ]
     )
+
+
+# Kafka's DescribeConfigs resource types and config sources (DescribeConfigsResponse.json).
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+SOURCE_TOPIC_CONFIG = 1
+SOURCE_DEFAULT_CONFIG = 5
+
+
+def topic_config_entries(config: common_pb2.TopicConfig) -> list[tuple[str, str, bool]]:
+    """(name, effective value, set on the topic) for every topic config Highwater keeps; an unset
+    one shows the broker's default, as Kafka's DescribeConfigs does."""
+    effective = log_config_from(config)
+    return [
+        (
+            "min.insync.replicas",
+            str(config.min_insync_replicas or limits.DEFAULT_MIN_INSYNC_REPLICAS),
+            config.min_insync_replicas not in (0, limits.DEFAULT_MIN_INSYNC_REPLICAS),
+        ),
+        (
+            "unclean.leader.election.enable",
+            "true" if config.unclean_leader_election_enable else "false",
+            config.unclean_leader_election_enable,
+        ),
+        ("retention.ms", str(effective.retention_ms), config.retention_ms != 0),
+        ("retention.bytes", str(effective.retention_bytes), config.retention_bytes != 0),
+        ("segment.bytes", str(effective.segment_bytes), config.segment_bytes != 0),
+        ("segment.ms", str(effective.segment_ms), config.segment_ms != 0),
+        ("max.message.bytes", str(effective.max_message_bytes), config.max_message_bytes != 0),
+        ("message.timestamp.type", effective.message_timestamp_type, config.message_timestamp_type != ""),
+        (
+            "message.timestamp.before.max.ms",
+            str(effective.message_timestamp_before_max_ms),
+            config.HasField("message_timestamp_before_max_ms"),
+        ),
+        (
+            "message.timestamp.after.max.ms",
+            str(effective.message_timestamp_after_max_ms),
+            config.HasField("message_timestamp_after_max_ms"),
+        ),
+    ]

@@ -62,6 +62,13 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     API_VERSIONS: (0, 3),
     INIT_PRODUCER_ID: (0, 4),
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
+    # Admin requests, forwarded to the active controller (DescribeConfigs and DescribeCluster are
+    # answered from this broker's metadata). DeleteTopics 6+ names topics by id.
+    CREATE_TOPICS: (2, 7),
+    DELETE_TOPICS: (1, 5),
+    CREATE_PARTITIONS: (0, 3),
+    DESCRIBE_CONFIGS: (1, 4),
+    DESCRIBE_CLUSTER: (0, 1),
 }
 
 # ApiVersions' answer to a version it does not know is written as v0, the one version every

@@ -288,3 +288,84 @@ def test_list_offsets_and_offsets_for_leader_epoch(cluster):
         assert found[0].offset == 0, "the first record with a timestamp >= 0"
     finally:
         consumer.close()
+
+
+def test_aiokafka_admin_creates_grows_describes_and_deletes_topics(cluster):
+    import asyncio
+
+    from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    async def main() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap(), request_timeout_ms=10_000)
+        await asyncio.wait_for(admin.start(), CALL_TIMEOUT_S)
+        try:
+            await asyncio.wait_for(
+                admin.create_topics(
+                    [NewTopic("kafka-admin", 2, 3, topic_configs={"retention.ms": "3600000"})]
+                ),
+                CALL_TIMEOUT_S,
+            )
+            with Admin(cluster.gateway_address, **FAST) as ours:
+                (described,) = ours.describe_topics(["kafka-admin"])
+            assert len(described.partitions) == 2
+            assert all(len(p.replicas) == 3 for p in described.partitions)
+
+            await asyncio.wait_for(
+                admin.create_partitions({"kafka-admin": NewPartitions(total_count=4)}), CALL_TIMEOUT_S
+            )
+            deadline = time.monotonic() + CALL_TIMEOUT_S
+            while time.monotonic() < deadline:
+                with Admin(cluster.gateway_address, **FAST) as ours:
+                    (described,) = ours.describe_topics(["kafka-admin"])
+                if len(described.partitions) == 4:
+                    break
+                await asyncio.sleep(0.1)
+            assert len(described.partitions) == 4
+
+            configs = None
+            deadline = time.monotonic() + CALL_TIMEOUT_S
+            while time.monotonic() < deadline:  # the broker learns the topic from UpdateMetadata
+                (answer,) = await asyncio.wait_for(
+                    admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, "kafka-admin")]),
+                    CALL_TIMEOUT_S,
+                )
+                (resource,) = answer.resources
+                if resource[0] == 0:
+                    configs = {entry[0]: entry[1] for entry in resource[4]}
+                    break
+                await asyncio.sleep(0.1)
+            assert configs is not None and configs["retention.ms"] == "3600000"
+
+            await asyncio.wait_for(admin.delete_topics(["kafka-admin"]), CALL_TIMEOUT_S)
+            deadline = time.monotonic() + CALL_TIMEOUT_S
+            while time.monotonic() < deadline:
+                with Admin(cluster.gateway_address, **FAST) as ours:
+                    names = {t.name for t in ours.describe_topics()}
+                if "kafka-admin" not in names:
+                    break
+                await asyncio.sleep(0.1)
+            assert "kafka-admin" not in names
+        finally:
+            await asyncio.wait_for(admin.close(), CALL_TIMEOUT_S)
+
+    asyncio.run(main())
+
+
+def test_confluent_admin_errors_and_cluster_description(cluster):
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap()})
+    created = admin.create_topics([NewTopic("kafka-admin-c", 1, 3)], operation_timeout=10)
+    created["kafka-admin-c"].result(timeout=CALL_TIMEOUT_S)
+    again = admin.create_topics([NewTopic("kafka-admin-c", 1, 3)], operation_timeout=10)
+    with pytest.raises(confluent_kafka.KafkaException) as info:
+        again["kafka-admin-c"].result(timeout=CALL_TIMEOUT_S)
+    assert info.value.args[0].code() == confluent_kafka.KafkaError.TOPIC_ALREADY_EXISTS
+    bad = admin.create_topics([NewTopic("kafka-admin-bad", 1, 7)], operation_timeout=10)
+    with pytest.raises(confluent_kafka.KafkaException) as info:
+        bad["kafka-admin-bad"].result(timeout=CALL_TIMEOUT_S)
+    assert info.value.args[0].code() == confluent_kafka.KafkaError.INVALID_REPLICATION_FACTOR
+    description = admin.describe_cluster(request_timeout=10).result(timeout=CALL_TIMEOUT_S)
+    assert sorted(n.id for n in description.nodes) == [1, 2, 3]
+    assert description.cluster_id
