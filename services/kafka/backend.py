@@ -10,12 +10,13 @@ Owned by the broker's event loop.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
 import grpc
 
-from coordinator import kafka_reads
+from coordinator import consumer_offsets, kafka_reads
 from coordinator.election import current_controller
 from coordinator.store import CoordinatorError, MetadataStore
 from protos.highwater.v1 import broker_pb2, common_pb2
@@ -23,7 +24,8 @@ from services.broker.replica_manager import ReplicaManager
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
 from services.common.peers import PeerChannels
-from services.kafka.handler import BackendUnavailable, KafkaBroker
+from services.groups.coordinator import EPOCH_LEAVE, GroupState, check_commit
+from services.kafka.handler import BackendUnavailable, KafkaBroker, OffsetCommit
 
 
 class BrokerKafkaBackend:
@@ -94,3 +96,48 @@ class BrokerKafkaBackend:
             raise BackendUnavailable(
                 f"{rpc} to the controller failed: {exc.code().name} {exc.details()}"
             ) from exc
+
+    async def commit_offsets(self, group: str, offsets: list[OffsetCommit]) -> tuple[int, str]:
+        """As the gateway's CommitOffsets does for a commit without a member id: refused while the
+        group has members (their commits are fenced by member epochs; this one is not), applied
+        in a transaction that requires the group's state unchanged since that check. Chunks of
+        COMMIT_OFFSETS_PER_REQUEST_MAX keep each transaction within etcd's operation bound."""
+        step = limits.COMMIT_OFFSETS_PER_REQUEST_MAX
+        for start in range(0, len(offsets), step):
+            chunk = offsets[start : start + step]
+            for _ in range(limits.GROUP_STATE_CAS_ATTEMPTS_MAX):
+                raw, revision = await self._etcd(
+                    "group state", consumer_offsets.read_group_state(self.store, group)
+                )
+                if raw is not None:
+                    state = GroupState.from_record(json.loads(raw))
+                    owned = frozenset((c.topic, c.partition) for c in chunk)
+                    if check_commit(state, "", EPOCH_LEAVE, owned) is not None:
+                        return (
+                            common_pb2.NON_EMPTY_GROUP,
+                            f"group {group!r} has members: its offsets are theirs to commit",
+                        )
+                written = await self._etcd(
+                    "offset commit",
+                    consumer_offsets.commit_if_state_unchanged(
+                        self.store,
+                        group,
+                        revision,
+                        [(c.topic, c.partition, c.offset, c.metadata, c.leader_epoch) for c in chunk],
+                        int(time.time() * 1000),
+                    ),
+                )
+                if written:
+                    break
+            else:
+                return common_pb2.REQUEST_TIMED_OUT, "the group kept changing while committing; commit again"
+        return common_pb2.NONE, ""
+
+    async def committed_offsets(self, group: str) -> dict[tuple[str, int], OffsetCommit]:
+        stored = await self._etcd("committed offsets", consumer_offsets.committed_offsets(self.store, group))
+        return {
+            tp: OffsetCommit(
+                tp[0], tp[1], int(v["offset"]), str(v.get("metadata", "")), int(v.get("leader_epoch", -1))
+            )
+            for tp, v in stored.items()
+        }

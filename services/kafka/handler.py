@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode as K
 
+from clients.common.topics import group_id_problem
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.broker.core import log_config_from
 from services.common import limits
@@ -77,6 +78,24 @@ class KafkaBackend(Protocol):
         """One call to the active controller; raises BackendUnavailable."""
         ...
 
+    async def commit_offsets(self, group: str, offsets: list[OffsetCommit]) -> tuple[int, str]:
+        """Store commits made from outside the group's membership: (common_pb2 code, message) for
+        all of them; NON_EMPTY_GROUP while the group has members. Raises BackendUnavailable."""
+        ...
+
+    async def committed_offsets(self, group: str) -> dict[tuple[str, int], OffsetCommit]:
+        """The group's committed offsets. Raises BackendUnavailable."""
+        ...
+
+
+@dataclass(frozen=True)
+class OffsetCommit:
+    topic: str
+    partition: int
+    offset: int
+    metadata: str
+    leader_epoch: int
+
 
 def _ms(value: datetime.timedelta) -> int:
     return int(value.total_seconds() * 1000)
@@ -107,6 +126,9 @@ class KafkaHandler:
             protocol.CREATE_PARTITIONS: self.create_partitions,
             protocol.DESCRIBE_CONFIGS: self.describe_configs,
             protocol.DESCRIBE_CLUSTER: self.describe_cluster,
+            protocol.FIND_COORDINATOR: self.find_coordinator,
+            protocol.OFFSET_COMMIT: self.offset_commit,
+            protocol.OFFSET_FETCH: self.offset_fetch,
         }
         missing = set(protocol.SUPPORTED_VERSIONS) - set(self._apis)
         if missing:
@@ -693,6 +715,165 @@ class KafkaHandler:
             ),
         )
 
+    # ---- offsets: every broker coordinates every group -----------------------------------------
+
+    async def find_coordinator(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.FIND_COORDINATOR, request.api_version)
+        keys = list(body.coordinator_keys) if hasattr(body, "coordinator_keys") else [body.key]
+        key_type = getattr(body, "key_type", KEY_TYPE_GROUP)
+        me: KafkaBroker | None = None
+        try:
+            me = next(
+                (b for b in await self.backend.kafka_brokers() if b.broker_id == self.backend.broker_id), None
+            )
+        except BackendUnavailable as exc:
+            log.warning("FindCoordinator: %s", exc)
+
+        def answer(key: str) -> dict[str, Any]:
+            if key_type != KEY_TYPE_GROUP:
+                code, message = K.invalid_request, "transactions are not supported (docs/KAFKA.md)"
+            elif (problem := group_id_problem(key)) is not None:
+                code, message = K.invalid_group_id, problem
+            elif me is None:
+                code, message = K.coordinator_not_available, "this broker's registration was not read"
+            else:
+                return {
+                    "key": key,
+                    "error_code": K.none,
+                    "error_message": None,
+                    "node_id": me.broker_id,
+                    "host": me.host,
+                    "port": me.kafka_port,
+                }
+            return {
+                "key": key,
+                "error_code": code,
+                "error_message": message,
+                "node_id": -1,
+                "host": "",
+                "port": -1,
+            }
+
+        if hasattr(body, "coordinator_keys"):
+            coordinator_cls = nested(cls, "Coordinator")
+            return build(
+                cls,
+                throttle_time=_NO_THROTTLE,
+                coordinators=tuple(build(coordinator_cls, **answer(k)) for k in keys),
+            )
+        return build(cls, throttle_time=_NO_THROTTLE, **answer(keys[0]))
+
+    async def offset_commit(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.OFFSET_COMMIT, request.api_version)
+        topic_cls = nested(cls, "OffsetCommitResponseTopic")
+        part_cls = nested(cls, "OffsetCommitResponsePartition")
+        codes: dict[tuple[str, int], K] = {}
+        commits: list[OffsetCommit] = []
+        whole: K | None = None
+        if group_id_problem(body.group_id) is not None:
+            whole = K.invalid_group_id
+        elif body.generation_id_or_member_epoch != -1 or body.member_id:
+            # A classic group member's commit: JoinGroup is not served, so no member exists.
+            whole = K.unknown_member_id
+        cache = self.backend.metadata
+        for t in body.topics:
+            for p in t.partitions:
+                tp = (t.name, p.partition_index)
+                metadata = p.committed_metadata or ""
+                if whole is not None:
+                    codes[tp] = whole
+                elif tp not in cache.partitions:
+                    codes[tp] = K.unknown_topic_or_partition
+                elif len(metadata) > limits.OFFSET_METADATA_MAX_CHARS:
+                    codes[tp] = K.offset_metadata_too_large
+                elif p.committed_offset < 0:
+                    codes[tp] = K.offset_out_of_range
+                else:
+                    commits.append(
+                        OffsetCommit(
+                            t.name,
+                            p.partition_index,
+                            p.committed_offset,
+                            metadata,
+                            getattr(p, "committed_leader_epoch", -1),
+                        )
+                    )
+        if commits:
+            try:
+                code, message = await self.backend.commit_offsets(body.group_id, commits)
+                result = kafka_error(code)
+                if code != common_pb2.NONE:
+                    log.info("OffsetCommit for group %r refused: %s", body.group_id, message)
+            except BackendUnavailable as exc:
+                log.warning("OffsetCommit: %s", exc)
+                result = K.coordinator_not_available
+            for c in commits:
+                codes[(c.topic, c.partition)] = result
+        return build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            topics=tuple(
+                build(
+                    topic_cls,
+                    name=t.name,
+                    partitions=tuple(
+                        build(
+                            part_cls,
+                            partition_index=p.partition_index,
+                            error_code=codes[(t.name, p.partition_index)],
+                        )
+                        for p in t.partitions
+                    ),
+                )
+                for t in body.topics
+            ),
+        )
+
+    async def offset_fetch(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.OFFSET_FETCH, request.api_version)
+        topic_cls = nested(cls, "OffsetFetchResponseTopic")
+        part_cls = nested(cls, "OffsetFetchResponsePartition")
+        whole = K.none
+        stored: dict[tuple[str, int], OffsetCommit] = {}
+        if group_id_problem(body.group_id) is not None:
+            whole = K.invalid_group_id
+        else:
+            try:
+                stored = await self.backend.committed_offsets(body.group_id)
+            except BackendUnavailable as exc:
+                log.warning("OffsetFetch: %s", exc)
+                whole = K.coordinator_not_available
+        if body.topics is None:
+            wanted: dict[str, list[int]] = {}
+            for topic, partition in sorted(stored):
+                wanted.setdefault(topic, []).append(partition)
+        else:
+            wanted = {t.name: list(t.partition_indexes) for t in body.topics}
+
+        def partition_answer(topic: str, index: int) -> Any:
+            found = stored.get((topic, index))
+            return build(
+                part_cls,
+                partition_index=index,
+                committed_offset=found.offset if found else -1,
+                committed_leader_epoch=found.leader_epoch if found else -1,
+                metadata=found.metadata if found else "",
+                error_code=whole,
+            )
+
+        return build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            error_code=whole,
+            topics=tuple(
+                build(topic_cls, name=name, partitions=tuple(partition_answer(name, i) for i in indexes))
+                for name, indexes in wanted.items()
+            ),
+        )
+
 
 def api_versions_response(version: int, error_code: K) -> Any:
     """ApiVersions' answer in `version`: every API key with the versions answered."""
@@ -730,6 +911,9 @@ def _produce_refusal(req: common_pb2.ProduceRequest, code: int, message: str) ->
         ]
     )
 
+
+# FindCoordinator's key types: 0 a group, 1 a transactional id.
+KEY_TYPE_GROUP = 0
 
 # Kafka's DescribeConfigs resource types and config sources (DescribeConfigsResponse.json).
 RESOURCE_TOPIC = 2

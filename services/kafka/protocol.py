@@ -69,6 +69,13 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     CREATE_PARTITIONS: (0, 3),
     DESCRIBE_CONFIGS: (1, 4),
     DESCRIBE_CLUSTER: (0, 1),
+    # Offsets of groups committed from outside a group's membership (generation -1, as
+    # assign()-based consumers and admin tools commit); every broker is every group's
+    # coordinator. OffsetCommit 9+ and OffsetFetch 8+ carry KIP-848 member epochs and batched
+    # groups; FindCoordinator 4+ batches keys (served).
+    FIND_COORDINATOR: (0, 4),
+    OFFSET_COMMIT: (2, 8),
+    OFFSET_FETCH: (1, 7),
 }
 
 # ApiVersions' answer to a version it does not know is written as v0, the one version every

@@ -369,3 +369,44 @@ def test_confluent_admin_errors_and_cluster_description(cluster):
     description = admin.describe_cluster(request_timeout=10).result(timeout=CALL_TIMEOUT_S)
     assert sorted(n.id for n in description.nodes) == [1, 2, 3]
     assert description.cluster_id
+
+
+def test_offsets_committed_over_kafka_are_the_groups_offsets_and_the_reverse(cluster):
+    create(cluster, "kafka-commits", partitions=2)
+    group = "kafka-commits-group"
+    tp = confluent_kafka.TopicPartition
+    consumer = confluent_kafka.Consumer(
+        {"bootstrap.servers": cluster.kafka_bootstrap(), "group.id": group, "enable.auto.commit": False}
+    )
+    try:
+        consumer.assign([tp("kafka-commits", 0), tp("kafka-commits", 1)])
+        committed = consumer.commit(
+            offsets=[tp("kafka-commits", 0, 7), tp("kafka-commits", 1, 3)], asynchronous=False
+        )
+        assert all(c.error is None for c in committed)
+        got = consumer.committed([tp("kafka-commits", 0), tp("kafka-commits", 1)], timeout=CALL_TIMEOUT_S)
+        assert [(c.partition, c.offset) for c in got] == [(0, 7), (1, 3)]
+    finally:
+        consumer.close()
+
+    # The same group through the gateway: our Consumer sees the commit and commits over it.
+    with Consumer(
+        bootstrap=cluster.gateway_address, group_id=group, enable_auto_commit=False, **FAST
+    ) as ours:
+        assert ours.committed(TopicPartition("kafka-commits", 0)) == 7
+        ours.commit({TopicPartition("kafka-commits", 1): 11})
+
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": cluster.kafka_bootstrap(), "group.id": group})
+    try:
+        (c,) = consumer.committed([tp("kafka-commits", 1)], timeout=CALL_TIMEOUT_S)
+        assert c.offset == 11
+    finally:
+        consumer.close()
+    consumer = confluent_kafka.Consumer(
+        {"bootstrap.servers": cluster.kafka_bootstrap(), "group.id": "kafka-none"}
+    )
+    try:
+        (missing,) = consumer.committed([tp("kafka-commits", 0)], timeout=CALL_TIMEOUT_S)
+        assert missing.offset < 0, "nothing committed: Kafka's -1001 (OFFSET_INVALID)"
+    finally:
+        consumer.close()

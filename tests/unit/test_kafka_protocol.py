@@ -126,6 +126,7 @@ class FakeBackend:
         self.produced: list[common_pb2.ProduceRequest] = []
         self.fetched: list[common_pb2.FetchRequest] = []
         self.controller_down = False
+        self.commits: list[tuple[str, list[Any]]] = []
 
     @property
     def broker_id(self) -> int:
@@ -184,6 +185,13 @@ class FakeBackend:
 
     async def cluster_id(self) -> str:
         return "cluster-x"
+
+    async def commit_offsets(self, group: str, offsets: list[Any]) -> tuple[int, str]:
+        self.commits.append((group, offsets))
+        return common_pb2.NONE, ""
+
+    async def committed_offsets(self, group: str) -> dict[tuple[str, int], Any]:
+        return {}
 
     async def call_controller(self, rpc: str, request: Any) -> Any:
         if self.controller_down:
@@ -290,3 +298,42 @@ def test_fetch_passes_records_through_and_names_the_leader_on_not_leader():
     assert (ok.records, ok.high_watermark, ok.last_stable_offset) == (b"batches", 5, 5)
     assert moved.error_code == 6 and moved.records is None
     assert answer.session_id == 0, "no fetch sessions"
+
+
+def test_find_coordinator_answers_this_broker_for_groups_only():
+    backend = FakeBackend()
+    v4 = protocol.request_class(protocol.FIND_COORDINATOR, 4)
+    answer = handle(backend, protocol.FIND_COORDINATOR, 4, v4(key_type=0, coordinator_keys=("g1", "")))
+    good, bad = answer.coordinators
+    assert (good.key, good.node_id, good.port, good.error_code) == ("g1", 1, 19092, 0)
+    assert bad.error_code == 24, "INVALID_GROUP_ID"
+    v3 = protocol.request_class(protocol.FIND_COORDINATOR, 3)
+    assert handle(backend, protocol.FIND_COORDINATOR, 3, v3(key="tx", key_type=1)).error_code == 42
+
+
+def test_offset_commit_takes_simple_commits_and_refuses_classic_members():
+    cls = protocol.request_class(protocol.OFFSET_COMMIT, 8)
+    mod = module_of(cls)
+    topics = (
+        mod.OffsetCommitRequestTopic(
+            name="t",
+            partitions=(
+                mod.OffsetCommitRequestPartition(
+                    partition_index=0, committed_offset=5, committed_metadata="m"
+                ),
+                mod.OffsetCommitRequestPartition(
+                    partition_index=9, committed_offset=5, committed_metadata=None
+                ),
+            ),
+        ),
+    )
+    backend = FakeBackend()
+    body = cls(group_id="g", generation_id_or_member_epoch=-1, member_id="", topics=topics)
+    answer = handle(backend, protocol.OFFSET_COMMIT, 8, body)
+    assert [p.error_code for p in answer.topics[0].partitions] == [0, 3], "t-9 does not exist"
+    ((group, (commit,)),) = backend.commits
+    assert (group, commit.topic, commit.partition, commit.offset, commit.metadata) == ("g", "t", 0, 5, "m")
+
+    member = cls(group_id="g", generation_id_or_member_epoch=4, member_id="m-1", topics=topics)
+    answer = handle(FakeBackend(), protocol.OFFSET_COMMIT, 8, member)
+    assert {p.error_code for p in answer.topics[0].partitions} == {25}, "UNKNOWN_MEMBER_ID: no classic groups"
