@@ -1,0 +1,150 @@
+"""The Kafka listener's socket side (services/kafka/listener.py) on loopback with a fake backend:
+answers in request order while a slow request is in progress, no answer for acks=0, the request
+size bound, and connections closed for bytes that are not a request."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import struct
+from typing import Any
+
+import pytest
+
+from protos.highwater.v1 import common_pb2
+from services.kafka import protocol
+from services.kafka.handler import KafkaHandler
+from services.kafka.listener import KafkaListener
+from tests.unit.test_kafka_protocol import FakeBackend, module_of, request_frame
+
+WAIT_S = 5.0
+
+
+class SlowFetchBackend(FakeBackend):
+    """Fetch waits until released, as a long poll does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def fetch(self, req: common_pb2.FetchRequest) -> common_pb2.FetchResponse:
+        await self.release.wait()
+        return await super().fetch(req)
+
+
+def fetch_body() -> Any:
+    cls = protocol.request_class(protocol.FETCH, 12)
+    mod = module_of(cls)
+    return cls(
+        max_wait=datetime.timedelta(milliseconds=500),
+        min_bytes=1,
+        topics=(
+            mod.FetchTopic(
+                topic="t",
+                partitions=(mod.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1),),
+            ),
+        ),
+        forgotten_topics_data=(),
+    )
+
+
+def produce_body(acks: int) -> Any:
+    cls = protocol.request_class(protocol.PRODUCE, 9)
+    mod = module_of(cls)
+    return cls(
+        transactional_id=None,
+        acks=acks,
+        timeout=datetime.timedelta(seconds=1),
+        topic_data=(
+            mod.TopicProduceData(name="t", partition_data=(mod.PartitionProduceData(index=0, records=b"b"),)),
+        ),
+    )
+
+
+def api_versions_body() -> Any:
+    return protocol.build(
+        protocol.request_class(protocol.API_VERSIONS, 3),
+        client_software_name="x",
+        client_software_version="1",
+    )
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    (size,) = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), WAIT_S))
+    frame = await asyncio.wait_for(reader.readexactly(size), WAIT_S)
+    (correlation_id,) = struct.unpack_from(">i", frame)
+    return correlation_id, frame
+
+
+def framed(frame: bytes) -> bytes:
+    return struct.pack(">i", len(frame)) + frame
+
+
+async def with_listener(backend: FakeBackend, test: Any, **bounds: int) -> None:
+    listener = KafkaListener(KafkaHandler(backend), "127.0.0.1", 0, **bounds)
+    port = await listener.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        await test(reader, writer)
+    finally:
+        writer.close()
+        await listener.close()
+
+
+def test_answers_leave_in_request_order_and_acks_zero_gets_none():
+    backend = SlowFetchBackend()
+
+    async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(framed(request_frame(protocol.FETCH, 12, fetch_body(), correlation_id=1)))
+        writer.write(framed(request_frame(protocol.PRODUCE, 9, produce_body(0), correlation_id=2)))
+        writer.write(framed(request_frame(protocol.PRODUCE, 9, produce_body(-1), correlation_id=3)))
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        assert len(backend.produced) == 2, "the produces ran while the fetch waited"
+        backend.release.set()
+        first, _ = await read_answer(reader)
+        second, _ = await read_answer(reader)
+        assert (first, second) == (1, 3), "in request order; acks=0 (2) answered with nothing"
+
+    asyncio.run(with_listener(backend, test))
+
+
+def test_a_request_over_the_size_bound_closes_the_connection():
+    async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(struct.pack(">i", 1025) + b"\0" * 16)
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), WAIT_S) == b"", "closed without an answer"
+
+    asyncio.run(with_listener(FakeBackend(), test, request_bytes_max=1024))
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        struct.pack(">hhi", protocol.FETCH, 99, 1) + b"\0\0",  # a version not served
+        struct.pack(">hhi", protocol.METADATA, 12, 1) + b"\xff\xff\xff",  # a body that cannot be read
+    ],
+)
+def test_unanswerable_requests_close_the_connection(frame: bytes):
+    async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(framed(frame))
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), WAIT_S) == b""
+
+    asyncio.run(with_listener(FakeBackend(), test))
+
+
+def test_api_versions_at_an_unknown_version_is_answered_in_v0():
+    async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(framed(struct.pack(">hhi", protocol.API_VERSIONS, 77, 9) + b"\0\0anything"))
+        await writer.drain()
+        correlation_id, frame = await read_answer(reader)
+        assert correlation_id == 9
+        (error_code,) = struct.unpack_from(">h", frame, 4)
+        assert error_code == 35, "UNSUPPORTED_VERSION"
+        # The connection stays usable: the client asks again with a version it now knows.
+        writer.write(framed(request_frame(protocol.API_VERSIONS, 3, api_versions_body(), correlation_id=10)))
+        await writer.drain()
+        assert (await read_answer(reader))[0] == 10
+
+    asyncio.run(with_listener(FakeBackend(), test))
