@@ -410,3 +410,56 @@ def test_offsets_committed_over_kafka_are_the_groups_offsets_and_the_reverse(clu
         assert missing.offset < 0, "nothing committed: Kafka's -1001 (OFFSET_INVALID)"
     finally:
         consumer.close()
+
+
+@pytest.mark.slow
+def test_kafka_producer_rides_through_a_leader_kill_with_every_acknowledged_record_kept(make_cluster):
+    c = make_cluster(brokers=3)
+    create(c, "kafka-failover", partitions=1)
+    leader = leader_of(c, "kafka-failover", 0)
+    bootstrap = ",".join(
+        f"127.0.0.1:{c.processes[f'broker-{b}'].info['kafka_port']}" for b in (1, 2, 3) if b != leader
+    )
+    producer = confluent_kafka.Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "message.timeout.ms": 30_000,
+            "linger.ms": 5,
+        }
+    )
+    acknowledged: list[bytes] = []
+    failed: list[Any] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err:
+            failed.append(err)
+        else:
+            acknowledged.append(msg.value())
+
+    for i in range(2_000):
+        if i == 500:
+            producer.flush(CALL_TIMEOUT_S)
+            c.kill_broker(leader)  # SIGKILL: the controller moves leadership once its lease expires
+        producer.produce("kafka-failover", value=f"r{i}".encode(), partition=0, on_delivery=on_delivery)
+        producer.poll(0)
+        if i % 100 == 0:
+            time.sleep(0.05)
+    assert producer.flush(45) == 0, "every record delivered or failed within its timeout"
+    assert not failed and len(acknowledged) == 2_000, "librdkafka retried through the failover"
+    assert leader_of(c, "kafka-failover", 0) != leader
+
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "kafka-failover"})
+    try:
+        consumer.assign([confluent_kafka.TopicPartition("kafka-failover", 0, 0)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(got) < len(acknowledged) and time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is not None and not m.error():
+                got.append(m.value())
+    finally:
+        consumer.close()
+    assert set(acknowledged) <= set(got), "no acknowledged record lost"
+    assert len(got) == len(set(got)), "idempotence: no record written twice"
