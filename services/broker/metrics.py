@@ -35,3 +35,17 @@ OPEN_SEGMENT_FILES = Gauge(
 # Read from the real files' count: replica_manager (the driver that owns FileStorage) sets
 # OPEN_SEGMENT_FILES.set_function(open_real_file_count), so the pure core importing these
 # metrics does not import the file layer.
+# The Kafka protocol listener (services/kafka/listener.py), by Kafka's API name.
+KAFKA_REQUEST_LATENCY = Histogram(
+    "highwater_kafka_request_latency_seconds",
+    "Kafka protocol request latency, from its frame read to its answer built",
+    ["api"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+KAFKA_CONNECTIONS = Gauge("highwater_kafka_connections", "Open Kafka protocol connections")
+KAFKA_CONNECTIONS_CLOSED = Counter(
+    "highwater_kafka_connections_closed",
+    "Kafka connections this broker closed: a request it could not answer, an oversized one, "
+    "the connection bound, or idleness",
+    ["reason"],
+)

@@ -386,6 +386,10 @@ KAFKA_REQUEST_BYTES_MAX = GRPC_MAX_MESSAGE_BYTES
 KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX = 32
 # Open Kafka connections per broker; one more is closed as soon as it is accepted.
 KAFKA_CONNECTIONS_MAX = 1_000
+# A Kafka connection with no request for this long is closed (Kafka's connections.max.idle.ms,
+# 10 minutes): clients reconnect when they need to, and forgotten ones do not hold a slot of
+# KAFKA_CONNECTIONS_MAX forever.
+KAFKA_CONNECTION_IDLE_MS_MAX = 600_000
 # How long Metadata may reuse the registered brokers' Kafka addresses read from etcd.
 KAFKA_BROKER_LIST_CACHE_MS = 1_000
 # One call a Kafka request makes to the controller or etcd (InitProducerId, admin requests,

@@ -18,7 +18,9 @@ import contextlib
 import logging
 
 from kio.schema.errors import ErrorCode as K
+from kio.schema.index import api_key_map
 
+from services.broker import metrics
 from services.common import limits
 from services.kafka import protocol
 from services.kafka.handler import KafkaHandler, api_versions_response
@@ -42,6 +44,7 @@ class KafkaListener:
         request_bytes_max: int = limits.KAFKA_REQUEST_BYTES_MAX,
         in_flight_max: int = limits.KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX,
         connections_max: int = limits.KAFKA_CONNECTIONS_MAX,
+        idle_ms_max: int = limits.KAFKA_CONNECTION_IDLE_MS_MAX,
     ) -> None:
         self.handler = handler
         self.host = host
@@ -49,6 +52,7 @@ class KafkaListener:
         self.request_bytes_max = request_bytes_max
         self.in_flight_max = in_flight_max
         self.connections_max = connections_max
+        self.idle_s_max = idle_ms_max / 1000
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
@@ -76,15 +80,18 @@ class KafkaListener:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self._connections) >= self.connections_max:
             log.warning("Kafka connection refused: %d connections already open", len(self._connections))
+            metrics.KAFKA_CONNECTIONS_CLOSED.labels("connections_max").inc()
             writer.close()
             return
         task = asyncio.current_task()
         if task is None:  # asyncio runs every accepted connection in a task of its own
             raise RuntimeError("Kafka connection handler runs outside a task")
         self._connections.add(task)
+        metrics.KAFKA_CONNECTIONS.inc()
         try:
             await self._serve(reader, writer)
         finally:
+            metrics.KAFKA_CONNECTIONS.dec()
             self._connections.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
@@ -97,8 +104,14 @@ class KafkaListener:
         try:
             while not sender.done():
                 try:
-                    size = protocol.frame_size(await reader.readexactly(4))
+                    try:
+                        prefix = await asyncio.wait_for(reader.readexactly(4), self.idle_s_max)
+                    except TimeoutError:
+                        metrics.KAFKA_CONNECTIONS_CLOSED.labels("idle").inc()
+                        break
+                    size = protocol.frame_size(prefix)
                     if size > self.request_bytes_max:
+                        metrics.KAFKA_CONNECTIONS_CLOSED.labels("request_bytes_max").inc()
                         log.warning(
                             "Kafka client %s sent a %d-byte request, over the %d-byte bound; closing",
                             peer,
@@ -111,6 +124,7 @@ class KafkaListener:
                     break
                 except protocol.KafkaProtocolError as exc:
                     log.warning("Kafka client %s: %s; closing", peer, exc)
+                    metrics.KAFKA_CONNECTIONS_CLOSED.labels("unreadable").inc()
                     break
                 await answers.put(asyncio.create_task(self._answer(frame, peer)))
             # The sender consumes the queue until this end mark (closing or not), so this put
@@ -136,14 +150,18 @@ class KafkaListener:
                     api_versions_response(protocol.API_VERSIONS_FALLBACK_VERSION, K.unsupported_version),
                 )
             log.warning("Kafka client %s: %s; closing", peer, exc)
+            metrics.KAFKA_CONNECTIONS_CLOSED.labels("unsupported_version").inc()
             raise _CloseConnection(str(exc)) from exc
         except protocol.KafkaProtocolError as exc:
             log.warning("Kafka client %s: %s; closing", peer, exc)
+            metrics.KAFKA_CONNECTIONS_CLOSED.labels("unreadable").inc()
             raise _CloseConnection(str(exc)) from exc
         try:
-            response = await self.handler.handle(request)
+            with metrics.KAFKA_REQUEST_LATENCY.labels(api_key_map[request.api_key]).time():
+                response = await self.handler.handle(request)
         except Exception as exc:
             log.exception("Kafka request api key %d v%d failed", request.api_key, request.api_version)
+            metrics.KAFKA_CONNECTIONS_CLOSED.labels("handler_failed").inc()
             raise _CloseConnection(str(exc)) from exc
         if response is None:
             return None

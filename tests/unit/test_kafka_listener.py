@@ -148,3 +148,10 @@ def test_api_versions_at_an_unknown_version_is_answered_in_v0():
         assert (await read_answer(reader))[0] == 10
 
     asyncio.run(with_listener(FakeBackend(), test))
+
+
+def test_an_idle_connection_is_closed():
+    async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert await asyncio.wait_for(reader.read(), WAIT_S) == b""
+
+    asyncio.run(with_listener(FakeBackend(), test, idle_ms_max=100))
