@@ -173,6 +173,39 @@ def test_grpc_written_batches_read_over_kafka_byte_for_byte(cluster):
     assert part.high_watermark == 50
     assert bytes(part.records) == grpc_bytes, "the leader's stored batches, unchanged"
 
+    # The reverse: a batch produced over Kafka's protocol is what a gRPC Fetch returns, byte for
+    # byte but for the two fields the leader patches outside the CRC (baseOffset, bytes 0-8, and
+    # partitionLeaderEpoch, bytes 12-16).
+    from clients.common.records import encode_batch
+
+    sent = encode_batch(
+        [(b"k", f"kafka-{i}".encode(), [("h", b"v")], 1_700_000_000_000 + i) for i in range(20)]
+    )
+    produce = protocol.request_class(protocol.PRODUCE, 9)
+    mod = __import__(produce.__module__, fromlist=["x"])
+    body = produce(
+        acks=-1,
+        timeout=__import__("datetime").timedelta(seconds=10),
+        topic_data=(
+            mod.TopicProduceData(
+                name="kafka-bytes", partition_data=(mod.PartitionProduceData(index=0, records=sent),)
+            ),
+        ),
+    )
+    answer = read_answer(
+        protocol.PRODUCE, 9, raw_call(kafka_address(cluster, leader), protocol.PRODUCE, 9, body)
+    )
+    (written,) = answer.responses[0].partition_responses
+    assert (written.error_code, written.base_offset) == (0, 50)
+    grpc_answer = gateway_stub(cluster.gateway_address).Fetch(
+        consumer_fetch("kafka-bytes", 0, 50, max_bytes=1 << 20, partition_max_bytes=1 << 20),
+        timeout=CALL_TIMEOUT_S,
+    )
+    stored = grpc_answer.topics[0].partitions[0].records
+    assert len(stored) == len(sent)
+    assert int.from_bytes(stored[0:8], "big") == 50
+    assert stored[8:12] == sent[8:12] and stored[16:] == sent[16:]
+
 
 def leader_of(cluster: Any, topic: str, partition: int) -> int:
     with Admin(cluster.gateway_address, **FAST) as admin:
