@@ -1,0 +1,442 @@
+"""Kafka's classic consumer-group protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup), pure.
+
+The groups one broker coordinates, as Kafka's GroupCoordinator keeps them: members join, the
+coordinator picks a protocol every member supports and a leader, the leader computes the
+assignment on the client and hands it over in SyncGroup, members heartbeat within their
+session. Requests that must wait (a JoinGroup until every member rejoined or the rebalance
+timeout passed, a follower's SyncGroup until the leader's) get a ticket; every call returns
+the answers it completes as (ticket, answer) pairs, which the driver (handler.py) hands to the
+waiting requests. Time is an argument; `expire(now_ms)` is called by the driver's timer.
+
+Membership lives in this broker's memory only, as in Kafka (where it is rebuilt from the
+offsets topic; here, by members rejoining): a group's coordinator is the broker
+`coordinator_of` names among the live ones, and a coordinator that moves or restarts answers
+members UNKNOWN_MEMBER_ID or NOT_COORDINATOR, so they join again. Committed offsets are in
+etcd and survive. Static membership (group.instance.id) is kept as an attribute only.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from clients.common.errors import check
+
+# Kafka's group.min/max.session.timeout.ms defaults (6 s, 30 min).
+SESSION_TIMEOUT_MS_MIN = 6_000
+SESSION_TIMEOUT_MS_MAX = 1_800_000
+# Kafka's group.initial.rebalance.delay.ms is 3 s: an empty group waits that long for more
+# members before its first generation. Shorter here: a second member's join restarts the wait.
+INITIAL_REBALANCE_DELAY_MS = 1_000
+# Members of one group, pending (told MEMBER_ID_REQUIRED) ones included (Kafka's
+# group.max.size is unbounded by default; a bound keeps one group from filling memory).
+GROUP_MEMBERS_MAX = 1_000
+# Groups one broker coordinates at once.
+GROUPS_MAX = 10_000
+
+
+class State(enum.Enum):
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+
+
+class Error(enum.Enum):
+    """Kafka's names (handler.py maps them to kio's codes)."""
+
+    NONE = "none"
+    UNKNOWN_MEMBER_ID = "unknown_member_id"
+    ILLEGAL_GENERATION = "illegal_generation"
+    REBALANCE_IN_PROGRESS = "rebalance_in_progress"
+    INCONSISTENT_GROUP_PROTOCOL = "inconsistent_group_protocol"
+    INVALID_SESSION_TIMEOUT = "invalid_session_timeout"
+    MEMBER_ID_REQUIRED = "member_id_required"
+    GROUP_MAX_SIZE_REACHED = "group_max_size_reached"
+    COORDINATOR_NOT_AVAILABLE = "coordinator_not_available"
+
+
+def coordinator_of(group_id: str, broker_ids: Sequence[int]) -> int | None:
+    """The broker that coordinates a group: a stable hash over the live brokers, so every broker
+    that reads the same registrations names the same one (None: no broker)."""
+    ids = sorted(broker_ids)
+    return ids[zlib.crc32(group_id.encode()) % len(ids)] if ids else None
+
+
+def _common_protocols(members: Iterable[Member]) -> set[str]:
+    """The protocol names every member supports."""
+    common: set[str] | None = None
+    for m in members:
+        names = {n for n, _ in m.protocols}
+        common = names if common is None else common & names
+    return common or set()
+
+
+@dataclass
+class Member:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocols: list[tuple[str, bytes]]
+    last_heard_ms: int
+    assignment: bytes = b""
+    join_ticket: int | None = None
+    sync_ticket: int | None = None
+
+    def metadata(self, protocol: str) -> bytes:
+        return next(m for name, m in self.protocols if name == protocol)
+
+
+@dataclass(frozen=True)
+class JoinAnswer:
+    error: Error
+    generation: int = -1
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    member_id: str = ""
+    # Only the leader gets the members: (member id, group instance id, metadata).
+    members: tuple[tuple[str, str | None, bytes], ...] = ()
+
+
+@dataclass(frozen=True)
+class SyncAnswer:
+    error: Error
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    assignment: bytes = b""
+
+
+Completion = tuple[int, JoinAnswer | SyncAnswer]
+
+
+@dataclass
+class Group:
+    group_id: str
+    state: State = State.EMPTY
+    generation: int = 0
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str | None = None
+    members: dict[str, Member] = field(default_factory=dict)
+    # Member ids given out with MEMBER_ID_REQUIRED, not yet joined: id -> deadline (ms).
+    pending: dict[str, int] = field(default_factory=dict)
+    rebalance_deadline_ms: int = 0
+    # This rebalance began from an empty group: it waits INITIAL_REBALANCE_DELAY_MS after the
+    # latest joiner (up to the rebalance timeout) instead of completing when all have joined.
+    forming: bool = False
+
+    def check(self) -> None:
+        check(
+            (self.state == State.EMPTY) == (not self.members),
+            "group %s is %s with %d members",
+            self.group_id,
+            self.state,
+            len(self.members),
+        )
+        check(
+            self.leader is None or self.leader in self.members,
+            "group %s: leader %s is not a member",
+            self.group_id,
+            self.leader,
+        )
+
+
+class ClassicGroups:
+    """Every classic group this broker coordinates. Owned by the broker's event loop."""
+
+    def __init__(self, broker_id: int) -> None:
+        self.groups: dict[str, Group] = {}
+        self._ids = itertools.count(1)
+        self._broker_id = broker_id
+
+    def _new_member_id(self, client_id: str) -> str:
+        return f"{client_id or 'member'}-{self._broker_id}-{next(self._ids)}"
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def join(
+        self,
+        now_ms: int,
+        ticket: int,
+        *,
+        group_id: str,
+        member_id: str,
+        group_instance_id: str | None,
+        client_id: str,
+        client_host: str,
+        protocol_type: str,
+        protocols: list[tuple[str, bytes]],
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        require_known_member_id: bool,
+    ) -> list[Completion]:
+        """A JoinGroup; its answer comes back under `ticket`, now or later."""
+        if not SESSION_TIMEOUT_MS_MIN <= session_timeout_ms <= SESSION_TIMEOUT_MS_MAX:
+            return [(ticket, JoinAnswer(Error.INVALID_SESSION_TIMEOUT, member_id=member_id))]
+        group = self.groups.get(group_id)
+        if group is None:
+            if len(self.groups) >= GROUPS_MAX:
+                return [(ticket, JoinAnswer(Error.COORDINATOR_NOT_AVAILABLE, member_id=member_id))]
+            group = self.groups[group_id] = Group(group_id)
+        names = {name for name, _ in protocols}
+        others = [m for m in group.members.values() if m.member_id != member_id]
+        if not protocols or (
+            others and (protocol_type != group.protocol_type or not names & _common_protocols(others))
+        ):
+            return [(ticket, JoinAnswer(Error.INCONSISTENT_GROUP_PROTOCOL, member_id=member_id))]
+        if member_id == "":
+            if len(group.members) + len(group.pending) >= GROUP_MEMBERS_MAX:
+                return [(ticket, JoinAnswer(Error.GROUP_MAX_SIZE_REACHED))]
+            member_id = self._new_member_id(client_id)
+            if require_known_member_id:
+                # KIP-394: the member asks again with this id, so an id is never given to a
+                # client that did not receive it.
+                group.pending[member_id] = now_ms + session_timeout_ms
+                return [(ticket, JoinAnswer(Error.MEMBER_ID_REQUIRED, member_id=member_id))]
+        elif member_id not in group.members and member_id not in group.pending:
+            return [(ticket, JoinAnswer(Error.UNKNOWN_MEMBER_ID, member_id=member_id))]
+        out: list[Completion] = []
+        group.pending.pop(member_id, None)
+        member = group.members.get(member_id)
+        if member is None:
+            member = group.members[member_id] = Member(
+                member_id,
+                group_instance_id,
+                client_id,
+                client_host,
+                session_timeout_ms,
+                rebalance_timeout_ms,
+                protocols,
+                now_ms,
+            )
+            group.protocol_type = protocol_type
+        else:
+            member.protocols, member.last_heard_ms = protocols, now_ms
+            member.session_timeout_ms, member.rebalance_timeout_ms = session_timeout_ms, rebalance_timeout_ms
+            if member.join_ticket is not None:  # a retried join replaces the one waiting
+                out.append((member.join_ticket, JoinAnswer(Error.UNKNOWN_MEMBER_ID, member_id=member_id)))
+        member.join_ticket = ticket
+        if group.state != State.PREPARING_REBALANCE:
+            out += self._prepare_rebalance(group, now_ms)
+        elif group.forming:
+            group.rebalance_deadline_ms = max(
+                group.rebalance_deadline_ms, now_ms + INITIAL_REBALANCE_DELAY_MS
+            )
+        out += self._maybe_complete_join(group, now_ms)
+        group.check()
+        return out
+
+    def sync(
+        self, ticket: int, *, group_id: str, member_id: str, generation: int, assignments: dict[str, bytes]
+    ) -> list[Completion]:
+        group = self.groups.get(group_id)
+        member = group.members.get(member_id) if group is not None else None
+        if group is None or member is None:
+            return [(ticket, SyncAnswer(Error.UNKNOWN_MEMBER_ID))]
+        if generation != group.generation:
+            return [(ticket, SyncAnswer(Error.ILLEGAL_GENERATION))]
+        if group.state == State.PREPARING_REBALANCE:
+            return [(ticket, SyncAnswer(Error.REBALANCE_IN_PROGRESS))]
+        if group.state == State.STABLE:
+            return [(ticket, self._sync_answer(group, member))]
+        member.sync_ticket = ticket
+        out: list[Completion] = []
+        if member_id == group.leader:
+            for m in group.members.values():
+                m.assignment = assignments.get(m.member_id, b"")
+            group.state = State.STABLE
+            for m in group.members.values():
+                if m.sync_ticket is not None:
+                    out.append((m.sync_ticket, self._sync_answer(group, m)))
+                    m.sync_ticket = None
+        group.check()
+        return out
+
+    def heartbeat(self, now_ms: int, *, group_id: str, member_id: str, generation: int) -> Error:
+        group = self.groups.get(group_id)
+        member = group.members.get(member_id) if group is not None else None
+        if group is None or member is None:
+            return Error.UNKNOWN_MEMBER_ID
+        if generation != group.generation:
+            return Error.ILLEGAL_GENERATION
+        member.last_heard_ms = now_ms
+        return Error.REBALANCE_IN_PROGRESS if group.state == State.PREPARING_REBALANCE else Error.NONE
+
+    def leave(
+        self, now_ms: int, *, group_id: str, member_ids: Sequence[str]
+    ) -> tuple[list[Error], list[Completion]]:
+        """Each member's answer, and the waiting requests the leaves complete."""
+        group = self.groups.get(group_id)
+        errors: list[Error] = []
+        out: list[Completion] = []
+        for member_id in member_ids:
+            if group is None or member_id not in group.members:
+                errors.append(Error.UNKNOWN_MEMBER_ID)
+                continue
+            errors.append(Error.NONE)
+            out += self._remove(group, member_id)
+        if group is not None and any(e == Error.NONE for e in errors):
+            out += self._after_removal(group, now_ms)
+        return errors, out
+
+    def commit_check(self, group_id: str, member_id: str, generation: int) -> Error:
+        """Whether an OffsetCommit may be applied: a member of the current generation, or a
+        commit from outside (generation -1, no member id) to a group without members."""
+        group = self.groups.get(group_id)
+        if generation < 0 and not member_id:
+            return Error.NONE if group is None or not group.members else Error.UNKNOWN_MEMBER_ID
+        if group is None or member_id not in group.members:
+            return Error.UNKNOWN_MEMBER_ID
+        if generation != group.generation:
+            return Error.ILLEGAL_GENERATION
+        if group.state == State.COMPLETING_REBALANCE:
+            return Error.REBALANCE_IN_PROGRESS
+        return Error.NONE
+
+    # ---- time -----------------------------------------------------------------------------
+
+    def expire(self, now_ms: int) -> list[Completion]:
+        """Members past their session, rebalances past their deadline, a leader that never synced."""
+        out: list[Completion] = []
+        for group in list(self.groups.values()):
+            group.pending = {m: d for m, d in group.pending.items() if d > now_ms}
+            gone = [
+                m.member_id
+                for m in group.members.values()
+                if m.join_ticket is None and now_ms - m.last_heard_ms > m.session_timeout_ms
+            ]
+            for member_id in gone:
+                out += self._remove(group, member_id)
+            if gone:
+                out += self._after_removal(group, now_ms)
+            if group.state == State.PREPARING_REBALANCE and now_ms >= group.rebalance_deadline_ms:
+                out += self._complete_join(group, now_ms)
+            elif group.state == State.COMPLETING_REBALANCE and now_ms >= group.rebalance_deadline_ms:
+                # The leader never sent the assignment: everyone joins again.
+                out += self._prepare_rebalance(group, now_ms)
+            if group.state == State.EMPTY and not group.pending:
+                del self.groups[group.group_id]
+            else:
+                group.check()
+        return out
+
+    # ---- transitions ----------------------------------------------------------------------
+
+    def _prepare_rebalance(self, group: Group, now_ms: int) -> list[Completion]:
+        out: list[Completion] = []
+        for m in group.members.values():
+            if m.sync_ticket is not None:
+                out.append((m.sync_ticket, SyncAnswer(Error.REBALANCE_IN_PROGRESS)))
+                m.sync_ticket = None
+        group.forming = group.state == State.EMPTY
+        group.state = State.PREPARING_REBALANCE
+        group.rebalance_deadline_ms = now_ms + (
+            INITIAL_REBALANCE_DELAY_MS
+            if group.forming
+            else max((m.rebalance_timeout_ms for m in group.members.values()), default=0)
+        )
+        return out
+
+    def _maybe_complete_join(self, group: Group, now_ms: int) -> list[Completion]:
+        """Complete at once when every member rejoined, unless the group is forming (then the
+        deadline completes it, in expire)."""
+        everyone = all(m.join_ticket is not None for m in group.members.values()) and not group.pending
+        if everyone and not group.forming:
+            return self._complete_join(group, now_ms)
+        return []
+
+    def _complete_join(self, group: Group, now_ms: int) -> list[Completion]:
+        for member_id in [m.member_id for m in group.members.values() if m.join_ticket is None]:
+            del group.members[member_id]  # did not rejoin within the rebalance timeout
+        group.generation += 1
+        if not group.members:
+            group.state, group.leader, group.protocol_type, group.protocol_name = (
+                State.EMPTY,
+                None,
+                None,
+                None,
+            )
+            return []
+        if group.leader not in group.members:
+            group.leader = next(iter(group.members))
+        group.protocol_name = self._vote(group)
+        group.state = State.COMPLETING_REBALANCE
+        group.forming = False
+        group.rebalance_deadline_ms = now_ms + max(m.rebalance_timeout_ms for m in group.members.values())
+        out: list[Completion] = []
+        everyone = tuple(
+            (m.member_id, m.group_instance_id, m.metadata(group.protocol_name))
+            for m in group.members.values()
+        )
+        for m in group.members.values():
+            ticket, m.join_ticket = m.join_ticket, None
+            m.assignment = b""
+            m.last_heard_ms = now_ms  # the session runs from the answer, as in Kafka
+            if ticket is None:
+                raise RuntimeError(f"group {group.group_id}: member {m.member_id} completed without a join")
+            out.append(
+                (
+                    ticket,
+                    JoinAnswer(
+                        Error.NONE,
+                        generation=group.generation,
+                        protocol_type=group.protocol_type,
+                        protocol_name=group.protocol_name,
+                        leader=group.leader,
+                        member_id=m.member_id,
+                        members=everyone if m.member_id == group.leader else (),
+                    ),
+                )
+            )
+        return out
+
+    @staticmethod
+    def _vote(group: Group) -> str:
+        """Kafka's rule: the protocol every member supports that most members list first among
+        those (ties: the leader's order)."""
+        common = _common_protocols(group.members.values())
+        votes: dict[str, int] = {}
+        for m in group.members.values():
+            first = next(n for n, _ in m.protocols if n in common)
+            votes[first] = votes.get(first, 0) + 1
+        leader = group.members[group.leader] if group.leader else next(iter(group.members.values()))
+        order = [n for n, _ in leader.protocols if n in common]
+        return max(order, key=lambda n: (votes.get(n, 0), -order.index(n)))
+
+    def _remove(self, group: Group, member_id: str) -> list[Completion]:
+        member = group.members.pop(member_id)
+        out: list[Completion] = []
+        if member.join_ticket is not None:
+            out.append((member.join_ticket, JoinAnswer(Error.UNKNOWN_MEMBER_ID, member_id=member_id)))
+        if member.sync_ticket is not None:
+            out.append((member.sync_ticket, SyncAnswer(Error.UNKNOWN_MEMBER_ID)))
+        if group.leader == member_id:
+            group.leader = None
+        return out
+
+    def _after_removal(self, group: Group, now_ms: int) -> list[Completion]:
+        if not group.members:
+            group.state, group.protocol_type, group.protocol_name = State.EMPTY, None, None
+            group.generation += 1
+            return []
+        if group.leader is None:
+            group.leader = next(iter(group.members))
+        if group.state == State.PREPARING_REBALANCE:
+            return self._maybe_complete_join(group, now_ms)
+        return self._prepare_rebalance(group, now_ms)
+
+    @staticmethod
+    def _sync_answer(group: Group, member: Member) -> SyncAnswer:
+        return SyncAnswer(
+            Error.NONE,
+            protocol_type=group.protocol_type,
+            protocol_name=group.protocol_name,
+            assignment=member.assignment,
+        )
