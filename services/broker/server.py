@@ -220,9 +220,10 @@ async def serve(config: BrokerConfig) -> None:
     # BROKER_NOT_AVAILABLE (the controller retries them): the broker epoch is not known yet.
     await runtime.start()
     kafka: KafkaListener | None = None
+    kafka_backend = BrokerKafkaBackend(config.broker_id, replicas, store, process.peers)
     if config.kafka_port is not None:
-        backend = BrokerKafkaBackend(config.broker_id, replicas, store, process.peers)
-        kafka = KafkaListener(KafkaHandler(backend), config.host, config.kafka_port)
+        kafka = KafkaListener(KafkaHandler(kafka_backend), config.host, config.kafka_port)
+        kafka_backend.start()
         await kafka.start()
     unclean_shutdown = replicas.start()
     info = {
@@ -286,6 +287,7 @@ async def serve(config: BrokerConfig) -> None:
         await replicas.controlled_shutdown()
         if kafka is not None:
             await kafka.close()
+            await kafka_backend.close()
         await replicas.close()
         # Closed only now, next to the lease's revocation: a stream closed during the controlled
         # shutdown would let the controller revoke the lease before the leaderships had moved.

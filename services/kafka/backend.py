@@ -25,6 +25,7 @@ from services.common import limits
 from services.common.metadata_cache import MetadataCache
 from services.common.peers import PeerChannels
 from services.groups.coordinator import EPOCH_LEAVE, GroupState, check_commit
+from services.kafka.group_driver import ClassicGroupDriver
 from services.kafka.handler import BackendUnavailable, KafkaBroker, OffsetCommit
 
 
@@ -39,6 +40,18 @@ class BrokerKafkaBackend:
         self._brokers: list[KafkaBroker] = []
         self._brokers_read_at = -float("inf")
         self._cluster_id = ""
+        self._classic_groups = ClassicGroupDriver(broker_id)
+
+    def start(self) -> None:
+        """Start the classic groups' timer (on the running event loop)."""
+        self._classic_groups.start()
+
+    async def close(self) -> None:
+        await self._classic_groups.close()
+
+    @property
+    def classic_groups(self) -> ClassicGroupDriver:
+        return self._classic_groups
 
     @property
     def broker_id(self) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,6 +27,8 @@ from services.broker.core import log_config_from
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
 from services.kafka import protocol
+from services.kafka.classic_groups import Error as GroupError
+from services.kafka.classic_groups import Group, JoinAnswer, SyncAnswer, coordinator_of
 from services.kafka.protocol import Request, build, kafka_error, nested
 
 log = logging.getLogger("highwater.kafka")
@@ -87,6 +89,29 @@ class KafkaBackend(Protocol):
         """The group's committed offsets. Raises BackendUnavailable."""
         ...
 
+    @property
+    def classic_groups(self) -> ClassicGroupsPort: ...
+
+
+class ClassicGroupsPort(Protocol):
+    """The classic groups this broker coordinates (group_driver.py: the core plus its waits)."""
+
+    async def join(self, **request: Any) -> JoinAnswer: ...
+
+    async def sync(
+        self, *, group_id: str, member_id: str, generation: int, assignments: dict[str, bytes]
+    ) -> SyncAnswer: ...
+
+    def heartbeat(self, *, group_id: str, member_id: str, generation: int) -> GroupError: ...
+
+    def leave(self, *, group_id: str, member_ids: Sequence[str]) -> list[GroupError]: ...
+
+    def commit_check(self, group_id: str, member_id: str, generation: int) -> GroupError: ...
+
+    def groups(self) -> list[Group]: ...
+
+    def group(self, group_id: str) -> Group | None: ...
+
 
 @dataclass(frozen=True)
 class OffsetCommit:
@@ -129,6 +154,12 @@ class KafkaHandler:
             protocol.FIND_COORDINATOR: self.find_coordinator,
             protocol.OFFSET_COMMIT: self.offset_commit,
             protocol.OFFSET_FETCH: self.offset_fetch,
+            protocol.JOIN_GROUP: self.join_group,
+            protocol.SYNC_GROUP: self.sync_group,
+            protocol.HEARTBEAT: self.heartbeat,
+            protocol.LEAVE_GROUP: self.leave_group,
+            protocol.LIST_GROUPS: self.list_groups,
+            protocol.DESCRIBE_GROUPS: self.describe_groups,
         }
         missing = set(protocol.SUPPORTED_VERSIONS) - set(self._apis)
         if missing:
@@ -722,11 +753,9 @@ class KafkaHandler:
         cls = protocol.response_class(protocol.FIND_COORDINATOR, request.api_version)
         keys = list(body.coordinator_keys) if hasattr(body, "coordinator_keys") else [body.key]
         key_type = getattr(body, "key_type", KEY_TYPE_GROUP)
-        me: KafkaBroker | None = None
+        brokers: list[KafkaBroker] = []
         try:
-            me = next(
-                (b for b in await self.backend.kafka_brokers() if b.broker_id == self.backend.broker_id), None
-            )
+            brokers = await self.backend.kafka_brokers()
         except BackendUnavailable as exc:
             log.warning("FindCoordinator: %s", exc)
 
@@ -735,8 +764,8 @@ class KafkaHandler:
                 code, message = K.invalid_request, "transactions are not supported (docs/KAFKA.md)"
             elif (problem := group_id_problem(key)) is not None:
                 code, message = K.invalid_group_id, problem
-            elif me is None:
-                code, message = K.coordinator_not_available, "this broker's registration was not read"
+            elif (me := _coordinator(brokers, key)) is None:
+                code, message = K.coordinator_not_available, "no broker's registration could be read"
             else:
                 return {
                     "key": key,
@@ -774,9 +803,16 @@ class KafkaHandler:
         whole: K | None = None
         if group_id_problem(body.group_id) is not None:
             whole = K.invalid_group_id
-        elif body.generation_id_or_member_epoch != -1 or body.member_id:
-            # A classic group member's commit: JoinGroup is not served, so no member exists.
-            whole = K.unknown_member_id
+        elif (refused := await self._not_coordinator(body.group_id)) is not None:
+            whole = refused
+        else:
+            # Members commit for their generation; a commit from outside (generation -1, no
+            # member id) only to a group without classic members (and, in commit_offsets,
+            # without KIP-848 members).
+            check = self.backend.classic_groups.commit_check(
+                body.group_id, body.member_id, body.generation_id_or_member_epoch
+            )
+            whole = None if check == GroupError.NONE else K[check.value]
         cache = self.backend.metadata
         for t in body.topics:
             for p in t.partitions:
@@ -873,6 +909,197 @@ class KafkaHandler:
                 for name, indexes in wanted.items()
             ),
         )
+
+    # ---- the classic group protocol (classic_groups.py) -----------------------------------------
+
+    async def _not_coordinator(self, group_id: str) -> K | None:
+        """None when this broker coordinates the group, else the code that sends the client to
+        FindCoordinator again."""
+        try:
+            brokers = await self.backend.kafka_brokers()
+        except BackendUnavailable as exc:
+            log.warning("group %r: %s", group_id, exc)
+            return K.coordinator_not_available
+        me = _coordinator(brokers, group_id)
+        if me is None:
+            return K.coordinator_not_available
+        return None if me.broker_id == self.backend.broker_id else K.not_coordinator
+
+    async def join_group(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.JOIN_GROUP, request.api_version)
+        member_cls = nested(cls, "JoinGroupResponseMember")
+
+        def refused(code: K) -> Any:
+            return build(
+                cls,
+                throttle_time=_NO_THROTTLE,
+                error_code=code,
+                generation_id=-1,
+                protocol_type=None,
+                protocol_name=None,
+                leader="",
+                member_id=body.member_id,
+                members=(),
+            )
+
+        if group_id_problem(body.group_id) is not None:
+            return refused(K.invalid_group_id)
+        if (code := await self._not_coordinator(body.group_id)) is not None:
+            return refused(code)
+        answer = await self.backend.classic_groups.join(
+            group_id=body.group_id,
+            member_id=body.member_id,
+            group_instance_id=getattr(body, "group_instance_id", None),
+            client_id=request.client_id or "",
+            client_host="",
+            protocol_type=body.protocol_type,
+            protocols=[(p.name, bytes(p.metadata)) for p in body.protocols],
+            session_timeout_ms=_ms(body.session_timeout),
+            rebalance_timeout_ms=_ms(getattr(body, "rebalance_timeout", body.session_timeout)),
+            # KIP-394 (JoinGroup 4+): a new member first gets its id, then joins with it.
+            require_known_member_id=request.api_version >= 4,
+        )
+        return build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            error_code=K[answer.error.value],
+            generation_id=answer.generation,
+            protocol_type=answer.protocol_type,
+            protocol_name=answer.protocol_name or ("" if request.api_version < 7 else None),
+            leader=answer.leader,
+            member_id=answer.member_id,
+            members=tuple(
+                build(member_cls, member_id=m, group_instance_id=instance, metadata=metadata)
+                for m, instance, metadata in answer.members
+            ),
+        )
+
+    async def sync_group(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.SYNC_GROUP, request.api_version)
+        code = K.invalid_group_id if group_id_problem(body.group_id) is not None else None
+        code = code or await self._not_coordinator(body.group_id)
+        if code is not None:
+            return build(cls, throttle_time=_NO_THROTTLE, error_code=code, assignment=b"")
+        answer = await self.backend.classic_groups.sync(
+            group_id=body.group_id,
+            member_id=body.member_id,
+            generation=body.generation_id,
+            assignments={a.member_id: bytes(a.assignment) for a in body.assignments},
+        )
+        return build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            error_code=K[answer.error.value],
+            protocol_type=answer.protocol_type,
+            protocol_name=answer.protocol_name,
+            assignment=answer.assignment,
+        )
+
+    async def heartbeat(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.HEARTBEAT, request.api_version)
+        code = K.invalid_group_id if group_id_problem(body.group_id) is not None else None
+        code = code or await self._not_coordinator(body.group_id)
+        if code is None:
+            error = self.backend.classic_groups.heartbeat(
+                group_id=body.group_id, member_id=body.member_id, generation=body.generation_id
+            )
+            code = K[error.value]
+        return build(cls, throttle_time=_NO_THROTTLE, error_code=code)
+
+    async def leave_group(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.LEAVE_GROUP, request.api_version)
+        member_ids = [m.member_id for m in body.members] if hasattr(body, "members") else [body.member_id]
+        code = K.invalid_group_id if group_id_problem(body.group_id) is not None else None
+        code = code or await self._not_coordinator(body.group_id)
+        errors = (
+            [
+                K[e.value]
+                for e in self.backend.classic_groups.leave(group_id=body.group_id, member_ids=member_ids)
+            ]
+            if code is None
+            else [code] * len(member_ids)
+        )
+        if not hasattr(body, "members"):
+            return build(cls, throttle_time=_NO_THROTTLE, error_code=errors[0])
+        response_cls = nested(cls, "MemberResponse")
+        return build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            error_code=code or K.none,
+            members=tuple(
+                build(
+                    response_cls, member_id=m.member_id, group_instance_id=m.group_instance_id, error_code=e
+                )
+                for m, e in zip(body.members, errors, strict=True)
+            ),
+        )
+
+    async def list_groups(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.LIST_GROUPS, request.api_version)
+        listed_cls = nested(cls, "ListedGroup")
+        wanted = set(getattr(body, "states_filter", ()) or ())
+        return build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            error_code=K.none,
+            groups=tuple(
+                build(
+                    listed_cls,
+                    group_id=g.group_id,
+                    protocol_type=g.protocol_type or "",
+                    group_state=g.state.value,
+                )
+                for g in self.backend.classic_groups.groups()
+                if not wanted or g.state.value in wanted
+            ),
+        )
+
+    async def describe_groups(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.DESCRIBE_GROUPS, request.api_version)
+        group_cls = nested(cls, "DescribedGroup")
+        member_cls = nested(cls, "DescribedGroupMember")
+        described = []
+        for group_id in body.groups:
+            code = await self._not_coordinator(group_id)
+            group = self.backend.classic_groups.group(group_id) if code is None else None
+            described.append(
+                build(
+                    group_cls,
+                    error_code=code or K.none,
+                    group_id=group_id,
+                    group_state=group.state.value if group is not None else "Dead",
+                    protocol_type=(group.protocol_type or "") if group is not None else "",
+                    protocol_data=(group.protocol_name or "") if group is not None else "",
+                    members=tuple(
+                        build(
+                            member_cls,
+                            member_id=m.member_id,
+                            group_instance_id=m.group_instance_id,
+                            client_id=m.client_id,
+                            client_host=m.client_host,
+                            member_metadata=m.metadata(group.protocol_name)
+                            if group is not None and group.protocol_name
+                            else b"",
+                            member_assignment=m.assignment,
+                        )
+                        for m in (group.members.values() if group is not None else ())
+                    ),
+                    authorized_operations=-2147483648,
+                )
+            )
+        return build(cls, throttle_time=_NO_THROTTLE, groups=tuple(described))
+
+
+def _coordinator(brokers: Sequence[KafkaBroker], group_id: str) -> KafkaBroker | None:
+    """The broker that coordinates a group (classic_groups.coordinator_of), or None."""
+    broker_id = coordinator_of(group_id, [b.broker_id for b in brokers])
+    return next((b for b in brokers if b.broker_id == broker_id), None)
 
 
 def api_versions_response(version: int, error_code: K) -> Any:

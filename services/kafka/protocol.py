@@ -41,6 +41,12 @@ METADATA = 3
 OFFSET_COMMIT = 8
 OFFSET_FETCH = 9
 FIND_COORDINATOR = 10
+JOIN_GROUP = 11
+HEARTBEAT = 12
+LEAVE_GROUP = 13
+SYNC_GROUP = 14
+DESCRIBE_GROUPS = 15
+LIST_GROUPS = 16
 API_VERSIONS = 18
 CREATE_TOPICS = 19
 DELETE_TOPICS = 20
@@ -76,6 +82,14 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     FIND_COORDINATOR: (0, 4),
     OFFSET_COMMIT: (2, 8),
     OFFSET_FETCH: (1, 7),
+    # The classic group protocol (classic_groups.py). JoinGroup 8+ adds a leave reason and 9
+    # KIP-814's skip_assignment; LeaveGroup 5 a reason; ListGroups 5 group types.
+    JOIN_GROUP: (2, 7),
+    SYNC_GROUP: (1, 5),
+    HEARTBEAT: (1, 4),
+    LEAVE_GROUP: (1, 4),
+    LIST_GROUPS: (1, 4),
+    DESCRIBE_GROUPS: (1, 5),
 }
 
 # ApiVersions' answer to a version it does not know is written as v0, the one version every

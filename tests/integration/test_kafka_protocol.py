@@ -496,3 +496,69 @@ def test_kafka_producer_rides_through_a_leader_kill_with_every_acknowledged_reco
         consumer.close()
     assert set(acknowledged) <= set(got), "no acknowledged record lost"
     assert len(got) == len(set(got)), "idempotence: no record written twice"
+
+
+def test_confluent_consumers_share_a_topic_through_the_classic_group_protocol(cluster):
+    create(cluster, "kafka-group", partitions=4)
+    group = "kafka-classic"
+    assigned: dict[str, set[int]] = {"a": set(), "b": set()}
+
+    def consumer(name: str) -> Any:
+        c = confluent_kafka.Consumer(
+            {
+                "bootstrap.servers": cluster.kafka_bootstrap(),
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "session.timeout.ms": 10_000,
+                "heartbeat.interval.ms": 500,
+            }
+        )
+
+        def on_assign(_: Any, partitions: list[Any]) -> None:
+            assigned[name] = {p.partition for p in partitions}
+
+        def on_revoke(_: Any, partitions: list[Any]) -> None:
+            assigned[name] = set()
+
+        c.subscribe(["kafka-group"], on_assign=on_assign, on_revoke=on_revoke)
+        return c
+
+    a, b = consumer("a"), consumer("b")
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (assigned["a"] and assigned["b"]):
+            a.poll(0.2)
+            b.poll(0.2)
+        assert assigned["a"] and assigned["b"], f"both members got partitions: {assigned}"
+        assert assigned["a"].isdisjoint(assigned["b"]) and assigned["a"] | assigned["b"] == {0, 1, 2, 3}
+
+        with Producer(cluster.gateway_address, **FAST) as producer:
+            for i in range(200):
+                producer.send("kafka-group", f"v{i}".encode(), partition=i % 4)
+            producer.flush(timeout_ms=20_000)
+        got: dict[str, list[Any]] = {"a": [], "b": []}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(got["a"]) + len(got["b"]) < 200:
+            for name, c in (("a", a), ("b", b)):
+                m = c.poll(0.2)
+                if m is not None and not m.error():
+                    got[name].append(m)
+        assert sorted(m.value() for m in got["a"] + got["b"]) == sorted(f"v{i}".encode() for i in range(200))
+        assert {m.partition() for m in got["a"]} <= assigned["a"]
+        a.commit(asynchronous=False)  # a member's commit, for its generation
+
+        b.close()  # LeaveGroup: a takes every partition
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and assigned["a"] != {0, 1, 2, 3}:
+            a.poll(0.2)
+        assert assigned["a"] == {0, 1, 2, 3}
+    finally:
+        a.close()
+    committed = {p: None for p in range(4)}
+    with Consumer(
+        bootstrap=cluster.gateway_address, group_id=group, enable_auto_commit=False, **FAST
+    ) as ours:
+        for p in range(4):
+            committed[p] = ours.committed(TopicPartition("kafka-group", p))
+    assert any(v for v in committed.values()), f"a's commit is the group's: {committed}"

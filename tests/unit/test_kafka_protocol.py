@@ -18,6 +18,7 @@ from kio.serial import entity_reader, entity_writer
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.common.metadata_cache import MetadataCache
 from services.kafka import protocol
+from services.kafka.group_driver import ClassicGroupDriver
 from services.kafka.handler import BackendUnavailable, KafkaBroker, KafkaHandler
 
 
@@ -127,6 +128,7 @@ class FakeBackend:
         self.fetched: list[common_pb2.FetchRequest] = []
         self.controller_down = False
         self.commits: list[tuple[str, list[Any]]] = []
+        self.groups = ClassicGroupDriver(1)
 
     @property
     def broker_id(self) -> int:
@@ -135,6 +137,10 @@ class FakeBackend:
     @property
     def metadata(self) -> MetadataCache:
         return self.cache
+
+    @property
+    def classic_groups(self) -> ClassicGroupDriver:
+        return self.groups
 
     async def produce(self, req: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse:
         self.produced.append(req)
@@ -300,12 +306,13 @@ def test_fetch_passes_records_through_and_names_the_leader_on_not_leader():
     assert answer.session_id == 0, "no fetch sessions"
 
 
-def test_find_coordinator_answers_this_broker_for_groups_only():
+def test_find_coordinator_names_each_groups_coordinator():
     backend = FakeBackend()
     v4 = protocol.request_class(protocol.FIND_COORDINATOR, 4)
-    answer = handle(backend, protocol.FIND_COORDINATOR, 4, v4(key_type=0, coordinator_keys=("g1", "")))
-    good, bad = answer.coordinators
-    assert (good.key, good.node_id, good.port, good.error_code) == ("g1", 1, 19092, 0)
+    answer = handle(backend, protocol.FIND_COORDINATOR, 4, v4(key_type=0, coordinator_keys=("g", "g1", "")))
+    one, two, bad = answer.coordinators
+    assert (one.key, one.node_id, one.port, one.error_code) == ("g", 1, 19092, 0)
+    assert (two.key, two.node_id, two.port) == ("g1", 2, 19093), "each group's own coordinator"
     assert bad.error_code == 24, "INVALID_GROUP_ID"
     v3 = protocol.request_class(protocol.FIND_COORDINATOR, 3)
     assert handle(backend, protocol.FIND_COORDINATOR, 3, v3(key="tx", key_type=1)).error_code == 42
@@ -336,4 +343,8 @@ def test_offset_commit_takes_simple_commits_and_refuses_classic_members():
 
     member = cls(group_id="g", generation_id_or_member_epoch=4, member_id="m-1", topics=topics)
     answer = handle(FakeBackend(), protocol.OFFSET_COMMIT, 8, member)
-    assert {p.error_code for p in answer.topics[0].partitions} == {25}, "UNKNOWN_MEMBER_ID: no classic groups"
+    assert {p.error_code for p in answer.topics[0].partitions} == {25}, "UNKNOWN_MEMBER_ID: not a member"
+
+    elsewhere = cls(group_id="g1", generation_id_or_member_epoch=-1, member_id="", topics=topics)
+    answer = handle(FakeBackend(), protocol.OFFSET_COMMIT, 8, elsewhere)
+    assert {p.error_code for p in answer.topics[0].partitions} == {16}, "NOT_COORDINATOR: broker 2 is"
