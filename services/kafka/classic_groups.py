@@ -90,7 +90,9 @@ class Member:
     sync_ticket: int | None = None
 
     def metadata(self, protocol: str) -> bytes:
-        return next(m for name, m in self.protocols if name == protocol)
+        """This member's metadata for a protocol (b"": it no longer lists it, having rejoined
+        with others while the group's choice is not yet redone)."""
+        return next((m for name, m in self.protocols if name == protocol), b"")
 
 
 @dataclass(frozen=True)

@@ -348,3 +348,14 @@ def test_offset_commit_takes_simple_commits_and_refuses_classic_members():
     elsewhere = cls(group_id="g1", generation_id_or_member_epoch=-1, member_id="", topics=topics)
     answer = handle(FakeBackend(), protocol.OFFSET_COMMIT, 8, elsewhere)
     assert {p.error_code for p in answer.topics[0].partitions} == {16}, "NOT_COORDINATOR: broker 2 is"
+
+
+def test_broker_registrations_with_and_without_a_kafka_port_read():
+    from coordinator import values
+
+    old = values.decode_broker_registration(b'{"broker_id": 1, "host": "h", "port": 9001}')
+    assert old["kafka_port"] == 0, "written before the field existed: no Kafka listener"
+    new = values.decode_broker_registration(
+        values.encode_registration({"broker_id": 2, "host": "h", "port": 9002, "kafka_port": 19093})
+    )
+    assert new["kafka_port"] == 19093
