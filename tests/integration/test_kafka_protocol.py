@@ -562,3 +562,53 @@ def test_confluent_consumers_share_a_topic_through_the_classic_group_protocol(cl
         for p in range(4):
             committed[p] = ours.committed(TopicPartition("kafka-group", p))
     assert any(v for v in committed.values()), f"a's commit is the group's: {committed}"
+
+
+@pytest.mark.slow
+def test_a_classic_group_survives_its_coordinators_death(make_cluster):
+    from services.kafka.classic_groups import coordinator_of
+
+    c = make_cluster(brokers=3)
+    create(c, "kafka-group-failover", partitions=2)
+    group = "kafka-classic-failover"
+    doomed = coordinator_of(group, [1, 2, 3])
+    bootstrap = ",".join(
+        f"127.0.0.1:{c.processes[f'broker-{b}'].info['kafka_port']}" for b in (1, 2, 3) if b != doomed
+    )
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6_000,
+            "heartbeat.interval.ms": 500,
+        }
+    )
+    seen: set[bytes] = set()
+
+    def produce(values: list[bytes]) -> None:
+        with Producer(c.gateway_address, **FAST) as producer:
+            for i, v in enumerate(values):
+                producer.send("kafka-group-failover", v, partition=i % 2)
+            producer.flush(timeout_ms=30_000)
+
+    def consume_until(values: set[bytes], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not values <= seen:
+            m = consumer.poll(0.2)
+            if m is not None and not m.error():
+                seen.add(m.value())
+
+    try:
+        consumer.subscribe(["kafka-group-failover"])
+        before = [f"before-{i}".encode() for i in range(50)]
+        produce(before)
+        consume_until(set(before), 30)
+        assert set(before) <= seen
+        c.kill_broker(doomed)  # the group's coordinator, and leader of some partitions
+        after = [f"after-{i}".encode() for i in range(50)]
+        produce(after)
+        consume_until(set(after), 60)
+        assert set(after) <= seen, "the consumer found the new coordinator, rejoined and read on"
+    finally:
+        consumer.close()
