@@ -222,7 +222,16 @@ async def serve(config: BrokerConfig) -> None:
     kafka: KafkaListener | None = None
     kafka_backend = BrokerKafkaBackend(config.broker_id, replicas, store, process.peers)
     if config.kafka_port is not None:
-        kafka = KafkaListener(KafkaHandler(kafka_backend), config.host, config.kafka_port)
+        # The request bounds an operator set for the gRPC listeners hold here too.
+        bounds = config.security
+        kafka = KafkaListener(
+            KafkaHandler(kafka_backend, max_batch_records=bounds.max_batch_records),
+            config.host,
+            config.kafka_port,
+            request_bytes_max=bounds.max_request_bytes or limits.KAFKA_REQUEST_BYTES_MAX,
+            in_flight_max=bounds.max_requests_per_connection
+            or limits.KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX,
+        )
         kafka_backend.start()
         await kafka.start()
     unclean_shutdown = replicas.start()

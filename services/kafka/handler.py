@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode as K
 
+from clients.common.record_batch import iter_batch_headers
 from clients.common.topics import group_id_problem
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.broker.core import log_config_from
@@ -136,8 +137,10 @@ def _topic_uuid(topic_id: str) -> uuid.UUID:
 class KafkaHandler:
     """Answers decoded Kafka requests for one broker. Owned by the broker's event loop."""
 
-    def __init__(self, backend: KafkaBackend) -> None:
+    def __init__(self, backend: KafkaBackend, *, max_batch_records: int = 0) -> None:
+        """max_batch_records: the broker's --max-batch-records (0: no bound beyond the batch size)."""
         self.backend = backend
+        self.max_batch_records = max_batch_records
         self._apis: dict[int, Callable[[Request], Awaitable[Any]]] = {
             protocol.API_VERSIONS: self.api_versions,
             protocol.METADATA: self.metadata,
@@ -280,7 +283,7 @@ class KafkaHandler:
                 req, common_pb2.INVALID_REQUEST, "transactions are not supported (docs/KAFKA.md)"
             )
         else:
-            resp = await self.backend.produce(req)
+            resp = await self._produce_within_batch_limit(req)
         if body.acks == 0:
             return None
         cls = protocol.response_class(protocol.PRODUCE, request.api_version)
@@ -314,6 +317,25 @@ class KafkaHandler:
                 for t in resp.topics
             ),
         )
+
+    async def _produce_within_batch_limit(self, req: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse:
+        """The broker's produce, with partitions whose batches break --max-batch-records refused
+        INVALID_REQUEST first, as the gRPC listeners' security rules refuse them."""
+        if not self.max_batch_records:
+            return await self.backend.produce(req)
+        refused = common_pb2.ProduceRequest()
+        kept = common_pb2.ProduceRequest(acks=req.acks, timeout_ms=req.timeout_ms)
+        for t in req.topics:
+            for p in t.partitions:
+                over = _records_over(p.records, self.max_batch_records)
+                target = refused if over else kept
+                if not target.topics or target.topics[-1].topic != t.topic:
+                    target.topics.add(topic=t.topic)
+                target.topics[-1].partitions.append(p)
+        resp = await self.backend.produce(kept) if kept.topics else common_pb2.ProduceResponse()
+        message = f"a batch is over the limit of {self.max_batch_records} records per batch"
+        resp.topics.extend(_produce_refusal(refused, common_pb2.INVALID_REQUEST, message).topics)
+        return resp
 
     # ---- Fetch -------------------------------------------------------------------------------
 
@@ -1115,6 +1137,18 @@ def api_versions_response(version: int, error_code: K) -> Any:
         ),
         throttle_time=_NO_THROTTLE,
     )
+
+
+def _records_over(records: bytes, max_records: int) -> int:
+    """The record count of the first batch holding more than max_records, else 0 (a malformed
+    batch is the leader's to refuse, CORRUPT_MESSAGE)."""
+    try:
+        for header in iter_batch_headers(records):
+            if header.records_count > max_records:
+                return header.records_count
+    except (ValueError, IndexError):
+        return 0
+    return 0
 
 
 def _produce_refusal(req: common_pb2.ProduceRequest, code: int, message: str) -> common_pb2.ProduceResponse:

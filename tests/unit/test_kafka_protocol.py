@@ -359,3 +359,35 @@ def test_broker_registrations_with_and_without_a_kafka_port_read():
         values.encode_registration({"broker_id": 2, "host": "h", "port": 9002, "kafka_port": 19093})
     )
     assert new["kafka_port"] == 19093
+
+
+def test_batches_over_max_batch_records_are_refused_as_the_grpc_listeners_refuse_them():
+    from clients.common.records import encode_batch
+
+    cls = protocol.request_class(protocol.PRODUCE, 9)
+    mod = module_of(cls)
+    small = encode_batch([(None, b"v", [], 1)])
+    large = encode_batch([(None, b"v", [], 1)] * 3)
+    body = cls(
+        transactional_id=None,
+        acks=-1,
+        timeout=datetime.timedelta(seconds=1),
+        topic_data=(
+            mod.TopicProduceData(
+                name="t",
+                partition_data=(
+                    mod.PartitionProduceData(index=0, records=small),
+                    mod.PartitionProduceData(index=1, records=large),
+                ),
+            ),
+        ),
+    )
+    backend = FakeBackend()
+    request = protocol.decode_request(request_frame(protocol.PRODUCE, 9, body))
+    answer = asyncio.run(KafkaHandler(backend, max_batch_records=2).handle(request))
+    (sent,) = backend.produced
+    assert [p.partition for t in sent.topics for p in t.partitions] == [0], (
+        "the large batch never reached the log"
+    )
+    codes = {p.index: p.error_code for t in answer.responses for p in t.partition_responses}
+    assert codes == {0: 6, 1: 42}, "the fake answers NOT_LEADER; the refused one INVALID_REQUEST"
