@@ -391,3 +391,17 @@ def test_batches_over_max_batch_records_are_refused_as_the_grpc_listeners_refuse
     )
     codes = {p.index: p.error_code for t in answer.responses for p in t.partition_responses}
     assert codes == {0: 6, 1: 42}, "the fake answers NOT_LEADER; the refused one INVALID_REQUEST"
+
+
+def test_a_broker_with_tls_or_acls_refuses_to_open_the_kafka_listener(tmp_path):
+    from services.broker.server import BrokerConfig
+    from services.security.config import SecurityConfig
+
+    plain = BrokerConfig(broker_id=1, data_dir=tmp_path, etcd_endpoints=["127.0.0.1:2379"], kafka_port=0)
+    plain.check()
+    for security in (SecurityConfig(tls_dir=tmp_path, name="broker-1"), SecurityConfig(authorizer="acl")):
+        config = BrokerConfig(
+            broker_id=1, data_dir=tmp_path, etcd_endpoints=["127.0.0.1:2379"], kafka_port=0, security=security
+        )
+        with pytest.raises(SystemExit, match="does not authenticate or authorize"):
+            config.check()
