@@ -35,7 +35,6 @@ from services.kafka.protocol import Request, build, kafka_error, nested
 log = logging.getLogger("highwater.kafka")
 
 _NO_THROTTLE = datetime.timedelta(0)
-_NO_TIME = -1
 
 
 @dataclass(frozen=True)
@@ -191,7 +190,6 @@ class KafkaHandler:
             log.warning("Metadata without the broker list: %s", exc)
             brokers, cluster_id = [], ""
         cache = self.backend.metadata
-        by_id = {name: tid for name, tid in cache.topic_ids.items()}
         if body.topics is None or (request.api_version == 0 and not body.topics):
             names = sorted(cache.topics())
         else:
@@ -199,7 +197,9 @@ class KafkaHandler:
             for t in body.topics:
                 name = getattr(t, "name", None)
                 if name is None and getattr(t, "topic_id", None) is not None:
-                    name = next((n for n, tid in by_id.items() if _topic_uuid(tid) == t.topic_id), None)
+                    name = next(
+                        (n for n, tid in cache.topic_ids.items() if _topic_uuid(tid) == t.topic_id), None
+                    )
                 if name is not None:
                     names.append(name)
         broker_cls = nested(cls, "MetadataResponseBroker")
