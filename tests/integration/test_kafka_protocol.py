@@ -612,3 +612,52 @@ def test_a_classic_group_survives_its_coordinators_death(make_cluster):
         assert set(after) <= seen, "the consumer found the new coordinator, rejoined and read on"
     finally:
         consumer.close()
+
+
+def test_aiokafka_idempotent_producer_and_group_consumer(cluster):
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    create(cluster, "kafka-aiokafka", partitions=2)
+    sent = [f"a{i}".encode() for i in range(100)]
+
+    async def main() -> list[bytes]:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=cluster.kafka_bootstrap(),
+            acks="all",
+            enable_idempotence=True,
+            request_timeout_ms=10_000,
+        )
+        await asyncio.wait_for(producer.start(), CALL_TIMEOUT_S)
+        try:
+            for value in sent:
+                await asyncio.wait_for(producer.send_and_wait("kafka-aiokafka", value), CALL_TIMEOUT_S)
+        finally:
+            await asyncio.wait_for(producer.stop(), CALL_TIMEOUT_S)
+        consumer = AIOKafkaConsumer(
+            "kafka-aiokafka",
+            bootstrap_servers=cluster.kafka_bootstrap(),
+            group_id="kafka-aiokafka",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            request_timeout_ms=10_000,
+        )
+        await asyncio.wait_for(consumer.start(), CALL_TIMEOUT_S)
+        got: list[bytes] = []
+        try:
+            deadline = time.monotonic() + 30
+            while len(got) < len(sent) and time.monotonic() < deadline:
+                batches = await asyncio.wait_for(consumer.getmany(timeout_ms=500), CALL_TIMEOUT_S)
+                got.extend(m.value for ms in batches.values() for m in ms)
+            await asyncio.wait_for(consumer.commit(), CALL_TIMEOUT_S)
+        finally:
+            await asyncio.wait_for(consumer.stop(), CALL_TIMEOUT_S)
+        return got
+
+    assert sorted(asyncio.run(main())) == sorted(sent)
+    with Consumer(
+        bootstrap=cluster.gateway_address, group_id="kafka-aiokafka", enable_auto_commit=False, **FAST
+    ) as ours:
+        committed = [ours.committed(TopicPartition("kafka-aiokafka", p)) for p in range(2)]
+    assert sum(c or 0 for c in committed) == 100, "aiokafka's group commit is the group's offsets"
