@@ -2,9 +2,12 @@
 
 Per connection, a reading loop cuts frames (4-byte size, bounded by KAFKA_REQUEST_BYTES_MAX:
 a larger size closes the connection before its body is read) and starts each request's
-answer as a task; a writing task sends the answers in request order, as Kafka requires. At
-most KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX answers are in progress per connection, so a
-long-polling Fetch does not hold back the Produce behind it, yet a client cannot pile up work.
+answer as a task; a writing task sends the answers in request order, as Kafka requires.
+Requests act in the order they came, as Kafka processes a connection's requests one at a time:
+the data path's requests (protocol.PIPELINED_APIS) may overlap, since each acts in its
+task's first step, so a long-polling Fetch does not hold back the Produce behind it; any other
+request waits for all before it and holds back all after it. At most
+KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX answers are in progress per connection.
 
 A request for an API or version not served is answered UNSUPPORTED_VERSION when it is
 ApiVersions (in v0, which every client reads); for any other API the connection is closed, as
@@ -101,6 +104,8 @@ class KafkaListener:
         peer = writer.get_extra_info("peername")
         answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(self.in_flight_max)
         sender = asyncio.create_task(self._send_answers(answers, writer, peer))
+        started: list[asyncio.Task[bytes | None]] = []  # answers in progress, in request order
+        barrier: asyncio.Task[bytes | None] | None = None  # the latest request not pipelined
         try:
             while not sender.done():
                 try:
@@ -126,7 +131,21 @@ class KafkaListener:
                     log.warning("Kafka client %s: %s; closing", peer, exc)
                     metrics.KAFKA_CONNECTIONS_CLOSED.labels("unreadable").inc()
                     break
-                await answers.put(asyncio.create_task(self._answer(frame, peer)))
+                # Kafka's order within a connection (protocol.PIPELINED_APIS says which overlap).
+                pipelined = protocol.peek_api_key(frame) in protocol.PIPELINED_APIS
+                started = [t for t in started if not t.done()]
+                earlier = (
+                    ([barrier] if barrier is not None and not barrier.done() else [])
+                    if pipelined
+                    else started
+                )
+                if earlier:
+                    await asyncio.wait(earlier)
+                task = asyncio.create_task(self._answer(frame, peer))
+                started.append(task)
+                if not pipelined:
+                    barrier = task
+                await answers.put(task)
             # The sender consumes the queue until this end mark (closing or not), so this put
             # returns; then the answers already started go out, each bounded by its own wait.
             if not sender.done():

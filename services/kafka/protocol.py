@@ -92,6 +92,14 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     DESCRIBE_GROUPS: (1, 5),
 }
 
+# Kafka answers the requests of one connection one at a time, in order, and clients rely on
+# it (a consumer's last OffsetCommit before its LeaveGroup). These APIs may overlap the ones
+# before them all the same: whatever they change, they change in the first step of their
+# task, before anything waits, so tasks started in order act in order (a long-polling Fetch
+# then does not hold back the Produce behind it). Every other API (etcd, the controller,
+# group state) waits for all before it and holds back all after it (listener.py).
+PIPELINED_APIS = frozenset({PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, OFFSET_FOR_LEADER_EPOCH})
+
 # ApiVersions' answer to a version it does not know is written as v0, the one version every
 # client can read (Kafka does the same; the client then retries with a version it finds there).
 API_VERSIONS_FALLBACK_VERSION = 0
@@ -128,6 +136,11 @@ class Request:
     correlation_id: int
     client_id: str | None
     body: Any
+
+
+def peek_api_key(frame: bytes) -> int:
+    """A request frame's API key, read before it is decoded (-1: too short to say)."""
+    return int(struct.unpack_from(">h", frame)[0]) if len(frame) >= 2 else -1
 
 
 def frame_size(prefix: bytes) -> int:

@@ -155,3 +155,45 @@ def test_an_idle_connection_is_closed():
         assert await asyncio.wait_for(reader.read(), WAIT_S) == b""
 
     asyncio.run(with_listener(FakeBackend(), test, idle_ms_max=100))
+
+
+class RecordingBackend(SlowFetchBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[str] = []
+
+    async def fetch(self, req: common_pb2.FetchRequest) -> common_pb2.FetchResponse:
+        self.events.append("fetch started")
+        answer = await super().fetch(req)
+        self.events.append("fetch done")
+        return answer
+
+    async def kafka_brokers(self) -> list[Any]:
+        self.events.append("coordinator looked up")
+        return await super().kafka_brokers()
+
+    async def produce(self, req: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse:
+        self.events.append("produce")
+        return await super().produce(req)
+
+
+def test_requests_off_the_data_path_act_in_turn_as_kafka_processes_a_connection():
+    backend = RecordingBackend()
+    find = protocol.request_class(protocol.FIND_COORDINATOR, 3)
+
+    async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(framed(request_frame(protocol.FETCH, 12, fetch_body(), correlation_id=1)))
+        writer.write(
+            framed(request_frame(protocol.FIND_COORDINATOR, 3, find(key="g", key_type=0), correlation_id=2))
+        )
+        writer.write(framed(request_frame(protocol.PRODUCE, 9, produce_body(-1), correlation_id=3)))
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        assert backend.events == ["fetch started"], (
+            "FindCoordinator waits for the Fetch, the Produce for both"
+        )
+        backend.release.set()
+        assert [(await read_answer(reader))[0] for _ in range(3)] == [1, 2, 3]
+        assert backend.events == ["fetch started", "fetch done", "coordinator looked up", "produce"]
+
+    asyncio.run(with_listener(backend, test))
