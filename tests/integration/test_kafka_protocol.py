@@ -8,13 +8,18 @@ check what clients rarely send: an unknown version, a Produce to a follower.
 
 from __future__ import annotations
 
+import collections
 import io
 import json
+import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -661,3 +666,148 @@ def test_aiokafka_idempotent_producer_and_group_consumer(cluster):
     ) as ours:
         committed = [ours.committed(TopicPartition("kafka-aiokafka", p)) for p in range(2)]
     assert sum(c or 0 for c in committed) == 100, "aiokafka's group commit is the group's offsets"
+
+
+class KafkaMember:
+    """A confluent-kafka group member in its own process (kafka_group_member_process.py)."""
+
+    def __init__(self, name: str, bootstrap: str, topic: str, group: str, directory: Path) -> None:
+        self.name = name
+        self.history = directory / f"{name}.jsonl"
+        self.history.touch()
+        with open(directory / f"{name}.log", "w") as log:  # the child keeps its own descriptor
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.integration.kafka_group_member_process",
+                    bootstrap,
+                    topic,
+                    group,
+                    str(self.history),
+                    str(GROUP_SESSION_MS),
+                ],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+
+    def events(self) -> list[dict[str, Any]]:
+        # A line being written may be partial; it is read whole on the next call.
+        lines = self.history.read_text().splitlines(keepends=True)
+        return [json.loads(line) for line in lines if line.endswith("\n")]
+
+    def assigned(self) -> set[int]:
+        owned: set[int] = set()
+        for ev in self.events():
+            if ev["ev"] == "assigned":
+                owned = set(ev["partitions"])
+            elif ev["ev"] == "revoked":
+                owned = set()
+        return owned
+
+    def read(self) -> list[tuple[int, int, int]]:
+        """(time ms, partition, offset) of every record processed."""
+        return [(ev["t"], ev["partition"], ev["offset"]) for ev in self.events() if ev["ev"] == "record"]
+
+    def idle(self) -> bool:
+        events = [ev for ev in self.events() if ev["ev"] in ("record", "idle")]
+        return not events or events[-1]["ev"] == "idle"
+
+    def stop(self) -> None:
+        """By pid: SIGTERM (commit, leave), SIGKILL if it does not end in time."""
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=CALL_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=CALL_TIMEOUT_S)
+
+
+GROUP_SESSION_MS = 6_000  # the smallest session the coordinator takes, so the test stays short
+# How long after the session ends the partitions may take to reach the survivors: the expiry
+# check, a rebalance with the survivors' revocation commits and the leader's assignment, on a
+# loaded shared machine.
+GROUP_MOVE_AFTER_SESSION_S_MAX = 25.0
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_for(condition: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_killed_confluent_group_members_partitions_move_and_committed_offsets_are_honoured(
+    cluster, tmp_path
+):
+    topic, group, partitions = "kafka-group-kill", "kafka-classic-kill", 6
+    create(cluster, topic, partitions=partitions)
+    members = [
+        KafkaMember(name, cluster.kafka_bootstrap(), topic, group, tmp_path) for name in ("a", "b", "c")
+    ]
+    sent: set[tuple[int, str]] = set()
+
+    def produce(prefix: str, count: int) -> None:
+        with Producer(cluster.gateway_address, **FAST) as producer:
+            for i in range(count):
+                producer.send(topic, f"{prefix}-{i}".encode(), partition=i % partitions)
+                sent.add((i % partitions, f"{prefix}-{i}"))
+            producer.flush(timeout_ms=int(CALL_TIMEOUT_S * 1000))
+
+    def consumed(among: list[KafkaMember]) -> set[tuple[int, str]]:
+        return {(ev["partition"], ev["value"]) for m in among for ev in m.events() if ev["ev"] == "record"}
+
+    try:
+        # A stable group of three before any record exists, so every record is read in one generation.
+        def stable() -> bool:
+            owned = [m.assigned() for m in members]
+            return (
+                all(owned)
+                and sum(map(len, owned)) == partitions
+                and set().union(*owned) == set(range(partitions))
+            )
+
+        wait_for(stable, 60, "three members share the six partitions")
+        produce("before", 47 * partitions)  # 94 a member: commits at 25, 50, 75; 19 uncommitted
+        wait_for(lambda: consumed(members) >= sent and all(m.idle() for m in members), 60, "all read")
+
+        dead, survivors = members[0], members[1:]
+        held = dead.assigned()
+        committed: dict[int, int] = {}  # the group's committed offsets: the last commit per partition
+        for m in members:
+            for ev in m.events():
+                if ev["ev"] == "commit":
+                    committed.update({p: o for p, o in ev["offsets"]})
+        dead_read_end = {p: max(o for _, q, o in dead.read() if q == p) + 1 for p in held}
+        window = {(p, o) for p in held for o in range(committed.get(p, 0), dead_read_end[p])}
+        killed_at_ms = int(time.time() * 1000)
+        os.kill(dead.process.pid, signal.SIGKILL)  # no commit, no LeaveGroup: only its session ends
+        dead.process.wait(timeout=CALL_TIMEOUT_S)
+
+        produce("after", 20 * partitions)
+        wait_for(
+            lambda: set().union(*(m.assigned() for m in survivors)) == set(range(partitions)),
+            GROUP_SESSION_MS / 1000 + GROUP_MOVE_AFTER_SESSION_S_MAX,
+            "the killed member's partitions moved to the other two",
+        )
+        moved_after_s = (int(time.time() * 1000) - killed_at_ms) / 1000
+        wait_for(lambda: consumed(members) >= sent, 60, "every produced record consumed")
+    finally:
+        for m in members:
+            m.stop()
+
+    # Its partitions reached the survivors only when its session ended (no LeaveGroup was sent).
+    assert moved_after_s >= (GROUP_SESSION_MS - 1_000) / 1000, f"moved after {moved_after_s} s"
+    survivors_read = [(p, o) for m in survivors for t, p, o in m.read() if t >= killed_at_ms]
+    for p in held:
+        first = min(o for q, o in survivors_read if q == p)
+        assert first == committed.get(p, 0), f"partition {p} resumed at the group's committed offset"
+    reads = collections.Counter((p, o) for m in members for _, p, o in m.read())
+    again = {place for place, times in reads.items() if times > 1}
+    assert again == window, "read twice: exactly what the killed member read and did not commit"
+    assert consumed(members) == sent, "every produced record consumed"
