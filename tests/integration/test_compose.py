@@ -5,7 +5,8 @@ and debootstrap with apt when missing, starts dockerd when none answers, makes
 the debootstrap base image once and reuses it), brings up three etcd members,
 two controllers, three brokers and a gateway with host networking on
 127.0.0.1, waits until Docker calls every container healthy, then creates a
-topic, produces and consumes through the gateway, SIGKILLs the container of a
+topic, produces and consumes through the gateway, reads the records back
+through the brokers' Kafka listeners (confluent-kafka), SIGKILLs the container of a
 partition leader and checks that a new leader is elected from the ISR and
 that every acknowledged record is still there at its offset.
 
@@ -48,6 +49,7 @@ IMAGE = "highwater:dev"
 
 # The ports deploy/docker-compose.test.yml gives each service on 127.0.0.1.
 GATEWAY_ADDRESS = "127.0.0.1:19092"
+KAFKA_BOOTSTRAP = "127.0.0.1:19301,127.0.0.1:19302,127.0.0.1:19303"
 PORTS = (
     19379,
     19380,
@@ -64,7 +66,10 @@ PORTS = (
     19103,
     19201,
     19202,
-    19203,  # brokers: gRPC, metrics
+    19203,
+    19301,
+    19302,
+    19303,  # brokers: gRPC, metrics, Kafka
     19092,
     19192,
 )  # gateway: gRPC, metrics
@@ -241,6 +246,7 @@ def test_compose_cluster_survives_a_killed_leader_broker(
         )
         assert res.base_offset == 0
         assert [r.value for r in fetch_all(gw, topic, 0)] == before
+        _kafka_reads(topic, before)
 
         old = describe_partition(gw, topic, 0)
         assert sorted(old.isr) == [1, 2, 3], f"ISR before the kill: {list(old.isr)}"
@@ -298,3 +304,24 @@ def _produced(gw: object, topic: str, values: list[bytes]) -> common_pb2.Produce
     """One acks=all produce to partition 0; the response when acknowledged, else None (retry)."""
     res = produce(gw, topic, 0, values, acks=-1)  # type: ignore[arg-type]
     return res if res.error_code == common_pb2.NONE else None
+
+
+def _kafka_reads(topic: str, values: list[bytes]) -> None:
+    """Each broker's Kafka listener is up and registered: a Kafka client sees all three and
+    reads partition 0 back."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": KAFKA_BOOTSTRAP, "group.id": "compose-kafka"})
+    try:
+        metadata = consumer.list_topics(topic, timeout=DOCKER_CALL_TIMEOUT_S)
+        listed = sorted(f"{b.host}:{b.port}" for b in metadata.brokers.values())
+        assert listed == sorted(KAFKA_BOOTSTRAP.split(",")), f"brokers' Kafka addresses: {listed}"
+        consumer.assign([confluent_kafka.TopicPartition(topic, 0, 0)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + FAILOVER_TIMEOUT_S
+        while len(got) < len(values) and time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is not None and not m.error():
+                got.append(m.value())
+        assert got == values, "the gateway's records, read over Kafka's protocol"
+    finally:
+        consumer.close()
