@@ -99,6 +99,7 @@ def versions(*, peers: bool = False) -> dict[str, object]:
         "grpcio": _package_version("grpcio"),
         "protobuf": _package_version("protobuf"),
         "aiokafka": _package_version("aiokafka"),
+        "confluent_kafka": _package_version("confluent-kafka"),
         "record_codec_accelerated": codec_is_accelerated(),
         "etcd": _binary_version(["etcd", "--version"]),
     }
@@ -273,6 +274,8 @@ class Target:
     names: dict[str, str] = field(default_factory=dict)
     # Process name -> its Prometheus /metrics port, when the cluster is ours.
     metrics_ports: dict[str, int] = field(default_factory=dict)
+    # The brokers' Kafka listeners (docs/KAFKA.md), "host:port,...", when the cluster is ours.
+    kafka_bootstrap: str = ""
 
     def leader_processes(self) -> dict[str, list[int]]:
         """Process name (or address) of each leader -> the partitions it leads."""
@@ -469,7 +472,7 @@ def highwater_target(
                 names[p.address] = name
             if p.info.get("metrics_port"):
                 ports[name] = int(p.info["metrics_port"])  # type: ignore[call-overload]
-        yield Target(gateway, topic, partitions, leaders, pids, names, ports)
+        yield Target(gateway, topic, partitions, leaders, pids, names, ports, cluster.kafka_bootstrap())
 
 
 def add_target_arguments(parser: argparse.ArgumentParser, *, partitions: int, output: str) -> None:

@@ -10,6 +10,8 @@ starts all three systems on 127.0.0.1, each with three copies of the data:
   (an acknowledgement means a quorum, 2 of 3, has the message);
 - Redis Streams: a primary and two replicas, pipelined XADD then WAIT 2 (both replicas);
 
+and, on the same Highwater cluster, the brokers' Kafka listeners driven by confluent-kafka
+(librdkafka; bench/kafka_protocol.py; --no-kafka leaves it out), reported as "highwater kafka";
 then runs the workload on each in turn — Highwater, NATS, Redis, and again for --rounds
 rounds — so every system sees the same machine load within a round, and prints each
 figure, the peer's, and the ratio per round and over the rounds (median). The idle
@@ -18,7 +20,8 @@ systems stay up while another runs (their idle CPU is in the per-process table).
 Workloads (all from one client process, Python clients on every side):
 - produce-100b / produce-10kb: records/s and MB/s as fast as they go, latency per request
   (Highwater: the Producer through the gateway, and with --our-paths direct also raw
-  Produce straight to the leaders; NATS: publish_async; Redis: pipeline + WAIT 2);
+  Produce straight to the leaders; Kafka's protocol: confluent-kafka's Producer with acks=all
+  and idempotence; NATS: publish_async; Redis: pipeline + WAIT 2);
 - e2e: send -> receive latency at --rates records/s (consumer in another process);
 - consume: catch-up read of --records records loaded first.
 
@@ -35,11 +38,12 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import common, consume, e2e_latency, produce
+from bench import common, consume, e2e_latency, kafka_protocol, produce
 from bench.peers import nats_js, redis_streams
 
 WORKLOADS = ("produce-100b", "produce-10kb", "e2e", "consume")
@@ -115,6 +119,17 @@ def run_produce(systems: Systems, system: str, size: int) -> list[dict[str, obje
             window = _meter(target.pids)
             result = produce.run_path(target, spec, path, window)
             out.append({"system": f"highwater {path}", **result, "cpu_cores": window.cpu})
+        if args.kafka:
+            window = _meter(target.pids)
+            result = kafka_protocol.produce(
+                target.kafka_bootstrap,
+                target.topic,
+                record_size=size,
+                duration_s=args.duration_s,
+                warmup_s=args.warmup_s,
+                window=window,
+            )
+            out.append({"system": "highwater kafka", **result, "cpu_cores": window.cpu})
         return out
     # What both peers' produce() take alike: unbounded, the sizes and times of our own runs.
     workload = dict(record_size=size, duration_s=args.duration_s, warmup_s=args.warmup_s, throughput=-1)
@@ -154,6 +169,14 @@ def run_consume(systems: Systems, system: str) -> list[dict[str, object]]:
             result = consume.run_path(target, path, n, ns, window)
             out.append(
                 {"system": f"highwater {path}", **result, "load_s": round(loaded, 2), "cpu_cores": window.cpu}
+            )
+        if args.kafka:  # the same loaded topic, through the brokers' Kafka listeners
+            window = _meter(target.pids)
+            result = kafka_protocol.consume(
+                target.kafka_bootstrap, target.topic, count=n, record_size=size, window=window
+            )
+            out.append(
+                {"system": "highwater kafka", **result, "load_s": round(loaded, 2), "cpu_cores": window.cpu}
             )
         return out
     if system == "nats":
@@ -209,8 +232,10 @@ def run_e2e(systems: Systems, system: str, rate: float) -> list[dict[str, object
             linger_ms=0,
             fetch_max_wait_ms=500,
         )
-        result = e2e_latency.run_rate(target, rate, ns)
-        return [{"system": "highwater", **result}]
+        out = [{"system": "highwater", **e2e_latency.run_rate(target, rate, ns)}]
+        if args.kafka:
+            out.append(_run_e2e_kafka(systems, rate, expected, timeout_s))
+        return out
     # The peers' producers carry no warm-up flag: their warm-up is a separate short run first.
     if system == "nats":
         asyncio.run(nats_js.purge(systems.nats.urls))
@@ -243,6 +268,47 @@ def run_e2e(systems: Systems, system: str, rate: float) -> list[dict[str, object
                 systems.redis.primary_port, rate=rate, duration_s=args.duration_s, record_size=size
             )
 
+    return [_e2e_measured(system, rate, args.duration_s, cmd, pids, send)]
+
+
+def _run_e2e_kafka(systems: Systems, rate: float, expected: int, timeout_s: float) -> dict[str, object]:
+    """Highwater's e2e through its Kafka listeners, on a topic of its own."""
+    args = systems.args
+    target = systems.fresh_topic()
+    kafka_protocol.e2e_produce(
+        target.kafka_bootstrap, target.topic, rate=rate, duration_s=args.warmup_s, record_size=100
+    )
+    cmd = [
+        sys.executable,
+        kafka_protocol.__file__,
+        "e2e-consumer",
+        "--bootstrap",
+        target.kafka_bootstrap,
+        "--topic",
+        target.topic,
+        "--expected",
+        str(expected),
+        "--timeout-s",
+        str(timeout_s),
+    ]
+
+    def send() -> dict[str, object]:
+        return kafka_protocol.e2e_produce(
+            target.kafka_bootstrap, target.topic, rate=rate, duration_s=args.duration_s, record_size=100
+        )
+
+    return _e2e_measured("highwater kafka", rate, args.duration_s, cmd, target.pids, send)
+
+
+def _e2e_measured(
+    system: str,
+    rate: float,
+    duration_s: float,
+    cmd: list[str],
+    pids: dict[str, int],
+    send: Callable[[], dict[str, object]],
+) -> dict[str, object]:
+    """Start the consumer process `cmd`, send(), and read its latencies; CPU of every process."""
     consumer = e2e_latency.E2EConsumer(cmd)
     try:
         meter = common.CpuMeter({**pids, "producer": os.getpid(), "consumer": consumer.pid}).start()
@@ -251,8 +317,8 @@ def run_e2e(systems: Systems, system: str, rate: float) -> list[dict[str, object
         got = consumer.result(timeout_s=e2e_latency.DRAIN_S + common.E2E_IDLE_END_S + 30)
     finally:
         consumer.stop()
-    sent["achieved_rate"] = round(int(sent["sent"]) / args.duration_s)  # type: ignore[call-overload]
-    return [{"system": system, "rate": rate, **sent, **got, "cpu_cores": cpu}]
+    sent["achieved_rate"] = round(int(sent["sent"]) / duration_s)  # type: ignore[call-overload]
+    return {"system": system, "rate": rate, **sent, **got, "cpu_cores": cpu}
 
 
 # ---- figures and ratios -------------------------------------------------------------------------
@@ -343,6 +409,12 @@ def main() -> int:
         default=["consumer", "fetch"],
         help="Highwater consume paths (default consumer fetch)",
     )
+    parser.add_argument(
+        "--kafka",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run Highwater through its Kafka listeners with confluent-kafka (default on)",
+    )
     parser.add_argument("--max-poll-records", type=int, default=500)
     parser.add_argument(
         "--redis-batch", type=int, default=1000, help="XADDs per pipeline before WAIT 2 (default 1000)"
@@ -403,7 +475,7 @@ def main() -> int:
                     continue
                 for result in got:
                     result.update(gate, load_1m_after=common.load_average())
-                    records = result.get("records_acked", result.get("records"))
+                    records = result.get("records_acked", result.get("records", result.get("received")))
                     if records and result.get("cpu_cores"):
                         # CPU per record holds better than records/s on a loaded machine.
                         result["cpu_us_per_record"] = common.cpu_us_per_record(
