@@ -275,9 +275,8 @@ def _run_e2e_kafka(systems: Systems, rate: float, expected: int, timeout_s: floa
     """Highwater's e2e through its Kafka listeners, on a topic of its own."""
     args = systems.args
     target = systems.fresh_topic()
-    kafka_protocol.e2e_produce(
-        target.kafka_bootstrap, target.topic, rate=rate, duration_s=args.warmup_s, record_size=100
-    )
+    producer = kafka_protocol.e2e_producer(target.kafka_bootstrap)
+    kafka_protocol.e2e_produce(producer, target.topic, rate=rate, duration_s=args.warmup_s, record_size=100)
     cmd = [
         sys.executable,
         kafka_protocol.__file__,
@@ -294,7 +293,7 @@ def _run_e2e_kafka(systems: Systems, rate: float, expected: int, timeout_s: floa
 
     def send() -> dict[str, object]:
         return kafka_protocol.e2e_produce(
-            target.kafka_bootstrap, target.topic, rate=rate, duration_s=args.duration_s, record_size=100
+            producer, target.topic, rate=rate, duration_s=args.duration_s, record_size=100
         )
 
     return _e2e_measured("highwater kafka", rate, args.duration_s, cmd, target.pids, send)
