@@ -2,8 +2,10 @@
 
 confluent-kafka (librdkafka) produces idempotently with acks=all and consumes back; kcat lists
 metadata, produces and consumes; records written over gRPC are read back over Kafka's protocol
-byte for byte and the reverse. A few raw requests (built with kio, the library the broker uses)
-check what clients rarely send: an unknown version, a Produce to a follower.
+byte for byte and the reverse; a consumer group of three confluent-kafka processes loses one
+to SIGKILL and the other two take its partitions from the committed offsets. A few raw
+requests (built with kio, the library the broker uses) check what clients rarely send: an
+unknown version, a Produce to a follower.
 """
 
 from __future__ import annotations
