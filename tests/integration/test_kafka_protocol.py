@@ -28,7 +28,7 @@ import pytest
 
 from clients import Admin, Consumer, Producer, TopicPartition
 from services.kafka import protocol
-from tests.integration.helpers import consumer_fetch, gateway_stub
+from tests.integration.helpers import consumer_fetch, gateway_stub, wait_for
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
@@ -733,14 +733,8 @@ GROUP_SESSION_MS = 6_000  # the smallest session the coordinator takes, so the t
 # loaded shared machine.
 GROUP_MOVE_AFTER_SESSION_S_MAX = 25.0
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_for(condition: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        time.sleep(0.1)
+# Forming the group (three joins, each a rebalance) and reading the records, on a loaded machine.
+GROUP_STEP_TIMEOUT_S = 60.0
 
 
 @pytest.mark.slow
@@ -749,9 +743,7 @@ def test_a_killed_confluent_group_members_partitions_move_and_committed_offsets_
 ):
     topic, group, partitions = "kafka-group-kill", "kafka-classic-kill", 6
     create(cluster, topic, partitions=partitions)
-    members = [
-        KafkaMember(name, cluster.kafka_bootstrap(), topic, group, tmp_path) for name in ("a", "b", "c")
-    ]
+    members: list[KafkaMember] = []  # every one started is stopped by pid in `finally`
     sent: set[tuple[int, str]] = set()
 
     def produce(prefix: str, count: int) -> None:
@@ -765,6 +757,9 @@ def test_a_killed_confluent_group_members_partitions_move_and_committed_offsets_
         return {(ev["partition"], ev["value"]) for m in among for ev in m.events() if ev["ev"] == "record"}
 
     try:
+        for name in ("a", "b", "c"):
+            members.append(KafkaMember(name, cluster.kafka_bootstrap(), topic, group, tmp_path))
+
         # A stable group of three before any record exists, so every record is read in one generation.
         def stable() -> bool:
             owned = [m.assigned() for m in members]
@@ -774,9 +769,16 @@ def test_a_killed_confluent_group_members_partitions_move_and_committed_offsets_
                 and set().union(*owned) == set(range(partitions))
             )
 
-        wait_for(stable, 60, "three members share the six partitions")
+        wait_for(
+            stable, timeout_s=GROUP_STEP_TIMEOUT_S, interval_s=0.1, what="three members sharing the topic"
+        )
         produce("before", 47 * partitions)  # 94 a member: commits at 25, 50, 75; 19 uncommitted
-        wait_for(lambda: consumed(members) >= sent and all(m.idle() for m in members), 60, "all read")
+        wait_for(
+            lambda: consumed(members) >= sent and all(m.idle() for m in members),
+            timeout_s=GROUP_STEP_TIMEOUT_S,
+            interval_s=0.1,
+            what="every record read, every member idle",
+        )
 
         dead, survivors = members[0], members[1:]
         held = dead.assigned()
@@ -794,11 +796,17 @@ def test_a_killed_confluent_group_members_partitions_move_and_committed_offsets_
         produce("after", 20 * partitions)
         wait_for(
             lambda: set().union(*(m.assigned() for m in survivors)) == set(range(partitions)),
-            GROUP_SESSION_MS / 1000 + GROUP_MOVE_AFTER_SESSION_S_MAX,
-            "the killed member's partitions moved to the other two",
+            timeout_s=GROUP_SESSION_MS / 1000 + GROUP_MOVE_AFTER_SESSION_S_MAX,
+            interval_s=0.1,
+            what="the killed member's partitions moved to the other two",
         )
         moved_after_s = (int(time.time() * 1000) - killed_at_ms) / 1000
-        wait_for(lambda: consumed(members) >= sent, 60, "every produced record consumed")
+        wait_for(
+            lambda: consumed(members) >= sent,
+            timeout_s=GROUP_STEP_TIMEOUT_S,
+            interval_s=0.1,
+            what="every produced record consumed",
+        )
     finally:
         for m in members:
             m.stop()
