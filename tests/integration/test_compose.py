@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import confluent_kafka
 import pytest
 
 from protos.highwater.v1 import common_pb2
@@ -309,7 +310,6 @@ def _produced(gw: object, topic: str, values: list[bytes]) -> common_pb2.Produce
 def _kafka_reads(topic: str, values: list[bytes]) -> None:
     """Each broker's Kafka listener is up and registered: a Kafka client sees all three and
     reads partition 0 back."""
-    confluent_kafka = pytest.importorskip("confluent_kafka")
     consumer = confluent_kafka.Consumer({"bootstrap.servers": KAFKA_BOOTSTRAP, "group.id": "compose-kafka"})
     try:
         metadata = consumer.list_topics(topic, timeout=DOCKER_CALL_TIMEOUT_S)

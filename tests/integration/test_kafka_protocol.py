@@ -24,13 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka
 import pytest
 
 from clients import Admin, Consumer, Producer, TopicPartition
 from services.kafka import protocol
 from tests.integration.helpers import consumer_fetch, gateway_stub, wait_for
-
-confluent_kafka = pytest.importorskip("confluent_kafka")
 
 pytestmark = pytest.mark.integration
 
