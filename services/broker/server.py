@@ -32,10 +32,12 @@ from services.broker.replica_manager import ReplicaManager
 from services.common import limits
 from services.common.peers import PeerChannels
 from services.common.server import ServiceProcess
+from services.kafka.acl_rules import ConnectionAccess
 from services.kafka.backend import BrokerKafkaBackend
-from services.kafka.handler import KafkaHandler
+from services.kafka.handler import KafkaAccess, KafkaHandler
 from services.kafka.listener import KafkaListener
 from services.security.config import SecurityConfig
+from services.security.identity import Caller
 
 log = logging.getLogger("highwater.broker")
 
@@ -66,11 +68,18 @@ class BrokerConfig:
         )
         if self.broker_id < 0:
             raise SystemExit(f"--broker-id must be >= 0, got {self.broker_id}")
-        if self.kafka_port is not None and (self.security.tls or self.security.acl):
-            # The Kafka listener has no TLS, SASL or ACL checks yet: opening it would bypass them.
+        if self.kafka_port is not None and self.security.acl and not self.security.tls:
+            # ACLs need a principal; a plaintext Kafka port has none to check (no SASL here).
             raise SystemExit(
-                "--kafka-port cannot be used with --tls-dir or --authorizer acl: the Kafka protocol "
-                "listener does not authenticate or authorize yet (docs/KAFKA.md, Security)"
+                "--kafka-port with --authorizer acl needs --tls-dir: the Kafka protocol listener "
+                "authenticates clients by certificate only (mutual TLS; no SASL), so without TLS "
+                "it has no principal to check ACLs for (docs/KAFKA.md, Security)"
+            )
+        if self.kafka_port is not None and self.security.quotas:
+            # Byte-rate quotas are charged by the gRPC interceptor only: the Kafka port would escape them.
+            raise SystemExit(
+                "--kafka-port cannot be used with --producer-byte-rate/--consumer-byte-rate: the "
+                "Kafka protocol listener does not charge quotas yet (docs/KAFKA.md, Security)"
             )
 
 
@@ -224,6 +233,16 @@ async def serve(config: BrokerConfig) -> None:
     if config.kafka_port is not None:
         # The request bounds an operator set for the gRPC listeners hold here too.
         bounds = config.security
+        security = process.security
+        tls = security.tls
+        cache = security.cache
+        access_for = None
+        if config.security.acl and cache is not None:
+            # The broker's own ACL snapshot, the one its gRPC interceptor asks (kept current by
+            # its etcd watch): a change applies to both listeners at once.
+            def access_for(caller: Caller) -> KafkaAccess:
+                return ConnectionAccess(caller, lambda: cache.authorizer)
+
         kafka = KafkaListener(
             KafkaHandler(kafka_backend, max_batch_records=bounds.max_batch_records),
             config.host,
@@ -231,6 +250,8 @@ async def serve(config: BrokerConfig) -> None:
             request_bytes_max=bounds.max_request_bytes or limits.KAFKA_REQUEST_BYTES_MAX,
             in_flight_max=bounds.max_requests_per_connection
             or limits.KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX,
+            ssl_context=tls.server_ssl_context() if tls is not None else None,
+            access_for=access_for,
         )
         kafka_backend.start()
         await kafka.start()

@@ -390,6 +390,9 @@ KAFKA_CONNECTIONS_MAX = 1_000
 # 10 minutes): clients reconnect when they need to, and forgotten ones do not hold a slot of
 # KAFKA_CONNECTIONS_MAX forever.
 KAFKA_CONNECTION_IDLE_MS_MAX = 600_000
+# A TLS handshake on the Kafka port must finish within this, or the connection is dropped: a
+# client that opens a socket and never completes the handshake holds no slot for long.
+KAFKA_TLS_HANDSHAKE_TIMEOUT_S = 10.0
 # How long Metadata may reuse the registered brokers' Kafka addresses read from etcd.
 KAFKA_BROKER_LIST_CACHE_MS = 1_000
 # One call a Kafka request makes to the controller or etcd (InitProducerId, admin requests,

@@ -12,6 +12,7 @@ No sockets and no clock here: the listener owns the connection and the backend
 
 from __future__ import annotations
 
+import contextvars
 import datetime
 import logging
 import uuid
@@ -27,14 +28,47 @@ from protos.highwater.v1 import broker_pb2, common_pb2
 from services.broker.core import log_config_from
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
-from services.kafka import protocol
+from services.kafka import acl_rules, protocol
+from services.kafka.acl_rules import Decision
 from services.kafka.classic_groups import Error as GroupError
 from services.kafka.classic_groups import Group, JoinAnswer, SyncAnswer, coordinator_of
 from services.kafka.protocol import Request, build, kafka_error, nested
+from services.security import authz
 
 log = logging.getLogger("highwater.kafka")
 
 _NO_THROTTLE = datetime.timedelta(0)
+_TOPIC_REFUSED = common_pb2.TOPIC_AUTHORIZATION_FAILED
+_ALLOW_ALL: acl_rules.Allowed = lambda operation, resource: True  # noqa: E731
+
+
+@dataclass(frozen=True)
+class RequestAcl:
+    """The ACL decision of the request being answered and the check behind it (Metadata's and
+    ListGroups' full listings ask it per name). Set per request task in _ACL."""
+
+    decision: Decision
+    allowed: acl_rules.Allowed
+
+
+_ACL: contextvars.ContextVar[RequestAcl | None] = contextvars.ContextVar("highwater_kafka_acl", default=None)
+_NO_ACL = RequestAcl(Decision(), _ALLOW_ALL)
+
+
+def _acl() -> RequestAcl:
+    """The current request's ACL decision (without ACLs: nothing refused)."""
+    return _ACL.get() or _NO_ACL
+
+
+class KafkaAccess(Protocol):
+    """The authenticated connection's principal and the authorizer's answers for it."""
+
+    @property
+    def principal(self) -> str: ...
+
+    def allowed(self, operation: authz.Operation, resource: authz.Resource) -> bool: ...
+
+    def allowed_any(self, operation: authz.Operation, resource_type: authz.ResourceType) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -136,10 +170,14 @@ def _topic_uuid(topic_id: str) -> uuid.UUID:
 class KafkaHandler:
     """Answers decoded Kafka requests for one broker. Owned by the broker's event loop."""
 
-    def __init__(self, backend: KafkaBackend, *, max_batch_records: int = 0) -> None:
-        """max_batch_records: the broker's --max-batch-records (0: no bound beyond the batch size)."""
+    def __init__(
+        self, backend: KafkaBackend, *, max_batch_records: int = 0, access: KafkaAccess | None = None
+    ) -> None:
+        """max_batch_records: the broker's --max-batch-records (0: no bound beyond the batch size).
+        access: one authenticated connection's principal and ACLs (None: no ACLs, all allowed)."""
         self.backend = backend
         self.max_batch_records = max_batch_records
+        self.access = access
         self._apis: dict[int, Callable[[Request], Awaitable[Any]]] = {
             protocol.API_VERSIONS: self.api_versions,
             protocol.METADATA: self.metadata,
@@ -166,9 +204,33 @@ class KafkaHandler:
         missing = set(protocol.SUPPORTED_VERSIONS) - set(self._apis)
         if missing:
             raise RuntimeError(f"advertised Kafka API keys without a handler: {sorted(missing)}")
+        unruled = acl_rules.uncovered(protocol.SUPPORTED_VERSIONS)
+        if unruled:
+            raise RuntimeError(f"advertised Kafka API keys without an ACL rule: {sorted(unruled)}")
+
+    def for_connection(self, access: KafkaAccess) -> KafkaHandler:
+        """This handler for one authenticated connection: every request checked against ACLs."""
+        return KafkaHandler(self.backend, max_batch_records=self.max_batch_records, access=access)
 
     async def handle(self, request: Request) -> Any | None:
-        """The answer to one request, or None when Kafka sends none (Produce with acks=0)."""
+        """The answer to one request, or None when Kafka sends none (Produce with acks=0).
+
+        With ACLs, the request's decision (acl_rules.decide) is set for this task first; each API
+        answers what it refuses with Kafka's authorization codes and acts on the rest."""
+        if self.access is not None:
+            decision = acl_rules.decide(
+                request.api_key, request.body, self.access.allowed, self.access.allowed_any
+            )
+            if decision.refuses_anything:
+                log.debug(
+                    "Kafka API %d for %s: refused cluster=%s topics=%s groups=%s",
+                    request.api_key,
+                    self.access.principal,
+                    decision.cluster_refused,
+                    sorted(decision.topics_refused)[:10],
+                    sorted(decision.groups_refused)[:10],
+                )
+            _ACL.set(RequestAcl(decision, self.access.allowed))
         return await self._apis[request.api_key](request)
 
     # ---- ApiVersions -------------------------------------------------------------------------
@@ -190,8 +252,12 @@ class KafkaHandler:
             log.warning("Metadata without the broker list: %s", exc)
             brokers, cluster_id = [], ""
         cache = self.backend.metadata
+        acl = _acl()
         if body.topics is None or (request.api_version == 0 and not body.topics):
-            names = sorted(cache.topics())
+            # A full listing leaves out the topics the principal may not describe.
+            names = [
+                n for n in sorted(cache.topics()) if acl.allowed(authz.Operation.DESCRIBE, authz.topic(n))
+            ]
         else:
             names = []
             for t in body.topics:
@@ -209,6 +275,17 @@ class KafkaHandler:
         topics = []
         for name in names:
             parts = cache.partitions_of(name)
+            if name in acl.decision.topics_refused:
+                topics.append(
+                    build(
+                        topic_cls,
+                        error_code=K.topic_authorization_failed,
+                        name=name,
+                        topic_id=uuid.UUID(int=0),
+                        partitions=(),
+                    )
+                )
+                continue
             if not parts:
                 topics.append(
                     build(
@@ -283,7 +360,7 @@ class KafkaHandler:
                 req, common_pb2.INVALID_REQUEST, "transactions are not supported (docs/KAFKA.md)"
             )
         else:
-            resp = await self._produce_within_batch_limit(req)
+            resp = await self._produce_authorized(req)
         if body.acks == 0:
             return None
         cls = protocol.response_class(protocol.PRODUCE, request.api_version)
@@ -318,6 +395,19 @@ class KafkaHandler:
             ),
         )
 
+    async def _produce_authorized(self, req: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse:
+        """Partitions of topics the principal may not write answered TOPIC_AUTHORIZATION_FAILED and
+        never written; the rest produced, as the gRPC listeners' security rules do."""
+        refused = _acl().decision.topics_refused
+        if not refused:
+            return await self._produce_within_batch_limit(req)
+        kept, denied = _split_topics(req, refused)
+        resp = await self._produce_within_batch_limit(kept) if kept.topics else common_pb2.ProduceResponse()
+        resp.topics.extend(
+            _produce_refusal(denied, _TOPIC_REFUSED, "not authorized to Write this topic").topics
+        )
+        return resp
+
     async def _produce_within_batch_limit(self, req: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse:
         """The broker's produce, with partitions whose batches break --max-batch-records refused
         INVALID_REQUEST first, as the gRPC listeners' security rules refuse them."""
@@ -345,30 +435,39 @@ class KafkaHandler:
         if body.replica_id >= 0:
             # Followers fetch over gRPC only; a Kafka replica fetch would skip the broker-epoch check.
             return build(cls, throttle_time=_NO_THROTTLE, error_code=K.invalid_request, responses=())
-        resp = await self.backend.fetch(
-            common_pb2.FetchRequest(
-                replica_id=-1,
-                max_wait_ms=max(0, min(_ms(body.max_wait), limits.FETCH_MAX_WAIT_MS_MAX)),
-                min_bytes=max(0, body.min_bytes),
-                max_bytes=max(0, body.max_bytes),
-                isolation_level=0,
-                topics=[
-                    common_pb2.FetchTopic(
-                        topic=t.topic,
-                        partitions=[
-                            common_pb2.FetchPartition(
-                                partition=p.partition,
-                                fetch_offset=p.fetch_offset,
-                                partition_max_bytes=max(0, p.partition_max_bytes),
-                                current_leader_epoch=getattr(p, "current_leader_epoch", -1),
-                            )
-                            for p in t.partitions
-                        ],
-                    )
-                    for t in body.topics
-                ],
-            )
+        fetch_req = common_pb2.FetchRequest(
+            replica_id=-1,
+            max_wait_ms=max(0, min(_ms(body.max_wait), limits.FETCH_MAX_WAIT_MS_MAX)),
+            min_bytes=max(0, body.min_bytes),
+            max_bytes=max(0, body.max_bytes),
+            isolation_level=0,
+            topics=[
+                common_pb2.FetchTopic(
+                    topic=t.topic,
+                    partitions=[
+                        common_pb2.FetchPartition(
+                            partition=p.partition,
+                            fetch_offset=p.fetch_offset,
+                            partition_max_bytes=max(0, p.partition_max_bytes),
+                            current_leader_epoch=getattr(p, "current_leader_epoch", -1),
+                        )
+                        for p in t.partitions
+                    ],
+                )
+                for t in body.topics
+            ],
         )
+        kept, denied = _split_topics(fetch_req, _acl().decision.topics_refused)
+        resp = (
+            await self.backend.fetch(kept) if kept.topics or not denied.topics else common_pb2.FetchResponse()
+        )
+        for t in denied.topics:
+            resp.topics.add(topic=t.topic).partitions.extend(
+                common_pb2.FetchPartitionResponse(
+                    partition=p.partition, error_code=_TOPIC_REFUSED, high_watermark=-1, log_start_offset=-1
+                )
+                for p in t.partitions
+            )
         topic_cls = nested(cls, "FetchableTopicResponse")
         part_cls = nested(cls, "PartitionData")
         cache = self.backend.metadata
@@ -424,25 +523,36 @@ class KafkaHandler:
     async def list_offsets(self, request: Request) -> Any:
         body = request.body
         cls = protocol.response_class(protocol.LIST_OFFSETS, request.api_version)
-        resp = self.backend.list_offsets(
-            common_pb2.ListOffsetsRequest(
-                replica_id=-1,
-                topics=[
-                    common_pb2.ListOffsetsTopic(
-                        topic=t.name,
-                        partitions=[
-                            common_pb2.ListOffsetsPartition(
-                                partition=p.partition_index,
-                                timestamp=p.timestamp,
-                                current_leader_epoch=getattr(p, "current_leader_epoch", -1),
-                            )
-                            for p in t.partitions
-                        ],
-                    )
-                    for t in body.topics
-                ],
-            )
+        list_req = common_pb2.ListOffsetsRequest(
+            replica_id=-1,
+            topics=[
+                common_pb2.ListOffsetsTopic(
+                    topic=t.name,
+                    partitions=[
+                        common_pb2.ListOffsetsPartition(
+                            partition=p.partition_index,
+                            timestamp=p.timestamp,
+                            current_leader_epoch=getattr(p, "current_leader_epoch", -1),
+                        )
+                        for p in t.partitions
+                    ],
+                )
+                for t in body.topics
+            ],
         )
+        kept, denied = _split_topics(list_req, _acl().decision.topics_refused)
+        resp = (
+            self.backend.list_offsets(kept)
+            if kept.topics or not denied.topics
+            else common_pb2.ListOffsetsResponse()
+        )
+        for t in denied.topics:
+            resp.topics.add(topic=t.topic).partitions.extend(
+                common_pb2.ListOffsetsPartitionResponse(
+                    partition=p.partition, error_code=_TOPIC_REFUSED, timestamp=-1, offset=-1, leader_epoch=-1
+                )
+                for p in t.partitions
+            )
         topic_cls = nested(cls, "ListOffsetsTopicResponse")
         part_cls = nested(cls, "ListOffsetsPartitionResponse")
         return build(
@@ -473,25 +583,36 @@ class KafkaHandler:
     async def offsets_for_leader_epoch(self, request: Request) -> Any:
         body = request.body
         cls = protocol.response_class(protocol.OFFSET_FOR_LEADER_EPOCH, request.api_version)
-        resp = self.backend.offsets_for_leader_epoch(
-            broker_pb2.OffsetsForLeaderEpochRequest(
-                replica_id=-1,
-                topics=[
-                    broker_pb2.OffsetsForLeaderEpochTopic(
-                        topic=t.topic,
-                        partitions=[
-                            broker_pb2.OffsetsForLeaderEpochPartition(
-                                partition=p.partition,
-                                current_leader_epoch=p.current_leader_epoch,
-                                leader_epoch=p.leader_epoch,
-                            )
-                            for p in t.partitions
-                        ],
-                    )
-                    for t in body.topics
-                ],
-            )
+        epoch_req = broker_pb2.OffsetsForLeaderEpochRequest(
+            replica_id=-1,
+            topics=[
+                broker_pb2.OffsetsForLeaderEpochTopic(
+                    topic=t.topic,
+                    partitions=[
+                        broker_pb2.OffsetsForLeaderEpochPartition(
+                            partition=p.partition,
+                            current_leader_epoch=p.current_leader_epoch,
+                            leader_epoch=p.leader_epoch,
+                        )
+                        for p in t.partitions
+                    ],
+                )
+                for t in body.topics
+            ],
         )
+        kept, denied = _split_topics(epoch_req, _acl().decision.topics_refused)
+        resp = (
+            self.backend.offsets_for_leader_epoch(kept)
+            if kept.topics or not denied.topics
+            else broker_pb2.OffsetsForLeaderEpochResponse()
+        )
+        for t in denied.topics:
+            resp.topics.add(topic=t.topic).partitions.extend(
+                broker_pb2.EpochEndOffset(
+                    partition=p.partition, error_code=_TOPIC_REFUSED, leader_epoch=-1, end_offset=-1
+                )
+                for p in t.partitions
+            )
         topic_cls = nested(cls, "OffsetForLeaderTopicResult")
         part_cls = nested(cls, "EpochEndOffset")
         return build(
@@ -529,6 +650,14 @@ class KafkaHandler:
                 producer_id=-1,
                 producer_epoch=-1,
             )
+        if _acl().decision.cluster_refused:
+            return build(
+                cls,
+                throttle_time=_NO_THROTTLE,
+                error_code=K.cluster_authorization_failed,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
         try:
             resp = await self.backend.call_controller(
                 "InitProducerId",
@@ -560,6 +689,19 @@ class KafkaHandler:
 
     # ---- admin: forwarded to the active controller ------------------------------------------
 
+    async def _admin_authorized(
+        self, rpc: str, request: Any, names: Callable[[Any], list[str]]
+    ) -> tuple[Any, K, str | None, list[str]]:
+        """_admin for the topics the principal may act on; the refused ones' names come back apart
+        (answered TOPIC_AUTHORIZATION_FAILED, never sent to the controller)."""
+        refused_names = _acl().decision.topics_refused
+        refused = [n for n in names(request) if n in refused_names]
+        if not refused:
+            return (*await self._admin(rpc, request), [])
+        if len(refused) == len(names(request)):
+            return None, K.none, None, refused
+        return (*await self._admin(rpc, _without_topics(request, refused_names)), refused)
+
     async def _admin(self, rpc: str, request: Any) -> tuple[Any, K, str | None]:
         """The controller's answer, or (None, a whole-request code, message). NOT_CONTROLLER is what
         Kafka's admin clients retry after refreshing metadata, for a standby's answer and for a
@@ -577,7 +719,7 @@ class KafkaHandler:
         body = request.body
         cls = protocol.response_class(protocol.CREATE_TOPICS, request.api_version)
         result_cls = nested(cls, "CreatableTopicResult")
-        resp, code, message = await self._admin(
+        resp, code, message, refused = await self._admin_authorized(
             "CreateTopics",
             common_pb2.CreateTopicsRequest(
                 topics=[
@@ -596,11 +738,15 @@ class KafkaHandler:
                 timeout_ms=max(0, _ms(body.timeout)),
                 validate_only=getattr(body, "validate_only", False),
             ),
+            lambda r: [t.name for t in r.topics],
         )
+        results: list[tuple[str, K, str | None, str, int, int]] = [
+            (n, K.topic_authorization_failed, _NOT_AUTHORIZED, "", -1, -1) for n in refused
+        ]
         if resp is None:
-            results = [(t.name, code, message, "", -1, -1) for t in body.topics]
+            results += [(t.name, code, message, "", -1, -1) for t in body.topics if t.name not in refused]
         else:
-            results = [
+            results += [
                 (
                     r.name,
                     kafka_error(r.error_code),
@@ -634,11 +780,13 @@ class KafkaHandler:
         cls = protocol.response_class(protocol.DELETE_TOPICS, request.api_version)
         result_cls = nested(cls, "DeletableTopicResult")
         names = list(body.topic_names)
-        resp, code, message = await self._admin(
-            "DeleteTopics", common_pb2.DeleteTopicsRequest(names=names, timeout_ms=max(0, _ms(body.timeout)))
+        resp, code, message, refused = await self._admin_authorized(
+            "DeleteTopics",
+            common_pb2.DeleteTopicsRequest(names=names, timeout_ms=max(0, _ms(body.timeout))),
+            lambda r: list(r.names),
         )
-        results = (
-            [(n, code, message) for n in names]
+        results = [(n, K.topic_authorization_failed, _NOT_AUTHORIZED) for n in refused] + (
+            [(n, code, message) for n in names if n not in refused]
             if resp is None
             else [(r.name, kafka_error(r.error_code), r.error_message or None) for r in resp.topics]
         )
@@ -654,7 +802,7 @@ class KafkaHandler:
         body = request.body
         cls = protocol.response_class(protocol.CREATE_PARTITIONS, request.api_version)
         result_cls = nested(cls, "CreatePartitionsTopicResult")
-        resp, code, message = await self._admin(
+        resp, code, message, refused = await self._admin_authorized(
             "CreatePartitions",
             common_pb2.CreatePartitionsRequest(
                 topics=[
@@ -670,9 +818,10 @@ class KafkaHandler:
                 timeout_ms=max(0, _ms(body.timeout)),
                 validate_only=body.validate_only,
             ),
+            lambda r: [t.name for t in r.topics],
         )
-        results = (
-            [(t.name, code, message) for t in body.topics]
+        results = [(n, K.topic_authorization_failed, _NOT_AUTHORIZED) for n in refused] + (
+            [(t.name, code, message) for t in body.topics if t.name not in refused]
             if resp is None
             else [(r.name, kafka_error(r.error_code), r.error_message or None) for r in resp.topics]
         )
@@ -697,7 +846,9 @@ class KafkaHandler:
             wanted = set(resource.configuration_keys) if resource.configuration_keys is not None else None
             code, message, entries = K.none, None, []
             if resource.resource_type == RESOURCE_TOPIC:
-                if resource.resource_name not in cache.topics():
+                if resource.resource_name in _acl().decision.topics_refused:
+                    code, message = K.topic_authorization_failed, _NOT_AUTHORIZED
+                elif resource.resource_name not in cache.topics():
                     code, message = (
                         K.unknown_topic_or_partition,
                         f"topic {resource.resource_name!r} does not exist",
@@ -742,13 +893,15 @@ class KafkaHandler:
         cls = protocol.response_class(protocol.DESCRIBE_CLUSTER, request.api_version)
         broker_cls = nested(cls, "DescribeClusterBroker")
         try:
+            if _acl().decision.cluster_refused:
+                raise _Refused(K.cluster_authorization_failed, "not authorized to Describe the cluster")
             brokers = await self.backend.kafka_brokers()
             cluster_id = await self.backend.cluster_id()
-        except BackendUnavailable as exc:
+        except (BackendUnavailable, _Refused) as exc:
             return build(
                 cls,
                 throttle_time=_NO_THROTTLE,
-                error_code=K.request_timed_out,
+                error_code=exc.code if isinstance(exc, _Refused) else K.request_timed_out,
                 error_message=str(exc),
                 cluster_id="",
                 controller_id=-1,
@@ -784,6 +937,8 @@ class KafkaHandler:
         def answer(key: str) -> dict[str, Any]:
             if key_type != KEY_TYPE_GROUP:
                 code, message = K.invalid_request, "transactions are not supported (docs/KAFKA.md)"
+            elif key in _acl().decision.groups_refused:
+                code, message = K.group_authorization_failed, _NOT_AUTHORIZED
             elif (problem := group_id_problem(key)) is not None:
                 code, message = K.invalid_group_id, problem
             elif (me := _coordinator(brokers, key)) is None:
@@ -823,7 +978,10 @@ class KafkaHandler:
         codes: dict[tuple[str, int], K] = {}
         commits: list[OffsetCommit] = []
         whole: K | None = None
-        if group_id_problem(body.group_id) is not None:
+        acl = _acl().decision
+        if body.group_id in acl.groups_refused:
+            whole = K.group_authorization_failed
+        elif group_id_problem(body.group_id) is not None:
             whole = K.invalid_group_id
         elif (refused := await self._not_coordinator(body.group_id)) is not None:
             whole = refused
@@ -842,6 +1000,8 @@ class KafkaHandler:
                 metadata = p.committed_metadata or ""
                 if whole is not None:
                     codes[tp] = whole
+                elif t.name in acl.topics_refused:
+                    codes[tp] = K.topic_authorization_failed
                 elif tp not in cache.partitions:
                     codes[tp] = K.unknown_topic_or_partition
                 elif len(metadata) > limits.OFFSET_METADATA_MAX_CHARS:
@@ -896,7 +1056,10 @@ class KafkaHandler:
         part_cls = nested(cls, "OffsetFetchResponsePartition")
         whole = K.none
         stored: dict[tuple[str, int], OffsetCommit] = {}
-        if group_id_problem(body.group_id) is not None:
+        acl = _acl()
+        if body.group_id in acl.decision.groups_refused:
+            whole = K.group_authorization_failed
+        elif group_id_problem(body.group_id) is not None:
             whole = K.invalid_group_id
         else:
             try:
@@ -907,7 +1070,9 @@ class KafkaHandler:
         if body.topics is None:
             wanted: dict[str, list[int]] = {}
             for topic, partition in sorted(stored):
-                wanted.setdefault(topic, []).append(partition)
+                # All the group's offsets: the topics the principal may not describe left out.
+                if acl.allowed(authz.Operation.DESCRIBE, authz.topic(topic)):
+                    wanted.setdefault(topic, []).append(partition)
         else:
             wanted = {t.name: list(t.partition_indexes) for t in body.topics}
 
@@ -919,7 +1084,9 @@ class KafkaHandler:
                 committed_offset=found.offset if found else -1,
                 committed_leader_epoch=found.leader_epoch if found else -1,
                 metadata=found.metadata if found else "",
-                error_code=whole,
+                error_code=K.topic_authorization_failed
+                if whole == K.none and topic in acl.decision.topics_refused
+                else whole,
             )
 
         return build(
@@ -965,6 +1132,8 @@ class KafkaHandler:
                 members=(),
             )
 
+        if body.group_id in _acl().decision.groups_refused:
+            return refused(K.group_authorization_failed)
         if group_id_problem(body.group_id) is not None:
             return refused(K.invalid_group_id)
         if (code := await self._not_coordinator(body.group_id)) is not None:
@@ -1000,8 +1169,7 @@ class KafkaHandler:
     async def sync_group(self, request: Request) -> Any:
         body = request.body
         cls = protocol.response_class(protocol.SYNC_GROUP, request.api_version)
-        code = K.invalid_group_id if group_id_problem(body.group_id) is not None else None
-        code = code or await self._not_coordinator(body.group_id)
+        code = _group_refusal(body.group_id) or await self._not_coordinator(body.group_id)
         if code is not None:
             return build(cls, throttle_time=_NO_THROTTLE, error_code=code, assignment=b"")
         answer = await self.backend.classic_groups.sync(
@@ -1022,8 +1190,7 @@ class KafkaHandler:
     async def heartbeat(self, request: Request) -> Any:
         body = request.body
         cls = protocol.response_class(protocol.HEARTBEAT, request.api_version)
-        code = K.invalid_group_id if group_id_problem(body.group_id) is not None else None
-        code = code or await self._not_coordinator(body.group_id)
+        code = _group_refusal(body.group_id) or await self._not_coordinator(body.group_id)
         if code is None:
             error = self.backend.classic_groups.heartbeat(
                 group_id=body.group_id, member_id=body.member_id, generation=body.generation_id
@@ -1035,8 +1202,7 @@ class KafkaHandler:
         body = request.body
         cls = protocol.response_class(protocol.LEAVE_GROUP, request.api_version)
         member_ids = [m.member_id for m in body.members] if hasattr(body, "members") else [body.member_id]
-        code = K.invalid_group_id if group_id_problem(body.group_id) is not None else None
-        code = code or await self._not_coordinator(body.group_id)
+        code = _group_refusal(body.group_id) or await self._not_coordinator(body.group_id)
         errors = (
             [
                 K[e.value]
@@ -1077,7 +1243,8 @@ class KafkaHandler:
                     group_state=g.state.value,
                 )
                 for g in self.backend.classic_groups.groups()
-                if not wanted or g.state.value in wanted
+                if (not wanted or g.state.value in wanted)
+                and _acl().allowed(authz.Operation.DESCRIBE, authz.group(g.group_id))
             ),
         )
 
@@ -1088,7 +1255,11 @@ class KafkaHandler:
         member_cls = nested(cls, "DescribedGroupMember")
         described = []
         for group_id in body.groups:
-            code = await self._not_coordinator(group_id)
+            code = (
+                K.group_authorization_failed
+                if group_id in _acl().decision.groups_refused
+                else await self._not_coordinator(group_id)
+            )
             group = self.backend.classic_groups.group(group_id) if code is None else None
             described.append(
                 build(
@@ -1116,6 +1287,49 @@ class KafkaHandler:
                 )
             )
         return build(cls, throttle_time=_NO_THROTTLE, groups=tuple(described))
+
+
+_NOT_AUTHORIZED = "not authorized by the cluster's ACLs (docs/KAFKA.md, Security)"
+
+
+class _Refused(Exception):
+    """A whole request refused by the ACLs: code is the Kafka error it is answered with."""
+
+    def __init__(self, code: K, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _group_refusal(group_id: str) -> K | None:
+    """The code a group request is refused with before any work: not authorized, or a bad id."""
+    if group_id in _acl().decision.groups_refused:
+        return K.group_authorization_failed
+    return K.invalid_group_id if group_id_problem(group_id) is not None else None
+
+
+def _split_topics(req: Any, refused: frozenset[str]) -> tuple[Any, Any]:
+    """(the request without the refused topics, one of the same kind holding only them)."""
+    if not refused:
+        return req, type(req)()
+    kept, denied = type(req)(), type(req)()
+    kept.CopyFrom(req)
+    del kept.topics[:]
+    for t in req.topics:
+        (denied if t.topic in refused else kept).topics.append(t)
+    return kept, denied
+
+
+def _without_topics(req: Any, refused: frozenset[str]) -> Any:
+    """An admin request without the refused topics (DeleteTopics names them in `names`)."""
+    narrowed = type(req)()
+    narrowed.CopyFrom(req)
+    if isinstance(req, common_pb2.DeleteTopicsRequest):
+        del narrowed.names[:]
+        narrowed.names.extend(n for n in req.names if n not in refused)
+    else:
+        del narrowed.topics[:]
+        narrowed.topics.extend(t for t in req.topics if t.name not in refused)
+    return narrowed
 
 
 def _coordinator(brokers: Sequence[KafkaBroker], group_id: str) -> KafkaBroker | None:

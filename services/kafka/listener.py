@@ -12,6 +12,11 @@ KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX answers are in progress per connecti
 A request for an API or version not served is answered UNSUPPORTED_VERSION when it is
 ApiVersions (in v0, which every client reads); for any other API the connection is closed, as
 Kafka does: its answer's layout is not known. Bytes that are not a Kafka request close it too.
+
+With an SSL context (the broker's --tls-dir) the port is mutual TLS: the handshake, bounded by
+KAFKA_TLS_HANDSHAKE_TIMEOUT_S, verifies the client's certificate against the cluster CA; the
+connection's principal is "User:<CN>" as on the gRPC listeners (identity.certificate_caller), and
+with ACLs (`access_for`) every request on it is answered by a handler checking that principal.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
+from collections.abc import Callable
 
 from kio.schema.errors import ErrorCode as K
 from kio.schema.index import api_key_map
@@ -26,7 +33,8 @@ from kio.schema.index import api_key_map
 from services.broker import metrics
 from services.common import limits
 from services.kafka import protocol
-from services.kafka.handler import KafkaHandler, api_versions_response
+from services.kafka.handler import KafkaAccess, KafkaHandler, api_versions_response
+from services.security.identity import Caller, certificate_caller
 
 log = logging.getLogger("highwater.kafka")
 
@@ -48,8 +56,16 @@ class KafkaListener:
         in_flight_max: int = limits.KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX,
         connections_max: int = limits.KAFKA_CONNECTIONS_MAX,
         idle_ms_max: int = limits.KAFKA_CONNECTION_IDLE_MS_MAX,
+        ssl_context: ssl.SSLContext | None = None,
+        access_for: Callable[[Caller], KafkaAccess] | None = None,
     ) -> None:
+        """ssl_context: mutual TLS (client certificates required). access_for: ACLs on, the
+        access of one connection's caller; it needs ssl_context (a principal to check)."""
+        if access_for is not None and ssl_context is None:
+            raise ValueError("Kafka listener ACLs need TLS: without it no connection has a principal")
         self.handler = handler
+        self.ssl_context = ssl_context
+        self.access_for = access_for
         self.host = host
         self.port = port
         self.request_bytes_max = request_bytes_max
@@ -61,10 +77,21 @@ class KafkaListener:
 
     async def start(self) -> int:
         """Bind and listen; returns the bound port (the one asked, or a free one for 0)."""
-        self._server = await asyncio.start_server(self._accept, self.host, self.port)
+        self._server = await asyncio.start_server(
+            self._accept,
+            self.host,
+            self.port,
+            ssl=self.ssl_context,
+            ssl_handshake_timeout=limits.KAFKA_TLS_HANDSHAKE_TIMEOUT_S if self.ssl_context else None,
+        )
         port: int = self._server.sockets[0].getsockname()[1]
         self.port = port
-        log.info("Kafka protocol listener on %s:%d", self.host, port)
+        log.info(
+            "Kafka protocol listener on %s:%d (%s)",
+            self.host,
+            port,
+            "mutual TLS" + (", ACLs" if self.access_for else "") if self.ssl_context else "plaintext",
+        )
         return port
 
     async def close(self) -> None:
@@ -92,7 +119,9 @@ class KafkaListener:
         self._connections.add(task)
         metrics.KAFKA_CONNECTIONS.inc()
         try:
-            await self._serve(reader, writer)
+            handler = self._handler_for(writer)
+            if handler is not None:
+                await self._serve(reader, writer, handler)
         finally:
             metrics.KAFKA_CONNECTIONS.dec()
             self._connections.discard(task)
@@ -100,7 +129,26 @@ class KafkaListener:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _handler_for(self, writer: asyncio.StreamWriter) -> KafkaHandler | None:
+        """The handler of a new connection: ACL-checking for its certificate's principal, or None
+        when a TLS connection's certificate names nobody (closed)."""
+        if self.ssl_context is None:
+            return self.handler
+        common_name = _common_name(writer.get_extra_info("peercert"))
+        if not common_name:
+            log.debug(
+                "Kafka client %s: certificate without a common name; closing",
+                writer.get_extra_info("peername"),
+            )
+            metrics.KAFKA_CONNECTIONS_CLOSED.labels("no_common_name").inc()
+            return None
+        if self.access_for is None:
+            return self.handler
+        return self.handler.for_connection(self.access_for(certificate_caller(common_name)))
+
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handler: KafkaHandler
+    ) -> None:
         peer = writer.get_extra_info("peername")
         answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(self.in_flight_max)
         sender = asyncio.create_task(self._send_answers(answers, writer, peer))
@@ -141,7 +189,7 @@ class KafkaListener:
                 )
                 if earlier:
                     await asyncio.wait(earlier)
-                task = asyncio.create_task(self._answer(frame, peer))
+                task = asyncio.create_task(self._answer(handler, frame, peer))
                 started.append(task)
                 if not pipelined:
                     barrier = task
@@ -158,7 +206,7 @@ class KafkaListener:
                 if pending is not None:
                     pending.cancel()
 
-    async def _answer(self, frame: bytes, peer: object) -> bytes | None:
+    async def _answer(self, handler: KafkaHandler, frame: bytes, peer: object) -> bytes | None:
         try:
             request = protocol.decode_request(frame)
         except protocol.UnsupportedVersion as exc:
@@ -177,7 +225,7 @@ class KafkaListener:
             raise _CloseConnection(str(exc)) from exc
         try:
             with metrics.KAFKA_REQUEST_LATENCY.labels(api_key_map[request.api_key]).time():
-                response = await self.handler.handle(request)
+                response = await handler.handle(request)
         except Exception as exc:
             log.exception("Kafka request api key %d v%d failed", request.api_key, request.api_version)
             metrics.KAFKA_CONNECTIONS_CLOSED.labels("handler_failed").inc()
@@ -207,3 +255,15 @@ class KafkaListener:
             except (_CloseConnection, ConnectionError):
                 writer.close()  # the reader then meets the end of the stream
                 closed = True
+
+
+def _common_name(peercert: object) -> str:
+    """The subject common name of a verified peer certificate, as ssl.SSLObject.getpeercert
+    gives it (a tuple of RDNs, each a tuple of (name, value) pairs); "" when it has none."""
+    if not isinstance(peercert, dict):
+        return ""
+    for rdn in peercert.get("subject", ()):
+        for name, value in rdn:
+            if name == "commonName":
+                return str(value)
+    return ""

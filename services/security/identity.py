@@ -78,3 +78,11 @@ class Caller:
 
 
 ANONYMOUS_CALLER = Caller(ANONYMOUS)
+
+
+def certificate_caller(common_name: str) -> Caller:
+    """The caller a verified client certificate stands for: "User:<CN>", and the service identity
+    when the CN is a reserved service name. One derivation for every listener (gRPC, Kafka)."""
+    return Caller(
+        f"User:{common_name}", service=parse_service_name(common_name), authenticated_by="certificate"
+    )

@@ -41,7 +41,7 @@ from services.common.interceptors import WrappingInterceptor, as_async_iter, may
 from services.common.limits import STREAM_TOKEN_RECHECK_S, WAITING_PER_SLOT_MAX
 from services.security import rules, tokens
 from services.security.authz import Authorizer, check_principal
-from services.security.identity import ANONYMOUS_CALLER, Caller, parse_service_name
+from services.security.identity import ANONYMOUS_CALLER, Caller, certificate_caller
 from services.security.quotas import QuotaKind, QuotaManager
 
 log = logging.getLogger("highwater.security")
@@ -410,7 +410,6 @@ class SecurityInterceptor(WrappingInterceptor):
         auth = context.auth_context()
         names = auth.get("x509_common_name")
         common_name = names[0].decode(errors="replace") if names else ""
-        service = parse_service_name(common_name) if common_name else None
         metadata = context.invocation_metadata() or ()
         bearer = forwarded = None
         for key, value in metadata:
@@ -435,7 +434,7 @@ class SecurityInterceptor(WrappingInterceptor):
                 )
             caller = Caller(principal, service=None, authenticated_by="token")
         elif common_name:
-            caller = Caller(f"User:{common_name}", service=service, authenticated_by="certificate")
+            caller = certificate_caller(common_name)
         elif auth.get("x509_pem_cert"):
             await self._refuse(
                 context,

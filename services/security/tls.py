@@ -34,6 +34,7 @@ process (one at a time: the cluster keeps serving).
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +119,25 @@ class TlsMaterial:
             root_certificates=self.ca_cert if require_client_cert else None,
             require_client_auth=require_client_cert,
         )
+
+    def server_ssl_context(self) -> ssl.SSLContext:
+        """Mutual TLS for a listener outside gRPC (the Kafka protocol port): our certificate,
+        client certificates required and verified against the cluster CA, TLS 1.2 or newer.
+        Reads the same files as `server_credentials`; raises TlsConfigError if they are unusable."""
+        if self.cert_chain is None or self.private_key is None:
+            raise TlsConfigError(
+                f"TLS: a listener needs a certificate and key ({self.name}) in {self.directory}"
+            )
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cadata=self.ca_cert.decode("ascii"))
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.verify_mode = ssl.CERT_REQUIRED
+        try:
+            context.load_cert_chain(cert_path(self.directory, self.name), key_path(self.directory, self.name))
+        except (OSError, ssl.SSLError) as exc:
+            raise TlsConfigError(
+                f"TLS: cannot use certificate {cert_path(self.directory, self.name)} with its key: {exc}"
+            ) from exc
+        return context
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """Verify the server against our CA and present our certificate (when we have one)."""

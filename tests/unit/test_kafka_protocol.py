@@ -393,15 +393,19 @@ def test_batches_over_max_batch_records_are_refused_as_the_grpc_listeners_refuse
     assert codes == {0: 6, 1: 42}, "the fake answers NOT_LEADER; the refused one INVALID_REQUEST"
 
 
-def test_a_broker_with_tls_or_acls_refuses_to_open_the_kafka_listener(tmp_path):
+def test_a_broker_opens_the_kafka_listener_with_tls_but_refuses_acls_or_quotas_without_a_principal(tmp_path):
     from services.broker.server import BrokerConfig
     from services.security.config import SecurityConfig
 
-    plain = BrokerConfig(broker_id=1, data_dir=tmp_path, etcd_endpoints=["127.0.0.1:2379"], kafka_port=0)
-    plain.check()
-    for security in (SecurityConfig(tls_dir=tmp_path, name="broker-1"), SecurityConfig(authorizer="acl")):
-        config = BrokerConfig(
+    def config(security: SecurityConfig) -> BrokerConfig:
+        return BrokerConfig(
             broker_id=1, data_dir=tmp_path, etcd_endpoints=["127.0.0.1:2379"], kafka_port=0, security=security
         )
-        with pytest.raises(SystemExit, match="does not authenticate or authorize"):
-            config.check()
+
+    config(SecurityConfig()).check()
+    config(SecurityConfig(tls_dir=tmp_path, name="broker-1")).check()
+    config(SecurityConfig(tls_dir=tmp_path, name="broker-1", authorizer="acl")).check()
+    with pytest.raises(SystemExit, match="needs --tls-dir"):
+        config(SecurityConfig(authorizer="acl")).check()
+    with pytest.raises(SystemExit, match="does not charge quotas"):
+        config(SecurityConfig(tls_dir=tmp_path, name="broker-1", producer_byte_rate=1000)).check()

@@ -55,6 +55,7 @@ PURE_MODULES = [
     "services/common/request_checks.py",
     "services/kafka/protocol.py",
     "services/kafka/handler.py",
+    "services/kafka/acl_rules.py",
     "services/kafka/classic_groups.py",
     "services/groups",
     "clients/common",
