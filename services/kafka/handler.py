@@ -505,7 +505,8 @@ class KafkaHandler:
                         log_start_offset=p.log_start_offset if ok else -1,
                         aborted_transactions=None,
                         preferred_read_replica=-1,
-                        records=p.records if ok else None,
+                        # Empty, never null: librdkafka refuses a null record set (MessageSetSize -1).
+                        records=p.records if ok else b"",
                         **extra,
                     )
                 )

@@ -171,6 +171,12 @@ def response_class(api_key: int, version: int) -> Any:
     return _payload_class(api_key, version, EntityType.response)
 
 
+# Requests whose trailing bytes are ignored, as Kafka's own parser ignores them: librdkafka 2.x
+# sends some Metadata v12 requests (on TLS connections, asking the cluster's authorized operations)
+# with v10's include_cluster_authorized_operations still in, three bytes more than v12 has.
+TRAILING_BYTES_TOLERATED = frozenset({METADATA})
+
+
 def decode_request(frame: bytes) -> Request:
     """A request frame (without its size prefix) -> Request.
 
@@ -194,7 +200,9 @@ def decode_request(frame: bytes) -> Request:
         raise KafkaProtocolError(
             f"api key {api_key} v{api_version}: cannot decode the request: {exc}"
         ) from exc
-    if offset + size != len(frame):
+    if offset + size != len(frame) and not (
+        api_key in TRAILING_BYTES_TOLERATED and offset + size < len(frame)
+    ):
         raise KafkaProtocolError(
             f"api key {api_key} v{api_version}: {len(frame) - offset - size} bytes left after the request"
         )
