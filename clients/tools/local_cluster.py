@@ -107,6 +107,11 @@ class ServiceProcess:
             return ""
 
 
+def _quotas_on(service_args: list[str]) -> bool:
+    """True when the services run with byte-rate quotas (a broker then refuses --kafka-port)."""
+    return any(a.split("=")[0] in ("--producer-byte-rate", "--consumer-byte-rate") for a in service_args)
+
+
 class LocalCluster:
     """etcd + controllers + brokers + gateways on loopback, under base_dir."""
 
@@ -134,7 +139,8 @@ class LocalCluster:
         host: the address etcd and every service without a placement listen on and advertise.
         placements: process name ("broker-2") -> where that process runs instead.
         kafka_port: every broker's Kafka protocol listener (docs/KAFKA.md): broker i on kafka_port + i - 1,
-        any free port with 0, none with None; never with tls, which the Kafka listener does not speak yet."""
+        any free port with 0, none with None. With tls it is mutual TLS (and checks ACLs with
+        --authorizer acl); none with byte-rate quotas, which the Kafka listener does not charge."""
         self.base_dir = Path(base_dir).resolve()
         self.lease_ttl_s = lease_ttl_s
         self.python = python
@@ -183,7 +189,7 @@ class LocalCluster:
                 extra += ["--rack", racks[(i - 1) % len(racks)]]
             if replica_lag_time_max_ms is not None:
                 extra += ["--replica-lag-time-max-ms", str(replica_lag_time_max_ms)]
-            if kafka_port is not None and not tls:
+            if kafka_port is not None and not _quotas_on(self.service_args):
                 extra += ["--kafka-port", str(kafka_port + i - 1 if kafka_port else 0)]
             self._add(f"broker-{i}", "broker", extra)
         for i in range(1, gateways + 1):
@@ -435,7 +441,7 @@ class LocalCluster:
     type=click.IntRange(0, 65535),
     default=19092,
     show_default=True,
-    help="Kafka protocol port of broker 1 (broker i: this + i - 1; 0: any free ports). Not with --tls.",
+    help="Kafka protocol port of broker 1 (broker i: this + i - 1; 0: any free). Mutual TLS with --tls.",
 )
 @click.option("--lease-ttl-s", type=click.IntRange(2, 60), default=6, show_default=True)
 @click.option(
@@ -487,7 +493,7 @@ def up_command(
         raise click.ClickException(
             f"port {gateway_port} is in use: stop what listens there or pass --gateway-port 0"
         )
-    if kafka_port and not tls:
+    if kafka_port:
         taken = [port for port in range(kafka_port, kafka_port + brokers) if not _port_free(port)]
         if taken:
             raise click.ClickException(
@@ -507,7 +513,7 @@ def up_command(
         gateway_port=gateway_port,
         tls=tls,
         service_args=service_args,
-        kafka_port=None if tls else kafka_port,
+        kafka_port=kafka_port,
     )
     stop_requested = False
 
@@ -536,12 +542,18 @@ def up_command(
         kafka_bootstrap = cluster.kafka_bootstrap()
         if kafka_bootstrap:
             first = kafka_bootstrap.split(",")[0]
+            kcat_tls = (
+                f" -X security.protocol=SSL -X ssl.ca.location={cluster.tls_dir}/ca.pem"
+                f" -X ssl.certificate.location={cluster.tls_dir}/{ADMIN_TLS_NAME}.pem"
+                f" -X ssl.key.location={cluster.tls_dir}/{ADMIN_TLS_NAME}-key.pem"
+                if cluster.tls_dir is not None
+                else ""
+            )
             console.print(
-                f"Kafka protocol (brokers): [bold]{kafka_bootstrap}[/bold]   try: kcat -b {first} -L",
+                f"Kafka protocol (brokers): [bold]{kafka_bootstrap}[/bold]   try: "
+                f"kcat -b {first}{kcat_tls} -L",
                 soft_wrap=True,
             )
-        elif cluster.tls_dir is not None:
-            console.print("Kafka protocol: off with --tls (docs/KAFKA.md, Security)", soft_wrap=True)
         tls_flags = f" --tls-dir {cluster.tls_dir} --tls-name {ADMIN_TLS_NAME}" if cluster.tls_dir else ""
         console.print(
             f"bootstrap (gateway): [bold]{cluster.gateway_address}[/bold]   "
