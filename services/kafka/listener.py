@@ -122,6 +122,11 @@ class KafkaListener:
             handler = self._handler_for(writer)
             if handler is not None:
                 await self._serve(reader, writer, handler)
+        except asyncio.CancelledError:
+            # close() ends connections by cancelling them. The task ends quietly: Python 3.11's
+            # stream callback asks a cancelled task for its exception and logs the CancelledError
+            # it gets as an unhandled error (3.12 checks task.cancelled() first).
+            pass
         finally:
             metrics.KAFKA_CONNECTIONS.dec()
             self._connections.discard(task)

@@ -197,3 +197,65 @@ def test_requests_off_the_data_path_act_in_turn_as_kafka_processes_a_connection(
         assert backend.events == ["fetch started", "fetch done", "coordinator looked up", "produce"]
 
     asyncio.run(with_listener(backend, test))
+
+
+# ---- mutual TLS and ACLs (docs/KAFKA.md, Security) ------------------------------------------
+
+
+def test_tls_listener_requires_a_cluster_certificate_and_checks_its_principal(tmp_path):
+    import ssl
+
+    from services.kafka.acl_rules import ConnectionAccess
+    from services.security.authz import AclBinding, Authorizer
+    from services.security.certs import ensure_local_pki
+    from services.security.tls import TlsMaterial
+
+    ensure_local_pki(tmp_path, ["broker-1", "alice"])
+    acls = Authorizer([AclBinding.of("User:alice", "Write", "Topic", "t")])
+    backend = FakeBackend()
+    principals: list[str] = []
+
+    def access_for(caller: Any) -> ConnectionAccess:
+        principals.append(caller.principal)
+        return ConnectionAccess(caller, lambda: acls)
+
+    def client_context(name: str | None) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+        if name:
+            context.load_cert_chain(tmp_path / f"{name}.pem", tmp_path / f"{name}-key.pem")
+        return context
+
+    async def main() -> None:
+        listener = KafkaListener(
+            KafkaHandler(backend),
+            "127.0.0.1",
+            0,
+            ssl_context=TlsMaterial.load(tmp_path, "broker-1").server_ssl_context(),
+            access_for=access_for,
+        )
+        port = await listener.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context("alice"))
+            writer.write(framed(request_frame(protocol.PRODUCE, 9, produce_body(-1), correlation_id=5)))
+            await writer.drain()
+            correlation_id, _ = await read_answer(reader)
+            assert correlation_id == 5 and principals == ["User:alice"]
+            assert len(backend.produced) == 1, "alice may write t"
+            writer.close()
+
+            # No client certificate: the handshake is refused, no request is read.
+            with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError)):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context(None))
+                writer.write(framed(request_frame(protocol.API_VERSIONS, 3, api_versions_body())))
+                await writer.drain()
+                await read_answer(reader)
+            assert principals == ["User:alice"]
+        finally:
+            await listener.close()
+
+    asyncio.run(main())
+
+
+def test_acls_without_tls_are_refused():
+    with pytest.raises(ValueError, match="need TLS"):
+        KafkaListener(KafkaHandler(FakeBackend()), "127.0.0.1", 0, access_for=lambda caller: caller)
