@@ -35,7 +35,7 @@ from services.common.server import ServiceProcess
 from services.kafka.acl_rules import ConnectionAccess
 from services.kafka.backend import BrokerKafkaBackend
 from services.kafka.handler import KafkaAccess, KafkaHandler
-from services.kafka.listener import KafkaListener
+from services.kafka.listener import KafkaListener, reserve_port
 from services.security.config import SecurityConfig
 from services.security.identity import Caller
 
@@ -207,6 +207,8 @@ async def serve(config: BrokerConfig) -> None:
     config.check()
     prepare_data_dir(config.data_dir)
     raise_open_files_limit()
+    # Taken before the gRPC server binds a free port, which could otherwise be this very port.
+    kafka_socket = reserve_port(config.host, config.kafka_port) if config.kafka_port is not None else None
     process = await ServiceProcess.start(
         config,
         name=f"broker-{config.broker_id}",
@@ -252,6 +254,7 @@ async def serve(config: BrokerConfig) -> None:
             or limits.KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX,
             ssl_context=tls.server_ssl_context() if tls is not None else None,
             access_for=access_for,
+            sock=kafka_socket,
         )
         kafka_backend.start()
         await kafka.start()

@@ -386,6 +386,8 @@ KAFKA_REQUEST_BYTES_MAX = GRPC_MAX_MESSAGE_BYTES
 KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX = 32
 # Open Kafka connections per broker; one more is closed as soon as it is accepted.
 KAFKA_CONNECTIONS_MAX = 1_000
+# Connections the kernel queues for the Kafka listener before it accepts them (asyncio's default).
+KAFKA_LISTEN_BACKLOG = 100
 # A Kafka connection with no request for this long is closed (Kafka's connections.max.idle.ms,
 # 10 minutes): clients reconnect when they need to, and forgotten ones do not hold a slot of
 # KAFKA_CONNECTIONS_MAX forever.

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 from collections.abc import Callable
 
@@ -43,6 +44,17 @@ class _CloseConnection(Exception):
     """This connection must end (bad bytes, an unanswerable version, a handler failure)."""
 
 
+def reserve_port(host: str, port: int) -> socket.socket:
+    """Bind and listen on (host, port) now, for a KafkaListener to serve later (its `sock`).
+
+    The broker reserves its Kafka port before its gRPC server takes a free port of its own: a
+    restarted broker asks for the Kafka port it had (clients keep the address Metadata gave
+    them), and a gRPC port picked first could be that very port, just freed by the old process
+    (seen in CI: "address already in use"). Raises OSError when the port is taken.
+    """
+    return socket.create_server((host, port), backlog=limits.KAFKA_LISTEN_BACKLOG)
+
+
 class KafkaListener:
     """Owned by the broker's event loop: start(), then close() at the broker's stop."""
 
@@ -58,9 +70,11 @@ class KafkaListener:
         idle_ms_max: int = limits.KAFKA_CONNECTION_IDLE_MS_MAX,
         ssl_context: ssl.SSLContext | None = None,
         access_for: Callable[[Caller], KafkaAccess] | None = None,
+        sock: socket.socket | None = None,
     ) -> None:
         """ssl_context: mutual TLS (client certificates required). access_for: ACLs on, the
-        access of one connection's caller; it needs ssl_context (a principal to check)."""
+        access of one connection's caller; it needs ssl_context (a principal to check).
+        sock: a socket already listening (reserve_port) to serve instead of binding host:port."""
         if access_for is not None and ssl_context is None:
             raise ValueError("Kafka listener ACLs need TLS: without it no connection has a principal")
         self.handler = handler
@@ -72,18 +86,25 @@ class KafkaListener:
         self.in_flight_max = in_flight_max
         self.connections_max = connections_max
         self.idle_s_max = idle_ms_max / 1000
+        self._sock = sock
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
     async def start(self) -> int:
         """Bind and listen; returns the bound port (the one asked, or a free one for 0)."""
-        self._server = await asyncio.start_server(
-            self._accept,
-            self.host,
-            self.port,
-            ssl=self.ssl_context,
-            ssl_handshake_timeout=limits.KAFKA_TLS_HANDSHAKE_TIMEOUT_S if self.ssl_context else None,
-        )
+        handshake_timeout_s = limits.KAFKA_TLS_HANDSHAKE_TIMEOUT_S if self.ssl_context else None
+        if self._sock is not None:
+            self._server = await asyncio.start_server(
+                self._accept, sock=self._sock, ssl=self.ssl_context, ssl_handshake_timeout=handshake_timeout_s
+            )
+        else:
+            self._server = await asyncio.start_server(
+                self._accept,
+                self.host,
+                self.port,
+                ssl=self.ssl_context,
+                ssl_handshake_timeout=handshake_timeout_s,
+            )
         port: int = self._server.sockets[0].getsockname()[1]
         self.port = port
         log.info(
