@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 
 from clients.common.errors import InvariantViolation
-from clients.common.topics import stored_topic_configs, topic_config_proto
+from clients.common.topics import topic_config_proto
 from clients.common.types import TopicPartitionKey
 from coordinator import values
 from coordinator.election import ControllerFenced, fenced_txn
@@ -48,10 +48,10 @@ from services.controller import admin_requests, deletion, handlers, metrics, rea
 from services.controller.context import (
     BrokerInfo,
     ControllerContext,
-    GatewayInfo,
     LeaderAndIsr,
     TopicInfo,
 )
+from services.controller.metadata_image import MetadataImage, broker_info, gateway_info, load_image
 from services.controller.results import (
     AdminKeyDelete,
     ConfigWrite,
@@ -79,44 +79,13 @@ PRODUCER_ID_BLOCK_IDS = 1000
 WATCH_RETRY_BACKOFF_S = 0.5
 
 
-# ---- etcd values <-> the context's types (formats: coordinator/values.py) --------------------
-
-
-def broker_info(raw: bytes, broker_epoch: int) -> BrokerInfo:
-    """A /brokers/ids/{id} value; broker_epoch is the key's create_revision."""
-    v = values.decode_broker_registration(raw)
-    return BrokerInfo(
-        v["broker_id"],
-        v["host"],
-        v["port"],
-        v["rack"],
-        v["metrics_port"],
-        broker_epoch,
-        v["unclean_shutdown"],
-    )
-
-
-def gateway_info(raw: bytes) -> GatewayInfo:
-    v = values.decode_gateway_registration(raw)
-    return GatewayInfo(v["gateway_id"], v["host"], v["port"])
-
-
-def topic_info(name: str, raw: bytes) -> TopicInfo:
-    """A /brokers/topics/{topic} value; configs are stored apart and filled in later."""
-    v = values.decode_topic_assignment(raw)
-    return TopicInfo(name, v["topic_id"], v["partitions"], {}, v["adding_replicas"], v["removing_replicas"])
+# ---- the context's types -> etcd values (reading them: metadata_image.py) --------------------
 
 
 def encode_topic(topic: TopicInfo) -> bytes:
     return values.encode_topic_assignment(
         topic.topic_id, topic.assignment, topic.adding_replicas, topic.removing_replicas
     )
-
-
-def partition_state(raw: bytes, partition_epoch: int) -> LeaderAndIsr:
-    """A partition state value; partition_epoch is the key's etcd version."""
-    v = values.decode_partition_state(raw)
-    return LeaderAndIsr(v["leader"], v["leader_epoch"], v["isr"], v["controller_epoch"], partition_epoch)
 
 
 def encode_partition_state(state: LeaderAndIsr) -> bytes:
@@ -254,10 +223,16 @@ class ControllerEventLoop:
 
     # ---- start / stop ------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, image: MetadataImage | None = None) -> None:
+        """Become active. image: a warm standby's metadata, caught up to at least the election's
+        revision (metadata_image.MetadataFollower.take); without one, everything is read from etcd."""
         started = time.monotonic()
         self.cluster_id = await self._cluster_id()
-        revision = await self.load()
+        if image is None:
+            revision = await self.load()
+        else:
+            self.ctx = image.context(self.ctx.controller_id, self.epoch)
+            revision = image.revision
         result = handlers.on_startup(self.ctx)
         await self.apply(result)
         self.queue_follow_ups("Startup")
@@ -277,9 +252,10 @@ class ControllerEventLoop:
             self._tasks.append(asyncio.create_task(self._rebalance_ticks(), name="leader-rebalance"))
         await self._admin_requests_at_start()
         log.info(
-            "controller %d active at epoch %d: %d brokers, %d topics, %d partitions, loaded in %.0f ms",
+            "controller %d active at epoch %d (%s): %d brokers, %d topics, %d partitions, started in %.0f ms",
             self.ctx.controller_id,
             self.epoch,
+            "metadata loaded" if image is None else f"standby's metadata at revision {revision}",
             len(self.ctx.live_brokers),
             len(self.ctx.topics),
             len(self.ctx.states),
@@ -316,46 +292,9 @@ class ControllerEventLoop:
 
     async def load(self) -> int:
         """Read the whole cluster state from etcd into a fresh context; returns the revision read at."""
-        brokers, revision = await self.store.get_prefix(self.keys.brokers_prefix)
-        self.ctx.live_brokers = {}
-        for kv in brokers:
-            info = broker_info(kv.value, kv.create_revision)
-            self.ctx.live_brokers[info.broker_id] = info
-        gateways, _ = await self.store.get_prefix(self.keys.gateways_prefix)
-        self.ctx.live_gateways = {g.gateway_id: g for g in (gateway_info(kv.value) for kv in gateways)}
-        topic_kvs, _ = await self.store.get_prefix(self.keys.topics_prefix)
-        states: dict[TopicPartitionKey, LeaderAndIsr] = {}
-        for kv in topic_kvs:
-            kind = self.keys.classify_topic_key(kv.key)
-            if kind is None:
-                continue
-            try:
-                if kind[0] == "topic":
-                    self.ctx.topics[kind[1]] = topic_info(kind[1], kv.value)
-                else:
-                    states[(kind[1], kind[2])] = partition_state(kv.value, kv.version)
-                    self.ctx.state_revisions[(kind[1], kind[2])] = kv.mod_revision
-            except (ValueError, KeyError, TypeError) as exc:
-                log.error("ignoring malformed value at %s: %s", kv.key, exc)
-        self.ctx.states = {tp: s for tp, s in states.items() if tp[0] in self.ctx.topics}
-        marks, _ = await self.store.get_prefix(self.keys.delete_topics_prefix)
-        self.ctx.topics_to_delete = {kv.key[len(self.keys.delete_topics_prefix) :] for kv in marks} & set(
-            self.ctx.topics
-        )
-        configs, _ = await self.store.get_prefix(self.keys.config_prefix)
-        for kv in configs:
-            name = kv.key[len(self.keys.config_prefix) :]
-            if name in self.ctx.topics:
-                try:
-                    topic_configs, skipped = stored_topic_configs(values.decode_topic_configs(kv.value))
-                except (ValueError, AttributeError) as exc:
-                    log.error("ignoring malformed topic config at %s: %s", kv.key, exc)
-                    continue
-                for problem in skipped:
-                    # Never a reason to stop: the controller must come up to let anyone fix it.
-                    log.error("topic %s: stored config skipped: %s", name, problem)
-                self.ctx.topics[name].configs = topic_configs
-        return revision
+        image = await load_image(self.store)
+        self.ctx = image.context(self.ctx.controller_id, self.epoch)
+        return image.revision
 
     # ---- the loop --------------------------------------------------------------------------
 

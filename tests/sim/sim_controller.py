@@ -33,7 +33,7 @@ from coordinator.store import CoordinatorError, Get, Put, compare_missing, compa
 from coordinator.values import json_bytes
 from protos.highwater.v1 import common_pb2, controller_pb2
 from services.common.limits import ADMIN_PROPAGATION_WAIT_S
-from services.controller import deletion, event_loop, handlers, reassignment, sender_rules
+from services.controller import deletion, handlers, metadata_image, reassignment, sender_rules
 from services.controller.context import ControllerContext
 from services.controller.event_loop import ControllerEventLoop
 from services.controller.results import ControllerResult
@@ -402,7 +402,7 @@ class SimController(RpcNode):
             return
         registered = {}
         for kv in kvs:
-            info = event_loop.broker_info(kv.value, kv.create_revision)
+            info = metadata_image.broker_info(kv.value, kv.create_revision)
             registered[info.broker_id] = info
         loop = self.active
         bounced = sorted(
