@@ -42,6 +42,9 @@ class BrokerRegistration(TypedDict):
     metrics_port: int
     # True after a power loss: records the broker acknowledged but had not flushed may be gone.
     unclean_shutdown: bool
+    # The replicas the broker is prepared to hold (its --replicas-max); 0: not stated (older
+    # brokers), the cluster's default applies.
+    replicas_max: int
 
 
 class GatewayRegistration(TypedDict):
@@ -64,6 +67,7 @@ def decode_broker_registration(raw: bytes) -> BrokerRegistration:
         rack=str(d.get("rack", "")),
         metrics_port=int(d.get("metrics_port", 0)),
         unclean_shutdown=d.get("unclean_shutdown") is True,
+        replicas_max=int(d.get("replicas_max", 0)),
     )
 
 

@@ -142,6 +142,14 @@ def _run(main: Coroutine[Any, Any, None], common: CommonOptions) -> None:
     show_default=True,
     help="A follower not caught up for this long leaves the ISR.",
 )
+@click.option(
+    "--replicas-max",
+    type=click.IntRange(1, limits.REPLICAS_PER_BROKER_MAX_CEILING),
+    default=limits.REPLICAS_PER_BROKER_MAX,
+    show_default=True,
+    help="Replicas this broker prepares for (3 open files each) and registers; the controller places "
+    "no more on it.",
+)
 @_common
 @security_options
 def broker_command(
@@ -149,6 +157,7 @@ def broker_command(
     data_dir: Path,
     rack: str,
     replica_lag_time_max_ms: int,
+    replicas_max: int,
     common: CommonOptions,
     security: Any,
 ) -> None:
@@ -163,6 +172,7 @@ def broker_command(
         data_dir=data_dir,
         rack=rack,
         replica_lag_time_max_ms=replica_lag_time_max_ms,
+        replicas_max=replicas_max,
         security=security.for_service(f"broker-{broker_id}"),
         **common.config_fields(),
     )

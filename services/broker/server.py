@@ -49,6 +49,9 @@ class BrokerConfig:
     etcd_prefix: str = "/highwater"
     lease_ttl_s: int = limits.LEASE_TTL_S
     replica_lag_time_max_ms: int = limits.REPLICA_LAG_TIME_MAX_MS
+    # The replicas this broker prepares for (open files) and registers, so the controller places
+    # no more on it (limits.REPLICAS_PER_BROKER_MAX unless raised).
+    replicas_max: int = limits.REPLICAS_PER_BROKER_MAX
     ready_file: Path | None = None
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
@@ -61,6 +64,11 @@ class BrokerConfig:
         )
         if self.broker_id < 0:
             raise SystemExit(f"--broker-id must be >= 0, got {self.broker_id}")
+        if not 1 <= self.replicas_max <= limits.REPLICAS_PER_BROKER_MAX_CEILING:
+            raise SystemExit(
+                f"--replicas-max must be within 1..{limits.REPLICAS_PER_BROKER_MAX_CEILING}, "
+                f"got {self.replicas_max}"
+            )
 
 
 def prepare_data_dir(path: Path) -> None:
@@ -156,27 +164,34 @@ class ControllerClient:
         return await method(request, timeout=timeout_s)
 
 
-def raise_open_files_limit() -> int:
-    """Lift the soft limit on open files to the hard one (each replica's active segment holds three
-    files, other segments' files share a bounded cache; Kafka's docs ask for 100,000 or more).
+def raise_open_files_limit(replicas_max: int) -> int:
+    """Lift the open-files limit to what replicas_max replicas need (each replica's active segment
+    holds three files, other segments' files share a bounded cache; Kafka's docs ask for 100,000 or
+    more): the soft limit up to the hard one, and the hard one too where the process may (root).
     Returns the limit in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError) as exc:
-            log.warning("could not raise the open-files limit from %d to %d: %s", soft, hard, exc)
     # Pinned: the active segment's three files per replica; cached: OPEN_SEGMENT_FILES_MAX of the
     # others (storage.py); the rest is sockets and the process's own files.
-    wanted = 3 * limits.REPLICAS_PER_BROKER_MAX + limits.OPEN_SEGMENT_FILES_MAX + limits.OPEN_FILES_OTHER_MIN
+    wanted = 3 * replicas_max + limits.OPEN_SEGMENT_FILES_MAX + limits.OPEN_FILES_OTHER_MIN
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = max(hard, wanted) if hard != resource.RLIM_INFINITY else hard
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, target))
+            soft = target
+        except (ValueError, OSError):
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+                soft = hard
+            except (ValueError, OSError) as exc:
+                log.warning("could not raise the open-files limit from %d to %d: %s", soft, hard, exc)
     if soft < wanted:
         log.warning(
             "open-files limit %d is below the %d a broker may need (3 per replica for %d replicas, %d "
-            "cached segment files, %d for sockets); raise it (ulimit -n, LimitNOFILE)",
+            "cached segment files, %d for sockets); raise it (ulimit -n, LimitNOFILE) or lower "
+            "--replicas-max",
             soft,
             wanted,
-            limits.REPLICAS_PER_BROKER_MAX,
+            replicas_max,
             limits.OPEN_SEGMENT_FILES_MAX,
             limits.OPEN_FILES_OTHER_MIN,
         )
@@ -186,7 +201,7 @@ def raise_open_files_limit() -> int:
 async def serve(config: BrokerConfig) -> None:
     config.check()
     prepare_data_dir(config.data_dir)
-    raise_open_files_limit()
+    raise_open_files_limit(config.replicas_max)
     process = await ServiceProcess.start(
         config,
         name=f"broker-{config.broker_id}",
@@ -217,6 +232,7 @@ async def serve(config: BrokerConfig) -> None:
         "metrics_port": runtime.bound_metrics_port,
         "pid": os.getpid(),
         "unclean_shutdown": unclean_shutdown,
+        "replicas_max": config.replicas_max,
     }
 
     # The liveness stream to the active controller (heartbeat.py), started once registered.

@@ -186,6 +186,11 @@ PARTITIONS_PER_TOPIC_MAX = 10_000
 # Every open replica holds file handles and memory; CreateTopics and CreatePartitions refuse to go
 # past this (one 10,000-partition topic with RF 3 once exhausted every broker's file handles).
 REPLICAS_PER_BROKER_MAX = 4_000
+# The highest a broker's --replicas-max may raise that bound for a cluster that wants more
+# replicas per broker (a benchmark of 100,000 partitions on a few brokers): each replica pins three
+# files, so 3 * 50,000 + the cache stays under Linux's default per-process ceiling (fs.nr_open,
+# 1,048,576), and the broker raises its open-files limit to what it needs.
+REPLICAS_PER_BROKER_MAX_CEILING = 50_000
 DEFAULT_NUM_PARTITIONS = 3
 DEFAULT_REPLICATION_FACTOR = 3
 

@@ -33,6 +33,9 @@ class BrokerInfo:
     # The broker's last run did not stop cleanly and its host rebooted since: records it
     # had acknowledged but not flushed may be gone (section 7 of docs/ARCHITECTURE.md).
     unclean_shutdown: bool = False
+    # The replicas this broker said it is prepared to hold (--replicas-max; 0: not stated, so
+    # limits.REPLICAS_PER_BROKER_MAX). CreateTopics and CreatePartitions keep within it.
+    replicas_max: int = 0
 
     @property
     def address(self) -> str:

@@ -328,7 +328,8 @@ def on_create_topics(ctx: ControllerContext, req: common_pb2.CreateTopicsRequest
 def _check_replicas_per_broker(
     ctx: ControllerContext, added: dict[int, tuple[int, ...]], pending: Counter[int]
 ) -> Counter[int]:
-    """Refuse new replicas that would take a broker past REPLICAS_PER_BROKER_MAX.
+    """Refuse new replicas that would take a broker past the replicas it holds at most: what it
+    registered (`--replicas-max`), else REPLICAS_PER_BROKER_MAX.
 
     `pending` counts replicas granted earlier in the same request; returns it with these added.
     """
@@ -338,11 +339,13 @@ def _check_replicas_per_broker(
     )
     for broker, count in sorted(new.items()):
         total = held[broker] + pending[broker] + count
-        if total > limits.REPLICAS_PER_BROKER_MAX:
+        info = ctx.live_brokers.get(broker)
+        most = (info.replicas_max if info is not None else 0) or limits.REPLICAS_PER_BROKER_MAX
+        if total > most:
             raise InvalidPartitions(
-                f"broker {broker} would hold {total} replicas; the limit is {limits.REPLICAS_PER_BROKER_MAX} "
-                "per broker (each replica holds open files and memory): add brokers, or use fewer partitions "
-                "or a lower replication factor"
+                f"broker {broker} would hold {total} replicas; the limit is {most} per broker (each "
+                "replica holds open files and memory): add brokers, or use fewer partitions or a lower "
+                "replication factor, or start brokers prepared for more (--replicas-max)"
             )
     return pending + new
 

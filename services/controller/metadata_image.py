@@ -51,6 +51,7 @@ def broker_info(raw: bytes, broker_epoch: int) -> BrokerInfo:
         v["metrics_port"],
         broker_epoch,
         v["unclean_shutdown"],
+        v["replicas_max"],
     )
 
 

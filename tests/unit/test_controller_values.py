@@ -62,6 +62,11 @@ BROKERS = [
         values.encode_registration({"broker_id": 3, "host": "x", "port": 1, "unclean_shutdown": "yes"}),
         BrokerInfo(3, "x", 1, "", 0, 44, False),
     ),
+    # A broker started with --replicas-max says so; one that does not gets the default (0).
+    (
+        values.encode_registration({"broker_id": 4, "host": "x", "port": 1, "replicas_max": 40000}),
+        BrokerInfo(4, "x", 1, "", 0, 44, False, 40000),
+    ),
 ]
 
 
