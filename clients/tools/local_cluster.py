@@ -123,12 +123,14 @@ class LocalCluster:
         python: str = sys.executable,
         tls: bool = False,
         service_args: list[str] | None = None,
+        broker_args: list[str] | None = None,
         host: str = "127.0.0.1",
         placements: dict[str, Placement] | None = None,
     ) -> None:
         """tls: make a local CA and certificates under base_dir/tls and run etcd and every service
         with TLS (mutual TLS between them; each service also gets a --client-port for token
-        clients). service_args: extra flags for every service (e.g. --authorizer acl).
+        clients). service_args: extra flags for every service (e.g. --authorizer acl); broker_args:
+        extra flags for every broker (e.g. --replicas-max 40000).
         host: the address etcd and every service without a placement listen on and advertise.
         placements: process name ("broker-2") -> where that process runs instead."""
         self.base_dir = Path(base_dir).resolve()
@@ -179,6 +181,7 @@ class LocalCluster:
                 extra += ["--rack", racks[(i - 1) % len(racks)]]
             if replica_lag_time_max_ms is not None:
                 extra += ["--replica-lag-time-max-ms", str(replica_lag_time_max_ms)]
+            extra += list(broker_args or [])
             self._add(f"broker-{i}", "broker", extra)
         for i in range(1, gateways + 1):
             # Port 0 lets the gateway bind any free port itself (a port picked here could be taken before the
