@@ -392,8 +392,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
                 common_pb2.GatewayNode(gateway_id=g.gateway_id, host=g.host, port=g.port)
                 for g in ctx.live_gateways.values()
             ],
-            partitions=[ctx.partition_state_proto(tp) for tp in ctx.partitions() if tp in ctx.states],
-            topic_configs={t: _config(lp_topic.configs) for t, lp_topic in ctx.topics.items()},
+            partitions=[loop.state_proto(tp) for tp in ctx.partitions() if tp in ctx.states],
+            topic_configs={t: loop.config_proto(t) for t in ctx.topics},
         )
 
     # ---- security admin: ACLs and tokens (authorized by the interceptor's rules) ---------------
@@ -482,12 +482,6 @@ def _security_change(write: security_admin.SecurityWrite) -> SecurityChange:
     if isinstance(write, security_admin.AclWrite):
         return acl_change(write.binding, delete=write.delete)
     return SecurityChange("token", write.token_id, write.record)
-
-
-def _config(configs: dict[str, str]) -> common_pb2.TopicConfig:
-    from clients.common.topics import topic_config_proto
-
-    return topic_config_proto(configs)
 
 
 async def serve(config: ControllerConfig) -> None:
