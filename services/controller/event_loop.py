@@ -234,11 +234,7 @@ class ControllerEventLoop:
         revision (metadata_image.MetadataFollower.take); without one, everything is read from etcd."""
         started = time.monotonic()
         self.cluster_id = await self._cluster_id()
-        if image is None:
-            revision = await self.load()
-        else:
-            self.ctx = image.context(self.ctx.controller_id, self.epoch)
-            revision = image.revision
+        revision = await self.take_metadata(image)
         result = handlers.on_startup(self.ctx)
         await self.apply(result)
         self.queue_follow_ups("Startup")
@@ -295,6 +291,15 @@ class ControllerEventLoop:
             ev = self.queue.get_nowait()
             if not ev.done.done():
                 ev.done.set_exception(ControllerResigned("controller stopped"))
+
+    async def take_metadata(self, image: MetadataImage | None) -> int:
+        """The context from a standby's image (warm) or from etcd (cold); returns its revision."""
+        if image is None:
+            return await self.load()
+        self.ctx = image.context(self.ctx.controller_id, self.epoch)
+        self._state_protos.clear()
+        self._config_protos.clear()
+        return image.revision
 
     async def load(self) -> int:
         """Read the whole cluster state from etcd into a fresh context; returns the revision read at."""
