@@ -16,7 +16,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,7 @@ from services.controller.context import (
     BrokerInfo,
     ControllerContext,
     LeaderAndIsr,
+    StateProtos,
     TopicInfo,
 )
 from services.controller.metadata_image import MetadataImage, broker_info, gateway_info, load_image
@@ -220,11 +221,9 @@ class ControllerEventLoop:
         self._stopping_senders: set[asyncio.Future[None]] = set()
         self._producer_ids: tuple[int, int] = (0, 0)  # [next, end) of the block we own
         self.cluster_id = ""
-        # Built protos of partition states and topic configs, each kept with the objects it was
-        # built from (state_proto, config_proto).
-        self._state_protos: dict[
-            TopicPartitionKey, tuple[LeaderAndIsr, TopicInfo, common_pb2.PartitionState]
-        ] = {}
+        # Built protos of partition states and topic configs, each kept with what it was built
+        # from (state_proto, config_proto); a warm standby hands over the ones it built.
+        self.state_protos = StateProtos()
         self._config_protos: dict[str, tuple[dict[str, str], common_pb2.TopicConfig]] = {}
 
     # ---- start / stop ------------------------------------------------------------------
@@ -235,10 +234,14 @@ class ControllerEventLoop:
         started = time.monotonic()
         self.cluster_id = await self._cluster_id()
         revision = await self.take_metadata(image)
+        deciding = time.monotonic()
         result = handlers.on_startup(self.ctx)
-        await self.apply(result)
+        await self.apply(result, event="Startup", decided_s=time.monotonic() - deciding, send=False)
         self.queue_follow_ups("Startup")
-        self._tasks.append(asyncio.create_task(self._run(), name="controller-event-loop"))
+        # The context now holds the failover's decisions, committed: the controller answers from
+        # here on (the caller activates it), while the loop's task first builds and queues the
+        # failover's requests (seconds at 100,000 partitions), in slices, before any other event.
+        self._tasks.append(asyncio.create_task(self._run(startup=result), name="controller-event-loop"))
         self._tasks.append(
             asyncio.create_task(
                 self._watch(self.keys.brokers_prefix, revision, "BrokerChange"), name="watch-brokers"
@@ -297,17 +300,13 @@ class ControllerEventLoop:
         if image is None:
             return await self.load()
         self.ctx = image.context(self.ctx.controller_id, self.epoch)
-        self._state_protos.clear()
+        self.state_protos = image.protos
         self._config_protos.clear()
         return image.revision
 
     async def load(self) -> int:
         """Read the whole cluster state from etcd into a fresh context; returns the revision read at."""
-        image = await load_image(self.store)
-        self.ctx = image.context(self.ctx.controller_id, self.epoch)
-        self._state_protos.clear()
-        self._config_protos.clear()
-        return image.revision
+        return await self.take_metadata(await load_image(self.store))
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -323,7 +322,17 @@ class ControllerEventLoop:
         """Queue an event nobody waits for (watches, ticks, follow-ups)."""
         self.queue.put_nowait(_Event(name, handler, asyncio.get_running_loop().create_future()))
 
-    async def _run(self) -> None:
+    async def _run(self, startup: ControllerResult | None = None) -> None:
+        if startup is not None:
+            started = time.monotonic()
+            self._sync_senders()
+            await self._send_in_slices(startup)
+            log.info(
+                "Startup: requests for %d partitions queued to %d brokers and gateways in %.0f ms",
+                len(startup.rpcs.update_metadata),
+                len(self.senders),
+                (time.monotonic() - started) * 1000,
+            )
         while True:
             ev = await self.queue.get()
             metrics.EVENT_QUEUE_TIME.labels(ev.name).observe(time.monotonic() - ev.enqueued_at)
@@ -461,7 +470,11 @@ class ControllerEventLoop:
 
     # ---- apply: fenced writes, replay, RPCs ----------------------------------------------------
 
-    async def apply(self, result: ControllerResult, *, event: str = "", decided_s: float = 0.0) -> None:
+    async def apply(
+        self, result: ControllerResult, *, event: str = "", decided_s: float = 0.0, send: bool = True
+    ) -> None:
+        """Commit the result's writes (fenced), replay them, queue its RPCs (send False: the caller
+        queues them, as start() leaves the failover's requests to the loop's task)."""
         if result.unclean_elections:
             metrics.UNCLEAN_ELECTIONS.inc(result.unclean_elections)
         started = time.monotonic()
@@ -473,8 +486,9 @@ class ControllerEventLoop:
                 if isinstance(write, TopicDelete):
                     self._forget_protos(write.topic)
         committed = time.monotonic()
-        self._sync_senders()
-        self._send(result)
+        if send:
+            self._sync_senders()
+            self._send(result)
         sent = time.monotonic()
         if decided_s + sent - started >= SLOW_EVENT_LOG_S:
             # What a failover's time went to, in the log (the metrics hold the totals).
@@ -565,21 +579,11 @@ class ControllerEventLoop:
         raise TypeError(f"unknown write {write!r}")
 
     def state_proto(self, tp: TopicPartitionKey) -> common_pb2.PartitionState:
-        """ctx.partition_state_proto(tp), built once per state: replay replaces a partition's state
-        and its topic's object on every change (never changes them in place), so a proto built
-        from the same two objects is still right. A takeover at 100,000 partitions builds each
-        once for its LeaderAndIsr, UpdateMetadata and DescribeCluster instead of once each (0.5 s
-        a pass on this machine). Callers copy it (a protobuf field assignment copies), never change it.
-        """
+        """ctx.partition_state_proto(tp), built once per state (context.StateProtos)."""
         state = self.ctx.states.get(tp)
-        topic = self.ctx.topics[tp[0]]
-        cached = self._state_protos.get(tp)
-        if cached is not None and cached[0] is state and cached[1] is topic:
-            return cached[2]
-        proto = self.ctx.partition_state_proto(tp)
-        if state is not None:
-            self._state_protos[tp] = (state, topic, proto)
-        return proto
+        if state is None:
+            return self.ctx.partition_state_proto(tp)
+        return self.state_protos.get(tp, state, self.ctx.topics[tp[0]])
 
     def config_proto(self, topic: str) -> common_pb2.TopicConfig:
         """topic_config_proto of the topic's configs, built once per configs dict (replaced on change)."""
@@ -593,8 +597,7 @@ class ControllerEventLoop:
 
     def _forget_protos(self, topic: str) -> None:
         self._config_protos.pop(topic, None)
-        for tp in [tp for tp in self._state_protos if tp[0] == topic]:
-            del self._state_protos[tp]
+        self.state_protos.forget_topic(topic)
 
     def wanted_senders(self) -> dict[tuple[str, int], tuple[str, int]]:
         """One sender per incarnation: (kind, id) -> (address, broker epoch); gateways have epoch -1."""
@@ -626,6 +629,17 @@ class ControllerEventLoop:
 
     def _send(self, result: ControllerResult) -> None:
         """Queue the result's RPCs: LeaderAndIsr and StopReplica first, UpdateMetadata after."""
+        for _ in self._send_steps(result):
+            pass
+
+    async def _send_in_slices(self, result: ControllerResult) -> None:
+        """_send, letting other tasks run between requests: the failover's requests at 100,000
+        partitions take seconds to build, and the controller answers reads meanwhile."""
+        for _ in self._send_steps(result):
+            await asyncio.sleep(0)
+
+    def _send_steps(self, result: ControllerResult) -> Iterator[None]:
+        """_send as a generator that yields after each request it queues."""
         rpcs = result.rpcs
         futures: list[asyncio.Future[Any]] = []
         for broker_id, tps in sorted(rpcs.leader_and_isr.items()):
@@ -658,6 +672,7 @@ class ControllerEventLoop:
                         ),
                     )
                 )
+                yield
         for broker_id, deletes in sorted(rpcs.stop_replica.items()):
             sender = self.senders.get(("b", broker_id))
             if sender is None:
@@ -681,6 +696,7 @@ class ControllerEventLoop:
                 epoch = self.ctx.with_broker_epoch(broker_id)
                 fut.add_done_callback(functools.partial(self._deletion_answered, broker_id, epoch, deleted))
             futures.append(fut)
+            yield
         if (rpcs.full_metadata or rpcs.update_metadata or rpcs.deleted_topics) and self.senders:
             # One request built, one copy per target with its broker epoch (a copy is C code: at
             # 100,000 partitions building one is 0.6 s, copying it a few ms).
@@ -695,7 +711,7 @@ class ControllerEventLoop:
                 request.CopyFrom(built)
                 request.header.broker_epoch = self.ctx.with_broker_epoch(target_id) if kind == "b" else -1
                 futures.append(sender.send("UpdateMetadata", request))
-        result.rpc_futures = futures
+                yield
 
     def _deletion_answered(
         self, broker_id: int, broker_epoch: int, tps: list[TopicPartitionKey], fut: asyncio.Future[Any]

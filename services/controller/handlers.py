@@ -96,7 +96,11 @@ def on_startup(ctx: ControllerContext) -> ControllerResult:
     """Controller failover: initialise missing states, elect offline partitions, tell everyone."""
     result = ControllerResult()
     live = {b for b in ctx.live_brokers if ctx.is_live(b)}
-    for tp in ctx.partitions():
+    # A state written after the newest registration has no restarted broker (the common case:
+    # checked once rather than per broker for each of 100,000 partitions).
+    newest_registration = max((info.broker_epoch for info in ctx.live_brokers.values()), default=0)
+    partitions = ctx.partitions()
+    for tp in partitions:
         if tp[0] in ctx.topics_to_delete:
             continue
         if tp not in ctx.states:
@@ -105,12 +109,14 @@ def on_startup(ctx: ControllerContext) -> ControllerResult:
         # Brokers registered after this state was written restarted since (perhaps with
         # less than they had): they count as failed and started, as in on_broker_change.
         written_at = ctx.state_revisions.get(tp, 0)
-        restarted = {
-            b for b, info in ctx.live_brokers.items() if written_at and info.broker_epoch > written_at
-        }
+        restarted = (
+            {b for b, info in ctx.live_brokers.items() if info.broker_epoch > written_at}
+            if written_at and written_at < newest_registration
+            else set()
+        )
         gone = {r for r in (*ctx.replicas(tp), ctx.states[tp].leader) if r >= 0 and r not in ctx.live_brokers}
         _fail_over(ctx, result, tp, dead=gone | restarted, restarted=restarted, live=live)
-    for tp in ctx.partitions():
+    for tp in partitions:
         if tp[0] not in ctx.topics_to_delete:
             result.rpcs.add_leader_and_isr([r for r in ctx.replicas(tp) if r in live], tp)
     moves = ReplicaMoves(ctx)

@@ -32,7 +32,14 @@ from coordinator import values
 from coordinator.keys import Keys
 from coordinator.store import CoordinatorError, MetadataStore, WatchCompacted, WatchEvent
 from services.common import limits
-from services.controller.context import BrokerInfo, ControllerContext, GatewayInfo, LeaderAndIsr, TopicInfo
+from services.controller.context import (
+    BrokerInfo,
+    ControllerContext,
+    GatewayInfo,
+    LeaderAndIsr,
+    StateProtos,
+    TopicInfo,
+)
 
 log = logging.getLogger("highwater.controller")
 
@@ -93,6 +100,12 @@ class MetadataImage:
         self.states: dict[TopicPartitionKey, tuple[LeaderAndIsr, int]] = {}
         self.configs: dict[str, dict[str, str]] = {}
         self.delete_marks: set[str] = set()
+        # The partition-state protos a controller sends and answers with, built ahead by a standby
+        # (warm_protos) for what changed since it last did: a takeover at 100,000 partitions then
+        # builds none (0.75 s of the 1 s it has on this machine).
+        self.protos = StateProtos()
+        self._unbuilt: set[TopicPartitionKey] = set()
+        self._unbuilt_topics: set[str] = set()
 
     def prefixes(self) -> list[str]:
         """What a load reads (and the order it reads them in)."""
@@ -114,8 +127,10 @@ class MetadataImage:
                     return
                 if kind[0] == "topic":
                     self.topics[kind[1]] = topic_info(kind[1], value)
+                    self._unbuilt_topics.add(kind[1])
                 else:
                     self.states[(kind[1], kind[2])] = (partition_state(value, version), mod_revision)
+                    self._unbuilt.add((kind[1], kind[2]))
             elif key.startswith(k.config_prefix):
                 name = k.parse_topic_name(key, k.config_prefix)
                 configs, skipped = stored_topic_configs(values.decode_topic_configs(value))
@@ -140,8 +155,10 @@ class MetadataImage:
                 kind = k.classify_topic_key(key)
                 if kind is not None and kind[0] == "topic":
                     self.topics.pop(kind[1], None)
+                    self.protos.forget_topic(kind[1])
                 elif kind is not None:
                     self.states.pop((kind[1], kind[2]), None)
+                    self.protos.forget((kind[1], kind[2]))
             elif key.startswith(k.config_prefix):
                 self.configs.pop(k.parse_topic_name(key, k.config_prefix), None)
             elif key.startswith(k.delete_topics_prefix):
@@ -163,6 +180,24 @@ class MetadataImage:
             else:
                 self.delete(e.key)
             self.revision = max(self.revision, e.mod_revision)
+
+    def warm_protos(self) -> int:
+        """Build the protos of the states and topics changed since the last call; returns how many."""
+        todo = {tp for tp in self._unbuilt if tp[0] not in self._unbuilt_topics}
+        for name in self._unbuilt_topics:
+            topic = self.topics.get(name)
+            if topic is not None:
+                todo.update((name, p) for p in topic.assignment)
+        self._unbuilt.clear()
+        self._unbuilt_topics.clear()
+        built = 0
+        for tp in todo:
+            entry = self.states.get(tp)
+            topic = self.topics.get(tp[0])
+            if entry is not None and topic is not None and tp[1] in topic.assignment:
+                self.protos.get(tp, entry[0], topic)
+                built += 1
+        return built
 
     def context(self, controller_id: int, epoch: int) -> ControllerContext:
         """A new controller's context: the join of the keys (module docstring); shares no mutable data."""
@@ -239,11 +274,13 @@ class MetadataFollower:
                 )
                 self.image = image
                 self._progress.set()
+                image.warm_protos()
                 async for events in self.store.watch_prefix(
                     keys.prefix + "/", start_revision=image.revision + 1
                 ):
                     image.replay(events)
                     self._progress.set()
+                    image.warm_protos()
             except asyncio.CancelledError:
                 raise
             except WatchCompacted as exc:

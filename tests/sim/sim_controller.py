@@ -285,6 +285,7 @@ class SimController(RpcNode):
         try:
             for events in self.standby_watch.drain():
                 self.standby_image.replay(events)
+            self.standby_image.warm_protos()
         except WatchCompacted:
             self.trace("standby: watch compacted; loading the metadata again")
             self.standby_image = self.standby_watch = None
