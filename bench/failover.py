@@ -188,6 +188,7 @@ def detection_time(controller_log: Path, killed_wall: float) -> float | None:
 TAKEOVER_STOP_TARGET_S = 1.0
 TAKEOVER_KILL_TARGET_OVER_TTL_S = 1.0
 TAKEOVER_LEASE_TTL_S = 6
+TAKEOVER_READY_TIMEOUT_S = 300.0
 # One CreateTopics per this many partitions (limits.PARTITIONS_PER_TOPIC_MAX).
 TAKEOVER_TOPIC_PARTITIONS_MAX = 10_000
 # Before the stop the cluster must be at rest: every process below this share of one core over
@@ -222,13 +223,15 @@ def bench_controller_takeover(
     # Brokers prepared for more replicas than the default bound say so (--replicas-max).
     broker_args = ["--replicas-max", str(per_broker)] if per_broker > 4_000 else []
     case = "kill" if kill else "stop"
-    with LocalCluster(
+    cluster = LocalCluster(
         base / f"takeover-{case}-run{run}",
         brokers=brokers,
         controllers=2,
         lease_ttl_s=TAKEOVER_LEASE_TTL_S,
         broker_args=broker_args,
-    ) as cluster:
+    )
+    # Twenty brokers starting at once on two cores take longer than LocalCluster's 30 s default.
+    with cluster.start(timeout_s=TAKEOVER_READY_TIMEOUT_S):
         gw = gateway(cluster)
         created = time.monotonic()
         for topic, first in enumerate(range(0, partitions, TAKEOVER_TOPIC_PARTITIONS_MAX)):

@@ -186,3 +186,30 @@ async def test_follower_reloads_after_the_history_it_needs_is_compacted(
     image = await follower.take(won, timeout_s=5)
     assert compacted.is_set()
     assert image is not None and fresh(image) == fresh(await load_image(store))
+
+
+@pytest.mark.asyncio
+async def test_protos_built_ahead_are_those_of_the_context_taken_over() -> None:
+    """A standby builds the partition-state protos as changes arrive; the controller that takes
+    the image uses them (StateProtos) only while they say what the context says."""
+    store = MemoryStore()
+    await initial(store)
+    image = await load_image(store)
+    image.warm_protos()
+    watch = store.subscribe(store.keys.prefix + "/", start_revision=image.revision + 1)
+    await changes(store)
+    # A reassignment changes the topic key only: its partitions' protos must follow.
+    await store.put(
+        store.keys.topic("a"),
+        values.encode_topic_assignment("id-a", {0: (1, 2, 3), 1: (2, 1)}, {0: (3,)}, {}),
+    )
+    for events in watch.drain():
+        image.replay(events)
+    assert image.warm_protos() > 0
+    ctx = fresh(image)
+    built = len(image.protos)
+    for tp in ctx.states:
+        proto = image.protos.get(tp, ctx.states[tp], ctx.topics[tp[0]])
+        assert proto == ctx.partition_state_proto(tp), tp
+    assert len(image.protos) == built, "every proto was built ahead"
+    assert image.protos.get(("a", 0), ctx.states[("a", 0)], ctx.topics["a"]).adding_replicas == [3]
