@@ -30,6 +30,7 @@ bench/results/failover.json. Usage: python bench/failover.py --help
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -230,8 +231,10 @@ def bench_controller_takeover(
         lease_ttl_s=TAKEOVER_LEASE_TTL_S,
         broker_args=broker_args,
     )
-    # Twenty brokers starting at once on two cores take longer than LocalCluster's 30 s default.
-    with cluster.start(timeout_s=TAKEOVER_READY_TIMEOUT_S):
+    with contextlib.ExitStack() as stopped_at_exit:
+        # Twenty brokers starting at once on two cores take longer than LocalCluster's 30 s default.
+        cluster.start(timeout_s=TAKEOVER_READY_TIMEOUT_S)
+        stopped_at_exit.callback(cluster.stop)
         gw = gateway(cluster)
         created = time.monotonic()
         for topic, first in enumerate(range(0, partitions, TAKEOVER_TOPIC_PARTITIONS_MAX)):

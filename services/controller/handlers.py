@@ -99,26 +99,29 @@ def on_startup(ctx: ControllerContext) -> ControllerResult:
     # A state written after the newest registration has no restarted broker (the common case:
     # checked once rather than per broker for each of 100,000 partitions).
     newest_registration = max((info.broker_epoch for info in ctx.live_brokers.values()), default=0)
-    partitions = ctx.partitions()
-    for tp in partitions:
+    registered = ctx.live_brokers
+    for tp in ctx.partitions():
         if tp[0] in ctx.topics_to_delete:
             continue
-        if tp not in ctx.states:
+        state = ctx.states.get(tp)
+        if state is None:
             _initial_state(ctx, result, tp)
-            continue
-        # Brokers registered after this state was written restarted since (perhaps with
-        # less than they had): they count as failed and started, as in on_broker_change.
-        written_at = ctx.state_revisions.get(tp, 0)
-        restarted = (
-            {b for b, info in ctx.live_brokers.items() if info.broker_epoch > written_at}
-            if written_at and written_at < newest_registration
-            else set()
-        )
-        gone = {r for r in (*ctx.replicas(tp), ctx.states[tp].leader) if r >= 0 and r not in ctx.live_brokers}
-        _fail_over(ctx, result, tp, dead=gone | restarted, restarted=restarted, live=live)
-    for tp in partitions:
-        if tp[0] not in ctx.topics_to_delete:
-            result.rpcs.add_leader_and_isr([r for r in ctx.replicas(tp) if r in live], tp)
+        else:
+            # Brokers registered after this state was written restarted since (perhaps with
+            # less than they had): they count as failed and started, as in on_broker_change.
+            written_at = ctx.state_revisions.get(tp, 0)
+            restarted = (
+                {b for b, info in registered.items() if info.broker_epoch > written_at}
+                if written_at and written_at < newest_registration
+                else set()
+            )
+            # With no restarted broker, a live leader and every ISR member registered, _fail_over
+            # changes nothing (nothing it counts dead is the leader or in the ISR): skipped, as for
+            # nearly every partition of a takeover.
+            if restarted or state.leader not in live or not all(r in registered for r in state.isr):
+                gone = {r for r in (*ctx.replicas(tp), state.leader) if r >= 0 and r not in registered}
+                _fail_over(ctx, result, tp, dead=gone | restarted, restarted=restarted, live=live)
+        result.rpcs.add_leader_and_isr([r for r in ctx.replicas(tp) if r in live], tp)
     moves = ReplicaMoves(ctx)
     resume_deletions(ctx, result, moves)
     moves.commit(result)
