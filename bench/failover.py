@@ -190,6 +190,7 @@ TAKEOVER_STOP_TARGET_S = 1.0
 TAKEOVER_KILL_TARGET_OVER_TTL_S = 1.0
 TAKEOVER_LEASE_TTL_S = 6
 TAKEOVER_READY_TIMEOUT_S = 300.0
+TAKEOVER_CREATE_ATTEMPTS_MAX = 5
 # One CreateTopics per this many partitions (limits.PARTITIONS_PER_TOPIC_MAX).
 TAKEOVER_TOPIC_PARTITIONS_MAX = 10_000
 # Before the stop the cluster must be at rest (the brokers done creating their logs, the
@@ -214,6 +215,31 @@ def wait_settled(pids: list[int], deadline_s: float) -> float:
         if sum(cpu_seconds(pid) for pid in pids) - before < SETTLED_CORES_MAX * SETTLED_WINDOW_S:
             return time.monotonic() - start
     raise SystemExit(f"the cluster did not settle within {deadline_s:.0f} s")
+
+
+def create_takeover_topic(
+    gw: gateway_pb2_grpc.GatewayServiceStub, name: str, assignments: dict[int, common_pb2.ReplicaList]
+) -> None:
+    """CreateTopics, asked again (bounded) when the whole call failed: on a loaded machine the gateway
+    has timed out on the controller while twenty brokers created their logs."""
+    for attempt in range(1, TAKEOVER_CREATE_ATTEMPTS_MAX + 1):
+        resp = gw.CreateTopics(
+            common.create_topics_request(
+                name, num_partitions=-1, replication_factor=-1, assignments=assignments, timeout_ms=120_000
+            ),
+            timeout=300,
+        )
+        if resp.topics:
+            answer = resp.topics[0]
+            # A retry of a call whose first attempt did create the topic finds it there.
+            if answer.error_code in (0, common_pb2.TOPIC_ALREADY_EXISTS) and (
+                attempt > 1 or not answer.error_code
+            ):
+                return
+            raise SystemExit(f"CreateTopics {name}: {answer.error_message}")
+        print(f"CreateTopics {name} failed ({resp.error_message}); attempt {attempt}", flush=True)
+        time.sleep(1.0)
+    raise SystemExit(f"CreateTopics {name} failed {TAKEOVER_CREATE_ATTEMPTS_MAX} times")
 
 
 def bench_controller_takeover(
@@ -244,18 +270,7 @@ def bench_controller_takeover(
             assignments = {
                 p: common_pb2.ReplicaList(replicas=[1 + (first + p) % brokers]) for p in range(count)
             }
-            resp = gw.CreateTopics(
-                common.create_topics_request(
-                    f"t{topic}",
-                    num_partitions=-1,
-                    replication_factor=-1,
-                    assignments=assignments,
-                    timeout_ms=120_000,
-                ),
-                timeout=300,
-            )
-            if resp.topics[0].error_code:
-                raise SystemExit(resp.topics[0].error_message)
+            create_takeover_topic(gw, f"t{topic}", assignments)
         create_s = time.monotonic() - created
         pids = [p.pid for p in cluster.processes.values() if p.pid is not None]
         if cluster.etcd.pid is not None:
