@@ -191,8 +191,14 @@ TAKEOVER_KILL_TARGET_OVER_TTL_S = 1.0
 TAKEOVER_LEASE_TTL_S = 6
 TAKEOVER_READY_TIMEOUT_S = 300.0
 TAKEOVER_CREATE_ATTEMPTS_MAX = 5
-# One CreateTopics per this many partitions (limits.PARTITIONS_PER_TOPIC_MAX).
-TAKEOVER_TOPIC_PARTITIONS_MAX = 10_000
+# One CreateTopics per this many partitions: each broker gets a LeaderAndIsr of about 100 new
+# partitions at a time and keeps up (one of ~4,800 outlasted the control RPC timeout five times
+# on the loaded machine and the controller gave up on it), and the call's wait for the brokers
+# paces the creation.
+TAKEOVER_TOPIC_PARTITIONS_MAX = 2_000
+# Each broker must hold every log it was given before the stop (a settle of CPU alone passed
+# while brokers starved of CPU were still creating theirs).
+TAKEOVER_LOGS_WAIT_S = 1200.0
 # Before the stop the cluster must be at rest (the brokers done creating their logs, the
 # standby's watch caught up): all its processes together below this many cores over a window.
 SETTLED_CORES_MAX = 0.5
@@ -215,6 +221,23 @@ def wait_settled(pids: list[int], deadline_s: float) -> float:
         if sum(cpu_seconds(pid) for pid in pids) - before < SETTLED_CORES_MAX * SETTLED_WINDOW_S:
             return time.monotonic() - start
     raise SystemExit(f"the cluster did not settle within {deadline_s:.0f} s")
+
+
+def wait_logs_created(cluster: LocalCluster, expected: dict[int, int], deadline_s: float) -> float:
+    """Seconds until every broker's data directory holds a log directory for each partition it
+    was given (expected: broker id -> count)."""
+    start = time.monotonic()
+    while time.monotonic() - start < deadline_s:
+        short = {
+            b: n
+            for b, n in expected.items()
+            if sum(1 for e in os.scandir(cluster.base_dir / f"broker-{b}") if e.is_dir() and e.name[0] == "t")
+            < n
+        }
+        if not short:
+            return time.monotonic() - start
+        time.sleep(1.0)
+    raise SystemExit(f"brokers {sorted(short)} did not create their logs within {deadline_s:.0f} s")
 
 
 def create_takeover_topic(
@@ -272,6 +295,10 @@ def bench_controller_takeover(
             }
             create_takeover_topic(gw, f"t{topic}", assignments)
         create_s = time.monotonic() - created
+        expected = {
+            b: sum(1 for p in range(partitions) if 1 + p % brokers == b) for b in range(1, brokers + 1)
+        }
+        logs_s = wait_logs_created(cluster, expected, deadline_s=TAKEOVER_LOGS_WAIT_S)
         pids = [p.pid for p in cluster.processes.values() if p.pid is not None]
         if cluster.etcd.pid is not None:
             pids.append(cluster.etcd.pid)
@@ -312,6 +339,7 @@ def bench_controller_takeover(
             "partitions": partitions,
             "brokers": brokers,
             "create_s": round(create_s, 1),
+            "logs_created_s": round(logs_s, 1),
             "settle_s": round(settle_s, 1),
             "takeover_s": round(answered, 3),
             # From the signal until the standby won the election (the lease, after a SIGKILL).
