@@ -133,6 +133,9 @@ class ControllerElection:
         self.keepalive_interval_s = keepalive_interval_s
         self.on_lost = on_lost
         self.epoch: int | None = None
+        # The etcd revision of the election transaction that won `epoch`: every write of the
+        # previous controller is at or below it (a warm standby catches up to it).
+        self.won_revision = 0
         self._keeper: LeaseKeeper | None = None
         self._lost = asyncio.Event()
         self._resigned = False
@@ -230,6 +233,7 @@ class ControllerElection:
         self._keeper = keeper
         self._resigned = False
         self.epoch = new_epoch
+        self.won_revision = result.revision
         log.info(
             "controller %d: elected with controller epoch %d (lease %x)",
             self.controller_id,

@@ -45,6 +45,9 @@ class BrokerRegistration(TypedDict):
     # The broker's Kafka protocol listener (docs/KAFKA.md); 0: none (also what a registration
     # written before the field existed reads as).
     kafka_port: int
+    # The replicas the broker is prepared to hold (its --replicas-max); 0: not stated (older
+    # brokers), the cluster's default applies.
+    replicas_max: int
 
 
 class GatewayRegistration(TypedDict):
@@ -68,6 +71,7 @@ def decode_broker_registration(raw: bytes) -> BrokerRegistration:
         metrics_port=int(d.get("metrics_port", 0)),
         unclean_shutdown=d.get("unclean_shutdown") is True,
         kafka_port=int(d.get("kafka_port", 0)),
+        replicas_max=int(d.get("replicas_max", 0)),
     )
 
 

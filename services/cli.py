@@ -149,6 +149,14 @@ def _run(main: Coroutine[Any, Any, None], common: CommonOptions) -> None:
     help="Also speak Kafka's wire protocol on this port (0: any free port; docs/KAFKA.md). "
     "Off when not given.",
 )
+@click.option(
+    "--replicas-max",
+    type=click.IntRange(1, limits.REPLICAS_PER_BROKER_MAX_CEILING),
+    default=limits.REPLICAS_PER_BROKER_MAX,
+    show_default=True,
+    help="Replicas this broker prepares for (3 open files each) and registers; the controller places "
+    "no more on it.",
+)
 @_common
 @security_options
 def broker_command(
@@ -157,6 +165,7 @@ def broker_command(
     rack: str,
     replica_lag_time_max_ms: int,
     kafka_port: int | None,
+    replicas_max: int,
     common: CommonOptions,
     security: Any,
 ) -> None:
@@ -172,6 +181,7 @@ def broker_command(
         rack=rack,
         replica_lag_time_max_ms=replica_lag_time_max_ms,
         kafka_port=kafka_port,
+        replicas_max=replicas_max,
         security=security.for_service(f"broker-{broker_id}"),
         **common.config_fields(),
     )

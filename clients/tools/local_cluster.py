@@ -129,13 +129,15 @@ class LocalCluster:
         python: str = sys.executable,
         tls: bool = False,
         service_args: list[str] | None = None,
+        broker_args: list[str] | None = None,
         host: str = "127.0.0.1",
         placements: dict[str, Placement] | None = None,
         kafka_port: int | None = 0,
     ) -> None:
         """tls: make a local CA and certificates under base_dir/tls and run etcd and every service
         with TLS (mutual TLS between them; each service also gets a --client-port for token
-        clients). service_args: extra flags for every service (e.g. --authorizer acl).
+        clients). service_args: extra flags for every service (e.g. --authorizer acl); broker_args:
+        extra flags for every broker (e.g. --replicas-max 40000).
         host: the address etcd and every service without a placement listen on and advertise.
         placements: process name ("broker-2") -> where that process runs instead.
         kafka_port: every broker's Kafka protocol listener (docs/KAFKA.md): broker i on kafka_port + i - 1,
@@ -191,6 +193,7 @@ class LocalCluster:
                 extra += ["--replica-lag-time-max-ms", str(replica_lag_time_max_ms)]
             if kafka_port is not None and not _quotas_on(self.service_args):
                 extra += ["--kafka-port", str(kafka_port + i - 1 if kafka_port else 0)]
+            extra += list(broker_args or [])
             self._add(f"broker-{i}", "broker", extra)
         for i in range(1, gateways + 1):
             # Port 0 lets the gateway bind any free port itself (a port picked here could be taken before the

@@ -54,6 +54,9 @@ class BrokerConfig:
     etcd_prefix: str = "/highwater"
     lease_ttl_s: int = limits.LEASE_TTL_S
     replica_lag_time_max_ms: int = limits.REPLICA_LAG_TIME_MAX_MS
+    # The replicas this broker prepares for (open files) and registers, so the controller places
+    # no more on it (limits.REPLICAS_PER_BROKER_MAX unless raised).
+    replicas_max: int = limits.REPLICAS_PER_BROKER_MAX
     ready_file: Path | None = None
     security: SecurityConfig = field(default_factory=SecurityConfig)
     # Kafka's wire protocol on its own port (docs/KAFKA.md); None: no Kafka listener, 0: any free port.
@@ -80,6 +83,11 @@ class BrokerConfig:
             raise SystemExit(
                 "--kafka-port cannot be used with --producer-byte-rate/--consumer-byte-rate: the "
                 "Kafka protocol listener does not charge quotas yet (docs/KAFKA.md, Security)"
+            )
+        if not 1 <= self.replicas_max <= limits.REPLICAS_PER_BROKER_MAX_CEILING:
+            raise SystemExit(
+                f"--replicas-max must be within 1..{limits.REPLICAS_PER_BROKER_MAX_CEILING}, "
+                f"got {self.replicas_max}"
             )
 
 
@@ -176,27 +184,34 @@ class ControllerClient:
         return await method(request, timeout=timeout_s)
 
 
-def raise_open_files_limit() -> int:
-    """Lift the soft limit on open files to the hard one (each replica's active segment holds three
-    files, other segments' files share a bounded cache; Kafka's docs ask for 100,000 or more).
+def raise_open_files_limit(replicas_max: int) -> int:
+    """Lift the open-files limit to what replicas_max replicas need (each replica's active segment
+    holds three files, other segments' files share a bounded cache; Kafka's docs ask for 100,000 or
+    more): the soft limit up to the hard one, and the hard one too where the process may (root).
     Returns the limit in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError) as exc:
-            log.warning("could not raise the open-files limit from %d to %d: %s", soft, hard, exc)
     # Pinned: the active segment's three files per replica; cached: OPEN_SEGMENT_FILES_MAX of the
     # others (storage.py); the rest is sockets and the process's own files.
-    wanted = 3 * limits.REPLICAS_PER_BROKER_MAX + limits.OPEN_SEGMENT_FILES_MAX + limits.OPEN_FILES_OTHER_MIN
+    wanted = 3 * replicas_max + limits.OPEN_SEGMENT_FILES_MAX + limits.OPEN_FILES_OTHER_MIN
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = max(hard, wanted) if hard != resource.RLIM_INFINITY else hard
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, target))
+            soft = target
+        except (ValueError, OSError):
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+                soft = hard
+            except (ValueError, OSError) as exc:
+                log.warning("could not raise the open-files limit from %d to %d: %s", soft, hard, exc)
     if soft < wanted:
         log.warning(
             "open-files limit %d is below the %d a broker may need (3 per replica for %d replicas, %d "
-            "cached segment files, %d for sockets); raise it (ulimit -n, LimitNOFILE)",
+            "cached segment files, %d for sockets); raise it (ulimit -n, LimitNOFILE) or lower "
+            "--replicas-max",
             soft,
             wanted,
-            limits.REPLICAS_PER_BROKER_MAX,
+            replicas_max,
             limits.OPEN_SEGMENT_FILES_MAX,
             limits.OPEN_FILES_OTHER_MIN,
         )
@@ -206,9 +221,9 @@ def raise_open_files_limit() -> int:
 async def serve(config: BrokerConfig) -> None:
     config.check()
     prepare_data_dir(config.data_dir)
-    raise_open_files_limit()
     # Taken before the gRPC server binds a free port, which could otherwise be this very port.
     kafka_socket = reserve_port(config.host, config.kafka_port) if config.kafka_port is not None else None
+    raise_open_files_limit(config.replicas_max)
     process = await ServiceProcess.start(
         config,
         name=f"broker-{config.broker_id}",
@@ -268,6 +283,7 @@ async def serve(config: BrokerConfig) -> None:
         "pid": os.getpid(),
         "unclean_shutdown": unclean_shutdown,
         "kafka_port": kafka.port if kafka is not None else 0,
+        "replicas_max": config.replicas_max,
     }
 
     # The liveness stream to the active controller (heartbeat.py), started once registered.

@@ -186,6 +186,11 @@ PARTITIONS_PER_TOPIC_MAX = 10_000
 # Every open replica holds file handles and memory; CreateTopics and CreatePartitions refuse to go
 # past this (one 10,000-partition topic with RF 3 once exhausted every broker's file handles).
 REPLICAS_PER_BROKER_MAX = 4_000
+# The highest a broker's --replicas-max may raise that bound for a cluster that wants more
+# replicas per broker (a benchmark of 100,000 partitions on a few brokers): each replica pins three
+# files, so 3 * 50,000 + the cache stays under Linux's default per-process ceiling (fs.nr_open,
+# 1,048,576), and the broker raises its open-files limit to what it needs.
+REPLICAS_PER_BROKER_MAX_CEILING = 50_000
 DEFAULT_NUM_PARTITIONS = 3
 DEFAULT_REPLICATION_FACTOR = 3
 
@@ -338,6 +343,14 @@ CONTROLLER_EVENT_QUEUE_LENGTH_MAX = 10_000
 # Control requests waiting to be sent to one broker; a broker this far behind is stuck,
 # and its sender is replaced when it re-registers.
 CONTROLLER_SENDER_QUEUE_LENGTH_MAX = 10_000
+# A standby controller that wins the election waits at most this long for its copy of the
+# metadata (metadata_image.MetadataFollower) to catch up to the election's revision, then
+# reads etcd itself. Caught up takes milliseconds (one watch event); this bounds a standby
+# still loading or whose watch broke, where a fresh load is no slower than waiting longer.
+CONTROLLER_STANDBY_CATCH_UP_S_MAX = 10.0
+# A standby whose etcd watch failed loads the metadata again after this pause (etcd down:
+# no busy loop of full reads).
+CONTROLLER_STANDBY_RELOAD_BACKOFF_S = 0.5
 # Kafka's leader.imbalance.check.interval.seconds: how often the controller looks for
 # brokers that lead too few of their preferred partitions.
 LEADER_IMBALANCE_CHECK_INTERVAL_S = 300.0

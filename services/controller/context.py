@@ -33,6 +33,9 @@ class BrokerInfo:
     # The broker's last run did not stop cleanly and its host rebooted since: records it
     # had acknowledged but not flushed may be gone (section 7 of docs/ARCHITECTURE.md).
     unclean_shutdown: bool = False
+    # The replicas this broker said it is prepared to hold (--replicas-max; 0: not stated, so
+    # limits.REPLICAS_PER_BROKER_MAX). CreateTopics and CreatePartitions keep within it.
+    replicas_max: int = 0
 
     @property
     def address(self) -> str:
@@ -101,6 +104,75 @@ class TopicInfo:
         return self.configs.get("unclean.leader.election.enable", "false") == "true"
 
 
+def state_proto(tp: TopicPartitionKey, s: LeaderAndIsr, topic: TopicInfo) -> common_pb2.PartitionState:
+    return common_pb2.PartitionState(
+        topic=tp[0],
+        partition=tp[1],
+        leader=s.leader,
+        leader_epoch=s.leader_epoch,
+        isr=list(s.isr),
+        replicas=list(topic.assignment[tp[1]]),
+        controller_epoch=s.controller_epoch,
+        partition_epoch=s.partition_epoch,
+        adding_replicas=list(topic.adding_replicas.get(tp[1], ())),
+        removing_replicas=list(topic.removing_replicas.get(tp[1], ())),
+        topic_id=topic.topic_id,
+    )
+
+
+class StateProtos:
+    """Built PartitionState protos, each kept with what it was built from.
+
+    A controller at 100,000 partitions would otherwise build every partition's proto (7 µs
+    each in Python) for each of its failover's LeaderAndIsr, UpdateMetadata and DescribeCluster
+    answers. An entry is used only while the state is the same object (replay replaces a
+    state, never changes it) and the topic's replicas, reassignment and id are equal, so it
+    is right whatever context asks; a standby builds them ahead (metadata_image.py). Callers
+    copy the proto (a protobuf field assignment copies) and never change it. Pure: no I/O.
+    """
+
+    def __init__(self) -> None:
+        self._built: dict[
+            TopicPartitionKey,
+            tuple[
+                LeaderAndIsr,
+                tuple[int, ...],
+                tuple[int, ...],
+                tuple[int, ...],
+                str,
+                common_pb2.PartitionState,
+            ],
+        ] = {}
+
+    def get(self, tp: TopicPartitionKey, s: LeaderAndIsr, topic: TopicInfo) -> common_pb2.PartitionState:
+        replicas = topic.assignment[tp[1]]
+        adding = topic.adding_replicas.get(tp[1], ())
+        removing = topic.removing_replicas.get(tp[1], ())
+        e = self._built.get(tp)
+        if (
+            e is not None
+            and e[0] is s
+            and e[1] == replicas
+            and e[2] == adding
+            and e[3] == removing
+            and e[4] == topic.topic_id
+        ):
+            return e[5]
+        proto = state_proto(tp, s, topic)
+        self._built[tp] = (s, replicas, adding, removing, topic.topic_id, proto)
+        return proto
+
+    def forget_topic(self, topic: str) -> None:
+        for tp in [tp for tp in self._built if tp[0] == topic]:
+            del self._built[tp]
+
+    def forget(self, tp: TopicPartitionKey) -> None:
+        self._built.pop(tp, None)
+
+    def __len__(self) -> int:
+        return len(self._built)
+
+
 @dataclass
 class ControllerContext:
     controller_id: int
@@ -146,20 +218,7 @@ class ControllerContext:
 
     def partition_state_proto(self, tp: TopicPartitionKey) -> common_pb2.PartitionState:
         s = self.states.get(tp) or LeaderAndIsr(NO_LEADER, -1, (), self.epoch, 0)
-        topic = self.topics[tp[0]]
-        return common_pb2.PartitionState(
-            topic=tp[0],
-            partition=tp[1],
-            leader=s.leader,
-            leader_epoch=s.leader_epoch,
-            isr=list(s.isr),
-            replicas=list(topic.assignment[tp[1]]),
-            controller_epoch=s.controller_epoch,
-            partition_epoch=s.partition_epoch,
-            adding_replicas=list(topic.adding_replicas.get(tp[1], ())),
-            removing_replicas=list(topic.removing_replicas.get(tp[1], ())),
-            topic_id=topic.topic_id,
-        )
+        return state_proto(tp, s, self.topics[tp[0]])
 
     def with_broker_epoch(self, broker_id: int) -> int:
         b = self.live_brokers.get(broker_id)

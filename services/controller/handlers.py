@@ -96,23 +96,32 @@ def on_startup(ctx: ControllerContext) -> ControllerResult:
     """Controller failover: initialise missing states, elect offline partitions, tell everyone."""
     result = ControllerResult()
     live = {b for b in ctx.live_brokers if ctx.is_live(b)}
+    # A state written after the newest registration has no restarted broker (the common case:
+    # checked once rather than per broker for each of 100,000 partitions).
+    newest_registration = max((info.broker_epoch for info in ctx.live_brokers.values()), default=0)
+    registered = ctx.live_brokers
     for tp in ctx.partitions():
         if tp[0] in ctx.topics_to_delete:
             continue
-        if tp not in ctx.states:
+        state = ctx.states.get(tp)
+        if state is None:
             _initial_state(ctx, result, tp)
-            continue
-        # Brokers registered after this state was written restarted since (perhaps with
-        # less than they had): they count as failed and started, as in on_broker_change.
-        written_at = ctx.state_revisions.get(tp, 0)
-        restarted = {
-            b for b, info in ctx.live_brokers.items() if written_at and info.broker_epoch > written_at
-        }
-        gone = {r for r in (*ctx.replicas(tp), ctx.states[tp].leader) if r >= 0 and r not in ctx.live_brokers}
-        _fail_over(ctx, result, tp, dead=gone | restarted, restarted=restarted, live=live)
-    for tp in ctx.partitions():
-        if tp[0] not in ctx.topics_to_delete:
-            result.rpcs.add_leader_and_isr([r for r in ctx.replicas(tp) if r in live], tp)
+        else:
+            # Brokers registered after this state was written restarted since (perhaps with
+            # less than they had): they count as failed and started, as in on_broker_change.
+            written_at = ctx.state_revisions.get(tp, 0)
+            restarted = (
+                {b for b, info in registered.items() if info.broker_epoch > written_at}
+                if written_at and written_at < newest_registration
+                else set()
+            )
+            # With no restarted broker, a live leader and every ISR member registered, _fail_over
+            # changes nothing (nothing it counts dead is the leader or in the ISR): skipped, as for
+            # nearly every partition of a takeover.
+            if restarted or state.leader not in live or not all(r in registered for r in state.isr):
+                gone = {r for r in (*ctx.replicas(tp), state.leader) if r >= 0 and r not in registered}
+                _fail_over(ctx, result, tp, dead=gone | restarted, restarted=restarted, live=live)
+        result.rpcs.add_leader_and_isr([r for r in ctx.replicas(tp) if r in live], tp)
     moves = ReplicaMoves(ctx)
     resume_deletions(ctx, result, moves)
     moves.commit(result)
@@ -328,7 +337,8 @@ def on_create_topics(ctx: ControllerContext, req: common_pb2.CreateTopicsRequest
 def _check_replicas_per_broker(
     ctx: ControllerContext, added: dict[int, tuple[int, ...]], pending: Counter[int]
 ) -> Counter[int]:
-    """Refuse new replicas that would take a broker past REPLICAS_PER_BROKER_MAX.
+    """Refuse new replicas that would take a broker past the replicas it holds at most: what it
+    registered (`--replicas-max`), else REPLICAS_PER_BROKER_MAX.
 
     `pending` counts replicas granted earlier in the same request; returns it with these added.
     """
@@ -338,11 +348,13 @@ def _check_replicas_per_broker(
     )
     for broker, count in sorted(new.items()):
         total = held[broker] + pending[broker] + count
-        if total > limits.REPLICAS_PER_BROKER_MAX:
+        info = ctx.live_brokers.get(broker)
+        most = (info.replicas_max if info is not None else 0) or limits.REPLICAS_PER_BROKER_MAX
+        if total > most:
             raise InvalidPartitions(
-                f"broker {broker} would hold {total} replicas; the limit is {limits.REPLICAS_PER_BROKER_MAX} "
-                "per broker (each replica holds open files and memory): add brokers, or use fewer partitions "
-                "or a lower replication factor"
+                f"broker {broker} would hold {total} replicas; the limit is {most} per broker (each "
+                "replica holds open files and memory): add brokers, or use fewer partitions or a lower "
+                "replication factor, or start brokers prepared for more (--replicas-max)"
             )
     return pending + new
 

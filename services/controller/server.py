@@ -1,9 +1,11 @@
 """The controller process: campaigns in etcd, runs the event loop while active.
 
 Every instance serves ControllerService from the start. While standing by it
-answers NOT_CONTROLLER with the active controller's address; once it wins the
-election it loads the cluster from etcd and runs the event loop until it loses
-its lease or is fenced, then it stops acting at once and campaigns again.
+answers NOT_CONTROLLER with the active controller's address and keeps the
+cluster's metadata in memory from etcd's watch (metadata_image.MetadataFollower);
+once it wins the election it takes that copy, caught up to the election's
+revision, and runs the event loop until it loses its lease or is fenced, then it
+stops acting at once and stands by again (a fresh load, then the watch).
 
 The security admin calls (ACLs, tokens) are decided in security_admin.py and
 written here, one at a time, in a transaction fenced by the active epoch;
@@ -40,6 +42,7 @@ from services.controller import deletion, handlers, metrics, reassignment, resul
 from services.controller.context import ControllerContext
 from services.controller.event_loop import ControllerEventLoop, ControllerResigned
 from services.controller.liveness import BrokerConnections
+from services.controller.metadata_image import MetadataFollower
 from services.security.config import SecurityConfig
 
 log = logging.getLogger("highwater.controller")
@@ -389,8 +392,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
                 common_pb2.GatewayNode(gateway_id=g.gateway_id, host=g.host, port=g.port)
                 for g in ctx.live_gateways.values()
             ],
-            partitions=[ctx.partition_state_proto(tp) for tp in ctx.partitions() if tp in ctx.states],
-            topic_configs={t: _config(lp_topic.configs) for t, lp_topic in ctx.topics.items()},
+            partitions=[loop.state_proto(tp) for tp in ctx.partitions() if tp in ctx.states],
+            topic_configs={t: loop.config_proto(t) for t in ctx.topics},
         )
 
     # ---- security admin: ACLs and tokens (authorized by the interceptor's rules) ---------------
@@ -481,12 +484,6 @@ def _security_change(write: security_admin.SecurityWrite) -> SecurityChange:
     return SecurityChange("token", write.token_id, write.record)
 
 
-def _config(configs: dict[str, str]) -> common_pb2.TopicConfig:
-    from clients.common.topics import topic_config_proto
-
-    return topic_config_proto(configs)
-
-
 async def serve(config: ControllerConfig) -> None:
     config.check()
     process = await ServiceProcess.start(
@@ -513,13 +510,27 @@ async def serve(config: ControllerConfig) -> None:
 
     async def act() -> None:
         while not stopping.is_set():
-            epoch = await election.campaign()
+            # Standing by: keep the metadata in memory from etcd's watch, so that winning costs a
+            # catch-up to the election's revision instead of a read of every key.
+            follower = MetadataFollower(store)
+            try:
+                epoch = await election.campaign()
+            except BaseException:
+                await follower.stop()
+                raise
             if stopping.is_set():
                 # Won again while stopping (the standby was slower to campaign than we were to
                 # come back): hand the epoch straight back instead of loading the cluster.
+                await follower.stop()
                 await election.resign()
                 return
-            log.info("controller %d won the election at epoch %d", config.controller_id, epoch)
+            log.info(
+                "controller %d won the election at epoch %d (revision %d)",
+                config.controller_id,
+                epoch,
+                election.won_revision,
+            )
+            image = await follower.take(election.won_revision, limits.CONTROLLER_STANDBY_CATCH_UP_S_MAX)
             loop = ControllerEventLoop(
                 store=store,
                 controller_id=config.controller_id,
@@ -531,7 +542,7 @@ async def serve(config: ControllerConfig) -> None:
                 leader_imbalance_per_broker_percentage=config.leader_imbalance_per_broker_percentage,
             )
             try:
-                await loop.start()
+                await loop.start(image)
                 servicer.activate(loop, config.broker_connection_grace_ms)
                 metrics.ACTIVE_CONTROLLER_COUNT.set(1)
                 metrics.CONTROLLER_EPOCH.set(epoch)

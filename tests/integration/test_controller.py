@@ -13,6 +13,8 @@ import pytest
 from clients import Producer
 from coordinator.store import EtcdStore
 from protos.highwater.v1 import common_pb2, controller_pb2_grpc
+from services.controller.context import ControllerContext
+from services.controller.metadata_image import load_image
 from tests.integration.conftest import TEST_LEASE_TTL_S
 from tests.integration.helpers import (
     create_topic,
@@ -256,3 +258,81 @@ def test_malformed_admin_json_is_refused_and_removed_and_the_controller_keeps_wo
         timeout_s=30,
         what="the hand-written reassignment to finish",
     )
+
+
+def test_standby_that_followed_changes_takes_over_with_what_etcd_holds(make_cluster):
+    """A standby keeps the metadata from etcd's watch (metadata_image.MetadataFollower); the
+    changes made while it stood by — a topic created, one deleted, ISRs shrunk by a broker's
+    controlled shutdown — are in what it takes over, which is what a fresh read of etcd gives."""
+    c = make_cluster(brokers=3, controllers=2)
+    gw = gateway_stub(c.gateway_address)
+    assert create_topic(gw, "kept", partitions=3, replication_factor=3).error_code == 0
+    assert create_topic(gw, "doomed", partitions=2, replication_factor=2).error_code == 0
+    first = active_controller_id(c.etcd_endpoint)
+    standby = next(p for p in c.by_kind("controller") if p.name != f"controller-{first}")
+    wait_for(
+        lambda: "now following" in standby.log_path.read_text(errors="replace"),
+        timeout_s=10,
+        what="the standby to load the metadata",
+    )
+    # Changes while it stands by.
+    assert create_topic(gw, "fresh", partitions=4, replication_factor=2).error_code == 0
+    deleted = gw.DeleteTopics(common_pb2.DeleteTopicsRequest(names=["doomed"], timeout_ms=20_000), timeout=30)
+    assert deleted.topics[0].error_code == 0, deleted.topics[0].error_message
+    assert c.terminate("broker-3") == 0
+    wait_for(
+        lambda: all(
+            3 not in p.isr for p in gw.DescribeCluster(common_pb2.DescribeClusterRequest()).partitions
+        ),
+        timeout_s=10,
+        what="broker 3 to leave every ISR",
+    )
+    c.terminate(f"controller-{first}")
+    stub = controller_pb2_grpc.ControllerServiceStub(grpc.insecure_channel(standby.address))
+    taken = wait_for(
+        lambda: (
+            (r := stub.DescribeCluster(common_pb2.DescribeClusterRequest(), timeout=5)).error_code == 0 and r
+        ),
+        timeout_s=10,
+        what="the standby to take over",
+    )
+    assert "standby's metadata at revision" in standby.log_path.read_text(errors="replace")
+
+    async def read_etcd() -> ControllerContext:
+        store = await EtcdStore.connect(c.etcd_endpoint)
+        try:
+            return (await load_image(store)).context(controller_id=0, epoch=0)
+        finally:
+            await store.close()
+
+    def picture(parts: list[common_pb2.PartitionState]) -> dict[tuple[str, int], tuple[object, ...]]:
+        return {
+            (p.topic, p.partition): (
+                p.leader,
+                p.leader_epoch,
+                tuple(p.isr),
+                tuple(p.replicas),
+                p.partition_epoch,
+            )
+            for p in parts
+        }
+
+    etcd_now = asyncio.run(read_etcd())
+    assert picture(list(taken.partitions)) == picture(
+        [etcd_now.partition_state_proto(tp) for tp in etcd_now.partitions()]
+    )
+    assert {p.topic for p in taken.partitions} == {"kept", "fresh"}
+    assert all(3 not in p.isr for p in taken.partitions)
+    assert sorted(b.broker_id for b in taken.brokers) == [1, 2]
+    # The new controller acts on what it took: broker 3 comes back and rejoins the ISRs.
+    c.start_broker(3)
+    wait_for(
+        lambda: all(
+            3 in p.isr
+            for p in stub.DescribeCluster(common_pb2.DescribeClusterRequest(), timeout=5).partitions
+            if 3 in p.replicas
+        ),
+        timeout_s=30,
+        what="broker 3 to rejoin the ISRs under the new controller",
+    )
+    assert produce(gw, "fresh", 0, [b"after the takeover"]).error_code == 0

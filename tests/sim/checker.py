@@ -66,7 +66,7 @@ from clients.common.records import decode_batches
 from clients.common.types import TopicPartitionKey
 from coordinator.store import WatchEvent
 from services.broker.partition import Partition, Role
-from services.controller import event_loop
+from services.controller import metadata_image
 from services.controller.context import LeaderAndIsr, TopicInfo
 from tests.sim.clock import EventLoop, Node
 from tests.sim.sim_etcd import SimEtcd, run_sync
@@ -273,10 +273,10 @@ class Checker:
                 kind = self.keys.classify_topic_key(e.key)
                 if kind is not None and kind[0] == "partition_state":
                     tp = (kind[1], kind[2])  # type: ignore[misc]
-                    self._on_state_write(tp, event_loop.partition_state(e.value, e.version))
+                    self._on_state_write(tp, metadata_image.partition_state(e.value, e.version))
                     touched.add(tp)
                 elif kind is not None and kind[0] == "topic":
-                    topic = event_loop.topic_info(kind[1], e.value)
+                    topic = metadata_image.topic_info(kind[1], e.value)
                     self._on_topic_write(topic)
                     touched.update((kind[1], p) for p in topic.assignment)
         for tp in sorted(touched):

@@ -11,8 +11,11 @@ asyncio tasks on gRPC channels.
 What `SimController` re-implements is the asyncio around it, in the same order as
 the real code: ControllerElection._try_once (the election transaction), server.py's
 act() (start the loop, stop acting and resign when the lease is lost or the loop is
-fenced), the loop's _run error handling (ControllerFenced resigns, any other failure
-reloads from etcd), the broker watch (read the whole prefix, queue one BrokerChange),
+fenced), metadata_image.MetadataFollower (a standby loads the metadata once and
+replays the whole prefix's watch into the real MetadataImage; on winning it takes the
+image if caught up to the election's revision, else loads, as take() does), the
+loop's _run error handling (ControllerFenced resigns, any other failure reloads from
+etcd), the broker watch (read the whole prefix, queue one BrokerChange),
 and the servicer's NOT_CONTROLLER answers and admin waits (DeleteTopics' included).
 
 One deliberate difference: an InvariantViolation raised by the pure logic is not
@@ -29,13 +32,21 @@ from typing import TYPE_CHECKING, Any
 from clients.common.errors import HighwaterError, InvariantViolation
 from coordinator.election import ControllerFenced
 from coordinator.memory_store import MemoryWatch
-from coordinator.store import CoordinatorError, Get, Put, compare_missing, compare_mod_revision
+from coordinator.store import (
+    CoordinatorError,
+    Get,
+    Put,
+    WatchCompacted,
+    compare_missing,
+    compare_mod_revision,
+)
 from coordinator.values import json_bytes
 from protos.highwater.v1 import common_pb2, controller_pb2
 from services.common.limits import ADMIN_PROPAGATION_WAIT_S
-from services.controller import deletion, event_loop, handlers, reassignment, sender_rules
+from services.controller import deletion, handlers, metadata_image, reassignment, sender_rules
 from services.controller.context import ControllerContext
 from services.controller.event_loop import ControllerEventLoop
+from services.controller.metadata_image import MetadataImage, load_image
 from services.controller.results import ControllerResult
 from tests.sim.clock import EventLoop
 from tests.sim.config import SimConfig
@@ -220,6 +231,7 @@ class SimController(RpcNode):
         self.epoch: int | None = None
         self.active: SimControllerLoop | None = None
         self.broker_watch: MemoryWatch | None = None
+        self._stand_by()
         self.after(0, self._campaign)
         self.after(self.config.campaign_retry_ms, self._tick)
 
@@ -237,6 +249,7 @@ class SimController(RpcNode):
     def _tick(self) -> None:
         """The campaign's retry and the watch stream's reconnect-and-catch-up."""
         if self.active is None:
+            self._follow()
             self._campaign()
         else:
             self._drain_broker_watch()
@@ -244,9 +257,56 @@ class SimController(RpcNode):
 
     def _on_etcd_change(self) -> None:
         if self.active is None:
+            self._follow()
             self._campaign()
         else:
             self._drain_broker_watch()
+
+    # ---- standing by (metadata_image.MetadataFollower) ---------------------------------------
+
+    def _stand_by(self) -> None:
+        """Drop the metadata copy: the next _follow loads it afresh, then replays the watch."""
+        self.standby_image: MetadataImage | None = None
+        self.standby_watch: MemoryWatch | None = None
+        self._follow()
+
+    def _follow(self) -> None:
+        """MetadataFollower._run: load once (retried while etcd is unreachable), then replay every
+        change of the whole prefix; a compacted watch means a fresh load, never a gap."""
+        if not self.client.reachable():
+            return  # the stream waits; it catches up from its revision once etcd is back
+        if self.standby_image is None or self.standby_watch is None:
+            try:
+                image = run_sync(load_image(self.client))
+            except CoordinatorError:
+                return
+            self.standby_image = image
+            self.standby_watch = self.etcd.subscribe(self.etcd.keys.prefix + "/", image.revision + 1)
+        try:
+            for events in self.standby_watch.drain():
+                self.standby_image.replay(events)
+            self.standby_image.warm_protos()
+        except WatchCompacted:
+            self.trace("standby: watch compacted; loading the metadata again")
+            self.standby_image = self.standby_watch = None
+            self._follow()
+
+    def _take_standby_image(self, won_revision: int) -> MetadataImage | None:
+        """MetadataFollower.take: the copy once caught up to the election's revision, else None."""
+        self._follow()
+        image, self.standby_image, self.standby_watch = self.standby_image, None, None
+        if image is None or image.revision < won_revision:
+            self.trace("standby's metadata not caught up to revision %d: loading it", won_revision)
+            return None
+        # The simulation's own check (the real follower trusts its replay): what the standby
+        # replayed is what a fresh read of etcd gives now, as it has drained every change.
+        loaded = run_sync(load_image(self.client))
+        if image.context(self.controller_id, 0) != loaded.context(self.controller_id, 0):
+            raise InvariantViolation(
+                f"{self.name}: the standby's replayed metadata at revision {image.revision} differs from "
+                f"a fresh load at revision {loaded.revision}"
+            )
+        return image
 
     # ---- election (ControllerElection._try_once) -------------------------------------------
 
@@ -292,14 +352,15 @@ class SimController(RpcNode):
         self.lease = lease
         self.epoch = new_epoch
         self.trace("elected controller, epoch %d", new_epoch)
-        self._become_active(new_epoch)
+        self._become_active(new_epoch, self._take_standby_image(result.revision))
 
-    def _become_active(self, epoch: int) -> None:
-        """server.py act() and ControllerEventLoop.start(): cluster id, load, on_startup, watches, ticks."""
+    def _become_active(self, epoch: int, image: MetadataImage | None) -> None:
+        """server.py act() and ControllerEventLoop.start(): cluster id, the standby's metadata (or a
+        load), on_startup, watches, ticks."""
         loop = SimControllerLoop(self, self.client, self.controller_id, epoch)
         try:
             loop.cluster_id = run_sync(loop._cluster_id())
-            revision = run_sync(loop.load())
+            revision = run_sync(loop.take_metadata(image))
             run_sync(loop.apply(handlers.on_startup(loop.ctx)))
             run_sync(loop._admin_requests_at_start())
         except InvariantViolation:
@@ -339,6 +400,7 @@ class SimController(RpcNode):
         if loop is not None:
             loop.stop_senders()
         self._resign()
+        self._stand_by()
         self.after(0, self._campaign)
 
     def _resign(self) -> None:
@@ -402,7 +464,7 @@ class SimController(RpcNode):
             return
         registered = {}
         for kv in kvs:
-            info = event_loop.broker_info(kv.value, kv.create_revision)
+            info = metadata_image.broker_info(kv.value, kv.create_revision)
             registered[info.broker_id] = info
         loop = self.active
         bounced = sorted(

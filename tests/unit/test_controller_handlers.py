@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from protos.highwater.v1 import common_pb2, controller_pb2
+from services.common import limits
 from services.controller import admin_requests, deletion, handlers, reassignment, results
 from services.controller.assignment import assign_replicas, rack_alternating_order
 from services.controller.context import BrokerInfo, ControllerContext, LeaderAndIsr, TopicInfo
@@ -537,3 +540,50 @@ def test_topics_that_would_take_a_broker_past_its_replica_limit_are_refused(monk
     )
     assert grow.response.topics[0].error_code == common_pb2.INVALID_PARTITIONS
     assert grow.writes == []
+
+
+def test_a_broker_registered_for_more_replicas_is_given_more_and_no_more():
+    ctx = context([1, 2])
+    ctx.live_brokers[1] = dataclasses.replace(
+        ctx.live_brokers[1], replicas_max=limits.REPLICAS_PER_BROKER_MAX + 2
+    )
+    over_default = limits.REPLICAS_PER_BROKER_MAX + 1
+    on_1 = handlers.on_create_topics(
+        ctx,
+        common_pb2.CreateTopicsRequest(
+            topics=[
+                common_pb2.CreatableTopic(
+                    name="big",
+                    num_partitions=-1,
+                    replication_factor=-1,
+                    assignments={p: common_pb2.ReplicaList(replicas=[1]) for p in range(over_default)},
+                )
+            ]
+        ),
+    )
+    assert on_1.response.topics[0].error_code == common_pb2.NONE
+    commit(ctx, on_1)
+    on_2 = handlers.on_create_topics(
+        ctx,
+        common_pb2.CreateTopicsRequest(
+            topics=[
+                common_pb2.CreatableTopic(
+                    name="default-bound",
+                    num_partitions=-1,
+                    replication_factor=-1,
+                    assignments={p: common_pb2.ReplicaList(replicas=[2]) for p in range(over_default)},
+                ),
+                common_pb2.CreatableTopic(
+                    name="past-its-own",
+                    num_partitions=-1,
+                    replication_factor=-1,
+                    assignments={p: common_pb2.ReplicaList(replicas=[1]) for p in range(2)},
+                ),
+            ]
+        ),
+    )
+    default_bound, past_its_own = on_2.response.topics
+    assert default_bound.error_code == common_pb2.INVALID_PARTITIONS
+    assert f"the limit is {limits.REPLICAS_PER_BROKER_MAX} per broker" in default_bound.error_message
+    assert past_its_own.error_code == common_pb2.INVALID_PARTITIONS
+    assert f"the limit is {limits.REPLICAS_PER_BROKER_MAX + 2} per broker" in past_its_own.error_message

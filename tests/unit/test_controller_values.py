@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from coordinator import values
-from services.controller import event_loop
+from services.controller import event_loop, metadata_image
 from services.controller.context import BrokerInfo, LeaderAndIsr, TopicInfo
 from tests.unit.test_pure_imports import ROOT, _io_in, _reached
 
@@ -62,12 +62,17 @@ BROKERS = [
         values.encode_registration({"broker_id": 3, "host": "x", "port": 1, "unclean_shutdown": "yes"}),
         BrokerInfo(3, "x", 1, "", 0, 44, False),
     ),
+    # A broker started with --replicas-max says so; one that does not gets the default (0).
+    (
+        values.encode_registration({"broker_id": 4, "host": "x", "port": 1, "replicas_max": 40000}),
+        BrokerInfo(4, "x", 1, "", 0, 44, False, 40000),
+    ),
 ]
 
 
 @pytest.mark.parametrize(("raw", "expected"), BROKERS)
 def test_broker_registration_reads(raw: bytes, expected: BrokerInfo) -> None:
-    assert event_loop.broker_info(raw, 44) == expected
+    assert metadata_image.broker_info(raw, 44) == expected
 
 
 @pytest.mark.parametrize(
@@ -84,7 +89,7 @@ def test_broker_registration_reads(raw: bytes, expected: BrokerInfo) -> None:
     ],
 )
 def test_partition_state_reads(raw: bytes, expected: LeaderAndIsr) -> None:
-    assert event_loop.partition_state(raw, 5) == expected
+    assert metadata_image.partition_state(raw, 5) == expected
 
 
 @pytest.mark.parametrize(
@@ -101,7 +106,7 @@ def test_partition_state_reads(raw: bytes, expected: LeaderAndIsr) -> None:
     ],
 )
 def test_topic_assignment_reads(raw: bytes, expected: TopicInfo) -> None:
-    assert event_loop.topic_info("t", raw) == expected
+    assert metadata_image.topic_info("t", raw) == expected
 
 
 def test_admin_request_decoders_read_kafka_json():
