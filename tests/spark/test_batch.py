@@ -13,6 +13,8 @@ import pytest
 from pyspark.sql import functions as F
 
 from tests.integration.conftest import TestCluster
+from tests.integration.helpers import gateway_stub
+from tests.integration.helpers import produce as produce_one_batch
 from tests.spark.helpers import consume_all, create_topic, produce, read_options
 
 pytestmark = pytest.mark.integration
@@ -204,8 +206,13 @@ def test_local_reads_take_the_leaders_files_here_and_bytes_from_another_host(
 
     bootstrap = cluster.gateway_address
     create_topic(bootstrap, "read-local", 1)
-    for first in range(0, 3000, 100):  # 30 batches: a 4 KiB Fetch takes a few of them
-        produce(bootstrap, "read-local", [(0, None, b"x%d" % i, []) for i in range(first, first + 100)])
+    # 30 batches of 100 records (a 4 KiB Fetch takes a few of them), each written as one encoded
+    # batch: the Producer, with linger 0, may split a run of sends in two on a loaded machine
+    # (CI once stored 31 batches, 61 bytes more than the size asserted below).
+    gw = gateway_stub(bootstrap)
+    for first in range(0, 3000, 100):
+        result = produce_one_batch(gw, "read-local", 0, [b"x%d" % i for i in range(first, first + 100)])
+        assert result.error_code == 0, result
     options = parse_read_options(
         read_options(bootstrap, subscribe="read-local", **{"highwater.fetch.max.bytes": 4096}),
         streaming=False,
