@@ -108,6 +108,23 @@ async def current_controller(store: MetadataStore) -> dict[str, Any] | None:
     return values.decode_controller(kv.value)
 
 
+async def revoke_controller_term(store: MetadataStore, epoch: int) -> bool:
+    """Revoke the lease holding `/controller` if it still names controller epoch `epoch`.
+
+    A standby's fast path for an active controller whose connections reset and did not come
+    back (services/controller/standby_watch.py): `/controller` goes at once and the election
+    runs, instead of a lease TTL later. Reading the key and then revoking the lease it names
+    cannot depose a later controller: a later epoch holds a lease of its own. A controller that
+    was in fact alive is fenced by its epoch, as when its lease expires. Returns whether a lease
+    was revoked (False: the key is gone, or names another epoch).
+    """
+    kv = await store.get(store.keys.controller)
+    if kv is None or not kv.lease or values.decode_controller(kv.value).get("epoch") != epoch:
+        return False
+    await store.revoke_lease(kv.lease)
+    return True
+
+
 class ControllerElection:
     """One candidate's campaign for the controller role.
 

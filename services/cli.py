@@ -223,6 +223,16 @@ def broker_command(
     "instead of when its lease expires; must be under --lease-ttl-s. A network blip longer than "
     "this costs a leader move, never data.",
 )
+@click.option(
+    "--controller-connection-grace-ms",
+    type=click.IntRange(limits.BROKER_CONNECTION_GRACE_MS_MIN, limits.BROKER_CONNECTION_GRACE_MS_MAX),
+    default=limits.CONTROLLER_CONNECTION_GRACE_MS,
+    show_default=True,
+    help="While standing by: when the active controller's connections reset (its process died) and "
+    "it accepts none for this long, revoke its lease and run the election at once instead of when "
+    "its lease expires; must be under --lease-ttl-s. A network blip longer than this costs a "
+    "controller move, never data.",
+)
 @_common
 @security_options
 def controller_command(
@@ -232,6 +242,7 @@ def controller_command(
     leader_imbalance_check_interval_s: float,
     leader_imbalance_per_broker_percentage: int,
     broker_connection_grace_ms: int,
+    controller_connection_grace_ms: int,
     common: CommonOptions,
     security: Any,
 ) -> None:
@@ -248,6 +259,7 @@ def controller_command(
         leader_imbalance_check_interval_s=leader_imbalance_check_interval_s,
         leader_imbalance_per_broker_percentage=leader_imbalance_per_broker_percentage,
         broker_connection_grace_ms=broker_connection_grace_ms,
+        controller_connection_grace_ms=controller_connection_grace_ms,
         security=security.for_service(f"controller-{controller_id}"),
         **common.config_fields(),
     )

@@ -139,6 +139,18 @@ BROKER_HEARTBEAT_CONTROLLER_CHECK_MS = 1_000
 # How long the broker waits for the controller's first answer on a new stream.
 BROKER_HEARTBEAT_ACCEPT_TIMEOUT_MS = 2_000
 
+# --- controller liveness stream (StandbyHeartbeat; services/controller/standby_watch.py) ---
+# A standby whose stream to the active controller broke, and which cannot open another while etcd
+# still names the same controller epoch, revokes that epoch's lease after this long: a crashed
+# controller costs this instead of a lease TTL. Same range and reasoning as the brokers' grace.
+CONTROLLER_CONNECTION_GRACE_MS = 300
+# While the link is broken the standby tries again this often (each attempt a fresh channel: a
+# channel's own reconnect back-off would outlast the grace period).
+STANDBY_HEARTBEAT_RETRY_MS = 50
+# A named controller that answers but is not (yet) acting, or no controller at all: looked up
+# again after this pause.
+STANDBY_HEARTBEAT_IDLE_MS = 200
+
 # --- replication -----------------------------------------------------------
 # Kafka's replica.lag.time.max.ms: a follower not caught up for this long
 # leaves the ISR.
@@ -314,21 +326,25 @@ def check_relations(
     )
 
 
-def check_broker_connection_grace(*, grace_ms: int, lease_ttl_s: int) -> None:
-    """--broker-connection-grace-ms in its range and under the lease TTL, checked at start-up."""
+def check_connection_grace(*, grace_ms: int, lease_ttl_s: int, of: str = "broker") -> None:
+    """--broker-connection-grace-ms (or the controllers', of="controller") in its range and under
+    the lease TTL, checked at start-up."""
     check(
         BROKER_CONNECTION_GRACE_MS_MIN <= grace_ms <= BROKER_CONNECTION_GRACE_MS_MAX,
-        "broker connection grace %s ms is outside [%s, %s] ms",
+        "%s connection grace %s ms is outside [%s, %s] ms",
+        of,
         grace_ms,
         BROKER_CONNECTION_GRACE_MS_MIN,
         BROKER_CONNECTION_GRACE_MS_MAX,
     )
     check(
         grace_ms < lease_ttl_s * 1000,
-        "broker connection grace %s ms must be under the lease TTL %s s, or the lease would always "
-        "notice a dead broker first",
+        "%s connection grace %s ms must be under the lease TTL %s s, or the lease would always "
+        "notice a dead %s first",
+        of,
         grace_ms,
         lease_ttl_s,
+        of,
     )
 
 

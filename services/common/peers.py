@@ -46,6 +46,20 @@ class PeerChannels:
     def gateway(self, address: str) -> gateway_pb2_grpc.GatewayServiceStub:
         return self._stub("gateway", address, gateway_pb2_grpc.GatewayServiceStub)
 
+    def serialized(self, address: str, method: str, response_type: Any) -> Any:
+        """A unary call on address's channel taking its request already encoded (bytes).
+
+        method: the full gRPC name ("/highwater.v1.BrokerService/UpdateMetadata"); the answer is
+        parsed into response_type as a stub's would be.
+        """
+        return self._stub(
+            method,
+            address,
+            lambda ch: ch.unary_unary(
+                method, request_serializer=None, response_deserializer=response_type.FromString
+            ),
+        )
+
     async def drop(self, address: str) -> None:
         ch = self._channels.pop(address, None)
         self._stubs = {k: v for k, v in self._stubs.items() if k[1] != address}

@@ -18,6 +18,7 @@ from clients.common.errors import check
 from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import common_pb2
 from services.common import limits
+from services.controller.wire import length_prefixed
 
 NO_LEADER = -1
 
@@ -121,14 +122,15 @@ def state_proto(tp: TopicPartitionKey, s: LeaderAndIsr, topic: TopicInfo) -> com
 
 
 class StateProtos:
-    """Built PartitionState protos, each kept with what it was built from.
+    """Built PartitionState protos and their encodings, each kept with what it was built from.
 
     A controller at 100,000 partitions would otherwise build every partition's proto (7 µs
     each in Python) for each of its failover's LeaderAndIsr, UpdateMetadata and DescribeCluster
     answers. An entry is used only while the state is the same object (replay replaces a
     state, never changes it) and the topic's replicas, reassignment and id are equal, so it
     is right whatever context asks; a standby builds them ahead (metadata_image.py). Callers
-    copy the proto (a protobuf field assignment copies) and never change it. Pure: no I/O.
+    copy the proto (a protobuf field assignment copies) and never change it; the large
+    requests are assembled from the encodings instead (wire.py). Pure: no I/O.
     """
 
     def __init__(self) -> None:
@@ -141,10 +143,22 @@ class StateProtos:
                 tuple[int, ...],
                 str,
                 common_pb2.PartitionState,
+                bytes,
             ],
         ] = {}
 
     def get(self, tp: TopicPartitionKey, s: LeaderAndIsr, topic: TopicInfo) -> common_pb2.PartitionState:
+        return self._entry(tp, s, topic)[5]
+
+    def wire(self, tp: TopicPartitionKey, s: LeaderAndIsr, topic: TopicInfo) -> bytes:
+        """The state's encoding, length-prefixed (wire.length_prefixed), as a repeated field holds it."""
+        return self._entry(tp, s, topic)[6]
+
+    def _entry(
+        self, tp: TopicPartitionKey, s: LeaderAndIsr, topic: TopicInfo
+    ) -> tuple[
+        LeaderAndIsr, tuple[int, ...], tuple[int, ...], tuple[int, ...], str, common_pb2.PartitionState, bytes
+    ]:
         replicas = topic.assignment[tp[1]]
         adding = topic.adding_replicas.get(tp[1], ())
         removing = topic.removing_replicas.get(tp[1], ())
@@ -157,10 +171,11 @@ class StateProtos:
             and e[3] == removing
             and e[4] == topic.topic_id
         ):
-            return e[5]
+            return e
         proto = state_proto(tp, s, topic)
-        self._built[tp] = (s, replicas, adding, removing, topic.topic_id, proto)
-        return proto
+        e = (s, replicas, adding, removing, topic.topic_id, proto, length_prefixed(proto.SerializeToString()))
+        self._built[tp] = e
+        return e
 
     def forget_topic(self, topic: str) -> None:
         for tp in [tp for tp in self._built if tp[0] == topic]:

@@ -695,6 +695,7 @@ RULES: dict[str, Rule] = {
     # A streaming call: the interceptor admits it before any request is read, so the caller must be
     # a broker but which one is not compared with the broker id the stream names.
     _CONTROLLER + "BrokerHeartbeat": _from(("broker",), "BrokerHeartbeat"),
+    _CONTROLLER + "StandbyHeartbeat": _from(("controller",), "StandbyHeartbeat"),
     **{_CONTROLLER + name: rule for name, rule in _ADMIN.items()},
     _GATEWAY + "Produce": produce,
     _GATEWAY + "Fetch": fetch,

@@ -145,6 +145,13 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
             timeout_s=10,
             what="alice's ACLs to reach the gateway",
         )
+        # Every partition answers ListOffsets (-1 while a new partition's leader is not yet known),
+        # so the tests' before/after comparisons see only what their own calls wrote.
+        wait_for(
+            lambda: all(offset >= 0 for offset in end_offsets(c).values()),
+            timeout_s=30,
+            what="every sec- partition to answer ListOffsets",
+        )
         yield c
     finally:
         c.stop()

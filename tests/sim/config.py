@@ -125,7 +125,7 @@ class SimConfig:
             replica_fetch_wait_max_ms=self.replica_fetch_wait_max_ms,
         )
         if self.broker_connection_grace_ms:
-            limits.check_broker_connection_grace(
+            limits.check_connection_grace(
                 grace_ms=self.broker_connection_grace_ms, lease_ttl_s=self.lease_ttl_s
             )
         if self.min_insync_replicas > self.replication_factor:

@@ -43,7 +43,7 @@ from coordinator.store import (
 from coordinator.values import json_bytes
 from protos.highwater.v1 import common_pb2, controller_pb2
 from services.common.limits import ADMIN_PROPAGATION_WAIT_S
-from services.controller import deletion, handlers, metadata_image, reassignment, sender_rules
+from services.controller import deletion, handlers, metadata_image, reassignment, sender_rules, wire
 from services.controller.context import ControllerContext
 from services.controller.event_loop import ControllerEventLoop
 from services.controller.metadata_image import MetadataImage, load_image
@@ -125,6 +125,9 @@ class SimSender:
         self.stopped = False
 
     def send(self, rpc: str, request: Any) -> SimFuture:
+        if isinstance(request, wire.Serialized):
+            # Sent in wire form, as gRPC would carry it: the simulated broker gets what it would parse.
+            request = request.parse()
         fut = SimFuture()
         self.queue.append((rpc, request, fut))
         if not self.busy:

@@ -97,6 +97,24 @@ class BrokerHeartbeatResponse(_message.Message):
     active_controller: _common_pb2.NotControllerInfo
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., controller_epoch: _Optional[int] = ..., active_controller: _Optional[_Union[_common_pb2.NotControllerInfo, _Mapping]] = ...) -> None: ...
 
+class StandbyHeartbeatRequest(_message.Message):
+    __slots__ = ("controller_id",)
+    CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
+    controller_id: int
+    def __init__(self, controller_id: _Optional[int] = ...) -> None: ...
+
+class StandbyHeartbeatResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "controller_epoch", "active_controller")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_CONTROLLER_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    controller_epoch: int
+    active_controller: _common_pb2.NotControllerInfo
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., controller_epoch: _Optional[int] = ..., active_controller: _Optional[_Union[_common_pb2.NotControllerInfo, _Mapping]] = ...) -> None: ...
+
 class AclBinding(_message.Message):
     __slots__ = ("principal", "permission", "operation", "resource_type", "resource_name", "pattern_type", "host")
     PRINCIPAL_FIELD_NUMBER: _ClassVar[int]

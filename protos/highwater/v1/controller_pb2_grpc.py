@@ -120,6 +120,11 @@ class ControllerServiceStub:
                 request_serializer=highwater_dot_v1_dot_controller__pb2.BrokerHeartbeatRequest.SerializeToString,
                 response_deserializer=highwater_dot_v1_dot_controller__pb2.BrokerHeartbeatResponse.FromString,
                 _registered_method=True)
+        self.StandbyHeartbeat = channel.stream_stream(
+                '/highwater.v1.ControllerService/StandbyHeartbeat',
+                request_serializer=highwater_dot_v1_dot_controller__pb2.StandbyHeartbeatRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_controller__pb2.StandbyHeartbeatResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -227,6 +232,12 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StandbyHeartbeat(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -314,6 +325,11 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.BrokerHeartbeat,
                     request_deserializer=highwater_dot_v1_dot_controller__pb2.BrokerHeartbeatRequest.FromString,
                     response_serializer=highwater_dot_v1_dot_controller__pb2.BrokerHeartbeatResponse.SerializeToString,
+            ),
+            'StandbyHeartbeat': grpc.stream_stream_rpc_method_handler(
+                    servicer.StandbyHeartbeat,
+                    request_deserializer=highwater_dot_v1_dot_controller__pb2.StandbyHeartbeatRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_controller__pb2.StandbyHeartbeatResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -775,6 +791,33 @@ class ControllerService:
             '/highwater.v1.ControllerService/BrokerHeartbeat',
             highwater_dot_v1_dot_controller__pb2.BrokerHeartbeatRequest.SerializeToString,
             highwater_dot_v1_dot_controller__pb2.BrokerHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StandbyHeartbeat(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/highwater.v1.ControllerService/StandbyHeartbeat',
+            highwater_dot_v1_dot_controller__pb2.StandbyHeartbeatRequest.SerializeToString,
+            highwater_dot_v1_dot_controller__pb2.StandbyHeartbeatResponse.FromString,
             options,
             channel_credentials,
             insecure,
