@@ -28,13 +28,15 @@ class MetadataCache:
         self.brokers = {b.broker_id: b for b in req.live_brokers}
         self.gateways = {g.gateway_id: g for g in req.live_gateways}
         if req.full:
-            self.partitions = {}
+            # One comprehension: a new controller's full update holds every partition (100,000).
+            self.partitions = {(state.topic, state.partition): state for state in req.partitions}
             self.topic_configs = {}
             self.topic_ids = {}
-        for topic in req.deleted_topics:
-            self._drop_topic(topic)
-        for state in req.partitions:
-            self.partitions[(state.topic, state.partition)] = state
+        else:
+            for topic in req.deleted_topics:
+                self._drop_topic(topic)
+            for state in req.partitions:
+                self.partitions[(state.topic, state.partition)] = state
         self.topic_configs.update(req.topic_configs)
         self.topic_ids.update(req.topic_ids)
 
