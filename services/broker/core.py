@@ -452,6 +452,22 @@ class BrokerCore:
                     topic=s.topic, partition=s.partition, error_code=code, error_message=message
                 )
             )
+        # One line for every partition refused as not newer: a new controller repeats its whole
+        # failover state to every broker (100,000 partitions at a takeover), and a line each cost
+        # the brokers more CPU than applying the request.
+        fenced = [r for r in results if r.error_code == common_pb2.FENCED_LEADER_EPOCH]
+        if fenced:
+            self.log.info(
+                "LeaderAndIsr from controller epoch %d: %d of %d partitions at a leader epoch not newer "
+                "than this broker's (a new controller repeating what it has, or a late request); "
+                "refused, for example %s-%d: %s",
+                req.header.controller_epoch,
+                len(fenced),
+                len(results),
+                fenced[0].topic,
+                fenced[0].partition,
+                fenced[0].error_message,
+            )
         return broker_pb2.LeaderAndIsrResponse(partitions=results)
 
     def _leader_and_isr_partition(
@@ -482,6 +498,8 @@ class BrokerCore:
                     self._make_follower(p, state)
                 self.notify(tp)
         except HighwaterError as exc:
+            if exc.code == common_pb2.FENCED_LEADER_EPOCH:
+                return exc.code, exc.message  # counted in one line per request (leader_and_isr)
             # Logged: a replica the controller thinks is fine but this broker refused (a topic config
             # its log cannot take, a storage error) must not fail every produce in silence.
             self.log.warning(
