@@ -11,6 +11,7 @@ partition_state): this pure module imports nothing from coordinator/.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +122,13 @@ def state_proto(tp: TopicPartitionKey, s: LeaderAndIsr, topic: TopicInfo) -> com
     )
 
 
+# What StateProtos keeps per partition: the state and the topic's replicas, adding and removing
+# replicas and id it was built from, then the proto and its length-prefixed encoding.
+_Built = tuple[
+    "LeaderAndIsr", tuple[int, ...], tuple[int, ...], tuple[int, ...], str, common_pb2.PartitionState, bytes
+]
+
+
 class StateProtos:
     """Built PartitionState protos and their encodings, each kept with what it was built from.
 
@@ -134,18 +142,7 @@ class StateProtos:
     """
 
     def __init__(self) -> None:
-        self._built: dict[
-            TopicPartitionKey,
-            tuple[
-                LeaderAndIsr,
-                tuple[int, ...],
-                tuple[int, ...],
-                tuple[int, ...],
-                str,
-                common_pb2.PartitionState,
-                bytes,
-            ],
-        ] = {}
+        self._built: dict[TopicPartitionKey, _Built] = {}
 
     def get(self, tp: TopicPartitionKey, s: LeaderAndIsr, topic: TopicInfo) -> common_pb2.PartitionState:
         return self._entry(tp, s, topic)[5]
@@ -154,26 +151,62 @@ class StateProtos:
         """The state's encoding, length-prefixed (wire.length_prefixed), as a repeated field holds it."""
         return self._entry(tp, s, topic)[6]
 
-    def _entry(
-        self, tp: TopicPartitionKey, s: LeaderAndIsr, topic: TopicInfo
-    ) -> tuple[
-        LeaderAndIsr, tuple[int, ...], tuple[int, ...], tuple[int, ...], str, common_pb2.PartitionState, bytes
-    ]:
-        replicas = topic.assignment[tp[1]]
-        adding = topic.adding_replicas.get(tp[1], ())
-        removing = topic.removing_replicas.get(tp[1], ())
+    def wires(
+        self,
+        tps: Iterable[TopicPartitionKey],
+        states: dict[TopicPartitionKey, LeaderAndIsr],
+        topics: dict[str, TopicInfo],
+    ) -> list[bytes]:
+        """wire() of each of tps that has a state, in order: the bulk path of the takeover's large
+        messages (0.6 µs a partition here against 1.7 through wire(), at 100,000 partitions)."""
+        built = self._built
+        out = []
+        name = ""
+        topic: TopicInfo | None = None
+        for tp in tps:
+            s = states.get(tp)
+            if s is None:
+                continue
+            if topic is None or tp[0] != name:
+                name, topic = tp[0], topics[tp[0]]
+            p = tp[1]
+            e = built.get(tp)
+            if (
+                e is None
+                or e[0] is not s
+                or e[1] != topic.assignment[p]
+                or e[2] != topic.adding_replicas.get(p, ())
+                or e[3] != topic.removing_replicas.get(p, ())
+                or e[4] != topic.topic_id
+            ):
+                e = self._build(tp, s, topic)
+            out.append(e[6])
+        return out
+
+    def _entry(self, tp: TopicPartitionKey, s: LeaderAndIsr, topic: TopicInfo) -> _Built:
         e = self._built.get(tp)
         if (
             e is not None
             and e[0] is s
-            and e[1] == replicas
-            and e[2] == adding
-            and e[3] == removing
+            and e[1] == topic.assignment[tp[1]]
+            and e[2] == topic.adding_replicas.get(tp[1], ())
+            and e[3] == topic.removing_replicas.get(tp[1], ())
             and e[4] == topic.topic_id
         ):
             return e
+        return self._build(tp, s, topic)
+
+    def _build(self, tp: TopicPartitionKey, s: LeaderAndIsr, topic: TopicInfo) -> _Built:
         proto = state_proto(tp, s, topic)
-        e = (s, replicas, adding, removing, topic.topic_id, proto, length_prefixed(proto.SerializeToString()))
+        e = (
+            s,
+            topic.assignment[tp[1]],
+            topic.adding_replicas.get(tp[1], ()),
+            topic.removing_replicas.get(tp[1], ()),
+            topic.topic_id,
+            proto,
+            length_prefixed(proto.SerializeToString()),
+        )
         self._built[tp] = e
         return e
 
@@ -209,7 +242,9 @@ class ControllerContext:
         return self.topics[tp[0]].assignment[tp[1]]
 
     def partitions(self) -> list[TopicPartitionKey]:
-        return sorted((t.name, p) for t in self.topics.values() for p in t.assignment)
+        """Every partition, sorted (topic by topic: a sort of 100,000 pairs costs twice as much)."""
+        topics = self.topics
+        return [(name, p) for name in sorted(topics) for p in sorted(topics[name].assignment)]
 
     def partitions_of(self, topic: str) -> list[TopicPartitionKey]:
         return sorted((topic, p) for p in self.topics[topic].assignment)

@@ -677,17 +677,19 @@ class ControllerEventLoop:
                 continue
             parts = []
             leaders: dict[int, common_pb2.BrokerNode] = {}
-            for tp in sorted(tps):
-                if tp[0] not in self.ctx.topics:
-                    continue
+            named = [tp for tp in sorted(tps) if tp[0] in self.ctx.topics]
+            states = self.ctx.states
+            # The encodings of those with a state in bulk, in order; one without is encoded alone.
+            encoded = iter(self.state_protos.wires(named, states, self.ctx.topics))
+            for tp in named:
                 parts.append(
                     wire.leader_and_isr_partition(
-                        self.state_wire(tp),
+                        next(encoded) if tp in states else self.state_wire(tp),
                         self.config_wire(tp[0]),
                         is_new=(broker_id, tp) in rpcs.new_replicas,
                     )
                 )
-                leader_id = self.ctx.states[tp].leader if tp in self.ctx.states else NO_LEADER
+                leader_id = states[tp].leader if tp in states else NO_LEADER
                 if leader_id not in leaders and (leader := self.ctx.live_brokers.get(leader_id)):
                     leaders[leader.broker_id] = leader.to_proto()
             if parts:
@@ -776,8 +778,9 @@ class ControllerEventLoop:
             topic_configs={t: self.config_proto(t) for t in topics},
             topic_ids={t: self.ctx.topics[t].topic_id for t in topics},
         )
-        states = [self.state_wire(tp) for tp in chosen if tp in self.ctx.states]
-        return wire.update_metadata_body(rest, states)
+        return wire.update_metadata_body(
+            rest, self.state_protos.wires(chosen, self.ctx.states, self.ctx.topics)
+        )
 
     # ---- producer ids ---------------------------------------------------------------------------
 
