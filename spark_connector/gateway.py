@@ -7,6 +7,15 @@ shaped for; raw Fetch / Produce / ListOffsets / Metadata (the protos are the con
 cost one RPC per call and nothing else. Nothing here is pickled: readers and writers
 create a `GatewayClient` inside read() / write() and close it there.
 
+The gRPC channels themselves outlive the clients: one process keeps one channel per
+address and credentials (`_SharedChannels`), and closing a client leaves them open.
+Spark reuses its Python workers (spark.python.worker.reuse) for the tasks and the
+planning of many queries, and a fresh channel cost each of them a TCP (or TLS) connect
+and, at close, up to 200 ms of waiting: grpc's channel_ready_future leaves a thread
+polling the channel's state in 200 ms steps, and Channel.close() waits for that poll to
+end. The driver's planning closed its client after ~20 ms of calls, so every batch query
+paid ~190 ms of wall time before its first task (bench/RESULTS.md, "Spark connector").
+
 Failover is as in clients/connection.py: the bootstrap addresses are tried in turn
 until one connects, within the connect timeout; after that, a call that ends
 UNAVAILABLE moves on to the next gateway. `HighwaterSparkError` messages name the
@@ -36,7 +45,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, cast
 
@@ -90,8 +101,53 @@ def not_authorized(topic: str, operation: str, detail: str = "") -> HighwaterSpa
     )
 
 
+# What a channel is made of: its address and the credentials on it (TLS material, token).
+_ChannelKey = tuple[str, bytes | None, bytes | None, bytes | None, str | None]
+
+
+class _SharedChannels:
+    """The process's gRPC channels, one per address and credentials, shared by its clients.
+
+    Channels are thread-safe and reconnect by themselves, so a client may use one another
+    client made; only an address that never connected is dropped (and closed). Bounded by
+    limits.SHARED_CHANNELS_MAX: the least recently used channel beyond it is closed.
+    """
+
+    def __init__(self, max_channels: int) -> None:
+        self._max_channels = max_channels
+        self._lock = threading.Lock()
+        self._channels: OrderedDict[_ChannelKey, grpc.Channel] = OrderedDict()
+
+    def get(self, key: _ChannelKey, make: Callable[[], grpc.Channel]) -> grpc.Channel:
+        evicted: list[grpc.Channel] = []
+        with self._lock:
+            channel = self._channels.get(key)
+            if channel is None:
+                channel = self._channels[key] = make()
+                while len(self._channels) > self._max_channels:
+                    evicted.append(self._channels.popitem(last=False)[1])
+            else:
+                self._channels.move_to_end(key)
+        for old in evicted:  # outside the lock: a close may wait for grpc's state poll
+            old.close()
+        return channel
+
+    def discard(self, key: _ChannelKey, channel: grpc.Channel) -> None:
+        """Drop and close `channel` (it never connected), unless another has replaced it."""
+        with self._lock:
+            if self._channels.get(key) is channel:
+                del self._channels[key]
+        channel.close()
+
+
+_SHARED_CHANNELS = _SharedChannels(limits.SHARED_CHANNELS_MAX)
+
+
 class GatewayClient:
-    """Blocking calls to the gateways of `bootstrap`; one per task or per driver-side reader."""
+    """Blocking calls to the gateways of `bootstrap`; one per task or per driver-side reader.
+
+    Its channels come from, and stay in, the process's `_SharedChannels`.
+    """
 
     def __init__(self, bootstrap: str, settings: ClientSettings) -> None:
         self.addresses = list(dict.fromkeys(a.strip() for a in bootstrap.split(",") if a.strip()))
@@ -115,8 +171,7 @@ class GatewayClient:
         )
 
     def close(self) -> None:
-        for channel in (*self._channels.values(), *self._leader_channels.values()):
-            channel.close()
+        """Forget this client's state; its channels stay open for the next client (_SharedChannels)."""
         self._channels.clear()
         self._stubs.clear()
         self._connected.clear()
@@ -143,8 +198,9 @@ class GatewayClient:
             if address in self._connected:
                 return address, self._stubs[address]
             remaining = deadline - time.monotonic()
+            ready = grpc.channel_ready_future(self._channels[address])
             try:
-                grpc.channel_ready_future(self._channels[address]).result(
+                ready.result(
                     timeout=max(
                         min(remaining, self.settings.connect_timeout_ms / 1000 / len(self.addresses)), 0.05
                     )
@@ -152,6 +208,8 @@ class GatewayClient:
                 self._connected.add(address)
                 return address, self._stubs[address]
             except grpc.FutureTimeoutError:
+                # The channel stays (shared): stop watching it, or grpc polls its state for good.
+                ready.cancel()
                 failures[address] = "no connection"
             self._current = (self._current + 1) % len(self.addresses)
             if time.monotonic() >= deadline:
@@ -168,7 +226,15 @@ class GatewayClient:
                     f"{self.settings.connect_timeout_ms} ms (highwater.connect.timeout.ms): {tried}{hint}"
                 )
 
+    def _channel_key(self, address: str) -> _ChannelKey:
+        s = self.settings
+        return (address, s.ca_cert, s.private_key, s.cert_chain, s.token)
+
     def _channel(self, address: str) -> grpc.Channel:
+        """The process's channel to `address` with this client's credentials (_SharedChannels)."""
+        return _SHARED_CHANNELS.get(self._channel_key(address), functools.partial(self._new_channel, address))
+
+    def _new_channel(self, address: str) -> grpc.Channel:
         """A plaintext channel, or TLS with the CA, client certificate and token the options gave."""
         s = self.settings
         if not s.secure:
@@ -338,7 +404,7 @@ class GatewayClient:
             try:
                 grpc.channel_ready_future(channel).result(timeout=limits.LEADER_CONNECT_TIMEOUT_MS / 1000)
             except grpc.FutureTimeoutError:
-                channel.close()
+                _SHARED_CHANNELS.discard(self._channel_key(address), channel)
                 log.info(
                     "leader %s does not accept connections within %d ms: reading through the gateway",
                     address,

@@ -47,6 +47,10 @@ COLUMNS_GROUP_BYTES_MAX = 256 * 1024 * 1024
 MAX_TRIGGER_DELAY_MS_DEFAULT = 15 * 60 * 1000
 
 # --- all RPCs ----------------------------------------------------------------
+# gRPC channels one process keeps open for its clients (spark_connector/gateway.py,
+# _SharedChannels): one per gateway and broker address and credentials, so a cluster's worth
+# and more; beyond it the least recently used is closed.
+SHARED_CHANNELS_MAX = 64
 # Option highwater.request.timeout.ms: one RPC to a gateway.
 REQUEST_TIMEOUT_MS_DEFAULT = 30_000
 # Option highwater.connect.timeout.ms: how long to wait for any gateway of `bootstrap` to

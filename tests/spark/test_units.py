@@ -271,3 +271,52 @@ def test_bootstrap_under_two_names_must_agree() -> None:
     )
     with pytest.raises(OptionError, match=r"kafka\.bootstrap\.servers"):
         parse_write_options({"bootstrap": "h:1", "kafka.bootstrap.servers": "h:2", "topic": "t"})
+
+
+class _FakeChannel:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_shared_channels_are_one_per_address_and_credentials_and_bounded() -> None:
+    """A reused Spark Python worker keeps its channels across tasks and queries (a fresh one cost
+    a connect and, at close, up to 200 ms of waiting for grpc's state poll): same address and
+    credentials, same channel; the least recently used beyond the bound is closed; a channel
+    that never connected is dropped and closed."""
+    from spark_connector.gateway import _SharedChannels
+
+    pool = _SharedChannels(max_channels=2)
+    made: list[_FakeChannel] = []
+
+    def get(address: str, token: str | None = None) -> Any:
+        def make() -> Any:
+            made.append(_FakeChannel(address))
+            return made[-1]
+
+        return pool.get((address, None, None, None, token), make)
+
+    a = get("a:1")
+    assert get("a:1") is a and len(made) == 1
+    with_token = get("a:1", token="t")
+    assert with_token is not a  # other credentials, another channel
+    get("a:1")  # a is now the most recently used
+    b = get("b:1")  # three channels: the least recently used (a with the token) goes
+    assert with_token.closed and not a.closed and not b.closed
+    assert get("a:1") is a
+    pool.discard(("b:1", None, None, None, None), b)
+    assert b.closed and get("b:1") is not b
+
+
+def test_closing_a_client_leaves_its_channels_to_the_next_client_in_the_process() -> None:
+    from spark_connector.gateway import GatewayClient
+
+    with GatewayClient("127.0.0.1:1", ClientSettings()) as first:
+        channel = first._channel("127.0.0.1:1")
+    with GatewayClient("127.0.0.1:1", ClientSettings()) as second:
+        assert second._channel("127.0.0.1:1") is channel
+    with GatewayClient("127.0.0.1:1", ClientSettings(token="t", ca_cert=b"ca")) as secure:
+        assert secure._channel("127.0.0.1:1") is not channel
