@@ -475,6 +475,19 @@ class BrokerCore:
     ) -> tuple[common_pb2.ErrorCode, str]:
         s = item.state
         tp = (s.topic, s.partition)
+        existing = self.partitions.get(tp)
+        if (
+            existing is not None
+            and s.leader_epoch == existing.leader_epoch
+            and s.partition_epoch <= existing.partition_epoch
+            and (not s.topic_id or self.topic_ids.get(tp) == s.topic_id)
+            and self.broker_id in s.replicas
+        ):
+            # What this replica already applied (a new controller repeats its whole state): refused
+            # as decide_leader_and_isr would, without building the state or raising for it.
+            return common_pb2.FENCED_LEADER_EPOCH, (
+                f"leader epoch {s.leader_epoch} is not newer than {existing.leader_epoch}"
+            )
         state = LeaderAndIsrState(
             s.leader, s.leader_epoch, tuple(s.isr), tuple(s.replicas), s.partition_epoch, s.controller_epoch
         )
