@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import os
+import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +125,15 @@ def _run(main: Coroutine[Any, Any, None], common: CommonOptions) -> None:
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:
         pass
+    else:
+        # The service stopped cleanly: its logs are closed and synced, its lease revoked, every
+        # connection closed. Exit now rather than let the interpreter tear down a heap of
+        # partitions, channels and threads one object at a time (0.2 s at 1,000 partitions,
+        # most of what a controlled shutdown spent after its last leadership moved).
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 @click.command("broker", context_settings={"auto_envvar_prefix": "HIGHWATER"})
