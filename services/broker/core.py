@@ -707,18 +707,15 @@ class BrokerCore:
             node = self.metadata.brokers.get(leader_id)
             if node is not None and fetcher.leader_address != f"{node.host}:{node.port}":
                 self._fetcher_for(leader_id, f"{node.host}:{node.port}")
-        # ISR changes the controller made (shrinks after failures) reach leaders here too. A full
-        # update (a new controller's: every partition of the cluster) is walked from this broker's
-        # own leaders, not from the request's 100,000 states.
-        changed: list[tuple[Partition | None, common_pb2.PartitionState | None]]
-        if req.full:
-            states = self.metadata.partitions
-            changed = [(p, states.get(tp)) for tp, p in self.partitions.items() if p.role is Role.LEADER]
-        else:
-            changed = [(self.partitions.get((s.topic, s.partition)), s) for s in req.partitions]
-        for p, state in changed:
-            if p is not None and state is not None and p.role is Role.LEADER:
-                p.update_isr(tuple(state.isr), state.partition_epoch, state.leader_epoch)
+        # ISR changes the controller made (shrinks after failures) reach leaders here too. Only
+        # the request's states are read (a full update's 100,000 are not indexed for this: the
+        # cache indexes them when first asked), and none at all when this broker leads nothing.
+        hosted = self.partitions
+        if any(p.role is Role.LEADER for p in hosted.values()):
+            for state in req.partitions:
+                p = hosted.get((state.topic, state.partition))
+                if p is not None and p.role is Role.LEADER:
+                    p.update_isr(tuple(state.isr), state.partition_epoch, state.leader_epoch)
         return broker_pb2.UpdateMetadataResponse()
 
     # ---- AlterPartition (a task) ------------------------------------------------------------

@@ -6,21 +6,50 @@ request finds it stale. Plain data, owned by the process's event loop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import broker_pb2, common_pb2
 
 
-@dataclass
 class MetadataCache:
-    controller_id: int = -1
-    controller_epoch: int = -1
-    brokers: dict[int, common_pb2.BrokerNode] = field(default_factory=dict)
-    gateways: dict[int, common_pb2.GatewayNode] = field(default_factory=dict)
-    partitions: dict[TopicPartitionKey, common_pb2.PartitionState] = field(default_factory=dict)
-    topic_configs: dict[str, common_pb2.TopicConfig] = field(default_factory=dict)
-    topic_ids: dict[str, str] = field(default_factory=dict)
+    """Brokers, gateways, partition states and topic configs as the controller last said them.
+
+    A full update (a new controller's: every partition of the cluster) is kept as received and
+    indexed into `partitions` only when something asks for it: a broker at 100,000 partitions
+    otherwise spent 0.1 s of CPU per takeover building a dict that, on a broker, only Metadata
+    requests and requests for partitions it does not host read.
+    """
+
+    def __init__(
+        self,
+        controller_id: int = -1,
+        controller_epoch: int = -1,
+        brokers: dict[int, common_pb2.BrokerNode] | None = None,
+        gateways: dict[int, common_pb2.GatewayNode] | None = None,
+        partitions: dict[TopicPartitionKey, common_pb2.PartitionState] | None = None,
+        topic_configs: dict[str, common_pb2.TopicConfig] | None = None,
+        topic_ids: dict[str, str] | None = None,
+    ) -> None:
+        self.controller_id = controller_id
+        self.controller_epoch = controller_epoch
+        self.brokers = brokers if brokers is not None else {}
+        self.gateways = gateways if gateways is not None else {}
+        self._partitions = partitions if partitions is not None else {}
+        self._unindexed: Sequence[common_pb2.PartitionState] | None = None
+        self.topic_configs = topic_configs if topic_configs is not None else {}
+        self.topic_ids = topic_ids if topic_ids is not None else {}
+
+    @property
+    def partitions(self) -> dict[TopicPartitionKey, common_pb2.PartitionState]:
+        if self._unindexed is not None:
+            self._partitions = {(state.topic, state.partition): state for state in self._unindexed}
+            self._unindexed = None
+        return self._partitions
+
+    @partitions.setter
+    def partitions(self, value: dict[TopicPartitionKey, common_pb2.PartitionState]) -> None:
+        self._partitions, self._unindexed = value, None
 
     def apply(self, req: broker_pb2.UpdateMetadataRequest) -> None:
         self.controller_id = req.header.controller_id
@@ -28,15 +57,15 @@ class MetadataCache:
         self.brokers = {b.broker_id: b for b in req.live_brokers}
         self.gateways = {g.gateway_id: g for g in req.live_gateways}
         if req.full:
-            # One comprehension: a new controller's full update holds every partition (100,000).
-            self.partitions = {(state.topic, state.partition): state for state in req.partitions}
+            self._partitions, self._unindexed = {}, req.partitions
             self.topic_configs = {}
             self.topic_ids = {}
         else:
             for topic in req.deleted_topics:
                 self._drop_topic(topic)
+            partitions = self.partitions
             for state in req.partitions:
-                self.partitions[(state.topic, state.partition)] = state
+                partitions[(state.topic, state.partition)] = state
         self.topic_configs.update(req.topic_configs)
         self.topic_ids.update(req.topic_ids)
 
