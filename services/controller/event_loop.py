@@ -351,7 +351,7 @@ class ControllerEventLoop:
             await self._send_in_slices(startup)
             log.info(
                 "Startup: requests for %d partitions queued to %d brokers and gateways in %.0f ms",
-                len(startup.rpcs.update_metadata),
+                len(self.ctx.states),
                 len(self.senders),
                 (time.monotonic() - started) * 1000,
             )
@@ -689,7 +689,11 @@ class ControllerEventLoop:
         """_send as a generator that yields after each request it queues."""
         rpcs = result.rpcs
         futures: list[asyncio.Future[Any]] = []
-        for broker_id, tps in sorted(rpcs.leader_and_isr.items()):
+        leader_and_isr = rpcs.leader_and_isr
+        if rpcs.leader_and_isr_everywhere:
+            leader_and_isr = {b: set(tps) for b, tps in leader_and_isr.items()}  # the result stays as decided
+            yield from self._fan_out_everywhere(leader_and_isr)
+        for broker_id, tps in sorted(leader_and_isr.items()):
             sender = self.senders.get(("b", broker_id))
             if sender is None:
                 continue
@@ -752,6 +756,24 @@ class ControllerEventLoop:
                 )
                 futures.append(sender.send("UpdateMetadata", wire.with_header(body, header)))
                 yield
+
+    def _fan_out_everywhere(self, leader_and_isr: dict[int, set[TopicPartitionKey]]) -> Iterator[None]:
+        """Add every partition not being deleted to the set of each of its live replicas, yielding
+        after each topic (a failover's fan-out: results.ControlRpcs.leader_and_isr_everywhere)."""
+        ctx = self.ctx
+        live = {b for b in ctx.live_brokers if ctx.is_live(b)}
+        per_broker = {b: leader_and_isr.setdefault(b, set()) for b in live}
+        for name in sorted(ctx.topics):
+            if name in ctx.topics_to_delete:
+                continue
+            for p, replicas in ctx.topics[name].assignment.items():
+                for r in replicas:
+                    targets = per_broker.get(r)
+                    if targets is not None:
+                        targets.add((name, p))
+            yield
+        for b in [b for b, tps in leader_and_isr.items() if not tps]:
+            del leader_and_isr[b]
 
     def _deletion_answered(
         self, broker_id: int, broker_epoch: int, tps: list[TopicPartitionKey], fut: asyncio.Future[Any]

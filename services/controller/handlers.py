@@ -100,13 +100,7 @@ def on_startup(ctx: ControllerContext) -> ControllerResult:
     # checked once rather than per broker for each of 100,000 partitions).
     newest_registration = max((info.broker_epoch for info in ctx.live_brokers.values()), default=0)
     registered = ctx.live_brokers
-    # Every replica is told its partition's state: the fan-out is written straight into the
-    # result's per-broker sets, topic by topic (at 100,000 partitions this loop is most of the
-    # time between winning the election and answering, on a machine about to be busy).
-    leader_and_isr = result.rpcs.leader_and_isr
-    per_broker = {b: leader_and_isr.setdefault(b, set()) for b in live}
-    told: list[TopicPartitionKey] = []
-    states = ctx.states
+    states, revisions, no_one = ctx.states, ctx.state_revisions, frozenset[int]()
     for name in sorted(ctx.topics):
         if name in ctx.topics_to_delete:
             continue
@@ -116,29 +110,23 @@ def on_startup(ctx: ControllerContext) -> ControllerResult:
             state = states.get(tp)
             if state is None:
                 _initial_state(ctx, result, tp)
-            else:
-                # Brokers registered after this state was written restarted since (perhaps with
-                # less than they had): they count as failed and started, as in on_broker_change.
-                written_at = ctx.state_revisions.get(tp, 0)
-                restarted = (
-                    {b for b, info in registered.items() if info.broker_epoch > written_at}
-                    if written_at and written_at < newest_registration
-                    else set()
-                )
-                # With no restarted broker, a live leader and every ISR member registered,
-                # _fail_over changes nothing (nothing it counts dead is the leader or in the ISR):
-                # skipped, as for nearly every partition of a takeover.
-                if restarted or state.leader not in live or not all(r in registered for r in state.isr):
-                    gone = {r for r in (*assignment[p], state.leader) if r >= 0 and r not in registered}
-                    _fail_over(ctx, result, tp, dead=gone | restarted, restarted=restarted, live=live)
-            for r in assignment[p]:
-                targets = per_broker.get(r)
-                if targets is not None:
-                    targets.add(tp)
-            told.append(tp)
-    result.rpcs.update_metadata.update(told)
-    for b in [b for b, tps in leader_and_isr.items() if not tps]:
-        del leader_and_isr[b]
+                continue
+            # Brokers registered after this state was written restarted since (perhaps with
+            # less than they had): they count as failed and started, as in on_broker_change.
+            written_at = revisions.get(tp, 0)
+            restarted = (
+                frozenset(b for b, info in registered.items() if info.broker_epoch > written_at)
+                if written_at and written_at < newest_registration
+                else no_one
+            )
+            # With no restarted broker, a live leader and every ISR member registered, _fail_over
+            # changes nothing (nothing it counts dead is the leader or in the ISR): skipped, as for
+            # nearly every partition of a takeover.
+            if restarted or state.leader not in live or not all(r in registered for r in state.isr):
+                gone = {r for r in (*assignment[p], state.leader) if r >= 0 and r not in registered}
+                _fail_over(ctx, result, tp, dead=gone | restarted, restarted=set(restarted), live=live)
+    # Every replica is told its partition's state: built when sent (results.ControlRpcs).
+    result.rpcs.leader_and_isr_everywhere = True
     moves = ReplicaMoves(ctx)
     resume_deletions(ctx, result, moves)
     moves.commit(result)

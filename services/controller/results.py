@@ -98,6 +98,10 @@ class ControlRpcs:
     new_replicas: set[tuple[int, TopicPartitionKey]] = field(default_factory=set)
     update_metadata: set[TopicPartitionKey] = field(default_factory=set)
     full_metadata: bool = False
+    # A failover's: besides `leader_and_isr`, every partition not being deleted goes to each of its
+    # live replicas. Expanded when sent (ControllerEventLoop._send_steps, between other work), so
+    # that a new controller answers before it has built 100,000 partitions' fan-out.
+    leader_and_isr_everywhere: bool = False
     stop_replica: dict[int, dict[TopicPartitionKey, bool]] = field(default_factory=dict)
     deleted_topics: set[str] = field(default_factory=set)
 
@@ -113,6 +117,7 @@ class ControlRpcs:
     def is_empty(self) -> bool:
         return not (
             self.leader_and_isr
+            or self.leader_and_isr_everywhere
             or self.update_metadata
             or self.full_metadata
             or self.stop_replica
