@@ -178,7 +178,7 @@ def test_killed_controller_is_replaced_well_within_the_lease_ttl(make_cluster):
 
 
 def test_paused_controller_is_replaced_only_when_its_lease_expires(make_cluster):
-    c, gw, _, _ = start(make_cluster, "ctl-paused", controllers=2)
+    c, _, _, _ = start(make_cluster, "ctl-paused", controllers=2)
     first = active_controller(c)
     assert first is not None
     name = f"controller-{first['controller_id']}"

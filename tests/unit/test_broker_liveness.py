@@ -124,9 +124,7 @@ def test_reconnect_backoff_starts_small_doubles_and_is_bounded() -> None:
 def test_grace_period_is_checked_against_its_range_and_the_lease_ttl() -> None:
     limits.check_connection_grace(grace_ms=limits.BROKER_CONNECTION_GRACE_MS, lease_ttl_s=6)
     with pytest.raises(InvariantViolation):
-        limits.check_connection_grace(
-            grace_ms=limits.BROKER_CONNECTION_GRACE_MS_MIN - 1, lease_ttl_s=6
-        )
+        limits.check_connection_grace(grace_ms=limits.BROKER_CONNECTION_GRACE_MS_MIN - 1, lease_ttl_s=6)
     with pytest.raises(InvariantViolation):
         limits.check_connection_grace(grace_ms=6_000, lease_ttl_s=6)
 
