@@ -204,6 +204,22 @@ async def _drain(
         pass  # bytes that are not a request: the stream ends as if closed
 
 
+Q = TypeVar("Q")
+
+
+async def _first_request(
+    name: str, requests: AsyncIterator[Q], context: grpc.aio.ServicerContext
+) -> Q | None:
+    """A liveness stream's first request (None: the caller ended the stream before sending one);
+    bytes that do not parse abort the call with INVALID_ARGUMENT."""
+    try:
+        return await anext(aiter(requests), None)
+    except DecodeError as exc:
+        # gRPC parses streamed requests itself (request_guard.py covers unary ones only).
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: the request does not parse: {exc}")
+        raise  # abort raises; never reached
+
+
 class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
     def __init__(self, store: EtcdStore) -> None:
         self.store = store
@@ -268,13 +284,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
         broker closed it, cancelled it, or its connection was reset) or this controller stops
         acting (the broker then finds the new one). Its end starts the grace period.
         """
-        try:
-            first = await anext(aiter(request_iterator), None)
-        except DecodeError as exc:
-            # gRPC parses streamed requests itself (request_guard.py covers unary ones only).
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"BrokerHeartbeat: the request does not parse: {exc}"
-            )
+        first = await _first_request("BrokerHeartbeat", request_iterator, context)
         if first is None:
             return
         loop, watch = self.active, self.connection_watch
@@ -299,12 +309,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
     ) -> AsyncIterator[controller_pb2.StandbyHeartbeatResponse]:
         """A standby controller's liveness stream (standby_watch.py): accepted from the election won
         until this controller stands down, which ends it; the standby alone decides what its end means."""
-        try:
-            first = await anext(aiter(request_iterator), None)
-        except DecodeError as exc:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"StandbyHeartbeat: the request does not parse: {exc}"
-            )
+        first = await _first_request("StandbyHeartbeat", request_iterator, context)
         if first is None:
             return
         epoch, term_ended = self.term_epoch, self._term_ended
