@@ -38,8 +38,39 @@ CALL_TIMEOUT_S = 30.0  # generous: CI machines are shared; every wait stays boun
 
 
 def create(cluster: Any, name: str, partitions: int = 3) -> None:
+    """Create the topic and wait until every broker's Kafka Metadata lists each partition's leader.
+
+    CreateTopics returns once the controller has written the topic; each broker learns it from
+    the controller's UpdateMetadata a moment later (as in Kafka, a client asking a broker in
+    between sees UNKNOWN_TOPIC_OR_PARTITION). A one-shot listing such as `kcat -L` must not race it.
+    """
     with Admin(cluster.gateway_address, **FAST) as admin:
         admin.create_topics(name, partitions, 3, {"min.insync.replicas": "2"})
+    metadata = protocol.request_class(protocol.METADATA, 12)
+    topic_cls = __import__(metadata.__module__, fromlist=["x"]).MetadataRequestTopic
+
+    def known_everywhere() -> bool:
+        for broker_id in (1, 2, 3):
+            body = metadata(
+                topics=(topic_cls(name=name, topic_id=None),),
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            )
+            answer = read_answer(
+                protocol.METADATA,
+                12,
+                raw_call(kafka_address(cluster, broker_id), protocol.METADATA, 12, body),
+            )
+            (topic,) = answer.topics
+            if topic.error_code != 0 or sorted(p.partition_index for p in topic.partitions) != list(
+                range(partitions)
+            ):
+                return False
+            if any(p.leader_id < 0 for p in topic.partitions):
+                return False
+        return True
+
+    wait_for(known_everywhere, timeout_s=CALL_TIMEOUT_S, what=f"every broker's Kafka Metadata to list {name}")
 
 
 def kafka_address(cluster: Any, broker_id: int) -> tuple[str, int]:
