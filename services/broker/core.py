@@ -510,6 +510,10 @@ class BrokerCore:
                 else:
                     self._make_follower(p, state)
                 self.notify(tp)
+            else:
+                p = self.partitions[tp]
+                if p.maybe_advance_high_watermark():  # a shrink can let the HW move on
+                    self.notify(tp)
         except HighwaterError as exc:
             if exc.code == common_pb2.FENCED_LEADER_EPOCH:
                 return exc.code, exc.message  # counted in one line per request (leader_and_isr)
@@ -716,6 +720,8 @@ class BrokerCore:
                 p = hosted.get((state.topic, state.partition))
                 if p is not None and p.role is Role.LEADER:
                     p.update_isr(tuple(state.isr), state.partition_epoch, state.leader_epoch)
+                    if p.maybe_advance_high_watermark():  # a shrink can let the HW move on
+                        self.notify((state.topic, state.partition))
         return broker_pb2.UpdateMetadataResponse()
 
     # ---- AlterPartition (a task) ------------------------------------------------------------
@@ -948,7 +954,7 @@ class BrokerCore:
             deadline_ms=self.clock.monotonic_ms() + max_wait_ms,
             read=lambda r: self.read_all(r, is_follower),
             on_complete=on_complete,
-            state=lambda: self._readable_state(keys, req.replica_id),
+            partition_state=lambda tp: self._readable_state(tp, req.replica_id),
         )
         self._watch(op, max_wait_ms)
 
@@ -975,25 +981,19 @@ class BrokerCore:
             )
         return f"replica_id {req.replica_id}: consumers send -1, followers their broker id"
 
-    def _readable_state(self, keys: list[TopicPartitionKey], replica_id: int) -> tuple[object, ...]:
-        """What a read of these partitions by replica_id depends on (DelayedFetch's `state`)."""
-        out: list[object] = []
-        for tp in keys:
-            p = self.partitions.get(tp)
-            if p is None:
-                out.append(None)
-                continue
-            as_replica = replica_id >= 0 and replica_id in p.replicas
-            out.append(
-                (
-                    id(p),
-                    p.role,
-                    p.leader_epoch,
-                    p.log.log_start_offset,
-                    p.log.log_end_offset if as_replica else p.high_watermark,
-                )
-            )
-        return tuple(out)
+    def _readable_state(self, tp: TopicPartitionKey, replica_id: int) -> object:
+        """What a read of tp by replica_id depends on (DelayedFetch's `partition_state`)."""
+        p = self.partitions.get(tp)
+        if p is None:
+            return None
+        as_replica = replica_id >= 0 and replica_id in p.replicas
+        return (
+            id(p),
+            p.role,
+            p.leader_epoch,
+            p.log.log_start_offset,
+            p.log.log_end_offset if as_replica else p.high_watermark,
+        )
 
     def _record_follower_fetches(self, req: common_pb2.FetchRequest) -> None:
         mono = self.clock.monotonic_ms()

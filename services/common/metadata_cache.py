@@ -37,6 +37,9 @@ class MetadataCache:
         self.gateways = gateways if gateways is not None else {}
         self._partitions = partitions if partitions is not None else {}
         self._unindexed: Sequence[common_pb2.PartitionState] | None = None
+        # The topic names, kept until the partitions change: routing asks for each partition
+        # of a request, and building the set each time cost a scan of every partition.
+        self._topics: frozenset[str] | None = None
         self.topic_configs = topic_configs if topic_configs is not None else {}
         self.topic_ids = topic_ids if topic_ids is not None else {}
 
@@ -50,12 +53,14 @@ class MetadataCache:
     @partitions.setter
     def partitions(self, value: dict[TopicPartitionKey, common_pb2.PartitionState]) -> None:
         self._partitions, self._unindexed = value, None
+        self._topics = None
 
     def apply(self, req: broker_pb2.UpdateMetadataRequest) -> None:
         self.controller_id = req.header.controller_id
         self.controller_epoch = max(self.controller_epoch, req.header.controller_epoch)
         self.brokers = {b.broker_id: b for b in req.live_brokers}
         self.gateways = {g.gateway_id: g for g in req.live_gateways}
+        self._topics = None
         if req.full:
             self._partitions, self._unindexed = {}, req.partitions
             self.topic_configs = {}
@@ -84,8 +89,10 @@ class MetadataCache:
         self.topic_configs.pop(topic, None)
         self.topic_ids.pop(topic, None)
 
-    def topics(self) -> set[str]:
-        return {tp[0] for tp in self.partitions}
+    def topics(self) -> frozenset[str]:
+        if self._topics is None:
+            self._topics = frozenset(tp[0] for tp in self.partitions)
+        return self._topics
 
     def partitions_of(self, topic: str) -> list[common_pb2.PartitionState]:
         return sorted((s for tp, s in self.partitions.items() if tp[0] == topic), key=lambda s: s.partition)

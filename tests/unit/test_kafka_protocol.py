@@ -119,9 +119,12 @@ def test_every_advertised_version_has_classes_and_build_drops_missing_fields():
 
 class FakeBackend:
     def __init__(self) -> None:
-        self.cache = MetadataCache()
-        self.cache.partitions[("t", 0)] = common_pb2.PartitionState(
-            topic="t", partition=0, leader=2, leader_epoch=3, isr=[2, 1], replicas=[2, 1]
+        self.cache = MetadataCache(
+            partitions={
+                ("t", 0): common_pb2.PartitionState(
+                    topic="t", partition=0, leader=2, leader_epoch=3, isr=[2, 1], replicas=[2, 1]
+                )
+            }
         )
         self.cache.topic_ids["t"] = "fb06033b-a886-43b1-bdb5-e8d4da399f07"
         self.produced: list[common_pb2.ProduceRequest] = []

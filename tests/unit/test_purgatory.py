@@ -269,17 +269,70 @@ def test_a_fetch_whose_readable_state_did_not_change_is_not_read_again_until_its
     reads, answers = FetchReads(), Answers()
     state = {"hw": 0}
     op = delayed_fetch(reads, answers, min_bytes=100, deadline_ms=500)
-    op.state = lambda: state["hw"]
+    op.partition_state = lambda tp: state["hw"]
     assert not op.try_complete(now_ms=0) and reads.reads == 1
     assert not op.try_complete(now_ms=10) and reads.reads == 1, "same state: the same answer, not read"
+    assert not op.try_complete(now_ms=11, changed=TP) and reads.reads == 1, "woken for TP, unchanged"
     state["hw"] = 1
     reads.bytes_available = 100
-    assert op.try_complete(now_ms=20) and reads.reads == 2
+    assert op.try_complete(now_ms=20, changed=TP) and reads.reads == 2
 
 
 def test_a_fetch_is_read_at_its_deadline_even_when_nothing_changed() -> None:
     reads, answers = FetchReads(), Answers()
     op = delayed_fetch(reads, answers, min_bytes=100, deadline_ms=500)
-    op.state = lambda: "unchanged"
+    op.partition_state = lambda tp: "unchanged"
     assert not op.try_complete(now_ms=0)
     assert op.try_complete(now_ms=500) and reads.reads == 2 and len(answers.fetch) == 1
+
+
+def test_a_fetch_woken_for_one_partition_compares_only_that_partitions_state() -> None:
+    """Each wake-up costs one partition's state, not every partition's (1,000 partitions woken
+    once each cost a million comparisons); a change seen on the woken partition reads again."""
+    reads, answers = FetchReads(), Answers()
+    keys: list[TopicPartitionKey] = [("t", i) for i in range(1_000)]
+    state = dict.fromkeys(keys, 0)
+    asked: list[TopicPartitionKey] = []
+
+    def partition_state(tp: TopicPartitionKey) -> int:
+        asked.append(tp)
+        return state[tp]
+
+    request = common_pb2.FetchRequest(replica_id=-1, max_wait_ms=500, min_bytes=100)
+    op = DelayedFetch(request, keys, 500, reads, answers.fetch.append, partition_state=partition_state)
+    purgatory = Purgatory()
+    assert not purgatory.try_complete_else_watch(op, now_ms=0)
+    asked.clear()
+    for tp in keys:
+        assert purgatory.check_and_complete(tp, now_ms=1) == 0
+    assert len(asked) == len(keys) and reads.reads == 1, "one state per wake-up, nothing read again"
+    state[("t", 7)] = 1
+    reads.bytes_available = 100
+    assert purgatory.check_and_complete(("t", 7), now_ms=2) == 1 and reads.reads == 2
+
+
+def test_a_produce_woken_for_one_partition_checks_only_that_partition() -> None:
+    """A 1,000-partition acks=all Produce woken once per partition looks each up once, and is
+    answered when the last one is acknowledged."""
+    keys: list[TopicPartitionKey] = [("t", i) for i in range(1_000)]
+    partitions = {tp: leader(isr=(1, 2)) for tp in keys}
+    ends = {tp: p.append_as_leader(batch(), acks=-1, now_ms=0).next_offset for tp, p in partitions.items()}
+    looked_up: list[TopicPartitionKey] = []
+
+    def partition(tp: TopicPartitionKey) -> Partition | None:
+        looked_up.append(tp)
+        return partitions[tp]
+
+    answers = Answers()
+    op = delayed_produce(partitions, ends, answers)
+    op.partition = partition
+    purgatory = Purgatory()
+    assert not purgatory.try_complete_else_watch(op, now_ms=0)
+    looked_up.clear()
+    for i, tp in enumerate(keys):
+        partitions[tp].record_follower_fetch(2, ends[tp], now_ms=1)
+        assert purgatory.check_and_complete(tp, now_ms=1) == (1 if i == len(keys) - 1 else 0)
+    assert looked_up == keys, "each partition checked once, when it was woken"
+    (response,) = answers.produce
+    assert all(r.error_code == common_pb2.NONE for t in response.topics for r in t.partitions)
+    assert sum(len(t.partitions) for t in response.topics) == 1_000

@@ -107,6 +107,9 @@ class LogSegment:
         self.next_offset = base_offset
         self.max_timestamp_ms = NO_TIMESTAMP
         self._bytes_since_index_entry = 0
+        # (base offset, file position) of the last batch: a tailing reader (a follower, a
+        # consumer at the end) asks for it, and small batches have no index entry of their own.
+        self._last_batch: tuple[int, int] | None = None
         # Base time of time-based rolling: now_ms of the first live append, or the first
         # batch's max_timestamp for a segment found on disk (as Kafka's rollingBasedTimestamp).
         self.rolling_base_ms: int | None = None
@@ -203,6 +206,7 @@ class LogSegment:
         self._bytes_since_index_entry = bytes_since
         self.max_timestamp_ms = max_timestamp
         self.next_offset = headers[-1].next_offset
+        self._last_batch = (headers[-1].base_offset, headers[-1].position + position_shift)
         self.offset_index.append_entries(offset_entries)
         self.time_index.append_entries(time_entries)
 
@@ -243,7 +247,11 @@ class LogSegment:
         """The first batch whose last offset is >= `offset` (the one holding it), None past the end."""
         if offset >= self.next_offset:
             return None
-        _, position = self.offset_index.lookup(max(0, offset - self.base_offset))
+        last = self._last_batch
+        if last is not None and offset >= last[0]:
+            position = last[1]
+        else:
+            _, position = self.offset_index.lookup(max(0, offset - self.base_offset))
         # Most lookups land on the very batch (big batches get an entry each): try its header alone.
         probe = self.log.read_at(position, BATCH_HEADER_SIZE)
         if len(probe) == BATCH_HEADER_SIZE:
@@ -290,11 +298,14 @@ class LogSegment:
             last_offset_entry = self.offset_index.last_entry()
             next_offset = self.base_offset + (last_offset_entry[0] if last_offset_entry else 0)
         end = position
+        last_batch = None
         for header in self.iter_headers(position):
             if header.max_timestamp > max_timestamp:
                 max_timestamp = header.max_timestamp
             next_offset = header.next_offset
             end = header.end_position
+            last_batch = (header.base_offset, header.position)
+        self._last_batch = last_batch
         self.next_offset = next_offset
         self.max_timestamp_ms = max_timestamp
         self._bytes_since_index_entry = end - position
@@ -319,6 +330,7 @@ class LogSegment:
         self.max_timestamp_ms = NO_TIMESTAMP
         self._bytes_since_index_entry = 0
         self.next_offset = self.base_offset
+        self._last_batch = None
         file_size = self.log.size
         position = 0
         chunk_bytes = RECOVERY_CHUNK_BYTES
