@@ -395,6 +395,8 @@ def bench_controlled_shutdown(partitions: int, base: Path) -> dict[str, object]:
         # The broker logs this when the controller answered that every leadership moved away.
         last_moved_wall = log_stamp(broker_log, "controlled shutdown done: no partitions led here any more")
         closed = re.findall(r"closed \d+ logs in ([0-9.]+) s", broker_log)
+        # Each phase of the close and how long it took (the broker's "closed N logs" line).
+        close_phases = re.findall(r"closed \d+ logs in [0-9.]+ s \(([^)]*)\)", broker_log)
         exit_after_moved = None if last_moved_wall is None else exited_wall[0] - last_moved_wall
         return {
             "partitions": partitions,
@@ -406,6 +408,7 @@ def bench_controlled_shutdown(partitions: int, base: Path) -> dict[str, object]:
             # The close after the leaderships moved: logs, checkpoints, lease revocation, exit.
             "exit_after_last_leadership_s": None if exit_after_moved is None else round(exit_after_moved, 3),
             "logs_closed_s": float(closed[-1]) if closed else None,
+            "close_phases": close_phases[-1] if close_phases else None,
             "exit_target_s": EXIT_AFTER_LAST_LEADERSHIP_TARGET_S,
             "exit_ratio_to_target": (
                 None
@@ -510,7 +513,7 @@ def main() -> None:
                 f"controlled shutdown, {r['partitions']} partitions led: every leadership moved after "
                 f"{r['controlled_shutdown_s']} s (target 2 s, ratio {r['ratio_to_target']}); process exited "
                 f"{r['process_exit_s']} s after SIGTERM and {r['exit_after_last_leadership_s']} s after its "
-                f"last leadership moved (logs closed in {r['logs_closed_s']} s; target "
+                f"last leadership moved (logs closed in {r['logs_closed_s']} s: {r['close_phases']}; target "
                 f"{r['exit_target_s']} s, ratio {r['exit_ratio_to_target']}); exit code {r['exit_code']}, "
                 f"{r['partitions_still_led']} still led"
             )

@@ -70,6 +70,29 @@ def with_headers(
     ]
 
 
+def encode_producer_batch(batch: ProducerBatch, compression: str) -> bytes:
+    """The batch as one RecordBatch, with its producer id, epoch and first sequence.
+
+    Bulk runs (each one key and timestamp, no headers) are encoded straight from the
+    caller's values; other batches from a tuple per record.
+    """
+    if batch.runs is not None:
+        return records.encode_runs(
+            batch.runs,
+            compression=compression,
+            producer_id=batch.producer_id,
+            producer_epoch=batch.producer_epoch,
+            base_sequence=batch.base_sequence,
+        )
+    return records.encode_batch(
+        with_headers(batch),
+        compression=compression,
+        producer_id=batch.producer_id,
+        producer_epoch=batch.producer_epoch,
+        base_sequence=batch.base_sequence,
+    )
+
+
 def settle_batch(
     batch: ProducerBatch, base_offset: int, log_append_time_ms: int, error: HighwaterError | None
 ) -> None:
@@ -80,7 +103,8 @@ def settle_batch(
     can tell which one failed; the future gets the error alone.
     """
     topic, partition = batch.tp
-    records_ = batch.records
+    # Single records have completions (a bulk run only sinks): only they need a tuple each.
+    records_ = batch.materialize() if batch.completions else batch.records
     headers = batch.headers
     for index, future, callback in batch.completions:
         metadata: RecordMetadata | FailedRecord | None = None
@@ -112,7 +136,8 @@ def settle_batch(
             input_start,
             batch.tp,
             base_offset + index if base_offset >= 0 else -1,
-            records_[index : index + count],
+            count,
+            batch.timestamp_ms(index),
             log_append_time_ms,
             error,
         )
@@ -185,16 +210,19 @@ class BulkSendResult:
         input_start: int,
         tp: TopicPartition,
         base_offset: int,
-        run: list[tuple[Any, ...]],
+        count: int,
+        timestamp_ms: int,
         log_append_time_ms: int,
         error: HighwaterError | None,
     ) -> None:
+        """`count` records from input index `input_start` went to tp (created at timestamp_ms)."""
         if error is not None:
             self.error = self.error or error
-        elif run:
-            timestamp_ms = log_append_time_ms if log_append_time_ms >= 0 else run[0][2]
-            self.runs.append((input_start, len(run), tp.partition, base_offset, timestamp_ms))
-        self.pending -= len(run)
+        elif count:
+            if log_append_time_ms >= 0:
+                timestamp_ms = log_append_time_ms
+            self.runs.append((input_start, count, tp.partition, base_offset, timestamp_ms))
+        self.pending -= count
         if self.pending == 0 and not self.future.done():
             count = sum(run_[1] for run_ in self.runs)
             try:
@@ -344,13 +372,7 @@ class Sender:
                 batch.encoded = None
             if batch.encoded is None:
                 try:
-                    batch.encoded = records.encode_batch(
-                        with_headers(batch),
-                        compression=config.compression,
-                        producer_id=batch.producer_id,
-                        producer_epoch=batch.producer_epoch,
-                        base_sequence=batch.base_sequence,
-                    )
+                    batch.encoded = encode_producer_batch(batch, config.compression)
                 except HighwaterError as error:
                     batches.remove(batch)
                     self._fail(batch, error)

@@ -184,6 +184,28 @@ def encode_values(
     return _finish(builder, base_offset)
 
 
+def encode_runs(
+    runs: Sequence[tuple[bytes | None, Sequence[bytes], int]],
+    *,
+    compression: str = "none",
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+) -> bytes:
+    """One batch of header-less runs, each (key, values, timestamp_ms): a producer's bulk sends."""
+    builder = _new_builder(compression, producer_id, producer_epoch, base_sequence)
+    append = builder.append
+    no_headers: Headers = []
+    relative_offset = 0
+    for key, values, timestamp_ms in runs:
+        for value in values:
+            append(relative_offset, timestamp_ms, key, value, no_headers)
+            relative_offset += 1
+    if relative_offset == 0:
+        raise InvalidRequest("a record batch needs at least one record")
+    return _finish(builder, 0)
+
+
 def decode_batches(buf: bytes | bytearray | memoryview, *, check_crc: bool = True) -> Iterator[Record]:
     """Yield every record of every data batch in `buf`, decompressing as needed.
 

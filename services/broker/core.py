@@ -296,7 +296,7 @@ class BrokerCore:
             self._stop_fetcher(fetcher)
         self.fetchers.clear()
 
-    def close(self) -> None:
+    def close(self, on_phase: Callable[[str], None] = lambda phase: None) -> None:
         """After begin_close: checkpoint HWs, close every log, mark the run clean.
 
         The logs close together (`close_logs`: three file-system syncs for all of them, not
@@ -306,7 +306,10 @@ class BrokerCore:
         self.begin_close()
         self.checkpoint_high_watermarks()
         failures = close_logs(
-            [p.log for p in self.partitions.values()], storage=self.storage, sync_root=self.data_dir
+            [p.log for p in self.partitions.values()],
+            storage=self.storage,
+            sync_root=self.data_dir,
+            on_phase=on_phase,
         )
         for log, exc in failures:
             self.log.error("closing the log %s failed: %s", log.directory, exc)

@@ -187,10 +187,13 @@ class ReplicaManager:
         return await drive(self.core.controlled_shutdown(), controller=self.call_controller)
 
     def _write_back_early(self) -> None:
+        started = time.monotonic()
         try:
             self.core.storage.sync_all(self.core.data_dir)
         except StorageError as exc:
             log.info("early write-back before the close failed (the close syncs again): %s", exc)
+            return
+        log.info("early write-back before the close took %.3f s", time.monotonic() - started)
 
     async def close(self) -> None:
         """Stop taking control requests, answer what waits, stop every fetcher and task, close the logs.
@@ -211,9 +214,23 @@ class ReplicaManager:
                     limits.BROKER_CLOSE_TASKS_TIMEOUT_S,
                 )
         started = time.monotonic()
-        self.core.close()
+        phases: list[str] = []
+        last = started
+
+        def on_phase(phase: str) -> None:
+            nonlocal last
+            now = time.monotonic()
+            phases.append(f"{phase} {now - last:.3f}")
+            last = now
+
+        self.core.close(on_phase)
         # bench/failover.py and tests/integration/test_broker_shutdown.py read this line.
-        log.info("closed %d logs in %.3f s", len(self.core.partitions), time.monotonic() - started)
+        log.info(
+            "closed %d logs in %.3f s (%s)",
+            len(self.core.partitions),
+            time.monotonic() - started,
+            ", ".join(phases) or "nothing to close",
+        )
 
     # ---- requests ------------------------------------------------------------------------------
 

@@ -75,14 +75,16 @@ def idempotent_partitions(topics: Iterable[common_pb2.ProduceTopicData]) -> set[
 def produce_request(
     template: common_pb2.ProduceRequest, items: list[tuple[str, common_pb2.ProducePartitionData]]
 ) -> common_pb2.ProduceRequest:
-    by_topic: dict[str, list[common_pb2.ProducePartitionData]] = {}
+    """One leader's share of a Produce, built in place: composing finished messages copied
+    every batch once per level (upb merges a sub-message given to a constructor)."""
+    request = common_pb2.ProduceRequest(acks=template.acks, timeout_ms=template.timeout_ms)
+    by_topic: dict[str, common_pb2.ProduceTopicData] = {}
     for topic, pd in items:
-        by_topic.setdefault(topic, []).append(pd)
-    return common_pb2.ProduceRequest(
-        acks=template.acks,
-        timeout_ms=template.timeout_ms,
-        topics=[common_pb2.ProduceTopicData(topic=t, partitions=ps) for t, ps in by_topic.items()],
-    )
+        topic_data = by_topic.get(topic)
+        if topic_data is None:
+            topic_data = by_topic[topic] = request.topics.add(topic=topic)
+        topic_data.partitions.append(pd)
+    return request
 
 
 def merge_produce(

