@@ -52,8 +52,16 @@ R = TypeVar("R")
 # gateway's own metadata already decided (a leader saying it goes back to the client, whose
 # retry policy waits for a topic still being created).
 RETRIABLE_ROUTING_CODES = errors.RETRIABLE_AFTER_REFRESH_CODES - {common_pb2.UNKNOWN_TOPIC_OR_PARTITION}
-# Between two routing attempts of one request.
+# Between two routing attempts of one request, unless new metadata arrives first.
 ROUTING_RETRY_BACKOFF_MS = 100
+# The same when the leader named by the metadata answered but has not yet applied its
+# leadership (NOT_LEADER_OR_FOLLOWER): the controller's LeaderAndIsr reaches it in milliseconds,
+# and the push of UpdateMetadata to this gateway often comes first.
+ROUTING_RETRY_LEADER_BEHIND_MS = 20
+# Between two attempts in any case: a burst of metadata pushes must not spin the loop.
+ROUTING_RETRY_MIN_MS = 5
+# Answers from a broker that is up, but not (yet) the leader it is named as.
+LEADER_BEHIND_CODES = frozenset({common_pb2.NOT_LEADER_OR_FOLLOWER, common_pb2.UNKNOWN_LEADER_EPOCH})
 # Statuses of the controller's own authorization checks, passed on as they are.
 AUTHORIZATION_STATUSES = frozenset({grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED})
 
@@ -96,6 +104,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self.store = store
         self.peers = peers
         self.cache = MetadataCache()
+        # Set (and replaced) whenever the cache changes: a request waiting to route again
+        # goes as soon as the controller's push names a new leader, not at its next back-off.
+        self._metadata_changed = asyncio.Event()
         self._last_refresh = 0.0
         self._refresh_lock = asyncio.Lock()
         self._tasks: set[asyncio.Future[None]] = set()
@@ -148,6 +159,22 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 self.cache.apply_describe(resp)
                 self.cluster_id = resp.cluster_id or self.cluster_id
                 self._last_refresh = time.monotonic()
+                self._announce_metadata()
+
+    def _announce_metadata(self) -> None:
+        changed, self._metadata_changed = self._metadata_changed, asyncio.Event()
+        changed.set()
+
+    async def _await_routing_retry(self, news: asyncio.Event, backoff_ms: int) -> None:
+        """Before routing again: at once if metadata changed since the attempt began (`news`
+        set), else when it changes or after backoff_ms, then from the controller itself."""
+        if news.is_set():
+            await asyncio.sleep(ROUTING_RETRY_MIN_MS / 1000)
+            return
+        try:
+            await asyncio.wait_for(news.wait(), backoff_ms / 1000)
+        except TimeoutError:
+            await self.refresh_metadata(force=True)
 
     async def UpdateMetadata(
         self, request: broker_pb2.UpdateMetadataRequest, context: grpc.aio.ServicerContext
@@ -159,6 +186,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 f"{self.cache.controller_epoch}",
             )
         self.cache.apply(request)
+        self._announce_metadata()
         return broker_pb2.UpdateMetadataResponse()
 
     async def Metadata(
@@ -201,6 +229,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if any(t.topic not in self.cache.topics() for t in pending):
             await self.refresh_metadata()
         while True:
+            news = self._metadata_changed
             split = routing.split_produce(self.cache, pending)
             for tp, (code, message) in split.unroutable.items():
                 results[tp] = common_pb2.ProducePartitionResponse(
@@ -223,10 +252,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 for tp in failed
                 if (results[tp].base_offset < 0 and tp not in uncertain) or tp in (idempotent or ())
             }
-            if not retry or time.monotonic() + ROUTING_RETRY_BACKOFF_MS / 1000 >= deadline:
+            backoff_ms = (
+                ROUTING_RETRY_LEADER_BEHIND_MS
+                if all(results[tp].error_code in LEADER_BEHIND_CODES for tp in retry)
+                else ROUTING_RETRY_BACKOFF_MS
+            )
+            if not retry or time.monotonic() + backoff_ms / 1000 >= deadline:
                 break
-            await asyncio.sleep(ROUTING_RETRY_BACKOFF_MS / 1000)
-            await self.refresh_metadata(force=True)
+            await self._await_routing_retry(news, backoff_ms)
             pending = [
                 common_pb2.ProduceTopicData(
                     topic=t.topic, partitions=[pd for pd in t.partitions if (t.topic, pd.partition) in retry]
