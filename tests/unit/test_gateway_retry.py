@@ -1,0 +1,66 @@
+"""When the gateway routes a Produce again (services/gateway/server.py `_await_routing_retry`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from coordinator.memory_store import MemoryStore
+from services.gateway.server import ROUTING_RETRY_BACKOFF_MS, GatewayServicer
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.forced = 0
+
+    async def refresh(self, *, force: bool = False) -> None:
+        self.forced += force
+
+
+def gateway() -> tuple[GatewayServicer, Recorder]:
+    gw = GatewayServicer(MemoryStore(), None)  # type: ignore[arg-type]  # no peer is called here
+    recorder = Recorder()
+    gw.refresh_metadata = recorder.refresh  # type: ignore[method-assign]
+    return gw, recorder
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 5))
+
+
+def test_news_during_the_attempt_routes_again_at_once_without_asking_the_controller() -> None:
+    async def scenario() -> tuple[float, int]:
+        gw, recorder = gateway()
+        news = gw._metadata_changed
+        gw._announce_metadata()  # the controller's push arrived while the attempt was out
+        started = time.monotonic()
+        await gw._await_routing_retry(news, ROUTING_RETRY_BACKOFF_MS)
+        return time.monotonic() - started, recorder.forced
+
+    waited_s, forced = run(scenario())
+    assert waited_s < ROUTING_RETRY_BACKOFF_MS / 1000 / 2 and forced == 0
+
+
+def test_news_while_waiting_ends_the_wait() -> None:
+    async def scenario() -> tuple[float, int]:
+        gw, recorder = gateway()
+        news = gw._metadata_changed
+        asyncio.get_running_loop().call_later(0.01, gw._announce_metadata)
+        started = time.monotonic()
+        await gw._await_routing_retry(news, 10_000)
+        return time.monotonic() - started, recorder.forced
+
+    waited_s, forced = run(scenario())
+    assert waited_s < 2 and forced == 0, "woken by the push, long before the 10 s back-off"
+
+
+def test_no_news_waits_the_back_off_then_asks_the_controller() -> None:
+    async def scenario() -> tuple[float, int]:
+        gw, recorder = gateway()
+        started = time.monotonic()
+        await gw._await_routing_retry(gw._metadata_changed, 50)
+        return time.monotonic() - started, recorder.forced
+
+    waited_s, forced = run(scenario())
+    assert waited_s >= 0.05 and forced == 1
