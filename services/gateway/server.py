@@ -165,16 +165,18 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         changed, self._metadata_changed = self._metadata_changed, asyncio.Event()
         changed.set()
 
-    async def _await_routing_retry(self, news: asyncio.Event, backoff_ms: int) -> None:
+    async def _await_routing_retry(self, news: asyncio.Event, backoff_ms: int, *, force: bool) -> None:
         """Before routing again: at once if metadata changed since the attempt began (`news`
-        set), else when it changes or after backoff_ms, then from the controller itself."""
+        set), else when it changes or after backoff_ms, then from the controller itself:
+        always with `force`, else at most once per GATEWAY_METADATA_REFRESH_INTERVAL_MS_MIN
+        (the short leader-behind wait must not pull the whole cluster every 20 ms)."""
         if news.is_set():
             await asyncio.sleep(ROUTING_RETRY_MIN_MS / 1000)
             return
         try:
             await asyncio.wait_for(news.wait(), backoff_ms / 1000)
         except TimeoutError:
-            await self.refresh_metadata(force=True)
+            await self.refresh_metadata(force=force)
 
     async def UpdateMetadata(
         self, request: broker_pb2.UpdateMetadataRequest, context: grpc.aio.ServicerContext
@@ -252,14 +254,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 for tp in failed
                 if (results[tp].base_offset < 0 and tp not in uncertain) or tp in (idempotent or ())
             }
-            backoff_ms = (
-                ROUTING_RETRY_LEADER_BEHIND_MS
-                if all(results[tp].error_code in LEADER_BEHIND_CODES for tp in retry)
-                else ROUTING_RETRY_BACKOFF_MS
-            )
+            leader_behind = all(results[tp].error_code in LEADER_BEHIND_CODES for tp in retry)
+            backoff_ms = ROUTING_RETRY_LEADER_BEHIND_MS if leader_behind else ROUTING_RETRY_BACKOFF_MS
             if not retry or time.monotonic() + backoff_ms / 1000 >= deadline:
                 break
-            await self._await_routing_retry(news, backoff_ms)
+            await self._await_routing_retry(news, backoff_ms, force=not leader_behind)
             pending = [
                 common_pb2.ProduceTopicData(
                     topic=t.topic, partitions=[pd for pd in t.partitions if (t.topic, pd.partition) in retry]

@@ -13,9 +13,13 @@ from services.gateway.server import ROUTING_RETRY_BACKOFF_MS, GatewayServicer
 class Recorder:
     def __init__(self) -> None:
         self.forced = 0
+        self.rate_limited = 0
 
     async def refresh(self, *, force: bool = False) -> None:
-        self.forced += force
+        if force:
+            self.forced += 1
+        else:
+            self.rate_limited += 1
 
 
 def gateway() -> tuple[GatewayServicer, Recorder]:
@@ -35,7 +39,7 @@ def test_news_during_the_attempt_routes_again_at_once_without_asking_the_control
         news = gw._metadata_changed
         gw._announce_metadata()  # the controller's push arrived while the attempt was out
         started = time.monotonic()
-        await gw._await_routing_retry(news, ROUTING_RETRY_BACKOFF_MS)
+        await gw._await_routing_retry(news, ROUTING_RETRY_BACKOFF_MS, force=True)
         return time.monotonic() - started, recorder.forced
 
     waited_s, forced = run(scenario())
@@ -48,7 +52,7 @@ def test_news_while_waiting_ends_the_wait() -> None:
         news = gw._metadata_changed
         asyncio.get_running_loop().call_later(0.01, gw._announce_metadata)
         started = time.monotonic()
-        await gw._await_routing_retry(news, 10_000)
+        await gw._await_routing_retry(news, 10_000, force=True)
         return time.monotonic() - started, recorder.forced
 
     waited_s, forced = run(scenario())
@@ -59,8 +63,18 @@ def test_no_news_waits_the_back_off_then_asks_the_controller() -> None:
     async def scenario() -> tuple[float, int]:
         gw, recorder = gateway()
         started = time.monotonic()
-        await gw._await_routing_retry(gw._metadata_changed, 50)
+        await gw._await_routing_retry(gw._metadata_changed, 50, force=True)
         return time.monotonic() - started, recorder.forced
 
     waited_s, forced = run(scenario())
     assert waited_s >= 0.05 and forced == 1
+
+
+def test_a_leader_behind_wait_asks_the_controller_only_within_the_refresh_rate_limit() -> None:
+    async def scenario() -> Recorder:
+        gw, recorder = gateway()
+        await gw._await_routing_retry(gw._metadata_changed, 20, force=False)
+        return recorder
+
+    recorder = run(scenario())
+    assert recorder.forced == 0 and recorder.rate_limited == 1
