@@ -216,6 +216,10 @@ class ConnectionConfig:
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     auth_token: str | None = None
+    # Produce (and the Consumer's Fetch) straight to each partition's leader broker, whose
+    # address Metadata gives, as Kafka's clients do: a record crosses one process fewer.
+    # False sends them through the gateways (for clients that can reach only a gateway).
+    direct_to_leaders: bool = True
 
     def __post_init__(self) -> None:
         bootstrap: object = self.bootstrap  # checked at run time: callers may pass anything
@@ -237,6 +241,8 @@ class ConnectionConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise InvalidArgument(f"{name} must be a non-empty str or None, got {value!r}")
+        if not isinstance(self.direct_to_leaders, bool):
+            raise InvalidArgument(f"direct_to_leaders must be a bool, got {self.direct_to_leaders!r}")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise InvalidArgument("ssl_certfile and ssl_keyfile go together: give both or neither")
 

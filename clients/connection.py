@@ -67,8 +67,8 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.keepalive_timeout_ms", GRPC_KEEPALIVE_TIMEOUT_MS),
 ]
 
-# Status codes that mean "this gateway is not there (any more)": try another one.
-_FAILOVER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+# Status codes that mean "this process is not there (any more)": try another gateway.
+UNREACHABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 # The deadline (time.monotonic() seconds, None: none) that bounds every call made in the
 # current context; set with `call_deadline`. A task copies it when created, so a task that
@@ -175,35 +175,12 @@ class GatewayConnection:
     def _stub(self, address: str) -> gateway_pb2_grpc.GatewayServiceStub:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = (
-                self.tls.aio_channel(address, CHANNEL_OPTIONS)
-                if self.tls is not None
-                else grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-            )
+            channel = open_channel(address, self.tls)
             self._channels[address] = channel
             # The generated *_pb2_grpc stubs carry no annotations (pyproject.toml, [tool.mypy]).
             stub = gateway_pb2_grpc.GatewayServiceStub(channel)  # type: ignore[no-untyped-call]
             self._stubs[address] = stub
         return stub
-
-    async def _connected(self, address: str, deadline: float) -> str:
-        """'' once the channel to `address` is READY, else why not (before `deadline`)."""
-        channel = self._channels[address]
-        state = channel.get_state(try_to_connect=True)
-        while state != grpc.ChannelConnectivity.READY:
-            if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-                return "connection failed"
-            if state == grpc.ChannelConnectivity.SHUTDOWN:
-                return "channel shut down"
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return "no connection before the connect timeout"
-            try:
-                await asyncio.wait_for(channel.wait_for_state_change(state), remaining)
-            except TimeoutError:
-                return "no connection before the connect timeout"
-            state = channel.get_state(try_to_connect=True)
-        return ""
 
     async def call(
         self, method: str, request: Any, *, timeout_ms: int | None = None, deadline: float | None = None
@@ -239,7 +216,7 @@ class GatewayConnection:
                     f"answered ({self._tried(failures)})"
                 )
             stub = self._stub(address)
-            why = await self._connected(address, connect_deadline)
+            why = await wait_connected(self._channels[address], connect_deadline)
             if not why:
                 attempt_timeout_s = rpc_timeout_s
                 if deadline is not None:
@@ -255,7 +232,7 @@ class GatewayConnection:
                         )
                     return response
                 except grpc.aio.AioRpcError as error:
-                    if error.code() not in _FAILOVER_CODES:
+                    if error.code() not in UNREACHABLE_CODES:
                         raise error_from_status(error, method, address) from None
                     why = f"{error.code().name}: {error.details() or ''}".rstrip(": ")
             failures[address] = why
@@ -289,6 +266,32 @@ class GatewayConnection:
             await channel.close(grace=None)
 
 
+def open_channel(address: str, tls: ClientTls | None) -> grpc.aio.Channel:
+    """A grpc.aio channel to `address` with the clients' options, over TLS when `tls` is set."""
+    if tls is not None:
+        return tls.aio_channel(address, CHANNEL_OPTIONS)
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+async def wait_connected(channel: grpc.aio.Channel, deadline: float) -> str:
+    """'' once `channel` is READY, else why not (before `deadline`, time.monotonic() seconds)."""
+    state = channel.get_state(try_to_connect=True)
+    while state != grpc.ChannelConnectivity.READY:
+        if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            return "connection failed"
+        if state == grpc.ChannelConnectivity.SHUTDOWN:
+            return "channel shut down"
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return "no connection before the connect timeout"
+        try:
+            await asyncio.wait_for(channel.wait_for_state_change(state), remaining)
+        except TimeoutError:
+            return "no connection before the connect timeout"
+        state = channel.get_state(try_to_connect=True)
+    return ""
+
+
 def client_tls(config: Any) -> ClientTls | None:
     """The TLS and token credentials a ConnectionConfig asks for (None: plaintext);
     InvalidArgument if unusable.
@@ -305,7 +308,7 @@ def client_tls(config: Any) -> ClientTls | None:
 
 
 def error_from_status(
-    error: grpc.aio.AioRpcError | grpc.RpcError, method: str, address: str
+    error: grpc.aio.AioRpcError | grpc.RpcError, method: str, address: str, *, role: str = "gateway"
 ) -> HighwaterError:
     """The typed error for a whole-request gRPC failure other than UNAVAILABLE.
 
@@ -314,7 +317,7 @@ def error_from_status(
     """
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = (error.details() if hasattr(error, "details") else "") or ""
-    where = f"{method} at gateway {address}"
+    where = f"{method} at {role} {address}"
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return RequestTimedOut(f"{where}: no answer before the deadline")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
@@ -324,5 +327,5 @@ def error_from_status(
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return MessageTooLarge(f"{where}: {details}")
     if code == grpc.StatusCode.UNIMPLEMENTED:
-        return UnknownServerError(f"{where}: the gateway does not implement this call")
+        return UnknownServerError(f"{where}: the {role} does not implement this call")
     return UnknownServerError(f"{where}: {code.name if code else 'UNKNOWN'}: {details}")

@@ -7,6 +7,8 @@ have no wire code of their own, so each borrows the closest one and names itself
 with `code_name()` (what the CLI prints before the message).
 
 - GatewayUnavailable: no gateway in the bootstrap list answered in time.
+- LeaderUnavailable: the broker Metadata named as a partition's leader could not be
+  reached (a client sending straight to leaders asks for new Metadata and tries again).
 - InvalidArgument: the caller passed something wrong (type, range, empty name);
   it is also a ValueError and a TypeError so plain Python code can catch it.
 - ClientClosed: a method was called on a closed Producer/Consumer/Admin.
@@ -32,6 +34,7 @@ __all__ = [
     "GatewayUnavailable",
     "HighwaterError",
     "InvalidArgument",
+    "LeaderUnavailable",
     "MessageTooLarge",
     "RequestTimedOut",
     "check_no_positional_timeout",
@@ -53,6 +56,21 @@ class GatewayUnavailable(HighwaterError):
     @classmethod
     def code_name(cls) -> str:
         return "GATEWAY_UNAVAILABLE"
+
+
+class LeaderUnavailable(HighwaterError):
+    """The broker Metadata named as a partition's leader did not answer (stopped, restarting,
+    unreachable). Retriable with new Metadata: the controller moves the leadership of a
+    broker that is gone, and the client sends to the new leader.
+    """
+
+    code = common_pb2.BROKER_NOT_AVAILABLE
+    retriable = True
+    refresh_metadata = True
+
+    @classmethod
+    def code_name(cls) -> str:
+        return "LEADER_UNAVAILABLE"
 
 
 # InvalidRequest is made at run time by _error() in clients/common/errors.py, so mypy sees a

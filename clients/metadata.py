@@ -37,6 +37,8 @@ class TopicInfo:
     tps: tuple[TopicPartition, ...] = ()
     # The topic's max.message.bytes (0: not known): no batch may be bigger.
     max_message_bytes: int = 0
+    # The leader's broker id of each partition id (-1: none known), for sending straight to it.
+    leaders: tuple[int, ...] = ()
 
 
 class ClusterMetadata:
@@ -49,12 +51,26 @@ class ClusterMetadata:
         self.controller_id = -1
         self.brokers: tuple[common_pb2.BrokerNode, ...] = ()
         self.gateways: tuple[common_pb2.GatewayNode, ...] = ()
+        # "host:port" of each broker the last answer listed: where its partitions' leaders are.
+        self.broker_addresses: dict[int, str] = {}
         self._stale: set[str] = set()
         # Errors of topics the last answer knew nothing about (e.g. UNKNOWN_TOPIC_OR_PARTITION).
         self.topic_errors: dict[str, HighwaterError] = {}
 
     def get(self, topic: str) -> TopicInfo | None:
         return self.topics.get(topic)
+
+    def leader_address(self, tp: TopicPartition) -> str | None:
+        """Where tp's leader takes Produce and Fetch ("host:port"), or None when not known now:
+        no answer names a leader, or the topic is marked stale (its leaders may have moved)."""
+        info = self.topics.get(tp.topic)
+        if info is None or tp.topic in self._stale or not 0 <= tp.partition < len(info.leaders):
+            return None
+        leader = info.leaders[tp.partition]
+        return self.broker_addresses.get(leader) if leader >= 0 else None
+
+    def is_stale(self, topic: str) -> bool:
+        return topic in self._stale
 
     def needs_refresh(self, topic: str, now_ms: int) -> bool:
         info = self.topics.get(topic)
@@ -74,6 +90,9 @@ class ClusterMetadata:
         self.cluster_id = response.cluster_id
         self.controller_id = response.controller_id
         self.brokers = tuple(response.brokers)
+        self.broker_addresses = {
+            b.broker_id: f"{b.host}:{b.port}" for b in response.brokers if b.host and b.port > 0
+        }
         self.gateways = tuple(response.gateways)
         seen: set[str] = set()
         for topic in response.topics:
@@ -87,6 +106,9 @@ class ClusterMetadata:
                 continue
             self.topic_errors.pop(topic.name, None)
             ordered = sorted(topic.partitions, key=lambda p: p.partition)
+            leaders = [-1] * (ordered[-1].partition + 1 if ordered else 0)
+            for p in ordered:
+                leaders[p.partition] = p.leader
             self.topics[topic.name] = TopicInfo(
                 name=topic.name,
                 topic_id=topic.topic_id,
@@ -98,6 +120,7 @@ class ClusterMetadata:
                     TopicPartition(topic.name, p) for p in range(ordered[-1].partition + 1 if ordered else 0)
                 ),
                 max_message_bytes=topic.config.max_message_bytes,
+                leaders=tuple(leaders),
             )
         if asked is None:
             # A full answer: topics not in it are gone.

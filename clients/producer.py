@@ -71,6 +71,7 @@ from clients.errors import (
     RequestTimedOut,
     check_no_positional_timeout,
 )
+from clients.leaders import LeaderConnections
 from clients.loop_thread import LoopThread
 from clients.metadata import ClusterMetadata, MetadataFetcher, TopicInfo, now_ms
 from clients.sender import BulkSendResult, Sender, SentRecords, closed_error
@@ -159,8 +160,18 @@ class _ProducerCore:
             age_spread_ms=config.delivery_timeout_ms * DELIVERY_TIMEOUT_SPREAD_PERCENT // 100,
         )
         self.partitioner = StickyPartitioner(config.batch_size_bytes)
+        self.leaders = (
+            LeaderConnections.from_config(config, self.connection.tls) if config.direct_to_leaders else None
+        )
         self.sender = Sender(
-            config, self.accumulator, self.lock, self.connection, self.metadata, on_batch_done
+            config,
+            self.accumulator,
+            self.lock,
+            self.connection,
+            self.metadata,
+            on_batch_done,
+            leaders=self.leaders,
+            refresh_topic=self.refresh_in_background,
         )
         self.sender_task: asyncio.Task[None] | None = None
         self.closed = False
@@ -207,6 +218,8 @@ class _ProducerCore:
                 await asyncio.wait_for(self.sender_task, SENDER_STOP_WAIT_S)
             except (TimeoutError, asyncio.CancelledError):
                 self.sender_task.cancel()
+        if self.leaders is not None:
+            await self.leaders.close()
         await self.connection.close()
 
     # --- from any thread -------------------------------------------------------------

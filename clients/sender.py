@@ -4,10 +4,17 @@
 One asyncio task per producer runs `Sender.run`. Each pass it:
 1. fails batches that waited longer than delivery_timeout_ms;
 2. gets a producer id (InitProducerId) when idempotence needs one or a new epoch;
-3. drains the ready partitions (at most `max_in_flight_requests` requests at once,
-   at most one batch per partition in flight, so per-partition order holds),
-   numbers and encodes each batch once, and sends one Produce request;
+3. drains the ready partitions (at most one batch per partition in flight, so
+   per-partition order holds), numbers and encodes each batch once, and sends one
+   Produce request per destination (below);
 4. sleeps until the next batch is due (linger, back-off) or someone wakes it.
+
+Where a request goes: straight to each partition's leader, as Metadata names it
+(`direct_to_leaders`, the default; one request per leader, at most
+`max_in_flight_requests` in flight to each), or through a gateway, which routes it:
+when direct_to_leaders is off, and for partitions whose leader is not known now (no
+leader in the last Metadata, or the topic marked stale by an error: a background
+refresh is started and the gateway, which follows the controller, routes meanwhile).
 
 Answers: success resolves every record's future; a retriable error puts the batch
 back at the head of its queue with exponential back-off (the same bytes and
@@ -36,11 +43,15 @@ from clients.config import EXPIRY_TIMER_MARGIN_MS, RPC_DEADLINE_MARGIN_MS, Produ
 from clients.connection import GatewayConnection
 from clients.errors import ClientClosed, HighwaterError, RequestTimedOut, error_for_code
 from clients.idempotence import IdempotenceState
+from clients.leaders import LeaderConnections
 from clients.metadata import ClusterMetadata, now_ms
 from clients.types import FailedRecord, RecordMetadata, TopicPartition
 from protos.highwater.v1 import common_pb2
 
 log = logging.getLogger("highwater.client.producer")
+
+# The destination of requests that go through a gateway (a leader's is its "host:port").
+VIA_GATEWAY = ""
 
 # Errors after which the batch's sequence numbers cannot be trusted: fail and renumber.
 _SEQUENCE_ERRORS = (common_pb2.OUT_OF_ORDER_SEQUENCE_NUMBER, common_pb2.INVALID_PRODUCER_EPOCH)
@@ -235,7 +246,7 @@ class BulkSendResult:
 
 
 class Sender:
-    """The task that moves batches from the accumulator to the gateway."""
+    """The task that moves batches from the accumulator to the partition leaders (or a gateway)."""
 
     def __init__(
         self,
@@ -245,6 +256,9 @@ class Sender:
         connection: GatewayConnection,
         metadata: ClusterMetadata,
         on_batch_done: Callable[[], None],
+        *,
+        leaders: LeaderConnections | None = None,
+        refresh_topic: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
         self.accumulator = accumulator
@@ -252,6 +266,12 @@ class Sender:
         self.connection = connection
         self.metadata = metadata
         self.on_batch_done = on_batch_done
+        # None: every request goes through a gateway (direct_to_leaders off).
+        self.leaders = leaders
+        # Starts a background Metadata refresh of a topic whose leaders are not known now.
+        self.refresh_topic = refresh_topic
+        # Requests in flight per destination (a leader's address, or VIA_GATEWAY).
+        self._in_flight_to: dict[str, int] = {}
         self.idempotence = IdempotenceState() if config.enable_idempotence else None
         self.fatal_error: HighwaterError | None = None
         self._muted: set[TopicPartition] = set()
@@ -344,21 +364,43 @@ class Sender:
                     return self._init_retry_at_ms - now
                 self._init_task = asyncio.get_running_loop().create_task(self._init_producer_id())
             return None
-        if len(self._in_flight) >= config.max_in_flight_requests:
-            return None
         with self.lock:
             ready, next_ms = self.accumulator.ready(now, self._muted)
-            batches = self.accumulator.drain(ready, config.max_request_bytes)
-        if not batches:
+        if not ready:
             return next_ms
-        request = self._build_request(batches)
-        if request is None:
-            return 0
-        task = asyncio.get_running_loop().create_task(self._send(request, batches))
-        self._in_flight[task] = batches
-        for batch in batches:
-            self._muted.add(batch.tp)
-        return 0
+        sent = False
+        for destination, tps in self._destinations(ready).items():
+            if self._in_flight_to.get(destination, 0) >= config.max_in_flight_requests:
+                continue  # woken when one of its requests ends
+            with self.lock:
+                batches = self.accumulator.drain(tps, config.max_request_bytes)
+            if not batches:
+                continue
+            sent = True
+            request = self._build_request(batches)
+            if request is None:
+                continue
+            task = asyncio.get_running_loop().create_task(self._send(destination, request, batches))
+            self._in_flight[task] = batches
+            self._in_flight_to[destination] = self._in_flight_to.get(destination, 0) + 1
+            for batch in batches:
+                self._muted.add(batch.tp)
+        return 0 if sent else next_ms
+
+    def _destinations(self, ready: list[TopicPartition]) -> dict[str, list[TopicPartition]]:
+        """Ready partitions by where their request goes: their leader's address, or VIA_GATEWAY."""
+        if self.leaders is None:
+            return {VIA_GATEWAY: ready}
+        by_destination: dict[str, list[TopicPartition]] = {}
+        leader_address = self.metadata.leader_address
+        for tp in ready:
+            address = leader_address(tp)
+            if address is None:
+                address = VIA_GATEWAY
+                if self.refresh_topic is not None:
+                    self.refresh_topic(tp.topic)
+            by_destination.setdefault(address, []).append(tp)
+        return by_destination
 
     def _build_request(self, batches: list[ProducerBatch]) -> common_pb2.ProduceRequest | None:
         """Number and encode each batch (once; retries reuse the bytes) into one request.
@@ -397,7 +439,9 @@ class Sender:
             ],
         )
 
-    async def _send(self, request: common_pb2.ProduceRequest, batches: list[ProducerBatch]) -> None:
+    async def _send(
+        self, destination: str, request: common_pb2.ProduceRequest, batches: list[ProducerBatch]
+    ) -> None:
         # No batch may outlive its delivery_timeout_ms in flight: the call (connecting, failing
         # over and the RPC) ends by the oldest batch's deadline, which then fails as timed out.
         delivery_deadline_s = (
@@ -405,12 +449,21 @@ class Sender:
         ) / 1000
         try:
             try:
-                response = await self.connection.call(
-                    "Produce",
-                    request,
-                    timeout_ms=request.timeout_ms + RPC_DEADLINE_MARGIN_MS,
-                    deadline=delivery_deadline_s,
-                )
+                if destination == VIA_GATEWAY or self.leaders is None:
+                    response = await self.connection.call(
+                        "Produce",
+                        request,
+                        timeout_ms=request.timeout_ms + RPC_DEADLINE_MARGIN_MS,
+                        deadline=delivery_deadline_s,
+                    )
+                else:
+                    response = await self.leaders.call(
+                        destination,
+                        "Produce",
+                        request,
+                        timeout_ms=request.timeout_ms + RPC_DEADLINE_MARGIN_MS,
+                        deadline=delivery_deadline_s,
+                    )
             except HighwaterError as error:
                 for batch in batches:
                     self._retry_or_fail(batch, error)
@@ -423,7 +476,10 @@ class Sender:
                 answer = answers.get(batch.tp)
                 if answer is None:
                     self._retry_or_fail(
-                        batch, RequestTimedOut(f"the gateway's Produce answer left out {batch.tp}")
+                        batch,
+                        RequestTimedOut(
+                            f"the Produce answer of {destination or 'the gateway'} left out {batch.tp}"
+                        ),
                     )
                 elif answer.error_code == common_pb2.NONE:
                     base_offset = answer.base_offset if self.config.acks_wire != 0 else -1
@@ -444,8 +500,12 @@ class Sender:
             for batch in batches:
                 self._muted.discard(batch.tp)
             task = asyncio.current_task()
-            if task is not None:
-                self._in_flight.pop(task, None)
+            if task is not None and self._in_flight.pop(task, None) is not None:
+                left = self._in_flight_to.get(destination, 0) - 1
+                if left > 0:
+                    self._in_flight_to[destination] = left
+                else:
+                    self._in_flight_to.pop(destination, None)
             self._wake.set()
 
     async def _init_producer_id(self) -> None:

@@ -287,18 +287,31 @@ def test_cli_round_trip(cluster):
 
 
 def test_producer_rides_through_a_gateway_restart(cluster):
-    """Runs last in this module: it stops the shared gateway for a moment."""
+    """Runs last in this module: it stops the shared gateway for a moment.
+
+    A producer sending through the gateway waits and retries while it is down; one sending
+    straight to the leaders (the default) does not need it once it has Metadata."""
     create(cluster, "clients-gateway-restart", partitions=1)
     settings = dict(FAST, connect_timeout_ms=2_000, delivery_timeout_ms=60_000)
-    with Producer(cluster.gateway_address, **settings) as producer:
+    with (
+        Producer(cluster.gateway_address, direct_to_leaders=False, **settings) as producer,
+        Producer(cluster.gateway_address, **settings) as direct,
+    ):
         assert producer.send("clients-gateway-restart", b"before").result(timeout=10).offset == 0
+        assert direct.send("clients-gateway-restart", b"direct-before").result(timeout=10).offset == 1
         cluster.kill_gateway()
         future = producer.send("clients-gateway-restart", b"during")
+        assert direct.send("clients-gateway-restart", b"direct-during").result(timeout=10).offset == 2
         # Nothing answers for a second: the record must wait and retry, not fail.
         with pytest.raises(concurrent.futures.TimeoutError):
             future.result(timeout=1.0)
         cluster.start_gateway()
-        assert future.result(timeout=45).offset == 1, "retried within delivery_timeout_ms, written once"
+        assert future.result(timeout=45).offset == 3, "retried within delivery_timeout_ms, written once"
     with Consumer(bootstrap=cluster.gateway_address, auto_offset_reset="earliest", **FAST) as consumer:
         consumer.assign([TopicPartition("clients-gateway-restart", 0)])
-        assert [r.value for r in consume_until(consumer, 2)] == [b"before", b"during"]
+        assert [r.value for r in consume_until(consumer, 4)] == [
+            b"before",
+            b"direct-before",
+            b"direct-during",
+            b"during",
+        ]

@@ -28,7 +28,7 @@ from clients.loop_thread import LoopThread
 from clients.producer import AsyncProducer, Producer
 from clients.sender import backoff_ms
 from clients.types import RecordMetadata, TopicPartition
-from protos.highwater.v1 import common_pb2, gateway_pb2_grpc
+from protos.highwater.v1 import broker_pb2_grpc, common_pb2, gateway_pb2_grpc
 
 TP0 = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)
@@ -221,11 +221,14 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
     hang: bool = False
     next_producer_id: int = 1000
     init_requests: list[tuple[int, int]] = field(default_factory=list)
+    # Brokers Metadata lists (none: clients know no leader address and go through the gateway).
+    brokers: list[common_pb2.BrokerNode] = field(default_factory=list)
 
     async def Metadata(self, request, context):
         return common_pb2.MetadataResponse(
             cluster_id="fake",
             controller_id=1,
+            brokers=self.brokers,
             topics=[
                 common_pb2.TopicMetadata(
                     name="t",
@@ -322,6 +325,48 @@ def gateway() -> Iterator[tuple[FakeGateway, str]]:
         yield fake, f"127.0.0.1:{port}"
     finally:
         thread.run(server.stop(None))
+        thread.stop()
+
+
+class FakeLeader(broker_pb2_grpc.BrokerServiceServicer):
+    """Broker 1, the leader of every partition of the fake gateway's topic: its Produce writes
+    into the gateway's logs (one log per partition, whoever is asked) and counts its calls."""
+
+    def __init__(self, gateway: FakeGateway) -> None:
+        self.gateway = gateway
+        self.produce_calls = 0
+
+    async def Produce(self, request, context):
+        self.produce_calls += 1
+        return await self.gateway.Produce(request, context)
+
+
+@pytest.fixture
+def gateway_and_leader() -> Iterator[tuple[FakeGateway, str, FakeLeader, LoopThread, list[grpc.aio.Server]]]:
+    """A fake gateway whose Metadata names broker 1 (a FakeLeader on its own port) as leader."""
+    fake = FakeGateway()
+    leader = FakeLeader(fake)
+    thread = LoopThread("fake-cluster")
+
+    async def start() -> tuple[grpc.aio.Server, int, grpc.aio.Server, int]:
+        gateway_server = grpc.aio.server()
+        gateway_pb2_grpc.add_GatewayServiceServicer_to_server(fake, gateway_server)
+        gateway_port = gateway_server.add_insecure_port("127.0.0.1:0")
+        leader_server = grpc.aio.server()
+        broker_pb2_grpc.add_BrokerServiceServicer_to_server(leader, leader_server)
+        leader_port = leader_server.add_insecure_port("127.0.0.1:0")
+        await gateway_server.start()
+        await leader_server.start()
+        return gateway_server, gateway_port, leader_server, leader_port
+
+    gateway_server, gateway_port, leader_server, leader_port = thread.run(start())
+    fake.brokers = [common_pb2.BrokerNode(broker_id=1, host="127.0.0.1", port=leader_port)]
+    servers = [gateway_server, leader_server]
+    try:
+        yield fake, f"127.0.0.1:{gateway_port}", leader, thread, servers
+    finally:
+        for server in servers:
+            thread.run(server.stop(None))
         thread.stop()
 
 
@@ -636,3 +681,56 @@ def test_bulk_runs_of_separate_calls_merge_without_a_tuple_per_record() -> None:
         (b"k", b"c", 2, 2),
     ]
     assert batch.sinks == [(0, 2, sink, 0), (2, 1, sink, 0)]
+
+
+# --- straight to the leaders ---------------------------------------------------------------
+
+
+def test_batches_go_straight_to_the_leader_that_metadata_names(gateway_and_leader) -> None:
+    fake, address, leader, _thread, _servers = gateway_and_leader
+    with Producer(address, **FAST) as producer:
+        futures = [producer.send("t", f"v{i}".encode(), partition=i % 3) for i in range(30)]
+        producer.flush(timeout_ms=5_000)
+        offsets = [f.result(timeout=1).offset for f in futures]
+    assert offsets == [i // 3 for i in range(30)]
+    assert leader.produce_calls >= 1 and fake.produce_calls == leader.produce_calls, "none via the gateway"
+
+
+def test_direct_to_leaders_off_sends_everything_through_the_gateway(gateway_and_leader) -> None:
+    fake, address, leader, _thread, _servers = gateway_and_leader
+    with Producer(address, direct_to_leaders=False, **FAST) as producer:
+        producer.send("t", b"v", partition=0).result(timeout=5)
+    assert leader.produce_calls == 0 and fake.produce_calls == 1
+    with pytest.raises(InvalidArgument, match="direct_to_leaders"):
+        Producer(address, direct_to_leaders="yes")
+
+
+def test_an_unreachable_leader_is_retried_through_the_gateway_and_nothing_is_written_twice(
+    gateway_and_leader,
+) -> None:
+    fake, address, leader, thread, servers = gateway_and_leader
+    with Producer(address, **FAST) as producer:
+        producer.send("t", b"first", partition=0).result(timeout=5)
+        assert leader.produce_calls == 1
+        thread.run(servers[1].stop(None))  # the leader is gone; the gateway routes on
+        futures = [producer.send("t", f"v{i}".encode(), partition=0) for i in range(10)]
+        producer.flush(timeout_ms=5_000)
+        offsets = [f.result(timeout=1).offset for f in futures]
+    assert offsets == list(range(1, 11))
+    assert [r.value for r in fake.logs[("t", 0)]] == [b"first"] + [f"v{i}".encode() for i in range(10)]
+    assert fake.produce_calls > leader.produce_calls, "the retries went through the gateway"
+
+
+def test_a_not_leader_answer_sends_the_retry_through_the_gateway_and_refreshes(gateway_and_leader) -> None:
+    fake, address, leader, _thread, _servers = gateway_and_leader
+    fake.faults[("t", 1)] = [common_pb2.NOT_LEADER_OR_FOLLOWER]
+    with Producer(address, **FAST) as producer:
+        assert producer.send("t", b"x", partition=1).result(timeout=5).offset == 0
+        # Metadata was asked again, and the next batch goes straight to the leader again.
+        deadline = time.monotonic() + 5
+        while producer._core.metadata.is_stale("t") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        calls = leader.produce_calls
+        assert producer.send("t", b"y", partition=1).result(timeout=5).offset == 1
+    assert leader.produce_calls == calls + 1
+    assert [r.value for r in fake.logs[("t", 1)]] == [b"x", b"y"]

@@ -1,0 +1,139 @@
+"""Channels straight to partition leaders, as Kafka's clients talk to each partition's leader.
+
+A Producer sends each Produce to the broker that Metadata names as the leader of its
+partitions (the broker's own BrokerService.Produce: the same request, checks, ACLs
+and quotas as through a gateway), which saves every record a second trip through a
+gateway process. `LeaderConnections.call(address, method, request)` makes one such RPC.
+
+Unlike GatewayConnection there is no failover to another address: no other broker
+leads the partition. A broker that cannot be reached (no connection before the
+connect bound, or the call ends UNAVAILABLE/CANCELLED because it stopped) raises
+LeaderUnavailable, which is retriable and asks for new Metadata: the caller marks the
+topic stale, and its next attempt goes to the new leader (or, while no leader is known,
+through a gateway, which waits for the controller's election itself).
+
+Owned by one event loop, like GatewayConnection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import grpc
+
+from clients.config import ConnectionConfig
+from clients.connection import (
+    UNREACHABLE_CODES,
+    current_call_deadline,
+    error_from_status,
+    open_channel,
+    wait_connected,
+)
+from clients.errors import ClientClosed, LeaderUnavailable, RequestTimedOut
+from clients.tls import ClientTls
+from protos.highwater.v1 import broker_pb2_grpc
+
+# How long a call waits for a connection to a leader that has none yet. A leader is one
+# fixed broker: when it does not accept a connection this soon, new Metadata (a moved
+# leadership, or the gateway's own wait for an election) is worth more than waiting on.
+LEADER_CONNECT_TIMEOUT_MS_MAX = 2_000
+
+
+class LeaderConnections:
+    """One channel per broker address, made on first use and kept until close()."""
+
+    def __init__(
+        self,
+        *,
+        request_timeout_ms: int,
+        connect_timeout_ms: int,
+        tls: ClientTls | None = None,
+    ) -> None:
+        self.request_timeout_ms = request_timeout_ms
+        self.connect_timeout_ms = min(connect_timeout_ms, LEADER_CONNECT_TIMEOUT_MS_MAX)
+        self.tls = tls
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
+        # Kafka's KIP-219 per connection: a throttled answer mutes calls to that broker.
+        self._throttled_until: dict[str, float] = {}
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, config: ConnectionConfig, tls: ClientTls | None) -> LeaderConnections:
+        return cls(
+            request_timeout_ms=config.request_timeout_ms,
+            connect_timeout_ms=config.connect_timeout_ms,
+            tls=tls,
+        )
+
+    def _stub(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
+        stub = self._stubs.get(address)
+        if stub is None:
+            channel = open_channel(address, self.tls)
+            self._channels[address] = channel
+            # The generated *_pb2_grpc stubs carry no annotations (pyproject.toml, [tool.mypy]).
+            stub = broker_pb2_grpc.BrokerServiceStub(channel)  # type: ignore[no-untyped-call]
+            self._stubs[address] = stub
+        return stub
+
+    async def call(
+        self,
+        address: str,
+        method: str,
+        request: Any,
+        *,
+        timeout_ms: int | None = None,
+        deadline: float | None = None,
+    ) -> Any:
+        """Send `request` to BrokerService.`method` at `address` (a leader from Metadata).
+
+        `timeout_ms` (default request_timeout_ms) bounds the RPC once connected; `deadline`
+        (time.monotonic() seconds) and the enclosing `call_deadline` bound the whole call.
+        Raises LeaderUnavailable, RequestTimedOut or another HighwaterError.
+        """
+        if self._closed:
+            raise ClientClosed(f"connections to the partition leaders are closed ({method} to {address})")
+        caller_deadline = current_call_deadline()
+        if caller_deadline is not None:
+            deadline = caller_deadline if deadline is None else min(deadline, caller_deadline)
+        throttled_s = self._throttled_until.get(address, 0.0) - time.monotonic()
+        if throttled_s > 0:
+            if deadline is not None:
+                throttled_s = min(throttled_s, max(0.0, deadline - time.monotonic()))
+            await asyncio.sleep(throttled_s)
+        stub = self._stub(address)
+        connect_deadline = time.monotonic() + self.connect_timeout_ms / 1000
+        if deadline is not None:
+            connect_deadline = min(connect_deadline, deadline)
+        why = await wait_connected(self._channels[address], connect_deadline)
+        if why:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RequestTimedOut(
+                    f"{method}: the caller's deadline passed before leader {address} connected"
+                )
+            raise LeaderUnavailable(f"{method}: leader {address} unusable: {why}")
+        rpc_timeout_s = (timeout_ms if timeout_ms is not None else self.request_timeout_ms) / 1000
+        if deadline is not None:
+            rpc_timeout_s = max(0.0, min(rpc_timeout_s, deadline - time.monotonic()))
+        try:
+            response = await getattr(stub, method)(request, timeout=rpc_timeout_s)
+        except grpc.aio.AioRpcError as error:
+            if error.code() in UNREACHABLE_CODES:
+                detail = f"{error.code().name}: {error.details() or ''}".rstrip(": ")
+                raise LeaderUnavailable(f"{method}: leader {address} unusable: {detail}") from None
+            raise error_from_status(error, method, address, role="leader") from None
+        throttle_ms = getattr(response, "throttle_time_ms", 0)
+        if throttle_ms > 0:
+            self._throttled_until[address] = max(
+                self._throttled_until.get(address, 0.0), time.monotonic() + throttle_ms / 1000
+            )
+        return response
+
+    async def close(self) -> None:
+        """Close every channel; calls in flight end CANCELLED."""
+        self._closed = True
+        channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
+        for channel in channels:
+            await channel.close(grace=None)
