@@ -7,6 +7,8 @@ have no wire code of their own, so each borrows the closest one and names itself
 with `code_name()` (what the CLI prints before the message).
 
 - GatewayUnavailable: no gateway in the bootstrap list answered in time.
+- LeaderMoved: a request to a leader went unanswered while Metadata came to name
+  another leader for its partitions (a paused or cut-off broker); sent again there.
 - LeaderUnavailable: the broker Metadata named as a partition's leader could not be
   reached (a client sending straight to leaders asks for new Metadata and tries again).
 - InvalidArgument: the caller passed something wrong (type, range, empty name);
@@ -34,6 +36,7 @@ __all__ = [
     "GatewayUnavailable",
     "HighwaterError",
     "InvalidArgument",
+    "LeaderMoved",
     "LeaderUnavailable",
     "MessageTooLarge",
     "RequestTimedOut",
@@ -71,6 +74,21 @@ class LeaderUnavailable(HighwaterError):
     @classmethod
     def code_name(cls) -> str:
         return "LEADER_UNAVAILABLE"
+
+
+class LeaderMoved(HighwaterError):
+    """A request to a partition's leader went unanswered while the controller moved the
+    leadership elsewhere (the old leader is paused, overloaded or cut off). Retriable: the
+    client sends it to the new leader that its (already fresh) Metadata names.
+    """
+
+    code = common_pb2.NOT_LEADER_OR_FOLLOWER
+    retriable = True
+    refresh_metadata = False
+
+    @classmethod
+    def code_name(cls) -> str:
+        return "LEADER_MOVED"
 
 
 # InvalidRequest is made at run time by _error() in clients/common/errors.py, so mypy sees a

@@ -33,15 +33,21 @@ import asyncio
 import logging
 import threading
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, overload
 
 from clients.accumulator import ProducerBatch, RecordAccumulator
 from clients.common import limits, records
 from clients.common.errors import InvariantViolation
-from clients.config import EXPIRY_TIMER_MARGIN_MS, RPC_DEADLINE_MARGIN_MS, ProducerConfig
+from clients.config import (
+    EXPIRY_TIMER_MARGIN_MS,
+    LEADER_MOVE_CHECK_AFTER_MS,
+    LEADER_MOVE_CHECK_INTERVAL_MS,
+    RPC_DEADLINE_MARGIN_MS,
+    ProducerConfig,
+)
 from clients.connection import GatewayConnection
-from clients.errors import ClientClosed, HighwaterError, RequestTimedOut, error_for_code
+from clients.errors import ClientClosed, HighwaterError, LeaderMoved, RequestTimedOut, error_for_code
 from clients.idempotence import IdempotenceState
 from clients.leaders import LeaderConnections
 from clients.metadata import ClusterMetadata, now_ms
@@ -457,14 +463,22 @@ class Sender:
                         deadline=delivery_deadline_s,
                     )
                 else:
-                    response = await self.leaders.call(
+                    call = self.leaders.call(
                         destination,
                         "Produce",
                         request,
                         timeout_ms=request.timeout_ms + RPC_DEADLINE_MARGIN_MS,
                         deadline=delivery_deadline_s,
                     )
+                    if all(batch.producer_id >= 0 for batch in batches):
+                        response = await self._unless_leader_moves(destination, call, batches)
+                    else:
+                        response = await call
             except HighwaterError as error:
+                if destination != VIA_GATEWAY and not isinstance(error, LeaderMoved):
+                    # As Kafka's client after a failed connection: is this broker still the leader?
+                    for topic in {batch.tp.topic for batch in batches}:
+                        self.metadata.mark_stale(topic)
                 for batch in batches:
                     self._retry_or_fail(batch, error)
                 return
@@ -507,6 +521,39 @@ class Sender:
                 else:
                     self._in_flight_to.pop(destination, None)
             self._wake.set()
+
+    async def _unless_leader_moves(
+        self, destination: str, call: Coroutine[Any, Any, Any], batches: list[ProducerBatch]
+    ) -> Any:
+        """Await `call` to leader `destination`, unless Metadata names another leader for one
+        of `batches`' partitions first: then LeaderMoved (retriable) and the call is dropped.
+
+        Only for idempotent batches: resent with the same sequence numbers, a batch that the old
+        leader had replicated is answered as a duplicate by the new one, never written twice.
+        """
+        started_ms = now_ms()
+        answer = asyncio.ensure_future(call)
+        try:
+            done, _ = await asyncio.wait({answer}, timeout=LEADER_MOVE_CHECK_AFTER_MS / 1000)
+            while not done:
+                moved = [
+                    batch.tp
+                    for batch in batches
+                    if self.metadata.leader_address(batch.tp) not in (None, destination)
+                ]
+                if moved:
+                    raise LeaderMoved(
+                        f"Produce to {destination} unanswered for {now_ms() - started_ms} ms "
+                        f"and Metadata names another leader for {', '.join(map(str, moved))}"
+                    )
+                if self.refresh_topic is not None:
+                    for topic in {batch.tp.topic for batch in batches}:
+                        self.refresh_topic(topic)
+                done, _ = await asyncio.wait({answer}, timeout=LEADER_MOVE_CHECK_INTERVAL_MS / 1000)
+            return answer.result()
+        finally:
+            if not answer.done():
+                answer.cancel()
 
     async def _init_producer_id(self) -> None:
         """InitProducerId: a new id, or a new epoch of ours when sequences must restart."""

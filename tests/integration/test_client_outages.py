@@ -168,6 +168,42 @@ def test_first_send_rides_out_an_outage_shorter_than_max_block_ms(cluster: TestC
     assert read_back(cluster, "outage-meta-ride") == [(outcome["result"].offset, b"after")]
 
 
+# --- a paused leader costs writers its lease, not the request timeout ------------------------
+
+
+def test_a_paused_leader_costs_an_idempotent_writer_the_lease_not_the_request_timeout(
+    cluster: TestCluster,
+) -> None:
+    """SIGSTOP the leader with a Produce on its way: the request is never answered (the default
+    request_timeout_ms is 30 s), but once the controller moves the leadership (after the
+    broker's lease, TEST_LEASE_TTL_S) the producer sends the batch to the new leader. Writers
+    wait at most the lease + 1 s; the batch is written once."""
+    from tests.integration.conftest import TEST_LEASE_TTL_S
+    from tests.integration.test_replication import wait_stopped
+
+    topic = "outage-paused-leader"
+    create(cluster, topic)
+    with Producer(cluster.gateway_address, delivery_timeout_ms=60_000) as producer:
+        assert producer.send(topic, b"before", partition=0).result(timeout=10).offset == 0
+        leader, _ = leader_and_isr(cluster, topic)
+        cluster.pause(f"broker-{leader}")
+        try:
+            pid = cluster.broker_pid(leader)
+            assert pid is not None
+            wait_stopped(pid)
+            started = time.monotonic()
+            metadata = producer.send(topic, b"during", partition=0).result(timeout=30)
+            took_s = time.monotonic() - started
+        finally:
+            cluster.resume(f"broker-{leader}")
+        print(f"paused leader: the write took {took_s:.2f} s (lease {TEST_LEASE_TTL_S} s)")  # with -s
+        assert took_s <= TEST_LEASE_TTL_S + 1.0, f"{took_s:.2f} s > lease {TEST_LEASE_TTL_S} s + 1 s"
+        new_leader, _ = leader_and_isr(cluster, topic)
+        assert new_leader != leader
+    restore(cluster, topic, None)
+    assert read_back(cluster, topic) == [(0, b"before"), (metadata.offset, b"during")]
+
+
 # --- 2 and 5. delivery_timeout_ms, and the failed record in the callback ----------------
 
 

@@ -223,6 +223,8 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
     init_requests: list[tuple[int, int]] = field(default_factory=list)
     # Brokers Metadata lists (none: clients know no leader address and go through the gateway).
     brokers: list[common_pb2.BrokerNode] = field(default_factory=list)
+    # The broker Metadata names as every partition's leader.
+    leader: int = 1
 
     async def Metadata(self, request, context):
         return common_pb2.MetadataResponse(
@@ -234,7 +236,9 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
                     name="t",
                     topic_id="id-t",
                     partitions=[
-                        common_pb2.PartitionMetadata(partition=p, leader=1, replicas=[1], isr=[1])
+                        common_pb2.PartitionMetadata(
+                            partition=p, leader=self.leader, replicas=[1, 2], isr=[1, 2]
+                        )
                         for p in range(self.partitions)
                     ],
                 )
@@ -335,10 +339,47 @@ class FakeLeader(broker_pb2_grpc.BrokerServiceServicer):
     def __init__(self, gateway: FakeGateway) -> None:
         self.gateway = gateway
         self.produce_calls = 0
+        self.hang = False  # answer nothing, as a paused (SIGSTOP) broker
 
     async def Produce(self, request, context):
         self.produce_calls += 1
+        if self.hang:
+            await asyncio.Event().wait()
         return await self.gateway.Produce(request, context)
+
+
+@pytest.fixture
+def gateway_and_two_leaders() -> Iterator[tuple[FakeGateway, str, FakeLeader, FakeLeader]]:
+    """A fake gateway naming broker 1 or 2 (`fake.leader`) as every partition's leader."""
+    fake = FakeGateway()
+    leaders = [FakeLeader(fake), FakeLeader(fake)]
+    thread = LoopThread("fake-cluster")
+
+    async def start() -> list[tuple[grpc.aio.Server, int]]:
+        started = []
+        for servicer, add in [
+            (fake, gateway_pb2_grpc.add_GatewayServiceServicer_to_server),
+            (leaders[0], broker_pb2_grpc.add_BrokerServiceServicer_to_server),
+            (leaders[1], broker_pb2_grpc.add_BrokerServiceServicer_to_server),
+        ]:
+            server = grpc.aio.server()
+            add(servicer, server)
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            started.append((server, port))
+        return started
+
+    started = thread.run(start())
+    fake.brokers = [
+        common_pb2.BrokerNode(broker_id=broker_id, host="127.0.0.1", port=port)
+        for broker_id, (_, port) in zip((1, 2), started[1:], strict=True)
+    ]
+    try:
+        yield fake, f"127.0.0.1:{started[0][1]}", leaders[0], leaders[1]
+    finally:
+        for server, _ in started:
+            thread.run(server.stop(None))
+        thread.stop()
 
 
 @pytest.fixture
@@ -734,3 +775,42 @@ def test_a_not_leader_answer_sends_the_retry_through_the_gateway_and_refreshes(g
         assert producer.send("t", b"y", partition=1).result(timeout=5).offset == 1
     assert leader.produce_calls == calls + 1
     assert [r.value for r in fake.logs[("t", 1)]] == [b"x", b"y"]
+
+
+def test_a_request_to_a_silent_leader_goes_to_the_new_one_once_metadata_names_it(
+    gateway_and_two_leaders,
+) -> None:
+    """A paused leader answers nothing until request_timeout_ms (30 s here); the producer asks
+    Metadata meanwhile and sends the idempotent batch to the new leader as soon as it is named."""
+    fake, address, first, second = gateway_and_two_leaders
+    settings = dict(FAST, request_timeout_ms=30_000, delivery_timeout_ms=60_000)
+    with Producer(address, **settings) as producer:
+        assert producer.send("t", b"before", partition=0).result(timeout=5).offset == 0
+        first.hang = True
+        started = time.monotonic()
+        future = producer.send("t", b"during", partition=0)
+        with pytest.raises(concurrent.futures.TimeoutError):
+            future.result(timeout=1.5)  # still waiting on the silent leader: nothing moved yet
+        fake.leader = 2  # the controller elected broker 2
+        assert future.result(timeout=5).offset == 1
+        took_s = time.monotonic() - started
+    assert took_s < 1.5 + 2.0, f"{took_s:.2f} s: sent to the new leader within a couple of checks"
+    assert second.produce_calls == 1
+    assert [r.value for r in fake.logs[("t", 0)]] == [b"before", b"during"], "written once"
+
+
+def test_a_silent_leader_is_waited_for_when_the_batch_is_not_idempotent(gateway_and_two_leaders) -> None:
+    """Without idempotence a resend could write the batch twice: the request is waited out."""
+    fake, address, first, _second = gateway_and_two_leaders
+    settings = dict(FAST, request_timeout_ms=1_000, delivery_timeout_ms=60_000)
+    with Producer(address, enable_idempotence=False, **settings) as producer:
+        first.hang = True
+        future = producer.send("t", b"x", partition=0)
+        time.sleep(0.3)
+        fake.leader = 2
+        with pytest.raises(concurrent.futures.TimeoutError):
+            future.result(timeout=1.5)  # not abandoned because the leader moved
+        # Retried after its own timeout, through the gateway while Metadata is asked again.
+        assert future.result(timeout=10).offset == 0
+    assert first.produce_calls == 1
+    assert [r.value for r in fake.logs[("t", 0)]] == [b"x"]
