@@ -328,10 +328,21 @@ class RecordAccumulator:
         self._incomplete[other.batch_id] = None
 
     def reenqueue(self, batch: ProducerBatch, retry_at_ms: int) -> None:
-        """Put a batch that failed with a retriable error back at the head of its queue."""
+        """Put a batch that failed with a retriable error back at the head of its queue, in
+        creation (sequence) order among other batches waiting to be retried: with several in
+        flight, their answers may come back in any order."""
         check(batch.batch_id in self._incomplete, "reenqueue of completed batch %d", batch.batch_id)
         batch.retry_at_ms = retry_at_ms
-        self._queues.setdefault(batch.tp, deque()).appendleft(batch)
+        queue = self._queues.setdefault(batch.tp, deque())
+        index = 0
+        while index < len(queue) and queue[index].attempts > 0 and queue[index].batch_id < batch.batch_id:
+            index += 1
+        queue.insert(index, batch)
+
+    def head_is_retry(self, tp: TopicPartition) -> bool:
+        """Whether tp's next batch to send is one being sent again."""
+        queue = self._queues.get(tp)
+        return queue is not None and bool(queue) and queue[0].attempts > 0
 
     def expire(self, now_ms: int, delivery_timeout_ms: int) -> list[ProducerBatch]:
         """Remove and return queued (not in-flight) batches older than delivery_timeout_ms."""

@@ -59,9 +59,14 @@ BUFFER_MEMORY_BYTES_DEFAULT = 32 * 1024 * 1024
 MAX_BLOCK_MS_DEFAULT = 60_000
 # Kafka's delivery.timeout.ms: a record is delivered or failed within this of send().
 DELIVERY_TIMEOUT_MS_DEFAULT = 120_000
-# Kafka's max.in.flight.requests.per.connection. Order per partition is kept anyway:
-# a partition has at most one batch in flight.
+# Kafka's max.in.flight.requests.per.connection: Produce requests in flight to one leader (or
+# gateway), and with idempotence also batches of one partition (the leader orders them by
+# sequence number); without idempotence a partition has one batch in flight, so order holds.
 MAX_IN_FLIGHT_REQUESTS_DEFAULT = 5
+# Batches of one partition in flight at most, whatever max_in_flight_requests says: a leader
+# recognises a resent batch among the last five it appended per producer (the brokers'
+# PRODUCER_BATCHES_KEPT); a sixth could be written twice. Kafka's producer has the same bound.
+IDEMPOTENT_BATCHES_IN_FLIGHT_MAX = 5
 # More concurrent Produce requests than this only queue up at the gateway.
 MAX_IN_FLIGHT_REQUESTS_MAX = 100
 ACKS_VALUES = {"all": -1, "-1": -1, "1": 1, "0": 0}

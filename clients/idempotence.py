@@ -36,6 +36,10 @@ class IdempotenceState:
         self.producer_epoch = -1
         self.needs_new_epoch = False
         self._next_sequence: dict[TopicPartition, int] = {}
+        # The sequence the leader expects next per partition (the end of the last acknowledged
+        # batch): with several batches in flight, an OUT_OF_ORDER answer to a batch that does
+        # not start there means an earlier one is still on its way (retry), not a gap.
+        self._acked_end: dict[TopicPartition, int] = {}
 
     @property
     def has_producer_id(self) -> bool:
@@ -47,6 +51,7 @@ class IdempotenceState:
         self.producer_epoch = producer_epoch
         self.needs_new_epoch = False
         self._next_sequence.clear()
+        self._acked_end.clear()
 
     def assign(self, batch: ProducerBatch) -> bool:
         """Give `batch` its sequence numbers unless it already has them under the current identity.
@@ -74,6 +79,24 @@ class IdempotenceState:
             and batch.producer_epoch == self.producer_epoch
         ):
             self.needs_new_epoch = True
+
+    def _current(self, batch: ProducerBatch) -> bool:
+        return (
+            batch.base_sequence >= 0
+            and batch.producer_id == self.producer_id
+            and batch.producer_epoch == self.producer_epoch
+        )
+
+    def on_batch_acked(self, batch: ProducerBatch) -> None:
+        """The leader has `batch` (written, or a duplicate of what it had): it expects what follows."""
+        if self._current(batch):
+            self._acked_end[batch.tp] = next_sequence(batch.base_sequence, batch.record_count)
+
+    def waits_for_earlier(self, batch: ProducerBatch) -> bool:
+        """Whether an OUT_OF_ORDER answer to `batch` means an earlier batch of its partition
+        has not reached the leader yet (so `batch` is sent again after it), rather than a gap
+        nothing will fill. Kafka's producer draws the same line."""
+        return self._current(batch) and batch.base_sequence != self._acked_end.get(batch.tp, 0)
 
     def next_sequence_for(self, tp: TopicPartition) -> int:
         return self._next_sequence.get(tp, 0)

@@ -4,9 +4,12 @@
 One asyncio task per producer runs `Sender.run`. Each pass it:
 1. fails batches that waited longer than delivery_timeout_ms;
 2. gets a producer id (InitProducerId) when idempotence needs one or a new epoch;
-3. drains the ready partitions (at most one batch per partition in flight, so
-   per-partition order holds), numbers and encodes each batch once, and sends one
-   Produce request per destination (below);
+3. drains the ready partitions, numbers and encodes each batch once, and sends one
+   Produce request per destination (below). An idempotent producer keeps up to
+   max_in_flight_requests batches of a partition in flight (the leader orders them by
+   sequence number: one that overtakes its predecessor is refused OUT_OF_ORDER and sent
+   again after it; a batch sent again goes alone); without idempotence one, so that a
+   retry cannot reorder records;
 4. sleeps until the next batch is due (linger, back-off) or someone wakes it.
 
 Where a request goes: straight to each partition's leader, as Metadata names it
@@ -41,6 +44,7 @@ from clients.common import limits, records
 from clients.common.errors import InvariantViolation
 from clients.config import (
     EXPIRY_TIMER_MARGIN_MS,
+    IDEMPOTENT_BATCHES_IN_FLIGHT_MAX,
     LEADER_MOVE_CHECK_AFTER_MS,
     LEADER_MOVE_CHECK_INTERVAL_MS,
     RPC_DEADLINE_MARGIN_MS,
@@ -280,6 +284,16 @@ class Sender:
         self._in_flight_to: dict[str, int] = {}
         self.idempotence = IdempotenceState() if config.enable_idempotence else None
         self.fatal_error: HighwaterError | None = None
+        # Batches in flight per partition, and the partitions at their limit (not drained):
+        # max_in_flight_requests with idempotence (the leader puts them back in order by
+        # their sequence numbers, and keeps the last five to spot a resent one), else one,
+        # so that a retry cannot overtake the batch after it.
+        self._per_partition_limit = (
+            min(config.max_in_flight_requests, IDEMPOTENT_BATCHES_IN_FLIGHT_MAX)
+            if self.idempotence is not None
+            else 1
+        )
+        self._in_flight_of: dict[TopicPartition, int] = {}
         self._muted: set[TopicPartition] = set()
         self._in_flight: dict[asyncio.Task[None], list[ProducerBatch]] = {}
         self._init_task: asyncio.Task[None] | None = None
@@ -372,6 +386,14 @@ class Sender:
             return None
         with self.lock:
             ready, next_ms = self.accumulator.ready(now, self._muted)
+            if self._in_flight_of:
+                # A batch sent again goes alone, once nothing of its partition is in flight:
+                # the batches after it must not reach the leader first.
+                ready = [
+                    tp
+                    for tp in ready
+                    if tp not in self._in_flight_of or not self.accumulator.head_is_retry(tp)
+                ]
         if not ready:
             return next_ms
         sent = False
@@ -390,7 +412,9 @@ class Sender:
             self._in_flight[task] = batches
             self._in_flight_to[destination] = self._in_flight_to.get(destination, 0) + 1
             for batch in batches:
-                self._muted.add(batch.tp)
+                count = self._in_flight_of[batch.tp] = self._in_flight_of.get(batch.tp, 0) + 1
+                if count >= self._per_partition_limit:
+                    self._muted.add(batch.tp)
         return 0 if sent else next_ms
 
     def _destinations(self, ready: list[TopicPartition]) -> dict[str, list[TopicPartition]]:
@@ -506,12 +530,25 @@ class Sender:
                     answer_error = error_for_code(
                         answer.error_code, answer.error_message or f"producing to {batch.tp}"
                     )
-                    if answer.error_code in _SEQUENCE_ERRORS:
+                    if (
+                        answer.error_code == common_pb2.OUT_OF_ORDER_SEQUENCE_NUMBER
+                        and self.idempotence is not None
+                        and self.idempotence.waits_for_earlier(batch)
+                    ):
+                        # It overtook an earlier batch of its partition (or followed one that
+                        # failed): sent again once that one is settled.
+                        self._retry_or_fail(batch, answer_error, retriable=True)
+                    elif answer.error_code in _SEQUENCE_ERRORS:
                         self._fail(batch, answer_error)
                     else:
                         self._retry_or_fail(batch, answer_error)
         finally:
             for batch in batches:
+                left = self._in_flight_of.get(batch.tp, 0) - 1
+                if left > 0:
+                    self._in_flight_of[batch.tp] = left
+                else:
+                    self._in_flight_of.pop(batch.tp, None)
                 self._muted.discard(batch.tp)
             task = asyncio.current_task()
             if task is not None and self._in_flight.pop(task, None) is not None:
@@ -589,7 +626,12 @@ class Sender:
 
     # --- settling batches ----------------------------------------------------------
 
-    def _retry_or_fail(self, batch: ProducerBatch, error: HighwaterError) -> None:
+    def _retry_or_fail(
+        self, batch: ProducerBatch, error: HighwaterError, *, retriable: bool | None = None
+    ) -> None:
+        """Queue `batch` again if `error` (or the caller, by `retriable`) allows, else fail it."""
+        if retriable is None:
+            retriable = error.retriable
         batch.last_error = error
         if error.refresh_metadata:
             self.metadata.mark_stale(batch.tp.topic)
@@ -600,7 +642,7 @@ class Sender:
         # A retriable error never fails a batch before its delivery timeout: it waits queued
         # (for its back-off, or the timeout if that comes first), and expire() fails it then.
         if (
-            error.retriable
+            retriable
             and not self._stopping_hard()
             and now - batch.created_ms < self.config.delivery_timeout_ms
         ):
@@ -614,7 +656,7 @@ class Sender:
             with self.lock:
                 self.accumulator.reenqueue(batch, retry_at)
             return
-        self._fail(batch, self._timeout_error(batch) if error.retriable else error)
+        self._fail(batch, self._timeout_error(batch) if retriable else error)
 
     def _stopping_hard(self) -> bool:
         return self.fatal_error is not None
@@ -627,6 +669,8 @@ class Sender:
         )
 
     def _succeed(self, batch: ProducerBatch, base_offset: int, log_append_time_ms: int) -> None:
+        if self.idempotence is not None:
+            self.idempotence.on_batch_acked(batch)
         with self.lock:
             self.accumulator.complete(batch)
         settle_batch(batch, base_offset, log_append_time_ms, None)

@@ -225,6 +225,14 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
     brokers: list[common_pb2.BrokerNode] = field(default_factory=list)
     # The broker Metadata names as every partition's leader.
     leader: int = 1
+    # As a leader: a batch whose first sequence is not the next expected one is refused
+    # OUT_OF_ORDER_SEQUENCE_NUMBER (duplicates of what was written are still recognised).
+    strict_sequences: bool = False
+    expected_sequence: dict[tuple[int, int, str, int], int] = field(default_factory=dict)
+    # As a slow leader: every Produce waits this long before it is handled.
+    delay_s: float = 0.0
+    in_flight: int = 0
+    most_in_flight: int = 0
 
     async def Metadata(self, request, context):
         return common_pb2.MetadataResponse(
@@ -267,6 +275,16 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
         self.produce_calls += 1
         if self.hang:
             await asyncio.Event().wait()
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            return self._produce(request)
+        finally:
+            self.in_flight -= 1
+
+    def _produce(self, request: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse:
         topics = []
         for topic in request.topics:
             parts = []
@@ -279,6 +297,15 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
                             partition=data.partition,
                             error_code=fault,
                             error_message="injected",
+                            base_offset=-1,
+                        )
+                    )
+                    continue
+                if self._out_of_order(key, data.records):
+                    parts.append(
+                        common_pb2.ProducePartitionResponse(
+                            partition=data.partition,
+                            error_code=common_pb2.OUT_OF_ORDER_SEQUENCE_NUMBER,
                             base_offset=-1,
                         )
                     )
@@ -297,6 +324,15 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
             topics.append(common_pb2.ProduceTopicResponse(topic=topic.topic, partitions=parts))
         return common_pb2.ProduceResponse(topics=topics)
 
+    def _out_of_order(self, key: tuple[str, int], buf: bytes) -> bool:
+        if not self.strict_sequences:
+            return False
+        [header] = list(iter_batch_headers(buf))
+        if (header.producer_id, header.producer_epoch, header.base_sequence, *key) in self.seen:
+            return False  # a duplicate: answered with its first offset
+        expected = self.expected_sequence.get((header.producer_id, header.producer_epoch, *key), 0)
+        return header.base_sequence != expected
+
     def _append(self, key: tuple[str, int], buf: bytes) -> int:
         [header] = list(iter_batch_headers(buf))
         dedup = (header.producer_id, header.producer_epoch, header.base_sequence, *key)
@@ -309,6 +345,10 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
             log.append(r)
         if header.producer_id >= 0:
             self.seen[dedup] = base
+            count = header.last_offset_delta + 1
+            self.expected_sequence[(header.producer_id, header.producer_epoch, *key)] = (
+                header.base_sequence + count
+            )
         return base
 
 
@@ -814,3 +854,48 @@ def test_a_silent_leader_is_waited_for_when_the_batch_is_not_idempotent(gateway_
         assert future.result(timeout=10).offset == 0
     assert first.produce_calls == 1
     assert [r.value for r in fake.logs[("t", 0)]] == [b"x"]
+
+
+# --- several batches of a partition in flight ------------------------------------------------
+
+
+def test_an_idempotent_producer_keeps_several_batches_of_a_partition_in_flight_in_order(
+    gateway_and_leader,
+) -> None:
+    """A slow leader that refuses a batch arriving before its predecessor (OUT_OF_ORDER), and
+    whose first answer is NOT_LEADER: every record is written once and in the order sent."""
+    fake, address, _leader, _thread, _servers = gateway_and_leader
+    fake.strict_sequences = True
+    fake.delay_s = 0.03
+    fake.faults[("t", 0)] = [common_pb2.NOT_LEADER_OR_FOLLOWER]
+    values = [f"v{i}".encode() for i in range(400)]
+    with Producer(address, **FAST) as producer:
+        futures = []
+        for value in values:
+            futures.append(producer.send("t", value, partition=0))
+            time.sleep(0.0005)  # a steady stream: new batches while earlier ones are in flight
+        producer.flush(timeout_ms=10_000)
+        offsets = [f.result(timeout=1).offset for f in futures]
+    assert [r.value for r in fake.logs[("t", 0)]] == values, "once each, in order"
+    assert offsets == list(range(len(values)))
+    assert fake.most_in_flight >= 2, "batches of one partition were pipelined"
+
+
+def test_without_idempotence_a_partition_has_one_batch_in_flight(gateway_and_leader) -> None:
+    fake, address, _leader, _thread, _servers = gateway_and_leader
+    fake.delay_s = 0.03
+    with Producer(address, enable_idempotence=False, acks=1, **FAST) as producer:
+        futures = []
+        for i in range(200):
+            futures.append(producer.send("t", f"v{i}".encode(), partition=0))
+            time.sleep(0.0005)
+        producer.flush(timeout_ms=10_000)
+        assert [f.result(timeout=1).offset for f in futures] == list(range(200))
+    assert fake.most_in_flight == 1
+
+
+def test_the_batches_in_flight_bound_is_the_leaders_dedup_window() -> None:
+    from clients.config import IDEMPOTENT_BATCHES_IN_FLIGHT_MAX
+    from services.common.limits import PRODUCER_BATCHES_KEPT
+
+    assert IDEMPOTENT_BATCHES_IN_FLIGHT_MAX == PRODUCER_BATCHES_KEPT
