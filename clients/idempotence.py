@@ -92,6 +92,12 @@ class IdempotenceState:
         if self._current(batch):
             self._acked_end[batch.tp] = next_sequence(batch.base_sequence, batch.record_count)
 
+    def leader_knows(self, tp: TopicPartition) -> bool:
+        """Whether tp's leader has acknowledged a batch of this producer id and epoch. Until it
+        has, it knows no sequence to expect (it takes a new producer's first batch at any
+        sequence), so only one batch of tp may be in flight: a second could be written first."""
+        return tp in self._acked_end
+
     def waits_for_earlier(self, batch: ProducerBatch) -> bool:
         """Whether an OUT_OF_ORDER answer to `batch` means an earlier batch of its partition
         has not reached the leader yet (so `batch` is sent again after it), rather than a gap

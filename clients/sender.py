@@ -286,8 +286,9 @@ class Sender:
         self.fatal_error: HighwaterError | None = None
         # Batches in flight per partition, and the partitions at their limit (not drained):
         # max_in_flight_requests with idempotence (the leader puts them back in order by
-        # their sequence numbers, and keeps the last five to spot a resent one), else one,
-        # so that a retry cannot overtake the batch after it.
+        # their sequence numbers, and keeps the last five to spot a resent one) once the
+        # leader has acknowledged one of this producer's batches, else one, so that a retry
+        # cannot overtake the batch after it.
         self._per_partition_limit = (
             min(config.max_in_flight_requests, IDEMPOTENT_BATCHES_IN_FLIGHT_MAX)
             if self.idempotence is not None
@@ -411,9 +412,12 @@ class Sender:
             task = asyncio.get_running_loop().create_task(self._send(destination, request, batches))
             self._in_flight[task] = batches
             self._in_flight_to[destination] = self._in_flight_to.get(destination, 0) + 1
+            idempotence = self.idempotence
             for batch in batches:
                 count = self._in_flight_of[batch.tp] = self._in_flight_of.get(batch.tp, 0) + 1
-                if count >= self._per_partition_limit:
+                if count >= self._per_partition_limit or (
+                    idempotence is not None and not idempotence.leader_knows(batch.tp)
+                ):
                     self._muted.add(batch.tp)
         return 0 if sent else next_ms
 

@@ -226,7 +226,8 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
     # The broker Metadata names as every partition's leader.
     leader: int = 1
     # As a leader: a batch whose first sequence is not the next expected one is refused
-    # OUT_OF_ORDER_SEQUENCE_NUMBER (duplicates of what was written are still recognised).
+    # OUT_OF_ORDER_SEQUENCE_NUMBER (duplicates of what was written are still recognised; a
+    # producer's first batch may start anywhere, as on a broker).
     strict_sequences: bool = False
     expected_sequence: dict[tuple[int, int, str, int], int] = field(default_factory=dict)
     # As a slow leader: every Produce waits this long before it is handled.
@@ -330,8 +331,9 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
         [header] = list(iter_batch_headers(buf))
         if (header.producer_id, header.producer_epoch, header.base_sequence, *key) in self.seen:
             return False  # a duplicate: answered with its first offset
-        expected = self.expected_sequence.get((header.producer_id, header.producer_epoch, *key), 0)
-        return header.base_sequence != expected
+        expected = self.expected_sequence.get((header.producer_id, header.producer_epoch, *key))
+        # As a broker: a producer it knows nothing of yet may start at any sequence.
+        return expected is not None and header.base_sequence != expected
 
     def _append(self, key: tuple[str, int], buf: bytes) -> int:
         [header] = list(iter_batch_headers(buf))
@@ -863,7 +865,9 @@ def test_an_idempotent_producer_keeps_several_batches_of_a_partition_in_flight_i
     gateway_and_leader,
 ) -> None:
     """A slow leader that refuses a batch arriving before its predecessor (OUT_OF_ORDER), and
-    whose first answer is NOT_LEADER: every record is written once and in the order sent."""
+    whose first answer is NOT_LEADER (a leader that knows no sequence of this producer yet
+    would take a second batch first: the first goes alone): every record is written once
+    and in the order sent."""
     fake, address, _leader, _thread, _servers = gateway_and_leader
     fake.strict_sequences = True
     fake.delay_s = 0.03
