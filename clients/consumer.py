@@ -1,4 +1,4 @@
-"""Consumers: `AsyncConsumer` (asyncio) and `Consumer` (synchronous), reading through the gateway.
+"""Consumers: `AsyncConsumer` (asyncio) and `Consumer` (synchronous).
 
 A consumer reads the partitions it was given with `assign()`, or, after `subscribe()`:
 - with a group id (and group_protocol "consumer", the default), the partitions the group's
@@ -17,25 +17,31 @@ Positions (Kafka's semantics, half-open): `position(tp)` is the offset of the
 next record poll() will return. A partition without one starts from the group's
 committed offset, else from `auto_offset_reset` ("earliest" | "latest" | "none":
 raise). `commit()` stores the position, the NEXT offset to read, as Kafka does.
-Consumers see only records below the high watermark (the gateway fetches with
+Consumers see only records below the high watermark (a consumer's Fetch has
 replica_id -1), and `lag(tp)` = end offset (HW) - position.
 
-poll() fetches every assigned partition in one Fetch and hands back
-ConsumerRecords in offset order per partition, decoding the answer's batches
-straight into them a batch at a time as they are handed out
-(records.iter_records_as: per batch in C, one tuple built per record; _Buffered).
-Per-partition errors that a retry may fix (leadership moved, leader not
-available) back the partition off for retry_backoff_ms and refresh metadata;
-OFFSET_OUT_OF_RANGE resets the position per auto_offset_reset; other errors are
-raised.
+poll() fetches the assigned partitions straight from each one's leader broker, as
+Kafka's consumer does (direct_to_leaders, the default: one Fetch per leader, all out at
+once, each answer taken as it comes, so records from one leader never wait for
+another's long poll). Partitions whose leader is not known now (no Metadata yet, none
+elected, or the topic marked stale by an error) go in one Fetch through the gateway
+while Metadata is refreshed in the background. With direct_to_leaders off, every
+partition goes in one Fetch through the gateway. poll() hands back ConsumerRecords in
+offset order per partition, decoding the answers' batches straight into them a batch at
+a time as they are handed out (records.iter_records_as: per batch in C, one tuple built
+per record; _Buffered). Per-partition errors that a retry may fix (leadership moved,
+leader not available), and a leader that cannot be reached, back the partition off for
+retry_backoff_ms and refresh metadata; OFFSET_OUT_OF_RANGE resets the position per
+auto_offset_reset; other errors are raised.
 
 Fetching ahead (Kafka's Fetcher does the same): when poll() hands out records, the next
 Fetch for the fetchable partitions, at the offsets after what is buffered, is sent at
-once, so the gateway and brokers work while the caller processes the records. One Fetch
-is out at a time and its answer stays undecoded until the buffers are handed out: at
-most one answer (fetch_max_bytes) ahead. A partition that is sought, reset, paused,
-unassigned or revoked meanwhile leaves the Fetch's `asked` partitions and its part of
-the answer is dropped (_FetchInFlight), so no record is handed out twice or skipped.
+once, so the leaders work while the caller processes the records. One Fetch is out at a
+time per destination (a leader, or the gateway) and its answer stays undecoded until the
+buffers are handed out: at most one answer (fetch_max_bytes) per destination ahead. A
+partition that is sought, reset, paused, unassigned or revoked meanwhile leaves the
+Fetch's `asked` partitions and its part of the answer is dropped (_FetchInFlight), so no
+record is handed out twice or skipped.
 
 AsyncConsumer is owned by the event loop it is first used on. Consumer runs one
 on a private loop thread; it is not thread-safe (as Kafka's consumer is not).
