@@ -1,4 +1,4 @@
-"""Consumers: `AsyncConsumer` (asyncio) and `Consumer` (synchronous), reading through the gateway.
+"""Consumers: `AsyncConsumer` (asyncio) and `Consumer` (synchronous).
 
 A consumer reads the partitions it was given with `assign()`, or, after `subscribe()`:
 - with a group id (and group_protocol "consumer", the default), the partitions the group's
@@ -17,25 +17,31 @@ Positions (Kafka's semantics, half-open): `position(tp)` is the offset of the
 next record poll() will return. A partition without one starts from the group's
 committed offset, else from `auto_offset_reset` ("earliest" | "latest" | "none":
 raise). `commit()` stores the position, the NEXT offset to read, as Kafka does.
-Consumers see only records below the high watermark (the gateway fetches with
+Consumers see only records below the high watermark (a consumer's Fetch has
 replica_id -1), and `lag(tp)` = end offset (HW) - position.
 
-poll() fetches every assigned partition in one Fetch and hands back
-ConsumerRecords in offset order per partition, decoding the answer's batches
-straight into them a batch at a time as they are handed out
-(records.iter_records_as: per batch in C, one tuple built per record; _Buffered).
-Per-partition errors that a retry may fix (leadership moved, leader not
-available) back the partition off for retry_backoff_ms and refresh metadata;
-OFFSET_OUT_OF_RANGE resets the position per auto_offset_reset; other errors are
-raised.
+poll() fetches the assigned partitions straight from each one's leader broker, as
+Kafka's consumer does (direct_to_leaders, the default: one Fetch per leader, all out at
+once, each answer taken as it comes, so records from one leader never wait for
+another's long poll). Partitions whose leader is not known now (no Metadata yet, none
+elected, or the topic marked stale by an error) go in one Fetch through the gateway
+while Metadata is refreshed in the background. With direct_to_leaders off, every
+partition goes in one Fetch through the gateway. poll() hands back ConsumerRecords in
+offset order per partition, decoding the answers' batches straight into them a batch at
+a time as they are handed out (records.iter_records_as: per batch in C, one tuple built
+per record; _Buffered). Per-partition errors that a retry may fix (leadership moved,
+leader not available), and a leader that cannot be reached, back the partition off for
+retry_backoff_ms and refresh metadata; OFFSET_OUT_OF_RANGE resets the position per
+auto_offset_reset; other errors are raised.
 
 Fetching ahead (Kafka's Fetcher does the same): when poll() hands out records, the next
 Fetch for the fetchable partitions, at the offsets after what is buffered, is sent at
-once, so the gateway and brokers work while the caller processes the records. One Fetch
-is out at a time and its answer stays undecoded until the buffers are handed out: at
-most one answer (fetch_max_bytes) ahead. A partition that is sought, reset, paused,
-unassigned or revoked meanwhile leaves the Fetch's `asked` partitions and its part of
-the answer is dropped (_FetchInFlight), so no record is handed out twice or skipped.
+once, so the leaders work while the caller processes the records. One Fetch is out at a
+time per destination (a leader, or the gateway) and its answer stays undecoded until the
+buffers are handed out: at most one answer (fetch_max_bytes) per destination ahead. A
+partition that is sought, reset, paused, unassigned or revoked meanwhile leaves the
+Fetch's `asked` partitions and its part of the answer is dropped (_FetchInFlight), so no
+record is handed out twice or skipped.
 
 AsyncConsumer is owned by the event loop it is first used on. Consumer runs one
 on a private loop thread; it is not thread-safe (as Kafka's consumer is not).
@@ -79,6 +85,7 @@ from clients.errors import (
     error_for_code,
 )
 from clients.group_member import FENCED_CODES, GroupMember
+from clients.leaders import LeaderConnections
 from clients.loop_thread import SyncClient
 from clients.metadata import ClusterMetadata, MetadataFetcher, now_ms
 from clients.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
@@ -125,9 +132,14 @@ def check_partitions(partitions: Iterable[object], what: str = "partitions") -> 
     return checked
 
 
+# The destination of a Fetch part sent through a gateway (a leader's is its "host:port").
+VIA_GATEWAY = ""
+
+
 @dataclasses.dataclass(slots=True)
-class _FetchInFlight:
-    """A Fetch sent and not yet taken, and the fetch offset it asked each partition at.
+class _FetchPart:
+    """One Fetch of the fetch in flight, to one destination (a partition leader's address, or
+    VIA_GATEWAY), and the fetch offset it asked each partition at.
 
     A partition leaves `asked` when its answer may no longer be used (seek, seek_to_*, an
     offset reset, pause, unassignment or a revoked partition): its records would no longer
@@ -136,6 +148,7 @@ class _FetchInFlight:
     partition's fetch offset is still the one asked.
     """
 
+    destination: str
     task: asyncio.Task[common_pb2.FetchResponse]
     asked: dict[TopicPartition, int]
 
@@ -145,6 +158,47 @@ class _FetchInFlight:
         if not self.task.done():
             self.task.cancel()
         self.task.add_done_callback(_discard_outcome)
+
+
+class _FetchInFlight:
+    """The consumer's one logical Fetch in flight, sent and not yet taken: one part per
+    destination (each partition's leader with direct_to_leaders, else the gateway), each
+    partition in one part at most. Parts are answered and taken independently: a leader
+    with records is not held back by another's long poll, and since a position moves only
+    when an answer is taken, a part dropped unanswered loses nothing.
+
+    `complete`: every partition that was fetchable when parts were last sent has a part out
+    (Consumer.poll may then hand out buffered records without running the loop; a part
+    taken or dropped since clears it).
+    """
+
+    __slots__ = ("complete", "parts")
+
+    def __init__(self) -> None:
+        self.parts: dict[str, _FetchPart] = {}
+        self.complete = False
+
+    def asked(self) -> set[TopicPartition]:
+        return {tp for part in self.parts.values() for tp in part.asked}
+
+    def forget(self, tp: TopicPartition) -> None:
+        """tp's answer will not be used, whichever part asked for it."""
+        for part in self.parts.values():
+            part.asked.pop(tp, None)
+
+    def remove(self, part: _FetchPart) -> None:
+        """The part is taken (its answer is being used) or dropped."""
+        if self.parts.get(part.destination) is part:
+            del self.parts[part.destination]
+        self.complete = False
+
+    def drop(self, part: _FetchPart) -> None:
+        part.abandon()
+        self.remove(part)
+
+    def abandon(self) -> None:
+        for part in list(self.parts.values()):
+            self.drop(part)
 
 
 def _discard_outcome(task: asyncio.Task[common_pb2.FetchResponse]) -> None:
@@ -230,9 +284,17 @@ class AsyncConsumer:
         self._fetch_offsets: dict[TopicPartition, int] = {}  # next offset to fetch
         self._resets: dict[TopicPartition, int] = {}  # EARLIEST / LATEST asked by seek_to_*
         self._buffers: dict[TopicPartition, _Buffered] = {}  # only partitions with records to hand out
-        # The one Fetch out at a time: sent while poll() hands out the buffers (fetching ahead),
-        # or by a poll with nothing buffered; its answer is taken once the buffers are empty.
-        self._in_flight: _FetchInFlight | None = None
+        # The one Fetch out at a time (a part per leader): sent while poll() hands out the
+        # buffers (fetching ahead), or by a poll with nothing buffered; its answers are taken
+        # once the buffers are empty.
+        self._in_flight = _FetchInFlight()
+        # Channels straight to the partition leaders (direct_to_leaders; made with the
+        # gateway connection, in _conn()).
+        self._leaders: LeaderConnections | None = None
+        # Background Metadata refreshes of topics whose leaders are not known now, and when
+        # each topic may be refreshed again (ms): at most one per retry_backoff_ms.
+        self._refreshing: dict[str, asyncio.Task[None]] = {}
+        self._refresh_not_before_ms: dict[str, int] = {}
         self._high_watermarks: dict[TopicPartition, int] = {}
         self._partition_fetch_bytes: dict[TopicPartition, int] = {}
         self._backoff_until_ms: dict[TopicPartition, int] = {}
@@ -251,6 +313,8 @@ class AsyncConsumer:
         if self._connection is None:
             self._connection = GatewayConnection.from_config(self.config)
             self._fetcher = MetadataFetcher(self._connection, self._metadata)
+            if self.config.direct_to_leaders:
+                self._leaders = LeaderConnections.from_config(self.config, self._connection.tls)
         return self._connection
 
     def _meta(self) -> MetadataFetcher:
@@ -354,9 +418,8 @@ class AsyncConsumer:
         ):
             for tp in [tp for tp in state if tp not in keep]:
                 del state[tp]
-        if self._in_flight is not None:
-            for tp in [tp for tp in self._in_flight.asked if tp not in keep]:
-                del self._in_flight.asked[tp]
+        for tp in self._in_flight.asked() - keep:
+            self._in_flight.forget(tp)
         self._paused &= keep
         self._assignment = partitions
 
@@ -407,8 +470,7 @@ class AsyncConsumer:
         unassigned since it was sent, and its records are no longer the next ones to hand out.
         Local state only (Consumer calls it from the caller's thread); the next poll() drops
         a Fetch left with no partition."""
-        if self._in_flight is not None:
-            self._in_flight.asked.pop(tp, None)
+        self._in_flight.forget(tp)
 
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         """Read these (default: all assigned) partitions from their log start offset."""
@@ -743,7 +805,13 @@ class AsyncConsumer:
             return
         fetcher = self._meta()
         now = now_ms()
-        stale = [topic for topic in self._subscription if self._metadata.needs_refresh(topic, now)]
+        # Not a topic a background refresh is asking for: its answer is on the way, and
+        # this poll would only wait behind it.
+        stale = [
+            topic
+            for topic in self._subscription
+            if self._metadata.needs_refresh(topic, now) and topic not in self._refreshing
+        ]
         if stale:
             await fetcher.refresh(stale)
         partitions = [tp for tp in self._assignment if tp.topic not in self._subscription]
@@ -901,8 +969,52 @@ class AsyncConsumer:
             and self._backoff_until_ms.get(tp, 0) <= now
         ]
 
-    def _send_fetch(self, fetchable: list[TopicPartition], max_wait_ms: int) -> _FetchInFlight:
-        asked = {tp: self._fetch_offsets[tp] for tp in fetchable}
+    def _destinations(self, tps: list[TopicPartition]) -> dict[str, list[TopicPartition]]:
+        """The partitions by where their Fetch goes: their leader's address from Metadata, or
+        VIA_GATEWAY (direct_to_leaders off, or no leader known now: none in the last answer,
+        or the topic marked stale by an error). Starts a background refresh of a topic with a
+        partition whose leader is not known, or whose Metadata is older than
+        metadata_max_age_ms; the gateway, which follows the controller, routes meanwhile."""
+        if self._leaders is None:
+            return {VIA_GATEWAY: tps}
+        by_destination: dict[str, list[TopicPartition]] = {}
+        leader_address = self._metadata.leader_address
+        to_refresh: set[str] = set()
+        for tp in tps:
+            address = leader_address(tp)
+            if address is None:
+                address = VIA_GATEWAY
+                to_refresh.add(tp.topic)
+            by_destination.setdefault(address, []).append(tp)
+        now = now_ms()
+        for topic in {tp.topic for tp in tps}:
+            if topic in to_refresh or self._metadata.needs_refresh(topic, now):
+                self._refresh_in_background(topic, now)
+        return by_destination
+
+    def _refresh_in_background(self, topic: str, now: int) -> None:
+        """Refresh `topic`'s Metadata without holding up poll(), which fetches its partitions
+        through the gateway meanwhile; at most one refresh per topic per retry_backoff_ms."""
+        if topic in self._refreshing or now < self._refresh_not_before_ms.get(topic, 0):
+            return
+        self._refresh_not_before_ms[topic] = now + self.config.retry_backoff_ms
+        fetcher = self._meta()
+
+        async def _refresh() -> None:
+            try:
+                await fetcher.refresh([topic])
+            except HighwaterError as error:
+                log.debug("background metadata refresh of %s: %s", topic, error)  # the next fetch asks again
+            finally:
+                self._refreshing.pop(topic, None)
+
+        # A clean context: bounded by request_timeout_ms, not by the poll that started it.
+        self._refreshing[topic] = asyncio.get_running_loop().create_task(
+            _refresh(), context=contextvars.Context()
+        )
+
+    def _send_part(self, destination: str, tps: list[TopicPartition], max_wait_ms: int) -> None:
+        asked = {tp: self._fetch_offsets[tp] for tp in tps}
         request = consumer_fetch_request(
             asked,
             max_wait_ms=max_wait_ms,
@@ -911,76 +1023,124 @@ class AsyncConsumer:
             partition_max_bytes=self.config.max_partition_fetch_bytes,
             partition_max_bytes_by=self._partition_fetch_bytes,
         )
-        call = self._conn().call("Fetch", request, timeout_ms=self.config.request_timeout_ms + max_wait_ms)
+        timeout_ms = self.config.request_timeout_ms + max_wait_ms
+        if destination == VIA_GATEWAY or self._leaders is None:
+            call = self._conn().call("Fetch", request, timeout_ms=timeout_ms)
+        else:
+            call = self._leaders.call(destination, "Fetch", request, timeout_ms=timeout_ms)
         # A clean context: the Fetch may outlive the poll that sent it (the next poll takes its
         # answer), so that poll's deadline must not cut it; each poll bounds its own wait.
         task = asyncio.get_running_loop().create_task(call, context=contextvars.Context())
-        self._in_flight = _FetchInFlight(task, asked)
-        return self._in_flight
+        self._in_flight.parts[destination] = _FetchPart(destination, task, asked)
+
+    def _send_missing(self, fetchable: list[TopicPartition], max_wait_ms: int, *, replace: bool) -> None:
+        """Send a part for each destination of the fetchable partitions no part asks for.
+        A destination with a part still out gets none (the fetch ahead), or, with `replace`,
+        one asking for its partitions and the missing ones in place of the part out: a
+        partition sought, resumed or added since is not left waiting behind a long poll."""
+        in_flight = self._in_flight
+        asked = in_flight.asked()
+        missing = [tp for tp in fetchable if tp not in asked]
+        complete = True
+        if missing:
+            for destination, tps in self._destinations(missing).items():
+                part = in_flight.parts.get(destination)
+                if part is not None:
+                    if not replace or part.task.done():
+                        complete = False
+                        continue
+                    wanted = part.asked.keys() | tps
+                    tps = [tp for tp in fetchable if tp in wanted]
+                    in_flight.drop(part)
+                self._send_part(destination, tps, max_wait_ms)
+        in_flight.complete = complete and bool(in_flight.parts)
 
     def _fetch_ahead(self) -> None:
-        """Send the next Fetch now, if none is out, at the offsets after what is buffered: its
-        answer (one answer ahead, at most fetch_max_bytes) waits undecoded until the buffers
-        are handed out. Only after a gateway answered: a first Fetch is the poll's own."""
-        if self._in_flight is not None or self._closed or self._connection is None:
+        """Send the next Fetch now (a part per destination that has none out), at the offsets
+        after what is buffered: its answers (one per destination ahead, each at most
+        fetch_max_bytes) wait undecoded until the buffers are handed out. Only after a
+        gateway answered: a first Fetch is the poll's own."""
+        if self._closed or self._connection is None or not self._connection.ever_answered:
             return
         fetchable = self._fetchable(now_ms())
-        if fetchable and self._connection.ever_answered:
-            self._send_fetch(fetchable, self.config.fetch_max_wait_ms)
+        if fetchable:
+            self._send_missing(fetchable, self.config.fetch_max_wait_ms, replace=False)
 
     async def _fetch(self, remaining_ms: int) -> None:
-        """Take the answer of the Fetch in flight (sending one for every fetchable partition
-        if none is out), waiting at most remaining_ms (+ POLL_CALL_GRACE_MS) for it. Called
-        with nothing buffered to hand out: the answer's records become the buffers."""
-        now = now_ms()
-        fetchable = self._fetchable(now)
-        pending = self._in_flight
-        if pending is not None and (
-            not pending.asked  # nothing it asked for may be used any more
-            # A partition was sought, resumed or added since it was sent: ask again for all,
-            # rather than leave that one waiting behind a long poll.
-            or (not pending.task.done() and not pending.asked.keys() >= set(fetchable))
-        ):
-            pending.abandon()
-            pending = self._in_flight = None
-        if pending is None:
-            if not fetchable:
-                if self._member is not None and not self._assignment:
-                    # Waiting for the group to give this member partitions: woken by its answer.
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._member.changed.wait(), remaining_ms / 1000)
-                    return
-                # Nothing to ask (all backing off or unresolved): wait a little instead of spinning.
-                await asyncio.sleep(min(remaining_ms, self.config.retry_backoff_ms) / 1000)
+        """Take the answers of the Fetch in flight (sending a part for every fetchable partition
+        no part asks for), waiting at most remaining_ms (+ POLL_CALL_GRACE_MS) for the first.
+        Called with nothing buffered to hand out: the answers' records become the buffers."""
+        in_flight = self._in_flight
+        answered = [part for part in in_flight.parts.values() if part.task.done()]
+        if answered:
+            self._take_parts(answered)
+            return
+        for part in [part for part in in_flight.parts.values() if not part.asked]:
+            in_flight.drop(part)  # nothing it asked for may be used any more
+        fetchable = self._fetchable(now_ms())
+        if fetchable:
+            self._send_missing(fetchable, min(self.config.fetch_max_wait_ms, remaining_ms), replace=True)
+        if not in_flight.parts:
+            if self._member is not None and not self._assignment:
+                # Waiting for the group to give this member partitions: woken by its answer.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._member.changed.wait(), remaining_ms / 1000)
                 return
-            pending = self._send_fetch(fetchable, min(self.config.fetch_max_wait_ms, remaining_ms))
+            # Nothing to ask (all backing off or unresolved): wait a little instead of spinning.
+            await asyncio.sleep(min(remaining_ms, self.config.retry_backoff_ms) / 1000)
+            return
         wait_s = (remaining_ms + POLL_CALL_GRACE_MS) / 1000
+        tasks: set[asyncio.Future[Any]] = {part.task for part in in_flight.parts.values()}
         if self._member is None:
-            await asyncio.wait({pending.task}, timeout=wait_s)
+            await asyncio.wait(tasks, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
         else:
             # A group member stops waiting for records when its assignment changes: partitions
             # freed by a leave or a crash are taken now, not after this long poll. Nothing is
             # lost by dropping the fetch: positions move only when its answer is taken.
             changed = asyncio.ensure_future(self._member.changed.wait())
-            await asyncio.wait({pending.task, changed}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
-            if changed.done() and not pending.task.done():
-                pending.abandon()
-                self._in_flight = None
-                return
+            await asyncio.wait(tasks | {changed}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            if changed.done():
+                for part in [part for part in in_flight.parts.values() if not part.task.done()]:
+                    in_flight.drop(part)
             changed.cancel()
-        if not pending.task.done():
-            return  # the poll's time is up; a later poll takes the answer
-        self._in_flight = None
-        response = pending.task.result()  # a failed call raises here, in the poll that takes it
-        if response.error_code != common_pb2.NONE:
-            raise error_for_code(response.error_code, "Fetch")
-        asked = pending.asked
-        for topic in response.topics:
-            for part in topic.partitions:
-                tp = TopicPartition(topic.topic, part.partition)
-                if tp not in asked or self._fetch_offsets.get(tp) != asked[tp]:
-                    continue  # sought, paused or unassigned while the fetch was out
-                self._take_fetched(tp, asked[tp], part)
+        # Whatever has answered (the poll's time may be up: a later poll takes the rest).
+        self._take_parts([part for part in in_flight.parts.values() if part.task.done()])
+
+    def _take_parts(self, parts: list[_FetchPart]) -> None:
+        """Use the answers of these (answered) parts. A leader that could not be reached, or
+        answered with a retriable error, backs its partitions off and marks their topics
+        stale: they go through the gateway while Metadata is asked again. A failed call
+        through the gateway raises here, in the poll that takes it, as any other error."""
+        for part in parts:
+            self._in_flight.remove(part)  # one at a time: after a raise, the rest wait for the next poll
+            try:
+                response = part.task.result()
+                if response.error_code != common_pb2.NONE:
+                    raise error_for_code(
+                        response.error_code, f"Fetch from {part.destination or 'the gateway'}"
+                    )
+            except HighwaterError as error:
+                if part.destination == VIA_GATEWAY or not error.retriable:
+                    raise
+                self._leader_failed(part, error)
+                continue
+            asked = part.asked
+            for topic in response.topics:
+                for answer in topic.partitions:
+                    tp = TopicPartition(topic.topic, answer.partition)
+                    if tp not in asked or self._fetch_offsets.get(tp) != asked[tp]:
+                        continue  # sought, paused or unassigned while the fetch was out
+                    self._take_fetched(tp, asked[tp], answer)
+
+    def _leader_failed(self, part: _FetchPart, error: HighwaterError) -> None:
+        """A part sent straight to a leader failed as a whole (the leader is gone, restarting
+        or hung): its partitions back off for retry_backoff_ms and then go through the gateway
+        until new Metadata names their leader (the controller moves a leadership that is gone)."""
+        log.info("Fetch from leader %s: %s; retrying through the gateway", part.destination, error)
+        retry_at_ms = now_ms() + self.config.retry_backoff_ms
+        for tp in part.asked:
+            self._metadata.mark_stale(tp.topic)
+            self._backoff_until_ms[tp] = retry_at_ms
 
     def _take_fetched(
         self, tp: TopicPartition, fetch_offset: int, part: common_pb2.FetchPartitionResponse
@@ -1055,9 +1215,9 @@ class AsyncConsumer:
         commit_timeout_ms = CONSUMER_CLOSE_TIMEOUT_MS
         if timeout_ms is not None:
             commit_timeout_ms = check_int("timeout_ms", timeout_ms, minimum=1)
-        if self._in_flight is not None:
-            self._in_flight.abandon()
-            self._in_flight = None
+        self._in_flight.abandon()
+        for task in self._refreshing.values():
+            task.cancel()
         try:
             if self._group_id is not None and self.config.enable_auto_commit and self._connection is not None:
                 try:
@@ -1072,6 +1232,8 @@ class AsyncConsumer:
             self._leaving.clear()
         finally:
             self._closed = True
+            if self._leaders is not None:
+                await self._leaders.close()
             if self._connection is not None:
                 await self._connection.close()
 
@@ -1115,7 +1277,7 @@ class AsyncConsumer:
         member = self._member
         if (
             not self._buffers
-            or self._in_flight is None
+            or not self._in_flight.complete
             or self._closed
             or self._leaving
             or (self._subscription is not None and not self._grouped)

@@ -406,3 +406,84 @@ def test_flush_and_close_refuse_a_positional_timeout() -> None:
         await async_consumer.close(timeout_ms=100)
 
     asyncio.run(async_clients())
+
+
+# --- 7. the Consumer fetches straight from the partition leaders --------------------------
+
+
+def consume_offsets(
+    consumer: Consumer, into: dict[TopicPartition, list[int]], counts: dict[TopicPartition, int]
+) -> None:
+    """poll() until each partition handed out `counts[tp]` records (bounded); offsets kept in order."""
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    while any(len(into.get(tp, [])) < count for tp, count in counts.items()):
+        assert time.monotonic() < deadline, f"not every record within {RECOVERY_TIMEOUT_S} s: {into}"
+        for r in consumer.poll(timeout_ms=500):
+            assert r.value == f"{r.partition}:{r.offset}".encode(), r
+            into.setdefault(TopicPartition(r.topic, r.partition), []).append(r.offset)
+
+
+def send_numbered(
+    producer: Producer, topic: str, partitions: int, count: int, offsets: dict[int, int]
+) -> None:
+    """`count` records per partition, each value "partition:offset" (the offset it will get)."""
+    for p in range(partitions):
+        futures = []
+        for _ in range(count):
+            futures.append(producer.send(topic, f"{p}:{offsets.get(p, 0)}".encode(), partition=p))
+            offsets[p] = offsets.get(p, 0) + 1
+        for future in futures:
+            future.result(timeout=RECOVERY_TIMEOUT_S)
+
+
+def test_a_consumer_reads_from_the_leaders_while_the_gateway_is_stopped(cluster: TestCluster) -> None:
+    topic = "outage-direct-consumer"
+    with Admin(cluster.gateway_address, request_timeout_ms=10_000) as admin:
+        admin.create_topics(topic, 3, 3, {"min.insync.replicas": "2"})
+    tps = [TopicPartition(topic, p) for p in range(3)]
+    offsets: dict[int, int] = {}
+    got: dict[TopicPartition, list[int]] = {}
+    with (
+        Producer(cluster.gateway_address, **FAST) as producer,
+        Consumer(bootstrap=cluster.gateway_address, auto_offset_reset="earliest", **FAST) as consumer,
+    ):
+        send_numbered(producer, topic, 3, 20, offsets)
+        consumer.assign(tps)
+        consumer.partitions_for_topic(topic)  # Metadata: where the leaders are
+        consume_offsets(consumer, got, dict.fromkeys(tps, 20))
+        cluster.kill_gateway()
+        try:
+            send_numbered(producer, topic, 3, 20, offsets)  # the producer goes to the leaders too
+            consume_offsets(consumer, got, dict.fromkeys(tps, 40))
+        finally:
+            cluster.start_gateway()
+    assert got == {tp: list(range(40)) for tp in tps}, "every record once, in order"
+
+
+def test_a_consumer_reads_every_record_once_across_a_leader_change(cluster: TestCluster) -> None:
+    topic = "outage-direct-leader-change"
+    create(cluster, topic)
+    tp = TopicPartition(topic, 0)
+    offsets: dict[int, int] = {}
+    got: dict[TopicPartition, list[int]] = {}
+    with (
+        Producer(cluster.gateway_address, **{**FAST, "delivery_timeout_ms": 60_000}) as producer,
+        Consumer(bootstrap=cluster.gateway_address, auto_offset_reset="earliest", **FAST) as consumer,
+    ):
+        send_numbered(producer, topic, 1, 50, offsets)
+        consumer.assign([tp])
+        consumer.partitions_for_topic(topic)
+        consume_offsets(consumer, got, {tp: 50})
+        leader, _ = leader_and_isr(cluster, topic)
+        assert consumer._async._metadata.leader_address(tp) is not None, "the leader is known"
+        cluster.kill_broker(leader)  # its Fetch ahead is out: the consumer must move on
+        try:
+            send_numbered(producer, topic, 1, 50, offsets)  # to the new leader, once elected
+            consume_offsets(consumer, got, {tp: 100})
+            new_leader, _ = leader_and_isr(cluster, topic)
+            assert new_leader not in (leader, -1)
+        finally:
+            restore(cluster, topic, leader)
+        send_numbered(producer, topic, 1, 10, offsets)
+        consume_offsets(consumer, got, {tp: 110})
+    assert got == {tp: list(range(110))}, "every record once, in order"
