@@ -100,7 +100,10 @@ class GrpcLeaderEndpoint:
     @staticmethod
     async def _exchange(stream: grpc.aio.StreamStreamCall, request: Any) -> Any:
         """One request and its answer; the stream must carry one outstanding request at a time."""
-        await stream.write(request)
+        try:
+            await stream.write(request)
+        except asyncio.InvalidStateError:
+            pass  # the call ended before this write (the leader's status is not read yet): read says why
         response = await stream.read()
         if response is grpc.aio.EOF:
             # The leader ended the stream without an error status (it never should while the call

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
@@ -112,6 +112,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     def __init__(self, replicas: ReplicaManager) -> None:
         self.replicas = replicas
+        # The task of each open FetchStream call -> whether it waits for the caller's next request
+        # (end_fetch_streams ends them).
+        self._fetch_streams: dict[asyncio.Task[Any], bool] = {}
+        self._closing = False
 
     async def LeaderAndIsr(
         self, request: broker_pb2.LeaderAndIsrRequest, context: grpc.aio.ServicerContext
@@ -154,20 +158,57 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         exactly as the unary Fetch answers it, under the same metrics label. The client sends the
         next request only after this answer; with security on, the interceptor has admitted each
         one as a unary Fetch (services/security/rules.py, UNARY_OVER_STREAM)."""
+        if self.fetch_streams_ended():
+            await self._refuse_closing(context)
+        task = asyncio.current_task()  # the RPC's own task (grpc.aio runs each call in one)
+        assert task is not None
         requests = aiter(request_iterator)
-        while True:
-            try:
-                request = await anext(requests)
-            except StopAsyncIteration:
-                return
-            except DecodeError as exc:
-                # Without the security interceptor gRPC parses streamed requests itself
-                # (request_guard.py covers unary ones only): answer as a malformed unary Fetch is.
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"FetchStream: the request does not parse: {exc}"
-                )
-                raise  # abort raises; never reached
-            yield await self.Fetch(request, context)
+        self._fetch_streams[task] = False
+        try:
+            while True:
+                if self.fetch_streams_ended():
+                    await self._refuse_closing(context)
+                self._fetch_streams[task] = True  # waiting for the caller: end_fetch_streams may cancel
+                try:
+                    request = await anext(requests)
+                except StopAsyncIteration:
+                    return
+                except DecodeError as exc:
+                    # Without the security interceptor gRPC parses streamed requests itself
+                    # (request_guard.py covers unary ones only): answer as a malformed unary Fetch is.
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT, f"FetchStream: the request does not parse: {exc}"
+                    )
+                    raise  # abort raises; never reached
+                except asyncio.CancelledError:
+                    if not self.fetch_streams_ended():
+                        raise  # gRPC's own: the caller went away
+                    task.uncancel()  # end_fetch_streams' cancel, taken back: the stream ends below
+                    await self._refuse_closing(context)
+                self._fetch_streams[task] = False
+                yield await self.Fetch(request, context)
+        finally:
+            del self._fetch_streams[task]
+
+    def end_fetch_streams(self) -> None:
+        """End every open FetchStream with UNAVAILABLE, once the broker's close has answered its
+        fetches: unlike a unary call, a stream outlives its answers, and the followers' streams
+        would hold the server's stop for its whole grace period (5 s). A stream waiting for its
+        caller's next request is interrupted there (cancelling its task anywhere else would leave
+        gRPC without a status to send); the others end as soon as they answer."""
+        self._closing = True
+        for task, waiting in self._fetch_streams.items():
+            if waiting:
+                task.cancel()
+
+    def fetch_streams_ended(self) -> bool:
+        """end_fetch_streams was called: no FetchStream is served any more."""
+        return self._closing
+
+    @staticmethod
+    async def _refuse_closing(context: grpc.aio.ServicerContext) -> NoReturn:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "the broker is stopping: FetchStream ended")
+        raise RuntimeError("grpc.aio ServicerContext.abort returned instead of raising")
 
     async def ListOffsets(
         self, request: common_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
@@ -262,9 +303,10 @@ async def serve(config: BrokerConfig) -> None:
         call_controller=controller.call,
         replica_lag_time_max_ms=config.replica_lag_time_max_ms,
     )
+    servicer = BrokerServicer(replicas)
     # The generated *_pb2_grpc module is unannotated.
     broker_pb2_grpc.add_BrokerServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        BrokerServicer(replicas), runtime.server
+        servicer, runtime.server
     )
     # Control requests that arrive between here and registration are answered
     # BROKER_NOT_AVAILABLE (the controller retries them): the broker epoch is not known yet.
@@ -362,6 +404,7 @@ async def serve(config: BrokerConfig) -> None:
             await kafka.close()
             await kafka_backend.close()
         await replicas.close()
+        servicer.end_fetch_streams()
         # Closed only now, next to the lease's revocation: a stream closed during the controlled
         # shutdown would let the controller revoke the lease before the leaderships had moved.
         heartbeat_task.cancel()

@@ -187,3 +187,24 @@ async def test_a_malformed_stream_message_is_invalid_argument_without_the_securi
             await call.read()
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert len(replicas.seen) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_stopping_broker_ends_its_open_fetch_streams_and_refuses_new_ones() -> None:
+    # Otherwise the followers' idle streams would hold the server's stop for its grace period.
+    replicas = EchoReplicas()
+    ended = asyncio.Event()
+    leader = servicer(replicas, ended)
+    async with serving(leader) as (_, port):
+        endpoint = GrpcLeaderEndpoint(f"127.0.0.1:{port}")
+        try:
+            assert answered(await fetch(endpoint, 0)) == {"t": (0, 0)}
+            leader.end_fetch_streams()
+            await asyncio.wait_for(ended.wait(), WAIT_S)
+            failed = await fetch(endpoint, 1)
+            stopping = RpcFailed("UNAVAILABLE: the broker is stopping: FetchStream ended")
+            assert failed == stopping
+            assert await fetch(endpoint, 2) == stopping, "a new stream is refused too"
+        finally:
+            await endpoint.close()
+    assert len(replicas.seen) == 1
