@@ -432,6 +432,9 @@ class SecurityInterceptor(WrappingInterceptor):
         finally:
             if not next_item.done():
                 next_item.cancel()
+                # It may still end with an error of its own rather than cancelled (a read of the
+                # next request fails once the call is aborted): retrieve it, nobody else will.
+                next_item.add_done_callback(_retrieve_outcome)
 
     # ---- the checks -------------------------------------------------------------------------
 
@@ -653,6 +656,12 @@ class ForwardPrincipal(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[mi
                     client_call_details.wait_for_ready,
                 )
         return await continuation(client_call_details, request)
+
+
+def _retrieve_outcome(future: asyncio.Future[Any]) -> None:
+    """Mark a dropped future's exception as seen, so asyncio does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _now_ms() -> int:
