@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
@@ -34,6 +34,7 @@ from services.broker.replica_manager import ReplicaManager
 from services.common import limits
 from services.common.peers import PeerChannels
 from services.common.server import ServiceProcess
+from services.common.stream_ends import STREAM_ENDS
 from services.kafka.acl_rules import ConnectionAccess
 from services.kafka.backend import BrokerKafkaBackend
 from services.kafka.handler import KafkaAccess, KafkaHandler
@@ -42,6 +43,8 @@ from services.security.config import SecurityConfig
 from services.security.identity import Caller
 
 log = logging.getLogger("highwater.broker")
+
+FETCH_STREAMS_ENDED = "the broker is stopping: FetchStream ended"
 
 
 @dataclass(frozen=True)
@@ -112,9 +115,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     def __init__(self, replicas: ReplicaManager) -> None:
         self.replicas = replicas
-        # The task of each open FetchStream call -> whether it waits for the caller's next request
-        # (end_fetch_streams ends them).
-        self._fetch_streams: dict[asyncio.Task[Any], bool] = {}
+        # The tasks of the open FetchStream calls (end_fetch_streams ends them).
+        self._fetch_streams: set[asyncio.Task[Any]] = set()
         self._closing = False
 
     async def LeaderAndIsr(
@@ -158,19 +160,16 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         exactly as the unary Fetch answers it, under the same metrics label. The client sends the
         next request only after this answer; with security on, the interceptor has admitted each
         one as a unary Fetch (services/security/rules.py, UNARY_OVER_STREAM)."""
-        if self.fetch_streams_ended():
-            await self._refuse_closing(context)
+        if self._closing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, FETCH_STREAMS_ENDED)
         task = asyncio.current_task()  # the RPC's own task (grpc.aio runs each call in one)
-        assert task is not None
+        if task is not None:
+            self._fetch_streams.add(task)
         requests = aiter(request_iterator)
-        self._fetch_streams[task] = False
         try:
             while True:
-                if self.fetch_streams_ended():
-                    await self._refuse_closing(context)
-                self._fetch_streams[task] = True  # waiting for the caller: end_fetch_streams may cancel
                 try:
-                    request = await anext(requests)
+                    request = await STREAM_ENDS.next_message(requests, context)
                 except StopAsyncIteration:
                     return
                 except DecodeError as exc:
@@ -180,35 +179,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                         grpc.StatusCode.INVALID_ARGUMENT, f"FetchStream: the request does not parse: {exc}"
                     )
                     raise  # abort raises; never reached
-                except asyncio.CancelledError:
-                    if not self.fetch_streams_ended():
-                        raise  # gRPC's own: the caller went away
-                    task.uncancel()  # end_fetch_streams' cancel, taken back: the stream ends below
-                    await self._refuse_closing(context)
-                self._fetch_streams[task] = False
                 yield await self.Fetch(request, context)
         finally:
-            del self._fetch_streams[task]
+            if task is not None:
+                self._fetch_streams.discard(task)
 
     def end_fetch_streams(self) -> None:
         """End every open FetchStream with UNAVAILABLE, once the broker's close has answered its
         fetches: unlike a unary call, a stream outlives its answers, and the followers' streams
-        would hold the server's stop for its whole grace period (5 s). A stream waiting for its
-        caller's next request is interrupted there (cancelling its task anywhere else would leave
-        gRPC without a status to send); the others end as soon as they answer."""
+        would hold the server's stop for its whole grace period (5 s). Each ends where it waits
+        for its caller's next request (services/common/stream_ends.py); new ones are refused."""
         self._closing = True
-        for task, waiting in self._fetch_streams.items():
-            if waiting:
-                task.cancel()
-
-    def fetch_streams_ended(self) -> bool:
-        """end_fetch_streams was called: no FetchStream is served any more."""
-        return self._closing
-
-    @staticmethod
-    async def _refuse_closing(context: grpc.aio.ServicerContext) -> NoReturn:
-        await context.abort(grpc.StatusCode.UNAVAILABLE, "the broker is stopping: FetchStream ended")
-        raise RuntimeError("grpc.aio ServicerContext.abort returned instead of raising")
+        STREAM_ENDS.end(list(self._fetch_streams), FETCH_STREAMS_ENDED)
 
     async def ListOffsets(
         self, request: common_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext

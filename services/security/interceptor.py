@@ -39,6 +39,7 @@ import prometheus_client
 
 from services.common.interceptors import WrappingInterceptor, as_async_iter, maybe_await
 from services.common.limits import STREAM_TOKEN_RECHECK_S, WAITING_PER_SLOT_MAX
+from services.common.stream_ends import STREAM_ENDS
 from services.security import rules, tokens
 from services.security.authz import Authorizer, check_principal
 from services.security.identity import ANONYMOUS_CALLER, Caller, certificate_caller
@@ -330,7 +331,12 @@ class SecurityInterceptor(WrappingInterceptor):
                 )
 
             try:
-                async for raw in requests:
+                while True:
+                    # The caller's next message, or the end of a stream the service ended.
+                    try:
+                        raw = await STREAM_ENDS.next_message(requests, context)
+                    except StopAsyncIteration:
+                        return
                     connections = self.connections
                     if connections is None:
                         yield await one(raw)

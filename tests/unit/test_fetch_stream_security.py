@@ -53,6 +53,7 @@ class Cluster:
     token_port: int
     replicas: EchoReplicas
     verifier: Verifier
+    servicer: Any
 
     def channel(self, name: str | None) -> grpc.aio.Channel:
         """A channel presenting `name`'s certificate (None: none, to the token port)."""
@@ -84,13 +85,14 @@ async def cluster(tls_dir: Path) -> AsyncIterator[Cluster]:
     server = grpc.aio.server(interceptors=[interceptor])
     from protos.highwater.v1 import broker_pb2_grpc
 
-    broker_pb2_grpc.add_BrokerServiceServicer_to_server(servicer(replicas), server)  # type: ignore[no-untyped-call]
+    leader = servicer(replicas)
+    broker_pb2_grpc.add_BrokerServiceServicer_to_server(leader, server)  # type: ignore[no-untyped-call]
     tls = TlsMaterial.load(tls_dir, "broker-1")
     port = server.add_secure_port("127.0.0.1:0", tls.server_credentials(require_client_cert=True))
     token_port = server.add_secure_port("127.0.0.1:0", tls.server_credentials(require_client_cert=False))
     await server.start()
     try:
-        yield Cluster(tls_dir, port, token_port, replicas, verifier)
+        yield Cluster(tls_dir, port, token_port, replicas, verifier, leader)
     finally:
         await server.stop(None)
 
@@ -221,3 +223,18 @@ async def test_without_credentials_the_stream_is_refused(cluster: Cluster) -> No
         refused = await refusal(open_stream(channel), fetch_request(0, replica_id=-1))
     assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
     assert cluster.replicas.seen == []
+
+
+@pytest.mark.asyncio
+async def test_a_stopping_broker_ends_an_idle_stream_waiting_in_the_interceptor(cluster: Cluster) -> None:
+    # With security on, the interceptor (not the servicer) waits for the caller's next message.
+    async with cluster.channel("broker-2") as channel:
+        call = open_stream(channel)
+        assert answered(await exchange(call, fetch_request(0))) == {"t": (0, 0)}
+        cluster.servicer.end_fetch_streams()
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await asyncio.wait_for(call.read(), CALL_TIMEOUT_S)  # nothing sent: ended where it waits
+        assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+        refused = await refusal(open_stream(channel), fetch_request(1))
+        assert refused.code() == grpc.StatusCode.UNAVAILABLE, "a new stream is refused"
+    assert len(cluster.replicas.seen) == 1
