@@ -20,6 +20,10 @@ Order per request:
 5. The servicer runs with the caller in CURRENT_CALLER, which the gateway's
    client interceptor (`ForwardPrincipal`) reads to pass the principal on.
 
+A stream that carries a unary method's calls (rules.UNARY_OVER_STREAM: FetchStream)
+is authenticated once and then takes steps 3-5, with a connection slot and a
+bearer token's re-check, for every message, as that unary call would.
+
 Every refusal is counted in metrics and logged at DEBUG (an attacker must not
 be able to fill the disk with log lines).
 """
