@@ -15,11 +15,13 @@ import logging
 import os
 import resource
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from coordinator.election import current_controller
 from coordinator.limits import LEASE_KEEPALIVES_PER_TTL
@@ -32,6 +34,7 @@ from services.broker.replica_manager import ReplicaManager
 from services.common import limits
 from services.common.peers import PeerChannels
 from services.common.server import ServiceProcess
+from services.common.stream_ends import STREAM_ENDS
 from services.kafka.acl_rules import ConnectionAccess
 from services.kafka.backend import BrokerKafkaBackend
 from services.kafka.handler import KafkaAccess, KafkaHandler
@@ -40,6 +43,8 @@ from services.security.config import SecurityConfig
 from services.security.identity import Caller
 
 log = logging.getLogger("highwater.broker")
+
+FETCH_STREAMS_ENDED = "the broker is stopping: FetchStream ended"
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     def __init__(self, replicas: ReplicaManager) -> None:
         self.replicas = replicas
+        # The tasks of the open FetchStream calls (end_fetch_streams ends them).
+        self._fetch_streams: set[asyncio.Task[Any]] = set()
+        self._closing = False
 
     async def LeaderAndIsr(
         self, request: broker_pb2.LeaderAndIsrRequest, context: grpc.aio.ServicerContext
@@ -144,6 +152,45 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     ) -> common_pb2.FetchResponse:
         with metrics.REQUEST_LATENCY.labels("Fetch").time():
             return await self.replicas.fetch(request)
+
+    async def FetchStream(
+        self, request_iterator: AsyncIterator[common_pb2.FetchRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.FetchResponse]:
+        """Fetch over one stream (a follower's replica fetcher): each request answered in order,
+        exactly as the unary Fetch answers it, under the same metrics label. The client sends the
+        next request only after this answer; with security on, the interceptor has admitted each
+        one as a unary Fetch (services/security/rules.py, UNARY_OVER_STREAM)."""
+        if self._closing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, FETCH_STREAMS_ENDED)
+        task = asyncio.current_task()  # the RPC's own task (grpc.aio runs each call in one)
+        if task is not None:
+            self._fetch_streams.add(task)
+        requests = aiter(request_iterator)
+        try:
+            while True:
+                try:
+                    request = await STREAM_ENDS.next_message(requests, context)
+                except StopAsyncIteration:
+                    return
+                except DecodeError as exc:
+                    # Without the security interceptor gRPC parses streamed requests itself
+                    # (request_guard.py covers unary ones only): answer as a malformed unary Fetch is.
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT, f"FetchStream: the request does not parse: {exc}"
+                    )
+                    raise  # abort raises; never reached
+                yield await self.Fetch(request, context)
+        finally:
+            if task is not None:
+                self._fetch_streams.discard(task)
+
+    def end_fetch_streams(self) -> None:
+        """End every open FetchStream with UNAVAILABLE, once the broker's close has answered its
+        fetches: unlike a unary call, a stream outlives its answers, and the followers' streams
+        would hold the server's stop for its whole grace period (5 s). Each ends where it waits
+        for its caller's next request (services/common/stream_ends.py); new ones are refused."""
+        self._closing = True
+        STREAM_ENDS.end(list(self._fetch_streams), FETCH_STREAMS_ENDED)
 
     async def ListOffsets(
         self, request: common_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
@@ -238,9 +285,10 @@ async def serve(config: BrokerConfig) -> None:
         call_controller=controller.call,
         replica_lag_time_max_ms=config.replica_lag_time_max_ms,
     )
+    servicer = BrokerServicer(replicas)
     # The generated *_pb2_grpc module is unannotated.
     broker_pb2_grpc.add_BrokerServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        BrokerServicer(replicas), runtime.server
+        servicer, runtime.server
     )
     # Control requests that arrive between here and registration are answered
     # BROKER_NOT_AVAILABLE (the controller retries them): the broker epoch is not known yet.
@@ -338,6 +386,7 @@ async def serve(config: BrokerConfig) -> None:
             await kafka.close()
             await kafka_backend.close()
         await replicas.close()
+        servicer.end_fetch_streams()
         # Closed only now, next to the lease's revocation: a stream closed during the controlled
         # shutdown would let the controller revoke the lease before the leaderships had moved.
         heartbeat_task.cancel()

@@ -170,6 +170,10 @@ REPLICA_FETCH_BACKOFF_MS = 1_000
 # that this follower already has (both were sent together), so it will in milliseconds.
 # A full back-off here costs every failover a second.
 REPLICA_FETCH_EPOCH_RACE_BACKOFF_MS = 50
+# A leader that answered UNIMPLEMENTED to FetchStream (an older broker, during a rolling upgrade) is
+# fetched from with unary Fetch calls; the stream is tried again after this long, since the leader
+# may have been upgraded behind the same address. One refused stream per minute costs nothing.
+REPLICA_FETCH_STREAM_RETRY_S = 60.0
 # How often a leader checks its followers for ISR shrink.
 ISR_CHECK_INTERVAL_MS = 1_000
 # HWs are checkpointed and retention applied every this many ISR checks (Kafka: every 5 s):

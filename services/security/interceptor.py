@@ -20,6 +20,10 @@ Order per request:
 5. The servicer runs with the caller in CURRENT_CALLER, which the gateway's
    client interceptor (`ForwardPrincipal`) reads to pass the principal on.
 
+A stream that carries a unary method's calls (rules.UNARY_OVER_STREAM: FetchStream)
+is authenticated once and then takes steps 3-5, with a connection slot and a
+bearer token's re-check, for every message, as that unary call would.
+
 Every refusal is counted in metrics and logged at DEBUG (an attacker must not
 be able to fill the disk with log lines).
 """
@@ -31,7 +35,7 @@ import contextvars
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, Protocol
 
 import grpc
@@ -39,6 +43,7 @@ import prometheus_client
 
 from services.common.interceptors import WrappingInterceptor, as_async_iter, maybe_await
 from services.common.limits import STREAM_TOKEN_RECHECK_S, WAITING_PER_SLOT_MAX
+from services.common.stream_ends import STREAM_ENDS
 from services.security import rules, tokens
 from services.security.authz import Authorizer, check_principal
 from services.security.identity import ANONYMOUS_CALLER, Caller, certificate_caller
@@ -176,6 +181,12 @@ class SecurityInterceptor(WrappingInterceptor):
         # INVALID_ARGUMENT (gRPC itself would say UNKNOWN, as if a handler had failed).
         raw = {"request_deserializer": None, "response_serializer": handler.response_serializer}
         parse = handler.request_deserializer
+        unary_method = rules.UNARY_OVER_STREAM.get(method)
+        if unary_method is not None and handler.stream_stream is not None:
+            # Each message is parsed here too, after authentication, as a unary request is.
+            return grpc.stream_stream_rpc_method_handler(
+                self._unary_over_stream(method, unary_method, rule, handler.stream_stream, parse), **raw
+            )
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(method, rule, handler.unary_unary, parse), **raw
@@ -224,35 +235,127 @@ class SecurityInterceptor(WrappingInterceptor):
                 connections.release(peer)
 
         async def admitted(raw: Any, context: grpc.aio.ServicerContext) -> Any:
-            caller, request, admission = await self._admit(method, rule, raw, context, parse)
-            # Quotas charge direct clients only: forwarded requests were charged by the gateway.
-            quotas = self.quotas if caller.service is None and caller.forwarded_by is None else None
-            if quotas is not None and (produce or (fetch and request.replica_id < 0)):
-                await self._wait_out_throttle(
-                    quotas, caller, QuotaKind.PRODUCE if produce else QuotaKind.FETCH, context
-                )
-            if admission.answer is not None:
-                response = admission.answer
-            else:
+            caller = await self._authenticate(method, context)
+
+            async def serve(request: Any) -> Any:
                 token = CURRENT_CALLER.set(caller)
                 try:
-                    response = await maybe_await(inner(admission.request, context))
+                    return await maybe_await(inner(request, context))
                 finally:
                     CURRENT_CALLER.reset(token)
-                if admission.respond is not None and response is not None:
-                    response = admission.respond(response)
-            if (
-                quotas is not None
-                and response is not None
-                and (produce or (fetch and request.replica_id < 0))
-            ):
-                kind = QuotaKind.PRODUCE if produce else QuotaKind.FETCH
-                moved = admission.request.ByteSize() if produce else response.ByteSize()
-                throttle_ms = quotas.record(caller.principal, kind, moved, _now_ms())
-                if throttle_ms:
-                    THROTTLE_MS.labels(kind.value).inc(throttle_ms)
-                    response.throttle_time_ms = max(response.throttle_time_ms, throttle_ms)
-            return response
+
+            return await self._serve_request(
+                method, rule, caller, raw, context, parse, serve, produce=produce, fetch=fetch
+            )
+
+        return behavior
+
+    async def _serve_request(
+        self,
+        method: str,
+        rule: rules.Rule | None,
+        caller: Caller,
+        raw: Any,
+        context: grpc.aio.ServicerContext,
+        parse: Callable[[bytes], Any] | None,
+        serve: Callable[[Any], Awaitable[Any]],
+        *,
+        produce: bool,
+        fetch: bool,
+    ) -> Any:
+        """One unary request of an authenticated caller: parse, rule, quotas, `serve` (the servicer)
+        on what the rule admitted, the rule's fix-up of the answer. Aborts the RPC on refusal."""
+        request, admission = await self._check(method, rule, caller, raw, context, parse)
+        # Quotas charge direct clients only: forwarded requests were charged by the gateway.
+        quotas = self.quotas if caller.service is None and caller.forwarded_by is None else None
+        charged = produce or (fetch and request.replica_id < 0)
+        if quotas is not None and charged:
+            await self._wait_out_throttle(
+                quotas, caller, QuotaKind.PRODUCE if produce else QuotaKind.FETCH, context
+            )
+        if admission.answer is not None:
+            response = admission.answer
+        else:
+            response = await serve(admission.request)
+            if admission.respond is not None and response is not None:
+                response = admission.respond(response)
+        if quotas is not None and response is not None and charged:
+            kind = QuotaKind.PRODUCE if produce else QuotaKind.FETCH
+            moved = admission.request.ByteSize() if produce else response.ByteSize()
+            throttle_ms = quotas.record(caller.principal, kind, moved, _now_ms())
+            if throttle_ms:
+                THROTTLE_MS.labels(kind.value).inc(throttle_ms)
+                response.throttle_time_ms = max(response.throttle_time_ms, throttle_ms)
+        return response
+
+    def _unary_over_stream(
+        self,
+        method: str,
+        unary_method: str,
+        rule: rules.Rule | None,
+        inner: Callable[..., Any],
+        parse: Callable[[bytes], Any] | None,
+    ) -> Callable[..., AsyncIterator[Any]]:
+        """A stream carrying `unary_method`'s calls (rules.UNARY_OVER_STREAM): each message is
+        admitted exactly as a call of that method would be, in order, one at a time.
+
+        The caller is authenticated once, when the stream opens (its certificate and metadata do
+        not change); a bearer token is checked again before every message and while the stream
+        idles (`_while_token_valid`). Per message: a connection slot, the parse, the rule, the
+        quotas and the rule's fix-up of the answer, as in `_unary`. A refusal of the whole
+        request ends the stream with the status the unary call would have got. The servicer
+        reads the admitted (possibly narrowed) requests from a one-slot feed and must answer
+        each before it reads the next; a request the rule answered itself never reaches it.
+        """
+        produce = unary_method in rules.PRODUCE_METHODS
+        fetch = unary_method in rules.FETCH_METHODS
+
+        async def behavior(request_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            caller = await self._authenticate(method, context)
+            requests: AsyncIterator[Any] = aiter(request_iterator)
+            if caller.authenticated_by == "token":
+                requests = self._while_token_valid(method, requests, _bearer_token(context), context)
+            feed = _OneRequestFeed(method)
+            CURRENT_CALLER.set(caller)  # this generator runs in the RPC's own task: nothing leaks
+            produced = inner(feed, context)
+            answers: AsyncIterator[Any] = (
+                produced if hasattr(produced, "__anext__") else as_async_iter(produced)
+            )
+
+            async def serve(request: Any) -> Any:
+                feed.put(request)
+                try:
+                    return await anext(answers)
+                except StopAsyncIteration:
+                    raise RuntimeError(f"{method}: the servicer ended the stream without an answer") from None
+
+            async def one(raw: Any) -> Any:
+                return await self._serve_request(
+                    method, rule, caller, raw, context, parse, serve, produce=produce, fetch=fetch
+                )
+
+            try:
+                while True:
+                    # The caller's next message, or the end of a stream the service ended.
+                    try:
+                        raw = await STREAM_ENDS.next_message(requests, context)
+                    except StopAsyncIteration:
+                        return
+                    connections = self.connections
+                    if connections is None:
+                        yield await one(raw)
+                        continue
+                    # A slot per message, as per unary call: an idle stream holds none.
+                    peer = await self._take_slot(connections, method, context)
+                    try:
+                        response = await one(raw)
+                    finally:
+                        connections.release(peer)
+                    yield response
+            finally:
+                close = getattr(answers, "aclose", None)
+                if close is not None:
+                    await close()
 
         return behavior
 
@@ -339,6 +442,9 @@ class SecurityInterceptor(WrappingInterceptor):
         finally:
             if not next_item.done():
                 next_item.cancel()
+                # It may still end with an error of its own rather than cancelled (a read of the
+                # next request fails once the call is aborted): retrieve it, nobody else will.
+                next_item.add_done_callback(_retrieve_outcome)
 
     # ---- the checks -------------------------------------------------------------------------
 
@@ -366,6 +472,19 @@ class SecurityInterceptor(WrappingInterceptor):
     ) -> tuple[Caller, Any, rules.Admission]:
         """Authenticate, parse the request, run the method's rule; aborts the RPC on refusal."""
         caller = await self._authenticate(method, context)
+        request, admission = await self._check(method, rule, caller, raw, context, parse)
+        return caller, request, admission
+
+    async def _check(
+        self,
+        method: str,
+        rule: rules.Rule | None,
+        caller: Caller,
+        raw: Any,
+        context: grpc.aio.ServicerContext,
+        parse: Callable[[bytes], Any] | None,
+    ) -> tuple[Any, rules.Admission]:
+        """Parse an authenticated caller's request and run the method's rule; aborts on refusal."""
         request = raw
         if parse is not None and raw is not None:
             try:
@@ -402,7 +521,7 @@ class SecurityInterceptor(WrappingInterceptor):
                 caller.describe(),
                 ", ".join(f"{op.value} {res.type.value}:{res.name}" for op, res in access.denials[:10]),
             )
-        return caller, request, admission
+        return request, admission
 
     async def _authenticate(self, method: str, context: grpc.aio.ServicerContext) -> Caller:
         if not self.tls:
@@ -496,6 +615,31 @@ class SecurityInterceptor(WrappingInterceptor):
         await asyncio.sleep(delay_s)
 
 
+class _OneRequestFeed:
+    """The requests a unary-over-stream servicer reads: the one just admitted, and nothing more
+    until it has been answered (the interceptor hands the next one over only then)."""
+
+    __slots__ = ("_method", "_next")
+
+    def __init__(self, method: str) -> None:
+        self._method = method
+        self._next: Any = None
+
+    def put(self, request: Any) -> None:
+        self._next = request
+
+    def __aiter__(self) -> _OneRequestFeed:
+        return self
+
+    async def __anext__(self) -> Any:
+        request, self._next = self._next, None
+        if request is None:
+            # A servicer that reads ahead breaks the one-answer-per-request order the interceptor
+            # relies on to fix up and charge each answer: a bug, not a caller's fault.
+            raise RuntimeError(f"{self._method}: the servicer read a request before answering the last")
+        return request
+
+
 class ForwardPrincipal(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]  # grpc.aio is untyped
     """On a gateway: pass the client's principal on with the calls made on its behalf.
 
@@ -522,6 +666,12 @@ class ForwardPrincipal(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[mi
                     client_call_details.wait_for_ready,
                 )
         return await continuation(client_call_details, request)
+
+
+def _retrieve_outcome(future: asyncio.Future[Any]) -> None:
+    """Mark a dropped future's exception as seen, so asyncio does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _now_ms() -> int:

@@ -20,7 +20,8 @@ Servicers stay unaware of security. Every RPC of every service must have a rule
 (tests/unit/test_authz.py checks the table against the protos).
 
 Control-plane RPCs check identities rather than ACLs: LeaderAndIsr,
-UpdateMetadata and StopReplica only from a controller certificate; Fetch with
+UpdateMetadata and StopReplica only from a controller certificate; Fetch (and
+each message of FetchStream, UNARY_OVER_STREAM) with
 a replica id >= 0 and OffsetsForLeaderEpoch only from the certificate of that
 very broker; AlterPartition and ControlledShutdown only from the broker they
 name. Service identities act as super users on the data plane (a gateway
@@ -687,6 +688,8 @@ RULES: dict[str, Rule] = {
     _BROKER + "StopReplica": _from(("controller",), "StopReplica"),
     _BROKER + "Produce": produce,
     _BROKER + "Fetch": fetch,
+    # FetchStream: the Fetch rule, applied to each message of the stream (UNARY_OVER_STREAM below).
+    _BROKER + "FetchStream": fetch,
     _BROKER + "ListOffsets": list_offsets,
     _BROKER + "OffsetsForLeaderEpoch": offsets_for_leader_epoch,
     _BROKER + "Metadata": metadata,
@@ -716,6 +719,11 @@ RULES: dict[str, Rule] = {
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": open_rule,
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": open_rule,
 }
+# Streaming methods that carry a unary method's calls, one request and one answer at a time, in
+# order: stream method -> its unary method. The interceptor admits each message as a call of the
+# unary method (its rule, quota and connection slot, a token still valid), not the stream once, so
+# moving a caller from the unary call to the stream changes nothing of what it may do.
+UNARY_OVER_STREAM: dict[str, str] = {_BROKER + "FetchStream": _BROKER + "Fetch"}
 # Health checks answer without credentials: load balancers and orchestrators probe them.
 UNAUTHENTICATED_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 # Methods whose request/response byte counts are charged to byte-rate quotas.
@@ -738,4 +746,5 @@ FORWARDED_METHODS = frozenset(
 
 
 def rule_for(method: str) -> Rule | None:
-    return RULES.get(method)
+    """The method's rule; for a unary-over-stream method, its unary method's, applied per message."""
+    return RULES.get(UNARY_OVER_STREAM.get(method, method))

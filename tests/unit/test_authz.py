@@ -474,6 +474,22 @@ def test_every_rpc_of_every_service_has_a_rule() -> None:
     assert set(rules.RULES) >= rules.FORWARDED_METHODS
 
 
+def test_unary_over_stream_methods_are_streams_of_their_unary_methods_messages_with_its_rule() -> None:
+    methods = {
+        f"/{svc.full_name}/{m.name}": m
+        for module in (broker_pb2, controller_pb2, gateway_pb2)
+        for svc in module.DESCRIPTOR.services_by_name.values()
+        for m in svc.methods
+    }
+    assert rules.UNARY_OVER_STREAM, "FetchStream at least"
+    for stream, unary in rules.UNARY_OVER_STREAM.items():
+        s, u = methods[stream], methods[unary]
+        assert s.client_streaming and s.server_streaming, stream
+        assert not u.client_streaming and not u.server_streaming, unary
+        assert (s.input_type, s.output_type) == (u.input_type, u.output_type), stream
+        assert rules.rule_for(stream) is rules.rule_for(unary) is rules.RULES[stream], stream
+
+
 @pytest.mark.parametrize(
     "module",
     [

@@ -60,6 +60,11 @@ class BrokerServiceStub:
                 request_serializer=highwater_dot_v1_dot_common__pb2.FetchRequest.SerializeToString,
                 response_deserializer=highwater_dot_v1_dot_common__pb2.FetchResponse.FromString,
                 _registered_method=True)
+        self.FetchStream = channel.stream_stream(
+                '/highwater.v1.BrokerService/FetchStream',
+                request_serializer=highwater_dot_v1_dot_common__pb2.FetchRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.FetchResponse.FromString,
+                _registered_method=True)
         self.ListOffsets = channel.unary_unary(
                 '/highwater.v1.BrokerService/ListOffsets',
                 request_serializer=highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.SerializeToString,
@@ -110,6 +115,19 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchStream(self, request_iterator, context):
+        """Fetch over one long-lived stream, for callers that fetch again and again
+        (a follower's replica fetcher): each request on the stream is answered, in
+        order, exactly as the unary Fetch would answer it (same checks, same
+        authorization, long polls included), without a new call per request.
+        One request is outstanding at a time per stream: send the next only after
+        the answer to the previous one. A failure that would end a unary Fetch
+        (PERMISSION_DENIED, INVALID_ARGUMENT, UNAUTHENTICATED) ends the stream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListOffsets(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -153,6 +171,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
             ),
             'Fetch': grpc.unary_unary_rpc_method_handler(
                     servicer.Fetch,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.FetchRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.FetchResponse.SerializeToString,
+            ),
+            'FetchStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.FetchStream,
                     request_deserializer=highwater_dot_v1_dot_common__pb2.FetchRequest.FromString,
                     response_serializer=highwater_dot_v1_dot_common__pb2.FetchResponse.SerializeToString,
             ),
@@ -305,6 +328,33 @@ class BrokerService:
             request,
             target,
             '/highwater.v1.BrokerService/Fetch',
+            highwater_dot_v1_dot_common__pb2.FetchRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.FetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/highwater.v1.BrokerService/FetchStream',
             highwater_dot_v1_dot_common__pb2.FetchRequest.SerializeToString,
             highwater_dot_v1_dot_common__pb2.FetchResponse.FromString,
             options,
