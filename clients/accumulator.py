@@ -339,6 +339,15 @@ class RecordAccumulator:
             index += 1
         queue.insert(index, batch)
 
+    def head_is_full(self, tp: TopicPartition) -> bool:
+        """Whether tp's next batch takes no more records (full or closed), or must go now
+        (a flush, close or a send waiting for memory)."""
+        queue = self._queues.get(tp)
+        if queue is None or not queue:
+            return False
+        hurry = self.flushes_in_progress > 0 or self.closing or self.memory_waiters > 0
+        return hurry or len(queue) > 1 or queue[0].closed
+
     def head_is_retry(self, tp: TopicPartition) -> bool:
         """Whether tp's next batch to send is one being sent again."""
         queue = self._queues.get(tp)

@@ -6,7 +6,8 @@ One asyncio task per producer runs `Sender.run`. Each pass it:
 2. gets a producer id (InitProducerId) when idempotence needs one or a new epoch;
 3. drains the ready partitions, numbers and encodes each batch once, and sends one
    Produce request per destination (below). An idempotent producer keeps up to
-   max_in_flight_requests batches of a partition in flight (the leader orders them by
+   max_in_flight_requests batches of a partition in flight, full ones (a partial batch
+   keeps taking records until the one ahead is answered; the leader orders them by
    sequence number: one that overtakes its predecessor is refused OUT_OF_ORDER and sent
    again after it; a batch sent again goes alone); without idempotence one, so that a
    retry cannot reorder records;
@@ -388,12 +389,17 @@ class Sender:
         with self.lock:
             ready, next_ms = self.accumulator.ready(now, self._muted)
             if self._in_flight_of:
-                # A batch sent again goes alone, once nothing of its partition is in flight:
-                # the batches after it must not reach the leader first.
+                # Behind a batch in flight, only a full one follows at once: a partial batch
+                # keeps taking records until the one ahead is answered (each request costs
+                # the leader far more than its bytes, so at low rates fewer, fuller requests
+                # are also faster). A batch sent again goes alone, once nothing of its
+                # partition is in flight: the batches after it must not reach the leader first.
+                accumulator = self.accumulator
                 ready = [
                     tp
                     for tp in ready
-                    if tp not in self._in_flight_of or not self.accumulator.head_is_retry(tp)
+                    if tp not in self._in_flight_of
+                    or (accumulator.head_is_full(tp) and not accumulator.head_is_retry(tp))
                 ]
         if not ready:
             return next_ms

@@ -873,7 +873,8 @@ def test_an_idempotent_producer_keeps_several_batches_of_a_partition_in_flight_i
     fake.delay_s = 0.03
     fake.faults[("t", 0)] = [common_pb2.NOT_LEADER_OR_FOLLOWER]
     values = [f"v{i}".encode() for i in range(400)]
-    with Producer(address, **FAST) as producer:
+    # Small batches: a batch follows one in flight only once it is full.
+    with Producer(address, batch_size_bytes=200, **FAST) as producer:
         futures = []
         for value in values:
             futures.append(producer.send("t", value, partition=0))
@@ -888,7 +889,7 @@ def test_an_idempotent_producer_keeps_several_batches_of_a_partition_in_flight_i
 def test_without_idempotence_a_partition_has_one_batch_in_flight(gateway_and_leader) -> None:
     fake, address, _leader, _thread, _servers = gateway_and_leader
     fake.delay_s = 0.03
-    with Producer(address, enable_idempotence=False, acks=1, **FAST) as producer:
+    with Producer(address, enable_idempotence=False, acks=1, batch_size_bytes=200, **FAST) as producer:
         futures = []
         for i in range(200):
             futures.append(producer.send("t", f"v{i}".encode(), partition=0))
@@ -903,3 +904,25 @@ def test_the_batches_in_flight_bound_is_the_leaders_dedup_window() -> None:
     from services.common.limits import PRODUCER_BATCHES_KEPT
 
     assert IDEMPOTENT_BATCHES_IN_FLIGHT_MAX == PRODUCER_BATCHES_KEPT
+
+
+def test_a_partial_batch_waits_for_the_one_in_flight_instead_of_a_request_of_its_own(
+    gateway_and_leader,
+) -> None:
+    """At a low rate (records trickling in, linger 0) a partition sends its next batch when
+    the one in flight is answered, not one request per record: requests cost the leader more
+    than their bytes."""
+    fake, address, _leader, _thread, _servers = gateway_and_leader
+    fake.delay_s = 0.02
+    with Producer(address, **dict(FAST, linger_ms=0)) as producer:
+        producer.send("t", b"first", partition=0).result(timeout=5)  # the leader knows us
+        calls = fake.produce_calls
+        futures = []
+        for i in range(100):
+            futures.append(producer.send("t", f"v{i}".encode(), partition=0))
+            time.sleep(0.001)
+        producer.flush(timeout_ms=10_000)
+        assert [f.result(timeout=1).offset for f in futures] == list(range(1, 101))
+    requests = fake.produce_calls - calls
+    # ~100 ms of sends, each request in flight 20 ms: a handful of requests, not 100.
+    assert requests <= 20, f"{requests} requests for 100 records"
