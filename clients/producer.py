@@ -177,6 +177,8 @@ class _ProducerCore:
         self.closed = False
         self._valid_topics: set[str] = set()
         self._refreshing: dict[str, asyncio.Task[None]] = {}
+        # When each topic may be refreshed in the background again (now_ms()).
+        self._refresh_not_before_ms: dict[str, int] = {}
         # The largest record (key + value + headers bound) that fits one request.
         self.record_bytes_max = config.max_request_bytes - BATCH_OVERHEAD_BYTES
 
@@ -187,9 +189,17 @@ class _ProducerCore:
         self.sender_task.add_done_callback(_log_sender_end)
 
     def refresh_in_background(self, topic: str) -> None:
-        """Refresh a stale topic without blocking senders (they use the old answer meanwhile)."""
+        """Refresh a stale topic without blocking senders (they use the old answer meanwhile).
+
+        At most one refresh per topic per retry_backoff_ms: the sender asks on every pass
+        while a partition has no known leader (an election under way), and Metadata would
+        otherwise be asked as fast as records arrive."""
         if topic in self._refreshing:
             return
+        now = now_ms()
+        if now < self._refresh_not_before_ms.get(topic, 0):
+            return
+        self._refresh_not_before_ms[topic] = now + self.config.retry_backoff_ms
 
         async def _refresh() -> None:
             try:

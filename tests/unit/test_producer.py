@@ -223,8 +223,9 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
     init_requests: list[tuple[int, int]] = field(default_factory=list)
     # Brokers Metadata lists (none: clients know no leader address and go through the gateway).
     brokers: list[common_pb2.BrokerNode] = field(default_factory=list)
-    # The broker Metadata names as every partition's leader.
+    # The broker Metadata names as every partition's leader (-1: none elected).
     leader: int = 1
+    metadata_calls: int = 0
     # As a leader: a batch whose first sequence is not the next expected one is refused
     # OUT_OF_ORDER_SEQUENCE_NUMBER (duplicates of what was written are still recognised; a
     # producer's first batch may start anywhere, as on a broker).
@@ -236,6 +237,7 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
     most_in_flight: int = 0
 
     async def Metadata(self, request, context):
+        self.metadata_calls += 1
         return common_pb2.MetadataResponse(
             cluster_id="fake",
             controller_id=1,
@@ -926,3 +928,25 @@ def test_a_partial_batch_waits_for_the_one_in_flight_instead_of_a_request_of_its
     requests = fake.produce_calls - calls
     # ~100 ms of sends, each request in flight 20 ms: a handful of requests, not 100.
     assert requests <= 20, f"{requests} requests for 100 records"
+
+
+def test_metadata_is_asked_at_most_once_per_retry_backoff_while_a_partition_has_no_leader(
+    gateway_and_leader,
+) -> None:
+    """While no leader is elected the records go through the gateway, and the sender asks for
+    new Metadata on every pass: at most once per retry_backoff_ms, not once per record."""
+    fake, address, _leader, _thread, _servers = gateway_and_leader
+    with Producer(address, **dict(FAST, retry_backoff_ms=100, linger_ms=0)) as producer:
+        producer.send("t", b"first", partition=0).result(timeout=5)
+        fake.leader = -1
+        producer._core.metadata.mark_stale("t")
+        calls = fake.metadata_calls
+        started = time.monotonic()
+        for i in range(200):
+            producer.send("t", f"v{i}".encode(), partition=0)
+            time.sleep(0.002)
+        producer.flush(timeout_ms=10_000)
+        took_s = time.monotonic() - started
+    asked = fake.metadata_calls - calls
+    assert asked <= took_s / 0.1 + 2, f"Metadata asked {asked} times in {took_s:.2f} s"
+    assert [r.value for r in fake.logs[("t", 0)]][1:] == [f"v{i}".encode() for i in range(200)]
