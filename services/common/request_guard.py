@@ -60,7 +60,9 @@ class MalformedRequestGuard(WrappingInterceptor):
                     yield item
 
             return grpc.unary_stream_rpc_method_handler(unary_stream, **raw)
-        return handler  # client-streaming methods: none of ours
+        # Client-streaming methods (BrokerHeartbeat, StandbyHeartbeat, FetchStream) are left as
+        # they are: each answers a malformed message itself, ending its stream INVALID_ARGUMENT.
+        return handler
 
     async def _parse(
         self, method: str, parse: Callable[[bytes], Any], request: bytes, context: grpc.aio.ServicerContext
