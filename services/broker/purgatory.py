@@ -75,6 +75,8 @@ class DelayedProduce:
     # Called for each partition acknowledged without error (the simulation's checker).
     on_acknowledged: Callable[[Partition, AwaitedAppend], None] = lambda p, append: None
     completed: bool = False
+    # Cancels the expiry timer the driver set for this operation (see `_mark_completed`).
+    cancel_expiry: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
     def keys(self) -> list[TopicPartitionKey]:
@@ -107,7 +109,7 @@ class DelayedProduce:
             self.awaited.clear()
         if self.awaited:
             return False
-        self.completed = True
+        _mark_completed(self)
         self.on_complete(produce_response(self.results))
         return True
 
@@ -164,6 +166,7 @@ class DelayedFetch:
     on_complete: Callable[[common_pb2.FetchResponse], None]
     partition_state: Callable[[TopicPartitionKey], object] | None = None
     completed: bool = False
+    cancel_expiry: Callable[[], None] | None = field(default=None, repr=False)
     # Each partition's state when it was last read (None: never read).
     _read_at: dict[TopicPartitionKey, object] | None = field(default=None, repr=False)
 
@@ -191,12 +194,24 @@ class DelayedFetch:
             deadline_ms=self.deadline_ms,
         ):
             return False
-        self.completed = True
+        _mark_completed(self)
         self.on_complete(response)
         return True
 
 
 DelayedOperation = DelayedProduce | DelayedFetch
+
+
+def _mark_completed(op: DelayedOperation) -> None:
+    """Mark op completed and drop its expiry timer (Kafka's forceComplete), before it answers.
+
+    The timer must go: left set, it holds the operation (request, response, callbacks) until
+    the deadline, a request timeout after the answer went out.
+    """
+    op.completed = True
+    if op.cancel_expiry is not None:
+        op.cancel_expiry()
+        op.cancel_expiry = None
 
 
 @dataclass

@@ -140,8 +140,8 @@ class ReplicaManager:
     def spawn(self, name: str, task: Task[Any]) -> None:
         self._start(self._guarded(drive(task, controller=self.call_controller), name), name)
 
-    def call_later(self, delay_ms: int, fn: Callable[[], None]) -> None:
-        asyncio.get_running_loop().call_later(delay_ms / 1000, fn)
+    def call_later(self, delay_ms: int, fn: Callable[[], None]) -> Callable[[], None]:
+        return asyncio.get_running_loop().call_later(delay_ms / 1000, fn).cancel
 
     def _start(self, coro: Any, name: str) -> None:
         task = asyncio.ensure_future(coro)

@@ -14,6 +14,7 @@ per server, and the token listener needs its own (services/security/runtime.py).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -142,6 +143,19 @@ class ServerGroup:
         await asyncio.gather(*(server.stop(grace_s) for server in self.servers))
 
 
+def settle_heap() -> None:
+    """Keep what start-up built (imported modules, recovered logs) out of every later collection.
+
+    A started broker holds ~145,000 objects from imports alone; each full (generation 2)
+    collection walked all of them, 50-130 ms on the 2-core bench machine, several times a
+    minute under load, and those pauses were the whole p99 of end-to-end latency. Frozen
+    objects are never collected again (they live as long as the process anyway), so a full
+    collection walks only what the process made since (Instagram's gc.freeze() recipe).
+    """
+    gc.collect()
+    gc.freeze()
+
+
 @dataclass
 class ServiceRuntime:
     """One service process: gRPC server, health, reflection, metrics, ready file, signals."""
@@ -215,6 +229,7 @@ class ServiceRuntime:
 
     async def mark_ready(self, **extra: object) -> None:
         """Health SERVING, and write the ready file (port numbers for whoever started us)."""
+        settle_heap()
         for svc in ["", *self.service_names]:
             await self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
         if self.ready_file is not None:

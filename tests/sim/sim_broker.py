@@ -317,8 +317,11 @@ class SimBroker(RpcNode):
     def spawn(self, name: str, task: Task[Any]) -> None:
         self._step(task, None)
 
-    def call_later(self, delay_ms: int, fn: Callable[[], None]) -> None:
+    def call_later(self, delay_ms: int, fn: Callable[[], None]) -> Callable[[], None]:
         self.after(delay_ms, fn)
+        # The simulated clock keeps its timers; one that fires for a completed operation does
+        # nothing, and memory is not what the simulation checks.
+        return lambda: None
 
     def _wake(self, fetcher: FetcherCore) -> None:
         idle = self._idle.pop(fetcher, None)

@@ -203,7 +203,7 @@ class _UnusedIO:
     def spawn(self, name: str, task: Any) -> None:
         raise AssertionError("no task is spawned here")
 
-    def call_later(self, delay_ms: int, fn: Callable[[], None]) -> None:
+    def call_later(self, delay_ms: int, fn: Callable[[], None]) -> Callable[[], None]:
         raise AssertionError("no timer is set here")
 
 

@@ -74,8 +74,10 @@ class RecordingIO:
     def spawn(self, name: str, task: Task[Any]) -> None:
         self.spawned.append((name, task))
 
-    def call_later(self, delay_ms: int, fn: Callable[[], None]) -> None:
-        self.timers.append((self.clock.now_ms + delay_ms, fn))
+    def call_later(self, delay_ms: int, fn: Callable[[], None]) -> Callable[[], None]:
+        timer = (self.clock.now_ms + delay_ms, fn)
+        self.timers.append(timer)
+        return lambda: self.timers.remove(timer) if timer in self.timers else None
 
     def fire_due(self) -> None:
         due = [t for t in self.timers if t[0] <= self.clock.now_ms]

@@ -140,6 +140,18 @@ def test_acks_all_waits_until_every_isr_member_has_the_records() -> None:
     assert values_in(follower) == [b"a", b"b"]
 
 
+def test_an_answered_produce_or_fetch_leaves_no_timer_holding_it_until_its_deadline() -> None:
+    leader, _follower, fetcher = pair()
+    fetched: list[common_pb2.FetchResponse] = []
+    leader.core.fetch(consumer_fetch(0, max_wait_ms=500), fetched.append)
+    produced = leader.produce(batch("a"), acks=-1, timeout_ms=30_000)
+    assert len(leader.io.timers) == 2, "the waiting fetch and produce each have an expiry timer"
+    one_round(fetcher, leader)
+    one_round(fetcher, leader)
+    assert len(produced) == 1 and len(fetched) == 1
+    assert leader.io.timers == [], "a timer left set keeps the answered operation alive until its deadline"
+
+
 def test_acks_all_times_out_at_the_produce_timeout() -> None:
     leader, _follower, _fetcher = pair()
     answers = leader.produce(batch("a"), acks=-1, timeout_ms=1_000)
