@@ -4,6 +4,8 @@ A Producer sends each Produce to the broker that Metadata names as the leader of
 partitions (the broker's own BrokerService.Produce: the same request, checks, ACLs
 and quotas as through a gateway), which saves every record a second trip through a
 gateway process. `LeaderConnections.call(address, method, request)` makes one such RPC.
+A Consumer's Fetches to a leader go over one FetchStream per leader (clients/fetch_stream.py:
+the same answers, half the leader's CPU per Fetch and half the round trip of a unary call).
 
 Unlike GatewayConnection there is no failover to another address: no other broker
 leads the partition. A broker that cannot be reached (no connection before the
@@ -32,6 +34,7 @@ from clients.connection import (
     wait_connected,
 )
 from clients.errors import ClientClosed, LeaderUnavailable, RequestTimedOut
+from clients.fetch_stream import FetchOverStream
 from clients.tls import ClientTls
 from protos.highwater.v1 import broker_pb2_grpc
 
@@ -39,6 +42,9 @@ from protos.highwater.v1 import broker_pb2_grpc
 # fixed broker: when it does not accept a connection this soon, new Metadata (a moved
 # leadership, or the gateway's own wait for an election) is worth more than waiting on.
 LEADER_CONNECT_TIMEOUT_MS_MAX = 2_000
+# A broker that answered UNIMPLEMENTED to FetchStream (older, during a rolling upgrade) is
+# fetched from with unary calls this long before the stream is tried again.
+FETCH_STREAM_UNARY_FOR_S = 60.0
 
 
 class LeaderConnections:
@@ -56,6 +62,7 @@ class LeaderConnections:
         self.tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
+        self._fetches: dict[str, FetchOverStream] = {}
         # Kafka's KIP-219 per connection: a throttled answer mutes calls to that broker.
         self._throttled_until: dict[str, float] = {}
         self._closed = False
@@ -76,6 +83,7 @@ class LeaderConnections:
             # The generated *_pb2_grpc stubs carry no annotations (pyproject.toml, [tool.mypy]).
             stub = broker_pb2_grpc.BrokerServiceStub(channel)  # type: ignore[no-untyped-call]
             self._stubs[address] = stub
+            self._fetches[address] = FetchOverStream(stub, address, unary_for_s=FETCH_STREAM_UNARY_FOR_S)
         return stub
 
     async def call(
@@ -118,7 +126,10 @@ class LeaderConnections:
         if deadline is not None:
             rpc_timeout_s = max(0.0, min(rpc_timeout_s, deadline - time.monotonic()))
         try:
-            response = await getattr(stub, method)(request, timeout=rpc_timeout_s)
+            if method == "Fetch":
+                response = await self._fetches[address].fetch(request, rpc_timeout_s)
+            else:
+                response = await getattr(stub, method)(request, timeout=rpc_timeout_s)
         except grpc.aio.AioRpcError as error:
             if error.code() in UNREACHABLE_CODES:
                 detail = f"{error.code().name}: {error.details() or ''}".rstrip(": ")
@@ -134,6 +145,8 @@ class LeaderConnections:
     async def close(self) -> None:
         """Close every channel; calls in flight end CANCELLED."""
         self._closed = True
-        channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
+        for fetches in self._fetches.values():
+            fetches.end()
+        channels, self._channels, self._stubs, self._fetches = list(self._channels.values()), {}, {}, {}
         for channel in channels:
             await channel.close(grace=None)

@@ -132,18 +132,34 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
 
 
 class FakeLeader(broker_pb2_grpc.BrokerServiceServicer):
-    """Broker `broker_id`: Fetch of the partitions FakeLogs.leaders names it for. Records
+    """Broker `broker_id`: Fetch of the partitions FakeLogs.leaders names it for, unary and
+    over FetchStream (each message answered as the unary call, as a broker does). Records
     when each of its Fetches was out (for the tests on concurrency)."""
 
     def __init__(self, logs: FakeLogs, broker_id: int) -> None:
         self.logs = logs
         self.broker_id = broker_id
-        self.fetch_calls = 0
+        self.unary_calls = 0
+        self.stream_messages = 0
+        self.streams_opened = 0
         self.out: list[tuple[float, float]] = []  # (sent, answered), time.monotonic()
         self.hang = False  # take Fetches and never answer them (until the server stops)
 
+    @property
+    def fetch_calls(self) -> int:
+        return self.unary_calls + self.stream_messages
+
     async def Fetch(self, request, context):
-        self.fetch_calls += 1
+        self.unary_calls += 1
+        return await self._fetch(request)
+
+    async def FetchStream(self, request_iterator, context):
+        self.streams_opened += 1
+        async for request in request_iterator:
+            self.stream_messages += 1
+            yield await self._fetch(request)
+
+    async def _fetch(self, request):
         if self.hang:
             await asyncio.Event().wait()
         started = time.monotonic()
@@ -152,6 +168,12 @@ class FakeLeader(broker_pb2_grpc.BrokerServiceServicer):
             return await self.logs.fetch(request, leads)
         finally:
             self.out.append((started, time.monotonic()))
+
+
+class UnaryOnlyLeader(FakeLeader):
+    """A broker without FetchStream: the generated servicer's own method (NotImplementedError)."""
+
+    FetchStream = broker_pb2_grpc.BrokerServiceServicer.FetchStream  # type: ignore[assignment]
 
 
 @dataclass
@@ -174,9 +196,11 @@ class FakeCluster:
 
 
 @pytest.fixture
-def cluster() -> Iterator[FakeCluster]:
-    """A gateway and two leaders: broker 1 leads partition 0, broker 2 partition 1."""
+def cluster(request: pytest.FixtureRequest) -> Iterator[FakeCluster]:
+    """A gateway and two leaders: broker 1 leads partition 0, broker 2 partition 1
+    (indirect parameter "unary_only": leaders without FetchStream)."""
     thread = LoopThread("fake-cluster")
+    leader_class = UnaryOnlyLeader if getattr(request, "param", None) == "unary_only" else FakeLeader
 
     async def start() -> FakeCluster:
         logs = FakeLogs(leaders={0: 1, 1: 2})
@@ -189,7 +213,7 @@ def cluster() -> Iterator[FakeCluster]:
         servers[0] = server
         leaders: dict[int, FakeLeader] = {}
         for broker_id in (1, 2):
-            leaders[broker_id] = FakeLeader(logs, broker_id)
+            leaders[broker_id] = leader_class(logs, broker_id)
             server = grpc.aio.server()
             broker_pb2_grpc.add_BrokerServiceServicer_to_server(leaders[broker_id], server)
             broker_port = server.add_insecure_port("127.0.0.1:0")
@@ -248,7 +272,23 @@ def test_fetches_go_straight_to_each_partitions_leader(cluster: FakeCluster) -> 
         poll_until(consumer, got, {TP0: 20, TP1: 15})
     assert_once_each(got, {TP0: 20, TP1: 15})
     assert cluster.gateway.fetch_calls == 0, "a Fetch went through the gateway"
-    assert cluster.leaders[1].fetch_calls >= 1 and cluster.leaders[2].fetch_calls >= 1
+    for leader in cluster.leaders.values():
+        assert leader.fetch_calls >= 1
+        assert leader.unary_calls == 0 and leader.streams_opened == 1, "one FetchStream per leader"
+
+
+@pytest.mark.parametrize("cluster", ["unary_only"], indirect=True)
+def test_a_leader_without_fetch_stream_is_read_with_unary_fetches(cluster: FakeCluster) -> None:
+    for _ in range(5):
+        cluster.append(0, 4)
+        cluster.append(1, 3)
+    got: dict[TopicPartition, list[int]] = {}
+    with consumer_on(cluster) as consumer:
+        poll_until(consumer, got, {TP0: 20, TP1: 15})
+    assert_once_each(got, {TP0: 20, TP1: 15})
+    for leader in cluster.leaders.values():
+        assert leader.unary_calls >= 1 and leader.stream_messages == 0
+        assert leader.streams_opened == 0, "the generated servicer refuses before the handler runs"
 
 
 def test_without_metadata_the_first_fetch_goes_through_the_gateway_and_the_next_to_the_leaders(

@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
+from clients import fetch_stream
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.broker import fetcher
 from services.broker.fetcher import GrpcLeaderEndpoint, drive
@@ -147,7 +148,9 @@ async def test_a_leader_without_fetch_stream_is_fetched_with_unary_calls_and_the
                 assert answered(await fetch(endpoint, offset)) == {"t": (0, offset)}
             assert endpoint.streams_opened == 1, "UNIMPLEMENTED once, then unary calls"
             later = fetcher.limits.REPLICA_FETCH_STREAM_RETRY_S + 1
-            monkeypatch.setattr(fetcher, "time", SimpleNamespace(monotonic=lambda: time.monotonic() + later))
+            monkeypatch.setattr(
+                fetch_stream, "time", SimpleNamespace(monotonic=lambda: time.monotonic() + later)
+            )
             assert answered(await fetch(endpoint, 3)) == {"t": (0, 3)}
             assert endpoint.streams_opened == 2, "tried again once the retry period passed"
         finally:
