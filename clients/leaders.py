@@ -4,8 +4,10 @@ A Producer sends each Produce to the broker that Metadata names as the leader of
 partitions (the broker's own BrokerService.Produce: the same request, checks, ACLs
 and quotas as through a gateway), which saves every record a second trip through a
 gateway process. `LeaderConnections.call(address, method, request)` makes one such RPC.
-A Consumer's Fetches to a leader go over one FetchStream per leader (clients/fetch_stream.py:
-the same answers, half the leader's CPU per Fetch and half the round trip of a unary call).
+Fetch and Produce go over the broker's FetchStream and ProduceStream (clients/stream_calls.py:
+the same answers, about half the leader's CPU per call and half the round trip of a unary
+call): one Fetch stream per leader (a Consumer has one Fetch out per leader), and up to
+PRODUCE_STREAMS_PER_LEADER_MAX Produce streams (one per request in flight).
 
 Unlike GatewayConnection there is no failover to another address: no other broker
 leads the partition. A broker that cannot be reached (no connection before the
@@ -34,7 +36,7 @@ from clients.connection import (
     wait_connected,
 )
 from clients.errors import ClientClosed, LeaderUnavailable, RequestTimedOut
-from clients.fetch_stream import FetchOverStream
+from clients.stream_calls import CallsOverStreams
 from clients.tls import ClientTls
 from protos.highwater.v1 import broker_pb2_grpc
 
@@ -42,9 +44,14 @@ from protos.highwater.v1 import broker_pb2_grpc
 # fixed broker: when it does not accept a connection this soon, new Metadata (a moved
 # leadership, or the gateway's own wait for an election) is worth more than waiting on.
 LEADER_CONNECT_TIMEOUT_MS_MAX = 2_000
-# A broker that answered UNIMPLEMENTED to FetchStream (older, during a rolling upgrade) is
-# fetched from with unary calls this long before the stream is tried again.
-FETCH_STREAM_UNARY_FOR_S = 60.0
+# A broker that answered UNIMPLEMENTED to FetchStream or ProduceStream (older, during a rolling
+# upgrade) gets unary calls this long before a stream is tried again.
+STREAM_UNARY_FOR_S = 60.0
+# Produce streams kept open per leader: the Producer's default max_in_flight_requests. A
+# producer allowed more requests in flight sends the extra ones as unary calls.
+PRODUCE_STREAMS_PER_LEADER_MAX = 5
+# The methods carried over streams, and how many streams each keeps open per broker.
+STREAMED_METHODS = {"Fetch": 1, "Produce": PRODUCE_STREAMS_PER_LEADER_MAX}
 
 
 class LeaderConnections:
@@ -62,7 +69,7 @@ class LeaderConnections:
         self.tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
-        self._fetches: dict[str, FetchOverStream] = {}
+        self._streamed: dict[tuple[str, str], CallsOverStreams] = {}  # (address, method)
         # Kafka's KIP-219 per connection: a throttled answer mutes calls to that broker.
         self._throttled_until: dict[str, float] = {}
         self._closed = False
@@ -83,7 +90,10 @@ class LeaderConnections:
             # The generated *_pb2_grpc stubs carry no annotations (pyproject.toml, [tool.mypy]).
             stub = broker_pb2_grpc.BrokerServiceStub(channel)  # type: ignore[no-untyped-call]
             self._stubs[address] = stub
-            self._fetches[address] = FetchOverStream(stub, address, unary_for_s=FETCH_STREAM_UNARY_FOR_S)
+            for method, streams_max in STREAMED_METHODS.items():
+                self._streamed[(address, method)] = CallsOverStreams(
+                    stub, method, address, streams_max=streams_max, unary_for_s=STREAM_UNARY_FOR_S
+                )
         return stub
 
     async def call(
@@ -126,8 +136,9 @@ class LeaderConnections:
         if deadline is not None:
             rpc_timeout_s = max(0.0, min(rpc_timeout_s, deadline - time.monotonic()))
         try:
-            if method == "Fetch":
-                response = await self._fetches[address].fetch(request, rpc_timeout_s)
+            streamed = self._streamed.get((address, method))
+            if streamed is not None:
+                response = await streamed.call(request, rpc_timeout_s)
             else:
                 response = await getattr(stub, method)(request, timeout=rpc_timeout_s)
         except grpc.aio.AioRpcError as error:
@@ -145,8 +156,8 @@ class LeaderConnections:
     async def close(self) -> None:
         """Close every channel; calls in flight end CANCELLED."""
         self._closed = True
-        for fetches in self._fetches.values():
-            fetches.end()
-        channels, self._channels, self._stubs, self._fetches = list(self._channels.values()), {}, {}, {}
+        for streamed in self._streamed.values():
+            streamed.end()
+        channels, self._channels, self._stubs, self._streamed = list(self._channels.values()), {}, {}, {}
         for channel in channels:
             await channel.close(grace=None)

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import grpc
 
 from clients.common.errors import InvariantViolation
-from clients.fetch_stream import FetchOverStream
+from clients.stream_calls import CallsOverStreams
 from protos.highwater.v1 import broker_pb2_grpc
 from services.broker.fetcher_core import FetcherCore
 from services.broker.steps import AwaitWork, CallController, CallLeader, RpcFailed, Sleep, Step, Task
@@ -35,7 +35,7 @@ ControllerCall = Callable[[str, Any, float], Awaitable[Any]]
 class GrpcLeaderEndpoint:
     """The leader broker a fetcher follows, over one gRPC channel.
 
-    Fetch goes over one FetchStream (clients/fetch_stream.py: opened at the first Fetch, again
+    Fetch goes over one FetchStream (clients/stream_calls.py: opened at the first Fetch, again
     after it breaks; each answer within its call's timeout, failing with the status a unary call
     would have got): a unary call costs the leader ~0.45 ms of CPU, a stream message ~0.17 ms
     (docs/ARCHITECTURE.md, section 6), and a follower fetches after every append. A leader that
@@ -48,7 +48,10 @@ class GrpcLeaderEndpoint:
         self.address = address
         self._channel = open_channel(address, channel_options())
         self._stub = broker_pb2_grpc.BrokerServiceStub(self._channel)  # type: ignore[no-untyped-call]  # generated, unannotated
-        self._fetches = FetchOverStream(self._stub, address, unary_for_s=limits.REPLICA_FETCH_STREAM_RETRY_S)
+        # Calls come one at a time: one stream.
+        self._fetches = CallsOverStreams(
+            self._stub, "Fetch", address, streams_max=1, unary_for_s=limits.REPLICA_FETCH_STREAM_RETRY_S
+        )
 
     @property
     def streams_opened(self) -> int:
@@ -57,7 +60,7 @@ class GrpcLeaderEndpoint:
 
     async def call(self, rpc: str, request: Any, timeout_s: float) -> Any:
         if rpc == "Fetch":
-            return await self._fetches.fetch(request, timeout_s)
+            return await self._fetches.call(request, timeout_s)
         if rpc == "OffsetsForLeaderEpoch":
             return await self._stub.OffsetsForLeaderEpoch(request, timeout=timeout_s)
         raise InvariantViolation(f"the leader endpoint has no RPC {rpc!r}")

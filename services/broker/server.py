@@ -15,7 +15,7 @@ import logging
 import os
 import resource
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from services.security.identity import Caller
 
 log = logging.getLogger("highwater.broker")
 
-FETCH_STREAMS_ENDED = "the broker is stopping: FetchStream ended"
+STREAMS_ENDED = "the broker is stopping: stream ended"
 
 
 @dataclass(frozen=True)
@@ -115,8 +115,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     def __init__(self, replicas: ReplicaManager) -> None:
         self.replicas = replicas
-        # The tasks of the open FetchStream calls (end_fetch_streams ends them).
-        self._fetch_streams: set[asyncio.Task[Any]] = set()
+        # The tasks of the open FetchStream and ProduceStream calls (end_streams ends them).
+        self._streams: set[asyncio.Task[Any]] = set()
         self._closing = False
 
     async def LeaderAndIsr(
@@ -156,15 +156,36 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     async def FetchStream(
         self, request_iterator: AsyncIterator[common_pb2.FetchRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.FetchResponse]:
-        """Fetch over one stream (a follower's replica fetcher): each request answered in order,
-        exactly as the unary Fetch answers it, under the same metrics label. The client sends the
-        next request only after this answer; with security on, the interceptor has admitted each
-        one as a unary Fetch (services/security/rules.py, UNARY_OVER_STREAM)."""
+        """Fetch over one stream (a follower's replica fetcher, a consumer reading from this
+        leader): each request answered in order, exactly as the unary Fetch answers it, under the
+        same metrics label. The client sends the next request only after this answer; with
+        security on, the interceptor has admitted each one as a unary Fetch
+        (services/security/rules.py, UNARY_OVER_STREAM)."""
+        async for response in self._unary_over_stream("FetchStream", self.Fetch, request_iterator, context):
+            yield response
+
+    async def ProduceStream(
+        self, request_iterator: AsyncIterator[common_pb2.ProduceRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.ProduceResponse]:
+        """Produce over one stream (a producer writing to this leader): as FetchStream, each
+        request answered in order exactly as the unary Produce answers it."""
+        answers = self._unary_over_stream("ProduceStream", self.Produce, request_iterator, context)
+        async for response in answers:
+            yield response
+
+    async def _unary_over_stream(
+        self,
+        name: str,
+        unary: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
+        request_iterator: AsyncIterator[Any],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[Any]:
+        """Each request of the stream answered by `unary`, one at a time, in order."""
         if self._closing:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, FETCH_STREAMS_ENDED)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, STREAMS_ENDED)
         task = asyncio.current_task()  # the RPC's own task (grpc.aio runs each call in one)
         if task is not None:
-            self._fetch_streams.add(task)
+            self._streams.add(task)
         requests = aiter(request_iterator)
         try:
             while True:
@@ -174,23 +195,24 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     return
                 except DecodeError as exc:
                     # Without the security interceptor gRPC parses streamed requests itself
-                    # (request_guard.py covers unary ones only): answer as a malformed unary Fetch is.
+                    # (request_guard.py covers unary ones only): answer as a malformed unary call is.
                     await context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT, f"FetchStream: the request does not parse: {exc}"
+                        grpc.StatusCode.INVALID_ARGUMENT, f"{name}: the request does not parse: {exc}"
                     )
                     raise  # abort raises; never reached
-                yield await self.Fetch(request, context)
+                yield await unary(request, context)
         finally:
             if task is not None:
-                self._fetch_streams.discard(task)
+                self._streams.discard(task)
 
-    def end_fetch_streams(self) -> None:
-        """End every open FetchStream with UNAVAILABLE, once the broker's close has answered its
-        fetches: unlike a unary call, a stream outlives its answers, and the followers' streams
-        would hold the server's stop for its whole grace period (5 s). Each ends where it waits
-        for its caller's next request (services/common/stream_ends.py); new ones are refused."""
+    def end_streams(self) -> None:
+        """End every open FetchStream and ProduceStream with UNAVAILABLE, once the broker's close
+        has answered its waiting requests: unlike a unary call, a stream outlives its answers, and
+        the followers' and clients' streams would hold the server's stop for its whole grace period
+        (5 s). Each ends where it waits for its caller's next request
+        (services/common/stream_ends.py); new ones are refused."""
         self._closing = True
-        STREAM_ENDS.end(list(self._fetch_streams), FETCH_STREAMS_ENDED)
+        STREAM_ENDS.end(list(self._streams), STREAMS_ENDED)
 
     async def ListOffsets(
         self, request: common_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
@@ -386,7 +408,7 @@ async def serve(config: BrokerConfig) -> None:
             await kafka.close()
             await kafka_backend.close()
         await replicas.close()
-        servicer.end_fetch_streams()
+        servicer.end_streams()
         # Closed only now, next to the lease's revocation: a stream closed during the controlled
         # shutdown would let the controller revoke the lease before the leaderships had moved.
         heartbeat_task.cancel()

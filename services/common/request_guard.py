@@ -60,8 +60,8 @@ class MalformedRequestGuard(WrappingInterceptor):
                     yield item
 
             return grpc.unary_stream_rpc_method_handler(unary_stream, **raw)
-        # Client-streaming methods (BrokerHeartbeat, StandbyHeartbeat, FetchStream) are left as
-        # they are: each answers a malformed message itself, ending its stream INVALID_ARGUMENT.
+        # Client-streaming methods (BrokerHeartbeat, StandbyHeartbeat, FetchStream, ProduceStream) are
+        # left as they are: each answers a malformed message itself, ending its stream INVALID_ARGUMENT.
         return handler
 
     async def _parse(

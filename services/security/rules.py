@@ -690,6 +690,8 @@ RULES: dict[str, Rule] = {
     _BROKER + "Fetch": fetch,
     # FetchStream: the Fetch rule, applied to each message of the stream (UNARY_OVER_STREAM below).
     _BROKER + "FetchStream": fetch,
+    # ProduceStream: the Produce rule, applied to each message of the stream.
+    _BROKER + "ProduceStream": produce,
     _BROKER + "ListOffsets": list_offsets,
     _BROKER + "OffsetsForLeaderEpoch": offsets_for_leader_epoch,
     _BROKER + "Metadata": metadata,
@@ -723,7 +725,10 @@ RULES: dict[str, Rule] = {
 # order: stream method -> its unary method. The interceptor admits each message as a call of the
 # unary method (its rule, quota and connection slot, a token still valid), not the stream once, so
 # moving a caller from the unary call to the stream changes nothing of what it may do.
-UNARY_OVER_STREAM: dict[str, str] = {_BROKER + "FetchStream": _BROKER + "Fetch"}
+UNARY_OVER_STREAM: dict[str, str] = {
+    _BROKER + "FetchStream": _BROKER + "Fetch",
+    _BROKER + "ProduceStream": _BROKER + "Produce",
+}
 # Health checks answer without credentials: load balancers and orchestrators probe them.
 UNAUTHENTICATED_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 # Methods whose request/response byte counts are charged to byte-rate quotas.

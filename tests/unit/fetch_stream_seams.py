@@ -1,5 +1,5 @@
-"""What the FetchStream tests share: a ReplicaManager stand-in behind the real BrokerServicer,
-requests and answers that say which request they answer, and in-process grpc.aio servers."""
+"""What the FetchStream and ProduceStream tests share: a ReplicaManager stand-in behind the real
+BrokerServicer, requests and answers that say which request they answer, in-process grpc.aio servers."""
 
 from __future__ import annotations
 
@@ -30,6 +30,24 @@ def fetch_request(
     )
 
 
+def produce_request(partition: int, *, topics: tuple[str, ...] = (TOPIC,)) -> common_pb2.ProduceRequest:
+    return common_pb2.ProduceRequest(
+        acks=-1,
+        timeout_ms=1_000,
+        topics=[
+            common_pb2.ProduceTopicData(
+                topic=name, partitions=[common_pb2.ProducePartitionData(partition=partition, records=b"")]
+            )
+            for name in topics
+        ],
+    )
+
+
+def produced(response: common_pb2.ProduceResponse) -> dict[str, tuple[int, int]]:
+    """topic -> (error code, base offset) of its first partition: the echo's base offset is the partition."""
+    return {t.topic: (t.partitions[0].error_code, t.partitions[0].base_offset) for t in response.topics}
+
+
 def answered(response: common_pb2.FetchResponse) -> dict[str, tuple[int, int]]:
     """topic -> (error code, high watermark) of partition 0: the echo says which offset was asked."""
     return {t.topic: (t.partitions[0].error_code, t.partitions[0].high_watermark) for t in response.topics}
@@ -41,6 +59,8 @@ class EchoReplicas:
 
     def __init__(self) -> None:
         self.seen: list[common_pb2.FetchRequest] = []
+        self.produced: list[common_pb2.ProduceRequest] = []
+        self.produce_delay_s = 0.0
         self.delays: dict[int, float] = {}
         self.fail: set[int] = set()
 
@@ -60,6 +80,24 @@ class EchoReplicas:
                         common_pb2.FetchPartitionResponse(
                             partition=p.partition, high_watermark=p.fetch_offset
                         )
+                        for p in t.partitions
+                    ],
+                )
+                for t in req.topics
+            ]
+        )
+
+    async def produce(self, req: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse:
+        """Each partition answered with its own number as base offset (says which was asked)."""
+        self.produced.append(req)
+        if self.produce_delay_s:
+            await asyncio.sleep(self.produce_delay_s)
+        return common_pb2.ProduceResponse(
+            topics=[
+                common_pb2.ProduceTopicResponse(
+                    topic=t.topic,
+                    partitions=[
+                        common_pb2.ProducePartitionResponse(partition=p.partition, base_offset=p.partition)
                         for p in t.partitions
                     ],
                 )

@@ -14,8 +14,8 @@ from typing import Any
 import grpc
 import pytest
 
-from clients import fetch_stream
-from protos.highwater.v1 import broker_pb2, common_pb2
+from clients import stream_calls
+from protos.highwater.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.broker import fetcher
 from services.broker.fetcher import GrpcLeaderEndpoint, drive
 from services.broker.steps import CallLeader, RpcFailed
@@ -24,6 +24,8 @@ from tests.unit.fetch_stream_seams import (
     EchoReplicas,
     answered,
     fetch_request,
+    produce_request,
+    produced,
     servicer,
     serving,
     unary_fetch_only,
@@ -149,7 +151,7 @@ async def test_a_leader_without_fetch_stream_is_fetched_with_unary_calls_and_the
             assert endpoint.streams_opened == 1, "UNIMPLEMENTED once, then unary calls"
             later = fetcher.limits.REPLICA_FETCH_STREAM_RETRY_S + 1
             monkeypatch.setattr(
-                fetch_stream, "time", SimpleNamespace(monotonic=lambda: time.monotonic() + later)
+                stream_calls, "time", SimpleNamespace(monotonic=lambda: time.monotonic() + later)
             )
             assert answered(await fetch(endpoint, 3)) == {"t": (0, 3)}
             assert endpoint.streams_opened == 2, "tried again once the retry period passed"
@@ -202,12 +204,34 @@ async def test_a_stopping_broker_ends_its_open_fetch_streams_and_refuses_new_one
         endpoint = GrpcLeaderEndpoint(f"127.0.0.1:{port}")
         try:
             assert answered(await fetch(endpoint, 0)) == {"t": (0, 0)}
-            leader.end_fetch_streams()
+            leader.end_streams()
             await asyncio.wait_for(ended.wait(), WAIT_S)
             failed = await fetch(endpoint, 1)
-            stopping = RpcFailed("UNAVAILABLE: the broker is stopping: FetchStream ended")
+            stopping = RpcFailed("UNAVAILABLE: the broker is stopping: stream ended")
             assert failed == stopping
             assert await fetch(endpoint, 2) == stopping, "a new stream is refused too"
         finally:
             await endpoint.close()
     assert len(replicas.seen) == 1
+
+
+@pytest.mark.asyncio
+async def test_produces_in_flight_share_up_to_streams_max_streams_reused_and_the_rest_go_unary() -> None:
+    replicas = EchoReplicas()
+    replicas.produce_delay_s = 0.2  # all three are out at once
+    async with serving(servicer(replicas)) as (_, port):
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        stub = broker_pb2_grpc.BrokerServiceStub(channel)  # type: ignore[no-untyped-call]
+        calls = stream_calls.CallsOverStreams(stub, "Produce", "leader", streams_max=2, unary_for_s=60)
+        try:
+            answers = await asyncio.gather(*(calls.call(produce_request(p), WAIT_S) for p in range(3)))
+            assert [produced(a) for a in answers] == [{"t": (0, p)} for p in range(3)]
+            assert calls.streams_opened == 2, "two streams; the third produce went as a unary call"
+            replicas.produce_delay_s = 0.0
+            for p in range(3, 6):
+                assert produced(await calls.call(produce_request(p), WAIT_S)) == {"t": (0, p)}
+            assert calls.streams_opened == 2, "the open streams are reused"
+        finally:
+            calls.end()
+            await channel.close()
+    assert sorted(r.topics[0].partitions[0].partition for r in replicas.produced) == list(range(6))

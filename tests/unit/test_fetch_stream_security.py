@@ -26,10 +26,19 @@ from services.security.certs import ensure_local_pki
 from services.security.interceptor import SecurityInterceptor
 from services.security.quotas import QuotaManager
 from services.security.tls import TlsMaterial
-from tests.unit.fetch_stream_seams import EchoReplicas, answered, fetch_request, servicer
+from tests.unit.fetch_stream_seams import (
+    EchoReplicas,
+    answered,
+    fetch_request,
+    produce_request,
+    produced,
+    servicer,
+)
 
 FETCH = "/highwater.v1.BrokerService/Fetch"
 FETCH_STREAM = "/highwater.v1.BrokerService/FetchStream"
+PRODUCE = "/highwater.v1.BrokerService/Produce"
+PRODUCE_STREAM = "/highwater.v1.BrokerService/ProduceStream"
 CALL_TIMEOUT_S = 10.0
 TOKEN = "hwt-test-token"
 AUTH_FAILED = common_pb2.TOPIC_AUTHORIZATION_FAILED
@@ -72,7 +81,13 @@ async def cluster(tls_dir: Path) -> AsyncIterator[Cluster]:
     """broker-1's BrokerService behind the interceptor: alice may Read topic t only; her fetches
     are limited to 20 kB/s with a burst of 1 s."""
     verifier = Verifier(
-        Authorizer([AclBinding.of("User:alice", "Read", "Topic", "t")]), {TOKEN: "User:alice"}
+        Authorizer(
+            [
+                AclBinding.of("User:alice", "Read", "Topic", "t"),
+                AclBinding.of("User:alice", "Write", "Topic", "t"),
+            ]
+        ),
+        {TOKEN: "User:alice"},
     )
     interceptor = SecurityInterceptor(
         tls=True,
@@ -172,6 +187,34 @@ async def test_a_consumer_without_read_gets_topic_authorization_failed_for_that_
 
 
 @pytest.mark.asyncio
+async def test_a_producer_without_write_gets_topic_authorization_failed_on_the_stream_as_on_unary(
+    cluster: Cluster,
+) -> None:
+    async with cluster.channel("alice") as channel:
+        call = channel.stream_stream(
+            PRODUCE_STREAM,
+            request_serializer=common_pb2.ProduceRequest.SerializeToString,
+            response_deserializer=common_pb2.ProduceResponse.FromString,
+        )(timeout=CALL_TIMEOUT_S)
+        both = produce_request(3, topics=("t", "secret"))
+        got = await exchange(call, both)
+        assert produced(got) == {"t": (0, 3), "secret": (AUTH_FAILED, -1)}
+        assert [t.topic for t in cluster.replicas.produced[-1].topics] == ["t"], "the servicer saw t only"
+        # Only refused topics: answered by the interceptor alone, and the stream goes on.
+        only_secret = await exchange(call, produce_request(4, topics=("secret",)))
+        assert produced(only_secret) == {"secret": (AUTH_FAILED, -1)}
+        assert produced(await exchange(call, produce_request(5))) == {"t": (0, 5)}
+        unary = await channel.unary_unary(
+            PRODUCE,
+            request_serializer=common_pb2.ProduceRequest.SerializeToString,
+            response_deserializer=common_pb2.ProduceResponse.FromString,
+        )(both, timeout=CALL_TIMEOUT_S)
+    assert produced(unary) == produced(got)
+    assert unary.topics[1].partitions[0].error_message == got.topics[1].partitions[0].error_message
+    assert [[t.topic for t in r.topics] for r in cluster.replicas.produced] == [["t"], ["t"], ["t"]]
+
+
+@pytest.mark.asyncio
 async def test_a_consumers_stream_messages_are_charged_to_its_fetch_quota_as_unary_fetches(
     cluster: Cluster,
 ) -> None:
@@ -231,7 +274,7 @@ async def test_a_stopping_broker_ends_an_idle_stream_waiting_in_the_interceptor(
     async with cluster.channel("broker-2") as channel:
         call = open_stream(channel)
         assert answered(await exchange(call, fetch_request(0))) == {"t": (0, 0)}
-        cluster.servicer.end_fetch_streams()
+        cluster.servicer.end_streams()
         with pytest.raises(grpc.aio.AioRpcError) as ended:
             await asyncio.wait_for(call.read(), CALL_TIMEOUT_S)  # nothing sent: ended where it waits
         assert ended.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -55,6 +55,11 @@ class BrokerServiceStub:
                 request_serializer=highwater_dot_v1_dot_common__pb2.ProduceRequest.SerializeToString,
                 response_deserializer=highwater_dot_v1_dot_common__pb2.ProduceResponse.FromString,
                 _registered_method=True)
+        self.ProduceStream = channel.stream_stream(
+                '/highwater.v1.BrokerService/ProduceStream',
+                request_serializer=highwater_dot_v1_dot_common__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.ProduceResponse.FromString,
+                _registered_method=True)
         self.Fetch = channel.unary_unary(
                 '/highwater.v1.BrokerService/Fetch',
                 request_serializer=highwater_dot_v1_dot_common__pb2.FetchRequest.SerializeToString,
@@ -105,6 +110,18 @@ class BrokerServiceServicer:
 
     def Produce(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProduceStream(self, request_iterator, context):
+        """Produce over one long-lived stream (a producer writing to this leader again
+        and again): each request answered, in order, exactly as the unary Produce
+        would answer it, without a new call per request. One request is
+        outstanding at a time per stream, as on FetchStream; a producer with
+        several requests in flight to one leader opens one stream per request in
+        flight. A failure that would end a unary Produce ends the stream.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -166,6 +183,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
             ),
             'Produce': grpc.unary_unary_rpc_method_handler(
                     servicer.Produce,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.ProduceRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.ProduceResponse.SerializeToString,
+            ),
+            'ProduceStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProduceStream,
                     request_deserializer=highwater_dot_v1_dot_common__pb2.ProduceRequest.FromString,
                     response_serializer=highwater_dot_v1_dot_common__pb2.ProduceResponse.SerializeToString,
             ),
@@ -301,6 +323,33 @@ class BrokerService:
             request,
             target,
             '/highwater.v1.BrokerService/Produce',
+            highwater_dot_v1_dot_common__pb2.ProduceRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.ProduceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProduceStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/highwater.v1.BrokerService/ProduceStream',
             highwater_dot_v1_dot_common__pb2.ProduceRequest.SerializeToString,
             highwater_dot_v1_dot_common__pb2.ProduceResponse.FromString,
             options,
