@@ -195,6 +195,33 @@ async def test_a_malformed_stream_message_is_invalid_argument_without_the_securi
 
 
 @pytest.mark.asyncio
+async def test_a_produce_stream_refuses_what_the_unary_produce_refuses_and_ends() -> None:
+    replicas = EchoReplicas()
+    async with (
+        serving(servicer(replicas), interceptors=[MalformedRequestGuard()]) as (_, port),
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        for bad, why in ((b"\xff\xff\xff\xff garbage", "does not parse"), (None, "acks must be")):
+            call = channel.stream_stream(
+                "/highwater.v1.BrokerService/ProduceStream",
+                request_serializer=None,
+                response_deserializer=common_pb2.ProduceResponse.FromString,
+            )(timeout=WAIT_S)
+            await call.write(produce_request(0).SerializeToString())
+            assert produced(await call.read()) == {"t": (0, 0)}
+            if bad is None:
+                wrong_acks = produce_request(1)
+                wrong_acks.acks = 2
+                bad = wrong_acks.SerializeToString()
+            await call.write(bad)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call.read()
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert why in (refused.value.details() or "")
+    assert len(replicas.produced) == 2, "nothing refused reached the replicas"
+
+
+@pytest.mark.asyncio
 async def test_a_stopping_broker_ends_its_open_fetch_streams_and_refuses_new_ones() -> None:
     # Otherwise the followers' idle streams would hold the server's stop for its grace period.
     replicas = EchoReplicas()
