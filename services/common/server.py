@@ -148,9 +148,11 @@ def settle_heap() -> None:
 
     A started broker holds ~145,000 objects from imports alone; each full (generation 2)
     collection walked all of them, 50-130 ms on the 2-core bench machine, several times a
-    minute under load, and those pauses were the whole p99 of end-to-end latency. Frozen
-    objects are never collected again (they live as long as the process anyway), so a full
-    collection walks only what the process made since (Instagram's gc.freeze() recipe).
+    minute under load, and those pauses were the whole p99 of end-to-end latency. A full
+    collection now walks only what the process made since (Instagram's gc.freeze() recipe).
+    The price: an object made during start-up that later becomes part of a reference cycle
+    (a replica recovered at start and deleted later) is freed only by reference counting;
+    it is bounded by what start-up made.
     """
     gc.collect()
     gc.freeze()
