@@ -284,8 +284,10 @@ def test_a_leader_without_fetch_stream_is_read_with_unary_fetches(cluster: FakeC
         cluster.append(1, 3)
     got: dict[TopicPartition, list[int]] = {}
     with consumer_on(cluster) as consumer:
+        assert consumer.partitions_for_topic(TOPIC) == [0, 1]  # Metadata: the leaders are known
         poll_until(consumer, got, {TP0: 20, TP1: 15})
     assert_once_each(got, {TP0: 20, TP1: 15})
+    assert cluster.gateway.fetch_calls == 0, "a refused stream sent the fetch through the gateway"
     for leader in cluster.leaders.values():
         assert leader.unary_calls >= 1 and leader.stream_messages == 0
         assert leader.streams_opened == 0, "the generated servicer refuses before the handler runs"
