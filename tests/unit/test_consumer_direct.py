@@ -262,7 +262,9 @@ def consumer_on(cluster: FakeCluster, **settings: object) -> Consumer:
     return consumer
 
 
-def test_fetches_go_straight_to_each_partitions_leader(cluster: FakeCluster) -> None:
+def read_all_knowing_the_leaders(cluster: FakeCluster) -> None:
+    """Append 20 records to partition 0 and 15 to partition 1, and read every one once with a
+    consumer that has Metadata first (so no Fetch needs a gateway)."""
     for _ in range(5):
         cluster.append(0, 4)
         cluster.append(1, 3)
@@ -271,6 +273,10 @@ def test_fetches_go_straight_to_each_partitions_leader(cluster: FakeCluster) -> 
         assert consumer.partitions_for_topic(TOPIC) == [0, 1]  # Metadata: the leaders are known
         poll_until(consumer, got, {TP0: 20, TP1: 15})
     assert_once_each(got, {TP0: 20, TP1: 15})
+
+
+def test_fetches_go_straight_to_each_partitions_leader(cluster: FakeCluster) -> None:
+    read_all_knowing_the_leaders(cluster)
     assert cluster.gateway.fetch_calls == 0, "a Fetch went through the gateway"
     for leader in cluster.leaders.values():
         assert leader.fetch_calls >= 1
@@ -279,14 +285,7 @@ def test_fetches_go_straight_to_each_partitions_leader(cluster: FakeCluster) -> 
 
 @pytest.mark.parametrize("cluster", ["unary_only"], indirect=True)
 def test_a_leader_without_fetch_stream_is_read_with_unary_fetches(cluster: FakeCluster) -> None:
-    for _ in range(5):
-        cluster.append(0, 4)
-        cluster.append(1, 3)
-    got: dict[TopicPartition, list[int]] = {}
-    with consumer_on(cluster) as consumer:
-        assert consumer.partitions_for_topic(TOPIC) == [0, 1]  # Metadata: the leaders are known
-        poll_until(consumer, got, {TP0: 20, TP1: 15})
-    assert_once_each(got, {TP0: 20, TP1: 15})
+    read_all_knowing_the_leaders(cluster)
     assert cluster.gateway.fetch_calls == 0, "a refused stream sent the fetch through the gateway"
     for leader in cluster.leaders.values():
         assert leader.unary_calls >= 1 and leader.stream_messages == 0
