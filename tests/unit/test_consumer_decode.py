@@ -9,8 +9,11 @@ input with CorruptMessage.
 
 from __future__ import annotations
 
+import copy
+import pickle
 import struct
 
+import pytest
 from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -133,6 +136,33 @@ def test_records_keep_the_public_type_and_fields() -> None:
     assert record == ConsumerRecord(TOPIC, PARTITION, 41, b"k", b"v", [("h", b"x")], 1_700_000_000_000)
     assert (record.topic, record.offset, record.timestamp_ms) == (TOPIC, 41, 1_700_000_000_000)
     assert record._asdict()["headers"] == [("h", b"x")]
+
+
+def test_records_without_headers_share_one_read_only_empty_list() -> None:
+    data = encode_batch([(b"k", b"a", [], 1), (b"k", b"b", [], 2), (None, b"c", [("h", b"x")], 3)])
+    plain_a, plain_b, with_header = decode_records_as(ConsumerRecord, data, TOPIC, PARTITION)
+    assert plain_a.headers is plain_b.headers  # one object, not one per record
+    assert plain_a.headers == [] and isinstance(plain_a.headers, list)
+    assert with_header.headers == [("h", b"x")] and with_header.headers is not plain_a.headers
+    changes = [
+        lambda h: h.append(("h", b"x")),
+        lambda h: h.extend([("h", b"x")]),
+        lambda h: h.insert(0, ("h", b"x")),
+        lambda h: h.__setitem__(slice(0, 0), [("h", b"x")]),
+        lambda h: h.__iadd__([("h", b"x")]),
+    ]
+    for change in changes:
+        with pytest.raises(TypeError, match="read-only"):
+            change(plain_a.headers)
+    assert plain_b.headers == [] and repr(plain_b).endswith("headers=[], timestamp_ms=2)")
+    for copied in (
+        copy.copy(plain_a.headers),
+        copy.deepcopy(plain_a).headers,
+        pickle.loads(pickle.dumps(plain_a)).headers,
+    ):
+        assert type(copied) is list and copied == []
+        copied.append(("h", b"x"))  # a copy is the caller's own list
+    assert plain_b.headers == []
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
