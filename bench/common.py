@@ -235,17 +235,24 @@ def format_latency(lat: dict[str, float | int]) -> str:
 
 
 def write_result(name: str, result: dict[str, object]) -> Path:
-    """bench/results/<name>.json (the latest run of that benchmark; RESULTS.md keeps the table)."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
+    """bench/results/<name>.json (the latest run of that benchmark; RESULTS.md keeps the table),
+    or the file `name` itself when it is a path (has a directory or ends in .json)."""
+    path = Path(name) if ("/" in name or name.endswith(".json")) else RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     return path
+
+
+def shown(path: Path) -> str:
+    """`path` as a reader finds it: relative to the repository when inside it."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(resolved)
 
 
 def finish(name: str, out: dict[str, object]) -> int:
     """Write the result JSON and say where it went (and on what machine); the exit status 0."""
     path = write_result(name, out)
-    print(f"machine: {out['machine']}; results: {path.relative_to(REPO)}")
+    print(f"machine: {out['machine']}; results: {shown(path)}")
     return 0
 
 
@@ -498,7 +505,7 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, partitions: int, ou
         f"(default {QUIET_WAIT_S_DEFAULT:g})",
     )
     parser.add_argument(
-        "--output", default=output, help=f"results file name under bench/results (default {output})"
+        "--output", default=output, help=f"results: a name under bench/results, or a path (default {output})"
     )
 
 

@@ -423,7 +423,9 @@ def main() -> int:
     )
     parser.add_argument("--rates", type=float, nargs="+", default=[2000, 20000], help="e2e rates (records/s)")
     parser.add_argument(
-        "--output", default=None, help="results file name under bench/results (default compare-<workload>)"
+        "--output",
+        default=None,
+        help="results: a name under bench/results, or a path (default compare-<workload>)",
     )
     parser.add_argument(
         "--quiet-wait-s",
@@ -507,8 +509,7 @@ def main() -> int:
         print(f"  {key}: {value}x")
     path = common.write_result(args.output or f"compare-{args.workload}", out)
     print(
-        f"took {time.monotonic() - started:.0f} s; machine: {out['machine']}; results: "
-        f"{path.relative_to(common.REPO)}"
+        f"took {time.monotonic() - started:.0f} s; machine: {out['machine']}; results: {common.shown(path)}"
     )
     return 0
 
