@@ -75,6 +75,9 @@ class ProducerBatch:
     producer_id: int = -1
     producer_epoch: int = -1
     base_sequence: int = -1
+    # Whether the last attempt left while an earlier batch of its partition was unacknowledged
+    # (IdempotenceState.note_sent): an OUT_OF_ORDER answer to it then means it overtook.
+    sent_behind: bool = False
     encoded: bytes | None = None
     last_error: HighwaterError | None = None
     # Batches merged into this one at drain; they complete with it.

@@ -98,11 +98,24 @@ class IdempotenceState:
         sequence), so only one batch of tp may be in flight: a second could be written first."""
         return tp in self._acked_end
 
-    def waits_for_earlier(self, batch: ProducerBatch) -> bool:
-        """Whether an OUT_OF_ORDER answer to `batch` means an earlier batch of its partition
-        has not reached the leader yet (so `batch` is sent again after it), rather than a gap
-        nothing will fill. Kafka's producer draws the same line."""
+    def _behind(self, batch: ProducerBatch) -> bool:
+        """Whether `batch` does not start where the last acknowledged batch of its partition ended."""
         return self._current(batch) and batch.base_sequence != self._acked_end.get(batch.tp, 0)
+
+    def note_sent(self, batch: ProducerBatch) -> None:
+        """`batch` leaves now: remember whether an earlier batch of its partition is still
+        unacknowledged, for waits_for_earlier."""
+        batch.sent_behind = self._behind(batch)
+
+    def waits_for_earlier(self, batch: ProducerBatch) -> bool:
+        """Whether an OUT_OF_ORDER answer to `batch` means it reached the leader before an
+        earlier batch of its partition (so it is sent again after that one), rather than a gap
+        nothing will fill. Kafka's producer asks only whether the batch is next now, which is
+        enough on its one connection per broker, where requests are handled in the order
+        sent; ours go on several streams, so the earlier batch can be handled after this one
+        and acknowledged before this one's refusal comes back: a batch sent behind another is
+        one that may have overtaken it."""
+        return self._current(batch) and (batch.sent_behind or self._behind(batch))
 
     def next_sequence_for(self, tp: TopicPartition) -> int:
         return self._next_sequence.get(tp, 0)

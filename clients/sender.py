@@ -420,6 +420,8 @@ class Sender:
             self._in_flight_to[destination] = self._in_flight_to.get(destination, 0) + 1
             idempotence = self.idempotence
             for batch in batches:
+                if idempotence is not None:
+                    idempotence.note_sent(batch)
                 count = self._in_flight_of[batch.tp] = self._in_flight_of.get(batch.tp, 0) + 1
                 if count >= self._per_partition_limit or (
                     idempotence is not None and not idempotence.leader_knows(batch.tp)

@@ -233,6 +233,11 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
     expected_sequence: dict[tuple[int, int, str, int], int] = field(default_factory=dict)
     # As a slow leader: every Produce waits this long before it is handled.
     delay_s: float = 0.0
+    # Per Produce call, in order: (seconds before it is handled, seconds after that before it
+    # is answered); calls past the list use (delay_s, 0). A leader checks sequences when a
+    # request arrives and answers once every partition in it is replicated, so a refusal can
+    # come back after the answer to a request that arrived later.
+    produce_timings: list[tuple[float, float]] = field(default_factory=list)
     in_flight: int = 0
     most_in_flight: int = 0
 
@@ -281,9 +286,15 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
-            if self.delay_s:
-                await asyncio.sleep(self.delay_s)
-            return self._produce(request)
+            handle_after_s, answer_after_s = (
+                self.produce_timings.pop(0) if self.produce_timings else (self.delay_s, 0.0)
+            )
+            if handle_after_s:
+                await asyncio.sleep(handle_after_s)
+            response = self._produce(request)
+            if answer_after_s:
+                await asyncio.sleep(answer_after_s)
+            return response
         finally:
             self.in_flight -= 1
 
@@ -886,6 +897,34 @@ def test_an_idempotent_producer_keeps_several_batches_of_a_partition_in_flight_i
     assert [r.value for r in fake.logs[("t", 0)]] == values, "once each, in order"
     assert offsets == list(range(len(values)))
     assert fake.most_in_flight >= 2, "batches of one partition were pipelined"
+
+
+def test_a_batch_refused_for_overtaking_is_sent_again_when_the_answer_behind_it_came_first(
+    gateway_and_leader,
+) -> None:
+    """Batches of a partition go in separate requests (on separate streams), so the second can
+    reach the leader first and be refused OUT_OF_ORDER, and that refusal can come back after
+    the first batch's success. The refused batch had overtaken: it is sent again, not failed
+    (a 10 KB produce run at 128 KiB batches lost a batch of 13 records so)."""
+    fake, address, _leader, _thread, _servers = gateway_and_leader
+    fake.strict_sequences = True
+    values = [f"v{i:02}".encode() for i in range(40)]
+    with Producer(address, batch_size_bytes=200, **FAST) as producer:
+        producer.send("t", b"first", partition=0).result(timeout=5)  # the leader knows us
+        # The next request (the first batch) is handled late; the one after it (the second
+        # batch) at once, refused, and its refusal answered after the first batch's success.
+        fake.produce_timings = [(0.2, 0.0), (0.0, 0.4)]
+        futures = [producer.send("t", value, partition=0) for value in values[:10]]
+        deadline = time.monotonic() + 5
+        while fake.in_flight == 0:  # the first batch is at the leader, not yet handled
+            assert time.monotonic() < deadline, "the first batch was never sent"
+            time.sleep(0.001)
+        futures += [producer.send("t", value, partition=0) for value in values[10:]]
+        producer.flush(timeout_ms=10_000)
+        errors = [f.exception(timeout=1) for f in futures]
+    assert errors == [None] * len(values)
+    assert [r.value for r in fake.logs[("t", 0)]] == [b"first", *values], "once each, in order"
+    assert not fake.produce_timings, "both timed requests were sent"
 
 
 def test_without_idempotence_a_partition_has_one_batch_in_flight(gateway_and_leader) -> None:
