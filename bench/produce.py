@@ -45,6 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
+from clients.config import BATCH_SIZE_BYTES_DEFAULT, LINGER_MS_DEFAULT
 
 # One Produce's server-side timeout (acks=all waits this long for the ISR at most).
 PRODUCE_TIMEOUT_MS = 30_000
@@ -59,11 +60,12 @@ class ProduceSpec:
     warmup_s: float = 2.0
     throughput: float = -1  # records/s; -1: unbounded
     acks: str = "all"
-    batch_size: int = 16 * 1024
-    linger_ms: int = 5
+    batch_size: int = BATCH_SIZE_BYTES_DEFAULT  # the Producer's defaults
+    linger_ms: int = LINGER_MS_DEFAULT
     compression: str = "none"
     in_flight: int = 5
     buffer_memory: int = 32 * 1024 * 1024
+    records_per_send: int = 0  # client path: values per send_batch() call; 0: one batch's worth
 
     @property
     def records_per_batch(self) -> int:
@@ -119,7 +121,7 @@ Window = common.Window
 def produce_client(target: common.Target, spec: ProduceSpec, window: Window) -> dict[str, object]:
     from clients.producer import Producer
 
-    per_send = spec.records_per_batch
+    per_send = spec.records_per_send or spec.records_per_batch
     values = make_values(spec.record_size, per_send)
     settings: dict[str, object] = dict(
         acks=spec.acks,
@@ -354,12 +356,21 @@ def main() -> int:
     parser.add_argument(
         "--batch-size",
         type=int,
-        default=16 * 1024,
+        default=BATCH_SIZE_BYTES_DEFAULT,
         help="bytes per partition batch (Producer batch_size_bytes; raw paths: records per "
-        "batch = what fits). Default 16384, Kafka's",
+        f"batch = what fits). Default {BATCH_SIZE_BYTES_DEFAULT}, the Producer's",
     )
     parser.add_argument(
-        "--linger-ms", type=int, default=5, help="Producer linger_ms (client path; default 5)"
+        "--records-per-send",
+        type=int,
+        default=0,
+        help="client path: values per send_batch() call (default: what fits one --batch-size batch)",
+    )
+    parser.add_argument(
+        "--linger-ms",
+        type=int,
+        default=LINGER_MS_DEFAULT,
+        help=f"Producer linger_ms (client path; default {LINGER_MS_DEFAULT}, the Producer's)",
     )
     parser.add_argument("--compression", choices=["none", "gzip", "snappy", "lz4", "zstd"], default="none")
     parser.add_argument(
@@ -408,6 +419,7 @@ def main() -> int:
         compression=args.compression,
         in_flight=args.in_flight,
         buffer_memory=args.buffer_memory,
+        records_per_send=args.records_per_send,
     )
     topic = common.target_topic(args, "produce")
     out = common.target_header(

@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import common, consume, e2e_latency, kafka_protocol, produce
 from bench.peers import nats_js, redis_streams
+from clients.config import BATCH_SIZE_BYTES_DEFAULT, LINGER_MS_DEFAULT
 
 WORKLOADS = ("produce-100b", "produce-10kb", "e2e", "consume")
 SYSTEMS = ("highwater", "nats", "redis")
@@ -113,6 +114,7 @@ def run_produce(systems: Systems, system: str, size: int) -> list[dict[str, obje
             batch_size=args.batch_size,
             linger_ms=args.linger_ms,
             in_flight=args.in_flight,
+            records_per_send=args.records_per_send,
         )
         out = []
         for path in args.our_paths:
@@ -390,9 +392,18 @@ def main() -> int:
         "--partitions", type=int, default=6, help="Highwater partitions (default 6; e2e uses 1)"
     )
     parser.add_argument(
-        "--batch-size", type=int, default=16 * 1024, help="Highwater batch bytes (default 16384)"
+        "--batch-size",
+        type=int,
+        default=BATCH_SIZE_BYTES_DEFAULT,
+        help=f"Highwater batch bytes (default {BATCH_SIZE_BYTES_DEFAULT}, the Producer's)",
     )
-    parser.add_argument("--linger-ms", type=int, default=5)
+    parser.add_argument(
+        "--records-per-send",
+        type=int,
+        default=0,
+        help="Highwater Producer: values per send_batch() call (default: what fits one batch)",
+    )
+    parser.add_argument("--linger-ms", type=int, default=LINGER_MS_DEFAULT)
     parser.add_argument("--in-flight", type=int, default=5)
     parser.add_argument(
         "--our-paths",
