@@ -151,13 +151,14 @@ EXPIRY_TIMER_MARGIN_MS = 1
 # The gRPC deadline of a Produce is the server-side timeout plus this, so the
 # gateway's own REQUEST_TIMED_OUT answer arrives before our deadline cuts it off.
 RPC_DEADLINE_MARGIN_MS = 2_000
-# An idempotent Produce unanswered by its leader this long starts asking Metadata whether the
-# leadership moved (a paused or partitioned leader answers nothing until request_timeout_ms,
-# 30 s by default; the controller moves its partitions after its lease, 6 s). Far above a
-# healthy acks=all round trip (milliseconds), so a healthy cluster sees no extra Metadata.
+# An idempotent Produce unanswered by its leader this long (a Fetch: this long past its max
+# wait) starts asking Metadata whether the leadership moved (a paused or partitioned leader
+# answers nothing until request_timeout_ms, 30 s by default; the controller moves its
+# partitions after its lease, 6 s). Far above a healthy acks=all round trip (milliseconds),
+# so a healthy cluster sees no extra Metadata.
 LEADER_MOVE_CHECK_AFTER_MS = 1_000
 # Then it asks again this often; once Metadata names another leader for one of the request's
-# partitions, the request is abandoned and its batches go to the new leader (the same
+# partitions, the request is abandoned and goes to the new leader (a Produce with the same
 # sequence numbers: a batch the old leader had replicated is answered as a duplicate).
 LEADER_MOVE_CHECK_INTERVAL_MS = 250
 

@@ -67,6 +67,7 @@ from clients.config import (
     COMMIT_OFFSETS_PER_REQUEST_MAX,
     CONSUMER_CLOSE_TIMEOUT_MS,
     DEFAULT_BOOTSTRAP,
+    LEADER_MOVE_CHECK_AFTER_MS,
     PARTITION_FETCH_BYTES_GROWTH_FACTOR,
     POLL_CALL_GRACE_MS,
     ConsumerConfig,
@@ -80,12 +81,13 @@ from clients.errors import (
     ClientClosed,
     HighwaterError,
     InvalidArgument,
+    LeaderMoved,
     RequestTimedOut,
     check_no_positional_timeout,
     error_for_code,
 )
 from clients.group_member import FENCED_CODES, GroupMember
-from clients.leaders import LeaderConnections
+from clients.leaders import LeaderConnections, unless_leader_moves
 from clients.loop_thread import SyncClient
 from clients.metadata import ClusterMetadata, MetadataFetcher, now_ms
 from clients.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
@@ -1027,7 +1029,17 @@ class AsyncConsumer:
         if destination == VIA_GATEWAY or self._leaders is None:
             call = self._conn().call("Fetch", request, timeout_ms=timeout_ms)
         else:
-            call = self._leaders.call(destination, "Fetch", request, timeout_ms=timeout_ms)
+            # A leader that stops answering (paused, cut off) is left once Metadata names
+            # another: the partitions wait about its lease, not request_timeout_ms.
+            call = unless_leader_moves(
+                self._leaders.call(destination, "Fetch", request, timeout_ms=timeout_ms),
+                rpc="Fetch",
+                destination=destination,
+                partitions=asked,
+                leader_address=self._metadata.leader_address,
+                refresh_topic=lambda topic: self._refresh_in_background(topic, now_ms()),
+                check_after_ms=max_wait_ms + LEADER_MOVE_CHECK_AFTER_MS,
+            )
         # A clean context: the Fetch may outlive the poll that sent it (the next poll takes its
         # answer), so that poll's deadline must not cut it; each poll bounds its own wait.
         task = asyncio.get_running_loop().create_task(call, context=contextvars.Context())
@@ -1136,6 +1148,10 @@ class AsyncConsumer:
         """A part sent straight to a leader failed as a whole (the leader is gone, restarting
         or hung): its partitions back off for retry_backoff_ms and then go through the gateway
         until new Metadata names their leader (the controller moves a leadership that is gone)."""
+        if isinstance(error, LeaderMoved):
+            # Metadata already names the new leader: its partitions are fetched there next.
+            log.info("Fetch from leader %s: %s", part.destination, error)
+            return
         log.info("Fetch from leader %s: %s; retrying through the gateway", part.destination, error)
         retry_at_ms = now_ms() + self.config.retry_backoff_ms
         for tp in part.asked:

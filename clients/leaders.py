@@ -16,6 +16,11 @@ LeaderUnavailable, which is retriable and asks for new Metadata: the caller mark
 topic stale, and its next attempt goes to the new leader (or, while no leader is known,
 through a gateway, which waits for the controller's election itself).
 
+A leader that stops answering without failing the call (paused, overloaded, cut off)
+would hold a request until its timeout (request_timeout_ms, 30 s); `unless_leader_moves`
+gives the request up as soon as Metadata names another leader for one of its partitions,
+so a client waits about the dead leader's lease instead.
+
 Owned by one event loop, like GatewayConnection.
 """
 
@@ -23,11 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 import grpc
 
-from clients.config import ConnectionConfig
+from clients.common.types import TopicPartition
+from clients.config import LEADER_MOVE_CHECK_AFTER_MS, LEADER_MOVE_CHECK_INTERVAL_MS, ConnectionConfig
 from clients.connection import (
     UNREACHABLE_CODES,
     current_call_deadline,
@@ -35,7 +42,7 @@ from clients.connection import (
     open_channel,
     wait_connected,
 )
-from clients.errors import ClientClosed, LeaderUnavailable, RequestTimedOut
+from clients.errors import ClientClosed, LeaderMoved, LeaderUnavailable, RequestTimedOut
 from clients.stream_calls import CallsOverStreams
 from clients.tls import ClientTls
 from protos.highwater.v1 import broker_pb2_grpc
@@ -161,3 +168,49 @@ class LeaderConnections:
         channels, self._channels, self._stubs, self._streamed = list(self._channels.values()), {}, {}, {}
         for channel in channels:
             await channel.close(grace=None)
+
+
+T = TypeVar("T")
+
+
+async def unless_leader_moves(
+    call: Awaitable[T],
+    *,
+    rpc: str,
+    destination: str,
+    partitions: Iterable[TopicPartition],
+    leader_address: Callable[[TopicPartition], str | None],
+    refresh_topic: Callable[[str], None] | None,
+    check_after_ms: int = LEADER_MOVE_CHECK_AFTER_MS,
+) -> T:
+    """Await `call` (an `rpc` to leader `destination` about `partitions`), unless Metadata
+    names another leader for one of them first: then LeaderMoved (retriable), and the call
+    is cancelled.
+
+    Nothing is asked while the call is younger than `check_after_ms` (far above a healthy
+    answer; a long-poll Fetch adds its max wait); then `refresh_topic` is asked for each
+    topic every LEADER_MOVE_CHECK_INTERVAL_MS (it bounds its own rate) and `leader_address`
+    read. The caller must be able to send the request again at the new leader without harm:
+    a Fetch, or idempotent Produce batches (the new leader answers a batch the old one had
+    replicated as a duplicate).
+    """
+    partitions = list(partitions)
+    started = time.monotonic()
+    answer = asyncio.ensure_future(call)
+    try:
+        done, _ = await asyncio.wait({answer}, timeout=check_after_ms / 1000)
+        while not done:
+            moved = [tp for tp in partitions if leader_address(tp) not in (None, destination)]
+            if moved:
+                raise LeaderMoved(
+                    f"{rpc} to {destination} unanswered for {(time.monotonic() - started) * 1000:.0f} ms "
+                    f"and Metadata names another leader for {', '.join(map(str, moved))}"
+                )
+            if refresh_topic is not None:
+                for topic in {tp.topic for tp in partitions}:
+                    refresh_topic(topic)
+            done, _ = await asyncio.wait({answer}, timeout=LEADER_MOVE_CHECK_INTERVAL_MS / 1000)
+        return answer.result()
+    finally:
+        if not answer.done():
+            answer.cancel()

@@ -37,7 +37,7 @@ import asyncio
 import logging
 import threading
 from bisect import bisect_right
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, overload
 
 from clients.accumulator import ProducerBatch, RecordAccumulator
@@ -46,15 +46,13 @@ from clients.common.errors import InvariantViolation
 from clients.config import (
     EXPIRY_TIMER_MARGIN_MS,
     IDEMPOTENT_BATCHES_IN_FLIGHT_MAX,
-    LEADER_MOVE_CHECK_AFTER_MS,
-    LEADER_MOVE_CHECK_INTERVAL_MS,
     RPC_DEADLINE_MARGIN_MS,
     ProducerConfig,
 )
 from clients.connection import GatewayConnection
 from clients.errors import ClientClosed, HighwaterError, LeaderMoved, RequestTimedOut, error_for_code
 from clients.idempotence import IdempotenceState
-from clients.leaders import LeaderConnections
+from clients.leaders import LeaderConnections, unless_leader_moves
 from clients.metadata import ClusterMetadata, now_ms
 from clients.types import FailedRecord, RecordMetadata, TopicPartition
 from protos.highwater.v1 import common_pb2
@@ -507,7 +505,16 @@ class Sender:
                         deadline=delivery_deadline_s,
                     )
                     if all(batch.producer_id >= 0 for batch in batches):
-                        response = await self._unless_leader_moves(destination, call, batches)
+                        # Idempotent: resent with the same sequence numbers, a batch the old
+                        # leader had replicated is a duplicate at the new one, never written twice.
+                        response = await unless_leader_moves(
+                            call,
+                            rpc="Produce",
+                            destination=destination,
+                            partitions=[batch.tp for batch in batches],
+                            leader_address=self.metadata.leader_address,
+                            refresh_topic=self.refresh_topic,
+                        )
                     else:
                         response = await call
             except HighwaterError as error:
@@ -570,39 +577,6 @@ class Sender:
                 else:
                     self._in_flight_to.pop(destination, None)
             self._wake.set()
-
-    async def _unless_leader_moves(
-        self, destination: str, call: Coroutine[Any, Any, Any], batches: list[ProducerBatch]
-    ) -> Any:
-        """Await `call` to leader `destination`, unless Metadata names another leader for one
-        of `batches`' partitions first: then LeaderMoved (retriable) and the call is dropped.
-
-        Only for idempotent batches: resent with the same sequence numbers, a batch that the old
-        leader had replicated is answered as a duplicate by the new one, never written twice.
-        """
-        started_ms = now_ms()
-        answer = asyncio.ensure_future(call)
-        try:
-            done, _ = await asyncio.wait({answer}, timeout=LEADER_MOVE_CHECK_AFTER_MS / 1000)
-            while not done:
-                moved = [
-                    batch.tp
-                    for batch in batches
-                    if self.metadata.leader_address(batch.tp) not in (None, destination)
-                ]
-                if moved:
-                    raise LeaderMoved(
-                        f"Produce to {destination} unanswered for {now_ms() - started_ms} ms "
-                        f"and Metadata names another leader for {', '.join(map(str, moved))}"
-                    )
-                if self.refresh_topic is not None:
-                    for topic in {batch.tp.topic for batch in batches}:
-                        self.refresh_topic(topic)
-                done, _ = await asyncio.wait({answer}, timeout=LEADER_MOVE_CHECK_INTERVAL_MS / 1000)
-            return answer.result()
-        finally:
-            if not answer.done():
-                answer.cancel()
 
     async def _init_producer_id(self) -> None:
         """InitProducerId: a new id, or a new epoch of ours when sequences must restart."""

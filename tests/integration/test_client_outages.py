@@ -487,3 +487,45 @@ def test_a_consumer_reads_every_record_once_across_a_leader_change(cluster: Test
         send_numbered(producer, topic, 1, 10, offsets)
         consume_offsets(consumer, got, {tp: 110})
     assert got == {tp: list(range(110))}, "every record once, in order"
+
+
+def test_a_paused_leader_costs_a_reader_the_lease_not_the_request_timeout(cluster: TestCluster) -> None:
+    """SIGSTOP the leader while the consumer's Fetch is out at it: that Fetch is never
+    answered (request_timeout_ms is 30 s by default), but once Metadata names the new leader
+    (after the broker's lease, TEST_LEASE_TTL_S) the consumer fetches there. The records
+    written meanwhile are read within the lease + 2 s, each once and in order."""
+    from tests.integration.conftest import TEST_LEASE_TTL_S
+    from tests.integration.test_replication import wait_stopped
+
+    topic = "outage-paused-leader-reader"
+    create(cluster, topic)
+    tp = TopicPartition(topic, 0)
+    offsets: dict[int, int] = {}
+    got: dict[TopicPartition, list[int]] = {}
+    with (
+        Producer(cluster.gateway_address, delivery_timeout_ms=60_000) as producer,
+        Consumer(bootstrap=cluster.gateway_address, auto_offset_reset="earliest") as consumer,
+    ):
+        send_numbered(producer, topic, 1, 10, offsets)
+        consumer.assign([tp])
+        consume_offsets(consumer, got, {tp: 10})
+        assert consumer.poll(timeout_ms=100) == []  # its next Fetch is out at the leader
+        leader, _ = leader_and_isr(cluster, topic)
+        assert consumer._async._metadata.leader_address(tp) is not None, "read from the leader"
+        cluster.pause(f"broker-{leader}")
+        try:
+            pid = cluster.broker_pid(leader)
+            assert pid is not None
+            wait_stopped(pid)
+            started = time.monotonic()
+            send_numbered(producer, topic, 1, 5, offsets)  # at the new leader, after the lease
+            consume_offsets(consumer, got, {tp: 15})
+            took_s = time.monotonic() - started
+        finally:
+            cluster.resume(f"broker-{leader}")
+        print(f"paused leader: read after {took_s:.2f} s (lease {TEST_LEASE_TTL_S} s)")  # with -s
+        assert took_s <= TEST_LEASE_TTL_S + 2.0, f"{took_s:.2f} s > lease {TEST_LEASE_TTL_S} s + 2 s"
+        new_leader, _ = leader_and_isr(cluster, topic)
+        assert new_leader != leader
+    restore(cluster, topic, None)
+    assert got == {tp: list(range(15))}, "every record once, in order"

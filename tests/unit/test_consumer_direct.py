@@ -418,6 +418,29 @@ def test_a_leader_that_does_not_answer_holds_up_neither_poll_nor_the_other_leade
     assert got == {TP1: list(range(15))}
 
 
+def test_a_fetch_to_a_silent_leader_is_given_up_once_metadata_names_another(
+    cluster: FakeCluster,
+) -> None:
+    """Broker 1 stops answering with a Fetch out (paused); Metadata then names broker 2 as
+    partition 0's leader. The consumer leaves the unanswered Fetch 1 s past its max wait and
+    reads on from broker 2, long before request_timeout_ms (30 s)."""
+    cluster.append(0, 5)
+    got: dict[TopicPartition, list[int]] = {}
+    with consumer_on(cluster, fetch_max_wait_ms=100, request_timeout_ms=30_000) as consumer:
+        consumer.partitions_for_topic(TOPIC)
+        poll_until(consumer, got, {TP0: 5})
+        cluster.leaders[1].hang = True
+        assert consumer.poll(timeout_ms=300) == []  # its next Fetch is out at broker 1
+        cluster.logs.leaders[0] = 2
+        cluster.append(0, 5)
+        started = time.monotonic()
+        poll_until(consumer, got, {TP0: 10})
+        took_s = time.monotonic() - started
+    assert took_s < 5, f"partition 0 read on after {took_s:.1f} s"
+    assert_once_each(got, {TP0: 10})
+    assert cluster.gateway.fetch_calls == 0, "straight to the new leader, not through the gateway"
+
+
 def test_direct_to_leaders_off_fetches_only_through_the_gateway(cluster: FakeCluster) -> None:
     for _ in range(3):
         cluster.append(0, 5)
