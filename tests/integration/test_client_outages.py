@@ -171,6 +171,21 @@ def test_first_send_rides_out_an_outage_shorter_than_max_block_ms(cluster: TestC
 # --- a paused leader costs writers its lease, not the request timeout ------------------------
 
 
+@contextlib.contextmanager
+def paused_broker(cluster: TestCluster, broker_id: int) -> Iterator[None]:
+    """Broker `broker_id` stopped with SIGSTOP (and seen stopped) for the block, resumed after."""
+    from tests.integration.test_replication import wait_stopped
+
+    cluster.pause(f"broker-{broker_id}")
+    try:
+        pid = cluster.broker_pid(broker_id)
+        assert pid is not None
+        wait_stopped(pid)
+        yield
+    finally:
+        cluster.resume(f"broker-{broker_id}")
+
+
 def test_a_paused_leader_costs_an_idempotent_writer_the_lease_not_the_request_timeout(
     cluster: TestCluster,
 ) -> None:
@@ -179,23 +194,16 @@ def test_a_paused_leader_costs_an_idempotent_writer_the_lease_not_the_request_ti
     broker's lease, TEST_LEASE_TTL_S) the producer sends the batch to the new leader. Writers
     wait at most the lease + 1 s; the batch is written once."""
     from tests.integration.conftest import TEST_LEASE_TTL_S
-    from tests.integration.test_replication import wait_stopped
 
     topic = "outage-paused-leader"
     create(cluster, topic)
     with Producer(cluster.gateway_address, delivery_timeout_ms=60_000) as producer:
         assert producer.send(topic, b"before", partition=0).result(timeout=10).offset == 0
         leader, _ = leader_and_isr(cluster, topic)
-        cluster.pause(f"broker-{leader}")
-        try:
-            pid = cluster.broker_pid(leader)
-            assert pid is not None
-            wait_stopped(pid)
+        with paused_broker(cluster, leader):
             started = time.monotonic()
             metadata = producer.send(topic, b"during", partition=0).result(timeout=30)
             took_s = time.monotonic() - started
-        finally:
-            cluster.resume(f"broker-{leader}")
         print(f"paused leader: the write took {took_s:.2f} s (lease {TEST_LEASE_TTL_S} s)")  # with -s
         assert took_s <= TEST_LEASE_TTL_S + 1.0, f"{took_s:.2f} s > lease {TEST_LEASE_TTL_S} s + 1 s"
         new_leader, _ = leader_and_isr(cluster, topic)
@@ -495,7 +503,6 @@ def test_a_paused_leader_costs_a_reader_the_lease_not_the_request_timeout(cluste
     (after the broker's lease, TEST_LEASE_TTL_S) the consumer fetches there. The records
     written meanwhile are read within the lease + 2 s, each once and in order."""
     from tests.integration.conftest import TEST_LEASE_TTL_S
-    from tests.integration.test_replication import wait_stopped
 
     topic = "outage-paused-leader-reader"
     create(cluster, topic)
@@ -512,17 +519,11 @@ def test_a_paused_leader_costs_a_reader_the_lease_not_the_request_timeout(cluste
         assert consumer.poll(timeout_ms=100) == []  # its next Fetch is out at the leader
         leader, _ = leader_and_isr(cluster, topic)
         assert consumer._async._metadata.leader_address(tp) is not None, "read from the leader"
-        cluster.pause(f"broker-{leader}")
-        try:
-            pid = cluster.broker_pid(leader)
-            assert pid is not None
-            wait_stopped(pid)
+        with paused_broker(cluster, leader):
             started = time.monotonic()
             send_numbered(producer, topic, 1, 5, offsets)  # at the new leader, after the lease
             consume_offsets(consumer, got, {tp: 15})
             took_s = time.monotonic() - started
-        finally:
-            cluster.resume(f"broker-{leader}")
         print(f"paused leader: read after {took_s:.2f} s (lease {TEST_LEASE_TTL_S} s)")  # with -s
         assert took_s <= TEST_LEASE_TTL_S + 2.0, f"{took_s:.2f} s > lease {TEST_LEASE_TTL_S} s + 2 s"
         new_leader, _ = leader_and_isr(cluster, topic)
