@@ -1031,8 +1031,9 @@ class AsyncConsumer:
         else:
             # A leader that stops answering (paused, cut off) is left once Metadata names
             # another: the partitions wait about its lease, not request_timeout_ms.
+            leaders = self._leaders
             call = unless_leader_moves(
-                self._leaders.call(destination, "Fetch", request, timeout_ms=timeout_ms),
+                lambda: leaders.call(destination, "Fetch", request, timeout_ms=timeout_ms),
                 rpc="Fetch",
                 destination=destination,
                 partitions=asked,

@@ -174,7 +174,7 @@ T = TypeVar("T")
 
 
 async def unless_leader_moves(
-    call: Awaitable[T],
+    start_call: Callable[[], Awaitable[T]],
     *,
     rpc: str,
     destination: str,
@@ -183,9 +183,11 @@ async def unless_leader_moves(
     refresh_topic: Callable[[str], None] | None,
     check_after_ms: int = LEADER_MOVE_CHECK_AFTER_MS,
 ) -> T:
-    """Await `call` (an `rpc` to leader `destination` about `partitions`), unless Metadata
-    names another leader for one of them first: then LeaderMoved (retriable), and the call
-    is cancelled.
+    """Make and await the call `start_call()` (an `rpc` to leader `destination` about
+    `partitions`), unless Metadata names another leader for one of them first: then
+    LeaderMoved (retriable), and the call is cancelled. The call is made here, not by the
+    caller: a task running this that is cancelled before it starts leaves no call made and
+    never awaited.
 
     Nothing is asked while the call is younger than `check_after_ms` (far above a healthy
     answer; a long-poll Fetch adds its max wait); then `refresh_topic` is asked for each
@@ -196,7 +198,7 @@ async def unless_leader_moves(
     """
     partitions = list(partitions)
     started = time.monotonic()
-    answer = asyncio.ensure_future(call)
+    answer = asyncio.ensure_future(start_call())
     try:
         done, _ = await asyncio.wait({answer}, timeout=check_after_ms / 1000)
         while not done:

@@ -37,7 +37,7 @@ import asyncio
 import logging
 import threading
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, overload
 
 from clients.accumulator import ProducerBatch, RecordAccumulator
@@ -497,13 +497,17 @@ class Sender:
                         deadline=delivery_deadline_s,
                     )
                 else:
-                    call = self.leaders.call(
-                        destination,
-                        "Produce",
-                        request,
-                        timeout_ms=request.timeout_ms + RPC_DEADLINE_MARGIN_MS,
-                        deadline=delivery_deadline_s,
-                    )
+                    leaders = self.leaders
+
+                    def call() -> Awaitable[common_pb2.ProduceResponse]:
+                        return leaders.call(
+                            destination,
+                            "Produce",
+                            request,
+                            timeout_ms=request.timeout_ms + RPC_DEADLINE_MARGIN_MS,
+                            deadline=delivery_deadline_s,
+                        )
+
                     if all(batch.producer_id >= 0 for batch in batches):
                         # Idempotent: resent with the same sequence numbers, a batch the old
                         # leader had replicated is a duplicate at the new one, never written twice.
@@ -516,7 +520,7 @@ class Sender:
                             refresh_topic=self.refresh_topic,
                         )
                     else:
-                        response = await call
+                        response = await call()
             except HighwaterError as error:
                 if destination != VIA_GATEWAY and not isinstance(error, LeaderMoved):
                     # As Kafka's client after a failed connection: is this broker still the leader?
