@@ -173,6 +173,16 @@ async def test_close_ends_the_stream_on_the_leader() -> None:
         await asyncio.wait_for(ended.wait(), WAIT_S)
 
 
+def raw_stream(channel: grpc.aio.Channel, method: str, response_type: Any) -> Any:
+    """A BrokerService stream `method` whose messages are written as bytes (so a test can
+    send what does not parse) and whose answers are read as `response_type`."""
+    return channel.stream_stream(
+        f"/highwater.v1.BrokerService/{method}",
+        request_serializer=None,
+        response_deserializer=response_type.FromString,
+    )(timeout=WAIT_S)
+
+
 @pytest.mark.asyncio
 async def test_a_malformed_stream_message_is_invalid_argument_without_the_security_layer() -> None:
     replicas = EchoReplicas()
@@ -180,11 +190,7 @@ async def test_a_malformed_stream_message_is_invalid_argument_without_the_securi
         serving(servicer(replicas), interceptors=[MalformedRequestGuard()]) as (_, port),
         grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
     ):
-        call = channel.stream_stream(
-            "/highwater.v1.BrokerService/FetchStream",
-            request_serializer=None,
-            response_deserializer=common_pb2.FetchResponse.FromString,
-        )(timeout=WAIT_S)
+        call = raw_stream(channel, "FetchStream", common_pb2.FetchResponse)
         await call.write(fetch_request(0).SerializeToString())
         assert answered(await call.read()) == {"t": (0, 0)}
         await call.write(b"\xff\xff\xff\xff garbage")
@@ -202,11 +208,7 @@ async def test_a_produce_stream_refuses_what_the_unary_produce_refuses_and_ends(
         grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
     ):
         for bad, why in ((b"\xff\xff\xff\xff garbage", "does not parse"), (None, "acks must be")):
-            call = channel.stream_stream(
-                "/highwater.v1.BrokerService/ProduceStream",
-                request_serializer=None,
-                response_deserializer=common_pb2.ProduceResponse.FromString,
-            )(timeout=WAIT_S)
+            call = raw_stream(channel, "ProduceStream", common_pb2.ProduceResponse)
             await call.write(produce_request(0).SerializeToString())
             assert produced(await call.read()) == {"t": (0, 0)}
             if bad is None:
