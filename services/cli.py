@@ -155,6 +155,15 @@ def _run(main: Coroutine[Any, Any, None], common: CommonOptions) -> None:
     help="A follower not caught up for this long leaves the ISR.",
 )
 @click.option(
+    "--log-cache-window-bytes",
+    type=click.IntRange(limits.LOG_CACHE_WINDOW_OFF),
+    default=limits.LOG_CACHE_WINDOW_BYTES_DEFAULT,
+    show_default=True,
+    help="Newest bytes of each partition's log file kept in the page cache; older ones are written "
+    "back and dropped as the log grows, so readers behind by more read from disk. At least 1048576 "
+    "(1 MiB); -1 leaves the page cache to the kernel, as Kafka does.",
+)
+@click.option(
     "--kafka-port",
     type=click.IntRange(0, 65535),
     default=None,
@@ -176,6 +185,7 @@ def broker_command(
     data_dir: Path,
     rack: str,
     replica_lag_time_max_ms: int,
+    log_cache_window_bytes: int,
     kafka_port: int | None,
     replicas_max: int,
     common: CommonOptions,
@@ -192,6 +202,7 @@ def broker_command(
         data_dir=data_dir,
         rack=rack,
         replica_lag_time_max_ms=replica_lag_time_max_ms,
+        log_cache_window_bytes=log_cache_window_bytes,
         kafka_port=kafka_port,
         replicas_max=replicas_max,
         security=security.for_service(f"broker-{broker_id}"),

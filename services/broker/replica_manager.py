@@ -87,13 +87,14 @@ class ReplicaManager:
         data_dir: Path,
         call_controller: ControllerCall,
         replica_lag_time_max_ms: int = limits.REPLICA_LAG_TIME_MAX_MS,
+        log_cache_window_bytes: int = limits.LOG_CACHE_WINDOW_BYTES_DEFAULT,
     ) -> None:
         self.call_controller = call_controller
         metrics.OPEN_SEGMENT_FILES.set_function(open_real_file_count)
         self.core = BrokerCore(
             broker_id=broker_id,
             data_dir=str(data_dir),
-            storage=FileStorage(),
+            storage=FileStorage(cache_window_bytes=log_cache_window_bytes),
             clock=SystemClock(),
             io=self,
             log=logging.getLogger("highwater.broker.core"),

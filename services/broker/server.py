@@ -59,6 +59,9 @@ class BrokerConfig:
     etcd_prefix: str = "/highwater"
     lease_ttl_s: int = limits.LEASE_TTL_S
     replica_lag_time_max_ms: int = limits.REPLICA_LAG_TIME_MAX_MS
+    # The newest bytes of each log file left in the page cache (limits.LOG_CACHE_WINDOW_BYTES_DEFAULT);
+    # limits.LOG_CACHE_WINDOW_OFF: the kernel's to manage.
+    log_cache_window_bytes: int = limits.LOG_CACHE_WINDOW_BYTES_DEFAULT
     # The replicas this broker prepares for (open files) and registers, so the controller places
     # no more on it (limits.REPLICAS_PER_BROKER_MAX unless raised).
     replicas_max: int = limits.REPLICAS_PER_BROKER_MAX
@@ -76,6 +79,15 @@ class BrokerConfig:
         )
         if self.broker_id < 0:
             raise SystemExit(f"--broker-id must be >= 0, got {self.broker_id}")
+        if (
+            self.log_cache_window_bytes != limits.LOG_CACHE_WINDOW_OFF
+            and self.log_cache_window_bytes < limits.LOG_CACHE_WINDOW_BYTES_MIN
+        ):
+            raise SystemExit(
+                f"--log-cache-window-bytes must be at least {limits.LOG_CACHE_WINDOW_BYTES_MIN} "
+                f"(1 MiB), or {limits.LOG_CACHE_WINDOW_OFF} to leave the page cache to the kernel; "
+                f"got {self.log_cache_window_bytes}"
+            )
         if self.kafka_port is not None and self.security.acl and not self.security.tls:
             # ACLs need a principal; a plaintext Kafka port has none to check (no SASL here).
             raise SystemExit(
@@ -306,6 +318,7 @@ async def serve(config: BrokerConfig) -> None:
         data_dir=config.data_dir,
         call_controller=controller.call,
         replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+        log_cache_window_bytes=config.log_cache_window_bytes,
     )
     servicer = BrokerServicer(replicas)
     # The generated *_pb2_grpc module is unannotated.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
 import platform
 import shutil
@@ -18,20 +19,35 @@ from collections.abc import Callable
 
 from clients.common.errors import StorageError, check
 from clients.local_reads import host_id
-from services.common.limits import OPEN_SEGMENT_FILES_MAX
+from services.common.limits import (
+    LOG_CACHE_DROP_STEPS_PER_WINDOW,
+    LOG_CACHE_WINDOW_BYTES_MIN,
+    LOG_CACHE_WINDOW_OFF,
+    OPEN_SEGMENT_FILES_MAX,
+)
 
 from .storage import TEMP_SUFFIX, Buffer, FileLocation, OpenFileCache, StorageFile
 
+log = logging.getLogger("highwater.broker.storage")
+# posix_fadvise exists on Linux and most Unixes; elsewhere the page cache is the kernel's alone.
+_CAN_DROP_CACHE = hasattr(os, "posix_fadvise")
+
 
 class _RealFile:
-    """A file descriptor with a tracked size; writes use pwrite at that size (no seek state)."""
+    """A file descriptor with a tracked size; writes use pwrite at that size (no seek state).
 
-    __slots__ = ("_fd", "_path", "_size")
+    With a cache window (limits.LOG_CACHE_WINDOW_BYTES_DEFAULT), every window/16 bytes appended
+    the file asks the kernel to write back and drop the window of bytes that lies one window
+    behind its end (posix_fadvise DONTNEED: it starts the write-back of dirty pages and drops the
+    clean ones; a page still being written is dropped by a later call).
+    """
+
+    __slots__ = ("_cache_asked_at", "_cache_step", "_cache_window", "_fd", "_path", "_size")
 
     # Descriptors open in this process, for the broker's open-segment-files gauge.
     open_count = 0
 
-    def __init__(self, path: str, *, create: bool) -> None:
+    def __init__(self, path: str, *, create: bool, cache_window_bytes: int = LOG_CACHE_WINDOW_OFF) -> None:
         self._path = path
         self._fd = -1
         flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | (os.O_CREAT if create else 0)
@@ -42,6 +58,9 @@ class _RealFile:
         except OSError as error:
             self.close()
             raise StorageError(f"cannot open {path}: {error}") from error
+        self._cache_window = cache_window_bytes if _CAN_DROP_CACHE else LOG_CACHE_WINDOW_OFF
+        self._cache_step = max(cache_window_bytes // LOG_CACHE_DROP_STEPS_PER_WINDOW, 1)
+        self._cache_asked_at = self._size
 
     @property
     def size(self) -> int:
@@ -58,7 +77,25 @@ class _RealFile:
             raise StorageError(f"write to {self._path} at byte {start + written} failed: {error}") from error
         finally:
             self._size = start + written
+        window_on = self._cache_window != LOG_CACHE_WINDOW_OFF
+        if window_on and self._size - self._cache_asked_at >= self._cache_step:
+            self._drop_cache_behind_window()
         return start
+
+    def _drop_cache_behind_window(self) -> None:
+        self._cache_asked_at = self._size
+        end = self._size - self._cache_window
+        if end <= 0:
+            return
+        start = max(0, end - self._cache_window)
+        try:
+            os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        except OSError as error:
+            # Only a hint: the file is still written and read correctly without it.
+            log.warning(
+                "page-cache hint on %s failed (%s); leaving its cache to the kernel", self._path, error
+            )
+            self._cache_window = LOG_CACHE_WINDOW_OFF
 
     def read_at(self, position: int, size: int) -> bytes:
         size = max(0, min(size, self._size - position))
@@ -88,6 +125,7 @@ class _RealFile:
         except OSError as error:
             raise StorageError(f"truncate of {self._path} to {size} bytes failed: {error}") from error
         self._size = size
+        self._cache_asked_at = min(self._cache_asked_at, size)
 
     def fsync(self) -> None:
         try:
@@ -113,14 +151,26 @@ class FileStorage:
     One per broker, so `open_files` bounds the handles of all its replicas together.
     """
 
-    def __init__(self, *, open_files_max: int = OPEN_SEGMENT_FILES_MAX, use_syncfs: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        open_files_max: int = OPEN_SEGMENT_FILES_MAX,
+        use_syncfs: bool = True,
+        cache_window_bytes: int = LOG_CACHE_WINDOW_OFF,
+    ) -> None:
+        if cache_window_bytes != LOG_CACHE_WINDOW_OFF and cache_window_bytes < LOG_CACHE_WINDOW_BYTES_MIN:
+            raise ValueError(
+                f"cache_window_bytes {cache_window_bytes}: give at least {LOG_CACHE_WINDOW_BYTES_MIN}, "
+                f"or {LOG_CACHE_WINDOW_OFF} to leave the page cache to the kernel"
+            )
+        self.cache_window_bytes = cache_window_bytes
         self.open_files = OpenFileCache(self, open_files_max)
         self._host_id = host_id()
         # sync_all: syncfs(2) where it reports write errors, else an fsync of every file.
         self._syncfs = _syncfs_function() if use_syncfs else None
 
     def open(self, path: str, *, create: bool = True) -> StorageFile:
-        return _RealFile(path, create=create)
+        return _RealFile(path, create=create, cache_window_bytes=self.cache_window_bytes)
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
