@@ -103,6 +103,8 @@ def encode_producer_batch(batch: ProducerBatch, compression: str) -> bytes:
             producer_id=batch.producer_id,
             producer_epoch=batch.producer_epoch,
             base_sequence=batch.base_sequence,
+            # size_bytes bounds keys and framing too: close enough to pick the faster encoder.
+            large_values=batch.size_bytes >= batch.record_count * records.LARGE_VALUE_BYTES_MIN,
         )
     return records.encode_batch(
         with_headers(batch),
@@ -448,7 +450,12 @@ class Sender:
         A batch that cannot be encoded fails whole and is left out; None when none is left.
         """
         config = self.config
-        by_topic: dict[str, list[common_pb2.ProducePartitionData]] = {}
+        # Built in place: a finished sub-message handed to a constructor is serialised and parsed
+        # again, a copy of every batch at each level (12% of the Producer's CPU at 10 KB records).
+        request = common_pb2.ProduceRequest(
+            acks=config.acks_wire, timeout_ms=min(config.request_timeout_ms, limits.PRODUCE_TIMEOUT_MS_MAX)
+        )
+        by_topic: dict[str, common_pb2.ProduceTopicData] = {}
         for batch in list(batches):
             if self.idempotence is not None and self.idempotence.assign(batch):
                 batch.encoded = None
@@ -465,19 +472,13 @@ class Sender:
                         batch, error_for_code(common_pb2.CORRUPT_MESSAGE, f"cannot encode batch: {error}")
                     )
                     continue
-            by_topic.setdefault(batch.tp.topic, []).append(
-                common_pb2.ProducePartitionData(partition=batch.tp.partition, records=batch.encoded)
-            )
+            topic = by_topic.get(batch.tp.topic)
+            if topic is None:
+                topic = by_topic[batch.tp.topic] = request.topics.add(topic=batch.tp.topic)
+            topic.partitions.add(partition=batch.tp.partition, records=batch.encoded)
         if not by_topic:
             return None
-        return common_pb2.ProduceRequest(
-            acks=config.acks_wire,
-            timeout_ms=min(config.request_timeout_ms, limits.PRODUCE_TIMEOUT_MS_MAX),
-            topics=[
-                common_pb2.ProduceTopicData(topic=topic, partitions=parts)
-                for topic, parts in by_topic.items()
-            ],
-        )
+        return request
 
     async def _send(
         self, destination: str, request: common_pb2.ProduceRequest, batches: list[ProducerBatch]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import struct
 
 import pytest
@@ -10,7 +11,16 @@ from crc32c import crc32c
 
 from clients.common.errors import CorruptMessage, InvalidRequest
 from clients.common.record_batch import ATTRIBUTES_POS, CRC_POS, assign_offsets, validate_batches
-from clients.common.records import Record, codec_is_accelerated, decode_batches, encode_batch, encode_values
+from clients.common.records import (
+    LARGE_VALUE_BYTES_MIN,
+    Record,
+    _large_values,
+    codec_is_accelerated,
+    decode_batches,
+    encode_batch,
+    encode_runs,
+    encode_values,
+)
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 LIMIT = 1024 * 1024
@@ -115,3 +125,57 @@ def test_empty_batch_and_unknown_codec_are_refused() -> None:
         encode_batch([])
     with pytest.raises(InvalidRequest, match="brotli"):
         encode_values([b"x"], timestamp_ms=0, compression="brotli")
+
+
+def builder_runs(
+    runs: list[tuple[bytes | None, list[bytes], int]],
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+) -> bytes:
+    """What aiokafka's builder makes of the same runs (the reference for the large-value encoder)."""
+    builder = DefaultRecordBatchBuilder(2, 0, 0, producer_id, producer_epoch, base_sequence, 2**31 - 1)
+    offset = 0
+    for key, values, timestamp_ms in runs:
+        for value in values:
+            builder.append(offset, timestamp_ms, key, value, [])
+            offset += 1
+    return bytes(builder.build())
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_large_value_runs_encode_to_the_builders_exact_bytes(seed: int) -> None:
+    """encode_runs frames uncompressed large values itself (a hardware CRC): byte for byte what
+    aiokafka's builder makes, with null and empty keys, multi-byte lengths and earlier timestamps."""
+    rnd = random.Random(seed)
+    runs = [
+        (
+            rnd.choice([None, b"", rnd.randbytes(rnd.randint(1, 300))]),
+            [
+                rnd.randbytes(rnd.choice([0, 1, 127, 128, 1500, 16_384, 70_000]))
+                for _ in range(rnd.randint(1, 5))
+            ],
+            1_700_000_000_000 + rnd.randint(-5_000, 5_000),
+        )
+        for _ in range(rnd.randint(1, 4))
+    ]
+    while not _large_values(runs):  # small draws are the builder's (the next test)
+        runs[-1][1].append(rnd.randbytes(70_000))
+    ids = rnd.choice([(-1, -1, -1), (123_456_789_012, 3, 2**31 - 10)])
+    ours = encode_runs(runs, producer_id=ids[0], producer_epoch=ids[1], base_sequence=ids[2])
+    assert ours == builder_runs(runs, *ids)
+    assert validate_batches(ours, max_batch_bytes=len(ours))
+    decoded = list(decode_batches(ours))
+    assert [(r.key, r.value, r.timestamp_ms) for r in decoded] == [
+        (key, value, ts) for key, values, ts in runs for value in values
+    ]
+
+
+def test_small_values_and_compressed_runs_stay_with_the_builder() -> None:
+    small = [(None, [b"x" * (LARGE_VALUE_BYTES_MIN - 1)] * 3, 1_000)]
+    assert not _large_values(small)
+    large = [(None, [b"x" * LARGE_VALUE_BYTES_MIN] * 3, 1_000)]
+    assert _large_values(large)
+    assert encode_runs(large) == builder_runs(large, -1, -1, -1)
+    zstd = encode_runs(large, compression="zstd")
+    assert [r.value for r in decode_batches(zstd)] == large[0][1]
