@@ -25,7 +25,9 @@ Layout (big-endian), byte positions within a batch:
     61 records...
 
 The records after the header are checked by the leader only, in
-clients/common/record_validation.py (Kafka's LogValidator).
+clients/common/record_validation.py (Kafka's LogValidator). The varints below are shared by
+whoever frames bytes by hand: protobuf lengths and tags (services/controller/wire.py) and
+Kafka's zigzag varints of record fields (the Producer's large-value batches, records.py).
 
 Pure module: no I/O, no clock, no asyncio.
 """
@@ -73,6 +75,25 @@ TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
 
 # Offsets are int64 but a batch spans at most 2**31 offsets (last_offset_delta is int32).
 MAX_LAST_OFFSET_DELTA = 2**31 - 1
+
+
+def varint(n: int) -> bytes:
+    """Base-128 varint of a non-negative int, low 7 bits first (protobuf's lengths and tags;
+    Kafka's record framing after zigzag: record_varint)."""
+    if n < 0:
+        raise ValueError(f"varint of a negative number {n}: lengths and tags only")
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def record_varint(n: int) -> bytes:
+    """Kafka's signed varint of a record's fields (lengths, deltas; -1 for null): zigzag, then varint."""
+    return varint((n << 1) ^ (n >> 63))
+
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 check(

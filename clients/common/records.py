@@ -42,6 +42,7 @@ from clients.common.record_batch import (
     MAGIC_POS,
     MIN_BATCH_LENGTH,
     RECORDS_COUNT_POS,
+    record_varint,
 )
 
 if TYPE_CHECKING:
@@ -278,16 +279,8 @@ def _large_values(runs: Sequence[tuple[bytes | None, Sequence[bytes], int]]) -> 
     return count > 0 and size >= count * LARGE_VALUE_BYTES_MIN
 
 
-@functools.lru_cache(maxsize=4096)
-def _varint(n: int) -> bytes:
-    """Kafka's signed varint: zigzag, then 7 bits a byte, low first."""
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
+# Lengths and offset deltas repeat from record to record: each is framed once.
+_varint = functools.lru_cache(maxsize=4096)(record_varint)
 
 
 def _encode_large_runs(

@@ -17,19 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from clients.common.record_batch import varint
 from protos.highwater.v1 import broker_pb2, common_pb2
-
-
-def varint(n: int) -> bytes:
-    """Protobuf's base-128 varint of a non-negative int."""
-    if n < 0:
-        raise ValueError(f"varint of a negative number {n}: lengths and tags only")
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def length_prefixed(data: bytes) -> bytes:
