@@ -310,20 +310,10 @@ class RecordProducer:
                     )
                 )
                 sequence = record_level.next_sequence(sequence, len(batch))
-        answer = await self._send(
-            common_pb2.ProduceRequest(
-                acks=-1,
-                timeout_ms=remaining_ms,
-                topics=[
-                    common_pb2.ProduceTopicData(
-                        topic=topic,
-                        partitions=[
-                            common_pb2.ProducePartitionData(partition=partition, records=b"".join(encoded))
-                        ],
-                    )
-                ],
-            )
-        )
+        # Built in place: finished sub-messages handed to a constructor are copied once per level.
+        request = common_pb2.ProduceRequest(acks=-1, timeout_ms=remaining_ms)
+        request.topics.add(topic=topic).partitions.add(partition=partition, records=b"".join(encoded))
+        answer = await self._send(request)
         p = answer.topics[0].partitions[0]
         if p.error_code != common_pb2.NONE:
             # A gap or an unknown in this partition's numbering: start afresh (module docstring).

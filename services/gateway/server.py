@@ -334,13 +334,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 stale = stale or pr.error_code in RETRIABLE_ROUTING_CODES
         if stale or unroutable:
             self._background(self.refresh_metadata())
-        topics = [
-            common_pb2.FetchTopicResponse(
-                topic=t.topic, partitions=[parts[(t.topic, p.partition)] for p in t.partitions]
-            )
-            for t in request.topics
-        ]
-        return common_pb2.FetchResponse(topics=topics)
+        # Built in place: a finished topic handed to the constructor would be serialised and
+        # parsed again, a second copy of every record batch.
+        response = common_pb2.FetchResponse()
+        for t in request.topics:
+            topic = response.topics.add(topic=t.topic)
+            topic.partitions.extend(parts[(t.topic, p.partition)] for p in t.partitions)
+        return response
 
     async def _fetch_from(
         self, address: str, template: common_pb2.FetchRequest, wanted: set[TopicPartitionKey]

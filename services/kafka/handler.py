@@ -337,20 +337,15 @@ class KafkaHandler:
 
     async def produce(self, request: Request) -> Any:
         body = request.body
+        # Built in place: finished sub-messages handed to a constructor are serialised and parsed
+        # again, a copy of every record batch per level.
         req = common_pb2.ProduceRequest(
-            acks=body.acks,
-            timeout_ms=max(0, min(_ms(body.timeout), limits.PRODUCE_TIMEOUT_MS_MAX)),
-            topics=[
-                common_pb2.ProduceTopicData(
-                    topic=t.name,
-                    partitions=[
-                        common_pb2.ProducePartitionData(partition=p.index, records=bytes(p.records or b""))
-                        for p in t.partition_data
-                    ],
-                )
-                for t in body.topic_data
-            ],
+            acks=body.acks, timeout_ms=max(0, min(_ms(body.timeout), limits.PRODUCE_TIMEOUT_MS_MAX))
         )
+        for t in body.topic_data:
+            topic = req.topics.add(topic=t.name)
+            for p in t.partition_data:
+                topic.partitions.add(partition=p.index, records=bytes(p.records or b""))
         if body.acks not in (0, 1, -1):
             resp = _produce_refusal(
                 req, common_pb2.INVALID_REQUEST, f"acks must be 0, 1 or -1, got {body.acks}"
