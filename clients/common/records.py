@@ -291,11 +291,16 @@ def _encode_large_runs(
 ) -> bytes:
     """encode_runs for uncompressed large values: the same bytes aiokafka's builder makes
     (tests/unit/test_records.py holds the two to equal output), with a hardware CRC-32C."""
-    first_timestamp = runs[0][2]
+    # The batch's first timestamp is its first record's (a run without values adds none).
+    first_timestamp = next((timestamp_ms for _key, values, timestamp_ms in runs if values), None)
+    if first_timestamp is None:
+        raise InvalidRequest("a record batch needs at least one record")
     max_timestamp = first_timestamp
     pieces: list[bytes] = []
     offset = 0
     for key, values, timestamp_ms in runs:
+        if not values:
+            continue
         max_timestamp = max(max_timestamp, timestamp_ms)
         # attributes (0), timestampDelta; then per record offsetDelta; then key; then value.
         timestamp_part = b"\x00" + _varint(timestamp_ms - first_timestamp)
@@ -307,8 +312,6 @@ def _encode_large_runs(
             pieces.append(value)
             pieces.append(b"\x00")  # no headers
             offset += 1
-    if offset == 0:
-        raise InvalidRequest("a record batch needs at least one record")
     body = b"".join(pieces)
     after_crc = _HEAD_AFTER_CRC.pack(
         0,  # attributes: no compression, CreateTime, not transactional, not control

@@ -179,3 +179,19 @@ def test_small_values_and_compressed_runs_stay_with_the_builder() -> None:
     assert encode_runs(large) == builder_runs(large, -1, -1, -1)
     zstd = encode_runs(large, compression="zstd")
     assert [r.value for r in decode_batches(zstd)] == large[0][1]
+
+
+def test_large_value_runs_without_values_add_nothing_as_in_the_builder() -> None:
+    """A run with no values (its timestamp earlier than the rest) neither sets the batch's first
+    timestamp nor adds a record; runs with no values at all make no batch, as with the builder."""
+    runs: list[tuple[bytes | None, list[bytes], int]] = [
+        (None, [], 500),
+        (b"k", [b"v" * 4_000, b"w" * 3_000], 1_000),
+        (None, [], 2_000),
+    ]
+    assert encode_runs(runs, large_values=True) == builder_runs(runs, -1, -1, -1)
+    for large in (True, False):
+        with pytest.raises(InvalidRequest, match="at least one record"):
+            encode_runs([(None, [], 500)], large_values=large)
+        with pytest.raises(InvalidRequest, match="at least one record"):
+            encode_runs([], large_values=large)
