@@ -13,6 +13,11 @@ record is seen only after every ISR member has it.
 Starts its own LocalCluster (3 brokers, RF 3, min.insync.replicas 2) unless --bootstrap is
 given. Records the CPU of every process, producer and consumer included. Writes
 bench/results/e2e_latency.json. Example: python bench/e2e_latency.py --rates 2000 20000
+
+--hops also captures partition 0's leader's traffic on loopback with tcpdump (root or
+CAP_NET_RAW) for --hops-capture-s seconds in the middle of each rate, and prints where each
+record's time went, hop by hop (bench/hops.py: the Producer, the leader, the followers'
+acknowledgements, the HW's move to the consumer).
 """
 
 from __future__ import annotations
@@ -20,21 +25,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common
+from bench import common, hops
 
 # (send time in ns since the epoch, 1 if measured / 0 if warm-up) lead every payload.
 STAMP = struct.Struct(">qB")
 CONSUMER_READY_TIMEOUT_S = 30.0
 # The consumer keeps reading this long after the producer stops, for records in flight.
 DRAIN_S = 5.0
+# --hops: the capture starts this long after the warm-up ends, and is cut to this many bytes
+# per packet (a record's stamp lies within the first few hundred bytes of its segment).
+HOPS_START_AFTER_WARMUP_S = 1.0
+HOPS_SNAP_BYTES = 512
+# tcpdump is given this long to start (and to fail on a missing permission) and to stop.
+TCPDUMP_SETTLE_S = 5.0
 
 
 def stamped(pad: bytes, measured: bool) -> bytes:
@@ -77,6 +91,71 @@ class E2EConsumer:
 
     def stop(self) -> None:
         common.stop_process(self.proc)  # type: ignore[arg-type]
+
+
+class LoopbackCapture:
+    """tcpdump of one TCP port on loopback, from `delay_s` from now for `capture_s` seconds, on a
+    thread of its own; `result()` waits for it and parses the capture (bench/hops.py)."""
+
+    def __init__(self, port: int, *, delay_s: float, capture_s: float) -> None:
+        self.port = port
+        self._dir = tempfile.TemporaryDirectory(prefix="hw-hops-")
+        self._path = Path(self._dir.name) / "capture.pcap"
+        self._cancel = threading.Event()
+        self._error = ""
+        self._thread = threading.Thread(target=self._run, args=(delay_s, capture_s), daemon=True)
+        self._thread.start()
+
+    def _run(self, delay_s: float, capture_s: float) -> None:
+        if self._cancel.wait(delay_s):
+            return
+        # Under timeout(1): the capture ends by itself even if this process dies (no preexec_fn,
+        # which would fork a process whose gRPC threads are busy).
+        command = ["timeout", f"{capture_s + TCPDUMP_SETTLE_S:.0f}", "tcpdump", "-i", "lo", "-n", "-U"]
+        proc = subprocess.Popen(
+            [*command, "-s", str(HOPS_SNAP_BYTES), "-w", str(self._path), "tcp", "port", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            self._cancel.wait(capture_s)
+        finally:
+            proc.terminate()
+            try:
+                _, err = proc.communicate(timeout=TCPDUMP_SETTLE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+        if proc.returncode not in (0, 124, -15):  # stopped by us, by timeout(1), by SIGTERM
+            self._error = (err or b"").decode(errors="replace").strip()[-300:]
+
+    def result(self) -> dict[str, object]:
+        """The stages' p10/p50/p90 in ms, or {"error": why}. Ends the capture if still running."""
+        self._cancel.set()
+        self._thread.join(TCPDUMP_SETTLE_S * 2)
+        try:
+            if self._error or not self._path.exists():
+                return {"error": f"tcpdump: {self._error or 'no capture was written'}"}
+            try:
+                stages = hops.hop_stages(hops.read_pcap(self._path.read_bytes()), self.port)
+            except hops.CaptureError as error:
+                return {"error": str(error)}
+            return {"leader_port": self.port, "stages_ms": hops.summarize(stages)}
+        finally:
+            self._dir.cleanup()
+
+
+def describe_hops(found: dict[str, object]) -> list[str]:
+    if "error" in found:
+        return [f"hops: {found['error']}"]
+    stages: dict[str, dict[str, float]] = found["stages_ms"]  # type: ignore[assignment]
+    lines = ["hops (ms, p10 / p50 / p90; bench/hops.py says what each stage is):"]
+    for name in hops.STAGES:
+        if name in stages:
+            stage = stages[name]
+            figures = f"{stage['p10']:7.3f} {stage['p50']:7.3f} {stage['p90']:7.3f}"
+            lines.append(f"  {name:<10} {figures}  (n={stage['n']:.0f})")
+    return lines
 
 
 def produce_at_rate(
@@ -192,7 +271,17 @@ def run_rate(target: common.Target, rate: float, args: argparse.Namespace) -> di
             str(args.fetch_max_wait_ms),
         ]
     )
+    capture: LoopbackCapture | None = None
     try:
+        if args.hops:
+            leader = target.leaders.get(0)
+            if leader is None:
+                raise SystemExit("--hops: partition 0 has no leader in Metadata")
+            capture = LoopbackCapture(
+                int(leader.rsplit(":", 1)[1]),
+                delay_s=args.warmup_s + HOPS_START_AFTER_WARMUP_S,
+                capture_s=args.hops_capture_s,
+            )
         meter = common.CpuMeter({**target.pids, "producer": os.getpid(), "consumer": consumer.pid}).start()
         before = {rpc: common.rpc_totals(target, rpc) for rpc in ("Produce", "Fetch")}
         started = time.monotonic()
@@ -213,7 +302,10 @@ def run_rate(target: common.Target, rate: float, args: argparse.Namespace) -> di
             for rpc in before
         }
         got = consumer.result(timeout_s=DRAIN_S + common.E2E_IDLE_END_S + 30)
+        found = capture.result() if capture is not None else None
     finally:
+        if capture is not None:
+            capture.result()  # ends tcpdump on any way out (a second call only waits)
         consumer.stop()
     return {
         "rate": rate,
@@ -223,6 +315,7 @@ def run_rate(target: common.Target, rate: float, args: argparse.Namespace) -> di
         "load_1m_after": common.load_average(),
         "cpu_cores": cpu,
         "server_rpcs": server,
+        **({"hops": found} if found is not None else {}),
     }
 
 
@@ -264,11 +357,27 @@ def main() -> int:
         default=500,
         help="Consumer fetch_max_wait_ms (the long poll; an arriving record ends it at once)",
     )
+    parser.add_argument(
+        "--hops",
+        action="store_true",
+        help="also capture partition 0's leader's traffic with tcpdump (root or CAP_NET_RAW) and "
+        "print each stage of a record's path (bench/hops.py)",
+    )
+    parser.add_argument(
+        "--hops-capture-s",
+        type=float,
+        default=2.0,
+        help="seconds captured per rate with --hops (default 2; starts 1 s after the warm-up)",
+    )
     # One partition by default, as Kafka's EndToEndLatency.
     common.add_target_arguments(parser, partitions=1, output="e2e_latency")
     args = parser.parse_args()
     if args.role == "consumer":
         return consume_role(args)
+    if args.hops and shutil.which("tcpdump") is None:
+        parser.error("--hops needs tcpdump on PATH (Debian: apt-get install tcpdump)")
+    if args.hops and args.hops_capture_s <= 0:
+        parser.error(f"--hops-capture-s must be positive, got {args.hops_capture_s}")
     topic = common.target_topic(args, "e2e")
     out = common.target_header(
         args, record_size=args.record_size, linger_ms=args.linger_ms, duration_s=args.duration_s
@@ -290,6 +399,9 @@ def main() -> int:
                 f"{result['load_1m_before']} -> {result['load_1m_after']}",
                 flush=True,
             )
+            if "hops" in result:
+                for line in describe_hops(result["hops"]):  # type: ignore[arg-type]
+                    print("      " + line, flush=True)
             out["runs"].append(result)  # type: ignore[union-attr]
     return common.finish(args.output, out)
 
