@@ -17,9 +17,11 @@ import json
 import math
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -432,6 +434,25 @@ def create_topic(
 
 
 @contextlib.contextmanager
+def stopped_by_sigterm() -> Iterator[None]:
+    """SIGTERM ends the benchmark as Ctrl-C does: through its `with` blocks, so the cluster it
+    started is stopped by pid. (Python's default for SIGTERM exits at once, past every
+    `finally` and atexit hook, and left a whole LocalCluster running.)"""
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set a handler (and gets the signal)
+        return
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
 def highwater_target(
     *,
     bootstrap: str | None,
@@ -458,6 +479,7 @@ def highwater_target(
     from clients.tools.local_cluster import LocalCluster
 
     with (
+        stopped_by_sigterm(),
         tempfile.TemporaryDirectory(prefix="hw-bench-", dir=tmp_dir) as tmp,
         LocalCluster(Path(tmp), brokers=brokers) as cluster,
     ):
