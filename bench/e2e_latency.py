@@ -129,10 +129,14 @@ class LoopbackCapture:
         if proc.returncode not in (0, 124, -15):  # stopped by us, by timeout(1), by SIGTERM
             self._error = (err or b"").decode(errors="replace").strip()[-300:]
 
-    def result(self) -> dict[str, object]:
-        """The stages' p10/p50/p90 in ms, or {"error": why}. Ends the capture if still running."""
+    def stop(self) -> None:
+        """End the capture now if it still runs (tcpdump stopped by pid), and wait for it."""
         self._cancel.set()
         self._thread.join(TCPDUMP_SETTLE_S * 2)
+
+    def result(self) -> dict[str, object]:
+        """The stages' p10/p50/p90 in ms, or {"error": why}. Ends the capture if still running."""
+        self.stop()
         try:
             if self._error or not self._path.exists():
                 return {"error": f"tcpdump: {self._error or 'no capture was written'}"}
@@ -305,7 +309,7 @@ def run_rate(target: common.Target, rate: float, args: argparse.Namespace) -> di
         found = capture.result() if capture is not None else None
     finally:
         if capture is not None:
-            capture.result()  # ends tcpdump on any way out (a second call only waits)
+            capture.stop()  # on any way out, tcpdump too
         consumer.stop()
     return {
         "rate": rate,

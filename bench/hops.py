@@ -16,7 +16,7 @@ Stages, in milliseconds per record (see STAGES):
   B  the Produce in -> the first follower's Fetch answer out (B_last: the last follower's)
   C  a follower's answer in -> its next Fetch out (its append and acknowledgement)
   D  the last follower's next Fetch in -> the consumer's answer out (the HW moves)
-  D_produce  the same -> the producer's answer out
+  D_produce  the same -> the leader's next message to the producer (its answer)
   total  send() -> the consumer's answer out
 
 Pure functions over the capture's bytes; the capture itself is e2e_latency.py's.
@@ -187,7 +187,8 @@ def hop_stages(segments: list[Segment], leader_port: int) -> dict[str, list[floa
         ]
         if any(a is None for a in acknowledgements):
             continue
-        acknowledged_s = max(segments[a].time_s for a in acknowledgements if a is not None)
+        last_acknowledgement = max(a for a in acknowledgements if a is not None)
+        acknowledged_s = segments[last_acknowledgement].time_s
         consumer_out = segments[first[(leader_port, consumer)]].time_s
         stages["A"].append(produce_in - sent_s)
         stages["B"].append(min(segments[i].time_s for i in answers) - produce_in)
@@ -196,8 +197,8 @@ def hop_stages(segments: list[Segment], leader_port: int) -> dict[str, list[floa
             if acknowledgement is not None:
                 stages["C"].append(segments[acknowledgement].time_s - segments[answer].time_s)
         stages["D"].append(consumer_out - acknowledged_s)
-        produce_answer = next_message((leader_port, producer), first[(producer, leader_port)])
-        if produce_answer is not None and segments[produce_answer].time_s >= acknowledged_s:
+        produce_answer = next_message((leader_port, producer), last_acknowledgement)
+        if produce_answer is not None:
             stages["D_produce"].append(segments[produce_answer].time_s - acknowledged_s)
         stages["total"].append(consumer_out - sent_s)
     return {name: [seconds * 1000 for seconds in values] for name, values in stages.items()}

@@ -111,6 +111,13 @@ def test_each_stage_is_timed_from_the_segments_that_carry_the_record() -> None:
     assert summary["A"]["p50"] == pytest.approx(0.65, abs=0.002)
 
 
+def test_the_producers_answer_is_the_first_message_to_it_after_the_acknowledgements() -> None:
+    # The answer to the batch ahead reaches the producer while this one is replicated.
+    earlier_answer = packet(SENT_S + 0.001, LEADER, PRODUCER, message(b"the batch ahead's answer"))
+    stages = hops.hop_stages(hops.read_pcap(pcap([*one_record(SENT_S, FIRST), earlier_answer])), LEADER)
+    assert stages["D_produce"] == pytest.approx([0.35], abs=0.002)
+
+
 def test_a_record_only_partly_captured_is_left_out() -> None:
     # The capture began after this record reached the followers: only the consumer's answer.
     late = [packet(SENT_S + 0.0017, LEADER, CONSUMER, message(stamp(SENT_S)))]
