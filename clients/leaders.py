@@ -4,10 +4,10 @@ A Producer sends each Produce to the broker that Metadata names as the leader of
 partitions (the broker's own BrokerService.Produce: the same request, checks, ACLs
 and quotas as through a gateway), which saves every record a second trip through a
 gateway process. `LeaderConnections.call(address, method, request)` makes one such RPC.
-Fetch and Produce go over the broker's FetchStream and ProduceStream (clients/stream_calls.py:
-the same answers, about half the leader's CPU per call and half the round trip of a unary
-call): one Fetch stream per leader (a Consumer has one Fetch out per leader), and up to
-PRODUCE_STREAMS_PER_LEADER_MAX Produce streams (one per request in flight).
+Fetch and Produce go over the broker's FetchStream and ProduceStream
+(clients/common/transport/stream_calls.py: the same answers, about half the leader's CPU per call
+and half the round trip of a unary call): one Fetch stream per leader (a Consumer has one Fetch out
+per leader), and up to PRODUCE_STREAMS_PER_LEADER_MAX Produce streams (one per request in flight).
 
 Unlike GatewayConnection there is no failover to another address: no other broker
 leads the partition. A broker that cannot be reached (no connection before the
@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from clients.common.transport.stream_calls import CallsOverStreams
 from clients.common.types import TopicPartition
 from clients.config import LEADER_MOVE_CHECK_AFTER_MS, LEADER_MOVE_CHECK_INTERVAL_MS, ConnectionConfig
 from clients.connection import (
@@ -43,7 +44,6 @@ from clients.connection import (
     wait_connected,
 )
 from clients.errors import ClientClosed, LeaderMoved, LeaderUnavailable, RequestTimedOut
-from clients.stream_calls import CallsOverStreams
 from clients.tls import ClientTls
 from protos.highwater.v1 import broker_pb2_grpc
 

@@ -22,14 +22,10 @@ The bytes are checked again downstream as any fetched bytes are (CRC of every ba
 from __future__ import annotations
 
 import errno
-import functools
 import os
 
+from clients.common.transport.host import host_id
 from protos.highwater.v1 import common_pb2
-
-# Linux's id of the running kernel, new at every boot: two processes that read the same
-# value run on the same host (or in containers of it, which the device and inode check tells).
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
 
 class NotReadableHere(Exception):
@@ -38,16 +34,6 @@ class NotReadableHere(Exception):
     def __init__(self, reason: str, *, permanent: bool) -> None:
         super().__init__(reason)
         self.permanent = permanent
-
-
-@functools.cache
-def host_id() -> str:
-    """This host's boot id, or "" where there is none (then no local reads either way)."""
-    try:
-        with open(BOOT_ID_PATH, encoding="ascii") as file:
-            return file.read().strip()
-    except OSError:
-        return ""
 
 
 def read_located(location: common_pb2.RecordsLocation) -> bytes:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import grpc
 
 from clients.common.errors import InvariantViolation
-from clients.stream_calls import CallsOverStreams
+from clients.common.transport.stream_calls import CallsOverStreams
 from protos.highwater.v1 import broker_pb2_grpc
 from services.broker.fetcher_core import FetcherCore
 from services.broker.steps import AwaitWork, CallController, CallLeader, RpcFailed, Sleep, Step, Task
@@ -35,11 +35,11 @@ ControllerCall = Callable[[str, Any, float], Awaitable[Any]]
 class GrpcLeaderEndpoint:
     """The leader broker a fetcher follows, over one gRPC channel.
 
-    Fetch goes over one FetchStream (clients/stream_calls.py: opened at the first Fetch, again
-    after it breaks; each answer within its call's timeout, failing with the status a unary call
-    would have got): a unary call costs the leader ~0.45 ms of CPU, a stream message ~0.17 ms
-    (docs/ARCHITECTURE.md, section 6), and a follower fetches after every append. A leader that
-    answers UNIMPLEMENTED (an older broker) is fetched from with unary calls, trying the stream
+    Fetch goes over one FetchStream (clients/common/transport/stream_calls.py: opened at the first
+    Fetch, again after it breaks; each answer within its call's timeout, failing with the status a
+    unary call would have got): a unary call costs the leader ~0.45 ms of CPU, a stream message
+    ~0.17 ms (docs/ARCHITECTURE.md, section 6), and a follower fetches after every append. A leader
+    that answers UNIMPLEMENTED (an older broker) is fetched from with unary calls, trying the stream
     again after limits.REPLICA_FETCH_STREAM_RETRY_S. OffsetsForLeaderEpoch, rare, stays unary.
     Calls come one at a time, from the fetcher's loop.
     """

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from clients.common.errors import InvariantViolation, StorageError
+from clients.common.transport.host import host_id
 from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.broker import metrics
@@ -48,14 +49,6 @@ class SystemClock:
 
     def wall_ms(self) -> int:
         return int(time.time() * 1000)
-
-
-def boot_id() -> str:
-    """This host's boot id (a power loss or reboot changes it); empty where the kernel has none."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
 
 
 async def run_in_slices(slices: Generator[None, None, R]) -> R:
@@ -164,7 +157,7 @@ class ReplicaManager:
 
     def start(self) -> bool:
         """Start the periodic duties; returns whether the previous run may have lost unflushed writes."""
-        previous = self.core.start(boot_id())
+        previous = self.core.start(host_id())  # a changed boot id: the host rebooted
         self._start(self._periodic_duties(), "isr-checker")
         return previous.unclean_shutdown
 

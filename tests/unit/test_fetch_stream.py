@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from clients import stream_calls
+from clients.common.transport import stream_calls
 from protos.highwater.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.broker import fetcher
 from services.broker.fetcher import GrpcLeaderEndpoint, drive

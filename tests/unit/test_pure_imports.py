@@ -9,6 +9,10 @@
 - The client library (clients/ without clients/tools/) and the Spark connector import
   nothing from services/ or coordinator/, however indirectly: a user who installs the
   client gets no server with it, and a server refactor cannot break a client.
+- The servers (services/, coordinator/) take from the client library only clients/common:
+  its pure modules (errors, the record format, limits) and clients/common/transport (stream
+  calls, the host's identity; I/O, so outside the pure rule), however indirectly: a client
+  refactor cannot reach into a broker through a module it happens to share.
 
 Imports are read with `ast` (also those inside functions), so nothing is executed.
 """
@@ -111,6 +115,10 @@ FORBIDDEN_METHODS = frozenset({"write_bytes", "write_text", "read_bytes", "read_
 CLIENT_LIBRARY = ["clients", "spark_connector"]
 CLIENT_LIBRARY_EXCEPT = ("clients/tools/", "clients/node/")
 SERVER_PACKAGES = ("services", "coordinator")
+# What of the client library a server may import (and what that imports in turn).
+SHARED_WITH_SERVERS = ("clients/common/", "clients/__init__.py")
+# The one part of clients/common that does I/O (sockets, a /proc file): no pure module may reach it.
+NOT_PURE = ("clients/common/transport/",)
 
 
 def _files(entry: str) -> list[Path]:
@@ -232,7 +240,7 @@ def _io_in(path: Path) -> list[str]:
     return sorted(set(bad))
 
 
-PURE_FILES = [p for e in PURE_MODULES for p in _files(e)]
+PURE_FILES = [p for e in PURE_MODULES for p in _files(e) if not _shown(p).startswith(NOT_PURE)]
 
 
 @pytest.mark.parametrize("path", PURE_FILES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -264,6 +272,21 @@ def test_client_library_reaches_no_server_code(path: Path) -> None:
     assert not server, f"{path.relative_to(ROOT)} imports server code:\n" + "\n".join(server)
 
 
+SERVER_FILES = [p for e in SERVER_PACKAGES for p in _files(e)]
+
+
+@pytest.mark.parametrize("path", SERVER_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_servers_share_only_clients_common_with_the_client_library(path: Path) -> None:
+    client = [
+        " -> ".join(chain)
+        for reached, chain in _reached(path).items()
+        if _shown(reached).startswith("clients/") and not _shown(reached).startswith(SHARED_WITH_SERVERS)
+    ]
+    assert not client, (
+        f"{path.relative_to(ROOT)} imports the client library beyond clients/common:\n" + "\n".join(client)
+    )
+
+
 def test_the_checks_see_what_they_must_refuse(tmp_path: Path) -> None:
     """The walker is not blind: a file write, a clock read, a lazy import inside a function
     and a hop into server code two modules away are all seen."""
@@ -288,3 +311,9 @@ def test_the_checks_see_what_they_must_refuse(tmp_path: Path) -> None:
     # services/broker/server.py reaches coordinator/ only through other modules.
     chains = _reached(ROOT / "services" / "broker" / "server.py")
     assert any(p.is_relative_to(ROOT / "coordinator") and len(c) > 2 for p, c in chains.items())
+    # A server module reaching the client library beyond what it may share is seen, two hops away.
+    server_probe = tmp_path / "server_probe.py"
+    server_probe.write_text("from clients.common.transport import host\nfrom clients import local_reads\n")
+    reached_from_server = {_shown(p) for p in _reached(server_probe)}
+    assert "clients/local_reads.py" in reached_from_server
+    assert "clients/common/transport/host.py" in reached_from_server

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 
 from clients.common.errors import StorageError, check
-from clients.local_reads import host_id
+from clients.common.transport.host import host_id
 from services.common.limits import (
     LOG_CACHE_DROP_STEPS_PER_WINDOW,
     LOG_CACHE_WINDOW_BYTES_MIN,
