@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from services.common import limits
+from services.kafka.cli_options import kafka_listener_options
 from services.security.cli_options import security_options
 
 ETCD_HELP = "etcd endpoints, host:port[,host:port...]"
@@ -178,6 +179,16 @@ def _run(main: Coroutine[Any, Any, None], common: CommonOptions) -> None:
     help="Replicas this broker prepares for (3 open files each) and registers; the controller places "
     "no more on it.",
 )
+@click.option(
+    "--fetch-max-bytes",
+    type=click.IntRange(limits.FETCH_RESPONSE_MAX_BYTES_MIN, limits.FETCH_RESPONSE_MAX_BYTES_CEILING),
+    default=limits.FETCH_RESPONSE_MAX_BYTES_DEFAULT,
+    show_default=True,
+    help="Most record bytes in one consumer Fetch answer, gRPC or Kafka, whatever max_bytes the "
+    "client asked (Kafka's fetch.max.bytes). The first batch is returned whole even when larger, so "
+    "consumers always make progress.",
+)
+@kafka_listener_options
 @_common
 @security_options
 def broker_command(
@@ -188,8 +199,10 @@ def broker_command(
     log_cache_window_bytes: int,
     kafka_port: int | None,
     replicas_max: int,
+    fetch_max_bytes: int,
     common: CommonOptions,
     security: Any,
+    kafka_limits: Any,
 ) -> None:
     """Run a broker: stores partition logs, leads and follows partitions.
 
@@ -204,7 +217,9 @@ def broker_command(
         replica_lag_time_max_ms=replica_lag_time_max_ms,
         log_cache_window_bytes=log_cache_window_bytes,
         kafka_port=kafka_port,
+        kafka_limits=kafka_limits,
         replicas_max=replicas_max,
+        fetch_max_bytes=fetch_max_bytes,
         security=security.for_service(f"broker-{broker_id}"),
         **common.config_fields(),
     )

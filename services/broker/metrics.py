@@ -46,6 +46,12 @@ KAFKA_CONNECTIONS = Gauge("highwater_kafka_connections", "Open Kafka protocol co
 KAFKA_CONNECTIONS_CLOSED = Counter(
     "highwater_kafka_connections_closed",
     "Kafka connections this broker closed: a request it could not answer, an oversized one, "
-    "the connection bound, or idleness",
+    "an answer it could not encode, a body late or over the partial-frame budget, the "
+    "connection bounds (global, per client address), or idleness",
     ["reason"],
+)
+KAFKA_PARTIAL_FRAME_BYTES = Gauge(
+    "highwater_kafka_partial_frame_bytes",
+    "Bytes of Kafka request bodies being read, over all connections (bounded by "
+    "--kafka-partial-frame-bytes-max)",
 )

@@ -39,6 +39,7 @@ from services.kafka.acl_rules import ConnectionAccess
 from services.kafka.backend import BrokerKafkaBackend
 from services.kafka.handler import KafkaAccess, KafkaHandler
 from services.kafka.listener import KafkaListener, reserve_port
+from services.kafka.listener_limits import KafkaListenerLimits
 from services.security.config import SecurityConfig
 from services.security.identity import Caller
 
@@ -65,10 +66,15 @@ class BrokerConfig:
     # The replicas this broker prepares for (open files) and registers, so the controller places
     # no more on it (limits.REPLICAS_PER_BROKER_MAX unless raised).
     replicas_max: int = limits.REPLICAS_PER_BROKER_MAX
+    # The most one consumer Fetch answer carries, gRPC or Kafka (Kafka's fetch.max.bytes;
+    # limits.FETCH_RESPONSE_MAX_BYTES_DEFAULT).
+    fetch_max_bytes: int = limits.FETCH_RESPONSE_MAX_BYTES_DEFAULT
     ready_file: Path | None = None
     security: SecurityConfig = field(default_factory=SecurityConfig)
     # Kafka's wire protocol on its own port (docs/KAFKA.md); None: no Kafka listener, 0: any free port.
     kafka_port: int | None = None
+    # Its per-client bounds (--kafka-connections-per-ip-max, --kafka-request-body-timeout-ms, ...).
+    kafka_limits: KafkaListenerLimits = field(default_factory=KafkaListenerLimits)
 
     def check(self) -> None:
         limits.check_relations(
@@ -101,6 +107,21 @@ class BrokerConfig:
                 "--kafka-port cannot be used with --producer-byte-rate/--consumer-byte-rate: the "
                 "Kafka protocol listener does not charge quotas yet (docs/KAFKA.md, Security)"
             )
+        if (
+            not limits.FETCH_RESPONSE_MAX_BYTES_MIN
+            <= self.fetch_max_bytes
+            <= limits.FETCH_RESPONSE_MAX_BYTES_CEILING
+        ):
+            raise SystemExit(
+                f"--fetch-max-bytes must be within {limits.FETCH_RESPONSE_MAX_BYTES_MIN}.."
+                f"{limits.FETCH_RESPONSE_MAX_BYTES_CEILING} (a Fetch answer is one gRPC message of at most "
+                f"{limits.GRPC_MAX_MESSAGE_BYTES} bytes), got {self.fetch_max_bytes}"
+            )
+        kafka_problem = self.kafka_limits.problem(
+            self.security.max_request_bytes or limits.KAFKA_REQUEST_BYTES_MAX
+        )
+        if self.kafka_port is not None and kafka_problem is not None:
+            raise SystemExit(kafka_problem)
         if not 1 <= self.replicas_max <= limits.REPLICAS_PER_BROKER_MAX_CEILING:
             raise SystemExit(
                 f"--replicas-max must be within 1..{limits.REPLICAS_PER_BROKER_MAX_CEILING}, "
@@ -319,6 +340,7 @@ async def serve(config: BrokerConfig) -> None:
         call_controller=controller.call,
         replica_lag_time_max_ms=config.replica_lag_time_max_ms,
         log_cache_window_bytes=config.log_cache_window_bytes,
+        fetch_max_bytes=config.fetch_max_bytes,
     )
     servicer = BrokerServicer(replicas)
     # The generated *_pb2_grpc module is unannotated.
@@ -350,6 +372,10 @@ async def serve(config: BrokerConfig) -> None:
             request_bytes_max=bounds.max_request_bytes or limits.KAFKA_REQUEST_BYTES_MAX,
             in_flight_max=bounds.max_requests_per_connection
             or limits.KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX,
+            connections_per_ip_max=config.kafka_limits.connections_per_ip_max,
+            connections_per_ip_overrides=config.kafka_limits.connections_per_ip_overrides,
+            request_body_timeout_ms=config.kafka_limits.request_body_timeout_ms,
+            partial_frame_bytes_max=config.kafka_limits.partial_frame_bytes_max,
             ssl_context=tls.server_ssl_context() if tls is not None else None,
             access_for=access_for,
             sock=kafka_socket,

@@ -163,6 +163,26 @@ REPLICA_FETCH_WAIT_MAX_MS = 500
 REPLICA_FETCH_MIN_BYTES = 1
 REPLICA_FETCH_MAX_BYTES = 10 * 1024 * 1024
 REPLICA_FETCH_PARTITION_MAX_BYTES = 1024 * 1024
+# The most a leader puts in one answer to a follower, whatever max_bytes it asked for (Kafka's
+# replica.fetch.response.max.bytes, 10 MiB): a broker id is all a follower fetch shows, so
+# anything claiming one could otherwise ask for a whole log in one answer.
+REPLICA_FETCH_RESPONSE_MAX_BYTES = 10 * 1024 * 1024
+
+# --- fetch answers (services/broker/core.py read_all) ------------------------------------------
+# The most a broker puts in one consumer Fetch answer, over gRPC or the Kafka listener, whatever
+# max_bytes and partition_max_bytes the client asked for: the default of --fetch-max-bytes (Kafka's
+# fetch.max.bytes, 55 MiB). Every answer is read into memory and copied while it is encoded; four
+# Fetches asking 2^31-1 bytes of a 100 MB partition took a leader from ~200 MiB to 1.1 GiB RSS.
+# As in Kafka (KIP-74) the answer's first batch is returned whole even when larger, so a consumer
+# always makes progress: an answer holds at most max(this, that one batch) bytes of records, and
+# a batch is at most a topic's max.message.bytes (MAX_MESSAGE_BYTES_MAX at most). A partition
+# takes at most what is left of the answer, so this also bounds each partition's share.
+FETCH_RESPONSE_MAX_BYTES_DEFAULT = 55 * 1024 * 1024
+# The range of --fetch-max-bytes. Below 1 KiB an answer would rarely hold more than its one
+# first batch; above the gRPC message bound less 1 MiB for the answer's framing (per partition
+# a few dozen bytes, error messages) a gRPC Fetch answer could not be sent at all.
+FETCH_RESPONSE_MAX_BYTES_MIN = 1024
+FETCH_RESPONSE_MAX_BYTES_CEILING = GRPC_MAX_MESSAGE_BYTES - 1024 * 1024
 # A partition whose fetch failed waits this long before the next try
 # (Kafka's replica.fetch.backoff.ms).
 REPLICA_FETCH_BACKOFF_MS = 1_000
@@ -291,6 +311,13 @@ CERT_VALID_DAYS = 825
 # --- gateway ---------------------------------------------------------------
 # A Subscribe stream pushes at most this much per message.
 SUBSCRIBE_MAX_BYTES_DEFAULT = 1024 * 1024
+# The most record bytes a gateway Fetch answer (merged from every leader asked), a Subscribe poll
+# or a ConsumeRecords poll carries, whatever the client asked: the brokers' default
+# --fetch-max-bytes (the gateway does not know each broker's flag; one set lower answers less).
+# A gateway Fetch answer is one gRPC message, so the leaders share this bound rather than each
+# answering up to it (routing.leader_share), and what passes it beyond the first batch is left
+# out of the answer (routing.keep_within), to be fetched again.
+GATEWAY_FETCH_RESPONSE_MAX_BYTES = FETCH_RESPONSE_MAX_BYTES_DEFAULT
 # --- gateway: record-level calls (ProduceRecords, ConsumeRecords; docs/GRPC.md) ---------
 # Records in one ProduceRecords request. Each gets a RecordResult in the answer, and the
 # request is planned in one step on the event loop; 100,000 small records take ~0.3 s of it.
@@ -312,6 +339,10 @@ RECORDS_PER_BATCH_MAX = 10_000
 # A ConsumeRecords stream message holds at most this many records (default, most).
 CONSUME_RECORDS_PER_MESSAGE_DEFAULT = 500
 CONSUME_RECORDS_PER_MESSAGE_MAX = 10_000
+# ... and at most about this many bytes of keys, values and headers (a record larger goes alone):
+# decoded records of a poll (up to GATEWAY_FETCH_RESPONSE_MAX_BYTES compressed, more once
+# decompressed) cut by count alone could pass the gRPC message bound and end the stream.
+CONSUME_RECORDS_MESSAGE_BYTES_MAX = GRPC_MAX_MESSAGE_BYTES // 4
 # The long-poll wait of each fetch a ConsumeRecords stream makes for its client.
 CONSUME_FETCH_WAIT_MS = 500
 
@@ -443,6 +474,29 @@ KAFKA_CONNECTION_IDLE_MS_MAX = 600_000
 # A TLS handshake on the Kafka port must finish within this, or the connection is dropped: a
 # client that opens a socket and never completes the handshake holds no slot for long.
 KAFKA_TLS_HANDSHAKE_TIMEOUT_S = 10.0
+# Open Kafka connections per client address, below KAFKA_CONNECTIONS_MAX so that one client
+# (a leak, a reconnect storm, 1,050 idle sockets) cannot take every slot and lock the others
+# out (Kafka's max.connections.per.ip; Kafka's default is unbounded, and a librdkafka client
+# opens about two per broker, so 100 leaves room for dozens of clients behind one NAT address).
+# --kafka-connections-per-ip-overrides raises or lowers it for named addresses.
+KAFKA_CONNECTIONS_PER_IP_MAX = 100
+# Once a frame's size is read, its whole body must arrive within this, or the connection is
+# closed (Kafka's request.timeout.ms default): a client that announces 1 MiB and sends 100 bytes
+# no longer holds its connection and buffer until the idle bound. 30 s carries a 64 MiB
+# request at 2.2 MiB/s.
+KAFKA_REQUEST_BODY_TIMEOUT_MS = 30_000
+# Bytes of frames read in part, summed over every connection of a broker: a body is read in
+# KAFKA_FRAME_READ_CHUNK_BYTES pieces, each counted before it is read, and the connection whose
+# next piece would pass this is closed. Eight connections announcing 60 MiB and sending all but a
+# byte once took a broker from ~190 to ~700 MiB RSS. Twice KAFKA_REQUEST_BYTES_MAX, so two of the
+# largest produces can arrive at once (checked: at least one request's bound).
+KAFKA_PARTIAL_FRAME_BYTES_MAX = 2 * KAFKA_REQUEST_BYTES_MAX
+# The piece a request body is read in (and counted against KAFKA_PARTIAL_FRAME_BYTES_MAX): a body
+# of this size or less is read at once, a larger one never buffers more than announced-and-arrived.
+KAFKA_FRAME_READ_CHUNK_BYTES = 1024 * 1024
+# Refused Kafka connections are logged at most once per this interval, with how many were
+# refused since, so a client retrying in a loop cannot fill the log.
+KAFKA_REFUSAL_LOG_INTERVAL_S = 10.0
 # How long Metadata may reuse the registered brokers' Kafka addresses read from etcd.
 KAFKA_BROKER_LIST_CACHE_MS = 1_000
 # One call a Kafka request makes to the controller or etcd (InitProducerId, admin requests,

@@ -1122,7 +1122,8 @@ class KafkaHandler:
                 error_code=code,
                 generation_id=-1,
                 protocol_type=None,
-                protocol_name=None,
+                # Nullable from v7 only: None in v2-v6 cannot be written, and the answer never left.
+                protocol_name=None if request.api_version >= 7 else "",
                 leader="",
                 member_id=body.member_id,
                 members=(),

@@ -3,6 +3,9 @@
 Per connection, a reading loop cuts frames (4-byte size, bounded by KAFKA_REQUEST_BYTES_MAX:
 a larger size closes the connection before its body is read) and starts each request's
 answer as a task; a writing task sends the answers in request order, as Kafka requires.
+Reads are bounded in time and memory: a body must arrive within request_body_timeout_ms of its
+size, and is read in pieces counted against one budget of partial-frame bytes for the whole
+listener; the connection that is late or would pass the budget is closed.
 Requests act in the order they came, as Kafka processes a connection's requests one at a time:
 the data path's requests (protocol.PIPELINED_APIS) may overlap, since each acts in its
 task's first step, so a long-polling Fetch does not hold back the Produce behind it; any other
@@ -12,6 +15,14 @@ KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX answers are in progress per connecti
 A request for an API or version not served is answered UNSUPPORTED_VERSION when it is
 ApiVersions (in v0, which every client reads); for any other API the connection is closed, as
 Kafka does: its answer's layout is not known. Bytes that are not a Kafka request close it too.
+So does an answer that cannot be encoded (a handler bug): it is logged with its API and version
+and counted (KAFKA_CONNECTIONS_CLOSED "encode_failed"), so the client reconnects and retries
+instead of waiting for an answer that never comes. The writing task never ends silently: any
+failure in it is logged and closes the connection.
+
+Connections are bounded per broker (connections_max) and, below that, per client address
+(connections_per_ip_max, with per-address overrides, as Kafka's max.connections.per.ip), so
+one client cannot take every slot; a connection over either bound is closed at accept.
 
 With an SSL context (the broker's --tls-dir) the port is mutual TLS: the handshake, bounded by
 KAFKA_TLS_HANDSHAKE_TIMEOUT_S, verifies the client's certificate against the cluster CA; the
@@ -26,7 +37,8 @@ import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 
 from kio.schema.errors import ErrorCode as K
 from kio.schema.index import api_key_map
@@ -35,6 +47,7 @@ from services.broker import metrics
 from services.common import limits
 from services.kafka import protocol
 from services.kafka.handler import KafkaAccess, KafkaHandler, api_versions_response
+from services.kafka.listener_limits import KafkaListenerLimits
 from services.security.identity import Caller, certificate_caller
 
 log = logging.getLogger("highwater.kafka")
@@ -68,15 +81,29 @@ class KafkaListener:
         in_flight_max: int = limits.KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX,
         connections_max: int = limits.KAFKA_CONNECTIONS_MAX,
         idle_ms_max: int = limits.KAFKA_CONNECTION_IDLE_MS_MAX,
+        connections_per_ip_max: int = limits.KAFKA_CONNECTIONS_PER_IP_MAX,
+        connections_per_ip_overrides: Mapping[str, int] | None = None,
+        request_body_timeout_ms: int = limits.KAFKA_REQUEST_BODY_TIMEOUT_MS,
+        partial_frame_bytes_max: int = limits.KAFKA_PARTIAL_FRAME_BYTES_MAX,
         ssl_context: ssl.SSLContext | None = None,
         access_for: Callable[[Caller], KafkaAccess] | None = None,
         sock: socket.socket | None = None,
     ) -> None:
         """ssl_context: mutual TLS (client certificates required). access_for: ACLs on, the
         access of one connection's caller; it needs ssl_context (a principal to check).
-        sock: a socket already listening (reserve_port) to serve instead of binding host:port."""
+        sock: a socket already listening (reserve_port) to serve instead of binding host:port.
+        connections_per_ip_overrides: {client address: its bound instead of connections_per_ip_max}.
+        Raises ValueError when the bounds contradict each other."""
         if access_for is not None and ssl_context is None:
             raise ValueError("Kafka listener ACLs need TLS: without it no connection has a principal")
+        problem = KafkaListenerLimits(
+            connections_per_ip_max,
+            dict(connections_per_ip_overrides or {}),
+            request_body_timeout_ms,
+            partial_frame_bytes_max,
+        ).problem(request_bytes_max)
+        if problem is not None:
+            raise ValueError(problem)
         self.handler = handler
         self.ssl_context = ssl_context
         self.access_for = access_for
@@ -86,9 +113,17 @@ class KafkaListener:
         self.in_flight_max = in_flight_max
         self.connections_max = connections_max
         self.idle_s_max = idle_ms_max / 1000
+        self.connections_per_ip_max = connections_per_ip_max
+        self.connections_per_ip_overrides = dict(connections_per_ip_overrides or {})
+        self.request_body_timeout_s = request_body_timeout_ms / 1000
+        self.partial_frame_bytes_max = partial_frame_bytes_max
         self._sock = sock
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._connections_per_ip: dict[str, int] = {}
+        self._partial_frame_bytes = 0  # bodies being read, over every connection
+        self._refusal_log_s = float("-inf")
+        self._refusals_since_log = 0
 
     async def start(self) -> int:
         """Bind and listen; returns the bound port (the one asked, or a free one for 0)."""
@@ -128,16 +163,52 @@ class KafkaListener:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 5.0)
 
+    def connections_allowed(self, address: str) -> int:
+        """How many connections `address` may have open at once."""
+        return self.connections_per_ip_overrides.get(address, self.connections_per_ip_max)
+
+    def _closing(self, reason: str, message: str) -> None:
+        """Count a connection closed by a bound (KAFKA_CONNECTIONS_CLOSED's reason) and log it, at
+        most once per KAFKA_REFUSAL_LOG_INTERVAL_S: a client reconnecting in a loop to be
+        refused again cannot fill the log."""
+        metrics.KAFKA_CONNECTIONS_CLOSED.labels(reason).inc()
+        self._refusals_since_log += 1
+        now_s = time.monotonic()
+        if now_s - self._refusal_log_s >= limits.KAFKA_REFUSAL_LOG_INTERVAL_S:
+            log.warning(
+                "Kafka connection closed: %s (%d closed by a bound since the last such line)",
+                message,
+                self._refusals_since_log,
+            )
+            self._refusal_log_s = now_s
+            self._refusals_since_log = 0
+
+    def _refuse(self, reason: str, message: str, writer: asyncio.StreamWriter) -> None:
+        """Close a connection at accept."""
+        self._closing(reason, message)
+        writer.close()
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        address = _address(writer.get_extra_info("peername"))
         if len(self._connections) >= self.connections_max:
-            log.warning("Kafka connection refused: %d connections already open", len(self._connections))
-            metrics.KAFKA_CONNECTIONS_CLOSED.labels("connections_max").inc()
-            writer.close()
+            self._refuse(
+                "connections_max", f"{len(self._connections)} connections already open (the bound)", writer
+            )
+            return
+        open_here = self._connections_per_ip.get(address, 0)
+        if open_here >= self.connections_allowed(address):
+            self._refuse(
+                "connections_per_ip_max",
+                f"{address} already has {open_here} connections open, its bound "
+                "(--kafka-connections-per-ip-max, --kafka-connections-per-ip-overrides)",
+                writer,
+            )
             return
         task = asyncio.current_task()
         if task is None:  # asyncio runs every accepted connection in a task of its own
             raise RuntimeError("Kafka connection handler runs outside a task")
         self._connections.add(task)
+        self._connections_per_ip[address] = open_here + 1
         metrics.KAFKA_CONNECTIONS.inc()
         try:
             handler = self._handler_for(writer)
@@ -151,6 +222,11 @@ class KafkaListener:
         finally:
             metrics.KAFKA_CONNECTIONS.dec()
             self._connections.discard(task)
+            left = self._connections_per_ip[address] - 1
+            if left:
+                self._connections_per_ip[address] = left
+            else:
+                del self._connections_per_ip[address]
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -198,7 +274,10 @@ class KafkaListener:
                             self.request_bytes_max,
                         )
                         break
-                    frame = await reader.readexactly(size)
+                    body = await self._read_body(reader, size, peer)
+                    if body is None:
+                        break
+                    frame = body
                 except (asyncio.IncompleteReadError, ConnectionError):
                     break
                 except protocol.KafkaProtocolError as exc:
@@ -232,6 +311,43 @@ class KafkaListener:
                 if pending is not None:
                     pending.cancel()
 
+    async def _read_body(self, reader: asyncio.StreamReader, size: int, peer: object) -> bytes | None:
+        """A frame's body of `size` bytes, or None when the connection must close: the body did not
+        arrive within request_body_timeout_s, or its next piece would pass the listener's
+        partial-frame budget (both counted in KAFKA_CONNECTIONS_CLOSED). Raises what readexactly
+        raises at the end of the stream."""
+        pieces: list[bytes] = []
+        counted = 0
+        try:
+            async with asyncio.timeout(self.request_body_timeout_s):
+                while counted < size:
+                    piece = min(limits.KAFKA_FRAME_READ_CHUNK_BYTES, size - counted)
+                    if self._partial_frame_bytes + piece > self.partial_frame_bytes_max:
+                        self._closing(
+                            "partial_frame_bytes_max",
+                            f"client {peer}: its {size}-byte request would pass the "
+                            f"{self.partial_frame_bytes_max} bytes of requests being read at once "
+                            "(--kafka-partial-frame-bytes-max)",
+                        )
+                        return None
+                    self._count_partial(piece)
+                    counted += piece
+                    pieces.append(await reader.readexactly(piece))
+        except TimeoutError:
+            self._closing(
+                "request_body_timeout",
+                f"client {peer}: the body of its {size}-byte request did not arrive within "
+                f"{self.request_body_timeout_s:.1f} s (--kafka-request-body-timeout-ms)",
+            )
+            return None
+        finally:
+            self._count_partial(-counted)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _count_partial(self, delta: int) -> None:
+        self._partial_frame_bytes += delta
+        metrics.KAFKA_PARTIAL_FRAME_BYTES.set(self._partial_frame_bytes)
+
     async def _answer(self, handler: KafkaHandler, frame: bytes, peer: object) -> bytes | None:
         try:
             request = protocol.decode_request(frame)
@@ -258,7 +374,20 @@ class KafkaListener:
             raise _CloseConnection(str(exc)) from exc
         if response is None:
             return None
-        return protocol.encode_response(request.api_key, request.correlation_id, response)
+        try:
+            return protocol.encode_response(request.api_key, request.correlation_id, response)
+        except Exception as exc:
+            # A handler built an answer its version cannot carry (a None where the field is not
+            # nullable...): a bug, but the client must not wait for an answer that never comes.
+            log.exception(
+                "Kafka answer to %s (api key %d) v%d cannot be encoded; closing the connection of %s",
+                api_key_map.get(request.api_key, "?"),
+                request.api_key,
+                request.api_version,
+                peer,
+            )
+            metrics.KAFKA_CONNECTIONS_CLOSED.labels("encode_failed").inc()
+            raise _CloseConnection(str(exc)) from exc
 
     @staticmethod
     async def _send_answers(
@@ -281,6 +410,20 @@ class KafkaListener:
             except (_CloseConnection, ConnectionError):
                 writer.close()  # the reader then meets the end of the stream
                 closed = True
+            except Exception:
+                # Anything else is a bug; the connection still ends, and says why, rather than
+                # leave its client waiting with this task gone.
+                log.exception("Kafka connection of %s: sending an answer failed; closing", peer)
+                metrics.KAFKA_CONNECTIONS_CLOSED.labels("send_failed").inc()
+                writer.close()
+                closed = True
+
+
+def _address(peername: object) -> str:
+    """The client address of a connection's peername ((host, port) or IPv6's 4-tuple)."""
+    if isinstance(peername, tuple) and peername:
+        return str(peername[0])
+    return str(peername)
 
 
 def _common_name(peercert: object) -> str:

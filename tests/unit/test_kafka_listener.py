@@ -1,12 +1,16 @@
 """The Kafka listener's socket side (services/kafka/listener.py) on loopback with a fake backend:
 answers in request order while a slow request is in progress, no answer for acks=0, the request
-size bound, and connections closed for bytes that are not a request."""
+size bound, connections closed for bytes that are not a request or an answer that cannot be
+encoded, the body deadline, the partial-frame budget and the per-address connection bounds."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import datetime
 import struct
+import time
 from typing import Any
 
 import pytest
@@ -15,6 +19,7 @@ from protos.highwater.v1 import common_pb2
 from services.kafka import protocol
 from services.kafka.handler import KafkaHandler
 from services.kafka.listener import KafkaListener
+from services.kafka.listener_limits import parse_connection_overrides
 from tests.unit.test_kafka_protocol import FakeBackend, module_of, request_frame
 
 WAIT_S = 5.0
@@ -80,7 +85,7 @@ def framed(frame: bytes) -> bytes:
     return struct.pack(">i", len(frame)) + frame
 
 
-async def with_listener(backend: FakeBackend, test: Any, **bounds: int) -> None:
+async def with_listener(backend: FakeBackend, test: Any, **bounds: Any) -> None:
     listener = KafkaListener(KafkaHandler(backend), "127.0.0.1", 0, **bounds)
     port = await listener.start()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -91,7 +96,7 @@ async def with_listener(backend: FakeBackend, test: Any, **bounds: int) -> None:
         await listener.close()
 
 
-def test_answers_leave_in_request_order_and_acks_zero_gets_none():
+def test_answers_leave_in_request_order_and_acks_zero_gets_none() -> None:
     backend = SlowFetchBackend()
 
     async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -109,7 +114,7 @@ def test_answers_leave_in_request_order_and_acks_zero_gets_none():
     asyncio.run(with_listener(backend, test))
 
 
-def test_a_request_over_the_size_bound_closes_the_connection():
+def test_a_request_over_the_size_bound_closes_the_connection() -> None:
     async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(struct.pack(">i", 1025) + b"\0" * 16)
         await writer.drain()
@@ -125,7 +130,7 @@ def test_a_request_over_the_size_bound_closes_the_connection():
         struct.pack(">hhi", protocol.METADATA, 12, 1) + b"\xff\xff\xff",  # a body that cannot be read
     ],
 )
-def test_unanswerable_requests_close_the_connection(frame: bytes):
+def test_unanswerable_requests_close_the_connection(frame: bytes) -> None:
     async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(framed(frame))
         await writer.drain()
@@ -134,7 +139,7 @@ def test_unanswerable_requests_close_the_connection(frame: bytes):
     asyncio.run(with_listener(FakeBackend(), test))
 
 
-def test_api_versions_at_an_unknown_version_is_answered_in_v0():
+def test_api_versions_at_an_unknown_version_is_answered_in_v0() -> None:
     async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(framed(struct.pack(">hhi", protocol.API_VERSIONS, 77, 9) + b"\0\0anything"))
         await writer.drain()
@@ -150,7 +155,7 @@ def test_api_versions_at_an_unknown_version_is_answered_in_v0():
     asyncio.run(with_listener(FakeBackend(), test))
 
 
-def test_an_idle_connection_is_closed():
+def test_an_idle_connection_is_closed() -> None:
     async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert await asyncio.wait_for(reader.read(), WAIT_S) == b""
 
@@ -177,7 +182,7 @@ class RecordingBackend(SlowFetchBackend):
         return await super().produce(req)
 
 
-def test_requests_off_the_data_path_act_in_turn_as_kafka_processes_a_connection():
+def test_requests_off_the_data_path_act_in_turn_as_kafka_processes_a_connection() -> None:
     backend = RecordingBackend()
     find = protocol.request_class(protocol.FIND_COORDINATOR, 3)
 
@@ -202,7 +207,7 @@ def test_requests_off_the_data_path_act_in_turn_as_kafka_processes_a_connection(
 # ---- mutual TLS and ACLs (docs/KAFKA.md, Security) ------------------------------------------
 
 
-def test_tls_listener_requires_a_cluster_certificate_and_checks_its_principal(tmp_path):
+def test_tls_listener_requires_a_cluster_certificate_and_checks_its_principal(tmp_path: Any) -> None:
     import ssl
 
     from services.kafka.acl_rules import ConnectionAccess
@@ -256,6 +261,130 @@ def test_tls_listener_requires_a_cluster_certificate_and_checks_its_principal(tm
     asyncio.run(main())
 
 
-def test_acls_without_tls_are_refused():
+def test_acls_without_tls_are_refused() -> None:
     with pytest.raises(ValueError, match="need TLS"):
-        KafkaListener(KafkaHandler(FakeBackend()), "127.0.0.1", 0, access_for=lambda caller: caller)
+        KafkaListener(KafkaHandler(FakeBackend()), "127.0.0.1", 0, access_for=lambda caller: caller)  # type: ignore[arg-type,return-value]
+
+
+# ---- answers that cannot be encoded, bounded reads, per-address bounds (issue 37) -------------
+
+
+class UnencodableHandler(KafkaHandler):
+    """Answers with a None its version cannot carry, as JoinGroup v2-v6's refusal once did
+    (protocol_name=None where the field is not nullable)."""
+
+    async def handle(self, request: protocol.Request) -> Any:
+        answer: Any = await super().handle(request)
+        return dataclasses.replace(answer, error_code=None)
+
+
+def test_an_answer_that_cannot_be_encoded_closes_the_connection_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> None:
+        listener = KafkaListener(UnencodableHandler(FakeBackend()), "127.0.0.1", 0)
+        port = await listener.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(
+                framed(request_frame(protocol.API_VERSIONS, 3, api_versions_body(), correlation_id=4))
+            )
+            await writer.drain()
+            assert await asyncio.wait_for(reader.read(), WAIT_S) == b"", "closed, not left waiting"
+        finally:
+            writer.close()
+            await listener.close()
+
+    asyncio.run(main())
+    assert "api_versions (api key 18) v3 cannot be encoded" in caplog.text
+
+
+def test_a_body_that_does_not_arrive_in_time_closes_the_connection() -> None:
+    async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(struct.pack(">i", 1024 * 1024) + b"\0" * 100)  # announces 1 MiB, sends 100 bytes
+        await writer.drain()
+        started = time.monotonic()
+        assert await asyncio.wait_for(reader.read(), WAIT_S) == b""
+        assert time.monotonic() - started < 2.0, "closed at the body deadline, not the idle bound"
+
+    asyncio.run(with_listener(FakeBackend(), test, request_body_timeout_ms=200))
+
+
+def test_partial_frames_share_one_budget_and_the_connection_that_would_pass_it_is_closed() -> None:
+    async def main() -> None:
+        listener = KafkaListener(
+            KafkaHandler(FakeBackend()),
+            "127.0.0.1",
+            0,
+            request_bytes_max=3_000_000,
+            partial_frame_bytes_max=3_000_000,
+        )
+        port = await listener.start()
+        first = await asyncio.open_connection("127.0.0.1", port)
+        second = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            # 2.5 MB announced and 2 MB sent: its first two 1 MiB pieces are counted, the third awaited.
+            first[1].write(struct.pack(">i", 2_500_000) + b"\0" * 2_000_000)
+            await first[1].drain()
+            deadline = time.monotonic() + WAIT_S
+            while listener._partial_frame_bytes < 3 * 1024 * 1024 - 1_000_000 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            # The second's first piece would pass 3 MB: it is closed; the first is not.
+            second[1].write(struct.pack(">i", 2_000_000) + b"\0" * 10)
+            await second[1].drain()
+            assert await asyncio.wait_for(second[0].read(), WAIT_S) == b""
+            assert not first[0].at_eof()
+        finally:
+            first[1].close()
+            second[1].close()
+            await listener.close()
+        assert listener._partial_frame_bytes == 0, "every counted piece is given back"
+
+    asyncio.run(main())
+
+
+def test_connections_are_bounded_per_client_address_with_overrides() -> None:
+    async def main() -> None:
+        listener = KafkaListener(
+            KafkaHandler(FakeBackend()),
+            "127.0.0.1",
+            0,
+            connections_per_ip_max=2,
+            connections_per_ip_overrides={"127.0.0.2": 3},
+        )
+        port = await listener.start()
+        opened: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+        async def answered(local: str) -> bool:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(local, 0))
+            opened.append((reader, writer))
+            writer.write(
+                framed(request_frame(protocol.API_VERSIONS, 3, api_versions_body(), correlation_id=1))
+            )
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            try:
+                return (await read_answer(reader))[0] == 1
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return False
+
+        try:
+            assert [await answered("127.0.0.1") for _ in range(3)] == [True, True, False]
+            assert [await answered("127.0.0.2") for _ in range(4)] == [True, True, True, False]
+            assert listener.connections_allowed("127.0.0.3") == 2
+        finally:
+            for _, writer in opened:
+                writer.close()
+            await listener.close()
+
+    asyncio.run(main())
+
+
+def test_listener_bounds_that_contradict_each_other_are_refused() -> None:
+    with pytest.raises(ValueError, match="at least the largest request"):
+        KafkaListener(
+            KafkaHandler(FakeBackend()), "127.0.0.1", 0, request_bytes_max=10, partial_frame_bytes_max=9
+        )
+    assert parse_connection_overrides("127.0.0.2:500, ::1:7,") == {"127.0.0.2": 500, "::1": 7}
+    with pytest.raises(ValueError, match="not address:count"):
+        parse_connection_overrides("127.0.0.2")
