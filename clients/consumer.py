@@ -595,44 +595,15 @@ class AsyncConsumer:
     ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
         """First offset with a timestamp >= the one given, per partition (None: no such record).
 
-        The broker answers per batch (it never decodes records: DESIGN.md section 4), so the
-        answer is refined here by reading that batch and picking the exact record, as
-        Kafka's broker does itself.
+        The broker answers with that record's offset and timestamp, found inside its batch as
+        Kafka's broker does (Log.offset_for_timestamp).
         """
         tps = check_partitions(timestamps)
         asked = {tp: check_int("timestamp_ms", timestamps[tp], minimum=0) for tp in tps}
         found = await self._list_offsets(asked)
-        hits = {tp: found[tp] for tp in tps if tp in found and found[tp][0] >= 0}
-        exact = (
-            await self._first_records_at_or_after({tp: offset for tp, (offset, _) in hits.items()}, asked)
-            if hits
-            else {}
-        )
-        return {tp: exact.get(tp) or (OffsetAndTimestamp(*hits[tp]) if tp in hits else None) for tp in tps}
-
-    async def _first_records_at_or_after(
-        self, offsets: dict[TopicPartition, int], timestamps: dict[TopicPartition, int]
-    ) -> dict[TopicPartition, OffsetAndTimestamp]:
-        """One Fetch (no wait) from each offset: the first record with timestamp >= the one asked."""
-        request = consumer_fetch_request(
-            offsets,
-            max_wait_ms=0,
-            min_bytes=0,
-            max_bytes=self.config.fetch_max_bytes,
-            partition_max_bytes=self.config.max_partition_fetch_bytes,
-        )
-        response = await self._conn().call("Fetch", request)
-        exact: dict[TopicPartition, OffsetAndTimestamp] = {}
-        for topic in response.topics:
-            for part in topic.partitions:
-                tp = TopicPartition(topic.topic, part.partition)
-                if tp not in offsets or part.error_code != common_pb2.NONE or not part.records:
-                    continue
-                for r in records.decode_batches(part.records, check_crc=self.config.check_crcs):
-                    if r.offset >= offsets[tp] and r.timestamp_ms >= timestamps[tp]:
-                        exact[tp] = OffsetAndTimestamp(r.offset, r.timestamp_ms)
-                        break
-        return exact
+        return {
+            tp: OffsetAndTimestamp(*found[tp]) if tp in found and found[tp][0] >= 0 else None for tp in tps
+        }
 
     # --- committed offsets -----------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from clients.common.errors import (
     StorageError,
     UnknownLeaderEpoch,
     UnknownTopicOrPartition,
+    check,
 )
 from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2
@@ -55,7 +56,7 @@ from services.broker.fetcher_core import (
     FetcherSettings,
     TruncationObserver,
 )
-from services.broker.log import Log, LogConfig
+from services.broker.log import MAX_TIMESTAMP, Log, LogConfig
 from services.broker.log.checkpoints import HighWatermarkCheckpoint
 from services.broker.log.log import CLOSE_STAGING_DIR, close_logs
 from services.broker.log.storage import Storage
@@ -221,10 +222,18 @@ class BrokerCore:
         io: BrokerIO,
         log: BrokerLog,
         replica_lag_time_max_ms: int = limits.REPLICA_LAG_TIME_MAX_MS,
+        fetch_max_bytes: int = limits.FETCH_RESPONSE_MAX_BYTES_DEFAULT,
+        replica_fetch_response_max_bytes: int = limits.REPLICA_FETCH_RESPONSE_MAX_BYTES,
         fetcher_settings: FetcherSettings = DEFAULT_FETCHER_SETTINGS,
         tune_log_config: Callable[[LogConfig], LogConfig] = lambda config: config,
         observer: ReplicaObserver | None = None,
     ) -> None:
+        check(
+            fetch_max_bytes > 0 and replica_fetch_response_max_bytes > 0,
+            "fetch answer bounds must be positive: fetch_max_bytes=%s replica_fetch_response_max_bytes=%s",
+            fetch_max_bytes,
+            replica_fetch_response_max_bytes,
+        )
         self.broker_id = broker_id
         self.data_dir = data_dir.rstrip("/")
         self.storage = storage
@@ -232,6 +241,10 @@ class BrokerCore:
         self.io = io
         self.log = log
         self.replica_lag_time_max_ms = replica_lag_time_max_ms
+        # The most one Fetch answer carries (Kafka's fetch.max.bytes and
+        # replica.fetch.response.max.bytes), whatever the request asked: read_all.
+        self.fetch_max_bytes = fetch_max_bytes
+        self.replica_fetch_response_max_bytes = replica_fetch_response_max_bytes
         self.fetcher_settings = fetcher_settings
         self.tune_log_config = tune_log_config
         self.observer: ReplicaObserver = observer or _NoObserver()
@@ -1034,7 +1047,7 @@ class BrokerCore:
         """
         total = 0
         has_error = False
-        budget = req.max_bytes or limits.FETCH_MAX_BYTES_DEFAULT
+        budget = self._answer_bytes_max(req, is_follower)
         resp = common_pb2.FetchResponse()
         for t in req.topics:
             out_topic = resp.topics.add(topic=t.topic)
@@ -1053,6 +1066,7 @@ class BrokerCore:
                     pr.log_end_offset = p.log.log_end_offset
                     pr.leader_epoch = p.leader_epoch
                     max_offset = None if as_replica else p.high_watermark
+                    # A partition's bound is what it asked, at most what is left of the answer's.
                     limit = min(fp.partition_max_bytes or limits.FETCH_PARTITION_MAX_BYTES_DEFAULT, budget)
                     if (
                         fp.fetch_offset == (p.log.log_end_offset if as_replica else p.high_watermark)
@@ -1082,6 +1096,18 @@ class BrokerCore:
                     pr.error_code, pr.error_message = self._client_error(tp, exc)
                     has_error = True
         return resp, total, has_error
+
+    def _answer_bytes_max(self, req: common_pb2.FetchRequest, is_follower: bool) -> int:
+        """The record bytes one answer to req may hold: what it asked (0: the default), at most the
+        broker's bound for its kind of fetcher.
+
+        The client's max_bytes is only a wish: honoured as asked, 2^31-1 read a whole 100 MB
+        partition into one answer. Each partition then takes at most what is left (read_all), and
+        only the answer's first batch may pass the bound, whole (KIP-74), so an answer holds at
+        most max(bound, first batch) bytes of records.
+        """
+        bound = self.replica_fetch_response_max_bytes if is_follower else self.fetch_max_bytes
+        return min(req.max_bytes or limits.FETCH_MAX_BYTES_DEFAULT, bound)
 
     def _locate(
         self,
@@ -1195,7 +1221,10 @@ class BrokerCore:
                 elif lp.timestamp == LATEST_TIMESTAMP:
                     res.offset = p.high_watermark
                 else:
-                    found = p.log.offset_for_timestamp(lp.timestamp if lp.timestamp >= 0 else 0)
+                    # Kafka's max-timestamp lookup (-3, KIP-734) goes to the log as it is; other
+                    # negative values are read as 0, the first record (common.proto).
+                    asked = lp.timestamp if lp.timestamp >= 0 or lp.timestamp == MAX_TIMESTAMP else 0
+                    found = p.log.offset_for_timestamp(asked)
                     if found is not None and found[0] < p.high_watermark:
                         res.offset, res.timestamp = found
             except HighwaterError as exc:

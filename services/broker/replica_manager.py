@@ -81,6 +81,7 @@ class ReplicaManager:
         call_controller: ControllerCall,
         replica_lag_time_max_ms: int = limits.REPLICA_LAG_TIME_MAX_MS,
         log_cache_window_bytes: int = limits.LOG_CACHE_WINDOW_BYTES_DEFAULT,
+        fetch_max_bytes: int = limits.FETCH_RESPONSE_MAX_BYTES_DEFAULT,
     ) -> None:
         self.call_controller = call_controller
         metrics.OPEN_SEGMENT_FILES.set_function(open_real_file_count)
@@ -92,6 +93,7 @@ class ReplicaManager:
             io=self,
             log=logging.getLogger("highwater.broker.core"),
             replica_lag_time_max_ms=replica_lag_time_max_ms,
+            fetch_max_bytes=fetch_max_bytes,
         )
         # Every fetcher task ever started and not yet finished (replaced ones included).
         self._fetcher_tasks: dict[FetcherCore, asyncio.Task[None]] = {}

@@ -265,3 +265,34 @@ def consume_records_problem(request: gateway_pb2.ConsumeRecordsRequest) -> str |
     if request.default_start_offset < -2:
         return "default_start_offset must be -2 (earliest), -1 (latest) or >= 0"
     return None
+
+
+def consume_messages(
+    records: Sequence[gateway_pb2.ConsumedRecord], records_max: int, bytes_max: int
+) -> list[list[gateway_pb2.ConsumedRecord]]:
+    """ConsumeRecords' records of one poll cut into stream messages of at most records_max records
+    and about bytes_max bytes of keys, values and headers each (a larger record goes alone).
+
+    One poll decodes up to a whole Fetch answer, more once decompressed: cut by count alone, a
+    message of large records could pass the gRPC message bound and end the client's stream.
+    """
+    check(records_max > 0 and bytes_max > 0, "consume_messages(%s, %s)", records_max, bytes_max)
+    messages: list[list[gateway_pb2.ConsumedRecord]] = []
+    current: list[gateway_pb2.ConsumedRecord] = []
+    size = 0
+    for record in records:
+        record_bytes = _record_bytes(record)
+        if current and (len(current) >= records_max or size + record_bytes > bytes_max):
+            messages.append(current)
+            current, size = [], 0
+        current.append(record)
+        size += record_bytes
+    if current:
+        messages.append(current)
+    return messages
+
+
+def _record_bytes(record: gateway_pb2.ConsumedRecord) -> int:
+    """A record's share of its stream message: its bytes fields, plus what the rest may take."""
+    headers = sum(len(h.key) + len(h.value) + RECORD_OVERHEAD_BYTES_MAX for h in record.headers)
+    return len(record.key) + len(record.value) + headers + len(record.topic) + RECORD_OVERHEAD_BYTES_MAX

@@ -15,6 +15,7 @@ from clients.common.errors import check
 from clients.common.record_batch import iter_batch_headers
 from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import common_pb2
+from services.common import limits
 from services.common.metadata_cache import MetadataCache
 
 T = TypeVar("T")
@@ -119,8 +120,10 @@ def split_by_leader(
 
 
 def fetch_request_for(
-    template: common_pb2.FetchRequest, wanted: set[TopicPartitionKey]
+    template: common_pb2.FetchRequest, wanted: set[TopicPartitionKey], max_bytes: int | None = None
 ) -> common_pb2.FetchRequest:
+    """The part of template one leader answers, asking it for at most max_bytes (leader_share;
+    None: the template's)."""
     topics = _wanted_topics(template.topics, wanted, common_pb2.FetchTopic)
     # Never locate_records: a location names a file on the leader's host, of no use to a
     # client that could not reach the leader itself. Gateways answer bytes.
@@ -128,10 +131,43 @@ def fetch_request_for(
         replica_id=-1,
         max_wait_ms=template.max_wait_ms,
         min_bytes=template.min_bytes,
-        max_bytes=template.max_bytes,
+        max_bytes=template.max_bytes if max_bytes is None else max_bytes,
         topics=topics,
         isolation_level=template.isolation_level,
     )
+
+
+def fetch_answer_bytes_max(requested: int) -> int:
+    """The record bytes a gateway Fetch answer may hold: what the client asked (0: the default), at
+    most limits.GATEWAY_FETCH_RESPONSE_MAX_BYTES, whatever it asked."""
+    return min(requested or limits.FETCH_MAX_BYTES_DEFAULT, limits.GATEWAY_FETCH_RESPONSE_MAX_BYTES)
+
+
+def leader_share(answer_bytes_max: int, leaders: int) -> int:
+    """What each of `leaders` leaders asked at once may answer, so that their answers together,
+    merged into one gRPC message, stay within answer_bytes_max (but for each leader's first batch,
+    which a leader returns whole: keep_within)."""
+    check(leaders > 0 and answer_bytes_max > 0, "leader_share(%s, %s)", answer_bytes_max, leaders)
+    return max(answer_bytes_max // leaders, 1)
+
+
+def keep_within(partitions: Iterable[common_pb2.FetchPartitionResponse], answer_bytes_max: int) -> None:
+    """Empty, in place, the records of the partitions (in answer order) past answer_bytes_max,
+    but for the first partition with records, kept whole as a leader keeps its first batch.
+
+    Several leaders may each return one batch larger than their share; without this their answers
+    together could pass the bound and the gRPC message limit. A partition left empty is answered
+    without error and its records are fetched again from the same offset.
+    """
+    total = 0
+    for pr in partitions:
+        size = len(pr.records)
+        if not size:
+            continue
+        if total and total + size > answer_bytes_max:
+            pr.ClearField("records")
+            continue
+        total += size
 
 
 def list_offsets_request_for(

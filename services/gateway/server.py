@@ -318,8 +318,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if any(tp[0] not in self.cache.topics() for tp in tps):
             await self.refresh_metadata()
         by_leader, unroutable = routing.split_by_leader(self.cache, tps)
+        answer_bytes_max = routing.fetch_answer_bytes_max(request.max_bytes)
+        share = routing.leader_share(answer_bytes_max, max(len(by_leader), 1))
         calls = {
-            address: asyncio.ensure_future(self._fetch_from(address, request, set(group)))
+            address: asyncio.ensure_future(self._fetch_from(address, request, set(group), share))
             for address, group in by_leader.items()
         }
         parts: dict[TopicPartitionKey, common_pb2.FetchPartitionResponse] = {}
@@ -340,12 +342,17 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         for t in request.topics:
             topic = response.topics.add(topic=t.topic)
             topic.partitions.extend(parts[(t.topic, p.partition)] for p in t.partitions)
+        routing.keep_within((p for t in response.topics for p in t.partitions), answer_bytes_max)
         return response
 
     async def _fetch_from(
-        self, address: str, template: common_pb2.FetchRequest, wanted: set[TopicPartitionKey]
+        self,
+        address: str,
+        template: common_pb2.FetchRequest,
+        wanted: set[TopicPartitionKey],
+        max_bytes: int,
     ) -> dict[TopicPartitionKey, common_pb2.FetchPartitionResponse]:
-        req = routing.fetch_request_for(template, wanted)
+        req = routing.fetch_request_for(template, wanted, max_bytes)
         timeout_s = (
             min(template.max_wait_ms, limits.FETCH_MAX_WAIT_MS_MAX) / 1000 + limits.CONTROL_RPC_TIMEOUT_S
         )
@@ -416,7 +423,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self, request: gateway_pb2.SubscribeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[gateway_pb2.SubscribeResponse]:
         """Push batches below the HW as it moves: a long-poll Fetch loop on the client's behalf."""
-        max_bytes = request.max_bytes or limits.SUBSCRIBE_MAX_BYTES_DEFAULT
+        # Each pushed message holds one partition's records of one poll: bounded as a Fetch answer.
+        max_bytes = min(
+            request.max_bytes or limits.SUBSCRIBE_MAX_BYTES_DEFAULT, limits.GATEWAY_FETCH_RESPONSE_MAX_BYTES
+        )
         positions: dict[TopicPartitionKey, int] = {}
         starts = [(p.topic, p.partition, p.start_offset) for p in request.partitions]
         if not starts:
@@ -564,7 +574,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if errors:
             yield gateway_pb2.ConsumeRecordsResponse(errors=errors)
         per_message = request.max_records_per_message or limits.CONSUME_RECORDS_PER_MESSAGE_DEFAULT
-        partition_max_bytes = request.partition_max_bytes or limits.FETCH_PARTITION_MAX_BYTES_DEFAULT
+        partition_max_bytes = min(
+            request.partition_max_bytes or limits.FETCH_PARTITION_MAX_BYTES_DEFAULT,
+            limits.GATEWAY_FETCH_RESPONSE_MAX_BYTES,
+        )
         left = request.max_records or -1
         while positions and left != 0 and not context.cancelled():
             resp = await self._fetch(
@@ -607,8 +620,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                     )
                 )
                 del positions[pr.partition]
-            for first in range(0, len(records), per_message):
-                yield gateway_pb2.ConsumeRecordsResponse(records=records[first : first + per_message])
+            for message in record_level.consume_messages(
+                records, per_message, limits.CONSUME_RECORDS_MESSAGE_BYTES_MAX
+            ):
+                yield gateway_pb2.ConsumeRecordsResponse(records=message)
             if errors:
                 yield gateway_pb2.ConsumeRecordsResponse(errors=errors)
             if left > 0:

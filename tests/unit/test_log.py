@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import logging
 import os
+import random
 import struct
 from pathlib import Path
 
@@ -22,11 +23,19 @@ from clients.common.errors import (
     OffsetOutOfRange,
     StorageError,
 )
-from clients.common.record_batch import BASE_OFFSET_POS, assign_offsets, validate_batches
-from clients.common.records import decode_batches, encode_values
+from clients.common.record_batch import (
+    BASE_OFFSET_POS,
+    TIMESTAMP_TYPE_MASK,
+    BatchFix,
+    apply_batch_fixes,
+    assign_offsets,
+    validate_batches,
+)
+from clients.common.records import decode_batches, encode_batch, encode_values
 from services.broker.log import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
+    MAX_TIMESTAMP,
     Log,
     LogConfig,
     MemoryStorage,
@@ -281,6 +290,110 @@ def test_offset_for_timestamp_finds_the_first_batch_at_or_after(place: tuple[Sto
     assert log.offset_for_timestamp(1_000) == (100, 1_033)
     log.close()
     assert open_log(place).offset_for_timestamp(1_045) == (135, 1_045)
+
+
+# Batches of many records, to ask for timestamps inside a batch; a segment rolls every few batches.
+TIMED = LogConfig(segment_bytes=3_000, index_interval_bytes=100, retention_ms=-1, max_message_bytes=2_900)
+
+
+def timed_batch(timestamps: list[int], compression: str = "none") -> bytes:
+    # Values that do not compress, so that compressed batches fill segments too.
+    return encode_batch(
+        [(None, random.Random(t).randbytes(16), [], t) for t in timestamps], compression=compression
+    )
+
+
+def fill_timed(log: Log, batches: int, count: int, compression: str = "none") -> None:
+    """Batch i holds offsets count*i .. count*i+count-1, record at offset o stamped 10_000 + 10*o."""
+    for i in range(batches):
+        first = i * count
+        stamps = [10_000 + 10 * o for o in range(first, first + count)]
+        log.append_as_leader(timed_batch(stamps, compression), leader_epoch=0, now_ms=0)
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_offset_for_timestamp_answers_the_first_record_inside_a_batch(
+    place: tuple[Storage, str], compression: str
+) -> None:
+    # Kafka's LogSegment.findOffsetByTimestamp: the batch is found by its max_timestamp, the
+    # answer is its first record at or after the target, with that record's own timestamp.
+    log = open_log(place, TIMED)
+    fill_timed(log, 8, 50, compression)  # 400 records, several segments
+    assert len(log.segment_base_offsets) > 1
+    assert log.offset_for_timestamp(10_000) == (0, 10_000)
+    assert log.offset_for_timestamp(10_000 + 10 * 25) == (25, 10_250)
+    assert log.offset_for_timestamp(10_000 + 10 * 25 - 3) == (25, 10_250)  # between two records
+    assert log.offset_for_timestamp(10_000 + 10 * 49) == (49, 10_490)  # a batch's last record
+    assert log.offset_for_timestamp(10_000 + 10 * 50) == (50, 10_500)  # the next batch's first
+    assert log.offset_for_timestamp(10_000 + 10 * 333) == (333, 13_330)
+    assert log.offset_for_timestamp(10_000 + 10 * 399) == (399, 13_990)
+    assert log.offset_for_timestamp(10_000 + 10 * 399 + 1) is None
+    log.close()
+    assert open_log(place, TIMED).offset_for_timestamp(10_000 + 10 * 275) == (275, 12_750)
+
+
+def test_offset_for_timestamp_takes_the_first_record_by_offset_not_the_earliest(
+    place: tuple[Storage, str],
+) -> None:
+    # Timestamps inside a batch need not grow: the answer is the lowest offset that reaches
+    # the target, even when a later record is closer to it.
+    log = open_log(place, TIMED)
+    log.append_as_leader(timed_batch([100, 500, 200, 300, 900, 250]), leader_epoch=0, now_ms=0)
+    assert log.offset_for_timestamp(250) == (1, 500)
+    assert log.offset_for_timestamp(501) == (4, 900)
+    assert log.offset_for_timestamp(100) == (0, 100)
+    assert log.offset_for_timestamp(901) is None
+
+
+def test_offset_for_timestamp_never_answers_below_the_log_start(place: tuple[Storage, str]) -> None:
+    log = open_log(place, TIMED)
+    # Batch 0: offsets 0..5, the late records first; batch 1: offsets 6..8.
+    log.append_as_leader(timed_batch([900, 800, 100, 110, 120, 130]), leader_epoch=0, now_ms=0)
+    log.append_as_leader(timed_batch([140, 850, 950]), leader_epoch=0, now_ms=0)
+    log.advance_log_start_offset(3)
+    assert log.offset_for_timestamp(0) == (3, 110)
+    assert log.offset_for_timestamp(115) == (4, 120)
+    # Batch 0 reaches 900 only below the log start: the answer lies in the next batch.
+    assert log.offset_for_timestamp(700) == (7, 850)
+    assert log.offset_for_timestamp(900) == (8, 950)
+
+
+def test_offset_for_timestamp_in_a_log_append_time_batch_answers_the_append_time(
+    place: tuple[Storage, str],
+) -> None:
+    # With LogAppendTime every record's timestamp is the batch's (the leader's clock), as Kafka reads it.
+    log = open_log(place, TIMED)
+    log.append_as_leader(timed_batch([100, 200, 300]), leader_epoch=0, now_ms=0)
+    created = timed_batch([10, 20, 30])
+    (header,) = validate_batches(created, max_batch_bytes=None)
+    stamped, _ = apply_batch_fixes(
+        created, [header], [BatchFix(header.position, header.attributes | TIMESTAMP_TYPE_MASK, 5_000)]
+    )
+    log.append_as_leader(bytes(stamped), leader_epoch=0, now_ms=0)  # offsets 3..5, all at 5_000
+    assert log.offset_for_timestamp(250) == (2, 300)
+    assert log.offset_for_timestamp(301) == (3, 5_000)
+    assert log.offset_for_timestamp(MAX_TIMESTAMP) == (3, 5_000)
+
+
+def test_max_timestamp_answers_the_record_holding_it(place: tuple[Storage, str]) -> None:
+    # KIP-734: ListOffsets -3 answers the offset and timestamp of the record with the largest
+    # timestamp, the first of them on a tie; the specials keep Kafka's answers.
+    log = open_log(place, TIMED)
+    assert log.offset_for_timestamp(MAX_TIMESTAMP) is None
+    fill_timed(log, 4, 50)  # offsets 0..199 at 10_000 + 10*o
+    log.append_as_leader(timed_batch([1, 99_000, 2, 99_000, 3]), leader_epoch=0, now_ms=0)  # 200..204
+    log.append_as_leader(timed_batch([50_000, 60_000]), leader_epoch=0, now_ms=0)  # 205..206
+    assert log.offset_for_timestamp(MAX_TIMESTAMP) == (201, 99_000)
+    assert log.offset_for_timestamp(LATEST_TIMESTAMP) == (207, -1)
+    assert log.offset_for_timestamp(EARLIEST_TIMESTAMP) == (0, -1)
+    log.advance_log_start_offset(202)
+    assert log.offset_for_timestamp(MAX_TIMESTAMP) == (203, 99_000)
+    assert log.offset_for_timestamp(EARLIEST_TIMESTAMP) == (202, -1)
+    log.advance_log_start_offset(204)
+    # The batch the log start cuts still holds 3 at 204; past it the largest is 60_000.
+    assert log.offset_for_timestamp(MAX_TIMESTAMP) == (206, 60_000)
+    log.close()
+    assert open_log(place, TIMED).offset_for_timestamp(MAX_TIMESTAMP) == (206, 60_000)
 
 
 # --- truncation ----------------------------------------------------------------------

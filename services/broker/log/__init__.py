@@ -9,6 +9,7 @@ from .epoch_cache import LeaderEpochCache
 from .log import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
+    MAX_TIMESTAMP,
     AppendInfo,
     FetchInfo,
     LocatedRecords,
@@ -20,6 +21,7 @@ from .storage import FileLocation, MemoryStorage, Storage, StorageFile
 __all__ = [
     "EARLIEST_TIMESTAMP",
     "LATEST_TIMESTAMP",
+    "MAX_TIMESTAMP",
     "AppendInfo",
     "FetchInfo",
     "FileLocation",

@@ -3,7 +3,8 @@
 DESIGN.md section 5. Offsets are half-open: the log holds [log_start_offset,
 log_end_offset); the LEO is the next offset to be written. The broker never decodes
 records: appends are checked and stamped per batch (clients/common/record_batch.py)
-and reads return file bytes, whole batches only.
+and reads return file bytes, whole batches only. One exception: ListOffsets by timestamp
+decodes the one batch it lands on (offset_for_timestamp), because its answer is a record.
 
 Invariants kept here (DESIGN.md section 8):
 - offsets are contiguous: every batch starts at the previous batch's next offset, and
@@ -36,7 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from clients.common.errors import OffsetOutOfRange, StorageError, check
+from clients.common.errors import CorruptMessage, OffsetOutOfRange, StorageError, check
 from clients.common.record_batch import (
     BatchHeader,
     Buffer,
@@ -45,6 +46,7 @@ from clients.common.record_batch import (
     validate_batches,
     with_assigned_offset,
 )
+from clients.common.records import decode_batches
 
 from . import checkpoints
 from .checkpoints import (
@@ -71,6 +73,7 @@ _Breach = Callable[[LogSegment, int], bool]
 # ListOffsets' special timestamps, as Kafka's.
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
+MAX_TIMESTAMP = -3  # KIP-734: the record with the largest timestamp
 
 
 @dataclass(frozen=True, slots=True)
@@ -659,22 +662,102 @@ class Log:
             yield from segment.iter_headers(position)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, max timestamp) of the first batch with max_timestamp >= timestamp_ms, else None.
+        """(offset, timestamp) of the first record with timestamp >= timestamp_ms, else None.
+
+        Kafka's LogSegment.findOffsetByTimestamp: the time index and batch headers find the
+        first batch whose max_timestamp reaches timestamp_ms, then that batch's records are
+        decoded for the first one that does (a batch's records need not be in time order, and
+        one at or after the log start may lie past a batch the log start cuts). The answer is
+        that record's offset and its own timestamp, never a batch's.
 
         LATEST_TIMESTAMP (-1) gives (LEO, -1) and EARLIEST_TIMESTAMP (-2) gives
-        (log_start_offset, -1), as Kafka's ListOffsets. The offset is never below the log start.
+        (log_start_offset, -1); MAX_TIMESTAMP (-3) gives the first record holding the largest
+        timestamp (KIP-734). Other negative timestamps are a caller's error. The offset is
+        never below the log start. Raises CorruptMessage if the found batch does not decode.
         """
         check(not self._closed, "log %s is closed", self._directory)
         if timestamp_ms == LATEST_TIMESTAMP:
             return self.log_end_offset, -1
         if timestamp_ms == EARLIEST_TIMESTAMP:
             return self._log_start_offset, -1
+        if timestamp_ms == MAX_TIMESTAMP:
+            return self._record_with_max_timestamp()
+        check(
+            timestamp_ms >= 0,
+            "log %s: offset for timestamp %d, not a ListOffsets value",
+            self._directory,
+            timestamp_ms,
+        )
         for segment in self._segments:
             if segment.next_offset <= self._log_start_offset or segment.max_timestamp_ms < timestamp_ms:
                 continue
-            header = segment.find_by_timestamp(timestamp_ms, min_offset=self._log_start_offset)
+            min_offset = self._log_start_offset
+            # A batch the log start cuts may hold its records at or after the target only below
+            # the log start: then the answer lies in a later batch.
+            while (header := segment.find_by_timestamp(timestamp_ms, min_offset=min_offset)) is not None:
+                found = _first_record_at_or_after(segment, header, timestamp_ms, self._log_start_offset)
+                if found is not None:
+                    return found
+                min_offset = header.next_offset
+        return None
+
+    def _record_with_max_timestamp(self) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after the log start holding the
+        largest timestamp there (Kafka's MAX_TIMESTAMP lookup, KIP-734); None for an empty log.
+
+        A batch the log start cuts is decoded for the records it still holds; past it, the
+        first batch with the largest max_timestamp holds the answer (a CreateTime batch's
+        max_timestamp is its largest record timestamp: the leader sets it so on append).
+        """
+        start = self._log_start_offset
+        best: tuple[int, int] | None = None
+        cut = self._segment_and_batch(start)
+        if cut is not None and cut[1].base_offset < start:
+            best = _record_with_max_timestamp_in(cut[0], cut[1], start)
+            start = cut[1].next_offset
+        found = self._first_batch_with_max_timestamp(start)
+        if found is None or (best is not None and found[1].max_timestamp <= best[1]):
+            return best
+        segment, header = found
+        answer = _first_record_at_or_after(segment, header, header.max_timestamp, start)
+        if answer is None:
+            raise CorruptMessage(
+                f"log {self._directory}: the batch at offset {header.base_offset} has max_timestamp "
+                f"{header.max_timestamp} but none of its records has that timestamp; the stored batch "
+                "disagrees with its header. Delete the replica so that it is copied again from the leader"
+            )
+        return answer
+
+    def _first_batch_with_max_timestamp(self, min_offset: int) -> tuple[LogSegment, BatchHeader] | None:
+        """The first batch with the largest max_timestamp among those starting at or after
+        `min_offset` (a batch boundary); None if there are none."""
+        best: tuple[LogSegment, BatchHeader] | None = None
+        for segment in self._segments:
+            if segment.next_offset <= min_offset or (
+                best is not None and segment.max_timestamp_ms <= best[1].max_timestamp
+            ):
+                continue
+            header = segment.find_by_timestamp(segment.max_timestamp_ms, min_offset=min_offset)
+            if header is None:
+                # The segment's largest timestamp lies below min_offset: scan what is left of it.
+                holding = segment.find_batch(min_offset)
+                for candidate in segment.iter_headers(holding.position if holding is not None else 0):
+                    if header is None or candidate.max_timestamp > header.max_timestamp:
+                        header = candidate
+            if header is not None and (best is None or header.max_timestamp > best[1].max_timestamp):
+                best = segment, header
+        return best
+
+    def _segment_and_batch(self, offset: int) -> tuple[LogSegment, BatchHeader] | None:
+        """The segment and header of the batch holding `offset`; None outside the log."""
+        if not self._log_start_offset <= offset < self.log_end_offset:
+            return None
+        index = bisect.bisect_right(self._base_offsets, offset) - 1
+        while 0 <= index < len(self._segments):
+            header = self._segments[index].find_batch(offset)
             if header is not None:
-                return max(header.base_offset, self._log_start_offset), header.max_timestamp
+                return self._segments[index], header
+            index += 1
         return None
 
     # --- truncation and deletion ------------------------------------------------------
@@ -924,6 +1007,36 @@ class Log:
                 segment.close()
             self._closed = True
         self._storage.delete_dir(self._directory)
+
+
+def _first_record_at_or_after(
+    segment: LogSegment, header: BatchHeader, timestamp_ms: int, min_offset: int
+) -> tuple[int, int] | None:
+    """(offset, timestamp) of the first record of the batch `header` names, at or after
+    min_offset, whose timestamp is >= timestamp_ms; None if none is.
+
+    Decodes the batch (decompressing it if need be) with the clients' decoder: the leader
+    checked on append that its records decode, within limits.DECOMPRESSED_BATCH_BYTES_MAX
+    (clients/common/record_validation.py). A LogAppendTime batch's records all carry its
+    max_timestamp, as in Kafka. Raises CorruptMessage if the stored bytes no longer decode.
+    """
+    for record in decode_batches(segment.read(header.position, header.size_bytes)):
+        if record.offset >= min_offset and record.timestamp_ms >= timestamp_ms:
+            return record.offset, record.timestamp_ms
+    return None
+
+
+def _record_with_max_timestamp_in(
+    segment: LogSegment, header: BatchHeader, min_offset: int
+) -> tuple[int, int] | None:
+    """(offset, timestamp) of the first record of the batch, at or after min_offset, with the
+    largest timestamp among those; None if no record is at or after min_offset.
+    Raises CorruptMessage if the stored bytes no longer decode."""
+    best: tuple[int, int] | None = None
+    for record in decode_batches(segment.read(header.position, header.size_bytes)):
+        if record.offset >= min_offset and (best is None or record.timestamp_ms > best[1]):
+            best = record.offset, record.timestamp_ms
+    return best
 
 
 def close_logs(
