@@ -17,6 +17,12 @@
    on a new cluster; the figure is the time from the signal until the warm
    standby answers DescribeCluster with every partition. Targets: 1 s after
    a clean stop, lease TTL + 1 s = 7 s after a SIGKILL.
+1c. hostile heartbeat: on a TLS cluster, a client holds a forged BrokerHeartbeat stream naming
+   broker 1 (its epoch read from Metadata) while broker 1 is SIGKILLed; once with a client
+   certificate without ACLs, once with broker 2's certificate (--hostile-as). The controller must
+   refuse the stream (PERMISSION_DENIED), so broker 1's connection reset is still seen: the figure
+   is the time from the kill until broker 1 leaves the gateway's Metadata. Target: within 1 s, as
+   without the hostile client (a stream taken for broker 1's would leave it to its lease, 6 s).
 3. controlled shutdown: SIGTERM to a broker leading N partitions. Figures: the
    time until every leadership moved (clients' view; target under 2 s), the
    time from SIGTERM to the process's exit, and from its last leadership
@@ -36,10 +42,12 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -48,14 +56,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/fa
 
 from bench import common
 from clients.common.records import Record, encode_batch
-from clients.tools.local_cluster import LocalCluster
-from protos.highwater.v1 import common_pb2, controller_pb2_grpc, gateway_pb2_grpc
+from clients.tls import ClientTls
+from clients.tools.local_cluster import ADMIN_TLS_NAME, LocalCluster
+from protos.highwater.v1 import common_pb2, controller_pb2, controller_pb2_grpc, gateway_pb2_grpc
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def gateway(cluster: LocalCluster) -> gateway_pb2_grpc.GatewayServiceStub:
-    return gateway_pb2_grpc.GatewayServiceStub(
+    return gateway_pb2_grpc.GatewayServiceStub(  # type: ignore[no-untyped-call]
         grpc.insecure_channel(
             cluster.gateway_addresses[0], options=[("grpc.max_receive_message_length", 64 << 20)]
         )
@@ -182,6 +191,97 @@ def detection_time(controller_log: Path, killed_wall: float) -> float | None:
         if stamp >= killed_wall:
             return round(stamp - killed_wall, 3)
     return None
+
+
+# Hostile heartbeat (issue 37): broker 1 leaves Metadata within this long of its SIGKILL even while a
+# forged BrokerHeartbeat stream names it (the connection grace period is 300 ms).
+HOSTILE_LEAVE_TARGET_S = 1.0
+HOSTILE_LEASE_TTL_S = 6
+# How long the hostile client waits for the controller's answer to its forged heartbeat.
+HOSTILE_ANSWER_TIMEOUT_S = 10.0
+# Metadata is polled this often after the kill (the figure's resolution).
+HOSTILE_POLL_S = 0.02
+# The identities the hostile client may use: a client certificate without ACLs, another broker's.
+HOSTILE_IDENTITIES = ("mallory", "broker-2")
+
+
+def tls_channel(cluster: LocalCluster, address: str, name: str) -> grpc.Channel:
+    """A channel to address presenting the certificate `name` of the cluster's CA."""
+    settings = cluster.client_settings(name)
+    tls = ClientTls.from_settings(
+        ssl_cafile=settings["ssl_cafile"],
+        ssl_certfile=settings["ssl_certfile"],
+        ssl_keyfile=settings["ssl_keyfile"],
+        auth_token=None,
+    )
+    if tls is None:
+        raise SystemExit(f"no TLS settings for {name}")
+    return tls.channel(address)
+
+
+def brokers_in_metadata(gw: gateway_pb2_grpc.GatewayServiceStub) -> dict[int, int]:
+    """The brokers the gateway's Metadata lists: broker id -> broker epoch."""
+    resp = gw.Metadata(common_pb2.MetadataRequest(topics=[]), timeout=10)
+    return {b.broker_id: b.broker_epoch for b in resp.brokers}
+
+
+def bench_hostile_heartbeat(identity: str, base: Path, run: int) -> dict[str, object]:
+    """SIGKILL broker 1 while a client with certificate `identity` holds a BrokerHeartbeat stream
+    that names broker 1's incarnation; the figure is the time until broker 1 leaves Metadata."""
+    cluster = LocalCluster(
+        base / f"hostile-{identity}-run{run}", brokers=3, lease_ttl_s=HOSTILE_LEASE_TTL_S, tls=True
+    )
+    with cluster:
+        if identity not in cluster.processes:
+            cluster.issue_client_certificate(identity)
+        gw = gateway_pb2_grpc.GatewayServiceStub(  # type: ignore[no-untyped-call]
+            tls_channel(cluster, cluster.gateway_address, ADMIN_TLS_NAME)
+        )
+        deadline = time.monotonic() + 30
+        while 1 not in (listed := brokers_in_metadata(gw)):
+            if time.monotonic() > deadline:
+                raise SystemExit("broker 1 never appeared in Metadata")
+            time.sleep(0.1)
+        forged = controller_pb2.BrokerHeartbeatRequest(broker_id=1, broker_epoch=listed[1])
+        # The forged stream: one request, then held open (the iterator blocks) until released.
+        release = threading.Event()
+
+        def requests() -> Iterator[controller_pb2.BrokerHeartbeatRequest]:
+            yield forged
+            release.wait()
+
+        hostile = controller_pb2_grpc.ControllerServiceStub(  # type: ignore[no-untyped-call]
+            tls_channel(cluster, cluster.processes["controller-1"].address, identity)
+        )
+        call = hostile.BrokerHeartbeat(requests(), timeout=HOSTILE_LEASE_TTL_S * 10)
+        try:
+            try:
+                first = next(call)
+                answer = f"accepted (controller_epoch: {first.controller_epoch})"
+            except grpc.RpcError as exc:
+                answer = f"{exc.code().name}: {exc.details()}"
+            killed_wall = time.time()
+            killed = time.monotonic()
+            cluster.kill("broker-1")
+            left_s = float("inf")
+            while time.monotonic() - killed < HOSTILE_LEASE_TTL_S * 3:
+                if 1 not in brokers_in_metadata(gw):
+                    left_s = time.monotonic() - killed
+                    break
+                time.sleep(HOSTILE_POLL_S)
+        finally:
+            release.set()
+            call.cancel()
+        detected = detection_time(cluster.processes["controller-1"].log_path, killed_wall)
+        return {
+            "hostile_identity": identity,
+            "forged_stream": answer,
+            "left_metadata_s": round(left_s, 3),
+            "failure_seen_s": detected,
+            "lease_ttl_s": HOSTILE_LEASE_TTL_S,
+            "target_s": HOSTILE_LEAVE_TARGET_S,
+            "ratio_to_target": round(left_s / HOSTILE_LEAVE_TARGET_S, 3),
+        }
 
 
 # Controller takeover targets (issue 24): after a clean stop the standby answers within 1 s; after a
@@ -312,7 +412,7 @@ def bench_controller_takeover(
         active_id = gw.DescribeCluster(common_pb2.DescribeClusterRequest(), timeout=60).controller_id
         active = cluster.processes[f"controller-{active_id}"]
         standby = next(p for p in cluster.by_kind("controller") if p is not active)
-        stub = controller_pb2_grpc.ControllerServiceStub(
+        stub = controller_pb2_grpc.ControllerServiceStub(  # type: ignore[no-untyped-call]
             grpc.insecure_channel(standby.address, options=[("grpc.max_receive_message_length", 256 << 20)])
         )
         signalled_wall = time.time()
@@ -322,7 +422,7 @@ def bench_controller_takeover(
         # Signalled without waiting for the exit: the standby is polled while the old one stops; a
         # thread blocked in wait() sees the exit.
         exited_wall: list[float] = []
-        waiter = threading.Thread(target=lambda: (proc.wait(), exited_wall.append(time.time())), daemon=True)
+        waiter = threading.Thread(target=wait_exit, args=(proc, exited_wall), daemon=True)
         waiter.start()
         proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
         answered = float("inf")
@@ -373,7 +473,7 @@ def bench_controlled_shutdown(partitions: int, base: Path) -> dict[str, object]:
             raise SystemExit(f"broker 1 leads {led_before} of {partitions} partitions before the shutdown")
         # The exit is seen by a thread blocked in wait(), not by the polling below (0.1 s steps).
         exited_wall: list[float] = []
-        waiter = threading.Thread(target=lambda: (proc.wait(), exited_wall.append(time.time())), daemon=True)
+        waiter = threading.Thread(target=wait_exit, args=(proc, exited_wall), daemon=True)
         waiter.start()
         started = time.monotonic()
         signalled_wall = time.time()
@@ -420,6 +520,12 @@ def bench_controlled_shutdown(partitions: int, base: Path) -> dict[str, object]:
         }
 
 
+def wait_exit(proc: subprocess.Popen[bytes], exited_wall: list[float]) -> None:
+    """Wait for proc's exit and note its wall-clock time (a thread's target: the exit is seen at once)."""
+    proc.wait()
+    exited_wall.append(time.time())
+
+
 # Controlled shutdown: the process exits within this long after its last leadership moved (issue 24).
 EXIT_AFTER_LAST_LEADERSHIP_TARGET_S = 0.5
 
@@ -452,9 +558,16 @@ def main() -> None:
     parser.add_argument("--takeover-cases", choices=["stop", "kill"], nargs="+", default=["stop", "kill"])
     parser.add_argument(
         "--only",
-        choices=["failure", "pause", "takeover", "shutdown"],
+        choices=["failure", "pause", "hostile-heartbeat", "takeover", "shutdown"],
         nargs="*",
-        default=["failure", "pause", "takeover", "shutdown"],
+        default=["failure", "pause", "hostile-heartbeat", "takeover", "shutdown"],
+    )
+    parser.add_argument(
+        "--hostile-as",
+        choices=HOSTILE_IDENTITIES,
+        nargs="+",
+        default=list(HOSTILE_IDENTITIES),
+        help="certificates the hostile-heartbeat client uses: one without ACLs, another broker's",
     )
     parser.add_argument(
         "--keep",
@@ -469,27 +582,43 @@ def main() -> None:
         base = Path(tmp) if args.keep is None else args.keep
         base.mkdir(parents=True, exist_ok=True)
         if "failure" in args.only:
-            out["broker_failure"] = []
+            broker_failure: list[dict[str, object]] = []
+            out["broker_failure"] = broker_failure
             for run, ttl in enumerate(ttl for ttl in args.ttls for _ in range(args.repeat)):
                 r = bench_broker_failure(args.partitions, ttl, base, run)
-                out["broker_failure"].append(r)  # type: ignore[union-attr]
+                broker_failure.append(r)
                 print(
                     f"broker failure (SIGKILL), {r['partitions']} partitions, lease TTL {ttl} s: all accept "
                     f"acks=all after {r['recovery_s']} s (failure seen after {r['failure_seen_s']} s; "
                     f"target {r['target_s']} s, ratio {r['ratio_to_target']})"
                 )
         if "pause" in args.only:
-            out["broker_pause"] = []
+            broker_pause: list[dict[str, object]] = []
+            out["broker_pause"] = broker_pause
             for run, ttl in enumerate(ttl for ttl in args.ttls for _ in range(args.repeat)):
                 r = bench_broker_failure(args.partitions, ttl, base, run, pause=True)
-                out["broker_pause"].append(r)  # type: ignore[union-attr]
+                broker_pause.append(r)
                 print(
                     f"broker pause (SIGSTOP), {r['partitions']} partitions, lease TTL {ttl} s: all accept "
                     f"acks=all after {r['recovery_s']} s (lease expiry seen after {r['failure_seen_s']} s; "
                     f"target {r['target_s']} s, ratio {r['ratio_to_target']})"
                 )
+        if "hostile-heartbeat" in args.only:
+            hostile_heartbeat: list[dict[str, object]] = []
+            out["hostile_heartbeat"] = hostile_heartbeat
+            for run, identity in enumerate(i for i in args.hostile_as for _ in range(args.repeat)):
+                r = bench_hostile_heartbeat(identity, base, run)
+                hostile_heartbeat.append(r)
+                print(
+                    f"broker failure (SIGKILL) with a forged BrokerHeartbeat stream held by {identity}: "
+                    f"the stream was {r['forged_stream']}; broker 1 left Metadata after "
+                    f"{r['left_metadata_s']} s (failure seen after {r['failure_seen_s']} s; target "
+                    f"{r['target_s']} s, ratio {r['ratio_to_target']})",
+                    flush=True,
+                )
         if "takeover" in args.only:
-            out["controller_takeover"] = []
+            controller_takeover: list[dict[str, object]] = []
+            out["controller_takeover"] = controller_takeover
             cases = [(kill, run) for kill in (False, True) for run in range(args.repeat)]
             for kill, run in cases:
                 if ("kill" if kill else "stop") not in args.takeover_cases:
@@ -497,7 +626,7 @@ def main() -> None:
                 r = bench_controller_takeover(
                     args.takeover_partitions, base, run, kill=kill, brokers=args.takeover_brokers
                 )
-                out["controller_takeover"].append(r)  # type: ignore[union-attr]
+                controller_takeover.append(r)
                 print(
                     f"controller takeover ({r['signal']} of the active one), {r['partitions']} partitions on "
                     f"{r['brokers']} brokers: the standby answers DescribeCluster with every partition after "

@@ -22,7 +22,10 @@ Order per request:
 
 A stream that carries a unary method's calls (rules.UNARY_OVER_STREAM: FetchStream)
 is authenticated once and then takes steps 3-5, with a connection slot and a
-bearer token's re-check, for every message, as that unary call would.
+bearer token's re-check, for every message, as that unary call would. Any other
+stream of requests (BrokerHeartbeat, StandbyHeartbeat) is authenticated once and
+takes step 3, with a bearer token's re-check, for every message: the first before
+its servicer starts, so a refused stream never reaches it.
 
 Every refusal is counted in metrics and logged at DEBUG (an attacker must not
 be able to fill the disk with log lines).
@@ -172,12 +175,8 @@ class SecurityInterceptor(WrappingInterceptor):
         if method in rules.UNAUTHENTICATED_METHODS:
             return handler
         rule = rules.rule_for(method)
-        kwargs = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        # Unary requests arrive as bytes and are parsed here, after authentication: an
-        # unauthenticated caller costs no parsing, and a malformed request is answered
+        # Requests, streamed ones too, arrive as bytes and are parsed here, after authentication:
+        # an unauthenticated caller costs no parsing, and a malformed request is answered
         # INVALID_ARGUMENT (gRPC itself would say UNKNOWN, as if a handler had failed).
         raw = {"request_deserializer": None, "response_serializer": handler.response_serializer}
         parse = handler.request_deserializer
@@ -195,24 +194,87 @@ class SecurityInterceptor(WrappingInterceptor):
             return grpc.unary_stream_rpc_method_handler(
                 self._unary_stream(method, rule, handler.unary_stream, parse), **raw
             )
+        # Any other stream of requests: each message is parsed and checked here (_checked_requests).
         if handler.stream_unary is not None:
             inner_su = handler.stream_unary
 
             async def stream_unary(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
-                await self._admit(method, rule, None, context, None)
-                return await maybe_await(inner_su(request_iterator, context))
+                caller, requests = await self._checked_requests(
+                    method, rule, request_iterator, context, parse
+                )
+                token = CURRENT_CALLER.set(caller)
+                try:
+                    return await maybe_await(inner_su(requests, context))
+                finally:
+                    CURRENT_CALLER.reset(token)
 
-            return grpc.stream_unary_rpc_method_handler(stream_unary, **kwargs)
+            return grpc.stream_unary_rpc_method_handler(stream_unary, **raw)
         inner_ss = handler.stream_stream
 
         async def stream_stream(
             request_iterator: Any, context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Any]:
-            await self._admit(method, rule, None, context, None)
-            async for item in as_async_iter(inner_ss(request_iterator, context)):
+            caller, requests = await self._checked_requests(method, rule, request_iterator, context, parse)
+            CURRENT_CALLER.set(caller)  # this generator runs in the RPC's own task: nothing leaks
+            async for item in as_async_iter(inner_ss(requests, context)):
                 yield item
 
-        return grpc.stream_stream_rpc_method_handler(stream_stream, **kwargs)
+        return grpc.stream_stream_rpc_method_handler(stream_stream, **raw)
+
+    async def _checked_requests(
+        self,
+        method: str,
+        rule: rules.Rule | None,
+        request_iterator: Any,
+        context: grpc.aio.ServicerContext,
+        parse: Callable[[bytes], Any] | None,
+    ) -> tuple[Caller, AsyncIterator[Any]]:
+        """The caller of a stream of requests (client-streaming or bidirectional, not
+        UNARY_OVER_STREAM) and the requests its servicer reads, each admitted by the method's rule.
+
+        The rule reads the request, so it cannot run when the stream opens: it runs on every
+        message, as on a unary request of the method. The first message is read and checked here,
+        before the servicer runs: a refused stream ends PERMISSION_DENIED (or INVALID_ARGUMENT
+        when it does not parse) and its servicer never starts, so nothing it would do on a forged
+        first message happens (a BrokerHeartbeat counting a dead broker as connected). Each later
+        message is checked as the servicer reads it; a refused one aborts the call, and the
+        servicer's read raises as if the servicer had aborted it. A bearer token is checked again
+        before every message and while the stream idles (`_while_token_valid`).
+        """
+        caller = await self._authenticate(method, context)
+        messages: AsyncIterator[Any] = aiter(request_iterator)
+        if caller.authenticated_by == "token":
+            messages = self._while_token_valid(method, messages, _bearer_token(context), context)
+        first = await anext(messages, None)
+        if first is None:
+            return caller, _no_requests()
+        request = await self._check_whole(method, rule, caller, first, context, parse)
+
+        async def checked() -> AsyncIterator[Any]:
+            yield request
+            async for raw in messages:
+                yield await self._check_whole(method, rule, caller, raw, context, parse)
+
+        return caller, checked()
+
+    async def _check_whole(
+        self,
+        method: str,
+        rule: rules.Rule | None,
+        caller: Caller,
+        raw: Any,
+        context: grpc.aio.ServicerContext,
+        parse: Callable[[bytes], Any] | None,
+    ) -> Any:
+        """One message of a stream of requests, parsed and admitted whole; aborts on refusal."""
+        request, admission = await self._check(method, rule, caller, raw, context, parse)
+        if admission.request is not request or admission.answer is not None or admission.respond is not None:
+            # Only a unary call (or UNARY_OVER_STREAM message) has an answer to carry a partial refusal.
+            raise RuntimeError(
+                f"{method}: the rule narrowed or answered a message of a client stream; "
+                "a stream's rule may only admit or refuse each message whole"
+            )
+        return request
 
     def _unary(
         self,
@@ -484,9 +546,15 @@ class SecurityInterceptor(WrappingInterceptor):
         context: grpc.aio.ServicerContext,
         parse: Callable[[bytes], Any] | None,
     ) -> tuple[Any, rules.Admission]:
-        """Parse an authenticated caller's request and run the method's rule; aborts on refusal."""
+        """Parse an authenticated caller's request and run the method's rule; aborts on refusal.
+
+        raw is always a request that arrived: a stream is checked on each of its messages, never
+        on its opening (a rule skipped for want of a request let any certificate hold a
+        BrokerHeartbeat for any broker, issue 37)."""
+        if raw is None:
+            raise RuntimeError(f"{method}: a rule was asked to check no request")
         request = raw
-        if parse is not None and raw is not None:
+        if parse is not None:
             try:
                 request = parse(raw)
             except Exception as exc:  # DecodeError, or anything a deserializer raises on garbage
@@ -508,7 +576,7 @@ class SecurityInterceptor(WrappingInterceptor):
         authorizer = self.cache.authorizer if (self.acl and self.cache is not None) else None
         access = rules.Access(caller, authorizer, identities_checked=self.tls)
         try:
-            admission = rule(request, access, self.limits) if request is not None else rules.Admission(None)
+            admission = rule(request, access, self.limits)
         except rules.Denied as denied:
             await self._refuse(
                 context, method, "forbidden", getattr(grpc.StatusCode, denied.code), denied.message
@@ -666,6 +734,13 @@ class ForwardPrincipal(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[mi
                     client_call_details.wait_for_ready,
                 )
         return await continuation(client_call_details, request)
+
+
+async def _no_requests() -> AsyncIterator[Any]:
+    """The requests of a stream its caller closed before sending one."""
+    none: tuple[Any, ...] = ()
+    for request in none:
+        yield request
 
 
 def _retrieve_outcome(future: asyncio.Future[Any]) -> None:

@@ -24,9 +24,18 @@ UpdateMetadata and StopReplica only from a controller certificate; Fetch (and
 each message of FetchStream, UNARY_OVER_STREAM) with
 a replica id >= 0 and OffsetsForLeaderEpoch only from the certificate of that
 very broker; AlterPartition and ControlledShutdown only from the broker they
-name. Service identities act as super users on the data plane (a gateway
-refreshing metadata, a follower fetching). Without TLS there are no
-identities and these checks are skipped, as before this layer existed.
+name; each BrokerHeartbeat message only from the broker it names, each
+StandbyHeartbeat message only from a controller. Service identities act as
+super users on the data plane (a gateway refreshing metadata, a follower
+fetching). Without TLS there are no identities and these checks are skipped,
+as before this layer existed.
+
+Streams are checked on their messages, never on their opening alone (a rule
+reads the request, which arrives after the stream opened): the interceptor runs
+the method's rule on every message of every stream a caller sends, the first
+before the servicer runs (issue 37). Except on UNARY_OVER_STREAM methods, which
+answer each message, a rule of a client-streaming method admits or refuses each
+message whole: there is no answer per message to merge refusals into.
 
 ACLs and tokens are managed through the controller's admin RPCs: CreateAcls
 and DeleteAcls need Alter on the Cluster, DescribeAcls Describe on it (Kafka's
@@ -697,9 +706,12 @@ RULES: dict[str, Rule] = {
     _BROKER + "Metadata": metadata,
     _CONTROLLER + "AlterPartition": _from(("broker",), "AlterPartition", "broker_id"),
     _CONTROLLER + "ControlledShutdown": _from(("broker",), "ControlledShutdown", "broker_id"),
-    # A streaming call: the interceptor admits it before any request is read, so the caller must be
-    # a broker but which one is not compared with the broker id the stream names.
-    _CONTROLLER + "BrokerHeartbeat": _from(("broker",), "BrokerHeartbeat"),
+    # Liveness streams: the rule runs on every message, the first before the servicer runs. A
+    # stream naming a broker is that broker's only: another's, held open, would keep a dead broker
+    # "connected" until its lease expired (issue 37).
+    _CONTROLLER + "BrokerHeartbeat": _from(("broker",), "BrokerHeartbeat", "broker_id"),
+    # Any controller's certificate: controller_id only names the standby in logs, and a controller
+    # may hold the plain "controller" certificate, which names no id.
     _CONTROLLER + "StandbyHeartbeat": _from(("controller",), "StandbyHeartbeat"),
     **{_CONTROLLER + name: rule for name, rule in _ADMIN.items()},
     _GATEWAY + "Produce": produce,
