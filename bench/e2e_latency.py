@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -49,6 +50,38 @@ HOPS_START_AFTER_WARMUP_S = 1.0
 HOPS_SNAP_BYTES = 512
 # tcpdump is given this long to start (and to fail on a missing permission) and to stop.
 TCPDUMP_SETTLE_S = 5.0
+
+
+@dataclass(frozen=True)
+class RateSettings:
+    """How run_rate measures one rate: this script's flags, and what bench/peers/compare.py asks.
+
+    A dataclass with a default for every setting, not the argparse Namespace: a caller that
+    builds one (compare.py) keeps working when a flag is added here, and mypy checks its names.
+    """
+
+    warmup_s: float
+    duration_s: float
+    record_size: int = 100
+    linger_ms: int = 0
+    fetch_max_wait_ms: int = 500
+    # Wait up to this long before the rate for the 1-minute load to drop (common.wait_for_quiet).
+    quiet_wait_s: float = 0.0
+    hops: bool = False
+    hops_capture_s: float = 2.0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RateSettings:
+        return cls(
+            warmup_s=args.warmup_s,
+            duration_s=args.duration_s,
+            record_size=args.record_size,
+            linger_ms=args.linger_ms,
+            fetch_max_wait_ms=args.fetch_max_wait_ms,
+            quiet_wait_s=args.quiet_wait_s,
+            hops=args.hops,
+            hops_capture_s=args.hops_capture_s,
+        )
 
 
 def stamped(pad: bytes, measured: bool) -> bytes:
@@ -253,9 +286,9 @@ def consume_role(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_rate(target: common.Target, rate: float, args: argparse.Namespace) -> dict[str, object]:
-    gate = common.wait_for_quiet(wait_s=args.quiet_wait_s)
-    expected = int(rate * args.duration_s)
+def run_rate(target: common.Target, rate: float, settings: RateSettings) -> dict[str, object]:
+    gate = common.wait_for_quiet(wait_s=settings.quiet_wait_s)
+    expected = int(rate * settings.duration_s)
     consumer = E2EConsumer(
         [
             sys.executable,
@@ -270,21 +303,21 @@ def run_rate(target: common.Target, rate: float, args: argparse.Namespace) -> di
             "--expected",
             str(expected),
             "--timeout-s",
-            str(args.warmup_s + args.duration_s + DRAIN_S + 30),
+            str(settings.warmup_s + settings.duration_s + DRAIN_S + 30),
             "--fetch-max-wait-ms",
-            str(args.fetch_max_wait_ms),
+            str(settings.fetch_max_wait_ms),
         ]
     )
     capture: LoopbackCapture | None = None
     try:
-        if args.hops:
+        if settings.hops:
             leader = target.leaders.get(0)
             if leader is None:
                 raise SystemExit("--hops: partition 0 has no leader in Metadata")
             capture = LoopbackCapture(
                 int(leader.rsplit(":", 1)[1]),
-                delay_s=args.warmup_s + HOPS_START_AFTER_WARMUP_S,
-                capture_s=args.hops_capture_s,
+                delay_s=settings.warmup_s + HOPS_START_AFTER_WARMUP_S,
+                capture_s=settings.hops_capture_s,
             )
         meter = common.CpuMeter({**target.pids, "producer": os.getpid(), "consumer": consumer.pid}).start()
         before = {rpc: common.rpc_totals(target, rpc) for rpc in ("Produce", "Fetch")}
@@ -293,10 +326,10 @@ def run_rate(target: common.Target, rate: float, args: argparse.Namespace) -> di
             target.gateway,
             target.topic,
             rate=rate,
-            duration_s=args.duration_s,
-            warmup_s=args.warmup_s,
-            record_size=args.record_size,
-            linger_ms=args.linger_ms,
+            duration_s=settings.duration_s,
+            warmup_s=settings.warmup_s,
+            record_size=settings.record_size,
+            linger_ms=settings.linger_ms,
         )
         cpu = meter.stop()
         # Server-side Produce and Fetch: requests/s and mean time in the gateway and brokers (the
@@ -391,9 +424,10 @@ def main() -> int:
         f"partition(s), RF {args.replication_factor}, {args.duration_s:.0f} s per rate",
         flush=True,
     )
+    settings = RateSettings.from_args(args)
     with common.target_for(args, topic) as target:
         for rate in args.rates:
-            result = run_rate(target, rate, args)
+            result = run_rate(target, rate, settings)
             print("  " + describe(result), flush=True)
             for rpc, per in result["server_rpcs"].items():  # type: ignore[union-attr]
                 if per:

@@ -12,6 +12,8 @@ starts all three systems on 127.0.0.1, each with three copies of the data:
 
 and, on the same Highwater cluster, the brokers' Kafka listeners driven by confluent-kafka
 (librdkafka; bench/kafka_protocol.py; --no-kafka leaves it out), reported as "highwater kafka";
+(--no-peers leaves NATS and Redis out: Highwater alone, for a smoke run where they are not
+installed; tests/integration/test_bench_compare.py runs every workload so);
 then runs the workload on each in turn — Highwater, NATS, Redis, and again for --rounds
 rounds — so every system sees the same machine load within a round, and prints each
 figure, the peer's, and the ratio per round and over the rounds (median). The idle
@@ -82,9 +84,12 @@ class Systems:
                 min_insync=2,
             )
         )
-        self.nats = stack.enter_context(nats_js.nats_cluster())
-        asyncio.run(nats_js.create_stream(self.nats, replicas=3))
-        self.redis = stack.enter_context(redis_streams.redis_cluster())
+        # The systems each round runs, in order: Highwater alone with --no-peers.
+        self.names = SYSTEMS if args.peers else SYSTEMS[:1]
+        if args.peers:
+            self.nats = stack.enter_context(nats_js.nats_cluster())
+            asyncio.run(nats_js.create_stream(self.nats, replicas=3))
+            self.redis = stack.enter_context(redis_streams.redis_cluster())
         self._round_topic = 0
 
     def fresh_topic(self) -> common.Target:
@@ -226,15 +231,11 @@ def run_e2e(systems: Systems, system: str, rate: float) -> list[dict[str, object
     timeout_s = args.warmup_s + args.duration_s + e2e_latency.DRAIN_S + 30
     if system == "highwater":
         target = systems.fresh_topic()
-        ns = argparse.Namespace(
-            quiet_wait_s=0,
-            warmup_s=args.warmup_s,
-            duration_s=args.duration_s,
-            record_size=size,
-            linger_ms=0,
-            fetch_max_wait_ms=500,
+        # The load gate is this script's (main), once per run, so run_rate does not wait again.
+        settings = e2e_latency.RateSettings(
+            warmup_s=args.warmup_s, duration_s=args.duration_s, record_size=size, quiet_wait_s=0
         )
-        out = [{"system": "highwater", **e2e_latency.run_rate(target, rate, ns)}]
+        out = [{"system": "highwater", **e2e_latency.run_rate(target, rate, settings)}]
         if args.kafka:
             out.append(_run_e2e_kafka(systems, rate, expected, timeout_s))
         return out
@@ -425,6 +426,12 @@ def main() -> int:
         default=True,
         help="also run Highwater through its Kafka listeners with confluent-kafka (default on)",
     )
+    parser.add_argument(
+        "--peers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run NATS JetStream and Redis Streams (default on; --no-peers: Highwater alone)",
+    )
     parser.add_argument("--max-poll-records", type=int, default=500)
     parser.add_argument(
         "--redis-batch", type=int, default=1000, help="XADDs per pipeline before WAIT 2 (default 1000)"
@@ -451,14 +458,16 @@ def main() -> int:
         args.partitions = 1
         args.rounds = min(args.rounds, 1) if "--rounds" not in sys.argv else args.rounds
     out: dict[str, object] = {
-        **common.header(peers=True),
+        **common.header(peers=args.peers),
         "workload": args.workload,
         "args": vars(args),
         "rounds": [],
     }
+    shown_systems = (
+        "Highwater, NATS JetStream, Redis Streams" if args.peers else "Highwater alone (--no-peers)"
+    )
     print(
-        f"compare {args.workload}: {args.rounds} round(s) of Highwater, NATS JetStream, Redis Streams; "
-        f"{args.duration_s:.0f} s per run",
+        f"compare {args.workload}: {args.rounds} round(s) of {shown_systems}; {args.duration_s:g} s per run",
         flush=True,
     )
     started = time.monotonic()
@@ -468,9 +477,9 @@ def main() -> int:
         for number in range(1, args.rounds + 1):
             rows: list[dict[str, object]] = []
             cases = (
-                [(s, rate) for rate in args.rates for s in SYSTEMS]
+                [(s, rate) for rate in args.rates for s in systems.names]
                 if args.workload == "e2e"
-                else [(s, None) for s in SYSTEMS]
+                else [(s, None) for s in systems.names]
             )
             for system, rate in cases:
                 gate = common.wait_for_quiet(wait_s=args.quiet_wait_s)
