@@ -53,6 +53,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/spark_read.py` from anywhere
+
 RESULTS = Path(__file__).resolve().parent / "results"
 TOPIC = "spark-bench"
 # One Produce carries this much per partition: big requests keep per-RPC cost out of the load.

@@ -137,8 +137,12 @@ class EtcdServer:
         log_path: Path | None = None,
         binary: str | None = None,
         tls: EtcdServerTls | None = None,
+        own_process_group: bool = False,
     ) -> None:
+        """own_process_group: run etcd in a process group of its own, out of reach of a terminal's
+        Ctrl-C, which goes to the whole foreground group (`cluster up` stops it after the services)."""
         self.data_dir = Path(data_dir)
+        self.own_process_group = own_process_group
         self.tls = tls
         self.client_port = client_port
         self.peer_port = peer_port
@@ -252,6 +256,7 @@ class EtcdServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
+                process_group=0 if self.own_process_group else None,
             )
         # A CLI or test run that exits without stop() (an exception, Ctrl-C) still
         # stops its etcd; only a SIGKILL of this process leaves it running.

@@ -176,6 +176,11 @@ class BrokerSender:
                 )
                 if not fut.done():
                     fut.set_exception(outcome)
+                    # The warning above is the report of this failure. Whoever waits on the future
+                    # (an admin call's propagation wait, a deletion's callback) may read it; most
+                    # futures are dropped unread, and asyncio would log each one's traceback at
+                    # ERROR ("Future exception was never retrieved") when it is collected.
+                    fut.exception()
                 continue
             if error_code:
                 log.warning(
@@ -688,7 +693,9 @@ class ControllerEventLoop:
     def _send_steps(self, result: ControllerResult) -> Iterator[None]:
         """_send as a generator that yields after each request it queues."""
         rpcs = result.rpcs
+        # Filled as requests are queued: an admin call waits on them (ControllerServicer._run).
         futures: list[asyncio.Future[Any]] = []
+        result.rpc_futures = futures
         leader_and_isr = rpcs.leader_and_isr
         if rpcs.leader_and_isr_everywhere:
             leader_and_isr = {b: set(tps) for b, tps in leader_and_isr.items()}  # the result stays as decided

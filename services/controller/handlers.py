@@ -241,10 +241,16 @@ def _fail_over(
                 if kept_isr != state.isr
                 else ""
             )
-            log.warning(
-                "%s-%d has no live in-sync replica (last ISR %s)%s; partition is offline until one returns",
+            # Every member of the last ISR asked for a controlled shutdown (ctx.shutting_down is
+            # replayed after this decision): the operator stopped them, as at a whole-cluster stop,
+            # and nothing failed. A warning is for replicas that crashed or lost their lease.
+            stopped = kept_isr == state.isr and all(r in ctx.shutting_down for r in state.isr)
+            log.log(
+                logging.INFO if stopped else logging.WARNING,
+                "%s-%d has no live in-sync replica (last ISR %s%s)%s; partition is offline until one returns",
                 *tp,
                 list(kept_isr),
+                ", stopped cleanly" if stopped else "",
                 waiting,
             )
             _change_state(ctx, result, tp, leader=NO_LEADER, isr=kept_isr)

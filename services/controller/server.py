@@ -196,12 +196,20 @@ class BrokerConnectionWatch:
 async def _drain(
     requests: AsyncIterator[controller_pb2.BrokerHeartbeatRequest | controller_pb2.StandbyHeartbeatRequest],
 ) -> None:
-    """Read a stream's requests until the broker's side ends (closed, cancelled or reset)."""
+    """Read a stream's requests until the broker's side ends (closed, cancelled or reset).
+
+    Whatever ends the reading ends the stream as a close would: bytes that are not a request,
+    or a later message the security interceptor refuses (it aborts the call, and the read
+    raises). Nothing is raised: the task is cancelled, never awaited, once the stream ends,
+    and an exception left in it would be logged as never retrieved.
+    """
     try:
         async for _ in requests:
             pass
     except DecodeError:
         pass  # bytes that are not a request: the stream ends as if closed
+    except Exception as exc:
+        log.debug("liveness stream ended by its reader: %r", exc)
 
 
 Q = TypeVar("Q")
@@ -613,11 +621,14 @@ async def serve(config: ControllerConfig) -> None:
                 await asyncio.wait([lost, resigned], return_when=asyncio.FIRST_COMPLETED)
                 lost.cancel()
                 resigned.cancel()
-                log.warning(
-                    "controller %d stops acting at epoch %d (lease lost or fenced)",
-                    config.controller_id,
-                    epoch,
-                )
+                if stopping.is_set():  # on_stop hands the epoch over: this process is stopping
+                    log.info("controller %d stops acting at epoch %d: stopping", config.controller_id, epoch)
+                else:
+                    log.warning(
+                        "controller %d stops acting at epoch %d (lease lost or fenced)",
+                        config.controller_id,
+                        epoch,
+                    )
             except Exception:
                 log.exception("controller %d failed while active at epoch %d", config.controller_id, epoch)
             finally:

@@ -4,6 +4,7 @@ runs the demo and stops it all.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -16,6 +17,8 @@ import pytest
 pytestmark = pytest.mark.integration
 
 DEMO_TIMEOUT_S = 120
+# How long the launcher may take to stop its children once told to.
+STOP_TIMEOUT_S = 60
 
 
 def test_cluster_up_demo_produces_and_consumes_then_stops_every_process(tmp_path: Path):
@@ -42,8 +45,18 @@ def test_cluster_up_demo_produces_and_consumes_then_stops_every_process(tmp_path
         out, _ = proc.communicate(timeout=DEMO_TIMEOUT_S)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+            # Each child runs in a process group of its own (a terminal's Ctrl-C reaches only the
+            # launcher): SIGTERM makes the launcher stop them in order; past that, the launcher is
+            # killed and every child it printed is killed by its pid.
+            proc.terminate()
+            try:
+                out, _ = proc.communicate(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                out, _ = proc.communicate(timeout=STOP_TIMEOUT_S)
+            for pid in _printed_pids(out):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 0, out
     for name in ("etcd", "controller-1", "broker-1", "broker-2", "broker-3", "gateway-1"):
         assert name in out
@@ -51,8 +64,13 @@ def test_cluster_up_demo_produces_and_consumes_then_stops_every_process(tmp_path
     assert "consumed 9 records" in out
     assert out.rstrip().endswith("stopped")
     # Every child is gone: their pids, printed by the command, no longer exist.
-    pids = [int(line.split("pid")[1].split()[0]) for line in out.splitlines() if " pid " in line]
+    pids = _printed_pids(out)
     assert len(pids) == 6
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def _printed_pids(out: str) -> list[int]:
+    """The children's pids as `cluster up` prints them ("... pid 1234 ...")."""
+    return [int(line.split("pid")[1].split()[0]) for line in out.splitlines() if " pid " in line]
