@@ -17,7 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from clients.common.acls import ACL_BINDINGS_PER_REQUEST_MAX, AclBinding, AclError
-from clients.common.topics import validate_topic_configs
+from clients.common.topics import (
+    altered_topic_configs,
+    effective_topic_configs,
+    topic_configs_from_proto,
+    validate_topic_configs,
+)
 from clients.config import (
     COMMIT_OFFSETS_PER_REQUEST_MAX,
     DEFAULT_BOOTSTRAP,
@@ -50,31 +55,15 @@ from protos.highwater.v1 import common_pb2, controller_pb2, gateway_pb2
 
 ELECTION_TYPES = {"preferred": common_pb2.PREFERRED, "unclean": common_pb2.UNCLEAN}
 
-# TopicConfig fields under the Kafka config names people know them by.
-TOPIC_CONFIG_NAMES = {
-    "min_insync_replicas": "min.insync.replicas",
-    "unclean_leader_election_enable": "unclean.leader.election.enable",
-    "retention_ms": "retention.ms",
-    "retention_bytes": "retention.bytes",
-    "segment_bytes": "segment.bytes",
-    "segment_ms": "segment.ms",
-    "max_message_bytes": "max.message.bytes",
-    "message_timestamp_type": "message.timestamp.type",
-    "message_timestamp_before_max_ms": "message.timestamp.before.max.ms",
-    "message_timestamp_after_max_ms": "message.timestamp.after.max.ms",
-}
-# Optional on the wire (0 is a legal value): shown only when the topic sets them.
-_OPTIONAL_TOPIC_CONFIG_FIELDS = frozenset(
-    {"message_timestamp_before_max_ms", "message_timestamp_after_max_ms"}
-)
-
 
 def topic_config_dict(config: common_pb2.TopicConfig) -> dict[str, int | bool | str]:
-    return {
-        kafka_name: getattr(config, field)
-        for field, kafka_name in TOPIC_CONFIG_NAMES.items()
-        if field not in _OPTIONAL_TOPIC_CONFIG_FIELDS or config.HasField(field)
-    }
+    """Every topic config under its Kafka name with the value in force: the topic's, else the default."""
+    return {entry.name: entry.typed() for entry in effective_topic_configs(topic_configs_from_proto(config))}
+
+
+def topic_config_sources(config: common_pb2.TopicConfig) -> dict[str, str]:
+    """Where each value comes from, as Kafka's DescribeConfigs says it: TOPIC_CONFIG or DEFAULT_CONFIG."""
+    return {entry.name: entry.source for entry in effective_topic_configs(topic_configs_from_proto(config))}
 
 
 @dataclass(frozen=True)
@@ -300,7 +289,13 @@ class AsyncAdmin:
                 for p in sorted(topic.partitions, key=lambda p: p.partition)
             )
             descriptions.append(
-                TopicDescription(topic.name, topic.topic_id, partitions, topic_config_dict(topic.config))
+                TopicDescription(
+                    topic.name,
+                    topic.topic_id,
+                    partitions,
+                    topic_config_dict(topic.config),
+                    topic_config_sources(topic.config),
+                )
             )
         for name in wanted:
             if name not in answered:
@@ -341,6 +336,49 @@ class AsyncAdmin:
             "CreatePartitions",
             common_pb2.CreatePartitionsRequest(
                 topics=request_topics, timeout_ms=self.config.request_timeout_ms
+            ),
+        )
+        _raise_first(
+            [
+                error_for_code(r.error_code, r.error_message or f"topic {r.name!r}")
+                for r in response.topics
+                if r.error_code != common_pb2.NONE
+            ]
+        )
+
+    async def alter_topic_configs(
+        self,
+        topic: str,
+        set: Mapping[str, str] | None = None,
+        delete: Iterable[str] = (),
+        *,
+        validate_only: bool = False,
+    ) -> None:
+        """Change a topic's configs: `set` {name: value}, `delete` names back to their defaults;
+        the others are kept (Kafka's IncrementalAlterConfigs). Every replica takes the new values.
+
+        Raises InvalidConfig (an unknown name, with the known ones, or a value out of bounds),
+        InvalidRequest (a name both set and deleted), UnknownTopicOrPartition, ... with the
+        controller's message.
+        """
+        check_topic_name(topic)
+        wanted = dict(set or {})
+        deleted = [delete] if isinstance(delete, str) else list(delete)
+        for key, value in wanted.items():
+            if not isinstance(key, str) or not key or not isinstance(value, str):
+                raise InvalidArgument(f"topic config {key!r}={value!r}: names and values must be str")
+        if not wanted and not deleted:
+            raise InvalidArgument("alter_topic_configs() needs configs to set or delete")
+        # The controller checks again; checking here names the bad name or value before any request.
+        altered_topic_configs({}, wanted, deleted)
+        response = await self._call(
+            "AlterTopicConfigs",
+            common_pb2.AlterTopicConfigsRequest(
+                topics=[
+                    common_pb2.AlterTopicConfigsTopic(name=topic, set_configs=wanted, delete_configs=deleted)
+                ],
+                timeout_ms=self.config.request_timeout_ms,
+                validate_only=validate_only,
             ),
         )
         _raise_first(
@@ -565,6 +603,46 @@ class AsyncAdmin:
         _raise_first(errors)
         return result
 
+    async def delete_records(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Delete every record below each partition's offset (Kafka's deleteRecords); -1 means
+        the high watermark. Returns each partition's low watermark (its new log start offset once
+        every in-sync replica has it).
+
+        The records below become unreadable at once (a consumer there gets OffsetOutOfRange and
+        resets); whole segments below go from disk. An offset at or below the current start
+        changes nothing. Raises OffsetOutOfRange above the high watermark, RequestTimedOut when
+        an in-sync replica did not take the new start within request_timeout_ms (the leader has
+        all the same), NotLeaderOrFollower / LeaderNotAvailable while leadership moves.
+        """
+        by_topic: dict[str, list[common_pb2.DeleteRecordsPartition]] = {}
+        for tp in check_partitions(offsets):
+            offset = check_int(f"offset for {tp}", offsets[tp], minimum=-1)
+            by_topic.setdefault(tp.topic, []).append(
+                common_pb2.DeleteRecordsPartition(partition=tp.partition, offset=offset)
+            )
+        if not by_topic:
+            raise InvalidArgument("delete_records() needs at least one partition")
+        timeout_ms = self.config.request_timeout_ms
+        response = await self._conn().call(
+            "DeleteRecords",
+            common_pb2.DeleteRecordsRequest(
+                timeout_ms=timeout_ms,
+                topics=[common_pb2.DeleteRecordsTopic(topic=t, partitions=p) for t, p in by_topic.items()],
+            ),
+            # The leaders wait up to timeout_ms for their ISR; the answer needs a moment more.
+            timeout_ms=2 * timeout_ms,
+        )
+        result, errors = {}, []
+        for topic in response.topics:
+            for p in topic.partitions:
+                tp = TopicPartition(topic.topic, p.partition)
+                if p.error_code != common_pb2.NONE:
+                    errors.append(error_for_code(p.error_code, p.error_message or f"DeleteRecords for {tp}"))
+                else:
+                    result[tp] = p.low_watermark
+        _raise_first(errors)
+        return result
+
     async def list_group_offsets(
         self, group_id: str, partitions: Iterable[TopicPartition] | None = None
     ) -> dict[TopicPartition, int]:
@@ -730,6 +808,19 @@ class Admin(SyncClient[AsyncAdmin]):
     ) -> None:
         self._run(self._async.create_partitions(topics, total_count, assignments), "create_partitions()")
 
+    def alter_topic_configs(
+        self,
+        topic: str,
+        set: Mapping[str, str] | None = None,
+        delete: Iterable[str] = (),
+        *,
+        validate_only: bool = False,
+    ) -> None:
+        self._run(
+            self._async.alter_topic_configs(topic, set, delete, validate_only=validate_only),
+            "alter_topic_configs()",
+        )
+
     def alter_partition_reassignments(
         self, reassignments: Mapping[TopicPartition, Sequence[int] | None]
     ) -> None:
@@ -774,6 +865,9 @@ class Admin(SyncClient[AsyncAdmin]):
 
     def list_offsets(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
         return self._run(self._async.list_offsets(timestamps), "list_offsets()")
+
+    def delete_records(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        return self._run(self._async.delete_records(offsets), "delete_records()")
 
     def list_group_offsets(
         self, group_id: str, partitions: Iterable[TopicPartition] | None = None

@@ -161,6 +161,16 @@ LEADER_MOVE_CHECK_AFTER_MS = 1_000
 # partitions, the request is abandoned and goes to the new leader (a Produce with the same
 # sequence numbers: a batch the old leader had replicated is answered as a duplicate).
 LEADER_MOVE_CHECK_INTERVAL_MS = 250
+# A topic a gateway answers UNKNOWN_TOPIC_OR_PARTITION for is asked about again until this
+# long after the first such answer, then send() raises it (topics are never created on
+# first use). Twice the gateway's least interval between two pulls from the controller
+# (50 ms, services/common/limits.py): a later answer comes from a pull made after the first
+# question, so a topic that CreateTopics has just created is found, not refused.
+UNKNOWN_TOPIC_CONFIRM_MS = 100
+# At interpreter exit a Producer never closed is closed (atexit): what is queued gets this
+# long to be delivered, then fails with ClientClosed (its callbacks run), so the program
+# neither hangs on a cluster that is down nor drops records silently.
+PRODUCER_CLOSE_AT_EXIT_TIMEOUT_MS = 5_000
 
 
 def check_topic_name(topic: object) -> str:

@@ -79,6 +79,7 @@ from clients.config import (
 from clients.connection import GatewayConnection, call_deadline, current_call_deadline
 from clients.errors import (
     ClientClosed,
+    GatewayUnavailable,
     HighwaterError,
     InvalidArgument,
     LeaderMoved,
@@ -304,6 +305,9 @@ class AsyncConsumer:
         self._next_auto_commit_ms = now_ms() + self.config.auto_commit_interval_ms
         self._drain_start = 0
         self._closed = False
+        # When the first poll() began (now_ms()): a cluster no gateway of which has answered
+        # since is raised as GatewayUnavailable once connect_timeout_ms have passed.
+        self._first_poll_ms: int | None = None
         if topics:
             self.subscribe(list(topics))
 
@@ -855,7 +859,10 @@ class AsyncConsumer:
         """Records after each partition's position, waiting up to timeout_ms for some.
 
         Returns at most max_records (default max_poll_records), in offset order per
-        partition; an empty list when nothing arrived in time.
+        partition; an empty list when nothing arrived in time. Never waits past timeout_ms
+        (+ POLL_CALL_GRACE_MS): while no gateway has ever answered, polls return [] until
+        connect_timeout_ms have passed since the first one, then raise GatewayUnavailable
+        (a wrong bootstrap, as the Producer and Admin raise it).
         """
         check_int("timeout_ms", timeout_ms, minimum=0)
         limit = (
@@ -865,11 +872,40 @@ class AsyncConsumer:
         )
         if self._subscription is None and not self._assignment:
             raise InvalidArgument("poll() needs assign() or subscribe() first")
-        deadline = now_ms() + timeout_ms
+        started = now_ms()
+        if self._first_poll_ms is None:
+            self._first_poll_ms = started
+        deadline = started + timeout_ms
         # Every call poll() makes (metadata, group, offsets, Fetch, auto-commit) ends by its
         # timeout (plus a short grace): an outage costs the caller the timeout, no more.
         with call_deadline((deadline + POLL_CALL_GRACE_MS) / 1000):
-            return await self._poll_until(deadline, limit, fetch_late=timeout_ms == 0)
+            try:
+                records = await self._poll_until(deadline, limit, fetch_late=timeout_ms == 0)
+            except GatewayUnavailable:
+                raise
+            except HighwaterError as error:
+                self._raise_if_never_reached(error)
+                raise
+        if not records:
+            # A subscription's group calls fail in the member's task, not here.
+            self._raise_if_never_reached(None)
+        return records
+
+    def _raise_if_never_reached(self, last_error: HighwaterError | None) -> None:
+        """GatewayUnavailable if no gateway has answered since the first poll, connect_timeout_ms
+        ago or more: the bootstrap is wrong or the cluster is down, which waiting will not fix."""
+        connection = self._connection
+        if connection is None or connection.ever_answered or self._first_poll_ms is None:
+            return
+        waited_ms = now_ms() - self._first_poll_ms
+        if waited_ms < self.config.connect_timeout_ms:
+            return
+        raise GatewayUnavailable(
+            f"no gateway answered within {waited_ms} ms of the consumer's first poll "
+            f"(connect_timeout_ms={self.config.connect_timeout_ms}): tried {', '.join(connection.addresses)}"
+            + (f"; last error: {last_error}" if last_error is not None else "")
+            + ". Check the bootstrap addresses and that a gateway is up"
+        ) from None
 
     async def _poll_until(self, deadline: int, limit: int, *, fetch_late: bool) -> list[ConsumerRecord]:
         """poll()'s loop until `deadline` (ms). `fetch_late`: fetch once even if the time is up
@@ -893,10 +929,14 @@ class AsyncConsumer:
                 await self._fetch(max(0, remaining))
             except HighwaterError as error:
                 # A gateway restart or a leader election: ride it out, as Kafka's consumer
-                # does, once the cluster has answered us at all. A wrong address is raised.
-                if not error.retriable or self._connection is None or not self._connection.ever_answered:
+                # does. Before any gateway answered, only until connect_timeout_ms since the
+                # first poll: then a wrong address is raised (GatewayUnavailable, by poll()).
+                if not error.retriable:
                     raise
-                log.warning("poll: %s; retrying", error)
+                if self._connection is not None and self._connection.ever_answered:
+                    log.warning("poll: %s; retrying", error)
+                else:
+                    self._raise_if_never_reached(error)
                 remaining = deadline - now_ms()
                 if remaining <= 0:
                     return []
@@ -1082,11 +1122,16 @@ class AsyncConsumer:
             # freed by a leave or a crash are taken now, not after this long poll. Nothing is
             # lost by dropping the fetch: positions move only when its answer is taken.
             changed = asyncio.ensure_future(self._member.changed.wait())
-            await asyncio.wait(tasks | {changed}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
-            if changed.done():
+            try:
+                await asyncio.wait(tasks | {changed}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                # Also when the poll itself is cancelled (asyncio.wait_for(poll(...)), a
+                # task cancelled at shutdown): a waiter left pending is reported by asyncio
+                # as "Task was destroyed but it is pending!" once collected.
+                changed.cancel()
+            if changed.done() and not changed.cancelled():
                 for part in [part for part in in_flight.parts.values() if not part.task.done()]:
                     in_flight.drop(part)
-            changed.cancel()
         # Whatever has answered (the poll's time may be up: a later poll takes the rest).
         self._take_parts([part for part in in_flight.parts.values() if part.task.done()])
 

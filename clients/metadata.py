@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from clients.common.errors import UnknownTopicOrPartition
+from clients.config import UNKNOWN_TOPIC_CONFIRM_MS
 from clients.connection import GatewayConnection, call_deadline
 from clients.errors import HighwaterError, RequestTimedOut, error_for_code
 from clients.types import TopicPartition
@@ -165,6 +166,12 @@ class MetadataFetcher:
         unknown or has no partitions yet (a gateway learns a new topic from the controller
         a moment after CreateTopics answers). Raises UnknownTopicOrPartition after that.
 
+        A topic the gateways answer does not exist is asked about again for
+        UNKNOWN_TOPIC_CONFIRM_MS only, then UnknownTopicOrPartition is raised: topics are
+        never created on first use, so waiting `wait_ms` for it would only hide the mistake
+        (confluent-kafka fails the same way). A topic that exists without a leader yet is
+        returned, and the sender waits for its leader.
+
         A refresh that fails with a retriable error (no gateway answers, a timeout) is
         retried with `backoff_ms` pauses within the same `wait_ms`, each attempt bounded by
         the time left, as Kafka's producer waits max.block.ms for metadata; after that,
@@ -175,6 +182,8 @@ class MetadataFetcher:
         started_ms = now_ms()
         deadline_ms = started_ms + wait_ms
         attempts = 0
+        # When a gateway first answered that the topic does not exist (None: not yet).
+        unknown_since_ms: int | None = None
         while True:
             if not self.cache.needs_refresh(topic, now_ms()):
                 info = self.cache.get(topic)
@@ -205,6 +214,15 @@ class MetadataFetcher:
             error = self.cache.topic_errors.get(topic)
             if error is not None and not error.retriable:
                 raise error
+            if isinstance(error, UnknownTopicOrPartition):
+                unknown_since_ms = now_ms() if unknown_since_ms is None else unknown_since_ms
+                if now_ms() - unknown_since_ms >= UNKNOWN_TOPIC_CONFIRM_MS:
+                    raise UnknownTopicOrPartition(
+                        f"topic {topic!r} does not exist (the gateway answered so {attempts} time(s) "
+                        f"over {now_ms() - started_ms} ms); topics are not created on first use: "
+                        f"create it first (highwater topic create {topic}, or Admin.create_topics), "
+                        "or check the topic name"
+                    )
             if now_ms() >= deadline_ms:
                 if error is not None:
                     raise error

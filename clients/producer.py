@@ -40,6 +40,7 @@ import contextlib
 import logging
 import threading
 import time
+import weakref
 from bisect import bisect_right
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate
@@ -56,6 +57,7 @@ from clients.config import (
     DELIVERY_TIMEOUT_SPREAD_PERCENT,
     FLUSH_CHECK_INTERVAL_S,
     HEADER_OVERHEAD_BYTES_MAX,
+    PRODUCER_CLOSE_AT_EXIT_TIMEOUT_MS,
     RECORD_OVERHEAD_BYTES_MAX,
     SENDER_STOP_WAIT_S,
     ProducerConfig,
@@ -604,6 +606,13 @@ class Producer:
             on_batch_done=self._on_batch_done,
         )
         self._thread.loop.call_soon_threadsafe(self._core.start)
+        # A producer never closed is closed at interpreter exit (weakref.finalize runs at
+        # exit; the core holds this object through its callbacks, so not sooner): otherwise
+        # its loop thread dies mid-task and asyncio prints "Task was destroyed but it is
+        # pending!", and what is queued is dropped without a word.
+        self._close_at_exit = weakref.finalize(
+            self, _close_producer, self._thread, self._core, PRODUCER_CLOSE_AT_EXIT_TIMEOUT_MS, at_exit=True
+        )
 
     def _post_wake(self) -> None:
         if not self._wake_posted:
@@ -742,30 +751,46 @@ class Producer:
         and channels. Idempotent.
         """
         check_no_positional_timeout("close", args)
-        core = self._core
-        if core.closed:
-            return
-        core.closed = True
-        try:
-            self.flush(timeout_ms=timeout_ms)
-        except HighwaterError:
-            pass  # what is left fails below
-        try:
-            self._thread.run(
-                core.shutdown(core.pending_records()),
-                timeout_ms=CLOSE_SHUTDOWN_TIMEOUT_MS,
-                what="closing the producer",
-            )
-        except HighwaterError:
-            pass
-        finally:
-            self._thread.stop()
+        self._close_at_exit.detach()
+        _close_producer(self._thread, self._core, timeout_ms)
 
     def __enter__(self) -> Producer:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _close_producer(
+    thread: LoopThread, core: _ProducerCore, timeout_ms: int | None, *, at_exit: bool = False
+) -> None:
+    """Producer.close() (and the close at interpreter exit of a producer never closed):
+    deliver what is queued within timeout_ms, fail the rest with ClientClosed, stop the thread.
+    Holds no reference to the Producer, so a finalizer can call it."""
+    if core.closed:
+        return
+    core.closed = True
+    try:
+        with core.flushing() as target, core.batch_done:
+            for wait_s in core.flush_waits(target, timeout_ms):
+                core.batch_done.wait(wait_s)
+    except HighwaterError:
+        pass  # what is left fails below
+    pending = core.pending_records()
+    if at_exit and pending:
+        log.warning(
+            "a Producer was never closed: at interpreter exit %d record(s) were still undelivered "
+            "after %d ms and failed with CLIENT_CLOSED; call producer.close() (or use `with "
+            "Producer(...) as producer:`) so the program waits for them",
+            pending,
+            timeout_ms,
+        )
+    try:
+        thread.run(core.shutdown(pending), timeout_ms=CLOSE_SHUTDOWN_TIMEOUT_MS, what="closing the producer")
+    except HighwaterError:
+        pass
+    finally:
+        thread.stop()
 
 
 class AsyncProducer:

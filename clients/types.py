@@ -77,7 +77,10 @@ class TopicDescription:
     name: str
     topic_id: str
     partitions: tuple[PartitionDescription, ...]
+    # Every topic config with the value in force (the topic's own, else the default) ...
     config: dict[str, int | bool | str] = field(default_factory=dict)
+    # ... and where it comes from, as Kafka's DescribeConfigs says: TOPIC_CONFIG or DEFAULT_CONFIG.
+    config_sources: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

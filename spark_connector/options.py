@@ -15,8 +15,9 @@ meaning earliest and -1 latest.
 
 A job ported from format("kafka") keeps its options: Kafka client settings (`kafka.`
 prefix) and Spark's Kafka-only options either map to the connector's setting of the same
-meaning or are refused with a message naming them (translate_kafka_options); none is
-accepted and ignored.
+meaning (kafka.ssl.* stores to its TLS material: kafka_tls.py), are accepted with no effect
+where they change nothing here (KAFKA_NO_EFFECT, each with why), or are refused with a
+message naming them (translate_kafka_options).
 """
 
 from __future__ import annotations
@@ -31,16 +32,14 @@ from typing import Any
 from clients.common.topics import topic_name_problem
 from clients.common.types import TopicPartitionKey
 from spark_connector import limits
+from spark_connector.kafka_tls import KafkaTls, parse_kafka_tls
+from spark_connector.options_error import OptionError as OptionError  # re-exported
 
 EARLIEST = -2  # Kafka's offsets-JSON value (and ListOffsets timestamp) for the log start
 LATEST = -1  # ... and for the high watermark
 
 _BYTE_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-class OptionError(ValueError):
-    """A data source option or an input column is wrong; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -105,12 +104,14 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 # --- Spark's Kafka source and sink options --------------------------------------------------
 # A job ported from format("kafka") keeps its options. Each one either means here what it
-# means there, or is refused with a message naming it and what to use instead: an option
-# accepted and ignored would change the job silently (docs/SPARK.md has the table).
+# means there, is accepted with no effect because it changes nothing here (said why, in
+# KAFKA_NO_EFFECT and docs/SPARK.md), or is refused with a message naming it and what to use
+# instead: an option that changes results, accepted and ignored, would change the job silently.
 KAFKA_PREFIX = "kafka."
 _SECURITY_INSTEAD = (
-    "use highwater.ssl.cafile (the CA's PEM), highwater.ssl.certfile and highwater.ssl.keyfile "
-    "(a client certificate) or highwater.auth.token (a bearer token from `highwater token create`)"
+    "use kafka.security.protocol=SSL with kafka.ssl.truststore.* (the cluster's CA) and "
+    "kafka.ssl.keystore.* (a client certificate), or highwater.ssl.cafile, highwater.ssl.certfile and "
+    "highwater.ssl.keyfile, or highwater.auth.token (a bearer token from `highwater token create`)"
 )
 # Kafka client settings with the same meaning here: kafka.<name> -> highwater.<name>.
 KAFKA_READ_EQUIVALENTS = {
@@ -127,11 +128,88 @@ KAFKA_WRITE_EQUIVALENTS = {
     "request.timeout.ms": "request.timeout.ms",
     "delivery.timeout.ms": "retry.timeout.ms",
 }
+# Kafka client settings that change nothing a query reads or writes here: accepted (any
+# value), with why. name -> (reads, writes, why).
+_NO_GROUP = (
+    "no consumer group is joined (tasks read assigned offset ranges, as Spark's Kafka consumers do), "
+    "so there is no membership to time out"
+)
+_TRANSPORT = "gRPC manages its connections (HTTP/2 flow control, its own reconnect back-off)"
+KAFKA_NO_EFFECT: dict[str, tuple[bool, bool, str]] = {
+    "client.id": (
+        True,
+        True,
+        "the cluster knows a client by its principal (certificate or token): quotas, ACLs and logs use that",
+    ),
+    "max.poll.records": (
+        True,
+        False,
+        "tasks do not poll: each reads its whole offset range in Fetches of highwater.fetch.max.bytes, "
+        "so the rows are the same whatever the value; bound a micro-batch with maxOffsetsPerTrigger",
+    ),
+    "session.timeout.ms": (True, False, _NO_GROUP),
+    "heartbeat.interval.ms": (True, False, _NO_GROUP),
+    "max.poll.interval.ms": (True, False, _NO_GROUP),
+    "fetch.min.bytes": (
+        True,
+        False,
+        "tasks read ranges already below the high watermark: a Fetch never waits for more records",
+    ),
+    "fetch.max.wait.ms": (
+        True,
+        False,
+        "tasks read ranges already below the high watermark: a Fetch never waits for more records",
+    ),
+    "retries": (
+        False,
+        True,
+        "a failed batch is retried until kafka.delivery.timeout.ms (highwater.retry.timeout.ms) passes, as "
+        "Kafka's producer does with its default retries; a count is not kept",
+    ),
+    "buffer.memory": (
+        False,
+        True,
+        "a writer task holds one Produce being sent and one being filled (highwater.max.request.size each)",
+    ),
+    "send.buffer.bytes": (True, True, _TRANSPORT),
+    "receive.buffer.bytes": (True, True, _TRANSPORT),
+    "reconnect.backoff.ms": (True, True, _TRANSPORT),
+    "reconnect.backoff.max.ms": (True, True, _TRANSPORT),
+    "connections.max.idle.ms": (True, True, _TRANSPORT + "; channels stay open for the process's life"),
+    "retry.backoff.ms": (
+        True,
+        True,
+        "calls are retried with the connector's own back-off until highwater.retry.timeout.ms",
+    ),
+    "metadata.max.age.ms": (True, True, "metadata is read when a query is planned and at every trigger"),
+}
+# Kafka client settings accepted with some values only: name -> (reads, writes, accepted
+# values (lower-cased), why the others are refused).
+KAFKA_VALUES: dict[str, tuple[bool, bool, tuple[str, ...], str]] = {
+    "enable.idempotence": (
+        False,
+        True,
+        ("true",),
+        "writes are always idempotent (a replayed task writes nothing twice) at no cost (no InitProducerId "
+        "call); turning it off would only let duplicates in; remove it",
+    ),
+    "max.in.flight.requests.per.connection": (
+        False,
+        True,
+        ("1", "2", "3", "4", "5"),
+        "an idempotent writer keeps record order with sequence numbers at up to 5, as Kafka's idempotent "
+        "producer requires; the writer has one Produce in flight",
+    ),
+    "isolation.level": (
+        True,
+        False,
+        ("read_uncommitted",),
+        "reads return every record below the high watermark (read_uncommitted); transaction markers "
+        "are not filtered",
+    ),
+}
 # Kafka client settings refused with a reason and what to use instead.
 KAFKA_REFUSED: dict[str, str] = {
-    "group.id": "the connector reads fixed offset ranges with no consumer group (offsets live in the query's "
-    "checkpoint, as with Spark's Kafka source, which commits none either); remove it, and use the "
-    "query's progress (lastProgress, reportLatestOffset) to watch its position",
     "auto.offset.reset": "set the option startingOffsets (earliest, latest or per-partition JSON) instead, "
     "as Spark's Kafka source also requires",
     "enable.auto.commit": "no offsets are committed to a group; the query's checkpoint keeps them",
@@ -140,36 +218,38 @@ KAFKA_REFUSED: dict[str, str] = {
     "key.serializer": "keys are written as binary or UTF-8 strings (serialize them in the query)",
     "value.serializer": "values are written as binary or UTF-8 strings (serialize them in the query)",
     "interceptor.classes": "there are no client interceptors; transform the DataFrame instead",
-    "max.poll.records": "tasks do not poll: each Fetch returns up to highwater.fetch.max.bytes; bound a "
-    "micro-batch with maxOffsetsPerTrigger",
-    "enable.idempotence": "writes are always idempotent (a replayed task writes nothing twice); remove it",
-    "retries": "retriable errors are retried until highwater.retry.timeout.ms "
-    "(kafka.delivery.timeout.ms) passes",
     "transactional.id": "there are no transactions; streaming writes are idempotent per micro-batch instead "
     "(docs/SPARK.md, Guarantees)",
     "partitioner.class": "rows go to murmur2(key) like Kafka's default partitioner; set a 'partition' column "
     "to choose",
-    "security.protocol": "TLS and authentication are set with the connector's own options: "
-    + _SECURITY_INSTEAD,
     "sasl.mechanism": "Highwater authenticates with a client certificate or a bearer token: "
     + _SECURITY_INSTEAD,
     "sasl.jaas.config": "Highwater authenticates with a client certificate or a bearer token: "
     + _SECURITY_INSTEAD,
 }
+# Consumer settings read by the reader itself (ReadOptions.group_id), not renamed.
+GROUP_ID = "group.id"
 # Spark's own (unprefixed) Kafka source options that have no meaning here.
 SPARK_REFUSED: dict[str, str] = {
-    "groupIdPrefix": "the connector uses no consumer group (see kafka.group.id); remove it",
     "fetchOffset.numRetries": "offset look-ups are retried with a back-off until highwater.retry.timeout.ms "
     "passes; set that instead",
     "fetchOffset.retryIntervalMs": "offset look-ups are retried with a back-off until "
     "highwater.retry.timeout.ms passes; set that instead",
 }
+GROUP_ID_PREFIX = "groupIdPrefix"
 # Spark's Kafka option with a Highwater equivalent of the same meaning (a task's wait for one Fetch).
 SPARK_READ_EQUIVALENTS = {"kafkaConsumer.pollTimeoutMs": "request.timeout.ms"}
 
 
 def _kafka_refusal(option: str, why: str) -> OptionError:
     return OptionError(f"option {option!r} is a Kafka client setting with no Highwater meaning: {why}")
+
+
+def _wrong_side(key: str, writing: bool) -> OptionError:
+    what = (
+        "a producer setting, and this is a read" if not writing else "a consumer setting, and this is a write"
+    )
+    return OptionError(f"option {key!r} is {what}: it has no meaning here; remove it")
 
 
 def translate_kafka_options(
@@ -179,7 +259,9 @@ def translate_kafka_options(
 
     Takes lower-cased options; returns them with each equivalent moved to its `highwater.`
     name, and display names (highwater name -> the option the user wrote) for messages.
-    The same setting given under two names with different values is an error.
+    Settings with no effect here (KAFKA_NO_EFFECT) are left as they are; kafka.group.id,
+    kafka.security.protocol and kafka.ssl.* are read by their own parsers. The same setting
+    given under two names with different values is an error.
     """
     out = dict(options)
     display: dict[str, str] = {}
@@ -192,32 +274,42 @@ def translate_kafka_options(
     for name, why in SPARK_REFUSED.items():
         if name.lower() in options:
             raise OptionError(f"option {name!r} of Spark's Kafka source has no Highwater meaning: {why}")
+    if writing and GROUP_ID_PREFIX.lower() in options:
+        raise OptionError(
+            f"option {GROUP_ID_PREFIX!r} is an option of Spark's Kafka source, and this is a write"
+        )
     for key in options:
         if not key.startswith(KAFKA_PREFIX):
             continue
         name = key[len(KAFKA_PREFIX) :]
-        if name == "bootstrap.servers":
-            continue
+        if name == "bootstrap.servers" or name == "security.protocol" or name.startswith("ssl."):
+            continue  # bootstrap: parse_bootstrap; TLS: parse_kafka_tls
         if name in equivalents:
             renames[key] = CLIENT_PREFIX + equivalents[name]
+        elif name in KAFKA_NO_EFFECT or name in KAFKA_VALUES or name == GROUP_ID:
+            reads, writes = KAFKA_NO_EFFECT.get(name, KAFKA_VALUES.get(name, (True, False)))[:2]
+            if not (writes if writing else reads):
+                raise _wrong_side(key, writing)
+            if name in KAFKA_VALUES:
+                accepted, why = KAFKA_VALUES[name][2:]
+                if options[key].strip().lower() not in accepted:
+                    raise OptionError(
+                        f"option {key!r}={options[key]!r} is refused: {why} (accepted: {', '.join(accepted)})"
+                    )
         elif name in KAFKA_REFUSED:
             raise _kafka_refusal(key, KAFKA_REFUSED[name])
-        elif name.startswith(("ssl.", "sasl.")):
+        elif name.startswith("sasl."):
             raise _kafka_refusal(key, _SECURITY_INSTEAD)
         elif name in other:
-            what = (
-                "a producer setting, and this is a read"
-                if not writing
-                else "a consumer setting, and this is a write"
-            )
-            raise OptionError(f"option {key!r} is {what}: it has no meaning here; remove it")
+            raise _wrong_side(key, writing)
         else:
             settings = ", ".join(f"{KAFKA_PREFIX}{k}" for k in sorted(equivalents))
             raise _kafka_refusal(
                 key,
                 f"remove it; the Kafka settings with a Highwater equivalent for "
                 f"{'writes' if writing else 'reads'} are {settings}, and the connector's "
-                f"own are the highwater.* options (docs/SPARK.md)",
+                f"own are the highwater.* options (docs/SPARK.md lists the Kafka settings accepted "
+                f"with no effect)",
             )
     # Options arrive lower-cased; messages use the names as Spark documents them.
     spelled = {name.lower(): name for name in SPARK_READ_EQUIVALENTS}
@@ -234,6 +326,25 @@ def translate_kafka_options(
         out[target] = options[key]
         display[target] = name
     return out, display
+
+
+def parse_group(options: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(kafka.group.id, groupIdPrefix) of a read, as Spark's Kafka source takes them.
+
+    Spark names its consumers' group with kafka.group.id, else with groupIdPrefix and a unique
+    suffix per query, and commits no offsets to it: the group matters for the ACLs the
+    principal needs. So here: the reader checks at planning that the principal may use the
+    group (reader.check_group) and commits nothing. groupIdPrefix is ignored when
+    kafka.group.id is set, as in Spark.
+    """
+    group_id = options.get(KAFKA_PREFIX + GROUP_ID)
+    prefix = options.get(GROUP_ID_PREFIX.lower())
+    for name, value in ((KAFKA_PREFIX + GROUP_ID, group_id), (GROUP_ID_PREFIX, prefix)):
+        if value is not None and not value.strip():
+            raise OptionError(f"option {name!r} is empty: give a group id (or prefix), or remove it")
+    if group_id is not None:
+        return group_id.strip(), None
+    return None, prefix.strip() if prefix is not None else None
 
 
 @dataclass(frozen=True)
@@ -284,6 +395,10 @@ class ReadOptions:
     include_headers: bool
     push_filters: bool
     client: ClientSettings
+    # kafka.group.id, or groupIdPrefix: a group the principal must be allowed to use
+    # (reader.check_group); nothing is committed to it.
+    group_id: str | None = None
+    group_id_prefix: str | None = None
 
 
 @dataclass(frozen=True)
@@ -375,11 +490,13 @@ def parse_byte_size(options: Mapping[str, str], name: str) -> int | None:
 
 
 def parse_client_settings(
-    options: Mapping[str, str], display: Mapping[str, str] | None = None
+    options: Mapping[str, str], display: Mapping[str, str] | None = None, kafka_tls: KafkaTls | None = None
 ) -> ClientSettings:
     """The `highwater.`-prefixed options; an unknown one is an error (a typo would be silently ignored).
 
     `display` maps a setting's name to the option the user wrote (a Kafka name), for messages.
+    `kafka_tls` is what kafka.security.protocol and kafka.ssl.* gave (parse_kafka_tls): its
+    PEM bytes take the place of the highwater.ssl.* files, which may not be given as well.
     """
     shown = display or {}
     values: dict[str, Any] = {}
@@ -417,7 +534,41 @@ def parse_client_settings(
         raise OptionError(
             "options 'highwater.ssl.certfile' and 'highwater.ssl.keyfile' go together: give both or neither"
         )
+    if kafka_tls is not None:
+        _merge_kafka_tls(values, kafka_tls)
     return ClientSettings(**values)
+
+
+def _merge_kafka_tls(values: dict[str, Any], tls: KafkaTls) -> None:
+    """Put kafka.ssl.*'s PEM bytes into `values`; refuse what contradicts the highwater.* options."""
+    own = [CLIENT_PREFIX + name for name, attr in _TLS_FILES.items() if values.get(attr)]
+    if tls.given and own:
+        raise OptionError(
+            f"options {', '.join(map(repr, tls.given))} and {', '.join(map(repr, own))} both give TLS "
+            "material; give one set"
+        )
+    values.update(
+        {
+            attr: data
+            for attr, data in (
+                ("ca_cert", tls.ca_cert),
+                ("cert_chain", tls.cert_chain),
+                ("private_key", tls.private_key),
+            )
+            if data is not None
+        }
+    )
+    tls_on = bool(values.get("ca_cert") or values.get("cert_chain") or values.get("token"))
+    if tls.protocol == "PLAINTEXT" and tls_on:
+        raise OptionError(
+            "option 'kafka.security.protocol' is PLAINTEXT, but highwater.ssl.* or highwater.auth.token turn "
+            "TLS on; set kafka.security.protocol=SSL, or remove one"
+        )
+    if tls.protocol == "SSL" and not values.get("ca_cert"):
+        raise OptionError(
+            "option 'kafka.security.protocol' is SSL but no CA is given: set kafka.ssl.truststore.location "
+            "(a PEM or PKCS12 file holding the cluster's CA) or highwater.ssl.cafile"
+        )
 
 
 def _read_pem(option: str, path: str) -> bytes:
@@ -607,6 +758,7 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
             f"({max_offsets}): no micro-batch could satisfy both"
         )
     subscription = parse_subscription(options)
+    group_id, group_id_prefix = parse_group(options)
     starting = _offset_spec(options, starting=True, streaming=streaming)
     ending = None if streaming else _offset_spec(options, starting=False, streaming=streaming)
     for spec in (starting, ending):
@@ -639,7 +791,9 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
         fail_on_data_loss=parse_bool(options, "failOnDataLoss", True),
         include_headers=parse_bool(options, "includeHeaders", False),
         push_filters=parse_bool(options, "pushFilters", False),
-        client=parse_client_settings(options, display),
+        client=parse_client_settings(options, display, parse_kafka_tls(options)),
+        group_id=group_id,
+        group_id_prefix=group_id_prefix,
     )
 
 
@@ -652,7 +806,7 @@ def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
     return WriteOptions(
         bootstrap=parse_bootstrap(options),
         topic=check_topic(topic.strip(), "option 'topic'") if topic is not None else None,
-        client=parse_client_settings(options, display),
+        client=parse_client_settings(options, display, parse_kafka_tls(options)),
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -52,7 +53,7 @@ from pyspark.sql.streaming.datasource import (
 
 from clients.common.types import TopicPartitionKey
 from clients.consumer import next_fetch_offset
-from protos.highwater.v1 import common_pb2
+from protos.highwater.v1 import common_pb2, gateway_pb2
 from spark_connector import limits, planning
 from spark_connector.columnar import decode_columns
 from spark_connector.fetch_response import FetchedPartition
@@ -129,6 +130,41 @@ def resolve_partitions(
             raise HighwaterSparkError(f"option 'assign': partition {', '.join(absent)} does not exist")
         return [(t, p) for t, p in sub.assigned if p in (found[t] or [])]
     return [(t, p) for t in topics for p in (found[t] or [])]
+
+
+def check_group(client: GatewayClient, options: ReadOptions) -> None:
+    """kafka.group.id / groupIdPrefix: the query's principal must be allowed to use the group.
+
+    Spark's Kafka source names its consumers' group with these options (for group-based
+    ACLs) and commits no offsets to it; nor does this reader. What the group means here is
+    that check, made once when a query is planned or started: a FetchCommittedOffsets of the
+    group, which the authorizer allows only with Describe on it (Read implies Describe). With
+    groupIdPrefix the group is the prefix and a suffix unique to the query, as Spark's.
+    Raises HighwaterSparkError naming the option when the principal may not.
+    """
+    if options.group_id is not None:
+        option, group = "kafka.group.id", options.group_id
+    elif options.group_id_prefix is not None:
+        option, group = "groupIdPrefix", f"{options.group_id_prefix}-{uuid.uuid4()}"
+    else:
+        return
+    try:
+        answer = client.call(
+            "FetchCommittedOffsets", gateway_pb2.FetchCommittedOffsetsRequest(group_id=group)
+        )
+    except HighwaterSparkError as exc:
+        if "PERMISSION_DENIED" not in str(exc):  # not the authorizer's refusal: its own message says what
+            raise
+        raise HighwaterSparkError(
+            f"option {option!r}: the principal of this query's credentials may not use group {group!r} "
+            f"({exc}); an operator grants it with `highwater acl add --principal User:<name> --operation "
+            f"Read --group {group if option == 'kafka.group.id' else options.group_id_prefix}"
+            f"{'' if option == 'kafka.group.id' else ' --prefixed'}`, or remove the option"
+        ) from None
+    if answer.error_code != common_pb2.NONE:
+        raise HighwaterSparkError(
+            f"option {option!r}: group {group!r}: {code_name(answer.error_code)} {answer.error_message}"
+        )
 
 
 def _unknown(tps: Iterable[TopicPartitionKey]) -> str:
@@ -486,7 +522,11 @@ class HighwaterBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
         with GatewayClient(options.bootstrap, options.client) as client:
-            selected = resolve_partitions(client, options, allow_empty=False)
+            check_group(client, options)
+            # A pattern that matches no topic reads nothing, as Spark's Kafka source does.
+            selected = resolve_partitions(
+                client, options, allow_empty=options.subscription.pattern is not None
+            )
             for spec in (options.starting, options.ending):
                 if spec is not None:
                     check_every_partition_named(spec, selected)
@@ -566,7 +606,9 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     @property
     def client(self) -> GatewayClient:
         if self._client is None:
-            self._client = GatewayClient(self.options.bootstrap, self.options.client)
+            client = GatewayClient(self.options.bootstrap, self.options.client)
+            check_group(client, self.options)  # once per start of the query (this object's life)
+            self._client = client
         return self._client
 
     def _current_partitions(self) -> list[TopicPartitionKey]:

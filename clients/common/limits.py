@@ -53,6 +53,16 @@ SEGMENT_BYTES_MAX = 1024 * 1024 * 1024
 # With segment.bytes at most 1 GiB, segment + one batch stays below the 2 GiB that int32
 # index positions can address, so the two need no joint check.
 MAX_MESSAGE_BYTES_MAX = GRPC_MAX_MESSAGE_BYTES
+# A topic's log settings when its config does not say (Kafka's defaults; the brokers' LogConfig
+# takes them, and DescribeConfigs and Admin.describe_topics show them as DEFAULT_CONFIG values):
+# roll a segment at 1 GiB or after 7 days, keep 7 days of data whatever its size.
+LOG_SEGMENT_BYTES_DEFAULT = 1024 * 1024 * 1024
+LOG_SEGMENT_MS_DEFAULT = 7 * 24 * 60 * 60 * 1000
+LOG_RETENTION_BYTES_DEFAULT = -1
+LOG_RETENTION_MS_DEFAULT = 7 * 24 * 60 * 60 * 1000
+# How far ahead of the leader's clock a CreateTime timestamp may be (Kafka 4.0, KIP-1030): a
+# timestamp from the future holds its segment back from time-based retention.
+MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT = 60 * 60 * 1000
 
 # --- consumer groups ---------------------------------------------------------
 # A group id becomes part of an etcd key (/consumers/{group}/offsets/...): bounded, one path segment,

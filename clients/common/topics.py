@@ -13,12 +13,13 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from clients.common import limits
-from clients.common.errors import InvalidConfig
+from clients.common.errors import InvalidConfig, InvalidRequest
 from clients.common.record_batch import BATCH_HEADER_SIZE, TIMESTAMP_TYPES
 from protos.highwater.v1 import common_pb2
 
@@ -57,12 +58,54 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 
 
+# Kafka's DescribeConfigs config_type codes (DescribeConfigsResponse.json, v3+).
+KAFKA_CONFIG_TYPE_BOOLEAN = 1
+KAFKA_CONFIG_TYPE_STRING = 2
+KAFKA_CONFIG_TYPE_INT = 3
+KAFKA_CONFIG_TYPE_LONG = 5
+KAFKA_CONFIG_TYPE_DOUBLE = 6
+KAFKA_CONFIG_TYPE_LIST = 7
+
+
+# Kafka's cleanup.policy values; a topic's policy is a non-empty set of them.
+CLEANUP_POLICY_DELETE = "delete"
+CLEANUP_POLICY_COMPACT = "compact"
+CLEANUP_POLICIES = (CLEANUP_POLICY_COMPACT, CLEANUP_POLICY_DELETE)
+
+# Why accepted configs have no effect here (ConfigKey.note; described by DescribeConfigs).
+_KEPT_AS_SENT = "no effect here: batches are stored as the producer compressed them (Kafka's 'producer')"
+_NO_CLEANER = "no effect here: there is no log cleaner yet; a compacted topic is kept whole"
+_BROKER_FLUSH = "no effect here: the broker's own flush policy applies to every topic"
+_BROKER_INDEX = "no effect here: the broker's own index settings apply to every topic"
+_NOT_THROTTLED = "no effect here: replication is not throttled"
+_NO_TIERS = "no effect here: there is no tiered storage"
+# Kafka's ThrottledReplicaListValidator: empty, "*", or partition:broker pairs.
+_THROTTLED_REPLICAS = r"|\*|\d+:\d+(,\d+:\d+)*"
+
+
+def retention_applies(cleanup_policy: str) -> bool:
+    """Whether time and size retention delete segments under this canonical cleanup.policy
+    ("" is the default, delete): as in Kafka, only a policy that includes "delete"."""
+    return not cleanup_policy or CLEANUP_POLICY_DELETE in cleanup_policy.split(",")
+
+
 @dataclass(frozen=True)
 class ConfigKey:
-    """One topic config: its kind, bounds and unit (bounds inclusive; -1 means unlimited where allowed).
+    """One topic config: its kind, bounds, unit and default (bounds inclusive; -1 means unlimited
+    where allowed).
 
     max.message.bytes starts at one batch header: no batch fits below it. A `str` key
-    takes one of `choices`, spelled exactly as Kafka spells them.
+    takes one of `choices`, spelled exactly as Kafka spells them, or matches `pattern`. A `list`
+    key is Kafka's comma-separated LIST: with `choices`, a non-empty set of them (canonical:
+    sorted, each once, so "delete,compact" is "compact,delete"); else its canonical text matches
+    `pattern`. A `float` key is a number from `minimum` to `maximum`. `default` is the value in
+    force while the topic does not set the key, in canonical text (the brokers' LogConfig
+    takes the same constants).
+
+    `note` is empty for a config Highwater honours; for one it only accepts (validated with
+    Kafka's type and bounds, stored and described so that a client written for Kafka never
+    fails on it) it says why the config has no effect here. `refused` maps a canonical value
+    Kafka's type allows but Highwater cannot serve to the reason it is refused.
     """
 
     name: str
@@ -72,28 +115,89 @@ class ConfigKey:
     unit: str = ""
     unlimited: bool = False
     choices: tuple[str, ...] = ()
+    default: str = ""
+    note: str = ""
+    pattern: str = ""
+    refused: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def honoured(self) -> bool:
+        return not self.note
+
+    @property
+    def kafka_config_type(self) -> int:
+        """Kafka's DescribeConfigs config_type of this key (INT for int32 bounds, else LONG)."""
+        if self.kind is bool:
+            return KAFKA_CONFIG_TYPE_BOOLEAN
+        if self.kind is list:
+            return KAFKA_CONFIG_TYPE_LIST
+        if self.kind is float:
+            return KAFKA_CONFIG_TYPE_DOUBLE
+        if self.kind is int:
+            return KAFKA_CONFIG_TYPE_INT if self.maximum <= INT32_MAX else KAFKA_CONFIG_TYPE_LONG
+        return KAFKA_CONFIG_TYPE_STRING
 
     def bounds(self) -> str:
         if self.kind is bool:
             return "true or false"
+        if self.kind is list and self.choices:
+            return "a comma-separated list of " + ", ".join(self.choices)
+        if self.pattern:
+            return f"text matching {self.pattern}"
         if self.kind is str:
             return "one of " + ", ".join(self.choices)
+        if self.kind is float:
+            return f"a number from {self.minimum} to {self.maximum}"
         unit = f" {self.unit}" if self.unit else ""
         low = "-1 (unlimited) or " if self.unlimited else ""
         first = 1 if self.unlimited else self.minimum
         return f"{low}an integer from {first} to {self.maximum}{unit}"
 
+    def typed(self, text: str) -> int | bool | str | float:
+        """A canonical value (parse's output, or `default`) as its Python type (a list stays text)."""
+        if self.kind is bool:
+            return text == "true"
+        if self.kind is float:
+            return float(text)
+        return int(text) if self.kind is int else text
+
     def parse(self, value: object) -> str:
         """The value in its canonical text, or InvalidConfig naming the key and its bounds."""
+        text = self._canonical(value)
+        reason = dict(self.refused).get(text)
+        if reason is not None:
+            raise InvalidConfig(f"{self.name}={text} is not served here: {reason}")
+        return text
+
+    def _canonical(self, value: object) -> str:
         text = str(value).strip()
         if self.kind is bool:
             if text.lower() not in ("true", "false"):
                 raise InvalidConfig(f"{self.name} must be {self.bounds()}, got {text!r}")
             return text.lower()
+        if self.kind is list:
+            items = [item.strip() for item in text.split(",") if item.strip()]
+            if self.choices:
+                if not items or any(item not in self.choices for item in items):
+                    raise InvalidConfig(f"{self.name} must be {self.bounds()}, got {text!r}")
+                return ",".join(sorted(set(items)))
+            text = ",".join(items)
+        if self.pattern:
+            if not re.fullmatch(self.pattern, text):
+                raise InvalidConfig(f"{self.name} must be {self.bounds()}, got {text!r}")
+            return text
         if self.kind is str:
             if text not in self.choices:
                 raise InvalidConfig(f"{self.name} must be {self.bounds()}, got {text!r}")
             return text
+        if self.kind is float:
+            try:
+                ratio = float(text)
+            except ValueError:
+                raise InvalidConfig(f"{self.name} must be {self.bounds()}, got {text!r}") from None
+            if not math.isfinite(ratio) or not self.minimum <= ratio <= self.maximum:
+                raise InvalidConfig(f"{self.name} must be {self.bounds()}, got {text!r}")
+            return repr(ratio)
         try:
             number = int(text)
         except ValueError:
@@ -108,32 +212,252 @@ class ConfigKey:
 TOPIC_CONFIG_SCHEMA: dict[str, ConfigKey] = {
     key.name: key
     for key in (
-        ConfigKey("min.insync.replicas", int, 1, INT32_MAX, "replicas"),
-        ConfigKey("unclean.leader.election.enable", bool),
-        ConfigKey("retention.ms", int, -1, INT64_MAX, "ms", unlimited=True),
-        ConfigKey("retention.bytes", int, -1, INT64_MAX, "bytes", unlimited=True),
-        ConfigKey("segment.bytes", int, limits.SEGMENT_BYTES_MIN, limits.SEGMENT_BYTES_MAX, "bytes"),
-        ConfigKey("segment.ms", int, 1, INT64_MAX, "ms"),
-        ConfigKey("max.message.bytes", int, BATCH_HEADER_SIZE, limits.MAX_MESSAGE_BYTES_MAX, "bytes"),
-        # Kafka's names since 3.6 (KIP-937) and bounds (atLeast(0)); defaults in LogConfig.
-        ConfigKey("message.timestamp.type", str, choices=TIMESTAMP_TYPES),
-        ConfigKey("message.timestamp.before.max.ms", int, 0, INT64_MAX, "ms"),
-        ConfigKey("message.timestamp.after.max.ms", int, 0, INT64_MAX, "ms"),
+        ConfigKey(
+            "min.insync.replicas",
+            int,
+            1,
+            INT32_MAX,
+            "replicas",
+            default=str(limits.DEFAULT_MIN_INSYNC_REPLICAS),
+        ),
+        ConfigKey("unclean.leader.election.enable", bool, default="false"),
+        ConfigKey(
+            "retention.ms",
+            int,
+            -1,
+            INT64_MAX,
+            "ms",
+            unlimited=True,
+            default=str(limits.LOG_RETENTION_MS_DEFAULT),
+        ),
+        ConfigKey(
+            "retention.bytes",
+            int,
+            -1,
+            INT64_MAX,
+            "bytes",
+            unlimited=True,
+            default=str(limits.LOG_RETENTION_BYTES_DEFAULT),
+        ),
+        ConfigKey(
+            "segment.bytes",
+            int,
+            limits.SEGMENT_BYTES_MIN,
+            limits.SEGMENT_BYTES_MAX,
+            "bytes",
+            default=str(limits.LOG_SEGMENT_BYTES_DEFAULT),
+        ),
+        ConfigKey("segment.ms", int, 1, INT64_MAX, "ms", default=str(limits.LOG_SEGMENT_MS_DEFAULT)),
+        ConfigKey(
+            "max.message.bytes",
+            int,
+            BATCH_HEADER_SIZE,
+            limits.MAX_MESSAGE_BYTES_MAX,
+            "bytes",
+            default=str(limits.MAX_MESSAGE_BYTES),
+        ),
+        # Kafka's names since 3.6 (KIP-937), bounds (atLeast(0)) and defaults (before: Long.MAX_VALUE,
+        # no limit; after: one hour since Kafka 4.0).
+        ConfigKey("message.timestamp.type", str, choices=TIMESTAMP_TYPES, default="CreateTime"),
+        ConfigKey("message.timestamp.before.max.ms", int, 0, INT64_MAX, "ms", default=str(INT64_MAX)),
+        ConfigKey(
+            "message.timestamp.after.max.ms",
+            int,
+            0,
+            INT64_MAX,
+            "ms",
+            default=str(limits.MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT),
+        ),
+        # Honoured as retention: a policy without "delete" turns time and size retention off, as
+        # in Kafka. Nothing is compacted yet (no log cleaner), so a compacted topic keeps every
+        # record: its log grows until the cleaner lands, and no changelog loses a key's last value.
+        ConfigKey("cleanup.policy", list, choices=CLEANUP_POLICIES, default=CLEANUP_POLICY_DELETE),
+        # Accepted, not acted on: every other topic config Kafka 3.x defines, with Kafka's type,
+        # bounds and default (LogConfig / TopicConfig), so a client that sends one is not refused.
+        ConfigKey(
+            "compression.type",
+            str,
+            choices=("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
+            default="producer",
+            note=_KEPT_AS_SENT,
+        ),
+        # Kafka 3.8 (KIP-390).
+        ConfigKey("compression.gzip.level", int, -1, 9, default="-1", note=_KEPT_AS_SENT, pattern=r"-1|[1-9]"),
+        ConfigKey("compression.lz4.level", int, 1, 17, default="9", note=_KEPT_AS_SENT),
+        ConfigKey("compression.zstd.level", int, -131072, 22, default="3", note=_KEPT_AS_SENT),
+        ConfigKey("delete.retention.ms", int, 0, INT64_MAX, "ms", default="86400000", note=_NO_CLEANER),
+        ConfigKey(
+            "file.delete.delay.ms",
+            int,
+            0,
+            INT64_MAX,
+            "ms",
+            default="60000",
+            note="no effect here: a segment's files are removed when retention deletes it",
+        ),
+        ConfigKey("flush.messages", int, 1, INT64_MAX, "messages", default=str(INT64_MAX), note=_BROKER_FLUSH),
+        ConfigKey("flush.ms", int, 0, INT64_MAX, "ms", default=str(INT64_MAX), note=_BROKER_FLUSH),
+        ConfigKey(
+            "follower.replication.throttled.replicas",
+            list,
+            pattern=_THROTTLED_REPLICAS,
+            default="",
+            note=_NOT_THROTTLED,
+        ),
+        ConfigKey("index.interval.bytes", int, 0, INT32_MAX, "bytes", default="4096", note=_BROKER_INDEX),
+        ConfigKey(
+            "leader.replication.throttled.replicas",
+            list,
+            pattern=_THROTTLED_REPLICAS,
+            default="",
+            note=_NOT_THROTTLED,
+        ),
+        # -2: use retention.bytes / retention.ms (Kafka's default).
+        ConfigKey("local.retention.bytes", int, -2, INT64_MAX, "bytes", default="-2", note=_NO_TIERS),
+        ConfigKey("local.retention.ms", int, -2, INT64_MAX, "ms", default="-2", note=_NO_TIERS),
+        ConfigKey("max.compaction.lag.ms", int, 1, INT64_MAX, "ms", default=str(INT64_MAX), note=_NO_CLEANER),
+        ConfigKey(
+            "message.downconversion.enable",
+            bool,
+            default="true",
+            note="no effect here: records are never down-converted (fetches need record format v2)",
+        ),
+        ConfigKey(
+            "message.format.version",
+            str,
+            pattern=r"\d+\.\d+(\.\d+)?(-IV\d+)?",
+            default="3.0-IV1",
+            note="no effect here: records are always format v2 (Kafka 3.x ignores it too)",
+        ),
+        # Deprecated by Kafka 3.6 (KIP-937) for message.timestamp.before/after.max.ms, honoured above.
+        ConfigKey(
+            "message.timestamp.difference.max.ms",
+            int,
+            0,
+            INT64_MAX,
+            "ms",
+            default=str(INT64_MAX),
+            note="no effect here: set message.timestamp.before.max.ms and message.timestamp.after.max.ms",
+        ),
+        ConfigKey("min.cleanable.dirty.ratio", float, 0, 1, default="0.5", note=_NO_CLEANER),
+        ConfigKey("min.compaction.lag.ms", int, 0, INT64_MAX, "ms", default="0", note=_NO_CLEANER),
+        ConfigKey(
+            "preallocate",
+            bool,
+            default="false",
+            note="no effect here: segment files grow as they are written",
+        ),
+        # Kafka 3.9 (KIP-950).
+        ConfigKey("remote.log.copy.disable", bool, default="false", note=_NO_TIERS),
+        ConfigKey("remote.log.delete.on.disable", bool, default="false", note=_NO_TIERS),
+        # true is refused as Kafka refuses it on a broker without tiered storage.
+        ConfigKey(
+            "remote.storage.enable",
+            bool,
+            default="false",
+            note=_NO_TIERS,
+            refused=(("true", "tiered storage is not supported; every segment stays on the brokers' disks"),),
+        ),
+        ConfigKey(
+            "segment.index.bytes", int, 4, INT32_MAX, "bytes", default="10485760", note=_BROKER_INDEX
+        ),
+        ConfigKey(
+            "segment.jitter.ms",
+            int,
+            0,
+            INT64_MAX,
+            "ms",
+            default="0",
+            note="no effect here: segments roll at segment.ms exactly",
+        ),
     )
 }
 
 
+def _schema_of(key: str) -> ConfigKey:
+    schema = TOPIC_CONFIG_SCHEMA.get(key)
+    if schema is None:
+        raise InvalidConfig(f"unknown topic config {key!r}; known: {', '.join(sorted(TOPIC_CONFIG_SCHEMA))}")
+    return schema
+
+
 def validate_topic_configs(configs: Mapping[str, object]) -> dict[str, str]:
     """Every key known and every value within its bounds; raise InvalidConfig naming the first bad one."""
+    return {key: _schema_of(key).parse(value) for key, value in configs.items()}
+
+
+def altered_topic_configs(
+    current: Mapping[str, str],
+    set_configs: Mapping[str, object],
+    delete_configs: Iterable[str],
+    *,
+    replace: bool = False,
+) -> dict[str, str]:
+    """A topic's configs after a change (Kafka's AlterConfigs with `replace`, else
+    IncrementalAlterConfigs): `set_configs` validated by the schema, `delete_configs` back to
+    their defaults, and with `replace` every config not set here back to its default too.
+
+    Raises InvalidConfig naming an unknown key or a value out of bounds, InvalidRequest for a
+    key both set and deleted (Kafka: "duplicate config keys"). Pure.
+    """
+    deleted = list(delete_configs)
+    both = sorted(set(set_configs) & set(deleted))
+    if both:
+        raise InvalidRequest(f"configs {both} are both set and deleted in one request; name each once")
+    for key in deleted:
+        _schema_of(key)
+    new = {} if replace else {k: v for k, v in current.items() if k not in deleted}
+    new.update(validate_topic_configs(set_configs))
+    return new
+
+
+@dataclass(frozen=True)
+class ConfigValue:
+    """A topic config as in force: its value in canonical text, and whether the topic sets it
+    (Kafka's config source TOPIC_CONFIG) or it is the default (DEFAULT_CONFIG)."""
+
+    name: str
+    value: str
+    is_default: bool
+
+    @property
+    def source(self) -> str:
+        return "DEFAULT_CONFIG" if self.is_default else "TOPIC_CONFIG"
+
+    def typed(self) -> int | bool | str:
+        return TOPIC_CONFIG_SCHEMA[self.name].typed(self.value)
+
+
+def effective_topic_configs(configs: Mapping[str, str]) -> list[ConfigValue]:
+    """Every topic config in schema order, with the value in force: the topic's own or the default.
+
+    `configs` are a topic's set configs (validated; topic_configs_from_proto reads them off the wire).
+    """
+    return [
+        ConfigValue(key.name, configs[key.name], False)
+        if key.name in configs
+        else ConfigValue(key.name, key.default, True)
+        for key in TOPIC_CONFIG_SCHEMA.values()
+    ]
+
+
+def topic_configs_from_proto(config: common_pb2.TopicConfig) -> dict[str, str]:
+    """The configs a topic sets, from their wire form (topic_config_proto's inverse).
+
+    A field is set when present (optional fields) or non-zero / non-empty: no key's legal value
+    is 0 or "" unless its field is optional. Field names are the config names with '_' for '.'.
+    """
     out: dict[str, str] = {}
-    for key, value in configs.items():
-        schema = TOPIC_CONFIG_SCHEMA.get(key)
-        if schema is None:
-            raise InvalidConfig(
-                f"unknown topic config {key!r}; known: {', '.join(sorted(TOPIC_CONFIG_SCHEMA))}"
-            )
-        out[key] = schema.parse(value)
+    for key in TOPIC_CONFIG_SCHEMA.values():
+        field = key.name.replace(".", "_")
+        value = getattr(config, field)
+        if config.HasField(field) if _is_optional(field) else value:
+            out[key.name] = ("true" if value else "false") if key.kind is bool else str(value)
     return out
+
+
+def _is_optional(field: str) -> bool:
+    return bool(common_pb2.TopicConfig.DESCRIPTOR.fields_by_name[field].has_presence)
 
 
 def stored_topic_configs(configs: Mapping[str, object]) -> tuple[dict[str, str], list[str]]:
@@ -152,10 +476,12 @@ def stored_topic_configs(configs: Mapping[str, object]) -> tuple[dict[str, str],
 
 
 def topic_config_proto(configs: Mapping[str, str]) -> common_pb2.TopicConfig:
-    """The wire form of validated configs (0, false, "" or an absent optional field: the broker's default)."""
+    """The wire form of validated configs (0, "" or an absent optional field: the broker's default)."""
+    unclean = configs.get("unclean.leader.election.enable")
     return common_pb2.TopicConfig(
-        min_insync_replicas=int(configs.get("min.insync.replicas", limits.DEFAULT_MIN_INSYNC_REPLICAS)),
-        unclean_leader_election_enable=configs.get("unclean.leader.election.enable", "false") == "true",
+        # Optional: present only when the topic sets them (topic_configs_from_proto tells them apart).
+        min_insync_replicas=_optional_int(configs.get("min.insync.replicas")),
+        unclean_leader_election_enable=None if unclean is None else unclean == "true",
         retention_ms=int(configs.get("retention.ms", 0)),
         retention_bytes=int(configs.get("retention.bytes", 0)),
         segment_bytes=int(configs.get("segment.bytes", 0)),

@@ -98,6 +98,14 @@ async function main() {
     }
     check(received === total, `consumed ${received} of ${total} records`);
 
+    // stopAtEnd: the stream ends by itself at the high watermarks as of the call.
+    let toEnd = 0;
+    for await (const r of client.consume(topic, { from: -2, stopAtEnd: true })) {
+      check(byPlace.has(`${r.partition}/${r.offset}`), `stopAtEnd: ${r.partition}/${r.offset} never produced`);
+      toEnd += 1;
+    }
+    check(toEnd === total, `stopAtEnd: consumed ${toEnd} of ${total} records`);
+
     // Topic management: a scratch topic made and removed again.
     const scratch = `${topic}-scratch`;
     await client.createTopic(scratch, { partitions: 1, replicationFactor: 1 });

@@ -118,11 +118,13 @@ class HighwaterClient {
 
   // Yields { topic, partition, offset, timestampMs, key, value, headers } in offset order per
   // partition; key and value are null when the record has none. from: -2 earliest, -1 latest,
-  // or an offset; partitions: [{ partition, start_offset }] to pick partitions.
+  // or an offset; partitions: [{ partition, start_offset }] to pick partitions. stopAtEnd: end
+  // once every partition reached its high watermark as of the call (else follow until cancelled).
   async *consume(topic, { from = -2, partitions = [], groupId = '', maxRecords = 0,
-    timeoutMs = CALL_TIMEOUT_MS } = {}) {
+    stopAtEnd = false, timeoutMs = CALL_TIMEOUT_MS } = {}) {
     const call = this.stub.ConsumeRecords({
       topic, partitions, default_start_offset: from, group_id: groupId, max_records: maxRecords,
+      stop_at_end: stopAtEnd,
     }, { deadline: deadline(timeoutMs) });
     try {
       for await (const message of call) {

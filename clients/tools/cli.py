@@ -402,6 +402,7 @@ def topic_describe(obj: CliContext, names: tuple[str, ...]) -> None:
                     "name": d.name,
                     "topic_id": d.topic_id,
                     "config": d.config,
+                    "config_sources": d.config_sources,
                     "partitions": [
                         {
                             "partition": p.partition,
@@ -435,6 +436,16 @@ def topic_describe(obj: CliContext, names: tuple[str, ...]) -> None:
         ]
         columns = ("partition", "leader", "leader epoch", "replicas", "ISR", "offline")
         console.print(make_table(columns, rows, escape(title), right=("partition", "leader", "leader epoch")))
+        config_rows = [
+            (
+                name,
+                escape(str(value).lower() if isinstance(value, bool) else str(value)),
+                "topic" if d.config_sources.get(name) == "TOPIC_CONFIG" else "[dim]default[/dim]",
+            )
+            for name, value in d.config.items()
+        ]
+        if config_rows:
+            console.print(make_table(("config", "value", "source"), config_rows, escape(f"{d.name} configs")))
         if under:
             console.print(f"[yellow]{under} partition(s) under-replicated[/yellow]")
 
@@ -456,6 +467,52 @@ def topic_delete(obj: CliContext, names: tuple[str, ...]) -> None:
         return
     for name in deleted:
         out().print(f"deleted topic [bold]{escape(name)}[/bold]")
+
+
+@topic.command("delete-records")
+@click.argument("name", metavar="TOPIC")
+@click.option(
+    "--partition",
+    "-p",
+    "partitions",
+    type=click.IntRange(min=0),
+    multiple=True,
+    help="A partition to delete from (repeatable; default: every partition of TOPIC).",
+)
+@click.option(
+    "--before-offset",
+    type=click.IntRange(min=-1),
+    required=True,
+    help="Delete every record below this offset; -1: below the high watermark (everything committed).",
+)
+@pass_cli
+def topic_delete_records(obj: CliContext, name: str, partitions: tuple[int, ...], before_offset: int) -> None:
+    """Delete the records of TOPIC below --before-offset (Kafka's kafka-delete-records).
+
+    The partitions' log start offsets move there: older records become unreadable at once and
+    whole segments below leave the disk. Prints each partition's low watermark (the new log
+    start offset, once every in-sync replica has it).
+
+    \b
+    Example:
+      highwater topic delete-records orders --partition 0 --before-offset 1000
+    """
+    with obj.admin() as admin:
+        if not partitions:
+            (description,) = admin.describe_topics([name])
+            partitions = tuple(p.partition for p in description.partitions)
+        low = admin.delete_records({TopicPartition(name, p): before_offset for p in partitions})
+    if obj.json:
+        print_json(
+            [
+                {"topic": tp.topic, "partition": tp.partition, "low_watermark": w}
+                for tp, w in sorted(low.items())
+            ]
+        )
+        return
+    rows = [(escape(tp.topic), str(tp.partition), str(w)) for tp, w in sorted(low.items())]
+    columns = ("topic", "partition", "low watermark")
+    out().print(make_table(columns, rows, "records deleted", right=("partition", "low watermark")))
 
 
 @topic.command("add-partitions")
@@ -482,6 +539,58 @@ def topic_add_partitions(obj: CliContext, name: str, total: int) -> None:
         print_json({"name": name, "partitions": total})
     else:
         out().print(f"topic [bold]{escape(name)}[/bold] now has {total} partitions")
+
+
+@topic.command("alter-config")
+@click.argument("name")
+@click.option(
+    "--set",
+    "-s",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set a topic config, e.g. retention.ms=86400000 (repeatable).",
+)
+@click.option(
+    "--delete",
+    "-d",
+    "deletes",
+    multiple=True,
+    metavar="KEY",
+    help="Return a topic config to its default (repeatable).",
+)
+@click.option("--validate-only", is_flag=True, help="Check the change and change nothing.")
+@pass_cli
+def topic_alter_config(
+    obj: CliContext, name: str, sets: tuple[str, ...], deletes: tuple[str, ...], validate_only: bool
+) -> None:
+    """Change topic NAME's configs; the others are kept. Every replica takes the new values from
+    its next append (a lower max.message.bytes refuses larger batches, a new min.insync.replicas
+    applies to the next acks=all produce, retention to the next cleanup pass).
+
+    \b
+    Example:
+      highwater topic alter-config orders --set retention.ms=86400000 --delete max.message.bytes
+    """
+    if not sets and not deletes:
+        raise click.UsageError("give --set KEY=VALUE or --delete KEY (each repeatable)")
+    with obj.admin() as admin:
+        admin.alter_topic_configs(
+            name, parse_key_values(sets, "--set"), list(deletes), validate_only=validate_only
+        )
+    if obj.json:
+        print_json(
+            {
+                "name": name,
+                "validate_only": validate_only,
+                "set": parse_key_values(sets, "--set"),
+                "delete": list(deletes),
+            }
+        )
+        return
+    verb = "would change" if validate_only else "changed"
+    parts = [*sets, *(f"{k} (default)" for k in deletes)]
+    out().print(f"{verb} topic [bold]{escape(name)}[/bold]: {escape(', '.join(parts))}")
 
 
 # --- produce / consume -------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Kafka's ReplicaManager, sans I/O (as the controller's handlers already are). The
 core answers control requests (LeaderAndIsr, UpdateMetadata, StopReplica), data
-requests (Produce, Fetch, ListOffsets, OffsetsForLeaderEpoch) and runs the leader's
+requests (Produce, Fetch, ListOffsets, OffsetsForLeaderEpoch, DeleteRecords) and runs the leader's
 periodic duties (ISR shrink, HW checkpoints, retention). It never touches a socket,
 sleeps or reads a clock of its own: time comes from the `Clock` passed in, files go
 through the `Storage` seam, and everything that waits or talks to another process
@@ -30,7 +30,7 @@ only for an older broker epoch (STALE_BROKER_EPOCH) or controller epoch.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -38,6 +38,7 @@ from clients.common.errors import (
     BrokerNotAvailable,
     HighwaterError,
     NotLeaderOrFollower,
+    OffsetOutOfRange,
     StaleBrokerEpoch,
     StaleControllerEpoch,
     StorageError,
@@ -57,7 +58,7 @@ from services.broker.fetcher_core import (
     TruncationObserver,
 )
 from services.broker.log import MAX_TIMESTAMP, Log, LogConfig
-from services.broker.log.checkpoints import HighWatermarkCheckpoint
+from services.broker.log.checkpoints import HighWatermarkCheckpoint, UnknownFileVersion
 from services.broker.log.log import CLOSE_STAGING_DIR, close_logs
 from services.broker.log.storage import Storage
 from services.broker.partition import (
@@ -71,6 +72,8 @@ from services.broker.partition import (
 )
 from services.broker.purgatory import (
     AwaitedAppend,
+    AwaitedLogStart,
+    DelayedDeleteRecords,
     DelayedFetch,
     DelayedOperation,
     DelayedProduce,
@@ -92,8 +95,11 @@ ALTER_PARTITION_TIMEOUT_MS = int(limits.CONTROL_RPC_TIMEOUT_S * 1000)
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 # The broker's run marker in its data directory: written "not clean" at start and
-# "clean" at the end of a clean stop (see BrokerCore.start).
+# "clean" at the end of a clean stop (see BrokerCore.start). JSON {"version", "clean",
+# "boot_id"}; a marker without "version" (written before 2026-11-28) is version 1.
 RUN_MARKER_FILE = "broker-run-marker"
+RUN_MARKER_VERSION = 1
+RUN_MARKER_VERSIONS_READ = (RUN_MARKER_VERSION,)
 # Per replica directory: the id of the topic it was created for (Kafka's KIP-516 file and format).
 PARTITION_METADATA_FILE = "partition.metadata"
 
@@ -259,6 +265,9 @@ class BrokerCore:
         # The current fetcher per leader; `all_fetchers` also holds replaced ones until stopped.
         self.fetchers: dict[int, FetcherCore] = {}
         self.metadata = MetadataCache()
+        # Each topic's config as last given to its replicas here: an UpdateMetadata walks the
+        # replicas only for topics whose config differs (a full one names 100,000 partitions').
+        self.applied_topic_configs: dict[str, common_pb2.TopicConfig] = {}
         self.purgatory = Purgatory()
         self._isr_ticks = 0
         self._boot_id = ""
@@ -273,6 +282,10 @@ class BrokerCore:
         if self.storage.exists(path):
             try:
                 stored = json.loads(self.storage.read_file(path))
+                version = stored.get("version", 1)
+                if version not in RUN_MARKER_VERSIONS_READ:
+                    # A newer release's marker: refuse to start rather than misread its run.
+                    raise UnknownFileVersion(path, version, RUN_MARKER_VERSIONS_READ)
                 previous = PreviousRun(
                     clean=bool(stored.get("clean")), same_boot=stored.get("boot_id") == boot_id
                 )
@@ -295,7 +308,7 @@ class BrokerCore:
         self.storage.mkdir(self.data_dir)
         self.storage.write_atomic(
             f"{self.data_dir}/{RUN_MARKER_FILE}",
-            json.dumps({"clean": clean, "boot_id": self._boot_id}).encode(),
+            json.dumps({"clean": clean, "boot_id": self._boot_id, "version": RUN_MARKER_VERSION}).encode(),
         )
 
     def begin_close(self) -> None:
@@ -525,6 +538,9 @@ class BrokerCore:
                 return common_pb2.UNKNOWN_TOPIC_OR_PARTITION, "this broker is not a replica"
             if action is not LeaderAndIsrAction.ISR_UPDATED:
                 p = self.partitions.get(tp) or self._create_partition(s, item.config)
+                # The log of a replica that exists keeps its config here: a changed topic config
+                # comes in UpdateMetadata (_take_topic_configs), and building a LogConfig for each
+                # of a failover's partitions would cost 30 µs apiece.
                 p.min_insync_replicas = max(1, item.config.min_insync_replicas or 1)
                 if action is LeaderAndIsrAction.BECOME_LEADER:
                     self._make_leader(p, state)
@@ -605,8 +621,12 @@ class BrokerCore:
             now_ms=self.clock.wall_ms(),
         )
         p = Partition(topic=s.topic, partition=s.partition, local_broker_id=self.broker_id, log=plog)
-        p.high_watermark = min(
-            self.hw_checkpoint.stored_at_start((s.topic, s.partition)), plog.log_end_offset
+        # Never below the log start: a DeleteRecords up to the HW is checkpointed at once, the HW
+        # only periodically, and a HW below the log start would answer ListOffsets' latest below
+        # its earliest (Kafka's updateHighWatermark bounds it the same way).
+        p.high_watermark = max(
+            min(self.hw_checkpoint.stored_at_start((s.topic, s.partition)), plog.log_end_offset),
+            plog.log_start_offset,
         )
         p.rebuild_producer_state()
         self.partitions[tp] = p
@@ -728,6 +748,10 @@ class BrokerCore:
         if err is not None:
             return broker_pb2.UpdateMetadataResponse(error_code=err.code, error_message=err.message)
         self.metadata.apply(req)
+        for name in req.deleted_topics:
+            self.applied_topic_configs.pop(name, None)
+        if req.topic_configs:
+            self._take_topic_configs(req.topic_configs)
         for leader_id, fetcher in list(self.fetchers.items()):
             node = self.metadata.brokers.get(leader_id)
             if node is not None and fetcher.leader_address != f"{node.host}:{node.port}":
@@ -744,6 +768,32 @@ class BrokerCore:
                     if p.maybe_advance_high_watermark():  # a shrink can let the HW move on
                         self.notify((state.topic, state.partition))
         return broker_pb2.UpdateMetadataResponse()
+
+    def _take_topic_configs(self, configs: Mapping[str, common_pb2.TopicConfig]) -> None:
+        """Give this broker's replicas their topics' configs as the controller sent them: a config
+        changed by AlterConfigs / AlterTopicConfigs reaches every broker in UpdateMetadata."""
+        applied = self.applied_topic_configs
+        changed = {name: config for name, config in configs.items() if applied.get(name) != config}
+        if not changed:
+            return
+        built: dict[str, LogConfig] = {}  # one LogConfig per topic, not per replica
+        for tp, p in self.partitions.items():
+            config = changed.get(tp[0])
+            if config is not None:
+                log_config = built.get(tp[0])
+                if log_config is None:
+                    log_config = built[tp[0]] = self.tune_log_config(log_config_from(config))
+                self._take_topic_config(p, config, log_config)
+        applied.update(changed)
+
+    def _take_topic_config(self, p: Partition, config: common_pb2.TopicConfig, new: LogConfig) -> None:
+        """The log's settings (retention, segment size, max.message.bytes, timestamps) and the
+        partition's min.insync.replicas from a topic config (`new`: its LogConfig), in force from
+        the next append (a leader checks min.insync.replicas on each acks=all produce)."""
+        if new != p.log.config:
+            self.log.info("%s-%d takes its topic's changed config: %s", p.topic, p.partition, new)
+            p.log.set_config(new)
+        p.min_insync_replicas = max(1, config.min_insync_replicas or limits.DEFAULT_MIN_INSYNC_REPLICAS)
 
     # ---- AlterPartition (a task) ------------------------------------------------------------
 
@@ -1028,13 +1078,18 @@ class BrokerCore:
                     continue
                 hw_before = p.high_watermark
                 change = p.record_follower_fetch(req.replica_id, fp.fetch_offset, mono)
+                follower = p.followers.get(req.replica_id)
+                log_start_moved = follower is not None and follower.log_start_offset != fp.log_start_offset
+                if follower is not None and log_start_moved:
+                    # A follower took a new log start: a DeleteRecords may wait on it.
+                    follower.log_start_offset = fp.log_start_offset
                 if change is not None:
                     self.log.info(
                         "expanding ISR of %s-%d from %s to %s", *tp, list(p.isr), list(change.new_isr)
                     )
                     metrics.ISR_EXPANDS.inc()
                     self.io.spawn("alter-partition", self._alter_partition(p, change))
-                if p.high_watermark != hw_before:
+                if p.high_watermark != hw_before or log_start_moved:
                     self.notify(tp)
 
     def read_all(
@@ -1233,6 +1288,82 @@ class BrokerCore:
 
         topics = _answer_each_partition(req.topics, answer, common_pb2.ListOffsetsTopicResponse)
         return common_pb2.ListOffsetsResponse(topics=topics)
+
+    # ---- DeleteRecords -------------------------------------------------------------------------
+
+    def delete_records(
+        self,
+        req: common_pb2.DeleteRecordsRequest,
+        on_complete: Callable[[common_pb2.DeleteRecordsResponse], None],
+    ) -> None:
+        """Advance the log start offset of each asked partition this broker leads (Kafka's
+        ReplicaManager.deleteRecords), then answer once every ISR member has it, or at timeout_ms.
+
+        Offset -1 means the HW. Per partition: NOT_LEADER_OR_FOLLOWER (or UNKNOWN_TOPIC_OR_PARTITION)
+        off the leader; OFFSET_OUT_OF_RANGE for an offset above the HW or below -1; an offset at or
+        below the current log start changes nothing and is answered with the current low
+        watermark. The leader's own log start moves (checkpointed, whole segments below it
+        deleted) before anything waits; followers take it from their Fetch answers.
+        """
+        timeout_ms = min(
+            req.timeout_ms if req.timeout_ms > 0 else limits.DELETE_RECORDS_TIMEOUT_MS_DEFAULT,
+            limits.DELETE_RECORDS_TIMEOUT_MS_MAX,
+        )
+        results: dict[TopicPartitionKey, common_pb2.DeleteRecordsPartitionResponse] = {}
+        awaited: dict[TopicPartitionKey, AwaitedLogStart] = {}
+        for topic in req.topics:
+            for dp in topic.partitions:
+                tp = (topic.topic, dp.partition)
+                res = common_pb2.DeleteRecordsPartitionResponse(partition=dp.partition, low_watermark=-1)
+                try:
+                    p = self._leader_partition(tp)
+                    offset = self._advance_log_start_on_leader(p, dp.offset)
+                    awaited[tp] = AwaitedLogStart(offset, p.leader_epoch)
+                    # Wakes the followers' waiting fetches, whose next answers carry the new start.
+                    self.notify(tp)
+                except HighwaterError as exc:
+                    res.error_code, res.error_message = self._client_error(tp, exc)
+                    awaited.pop(tp, None)
+                results[tp] = res
+        op = DelayedDeleteRecords(
+            results=results,
+            awaited=awaited,
+            deadline_ms=self.clock.monotonic_ms() + timeout_ms,
+            timeout_ms=timeout_ms,
+            partition=self.partitions.get,
+            on_complete=on_complete,
+        )
+        self._watch(op, timeout_ms)
+
+    def _advance_log_start_on_leader(self, p: Partition, asked: int) -> int:
+        """Move the leader's log start to `asked` (-1: the HW); returns the offset the ISR must reach.
+
+        Raises OffsetOutOfRange for an offset above the HW (uncommitted records may yet be
+        truncated away, as Kafka refuses) or below -1.
+        """
+        hw = p.high_watermark
+        offset = hw if asked == -1 else asked
+        if offset < 0:
+            raise OffsetOutOfRange(
+                f"DeleteRecords offset {asked} for {p.topic}-{p.partition} is not valid: give an offset "
+                "in [0, high watermark], or -1 for the high watermark"
+            )
+        if offset > hw:
+            raise OffsetOutOfRange(
+                f"DeleteRecords offset {offset} for {p.topic}-{p.partition} is above its high watermark "
+                f"{hw}: only committed records can be deleted"
+            )
+        if offset > p.log.log_start_offset:
+            before = p.log.log_start_offset
+            p.log.advance_log_start_offset(offset)
+            self.log.info(
+                "DeleteRecords moved the log start offset of %s-%d from %d to %d",
+                p.topic,
+                p.partition,
+                before,
+                offset,
+            )
+        return offset
 
     def offsets_for_leader_epoch(
         self, req: broker_pb2.OffsetsForLeaderEpochRequest

@@ -59,6 +59,9 @@ class FollowerState:
     last_fetch_ms: int = 0
     leader_leo_at_last_fetch: int = -1
     last_caught_up_ms: int = 0
+    # The log start offset the follower reported in its last Fetch (-1: none yet), for
+    # DeleteRecords' low watermark.
+    log_start_offset: int = -1
 
 
 @dataclass(frozen=True)
@@ -383,6 +386,19 @@ class Partition:
         self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
         if self.log.log_end_offset < leo_before:
             self.rebuild_producer_state()
+
+    @property
+    def low_watermark(self) -> int:
+        """The smallest log start offset over this leader and the followers in its ISR (Kafka's
+        lowWatermarkIfLeader, over the ISR rather than every live replica: a replica outside the
+        ISR takes the log start when it catches up, or restarts its log there). -1 while an ISR
+        member has not reported its log start since this replica became leader."""
+        low = self.log.log_start_offset
+        for r in self.isr:
+            if r != self.local_broker_id:
+                f = self.followers.get(r)
+                low = min(low, f.log_start_offset if f is not None else -1)
+        return low
 
     @property
     def under_replicated(self) -> bool:

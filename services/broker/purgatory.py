@@ -1,6 +1,6 @@
-"""The purgatory: produce and fetch requests that wait, and the rules that complete them.
+"""The purgatory: produce, fetch and delete-records requests that wait, and the rules that complete them.
 
-Kafka's DelayedOperationPurgatory with DelayedProduce and DelayedFetch, pure: no
+Kafka's DelayedOperationPurgatory with DelayedProduce, DelayedFetch and DelayedDeleteRecords, pure: no
 clock, no event loop. An operation is watched under the partitions it waits on;
 whoever changes a partition (an append, a HW move, a leadership change, a stopped
 replica) calls `check_and_complete(tp, now_ms)`, and the driver calls
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from clients.common.errors import check
 from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import common_pb2
-from services.broker.partition import Partition
+from services.broker.partition import Partition, Role
 
 
 def fetch_answers_now(
@@ -199,7 +199,93 @@ class DelayedFetch:
         return True
 
 
-DelayedOperation = DelayedProduce | DelayedFetch
+@dataclass(frozen=True, slots=True)
+class AwaitedLogStart:
+    """One partition of a DeleteRecords: the log start offset asked, in which leader epoch."""
+
+    required_offset: int
+    leader_epoch: int
+
+
+@dataclass(eq=False)
+class DelayedDeleteRecords:
+    """A DeleteRecords waiting for the ISR to take the new log start offset (Kafka's
+    DelayedDeleteRecords).
+
+    The leader moved its own log start before this was made; each follower takes it from its
+    next Fetch answer and reports it in its following Fetch. A partition is answered with its
+    low watermark (Partition.low_watermark) once that reaches the asked offset;
+    NOT_LEADER_OR_FOLLOWER once this replica no longer leads in the epoch it was asked in;
+    REQUEST_TIMED_OUT at the deadline. `results` holds every partition's answer, already filled
+    for those that failed at once.
+    """
+
+    results: dict[TopicPartitionKey, common_pb2.DeleteRecordsPartitionResponse]
+    awaited: dict[TopicPartitionKey, AwaitedLogStart]
+    deadline_ms: int
+    timeout_ms: int
+    partition: Callable[[TopicPartitionKey], Partition | None]
+    on_complete: Callable[[common_pb2.DeleteRecordsResponse], None]
+    completed: bool = False
+    cancel_expiry: Callable[[], None] | None = field(default=None, repr=False)
+
+    @property
+    def keys(self) -> list[TopicPartitionKey]:
+        return list(self.awaited)
+
+    def try_complete(self, now_ms: int, changed: TopicPartitionKey | None = None) -> bool:
+        if self.completed:
+            return True
+        for tp, awaited in list(self.awaited.items()):
+            if changed is None or tp == changed:
+                self._settle(tp, awaited)
+        if self.awaited and now_ms >= self.deadline_ms:
+            for tp in self.awaited:
+                res = self.results[tp]
+                res.error_code = common_pb2.REQUEST_TIMED_OUT
+                res.error_message = (
+                    f"the leader of {tp[0]}-{tp[1]} moved its log start offset, but not every ISR "
+                    f"member took it within {self.timeout_ms} ms (low watermark "
+                    f"{res.low_watermark}); it follows on its next fetches"
+                )
+                res.low_watermark = -1
+            self.awaited.clear()
+        if self.awaited:
+            return False
+        _mark_completed(self)
+        by_topic: dict[str, list[common_pb2.DeleteRecordsPartitionResponse]] = {}
+        for (topic, _), res in self.results.items():
+            by_topic.setdefault(topic, []).append(res)
+        self.on_complete(
+            common_pb2.DeleteRecordsResponse(
+                topics=[
+                    common_pb2.DeleteRecordsTopicResponse(topic=t, partitions=ps)
+                    for t, ps in by_topic.items()
+                ]
+            )
+        )
+        return True
+
+    def _settle(self, tp: TopicPartitionKey, awaited: AwaitedLogStart) -> None:
+        """Fill tp's answer and stop awaiting it if the ISR has the log start or leadership moved."""
+        p = self.partition(tp)
+        res = self.results[tp]
+        if p is None or p.role is not Role.LEADER or p.leader_epoch != awaited.leader_epoch:
+            res.error_code = common_pb2.NOT_LEADER_OR_FOLLOWER
+            res.error_message = (
+                f"leadership of {tp[0]}-{tp[1]} moved before every ISR member took the new log start "
+                "offset; ask the new leader again (the same offset is a no-op where it was taken)"
+            )
+            res.low_watermark = -1
+            del self.awaited[tp]
+            return
+        low = p.low_watermark
+        res.low_watermark = low
+        if low >= awaited.required_offset:
+            del self.awaited[tp]
+
+
+DelayedOperation = DelayedProduce | DelayedFetch | DelayedDeleteRecords
 
 
 def _mark_completed(op: DelayedOperation) -> None:

@@ -5,7 +5,7 @@ requests), fetcher_core.py (the replica fetcher) and partition.py; this module
 gives them a clock, files, an event loop and the network. It runs on the broker's
 single asyncio event loop: that loop is the one owner of the core, so no locks.
 
-What it adds is only I/O: a waiting produce or fetch is a future that the core's
+What it adds is only I/O: a waiting produce, fetch or DeleteRecords is a future that the core's
 purgatory completes; a core task (AlterPartition, controlled shutdown, a replica
 fetcher's loop) is run by `fetcher.drive`; calls that yield between slices are run
 with a pause (`asyncio.sleep(0)`) at each yield so the lease keep-alive and other
@@ -257,6 +257,12 @@ class ReplicaManager:
 
     def list_offsets(self, req: common_pb2.ListOffsetsRequest) -> common_pb2.ListOffsetsResponse:
         return self.core.list_offsets(req)
+
+    async def delete_records(self, req: common_pb2.DeleteRecordsRequest) -> common_pb2.DeleteRecordsResponse:
+        """Answered when the ISR has the new log start offsets, or at the request's timeout."""
+        fut: asyncio.Future[common_pb2.DeleteRecordsResponse] = asyncio.get_running_loop().create_future()
+        self.core.delete_records(req, _resolve(fut))
+        return await fut
 
     def offsets_for_leader_epoch(
         self, req: broker_pb2.OffsetsForLeaderEpochRequest

@@ -253,6 +253,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         with metrics.REQUEST_LATENCY.labels("ListOffsets").time():
             return self.replicas.list_offsets(request)
 
+    async def DeleteRecords(
+        self, request: common_pb2.DeleteRecordsRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.DeleteRecordsResponse:
+        with metrics.REQUEST_LATENCY.labels("DeleteRecords").time():
+            return await self.replicas.delete_records(request)
+
     async def OffsetsForLeaderEpoch(
         self, request: broker_pb2.OffsetsForLeaderEpochRequest, context: grpc.aio.ServicerContext
     ) -> broker_pb2.OffsetsForLeaderEpochResponse:

@@ -38,7 +38,22 @@ from clients.common.limits import (
     GRPC_MAX_MESSAGE_BYTES as GRPC_MAX_MESSAGE_BYTES,
 )
 from clients.common.limits import (
+    LOG_RETENTION_BYTES_DEFAULT as LOG_RETENTION_BYTES_DEFAULT,
+)
+from clients.common.limits import (
+    LOG_RETENTION_MS_DEFAULT as LOG_RETENTION_MS_DEFAULT,
+)
+from clients.common.limits import (
+    LOG_SEGMENT_BYTES_DEFAULT as LOG_SEGMENT_BYTES_DEFAULT,
+)
+from clients.common.limits import (
+    LOG_SEGMENT_MS_DEFAULT as LOG_SEGMENT_MS_DEFAULT,
+)
+from clients.common.limits import (
     MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES,
+)
+from clients.common.limits import (
+    MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT as MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT,
 )
 from clients.common.limits import (
     OFFSET_METADATA_MAX_CHARS as OFFSET_METADATA_MAX_CHARS,
@@ -258,20 +273,13 @@ LOG_CACHE_WINDOW_OFF = -1
 # 16 times while it stays in the window's second half (a page still being written back when
 # first asked is dropped by a later call).
 LOG_CACHE_DROP_STEPS_PER_WINDOW = 16
-# A topic's log settings when its config does not say (Kafka's defaults; LogConfig takes them):
-# roll a segment at 1 GiB or after 7 days, keep 7 days of data whatever its size.
-LOG_SEGMENT_BYTES_DEFAULT = 1024 * 1024 * 1024
-LOG_SEGMENT_MS_DEFAULT = 7 * 24 * 60 * 60 * 1000
-LOG_RETENTION_BYTES_DEFAULT = -1
-LOG_RETENTION_MS_DEFAULT = 7 * 24 * 60 * 60 * 1000
+# A topic's log settings when its config does not say (LOG_SEGMENT_BYTES_DEFAULT ...) are defined
+# beside the topic config schema (clients/common/limits.py) and re-exported above.
 # Bytes of log between two sparse offset-index entries: bounds the scan after an index lookup.
 LOG_INDEX_INTERVAL_BYTES_DEFAULT = 4096
 # An offset index's size before its segment rolls (Kafka's segment.index.bytes); also bounds
 # the memory of the active segment's in-memory index copy.
 LOG_INDEX_BYTES_MAX_DEFAULT = 10 * 1024 * 1024
-# How far ahead of the leader's clock a CreateTime timestamp may be (Kafka 4.0, KIP-1030): a
-# timestamp from the future holds its segment back from time-based retention.
-MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT = 60 * 60 * 1000
 
 # --- security (services/security) -------------------------------------------------
 # Bounds of the security flags themselves. The smallest --max-request-bytes still fits one
@@ -502,3 +510,10 @@ KAFKA_BROKER_LIST_CACHE_MS = 1_000
 # One call a Kafka request makes to the controller or etcd (InitProducerId, admin requests,
 # offset commits) waits at most this long; it is answered REQUEST_TIMED_OUT after.
 KAFKA_BACKEND_CALL_TIMEOUT_S = 10.0
+# DeleteRecords (Kafka's API 21): how long the leader waits for every ISR member to take the new
+# log start offset before answering REQUEST_TIMED_OUT for the partition (Kafka's DeleteRecords
+# timeout; its admin clients send 30 s, request.timeout.ms). Followers take it from their next
+# Fetch answers, one or two REPLICA_FETCH_WAIT_MAX_MS rounds; the cap bounds how long a request
+# can hold its slot in the purgatory, as PRODUCE_TIMEOUT_MS_MAX does for acks=all.
+DELETE_RECORDS_TIMEOUT_MS_DEFAULT = 30_000
+DELETE_RECORDS_TIMEOUT_MS_MAX = 300_000

@@ -29,6 +29,7 @@ from typing import Any
 
 from clients.common.errors import (
     HighwaterError,
+    InvalidConfig,
     InvalidPartitions,
     InvalidReplicaAssignment,
     InvalidReplicationFactor,
@@ -37,7 +38,7 @@ from clients.common.errors import (
     TopicAlreadyExists,
     UnknownTopicOrPartition,
 )
-from clients.common.topics import topic_name_problem, validate_topic_configs
+from clients.common.topics import altered_topic_configs, topic_name_problem, validate_topic_configs
 from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import common_pb2, controller_pb2
 from services.common import limits
@@ -592,6 +593,50 @@ def on_create_partitions(ctx: ControllerContext, req: common_pb2.CreatePartition
             answer.error_code, answer.error_message = exc.code, exc.message
         answers.append(answer)
     result.response = common_pb2.CreatePartitionsResponse(topics=answers)
+    return result
+
+
+def on_alter_topic_configs(
+    ctx: ControllerContext, req: common_pb2.AlterTopicConfigsRequest
+) -> ControllerResult:
+    """Change existing topics' configs (Kafka's AlterConfigs / IncrementalAlterConfigs for topics).
+
+    Each topic is decided on its own: the new configs go through the one schema
+    (clients/common/topics.py) and replace the topic's config key in etcd; every broker and
+    gateway then gets an UpdateMetadata with them, and each replica's log takes the new values
+    (BrokerCore.update_metadata). A change to nothing writes nothing.
+    """
+    result = ControllerResult()
+    answers = []
+    seen: set[str] = set()
+    for change in req.topics:
+        answer = common_pb2.TopicResult(name=change.name)
+        try:
+            if change.name in seen:
+                raise InvalidRequest(f"topic {change.name!r} is named twice; name each topic once")
+            seen.add(change.name)
+            topic = require_topic(ctx, change.name)
+            if change.name in ctx.topics_to_delete:
+                raise UnknownTopicOrPartition(f"topic {change.name!r} is being deleted")
+            configs = altered_topic_configs(
+                topic.configs, dict(change.set_configs), list(change.delete_configs), replace=change.replace
+            )
+            rf = len(next(iter(topic.assignment.values()), ()))
+            min_isr = int(configs.get("min.insync.replicas", limits.DEFAULT_MIN_INSYNC_REPLICAS))
+            if min_isr > rf:
+                raise InvalidConfig(
+                    f"min.insync.replicas={min_isr} is larger than the replication factor {rf} of "
+                    f"{change.name!r}: acks=all writes could never succeed"
+                )
+            answer.num_partitions = len(topic.assignment)
+            answer.replication_factor = rf
+            if not req.validate_only and configs != topic.configs:
+                result.writes.append(ConfigWrite(change.name, configs))
+                result.rpcs.update_metadata.update(ctx.partitions_of(change.name))
+        except HighwaterError as exc:
+            answer.error_code, answer.error_message = exc.code, exc.message
+        answers.append(answer)
+    result.response = common_pb2.AlterTopicConfigsResponse(topics=answers)
     return result
 
 

@@ -406,6 +406,13 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
         "ElectLeaders", common_pb2.ElectLeadersResponse, handlers.on_elect_leaders, wait_rpcs=True
     )
 
+    AlterTopicConfigs = _event_loop_rpc(
+        "AlterTopicConfigs",
+        common_pb2.AlterTopicConfigsResponse,
+        handlers.on_alter_topic_configs,
+        wait_rpcs=True,
+    )
+
     AlterPartition = _event_loop_rpc(
         "AlterPartition", controller_pb2.AlterPartitionResponse, handlers.on_alter_partition
     )

@@ -37,7 +37,7 @@ from typing import TypeVar
 
 from clients.common.topics import group_id_problem, topic_name_problem
 from clients.common.types import TopicPartitionKey
-from coordinator import values
+from coordinator import consumer_offsets, values
 from coordinator.store import (
     Compare,
     CoordinatorError,
@@ -500,7 +500,7 @@ class GroupService:
     async def delete(self, group: str) -> gateway_pb2.DeleteGroupResult:
         """Delete a group's offsets and state; refused while it has members."""
         loaded = await self._load(group)
-        if loaded.state.members:
+        if not coordinator.deletable(loaded.state):
             return gateway_pb2.DeleteGroupResult(
                 group_id=group,
                 error_code=common_pb2.NON_EMPTY_GROUP,
@@ -511,11 +511,7 @@ class GroupService:
             return gateway_pb2.DeleteGroupResult(
                 group_id=group, error_code=common_pb2.GROUP_ID_NOT_FOUND, error_message=f"no group {group!r}"
             )
-        outcome = await self.store.txn(
-            [compare_mod_revision(self.keys.consumer_group_state(group), loaded.mod_revision)],
-            [Delete(self.keys.consumer_group_prefix(group), prefix=True)],
-        )
-        if not outcome.succeeded:
+        if not await consumer_offsets.delete_group_if_state_unchanged(self.store, group, loaded.mod_revision):
             self.forget(group)
             return gateway_pb2.DeleteGroupResult(
                 group_id=group,

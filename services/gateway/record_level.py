@@ -6,7 +6,8 @@ what our Python Producer does on the client side (clients/producer.py): the same
 partitioner (clients/common/partitioner.py, Kafka's murmur2 for keyed records, sticky for
 keyless ones), the same codec (clients/common/records.py) and idempotent batches. The servicer
 (server.py) owns the I/O: producer ids, per-partition sequence numbers, sending.
-ConsumeRecords turns fetched batches back into records (`consumed_records`).
+ConsumeRecords turns fetched batches back into records (`consumed_records`) and, with
+`stop_at_end`, cuts them at each partition's high watermark as of the call.
 """
 
 from __future__ import annotations
@@ -240,6 +241,22 @@ def written_results(
         )
         for position, index in enumerate(indexes)
     }
+
+
+def positions_before_end(positions: dict[int, int], ends: dict[int, int]) -> dict[int, int]:
+    """ConsumeRecords' positions (stop_at_end) without the partitions that reached their end
+    offset, or that have none (its lookup failed and was reported): nothing is left to send."""
+    return {p: offset for p, offset in positions.items() if offset < ends.get(p, offset)}
+
+
+def records_before(
+    records: list[gateway_pb2.ConsumedRecord], end_offset: int
+) -> list[gateway_pb2.ConsumedRecord]:
+    """The records below `end_offset`: a fetch past the high watermark read at the call's
+    start may bring records written since, which a stop_at_end stream does not send."""
+    if not records or records[-1].offset < end_offset:
+        return records
+    return [r for r in records if r.offset < end_offset]
 
 
 def consume_records_problem(request: gateway_pb2.ConsumeRecordsRequest) -> str | None:

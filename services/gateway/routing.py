@@ -177,6 +177,14 @@ def list_offsets_request_for(
     return common_pb2.ListOffsetsRequest(replica_id=-1, topics=topics)
 
 
+def delete_records_request_for(
+    template: common_pb2.DeleteRecordsRequest, wanted: set[TopicPartitionKey]
+) -> common_pb2.DeleteRecordsRequest:
+    """One leader's share of a DeleteRecords (Kafka's admin client sends one to each leader)."""
+    topics = _wanted_topics(template.topics, wanted, common_pb2.DeleteRecordsTopic)
+    return common_pb2.DeleteRecordsRequest(timeout_ms=template.timeout_ms, topics=topics)
+
+
 class PartitionRef(Protocol):
     """A request's per-partition entry (FetchPartition, ListOffsetsPartition, ...)."""
 

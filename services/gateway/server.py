@@ -417,6 +417,71 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             ]
         )
 
+    async def DeleteRecords(
+        self, request: common_pb2.DeleteRecordsRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.DeleteRecordsResponse:
+        """Split per partition leader, as ListOffsets; each leader answers once its ISR has the new
+        log start offset (or at the request's timeout). Not retried here: a partition whose leader
+        moved is answered NOT_LEADER_OR_FOLLOWER and the client asks again (the same offset is a
+        no-op where it was already taken)."""
+        with metrics.REQUEST_LATENCY.labels("DeleteRecords").time():
+            return await self._delete_records(request)
+
+    async def _delete_records(
+        self, request: common_pb2.DeleteRecordsRequest
+    ) -> common_pb2.DeleteRecordsResponse:
+        tps = routing.collect_partitions(request.topics)
+        if any(tp[0] not in self.cache.topics() for tp in tps):
+            await self.refresh_metadata()
+        by_leader, unroutable = routing.split_by_leader(self.cache, tps)
+        parts: dict[TopicPartitionKey, common_pb2.DeleteRecordsPartitionResponse] = {}
+        for tp, (code, message) in unroutable.items():
+            parts[tp] = common_pb2.DeleteRecordsPartitionResponse(
+                partition=tp[1], error_code=code, error_message=message, low_watermark=-1
+            )
+        timeout_ms = min(
+            request.timeout_ms if request.timeout_ms > 0 else limits.DELETE_RECORDS_TIMEOUT_MS_DEFAULT,
+            limits.DELETE_RECORDS_TIMEOUT_MS_MAX,
+        )
+        # The leader answers at its timeout at the latest; the margin is for the answer's way back.
+        rpc_timeout_s = timeout_ms / 1000 + limits.CONTROL_RPC_TIMEOUT_S
+
+        async def one(address: str, group: list[TopicPartitionKey]) -> None:
+            req = routing.delete_records_request_for(request, set(group))
+            try:
+                resp = await self.peers.broker(address).DeleteRecords(req, timeout=rpc_timeout_s)
+                for t in resp.topics:
+                    for p in t.partitions:
+                        parts[(t.topic, p.partition)] = p
+            except grpc.aio.AioRpcError as exc:
+                for tp in group:
+                    parts[tp] = common_pb2.DeleteRecordsPartitionResponse(
+                        partition=tp[1],
+                        error_code=common_pb2.LEADER_NOT_AVAILABLE,
+                        low_watermark=-1,
+                        error_message=f"leader at {address} could not be reached: {exc.code().name}",
+                    )
+
+        await asyncio.gather(*(one(a, g) for a, g in by_leader.items()))
+        if any(p.error_code in RETRIABLE_ROUTING_CODES for p in parts.values()):
+            self._background(self.refresh_metadata())
+        for tp in tps:
+            if tp not in parts:  # a leader's answer left it out: never answer nothing for a partition
+                parts[tp] = common_pb2.DeleteRecordsPartitionResponse(
+                    partition=tp[1],
+                    error_code=common_pb2.UNKNOWN_SERVER_ERROR,
+                    low_watermark=-1,
+                    error_message=f"the leader's answer did not name {tp[0]}-{tp[1]}",
+                )
+        return common_pb2.DeleteRecordsResponse(
+            topics=[
+                common_pb2.DeleteRecordsTopicResponse(
+                    topic=t.topic, partitions=[parts[(t.topic, p.partition)] for p in t.partitions]
+                )
+                for t in request.topics
+            ]
+        )
+
     # ---- subscribe --------------------------------------------------------------------------
 
     async def Subscribe(
@@ -520,6 +585,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
         A partition that fails for good (unknown, out of range, undecodable) is reported once in
         `errors` and dropped; routing errors (a leader moving) are retried on the next poll.
+        With `stop_at_end`, each partition's high watermark is read once, at the start, and the
+        stream ends when every partition got there (records written later are not sent).
         """
         problem = record_level.consume_records_problem(request)
         if problem is None and request.group_id:
@@ -571,6 +638,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 if c.offset >= 0:
                     starts[c.partition] = c.offset
         positions = await self._resolve_starts(topic, starts, errors)
+        # Offsets to stop before (stop_at_end): the high watermarks as of this call.
+        ends: dict[int, int] | None = None
+        if request.stop_at_end:
+            ends = await self._resolve_starts(topic, dict.fromkeys(positions, -1), errors)
+            positions = record_level.positions_before_end(positions, ends)
         if errors:
             yield gateway_pb2.ConsumeRecordsResponse(errors=errors)
         per_message = request.max_records_per_message or limits.CONSUME_RECORDS_PER_MESSAGE_DEFAULT
@@ -606,6 +678,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                         headers = list(iter_batch_headers(pr.records))
                         if headers:
                             positions[pr.partition] = max(position, headers[-1].next_offset)
+                        if ends is not None:
+                            got = record_level.records_before(got, ends[pr.partition])
                         if 0 < left < len(records) + len(got):
                             got = got[: left - len(records)]
                             positions[pr.partition] = got[-1].offset + 1 if got else position
@@ -628,6 +702,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 yield gateway_pb2.ConsumeRecordsResponse(errors=errors)
             if left > 0:
                 left -= len(records)
+            if ends is not None:
+                positions = record_level.positions_before_end(positions, ends)
             if not records and not errors:
                 await asyncio.sleep(0.01)
 
@@ -907,7 +983,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             if answer.error_code == common_pb2.NOT_CONTROLLER and answer.active_controller.port:
                 address = f"{answer.active_controller.host}:{answer.active_controller.port}"
                 continue
-            if rpc in ("CreateTopics", "DeleteTopics", "CreatePartitions", "ElectLeaders"):
+            if rpc in (
+                "CreateTopics",
+                "DeleteTopics",
+                "CreatePartitions",
+                "ElectLeaders",
+                "AlterTopicConfigs",
+            ):
                 await self.refresh_metadata(force=True)
             return resp
         return resp
@@ -920,6 +1002,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     )
     CreatePartitions = _pass_through(
         "CreatePartitions", common_pb2.CreatePartitionsRequest, common_pb2.CreatePartitionsResponse
+    )
+    AlterTopicConfigs = _pass_through(
+        "AlterTopicConfigs", common_pb2.AlterTopicConfigsRequest, common_pb2.AlterTopicConfigsResponse
     )
     AlterPartitionReassignments = _pass_through(
         "AlterPartitionReassignments",

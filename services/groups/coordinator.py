@@ -285,6 +285,20 @@ def check_commit(
     )
 
 
+def deletable(state: GroupState) -> bool:
+    """Whether DeleteGroups may delete the group (its state and committed offsets): only one
+    without members, away static members included (they keep their assignment to come back
+    to it). Kafka refuses the others NON_EMPTY_GROUP."""
+    return not state.members
+
+
+def subscribed_topics(state: GroupState) -> frozenset[str]:
+    """Every topic some member subscribes to: OffsetDelete refuses the offsets of these topics'
+    partitions while the group has members (GROUP_SUBSCRIBED_TO_TOPIC), since a member would
+    commit them again or lose its place; offsets of other topics may go."""
+    return frozenset(t for m in state.members.values() for t in m.subscribed_topics)
+
+
 def describe(state: GroupState) -> GroupDescription:
     """What an admin sees of the group, members sorted by id."""
     return GroupDescription(

@@ -13,8 +13,11 @@ Kafka's documented mapping (docs/KAFKA.md, Security), onto our ACL operations
     ListOffsets, OffsetForLeaderEpoch   Describe on each Topic
     CreateTopics                   Create on the Cluster, or else on each Topic
     DeleteTopics                   Delete on each Topic
+    DeleteRecords                  Delete on each Topic
     CreatePartitions               Alter on each Topic
     DescribeConfigs                Describe on each Topic (Kafka: DescribeConfigs, which we lack)
+    AlterConfigs, IncrementalAlterConfigs   Alter on each Topic (Kafka: AlterConfigs, which we
+                                   lack); broker resources are refused whatever the ACLs
     DescribeCluster                Describe on the Cluster
     InitProducerId                 IdempotentWrite on the Cluster or Write on any Topic
                                    (Kafka 3; we lack IdempotentWrite: Write on the Cluster stands
@@ -25,6 +28,8 @@ Kafka's documented mapping (docs/KAFKA.md, Security), onto our ACL operations
     OffsetFetch                    Describe on the Group, Describe on each Topic
     ListGroups                     Describe on each Group listed (the others are left out)
     DescribeGroups                 Describe on each Group
+    DeleteGroups                   Delete on each Group
+    OffsetDelete                   Delete on the Group, Read on each Topic
     ApiVersions                    nothing (read before anything else, as in Kafka)
 
 A refused topic is answered TOPIC_AUTHORIZATION_FAILED and the rest of the request proceeds; a
@@ -56,10 +61,14 @@ TOPIC_OPERATIONS: dict[int, Operation] = {
     protocol.OFFSET_FOR_LEADER_EPOCH: Operation.DESCRIBE,
     protocol.CREATE_TOPICS: Operation.CREATE,
     protocol.DELETE_TOPICS: Operation.DELETE,
+    protocol.DELETE_RECORDS: Operation.DELETE,
     protocol.CREATE_PARTITIONS: Operation.ALTER,
     protocol.DESCRIBE_CONFIGS: Operation.DESCRIBE,
+    protocol.ALTER_CONFIGS: Operation.ALTER,
+    protocol.INCREMENTAL_ALTER_CONFIGS: Operation.ALTER,
     protocol.OFFSET_COMMIT: Operation.READ,
     protocol.OFFSET_FETCH: Operation.DESCRIBE,
+    protocol.OFFSET_DELETE: Operation.READ,
 }
 # Operation on each group a request names.
 GROUP_OPERATIONS: dict[int, Operation] = {
@@ -72,6 +81,8 @@ GROUP_OPERATIONS: dict[int, Operation] = {
     protocol.OFFSET_FETCH: Operation.DESCRIBE,
     protocol.DESCRIBE_GROUPS: Operation.DESCRIBE,
     protocol.LIST_GROUPS: Operation.DESCRIBE,
+    protocol.DELETE_GROUPS: Operation.DELETE,
+    protocol.OFFSET_DELETE: Operation.DELETE,
 }
 # APIs that need nothing (ApiVersions) or decide with a rule of their own below.
 OTHER_APIS = frozenset({protocol.API_VERSIONS, protocol.DESCRIBE_CLUSTER, protocol.INIT_PRODUCER_ID})
@@ -106,7 +117,7 @@ def named_topics(api_key: int, body: Any) -> list[str]:
         return [t.name for t in (body.topics or ()) if getattr(t, "name", None) is not None]
     if api_key == protocol.DELETE_TOPICS:
         return list(body.topic_names)
-    if api_key == protocol.DESCRIBE_CONFIGS:
+    if api_key in (protocol.DESCRIBE_CONFIGS, protocol.ALTER_CONFIGS, protocol.INCREMENTAL_ALTER_CONFIGS):
         return [r.resource_name for r in body.resources if r.resource_type == _CONFIG_RESOURCE_TOPIC]
     if api_key == protocol.OFFSET_FETCH:
         return [t.name for t in (body.topics or ())]
@@ -115,6 +126,8 @@ def named_topics(api_key: int, body: Any) -> list[str]:
         protocol.CREATE_TOPICS,
         protocol.CREATE_PARTITIONS,
         protocol.OFFSET_COMMIT,
+        protocol.OFFSET_DELETE,
+        protocol.DELETE_RECORDS,
     ):
         return [t.name for t in body.topics]
     return []
@@ -127,6 +140,8 @@ def named_groups(api_key: int, body: Any) -> list[str]:
         return list(keys) if keys is not None else [body.key]
     if api_key == protocol.DESCRIBE_GROUPS:
         return list(body.groups)
+    if api_key == protocol.DELETE_GROUPS:
+        return list(body.groups_names)
     if api_key in GROUP_OPERATIONS and api_key != protocol.LIST_GROUPS:
         return [body.group_id]
     return []

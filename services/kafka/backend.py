@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from clients.common.types import TopicPartitionKey
 from coordinator import consumer_offsets, kafka_reads
 from coordinator.election import current_controller
 from coordinator.store import CoordinatorError, MetadataStore
@@ -24,9 +25,12 @@ from services.broker.replica_manager import ReplicaManager
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
 from services.common.peers import PeerChannels
+from services.groups import coordinator
 from services.groups.coordinator import EPOCH_LEAVE, GroupState, check_commit
+from services.kafka.classic_groups import CONSUMER_PROTOCOL_TYPE, subscribed_topics
+from services.kafka.classic_groups import Error as GroupError
 from services.kafka.group_driver import ClassicGroupDriver
-from services.kafka.handler import BackendUnavailable, KafkaBroker, OffsetCommit
+from services.kafka.handler import BackendUnavailable, KafkaBroker, OffsetCommit, StoredGroupListing
 
 
 class BrokerKafkaBackend:
@@ -74,6 +78,9 @@ class BrokerKafkaBackend:
         self, req: broker_pb2.OffsetsForLeaderEpochRequest
     ) -> broker_pb2.OffsetsForLeaderEpochResponse:
         return self.replicas.offsets_for_leader_epoch(req)
+
+    async def delete_records(self, req: common_pb2.DeleteRecordsRequest) -> common_pb2.DeleteRecordsResponse:
+        return await self.replicas.delete_records(req)
 
     async def _etcd(self, what: str, call: Any) -> Any:
         try:
@@ -154,3 +161,109 @@ class BrokerKafkaBackend:
             )
             for tp, v in stored.items()
         }
+
+    # ---- group admin (DeleteGroups, OffsetDelete) and the groups etcd holds -------------------
+
+    async def stored_groups(self, group: str | None = None) -> list[StoredGroupListing]:
+        """The groups etcd holds something of (KIP-848 state or committed offsets), or only
+        `group`: a group with committed offsets and no members is Empty, as in Kafka."""
+        if group is None:
+            stored = await self._etcd("groups", consumer_offsets.stored_groups(self.store))
+        else:
+            one = await self._etcd("group", consumer_offsets.read_group(self.store, group))
+            stored = {} if one is None else {group: one}
+        listings = []
+        for group_id, held in sorted(stored.items()):
+            state = _state_of(group_id, held)
+            listings.append(StoredGroupListing(group_id, coordinator.state_name(state), len(state.members)))
+        return listings
+
+    async def delete_group(self, group: str) -> tuple[GroupError, str]:
+        """DeleteGroups for one group: its committed offsets and KIP-848 state go, and the
+        classic group if this broker holds one empty. Refused NON_EMPTY_GROUP while either kind
+        of member is in it, GROUP_ID_NOT_FOUND when nothing of it exists."""
+        classic = self._classic_groups.group(group)
+        if classic is not None and classic.members:
+            return GroupError.NON_EMPTY_GROUP, (
+                f"group {group!r} has {len(classic.members)} members (Kafka consumers); stop them first"
+            )
+        stored = await self._etcd("group", consumer_offsets.read_group(self.store, group))
+        if stored is not None:
+            state = _state_of(group, stored)
+            if not coordinator.deletable(state):
+                return GroupError.NON_EMPTY_GROUP, (
+                    f"group {group!r} has {len(state.members)} members (gateway consumers); stop them first"
+                )
+            deleted = await self._etcd(
+                "group delete",
+                consumer_offsets.delete_group_if_state_unchanged(
+                    self.store, group, stored.state_mod_revision
+                ),
+            )
+            if not deleted:
+                return GroupError.NON_EMPTY_GROUP, (
+                    f"group {group!r} changed while being deleted (a member joined?); try again"
+                )
+        if self._classic_groups.delete(group) == GroupError.GROUP_ID_NOT_FOUND and stored is None:
+            return GroupError.GROUP_ID_NOT_FOUND, f"no group {group!r}: no members and no committed offsets"
+        return GroupError.NONE, ""
+
+    async def delete_offsets(
+        self, group: str, partitions: list[TopicPartitionKey]
+    ) -> tuple[GroupError, str, dict[TopicPartitionKey, GroupError]]:
+        """OffsetDelete: (the group's error, its message, each partition's error). A group
+        without members loses every named offset; a live one only those of topics none of its
+        members subscribes to (GROUP_SUBSCRIBED_TO_TOPIC for the rest), as Kafka's coordinator
+        decides. Applied in transactions that require the KIP-848 state unchanged since the
+        check (chunks of COMMIT_OFFSETS_PER_REQUEST_MAX; deleting twice is harmless)."""
+        for _ in range(limits.GROUP_STATE_CAS_ATTEMPTS_MAX):
+            classic = self._classic_groups.group(group)
+            stored = await self._etcd("group", consumer_offsets.read_group(self.store, group))
+            if classic is None and stored is None:
+                return GroupError.GROUP_ID_NOT_FOUND, f"no group {group!r}", {}
+            subscribed: frozenset[str] = frozenset()
+            every_topic = False
+            if classic is not None and classic.members:
+                if classic.protocol_type != CONSUMER_PROTOCOL_TYPE:
+                    return (
+                        GroupError.NON_EMPTY_GROUP,
+                        f"group {group!r} has members of protocol type {classic.protocol_type!r}",
+                        {},
+                    )
+                topics = subscribed_topics(classic)
+                every_topic = topics is None  # not known yet (a rebalance): keep every offset
+                subscribed = topics or frozenset()
+            state = _state_of(group, stored) if stored is not None else GroupState(group_id=group)
+            subscribed |= coordinator.subscribed_topics(state)
+            errors = {
+                tp: GroupError.GROUP_SUBSCRIBED_TO_TOPIC
+                if every_topic or tp[0] in subscribed
+                else GroupError.NONE
+                for tp in partitions
+            }
+            doomed = [tp for tp, e in errors.items() if e == GroupError.NONE]
+            revision = stored.state_mod_revision if stored is not None else 0
+            step = limits.COMMIT_OFFSETS_PER_REQUEST_MAX
+            for start in range(0, len(doomed), step):
+                done = await self._etcd(
+                    "offset delete",
+                    consumer_offsets.delete_offsets_if_state_unchanged(
+                        self.store, group, revision, doomed[start : start + step]
+                    ),
+                )
+                if not done:
+                    break
+            else:
+                return GroupError.NONE, "", errors
+        return (
+            GroupError.COORDINATOR_NOT_AVAILABLE,
+            f"group {group!r} kept changing while its offsets were deleted; try again",
+            {},
+        )
+
+
+def _state_of(group: str, stored: consumer_offsets.StoredGroup) -> GroupState:
+    """The group's KIP-848 coordinator state as stored (none stored: an empty group)."""
+    if stored.state is None:
+        return GroupState(group_id=group)
+    return GroupState.from_record(json.loads(stored.state))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import struct
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,13 @@ class Error(enum.Enum):
     MEMBER_ID_REQUIRED = "member_id_required"
     GROUP_MAX_SIZE_REACHED = "group_max_size_reached"
     COORDINATOR_NOT_AVAILABLE = "coordinator_not_available"
+    NON_EMPTY_GROUP = "non_empty_group"
+    GROUP_ID_NOT_FOUND = "group_id_not_found"
+    GROUP_SUBSCRIBED_TO_TOPIC = "group_subscribed_to_topic"
+
+
+# The protocol type of Kafka's consumers: their member metadata is a ConsumerProtocolSubscription.
+CONSUMER_PROTOCOL_TYPE = "consumer"
 
 
 def coordinator_of(group_id: str, broker_ids: Sequence[int]) -> int | None:
@@ -64,6 +72,40 @@ def coordinator_of(group_id: str, broker_ids: Sequence[int]) -> int | None:
     that reads the same registrations names the same one (None: no broker)."""
     ids = sorted(broker_ids)
     return ids[zlib.crc32(group_id.encode()) % len(ids)] if ids else None
+
+
+def subscribed_topics(group: Group) -> frozenset[str] | None:
+    """The topics a classic group's members subscribe to, read from their metadata for the
+    chosen protocol (Kafka's ConsumerProtocolSubscription: version, then the topic names).
+    None when they cannot be known: a group of another protocol type, no protocol chosen yet,
+    or metadata that does not parse; OffsetDelete then treats every topic as subscribed, as
+    Kafka's GroupMetadata.isSubscribedToTopic does."""
+    if group.protocol_type != CONSUMER_PROTOCOL_TYPE or not group.protocol_name:
+        return None
+    topics: set[str] = set()
+    for member in group.members.values():
+        parsed = _subscription_topics(member.metadata(group.protocol_name))
+        if parsed is None:
+            return None
+        topics |= parsed
+    return frozenset(topics)
+
+
+def _subscription_topics(metadata: bytes) -> set[str] | None:
+    """The topic names of a ConsumerProtocolSubscription (every version starts with int16
+    version, int32 count, then int16-length strings), or None if it does not parse."""
+    try:
+        (count,) = struct.unpack_from(">i", metadata, 2)
+        at, topics = 6, set()
+        for _ in range(count):
+            (size,) = struct.unpack_from(">h", metadata, at)
+            if size < 0 or at + 2 + size > len(metadata):
+                return None
+            topics.add(metadata[at + 2 : at + 2 + size].decode())
+            at += 2 + size
+    except (struct.error, UnicodeDecodeError):
+        return None
+    return topics
 
 
 def _common_protocols(members: Iterable[Member]) -> set[str]:
@@ -300,6 +342,19 @@ class ClassicGroups:
             return Error.ILLEGAL_GENERATION
         if group.state == State.COMPLETING_REBALANCE:
             return Error.REBALANCE_IN_PROGRESS
+        return Error.NONE
+
+    def delete(self, group_id: str) -> Error:
+        """DeleteGroups' rule for the classic side of a group: refused while it has members
+        (NON_EMPTY_GROUP, as Kafka refuses any state but Empty and Dead); an empty group is
+        forgotten (NONE); GROUP_ID_NOT_FOUND when this broker holds no such group (its
+        committed offsets, in etcd, may still make it exist: the caller decides)."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return Error.GROUP_ID_NOT_FOUND
+        if group.members:
+            return Error.NON_EMPTY_GROUP
+        del self.groups[group_id]  # pending member ids given out are void: they join anew
         return Error.NONE
 
     # ---- time -----------------------------------------------------------------------------

@@ -98,6 +98,9 @@ class ClassicGroupDriver:
     def commit_check(self, group_id: str, member_id: str, generation: int) -> Error:
         return self.core.commit_check(group_id, member_id, generation)
 
+    def delete(self, group_id: str) -> Error:
+        return self.core.delete(group_id)
+
     def groups(self) -> list[Group]:
         return list(self.core.groups.values())
 

@@ -23,15 +23,20 @@ from typing import Any, Protocol
 from kio.schema.errors import ErrorCode as K
 
 from clients.common.record_batch import iter_batch_headers
-from clients.common.topics import group_id_problem
+from clients.common.topics import effective_topic_configs, group_id_problem, topic_configs_from_proto
 from protos.highwater.v1 import broker_pb2, common_pb2
-from services.broker.core import log_config_from
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
-from services.kafka import acl_rules, protocol
+from services.kafka import acl_rules, config_changes, protocol
 from services.kafka.acl_rules import Decision
+from services.kafka.classic_groups import (
+    CONSUMER_PROTOCOL_TYPE,
+    Group,
+    JoinAnswer,
+    SyncAnswer,
+    coordinator_of,
+)
 from services.kafka.classic_groups import Error as GroupError
-from services.kafka.classic_groups import Group, JoinAnswer, SyncAnswer, coordinator_of
 from services.kafka.protocol import Request, build, kafka_error, nested
 from services.security import authz
 
@@ -100,6 +105,10 @@ class KafkaBackend(Protocol):
 
     def list_offsets(self, req: common_pb2.ListOffsetsRequest) -> common_pb2.ListOffsetsResponse: ...
 
+    async def delete_records(self, req: common_pb2.DeleteRecordsRequest) -> common_pb2.DeleteRecordsResponse:
+        """The partitions this broker leads; answered when their ISR has the new log start."""
+        ...
+
     def offsets_for_leader_epoch(
         self, req: broker_pb2.OffsetsForLeaderEpochRequest
     ) -> broker_pb2.OffsetsForLeaderEpochResponse: ...
@@ -126,6 +135,23 @@ class KafkaBackend(Protocol):
     @property
     def classic_groups(self) -> ClassicGroupsPort: ...
 
+    async def stored_groups(self, group: str | None = None) -> list[StoredGroupListing]:
+        """The groups etcd holds (committed offsets, KIP-848 state), or only `group`.
+        Raises BackendUnavailable."""
+        ...
+
+    async def delete_group(self, group: str) -> tuple[GroupError, str]:
+        """DeleteGroups for one group (NON_EMPTY_GROUP, GROUP_ID_NOT_FOUND as Kafka).
+        Raises BackendUnavailable."""
+        ...
+
+    async def delete_offsets(
+        self, group: str, partitions: list[tuple[str, int]]
+    ) -> tuple[GroupError, str, dict[tuple[str, int], GroupError]]:
+        """OffsetDelete: the group's error and message, each partition's error.
+        Raises BackendUnavailable."""
+        ...
+
 
 class ClassicGroupsPort(Protocol):
     """The classic groups this broker coordinates (group_driver.py: the core plus its waits)."""
@@ -145,6 +171,15 @@ class ClassicGroupsPort(Protocol):
     def groups(self) -> list[Group]: ...
 
     def group(self, group_id: str) -> Group | None: ...
+
+
+@dataclass(frozen=True)
+class StoredGroupListing:
+    """A group etcd holds: its Kafka state name (Empty without members) and member count."""
+
+    group_id: str
+    state: str
+    members: int
 
 
 @dataclass(frozen=True)
@@ -184,12 +219,15 @@ class KafkaHandler:
             protocol.PRODUCE: self.produce,
             protocol.FETCH: self.fetch,
             protocol.LIST_OFFSETS: self.list_offsets,
+            protocol.DELETE_RECORDS: self.delete_records,
             protocol.OFFSET_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
             protocol.INIT_PRODUCER_ID: self.init_producer_id,
             protocol.CREATE_TOPICS: self.create_topics,
             protocol.DELETE_TOPICS: self.delete_topics,
             protocol.CREATE_PARTITIONS: self.create_partitions,
             protocol.DESCRIBE_CONFIGS: self.describe_configs,
+            protocol.ALTER_CONFIGS: self.alter_configs,
+            protocol.INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
             protocol.DESCRIBE_CLUSTER: self.describe_cluster,
             protocol.FIND_COORDINATOR: self.find_coordinator,
             protocol.OFFSET_COMMIT: self.offset_commit,
@@ -200,6 +238,8 @@ class KafkaHandler:
             protocol.LEAVE_GROUP: self.leave_group,
             protocol.LIST_GROUPS: self.list_groups,
             protocol.DESCRIBE_GROUPS: self.describe_groups,
+            protocol.DELETE_GROUPS: self.delete_groups,
+            protocol.OFFSET_DELETE: self.offset_delete,
         }
         missing = set(protocol.SUPPORTED_VERSIONS) - set(self._apis)
         if missing:
@@ -574,6 +614,59 @@ class KafkaHandler:
             ),
         )
 
+    # ---- DeleteRecords -----------------------------------------------------------------------
+
+    async def delete_records(self, request: Request) -> Any:
+        """Advance log start offsets of partitions this broker leads (Kafka's clients send each
+        leader its own partitions); the others are answered NOT_LEADER_OR_FOLLOWER by the replica
+        manager, as Kafka does. Refused topics (Delete) answer TOPIC_AUTHORIZATION_FAILED."""
+        body = request.body
+        cls = protocol.response_class(protocol.DELETE_RECORDS, request.api_version)
+        delete_req = common_pb2.DeleteRecordsRequest(
+            timeout_ms=max(0, _ms(body.timeout)),
+            topics=[
+                common_pb2.DeleteRecordsTopic(
+                    topic=t.name,
+                    partitions=[
+                        common_pb2.DeleteRecordsPartition(partition=p.partition_index, offset=p.offset)
+                        for p in t.partitions
+                    ],
+                )
+                for t in body.topics
+            ],
+        )
+        kept, denied = _split_topics(delete_req, _acl().decision.topics_refused)
+        resp = await self.backend.delete_records(kept) if kept.topics else common_pb2.DeleteRecordsResponse()
+        for t in denied.topics:
+            resp.topics.add(topic=t.topic).partitions.extend(
+                common_pb2.DeleteRecordsPartitionResponse(
+                    partition=p.partition, error_code=_TOPIC_REFUSED, low_watermark=-1
+                )
+                for p in t.partitions
+            )
+        topic_cls = nested(cls, "DeleteRecordsTopicResult")
+        part_cls = nested(cls, "DeleteRecordsPartitionResult")
+        return build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            topics=tuple(
+                build(
+                    topic_cls,
+                    name=t.topic,
+                    partitions=tuple(
+                        build(
+                            part_cls,
+                            partition_index=p.partition,
+                            low_watermark=p.low_watermark,
+                            error_code=kafka_error(p.error_code),
+                        )
+                        for p in t.partitions
+                    ),
+                )
+                for t in resp.topics
+            ),
+        )
+
     # ---- OffsetForLeaderEpoch ----------------------------------------------------------------
 
     async def offsets_for_leader_epoch(self, request: Request) -> Any:
@@ -829,6 +922,66 @@ class KafkaHandler:
             ),
         )
 
+    # ---- AlterConfigs and IncrementalAlterConfigs: topic configs, through the controller ------
+
+    async def alter_configs(self, request: Request) -> Any:
+        """AlterConfigs (33): each topic's whole config replaced; what it does not name returns to
+        its default, as in Kafka."""
+        return await self._alter_configs(request, protocol.ALTER_CONFIGS, incremental=False)
+
+    async def incremental_alter_configs(self, request: Request) -> Any:
+        """IncrementalAlterConfigs (44): SET and DELETE the keys named, keep the rest."""
+        return await self._alter_configs(request, protocol.INCREMENTAL_ALTER_CONFIGS, incremental=True)
+
+    async def _alter_configs(self, request: Request, api_key: int, *, incremental: bool) -> Any:
+        """Topic resources go to the controller's AlterTopicConfigs in one request; the rest are
+        answered here (config_changes.py's table), each resource on its own, in request order."""
+        body = request.body
+        cls = protocol.response_class(api_key, request.api_version)
+        result_cls = nested(cls, "AlterConfigsResourceResponse")
+        refused = _acl().decision.topics_refused
+        answers: list[tuple[K, str | None]] = [(K.none, None)] * len(body.resources)
+        sent: list[tuple[int, common_pb2.AlterTopicConfigsTopic]] = []
+        for i, resource in enumerate(body.resources):
+            try:
+                refusal = config_changes.refusal_of_resource_type(
+                    resource.resource_type, resource.resource_name
+                )
+                if refusal is not None:
+                    raise refusal
+                if resource.resource_name in refused:
+                    raise config_changes.Refused(K.topic_authorization_failed, _NOT_AUTHORIZED)
+                sent.append((i, config_changes.topic_change(resource, incremental=incremental)))
+            except config_changes.Refused as exc:
+                answers[i] = (exc.code, exc.message)
+        if sent:
+            resp, code, message = await self._admin(
+                "AlterTopicConfigs",
+                common_pb2.AlterTopicConfigsRequest(
+                    topics=[change for _, change in sent], validate_only=body.validate_only
+                ),
+            )
+            for n, (i, _) in enumerate(sent):
+                if resp is None:
+                    answers[i] = (code, message)
+                else:
+                    r = resp.topics[n]
+                    answers[i] = (kafka_error(r.error_code), r.error_message or None)
+        return build(
+            cls,
+            throttle_time=_NO_THROTTLE,
+            responses=tuple(
+                build(
+                    result_cls,
+                    error_code=code,
+                    error_message=message,
+                    resource_type=resource.resource_type,
+                    resource_name=resource.resource_name,
+                )
+                for resource, (code, message) in zip(body.resources, answers, strict=True)
+            ),
+        )
+
     # ---- DescribeConfigs and DescribeCluster: this broker's metadata ---------------------------
 
     async def describe_configs(self, request: Request) -> Any:
@@ -1002,9 +1155,10 @@ class KafkaHandler:
                     codes[tp] = K.unknown_topic_or_partition
                 elif len(metadata) > limits.OFFSET_METADATA_MAX_CHARS:
                     codes[tp] = K.offset_metadata_too_large
-                elif p.committed_offset < 0:
-                    codes[tp] = K.offset_out_of_range
                 else:
+                    # Any offset, negative ones included, is stored as given, as Kafka's
+                    # coordinator does (kafkajs' resetOffsets commits -2 / -1 for earliest /
+                    # latest); readers take a negative one as no position (consumer_offsets.py).
                     commits.append(
                         OffsetCommit(
                             t.name,
@@ -1224,28 +1378,42 @@ class KafkaHandler:
         )
 
     async def list_groups(self, request: Request) -> Any:
+        """The classic groups this broker holds, and the groups etcd holds (committed offsets, a
+        KIP-848 state) that it coordinates: clients ask every broker and merge, as in Kafka,
+        where each broker lists the groups of the offsets partitions it leads."""
         body = request.body
         cls = protocol.response_class(protocol.LIST_GROUPS, request.api_version)
         listed_cls = nested(cls, "ListedGroup")
         wanted = set(getattr(body, "states_filter", ()) or ())
+        listed = {
+            g.group_id: (g.protocol_type or "", g.state.value) for g in self.backend.classic_groups.groups()
+        }
+        error = K.none
+        try:
+            brokers = await self.backend.kafka_brokers()
+            for stored in await self.backend.stored_groups():
+                me = _coordinator(brokers, stored.group_id)
+                if me is not None and me.broker_id == self.backend.broker_id:
+                    listed.setdefault(stored.group_id, (CONSUMER_PROTOCOL_TYPE, stored.state))
+        except BackendUnavailable as exc:
+            log.warning("ListGroups: %s", exc)
+            error = K.coordinator_not_available
         return build(
             cls,
             throttle_time=_NO_THROTTLE,
-            error_code=K.none,
+            error_code=error,
             groups=tuple(
-                build(
-                    listed_cls,
-                    group_id=g.group_id,
-                    protocol_type=g.protocol_type or "",
-                    group_state=g.state.value,
-                )
-                for g in self.backend.classic_groups.groups()
-                if (not wanted or g.state.value in wanted)
-                and _acl().allowed(authz.Operation.DESCRIBE, authz.group(g.group_id))
+                build(listed_cls, group_id=group_id, protocol_type=protocol_type, group_state=state)
+                for group_id, (protocol_type, state) in sorted(listed.items())
+                if (not wanted or state in wanted)
+                and _acl().allowed(authz.Operation.DESCRIBE, authz.group(group_id))
             ),
         )
 
     async def describe_groups(self, request: Request) -> Any:
+        """A group this broker holds as a classic group with its members; else one etcd holds
+        (committed offsets, a KIP-848 state) in its state, Empty without members, as ListGroups
+        lists it; else Dead (DescribeGroups 1-5 has no GROUP_ID_NOT_FOUND)."""
         body = request.body
         cls = protocol.response_class(protocol.DESCRIBE_GROUPS, request.api_version)
         group_cls = nested(cls, "DescribedGroup")
@@ -1258,13 +1426,24 @@ class KafkaHandler:
                 else await self._not_coordinator(group_id)
             )
             group = self.backend.classic_groups.group(group_id) if code is None else None
+            state, protocol_type = "Dead", ""
+            if group is not None:
+                state, protocol_type = group.state.value, group.protocol_type or ""
+            elif code is None:
+                try:
+                    stored = await self.backend.stored_groups(group_id)
+                    if stored:
+                        state, protocol_type = stored[0].state, CONSUMER_PROTOCOL_TYPE
+                except BackendUnavailable as exc:
+                    log.warning("DescribeGroups: %s", exc)
+                    code = K.coordinator_not_available
             described.append(
                 build(
                     group_cls,
                     error_code=code or K.none,
                     group_id=group_id,
-                    group_state=group.state.value if group is not None else "Dead",
-                    protocol_type=(group.protocol_type or "") if group is not None else "",
+                    group_state=state,
+                    protocol_type=protocol_type,
                     protocol_data=(group.protocol_name or "") if group is not None else "",
                     members=tuple(
                         build(
@@ -1284,6 +1463,79 @@ class KafkaHandler:
                 )
             )
         return build(cls, throttle_time=_NO_THROTTLE, groups=tuple(described))
+
+    # ---- group admin: DeleteGroups, OffsetDelete (backend.py decides) -------------------------
+
+    async def delete_groups(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.DELETE_GROUPS, request.api_version)
+        result_cls = nested(cls, "DeletableGroupResult")
+        results = []
+        for group_id in body.groups_names:
+            code = _group_refusal(group_id) or await self._not_coordinator(group_id)
+            if code is None:
+                try:
+                    error, message = await self.backend.delete_group(group_id)
+                    code = K[error.value]
+                    if error != GroupError.NONE:
+                        log.info("DeleteGroups %r refused: %s", group_id, message)
+                except BackendUnavailable as exc:
+                    log.warning("DeleteGroups: %s", exc)
+                    code = K.coordinator_not_available
+            results.append(build(result_cls, group_id=group_id, error_code=code))
+        return build(cls, throttle_time=_NO_THROTTLE, results=tuple(results))
+
+    async def offset_delete(self, request: Request) -> Any:
+        body = request.body
+        cls = protocol.response_class(protocol.OFFSET_DELETE, request.api_version)
+        topic_cls = nested(cls, "OffsetDeleteResponseTopic")
+        part_cls = nested(cls, "OffsetDeleteResponsePartition")
+        whole = _group_refusal(body.group_id) or await self._not_coordinator(body.group_id)
+        codes: dict[tuple[str, int], K] = {}
+        if whole is None:
+            refused_topics = _acl().decision.topics_refused
+            cache = self.backend.metadata
+            wanted: list[tuple[str, int]] = []
+            for t in body.topics:
+                for p in t.partitions:
+                    tp = (t.name, p.partition_index)
+                    if t.name in refused_topics:
+                        codes[tp] = K.topic_authorization_failed
+                    elif tp not in cache.partitions:
+                        codes[tp] = K.unknown_topic_or_partition
+                    else:
+                        wanted.append(tp)
+            try:
+                error, message, errors = await self.backend.delete_offsets(body.group_id, wanted)
+                if error != GroupError.NONE:
+                    log.info("OffsetDelete for group %r refused: %s", body.group_id, message)
+                    whole = K[error.value]
+                codes.update((tp, K[e.value]) for tp, e in errors.items())
+            except BackendUnavailable as exc:
+                log.warning("OffsetDelete: %s", exc)
+                whole = K.coordinator_not_available
+        if whole is not None:
+            return build(cls, error_code=whole, throttle_time=_NO_THROTTLE, topics=())
+        return build(
+            cls,
+            error_code=K.none,
+            throttle_time=_NO_THROTTLE,
+            topics=tuple(
+                build(
+                    topic_cls,
+                    name=t.name,
+                    partitions=tuple(
+                        build(
+                            part_cls,
+                            partition_index=p.partition_index,
+                            error_code=codes[(t.name, p.partition_index)],
+                        )
+                        for p in t.partitions
+                    ),
+                )
+                for t in body.topics
+            ),
+        )
 
 
 _NOT_AUTHORIZED = "not authorized by the cluster's ACLs (docs/KAFKA.md, Security)"
@@ -1396,33 +1648,8 @@ SOURCE_DEFAULT_CONFIG = 5
 
 def topic_config_entries(config: common_pb2.TopicConfig) -> list[tuple[str, str, bool]]:
     """(name, effective value, set on the topic) for every topic config Highwater keeps; an unset
-    one shows the broker's default, as Kafka's DescribeConfigs does."""
-    effective = log_config_from(config)
+    one shows its default (clients/common/topics.py, the one schema), as Kafka's DescribeConfigs does."""
     return [
-        (
-            "min.insync.replicas",
-            str(config.min_insync_replicas or limits.DEFAULT_MIN_INSYNC_REPLICAS),
-            config.min_insync_replicas not in (0, limits.DEFAULT_MIN_INSYNC_REPLICAS),
-        ),
-        (
-            "unclean.leader.election.enable",
-            "true" if config.unclean_leader_election_enable else "false",
-            config.unclean_leader_election_enable,
-        ),
-        ("retention.ms", str(effective.retention_ms), config.retention_ms != 0),
-        ("retention.bytes", str(effective.retention_bytes), config.retention_bytes != 0),
-        ("segment.bytes", str(effective.segment_bytes), config.segment_bytes != 0),
-        ("segment.ms", str(effective.segment_ms), config.segment_ms != 0),
-        ("max.message.bytes", str(effective.max_message_bytes), config.max_message_bytes != 0),
-        ("message.timestamp.type", effective.message_timestamp_type, config.message_timestamp_type != ""),
-        (
-            "message.timestamp.before.max.ms",
-            str(effective.message_timestamp_before_max_ms),
-            config.HasField("message_timestamp_before_max_ms"),
-        ),
-        (
-            "message.timestamp.after.max.ms",
-            str(effective.message_timestamp_after_max_ms),
-            config.HasField("message_timestamp_after_max_ms"),
-        ),
+        (entry.name, entry.value, not entry.is_default)
+        for entry in effective_topic_configs(topic_configs_from_proto(config))
     ]

@@ -50,11 +50,16 @@ LIST_GROUPS = 16
 API_VERSIONS = 18
 CREATE_TOPICS = 19
 DELETE_TOPICS = 20
+DELETE_RECORDS = 21
 INIT_PRODUCER_ID = 22
 OFFSET_FOR_LEADER_EPOCH = 23
 DESCRIBE_CONFIGS = 32
+ALTER_CONFIGS = 33
 CREATE_PARTITIONS = 37
+INCREMENTAL_ALTER_CONFIGS = 44
 DESCRIBE_CLUSTER = 60
+DELETE_GROUPS = 42
+OFFSET_DELETE = 47
 
 # The versions answered, per API key: the one table ApiVersions advertises and decode_request
 # checks. Ranges are where kio's classes start (Kafka 4 dropped older versions) up to the last
@@ -72,8 +77,13 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     # answered from this broker's metadata). DeleteTopics 6+ names topics by id.
     CREATE_TOPICS: (2, 7),
     DELETE_TOPICS: (1, 5),
+    # Answered by this broker for the partitions it leads (clients send one to each leader).
+    DELETE_RECORDS: (0, 2),
     CREATE_PARTITIONS: (0, 3),
     DESCRIBE_CONFIGS: (1, 4),
+    # Topic configs changed through the controller's AlterTopicConfigs (config_changes.py).
+    ALTER_CONFIGS: (0, 2),
+    INCREMENTAL_ALTER_CONFIGS: (0, 1),
     DESCRIBE_CLUSTER: (0, 1),
     # Offsets of groups committed from outside a group's membership (generation -1, as
     # assign()-based consumers and admin tools commit); every broker is every group's
@@ -90,6 +100,10 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     LEAVE_GROUP: (1, 4),
     LIST_GROUPS: (1, 4),
     DESCRIBE_GROUPS: (1, 5),
+    # Group admin (services/kafka/backend.py): a group without members is deleted, offsets of
+    # topics the live group does not subscribe to are deleted.
+    DELETE_GROUPS: (0, 2),
+    OFFSET_DELETE: (0, 0),
 }
 
 # Kafka answers the requests of one connection one at a time, in order, and clients rely on

@@ -312,6 +312,40 @@ def _per_topic_read(
     return Admission(narrowed, respond=respond)
 
 
+def delete_records(req: common_pb2.DeleteRecordsRequest, access: Access, limits: Limits) -> Admission:
+    """Kafka's rule for DeleteRecords: Delete on each topic; refused partitions are answered
+    TOPIC_AUTHORIZATION_FAILED and the rest proceed."""
+    allowed: dict[str, bool] = {}
+
+    def refuse(t: Any, p: Any) -> tuple[ErrorCode, str] | None:
+        ok = allowed.get(t.topic)
+        if ok is None:
+            ok = allowed[t.topic] = access.allowed(Operation.DELETE, topic(t.topic))
+        if ok:
+            return None
+        return TOPIC_AUTHORIZATION_FAILED, _refusal(access, Operation.DELETE, "topic", t.topic)
+
+    kept, refused = _split(req.topics, refuse)
+    if not refused:
+        return Admission(req)
+
+    def make(partition: int, code: ErrorCode, message: str) -> common_pb2.DeleteRecordsPartitionResponse:
+        return common_pb2.DeleteRecordsPartitionResponse(
+            partition=partition, error_code=code, error_message=message, low_watermark=-1
+        )
+
+    def respond(resp: common_pb2.DeleteRecordsResponse) -> common_pb2.DeleteRecordsResponse:
+        _merge(resp.topics, refused, make)
+        return resp
+
+    if not kept:
+        return Admission(req, answer=respond(common_pb2.DeleteRecordsResponse()))
+    narrowed = common_pb2.DeleteRecordsRequest(timeout_ms=req.timeout_ms)
+    for t, parts in kept:
+        narrowed.topics.add(topic=t.topic).partitions.extend(parts)
+    return Admission(narrowed, respond=respond)
+
+
 def offsets_for_leader_epoch(
     req: broker_pb2.OffsetsForLeaderEpochRequest, access: Access, limits: Limits
 ) -> Admission:
@@ -635,6 +669,21 @@ def create_partitions(req: common_pb2.CreatePartitionsRequest, access: Access, l
     )
 
 
+def alter_topic_configs(
+    req: common_pb2.AlterTopicConfigsRequest, access: Access, limits: Limits
+) -> Admission:
+    """Kafka's AlterConfigs rule for topics (AlterConfigs on each; our Alter stands for it)."""
+    return _per_topic_admin(
+        req,
+        [t.name for t in req.topics],
+        access,
+        lambda n: access.allowed(Operation.ALTER, topic(n)),
+        Operation.ALTER,
+        lambda refused: _without_topics(req, refused),
+        common_pb2.AlterTopicConfigsResponse,
+    )
+
+
 def _cluster(operation: Operation, what: str) -> Rule:
     def rule(req: Any, access: Access, limits: Limits) -> Admission:
         access.require(operation, CLUSTER, what)
@@ -678,6 +727,7 @@ _ADMIN: dict[str, Rule] = {
     "CreateTopics": create_topics,
     "DeleteTopics": delete_topics,
     "CreatePartitions": create_partitions,
+    "AlterTopicConfigs": alter_topic_configs,
     "AlterPartitionReassignments": _cluster(Operation.ALTER, "AlterPartitionReassignments"),
     "ListPartitionReassignments": _cluster(Operation.DESCRIBE, "ListPartitionReassignments"),
     "ElectLeaders": _cluster(Operation.ALTER, "ElectLeaders"),
@@ -702,6 +752,7 @@ RULES: dict[str, Rule] = {
     # ProduceStream: the Produce rule, applied to each message of the stream.
     _BROKER + "ProduceStream": produce,
     _BROKER + "ListOffsets": list_offsets,
+    _BROKER + "DeleteRecords": delete_records,
     _BROKER + "OffsetsForLeaderEpoch": offsets_for_leader_epoch,
     _BROKER + "Metadata": metadata,
     _CONTROLLER + "AlterPartition": _from(("broker",), "AlterPartition", "broker_id"),
@@ -717,6 +768,7 @@ RULES: dict[str, Rule] = {
     _GATEWAY + "Produce": produce,
     _GATEWAY + "Fetch": fetch,
     _GATEWAY + "ListOffsets": list_offsets,
+    _GATEWAY + "DeleteRecords": delete_records,
     _GATEWAY + "Metadata": metadata,
     _GATEWAY + "CommitOffsets": commit_offsets,
     _GATEWAY + "FetchCommittedOffsets": fetch_committed_offsets,
@@ -756,6 +808,7 @@ FORWARDED_METHODS = frozenset(
         _BROKER + "Produce",
         _BROKER + "Fetch",
         _BROKER + "ListOffsets",
+        _BROKER + "DeleteRecords",
         _BROKER + "Metadata",
         *(_CONTROLLER + name for name in _ADMIN if name != "DescribeCluster"),
     }

@@ -1,10 +1,13 @@
 """A job ported from format("kafka") keeps its options:
-each works with Kafka's meaning, or is refused by name.
+each works with Kafka's meaning, is accepted where it changes nothing here, or is refused by name.
 
 Every row of docs/SPARK.md's "Options of Spark's Kafka source" table is exercised here
 against the real cluster: the supported ones by what they do (a read that uses only Kafka's
 names, batches in the log compressed with zstd and cut at kafka.batch.size, a micro-batch
-skipped below minOffsetsPerTrigger until maxTriggerDelay passes), the refused ones by the
+skipped below minOffsetsPerTrigger until maxTriggerDelay passes, a subscribePattern matching
+no topic reading nothing until one appears), the ones with no effect by a job that passes them
+and reads the same rows, kafka.security.protocol=SSL with PEM and PKCS12 stores and the
+kafka.group.id ACL check on a TLS cluster with the ACL authorizer, and the refused ones by the
 error naming them and saying what to use instead.
 """
 
@@ -13,17 +16,25 @@ from __future__ import annotations
 import itertools
 import struct
 import time
+from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.serialization import pkcs12
 from pyspark.sql import functions as F
 
+from clients.admin import Admin
 from clients.common.records import Record, encode_batch
+from clients.tools.cli import cli
 from protos.highwater.v1 import common_pb2
 from spark_connector.gateway import GatewayClient
 from spark_connector.options import ClientSettings
-from tests.integration.conftest import TestCluster
+from tests.integration.conftest import TEST_LEASE_TTL_S, TestCluster
 from tests.spark.helpers import consume_all, create_topic, produce, wait_until_written
 
 pytestmark = pytest.mark.integration
@@ -143,34 +154,38 @@ def test_subscription_and_ending_timestamp_options_read_what_spark_says(
 @pytest.mark.parametrize(
     ("option", "value", "named"),
     [
-        ("kafka.group.id", "g1", ["kafka.group.id", "no Highwater meaning", "checkpoint"]),
-        ("groupIdPrefix", "spark-kafka", ["groupIdPrefix", "no Highwater meaning"]),
         ("kafka.auto.offset.reset", "earliest", ["kafka.auto.offset.reset", "startingOffsets"]),
         ("kafka.enable.auto.commit", "true", ["kafka.enable.auto.commit", "checkpoint"]),
         ("kafka.key.deserializer", "x.Y", ["kafka.key.deserializer", "binary"]),
         ("kafka.value.deserializer", "x.Y", ["kafka.value.deserializer", "binary"]),
         ("kafka.interceptor.classes", "x.Y", ["kafka.interceptor.classes", "no Highwater meaning"]),
-        ("kafka.max.poll.records", "500", ["kafka.max.poll.records", "maxOffsetsPerTrigger"]),
         (
             "kafka.security.protocol",
             "SSL",
-            ["kafka.security.protocol", "highwater.ssl.cafile", "highwater.auth.token"],
+            ["kafka.security.protocol", "no CA", "kafka.ssl.truststore.location"],
+        ),
+        (
+            "kafka.security.protocol",
+            "SASL_SSL",
+            ["kafka.security.protocol", "highwater.auth.token", "not SASL"],
         ),
         (
             "kafka.ssl.truststore.location",
-            "/x.jks",
-            ["kafka.ssl.truststore.location", "highwater.ssl.cafile"],
+            "/x.p12",
+            ["kafka.ssl.truststore.location", "security.protocol=SSL"],
         ),
+        ("kafka.ssl.cipher.suites", "X", ["kafka.ssl.cipher.suites", "no Highwater meaning"]),
         ("kafka.sasl.mechanism", "PLAIN", ["kafka.sasl.mechanism", "highwater.auth.token"]),
-        ("kafka.isolation.level", "read_committed", ["kafka.isolation.level", "no Highwater meaning"]),
-        ("kafka.client.id", "me", ["kafka.client.id", "no Highwater meaning"]),
+        ("kafka.isolation.level", "read_committed", ["kafka.isolation.level", "read_uncommitted"]),
+        ("kafka.retries", "3", ["kafka.retries", "producer setting"]),
+        ("kafka.default.api.timeout.ms", "1000", ["kafka.default.api.timeout.ms", "no Highwater meaning"]),
         ("kafka.acks", "all", ["kafka.acks", "producer setting", "this is a read"]),
         ("kafka.compression.type", "zstd", ["kafka.compression.type", "producer setting"]),
         ("kafka.batch.size", "1024", ["kafka.batch.size", "producer setting"]),
         ("kafka.linger.ms", "5", ["kafka.linger.ms", "producer setting"]),
         ("kafka.max.request.size", "1048576", ["kafka.max.request.size", "producer setting"]),
         ("kafka.delivery.timeout.ms", "1000", ["kafka.delivery.timeout.ms", "producer setting"]),
-        ("kafka.enable.idempotence", "true", ["kafka.enable.idempotence", "always idempotent"]),
+        ("kafka.enable.idempotence", "true", ["kafka.enable.idempotence", "producer setting"]),
         ("fetchOffset.numRetries", "3", ["fetchOffset.numRetries", "highwater.retry.timeout.ms"]),
         ("fetchOffset.retryIntervalMs", "10", ["fetchOffset.retryIntervalMs", "highwater.retry.timeout.ms"]),
         ("maxTriggerDelay", "5s", ["maxTriggerDelay", "minOffsetsPerTrigger"]),
@@ -356,7 +371,7 @@ def test_kafka_producer_settings_apply_to_writes(spark: Any, cluster: TestCluste
         .save()
     )
     written = consume_all(bootstrap, "kopt-write")
-    assert sorted(r.value for r in written) == [f"value-{i:05d}".encode() for i in range(400)]
+    assert sorted(r.value or b"" for r in written) == [f"value-{i:05d}".encode() for i in range(400)]
     assert {tuple(r.headers) for r in written} == {(("h", b"x"),)}
     batches = log_batches(bootstrap, "kopt-write", 0)
     assert {attributes & 0x7 for attributes, _ in batches} == {ZSTD_CODEC}  # kafka.compression.type
@@ -396,20 +411,27 @@ def test_kafka_producer_settings_apply_to_writes(spark: Any, cluster: TestCluste
 @pytest.mark.parametrize(
     ("option", "value", "named"),
     [
-        ("kafka.enable.idempotence", "false", ["kafka.enable.idempotence", "always idempotent"]),
-        ("kafka.retries", "5", ["kafka.retries", "kafka.delivery.timeout.ms"]),
+        (
+            "kafka.enable.idempotence",
+            "false",
+            ["kafka.enable.idempotence", "always idempotent", "duplicates"],
+        ),
         ("kafka.transactional.id", "t", ["kafka.transactional.id", "no transactions"]),
         ("kafka.key.serializer", "x.Y", ["kafka.key.serializer", "no Highwater meaning"]),
         ("kafka.value.serializer", "x.Y", ["kafka.value.serializer", "no Highwater meaning"]),
         ("kafka.partitioner.class", "x.Y", ["kafka.partitioner.class", "'partition' column"]),
-        ("kafka.buffer.memory", "1000", ["kafka.buffer.memory", "kafka.linger.ms"]),
-        ("kafka.max.in.flight.requests.per.connection", "1", ["kafka.max.in.flight.requests.per.connection"]),
+        (
+            "kafka.max.in.flight.requests.per.connection",
+            "6",
+            ["kafka.max.in.flight.requests.per.connection", "5"],
+        ),
         ("kafka.security.protocol", "SASL_SSL", ["kafka.security.protocol", "highwater.auth.token"]),
-        ("kafka.group.id", "g", ["kafka.group.id", "no Highwater meaning"]),
-        ("groupIdPrefix", "g", ["groupIdPrefix", "no Highwater meaning"]),
+        ("kafka.group.id", "g", ["kafka.group.id", "consumer setting"]),
+        ("groupIdPrefix", "g", ["groupIdPrefix", "this is a write"]),
+        ("kafka.max.poll.records", "500", ["kafka.max.poll.records", "consumer setting"]),
         ("kafka.fetch.max.bytes", "1024", ["kafka.fetch.max.bytes", "consumer setting"]),
         ("kafka.interceptor.classes", "x.Y", ["kafka.interceptor.classes", "no Highwater meaning"]),
-        ("kafka.ssl.keystore.location", "/x.jks", ["kafka.ssl.keystore.location", "highwater.ssl.certfile"]),
+        ("kafka.ssl.keystore.location", "/x.p12", ["kafka.ssl.keystore.location", "security.protocol=SSL"]),
         ("kafka.max.partition.fetch.bytes", "1024", ["kafka.max.partition.fetch.bytes", "consumer setting"]),
         ("kafka.acks", "2", ["kafka.acks", "all, 1 or 0"]),
         ("kafka.compression.type", "producer", ["kafka.compression.type", "zstd"]),
@@ -431,3 +453,230 @@ def test_kafka_write_options_without_a_highwater_meaning_are_refused_by_name(
         ),
         *named,
     )
+
+
+# --- settings a ported job passes that change nothing here, kafka.group.id ----------------------
+
+
+def test_kafka_settings_with_no_effect_and_group_ids_are_accepted(spark: Any, cluster: TestCluster) -> None:
+    """PLAINTEXT, client.id, the group options and the consumer/producer tuning a ported job carries
+    are accepted (docs/SPARK.md says why each changes nothing), and the data is the same."""
+    bootstrap = cluster.gateway_address
+    create_topic(bootstrap, "kopt-ported", 2)
+    tuning = {
+        "kafka.bootstrap.servers": bootstrap,
+        "kafka.security.protocol": "PLAINTEXT",
+        "kafka.client.id": "ported-etl",
+        "kafka.retry.backoff.ms": "100",
+    }
+    (
+        spark.range(60)
+        .select(F.format_string("p-%02d", F.col("id")).alias("value"))
+        .write.format("highwater")
+        .options(**tuning)
+        .option("topic", "kopt-ported")
+        .option("kafka.retries", "0")
+        .option("kafka.enable.idempotence", "true")
+        .option("kafka.max.in.flight.requests.per.connection", "5")
+        .option("kafka.buffer.memory", "33554432")
+        .mode("append")
+        .save()
+    )
+    expected = sorted(f"p-{i:02d}".encode() for i in range(60))
+    assert sorted(r.value or b"" for r in consume_all(bootstrap, "kopt-ported")) == expected
+    for group in ({"kafka.group.id": "ported-etl"}, {"groupIdPrefix": "ported"}):
+        rows = (
+            spark.read.format("highwater")
+            .options(**tuning, **group)
+            .option("subscribe", "kopt-ported")
+            .option("kafka.max.poll.records", "7")
+            .option("kafka.session.timeout.ms", "30000")
+            .option("kafka.heartbeat.interval.ms", "3000")
+            .option("kafka.fetch.min.bytes", "1")
+            .option("kafka.fetch.max.wait.ms", "500")
+            .option("kafka.isolation.level", "read_uncommitted")
+            .load()
+            .collect()
+        )
+        assert sorted(r.value for r in rows) == expected, group
+
+
+def test_a_pattern_matching_no_topic_reads_nothing_until_one_appears(
+    spark: Any, cluster: TestCluster, tmp_path: Any
+) -> None:
+    """As Spark's Kafka source: a batch query gets an empty DataFrame with the schema; a stream gets
+    no rows until a topic matching the pattern appears, then reads it from its earliest offset."""
+    bootstrap = cluster.gateway_address
+    batch = (
+        spark.read.format("highwater")
+        .options(bootstrap=bootstrap, subscribePattern="kopt-nomatch-.*", includeHeaders="true")
+        .load()
+    )
+    assert batch.collect() == []
+    assert batch.columns == [
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
+        "headers",
+    ]
+    query = (
+        spark.readStream.format("highwater")
+        .options(bootstrap=bootstrap, subscribePattern="kopt-later-.*", startingOffsets="earliest")
+        .load()
+        .writeStream.format("memory")
+        .queryName("kopt_later")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime=f"{TRIGGER_MS} milliseconds")
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + QUERY_TIMEOUT_S
+        while len(query.recentProgress) < 2:  # triggers ran with no topic to read
+            assert query.exception() is None, query.exception()
+            assert time.monotonic() < deadline, "the stream made no progress without a matching topic"
+            time.sleep(TRIGGER_MS / 1000)
+        assert spark.sql("select * from kopt_later").count() == 0
+        create_topic(bootstrap, "kopt-later-1", 1)
+        produce(bootstrap, "kopt-later-1", [(0, None, f"l{i}".encode(), []) for i in range(5)])
+        while spark.sql("select * from kopt_later").count() < 5:
+            assert query.exception() is None, query.exception()
+            assert time.monotonic() < deadline, "the stream did not read the topic that appeared"
+            time.sleep(TRIGGER_MS / 1000)
+        values = sorted(r.value for r in spark.sql("select value from kopt_later").collect())
+        assert values == [f"l{i}".encode() for i in range(5)]
+    finally:
+        query.stop()
+
+
+# --- kafka.security.protocol=SSL and kafka.ssl.* on a TLS cluster with the ACL authorizer -------
+
+STORE_PASSWORD = "changeit"
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
+    """TLS everywhere and `--authorizer acl`: User:alice (a client certificate) may read and write the
+    kssl- topics and use the groups named ported-*; nothing else."""
+    c = TestCluster(
+        tmp_path_factory.mktemp("kafka-ssl"),
+        brokers=1,
+        lease_ttl_s=TEST_LEASE_TTL_S,
+        tls=True,
+        service_args=["--authorizer", "acl", "--super-users", "User:admin"],
+    )
+    c.start()
+    try:
+        c.issue_client_certificate("alice")
+        with Admin(c.gateway_address, **c.client_settings("admin")) as admin:
+            admin.create_topics("kssl-data", 1, 1)
+        for args in (
+            ["--operation", "Read", "--operation", "Write", "--topic", "kssl-", "--prefixed"],
+            ["--operation", "Read", "--group", "ported-", "--prefixed"],
+        ):
+            result = CliRunner().invoke(
+                cli,
+                [
+                    *("--bootstrap", c.gateway_address, "--tls-dir", str(c.tls_dir), "acl", "add"),
+                    *("--principal", "User:alice", *args),
+                ],
+            )
+            assert result.exit_code == 0, result.output
+        yield c
+    finally:
+        c.stop()
+
+
+def kafka_stores(c: TestCluster, directory: Path) -> dict[str, dict[str, str]]:
+    """alice's certificate as Kafka's clients take it: PEM stores, and password-protected PKCS12 ones."""
+    tls = Path(str(c.tls_dir))
+    ca = x509.load_pem_x509_certificate((tls / "ca.pem").read_bytes())
+    cert = x509.load_pem_x509_certificate((tls / "alice.pem").read_bytes())
+    key = serialization.load_pem_private_key((tls / "alice-key.pem").read_bytes(), None)
+    encryption = serialization.BestAvailableEncryption(STORE_PASSWORD.encode())
+    (directory / "alice.p12").write_bytes(
+        pkcs12.serialize_key_and_certificates(b"alice", key, cert, [ca], encryption)  # type: ignore[arg-type]
+    )
+    (directory / "trust.p12").write_bytes(
+        pkcs12.serialize_key_and_certificates(b"ca", None, None, [ca], encryption)
+    )
+    (directory / "alice-keystore.pem").write_bytes(
+        (tls / "alice-key.pem").read_bytes() + (tls / "alice.pem").read_bytes()
+    )
+    ssl = {"kafka.bootstrap.servers": c.gateway_address, "kafka.security.protocol": "SSL"}
+    return {
+        "PEM": {
+            **ssl,
+            "kafka.ssl.truststore.type": "PEM",
+            "kafka.ssl.truststore.location": str(tls / "ca.pem"),
+            "kafka.ssl.keystore.type": "PEM",
+            "kafka.ssl.keystore.location": str(directory / "alice-keystore.pem"),
+        },
+        "PKCS12": {
+            **ssl,
+            "kafka.ssl.truststore.type": "PKCS12",
+            "kafka.ssl.truststore.location": str(directory / "trust.p12"),
+            "kafka.ssl.truststore.password": STORE_PASSWORD,
+            "kafka.ssl.keystore.type": "PKCS12",
+            "kafka.ssl.keystore.location": str(directory / "alice.p12"),
+            "kafka.ssl.keystore.password": STORE_PASSWORD,
+            "kafka.ssl.key.password": STORE_PASSWORD,
+            "kafka.ssl.endpoint.identification.algorithm": "https",
+        },
+    }
+
+
+def test_ssl_stores_pem_and_pkcs12_read_and_write_a_tls_cluster(
+    spark: Any, tls_cluster: TestCluster, tmp_path: Path
+) -> None:
+    stores = kafka_stores(tls_cluster, tmp_path)
+    (
+        spark.range(30)
+        .select(F.format_string("s-%02d", F.col("id")).alias("value"))
+        .write.format("highwater")
+        .options(**stores["PEM"])
+        .option("topic", "kssl-data")
+        .mode("append")
+        .save()
+    )
+    expected = sorted(f"s-{i:02d}".encode() for i in range(30))
+    for kind in ("PEM", "PKCS12"):
+        rows = spark.read.format("highwater").options(**stores[kind]).option("subscribe", "kssl-data").load()
+        assert sorted(r.value for r in rows.collect()) == expected, kind
+
+
+def test_a_group_the_principal_may_not_use_is_refused_by_name(
+    spark: Any, tls_cluster: TestCluster, tmp_path: Path
+) -> None:
+    """kafka.group.id / groupIdPrefix are what group-based ACLs see: alice may use ported-* groups only."""
+    options = {**kafka_stores(tls_cluster, tmp_path)["PKCS12"], "subscribe": "kssl-data"}
+    assert (
+        spark.read.format("highwater").options(**options, **{"kafka.group.id": "ported-etl"}).load().count()
+        >= 0
+    )
+    assert spark.read.format("highwater").options(**options, groupIdPrefix="ported").load().count() >= 0
+    _fails(
+        lambda: (
+            spark.read.format("highwater").options(**options, **{"kafka.group.id": "other"}).load().count()
+        ),
+        "option 'kafka.group.id'",
+        "may not use group 'other'",
+        "--group other",
+    )
+    _fails(
+        lambda: spark.read.format("highwater").options(**options, groupIdPrefix="other").load().count(),
+        "option 'groupIdPrefix'",
+        "--prefixed",
+    )
+    query = (
+        spark.readStream.format("highwater")
+        .options(**options, **{"kafka.group.id": "other"})
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+    _fails(lambda: query.awaitTermination(QUERY_TIMEOUT_S), "option 'kafka.group.id'", "may not use group")

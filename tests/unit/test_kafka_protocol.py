@@ -18,6 +18,7 @@ from kio.serial import entity_reader, entity_writer
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.common.metadata_cache import MetadataCache
 from services.kafka import protocol
+from services.kafka.classic_groups import Error as GroupError
 from services.kafka.group_driver import ClassicGroupDriver
 from services.kafka.handler import BackendUnavailable, KafkaBroker, KafkaHandler
 
@@ -201,6 +202,17 @@ class FakeBackend:
 
     async def committed_offsets(self, group: str) -> dict[tuple[str, int], Any]:
         return {}
+
+    async def stored_groups(self, group: str | None = None) -> list[Any]:
+        return []
+
+    async def delete_group(self, group: str) -> tuple[Any, str]:
+        return GroupError.GROUP_ID_NOT_FOUND, "no such group"
+
+    async def delete_offsets(
+        self, group: str, partitions: list[tuple[str, int]]
+    ) -> tuple[Any, str, dict[Any, Any]]:
+        return GroupError.GROUP_ID_NOT_FOUND, "no such group", {}
 
     async def call_controller(self, rpc: str, request: Any) -> Any:
         if self.controller_down:

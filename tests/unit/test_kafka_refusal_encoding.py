@@ -87,6 +87,25 @@ class RefusingBackend(FakeBackend):
             ]
         )
 
+    async def delete_records(self, req: common_pb2.DeleteRecordsRequest) -> common_pb2.DeleteRecordsResponse:
+        return common_pb2.DeleteRecordsResponse(
+            topics=[
+                common_pb2.DeleteRecordsTopicResponse(
+                    topic=t.topic,
+                    partitions=[
+                        common_pb2.DeleteRecordsPartitionResponse(
+                            partition=p.partition,
+                            error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+                            low_watermark=-1,
+                            error_message="no such partition here",
+                        )
+                        for p in t.partitions
+                    ],
+                )
+                for t in req.topics
+            ]
+        )
+
     def offsets_for_leader_epoch(
         self, req: broker_pb2.OffsetsForLeaderEpochRequest
     ) -> broker_pb2.OffsetsForLeaderEpochResponse:

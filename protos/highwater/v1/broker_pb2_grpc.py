@@ -75,6 +75,11 @@ class BrokerServiceStub:
                 request_serializer=highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.SerializeToString,
                 response_deserializer=highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.FromString,
                 _registered_method=True)
+        self.DeleteRecords = channel.unary_unary(
+                '/highwater.v1.BrokerService/DeleteRecords',
+                request_serializer=highwater_dot_v1_dot_common__pb2.DeleteRecordsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.DeleteRecordsResponse.FromString,
+                _registered_method=True)
         self.OffsetsForLeaderEpoch = channel.unary_unary(
                 '/highwater.v1.BrokerService/OffsetsForLeaderEpoch',
                 request_serializer=highwater_dot_v1_dot_broker__pb2.OffsetsForLeaderEpochRequest.SerializeToString,
@@ -151,6 +156,14 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteRecords(self, request, context):
+        """Advance log start offsets of partitions this broker leads (common.proto,
+        DeleteRecords); answered once the ISR has the new log start, or at timeout_ms.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def OffsetsForLeaderEpoch(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -205,6 +218,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.ListOffsets,
                     request_deserializer=highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.FromString,
                     response_serializer=highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.SerializeToString,
+            ),
+            'DeleteRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRecords,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.DeleteRecordsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.DeleteRecordsResponse.SerializeToString,
             ),
             'OffsetsForLeaderEpoch': grpc.unary_unary_rpc_method_handler(
                     servicer.OffsetsForLeaderEpoch,
@@ -433,6 +451,33 @@ class BrokerService:
             '/highwater.v1.BrokerService/ListOffsets',
             highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.SerializeToString,
             highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.BrokerService/DeleteRecords',
+            highwater_dot_v1_dot_common__pb2.DeleteRecordsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.DeleteRecordsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -180,7 +180,14 @@ class PartitionState(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., replicas: _Optional[_Iterable[int]] = ..., controller_epoch: _Optional[int] = ..., partition_epoch: _Optional[int] = ..., adding_replicas: _Optional[_Iterable[int]] = ..., removing_replicas: _Optional[_Iterable[int]] = ..., topic_id: _Optional[str] = ...) -> None: ...
 
 class TopicConfig(_message.Message):
-    __slots__ = ("min_insync_replicas", "unclean_leader_election_enable", "retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes", "message_timestamp_type", "message_timestamp_before_max_ms", "message_timestamp_after_max_ms")
+    __slots__ = ("min_insync_replicas", "unclean_leader_election_enable", "retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes", "message_timestamp_type", "message_timestamp_before_max_ms", "message_timestamp_after_max_ms", "cleanup_policy", "unserved_configs")
+    class UnservedConfigsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     MIN_INSYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     UNCLEAN_LEADER_ELECTION_ENABLE_FIELD_NUMBER: _ClassVar[int]
     RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +198,8 @@ class TopicConfig(_message.Message):
     MESSAGE_TIMESTAMP_TYPE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_TIMESTAMP_BEFORE_MAX_MS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_TIMESTAMP_AFTER_MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    CLEANUP_POLICY_FIELD_NUMBER: _ClassVar[int]
+    UNSERVED_CONFIGS_FIELD_NUMBER: _ClassVar[int]
     min_insync_replicas: int
     unclean_leader_election_enable: bool
     retention_ms: int
@@ -201,7 +210,9 @@ class TopicConfig(_message.Message):
     message_timestamp_type: str
     message_timestamp_before_max_ms: int
     message_timestamp_after_max_ms: int
-    def __init__(self, min_insync_replicas: _Optional[int] = ..., unclean_leader_election_enable: _Optional[bool] = ..., retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., segment_ms: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., message_timestamp_type: _Optional[str] = ..., message_timestamp_before_max_ms: _Optional[int] = ..., message_timestamp_after_max_ms: _Optional[int] = ...) -> None: ...
+    cleanup_policy: str
+    unserved_configs: _containers.ScalarMap[str, str]
+    def __init__(self, min_insync_replicas: _Optional[int] = ..., unclean_leader_election_enable: _Optional[bool] = ..., retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., segment_ms: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., message_timestamp_type: _Optional[str] = ..., message_timestamp_before_max_ms: _Optional[int] = ..., message_timestamp_after_max_ms: _Optional[int] = ..., cleanup_policy: _Optional[str] = ..., unserved_configs: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ControllerHeader(_message.Message):
     __slots__ = ("controller_id", "controller_epoch", "broker_epoch")
@@ -481,6 +492,56 @@ class ListOffsetsResponse(_message.Message):
     topics: _containers.RepeatedCompositeFieldContainer[ListOffsetsTopicResponse]
     def __init__(self, topics: _Optional[_Iterable[_Union[ListOffsetsTopicResponse, _Mapping]]] = ...) -> None: ...
 
+class DeleteRecordsPartition(_message.Message):
+    __slots__ = ("partition", "offset")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    offset: int
+    def __init__(self, partition: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class DeleteRecordsTopic(_message.Message):
+    __slots__ = ("topic", "partitions")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partitions: _containers.RepeatedCompositeFieldContainer[DeleteRecordsPartition]
+    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[DeleteRecordsPartition, _Mapping]]] = ...) -> None: ...
+
+class DeleteRecordsRequest(_message.Message):
+    __slots__ = ("topics", "timeout_ms")
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[DeleteRecordsTopic]
+    timeout_ms: int
+    def __init__(self, topics: _Optional[_Iterable[_Union[DeleteRecordsTopic, _Mapping]]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class DeleteRecordsPartitionResponse(_message.Message):
+    __slots__ = ("partition", "error_code", "low_watermark", "error_message")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    LOW_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    error_code: ErrorCode
+    low_watermark: int
+    error_message: str
+    def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., low_watermark: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class DeleteRecordsTopicResponse(_message.Message):
+    __slots__ = ("topic", "partitions")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partitions: _containers.RepeatedCompositeFieldContainer[DeleteRecordsPartitionResponse]
+    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[DeleteRecordsPartitionResponse, _Mapping]]] = ...) -> None: ...
+
+class DeleteRecordsResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[DeleteRecordsTopicResponse]
+    def __init__(self, topics: _Optional[_Iterable[_Union[DeleteRecordsTopicResponse, _Mapping]]] = ...) -> None: ...
+
 class CreatableTopic(_message.Message):
     __slots__ = ("name", "num_partitions", "replication_factor", "assignments", "configs")
     class AssignmentsEntry(_message.Message):
@@ -594,6 +655,47 @@ class CreatePartitionsRequest(_message.Message):
     def __init__(self, topics: _Optional[_Iterable[_Union[CreatePartitionsTopic, _Mapping]]] = ..., timeout_ms: _Optional[int] = ..., validate_only: _Optional[bool] = ...) -> None: ...
 
 class CreatePartitionsResponse(_message.Message):
+    __slots__ = ("topics", "error_code", "error_message", "active_controller")
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_CONTROLLER_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicResult]
+    error_code: ErrorCode
+    error_message: str
+    active_controller: NotControllerInfo
+    def __init__(self, topics: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., active_controller: _Optional[_Union[NotControllerInfo, _Mapping]] = ...) -> None: ...
+
+class AlterTopicConfigsTopic(_message.Message):
+    __slots__ = ("name", "set_configs", "delete_configs", "replace")
+    class SetConfigsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SET_CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    DELETE_CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    set_configs: _containers.ScalarMap[str, str]
+    delete_configs: _containers.RepeatedScalarFieldContainer[str]
+    replace: bool
+    def __init__(self, name: _Optional[str] = ..., set_configs: _Optional[_Mapping[str, str]] = ..., delete_configs: _Optional[_Iterable[str]] = ..., replace: _Optional[bool] = ...) -> None: ...
+
+class AlterTopicConfigsRequest(_message.Message):
+    __slots__ = ("topics", "timeout_ms", "validate_only")
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[AlterTopicConfigsTopic]
+    timeout_ms: int
+    validate_only: bool
+    def __init__(self, topics: _Optional[_Iterable[_Union[AlterTopicConfigsTopic, _Mapping]]] = ..., timeout_ms: _Optional[int] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+
+class AlterTopicConfigsResponse(_message.Message):
     __slots__ = ("topics", "error_code", "error_message", "active_controller")
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]

@@ -65,6 +65,11 @@ class ControllerServiceStub:
                 request_serializer=highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.SerializeToString,
                 response_deserializer=highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.FromString,
                 _registered_method=True)
+        self.AlterTopicConfigs = channel.unary_unary(
+                '/highwater.v1.ControllerService/AlterTopicConfigs',
+                request_serializer=highwater_dot_v1_dot_common__pb2.AlterTopicConfigsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.AlterTopicConfigsResponse.FromString,
+                _registered_method=True)
         self.AlterPartitionReassignments = channel.unary_unary(
                 '/highwater.v1.ControllerService/AlterPartitionReassignments',
                 request_serializer=highwater_dot_v1_dot_common__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
@@ -161,6 +166,12 @@ class ControllerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CreatePartitions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterTopicConfigs(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -270,6 +281,11 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.CreatePartitions,
                     request_deserializer=highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.FromString,
                     response_serializer=highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.SerializeToString,
+            ),
+            'AlterTopicConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterTopicConfigs,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.AlterTopicConfigsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.AlterTopicConfigsResponse.SerializeToString,
             ),
             'AlterPartitionReassignments': grpc.unary_unary_rpc_method_handler(
                     servicer.AlterPartitionReassignments,
@@ -494,6 +510,33 @@ class ControllerService:
             '/highwater.v1.ControllerService/CreatePartitions',
             highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.SerializeToString,
             highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterTopicConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.ControllerService/AlterTopicConfigs',
+            highwater_dot_v1_dot_common__pb2.AlterTopicConfigsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.AlterTopicConfigsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -62,6 +62,11 @@ class GatewayServiceStub:
                 request_serializer=highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.SerializeToString,
                 response_deserializer=highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.FromString,
                 _registered_method=True)
+        self.DeleteRecords = channel.unary_unary(
+                '/highwater.v1.GatewayService/DeleteRecords',
+                request_serializer=highwater_dot_v1_dot_common__pb2.DeleteRecordsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.DeleteRecordsResponse.FromString,
+                _registered_method=True)
         self.Metadata = channel.unary_unary(
                 '/highwater.v1.GatewayService/Metadata',
                 request_serializer=highwater_dot_v1_dot_common__pb2.MetadataRequest.SerializeToString,
@@ -126,6 +131,11 @@ class GatewayServiceStub:
                 '/highwater.v1.GatewayService/CreatePartitions',
                 request_serializer=highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.SerializeToString,
                 response_deserializer=highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.FromString,
+                _registered_method=True)
+        self.AlterTopicConfigs = channel.unary_unary(
+                '/highwater.v1.GatewayService/AlterTopicConfigs',
+                request_serializer=highwater_dot_v1_dot_common__pb2.AlterTopicConfigsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.AlterTopicConfigsResponse.FromString,
                 _registered_method=True)
         self.AlterPartitionReassignments = channel.unary_unary(
                 '/highwater.v1.GatewayService/AlterPartitionReassignments',
@@ -214,6 +224,13 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteRecords(self, request, context):
+        """Split per partition leader and passed on (BrokerService.DeleteRecords).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Metadata(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -288,6 +305,12 @@ class GatewayServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CreatePartitions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterTopicConfigs(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -382,6 +405,11 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     request_deserializer=highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.FromString,
                     response_serializer=highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.SerializeToString,
             ),
+            'DeleteRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRecords,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.DeleteRecordsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.DeleteRecordsResponse.SerializeToString,
+            ),
             'Metadata': grpc.unary_unary_rpc_method_handler(
                     servicer.Metadata,
                     request_deserializer=highwater_dot_v1_dot_common__pb2.MetadataRequest.FromString,
@@ -446,6 +474,11 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.CreatePartitions,
                     request_deserializer=highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.FromString,
                     response_serializer=highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.SerializeToString,
+            ),
+            'AlterTopicConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterTopicConfigs,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.AlterTopicConfigsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.AlterTopicConfigsResponse.SerializeToString,
             ),
             'AlterPartitionReassignments': grpc.unary_unary_rpc_method_handler(
                     servicer.AlterPartitionReassignments,
@@ -633,6 +666,33 @@ class GatewayService:
             '/highwater.v1.GatewayService/ListOffsets',
             highwater_dot_v1_dot_common__pb2.ListOffsetsRequest.SerializeToString,
             highwater_dot_v1_dot_common__pb2.ListOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/DeleteRecords',
+            highwater_dot_v1_dot_common__pb2.DeleteRecordsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.DeleteRecordsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -984,6 +1044,33 @@ class GatewayService:
             '/highwater.v1.GatewayService/CreatePartitions',
             highwater_dot_v1_dot_common__pb2.CreatePartitionsRequest.SerializeToString,
             highwater_dot_v1_dot_common__pb2.CreatePartitionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterTopicConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/AlterTopicConfigs',
+            highwater_dot_v1_dot_common__pb2.AlterTopicConfigsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.AlterTopicConfigsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -340,6 +340,14 @@ class Log:
     def config(self) -> LogConfig:
         return self._config
 
+    def set_config(self, config: LogConfig) -> None:
+        """Take a topic's changed config (AlterConfigs): the next append, roll and retention pass
+        use it. Segments keep a reference to the config, so each is given the new one; records
+        already written stay as they are (a lower max.message.bytes refuses only new batches)."""
+        self._config = config
+        for segment in self._segments:
+            segment.config = config
+
     @property
     def log_start_offset(self) -> int:
         """First readable offset: fetches below it are OffsetOutOfRange."""
