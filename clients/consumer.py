@@ -297,6 +297,9 @@ class AsyncConsumer:
         # Background Metadata refreshes of topics whose leaders are not known now, and when
         # each topic may be refreshed again (ms): at most one per retry_backoff_ms.
         self._refreshing: dict[str, asyncio.Task[None]] = {}
+        # commit_async()'s commits not yet done: close() completes them first (Kafka's close()
+        # does), and nobody need await one (its error goes to the callback).
+        self._async_commits: set[asyncio.Task[dict[TopicPartition, int]]] = set()
         self._refresh_not_before_ms: dict[str, int] = {}
         self._high_watermarks: dict[TopicPartition, int] = {}
         self._partition_fetch_bytes: dict[TopicPartition, int] = {}
@@ -758,7 +761,17 @@ class AsyncConsumer:
                 callback(committed, None)
             return committed
 
-        return asyncio.get_running_loop().create_task(_commit())
+        task = asyncio.get_running_loop().create_task(_commit())
+        self._async_commits.add(task)
+        task.add_done_callback(self._async_commit_done)
+        return task
+
+    def _async_commit_done(self, task: asyncio.Task[dict[TopicPartition, int]]) -> None:
+        """A commit_async() ended: its error went to its callback, and to whoever awaits the task;
+        it is retrieved here so that one nobody awaits is not logged as never retrieved."""
+        self._async_commits.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("commit_async for group %s failed: %s", self._group_id, task.exception())
 
     async def _maybe_auto_commit(self, now: int) -> None:
         if self._group_id is None or not self.config.enable_auto_commit or now < self._next_auto_commit_ms:
@@ -1252,6 +1265,9 @@ class AsyncConsumer:
         for task in self._refreshing.values():
             task.cancel()
         try:
+            if self._async_commits:
+                # Commits the application made before close() are made before it leaves the group.
+                await asyncio.wait(set(self._async_commits), timeout=commit_timeout_ms / 1000)
             if self._group_id is not None and self.config.enable_auto_commit and self._connection is not None:
                 try:
                     await self.commit(timeout_ms=commit_timeout_ms)

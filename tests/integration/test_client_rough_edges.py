@@ -136,6 +136,62 @@ def test_an_async_consumer_whose_poll_is_cancelled_then_closed_prints_nothing(cl
     assert done.stderr == ""
 
 
+def test_commits_in_flight_at_close_are_made_and_print_nothing(cluster):
+    """An app that polls, commits with commit_async (Kafka's commitAsync: errors go to the
+    callback, nobody awaits the task) and closes while those commits and a Fetch are in
+    flight: close() completes the pending commits first, as Kafka's consumer does, and
+    nothing is left for asyncio to report ("Task exception was never retrieved")."""
+    gw = gateway_stub(cluster.gateway_address)
+    assert create_topic(gw, "rough-commit-close", partitions=3).error_code == 0
+    done = _run_program(
+        """
+        import asyncio, gc, os
+        from clients import AsyncConsumer, Producer, TopicPartition
+
+        with Producer(os.environ["BOOTSTRAP"]) as producer:
+            for i in range(30):
+                producer.send("rough-commit-close", str(i).encode())
+            producer.flush(timeout_ms=30_000)
+
+        async def main():
+            for i in range(3):
+                group = f"rough-commit-close-{i}"
+                consumer = AsyncConsumer(
+                    "rough-commit-close",
+                    bootstrap=os.environ["BOOTSTRAP"],
+                    group_id=group,
+                    auto_offset_reset="earliest",
+                    enable_auto_commit=False,
+                )
+                got = 0
+                deadline = asyncio.get_running_loop().time() + 30
+                while got < 30 and asyncio.get_running_loop().time() < deadline:
+                    got += len(await consumer.poll(timeout_ms=1000))
+                    consumer.commit_async(callback=lambda offsets, error: None)
+                consumer.commit_async()
+                poll = asyncio.ensure_future(consumer.poll(timeout_ms=5_000))  # a Fetch in flight
+                await asyncio.sleep(0)
+                await consumer.close()
+                poll.cancel()
+                gc.collect()
+                async with AsyncConsumer(bootstrap=os.environ["BOOTSTRAP"], group_id=group) as reader:
+                    committed = [
+                        await reader.committed(TopicPartition("rough-commit-close", p)) for p in range(3)
+                    ]
+                print(group, got, sum(c or 0 for c in committed))
+            print("closed")
+
+        asyncio.run(main())
+        """,
+        cluster.gateway_address,
+    )
+    assert done.returncode == 0, done.stderr
+    # Every group's last commit_async, still in flight at close(), was made: 30 records read, 30 committed.
+    lines = done.stdout.splitlines()
+    assert lines == [*(f"rough-commit-close-{i} 30 30" for i in range(3)), "closed"], done.stdout
+    assert done.stderr == "", done.stderr
+
+
 # ---- ConsumeRecords: stop at the end as of the call ---------------------------------------------
 
 
