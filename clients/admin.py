@@ -40,6 +40,7 @@ from clients.metadata import now_ms
 from clients.types import (
     ClusterDescription,
     ConsumerGroupDescription,
+    EtcdSpace,
     GroupListing,
     GroupMemberDescription,
     GroupPartitionOffset,
@@ -56,7 +57,7 @@ from protos.highwater.v1 import common_pb2, controller_pb2, gateway_pb2
 ELECTION_TYPES = {"preferred": common_pb2.PREFERRED, "unclean": common_pb2.UNCLEAN}
 
 
-def topic_config_dict(config: common_pb2.TopicConfig) -> dict[str, int | bool | str]:
+def topic_config_dict(config: common_pb2.TopicConfig) -> dict[str, int | bool | str | float]:
     """Every topic config under its Kafka name with the value in force: the topic's, else the default."""
     return {entry.name: entry.typed() for entry in effective_topic_configs(topic_configs_from_proto(config))}
 
@@ -493,6 +494,14 @@ class AsyncAdmin:
                     key=lambda n: n.node_id,
                 )
             ),
+            etcd_space=EtcdSpace(
+                r.etcd_space.db_size_bytes,
+                r.etcd_space.db_size_in_use_bytes,
+                r.etcd_space.quota_bytes,
+                r.etcd_space.nospace_alarm,
+            )
+            if r.HasField("etcd_space")
+            else None,
         )
 
     # --- ACLs and tokens (need Alter on the cluster; listing, Describe) -------------------

@@ -78,7 +78,7 @@ class TopicDescription:
     topic_id: str
     partitions: tuple[PartitionDescription, ...]
     # Every topic config with the value in force (the topic's own, else the default) ...
-    config: dict[str, int | bool | str] = field(default_factory=dict)
+    config: dict[str, int | bool | str | float] = field(default_factory=dict)
     # ... and where it comes from, as Kafka's DescribeConfigs says: TOPIC_CONFIG or DEFAULT_CONFIG.
     config_sources: dict[str, str] = field(default_factory=dict)
 
@@ -103,6 +103,18 @@ class ClusterDescription:
     controller_address: str
     brokers: tuple[NodeDescription, ...]
     gateways: tuple[NodeDescription, ...]
+    etcd_space: EtcdSpace | None = None  # None: the controller has not read etcd's status yet
+
+
+@dataclass(frozen=True)
+class EtcdSpace:
+    """How full etcd's database is: at quota_bytes etcd raises its NOSPACE alarm and refuses
+    every write (deploy/README.md, etcd's space)."""
+
+    db_size_bytes: int
+    db_size_in_use_bytes: int
+    quota_bytes: int
+    nospace_alarm: bool
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ _NOT_THROTTLED = "no effect here: replication is not throttled"
 _NO_TIERS = "no effect here: there is no tiered storage"
 # Kafka's ThrottledReplicaListValidator: empty, "*", or partition:broker pairs.
 _THROTTLED_REPLICAS = r"|\*|\d+:\d+(,\d+:\d+)*"
+_THROTTLED_REPLICAS_TEXT = "empty, '*', or a comma-separated list of partition:broker pairs"
 
 
 def retention_applies(cleanup_policy: str) -> bool:
@@ -102,10 +103,11 @@ class ConfigKey:
     force while the topic does not set the key, in canonical text (the brokers' LogConfig
     takes the same constants).
 
-    `note` is empty for a config Highwater honours; for one it only accepts (validated with
-    Kafka's type and bounds, stored and described so that a client written for Kafka never
-    fails on it) it says why the config has no effect here. `refused` maps a canonical value
-    Kafka's type allows but Highwater cannot serve to the reason it is refused.
+    `pattern_text` says in words what `pattern` takes. `note` is empty for a config Highwater
+    honours; for one it only accepts (validated with Kafka's type and bounds, stored and
+    described so that a client written for Kafka never fails on it) it says why the config has
+    no effect here. `refused` maps a canonical value Kafka's type allows but Highwater cannot
+    serve to the reason it is refused.
     """
 
     name: str
@@ -119,6 +121,8 @@ class ConfigKey:
     note: str = ""
     pattern: str = ""
     refused: tuple[tuple[str, str], ...] = ()
+    # How the bounds read in a refusal, for a key checked by `pattern` (a regex says little).
+    pattern_text: str = ""
 
     @property
     def honoured(self) -> bool:
@@ -143,7 +147,7 @@ class ConfigKey:
         if self.kind is list and self.choices:
             return "a comma-separated list of " + ", ".join(self.choices)
         if self.pattern:
-            return f"text matching {self.pattern}"
+            return self.pattern_text or f"text matching {self.pattern}"
         if self.kind is str:
             return "one of " + ", ".join(self.choices)
         if self.kind is float:
@@ -282,7 +286,16 @@ TOPIC_CONFIG_SCHEMA: dict[str, ConfigKey] = {
             note=_KEPT_AS_SENT,
         ),
         # Kafka 3.8 (KIP-390).
-        ConfigKey("compression.gzip.level", int, -1, 9, default="-1", note=_KEPT_AS_SENT, pattern=r"-1|[1-9]"),
+        ConfigKey(
+            "compression.gzip.level",
+            int,
+            -1,
+            9,
+            default="-1",
+            note=_KEPT_AS_SENT,
+            pattern=r"-1|[1-9]",
+            pattern_text="-1 (gzip's default level) or an integer from 1 to 9",
+        ),
         ConfigKey("compression.lz4.level", int, 1, 17, default="9", note=_KEPT_AS_SENT),
         ConfigKey("compression.zstd.level", int, -131072, 22, default="3", note=_KEPT_AS_SENT),
         ConfigKey("delete.retention.ms", int, 0, INT64_MAX, "ms", default="86400000", note=_NO_CLEANER),
@@ -295,12 +308,15 @@ TOPIC_CONFIG_SCHEMA: dict[str, ConfigKey] = {
             default="60000",
             note="no effect here: a segment's files are removed when retention deletes it",
         ),
-        ConfigKey("flush.messages", int, 1, INT64_MAX, "messages", default=str(INT64_MAX), note=_BROKER_FLUSH),
+        ConfigKey(
+            "flush.messages", int, 1, INT64_MAX, "messages", default=str(INT64_MAX), note=_BROKER_FLUSH
+        ),
         ConfigKey("flush.ms", int, 0, INT64_MAX, "ms", default=str(INT64_MAX), note=_BROKER_FLUSH),
         ConfigKey(
             "follower.replication.throttled.replicas",
             list,
             pattern=_THROTTLED_REPLICAS,
+            pattern_text=_THROTTLED_REPLICAS_TEXT,
             default="",
             note=_NOT_THROTTLED,
         ),
@@ -309,6 +325,7 @@ TOPIC_CONFIG_SCHEMA: dict[str, ConfigKey] = {
             "leader.replication.throttled.replicas",
             list,
             pattern=_THROTTLED_REPLICAS,
+            pattern_text=_THROTTLED_REPLICAS_TEXT,
             default="",
             note=_NOT_THROTTLED,
         ),
@@ -326,6 +343,7 @@ TOPIC_CONFIG_SCHEMA: dict[str, ConfigKey] = {
             "message.format.version",
             str,
             pattern=r"\d+\.\d+(\.\d+)?(-IV\d+)?",
+            pattern_text="a Kafka version such as 2.8 or 3.0-IV1",
             default="3.0-IV1",
             note="no effect here: records are always format v2 (Kafka 3.x ignores it too)",
         ),
@@ -358,9 +376,7 @@ TOPIC_CONFIG_SCHEMA: dict[str, ConfigKey] = {
             note=_NO_TIERS,
             refused=(("true", "tiered storage is not supported; every segment stays on the brokers' disks"),),
         ),
-        ConfigKey(
-            "segment.index.bytes", int, 4, INT32_MAX, "bytes", default="10485760", note=_BROKER_INDEX
-        ),
+        ConfigKey("segment.index.bytes", int, 4, INT32_MAX, "bytes", default="10485760", note=_BROKER_INDEX),
         ConfigKey(
             "segment.jitter.ms",
             int,
@@ -424,8 +440,17 @@ class ConfigValue:
     def source(self) -> str:
         return "DEFAULT_CONFIG" if self.is_default else "TOPIC_CONFIG"
 
-    def typed(self) -> int | bool | str:
+    def typed(self) -> int | bool | str | float:
         return TOPIC_CONFIG_SCHEMA[self.name].typed(self.value)
+
+    @property
+    def note(self) -> str:
+        """Empty for a config Highwater honours; else why it has no effect here."""
+        return TOPIC_CONFIG_SCHEMA[self.name].note
+
+    @property
+    def kafka_config_type(self) -> int:
+        return TOPIC_CONFIG_SCHEMA[self.name].kafka_config_type
 
 
 def effective_topic_configs(configs: Mapping[str, str]) -> list[ConfigValue]:
@@ -446,9 +471,15 @@ def topic_configs_from_proto(config: common_pb2.TopicConfig) -> dict[str, str]:
 
     A field is set when present (optional fields) or non-zero / non-empty: no key's legal value
     is 0 or "" unless its field is optional. Field names are the config names with '_' for '.'.
+    Configs accepted but not honoured travel as text in `unserved_configs`.
     """
     out: dict[str, str] = {}
     for key in TOPIC_CONFIG_SCHEMA.values():
+        if not key.honoured:
+            value = config.unserved_configs.get(key.name)
+            if value is not None:
+                out[key.name] = value
+            continue
         field = key.name.replace(".", "_")
         value = getattr(config, field)
         if config.HasField(field) if _is_optional(field) else value:
@@ -491,8 +522,20 @@ def topic_config_proto(configs: Mapping[str, str]) -> common_pb2.TopicConfig:
         # Optional on the wire (0 is a legal limit): set only when the topic sets them.
         message_timestamp_before_max_ms=_optional_int(configs.get("message.timestamp.before.max.ms")),
         message_timestamp_after_max_ms=_optional_int(configs.get("message.timestamp.after.max.ms")),
+        cleanup_policy=configs.get("cleanup.policy", ""),
+        unserved_configs={
+            name: value
+            for name, value in configs.items()
+            if name in TOPIC_CONFIG_SCHEMA and not TOPIC_CONFIG_SCHEMA[name].honoured
+        },
     )
 
 
 def _optional_int(value: str | None) -> int | None:
     return None if value is None else int(value)
+
+
+def topic_config_note(name: str) -> str:
+    """Why a topic config Highwater accepts has no effect here; "" for one it honours or does not know."""
+    key = TOPIC_CONFIG_SCHEMA.get(name)
+    return "" if key is None else key.note

@@ -30,6 +30,7 @@ from rich.table import Table
 
 from clients.admin import Admin
 from clients.common import errors as wire_errors
+from clients.common.topics import topic_config_note
 from clients.config import (
     BATCH_SIZE_BYTES_DEFAULT,
     DELIVERY_TIMEOUT_MS_DEFAULT,
@@ -441,11 +442,15 @@ def topic_describe(obj: CliContext, names: tuple[str, ...]) -> None:
                 name,
                 escape(str(value).lower() if isinstance(value, bool) else str(value)),
                 "topic" if d.config_sources.get(name) == "TOPIC_CONFIG" else "[dim]default[/dim]",
+                # Accepted for Kafka clients, not acted on (docs/KAFKA.md's topic config table).
+                escape(topic_config_note(name)),
             )
             for name, value in d.config.items()
         ]
         if config_rows:
-            console.print(make_table(("config", "value", "source"), config_rows, escape(f"{d.name} configs")))
+            console.print(
+                make_table(("config", "value", "source", "note"), config_rows, escape(f"{d.name} configs"))
+            )
         if under:
             console.print(f"[yellow]{under} partition(s) under-replicated[/yellow]")
 
@@ -940,6 +945,7 @@ def cluster_describe(obj: CliContext) -> None:
                 "controller_address": d.controller_address,
                 "brokers": [{"id": b.node_id, "address": b.address, "rack": b.rack} for b in d.brokers],
                 "gateways": [{"id": g.node_id, "address": g.address} for g in d.gateways],
+                "etcd": None if d.etcd_space is None else dataclasses.asdict(d.etcd_space),
             }
         )
         return
@@ -953,6 +959,14 @@ def cluster_describe(obj: CliContext) -> None:
     if d.cluster_id:
         console.print(f"cluster id: [bold]{escape(d.cluster_id)}[/bold]")
     console.print(f"controller: {controller}")
+    if d.etcd_space is not None:
+        space = d.etcd_space
+        mib = 1024 * 1024
+        alarm = " [red]NOSPACE alarm: writes fail (deploy/README.md)[/red]" if space.nospace_alarm else ""
+        console.print(
+            f"etcd: {space.db_size_bytes / mib:.1f} MiB of {space.quota_bytes / mib:.0f} MiB quota "
+            f"({space.db_size_in_use_bytes / mib:.1f} MiB in use){alarm}"
+        )
     rows = [("broker", str(b.node_id), b.address, b.rack) for b in d.brokers]
     rows += [("gateway", str(g.node_id), g.address, "") for g in d.gateways]
     console.print(make_table(("role", "id", "address", "rack"), rows, "nodes"))

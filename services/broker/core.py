@@ -183,6 +183,7 @@ def log_config_from(config: common_pb2.TopicConfig) -> LogConfig:
         retention_ms=config.retention_ms or defaults.retention_ms,
         max_message_bytes=config.max_message_bytes or defaults.max_message_bytes,
         message_timestamp_type=config.message_timestamp_type or defaults.message_timestamp_type,
+        cleanup_policy=config.cleanup_policy or defaults.cleanup_policy,
         # Optional fields: 0 is a legal limit, so only an absent field means the default.
         message_timestamp_before_max_ms=(
             config.message_timestamp_before_max_ms

@@ -10,7 +10,8 @@ is what Kafka refuses before it looks at a value:
     a key named twice in one resource          INVALID_REQUEST ("duplicate config keys")
     SET (or an AlterConfigs entry) with null   INVALID_REQUEST
     APPEND / SUBTRACT                          INVALID_CONFIG: they apply to list configs only,
-                                               and no topic config we keep is a list
+                                               and are not served on those (cleanup.policy, the
+                                               throttled-replica lists) yet: SET the whole list
     an operation Kafka does not define         INVALID_REQUEST
 
 Broker resources are refused with INVALID_REQUEST: a Highwater broker's settings are its
@@ -92,7 +93,11 @@ def topic_change(resource: Any, *, incremental: bool) -> common_pb2.AlterTopicCo
                 f"config value {_OP_NAMES[operation].lower()} is not allowed for config key "
                 f"{entry.name!r}: "
                 + (
-                    "it is not a list (no Highwater topic config is); use SET"
+                    (
+                        "not served on list configs yet; SET the whole list"
+                        if TOPIC_CONFIG_SCHEMA[entry.name].kind is list
+                        else "it is not a list; use SET"
+                    )
                     if known
                     else f"unknown topic config; known: {', '.join(sorted(TOPIC_CONFIG_SCHEMA))}"
                 ),

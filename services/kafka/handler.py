@@ -23,7 +23,12 @@ from typing import Any, Protocol
 from kio.schema.errors import ErrorCode as K
 
 from clients.common.record_batch import iter_batch_headers
-from clients.common.topics import effective_topic_configs, group_id_problem, topic_configs_from_proto
+from clients.common.topics import (
+    TOPIC_CONFIG_SCHEMA,
+    effective_topic_configs,
+    group_id_problem,
+    topic_configs_from_proto,
+)
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
@@ -1014,8 +1019,9 @@ class KafkaHandler:
                             config_source=SOURCE_TOPIC_CONFIG if set_here else SOURCE_DEFAULT_CONFIG,
                             is_sensitive=False,
                             synonyms=(),
-                            config_type=0,
-                            documentation=None,
+                            config_type=TOPIC_CONFIG_SCHEMA[name].kafka_config_type,
+                            # Why an accepted config has no effect here; None for one honoured.
+                            documentation=TOPIC_CONFIG_SCHEMA[name].note or None,
                         )
                         for name, value, set_here in topic_config_entries(config)
                         if wanted is None or name in wanted

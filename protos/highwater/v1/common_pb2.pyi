@@ -816,7 +816,7 @@ class DescribeClusterRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeClusterResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "cluster_id", "controller_id", "controller_epoch", "brokers", "gateways", "controller_host", "controller_port", "partitions", "topic_configs", "active_controller")
+    __slots__ = ("error_code", "error_message", "cluster_id", "controller_id", "controller_epoch", "brokers", "gateways", "controller_host", "controller_port", "partitions", "topic_configs", "active_controller", "etcd_space")
     class TopicConfigsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -836,6 +836,7 @@ class DescribeClusterResponse(_message.Message):
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     TOPIC_CONFIGS_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_CONTROLLER_FIELD_NUMBER: _ClassVar[int]
+    ETCD_SPACE_FIELD_NUMBER: _ClassVar[int]
     error_code: ErrorCode
     error_message: str
     cluster_id: str
@@ -848,7 +849,20 @@ class DescribeClusterResponse(_message.Message):
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionState]
     topic_configs: _containers.MessageMap[str, TopicConfig]
     active_controller: NotControllerInfo
-    def __init__(self, error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., cluster_id: _Optional[str] = ..., controller_id: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerNode, _Mapping]]] = ..., gateways: _Optional[_Iterable[_Union[GatewayNode, _Mapping]]] = ..., controller_host: _Optional[str] = ..., controller_port: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionState, _Mapping]]] = ..., topic_configs: _Optional[_Mapping[str, TopicConfig]] = ..., active_controller: _Optional[_Union[NotControllerInfo, _Mapping]] = ...) -> None: ...
+    etcd_space: EtcdSpace
+    def __init__(self, error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., cluster_id: _Optional[str] = ..., controller_id: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerNode, _Mapping]]] = ..., gateways: _Optional[_Iterable[_Union[GatewayNode, _Mapping]]] = ..., controller_host: _Optional[str] = ..., controller_port: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionState, _Mapping]]] = ..., topic_configs: _Optional[_Mapping[str, TopicConfig]] = ..., active_controller: _Optional[_Union[NotControllerInfo, _Mapping]] = ..., etcd_space: _Optional[_Union[EtcdSpace, _Mapping]] = ...) -> None: ...
+
+class EtcdSpace(_message.Message):
+    __slots__ = ("db_size_bytes", "db_size_in_use_bytes", "quota_bytes", "nospace_alarm")
+    DB_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DB_SIZE_IN_USE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NOSPACE_ALARM_FIELD_NUMBER: _ClassVar[int]
+    db_size_bytes: int
+    db_size_in_use_bytes: int
+    quota_bytes: int
+    nospace_alarm: bool
+    def __init__(self, db_size_bytes: _Optional[int] = ..., db_size_in_use_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., nospace_alarm: _Optional[bool] = ...) -> None: ...
 
 class InitProducerIdRequest(_message.Message):
     __slots__ = ("transactional_id", "transaction_timeout_ms", "producer_id", "producer_epoch")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from clients.common.errors import InvalidConfig
 from clients.common.record_batch import BATCH_HEADER_SIZE, TIMESTAMP_TYPES
+from clients.common.topics import CLEANUP_POLICIES, CLEANUP_POLICY_DELETE, retention_applies
 from services.common import limits
 
 # Timestamp bounds are int64 milliseconds on the wire; the largest means "no limit".
@@ -57,6 +58,10 @@ class LogConfig:
     # How far ahead of it (Kafka 4.0's default, KIP-1030: one hour). A timestamp from the
     # future holds a segment back from time-based retention and skews time lookups.
     message_timestamp_after_max_ms: int = limits.MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT
+    # Kafka's cleanup.policy in canonical text ("delete", "compact" or "compact,delete"). Without
+    # "delete", retention_ms and retention_bytes delete nothing, as in Kafka; there is no cleaner
+    # yet, so a "compact" log is kept whole rather than losing a key's last value to retention.
+    cleanup_policy: str = CLEANUP_POLICY_DELETE
 
     def __post_init__(self) -> None:
         def require(condition: bool, message: str) -> None:
@@ -103,6 +108,16 @@ class LogConfig:
             0 <= self.message_timestamp_after_max_ms <= INT64_MAX,
             f"message_timestamp_after_max_ms {self.message_timestamp_after_max_ms} must be 0..{INT64_MAX}",
         )
+        policies = self.cleanup_policy.split(",")
+        require(
+            all(policy in CLEANUP_POLICIES for policy in policies),
+            f"cleanup_policy {self.cleanup_policy!r} must be a comma-separated list of {CLEANUP_POLICIES}",
+        )
+
+    @property
+    def retention_applies(self) -> bool:
+        """Whether retention_ms and retention_bytes delete segments (cleanup.policy has "delete")."""
+        return retention_applies(self.cleanup_policy)
 
     @property
     def max_index_entries(self) -> int:

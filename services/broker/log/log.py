@@ -845,12 +845,16 @@ class Log:
         Deletes whole, inactive segments from the oldest on, and only those wholly below
         `high_watermark` (never a segment holding or above the HW: uncommitted data stays):
         first those below the log start, then those whose newest batch is older than
-        retention_ms, then the oldest while the log is bigger than retention_bytes.
+        retention_ms, then the oldest while the log is bigger than retention_bytes. The last two
+        only under a cleanup.policy with "delete": a compacted log keeps every segment (Kafka
+        leaves it to the cleaner, and there is none yet).
         """
         self._ensure_usable()
         deleted = self._delete_prefix(
             lambda segment, next_base: next_base <= self._log_start_offset, high_watermark=high_watermark
         )
+        if not self._config.retention_applies:
+            return deleted
         retention_ms = self._config.retention_ms
         if retention_ms >= 0:
             deleted += self._delete_prefix(
