@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from clients.common.types import TopicPartitionKey
 from coordinator import values
-from coordinator.store import Delete, KeyValue, MetadataStore, Put, compare_mod_revision
+from coordinator.store import Compare, Delete, KeyValue, MetadataStore, Put, compare_mod_revision
 
 
 @dataclass
@@ -99,17 +99,55 @@ async def commit_if_state_unchanged(
 ) -> bool:
     """Write (topic, partition, offset, metadata, leader_epoch) commits in one transaction that
     also requires the group's state to be the one the caller checked (mod revision 0: still
-    absent), so a group that gained members meanwhile does not get them. False: it changed."""
+    absent), so a group that gained members meanwhile does not get them. False: it changed.
+    Offsets already stored as given are not written again (commit_changed)."""
+    guard = compare_mod_revision(store.keys.consumer_group_state(group), state_mod_revision)
+    return await commit_changed(store, group, guard, offsets, commit_time_ms)
+
+
+def same_commit(
+    stored: values.CommittedOffsetValue | None, offset: int, metadata: str, leader_epoch: int
+) -> bool:
+    """The stored commit already says this (offset, metadata, leader epoch): writing it again
+    would only add a revision to etcd's history. A value written before metadata or the
+    leader epoch were stored differs."""
+    return (
+        stored is not None
+        and stored.get("offset") == offset
+        and stored.get("metadata") == metadata
+        and stored.get("leader_epoch") == leader_epoch
+    )
+
+
+async def commit_changed(
+    store: MetadataStore,
+    group: str,
+    guard: Compare,
+    offsets: Sequence[tuple[str, int, int, str, int]],
+    commit_time_ms: int,
+) -> bool:
+    """Write the (topic, partition, offset, metadata, leader_epoch) commits that differ from
+    the stored ones, all in one transaction (one etcd revision) guarded by `guard`. False:
+    the guard failed and nothing was written.
+
+    Every commit is an etcd write that stays in etcd's history until compacted, and consumers
+    commit the same positions again and again while idle; so the group's offsets are read
+    first (a read costs etcd no space) and an unchanged one is skipped, keeping the commit
+    time of its first commit. When nothing changed nothing is written and the guard is not
+    checked: the commit then takes effect at the read, where the stored offsets already
+    were the committed ones."""
+    stored = await committed_offsets(store, group)
     ops = [
         Put(
             store.keys.consumer_offset(group, topic, partition),
             values.encode_consumer_offset(offset, metadata, leader_epoch, commit_time_ms),
         )
         for topic, partition, offset, metadata, leader_epoch in offsets
+        if not same_commit(stored.get((topic, partition)), offset, metadata, leader_epoch)
     ]
-    result = await store.txn(
-        [compare_mod_revision(store.keys.consumer_group_state(group), state_mod_revision)], ops
-    )
+    if not ops:
+        return True
+    result = await store.txn([guard], ops)
     return result.succeeded
 
 

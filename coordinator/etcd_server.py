@@ -30,6 +30,8 @@ from pathlib import Path
 from types import TracebackType
 
 from coordinator.limits import (
+    ETCD_AUTO_COMPACTION_RETENTION,
+    ETCD_QUOTA_BACKEND_BYTES,
     ETCD_SERVER_ELECTION_TIMEOUT_MS,
     ETCD_SERVER_HEALTH_PROBE_INTERVAL_S,
     ETCD_SERVER_HEALTH_PROBE_TIMEOUT_S,
@@ -138,9 +140,17 @@ class EtcdServer:
         binary: str | None = None,
         tls: EtcdServerTls | None = None,
         own_process_group: bool = False,
+        auto_compaction_retention: str = ETCD_AUTO_COMPACTION_RETENTION,
+        quota_backend_bytes: int = ETCD_QUOTA_BACKEND_BYTES,
     ) -> None:
         """own_process_group: run etcd in a process group of its own, out of reach of a terminal's
-        Ctrl-C, which goes to the whole foreground group (`cluster up` stops it after the services)."""
+        Ctrl-C, which goes to the whole foreground group (`cluster up` stops it after the services).
+
+        auto_compaction_retention: how much history etcd keeps (periodic compaction, etcd's
+        duration syntax: "5m", "30s"); quota_backend_bytes: etcd's space quota, past which it
+        raises the NOSPACE alarm and refuses writes (tests pass a tiny one to reach it)."""
+        self.auto_compaction_retention = auto_compaction_retention
+        self.quota_backend_bytes = quota_backend_bytes
         self.data_dir = Path(data_dir)
         self.own_process_group = own_process_group
         self.tls = tls
@@ -198,6 +208,11 @@ class EtcdServer:
             "--election-timeout", str(ETCD_SERVER_ELECTION_TIMEOUT_MS),
             "--logger", "zap",
             "--log-outputs", "stderr",
+            # etcd keeps every revision until compacted: compact continuously, or offset
+            # commits grow it to its quota (limits.ETCD_AUTO_COMPACTION_RETENTION).
+            "--auto-compaction-mode", "periodic",
+            "--auto-compaction-retention", self.auto_compaction_retention,
+            "--quota-backend-bytes", str(self.quota_backend_bytes),
             *self._tls_flags(),
         ]  # fmt: skip
 

@@ -80,6 +80,24 @@ ETCD_SERVER_HEALTH_PROBE_TIMEOUT_S = 1.0
 ETCD_SERVER_HEALTH_PROBE_INTERVAL_S = 0.05
 # How much of etcd's log a failed start quotes in its exception.
 ETCD_SERVER_LOG_TAIL_BYTES = 4_000
+# etcd keeps every revision of every key until it is compacted, and every offset commit is
+# a write: without compaction a cluster whose consumers commit grows etcd until its space
+# quota raises the NOSPACE alarm and every write fails. etcd compacts its history itself
+# (--auto-compaction-mode=periodic), keeping this much of it. Five minutes is far longer
+# than any watch of ours needs to resume after a broken stream (seconds: an etcd restart,
+# a reset connection), and a watcher that is further behind gets "required revision has
+# been compacted" (WatchCompacted) and re-reads what it follows. etcd's duration syntax.
+ETCD_AUTO_COMPACTION_RETENTION = "5m"
+# etcd's backend space quota (--quota-backend-bytes); etcd's own default, passed
+# explicitly so the number operators see in `cluster describe` is the one in force.
+# etcd older than 3.6 does not report its quota in Status: the controller shows this one.
+ETCD_QUOTA_BACKEND_BYTES = 2 * 1024 * 1024 * 1024
+
+# --- etcd's size (etcd_status.py) ---------------------------------------------
+# The controller reads etcd's database size, quota and alarms this often for its metrics
+# and `cluster describe`: two small reads, and the database grows by well under its quota
+# in a minute even at the commit rates bench/RESULTS.md measured.
+ETCD_STATUS_POLL_INTERVAL_S = 15.0
 
 # --- MemoryStore -------------------------------------------------------------
 # Revisions of history kept for watches that start in the past (etcd keeps history

@@ -18,7 +18,8 @@ Semantics are etcd's, and MemoryStore copies them:
 
 Operating errors are typed: CoordinatorUnavailable (etcd could not be reached within
 the timeout: retriable), LeaseLost (a write named a lease that has expired),
-WatchCompacted (a watch start revision is older than the retained history).
+WatchCompacted (a watch start revision is older than the retained history),
+EtcdSpaceExceeded (etcd's NOSPACE alarm: its database reached its space quota).
 Anything else is a CoordinatorError carrying etcd's own message.
 """
 
@@ -49,6 +50,7 @@ from etcd3aio._protobuf import (
 from etcd3aio.connections import ConnectionManager
 from etcd3aio.kv import KVService
 from etcd3aio.lease import LeaseService
+from etcd3aio.maintenance import AlarmType, MaintenanceService
 
 from coordinator.keys import DEFAULT_PREFIX, Keys
 from coordinator.limits import (
@@ -95,6 +97,22 @@ class WatchCompacted(CoordinatorError):
     def __init__(self, message: str, compact_revision: int) -> None:
         super().__init__(message)
         self.compact_revision = compact_revision
+
+
+class EtcdSpaceExceeded(CoordinatorError):
+    """etcd's database reached its space quota (--quota-backend-bytes) and etcd raised the
+    NOSPACE alarm: it refuses every write (offset commits, leader changes, registrations)
+    until an operator compacts, defragments and disarms the alarm (deploy/README.md,
+    "etcd's space"). Not retriable: waiting does not free space."""
+
+
+# etcd's message when a write meets the NOSPACE alarm (gRPC RESOURCE_EXHAUSTED).
+ETCD_NOSPACE_MESSAGE = "etcdserver: mvcc: database space exceeded"
+# How to clear the alarm, quoted in the error and the log line.
+ETCD_NOSPACE_REMEDY = (
+    "compact and defragment etcd (etcdctl compact <revision>; etcdctl defrag), then "
+    "`etcdctl alarm disarm`; or raise --quota-backend-bytes (see deploy/README.md, etcd's space)"
+)
 
 
 # --- data ---------------------------------------------------------------------
@@ -202,6 +220,22 @@ class TxnResult:
     succeeded: bool
     revision: int
     gets: list[list[KeyValue]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdStatus:
+    """How full etcd's database is, as the member this store talks to reports it.
+
+    db_size_bytes: the backend file's size (what the quota is checked against; only a
+    defragmentation shrinks it). db_size_in_use_bytes: the part holding data (compaction
+    frees the rest for reuse). quota_bytes: the space quota (0: etcd did not say; before 3.6).
+    nospace_alarm: the NOSPACE alarm is raised and every write fails."""
+
+    db_size_bytes: int
+    db_size_in_use_bytes: int
+    quota_bytes: int
+    nospace_alarm: bool
+    revision: int
 
 
 # --- the protocol ---------------------------------------------------------------
@@ -452,6 +486,7 @@ class EtcdStore(ClosedOnExit):
         self._kv = KVService(channel, max_attempts=ETCD_REQUEST_ATTEMPTS_MAX)
         self._lease = LeaseService(channel, max_attempts=ETCD_REQUEST_ATTEMPTS_MAX)
         self._watch = WatchStub(channel)
+        self._maintenance = MaintenanceService(channel, max_attempts=ETCD_REQUEST_ATTEMPTS_MAX)
         self._closed = False
         self._tls: EtcdTls | None = None
 
@@ -545,6 +580,14 @@ class EtcdStore(ClosedOnExit):
         details = exc.details() or ""
         if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             return self._unavailable(operation, exc)
+        if ETCD_NOSPACE_MESSAGE in details:
+            message = (
+                f"etcd at {','.join(self.endpoints)} refused a write ({operation}): its database reached "
+                f"its space quota and the NOSPACE alarm is raised ({details}); every write fails until "
+                f"an operator clears it: {ETCD_NOSPACE_REMEDY}"
+            )
+            log.error("%s", message)
+            return EtcdSpaceExceeded(message)
         if exc.code() == grpc.StatusCode.NOT_FOUND and "lease not found" in details:
             return LeaseLost(f"etcd {operation}: {details}")
         return CoordinatorError(f"etcd {operation} failed: {exc.code().name}: {details}")
@@ -624,6 +667,20 @@ class EtcdStore(ClosedOnExit):
             if r.WhichOneof("response") == "response_range"
         ]
         return TxnResult(succeeded=bool(resp.succeeded), revision=int(resp.header.revision), gets=gets)
+
+    # --- maintenance ----------------------------------------------------------------
+
+    async def status(self) -> EtcdStatus:
+        """The database size, quota and NOSPACE alarm of etcd (two reads; no write)."""
+        status = await self._call("status", self._maintenance.status(timeout=self.request_timeout_s))
+        alarms = await self._call("alarm list", self._maintenance.alarms(timeout=self.request_timeout_s))
+        return EtcdStatus(
+            db_size_bytes=int(status.dbSize),
+            db_size_in_use_bytes=int(status.dbSizeInUse),
+            quota_bytes=int(status.dbSizeQuota),
+            nospace_alarm=any(a.alarm == AlarmType.NOSPACE for a in alarms.alarms),
+            revision=int(status.header.revision),
+        )
 
     # --- leases ---------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from coordinator.store import (
     Get,
     Op,
     Put,
+    WatchCompacted,
     compare_missing,
     compare_mod_revision,
     compare_version,
@@ -420,37 +421,51 @@ class ControllerEventLoop:
                 self.enqueue("AdminRequest", decide)
 
     async def _watch_admin(self, revision: int) -> None:
-        """Requests written by hand under /admin (Kafka's znode-based admin tools)."""
-        kinds = {self.keys.reassign_partitions: "reassign", self.keys.preferred_replica_election: "preferred"}
+        """Requests written by hand under /admin (Kafka's znode-based admin tools).
+
+        When etcd has compacted the history this watch would resume from, every request
+        under /admin is read again and queued, and the watch starts after that read."""
+        reread = False
         while True:
             try:
+                if reread:
+                    kvs, revision = await self.store.get_prefix(self.keys.prefix + "/admin/")
+                    for kv in kvs:
+                        self._on_admin_write(kv.key, kv.value)
+                    reread = False
                 async for events in self.store.watch_prefix(
                     self.keys.prefix + "/admin/", start_revision=revision + 1
                 ):
                     for ev in events:
                         revision = max(revision, ev.mod_revision)
-                        if ev.kind != "put":
-                            continue
-                        if ev.key in kinds:
-
-                            def request(k: str = ev.key, v: bytes = ev.value) -> ControllerResult:
-                                return admin_requests.on_admin_request(self.ctx, kinds[k], k, v)
-
-                            self.enqueue("AdminRequest", request)
-                        elif ev.key.startswith(self.keys.delete_topics_prefix):
-                            topic = ev.key[len(self.keys.delete_topics_prefix) :]
-
-                            def delete_marker(t: str = topic, k: str = ev.key) -> ControllerResult:
-                                return admin_requests.on_admin_delete_marker(
-                                    self.ctx, t, k, deletion_enabled=self.delete_topic_enable
-                                )
-
-                            self.enqueue("TopicDeletion", delete_marker)
+                        if ev.kind == "put":
+                            self._on_admin_write(ev.key, ev.value)
             except asyncio.CancelledError:
                 raise
+            except WatchCompacted as exc:
+                log.warning("watch on /admin: %s; reading /admin again", exc)
+                reread = True
             except Exception as exc:
                 log.warning("watch on /admin failed (%s); watching again", exc)
                 await asyncio.sleep(WATCH_RETRY_BACKOFF_S)
+
+    def _on_admin_write(self, key: str, value: bytes) -> None:
+        kinds = {self.keys.reassign_partitions: "reassign", self.keys.preferred_replica_election: "preferred"}
+        if key in kinds:
+
+            def request(k: str = key, v: bytes = value) -> ControllerResult:
+                return admin_requests.on_admin_request(self.ctx, kinds[k], k, v)
+
+            self.enqueue("AdminRequest", request)
+        elif key.startswith(self.keys.delete_topics_prefix):
+            topic = key[len(self.keys.delete_topics_prefix) :]
+
+            def delete_marker(t: str = topic, k: str = key) -> ControllerResult:
+                return admin_requests.on_admin_delete_marker(
+                    self.ctx, t, k, deletion_enabled=self.delete_topic_enable
+                )
+
+            self.enqueue("TopicDeletion", delete_marker)
 
     async def _rebalance_ticks(self) -> None:
         while True:

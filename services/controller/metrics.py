@@ -34,3 +34,13 @@ BROKER_CONNECTIONS = Gauge(
     "highwater_controller_connected_brokers",
     "Broker incarnations with a liveness stream open to this controller (0 unless active)",
 )
+# etcd's database, as the controller reads it every ETCD_STATUS_POLL_INTERVAL_S (every
+# controller, active or standing by: they share one etcd). Alert well before size reaches
+# quota: at the quota etcd raises NOSPACE and refuses every write (deploy/README.md).
+ETCD_DB_SIZE_BYTES = Gauge("highwater_etcd_db_size_bytes", "Size of etcd's backend database file")
+ETCD_DB_SIZE_IN_USE_BYTES = Gauge(
+    "highwater_etcd_db_size_in_use_bytes", "Bytes of etcd's database holding data (the rest is reusable)"
+)
+ETCD_QUOTA_BYTES = Gauge("highwater_etcd_quota_bytes", "etcd's backend space quota (--quota-backend-bytes)")
+ETCD_NOSPACE_ALARM = Gauge("highwater_etcd_nospace_alarm", "1 while etcd's NOSPACE alarm is raised, else 0")
+ETCD_REVISION = Gauge("highwater_etcd_revision", "etcd's current revision (one per write)")

@@ -36,8 +36,9 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from clients.common.errors import HighwaterError
 from coordinator.acls import SecurityChange, acl_change, commit_security_changes, load_security
 from coordinator.election import ControllerElection, ControllerFenced, current_controller
+from coordinator.etcd_status import poll_status
 from coordinator.registration import revoke_broker_incarnation
-from coordinator.store import CoordinatorError, EtcdStore
+from coordinator.store import CoordinatorError, EtcdStatus, EtcdStore
 from protos.highwater.v1 import common_pb2, controller_pb2, controller_pb2_grpc
 from services.common import limits
 from services.common.request_checks import init_producer_id_problem
@@ -243,6 +244,16 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
         # Security admin calls read, decide and write one at a time, so two of them never
         # decide on the same snapshot (an ACL counted as created twice, a limit passed).
         self._security_lock = asyncio.Lock()
+        # etcd's size as last read (etcd_status.poll_status), for DescribeCluster.
+        self.etcd_status: EtcdStatus | None = None
+
+    def on_etcd_status(self, status: EtcdStatus) -> None:
+        self.etcd_status = status
+        metrics.ETCD_DB_SIZE_BYTES.set(status.db_size_bytes)
+        metrics.ETCD_DB_SIZE_IN_USE_BYTES.set(status.db_size_in_use_bytes)
+        metrics.ETCD_QUOTA_BYTES.set(status.quota_bytes)
+        metrics.ETCD_NOSPACE_ALARM.set(1 if status.nospace_alarm else 0)
+        metrics.ETCD_REVISION.set(status.revision)
 
     async def _not_controller(self, response_cls: Callable[..., R]) -> R:
         info = await current_controller(self.store)
@@ -462,6 +473,15 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             ],
             topic_configs={t: loop.config_proto(t) for t in ctx.topics},
         )
+        if self.etcd_status is not None:
+            rest.etcd_space.CopyFrom(
+                common_pb2.EtcdSpace(
+                    db_size_bytes=self.etcd_status.db_size_bytes,
+                    db_size_in_use_bytes=self.etcd_status.db_size_in_use_bytes,
+                    quota_bytes=self.etcd_status.quota_bytes,
+                    nospace_alarm=self.etcd_status.nospace_alarm,
+                )
+            )
         # The partitions from their kept encodings (wire.py): 0.24 s composed at 100,000.
         return wire.describe_cluster(rest, loop.partition_wires())
 
@@ -648,6 +668,7 @@ async def serve(config: ControllerConfig) -> None:
                     log.warning("resign failed: %s", exc)
 
     actor = asyncio.create_task(act(), name="controller-campaign")
+    etcd_status = asyncio.create_task(poll_status(store, servicer.on_etcd_status), name="etcd-status")
 
     async def on_stop() -> None:
         # Hand over first: stop acting, then revoke the lease so a standby takes over at once
@@ -663,10 +684,12 @@ async def serve(config: ControllerConfig) -> None:
         except Exception as exc:
             log.warning("resign at stop failed: %s", exc)
         actor.cancel()
-        try:
-            await actor
-        except (asyncio.CancelledError, Exception):
-            pass
+        etcd_status.cancel()
+        for task in (actor, etcd_status):
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
         await process.close()
 
     await runtime.run_until_stopped(on_stop)

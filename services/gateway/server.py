@@ -27,10 +27,10 @@ from clients.common.fetch_request import consumer_fetch_request
 from clients.common.record_batch import iter_batch_headers
 from clients.common.topics import group_id_problem
 from clients.common.types import TopicPartitionKey
-from coordinator import values
+from coordinator import consumer_offsets, values
 from coordinator.election import current_controller
 from coordinator.registration import register_gateway, register_waiting_for_old_lease
-from coordinator.store import CoordinatorError, EtcdStore, Put
+from coordinator.store import CoordinatorError, EtcdStore
 from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
@@ -761,7 +761,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def _commit_offsets(
         self, request: gateway_pb2.CommitOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CommitOffsetsResponse:
-        ops = []
+        ops: list[tuple[str, int, int, str, int]] = []  # (topic, partition, offset, metadata, epoch)
         results = []
         for t in request.topics:
             for p in t.partitions:
@@ -798,12 +798,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                         )
                     )
                     continue
-                value = values.encode_consumer_offset(
-                    p.offset, p.metadata, p.leader_epoch, int(time.time() * 1000)
-                )
-                ops.append(
-                    Put(self.store.keys.consumer_offset(request.group_id, t.topic, p.partition), value)
-                )
+                ops.append((t.topic, p.partition, p.offset, p.metadata, p.leader_epoch))
                 results.append(common_pb2.PartitionResult(topic=t.topic, partition=p.partition))
         if len(ops) > limits.COMMIT_OFFSETS_PER_REQUEST_MAX:
             return gateway_pb2.CommitOffsetsResponse(
@@ -828,8 +823,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                     return _commit_refused(results, GROUP_ERROR_CODES[error], GROUP_ERROR_MESSAGES[error])
                 # The group's state must be what the epoch check read: a member expired
                 # meanwhile (a zombie waking up) does not get its commit applied. A state that
-                # moved on (a rebalance) is checked again.
-                if (await self.store.txn([unchanged], ops)).succeeded:
+                # moved on (a rebalance) is checked again. One transaction for the whole commit,
+                # offsets already stored as given left out (each write stays in etcd's history).
+                if await consumer_offsets.commit_changed(
+                    self.store, request.group_id, unchanged, ops, int(time.time() * 1000)
+                ):
                     break
                 self.groups.forget(request.group_id)
             else:
