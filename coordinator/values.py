@@ -13,12 +13,69 @@ keys; the controller epoch and the cluster id are plain text.
 
 Decoders raise ValueError (bad JSON, bad number), KeyError (missing field) or
 TypeError (wrong shape) on a malformed value; callers decide whether to skip it.
+
+Format versions (docs/UPGRADING.md). The durable JSON objects that the controller and the
+gateways write and read back across releases are read by version: topic assignments,
+partition states, committed offsets and the producer id block. A value without a "version"
+field is version 1, the format of 2026-11-23. Only topic assignments have always written
+the field; the others write version 1 without it, so their bytes stay those every release
+since 2026-11-23 wrote and reads (tests/unit/test_controller_values.py pins them), and a
+later format will write "version": 2. A version this release does not know raises
+UnknownFormatVersion, which is deliberately not a ValueError: a value from a newer release is
+not damage to be skipped, and reading on would act on fields this code cannot see.
+Registrations and the /controller value are not refused by version: they live under their
+owner's lease, are rewritten at every start, and during a rolling upgrade the older and the
+newer release read each other's, so they only ever gain fields that have defaults. The
+plain-text values (controller epoch, cluster id) and the topic configs (a flat map, where
+a "version" entry would read as a config) have no room for a version; their formats are
+frozen.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any, TypedDict
+
+# The format versions of the versioned values this release reads (all of them version 1: the
+# formats of 2026-11-23, unchanged since); this release writes the last one of each.
+TOPIC_ASSIGNMENT_VERSIONS = (1,)
+PARTITION_STATE_VERSIONS = (1,)
+CONSUMER_OFFSET_VERSIONS = (1,)
+PRODUCER_ID_BLOCK_VERSIONS = (1,)
+
+
+class UnknownFormatVersion(Exception):
+    """A stored value or file in a format version this release cannot read (a newer release wrote it).
+
+    An operating error met at start-up or on reading; it names what was read, the version found,
+    the versions this release reads, and what to do.
+    """
+
+    code = "UNKNOWN_FORMAT_VERSION"
+
+    def __init__(self, what: str, found: object, readable: tuple[int, ...]) -> None:
+        self.what = what
+        self.found = found
+        self.readable = readable
+        super().__init__(
+            f"{self.code}: {what} has format version {found!r}; this release reads version(s) "
+            f"{', '.join(str(v) for v in readable)}. A newer release wrote it: run that release "
+            "(or a later one) again; a rollback below the release that changed this format is not "
+            "supported (docs/UPGRADING.md)"
+        )
+
+
+def checked_version(what: str, value: dict[str, Any], readable: tuple[int, ...]) -> int:
+    """The "version" of a stored JSON object (1 when absent: written before versions existed).
+
+    Raises UnknownFormatVersion for any other version than `readable` holds.
+    """
+    if not isinstance(value, dict):
+        raise TypeError(f"{what} is not a JSON object")
+    version = value.get("version", 1)
+    if type(version) is not int or version not in readable:
+        raise UnknownFormatVersion(what, version, readable)
+    return version
 
 
 def json_bytes(value: Any) -> bytes:
@@ -127,7 +184,7 @@ def encode_topic_assignment(
     """{"version": 1, "topic_id", "partitions": {"0": [1, 2, 3]}, "adding_replicas", "removing_replicas"}."""
     return json.dumps(
         {
-            "version": 1,
+            "version": TOPIC_ASSIGNMENT_VERSIONS[-1],
             "topic_id": topic_id,
             "partitions": {str(p): list(r) for p, r in sorted(partitions.items())},
             "adding_replicas": {str(p): list(r) for p, r in sorted(adding_replicas.items())},
@@ -138,6 +195,7 @@ def encode_topic_assignment(
 
 def decode_topic_assignment(raw: bytes) -> TopicAssignment:
     d = json.loads(raw)
+    checked_version("topic assignment", d, TOPIC_ASSIGNMENT_VERSIONS)
 
     def parse(m: dict[str, list[int]]) -> dict[int, tuple[int, ...]]:
         return {int(p): tuple(int(x) for x in r) for p, r in m.items()}
@@ -162,7 +220,7 @@ class PartitionStateValue(TypedDict):
 def encode_partition_state(
     leader: int, leader_epoch: int, isr: tuple[int, ...], controller_epoch: int
 ) -> bytes:
-    """{"leader", "leader_epoch", "isr", "controller_epoch"}."""
+    """{"leader", "leader_epoch", "isr", "controller_epoch"} (version 1: no "version" field)."""
     return json.dumps(
         {
             "leader": leader,
@@ -175,6 +233,7 @@ def encode_partition_state(
 
 def decode_partition_state(raw: bytes) -> PartitionStateValue:
     d = json.loads(raw)
+    checked_version("partition state", d, PARTITION_STATE_VERSIONS)
     return PartitionStateValue(
         leader=int(d["leader"]),
         leader_epoch=int(d["leader_epoch"]),
@@ -251,8 +310,11 @@ def encode_consumer_offset(offset: int, metadata: str, leader_epoch: int, commit
 
 
 def decode_consumer_offset(raw: bytes) -> CommittedOffsetValue:
-    """The stored object as written; older values may lack metadata or leader_epoch."""
-    value: CommittedOffsetValue = json.loads(raw)
+    """The stored object as written, without its version; older values may lack metadata or leader_epoch."""
+    stored = json.loads(raw)
+    checked_version("committed offset", stored, CONSUMER_OFFSET_VERSIONS)
+    stored.pop("version", None)
+    value: CommittedOffsetValue = stored
     return value
 
 
@@ -260,12 +322,14 @@ def decode_consumer_offset(raw: bytes) -> CommittedOffsetValue:
 
 
 def encode_producer_id_block(next_free: int) -> bytes:
-    """{"next": the first producer id no controller has reserved yet}."""
+    """{"next": the first producer id no controller has reserved yet} (version 1: no "version" field)."""
     return json.dumps({"next": next_free}).encode()
 
 
 def decode_producer_id_block(raw: bytes) -> int:
-    return int(json.loads(raw)["next"])
+    d = json.loads(raw)
+    checked_version("producer id block", d, PRODUCER_ID_BLOCK_VERSIONS)
+    return int(d["next"])
 
 
 def encode_cluster_id(cluster_id: str) -> bytes:

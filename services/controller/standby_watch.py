@@ -149,8 +149,12 @@ class StandbyHeartbeat:
             try:
                 await call.write(controller_pb2.StandbyHeartbeatRequest(controller_id=self.controller_id))
                 first = await asyncio.wait_for(call.read(), accept_timeout_ms / 1000)
-            except (grpc.aio.AioRpcError, TimeoutError):
+            except (grpc.aio.AioRpcError, TimeoutError) as exc:
                 call.cancel()
+                if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    # An active controller of an older release (a rolling upgrade): it answered, so it
+                    # is alive; its lease decides, as before this stream existed (docs/UPGRADING.md).
+                    return "not_acting"
                 return "unreachable"
             if first is grpc.aio.EOF:
                 return "unreachable"

@@ -25,7 +25,9 @@ from clients.common.types import TopicPartitionKey
 
 from .storage import Storage
 
+# Kafka's checkpoint version; the only one any release has written (docs/UPGRADING.md).
 CHECKPOINT_VERSION = 0
+CHECKPOINT_VERSIONS_READ = (CHECKPOINT_VERSION,)
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 RECOVERY_POINT_CHECKPOINT = "recovery-point-checkpoint"
@@ -47,8 +49,9 @@ def write_entries(storage: Storage, path: str, entries: list[tuple[int | str, ..
 def read_fields(storage: Storage, path: str, *, fields_per_entry: int) -> list[list[str]] | None:
     """The entries of a checkpoint as lists of fields, or None if the file does not exist.
 
-    Raises StorageError for a malformed file or an unknown version: a checkpoint is
-    written atomically, so a bad one means outside damage, not a torn write.
+    Raises StorageError for a malformed file (a checkpoint is written atomically, so a bad
+    one means outside damage, not a torn write) and CheckpointVersionError, a StorageError,
+    for a version this release does not read.
     """
     if not storage.exists(path):
         return None
@@ -56,8 +59,8 @@ def read_fields(storage: Storage, path: str, *, fields_per_entry: int) -> list[l
     lines = text.splitlines()
     try:
         version = int(lines[0])
-        if version != CHECKPOINT_VERSION:
-            raise StorageError(f"checkpoint {path} has version {version}, expected {CHECKPOINT_VERSION}")
+        if version not in CHECKPOINT_VERSIONS_READ:
+            raise CheckpointVersionError(path, version)
         count = int(lines[1])
         entries = [line.split() for line in lines[2 : 2 + count]]
     except (IndexError, ValueError) as error:
@@ -93,6 +96,30 @@ def read_offset(storage: Storage, path: str) -> int | None:
     return entries[0][0]
 
 
+class UnknownFileVersion(StorageError):  # type: ignore[misc, valid-type]  # a class built by _error
+    """A broker file in a format version this release cannot read: a newer release wrote it.
+
+    Not damage, so never "recovered" by starting over: rewriting the file in this release's
+    format would throw away what the newer release stored. The message names the file, the
+    version found, the versions this release reads and what to do.
+    """
+
+    def __init__(self, path: str, version: object, readable: tuple[int, ...]) -> None:
+        versions = ", ".join(str(v) for v in readable)
+        super().__init__(
+            f"{path} has format version {version!r}; this release reads version(s) {versions}. "
+            "A newer release wrote it: run that release (or a later one) again; a rollback below the "
+            "release that changed this format is not supported (docs/UPGRADING.md)"
+        )
+
+
+class CheckpointVersionError(UnknownFileVersion):
+    """A checkpoint in a version other than CHECKPOINT_VERSIONS_READ."""
+
+    def __init__(self, path: str, version: int) -> None:
+        super().__init__(f"checkpoint {path}", version, CHECKPOINT_VERSIONS_READ)
+
+
 class HighWatermarkCheckpoint:
     """The high watermarks of one data directory's replicas, in `replication-offset-checkpoint`.
 
@@ -114,6 +141,8 @@ class HighWatermarkCheckpoint:
                     self._on_disk[(topic, int(partition))] = int(offset)
                 except ValueError as error:
                     raise StorageError(f"malformed checkpoint {self._path}: {error}") from error
+        except CheckpointVersionError:
+            raise  # a newer release's file: the broker does not start (see the class)
         except StorageError as error:
             # Only HWs are lost: every replica starts at HW 0 (never above what is committed), a
             # follower learns the leader's with its first fetch and a leader recomputes its own
