@@ -49,6 +49,10 @@ WATCH_INTERVAL_S = 0.2
 LOG_TAIL_BYTES = 4000
 # The client certificate `cluster up --tls` makes for the operator (and lists as a super user).
 ADMIN_TLS_NAME = "admin"
+# `cluster up --tls`: the first gateway's token listener (--client-port). Fixed, so bearer-token
+# clients keep their bootstrap across restarts; beside the gateways' 9092 and the brokers' Kafka
+# 19092, and clear of gateway i's port (9092 + i - 1) for every --gateways allowed.
+DEFAULT_TOKEN_PORT = 29092
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,8 @@ class LocalCluster:
         host: str = "127.0.0.1",
         placements: dict[str, Placement] | None = None,
         kafka_port: int | None = 0,
+        token_port: int = 0,
+        own_process_groups: bool = False,
     ) -> None:
         """tls: make a local CA and certificates under base_dir/tls and run etcd and every service
         with TLS (mutual TLS between them; each service also gets a --client-port for token
@@ -142,7 +148,15 @@ class LocalCluster:
         placements: process name ("broker-2") -> where that process runs instead.
         kafka_port: every broker's Kafka protocol listener (docs/KAFKA.md): broker i on kafka_port + i - 1,
         any free port with 0, none with None. With tls it is mutual TLS (and checks ACLs with
-        --authorizer acl); none with byte-rate quotas, which the Kafka listener does not charge."""
+        --authorizer acl); none with byte-rate quotas, which the Kafka listener does not charge.
+        token_port: with tls, gateway i's token listener (--client-port) on token_port + i - 1, any
+        free port with 0.
+        own_process_groups: run etcd and every service in a process group of its own. A terminal's
+        Ctrl-C goes to its whole foreground group: without this, etcd and every service stop at once
+        with the launcher, brokers cannot shut down in a controlled way and no lease is revoked.
+        With it only the launcher gets the signal and stop() stops them in order; a kill of the
+        launcher's process group no longer reaches them (stop them by pid)."""
+        self.own_process_groups = own_process_groups
         self.base_dir = Path(base_dir).resolve()
         self.lease_ttl_s = lease_ttl_s
         self.python = python
@@ -163,7 +177,9 @@ class LocalCluster:
             # etcd takes client certificates of its own CA only: the services', its own health
             # probe's and the admin's (for tests and debugging that read etcd itself; `highwater
             # acl|token` go through the controller's RPCs and need none). Client certificates of the
-            # cluster CA (issue_client_certificate) cannot reach it.
+            # cluster CA (issue_client_certificate) cannot reach it. The CAs' keys go to
+            # tls/ca-private, apart from the files the services read; a tls/ of the previous layout,
+            # keys beside the certificates, has them moved there (same CAs, same certificates).
             ensure_local_pki(
                 self.tls_dir,
                 ["etcd", ADMIN_TLS_NAME, *services],
@@ -178,7 +194,11 @@ class LocalCluster:
                 probe_key_file=etcd_client_key_path(self.tls_dir, "etcd"),
             )
         self.etcd = EtcdServer(
-            self.base_dir / "etcd", log_path=self.base_dir / "logs" / "etcd.log", tls=etcd_tls, host=host
+            self.base_dir / "etcd",
+            log_path=self.base_dir / "logs" / "etcd.log",
+            tls=etcd_tls,
+            host=host,
+            own_process_group=own_process_groups,
         )
         self.processes: dict[str, ServiceProcess] = {}
         (self.base_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -200,6 +220,9 @@ class LocalCluster:
             # gateway binds it); _wait_ready pins the bound port so restarts keep the address clients know.
             port = gateway_port + i - 1 if gateway_port else 0
             self._add(f"gateway-{i}", "gateway", ["--gateway-id", str(i), "--port", str(port)])
+            if self.tls_dir is not None and token_port:
+                # Token clients bootstrap with this port: fixed, a new `cluster up` keeps it.
+                self._pin_port(self.processes[f"gateway-{i}"], token_port + i - 1, "--client-port")
 
     def _placement(self, name: str) -> Placement:
         return self.placements.get(name, self.default_placement)
@@ -320,7 +343,13 @@ class LocalCluster:
         log = p.log_path.open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         p.proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.base_dir
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=self.base_dir,
+            process_group=0 if self.own_process_groups else None,
         )
         log.close()
         p.info = {}
@@ -446,6 +475,14 @@ class LocalCluster:
     show_default=True,
     help="Kafka protocol port of broker 1 (broker i: this + i - 1; 0: any free). Mutual TLS with --tls.",
 )
+@click.option(
+    "--token-port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_TOKEN_PORT,
+    show_default=True,
+    help="With --tls: the first gateway's port for bearer-token clients (gateway i: this + i - 1; "
+    "0: any free, a new one at every start).",
+)
 @click.option("--lease-ttl-s", type=click.IntRange(2, 60), default=6, show_default=True)
 @click.option(
     "--tls",
@@ -476,6 +513,7 @@ def up_command(
     gateways: int,
     gateway_port: int,
     kafka_port: int,
+    token_port: int,
     lease_ttl_s: int,
     tls: bool,
     authorizer: str,
@@ -502,6 +540,12 @@ def up_command(
             raise click.ClickException(
                 f"Kafka port(s) {taken} in use: stop what listens there or pass --kafka-port 0"
             )
+    if tls and token_port:
+        taken = [port for port in range(token_port, token_port + gateways) if not _port_free(port)]
+        if taken:
+            raise click.ClickException(
+                f"token port(s) {taken} in use: stop what listens there or pass --token-port 0"
+            )
     if authorizer == "acl" and not tls:
         raise click.UsageError("--authorizer acl needs --tls (ACLs name authenticated principals)")
     service_args = (
@@ -517,6 +561,9 @@ def up_command(
         tls=tls,
         service_args=service_args,
         kafka_port=kafka_port,
+        token_port=token_port,
+        # Ctrl-C in the terminal reaches this command alone, which stops every process in order.
+        own_process_groups=True,
     )
     stop_requested = False
 
@@ -565,7 +612,8 @@ def up_command(
         )
         if cluster.tls_dir is not None:
             console.print(
-                f"TLS: certificates in {cluster.tls_dir}; etcd at https://{cluster.etcd.endpoint}; "
+                f"TLS: certificates in {cluster.tls_dir} (the CAs' keys in {cluster.tls_dir}/ca-private, "
+                f"which no service reads); etcd at https://{cluster.etcd.endpoint}; "
                 f"bearer-token clients use {cluster.gateway_client_address} "
                 f"(highwater --bootstrap {cluster.gateway_address}{tls_flags} token create "
                 "--principal User:NAME)",
@@ -575,8 +623,11 @@ def up_command(
             from clients.tools.demo import run_demo
 
             run_demo(cluster.gateway_address, console, cluster.client_settings())
-            if spark_demo and not tls:
+            if spark_demo and not tls and not stop_requested:
                 _spark_demo(cluster.gateway_address, console)
+                # PySpark's SparkContext put its own SIGINT handler in place of ours (cancel the
+                # jobs, raise KeyboardInterrupt): Ctrl-C must stop the cluster as before the demo.
+                signal.signal(signal.SIGINT, on_signal)
             if exit_after_demo:
                 return
         console.print("running; Ctrl-C stops every process")
@@ -588,6 +639,9 @@ def up_command(
                     )
                     p.proc = None
             time.sleep(WATCH_INTERVAL_S)
+    except KeyboardInterrupt:
+        # Ctrl-C while the Spark demo held SIGINT: a stop like any other, not click's "Aborted!".
+        pass
     finally:
         with console.status("stopping every process..."):
             cluster.stop()
@@ -611,9 +665,17 @@ def _spark_demo(bootstrap: str, console: Console) -> None:
 
 
 def _port_free(port: int) -> bool:
+    """Whether a service could listen on 127.0.0.1:port now.
+
+    The bind sets SO_REUSEADDR, as the services' listeners do (gRPC and asyncio servers):
+    then only a socket bound to the port, a listener above all, makes it fail. Connections
+    of the last run left in TIME_WAIT after a clean stop (up to a minute) do not stop a
+    listener, and refused a bind without the option (issue 43).
+    """
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -1429,7 +1429,7 @@ class KafkaHandler:
             code = (
                 K.group_authorization_failed
                 if group_id in _acl().decision.groups_refused
-                else await self._not_coordinator(group_id)
+                else _group_refusal(group_id) or await self._not_coordinator(group_id)
             )
             group = self.backend.classic_groups.group(group_id) if code is None else None
             state, protocol_type = "Dead", ""

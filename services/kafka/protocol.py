@@ -210,7 +210,8 @@ def decode_request(frame: bytes) -> Request:
     try:
         header, offset = entity_reader(header_cls)(frame, 0)
         body, size = entity_reader(cls)(frame, offset)
-    except (DecodeError, ValueError, TypeError) as exc:
+    except (DecodeError, ValueError, TypeError, KeyError) as exc:
+        # KeyError: kio's answer to a tagged field it does not know ("Unknown tagged field tag").
         raise KafkaProtocolError(
             f"api key {api_key} v{api_version}: cannot decode the request: {exc}"
         ) from exc

@@ -27,6 +27,12 @@ and `highwater token`. A directory without etcd-client-ca.pem is an older one:
 etcd then trusts the cluster CA, as before, and every holder of one of its
 certificates can reach etcd.
 
+The CAs' private keys are no service's business: whoever holds ca-key.pem can
+mint `admin` or `controller-1`. certs.py keeps them in ca-private/ (0700);
+a service never reads that directory and warns at start-up when it finds a CA
+key beside the certificates (a directory of the previous layout: `highwater tls
+init DIR` moves them) or its own key readable by group or others.
+
 Files are read once at start-up; a missing or unreadable file stops the
 service with a message naming it. Rotating certificates means restarting the
 process (one at a time: the cluster keeps serving).
@@ -34,7 +40,9 @@ process (one at a time: the cluster keeps serving).
 
 from __future__ import annotations
 
+import logging
 import ssl
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +52,12 @@ from coordinator.store import EtcdTls
 
 CA_FILE = "ca.pem"
 ETCD_CLIENT_CA_FILE = "etcd-client-ca.pem"
+# Where certs.py keeps the CAs' private keys: a subdirectory only the operator's tools read.
+CA_PRIVATE_DIR = "ca-private"
+ETCD_CLIENT_CA_KEY_FILE = "etcd-client-ca-key.pem"
+CA_KEY_FILES = ("ca-key.pem", ETCD_CLIENT_CA_KEY_FILE)
+
+log = logging.getLogger("highwater.security")
 
 
 class TlsConfigError(SystemExit):
@@ -79,6 +93,28 @@ def _read(path: Path, what: str) -> bytes:
     return data
 
 
+def _warn_about_exposed_keys(directory: Path, key_file: Path) -> None:
+    """A directory of the previous layout still starts (refusing it would stop a running cluster
+    at its next restart); the operator is told what to fix."""
+    for name in CA_KEY_FILES:
+        if (directory / name).exists():
+            log.warning(
+                "TLS: %s, a CA's private key, is in the directory every service reads: whoever reads it "
+                "can issue any certificate. Move it out: `highwater tls init %s` moves it to %s/",
+                directory / name,
+                directory,
+                directory / CA_PRIVATE_DIR,
+            )
+    try:
+        mode = stat.S_IMODE(key_file.stat().st_mode)
+    except OSError:
+        return  # _read says what is wrong with it
+    if mode & 0o077:
+        log.warning(
+            "TLS: private key %s has mode %o, readable by others than its owner; chmod 600 it", key_file, mode
+        )
+
+
 @dataclass(frozen=True)
 class TlsMaterial:
     """One process's CA, certificate and key, read from a TLS directory."""
@@ -101,6 +137,7 @@ class TlsMaterial:
         cert_file, key_file = cert_path(directory, name), key_path(directory, name)
         if not require_cert and not cert_file.exists():
             return cls(directory, name, ca, None, None)
+        _warn_about_exposed_keys(directory, key_file)
         return cls(directory, name, ca, _read(cert_file, "certificate"), _read(key_file, "private key"))
 
     def server_credentials(self, *, require_client_cert: bool) -> grpc.ServerCredentials:

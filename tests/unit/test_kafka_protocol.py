@@ -426,3 +426,36 @@ def test_a_broker_opens_the_kafka_listener_with_tls_but_refuses_acls_or_quotas_w
         config(SecurityConfig(authorizer="acl")).check()
     with pytest.raises(SystemExit, match="does not charge quotas"):
         config(SecurityConfig(tls_dir=tmp_path, name="broker-1", producer_byte_rate=1000)).check()
+
+
+def test_a_tagged_field_kio_does_not_know_is_a_protocol_error():
+    """kio raises KeyError for an unknown tag; the listener must see KafkaProtocolError (the
+    connection closed quietly, not a traceback: tests/integration/test_kafka_fuzz.py found it)."""
+    body = protocol.build(
+        protocol.request_class(protocol.API_VERSIONS, 3),
+        client_software_name="x",
+        client_software_version="1",
+    )
+    frame = request_frame(protocol.API_VERSIONS, 3, body)
+    # Header v2: api key, version, correlation id (8 bytes), client id "c" (2 + 1), then its
+    # tagged fields: one field, tag 45, one byte long.
+    assert frame[11] == 0, "no tagged fields in the header as written"
+    tagged = frame[:11] + bytes([1, 45, 1, 7]) + frame[12:]
+    with pytest.raises(protocol.KafkaProtocolError, match="cannot decode"):
+        protocol.decode_request(tagged)
+
+
+class NoGroupKeysBackend(FakeBackend):
+    """A backend whose etcd refuses group ids that cannot be a key, as consumer_offsets does."""
+
+    async def stored_groups(self, group: str | None = None) -> list[Any]:
+        if group is not None and (not group or "/" in group):
+            raise ValueError(f"group id {group!r} cannot be used in an etcd key")
+        return []
+
+
+def test_describe_groups_answers_an_invalid_group_id_without_asking_the_backend():
+    cls = protocol.request_class(protocol.DESCRIBE_GROUPS, 5)
+    body = cls(groups=("", "a/b"), include_authorized_operations=False)
+    answer = handle(NoGroupKeysBackend(), protocol.DESCRIBE_GROUPS, 5, body)
+    assert [(g.group_id, g.error_code) for g in answer.groups] == [("", 24), ("a/b", 24)], "INVALID_GROUP_ID"
