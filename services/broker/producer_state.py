@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from clients.common.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber
 from clients.common.record_batch import BatchHeader
-from services.common.limits import PRODUCER_BATCHES_KEPT
+from services.common.limits import PRODUCER_BATCHES_KEPT, PRODUCER_IDS_PER_PARTITION_MAX
 
 NO_PRODUCER_ID = -1
 # Sequences wrap around after 2**31 - 1 as Kafka's.
@@ -60,8 +60,10 @@ def _last_sequence(header: BatchHeader) -> int:
 
 
 class ProducerStateManager:
-    def __init__(self) -> None:
+    def __init__(self, producer_ids_max: int = PRODUCER_IDS_PER_PARTITION_MAX) -> None:
+        # In order of last write: the first one is the least recently written, forgotten first.
         self.producers: dict[int, ProducerEntry] = {}
+        self.producer_ids_max = producer_ids_max
 
     def check(self, headers: Iterable[BatchHeader]) -> Duplicate | None:
         """Check a request's batches before they are written.
@@ -123,9 +125,12 @@ class ProducerStateManager:
         for h in headers:
             if h.producer_id == NO_PRODUCER_ID:
                 continue
-            entry = self.producers.get(h.producer_id)
+            entry = self.producers.pop(h.producer_id, None)  # back in last: the latest written
             if entry is None or h.producer_epoch > entry.producer_epoch:
-                entry = self.producers[h.producer_id] = ProducerEntry(h.producer_id, h.producer_epoch)
+                entry = ProducerEntry(h.producer_id, h.producer_epoch)
+            self.producers[h.producer_id] = entry
+            if len(self.producers) > self.producer_ids_max:
+                del self.producers[next(iter(self.producers))]
             entry.batches.append(
                 BatchMetadata(h.base_sequence, _last_sequence(h), h.base_offset, h.last_offset)
             )

@@ -244,6 +244,13 @@ REPLICAS_PER_BROKER_MAX = 4_000
 REPLICAS_PER_BROKER_MAX_CEILING = 50_000
 DEFAULT_NUM_PARTITIONS = 3
 DEFAULT_REPLICATION_FACTOR = 3
+# Idempotent producer ids whose state (epoch, last batches) one partition replica keeps; past
+# this the least recently written one is forgotten. Every short-lived producer (open, send,
+# close) gets a new id, and without a bound each one stayed in memory for the broker's life
+# (~1 KiB each: bench/soak.py, issue 43). Kafka forgets an id after producer.id.expiration.ms
+# (a day) without a write; forgetting one only stops the duplicate check of its retries, and
+# far fewer producers than this write one partition at a time.
+PRODUCER_IDS_PER_PARTITION_MAX = 1_000
 
 # --- storage (partition logs) ------------------------------------------------
 # Open handles of inactive segment files (log, offset index, time index), for all the

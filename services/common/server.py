@@ -34,7 +34,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from grpc_reflection.v1alpha._async import ReflectionServicer
 
 from coordinator.store import EtcdStore
-from services.common import limits
+from services.common import heap_debug, limits
 from services.common.request_guard import MalformedRequestGuard
 from services.security.config import SecurityConfig
 from services.security.runtime import ServiceSecurity
@@ -219,6 +219,7 @@ class ServiceRuntime:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
+        heap_debug.install(loop, self.name)  # SIGUSR1 heap dumps, only when its env var is set
         token_port = self.security.bound_client_port if self.server.token is not None else None
         log.info(
             "%s listening on %s:%d%s (metrics on %d)",

@@ -1,0 +1,86 @@
+"""bench/soak.py runs its whole mixed workload to the end and reports every figure it promises.
+
+A soak runs for hours, so a break (a renamed client option, a process it no longer finds) would
+otherwise show only when someone starts a long run. Here it runs for about 40 s at tiny rates,
+with every part of the workload due at least once and heap dumps of broker-1 (the
+HIGHWATER_HEAP_DEBUG_DIR hook of services/common/heap_debug.py), and must print the verdict
+table and write a JSON with samples, slopes and counts for every process.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+SOAK = ROOT / "bench" / "soak.py"
+# A LocalCluster's start, 40 s of workload, the read-back and a stop; generous for a shared machine.
+RUN_TIMEOUT_S = 240.0
+# soak.py leaves through its `with` blocks on SIGTERM (bench/common.py), stopping its cluster.
+STOP_TIMEOUT_S = 30.0
+SHORT = [
+    "--duration", "40s", "--warmup", "10s", "--sample-every", "4s",
+    "--rate", "50", "--burst-every", "15s", "--burst-s", "3s", "--burst-rate", "300",
+    "--partitions", "2", "--churn-every", "8s", "--restart-every", "12s", "--short-client-every", "4s",
+    "--heap-debug", "broker-1",
+]  # fmt: skip
+PROCESSES = {"etcd", "controller-1", "broker-1", "broker-2", "broker-3", "gateway-1", "workload"}
+FIGURES = {"rss_mib", "anon_mib", "file_mib", "fds", "threads", "cpu_s"}
+
+
+def run_soak(output: Path) -> str:
+    """Run soak.py; its output. Stopped by pid (SIGTERM, then SIGKILL) if it hangs."""
+    cmd = [sys.executable, str(SOAK), *SHORT, "--output", str(output)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    try:
+        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        pytest.fail(f"soak.py did not finish within {RUN_TIMEOUT_S} s:\n{out}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, f"soak.py exited {proc.returncode}:\n{out}"
+    return out
+
+
+def test_soak_completes_and_reports_every_figure(tmp_path: Path) -> None:
+    output = tmp_path / "soak.json"
+    out = run_soak(output)
+    assert "verdict" in out and "0 lost (our group)" in out and "RSS < 10 MiB/h" in out, out
+
+    result = json.loads(output.read_text())
+    samples = result["samples"]
+    assert len(samples) >= 8, out  # 40 s every 4 s
+    for sample in samples:
+        assert set(sample["processes"]) == PROCESSES, sample
+        for name, figures in sample["processes"].items():
+            assert set(figures) >= FIGURES, (name, figures)
+        assert sample["etcd"]["db_mib"] > 0, sample["etcd"]
+    assert set(result["growth_per_hour"]) >= PROCESSES, result["growth_per_hour"]
+    assert "db_mib" in result["growth_per_hour"]["etcd"]
+
+    counts = result["counts"]
+    assert counts["acked"] > 0 and counts["lost_our_group"] == 0 and counts["lost_kafka_group"] == 0, counts
+    for part in ("commits", "short_clients", "topics_created", "topics_deleted", "member_restarts"):
+        assert counts.get(part, 0) > 0, f"{part} never ran: {counts}\n{out}"
+    targets = [row["target"] for row in result["verdict"]]
+    assert "etcd db size flat (< 1 MiB/h)" in targets and "broker-2 open files flat" in targets, targets
+
+    first, last = (Path(ROOT / p) for p in result["heap_dumps"]["after_warmup"] + result["heap_dumps"]["end"])
+    assert first.parent == tmp_path / "soak-heap", first
+    assert "tracemalloc started" in first.read_text()
+    assert "allocations by line, change since the previous dump" in last.read_text()
