@@ -7,9 +7,11 @@ bytes: the CA certificates, the client's certificate chain and its unencrypted p
 driver, at planning, and converts them; the bytes then travel to the tasks as the
 `highwater.ssl.*` files' bytes do.
 
-PEM and PKCS12 stores are read with the `cryptography` package. JKS, Java's proprietary
-format (and Kafka's default type), is refused with the keytool command that converts it to
-PKCS12: reading it would need a package this project does not depend on.
+PEM and PKCS12 stores are read with the `cryptography` package; JKS, Java's proprietary
+format (and Kafka's default type), with kafka_jks.py, as Java reads it: the store password
+checks the file's integrity digest (skipped for a trust store given no password, as Java
+skips it), the key password (kafka.ssl.key.password, else the store password) opens the key.
+JCEKS is refused with the keytool command that converts it to PKCS12.
 
 Pure apart from reading the named files: no Spark, no gRPC. Every error is an OptionError
 naming the option that is wrong.
@@ -25,6 +27,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
 
+from spark_connector import kafka_jks
 from spark_connector.options_error import OptionError
 
 PROTOCOL_OPTION = "kafka.security.protocol"
@@ -34,9 +37,8 @@ PLAINTEXT = "PLAINTEXT"
 SSL = "SSL"
 _SASL_PROTOCOLS = ("SASL_SSL", "SASL_PLAINTEXT")
 _STORE_TYPES = ("PEM", "PKCS12", "JKS")
-_JKS_MAGIC = b"\xfe\xed\xfe\xed"  # the first four bytes of every JKS file
 # Kafka's store types are JKS by default; a store given without its type is recognised by its
-# bytes instead, so a PEM or PKCS12 file works without naming its type.
+# bytes instead, so a PEM, PKCS12 or JKS file works without naming its type.
 _TLS_VERSIONS = ("TLS", "TLSv1.2", "TLSv1.3")
 
 # kafka.ssl.<name> settings that name the trust store, the key store and their passwords.
@@ -97,15 +99,17 @@ def _store_type(options: Mapping[str, str], store: str, data: bytes) -> str:
     """The store's type: as given by kafka.ssl.<store>.type, else recognised from the file's bytes."""
     type_option = f"{SSL_PREFIX}{store}.type"
     given = options.get(type_option)
-    found = "JKS" if data.startswith(_JKS_MAGIC) else "PEM" if b"-----BEGIN" in data else "PKCS12"
+    if data.startswith(kafka_jks.JCEKS_MAGIC):
+        raise _refuse_jceks(options, store)
+    found = "JKS" if data.startswith(kafka_jks.JKS_MAGIC) else "PEM" if b"-----BEGIN" in data else "PKCS12"
     if given is None:
         return found
     wanted = given.strip().upper()
     if wanted not in _STORE_TYPES:
         raise OptionError(f"option {type_option!r} must be PEM, PKCS12 or JKS, got {given!r}")
-    # Java opens a PKCS12 file named as JKS too (keystore.type.compat), so a job that says JKS
-    # for a PKCS12 file works in Spark and works here; a real JKS file is refused whatever it says.
-    if wanted == found or found == "JKS" or (wanted, found) == ("JKS", "PKCS12"):
+    # Java opens a PKCS12 file named as JKS, and a JKS file named as PKCS12, too
+    # (keystore.type.compat), so a job that mixes them up works in Spark and works here.
+    if wanted == found or {wanted, found} == {"JKS", "PKCS12"}:
         return found
     raise OptionError(
         f"option {type_option!r} says {wanted}, but {options[SSL_PREFIX + store + '.location']!r} "
@@ -113,15 +117,42 @@ def _store_type(options: Mapping[str, str], store: str, data: bytes) -> str:
     )
 
 
-def _refuse_jks(options: Mapping[str, str], store: str) -> OptionError:
+def _refuse_jceks(options: Mapping[str, str], store: str) -> OptionError:
     location = options[f"{SSL_PREFIX}{store}.location"]
     return OptionError(
-        f"option '{SSL_PREFIX}{store}.location': {location!r} is a JKS {store}, which this connector "
+        f"option '{SSL_PREFIX}{store}.location': {location!r} is a JCEKS {store}, which this connector "
         "does not read; convert it to PKCS12 with `keytool -importkeystore -srckeystore "
-        f"{location} -destkeystore {store}.p12 -deststoretype PKCS12` and set "
+        f"{location} -srcstoretype JCEKS -destkeystore {store}.p12 -deststoretype PKCS12` and set "
         f"{SSL_PREFIX}{store}.location to the new file and {SSL_PREFIX}{store}.type=PKCS12 "
-        "(a PEM file works too)"
+        "(JKS and PEM files work too)"
     )
+
+
+def _load_jks(options: Mapping[str, str], store: str, data: bytes) -> kafka_jks.JksStore:
+    """The JKS store's entries, its integrity digest checked when kafka.ssl.<store>.password is set."""
+    location = options[f"{SSL_PREFIX}{store}.location"]
+    try:
+        return kafka_jks.parse_jks(data, options.get(f"{SSL_PREFIX}{store}.password") or None)
+    except kafka_jks.JksStorePasswordError:
+        raise OptionError(
+            f"option '{SSL_PREFIX}{store}.password': the JKS {store} {location!r} fails its integrity "
+            "check with this password: the password is wrong, or the file was altered since it was "
+            "written (make it again with keytool)"
+        ) from None
+    except kafka_jks.JksError as exc:
+        raise OptionError(
+            f"option '{SSL_PREFIX}{store}.location': {location!r} is not a JKS file this connector "
+            f"reads: {exc}"
+        ) from None
+
+
+def _jks_certificates(option: str, der: list[bytes]) -> list[x509.Certificate]:
+    try:
+        return [x509.load_der_x509_certificate(d) for d in der]
+    except ValueError:
+        raise OptionError(
+            f"option {option!r}: the JKS file holds a certificate that is not X.509 DER"
+        ) from None
 
 
 def _password(options: Mapping[str, str], name: str) -> bytes | None:
@@ -143,7 +174,7 @@ def _load_pkcs12(option: str, data: bytes, passwords: list[bytes | None]) -> pkc
 
 
 def _trust_store(options: Mapping[str, str]) -> bytes | None:
-    """The CA certificates as PEM: kafka.ssl.truststore.location (PEM or PKCS12) or .certificates."""
+    """The CA certificates as PEM: kafka.ssl.truststore.location (PEM, PKCS12, JKS) or .certificates."""
     location_option = SSL_PREFIX + "truststore.location"
     inline = options.get(SSL_PREFIX + "truststore.certificates")
     location = options.get(location_option)
@@ -166,7 +197,15 @@ def _trust_store(options: Mapping[str, str]) -> bytes | None:
     data = _read(location_option, location)
     kind = _store_type(options, "truststore", data)
     if kind == "JKS":
-        raise _refuse_jks(options, "truststore")
+        jks = _load_jks(options, "truststore", data)
+        # Java's trust managers trust the trusted certificate entries and the leaf of each key
+        # entry's chain (TrustStoreUtil.getTrustedCerts).
+        der = [*jks.trusted_certificates, *(e.chain[0] for e in jks.private_keys if e.chain)]
+        if not der:
+            raise OptionError(
+                f"option {location_option!r}: the JKS trust store {location!r} holds no certificate"
+            )
+        return _pem_certificates(_jks_certificates(location_option, der))
     if kind == "PEM":
         try:
             certificates = x509.load_pem_x509_certificates(data)
@@ -230,7 +269,7 @@ def _key_store(options: Mapping[str, str]) -> tuple[bytes, bytes] | None:
     data = _read(location_option, location)
     kind = _store_type(options, "keystore", data)
     if kind == "JKS":
-        raise _refuse_jks(options, "keystore")
+        return _jks_key(options, data)
     if kind == "PEM":
         try:
             certificates = x509.load_pem_x509_certificates(data)
@@ -247,6 +286,55 @@ def _key_store(options: Mapping[str, str]) -> tuple[bytes, bytes] | None:
         )
     certificates = [store.cert.certificate, *(c.certificate for c in store.additional_certs)]
     return _pem_certificates(certificates), _unencrypted_pem(store.key)
+
+
+def _jks_key(options: Mapping[str, str], data: bytes) -> tuple[bytes, bytes]:
+    """(certificate chain PEM, unencrypted key PEM) of a JKS key store's one private key entry."""
+    location_option = SSL_PREFIX + "keystore.location"
+    location = options[location_option]
+    jks = _load_jks(options, "keystore", data)
+    if len(jks.private_keys) != 1:
+        raise OptionError(
+            f"option {location_option!r}: the JKS key store {location!r} holds {len(jks.private_keys)} "
+            "private keys; gRPC presents one: keep the client's (keytool -delete -alias <other>)"
+            if jks.private_keys
+            else f"option {location_option!r}: the JKS key store {location!r} holds no private key"
+        )
+    entry = jks.private_keys[0]
+    if not entry.chain:
+        raise OptionError(f"option {location_option!r}: the key {entry.alias!r} has no certificate chain")
+    # As Java's key managers do: ssl.key.password, else the store's password, opens the key.
+    password_option = next(
+        (SSL_PREFIX + n for n in ("key.password", "keystore.password") if options.get(SSL_PREFIX + n)), None
+    )
+    if password_option is None:
+        raise OptionError(
+            f"option {location_option!r}: a JKS key store's private key is protected by a password; set "
+            f"{SSL_PREFIX}key.password (or {SSL_PREFIX}keystore.password when they are the same)"
+        )
+    try:
+        pkcs8 = kafka_jks.recover_private_key(entry, options[password_option])
+    except kafka_jks.JksKeyPasswordError:
+        raise OptionError(
+            f"option {password_option!r}: the password does not open the private key {entry.alias!r} of "
+            f"the JKS key store {location!r}"
+            + (
+                f"; set {SSL_PREFIX}key.password to the key's own password"
+                if "keystore" in password_option
+                else ""
+            )
+        ) from None
+    except kafka_jks.JksError as exc:
+        raise OptionError(f"option {location_option!r}: {location!r}: {exc}") from None
+    try:
+        key = serialization.load_der_private_key(pkcs8, None)
+    except ValueError:
+        raise OptionError(
+            f"option {location_option!r}: the private key {entry.alias!r} of {location!r} is not a PKCS#8 "
+            "key this connector reads"
+        ) from None
+    certificates = _jks_certificates(location_option, list(entry.chain))
+    return _pem_certificates(certificates), _unencrypted_pem(key)
 
 
 def _check_protocol_settings(options: Mapping[str, str]) -> None:

@@ -567,7 +567,7 @@ def _merge_kafka_tls(values: dict[str, Any], tls: KafkaTls) -> None:
     if tls.protocol == "SSL" and not values.get("ca_cert"):
         raise OptionError(
             "option 'kafka.security.protocol' is SSL but no CA is given: set kafka.ssl.truststore.location "
-            "(a PEM or PKCS12 file holding the cluster's CA) or highwater.ssl.cafile"
+            "(a PEM, PKCS12 or JKS file holding the cluster's CA) or highwater.ssl.cafile"
         )
 
 

@@ -6,7 +6,7 @@ against the real cluster: the supported ones by what they do (a read that uses o
 names, batches in the log compressed with zstd and cut at kafka.batch.size, a micro-batch
 skipped below minOffsetsPerTrigger until maxTriggerDelay passes, a subscribePattern matching
 no topic reading nothing until one appears), the ones with no effect by a job that passes them
-and reads the same rows, kafka.security.protocol=SSL with PEM and PKCS12 stores and the
+and reads the same rows, kafka.security.protocol=SSL with PEM, PKCS12 and (keytool-made) JKS stores and the
 kafka.group.id ACL check on a TLS cluster with the ACL authorizer, and the refused ones by the
 error naming them and saying what to use instead.
 """
@@ -14,7 +14,9 @@ error naming them and saying what to use instead.
 from __future__ import annotations
 
 import itertools
+import shutil
 import struct
+import subprocess
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -49,6 +51,7 @@ ZSTD_CODEC = 4
 TRIGGER_MS = 200
 DELAY_MS = 3_000
 PLANNING_SLACK_MS = 500
+KEYTOOL_TIMEOUT_S = 60
 
 
 @pytest.fixture(scope="module")
@@ -591,7 +594,8 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluste
 
 
 def kafka_stores(c: TestCluster, directory: Path) -> dict[str, dict[str, str]]:
-    """alice's certificate as Kafka's clients take it: PEM stores, and password-protected PKCS12 ones."""
+    """alice's certificate as Kafka's clients take it: PEM stores, password-protected PKCS12 ones, and
+    JKS ones made from those by Java's keytool when it is installed."""
     tls = Path(str(c.tls_dir))
     ca = x509.load_pem_x509_certificate((tls / "ca.pem").read_bytes())
     cert = x509.load_pem_x509_certificate((tls / "alice.pem").read_bytes())
@@ -626,10 +630,43 @@ def kafka_stores(c: TestCluster, directory: Path) -> dict[str, dict[str, str]]:
             "kafka.ssl.key.password": STORE_PASSWORD,
             "kafka.ssl.endpoint.identification.algorithm": "https",
         },
+        **_jks_stores(directory, tls / "ca.pem", ssl),
     }
 
 
-def test_ssl_stores_pem_and_pkcs12_read_and_write_a_tls_cluster(
+def _keytool(*arguments: str) -> None:
+    """Java's keytool, writing JKS files protected by STORE_PASSWORD."""
+    if "-importcert" in arguments:
+        arguments = (*arguments, "-storetype", "JKS", "-storepass", STORE_PASSWORD)
+    subprocess.run(["keytool", *arguments], check=True, capture_output=True, timeout=KEYTOOL_TIMEOUT_S)
+
+
+def _jks_stores(directory: Path, ca: Path, ssl: dict[str, str]) -> dict[str, dict[str, str]]:
+    """{"JKS": options} with stores made by keytool (-storetype JKS), or {} without Java."""
+    if shutil.which("keytool") is None:
+        return {}
+    trust, keys = directory / "trust.jks", directory / "alice.jks"
+    trust.unlink(missing_ok=True)
+    keys.unlink(missing_ok=True)
+    # A PKCS12 file's bare certificates are not imported as trusted entries: import the CA itself.
+    _keytool("-importcert", "-noprompt", "-alias", "ca", "-file", str(ca), "-keystore", str(trust))
+    _keytool(
+        *("-importkeystore", "-noprompt", "-srckeystore", str(directory / "alice.p12")),
+        *("-srcstoretype", "PKCS12", "-srcstorepass", STORE_PASSWORD, "-destkeystore", str(keys)),
+        *("-deststoretype", "JKS", "-deststorepass", STORE_PASSWORD),
+    )
+    return {
+        "JKS": {
+            **ssl,
+            "kafka.ssl.truststore.location": str(directory / "trust.jks"),
+            "kafka.ssl.truststore.password": STORE_PASSWORD,
+            "kafka.ssl.keystore.location": str(directory / "alice.jks"),
+            "kafka.ssl.keystore.password": STORE_PASSWORD,  # the type left out: JKS, Kafka's default
+        }
+    }
+
+
+def test_ssl_stores_pem_pkcs12_and_jks_read_and_write_a_tls_cluster(
     spark: Any, tls_cluster: TestCluster, tmp_path: Path
 ) -> None:
     stores = kafka_stores(tls_cluster, tmp_path)
@@ -643,7 +680,7 @@ def test_ssl_stores_pem_and_pkcs12_read_and_write_a_tls_cluster(
         .save()
     )
     expected = sorted(f"s-{i:02d}".encode() for i in range(30))
-    for kind in ("PEM", "PKCS12"):
+    for kind in [k for k in stores if k != "PEM"]:
         rows = spark.read.format("highwater").options(**stores[kind]).option("subscribe", "kssl-data").load()
         assert sorted(r.value for r in rows.collect()) == expected, kind
 

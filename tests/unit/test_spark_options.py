@@ -1,11 +1,11 @@
 """Spark's Kafka options a ported job passes, parsed as docs/SPARK.md's table says (no Spark, no cluster).
 
-kafka.security.protocol and kafka.ssl.* stores (PEM, PKCS12; JKS refused with the keytool
-command) become the connector's TLS material; kafka.group.id / groupIdPrefix are kept for the
+kafka.security.protocol and kafka.ssl.* stores (PEM, PKCS12, JKS; JCEKS refused with the
+keytool command) become the connector's TLS material; kafka.group.id / groupIdPrefix are kept for the
 reader's group check; Kafka client settings that change nothing here are accepted, those that
 would change semantics are refused with why. The certificates come from
 services/security/certs.py's local PKI; the PKCS12 files are written with `cryptography`, and
-with Java's keytool when it is installed (what a Spark user's stores are made with).
+with Java's keytool when it is installed (what a Spark user's stores are made with: JKS ones too).
 """
 
 from __future__ import annotations
@@ -183,26 +183,136 @@ def test_contradicting_tls_options_and_wrong_passwords_are_refused(pki: Path) ->
     assert both.client.ca_cert == (pki / "ca.pem").read_bytes()
 
 
-@pytest.mark.skipif(shutil.which("keytool") is None, reason="Java's keytool is not installed")
-def test_keytool_stores_pkcs12_is_read_and_jks_is_refused_with_the_conversion(pki: Path) -> None:
-    """A truststore made by Java's keytool, as a Spark user has one: PKCS12 is read, JKS refused."""
-    for store_type in ("PKCS12", "JKS"):
-        path = pki / f"java-truststore.{store_type.lower()}"
-        path.unlink(missing_ok=True)
-        subprocess.run(
-            [
-                *("keytool", "-importcert", "-noprompt", "-alias", "ca", "-file", str(pki / "ca.pem")),
-                *("-keystore", str(path), "-storetype", store_type, "-storepass", PASSWORD),
-            ],
-            check=True,
-            capture_output=True,
-            timeout=KEYTOOL_TIMEOUT_S,
+KEY_PASSWORD = "key-secret"  # a key password unlike the store's (keytool -destkeypass)
+needs_keytool = pytest.mark.skipif(shutil.which("keytool") is None, reason="Java's keytool is not installed")
+
+
+def keytool(*arguments: str) -> None:
+    subprocess.run(["keytool", *arguments], check=True, capture_output=True, timeout=KEYTOOL_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def java_stores(pki: Path) -> Path:
+    """Stores made by Java's keytool, as a Spark user has them: JKS (and PKCS12, JCEKS) files.
+
+    truststore.{jks,pkcs12,jceks}: the CA as a trusted certificate entry. keystore.jks: alice's key
+    and chain imported from keystore.p12, the key protected by the store password (keytool's
+    default); keystore-keypass.jks: the same with its own key password.
+    """
+    for store_type in ("JKS", "PKCS12", "JCEKS"):
+        keytool(
+            *("-importcert", "-noprompt", "-alias", "ca", "-file", str(pki / "ca.pem")),
+            *("-keystore", str(pki / f"truststore.{store_type.lower()}"), "-storetype", store_type),
+            *("-storepass", PASSWORD),
         )
+    source = ("-srckeystore", str(pki / "keystore.p12"), "-srcstoretype", "PKCS12", "-srcstorepass", PASSWORD)
+    destination = ("-deststoretype", "JKS", "-deststorepass", PASSWORD, "-destkeystore")
+    keytool("-importkeystore", "-noprompt", *source, *destination, str(pki / "keystore.jks"))
+    keytool(
+        *("-importkeystore", "-noprompt", *source, "-srcalias", "alice", "-destkeypass", KEY_PASSWORD),
+        *destination,
+        str(pki / "keystore-keypass.jks"),
+    )
+    return pki
+
+
+def _keystore_options(pki: Path, store: str, **passwords: str) -> dict[str, str]:
+    return {
+        **READ,
+        **ssl_options(
+            truststore_location=str(pki / "truststore.jks"),
+            keystore_location=str(pki / store),
+            keystore_type="JKS",
+            **passwords,
+        ),
+    }
+
+
+@needs_keytool
+def test_keytool_jks_stores_become_the_same_pem_as_the_originals(java_stores: Path) -> None:
+    """A JKS truststore and keystore give the CA, alice's chain and her key, byte for byte."""
+    pki = java_stores
+    for name in ("truststore.jks", "keystore.jks", "keystore-keypass.jks"):  # real JKS files, not PKCS12
+        assert (pki / name).read_bytes().startswith(b"\xfe\xed\xfe\xed"), name
+    ca = x509.load_pem_x509_certificate((pki / "ca.pem").read_bytes())
+    alice = x509.load_pem_x509_certificate((pki / "alice.pem").read_bytes())
+    key_pem = serialization.load_pem_private_key((pki / "alice-key.pem").read_bytes(), None).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    ca_pem = ca.public_bytes(serialization.Encoding.PEM)
+    chain_pem = alice.public_bytes(serialization.Encoding.PEM) + ca_pem
+    for store, passwords in (
+        # The key password falls back to the store's, as Java's key managers do.
+        ("keystore.jks", {"truststore_password": PASSWORD, "keystore_password": PASSWORD}),
+        ("keystore.jks", {"keystore_password": PASSWORD, "key_password": PASSWORD}),
+        # Without a truststore password Java skips the integrity check, and so does this.
+        ("keystore-keypass.jks", {"keystore_password": PASSWORD, "key_password": KEY_PASSWORD}),
+    ):
+        client = parse_read_options(_keystore_options(pki, store, **passwords), streaming=False).client
+        assert (client.ca_cert, client.cert_chain, client.private_key) == (ca_pem, chain_pem, key_pem), store
+    # The type may be left out (recognised by the magic number), or be PKCS12 (Java opens JKS as PKCS12).
+    for truststore_type in ({}, {"truststore_type": "PKCS12"}):
+        options = {**READ, **ssl_options(truststore_location=str(pki / "truststore.jks"), **truststore_type)}
+        assert parse_write_options({**WRITE, **options}).client.ca_cert == ca_pem
+
+
+@needs_keytool
+def test_jks_wrong_passwords_and_a_tampered_file_are_refused_by_option(java_stores: Path) -> None:
+    pki = java_stores
+    trust = ssl_options(truststore_location=str(pki / "truststore.jks"), truststore_password="wrong")
+    with pytest.raises(OptionError, match=r"'kafka\.ssl\.truststore\.password'.*password is wrong"):
+        parse_read_options({**READ, **trust}, streaming=False)
+    with pytest.raises(OptionError, match=r"'kafka\.ssl\.keystore\.password'.*password is wrong"):
+        parse_read_options(_keystore_options(pki, "keystore.jks", keystore_password="wrong"), streaming=False)
+    with pytest.raises(
+        OptionError, match=r"'kafka\.ssl\.key\.password'.*does not open the private key 'alice'"
+    ):
+        parse_read_options(
+            _keystore_options(pki, "keystore-keypass.jks", keystore_password=PASSWORD, key_password="wrong"),
+            streaming=False,
+        )
+    # The key's own password differs from the store's: the fallback fails and says what to set.
+    with pytest.raises(OptionError, match=r"'kafka\.ssl\.keystore\.password'.*set kafka\.ssl\.key\.password"):
+        parse_read_options(
+            _keystore_options(pki, "keystore-keypass.jks", keystore_password=PASSWORD), streaming=False
+        )
+    with pytest.raises(OptionError, match=r"keystore\.location.*protected by a password.*key\.password"):
+        parse_read_options(_keystore_options(pki, "keystore.jks"), streaming=False)
+    # One byte of the certificate changed: the digest over the file no longer matches.
+    tampered = bytearray((pki / "truststore.jks").read_bytes())
+    tampered[len(tampered) // 2] ^= 0x01
+    (pki / "tampered.jks").write_bytes(bytes(tampered))
+    with pytest.raises(OptionError, match=r"'kafka\.ssl\.truststore\.password'.*file was altered"):
+        parse_read_options(
+            {
+                **READ,
+                **ssl_options(truststore_location=str(pki / "tampered.jks"), truststore_password=PASSWORD),
+            },
+            streaming=False,
+        )
+    with pytest.raises(OptionError, match=r"says PEM, but .* is a JKS file"):
+        parse_read_options(
+            {**READ, **ssl_options(truststore_location=str(pki / "truststore.jks"), truststore_type="PEM")},
+            streaming=False,
+        )
+    # Cut short: not a JKS file, said of the location.
+    (pki / "truncated.jks").write_bytes((pki / "truststore.jks").read_bytes()[:60])
+    with pytest.raises(OptionError, match=r"'kafka\.ssl\.truststore\.location'.*not a JKS file"):
+        parse_read_options(
+            {**READ, **ssl_options(truststore_location=str(pki / "truncated.jks"))}, streaming=False
+        )
+
+
+@needs_keytool
+def test_keytool_pkcs12_truststore_is_read_and_jceks_is_refused_with_the_conversion(
+    java_stores: Path,
+) -> None:
+    pki = java_stores
     client = parse_read_options(
         {
             **READ,
             **ssl_options(
-                truststore_location=str(pki / "java-truststore.pkcs12"),
+                truststore_location=str(pki / "truststore.pkcs12"),
                 truststore_type="PKCS12",
                 truststore_password=PASSWORD,
             ),
@@ -213,14 +323,13 @@ def test_keytool_stores_pkcs12_is_read_and_jks_is_refused_with_the_conversion(pk
     assert x509.load_pem_x509_certificates(client.ca_cert) == [
         x509.load_pem_x509_certificate((pki / "ca.pem").read_bytes())
     ]
-    for given_type in ({"truststore_type": "JKS"}, {}):  # named, or recognised by its magic number
-        with pytest.raises(
-            OptionError, match=r"JKS truststore.*keytool -importkeystore.*-deststoretype PKCS12"
-        ):
-            parse_read_options(
-                {**READ, **ssl_options(truststore_location=str(pki / "java-truststore.jks"), **given_type)},
-                streaming=False,
-            )
+    with pytest.raises(
+        OptionError, match=r"JCEKS truststore.*keytool -importkeystore.*-deststoretype PKCS12"
+    ):
+        parse_read_options(
+            {**READ, **ssl_options(truststore_location=str(pki / "truststore.jceks"), truststore_type="JKS")},
+            streaming=False,
+        )
 
 
 def test_group_id_and_prefix_are_kept_for_the_readers_group_check() -> None:
