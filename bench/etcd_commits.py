@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/etcd_commits.py` from anywhere
 
 from coordinator import consumer_offsets
 from coordinator.etcd_server import EtcdServer
