@@ -352,7 +352,7 @@ def create_topics_request(
     from protos.highwater.v1 import common_pb2
 
     if min_insync is not None:
-        fields["configs"] = {"min.insync.replicas": str(min_insync)}
+        fields["configs"] = {**dict(fields.get("configs") or {}), "min.insync.replicas": str(min_insync)}  # type: ignore[call-overload]
     request = common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(name=name, **fields)])  # type: ignore[arg-type]
     if timeout_ms is not None:
         request.timeout_ms = timeout_ms
@@ -385,8 +385,10 @@ def create_topic(
     replication_factor: int,
     min_insync: int,
     timeout_s: float = 60.0,
+    configs: dict[str, str] | None = None,
 ) -> dict[int, str]:
-    """Create `topic` and wait until every partition has a leader and a full ISR.
+    """Create `topic` (with `configs` beside min.insync.replicas) and wait until every
+    partition has a leader and a full ISR.
 
     Returns partition -> leader address. Raises SystemExit with the reason if that does not
     happen within timeout_s (a benchmark on a half-ready topic measures the wrong thing).
@@ -402,6 +404,7 @@ def create_topic(
                 replication_factor=replication_factor,
                 min_insync=min_insync,
                 timeout_ms=int(timeout_s * 1000),
+                **({"configs": configs} if configs else {}),
             ),
             timeout=timeout_s,
         )
