@@ -213,6 +213,11 @@ class EtcdServer:
             "--auto-compaction-mode", "periodic",
             "--auto-compaction-retention", self.auto_compaction_retention,
             "--quota-backend-bytes", str(self.quota_backend_bytes),
+            # No JSON gateway (/v3/...): every client here speaks etcd's gRPC. The gateway is one
+            # more door, and under TLS it dials etcd's own client port presenting etcd's server
+            # certificate, which etcd's client CA (by design not the cluster CA) does not sign:
+            # etcd then logs "x509: certificate signed by unknown authority" for ever.
+            "--enable-grpc-gateway=false",
             *self._tls_flags(),
         ]  # fmt: skip
 

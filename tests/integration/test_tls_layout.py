@@ -80,3 +80,44 @@ def test_a_cluster_on_a_tls_directory_of_the_previous_release_starts_with_its_ca
             assert producer.list_topics(timeout=STEP_TIMEOUT_S).brokers, f"{name} gets Metadata"
     finally:
         c.stop()
+
+
+# etcd's JSON gateway, when it ran, dialled etcd's own client port about once a second from the
+# start: three seconds of etcd's log show its refusals (issue 43).
+ETCD_SELF_CONNECTION_WATCH_S = 3.0
+
+
+def test_etcd_of_a_tls_cluster_refuses_no_connection_of_its_own(tmp_path: Path) -> None:
+    """etcd trusts the etcd client CA only, and its server certificate comes from the cluster
+    CA: anything etcd dials at itself with that certificate is refused ("x509: certificate
+    signed by unknown authority" over and over in its log, as a fresh `cluster up --tls` had).
+    The services' connections must work, and etcd must refuse nothing while only they connect."""
+    import asyncio
+    import time
+
+    from clients.tools.local_cluster import LocalCluster
+    from coordinator.store import EtcdStore
+
+    cluster = LocalCluster(tmp_path / "cluster", brokers=1, tls=True)
+    etcd = cluster.etcd
+    etcd.start()
+    try:
+
+        async def write_and_read() -> bytes | None:
+            store = await EtcdStore.connect(etcd.endpoint, tls=cluster.etcd_tls(), timeout_s=STEP_TIMEOUT_S)
+            try:
+                await store.put("/probe", b"ok")
+                found = await store.get("/probe")
+                return found.value if found is not None else None
+            finally:
+                await store.close()
+
+        assert asyncio.run(write_and_read()) == b"ok"
+        log = tmp_path / "cluster" / "logs" / "etcd.log"
+        deadline = time.monotonic() + ETCD_SELF_CONNECTION_WATCH_S
+        while time.monotonic() < deadline:
+            refused = [line for line in log.read_text().splitlines() if "rejected connection" in line]
+            assert not refused, f"etcd refused a connection of its own: {refused[0]}"
+            time.sleep(0.2)
+    finally:
+        etcd.stop()
