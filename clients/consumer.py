@@ -20,6 +20,13 @@ raise). `commit()` stores the position, the NEXT offset to read, as Kafka does.
 Consumers see only records below the high watermark (a consumer's Fetch has
 replica_id -1), and `lag(tp)` = end offset (HW) - position.
 
+Offsets need not be contiguous: a compacted topic's cleaner removes records and whole
+batches and keeps the offsets of the rest. Positions therefore follow the batches, never
+a count of records: after a batch the position is its last offset + 1 (Kafka's
+batch.nextOffset, past records removed from its end), a Fetch at an offset inside a hole
+answers from the next batch, and an answer with no batch below the HW to a Fetch of that
+partition alone moves the position to the HW (a hole reaching it; _take_fetched).
+
 poll() fetches the assigned partitions straight from each one's leader broker, as
 Kafka's consumer does (direct_to_leaders, the default: one Fetch per leader, all out at
 once, each answer taken as it comes, so records from one leader never wait for
@@ -1167,12 +1174,13 @@ class AsyncConsumer:
                 self._leader_failed(part, error)
                 continue
             asked = part.asked
+            alone = sum(len(topic.partitions) for topic in response.topics) == 1
             for topic in response.topics:
                 for answer in topic.partitions:
                     tp = TopicPartition(topic.topic, answer.partition)
                     if tp not in asked or self._fetch_offsets.get(tp) != asked[tp]:
                         continue  # sought, paused or unassigned while the fetch was out
-                    self._take_fetched(tp, asked[tp], answer)
+                    self._take_fetched(tp, asked[tp], answer, alone=alone)
 
     def _leader_failed(self, part: _FetchPart, error: HighwaterError) -> None:
         """A part sent straight to a leader failed as a whole (the leader is gone, restarting
@@ -1189,8 +1197,9 @@ class AsyncConsumer:
             self._backoff_until_ms[tp] = retry_at_ms
 
     def _take_fetched(
-        self, tp: TopicPartition, fetch_offset: int, part: common_pb2.FetchPartitionResponse
+        self, tp: TopicPartition, fetch_offset: int, part: common_pb2.FetchPartitionResponse, *, alone: bool
     ) -> None:
+        """Use one partition's answer. `alone`: the Fetch asked for this partition only."""
         if part.error_code != common_pb2.NONE:
             error = error_for_code(
                 part.error_code, part.error_message or f"Fetch of {tp} at offset {fetch_offset}"
@@ -1213,6 +1222,16 @@ class AsyncConsumer:
         self._high_watermarks[tp] = part.high_watermark
         buf = part.records
         if not buf:
+            if alone and fetch_offset < part.high_watermark and tp not in self._buffers:
+                # A compacted log's hole reaching the HW: asked alone, a leader with any batch in
+                # [fetch_offset, HW) sends one (an answer's first batch always goes), so no
+                # record lies there and the position moves to the HW, as it would past a batch.
+                # (In a Fetch of several partitions one may come back empty only because the
+                # answer's bytes went to the others: that proves nothing, and the position
+                # stays, as Kafka's consumer stays, until a batch is written after the hole.)
+                self._fetch_offsets[tp] = part.high_watermark
+                if tp in self._positions:
+                    self._positions[tp] = part.high_watermark
             return
         next_offset = next_fetch_offset(buf, fetch_offset)
         if next_offset is None:

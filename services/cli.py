@@ -188,6 +188,37 @@ def _run(main: Coroutine[Any, Any, None], common: CommonOptions) -> None:
     "client asked (Kafka's fetch.max.bytes). The first batch is returned whole even when larger, so "
     "consumers always make progress.",
 )
+@click.option(
+    "--log-cleaner-enable/--no-log-cleaner-enable",
+    default=True,
+    show_default=True,
+    help="Run the log cleaner, which keeps only the latest record per key of topics with "
+    "cleanup.policy=compact (Kafka's log.cleaner.enable). Without it compacted topics keep every record.",
+)
+@click.option(
+    "--log-cleaner-dedupe-buffer-bytes",
+    type=click.IntRange(limits.LOG_CLEANER_DEDUPE_BUFFER_BYTES_MIN),
+    default=limits.LOG_CLEANER_DEDUPE_BUFFER_BYTES_DEFAULT,
+    show_default=True,
+    help="Memory of the cleaner's key -> latest offset map (Kafka's log.cleaner.dedupe.buffer.size), "
+    f"about {limits.LOG_CLEANER_OFFSET_MAP_ENTRY_BYTES} bytes a key; a log with more keys in its dirty "
+    "part is cleaned in several passes.",
+)
+@click.option(
+    "--log-cleaner-io-max-bytes-per-second",
+    type=click.IntRange(0),
+    default=limits.LOG_CLEANER_IO_MAX_BYTES_PER_SECOND_DEFAULT,
+    show_default=True,
+    help="The cleaner's read + write rate (Kafka's log.cleaner.io.max.bytes.per.second); 0: no limit.",
+)
+@click.option(
+    "--log-cleaner-backoff-ms",
+    type=click.IntRange(1),
+    default=limits.LOG_CLEANER_BACKOFF_MS_DEFAULT,
+    show_default=True,
+    help="Sleep between looks for a compacted log to clean when none needs it "
+    "(Kafka's log.cleaner.backoff.ms).",
+)
 @kafka_listener_options
 @_common
 @security_options
@@ -200,6 +231,10 @@ def broker_command(
     kafka_port: int | None,
     replicas_max: int,
     fetch_max_bytes: int,
+    log_cleaner_enable: bool,
+    log_cleaner_dedupe_buffer_bytes: int,
+    log_cleaner_io_max_bytes_per_second: int,
+    log_cleaner_backoff_ms: int,
     common: CommonOptions,
     security: Any,
     kafka_limits: Any,
@@ -208,6 +243,7 @@ def broker_command(
 
     Example: highwater broker --broker-id 1 --data-dir /var/lib/highwater/1 --etcd 127.0.0.1:2379
     """
+    from services.broker.log_cleaner import CleanerConfig
     from services.broker.server import BrokerConfig, serve
 
     config = BrokerConfig(
@@ -220,6 +256,12 @@ def broker_command(
         kafka_limits=kafka_limits,
         replicas_max=replicas_max,
         fetch_max_bytes=fetch_max_bytes,
+        cleaner=CleanerConfig(
+            enable=log_cleaner_enable,
+            dedupe_buffer_bytes=log_cleaner_dedupe_buffer_bytes,
+            io_max_bytes_per_second=log_cleaner_io_max_bytes_per_second,
+            backoff_ms=log_cleaner_backoff_ms,
+        ),
         security=security.for_service(f"broker-{broker_id}"),
         **common.config_fields(),
     )

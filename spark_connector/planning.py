@@ -24,6 +24,8 @@ class OffsetRange:
 
     @property
     def size(self) -> int:
+        """Offsets in the range: its records at most (a compacted log has holes), so planning
+        by size splits and admits offsets, as Spark's Kafka source does, not a row count."""
         return max(self.end - self.start, 0)
 
 

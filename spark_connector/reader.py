@@ -384,6 +384,11 @@ def push_filter(bounds: PushedBounds, f: Filter) -> bool:
 def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatch]:
     """Arrow batches of every record in [r.start, r.end) of one partition, in offset order.
 
+    A compacted topic's range holds fewer than end - start records (its cleaner leaves
+    offset holes): the range is read once the fetch position reaches r.end, that is past
+    a batch whose last offset is r.end - 1 or later, or past a hole that reaches the HW
+    (never once end - start records came back).
+
     Raises HighwaterSparkError when the partition makes no progress (retriable errors,
     or no records where the plan says there are) for highwater.retry.timeout.ms.
     """
@@ -408,6 +413,15 @@ def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> I
         data = part.records
         # next_fetch_offset says `bytes` but reads any buffer (iter_batch_headers takes a memoryview).
         next_offset = next_fetch_offset(data, offset) if data else None  # type: ignore[arg-type]
+        if not data and part.location is None and offset < part.high_watermark:
+            # A compacted log's hole up to the HW: the Fetch asked for this partition alone, so a
+            # leader with any batch in [offset, HW) had to send one (its first batch always goes).
+            # No record lies there; the range is read as far as the HW.
+            stalled = None
+            offset = part.high_watermark
+            if offset < r.end:
+                pending = client.fetch_future(tp, offset, max_bytes)
+            continue
         if next_offset is None or next_offset <= offset:
             # Nothing below the high watermark yet at `offset` though the plan says there is: a
             # new leader whose high watermark lags, briefly. Long-poll, within the retry timeout.

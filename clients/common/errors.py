@@ -131,6 +131,7 @@ InvalidCommitOffset = _error("InvalidCommitOffset", common_pb2.INVALID_COMMIT_OF
 # A produced batch whose records break the v2 format, or whose timestamps the topic refuses
 # (clients/common/record_validation.py); sending the same bytes again cannot succeed.
 InvalidRecord = _error("InvalidRecord", common_pb2.INVALID_RECORD)
+PolicyViolation = _error("PolicyViolation", common_pb2.POLICY_VIOLATION)
 InvalidTimestamp = _error("InvalidTimestamp", common_pb2.INVALID_TIMESTAMP)
 
 

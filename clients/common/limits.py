@@ -63,6 +63,11 @@ LOG_RETENTION_MS_DEFAULT = 7 * 24 * 60 * 60 * 1000
 # How far ahead of the leader's clock a CreateTime timestamp may be (Kafka 4.0, KIP-1030): a
 # timestamp from the future holds its segment back from time-based retention.
 MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT = 60 * 60 * 1000
+# A compacted log's cleaning (Kafka's defaults): clean a log once half of it is dirty (not yet
+# cleaned), and keep a tombstone (a key's null value) one day after the segment holding it was
+# first cleaned, so a consumer that reads the log within a day sees the delete.
+MIN_CLEANABLE_DIRTY_RATIO_DEFAULT = 0.5
+DELETE_RETENTION_MS_DEFAULT = 24 * 60 * 60 * 1000
 
 # --- consumer groups ---------------------------------------------------------
 # A group id becomes part of an etcd key (/consumers/{group}/offsets/...): bounded, one path segment,

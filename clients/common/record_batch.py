@@ -208,7 +208,12 @@ def batch_crc(buf: Buffer, position: int, size_bytes: int) -> int:
 
 
 def check_batch(
-    buf: Buffer, position: int, *, max_batch_bytes: int | None, position_base: int = 0
+    buf: Buffer,
+    position: int,
+    *,
+    max_batch_bytes: int | None,
+    position_base: int = 0,
+    exact_count: bool = True,
 ) -> BatchHeader:
     """Parse and check the batch at `position` of `buf`; return its header.
 
@@ -249,15 +254,24 @@ def check_batch(
         )
     if not 0 <= header.last_offset_delta <= MAX_LAST_OFFSET_DELTA:
         raise CorruptMessage(f"batch at byte {at} has last_offset_delta {header.last_offset_delta}")
-    if header.records_count != header.last_offset_delta + 1:
+    if exact_count and header.records_count != header.last_offset_delta + 1:
         raise CorruptMessage(
             f"batch at byte {at} has records_count {header.records_count} but last_offset_delta "
             f"{header.last_offset_delta} (records_count must be last_offset_delta + 1)"
         )
+    if not 0 <= header.records_count <= header.last_offset_delta + 1:
+        # A batch the log cleaner filtered keeps its last_offset_delta (Kafka's), so it holds fewer
+        # records than its offset range, none at all when it is kept only for its producer state.
+        raise CorruptMessage(
+            f"batch at byte {at} has records_count {header.records_count} outside 0..last_offset_delta + 1 "
+            f"({header.last_offset_delta + 1})"
+        )
     return header
 
 
-def validate_batches(buf: Buffer, *, max_batch_bytes: int | None) -> list[BatchHeader]:
+def validate_batches(
+    buf: Buffer, *, max_batch_bytes: int | None, exact_count: bool = True
+) -> list[BatchHeader]:
     """Check every batch in `buf` and return their headers in order.
 
     Raises CorruptMessage (saying what and at which byte) for an empty or short
@@ -265,6 +279,8 @@ def validate_batches(buf: Buffer, *, max_batch_bytes: int | None) -> list[BatchH
     other than 2, a CRC mismatch or inconsistent offset counts; MessageTooLarge for
     a batch bigger than `max_batch_bytes` (its full size, log overhead included,
     as Kafka's max.message.bytes; None: no limit, for batches a leader accepted). Nothing is modified.
+    `exact_count` holds records_count to last_offset_delta + 1, as a producer's batch must be;
+    False for batches already in a log, which the log cleaner may have filtered.
     """
     if len(buf) == 0:
         raise CorruptMessage("empty record buffer: at least one batch is required")
@@ -272,7 +288,7 @@ def validate_batches(buf: Buffer, *, max_batch_bytes: int | None) -> list[BatchH
     position = 0
     end = len(buf)
     while position < end:
-        header = check_batch(buf, position, max_batch_bytes=max_batch_bytes)
+        header = check_batch(buf, position, max_batch_bytes=max_batch_bytes, exact_count=exact_count)
         headers.append(header)
         position += header.size_bytes
     return headers
@@ -291,7 +307,9 @@ def valid_prefix(buf: Buffer, *, position_base: int = 0) -> tuple[list[BatchHead
     end = len(buf)
     while position < end:
         try:
-            header = check_batch(buf, position, max_batch_bytes=None, position_base=position_base)
+            header = check_batch(
+                buf, position, max_batch_bytes=None, position_base=position_base, exact_count=False
+            )
         except CorruptMessage as error:
             return headers, position_base + position, error.message
         headers.append(header)

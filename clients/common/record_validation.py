@@ -130,6 +130,7 @@ _ERR_HEADER_VALUE_LENGTH = 16
 _ERR_HEADER_VALUE_BOUNDS = 17
 _ERR_RECORD_LENGTH = 18
 _ERR_TRAILING_BYTES = 19
+_ERR_NULL_KEY = 20
 
 # What each status means; `{detail}` is the kernel's DETAIL column.
 _MESSAGES = {
@@ -155,6 +156,7 @@ _MESSAGES = {
     _ERR_HEADER_VALUE_BOUNDS: "a header value of {detail} bytes runs past the end of the record",
     _ERR_RECORD_LENGTH: "its length field says {detail} bytes but its fields end elsewhere",
     _ERR_TRAILING_BYTES: "{detail} bytes follow the last of records_count records",
+    _ERR_NULL_KEY: "it has no key (null)",
 }
 
 # Slots of the array the kernel fills.
@@ -269,18 +271,28 @@ _SECTION_SIGNATURE = types.int64(
     types.int64,
     types.int64,
     types.int64,
+    types.int64,
     types.Array(types.int64, 1, "C"),
 )
+
+# The smallest key length a record may have: -1 (null) anywhere, 0 on a compacted topic,
+# where a record without a key could never be cleaned away (Kafka refuses it the same way).
+KEY_LENGTH_MIN_ANY = -1
+KEY_LENGTH_MIN_COMPACTED = 0
 
 
 @njit(_SECTION_SIGNATURE, cache=True, nogil=True)
 def _check_section(
-    src: np.ndarray, pos: KernelInt, end: int, count: int, first_ts: int, out: np.ndarray
+    src: np.ndarray, pos: KernelInt, end: int, count: int, first_ts: int, key_min: int, out: np.ndarray
 ) -> int:
     """Check the records section src[pos:end] of a batch of `count` records; return its status (0: fine).
 
     The caller checked 0 <= pos <= end <= len(src). `out` gets (status, record index,
     detail, min timestamp, its record, max timestamp, its record): the _O_* slots.
+    `key_min` is the smallest key length allowed: KEY_LENGTH_MIN_ANY, or
+    KEY_LENGTH_MIN_COMPACTED to refuse null keys (_ERR_NULL_KEY). The fast path's key
+    bound is `key_min` itself, so the check adds no work per record: a null key on a
+    compacted topic only leaves the fast path for the field-by-field walk, which names it.
 
     Every read is checked against the end of its record (or, for a record's length, of
     its section) before it is made: numba checks no bounds. A record takes at least 7
@@ -345,7 +357,7 @@ def _check_section(
                     and size3 > 0
                     and attributes <= RECORD_ATTRIBUTES_MAX
                     and offset_delta == i
-                    and -1 <= key_len <= rend - q
+                    and key_min <= key_len <= rend - q
                 ):
                     if key_len > 0:
                         q += key_len
@@ -441,6 +453,9 @@ def _check_section(
             if value < -1:
                 status, detail = _ERR_KEY_LENGTH, value
                 break
+            if value < key_min:
+                status = _ERR_NULL_KEY
+                break
             if value > record_end - pos:
                 status, detail = _ERR_KEY_BOUNDS, value
                 break
@@ -532,7 +547,12 @@ _INT32 = struct.Struct(">i")
 
 
 def validate_records(
-    buf: Buffer, headers: Sequence[BatchHeader], *, rules: TimestampRules, now_ms: int
+    buf: Buffer,
+    headers: Sequence[BatchHeader],
+    *,
+    rules: TimestampRules,
+    now_ms: int,
+    compacted_partition: str | None = None,
 ) -> list[BatchFix]:
     """Check the records of every batch in `buf` (`headers` from validate_batches on `buf`).
 
@@ -540,8 +560,14 @@ def validate_records(
     whose max_timestamp is right, the usual case). Raises CorruptMessage, InvalidRecord or
     InvalidTimestamp naming the first bad batch; then nothing of `buf` may be written.
     One kernel call per batch; the Python work per batch is a few attribute reads.
+
+    `compacted_partition` names the partition ("topic-0") when its topic is compacted
+    (cleanup.policy has "compact"): then a record without a key is refused with
+    InvalidRecord naming the record, as Kafka's LogValidator refuses it, since the cleaner
+    keeps the latest record per key and a keyless one has none.
     """
     count = len(headers)
+    key_min = KEY_LENGTH_MIN_ANY if compacted_partition is None else KEY_LENGTH_MIN_COMPACTED
     data = np.frombuffer(buf, dtype=np.uint8)
     data.flags.writeable = False  # one array type for the kernel's one signature
     out = np.empty(_OUT_COLUMNS, dtype=np.int64)
@@ -557,7 +583,7 @@ def validate_records(
             )
             section.flags.writeable = False
             status = _check_section(
-                section, 0, len(section), header.records_count, header.first_timestamp, out
+                section, 0, len(section), header.records_count, header.first_timestamp, key_min, out
             )
         else:
             status = _check_section(
@@ -566,9 +592,12 @@ def validate_records(
                 header.end_position,
                 header.records_count,
                 header.first_timestamp,
+                key_min,
                 out,
             )
         row = out.tolist()
+        if status == _ERR_NULL_KEY:
+            raise _keyless_error(header, index, count, row[_O_RECORD], compacted_partition or "")
         if status != _OK:
             raise _record_error(header, index, count, row)
         fix = _check_timestamps(header, index, count, row, rules, now_ms)
@@ -624,6 +653,19 @@ def _record_error(header: BatchHeader, index: int, count: int, row: list[int]) -
     return InvalidRecord(
         f"{_where(header, index, count)}: {subject}{what}; {_NOTHING_WRITTEN}. The records do not follow "
         "Kafka's v2 record format (a broken encoder): send them again from a correct one"
+    )
+
+
+def _keyless_error(
+    header: BatchHeader, index: int, count: int, record: int, partition: str
+) -> HighwaterError:
+    """Kafka's words first (clients match on them), then which record, as Kafka's record_errors
+    (RecordError.batchIndex: the record's index within its batch) would say."""
+    return InvalidRecord(
+        f"Compacted topic cannot accept message without key in topic partition {partition}: "
+        f"{_where(header, index, count)}: record {record} has a null key; {_NOTHING_WRITTEN}. A compacted "
+        "topic (cleanup.policy=compact) keeps the latest record per key, so every record needs a key: "
+        "send the records with keys, or use a topic with cleanup.policy=delete"
     )
 
 

@@ -74,7 +74,6 @@ CLEANUP_POLICIES = (CLEANUP_POLICY_COMPACT, CLEANUP_POLICY_DELETE)
 
 # Why accepted configs have no effect here (ConfigKey.note; described by DescribeConfigs).
 _KEPT_AS_SENT = "no effect here: batches are stored as the producer compressed them (Kafka's 'producer')"
-_NO_CLEANER = "no effect here: there is no log cleaner yet; a compacted topic is kept whole"
 _BROKER_FLUSH = "no effect here: the broker's own flush policy applies to every topic"
 _BROKER_INDEX = "no effect here: the broker's own index settings apply to every topic"
 _NOT_THROTTLED = "no effect here: replication is not throttled"
@@ -272,10 +271,28 @@ TOPIC_CONFIG_SCHEMA: dict[str, ConfigKey] = {
             "ms",
             default=str(limits.MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT),
         ),
-        # Honoured as retention: a policy without "delete" turns time and size retention off, as
-        # in Kafka. Nothing is compacted yet (no log cleaner), so a compacted topic keeps every
-        # record: its log grows until the cleaner lands, and no changelog loses a key's last value.
+        # A policy without "delete" turns time and size retention off, as in Kafka; one with
+        # "compact" has the log cleaner keep each key's latest record (services/broker/log_cleaner.py).
         ConfigKey("cleanup.policy", list, choices=CLEANUP_POLICIES, default=CLEANUP_POLICY_DELETE),
+        # The cleaner's configs (Kafka's names, bounds and defaults; KIP-58, KIP-354). Their relation
+        # (max.compaction.lag.ms >= min.compaction.lag.ms) is checked by topic_configs_problem.
+        ConfigKey(
+            "min.cleanable.dirty.ratio",
+            float,
+            0,
+            1,
+            default=repr(limits.MIN_CLEANABLE_DIRTY_RATIO_DEFAULT),
+        ),
+        ConfigKey("min.compaction.lag.ms", int, 0, INT64_MAX, "ms", default="0"),
+        ConfigKey("max.compaction.lag.ms", int, 1, INT64_MAX, "ms", default=str(INT64_MAX)),
+        ConfigKey(
+            "delete.retention.ms",
+            int,
+            0,
+            INT64_MAX,
+            "ms",
+            default=str(limits.DELETE_RETENTION_MS_DEFAULT),
+        ),
         # Accepted, not acted on: every other topic config Kafka 3.x defines, with Kafka's type,
         # bounds and default (LogConfig / TopicConfig), so a client that sends one is not refused.
         ConfigKey(
@@ -298,7 +315,6 @@ TOPIC_CONFIG_SCHEMA: dict[str, ConfigKey] = {
         ),
         ConfigKey("compression.lz4.level", int, 1, 17, default="9", note=_KEPT_AS_SENT),
         ConfigKey("compression.zstd.level", int, -131072, 22, default="3", note=_KEPT_AS_SENT),
-        ConfigKey("delete.retention.ms", int, 0, INT64_MAX, "ms", default="86400000", note=_NO_CLEANER),
         ConfigKey(
             "file.delete.delay.ms",
             int,
@@ -332,7 +348,6 @@ TOPIC_CONFIG_SCHEMA: dict[str, ConfigKey] = {
         # -2: use retention.bytes / retention.ms (Kafka's default).
         ConfigKey("local.retention.bytes", int, -2, INT64_MAX, "bytes", default="-2", note=_NO_TIERS),
         ConfigKey("local.retention.ms", int, -2, INT64_MAX, "ms", default="-2", note=_NO_TIERS),
-        ConfigKey("max.compaction.lag.ms", int, 1, INT64_MAX, "ms", default=str(INT64_MAX), note=_NO_CLEANER),
         ConfigKey(
             "message.downconversion.enable",
             bool,
@@ -357,8 +372,6 @@ TOPIC_CONFIG_SCHEMA: dict[str, ConfigKey] = {
             default=str(INT64_MAX),
             note="no effect here: set message.timestamp.before.max.ms and message.timestamp.after.max.ms",
         ),
-        ConfigKey("min.cleanable.dirty.ratio", float, 0, 1, default="0.5", note=_NO_CLEANER),
-        ConfigKey("min.compaction.lag.ms", int, 0, INT64_MAX, "ms", default="0", note=_NO_CLEANER),
         ConfigKey(
             "preallocate",
             bool,
@@ -398,8 +411,51 @@ def _schema_of(key: str) -> ConfigKey:
 
 
 def validate_topic_configs(configs: Mapping[str, object]) -> dict[str, str]:
-    """Every key known and every value within its bounds; raise InvalidConfig naming the first bad one."""
-    return {key: _schema_of(key).parse(value) for key, value in configs.items()}
+    """Every key known, every value within its bounds and the values consistent together
+    (topic_configs_problem); raise InvalidConfig naming the first bad one."""
+    valid = {key: _schema_of(key).parse(value) for key, value in configs.items()}
+    problem = topic_configs_problem(valid)
+    if problem is not None:
+        raise InvalidConfig(problem)
+    return valid
+
+
+def topic_config_value(configs: Mapping[str, str], name: str) -> str:
+    """The value in force of config `name` under a topic's validated configs: its own or the default."""
+    value = configs.get(name)
+    return TOPIC_CONFIG_SCHEMA[name].default if value is None else value
+
+
+# Configs whose values must not decrease in this order (Kafka's LogConfig.validateValues): a
+# record cannot have to be cleaned (max.compaction.lag.ms) before it may be (min.compaction.lag.ms).
+_ORDERED_CONFIGS = (("min.compaction.lag.ms", "max.compaction.lag.ms"),)
+
+
+def topic_configs_problem(configs: Mapping[str, str], kept: Iterable[str] = ()) -> str | None:
+    """Why a topic's validated configs cannot go together, or None. A config the topic does not
+    set counts with its default; `kept` names the configs that are the topic's current values
+    (not in the request), so that the sentence says which one to change."""
+    for low, high in _ORDERED_CONFIGS:
+        problem = _order_problem(configs, low, high, set(kept))
+        if problem is not None:
+            return problem
+    return None
+
+
+def _order_problem(configs: Mapping[str, str], low: str, high: str, kept: set[str]) -> str | None:
+    if int(topic_config_value(configs, low)) <= int(topic_config_value(configs, high)):
+        return None
+
+    def named(name: str) -> str:
+        text = f"{name}={topic_config_value(configs, name)}"
+        if name not in configs:
+            return f"{text} (the default)"
+        return f"{text} (the topic's current value)" if name in kept else text
+
+    return (
+        f"{named(low)} is larger than {named(high)}: a record would have to be cleaned "
+        f"before it may be; set {high} to at least {low}, or lower {low}"
+    )
 
 
 def altered_topic_configs(
@@ -423,7 +479,11 @@ def altered_topic_configs(
     for key in deleted:
         _schema_of(key)
     new = {} if replace else {k: v for k, v in current.items() if k not in deleted}
-    new.update(validate_topic_configs(set_configs))
+    changed = {key: _schema_of(key).parse(value) for key, value in set_configs.items()}
+    new.update(changed)
+    problem = topic_configs_problem(new, kept=set(new) - set(changed))
+    if problem is not None:
+        raise InvalidConfig(problem)
     return new
 
 
@@ -471,20 +531,31 @@ def topic_configs_from_proto(config: common_pb2.TopicConfig) -> dict[str, str]:
 
     A field is set when present (optional fields) or non-zero / non-empty: no key's legal value
     is 0 or "" unless its field is optional. Field names are the config names with '_' for '.'.
-    Configs accepted but not honoured travel as text in `unserved_configs`.
+    Configs accepted but not honoured travel as text in `unserved_configs`; so does a config
+    honoured since (the compaction configs), when a controller of an older release sent it:
+    a config whose field is not set is taken from there, so an upgraded broker acts on it.
     """
     out: dict[str, str] = {}
     for key in TOPIC_CONFIG_SCHEMA.values():
-        if not key.honoured:
-            value = config.unserved_configs.get(key.name)
-            if value is not None:
-                out[key.name] = value
-            continue
-        field = key.name.replace(".", "_")
-        value = getattr(config, field)
-        if config.HasField(field) if _is_optional(field) else value:
-            out[key.name] = ("true" if value else "false") if key.kind is bool else str(value)
+        if key.honoured:
+            field = key.name.replace(".", "_")
+            value = getattr(config, field)
+            if config.HasField(field) if _is_optional(field) else value:
+                out[key.name] = _field_text(key, value)
+                continue
+        text = config.unserved_configs.get(key.name)
+        if text is not None:
+            out[key.name] = text
     return out
+
+
+def _field_text(key: ConfigKey, value: bool | int | float | str) -> str:
+    """A field's value in the canonical text ConfigKey.parse gives."""
+    if key.kind is bool:
+        return "true" if value else "false"
+    if key.kind is float:
+        return repr(float(value))
+    return str(value)
 
 
 def _is_optional(field: str) -> bool:
@@ -494,15 +565,22 @@ def _is_optional(field: str) -> bool:
 def stored_topic_configs(configs: Mapping[str, object]) -> tuple[dict[str, str], list[str]]:
     """Configs read back from etcd: the valid ones, and a sentence for each one skipped.
 
-    A skipped key falls back to its default; the caller logs the sentences.
+    A skipped key falls back to its default; the caller logs the sentences. Values that cannot
+    go together (stored by a release that did not check topic_configs_problem) all fall back.
     """
     good: dict[str, str] = {}
     skipped: list[str] = []
     for key, value in configs.items():
         try:
-            good.update(validate_topic_configs({key: value}))
+            good[key] = _schema_of(key).parse(value)
         except InvalidConfig as exc:
             skipped.append(f"{exc.message}; using the default")
+    for low, high in _ORDERED_CONFIGS:
+        problem = _order_problem(good, low, high, set())
+        if problem is not None:
+            good.pop(low, None)
+            good.pop(high, None)
+            skipped.append(f"{problem}; using the defaults of both until the topic's configs are altered")
     return good, skipped
 
 
@@ -523,6 +601,11 @@ def topic_config_proto(configs: Mapping[str, str]) -> common_pb2.TopicConfig:
         message_timestamp_before_max_ms=_optional_int(configs.get("message.timestamp.before.max.ms")),
         message_timestamp_after_max_ms=_optional_int(configs.get("message.timestamp.after.max.ms")),
         cleanup_policy=configs.get("cleanup.policy", ""),
+        # Optional: 0 is a legal value of each.
+        min_cleanable_dirty_ratio=_optional_float(configs.get("min.cleanable.dirty.ratio")),
+        min_compaction_lag_ms=_optional_int(configs.get("min.compaction.lag.ms")),
+        max_compaction_lag_ms=_optional_int(configs.get("max.compaction.lag.ms")),
+        delete_retention_ms=_optional_int(configs.get("delete.retention.ms")),
         unserved_configs={
             name: value
             for name, value in configs.items()
@@ -533,6 +616,10 @@ def topic_config_proto(configs: Mapping[str, str]) -> common_pb2.TopicConfig:
 
 def _optional_int(value: str | None) -> int | None:
     return None if value is None else int(value)
+
+
+def _optional_float(value: str | None) -> float | None:
+    return None if value is None else float(value)
 
 
 def topic_config_note(name: str) -> str:

@@ -39,6 +39,7 @@ from clients.common.errors import (
     HighwaterError,
     NotLeaderOrFollower,
     OffsetOutOfRange,
+    PolicyViolation,
     StaleBrokerEpoch,
     StaleControllerEpoch,
     StorageError,
@@ -46,6 +47,7 @@ from clients.common.errors import (
     UnknownTopicOrPartition,
     check,
 )
+from clients.common.topics import stored_topic_configs, topic_config_value, topic_configs_from_proto
 from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2
 from services.broker import metrics
@@ -176,6 +178,10 @@ class _NoObserver:
 def log_config_from(config: common_pb2.TopicConfig) -> LogConfig:
     """The log settings of a topic config as the controller sent it (0 = default)."""
     defaults = LogConfig()
+    # The compaction configs through the schema: from their fields, or from unserved_configs when
+    # a controller of a release before they were honoured sent them there (it also did not check
+    # min.compaction.lag.ms <= max.compaction.lag.ms: such a pair falls back to the defaults).
+    served, _ = stored_topic_configs(topic_configs_from_proto(config))
     return LogConfig(
         segment_bytes=config.segment_bytes or defaults.segment_bytes,
         segment_ms=config.segment_ms or defaults.segment_ms,
@@ -195,6 +201,10 @@ def log_config_from(config: common_pb2.TopicConfig) -> LogConfig:
             if config.HasField("message_timestamp_after_max_ms")
             else defaults.message_timestamp_after_max_ms
         ),
+        min_cleanable_dirty_ratio=float(topic_config_value(served, "min.cleanable.dirty.ratio")),
+        min_compaction_lag_ms=int(topic_config_value(served, "min.compaction.lag.ms")),
+        max_compaction_lag_ms=int(topic_config_value(served, "max.compaction.lag.ms")),
+        delete_retention_ms=int(topic_config_value(served, "delete.retention.ms")),
     )
 
 
@@ -1340,8 +1350,15 @@ class BrokerCore:
         """Move the leader's log start to `asked` (-1: the HW); returns the offset the ISR must reach.
 
         Raises OffsetOutOfRange for an offset above the HW (uncommitted records may yet be
-        truncated away, as Kafka refuses) or below -1.
+        truncated away, as Kafka refuses) or below -1; PolicyViolation on a compacted topic
+        without "delete" in its cleanup.policy (as Kafka: its log keeps every key's last value).
         """
+        if not p.log.config.retention_applies:
+            raise PolicyViolation(
+                f"DeleteRecords on {p.topic}-{p.partition}: the topic's cleanup.policy is "
+                f"{p.log.config.cleanup_policy!r}, which keeps every key's latest record; set it to "
+                "'compact,delete' to allow deleting records"
+            )
         hw = p.high_watermark
         offset = hw if asked == -1 else asked
         if offset < 0:

@@ -32,6 +32,36 @@ LEASE_KEEPALIVE_FAILURES = Gauge(
 OPEN_SEGMENT_FILES = Gauge(
     "highwater_open_segment_files", "Segment files (log, offset index, time index) open in this broker"
 )
+# The log cleaner of compacted topics (services/broker/log_cleaner.py), after Kafka's LogCleaner metrics.
+LOG_CLEANER_BYTES_READ = Counter(
+    "highwater_log_cleaner_bytes_read", "Segment bytes the log cleaner read (offset map and filtering)"
+)
+LOG_CLEANER_BYTES_WRITTEN = Counter(
+    "highwater_log_cleaner_bytes_written", "Cleaned segment bytes the log cleaner wrote"
+)
+LOG_CLEANER_LAST_RUN = Gauge(
+    "highwater_log_cleaner_last_run_timestamp_seconds",
+    "Wall-clock time the log cleaner last finished a pass over this compacted log",
+    ["topic", "partition"],
+)
+LOG_CLEANER_MAX_DIRTY_RATIO = Gauge(
+    "highwater_log_cleaner_max_dirty_ratio",
+    "Largest dirty ratio (dirty / cleanable bytes) over this broker's compacted logs "
+    "(Kafka: max-dirty-percent / 100)",
+)
+LOG_CLEANER_MAX_COMPACTION_DELAY_SECONDS = Gauge(
+    "highwater_log_cleaner_max_compaction_delay_seconds",
+    "Age of the oldest uncleaned record over this broker's compacted logs, from the newest record "
+    "time of each log's first dirty segment",
+)
+LOG_CLEANER_ERRORS = Counter(
+    "highwater_log_cleaner_errors", "Cleaning passes that failed (the log was marked uncleanable)"
+)
+LOG_CLEANER_UNCLEANABLE_PARTITIONS = Gauge(
+    "highwater_log_cleaner_uncleanable_partitions",
+    "Compacted logs whose last cleaning failed and that wait for a retry "
+    "(Kafka: uncleanable-partitions-count)",
+)
 # Read from the real files' count: replica_manager (the driver that owns FileStorage) sets
 # OPEN_SEGMENT_FILES.set_function(open_real_file_count), so the pure core importing these
 # metrics does not import the file layer.

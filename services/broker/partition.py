@@ -218,7 +218,12 @@ class Partition:
             config.message_timestamp_before_max_ms,
             config.message_timestamp_after_max_ms,
         )
-        fixes = validate_records(records, headers, rules=rules, now_ms=now_ms)
+        # A compacted topic refuses keyless records (Kafka's LogValidator): the cleaner keeps the
+        # latest record per key, and a record without one could never be cleaned.
+        compacted_partition = f"{self.topic}-{self.partition}" if config.compact else None
+        fixes = validate_records(
+            records, headers, rules=rules, now_ms=now_ms, compacted_partition=compacted_partition
+        )
         data: bytes | bytearray = records
         if fixes:
             # LogAppendTime, or a CreateTime max_timestamp that was wrong: CRC-covered bytes change.

@@ -30,6 +30,7 @@ from services.broker.core import BrokerCore
 from services.broker.fetcher import ControllerCall, GrpcLeaderEndpoint, drive, run_replica_fetcher
 from services.broker.fetcher_core import FetcherCore
 from services.broker.log.file_storage import FileStorage, open_real_file_count
+from services.broker.log_cleaner import CleanerConfig, LogCleaner
 from services.broker.partition import Partition
 from services.broker.steps import Task
 from services.common import limits
@@ -82,6 +83,7 @@ class ReplicaManager:
         replica_lag_time_max_ms: int = limits.REPLICA_LAG_TIME_MAX_MS,
         log_cache_window_bytes: int = limits.LOG_CACHE_WINDOW_BYTES_DEFAULT,
         fetch_max_bytes: int = limits.FETCH_RESPONSE_MAX_BYTES_DEFAULT,
+        cleaner_config: CleanerConfig | None = None,
     ) -> None:
         self.call_controller = call_controller
         metrics.OPEN_SEGMENT_FILES.set_function(open_real_file_count)
@@ -99,6 +101,13 @@ class ReplicaManager:
         self._fetcher_tasks: dict[FetcherCore, asyncio.Task[None]] = {}
         self._wakeups: dict[FetcherCore, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        # The log cleaner of compacted logs: every replica here, leader or follower, cleans its own copy.
+        cleaner_config = cleaner_config or CleanerConfig()
+        self.cleaner = (
+            LogCleaner(cleaner_config, lambda: self.core.partitions, clock=self.core.clock)
+            if cleaner_config.enable
+            else None
+        )
 
     @property
     def broker_epoch(self) -> int:
@@ -161,6 +170,8 @@ class ReplicaManager:
         """Start the periodic duties; returns whether the previous run may have lost unflushed writes."""
         previous = self.core.start(host_id())  # a changed boot id: the host rebooted
         self._start(self._periodic_duties(), "isr-checker")
+        if self.cleaner is not None:
+            self.cleaner.start()
         return previous.unclean_shutdown
 
     async def _periodic_duties(self) -> None:
@@ -198,6 +209,10 @@ class ReplicaManager:
         a fetcher or open a log while this awaits.
         """
         self.core.begin_close()
+        if self.cleaner is not None:
+            # First, so no cleaning pass swaps a segment in while the logs close (it stops at its
+            # next batch and discards its cleaned file).
+            await self.cleaner.stop()
         pending = [*self._fetcher_tasks.values(), *self._tasks]
         for task in pending:
             task.cancel()

@@ -30,6 +30,7 @@ from coordinator.store import EtcdStore
 from protos.highwater.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.broker import metrics
 from services.broker.heartbeat import ControllerHeartbeat
+from services.broker.log_cleaner import CleanerConfig
 from services.broker.replica_manager import ReplicaManager
 from services.common import limits
 from services.common.peers import PeerChannels
@@ -75,6 +76,8 @@ class BrokerConfig:
     kafka_port: int | None = None
     # Its per-client bounds (--kafka-connections-per-ip-max, --kafka-request-body-timeout-ms, ...).
     kafka_limits: KafkaListenerLimits = field(default_factory=KafkaListenerLimits)
+    # The log cleaner of compacted topics (--log-cleaner-*, Kafka's log.cleaner.* settings).
+    cleaner: CleanerConfig = field(default_factory=CleanerConfig)
 
     def check(self) -> None:
         limits.check_relations(
@@ -122,6 +125,9 @@ class BrokerConfig:
         )
         if self.kafka_port is not None and kafka_problem is not None:
             raise SystemExit(kafka_problem)
+        cleaner_problem = self.cleaner.problem()
+        if cleaner_problem is not None:
+            raise SystemExit(cleaner_problem)
         if not 1 <= self.replicas_max <= limits.REPLICAS_PER_BROKER_MAX_CEILING:
             raise SystemExit(
                 f"--replicas-max must be within 1..{limits.REPLICAS_PER_BROKER_MAX_CEILING}, "
@@ -347,6 +353,7 @@ async def serve(config: BrokerConfig) -> None:
         replica_lag_time_max_ms=config.replica_lag_time_max_ms,
         log_cache_window_bytes=config.log_cache_window_bytes,
         fetch_max_bytes=config.fetch_max_bytes,
+        cleaner_config=config.cleaner,
     )
     servicer = BrokerServicer(replicas)
     # The generated *_pb2_grpc module is unannotated.

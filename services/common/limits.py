@@ -23,6 +23,9 @@ from clients.common.limits import (
     DEFAULT_MIN_INSYNC_REPLICAS as DEFAULT_MIN_INSYNC_REPLICAS,
 )
 from clients.common.limits import (
+    DELETE_RETENTION_MS_DEFAULT as DELETE_RETENTION_MS_DEFAULT,
+)
+from clients.common.limits import (
     FETCH_MAX_BYTES_DEFAULT as FETCH_MAX_BYTES_DEFAULT,
 )
 from clients.common.limits import (
@@ -54,6 +57,9 @@ from clients.common.limits import (
 )
 from clients.common.limits import (
     MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT as MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT,
+)
+from clients.common.limits import (
+    MIN_CLEANABLE_DIRTY_RATIO_DEFAULT as MIN_CLEANABLE_DIRTY_RATIO_DEFAULT,
 )
 from clients.common.limits import (
     OFFSET_METADATA_MAX_CHARS as OFFSET_METADATA_MAX_CHARS,
@@ -287,6 +293,39 @@ LOG_INDEX_INTERVAL_BYTES_DEFAULT = 4096
 # An offset index's size before its segment rolls (Kafka's segment.index.bytes); also bounds
 # the memory of the active segment's in-memory index copy.
 LOG_INDEX_BYTES_MAX_DEFAULT = 10 * 1024 * 1024
+
+# --- the log cleaner of compacted topics (services/broker/log/cleaner.py, log_cleaner.py) -------
+# Memory for the key-hash -> latest-offset map of one cleaning pass (Kafka's
+# log.cleaner.dedupe.buffer.size, 128 MiB). A log with more distinct keys in its dirty part than
+# fit is cleaned in several passes. The map is a dict that grows as keys arrive: the bound caps it.
+LOG_CLEANER_DEDUPE_BUFFER_BYTES_DEFAULT = 128 * 1024 * 1024
+# The smallest buffer the broker accepts: a map of a few thousand keys would make a pass per few
+# thousand keys, rewriting the log's clean part each time.
+LOG_CLEANER_DEDUPE_BUFFER_BYTES_MIN = 1024 * 1024
+# What one map entry costs: a 16-byte MD5 digest (a bytes object), an int offset and the dict's
+# slot. tracemalloc measured 128-133 bytes an entry at 200,000 entries; the dict's table doubles
+# when it grows, so the bound is set above the measure.
+LOG_CLEANER_OFFSET_MAP_ENTRY_BYTES = 160
+# Bytes the cleaner reads from a segment file at once (Kafka's log.cleaner.io.buffer.size, 512
+# KiB); a batch bigger than this is read whole, so a read is at most max(this, one batch).
+LOG_CLEANER_READ_CHUNK_BYTES = 512 * 1024
+# Bytes the cleaner writes to a cleaned segment at once: bounds the memory of its output.
+LOG_CLEANER_WRITE_CHUNK_BYTES = 512 * 1024
+# The cleaner's read + write rate (Kafka's log.cleaner.io.max.bytes.per.second, unlimited there).
+# Bounded here by default so a cleaning pass leaves the disk to produce and fetch; 0: no limit.
+LOG_CLEANER_IO_MAX_BYTES_PER_SECOND_DEFAULT = 64 * 1024 * 1024
+# How often the throttler compares its rate with the limit (Kafka's Throttler checks every 300 ms):
+# shorter measures noise, longer lets a burst through.
+LOG_CLEANER_THROTTLE_CHECK_INTERVAL_MS = 300
+# Sleep between two looks for a log to clean when none needs it (Kafka's log.cleaner.backoff.ms).
+LOG_CLEANER_BACKOFF_MS_DEFAULT = 15_000
+# A log whose cleaning failed is left alone this long, then tried again; each further failure
+# doubles the wait up to the maximum (Kafka marks it uncleanable until the broker restarts; a retry
+# that backs off lets a transient fault, a full disk, heal without a restart and never loops).
+LOG_CLEANER_UNCLEANABLE_RETRY_MS_MIN = 60_000
+LOG_CLEANER_UNCLEANABLE_RETRY_MS_MAX = 60 * 60 * 1000
+# Results of the latest passes the cleaner keeps for tests and tools (older ones are dropped).
+LOG_CLEANER_PASSES_KEPT = 16
 
 # --- security (services/security) -------------------------------------------------
 # Bounds of the security flags themselves. The smallest --max-request-bytes still fits one

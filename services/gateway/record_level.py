@@ -7,7 +7,9 @@ partitioner (clients/common/partitioner.py, Kafka's murmur2 for keyed records, s
 keyless ones), the same codec (clients/common/records.py) and idempotent batches. The servicer
 (server.py) owns the I/O: producer ids, per-partition sequence numbers, sending.
 ConsumeRecords turns fetched batches back into records (`consumed_records`) and, with
-`stop_at_end`, cuts them at each partition's high watermark as of the call.
+`stop_at_end`, cuts them at each partition's high watermark as of the call. A compacted
+log has offset holes: positions follow the batches' offsets (a batch's last offset + 1,
+whatever records are left in it), never a count of records (`hole_end`).
 """
 
 from __future__ import annotations
@@ -257,6 +259,22 @@ def records_before(
     if not records or records[-1].offset < end_offset:
         return records
     return [r for r in records if r.offset < end_offset]
+
+
+def hole_end(position: int, answer: common_pb2.FetchPartitionResponse) -> int | None:
+    """Where a read at `position` goes on after `answer` brought no records: its high watermark
+    when [position, HW) may hold no record at all, else None (nothing to skip).
+
+    A compacted log has holes, and one may reach the HW: then no Fetch at `position` brings
+    a batch until more is written, yet the offsets below the HW are all read. That is proven
+    only by an answer to a Fetch of the partition alone (a leader sends the first batch of an
+    answer whatever its size, and the gateway keeps it whole): in a Fetch of several
+    partitions one may come back empty because the answer's byte budget went to the others.
+    So ConsumeRecords asks such a partition alone before it moves past the hole.
+    """
+    if answer.error_code != common_pb2.NONE or answer.records or answer.HasField("records_location"):
+        return None
+    return answer.high_watermark if answer.high_watermark > position else None
 
 
 def consume_records_problem(request: gateway_pb2.ConsumeRecordsRequest) -> str | None:

@@ -663,9 +663,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             )
             records: list[gateway_pb2.ConsumedRecord] = []
             errors = []
+            empty_below_hw: list[int] = []
             for pr in resp.topics[0].partitions:
                 position = positions[pr.partition]
                 if pr.error_code in RETRIABLE_ROUTING_CODES:
+                    continue
+                if record_level.hole_end(position, pr) is not None:
+                    empty_below_hw.append(pr.partition)
                     continue
                 if pr.error_code == common_pb2.NONE:
                     try:
@@ -702,10 +706,36 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 yield gateway_pb2.ConsumeRecordsResponse(errors=errors)
             if left > 0:
                 left -= len(records)
+            for partition in empty_below_hw:
+                positions[partition] = await self._position_past_hole(
+                    topic, partition, positions[partition], partition_max_bytes
+                )
             if ends is not None:
                 positions = record_level.positions_before_end(positions, ends)
             if not records and not errors:
                 await asyncio.sleep(0.01)
+
+    async def _position_past_hole(
+        self, topic: str, partition: int, position: int, partition_max_bytes: int
+    ) -> int:
+        """ConsumeRecords' position after an answer with no records below the HW: the HW if a
+        Fetch of the partition alone proves a compacted log's hole reaches it, else `position`
+        (the records were left out of a shared answer, and are fetched again next round)."""
+        resp = await self._fetch(
+            consumer_fetch_request(
+                {(topic, partition): position},
+                max_wait_ms=0,
+                min_bytes=0,
+                max_bytes=partition_max_bytes,
+                partition_max_bytes=partition_max_bytes,
+            )
+        )
+        for t in resp.topics:
+            for pr in t.partitions:
+                if pr.partition == partition:
+                    end = record_level.hole_end(position, pr)
+                    return position if end is None else end
+        return position
 
     async def _resolve_starts(
         self, topic: str, starts: dict[int, int], errors: list[gateway_pb2.ConsumePartitionError]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource
 from confluent_kafka.admin import NewTopic as ConfluentNewTopic
 from kafka import KafkaAdminClient
 from kafka import errors as kafka_errors
@@ -117,8 +117,8 @@ def test_confluent_admin_creates_a_compacted_changelog_and_describes_it_back(clu
 
     raw = wait_described(cluster, "changelog-c")
     assert raw["cleanup.policy"] == ("compact", SOURCE_TOPIC_CONFIG, 7, None), "LIST, honoured"
-    value, source, config_type, documentation = raw["min.cleanable.dirty.ratio"]
-    assert (value, source, config_type) == ("0.01", SOURCE_TOPIC_CONFIG, 6), "DOUBLE"
+    assert raw["min.cleanable.dirty.ratio"] == ("0.01", SOURCE_TOPIC_CONFIG, 6, None), "DOUBLE, honoured"
+    documentation = raw["preallocate"][3]
     assert documentation is not None and documentation.startswith("no effect here: ")
     assert raw["retention.ms"][:3] == ("-1", SOURCE_TOPIC_CONFIG, 5), "LONG"
 
@@ -128,6 +128,57 @@ def test_confluent_admin_creates_a_compacted_changelog_and_describes_it_back(clu
     )
     with pytest.raises(Exception, match=r"min.cleanable.dirty.ratio must be a number from 0 to 1, got '1.5'"):
         refused["changelog-c-bad"].result(timeout=CALL_TIMEOUT_S)
+
+
+def test_confluent_admin_creates_alters_and_describes_the_compaction_configs(cluster):
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap()})
+    compaction = {
+        "cleanup.policy": "compact",
+        "min.compaction.lag.ms": "60000",
+        "max.compaction.lag.ms": "3600000",
+        "delete.retention.ms": "1000",
+    }
+    created = admin.create_topics(
+        [ConfluentNewTopic("changelog-lags", 1, 3, config=compaction)], operation_timeout=10
+    )
+    created["changelog-lags"].result(timeout=CALL_TIMEOUT_S)
+    raw = wait_described(cluster, "changelog-lags")
+    for name, value in compaction.items():
+        assert raw[name][:2] == (value, SOURCE_TOPIC_CONFIG) and raw[name][3] is None, name
+    assert raw["min.cleanable.dirty.ratio"][:2] == ("0.5", SOURCE_DEFAULT_CONFIG)
+
+    def set_configs(entries: dict[str, str]) -> None:
+        resource = ConfigResource(
+            ConfigResource.Type.TOPIC,
+            "changelog-lags",
+            incremental_configs=[
+                ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+                for name, value in entries.items()
+            ],
+        )
+        (future,) = admin.incremental_alter_configs([resource]).values()
+        future.result(timeout=CALL_TIMEOUT_S)
+
+    # Below the topic's min.compaction.lag.ms: refused as Kafka refuses it, naming both configs.
+    with pytest.raises(
+        Exception,
+        match=r"min\.compaction\.lag\.ms=60000 \(the topic's current value\) is larger than "
+        r"max\.compaction\.lag\.ms=1000",
+    ):
+        set_configs({"max.compaction.lag.ms": "1000"})
+    set_configs({"min.cleanable.dirty.ratio": "0.2", "delete.retention.ms": "0"})
+
+    def altered() -> bool:
+        now = described(cluster, "changelog-lags")
+        return now["delete.retention.ms"][:2] == ("0", SOURCE_TOPIC_CONFIG) and now[
+            "min.cleanable.dirty.ratio"
+        ][:2] == ("0.2", SOURCE_TOPIC_CONFIG)
+
+    wait_for(altered, timeout_s=CALL_TIMEOUT_S, what="broker 1 to describe the altered configs")
+    assert described(cluster, "changelog-lags")["max.compaction.lag.ms"][:2] == (
+        "3600000",
+        SOURCE_TOPIC_CONFIG,
+    )
 
 
 def test_kafka_python_creates_changelogs_with_every_policy_and_is_refused_a_bad_value(cluster):

@@ -98,6 +98,11 @@ def test_every_schema_value_survives_the_wire() -> None:
         "message.timestamp.before.max.ms": "0",
         "message.timestamp.after.max.ms": "0",
         "cleanup.policy": "compact,delete",
+        # 0 is legal for these: their fields are optional, so a 0 set on the topic is not lost.
+        "min.cleanable.dirty.ratio": "0.0",
+        "min.compaction.lag.ms": "0",
+        "max.compaction.lag.ms": "1",
+        "delete.retention.ms": "0",
     }
     # Every honoured config has its own field (the accepted ones travel as text: see
     # tests/unit/test_topic_configs_kafka_names.py).

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from clients.common.records import Record, encode_batch
 from protos.highwater.v1 import common_pb2
 from services.broker.fetcher_core import FetcherCore
+from services.broker.log.config import LogConfig
 from services.common import limits
 from services.gateway import routing
 from services.kafka import acl_rules, protocol
@@ -129,6 +130,21 @@ def test_an_offset_below_the_current_log_start_is_a_no_op_answering_the_current_
     part = only(delete_records(b, 1))
     assert part.error_code == common_pb2.NONE and part.low_watermark == 4
     assert b.core.partitions[T0].log.log_start_offset == 4
+
+
+def test_a_compacted_only_topic_refuses_with_policy_violation_and_compact_delete_allows_it() -> None:
+    b = lone_leader()
+    three_segments(b)
+    log = b.core.partitions[T0].log
+    log.set_config(LogConfig(cleanup_policy="compact"))
+    part = only(delete_records(b, 3))
+    assert part.error_code == common_pb2.POLICY_VIOLATION and part.low_watermark == -1
+    assert "cleanup.policy" in part.error_message and "compact,delete" in part.error_message
+    assert log.log_start_offset == 0, "nothing deleted"
+    assert protocol.kafka_error(common_pb2.POLICY_VIOLATION).value == 44, "Kafka's POLICY_VIOLATION"
+    log.set_config(LogConfig(cleanup_policy="compact,delete"))
+    part = only(delete_records(b, 3))
+    assert part.error_code == common_pb2.NONE and log.log_start_offset == 3
 
 
 def test_a_broker_that_does_not_lead_the_partition_refuses_as_kafka_does() -> None:

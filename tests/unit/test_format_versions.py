@@ -91,11 +91,13 @@ def test_a_checkpoint_of_a_newer_version_names_the_file_and_the_versions() -> No
     storage.mkdir("/data/t-0")
     path = f"/data/t-0/{LOG_START_OFFSET_CHECKPOINT}"
     storage.write_atomic(path, b"0\n1\n42\n")
-    assert read_offset(storage, path) == 42, "Kafka's version 0, the only one written so far"
+    assert read_offset(storage, path) == 42, "Kafka's version 0"
     storage.write_atomic(path, b"1\n1\n42\n")
+    assert read_offset(storage, path) == 42, "version 1: a compacted log's (checkpoints.py)"
+    storage.write_atomic(path, b"2\n1\n42\n")
     with pytest.raises(CheckpointVersionError) as caught:
         read_offset(storage, path)
-    assert f"checkpoint {path} has format version 1; this release reads version(s) 0" in str(caught.value)
+    assert f"checkpoint {path} has format version 2; this release reads version(s) 0, 1" in str(caught.value)
 
 
 def test_a_log_with_a_newer_leader_epoch_checkpoint_does_not_open() -> None:
@@ -111,10 +113,10 @@ def test_a_newer_high_watermark_checkpoint_stops_the_broker_instead_of_resetting
     storage = MemoryStorage()
     storage.mkdir("/data")
     path = f"/data/{REPLICATION_OFFSET_CHECKPOINT}"
-    storage.write_atomic(path, b"1\n1\nt 0 7\n")
+    storage.write_atomic(path, b"2\n1\nt 0 7\n")
     with pytest.raises(CheckpointVersionError):
         HighWatermarkCheckpoint(storage, "/data")
-    assert storage.read_file(path) == b"1\n1\nt 0 7\n", "the newer release's file is left as it was"
+    assert storage.read_file(path) == b"2\n1\nt 0 7\n", "the newer release's file is left as it was"
     # Damage, unlike a newer version, still costs only the HWs (the broker starts).
     storage.write_atomic(path, b"0\n5\nt 0\n")
     assert HighWatermarkCheckpoint(storage, "/data", warn=lambda *a: None).stored_at_start(("t", 0)) == 0

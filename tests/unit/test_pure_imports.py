@@ -44,6 +44,7 @@ PURE_MODULES = [
     "services/broker/log/checkpoints.py",
     "services/broker/log/config.py",
     "services/broker/log/storage.py",
+    "services/broker/log/cleaner.py",
     "services/controller/context.py",
     "services/controller/handlers.py",
     "services/controller/results.py",

@@ -69,7 +69,7 @@ KAFKA_TOPIC_CONFIGS: dict[str, tuple[str, str, str]] = {
     "unclean.leader.election.enable": ("true", "1", "true or false"),
 }
 
-# Kafka's defaults of the configs Highwater only accepts (LogConfig / KafkaConfig, 3.7-3.9).
+# Kafka's defaults of configs Highwater honours or only accepts (LogConfig / KafkaConfig, 3.7-3.9).
 KAFKA_DEFAULTS = {
     "cleanup.policy": "delete",
     "compression.type": "producer",
@@ -146,6 +146,10 @@ def test_an_unset_config_is_described_with_kafkas_default_and_why_it_has_no_effe
     honoured = {name for name, entry in described.items() if not entry.note}
     assert honoured == {
         "cleanup.policy",
+        "delete.retention.ms",
+        "max.compaction.lag.ms",
+        "min.cleanable.dirty.ratio",
+        "min.compaction.lag.ms",
         "max.message.bytes",
         "message.timestamp.after.max.ms",
         "message.timestamp.before.max.ms",

@@ -49,6 +49,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_COMMIT_OFFSET: _ClassVar[ErrorCode]
     INVALID_TIMESTAMP: _ClassVar[ErrorCode]
     INVALID_RECORD: _ClassVar[ErrorCode]
+    POLICY_VIOLATION: _ClassVar[ErrorCode]
     NON_EMPTY_GROUP: _ClassVar[ErrorCode]
     GROUP_ID_NOT_FOUND: _ClassVar[ErrorCode]
     GROUP_MAX_SIZE_REACHED: _ClassVar[ErrorCode]
@@ -101,6 +102,7 @@ UNKNOWN_MEMBER_ID: ErrorCode
 INVALID_COMMIT_OFFSET: ErrorCode
 INVALID_TIMESTAMP: ErrorCode
 INVALID_RECORD: ErrorCode
+POLICY_VIOLATION: ErrorCode
 NON_EMPTY_GROUP: ErrorCode
 GROUP_ID_NOT_FOUND: ErrorCode
 GROUP_MAX_SIZE_REACHED: ErrorCode
@@ -180,7 +182,7 @@ class PartitionState(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., replicas: _Optional[_Iterable[int]] = ..., controller_epoch: _Optional[int] = ..., partition_epoch: _Optional[int] = ..., adding_replicas: _Optional[_Iterable[int]] = ..., removing_replicas: _Optional[_Iterable[int]] = ..., topic_id: _Optional[str] = ...) -> None: ...
 
 class TopicConfig(_message.Message):
-    __slots__ = ("min_insync_replicas", "unclean_leader_election_enable", "retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes", "message_timestamp_type", "message_timestamp_before_max_ms", "message_timestamp_after_max_ms", "cleanup_policy", "unserved_configs")
+    __slots__ = ("min_insync_replicas", "unclean_leader_election_enable", "retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes", "message_timestamp_type", "message_timestamp_before_max_ms", "message_timestamp_after_max_ms", "cleanup_policy", "unserved_configs", "min_cleanable_dirty_ratio", "min_compaction_lag_ms", "max_compaction_lag_ms", "delete_retention_ms")
     class UnservedConfigsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +202,10 @@ class TopicConfig(_message.Message):
     MESSAGE_TIMESTAMP_AFTER_MAX_MS_FIELD_NUMBER: _ClassVar[int]
     CLEANUP_POLICY_FIELD_NUMBER: _ClassVar[int]
     UNSERVED_CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    MIN_CLEANABLE_DIRTY_RATIO_FIELD_NUMBER: _ClassVar[int]
+    MIN_COMPACTION_LAG_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_COMPACTION_LAG_MS_FIELD_NUMBER: _ClassVar[int]
+    DELETE_RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
     min_insync_replicas: int
     unclean_leader_election_enable: bool
     retention_ms: int
@@ -212,7 +218,11 @@ class TopicConfig(_message.Message):
     message_timestamp_after_max_ms: int
     cleanup_policy: str
     unserved_configs: _containers.ScalarMap[str, str]
-    def __init__(self, min_insync_replicas: _Optional[int] = ..., unclean_leader_election_enable: _Optional[bool] = ..., retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., segment_ms: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., message_timestamp_type: _Optional[str] = ..., message_timestamp_before_max_ms: _Optional[int] = ..., message_timestamp_after_max_ms: _Optional[int] = ..., cleanup_policy: _Optional[str] = ..., unserved_configs: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    min_cleanable_dirty_ratio: float
+    min_compaction_lag_ms: int
+    max_compaction_lag_ms: int
+    delete_retention_ms: int
+    def __init__(self, min_insync_replicas: _Optional[int] = ..., unclean_leader_election_enable: _Optional[bool] = ..., retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., segment_ms: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., message_timestamp_type: _Optional[str] = ..., message_timestamp_before_max_ms: _Optional[int] = ..., message_timestamp_after_max_ms: _Optional[int] = ..., cleanup_policy: _Optional[str] = ..., unserved_configs: _Optional[_Mapping[str, str]] = ..., min_cleanable_dirty_ratio: _Optional[float] = ..., min_compaction_lag_ms: _Optional[int] = ..., max_compaction_lag_ms: _Optional[int] = ..., delete_retention_ms: _Optional[int] = ...) -> None: ...
 
 class ControllerHeader(_message.Message):
     __slots__ = ("controller_id", "controller_epoch", "broker_epoch")

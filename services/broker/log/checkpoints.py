@@ -25,25 +25,44 @@ from clients.common.types import TopicPartitionKey
 
 from .storage import Storage
 
-# Kafka's checkpoint version; the only one any release has written (docs/UPGRADING.md).
+# Kafka's checkpoint version; what every log's checkpoints are written in, but see below.
 CHECKPOINT_VERSION = 0
-CHECKPOINT_VERSIONS_READ = (CHECKPOINT_VERSION,)
+# A compacted log has offset holes, which releases before 2026-11-28 take for damage: their
+# recovery cuts the log at the first hole. A compacted log's leader epoch checkpoint is written
+# in version 1 (same text, another version line), so the release of 2026-11-27, which checks
+# versions, refuses the log instead of cutting it (docs/UPGRADING.md, rollback). Once written,
+# version 1 stays: the holes do not go away when the policy changes.
+CHECKPOINT_VERSION_HOLES = 1
+CHECKPOINT_VERSIONS_READ = (CHECKPOINT_VERSION, CHECKPOINT_VERSION_HOLES)
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 RECOVERY_POINT_CHECKPOINT = "recovery-point-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
 CLEAN_SHUTDOWN_MARKER = ".clean-shutdown"
+# The log cleaner's progress in a compacted log's directory: its first dirty offset (everything
+# below it was cleaned once), one value as the recovery point (services/broker/log_cleaner.py).
+CLEANER_OFFSET_CHECKPOINT = "cleaner-offset-checkpoint"
 
 
-def encode_entries(entries: list[tuple[int | str, ...]]) -> bytes:
-    lines = [str(CHECKPOINT_VERSION), str(len(entries))]
+def encode_entries(entries: list[tuple[int | str, ...]], *, version: int = CHECKPOINT_VERSION) -> bytes:
+    lines = [str(version), str(len(entries))]
     lines.extend(" ".join(str(field) for field in entry) for entry in entries)
     return ("\n".join(lines) + "\n").encode("ascii")
 
 
-def write_entries(storage: Storage, path: str, entries: list[tuple[int | str, ...]]) -> None:
-    storage.write_atomic(path, encode_entries(entries))
+def write_entries(
+    storage: Storage, path: str, entries: list[tuple[int | str, ...]], *, version: int = CHECKPOINT_VERSION
+) -> None:
+    storage.write_atomic(path, encode_entries(entries, version=version))
+
+
+def read_version(storage: Storage, path: str) -> int | None:
+    """The version line of a checkpoint, or None if the file does not exist or has none."""
+    if not storage.exists(path):
+        return None
+    first = storage.read_file(path).split(b"\n", 1)[0]
+    return int(first) if first.strip().isdigit() else None
 
 
 def read_fields(storage: Storage, path: str, *, fields_per_entry: int) -> list[list[str]] | None:

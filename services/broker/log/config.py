@@ -1,7 +1,8 @@
 """Limits of one partition log, with units in their names and their relations checked once.
 
 Defaults follow Kafka's topic configs (segment.bytes, segment.ms, retention.*,
-max.message.bytes, index.interval.bytes, segment.index.bytes, flush.*).
+max.message.bytes, index.interval.bytes, segment.index.bytes, flush.*, cleanup.policy and the
+compaction configs).
 """
 
 from __future__ import annotations
@@ -10,7 +11,12 @@ from dataclasses import dataclass
 
 from clients.common.errors import InvalidConfig
 from clients.common.record_batch import BATCH_HEADER_SIZE, TIMESTAMP_TYPES
-from clients.common.topics import CLEANUP_POLICIES, CLEANUP_POLICY_DELETE, retention_applies
+from clients.common.topics import (
+    CLEANUP_POLICIES,
+    CLEANUP_POLICY_COMPACT,
+    CLEANUP_POLICY_DELETE,
+    retention_applies,
+)
 from services.common import limits
 
 # Timestamp bounds are int64 milliseconds on the wire; the largest means "no limit".
@@ -59,9 +65,22 @@ class LogConfig:
     # future holds a segment back from time-based retention and skews time lookups.
     message_timestamp_after_max_ms: int = limits.MESSAGE_TIMESTAMP_AFTER_MAX_MS_DEFAULT
     # Kafka's cleanup.policy in canonical text ("delete", "compact" or "compact,delete"). Without
-    # "delete", retention_ms and retention_bytes delete nothing, as in Kafka; there is no cleaner
-    # yet, so a "compact" log is kept whole rather than losing a key's last value to retention.
+    # "delete", retention_ms and retention_bytes delete nothing, as in Kafka. With "compact" the
+    # log cleaner (services/broker/log_cleaner.py) keeps only the latest record per key below the
+    # active segment; with both, retention also deletes whole old segments.
     cleanup_policy: str = CLEANUP_POLICY_DELETE
+    # The cleaner takes a compacted log once this share of its cleanable bytes is dirty (written
+    # since the last cleaning): lower cleans more often, rewriting more bytes per key kept.
+    min_cleanable_dirty_ratio: float = limits.MIN_CLEANABLE_DIRTY_RATIO_DEFAULT
+    # A record stays uncompacted at least this long after it was written, so a consumer within
+    # this lag of the head reads every update, not only each key's latest.
+    min_compaction_lag_ms: int = 0
+    # A record stays uncompacted at most this long (plus the cleaner's delay): older dirty data is
+    # cleaned whatever the dirty ratio (KIP-354; INT64_MAX: no bound, the ratio alone decides).
+    max_compaction_lag_ms: int = INT64_MAX
+    # How long a tombstone (a key's null value) is kept after the segment holding it was first
+    # cleaned, so a consumer reading the log within that time sees the key's delete.
+    delete_retention_ms: int = limits.DELETE_RETENTION_MS_DEFAULT
 
     def __post_init__(self) -> None:
         def require(condition: bool, message: str) -> None:
@@ -113,11 +132,45 @@ class LogConfig:
             all(policy in CLEANUP_POLICIES for policy in policies),
             f"cleanup_policy {self.cleanup_policy!r} must be a comma-separated list of {CLEANUP_POLICIES}",
         )
+        require(
+            0.0 <= self.min_cleanable_dirty_ratio <= 1.0,
+            f"min_cleanable_dirty_ratio {self.min_cleanable_dirty_ratio} must be between 0 and 1",
+        )
+        require(
+            0 <= self.min_compaction_lag_ms <= INT64_MAX,
+            f"min_compaction_lag_ms {self.min_compaction_lag_ms} must be 0..{INT64_MAX}",
+        )
+        require(
+            1 <= self.max_compaction_lag_ms <= INT64_MAX,
+            f"max_compaction_lag_ms {self.max_compaction_lag_ms} must be 1..{INT64_MAX}",
+        )
+        # Kafka refuses a topic whose records would have to be cleaned before they may be.
+        require(
+            self.max_compaction_lag_ms >= self.min_compaction_lag_ms,
+            f"max_compaction_lag_ms {self.max_compaction_lag_ms} must be >= min_compaction_lag_ms "
+            f"{self.min_compaction_lag_ms}",
+        )
+        require(
+            0 <= self.delete_retention_ms <= INT64_MAX,
+            f"delete_retention_ms {self.delete_retention_ms} must be 0..{INT64_MAX}",
+        )
 
     @property
     def retention_applies(self) -> bool:
         """Whether retention_ms and retention_bytes delete segments (cleanup.policy has "delete")."""
         return retention_applies(self.cleanup_policy)
+
+    @property
+    def compact(self) -> bool:
+        """Whether the log cleaner compacts this log (cleanup.policy has "compact")."""
+        return CLEANUP_POLICY_COMPACT in self.cleanup_policy.split(",")
+
+    @property
+    def max_segment_ms(self) -> int:
+        """How old the active segment may grow before it rolls (Kafka's LogConfig.maxSegmentMs):
+        segment_ms, or for a compacted log max_compaction_lag_ms if sooner, since the cleaner
+        never cleans the active segment and would otherwise miss that bound."""
+        return min(self.segment_ms, self.max_compaction_lag_ms) if self.compact else self.segment_ms
 
     @property
     def max_index_entries(self) -> int:

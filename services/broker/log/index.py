@@ -5,6 +5,9 @@ Both are append-only files of fixed-size big-endian entries, as Kafka's:
 - `.index`: (relative_offset int32, position int32). An entry names the first batch
   written after at least `index_interval_bytes` of log since the previous entry, so a
   lookup is a binary search followed by a scan of at most that many bytes (plus a batch).
+  Offsets may have holes (a compacted log, issue 39): keys only strictly increase, and a
+  lookup of an offset in a hole finds the entry at or before it, from which the scan
+  reaches the first batch after the hole.
 - `.timeindex`: (timestamp int64, relative_offset int32). An entry is written next to
   an offset entry when the segment's largest timestamp so far grew: all batches up to
   and including the one at `relative_offset` have max_timestamp <= `timestamp`.

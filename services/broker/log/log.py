@@ -7,8 +7,15 @@ and reads return file bytes, whole batches only. One exception: ListOffsets by t
 decodes the one batch it lands on (offset_for_timestamp), because its answer is a record.
 
 Invariants kept here (DESIGN.md section 8):
-- offsets are contiguous: every batch starts at the previous batch's next offset, and
-  segment i+1 starts at segment i's next offset;
+- offsets strictly increase: every batch starts at or after the previous batch's next
+  offset, and segment i+1 starts at or after segment i's next offset. They are equal
+  (contiguous) unless the log was compacted (issue 39): the cleaner removes records but
+  never changes an offset, so a compacted log has holes. A read, fetch or locate at an
+  offset in a hole answers from the first batch after it; a follower copies a leader's
+  hole (append_as_follower takes a batch starting past its LEO); the leader's own appends
+  stay contiguous (offsets assigned from the LEO). The LEO is the active segment's next
+  offset: its last batch's, or its base while it is empty; so a truncation into a hole
+  leaves it at most at the target;
 - log_start_offset <= LEO, and neither goes down except through truncate_to /
   truncate_fully_and_start_at, which the replication layer calls deliberately;
 - leader epochs never decrease along the log, and the leader epoch cache names, for
@@ -26,6 +33,35 @@ OpenFileCache (a read may close another log's file), so they must all be called 
 one thread: the broker's event loop.
 Durability comes from replication; fsync happens on flush(), by the flush_messages /
 flush_ms settings (off by default, as Kafka), after recovery, on truncation and on close().
+
+Swapping in a cleaned segment (replace_segments; Kafka's .cleaned -> .swap protocol).
+The cleaner (another thread) writes and fsyncs `B.cleaned.log` (cleaned_segment_path(B))
+beside the old segments, which cover [B, E) (E: the next segment's base). On the event
+loop, replace_segments then:
+  1. checks that the old segments are still as the cleaner saw them (SegmentsChanged if not);
+  2. scans `B.cleaned.log` (CRC, offset order, every offset in [B, E)) and writes its
+     indexes `B.cleaned.index` / `B.cleaned.timeindex`; fsyncs the three files;
+  3. COMMIT: renames `B.cleaned.log` to `B.E.swap` (one rename, durable at once: the
+     directory is fsynced). Before it the old segments are the log; after it the new one is;
+  4. deletes the .log of every old segment (every base in [B, E)), then the indexes of
+     those other than B;
+  5. renames `B.cleaned.index` / `B.cleaned.timeindex` over `B.index` / `B.timeindex`;
+  6. renames `B.E.swap` to `B.log`: the swap is done.
+Log.open first completes every swap whose `.swap` file exists (steps 4-6 again: each is
+idempotent, and the name says exactly which segments it replaces: every one with a base in
+[B, E), since the next segment started at E and nothing is written below it; the range
+lives in the name so that the commit is one rename of an already durable file, with no
+manifest to write and fsync, and recovery needs only the directory listing), then
+deletes every `*.cleaned.*` file left (an uncommitted swap: the old segments are whole).
+A crash at any step thus leaves either every old segment or the new one, never a mix.
+
+Zero-copy readers across a swap: the log's own reads locate and read in one call on the
+event loop, which is where swaps run, so nothing changes between them. A short-circuit
+reader (read_location, clients/local_reads.py) opens the path later and checks the file's
+device and inode against the location: after a swap the path names a new inode (the
+cleaned file was created while the old one still existed, so it cannot reuse its number),
+and the reader gets NotReadableHere and fetches the bytes instead; one that opened the old
+file before it was deleted reads the old bytes, which were right for those offsets.
 """
 
 from __future__ import annotations
@@ -33,7 +69,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +93,15 @@ from .checkpoints import (
 )
 from .config import LogConfig
 from .epoch_cache import LeaderEpochCache
-from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, parse_segment_file_name
+from .segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    RELATIVE_OFFSET_MAX,
+    TIME_INDEX_SUFFIX,
+    LogSegment,
+    parse_segment_file_name,
+    segment_file_name,
+)
 from .storage import TEMP_SUFFIX, Storage
 
 logger = logging.getLogger("highwater.log")
@@ -137,6 +181,48 @@ class RecoveryReport:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentView:
+    """An inactive segment as the cleaner sees it (immutable data, safe to hand to its thread)."""
+
+    base_offset: int
+    # Its last batch's last offset + 1 (base_offset when empty).
+    next_offset: int
+    # The next segment's base offset: the end of the range of offsets it covers.
+    end_offset: int
+    # Its .log file: the cleaner reads it with storage.open(path, create=False).
+    path: str
+    size_bytes: int
+    # The largest batch max_timestamp in it (-1 when empty).
+    max_timestamp_ms: int
+
+
+class SegmentsChanged(StorageError):  # type: ignore[misc, valid-type]  # a class built by _error
+    """replace_segments was given segments the log no longer has as they were (retention,
+    DeleteRecords or truncation ran meanwhile). Retriable: delete the cleaned file, clean again."""
+
+
+# A cleaned segment's files before the swap: "{base}.cleaned.log" (the cleaner writes it)
+# with ".cleaned.index" / ".cleaned.timeindex" (replace_segments writes them).
+CLEANED_STEM_SUFFIX = ".cleaned"
+# The committed swap: "{base}.{end}.swap", the cleaned .log renamed (the module docstring).
+SWAP_SUFFIX = ".swap"
+
+
+def swap_file_name(base_offset: int, end_offset: int) -> str:
+    return f"{base_offset:020d}.{end_offset:020d}{SWAP_SUFFIX}"
+
+
+def parse_swap_file_name(name: str) -> tuple[int, int] | None:
+    """(base offset, end offset) of the segments a committed swap replaces; None for other names."""
+    if not name.endswith(SWAP_SUFFIX):
+        return None
+    base, dot, end = name[: -len(SWAP_SUFFIX)].partition(".")
+    if not dot or len(base) != 20 or len(end) != 20 or not base.isdigit() or not end.isdigit():
+        return None
+    return int(base), int(end)
+
+
 class Log:
     """One partition's log. Create with `Log.open`."""
 
@@ -156,6 +242,10 @@ class Log:
         # Set when a write failed: the log's files may not match its memory, so it refuses
         # further use until reopened (Kafka takes the log directory offline).
         self._offline_reason: str | None = None
+        # A swap failed past its commit point: reads are refused too (_check_readable).
+        self._swap_failed = False
+        # The version line of the leader epoch checkpoint on disk (_checkpoint_version says why).
+        self._epoch_file_version = checkpoints.CHECKPOINT_VERSION
         self._epoch_cache = LeaderEpochCache(
             [], log_end_offset=lambda: self.log_end_offset, persist=self._persist_epochs
         )
@@ -191,6 +281,7 @@ class Log:
     def _load(self, *, now_ms: int, recover: bool) -> None:
         storage = self._storage
         storage.mkdir(self._directory)
+        self._finish_interrupted_swaps()
         names = storage.list_dir(self._directory)
         clean = CLEAN_SHUTDOWN_MARKER in names
         bases: list[int] = []
@@ -215,6 +306,10 @@ class Log:
         epoch_entries = (
             checkpoints.read_entries(storage, self._path(LEADER_EPOCH_CHECKPOINT), fields_per_entry=2) or []
         )
+        self._epoch_file_version = (
+            checkpoints.read_version(storage, self._path(LEADER_EPOCH_CHECKPOINT))
+            or checkpoints.CHECKPOINT_VERSION
+        )
         self._epoch_cache = LeaderEpochCache(
             [(epoch, start) for epoch, start in epoch_entries],
             log_end_offset=lambda: self.log_end_offset,
@@ -236,9 +331,10 @@ class Log:
         reason = ""
         latest_epoch: int | None = None
         for i, segment in enumerate(segments):
-            if kept and segment.base_offset != kept[-1].next_offset:
+            if kept and segment.base_offset < kept[-1].next_offset:
+                # Past it is a hole (a compacted log); before it, two segments overlap.
                 reason = (
-                    f"segment {segment.base_offset} does not start where segment {kept[-1].base_offset} "
+                    f"segment {segment.base_offset} starts before segment {kept[-1].base_offset} "
                     f"ends ({kept[-1].next_offset})"
                 )
                 break
@@ -310,6 +406,7 @@ class Log:
                 segment.flush()
         # Epoch entries cover what lies below the recovery point before it moves there.
         self._epoch_cache.persist_if_dirty()
+        self._mark_holes_possible()
         self._recovery_point = self.log_end_offset
         checkpoints.write_offset(storage, self._path(RECOVERY_POINT_CHECKPOINT), self._recovery_point)
         if clean:
@@ -347,6 +444,7 @@ class Log:
         self._config = config
         for segment in self._segments:
             segment.config = config
+        self._mark_holes_possible()
 
     @property
     def log_start_offset(self) -> int:
@@ -378,6 +476,17 @@ class Log:
     @property
     def _active(self) -> LogSegment:
         return self._segments[-1]
+
+    def _check_readable(self) -> None:
+        """Reads go on while the log is offline after a failed write (the files hold what memory
+        says, up to the failed write), but not after a swap failed past its commit point: the
+        replaced segments' files are closed or gone, and only the next open completes the swap."""
+        check(not self._closed, "log %s is closed", self._directory)
+        if self._swap_failed:
+            raise StorageError(
+                f"log {self._directory} is offline: {self._offline_reason}; restart the broker, "
+                "whose open of the log completes the swap"
+            )
 
     def _ensure_usable(self) -> None:
         check(not self._closed, "log %s is closed", self._directory)
@@ -430,18 +539,22 @@ class Log:
         """Write batches whose offsets and epochs the leader assigned, after checking them.
 
         Raises CorruptMessage for a bad batch (nothing is written). The fetcher has checked
-        that the batches continue this log; a first offset other than the LEO, a gap, or a
-        falling leader epoch is an InvariantViolation here (the last line of defence).
+        that the batches continue this log. A batch may start past the previous one's next
+        offset (the LEO for the first): the leader's log is compacted and has a hole there
+        (Kafka's appendAsFollower checks only that offsets increase). A batch starting
+        before it, or a falling leader epoch, is an InvariantViolation here (the last line
+        of defence).
         """
         self._ensure_usable()
-        headers = validate_batches(records, max_batch_bytes=None)
+        # A cleaned batch holds fewer records than its offset range (the cleaner keeps its last offset).
+        headers = validate_batches(records, max_batch_bytes=None, exact_count=False)
         expected = self.log_end_offset
         latest_epoch = self._epoch_cache.latest_epoch()
         new_epochs: list[tuple[int, int]] = []
         for header in headers:
             check(
-                header.base_offset == expected,
-                "log %s: follower append of a batch at offset %d, expected %d (LEO %d)",
+                header.base_offset >= expected,
+                "log %s: follower append of a batch at offset %d, expected at least %d (LEO %d)",
                 self._directory,
                 header.base_offset,
                 expected,
@@ -465,7 +578,8 @@ class Log:
         return self._write(records, headers, now_ms)
 
     def _write(self, buf: Buffer, headers: list[BatchHeader], now_ms: int) -> AppendInfo:
-        """Write contiguous batches, rolling to a new segment whenever the next group does not fit."""
+        """Write batches (offsets increasing), rolling to a new segment whenever the next group
+        does not fit. A new segment starts at the base offset of the batch it is rolled for."""
         segment_bytes = self._config.segment_bytes
         count = len(headers)
         first = 0
@@ -475,17 +589,29 @@ class Log:
                 room = segment_bytes - active.size_bytes
                 end = first
                 group_bytes = 0
-                while end < count and group_bytes + headers[end].size_bytes <= room:
+                # A group also spans at most the index's int32 relative offsets (a hole may be wide).
+                span_end = headers[first].base_offset + RELATIVE_OFFSET_MAX
+                while (
+                    end < count
+                    and group_bytes + headers[end].size_bytes <= room
+                    and headers[end].last_offset <= span_end
+                ):
                     group_bytes += headers[end].size_bytes
                     end += 1
                 if end == first:
                     if not active.is_empty:
-                        self.roll(now_ms)
+                        self.roll(now_ms, base_offset=headers[first].base_offset)
                         continue
                     end = first + 1  # a batch bigger than a segment gets an empty segment of its own
                     group_bytes = headers[first].size_bytes
+                if (
+                    active.is_empty
+                    and headers[end - 1].last_offset - active.base_offset > RELATIVE_OFFSET_MAX
+                ):
+                    self._restart_empty_active_at(headers[first].base_offset)
+                    continue
                 if active.should_roll(group_bytes, headers[end - 1].last_offset, now_ms):
-                    self.roll(now_ms)
+                    self.roll(now_ms, base_offset=headers[first].base_offset)
                     continue
                 active.append(buf, headers[first:end], now_ms)
                 first = end
@@ -495,7 +621,8 @@ class Log:
             raise
         first_offset = headers[0].base_offset
         next_offset = headers[-1].next_offset
-        self._unflushed_messages += next_offset - first_offset
+        # Records, not offsets: a follower's batches may span holes.
+        self._unflushed_messages += sum(header.records_count for header in headers)
         flush_messages = self._config.flush_messages
         if flush_messages is not None and self._unflushed_messages >= flush_messages:
             self.flush(now_ms)
@@ -513,13 +640,23 @@ class Log:
 
     # --- segments ---------------------------------------------------------------------
 
-    def roll(self, now_ms: int) -> None:
-        """Start a new active segment at the LEO (no-op when the active segment is empty)."""
+    def roll(self, now_ms: int, *, base_offset: int | None = None) -> None:
+        """Start a new active segment at `base_offset`, default the LEO (no-op when the active
+        segment is empty). A follower rolls at the batch it writes next, which may start past
+        the LEO (a compacted leader's hole): relative offsets in the new segment stay small."""
         self._ensure_usable()
         active = self._active
         if active.is_empty:
             return
-        base_offset = active.next_offset
+        if base_offset is None:
+            base_offset = active.next_offset
+        check(
+            base_offset >= active.next_offset,
+            "log %s: roll to a segment at %d, below the LEO %d",
+            self._directory,
+            base_offset,
+            active.next_offset,
+        )
         segment = LogSegment(self._storage, self._directory, base_offset, self._config, active=True)
         segment.next_offset = base_offset
         active.make_inactive()
@@ -527,13 +664,223 @@ class Log:
         self._base_offsets.append(base_offset)
         logger.debug("log %s: rolled to segment %d at %d ms", self._directory, base_offset, now_ms)
 
+    def _restart_empty_active_at(self, base_offset: int) -> None:
+        """Replace the empty active segment by one at `base_offset`: a follower's next batch lies
+        past a hole wider than the index's relative offsets can span from the empty one's base."""
+        empty = self._active
+        check(
+            empty.is_empty and base_offset > empty.base_offset,
+            "log %s: restart of the active segment %d at %d",
+            self._directory,
+            empty.base_offset,
+            base_offset,
+        )
+        if len(self._segments) == 1 and self._log_start_offset < base_offset:
+            # Nothing lies below it: the log starts there (as after truncate_fully_and_start_at).
+            self._set_log_start_offset(base_offset)
+        segment = LogSegment(self._storage, self._directory, base_offset, self._config, active=True)
+        empty.delete_files()
+        self._segments[-1] = segment
+        self._base_offsets[-1] = base_offset
+
     def maybe_roll(self, now_ms: int) -> bool:
-        """Roll when the active segment is older than segment_ms (called by a periodic task)."""
+        """Roll when the active segment is older than segment_ms, or than max_compaction_lag_ms
+        on a compacted log (LogConfig.max_segment_ms); called by a periodic task."""
         active = self._active
         if active.should_roll(0, max(active.base_offset, self.log_end_offset - 1), now_ms):
             self.roll(now_ms)
             return True
         return False
+
+    # --- compaction: the cleaner's view of the segments, and the swap -----------------
+    # The module docstring has the swap's steps and its commit point.
+
+    @property
+    def storage(self) -> Storage:
+        """The storage the log lives on: the cleaner reads old segments and writes cleaned ones there."""
+        return self._storage
+
+    def segments_for_cleaning(self) -> list[SegmentView]:
+        """Every segment but the active one, oldest first."""
+        self._check_readable()
+        return [self._view(i) for i in range(len(self._segments) - 1)]
+
+    def _view(self, index: int) -> SegmentView:
+        segment = self._segments[index]
+        return SegmentView(
+            base_offset=segment.base_offset,
+            next_offset=segment.next_offset,
+            end_offset=self._base_offsets[index + 1],
+            path=segment.log_path,
+            size_bytes=segment.size_bytes,
+            max_timestamp_ms=segment.max_timestamp_ms,
+        )
+
+    def cleaned_segment_path(self, base_offset: int) -> str:
+        """Where the cleaner writes the cleaned segment replacing those from `base_offset` on."""
+        return self._path(segment_file_name(base_offset, CLEANED_STEM_SUFFIX + LOG_SUFFIX))
+
+    def replace_segments(self, old: Sequence[SegmentView], now_ms: int) -> None:
+        """Swap the cleaned file at cleaned_segment_path(old[0].base_offset) in for the segments `old`.
+
+        `old`: a run of adjacent inactive segments, as segments_for_cleaning gave them. The
+        cleaner has written and fsynced the cleaned file: batches in increasing offset
+        order, every offset within [old[0].base_offset, old[-1].end_offset), holes allowed.
+        The new segment has the same base offset and covers the same range; every record it
+        holds reads back at its offset. Crash-safe at every step (the module docstring).
+
+        Raises SegmentsChanged (nothing done) when `old` no longer matches the log, and
+        CorruptMessage (the cleaned files deleted, nothing else done) when the cleaned file
+        does not hold sound batches within the range. A storage failure after the commit
+        point takes the log offline: its next open completes the swap.
+        """
+        self._ensure_usable()
+        check(bool(old), "log %s: replace_segments of no segment", self._directory)
+        first = self._matching_run(old)
+        base, end = old[0].base_offset, old[-1].end_offset
+        cleaned_next_offset = self._prepare_cleaned(base, end)
+        storage = self._storage
+        try:
+            # 3. The commit point: from here on, the new segment is the log.
+            storage.rename(self.cleaned_segment_path(base), self._path(swap_file_name(base, end)))
+            replaced = self._segments[first : first + len(old)]
+            for segment in replaced:
+                segment.close()
+            self._swap_in(base, end)  # 4-6
+            segment = LogSegment(storage, self._directory, base, self._config, active=False)
+            tail = segment.load_tail()
+        except (StorageError, OSError) as error:
+            self._offline_reason = f"swap of cleaned segment {base} failed: {error}"
+            self._swap_failed = True
+            logger.error(
+                "log %s: %s; the log is offline, its next open completes the swap",
+                self._directory,
+                self._offline_reason,
+            )
+            raise StorageError(f"log {self._directory}: {self._offline_reason}") from error
+        if tail != segment.size_bytes or segment.next_offset != cleaned_next_offset:
+            self._offline_reason = f"swapped-in segment {base} does not read back as scanned"
+            self._swap_failed = True
+        check(
+            tail == segment.size_bytes and segment.next_offset == cleaned_next_offset,
+            "log %s: swapped-in segment %d reads %d of %d bytes up to offset %d, the scan found offset %d",
+            self._directory,
+            base,
+            tail,
+            segment.size_bytes,
+            segment.next_offset,
+            cleaned_next_offset,
+        )
+        self._segments[first : first + len(old)] = [segment]
+        self._base_offsets[first : first + len(old)] = [base]
+        logger.info(
+            "log %s: swapped cleaned segment %d in for %d segment(s) [%d, %d): %d -> %d bytes at %d ms",
+            self._directory,
+            base,
+            len(old),
+            base,
+            end,
+            sum(view.size_bytes for view in old),
+            segment.size_bytes,
+            now_ms,
+        )
+
+    def _matching_run(self, old: Sequence[SegmentView]) -> int:
+        """Index of old[0] among the segments if `old` is still a run of inactive segments as they
+        were seen; else SegmentsChanged."""
+        first = bisect.bisect_left(self._base_offsets, old[0].base_offset)
+        if first + len(old) < len(self._segments) and all(
+            self._view(first + i) == view for i, view in enumerate(old)
+        ):
+            return first
+        raise SegmentsChanged(
+            f"log {self._directory}: segments [{old[0].base_offset}, {old[-1].end_offset}) changed "
+            "since the cleaner read them (retention, DeleteRecords or truncation ran meanwhile, or "
+            "one became active); delete the cleaned file and clean them again"
+        )
+
+    def _prepare_cleaned(self, base: int, end: int) -> int:
+        """Step 2: check the cleaned file and write its indexes, all fsynced; its next offset."""
+        storage = self._storage
+        stem = segment_file_name(base, CLEANED_STEM_SUFFIX)
+        log_path = self.cleaned_segment_path(base)
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            storage.delete(self._path(stem + suffix))  # an earlier attempt's
+        if not storage.exists(log_path):
+            raise StorageError(
+                f"log {self._directory}: no cleaned segment at {log_path}; "
+                "the cleaner writes it before the swap"
+            )
+        cleaned = LogSegment(storage, self._directory, base, self._config, active=False, file_stem=stem)
+        problem = ""
+        try:
+            result = cleaned.recover(latest_epoch=None)
+            if result.dropped_bytes:
+                problem = f"its bytes from {result.valid_bytes} on are not sound batches ({result.reason})"
+            elif cleaned.next_offset > end:
+                problem = f"it holds offsets up to {cleaned.next_offset - 1}, past the range's end {end}"
+            elif end - 1 - base > RELATIVE_OFFSET_MAX:
+                problem = f"its range [{base}, {end}) is too long for the index's int32 relative offsets"
+            else:
+                cleaned.flush()
+        except BaseException:
+            cleaned.close()
+            self._delete_cleaned(stem)
+            raise
+        cleaned.close()
+        if problem:
+            self._delete_cleaned(stem)
+            raise CorruptMessage(
+                f"log {self._directory}: the cleaned segment for [{base}, {end}) is refused and deleted: "
+                f"{problem}. The old segments stay; this is a cleaner bug or a disk fault"
+            )
+        return cleaned.next_offset
+
+    def _delete_cleaned(self, stem: str) -> None:
+        """Best effort: what is left is deleted by the next open (an uncommitted swap's files)."""
+        try:
+            for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                self._storage.delete(self._path(stem + suffix))
+        except (StorageError, OSError) as error:
+            logger.warning("log %s: cannot delete the cleaned segment %s (%s)", self._directory, stem, error)
+
+    def _swap_in(self, base: int, end: int) -> None:
+        """Steps 4-6 of the swap of `{base}.{end}.swap`: each idempotent, so recovery repeats them all."""
+        storage = self._storage
+        replaced: list[tuple[int, str, str]] = []
+        for name in storage.list_dir(self._directory):
+            parsed = parse_segment_file_name(name)
+            if parsed is not None and base <= parsed[0] < end:
+                replaced.append((parsed[0], parsed[1], name))
+        for _, suffix, name in replaced:
+            if suffix == LOG_SUFFIX:
+                storage.delete(self._path(name))
+        for segment_base, suffix, name in replaced:
+            if suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX) and segment_base != base:
+                storage.delete(self._path(name))
+        stem = segment_file_name(base, CLEANED_STEM_SUFFIX)
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            cleaned_index = self._path(stem + suffix)
+            if storage.exists(cleaned_index):
+                storage.rename(cleaned_index, self._path(segment_file_name(base, suffix)))
+        storage.rename(self._path(swap_file_name(base, end)), self._path(segment_file_name(base, LOG_SUFFIX)))
+
+    def _finish_interrupted_swaps(self) -> None:
+        """On open: complete every committed swap, then delete what uncommitted ones left."""
+        storage = self._storage
+        for name in storage.list_dir(self._directory):
+            swap = parse_swap_file_name(name)
+            if swap is not None:
+                logger.warning(
+                    "log %s: completing the interrupted swap of the cleaned segment for offsets [%d, %d)",
+                    self._directory,
+                    *swap,
+                )
+                self._swap_in(*swap)
+        for name in storage.list_dir(self._directory):
+            parsed = parse_segment_file_name(name)
+            if parsed is not None and parsed[1].startswith(CLEANED_STEM_SUFFIX + "."):
+                storage.delete(self._path(name))  # an uncommitted swap: the old segments are whole
 
     # --- reading ----------------------------------------------------------------------
 
@@ -608,7 +955,7 @@ class Log:
         self, fetch_offset: int, max_bytes: int, max_offset: int | None, min_one_message: bool
     ) -> tuple[LogSegment, BatchHeader, int] | None:
         """(segment, header of the batch holding fetch_offset, exclusive upper offset), or None."""
-        check(not self._closed, "log %s is closed", self._directory)
+        self._check_readable()
         log_start = self._log_start_offset
         leo = self.log_end_offset
         if fetch_offset < log_start or fetch_offset > leo:
@@ -643,6 +990,7 @@ class Log:
         The index lookup plus short scan that a read starts with; None outside the log.
         For tools and benchmarks.
         """
+        self._check_readable()
         if not self._log_start_offset <= offset < self.log_end_offset:
             return None
         index = bisect.bisect_right(self._base_offsets, offset) - 1
@@ -660,6 +1008,7 @@ class Log:
         DESIGN.md invariant 8) after open. Positions are within each batch's segment.
         The log must not change while the iterator is in use.
         """
+        self._check_readable()
         offset = self._log_start_offset if start_offset is None else start_offset
         index = max(0, bisect.bisect_right(self._base_offsets, offset) - 1)
         for segment in self._segments[index:]:
@@ -683,7 +1032,7 @@ class Log:
         timestamp (KIP-734). Other negative timestamps are a caller's error. The offset is
         never below the log start. Raises CorruptMessage if the found batch does not decode.
         """
-        check(not self._closed, "log %s is closed", self._directory)
+        self._check_readable()
         if timestamp_ms == LATEST_TIMESTAMP:
             return self.log_end_offset, -1
         if timestamp_ms == EARLIEST_TIMESTAMP:
@@ -929,7 +1278,26 @@ class Log:
         return False
 
     def _persist_epochs(self, entries: list[tuple[int, int]]) -> None:
-        checkpoints.write_entries(self._storage, self._path(LEADER_EPOCH_CHECKPOINT), list(entries))
+        version = self._checkpoint_version
+        checkpoints.write_entries(
+            self._storage, self._path(LEADER_EPOCH_CHECKPOINT), list(entries), version=version
+        )
+        self._epoch_file_version = version
+
+    @property
+    def _checkpoint_version(self) -> int:
+        """The leader epoch checkpoint's version: CHECKPOINT_VERSION_HOLES once the log may have
+        holes (it is compacted, or was), which older releases refuse rather than cut."""
+        if self._config.compact or self._epoch_file_version == checkpoints.CHECKPOINT_VERSION_HOLES:
+            return checkpoints.CHECKPOINT_VERSION_HOLES
+        return checkpoints.CHECKPOINT_VERSION
+
+    def _mark_holes_possible(self) -> None:
+        """Write the leader epoch checkpoint in version 1 now if the log became compacted. A dirty
+        cache is left to persist_if_dirty, which writes it in version 1 too: an entry is written
+        only with the data it names (epoch_cache.py)."""
+        if self._epoch_file_version != self._checkpoint_version and not self._epoch_cache.dirty:
+            self._persist_epochs(list(self._epoch_cache.entries()))
 
     def close(self) -> None:
         """Flush, checkpoint, write the clean-shutdown marker (skips the scan on next open), close files.
@@ -982,8 +1350,10 @@ class Log:
         for segment in self._segments:
             segment.write_buffered()
         staged: list[tuple[str, str, bytes]] = []
-        if self._epoch_cache.dirty:
-            entries = checkpoints.encode_entries(list(self._epoch_cache.entries()))
+        if self._epoch_cache.dirty or self._epoch_file_version != self._checkpoint_version:
+            entries = checkpoints.encode_entries(
+                list(self._epoch_cache.entries()), version=self._checkpoint_version
+            )
             staged.append((LEADER_EPOCH_CHECKPOINT, self._path(LEADER_EPOCH_CHECKPOINT), entries))
         if self._log_start_offset_on_disk != self._log_start_offset:
             start = checkpoints.encode_entries([(self._log_start_offset,)])
@@ -995,6 +1365,7 @@ class Log:
     def _finish_clean_close(self) -> None:
         """After the last sync_all: every byte is durable and the marker vouches for it; close the files."""
         self._epoch_cache.mark_persisted()
+        self._epoch_file_version = self._checkpoint_version
         self._recovery_point = self.log_end_offset  # as the next open will take it
         self._log_start_offset_on_disk = self._log_start_offset
         for segment in self._segments:

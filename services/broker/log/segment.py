@@ -1,8 +1,10 @@
 """One log segment: `{base_offset:020d}.log` with its `.index` and `.timeindex`.
 
-A segment holds the batches of offsets [base_offset, next_offset), back to back, as
-they arrived (DESIGN.md section 5). Only the last segment of a log (the active one)
-is appended to. Indexes are sparse and rebuilt from the log whenever in doubt.
+A segment holds batches within offsets [base_offset, next_offset), back to back, as
+they arrived (DESIGN.md section 5). A compacted log's segments have holes (issue 39): the
+cleaner removes records but never changes an offset, so a batch may start after the
+previous one's next offset, and the first batch after base_offset. Only the last segment
+of a log (the active one) is appended to. Indexes are sparse and rebuilt from the log whenever in doubt.
 
 Open files (issue 17): the active segment pins its three files open; an inactive one
 keeps in memory only its sizes, next offset, max timestamp and last index entries, and
@@ -10,8 +12,9 @@ its files are opened through the storage's broker-wide `OpenFileCache`, closed w
 cache evicts them and reopened at the next read.
 
 Invariants kept here:
-- batches are contiguous in offsets: each starts at the previous one's next offset,
-  the first at base_offset;
+- batch offsets strictly increase: each batch starts at or after the previous one's next
+  offset (equal unless the log was compacted), the first at or after base_offset, and
+  every offset fits the index's int32 relative offset;
 - byte positions fit int32 (LogConfig keeps segment_bytes + max_message_bytes < 2 GiB);
 - index keys strictly increase; an index entry never points past the log's end.
 
@@ -52,6 +55,9 @@ RECOVERY_CHUNK_BYTES = 8 * 1024 * 1024
 
 NO_TIMESTAMP = -1
 
+# Index entries hold offsets relative to the segment's base as int32.
+RELATIVE_OFFSET_MAX = 2**31 - 1
+
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
     return f"{base_offset:020d}{suffix}"
@@ -81,14 +87,24 @@ class LogSegment:
     """Files and in-memory state of one segment."""
 
     def __init__(
-        self, storage: Storage, directory: str, base_offset: int, config: LogConfig, *, active: bool
+        self,
+        storage: Storage,
+        directory: str,
+        base_offset: int,
+        config: LogConfig,
+        *,
+        active: bool,
+        file_stem: str | None = None,
     ) -> None:
+        """`file_stem`: the files' names without their suffix; default the 20-digit base offset.
+        Another stem names a segment that is not (yet) part of the log: a cleaned one (log.py)."""
         self.base_offset = base_offset
         self.config = config
         self.storage = storage
-        self.log_path = os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX))
-        self.index_path = os.path.join(directory, segment_file_name(base_offset, INDEX_SUFFIX))
-        self.time_index_path = os.path.join(directory, segment_file_name(base_offset, TIME_INDEX_SUFFIX))
+        stem = segment_file_name(base_offset, "") if file_stem is None else file_stem
+        self.log_path = os.path.join(directory, stem + LOG_SUFFIX)
+        self.index_path = os.path.join(directory, stem + INDEX_SUFFIX)
+        self.time_index_path = os.path.join(directory, stem + TIME_INDEX_SUFFIX)
         self.log = storage.open_files.open(self.log_path, pinned=active)
         index_file = storage.open_files.open(self.index_path, pinned=active)
         time_index_file = storage.open_files.open(self.time_index_path, pinned=active)
@@ -145,11 +161,14 @@ class LogSegment:
             return False
         return (
             self.size_bytes + incoming_bytes > self.config.segment_bytes
-            or (self.rolling_base_ms is not None and now_ms - self.rolling_base_ms > self.config.segment_ms)
+            or (
+                self.rolling_base_ms is not None
+                and now_ms - self.rolling_base_ms > self.config.max_segment_ms
+            )
             or self.offset_index.is_full
             or self.time_index.is_full
             # Relative offsets in the index are int32.
-            or last_offset - self.base_offset > 2**31 - 1
+            or last_offset - self.base_offset > RELATIVE_OFFSET_MAX
         )
 
     def index_suspect(self) -> bool:
@@ -166,14 +185,22 @@ class LogSegment:
     # --- writing ----------------------------------------------------------------------
 
     def append(self, buf: Buffer, headers: list[BatchHeader], now_ms: int) -> None:
-        """Write the contiguous batches `headers` (positions in `buf`) at the end of the segment."""
+        """Write the batches `headers` (positions in `buf`, back to back, offsets increasing)
+        at the end of the segment. The first may start after next_offset (a follower copying
+        a compacted leader's hole) but never before it."""
         first = headers[0]
         check(
-            first.base_offset == self.next_offset,
+            first.base_offset >= self.next_offset,
             "segment %d: append at offset %d but the segment ends at %d",
             self.base_offset,
             first.base_offset,
             self.next_offset,
+        )
+        check(
+            headers[-1].last_offset - self.base_offset <= RELATIVE_OFFSET_MAX,
+            "segment %d: a batch ending at offset %d is too far for the index's int32 relative offsets",
+            self.base_offset,
+            headers[-1].last_offset,
         )
         start = first.position
         file_position = self.log.append(memoryview(buf)[start : headers[-1].end_position])
@@ -244,7 +271,8 @@ class LogSegment:
             position += consumed
 
     def find_batch(self, offset: int) -> BatchHeader | None:
-        """The first batch whose last offset is >= `offset` (the one holding it), None past the end."""
+        """The first batch whose last offset is >= `offset`, None past the end: the one holding
+        `offset`, or the first one after it when `offset` lies in a hole (a compacted log)."""
         if offset >= self.next_offset:
             return None
         last = self._last_batch
@@ -318,12 +346,13 @@ class LogSegment:
         return parse_header(self.log.read_at(0, BATCH_HEADER_SIZE)).max_timestamp
 
     def recover(self, *, latest_epoch: int | None) -> RecoveryResult:
-        """Scan every batch (length, magic, CRC, counts, offset contiguity, epoch order), rebuild
+        """Scan every batch (length, magic, CRC, counts, offset order, epoch order), rebuild
         both indexes, and cut the log at the first unsound batch.
 
         `latest_epoch` is the last epoch seen in earlier segments: epochs never go down along
         the log, so a lower one means a damaged header (base_offset and partition_leader_epoch
-        lie outside the CRC, so contiguity and epoch order are their only checks).
+        lie outside the CRC, so offset and epoch order are their only checks). Offsets must
+        strictly increase, not be contiguous: a compacted segment has holes (issue 39).
         """
         self.offset_index.truncate_entries(0)
         self.time_index.truncate_entries(0)
@@ -344,10 +373,15 @@ class LogSegment:
             broken_lineage = False
             expected = self.next_offset
             for count, header in enumerate(headers):
-                if header.base_offset != expected:
+                if header.base_offset < expected:
                     reason = (
                         f"batch at byte {header.position} has base offset {header.base_offset}, "
-                        f"expected {expected}"
+                        f"below the previous batch's next offset {expected}"
+                    )
+                elif header.last_offset - self.base_offset > RELATIVE_OFFSET_MAX:
+                    reason = (
+                        f"batch at byte {header.position} ends at offset {header.last_offset}, "
+                        f"too far past the segment's base {self.base_offset}"
                     )
                 elif epoch is not None and header.partition_leader_epoch < epoch:
                     reason = (
@@ -390,7 +424,8 @@ class LogSegment:
     def truncate_to(self, offset: int) -> int:
         """Drop batches holding offsets >= `offset`; a batch straddling it goes whole.
 
-        Returns the segment's new next_offset (the base offset of the first dropped batch).
+        Returns the segment's new next_offset: the kept last batch's next offset, which is
+        at most `offset` (below it when a batch straddles it or `offset` lies in a hole).
         """
         header = self.find_batch(offset)
         if header is None:

@@ -1,0 +1,162 @@
+"""The log cleaner's throughput, memory and event-loop stall on one compacted log (issue 39).
+
+Builds a log on real files in a temporary directory (`--records` updates of `--value-bytes`
+values over `--keys` keys, `--batch` records a batch, random keys so most batches lose some
+records), then runs the broker's LogCleaner (services/broker/log_cleaner.py) over it unthrottled
+until it has nothing left to do, and prints:
+
+- MB/s cleaned: the log's bytes before cleaning / the wall time of the passes;
+- the bytes read (map + filter) and written, the records kept;
+- the peak resident memory the passes added (VmHWM reset before them) and the offset map's
+  entries with their estimated size (LOG_CLEANER_OFFSET_MAP_ENTRY_BYTES each);
+- the event loop's longest stall during the passes (a 5 ms ticker): the swaps run on the loop.
+
+    .venv/bin/python bench/cleaner_bench.py [--records 1000000] [--keys 100000] [--value-bytes 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/cleaner_bench.py` from anywhere
+
+from clients.common.records import Record, encode_batch
+from services.broker.log import Log, LogConfig
+from services.broker.log.file_storage import FileStorage
+from services.broker.log_cleaner import CleanerConfig, LogCleaner
+from services.broker.partition import Role
+from services.broker.producer_state import ProducerStateManager
+from services.common import limits
+
+TICK_S = 0.005
+
+
+@dataclass
+class _Replica:
+    """What the cleaner reads of a partition (services/broker/partition.py's fields)."""
+
+    log: Log
+    high_watermark: int
+    role: Role = Role.LEADER
+    producers: ProducerStateManager = field(default_factory=ProducerStateManager)
+
+
+def _status_kib(name: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _reset_peak_rss() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # Linux: reset VmHWM to the current RSS
+    except OSError:
+        pass
+
+
+def build_log(directory: Path, args: argparse.Namespace) -> Log:
+    config = LogConfig(cleanup_policy="compact", segment_bytes=args.segment_bytes, retention_ms=-1)
+    log = Log.open(directory, config, storage=FileStorage(), now_ms=1_000)
+    rng = random.Random(39)
+    value = b"x" * args.value_bytes
+    now = int(time.time() * 1000) - 60_000
+    for n in range(args.records // args.batch):
+        records = [
+            Record(b"key-%08d" % rng.randrange(args.keys), value, [], now + n) for _ in range(args.batch)
+        ]
+        log.append_as_leader(
+            encode_batch(records, compression=args.compression), leader_epoch=0, now_ms=now + n
+        )
+    log.roll(now + args.records)
+    log.flush(now + args.records)
+    return log
+
+
+async def clean(log: Log, args: argparse.Namespace) -> None:
+    replica = _Replica(log, log.log_end_offset)
+    cleaner = LogCleaner(
+        CleanerConfig(io_max_bytes_per_second=0, dedupe_buffer_bytes=args.dedupe_buffer_bytes),
+        lambda: {("bench", 0): replica},  # type: ignore[dict-item]  # a partition's fields the cleaner reads
+    )
+    size_before = sum(view.size_bytes for view in log.segments_for_cleaning())
+    stall_s = 0.0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal stall_s
+        loop = asyncio.get_running_loop()
+        while not done:
+            before = loop.time()
+            await asyncio.sleep(TICK_S)
+            stall_s = max(stall_s, loop.time() - before - TICK_S)
+
+    ticking = asyncio.create_task(ticker())
+    rss_before = _status_kib("VmRSS")
+    _reset_peak_rss()
+    started = time.monotonic()
+    passes = 0
+    while await cleaner.clean_once():
+        passes += 1
+    seconds = time.monotonic() - started
+    peak = _status_kib("VmHWM")
+    done = True
+    await ticking
+    size_after = sum(view.size_bytes for view in log.segments_for_cleaning())
+    read = sum(p.map_bytes_read + p.stats.bytes_read for p in cleaner.passes)
+    written = sum(p.stats.bytes_written for p in cleaner.passes)
+    kept = cleaner.passes[-1].stats.records_kept if cleaner.passes else 0
+    entries_max = cleaner._offset_map.capacity_entries
+    print(
+        f"log {size_before / 1e6:.1f} MB ({args.records} records, {args.keys} keys, "
+        f"{args.value_bytes} B values, {args.compression}) -> {size_after / 1e6:.1f} MB "
+        f"in {passes} pass(es), {seconds:.2f} s"
+    )
+    print(
+        f"cleaned {size_before / 1e6 / seconds:.1f} MB/s of log; "
+        f"I/O read {read / 1e6:.1f} MB, wrote {written / 1e6:.1f} MB"
+    )
+    print(f"records kept in the last pass: {kept}")
+    print(
+        f"memory: peak RSS +{(peak - rss_before) / 1024:.1f} MiB over {rss_before / 1024:.1f} MiB; "
+        "offset map up to "
+        f"{min(args.keys, entries_max)} entries x {limits.LOG_CLEANER_OFFSET_MAP_ENTRY_BYTES} B "
+        f"(dedupe buffer {args.dedupe_buffer_bytes / 2**20:.0f} MiB = {entries_max} entries)"
+    )
+    print(
+        f"event loop: longest stall {stall_s * 1000:.1f} ms during the passes "
+        f"(ticker every {TICK_S * 1000:.0f} ms)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--compression", default="none")
+    parser.add_argument("--segment-bytes", type=int, default=16 * 2**20)
+    parser.add_argument(
+        "--dedupe-buffer-bytes", type=int, default=limits.LOG_CLEANER_DEDUPE_BUFFER_BYTES_DEFAULT
+    )
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="cleaner-bench-") as tmp:
+        log = build_log(Path(tmp) / "bench-0", args)
+        try:
+            asyncio.run(clean(log, args))
+        finally:
+            log.close()
+
+
+if __name__ == "__main__":
+    main()

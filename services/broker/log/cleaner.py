@@ -1,0 +1,758 @@
+"""The log cleaner's work on one compacted log: plan, map, filter (Kafka's Cleaner, our own code).
+
+A pass over a log (services/broker/log_cleaner.py drives it):
+
+1. `plan_cleaning` (pure, on the event loop): from the log's inactive segments, its first dirty
+   offset (everything below it was cleaned once), its high watermark and the clock, which
+   segments may be cleaned and how dirty the log is. A segment is cleanable when it lies wholly
+   below the high watermark and every record in it is older than min.compaction.lag.ms; the
+   first that is not ends the cleanable range (the active segment is never offered).
+2. `build_offset_map` (worker thread): read the dirty part [first dirty, cleanable end) and
+   record each key's latest offset in an `OffsetMap` of bounded size. When it fills, the pass
+   ends the map at the last offset it holds: the rest stays dirty for the next pass.
+3. `group_segments_by_size` (pure): the segments below the map's end, in runs whose cleaned
+   output fits one segment (Kafka's groupSegmentsBySize).
+4. `clean_group` (worker thread): filter each group into one file at the log's
+   cleaned_segment_path, fsynced; then the driver calls Log.replace_segments on the loop.
+
+What a record keeps (Kafka's rules): a record whose key has a later offset in the map is
+removed; offsets never change (a cleaned batch keeps its base offset and last offset delta, so
+it may hold fewer records than its offset range, or none). A record without a key is kept (a
+compacted topic refuses them at produce time; one written before that rule is left alone rather
+than deleted). Control batches are copied untouched. A batch from which nothing is removed is
+copied byte for byte; a filtered one is re-encoded with the same codec, attributes, producer
+id/epoch/base sequence, partition leader epoch, base offset and last offset delta. A batch left
+empty is dropped unless it is its producer's last batch, whose header the producer state is
+rebuilt from after a restart (services/broker/producer_state.py): it is kept as an empty batch.
+
+Tombstones (a key's null value): kept for delete.retention.ms after the batch holding them is
+first cleaned, then removed. When that is is stored in the batch itself, as Kafka's KIP-534 does:
+the first cleaning that finds a tombstone in a batch without one rewrites the batch with the
+delete-horizon attribute (bit 6) and its base timestamp set to now + delete.retention.ms (record
+timestamps are deltas from it, so every record keeps its own timestamp). Every replica decides
+for its own copy; the horizon survives restarts and swaps because it is in the data, and no
+per-log clock state has to be kept consistent with the segments.
+
+Pure where it can be: the functions here take a Storage, a clock and a throttle; none reads the
+wall clock or touches asyncio. The worker-thread functions read old segment files by path
+(Storage.open(path, create=False)) and write only the cleaned file; they call no Log method.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from aiokafka.codec import gzip_encode, lz4_encode, snappy_encode, zstd_encode
+from aiokafka.errors import CorruptRecordException
+from aiokafka.record.default_records import DefaultRecordBatch
+
+from clients.common.errors import CorruptMessage, InvariantViolation
+from clients.common.record_batch import (
+    ATTRIBUTES_POS,
+    BATCH_HEADER_SIZE,
+    COMPRESSION_MASK,
+    CRC_POS,
+    LOG_OVERHEAD,
+    MAGIC_V2,
+    BatchHeader,
+    batch_crc,
+    check_batch,
+    record_varint,
+)
+from services.common import limits
+
+from .config import INT64_MAX, TIME_INDEX_ENTRY_BYTES, LogConfig
+from .storage import Storage, StorageFile
+
+# KIP-534: attribute bit 6 says the batch's base (first) timestamp is its delete horizon, the
+# wall-clock time after which its tombstones may be removed.
+DELETE_HORIZON_MASK = 0x40
+TIMESTAMP_TYPE_LOG_APPEND = 0x08
+NO_PRODUCER_ID = -1
+
+_COMPRESSORS: dict[int, Callable[[bytes], bytes]] = {
+    1: gzip_encode,
+    2: snappy_encode,
+    3: lz4_encode,
+    4: zstd_encode,
+}
+
+
+class CleanableSegment(Protocol):
+    """What the cleaner needs of a segment: Log.SegmentView (services/broker/log/log.py) has it."""
+
+    @property
+    def base_offset(self) -> int: ...
+    @property
+    def next_offset(self) -> int: ...
+    @property
+    def end_offset(self) -> int: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def size_bytes(self) -> int: ...
+    @property
+    def max_timestamp_ms(self) -> int: ...
+
+
+# A concrete segment type (Log.SegmentView in the broker): what goes in comes back out.
+S = TypeVar("S", bound=CleanableSegment)
+
+# ---- planning (pure) ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CleaningPlan(Generic[S]):
+    """How dirty a log is and what a pass over it may touch.
+
+    `segments` are the cleanable ones from the oldest on: [their first base, `cleanable_end`).
+    The dirty part is [first_dirty_offset, cleanable_end); `clean_bytes` and `dirty_bytes` are
+    the sizes of the segments below and from the one holding the first dirty offset (Kafka's
+    estimate: a segment cleaned halfway counts as dirty).
+    """
+
+    segments: tuple[S, ...]
+    first_dirty_offset: int
+    cleanable_end: int
+    clean_bytes: int
+    dirty_bytes: int
+    # The newest record time of the first dirty segment (-1: none): KIP-354's lag is measured
+    # from it, so a dirty record waits at most max.compaction.lag.ms plus one segment's span.
+    first_dirty_timestamp_ms: int
+    # Whether max.compaction.lag.ms forces this log to be cleaned whatever its dirty ratio.
+    past_max_compaction_lag: bool
+
+    @property
+    def dirty_ratio(self) -> float:
+        total = self.clean_bytes + self.dirty_bytes
+        return self.dirty_bytes / total if total else 0.0
+
+    @property
+    def has_dirty(self) -> bool:
+        return self.cleanable_end > self.first_dirty_offset and self.dirty_bytes > 0
+
+    def should_clean(self, config: LogConfig) -> bool:
+        """Kafka's choice: dirty enough (min.cleanable.dirty.ratio) or past max.compaction.lag.ms."""
+        if not self.has_dirty:
+            return False
+        return self.past_max_compaction_lag or self.dirty_ratio >= config.min_cleanable_dirty_ratio
+
+
+def plan_cleaning(
+    segments: Sequence[S],
+    *,
+    first_dirty_offset: int,
+    high_watermark: int,
+    log_end_offset: int,
+    now_ms: int,
+    config: LogConfig,
+) -> CleaningPlan[S]:
+    """Which of `segments` (the log's inactive segments, oldest first) one pass may clean.
+
+    A segment is cleanable when it ends at or below the high watermark (never a record a new
+    leader could truncate) and its newest record is older than min.compaction.lag.ms (so a
+    consumer within that lag reads every update); the first one that is not ends the range.
+    Nor is the segment that ends at the log end (the active segment is empty: a periodic roll,
+    Log.maybe_roll): it holds the log's last batch, and cleaning could drop it, leaving a hole
+    at the end of the log that a Kafka consumer reading "up to the high watermark" never
+    crosses (its fetch at the hole answers nothing). Kafka rolls only on append, so its last
+    batch is always in the active segment, which it never cleans either.
+    `first_dirty_offset` is clamped to the log: a checkpoint from before a truncation or a
+    DeleteRecords starts over from the first segment.
+    """
+    cleanable: list[S] = []
+    for segment in segments:
+        if segment.end_offset > high_watermark or segment.end_offset >= log_end_offset:
+            break
+        if config.min_compaction_lag_ms and segment.max_timestamp_ms > now_ms - config.min_compaction_lag_ms:
+            break
+        cleanable.append(segment)
+    if not cleanable:
+        start = segments[0].base_offset if segments else first_dirty_offset
+        return CleaningPlan((), start, start, 0, 0, -1, False)
+    start = cleanable[0].base_offset
+    end = cleanable[-1].end_offset
+    first_dirty = first_dirty_offset if start <= first_dirty_offset <= end else start
+    clean_bytes = dirty_bytes = 0
+    first_dirty_timestamp_ms = -1
+    for segment in cleanable:
+        if segment.end_offset <= first_dirty:
+            clean_bytes += segment.size_bytes
+        else:
+            if first_dirty_timestamp_ms < 0 and dirty_bytes == 0:
+                first_dirty_timestamp_ms = segment.max_timestamp_ms
+            dirty_bytes += segment.size_bytes
+    past_lag = (
+        first_dirty_timestamp_ms >= 0
+        and config.max_compaction_lag_ms < INT64_MAX
+        and now_ms - first_dirty_timestamp_ms > config.max_compaction_lag_ms
+    )
+    return CleaningPlan(
+        tuple(cleanable), first_dirty, end, clean_bytes, dirty_bytes, first_dirty_timestamp_ms, past_lag
+    )
+
+
+def group_segments_by_size(
+    segments: Sequence[S],
+    *,
+    max_size_bytes: int,
+    max_index_bytes: int,
+    index_interval_bytes: int,
+) -> list[list[S]]:
+    """Adjacent segments in runs whose cleaned output fits one segment (Kafka's groupSegmentsBySize).
+
+    A run's input sizes add up to at most `max_size_bytes` (its output is no bigger), its offset
+    range fits the int32 relative offsets of an index, and its estimated index (one entry per
+    `index_interval_bytes`, plus one per segment) fits `max_index_bytes`. A segment alone is
+    always a group of its own, whatever its size.
+    """
+    groups: list[list[S]] = []
+    index = 0
+    while index < len(segments):
+        group = [segments[index]]
+        size = segments[index].size_bytes
+        index_bytes = _index_bytes_estimate(segments[index], index_interval_bytes)
+        index += 1
+        while index < len(segments):
+            candidate = segments[index]
+            candidate_index = _index_bytes_estimate(candidate, index_interval_bytes)
+            if (
+                size + candidate.size_bytes > max_size_bytes
+                or index_bytes + candidate_index > max_index_bytes
+                or candidate.end_offset - group[0].base_offset - 1 > 2**31 - 1
+            ):
+                break
+            group.append(candidate)
+            size += candidate.size_bytes
+            index_bytes += candidate_index
+            index += 1
+        groups.append(group)
+    return groups
+
+
+def _index_bytes_estimate(segment: CleanableSegment, index_interval_bytes: int) -> int:
+    entries = segment.size_bytes // max(index_interval_bytes, 1) + 1
+    return entries * TIME_INDEX_ENTRY_BYTES
+
+
+# ---- the offset map ------------------------------------------------------------------------
+
+
+def key_hash(key: bytes) -> bytes:
+    """The 16-byte digest the map keys on (Kafka's SkimpyOffsetMap hashes keys with MD5).
+
+    Two keys with one digest would share an entry, so the older record of one could be removed
+    for the other's later one: at 128 bits that is about n²/2¹²⁹ for n keys, nil in practice.
+    """
+    return hashlib.md5(key, usedforsecurity=False).digest()
+
+
+class OffsetMap:
+    """Key hash -> latest offset, bounded by memory (Kafka's SkimpyOffsetMap, as a dict).
+
+    `capacity_entries` = memory bytes / LOG_CLEANER_OFFSET_MAP_ENTRY_BYTES. Offsets must be put
+    in increasing order (a pass reads the log forward), so the last put is the latest.
+    """
+
+    def __init__(self, memory_bytes: int) -> None:
+        self.capacity_entries = max(1, memory_bytes // limits.LOG_CLEANER_OFFSET_MAP_ENTRY_BYTES)
+        self._offsets: dict[bytes, int] = {}
+        self.latest_offset = -1
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def clear(self) -> None:
+        self._offsets.clear()
+        self.latest_offset = -1
+
+    def put(self, digest: bytes, offset: int) -> bool:
+        """Record `offset` for the key; False, recording nothing, if a new key would overfill it."""
+        offsets = self._offsets
+        if digest not in offsets and len(offsets) >= self.capacity_entries:
+            return False
+        if offset <= self.latest_offset:
+            raise InvariantViolation(
+                f"offset map: offset {offset} put after {self.latest_offset}; a pass reads forward"
+            )
+        offsets[digest] = offset
+        self.latest_offset = offset
+        return True
+
+    def get(self, digest: bytes) -> int:
+        """The latest offset recorded for the key, -1 if none."""
+        return self._offsets.get(digest, -1)
+
+
+# ---- the throttle --------------------------------------------------------------------------
+
+
+class Throttler:
+    """Hold the cleaner's I/O to `bytes_per_second` (Kafka's Throttler): sleep when ahead.
+
+    `monotonic_ms` and `sleep_s` are injected (the real ones in the broker, fakes in tests).
+    0 bytes_per_second: no limit (`between_batches` still yields). Used by the cleaner thread only.
+    """
+
+    def __init__(
+        self,
+        bytes_per_second: int,
+        *,
+        monotonic_ms: Callable[[], float],
+        sleep_s: Callable[[float], None],
+        check_interval_ms: int = limits.LOG_CLEANER_THROTTLE_CHECK_INTERVAL_MS,
+    ) -> None:
+        self.bytes_per_second = bytes_per_second
+        self._monotonic_ms = monotonic_ms
+        self._sleep_s = sleep_s
+        self._check_interval_ms = check_interval_ms
+        self._period_start_ms = monotonic_ms()
+        self._observed_bytes = 0
+        self.slept_s = 0.0
+
+    def between_batches(self) -> None:
+        """Let other threads run: `sleep_s(0)` (the broker's releases the GIL).
+
+        The cleaner thread is pure Python work; the event loop's thread, waiting for the GIL
+        behind it, would stall produce and fetch. Handing it over after every batch cut the
+        loop's longest stall behind the offset-map thread from 12-27 ms to 2-3 ms on a busy
+        2-core host (tests/unit/test_cleaner.py has the rule, bench/cleaner_bench.py the figure).
+        """
+        self._sleep_s(0)
+
+    def maybe_throttle(self, observed_bytes: int) -> None:
+        """Account for `observed_bytes` of I/O; sleep if the rate since the last check is too high."""
+        if self.bytes_per_second <= 0:
+            return
+        self._observed_bytes += observed_bytes
+        now = self._monotonic_ms()
+        elapsed_ms = now - self._period_start_ms
+        if elapsed_ms < self._check_interval_ms:
+            return
+        rate = self._observed_bytes * 1000.0 / max(elapsed_ms, 1e-3)
+        if rate > self.bytes_per_second:
+            # Sleep until the bytes seen would have taken the allowed rate's time.
+            sleep_s = self._observed_bytes / self.bytes_per_second - elapsed_ms / 1000.0
+            if sleep_s > 0:
+                self._sleep_s(sleep_s)
+                self.slept_s += sleep_s
+        self._period_start_ms = self._monotonic_ms()
+        self._observed_bytes = 0
+
+
+class CleaningAborted(Exception):
+    """The broker is stopping: the pass gave up between two batches (its cleaned file is discarded)."""
+
+
+# ---- reading segments ----------------------------------------------------------------------
+
+
+def read_batches(
+    storage: Storage,
+    path: str,
+    throttler: Throttler | None,
+    chunk_bytes: int = limits.LOG_CLEANER_READ_CHUNK_BYTES,
+    stop: Callable[[], bool] | None = None,
+) -> Iterator[tuple[BatchHeader, memoryview]]:
+    """Each batch of the segment file at `path`, checked (framing, CRC), with its bytes.
+
+    Reads `chunk_bytes` at a time (a larger batch is read whole). A torn or corrupt batch raises
+    CorruptMessage naming the file: the cleaner never cleans past damage (the log's recovery
+    deals with it at the next start; the log is marked uncleanable meanwhile).
+    """
+    handle = storage.open(path, create=False)
+    try:
+        size = handle.size
+        position = 0
+        want = chunk_bytes
+        while position < size:
+            if stop is not None and stop():
+                raise CleaningAborted(f"stopped while reading {path}")
+            data = handle.read_at(position, min(want, size - position))
+            want = chunk_bytes
+            if throttler is not None:
+                throttler.maybe_throttle(len(data))
+            view = memoryview(data)
+            offset_in_chunk = 0
+            while len(data) - offset_in_chunk >= LOG_OVERHEAD:
+                (batch_length,) = struct.unpack_from(">i", data, offset_in_chunk + 8)
+                batch_size = batch_length + LOG_OVERHEAD
+                if batch_size > len(data) - offset_in_chunk:
+                    break
+                try:
+                    header = check_batch(
+                        data, offset_in_chunk, max_batch_bytes=None, position_base=position, exact_count=False
+                    )
+                except CorruptMessage as error:
+                    raise CorruptMessage(f"segment {path}: {error.message}") from error
+                yield header, view[offset_in_chunk : offset_in_chunk + batch_size]
+                if throttler is not None:
+                    throttler.between_batches()
+                if stop is not None and stop():
+                    raise CleaningAborted(f"stopped while reading {path}")
+                offset_in_chunk += batch_size
+            if offset_in_chunk == 0:
+                # The next batch is bigger than a chunk: read it whole (bounded by the file).
+                if len(data) < LOG_OVERHEAD:
+                    raise CorruptMessage(f"segment {path}: torn batch at byte {position}")
+                (batch_length,) = struct.unpack_from(">i", data, 8)
+                whole = batch_length + LOG_OVERHEAD
+                if whole <= len(data) or position + whole > size or batch_length < 0:
+                    raise CorruptMessage(
+                        f"segment {path}: batch at byte {position} declares {whole} bytes, "
+                        f"{size - position} remain in the file"
+                    )
+                want = whole
+                continue
+            position += offset_in_chunk
+    finally:
+        handle.close()
+
+
+def _records(
+    header: BatchHeader, batch: memoryview
+) -> Iterator[tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]]:
+    """(offset, timestamp, key, value, headers) of each record of a data batch, decompressed."""
+    try:
+        for record in DefaultRecordBatch(batch):
+            yield record.offset, record.timestamp, record.key, record.value, record.headers
+    except MemoryError:
+        raise
+    except (CorruptRecordException, UnicodeDecodeError) as error:
+        raise CorruptMessage(f"batch at offset {header.base_offset}: {error}") from error
+    except Exception as error:  # each codec has its own errors (zlib.error, cramjam's ...)
+        raise CorruptMessage(
+            f"batch at offset {header.base_offset}: its records do not decode "
+            f"({type(error).__name__}: {error})"
+        ) from error
+
+
+# ---- pass step 2: the offset map -----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class MapResult:
+    """How far the map reaches: every key's latest offset in [start, end_offset) is in it."""
+
+    end_offset: int
+    full: bool
+    bytes_read: int
+    records: int
+
+
+def build_offset_map(
+    storage: Storage,
+    segments: Sequence[CleanableSegment],
+    offset_map: OffsetMap,
+    *,
+    start_offset: int,
+    end_offset: int,
+    throttler: Throttler | None,
+    stop: Callable[[], bool] | None = None,
+) -> MapResult:
+    """Fill `offset_map` from the records of `segments` in [start_offset, end_offset).
+
+    Kafka's buildOffsetMap.
+
+    Stops when a new key would overfill the map: the map then reaches the offset of the
+    record it could not take (exclusive), and only the log below it is cleaned this pass.
+    Control batches and keyless records hold no key and are skipped.
+    """
+    offset_map.clear()
+    bytes_read = records = 0
+    for segment in segments:
+        if segment.end_offset <= start_offset or segment.base_offset >= end_offset:
+            continue
+        for header, batch in read_batches(storage, segment.path, throttler, stop=stop):
+            bytes_read += header.size_bytes
+            if header.next_offset <= start_offset or header.is_control:
+                continue
+            if header.base_offset >= end_offset:
+                return MapResult(end_offset, False, bytes_read, records)
+            for offset, _timestamp, key, _value, _headers in _records(header, batch):
+                if offset < start_offset or key is None:
+                    continue
+                if offset >= end_offset:
+                    return MapResult(end_offset, False, bytes_read, records)
+                if not offset_map.put(key_hash(key), offset):
+                    return MapResult(offset, True, bytes_read, records)
+                records += 1
+    return MapResult(end_offset, False, bytes_read, records)
+
+
+# ---- pass step 4: filtering ----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class GroupResult:
+    """What cleaning one group did."""
+
+    bytes_read: int = 0
+    bytes_written: int = 0
+    records_kept: int = 0
+    records_removed: int = 0
+    tombstones_removed: int = 0
+    batches_copied: int = 0
+    batches_rewritten: int = 0
+    batches_dropped: int = 0
+    # The earliest delete horizon of a kept tombstone (-1: none kept): when a pass may remove more.
+    earliest_delete_horizon_ms: int = -1
+
+    def add(self, other: GroupResult) -> None:
+        for name in (
+            "bytes_read",
+            "bytes_written",
+            "records_kept",
+            "records_removed",
+            "tombstones_removed",
+            "batches_copied",
+            "batches_rewritten",
+            "batches_dropped",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.earliest_delete_horizon_ms = _earliest(
+            self.earliest_delete_horizon_ms, other.earliest_delete_horizon_ms
+        )
+
+
+def _earliest(a: int, b: int) -> int:
+    if a < 0:
+        return b
+    if b < 0:
+        return a
+    return min(a, b)
+
+
+@dataclass(frozen=True, slots=True)
+class FilterContext:
+    """What decides a record's fate in one pass."""
+
+    offset_map: OffsetMap
+    # Records at or past this offset are never removed (the map knows nothing of them).
+    map_end_offset: int
+    now_ms: int
+    delete_retention_ms: int
+    # Each producer id's last batch's last offset in the log (from the partition's producer
+    # state, Kafka's lastRecordsOfActiveProducers): that batch is kept even if left empty.
+    producer_last_offsets: Mapping[int, int]
+
+
+def filter_batch(
+    header: BatchHeader, batch: memoryview, ctx: FilterContext, result: GroupResult
+) -> bytes | memoryview | None:
+    """The batch as the cleaned segment holds it: the same bytes, a re-encoded copy, or None (dropped)."""
+    if header.is_control:
+        result.batches_copied += 1
+        return batch
+    has_horizon = bool(header.attributes & DELETE_HORIZON_MASK)
+    horizon_ms = header.first_timestamp if has_horizon else -1
+    kept: list[tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]] = []
+    removed = tombstones_removed = 0
+    kept_tombstone = False
+    for record in _records(header, batch):
+        offset, _timestamp, key, value, _headers = record
+        # Past the map's end nothing is removed (Kafka's pastLatestOffset), tombstones included:
+        # a tombstone is dropped only by a pass whose map covered it or a later one, and such a
+        # pass removed every older record of its key (they all lie below it, in its range).
+        if key is not None and offset < ctx.map_end_offset:
+            if ctx.offset_map.get(key_hash(key)) > offset:
+                removed += 1
+                continue
+            if value is None and has_horizon and ctx.now_ms >= horizon_ms:
+                removed += 1
+                tombstones_removed += 1
+                continue
+        if value is None and key is not None:
+            kept_tombstone = True
+        kept.append(record)
+    result.records_kept += len(kept)
+    result.records_removed += removed
+    result.tombstones_removed += tombstones_removed
+    needs_horizon = kept_tombstone and not has_horizon
+    if kept_tombstone:
+        new_horizon = horizon_ms if has_horizon else ctx.now_ms + ctx.delete_retention_ms
+        result.earliest_delete_horizon_ms = _earliest(result.earliest_delete_horizon_ms, new_horizon)
+    if removed == 0 and not needs_horizon:
+        result.batches_copied += 1
+        return batch
+    if not kept:
+        if (
+            header.producer_id != NO_PRODUCER_ID
+            and ctx.producer_last_offsets.get(header.producer_id) == header.last_offset
+        ):
+            result.batches_rewritten += 1
+            return encode_filtered_batch(header, [], delete_horizon_ms=None)
+        result.batches_dropped += 1
+        return None
+    result.batches_rewritten += 1
+    horizon: int | None = None
+    if kept_tombstone:
+        horizon = horizon_ms if has_horizon else ctx.now_ms + ctx.delete_retention_ms
+    return encode_filtered_batch(header, kept, delete_horizon_ms=horizon)
+
+
+def encode_filtered_batch(
+    header: BatchHeader,
+    records: Sequence[tuple[int, int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
+    *,
+    delete_horizon_ms: int | None,
+) -> bytes:
+    """A batch of `records` (each (offset, timestamp, key, value, headers)) in `header`'s place.
+
+    Keeps the base offset, last offset delta, partition leader epoch, producer id/epoch/base
+    sequence, codec and attribute bits of `header` (Kafka's MemoryRecords.filterTo with
+    overrideLastOffset). The base timestamp is the delete horizon when given (attribute bit 6),
+    else the first record's timestamp; the max timestamp is the records' (a LogAppendTime
+    batch keeps the leader's). An empty record list makes Kafka's empty batch: the header
+    alone, uncompressed, kept for its producer state.
+    """
+    attributes = header.attributes & ~DELETE_HORIZON_MASK
+    if not records:
+        # Kafka's empty batch header: uncompressed, both timestamps the batch's max timestamp.
+        attributes &= ~COMPRESSION_MASK
+        body = b""
+        first_timestamp = max_timestamp = header.max_timestamp
+    else:
+        if delete_horizon_ms is not None:
+            attributes |= DELETE_HORIZON_MASK
+            first_timestamp = delete_horizon_ms
+        else:
+            first_timestamp = records[0][1]
+        if header.attributes & TIMESTAMP_TYPE_LOG_APPEND:
+            max_timestamp = header.max_timestamp
+        else:
+            max_timestamp = max(record[1] for record in records)
+        pieces: list[bytes] = []
+        for offset, timestamp, key, value, headers in records:
+            pieces.append(
+                _encode_record(offset - header.base_offset, timestamp - first_timestamp, key, value, headers)
+            )
+        body = b"".join(pieces)
+        codec = header.compression
+        if codec:
+            compress = _COMPRESSORS.get(codec)
+            if compress is None:
+                raise CorruptMessage(
+                    f"batch at offset {header.base_offset}: unknown compression codec {codec}"
+                )
+            body = compress(body)
+    after_crc = struct.pack(
+        ">hiqqqhii",
+        attributes,
+        header.last_offset_delta,
+        first_timestamp,
+        max_timestamp,
+        header.producer_id,
+        header.producer_epoch,
+        header.base_sequence,
+        len(records),
+    )
+    batch_length = BATCH_HEADER_SIZE - LOG_OVERHEAD + len(body)
+    out = bytearray(
+        struct.pack(">qiib", header.base_offset, batch_length, header.partition_leader_epoch, MAGIC_V2)
+        + b"\x00\x00\x00\x00"
+        + after_crc
+        + body
+    )
+    struct.pack_into(">I", out, CRC_POS, batch_crc(out, 0, len(out)))
+    return bytes(out)
+
+
+def _encode_record(
+    offset_delta: int,
+    timestamp_delta: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[tuple[str, bytes | None]],
+) -> bytes:
+    """One Kafka v2 record: length, attributes, timestamp delta, offset delta, key, value, headers."""
+    parts = [b"\x00", record_varint(timestamp_delta), record_varint(offset_delta)]
+    if key is None:
+        parts.append(record_varint(-1))
+    else:
+        parts += (record_varint(len(key)), key)
+    if value is None:
+        parts.append(record_varint(-1))
+    else:
+        parts += (record_varint(len(value)), value)
+    parts.append(record_varint(len(headers)))
+    for name, header_value in headers:
+        name_bytes = name.encode("utf-8")
+        parts += (record_varint(len(name_bytes)), name_bytes)
+        if header_value is None:
+            parts.append(record_varint(-1))
+        else:
+            parts += (record_varint(len(header_value)), header_value)
+    body = b"".join(parts)
+    return record_varint(len(body)) + body
+
+
+def clean_group(
+    storage: Storage,
+    group: Sequence[CleanableSegment],
+    out_path: str,
+    ctx: FilterContext,
+    *,
+    throttler: Throttler | None,
+    stop: Callable[[], bool] | None = None,
+) -> GroupResult:
+    """Filter `group` into a new file at `out_path`, fsynced; return what was kept and removed.
+
+    The file holds the kept batches in offset order (possibly none). An existing file at
+    `out_path` (left by a pass that died) is replaced. Raises CorruptMessage for a damaged
+    batch and StorageError when a file cannot be read or written; the caller deletes
+    `out_path` then (`discard_cleaned`).
+    """
+    result = GroupResult()
+    if storage.exists(out_path):
+        storage.delete(out_path)
+    out = storage.open(out_path, create=True)
+    try:
+        pending: list[bytes | memoryview] = []
+        pending_bytes = 0
+        for segment in group:
+            for header, batch in read_batches(storage, segment.path, throttler, stop=stop):
+                result.bytes_read += header.size_bytes
+                kept = filter_batch(header, batch, ctx, result)
+                if kept is None:
+                    continue
+                pending.append(kept)
+                pending_bytes += len(kept)
+                if pending_bytes >= limits.LOG_CLEANER_WRITE_CHUNK_BYTES:
+                    _write(out, pending, pending_bytes, result, throttler)
+                    pending, pending_bytes = [], 0
+        if pending:
+            _write(out, pending, pending_bytes, result, throttler)
+        out.fsync()
+    finally:
+        out.close()
+    return result
+
+
+def _write(
+    out: StorageFile,
+    pending: list[bytes | memoryview],
+    size: int,
+    result: GroupResult,
+    throttler: Throttler | None,
+) -> None:
+    out.append(b"".join(pending))
+    result.bytes_written += size
+    if throttler is not None:
+        throttler.maybe_throttle(size)
+
+
+def discard_cleaned(storage: Storage, out_path: str) -> None:
+    """Delete a cleaned file that will not be swapped in (a failed or abandoned group)."""
+    if storage.exists(out_path):
+        storage.delete(out_path)
+
+
+def attributes_of(batch: bytes | memoryview) -> int:
+    """The attributes field of a batch's bytes (tests and tools)."""
+    (attributes,) = struct.unpack_from(">h", batch, ATTRIBUTES_POS)
+    return int(attributes)

@@ -1,0 +1,78 @@
+"""Two stateful stream-processing applications, one per framework, for test_stream_frameworks.py.
+
+Run as a process: `python -m tests.integration.stream_framework_apps quix|faust BOOTSTRAP INPUT OUTPUT
+GROUP STATE_DIR`. Each keeps, per key, a running sum of the events' amounts in its framework's
+state (a quixstreams state store, a faust table), both with the framework's default settings, so
+each creates and restores from its own compacted changelog topic. For every input event it writes
+one output record {"key", "seq", "sum", "i"}: the key's state after the event.
+
+Processing is at-least-once (both frameworks' default; their exactly-once mode needs Kafka
+transactions, which Highwater does not serve: issue 41), so after a crash the events since the last
+commit are processed again. Each event carries its per-key sequence number (1, 2, ...) and the state
+keeps the last one applied, so a replayed event is not added twice: the state is exact whatever the
+replay, and any output's sum equals the sum of its key's first `seq` amounts.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def apply(state: dict[str, Any] | None, event: dict[str, Any]) -> dict[str, Any]:
+    """The key's new state after `event`: the event's amount added once, a replay ignored."""
+    acc = state or {"key": event["key"], "seq": 0, "sum": 0}
+    if event["seq"] > acc["seq"]:
+        acc = {"key": event["key"], "seq": event["seq"], "sum": acc["sum"] + event["amount"]}
+    return acc
+
+
+def run_quix(bootstrap: str, input_topic: str, output_topic: str, group: str, state_dir: str) -> None:
+    from quixstreams import Application, State
+
+    app = Application(
+        broker_address=bootstrap,
+        consumer_group=group,
+        auto_offset_reset="earliest",
+        state_dir=state_dir,
+    )
+    source = app.topic(input_topic, key_deserializer="str", value_deserializer="json")
+    sink = app.topic(output_topic, key_serializer="str", value_serializer="json")
+
+    def update(event: dict[str, Any], state: State[str, dict[str, Any]]) -> dict[str, Any]:
+        acc = apply(state.get("acc"), event)
+        state.set("acc", acc)
+        return {**acc, "i": event["i"]}
+
+    app.dataframe(source).apply(update, stateful=True).to_topic(sink)
+    app.run()
+
+
+def run_faust(bootstrap: str, input_topic: str, output_topic: str, group: str, state_dir: str) -> None:
+    import faust
+
+    # The web server (statistics pages on port 6066) is not needed and could collide with
+    # another process on a shared machine; nothing else differs from faust's defaults.
+    app = faust.App(group, broker=f"kafka://{bootstrap}", datadir=state_dir, web_enabled=False)
+    source = app.topic(input_topic, key_serializer="raw", value_serializer="json")
+    sink = app.topic(output_topic, key_serializer="raw", value_serializer="json")
+    sums = app.Table("sums", default=None)
+
+    @app.agent(source)
+    async def process(stream: Any) -> None:
+        async for event in stream:
+            acc = apply(sums.get(event["key"]), event)
+            sums[event["key"]] = acc
+            await sink.send(key=event["key"].encode(), value={**acc, "i": event["i"]})
+
+    faust.Worker(app, loglevel="info").execute_from_commandline()
+
+
+def main(argv: list[str]) -> None:
+    framework, bootstrap, input_topic, output_topic, group, state_dir = argv
+    run = {"quix": run_quix, "faust": run_faust}[framework]
+    run(bootstrap, input_topic, output_topic, group, state_dir)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,518 @@
+"""Swapping a cleaned segment into the log (issue 39): Log.replace_segments and its recovery.
+
+The cleaner writes a cleaned file beside the old segments; replace_segments swaps it in with
+a rename protocol whose commit point is one rename (log.py's docstring). Here the cleaned
+file is made by copying some of the old batches' bytes (what a cleaner keeps of them). The
+storage is instrumented to die at its k-th mutating call, for every k of a swap, followed by
+a power cut (MemoryStorage.crash) or a process kill (real files) and Log.open: the log must
+hold exactly the old segments or exactly the new one, with every record at its offset.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+from clients.common.errors import CorruptMessage, StorageError
+from clients.common.record_batch import (
+    BASE_OFFSET_POS,
+    PARTITION_LEADER_EPOCH_POS,
+    BatchHeader,
+    iter_batch_headers,
+)
+from clients.common.records import decode_batches, encode_values
+from clients.local_reads import NotReadableHere, read_located
+from protos.highwater.v1 import common_pb2
+from services.broker.log import Log, LogConfig, MemoryStorage
+from services.broker.log.file_storage import FileStorage
+from services.broker.log.log import SegmentsChanged, SegmentView
+from services.broker.log.storage import Buffer, FileLocation, OpenFileCache, Storage, StorageFile
+
+CONFIG = LogConfig(segment_bytes=500, index_interval_bytes=150, retention_ms=-1, max_message_bytes=500)
+DIRECTORY = "/data/topic-0"
+
+Records = list[tuple[int, bytes | None]]
+Keep = Callable[[BatchHeader], bool]
+
+
+class SimulatedCrash(Exception):
+    """The process died at this storage call: nothing after it runs."""
+
+
+class _CountingFile:
+    def __init__(self, storage: CrashAt, inner: StorageFile, path: str) -> None:
+        self._storage = storage
+        self._inner = inner
+        self._path = path
+
+    @property
+    def size(self) -> int:
+        return self._inner.size
+
+    def append(self, data: Buffer) -> int:
+        self._storage.step(f"append to {self._path}")
+        return self._inner.append(data)
+
+    def read_at(self, position: int, size: int) -> bytes:
+        return self._inner.read_at(position, size)
+
+    def truncate(self, size: int) -> None:
+        self._storage.step(f"truncate {self._path}")
+        self._inner.truncate(size)
+
+    def fsync(self) -> None:
+        self._storage.step(f"fsync {self._path}")
+        self._inner.fsync()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class CrashAt:
+    """A Storage over MemoryStorage or FileStorage that dies at its `crash_at`-th mutating call
+    (counted from when it is armed) and refuses every call after it, as a dead process makes none."""
+
+    def __init__(self, inner: MemoryStorage | FileStorage) -> None:
+        self.inner = inner
+        self.open_files = OpenFileCache(self, 2)  # tiny: files are evicted and reopened all the time
+        self.crash_at: int | None = None
+        self.steps: list[str] = []
+        # What the call at crash_at raises: a crash, or a failed disk (StorageError) the process survives.
+        self.failure: type[Exception] = SimulatedCrash
+
+    def step(self, what: str) -> None:
+        if self.crash_at is None:
+            return
+        if len(self.steps) >= self.crash_at:
+            if self.failure is not SimulatedCrash:
+                self.crash_at = None  # a failed call; the process lives on and calls again
+            raise self.failure(what)
+        self.steps.append(what)
+
+    def arm(self, crash_at: int) -> None:
+        self.crash_at = crash_at
+        self.steps = []
+
+    def restart(self, rng: random.Random | None = None) -> None:
+        """The process is gone: after a power cut on memory (torn writes with `rng`); real
+        files keep what was written (a kill)."""
+        self.open_files.crash()
+        self.open_files = OpenFileCache(self, 2)
+        if isinstance(self.inner, MemoryStorage):
+            self.inner.crash(rng)
+        self.crash_at = None
+
+    def open(self, path: str, *, create: bool = True) -> StorageFile:
+        if create and not self.inner.exists(path):
+            self.step(f"create {path}")
+        return _CountingFile(self, self.inner.open(path, create=create), path)
+
+    def exists(self, path: str) -> bool:
+        return self.inner.exists(path)
+
+    def mkdir(self, path: str) -> None:
+        self.step(f"mkdir {path}")
+        self.inner.mkdir(path)
+
+    def list_dir(self, path: str) -> list[str]:
+        return self.inner.list_dir(path)
+
+    def delete(self, path: str) -> None:
+        self.step(f"delete {path}")
+        self.inner.delete(path)
+
+    def rename(self, source: str, target: str) -> None:
+        self.step(f"rename {source} -> {target}")
+        self.inner.rename(source, target)
+
+    def read_file(self, path: str) -> bytes:
+        return self.inner.read_file(path)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        self.step(f"write_atomic {path}")
+        self.inner.write_atomic(path, data)
+
+    def write_unsynced(self, path: str, data: bytes) -> None:
+        self.step(f"write_unsynced {path}")
+        self.inner.write_unsynced(path, data)
+
+    def rename_unsynced(self, source: str, target: str) -> None:
+        self.step(f"rename_unsynced {source}")
+        self.inner.rename_unsynced(source, target)
+
+    def link_unsynced(self, source: str, target: str) -> None:
+        self.step(f"link_unsynced {source}")
+        self.inner.link_unsynced(source, target)
+
+    def sync_all(self, directory: str) -> None:
+        self.step(f"sync_all {directory}")
+        self.inner.sync_all(directory)
+
+    def delete_dir(self, path: str) -> None:
+        self.step(f"delete_dir {path}")
+        self.inner.delete_dir(path)
+
+    def file_location(self, path: str) -> FileLocation | None:
+        return self.inner.file_location(path)
+
+
+def read_everything(log: Log) -> Records:
+    offset = log.log_start_offset
+    seen: Records = []
+    while offset < log.log_end_offset:
+        fetched = log.read(offset, max_bytes=400)
+        if fetched.is_empty:
+            break
+        seen.extend((r.offset, r.value) for r in decode_batches(fetched.records) if r.offset >= offset)
+        offset = fetched.next_offset
+    return seen
+
+
+def filled_log(storage: Storage, directory: str = DIRECTORY, batches: int = 40) -> Log:
+    log = Log.open(directory, CONFIG, storage=storage, now_ms=0)
+    for i in range(batches):
+        values = [b"v%d-%d" % (i, j) for j in range(1 + i % 3)]
+        log.append_as_leader(
+            encode_values(values, timestamp_ms=1_000 + i), leader_epoch=1 + i // 15, now_ms=i
+        )
+    log.flush(now_ms=0)
+    return log
+
+
+def write_cleaned(log: Log, views: list[SegmentView], keep: Keep) -> set[int]:
+    """Write (and fsync) the cleaned file as a cleaner would: the kept batches' bytes, in order.
+    Returns the base offsets of the batches kept."""
+    storage = log.storage
+    out = storage.open(log.cleaned_segment_path(views[0].base_offset))
+    kept: set[int] = set()
+    for view in views:
+        source = storage.open(view.path, create=False)
+        data = source.read_at(0, source.size)
+        source.close()
+        for header in iter_batch_headers(data):
+            if keep(header):
+                out.append(data[header.position : header.end_position])
+                kept.add(header.base_offset)
+    out.fsync()
+    out.close()
+    return kept
+
+
+def expected_after(before: Records, views: list[SegmentView], kept_bases: set[int], log: Log) -> Records:
+    """The records the log holds once the swap is done: those outside the range, and in it those
+    of the kept batches."""
+    start, end = views[0].base_offset, views[-1].end_offset
+    batch_of: dict[int, int] = {}
+    for header in log.batch_headers():
+        for offset in range(header.base_offset, header.next_offset):
+            batch_of[offset] = header.base_offset
+    return [(o, v) for o, v in before if not start <= o < end or batch_of[o] in kept_bases]
+
+
+def every_other_batch(header: BatchHeader) -> bool:
+    return header.base_offset % 2 == 0
+
+
+def test_replace_segments_keeps_every_kept_record_at_its_offset() -> None:
+    storage = MemoryStorage(open_files_max=2)
+    log = filled_log(storage)
+    views = log.segments_for_cleaning()
+    assert len(views) >= 4
+    assert all(v.end_offset == w.base_offset for v, w in itertools.pairwise(views))
+    run = views[:3]
+    before = read_everything(log)
+    kept = write_cleaned(log, run, every_other_batch)
+    after = expected_after(before, run, kept, log)
+    assert len(after) < len(before)
+    log.replace_segments(run, now_ms=5)
+    bases = log.segment_base_offsets
+    assert bases[0] == run[0].base_offset and bases[1] == run[-1].end_offset
+    assert read_everything(log) == after
+    # Every offset answers from the first kept batch at or after it.
+    headers = list(log.batch_headers())
+    for offset in range(log.log_end_offset):
+        holder = next(h for h in headers if h.next_offset > offset)
+        assert log.read(offset, max_bytes=1).first_offset == holder.base_offset
+        assert log.locate(offset)[2] == holder.base_offset  # type: ignore[index]
+    new_view = log.segments_for_cleaning()[0]
+    assert (new_view.base_offset, new_view.end_offset) == (run[0].base_offset, run[-1].end_offset)
+    assert not [n for n in storage.list_dir(DIRECTORY) if ".cleaned" in n or ".swap" in n]
+    # A clean reopen and a crash both keep it; appends go on.
+    log.close()
+    reopened = Log.open(DIRECTORY, CONFIG, storage=storage, now_ms=0)
+    assert reopened.segment_base_offsets == bases
+    assert read_everything(reopened) == after
+    reopened.append_as_leader(encode_values([b"new"], timestamp_ms=9), leader_epoch=9, now_ms=9)
+    reopened.flush(now_ms=9)
+    storage.crash()
+    again = Log.open(DIRECTORY, CONFIG, storage=storage, now_ms=0)
+    assert read_everything(again)[:-1] == after
+
+
+def test_a_cleaned_run_that_drops_whole_segments_and_is_cleaned_again() -> None:
+    storage = MemoryStorage()
+    log = filled_log(storage, batches=60)
+    views = log.segments_for_cleaning()
+    run = views[:3]
+    last_base = run[-1].base_offset
+    before = read_everything(log)
+    # Nothing kept of the last segment: a hole up to the next segment's base.
+    kept = write_cleaned(log, run, lambda h: h.base_offset < last_base and h.base_offset % 3 == 0)
+    after = expected_after(before, run, kept, log)
+    log.replace_segments(run, now_ms=1)
+    assert read_everything(log) == after
+    new = log.segments_for_cleaning()[0]
+    assert new.next_offset < new.end_offset
+    # The cleaned segment grouped with the next one, everything of it dropped but one batch.
+    second = log.segments_for_cleaning()[:2]
+    keep_one = max(kept)
+    kept2 = write_cleaned(log, second, lambda h: h.base_offset == keep_one)
+    after2 = expected_after(after, second, kept2, log)
+    log.replace_segments(second, now_ms=2)
+    assert read_everything(log) == after2
+    storage.crash()
+    assert read_everything(Log.open(DIRECTORY, CONFIG, storage=storage, now_ms=0)) == after2
+
+
+def test_an_emptied_first_segment_keeps_the_log_start() -> None:
+    storage = MemoryStorage()
+    log = filled_log(storage)
+    run = log.segments_for_cleaning()[:1]
+    before = read_everything(log)
+    write_cleaned(log, run, lambda h: False)
+    log.replace_segments(run, now_ms=1)
+    assert log.log_start_offset == 0
+    assert read_everything(log) == [r for r in before if r[0] >= run[0].end_offset]
+    assert log.read(0, max_bytes=1).first_offset == run[0].end_offset
+    log.close()
+    reopened = Log.open(DIRECTORY, CONFIG, storage=storage, now_ms=0)
+    assert reopened.log_start_offset == 0
+    assert reopened.segment_base_offsets[0] == 0
+
+
+@pytest.mark.parametrize("change", ["retention", "delete-records", "truncation", "became-active", "resized"])
+def test_segments_changed_meanwhile_refuses_the_swap(change: str) -> None:
+    storage = MemoryStorage()
+    log = filled_log(storage)
+    views = log.segments_for_cleaning()
+    run = views[:2] if change != "became-active" else views[-2:]
+    write_cleaned(log, run, every_other_batch)
+    if change in ("retention", "delete-records"):
+        log.advance_log_start_offset(views[1].base_offset)  # the first segment goes
+    elif change == "truncation":
+        log.truncate_to(views[1].base_offset + 1)
+    elif change == "became-active":
+        log.truncate_to(views[-1].end_offset - 1)  # the last inactive segment is the active one now
+    else:
+        other = filled_log(storage, DIRECTORY + "-b", batches=2)
+        run = [
+            SegmentView(
+                v.base_offset, v.next_offset, v.end_offset, v.path, v.size_bytes + 1, v.max_timestamp_ms
+            )
+            for v in run
+        ]
+        other.close()
+    before = read_everything(log)
+    bases = log.segment_base_offsets
+    with pytest.raises(SegmentsChanged, match="changed since the cleaner read them"):
+        log.replace_segments(run, now_ms=1)
+    assert isinstance(SegmentsChanged(""), StorageError)
+    assert read_everything(log) == before and log.segment_base_offsets == bases
+    assert not log.is_offline
+
+
+@pytest.mark.parametrize("damage", ["past-the-range", "torn", "garbage"])
+def test_a_bad_cleaned_file_is_refused_and_deleted(damage: str) -> None:
+    storage = MemoryStorage()
+    log = filled_log(storage)
+    views = log.segments_for_cleaning()
+    run = views[:2]
+    before = read_everything(log)
+    if damage == "past-the-range":
+        write_cleaned(log, views[:3], every_other_batch)  # holds offsets of the third segment
+    else:
+        write_cleaned(log, run, every_other_batch)
+        cleaned = storage.open(log.cleaned_segment_path(run[0].base_offset))
+        cleaned.append(b"\x00" * 30 if damage == "torn" else os.urandom(200))
+        cleaned.fsync()
+    with pytest.raises(CorruptMessage, match="cleaned segment"):
+        log.replace_segments(run, now_ms=1)
+    assert read_everything(log) == before
+    assert not [n for n in storage.list_dir(DIRECTORY) if ".cleaned" in n or ".swap" in n]
+
+
+def crash_run(
+    storage: CrashAt, directory: str, crash_at: int
+) -> tuple[bool, Records, Records, list[int], list[int]]:
+    """Build the log, write the cleaned file, die at the crash_at-th call of the swap.
+    (finished?, records before, records after, bases before, bases after)."""
+    log = filled_log(storage, directory)
+    run = log.segments_for_cleaning()[1:4]
+    before = read_everything(log)
+    bases_before = log.segment_base_offsets
+    kept = write_cleaned(log, run, lambda h: h.base_offset % 3 != 1)
+    after = expected_after(before, run, kept, log)
+    bases_after = [b for b in bases_before if not run[0].base_offset < b < run[-1].end_offset]
+    storage.arm(crash_at)
+    try:
+        log.replace_segments(run, now_ms=1)
+        finished = True
+    except SimulatedCrash:
+        finished = False
+    return finished, before, after, bases_before, bases_after
+
+
+@pytest.mark.parametrize("cut", ["power-cut", "torn-power-cut", "kill"])
+def test_a_crash_at_every_step_of_the_swap_leaves_old_or_new_never_a_mix(cut: str, tmp_path: Path) -> None:
+    outcomes: list[str] = []
+    k = 0
+    while True:
+        directory = str(tmp_path / f"t-{k}") if cut == "kill" else DIRECTORY
+        inner: MemoryStorage | FileStorage = FileStorage() if cut == "kill" else MemoryStorage()
+        storage = CrashAt(inner)
+        finished, before, after, bases_before, bases_after = crash_run(storage, directory, k)
+        steps = list(storage.steps)
+        storage.restart(random.Random(k) if cut == "torn-power-cut" else None)
+        reopened = Log.open(directory, CONFIG, storage=storage, now_ms=0)
+        state = (read_everything(reopened), reopened.segment_base_offsets)
+        if state == (before, bases_before):
+            outcomes.append("old")
+        else:
+            assert state == (after, bases_after), f"crash at step {k} ({steps[-1:] or 'none'}): a mix"
+            outcomes.append("new")
+        assert not [n for n in storage.list_dir(directory) if ".cleaned" in n or ".swap" in n]
+        # The recovered log works on, and a second open agrees.
+        reopened.append_as_leader(encode_values([b"z"], timestamp_ms=5), leader_epoch=7, now_ms=0)
+        reopened.close()
+        again = Log.open(directory, CONFIG, storage=storage, now_ms=0)
+        assert read_everything(again)[:-1] == state[0]
+        again.close()
+        if finished:
+            break
+        k += 1
+    # Old up to the commit point, new from it on; the swap had several steps on each side.
+    assert outcomes[-1] == "new" and outcomes == sorted(outcomes, key=lambda o: o == "new")
+    assert outcomes.count("old") >= 5 and outcomes.count("new") >= 5, outcomes
+
+
+def test_a_located_read_cannot_read_a_swapped_out_file(tmp_path: Path) -> None:
+    storage = FileStorage()
+    log = filled_log(storage, str(tmp_path / "t-0"))
+    run = log.segments_for_cleaning()[:2]
+    located = log.read_location(0, max_bytes=300)
+    assert located is not None
+    where = storage.file_location(located.path)
+    assert where is not None
+    location = common_pb2.RecordsLocation(
+        path=where.path,
+        position=located.position,
+        size=located.size,
+        device=where.device,
+        inode=where.inode,
+        host_id=where.host_id,
+    )
+    assert read_located(location) == log.read(0, max_bytes=300).records
+    write_cleaned(log, run, every_other_batch)
+    log.replace_segments(run, now_ms=1)
+    assert os.stat(located.path).st_ino != where.inode  # the path names the new file
+    with pytest.raises(NotReadableHere):
+        read_located(location)
+
+
+def test_a_storage_failure_past_the_commit_point_takes_the_log_offline_until_reopened() -> None:
+    storage = CrashAt(MemoryStorage())
+    log = filled_log(storage)
+    run = log.segments_for_cleaning()[1:3]
+    before = read_everything(log)
+    kept = write_cleaned(log, run, every_other_batch)
+    after = expected_after(before, run, kept, log)
+    storage.failure = StorageError
+    storage.arm(12)  # a delete of an old segment, past the commit rename
+    with pytest.raises(StorageError, match="swap of cleaned segment"):
+        log.replace_segments(run, now_ms=1)
+    assert storage.steps[-3].startswith("rename") and storage.steps[-3].endswith(".swap")
+    assert log.is_offline
+    with pytest.raises(StorageError, match="restart the broker"):
+        log.read(0, max_bytes=100)
+    with pytest.raises(StorageError):
+        log.append_as_leader(encode_values([b"x"], timestamp_ms=1), leader_epoch=9, now_ms=1)
+    log.abandon()
+    reopened = Log.open(DIRECTORY, CONFIG, storage=storage, now_ms=0)
+    assert read_everything(reopened) == after
+
+
+def test_a_storage_failure_before_the_commit_point_leaves_the_log_usable() -> None:
+    storage = CrashAt(MemoryStorage())
+    log = filled_log(storage)
+    run = log.segments_for_cleaning()[1:3]
+    before = read_everything(log)
+    write_cleaned(log, run, every_other_batch)
+    storage.failure = StorageError
+    storage.arm(5)  # writing the cleaned indexes
+    with pytest.raises(StorageError):
+        log.replace_segments(run, now_ms=1)
+    assert not log.is_offline
+    assert read_everything(log) == before
+    assert not [n for n in storage.list_dir(DIRECTORY) if ".cleaned" in n or ".swap" in n]
+
+
+def filtered(batch: bytes, header: BatchHeader, drop: Callable[[int], bool]) -> bytes | None:
+    """The batch as a cleaner re-encodes it: the records at offsets `drop` refuses removed, its
+    base offset, last offset delta and leader epoch kept (Kafka's); None when none is left."""
+    records = [r for r in decode_batches(batch) if not drop(r.offset)]
+    if not records:
+        return None
+    builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 20)
+    for record in records:
+        builder.append(record.offset - header.base_offset, record.timestamp_ms, record.key, record.value, [])
+    # The builder takes the last offset delta from the last record: keep that one.
+    assert records[-1].offset == header.last_offset
+    out = bytearray(builder.build())
+    out[BASE_OFFSET_POS : BASE_OFFSET_POS + 8] = header.base_offset.to_bytes(8, "big")
+    epoch = header.partition_leader_epoch.to_bytes(4, "big", signed=True)
+    out[PARTITION_LEADER_EPOCH_POS : PARTITION_LEADER_EPOCH_POS + 4] = epoch
+    return bytes(out)
+
+
+def test_batches_with_fewer_records_than_their_range_swap_in_and_read_back() -> None:
+    storage = MemoryStorage(open_files_max=2)
+    log = filled_log(storage)
+    run = log.segments_for_cleaning()[:3]
+    before = read_everything(log)
+    # Drop the first record of every batch of three (its last one stays: the range is kept).
+    firsts = {h.base_offset for h in log.batch_headers() if h.records_count == 3}
+    out = storage.open(log.cleaned_segment_path(run[0].base_offset))
+    for view in run:
+        source = storage.open(view.path, create=False)
+        data = source.read_at(0, source.size)
+        for header in iter_batch_headers(data):
+            kept = filtered(data[header.position : header.end_position], header, lambda o: o in firsts)
+            if kept is not None:
+                out.append(kept)
+    out.fsync()
+    after = [(o, v) for o, v in before if o not in firsts or o >= run[-1].end_offset]
+    log.replace_segments(run, now_ms=1)
+    assert read_everything(log) == after
+    for offset in firsts:
+        if offset < run[-1].end_offset:
+            fetched = log.read(offset, max_bytes=1)
+            assert fetched.first_offset == offset  # the batch still starts there
+            assert [r.offset for r in decode_batches(fetched.records)] == [offset + 1, offset + 2]
+    log.flush(now_ms=1)
+    storage.crash()
+    reopened = Log.open(DIRECTORY, CONFIG, storage=storage, now_ms=0)
+    assert read_everything(reopened) == after
+    # A follower copies such batches as they are.
+    follower = Log.open(DIRECTORY + "-f", CONFIG, storage=storage, now_ms=0)
+    offset = 0
+    while offset < reopened.log_end_offset:
+        fetched = reopened.read(offset, max_bytes=300)
+        follower.append_as_follower(fetched.records, now_ms=0)
+        offset = fetched.next_offset
+    assert read_everything(follower) == after
