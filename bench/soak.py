@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import json
 import math
 import os
 import re
@@ -771,6 +772,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def analyse(results: str, warmup_s: float | None) -> int:
+    """Slopes and verdict of a finished run over the samples after `warmup_s` (its own warm-up
+    when None); nothing is written."""
+    path = (
+        Path(results)
+        if ("/" in results or results.endswith(".json"))
+        else common.RESULTS_DIR / f"{results}.json"
+    )
+    out = json.loads(path.read_text())
+    warmup = out["warmup_s"] if warmup_s is None else warmup_s
+    samples: list[dict[str, Any]] = out["samples"]
+    if not samples or samples[-1]["t_s"] <= warmup:
+        lasted = clock(samples[-1]["t_s"] if samples else 0)
+        print(f"{path}: no samples after {clock(warmup)} (the run lasted {lasted})")
+        return 2
+    cluster = {name for name in samples[-1]["processes"] if name != "workload"}
+    slopes = growth(samples, warmup)
+    print(f"{path}: samples from {clock(warmup)} to {clock(samples[-1]['t_s'])}")
+    print_tables(slopes, verdict(slopes, out["counts"], cluster))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -848,7 +871,17 @@ def main(argv: list[str] | None = None) -> int:
         "(default with the flag: broker-1); written beside the results, bench/results/soak-heap/",
     )
     add("--output", default="soak", help="results: a name under bench/results, or a path (default soak)")
+    add(
+        "--analyse",
+        metavar="RESULTS",
+        default=None,
+        help="run nothing: read a finished run's results (a name under bench/results, or a path) and "
+        "print its slopes and verdict again, over the samples after --warmup (default: the run's own); "
+        "e.g. to see whether growth that slowed down has levelled off in the last hour",
+    )
     args = parser.parse_args(argv)
+    if args.analyse is not None:
+        return analyse(args.analyse, args.warmup)
     if args.heap_debug is not None and not args.heap_debug:
         args.heap_debug = ["broker-1"]
     if args.sample_every <= 0 or args.duration <= 0:
