@@ -761,6 +761,7 @@ class BrokerCore:
         self.metadata.apply(req)
         for name in req.deleted_topics:
             self.applied_topic_configs.pop(name, None)
+            metrics.forget_topic(name)
         if req.topic_configs:
             self._take_topic_configs(req.topic_configs)
         for leader_id, fetcher in list(self.fetchers.items()):

@@ -17,6 +17,19 @@ FETCHER_MAX_LAG = Gauge(
 )
 BYTES_IN = Counter("highwater_bytes_in", "Record bytes appended as leader", ["topic"])
 BYTES_OUT = Counter("highwater_bytes_out", "Record bytes returned to consumers", ["topic"])
+
+
+def forget_topic(topic: str) -> None:
+    """Drop a deleted topic's labelled series: a cluster that creates and deletes topics (stream
+    processing's repartition and changelog topics, tests) would otherwise keep one series per
+    topic it ever had, for the broker's life, in memory and in every scrape."""
+    for metric in (BYTES_IN, BYTES_OUT):
+        try:
+            metric.remove(topic)
+        except KeyError:
+            pass  # no record of that topic passed through this broker
+
+
 REQUEST_LATENCY = Histogram(
     "highwater_request_latency_seconds",
     "Broker RPC latency",
