@@ -465,10 +465,13 @@ def highwater_target(
     min_insync: int,
     brokers: int = 3,
     tmp_dir: str | None = None,
+    broker_args: Sequence[str] = (),
 ) -> Iterator[Target]:
     """A topic ready for a workload: on --bootstrap's cluster, or on a LocalCluster of our own
     (etcd + controller + `brokers` brokers + gateway, in a temporary directory, every process
-    stopped by pid on the way out). tmp_dir puts the brokers' logs elsewhere (/dev/shm: no disk)."""
+    stopped by pid on the way out). tmp_dir puts the brokers' logs elsewhere (/dev/shm: no disk);
+    broker_args are extra flags for every broker of our own cluster (bench/cleaner_impact.py's
+    --log-cleaner-backoff-ms)."""
     if bootstrap:
         leaders = create_topic(
             bootstrap,
@@ -484,7 +487,7 @@ def highwater_target(
     with (
         stopped_by_sigterm(),
         tempfile.TemporaryDirectory(prefix="hw-bench-", dir=tmp_dir) as tmp,
-        LocalCluster(Path(tmp), brokers=brokers) as cluster,
+        LocalCluster(Path(tmp), brokers=brokers, broker_args=list(broker_args)) as cluster,
     ):
         gateway = cluster.gateway_addresses[0]
         leaders = create_topic(

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from clients.admin import Admin
+from clients.admin import Admin, LogDescription
 from clients.common import errors as wire_errors
 from clients.common.topics import topic_config_note
 from clients.config import (
@@ -42,7 +42,7 @@ from clients.consumer import Consumer
 from clients.errors import GatewayUnavailable, HighwaterError, InvalidArgument
 from clients.producer import Producer
 from clients.tools.status import bootstrap_option, output_option
-from clients.types import TopicPartition
+from clients.types import TopicDescription, TopicPartition
 
 # Produce runs at least this long get a progress bar (when stderr is a terminal).
 PROGRESS_MIN_RECORDS = 10_000
@@ -388,7 +388,9 @@ def topic_list(obj: CliContext) -> None:
 @click.argument("names", nargs=-1)
 @pass_cli
 def topic_describe(obj: CliContext, names: tuple[str, ...]) -> None:
-    """Show each partition's leader, leader epoch, replicas and ISR (default: every topic).
+    """Show each partition's leader, leader epoch, replicas and ISR (default: every topic), the
+    topic's configs and each partition's log on its leader: size, offsets and, for a compacted
+    topic (cleanup.policy=compact), the cleaner's dirty ratio, lag and whether it is uncleanable.
 
     \b
     Example:
@@ -396,12 +398,14 @@ def topic_describe(obj: CliContext, names: tuple[str, ...]) -> None:
     """
     with obj.admin() as admin:
         descriptions = admin.describe_topics(list(names) if names else None)
+        logs, logs_error = describe_logs(admin, descriptions)
     if obj.json:
         print_json(
             [
                 {
                     "name": d.name,
                     "topic_id": d.topic_id,
+                    "cleanup_policy": d.config.get("cleanup.policy", ""),
                     "config": d.config,
                     "config_sources": d.config_sources,
                     "partitions": [
@@ -412,6 +416,7 @@ def topic_describe(obj: CliContext, names: tuple[str, ...]) -> None:
                             "replicas": list(p.replicas),
                             "isr": list(p.isr),
                             "offline_replicas": list(p.offline_replicas),
+                            "log": log_json(logs.get(TopicPartition(d.name, p.partition)), logs_error),
                         }
                         for p in d.partitions
                     ],
@@ -423,7 +428,8 @@ def topic_describe(obj: CliContext, names: tuple[str, ...]) -> None:
     console = out()
     for d in descriptions:
         under = sum(1 for p in d.partitions if len(p.isr) < len(p.replicas))
-        title = f"{d.name}  ({len(d.partitions)} partitions, id {d.topic_id})"
+        policy = d.config.get("cleanup.policy", "")
+        title = f"{d.name}  ({len(d.partitions)} partitions, id {d.topic_id}, cleanup.policy {policy})"
         rows = [
             (
                 str(p.partition),
@@ -437,6 +443,15 @@ def topic_describe(obj: CliContext, names: tuple[str, ...]) -> None:
         ]
         columns = ("partition", "leader", "leader epoch", "replicas", "ISR", "offline")
         console.print(make_table(columns, rows, escape(title), right=("partition", "leader", "leader epoch")))
+        if logs_error:
+            console.print(f"[yellow]logs not described: {escape(logs_error)}[/yellow]")
+        else:
+            compacted = "compact" in str(policy).split(",")
+            log_columns, log_rows, notes = log_table(d, logs, compacted)
+            title = f"{d.name} logs (on each partition's leader)"
+            console.print(make_table(log_columns, log_rows, escape(title), right=LOG_NUMBER_COLUMNS))
+            for note in notes:
+                console.print(f"[red]{escape(note)}[/red]")
         config_rows = [
             (
                 name,
@@ -453,6 +468,106 @@ def topic_describe(obj: CliContext, names: tuple[str, ...]) -> None:
             )
         if under:
             console.print(f"[yellow]{under} partition(s) under-replicated[/yellow]")
+
+
+# Short headers: a compacted topic's log table fits an 80-column terminal (-o json has every field).
+LOG_NUMBER_COLUMNS = ("partition", "leader", "size", "start", "end", "HW", "dirty", "lag", "clean to")
+
+
+def describe_logs(
+    admin: Admin, descriptions: Sequence[TopicDescription]
+) -> tuple[dict[TopicPartition, LogDescription], str]:
+    """Every described partition's log from its leader, or ({}, why not): the topics are still
+    shown when their logs cannot be (a gateway older than DescribeLogDirs, a timeout)."""
+    wanted = [TopicPartition(d.name, p.partition) for d in descriptions for p in d.partitions]
+    try:
+        return admin.describe_log_dirs(wanted), ""
+    except HighwaterError as error:
+        return {}, str(error)
+
+
+def log_table(
+    d: TopicDescription, logs: dict[TopicPartition, LogDescription], compacted: bool
+) -> tuple[tuple[str, ...], list[tuple[str, ...]], list[str]]:
+    """The columns and rows of a topic's log table (the cleaner's columns only when compacted:
+    dirty ratio, cleaner lag, the first dirty offset, the cleaner's state), and a line for each
+    uncleanable partition saying why."""
+    columns: tuple[str, ...] = ("partition", "leader", "size", "start", "end", "HW")
+    if compacted:
+        columns = ("partition", "size", "start", "end", "dirty", "lag", "clean to", "cleaner")
+    rows: list[tuple[str, ...]] = []
+    notes: list[str] = []
+    for p in d.partitions:
+        log = logs.get(TopicPartition(d.name, p.partition))
+        if log is None or log.error:
+            why = "not described" if log is None else log.error
+            rows.append((str(p.partition), f"[yellow]{escape(why)}[/yellow]", *[""] * (len(columns) - 2)))
+            continue
+        if not compacted:
+            rows.append(
+                (
+                    str(p.partition),
+                    str(log.broker_id),
+                    human_bytes(log.size_bytes),
+                    str(log.log_start_offset),
+                    str(log.log_end_offset),
+                    str(log.high_watermark),
+                )
+            )
+            continue
+        rows.append(
+            (
+                str(p.partition),
+                human_bytes(log.size_bytes),
+                str(log.log_start_offset),
+                str(log.log_end_offset),
+                "" if log.dirty_ratio is None else f"{log.dirty_ratio:.2f}",
+                "-" if log.cleaner_lag_ms is None else f"{log.cleaner_lag_ms / 1000:.1f} s",
+                "" if log.first_dirty_offset is None else str(log.first_dirty_offset),
+                "[red]failing[/red]" if log.uncleanable else "ok",
+            )
+        )
+        if log.uncleanable:
+            notes.append(
+                f"{d.name}-{p.partition} is uncleanable on broker {log.broker_id}: {log.uncleanable_reason} "
+                "(its records are all kept; the cleaner tries again later, its log says more)"
+            )
+    return columns, rows, notes
+
+
+def log_json(log: LogDescription | None, logs_error: str) -> dict[str, Any]:
+    """A partition's log for -o json: the cleaner's fields only for a compacted log."""
+    if log is None or log.error:
+        return {"error": logs_error or ("not described" if log is None else log.error)}
+    data: dict[str, Any] = {
+        "broker_id": log.broker_id,
+        "log_dir": log.log_dir,
+        "size_bytes": log.size_bytes,
+        "log_start_offset": log.log_start_offset,
+        "log_end_offset": log.log_end_offset,
+        "high_watermark": log.high_watermark,
+        "cleanup_policy": log.cleanup_policy,
+    }
+    if log.compacted:
+        data.update(
+            dirty_ratio=log.dirty_ratio,
+            cleaner_lag_ms=log.cleaner_lag_ms,
+            first_dirty_offset=log.first_dirty_offset,
+            uncleanable=log.uncleanable,
+            uncleanable_reason=log.uncleanable_reason,
+            last_cleaned_ms=log.last_cleaned_ms,
+        )
+    return data
+
+
+def human_bytes(size: int) -> str:
+    """1536 -> '1.5 KiB': a log size at a glance (-o json has the exact bytes)."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
 
 
 @topic.command("delete")

@@ -10,9 +10,11 @@ earliest kept tombstone's delete horizon has passed, so the tombstones go; else 
 Threads: the Log object is the event loop's alone. A pass reads the log's segment views, the
 partition's high watermark and producer state on the loop; the offset map and every cleaned
 file are built in one worker thread (asyncio.to_thread), which only reads old segment files by
-path and writes the cleaned file; each group's swap (Log.replace_segments) runs back on the
-loop, and only if the partition still has the same open log. One pass runs at a time, so one
-offset map (the dedupe buffer) serves every pass.
+path and writes the cleaned file, and prepares each group's swap (Log.prepare_swap: the cleaned
+file's scan, its indexes, the fsyncs); only the swap's commit (Log.commit_swap: the commit
+rename, deletes, renames and the in-memory update) runs back on the loop, and only if the
+partition still has the same open log (bench/cleaner_bench.py measures the loop's stall). One
+pass runs at a time, so one offset map (the dedupe buffer) serves every pass.
 
 Progress: the first dirty offset of each log (everything below it was cleaned once) is written
 to `cleaner-offset-checkpoint` in the log's directory after each pass and read when the cleaner
@@ -113,6 +115,16 @@ class _LogState:
     failures: int = 0
     retry_at_ms: int = -1
     last_error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CleanerLogView:
+    """A read-only copy of one log's cleaner state, for describing it (LogCleaner.view)."""
+
+    first_dirty_offset: int
+    last_run_ms: int  # -1: no pass finished since the broker started
+    uncleanable: bool
+    last_error: str
 
 
 @dataclass(slots=True)
@@ -217,6 +229,15 @@ class LogCleaner:
     def wake(self) -> None:
         """Look for a log to clean now (tests, tools)."""
         self._wakeup.set()
+
+    def view(self, tp: TopicPartitionKey, log: Log) -> CleanerLogView | None:
+        """What the cleaner knows of this log (DescribeLogDirs); None before it first sees it."""
+        state = self._states.get(tp)
+        if state is None or state.log is not log:
+            return None
+        return CleanerLogView(
+            state.first_dirty_offset, state.last_run_ms, state.failures > 0, state.last_error
+        )
 
     # ---- choosing a log ------------------------------------------------------------------
 
@@ -431,14 +452,21 @@ class LogCleaner:
             metrics.LOG_CLEANER_BYTES_READ.inc(stats.bytes_read)
             metrics.LOG_CLEANER_BYTES_WRITTEN.inc(stats.bytes_written)
             result.stats.add(stats)
-            if p.log is not log or log.is_closed or log.is_offline:
-                await asyncio.to_thread(_discard_quietly, storage, out_path)
-                raise SegmentsChanged(f"log {log.directory} was closed or replaced during cleaning")
+            # The swap's scan, index writes and fsyncs run here on the thread; only its commit
+            # (renames, deletes, the in-memory update) runs on the loop below.
             try:
-                log.replace_segments(group, self._clock.wall_ms())
-            except SegmentsChanged:
+                prepared = await asyncio.to_thread(log.prepare_swap, group, config)
+            except BaseException:
                 await asyncio.to_thread(_discard_quietly, storage, out_path)
                 raise
+            try:
+                if p.log is not log or log.is_closed or log.is_offline:
+                    await asyncio.to_thread(log.discard_prepared, prepared)
+                    raise SegmentsChanged(f"log {log.directory} was closed or replaced during cleaning")
+                log.commit_swap(prepared, self._clock.wall_ms())  # SegmentsChanged: files deleted
+            finally:
+                # The replaced segments' blocks are freed at this last close, here on the thread.
+                await asyncio.to_thread(prepared.close)
             result.swapped += 1
         # Everything below the map's end was cleaned: the next pass starts there.
         if p.log is log and not log.is_closed:

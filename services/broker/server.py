@@ -31,6 +31,7 @@ from protos.highwater.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.broker import metrics
 from services.broker.heartbeat import ControllerHeartbeat
 from services.broker.log_cleaner import CleanerConfig
+from services.broker.log_dirs import describe_log_dirs
 from services.broker.replica_manager import ReplicaManager
 from services.common import limits
 from services.common.peers import PeerChannels
@@ -264,6 +265,20 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     ) -> common_pb2.DeleteRecordsResponse:
         with metrics.REQUEST_LATENCY.labels("DeleteRecords").time():
             return await self.replicas.delete_records(request)
+
+    async def DescribeLogDirs(
+        self, request: common_pb2.DescribeLogDirsRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.DescribeLogDirsResponse:
+        with metrics.REQUEST_LATENCY.labels("DescribeLogDirs").time():
+            core, cleaner = self.replicas.core, self.replicas.cleaner
+            return describe_log_dirs(
+                request,
+                broker_id=core.broker_id,
+                partitions=core.partitions,
+                topics=core.metadata.topics(),
+                cleaner_view=(lambda tp, log: None) if cleaner is None else cleaner.view,
+                now_ms=core.clock.wall_ms(),
+            )
 
     async def OffsetsForLeaderEpoch(
         self, request: broker_pb2.OffsetsForLeaderEpochRequest, context: grpc.aio.ServicerContext

@@ -185,6 +185,14 @@ def delete_records_request_for(
     return common_pb2.DeleteRecordsRequest(timeout_ms=template.timeout_ms, topics=topics)
 
 
+def describe_log_dirs_request_for(
+    template: common_pb2.DescribeLogDirsRequest, wanted: set[TopicPartitionKey]
+) -> common_pb2.DescribeLogDirsRequest:
+    """One leader's share of a DescribeLogDirs."""
+    topics = _wanted_topics(template.topics, wanted, common_pb2.DescribeLogDirsTopic)
+    return common_pb2.DescribeLogDirsRequest(topics=topics)
+
+
 class PartitionRef(Protocol):
     """A request's per-partition entry (FetchPartition, ListOffsetsPartition, ...)."""
 

@@ -482,6 +482,64 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             ]
         )
 
+    async def DescribeLogDirs(
+        self, request: common_pb2.DescribeLogDirsRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.DescribeLogDirsResponse:
+        """Split per partition leader, as ListOffsets: each leader describes its own logs."""
+        with metrics.REQUEST_LATENCY.labels("DescribeLogDirs").time():
+            return await self._describe_log_dirs(request)
+
+    async def _describe_log_dirs(
+        self, request: common_pb2.DescribeLogDirsRequest
+    ) -> common_pb2.DescribeLogDirsResponse:
+        tps = routing.collect_partitions(request.topics)
+        if any(tp[0] not in self.cache.topics() for tp in tps):
+            await self.refresh_metadata()
+        by_leader, unroutable = routing.split_by_leader(self.cache, tps)
+        parts: dict[TopicPartitionKey, common_pb2.DescribeLogDirsPartitionResponse] = {}
+        for tp, (code, message) in unroutable.items():
+            parts[tp] = common_pb2.DescribeLogDirsPartitionResponse(
+                partition=tp[1], error_code=code, error_message=message, broker_id=-1
+            )
+
+        async def one(address: str, group: list[TopicPartitionKey]) -> None:
+            req = routing.describe_log_dirs_request_for(request, set(group))
+            try:
+                resp = await self.peers.broker(address).DescribeLogDirs(
+                    req, timeout=limits.CONTROL_RPC_TIMEOUT_S
+                )
+                for t in resp.topics:
+                    for p in t.partitions:
+                        parts[(t.topic, p.partition)] = p
+            except grpc.aio.AioRpcError as exc:
+                for tp in group:
+                    parts[tp] = common_pb2.DescribeLogDirsPartitionResponse(
+                        partition=tp[1],
+                        error_code=common_pb2.LEADER_NOT_AVAILABLE,
+                        broker_id=-1,
+                        error_message=f"leader at {address} could not be reached: {exc.code().name}",
+                    )
+
+        await asyncio.gather(*(one(a, g) for a, g in by_leader.items()))
+        if any(p.error_code in RETRIABLE_ROUTING_CODES for p in parts.values()):
+            self._background(self.refresh_metadata())
+        for tp in tps:
+            if tp not in parts:  # a leader's answer left it out: never answer nothing for a partition
+                parts[tp] = common_pb2.DescribeLogDirsPartitionResponse(
+                    partition=tp[1],
+                    error_code=common_pb2.UNKNOWN_SERVER_ERROR,
+                    broker_id=-1,
+                    error_message=f"the leader's answer did not name {tp[0]}-{tp[1]}",
+                )
+        return common_pb2.DescribeLogDirsResponse(
+            topics=[
+                common_pb2.DescribeLogDirsTopicResponse(
+                    topic=t.topic, partitions=[parts[(t.topic, p.partition)] for p in t.partitions]
+                )
+                for t in request.topics
+            ]
+        )
+
     # ---- subscribe --------------------------------------------------------------------------
 
     async def Subscribe(

@@ -19,6 +19,7 @@ Kafka's documented mapping (docs/KAFKA.md, Security), onto our ACL operations
     AlterConfigs, IncrementalAlterConfigs   Alter on each Topic (Kafka: AlterConfigs, which we
                                    lack); broker resources are refused whatever the ACLs
     DescribeCluster                Describe on the Cluster
+    DescribeLogDirs                Describe on the Cluster
     InitProducerId                 IdempotentWrite on the Cluster or Write on any Topic
                                    (Kafka 3; we lack IdempotentWrite: Write on the Cluster stands
                                    for it)
@@ -85,7 +86,9 @@ GROUP_OPERATIONS: dict[int, Operation] = {
     protocol.OFFSET_DELETE: Operation.DELETE,
 }
 # APIs that need nothing (ApiVersions) or decide with a rule of their own below.
-OTHER_APIS = frozenset({protocol.API_VERSIONS, protocol.DESCRIBE_CLUSTER, protocol.INIT_PRODUCER_ID})
+OTHER_APIS = frozenset(
+    {protocol.API_VERSIONS, protocol.DESCRIBE_CLUSTER, protocol.DESCRIBE_LOG_DIRS, protocol.INIT_PRODUCER_ID}
+)
 # DescribeConfigs resource type of a topic (Kafka's ConfigResource.Type.TOPIC).
 _CONFIG_RESOURCE_TOPIC = 2
 
@@ -158,7 +161,7 @@ def decide(api_key: int, body: Any, allowed: Allowed, allowed_any: AllowedAny) -
     for this connection's principal (Authorizer.authorize / authorize_any)."""
     if api_key == protocol.API_VERSIONS:
         return Decision()
-    if api_key == protocol.DESCRIBE_CLUSTER:
+    if api_key in (protocol.DESCRIBE_CLUSTER, protocol.DESCRIBE_LOG_DIRS):
         return Decision(cluster_refused=not allowed(Operation.DESCRIBE, CLUSTER))
     if api_key == protocol.INIT_PRODUCER_ID:
         ok = allowed(IDEMPOTENT_WRITE, CLUSTER) or allowed_any(Operation.WRITE, ResourceType.TOPIC)

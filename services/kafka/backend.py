@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import time
+from collections.abc import Collection
 from typing import Any
 
 import grpc
@@ -21,6 +24,7 @@ from coordinator import consumer_offsets, kafka_reads
 from coordinator.election import current_controller
 from coordinator.store import CoordinatorError, MetadataStore
 from protos.highwater.v1 import broker_pb2, common_pb2
+from services.broker.partition import Role
 from services.broker.replica_manager import ReplicaManager
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
@@ -30,7 +34,14 @@ from services.groups.coordinator import EPOCH_LEAVE, GroupState, check_commit
 from services.kafka.classic_groups import CONSUMER_PROTOCOL_TYPE, subscribed_topics
 from services.kafka.classic_groups import Error as GroupError
 from services.kafka.group_driver import ClassicGroupDriver
-from services.kafka.handler import BackendUnavailable, KafkaBroker, OffsetCommit, StoredGroupListing
+from services.kafka.handler import (
+    BackendUnavailable,
+    KafkaBroker,
+    LogDirDescription,
+    OffsetCommit,
+    ReplicaLogSize,
+    StoredGroupListing,
+)
 
 
 class BrokerKafkaBackend:
@@ -81,6 +92,25 @@ class BrokerKafkaBackend:
 
     async def delete_records(self, req: common_pb2.DeleteRecordsRequest) -> common_pb2.DeleteRecordsResponse:
         return await self.replicas.delete_records(req)
+
+    def log_dirs(self, wanted: Collection[tuple[str, int]] | None) -> list[LogDirDescription]:
+        """The broker's one data directory and its replicas, leaders and followers (an offline
+        log is left out: its size is not known)."""
+        core = self.replicas.core
+        replicas = tuple(
+            ReplicaLogSize(tp[0], tp[1], p.log.size_bytes, max(p.high_watermark - p.log.log_end_offset, 0))
+            for tp, p in sorted(self.replicas.partitions.items())
+            if (wanted is None or tp in wanted)
+            and p.role in (Role.LEADER, Role.FOLLOWER)
+            and not p.log.is_offline
+            and not p.log.is_closed
+        )
+        try:
+            usage = shutil.disk_usage(core.data_dir)
+            total_bytes, usable_bytes = usage.total, usage.free
+        except OSError:
+            total_bytes = usable_bytes = -1
+        return [LogDirDescription(os.path.abspath(core.data_dir), total_bytes, usable_bytes, replicas)]
 
     async def _etcd(self, what: str, call: Any) -> Any:
         try:

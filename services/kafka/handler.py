@@ -16,7 +16,7 @@ import contextvars
 import datetime
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -91,6 +91,26 @@ class KafkaBroker:
     rack: str
 
 
+@dataclass(frozen=True)
+class ReplicaLogSize:
+    """One replica's log in a DescribeLogDirs answer (Kafka's DescribeLogDirsPartition)."""
+
+    topic: str
+    partition: int
+    size_bytes: int
+    offset_lag: int  # the high watermark minus the log end offset, at least 0 (Kafka's, for a current log)
+
+
+@dataclass(frozen=True)
+class LogDirDescription:
+    """A log directory of this broker and the replicas in it (Kafka's DescribeLogDirsResult)."""
+
+    path: str
+    total_bytes: int  # of its volume; -1: unknown
+    usable_bytes: int
+    replicas: tuple[ReplicaLogSize, ...]
+
+
 class BackendUnavailable(Exception):
     """The controller or etcd could not be reached in time; answered with a retriable code."""
 
@@ -112,6 +132,11 @@ class KafkaBackend(Protocol):
 
     async def delete_records(self, req: common_pb2.DeleteRecordsRequest) -> common_pb2.DeleteRecordsResponse:
         """The partitions this broker leads; answered when their ISR has the new log start."""
+        ...
+
+    def log_dirs(self, wanted: Collection[tuple[str, int]] | None) -> list[LogDirDescription]:
+        """This broker's log directories with its replicas (leaders and followers) among
+        `wanted` (None: all of them)."""
         ...
 
     def offsets_for_leader_epoch(
@@ -225,6 +250,7 @@ class KafkaHandler:
             protocol.FETCH: self.fetch,
             protocol.LIST_OFFSETS: self.list_offsets,
             protocol.DELETE_RECORDS: self.delete_records,
+            protocol.DESCRIBE_LOG_DIRS: self.describe_log_dirs,
             protocol.OFFSET_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
             protocol.INIT_PRODUCER_ID: self.init_producer_id,
             protocol.CREATE_TOPICS: self.create_topics,
@@ -671,6 +697,56 @@ class KafkaHandler:
                 for t in resp.topics
             ),
         )
+
+    # ---- DescribeLogDirs ---------------------------------------------------------------------
+
+    async def describe_log_dirs(self, request: Request) -> Any:
+        """This broker's replicas by log directory (Kafka's API 35; admin tools ask every broker):
+        each partition's size and offset lag. Needs Describe on the cluster, as Kafka's; refused,
+        v3+ answers CLUSTER_AUTHORIZATION_FAILED and older versions no directories, as Kafka does.
+        The cleaner's view of a compacted log is on the gRPC DescribeLogDirs (docs/GRPC.md)."""
+        cls = protocol.response_class(protocol.DESCRIBE_LOG_DIRS, request.api_version)
+        if _acl().decision.cluster_refused:
+            return build(
+                cls, throttle_time=_NO_THROTTLE, error_code=K.cluster_authorization_failed, results=()
+            )
+        topics = request.body.topics
+        wanted = None if topics is None else {(t.topic, int(p)) for t in topics for p in t.partitions}
+        result_cls = nested(cls, "DescribeLogDirsResult")
+        topic_cls = nested(cls, "DescribeLogDirsTopic")
+        part_cls = nested(cls, "DescribeLogDirsPartition")
+        results = []
+        for log_dir in self.backend.log_dirs(wanted):
+            by_topic: dict[str, list[ReplicaLogSize]] = {}
+            for replica in log_dir.replicas:
+                by_topic.setdefault(replica.topic, []).append(replica)
+            results.append(
+                build(
+                    result_cls,
+                    error_code=K.none,
+                    log_dir=log_dir.path,
+                    total_bytes=log_dir.total_bytes,
+                    usable_bytes=log_dir.usable_bytes,
+                    topics=tuple(
+                        build(
+                            topic_cls,
+                            name=name,
+                            partitions=tuple(
+                                build(
+                                    part_cls,
+                                    partition_index=r.partition,
+                                    partition_size=r.size_bytes,
+                                    offset_lag=r.offset_lag,
+                                    is_future_key=False,
+                                )
+                                for r in replicas
+                            ),
+                        )
+                        for name, replicas in sorted(by_topic.items())
+                    ),
+                )
+            )
+        return build(cls, throttle_time=_NO_THROTTLE, error_code=K.none, results=tuple(results))
 
     # ---- OffsetForLeaderEpoch ----------------------------------------------------------------
 

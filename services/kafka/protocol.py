@@ -55,6 +55,7 @@ INIT_PRODUCER_ID = 22
 OFFSET_FOR_LEADER_EPOCH = 23
 DESCRIBE_CONFIGS = 32
 ALTER_CONFIGS = 33
+DESCRIBE_LOG_DIRS = 35
 CREATE_PARTITIONS = 37
 INCREMENTAL_ALTER_CONFIGS = 44
 DESCRIBE_CLUSTER = 60
@@ -79,6 +80,8 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     DELETE_TOPICS: (1, 5),
     # Answered by this broker for the partitions it leads (clients send one to each leader).
     DELETE_RECORDS: (0, 2),
+    # This broker's replicas, leaders and followers, in its one log directory (kio has no v0).
+    DESCRIBE_LOG_DIRS: (1, 4),
     CREATE_PARTITIONS: (0, 3),
     DESCRIBE_CONFIGS: (1, 4),
     # Topic configs changed through the controller's AlterTopicConfigs (config_changes.py).

@@ -276,6 +276,22 @@ def _list_offsets_error(
     )
 
 
+def describe_log_dirs(req: common_pb2.DescribeLogDirsRequest, access: Access, limits: Limits) -> Admission:
+    """Describe on each topic, as ListOffsets (Kafka asks Describe on the cluster for its
+    all-brokers DescribeLogDirs; ours describes only the asked partitions' leaders' logs)."""
+    return _per_topic_read(
+        req, access, Operation.DESCRIBE, common_pb2.DescribeLogDirsRequest, _describe_log_dirs_error
+    )
+
+
+def _describe_log_dirs_error(
+    partition: int, code: ErrorCode, message: str
+) -> common_pb2.DescribeLogDirsPartitionResponse:
+    return common_pb2.DescribeLogDirsPartitionResponse(
+        partition=partition, error_code=code, error_message=message, broker_id=-1
+    )
+
+
 def _per_topic_read(
     req: Any,
     access: Access,
@@ -299,9 +315,7 @@ def _per_topic_read(
         _merge(resp.topics, refused, make)
         return resp
 
-    response_cls = (
-        common_pb2.FetchResponse if request_cls is common_pb2.FetchRequest else common_pb2.ListOffsetsResponse
-    )
+    response_cls = _PER_TOPIC_READ_RESPONSES[request_cls]
     if not kept:
         return Admission(req, answer=respond(response_cls()))
     narrowed = request_cls()
@@ -310,6 +324,13 @@ def _per_topic_read(
     for t, parts in kept:
         narrowed.topics.add(topic=t.topic).partitions.extend(parts)
     return Admission(narrowed, respond=respond)
+
+
+_PER_TOPIC_READ_RESPONSES: dict[type, type] = {
+    common_pb2.FetchRequest: common_pb2.FetchResponse,
+    common_pb2.ListOffsetsRequest: common_pb2.ListOffsetsResponse,
+    common_pb2.DescribeLogDirsRequest: common_pb2.DescribeLogDirsResponse,
+}
 
 
 def delete_records(req: common_pb2.DeleteRecordsRequest, access: Access, limits: Limits) -> Admission:
@@ -753,6 +774,7 @@ RULES: dict[str, Rule] = {
     _BROKER + "ProduceStream": produce,
     _BROKER + "ListOffsets": list_offsets,
     _BROKER + "DeleteRecords": delete_records,
+    _BROKER + "DescribeLogDirs": describe_log_dirs,
     _BROKER + "OffsetsForLeaderEpoch": offsets_for_leader_epoch,
     _BROKER + "Metadata": metadata,
     _CONTROLLER + "AlterPartition": _from(("broker",), "AlterPartition", "broker_id"),
@@ -769,6 +791,7 @@ RULES: dict[str, Rule] = {
     _GATEWAY + "Fetch": fetch,
     _GATEWAY + "ListOffsets": list_offsets,
     _GATEWAY + "DeleteRecords": delete_records,
+    _GATEWAY + "DescribeLogDirs": describe_log_dirs,
     _GATEWAY + "Metadata": metadata,
     _GATEWAY + "CommitOffsets": commit_offsets,
     _GATEWAY + "FetchCommittedOffsets": fetch_committed_offsets,
@@ -809,6 +832,7 @@ FORWARDED_METHODS = frozenset(
         _BROKER + "Fetch",
         _BROKER + "ListOffsets",
         _BROKER + "DeleteRecords",
+        _BROKER + "DescribeLogDirs",
         _BROKER + "Metadata",
         *(_CONTROLLER + name for name in _ADMIN if name != "DescribeCluster"),
     }

@@ -20,7 +20,13 @@ from services.common.metadata_cache import MetadataCache
 from services.kafka import protocol
 from services.kafka.classic_groups import Error as GroupError
 from services.kafka.group_driver import ClassicGroupDriver
-from services.kafka.handler import BackendUnavailable, KafkaBroker, KafkaHandler
+from services.kafka.handler import (
+    BackendUnavailable,
+    KafkaBroker,
+    KafkaHandler,
+    LogDirDescription,
+    ReplicaLogSize,
+)
 
 
 def request_frame(api_key: int, version: int, body: Any, correlation_id: int = 42) -> bytes:
@@ -181,6 +187,17 @@ class FakeBackend:
                 )
             ]
         )
+
+    def log_dirs(self, wanted: Any) -> list[LogDirDescription]:
+        replicas = (ReplicaLogSize("t", 0, 4_096, 0), ReplicaLogSize("t", 1, 512, 2))
+        return [
+            LogDirDescription(
+                "/data/broker-1",
+                10_000_000,
+                4_000_000,
+                tuple(r for r in replicas if wanted is None or (r.topic, r.partition) in wanted),
+            )
+        ]
 
     def list_offsets(self, req: common_pb2.ListOffsetsRequest) -> common_pb2.ListOffsetsResponse:
         raise NotImplementedError

@@ -1,7 +1,8 @@
 """Swapping a cleaned segment into the log (issue 39): Log.replace_segments and its recovery.
 
 The cleaner writes a cleaned file beside the old segments; replace_segments swaps it in with
-a rename protocol whose commit point is one rename (log.py's docstring). Here the cleaned
+a rename protocol whose commit point is one rename (log.py's docstring). The cleaner splits it:
+Log.prepare_swap (the scan and the index writes) on its thread, Log.commit_swap on the loop. Here the cleaned
 file is made by copying some of the old batches' bytes (what a cleaner keeps of them). The
 storage is instrumented to die at its k-th mutating call, for every k of a swap, followed by
 a power cut (MemoryStorage.crash) or a process kill (real files) and Log.open: the log must
@@ -10,10 +11,14 @@ hold exactly the old segments or exactly the new one, with every record at its o
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import random
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -26,13 +31,24 @@ from clients.common.record_batch import (
     BatchHeader,
     iter_batch_headers,
 )
-from clients.common.records import decode_batches, encode_values
+from clients.common.records import Record, decode_batches, encode_batch, encode_values
 from clients.local_reads import NotReadableHere, read_located
 from protos.highwater.v1 import common_pb2
 from services.broker.log import Log, LogConfig, MemoryStorage
-from services.broker.log.file_storage import FileStorage
-from services.broker.log.log import SegmentsChanged, SegmentView
-from services.broker.log.storage import Buffer, FileLocation, OpenFileCache, Storage, StorageFile
+from services.broker.log.file_storage import FileStorage, open_real_file_count
+from services.broker.log.log import PreparedSwap, SegmentsChanged, SegmentView
+from services.broker.log.segment import LogSegment
+from services.broker.log.storage import (
+    Buffer,
+    CachedFile,
+    FileLocation,
+    OpenFileCache,
+    Storage,
+    StorageFile,
+)
+from services.broker.log_cleaner import CleanerConfig, LogCleaner
+from services.broker.partition import Role
+from services.broker.producer_state import ProducerStateManager
 
 CONFIG = LogConfig(segment_bytes=500, index_interval_bytes=150, retention_ms=-1, max_message_bytes=500)
 DIRECTORY = "/data/topic-0"
@@ -43,6 +59,26 @@ Keep = Callable[[BatchHeader], bool]
 
 class SimulatedCrash(Exception):
     """The process died at this storage call: nothing after it runs."""
+
+
+class _ThreadCheckedCache(OpenFileCache):
+    """The shared cache of open files, noting which threads use it: only the loop's may."""
+
+    def __init__(self, storage: Storage, max_open: int, threads: set[int]) -> None:
+        super().__init__(storage, max_open)
+        self.threads = threads
+
+    def open(self, path: str, *, pinned: bool) -> CachedFile:
+        self.threads.add(threading.get_ident())
+        return super().open(path, pinned=pinned)
+
+    def reopen(self, file: CachedFile, path: str) -> StorageFile:
+        self.threads.add(threading.get_ident())
+        return super().reopen(file, path)
+
+    def touch(self, file: CachedFile) -> None:
+        self.threads.add(threading.get_ident())
+        super().touch(file)
 
 
 class _CountingFile:
@@ -60,7 +96,9 @@ class _CountingFile:
         return self._inner.append(data)
 
     def read_at(self, position: int, size: int) -> bytes:
-        return self._inner.read_at(position, size)
+        data = self._inner.read_at(position, size)
+        self._storage.bytes_read += len(data)
+        return data
 
     def truncate(self, size: int) -> None:
         self._storage.step(f"truncate {self._path}")
@@ -80,7 +118,11 @@ class CrashAt:
 
     def __init__(self, inner: MemoryStorage | FileStorage) -> None:
         self.inner = inner
-        self.open_files = OpenFileCache(self, 2)  # tiny: files are evicted and reopened all the time
+        # Tiny: files are evicted and reopened all the time.
+        # The threads that used the cache (the loop's only: see _ThreadCheckedCache).
+        self.cache_threads: set[int] = set()
+        self.open_files: OpenFileCache = _ThreadCheckedCache(self, 2, self.cache_threads)
+        self.bytes_read = 0
         self.crash_at: int | None = None
         self.steps: list[str] = []
         # What the call at crash_at raises: a crash, or a failed disk (StorageError) the process survives.
@@ -103,7 +145,7 @@ class CrashAt:
         """The process is gone: after a power cut on memory (torn writes with `rng`); real
         files keep what was written (a kill)."""
         self.open_files.crash()
-        self.open_files = OpenFileCache(self, 2)
+        self.open_files = _ThreadCheckedCache(self, 2, self.cache_threads)
         if isinstance(self.inner, MemoryStorage):
             self.inner.crash(rng)
         self.crash_at = None
@@ -160,6 +202,16 @@ class CrashAt:
 
     def file_location(self, path: str) -> FileLocation | None:
         return self.inner.file_location(path)
+
+
+def read_records(log: Log) -> list[Record]:
+    records: list[Record] = []
+    offset = log.log_start_offset
+    while offset < log.log_end_offset:
+        fetched = log.read(offset, max_bytes=1 << 20)
+        records.extend(r for r in decode_batches(fetched.records) if r.offset >= offset)
+        offset = fetched.next_offset
+    return records
 
 
 def read_everything(log: Log) -> Records:
@@ -348,10 +400,11 @@ def test_a_bad_cleaned_file_is_refused_and_deleted(damage: str) -> None:
 
 
 def crash_run(
-    storage: CrashAt, directory: str, crash_at: int
+    storage: CrashAt, directory: str, crash_at: int, *, split: bool = False
 ) -> tuple[bool, Records, Records, list[int], list[int]]:
-    """Build the log, write the cleaned file, die at the crash_at-th call of the swap.
-    (finished?, records before, records after, bases before, bases after)."""
+    """Build the log, write the cleaned file, die at the crash_at-th call of the swap: in one
+    replace_segments, or (`split`) as the cleaner runs it: prepare_swap on a thread, commit_swap
+    later on this one. (finished?, records before, records after, bases before, bases after)."""
     log = filled_log(storage, directory)
     run = log.segments_for_cleaning()[1:4]
     before = read_everything(log)
@@ -361,22 +414,31 @@ def crash_run(
     bases_after = [b for b in bases_before if not run[0].base_offset < b < run[-1].end_offset]
     storage.arm(crash_at)
     try:
-        log.replace_segments(run, now_ms=1)
+        if split:
+            with ThreadPoolExecutor(1) as thread:
+                prepared = thread.submit(log.prepare_swap, run, log.config).result()
+            log.commit_swap(prepared, now_ms=1)
+            prepared.close()
+        else:
+            log.replace_segments(run, now_ms=1)
         finished = True
     except SimulatedCrash:
         finished = False
     return finished, before, after, bases_before, bases_after
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["replace", "prepare-then-commit"])
 @pytest.mark.parametrize("cut", ["power-cut", "torn-power-cut", "kill"])
-def test_a_crash_at_every_step_of_the_swap_leaves_old_or_new_never_a_mix(cut: str, tmp_path: Path) -> None:
+def test_a_crash_at_every_step_of_the_swap_leaves_old_or_new_never_a_mix(
+    cut: str, split: bool, tmp_path: Path
+) -> None:
     outcomes: list[str] = []
     k = 0
     while True:
         directory = str(tmp_path / f"t-{k}") if cut == "kill" else DIRECTORY
         inner: MemoryStorage | FileStorage = FileStorage() if cut == "kill" else MemoryStorage()
         storage = CrashAt(inner)
-        finished, before, after, bases_before, bases_after = crash_run(storage, directory, k)
+        finished, before, after, bases_before, bases_after = crash_run(storage, directory, k, split=split)
         steps = list(storage.steps)
         storage.restart(random.Random(k) if cut == "torn-power-cut" else None)
         reopened = Log.open(directory, CONFIG, storage=storage, now_ms=0)
@@ -516,3 +578,191 @@ def test_batches_with_fewer_records_than_their_range_swap_in_and_read_back() -> 
         follower.append_as_follower(fetched.records, now_ms=0)
         offset = fetched.next_offset
     assert read_everything(follower) == after
+
+
+# ---- the swap split: prepare_swap on the cleaner's thread, commit_swap on the loop -----------
+
+# Segments big enough that the scan of a cleaned file is far more than commit_swap may read.
+BIG = LogConfig(segment_bytes=64 * 1024, index_interval_bytes=1024, retention_ms=-1, max_message_bytes=4096)
+
+
+def big_log(storage: Storage, directory: str = DIRECTORY) -> Log:
+    log = Log.open(directory, BIG, storage=storage, now_ms=0)
+    for i in range(1_200):
+        values = [b"v%d-%d-" % (i, j) + b"x" * 40 for j in range(1 + i % 4)]
+        log.append_as_leader(encode_values(values, timestamp_ms=1_000 + i), leader_epoch=1, now_ms=i)
+    log.flush(now_ms=0)
+    return log
+
+
+def recovery_indexes(storage: Storage, cleaned_path: str, base: int, config: LogConfig) -> tuple[bytes, ...]:
+    """The .index and .timeindex LogSegment.recover builds for the cleaned file (a copy of it)."""
+    directory = "/data/reference"
+    storage.mkdir(directory)
+    copy = storage.open(os.path.join(directory, f"{base:020d}.log"))
+    copy.append(storage.read_file(cleaned_path))
+    copy.fsync()
+    segment = LogSegment(storage, directory, base, config, active=False)
+    assert segment.recover(latest_epoch=None).dropped_bytes == 0
+    segment.flush()
+    segment.close()
+    return storage.read_file(segment.index_path), storage.read_file(segment.time_index_path)
+
+
+def prepare_on_a_thread(log: Log, run: Sequence[SegmentView]) -> PreparedSwap:
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(log.prepare_swap, run, log.config).result()
+
+
+def test_prepare_on_a_thread_then_commit_later_while_the_log_goes_on() -> None:
+    storage = CrashAt(MemoryStorage())
+    log = big_log(storage)
+    run = log.segments_for_cleaning()[1:4]
+    before = read_everything(log)
+    kept = write_cleaned(log, run, every_other_batch)
+    after = expected_after(before, run, kept, log)
+    cleaned_path = log.cleaned_segment_path(run[0].base_offset)
+    cleaned_size = storage.inner.read_file(cleaned_path).__len__()
+    assert cleaned_size > 20 * BIG.index_interval_bytes
+    storage.cache_threads.clear()
+    prepared = prepare_on_a_thread(log, run)
+    # The thread never touched the loop's shared cache of open files.
+    assert storage.cache_threads <= {threading.get_ident()}
+    assert (prepared.base_offset, prepared.end_offset, prepared.size_bytes) == (
+        run[0].base_offset,
+        run[-1].end_offset,
+        cleaned_size,
+    )
+    stem = cleaned_path[: -len(".log")]
+    # The indexes prepare wrote are the very ones recovery would build.
+    assert (storage.inner.read_file(stem + ".index"), storage.inner.read_file(stem + ".timeindex")) == (
+        recovery_indexes(storage.inner, cleaned_path, run[0].base_offset, BIG)
+    )
+    assert storage.inner.read_file(stem + ".index")  # a non-trivial index
+    # Meanwhile the log is used: appends (a roll too) and reads of the segments being replaced.
+    for i in range(40):
+        info = log.append_as_leader(
+            encode_values([b"later-%d" % i], timestamp_ms=9_000), leader_epoch=2, now_ms=9
+        )
+        after.append((info.first_offset, b"later-%d" % i))
+    assert read_everything(log) == before + after[len(after) - 40 :]
+    # The commit on the loop: renames and deletes only, no fsync of data, no scan of the file.
+    storage.arm(10_000)
+    storage.bytes_read = 0
+    log.commit_swap(prepared, now_ms=10)
+    prepared.close()
+    assert not [s for s in storage.steps if s.startswith(("fsync", "append", "create", "truncate"))], (
+        storage.steps
+    )
+    assert storage.bytes_read < 8 * BIG.index_interval_bytes < cleaned_size
+    storage.crash_at = None
+    assert read_everything(log) == after
+    assert not [n for n in storage.list_dir(DIRECTORY) if ".cleaned" in n or ".swap" in n]
+    log.close()
+    assert read_everything(Log.open(DIRECTORY, BIG, storage=storage, now_ms=0)) == after
+
+
+@pytest.mark.parametrize("change", ["retention", "truncation", "became-active", "closed-and-reopened"])
+def test_segments_changed_between_prepare_and_commit_refuse_it_and_delete_the_prepared_files(
+    change: str,
+) -> None:
+    storage = MemoryStorage()
+    log = filled_log(storage)
+    views = log.segments_for_cleaning()
+    run = views[:2] if change != "became-active" else views[-2:]
+    write_cleaned(log, run, every_other_batch)
+    prepared = prepare_on_a_thread(log, run)
+    assert len([n for n in storage.list_dir(DIRECTORY) if ".cleaned." in n]) == 3
+    if change == "retention":
+        log.advance_log_start_offset(views[1].base_offset)  # the first segment goes
+    elif change == "truncation":
+        log.truncate_to(views[1].base_offset + 1)
+    elif change == "became-active":
+        log.truncate_to(views[-1].end_offset - 1)  # the last inactive segment is the active one now
+    else:
+        log.close()
+        log = Log.open(DIRECTORY, CONFIG, storage=storage, now_ms=0)  # its open deleted the files
+        log.truncate_to(views[0].end_offset + 1)
+    before = read_everything(log)
+    bases = log.segment_base_offsets
+    with pytest.raises(SegmentsChanged, match="changed since the cleaner read them"):
+        log.commit_swap(prepared, now_ms=1)
+    prepared.close()
+    assert read_everything(log) == before and log.segment_base_offsets == bases
+    assert not log.is_offline
+    assert not [n for n in storage.list_dir(DIRECTORY) if ".cleaned" in n or ".swap" in n]
+
+
+def test_an_old_segment_is_freed_at_the_prepared_swaps_close_and_no_file_stays_open(tmp_path: Path) -> None:
+    storage = FileStorage()
+    log = filled_log(storage, str(tmp_path / "t-0"))
+    run = log.segments_for_cleaning()[1:3]
+    old_bytes = [Path(view.path).read_bytes() for view in run]
+    write_cleaned(log, run, every_other_batch)
+    files_open = open_real_file_count()
+    prepared = prepare_on_a_thread(log, run)
+    log.commit_swap(prepared, now_ms=1)
+    assert not Path(run[1].path).exists()
+    # Deleted by name only: the held handle still reads the old bytes until its close.
+    assert [file.read_at(0, file.size) for file in prepared.held_files] == old_bytes
+    prepared.close()
+    prepared.close()  # idempotent
+    assert open_real_file_count() <= files_open
+    # A discarded prepared swap closes its files too.
+    run = log.segments_for_cleaning()[2:4]
+    write_cleaned(log, run, every_other_batch)
+    files_open = open_real_file_count()
+    prepared = prepare_on_a_thread(log, run)
+    assert prepared.held_files
+    log.discard_prepared(prepared)
+    assert open_real_file_count() <= files_open
+    assert not [p for p in os.listdir(tmp_path / "t-0") if ".cleaned" in p]
+
+
+@dataclass
+class _Replica:
+    """What the cleaner reads of a partition (services/broker/partition.py's fields)."""
+
+    log: Log
+    high_watermark: int
+    role: Role = Role.LEADER
+    producers: ProducerStateManager = field(default_factory=ProducerStateManager)
+
+
+def test_the_cleaner_prepares_on_its_thread_and_commits_on_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = LogConfig(cleanup_policy="compact", segment_bytes=600, index_interval_bytes=200, retention_ms=-1)
+    storage = MemoryStorage()
+    log = Log.open(DIRECTORY, config, storage=storage, now_ms=0)
+    for i in range(60):
+        records = [Record(b"k%d" % ((i * 3 + j) % 7), b"v%d" % i, [], 1_000 + i) for j in range(3)]
+        log.append_as_leader(encode_batch(records), leader_epoch=0, now_ms=1_000)
+    latest = {r.key: (r.offset, r.value) for r in read_records(log)}
+    threads: dict[str, set[int]] = {"prepare_swap": set(), "commit_swap": set(), "replace_segments": set()}
+    for name in threads:
+        original = getattr(Log, name)
+
+        def noted(
+            self: Log, *args: object, _name: str = name, _original: Callable[..., object] = original
+        ) -> object:
+            threads[_name].add(threading.get_ident())
+            return _original(self, *args)
+
+        monkeypatch.setattr(Log, name, noted)
+    replica = _Replica(log, log.log_end_offset)
+    cleaner = LogCleaner(
+        CleanerConfig(io_max_bytes_per_second=0),
+        lambda: {("t", 0): replica},  # type: ignore[dict-item]  # the partition's fields it reads
+    )
+
+    async def clean() -> int:
+        assert await cleaner.clean_once()
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(clean())
+    assert cleaner.passes[-1].swapped >= 1
+    assert threads["prepare_swap"] and loop_thread not in threads["prepare_swap"]
+    assert threads["commit_swap"] == {loop_thread}
+    assert not threads["replace_segments"]
+    read = read_records(log)
+    assert {r.key: (r.offset, r.value) for r in read} == latest
+    assert len(read) < 180

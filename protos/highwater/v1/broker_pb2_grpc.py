@@ -80,6 +80,11 @@ class BrokerServiceStub:
                 request_serializer=highwater_dot_v1_dot_common__pb2.DeleteRecordsRequest.SerializeToString,
                 response_deserializer=highwater_dot_v1_dot_common__pb2.DeleteRecordsResponse.FromString,
                 _registered_method=True)
+        self.DescribeLogDirs = channel.unary_unary(
+                '/highwater.v1.BrokerService/DescribeLogDirs',
+                request_serializer=highwater_dot_v1_dot_common__pb2.DescribeLogDirsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.DescribeLogDirsResponse.FromString,
+                _registered_method=True)
         self.OffsetsForLeaderEpoch = channel.unary_unary(
                 '/highwater.v1.BrokerService/OffsetsForLeaderEpoch',
                 request_serializer=highwater_dot_v1_dot_broker__pb2.OffsetsForLeaderEpochRequest.SerializeToString,
@@ -164,6 +169,14 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeLogDirs(self, request, context):
+        """Describe the logs of partitions this broker leads: size, offsets and the
+        cleaner's view of compacted ones (common.proto, DescribeLogDirs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def OffsetsForLeaderEpoch(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -223,6 +236,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.DeleteRecords,
                     request_deserializer=highwater_dot_v1_dot_common__pb2.DeleteRecordsRequest.FromString,
                     response_serializer=highwater_dot_v1_dot_common__pb2.DeleteRecordsResponse.SerializeToString,
+            ),
+            'DescribeLogDirs': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeLogDirs,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.DescribeLogDirsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.DescribeLogDirsResponse.SerializeToString,
             ),
             'OffsetsForLeaderEpoch': grpc.unary_unary_rpc_method_handler(
                     servicer.OffsetsForLeaderEpoch,
@@ -478,6 +496,33 @@ class BrokerService:
             '/highwater.v1.BrokerService/DeleteRecords',
             highwater_dot_v1_dot_common__pb2.DeleteRecordsRequest.SerializeToString,
             highwater_dot_v1_dot_common__pb2.DeleteRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeLogDirs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.BrokerService/DescribeLogDirs',
+            highwater_dot_v1_dot_common__pb2.DescribeLogDirsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.DescribeLogDirsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -552,6 +552,78 @@ class DeleteRecordsResponse(_message.Message):
     topics: _containers.RepeatedCompositeFieldContainer[DeleteRecordsTopicResponse]
     def __init__(self, topics: _Optional[_Iterable[_Union[DeleteRecordsTopicResponse, _Mapping]]] = ...) -> None: ...
 
+class DescribeLogDirsPartition(_message.Message):
+    __slots__ = ("partition",)
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    def __init__(self, partition: _Optional[int] = ...) -> None: ...
+
+class DescribeLogDirsTopic(_message.Message):
+    __slots__ = ("topic", "partitions")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partitions: _containers.RepeatedCompositeFieldContainer[DescribeLogDirsPartition]
+    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[DescribeLogDirsPartition, _Mapping]]] = ...) -> None: ...
+
+class DescribeLogDirsRequest(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[DescribeLogDirsTopic]
+    def __init__(self, topics: _Optional[_Iterable[_Union[DescribeLogDirsTopic, _Mapping]]] = ...) -> None: ...
+
+class DescribeLogDirsPartitionResponse(_message.Message):
+    __slots__ = ("partition", "error_code", "error_message", "broker_id", "log_dir", "size_bytes", "log_start_offset", "log_end_offset", "high_watermark", "cleanup_policy", "compacted", "dirty_ratio", "cleaner_lag_ms", "first_dirty_offset", "uncleanable", "uncleanable_reason", "last_cleaned_ms")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LOG_DIR_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    CLEANUP_POLICY_FIELD_NUMBER: _ClassVar[int]
+    COMPACTED_FIELD_NUMBER: _ClassVar[int]
+    DIRTY_RATIO_FIELD_NUMBER: _ClassVar[int]
+    CLEANER_LAG_MS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_DIRTY_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    UNCLEANABLE_FIELD_NUMBER: _ClassVar[int]
+    UNCLEANABLE_REASON_FIELD_NUMBER: _ClassVar[int]
+    LAST_CLEANED_MS_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    error_code: ErrorCode
+    error_message: str
+    broker_id: int
+    log_dir: str
+    size_bytes: int
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+    cleanup_policy: str
+    compacted: bool
+    dirty_ratio: float
+    cleaner_lag_ms: int
+    first_dirty_offset: int
+    uncleanable: bool
+    uncleanable_reason: str
+    last_cleaned_ms: int
+    def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., broker_id: _Optional[int] = ..., log_dir: _Optional[str] = ..., size_bytes: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., cleanup_policy: _Optional[str] = ..., compacted: _Optional[bool] = ..., dirty_ratio: _Optional[float] = ..., cleaner_lag_ms: _Optional[int] = ..., first_dirty_offset: _Optional[int] = ..., uncleanable: _Optional[bool] = ..., uncleanable_reason: _Optional[str] = ..., last_cleaned_ms: _Optional[int] = ...) -> None: ...
+
+class DescribeLogDirsTopicResponse(_message.Message):
+    __slots__ = ("topic", "partitions")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partitions: _containers.RepeatedCompositeFieldContainer[DescribeLogDirsPartitionResponse]
+    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[DescribeLogDirsPartitionResponse, _Mapping]]] = ...) -> None: ...
+
+class DescribeLogDirsResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[DescribeLogDirsTopicResponse]
+    def __init__(self, topics: _Optional[_Iterable[_Union[DescribeLogDirsTopicResponse, _Mapping]]] = ...) -> None: ...
+
 class CreatableTopic(_message.Message):
     __slots__ = ("name", "num_partitions", "replication_factor", "assignments", "configs")
     class AssignmentsEntry(_message.Message):

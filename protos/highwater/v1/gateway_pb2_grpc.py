@@ -67,6 +67,11 @@ class GatewayServiceStub:
                 request_serializer=highwater_dot_v1_dot_common__pb2.DeleteRecordsRequest.SerializeToString,
                 response_deserializer=highwater_dot_v1_dot_common__pb2.DeleteRecordsResponse.FromString,
                 _registered_method=True)
+        self.DescribeLogDirs = channel.unary_unary(
+                '/highwater.v1.GatewayService/DescribeLogDirs',
+                request_serializer=highwater_dot_v1_dot_common__pb2.DescribeLogDirsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_common__pb2.DescribeLogDirsResponse.FromString,
+                _registered_method=True)
         self.Metadata = channel.unary_unary(
                 '/highwater.v1.GatewayService/Metadata',
                 request_serializer=highwater_dot_v1_dot_common__pb2.MetadataRequest.SerializeToString,
@@ -226,6 +231,14 @@ class GatewayServiceServicer:
 
     def DeleteRecords(self, request, context):
         """Split per partition leader and passed on (BrokerService.DeleteRecords).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeLogDirs(self, request, context):
+        """Split per partition leader and passed on (BrokerService.DescribeLogDirs):
+        log sizes, offsets and each compacted log's dirty ratio and cleaner lag.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -409,6 +422,11 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.DeleteRecords,
                     request_deserializer=highwater_dot_v1_dot_common__pb2.DeleteRecordsRequest.FromString,
                     response_serializer=highwater_dot_v1_dot_common__pb2.DeleteRecordsResponse.SerializeToString,
+            ),
+            'DescribeLogDirs': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeLogDirs,
+                    request_deserializer=highwater_dot_v1_dot_common__pb2.DescribeLogDirsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_common__pb2.DescribeLogDirsResponse.SerializeToString,
             ),
             'Metadata': grpc.unary_unary_rpc_method_handler(
                     servicer.Metadata,
@@ -693,6 +711,33 @@ class GatewayService:
             '/highwater.v1.GatewayService/DeleteRecords',
             highwater_dot_v1_dot_common__pb2.DeleteRecordsRequest.SerializeToString,
             highwater_dot_v1_dot_common__pb2.DeleteRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeLogDirs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/DescribeLogDirs',
+            highwater_dot_v1_dot_common__pb2.DescribeLogDirsRequest.SerializeToString,
+            highwater_dot_v1_dot_common__pb2.DescribeLogDirsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,7 +13,8 @@ A pass over a log (services/broker/log_cleaner.py drives it):
 3. `group_segments_by_size` (pure): the segments below the map's end, in runs whose cleaned
    output fits one segment (Kafka's groupSegmentsBySize).
 4. `clean_group` (worker thread): filter each group into one file at the log's
-   cleaned_segment_path, fsynced; then the driver calls Log.replace_segments on the loop.
+   cleaned_segment_path, fsynced; then the driver checks and indexes it with Log.prepare_swap
+   (still on the thread) and swaps it in with Log.commit_swap on the loop.
 
 What a record keeps (Kafka's rules): a record whose key has a later offset in the map is
 removed; offsets never change (a cleaned batch keeps its base offset and last offset delta, so

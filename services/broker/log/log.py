@@ -28,16 +28,19 @@ Invariants kept here (DESIGN.md section 8):
 Ownership: one Log belongs to the one task that owns its partition (STYLE.md practice
 3). It holds no locks, reads no clock (now_ms is an argument) and does no asyncio; the
 broker calls it from its event loop, never from another thread; it is not safe to
-call from two threads at once. All the logs of one Storage share its
-OpenFileCache (a read may close another log's file), so they must all be called from
-one thread: the broker's event loop.
+call from two threads at once. The exceptions are prepare_swap, discard_prepared and
+PreparedSwap.close, which the cleaner calls from its thread: they read only what never
+changes after construction (the directory, the storage), the immutable SegmentViews and
+a config passed in, and touch only the cleaned segment's files and handles of their own
+(never the OpenFileCache). All the logs of one Storage share its OpenFileCache (a read may
+close another log's file), so they must all be called from one thread: the broker's event
+loop.
 Durability comes from replication; fsync happens on flush(), by the flush_messages /
 flush_ms settings (off by default, as Kafka), after recovery, on truncation and on close().
 
 Swapping in a cleaned segment (replace_segments; Kafka's .cleaned -> .swap protocol).
 The cleaner (another thread) writes and fsyncs `B.cleaned.log` (cleaned_segment_path(B))
-beside the old segments, which cover [B, E) (E: the next segment's base). On the event
-loop, replace_segments then:
+beside the old segments, which cover [B, E) (E: the next segment's base). The swap then:
   1. checks that the old segments are still as the cleaner saw them (SegmentsChanged if not);
   2. scans `B.cleaned.log` (CRC, offset order, every offset in [B, E)) and writes its
      indexes `B.cleaned.index` / `B.cleaned.timeindex`; fsyncs the three files;
@@ -47,6 +50,13 @@ loop, replace_segments then:
      those other than B;
   5. renames `B.cleaned.index` / `B.cleaned.timeindex` over `B.index` / `B.timeindex`;
   6. renames `B.E.swap` to `B.log`: the swap is done.
+Step 2 (a scan of the whole file, two index files, three fsyncs: tens of ms) runs in
+prepare_swap on the cleaner's thread, which touches only the `B.cleaned.*` files; steps 1 and
+3-6 and the in-memory update run in commit_swap on the event loop, step 1 again there, since
+retention, DeleteRecords or truncation may have run meanwhile (then the prepared files are
+deleted). prepare_swap also opens the old segments' .log files and PreparedSwap holds them, so
+that step 4's deletes only remove names on the loop and the kernel frees the blocks at the
+handles' close, on the thread. replace_segments does both on the caller's thread.
 Log.open first completes every swap whose `.swap` file exists (steps 4-6 again: each is
 idempotent, and the name says exactly which segments it replaces: every one with a base in
 [B, E), since the next segment started at E and nothing is written below it; the range
@@ -75,10 +85,13 @@ from pathlib import Path
 
 from clients.common.errors import CorruptMessage, OffsetOutOfRange, StorageError, check
 from clients.common.record_batch import (
+    BATCH_HEADER_SIZE,
     BatchHeader,
     Buffer,
     assign_offsets,
     iter_batch_headers,
+    peek_batch_extent,
+    valid_prefix,
     validate_batches,
     with_assigned_offset,
 )
@@ -93,16 +106,19 @@ from .checkpoints import (
 )
 from .config import LogConfig
 from .epoch_cache import LeaderEpochCache
+from .index import OffsetIndex, TimeIndex
 from .segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
+    NO_TIMESTAMP,
+    RECOVERY_CHUNK_BYTES,
     RELATIVE_OFFSET_MAX,
     TIME_INDEX_SUFFIX,
     LogSegment,
     parse_segment_file_name,
     segment_file_name,
 )
-from .storage import TEMP_SUFFIX, Storage
+from .storage import TEMP_SUFFIX, Storage, StorageFile
 
 logger = logging.getLogger("highwater.log")
 
@@ -382,6 +398,15 @@ class Log:
         for segment in kept[:-1]:
             segment.make_inactive()
         kept[-1].make_active()
+        if not dropped and recovery_point > self.log_end_offset:
+            # A cleaned segment may end in a hole (its last records removed); when the segments
+            # after it were lost unflushed, the log would end in that hole, below offsets that
+            # were durable (the recovery point), and the next append would reuse committed
+            # offsets (tests/sim/test_cleaner_sim.py, seed 2343). The log ends there at least.
+            if self._segments[-1].is_empty:
+                self._restart_empty_active_at(recovery_point)
+            else:
+                self.roll(now_ms, base_offset=recovery_point)
 
         leo = self.log_end_offset
         self._epoch_cache.truncate_from_end(leo)
@@ -729,16 +754,87 @@ class Log:
         The new segment has the same base offset and covers the same range; every record it
         holds reads back at its offset. Crash-safe at every step (the module docstring).
 
-        Raises SegmentsChanged (nothing done) when `old` no longer matches the log, and
-        CorruptMessage (the cleaned files deleted, nothing else done) when the cleaned file
-        does not hold sound batches within the range. A storage failure after the commit
+        prepare_swap then commit_swap in one call, all on the caller's thread (tests, tools; the
+        cleaner splits them: the scan and the index writes off the loop). Raises SegmentsChanged
+        (nothing done, the cleaned file left to the caller) when `old` no longer matches the
+        log, and CorruptMessage (the cleaned files deleted, nothing else done) when the cleaned
+        file does not hold sound batches within the range. A storage failure after the commit
         point takes the log offline: its next open completes the swap.
         """
         self._ensure_usable()
         check(bool(old), "log %s: replace_segments of no segment", self._directory)
-        first = self._matching_run(old)
+        self._matching_run(old)
+        prepared = self.prepare_swap(old, self._config)
+        try:
+            self.commit_swap(prepared, now_ms)
+        finally:
+            prepared.close()
+
+    def prepare_swap(self, old: Sequence[SegmentView], config: LogConfig) -> PreparedSwap:
+        """Step 2 of the swap, callable from the cleaner's thread: check the cleaned file at
+        cleaned_segment_path(old[0].base_offset) (CRC, offset order, every offset within
+        [old[0].base_offset, old[-1].end_offset)), write its indexes `*.cleaned.index` /
+        `*.cleaned.timeindex` and fsync the three. commit_swap (on the loop) swaps it in.
+
+        Thread rules: this reads only the log's directory and storage (fixed at construction),
+        the views `old` (immutable) and `config` (the log's config, read by the caller on the
+        loop: its index settings are used), and touches only the cleaned segment's own
+        files, opened directly on the storage (not through the shared OpenFileCache, which
+        belongs to the loop). A crash here leaves only `*.cleaned.*` files: the old segments
+        are whole and the next open deletes them.
+
+        Raises CorruptMessage (the cleaned files deleted) when the cleaned file is not sound
+        batches within the range; StorageError when it is missing or a write fails (the
+        caller deletes what is left; the next open does too).
+        """
+        check(bool(old), "log %s: prepare_swap of no segment", self._directory)
         base, end = old[0].base_offset, old[-1].end_offset
-        cleaned_next_offset = self._prepare_cleaned(base, end)
+        storage = self._storage
+        stem = segment_file_name(base, CLEANED_STEM_SUFFIX)
+        log_path = self.cleaned_segment_path(base)
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            storage.delete(self._path(stem + suffix))  # an earlier attempt's
+        if not storage.exists(log_path):
+            raise StorageError(
+                f"log {self._directory}: no cleaned segment at {log_path}; "
+                "the cleaner writes it before the swap"
+            )
+        if end - 1 - base > RELATIVE_OFFSET_MAX:
+            problem = f"its range [{base}, {end}) is too long for the index's int32 relative offsets"
+            scan = _CleanedScan(0, base, problem)
+        else:
+            try:
+                scan = _scan_cleaned(storage, log_path, self._path(stem), base, end, config)
+            except BaseException:
+                self._delete_cleaned(stem)
+                raise
+        if scan.problem:
+            self._delete_cleaned(stem)
+            raise CorruptMessage(
+                f"log {self._directory}: the cleaned segment for [{base}, {end}) is refused and deleted: "
+                f"{scan.problem}. The old segments stay; this is a cleaner bug or a disk fault"
+            )
+        return PreparedSwap(tuple(old), base, end, scan.size_bytes, scan.next_offset, _hold(storage, old))
+
+    def discard_prepared(self, prepared: PreparedSwap) -> None:
+        """Delete a prepared swap's files (it will not be committed) and close what it holds.
+        Thread-safe as prepare_swap."""
+        prepared.close()
+        self._delete_cleaned(segment_file_name(prepared.base_offset, CLEANED_STEM_SUFFIX))
+
+    def commit_swap(self, prepared: PreparedSwap, now_ms: int) -> None:
+        """Steps 3-6 of the swap on the loop: the commit rename, the old segments' deletes, the
+        renames, the in-memory update. Raises SegmentsChanged, with the prepared files deleted,
+        when the segments prepare_swap saw are no longer the log's (retention, DeleteRecords or
+        truncation ran meanwhile). A storage failure after the commit point takes the log
+        offline: its next open completes the swap."""
+        self._ensure_usable()
+        old, base, end = prepared.old, prepared.base_offset, prepared.end_offset
+        try:
+            first = self._matching_run(old)
+        except SegmentsChanged:
+            self.discard_prepared(prepared)
+            raise
         storage = self._storage
         try:
             # 3. The commit point: from here on, the new segment is the log.
@@ -747,6 +843,9 @@ class Log:
             for segment in replaced:
                 segment.close()
             self._swap_in(base, end)  # 4-6
+            # Inactive: its index stays on disk (prepare_swap wrote it); load_tail reads the
+            # last entries and the bytes after the last offset entry only (at most about
+            # index_interval_bytes and a batch), so this costs no scan of the file.
             segment = LogSegment(storage, self._directory, base, self._config, active=False)
             tail = segment.load_tail()
         except (StorageError, OSError) as error:
@@ -758,18 +857,24 @@ class Log:
                 self._offline_reason,
             )
             raise StorageError(f"log {self._directory}: {self._offline_reason}") from error
-        if tail != segment.size_bytes or segment.next_offset != cleaned_next_offset:
+        if (
+            tail != prepared.size_bytes
+            or segment.size_bytes != prepared.size_bytes
+            or segment.next_offset != prepared.next_offset
+        ):
             self._offline_reason = f"swapped-in segment {base} does not read back as scanned"
             self._swap_failed = True
         check(
-            tail == segment.size_bytes and segment.next_offset == cleaned_next_offset,
-            "log %s: swapped-in segment %d reads %d of %d bytes up to offset %d, the scan found offset %d",
+            tail == prepared.size_bytes == segment.size_bytes and segment.next_offset == prepared.next_offset,
+            "log %s: swapped-in segment %d reads %d of %d bytes up to offset %d; the scan found %d "
+            "bytes up to offset %d",
             self._directory,
             base,
             tail,
             segment.size_bytes,
             segment.next_offset,
-            cleaned_next_offset,
+            prepared.size_bytes,
+            prepared.next_offset,
         )
         self._segments[first : first + len(old)] = [segment]
         self._base_offsets[first : first + len(old)] = [base]
@@ -798,43 +903,6 @@ class Log:
             "since the cleaner read them (retention, DeleteRecords or truncation ran meanwhile, or "
             "one became active); delete the cleaned file and clean them again"
         )
-
-    def _prepare_cleaned(self, base: int, end: int) -> int:
-        """Step 2: check the cleaned file and write its indexes, all fsynced; its next offset."""
-        storage = self._storage
-        stem = segment_file_name(base, CLEANED_STEM_SUFFIX)
-        log_path = self.cleaned_segment_path(base)
-        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
-            storage.delete(self._path(stem + suffix))  # an earlier attempt's
-        if not storage.exists(log_path):
-            raise StorageError(
-                f"log {self._directory}: no cleaned segment at {log_path}; "
-                "the cleaner writes it before the swap"
-            )
-        cleaned = LogSegment(storage, self._directory, base, self._config, active=False, file_stem=stem)
-        problem = ""
-        try:
-            result = cleaned.recover(latest_epoch=None)
-            if result.dropped_bytes:
-                problem = f"its bytes from {result.valid_bytes} on are not sound batches ({result.reason})"
-            elif cleaned.next_offset > end:
-                problem = f"it holds offsets up to {cleaned.next_offset - 1}, past the range's end {end}"
-            elif end - 1 - base > RELATIVE_OFFSET_MAX:
-                problem = f"its range [{base}, {end}) is too long for the index's int32 relative offsets"
-            else:
-                cleaned.flush()
-        except BaseException:
-            cleaned.close()
-            self._delete_cleaned(stem)
-            raise
-        cleaned.close()
-        if problem:
-            self._delete_cleaned(stem)
-            raise CorruptMessage(
-                f"log {self._directory}: the cleaned segment for [{base}, {end}) is refused and deleted: "
-                f"{problem}. The old segments stay; this is a cleaner bug or a disk fault"
-            )
-        return cleaned.next_offset
 
     def _delete_cleaned(self, stem: str) -> None:
         """Best effort: what is left is deleted by the next open (an uncommitted swap's files)."""
@@ -1146,7 +1214,11 @@ class Log:
         active = self._active
         active.make_active()
         new_end = active.truncate_to(offset)
-        active.flush()
+        # Every segment, not only the active one: an fsync that made a later segment durable
+        # while an earlier one was not would let a crash lose the earlier one and keep the log
+        # end past it, a hole the replica never fetches again (tests/sim/test_cleaner_sim.py).
+        for segment in self._segments:
+            segment.flush()
         if new_end < offset:
             self._epoch_cache.truncate_from_end(new_end)
         if new_end < self._log_start_offset:
@@ -1420,6 +1492,148 @@ def _record_with_max_timestamp_in(
         if record.offset >= min_offset and (best is None or record.timestamp_ms > best[1]):
             best = record.offset, record.timestamp_ms
     return best
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedSwap:
+    """A cleaned segment checked, indexed and fsynced by Log.prepare_swap, for Log.commit_swap."""
+
+    # The segments it replaces, as the cleaner saw them: commit_swap checks they still are.
+    old: tuple[SegmentView, ...]
+    base_offset: int
+    # The range it covers ends here: old[-1].end_offset.
+    end_offset: int
+    size_bytes: int
+    # Its last batch's next offset, as the scan found it (base_offset when empty).
+    next_offset: int
+    # The old segments' .log files, opened by prepare_swap and held until close(): commit_swap's
+    # delete of an old segment then only removes its name, and the costly part of a delete (the
+    # kernel freeing the file's blocks and cached pages: ms per few MiB) happens at the last
+    # close, which the caller makes on its thread.
+    held_files: tuple[StorageFile, ...] = ()
+
+    def close(self) -> None:
+        """Close the held old segment files: call after commit_swap or discard_prepared, off the
+        event loop (the cleaner's thread). Idempotent."""
+        for file in self.held_files:
+            file.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _CleanedScan:
+    size_bytes: int
+    next_offset: int
+    # Why the cleaned file is refused; "" when it is sound.
+    problem: str
+
+
+def _scan_cleaned(
+    storage: Storage, log_path: str, stem_path: str, base: int, end: int, config: LogConfig
+) -> _CleanedScan:
+    """Check a cleaned segment file and write its two indexes beside it (`stem_path` + suffix),
+    then fsync the three. Thread-safe: only these files, opened directly on the storage.
+
+    The checks are recovery's (LogSegment.recover: lengths, magic, CRC, counts, offsets strictly
+    increasing, leader epochs never going down), plus every offset within [base, end); the index
+    entries are those LogSegment._track writes for the same batches. Memory stays bounded: the
+    file is read in RECOVERY_CHUNK_BYTES pieces and each piece's entries written at once.
+    """
+    log_file = storage.open(log_path, create=False)
+    files: list[StorageFile] = [log_file]
+    try:
+        entries_max = config.max_index_entries
+        offset_index = OffsetIndex(
+            _opened(storage, stem_path + INDEX_SUFFIX, files), max_entries=entries_max, in_memory=False
+        )
+        time_index = TimeIndex(
+            _opened(storage, stem_path + TIME_INDEX_SUFFIX, files), max_entries=entries_max, in_memory=False
+        )
+        index_interval_bytes = config.index_interval_bytes
+        size = log_file.size
+        position = 0
+        chunk_bytes = RECOVERY_CHUNK_BYTES
+        expected = base
+        epoch: int | None = None
+        max_timestamp = last_indexed_timestamp = NO_TIMESTAMP
+        bytes_since = 0
+        while position < size:
+            chunk = log_file.read_at(position, min(chunk_bytes, size - position))
+            headers, valid_end, reason = valid_prefix(chunk, position_base=position)
+            offset_entries: list[tuple[int, int]] = []
+            time_entries: list[tuple[int, int]] = []
+            for header in headers:
+                problem = ""
+                if header.base_offset < expected:
+                    problem = (
+                        f"batch at byte {header.position} has base offset {header.base_offset}, "
+                        f"below the previous batch's next offset {expected}"
+                    )
+                elif header.next_offset > end:
+                    problem = f"it holds offsets up to {header.last_offset}, past the range's end {end}"
+                elif epoch is not None and header.partition_leader_epoch < epoch:
+                    problem = (
+                        f"batch at byte {header.position} has leader epoch "
+                        f"{header.partition_leader_epoch} below the previous {epoch}"
+                    )
+                if problem:
+                    return _CleanedScan(size, expected, problem)
+                if epoch is None or header.partition_leader_epoch > epoch:
+                    epoch = header.partition_leader_epoch
+                expected = header.next_offset
+                max_timestamp = max(max_timestamp, header.max_timestamp)
+                if bytes_since > index_interval_bytes:
+                    relative = header.base_offset - base
+                    offset_entries.append((relative, header.position))
+                    if max_timestamp > last_indexed_timestamp:
+                        time_entries.append((max_timestamp, relative))
+                        last_indexed_timestamp = max_timestamp
+                    bytes_since = 0
+                bytes_since += header.size_bytes
+            offset_index.append_entries(offset_entries)
+            time_index.append_entries(time_entries)
+            if reason:
+                # A batch crossing the piece's end is read again from its start, in a piece big
+                # enough to hold it (as LogSegment.recover).
+                local = valid_end - position
+                extent = peek_batch_extent(chunk, local)
+                cut_off = extent is None or (
+                    extent[1] >= BATCH_HEADER_SIZE and extent[1] > len(chunk) - local
+                )
+                needed = extent[1] if extent is not None else 0
+                if position + len(chunk) < size and cut_off and needed <= size - valid_end:
+                    chunk_bytes = max(RECOVERY_CHUNK_BYTES, needed)
+                    position = valid_end
+                    continue
+                return _CleanedScan(
+                    size, expected, f"its bytes from {valid_end} on are not sound batches ({reason})"
+                )
+            chunk_bytes = RECOVERY_CHUNK_BYTES
+            position = valid_end
+        for file in files:
+            file.fsync()
+        return _CleanedScan(size, expected, "")
+    finally:
+        for file in files:
+            file.close()
+
+
+def _hold(storage: Storage, old: Sequence[SegmentView]) -> tuple[StorageFile, ...]:
+    """Open the old segments' files for PreparedSwap.held_files; one gone already (retention ran
+    meanwhile: commit_swap will find the segments changed) is skipped."""
+    held: list[StorageFile] = []
+    for view in old:
+        try:
+            held.append(storage.open(view.path, create=False))
+        except StorageError:
+            continue
+    return tuple(held)
+
+
+def _opened(storage: Storage, path: str, files: list[StorageFile]) -> StorageFile:
+    """A new empty file at `path`, remembered in `files` (closed by the caller)."""
+    file = storage.open(path, create=True)
+    files.append(file)
+    return file
 
 
 def close_logs(
