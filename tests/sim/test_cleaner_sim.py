@@ -51,16 +51,17 @@ import pytest
 from prometheus_client import REGISTRY
 
 from clients.common.errors import OffsetOutOfRange
-from clients.common.record_batch import Buffer, iter_batch_headers
+from clients.common.record_batch import iter_batch_headers
 from clients.common.records import decode_batches, encode_batch
 from clients.common.topics import CLEANUP_POLICY_COMPACT
 from clients.common.types import TopicPartitionKey
 from services.broker.log import Log, LogConfig, MemoryStorage
-from services.broker.log.storage import FileLocation, OpenFileCache, StorageFile
+from services.broker.log.storage import OpenFileCache
 from services.broker.log_cleaner import CleanerConfig, LogCleaner
 from services.broker.partition import Partition, Role
 from services.broker.producer_state import ProducerStateManager
 from services.common import limits
+from tests.storage_faults import StepStorage
 
 # Seeds of this simulation per --sim-seeds seed: a seed is ~0.1 s, so the default run is a
 # few hundred seeds in well under a minute.
@@ -86,38 +87,7 @@ class SimulatedCrash(BaseException):
 # ---- the crashing storage seam -----------------------------------------------------------
 
 
-class _File:
-    """A file of a CrashingStorage: appends, truncations and fsyncs are mutating calls."""
-
-    def __init__(self, storage: CrashingStorage, inner: StorageFile, path: str) -> None:
-        self._storage = storage
-        self._inner = inner
-        self._path = path
-
-    @property
-    def size(self) -> int:
-        return self._inner.size
-
-    def append(self, data: Buffer) -> int:
-        self._storage.step(f"append {self._path}")
-        return self._inner.append(data)
-
-    def read_at(self, position: int, size: int) -> bytes:
-        return self._inner.read_at(position, size)
-
-    def truncate(self, size: int) -> None:
-        self._storage.step(f"truncate {self._path}")
-        self._inner.truncate(size)
-
-    def fsync(self) -> None:
-        self._storage.step(f"fsync {self._path}")
-        self._inner.fsync()
-
-    def close(self) -> None:
-        self._inner.close()
-
-
-class CrashingStorage:
+class CrashingStorage(StepStorage):
     """A Storage over MemoryStorage that dies at an armed mutating call and refuses every later one.
 
     Every call that changes the disk (creating, appending, truncating, fsyncing, renaming,
@@ -127,7 +97,8 @@ class CrashingStorage:
     """
 
     def __init__(self, inner: MemoryStorage, open_files_max: int) -> None:
-        self.inner = inner
+        super().__init__(inner)
+        self.inner: MemoryStorage = inner
         self.open_files = OpenFileCache(self, open_files_max)
         self.calls = 0
         self.crash_at: int | None = None
@@ -162,59 +133,6 @@ class CrashingStorage:
         self.dead = False
         self.crash_at = None
         self.phase = ""
-
-    def open(self, path: str, *, create: bool = True) -> StorageFile:
-        if create and not self.inner.exists(path):
-            self.step(f"create {path}")
-        return _File(self, self.inner.open(path, create=create), path)
-
-    def exists(self, path: str) -> bool:
-        return self.inner.exists(path)
-
-    def mkdir(self, path: str) -> None:
-        self.step(f"mkdir {path}")
-        self.inner.mkdir(path)
-
-    def list_dir(self, path: str) -> list[str]:
-        return self.inner.list_dir(path)
-
-    def delete(self, path: str) -> None:
-        self.step(f"delete {path}")
-        self.inner.delete(path)
-
-    def rename(self, source: str, target: str) -> None:
-        self.step(f"rename {source} -> {target}")
-        self.inner.rename(source, target)
-
-    def read_file(self, path: str) -> bytes:
-        return self.inner.read_file(path)
-
-    def write_atomic(self, path: str, data: bytes) -> None:
-        self.step(f"write_atomic {path}")
-        self.inner.write_atomic(path, data)
-
-    def write_unsynced(self, path: str, data: bytes) -> None:
-        self.step(f"write_unsynced {path}")
-        self.inner.write_unsynced(path, data)
-
-    def rename_unsynced(self, source: str, target: str) -> None:
-        self.step(f"rename_unsynced {source} -> {target}")
-        self.inner.rename_unsynced(source, target)
-
-    def link_unsynced(self, source: str, target: str) -> None:
-        self.step(f"link_unsynced {source} -> {target}")
-        self.inner.link_unsynced(source, target)
-
-    def sync_all(self, directory: str) -> None:
-        self.step(f"sync_all {directory}")
-        self.inner.sync_all(directory)
-
-    def delete_dir(self, path: str) -> None:
-        self.step(f"delete_dir {path}")
-        self.inner.delete_dir(path)
-
-    def file_location(self, path: str) -> FileLocation | None:
-        return self.inner.file_location(path)
 
 
 class TracedLog(Log):

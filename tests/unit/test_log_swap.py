@@ -39,9 +39,7 @@ from services.broker.log.file_storage import FileStorage, open_real_file_count
 from services.broker.log.log import PreparedSwap, SegmentsChanged, SegmentView
 from services.broker.log.segment import LogSegment
 from services.broker.log.storage import (
-    Buffer,
     CachedFile,
-    FileLocation,
     OpenFileCache,
     Storage,
     StorageFile,
@@ -49,6 +47,7 @@ from services.broker.log.storage import (
 from services.broker.log_cleaner import CleanerConfig, LogCleaner
 from services.broker.partition import Role
 from services.broker.producer_state import ProducerStateManager
+from tests.storage_faults import StepStorage
 
 CONFIG = LogConfig(segment_bytes=500, index_interval_bytes=150, retention_ms=-1, max_message_bytes=500)
 DIRECTORY = "/data/topic-0"
@@ -81,43 +80,13 @@ class _ThreadCheckedCache(OpenFileCache):
         super().touch(file)
 
 
-class _CountingFile:
-    def __init__(self, storage: CrashAt, inner: StorageFile, path: str) -> None:
-        self._storage = storage
-        self._inner = inner
-        self._path = path
-
-    @property
-    def size(self) -> int:
-        return self._inner.size
-
-    def append(self, data: Buffer) -> int:
-        self._storage.step(f"append to {self._path}")
-        return self._inner.append(data)
-
-    def read_at(self, position: int, size: int) -> bytes:
-        data = self._inner.read_at(position, size)
-        self._storage.bytes_read += len(data)
-        return data
-
-    def truncate(self, size: int) -> None:
-        self._storage.step(f"truncate {self._path}")
-        self._inner.truncate(size)
-
-    def fsync(self) -> None:
-        self._storage.step(f"fsync {self._path}")
-        self._inner.fsync()
-
-    def close(self) -> None:
-        self._inner.close()
-
-
-class CrashAt:
+class CrashAt(StepStorage):
     """A Storage over MemoryStorage or FileStorage that dies at its `crash_at`-th mutating call
     (counted from when it is armed) and refuses every call after it, as a dead process makes none."""
 
     def __init__(self, inner: MemoryStorage | FileStorage) -> None:
-        self.inner = inner
+        super().__init__(inner)
+        self.inner: MemoryStorage | FileStorage = inner
         # Tiny: files are evicted and reopened all the time.
         # The threads that used the cache (the loop's only: see _ThreadCheckedCache).
         self.cache_threads: set[int] = set()
@@ -150,58 +119,8 @@ class CrashAt:
             self.inner.crash(rng)
         self.crash_at = None
 
-    def open(self, path: str, *, create: bool = True) -> StorageFile:
-        if create and not self.inner.exists(path):
-            self.step(f"create {path}")
-        return _CountingFile(self, self.inner.open(path, create=create), path)
-
-    def exists(self, path: str) -> bool:
-        return self.inner.exists(path)
-
-    def mkdir(self, path: str) -> None:
-        self.step(f"mkdir {path}")
-        self.inner.mkdir(path)
-
-    def list_dir(self, path: str) -> list[str]:
-        return self.inner.list_dir(path)
-
-    def delete(self, path: str) -> None:
-        self.step(f"delete {path}")
-        self.inner.delete(path)
-
-    def rename(self, source: str, target: str) -> None:
-        self.step(f"rename {source} -> {target}")
-        self.inner.rename(source, target)
-
-    def read_file(self, path: str) -> bytes:
-        return self.inner.read_file(path)
-
-    def write_atomic(self, path: str, data: bytes) -> None:
-        self.step(f"write_atomic {path}")
-        self.inner.write_atomic(path, data)
-
-    def write_unsynced(self, path: str, data: bytes) -> None:
-        self.step(f"write_unsynced {path}")
-        self.inner.write_unsynced(path, data)
-
-    def rename_unsynced(self, source: str, target: str) -> None:
-        self.step(f"rename_unsynced {source}")
-        self.inner.rename_unsynced(source, target)
-
-    def link_unsynced(self, source: str, target: str) -> None:
-        self.step(f"link_unsynced {source}")
-        self.inner.link_unsynced(source, target)
-
-    def sync_all(self, directory: str) -> None:
-        self.step(f"sync_all {directory}")
-        self.inner.sync_all(directory)
-
-    def delete_dir(self, path: str) -> None:
-        self.step(f"delete_dir {path}")
-        self.inner.delete_dir(path)
-
-    def file_location(self, path: str) -> FileLocation | None:
-        return self.inner.file_location(path)
+    def read_bytes(self, count: int) -> None:
+        self.bytes_read += count
 
 
 def read_records(log: Log) -> list[Record]:
