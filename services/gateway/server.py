@@ -46,6 +46,8 @@ log = logging.getLogger("highwater.gateway")
 
 # The response message type of one admin call passed through to the controller.
 R = TypeVar("R")
+# A partition's answer in a per-leader call (DeleteRecords, DescribeLogDirs): it has error_code.
+P = TypeVar("P")
 
 # Per-partition answers the gateway retries itself (within the request's deadline), after
 # refreshing metadata: the error flags' policy, except UNKNOWN_TOPIC_OR_PARTITION, which the
@@ -430,49 +432,21 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def _delete_records(
         self, request: common_pb2.DeleteRecordsRequest
     ) -> common_pb2.DeleteRecordsResponse:
-        tps = routing.collect_partitions(request.topics)
-        if any(tp[0] not in self.cache.topics() for tp in tps):
-            await self.refresh_metadata()
-        by_leader, unroutable = routing.split_by_leader(self.cache, tps)
-        parts: dict[TopicPartitionKey, common_pb2.DeleteRecordsPartitionResponse] = {}
-        for tp, (code, message) in unroutable.items():
-            parts[tp] = common_pb2.DeleteRecordsPartitionResponse(
-                partition=tp[1], error_code=code, error_message=message, low_watermark=-1
-            )
         timeout_ms = min(
             request.timeout_ms if request.timeout_ms > 0 else limits.DELETE_RECORDS_TIMEOUT_MS_DEFAULT,
             limits.DELETE_RECORDS_TIMEOUT_MS_MAX,
         )
         # The leader answers at its timeout at the latest; the margin is for the answer's way back.
         rpc_timeout_s = timeout_ms / 1000 + limits.CONTROL_RPC_TIMEOUT_S
-
-        async def one(address: str, group: list[TopicPartitionKey]) -> None:
-            req = routing.delete_records_request_for(request, set(group))
-            try:
-                resp = await self.peers.broker(address).DeleteRecords(req, timeout=rpc_timeout_s)
-                for t in resp.topics:
-                    for p in t.partitions:
-                        parts[(t.topic, p.partition)] = p
-            except grpc.aio.AioRpcError as exc:
-                for tp in group:
-                    parts[tp] = common_pb2.DeleteRecordsPartitionResponse(
-                        partition=tp[1],
-                        error_code=common_pb2.LEADER_NOT_AVAILABLE,
-                        low_watermark=-1,
-                        error_message=f"leader at {address} could not be reached: {exc.code().name}",
-                    )
-
-        await asyncio.gather(*(one(a, g) for a, g in by_leader.items()))
-        if any(p.error_code in RETRIABLE_ROUTING_CODES for p in parts.values()):
-            self._background(self.refresh_metadata())
-        for tp in tps:
-            if tp not in parts:  # a leader's answer left it out: never answer nothing for a partition
-                parts[tp] = common_pb2.DeleteRecordsPartitionResponse(
-                    partition=tp[1],
-                    error_code=common_pb2.UNKNOWN_SERVER_ERROR,
-                    low_watermark=-1,
-                    error_message=f"the leader's answer did not name {tp[0]}-{tp[1]}",
-                )
+        parts = await self._per_leader(
+            request.topics,
+            lambda address, group: self.peers.broker(address).DeleteRecords(
+                routing.delete_records_request_for(request, group), timeout=rpc_timeout_s
+            ),
+            lambda tp, code, message: common_pb2.DeleteRecordsPartitionResponse(
+                partition=tp[1], error_code=code, error_message=message, low_watermark=-1
+            ),
+        )
         return common_pb2.DeleteRecordsResponse(
             topics=[
                 common_pb2.DeleteRecordsTopicResponse(
@@ -492,45 +466,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def _describe_log_dirs(
         self, request: common_pb2.DescribeLogDirsRequest
     ) -> common_pb2.DescribeLogDirsResponse:
-        tps = routing.collect_partitions(request.topics)
-        if any(tp[0] not in self.cache.topics() for tp in tps):
-            await self.refresh_metadata()
-        by_leader, unroutable = routing.split_by_leader(self.cache, tps)
-        parts: dict[TopicPartitionKey, common_pb2.DescribeLogDirsPartitionResponse] = {}
-        for tp, (code, message) in unroutable.items():
-            parts[tp] = common_pb2.DescribeLogDirsPartitionResponse(
+        parts = await self._per_leader(
+            request.topics,
+            lambda address, group: self.peers.broker(address).DescribeLogDirs(
+                routing.describe_log_dirs_request_for(request, group), timeout=limits.CONTROL_RPC_TIMEOUT_S
+            ),
+            lambda tp, code, message: common_pb2.DescribeLogDirsPartitionResponse(
                 partition=tp[1], error_code=code, error_message=message, broker_id=-1
-            )
-
-        async def one(address: str, group: list[TopicPartitionKey]) -> None:
-            req = routing.describe_log_dirs_request_for(request, set(group))
-            try:
-                resp = await self.peers.broker(address).DescribeLogDirs(
-                    req, timeout=limits.CONTROL_RPC_TIMEOUT_S
-                )
-                for t in resp.topics:
-                    for p in t.partitions:
-                        parts[(t.topic, p.partition)] = p
-            except grpc.aio.AioRpcError as exc:
-                for tp in group:
-                    parts[tp] = common_pb2.DescribeLogDirsPartitionResponse(
-                        partition=tp[1],
-                        error_code=common_pb2.LEADER_NOT_AVAILABLE,
-                        broker_id=-1,
-                        error_message=f"leader at {address} could not be reached: {exc.code().name}",
-                    )
-
-        await asyncio.gather(*(one(a, g) for a, g in by_leader.items()))
-        if any(p.error_code in RETRIABLE_ROUTING_CODES for p in parts.values()):
-            self._background(self.refresh_metadata())
-        for tp in tps:
-            if tp not in parts:  # a leader's answer left it out: never answer nothing for a partition
-                parts[tp] = common_pb2.DescribeLogDirsPartitionResponse(
-                    partition=tp[1],
-                    error_code=common_pb2.UNKNOWN_SERVER_ERROR,
-                    broker_id=-1,
-                    error_message=f"the leader's answer did not name {tp[0]}-{tp[1]}",
-                )
+            ),
+        )
         return common_pb2.DescribeLogDirsResponse(
             topics=[
                 common_pb2.DescribeLogDirsTopicResponse(
@@ -539,6 +483,50 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 for t in request.topics
             ]
         )
+
+    async def _per_leader(
+        self,
+        topics: Sequence[Any],
+        send: Callable[[str, set[TopicPartitionKey]], Awaitable[Any]],
+        failed: Callable[[TopicPartitionKey, common_pb2.ErrorCode, str], P],
+    ) -> dict[TopicPartitionKey, P]:
+        """Every partition named in `topics` (request topics with partitions), answered by its
+        leader: `send(address, partitions)` to each leader at once (its answer has topics with
+        partitions), `failed(tp, code, message)` for a partition with no leader known, whose
+        leader could not be reached, or that its leader's answer left out. Metadata is refreshed
+        first for a topic not known, and afterwards when a leader answered that it moved."""
+        tps = routing.collect_partitions(topics)
+        if any(tp[0] not in self.cache.topics() for tp in tps):
+            await self.refresh_metadata()
+        by_leader, unroutable = routing.split_by_leader(self.cache, tps)
+        parts: dict[TopicPartitionKey, P] = {
+            tp: failed(tp, code, message) for tp, (code, message) in unroutable.items()
+        }
+
+        async def one(address: str, group: list[TopicPartitionKey]) -> None:
+            try:
+                resp = await send(address, set(group))
+            except grpc.aio.AioRpcError as exc:
+                for tp in group:
+                    parts[tp] = failed(
+                        tp,
+                        common_pb2.LEADER_NOT_AVAILABLE,
+                        f"leader at {address} could not be reached: {exc.code().name}",
+                    )
+                return
+            for t in resp.topics:
+                for p in t.partitions:
+                    parts[(t.topic, p.partition)] = p
+
+        await asyncio.gather(*(one(a, g) for a, g in by_leader.items()))
+        if any(p.error_code in RETRIABLE_ROUTING_CODES for p in parts.values()):  # type: ignore[attr-defined]
+            self._background(self.refresh_metadata())
+        for tp in tps:
+            if tp not in parts:  # a leader's answer left it out: never answer nothing for a partition
+                parts[tp] = failed(
+                    tp, common_pb2.UNKNOWN_SERVER_ERROR, f"the leader's answer did not name {tp[0]}-{tp[1]}"
+                )
+        return parts
 
     # ---- subscribe --------------------------------------------------------------------------
 
