@@ -10,21 +10,17 @@ every idle run has none, no case failed, and a busy / idle ratio exists for ever
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.integration.bench_runs import ROOT, run_bench_script
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "cleaner_impact.py"
 # A LocalCluster's start, two writer warm-ups, four short runs and a stop; generous for a shared machine.
 RUN_TIMEOUT_S = 240.0
-# The script leaves through its `with` blocks on SIGTERM (bench/common.py), stopping its cluster.
-STOP_TIMEOUT_S = 30.0
 SHORT = [
     "--rounds",
     "1",
@@ -52,25 +48,8 @@ SHORT = [
 
 
 def run_script(output: Path) -> str:
-    """Run cleaner_impact.py; its output. Stopped by pid (SIGTERM, then SIGKILL) if it hangs."""
-    cmd = [sys.executable, str(SCRIPT), *SHORT, "--output", str(output)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    try:
-        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            out, _ = proc.communicate(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        pytest.fail(f"cleaner_impact.py did not finish within {RUN_TIMEOUT_S} s:\n{out}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, f"cleaner_impact.py exited {proc.returncode}:\n{out}"
-    return out
+    """Run cleaner_impact.py; its output (bench_runs.run_bench_script)."""
+    return run_bench_script(SCRIPT, [*SHORT, "--output", str(output)], timeout_s=RUN_TIMEOUT_S)
 
 
 def test_one_round_measures_busy_and_idle_with_the_cleaner_checked(tmp_path: Path) -> None:

@@ -11,21 +11,17 @@ result file must hold a figure for every path and no error.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.integration.bench_runs import ROOT, run_bench_script
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 COMPARE = ROOT / "bench" / "peers" / "compare.py"
 # One workload: a LocalCluster's start, a few runs of ~1.5 s and a stop; generous for a shared machine.
 RUN_TIMEOUT_S = 120.0
-# compare.py leaves through its `with` blocks on SIGTERM (bench/common.py), stopping its cluster.
-STOP_TIMEOUT_S = 30.0
 SHORT = ["--rounds", "1", "--duration-s", "1", "--warmup-s", "0.5", "--quiet-wait-s", "0", "--no-peers"]
 # What each workload must report for Highwater: the systems named, and the figure each must have.
 EXPECTED = {
@@ -41,25 +37,10 @@ EXPECTED = {
 
 
 def run_compare(workload: str, extra: list[str], output: Path) -> str:
-    """Run compare.py for `workload`; its output. Stopped by pid (SIGTERM, then SIGKILL) if it hangs."""
-    cmd = [sys.executable, str(COMPARE), "--workload", workload, *SHORT, *extra, "--output", str(output)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    try:
-        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            out, _ = proc.communicate(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        pytest.fail(f"compare.py --workload {workload} did not finish within {RUN_TIMEOUT_S} s:\n{out}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, f"compare.py --workload {workload} exited {proc.returncode}:\n{out}"
-    return out
+    """Run compare.py for `workload`; its output (bench_runs.run_bench_script)."""
+    return run_bench_script(
+        COMPARE, ["--workload", workload, *SHORT, *extra, "--output", str(output)], timeout_s=RUN_TIMEOUT_S
+    )
 
 
 @pytest.mark.parametrize("workload", list(EXPECTED))

@@ -10,21 +10,17 @@ table and write a JSON with samples, slopes and counts for every process.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.integration.bench_runs import ROOT, run_bench_script
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 SOAK = ROOT / "bench" / "soak.py"
 # A LocalCluster's start, 40 s of workload, the read-back and a stop; generous for a shared machine.
 RUN_TIMEOUT_S = 240.0
-# soak.py leaves through its `with` blocks on SIGTERM (bench/common.py), stopping its cluster.
-STOP_TIMEOUT_S = 30.0
 SHORT = [
     "--duration", "40s", "--warmup", "10s", "--sample-every", "4s",
     "--rate", "50", "--burst-every", "15s", "--burst-s", "3s", "--burst-rate", "300",
@@ -36,25 +32,8 @@ FIGURES = {"rss_mib", "anon_mib", "file_mib", "fds", "threads", "cpu_s"}
 
 
 def run_soak(output: Path) -> str:
-    """Run soak.py; its output. Stopped by pid (SIGTERM, then SIGKILL) if it hangs."""
-    cmd = [sys.executable, str(SOAK), *SHORT, "--output", str(output)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    try:
-        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            out, _ = proc.communicate(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        pytest.fail(f"soak.py did not finish within {RUN_TIMEOUT_S} s:\n{out}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, f"soak.py exited {proc.returncode}:\n{out}"
-    return out
+    """Run soak.py; its output (bench_runs.run_bench_script)."""
+    return run_bench_script(SOAK, [*SHORT, "--output", str(output)], timeout_s=RUN_TIMEOUT_S)
 
 
 def test_soak_completes_and_reports_every_figure(tmp_path: Path) -> None:
