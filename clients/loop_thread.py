@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
-from typing import Any, Generic, Protocol, Self, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar, TypeVarTuple
 
 from clients.config import LOOP_STOP_WAIT_S
 from clients.errors import ClientClosed, RequestTimedOut
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 class _AsyncClient(Protocol):
@@ -28,11 +30,40 @@ class _AsyncClient(Protocol):
 A = TypeVar("A", bound=_AsyncClient)
 
 
+class _ClientLoop(asyncio.SelectorEventLoop):
+    """An event loop that ignores callbacks handed to it from other threads once it is closed.
+
+    grpc.aio has one completion-queue poller per process, shared by every loop that made a
+    channel: whichever loop wakes up hands each core completion to its own loop with
+    call_soon_threadsafe. A call or stream whose completion grpc core delivers only after
+    its client's loop closed (one close() cancelled but the core finished late, on a busy
+    machine; one still open when the loop stopped) would make that hand-over
+    raise "Event loop is closed" inside the waking loop, printed on stderr and ending its
+    pass over the queue, which delays the completions of the live clients behind it. Such a
+    completion only settles a future nobody awaits any more, so dropping it is right.
+    """
+
+    def call_soon_threadsafe(
+        self,
+        callback: Callable[[*Ts], object],
+        *args: *Ts,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Handle:
+        try:
+            return super().call_soon_threadsafe(callback, *args, context=context)
+        except RuntimeError:
+            if not self.is_closed():
+                raise
+            handle = asyncio.Handle(callback, args, self, context)
+            handle.cancel()
+            return handle
+
+
 class LoopThread:
     """One event loop running on its own thread until stop()."""
 
     def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = _ClientLoop()
         self._stopped = False
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
