@@ -40,6 +40,7 @@ from coordinator.limits import (
     ETCD_SERVER_PORT_PICK_ATTEMPTS,
     ETCD_SERVER_START_TIMEOUT_S,
     ETCD_SERVER_STOP_TIMEOUT_S,
+    ETCD_SNAPSHOT_COUNT,
 )
 
 log = logging.getLogger("highwater.coordinator")
@@ -213,6 +214,8 @@ class EtcdServer:
             "--auto-compaction-mode", "periodic",
             "--auto-compaction-retention", self.auto_compaction_retention,
             "--quota-backend-bytes", str(self.quota_backend_bytes),
+            # Bounds the raft log etcd keeps in memory (limits.ETCD_SNAPSHOT_COUNT says why).
+            "--snapshot-count", str(ETCD_SNAPSHOT_COUNT),
             # No JSON gateway (/v3/...): every client here speaks etcd's gRPC. The gateway is one
             # more door, and under TLS it dials etcd's own client port presenting etcd's server
             # certificate, which etcd's client CA (by design not the cluster CA) does not sign:
