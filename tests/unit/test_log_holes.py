@@ -25,7 +25,14 @@ from services.broker.log.file_storage import FileStorage
 from services.broker.log.storage import Storage
 
 # Small segments and a dense index: holes fall inside segments and between them.
-SMALL = LogConfig(segment_bytes=1_000, index_interval_bytes=150, retention_ms=-1, max_message_bytes=1_500)
+# Holes exist only in compacted logs: recovery of any other log takes a gap for damage.
+SMALL = LogConfig(
+    segment_bytes=1_000,
+    index_interval_bytes=150,
+    retention_ms=-1,
+    max_message_bytes=1_500,
+    cleanup_policy="compact",
+)
 
 
 @dataclass(frozen=True)

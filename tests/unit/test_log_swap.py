@@ -49,7 +49,14 @@ from services.broker.partition import Role
 from services.broker.producer_state import ProducerStateManager
 from tests.storage_faults import StepStorage
 
-CONFIG = LogConfig(segment_bytes=500, index_interval_bytes=150, retention_ms=-1, max_message_bytes=500)
+# Cleaned logs are compacted ones: recovery allows holes only there.
+CONFIG = LogConfig(
+    segment_bytes=500,
+    index_interval_bytes=150,
+    retention_ms=-1,
+    max_message_bytes=500,
+    cleanup_policy="compact",
+)
 DIRECTORY = "/data/topic-0"
 
 Records = list[tuple[int, bytes | None]]
@@ -502,7 +509,13 @@ def test_batches_with_fewer_records_than_their_range_swap_in_and_read_back() -> 
 # ---- the swap split: prepare_swap on the cleaner's thread, commit_swap on the loop -----------
 
 # Segments big enough that the scan of a cleaned file is far more than commit_swap may read.
-BIG = LogConfig(segment_bytes=64 * 1024, index_interval_bytes=1024, retention_ms=-1, max_message_bytes=4096)
+BIG = LogConfig(
+    segment_bytes=64 * 1024,
+    index_interval_bytes=1024,
+    retention_ms=-1,
+    max_message_bytes=4096,
+    cleanup_policy="compact",
+)
 
 
 def big_log(storage: Storage, directory: str = DIRECTORY) -> Log:

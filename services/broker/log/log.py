@@ -346,8 +346,14 @@ class Log:
         scanned = dropped = recovered_count = 0
         reason = ""
         latest_epoch: int | None = None
+        # Holes are legal only in a log that is or was compacted (_checkpoint_version); in any
+        # other a gap is damage, cut at as before compaction existed.
+        holes_allowed = self._checkpoint_version == checkpoints.CHECKPOINT_VERSION_HOLES
         for i, segment in enumerate(segments):
-            if kept and segment.base_offset < kept[-1].next_offset:
+            if kept and (
+                segment.base_offset < kept[-1].next_offset
+                or (not holes_allowed and segment.base_offset != kept[-1].next_offset)
+            ):
                 # Past it is a hole (a compacted log); before it, two segments overlap.
                 reason = (
                     f"segment {segment.base_offset} starts before segment {kept[-1].base_offset} "
@@ -361,7 +367,7 @@ class Log:
             if must_scan:
                 if latest_epoch is None:
                     latest_epoch = self._epoch_cache.epoch_for_offset(segment.base_offset)
-                result = segment.recover(latest_epoch=latest_epoch)
+                result = segment.recover(latest_epoch=latest_epoch, holes_allowed=holes_allowed)
                 recovered_count += 1
                 scanned += result.valid_bytes + result.dropped_bytes
                 for epoch, start_offset in result.epoch_starts:

@@ -345,14 +345,16 @@ class LogSegment:
             return None
         return parse_header(self.log.read_at(0, BATCH_HEADER_SIZE)).max_timestamp
 
-    def recover(self, *, latest_epoch: int | None) -> RecoveryResult:
+    def recover(self, *, latest_epoch: int | None, holes_allowed: bool = True) -> RecoveryResult:
         """Scan every batch (length, magic, CRC, counts, offset order, epoch order), rebuild
         both indexes, and cut the log at the first unsound batch.
 
         `latest_epoch` is the last epoch seen in earlier segments: epochs never go down along
         the log, so a lower one means a damaged header (base_offset and partition_leader_epoch
         lie outside the CRC, so offset and epoch order are their only checks). Offsets must
-        strictly increase, not be contiguous: a compacted segment has holes (issue 39).
+        strictly increase, not be contiguous: a compacted segment has holes (issue 39). A log
+        that never was compacted cannot have any (`holes_allowed` False): there a gap is a
+        damaged base offset, and the scan cuts at it, as before compaction existed.
         """
         self.offset_index.truncate_entries(0)
         self.time_index.truncate_entries(0)
@@ -373,10 +375,11 @@ class LogSegment:
             broken_lineage = False
             expected = self.next_offset
             for count, header in enumerate(headers):
-                if header.base_offset < expected:
+                if header.base_offset < expected or (not holes_allowed and header.base_offset != expected):
                     reason = (
                         f"batch at byte {header.position} has base offset {header.base_offset}, "
-                        f"below the previous batch's next offset {expected}"
+                        f"{'below' if header.base_offset < expected else 'not'} the previous batch's next "
+                        f"offset {expected}"
                     )
                 elif header.last_offset - self.base_offset > RELATIVE_OFFSET_MAX:
                     reason = (
