@@ -27,7 +27,7 @@ from clients.tools.cli import cli
 from clients.types import ConsumerRecord, TopicPartition
 from protos.highwater.v1 import gateway_pb2
 from tests.integration.conftest import TestCluster
-from tests.integration.helpers import gateway_stub
+from tests.integration.helpers import gateway_stub, wait_for
 from tests.integration.test_kafka_protocol import FAST
 from tests.spark.conftest import spark  # noqa: F401  # the local SparkSession fixture
 from tests.spark.helpers import read_options
@@ -93,17 +93,20 @@ def consumer_read(cluster: TestCluster) -> tuple[list[ConsumerRecord], int]:
 def wait_cleaned(cluster: TestCluster, written: dict[int, tuple[bytes, bytes | None]]) -> None:
     """Until the cleaner removed the tombstone and left at most a few records per key."""
     tombstone = max(written) - 1
-    deadline = time.monotonic() + CLEANED_WITHIN_S
-    while True:
+    left: list[int] = []
+
+    def cleaned() -> bool:
         records, _ = consumer_read(cluster)
         offsets = {r.offset for r in records}
-        if tombstone not in offsets and len(records) <= 3 * KEYS + 1:
-            return
-        assert time.monotonic() < deadline, (
-            f"not cleaned within {CLEANED_WITHIN_S} s: {len(records)} records left of {len(written)}, "
-            f"tombstone {'kept' if tombstone in offsets else 'gone'}"
-        )
-        time.sleep(0.5)
+        left[:] = [len(records), tombstone in offsets]
+        return tombstone not in offsets and len(records) <= 3 * KEYS + 1
+
+    wait_for(
+        cleaned,
+        timeout_s=CLEANED_WITHIN_S,
+        interval_s=0.5,
+        what=f"the cleaner (records left, tombstone kept: {left} of {len(written)})",
+    )
 
 
 def check_kept(records: list[Any], written: dict[int, tuple[bytes, bytes | None]], what: str) -> None:
