@@ -3,9 +3,11 @@
 Builds a log on real files in a temporary directory (`--records` updates of `--value-bytes`
 values over `--keys` keys, `--batch` records a batch, random keys so most batches lose some
 records), then runs the broker's LogCleaner (services/broker/log_cleaner.py) over it unthrottled
-until it has nothing left to do, and prints:
+(no I/O limit; no CPU share limit unless --cpu-max-share) until it has nothing left to do, and
+prints:
 
-- MB/s cleaned: the log's bytes before cleaning / the wall time of the passes;
+- MB/s cleaned: the log's bytes before cleaning / the wall time of the passes, and per CPU
+  second (wall time depends on what else the machine runs; CPU time much less);
 - the bytes read (map + filter) and written, the records kept;
 - the peak resident memory the passes added (VmHWM reset before them) and the offset map's
   entries with their estimated size (LOG_CLEANER_OFFSET_MAP_ENTRY_BYTES each);
@@ -87,7 +89,11 @@ def build_log(directory: Path, args: argparse.Namespace) -> Log:
 async def clean(log: Log, args: argparse.Namespace) -> None:
     replica = _Replica(log, log.log_end_offset)
     cleaner = LogCleaner(
-        CleanerConfig(io_max_bytes_per_second=0, dedupe_buffer_bytes=args.dedupe_buffer_bytes),
+        CleanerConfig(
+            io_max_bytes_per_second=0,
+            dedupe_buffer_bytes=args.dedupe_buffer_bytes,
+            cpu_max_share=args.cpu_max_share,
+        ),
         lambda: {("bench", 0): replica},  # type: ignore[dict-item]  # a partition's fields the cleaner reads
     )
     size_before = sum(view.size_bytes for view in log.segments_for_cleaning())
@@ -111,10 +117,12 @@ async def clean(log: Log, args: argparse.Namespace) -> None:
     rss_before = _status_kib("VmRSS")
     _reset_peak_rss()
     started = time.monotonic()
+    cpu_started = time.process_time()
     passes = 0
     while await cleaner.clean_once():
         passes += 1
     seconds = time.monotonic() - started
+    cpu_s = time.process_time() - cpu_started
     peak = _status_kib("VmHWM")
     done = True
     await ticking
@@ -131,6 +139,10 @@ async def clean(log: Log, args: argparse.Namespace) -> None:
     print(
         f"cleaned {size_before / 1e6 / seconds:.1f} MB/s of log; "
         f"I/O read {read / 1e6:.1f} MB, wrote {written / 1e6:.1f} MB"
+    )
+    print(
+        f"CPU {cpu_s:.2f} s (the process, loop included): {size_before / 1e6 / max(cpu_s, 1e-9):.1f} MB "
+        f"of log a CPU second; CPU share limit {args.cpu_max_share or 'none'}"
     )
     print(f"records kept in the last pass: {kept}")
     print(
@@ -194,6 +206,13 @@ def main() -> None:
     parser.add_argument("--segment-bytes", type=int, default=16 * 2**20)
     parser.add_argument(
         "--dedupe-buffer-bytes", type=int, default=limits.LOG_CLEANER_DEDUPE_BUFFER_BYTES_DEFAULT
+    )
+    parser.add_argument(
+        "--cpu-max-share",
+        type=float,
+        default=0.0,
+        help="the cleaner's --log-cleaner-cpu-max-share (default 0: no limit, its full speed; the "
+        f"broker's default is {limits.LOG_CLEANER_CPU_MAX_SHARE_DEFAULT})",
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cleaner-bench-") as tmp:

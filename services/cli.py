@@ -219,6 +219,15 @@ def _run(main: Coroutine[Any, Any, None], common: CommonOptions) -> None:
     help="Sleep between looks for a compacted log to clean when none needs it "
     "(Kafka's log.cleaner.backoff.ms).",
 )
+@click.option(
+    "--log-cleaner-cpu-max-share",
+    type=click.FloatRange(0, 1),
+    default=limits.LOG_CLEANER_CPU_MAX_SHARE_DEFAULT,
+    show_default=True,
+    help="The share of one core the cleaner may use (0: no limit). Cleaning is background work: "
+    "what it spends, produce and fetch lose. Raise it when compacted topics are written faster "
+    "than the cleaner keeps up (highwater_log_cleaner_max_dirty_ratio keeps rising).",
+)
 @kafka_listener_options
 @_common
 @security_options
@@ -235,6 +244,7 @@ def broker_command(
     log_cleaner_dedupe_buffer_bytes: int,
     log_cleaner_io_max_bytes_per_second: int,
     log_cleaner_backoff_ms: int,
+    log_cleaner_cpu_max_share: float,
     common: CommonOptions,
     security: Any,
     kafka_limits: Any,
@@ -261,6 +271,7 @@ def broker_command(
             dedupe_buffer_bytes=log_cleaner_dedupe_buffer_bytes,
             io_max_bytes_per_second=log_cleaner_io_max_bytes_per_second,
             backoff_ms=log_cleaner_backoff_ms,
+            cpu_max_share=log_cleaner_cpu_max_share,
         ),
         security=security.for_service(f"broker-{broker_id}"),
         **common.config_fields(),

@@ -576,7 +576,7 @@ def validate_records(
         if header.attributes & _ATTRIBUTES_TO_CHECK:
             _check_attributes(header, index, count)
         if header.attributes & _CODEC_MASK:
-            section = _decompress(
+            section = decompress_records(
                 header.compression,
                 data[header.position + BATCH_HEADER_SIZE : header.end_position],
                 _where(header, index, count),
@@ -669,7 +669,7 @@ def _keyless_error(
     )
 
 
-def _decompress(codec: int, section: np.ndarray, where: str) -> np.ndarray:
+def decompress_records(codec: int, section: np.ndarray, where: str) -> np.ndarray:
     """The decompressed records section; CorruptMessage if it does not decompress, MessageTooLarge
     if it would take more than DECOMPRESSED_BATCH_BYTES_MAX.
 

@@ -82,6 +82,9 @@ class CleanerConfig:
     io_max_bytes_per_second: int = limits.LOG_CLEANER_IO_MAX_BYTES_PER_SECOND_DEFAULT
     # log.cleaner.backoff.ms: sleep when no log needs cleaning.
     backoff_ms: int = limits.LOG_CLEANER_BACKOFF_MS_DEFAULT
+    # Ours: the share of one core the cleaner thread may use (0: no limit). Kafka has no twin:
+    # its cleaner threads do not share an interpreter with the broker's request handling.
+    cpu_max_share: float = limits.LOG_CLEANER_CPU_MAX_SHARE_DEFAULT
 
     def problem(self) -> str | None:
         """What is wrong with these settings, or None."""
@@ -99,6 +102,11 @@ class CleanerConfig:
             )
         if self.backoff_ms < 1:
             return f"--log-cleaner-backoff-ms must be >= 1, got {self.backoff_ms}"
+        if not 0 <= self.cpu_max_share <= 1:
+            return (
+                "--log-cleaner-cpu-max-share must be between 0 and 1 (a share of one core; 0: no "
+                f"limit), got {self.cpu_max_share}"
+            )
         return None
 
 
@@ -177,7 +185,11 @@ class LogCleaner:
             config.io_max_bytes_per_second,
             monotonic_ms=lambda: time.monotonic() * 1000,
             sleep_s=self._throttle_sleep,
+            cpu_share=config.cpu_max_share,
+            thread_cpu_s=time.thread_time,
         )
+        # What the throttler had slept when the metric was last brought up to date.
+        self._throttled_io_s = self._throttled_cpu_s = 0.0
 
     def _throttle_sleep(self, seconds: float) -> None:
         if seconds <= 0:
@@ -351,11 +363,23 @@ class LogCleaner:
                 return False
             self._mark_uncleanable(tp, state, error, now_ms)
             return True
+        finally:
+            # The map's table grows with the keys of the log it mapped: a broker that cleaned a
+            # log of millions of keys once does not keep their table between passes.
+            self._offset_map.release()
+            self._count_throttling()
         state.failures = 0
         state.retry_at_ms = -1
         state.last_error = ""
         self.passes = [*self.passes[-limits.LOG_CLEANER_PASSES_KEPT + 1 :], result]
         return True
+
+    def _count_throttling(self) -> None:
+        throttler = self._throttler
+        io_s, cpu_s = throttler.slept_s, throttler.cpu_slept_s
+        metrics.LOG_CLEANER_THROTTLED_SECONDS.labels("io").inc(io_s - self._throttled_io_s)
+        metrics.LOG_CLEANER_THROTTLED_SECONDS.labels("cpu").inc(cpu_s - self._throttled_cpu_s)
+        self._throttled_io_s, self._throttled_cpu_s = io_s, cpu_s
 
     def _changed_under(self, p: Partition, state: _LogState, plan: CleaningPlan[SegmentView]) -> bool:
         """Whether the log lost or changed a planned segment (a file read may then fail harmlessly)."""

@@ -70,6 +70,12 @@ LOG_CLEANER_MAX_COMPACTION_DELAY_SECONDS = Gauge(
 LOG_CLEANER_ERRORS = Counter(
     "highwater_log_cleaner_errors", "Cleaning passes that failed (the log was marked uncleanable)"
 )
+LOG_CLEANER_THROTTLED_SECONDS = Counter(
+    "highwater_log_cleaner_throttled_seconds",
+    "Time the log cleaner slept to hold a limit: io (--log-cleaner-io-max-bytes-per-second, Kafka's "
+    "log.cleaner.io.max.bytes.per.second) or cpu (--log-cleaner-cpu-max-share)",
+    ["limit"],
+)
 LOG_CLEANER_UNCLEANABLE_PARTITIONS = Gauge(
     "highwater_log_cleaner_uncleanable_partitions",
     "Compacted logs whose last cleaning failed and that wait for a retry "
@@ -97,4 +103,19 @@ KAFKA_PARTIAL_FRAME_BYTES = Gauge(
     "highwater_kafka_partial_frame_bytes",
     "Bytes of Kafka request bodies being read, over all connections (bounded by "
     "--kafka-partial-frame-bytes-max)",
+)
+# Incremental fetch sessions (KIP-227) of the Kafka listener (services/kafka/fetch_sessions.py),
+# by Kafka's names.
+KAFKA_FETCH_SESSIONS = Gauge(
+    "highwater_kafka_incremental_fetch_sessions",
+    "Incremental fetch sessions this broker keeps (Kafka: NumIncrementalFetchSessions)",
+)
+KAFKA_FETCH_SESSION_PARTITIONS_CACHED = Gauge(
+    "highwater_kafka_incremental_fetch_partitions_cached",
+    "Partitions held over all incremental fetch sessions (Kafka: NumIncrementalFetchPartitionsCached)",
+)
+KAFKA_FETCH_SESSION_EVICTIONS = Counter(
+    "highwater_kafka_incremental_fetch_session_evictions",
+    "Incremental fetch sessions evicted to make room for new ones "
+    "(Kafka: IncrementalFetchSessionEvictionsPerSec, as a running total)",
 )

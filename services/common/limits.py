@@ -297,15 +297,16 @@ LOG_INDEX_BYTES_MAX_DEFAULT = 10 * 1024 * 1024
 # --- the log cleaner of compacted topics (services/broker/log/cleaner.py, log_cleaner.py) -------
 # Memory for the key-hash -> latest-offset map of one cleaning pass (Kafka's
 # log.cleaner.dedupe.buffer.size, 128 MiB). A log with more distinct keys in its dirty part than
-# fit is cleaned in several passes. The map is a dict that grows as keys arrive: the bound caps it.
+# fit is cleaned in several passes. A pass sizes the map's table for the keys its dirty range can
+# hold (at most this), and gives it back when it ends: a small log costs a small table.
 LOG_CLEANER_DEDUPE_BUFFER_BYTES_DEFAULT = 128 * 1024 * 1024
 # The smallest buffer the broker accepts: a map of a few thousand keys would make a pass per few
 # thousand keys, rewriting the log's clean part each time.
 LOG_CLEANER_DEDUPE_BUFFER_BYTES_MIN = 1024 * 1024
-# What one map entry costs: a 16-byte MD5 digest (a bytes object), an int offset and the dict's
-# slot. tracemalloc measured 128-133 bytes an entry at 200,000 entries; the dict's table doubles
-# when it grows, so the bound is set above the measure.
-LOG_CLEANER_OFFSET_MAP_ENTRY_BYTES = 160
+# What one map entry costs: a slot of the open-addressing table is a 128-bit key hash and an int64
+# offset (24 bytes), and the table keeps a quarter of its slots free so probes stay short: 32 bytes
+# a key (services/broker/log/cleaner.py OffsetMap; it was 160 as a dict of MD5 digests).
+LOG_CLEANER_OFFSET_MAP_ENTRY_BYTES = 32
 # Bytes the cleaner reads from a segment file at once (Kafka's log.cleaner.io.buffer.size, 512
 # KiB); a batch bigger than this is read whole, so a read is at most max(this, one batch).
 LOG_CLEANER_READ_CHUNK_BYTES = 512 * 1024
@@ -319,6 +320,11 @@ LOG_CLEANER_IO_MAX_BYTES_PER_SECOND_DEFAULT = 64 * 1024 * 1024
 LOG_CLEANER_THROTTLE_CHECK_INTERVAL_MS = 300
 # Sleep between two looks for a log to clean when none needs it (Kafka's log.cleaner.backoff.ms).
 LOG_CLEANER_BACKOFF_MS_DEFAULT = 15_000
+# The share of one core the cleaner thread may use by default. Its record work runs in kernels
+# that hold no GIL, but on a 2-core machine running three brokers every cycle it spends is one
+# produce and fetch do not get: bench/cleaner_impact.py measured a busy cleaner at this share
+# (bench/RESULTS.md). At it the cleaner still works through several MB of log a second.
+LOG_CLEANER_CPU_MAX_SHARE_DEFAULT = 0.1
 # A log whose cleaning failed is left alone this long, then tried again; each further failure
 # doubles the wait up to the maximum (Kafka marks it uncleanable until the broker restarts; a retry
 # that backs off lets a transient fault, a full disk, heal without a restart and never loops).
@@ -563,3 +569,17 @@ KAFKA_BACKEND_CALL_TIMEOUT_S = 10.0
 # can hold its slot in the purgatory, as PRODUCE_TIMEOUT_MS_MAX does for acks=all.
 DELETE_RECORDS_TIMEOUT_MS_DEFAULT = 30_000
 DELETE_RECORDS_TIMEOUT_MS_MAX = 300_000
+# Incremental fetch sessions (KIP-227, services/kafka/fetch_sessions.py). Sessions one broker
+# keeps (Kafka's max.incremental.fetch.session.cache.slots, default 1,000): a consumer past it is
+# served full Fetches, as without sessions, until an old session can be evicted.
+KAFKA_FETCH_SESSION_CACHE_SLOTS = 1_000
+# A session is evicted for a new one only after it has lived this long (or went unused this long;
+# Kafka's MIN_INCREMENTAL_FETCH_SESSION_EVICTION_MS, 2 minutes): clients opening sessions in a loop
+# cannot push out the ones in use.
+KAFKA_FETCH_SESSION_EVICTION_MS = 120_000
+# Partitions in one session and over all sessions of a broker (Kafka bounds neither). A cached
+# partition costs ~320 bytes (measured), so the cache holds at most ~64 MiB; 20,000 per session is
+# twice the 10,000 partitions of a whole cluster in our scale benchmark. A Fetch past either is
+# served without a session.
+KAFKA_FETCH_SESSION_PARTITIONS_MAX = 20_000
+KAFKA_FETCH_SESSION_CACHE_PARTITIONS_MAX = 200_000

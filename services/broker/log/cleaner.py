@@ -41,17 +41,16 @@ wall clock or touches asyncio. The worker-thread functions read old segment file
 
 from __future__ import annotations
 
-import hashlib
+import secrets
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+import numpy as np
 from aiokafka.codec import gzip_encode, lz4_encode, snappy_encode, zstd_encode
-from aiokafka.errors import CorruptRecordException
-from aiokafka.record.default_records import DefaultRecordBatch
 
-from clients.common.errors import CorruptMessage, InvariantViolation
+from clients.common.errors import CorruptMessage, HighwaterError, InvariantViolation
 from clients.common.record_batch import (
     ATTRIBUTES_POS,
     BATCH_HEADER_SIZE,
@@ -62,10 +61,11 @@ from clients.common.record_batch import (
     BatchHeader,
     batch_crc,
     check_batch,
-    record_varint,
 )
+from clients.common.record_validation import decompress_records
 from services.common import limits
 
+from . import cleaner_kernels as kernels
 from .config import INT64_MAX, TIME_INDEX_ENTRY_BYTES, LogConfig
 from .storage import Storage, StorageFile
 
@@ -243,60 +243,164 @@ def _index_bytes_estimate(segment: CleanableSegment, index_interval_bytes: int) 
 # ---- the offset map ------------------------------------------------------------------------
 
 
-def key_hash(key: bytes) -> bytes:
-    """The 16-byte digest the map keys on (Kafka's SkimpyOffsetMap hashes keys with MD5).
-
-    Two keys with one digest would share an entry, so the older record of one could be removed
-    for the other's later one: at 128 bits that is about n²/2¹²⁹ for n keys, nil in practice.
-    """
-    return hashlib.md5(key, usedforsecurity=False).digest()
-
-
 class OffsetMap:
-    """Key hash -> latest offset, bounded by memory (Kafka's SkimpyOffsetMap, as a dict).
+    """Key hash -> latest offset, bounded by memory (Kafka's SkimpyOffsetMap).
 
-    `capacity_entries` = memory bytes / LOG_CLEANER_OFFSET_MAP_ENTRY_BYTES. Offsets must be put
-    in increasing order (a pass reads the log forward), so the last put is the latest.
+    The table is a numpy array the kernels (cleaner_kernels.py) fill and read without the GIL.
+    `capacity_entries` = memory bytes / LOG_CLEANER_OFFSET_MAP_ENTRY_BYTES keys. The table
+    starts small and doubles as keys arrive (up to the capacity), so a log with few keys costs a
+    small table that stays in the CPU's caches; `release` gives the memory back between passes.
+    Keys are hashed with MurmurHash3 x64-128 under a seed drawn per map: two keys share an entry
+    with odds of about n²/2¹²⁹ for n keys, and a writer cannot choose keys that collide without
+    knowing the seed. Offsets must be put in increasing order (a pass reads the log forward).
     """
 
-    def __init__(self, memory_bytes: int) -> None:
+    def __init__(self, memory_bytes: int, *, seed: int | None = None) -> None:
         self.capacity_entries = max(1, memory_bytes // limits.LOG_CLEANER_OFFSET_MAP_ENTRY_BYTES)
-        self._offsets: dict[bytes, int] = {}
-        self.latest_offset = -1
+        self.seed = np.uint64(secrets.randbits(32) if seed is None else seed)
+        # [keys held, latest offset put, records put]: the kernels update it in place.
+        self._state = np.array([0, -1, 0], dtype=np.int64)
+        self._keys_room = 1
+        self._table = _table(1)
+        self.peak_table_bytes = 0
 
     def __len__(self) -> int:
-        return len(self._offsets)
+        return int(self._state[0])
+
+    @property
+    def latest_offset(self) -> int:
+        return int(self._state[1])
+
+    @property
+    def table_bytes(self) -> int:
+        """What the table's array holds now."""
+        return int(self._table.nbytes)
 
     def clear(self) -> None:
-        self._offsets.clear()
-        self.latest_offset = -1
+        """Empty the map (its table keeps its size)."""
+        self._table.fill(0)
+        self._state[:] = (0, -1, 0)
+
+    def release(self) -> None:
+        """Empty the map and give its table's memory back (between passes)."""
+        self._keys_room = 1
+        self._table = _table(1)
+        self._state[:] = (0, -1, 0)
+
+    def _grow(self) -> bool:
+        """Double the table (up to the capacity); False if it is at the capacity already."""
+        if self._keys_room >= self.capacity_entries:
+            return False
+        keys = min(self.capacity_entries, max(_MAP_KEYS_FIRST, self._keys_room * 2))
+        table = _table(keys)
+        kernels.map_copy(self._table, table)
+        self._table, self._keys_room = table, keys
+        self.peak_table_bytes = max(self.peak_table_bytes, self.table_bytes)
+        return True
 
     def put(self, digest: bytes, offset: int) -> bool:
-        """Record `offset` for the key; False, recording nothing, if a new key would overfill it."""
-        offsets = self._offsets
-        if digest not in offsets and len(offsets) >= self.capacity_entries:
-            return False
-        if offset <= self.latest_offset:
+        """Record `offset` for the key whose 16-byte hash is `digest`; False, recording nothing,
+        if a new key would overfill the map (tests and tools; a pass puts a batch's records at
+        once with `put_records`)."""
+        h1, h2 = _digest_halves(digest)
+        while True:
+            status = kernels.map_put(self._table, self._state, self._keys_room, h1, h2, offset)
+            if status != kernels.STATUS_FULL or not self._grow():
+                break
+        if status == kernels.STATUS_OFFSET_NOT_INCREASING:
             raise InvariantViolation(
                 f"offset map: offset {offset} put after {self.latest_offset}; a pass reads forward"
             )
-        offsets[digest] = offset
-        self.latest_offset = offset
-        return True
+        return bool(status == kernels.STATUS_OK)
 
     def get(self, digest: bytes) -> int:
-        """The latest offset recorded for the key, -1 if none."""
-        return self._offsets.get(digest, -1)
+        """The latest offset recorded for the key whose 16-byte hash is `digest`, -1 if none."""
+        h1, h2 = _digest_halves(digest)
+        return int(kernels.map_get(self._table, h1, h2))
+
+    def put_records(
+        self, section: np.ndarray, count: int, base_offset: int, start_offset: int, end_offset: int
+    ) -> tuple[int, int]:
+        """kernels.map_records over one batch's records section, growing the table as it fills:
+        (status, value) as the kernel answers, STATUS_FULL only at the map's capacity."""
+        while True:
+            status, value = kernels.map_records(
+                section,
+                count,
+                base_offset,
+                start_offset,
+                end_offset,
+                self._table,
+                self._state,
+                self._keys_room,
+                self.seed,
+            )
+            if status != kernels.STATUS_FULL or not self._grow():
+                return int(status), int(value)
+            # The kernel put every record below `value` (offsets increase): go on from there.
+            start_offset = int(value)
+
+    @property
+    def records_put(self) -> int:
+        """Records put since the map was last emptied."""
+        return int(self._state[2])
+
+    def filter_records(
+        self,
+        section: np.ndarray,
+        header: BatchHeader,
+        map_end_offset: int,
+        now_ms: int,
+        horizon_ms: int,
+        scratch: np.ndarray,
+    ) -> tuple[int, int, int, int, int, int, int]:
+        """kernels.filter_records over one batch's records section against this map."""
+        answer = kernels.filter_records(
+            section,
+            header.records_count,
+            header.base_offset,
+            header.first_timestamp,
+            map_end_offset,
+            self._table,
+            self.seed,
+            now_ms,
+            horizon_ms,
+            scratch,
+        )
+        return tuple(int(v) for v in answer)  # type: ignore[return-value]
+
+
+# The table's first size when keys arrive: 64k keys, 2 MiB (small logs never grow it further).
+_MAP_KEYS_FIRST = 65_536
+
+
+def _table(keys: int) -> np.ndarray:
+    # Linear probing stays short while at most 3/4 of the slots are used. A slot is 24 bytes
+    # (two hash halves and an offset): 32 a key with that slack, LOG_CLEANER_OFFSET_MAP_ENTRY_BYTES.
+    # np.zeros maps fresh pages: only the slots written cost memory.
+    return np.zeros((keys * 4 // 3 + 1, kernels.TABLE_COLUMNS), dtype=np.uint64)
+
+
+def _digest_halves(digest: bytes) -> tuple[np.uint64, np.uint64]:
+    if len(digest) != 16:
+        raise InvariantViolation(f"offset map: a key hash is 16 bytes, got {len(digest)}")
+    h1, h2 = struct.unpack("<QQ", digest)
+    return np.uint64(h1), np.uint64(h2)
 
 
 # ---- the throttle --------------------------------------------------------------------------
 
 
 class Throttler:
-    """Hold the cleaner's I/O to `bytes_per_second` (Kafka's Throttler): sleep when ahead.
+    """Hold the cleaner's I/O to `bytes_per_second` (Kafka's Throttler) and its CPU to
+    `cpu_share` of one core: sleep when ahead of either.
 
-    `monotonic_ms` and `sleep_s` are injected (the real ones in the broker, fakes in tests).
-    0 bytes_per_second: no limit (`between_batches` still yields). Used by the cleaner thread only.
+    The CPU budget is ours: Kafka's cleaner threads run beside the broker's on other cores, but
+    here the cleaner shares a process, and often a small machine, with the broker's event loop;
+    what it spends is taken from produce and fetch. `thread_cpu_s` is the cleaner thread's CPU
+    clock (time.thread_time). `monotonic_ms`, `sleep_s` and `thread_cpu_s` are injected (the
+    real ones in the broker, fakes in tests). 0 bytes_per_second or cpu_share: no limit
+    (`between_batches` still yields). Used by the cleaner thread only.
     """
 
     def __init__(
@@ -306,24 +410,46 @@ class Throttler:
         monotonic_ms: Callable[[], float],
         sleep_s: Callable[[float], None],
         check_interval_ms: int = limits.LOG_CLEANER_THROTTLE_CHECK_INTERVAL_MS,
+        cpu_share: float = 0.0,
+        thread_cpu_s: Callable[[], float] | None = None,
     ) -> None:
         self.bytes_per_second = bytes_per_second
+        self.cpu_share = cpu_share
         self._monotonic_ms = monotonic_ms
         self._sleep_s = sleep_s
+        self._thread_cpu_s = thread_cpu_s
         self._check_interval_ms = check_interval_ms
         self._period_start_ms = monotonic_ms()
         self._observed_bytes = 0
+        self._cpu_period_start_ms = self._period_start_ms
+        self._cpu_period_start_s = thread_cpu_s() if thread_cpu_s is not None else 0.0
         self.slept_s = 0.0
+        self.cpu_slept_s = 0.0
 
     def between_batches(self) -> None:
-        """Let other threads run: `sleep_s(0)` (the broker's releases the GIL).
+        """Let other threads run: `sleep_s(0)` (the broker's releases the GIL); then hold the
+        CPU budget.
 
-        The cleaner thread is pure Python work; the event loop's thread, waiting for the GIL
-        behind it, would stall produce and fetch. Handing it over after every batch cut the
-        loop's longest stall behind the offset-map thread from 12-27 ms to 2-3 ms on a busy
+        The cleaner thread's Python work between kernels holds the GIL; the event loop's thread,
+        waiting behind it, would stall produce and fetch. Handing it over after every batch cut
+        the loop's longest stall behind the offset-map thread from 12-27 ms to 2-3 ms on a busy
         2-core host (tests/unit/test_cleaner.py has the rule, bench/cleaner_bench.py the figure).
         """
         self._sleep_s(0)
+        if self.cpu_share <= 0 or self._thread_cpu_s is None:
+            return
+        now_ms = self._monotonic_ms()
+        elapsed_ms = now_ms - self._cpu_period_start_ms
+        if elapsed_ms < self._check_interval_ms:
+            return
+        cpu_s = self._thread_cpu_s() - self._cpu_period_start_s
+        # Sleep until the CPU spent would be the allowed share of the time passed.
+        sleep_s = cpu_s / self.cpu_share - elapsed_ms / 1000.0
+        if sleep_s > 0:
+            self._sleep_s(sleep_s)
+            self.cpu_slept_s += sleep_s
+        self._cpu_period_start_ms = self._monotonic_ms()
+        self._cpu_period_start_s = self._thread_cpu_s()
 
     def maybe_throttle(self, observed_bytes: int) -> None:
         """Account for `observed_bytes` of I/O; sleep if the rate since the last check is too high."""
@@ -414,22 +540,36 @@ def read_batches(
         handle.close()
 
 
-def _records(
-    header: BatchHeader, batch: memoryview
-) -> Iterator[tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]]:
-    """(offset, timestamp, key, value, headers) of each record of a data batch, decompressed."""
+def records_section(header: BatchHeader, batch: memoryview) -> np.ndarray:
+    """A data batch's records section, decompressed, as the kernels read it."""
+    stored = np.frombuffer(batch, dtype=np.uint8, offset=BATCH_HEADER_SIZE)
+    codec = header.compression
+    if not codec:
+        return stored
     try:
-        for record in DefaultRecordBatch(batch):
-            yield record.offset, record.timestamp, record.key, record.value, record.headers
+        return decompress_records(codec, stored, f"batch at offset {header.base_offset}")
+    except HighwaterError as error:
+        raise CorruptMessage(f"batch at offset {header.base_offset}: {error.message}") from error
     except MemoryError:
         raise
-    except (CorruptRecordException, UnicodeDecodeError) as error:
-        raise CorruptMessage(f"batch at offset {header.base_offset}: {error}") from error
     except Exception as error:  # each codec has its own errors (zlib.error, cramjam's ...)
         raise CorruptMessage(
-            f"batch at offset {header.base_offset}: its records do not decode "
+            f"batch at offset {header.base_offset}: its records do not decompress "
             f"({type(error).__name__}: {error})"
         ) from error
+
+
+def _check_status(status: int, header: BatchHeader) -> None:
+    """Raise for a kernel's error status: damage (CorruptMessage) or a broken rule."""
+    if status == kernels.STATUS_OFFSET_NOT_INCREASING:
+        raise InvariantViolation(
+            f"offset map: batch at offset {header.base_offset} puts an offset at or below one "
+            "already in the map; a pass reads forward"
+        )
+    if status < 0:
+        raise CorruptMessage(
+            f"batch at offset {header.base_offset}: {kernels.STATUS_MESSAGES.get(status, f'status {status}')}"
+        )
 
 
 # ---- pass step 2: the offset map -----------------------------------------------------------
@@ -463,8 +603,8 @@ def build_offset_map(
     record it could not take (exclusive), and only the log below it is cleaned this pass.
     Control batches and keyless records hold no key and are skipped.
     """
-    offset_map.clear()
-    bytes_read = records = 0
+    offset_map.release()  # a fresh, small table: it grows with the keys this range holds
+    bytes_read = 0
     for segment in segments:
         if segment.end_offset <= start_offset or segment.base_offset >= end_offset:
             continue
@@ -473,16 +613,20 @@ def build_offset_map(
             if header.next_offset <= start_offset or header.is_control:
                 continue
             if header.base_offset >= end_offset:
-                return MapResult(end_offset, False, bytes_read, records)
-            for offset, _timestamp, key, _value, _headers in _records(header, batch):
-                if offset < start_offset or key is None:
-                    continue
-                if offset >= end_offset:
-                    return MapResult(end_offset, False, bytes_read, records)
-                if not offset_map.put(key_hash(key), offset):
-                    return MapResult(offset, True, bytes_read, records)
-                records += 1
-    return MapResult(end_offset, False, bytes_read, records)
+                return MapResult(end_offset, False, bytes_read, offset_map.records_put)
+            status, value = offset_map.put_records(
+                records_section(header, batch),
+                header.records_count,
+                header.base_offset,
+                start_offset,
+                end_offset,
+            )
+            if status == kernels.STATUS_REACHED_END:
+                return MapResult(end_offset, False, bytes_read, offset_map.records_put)
+            if status == kernels.STATUS_FULL:
+                return MapResult(value, True, bytes_read, offset_map.records_put)
+            _check_status(status, header)
+    return MapResult(end_offset, False, bytes_read, offset_map.records_put)
 
 
 # ---- pass step 4: filtering ----------------------------------------------------------------
@@ -551,32 +695,25 @@ def filter_batch(
         return batch
     has_horizon = bool(header.attributes & DELETE_HORIZON_MASK)
     horizon_ms = header.first_timestamp if has_horizon else -1
-    kept: list[tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]] = []
-    removed = tombstones_removed = 0
-    kept_tombstone = False
-    for record in _records(header, batch):
-        offset, _timestamp, key, value, _headers = record
-        # Past the map's end nothing is removed (Kafka's pastLatestOffset), tombstones included:
-        # a tombstone is dropped only by a pass whose map covered it or a later one, and such a
-        # pass removed every older record of its key (they all lie below it, in its range).
-        if key is not None and offset < ctx.map_end_offset:
-            if ctx.offset_map.get(key_hash(key)) > offset:
-                removed += 1
-                continue
-            if value is None and has_horizon and ctx.now_ms >= horizon_ms:
-                removed += 1
-                tombstones_removed += 1
-                continue
-        if value is None and key is not None:
-            kept_tombstone = True
-        kept.append(record)
-    result.records_kept += len(kept)
+    section = records_section(header, batch)
+    count = header.records_count
+    scratch = np.empty((count, kernels.SCRATCH_COLUMNS), dtype=np.int64)
+    # Past the map's end nothing is removed (Kafka's pastLatestOffset), tombstones included: a
+    # tombstone is dropped only by a pass whose map covered it or a later one, and such a pass
+    # removed every older record of its key (they all lie below it, in its range).
+    status, removed, tombstones_removed, kept_tombstones, kept, first_kept_ms, max_kept_ms = (
+        ctx.offset_map.filter_records(section, header, ctx.map_end_offset, ctx.now_ms, horizon_ms, scratch)
+    )
+    _check_status(status, header)
+    result.records_kept += kept
     result.records_removed += removed
     result.tombstones_removed += tombstones_removed
+    kept_tombstone = kept_tombstones > 0
     needs_horizon = kept_tombstone and not has_horizon
+    horizon: int | None = None
     if kept_tombstone:
-        new_horizon = horizon_ms if has_horizon else ctx.now_ms + ctx.delete_retention_ms
-        result.earliest_delete_horizon_ms = _earliest(result.earliest_delete_horizon_ms, new_horizon)
+        horizon = horizon_ms if has_horizon else ctx.now_ms + ctx.delete_retention_ms
+        result.earliest_delete_horizon_ms = _earliest(result.earliest_delete_horizon_ms, horizon)
     if removed == 0 and not needs_horizon:
         result.batches_copied += 1
         return batch
@@ -586,61 +723,49 @@ def filter_batch(
             and ctx.producer_last_offsets.get(header.producer_id) == header.last_offset
         ):
             result.batches_rewritten += 1
-            return encode_filtered_batch(header, [], delete_horizon_ms=None)
+            return _empty_batch(header)
         result.batches_dropped += 1
         return None
     result.batches_rewritten += 1
-    horizon: int | None = None
-    if kept_tombstone:
-        horizon = horizon_ms if has_horizon else ctx.now_ms + ctx.delete_retention_ms
-    return encode_filtered_batch(header, kept, delete_horizon_ms=horizon)
-
-
-def encode_filtered_batch(
-    header: BatchHeader,
-    records: Sequence[tuple[int, int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
-    *,
-    delete_horizon_ms: int | None,
-) -> bytes:
-    """A batch of `records` (each (offset, timestamp, key, value, headers)) in `header`'s place.
-
-    Keeps the base offset, last offset delta, partition leader epoch, producer id/epoch/base
-    sequence, codec and attribute bits of `header` (Kafka's MemoryRecords.filterTo with
-    overrideLastOffset). The base timestamp is the delete horizon when given (attribute bit 6),
-    else the first record's timestamp; the max timestamp is the records' (a LogAppendTime
-    batch keeps the leader's). An empty record list makes Kafka's empty batch: the header
-    alone, uncompressed, kept for its producer state.
-    """
+    # The base timestamp is the delete horizon when there is one (attribute bit 6), else the
+    # first kept record's; each record's delta moves so that its own timestamp stays.
+    first_timestamp = horizon if horizon is not None else first_kept_ms
+    out = np.empty(len(section) + count * _RECORD_GROWTH_BYTES_MAX, dtype=np.uint8)
+    size = kernels.encode_kept(section, count, scratch, header.first_timestamp - first_timestamp, out)
+    body = out[:size].tobytes()
     attributes = header.attributes & ~DELETE_HORIZON_MASK
-    if not records:
-        # Kafka's empty batch header: uncompressed, both timestamps the batch's max timestamp.
-        attributes &= ~COMPRESSION_MASK
-        body = b""
-        first_timestamp = max_timestamp = header.max_timestamp
-    else:
-        if delete_horizon_ms is not None:
-            attributes |= DELETE_HORIZON_MASK
-            first_timestamp = delete_horizon_ms
-        else:
-            first_timestamp = records[0][1]
-        if header.attributes & TIMESTAMP_TYPE_LOG_APPEND:
-            max_timestamp = header.max_timestamp
-        else:
-            max_timestamp = max(record[1] for record in records)
-        pieces: list[bytes] = []
-        for offset, timestamp, key, value, headers in records:
-            pieces.append(
-                _encode_record(offset - header.base_offset, timestamp - first_timestamp, key, value, headers)
-            )
-        body = b"".join(pieces)
-        codec = header.compression
-        if codec:
-            compress = _COMPRESSORS.get(codec)
-            if compress is None:
-                raise CorruptMessage(
-                    f"batch at offset {header.base_offset}: unknown compression codec {codec}"
-                )
-            body = compress(body)
+    if horizon is not None:
+        attributes |= DELETE_HORIZON_MASK
+    max_timestamp = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_LOG_APPEND else max_kept_ms
+    codec = header.compression
+    if codec:
+        compress = _COMPRESSORS.get(codec)
+        if compress is None:
+            raise CorruptMessage(f"batch at offset {header.base_offset}: unknown compression codec {codec}")
+        body = compress(body)
+    return _batch_bytes(header, attributes, first_timestamp, max_timestamp, kept, body)
+
+
+# A kept record re-encoded may grow: its timestamp delta's varint by up to 10 - 1 bytes and its
+# length's by up to 5 - 1 (kernels.encode_kept's output bound).
+_RECORD_GROWTH_BYTES_MAX = 15
+
+
+def _empty_batch(header: BatchHeader) -> bytes:
+    """Kafka's empty batch in `header`'s place: the header alone, uncompressed, both timestamps
+    the batch's max timestamp, kept for its producer state (Kafka's MemoryRecords.filterTo)."""
+    attributes = header.attributes & ~DELETE_HORIZON_MASK & ~COMPRESSION_MASK
+    return _batch_bytes(header, attributes, header.max_timestamp, header.max_timestamp, 0, b"")
+
+
+def _batch_bytes(
+    header: BatchHeader, attributes: int, first_timestamp: int, max_timestamp: int, count: int, body: bytes
+) -> bytes:
+    """A batch of `count` records (`body`, encoded and compressed) in `header`'s place.
+
+    Keeps the base offset, last offset delta, partition leader epoch and producer id/epoch/base
+    sequence of `header` (Kafka's filterTo with overrideLastOffset): offsets never change.
+    """
     after_crc = struct.pack(
         ">hiqqqhii",
         attributes,
@@ -650,7 +775,7 @@ def encode_filtered_batch(
         header.producer_id,
         header.producer_epoch,
         header.base_sequence,
-        len(records),
+        count,
     )
     batch_length = BATCH_HEADER_SIZE - LOG_OVERHEAD + len(body)
     out = bytearray(
@@ -661,35 +786,6 @@ def encode_filtered_batch(
     )
     struct.pack_into(">I", out, CRC_POS, batch_crc(out, 0, len(out)))
     return bytes(out)
-
-
-def _encode_record(
-    offset_delta: int,
-    timestamp_delta: int,
-    key: bytes | None,
-    value: bytes | None,
-    headers: Sequence[tuple[str, bytes | None]],
-) -> bytes:
-    """One Kafka v2 record: length, attributes, timestamp delta, offset delta, key, value, headers."""
-    parts = [b"\x00", record_varint(timestamp_delta), record_varint(offset_delta)]
-    if key is None:
-        parts.append(record_varint(-1))
-    else:
-        parts += (record_varint(len(key)), key)
-    if value is None:
-        parts.append(record_varint(-1))
-    else:
-        parts += (record_varint(len(value)), value)
-    parts.append(record_varint(len(headers)))
-    for name, header_value in headers:
-        name_bytes = name.encode("utf-8")
-        parts += (record_varint(len(name_bytes)), name_bytes)
-        if header_value is None:
-            parts.append(record_varint(-1))
-        else:
-            parts += (record_varint(len(header_value)), header_value)
-    body = b"".join(parts)
-    return record_varint(len(body)) + body
 
 
 def clean_group(
