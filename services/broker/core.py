@@ -329,7 +329,7 @@ class BrokerCore:
             return
         self.closing = True
         for p in self.partitions.values():
-            p.role = Role.NONE
+            p.change_role(Role.CLOSED)
         self.purgatory.complete_all(self.clock.monotonic_ms())
         for fetcher in list(self.fetchers.values()):
             self._stop_fetcher(fetcher)
@@ -615,7 +615,7 @@ class BrokerCore:
         self.hw_checkpoint.forget(tp)
         self.topic_ids.pop(tp, None)
         if p is not None:
-            p.role = Role.NONE
+            p.change_role(Role.CLOSED)
             self.notify(tp)
             p.log.close()
             p.log.delete()
@@ -739,7 +739,7 @@ class BrokerCore:
             self._remove_from_fetchers(tp)
             p = self.partitions.get(tp)
             if p is not None:
-                p.role = Role.NONE
+                p.change_role(Role.CLOSED if item.delete_partition else Role.NONE)
                 self.notify(tp)
                 if item.delete_partition:
                     self.partitions.pop(tp, None)

@@ -1,9 +1,10 @@
 """A follower partition's fetch state (Kafka's PartitionFetchState): pure data.
 
-Transitions are data: `LEGAL_TRANSITIONS` lists every allowed move; any other
-raises InvariantViolation. A partition enters the fetcher TRUNCATING (it must
-first agree with the leader on where its log ends), moves to FETCHING, and is
-DELAYED after an error until `delayed_until_ms`.
+Transitions are data: `LEGAL_TRANSITIONS` lists every allowed move and
+`LEGAL_RESUMES` where a delay may end; any other raises InvariantViolation. A
+partition enters the fetcher TRUNCATING (it must first agree with the leader on
+where its log ends), moves to FETCHING, and is DELAYED after an error until
+`delayed_until_ms`.
 """
 
 from __future__ import annotations
@@ -22,10 +23,26 @@ class FetchPhase(enum.Enum):
     DELAYED = "delayed"
 
 
+# Kafka's AbstractFetcherThread moves a partition Truncating -> Fetching once its log agrees
+# with the leader's, and back to Truncating when it must agree again; a delay (Kafka's
+# `delay` beside the state) interrupts either. No phase moves to itself: a partition is
+# re-added as a new PartitionFetchState, a fetched append only advances fetch_offset, and a
+# delayed partition is not delayed again (its resume phase would be lost, and with it the
+# truncation still owed).
 LEGAL_TRANSITIONS: dict[FetchPhase, frozenset[FetchPhase]] = {
-    FetchPhase.TRUNCATING: frozenset({FetchPhase.FETCHING, FetchPhase.DELAYED, FetchPhase.TRUNCATING}),
-    FetchPhase.FETCHING: frozenset({FetchPhase.FETCHING, FetchPhase.DELAYED, FetchPhase.TRUNCATING}),
-    FetchPhase.DELAYED: frozenset({FetchPhase.FETCHING, FetchPhase.TRUNCATING, FetchPhase.DELAYED}),
+    FetchPhase.TRUNCATING: frozenset({FetchPhase.FETCHING, FetchPhase.DELAYED}),
+    FetchPhase.FETCHING: frozenset({FetchPhase.TRUNCATING, FetchPhase.DELAYED}),
+    FetchPhase.DELAYED: frozenset({FetchPhase.TRUNCATING, FetchPhase.FETCHING}),
+}
+
+# Where a delay may end, by the phase the partition was delayed from. A partition that had
+# not truncated yet must truncate after its delay: resuming it FETCHING would append the
+# leader's records after divergent entries of its own (KIP-101). A FETCHING one resumes where
+# it was (a whole RPC failed; Kafka keeps its Fetching state through the delay) or truncates
+# again (its leader answered an error: the epoch may have moved).
+LEGAL_RESUMES: dict[FetchPhase, frozenset[FetchPhase]] = {
+    FetchPhase.TRUNCATING: frozenset({FetchPhase.TRUNCATING}),
+    FetchPhase.FETCHING: frozenset({FetchPhase.FETCHING, FetchPhase.TRUNCATING}),
 }
 
 
@@ -52,7 +69,19 @@ class PartitionFetchState:
         self.phase = phase
 
     def delay(self, now_ms: int, backoff_ms: int, resume: FetchPhase) -> None:
+        """Wait until now_ms + backoff_ms, then go on in `resume` (LEGAL_RESUMES says which).
+
+        Raises InvariantViolation for a partition already delayed or an illegal resume."""
+        delayed_from = self.phase
         self.move(FetchPhase.DELAYED)
+        check(
+            resume in LEGAL_RESUMES[delayed_from],
+            "illegal fetch resume for %s-%d: delayed from %s, it may not resume %s",
+            self.topic,
+            self.partition,
+            delayed_from,
+            resume,
+        )
         self.delayed_until_ms = now_ms + backoff_ms
         self.resume_phase = resume
 

@@ -36,7 +36,25 @@ from services.broker.producer_state import ProducerStateManager
 class Role(enum.Enum):
     LEADER = "leader"
     FOLLOWER = "follower"
+    # Hosted, neither leading nor following: not yet told (a new replica), or stopped by a
+    # StopReplica that keeps the log.
     NONE = "none"
+    # Its log is closed for good: deleted (StopReplica with delete, topic deletion) or the
+    # broker is stopping. A replica hosted again is a new Partition with a new log.
+    CLOSED = "closed"
+
+
+# Where each role may go. Leading and following change with every LeaderAndIsr (the same role
+# again at a newer epoch: a new leader to follow, a new epoch to lead), and a StopReplica may
+# come again (the controller resends it). The one move that must never happen is out of
+# CLOSED: its log is closed or deleted, and a replica that led or followed on it would
+# serve reads from, or append to, a log that is gone.
+ROLE_TRANSITIONS: dict[Role, frozenset[Role]] = {
+    Role.NONE: frozenset({Role.LEADER, Role.FOLLOWER, Role.NONE, Role.CLOSED}),
+    Role.LEADER: frozenset({Role.LEADER, Role.FOLLOWER, Role.NONE, Role.CLOSED}),
+    Role.FOLLOWER: frozenset({Role.LEADER, Role.FOLLOWER, Role.NONE, Role.CLOSED}),
+    Role.CLOSED: frozenset(),
+}
 
 
 @dataclass(frozen=True)
@@ -124,6 +142,20 @@ class Partition:
 
     # ---- state changes from the controller --------------------------------
 
+    def change_role(self, role: Role) -> None:
+        """The one way the role changes. Raises InvariantViolation for a move not in
+        ROLE_TRANSITIONS (a closed replica told to lead or follow)."""
+        check(
+            role in ROLE_TRANSITIONS[self.role],
+            "illegal role transition %s -> %s for %s-%d at leader epoch %d",
+            self.role,
+            role,
+            self.topic,
+            self.partition,
+            self.leader_epoch,
+        )
+        self.role = role
+
     def is_newer_epoch(self, leader_epoch: int) -> bool:
         return leader_epoch > self.leader_epoch
 
@@ -133,7 +165,6 @@ class Partition:
         Replicas already in the ISR count as caught up now, so they are not
         shrunk away before their first fetch reaches us.
         """
-        self._take_epoch(state)
         check(
             state.leader == self.local_broker_id,
             "become_leader for %s-%d but leader is %d, we are %d",
@@ -142,7 +173,8 @@ class Partition:
             state.leader,
             self.local_broker_id,
         )
-        self.role = Role.LEADER
+        self.change_role(Role.LEADER)
+        self._take_epoch(state)
         self.log.leader_epoch_cache.assign(state.leader_epoch, self.log.log_end_offset)
         self.followers = {
             r: FollowerState(last_caught_up_ms=now_ms if r in state.isr else 0)
@@ -154,8 +186,8 @@ class Partition:
         self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
 
     def become_follower(self, state: LeaderAndIsrState) -> None:
+        self.change_role(Role.FOLLOWER)
         self._take_epoch(state)
-        self.role = Role.FOLLOWER
         self.followers = {}
         self.pending_isr = None
 

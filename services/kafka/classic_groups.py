@@ -44,6 +44,27 @@ class State(enum.Enum):
     PREPARING_REBALANCE = "PreparingRebalance"
     COMPLETING_REBALANCE = "CompletingRebalance"
     STABLE = "Stable"
+    # Forgotten: an empty group is dropped from the broker's memory (DeleteGroups, or nobody
+    # left and nobody pending). Nothing moves a dead group again.
+    DEAD = "Dead"
+
+
+# Where each state may go: Kafka's GroupMetadata.validPreviousStates turned around. One
+# difference: Kafka lets any state go Dead (a coordinator that loses the group's offsets
+# partition unloads all its groups); here membership is only ever forgotten when the group is
+# Empty, so a group with members is never dropped with them.
+LEGAL_TRANSITIONS: dict[State, frozenset[State]] = {
+    # A first member joins; an empty group is forgotten.
+    State.EMPTY: frozenset({State.PREPARING_REBALANCE, State.DEAD}),
+    # The join completes: with members, they wait for the leader's assignment; with none
+    # (every one left or missed the rebalance timeout), the group is Empty.
+    State.PREPARING_REBALANCE: frozenset({State.COMPLETING_REBALANCE, State.EMPTY}),
+    # The leader's SyncGroup; or a member joins, leaves, dies, or the leader never syncs.
+    State.COMPLETING_REBALANCE: frozenset({State.STABLE, State.PREPARING_REBALANCE}),
+    # A member joins, leaves or dies.
+    State.STABLE: frozenset({State.PREPARING_REBALANCE}),
+    State.DEAD: frozenset(),
+}
 
 
 class Error(enum.Enum):
@@ -176,6 +197,20 @@ class Group:
     # latest joiner (up to the rebalance timeout) instead of completing when all have joined.
     forming: bool = False
 
+    def transition(self, state: State) -> None:
+        """The one way the state changes. Raises InvariantViolation for a move not in
+        LEGAL_TRANSITIONS: a bug in the rules below, never a client's doing."""
+        check(
+            state in LEGAL_TRANSITIONS[self.state],
+            "illegal group transition %s -> %s for group %s (generation %d, %d members)",
+            self.state,
+            state,
+            self.group_id,
+            self.generation,
+            len(self.members),
+        )
+        self.state = state
+
     def check(self) -> None:
         check(
             (self.state == State.EMPTY) == (not self.members),
@@ -295,7 +330,7 @@ class ClassicGroups:
         if member_id == group.leader:
             for m in group.members.values():
                 m.assignment = assignments.get(m.member_id, b"")
-            group.state = State.STABLE
+            group.transition(State.STABLE)
             for m in group.members.values():
                 if m.sync_ticket is not None:
                     out.append((m.sync_ticket, self._sync_answer(group, m)))
@@ -354,7 +389,7 @@ class ClassicGroups:
             return Error.GROUP_ID_NOT_FOUND
         if group.members:
             return Error.NON_EMPTY_GROUP
-        del self.groups[group_id]  # pending member ids given out are void: they join anew
+        self._forget(group)  # pending member ids given out are void: they join anew
         return Error.NONE
 
     # ---- time -----------------------------------------------------------------------------
@@ -379,7 +414,7 @@ class ClassicGroups:
                 # The leader never sent the assignment: everyone joins again.
                 out += self._prepare_rebalance(group, now_ms)
             if group.state == State.EMPTY and not group.pending:
-                del self.groups[group.group_id]
+                self._forget(group)
             else:
                 group.check()
         return out
@@ -393,7 +428,7 @@ class ClassicGroups:
                 out.append((m.sync_ticket, SyncAnswer(Error.REBALANCE_IN_PROGRESS)))
                 m.sync_ticket = None
         group.forming = group.state == State.EMPTY
-        group.state = State.PREPARING_REBALANCE
+        group.transition(State.PREPARING_REBALANCE)
         group.rebalance_deadline_ms = now_ms + (
             INITIAL_REBALANCE_DELAY_MS
             if group.forming
@@ -414,17 +449,13 @@ class ClassicGroups:
             del group.members[member_id]  # did not rejoin within the rebalance timeout
         group.generation += 1
         if not group.members:
-            group.state, group.leader, group.protocol_type, group.protocol_name = (
-                State.EMPTY,
-                None,
-                None,
-                None,
-            )
+            group.transition(State.EMPTY)
+            group.leader, group.protocol_type, group.protocol_name = None, None, None
             return []
         if group.leader not in group.members:
             group.leader = next(iter(group.members))
         group.protocol_name = self._vote(group)
-        group.state = State.COMPLETING_REBALANCE
+        group.transition(State.COMPLETING_REBALANCE)
         group.forming = False
         group.rebalance_deadline_ms = now_ms + max(m.rebalance_timeout_ms for m in group.members.values())
         out: list[Completion] = []
@@ -478,11 +509,16 @@ class ClassicGroups:
             group.leader = None
         return out
 
+    def _forget(self, group: Group) -> None:
+        group.transition(State.DEAD)
+        del self.groups[group.group_id]
+
     def _after_removal(self, group: Group, now_ms: int) -> list[Completion]:
         if not group.members:
-            group.state, group.protocol_type, group.protocol_name = State.EMPTY, None, None
-            group.generation += 1
-            return []
+            # As in Kafka, the last member's going starts a rebalance that nobody joins, which
+            # completes the group Empty (a new generation, no leader, no protocol).
+            out = self._prepare_rebalance(group, now_ms) if group.state != State.PREPARING_REBALANCE else []
+            return out + self._complete_join(group, now_ms)
         if group.leader is None:
             group.leader = next(iter(group.members))
         if group.state == State.PREPARING_REBALANCE:
