@@ -20,7 +20,9 @@ even ones) so that both see the same machine load and neither always goes first:
   cleanup.policy=delete (retention.ms --idle-retention-ms keeps its disk bounded). The writer
   is kept rather than dropped so that the only difference between the modes is the cleaner's
   work: without it the idle mode would also lack the writer's produce traffic, replication and
-  CPU, and the ratio would charge all of that to the cleaner.
+  CPU, and the ratio would charge all of that to the cleaner. The busy topic is set to
+  cleanup.policy=delete without retention for the idle mode (back to compact for the busy
+  one), so a cleaner still behind the busy writer stops.
 
 The brokers run with --log-cleaner-backoff-ms --cleaner-backoff-ms (default 1000, Kafka's and
 our default is 15 s), so the cleaner looks for work again within a second of finding none: the
@@ -59,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/cl
 
 from bench import common, produce
 from bench.peers import compare
+from clients.admin import Admin
 from clients.config import BATCH_SIZE_BYTES_DEFAULT, LINGER_MS_DEFAULT
 
 MODES = ("busy", "idle")
@@ -295,6 +298,20 @@ def wait_for_cleaner(target: common.Target, mode: str, backoff_s: float) -> dict
     return {"cleaning" if mode == "busy" else "still": False, "waited_s": round(time.monotonic() - start, 1)}
 
 
+def set_busy_topic_policy(gateway: str, mode: str) -> None:
+    """The busy topic compacted in busy mode, not in idle mode.
+
+    A cleaner held to its CPU share (--log-cleaner-cpu-max-share) can stay behind the busy
+    writer for minutes: idle mode would then measure it still cleaning what busy mode left.
+    Under `delete` with no retention the cleaner leaves the topic alone and nothing is removed,
+    so the next busy mode finds the same log to go on with.
+    """
+    idle = {"cleanup.policy": "delete", "retention.ms": "-1"}
+    configs = {"cleanup.policy": "compact"} if mode == "busy" else idle
+    with Admin(gateway) as admin:
+        admin.alter_topic_configs(BUSY_TOPIC, set=configs)
+
+
 def create_writer_topics(gateway: str, args: argparse.Namespace) -> None:
     """The compacted topic the busy writer updates and the delete topic the idle one appends to."""
     shared = {"segment.bytes": str(args.segment_bytes), "segment.ms": str(args.segment_ms)}
@@ -361,6 +378,7 @@ def run_mode(systems: CleanerSystems, mode: str, number: int) -> dict[str, objec
     args = systems.args
     target = systems.hw
     topic = BUSY_TOPIC if mode == "busy" else IDLE_TOPIC
+    set_busy_topic_policy(target.gateway, mode)
     writer = BackgroundWriter(target.gateway, topic, args)
     print(
         f"  round {number} {mode}: writer (pid {writer.pid}) on {topic} at {args.writer_rate:,.0f}/s",
