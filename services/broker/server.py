@@ -32,13 +32,14 @@ from services.broker import metrics
 from services.broker.heartbeat import ControllerHeartbeat
 from services.broker.log_cleaner import CleanerConfig
 from services.broker.log_dirs import describe_log_dirs
-from services.broker.replica_manager import ReplicaManager
+from services.broker.replica_manager import ReplicaManager, SystemClock
 from services.common import limits
 from services.common.peers import PeerChannels
 from services.common.server import ServiceProcess
 from services.common.stream_ends import STREAM_ENDS
 from services.kafka.acl_rules import ConnectionAccess
 from services.kafka.backend import BrokerKafkaBackend
+from services.kafka.fetch_sessions import broker_cache
 from services.kafka.handler import KafkaAccess, KafkaHandler
 from services.kafka.listener import KafkaListener, reserve_port
 from services.kafka.listener_limits import KafkaListenerLimits
@@ -394,7 +395,11 @@ async def serve(config: BrokerConfig) -> None:
                 return ConnectionAccess(caller, lambda: cache.authorizer)
 
         kafka = KafkaListener(
-            KafkaHandler(kafka_backend, max_batch_records=bounds.max_batch_records),
+            KafkaHandler(
+                kafka_backend,
+                max_batch_records=bounds.max_batch_records,
+                fetch_session_cache=broker_cache(SystemClock()),
+            ),
             config.host,
             config.kafka_port,
             request_bytes_max=bounds.max_request_bytes or limits.KAFKA_REQUEST_BYTES_MAX,

@@ -6,8 +6,9 @@ and purgatory) or the controller, and the answer back into kio's response class 
 version. Fields are named as in the newest version and `build` drops the ones an older version
 lacks, so one method serves every version in protocol.SUPPORTED_VERSIONS.
 
-No sockets and no clock here: the listener owns the connection and the backend
-(backend.py) the I/O, so a unit test drives this with a fake backend.
+No sockets and no clock here: the listener owns the connection, the backend (backend.py) the
+I/O and the broker the fetch session cache's clock, so a unit test drives this with a fake
+backend.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from clients.common.topics import (
     topic_configs_from_proto,
 )
 from protos.highwater.v1 import broker_pb2, common_pb2
+from services.broker import metrics
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
-from services.kafka import acl_rules, config_changes, protocol
+from services.kafka import acl_rules, config_changes, fetch_sessions, protocol
 from services.kafka.acl_rules import Decision
 from services.kafka.classic_groups import (
     CONSUMER_PROTOCOL_TYPE,
@@ -225,6 +227,12 @@ def _ms(value: datetime.timedelta) -> int:
     return int(value.total_seconds() * 1000)
 
 
+_SESSION_ERRORS = {
+    fetch_sessions.SessionError.FETCH_SESSION_ID_NOT_FOUND: K.fetch_session_id_not_found,
+    fetch_sessions.SessionError.INVALID_FETCH_SESSION_EPOCH: K.invalid_fetch_session_epoch,
+}
+
+
 def _topic_uuid(topic_id: str) -> uuid.UUID:
     try:
         return uuid.UUID(topic_id)
@@ -236,13 +244,23 @@ class KafkaHandler:
     """Answers decoded Kafka requests for one broker. Owned by the broker's event loop."""
 
     def __init__(
-        self, backend: KafkaBackend, *, max_batch_records: int = 0, access: KafkaAccess | None = None
+        self,
+        backend: KafkaBackend,
+        *,
+        max_batch_records: int = 0,
+        access: KafkaAccess | None = None,
+        fetch_session_cache: fetch_sessions.FetchSessionCache | None = None,
     ) -> None:
         """max_batch_records: the broker's --max-batch-records (0: no bound beyond the batch size).
-        access: one authenticated connection's principal and ACLs (None: no ACLs, all allowed)."""
+        access: one authenticated connection's principal and ACLs (None: no ACLs, all allowed).
+        fetch_session_cache: the broker's fetch sessions (KIP-227), shared by its connections
+        (None: none, every Fetch is served whole)."""
         self.backend = backend
         self.max_batch_records = max_batch_records
         self.access = access
+        self.fetch_session_cache = (
+            fetch_session_cache if fetch_session_cache is not None else fetch_sessions.without_sessions()
+        )
         self._apis: dict[int, Callable[[Request], Awaitable[Any]]] = {
             protocol.API_VERSIONS: self.api_versions,
             protocol.METADATA: self.metadata,
@@ -281,7 +299,12 @@ class KafkaHandler:
 
     def for_connection(self, access: KafkaAccess) -> KafkaHandler:
         """This handler for one authenticated connection: every request checked against ACLs."""
-        return KafkaHandler(self.backend, max_batch_records=self.max_batch_records, access=access)
+        return KafkaHandler(
+            self.backend,
+            max_batch_records=self.max_batch_records,
+            access=access,
+            fetch_session_cache=self.fetch_session_cache,
+        )
 
     async def handle(self, request: Request) -> Any | None:
         """The answer to one request, or None when Kafka sends none (Produce with acks=0).
@@ -496,34 +519,66 @@ class KafkaHandler:
     # ---- Fetch -------------------------------------------------------------------------------
 
     async def fetch(self, request: Request) -> Any:
+        """A consumer's Fetch, in its fetch session (KIP-227, fetch_sessions.py) if it has one.
+
+        Versions 7+ carry a session id and epoch (4-6 are full Fetches without a session); an
+        incremental Fetch reads every partition of its session and answers the changed ones."""
         body = request.body
         cls = protocol.response_class(protocol.FETCH, request.api_version)
         if body.replica_id >= 0:
             # Followers fetch over gRPC only; a Kafka replica fetch would skip the broker-epoch check.
             return build(cls, throttle_time=_NO_THROTTLE, error_code=K.invalid_request, responses=())
+        sessions = self.fetch_session_cache
+        context = sessions.new_context(
+            getattr(body, "session_id", fetch_sessions.INVALID_SESSION_ID),
+            getattr(body, "session_epoch", fetch_sessions.FINAL_EPOCH),
+            {
+                (t.topic, p.partition): fetch_sessions.PartitionRequest(
+                    fetch_offset=p.fetch_offset,
+                    log_start_offset=getattr(p, "log_start_offset", -1),
+                    max_bytes=max(0, p.partition_max_bytes),
+                    current_leader_epoch=getattr(p, "current_leader_epoch", -1),
+                )
+                for t in body.topics
+                for p in t.partitions
+            },
+            [(t.topic, p) for t in getattr(body, "forgotten_topics_data", None) or () for p in t.partitions],
+        )
+        if isinstance(context, fetch_sessions.SessionErrorContext):
+            _export_fetch_session_metrics(sessions, 0)
+            return build(
+                cls,
+                throttle_time=_NO_THROTTLE,
+                error_code=_SESSION_ERRORS[context.error],
+                session_id=fetch_sessions.INVALID_SESSION_ID,
+                responses=(),
+            )
         fetch_req = common_pb2.FetchRequest(
             replica_id=-1,
             max_wait_ms=max(0, min(_ms(body.max_wait), limits.FETCH_MAX_WAIT_MS_MAX)),
             min_bytes=max(0, body.min_bytes),
             max_bytes=max(0, body.max_bytes),
             isolation_level=0,
-            topics=[
-                common_pb2.FetchTopic(
-                    topic=t.topic,
-                    partitions=[
-                        common_pb2.FetchPartition(
-                            partition=p.partition,
-                            fetch_offset=p.fetch_offset,
-                            partition_max_bytes=max(0, p.partition_max_bytes),
-                            current_leader_epoch=getattr(p, "current_leader_epoch", -1),
-                        )
-                        for p in t.partitions
-                    ],
-                )
-                for t in body.topics
-            ],
         )
-        kept, denied = _split_topics(fetch_req, _acl().decision.topics_refused)
+        by_topic: dict[str, common_pb2.FetchTopic] = {}
+        for (topic, partition), asked in context.partitions():
+            fetch_topic = by_topic.get(topic)
+            if fetch_topic is None:
+                fetch_topic = by_topic[topic] = fetch_req.topics.add(topic=topic)
+            fetch_topic.partitions.add(
+                partition=partition,
+                fetch_offset=asked.fetch_offset,
+                partition_max_bytes=asked.max_bytes,
+                current_leader_epoch=asked.current_leader_epoch,
+            )
+        refused = _acl().decision.topics_refused
+        if isinstance(context, fetch_sessions.IncrementalContext) and self.access is not None:
+            # The request lists only what changed: every topic of the session is checked again,
+            # as Kafka checks each partition of the context on every Fetch.
+            allowed = _acl().allowed
+            read = acl_rules.TOPIC_OPERATIONS[protocol.FETCH]
+            refused = frozenset(t for t in by_topic if not allowed(read, authz.topic(t)))
+        kept, denied = _split_topics(fetch_req, refused)
         resp = (
             await self.backend.fetch(kept) if kept.topics or not denied.topics else common_pb2.FetchResponse()
         )
@@ -534,6 +589,29 @@ class KafkaHandler:
                 )
                 for p in t.partitions
             )
+        answers: dict[fetch_sessions.PartitionKey, fetch_sessions.PartitionAnswer] = {}
+        for t in resp.topics:
+            for p in t.partitions:
+                ok = p.error_code == common_pb2.NONE
+                answers[(t.topic, p.partition)] = fetch_sessions.PartitionAnswer(
+                    has_records=ok and bool(p.records),
+                    high_watermark=p.high_watermark if ok else -1,
+                    last_stable_offset=p.high_watermark if ok else -1,
+                    log_start_offset=p.log_start_offset if ok else -1,
+                    has_error=not ok,
+                )
+        evictions_before = sessions.evictions
+        session_answer = context.respond(answers)
+        _export_fetch_session_metrics(sessions, sessions.evictions - evictions_before)
+        if session_answer.error is not None:
+            return build(
+                cls,
+                throttle_time=_NO_THROTTLE,
+                error_code=_SESSION_ERRORS[session_answer.error],
+                session_id=session_answer.session_id,
+                responses=(),
+            )
+        answered = set(session_answer.partitions) if len(session_answer.partitions) < len(answers) else None
         topic_cls = nested(cls, "FetchableTopicResponse")
         part_cls = nested(cls, "PartitionData")
         cache = self.backend.metadata
@@ -551,6 +629,8 @@ class KafkaHandler:
         for t in resp.topics:
             parts = []
             for p in t.partitions:
+                if answered is not None and (t.topic, p.partition) not in answered:
+                    continue  # unchanged since this session's last answer
                 extra: dict[str, Any] = {}
                 if (
                     p.error_code == common_pb2.NOT_LEADER_OR_FOLLOWER
@@ -576,12 +656,13 @@ class KafkaHandler:
                         **extra,
                     )
                 )
-            topics.append(build(topic_cls, topic=t.topic, partitions=tuple(parts)))
+            if parts or answered is None:
+                topics.append(build(topic_cls, topic=t.topic, partitions=tuple(parts)))
         return build(
             cls,
             throttle_time=datetime.timedelta(milliseconds=resp.throttle_time_ms),
             error_code=kafka_error(resp.error_code),
-            session_id=0,  # no fetch sessions (KIP-227): every Fetch is a full one
+            session_id=session_answer.session_id,
             responses=tuple(topics),
         )
 
@@ -1091,7 +1172,6 @@ class KafkaHandler:
                             name=name,
                             value=value,
                             read_only=False,
-                            is_default=not set_here,
                             config_source=SOURCE_TOPIC_CONFIG if set_here else SOURCE_DEFAULT_CONFIG,
                             is_sensitive=False,
                             synonyms=(),
@@ -1199,7 +1279,9 @@ class KafkaHandler:
                 throttle_time=_NO_THROTTLE,
                 coordinators=tuple(build(coordinator_cls, **answer(k)) for k in keys),
             )
-        return build(cls, throttle_time=_NO_THROTTLE, **answer(keys[0]))
+        single = answer(keys[0])
+        del single["key"]  # before v4 the response is the one answer, with no key beside it
+        return build(cls, throttle_time=_NO_THROTTLE, **single)
 
     async def offset_commit(self, request: Request) -> Any:
         body = request.body
@@ -1636,6 +1718,13 @@ def _group_refusal(group_id: str) -> K | None:
     if group_id in _acl().decision.groups_refused:
         return K.group_authorization_failed
     return K.invalid_group_id if group_id_problem(group_id) is not None else None
+
+
+def _export_fetch_session_metrics(sessions: fetch_sessions.FetchSessionCache, evicted: int) -> None:
+    metrics.KAFKA_FETCH_SESSIONS.set(sessions.size)
+    metrics.KAFKA_FETCH_SESSION_PARTITIONS_CACHED.set(sessions.partitions_cached)
+    if evicted:
+        metrics.KAFKA_FETCH_SESSION_EVICTIONS.inc(evicted)
 
 
 def _split_topics(req: Any, refused: frozenset[str]) -> tuple[Any, Any]:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import io
+import pkgutil
 import struct
 import sys
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import DecodeError
 from kio.static.constants import EntityType
 
+from clients.common.errors import check
 from protos.highwater.v1 import common_pb2
 
 T = TypeVar("T")
@@ -246,9 +249,50 @@ def encode_response(api_key: int, correlation_id: int, response: Any) -> bytes:
 def build(cls: type[T], **values: Any) -> T:
     """An instance of one version's class from values named as in any version: the fields this
     version lacks are dropped, the ones it has but values lack take their defaults. One mapping
-    then serves every version of an API (their classes differ only by fields added or removed)."""
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    then serves every version of an API (their classes differ only by fields added or removed).
+
+    Raises InvariantViolation for a name that no version of the message has: a misspelt field
+    would otherwise be dropped like a field of another version, and its value never sent."""
+    message: Any = cls  # functools.cache's typing will not take a type[T] as a key
+    every_version = _field_names_of_every_version(message)
+    unknown = sorted(set(values) - every_version)
+    check(
+        not unknown,
+        "build(%s.%s): no version of %s has the field(s) %s; its fields in any version are %s",
+        cls.__module__,
+        cls.__qualname__,
+        cls.__qualname__,
+        unknown,
+        sorted(every_version),
+    )
+    names = _field_names(message)
     return cls(**{k: v for k, v in values.items() if k in names})
+
+
+@functools.cache
+def _field_names(cls: Any) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+@functools.cache
+def _field_names_of_every_version(cls: Any) -> frozenset[str]:
+    """The field names of `cls`'s message in every version kio has: kio generates one module per
+    API, version and entity (kio.schema.<api>.v<N>.<entity>), each defining the message and its
+    nested structures under the same class names. A class outside that layout has only its own."""
+    *api, version, entity = cls.__module__.split(".")
+    if api[:2] != ["kio", "schema"] or not version.startswith("v"):
+        return _field_names(cls)
+    package = importlib.import_module(".".join(api))
+    names: set[str] = set()
+    for sibling in pkgutil.iter_modules(package.__path__):
+        try:
+            module = importlib.import_module(f"{package.__name__}.{sibling.name}.{entity}")
+        except ModuleNotFoundError:
+            continue  # a version with no such entity
+        other = getattr(module, cls.__name__, None)
+        if isinstance(other, type) and dataclasses.is_dataclass(other):
+            names |= _field_names(other)
+    return frozenset(names)
 
 
 def nested(cls: type[Any], name: str) -> Any:

@@ -61,6 +61,7 @@ PURE_MODULES = [
     "services/kafka/protocol.py",
     "services/kafka/handler.py",
     "services/kafka/acl_rules.py",
+    "services/kafka/fetch_sessions.py",
     "services/kafka/classic_groups.py",
     "services/groups",
     "clients/common",
