@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from clients.common.types import TopicPartitionKey
 from coordinator import values
 from coordinator.store import Compare, Delete, KeyValue, MetadataStore, Put, compare_mod_revision
+from services.groups.offset_commits import Commit, changed_commits
 
 
 @dataclass
@@ -102,48 +103,32 @@ async def commit_if_state_unchanged(
     absent), so a group that gained members meanwhile does not get them. False: it changed.
     Offsets already stored as given are not written again (commit_changed)."""
     guard = compare_mod_revision(store.keys.consumer_group_state(group), state_mod_revision)
-    return await commit_changed(store, group, guard, offsets, commit_time_ms)
-
-
-def same_commit(
-    stored: values.CommittedOffsetValue | None, offset: int, metadata: str, leader_epoch: int
-) -> bool:
-    """The stored commit already says this (offset, metadata, leader epoch): writing it again
-    would only add a revision to etcd's history. A value written before metadata or the
-    leader epoch were stored differs."""
-    return (
-        stored is not None
-        and stored.get("offset") == offset
-        and stored.get("metadata") == metadata
-        and stored.get("leader_epoch") == leader_epoch
-    )
+    return await commit_changed(store, group, guard, [Commit(*o) for o in offsets], commit_time_ms)
 
 
 async def commit_changed(
     store: MetadataStore,
     group: str,
     guard: Compare,
-    offsets: Sequence[tuple[str, int, int, str, int]],
+    commits: Sequence[Commit],
     commit_time_ms: int,
 ) -> bool:
-    """Write the (topic, partition, offset, metadata, leader_epoch) commits that differ from
-    the stored ones, all in one transaction (one etcd revision) guarded by `guard`. False:
-    the guard failed and nothing was written.
+    """Write the commits that differ from the stored ones, all in one transaction (one etcd
+    revision) guarded by `guard`. False: the guard failed and nothing was written.
 
     Every commit is an etcd write that stays in etcd's history until compacted, and consumers
     commit the same positions again and again while idle; so the group's offsets are read
     first (a read costs etcd no space) and an unchanged one is skipped, keeping the commit
-    time of its first commit. When nothing changed nothing is written and the guard is not
-    checked: the commit then takes effect at the read, where the stored offsets already
-    were the committed ones."""
+    time of its first commit (the rule: services/groups/offset_commits.py). When nothing
+    changed nothing is written and the guard is not checked: the commit then takes effect at
+    the read, where the stored offsets already were the committed ones."""
     stored = await committed_offsets(store, group)
     ops = [
         Put(
-            store.keys.consumer_offset(group, topic, partition),
-            values.encode_consumer_offset(offset, metadata, leader_epoch, commit_time_ms),
+            store.keys.consumer_offset(group, c.topic, c.partition),
+            values.encode_consumer_offset(c.offset, c.metadata, c.leader_epoch, commit_time_ms),
         )
-        for topic, partition, offset, metadata, leader_epoch in offsets
-        if not same_commit(stored.get((topic, partition)), offset, metadata, leader_epoch)
+        for c in changed_commits(stored, commits)
     ]
     if not ops:
         return True

@@ -13,9 +13,13 @@ How the work is split, and why:
 - `_scan_batches` (numba) walks the batch framing once and returns a table of batch
   headers: one Python step per *batch*, none per record.
 - Python, per batch: the CRC-32C check in C (the crc32c package, ~20 GB/s), control
-  batches skipped, compressed record sections decompressed with aiokafka's codec
-  functions (the ones `decode_batches` goes through, so both paths accept exactly the
-  same compressed bytes).
+  batches skipped, compressed record sections decompressed by the leader's own
+  decompressor (clients.common.record_validation.decompress_records: every Kafka codec,
+  snappy with or without xerial framing, into at most
+  clients.common.limits.DECOMPRESSED_BATCH_BYTES_MAX bytes). One decompressor for what a
+  leader accepts and what Spark reads, so neither can take bytes the other refuses, and a
+  small batch that inflates to gigabytes (a decompression bomb) costs a Spark task no more
+  than it costs the leader: MessageTooLarge naming the batch.
 - `_decode_records` (numba, nogil, so the task's in-flight Fetch is received meanwhile)
   parses every record of every batch, drops those outside [start_offset, end_offset),
   and writes offsets, lengths, validity bits and copies of key/value bytes into
@@ -40,16 +44,16 @@ so a fresh Python worker loads them in ~0.1 s instead of compiling for seconds.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
-from aiokafka.codec import gzip_decode, lz4_decode, snappy_decode, zstd_decode
 from crc32c import crc32c
 from numba import njit, types
 from numba.core import cgutils
 
+from clients.common import limits as common_limits
 from clients.common.errors import CorruptMessage, MessageTooLarge
 from clients.common.numba_types import (
     KernelInt,
@@ -75,6 +79,7 @@ from clients.common.record_batch import (
 # The varint and UTF-8 kernels are the broker's record check's (one definition of the
 # grammar's pieces). numba's cache of this file's kernels is keyed on this file only: after
 # changing those two, clear __pycache__/*.nbi|*.nbc here too.
+from clients.common.record_validation import CODEC_NAMES, decompress_records
 from clients.common.record_validation import read_varint as _varint
 from clients.common.record_validation import utf8_valid as _utf8_valid
 from spark_connector import limits
@@ -102,12 +107,6 @@ _MAGIC_V2 = 2
 _CODEC_MASK = 0x07
 _TIMESTAMP_TYPE_MASK = 0x08
 _CONTROL_MASK = 0x20
-_DECOMPRESS: dict[int, Callable[[bytes | memoryview], bytes]] = {
-    1: gzip_decode,
-    2: snappy_decode,
-    3: lz4_decode,
-    4: zstd_decode,
-}
 
 HEADERS_TYPE = pa.list_(
     pa.field("element", pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
@@ -457,12 +456,33 @@ class RecordColumns:
 
 @dataclass(slots=True)
 class _Group:
-    """Data batches decoded by one kernel call: their rows in the record table, their sections."""
+    """Data batches decoded by one kernel call: their rows in the record table, their sections.
 
-    rows: list[list[int]]
-    sections: list[memoryview | bytes]
-    compressed: bool = False
+    While every section is uncompressed the kernel reads them where they lie in the fetched
+    bytes (`sections`, views). From the first compressed one on, every section is copied,
+    in order, into `joined`, which the kernel then reads instead (one copy, as a join at the
+    end would make): a decompressed section may be a slice of a buffer far larger than
+    itself (decompress_records decompresses lz4 and zstd into at least 1 MiB), and copying
+    it at once frees that buffer with its batch instead of holding one per batch.
+    """
+
+    rows: list[list[int]] = field(default_factory=list)
+    sections: list[memoryview] = field(default_factory=list)
+    joined: bytearray | None = None
     section_bytes: int = 0
+
+    def add(self, row: list[int], section: memoryview | np.ndarray) -> None:
+        if isinstance(section, np.ndarray) and self.joined is None:
+            self.joined = bytearray().join(self.sections)
+            self.sections = []
+        if self.joined is not None:
+            # Through a memoryview: `bytearray += ndarray` would be numpy's elementwise add.
+            # numpy's stubs declare ndarray.__buffer__ for Python 3.12+ only: an ndarray is a buffer.
+            self.joined += memoryview(section)  # type: ignore[arg-type]
+        else:
+            self.sections.append(cast(memoryview, section))
+        self.rows.append(row)
+        self.section_bytes += len(section)
 
 
 def decode_columns(
@@ -481,7 +501,8 @@ def decode_columns(
     batch). Control batches are skipped and a partial trailing batch is
     ignored, as in decode_batches. Raises CorruptMessage (naming the batch's base offset
     and what is wrong) for anything decode_batches calls corrupt, and MessageTooLarge for
-    a single batch whose records exceed ARROW_BINARY_BYTES_MAX.
+    a single batch whose records exceed ARROW_BINARY_BYTES_MAX or, compressed, decompress
+    past clients.common.limits.DECOMPRESSED_BATCH_BYTES_MAX (as a leader refuses it).
     """
     data = np.frombuffer(buf, dtype=np.uint8)
     # Read-only whatever `buf` is: the kernels then compile for one array type only (each
@@ -490,7 +511,7 @@ def decode_columns(
     table = np.empty((data.shape[0] // BATCH_HEADER_SIZE + 1, _SCAN_COLUMNS), dtype=np.int64)
     found, status, failed_at = _scan_batches(data, table)
     view = memoryview(buf).cast("B")
-    group = _Group([], [])
+    group = _Group()
     for position, size, base_offset, crc, attributes, first_ts, max_ts, count, _ in table[:found].tolist():
         end = position + size
         if check_crc and crc32c(view[position + ATTRIBUTES_POS : end]) != crc:
@@ -498,8 +519,11 @@ def decode_columns(
         if attributes & _CONTROL_MASK:
             continue
         codec = attributes & _CODEC_MASK
-        stored = view[position + BATCH_HEADER_SIZE : end]
-        section: memoryview | bytes = _decompress(codec, stored, base_offset) if codec else stored
+        section: memoryview | np.ndarray = (
+            _decompress(codec, data[position + BATCH_HEADER_SIZE : end], base_offset)
+            if codec
+            else view[position + BATCH_HEADER_SIZE : end]
+        )
         if count < 0 or count > len(section) // RECORD_BYTES_MIN:
             raise CorruptMessage(
                 f"batch at offset {base_offset}: {_MESSAGES[_ERR_RECORD_COUNT]} "
@@ -512,22 +536,11 @@ def decode_columns(
             )
         if group.rows and group.section_bytes + len(section) > group_bytes_max:
             yield _decode_group(data, group, start_offset, end_offset, include_headers)
-            group = _Group([], [])
+            group = _Group()
         start = position + BATCH_HEADER_SIZE
-        group.rows.append(
-            [
-                start,
-                start + len(section),
-                count,
-                base_offset,
-                first_ts,
-                max_ts,
-                1 if attributes & _TIMESTAMP_TYPE_MASK else 0,
-            ]
-        )
-        group.sections.append(section)
-        group.compressed = group.compressed or bool(codec)
-        group.section_bytes += len(section)
+        timestamp_type = 1 if attributes & _TIMESTAMP_TYPE_MASK else 0
+        row = [start, start + len(section), count, base_offset, first_ts, max_ts, timestamp_type]
+        group.add(row, section)
     if status != _OK:
         # Batches before the bad one are still yielded, as decode_batches yields their records.
         if group.rows:
@@ -543,19 +556,33 @@ def _base_offset_at(view: memoryview, position: int) -> int:
     return int.from_bytes(view[position : position + 8], "big", signed=True)
 
 
-def _decompress(codec: int, section: memoryview, base_offset: int) -> bytes:
-    decompress = _DECOMPRESS.get(codec)
-    if decompress is None:
-        raise CorruptMessage(f"batch at offset {base_offset}: unknown compression codec {codec}")
+def _decompress(codec: int, stored: np.ndarray, base_offset: int) -> np.ndarray:
+    """A compressed batch's records section, decompressed by the leader's decompressor.
+
+    decompress_records words its errors for a refused produce ("nothing of this request was
+    written"); a reader gets the same refusal in a reader's words, the codec's own error
+    kept as the cause.
+    """
+    where = f"batch at offset {base_offset}"
+    if codec not in CODEC_NAMES:
+        # decompress_records is only called with codecs the leader has checked are known.
+        raise CorruptMessage(f"{where}: unknown compression codec {codec}")
     try:
-        # aiokafka hands snappy and lz4 a bytes copy; the others take the view.
-        return decompress(section.tobytes() if codec in (2, 3) else section)
-    except MemoryError:
-        raise
-    except Exception as error:  # every codec has its own error types: zlib.error, EOFError, cramjam's...
-        raise CorruptMessage(
-            f"batch at offset {base_offset}: its records do not decompress ({type(error).__name__}: {error})"
+        return decompress_records(codec, stored, where)
+    except MessageTooLarge as error:
+        limit = common_limits.DECOMPRESSED_BATCH_BYTES_MAX
+        raise MessageTooLarge(
+            f"{where}: its records decompress as {CODEC_NAMES[codec]} to more than {limit} bytes "
+            "(clients.common.limits.DECOMPRESSED_BATCH_BYTES_MAX, the most a leader accepts), so Spark "
+            "does not inflate it: a decompression bomb, or a batch written before leaders checked that "
+            "bound. Start the read past this batch (startingOffsets), or read it with a consumer"
         ) from error
+    except CorruptMessage as error:
+        cause = error.__cause__
+        raise CorruptMessage(
+            f"{where}: its records do not decompress as {CODEC_NAMES[codec]} "
+            f"({type(cause).__name__}: {cause})"
+        ) from cause
 
 
 def _decode_group(
@@ -564,10 +591,11 @@ def _decode_group(
     """Run the record kernel over one group and wrap its buffers as Arrow arrays."""
     batches = np.array(group.rows, dtype=np.int64).reshape(-1, _RECORD_TABLE_COLUMNS)
     src = data
-    if group.compressed:
-        # Decompressed sections live in their own bytes: join the group's sections into one
-        # source and renumber their positions (the copy costs little next to decompressing).
-        src = np.frombuffer(b"".join(group.sections), dtype=np.uint8)
+    if group.joined is not None:
+        # Decompressed sections live in their own bytes, joined as they came (_Group.add):
+        # renumber their positions within the join (the copy costs little next to decompressing).
+        src = np.frombuffer(group.joined, dtype=np.uint8)
+        src.flags.writeable = False  # the kernel's one array type, as for the fetched bytes
         lengths = batches[:, _R_END] - batches[:, _R_START]
         batches[:, _R_END] = np.cumsum(lengths)
         batches[:, _R_START] = batches[:, _R_END] - lengths

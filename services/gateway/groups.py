@@ -434,15 +434,12 @@ class GroupService:
 
     # --- offset commits --------------------------------------------------------------
 
-    async def commit_guard(
-        self, group: str, member_id: str, member_epoch: int, partitions: frozenset[TopicPartitionKey]
-    ) -> tuple[GroupError | None, Compare]:
-        """Whether the commit may be applied, and the compare its transaction must carry (the
-        group's state unchanged since this check)."""
+    async def commit_guard(self, group: str) -> tuple[GroupState, Compare]:
+        """The group's state an offset commit is checked against (services/groups/
+        offset_commits.py), and the compare its transaction must carry (the state unchanged
+        since this read)."""
         loaded = await self._load(group)
-        epoch = member_epoch if member_id else coordinator.EPOCH_LEAVE
-        error = coordinator.check_commit(loaded.state, member_id, epoch, partitions)
-        return error, compare_mod_revision(self.keys.consumer_group_state(group), loaded.mod_revision)
+        return loaded.state, compare_mod_revision(self.keys.consumer_group_state(group), loaded.mod_revision)
 
     # --- admin -----------------------------------------------------------------------
 

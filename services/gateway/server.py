@@ -30,7 +30,7 @@ from clients.common.types import TopicPartitionKey
 from coordinator import consumer_offsets, values
 from coordinator.election import current_controller
 from coordinator.registration import register_gateway, register_waiting_for_old_lease
-from coordinator.store import CoordinatorError, EtcdStore
+from coordinator.store import Compare, CoordinatorError, EtcdStore
 from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
@@ -40,6 +40,8 @@ from services.common.server import ServiceProcess
 from services.gateway import metrics, record_level, routing
 from services.gateway.groups import GROUP_ERROR_CODES, GROUP_ERROR_MESSAGES, GroupService, GroupStateConflict
 from services.gateway.record_producer import RecordProducer
+from services.groups import offset_commits
+from services.groups.coordinator import GroupError
 from services.security.config import SecurityConfig
 
 log = logging.getLogger("highwater.gateway")
@@ -837,81 +839,56 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def _commit_offsets(
         self, request: gateway_pb2.CommitOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CommitOffsetsResponse:
-        ops: list[tuple[str, int, int, str, int]] = []  # (topic, partition, offset, metadata, epoch)
+        """CommitOffsets' adapter: the rules are services/groups/offset_commits.py's, this maps
+        them to protobuf codes. Partitions with a problem answer it; the rest are one fenced
+        commit, all refused together when the group refuses it (nothing was written)."""
+        if any(t.topic not in self.cache.topics() for t in request.topics):
+            await self.refresh_metadata()
+        commits: list[offset_commits.Commit] = []
         results = []
         for t in request.topics:
             for p in t.partitions:
-                if p.offset < 0:
-                    results.append(
-                        common_pb2.PartitionResult(
-                            topic=t.topic,
-                            partition=p.partition,
-                            error_code=common_pb2.INVALID_COMMIT_OFFSET,
-                            error_message=f"offset must be >= 0, got {p.offset}",
-                        )
+                commit = offset_commits.Commit(t.topic, p.partition, p.offset, p.metadata, p.leader_epoch)
+                problem = offset_commits.partition_problem(
+                    commit, commit.key in self.cache.partitions, negative_offset_allowed=False
+                )
+                code, message = (common_pb2.NONE, "") if problem is None else _problem_answer(commit, problem)
+                results.append(
+                    common_pb2.PartitionResult(
+                        topic=t.topic, partition=p.partition, error_code=code, error_message=message
                     )
-                    continue
-                if len(p.metadata) > limits.OFFSET_METADATA_MAX_CHARS:
-                    results.append(
-                        common_pb2.PartitionResult(
-                            topic=t.topic,
-                            partition=p.partition,
-                            error_code=common_pb2.INVALID_REQUEST,
-                            error_message=f"offset metadata is {len(p.metadata)} characters; the limit is "
-                            f"{limits.OFFSET_METADATA_MAX_CHARS}",
-                        )
-                    )
-                    continue
-                if t.topic not in self.cache.topics():
-                    await self.refresh_metadata()
-                if (t.topic, p.partition) not in self.cache.partitions:
-                    results.append(
-                        common_pb2.PartitionResult(
-                            topic=t.topic,
-                            partition=p.partition,
-                            error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
-                            error_message=f"{t.topic}-{p.partition} does not exist",
-                        )
-                    )
-                    continue
-                ops.append((t.topic, p.partition, p.offset, p.metadata, p.leader_epoch))
-                results.append(common_pb2.PartitionResult(topic=t.topic, partition=p.partition))
-        if len(ops) > limits.COMMIT_OFFSETS_PER_REQUEST_MAX:
+                )
+                if problem is None:
+                    commits.append(commit)
+        if offset_commits.too_many_offsets(len(commits)):
             return gateway_pb2.CommitOffsetsResponse(
                 error_code=common_pb2.INVALID_REQUEST,
-                error_message=f"{len(ops)} offsets in one commit; the limit is "
+                error_message=f"{len(commits)} offsets in one commit; the limit is "
                 f"{limits.COMMIT_OFFSETS_PER_REQUEST_MAX}",
             )
-        if ops:
-            committed = frozenset((r.topic, r.partition) for r in results if r.error_code == common_pb2.NONE)
-            for _ in range(limits.GROUP_STATE_CAS_ATTEMPTS_MAX):
-                error, unchanged = await self.groups.commit_guard(
-                    request.group_id, request.member_id, request.member_epoch, committed
-                )
-                if error is not None and not request.member_id:
-                    return _commit_refused(
-                        results,
-                        common_pb2.NON_EMPTY_GROUP,
-                        f"group {request.group_id!r} has members: its offsets are theirs to commit; stop "
-                        "them before resetting its offsets",
-                    )
-                if error is not None:
-                    return _commit_refused(results, GROUP_ERROR_CODES[error], GROUP_ERROR_MESSAGES[error])
-                # The group's state must be what the epoch check read: a member expired
-                # meanwhile (a zombie waking up) does not get its commit applied. A state that
-                # moved on (a rebalance) is checked again. One transaction for the whole commit,
-                # offsets already stored as given left out (each write stays in etcd's history).
-                if await consumer_offsets.commit_changed(
-                    self.store, request.group_id, unchanged, ops, int(time.time() * 1000)
-                ):
-                    break
-                self.groups.forget(request.group_id)
-            else:
-                return _commit_refused(
-                    results,
-                    common_pb2.REQUEST_TIMED_OUT,
-                    "the group kept changing while committing (a rebalance); commit again",
-                )
+        if not commits:
+            return gateway_pb2.CommitOffsetsResponse(partitions=results)
+
+        async def write_changed(guard: Compare, changed: Sequence[offset_commits.Commit]) -> bool:
+            written = await consumer_offsets.commit_changed(
+                self.store, request.group_id, guard, changed, int(time.time() * 1000)
+            )
+            if not written:
+                self.groups.forget(request.group_id)  # its copy of the state is stale
+            return written
+
+        refusal = await offset_commits.commit_fenced(
+            request.member_id,
+            request.member_epoch,
+            commits,
+            lambda: self.groups.commit_guard(request.group_id),
+            write_changed,
+        )
+        if refusal is not None:
+            code, message = _refusal_answer(request.group_id, refusal)
+            for r in results:
+                if r.error_code == common_pb2.NONE:
+                    r.error_code, r.error_message = code, message
         return gateway_pb2.CommitOffsetsResponse(partitions=results)
 
     async def FetchCommittedOffsets(
@@ -1168,14 +1145,35 @@ async def _answer_each_group(
             answers.append(await answer(group))
 
 
-def _commit_refused(
-    results: list[common_pb2.PartitionResult], code: common_pb2.ErrorCode, message: str
-) -> gateway_pb2.CommitOffsetsResponse:
-    """Every partition of a refused commit answers the refusal (nothing was written)."""
-    for r in results:
-        if r.error_code == common_pb2.NONE:
-            r.error_code, r.error_message = code, message
-    return gateway_pb2.CommitOffsetsResponse(partitions=results)
+def _problem_answer(
+    commit: offset_commits.Commit, problem: offset_commits.PartitionProblem
+) -> tuple[common_pb2.ErrorCode, str]:
+    """A partition of CommitOffsets that is not stored: its code and what to do."""
+    if problem == offset_commits.PartitionProblem.UNKNOWN_TOPIC_OR_PARTITION:
+        return common_pb2.UNKNOWN_TOPIC_OR_PARTITION, f"{commit.topic}-{commit.partition} does not exist"
+    if problem == offset_commits.PartitionProblem.INVALID_COMMIT_OFFSET:
+        return common_pb2.INVALID_COMMIT_OFFSET, f"offset must be >= 0, got {commit.offset}"
+    # OFFSET_METADATA_TOO_LARGE: answered INVALID_REQUEST, the gateway API's code for it.
+    return common_pb2.INVALID_REQUEST, (
+        f"offset metadata is {len(commit.metadata)} characters; the limit is "
+        f"{limits.OFFSET_METADATA_MAX_CHARS}"
+    )
+
+
+def _refusal_answer(group: str, refusal: offset_commits.CommitRefusal) -> tuple[common_pb2.ErrorCode, str]:
+    """A refused CommitOffsets: the code every partition of it answers, and what to do."""
+    if refusal == offset_commits.CommitRefusal.NON_EMPTY_GROUP:
+        return common_pb2.NON_EMPTY_GROUP, (
+            f"group {group!r} has members: its offsets are theirs to commit; stop them before "
+            "resetting its offsets"
+        )
+    if refusal == offset_commits.CommitRefusal.GROUP_KEPT_CHANGING:
+        return (
+            common_pb2.REQUEST_TIMED_OUT,
+            "the group kept changing while committing (a rebalance); commit again",
+        )
+    error = GroupError(refusal.value)
+    return GROUP_ERROR_CODES[error], GROUP_ERROR_MESSAGES[error]
 
 
 def _peer_host(peer: str) -> str:

@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import grpc
@@ -29,8 +29,8 @@ from services.broker.replica_manager import ReplicaManager
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
 from services.common.peers import PeerChannels
-from services.groups import coordinator
-from services.groups.coordinator import EPOCH_LEAVE, GroupState, check_commit
+from services.groups import coordinator, offset_commits
+from services.groups.coordinator import EPOCH_LEAVE, GroupState
 from services.kafka.classic_groups import CONSUMER_PROTOCOL_TYPE, subscribed_topics
 from services.kafka.classic_groups import Error as GroupError
 from services.kafka.group_driver import ClassicGroupDriver
@@ -148,39 +148,40 @@ class BrokerKafkaBackend:
             ) from exc
 
     async def commit_offsets(self, group: str, offsets: list[OffsetCommit]) -> tuple[int, str]:
-        """As the gateway's CommitOffsets does for a commit without a member id: refused while the
-        group has members (their commits are fenced by member epochs; this one is not), applied
-        in a transaction that requires the group's state unchanged since that check. Chunks of
-        COMMIT_OFFSETS_PER_REQUEST_MAX keep each transaction within etcd's operation bound."""
-        step = limits.COMMIT_OFFSETS_PER_REQUEST_MAX
-        for start in range(0, len(offsets), step):
-            chunk = offsets[start : start + step]
-            for _ in range(limits.GROUP_STATE_CAS_ATTEMPTS_MAX):
-                raw, revision = await self._etcd(
-                    "group state", consumer_offsets.read_group_state(self.store, group)
-                )
-                if raw is not None:
-                    state = GroupState.from_record(json.loads(raw))
-                    owned = frozenset((c.topic, c.partition) for c in chunk)
-                    if check_commit(state, "", EPOCH_LEAVE, owned) is not None:
-                        return (
-                            common_pb2.NON_EMPTY_GROUP,
-                            f"group {group!r} has members: its offsets are theirs to commit",
-                        )
-                written = await self._etcd(
-                    "offset commit",
-                    consumer_offsets.commit_if_state_unchanged(
-                        self.store,
-                        group,
-                        revision,
-                        [(c.topic, c.partition, c.offset, c.metadata, c.leader_epoch) for c in chunk],
-                        int(time.time() * 1000),
-                    ),
-                )
-                if written:
-                    break
-            else:
+        """OffsetCommit's store for a commit from outside the KIP-848 membership, by
+        services/groups/offset_commits.py's rules: refused while the group has KIP-848
+        members, applied in a transaction that requires the group's state unchanged since that
+        check. Split in batches (offset_commits.batches) a Kafka client cannot make itself."""
+
+        async def read_state() -> tuple[GroupState, int]:
+            raw, revision = await self._etcd(
+                "group state", consumer_offsets.read_group_state(self.store, group)
+            )
+            state = GroupState(group_id=group) if raw is None else GroupState.from_record(json.loads(raw))
+            return state, revision
+
+        async def write_changed(revision: int, batch: Sequence[offset_commits.Commit]) -> bool:
+            written: bool = await self._etcd(
+                "offset commit",
+                consumer_offsets.commit_if_state_unchanged(
+                    self.store,
+                    group,
+                    revision,
+                    [(c.topic, c.partition, c.offset, c.metadata, c.leader_epoch) for c in batch],
+                    int(time.time() * 1000),
+                ),
+            )
+            return written
+
+        for batch in offset_commits.batches(offsets):
+            refusal = await offset_commits.commit_fenced("", EPOCH_LEAVE, batch, read_state, write_changed)
+            if refusal == offset_commits.CommitRefusal.GROUP_KEPT_CHANGING:
                 return common_pb2.REQUEST_TIMED_OUT, "the group kept changing while committing; commit again"
+            if refusal is not None:  # only NON_EMPTY_GROUP: the commit comes from outside the group
+                return (
+                    common_pb2.NON_EMPTY_GROUP,
+                    f"group {group!r} has members: its offsets are theirs to commit",
+                )
         return common_pb2.NONE, ""
 
     async def committed_offsets(self, group: str) -> dict[tuple[str, int], OffsetCommit]:

@@ -34,6 +34,7 @@ from protos.highwater.v1 import broker_pb2, common_pb2
 from services.broker import metrics
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
+from services.groups import offset_commits
 from services.kafka import acl_rules, config_changes, fetch_sessions, protocol
 from services.kafka.acl_rules import Decision
 from services.kafka.classic_groups import (
@@ -214,13 +215,8 @@ class StoredGroupListing:
     members: int
 
 
-@dataclass(frozen=True)
-class OffsetCommit:
-    topic: str
-    partition: int
-    offset: int
-    metadata: str
-    leader_epoch: int
+# One partition's commit, as services/groups/offset_commits.py (the rules of commits) takes it.
+OffsetCommit = offset_commits.Commit
 
 
 def _ms(value: datetime.timedelta) -> int:
@@ -1310,28 +1306,30 @@ class KafkaHandler:
         for t in body.topics:
             for p in t.partitions:
                 tp = (t.name, p.partition_index)
-                metadata = p.committed_metadata or ""
+                commit = offset_commits.Commit(
+                    t.name,
+                    p.partition_index,
+                    p.committed_offset,
+                    p.committed_metadata or "",
+                    getattr(p, "committed_leader_epoch", -1),
+                )
                 if whole is not None:
                     codes[tp] = whole
                 elif t.name in acl.topics_refused:
                     codes[tp] = K.topic_authorization_failed
-                elif tp not in cache.partitions:
-                    codes[tp] = K.unknown_topic_or_partition
-                elif len(metadata) > limits.OFFSET_METADATA_MAX_CHARS:
-                    codes[tp] = K.offset_metadata_too_large
-                else:
-                    # Any offset, negative ones included, is stored as given, as Kafka's
-                    # coordinator does (kafkajs' resetOffsets commits -2 / -1 for earliest /
-                    # latest); readers take a negative one as no position (consumer_offsets.py).
-                    commits.append(
-                        OffsetCommit(
-                            t.name,
-                            p.partition_index,
-                            p.committed_offset,
-                            metadata,
-                            getattr(p, "committed_leader_epoch", -1),
-                        )
+                # Negative offsets are stored as given, as Kafka's coordinator does (kafkajs'
+                # resetOffsets commits -2 / -1 for earliest / latest).
+                elif problem := offset_commits.partition_problem(
+                    commit, tp in cache.partitions, negative_offset_allowed=True
+                ):
+                    # INVALID_COMMIT_OFFSET cannot arise here: negative offsets are allowed.
+                    codes[tp] = (
+                        K.unknown_topic_or_partition
+                        if problem == offset_commits.PartitionProblem.UNKNOWN_TOPIC_OR_PARTITION
+                        else K.offset_metadata_too_large
                     )
+                else:
+                    commits.append(commit)
         if commits:
             try:
                 code, message = await self.backend.commit_offsets(body.group_id, commits)
