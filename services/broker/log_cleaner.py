@@ -9,8 +9,8 @@ earliest kept tombstone's delete horizon has passed, so the tombstones go; else 
 
 Threads: the Log object is the event loop's alone. A pass reads the log's segment views, the
 partition's high watermark and producer state on the loop; the offset map and every cleaned
-file are built in one worker thread (asyncio.to_thread), which only reads old segment files by
-path and writes the cleaned file, and prepares each group's swap (Log.prepare_swap: the cleaned
+file are built in the cleaner's own thread (a one-thread executor), which only reads old segment
+files by path and writes the cleaned file, and prepares each group's swap (Log.prepare_swap: the cleaned
 file's scan, its indexes, the fsyncs); only the swap's commit (Log.commit_swap: the commit
 rename, deletes, renames and the in-memory update) runs back on the loop, and only if the
 partition still has the same open log (bench/cleaner_bench.py measures the loop's stall). One
@@ -36,13 +36,15 @@ deletes its cleaned file and is simply tried again later. A broken invariant hal
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from clients.common.errors import HighwaterError, InvariantViolation
 from clients.common.types import TopicPartitionKey
@@ -68,6 +70,8 @@ from services.common import limits
 from services.common.server import halt_on_invariant_violation
 
 logger = logging.getLogger("highwater.log_cleaner")
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +175,7 @@ class LogCleaner:
         partitions: Callable[[], Mapping[TopicPartitionKey, Partition]],
         *,
         clock: WallClock | None = None,
+        executor: concurrent.futures.Executor | None = None,
     ) -> None:
         self.config = config
         self._partitions = partitions
@@ -188,6 +193,12 @@ class LogCleaner:
             cpu_share=config.cpu_max_share,
             thread_cpu_s=time.thread_time,
         )
+        # One thread for all of the cleaner's file work, so that "the cleaner thread" is one
+        # thread: its CPU clock is what the CPU share holds (a pool's threads would each have
+        # their own), and passes never overlap. The simulation gives one that runs jobs inline.
+        self._thread = executor or concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="log-cleaner"
+        )
         # What the throttler had slept when the metric was last brought up to date.
         self._throttled_io_s = self._throttled_cpu_s = 0.0
 
@@ -197,6 +208,12 @@ class LogCleaner:
             return
         # Woken early by stop(): a throttled pass never holds the broker's shutdown.
         self._abort.wait(seconds)
+
+    async def _on_thread(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """fn(*args, **kwargs) on the cleaner's thread."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._thread, functools.partial(fn, *args, **kwargs)
+        )
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -217,6 +234,8 @@ class LogCleaner:
             task.cancel()
         except Exception:
             logger.exception("the log cleaner failed while stopping")
+        finally:
+            self._thread.shutdown(wait=False)
 
     async def run(self) -> None:
         while not self._abort.is_set():
@@ -434,7 +453,7 @@ class LogCleaner:
         }
         offset_map = self._offset_map
         stop = self._abort.is_set
-        mapped = await asyncio.to_thread(
+        mapped = await self._on_thread(
             build_offset_map,
             storage,
             plan.segments,
@@ -467,11 +486,11 @@ class LogCleaner:
         for group in groups:
             out_path = log.cleaned_segment_path(group[0].base_offset)
             try:
-                stats = await asyncio.to_thread(
+                stats = await self._on_thread(
                     clean_group, storage, group, out_path, ctx, throttler=self._throttler, stop=stop
                 )
             except BaseException:
-                await asyncio.to_thread(_discard_quietly, storage, out_path)
+                await self._on_thread(_discard_quietly, storage, out_path)
                 raise
             metrics.LOG_CLEANER_BYTES_READ.inc(stats.bytes_read)
             metrics.LOG_CLEANER_BYTES_WRITTEN.inc(stats.bytes_written)
@@ -479,22 +498,22 @@ class LogCleaner:
             # The swap's scan, index writes and fsyncs run here on the thread; only its commit
             # (renames, deletes, the in-memory update) runs on the loop below.
             try:
-                prepared = await asyncio.to_thread(log.prepare_swap, group, config)
+                prepared = await self._on_thread(log.prepare_swap, group, config)
             except BaseException:
-                await asyncio.to_thread(_discard_quietly, storage, out_path)
+                await self._on_thread(_discard_quietly, storage, out_path)
                 raise
             try:
                 if p.log is not log or log.is_closed or log.is_offline:
-                    await asyncio.to_thread(log.discard_prepared, prepared)
+                    await self._on_thread(log.discard_prepared, prepared)
                     raise SegmentsChanged(f"log {log.directory} was closed or replaced during cleaning")
                 log.commit_swap(prepared, self._clock.wall_ms())  # SegmentsChanged: files deleted
             finally:
                 # The replaced segments' blocks are freed at this last close, here on the thread.
-                await asyncio.to_thread(prepared.close)
+                await self._on_thread(prepared.close)
             result.swapped += 1
         # Everything below the map's end was cleaned: the next pass starts there.
         if p.log is log and not log.is_closed:
-            await asyncio.to_thread(
+            await self._on_thread(
                 checkpoints.write_offset, storage, self._checkpoint_path(log), mapped.end_offset
             )
         state.first_dirty_offset = mapped.end_offset

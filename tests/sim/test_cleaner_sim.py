@@ -165,7 +165,7 @@ for _name in SWAP_METHODS:
 class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
     """Runs each job at once on the caller's thread (the event loop's).
 
-    LogCleaner hands its map and group filtering to asyncio.to_thread; run inline they happen in
+    LogCleaner hands its map and group filtering to its executor; run inline they happen in
     a deterministic order, and `before_job` runs loop-side work (retention, DeleteRecords) between
     two of them, as the broker's loop may while the worker thread reads.
     """
@@ -351,7 +351,7 @@ class CleanerSim:
 
     def _new_cleaner(self, replica: Replica) -> LogCleaner:
         partitions = cast(Mapping[TopicPartitionKey, Partition], {TP: replica})
-        return LogCleaner(self.cleaner_config, lambda: partitions, clock=self.clock)
+        return LogCleaner(self.cleaner_config, lambda: partitions, clock=self.clock, executor=self.executor)
 
     def close(self) -> None:
         self.loop.close()

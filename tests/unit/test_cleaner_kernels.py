@@ -149,3 +149,29 @@ def test_the_cpu_budget_holds_the_cleaner_thread_to_its_share() -> None:
         cpu_s[0] += 0.005
         unlimited.between_batches()
     assert slept[before:] == [0] * 100  # it only yields the GIL
+
+
+def test_the_cpu_budget_reads_one_threads_clock_and_starts_over_on_another() -> None:
+    """A thread's CPU clock means nothing to another: a pass continued on another thread (one
+    with far more CPU behind it) must not be charged the difference as the cleaner's work."""
+    wall_ms = [0.0]
+    clocks = {1: 0.0, 2: 500.0}  # thread 2 has spent 500 s of CPU (a broker's main thread, say)
+    thread = [1]
+    slept: list[float] = []
+    throttler = Throttler(
+        0,
+        monotonic_ms=lambda: wall_ms[0],
+        sleep_s=slept.append,
+        check_interval_ms=100,
+        cpu_share=0.1,
+        thread_cpu_s=lambda: clocks[thread[0]],
+        thread_id=lambda: thread[0],
+    )
+    for _ in range(10):  # idle batches on thread 1: no CPU spent, nothing to hold back
+        wall_ms[0] += 50
+        throttler.between_batches()
+    thread[0] = 2
+    for _ in range(10):
+        wall_ms[0] += 50
+        throttler.between_batches()
+    assert slept == [0] * 20

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import secrets
 import struct
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -412,6 +413,7 @@ class Throttler:
         check_interval_ms: int = limits.LOG_CLEANER_THROTTLE_CHECK_INTERVAL_MS,
         cpu_share: float = 0.0,
         thread_cpu_s: Callable[[], float] | None = None,
+        thread_id: Callable[[], int] = threading.get_ident,
     ) -> None:
         self.bytes_per_second = bytes_per_second
         self.cpu_share = cpu_share
@@ -421,8 +423,12 @@ class Throttler:
         self._check_interval_ms = check_interval_ms
         self._period_start_ms = monotonic_ms()
         self._observed_bytes = 0
+        self._thread_id = thread_id
+        # The thread whose CPU clock the current period reads: a thread's clock means nothing
+        # to another, so a call from a new thread starts a new period.
+        self._cpu_thread: int | None = None
         self._cpu_period_start_ms = self._period_start_ms
-        self._cpu_period_start_s = thread_cpu_s() if thread_cpu_s is not None else 0.0
+        self._cpu_period_start_s = 0.0
         self.slept_s = 0.0
         self.cpu_slept_s = 0.0
 
@@ -439,6 +445,12 @@ class Throttler:
         if self.cpu_share <= 0 or self._thread_cpu_s is None:
             return
         now_ms = self._monotonic_ms()
+        thread = self._thread_id()
+        if thread != self._cpu_thread:
+            self._cpu_thread = thread
+            self._cpu_period_start_ms = now_ms
+            self._cpu_period_start_s = self._thread_cpu_s()
+            return
         elapsed_ms = now_ms - self._cpu_period_start_ms
         if elapsed_ms < self._check_interval_ms:
             return

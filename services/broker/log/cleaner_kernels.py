@@ -23,7 +23,7 @@ a probe always ends at an empty slot.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
 
 from clients.common.numba_types import KernelInt
 from clients.common.record_validation import read_varint
@@ -43,6 +43,31 @@ STATUS_MESSAGES = {
     STATUS_BAD_LENGTH: "a record, key or value length is out of range",
     STATUS_FEWER_RECORDS: "the batch holds fewer records than its header says",
 }
+
+# The kernels a pass calls are compiled for these types when this module is imported (at broker
+# start, from the cache numba keeps beside this file), as record_validation's are: compiled on
+# first use they would compile on the cleaner's thread, holding the GIL for seconds in the middle
+# of the broker's work and charging the CPU share with it. A records section is read-only when
+# it is a stored batch's bytes, writable when decompressed.
+_I64 = types.int64
+# numba's stubs leave UniTuple's constructor untyped: a tuple type of n int64s.
+_INT64_PAIR = types.UniTuple(_I64, 2)  # type: ignore[no-untyped-call]
+_INT64_SEVEN = types.UniTuple(_I64, 7)  # type: ignore[no-untyped-call]
+_SECTIONS = (types.Array(types.uint8, 1, "C", readonly=True), types.Array(types.uint8, 1, "C"))
+_TABLE = types.Array(types.uint64, 2, "C")
+_STATE = types.Array(types.int64, 1, "C")
+_SCRATCH = types.Array(types.int64, 2, "C")
+_MAP_RECORDS = [
+    _INT64_PAIR(section, _I64, _I64, _I64, _I64, _TABLE, _STATE, _I64, types.uint64) for section in _SECTIONS
+]
+_FILTER_RECORDS = [
+    _INT64_SEVEN(section, _I64, _I64, _I64, _I64, _TABLE, types.uint64, _I64, _I64, _SCRATCH)
+    for section in _SECTIONS
+]
+_ENCODE_KEPT = [
+    _I64(section, _I64, _SCRATCH, _I64, types.Array(types.uint8, 1, "C")) for section in _SECTIONS
+]
+_MAP_COPY = [types.void(_TABLE, _TABLE)]
 
 # MurmurHash3 x64-128's constants (Austin Appleby's reference, public domain).
 _C1 = np.uint64(0x87C37B91114253D5)
@@ -202,7 +227,7 @@ def _field(section: np.ndarray, pos: KernelInt, end: KernelInt) -> tuple[KernelI
     return length, start, pos
 
 
-@njit(cache=True, nogil=True)
+@njit(_MAP_RECORDS, cache=True, nogil=True)
 def map_records(
     section: np.ndarray,
     count: KernelInt,
@@ -257,7 +282,7 @@ def map_records(
     return STATUS_OK, 0
 
 
-@njit(cache=True, nogil=True)
+@njit(_FILTER_RECORDS, cache=True, nogil=True)
 def filter_records(
     section: np.ndarray,
     count: KernelInt,
@@ -370,7 +395,7 @@ def _varint_size(value: KernelInt) -> KernelInt:
     return size
 
 
-@njit(cache=True, nogil=True)
+@njit(_ENCODE_KEPT, cache=True, nogil=True)
 def encode_kept(
     section: np.ndarray,
     count: KernelInt,
@@ -405,7 +430,7 @@ def encode_kept(
     return pos
 
 
-@njit(cache=True, nogil=True)
+@njit(_MAP_COPY, cache=True, nogil=True)
 def map_copy(table: np.ndarray, into: np.ndarray) -> None:
     """Put every entry of one table into another, larger and empty (growing a map)."""
     for index in range(table.shape[0]):
