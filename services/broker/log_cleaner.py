@@ -192,6 +192,7 @@ class LogCleaner:
             sleep_s=self._throttle_sleep,
             cpu_share=config.cpu_max_share,
             thread_cpu_s=time.thread_time,
+            thread_id=threading.get_ident,
         )
         # One thread for all of the cleaner's file work, so that "the cleaner thread" is one
         # thread: its CPU clock is what the CPU share holds (a pool's threads would each have

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import secrets
 import struct
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -413,7 +412,7 @@ class Throttler:
         check_interval_ms: int = limits.LOG_CLEANER_THROTTLE_CHECK_INTERVAL_MS,
         cpu_share: float = 0.0,
         thread_cpu_s: Callable[[], float] | None = None,
-        thread_id: Callable[[], int] = threading.get_ident,
+        thread_id: Callable[[], int] = lambda: 0,
     ) -> None:
         self.bytes_per_second = bytes_per_second
         self.cpu_share = cpu_share
@@ -425,7 +424,8 @@ class Throttler:
         self._observed_bytes = 0
         self._thread_id = thread_id
         # The thread whose CPU clock the current period reads: a thread's clock means nothing
-        # to another, so a call from a new thread starts a new period.
+        # to another, so a call from a new thread starts a new period. The broker passes
+        # threading.get_ident (this module stays pure: no threading here).
         self._cpu_thread: int | None = None
         self._cpu_period_start_ms = self._period_start_ms
         self._cpu_period_start_s = 0.0
