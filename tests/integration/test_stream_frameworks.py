@@ -220,6 +220,17 @@ def committed_all(bootstrap: str, group: str, topic: str, partitions: int, ends:
     return all(offsets[p] >= ends.get(p, 0) for p in range(partitions))
 
 
+def broker_warnings(cluster: Any, lines: int = 30) -> str:
+    """The last WARNING and ERROR lines of the cluster's broker logs (for a failure's message)."""
+    found = [
+        line
+        for path in sorted((cluster.base_dir / "logs").glob("broker-*.log"))
+        for line in path.read_text(errors="replace").splitlines()
+        if " WARNING " in line or " ERROR " in line
+    ]
+    return "\n".join(sorted(found)[-lines:]) or "(none)"
+
+
 def produce(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> dict[int, int]:
     """Produce the events keyed by their key; each partition's end offset afterwards."""
     producer = confluent_kafka.Producer(
@@ -402,7 +413,10 @@ def test_stateful_app_restores_from_its_compacted_changelog_after_sigkill(
             # (faust does on a commit answered "rebalance in progress") stops at one offset.
             offsets = committed_offsets(bootstrap, group, input_topic, framework.input_partitions)
             lagging = {p: (offsets[p], end) for p, end in sorted(ends.items()) if offsets[p] < end}
-            raise AssertionError(f"{error}\ncommitted < end per lagging partition: {lagging}") from None
+            raise AssertionError(
+                f"{error}\ncommitted < end per lagging partition: {lagging}\n"
+                f"the brokers' last warnings:\n{broker_warnings(cluster)}"
+            ) from None
     finally:
         app.stop()
         output.close()
