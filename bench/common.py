@@ -482,7 +482,7 @@ def highwater_target(
         )
         yield Target(bootstrap, topic, partitions, leaders)
         return
-    from clients.tools.local_cluster import LocalCluster
+    from services.launcher.local_cluster import LocalCluster
 
     with (
         stopped_by_sigterm(),

@@ -57,8 +57,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/fa
 from bench import common
 from clients.common.records import Record, encode_batch
 from clients.tls import ClientTls
-from clients.tools.local_cluster import ADMIN_TLS_NAME, LocalCluster
 from protos.highwater.v1 import common_pb2, controller_pb2, controller_pb2_grpc, gateway_pb2_grpc
+from services.launcher.local_cluster import ADMIN_TLS_NAME, LocalCluster
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -34,8 +34,8 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/group_rebalance.py` anywhere
 
 from bench import common
-from clients.tools.local_cluster import LocalCluster
 from protos.highwater.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.launcher.local_cluster import LocalCluster
 
 TOPIC = "rebalance"
 GROUP = "bench"

@@ -46,10 +46,10 @@ import grpc  # noqa: E402
 from bench import common  # noqa: E402
 from bench.log_bench import machine  # noqa: E402
 from clients.common.records import decode_batches, encode_values  # noqa: E402
-from clients.tools.local_cluster import LocalCluster, ServiceProcess  # noqa: E402
 from protos.highwater.v1 import broker_pb2_grpc, common_pb2, gateway_pb2_grpc  # noqa: E402
 from services.common import limits  # noqa: E402
 from services.common.server import channel_options  # noqa: E402
+from services.launcher.local_cluster import LocalCluster, ServiceProcess  # noqa: E402
 
 MIB = 1024 * 1024
 RECORD_BYTES = 100

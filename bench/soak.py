@@ -653,7 +653,7 @@ def status_line(sample: dict[str, Any], soak: Soak, duration: float, first: dict
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from clients.tools.local_cluster import LocalCluster
+    from services.launcher.local_cluster import LocalCluster
 
     topic = f"soak-{int(time.time())}"
     warmup = args.warmup if args.warmup is not None else min(600.0, args.duration / 4)

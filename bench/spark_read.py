@@ -400,7 +400,7 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     from bench.common import load_average, machine, versions
-    from clients.tools.local_cluster import LocalCluster
+    from services.launcher.local_cluster import LocalCluster
     from spark_connector import register
 
     base = Path(tempfile.mkdtemp(prefix="spark-bench-"))

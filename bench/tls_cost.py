@@ -48,7 +48,7 @@ BENCH_PRINCIPAL = "bench"
 @contextlib.contextmanager
 def clusters(base: Path, *, acl: bool) -> Iterator[dict[str, object]]:
     """Both clusters started, the topic ready on each; every process stopped by pid on the way out."""
-    from clients.tools.local_cluster import LocalCluster
+    from services.launcher.local_cluster import LocalCluster
 
     secure_args = ["--authorizer", "acl", "--super-users", "User:admin"] if acl else []
     plain = LocalCluster(base / "plain", brokers=3)

@@ -10,6 +10,8 @@ Layering follows aiokafka's and the protocol stack (STYLE.md):
     metadata.py       topic -> partitions cache from Metadata
     accumulator.py    per-partition batching (pure)      idempotence.py  sequence numbers (pure)
     sender.py         the producer's I/O task
+    subscription_state.py, consumer_fetcher.py, consumer_coordinator.py, group_member.py
+                      the consumer's parts (positions, fetching, its group), behind consumer.py
     producer.py, consumer.py, admin.py   the public clients
     tools/            operator tools: the `highwater` command, the local cluster launcher
 

@@ -3,7 +3,11 @@
 Election is one etcd transaction: if `/controller` is missing and `/controller_epoch`
 is unchanged since it was read, put `/controller` with my lease and bump
 `/controller_epoch`. Losers watch `/controller` and try again when it is deleted
-(the active controller resigned, or its lease expired).
+(the active controller resigned, or its lease expired). The campaign's rules (the order
+of its steps, the back-off, revoking a lease whose claim had an unknown outcome) are pure,
+in coordinator/controller_life.py; `ControllerElection.campaign` is their asyncio driver,
+and `perform_step` turns their etcd steps into etcd calls in values.py's formats for both
+drivers (this one and the simulation's, tests/sim/sim_controller.py).
 
 Fencing: every write of a controller is a transaction that also compares
 `/controller_epoch` with the controller's own epoch and requires `/controller` to
@@ -25,10 +29,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from coordinator import values
+from coordinator import controller_life, values
 from coordinator.keys import Keys
 from coordinator.lease import LeaseKeeper, OnLost
-from coordinator.limits import ELECTION_RETRY_BACKOFF_S_MAX, ELECTION_RETRY_BACKOFF_S_MIN
 from coordinator.store import (
     Compare,
     CoordinatorError,
@@ -125,6 +128,39 @@ async def revoke_controller_term(store: MetadataStore, epoch: int) -> bool:
     return True
 
 
+async def perform_step(
+    store: MetadataStore, step: controller_life.ReadElection | controller_life.Claim
+) -> controller_life.ElectionView | controller_life.Claimed:
+    """The etcd steps of a campaign (coordinator/controller_life.py) as etcd calls, in etcd's
+    value formats (values.py). Both drivers use it: ControllerElection here, and the simulation
+    on its simulated etcd. Raises whatever the store raises (CoordinatorUnavailable when etcd
+    could not be reached)."""
+    keys = store.keys
+    if isinstance(step, controller_life.ReadElection):
+        snapshot = await store.txn([], [Get(keys.controller), Get(keys.controller_epoch)])
+        controller_kvs, epoch_kvs = snapshot.gets
+        epoch_kv = epoch_kvs[0] if epoch_kvs else None
+        return controller_life.ElectionView(
+            holder=values.decode_controller(controller_kvs[0].value) if controller_kvs else None,
+            epoch=values.decode_controller_epoch(epoch_kv.value) if epoch_kv is not None else 0,
+            epoch_mod_revision=epoch_kv.mod_revision if epoch_kv is not None else 0,
+            revision=snapshot.revision,
+        )
+    result = await store.txn(
+        [
+            compare_missing(keys.controller),
+            compare_mod_revision(keys.controller_epoch, step.epoch_mod_revision)
+            if step.epoch_mod_revision
+            else compare_missing(keys.controller_epoch),
+        ],
+        [
+            Put(keys.controller, values.encode_controller(dict(step.value)), lease=step.lease_id),
+            Put(keys.controller_epoch, values.encode_controller_epoch(step.epoch)),
+        ],
+    )
+    return controller_life.Claimed(succeeded=result.succeeded, revision=result.revision)
+
+
 class ControllerElection:
     """One candidate's campaign for the controller role.
 
@@ -154,6 +190,8 @@ class ControllerElection:
         # previous controller is at or below it (a warm standby catches up to it).
         self.won_revision = 0
         self._keeper: LeaseKeeper | None = None
+        # Leases granted by the campaign and not yet taken into office or revoked.
+        self._granted: dict[int, LeaseKeeper] = {}
         self._lost = asyncio.Event()
         self._resigned = False
 
@@ -183,81 +221,75 @@ class ControllerElection:
     async def campaign(self) -> int:
         """Wait until this candidate is the controller; returns the new controller epoch.
 
-        Retries with back-off while etcd is unreachable (logging each failure); to
-        give up, cancel the task. Raises ValueError for a bad TTL/interval.
+        Drives controller_life.campaign: retries with back-off while etcd is unreachable
+        (logging each failure); to give up, cancel the task. Raises ValueError for a bad
+        TTL/interval.
         """
         if self.is_controller:
             raise RuntimeError(f"controller {self.controller_id} already holds epoch {self.epoch}")
-        backoff_s = ELECTION_RETRY_BACKOFF_S_MIN
+        steps = controller_life.campaign(self.controller_id, self.info, self.ttl_s)
+        step = next(steps)
         while True:
             try:
-                epoch = await self._try_once()
+                answer = await self._perform(step)
             except CoordinatorUnavailable as exc:
-                log.warning(
-                    "controller %d: election attempt failed (%s); retrying in %.1f s",
-                    self.controller_id,
-                    exc,
-                    backoff_s,
-                )
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, ELECTION_RETRY_BACKOFF_S_MAX)
+                answer = controller_life.Unreachable(str(exc))
+            except BaseException as exc:
+                step = steps.throw(exc)  # the campaign revokes a lease of unknown outcome, then re-raises
                 continue
-            if epoch is not None:
-                return epoch
-            backoff_s = ELECTION_RETRY_BACKOFF_S_MIN
+            try:
+                step = steps.send(answer)
+            except StopIteration as done:
+                return self._took_office(done.value)
 
-    async def _try_once(self) -> int | None:
-        keys = self.store.keys
-        snapshot = await self.store.txn([], [Get(keys.controller), Get(keys.controller_epoch)])
-        controller_kvs, epoch_kvs = snapshot.gets
-        if controller_kvs:
-            holder = values.decode_controller(controller_kvs[0].value)
+    async def _perform(self, step: controller_life.ElectionStep) -> object:
+        if isinstance(step, controller_life.AwaitControllerGone):
             log.info(
                 "controller %d: controller %s holds epoch %s; waiting for it to go",
                 self.controller_id,
-                holder.get("controller_id"),
-                holder.get("epoch"),
+                step.holder.get("controller_id"),
+                step.holder.get("epoch"),
             )
-            await self._wait_for_controller_delete(snapshot.revision + 1)
+            await self._wait_for_controller_delete(step.start_revision)
             return None
-        epoch_kv = epoch_kvs[0] if epoch_kvs else None
-        new_epoch = (values.decode_controller_epoch(epoch_kv.value) if epoch_kv is not None else 0) + 1
-        self._lost = asyncio.Event()
-        keeper = LeaseKeeper(on_lost=self._on_lease_lost, name=f"controller {self.controller_id}")
-        lease_id = await keeper.start(self.store, self.ttl_s, keepalive_interval_s=self.keepalive_interval_s)
-        value = {**self.info, "controller_id": self.controller_id, "epoch": new_epoch}
-        try:
-            result = await self.store.txn(
-                [
-                    compare_missing(keys.controller),
-                    compare_mod_revision(keys.controller_epoch, epoch_kv.mod_revision)
-                    if epoch_kv is not None
-                    else compare_missing(keys.controller_epoch),
-                ],
-                [
-                    Put(keys.controller, values.encode_controller(value), lease=lease_id),
-                    Put(keys.controller_epoch, values.encode_controller_epoch(new_epoch)),
-                ],
+        if isinstance(step, controller_life.GrantLease):
+            self._lost = asyncio.Event()
+            keeper = LeaseKeeper(on_lost=self._on_lease_lost, name=f"controller {self.controller_id}")
+            lease_id = await keeper.start(
+                self.store, step.ttl_s, keepalive_interval_s=self.keepalive_interval_s
             )
-        except BaseException:
-            # Unknown outcome: revoking the lease deletes /controller if we did write it.
-            await keeper.stop(revoke=True)
-            raise
-        if not result.succeeded:
-            log.info("controller %d: lost the race for epoch %d", self.controller_id, new_epoch)
-            await keeper.stop(revoke=True)
+            self._granted[lease_id] = keeper
+            return lease_id
+        if isinstance(step, controller_life.RevokeLease):
+            await self._granted.pop(step.lease_id).stop(revoke=True)
             return None
-        self._keeper = keeper
+        if isinstance(step, controller_life.Pause):
+            log.warning(
+                "controller %d: election attempt failed (%s); retrying in %.1f s",
+                self.controller_id,
+                step.why,
+                step.seconds,
+            )
+            await asyncio.sleep(step.seconds)
+            return None
+        answer = await perform_step(self.store, step)
+        claim_lost = isinstance(answer, controller_life.Claimed) and not answer.succeeded
+        if isinstance(step, controller_life.Claim) and claim_lost:
+            log.info("controller %d: lost the race for epoch %d", self.controller_id, step.epoch)
+        return answer
+
+    def _took_office(self, won: controller_life.Won) -> int:
+        self._keeper = self._granted.pop(won.lease_id)
         self._resigned = False
-        self.epoch = new_epoch
-        self.won_revision = result.revision
+        self.epoch = won.epoch
+        self.won_revision = won.revision
         log.info(
             "controller %d: elected with controller epoch %d (lease %x)",
             self.controller_id,
-            new_epoch,
-            lease_id,
+            won.epoch,
+            won.lease_id,
         )
-        return new_epoch
+        return won.epoch
 
     async def _wait_for_controller_delete(self, start_revision: int) -> None:
         key = self.store.keys.controller

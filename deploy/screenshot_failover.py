@@ -3,7 +3,7 @@
 
     .venv/bin/python deploy/screenshot_failover.py [--out docs/images/prometheus-failover.png]
 
-Starts a local cluster (clients/tools/local_cluster.py: etcd, a controller, three
+Starts a local cluster (services/launcher/local_cluster.py: etcd, a controller, three
 brokers on three racks, a gateway) and Debian's `prometheus` scraping every
 process once a second, puts a little produce load on a 6-partition topic, then
 runs a failover in three phases:
@@ -49,9 +49,9 @@ sys.path.insert(0, str(REPO_ROOT))
 import grpc  # noqa: E402  (after the sys.path line: the script runs from anywhere)
 
 from clients.common.records import Record, encode_batch  # noqa: E402
-from clients.tools.local_cluster import LocalCluster  # noqa: E402
 from coordinator.etcd_server import free_port  # noqa: E402
 from protos.highwater.v1 import common_pb2, gateway_pb2_grpc  # noqa: E402
+from services.launcher.local_cluster import LocalCluster  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "docs" / "images" / "prometheus-failover.png"
 TOPIC = "failover-demo"

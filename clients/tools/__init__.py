@@ -1,3 +1,4 @@
-"""Operator tools: the `highwater` command line, ACL and token commands, cluster status, the
-demo and the local cluster launcher. Unlike the client library they may start services
-(the launcher runs etcd and the service processes as children)."""
+"""Operator tools that speak to a running cluster: the `highwater` client commands (topics,
+produce, consume, groups, ACLs, tokens) and cluster status. They import only the client
+library: the commands that start processes (`cluster up`, `tls init`, `highwater broker`...)
+live in services/launcher/, which puts them together with these into the one `highwater`."""

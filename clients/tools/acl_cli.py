@@ -1,4 +1,4 @@
-"""`highwater acl|token|tls`: manage ACLs and client tokens through the controller, and make certificates.
+"""`highwater acl|token`: manage ACLs and client tokens through the controller.
 
 The acl and token commands call the controller's admin RPCs (CreateAcls,
 DeleteAcls, DescribeAcls, CreateToken, RevokeToken, ListTokens) through a
@@ -20,7 +20,9 @@ Examples:
     highwater acl add --principal User:etl --operation Read --topic logs- --prefixed
     highwater acl add --principal User:* --operation Read --topic payroll --deny
     highwater token create --principal User:bob --expires-in-s 86400
-    highwater tls init ./tls --name alice
+
+Certificates are made by `highwater tls init` (services/launcher/tls_cli.py: it writes a CA's
+key, which the services' code owns).
 """
 
 from __future__ import annotations
@@ -371,68 +373,4 @@ def token_list(ctx: click.Context) -> None:
     Console(highlight=False, soft_wrap=True).print(table)
 
 
-# --- tls ---------------------------------------------------------------------------------------
-
-
-@click.group("tls")
-def tls_group() -> None:
-    """Make a local certificate authority and certificates (for development and tests).
-
-    \b
-    Examples:
-      highwater tls init ./tls --name etcd --name controller-1 --name broker-1 --name gateway-1 --name admin \\
-          --etcd-client etcd --etcd-client controller-1 --etcd-client broker-1 --etcd-client gateway-1
-      highwater tls init ./tls --name alice          # a client or operator: reaches the services, never etcd
-      highwater tls init ./tls --name broker-2 --host broker-2.internal --etcd-client broker-2
-    """  # noqa: E501 (help text: click prints the example lines as they are)
-
-
-@tls_group.command("init")
-@click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
-@click.option(
-    "--name",
-    "names",
-    multiple=True,
-    metavar="NAME",
-    help="A certificate to make (CN = NAME): controller-<id>, broker-<id>, gateway-<id>, etcd, or a "
-    "client name. Repeatable; existing ones are kept.",
-)
-@click.option(
-    "--host",
-    "hosts",
-    multiple=True,
-    metavar="HOST",
-    help="Extra DNS name or IP address for every certificate made (besides NAME, localhost, 127.0.0.1).",
-)
-@click.option(
-    "--etcd-client",
-    "etcd_clients",
-    multiple=True,
-    metavar="NAME",
-    help="An etcd client certificate to make, from the separate etcd client CA (made if missing): only "
-    "the services and etcd's own health probe (etcd); operators need none (`highwater acl|token` "
-    "go through the controller). Repeatable.",
-)
-def tls_init(
-    directory: Path, names: tuple[str, ...], hosts: tuple[str, ...], etcd_clients: tuple[str, ...]
-) -> None:
-    """Create DIRECTORY/ca.pem (if missing) and DIRECTORY/NAME.pem + NAME-key.pem for each name,
-    and DIRECTORY/etcd-client-ca.pem with NAME.etcd-client.pem for each --etcd-client.
-
-    etcd must trust etcd-client-ca.pem (its --trusted-ca-file), never ca.pem: a certificate of
-    the cluster CA is then no key to etcd.
-
-    \b
-    Example:
-      highwater tls init ./tls --name broker-1 --etcd-client broker-1
-    """
-    from services.security.certs import ensure_local_pki
-
-    ensure_local_pki(directory, names, hosts=hosts, etcd_clients=etcd_clients)
-    click.echo(
-        f"CA and {len(names)} certificates in {directory}"
-        + (f"; etcd client CA and {len(etcd_clients)} etcd client certificates" if etcd_clients else "")
-    )
-
-
-SECURITY_COMMANDS: list[click.Command] = [acl_group, token_group, tls_group]
+SECURITY_COMMANDS: list[click.Command] = [acl_group, token_group]

@@ -7,6 +7,9 @@ the sync clients. Output is a table for people or JSON for scripts (--output).
 Errors: an operating error (HighwaterError) prints one red line
 "error: CODE: message" and a hint, and exits 1; usage errors exit 2 as click
 does. A Python traceback means a bug, never a cluster condition.
+
+These are the client commands; the `highwater` entry point is services/launcher/cli.py, which
+adds to them the commands that start processes (`cluster up`, `tls init`, `broker` ...).
 """
 
 from __future__ import annotations
@@ -14,14 +17,13 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 from rich.console import Console
@@ -41,7 +43,8 @@ from clients.config import (
 from clients.consumer import Consumer
 from clients.errors import GatewayUnavailable, HighwaterError, InvalidArgument
 from clients.producer import Producer
-from clients.tools.status import bootstrap_option, output_option
+from clients.tools.acl_cli import SECURITY_COMMANDS
+from clients.tools.status import bootstrap_option, output_option, status_command
 from clients.types import TopicDescription, TopicPartition
 
 # Produce runs at least this long get a progress bar (when stderr is a terminal).
@@ -727,6 +730,21 @@ def _generated_values(value: str | None, size: int, count: int) -> Iterator[byte
         yield (prefix + b"x" * max(0, size - len(prefix)))[: max(size, 1)]
 
 
+def _stdin_records(
+    fixed_key: bytes | None, key_separator: str | None
+) -> Iterator[tuple[bytes | None, bytes]]:
+    """One record per stdin line: KEY<separator>VALUE with --key-separator, else the line is the value."""
+    for line in sys.stdin:
+        line = line.rstrip("\r\n")
+        if key_separator is not None:
+            key_text, found, value_text = line.partition(key_separator)
+            if not found:
+                raise InvalidArgument(f"stdin line {line!r} has no key separator {key_separator!r}")
+            yield key_text.encode(), value_text.encode()
+        else:
+            yield fixed_key, line.encode()
+
+
 @contextmanager
 def _progress(console: Console, total: int | None) -> Iterator[Callable[[int, float], None]]:
     """A progress bar with the rate on `console` (no-op when total is None)."""
@@ -818,18 +836,8 @@ def produce(
 
     def records() -> Iterator[tuple[bytes | None, bytes]]:
         if total is not None:
-            for v in _generated_values(value, size, total):
-                yield fixed_key, v
-            return
-        for line in sys.stdin:
-            line = line.rstrip("\r\n")
-            if key_separator is not None:
-                key_text, found, value_text = line.partition(key_separator)
-                if not found:
-                    raise InvalidArgument(f"stdin line {line!r} has no key separator {key_separator!r}")
-                yield key_text.encode(), value_text.encode()
-            else:
-                yield fixed_key, line.encode()
+            return ((fixed_key, v) for v in _generated_values(value, size, total))
+        return _stdin_records(fixed_key, key_separator)
 
     failures: list[HighwaterError] = []
     echoed: list[Any] = []
@@ -1427,57 +1435,11 @@ EARLIEST_TIMESTAMP = -2  # ListOffsets: the log start offset
 LATEST_TIMESTAMP = -1  # ListOffsets: the high watermark
 
 
-# --- commands owned elsewhere -------------------------------------------------------------------------
+# --- commands of the other modules ------------------------------------------------------------------
+# The commands that start processes (`cluster up`, `tls init`, `highwater broker` ...) are not
+# here: services/launcher/cli.py adds them to a copy of this group, the `highwater` entry point,
+# so that the client tools import nothing of the services.
 
-
-SERVICE_KINDS = ("controller", "broker", "gateway")
-
-
-def _service_command(kind: str) -> click.Command:
-    """`highwater <kind> ...`: runs `python -m services <kind> ...` in this process's place.
-
-    The operator tools never import the services (they reach a cluster only through its
-    authorized RPCs), so the service processes are started by their own entry point
-    (services/__main__.py); this keeps `highwater broker --broker-id 1 ...` working.
-    """
-
-    @click.command(
-        kind,
-        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-        add_help_option=False,
-        help=f"Run one {kind} process (`python -m services {kind}`); `--help` lists its flags.",
-    )
-    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-    def command(args: tuple[str, ...]) -> None:
-        os.execv(sys.executable, [sys.executable, "-m", "services", kind, *args])
-
-    return command
-
-
-def _add_optional_commands() -> None:
-    """`cluster up` (clients/tools/local_cluster.py), the security commands and the service
-    launchers."""
-    from clients.tools.local_cluster import up_command
-    from clients.tools.status import status_command
-
-    cluster.add_command(up_command, "up")
-    cluster.add_command(status_command, "status")
-    from clients.tools.acl_cli import SECURITY_COMMANDS
-
-    for command in SECURITY_COMMANDS:
-        cli.add_command(command)
-    for kind in SERVICE_KINDS:
-        cli.add_command(_service_command(kind))
-
-
-_add_optional_commands()
-
-
-def main(argv: list[str] | None = None) -> NoReturn:
-    """Console-script entry point (`highwater`)."""
-    cli.main(args=argv, prog_name="highwater")
-    sys.exit(0)  # pragma: no cover - click exits itself
-
-
-if __name__ == "__main__":
-    main()
+cluster.add_command(status_command, "status")
+for command in SECURITY_COMMANDS:
+    cli.add_command(command)

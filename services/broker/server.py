@@ -36,6 +36,7 @@ from services.broker.replica_manager import ReplicaManager, SystemClock
 from services.common import limits
 from services.common.peers import PeerChannels
 from services.common.server import ServiceProcess
+from services.common.service_config import ServiceConfig
 from services.common.stream_ends import STREAM_ENDS
 from services.kafka.acl_rules import ConnectionAccess
 from services.kafka.backend import BrokerKafkaBackend
@@ -43,7 +44,6 @@ from services.kafka.fetch_sessions import broker_cache
 from services.kafka.handler import KafkaAccess, KafkaHandler
 from services.kafka.listener import KafkaListener, reserve_port
 from services.kafka.listener_limits import KafkaListenerLimits
-from services.security.config import SecurityConfig
 from services.security.identity import Caller
 
 log = logging.getLogger("highwater.broker")
@@ -52,16 +52,10 @@ STREAMS_ENDED = "the broker is stopping: stream ended"
 
 
 @dataclass(frozen=True)
-class BrokerConfig:
+class BrokerConfig(ServiceConfig):
     broker_id: int
     data_dir: Path
-    etcd_endpoints: list[str]
-    host: str = "127.0.0.1"
-    port: int = 0
-    metrics_port: int | None = 0
     rack: str = ""
-    etcd_prefix: str = "/highwater"
-    lease_ttl_s: int = limits.LEASE_TTL_S
     replica_lag_time_max_ms: int = limits.REPLICA_LAG_TIME_MAX_MS
     # The newest bytes of each log file left in the page cache (limits.LOG_CACHE_WINDOW_BYTES_DEFAULT);
     # limits.LOG_CACHE_WINDOW_OFF: the kernel's to manage.
@@ -72,8 +66,6 @@ class BrokerConfig:
     # The most one consumer Fetch answer carries, gRPC or Kafka (Kafka's fetch.max.bytes;
     # limits.FETCH_RESPONSE_MAX_BYTES_DEFAULT).
     fetch_max_bytes: int = limits.FETCH_RESPONSE_MAX_BYTES_DEFAULT
-    ready_file: Path | None = None
-    security: SecurityConfig = field(default_factory=SecurityConfig)
     # Kafka's wire protocol on its own port (docs/KAFKA.md); None: no Kafka listener, 0: any free port.
     kafka_port: int | None = None
     # Its per-client bounds (--kafka-connections-per-ip-max, --kafka-request-body-timeout-ms, ...).

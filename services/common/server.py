@@ -22,7 +22,7 @@ import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import prometheus_client
@@ -36,7 +36,7 @@ from grpc_reflection.v1alpha._async import ReflectionServicer
 from coordinator.store import EtcdStore
 from services.common import heap_debug, limits
 from services.common.request_guard import MalformedRequestGuard
-from services.security.config import SecurityConfig
+from services.common.service_config import ServiceConfig
 from services.security.runtime import ServiceSecurity
 
 if TYPE_CHECKING:
@@ -270,25 +270,6 @@ class ServiceRuntime:
         if self.ready_file is not None:
             self.ready_file.unlink(missing_ok=True)
         log.info("%s stopped", self.name)
-
-
-class ServiceConfig(Protocol):
-    """The settings every service's config carries (BrokerConfig, ControllerConfig, GatewayConfig)."""
-
-    @property
-    def etcd_endpoints(self) -> list[str]: ...
-    @property
-    def etcd_prefix(self) -> str: ...
-    @property
-    def host(self) -> str: ...
-    @property
-    def port(self) -> int: ...
-    @property
-    def metrics_port(self) -> int | None: ...
-    @property
-    def ready_file(self) -> Path | None: ...
-    @property
-    def security(self) -> SecurityConfig: ...
 
 
 @dataclass

@@ -206,6 +206,16 @@ class BrokerSender:
                 fut.cancel()
 
 
+@dataclass(frozen=True)
+class Startup:
+    """What begin() did: the failover's result (its requests still to queue) and the revision read."""
+
+    result: ControllerResult
+    revision: int
+    taken_s: float
+    decided_s: float
+
+
 class ControllerEventLoop:
     """Everything the active controller does, serialised."""
 
@@ -253,13 +263,8 @@ class ControllerEventLoop:
         """Become active. image: a warm standby's metadata, caught up to at least the election's
         revision (metadata_image.MetadataFollower.take); without one, everything is read from etcd."""
         started = time.monotonic()
-        self.cluster_id = await self._cluster_id()
-        revision = await self.take_metadata(image)
-        deciding = time.monotonic()
-        result = handlers.on_startup(self.ctx)
-        decided = time.monotonic()
-        await self.apply(result, event="Startup", decided_s=decided - deciding, send=False)
-        self.queue_follow_ups("Startup")
+        startup = await self.begin(image)
+        revision = startup.revision
         self._tasks.append(
             asyncio.create_task(
                 self._watch(self.keys.brokers_prefix, revision, "BrokerChange"), name="watch-brokers"
@@ -273,14 +278,12 @@ class ControllerEventLoop:
         self._tasks.append(asyncio.create_task(self._watch_admin(revision), name="watch-admin"))
         if self.auto_leader_rebalance:
             self._tasks.append(asyncio.create_task(self._rebalance_ticks(), name="leader-rebalance"))
-        await self._admin_requests_at_start()
-        # Before the caller activates this controller, while the brokers are idle: the first
-        # DescribeCluster answers and the failover's UpdateMetadata then only join these.
-        self.partition_wires()
         # The context now holds the failover's decisions, committed: the controller answers from
         # here on (the caller activates it), while the loop's task first builds and queues the
         # failover's requests (seconds at 100,000 partitions), in slices, before any other event.
-        self._tasks.append(asyncio.create_task(self._run(startup=result), name="controller-event-loop"))
+        self._tasks.append(
+            asyncio.create_task(self._run(startup=startup.result), name="controller-event-loop")
+        )
         log.info(
             "controller %d active at epoch %d (%s): %d brokers, %d topics, %d partitions, started in %.0f ms "
             "(metadata taken in %.0f ms, failover decided in %.0f ms)",
@@ -291,9 +294,27 @@ class ControllerEventLoop:
             len(self.ctx.topics),
             len(self.ctx.states),
             (time.monotonic() - started) * 1000,
-            (deciding - started) * 1000,
-            (decided - deciding) * 1000,
+            startup.taken_s * 1000,
+            startup.decided_s * 1000,
         )
+
+    async def begin(self, image: MetadataImage | None) -> Startup:
+        """start()'s etcd part, also run by the simulation: the cluster id, the metadata (the
+        standby's image or a load), the failover's decisions committed (their requests not yet
+        queued), the admin requests found at start. The watches start after startup.revision."""
+        started = time.monotonic()
+        self.cluster_id = await self._cluster_id()
+        revision = await self.take_metadata(image)
+        deciding = time.monotonic()
+        result = handlers.on_startup(self.ctx)
+        decided = time.monotonic()
+        await self.apply(result, event="Startup", decided_s=decided - deciding, send=False)
+        self.queue_follow_ups("Startup")
+        await self._admin_requests_at_start()
+        # Before the caller activates this controller, while the brokers are idle: the first
+        # DescribeCluster answers and the failover's UpdateMetadata then only join these.
+        self.partition_wires()
+        return Startup(result, revision, taken_s=deciding - started, decided_s=decided - deciding)
 
     async def _cluster_id(self) -> str:
         """The cluster's uuid, written once by the first controller ever (create-if-missing)."""
@@ -365,28 +386,50 @@ class ControllerEventLoop:
             ev = await self.queue.get()
             metrics.EVENT_QUEUE_TIME.labels(ev.name).observe(time.monotonic() - ev.enqueued_at)
             try:
-                with metrics.EVENT_PROCESSING_TIME.labels(ev.name).time():
-                    started = time.monotonic()
-                    result = ev.handler()
-                    await self.apply(result, event=ev.name, decided_s=time.monotonic() - started)
-                if not ev.done.done():
-                    ev.done.set_result(result)
-                self.queue_follow_ups(ev.name)
-            except ControllerFenced as exc:
-                log.error(
-                    "controller %d fenced at epoch %d: %s; resigning", self.ctx.controller_id, self.epoch, exc
-                )
-                if not ev.done.done():
-                    ev.done.set_exception(ControllerResigned(str(exc)))
-                self.resigned.set()
-                return
-            except InvariantViolation as exc:
-                halt_on_invariant_violation(exc, f"controller event {ev.name}")
-            except Exception as exc:
-                log.exception("event %s failed; reloading state from etcd", ev.name)
+                result = await self.turn(ev.name, ev.handler)
+            except ControllerResigned as exc:
                 if not ev.done.done():
                     ev.done.set_exception(exc)
-                await self._resync()
+                return
+            except Exception as exc:
+                if not ev.done.done():
+                    ev.done.set_exception(exc)
+                continue
+            if not ev.done.done():
+                ev.done.set_result(result)
+
+    async def turn(self, name: str, handler: Callable[[], ControllerResult]) -> ControllerResult:
+        """One event: decide, commit (fenced), replay, send, queue what it leads to.
+
+        The loop's error handling, run as it is by the simulation (tests/sim/sim_controller.py):
+        fenced, the loop resigns (`resigned` set; raises ControllerResigned); a broken invariant
+        halts (on_invariant_violation); any other failure reloads the context from etcd (resigning
+        if that fails too) and is raised to whoever waits for the event.
+        """
+        try:
+            with metrics.EVENT_PROCESSING_TIME.labels(name).time():
+                started = time.monotonic()
+                result = handler()
+                await self.apply(result, event=name, decided_s=time.monotonic() - started)
+        except ControllerFenced as exc:
+            log.error(
+                "controller %d fenced at epoch %d: %s; resigning", self.ctx.controller_id, self.epoch, exc
+            )
+            self.resigned.set()
+            raise ControllerResigned(str(exc)) from exc
+        except InvariantViolation as exc:
+            self.on_invariant_violation(exc, f"controller event {name}")
+            raise
+        except Exception:
+            log.exception("event %s failed; reloading state from etcd", name)
+            await self._resync()
+            raise
+        self.queue_follow_ups(name)
+        return result
+
+    def on_invariant_violation(self, exc: InvariantViolation, where: str) -> None:
+        """A broken invariant is a bug: the process halts (the simulation raises it instead)."""
+        halt_on_invariant_violation(exc, where)
 
     def queue_follow_ups(self, event: str) -> None:
         """Queue what a committed event leads to.
@@ -470,12 +513,14 @@ class ControllerEventLoop:
     async def _rebalance_ticks(self) -> None:
         while True:
             await asyncio.sleep(self.leader_imbalance_check_interval_s)
-            self.enqueue(
-                "AutoLeaderRebalance",
-                lambda: handlers.on_auto_leader_rebalance(
-                    self.ctx, self.leader_imbalance_per_broker_percentage
-                ),
-            )
+            self.queue_rebalance()
+
+    def queue_rebalance(self) -> None:
+        """Queue AutoLeaderRebalance (every leader.imbalance.check.interval; the simulation's timer too)."""
+        self.enqueue(
+            "AutoLeaderRebalance",
+            lambda: handlers.on_auto_leader_rebalance(self.ctx, self.leader_imbalance_per_broker_percentage),
+        )
 
     async def _watch(self, prefix: str, revision: int, name: str) -> None:
         """On any change under prefix, read the whole prefix and queue one membership event.

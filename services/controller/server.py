@@ -27,8 +27,8 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
@@ -43,13 +43,12 @@ from protos.highwater.v1 import common_pb2, controller_pb2, controller_pb2_grpc
 from services.common import limits
 from services.common.request_checks import init_producer_id_problem
 from services.common.server import ServiceProcess
+from services.common.service_config import ServiceConfig
 from services.controller import deletion, handlers, metrics, reassignment, results, security_admin, wire
+from services.controller.candidacy import Candidacy
 from services.controller.context import ControllerContext
 from services.controller.event_loop import ControllerEventLoop, ControllerResigned
 from services.controller.liveness import BrokerConnections
-from services.controller.metadata_image import MetadataFollower
-from services.controller.standby_watch import StandbyHeartbeat
-from services.security.config import SecurityConfig
 
 log = logging.getLogger("highwater.controller")
 
@@ -59,22 +58,14 @@ R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class ControllerConfig:
+class ControllerConfig(ServiceConfig):
     controller_id: int
-    etcd_endpoints: list[str]
-    host: str = "127.0.0.1"
-    port: int = 0
-    metrics_port: int | None = 0
-    etcd_prefix: str = "/highwater"
-    lease_ttl_s: int = limits.LEASE_TTL_S
     delete_topic_enable: bool = True
     auto_leader_rebalance_enable: bool = True
     leader_imbalance_check_interval_s: float = 300.0
     leader_imbalance_per_broker_percentage: int = 10
     broker_connection_grace_ms: int = limits.BROKER_CONNECTION_GRACE_MS
     controller_connection_grace_ms: int = limits.CONTROLLER_CONNECTION_GRACE_MS
-    ready_file: Any = None
-    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def check(self) -> None:
         limits.check_connection_grace(grace_ms=self.broker_connection_grace_ms, lease_ttl_s=self.lease_ttl_s)
@@ -595,94 +586,15 @@ async def serve(config: ControllerConfig) -> None:
     )
     await runtime.mark_ready(controller_id=config.controller_id)
 
-    stopping = asyncio.Event()
-
-    async def act() -> None:
-        while not stopping.is_set():
-            # Standing by: keep the metadata in memory from etcd's watch, so that winning costs a
-            # catch-up to the election's revision instead of a read of every key.
-            follower = MetadataFollower(store)
-            # ... and watch the active controller's connections, so that its crash runs the
-            # election within the grace period rather than a lease TTL (standby_watch.py).
-            standby = StandbyHeartbeat(store, config.controller_id, config.controller_connection_grace_ms)
-            watching = asyncio.create_task(standby.run(), name="standby-heartbeat")
-            try:
-                epoch = await election.campaign()
-            except BaseException:
-                await follower.stop()
-                raise
-            finally:
-                watching.cancel()
-            if stopping.is_set():
-                # Won again while stopping (the standby was slower to campaign than we were to
-                # come back): hand the epoch straight back instead of loading the cluster.
-                await follower.stop()
-                await election.resign()
-                return
-            servicer.begin_term(epoch)
-            log.info(
-                "controller %d won the election at epoch %d (revision %d)",
-                config.controller_id,
-                epoch,
-                election.won_revision,
-            )
-            loop = ControllerEventLoop(
-                store=store,
-                controller_id=config.controller_id,
-                epoch=epoch,
-                peers=peers,
-                delete_topic_enable=config.delete_topic_enable,
-                auto_leader_rebalance=config.auto_leader_rebalance_enable,
-                leader_imbalance_check_interval_s=config.leader_imbalance_check_interval_s,
-                leader_imbalance_per_broker_percentage=config.leader_imbalance_per_broker_percentage,
-            )
-            try:
-                # Inside the try: a failed catch-up must stand down (and resign) like any failure.
-                image = await follower.take(election.won_revision, limits.CONTROLLER_STANDBY_CATCH_UP_S_MAX)
-                await loop.start(image)
-                servicer.activate(loop, config.broker_connection_grace_ms)
-                metrics.ACTIVE_CONTROLLER_COUNT.set(1)
-                metrics.CONTROLLER_EPOCH.set(epoch)
-                lost = asyncio.create_task(election.lost.wait())
-                resigned = asyncio.create_task(loop.resigned.wait())
-                await asyncio.wait([lost, resigned], return_when=asyncio.FIRST_COMPLETED)
-                lost.cancel()
-                resigned.cancel()
-                if stopping.is_set():  # on_stop hands the epoch over: this process is stopping
-                    log.info("controller %d stops acting at epoch %d: stopping", config.controller_id, epoch)
-                else:
-                    log.warning(
-                        "controller %d stops acting at epoch %d (lease lost or fenced)",
-                        config.controller_id,
-                        epoch,
-                    )
-            except Exception:
-                log.exception("controller %d failed while active at epoch %d", config.controller_id, epoch)
-            finally:
-                servicer.stand_by()
-                metrics.ACTIVE_CONTROLLER_COUNT.set(0)
-                await loop.stop()
-                try:
-                    await election.resign()
-                except Exception as exc:
-                    log.warning("resign failed: %s", exc)
-
-    actor = asyncio.create_task(act(), name="controller-campaign")
+    candidacy = Candidacy(config, store, peers, servicer, election)
+    actor = asyncio.create_task(candidacy.run(), name="controller-campaign")
     etcd_status = asyncio.create_task(poll_status(store, servicer.on_etcd_status), name="etcd-status")
 
     async def on_stop() -> None:
         # Hand over first: stop acting, then revoke the lease so a standby takes over at once
         # (not a lease TTL later); the campaign task is cancelled after, and must not win
         # the election back in between.
-        stopping.set()
-        loop = servicer.active
-        servicer.stand_by()
-        if loop is not None:
-            loop.resigned.set()
-        try:
-            await election.resign()
-        except Exception as exc:
-            log.warning("resign at stop failed: %s", exc)
+        await candidacy.hand_over()
         actor.cancel()
         etcd_status.cancel()
         for task in (actor, etcd_status):

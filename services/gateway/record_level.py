@@ -4,9 +4,10 @@ batches, and how answers are put together. Pure: no grpc, no asyncio, no clock.
 ProduceRecords lets a client in any language send plain records; the gateway then does
 what our Python Producer does on the client side (clients/producer.py): the same
 partitioner (clients/common/partitioner.py, Kafka's murmur2 for keyed records, sticky for
-keyless ones), the same codec (clients/common/records.py) and idempotent batches. The servicer
-(server.py) owns the I/O: producer ids, per-partition sequence numbers, sending.
-ConsumeRecords turns fetched batches back into records (`consumed_records`) and, with
+keyless ones), the same codec (clients/common/records.py) and idempotent batches.
+record_producer.py owns that I/O: producer ids, per-partition sequence numbers, sending.
+ConsumeRecords (its loop in record_streams.py) turns fetched batches back into records
+(`consumed_records`, one answer at a time in `take_fetched`) and, with
 `stop_at_end`, cuts them at each partition's high watermark as of the call. A compacted
 log has offset holes: positions follow the batches' offsets (a batch's last offset + 1,
 whatever records are left in it), never a count of records (`hole_end`).
@@ -17,11 +18,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from clients.common.errors import check
+from clients.common.errors import CorruptMessage, check
 from clients.common.partitioner import StickyPartitioner, partition_for_key
+from clients.common.record_batch import iter_batch_headers
 from clients.common.records import COMPRESSION_CODES, Record, decode_batches, encode_batch
 from protos.highwater.v1 import common_pb2, gateway_pb2
 from services.common import limits
+from services.gateway.routing import RETRIABLE_ROUTING_CODES
 
 # Bytes a record adds to a batch beyond its protobuf size: its length, attributes,
 # timestamp and offset deltas and header count (varints, at most ~25 together).
@@ -275,6 +278,68 @@ def hole_end(position: int, answer: common_pb2.FetchPartitionResponse) -> int | 
     if answer.error_code != common_pb2.NONE or answer.records or answer.HasField("records_location"):
         return None
     return answer.high_watermark if answer.high_watermark > position else None
+
+
+@dataclass
+class ConsumeRound:
+    """What one Fetch answer gives a ConsumeRecords stream (`take_fetched`)."""
+
+    records: list[gateway_pb2.ConsumedRecord] = field(default_factory=list)
+    # Partitions that failed for good: reported once, and no longer read.
+    errors: list[gateway_pb2.ConsumePartitionError] = field(default_factory=list)
+    # Partitions answered with no records below their HW: maybe a compacted log's hole (`hole_end`).
+    empty_below_hw: list[int] = field(default_factory=list)
+
+
+def take_fetched(
+    topic: str,
+    answers: Iterable[common_pb2.FetchPartitionResponse],
+    positions: dict[int, int],
+    ends: dict[int, int] | None,
+    left: int,
+) -> ConsumeRound:
+    """ConsumeRecords' step over one Fetch answer of `topic`: the records to send and the
+    partitions that failed for good; `positions` (partition -> next offset to read) move past
+    what was taken and lose the failed partitions. With `ends` (stop_at_end), records at or past
+    a partition's end are not taken; with `left` > 0, at most `left` records are (0 or less: no
+    limit), the position then stopping after the last one taken. Routing errors (a leader
+    moving) leave the partition to be read again."""
+    taken = ConsumeRound()
+    for pr in answers:
+        position = positions[pr.partition]
+        if pr.error_code in RETRIABLE_ROUTING_CODES:
+            continue
+        if hole_end(position, pr) is not None:
+            taken.empty_below_hw.append(pr.partition)
+            continue
+        if pr.error_code == common_pb2.NONE:
+            try:
+                got = consumed_records(topic, pr.partition, pr.records, position)
+            except CorruptMessage as exc:
+                pr = common_pb2.FetchPartitionResponse(
+                    partition=pr.partition, error_code=exc.code, error_message=str(exc)
+                )
+            else:
+                headers = list(iter_batch_headers(pr.records))
+                if headers:
+                    positions[pr.partition] = max(position, headers[-1].next_offset)
+                if ends is not None:
+                    got = records_before(got, ends[pr.partition])
+                if 0 < left < len(taken.records) + len(got):
+                    got = got[: left - len(taken.records)]
+                    positions[pr.partition] = got[-1].offset + 1 if got else position
+                taken.records.extend(got)
+                continue
+        taken.errors.append(
+            gateway_pb2.ConsumePartitionError(
+                partition=pr.partition,
+                error_code=pr.error_code,
+                error_message=pr.error_message,
+                next_offset=position,
+            )
+        )
+        del positions[pr.partition]
+    return taken
 
 
 def consume_records_problem(request: gateway_pb2.ConsumeRecordsRequest) -> str | None:

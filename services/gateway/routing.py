@@ -1,6 +1,6 @@
 """Splitting client requests per partition leader and merging the answers: pure.
 
-The gateway's servicer sends each split to its leader concurrently; these
+The gateway's leader calls (leader_calls.py) send each split to its leader concurrently; these
 functions only move protobuf pieces around, so they are tested without any
 process.
 """
@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from clients.common import errors
 from clients.common.errors import check
 from clients.common.record_batch import iter_batch_headers
 from clients.common.types import TopicPartitionKey
@@ -19,6 +20,14 @@ from services.common import limits
 from services.common.metadata_cache import MetadataCache
 
 T = TypeVar("T")
+
+# Per-partition answers the gateway retries itself (within the request's deadline), after
+# refreshing metadata: the error flags' policy, except UNKNOWN_TOPIC_OR_PARTITION, which the
+# gateway's own metadata already decided (a leader saying it goes back to the client, whose
+# retry policy waits for a topic still being created).
+RETRIABLE_ROUTING_CODES = errors.RETRIABLE_AFTER_REFRESH_CODES - {common_pb2.UNKNOWN_TOPIC_OR_PARTITION}
+# Answers from a broker that is up, but not (yet) the leader it is named as.
+LEADER_BEHIND_CODES = frozenset({common_pb2.NOT_LEADER_OR_FOLLOWER, common_pb2.UNKNOWN_LEADER_EPOCH})
 
 
 @dataclass

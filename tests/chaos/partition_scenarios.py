@@ -57,8 +57,8 @@ from pathlib import Path
 
 import grpc
 
-from clients.tools.local_cluster import Placement
 from protos.highwater.v1 import broker_pb2_grpc, common_pb2
+from services.launcher.local_cluster import Placement
 from tests.chaos import workload
 from tests.chaos.history import ACKNOWLEDGED, RPC_FAILED, History, check, check_replicas
 from tests.chaos.netns import ETCD_ADDRESS, HUB_ADDRESS, Topology, broker_address

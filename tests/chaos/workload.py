@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable
 import grpc
 
 from clients.common.records import decode_batches
-from clients.tools.local_cluster import LocalCluster
 from protos.highwater.v1 import common_pb2
+from services.launcher.local_cluster import LocalCluster
 from tests.chaos.history import ACKNOWLEDGED, RPC_FAILED, History
 from tests.integration.helpers import consumer_fetch, gateway_stub, produce
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.tools.local_cluster import LocalCluster
+from services.launcher.local_cluster import LocalCluster
 
 TEST_LEASE_TTL_S = 3
 

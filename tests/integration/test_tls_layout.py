@@ -95,8 +95,8 @@ def test_etcd_of_a_tls_cluster_refuses_no_connection_of_its_own(tmp_path: Path) 
     import asyncio
     import time
 
-    from clients.tools.local_cluster import LocalCluster
     from coordinator.store import EtcdStore
+    from services.launcher.local_cluster import LocalCluster
 
     cluster = LocalCluster(tmp_path / "cluster", brokers=1, tls=True)
     etcd = cluster.etcd

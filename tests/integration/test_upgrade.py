@@ -38,9 +38,9 @@ import pytest
 
 from clients.admin import Admin
 from clients.producer import Producer
-from clients.tools.local_cluster import Placement
 from clients.types import TopicPartition
 from services.broker.core import RUN_MARKER_FILE, RUN_MARKER_VERSION
+from services.launcher.local_cluster import Placement
 from tests.integration.conftest import TEST_LEASE_TTL_S, TestCluster
 from tests.integration.helpers import etcd_value, fetch_all, gateway_stub, wait_for
 

@@ -1,4 +1,4 @@
-"""When the gateway routes a Produce again (services/gateway/server.py `_await_routing_retry`)."""
+"""When the gateway routes a Produce again (services/gateway/cluster_view.py `await_routing_retry`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from coordinator.memory_store import MemoryStore
-from services.gateway.server import ROUTING_RETRY_BACKOFF_MS, GatewayServicer
+from services.gateway.cluster_view import ROUTING_RETRY_BACKOFF_MS, ClusterView
 
 
 class Recorder:
@@ -22,8 +22,8 @@ class Recorder:
             self.rate_limited += 1
 
 
-def gateway() -> tuple[GatewayServicer, Recorder]:
-    gw = GatewayServicer(MemoryStore(), None)  # type: ignore[arg-type]  # no peer is called here
+def gateway() -> tuple[ClusterView, Recorder]:
+    gw = ClusterView(MemoryStore(), None)  # type: ignore[arg-type]  # no peer is called here
     recorder = Recorder()
     gw.refresh_metadata = recorder.refresh  # type: ignore[method-assign]
     return gw, recorder
@@ -36,10 +36,10 @@ def run(coro: Any) -> Any:
 def test_news_during_the_attempt_routes_again_at_once_without_asking_the_controller() -> None:
     async def scenario() -> tuple[float, int]:
         gw, recorder = gateway()
-        news = gw._metadata_changed
-        gw._announce_metadata()  # the controller's push arrived while the attempt was out
+        news = gw.metadata_changed
+        gw.announce_metadata()  # the controller's push arrived while the attempt was out
         started = time.monotonic()
-        await gw._await_routing_retry(news, ROUTING_RETRY_BACKOFF_MS, force=True)
+        await gw.await_routing_retry(news, ROUTING_RETRY_BACKOFF_MS, force=True)
         return time.monotonic() - started, recorder.forced
 
     waited_s, forced = run(scenario())
@@ -49,10 +49,10 @@ def test_news_during_the_attempt_routes_again_at_once_without_asking_the_control
 def test_news_while_waiting_ends_the_wait() -> None:
     async def scenario() -> tuple[float, int]:
         gw, recorder = gateway()
-        news = gw._metadata_changed
-        asyncio.get_running_loop().call_later(0.01, gw._announce_metadata)
+        news = gw.metadata_changed
+        asyncio.get_running_loop().call_later(0.01, gw.announce_metadata)
         started = time.monotonic()
-        await gw._await_routing_retry(news, 10_000, force=True)
+        await gw.await_routing_retry(news, 10_000, force=True)
         return time.monotonic() - started, recorder.forced
 
     waited_s, forced = run(scenario())
@@ -63,7 +63,7 @@ def test_no_news_waits_the_back_off_then_asks_the_controller() -> None:
     async def scenario() -> tuple[float, int]:
         gw, recorder = gateway()
         started = time.monotonic()
-        await gw._await_routing_retry(gw._metadata_changed, 50, force=True)
+        await gw.await_routing_retry(gw.metadata_changed, 50, force=True)
         return time.monotonic() - started, recorder.forced
 
     waited_s, forced = run(scenario())
@@ -73,7 +73,7 @@ def test_no_news_waits_the_back_off_then_asks_the_controller() -> None:
 def test_a_leader_behind_wait_asks_the_controller_only_within_the_refresh_rate_limit() -> None:
     async def scenario() -> Recorder:
         gw, recorder = gateway()
-        await gw._await_routing_retry(gw._metadata_changed, 20, force=False)
+        await gw.await_routing_retry(gw.metadata_changed, 20, force=False)
         return recorder
 
     recorder = run(scenario())

@@ -25,7 +25,6 @@ from typing import Any, cast
 import grpc
 import pytest
 
-from clients.tools import local_cluster
 from coordinator.keys import Keys
 from coordinator.store import EtcdStore
 from protos.highwater.v1 import broker_pb2
@@ -34,6 +33,7 @@ from services.controller import sender_rules
 from services.controller.context import BrokerInfo
 from services.controller.event_loop import ControllerEventLoop
 from services.controller.results import ControllerResult
+from services.launcher import local_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 # A bound on every wait below: the retries are made 1 ms apart, a test takes milliseconds.

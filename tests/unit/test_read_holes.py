@@ -402,7 +402,7 @@ def gateway_on(logs: dict[int, CompactedLog], answer_bytes: int) -> Any:
     from services.gateway.server import GatewayServicer
 
     gw = GatewayServicer(MemoryStore(), None)  # type: ignore[arg-type]  # no peer is called here
-    gw.cache = FakeCache(len(logs))  # type: ignore[assignment]
+    gw.view.cache = FakeCache(len(logs))  # type: ignore[assignment]
     gw.fetches = []  # type: ignore[attr-defined]
 
     async def fetch(request: common_pb2.FetchRequest) -> common_pb2.FetchResponse:
@@ -427,8 +427,8 @@ def gateway_on(logs: dict[int, CompactedLog], answer_bytes: int) -> Any:
             for p, s in starts.items()
         }
 
-    gw._fetch = fetch  # type: ignore[method-assign]
-    gw._resolve_starts = resolve_starts  # type: ignore[method-assign]
+    gw.leaders.fetch = fetch  # type: ignore[method-assign]
+    gw.streams._resolve_starts = resolve_starts  # type: ignore[method-assign]
     return gw
 
 

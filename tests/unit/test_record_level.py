@@ -169,3 +169,43 @@ def test_consume_request_problems_are_sentences():
     assert "max_records_per_message" in record_level.consume_records_problem(
         gateway_pb2.ConsumeRecordsRequest(topic="t", max_records_per_message=10**6)
     )
+
+
+# ---- ConsumeRecords' step over one Fetch answer (record_level.take_fetched) --------------------
+
+
+def _answer(partition: int, base_offset: int, count: int, hw: int) -> common_pb2.FetchPartitionResponse:
+    from clients.common.records import encode_batch
+
+    records = [(b"k", b"v%d" % i, [], 0) for i in range(count)]
+    return common_pb2.FetchPartitionResponse(
+        partition=partition,
+        high_watermark=hw,
+        records=encode_batch(records, base_offset=base_offset),
+    )
+
+
+def test_a_fetched_answer_moves_positions_and_stops_at_the_record_limit():
+    positions = {0: 10, 1: 0}
+    taken = record_level.take_fetched(
+        "t", [_answer(0, 10, 3, 13), _answer(1, 0, 4, 4)], positions, None, left=5
+    )
+    assert [(r.partition, r.offset) for r in taken.records] == [(0, 10), (0, 11), (0, 12), (1, 0), (1, 1)]
+    assert positions == {0: 13, 1: 2}, "partition 1 goes on after its last record taken"
+    assert not taken.errors and not taken.empty_below_hw
+
+
+def test_a_fetched_answer_cuts_at_the_end_offsets_and_reports_failures_once():
+    positions = {0: 0, 1: 5, 2: 7, 3: 3}
+    failed = common_pb2.FetchPartitionResponse(partition=1, error_code=common_pb2.OFFSET_OUT_OF_RANGE)
+    moving = common_pb2.FetchPartitionResponse(partition=2, error_code=common_pb2.NOT_LEADER_OR_FOLLOWER)
+    hole = common_pb2.FetchPartitionResponse(partition=3, high_watermark=9)
+    taken = record_level.take_fetched(
+        "t", [_answer(0, 0, 4, 4), failed, moving, hole], positions, {0: 2, 1: 9, 2: 9, 3: 9}, left=-1
+    )
+    assert [r.offset for r in taken.records] == [0, 1], "records at or past the end are not sent"
+    assert [(e.partition, e.error_code, e.next_offset) for e in taken.errors] == [
+        (1, common_pb2.OFFSET_OUT_OF_RANGE, 5)
+    ]
+    assert positions == {0: 4, 2: 7, 3: 3}, "the failed partition is dropped; the moving one kept"
+    assert taken.empty_below_hw == [3]

@@ -530,22 +530,7 @@ def up_command(
     from rich.console import Console
 
     console = Console()
-    if gateway_port and not _port_free(gateway_port):
-        raise click.ClickException(
-            f"port {gateway_port} is in use: stop what listens there or pass --gateway-port 0"
-        )
-    if kafka_port:
-        taken = [port for port in range(kafka_port, kafka_port + brokers) if not _port_free(port)]
-        if taken:
-            raise click.ClickException(
-                f"Kafka port(s) {taken} in use: stop what listens there or pass --kafka-port 0"
-            )
-    if tls and token_port:
-        taken = [port for port in range(token_port, token_port + gateways) if not _port_free(port)]
-        if taken:
-            raise click.ClickException(
-                f"token port(s) {taken} in use: stop what listens there or pass --token-port 0"
-            )
+    _check_ports_free(gateway_port, kafka_port, token_port if tls else 0, brokers=brokers, gateways=gateways)
     if authorizer == "acl" and not tls:
         raise click.UsageError("--authorizer acl needs --tls (ACLs name authenticated principals)")
     service_args = (
@@ -579,48 +564,9 @@ def up_command(
         except (RuntimeError, TimeoutError) as exc:
             raise click.ClickException(str(exc)) from exc
     try:
-        console.print(
-            f"[bold]Highwater local cluster[/bold] (data and logs under {cluster.base_dir})", soft_wrap=True
-        )
-        console.print(f"  etcd          pid {cluster.etcd.pid:<7} {cluster.etcd.endpoint}", soft_wrap=True)
-        for p in cluster.processes.values():
-            console.print(
-                f"  {p.name:<13} pid {p.pid:<7} {p.address:<21} "
-                f"metrics http://127.0.0.1:{p.info.get('metrics_port')}/metrics  log {p.log_path}",
-                soft_wrap=True,
-            )
-        kafka_bootstrap = cluster.kafka_bootstrap()
-        if kafka_bootstrap:
-            first = kafka_bootstrap.split(",")[0]
-            kcat_tls = (
-                f" -X security.protocol=SSL -X ssl.ca.location={cluster.tls_dir}/ca.pem"
-                f" -X ssl.certificate.location={cluster.tls_dir}/{ADMIN_TLS_NAME}.pem"
-                f" -X ssl.key.location={cluster.tls_dir}/{ADMIN_TLS_NAME}-key.pem"
-                if cluster.tls_dir is not None
-                else ""
-            )
-            console.print(
-                f"Kafka protocol (brokers): [bold]{kafka_bootstrap}[/bold]   try: "
-                f"kcat -b {first}{kcat_tls} -L",
-                soft_wrap=True,
-            )
-        tls_flags = f" --tls-dir {cluster.tls_dir} --tls-name {ADMIN_TLS_NAME}" if cluster.tls_dir else ""
-        console.print(
-            f"bootstrap (gateway): [bold]{cluster.gateway_address}[/bold]   "
-            f"try: highwater --bootstrap {cluster.gateway_address}{tls_flags} topic list",
-            soft_wrap=True,
-        )
-        if cluster.tls_dir is not None:
-            console.print(
-                f"TLS: certificates in {cluster.tls_dir} (the CAs' keys in {cluster.tls_dir}/ca-private, "
-                f"which no service reads); etcd at https://{cluster.etcd.endpoint}; "
-                f"bearer-token clients use {cluster.gateway_client_address} "
-                f"(highwater --bootstrap {cluster.gateway_address}{tls_flags} token create "
-                "--principal User:NAME)",
-                soft_wrap=True,
-            )
+        _print_addresses(cluster, console)
         if demo:
-            from clients.tools.demo import run_demo
+            from services.launcher.demo import run_demo
 
             run_demo(cluster.gateway_address, console, cluster.client_settings())
             if spark_demo and not tls and not stop_requested:
@@ -646,6 +592,72 @@ def up_command(
         with console.status("stopping every process..."):
             cluster.stop()
         console.print("stopped")
+
+
+def _check_ports_free(
+    gateway_port: int, kafka_port: int, token_port: int, *, brokers: int, gateways: int
+) -> None:
+    """Refuse to start when a fixed port is taken (0: any free port, nothing to check): the
+    first gateway's port, the brokers' Kafka ports and the gateways' token ports from there."""
+    if gateway_port and not _port_free(gateway_port):
+        raise click.ClickException(
+            f"port {gateway_port} is in use: stop what listens there or pass --gateway-port 0"
+        )
+    if kafka_port:
+        taken = [port for port in range(kafka_port, kafka_port + brokers) if not _port_free(port)]
+        if taken:
+            raise click.ClickException(
+                f"Kafka port(s) {taken} in use: stop what listens there or pass --kafka-port 0"
+            )
+    if token_port:
+        taken = [port for port in range(token_port, token_port + gateways) if not _port_free(port)]
+        if taken:
+            raise click.ClickException(
+                f"token port(s) {taken} in use: stop what listens there or pass --token-port 0"
+            )
+
+
+def _print_addresses(cluster: LocalCluster, console: Console) -> None:
+    """What `cluster up` started and how to reach it: pids, addresses, logs, and commands to try."""
+    console.print(
+        f"[bold]Highwater local cluster[/bold] (data and logs under {cluster.base_dir})", soft_wrap=True
+    )
+    console.print(f"  etcd          pid {cluster.etcd.pid:<7} {cluster.etcd.endpoint}", soft_wrap=True)
+    for p in cluster.processes.values():
+        console.print(
+            f"  {p.name:<13} pid {p.pid:<7} {p.address:<21} "
+            f"metrics http://127.0.0.1:{p.info.get('metrics_port')}/metrics  log {p.log_path}",
+            soft_wrap=True,
+        )
+    kafka_bootstrap = cluster.kafka_bootstrap()
+    if kafka_bootstrap:
+        first = kafka_bootstrap.split(",")[0]
+        kcat_tls = (
+            f" -X security.protocol=SSL -X ssl.ca.location={cluster.tls_dir}/ca.pem"
+            f" -X ssl.certificate.location={cluster.tls_dir}/{ADMIN_TLS_NAME}.pem"
+            f" -X ssl.key.location={cluster.tls_dir}/{ADMIN_TLS_NAME}-key.pem"
+            if cluster.tls_dir is not None
+            else ""
+        )
+        console.print(
+            f"Kafka protocol (brokers): [bold]{kafka_bootstrap}[/bold]   try: kcat -b {first}{kcat_tls} -L",
+            soft_wrap=True,
+        )
+    tls_flags = f" --tls-dir {cluster.tls_dir} --tls-name {ADMIN_TLS_NAME}" if cluster.tls_dir else ""
+    console.print(
+        f"bootstrap (gateway): [bold]{cluster.gateway_address}[/bold]   "
+        f"try: highwater --bootstrap {cluster.gateway_address}{tls_flags} topic list",
+        soft_wrap=True,
+    )
+    if cluster.tls_dir is not None:
+        console.print(
+            f"TLS: certificates in {cluster.tls_dir} (the CAs' keys in {cluster.tls_dir}/ca-private, "
+            f"which no service reads); etcd at https://{cluster.etcd.endpoint}; "
+            f"bearer-token clients use {cluster.gateway_client_address} "
+            f"(highwater --bootstrap {cluster.gateway_address}{tls_flags} token create "
+            "--principal User:NAME)",
+            soft_wrap=True,
+        )
 
 
 def _spark_demo(bootstrap: str, console: Console) -> None:
