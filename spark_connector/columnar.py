@@ -21,7 +21,8 @@ How the work is split, and why:
   small batch that inflates to gigabytes (a decompression bomb) costs a Spark task no more
   than it costs the leader: MessageTooLarge naming the batch.
 - `_decode_records` (numba, nogil, so the task's in-flight Fetch is received meanwhile)
-  parses every record of every batch, drops those outside [start_offset, end_offset),
+  parses every record of every batch with clients.common.record_kernels.walk_record (the
+  reader the leader's check uses, in aiokafka's grammar), drops those outside [start_offset, end_offset),
   and writes offsets, lengths, validity bits and copies of key/value bytes into
   preallocated numpy buffers that `pyarrow.Array.from_buffers` wraps without a copy.
 
@@ -76,12 +77,30 @@ from clients.common.record_batch import (
     RECORDS_COUNT_POS,
 )
 
-# The varint and UTF-8 kernels are the broker's record check's (one definition of the
-# grammar's pieces). numba's cache of this file's kernels is keyed on this file only: after
-# changing those two, clear __pycache__/*.nbi|*.nbc here too.
+# Every record field is read by record_kernels (the leader's check reads them there too).
+# numba's cache of this file's kernels is keyed on this file only: after changing
+# record_kernels, clear __pycache__/*.nbi|*.nbc here too.
+from clients.common.record_kernels import (
+    HEADER_BYTES_MIN,
+    KEY_LENGTH_MIN_NONE,
+    OFFSET_DELTA_UNCHECKED,
+    RECORD_BYTES_MIN,
+    VARINT_BYTES_MAX,
+    WALK_HEADER_COUNT,
+    WALK_HEADER_KEY_BOUNDS,
+    WALK_HEADER_KEY_LENGTH,
+    WALK_HEADER_KEY_UTF8,
+    WALK_HEADER_VALUE_BOUNDS,
+    WALK_KEY_BOUNDS,
+    WALK_OK,
+    WALK_RECORD_LENGTH,
+    WALK_VALUE_BOUNDS,
+    WALK_VARINT_TOO_LONG,
+    WALK_VARINT_TRUNCATED,
+    read_header,
+    walk_record,
+)
 from clients.common.record_validation import CODEC_NAMES, decompress_records
-from clients.common.record_validation import read_varint as _varint
-from clients.common.record_validation import utf8_valid as _utf8_valid
 from spark_connector import limits
 
 # --- the bounds of the formats this decoder reads ------------------------------------------
@@ -94,14 +113,8 @@ ARROW_BINARY_BYTES_MAX = 2**31 - 1
 # aiokafka's MemoryRecords refuses a batch length below the v0 record overhead before it
 # knows the magic; kept so both decoders call the same bytes corrupt at the same point.
 RECORD_OVERHEAD_V0 = 14
-# The smallest record: length, attributes, timestamp delta, offset delta, key length,
-# value length, header count, each a one-byte varint. A batch claiming more records than
-# its bytes can hold is corrupt (checked before any buffer is sized by the claim).
-RECORD_BYTES_MIN = 7
-# The smallest header: key length and value length, one byte each.
-HEADER_BYTES_MIN = 2
-# aiokafka and Kafka read varints of at most 10 bytes (64 bits).
-VARINT_BYTES_MAX = 10
+# A batch claiming more records than its bytes can hold (record_kernels.RECORD_BYTES_MIN
+# each) is corrupt, checked before any buffer is sized by the claim.
 
 _MAGIC_V2 = 2
 _CODEC_MASK = 0x07
@@ -113,38 +126,29 @@ HEADERS_TYPE = pa.list_(
 )
 TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
 
-# --- status codes the kernels return (0 = fine) ------------------------------------------
-_OK = 0
-_ERR_LENGTH_BELOW_V0 = 1
-_ERR_MAGIC = 2
-_ERR_LENGTH_BELOW_HEADER = 3
-_ERR_VARINT_TRUNCATED = 4
-_ERR_VARINT_TOO_LONG = 5
-_ERR_KEY_BOUNDS = 6
-_ERR_VALUE_BOUNDS = 7
-_ERR_HEADER_COUNT = 8
-_ERR_HEADER_KEY_LENGTH = 9
-_ERR_HEADER_KEY_BOUNDS = 10
-_ERR_HEADER_KEY_UTF8 = 11
-_ERR_HEADER_VALUE_BOUNDS = 12
-_ERR_RECORD_LENGTH = 13
-_ERR_TRAILING_BYTES = 14
-_ERR_RECORD_COUNT = 15
+# --- status codes the kernels return (0 = fine): record_kernels' WALK_* for a record, and
+# these for the batch framing ----------------------------------------------------------------
+_OK = WALK_OK
+_ERR_LENGTH_BELOW_V0 = 100
+_ERR_MAGIC = 101
+_ERR_LENGTH_BELOW_HEADER = 102
+_ERR_TRAILING_BYTES = 103
+_ERR_RECORD_COUNT = 104
 
 _MESSAGES = {
     _ERR_LENGTH_BELOW_V0: f"its length is below the minimum record overhead ({RECORD_OVERHEAD_V0})",
     _ERR_MAGIC: f"it is not magic {_MAGIC_V2}",
     _ERR_LENGTH_BELOW_HEADER: f"its length is below a v2 batch header ({MIN_BATCH_LENGTH})",
-    _ERR_VARINT_TRUNCATED: "a varint runs past the end of the batch",
-    _ERR_VARINT_TOO_LONG: f"a varint is longer than {VARINT_BYTES_MAX} bytes",
-    _ERR_KEY_BOUNDS: "a record key runs past the end of the batch",
-    _ERR_VALUE_BOUNDS: "a record value runs past the end of the batch",
-    _ERR_HEADER_COUNT: "a record has a negative header count",
-    _ERR_HEADER_KEY_LENGTH: "a header key has a negative length",
-    _ERR_HEADER_KEY_BOUNDS: "a header key runs past the end of the batch",
-    _ERR_HEADER_KEY_UTF8: "a header key is not UTF-8",
-    _ERR_HEADER_VALUE_BOUNDS: "a header value runs past the end of the batch",
-    _ERR_RECORD_LENGTH: "a record's length does not match its contents",
+    WALK_VARINT_TRUNCATED: "a varint runs past the end of the batch",
+    WALK_VARINT_TOO_LONG: f"a varint is longer than {VARINT_BYTES_MAX} bytes",
+    WALK_KEY_BOUNDS: "a record key runs past the end of the batch",
+    WALK_VALUE_BOUNDS: "a record value runs past the end of the batch",
+    WALK_HEADER_COUNT: "a record has a negative header count",
+    WALK_HEADER_KEY_LENGTH: "a header key has a negative length",
+    WALK_HEADER_KEY_BOUNDS: "a header key runs past the end of the batch",
+    WALK_HEADER_KEY_UTF8: "a header key is not UTF-8",
+    WALK_HEADER_VALUE_BOUNDS: "a header value runs past the end of the batch",
+    WALK_RECORD_LENGTH: "a record's length does not match its contents",
     _ERR_TRAILING_BYTES: "bytes follow its last record",
     _ERR_RECORD_COUNT: "its record count is negative or more than its bytes can hold",
 }
@@ -175,11 +179,6 @@ def _be_int(buf: np.ndarray, pos: KernelInt, width: int) -> np.int64:
         sign = np.uint64(1) << np.uint64(8 * width - 1)
         return np.int64(value) - (np.int64(value & sign) << 1)
     return np.int64(value)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _varint_error(pos: KernelInt) -> int:
-    return _ERR_VARINT_TRUNCATED if pos == -1 else _ERR_VARINT_TOO_LONG
 
 
 @njit_without_refcounts  # no reference counting: see _decode_records below
@@ -262,13 +261,13 @@ def _set_bit(bitmap: np.ndarray, index: int) -> None:
     bitmap[index >> 3] |= np.uint8(1 << (index & 7))
 
 
-# _nrt=False: numba passes an array to every inlined helper call (each `_varint(src, ...)`)
+# _nrt=False: numba passes an array to every inlined helper call (each field read in walk_record)
 # through an atomic reference-count increment and decrement that its pruning pass leaves in
 # this loop: perf showed 78% of the kernel's time in NRT_incref/NRT_decref, ~55 of ~72 ns per
 # 100-byte record. The kernel allocates nothing and raises nothing (it returns status codes),
 # and the caller holds every array it is given for the whole call, so it needs no reference
 # counting at all; without the runtime, an allocation added here would fail to compile, not leak.
-# (record_validation.py's broker kernel avoids the same cost with a state machine instead.)
+# (record_validation.py's kernel is compiled the same way, for the same reason.)
 @njit_without_refcounts
 def _decode_records(
     src: np.ndarray,
@@ -323,62 +322,12 @@ def _decode_records(
         first_ts = batches[b, _R_FIRST_TS]
         log_append = batches[b, _R_LOG_APPEND] != 0
         for _ in range(batches[b, _R_COUNT]):
-            length, pos = _varint(src, pos, end)
-            if pos < 0:
-                return _varint_error(pos)
-            record_start = pos
-            _attributes, pos = _varint(src, pos, end)
-            if pos < 0:
-                return _varint_error(pos)
-            ts_delta, pos = _varint(src, pos, end)
-            if pos < 0:
-                return _varint_error(pos)
-            offset_delta, pos = _varint(src, pos, end)
-            if pos < 0:
-                return _varint_error(pos)
-            key_len, pos = _varint(src, pos, end)
-            if pos < 0:
-                return _varint_error(pos)
-            key_pos = pos
-            if key_len >= 0:
-                if key_len > end - pos:
-                    return _ERR_KEY_BOUNDS
-                pos += key_len
-            value_len, pos = _varint(src, pos, end)
-            if pos < 0:
-                return _varint_error(pos)
-            value_pos = pos
-            if value_len >= 0:
-                if value_len > end - pos:
-                    return _ERR_VALUE_BOUNDS
-                pos += value_len
-            header_count, pos = _varint(src, pos, end)
-            if pos < 0:
-                return _varint_error(pos)
-            if header_count < 0:
-                return _ERR_HEADER_COUNT
-            headers_pos = pos
-            # Each header takes >= 2 bytes or fails, so this ends within (end - pos) / 2 turns.
-            for _h in range(header_count):
-                hkey_len, pos = _varint(src, pos, end)
-                if pos < 0:
-                    return _varint_error(pos)
-                if hkey_len < 0:
-                    return _ERR_HEADER_KEY_LENGTH
-                if hkey_len > end - pos:
-                    return _ERR_HEADER_KEY_BOUNDS
-                if not _utf8_valid(src, pos, pos + hkey_len):
-                    return _ERR_HEADER_KEY_UTF8
-                pos += hkey_len
-                hvalue_len, pos = _varint(src, pos, end)
-                if pos < 0:
-                    return _varint_error(pos)
-                if hvalue_len >= 0:
-                    if hvalue_len > end - pos:
-                        return _ERR_HEADER_VALUE_BOUNDS
-                    pos += hvalue_len
-            if pos - record_start != length:
-                return _ERR_RECORD_LENGTH
+            # aiokafka's grammar, as consumers read it; a negative key or value length is null.
+            walked = walk_record(src, pos, end, False, KEY_LENGTH_MIN_NONE, OFFSET_DELTA_UNCHECKED)
+            status, _detail, pos, _length, ts_delta, offset_delta = walked[:6]
+            key_len, key_pos, value_len, value_pos, header_count, headers_pos = walked[6:]
+            if status != _OK:
+                return status
             offset = base_offset + offset_delta
             if offset < start_offset or offset >= end_offset:
                 continue
@@ -405,16 +354,13 @@ def _decode_records(
                 # Second walk over headers already checked above: no checks needed.
                 hpos = headers_pos
                 for _h in range(header_count):
-                    hkey_len, hpos = _varint(src, hpos, end)
-                    _copy(hkey_data, hkey_bytes, src, hpos, hkey_len)
+                    hkey_pos, hkey_len, hvalue_pos, hvalue_len, hpos = read_header(src, hpos, end)
+                    _copy(hkey_data, hkey_bytes, src, hkey_pos, hkey_len)
                     hkey_bytes += hkey_len
-                    hpos += hkey_len
                     hkey_offsets[headers + 1] = hkey_bytes
-                    hvalue_len, hpos = _varint(src, hpos, end)
                     if hvalue_len >= 0:
-                        _copy(hvalue_data, hvalue_bytes, src, hpos, hvalue_len)
+                        _copy(hvalue_data, hvalue_bytes, src, hvalue_pos, hvalue_len)
                         hvalue_bytes += hvalue_len
-                        hpos += hvalue_len
                         _set_bit(hvalue_valid, headers)
                     else:
                         hvalue_nulls += 1

@@ -44,6 +44,16 @@ def njit_without_refcounts(kernel: _F) -> _F:
     return cast("_F", untyped_njit(cache=True, nogil=True, _nrt=False)(kernel))
 
 
+def njit_without_refcounts_for(signature: object) -> Callable[[_F], _F]:
+    """njit_without_refcounts compiled eagerly for `signature` (at import, so at start-up)."""
+    untyped_njit: Callable[..., Callable[[_F], object]] = njit  # the stubs lack _nrt
+
+    def compile_kernel(kernel: _F) -> _F:
+        return cast("_F", untyped_njit(signature, cache=True, nogil=True, _nrt=False)(kernel))
+
+    return compile_kernel
+
+
 def void_intrinsic(typing: Callable[Concatenate[Any, _P], object]) -> Callable[_P, None]:
     """numba's @intrinsic for an intrinsic returning nothing, typed as a kernel calls it:
     with the typing function's arguments after `typingctx`."""

@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit, types
 
 from clients.common.numba_types import KernelInt
-from clients.common.record_validation import read_varint
+from clients.common.record_kernels import read_varint
 
 # Kernel statuses. Negative: the section does not hold `count` well-formed records.
 STATUS_OK = 0
