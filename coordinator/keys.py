@@ -20,6 +20,7 @@ validated with INVALID_TOPIC before they get here).
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import quote, unquote
 
 DEFAULT_PREFIX = "/highwater"
 
@@ -57,6 +58,7 @@ class Keys:
         "producer_id_block",
         "reassign_partitions",
         "topics_prefix",
+        "transactions_prefix",
     )
 
     def __init__(self, prefix: str = DEFAULT_PREFIX) -> None:
@@ -78,6 +80,8 @@ class Keys:
         self.producer_id_block = f"{p}/producer_id_block"
         # A uuid written once by the first controller; clients see it in DescribeCluster.
         self.cluster_id = f"{p}/cluster_id"
+        # The transaction coordinator's state, one value per transactional id (issue 41).
+        self.transactions_prefix = f"{p}/transactions/"
 
     # --- registrations ------------------------------------------------------------
 
@@ -204,6 +208,23 @@ class Keys:
         ):
             return (parts[0], parts[2], int(parts[3]))
         return None
+
+    # --- transactions (services/transactions; coordinator/transactions.py) ------------------
+
+    def transaction_state(self, transactional_id: str) -> str:
+        """One transactional id's coordinator state, changed only by compare-and-swap on its mod
+        revision. Kafka allows any text in a transactional id, "/" included, so the id is
+        percent-encoded into one key segment (`parse_transaction_key` reverses it)."""
+        if not transactional_id:
+            raise ValueError("a transactional id must be non-empty to be used in an etcd key")
+        return f"{self.transactions_prefix}{quote(transactional_id, safe='')}"
+
+    def parse_transaction_key(self, key: str) -> str | None:
+        """The transactional id of a `transaction_state` key, or None for any other key."""
+        rest = key[len(self.transactions_prefix) :] if key.startswith(self.transactions_prefix) else ""
+        if not rest or "/" in rest:
+            return None
+        return unquote(rest)
 
     def __repr__(self) -> str:
         return f"Keys({self.prefix!r})"

@@ -514,6 +514,28 @@ GROUP_SUBSCRIBED_TOPICS_MAX = 1_000
 GROUP_OWNED_PARTITIONS_MAX = PARTITIONS_PER_TOPIC_MAX
 GROUP_INSTANCE_ID_MAX_CHARS = 249
 
+# --- transactions (services/transactions/coordinator.py; issue 41, not yet served) ------------
+# The longest transaction.timeout.ms a producer may ask for (Kafka's transaction.max.timeout.ms,
+# 15 minutes): a hung producer's transaction holds back every read_committed consumer of its
+# partitions (the LSO) until it times out, so the bound is what an operator must tolerate.
+TRANSACTION_TIMEOUT_MS_MAX = 900_000
+# Partitions and consumer groups one transaction may hold, and offsets it may have pending. The
+# whole transactional id's state is one etcd value rewritten at every step: 5,000 partitions
+# (~40 bytes of JSON each) plus 5,000 pending offsets (~80 bytes each) stay near 0.6 MiB, under
+# etcd's 1.5 MiB value limit; Kafka Streams and Flink transactions span tens of partitions.
+TRANSACTION_PARTITIONS_MAX = 5_000
+TRANSACTION_GROUPS_MAX = 100
+TRANSACTION_PENDING_OFFSETS_MAX = 5_000
+# A transactional id's length: it is part of an etcd key (percent-encoded, so up to 3x longer).
+TRANSACTIONAL_ID_MAX_CHARS = 1_000
+# An idle transactional id's state is deleted after this long without a transaction (Kafka's
+# transactional.id.expiration.ms, 7 days), so ids derived from one-off jobs do not pile up in etcd.
+TRANSACTIONAL_ID_EXPIRATION_MS = 7 * 24 * 3_600_000
+# How often the coordinator's driver looks for timed-out transactions to abort (Kafka's
+# transaction.abort.timed.out.transaction.cleanup.interval.ms, 10 s): a timeout is enforced
+# this much late at worst.
+TRANSACTION_TIMEOUT_CHECK_INTERVAL_MS = 10_000
+
 # --- Kafka protocol listener (services/kafka/, docs/KAFKA.md) ---------------------------------
 # One Kafka request's size prefix may say at most this; a larger one closes the connection
 # before its body is read (Kafka's socket.request.max.bytes is 100 MiB; ours is the gRPC bound,

@@ -67,6 +67,7 @@ PURE_MODULES = [
     "services/kafka/fetch_sessions.py",
     "services/kafka/classic_groups.py",
     "services/groups",
+    "services/transactions",
     "clients/common",
     "clients/accumulator.py",
     "clients/idempotence.py",
