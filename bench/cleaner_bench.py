@@ -93,6 +93,8 @@ async def clean(log: Log, args: argparse.Namespace) -> None:
             io_max_bytes_per_second=0,
             dedupe_buffer_bytes=args.dedupe_buffer_bytes,
             cpu_max_share=args.cpu_max_share,
+            # The cleaner's own rate at that share: not lowered by the machine's load.
+            cpu_share_under_pressure=args.cpu_max_share,
         ),
         lambda: {("bench", 0): replica},  # type: ignore[dict-item]  # a partition's fields the cleaner reads
     )

@@ -228,6 +228,16 @@ def _run(main: Coroutine[Any, Any, None], common: CommonOptions) -> None:
     "what it spends, produce and fetch lose. Raise it when compacted topics are written faster "
     "than the cleaner keeps up (highwater_log_cleaner_max_dirty_ratio keeps rising).",
 )
+@click.option(
+    "--log-cleaner-cpu-share-under-pressure",
+    type=click.FloatRange(0, 1),
+    default=limits.LOG_CLEANER_CPU_SHARE_UNDER_PRESSURE_DEFAULT,
+    show_default=True,
+    help="The cleaner's share of one core while the machine's CPUs are contended (Linux's "
+    "/proc/pressure/cpu: tasks waited for a CPU over 10% of the last 10 s); it takes back "
+    "--log-cleaner-cpu-max-share when cycles are spare. Set it equal to the max share to "
+    "clean at one rate whatever the load.",
+)
 @kafka_listener_options
 @_common
 @security_options
@@ -245,6 +255,7 @@ def broker_command(
     log_cleaner_io_max_bytes_per_second: int,
     log_cleaner_backoff_ms: int,
     log_cleaner_cpu_max_share: float,
+    log_cleaner_cpu_share_under_pressure: float,
     common: CommonOptions,
     security: Any,
     kafka_limits: Any,
@@ -272,6 +283,7 @@ def broker_command(
             io_max_bytes_per_second=log_cleaner_io_max_bytes_per_second,
             backoff_ms=log_cleaner_backoff_ms,
             cpu_max_share=log_cleaner_cpu_max_share,
+            cpu_share_under_pressure=log_cleaner_cpu_share_under_pressure,
         ),
         security=security.for_service(f"broker-{broker_id}"),
         **common.config_fields(),

@@ -89,6 +89,8 @@ class CleanerConfig:
     # Ours: the share of one core the cleaner thread may use (0: no limit). Kafka has no twin:
     # its cleaner threads do not share an interpreter with the broker's request handling.
     cpu_max_share: float = limits.LOG_CLEANER_CPU_MAX_SHARE_DEFAULT
+    # Ours: the share while the machine's CPUs are contended (Linux's /proc/pressure/cpu).
+    cpu_share_under_pressure: float = limits.LOG_CLEANER_CPU_SHARE_UNDER_PRESSURE_DEFAULT
 
     def problem(self) -> str | None:
         """What is wrong with these settings, or None."""
@@ -110,6 +112,11 @@ class CleanerConfig:
             return (
                 "--log-cleaner-cpu-max-share must be between 0 and 1 (a share of one core; 0: no "
                 f"limit), got {self.cpu_max_share}"
+            )
+        if not 0 <= self.cpu_share_under_pressure <= 1:
+            return (
+                "--log-cleaner-cpu-share-under-pressure must be between 0 and 1 (a share of one "
+                f"core), got {self.cpu_share_under_pressure}"
             )
         return None
 
@@ -193,6 +200,8 @@ class LogCleaner:
             cpu_share=config.cpu_max_share,
             thread_cpu_s=time.thread_time,
             thread_id=threading.get_ident,
+            cpu_share_under_pressure=config.cpu_share_under_pressure,
+            cpu_pressure=CpuPressure().read,
         )
         # One thread for all of the cleaner's file work, so that "the cleaner thread" is one
         # thread: its CPU clock is what the CPU share holds (a pool's threads would each have
@@ -542,6 +551,46 @@ class LogCleaner:
             "; the offset map filled, the rest is cleaned next pass" if mapped.full else "",
         )
         return result
+
+
+class CpuPressure:
+    """The machine's CPU contention from Linux's pressure stall information: the fraction of the
+    last 10 s during which some runnable task waited for a CPU ("some avg10" of
+    /proc/pressure/cpu), re-read at most every LOG_CLEANER_CPU_PRESSURE_READ_INTERVAL_S. None
+    where the kernel has none (before 4.20, or PSI disabled): the cleaner keeps its full share."""
+
+    PATH = "/proc/pressure/cpu"
+
+    def __init__(self, path: str = PATH) -> None:
+        self._path = path
+        self._read_at = -float("inf")
+        self._value: float | None = None
+        self._available = True
+
+    def read(self) -> float | None:
+        now = time.monotonic()
+        if not self._available or now - self._read_at < limits.LOG_CLEANER_CPU_PRESSURE_READ_INTERVAL_S:
+            return self._value
+        self._read_at = now
+        self._value = parse_cpu_pressure(self._path)
+        self._available = self._value is not None
+        return self._value
+
+
+def parse_cpu_pressure(path: str) -> float | None:
+    """ "some avg10" of a PSI file as a fraction (avg10=18.09 -> 0.1809), None if unreadable."""
+    try:
+        with open(path, encoding="ascii") as file:
+            for line in file:
+                fields = line.split()
+                if fields and fields[0] == "some":
+                    for field in fields[1:]:
+                        name, _, value = field.partition("=")
+                        if name == "avg10":
+                            return float(value) / 100.0
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _discard_quietly(storage: Storage, path: str) -> None:

@@ -325,6 +325,18 @@ LOG_CLEANER_BACKOFF_MS_DEFAULT = 15_000
 # produce and fetch do not get: bench/cleaner_impact.py measured a busy cleaner at this share
 # (bench/RESULTS.md). At it the cleaner still works through several MB of log a second.
 LOG_CLEANER_CPU_MAX_SHARE_DEFAULT = 0.1
+# The share the cleaner falls back to while the machine's CPUs are contended: Linux's pressure
+# stall information (/proc/pressure/cpu "some avg10") says tasks waited for a CPU during more
+# than LOG_CLEANER_CPU_PRESSURE_THRESHOLD of the last 10 s. Then every cycle the cleaner takes is
+# one a runnable produce or fetch waits for: measured, three busy cleaners at 0.1 each cost a
+# saturated 2-core machine 20-25% of its produce throughput (bench/RESULTS.md, issue 39). At this
+# floor the cleaner still progresses (never starved: max.compaction.lag.ms keeps its meaning) and
+# takes back its full share as soon as the machine has spare cycles. Where the kernel has no
+# pressure information, the full share applies.
+LOG_CLEANER_CPU_SHARE_UNDER_PRESSURE_DEFAULT = 0.02
+LOG_CLEANER_CPU_PRESSURE_THRESHOLD = 0.10
+# How often the cleaner thread re-reads /proc/pressure/cpu (the figure is a 10 s average).
+LOG_CLEANER_CPU_PRESSURE_READ_INTERVAL_S = 1.0
 # A log whose cleaning failed is left alone this long, then tried again; each further failure
 # doubles the wait up to the maximum (Kafka marks it uncleanable until the broker restarts; a retry
 # that backs off lets a transient fault, a full disk, heal without a restart and never loops).

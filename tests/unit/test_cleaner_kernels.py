@@ -9,6 +9,7 @@ damage, the kernels holding no GIL, and the CPU share the cleaner thread is held
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from clients.common.records import Record, encode_batch
 from services.broker.log import MemoryStorage
 from services.broker.log import cleaner_kernels as kernels
 from services.broker.log.cleaner import OffsetMap, Throttler, build_offset_map
+from services.broker.log_cleaner import parse_cpu_pressure
 from services.common import limits
 from tests.unit.test_cleaner import DIR, Seg, write_segments
 
@@ -175,3 +177,53 @@ def test_the_cpu_budget_reads_one_threads_clock_and_starts_over_on_another() -> 
         wall_ms[0] += 50
         throttler.between_batches()
     assert slept == [0] * 20
+
+
+def test_the_cpu_budget_drops_to_its_floor_while_the_machine_is_contended() -> None:
+    """Under CPU pressure the cleaner holds to cpu_share_under_pressure, and takes back its full
+    share once the pressure is gone: cycles it spends on a saturated machine are taken from
+    produce and fetch (issue 39's busy-against-idle benchmark)."""
+    wall_ms = [0.0]
+    cpu_s = [0.0]
+    pressure: list[float | None] = [0.5]
+
+    def sleep(seconds: float) -> None:
+        wall_ms[0] += seconds * 1000
+
+    throttler = Throttler(
+        0,
+        monotonic_ms=lambda: wall_ms[0],
+        sleep_s=sleep,
+        check_interval_ms=100,
+        cpu_share=0.1,
+        thread_cpu_s=lambda: cpu_s[0],
+        cpu_share_under_pressure=0.02,
+        cpu_pressure=lambda: pressure[0],
+    )
+
+    def run(batches: int) -> float:
+        start_wall, start_cpu = wall_ms[0], cpu_s[0]
+        for _ in range(batches):
+            wall_ms[0] += 5
+            cpu_s[0] += 0.005
+            throttler.between_batches()
+        return (cpu_s[0] - start_cpu) / ((wall_ms[0] - start_wall) / 1000)
+
+    assert run(1000) == pytest.approx(0.02, rel=0.05)
+    assert throttler.pressured_checks > 0
+    pressure[0] = 0.01  # below the threshold: spare cycles
+    assert run(1000) == pytest.approx(0.1, rel=0.05)
+    pressure[0] = None  # no pressure information (an old kernel): the full share
+    assert run(1000) == pytest.approx(0.1, rel=0.05)
+
+
+def test_cpu_pressure_is_read_from_the_psi_file(tmp_path: Path) -> None:
+    psi = tmp_path / "cpu"
+    psi.write_text(
+        "some avg10=18.09 avg60=43.05 avg300=37.48 total=14965726595\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+    assert parse_cpu_pressure(str(psi)) == pytest.approx(0.1809)
+    assert parse_cpu_pressure(str(tmp_path / "missing")) is None
+    psi.write_text("garbage\n")
+    assert parse_cpu_pressure(str(psi)) is None

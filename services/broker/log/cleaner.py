@@ -413,9 +413,16 @@ class Throttler:
         cpu_share: float = 0.0,
         thread_cpu_s: Callable[[], float] | None = None,
         thread_id: Callable[[], int] = lambda: 0,
+        cpu_share_under_pressure: float | None = None,
+        cpu_pressure: Callable[[], float | None] | None = None,
     ) -> None:
         self.bytes_per_second = bytes_per_second
         self.cpu_share = cpu_share
+        # Under CPU contention (cpu_pressure(): the fraction of recent time runnable tasks
+        # waited for a CPU, None when unknown) the share drops to cpu_share_under_pressure.
+        self.cpu_share_under_pressure = cpu_share_under_pressure
+        self._cpu_pressure = cpu_pressure
+        self.pressured_checks = 0  # CPU-budget checks that found the machine contended
         self._monotonic_ms = monotonic_ms
         self._sleep_s = sleep_s
         self._thread_cpu_s = thread_cpu_s
@@ -456,12 +463,23 @@ class Throttler:
             return
         cpu_s = self._thread_cpu_s() - self._cpu_period_start_s
         # Sleep until the CPU spent would be the allowed share of the time passed.
-        sleep_s = cpu_s / self.cpu_share - elapsed_ms / 1000.0
+        sleep_s = cpu_s / self.current_cpu_share() - elapsed_ms / 1000.0
         if sleep_s > 0:
             self._sleep_s(sleep_s)
             self.cpu_slept_s += sleep_s
         self._cpu_period_start_ms = self._monotonic_ms()
         self._cpu_period_start_s = self._thread_cpu_s()
+
+    def current_cpu_share(self) -> float:
+        """cpu_share, or the lower cpu_share_under_pressure while the machine's CPUs are contended."""
+        floor = self.cpu_share_under_pressure
+        if floor is None or self._cpu_pressure is None or floor >= self.cpu_share:
+            return self.cpu_share
+        pressure = self._cpu_pressure()
+        if pressure is None or pressure < limits.LOG_CLEANER_CPU_PRESSURE_THRESHOLD:
+            return self.cpu_share
+        self.pressured_checks += 1
+        return max(floor, 1e-3)  # a floor of 0 would never finish a pass: keep a crawl
 
     def maybe_throttle(self, observed_bytes: int) -> None:
         """Account for `observed_bytes` of I/O; sleep if the rate since the last check is too high."""
