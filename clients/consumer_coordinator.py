@@ -193,17 +193,7 @@ class ConsumerCoordinator:
     async def commit(
         self, offsets: Mapping[TopicPartition, int] | None = None, *, timeout_ms: int | None = None
     ) -> dict[TopicPartition, int]:
-        """Store offsets for the group (default: the position of every assigned partition).
-
-        An offset is the NEXT one to read, as in Kafka. Returns what was committed.
-        Retriable errors (no gateway answers, a timeout, the coordinator moving) are retried
-        with back-off for up to timeout_ms (default default_api_timeout_ms; inside poll(),
-        never past the poll's own timeout), as Kafka's commitSync does; then RequestTimedOut
-        naming the bound and the last error. Other errors (a fenced member, a stale member
-        epoch: partitions it no longer owns) are raised at once, typed, for the first
-        partition that failed. Committing the same offsets again is harmless, so a retry
-        after an unanswered attempt is safe.
-        """
+        """AsyncConsumer.commit (its docstring is the contract: retries, bounds, errors)."""
         group = self._require_group("commit()")
         budget_ms = (
             self._config.default_api_timeout_ms
