@@ -239,7 +239,15 @@ class CleanerSystems(compare.Systems):
                 partitions=args.partitions,
                 replication_factor=3,
                 min_insync=2,
-                broker_args=["--log-cleaner-backoff-ms", str(args.cleaner_backoff_ms)],
+                broker_args=[
+                    "--log-cleaner-backoff-ms",
+                    str(args.cleaner_backoff_ms),
+                    *(
+                        ["--log-cleaner-cpu-share-under-pressure", str(args.cleaner_share_under_pressure)]
+                        if args.cleaner_share_under_pressure is not None
+                        else []
+                    ),
+                ],
             )
         )
         self.names = ("highwater",)
@@ -536,6 +544,13 @@ def parse_args() -> argparse.Namespace:
     )
     writer.add_argument(
         "--cleaner-backoff-ms", type=int, default=1000, help="the brokers' --log-cleaner-backoff-ms (1000)"
+    )
+    writer.add_argument(
+        "--cleaner-share-under-pressure",
+        type=float,
+        default=None,
+        help="the brokers' --log-cleaner-cpu-share-under-pressure (default: theirs, 0.02); the "
+        "max share (0.1) makes a busy cleaner read in runs of a second on a contended machine",
     )
     parser.add_argument(
         "--quiet-wait-s",
