@@ -41,6 +41,7 @@ from coordinator.store import (
     Op,
     Put,
     TxnResult,
+    WatchCompacted,
     compare_missing,
     compare_mod_revision,
     compare_value,
@@ -250,7 +251,13 @@ class ControllerElection:
                 step.holder.get("controller_id"),
                 step.holder.get("epoch"),
             )
-            await self._wait_for_controller_delete(step.start_revision)
+            try:
+                await self._wait_for_controller_delete(step.start_revision)
+            except WatchCompacted as exc:
+                # etcd compacted the history the watch needed: whether the holder went meanwhile
+                # is unknown, so read the election again (the campaign's answer to the holder
+                # going, None); it waits again from a fresh revision if the holder is still there.
+                log.info("controller %d: %s; reading the election again", self.controller_id, exc)
             return None
         if isinstance(step, controller_life.GrantLease):
             self._lost = asyncio.Event()

@@ -586,3 +586,26 @@ def test_key_layout_and_parsers() -> None:
         keys.broker(-1)
     with pytest.raises(ValueError):
         Keys("highwater")
+
+
+@pytest.mark.asyncio
+async def test_a_standby_whose_watch_history_is_compacted_reads_the_election_again() -> None:
+    """etcd compacts its history; a standby waiting for /controller to go whose watch fell behind
+    the retained history gets WatchCompacted. It must read the election again and go on waiting,
+    not end its campaign (a controller process that never campaigns again)."""
+    store = MemoryStore(history_revisions_max=3)
+    first = ControllerElection(store, 1, {"host": "h", "port": 1}, ttl_s=1, keepalive_interval_s=0.02)
+    second = ControllerElection(store, 2, {"host": "h", "port": 2}, ttl_s=1, keepalive_interval_s=0.02)
+    assert await first.campaign() == 1
+    waiting = asyncio.create_task(second.campaign())
+    for _ in range(3):
+        await asyncio.sleep(0)  # the standby reads the election and starts watching
+    for i in range(10):  # more writes than the history keeps, before the watcher runs again
+        await store.put(f"/elsewhere/{i}", b"")
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert not waiting.done(), waiting.exception() if waiting.done() else None
+    store.expire_lease(first.lease.lease_id)  # type: ignore[union-attr]
+    async with asyncio.timeout(WAIT_S_MAX):
+        assert await waiting == 2
+    await second.resign()
