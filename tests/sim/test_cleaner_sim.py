@@ -326,6 +326,9 @@ class CleanerSim:
         self.cleaner_config = CleanerConfig(
             dedupe_buffer_bytes=rng.randint(3, 16) * limits.LOG_CLEANER_OFFSET_MAP_ENTRY_BYTES,
             io_max_bytes_per_second=0,
+            # No CPU budget: it reads the real thread clock and the machine's CPU pressure, which
+            # would make a seed's run depend on the machine (the throttle has unit tests).
+            cpu_max_share=0,
         )
         self.clock = Clock(1_000_000)
         self.history = History()
