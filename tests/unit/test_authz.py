@@ -26,6 +26,7 @@ from services.security.authz import (
 )
 from services.security.identity import Caller, ServiceIdentity, is_reserved_principal, parse_service_name
 from services.security.quotas import QuotaKind, QuotaManager
+from tests.python_source import parse_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -500,7 +501,7 @@ def test_unary_over_stream_methods_are_streams_of_their_unary_methods_messages_w
     ],
 )
 def test_decision_modules_stay_pure(module: str) -> None:
-    tree = ast.parse((ROOT / module).read_text())
+    tree = parse_python((ROOT / module).read_text())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not imported & {"grpc", "etcd3aio", "asyncio", "coordinator", "time", "socket", "threading"}

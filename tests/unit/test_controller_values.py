@@ -15,6 +15,7 @@ import pytest
 from coordinator import values
 from services.controller import event_loop, metadata_image
 from services.controller.context import BrokerInfo, LeaderAndIsr, TopicInfo
+from tests.python_source import parse_python
 from tests.unit.test_pure_imports import ROOT, _io_in, _reached
 
 # ---- the bytes on disk -------------------------------------------------------------------------
@@ -138,7 +139,7 @@ def test_split_controller_modules_are_pure(module: str):
 
 
 def test_values_module_imports_only_the_standard_json_and_typing():
-    tree = ast.parse(Path(ROOT / "coordinator" / "values.py").read_text())
+    tree = parse_python(Path(ROOT / "coordinator" / "values.py").read_text())
     imported = {
         node.module if isinstance(node, ast.ImportFrom) else alias.name
         for node in ast.walk(tree)

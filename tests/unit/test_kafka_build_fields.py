@@ -14,6 +14,7 @@ import pathlib
 from typing import Any
 
 from services.kafka import protocol
+from tests.python_source import parse_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The builds followed today are 75 (of 77); far fewer means the reading below lost track of them.
@@ -52,7 +53,7 @@ def _class_of(value: ast.expr, known: dict[str, Any]) -> Any:
 def _unknown_fields(path: pathlib.Path) -> tuple[list[str], int]:
     problems: list[str] = []
     checked = 0
-    for function in ast.walk(ast.parse(path.read_text())):
+    for function in ast.walk(parse_python(path.read_text())):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         known: dict[str, Any] = {}

@@ -45,6 +45,7 @@ from services.broker.log.checkpoints import HighWatermarkCheckpoint
 from services.broker.log.file_storage import FileStorage
 from services.broker.log.storage import Storage
 from services.common.limits import OPEN_SEGMENT_FILES_MAX
+from tests.python_source import parse_python
 
 SMALL = LogConfig(segment_bytes=2_000, index_interval_bytes=100, retention_ms=-1, max_message_bytes=1_500)
 
@@ -894,7 +895,7 @@ def test_storage_engine_imports_no_io_framework_and_reads_no_clock() -> None:
     files = [*sorted((root / "services/broker/log").glob("*.py")), root / "clients/common/record_batch.py"]
     forbidden = {"grpc", "asyncio", "etcd3aio", "time", "datetime", "threading"}
     for path in files:
-        tree = ast.parse(path.read_text())
+        tree = parse_python(path.read_text())
         for node in ast.walk(tree):
             names = []
             if isinstance(node, ast.Import):

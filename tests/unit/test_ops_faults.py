@@ -34,6 +34,7 @@ from services.controller.context import BrokerInfo
 from services.controller.event_loop import ControllerEventLoop
 from services.controller.results import ControllerResult
 from services.launcher import local_cluster
+from tests.python_source import parse_python
 
 REPO = Path(__file__).resolve().parents[2]
 # A bound on every wait below: the retries are made 1 ms apart, a test takes milliseconds.
@@ -238,7 +239,7 @@ def bench_scripts() -> list[Path]:
 def bench_imports(script: Path) -> list[str]:
     """The bench.* modules the script imports anywhere in it."""
     names = set()
-    for node in ast.walk(ast.parse(script.read_text())):
+    for node in ast.walk(parse_python(script.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "bench":
             names.add(node.module)
         elif isinstance(node, ast.Import):

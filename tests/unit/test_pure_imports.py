@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.python_source import parse_python
+
 ROOT = Path(__file__).resolve().parents[2]
 OUR_PACKAGES = ("clients", "services", "coordinator", "spark_connector", "protos")
 
@@ -158,7 +160,7 @@ def _path_of(module: str) -> Path | None:
 
 @cache
 def _tree(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(), filename=str(path))
+    return parse_python(path.read_text(), filename=str(path))
 
 
 def _run_time_nodes(path: Path) -> Iterator[ast.AST]:

@@ -40,6 +40,7 @@ from clients.common.record_kernels import (
 from clients.common.record_validation import KEY_LENGTH_MIN_ANY, TimestampRules, validate_records
 from clients.common.records import RecordTuple, decode_batches, encode_batch
 from spark_connector.columnar import decode_columns
+from tests.python_source import parse_python
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW_MS = 1_700_000_000_000
@@ -198,7 +199,7 @@ FIELD_READERS = {"read_varint", "_varint", "_short_varint", "utf8_valid", "_utf8
 
 @pytest.mark.parametrize("path", WALKER_MODULES)
 def test_neither_walker_reads_a_record_field_itself(path: str) -> None:
-    tree = ast.parse((ROOT / path).read_text())
+    tree = parse_python((ROOT / path).read_text())
     names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
     names |= {
         alias.asname or alias.name

@@ -29,6 +29,7 @@ from services.security.authz import (
     Operation,
     topic,
 )
+from tests.python_source import parse_python
 
 ROOT = Path(__file__).resolve().parents[2]
 NONE = common_pb2.NONE
@@ -57,7 +58,7 @@ EMPTY = SecurityState(frozenset(), {})
 
 
 def test_security_admin_decisions_stay_pure() -> None:
-    tree = ast.parse((ROOT / "services/controller/security_admin.py").read_text())
+    tree = parse_python((ROOT / "services/controller/security_admin.py").read_text())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not imported & {"grpc", "etcd3aio", "asyncio", "coordinator", "time", "socket", "threading"}

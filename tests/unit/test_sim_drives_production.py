@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.python_source import parse_python
+
 ROOT = Path(__file__).resolve().parents[2]
 SIM = ROOT / "tests" / "sim"
 PRODUCTION = (ROOT / "services", ROOT / "coordinator")
@@ -118,7 +120,7 @@ def _shown(path: Path) -> str:
 
 
 def _functions(path: Path) -> Iterator[tuple[str, list[Statement]]]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse_python(path.read_text(), filename=str(path))
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             yield f"{_shown(path)}:{node.name}", list(_flatten(node.body, _shown(path)))

@@ -23,13 +23,14 @@ from services.broker.partition import LeaderAndIsrState, Partition, Role
 from services.kafka import classic_groups
 from services.kafka.classic_groups import ClassicGroups, Group, JoinAnswer, State
 from services.kafka.protocol import build, nested, request_class, response_class
+from tests.python_source import parse_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _assignments_outside(path: str, attribute: str, allowed_function: str) -> list[str]:
     """`x.<attribute> = ...` statements of a module outside the function allowed to make them."""
-    tree = ast.parse((ROOT / path).read_text())
+    tree = parse_python((ROOT / path).read_text())
     found: list[str] = []
 
     def visit(node: ast.AST, function: str) -> None:
