@@ -16,6 +16,7 @@ Invariants kept here (docs/ARCHITECTURE.md, "Invariants"):
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass, field
 
 from clients.common.errors import (
@@ -30,7 +31,12 @@ from clients.common.errors import (
 from clients.common.record_batch import BatchHeader, apply_batch_fixes, iter_batch_headers, validate_batches
 from clients.common.record_validation import TimestampRules, validate_records
 from services.broker.log import Log
-from services.broker.producer_state import ProducerStateManager
+from services.broker.producer_state import (
+    ProducerStateManager,
+    UnreadableSnapshot,
+    decode_snapshot,
+    encode_snapshot,
+)
 
 
 class Role(enum.Enum):
@@ -99,6 +105,8 @@ class LeaderAppend:
 # Producer state is rebuilt by reading the log in pieces of this size (bounded memory).
 PRODUCER_STATE_REBUILD_READ_BYTES = 1024 * 1024
 
+logger = logging.getLogger("highwater.partition")
+
 
 @dataclass(frozen=True)
 class IsrChange:
@@ -128,17 +136,51 @@ class Partition:
     pending_isr: tuple[int, ...] | None = None
     producers: ProducerStateManager = field(default_factory=ProducerStateManager)
 
+    def __post_init__(self) -> None:
+        self.log.producer_snapshot = self._producer_snapshot
+
+    def _producer_snapshot(self) -> bytes | None:
+        """The producer state as it is at the log end, for the log to write when it must
+        (services/broker/producer_state.py says why); None when no producer ever wrote here."""
+        if not self.producers.producers and self.log.read_producer_snapshot() is None:
+            return None
+        return encode_snapshot(self.producers, self.log.log_end_offset)
+
     def rebuild_producer_state(self) -> None:
-        """Read every batch header of the log (after a restart or a truncation)."""
+        """After a restart or a truncation: the snapshot, then every batch header after it.
+
+        A snapshot taken below the log start is stale (the log restarted past it, a follower far
+        behind: what happened between is unknown) and is not used. One taken above the log end
+        (the log was truncated since) keeps only the batches below the log end, and is written
+        again at once, so batches appended later are never mistaken for the truncated ones.
+        """
+        start, end = self.log.log_start_offset, self.log.log_end_offset
+        snapshot = None
+        data = self.log.read_producer_snapshot()
+        if data is not None:
+            try:
+                snapshot = decode_snapshot(data)
+            except UnreadableSnapshot as exc:
+                logger.warning("%s-%d: %s; rebuilding it from the log alone", self.topic, self.partition, exc)
+        offset = start
+        if snapshot is not None and snapshot.offset >= start:
+            offset = min(snapshot.offset, end)
+            self.producers.restore(snapshot, below_offset=offset)
+        else:
+            self.producers.rebuild(())
+        self.producers.update(self._batch_headers(offset))
+        if snapshot is not None and snapshot.offset > end:
+            self.log.write_producer_snapshot(encode_snapshot(self.producers, end))
+
+    def _batch_headers(self, offset: int) -> list[BatchHeader]:
         headers: list[BatchHeader] = []
-        offset = self.log.log_start_offset
         while offset < self.log.log_end_offset:
             info = self.log.read(offset, max_bytes=PRODUCER_STATE_REBUILD_READ_BYTES)
             if info.next_offset <= offset:
                 break
             headers.extend(iter_batch_headers(info.records))
             offset = info.next_offset
-        self.producers.rebuild(headers)
+        return headers
 
     # ---- state changes from the controller --------------------------------
 

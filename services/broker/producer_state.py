@@ -11,10 +11,19 @@ newer incarnation of the producer fenced it).
 Followers keep the same state from the batches they replicate, so a new leader
 needs no rebuild; after a restart or a truncation the state is rebuilt from the
 log's batch headers.
+
+The log's batches alone are not enough: retention or DeleteRecords may delete a
+producer's last batches while the producer still retries one of them, and a
+replica that rebuilt its state from what is left would then take the retry as new
+and write it twice. So, as Kafka's producer snapshots (and KIP-360: producer state
+outlives the log's retention), the state is written to a snapshot before the log
+start moves (encode_snapshot), and a rebuild starts from the snapshot and replays
+only the batches after it (ProducerStateManager.restore).
 """
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -26,6 +35,9 @@ from services.common.limits import PRODUCER_BATCHES_KEPT, PRODUCER_IDS_PER_PARTI
 NO_PRODUCER_ID = -1
 # Sequences wrap around after 2**31 - 1 as Kafka's.
 SEQUENCE_MODULUS = 2**31
+# The snapshot's format (encode_snapshot). A snapshot of another version is not read: the
+# state is rebuilt from the log alone, as before snapshots existed (docs/UPGRADING.md).
+PRODUCER_SNAPSHOT_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,3 +151,59 @@ class ProducerStateManager:
         """Start over from the log's batches (after a restart or a truncation)."""
         self.producers.clear()
         self.update(headers)
+
+    def restore(self, snapshot: ProducerSnapshot, below_offset: int) -> None:
+        """Start over from a snapshot, keeping only batches that end below `below_offset` (the
+        log end now, when the log was truncated below the snapshot's offset); a producer with
+        no batch left is dropped. The caller then replays the log's batches from there (update)."""
+        self.producers.clear()
+        for e in snapshot.producers:
+            kept = [b for b in e.batches if b.last_offset < below_offset]
+            if kept:
+                entry = ProducerEntry(e.producer_id, e.producer_epoch)
+                entry.batches.extend(kept)
+                self.producers[e.producer_id] = entry
+        while len(self.producers) > self.producer_ids_max:
+            del self.producers[next(iter(self.producers))]
+
+
+class UnreadableSnapshot(ValueError):
+    """A snapshot file that is not one (written atomically, so a crash cannot tear it: the disk did)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerSnapshot:
+    """The producer state as it was at `offset` (the log end then): every batch below it."""
+
+    offset: int
+    producers: tuple[ProducerEntry, ...]
+
+
+def encode_snapshot(state: ProducerStateManager, offset: int) -> bytes:
+    """The state at log end `offset`, least recently written producer first (eviction order)."""
+    producers = [
+        [
+            e.producer_id,
+            e.producer_epoch,
+            [[b.first_sequence, b.last_sequence, b.first_offset, b.last_offset] for b in e.batches],
+        ]
+        for e in state.producers.values()
+    ]
+    body = {"version": PRODUCER_SNAPSHOT_VERSION, "offset": offset, "producers": producers}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_snapshot(data: bytes) -> ProducerSnapshot | None:
+    """The snapshot in `data`; None for another version. Raises UnreadableSnapshot."""
+    try:
+        body = json.loads(data)
+        if body.get("version") != PRODUCER_SNAPSHOT_VERSION:
+            return None
+        entries = []
+        for producer_id, epoch, batches in body["producers"]:
+            entry = ProducerEntry(int(producer_id), int(epoch))
+            entry.batches.extend(BatchMetadata(*(int(v) for v in b)) for b in batches)
+            entries.append(entry)
+        return ProducerSnapshot(int(body["offset"]), tuple(entries))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UnreadableSnapshot(f"producer state snapshot is unreadable: {exc}") from exc

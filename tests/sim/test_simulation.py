@@ -100,6 +100,10 @@ FIXED_ISSUE_SEEDS = [
     (182, "default"),
     (340, "default"),
     (516, "default"),
+    # Retention deleted an idempotent producer's only batch, the leader restarted and rebuilt
+    # producer state from the rest of its log, and took the producer's retry as new: "record
+    # written twice". Fixed by producer state snapshots (services/broker/producer_state.py).
+    (1422, "default"),
 ]
 
 # Seeds of the scenarios added with issue 16 (topic deletion with brokers bouncing,

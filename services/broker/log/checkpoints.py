@@ -43,6 +43,10 @@ CLEAN_SHUTDOWN_MARKER = ".clean-shutdown"
 # The log cleaner's progress in a compacted log's directory: its first dirty offset (everything
 # below it was cleaned once), one value as the recovery point (services/broker/log_cleaner.py).
 CLEANER_OFFSET_CHECKPOINT = "cleaner-offset-checkpoint"
+# The idempotent producers' state as it was at some log end (services/broker/producer_state.py
+# encodes it; the log only keeps the bytes): written before the log start moves, so retention
+# cannot make a replica forget a producer whose retry may still come.
+PRODUCER_SNAPSHOT = "producer-state-snapshot"
 
 
 def encode_entries(entries: list[tuple[int | str, ...]], *, version: int = CHECKPOINT_VERSION) -> bytes:

@@ -102,6 +102,7 @@ from .checkpoints import (
     CLEAN_SHUTDOWN_MARKER,
     LEADER_EPOCH_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
+    PRODUCER_SNAPSHOT,
     RECOVERY_POINT_CHECKPOINT,
 )
 from .config import LogConfig
@@ -266,6 +267,12 @@ class Log:
             [], log_end_offset=lambda: self.log_end_offset, persist=self._persist_epochs
         )
         self.recovery_report = RecoveryReport(True, 0, 0, 0, 0, "")
+        # The partition's producer state snapshot as of the log end (services/broker/
+        # producer_state.py), None when it has none to keep. Written just before the log start
+        # moves forward (retention, DeleteRecords, a follower taking its leader's log start):
+        # the batches it describes may be deleted next. And at a clean close, so the next open
+        # replays no batch to rebuild the state.
+        self.producer_snapshot: Callable[[], bytes | None] | None = None
 
     # --- opening ----------------------------------------------------------------------
 
@@ -722,6 +729,21 @@ class Log:
             self.roll(now_ms)
             return True
         return False
+
+    # --- the producer state snapshot (its bytes; services/broker/producer_state.py reads them) --
+
+    def _write_producer_snapshot(self) -> None:
+        data = self.producer_snapshot() if self.producer_snapshot is not None else None
+        if data is not None:
+            self.write_producer_snapshot(data)
+
+    def write_producer_snapshot(self, data: bytes) -> None:
+        self._ensure_usable()
+        self._storage.write_atomic(self._path(PRODUCER_SNAPSHOT), data)
+
+    def read_producer_snapshot(self) -> bytes | None:
+        path = self._path(PRODUCER_SNAPSHOT)
+        return self._storage.read_file(path) if self._storage.exists(path) else None
 
     # --- compaction: the cleaner's view of the segments, and the swap -----------------
     # The module docstring has the swap's steps and its commit point.
@@ -1322,6 +1344,8 @@ class Log:
         return count
 
     def _set_log_start_offset(self, offset: int) -> None:
+        if offset > self._log_start_offset:
+            self._write_producer_snapshot()
         self._log_start_offset = offset
         checkpoints.write_offset(self._storage, self._path(LOG_START_OFFSET_CHECKPOINT), offset)
         self._log_start_offset_on_disk = offset
@@ -1395,6 +1419,7 @@ class Log:
             checkpoints.write_offset(
                 self._storage, self._path(LOG_START_OFFSET_CHECKPOINT), self._log_start_offset
             )
+            self._write_producer_snapshot()
             self._storage.write_atomic(self._path(CLEAN_SHUTDOWN_MARKER), b"")
         for segment in self._segments:
             segment.close()
@@ -1418,8 +1443,9 @@ class Log:
         Returns (staged path, final path) of the checkpoints staged, each written to
         `staging_prefix` + its name. Segment bytes and index entries go to their own files.
         Of the checkpoints only those a clean open relies on and that differ from the files
-        are staged: the leader epochs (a clean open trusts the file and rebuilds none) and
-        the log start offset (normally written at every change already). Not the recovery point: an open that
+        are staged: the leader epochs (a clean open trusts the file and rebuilds none), the
+        log start offset (normally written at every change already), and the producer state
+        snapshot (the next open then replays no batch to rebuild it). Not the recovery point: an open that
         finds the marker does not use it (it trusts every segment and writes the point at
         the end itself, durably, before it removes the marker), and one that does not find
         the marker scans from the old, lower point, which is safe.
@@ -1436,6 +1462,9 @@ class Log:
         if self._log_start_offset_on_disk != self._log_start_offset:
             start = checkpoints.encode_entries([(self._log_start_offset,)])
             staged.append((LOG_START_OFFSET_CHECKPOINT, self._path(LOG_START_OFFSET_CHECKPOINT), start))
+        snapshot = self.producer_snapshot() if self.producer_snapshot is not None else None
+        if snapshot is not None:
+            staged.append((PRODUCER_SNAPSHOT, self._path(PRODUCER_SNAPSHOT), snapshot))
         for name, _, data in staged:
             self._storage.write_unsynced(staging_prefix + name, data)
         return [(staging_prefix + name, final) for name, final, _ in staged]
