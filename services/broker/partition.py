@@ -19,6 +19,7 @@ import enum
 import logging
 from dataclasses import dataclass, field
 
+from clients.common.control_records import control_types
 from clients.common.errors import (
     FencedLeaderEpoch,
     HighwaterError,
@@ -28,7 +29,7 @@ from clients.common.errors import (
     UnknownLeaderEpoch,
     check,
 )
-from clients.common.record_batch import BatchHeader, apply_batch_fixes, iter_batch_headers, validate_batches
+from clients.common.record_batch import apply_batch_fixes, iter_batch_headers, validate_batches
 from clients.common.record_validation import TimestampRules, validate_records
 from services.broker.log import Log
 from services.broker.producer_state import (
@@ -168,19 +169,19 @@ class Partition:
             self.producers.restore(snapshot, below_offset=offset)
         else:
             self.producers.rebuild(())
-        self.producers.update(self._batch_headers(offset))
+        self._replay_producer_state(offset)
         if snapshot is not None and snapshot.offset > end:
             self.log.write_producer_snapshot(encode_snapshot(self.producers, end))
 
-    def _batch_headers(self, offset: int) -> list[BatchHeader]:
-        headers: list[BatchHeader] = []
+    def _replay_producer_state(self, offset: int) -> None:
+        """Every batch from `offset` to the log end into the producer state, read in pieces."""
         while offset < self.log.log_end_offset:
             info = self.log.read(offset, max_bytes=PRODUCER_STATE_REBUILD_READ_BYTES)
             if info.next_offset <= offset:
                 break
-            headers.extend(iter_batch_headers(info.records))
+            headers = list(iter_batch_headers(info.records))
+            self.producers.update(headers, control_types(info.records, headers))
             offset = info.next_offset
-        return headers
 
     # ---- state changes from the controller --------------------------------
 
@@ -308,7 +309,7 @@ class Partition:
         info = self.log.append_as_leader(
             data, leader_epoch=self.leader_epoch, now_ms=now_ms, validated=headers
         )
-        self.producers.update(info.headers)
+        self.producers.update(info.headers, control_types(data, info.headers))
         self.maybe_advance_high_watermark()
         return LeaderAppend(
             info.first_offset, info.next_offset, log_append_time_ms=now_ms if rules.log_append_time else -1
@@ -316,8 +317,11 @@ class Partition:
 
     def append_as_follower(self, records: bytes, *, now_ms: int) -> None:
         """Replicated batches (offsets assigned by the leader); producer state follows along."""
+        # Markers are read before the append: one that cannot be read is refused with nothing
+        # written, rather than written with the producer state left behind it.
+        markers = control_types(records, list(iter_batch_headers(records)))
         info = self.log.append_as_follower(records, now_ms=now_ms)
-        self.producers.update(info.headers)
+        self.producers.update(info.headers, markers)
 
     def check_enough_replicas_reach_offset(
         self, required_offset: int, leader_epoch: int
@@ -465,6 +469,13 @@ class Partition:
         self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
         if self.log.log_end_offset < leo_before:
             self.rebuild_producer_state()
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Where a read_committed consumer stops: the first offset of the oldest open
+        transaction, or the high watermark when that is lower (Kafka's LSO)."""
+        first_unstable = self.producers.first_unstable_offset()
+        return self.high_watermark if first_unstable is None else min(first_unstable, self.high_watermark)
 
     @property
     def low_watermark(self) -> int:

@@ -25,19 +25,22 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from clients.common.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber
+from clients.common.control_records import ControlType
+from clients.common.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber, check
 from clients.common.record_batch import BatchHeader
 from services.common.limits import PRODUCER_BATCHES_KEPT, PRODUCER_IDS_PER_PARTITION_MAX
 
 NO_PRODUCER_ID = -1
+NO_OFFSET = -1
 # Sequences wrap around after 2**31 - 1 as Kafka's.
 SEQUENCE_MODULUS = 2**31
 # The snapshot's format (encode_snapshot). A snapshot of another version is not read: the
 # state is rebuilt from the log alone, as before snapshots existed (docs/UPGRADING.md).
 PRODUCER_SNAPSHOT_VERSION = 1
+NO_MARKERS: Mapping[int, ControlType] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +56,25 @@ class ProducerEntry:
     producer_id: int
     producer_epoch: int
     batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=PRODUCER_BATCHES_KEPT))
+    # The offset of the first batch of the producer's open transaction; -1 when none is open.
+    current_txn_first_offset: int = NO_OFFSET
 
     @property
     def last_sequence(self) -> int:
         return self.batches[-1].last_sequence if self.batches else -1
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedTransaction:
+    """A transaction a marker ended: its offsets [first_offset, last_offset], the marker last.
+
+    An aborted one goes to the aborted-transaction index, which tells a read_committed
+    consumer which of the producer's batches in that range to drop."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    aborted: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,20 +150,69 @@ class ProducerStateManager:
                 return Duplicate(b.first_offset, b.last_offset)
         return None
 
-    def update(self, headers: Iterable[BatchHeader]) -> None:
-        """Record batches as written (offsets assigned): on the leader after append, on followers too."""
+    def update(
+        self, headers: Iterable[BatchHeader], markers: Mapping[int, ControlType] = NO_MARKERS
+    ) -> list[CompletedTransaction]:
+        """Record batches as written (offsets assigned): on the leader after append, on followers
+        too. `markers` has each control batch's type by base offset (control_types). Returns the
+        transactions the markers among them ended, in offset order."""
+        completed: list[CompletedTransaction] = []
         for h in headers:
             if h.producer_id == NO_PRODUCER_ID:
                 continue
             entry = self.producers.pop(h.producer_id, None)  # back in last: the latest written
             if entry is None or h.producer_epoch > entry.producer_epoch:
-                entry = ProducerEntry(h.producer_id, h.producer_epoch)
+                # A newer epoch keeps the open transaction: the coordinator that bumped the
+                # epoch (fencing a zombie) ends it with a marker of the new epoch.
+                open_txn = entry.current_txn_first_offset if entry is not None else NO_OFFSET
+                entry = ProducerEntry(h.producer_id, h.producer_epoch, current_txn_first_offset=open_txn)
             self.producers[h.producer_id] = entry
             if len(self.producers) > self.producer_ids_max:
-                del self.producers[next(iter(self.producers))]
+                self._evict_one(keep=h.producer_id)
+            if h.is_control:
+                check(
+                    h.base_offset in markers,
+                    "control batch at offset %d of producer %d was given without its type",
+                    h.base_offset,
+                    h.producer_id,
+                )
+                first = entry.current_txn_first_offset
+                completed.append(
+                    CompletedTransaction(
+                        h.producer_id,
+                        first if first != NO_OFFSET else h.base_offset,
+                        h.last_offset,
+                        aborted=markers[h.base_offset] is ControlType.ABORT,
+                    )
+                )
+                entry.current_txn_first_offset = NO_OFFSET
+                continue  # a marker has no sequence
+            if h.is_transactional and entry.current_txn_first_offset == NO_OFFSET:
+                entry.current_txn_first_offset = h.base_offset
             entry.batches.append(
                 BatchMetadata(h.base_sequence, _last_sequence(h), h.base_offset, h.last_offset)
             )
+        return completed
+
+    def _evict_one(self, keep: int = NO_PRODUCER_ID) -> bool:
+        """Forget the least recently written producer without an open transaction (one with
+        an open transaction holds the last stable offset back until its marker: forgetting it
+        would let read_committed consumers read its uncommitted records). False when every
+        producer has one: the bound is then exceeded until markers come."""
+        for producer_id, entry in self.producers.items():
+            if entry.current_txn_first_offset == NO_OFFSET and producer_id != keep:
+                del self.producers[producer_id]
+                return True
+        return False
+
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the oldest open transaction (None: none is open). A
+        read_committed consumer reads below it only: the last stable offset is
+        min(this, high watermark)."""
+        return min(
+            (e.current_txn_first_offset for e in self.producers.values() if e.current_txn_first_offset >= 0),
+            default=None,
+        )
 
     def rebuild(self, headers: Iterable[BatchHeader]) -> None:
         """Start over from the log's batches (after a restart or a truncation)."""
@@ -159,12 +226,13 @@ class ProducerStateManager:
         self.producers.clear()
         for e in snapshot.producers:
             kept = [b for b in e.batches if b.last_offset < below_offset]
-            if kept:
-                entry = ProducerEntry(e.producer_id, e.producer_epoch)
+            open_txn = e.current_txn_first_offset if e.current_txn_first_offset < below_offset else NO_OFFSET
+            if kept or open_txn != NO_OFFSET:
+                entry = ProducerEntry(e.producer_id, e.producer_epoch, current_txn_first_offset=open_txn)
                 entry.batches.extend(kept)
                 self.producers[e.producer_id] = entry
-        while len(self.producers) > self.producer_ids_max:
-            del self.producers[next(iter(self.producers))]
+        while len(self.producers) > self.producer_ids_max and self._evict_one():
+            pass
 
 
 class UnreadableSnapshot(ValueError):
@@ -186,6 +254,7 @@ def encode_snapshot(state: ProducerStateManager, offset: int) -> bytes:
             e.producer_id,
             e.producer_epoch,
             [[b.first_sequence, b.last_sequence, b.first_offset, b.last_offset] for b in e.batches],
+            e.current_txn_first_offset,
         ]
         for e in state.producers.values()
     ]
@@ -200,8 +269,10 @@ def decode_snapshot(data: bytes) -> ProducerSnapshot | None:
         if body.get("version") != PRODUCER_SNAPSHOT_VERSION:
             return None
         entries = []
-        for producer_id, epoch, batches in body["producers"]:
-            entry = ProducerEntry(int(producer_id), int(epoch))
+        for producer_id, epoch, batches, txn_first_offset in body["producers"]:
+            entry = ProducerEntry(
+                int(producer_id), int(epoch), current_txn_first_offset=int(txn_first_offset)
+            )
             entry.batches.extend(BatchMetadata(*(int(v) for v in b)) for b in batches)
             entries.append(entry)
         return ProducerSnapshot(int(body["offset"]), tuple(entries))

@@ -1,0 +1,152 @@
+"""A partition's open transactions and last stable offset (services/broker/producer_state.py via
+Partition), and the markers that end them (clients/common/control_records.py)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+from clients.common.control_records import ControlType, control_type, control_types, encode_marker
+from clients.common.errors import CorruptMessage
+from clients.common.record_batch import CRC_POS, batch_crc, iter_batch_headers
+from clients.common.records import decode_batches
+from services.broker.log import Log, LogConfig, MemoryStorage
+from services.broker.partition import LeaderAndIsrState, Partition
+from services.broker.producer_state import CompletedTransaction, ProducerStateManager
+
+
+def txn_batch(producer_id: int, epoch: int, first_seq: int, base_offset: int, n: int = 2) -> bytes:
+    builder = DefaultRecordBatchBuilder(2, 0, 1, producer_id, epoch, first_seq, 1 << 20)
+    for i in range(n):
+        builder.append(i, 1_000, None, f"v{first_seq + i}".encode(), [])
+    buf = builder.build()
+    buf[0:8] = base_offset.to_bytes(8, "big")
+    return bytes(buf)
+
+
+def marker(control: ControlType, producer_id: int, epoch: int, base_offset: int) -> bytes:
+    return encode_marker(
+        control,
+        producer_id=producer_id,
+        producer_epoch=epoch,
+        coordinator_epoch=3,
+        timestamp_ms=2_000,
+        base_offset=base_offset,
+    )
+
+
+def follower(storage: MemoryStorage | None = None) -> Partition:
+    log = Log.open("/p/t-0", LogConfig(), storage=storage or MemoryStorage(), now_ms=0)
+    p = Partition("t", 0, 2, log)
+    p.become_follower(LeaderAndIsrState(1, 0, (1, 2), (1, 2), 1, 1))
+    return p
+
+
+def test_a_marker_round_trips_and_is_skipped_by_consumers():
+    m = marker(ControlType.COMMIT, 7, 4, base_offset=10)
+    (header,) = iter_batch_headers(m)
+    assert header.is_control and header.is_transactional and header.base_offset == 10
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (7, 4, -1)
+    assert control_type(m, header) is ControlType.COMMIT
+    assert control_types(m, [header]) == {10: ControlType.COMMIT}
+    assert list(decode_batches(m)) == []  # the batch's CRC is right and it holds no data record
+    assert control_type(marker(ControlType.ABORT, 7, 4, 0), header) is ControlType.ABORT
+
+
+def test_an_unknown_control_record_is_refused_and_a_follower_writes_nothing():
+    m = bytearray(marker(ControlType.COMMIT, 7, 4, base_offset=0))
+    (header,) = iter_batch_headers(m)
+    key_type_position = len(m) - 10  # after it: value length (1 byte), value (6), header count (1)
+    assert m[key_type_position : key_type_position + 2] == b"\x00\x01"
+    m[key_type_position + 1] = 9
+    struct.pack_into(">I", m, CRC_POS, batch_crc(m, 0, len(m)))  # a well-formed batch otherwise
+    with pytest.raises(CorruptMessage, match="unknown control record"):
+        control_type(m, header)
+    p = follower()
+    with pytest.raises(CorruptMessage, match="unknown control record"):
+        p.append_as_follower(bytes(m), now_ms=0)
+    assert p.log.log_end_offset == 0
+
+
+def test_the_last_stable_offset_stops_at_the_oldest_open_transaction_until_its_marker():
+    p = follower()
+    p.append_as_follower(txn_batch(7, 0, 0, base_offset=0), now_ms=0)  # 0-1, producer 7 opens
+    p.append_as_follower(txn_batch(8, 0, 0, base_offset=2), now_ms=0)  # 2-3, producer 8 opens
+    p.append_as_follower(txn_batch(7, 0, 2, base_offset=4), now_ms=0)  # 4-5
+    p.update_follower_high_watermark(6)
+    assert p.last_stable_offset == 0
+    p.append_as_follower(marker(ControlType.COMMIT, 7, 0, base_offset=6), now_ms=0)
+    p.update_follower_high_watermark(7)
+    assert p.last_stable_offset == 2  # producer 8's transaction is still open
+    completed = p.producers.update(
+        iter_batch_headers(marker(ControlType.ABORT, 8, 0, base_offset=7)), {7: ControlType.ABORT}
+    )
+    assert completed == [CompletedTransaction(8, 2, 7, aborted=True)]
+    assert p.producers.first_unstable_offset() is None
+    assert p.last_stable_offset == p.high_watermark == 7
+
+
+def test_the_last_stable_offset_never_passes_the_high_watermark():
+    p = follower()
+    p.append_as_follower(txn_batch(7, 0, 0, base_offset=0), now_ms=0)
+    p.append_as_follower(marker(ControlType.COMMIT, 7, 0, base_offset=2), now_ms=0)
+    p.update_follower_high_watermark(1)
+    assert p.last_stable_offset == 1
+
+
+def test_an_empty_transaction_completes_at_its_marker_and_a_newer_epoch_keeps_the_open_one():
+    state = ProducerStateManager()
+    assert state.update(iter_batch_headers(marker(ControlType.ABORT, 7, 0, 5)), {5: ControlType.ABORT}) == [
+        CompletedTransaction(7, 5, 5, aborted=True)
+    ]
+    state.update(iter_batch_headers(txn_batch(7, 0, 0, base_offset=6)))
+    # The coordinator fenced the producer: it bumps the epoch and aborts with a marker of the new epoch.
+    assert state.update(iter_batch_headers(marker(ControlType.ABORT, 7, 1, 8)), {8: ControlType.ABORT}) == [
+        CompletedTransaction(7, 6, 8, aborted=True)
+    ]
+    assert state.producers[7].producer_epoch == 1
+
+
+def test_open_transactions_survive_a_restart_and_a_truncation_below_them_drops_them():
+    storage = MemoryStorage()
+    p = follower(storage)
+    p.append_as_follower(txn_batch(9, 0, 0, base_offset=0, n=1), now_ms=0)
+    p.append_as_follower(txn_batch(7, 0, 0, base_offset=1), now_ms=0)  # 1-2, stays open
+    p.update_follower_high_watermark(3)
+    p.append_as_follower(marker(ControlType.COMMIT, 9, 0, base_offset=3), now_ms=0)
+    p.log.close()  # the clean close's snapshot has producer 7's open transaction
+    again = Partition("t", 0, 2, Log.open("/p/t-0", LogConfig(), storage=storage, now_ms=0))
+    again.rebuild_producer_state()
+    again.high_watermark = 4
+    assert again.last_stable_offset == 1
+    again.become_follower(LeaderAndIsrState(1, 1, (1, 2), (1, 2), 2, 2))
+    again.truncate_to(1)  # the new leader never had producer 7's batch
+    assert again.producers.first_unstable_offset() is None and 7 not in again.producers.producers
+    assert again.last_stable_offset == again.high_watermark == 1
+
+
+def test_a_rebuild_from_the_log_alone_reads_the_markers():
+    storage = MemoryStorage()
+    p = follower(storage)
+    p.append_as_follower(txn_batch(7, 0, 0, base_offset=0), now_ms=0)
+    p.append_as_follower(marker(ControlType.ABORT, 7, 0, base_offset=2), now_ms=0)
+    p.append_as_follower(txn_batch(8, 0, 0, base_offset=3), now_ms=0)
+    p.log.abandon()  # a crash: no snapshot
+    again = Partition("t", 0, 2, Log.open("/p/t-0", LogConfig(), storage=storage, now_ms=0))
+    assert again.log.read_producer_snapshot() is None
+    again.rebuild_producer_state()
+    assert again.producers.first_unstable_offset() == 3
+
+
+def test_a_producer_with_an_open_transaction_is_never_evicted():
+    state = ProducerStateManager(producer_ids_max=2)
+    state.update(iter_batch_headers(txn_batch(1, 0, 0, base_offset=0)))
+    state.update(iter_batch_headers(txn_batch(2, 0, 0, base_offset=2)))
+    state.update(iter_batch_headers(txn_batch(3, 0, 0, base_offset=4)))
+    assert sorted(state.producers) == [1, 2, 3]  # all three open: the bound waits for markers
+    state.update(iter_batch_headers(marker(ControlType.COMMIT, 2, 0, 6)), {6: ControlType.COMMIT})
+    state.update(iter_batch_headers(txn_batch(4, 0, 0, base_offset=7)))
+    assert sorted(state.producers) == [1, 3, 4]
+    assert state.first_unstable_offset() == 0
