@@ -19,7 +19,7 @@ import enum
 import logging
 from dataclasses import dataclass, field
 
-from clients.common.control_records import control_types
+from clients.common.control_records import ControlType, control_types
 from clients.common.errors import (
     FencedLeaderEpoch,
     HighwaterError,
@@ -29,9 +29,10 @@ from clients.common.errors import (
     UnknownLeaderEpoch,
     check,
 )
-from clients.common.record_batch import apply_batch_fixes, iter_batch_headers, validate_batches
+from clients.common.record_batch import BatchHeader, apply_batch_fixes, iter_batch_headers, validate_batches
 from clients.common.record_validation import TimestampRules, validate_records
 from services.broker.log import Log
+from services.broker.log.txn_index import AbortedTxn
 from services.broker.producer_state import (
     ProducerStateManager,
     UnreadableSnapshot,
@@ -164,9 +165,13 @@ class Partition:
             except UnreadableSnapshot as exc:
                 logger.warning("%s-%d: %s; rebuilding it from the log alone", self.topic, self.partition, exc)
         offset = start
-        if snapshot is not None and snapshot.offset >= start:
-            offset = min(snapshot.offset, end)
+        if snapshot is not None and start <= snapshot.offset <= end:
+            offset = snapshot.offset
             self.producers.restore(snapshot, below_offset=offset)
+        elif snapshot is not None and snapshot.offset > end:
+            # Truncated below the snapshot: its sequences below the log end hold, but which
+            # transactions are open again (their markers cut) only the log says: replay it all.
+            self.producers.restore(snapshot, below_offset=end, with_transactions=False)
         else:
             self.producers.rebuild(())
         self._replay_producer_state(offset)
@@ -180,8 +185,23 @@ class Partition:
             if info.next_offset <= offset:
                 break
             headers = list(iter_batch_headers(info.records))
-            self.producers.update(headers, control_types(info.records, headers))
+            self._take_batches(headers, control_types(info.records, headers))
             offset = info.next_offset
+
+    def _take_batches(self, headers: list[BatchHeader], markers: dict[int, ControlType]) -> None:
+        """Written batches into the producer state; the transactions their ABORT markers ended
+        into the log's aborted-transaction index (each with the LSO right after it, as Kafka's)."""
+        for txn in self.producers.update(headers, markers):
+            if txn.aborted:
+                first_unstable = self.producers.first_unstable_offset()
+                lso = (
+                    txn.last_offset + 1
+                    if first_unstable is None
+                    else min(first_unstable, txn.last_offset + 1)
+                )
+                self.log.append_aborted_txn(
+                    AbortedTxn(txn.producer_id, txn.first_offset, txn.last_offset, lso)
+                )
 
     # ---- state changes from the controller --------------------------------
 
@@ -309,7 +329,7 @@ class Partition:
         info = self.log.append_as_leader(
             data, leader_epoch=self.leader_epoch, now_ms=now_ms, validated=headers
         )
-        self.producers.update(info.headers, control_types(data, info.headers))
+        self._take_batches(info.headers, control_types(data, info.headers))
         self.maybe_advance_high_watermark()
         return LeaderAppend(
             info.first_offset, info.next_offset, log_append_time_ms=now_ms if rules.log_append_time else -1
@@ -321,7 +341,7 @@ class Partition:
         # written, rather than written with the producer state left behind it.
         markers = control_types(records, list(iter_batch_headers(records)))
         info = self.log.append_as_follower(records, now_ms=now_ms)
-        self.producers.update(info.headers, markers)
+        self._take_batches(info.headers, markers)
 
     def check_enough_replicas_reach_offset(
         self, required_offset: int, leader_epoch: int

@@ -189,6 +189,8 @@ class ProducerStateManager:
                 continue  # a marker has no sequence
             if h.is_transactional and entry.current_txn_first_offset == NO_OFFSET:
                 entry.current_txn_first_offset = h.base_offset
+            if entry.batches and h.last_offset <= entry.batches[-1].last_offset:
+                continue  # known from a snapshot already: a replay after a truncation meets it again
             entry.batches.append(
                 BatchMetadata(h.base_sequence, _last_sequence(h), h.base_offset, h.last_offset)
             )
@@ -219,14 +221,22 @@ class ProducerStateManager:
         self.producers.clear()
         self.update(headers)
 
-    def restore(self, snapshot: ProducerSnapshot, below_offset: int) -> None:
+    def restore(
+        self, snapshot: ProducerSnapshot, below_offset: int, *, with_transactions: bool = True
+    ) -> None:
         """Start over from a snapshot, keeping only batches that end below `below_offset` (the
         log end now, when the log was truncated below the snapshot's offset); a producer with
-        no batch left is dropped. The caller then replays the log's batches from there (update)."""
+        no batch left is dropped. The caller then replays the log's batches from there (update).
+
+        Without `with_transactions` no transaction is open: after a truncation below the
+        snapshot a transaction it saw ended may be open again (its marker was cut), which only
+        a replay of the log tells."""
         self.producers.clear()
         for e in snapshot.producers:
             kept = [b for b in e.batches if b.last_offset < below_offset]
             open_txn = e.current_txn_first_offset if e.current_txn_first_offset < below_offset else NO_OFFSET
+            if not with_transactions:
+                open_txn = NO_OFFSET
             if kept or open_txn != NO_OFFSET:
                 entry = ProducerEntry(e.producer_id, e.producer_epoch, current_txn_first_offset=open_txn)
                 entry.batches.extend(kept)

@@ -9,10 +9,11 @@ import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from clients.common.control_records import ControlType, control_type, control_types, encode_marker
-from clients.common.errors import CorruptMessage
+from clients.common.errors import CorruptMessage, InvariantViolation
 from clients.common.record_batch import CRC_POS, batch_crc, iter_batch_headers
 from clients.common.records import decode_batches
 from services.broker.log import Log, LogConfig, MemoryStorage
+from services.broker.log.txn_index import AbortedTxn, AbortedTxnIndex, UnreadableTxnIndex
 from services.broker.partition import LeaderAndIsrState, Partition
 from services.broker.producer_state import CompletedTransaction, ProducerStateManager
 
@@ -109,7 +110,7 @@ def test_an_empty_transaction_completes_at_its_marker_and_a_newer_epoch_keeps_th
     assert state.producers[7].producer_epoch == 1
 
 
-def test_open_transactions_survive_a_restart_and_a_truncation_below_them_drops_them():
+def test_open_transactions_survive_a_restart_and_a_truncation_reopens_what_it_cut_the_marker_of():
     storage = MemoryStorage()
     p = follower(storage)
     p.append_as_follower(txn_batch(9, 0, 0, base_offset=0, n=1), now_ms=0)
@@ -122,9 +123,10 @@ def test_open_transactions_survive_a_restart_and_a_truncation_below_them_drops_t
     again.high_watermark = 4
     assert again.last_stable_offset == 1
     again.become_follower(LeaderAndIsrState(1, 1, (1, 2), (1, 2), 2, 2))
-    again.truncate_to(1)  # the new leader never had producer 7's batch
-    assert again.producers.first_unstable_offset() is None and 7 not in again.producers.producers
-    assert again.last_stable_offset == again.high_watermark == 1
+    again.truncate_to(1)  # the new leader never had producer 7's batch nor producer 9's marker
+    assert 7 not in again.producers.producers
+    assert again.producers.first_unstable_offset() == 0  # producer 9's transaction is open again
+    assert again.last_stable_offset == 0
 
 
 def test_a_rebuild_from_the_log_alone_reads_the_markers():
@@ -150,3 +152,83 @@ def test_a_producer_with_an_open_transaction_is_never_evicted():
     state.update(iter_batch_headers(txn_batch(4, 0, 0, base_offset=7)))
     assert sorted(state.producers) == [1, 3, 4]
     assert state.first_unstable_offset() == 0
+
+
+# ---- the aborted-transaction index (services/broker/log/txn_index.py) ---------------------------
+
+
+def test_the_index_answers_the_aborted_transactions_a_read_overlaps():
+    index = AbortedTxnIndex()
+    for entry in (AbortedTxn(1, 0, 5, 6), AbortedTxn(2, 3, 9, 10), AbortedTxn(1, 12, 14, 15)):
+        assert index.append(entry)
+    assert not index.append(AbortedTxn(2, 3, 9, 10))  # met again by a replay
+    with pytest.raises(InvariantViolation):
+        index.append(AbortedTxn(3, 4, 7, 8))  # below the last marker and not there: a bug
+    assert index.collect(0, 3) == [AbortedTxn(1, 0, 5, 6)]
+    assert index.collect(6, 12) == [AbortedTxn(2, 3, 9, 10)]
+    assert index.collect(6, 13) == [AbortedTxn(2, 3, 9, 10), AbortedTxn(1, 12, 14, 15)]
+    assert index.collect(15, 100) == []
+    assert AbortedTxnIndex.decode(index.encode()).entries() == index.entries()
+    assert len(index.encode()) == 3 * 34  # Kafka's entry size
+    with pytest.raises(UnreadableTxnIndex):
+        AbortedTxnIndex.decode(index.encode()[:-1])
+    assert index.truncate_from(9) and index.entries() == [AbortedTxn(1, 0, 5, 6)]
+    assert index.drop_below(6) and len(index) == 0
+
+
+def aborted_log(storage: MemoryStorage) -> Partition:
+    """Producer 7 aborts [0, 2], producer 8 commits [3, 5], producer 7 aborts [6, 8]."""
+    p = follower(storage)
+    p.append_as_follower(txn_batch(7, 0, 0, base_offset=0), now_ms=0)
+    p.append_as_follower(marker(ControlType.ABORT, 7, 0, base_offset=2), now_ms=0)
+    p.append_as_follower(txn_batch(8, 0, 0, base_offset=3), now_ms=0)
+    p.append_as_follower(marker(ControlType.COMMIT, 8, 0, base_offset=5), now_ms=0)
+    p.log.roll(0)
+    p.append_as_follower(txn_batch(7, 0, 2, base_offset=6), now_ms=0)
+    p.append_as_follower(marker(ControlType.ABORT, 7, 0, base_offset=8), now_ms=0)
+    return p
+
+
+def test_abort_markers_fill_the_index_which_survives_a_restart_and_follows_truncation_and_retention():
+    storage = MemoryStorage()
+    p = aborted_log(storage)
+    assert p.log.aborted_txns(0, 9) == [AbortedTxn(7, 0, 2, 3), AbortedTxn(7, 6, 8, 9)]
+    p.log.close()
+    log = Log.open("/p/t-0", LogConfig(), storage=storage, now_ms=0)
+    assert log.aborted_txns(0, 9) == [AbortedTxn(7, 0, 2, 3), AbortedTxn(7, 6, 8, 9)]
+    p = Partition("t", 0, 2, log)
+    p.rebuild_producer_state()
+    p.become_follower(LeaderAndIsrState(1, 1, (1, 2), (1, 2), 2, 2))
+    p.truncate_to(8)  # the second abort's marker is cut
+    assert p.log.aborted_txns(0, 9) == [AbortedTxn(7, 0, 2, 3)]
+    assert p.producers.first_unstable_offset() == 6  # its transaction is open again
+    p.update_follower_high_watermark(8)
+    p.log.advance_log_start_offset(6)  # the segment with the first abort goes
+    assert p.log.aborted_txns(0, 9) == []
+    p.log.close()
+    assert not storage.exists("/p/t-0/aborted-transactions.txnindex")
+
+
+def test_a_crash_that_loses_the_marker_drops_its_entry_and_one_that_loses_the_index_rebuilds_it():
+    storage = MemoryStorage()
+    p = aborted_log(storage)
+    p.log.abandon()
+    storage.write_atomic("/p/t-0/aborted-transactions.txnindex", b"\x00\x00garbage")
+    log = Log.open("/p/t-0", LogConfig(), storage=storage, now_ms=0)
+    assert log.aborted_txns(0, 9) == []
+    rebuilt = Partition("t", 0, 2, log)
+    rebuilt.rebuild_producer_state()  # no snapshot left: every batch replayed, every marker met
+    assert log.aborted_txns(0, 9) == [AbortedTxn(7, 0, 2, 3), AbortedTxn(7, 6, 8, 9)]
+    # Power loss: the index was written (atomically) but the last marker was not flushed.
+    storage2 = MemoryStorage()
+    q = follower(storage2)
+    q.append_as_follower(txn_batch(7, 0, 0, base_offset=0), now_ms=0)
+    q.append_as_follower(marker(ControlType.ABORT, 7, 0, base_offset=2), now_ms=0)
+    q.append_as_follower(txn_batch(8, 0, 0, base_offset=3), now_ms=0)
+    q.log.flush(0)
+    q.append_as_follower(marker(ControlType.ABORT, 8, 0, base_offset=5), now_ms=0)
+    assert len(q.log.aborted_txns(0, 6)) == 2
+    storage2.crash()
+    log2 = Log.open("/p/t-0", LogConfig(), storage=storage2, now_ms=0)
+    assert log2.log_end_offset == 5
+    assert log2.aborted_txns(0, 6) == [AbortedTxn(7, 0, 2, 3)]

@@ -47,6 +47,8 @@ CLEANER_OFFSET_CHECKPOINT = "cleaner-offset-checkpoint"
 # encodes it; the log only keeps the bytes): written before the log start moves, so retention
 # cannot make a replica forget a producer whose retry may still come.
 PRODUCER_SNAPSHOT = "producer-state-snapshot"
+# The log's aborted transactions (services/broker/log/txn_index.py), Kafka's .txnindex entries.
+ABORTED_TXN_INDEX = "aborted-transactions.txnindex"
 
 
 def encode_entries(entries: list[tuple[int | str, ...]], *, version: int = CHECKPOINT_VERSION) -> bytes:

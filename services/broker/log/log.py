@@ -99,6 +99,7 @@ from clients.common.records import decode_batches
 
 from . import checkpoints
 from .checkpoints import (
+    ABORTED_TXN_INDEX,
     CLEAN_SHUTDOWN_MARKER,
     LEADER_EPOCH_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
@@ -120,6 +121,7 @@ from .segment import (
     segment_file_name,
 )
 from .storage import TEMP_SUFFIX, Storage, StorageFile
+from .txn_index import AbortedTxn, AbortedTxnIndex, UnreadableTxnIndex
 
 logger = logging.getLogger("highwater.log")
 
@@ -273,6 +275,8 @@ class Log:
         # the batches it describes may be deleted next. And at a clean close, so the next open
         # replays no batch to rebuild the state.
         self.producer_snapshot: Callable[[], bytes | None] | None = None
+        # Transactions aborted in this log (txn_index.py), as its ABORTED_TXN_INDEX file holds them.
+        self._aborted = AbortedTxnIndex()
 
     # --- opening ----------------------------------------------------------------------
 
@@ -447,6 +451,7 @@ class Log:
         self._mark_holes_possible()
         self._recovery_point = self.log_end_offset
         checkpoints.write_offset(storage, self._path(RECOVERY_POINT_CHECKPOINT), self._recovery_point)
+        self._load_aborted_txns()
         if clean:
             # From here on a crash is an unclean stop again.
             storage.delete(self._path(CLEAN_SHUTDOWN_MARKER))
@@ -744,6 +749,53 @@ class Log:
     def read_producer_snapshot(self) -> bytes | None:
         path = self._path(PRODUCER_SNAPSHOT)
         return self._storage.read_file(path) if self._storage.exists(path) else None
+
+    # --- aborted transactions (txn_index.py) --------------------------------------------
+
+    def _load_aborted_txns(self) -> None:
+        """Read the index, without what recovery cut off or retention passed. An unreadable
+        one is rebuilt: the producer state snapshot goes too, so the partition's rebuild
+        replays every batch of the log and meets every ABORT marker still in it again."""
+        path = self._path(ABORTED_TXN_INDEX)
+        if not self._storage.exists(path):
+            return
+        try:
+            self._aborted = AbortedTxnIndex.decode(self._storage.read_file(path))
+        except UnreadableTxnIndex as exc:
+            logger.warning(
+                "log %s: aborted transaction index: %s; rebuilding it from the log", self._directory, exc
+            )
+            self._storage.delete(path)
+            if self._storage.exists(self._path(PRODUCER_SNAPSHOT)):
+                self._storage.delete(self._path(PRODUCER_SNAPSHOT))
+            return
+        cut = self._aborted.truncate_from(self.log_end_offset)
+        if self._aborted.drop_below(self._log_start_offset) or cut:
+            self._write_aborted_txns()
+
+    def _write_aborted_txns(self) -> None:
+        path = self._path(ABORTED_TXN_INDEX)
+        if len(self._aborted):
+            self._storage.write_atomic(path, self._aborted.encode())
+        elif self._storage.exists(path):
+            self._storage.delete(path)
+
+    def append_aborted_txn(self, entry: AbortedTxn) -> None:
+        """Record a transaction an ABORT marker in this log ended (written before returning)."""
+        self._ensure_usable()
+        check(
+            entry.last_offset < self.log_end_offset,
+            "log %s: aborted transaction %s ends past the log end %d",
+            self._directory,
+            entry,
+            self.log_end_offset,
+        )
+        if self._aborted.append(entry):
+            self._write_aborted_txns()
+
+    def aborted_txns(self, fetch_offset: int, upper_bound_offset: int) -> list[AbortedTxn]:
+        """The aborted transactions overlapping [fetch_offset, upper_bound_offset)."""
+        return self._aborted.collect(fetch_offset, upper_bound_offset)
 
     # --- compaction: the cleaner's view of the segments, and the swap -----------------
     # The module docstring has the swap's steps and its commit point.
@@ -1249,6 +1301,8 @@ class Log:
             segment.flush()
         if new_end < offset:
             self._epoch_cache.truncate_from_end(new_end)
+        if self._aborted.truncate_from(new_end):
+            self._write_aborted_txns()
         if new_end < self._log_start_offset:
             self._set_log_start_offset(new_end)
         if self._recovery_point > new_end:
@@ -1262,6 +1316,8 @@ class Log:
         check(offset >= 0, "log %s: start at negative offset %d", self._directory, offset)
         self._epoch_cache.clear()
         self._set_log_start_offset(offset)
+        if self._aborted.truncate_from(0):
+            self._write_aborted_txns()
         for segment in reversed(self._segments):
             segment.delete_files()
         segment = LogSegment(self._storage, self._directory, offset, self._config, active=True)
@@ -1346,6 +1402,8 @@ class Log:
     def _set_log_start_offset(self, offset: int) -> None:
         if offset > self._log_start_offset:
             self._write_producer_snapshot()
+            if self._aborted.drop_below(offset):
+                self._write_aborted_txns()
         self._log_start_offset = offset
         checkpoints.write_offset(self._storage, self._path(LOG_START_OFFSET_CHECKPOINT), offset)
         self._log_start_offset_on_disk = offset
