@@ -7,19 +7,24 @@ which is how the controller learns of a broker failure (DESIGN.md section 7).
 The **broker epoch** is the key's create_revision: every registration of a broker
 id gets a new, larger one, so control requests meant for an earlier incarnation can
 be fenced (STALE_BROKER_EPOCH).
+
+The rules (the order of the steps, waiting out an old incarnation's lease, re-registering
+after a lost lease within its deadline, revoking a lease whose registration had an unknown
+outcome) are pure, in coordinator/broker_life.py; `run_registration` is their asyncio driver,
+and `perform_registration_step` turns their transaction into an etcd call in values.py's
+format for both drivers (this one and the simulation's, tests/sim/sim_broker.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator import values
+from coordinator import broker_life, values
 from coordinator.lease import LeaseKeeper, OnLost
-from coordinator.limits import REGISTRATION_RETRY_INTERVAL_S, REGISTRATION_RETRY_MARGIN_S
 from coordinator.store import CoordinatorError, Get, KeyValue, MetadataStore, Put, compare_missing
 
 log = logging.getLogger("highwater.coordinator")
@@ -53,14 +58,13 @@ class Registration:
 
 
 @dataclass(frozen=True, slots=True)
-class _LeaseSettings:
-    """How a registration's lease is kept: its TTL, the keep-alive interval (None: the
-    LeaseKeeper's default) and what to call when it is lost. They travel together from the
-    public register_* calls to the LeaseKeeper."""
+class LeaseSettings:
+    """How a registration's lease is kept: the keep-alive interval (None: the LeaseKeeper's
+    default) and what to call when it is lost. They travel together from the register_*
+    calls to each LeaseKeeper the registration grants."""
 
-    ttl_s: int
-    keepalive_interval_s: float | None
-    on_lost: OnLost | None
+    keepalive_interval_s: float | None = None
+    on_lost: OnLost | None = None
 
 
 def _holder_address(existing: KeyValue | None) -> str:
@@ -72,52 +76,121 @@ def _holder_address(existing: KeyValue | None) -> str:
         return "an unknown address"
 
 
-async def _register(
+async def perform_registration_step(store: MetadataStore, step: broker_life.Register) -> broker_life.Created:
+    """The registration transaction of coordinator/broker_life.py as an etcd call, in etcd's value
+    format (values.py). Both drivers use it: run_registration here, and the simulation on its
+    simulated etcd. Raises whatever the store raises (CoordinatorUnavailable when etcd could not
+    be reached)."""
+    result = await store.txn(
+        [compare_missing(step.key)],
+        [Put(step.key, values.encode_registration(dict(step.value)), lease=step.lease_id), Get(step.key)],
+        [Get(step.key)],
+    )
+    kvs = result.gets[0]
+    if result.succeeded:
+        return broker_life.Created(succeeded=True, create_revision=kvs[0].create_revision, holder="")
+    return broker_life.Created(
+        succeeded=False, create_revision=0, holder=_holder_address(kvs[0] if kvs else None)
+    )
+
+
+RegistrationOutcome = (
+    broker_life.Registered | broker_life.InUse | broker_life.Unreachable | broker_life.GaveUp
+)
+
+
+async def run_registration(
     store: MetadataStore,
-    key: str,
-    info: dict[str, Any],
-    lease: _LeaseSettings,
+    steps: Generator[broker_life.RegistrationStep, Any, RegistrationOutcome],
+    lease: LeaseSettings,
+    *,
     name: str,
-) -> tuple[Registration | None, KeyValue | None]:
-    keeper = LeaseKeeper(on_lost=lease.on_lost, name=name)
-    lease_id = await keeper.start(store, lease.ttl_s, keepalive_interval_s=lease.keepalive_interval_s)
-    try:
-        result = await store.txn(
-            [compare_missing(key)],
-            [Put(key, values.encode_registration(info), lease=lease_id), Get(key)],
-            [Get(key)],
-        )
-    except BaseException:
-        # Unknown outcome (etcd unreachable, cancelled): revoking removes the key if it was written.
-        await keeper.stop(revoke=True)
-        raise
-    if not result.succeeded:
-        await keeper.stop(revoke=True)
-        return None, result.gets[0][0] if result.gets[0] else None
-    created = result.gets[0][0]
-    log.info("%s registered at %s (epoch %d, lease %x)", name, key, created.create_revision, lease_id)
-    return Registration(lease=keeper, broker_epoch=created.create_revision, key=key), None
+    etcd_failures_are_answers: bool,
+) -> Registration | broker_life.InUse | broker_life.Unreachable | broker_life.GaveUp:
+    """Drive broker_life's `attempt`, `register` or `reregister` with etcd, LeaseKeepers and
+    asyncio.sleep; a Registration once registered, else the rules' final outcome.
+
+    etcd_failures_are_answers: a CoordinatorError of an etcd step is answered `Unreachable`
+    (the rules try again); without it, it is raised out (after revoking a lease of unknown
+    outcome), as any other failure is."""
+    granted: dict[int, LeaseKeeper] = {}
+    key = ""
+    step = next(steps)
+    while True:
+        if isinstance(step, broker_life.Register):
+            key = step.key
+        try:
+            answer = await _perform(store, step, granted, lease, name)
+        except CoordinatorError as exc:
+            if not etcd_failures_are_answers:
+                step = steps.throw(exc)
+                continue
+            answer = broker_life.Unreachable(f"{type(exc).__name__}: {exc}")
+        except BaseException as exc:
+            step = steps.throw(exc)  # the rules revoke a lease of unknown outcome, then re-raise
+            continue
+        try:
+            step = steps.send(answer)
+        except StopIteration as done:
+            outcome: RegistrationOutcome = done.value
+            break
+    if not isinstance(outcome, broker_life.Registered):
+        return outcome
+    log.info("%s registered at %s (epoch %d, lease %x)", name, key, outcome.broker_epoch, outcome.lease_id)
+    return Registration(lease=granted.pop(outcome.lease_id), broker_epoch=outcome.broker_epoch, key=key)
+
+
+async def _perform(
+    store: MetadataStore,
+    step: broker_life.RegistrationStep,
+    granted: dict[int, LeaseKeeper],
+    lease: LeaseSettings,
+    name: str,
+) -> object:
+    if isinstance(step, broker_life.GrantLease):
+        keeper = LeaseKeeper(on_lost=lease.on_lost, name=name)
+        lease_id = await keeper.start(store, step.ttl_s, keepalive_interval_s=lease.keepalive_interval_s)
+        granted[lease_id] = keeper
+        return lease_id
+    if isinstance(step, broker_life.RevokeLease):
+        await granted.pop(step.lease_id).stop(revoke=True)
+        return None
+    if isinstance(step, broker_life.Pause):
+        log.info("%s: %s; trying again in %.2f s", name, step.why, step.seconds)
+        await asyncio.sleep(step.seconds)
+        return None
+    if isinstance(step, broker_life.ReadClock):
+        return asyncio.get_running_loop().time()
+    return await perform_registration_step(store, step)
 
 
 async def _register_id(
     store: MetadataStore,
     key: str,
     info: dict[str, Any],
-    lease: _LeaseSettings,
     *,
+    ttl_s: int,
+    lease: LeaseSettings,
+    wait_for_old_lease: bool,
     kind: str,
     ident: int,
     in_use: type[CoordinatorError],
 ) -> Registration:
-    """`_register` the `kind` ("broker", "gateway") numbered `ident` at `key`; `in_use` when a
+    """Register the `kind` ("broker", "gateway") numbered `ident` at `key`; `in_use` when a
     live process holds it, naming that process's address and the `--{kind}-id` option."""
-    registration, holder = await _register(store, key, info, lease, name=f"{kind} {ident}")
-    if registration is None:
+    rules = broker_life.register if wait_for_old_lease else broker_life.attempt
+    outcome = await run_registration(
+        store, rules(key, info, ttl_s), lease, name=f"{kind} {ident}", etcd_failures_are_answers=False
+    )
+    if isinstance(outcome, Registration):
+        return outcome
+    if isinstance(outcome, broker_life.InUse):
         raise in_use(
-            f"{kind} id {ident} is already registered by a live process at {_holder_address(holder)}; "
+            f"{kind} id {ident} is already registered by a live process at {outcome.holder}; "
             f"pick another --{kind}-id or stop that one"
         )
-    return registration
+    # Unreachable and GaveUp are answers only when etcd failures are (not here).
+    raise RuntimeError(f"{kind} {ident}: registration ended with {outcome!r}")
 
 
 async def register_broker(
@@ -128,16 +201,27 @@ async def register_broker(
     ttl_s: int,
     keepalive_interval_s: float | None = None,
     on_lost: OnLost | None = None,
+    wait_for_old_lease: bool = False,
 ) -> Registration:
     """Register broker_id with info (host, port, rack, metrics port) under a fresh lease.
 
-    The lease keeper is running when this returns. Raises BrokerIdInUse when a live
-    process already holds the id, ValueError for a bad TTL/interval or id,
-    CoordinatorUnavailable when etcd cannot be reached.
+    The lease keeper is running when this returns. With wait_for_old_lease, a key still held
+    (by a previous incarnation that died without revoking its lease) is tried again for up to
+    the TTL plus a margin (broker_life.register). Raises BrokerIdInUse when a live process
+    holds the id, ValueError for a bad TTL/interval or id, CoordinatorUnavailable when etcd
+    cannot be reached.
     """
-    lease = _LeaseSettings(ttl_s, keepalive_interval_s, on_lost)
-    key = store.keys.broker(broker_id)
-    return await _register_id(store, key, info, lease, kind="broker", ident=broker_id, in_use=BrokerIdInUse)
+    return await _register_id(
+        store,
+        store.keys.broker(broker_id),
+        info,
+        ttl_s=ttl_s,
+        lease=LeaseSettings(keepalive_interval_s, on_lost),
+        wait_for_old_lease=wait_for_old_lease,
+        kind="broker",
+        ident=broker_id,
+        in_use=BrokerIdInUse,
+    )
 
 
 async def register_gateway(
@@ -148,36 +232,23 @@ async def register_gateway(
     ttl_s: int,
     keepalive_interval_s: float | None = None,
     on_lost: OnLost | None = None,
+    wait_for_old_lease: bool = False,
 ) -> Registration:
     """Register gateway_id with info (host, port) under a fresh lease; as register_broker.
 
     Raises GatewayIdInUse when a live process already holds the id.
     """
-    lease = _LeaseSettings(ttl_s, keepalive_interval_s, on_lost)
-    key = store.keys.gateway(gateway_id)
     return await _register_id(
-        store, key, info, lease, kind="gateway", ident=gateway_id, in_use=GatewayIdInUse
+        store,
+        store.keys.gateway(gateway_id),
+        info,
+        ttl_s=ttl_s,
+        lease=LeaseSettings(keepalive_interval_s, on_lost),
+        wait_for_old_lease=wait_for_old_lease,
+        kind="gateway",
+        ident=gateway_id,
+        in_use=GatewayIdInUse,
     )
-
-
-async def register_waiting_for_old_lease(
-    register: Callable[[], Awaitable[Registration]], *, ttl_s: int, what: str
-) -> Registration:
-    """Register, waiting out the lease of a previous incarnation that died without revoking it.
-
-    A process restarted right after a crash finds its own old key still held by a
-    lease that etcd has not expired yet; Kafka's broker waits for the old session
-    the same way. Gives up (raising the in-use error) after the TTL plus a margin.
-    """
-    deadline = asyncio.get_running_loop().time() + ttl_s + REGISTRATION_RETRY_MARGIN_S
-    while True:
-        try:
-            return await register()
-        except (BrokerIdInUse, GatewayIdInUse) as exc:
-            if asyncio.get_running_loop().time() >= deadline:
-                raise
-            log.info("%s: id still held (%s); waiting for the old lease to expire", what, exc)
-            await asyncio.sleep(REGISTRATION_RETRY_INTERVAL_S)
 
 
 async def revoke_broker_incarnation(store: MetadataStore, broker_id: int, broker_epoch: int) -> bool:

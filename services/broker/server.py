@@ -5,7 +5,8 @@ unwritable one stops the broker with a clear message), then etcd is reached,
 then the gRPC server binds, and only then does the broker register under its
 lease, because registration is what tells the controller to send it
 LeaderAndIsr. A lost lease (a pause past the TTL) re-registers with a new
-broker epoch, so requests meant for the old incarnation are fenced.
+broker epoch, so requests meant for the old incarnation are fenced
+(services/broker/registration_life.py drives coordinator/broker_life.py's rules).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncio
 import logging
 import os
 import resource
-import time
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,13 +26,14 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from coordinator.election import current_controller
 from coordinator.limits import LEASE_KEEPALIVES_PER_TTL
-from coordinator.registration import Registration, register_broker, register_waiting_for_old_lease
+from coordinator.registration import Registration
 from coordinator.store import EtcdStore
 from protos.highwater.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.broker import metrics
 from services.broker.heartbeat import ControllerHeartbeat
 from services.broker.log_cleaner import CleanerConfig
 from services.broker.log_dirs import describe_log_dirs
+from services.broker.registration_life import BrokerRegistrationLife
 from services.broker.replica_manager import ReplicaManager, SystemClock
 from services.common import limits
 from services.common.peers import PeerChannels
@@ -340,6 +342,47 @@ def raise_open_files_limit(replicas_max: int) -> int:
     return soft
 
 
+def _kafka_listener(
+    config: BrokerConfig,
+    port: int,
+    process: ServiceProcess,
+    kafka_backend: BrokerKafkaBackend,
+    kafka_socket: socket.socket | None,
+) -> KafkaListener:
+    """Kafka's wire protocol on its own port (docs/KAFKA.md), under the broker's bounds, TLS and ACLs."""
+    # The request bounds an operator set for the gRPC listeners hold here too.
+    bounds = config.security
+    security = process.security
+    tls = security.tls
+    cache = security.cache
+    access_for = None
+    if config.security.acl and cache is not None:
+        # The broker's own ACL snapshot, the one its gRPC interceptor asks (kept current by
+        # its etcd watch): a change applies to both listeners at once.
+        def access_for(caller: Caller) -> KafkaAccess:
+            return ConnectionAccess(caller, lambda: cache.authorizer)
+
+    return KafkaListener(
+        KafkaHandler(
+            kafka_backend,
+            max_batch_records=bounds.max_batch_records,
+            fetch_session_cache=broker_cache(SystemClock()),
+        ),
+        config.host,
+        port,
+        request_bytes_max=bounds.max_request_bytes or limits.KAFKA_REQUEST_BYTES_MAX,
+        in_flight_max=bounds.max_requests_per_connection
+        or limits.KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX,
+        connections_per_ip_max=config.kafka_limits.connections_per_ip_max,
+        connections_per_ip_overrides=config.kafka_limits.connections_per_ip_overrides,
+        request_body_timeout_ms=config.kafka_limits.request_body_timeout_ms,
+        partial_frame_bytes_max=config.kafka_limits.partial_frame_bytes_max,
+        ssl_context=tls.server_ssl_context() if tls is not None else None,
+        access_for=access_for,
+        sock=kafka_socket,
+    )
+
+
 async def serve(config: BrokerConfig) -> None:
     config.check()
     prepare_data_dir(config.data_dir)
@@ -374,37 +417,7 @@ async def serve(config: BrokerConfig) -> None:
     kafka: KafkaListener | None = None
     kafka_backend = BrokerKafkaBackend(config.broker_id, replicas, store, process.peers)
     if config.kafka_port is not None:
-        # The request bounds an operator set for the gRPC listeners hold here too.
-        bounds = config.security
-        security = process.security
-        tls = security.tls
-        cache = security.cache
-        access_for = None
-        if config.security.acl and cache is not None:
-            # The broker's own ACL snapshot, the one its gRPC interceptor asks (kept current by
-            # its etcd watch): a change applies to both listeners at once.
-            def access_for(caller: Caller) -> KafkaAccess:
-                return ConnectionAccess(caller, lambda: cache.authorizer)
-
-        kafka = KafkaListener(
-            KafkaHandler(
-                kafka_backend,
-                max_batch_records=bounds.max_batch_records,
-                fetch_session_cache=broker_cache(SystemClock()),
-            ),
-            config.host,
-            config.kafka_port,
-            request_bytes_max=bounds.max_request_bytes or limits.KAFKA_REQUEST_BYTES_MAX,
-            in_flight_max=bounds.max_requests_per_connection
-            or limits.KAFKA_REQUESTS_IN_FLIGHT_PER_CONNECTION_MAX,
-            connections_per_ip_max=config.kafka_limits.connections_per_ip_max,
-            connections_per_ip_overrides=config.kafka_limits.connections_per_ip_overrides,
-            request_body_timeout_ms=config.kafka_limits.request_body_timeout_ms,
-            partial_frame_bytes_max=config.kafka_limits.partial_frame_bytes_max,
-            ssl_context=tls.server_ssl_context() if tls is not None else None,
-            access_for=access_for,
-            sock=kafka_socket,
-        )
+        kafka = _kafka_listener(config, config.kafka_port, process, kafka_backend, kafka_socket)
         kafka_backend.start()
         await kafka.start()
     unclean_shutdown = replicas.start()
@@ -423,50 +436,29 @@ async def serve(config: BrokerConfig) -> None:
     # The liveness stream to the active controller (heartbeat.py), started once registered.
     heartbeat = ControllerHeartbeat(store, config.broker_id, lambda: replicas.broker_epoch)
 
-    async def register() -> Registration:
-        registration = await register_waiting_for_old_lease(
-            lambda: register_broker(store, config.broker_id, info, ttl_s=config.lease_ttl_s),
-            ttl_s=config.lease_ttl_s,
-            what=f"broker {config.broker_id}",
-        )
+    def registered(registration: Registration) -> None:
         replicas.broker_epoch = registration.broker_epoch
-        log.info("broker %d registered with broker epoch %d", config.broker_id, registration.broker_epoch)
-        # Only this process's first registration speaks for the previous run: a later one
-        # (the lease was lost) lost nothing on disk since.
-        info["unclean_shutdown"] = False
         heartbeat.reopen()  # the stream must name this incarnation
-        return registration
 
-    registration = await register()
-    metrics.LEASE_KEEPALIVE_FAILURES.set_function(lambda: registration.lease.keepalive_failures_total)
+    life = BrokerRegistrationLife(
+        store,
+        config.broker_id,
+        info,
+        ttl_s=config.lease_ttl_s,
+        on_registered=registered,
+        stop_process=runtime.stopping.set,
+    )
+    await life.register()
+    metrics.LEASE_KEEPALIVE_FAILURES.set_function(lambda: life.registration.lease.keepalive_failures_total)
     await runtime.mark_ready(
         broker_id=config.broker_id, broker_epoch=replicas.broker_epoch, kafka_port=info["kafka_port"]
     )
-
-    async def watch_lease() -> None:
-        nonlocal registration
-        while True:
-            await registration.lease.lost.wait()
-            log.warning(
-                "broker %d lost its etcd lease; registering again as a new incarnation", config.broker_id
-            )
-            deadline = time.monotonic() + config.lease_ttl_s * limits.LEASE_REREGISTER_TTLS_MAX
-            while time.monotonic() < deadline:
-                try:
-                    registration = await register()
-                    break
-                except Exception as exc:
-                    log.warning("re-registration failed (%s); retrying", exc)
-                    await asyncio.sleep(limits.LEASE_REREGISTER_BACKOFF_S)
-            else:
-                runtime.stopping.set()
-                return
-
-    lease_watcher = asyncio.create_task(watch_lease())
+    lease_watcher = asyncio.create_task(life.watch_lease(), name="broker-lease-watch")
     heartbeat_task = asyncio.create_task(heartbeat.run(), name="controller-heartbeat")
 
     async def on_stop() -> None:
         lease_watcher.cancel()
+        life.shutting_down()
         await replicas.controlled_shutdown()
         if kafka is not None:
             await kafka.close()
@@ -480,6 +472,7 @@ async def serve(config: BrokerConfig) -> None:
             await heartbeat_task
         except asyncio.CancelledError:
             pass
-        await process.close(registration)
+        await process.close(life.current)
+        life.stopped()
 
     await runtime.run_until_stopped(on_stop)

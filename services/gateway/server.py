@@ -27,7 +27,7 @@ from typing import TypeVar
 
 import grpc
 
-from coordinator.registration import register_gateway, register_waiting_for_old_lease
+from coordinator.registration import register_gateway
 from coordinator.store import EtcdStore
 from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common import limits
@@ -310,10 +310,8 @@ async def serve(config: GatewayConfig) -> None:
         "port": runtime.bound_port,
         "pid": os.getpid(),
     }
-    registration = await register_waiting_for_old_lease(
-        lambda: register_gateway(store, config.gateway_id, info, ttl_s=config.lease_ttl_s),
-        ttl_s=config.lease_ttl_s,
-        what=f"gateway {config.gateway_id}",
+    registration = await register_gateway(
+        store, config.gateway_id, info, ttl_s=config.lease_ttl_s, wait_for_old_lease=True
     )
     await servicer.view.refresh_metadata(force=True)
     servicer.groups.start()

@@ -11,8 +11,10 @@ only the driver, the simulation's side of the core's seams:
   it yields as a simulated RPC (the in-memory LeaderEndpoint and controller client)
   or timer; `call_later` is a timer;
 - requests arrive as Envelopes and are answered through the core's callbacks;
-- process life: registration under a lease, crash (kill -9, or a power loss that
-  loses unflushed bytes and changes the boot id), restart, clean stop.
+- process life: registration under a lease (coordinator/broker_life.py's rules and
+  state table, driven by tests/sim/sim_registration.py), crash
+  (kill -9, or a power loss that loses unflushed bytes and changes the boot id), restart,
+  clean stop.
 
 The checker watches through the core's observer (`_CheckerObserver`).
 
@@ -24,15 +26,16 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from clients.common.types import TopicPartitionKey
+from coordinator import broker_life
 from coordinator.election import current_controller
-from coordinator.store import CoordinatorError, Get, Put, compare_missing
-from coordinator.values import json_bytes
+from coordinator.store import CoordinatorError
 from services.broker.core import BrokerCore
 from services.broker.fetcher_core import FetcherCore, FetcherSettings
 from services.broker.log import MemoryStorage
@@ -51,6 +54,7 @@ from tests.sim.clock import EventLoop
 from tests.sim.config import WALL_CLOCK_BASE_MS, SimConfig
 from tests.sim.network import Envelope, Network, RpcError, RpcNode
 from tests.sim.sim_etcd import SimEtcd, SimLease, run_sync
+from tests.sim.sim_registration import SimRegistration
 
 if TYPE_CHECKING:
     from tests.sim.checker import Checker
@@ -192,7 +196,8 @@ class SimBroker(RpcNode):
         )
         # Fault knobs.
         self.disk_delay_ms = 0
-        self.shutting_down = False
+        # What this broker's registrations went through (tests/sim/sim_registration.py).
+        self.counts: Counter[str] = Counter()
         self._start_process()
 
     # ---- process lifecycle ---------------------------------------------------------------
@@ -215,13 +220,12 @@ class SimBroker(RpcNode):
             observer=_CheckerObserver(self),
         )
         self.unclean_shutdown = self.core.start(boot_id=f"boot-{self.boots}").unclean_shutdown
-        self.lease: SimLease | None = None
-        self.shutting_down = False
+        self.registration = SimRegistration(self, self.counts)
         # Fetchers waiting in AwaitWork: the task and the token of that wait.
         self._idle: dict[FetcherCore, tuple[Task[Any], int]] = {}
         self._idle_tokens = 0
         self.after(self.config.isr_check_interval_ms, self._isr_and_checkpoint_tick)
-        self._register()
+        self.registration.start()
 
     @property
     def partitions(self) -> dict[TopicPartitionKey, Partition]:
@@ -247,53 +251,19 @@ class SimBroker(RpcNode):
         self.trace("restart")
         self._start_process()
 
-    def _register(self) -> None:
-        """coordinator/registration.register_broker: a lease, then the key if missing."""
-        if not self.up:
-            return
-        key = self.etcd.keys.broker(self.broker_id)
-        try:
-            lease = SimLease(self, self.etcd_client, self.config.lease_ttl_s, on_lost=self._on_lease_lost)
-        except CoordinatorError:
-            self.after(self.config.register_retry_ms, self._register)
-            return
-        info = {
-            "broker_id": self.broker_id,
-            "host": self.name,
-            "port": self.port,
-            "rack": "",
-            "metrics_port": 0,
-            "unclean_shutdown": self.unclean_shutdown,
-        }
-        try:
-            result = run_sync(
-                self.etcd_client.txn(
-                    [compare_missing(key)],
-                    [Put(key, json_bytes(info), lease=lease.lease_id), Get(key)],
-                    [Get(key)],
-                )
-            )
-        except CoordinatorError:
-            lease.stop(revoke=True)
-            self.after(self.config.register_retry_ms, self._register)
-            return
-        if not result.succeeded:
-            lease.stop(revoke=True)  # BrokerIdInUse: the old incarnation's lease has not expired yet
-            self.after(self.config.register_retry_ms, self._register)
-            return
-        self.lease = lease
-        self.core.broker_epoch = result.gets[0][0].create_revision
-        self.trace(
-            "registered, broker epoch %d%s",
-            self.core.broker_epoch,
-            " (unclean shutdown)" if self.unclean_shutdown else "",
-        )
-        self.unclean_shutdown = False  # server.py: a later registration of this process lost nothing
+    # ---- registration: tests/sim/sim_registration.py drives coordinator/broker_life.py ----------
 
-    def _on_lease_lost(self) -> None:
-        """server.py watch_lease: register again as a new incarnation (same data, new broker epoch)."""
-        if not self.shutting_down:
-            self._register()
+    @property
+    def life(self) -> broker_life.BrokerLife:
+        return self.registration.life
+
+    @property
+    def lease(self) -> SimLease | None:
+        return self.registration.lease
+
+    @property
+    def shutting_down(self) -> bool:
+        return self.registration.life.stopping
 
     def _isr_and_checkpoint_tick(self) -> None:
         run_to_completion(self.core.periodic_duties())
@@ -417,15 +387,14 @@ class SimBroker(RpcNode):
 
     def controlled_shutdown(self, then: Callable[[], None]) -> None:
         """Ask the controller to move leaderships away, then stop cleanly and call then()."""
-        self.shutting_down = True
+        self.registration.shutting_down()
         self.trace("controlled shutdown requested")
         self._step(self.core.controlled_shutdown(), None, None, lambda _moved: self._stop_cleanly(then))
 
     def _stop_cleanly(self, then: Callable[[], None]) -> None:
         """ReplicaManager.close + revoking the lease: checkpoints, clean-shutdown markers, key deleted."""
         self.core.close()
-        if self.lease is not None:
-            self.lease.stop(revoke=True)
+        self.registration.stopped()
         self.trace("stopped cleanly")
         self.crash()  # the process is gone; the disk keeps everything (close flushed it)
         then()

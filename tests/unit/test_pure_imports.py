@@ -40,6 +40,7 @@ PURE_MODULES = [
     "services/broker/fetcher_core.py",
     "services/broker/steps.py",
     "coordinator/controller_life.py",
+    "coordinator/broker_life.py",
     "services/broker/fetch_state.py",
     "services/broker/producer_state.py",
     "services/broker/log/log.py",
@@ -65,6 +66,11 @@ PURE_MODULES = [
     "services/common/request_checks.py",
     "services/kafka/protocol.py",
     "services/kafka/handler.py",
+    "services/kafka/handler_common.py",
+    "services/kafka/data_calls.py",
+    "services/kafka/fetch_calls.py",
+    "services/kafka/admin_calls.py",
+    "services/kafka/group_calls.py",
     "services/kafka/acl_rules.py",
     "services/kafka/fetch_sessions.py",
     "services/kafka/classic_groups.py",
@@ -90,7 +96,7 @@ FORBIDDEN_IMPORTS = (
 )
 # The pure modules of coordinator/ itself (no etcd client, no asyncio): a pure module inside
 # coordinator/ may import them; the services' pure cores may not import coordinator/ at all.
-PURE_COORDINATOR_MODULES = ("coordinator.limits", "coordinator.controller_life")
+PURE_COORDINATOR_MODULES = ("coordinator.limits", "coordinator.controller_life", "coordinator.broker_life")
 # Calls that read a clock or touch a file, by their dotted name in the source.
 FORBIDDEN_CALLS = frozenset(
     {
