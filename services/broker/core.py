@@ -30,10 +30,11 @@ only for an older broker epoch (STALE_BROKER_EPOCH) or controller epoch.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from clients.common.control_records import ControlType
 from clients.common.errors import (
     BrokerNotAvailable,
     HighwaterError,
@@ -104,6 +105,9 @@ RUN_MARKER_VERSION = 1
 RUN_MARKER_VERSIONS_READ = (RUN_MARKER_VERSION,)
 # Per replica directory: the id of the topic it was created for (Kafka's KIP-516 file and format).
 PARTITION_METADATA_FILE = "partition.metadata"
+# Fetch's and ListOffsets' isolation_level (Kafka's IsolationLevel).
+READ_UNCOMMITTED = 0
+READ_COMMITTED = 1
 
 
 _PartitionEntry = TypeVar("_PartitionEntry", covariant=True)
@@ -969,6 +973,62 @@ class BrokerCore:
         )
         self._watch(op, timeout_ms)
 
+    def write_txn_markers(
+        self,
+        req: broker_pb2.WriteTxnMarkersRequest,
+        on_complete: Callable[[broker_pb2.WriteTxnMarkersResponse], None],
+    ) -> None:
+        """Append each marker to each of its partitions this broker leads (Partition.append_marker),
+        then answer per partition once the ISR has it, or at timeout_ms (Kafka's WriteTxnMarkers:
+        appended as acks=all, so a committed transaction's marker is never lost to a failover)."""
+        timeout_ms = min(req.timeout_ms or limits.PRODUCE_TIMEOUT_MS_DEFAULT, limits.PRODUCE_TIMEOUT_MS_MAX)
+        answers: list[common_pb2.ProduceResponse | None] = [None] * len(req.markers)
+
+        def answered(index: int) -> Callable[[common_pb2.ProduceResponse], None]:
+            def done(resp: common_pb2.ProduceResponse) -> None:
+                answers[index] = resp
+                complete = [a for a in answers if a is not None]
+                if len(complete) == len(answers):
+                    on_complete(_txn_marker_response(req, complete))
+
+            return done
+
+        if not req.markers:
+            on_complete(broker_pb2.WriteTxnMarkersResponse())
+        wall = self.clock.wall_ms()
+        for index, marker in enumerate(req.markers):
+            control = ControlType.COMMIT if marker.committed else ControlType.ABORT
+            results: dict[TopicPartitionKey, common_pb2.ProducePartitionResponse] = {}
+            awaited: dict[TopicPartitionKey, AwaitedAppend] = {}
+            for topic in marker.topics:
+                for partition in topic.partitions:
+                    tp = (topic.topic, partition)
+                    res = common_pb2.ProducePartitionResponse(partition=partition, base_offset=-1)
+                    try:
+                        p = self._leader_partition(tp)
+                        info = p.append_marker(
+                            control,
+                            producer_id=marker.producer_id,
+                            producer_epoch=marker.producer_epoch,
+                            coordinator_epoch=marker.coordinator_epoch,
+                            now_ms=wall,
+                        )
+                        res.base_offset = info.first_offset
+                        awaited[tp] = AwaitedAppend(info.next_offset, p.leader_epoch)
+                        self.notify(tp)
+                    except HighwaterError as exc:
+                        res.error_code, res.error_message = self._client_error(tp, exc)
+                    results[tp] = res
+            op = DelayedProduce(
+                results=results,
+                awaited=awaited,
+                deadline_ms=self.clock.monotonic_ms() + timeout_ms,
+                timeout_ms=timeout_ms,
+                partition=self.partitions.get,
+                on_complete=answered(index),
+            )
+            self._watch(op, timeout_ms)
+
     def _client_error(self, tp: TopicPartitionKey, exc: HighwaterError) -> tuple[common_pb2.ErrorCode, str]:
         """The error code and sentence a client gets: a storage failure is logged here with its
         file and cause, and the client is told only that it happened (no paths leave the broker)."""
@@ -1005,6 +1065,11 @@ class BrokerCore:
     ) -> None:
         """Read now, or wait in the purgatory for min_bytes, an error or max_wait_ms."""
         problem = self._replica_id_problem(req)
+        if req.isolation_level not in (READ_UNCOMMITTED, READ_COMMITTED):
+            problem = (
+                f"isolation_level {req.isolation_level} is not one: 0 reads up to the high watermark "
+                "(read_uncommitted), 1 up to the last stable offset (read_committed)"
+            )
         if problem is not None:
             on_complete(
                 common_pb2.FetchResponse(
@@ -1076,6 +1141,8 @@ class BrokerCore:
             p.leader_epoch,
             p.log.log_start_offset,
             p.log.log_end_offset if as_replica else p.high_watermark,
+            # A marker moves the LSO of a read_committed consumer before the HW moves.
+            None if as_replica else p.last_stable_offset,
         )
 
     def _record_follower_fetches(self, req: common_pb2.FetchRequest) -> None:
@@ -1128,20 +1195,24 @@ class BrokerCore:
                     # Only a replica of the partition reads past the HW: anyone else claiming a broker
                     # id (plaintext mode lets anyone try) reads what a consumer may.
                     as_replica = is_follower and req.replica_id in p.replicas
+                    read_committed = req.isolation_level == READ_COMMITTED and not as_replica
                     pr.high_watermark = p.high_watermark
+                    pr.last_stable_offset = lso = p.last_stable_offset
                     pr.log_start_offset = p.log.log_start_offset
                     pr.log_end_offset = p.log.log_end_offset
                     pr.leader_epoch = p.leader_epoch
-                    max_offset = None if as_replica else p.high_watermark
+                    # A consumer reads below the HW, or below the LSO when it reads committed only.
+                    bound = lso if read_committed else p.high_watermark
+                    max_offset = None if as_replica else bound
                     # A partition's bound is what it asked, at most what is left of the answer's.
                     limit = min(fp.partition_max_bytes or limits.FETCH_PARTITION_MAX_BYTES_DEFAULT, budget)
                     if (
-                        fp.fetch_offset == (p.log.log_end_offset if as_replica else p.high_watermark)
+                        fp.fetch_offset == (p.log.log_end_offset if as_replica else bound)
                         and fp.fetch_offset >= p.log.log_start_offset
                     ):
                         continue
                     if req.locate_records and not is_follower:
-                        size = self._locate(p, fp.fetch_offset, max(limit, 1), total == 0, pr)
+                        size = self._locate(p, fp.fetch_offset, bound, max(limit, 1), total == 0, pr)
                     else:
                         size = -1
                     if size < 0:
@@ -1154,6 +1225,12 @@ class BrokerCore:
                         size = len(info.records)
                         if size:
                             pr.records = info.records
+                    if size and read_committed:
+                        # Every transaction aborted in what the answer may cover (up to the LSO).
+                        for txn in p.log.aborted_txns(fp.fetch_offset, bound):
+                            pr.aborted_transactions.add(
+                                producer_id=txn.producer_id, first_offset=txn.first_offset
+                            )
                     if size:
                         total += size
                         budget = max(budget - size, 0)
@@ -1180,6 +1257,7 @@ class BrokerCore:
         self,
         p: Partition,
         fetch_offset: int,
+        max_offset: int,
         max_bytes: int,
         min_one_message: bool,
         pr: common_pb2.FetchPartitionResponse,
@@ -1190,7 +1268,7 @@ class BrokerCore:
         where its files are (MemoryStorage): the caller then sends the bytes.
         """
         located = p.log.read_location(
-            fetch_offset, max_bytes=max_bytes, max_offset=p.high_watermark, min_one_message=min_one_message
+            fetch_offset, max_bytes=max_bytes, max_offset=max_offset, min_one_message=min_one_message
         )
         if located is None:
             return 0
@@ -1286,7 +1364,8 @@ class BrokerCore:
                 if lp.timestamp == EARLIEST_TIMESTAMP:
                     res.offset = p.log.log_start_offset
                 elif lp.timestamp == LATEST_TIMESTAMP:
-                    res.offset = p.high_watermark
+                    read_committed = req.isolation_level == READ_COMMITTED
+                    res.offset = p.last_stable_offset if read_committed else p.high_watermark
                 else:
                     # Kafka's max-timestamp lookup (-3, KIP-734) goes to the log as it is; other
                     # negative values are read as 0, the first record (common.proto).
@@ -1398,3 +1477,19 @@ class BrokerCore:
 
         topics = _answer_each_partition(req.topics, answer, broker_pb2.OffsetsForLeaderEpochTopicResult)
         return broker_pb2.OffsetsForLeaderEpochResponse(topics=topics)
+
+
+def _txn_marker_response(
+    req: broker_pb2.WriteTxnMarkersRequest, answers: Sequence[common_pb2.ProduceResponse]
+) -> broker_pb2.WriteTxnMarkersResponse:
+    """The per-marker, per-partition answers (one ProduceResponse per marker), in the request's order."""
+    resp = broker_pb2.WriteTxnMarkersResponse()
+    for marker, answer in zip(req.markers, answers, strict=True):
+        out = resp.markers.add(producer_id=marker.producer_id)
+        for topic in answer.topics:
+            out_topic = out.topics.add(topic=topic.topic)
+            for pr in topic.partitions:
+                out_topic.partitions.add(
+                    partition=pr.partition, error_code=pr.error_code, error_message=pr.error_message
+                )
+    return resp

@@ -19,10 +19,11 @@ import enum
 import logging
 from dataclasses import dataclass, field
 
-from clients.common.control_records import ControlType, control_types
+from clients.common.control_records import ControlType, control_types, encode_marker
 from clients.common.errors import (
     FencedLeaderEpoch,
     HighwaterError,
+    InvalidProducerEpoch,
     NotEnoughReplicas,
     NotEnoughReplicasAfterAppend,
     NotLeaderOrFollower,
@@ -296,16 +297,10 @@ class Partition:
         the partition as a whole too). `now_ms` is the leader's wall clock: the timestamp
         window and LogAppendTime use it.
         """
-        if self.role is not Role.LEADER:
-            raise NotLeaderOrFollower(
-                f"broker {self.local_broker_id} is not the leader of {self.topic}-{self.partition} "
-                f"(leader is {self.leader_id}); refresh metadata and retry"
-            )
-        if acks == -1 and len(self.isr) < self.min_insync_replicas:
-            raise NotEnoughReplicas(
-                f"{self.topic}-{self.partition} has {len(self.isr)} in-sync replicas {list(self.isr)}, "
-                f"below min.insync.replicas={self.min_insync_replicas}; nothing was written"
-            )
+        if acks == -1:
+            self._check_leader_for_acks_all()
+        elif self.role is not Role.LEADER:
+            raise self._not_leader()
         config = self.log.config
         headers = validate_batches(records, max_batch_bytes=config.max_message_bytes)
         rules = TimestampRules(
@@ -334,6 +329,58 @@ class Partition:
         return LeaderAppend(
             info.first_offset, info.next_offset, log_append_time_ms=now_ms if rules.log_append_time else -1
         )
+
+    def _not_leader(self) -> HighwaterError:
+        return NotLeaderOrFollower(
+            f"broker {self.local_broker_id} is not the leader of {self.topic}-{self.partition} "
+            f"(leader is {self.leader_id}); refresh metadata and retry"
+        )
+
+    def _check_leader_for_acks_all(self) -> None:
+        if self.role is not Role.LEADER:
+            raise self._not_leader()
+        if len(self.isr) < self.min_insync_replicas:
+            raise NotEnoughReplicas(
+                f"{self.topic}-{self.partition} has {len(self.isr)} in-sync replicas {list(self.isr)}, "
+                f"below min.insync.replicas={self.min_insync_replicas}; nothing was written"
+            )
+
+    def append_marker(
+        self,
+        control: ControlType,
+        *,
+        producer_id: int,
+        producer_epoch: int,
+        coordinator_epoch: int,
+        now_ms: int,
+    ) -> LeaderAppend:
+        """Append a transaction marker (WriteTxnMarkers from the transaction coordinator): ends the
+        producer's open transaction here, as acks=all (the coordinator waits for the ISR).
+
+        Raises NotLeaderOrFollower, NotEnoughReplicas, and InvalidProducerEpoch for an epoch older
+        than the producer's here (a marker from before the epoch that fenced it). A marker for a
+        producer with no open transaction here is written too (an empty transaction, or one
+        whose batches never reached this partition): it harms nothing and the coordinator's retry
+        after a lost answer must succeed."""
+        self._check_leader_for_acks_all()
+        entry = self.producers.producers.get(producer_id)
+        if entry is not None and producer_epoch < entry.producer_epoch:
+            raise InvalidProducerEpoch(
+                f"marker for producer {producer_id} at epoch {producer_epoch} on "
+                f"{self.topic}-{self.partition}, which has seen epoch {entry.producer_epoch}: the "
+                "transaction coordinator is behind"
+            )
+        data = encode_marker(
+            control,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            coordinator_epoch=coordinator_epoch,
+            timestamp_ms=now_ms,
+        )
+        info = self.log.append_as_leader(data, leader_epoch=self.leader_epoch, now_ms=now_ms)
+        self._take_batches(info.headers, {info.first_offset: control})
+        self.maybe_advance_high_watermark()
+        return LeaderAppend(info.first_offset, info.next_offset)
 
     def append_as_follower(self, records: bytes, *, now_ms: int) -> None:
         """Replicated batches (offsets assigned by the leader); producer state follows along."""

@@ -279,6 +279,14 @@ class ReplicaManager:
         self.core.delete_records(req, _resolve(fut))
         return await fut
 
+    async def write_txn_markers(
+        self, req: broker_pb2.WriteTxnMarkersRequest
+    ) -> broker_pb2.WriteTxnMarkersResponse:
+        """Answered when the ISR has every marker, or at the request's timeout."""
+        fut: asyncio.Future[broker_pb2.WriteTxnMarkersResponse] = asyncio.get_running_loop().create_future()
+        self.core.write_txn_markers(req, _resolve(fut))
+        return await fut
+
     def offsets_for_leader_epoch(
         self, req: broker_pb2.OffsetsForLeaderEpochRequest
     ) -> broker_pb2.OffsetsForLeaderEpochResponse:

@@ -287,6 +287,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         with metrics.REQUEST_LATENCY.labels("Metadata").time():
             return self.replicas.metadata.metadata_response(list(request.topics))
 
+    async def WriteTxnMarkers(
+        self, request: broker_pb2.WriteTxnMarkersRequest, context: grpc.aio.ServicerContext
+    ) -> broker_pb2.WriteTxnMarkersResponse:
+        with metrics.REQUEST_LATENCY.labels("WriteTxnMarkers").time():
+            return await self.replicas.write_txn_markers(request)
+
 
 class ControllerClient:
     """Finds the active controller in etcd and calls it (AlterPartition, ControlledShutdown)."""

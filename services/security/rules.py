@@ -777,6 +777,9 @@ RULES: dict[str, Rule] = {
     _BROKER + "DescribeLogDirs": describe_log_dirs,
     _BROKER + "OffsetsForLeaderEpoch": offsets_for_leader_epoch,
     _BROKER + "Metadata": metadata,
+    # Transaction markers come from the broker hosting the transaction's coordinator (Kafka's
+    # ClusterAction): a client writing them could commit or abort anyone's transaction.
+    _BROKER + "WriteTxnMarkers": _from(("broker",), "WriteTxnMarkers"),
     _CONTROLLER + "AlterPartition": _from(("broker",), "AlterPartition", "broker_id"),
     _CONTROLLER + "ControlledShutdown": _from(("broker",), "ControlledShutdown", "broker_id"),
     # Liveness streams: the rule runs on every message, the first before the servicer runs. A

@@ -95,6 +95,11 @@ class BrokerServiceStub:
                 request_serializer=highwater_dot_v1_dot_common__pb2.MetadataRequest.SerializeToString,
                 response_deserializer=highwater_dot_v1_dot_common__pb2.MetadataResponse.FromString,
                 _registered_method=True)
+        self.WriteTxnMarkers = channel.unary_unary(
+                '/highwater.v1.BrokerService/WriteTxnMarkers',
+                request_serializer=highwater_dot_v1_dot_broker__pb2.WriteTxnMarkersRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_broker__pb2.WriteTxnMarkersResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -189,6 +194,16 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteTxnMarkers(self, request, context):
+        """From a transaction coordinator (another broker): end transactions in the partitions
+        this broker leads by appending a COMMIT or ABORT marker (Kafka's control batch) for
+        each; answered per partition once the ISR has the marker, or at timeout_ms (Kafka's
+        WriteTxnMarkers). Brokers only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -251,6 +266,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.Metadata,
                     request_deserializer=highwater_dot_v1_dot_common__pb2.MetadataRequest.FromString,
                     response_serializer=highwater_dot_v1_dot_common__pb2.MetadataResponse.SerializeToString,
+            ),
+            'WriteTxnMarkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteTxnMarkers,
+                    request_deserializer=highwater_dot_v1_dot_broker__pb2.WriteTxnMarkersRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_broker__pb2.WriteTxnMarkersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -577,6 +597,33 @@ class BrokerService:
             '/highwater.v1.BrokerService/Metadata',
             highwater_dot_v1_dot_common__pb2.MetadataRequest.SerializeToString,
             highwater_dot_v1_dot_common__pb2.MetadataResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteTxnMarkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.BrokerService/WriteTxnMarkers',
+            highwater_dot_v1_dot_broker__pb2.WriteTxnMarkersRequest.SerializeToString,
+            highwater_dot_v1_dot_broker__pb2.WriteTxnMarkersResponse.FromString,
             options,
             channel_credentials,
             insecure,

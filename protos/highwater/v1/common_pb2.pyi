@@ -407,7 +407,7 @@ class RecordsLocation(_message.Message):
     def __init__(self, path: _Optional[str] = ..., position: _Optional[int] = ..., size: _Optional[int] = ..., device: _Optional[int] = ..., inode: _Optional[int] = ..., host_id: _Optional[str] = ...) -> None: ...
 
 class FetchPartitionResponse(_message.Message):
-    __slots__ = ("partition", "error_code", "high_watermark", "log_start_offset", "log_end_offset", "records", "error_message", "leader_epoch", "records_location")
+    __slots__ = ("partition", "error_code", "high_watermark", "log_start_offset", "log_end_offset", "records", "error_message", "leader_epoch", "records_location", "last_stable_offset", "aborted_transactions")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
@@ -417,6 +417,8 @@ class FetchPartitionResponse(_message.Message):
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     RECORDS_LOCATION_FIELD_NUMBER: _ClassVar[int]
+    LAST_STABLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ABORTED_TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
     partition: int
     error_code: ErrorCode
     high_watermark: int
@@ -426,7 +428,17 @@ class FetchPartitionResponse(_message.Message):
     error_message: str
     leader_epoch: int
     records_location: RecordsLocation
-    def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., records: _Optional[bytes] = ..., error_message: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., records_location: _Optional[_Union[RecordsLocation, _Mapping]] = ...) -> None: ...
+    last_stable_offset: int
+    aborted_transactions: _containers.RepeatedCompositeFieldContainer[AbortedTransaction]
+    def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., records: _Optional[bytes] = ..., error_message: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., records_location: _Optional[_Union[RecordsLocation, _Mapping]] = ..., last_stable_offset: _Optional[int] = ..., aborted_transactions: _Optional[_Iterable[_Union[AbortedTransaction, _Mapping]]] = ...) -> None: ...
+
+class AbortedTransaction(_message.Message):
+    __slots__ = ("producer_id", "first_offset")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    first_offset: int
+    def __init__(self, producer_id: _Optional[int] = ..., first_offset: _Optional[int] = ...) -> None: ...
 
 class FetchTopicResponse(_message.Message):
     __slots__ = ("topic", "partitions")
@@ -465,12 +477,14 @@ class ListOffsetsTopic(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[ListOffsetsPartition, _Mapping]]] = ...) -> None: ...
 
 class ListOffsetsRequest(_message.Message):
-    __slots__ = ("replica_id", "topics")
+    __slots__ = ("replica_id", "topics", "isolation_level")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
     replica_id: int
     topics: _containers.RepeatedCompositeFieldContainer[ListOffsetsTopic]
-    def __init__(self, replica_id: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[ListOffsetsTopic, _Mapping]]] = ...) -> None: ...
+    isolation_level: int
+    def __init__(self, replica_id: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[ListOffsetsTopic, _Mapping]]] = ..., isolation_level: _Optional[int] = ...) -> None: ...
 
 class ListOffsetsPartitionResponse(_message.Message):
     __slots__ = ("partition", "error_code", "timestamp", "offset", "leader_epoch", "error_message")
