@@ -1,5 +1,5 @@
 """Offset commits: the one home of their rules, for the gateway's CommitOffsets and the Kafka
-listener's OffsetCommit (services/gateway/server.py, services/kafka/handler.py and backend.py).
+listener's OffsetCommit (services/gateway/server.py, services/kafka/group_calls.py and backend.py).
 
 Which partitions of a commit may be stored (`partition_problem`), whether the group lets the
 committer commit them (`group_refusal`), which of them are writes at all (`changed_commits`:

@@ -5,7 +5,7 @@ coordinator picks a protocol every member supports and a leader, the leader comp
 assignment on the client and hands it over in SyncGroup, members heartbeat within their
 session. Requests that must wait (a JoinGroup until every member rejoined or the rebalance
 timeout passed, a follower's SyncGroup until the leader's) get a ticket; every call returns
-the answers it completes as (ticket, answer) pairs, which the driver (handler.py) hands to the
+the answers it completes as (ticket, answer) pairs, which the driver (group_driver.py) hands to the
 waiting requests. Time is an argument; `expire(now_ms)` is called by the driver's timer.
 
 Membership lives in this broker's memory only, as in Kafka (where it is rebuilt from the
@@ -68,7 +68,7 @@ LEGAL_TRANSITIONS: dict[State, frozenset[State]] = {
 
 
 class Error(enum.Enum):
-    """Kafka's names (handler.py maps them to kio's codes)."""
+    """Kafka's names (group_calls.py maps them to kio's codes)."""
 
     NONE = "none"
     UNKNOWN_MEMBER_ID = "unknown_member_id"
