@@ -79,6 +79,9 @@ HEADER_OVERHEAD_BYTES_MAX = 10
 
 # --- consumer ----------------------------------------------------------------
 AUTO_OFFSET_RESET_VALUES = ("earliest", "latest", "none")
+# Kafka's isolation.level: read_uncommitted reads up to the high watermark; read_committed up to
+# the last stable offset, without the records of aborted transactions. Kafka's default.
+ISOLATION_LEVEL_VALUES = ("read_uncommitted", "read_committed")
 # Kafka's fetch.max.wait.ms: how long a Fetch long-polls for fetch_min_bytes.
 FETCH_MAX_WAIT_MS_DEFAULT = 500
 # Kafka's fetch.min.bytes: a Fetch answers as soon as it has this much (1: any record).
@@ -337,11 +340,13 @@ class ConsumerConfig(ConnectionConfig):
     max_poll_interval_ms: int = MAX_POLL_INTERVAL_MS_DEFAULT
     group_remote_assignor: str | None = None
     default_api_timeout_ms: int = DEFAULT_API_TIMEOUT_MS_DEFAULT
+    isolation_level: str = "read_uncommitted"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.group_id is not None:
             check_group_id(self.group_id)
+        _check_choice("isolation_level", self.isolation_level, ISOLATION_LEVEL_VALUES)
         _check_choice("auto_offset_reset", self.auto_offset_reset, AUTO_OFFSET_RESET_VALUES)
         _check_ranges(
             self,
@@ -373,6 +378,10 @@ class ConsumerConfig(ConnectionConfig):
         )
         if self.group_remote_assignor is not None:
             _check_choice("group_remote_assignor", self.group_remote_assignor, GROUP_REMOTE_ASSIGNOR_VALUES)
+
+    @property
+    def read_committed(self) -> bool:
+        return self.isolation_level == "read_committed"
 
 
 ConfigT = TypeVar("ConfigT", bound=ConnectionConfig)

@@ -45,6 +45,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from clients.common.errors import InvariantViolation
+from clients.common.fetch_request import READ_COMMITTED, READ_UNCOMMITTED
 from clients.config import (
     CONSUMER_CLOSE_TIMEOUT_MS,
     DEFAULT_BOOTSTRAP,
@@ -343,6 +344,7 @@ class AsyncConsumer:
         request = common_pb2.ListOffsetsRequest(
             replica_id=-1,
             topics=[common_pb2.ListOffsetsTopic(topic=t, partitions=p) for t, p in by_topic.items()],
+            isolation_level=READ_COMMITTED if self.config.read_committed else READ_UNCOMMITTED,
         )
         response = await self._conn().call("ListOffsets", request)
         result: dict[TopicPartition, tuple[int, int]] = {}

@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from clients.common import records
+from clients.common.control_records import drop_aborted
 from clients.common.errors import CorruptMessage, InvariantViolation, MessageTooLarge
 from clients.common.fetch_request import consumer_fetch_request
 from clients.common.record_batch import iter_batch_headers
@@ -388,6 +389,7 @@ class ConsumerFetcher:
             max_bytes=self._config.fetch_max_bytes,
             partition_max_bytes=self._config.max_partition_fetch_bytes,
             partition_max_bytes_by=self._partition_fetch_bytes,
+            read_committed=self._config.read_committed,
         )
         timeout_ms = self._config.request_timeout_ms + max_wait_ms
         leaders = self._leaders()
@@ -555,19 +557,21 @@ class ConsumerFetcher:
                 self._backoff_until_ms[tp] = now_ms() + self._config.retry_backoff_ms
                 return
             raise error
-        self._state.high_watermarks[tp] = part.high_watermark
+        # A read_committed consumer's end is the last stable offset (its lag, its holes).
+        end = part.last_stable_offset if self._config.read_committed else part.high_watermark
+        self._state.high_watermarks[tp] = end
         buf = part.records
         if not buf:
-            if alone and fetch_offset < part.high_watermark and tp not in self._buffers:
+            if alone and fetch_offset < end and tp not in self._buffers:
                 # A compacted log's hole reaching the HW: asked alone, a leader with any batch in
                 # [fetch_offset, HW) sends one (an answer's first batch always goes), so no
                 # record lies there and the position moves to the HW, as it would past a batch.
                 # (In a Fetch of several partitions one may come back empty only because the
                 # answer's bytes went to the others: that proves nothing, and the position
                 # stays, as Kafka's consumer stays, until a batch is written after the hole.)
-                self._state.fetch_offsets[tp] = part.high_watermark
+                self._state.fetch_offsets[tp] = end
                 if tp in self._state.positions:
-                    self._state.positions[tp] = part.high_watermark
+                    self._state.positions[tp] = end
             return
         next_offset = next_fetch_offset(buf, fetch_offset)
         if next_offset is None:
@@ -588,6 +592,9 @@ class ConsumerFetcher:
                 f"{tp}: a Fetch answer at offset {fetch_offset} taken while records of the last one "
                 "are still buffered (answers are taken only once the buffers are handed out)"
             )
+        if self._config.read_committed and part.aborted_transactions:
+            # The position still moves past the dropped batches (next_offset, from buf as sent).
+            buf = drop_aborted(buf, ((a.producer_id, a.first_offset) for a in part.aborted_transactions))
         fetched = _Buffered(
             records.iter_records_as(
                 ConsumerRecord,

@@ -15,7 +15,9 @@ never compressed, as Kafka writes them, so reading the type needs no codec.
 from __future__ import annotations
 
 import enum
+import heapq
 import struct
+from collections.abc import Iterable
 
 from clients.common.errors import CorruptMessage
 from clients.common.record_batch import (
@@ -27,6 +29,7 @@ from clients.common.record_batch import (
     BatchHeader,
     Buffer,
     batch_crc,
+    iter_batch_headers,
     record_varint,
 )
 
@@ -132,3 +135,34 @@ def control_type(buf: Buffer, header: BatchHeader) -> ControlType:
 def control_types(buf: Buffer, headers: list[BatchHeader]) -> dict[int, ControlType]:
     """Each control batch's type, by base offset (the producer state's input)."""
     return {h.base_offset: control_type(buf, h) for h in headers if h.is_control}
+
+
+def drop_aborted(buf: bytes, aborted: Iterable[tuple[int, int]]) -> bytes:
+    """What a read_committed reader keeps of a Fetch answer's records: `buf` without the
+    batches of aborted transactions, given as (producer id, first offset) pairs (the answer's
+    aborted_transactions). Kafka's consumer rule: a producer's transactional batches are
+    dropped from the first offset of one of its aborted transactions up to that
+    transaction's ABORT marker. Markers stay (every reader skips control batches). Returns
+    `buf` itself when nothing is dropped; a torn last batch is kept as it came."""
+    pending = sorted((first, producer) for producer, first in aborted)
+    if not pending:
+        return buf
+    aborting: set[int] = set()
+    kept: list[memoryview] = []
+    view = memoryview(buf)
+    dropped = False
+    end = 0
+    for h in iter_batch_headers(buf):
+        end = h.end_position
+        while pending and pending[0][0] <= h.last_offset:
+            aborting.add(heapq.heappop(pending)[1])
+        if h.is_control:
+            if h.producer_id in aborting and control_type(buf, h) is ControlType.ABORT:
+                aborting.discard(h.producer_id)
+        elif h.is_transactional and h.producer_id in aborting:
+            dropped = True
+            continue
+        kept.append(view[h.position : h.end_position])
+    if not dropped:
+        return buf
+    return b"".join(kept) + bytes(view[end:])

@@ -14,6 +14,11 @@ from typing import TypeVar
 from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import common_pb2
 
+# Fetch's and ListOffsets' isolation_level (Kafka's IsolationLevel): read up to the high
+# watermark, or up to the last stable offset without aborted transactions' records.
+READ_UNCOMMITTED = 0
+READ_COMMITTED = 1
+
 # The caller's own key type (TopicPartition or the plain tuple), so that its dicts pass as they are.
 Key = TypeVar("Key", bound=TopicPartitionKey)
 
@@ -26,6 +31,7 @@ def consumer_fetch_request(
     max_bytes: int,
     partition_max_bytes: int,
     partition_max_bytes_by: Mapping[Key, int] | None = None,
+    read_committed: bool = False,
 ) -> common_pb2.FetchRequest:
     """A Fetch from each partition in `positions` at its offset: one FetchTopic a topic, the
     topics and their partitions in `positions`' order.
@@ -53,4 +59,5 @@ def consumer_fetch_request(
         min_bytes=min_bytes,
         max_bytes=max_bytes,
         topics=[common_pb2.FetchTopic(topic=t, partitions=parts) for t, parts in by_topic.items()],
+        isolation_level=READ_COMMITTED if read_committed else READ_UNCOMMITTED,
     )

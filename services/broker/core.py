@@ -48,6 +48,7 @@ from clients.common.errors import (
     UnknownTopicOrPartition,
     check,
 )
+from clients.common.fetch_request import READ_COMMITTED, READ_UNCOMMITTED
 from clients.common.topics import stored_topic_configs, topic_config_value, topic_configs_from_proto
 from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2
@@ -105,9 +106,6 @@ RUN_MARKER_VERSION = 1
 RUN_MARKER_VERSIONS_READ = (RUN_MARKER_VERSION,)
 # Per replica directory: the id of the topic it was created for (Kafka's KIP-516 file and format).
 PARTITION_METADATA_FILE = "partition.metadata"
-# Fetch's and ListOffsets' isolation_level (Kafka's IsolationLevel).
-READ_UNCOMMITTED = 0
-READ_COMMITTED = 1
 
 
 _PartitionEntry = TypeVar("_PartitionEntry", covariant=True)

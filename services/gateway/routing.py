@@ -183,7 +183,9 @@ def list_offsets_request_for(
     template: common_pb2.ListOffsetsRequest, wanted: set[TopicPartitionKey]
 ) -> common_pb2.ListOffsetsRequest:
     topics = _wanted_topics(template.topics, wanted, common_pb2.ListOffsetsTopic)
-    return common_pb2.ListOffsetsRequest(replica_id=-1, topics=topics)
+    return common_pb2.ListOffsetsRequest(
+        replica_id=-1, topics=topics, isolation_level=template.isolation_level
+    )
 
 
 def delete_records_request_for(

@@ -419,6 +419,20 @@ CONTROL_PLANE = [
         ),
     ),
     ("broker-1", "OffsetsForLeaderEpoch", broker_pb2.OffsetsForLeaderEpochRequest(replica_id=2)),
+    # A marker would commit or abort another producer's transaction: brokers only.
+    (
+        "broker-1",
+        "WriteTxnMarkers",
+        broker_pb2.WriteTxnMarkersRequest(
+            markers=[
+                broker_pb2.TxnMarker(
+                    producer_id=1,
+                    producer_epoch=0,
+                    topics=[broker_pb2.TxnMarkerTopic(topic="sec-ok", partitions=[0])],
+                )
+            ]
+        ),
+    ),
     ("controller-1", "AlterPartition", controller_pb2.AlterPartitionRequest(broker_id=1)),
     ("controller-1", "ControlledShutdown", controller_pb2.ControlledShutdownRequest(broker_id=1)),
     ("gateway-1", "UpdateMetadata", broker_pb2.UpdateMetadataRequest(full=True)),
@@ -434,8 +448,8 @@ def test_control_plane_rpcs_need_the_right_service_certificate(secure, caller):
         caller
     ]
     for svc, method, request in CONTROL_PLANE:
-        if caller == "broker-2-as-1" and method in ("Fetch", "OffsetsForLeaderEpoch"):
-            continue  # broker 2 may fetch as replica 2: that is its own id
+        if caller == "broker-2-as-1" and method in ("Fetch", "OffsetsForLeaderEpoch", "WriteTxnMarkers"):
+            continue  # broker 2 may fetch as replica 2 (its own id), and any broker writes markers
         code = raw_call(channel(secure, svc, name), svc, method, request.SerializeToString())
         assert code == grpc.StatusCode.PERMISSION_DENIED, (caller, svc, method, code)
     assert end_offsets(secure) == before

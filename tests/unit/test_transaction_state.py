@@ -8,10 +8,19 @@ import struct
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from clients.common.control_records import ControlType, control_type, control_types, encode_marker
+from clients.common.control_records import (
+    ControlType,
+    control_type,
+    control_types,
+    drop_aborted,
+    encode_marker,
+)
 from clients.common.errors import CorruptMessage, InvariantViolation
+from clients.common.fetch_request import consumer_fetch_request
 from clients.common.record_batch import CRC_POS, batch_crc, iter_batch_headers
-from clients.common.records import decode_batches
+from clients.common.records import Record, decode_batches, encode_batch
+from clients.config import ConsumerConfig
+from clients.errors import InvalidArgument
 from services.broker.log import Log, LogConfig, MemoryStorage
 from services.broker.log.txn_index import AbortedTxn, AbortedTxnIndex, UnreadableTxnIndex
 from services.broker.partition import LeaderAndIsrState, Partition
@@ -232,3 +241,43 @@ def test_a_crash_that_loses_the_marker_drops_its_entry_and_one_that_loses_the_in
     log2 = Log.open("/p/t-0", LogConfig(), storage=storage2, now_ms=0)
     assert log2.log_end_offset == 5
     assert log2.aborted_txns(0, 6) == [AbortedTxn(7, 0, 2, 3)]
+
+
+# ---- what a read_committed reader keeps (clients/common/control_records.drop_aborted) -------------
+
+
+def test_a_read_committed_reader_drops_the_batches_of_aborted_transactions_only():
+    plain = encode_batch([Record(None, b"plain", [], 1_000)], base_offset=6)
+    buf = b"".join(
+        [
+            txn_batch(7, 0, 0, base_offset=0),  # aborted at 4
+            txn_batch(8, 0, 0, base_offset=2),  # committed at 5
+            marker(ControlType.ABORT, 7, 0, base_offset=4),
+            marker(ControlType.COMMIT, 8, 0, base_offset=5),
+            plain,
+            txn_batch(7, 0, 2, base_offset=7),  # aborted at 9
+            marker(ControlType.ABORT, 7, 0, base_offset=9),
+            txn_batch(7, 0, 4, base_offset=10),  # open: not in the aborted list, read once committed
+        ]
+    )
+    kept = drop_aborted(buf, [(7, 0), (7, 7)])
+    assert [r.value for r in decode_batches(kept)] == [b"v0", b"v1", b"plain", b"v4", b"v5"]
+    assert [h.base_offset for h in iter_batch_headers(kept)] == [2, 4, 5, 6, 9, 10]
+    assert drop_aborted(buf, []) is buf
+    assert drop_aborted(buf, [(99, 0)]) is buf  # no batch of that producer: nothing copied
+    torn = buf + plain[:20]
+    assert drop_aborted(torn, [(7, 0)]).endswith(plain[:20])  # a torn tail is left for the reader
+
+
+def test_a_consumer_reads_uncommitted_by_default_as_kafkas_and_asks_for_the_level_it_was_given():
+    assert ConsumerConfig(bootstrap="127.0.0.1:1").isolation_level == "read_uncommitted"
+    config = ConsumerConfig(bootstrap="127.0.0.1:1", isolation_level="read_committed")
+    assert config.read_committed
+    with pytest.raises(
+        InvalidArgument, match="isolation_level must be one of read_uncommitted, read_committed"
+    ):
+        ConsumerConfig(bootstrap="127.0.0.1:1", isolation_level="committed")
+    request = consumer_fetch_request(
+        {("t", 0): 5}, max_wait_ms=0, min_bytes=1, max_bytes=1, partition_max_bytes=1, read_committed=True
+    )
+    assert request.isolation_level == 1
