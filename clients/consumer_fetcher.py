@@ -49,7 +49,7 @@ from typing import Any
 from clients.common import records
 from clients.common.control_records import drop_aborted
 from clients.common.errors import CorruptMessage, InvariantViolation, MessageTooLarge
-from clients.common.fetch_request import consumer_fetch_request
+from clients.common.fetch_request import consumer_fetch_request, last_stable_offset
 from clients.common.record_batch import iter_batch_headers
 from clients.config import (
     LEADER_MOVE_CHECK_AFTER_MS,
@@ -558,7 +558,7 @@ class ConsumerFetcher:
                 return
             raise error
         # A read_committed consumer's end is the last stable offset (its lag, its holes).
-        end = part.last_stable_offset if self._config.read_committed else part.high_watermark
+        end = last_stable_offset(part) if self._config.read_committed else part.high_watermark
         self._state.high_watermarks[tp] = end
         buf = part.records
         if not buf:

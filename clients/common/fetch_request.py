@@ -61,3 +61,9 @@ def consumer_fetch_request(
         topics=[common_pb2.FetchTopic(topic=t, partitions=parts) for t, parts in by_topic.items()],
         isolation_level=READ_COMMITTED if read_committed else READ_UNCOMMITTED,
     )
+
+
+def last_stable_offset(part: common_pb2.FetchPartitionResponse) -> int:
+    """A Fetch answer's last stable offset; the HW from a broker of a release before
+    transactions, which does not send it (and had no open transaction to stop at)."""
+    return part.last_stable_offset if part.HasField("last_stable_offset") else part.high_watermark

@@ -138,6 +138,7 @@ class DataCalls:
         cls = protocol.response_class(protocol.LIST_OFFSETS, request.api_version)
         list_req = common_pb2.ListOffsetsRequest(
             replica_id=-1,
+            isolation_level=getattr(body, "isolation_level", 0),  # v2+
             topics=[
                 common_pb2.ListOffsetsTopic(
                     topic=t.name,

@@ -15,6 +15,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode as K
 
+from clients.common.fetch_request import last_stable_offset
 from protos.highwater.v1 import common_pb2
 from services.broker import metrics
 from services.common import limits
@@ -131,7 +132,9 @@ def _fetch_request(body: Any, context: fetch_sessions.FetchContext) -> common_pb
         max_wait_ms=max(0, min(ms(body.max_wait), limits.FETCH_MAX_WAIT_MS_MAX)),
         min_bytes=max(0, body.min_bytes),
         max_bytes=max(0, body.max_bytes),
-        isolation_level=0,
+        # v4+: 1 is read_committed (below the LSO, aborted transactions answered). A value the
+        # broker does not know is answered INVALID_REQUEST per partition.
+        isolation_level=getattr(body, "isolation_level", 0),
     )
     by_topic: dict[str, common_pb2.FetchTopic] = {}
     for (topic, partition), asked in context.partitions():
@@ -158,7 +161,7 @@ def _session_answers(
             answers[(t.topic, p.partition)] = fetch_sessions.PartitionAnswer(
                 has_records=ok and bool(p.records),
                 high_watermark=p.high_watermark if ok else -1,
-                last_stable_offset=p.high_watermark if ok else -1,
+                last_stable_offset=last_stable_offset(p) if ok else -1,
                 log_start_offset=p.log_start_offset if ok else -1,
                 has_error=not ok,
             )
@@ -183,6 +186,11 @@ def _response(
     or no longer led here names its current leader where the version has the field."""
     topic_cls = nested(cls, "FetchableTopicResponse")
     part_cls = nested(cls, "PartitionData")
+    aborted_cls = (
+        nested(part_cls, "AbortedTransaction")
+        if protocol.has_field(part_cls, "aborted_transactions")
+        else None
+    )
     leader_cls = nested(cls, "LeaderIdAndEpoch") if protocol.has_field(part_cls, "current_leader") else None
 
     def current_leader(topic: str, partition: int) -> Any:
@@ -206,16 +214,21 @@ def _response(
                 if leader is not None:
                     extra["current_leader"] = leader
             ok = p.error_code == common_pb2.NONE
+            aborted = None
+            if aborted_cls is not None and p.aborted_transactions:
+                aborted = tuple(
+                    aborted_cls(producer_id=a.producer_id, first_offset=a.first_offset)
+                    for a in p.aborted_transactions
+                )
             parts.append(
                 build(
                     part_cls,
                     partition_index=p.partition,
                     error_code=kafka_error(p.error_code),
                     high_watermark=p.high_watermark if ok else -1,
-                    # No transactions: everything below the HW is stable.
-                    last_stable_offset=p.high_watermark if ok else -1,
+                    last_stable_offset=last_stable_offset(p) if ok else -1,
                     log_start_offset=p.log_start_offset if ok else -1,
-                    aborted_transactions=None,
+                    aborted_transactions=aborted,
                     preferred_read_replica=-1,
                     # Empty, never null: librdkafka refuses a null record set (MessageSetSize -1).
                     records=p.records if ok else b"",

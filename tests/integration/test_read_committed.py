@@ -1,5 +1,6 @@
 """read_committed on a real cluster (issue 41): a transaction marker written by WriteTxnMarkers at
-the leader, read through the gateway by our Consumer and by a raw gRPC Fetch.
+the leader, read through the gateway by our Consumer and by a raw gRPC Fetch, and through the
+Kafka listener by confluent-kafka (librdkafka's consumers read committed by default).
 
 Producers cannot write transactional batches yet (the coordinator is not served), so the
 transaction here is an empty one that was aborted: a lone ABORT marker. It is enough to show the
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+import confluent_kafka
 import grpc
 import pytest
 
@@ -85,3 +87,25 @@ def test_a_read_committed_consumer_skips_a_marker_and_ends_at_the_last_stable_of
         ]
         assert consumer.end_offsets([tp]) == {tp: 6}
         assert consumer.position(tp) == 6
+
+    # librdkafka on the Kafka listener: isolation.level read_committed (its default), watermarks too.
+    bootstrap = f"127.0.0.1:{cluster.processes[f'broker-{leader}'].info['kafka_port']}"
+    consumer = confluent_kafka.Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "read-committed", "isolation.level": "read_committed"}
+    )
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(TOPIC, 0, 0)])
+        kafka_got = []
+        deadline = time.monotonic() + 20
+        while len(kafka_got) < 5:
+            assert time.monotonic() < deadline, f"confluent-kafka read {len(kafka_got)} of 5 records"
+            m = consumer.poll(0.5)
+            if m is not None and not m.error():
+                kafka_got.append((m.offset(), m.value()))
+        assert kafka_got == [(r.offset, r.value) for r in got]
+        low, high = consumer.get_watermark_offsets(
+            confluent_kafka.TopicPartition(TOPIC, 0), timeout=CALL_TIMEOUT_S
+        )
+        assert (low, high) == (0, 6)
+    finally:
+        consumer.close()

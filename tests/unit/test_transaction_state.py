@@ -16,11 +16,12 @@ from clients.common.control_records import (
     encode_marker,
 )
 from clients.common.errors import CorruptMessage, InvariantViolation
-from clients.common.fetch_request import consumer_fetch_request
+from clients.common.fetch_request import consumer_fetch_request, last_stable_offset
 from clients.common.record_batch import CRC_POS, batch_crc, iter_batch_headers
 from clients.common.records import Record, decode_batches, encode_batch
 from clients.config import ConsumerConfig
 from clients.errors import InvalidArgument
+from protos.highwater.v1 import common_pb2
 from services.broker.log import Log, LogConfig, MemoryStorage
 from services.broker.log.txn_index import AbortedTxn, AbortedTxnIndex, UnreadableTxnIndex
 from services.broker.partition import LeaderAndIsrState, Partition
@@ -281,3 +282,10 @@ def test_a_consumer_reads_uncommitted_by_default_as_kafkas_and_asks_for_the_leve
         {("t", 0): 5}, max_wait_ms=0, min_bytes=1, max_bytes=1, partition_max_bytes=1, read_committed=True
     )
     assert request.isolation_level == 1
+
+
+def test_an_answer_from_a_broker_before_transactions_is_stable_up_to_its_high_watermark():
+    old = common_pb2.FetchPartitionResponse(partition=0, high_watermark=9)  # no last_stable_offset sent
+    assert last_stable_offset(old) == 9
+    open_at_zero = common_pb2.FetchPartitionResponse(partition=0, high_watermark=9, last_stable_offset=0)
+    assert last_stable_offset(open_at_zero) == 0
