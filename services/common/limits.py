@@ -547,6 +547,17 @@ TRANSACTIONAL_ID_EXPIRATION_MS = 7 * 24 * 3_600_000
 # transaction.abort.timed.out.transaction.cleanup.interval.ms, 10 s): a timeout is enforced
 # this much late at worst.
 TRANSACTION_TIMEOUT_CHECK_INTERVAL_MS = 10_000
+# Reads and compare-and-swap writes one step of the coordinator's driver
+# (services/transactions/driver.py) tries before it answers CONCURRENT_TRANSACTIONS (retriable):
+# a write is lost only to another coordinator's write of the same id (a failover overlap or a
+# producer's own concurrent calls), so a few attempts settle it; more would hide a livelock.
+TRANSACTION_CAS_ATTEMPTS_MAX = 8
+# Rounds of WriteTxnMarkers one completion makes for the partitions not yet marked, and the pause
+# between rounds (a leader election takes about this long). A transaction still unmarked after
+# them stays prepared in etcd and the next timeout check (TRANSACTION_TIMEOUT_CHECK_INTERVAL_MS)
+# tries again, so a partition without a leader holds up only its own transaction's completion.
+TRANSACTION_MARKER_ROUNDS_MAX = 10
+TRANSACTION_MARKER_RETRY_BACKOFF_MS = 200
 
 # --- Kafka protocol listener (services/kafka/, docs/KAFKA.md) ---------------------------------
 # One Kafka request's size prefix may say at most this; a larger one closes the connection

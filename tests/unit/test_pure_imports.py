@@ -138,8 +138,13 @@ SERVER_PACKAGES = ("services", "coordinator")
 COMPOSITION_ROOT = "services/launcher/"
 # What of the client library a server may import (and what that imports in turn).
 SHARED_WITH_SERVERS = ("clients/common/", "clients/__init__.py")
-# The one part of clients/common that does I/O (sockets, a /proc file): no pure module may reach it.
-NOT_PURE = ("clients/common/transport/",)
+# The parts of pure packages that do I/O (clients/common's sockets and /proc file; the
+# transaction coordinator's asyncio driver over etcd and its hosting): no pure module may reach them.
+NOT_PURE = (
+    "clients/common/transport/",
+    "services/transactions/driver.py",
+    "services/transactions/hosting.py",
+)
 
 
 def _files(entry: str) -> list[Path]:
