@@ -114,6 +114,9 @@ class LogDescription:
     uncleanable_reason: str = ""
     last_cleaned_ms: int | None = None  # wall time of the leader's last finished pass since its start
     error: str = ""
+    # Where read_committed consumers stop: below the HW while a transaction is open (last, so
+    # that positional construction from before it keeps working).
+    last_stable_offset: int = 0
 
     @property
     def compacted(self) -> bool:
@@ -136,6 +139,7 @@ def log_description(topic: str, p: common_pb2.DescribeLogDirsPartitionResponse) 
         log_start_offset=p.log_start_offset,
         log_end_offset=p.log_end_offset,
         high_watermark=p.high_watermark,
+        last_stable_offset=p.last_stable_offset if p.HasField("last_stable_offset") else p.high_watermark,
         cleanup_policy=p.cleanup_policy,
         dirty_ratio=p.dirty_ratio if p.compacted else None,
         cleaner_lag_ms=p.cleaner_lag_ms if p.compacted and p.cleaner_lag_ms >= 0 else None,

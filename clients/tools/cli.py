@@ -392,8 +392,10 @@ def topic_list(obj: CliContext) -> None:
 @pass_cli
 def topic_describe(obj: CliContext, names: tuple[str, ...]) -> None:
     """Show each partition's leader, leader epoch, replicas and ISR (default: every topic), the
-    topic's configs and each partition's log on its leader: size, offsets and, for a compacted
-    topic (cleanup.policy=compact), the cleaner's dirty ratio, lag and whether it is uncleanable.
+    topic's configs and each partition's log on its leader: size, offsets (log start, end, high
+    watermark and last stable offset, where read_committed consumers stop while a transaction is
+    open) and, for a compacted topic (cleanup.policy=compact), the cleaner's dirty ratio, lag and
+    whether it is uncleanable.
 
     \b
     Example:
@@ -495,7 +497,7 @@ def log_table(
     """The columns and rows of a topic's log table (the cleaner's columns only when compacted:
     dirty ratio, cleaner lag, the first dirty offset, the cleaner's state), and a line for each
     uncleanable partition saying why."""
-    columns: tuple[str, ...] = ("partition", "leader", "size", "start", "end", "HW")
+    columns: tuple[str, ...] = ("partition", "leader", "size", "start", "end", "HW", "LSO")
     if compacted:
         columns = ("partition", "size", "start", "end", "dirty", "lag", "clean to", "cleaner")
     rows: list[tuple[str, ...]] = []
@@ -515,6 +517,7 @@ def log_table(
                     str(log.log_start_offset),
                     str(log.log_end_offset),
                     str(log.high_watermark),
+                    str(log.last_stable_offset),
                 )
             )
             continue
@@ -549,6 +552,7 @@ def log_json(log: LogDescription | None, logs_error: str) -> dict[str, Any]:
         "log_start_offset": log.log_start_offset,
         "log_end_offset": log.log_end_offset,
         "high_watermark": log.high_watermark,
+        "last_stable_offset": log.last_stable_offset,
         "cleanup_policy": log.cleanup_policy,
     }
     if log.compacted:

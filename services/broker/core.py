@@ -419,6 +419,11 @@ class BrokerCore:
         metrics.LEADER_COUNT.set(sum(1 for p in self.partitions.values() if p.role is Role.LEADER))
         metrics.UNDER_REPLICATED.set(sum(1 for p in self.partitions.values() if p.under_replicated))
         metrics.FETCHER_MAX_LAG.set(max((f.max_lag for f in self.fetchers.values()), default=0))
+        leaders = [p for p in self.partitions.values() if p.role is Role.LEADER]
+        metrics.OPEN_TRANSACTIONS.set(sum(p.producers.open_transactions for p in leaders))
+        metrics.LAST_STABLE_OFFSET_MAX_LAG.set(
+            max((p.high_watermark - p.last_stable_offset for p in leaders), default=0)
+        )
 
     # ---- the purgatory's wake-up --------------------------------------------------------------
 

@@ -91,6 +91,7 @@ def describe_partition(
     answer.log_start_offset = log.log_start_offset
     answer.log_end_offset = log.log_end_offset
     answer.high_watermark = partition.high_watermark
+    answer.last_stable_offset = partition.last_stable_offset
     answer.cleanup_policy = config.cleanup_policy
     answer.cleaner_lag_ms = -1
     answer.last_cleaned_ms = -1

@@ -15,6 +15,15 @@ ISR_EXPANDS = Counter("highwater_isr_expands", "ISR expansions proposed by this 
 FETCHER_MAX_LAG = Gauge(
     "highwater_replica_fetcher_max_lag", "Largest HW - fetch offset over followed partitions"
 )
+OPEN_TRANSACTIONS = Gauge(
+    "highwater_open_transactions",
+    "Producers with an open transaction, summed over the partitions led here (issue 41)",
+)
+LAST_STABLE_OFFSET_MAX_LAG = Gauge(
+    "highwater_last_stable_offset_max_lag",
+    "Largest HW - last stable offset over partitions led here: how far read_committed consumers "
+    "trail read_uncommitted ones because of an open transaction",
+)
 BYTES_IN = Counter("highwater_bytes_in", "Record bytes appended as leader", ["topic"])
 BYTES_OUT = Counter("highwater_bytes_out", "Record bytes returned to consumers", ["topic"])
 

@@ -207,6 +207,10 @@ class ProducerStateManager:
                 return True
         return False
 
+    @property
+    def open_transactions(self) -> int:
+        return sum(1 for e in self.producers.values() if e.current_txn_first_offset != NO_OFFSET)
+
     def first_unstable_offset(self) -> int | None:
         """The first offset of the oldest open transaction (None: none is open). A
         read_committed consumer reads below it only: the last stable offset is

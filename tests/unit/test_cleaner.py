@@ -664,6 +664,10 @@ class FakePartition:
     role: Role = Role.LEADER
     producers: ProducerStateManager = field(default_factory=ProducerStateManager)
 
+    @property
+    def last_stable_offset(self) -> int:
+        return self.high_watermark  # no transaction is open in these logs
+
 
 class FakeClock:
     def __init__(self, now_ms: int) -> None:

@@ -4,8 +4,11 @@ down its log as a replica that replicated them would have it, then starts the br
 
 from __future__ import annotations
 
+from clients.admin import log_description
 from protos.highwater.v1 import broker_pb2, common_pb2
+from services.broker import metrics
 from services.broker.log import Log, LogConfig, MemoryStorage
+from services.broker.log_dirs import describe_log_dirs
 from services.broker.partition import LeaderAndIsrState, Partition
 from tests.unit.broker_seams import Broker, lone_leader
 from tests.unit.test_broker_core import consumer_fetch
@@ -124,3 +127,27 @@ def test_an_unknown_isolation_level_is_refused():
     req.isolation_level = 2
     part = b.fetch_now(req).topics[0].partitions[0]
     assert part.error_code == common_pb2.INVALID_REQUEST and "isolation_level 2" in part.error_message
+
+
+def test_describe_log_dirs_and_the_gauges_show_the_open_transactions():
+    storage = MemoryStorage()
+    replicated_log(storage)
+    b = lone_leader(storage)
+    answer = describe_log_dirs(
+        common_pb2.DescribeLogDirsRequest(
+            topics=[
+                common_pb2.DescribeLogDirsTopic(topic="t", partitions=[common_pb2.DescribeLogDirsPartition()])
+            ]
+        ),
+        broker_id=1,
+        partitions=b.core.partitions,
+        topics=b.core.metadata.topics(),
+        cleaner_view=lambda tp, log: None,
+        now_ms=0,
+    )
+    (part,) = [p for t in answer.topics for p in t.partitions]
+    assert (part.high_watermark, part.last_stable_offset) == (7, 3)
+    assert log_description("t", part).last_stable_offset == 3
+    b.core.update_gauges()
+    assert metrics.OPEN_TRANSACTIONS._value.get() == 2  # producers 8 and 9
+    assert metrics.LAST_STABLE_OFFSET_MAX_LAG._value.get() == 4

@@ -587,7 +587,7 @@ class DescribeLogDirsRequest(_message.Message):
     def __init__(self, topics: _Optional[_Iterable[_Union[DescribeLogDirsTopic, _Mapping]]] = ...) -> None: ...
 
 class DescribeLogDirsPartitionResponse(_message.Message):
-    __slots__ = ("partition", "error_code", "error_message", "broker_id", "log_dir", "size_bytes", "log_start_offset", "log_end_offset", "high_watermark", "cleanup_policy", "compacted", "dirty_ratio", "cleaner_lag_ms", "first_dirty_offset", "uncleanable", "uncleanable_reason", "last_cleaned_ms")
+    __slots__ = ("partition", "error_code", "error_message", "broker_id", "log_dir", "size_bytes", "log_start_offset", "log_end_offset", "high_watermark", "cleanup_policy", "compacted", "dirty_ratio", "cleaner_lag_ms", "first_dirty_offset", "uncleanable", "uncleanable_reason", "last_cleaned_ms", "last_stable_offset")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -605,6 +605,7 @@ class DescribeLogDirsPartitionResponse(_message.Message):
     UNCLEANABLE_FIELD_NUMBER: _ClassVar[int]
     UNCLEANABLE_REASON_FIELD_NUMBER: _ClassVar[int]
     LAST_CLEANED_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_STABLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     partition: int
     error_code: ErrorCode
     error_message: str
@@ -622,7 +623,8 @@ class DescribeLogDirsPartitionResponse(_message.Message):
     uncleanable: bool
     uncleanable_reason: str
     last_cleaned_ms: int
-    def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., broker_id: _Optional[int] = ..., log_dir: _Optional[str] = ..., size_bytes: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., cleanup_policy: _Optional[str] = ..., compacted: _Optional[bool] = ..., dirty_ratio: _Optional[float] = ..., cleaner_lag_ms: _Optional[int] = ..., first_dirty_offset: _Optional[int] = ..., uncleanable: _Optional[bool] = ..., uncleanable_reason: _Optional[str] = ..., last_cleaned_ms: _Optional[int] = ...) -> None: ...
+    last_stable_offset: int
+    def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., broker_id: _Optional[int] = ..., log_dir: _Optional[str] = ..., size_bytes: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., cleanup_policy: _Optional[str] = ..., compacted: _Optional[bool] = ..., dirty_ratio: _Optional[float] = ..., cleaner_lag_ms: _Optional[int] = ..., first_dirty_offset: _Optional[int] = ..., uncleanable: _Optional[bool] = ..., uncleanable_reason: _Optional[str] = ..., last_cleaned_ms: _Optional[int] = ..., last_stable_offset: _Optional[int] = ...) -> None: ...
 
 class DescribeLogDirsTopicResponse(_message.Message):
     __slots__ = ("topic", "partitions")
