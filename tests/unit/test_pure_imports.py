@@ -144,6 +144,7 @@ NOT_PURE = (
     "clients/common/transport/",
     "services/transactions/driver.py",
     "services/transactions/hosting.py",
+    "services/transactions/marker_writer.py",
 )
 
 
