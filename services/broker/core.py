@@ -965,6 +965,17 @@ class BrokerCore:
                 except HighwaterError as exc:
                     res.error_code, res.error_message = self._client_error(tp, exc)
                 results[tp] = res
+        self._answer_when_replicated(results, awaited, timeout_ms, on_complete, self.observer.on_acknowledged)
+
+    def _answer_when_replicated(
+        self,
+        results: dict[TopicPartitionKey, common_pb2.ProducePartitionResponse],
+        awaited: dict[TopicPartitionKey, AwaitedAppend],
+        timeout_ms: int,
+        on_complete: Callable[[common_pb2.ProduceResponse], None],
+        on_acknowledged: Callable[[Partition, AwaitedAppend], None] = lambda p, append: None,
+    ) -> None:
+        """Answer `results` once every awaited append is in its ISR, or at timeout_ms (acks=all)."""
         op = DelayedProduce(
             results=results,
             awaited=awaited,
@@ -972,7 +983,7 @@ class BrokerCore:
             timeout_ms=timeout_ms,
             partition=self.partitions.get,
             on_complete=on_complete,
-            on_acknowledged=self.observer.on_acknowledged,
+            on_acknowledged=on_acknowledged,
         )
         self._watch(op, timeout_ms)
 
@@ -1022,15 +1033,7 @@ class BrokerCore:
                     except HighwaterError as exc:
                         res.error_code, res.error_message = self._client_error(tp, exc)
                     results[tp] = res
-            op = DelayedProduce(
-                results=results,
-                awaited=awaited,
-                deadline_ms=self.clock.monotonic_ms() + timeout_ms,
-                timeout_ms=timeout_ms,
-                partition=self.partitions.get,
-                on_complete=answered(index),
-            )
-            self._watch(op, timeout_ms)
+            self._answer_when_replicated(results, awaited, timeout_ms, answered(index))
 
     def _client_error(self, tp: TopicPartitionKey, exc: HighwaterError) -> tuple[common_pb2.ErrorCode, str]:
         """The error code and sentence a client gets: a storage failure is logged here with its
