@@ -592,13 +592,16 @@ class ConsumerFetcher:
                 f"{tp}: a Fetch answer at offset {fetch_offset} taken while records of the last one "
                 "are still buffered (answers are taken only once the buffers are handed out)"
             )
+        committed: bytes | bytearray | memoryview = buf
         if self._config.read_committed and part.aborted_transactions:
             # The position still moves past the dropped batches (next_offset, from buf as sent).
-            buf = drop_aborted(buf, ((a.producer_id, a.first_offset) for a in part.aborted_transactions))
+            committed = drop_aborted(
+                buf, ((a.producer_id, a.first_offset) for a in part.aborted_transactions)
+            )
         fetched = _Buffered(
             records.iter_records_as(
                 ConsumerRecord,
-                buf,
+                committed,
                 tp.topic,
                 tp.partition,
                 start_offset=fetch_offset,

@@ -14,6 +14,11 @@ wire type) and a value; fields may come in any order and a scalar's last occurre
 wins; fields this reader does not know are skipped by wire type, so a newer broker's
 additions do not break it. tests/unit/test_fetch_response.py holds it to the protobuf
 parser on random messages and to clean errors on truncated ones.
+
+read_committed answers (issue 41) add two fields: `last_stable_offset`, whose presence
+matters (a broker from before transactions leaves it out, and then it reads as the high
+watermark, as clients/common/fetch_request.last_stable_offset says), and the repeated
+`aborted_transactions`, each a small submessage read here as (producer id, first offset).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from clients.common.fetch_request import last_stable_offset
 from protos.highwater.v1 import common_pb2
 
 # --- field numbers (protos/highwater/v1/common.proto) -----------------------------------------
@@ -28,7 +34,8 @@ _RESPONSE_TOPICS, _RESPONSE_ERROR_CODE = 1, 3
 _TOPIC_PARTITIONS = 2
 _P_PARTITION, _P_ERROR_CODE, _P_HIGH_WATERMARK, _P_LOG_START_OFFSET = 1, 2, 3, 4
 _P_LOG_END_OFFSET, _P_RECORDS, _P_ERROR_MESSAGE, _P_LEADER_EPOCH = 5, 6, 7, 8
-_P_RECORDS_LOCATION = 9
+_P_RECORDS_LOCATION, _P_LAST_STABLE_OFFSET, _P_ABORTED_TRANSACTIONS = 9, 10, 11
+_ABORTED_PRODUCER_ID, _ABORTED_FIRST_OFFSET = 1, 2
 
 _VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
 # A varint carries at most 64 bits in at most this many bytes.
@@ -45,6 +52,8 @@ class FetchedPartition:
     """The fields of a FetchPartitionResponse the reader uses; `records` may be a memoryview.
 
     `location` is set instead of records when the leader answered a short-circuit local read.
+    `aborted_transactions` holds (producer id, first offset) pairs, in the answer's order, the
+    form clients/common/control_records.drop_aborted takes.
     """
 
     partition: int = 0
@@ -56,6 +65,8 @@ class FetchedPartition:
     error_message: str = ""
     leader_epoch: int = 0
     location: common_pb2.RecordsLocation | None = None
+    last_stable_offset: int = 0
+    aborted_transactions: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def from_proto(cls, response: common_pb2.FetchResponse) -> FetchedPartition:
@@ -73,6 +84,8 @@ class FetchedPartition:
             p.error_message,
             p.leader_epoch,
             p.records_location if p.HasField("records_location") else None,
+            last_stable_offset(p),
+            tuple((a.producer_id, a.first_offset) for a in p.aborted_transactions),
         )
 
     @classmethod
@@ -121,9 +134,15 @@ def _partition(view: memoryview, begin: int, stop: int) -> FetchedPartition:
     records: bytes | memoryview = b""
     error_message = ""
     location: common_pb2.RecordsLocation | None = None
+    lso: int | None = None  # None: the field is absent (a broker from before transactions)
+    aborted: list[tuple[int, int]] = []
     for number, wire, start, end, value in _fields(view, begin, stop):
         if wire == _VARINT and number in ints:
             ints[number] = value
+        elif wire == _VARINT and number == _P_LAST_STABLE_OFFSET:
+            lso = value
+        elif wire == _LEN and number == _P_ABORTED_TRANSACTIONS:
+            aborted.append(_aborted_transaction(view, start, end))
         elif wire == _LEN and number == _P_RECORDS:
             records = view[start:end]
         elif wire == _LEN and number == _P_ERROR_MESSAGE:
@@ -139,17 +158,29 @@ def _partition(view: memoryview, begin: int, stop: int) -> FetchedPartition:
                 location.MergeFromString(bytes(view[start:end]))
             except Exception as error:  # protobuf's DecodeError (the package has no type stubs)
                 raise MalformedFetchResponse(f"records_location: {error}") from error
+    high_watermark = _int64(ints[_P_HIGH_WATERMARK])
     return FetchedPartition(
         partition=_int32(ints[_P_PARTITION]),
         error_code=_int32(ints[_P_ERROR_CODE]),
-        high_watermark=_int64(ints[_P_HIGH_WATERMARK]),
+        high_watermark=high_watermark,
         log_start_offset=_int64(ints[_P_LOG_START_OFFSET]),
         log_end_offset=_int64(ints[_P_LOG_END_OFFSET]),
         records=records,
         error_message=error_message,
         leader_epoch=_int32(ints[_P_LEADER_EPOCH]),
         location=location,
+        last_stable_offset=high_watermark if lso is None else _int64(lso),
+        aborted_transactions=tuple(aborted),
     )
+
+
+def _aborted_transaction(view: memoryview, begin: int, stop: int) -> tuple[int, int]:
+    """(producer_id, first_offset) of one AbortedTransaction submessage; absent fields are 0."""
+    ints = {_ABORTED_PRODUCER_ID: 0, _ABORTED_FIRST_OFFSET: 0}
+    for number, wire, _, _, value in _fields(view, begin, stop):
+        if wire == _VARINT and number in ints:
+            ints[number] = value
+    return _int64(ints[_ABORTED_PRODUCER_ID]), _int64(ints[_ABORTED_FIRST_OFFSET])
 
 
 def _fields(view: memoryview, pos: int, stop: int) -> Iterator[tuple[int, int, int, int, int]]:

@@ -36,7 +36,12 @@ from spark_connector.kafka_tls import KafkaTls, parse_kafka_tls
 from spark_connector.options_error import OptionError as OptionError  # re-exported
 
 EARLIEST = -2  # Kafka's offsets-JSON value (and ListOffsets timestamp) for the log start
-LATEST = -1  # ... and for the high watermark
+LATEST = -1  # ... and for the high watermark (the last stable offset, read_committed)
+
+# kafka.isolation.level's values (Kafka's consumer setting; ReadOptions.read_committed).
+ISOLATION_LEVEL = "isolation.level"
+READ_UNCOMMITTED = "read_uncommitted"
+READ_COMMITTED = "read_committed"
 
 _BYTE_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -200,12 +205,12 @@ KAFKA_VALUES: dict[str, tuple[bool, bool, tuple[str, ...], str]] = {
         "an idempotent writer keeps record order with sequence numbers at up to 5, as Kafka's idempotent "
         "producer requires; the writer has one Produce in flight",
     ),
-    "isolation.level": (
+    ISOLATION_LEVEL: (
         True,
         False,
-        ("read_uncommitted",),
-        "reads return every record below the high watermark (read_uncommitted); transaction markers "
-        "are not filtered",
+        (READ_UNCOMMITTED, READ_COMMITTED),
+        "read_uncommitted (the default) reads every record below the high watermark; read_committed "
+        "reads below the last stable offset and leaves out the records of aborted transactions",
     ),
 }
 # Kafka client settings refused with a reason and what to use instead.
@@ -328,6 +333,13 @@ def translate_kafka_options(
     return out, display
 
 
+def parse_isolation_level(options: Mapping[str, str]) -> str:
+    """kafka.isolation.level of a read, lower-cased: read_uncommitted (the default, as Kafka's
+    consumer and Spark's Kafka source) or read_committed. translate_kafka_options has refused
+    any other value already."""
+    return options.get(KAFKA_PREFIX + ISOLATION_LEVEL, READ_UNCOMMITTED).strip().lower()
+
+
 def parse_group(options: Mapping[str, str]) -> tuple[str | None, str | None]:
     """(kafka.group.id, groupIdPrefix) of a read, as Spark's Kafka source takes them.
 
@@ -399,6 +411,9 @@ class ReadOptions:
     # (reader.check_group); nothing is committed to it.
     group_id: str | None = None
     group_id_prefix: str | None = None
+    # kafka.isolation.level=read_committed: Fetch and ListOffsets ask for it (isolation_level 1),
+    # so reads stop at the last stable offset, and tasks drop aborted transactions' records.
+    read_committed: bool = False
 
 
 @dataclass(frozen=True)
@@ -794,6 +809,7 @@ def parse_read_options(raw: Mapping[str, str], *, streaming: bool) -> ReadOption
         client=parse_client_settings(options, display, parse_kafka_tls(options)),
         group_id=group_id,
         group_id_prefix=group_id_prefix,
+        read_committed=parse_isolation_level(options) == READ_COMMITTED,
     )
 
 

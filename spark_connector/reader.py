@@ -13,6 +13,14 @@ watermark are ever returned (consumer fetches use replica_id -1), and each task 
 at its range's end, so a micro-batch reads exactly what its offsets say, however often
 it is replayed.
 
+kafka.isolation.level=read_committed (ReadOptions.read_committed): Fetches and ListOffsets
+ask for read_committed, so "latest" is the last stable offset (LSO) at planning and a task
+reads below the LSO where it would read below the high watermark; each Fetch answer's
+records lose the batches of the aborted transactions it names
+(clients/common/control_records.drop_aborted, Kafka's consumer rule) before they are
+decoded. Transaction markers are control batches, which the decoder skips either way; their
+offsets stay gaps in the `offset` column.
+
 Data loss (failOnDataLoss, default true): offsets the range needs were deleted by
 retention (OFFSET_OUT_OF_RANGE, or a start below the log start offset) or the topic
 was deleted. true: the query fails with a message naming the partition, the offsets
@@ -51,6 +59,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from clients.common.control_records import drop_aborted
 from clients.common.types import TopicPartitionKey
 from clients.consumer import next_fetch_offset
 from protos.highwater.v1 import common_pb2, gateway_pb2
@@ -394,6 +403,7 @@ def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> I
     """
     tp = (r.topic, r.partition)
     max_bytes = options.client.fetch_max_bytes
+    bound_name = _bound_name(options)
     constants = ConstantColumns(r.topic, r.partition)
     offset = r.start
     pending = client.fetch_future(tp, offset, max_bytes)
@@ -411,23 +421,23 @@ def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> I
             pending = client.fetch_future(tp, offset, max_bytes)
             continue
         data = part.records
+        # The first offset this Fetch could not read: read_committed stops at the LSO.
+        bound = part.last_stable_offset if options.read_committed else part.high_watermark
         # next_fetch_offset says `bytes` but reads any buffer (iter_batch_headers takes a memoryview).
         next_offset = next_fetch_offset(data, offset) if data else None  # type: ignore[arg-type]
-        if not data and part.location is None and offset < part.high_watermark:
-            # A compacted log's hole up to the HW: the Fetch asked for this partition alone, so a
-            # leader with any batch in [offset, HW) had to send one (its first batch always goes).
-            # No record lies there; the range is read as far as the HW.
+        if not data and part.location is None and offset < bound:
+            # A compacted log's hole up to the bound: the Fetch asked for this partition alone, so
+            # a leader with any batch in [offset, bound) had to send one (its first batch always
+            # goes). No record lies there; the range is read as far as the bound.
             stalled = None
-            offset = part.high_watermark
+            offset = bound
             if offset < r.end:
                 pending = client.fetch_future(tp, offset, max_bytes)
             continue
         if next_offset is None or next_offset <= offset:
-            # Nothing below the high watermark yet at `offset` though the plan says there is: a
-            # new leader whose high watermark lags, briefly. Long-poll, within the retry timeout.
-            stalled = _Stall.check(
-                stalled, client, r, offset, f"no records (high watermark {part.high_watermark})"
-            )
+            # Nothing below the bound yet at `offset` though the plan says there is: a new leader
+            # whose high watermark (and so LSO) lags, briefly. Long-poll, within the retry timeout.
+            stalled = _Stall.check(stalled, client, r, offset, f"no records ({bound_name} {bound})")
             pending = client.fetch_future(tp, offset, max_bytes, limits.FETCH_EMPTY_WAIT_MS)
             continue
         stalled = None
@@ -437,8 +447,12 @@ def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> I
         # decoder keeps only [offset, r.end).
         # A located read covers up to LOCAL_READ_BYTES: decoded in fetch.max.bytes groups, so
         # Spark's Arrow batches are the size a fetched answer gives.
+        committed: bytes | bytearray | memoryview = data
+        if options.read_committed and part.aborted_transactions:
+            # A copy only when a batch is dropped (drop_aborted returns `data` itself otherwise).
+            committed = drop_aborted(data, part.aborted_transactions)
         for columns in decode_columns(
-            data,
+            committed,
             start_offset=offset,
             end_offset=r.end,
             include_headers=options.include_headers,
@@ -447,6 +461,11 @@ def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> I
             if len(columns):
                 yield columns_to_arrow(columns, constants, options.include_headers)
         offset = next_offset
+
+
+def _bound_name(options: ReadOptions) -> str:
+    """What a read stops at, for messages: read_committed reads below the last stable offset."""
+    return "last stable offset" if options.read_committed else "high watermark"
 
 
 @dataclass(frozen=True)
@@ -517,7 +536,7 @@ def _read_partition(partition: InputPartition, options: ReadOptions) -> Iterator
     if not isinstance(partition, HighwaterInputPartition):
         return  # partitions() found nothing to read: Spark still runs one task with a placeholder
     prepare_python_worker()
-    with GatewayClient(options.bootstrap, options.client) as client:
+    with GatewayClient(options.bootstrap, options.client, read_committed=options.read_committed) as client:
         if partition.leader is not None:
             client.hint_leader((partition.range.topic, partition.range.partition), partition.leader)
         yield from read_range(client, partition.range, options)
@@ -535,7 +554,9 @@ class HighwaterBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
-        with GatewayClient(options.bootstrap, options.client) as client:
+        with GatewayClient(
+            options.bootstrap, options.client, read_committed=options.read_committed
+        ) as client:
             check_group(client, options)
             # A pattern that matches no topic reads nothing, as Spark's Kafka source does.
             selected = resolve_partitions(
@@ -550,12 +571,18 @@ class HighwaterBatchReader(DataSourceReader):
             if options.ending is None:  # pragma: no cover - batch options always have one
                 raise HighwaterSparkError("a batch read needs ending offsets")
             ends = resolve_offsets(client, options.ending, tps, default=LATEST)
-            latest = list_offsets(client, dict.fromkeys(tps, LATEST), "high watermarks")
+            bound_name = _bound_name(options)
+            latest = list_offsets(client, dict.fromkeys(tps, LATEST), f"{bound_name}s")
             for tp, end in ends.items():
                 if end > latest[tp]:
                     raise HighwaterSparkError(
                         f"option {options.ending.option!r}: end offset {end} of "
-                        f"{tp[0]}-{tp[1]} is past its high watermark {latest[tp]}"
+                        f"{tp[0]}-{tp[1]} is past its {bound_name} {latest[tp]}"
+                        + (
+                            " (kafka.isolation.level=read_committed reads below it)"
+                            if options.read_committed
+                            else ""
+                        )
                     )
             starts = resolve_offsets(
                 client, options.starting, tps, default=EARLIEST, timestamp_strategy=options.timestamp_strategy
@@ -620,7 +647,9 @@ class HighwaterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     @property
     def client(self) -> GatewayClient:
         if self._client is None:
-            client = GatewayClient(self.options.bootstrap, self.options.client)
+            client = GatewayClient(
+                self.options.bootstrap, self.options.client, read_committed=self.options.read_committed
+            )
             check_group(client, self.options)  # once per start of the query (this object's life)
             self._client = client
         return self._client

@@ -137,7 +137,7 @@ def control_types(buf: Buffer, headers: list[BatchHeader]) -> dict[int, ControlT
     return {h.base_offset: control_type(buf, h) for h in headers if h.is_control}
 
 
-def drop_aborted(buf: bytes, aborted: Iterable[tuple[int, int]]) -> bytes:
+def drop_aborted(buf: Buffer, aborted: Iterable[tuple[int, int]]) -> Buffer:
     """What a read_committed reader keeps of a Fetch answer's records: `buf` without the
     batches of aborted transactions, given as (producer id, first offset) pairs (the answer's
     aborted_transactions). Kafka's consumer rule: a producer's transactional batches are

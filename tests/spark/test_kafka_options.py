@@ -179,7 +179,7 @@ def test_subscription_and_ending_timestamp_options_read_what_spark_says(
         ),
         ("kafka.ssl.cipher.suites", "X", ["kafka.ssl.cipher.suites", "no Highwater meaning"]),
         ("kafka.sasl.mechanism", "PLAIN", ["kafka.sasl.mechanism", "highwater.auth.token"]),
-        ("kafka.isolation.level", "read_committed", ["kafka.isolation.level", "read_uncommitted"]),
+        ("kafka.isolation.level", "snapshot", ["kafka.isolation.level", "read_uncommitted, read_committed"]),
         ("kafka.retries", "3", ["kafka.retries", "producer setting"]),
         ("kafka.default.api.timeout.ms", "1000", ["kafka.default.api.timeout.ms", "no Highwater meaning"]),
         ("kafka.acks", "all", ["kafka.acks", "producer setting", "this is a read"]),

@@ -31,6 +31,14 @@ def partitions(draw: st.DrawFn) -> common_pb2.FetchPartitionResponse:
         records=draw(st.binary(max_size=300)),
         error_message=draw(st.text(max_size=40)),
         leader_epoch=draw(INT32),
+        # Optional (presence matters): absent, the reader takes the high watermark for it.
+        last_stable_offset=draw(st.none() | INT64),
+        aborted_transactions=draw(
+            st.lists(
+                st.builds(common_pb2.AbortedTransaction, producer_id=INT64, first_offset=INT64),
+                max_size=3,
+            )
+        ),
     )
 
 
@@ -98,6 +106,41 @@ def test_fields_it_does_not_know_are_skipped() -> None:
     assert (got.partition, got.high_watermark, bytes(got.records)) == (1, 42, b"abc")
 
 
+def _one_partition(part: common_pb2.FetchPartitionResponse) -> bytes:
+    raw: bytes = common_pb2.FetchResponse(
+        topics=[common_pb2.FetchTopicResponse(topic="t", partitions=[part])]
+    ).SerializeToString()
+    return raw
+
+
+def test_a_read_committed_answer_gives_its_last_stable_offset_and_aborted_transactions() -> None:
+    raw = _one_partition(
+        common_pb2.FetchPartitionResponse(
+            high_watermark=9,
+            last_stable_offset=4,
+            aborted_transactions=[
+                common_pb2.AbortedTransaction(producer_id=7, first_offset=0),
+                common_pb2.AbortedTransaction(producer_id=2**40, first_offset=3),
+            ],
+        )
+    )
+    got = parse_fetch_response(raw)
+    assert (got.high_watermark, got.last_stable_offset) == (9, 4)
+    assert got.aborted_transactions == ((7, 0), (2**40, 3))
+
+
+def test_an_answer_without_a_last_stable_offset_reads_it_as_the_high_watermark() -> None:
+    # A broker from before transactions leaves field 10 out; a sent 0 is a real LSO of 0.
+    assert (
+        parse_fetch_response(
+            _one_partition(common_pb2.FetchPartitionResponse(high_watermark=9))
+        ).last_stable_offset
+        == 9
+    )
+    sent_zero = common_pb2.FetchPartitionResponse(high_watermark=9, last_stable_offset=0)
+    assert parse_fetch_response(_one_partition(sent_zero)).last_stable_offset == 0
+
+
 def test_an_answer_with_only_a_top_level_error_is_that_error() -> None:
     raw = common_pb2.FetchResponse(error_code=common_pb2.NOT_LEADER_OR_FOLLOWER).SerializeToString()
     assert parse_fetch_response(raw).error_code == common_pb2.NOT_LEADER_OR_FOLLOWER
@@ -134,7 +177,7 @@ def test_garbled_keys_are_refused() -> None:
 
 
 def _fields(part: FetchedPartition) -> dict[str, object]:
-    return {name: getattr(part, name) for name in FetchedPartition.__slots__}  # type: ignore[attr-defined]
+    return {name: getattr(part, name) for name in FetchedPartition.__slots__}
 
 
 def _len_field(number: int, payload: bytes) -> bytes:

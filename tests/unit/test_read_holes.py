@@ -317,7 +317,10 @@ class FakeSparkClient:
 def spark_read(log: CompactedLog, start: int, end: int, max_bytes: int = 1 << 20) -> list[int]:
     client = FakeSparkClient(log)
     options: Any = SimpleNamespace(
-        client=SimpleNamespace(fetch_max_bytes=max_bytes), include_headers=False, fail_on_data_loss=True
+        client=SimpleNamespace(fetch_max_bytes=max_bytes),
+        include_headers=False,
+        fail_on_data_loss=True,
+        read_committed=False,
     )
     rows: list[int] = []
     for batch in read_range(client, OffsetRange(TOPIC, 0, start, end), options):  # type: ignore[arg-type]

@@ -346,6 +346,23 @@ def test_group_id_and_prefix_are_kept_for_the_readers_group_check() -> None:
         parse_write_options({**WRITE, "groupIdPrefix": "etl"})
 
 
+def test_isolation_level_is_read_uncommitted_unless_read_committed_is_asked() -> None:
+    """kafka.isolation.level as Kafka's consumer takes it (issue 41); the default is Kafka's."""
+    assert parse_read_options(READ, streaming=False).read_committed is False
+    for value, committed in (
+        ("read_uncommitted", False),
+        ("read_committed", True),
+        (" READ_Committed ", True),
+    ):
+        for streaming in (False, True):
+            got = parse_read_options({**READ, "kafka.isolation.level": value}, streaming=streaming)
+            assert got.read_committed is committed, (value, streaming)
+    # Spark hands options over in any case: the key too.
+    assert parse_read_options(
+        {**READ, "KAFKA.ISOLATION.LEVEL": "read_committed"}, streaming=True
+    ).read_committed
+
+
 def test_kafka_settings_with_no_effect_are_accepted_and_semantic_ones_refused() -> None:
     read = parse_read_options(
         {
@@ -378,7 +395,11 @@ def test_kafka_settings_with_no_effect_are_accepted_and_semantic_ones_refused() 
             r"enable\.idempotence'='false' is refused.*duplicates",
         ),
         ({**WRITE, "kafka.max.in.flight.requests.per.connection": "6"}, r"at up to 5"),
-        ({**READ, "kafka.isolation.level": "read_committed"}, r"read_uncommitted"),
+        (
+            {**READ, "kafka.isolation.level": "serializable"},
+            r"isolation\.level'='serializable' is refused.*accepted: read_uncommitted, read_committed",
+        ),
+        ({**WRITE, "kafka.isolation.level": "read_committed"}, r"consumer setting, and this is a write"),
         ({**READ, "kafka.retries": "3"}, r"producer setting, and this is a read"),
         ({**WRITE, "kafka.max.poll.records": "3"}, r"consumer setting, and this is a write"),
         ({**READ, "kafka.no.such.setting": "3"}, r"no Highwater meaning"),
