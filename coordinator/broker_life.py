@@ -30,8 +30,12 @@ from typing import Any
 
 from clients.common.errors import InvariantViolation
 from coordinator.controller_life import GrantLease, Pause, RevokeLease, Unreachable
-from coordinator.limits import REGISTRATION_RETRY_INTERVAL_S, REGISTRATION_RETRY_MARGIN_S
-from services.common.limits import LEASE_REREGISTER_BACKOFF_S, LEASE_REREGISTER_TTLS_MAX
+from coordinator.limits import (
+    LEASE_REREGISTER_BACKOFF_S,
+    LEASE_REREGISTER_TTLS_MAX,
+    REGISTRATION_RETRY_INTERVAL_S,
+    REGISTRATION_RETRY_MARGIN_S,
+)
 
 __all__ = [
     "LEGAL_TRANSITIONS",

@@ -115,3 +115,7 @@ MEMORY_STORE_HISTORY_REVISIONS_MAX = 100_000
 # incarnation's registration to expire before giving up.
 REGISTRATION_RETRY_MARGIN_S = 5.0
 REGISTRATION_RETRY_INTERVAL_S = 0.25
+# A broker that lost its lease registers again for at most this many lease TTLs, pausing this
+# long between attempts, then stops: without a registration the controller ignores it.
+LEASE_REREGISTER_TTLS_MAX = 10
+LEASE_REREGISTER_BACKOFF_S = 0.5

@@ -134,10 +134,8 @@ LEASE_TTL_S = 6
 LEASE_TTL_S_MIN = 2
 # The longest --lease-ttl-s: a dead process is noticed no sooner than its lease expires.
 LEASE_TTL_S_MAX = 300
-# A broker that lost its lease registers again for at most this many lease TTLs, pausing this
-# long between attempts, then stops: without a registration the controller ignores it.
-LEASE_REREGISTER_TTLS_MAX = 10
-LEASE_REREGISTER_BACKOFF_S = 0.5
+# How long a broker that lost its lease tries to register again: coordinator/limits.py
+# LEASE_REREGISTER_* (the registration rules, coordinator/broker_life.py, hold them).
 
 # --- broker liveness stream (BrokerHeartbeat; services/controller/liveness.py) ------------
 # A broker's stream to the active controller that ended is given this long to be opened again

@@ -146,7 +146,7 @@ GroupOffsets = Mapping[TopicPartitionKey, PendingOffset]
 
 @dataclass(frozen=True)
 class TxnMetadata:
-    """One transactional id's coordinator state: what etcd stores (coordinator/transactions.py)."""
+    """One transactional id's coordinator state: what etcd stores (services/transactions/state.py)."""
 
     transactional_id: str
     producer_id: int

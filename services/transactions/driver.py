@@ -1,5 +1,6 @@
 """The transaction coordinator's asyncio driver (issue 41): runs the pure rules of
-services/transactions/coordinator.py over the durable state in etcd (coordinator/transactions.py).
+services/transactions/coordinator.py over the durable state in etcd (services/transactions/state.py, its
+bytes moved by coordinator/transactions.py).
 
 For each request or own step it reads the transactional id's state and mod revision, applies
 the rule, and writes the new state by compare-and-swap on that revision. A lost swap (another
@@ -45,12 +46,6 @@ from typing import Protocol
 from clients.common.errors import InvariantViolation, check
 from clients.common.types import TopicPartitionKey
 from coordinator.store import CoordinatorUnavailable, MetadataStore
-from coordinator.transactions import (
-    delete_transaction,
-    read_transaction,
-    read_transactions,
-    write_transaction,
-)
 from services.common import limits
 from services.transactions import coordinator as rules
 from services.transactions.coordinator import (
@@ -65,6 +60,12 @@ from services.transactions.coordinator import (
     TxnResult,
     WriteMarkers,
     WriteState,
+)
+from services.transactions.state import (
+    delete_transaction,
+    read_transaction,
+    read_transactions,
+    write_transaction,
 )
 
 log = logging.getLogger("highwater.transactions")

@@ -18,7 +18,6 @@ import pytest_asyncio
 
 from coordinator.etcd_server import EtcdServer
 from coordinator.store import EtcdStore, KeyValue, MetadataStore
-from coordinator.transactions import read_transaction
 from services.transactions.coordinator import (
     AddPartitionsToTxn,
     EndTxn,
@@ -29,6 +28,7 @@ from services.transactions.coordinator import (
     TxnState,
 )
 from services.transactions.driver import MARKER_WRITTEN, TransactionDriver
+from services.transactions.state import read_transaction
 
 TID = "orders/task-7"
 TIMEOUT_MS = 2_000

@@ -14,7 +14,12 @@ import pytest
 
 from clients.common.errors import InvariantViolation
 from coordinator import broker_life as life
-from coordinator.limits import REGISTRATION_RETRY_INTERVAL_S, REGISTRATION_RETRY_MARGIN_S
+from coordinator.limits import (
+    LEASE_REREGISTER_BACKOFF_S,
+    LEASE_REREGISTER_TTLS_MAX,
+    REGISTRATION_RETRY_INTERVAL_S,
+    REGISTRATION_RETRY_MARGIN_S,
+)
 from coordinator.memory_store import MemoryStore
 from coordinator.registration import (
     BrokerIdInUse,
@@ -23,7 +28,6 @@ from coordinator.registration import (
     register_broker,
     run_registration,
 )
-from services.common.limits import LEASE_REREGISTER_BACKOFF_S, LEASE_REREGISTER_TTLS_MAX
 
 KEY = "/highwater/brokers/ids/1"
 INFO = {"broker_id": 1, "host": "h", "port": 9092}

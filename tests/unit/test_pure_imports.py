@@ -145,6 +145,7 @@ NOT_PURE = (
     "services/transactions/driver.py",
     "services/transactions/hosting.py",
     "services/transactions/marker_writer.py",
+    "services/transactions/state.py",
 )
 
 

@@ -13,7 +13,6 @@ import pytest
 from coordinator import values
 from coordinator.memory_store import MemoryStore
 from coordinator.store import Compare, KeyValue, Op, TxnResult
-from coordinator.transactions import read_transaction
 from protos.highwater.v1 import common_pb2
 from services.common import limits
 from services.kafka.classic_groups import coordinator_of
@@ -36,6 +35,7 @@ from services.transactions.driver import (
     TransactionDriver,
 )
 from services.transactions.hosting import ControllerProducerIds, transaction_coordinator_of
+from services.transactions.state import read_transaction
 
 TID = "app/task-0"
 TIMEOUT_MS = 5_000

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from clients.common.errors import InvariantViolation
-from coordinator.transactions import decode_transaction_state, encode_transaction_state
 from services.common import limits
 from services.transactions import coordinator as txn
 from services.transactions.coordinator import (
@@ -35,6 +34,7 @@ from services.transactions.coordinator import (
     WriteMarkers,
     WriteState,
 )
+from services.transactions.state import decode_transaction_state, encode_transaction_state
 
 TID = "payments-1"
 TIMEOUT_MS = 60_000

@@ -1,4 +1,5 @@
-"""The transaction coordinator's durable state (coordinator/transactions.py, Keys.transaction_state):
+"""The transaction coordinator's durable state (services/transactions/state.py over
+coordinator/transactions.py, Keys.transaction_state):
 the versioned value format, its keys, and compare-and-swap writes on the in-memory etcd."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from clients.common.errors import InvariantViolation
 from coordinator import values
 from coordinator.keys import Keys
 from coordinator.memory_store import MemoryStore
-from coordinator.transactions import (
+from services.transactions.coordinator import PendingOffset, TxnMetadata, TxnState
+from services.transactions.state import (
     decode_transaction_state,
     delete_transaction,
     encode_transaction_state,
@@ -20,7 +22,6 @@ from coordinator.transactions import (
     read_transactions,
     write_transaction,
 )
-from services.transactions.coordinator import PendingOffset, TxnMetadata, TxnState
 
 ONGOING = TxnMetadata(
     transactional_id="app/task-0",
