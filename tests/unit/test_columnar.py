@@ -26,7 +26,7 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clients.common.errors import CorruptMessage
+from clients.common.errors import CorruptMessage, MessageTooLarge
 from clients.common.record_batch import (
     ATTRIBUTES_POS,
     BATCH_HEADER_SIZE,
@@ -162,8 +162,9 @@ def _check_arrays(cols: RecordColumns, include_headers: bool) -> None:
 
 def leader_refuses_records(buf: bytes, position: int) -> bool:
     """Whether the leader's decompressor, which Spark's reader shares, refuses the records of
-    the data batch at `position`. It is stricter than aiokafka's in one place: aiokafka reads a
-    xerial snappy block whose length runs past the section as the bytes that remain."""
+    the data batch at `position`. It is stricter than aiokafka's in two places: aiokafka reads a
+    xerial snappy block whose length runs past the section as the bytes that remain, and it
+    inflates a block that declares more than DECOMPRESSED_BATCH_BYTES_MAX."""
     (attributes,) = struct.unpack_from(">h", buf, position + ATTRIBUTES_POS)
     codec = attributes & 0x07
     if attributes & CONTROL or codec == 0 or codec not in CODEC_NAMES:
@@ -171,16 +172,18 @@ def leader_refuses_records(buf: bytes, position: int) -> bool:
     end = position + 12 + struct.unpack_from(">i", buf, position + 8)[0]
     try:
         decompress_records(codec, np.frombuffer(buf, dtype=np.uint8)[position + BATCH_HEADER_SIZE : end], "")
-    except CorruptMessage:
+    except (CorruptMessage, MessageTooLarge):
         return True
     return False
 
 
 def outcome(decode: Any, *args: Any, **kwargs: Any) -> list[Row] | str:
-    """The rows, or "corrupt" for CorruptMessage; anything else propagates and fails the test."""
+    """The rows, or "corrupt" for a refused batch: CorruptMessage, or MessageTooLarge for one
+    whose compressed blocks declare more than the leader ever inflates (a flipped snappy block
+    length can say so: Spark refuses it as the leader would); anything else fails the test."""
     try:
         return decode(*args, **kwargs)  # type: ignore[no-any-return]
-    except CorruptMessage:
+    except (CorruptMessage, MessageTooLarge):
         return "corrupt"
 
 
