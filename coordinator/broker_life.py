@@ -1,23 +1,27 @@
-"""A broker process's registration life as pure rules: register, lose the lease, register again.
+"""A registered process's life as pure rules: register, lose the lease, register again.
+
+Brokers (`/brokers/ids/{id}`) and gateways (`/gateways/ids/{id}`) live by the same rules;
+only the key, the info stored in it and what the process does with a registration differ.
 
 No etcd client, no asyncio, no clock: a registration is a generator that yields steps
 (grant a lease, the registration transaction, revoke, pause, read the clock) and is
 resumed with their answers, in the shape of coordinator/controller_life.py, whose lease
 and pause steps it shares. Two drivers run the same rules:
 
-- the asyncio one: coordinator/registration.py `drive_registration` (etcd through
+- the asyncio one: coordinator/registration.py `run_registration` (etcd through
   `perform_registration_step` in values.py's formats, a LeaseKeeper per granted lease,
-  asyncio.sleep, the event loop's clock), used by services/broker/registration_life.py
-  (serve()'s registration and lease watch) and by the gateway's start-up;
-- the simulation's: tests/sim/sim_broker.py (the same `perform_registration_step` on the
+  asyncio.sleep, the event loop's clock) and `RegistrationLife` (serve()'s registration and
+  lease watch), used by services/broker/registration_life.py and
+  services/gateway/registration_life.py;
+- the simulation's: tests/sim/sim_registration.py (the same `perform_registration_step` on the
   simulated etcd, a SimLease, timers and the simulated clock).
 
 An etcd step whose etcd could not be reached is answered with `Unreachable` (the rules
 decide whether to try again); any other failure is thrown into the generator, which
 revokes a lease whose registration had an unknown outcome before letting it out.
 
-`BrokerLife` holds the process's registration state; it moves only along
-`LEGAL_TRANSITIONS` (h11's `_state.py`, STYLE.md practice 7), and an illegal move raises
+`ProcessLife` (`BrokerLife` for a broker) holds the process's registration state; it moves
+only along `LEGAL_TRANSITIONS` (h11's `_state.py`, STYLE.md practice 7), and an illegal move raises
 with both states.
 """
 
@@ -45,6 +49,7 @@ __all__ = [
     "GrantLease",
     "InUse",
     "Pause",
+    "ProcessLife",
     "ReadClock",
     "Register",
     "Registered",
@@ -183,7 +188,8 @@ def reregister(
 class State(enum.Enum):
     # Starting: the first registration (waiting out an old incarnation's lease).
     REGISTERING = "registering"
-    # The key is held under a live lease: the controller counts this broker in.
+    # The key is held under a live lease: the controller counts this broker in (or pushes
+    # metadata to this gateway, and clients find it).
     REGISTERED = "registered"
     # The lease was lost (a pause past the TTL, etcd expired it): the key is gone or going.
     LEASE_LOST = "lease lost"
@@ -197,7 +203,7 @@ class State(enum.Enum):
 
 # A start-up registration that fails stops the process; any state but STOPPED may begin the
 # shutdown (a re-registration that gave up does, as does an operator's stop). Only a
-# registered broker can lose its lease: a lease of a failed try is revoked by the try itself.
+# registered process can lose its lease: a lease of a failed try is revoked by the try itself.
 LEGAL_TRANSITIONS: dict[State, frozenset[State]] = {
     State.REGISTERING: frozenset({State.REGISTERED, State.SHUTTING_DOWN, State.STOPPED}),
     State.REGISTERED: frozenset({State.LEASE_LOST, State.SHUTTING_DOWN}),
@@ -209,12 +215,16 @@ LEGAL_TRANSITIONS: dict[State, frozenset[State]] = {
 
 
 @dataclass
-class BrokerLife:
-    """One broker process's registration state. Owned by the task that registers and watches the lease."""
+class ProcessLife:
+    """The registration state of one registered process: a broker (`/brokers/ids/{id}`) or a
+    gateway (`/gateways/ids/{id}`); `kind` and `ident` name it in errors. Owned by the task that
+    registers and watches the lease."""
 
-    broker_id: int
+    kind: str
+    ident: int
     state: State = State.REGISTERING
-    broker_epoch: int | None = None
+    # The key's create_revision of the current registration (a broker's broker epoch).
+    epoch: int | None = None
     # Only the process's first registration speaks for the previous run's shutdown: a later
     # one (the lease was lost) lost nothing on disk since.
     registrations: int = 0
@@ -222,15 +232,15 @@ class BrokerLife:
     def move(self, state: State) -> None:
         if state not in LEGAL_TRANSITIONS[self.state]:
             raise InvariantViolation(
-                f"broker {self.broker_id} (broker epoch {self.broker_epoch}) cannot move from "
+                f"{self.kind} {self.ident} ({self.kind} epoch {self.epoch}) cannot move from "
                 f"{self.state.value} to {state.value}: legal from there: "
                 f"{sorted(s.value for s in LEGAL_TRANSITIONS[self.state])}"
             )
         self.state = state
 
-    def registered(self, broker_epoch: int) -> None:
+    def registered(self, epoch: int) -> None:
         self.move(State.REGISTERED)
-        self.broker_epoch = broker_epoch
+        self.epoch = epoch
         self.registrations += 1
 
     def lease_lost(self) -> bool:
@@ -253,3 +263,18 @@ class BrokerLife:
     @property
     def stopping(self) -> bool:
         return self.state in (State.SHUTTING_DOWN, State.STOPPED)
+
+
+class BrokerLife(ProcessLife):
+    """A broker process's registration state: its epoch is the broker epoch."""
+
+    def __init__(self, broker_id: int) -> None:
+        super().__init__("broker", broker_id)
+
+    @property
+    def broker_id(self) -> int:
+        return self.ident
+
+    @property
+    def broker_epoch(self) -> int | None:
+        return self.epoch

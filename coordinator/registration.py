@@ -11,7 +11,8 @@ be fenced (STALE_BROKER_EPOCH).
 The rules (the order of the steps, waiting out an old incarnation's lease, re-registering
 after a lost lease within its deadline, revoking a lease whose registration had an unknown
 outcome) are pure, in coordinator/broker_life.py; `run_registration` is their asyncio driver,
-and `perform_registration_step` turns their transaction into an etcd call in values.py's
+`RegistrationLife` serve()'s registration and lease watch for a broker or a gateway, and
+`perform_registration_step` turns their transaction into an etcd call in values.py's
 format for both drivers (this one and the simulation's, tests/sim/sim_broker.py).
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,6 +250,147 @@ async def register_gateway(
         ident=gateway_id,
         in_use=GatewayIdInUse,
     )
+
+
+class RegistrationLife:
+    """One registered process's registration and lease watch: serve()'s asyncio driver of
+    coordinator/broker_life.py, the same for a broker and a gateway. Owned by serve():
+    `register` once at start, `watch_lease` as a task, `shutting_down` when the process begins
+    to stop, `stopped` once closed.
+
+    The first registration waits out the lease of a previous incarnation (broker_life.register);
+    a lost lease (a pause past the TTL, an etcd partition, a revoked lease) registers the same
+    id with the same info again as a new incarnation (broker_life.reregister); a
+    re-registration that does not succeed within LEASE_REREGISTER_TTLS_MAX TTLs stops the
+    process. The state moves through `life`'s table (broker_life.ProcessLife).
+    """
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        life: broker_life.ProcessLife,
+        key: str,
+        info: dict[str, Any],
+        *,
+        ttl_s: int,
+        in_use: type[CoordinatorError],
+        on_registered: Callable[[Registration], None],
+        on_lease_lost: Callable[[], None],
+        stop_process: Callable[[], None],
+        unregistered_means: str,
+        log: logging.Logger,
+    ) -> None:
+        self.store = store
+        self.life = life
+        self.key = key
+        # Read at every registration: the owner may change it in on_registered (a broker's
+        # unclean_shutdown holds for its first registration only).
+        self.info = info
+        self.ttl_s = ttl_s
+        self.in_use = in_use
+        self.on_registered = on_registered
+        self.on_lease_lost = on_lease_lost
+        self.stop_process = stop_process
+        # What a process left without a registration means, for the log line when it stops.
+        self.unregistered_means = unregistered_means
+        self.log = log
+        self._registration: Registration | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.life.kind} {self.life.ident}"
+
+    @property
+    def registration(self) -> Registration:
+        if self._registration is None:
+            raise RuntimeError(f"{self.name} is not registered yet ({self.life.state.value})")
+        return self._registration
+
+    @property
+    def current(self) -> Registration | None:
+        """The registration to revoke on close (None before the first one)."""
+        return self._registration
+
+    async def register(self) -> Registration:
+        """The start-up registration. Raises `in_use` when the id stays held past the old
+        lease's TTL and a margin, CoordinatorUnavailable when etcd cannot be reached: the
+        process does not start."""
+        try:
+            registration = await _register_id(
+                self.store,
+                self.key,
+                self.info,
+                ttl_s=self.ttl_s,
+                lease=LeaseSettings(),
+                wait_for_old_lease=True,
+                kind=self.life.kind,
+                ident=self.life.ident,
+                in_use=self.in_use,
+            )
+        except BaseException:
+            self.life.stopped()
+            raise
+        self._registered(registration)
+        return registration
+
+    def _registered(self, registration: Registration) -> None:
+        self.life.registered(registration.broker_epoch)
+        self._registration = registration
+        self.log.info("%s registered with %s epoch %d", self.name, self.life.kind, registration.broker_epoch)
+        self.on_registered(registration)
+
+    async def watch_lease(self) -> None:
+        """Register again whenever the lease is lost; stop the process if that fails for
+        LEASE_REREGISTER_TTLS_MAX TTLs. Ends when the process stops (cancel it)."""
+        while True:
+            await self.registration.lease.lost.wait()
+            if not self.life.lease_lost():
+                return
+            self.on_lease_lost()
+            self.log.warning(
+                "%s lost its etcd lease (its key %s is gone or going); registering again as a new "
+                "incarnation with the same id and info",
+                self.name,
+                self.key,
+            )
+            outcome = await run_registration(
+                self.store,
+                broker_life.reregister(self.key, self.info, self.ttl_s),
+                LeaseSettings(),
+                name=self.name,
+                etcd_failures_are_answers=True,
+            )
+            if isinstance(outcome, Registration):
+                self._registered(outcome)
+                continue
+            self.log.error(
+                "%s could not register again within %.0f s (last: %s); stopping: %s",
+                self.name,
+                outcome.deadline_s if isinstance(outcome, broker_life.GaveUp) else 0.0,
+                outcome.last if isinstance(outcome, broker_life.GaveUp) else outcome,
+                self.unregistered_means,
+            )
+            self.life.shutting_down()
+            self.stop_process()
+            return
+
+    def shutting_down(self) -> None:
+        self.life.shutting_down()
+
+    def stopped(self) -> None:
+        self.life.shutting_down()
+        self.life.stopped()
+
+
+async def revoke_registration_lease(store: MetadataStore, key: str) -> bool:
+    """Revoke the lease holding the registration at `key` (a broker's or a gateway's), as etcd
+    does when the lease expires: the key goes at once. For tests and operators simulating a
+    lost lease. Returns whether a lease was revoked (False: no key, or a key without a lease)."""
+    kv = await store.get(key)
+    if kv is None or not kv.lease:
+        return False
+    await store.revoke_lease(kv.lease)
+    return True
 
 
 async def revoke_broker_incarnation(store: MetadataStore, broker_id: int, broker_epoch: int) -> bool:

@@ -22,7 +22,7 @@ from services.common import limits
 from services.gateway.cluster_view import ClusterView
 from services.gateway.groups import GROUP_ERROR_CODES, GROUP_ERROR_MESSAGES, GroupService, GroupStateConflict
 from services.groups import offset_commits
-from services.groups.coordinator import GroupError
+from services.groups.errors import GroupError
 
 # The response message of a call about one group.
 R = TypeVar("R")
@@ -207,7 +207,7 @@ def _problem_answer(
 def _refusal_answer(group: str, refusal: offset_commits.CommitRefusal) -> tuple[common_pb2.ErrorCode, str]:
     """A refused CommitOffsets: the code every partition of it answers, and what to do."""
     if refusal == offset_commits.CommitRefusal.NON_EMPTY_GROUP:
-        return common_pb2.NON_EMPTY_GROUP, (
+        return GROUP_ERROR_CODES[GroupError.NON_EMPTY_GROUP], (
             f"group {group!r} has members: its offsets are theirs to commit; stop them before "
             "resetting its offsets"
         )

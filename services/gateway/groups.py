@@ -53,13 +53,15 @@ from protos.highwater.v1 import common_pb2, gateway_pb2
 from services.common import limits
 from services.gateway import metrics
 from services.groups import coordinator
-from services.groups.coordinator import GroupError, GroupState, HeartbeatRequest
+from services.groups.coordinator import GroupState, HeartbeatRequest
+from services.groups.errors import GroupError
 
 log = logging.getLogger("highwater.gateway.groups")
 T = TypeVar("T")
 _Keyed = TypeVar("_Keyed", KeyValue, WatchEvent)
 
-# Wire codes of the coordinator's refusals.
+# The gateway API's codes of the group errors its group calls answer (the coordinator's
+# refusals, a refused commit); services/groups/errors.py maps every one to Kafka's wire.
 GROUP_ERROR_CODES: dict[GroupError, common_pb2.ErrorCode] = {
     GroupError.UNKNOWN_MEMBER_ID: common_pb2.UNKNOWN_MEMBER_ID,
     GroupError.FENCED_MEMBER_EPOCH: common_pb2.FENCED_MEMBER_EPOCH,
@@ -67,7 +69,10 @@ GROUP_ERROR_CODES: dict[GroupError, common_pb2.ErrorCode] = {
     GroupError.UNRELEASED_INSTANCE_ID: common_pb2.UNRELEASED_INSTANCE_ID,
     GroupError.UNSUPPORTED_ASSIGNOR: common_pb2.UNSUPPORTED_ASSIGNOR,
     GroupError.GROUP_MAX_SIZE_REACHED: common_pb2.GROUP_MAX_SIZE_REACHED,
+    GroupError.NON_EMPTY_GROUP: common_pb2.NON_EMPTY_GROUP,
 }
+# What to do about each; a refused commit to a group with members says it with the group's name
+# (group_calls.py), so NON_EMPTY_GROUP has no message here.
 GROUP_ERROR_MESSAGES: dict[GroupError, str] = {
     GroupError.UNKNOWN_MEMBER_ID: "this member is not in the group (its session expired or it left): "
     "rejoin with member_epoch 0",

@@ -31,3 +31,15 @@ GROUP_ASSIGNMENT_SECONDS = Histogram(
     "Time of one coordinator step that changed a group's state (heartbeat or expiry, assignor included)",
     buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
 )
+
+# The gateway's registration (/gateways/ids/{id}, services/gateway/registration_life.py): a
+# lost lease is registered again with the same id; a loss without a registration after it
+# means the gateway is stopping.
+GATEWAY_REGISTRATIONS = Counter(
+    "highwater_gateway_registrations_total",
+    "Registrations of this gateway in etcd: 1 at start, one more per lease lost and registered again",
+)
+GATEWAY_LEASE_LOSSES = Counter(
+    "highwater_gateway_lease_losses_total",
+    "Times this gateway's etcd lease was lost (its registration gone) while it ran",
+)

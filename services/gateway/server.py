@@ -1,8 +1,9 @@
 """The fetch gateway: stateless routing between clients and partition leaders.
 
 It registers under /gateways/ids with a lease so the controller pushes it
-UpdateMetadata; it also pulls DescribeCluster from the active controller at
-start and whenever a leader answers that the gateway's picture is stale.
+UpdateMetadata, and registers again if the lease is lost (registration_life.py);
+it also pulls DescribeCluster from the active controller at start and whenever
+a leader answers that the gateway's picture is stale.
 Produce is split per leader, sent concurrently and merged; retriable
 routing errors (NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, a leader that
 cannot be reached) are retried after a metadata refresh within the request's
@@ -19,6 +20,7 @@ the part that answers it:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -27,7 +29,6 @@ from typing import TypeVar
 
 import grpc
 
-from coordinator.registration import register_gateway
 from coordinator.store import EtcdStore
 from protos.highwater.v1 import broker_pb2, common_pb2, controller_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common import limits
@@ -43,6 +44,7 @@ from services.gateway.groups import GroupService
 from services.gateway.leader_calls import LeaderCalls
 from services.gateway.record_producer import RecordProducer
 from services.gateway.record_streams import RecordStreams
+from services.gateway.registration_life import gateway_registration_life
 from services.security.config import SecurityConfig
 
 log = logging.getLogger("highwater.gateway")
@@ -293,6 +295,8 @@ async def _checked_and_timed(
 
 
 async def serve(config: GatewayConfig) -> None:
+    """Start the gateway: serve, register (and keep registered: registration_life.py), take the
+    cluster's metadata, serve the groups; stop on a signal or when re-registering gave up."""
     process = await ServiceProcess.start(
         config,
         name=f"gateway-{config.gateway_id}",
@@ -310,15 +314,20 @@ async def serve(config: GatewayConfig) -> None:
         "port": runtime.bound_port,
         "pid": os.getpid(),
     }
-    registration = await register_gateway(
-        store, config.gateway_id, info, ttl_s=config.lease_ttl_s, wait_for_old_lease=True
+    life = gateway_registration_life(
+        store, config.gateway_id, info, ttl_s=config.lease_ttl_s, stop_process=runtime.stopping.set
     )
+    await life.register()
     await servicer.view.refresh_metadata(force=True)
     servicer.groups.start()
     await runtime.mark_ready(gateway_id=config.gateway_id)
+    lease_watcher = asyncio.create_task(life.watch_lease(), name="gateway-lease-watch")
 
     async def on_stop() -> None:
+        lease_watcher.cancel()
+        life.shutting_down()
         await servicer.groups.stop()
-        await process.close(registration)
+        await process.close(life.current)
+        life.stopped()
 
     await runtime.run_until_stopped(on_stop)

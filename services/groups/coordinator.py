@@ -40,6 +40,7 @@ from typing import Any
 from clients.common.errors import check
 from clients.common.types import TopicPartitionKey
 from services.groups.assignors import ASSIGNORS, DEFAULT_ASSIGNOR
+from services.groups.errors import GroupError as GroupError  # also importable from its old home here
 
 TopicPartitions = frozenset[TopicPartitionKey]
 
@@ -65,17 +66,6 @@ EPOCH_LEAVE = -1
 EPOCH_LEAVE_STATIC = -2  # a static member going away for a while, keeping its assignment
 
 RECORD_FORMAT_VERSION = 1
-
-
-class GroupError(enum.StrEnum):
-    """Operating errors of the group protocol, named as their wire codes are."""
-
-    UNKNOWN_MEMBER_ID = "UNKNOWN_MEMBER_ID"
-    FENCED_MEMBER_EPOCH = "FENCED_MEMBER_EPOCH"
-    STALE_MEMBER_EPOCH = "STALE_MEMBER_EPOCH"
-    UNRELEASED_INSTANCE_ID = "UNRELEASED_INSTANCE_ID"
-    UNSUPPORTED_ASSIGNOR = "UNSUPPORTED_ASSIGNOR"
-    GROUP_MAX_SIZE_REACHED = "GROUP_MAX_SIZE_REACHED"
 
 
 class MemberState(enum.Enum):

@@ -31,8 +31,8 @@ from services.common.metadata_cache import MetadataCache
 from services.common.peers import PeerChannels
 from services.groups import coordinator, offset_commits
 from services.groups.coordinator import EPOCH_LEAVE, GroupState
+from services.groups.errors import GroupError
 from services.kafka.classic_groups import CONSUMER_PROTOCOL_TYPE, subscribed_topics
-from services.kafka.classic_groups import Error as GroupError
 from services.kafka.group_driver import ClassicGroupDriver
 from services.kafka.handler import (
     BackendUnavailable,

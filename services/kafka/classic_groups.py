@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from clients.common.errors import check
+from services.groups.errors import GroupError
 
 # Kafka's group.min/max.session.timeout.ms defaults (6 s, 30 min).
 SESSION_TIMEOUT_MS_MIN = 6_000
@@ -67,22 +68,9 @@ LEGAL_TRANSITIONS: dict[State, frozenset[State]] = {
 }
 
 
-class Error(enum.Enum):
-    """Kafka's names (group_calls.py maps them to kio's codes)."""
-
-    NONE = "none"
-    UNKNOWN_MEMBER_ID = "unknown_member_id"
-    ILLEGAL_GENERATION = "illegal_generation"
-    REBALANCE_IN_PROGRESS = "rebalance_in_progress"
-    INCONSISTENT_GROUP_PROTOCOL = "inconsistent_group_protocol"
-    INVALID_SESSION_TIMEOUT = "invalid_session_timeout"
-    MEMBER_ID_REQUIRED = "member_id_required"
-    GROUP_MAX_SIZE_REACHED = "group_max_size_reached"
-    COORDINATOR_NOT_AVAILABLE = "coordinator_not_available"
-    NON_EMPTY_GROUP = "non_empty_group"
-    GROUP_ID_NOT_FOUND = "group_id_not_found"
-    GROUP_SUBSCRIBED_TO_TOPIC = "group_subscribed_to_topic"
-
+# The classic answers' errors are the groups' one vocabulary (services/groups/errors.py);
+# `Error` is its old name here, kept for importers.
+Error = GroupError
 
 # The protocol type of Kafka's consumers: their member metadata is a ConsumerProtocolSubscription.
 CONSUMER_PROTOCOL_TYPE = "consumer"
@@ -160,7 +148,7 @@ class Member:
 
 @dataclass(frozen=True)
 class JoinAnswer:
-    error: Error
+    error: GroupError
     generation: int = -1
     protocol_type: str | None = None
     protocol_name: str | None = None
@@ -172,7 +160,7 @@ class JoinAnswer:
 
 @dataclass(frozen=True)
 class SyncAnswer:
-    error: Error
+    error: GroupError
     protocol_type: str | None = None
     protocol_name: str | None = None
     assignment: bytes = b""
@@ -258,29 +246,29 @@ class ClassicGroups:
     ) -> list[Completion]:
         """A JoinGroup; its answer comes back under `ticket`, now or later."""
         if not SESSION_TIMEOUT_MS_MIN <= session_timeout_ms <= SESSION_TIMEOUT_MS_MAX:
-            return [(ticket, JoinAnswer(Error.INVALID_SESSION_TIMEOUT, member_id=member_id))]
+            return [(ticket, JoinAnswer(GroupError.INVALID_SESSION_TIMEOUT, member_id=member_id))]
         group = self.groups.get(group_id)
         if group is None:
             if len(self.groups) >= GROUPS_MAX:
-                return [(ticket, JoinAnswer(Error.COORDINATOR_NOT_AVAILABLE, member_id=member_id))]
+                return [(ticket, JoinAnswer(GroupError.COORDINATOR_NOT_AVAILABLE, member_id=member_id))]
             group = self.groups[group_id] = Group(group_id)
         names = {name for name, _ in protocols}
         others = [m for m in group.members.values() if m.member_id != member_id]
         if not protocols or (
             others and (protocol_type != group.protocol_type or not names & _common_protocols(others))
         ):
-            return [(ticket, JoinAnswer(Error.INCONSISTENT_GROUP_PROTOCOL, member_id=member_id))]
+            return [(ticket, JoinAnswer(GroupError.INCONSISTENT_GROUP_PROTOCOL, member_id=member_id))]
         if member_id == "":
             if len(group.members) + len(group.pending) >= GROUP_MEMBERS_MAX:
-                return [(ticket, JoinAnswer(Error.GROUP_MAX_SIZE_REACHED))]
+                return [(ticket, JoinAnswer(GroupError.GROUP_MAX_SIZE_REACHED))]
             member_id = self._new_member_id(client_id)
             if require_known_member_id:
                 # KIP-394: the member asks again with this id, so an id is never given to a
                 # client that did not receive it.
                 group.pending[member_id] = now_ms + session_timeout_ms
-                return [(ticket, JoinAnswer(Error.MEMBER_ID_REQUIRED, member_id=member_id))]
+                return [(ticket, JoinAnswer(GroupError.MEMBER_ID_REQUIRED, member_id=member_id))]
         elif member_id not in group.members and member_id not in group.pending:
-            return [(ticket, JoinAnswer(Error.UNKNOWN_MEMBER_ID, member_id=member_id))]
+            return [(ticket, JoinAnswer(GroupError.UNKNOWN_MEMBER_ID, member_id=member_id))]
         out: list[Completion] = []
         group.pending.pop(member_id, None)
         member = group.members.get(member_id)
@@ -300,7 +288,9 @@ class ClassicGroups:
             member.protocols, member.last_heard_ms = protocols, now_ms
             member.session_timeout_ms, member.rebalance_timeout_ms = session_timeout_ms, rebalance_timeout_ms
             if member.join_ticket is not None:  # a retried join replaces the one waiting
-                out.append((member.join_ticket, JoinAnswer(Error.UNKNOWN_MEMBER_ID, member_id=member_id)))
+                out.append(
+                    (member.join_ticket, JoinAnswer(GroupError.UNKNOWN_MEMBER_ID, member_id=member_id))
+                )
         member.join_ticket = ticket
         if group.state != State.PREPARING_REBALANCE:
             out += self._prepare_rebalance(group, now_ms)
@@ -318,11 +308,11 @@ class ClassicGroups:
         group = self.groups.get(group_id)
         member = group.members.get(member_id) if group is not None else None
         if group is None or member is None:
-            return [(ticket, SyncAnswer(Error.UNKNOWN_MEMBER_ID))]
+            return [(ticket, SyncAnswer(GroupError.UNKNOWN_MEMBER_ID))]
         if generation != group.generation:
-            return [(ticket, SyncAnswer(Error.ILLEGAL_GENERATION))]
+            return [(ticket, SyncAnswer(GroupError.ILLEGAL_GENERATION))]
         if group.state == State.PREPARING_REBALANCE:
-            return [(ticket, SyncAnswer(Error.REBALANCE_IN_PROGRESS))]
+            return [(ticket, SyncAnswer(GroupError.REBALANCE_IN_PROGRESS))]
         if group.state == State.STABLE:
             return [(ticket, self._sync_answer(group, member))]
         member.sync_ticket = ticket
@@ -338,59 +328,61 @@ class ClassicGroups:
         group.check()
         return out
 
-    def heartbeat(self, now_ms: int, *, group_id: str, member_id: str, generation: int) -> Error:
+    def heartbeat(self, now_ms: int, *, group_id: str, member_id: str, generation: int) -> GroupError:
         group = self.groups.get(group_id)
         member = group.members.get(member_id) if group is not None else None
         if group is None or member is None:
-            return Error.UNKNOWN_MEMBER_ID
+            return GroupError.UNKNOWN_MEMBER_ID
         if generation != group.generation:
-            return Error.ILLEGAL_GENERATION
+            return GroupError.ILLEGAL_GENERATION
         member.last_heard_ms = now_ms
-        return Error.REBALANCE_IN_PROGRESS if group.state == State.PREPARING_REBALANCE else Error.NONE
+        return (
+            GroupError.REBALANCE_IN_PROGRESS if group.state == State.PREPARING_REBALANCE else GroupError.NONE
+        )
 
     def leave(
         self, now_ms: int, *, group_id: str, member_ids: Sequence[str]
-    ) -> tuple[list[Error], list[Completion]]:
+    ) -> tuple[list[GroupError], list[Completion]]:
         """Each member's answer, and the waiting requests the leaves complete."""
         group = self.groups.get(group_id)
-        errors: list[Error] = []
+        errors: list[GroupError] = []
         out: list[Completion] = []
         for member_id in member_ids:
             if group is None or member_id not in group.members:
-                errors.append(Error.UNKNOWN_MEMBER_ID)
+                errors.append(GroupError.UNKNOWN_MEMBER_ID)
                 continue
-            errors.append(Error.NONE)
+            errors.append(GroupError.NONE)
             out += self._remove(group, member_id)
-        if group is not None and any(e == Error.NONE for e in errors):
+        if group is not None and any(e == GroupError.NONE for e in errors):
             out += self._after_removal(group, now_ms)
         return errors, out
 
-    def commit_check(self, group_id: str, member_id: str, generation: int) -> Error:
+    def commit_check(self, group_id: str, member_id: str, generation: int) -> GroupError:
         """Whether an OffsetCommit may be applied: a member of the current generation, or a
         commit from outside (generation -1, no member id) to a group without members."""
         group = self.groups.get(group_id)
         if generation < 0 and not member_id:
-            return Error.NONE if group is None or not group.members else Error.UNKNOWN_MEMBER_ID
+            return GroupError.NONE if group is None or not group.members else GroupError.UNKNOWN_MEMBER_ID
         if group is None or member_id not in group.members:
-            return Error.UNKNOWN_MEMBER_ID
+            return GroupError.UNKNOWN_MEMBER_ID
         if generation != group.generation:
-            return Error.ILLEGAL_GENERATION
+            return GroupError.ILLEGAL_GENERATION
         if group.state == State.COMPLETING_REBALANCE:
-            return Error.REBALANCE_IN_PROGRESS
-        return Error.NONE
+            return GroupError.REBALANCE_IN_PROGRESS
+        return GroupError.NONE
 
-    def delete(self, group_id: str) -> Error:
+    def delete(self, group_id: str) -> GroupError:
         """DeleteGroups' rule for the classic side of a group: refused while it has members
         (NON_EMPTY_GROUP, as Kafka refuses any state but Empty and Dead); an empty group is
         forgotten (NONE); GROUP_ID_NOT_FOUND when this broker holds no such group (its
         committed offsets, in etcd, may still make it exist: the caller decides)."""
         group = self.groups.get(group_id)
         if group is None:
-            return Error.GROUP_ID_NOT_FOUND
+            return GroupError.GROUP_ID_NOT_FOUND
         if group.members:
-            return Error.NON_EMPTY_GROUP
+            return GroupError.NON_EMPTY_GROUP
         self._forget(group)  # pending member ids given out are void: they join anew
-        return Error.NONE
+        return GroupError.NONE
 
     # ---- time -----------------------------------------------------------------------------
 
@@ -425,7 +417,7 @@ class ClassicGroups:
         out: list[Completion] = []
         for m in group.members.values():
             if m.sync_ticket is not None:
-                out.append((m.sync_ticket, SyncAnswer(Error.REBALANCE_IN_PROGRESS)))
+                out.append((m.sync_ticket, SyncAnswer(GroupError.REBALANCE_IN_PROGRESS)))
                 m.sync_ticket = None
         group.forming = group.state == State.EMPTY
         group.transition(State.PREPARING_REBALANCE)
@@ -473,7 +465,7 @@ class ClassicGroups:
                 (
                     ticket,
                     JoinAnswer(
-                        Error.NONE,
+                        GroupError.NONE,
                         generation=group.generation,
                         protocol_type=group.protocol_type,
                         protocol_name=group.protocol_name,
@@ -502,9 +494,9 @@ class ClassicGroups:
         member = group.members.pop(member_id)
         out: list[Completion] = []
         if member.join_ticket is not None:
-            out.append((member.join_ticket, JoinAnswer(Error.UNKNOWN_MEMBER_ID, member_id=member_id)))
+            out.append((member.join_ticket, JoinAnswer(GroupError.UNKNOWN_MEMBER_ID, member_id=member_id)))
         if member.sync_ticket is not None:
-            out.append((member.sync_ticket, SyncAnswer(Error.UNKNOWN_MEMBER_ID)))
+            out.append((member.sync_ticket, SyncAnswer(GroupError.UNKNOWN_MEMBER_ID)))
         if group.leader == member_id:
             group.leader = None
         return out
@@ -528,7 +520,7 @@ class ClassicGroups:
     @staticmethod
     def _sync_answer(group: Group, member: Member) -> SyncAnswer:
         return SyncAnswer(
-            Error.NONE,
+            GroupError.NONE,
             protocol_type=group.protocol_type,
             protocol_name=group.protocol_name,
             assignment=member.assignment,

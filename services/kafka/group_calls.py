@@ -17,9 +17,9 @@ from kio.schema.errors import ErrorCode as K
 from clients.common.topics import group_id_problem
 from protos.highwater.v1 import common_pb2
 from services.groups import offset_commits
+from services.groups.errors import GroupError, kafka_code
 from services.kafka import protocol
 from services.kafka.classic_groups import CONSUMER_PROTOCOL_TYPE
-from services.kafka.classic_groups import Error as GroupError
 from services.kafka.handler_common import (
     NO_THROTTLE,
     NOT_AUTHORIZED,
@@ -119,7 +119,7 @@ class GroupCalls:
             check = self.context.backend.classic_groups.commit_check(
                 body.group_id, body.member_id, body.generation_id_or_member_epoch
             )
-            whole = None if check == GroupError.NONE else K[check.value]
+            whole = None if check == GroupError.NONE else kafka_code(check)
         cache = self.context.backend.metadata
         for t in body.topics:
             for p in t.partitions:
@@ -284,7 +284,7 @@ class GroupCalls:
         return build(
             cls,
             throttle_time=NO_THROTTLE,
-            error_code=K[answer.error.value],
+            error_code=kafka_code(answer.error),
             generation_id=answer.generation,
             protocol_type=answer.protocol_type,
             protocol_name=answer.protocol_name or ("" if request.api_version < 7 else None),
@@ -311,7 +311,7 @@ class GroupCalls:
         return build(
             cls,
             throttle_time=NO_THROTTLE,
-            error_code=K[answer.error.value],
+            error_code=kafka_code(answer.error),
             protocol_type=answer.protocol_type,
             protocol_name=answer.protocol_name,
             assignment=answer.assignment,
@@ -325,7 +325,7 @@ class GroupCalls:
             error = self.context.backend.classic_groups.heartbeat(
                 group_id=body.group_id, member_id=body.member_id, generation=body.generation_id
             )
-            code = K[error.value]
+            code = kafka_code(error)
         return build(cls, throttle_time=NO_THROTTLE, error_code=code)
 
     async def leave_group(self, request: Request, acl: RequestAcl) -> Any:
@@ -335,7 +335,7 @@ class GroupCalls:
         code = group_refusal(body.group_id, acl) or await self._not_coordinator(body.group_id)
         errors = (
             [
-                K[e.value]
+                kafka_code(e)
                 for e in self.context.backend.classic_groups.leave(
                     group_id=body.group_id, member_ids=member_ids
                 )
@@ -458,7 +458,7 @@ class GroupCalls:
             if code is None:
                 try:
                     error, message = await self.context.backend.delete_group(group_id)
-                    code = K[error.value]
+                    code = kafka_code(error)
                     if error != GroupError.NONE:
                         log.info("DeleteGroups %r refused: %s", group_id, message)
                 except BackendUnavailable as exc:
@@ -491,8 +491,8 @@ class GroupCalls:
                 error, message, errors = await self.context.backend.delete_offsets(body.group_id, wanted)
                 if error != GroupError.NONE:
                     log.info("OffsetDelete for group %r refused: %s", body.group_id, message)
-                    whole = K[error.value]
-                codes.update((tp, K[e.value]) for tp, e in errors.items())
+                    whole = kafka_code(error)
+                codes.update((tp, kafka_code(e)) for tp, e in errors.items())
             except BackendUnavailable as exc:
                 log.warning("OffsetDelete: %s", exc)
                 whole = K.coordinator_not_available

@@ -14,7 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from services.kafka.classic_groups import ClassicGroups, Completion, Error, Group, JoinAnswer, SyncAnswer
+from services.groups.errors import GroupError
+from services.kafka.classic_groups import ClassicGroups, Completion, Group, JoinAnswer, SyncAnswer
 
 log = logging.getLogger("highwater.kafka")
 
@@ -85,20 +86,20 @@ class ClassicGroupDriver:
         answer: SyncAnswer = await fut
         return answer
 
-    def heartbeat(self, *, group_id: str, member_id: str, generation: int) -> Error:
+    def heartbeat(self, *, group_id: str, member_id: str, generation: int) -> GroupError:
         return self.core.heartbeat(
             self._now_ms(), group_id=group_id, member_id=member_id, generation=generation
         )
 
-    def leave(self, *, group_id: str, member_ids: Sequence[str]) -> list[Error]:
+    def leave(self, *, group_id: str, member_ids: Sequence[str]) -> list[GroupError]:
         errors, completions = self.core.leave(self._now_ms(), group_id=group_id, member_ids=member_ids)
         self._deliver(completions)
         return errors
 
-    def commit_check(self, group_id: str, member_id: str, generation: int) -> Error:
+    def commit_check(self, group_id: str, member_id: str, generation: int) -> GroupError:
         return self.core.commit_check(group_id, member_id, generation)
 
-    def delete(self, group_id: str) -> Error:
+    def delete(self, group_id: str) -> GroupError:
         return self.core.delete(group_id)
 
     def groups(self) -> list[Group]:

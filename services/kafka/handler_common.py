@@ -21,9 +21,9 @@ from clients.common.topics import group_id_problem
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.common.metadata_cache import MetadataCache
 from services.groups import offset_commits
+from services.groups.errors import GroupError
 from services.kafka import acl_rules, fetch_sessions, protocol
 from services.kafka.acl_rules import Decision
-from services.kafka.classic_groups import Error as GroupError
 from services.kafka.classic_groups import Group, JoinAnswer, SyncAnswer, coordinator_of
 from services.kafka.protocol import build, nested
 from services.security import authz

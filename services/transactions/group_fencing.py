@@ -14,7 +14,8 @@ member's current epoch exactly (Kafka's ConsumerGroup.validateOffsetCommit with 
 
 from __future__ import annotations
 
-from services.groups.coordinator import EPOCH_LEAVE, GroupError, GroupState
+from services.groups.coordinator import EPOCH_LEAVE, GroupState
+from services.groups.errors import GroupError
 
 
 def check_txn_offset_commit(group: GroupState | None, member_id: str, member_epoch: int) -> GroupError | None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.groups.errors import GroupError
 from services.kafka.classic_groups import (
     INITIAL_REBALANCE_DELAY_MS,
     ClassicGroups,
-    Error,
     JoinAnswer,
     State,
     SyncAnswer,
@@ -49,7 +49,7 @@ def join(groups: ClassicGroups, now: int, ticket: int, member_id: str = "", **kw
 def joined_member(groups: ClassicGroups, now: int, tickets: Tickets) -> tuple[str, int]:
     """A member id from MEMBER_ID_REQUIRED, then its real join's ticket (answered later)."""
     ((_, first),) = join(groups, now, tickets())
-    assert isinstance(first, JoinAnswer) and first.error == Error.MEMBER_ID_REQUIRED
+    assert isinstance(first, JoinAnswer) and first.error == GroupError.MEMBER_ID_REQUIRED
     ticket = tickets()
     assert join(groups, now, ticket, first.member_id) == []
     return first.member_id, ticket
@@ -72,8 +72,8 @@ def stable_pair(groups: ClassicGroups, tickets: Tickets) -> tuple[str, str, int]
         groups.sync(leader_ticket, group_id="g", member_id=a, generation=1, assignments={a: b"A", b: b"B"})
     )
     assert done == {
-        leader_ticket: SyncAnswer(Error.NONE, "consumer", "range", b"A"),
-        follower_ticket: SyncAnswer(Error.NONE, "consumer", "range", b"B"),
+        leader_ticket: SyncAnswer(GroupError.NONE, "consumer", "range", b"A"),
+        follower_ticket: SyncAnswer(GroupError.NONE, "consumer", "range", b"B"),
     }
     assert groups.groups["g"].state == State.STABLE
     return a, b, 100 + INITIAL_REBALANCE_DELAY_MS
@@ -87,15 +87,15 @@ def test_a_new_member_rebalances_the_group_and_everyone_rejoins():
     groups, tickets = ClassicGroups(1), Tickets()
     a, b, now = stable_pair(groups, tickets)
     _, tc = joined_member(groups, now, tickets)
-    assert groups.heartbeat(now, group_id="g", member_id=a, generation=1) == Error.REBALANCE_IN_PROGRESS
+    assert groups.heartbeat(now, group_id="g", member_id=a, generation=1) == GroupError.REBALANCE_IN_PROGRESS
     ta = tickets()
     assert join(groups, now, ta, a) == []
     tb = tickets()
     answers = dict(join(groups, now, tb, b))  # the last one back completes the join at once
     assert set(answers) == {ta, tb, tc}
     assert all(isinstance(x, JoinAnswer) and x.generation == 2 and x.leader == a for x in answers.values())
-    assert groups.commit_check("g", a, 1) == Error.ILLEGAL_GENERATION
-    assert groups.commit_check("g", a, 2) == Error.REBALANCE_IN_PROGRESS, "before the assignment"
+    assert groups.commit_check("g", a, 1) == GroupError.ILLEGAL_GENERATION
+    assert groups.commit_check("g", a, 2) == GroupError.REBALANCE_IN_PROGRESS, "before the assignment"
 
 
 def test_a_member_that_does_not_rejoin_is_dropped_at_the_rebalance_deadline():
@@ -106,21 +106,21 @@ def test_a_member_that_does_not_rejoin_is_dropped_at_the_rebalance_deadline():
     answers = dict(groups.expire(now + REBALANCE_MS))
     (answer,) = answers.values()
     assert isinstance(answer, JoinAnswer) and answer.generation == 2 and [m[0] for m in answer.members] == [a]
-    assert groups.heartbeat(now, group_id="g", member_id=b, generation=1) == Error.UNKNOWN_MEMBER_ID
+    assert groups.heartbeat(now, group_id="g", member_id=b, generation=1) == GroupError.UNKNOWN_MEMBER_ID
 
 
 def test_leave_and_session_expiry_rebalance_and_an_empty_group_takes_outside_commits():
     groups, tickets = ClassicGroups(1), Tickets()
     a, b, now = stable_pair(groups, tickets)
-    assert groups.commit_check("g", "", -1) == Error.UNKNOWN_MEMBER_ID, "members own the offsets"
-    assert groups.commit_check("g", a, 1) == Error.NONE
+    assert groups.commit_check("g", "", -1) == GroupError.UNKNOWN_MEMBER_ID, "members own the offsets"
+    assert groups.commit_check("g", a, 1) == GroupError.NONE
     errors, _ = groups.leave(now, group_id="g", member_ids=[b, "nobody"])
-    assert errors == [Error.NONE, Error.UNKNOWN_MEMBER_ID]
+    assert errors == [GroupError.NONE, GroupError.UNKNOWN_MEMBER_ID]
     assert groups.groups["g"].state == State.PREPARING_REBALANCE
     # a never rejoins and stops heartbeating: its session ends, the group empties.
     groups.expire(now + SESSION_MS + 1)
     assert "g" not in groups.groups
-    assert groups.commit_check("g", "", -1) == Error.NONE
+    assert groups.commit_check("g", "", -1) == GroupError.NONE
 
 
 def test_a_leader_that_never_syncs_starts_another_rebalance():
@@ -129,7 +129,7 @@ def test_a_leader_that_never_syncs_starts_another_rebalance():
     groups.expire(INITIAL_REBALANCE_DELAY_MS)
     assert groups.groups["g"].state == State.COMPLETING_REBALANCE
     for now in range(INITIAL_REBALANCE_DELAY_MS, INITIAL_REBALANCE_DELAY_MS + REBALANCE_MS, 5_000):
-        assert groups.heartbeat(now, group_id="g", member_id=a, generation=1) == Error.NONE
+        assert groups.heartbeat(now, group_id="g", member_id=a, generation=1) == GroupError.NONE
         groups.expire(now)
     groups.expire(INITIAL_REBALANCE_DELAY_MS + REBALANCE_MS)
     assert groups.groups["g"].state == State.PREPARING_REBALANCE
@@ -138,12 +138,12 @@ def test_a_leader_that_never_syncs_starts_another_rebalance():
 def test_joins_that_cannot_be_served():
     groups, tickets = ClassicGroups(1), Tickets()
     ((_, answer),) = join(groups, 0, tickets(), session_timeout_ms=10)
-    assert answer.error == Error.INVALID_SESSION_TIMEOUT
+    assert answer.error == GroupError.INVALID_SESSION_TIMEOUT
     ((_, answer),) = join(groups, 0, tickets(), "never-given")
-    assert answer.error == Error.UNKNOWN_MEMBER_ID
+    assert answer.error == GroupError.UNKNOWN_MEMBER_ID
     joined_member(groups, 0, tickets)
     ((_, answer),) = join(groups, 0, tickets(), protocols=[("other", b"")], require_known_member_id=False)
-    assert answer.error == Error.INCONSISTENT_GROUP_PROTOCOL
+    assert answer.error == GroupError.INCONSISTENT_GROUP_PROTOCOL
 
 
 def test_every_broker_names_the_same_coordinator():

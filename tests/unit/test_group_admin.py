@@ -18,10 +18,11 @@ from protos.highwater.v1 import common_pb2
 from services.common.metadata_cache import MetadataCache
 from services.groups import coordinator
 from services.groups.coordinator import GroupState, HeartbeatRequest
+from services.groups.errors import GroupError
 from services.kafka import protocol
 from services.kafka.acl_rules import ConnectionAccess
 from services.kafka.backend import BrokerKafkaBackend
-from services.kafka.classic_groups import ClassicGroups, Error, Group, Member, State, subscribed_topics
+from services.kafka.classic_groups import ClassicGroups, Group, Member, State, subscribed_topics
 from services.kafka.handler import KafkaBroker, KafkaHandler
 from services.security.authz import AclBinding, Authorizer
 from services.security.identity import certificate_caller
@@ -81,13 +82,13 @@ def kip848_group_with_member(group_id: str, topic: str) -> GroupState:
 
 def test_classic_delete_refuses_a_group_with_members_and_forgets_an_empty_one() -> None:
     groups = ClassicGroups(1)
-    assert groups.delete("g") == Error.GROUP_ID_NOT_FOUND
+    assert groups.delete("g") == GroupError.GROUP_ID_NOT_FOUND
     groups.groups["g"] = live_classic_group("g", "t")
-    assert groups.delete("g") == Error.NON_EMPTY_GROUP
+    assert groups.delete("g") == GroupError.NON_EMPTY_GROUP
     assert "g" in groups.groups
     groups.leave(0, group_id="g", member_ids=["m-1"])
     assert groups.groups["g"].state == State.EMPTY
-    assert groups.delete("g") == Error.NONE
+    assert groups.delete("g") == GroupError.NONE
     assert "g" not in groups.groups
 
 

@@ -25,7 +25,6 @@ from services.groups.coordinator import (
     EPOCH_LEAVE_STATIC,
     GROUP_MEMBERS_MAX,
     HEARTBEAT_INTERVAL_MS_DEFAULT,
-    GroupError,
     GroupState,
     HeartbeatAnswer,
     HeartbeatRequest,
@@ -37,6 +36,7 @@ from services.groups.coordinator import (
     heartbeat,
     state_name,
 )
+from services.groups.errors import GroupError
 from tests.unit.test_pure_imports import ROOT, _io_in, _reached
 
 TPs = frozenset[TopicPartitionKey]

@@ -17,8 +17,8 @@ from kio.serial import entity_reader, entity_writer
 
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.common.metadata_cache import MetadataCache
+from services.groups.errors import GroupError
 from services.kafka import protocol
-from services.kafka.classic_groups import Error as GroupError
 from services.kafka.group_driver import ClassicGroupDriver
 from services.kafka.handler import (
     BackendUnavailable,
