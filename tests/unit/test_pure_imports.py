@@ -60,6 +60,8 @@ PURE_MODULES = [
     "services/controller/assignment.py",
     "services/controller/state_machines.py",
     "services/controller/sender_rules.py",
+    "services/controller/control_requests.py",
+    "services/controller/proto_cache.py",
     "services/controller/liveness.py",
     "services/gateway/routing.py",
     "services/gateway/record_level.py",
