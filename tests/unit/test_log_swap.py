@@ -1,7 +1,7 @@
 """Swapping a cleaned segment into the log (issue 39): Log.replace_segments and its recovery.
 
 The cleaner writes a cleaned file beside the old segments; replace_segments swaps it in with
-a rename protocol whose commit point is one rename (log.py's docstring). The cleaner splits it:
+a rename protocol whose commit point is one rename (swap.py's docstring). The cleaner splits it:
 Log.prepare_swap (the scan and the index writes) on its thread, Log.commit_swap on the loop. Here the cleaned
 file is made by copying some of the old batches' bytes (what a cleaner keeps of them). The
 storage is instrumented to die at its k-th mutating call, for every k of a swap, followed by

@@ -84,7 +84,7 @@ _COMPRESSORS: dict[int, Callable[[bytes], bytes]] = {
 
 
 class CleanableSegment(Protocol):
-    """What the cleaner needs of a segment: Log.SegmentView (services/broker/log/log.py) has it."""
+    """What the cleaner needs of a segment: SegmentView (services/broker/log/swap.py) has it."""
 
     @property
     def base_offset(self) -> int: ...
