@@ -207,7 +207,7 @@ class BackgroundWriter:
     def pid(self) -> int:
         return self.proc.pid
 
-    def stop(self) -> dict[str, object]:
+    def stop(self) -> common.Result:
         """SIGTERM, then what it printed (SIGKILL if it does not finish in time)."""
         if self.proc.poll() is None:
             with contextlib.suppress(OSError):
@@ -220,7 +220,8 @@ class BackgroundWriter:
             return {"error": f"did not stop within {WRITER_STOP_TIMEOUT_S:.0f} s of SIGTERM: killed"}
         for line in reversed((out or "").splitlines()):
             if line.startswith("{"):
-                return json.loads(line)  # type: ignore[no-any-return]
+                summary: common.Result = json.loads(line)
+                return summary
         return {"error": f"exited {self.proc.returncode} without its summary"}
 
 
@@ -271,7 +272,7 @@ def cleaner_bytes_read(target: common.Target) -> dict[str, float]:
     return out
 
 
-def cleaned(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, object]:
+def cleaned(before: dict[str, float], after: dict[str, float], seconds: float) -> common.Result:
     """MB each broker's cleaner read between two readings, in total and per second."""
     per = {name: round((after.get(name, 0.0) - value) / 1e6, 2) for name, value in before.items()}
     total = round(sum(per.values()), 2)
@@ -283,7 +284,7 @@ def cleaned(before: dict[str, float], after: dict[str, float], seconds: float) -
     }
 
 
-def wait_for_cleaner(target: common.Target, mode: str, backoff_s: float) -> dict[str, object]:
+def wait_for_cleaner(target: common.Target, mode: str, backoff_s: float) -> common.Result:
     """busy: until every broker's cleaner has read something; idle: until none has for a while."""
     start = time.monotonic()
     first = last = cleaner_bytes_read(target)
@@ -354,7 +355,7 @@ def cases(args: argparse.Namespace) -> list[tuple[str, float | None]]:
     return out
 
 
-def run_case(systems: CleanerSystems, workload: str, rate: float | None) -> list[dict[str, object]]:
+def run_case(systems: CleanerSystems, workload: str, rate: float | None) -> list[common.Result]:
     """compare.py's run of `workload` for Highwater (its paths and its Kafka listeners)."""
     args = systems.args
     args.workload = workload  # compare's fresh_topic names the topic after it
@@ -363,25 +364,25 @@ def run_case(systems: CleanerSystems, workload: str, rate: float | None) -> list
     # which runs one workload): the e2e consumer is assigned target.partitions partitions.
     systems.hw.partitions = args.partitions
     args.duration_s = args.e2e_duration_s if workload == "e2e" else args.produce_duration_s
-    if workload == "e2e":
-        return compare.run_e2e(systems, "highwater", rate)  # type: ignore[arg-type]
+    if rate is not None:  # cases() gives a rate to e2e cases and to no other
+        return compare.run_e2e(systems, "highwater", rate)
     return compare.run_produce(systems, "highwater", compare.RECORD_SIZES[workload])
 
 
-def valid(mode: str, cleaner: dict[str, object]) -> tuple[bool, str]:
+def valid(mode: str, cleaner: common.Result) -> tuple[bool, str]:
     """Whether a run measured what its mode says, and why not."""
-    per: dict[str, float] = cleaner["mb_read"]  # type: ignore[assignment]
+    per: dict[str, float] = cleaner["mb_read"]
     if mode == "busy":
         idle_brokers = [name for name, mb in per.items() if mb <= 0]
         if idle_brokers:
             return False, f"INVALID: the cleaner of {', '.join(idle_brokers)} read nothing in this busy run"
         return True, ""
-    if float(cleaner["mb_read_total"]) > 0:  # type: ignore[arg-type]
+    if float(cleaner["mb_read_total"]) > 0:
         return False, f"INVALID: the cleaners read {cleaner['mb_read_total']} MB in this idle run"
     return True, ""
 
 
-def run_mode(systems: CleanerSystems, mode: str, number: int) -> dict[str, object]:
+def run_mode(systems: CleanerSystems, mode: str, number: int) -> common.Result:
     """The writer of `mode` started, its warm-up, the cleaner checked, every case measured."""
     args = systems.args
     target = systems.hw
@@ -392,7 +393,7 @@ def run_mode(systems: CleanerSystems, mode: str, number: int) -> dict[str, objec
         f"  round {number} {mode}: writer (pid {writer.pid}) on {topic} at {args.writer_rate:,.0f}/s",
         flush=True,
     )
-    rows: list[dict[str, object]] = []
+    rows: list[common.Result] = []
     try:
         time.sleep(args.writer_warmup_s)
         ready = wait_for_cleaner(target, mode, args.cleaner_backoff_ms / 1000)
@@ -430,27 +431,27 @@ def run_mode(systems: CleanerSystems, mode: str, number: int) -> dict[str, objec
 # ---- ratios --------------------------------------------------------------------------------------
 
 
-def figures(result: dict[str, object]) -> dict[str, float]:
+def figures(result: common.Result) -> dict[str, float]:
     """The figures compared, by name: throughput (produce) and latency percentiles."""
     out: dict[str, float] = {}
     if result["workload"] == "e2e":
         lat = result.get("latency") or {}
     else:
-        out["records_per_s"] = float(result["records_per_s"])  # type: ignore[arg-type]
-        out["mb_per_s"] = float(result["mb_per_s"])  # type: ignore[arg-type]
+        out["records_per_s"] = float(result["records_per_s"])
+        out["mb_per_s"] = float(result["mb_per_s"])
         lat = result.get("latency_per_request") or {}
     for name in ("p50_ms", "p99_ms"):
-        if name in lat:  # type: ignore[operator]
-            out[f"latency_{name}"] = float(lat[name])  # type: ignore[index]
+        if name in lat:
+            out[f"latency_{name}"] = float(lat[name])
     return out
 
 
-def case_key(result: dict[str, object]) -> str:
+def case_key(result: common.Result) -> str:
     rate = result.get("rate")
     return f"{result['workload']} {result['system']}" + (f" @ {rate:,.0f}/s" if rate else "")
 
 
-def round_ratios(busy: list[dict[str, object]], idle: list[dict[str, object]]) -> dict[str, dict[str, float]]:
+def round_ratios(busy: list[common.Result], idle: list[common.Result]) -> dict[str, dict[str, float]]:
     """case -> figure -> busy / idle, over the cases both modes measured validly."""
     idle_by = {case_key(r): r for r in idle if "error" not in r and r.get("valid")}
     out: dict[str, dict[str, float]] = {}
@@ -471,9 +472,9 @@ def verdict(figure: str, ratio: float) -> str:
     return "met" if ratio >= 1 - TARGET_FRACTION else "NOT met"
 
 
-def medians(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, dict[str, object]]]:
+def medians(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, common.Result]]:
     """case -> figure -> the median of its busy / idle ratios over the rounds, and its verdict."""
-    out: dict[str, dict[str, dict[str, object]]] = {}
+    out: dict[str, dict[str, common.Result]] = {}
     for ratios in rounds:
         for key, per in ratios.items():
             for name in per:
@@ -571,7 +572,7 @@ def main() -> int:
     if sys.argv[1:2] == ["writer"]:
         return writer_main(sys.argv[2:])
     args = parse_args()
-    out: dict[str, object] = {**common.header(), "args": dict(vars(args)), "rounds": []}
+    out: common.Result = {**common.header(), "args": dict(vars(args)), "rounds": []}
     print(
         f"cleaner impact: {args.rounds} round(s) of busy + idle; {', '.join(args.workloads)}; "
         f"writer {args.writer_rate:,.0f} records/s over {args.writer_keys:,} keys",
@@ -586,12 +587,12 @@ def main() -> int:
         for number in range(1, args.rounds + 1):
             order = MODES if number % 2 else MODES[::-1]
             modes = {mode: run_mode(systems, mode, number) for mode in order}
-            ratios = round_ratios(modes["busy"]["results"], modes["idle"]["results"])  # type: ignore[arg-type]
+            ratios = round_ratios(modes["busy"]["results"], modes["idle"]["results"])
             for key, per in ratios.items():
                 shown = ", ".join(f"{name} {value}x" for name, value in per.items())
                 print(f"  round {number} busy/idle {key}: {shown}", flush=True)
             all_ratios.append(ratios)
-            out["rounds"].append({"order": list(order), "modes": modes, "ratios": ratios})  # type: ignore[attr-defined]
+            out["rounds"].append({"order": list(order), "modes": modes, "ratios": ratios})
     summary = medians(all_ratios)
     out["ratio_median"] = summary
     print(f"busy / idle (median over valid rounds; target within {TARGET_FRACTION:.0%}):")

@@ -28,7 +28,7 @@ from clients.common import records
 from clients.config import ProducerConfig
 from clients.metadata import TopicInfo
 from clients.producer import _ProducerCore
-from clients.sender import with_headers
+from clients.sender import encode_producer_batch
 from clients.types import TopicPartition
 from protos.highwater.v1 import common_pb2
 
@@ -60,12 +60,14 @@ def encode(values: list[bytes], rounds: int, compression: str) -> tuple[float, l
         started = time.perf_counter()
         for _ in range(rounds):
             _, runs, prepared, headers = core.prepare_runs(info, values, None, None, None, None)
+            run_key, all_values, run_timestamp_ms = prepared
             for tp, start, end, size in runs:
-                core.try_append_run(tp, prepared[start:end], headers, size, sink, start)
+                run = (run_key, all_values[start:end], run_timestamp_ms)
+                core.try_append_run(tp, run, headers, size, sink, start)
             ready, _ = core.accumulator.ready(10**12, set())
             while ready:
                 for batch in core.accumulator.drain(ready, core.config.max_request_bytes):
-                    batches.append(records.encode_batch(with_headers(batch), compression=compression))
+                    batches.append(encode_producer_batch(batch, compression))
                     encoded += batch.record_count
                     core.accumulator.complete(batch)
                 ready, _ = core.accumulator.ready(10**12, set())

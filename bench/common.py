@@ -23,10 +23,19 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import grpc
+
+    from protos.highwater.v1 import common_pb2
+
+# A benchmark's result document, written as JSON (write_result): its fields differ from one
+# benchmark to the next and nest freely, so values are typed as JSON values are, not per field.
+Result = dict[str, Any]
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "bench" / "results"
@@ -46,7 +55,7 @@ E2E_IDLE_END_S = 3.0
 # ---- the machine and what runs on it ----------------------------------------------------------
 
 
-def machine() -> dict[str, object]:
+def machine() -> Result:
     """Cores, memory, CPU model, kernel and Python of this machine."""
     mem_kib = 0
     with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as f:
@@ -85,7 +94,7 @@ def _binary_version(cmd: list[str]) -> str | None:
     return text[0] if text else None
 
 
-def versions(*, peers: bool = False) -> dict[str, object]:
+def versions(*, peers: bool = False) -> Result:
     """Versions of what the figures depend on: our commit, the Python packages, the servers."""
     commit = _binary_version(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
     dirty = subprocess.run(
@@ -95,7 +104,7 @@ def versions(*, peers: bool = False) -> dict[str, object]:
     ).stdout.strip()
     from clients.common.records import codec_is_accelerated
 
-    out: dict[str, object] = {
+    out: Result = {
         "highwater_commit": commit,
         "highwater_tree_modified": bool(dirty),
         "grpcio": _package_version("grpcio"),
@@ -124,7 +133,7 @@ def load_average() -> float:
 
 def wait_for_quiet(
     max_load: float = QUIET_LOAD_MAX, wait_s: float = QUIET_WAIT_S_DEFAULT, say: bool = True
-) -> dict[str, object]:
+) -> Result:
     """Wait (at most wait_s) for the 1-minute load to drop below max_load; never fails.
 
     Returns {"load_1m_before": ..., "quiet": bool, "waited_s": ...} for the result JSON, so a
@@ -169,7 +178,7 @@ class CpuMeter:
     CPU seconds per wall second (1.0 = one core kept busy).
     """
 
-    def __init__(self, pids: dict[str, int | None]) -> None:
+    def __init__(self, pids: Mapping[str, int | None]) -> None:
         self.pids = {name: pid for name, pid in pids.items() if pid}
         self._start: dict[str, float] = {}
         self._t0 = 0.0
@@ -236,7 +245,7 @@ def format_latency(lat: dict[str, float | int]) -> str:
 # ---- results ----------------------------------------------------------------------------------
 
 
-def write_result(name: str, result: dict[str, object]) -> Path:
+def write_result(name: str, result: Result) -> Path:
     """bench/results/<name>.json (the latest run of that benchmark; RESULTS.md keeps the table),
     or the file `name` itself when it is a path (has a directory or ends in .json)."""
     path = Path(name) if ("/" in name or name.endswith(".json")) else RESULTS_DIR / f"{name}.json"
@@ -251,14 +260,14 @@ def shown(path: Path) -> str:
     return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(resolved)
 
 
-def finish(name: str, out: dict[str, object]) -> int:
+def finish(name: str, out: Result) -> int:
     """Write the result JSON and say where it went (and on what machine); the exit status 0."""
     path = write_result(name, out)
     print(f"machine: {out['machine']}; results: {shown(path)}")
     return 0
 
 
-def header(*, peers: bool = False) -> dict[str, object]:
+def header(*, peers: bool = False) -> Result:
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "machine": machine(),
@@ -304,7 +313,7 @@ def address_groups(target: Target, direct: bool = True) -> dict[str, list[int]]:
     return groups
 
 
-def aio_channels(addresses: Iterable[str]) -> dict[str, object]:
+def aio_channels(addresses: Iterable[str]) -> dict[str, grpc.aio.Channel]:
     """An asyncio gRPC channel (the clients' options) to each address."""
     import grpc
 
@@ -313,11 +322,13 @@ def aio_channels(addresses: Iterable[str]) -> dict[str, object]:
     return {a: grpc.aio.insecure_channel(a, options=CHANNEL_OPTIONS) for a in addresses}
 
 
-def check_partition_errors(response: object, what: str) -> None:
+def check_partition_errors(
+    response: common_pb2.ProduceResponse | common_pb2.FetchResponse, what: str
+) -> None:
     """SystemExit naming the first partition of a Produce/Fetch response that has an error."""
     from protos.highwater.v1 import common_pb2
 
-    for t in response.topics:  # type: ignore[attr-defined]
+    for t in response.topics:
         for part in t.partitions:
             if part.error_code != common_pb2.NONE:
                 raise SystemExit(
@@ -335,25 +346,41 @@ def profile_pids(target: Target) -> dict[str, int]:
     return pids
 
 
-def _gateway_stub(address: str):  # type: ignore[no-untyped-def]
+def _gateway_stub(address: str) -> tuple[grpc.Channel, Any]:
+    """A blocking channel to the gateway and its stub (the generated stub class is untyped)."""
     import grpc
 
     from protos.highwater.v1 import gateway_pb2_grpc
 
     channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
-    return channel, gateway_pb2_grpc.GatewayServiceStub(channel)
+    return channel, gateway_pb2_grpc.GatewayServiceStub(channel)  # type: ignore[no-untyped-call]
 
 
 def create_topics_request(
-    name: str, *, min_insync: int | None = None, timeout_ms: int | None = None, **fields: object
-) -> object:
+    name: str,
+    *,
+    num_partitions: int,
+    replication_factor: int,
+    assignments: Mapping[int, common_pb2.ReplicaList] | None = None,
+    configs: Mapping[str, str] | None = None,
+    min_insync: int | None = None,
+    timeout_ms: int | None = None,
+) -> common_pb2.CreateTopicsRequest:
     """A CreateTopics request for one topic: CreatableTopic fields, min_insync as its
     min.insync.replicas config."""
     from protos.highwater.v1 import common_pb2
 
+    all_configs = dict(configs or {})
     if min_insync is not None:
-        fields["configs"] = {**dict(fields.get("configs") or {}), "min.insync.replicas": str(min_insync)}  # type: ignore[call-overload]
-    request = common_pb2.CreateTopicsRequest(topics=[common_pb2.CreatableTopic(name=name, **fields)])  # type: ignore[arg-type]
+        all_configs["min.insync.replicas"] = str(min_insync)
+    topic = common_pb2.CreatableTopic(
+        name=name,
+        num_partitions=num_partitions,
+        replication_factor=replication_factor,
+        assignments=assignments,
+        configs=all_configs,
+    )
+    request = common_pb2.CreateTopicsRequest(topics=[topic])
     if timeout_ms is not None:
         request.timeout_ms = timeout_ms
     return request
@@ -404,7 +431,7 @@ def create_topic(
                 replication_factor=replication_factor,
                 min_insync=min_insync,
                 timeout_ms=int(timeout_s * 1000),
-                **({"configs": configs} if configs else {}),
+                configs=configs,
             ),
             timeout=timeout_s,
         )
@@ -506,7 +533,7 @@ def highwater_target(
             if p.kind == "broker" and p.info:
                 names[p.address] = name
             if p.info.get("metrics_port"):
-                ports[name] = int(p.info["metrics_port"])  # type: ignore[call-overload]
+                ports[name] = int(p.info["metrics_port"])
         yield Target(gateway, topic, partitions, leaders, pids, names, ports, cluster.kafka_bootstrap())
 
 
@@ -537,33 +564,36 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, partitions: int, ou
     )
 
 
-def target_topic(args: object, name: str) -> str:
+def target_topic(args: argparse.Namespace, name: str) -> str:
     """The topic a run writes: --topic, or a new one per run so that runs never read each other's records."""
-    return args.topic or f"bench-{name}-{int(time.time())}"  # type: ignore[attr-defined, no-any-return]
+    topic: str | None = args.topic
+    return topic or f"bench-{name}-{int(time.time())}"
 
 
-def target_header(args: object, **fields: object) -> dict[str, object]:
+def target_header(args: argparse.Namespace, **fields: object) -> Result:
     """A result's opening fields: the machine and versions (header()), the topic's shape from
     add_target_arguments' options, then the script's own `fields`; "runs" is left empty for it to fill."""
     return {
         **header(),
         **fields,
-        "partitions": args.partitions,  # type: ignore[attr-defined]
-        "replication_factor": args.replication_factor,  # type: ignore[attr-defined]
+        "partitions": args.partitions,
+        "replication_factor": args.replication_factor,
         "runs": [],
     }
 
 
-def target_for(args: object, topic: str, **kwargs: object) -> contextlib.AbstractContextManager[Target]:
+def target_for(
+    args: argparse.Namespace, topic: str, **kwargs: Any
+) -> contextlib.AbstractContextManager[Target]:
     """highwater_target() from a script's --bootstrap, --partitions, --replication-factor and
     --min-insync (kwargs: the rest, such as brokers and tmp_dir)."""
     return highwater_target(
-        bootstrap=args.bootstrap,  # type: ignore[attr-defined]
+        bootstrap=args.bootstrap,
         topic=topic,
-        partitions=args.partitions,  # type: ignore[attr-defined]
-        replication_factor=args.replication_factor,  # type: ignore[attr-defined]
-        min_insync=args.min_insync,  # type: ignore[attr-defined]
-        **kwargs,  # type: ignore[arg-type]
+        partitions=args.partitions,
+        replication_factor=args.replication_factor,
+        min_insync=args.min_insync,
+        **kwargs,
     )
 
 
@@ -713,8 +743,8 @@ class PySpy:
             )
         return self
 
-    def finish(self, top: int = 12) -> dict[str, object]:
-        results: dict[str, object] = {}
+    def finish(self, top: int = 12) -> Result:
+        results: Result = {}
         for name, (proc, out) in self._procs.items():
             try:
                 _, err = proc.communicate(timeout=self.duration_s + 30)
@@ -728,7 +758,7 @@ class PySpy:
         return results
 
 
-def summarize_py_spy(path: Path, expected_samples: int, top: int) -> dict[str, object]:
+def summarize_py_spy(path: Path, expected_samples: int, top: int) -> Result:
     from collections import Counter
 
     self_counts: Counter[str] = Counter()
@@ -777,17 +807,17 @@ def _short_frame(frame: str) -> str:
     return f"{name} ({where})"
 
 
-def format_profile(profile: dict[str, object], top: int = 6) -> str:
+def format_profile(profile: Result, top: int = 6) -> str:
     lines = []
     for name, info in profile.items():
         if not isinstance(info, dict) or "top_self" not in info:
             lines.append(f"    {name}: {info}")
             continue
         lines.append(f"    {name}: busy {info['busy']:.2f} of a core-second per second; top self time:")
-        for item in info["top_self"][:top]:  # type: ignore[index]
+        for item in info["top_self"][:top]:
             lines.append(f"      {item['share'] * 100:5.1f}%  {item['function']}")
         lines.append("      our code, inclusive:")
-        for item in info["top_inclusive"][:top]:  # type: ignore[index]
+        for item in info["top_inclusive"][:top]:
             lines.append(f"      {item['share'] * 100:5.1f}%  {item['function']}")
     return "\n".join(lines)
 
@@ -799,7 +829,7 @@ class Window:
         self.meter = meter
         self.profiler = profiler
         self.cpu: dict[str, dict[str, float]] = {}
-        self.profile: dict[str, object] = {}
+        self.profile: Result = {}
 
     def open(self) -> None:
         if self.meter is not None:
@@ -815,8 +845,8 @@ class Window:
 
 
 def profiled_run(
-    target: Target, run: Callable[[Window], dict[str, object]], duration_s: float, *, native: bool = False
-) -> tuple[dict[str, object], dict[str, object]]:
+    target: Target, run: Callable[[Window], Result], duration_s: float, *, native: bool = False
+) -> tuple[Result, Result]:
     """One more run(window) with py-spy on profile_pids(target); prints its rate and profile,
     returns (the run's result, the profile)."""
     with tempfile.TemporaryDirectory(prefix="hw-pyspy-") as tmp:
@@ -841,7 +871,7 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
 
 
-def spawn(cmd: list[str], log_path: Path | None = None, **kwargs: object) -> subprocess.Popen[bytes]:
+def spawn(cmd: list[str], log_path: Path | None = None, **kwargs: Any) -> subprocess.Popen[bytes]:
     """Start a child that dies with us; its output goes to log_path (or is dropped)."""
     out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115
     try:
@@ -852,13 +882,15 @@ def spawn(cmd: list[str], log_path: Path | None = None, **kwargs: object) -> sub
             stdin=subprocess.DEVNULL,
             preexec_fn=_die_with_parent,
             **kwargs,
-        )  # type: ignore[call-overload]
+        )
     finally:
-        if log_path is not None:
-            out.close()  # type: ignore[union-attr]
+        if not isinstance(out, int):
+            out.close()
 
 
-def stop_process(proc: subprocess.Popen[bytes] | None, timeout_s: float = PROCESS_STOP_TIMEOUT_S) -> None:
+def stop_process(
+    proc: subprocess.Popen[bytes] | subprocess.Popen[str] | None, timeout_s: float = PROCESS_STOP_TIMEOUT_S
+) -> None:
     """SIGTERM by pid, SIGKILL if it has not exited within timeout_s; never raises."""
     if proc is None or proc.poll() is not None:
         return
@@ -913,20 +945,18 @@ def idle_machine_ceiling(per_record_us: dict[str, float], cores: int | None = No
     return round(min((cores or os.cpu_count() or 1) / total, 1.0 / busiest) * 1e6)
 
 
-def add_cpu_figures(
-    result: dict[str, object], gate: dict[str, object], cpu: dict[str, dict[str, float]], records: int
-) -> None:
+def add_cpu_figures(result: Result, gate: Result, cpu: dict[str, dict[str, float]], records: int) -> None:
     """The load before and after, the CPU per process, its cost per record and the ceiling."""
     result.update(gate, load_1m_after=load_average(), cpu_cores=cpu)
     result["cpu_us_per_record"] = per = cpu_us_per_record(cpu, records)
     result["idle_2_core_ceiling_records_per_s"] = idle_machine_ceiling(per)
 
 
-def format_cpu_figures(result: dict[str, object]) -> str:
+def format_cpu_figures(result: Result) -> str:
     """add_cpu_figures()'s figures on one line."""
-    per: dict[str, float] = result["cpu_us_per_record"]  # type: ignore[assignment]
+    per: dict[str, float] = result["cpu_us_per_record"]
     return (
-        f"CPU (cores): {format_cpu(result['cpu_cores'])}; CPU µs/record: "  # type: ignore[arg-type]
+        f"CPU (cores): {format_cpu(result['cpu_cores'])}; CPU µs/record: "
         f"{per.get('total')} (idle-machine ceiling "
         f"{result['idle_2_core_ceiling_records_per_s'] or 0:,}/s); "
         f"load {result['load_1m_before']} -> "
@@ -972,7 +1002,7 @@ def produce_summary(
     latencies: list[float],
     *,
     per_request: int,
-) -> dict[str, object]:
+) -> Result:
     """A produce run's result: counts (sent, acked, failed), rates and latency per request."""
     rate = counts["acked"] / elapsed_s if elapsed_s > 0 else 0.0
     return {
@@ -989,9 +1019,7 @@ def produce_summary(
     }
 
 
-def read_summary(
-    path: str, received: int, expected: int, elapsed_s: float, record_size: int
-) -> dict[str, object]:
+def read_summary(path: str, received: int, expected: int, elapsed_s: float, record_size: int) -> Result:
     """A peer's catch-up read: records, rates and whether all `expected` came back."""
     rate = received / elapsed_s
     return {
@@ -1007,7 +1035,7 @@ def read_summary(
 def e2e_consumer_main(
     doc: str | None,
     add_address: Callable[[argparse.ArgumentParser], object],
-    consume: Callable[[argparse.Namespace], dict[str, object]],
+    consume: Callable[[argparse.Namespace], Result],
 ) -> int:
     """A peer module's command line: `e2e-consumer` (address, --expected, --timeout-s) prints
     consume(args) as JSON on stdout."""

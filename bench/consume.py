@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import sys
 import time
@@ -55,7 +56,7 @@ async def _load(target: common.Target, records: int, record_size: int, batch_siz
     channels = common.aio_channels(groups)
 
     async def loader(address: str, partitions: list[int]) -> None:
-        stub = broker_pb2_grpc.BrokerServiceStub(channels[address])
+        stub = broker_pb2_grpc.BrokerServiceStub(channels[address])  # type: ignore[no-untyped-call]  # generated, unannotated
         while True:
             # Up to 64 batches per partition per request: loading is not what is measured.
             parts = []
@@ -99,7 +100,7 @@ def load(target: common.Target, records: int, record_size: int, batch_size: int)
 
 def read_consumer(
     target: common.Target, records: int, max_poll_records: int, window: Window
-) -> dict[str, object]:
+) -> common.Result:
     from clients.consumer import Consumer
     from clients.types import TopicPartition
 
@@ -129,7 +130,7 @@ def read_consumer(
 
 async def _read_fetch(
     target: common.Target, records: int, direct: bool, decode: bool, partition_max_bytes: int, window: Window
-) -> dict[str, object]:
+) -> common.Result:
     from clients.common.fetch_request import consumer_fetch_request
     from clients.common.record_batch import iter_batch_headers
     from clients.common.records import decode_batches
@@ -208,13 +209,11 @@ async def _read_fetch(
 
 def read_fetch(
     target: common.Target, records: int, direct: bool, decode: bool, partition_max_bytes: int, window: Window
-) -> dict[str, object]:
+) -> common.Result:
     return asyncio.run(_read_fetch(target, records, direct, decode, partition_max_bytes, window))
 
 
-def _summary(
-    path: str, received: int, expected: int, elapsed_s: float, value_bytes: int
-) -> dict[str, object]:
+def _summary(path: str, received: int, expected: int, elapsed_s: float, value_bytes: int) -> common.Result:
     rate = received / elapsed_s if elapsed_s > 0 else 0.0
     return {
         "path": path,
@@ -228,13 +227,13 @@ def _summary(
 
 def run_path(
     target: common.Target, path: str, records: int, args: argparse.Namespace, window: Window
-) -> dict[str, object]:
+) -> common.Result:
     if path == "consumer":
         return read_consumer(target, records, args.max_poll_records, window)
     return read_fetch(target, records, path == "fetch-direct", args.decode, args.partition_max_bytes, window)
 
 
-def describe(result: dict[str, object]) -> str:
+def describe(result: common.Result) -> str:
     text = (
         f"{result['path']:>20}: {result['records_per_s']:>10,} records/s  {result['mb_per_s']:>7.1f} MB/s  "
         f"({result['records']:,} records in {result['elapsed_s']} s)"
@@ -286,16 +285,16 @@ def main() -> int:
             gate = common.wait_for_quiet(wait_s=args.quiet_wait_s)
             window = Window(common.CpuMeter({**target.pids, "client": os.getpid()}))
             result = run_path(target, path, args.records, args, window)
-            common.add_cpu_figures(result, gate, window.cpu, int(result["records"]))  # type: ignore[call-overload]
+            common.add_cpu_figures(result, gate, window.cpu, int(result["records"]))
             print("  " + describe(result), flush=True)
             print("      " + common.format_cpu_figures(result), flush=True)
             if args.profile:
                 _, result["profile"] = common.profiled_run(
                     target,
-                    lambda w, path=path: run_path(target, path, args.records, args, w),
-                    max(result["elapsed_s"], 1),  # type: ignore[type-var]
+                    functools.partial(run_path, target, path, args.records, args),
+                    max(result["elapsed_s"], 1),
                 )
-            out["runs"].append(result)  # type: ignore[union-attr]
+            out["runs"].append(result)
     return common.finish(args.output, out)
 
 

@@ -99,31 +99,36 @@ class E2EConsumer:
             text=True,
             preexec_fn=common._die_with_parent,
         )
+        stdout = self.proc.stdout
+        if stdout is None:
+            raise RuntimeError(
+                f"the e2e consumer's stdout is not a pipe (Popen stdout=PIPE gives one): {cmd}"
+            )
         deadline = time.monotonic() + CONSUMER_READY_TIMEOUT_S
         line = ""
         while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()  # type: ignore[union-attr]
+            line = stdout.readline()
             if line.strip() == "ready" or not line:
                 break
         if line.strip() != "ready":
-            common.stop_process(self.proc)  # type: ignore[arg-type]
+            common.stop_process(self.proc)
             raise SystemExit(f"the e2e consumer ({' '.join(cmd[:4])} ...) never said it was ready")
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def result(self, timeout_s: float) -> dict[str, object]:
+    def result(self, timeout_s: float) -> common.Result:
         try:
             out, _ = self.proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            common.stop_process(self.proc)  # type: ignore[arg-type]
+            common.stop_process(self.proc)
             return {"received": 0, "error": "the consumer did not finish"}
         lines = [line for line in (out or "").splitlines() if line.startswith("{")]
         return json.loads(lines[-1]) if lines else {"received": 0, "error": "no result from the consumer"}
 
     def stop(self) -> None:
-        common.stop_process(self.proc)  # type: ignore[arg-type]
+        common.stop_process(self.proc)
 
 
 class LoopbackCapture:
@@ -167,7 +172,7 @@ class LoopbackCapture:
         self._cancel.set()
         self._thread.join(TCPDUMP_SETTLE_S * 2)
 
-    def result(self) -> dict[str, object]:
+    def result(self) -> common.Result:
         """The stages' p10/p50/p90 in ms, or {"error": why}. Ends the capture if still running."""
         self.stop()
         try:
@@ -182,10 +187,10 @@ class LoopbackCapture:
             self._dir.cleanup()
 
 
-def describe_hops(found: dict[str, object]) -> list[str]:
+def describe_hops(found: common.Result) -> list[str]:
     if "error" in found:
         return [f"hops: {found['error']}"]
-    stages: dict[str, dict[str, float]] = found["stages_ms"]  # type: ignore[assignment]
+    stages: dict[str, dict[str, float]] = found["stages_ms"]
     lines = ["hops (ms, p10 / p50 / p90; bench/hops.py says what each stage is):"]
     for name in hops.STAGES:
         if name in stages:
@@ -204,7 +209,7 @@ def produce_at_rate(
     warmup_s: float,
     record_size: int,
     linger_ms: int,
-) -> dict[str, object]:
+) -> common.Result:
     """Producer.send() one record at a time on a fixed schedule; returns what was sent."""
     from clients.producer import Producer
 
@@ -268,7 +273,12 @@ def consume_role(args: argparse.Namespace) -> int:
             idle_since = time.monotonic()
             for record in records:
                 now = time.time_ns()
-                sent_ns, measured = STAMP.unpack_from(record.value)  # type: ignore[arg-type]
+                if record.value is None:
+                    raise SystemExit(
+                        f"e2e: {record.topic}-{record.partition} offset {record.offset} has no value: "
+                        "the topic holds records this benchmark did not write; use a new --topic"
+                    )
+                sent_ns, measured = STAMP.unpack_from(record.value)
                 if measured:
                     latencies.append((now - sent_ns) / 1e9)
                 else:
@@ -286,7 +296,7 @@ def consume_role(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_rate(target: common.Target, rate: float, settings: RateSettings) -> dict[str, object]:
+def run_rate(target: common.Target, rate: float, settings: RateSettings) -> common.Result:
     gate = common.wait_for_quiet(wait_s=settings.quiet_wait_s)
     expected = int(rate * settings.duration_s)
     consumer = E2EConsumer(
@@ -356,10 +366,10 @@ def run_rate(target: common.Target, rate: float, settings: RateSettings) -> dict
     }
 
 
-def describe(result: dict[str, object]) -> str:
+def describe(result: common.Result) -> str:
     lat = result.get("latency") or {}
     text = (
-        f"{result['rate']:>8,.0f} records/s: {common.format_latency(lat)}  "  # type: ignore[arg-type]
+        f"{result['rate']:>8,.0f} records/s: {common.format_latency(lat)}  "
         f"({result.get('received', 0):,} of {result.get('measured', 0):,} measured records received)"
     )
     return text
@@ -429,18 +439,18 @@ def main() -> int:
         for rate in args.rates:
             result = run_rate(target, rate, settings)
             print("  " + describe(result), flush=True)
-            for rpc, per in result["server_rpcs"].items():  # type: ignore[union-attr]
+            for rpc, per in result["server_rpcs"].items():
                 if per:
                     print(f"      server-side {rpc}: " + common.format_rpc(per), flush=True)
             print(
-                f"      CPU (cores): {common.format_cpu(result['cpu_cores'])}; load "  # type: ignore[arg-type]
+                f"      CPU (cores): {common.format_cpu(result['cpu_cores'])}; load "
                 f"{result['load_1m_before']} -> {result['load_1m_after']}",
                 flush=True,
             )
             if "hops" in result:
-                for line in describe_hops(result["hops"]):  # type: ignore[arg-type]
+                for line in describe_hops(result["hops"]):
                     print("      " + line, flush=True)
-            out["runs"].append(result)  # type: ignore[union-attr]
+            out["runs"].append(result)
     return common.finish(args.output, out)
 
 

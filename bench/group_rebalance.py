@@ -147,16 +147,15 @@ class Group:
         await asyncio.gather(*(m.task for m in self.members if m.task is not None), return_exceptions=True)
 
 
-async def measure(
-    address: str, partitions: int, members: int, session_ms: int, run: int
-) -> dict[str, object]:
+async def measure(address: str, partitions: int, members: int, session_ms: int, run: int) -> common.Result:
     async with grpc.aio.insecure_channel(address) as channel:
-        group = Group(gateway_pb2_grpc.GatewayServiceStub(channel), partitions, session_ms)
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)  # type: ignore[no-untyped-call]  # generated, unannotated
+        group = Group(stub, partitions, session_ms)
         global GROUP
         GROUP = f"bench-{members}-{run}"
         started = time.monotonic()
         group.start(members)
-        out: dict[str, object] = {
+        out: common.Result = {
             "members": members,
             "partitions": partitions,
             "join_s": round(await group.wait_settled(started), 3),
@@ -188,12 +187,13 @@ def main() -> None:
     parser.add_argument("--session-ms", type=int, default=3000, help="the members' session timeout")
     parser.add_argument("--repeat", type=int, default=3, help="runs per member count (median reported)")
     args = parser.parse_args()
-    out: dict[str, object] = {**common.header(), "session_timeout_ms": args.session_ms, "runs": []}
+    out: common.Result = {**common.header(), "session_timeout_ms": args.session_ms, "runs": []}
     with tempfile.TemporaryDirectory(prefix="hw-groups-") as tmp:
         cluster = LocalCluster(Path(tmp), brokers=1, lease_ttl_s=3)
         cluster.start()
         try:
-            stub = gateway_pb2_grpc.GatewayServiceStub(grpc.insecure_channel(cluster.gateway_address))
+            channel = grpc.insecure_channel(cluster.gateway_address)
+            stub = gateway_pb2_grpc.GatewayServiceStub(channel)  # type: ignore[no-untyped-call]  # generated, unannotated
             resp = stub.CreateTopics(
                 common.create_topics_request(
                     TOPIC, num_partitions=args.partitions, replication_factor=1, timeout_ms=120_000
@@ -208,9 +208,9 @@ def main() -> None:
                     )
                     for run in range(args.repeat)
                 ]
-                out["runs"].append(runs)  # type: ignore[union-attr]
-                median = {
-                    key: sorted(float(r[key]) for r in runs)[len(runs) // 2]  # type: ignore[arg-type]
+                out["runs"].append(runs)
+                median: dict[str, float] = {
+                    key: sorted(float(r[key]) for r in runs)[len(runs) // 2]
                     for key in ("join_s", "clean_leave_s", "crash_s", "crash_after_session_timeout_s")
                     if key in runs[0]
                 }

@@ -147,7 +147,7 @@ def recovery_scan(directory: Path, config: LogConfig, log: Log) -> tuple[float, 
     return size / elapsed / 1e6, report.segments_recovered
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -160,8 +160,78 @@ def main() -> None:
     parser.add_argument("--lookups", type=int, default=5_000, help="random offsets per lookup run")
     parser.add_argument("--seed", type=int, default=1, help="seed of the random offsets")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "log_bench.json")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def measure_run(
+    run: int,
+    base: Path,
+    batches: tuple[bytes, bytes],
+    total_bytes: int,
+    config: LogConfig,
+    lookup_count: int,
+    rng: random.Random,
+) -> dict[str, float]:
+    """One run of every figure (16 KiB and 1 MiB batches), printed on one line; its logs are removed."""
+    batch_16k, batch_1m = batches
+    # Raw speed right before each append run: the shared disk drifts within minutes.
+    raw_before_16k = raw_disk_write(base, total_bytes)
+    directory_16k = base / f"bench-16k-{run}"
+    append_16k, log_16k = append_run(directory_16k, batch_16k, total_bytes, config)
+    raw_before_1m = raw_disk_write(base, total_bytes)
+    directory_1m = base / f"bench-1m-{run}"
+    append_1m, log_1m = append_run(directory_1m, batch_1m, total_bytes, config)
+    raw = (raw_before_16k + raw_before_1m) / 2
+    read = sequential_read(log_16k)
+    locate_median, locate_p99, read_one = lookups(log_16k, lookup_count, rng)
+    recovery, _ = recovery_scan(directory_16k, config, log_16k)
+    log_1m.abandon()
+    shutil.rmtree(directory_16k)
+    shutil.rmtree(directory_1m)
+    print(
+        f"run {run + 1}: raw {raw_before_16k:.0f} MB/s, append 16 KiB {append_16k:.0f} MB/s "
+        f"({append_16k / raw_before_16k:.0%}) | raw {raw_before_1m:.0f} MB/s, append 1 MiB "
+        f"{append_1m:.0f} MB/s ({append_1m / raw_before_1m:.0%}) | read {read:.0f} MB/s "
+        f"| locate {locate_median:.1f} µs (p99 {locate_p99:.1f}) | read one batch {read_one:.1f} µs "
+        f"| recovery {recovery:.0f} MB/s"
+    )
+    return {
+        "raw_disk_mb_s": raw,
+        "append_16k_mb_s": append_16k,
+        "append_1m_mb_s": append_1m,
+        "ratio_16k": append_16k / raw_before_16k,
+        "ratio_1m": append_1m / raw_before_1m,
+        "read_mb_s": read,
+        "locate_median_us": locate_median,
+        "locate_p99_us": locate_p99,
+        "read_one_batch_median_us": read_one,
+        "recovery_mb_s": recovery,
+    }
+
+
+def report(repeat: int, medians: dict[str, float], records_16k: int) -> None:
+    print()
+    print(f"median of {repeat} runs:")
+    print(f"  raw disk write (1 MiB writes + fsync)    {medians['raw_disk_mb_s']:8.0f} MB/s")
+    print(
+        f"  append, 16 KiB batches (~{records_16k} records) {medians['append_16k_mb_s']:8.0f} MB/s  "
+        f"{medians['ratio_16k']:.0%} of raw"
+    )
+    print(
+        f"  append, 1 MiB batches                    {medians['append_1m_mb_s']:8.0f} MB/s  "
+        f"{medians['ratio_1m']:.0%} of raw (target >= 60%)"
+    )
+    print(f"  sequential read, page cache              {medians['read_mb_s']:8.0f} MB/s  (target >= 1000)")
+    print(
+        f"  index lookup (locate), random offsets    {medians['locate_median_us']:8.1f} µs median, "
+        f"{medians['locate_p99_us']:.1f} µs p99"
+    )
+    print(f"  read of one batch at a random offset     {medians['read_one_batch_median_us']:8.1f} µs median")
+    print(f"  recovery scan (CRC + index rebuild)      {medians['recovery_mb_s']:8.0f} MB/s  (target >= 300)")
+
+
+def main() -> None:
+    args = parse_args()
     base = args.dir or Path(tempfile.mkdtemp(prefix="log-bench-"))
     base.mkdir(parents=True, exist_ok=True)
     total_bytes = args.total_mib * MIB
@@ -194,64 +264,15 @@ def main() -> None:
     }
     try:
         for run in range(args.repeat):
-            # Raw speed right before each append run: the shared disk drifts within minutes.
-            raw_before_16k = raw_disk_write(base, total_bytes)
-            directory_16k = base / f"bench-16k-{run}"
-            append_16k, log_16k = append_run(directory_16k, batch_16k, total_bytes, config)
-            raw_before_1m = raw_disk_write(base, total_bytes)
-            directory_1m = base / f"bench-1m-{run}"
-            append_1m, log_1m = append_run(directory_1m, batch_1m, total_bytes, config)
-            raw = (raw_before_16k + raw_before_1m) / 2
-            read = sequential_read(log_16k)
-            locate_median, locate_p99, read_one = lookups(log_16k, args.lookups, rng)
-            recovery, _ = recovery_scan(directory_16k, config, log_16k)
-            log_1m.abandon()
-            shutil.rmtree(directory_16k)
-            shutil.rmtree(directory_1m)
-            for key, value in (
-                ("raw_disk_mb_s", raw),
-                ("append_16k_mb_s", append_16k),
-                ("append_1m_mb_s", append_1m),
-                ("ratio_16k", append_16k / raw_before_16k),
-                ("ratio_1m", append_1m / raw_before_1m),
-                ("read_mb_s", read),
-                ("locate_median_us", locate_median),
-                ("locate_p99_us", locate_p99),
-                ("read_one_batch_median_us", read_one),
-                ("recovery_mb_s", recovery),
-            ):
+            figures = measure_run(run, base, (batch_16k, batch_1m), total_bytes, config, args.lookups, rng)
+            for key, value in figures.items():
                 runs[key].append(value)
-            print(
-                f"run {run + 1}: raw {raw_before_16k:.0f} MB/s, append 16 KiB {append_16k:.0f} MB/s "
-                f"({append_16k / raw_before_16k:.0%}) | raw {raw_before_1m:.0f} MB/s, append 1 MiB "
-                f"{append_1m:.0f} MB/s ({append_1m / raw_before_1m:.0%}) | read {read:.0f} MB/s "
-                f"| locate {locate_median:.1f} µs (p99 {locate_p99:.1f}) | read one batch {read_one:.1f} µs "
-                f"| recovery {recovery:.0f} MB/s"
-            )
     finally:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
 
     medians = {key: round(statistics.median(values), 3) for key, values in runs.items()}
-    records_16k = len(batch_16k) // (RECORD_BYTES + 8)
-    print()
-    print(f"median of {args.repeat} runs:")
-    print(f"  raw disk write (1 MiB writes + fsync)    {medians['raw_disk_mb_s']:8.0f} MB/s")
-    print(
-        f"  append, 16 KiB batches (~{records_16k} records) {medians['append_16k_mb_s']:8.0f} MB/s  "
-        f"{medians['ratio_16k']:.0%} of raw"
-    )
-    print(
-        f"  append, 1 MiB batches                    {medians['append_1m_mb_s']:8.0f} MB/s  "
-        f"{medians['ratio_1m']:.0%} of raw (target >= 60%)"
-    )
-    print(f"  sequential read, page cache              {medians['read_mb_s']:8.0f} MB/s  (target >= 1000)")
-    print(
-        f"  index lookup (locate), random offsets    {medians['locate_median_us']:8.1f} µs median, "
-        f"{medians['locate_p99_us']:.1f} µs p99"
-    )
-    print(f"  read of one batch at a random offset     {medians['read_one_batch_median_us']:8.1f} µs median")
-    print(f"  recovery scan (CRC + index rebuild)      {medians['recovery_mb_s']:8.0f} MB/s  (target >= 300)")
+    report(args.repeat, medians, records_16k=len(batch_16k) // (RECORD_BYTES + 8))
 
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(

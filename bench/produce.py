@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import functools
 import os
 import random
 import sys
@@ -41,11 +43,15 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
 from clients.config import BATCH_SIZE_BYTES_DEFAULT, LINGER_MS_DEFAULT
+
+if TYPE_CHECKING:
+    from clients.sender import SentRecords
 
 # One Produce's server-side timeout (acks=all waits this long for the ISR at most).
 PRODUCE_TIMEOUT_MS = 30_000
@@ -118,12 +124,12 @@ Window = common.Window
 # ---- the Producer through the gateway --------------------------------------------------------
 
 
-def produce_client(target: common.Target, spec: ProduceSpec, window: Window) -> dict[str, object]:
+def produce_client(target: common.Target, spec: ProduceSpec, window: Window) -> common.Result:
     from clients.producer import Producer
 
     per_send = spec.records_per_send or spec.records_per_batch
     values = make_values(spec.record_size, per_send)
-    settings: dict[str, object] = dict(
+    settings: common.Result = dict(
         acks=spec.acks,
         linger_ms=spec.linger_ms,
         batch_size_bytes=spec.batch_size,
@@ -135,19 +141,19 @@ def produce_client(target: common.Target, spec: ProduceSpec, window: Window) -> 
     )
     lock = threading.Lock()
     latencies: list[float] = []
-    state = {"acked": 0, "failed": 0, "errors": {}}
+    counts = {"acked": 0, "failed": 0}
+    errors: dict[str, int] = {}
 
-    def on_done(future, sent_at: float) -> None:  # type: ignore[no-untyped-def]
+    def on_done(future: concurrent.futures.Future[SentRecords], sent_at: float) -> None:
         took = time.perf_counter() - sent_at
         error = future.exception()
         with lock:
             if error is None:
-                state["acked"] += per_send  # type: ignore[operator]
+                counts["acked"] += per_send
                 latencies.append(took)
             else:
-                state["failed"] += per_send  # type: ignore[operator]
-                errors = state["errors"]
-                errors[type(error).__name__] = errors.get(type(error).__name__, 0) + 1  # type: ignore[union-attr]
+                counts["failed"] += per_send
+                errors[type(error).__name__] = errors.get(type(error).__name__, 0) + 1
 
     def run(duration_s: float) -> tuple[int, float]:
         sent = 0
@@ -159,7 +165,7 @@ def produce_client(target: common.Target, spec: ProduceSpec, window: Window) -> 
                 continue
             sent_at = time.perf_counter()
             future = producer.send_batch(target.topic, values)
-            future.add_done_callback(lambda f, t=sent_at: on_done(f, t))
+            future.add_done_callback(functools.partial(on_done, sent_at=sent_at))
             sent += per_send
         producer.flush(timeout_ms=120_000)
         return sent, time.perf_counter() - clock.start
@@ -170,7 +176,8 @@ def produce_client(target: common.Target, spec: ProduceSpec, window: Window) -> 
             run(spec.warmup_s)
         with lock:
             latencies.clear()
-            state.update(acked=0, failed=0, errors={})
+            counts.update(acked=0, failed=0)
+            errors.clear()
         window.open()
         sent, elapsed = run(spec.duration_s)
         window.close()
@@ -178,13 +185,13 @@ def produce_client(target: common.Target, spec: ProduceSpec, window: Window) -> 
         "client",
         spec,
         sent,
-        int(state["acked"]),
-        int(state["failed"]),  # type: ignore[arg-type]
-        dict(state["errors"]),
+        counts["acked"],
+        counts["failed"],
+        dict(errors),
         elapsed,
         latencies,
         per_request=per_send,
-    )  # type: ignore[arg-type]
+    )
 
 
 # ---- raw gRPC Produce: to the gateway or to each leader --------------------------------------
@@ -192,7 +199,7 @@ def produce_client(target: common.Target, spec: ProduceSpec, window: Window) -> 
 
 async def _produce_raw(
     target: common.Target, spec: ProduceSpec, direct: bool, window: Window
-) -> dict[str, object]:
+) -> common.Result:
     import grpc
 
     from clients.common.records import encode_values
@@ -300,7 +307,7 @@ async def _produce_raw(
     )
 
 
-def produce_raw(target: common.Target, spec: ProduceSpec, direct: bool, window: Window) -> dict[str, object]:
+def produce_raw(target: common.Target, spec: ProduceSpec, direct: bool, window: Window) -> common.Result:
     return asyncio.run(_produce_raw(target, spec, direct, window))
 
 
@@ -315,32 +322,32 @@ def summarize(
     latencies: list[float],
     *,
     per_request: int,
-) -> dict[str, object]:
+) -> common.Result:
     counts = {"sent": sent, "acked": acked, "failed": failed}
     return common.produce_summary(
         path, counts, errors, elapsed_s, spec.record_size, latencies, per_request=per_request
     )
 
 
-def run_path(target: common.Target, spec: ProduceSpec, path: str, window: Window) -> dict[str, object]:
+def run_path(target: common.Target, spec: ProduceSpec, path: str, window: Window) -> common.Result:
     if path == "client":
         return produce_client(target, spec, window)
     return produce_raw(target, spec, path == "direct", window)
 
 
-def describe(result: dict[str, object]) -> str:
+def describe(result: common.Result) -> str:
     lat = result["latency_per_request"]
     text = (
         f"{result['path']:>7}: {result['records_per_s']:>10,} records/s  {result['mb_per_s']:>7.1f} MB/s  "
         f"latency per request ({result['records_per_request']} records): "
         f"{common.format_latency(lat)}"
-    )  # type: ignore[arg-type]
+    )
     if result["records_failed"]:
         text += f"  FAILED {result['records_failed']} records: {result['errors']}"
     return text
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -406,9 +413,11 @@ def main() -> int:
         "--native", action="store_true", help="py-spy --native (C frames of gRPC and protobuf)"
     )
     common.add_target_arguments(parser, partitions=6, output="produce")
-    args = parser.parse_args()
-    paths = ["direct"] if args.direct else (args.path or ["client"])
-    spec = ProduceSpec(
+    return parser.parse_args()
+
+
+def spec_from_args(args: argparse.Namespace) -> ProduceSpec:
+    return ProduceSpec(
         record_size=args.record_size,
         duration_s=args.duration_s,
         warmup_s=args.warmup_s,
@@ -421,6 +430,40 @@ def main() -> int:
         buffer_memory=args.buffer_memory,
         records_per_send=args.records_per_send,
     )
+
+
+def measure_path(
+    target: common.Target, spec: ProduceSpec, path: str, args: argparse.Namespace
+) -> common.Result:
+    """One path's run once the load gate lets it start: its result with the server-side Produce
+    figures and the CPU each process used, printed as it goes; with --profile, one more run under py-spy."""
+    gate = common.wait_for_quiet(wait_s=args.quiet_wait_s)
+    window = Window(common.CpuMeter({**target.pids, "client": os.getpid()}))
+    before = common.rpc_totals(target, "Produce")
+    result = run_path(target, spec, path, window)
+    # Server-side view: Produce requests/s and mean time each took in the gateway and the
+    # leaders (Little's law: rate x latency = requests in flight, the pipeline's depth).
+    result["server_produce"] = common.rpc_delta(
+        before, common.rpc_totals(target, "Produce"), float(result["elapsed_s"])
+    )
+    common.add_cpu_figures(result, gate, window.cpu, int(result["records_acked"]))
+    print("  " + describe(result), flush=True)
+    if result["server_produce"]:
+        print("           server-side Produce: " + common.format_rpc(result["server_produce"]), flush=True)
+    print("           " + common.format_cpu_figures(result), flush=True)
+    if args.profile:
+        profiled, profile = common.profiled_run(
+            target, functools.partial(run_path, target, spec, path), spec.duration_s, native=args.native
+        )
+        result["profiled_run"] = {k: profiled[k] for k in ("records_per_s", "mb_per_s")}
+        result["profile"] = profile
+    return result
+
+
+def main() -> int:
+    args = parse_args()
+    paths = ["direct"] if args.direct else (args.path or ["client"])
+    spec = spec_from_args(args)
     topic = common.target_topic(args, "produce")
     out = common.target_header(
         args,
@@ -438,33 +481,7 @@ def main() -> int:
     with common.target_for(args, topic, brokers=args.brokers, tmp_dir=args.tmp_dir) as target:
         out["leaders"] = target.leader_processes()
         for path in paths:
-            gate = common.wait_for_quiet(wait_s=args.quiet_wait_s)
-            window = Window(common.CpuMeter({**target.pids, "client": os.getpid()}))
-            before = common.rpc_totals(target, "Produce")
-            result = run_path(target, spec, path, window)
-            # Server-side view: Produce requests/s and mean time each took in the gateway and the
-            # leaders (Little's law: rate x latency = requests in flight, the pipeline's depth).
-            result["server_produce"] = common.rpc_delta(
-                before, common.rpc_totals(target, "Produce"), float(result["elapsed_s"])
-            )  # type: ignore[arg-type]
-            common.add_cpu_figures(result, gate, window.cpu, int(result["records_acked"]))  # type: ignore[call-overload]
-            print("  " + describe(result), flush=True)
-            if result["server_produce"]:
-                print(
-                    "           server-side Produce: " + common.format_rpc(result["server_produce"]),  # type: ignore[arg-type]
-                    flush=True,
-                )
-            print("           " + common.format_cpu_figures(result), flush=True)
-            if args.profile:
-                profiled, profile = common.profiled_run(
-                    target,
-                    lambda w, path=path: run_path(target, spec, path, w),
-                    spec.duration_s,
-                    native=args.native,
-                )
-                result["profiled_run"] = {k: profiled[k] for k in ("records_per_s", "mb_per_s")}
-                result["profile"] = profile
-            out["runs"].append(result)  # type: ignore[union-attr]
+            out["runs"].append(measure_path(target, spec, path, args))
     return common.finish(args.output, out)
 
 

@@ -37,6 +37,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -72,12 +73,12 @@ PER_BATCH_STEPS = {
     ("clients/common/record_batch.py", "validate_batches"),
     ("clients/common/record_batch.py", "batch_crc"),
     ("services/broker/producer_state.py", "check"),
-    ("services/broker/log/log.py", "append_as_leader"),
+    ("services/broker/log/appends.py", "append_as_leader"),
     ("clients/common/record_batch.py", "assign_offsets"),
     ("services/broker/log/segment.py", "append"),
     ("services/broker/log/storage.py", "append"),
     ("services/broker/replica_manager.py", "_read_all"),
-    ("services/broker/log/log.py", "read"),
+    ("services/broker/log/reads.py", "read"),
 }
 # py-spy frames look like "name (path:line)" or, with --function, "name (path)".
 _FRAME = re.compile(r"^(?P<name>.*) \((?P<path>[^()]*?)(?::\d+)?\)$")
@@ -116,8 +117,8 @@ class ProfiledCluster(LocalCluster):
     the process exits normally (SIGTERM -> clean stop).
     """
 
-    def __init__(self, base_dir: Path, *, profiled: str, profile_path: Path, **kwargs: object) -> None:
-        super().__init__(base_dir, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, base_dir: Path, *, profiled: str, profile_path: Path, **kwargs: Any) -> None:
+        super().__init__(base_dir, **kwargs)
         self.profiled = profiled
         self.profile_path = profile_path
 
@@ -140,7 +141,7 @@ class ProfiledCluster(LocalCluster):
 
 def create_topic_led_by_broker_1(cluster: LocalCluster) -> None:
     with grpc.insecure_channel(cluster.gateway_addresses[0]) as channel:
-        gw = gateway_pb2_grpc.GatewayServiceStub(channel)
+        gw = gateway_pb2_grpc.GatewayServiceStub(channel)  # type: ignore[no-untyped-call]  # generated, unannotated
         resp = gw.CreateTopics(
             common.create_topics_request(
                 TOPIC,
@@ -193,7 +194,7 @@ async def _produce_for(
     acked = 0
     errors: Counter[str] = Counter()
     async with grpc.aio.insecure_channel(address, options=channel_options()) as channel:
-        stub = broker_pb2_grpc.BrokerServiceStub(channel)
+        stub = broker_pb2_grpc.BrokerServiceStub(channel)  # type: ignore[no-untyped-call]  # generated, unannotated
         started = time.monotonic()
         deadline = started + duration_s
 
@@ -294,8 +295,8 @@ def parse_py_spy_raw(path: Path) -> Samples:
             if frames[-1][0] in _SELECT_FRAMES:
                 samples.event_loop_waiting += count
         samples.self_samples[frames[-1]] += count
-        for frame in set(frames):
-            samples.inclusive[frame] += count
+        for name_and_path in set(frames):
+            samples.inclusive[name_and_path] += count
     return samples
 
 
@@ -396,7 +397,7 @@ def check_call_counts(profile: Path, run: ProduceRun, args: argparse.Namespace) 
     batches = max(run.batches_sent, 1)
     limit_calls = args.per_record_calls_min * batches
     ours = []
-    for (path, line, name), (_, ncalls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
+    for (path, line, name), (_, ncalls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]  # pstats' table, not in typeshed
         if _is_ours(path):
             ours.append((ncalls, name, _relative(path), line, tottime, cumtime))
     ours.sort(reverse=True)

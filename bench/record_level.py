@@ -23,8 +23,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/record_level.py` from anywhere
 
@@ -43,6 +44,8 @@ VALUE_BYTES = 100
 RPC_TIMEOUT_S = 60.0
 FETCH_PARTITION_MAX_BYTES = 1 << 20
 
+ResponseT = TypeVar("ResponseT")
+
 
 def _records(count: int, seed: int) -> list[tuple[bytes, bytes]]:
     return [
@@ -51,8 +54,9 @@ def _records(count: int, seed: int) -> list[tuple[bytes, bytes]]:
     ]
 
 
-def _windowed(calls: list[Callable[[], grpc.Future]], check: Callable[[object], None]) -> None:
-    """Run the calls with IN_FLIGHT outstanding at a time; `check` every answer."""
+def _windowed(calls: list[Callable[[], grpc.Future]], check: Callable[[Any], None]) -> None:
+    """Run the calls with IN_FLIGHT outstanding at a time; `check` every answer (grpc's futures are
+    untyped: an answer is Any here, and `check` says what it expects)."""
     pending: list[grpc.Future] = []
     for make in calls:
         pending.append(make())
@@ -65,13 +69,13 @@ def _windowed(calls: list[Callable[[], grpc.Future]], check: Callable[[object], 
 def _produce_rate(
     records: list[tuple[bytes, bytes]],
     call: Callable[[list[tuple[bytes, bytes]]], Callable[[], grpc.Future]],
-    errors_in: Callable[[object], list[object]],
+    errors_in: Callable[[ResponseT], Sequence[object]],
     rpc: str,
 ) -> float:
     """Records/s of sending `records`, REQUEST_RECORDS a request (call(chunk) makes one), _windowed;
     SystemExit with the first of errors_in(an answer) if any."""
 
-    def check(resp: object) -> None:
+    def check(resp: ResponseT) -> None:
         bad = errors_in(resp)
         if bad:
             raise SystemExit(f"{rpc} failed: {bad[0]}")
@@ -81,6 +85,14 @@ def _produce_rate(
         [call(records[i : i + REQUEST_RECORDS]) for i in range(0, len(records), REQUEST_RECORDS)], check
     )
     return len(records) / (time.perf_counter() - started)
+
+
+def _record_errors(resp: gateway_pb2.ProduceRecordsResponse) -> list[gateway_pb2.RecordResult]:
+    return [r for r in resp.results if r.error_code]
+
+
+def _partition_errors(resp: common_pb2.ProduceResponse) -> list[common_pb2.ProducePartitionResponse]:
+    return [p for t in resp.topics for p in t.partitions if p.error_code]
 
 
 def produce_record_level(
@@ -103,7 +115,7 @@ def produce_record_level(
     return _produce_rate(
         records,
         call,
-        lambda resp: [r for r in resp.results if r.error_code],  # type: ignore[attr-defined]
+        _record_errors,
         "ProduceRecords",
     )
 
@@ -141,7 +153,7 @@ def produce_batch_level(
     return _produce_rate(
         records,
         call,
-        lambda resp: [p for t in resp.topics for p in t.partitions if p.error_code],  # type: ignore[attr-defined]
+        _partition_errors,
         "Produce",
     )
 
@@ -216,7 +228,7 @@ def main() -> None:
                 ("grpc.max_send_message_length", 64 << 20),
             ],
         )
-        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)  # type: ignore[no-untyped-call]  # generated, unannotated
         load_before = common.load_average()
         for round_ in range(args.rounds):
             for path in ("record_level", "batch_level"):
@@ -247,13 +259,13 @@ def main() -> None:
         load_before=load_before,
         load_after=common.load_average(),
     )
-    path = common.write_result("record_level", result)
+    result_path = common.write_result("record_level", result)
     for name, values in runs.items():
         print(
             f"{name:22s} best {max(values):>10,.0f} records/s  (runs: "
             f"{', '.join(f'{v:,.0f}' for v in values)})"
         )
-    print(f"load {load_before:.1f} -> {result['load_after']:.1f}; written to {path}")
+    print(f"load {load_before:.1f} -> {result['load_after']:.1f}; written to {result_path}")
 
 
 if __name__ == "__main__":

@@ -50,8 +50,12 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrameReader, SparkSession
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/spark_read.py` from anywhere
 
@@ -141,7 +145,9 @@ def floor_source(directory: Path) -> Any:
             # As the connector's tasks do (spark_connector/worker.py): keep PySpark's gc.collect()
             # after each task from walking what the reused worker already holds.
             gc.freeze()
-            with pa.memory_map(partition.path) as source:  # type: ignore[attr-defined]
+            if not isinstance(partition, FloorPartition):
+                raise TypeError(f"the floor source reads its own partitions, not {partition!r}")
+            with pa.memory_map(partition.path) as source:
                 reader = pa.ipc.open_file(source)
                 for i in range(reader.num_record_batches):
                     yield reader.get_batch(i)
@@ -175,9 +181,8 @@ def load_topic(
 
     with Admin(bootstrap) as admin:
         admin.create_topics(TOPIC, partitions, replication_factor)
-    stub = gateway_pb2_grpc.GatewayServiceStub(
-        grpc.insecure_channel(bootstrap.split(",")[0], options=CHANNEL_OPTIONS)
-    )
+    channel = grpc.insecure_channel(bootstrap.split(",")[0], options=CHANNEL_OPTIONS)
+    stub = gateway_pb2_grpc.GatewayServiceStub(channel)  # type: ignore[no-untyped-call]  # generated, unannotated
     started = time.perf_counter()
     per_request = max(LOAD_REQUEST_BYTES // (LOAD_BATCH_RECORDS * value_bytes), 1)
     left = records
@@ -342,7 +347,7 @@ def profile_task(bootstrap: str) -> dict[str, float]:
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -391,15 +396,149 @@ def main() -> None:
     parser.add_argument(
         "--json", type=Path, default=RESULTS / "spark_read.json", help="where to write results"
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def start_spark(spark_conf: list[str]) -> tuple[SparkSession, int]:
+    """The local[2] session both sides share (with --spark-conf's settings) and its JVM's pid."""
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("highwater-spark-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "2g")
+        # Default false; said explicitly because with it Parquet would answer the
+        # max()/count() from file statistics without reading the rows.
+        .config("spark.sql.parquet.aggregatePushdown", "false")
+    )
+    for setting in spark_conf:
+        key, _, value = setting.partition("=")
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    gateway = spark.sparkContext._gateway
+    if gateway is None:
+        raise SystemExit(
+            "spark_read: the SparkSession has no py4j gateway (a remote session?), so the CPU of its "
+            "JVM cannot be measured; run with a local session"
+        )
+    return spark, gateway.proc.pid  # spark-submit execs the JVM
+
+
+def connector_reader(spark: SparkSession, bootstrap: str, args: argparse.Namespace) -> DataFrameReader:
+    """format("highwater") on the bench topic with --min-partitions and --reader-option."""
+    reader = spark.read.format("highwater").option("bootstrap", bootstrap).option("subscribe", TOPIC)
+    if args.min_partitions:
+        reader = reader.option("minPartitions", str(args.min_partitions))
+    for setting in args.reader_option:
+        key, _, value = setting.partition("=")
+        reader = reader.option(key, value)
+    return reader
+
+
+def timed_passes(
+    spark: SparkSession,
+    reader: DataFrameReader,
+    parquet: Path,
+    job_cpu: Callable[[], JobCpu],
+    args: argparse.Namespace,
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """--warmup untimed passes, then --repeat timed ones of the three sides interleaved, printed as
+    they go: (each side's runs, each side's aggregate row). Raises RuntimeError when a side reads
+    a count other than --records."""
+    from bench.common import load_average
+
+    runs: dict[str, list[dict[str, Any]]] = {"highwater": [], "floor": [], "parquet": []}
+    answers: dict[str, dict[str, Any]] = {}
+    for _ in range(args.warmup):
+        for df in (
+            reader.load(),
+            spark.read.format(FLOOR_SOURCE).load(),
+            spark.read.parquet(str(parquet)),
+        ):
+            timed_job(df)
+    for _ in range(args.repeat):  # interleaved, so all three see the same neighbours
+        for name, df in (
+            ("highwater", reader.load()),
+            ("floor", spark.read.format(FLOOR_SOURCE).load()),
+            ("parquet", spark.read.parquet(str(parquet))),
+        ):
+            load_before = load_average()
+            with job_cpu() as cpu:
+                seconds, row = timed_job(df)
+            if row["n"] != args.records:
+                raise RuntimeError(f"{name} read {row['n']} records, expected {args.records}")
+            answers[name] = row
+            # CPU µs per row holds better than rows/s on a shared machine (bench/common.py).
+            us_per_row = {k: round(v * seconds / args.records * 1e6, 3) for k, v in cpu.cores.items()}
+            runs[name].append(
+                {
+                    "rows_per_s": round(args.records / seconds),
+                    "seconds": round(seconds, 2),
+                    "load_1m_before": load_before,
+                    "cores": cpu.cores,
+                    "cpu_us_per_row": us_per_row,
+                }
+            )
+            print(
+                f"  {name:9s} {args.records / seconds:12,.0f} rows/s ({seconds:.2f} s, load "
+                f"{load_before}); "
+                "CPU µs/row: " + ", ".join(f"{k} {v:.2f}" for k, v in us_per_row.items() if v >= 0.005),
+                flush=True,
+            )
+    return runs, answers
+
+
+def rate_figures(runs: dict[str, list[dict[str, Any]]], answers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The rates, bests, medians and ratios of the timed passes, printed on one line."""
+    from bench.common import load_average
+
+    rates = {name: [r["rows_per_s"] for r in rs] for name, rs in runs.items()}
+    best = {name: max(r) for name, r in rates.items()}
+    median = {name: statistics.median(r) for name, r in rates.items()}
+    ratio = best["highwater"] / best["parquet"]
+    floor_ratio = best["highwater"] / best["floor"]
+    # Per pass: the connector against the floor pass right after it (same neighbours).
+    pass_ratios = [
+        round(h["rows_per_s"] / f["rows_per_s"], 3)
+        for h, f in zip(runs["highwater"], runs["floor"], strict=True)
+    ]
+    figures = {
+        "runs": runs,
+        "rows_per_s": rates,
+        "best_rows_per_s": best,
+        "median_rows_per_s": {n: round(r) for n, r in median.items()},
+        "floor_ratio_best": round(floor_ratio, 3),
+        "floor_ratio_median": round(median["highwater"] / median["floor"], 3),
+        "floor_ratio_per_pass": pass_ratios,
+        "ratio_best": round(ratio, 3),
+        "ratio_median": round(median["highwater"] / median["parquet"], 3),
+        "aggregate_row": {k: str(v) for k, v in answers["highwater"].items()},
+        "load_1m_after": load_average(),
+    }
+    print(
+        f"highwater best {best['highwater']:,.0f} rows/s (target {TARGET_ROWS_PER_S:,}), "
+        f"median {median['highwater']:,.0f}; parquet best {best['parquet']:,.0f} rows/s, "
+        f"median {median['parquet']:,.0f}; ratio best {ratio:.0%}, median "
+        f"{median['highwater'] / median['parquet']:.0%} (target {TARGET_RATIO:.0%}); "
+        f"floor best {best['floor']:,.0f} rows/s, median {median['floor']:,.0f}; connector / floor: best "
+        f"{floor_ratio:.0%}, median {median['highwater'] / median['floor']:.0%}, per pass "
+        f"{', '.join(f'{r:.0%}' for r in pass_ratios)} (goal {TARGET_FLOOR_RATIO:.0%}); "
+        f"load {load_average()} (/proc/loadavg: {_loadavg()})"
+    )
+    return figures
+
+
+def main() -> None:
+    args = parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # Spark binds to the host's first non-loopback address unless told: keep it on 127.0.0.1.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    from bench.common import load_average, machine, versions
+    from bench.common import machine, versions
     from services.launcher.local_cluster import LocalCluster
     from spark_connector import register
 
@@ -418,22 +557,7 @@ def main() -> None:
             bootstrap, args.records, args.partitions, args.value_bytes, args.replication_factor
         )
         print(f"loaded {args.records:,} records in {load_s:.1f} s ({args.records / load_s:,.0f} records/s)")
-        builder = (
-            SparkSession.builder.master("local[2]")
-            .appName("highwater-spark-bench")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.driver.memory", "2g")
-            # Default false; said explicitly because with it Parquet would answer the
-            # max()/count() from file statistics without reading the rows.
-            .config("spark.sql.parquet.aggregatePushdown", "false")
-        )
-        for setting in args.spark_conf:
-            key, _, value = setting.partition("=")
-            builder = builder.config(key, value)
-        spark = builder.getOrCreate()
-        spark.sparkContext.setLogLevel("ERROR")
-        spark_pid = spark.sparkContext._gateway.proc.pid  # type: ignore[attr-defined]  # spark-submit execs the JVM
+        spark, spark_pid = start_spark(args.spark_conf)
         register(spark)
         parquet = base / "records.parquet"
         floor_dir = base / "floor"
@@ -441,89 +565,13 @@ def main() -> None:
         print(f"wrote the same records to {parquet} and {floor_dir} in {parquet_s:.1f} s")
         spark.dataSource.register(floor_source(floor_dir))
 
-        reader = spark.read.format("highwater").option("bootstrap", bootstrap).option("subscribe", TOPIC)
-        if args.min_partitions:
-            reader = reader.option("minPartitions", str(args.min_partitions))
-        for setting in args.reader_option:
-            key, _, value = setting.partition("=")
-            reader = reader.option(key, value)
-        runs: dict[str, list[dict[str, Any]]] = {"highwater": [], "floor": [], "parquet": []}
-        answers: dict[str, dict[str, Any]] = {}
-        for _ in range(args.warmup):
-            for df in (
-                reader.load(),
-                spark.read.format(FLOOR_SOURCE).load(),
-                spark.read.parquet(str(parquet)),
-            ):
-                timed_job(df)
-        for _ in range(args.repeat):  # interleaved, so all three see the same neighbours
-            for name, df in (
-                ("highwater", reader.load()),
-                ("floor", spark.read.format(FLOOR_SOURCE).load()),
-                ("parquet", spark.read.parquet(str(parquet))),
-            ):
-                load_before = load_average()
-                with JobCpu(cluster, spark_pid) as cpu:
-                    seconds, row = timed_job(df)
-                if row["n"] != args.records:
-                    raise RuntimeError(f"{name} read {row['n']} records, expected {args.records}")
-                answers[name] = row
-                # CPU µs per row holds better than rows/s on a shared machine (bench/common.py).
-                us_per_row = {k: round(v * seconds / args.records * 1e6, 3) for k, v in cpu.cores.items()}
-                runs[name].append(
-                    {
-                        "rows_per_s": round(args.records / seconds),
-                        "seconds": round(seconds, 2),
-                        "load_1m_before": load_before,
-                        "cores": cpu.cores,
-                        "cpu_us_per_row": us_per_row,
-                    }
-                )
-                print(
-                    f"  {name:9s} {args.records / seconds:12,.0f} rows/s ({seconds:.2f} s, load "
-                    f"{load_before}); "
-                    "CPU µs/row: " + ", ".join(f"{k} {v:.2f}" for k, v in us_per_row.items() if v >= 0.005),
-                    flush=True,
-                )
+        reader = connector_reader(spark, bootstrap, args)
+        runs, answers = timed_passes(spark, reader, parquet, lambda: JobCpu(cluster, spark_pid), args)
         spark.stop()
         if not answers["highwater"] == answers["floor"] == answers["parquet"]:
             raise RuntimeError(f"the three sides disagree: {answers}")
-        rates = {name: [r["rows_per_s"] for r in rs] for name, rs in runs.items()}
-        best = {name: max(r) for name, r in rates.items()}
-        median = {name: statistics.median(r) for name, r in rates.items()}
-        ratio = best["highwater"] / best["parquet"]
-        floor_ratio = best["highwater"] / best["floor"]
-        # Per pass: the connector against the floor pass right after it (same neighbours).
-        pass_ratios = [
-            round(h["rows_per_s"] / f["rows_per_s"], 3)
-            for h, f in zip(runs["highwater"], runs["floor"], strict=True)
-        ]
-        result.update(
-            {
-                "load_s": round(load_s, 1),
-                "runs": runs,
-                "rows_per_s": rates,
-                "best_rows_per_s": best,
-                "median_rows_per_s": {n: round(r) for n, r in median.items()},
-                "floor_ratio_best": round(floor_ratio, 3),
-                "floor_ratio_median": round(median["highwater"] / median["floor"], 3),
-                "floor_ratio_per_pass": pass_ratios,
-                "ratio_best": round(ratio, 3),
-                "ratio_median": round(median["highwater"] / median["parquet"], 3),
-                "aggregate_row": {k: str(v) for k, v in answers["highwater"].items()},
-                "load_1m_after": load_average(),
-            }
-        )
-        print(
-            f"highwater best {best['highwater']:,.0f} rows/s (target {TARGET_ROWS_PER_S:,}), "
-            f"median {median['highwater']:,.0f}; parquet best {best['parquet']:,.0f} rows/s, "
-            f"median {median['parquet']:,.0f}; ratio best {ratio:.0%}, median "
-            f"{median['highwater'] / median['parquet']:.0%} (target {TARGET_RATIO:.0%}); "
-            f"floor best {best['floor']:,.0f} rows/s, median {median['floor']:,.0f}; connector / floor: best "
-            f"{floor_ratio:.0%}, median {median['highwater'] / median['floor']:.0%}, per pass "
-            f"{', '.join(f'{r:.0%}' for r in pass_ratios)} (goal {TARGET_FLOOR_RATIO:.0%}); "
-            f"load {load_average()} (/proc/loadavg: {_loadavg()})"
-        )
+        result["load_s"] = round(load_s, 1)
+        result.update(rate_figures(runs, answers))
         if args.profile:
             result["profile_one_partition"] = profile_task(bootstrap)
             print("one partition outside Spark:", result["profile_one_partition"])

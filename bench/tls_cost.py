@@ -33,10 +33,15 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
+
+if TYPE_CHECKING:
+    from clients.tls import ClientTls
+    from services.launcher.local_cluster import LocalCluster
 
 TOPIC = "tls-cost"
 PARTITIONS = 3
@@ -46,7 +51,7 @@ BENCH_PRINCIPAL = "bench"
 
 
 @contextlib.contextmanager
-def clusters(base: Path, *, acl: bool) -> Iterator[dict[str, object]]:
+def clusters(base: Path, *, acl: bool) -> Iterator[dict[str, LocalCluster]]:
     """Both clusters started, the topic ready on each; every process stopped by pid on the way out."""
     from services.launcher.local_cluster import LocalCluster
 
@@ -65,13 +70,13 @@ def clusters(base: Path, *, acl: bool) -> Iterator[dict[str, object]]:
         plain.stop()
 
 
-def _allow_write(cluster: object) -> None:
+def _allow_write(cluster: LocalCluster) -> None:
     from coordinator.acls import add_acls
     from coordinator.store import EtcdStore
     from services.security.authz import AclBinding
 
     async def add() -> None:
-        store = await EtcdStore.connect(cluster.etcd_endpoint, tls=cluster.etcd_tls())  # type: ignore[attr-defined]
+        store = await EtcdStore.connect(cluster.etcd_endpoint, tls=cluster.etcd_tls())
         try:
             await add_acls(
                 store,
@@ -86,10 +91,10 @@ def _allow_write(cluster: object) -> None:
     asyncio.run(add())
 
 
-def _credentials(cluster: object, name: str) -> object | None:
+def _credentials(cluster: LocalCluster, name: str) -> ClientTls | None:
     from clients.tls import ClientTls
 
-    s = cluster.client_settings(name)  # type: ignore[attr-defined]
+    s = cluster.client_settings(name)
     if not s:
         return None
     return ClientTls.from_settings(
@@ -100,16 +105,16 @@ def _credentials(cluster: object, name: str) -> object | None:
     )
 
 
-def create_topic(cluster: object) -> None:
+def create_topic(cluster: LocalCluster) -> None:
     """As the admin (a super user on the secure cluster); waits for a full ISR everywhere."""
     import grpc
 
     from protos.highwater.v1 import common_pb2, gateway_pb2_grpc
 
     creds = _credentials(cluster, "admin")
-    address = cluster.gateway_addresses[0]  # type: ignore[attr-defined]
-    channel = creds.channel(address) if creds is not None else grpc.insecure_channel(address)  # type: ignore[attr-defined]
-    stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    address = cluster.gateway_addresses[0]
+    channel = creds.channel(address) if creds is not None else grpc.insecure_channel(address)
+    stub = gateway_pb2_grpc.GatewayServiceStub(channel)  # type: ignore[no-untyped-call]  # generated, unannotated
     resp = stub.CreateTopics(
         common.create_topics_request(TOPIC, num_partitions=PARTITIONS, replication_factor=3, min_insync=2),
         timeout=30,
@@ -127,7 +132,9 @@ def create_topic(cluster: object) -> None:
     raise SystemExit(f"{TOPIC} on {address}: no full ISR within 30 s")
 
 
-async def produce_run(cluster: object, seconds: float, batch_bytes: int, in_flight: int) -> dict[str, float]:
+async def produce_run(
+    cluster: LocalCluster, seconds: float, batch_bytes: int, in_flight: int
+) -> dict[str, float]:
     """Produce for `seconds`; acknowledged MB/s and requests/s."""
     import grpc
 
@@ -136,13 +143,13 @@ async def produce_run(cluster: object, seconds: float, batch_bytes: int, in_flig
     from protos.highwater.v1 import common_pb2, gateway_pb2_grpc
 
     creds = _credentials(cluster, BENCH_PRINCIPAL)
-    address = cluster.gateway_addresses[0]  # type: ignore[attr-defined]
+    address = cluster.gateway_addresses[0]
     channel = (
         creds.aio_channel(address, CHANNEL_OPTIONS)
-        if creds is not None  # type: ignore[attr-defined]
+        if creds is not None
         else grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
     )
-    stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    stub = gateway_pb2_grpc.GatewayServiceStub(channel)  # type: ignore[no-untyped-call]  # generated, unannotated
     values = [b"v" * RECORD_BYTES] * max(1, batch_bytes // (RECORD_BYTES + 10))
     totals = {"bytes": 0, "requests": 0, "errors": 0}
     next_partition = 0
@@ -183,10 +190,10 @@ async def produce_run(cluster: object, seconds: float, batch_bytes: int, in_flig
     }
 
 
-def _pids(cluster: object) -> dict[str, int]:
-    pids = {name: p.pid for name, p in cluster.processes.items() if p.pid}  # type: ignore[attr-defined]
-    if cluster.etcd.pid:  # type: ignore[attr-defined]
-        pids["etcd"] = cluster.etcd.pid  # type: ignore[attr-defined]
+def _pids(cluster: LocalCluster) -> dict[str, int]:
+    pids = {name: p.pid for name, p in cluster.processes.items() if p.pid}
+    if cluster.etcd.pid:
+        pids["etcd"] = cluster.etcd.pid
     return pids
 
 
@@ -207,6 +214,8 @@ def main() -> int:
     }
     result["load"] = common.wait_for_quiet()
     runs: dict[str, list[dict[str, object]]] = {"plain": [], "secure": []}
+    mb_per_s: dict[str, list[float]] = {"plain": [], "secure": []}
+    cpu_s_per_mb_total: dict[str, list[float]] = {"plain": [], "secure": []}
     with (
         tempfile.TemporaryDirectory(prefix="hw-tls-cost-", dir=args.tmp_dir) as tmp,
         clusters(Path(tmp), acl=not args.no_acl) as both,
@@ -220,22 +229,21 @@ def main() -> int:
                     produce_run(cluster, args.seconds, args.batch_kib * 1024, args.in_flight)
                 )
                 cpu = meter.stop()
-                mb = max(float(figures["mb"]), 1e-9)
-                figures["cpu_s_per_mb"] = {name: round(v["cpu_s"] / mb, 4) for name, v in cpu.items()}
-                figures["load_1m"] = common.load_average()
-                runs[mode].append(figures)
+                mb = max(figures["mb"], 1e-9)
+                cpu_s_per_mb = {name: round(v["cpu_s"] / mb, 4) for name, v in cpu.items()}
+                load_1m = common.load_average()
+                runs[mode].append({**figures, "cpu_s_per_mb": cpu_s_per_mb, "load_1m": load_1m})
+                mb_per_s[mode].append(figures["mb_per_s"])
+                cpu_s_per_mb_total[mode].append(cpu_s_per_mb["total"])
                 print(
                     f"run {i + 1} {mode:>6}: {figures['mb_per_s']:7.2f} MB/s, "
                     f"{figures['requests_per_s']:6.1f} req/s, "
-                    f"errors {figures['errors']}, CPU s/MB total {figures['cpu_s_per_mb']['total']:.3f}, "
-                    f"load {figures['load_1m']}",
+                    f"errors {figures['errors']}, CPU s/MB total {cpu_s_per_mb['total']:.3f}, "
+                    f"load {load_1m}",
                     flush=True,
                 )
-    med = {mode: statistics.median(float(r["mb_per_s"]) for r in rs) for mode, rs in runs.items()}
-    cpu_med = {
-        mode: statistics.median(float(r["cpu_s_per_mb"]["total"]) for r in rs)  # type: ignore[index]
-        for mode, rs in runs.items()
-    }
+    med = {mode: statistics.median(values) for mode, values in mb_per_s.items()}
+    cpu_med = {mode: statistics.median(values) for mode, values in cpu_s_per_mb_total.items()}
     ratio = med["secure"] / med["plain"] if med["plain"] else 0.0
     result.update(
         runs=runs,

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import statistics
 import sys
@@ -65,9 +66,8 @@ def _delete_topic(gateway: str, topic: str) -> None:
     from protos.highwater.v1 import common_pb2, gateway_pb2_grpc
 
     with contextlib.suppress(grpc.RpcError), grpc.insecure_channel(gateway) as channel:
-        gateway_pb2_grpc.GatewayServiceStub(channel).DeleteTopics(
-            common_pb2.DeleteTopicsRequest(names=[topic], timeout_ms=30_000), timeout=35
-        )
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)  # type: ignore[no-untyped-call]  # generated, unannotated
+        stub.DeleteTopics(common_pb2.DeleteTopicsRequest(names=[topic], timeout_ms=30_000), timeout=35)
 
 
 class Systems:
@@ -108,7 +108,7 @@ class Systems:
 # ---- one run of a workload on one system ------------------------------------------------------
 
 
-def run_produce(systems: Systems, system: str, size: int) -> list[dict[str, object]]:
+def run_produce(systems: Systems, system: str, size: int) -> list[common.Result]:
     args = systems.args
     if system == "highwater":
         target = systems.fresh_topic()
@@ -160,7 +160,7 @@ def run_produce(systems: Systems, system: str, size: int) -> list[dict[str, obje
     return [{"system": "redis", **result, "cpu_cores": window.cpu}]
 
 
-def run_consume(systems: Systems, system: str) -> list[dict[str, object]]:
+def run_consume(systems: Systems, system: str) -> list[common.Result]:
     args = systems.args
     size = 100
     n = args.records
@@ -224,7 +224,7 @@ def _e2e_consumer_cmd(module_file: str, address: list[str], expected: int, timeo
     ]
 
 
-def run_e2e(systems: Systems, system: str, rate: float) -> list[dict[str, object]]:
+def run_e2e(systems: Systems, system: str, rate: float) -> list[common.Result]:
     args = systems.args
     size = 100
     expected = int(rate * args.duration_s)
@@ -250,7 +250,7 @@ def run_e2e(systems: Systems, system: str, rate: float) -> list[dict[str, object
         )
         pids = systems.nats.pids
 
-        def send() -> dict[str, object]:
+        def send() -> common.Result:
             return asyncio.run(
                 nats_js.e2e_produce(
                     systems.nats.urls, rate=rate, duration_s=args.duration_s, record_size=size
@@ -266,7 +266,7 @@ def run_e2e(systems: Systems, system: str, rate: float) -> list[dict[str, object
         )
         pids = systems.redis.pids
 
-        def send() -> dict[str, object]:
+        def send() -> common.Result:
             return redis_streams.e2e_produce(
                 systems.redis.primary_port, rate=rate, duration_s=args.duration_s, record_size=size
             )
@@ -274,7 +274,7 @@ def run_e2e(systems: Systems, system: str, rate: float) -> list[dict[str, object
     return [_e2e_measured(system, rate, args.duration_s, cmd, pids, send)]
 
 
-def _run_e2e_kafka(systems: Systems, rate: float, expected: int, timeout_s: float) -> dict[str, object]:
+def _run_e2e_kafka(systems: Systems, rate: float, expected: int, timeout_s: float) -> common.Result:
     """Highwater's e2e through its Kafka listeners, on a topic of its own."""
     args = systems.args
     target = systems.fresh_topic()
@@ -294,7 +294,7 @@ def _run_e2e_kafka(systems: Systems, rate: float, expected: int, timeout_s: floa
         str(timeout_s),
     ]
 
-    def send() -> dict[str, object]:
+    def send() -> common.Result:
         return kafka_protocol.e2e_produce(
             producer, target.topic, rate=rate, duration_s=args.duration_s, record_size=100
         )
@@ -308,8 +308,8 @@ def _e2e_measured(
     duration_s: float,
     cmd: list[str],
     pids: dict[str, int],
-    send: Callable[[], dict[str, object]],
-) -> dict[str, object]:
+    send: Callable[[], common.Result],
+) -> common.Result:
     """Start the consumer process `cmd`, send(), and read its latencies; CPU of every process."""
     consumer = e2e_latency.E2EConsumer(cmd)
     try:
@@ -319,44 +319,44 @@ def _e2e_measured(
         got = consumer.result(timeout_s=e2e_latency.DRAIN_S + common.E2E_IDLE_END_S + 30)
     finally:
         consumer.stop()
-    sent["achieved_rate"] = round(int(sent["sent"]) / duration_s)  # type: ignore[call-overload]
+    sent["achieved_rate"] = round(int(sent["sent"]) / duration_s)
     return {"system": system, "rate": rate, **sent, **got, "cpu_cores": cpu}
 
 
 # ---- figures and ratios -------------------------------------------------------------------------
 
 
-def figure(result: dict[str, object], workload: str) -> float:
+def figure(result: common.Result, workload: str) -> float:
     """The one number compared: records/s (produce, consume) or p50 ms (e2e)."""
     if workload == "e2e":
-        return float((result.get("latency") or {}).get("p50_ms", float("nan")))  # type: ignore[union-attr]
-    return float(result.get("records_per_s", 0))  # type: ignore[arg-type]
+        return float((result.get("latency") or {}).get("p50_ms", float("nan")))
+    return float(result.get("records_per_s", 0))
 
 
-def line(result: dict[str, object], workload: str) -> str:
+def line(result: common.Result, workload: str) -> str:
     name = f"{result['system']:<24}"
     if workload == "e2e":
         lat = result.get("latency") or {}
         return (
-            f"{name} {result['rate']:>7,.0f}/s  {common.format_latency(lat)}  "  # type: ignore[arg-type]
+            f"{name} {result['rate']:>7,.0f}/s  {common.format_latency(lat)}  "
             f"({result.get('received', 0):,} received; sent at {result.get('achieved_rate', 0):,}/s)"
         )
     text = f"{name} {result['records_per_s']:>10,} records/s {result['mb_per_s']:>7.1f} MB/s"
     lat = result.get("latency_per_request")
     if lat:
-        text += f"  per request ({result['records_per_request']} rec): {common.format_latency(lat)}"  # type: ignore[arg-type]
+        text += f"  per request ({result['records_per_request']} rec): {common.format_latency(lat)}"
     if result.get("records_failed") or result.get("complete") is False:
         text += f"  !! failed/incomplete: {result.get('errors') or ''}"
     return text
 
 
-def ratios(rows: list[dict[str, object]], workload: str) -> dict[str, float]:
+def ratios(rows: list[common.Result], workload: str) -> dict[str, float]:
     """ours / peer for throughput (higher is better), peer / ours for latency (so > 1 = we win)."""
     rows = [r for r in rows if "error" not in r]
     ours = [r for r in rows if str(r["system"]).startswith("highwater")]
     peers = [r for r in rows if not str(r["system"]).startswith("highwater")]
     out: dict[str, float] = {}
-    best_peer: dict[str, dict[str, object]] = {}
+    best_peer: dict[str, common.Result] = {}
     for p in peers:
         kind = str(p["system"]).split()[0]
         if workload == "e2e":
@@ -376,7 +376,7 @@ def ratios(rows: list[dict[str, object]], workload: str) -> dict[str, float]:
     return out
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -457,7 +457,81 @@ def main() -> int:
     if args.workload == "e2e":
         args.partitions = 1
         args.rounds = min(args.rounds, 1) if "--rounds" not in sys.argv else args.rounds
-    out: dict[str, object] = {
+    return args
+
+
+# One case of a round: the system, the e2e rate (None for the other workloads) and the run.
+Case = tuple[str, float | None, Callable[[], list[common.Result]]]
+
+
+def round_cases(systems: Systems, args: argparse.Namespace) -> list[Case]:
+    """A round's cases in the order they run: every system in turn (e2e: at every rate)."""
+    if args.workload == "e2e":
+        return [
+            (s, rate, functools.partial(run_e2e, systems, s, rate))
+            for rate in args.rates
+            for s in systems.names
+        ]
+    if args.workload == "consume":
+        return [(s, None, functools.partial(run_consume, systems, s)) for s in systems.names]
+    size = RECORD_SIZES[args.workload]
+    return [(s, None, functools.partial(run_produce, systems, s, size)) for s in systems.names]
+
+
+def measure_case(args: argparse.Namespace, number: int, case: Case) -> list[common.Result]:
+    """One case of a round once the load gate lets it start, with its CPU figures, printed as it
+    goes; a system that fails gives one row saying why, so the others' figures are kept."""
+    system, rate, run = case
+    gate = common.wait_for_quiet(wait_s=args.quiet_wait_s)
+    try:
+        got = run()
+    except Exception as exc:  # one system failing must not lose the others' figures
+        print(f"  round {number}: {system} FAILED: {type(exc).__name__}: {exc}", flush=True)
+        return [{"system": system, "rate": rate, "error": f"{type(exc).__name__}: {exc}"}]
+    for result in got:
+        result.update(gate, load_1m_after=common.load_average())
+        records = result.get("records_acked", result.get("records", result.get("received")))
+        if records and result.get("cpu_cores"):
+            # CPU per record holds better than records/s on a loaded machine.
+            result["cpu_us_per_record"] = common.cpu_us_per_record(result["cpu_cores"], int(records))
+        print(f"  round {number}: {line(result, args.workload)}", flush=True)
+        print(
+            f"           CPU (cores): {common.format_cpu(result['cpu_cores'])}; load "
+            f"{gate['load_1m_before']} -> {result['load_1m_after']}",
+            flush=True,
+        )
+    return got
+
+
+def run_round(systems: Systems, args: argparse.Namespace, number: int) -> common.Result:
+    """Every system in turn (e2e: at every rate), then the round's ratios, printed."""
+    rows: list[common.Result] = []
+    for case in round_cases(systems, args):
+        rows.extend(measure_case(args, number, case))
+    r: dict[str, float] = {}
+    if args.workload == "e2e":  # compare like with like: each rate on its own
+        for rate in args.rates:
+            r.update(ratios([row for row in rows if row.get("rate") == rate], args.workload))
+    else:
+        r = ratios(rows, args.workload)
+    for key, value in r.items():
+        print(f"  round {number} ratio {key}: {value}x", flush=True)
+    return {"results": rows, "ratios": r}
+
+
+def median_ratios(rounds: list[common.Result]) -> dict[str, float]:
+    """Each ratio's median over the rounds that have it."""
+    summary: dict[str, float] = {}
+    keys = dict.fromkeys(k for rnd in rounds for k in rnd["ratios"])
+    for key in keys:
+        values = [rnd["ratios"][key] for rnd in rounds if key in rnd["ratios"]]
+        summary[key] = round(statistics.median(values), 2)
+    return summary
+
+
+def main() -> int:
+    args = parse_args()
+    out: common.Result = {
         **common.header(peers=args.peers),
         "workload": args.workload,
         "args": vars(args),
@@ -475,54 +549,8 @@ def main() -> int:
         systems = Systems(stack, args)
         print(f"  all up in {time.monotonic() - started:.1f} s", flush=True)
         for number in range(1, args.rounds + 1):
-            rows: list[dict[str, object]] = []
-            cases = (
-                [(s, rate) for rate in args.rates for s in systems.names]
-                if args.workload == "e2e"
-                else [(s, None) for s in systems.names]
-            )
-            for system, rate in cases:
-                gate = common.wait_for_quiet(wait_s=args.quiet_wait_s)
-                try:
-                    if args.workload.startswith("produce"):
-                        got = run_produce(systems, system, RECORD_SIZES[args.workload])
-                    elif args.workload == "consume":
-                        got = run_consume(systems, system)
-                    else:
-                        got = run_e2e(systems, system, rate)  # type: ignore[arg-type]
-                except Exception as exc:  # one system failing must not lose the others' figures
-                    print(f"  round {number}: {system} FAILED: {type(exc).__name__}: {exc}", flush=True)
-                    rows.append({"system": system, "rate": rate, "error": f"{type(exc).__name__}: {exc}"})
-                    continue
-                for result in got:
-                    result.update(gate, load_1m_after=common.load_average())
-                    records = result.get("records_acked", result.get("records", result.get("received")))
-                    if records and result.get("cpu_cores"):
-                        # CPU per record holds better than records/s on a loaded machine.
-                        result["cpu_us_per_record"] = common.cpu_us_per_record(
-                            result["cpu_cores"], int(records)
-                        )  # type: ignore[arg-type, call-overload]
-                    print(f"  round {number}: {line(result, args.workload)}", flush=True)
-                    print(
-                        f"           CPU (cores): {common.format_cpu(result['cpu_cores'])}; load "  # type: ignore[arg-type]
-                        f"{gate['load_1m_before']} -> {result['load_1m_after']}",
-                        flush=True,
-                    )
-                rows.extend(got)
-            if args.workload == "e2e":  # compare like with like: each rate on its own
-                r = {}
-                for rate in args.rates:
-                    r.update(ratios([row for row in rows if row.get("rate") == rate], args.workload))
-            else:
-                r = ratios(rows, args.workload)
-            for key, value in r.items():
-                print(f"  round {number} ratio {key}: {value}x", flush=True)
-            out["rounds"].append({"results": rows, "ratios": r})  # type: ignore[union-attr]
-    summary: dict[str, float] = {}
-    keys = dict.fromkeys(k for rnd in out["rounds"] for k in rnd["ratios"])  # type: ignore[union-attr]
-    for key in keys:
-        values = [rnd["ratios"][key] for rnd in out["rounds"] if key in rnd["ratios"]]  # type: ignore[union-attr]
-        summary[key] = round(statistics.median(values), 2)
+            out["rounds"].append(run_round(systems, args, number))
+    summary = median_ratios(out["rounds"])
     out["ratio_median"] = summary
     print("ratios (median over rounds; > 1 means Highwater is ahead):")
     for key, value in summary.items():

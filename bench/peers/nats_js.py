@@ -20,14 +20,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import common
+
+if TYPE_CHECKING:  # nats-py ships no type information: these names are Any to mypy
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
+    from nats.js import JetStreamContext
 
 SERVER_READY_TIMEOUT_S = 30.0
 STREAM = "BENCH"
@@ -46,7 +53,7 @@ class NatsCluster:
 
     base_dir: Path
     nodes: int = 3
-    procs: dict[str, object] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     client_ports: list[int] = field(default_factory=list)
 
     @property
@@ -55,7 +62,7 @@ class NatsCluster:
 
     @property
     def pids(self) -> dict[str, int]:
-        return {name: proc.pid for name, proc in self.procs.items()}  # type: ignore[attr-defined]
+        return {name: proc.pid for name, proc in self.procs.items()}
 
     def start(self) -> NatsCluster:
         self.client_ports = [common.free_port() for _ in range(self.nodes)]
@@ -77,14 +84,16 @@ class NatsCluster:
 
     def stop(self) -> None:
         for proc in self.procs.values():
-            common.stop_process(proc)  # type: ignore[arg-type]
+            common.stop_process(proc)
 
 
 def nats_cluster(nodes: int = 3) -> contextlib.AbstractContextManager[NatsCluster]:
     return common.running_in_tmp_dir("hw-bench-nats-", lambda tmp: NatsCluster(tmp, nodes))
 
 
-async def connect(cluster_urls: list[str], max_pending: int = PUBLISH_ASYNC_MAX_PENDING_DEFAULT):  # type: ignore[no-untyped-def]
+async def connect(
+    cluster_urls: list[str], max_pending: int = PUBLISH_ASYNC_MAX_PENDING_DEFAULT
+) -> tuple[Client, JetStreamContext]:
     import nats
 
     async def quiet(exc: Exception) -> None:  # nats-py logs every failed attempt by default
@@ -149,7 +158,7 @@ async def produce(
     warmup_s: float,
     throughput: float,
     in_flight: int,
-    window: object,
+    window: common.Window,
 ) -> dict[str, object]:
     payload = b"x" * record_size
     nc, js = await connect(urls, max_pending=in_flight)
@@ -158,7 +167,7 @@ async def produce(
     errors: dict[str, int] = {}
     recording = False
 
-    def on_ack(future: asyncio.Future, sent_at: float) -> None:  # type: ignore[type-arg]
+    def on_ack(future: asyncio.Future[Any], sent_at: float) -> None:
         took = time.perf_counter() - sent_at
         if future.cancelled() or future.exception() is not None:
             counts["failed"] += 1
@@ -199,9 +208,9 @@ async def produce(
         counts.update(sent=0, acked=0, failed=0)
         errors.clear()
         recording = True
-        window.open()  # type: ignore[attr-defined]
+        window.open()
         elapsed = await run(duration_s)
-        window.close()  # type: ignore[attr-defined]
+        window.close()
     finally:
         await nc.close()
     return common.produce_summary(
@@ -255,7 +264,7 @@ async def consume(
     count: int,
     record_size: int,
     fetch_batch: int,
-    window: object,
+    window: common.Window,
     mode: str = "pull",
     timeout_s: float = 120.0,
 ) -> dict[str, object]:
@@ -276,7 +285,7 @@ async def consume(
                 stream=STREAM,
                 config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL),
             )
-            window.open()  # type: ignore[attr-defined]
+            window.open()
             start = time.perf_counter()
             deadline = start + timeout_s
             while received < count and time.perf_counter() < deadline:
@@ -288,13 +297,13 @@ async def consume(
         else:
             done = asyncio.Event()
 
-            async def on_msg(msg) -> None:  # type: ignore[no-untyped-def]
+            async def on_msg(msg: Msg) -> None:
                 nonlocal received
                 received += 1
                 if received >= count:
                     done.set()
 
-            window.open()  # type: ignore[attr-defined]
+            window.open()
             start = time.perf_counter()
             await js.subscribe(
                 SUBJECT,
@@ -307,7 +316,7 @@ async def consume(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), timeout_s)
         elapsed = time.perf_counter() - start
-        window.close()  # type: ignore[attr-defined]
+        window.close()
     finally:
         await nc.close()
     path = f"nats-py pull fetch({fetch_batch})" if mode == "pull" else "nats-py ordered push consumer"
@@ -346,7 +355,7 @@ async def e2e_consume(urls: list[str], *, expected: int, timeout_s: float) -> di
     nc, js = await connect(urls)
     latencies: list[float] = []
 
-    async def on_msg(msg) -> None:  # type: ignore[no-untyped-def]
+    async def on_msg(msg: Msg) -> None:
         latencies.append((time.time_ns() - _SENT_NS.unpack_from(msg.data)[0]) / 1e9)
 
     try:

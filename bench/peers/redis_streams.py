@@ -19,14 +19,19 @@ from __future__ import annotations
 
 import contextlib
 import struct
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import common
+
+if TYPE_CHECKING:
+    import redis
 
 SERVER_READY_TIMEOUT_S = 30.0
 STREAM = "bench"
@@ -42,7 +47,7 @@ class RedisCluster:
 
     base_dir: Path
     replicas: int = REPLICAS
-    procs: dict[str, object] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     ports: list[int] = field(default_factory=list)
 
     @property
@@ -51,7 +56,7 @@ class RedisCluster:
 
     @property
     def pids(self) -> dict[str, int]:
-        return {name: proc.pid for name, proc in self.procs.items()}  # type: ignore[attr-defined]
+        return {name: proc.pid for name, proc in self.procs.items()}
 
     def start(self) -> RedisCluster:
         import redis
@@ -102,14 +107,14 @@ class RedisCluster:
 
     def stop(self) -> None:
         for proc in self.procs.values():
-            common.stop_process(proc)  # type: ignore[arg-type]
+            common.stop_process(proc)
 
 
 def redis_cluster(replicas: int = REPLICAS) -> contextlib.AbstractContextManager[RedisCluster]:
     return common.running_in_tmp_dir("hw-bench-redis-", lambda tmp: RedisCluster(tmp, replicas))
 
 
-def client(port: int):  # type: ignore[no-untyped-def]
+def client(port: int) -> redis.Redis:
     import redis
 
     return redis.Redis(host="127.0.0.1", port=port, socket_timeout=30)
@@ -133,7 +138,7 @@ def produce(
     warmup_s: float,
     throughput: float,
     batch: int,
-    window: object,
+    window: common.Window,
 ) -> dict[str, object]:
     payload = b"x" * record_size
     r = client(port)
@@ -171,9 +176,9 @@ def produce(
         if warmup_s > 0:
             run(warmup_s, False)
         counts.update(sent=0, acked=0, failed=0)
-        window.open()  # type: ignore[attr-defined]
+        window.open()
         elapsed = run(duration_s, True)
-        window.close()  # type: ignore[attr-defined]
+        window.close()
     finally:
         r.close()
     return common.produce_summary(
@@ -210,12 +215,12 @@ def load(port: int, *, count: int, record_size: int, batch: int = 1000) -> float
 
 
 def consume(
-    port: int, *, count: int, record_size: int, fetch_batch: int, window: object
+    port: int, *, count: int, record_size: int, fetch_batch: int, window: common.Window
 ) -> dict[str, object]:
     r = client(port)
     received = 0
     try:
-        window.open()  # type: ignore[attr-defined]
+        window.open()
         start = time.perf_counter()
         low = "-"
         while received < count:
@@ -225,7 +230,7 @@ def consume(
             received += len(entries)
             low = "(" + entries[-1][0].decode()
         elapsed = time.perf_counter() - start
-        window.close()  # type: ignore[attr-defined]
+        window.close()
     finally:
         r.close()
     return common.read_summary(f"redis-py XRANGE COUNT {fetch_batch}", received, count, elapsed, record_size)
