@@ -72,7 +72,8 @@ from tests.sim.clock import EventLoop, Node
 from tests.sim.sim_etcd import SimEtcd, run_sync
 
 if TYPE_CHECKING:
-    from tests.sim.sim_broker import AppendRecord, SimBroker
+    from tests.sim.sim_broker import SimBroker
+    from tests.sim.sim_broker_seams import AppendRecord
     from tests.sim.sim_controller import SimController
     from tests.sim.workload import Consumer, Producer
 

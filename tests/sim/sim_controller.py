@@ -26,7 +26,7 @@ from services.controller.results import ControllerResult
 from tests.sim.clock import EventLoop
 from tests.sim.config import SimConfig
 from tests.sim.network import Network
-from tests.sim.sim_broker import controller_node
+from tests.sim.sim_broker_seams import controller_node
 from tests.sim.sim_controller_loop import SimControllerLoop
 from tests.sim.sim_controller_servicer import SimControllerServicer
 from tests.sim.sim_etcd import SimEtcd, SimLease, run_sync

@@ -23,7 +23,7 @@ from services.controller import sender_rules, wire
 from services.controller.event_loop import ControllerEventLoop
 from services.controller.results import ControllerResult
 from tests.sim.network import RpcError
-from tests.sim.sim_broker import broker_node
+from tests.sim.sim_broker_seams import broker_node
 from tests.sim.sim_etcd import EtcdClient, run_sync
 
 if TYPE_CHECKING:

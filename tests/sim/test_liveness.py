@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from tests.sim.config import PROFILES, SimConfig
-from tests.sim.sim_broker import broker_node, controller_node
+from tests.sim.sim_broker_seams import broker_node, controller_node
 from tests.sim.simulation import Simulation, run_seed
 
 # Seeds of the default mix run with controller link cuts every 2 s of the fault phase.

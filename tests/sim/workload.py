@@ -38,7 +38,8 @@ from tests.sim.checker import decode_records
 from tests.sim.clock import EventLoop
 from tests.sim.config import WALL_CLOCK_BASE_MS, SimConfig
 from tests.sim.network import Network, RpcError, RpcNode
-from tests.sim.sim_broker import SimBroker, broker_node, controller_node
+from tests.sim.sim_broker import SimBroker
+from tests.sim.sim_broker_seams import broker_node, controller_node
 
 if TYPE_CHECKING:
     from tests.sim.checker import Checker
