@@ -223,8 +223,8 @@ KAFKA_REFUSED: dict[str, str] = {
     "key.serializer": "keys are written as binary or UTF-8 strings (serialize them in the query)",
     "value.serializer": "values are written as binary or UTF-8 strings (serialize them in the query)",
     "interceptor.classes": "there are no client interceptors; transform the DataFrame instead",
-    "transactional.id": "there are no transactions; streaming writes are idempotent per micro-batch instead "
-    "(docs/SPARK.md, Guarantees)",
+    "transactional.id": "the Spark writer does not write transactions yet; streaming writes are idempotent "
+    "per micro-batch instead (docs/SPARK.md, Guarantees)",
     "partitioner.class": "rows go to murmur2(key) like Kafka's default partitioner; set a 'partition' column "
     "to choose",
     "sasl.mechanism": "Highwater authenticates with a client certificate or a bearer token: "

@@ -15,8 +15,9 @@ accepted and do not check again):
   length, attributes int8, varint timestamp delta, varint offset delta (0..n-1 in order),
   key and value with varint lengths (-1 = null), varint header count and headers, and no
   bytes left over (last_offset_delta = n - 1 is the header check's);
-- no control batch and no transactional batch: Highwater has no transactions, and nothing
-  in clients/ writes either (Kafka refuses control batches from clients too);
+- no control batch (only the transaction coordinator writes markers; Kafka refuses control
+  batches from clients too), and a transactional batch only in a transactional producer's
+  request whose partitions the coordinator verified (`transactional`, KIP-890);
 - timestamps follow the topic: with CreateTime every record's timestamp (except -1, "none")
   lies within [now - message.timestamp.before.max.ms, now + message.timestamp.after.max.ms]
   and max_timestamp is set to the largest record timestamp, as Kafka sets it; with
@@ -269,6 +270,7 @@ def validate_records(
     rules: TimestampRules,
     now_ms: int,
     compacted_partition: str | None = None,
+    transactional: bool = False,
 ) -> list[BatchFix]:
     """Check the records of every batch in `buf` (`headers` from validate_batches on `buf`).
 
@@ -281,6 +283,10 @@ def validate_records(
     (cleanup.policy has "compact"): then a record without a key is refused with
     InvalidRecord naming the record, as Kafka's LogValidator refuses it, since the cleaner
     keeps the latest record per key and a keyless one has none.
+
+    `transactional`: the request comes from a transactional producer whose partitions the
+    coordinator verified (services/kafka/txn_calls.py); only then may batches carry the
+    transactional flag (a stray one would open a transaction no coordinator ends).
     """
     count = len(headers)
     key_min = KEY_LENGTH_MIN_ANY if compacted_partition is None else KEY_LENGTH_MIN_COMPACTED
@@ -290,7 +296,7 @@ def validate_records(
     fixes: list[BatchFix] = []
     for index, header in enumerate(headers):
         if header.attributes & _ATTRIBUTES_TO_CHECK:
-            _check_attributes(header, index, count)
+            _check_attributes(header, index, count, transactional)
         if header.attributes & _CODEC_MASK:
             section = decompress_records(
                 header.compression,
@@ -332,7 +338,7 @@ def _where(header: BatchHeader, index: int, count: int) -> str:
 _NOTHING_WRITTEN = "nothing of this request was written to the partition"
 
 
-def _check_attributes(header: BatchHeader, index: int, count: int) -> None:
+def _check_attributes(header: BatchHeader, index: int, count: int, transactional: bool) -> None:
     """The per-batch checks that need no record: codec, control, transactional, timestamp type."""
     codec = header.compression
     if codec not in CODEC_NAMES:
@@ -345,14 +351,15 @@ def _check_attributes(header: BatchHeader, index: int, count: int) -> None:
     if header.is_control:
         raise InvalidRecord(
             f"{_where(header, index, count)} is a control batch; producers may not write control batches "
-            f"(Highwater has no transactions); {_NOTHING_WRITTEN}. Send data batches only"
+            f"(only the transaction coordinator writes markers); {_NOTHING_WRITTEN}. Send data batches only"
         )
-    if header.is_transactional:
+    if header.is_transactional and not transactional:
         raise InvalidRecord(
-            f"{_where(header, index, count)} is transactional; Highwater has no transactions, so it cannot "
-            "commit "
-            f"or abort it and consumers would wait for a marker forever; {_NOTHING_WRITTEN}. Send it without "
-            "the transactional flag"
+            f"{_where(header, index, count)} is transactional, but the request comes from no transactional "
+            "producer (transactional batches go through the Kafka listener with a transactional id, "
+            "their partitions added to the transaction); no coordinator would commit or abort it and "
+            f"read_committed consumers would wait for a marker forever; {_NOTHING_WRITTEN}. Send it "
+            "without the transactional flag, or from a transactional producer"
         )
     if header.attributes & TIMESTAMP_TYPE_MASK:
         raise InvalidTimestamp(

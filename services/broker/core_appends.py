@@ -32,9 +32,15 @@ class Appends(CoreState):
     # ---- Produce --------------------------------------------------------------------------------
 
     def produce(
-        self, req: common_pb2.ProduceRequest, on_complete: Callable[[common_pb2.ProduceResponse], None]
+        self,
+        req: common_pb2.ProduceRequest,
+        on_complete: Callable[[common_pb2.ProduceResponse], None],
+        *,
+        transactional: bool = False,
     ) -> None:
-        """Append as leader; answer at once (acks 0/1, errors) or when the ISR has it (acks=all)."""
+        """Append as leader; answer at once (acks 0/1, errors) or when the ISR has it (acks=all).
+        `transactional`: the Kafka listener's transactional Produce, its partitions verified by
+        the transaction coordinator (KIP-890); only then may batches be transactional."""
         problem = produce_request_problem(req)
         if problem is not None:
             on_complete(
@@ -68,7 +74,9 @@ class Appends(CoreState):
                 try:
                     p = self._leader_partition(tp)
                     records = pd.records  # each read of a bytes field copies it: read once
-                    info = p.append_as_leader(records, acks=req.acks, now_ms=wall)
+                    info = p.append_as_leader(
+                        records, acks=req.acks, now_ms=wall, transactional=transactional
+                    )
                     res.base_offset = info.first_offset
                     res.log_append_time_ms = info.log_append_time_ms
                     res.log_start_offset = p.log.log_start_offset

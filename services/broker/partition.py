@@ -286,7 +286,9 @@ class Partition:
 
     # ---- leader: produce ----------------------------------------------------
 
-    def append_as_leader(self, records: bytes, *, acks: int, now_ms: int) -> LeaderAppend:
+    def append_as_leader(
+        self, records: bytes, *, acks: int, now_ms: int, transactional: bool = False
+    ) -> LeaderAppend:
         """Validate a produce request's batches for this partition and append them.
 
         Checks the headers and CRCs (validate_batches), then the records themselves and the
@@ -295,7 +297,8 @@ class Partition:
         InvalidRecord or InvalidTimestamp, and then nothing of `records` is written, the
         valid batches before the bad one included (Kafka refuses the request's records for
         the partition as a whole too). `now_ms` is the leader's wall clock: the timestamp
-        window and LogAppendTime use it.
+        window and LogAppendTime use it. `transactional`: a transactional producer's request,
+        its partitions verified by the coordinator (validate_records).
         """
         if acks == -1:
             self._check_leader_for_acks_all()
@@ -312,7 +315,12 @@ class Partition:
         # latest record per key, and a record without one could never be cleaned.
         compacted_partition = f"{self.topic}-{self.partition}" if config.compact else None
         fixes = validate_records(
-            records, headers, rules=rules, now_ms=now_ms, compacted_partition=compacted_partition
+            records,
+            headers,
+            rules=rules,
+            now_ms=now_ms,
+            compacted_partition=compacted_partition,
+            transactional=transactional,
         )
         data: bytes | bytearray = records
         if fixes:

@@ -260,9 +260,11 @@ class ReplicaManager:
         self.core.update_gauges()
         return resp
 
-    async def produce(self, req: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse:
+    async def produce(
+        self, req: common_pb2.ProduceRequest, *, transactional: bool = False
+    ) -> common_pb2.ProduceResponse:
         fut: asyncio.Future[common_pb2.ProduceResponse] = asyncio.get_running_loop().create_future()
-        self.core.produce(req, _resolve(fut))
+        self.core.produce(req, _resolve(fut), transactional=transactional)
         return await fut
 
     async def fetch(self, req: common_pb2.FetchRequest) -> common_pb2.FetchResponse:

@@ -545,6 +545,11 @@ TRANSACTIONAL_ID_EXPIRATION_MS = 7 * 24 * 3_600_000
 # transaction.abort.timed.out.transaction.cleanup.interval.ms, 10 s): a timeout is enforced
 # this much late at worst.
 TRANSACTION_TIMEOUT_CHECK_INTERVAL_MS = 10_000
+# How often a broker re-reads the broker set that places transactional ids on coordinators
+# (services/transactions/hosting.py). When a broker leaves, its ids' prepared transactions are
+# completed by their new coordinator this much later at worst: a commit's markers, and so the
+# LSO of its partitions, wait about this long after a coordinator's death.
+TRANSACTION_OWNERSHIP_CHECK_INTERVAL_MS = 1_000
 # Reads and compare-and-swap writes one step of the coordinator's driver
 # (services/transactions/driver.py) tries before it answers CONCURRENT_TRANSACTIONS (retriable):
 # a write is lost only to another coordinator's write of the same id (a failover overlap or a

@@ -48,7 +48,10 @@ def consumer_fetch_problem(request: common_pb2.FetchRequest) -> str | None:
 def init_producer_id_problem(request: common_pb2.InitProducerIdRequest) -> str | None:
     """Why an InitProducerId cannot be answered, or None (ids and epochs as a batch header holds them)."""
     if request.transactional_id:
-        return "transactional ids are not supported (Highwater has no transactions); send an empty one"
+        return (
+            "transactional ids are served by the Kafka listener's InitProducerId (the gRPC API has no "
+            "transactions yet, docs/KAFKA.md); send an empty one here"
+        )
     if request.producer_id < -1:
         return (
             f"producer_id must be -1 (a new producer) or an id this cluster gave out, "

@@ -31,7 +31,18 @@ Kafka's documented mapping (docs/KAFKA.md, Security), onto our ACL operations
     DescribeGroups                 Describe on each Group
     DeleteGroups                   Delete on each Group
     OffsetDelete                   Delete on the Group, Read on each Topic
+    AddPartitionsToTxn             Write on the TransactionalId, Write on each Topic
+    AddOffsetsToTxn                Write on the TransactionalId, Read on the Group
+    TxnOffsetCommit                Write on the TransactionalId, Read on the Group and each Topic
+    EndTxn, InitProducerId and Produce with a transactional id, FindCoordinator for one
+                                   Write on the TransactionalId
+    DescribeTransactions, ListTransactions   Describe on the TransactionalId
     ApiVersions                    nothing (read before anything else, as in Kafka)
+
+Our ACLs have no TransactionalId resource (clients/common/acls.py; adding one would change the
+stored ACL format older releases read): Write on a transactional id stands for Write on the
+Cluster or on any Topic, as IdempotentWrite does, and Describe for Describe on the Cluster or
+that Write. A refused transactional id is TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
 
 A refused topic is answered TOPIC_AUTHORIZATION_FAILED and the rest of the request proceeds; a
 refused group GROUP_AUTHORIZATION_FAILED; a refused cluster check CLUSTER_AUTHORIZATION_FAILED.
@@ -70,6 +81,8 @@ TOPIC_OPERATIONS: dict[int, Operation] = {
     protocol.OFFSET_COMMIT: Operation.READ,
     protocol.OFFSET_FETCH: Operation.DESCRIBE,
     protocol.OFFSET_DELETE: Operation.READ,
+    protocol.ADD_PARTITIONS_TO_TXN: Operation.WRITE,
+    protocol.TXN_OFFSET_COMMIT: Operation.READ,
 }
 # Operation on each group a request names.
 GROUP_OPERATIONS: dict[int, Operation] = {
@@ -84,10 +97,24 @@ GROUP_OPERATIONS: dict[int, Operation] = {
     protocol.LIST_GROUPS: Operation.DESCRIBE,
     protocol.DELETE_GROUPS: Operation.DELETE,
     protocol.OFFSET_DELETE: Operation.DELETE,
+    protocol.ADD_OFFSETS_TO_TXN: Operation.READ,
+    protocol.TXN_OFFSET_COMMIT: Operation.READ,
 }
+# APIs acting on a transactional id, and whether they only describe it.
+TRANSACTIONAL_APIS: dict[int, bool] = {
+    protocol.ADD_PARTITIONS_TO_TXN: False,
+    protocol.ADD_OFFSETS_TO_TXN: False,
+    protocol.TXN_OFFSET_COMMIT: False,
+    protocol.END_TXN: False,
+    protocol.DESCRIBE_TRANSACTIONS: True,
+    protocol.LIST_TRANSACTIONS: True,
+}
+# FindCoordinator's key type for a transactional id (0 is a group).
+KEY_TYPE_TRANSACTION = 1
 # APIs that need nothing (ApiVersions) or decide with a rule of their own below.
 OTHER_APIS = frozenset(
     {protocol.API_VERSIONS, protocol.DESCRIBE_CLUSTER, protocol.DESCRIBE_LOG_DIRS, protocol.INIT_PRODUCER_ID}
+    | set(TRANSACTIONAL_APIS)
 )
 # DescribeConfigs resource type of a topic (Kafka's ConfigResource.Type.TOPIC).
 _CONFIG_RESOURCE_TOPIC = 2
@@ -104,10 +131,18 @@ class Decision:
     cluster_refused: bool = False
     topics_refused: frozenset[str] = field(default_factory=frozenset)
     groups_refused: frozenset[str] = field(default_factory=frozenset)
+    # The request's transactional id (a transactional API, or Produce, InitProducerId and
+    # FindCoordinator naming one) is refused: TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
+    transactional_refused: bool = False
 
     @property
     def refuses_anything(self) -> bool:
-        return self.cluster_refused or bool(self.topics_refused) or bool(self.groups_refused)
+        return (
+            self.cluster_refused
+            or bool(self.topics_refused)
+            or bool(self.groups_refused)
+            or self.transactional_refused
+        )
 
 
 def named_topics(api_key: int, body: Any) -> list[str]:
@@ -124,6 +159,8 @@ def named_topics(api_key: int, body: Any) -> list[str]:
         return [r.resource_name for r in body.resources if r.resource_type == _CONFIG_RESOURCE_TOPIC]
     if api_key == protocol.OFFSET_FETCH:
         return [t.name for t in (body.topics or ())]
+    if api_key == protocol.ADD_PARTITIONS_TO_TXN:
+        return [t.name for t in body.v3_and_below_topics]
     if api_key in (
         protocol.LIST_OFFSETS,
         protocol.CREATE_TOPICS,
@@ -131,6 +168,7 @@ def named_topics(api_key: int, body: Any) -> list[str]:
         protocol.OFFSET_COMMIT,
         protocol.OFFSET_DELETE,
         protocol.DELETE_RECORDS,
+        protocol.TXN_OFFSET_COMMIT,
     ):
         return [t.name for t in body.topics]
     return []
@@ -139,6 +177,8 @@ def named_topics(api_key: int, body: Any) -> list[str]:
 def named_groups(api_key: int, body: Any) -> list[str]:
     """The group ids a request body names (ListGroups: none; its answer is filtered instead)."""
     if api_key == protocol.FIND_COORDINATOR:
+        if getattr(body, "key_type", 0) == KEY_TYPE_TRANSACTION:
+            return []
         keys = getattr(body, "coordinator_keys", None)
         return list(keys) if keys is not None else [body.key]
     if api_key == protocol.DESCRIBE_GROUPS:
@@ -161,11 +201,14 @@ def decide(api_key: int, body: Any, allowed: Allowed, allowed_any: AllowedAny) -
     for this connection's principal (Authorizer.authorize / authorize_any)."""
     if api_key == protocol.API_VERSIONS:
         return Decision()
+    transactional_refused = _transactional_refused(api_key, body, allowed, allowed_any)
     if api_key in (protocol.DESCRIBE_CLUSTER, protocol.DESCRIBE_LOG_DIRS):
         return Decision(cluster_refused=not allowed(Operation.DESCRIBE, CLUSTER))
     if api_key == protocol.INIT_PRODUCER_ID:
         ok = allowed(IDEMPOTENT_WRITE, CLUSTER) or allowed_any(Operation.WRITE, ResourceType.TOPIC)
-        return Decision(cluster_refused=not ok)
+        return Decision(cluster_refused=not ok, transactional_refused=transactional_refused)
+    if api_key in (protocol.END_TXN, protocol.DESCRIBE_TRANSACTIONS, protocol.LIST_TRANSACTIONS):
+        return Decision(transactional_refused=transactional_refused)
     if api_key not in TOPIC_OPERATIONS and api_key not in GROUP_OPERATIONS:
         raise ValueError(f"no ACL rule for Kafka API key {api_key}: add one to acl_rules.py")
     topics: frozenset[str] = frozenset()
@@ -177,7 +220,23 @@ def decide(api_key: int, body: Any, allowed: Allowed, allowed_any: AllowedAny) -
     groups: frozenset[str] = frozenset()
     if api_key in GROUP_OPERATIONS:
         groups = _refused(named_groups(api_key, body), GROUP_OPERATIONS[api_key], group, allowed)
-    return Decision(topics_refused=topics, groups_refused=groups)
+    return Decision(topics_refused=topics, groups_refused=groups, transactional_refused=transactional_refused)
+
+
+def _transactional_refused(api_key: int, body: Any, allowed: Allowed, allowed_any: AllowedAny) -> bool:
+    """Whether the request's transactional id is refused (False: it names none, or is allowed).
+    Our stand-in for Kafka's TransactionalId resource (the module's docstring says why)."""
+    names_one = api_key in TRANSACTIONAL_APIS or (
+        api_key in (protocol.PRODUCE, protocol.INIT_PRODUCER_ID) and getattr(body, "transactional_id", None)
+    )
+    if api_key == protocol.FIND_COORDINATOR:
+        names_one = getattr(body, "key_type", 0) == KEY_TYPE_TRANSACTION
+    if not names_one:
+        return False
+    may_write = allowed(IDEMPOTENT_WRITE, CLUSTER) or allowed_any(Operation.WRITE, ResourceType.TOPIC)
+    if TRANSACTIONAL_APIS.get(api_key, False):
+        return not (may_write or allowed(Operation.DESCRIBE, CLUSTER))
+    return not may_write
 
 
 def uncovered(api_keys: Iterable[int]) -> set[int]:

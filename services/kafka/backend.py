@@ -10,6 +10,7 @@ Owned by the broker's event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from coordinator.election import current_controller
 from coordinator.store import CoordinatorError, MetadataStore
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.broker.partition import Role
+from services.broker.producer_state import NO_OFFSET
 from services.broker.replica_manager import ReplicaManager
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
@@ -42,6 +44,9 @@ from services.kafka.handler import (
     ReplicaLogSize,
     StoredGroupListing,
 )
+from services.transactions.group_fencing import check_txn_offset_commit
+from services.transactions.hosting import ControllerProducerIds, TransactionHost
+from services.transactions.marker_writer import GrpcMarkerWriter
 
 
 class BrokerKafkaBackend:
@@ -56,13 +61,52 @@ class BrokerKafkaBackend:
         self._brokers_read_at = -float("inf")
         self._cluster_id = ""
         self._classic_groups = ClassicGroupDriver(broker_id)
+        self._transactions = TransactionHost(
+            broker_id,
+            store,
+            GrpcMarkerWriter(replicas.metadata, peers),
+            ControllerProducerIds(self.call_controller),
+            self._kafka_broker_ids,
+        )
+        self._transaction_timers: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        """Start the classic groups' timer (on the running event loop)."""
+        """Start the classic groups' timer and the transaction coordinator's (on the running
+        event loop)."""
         self._classic_groups.start()
+        self._transaction_timers = asyncio.create_task(
+            self._transactions.run(), name="transaction-coordinator"
+        )
 
     async def close(self) -> None:
+        if self._transaction_timers is not None:
+            self._transaction_timers.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._transaction_timers
+        await self._transactions.close()
         await self._classic_groups.close()
+
+    @property
+    def transactions(self) -> TransactionHost:
+        return self._transactions
+
+    async def _kafka_broker_ids(self) -> list[int]:
+        return [b.broker_id for b in await self.kafka_brokers()]
+
+    def open_transaction_epoch(self, tp: TopicPartitionKey, producer_id: int) -> int | None:
+        p = self.replicas.partitions.get(tp)
+        if p is None or p.role is not Role.LEADER:
+            return None
+        entry = p.producers.producers.get(producer_id)
+        if entry is None or entry.current_txn_first_offset == NO_OFFSET:
+            return None
+        return entry.producer_epoch
+
+    async def consumer_group_member_check(self, group: str, member_id: str, member_epoch: int) -> GroupError:
+        raw, _ = await self._etcd("group state", consumer_offsets.read_group_state(self.store, group))
+        state = None if raw is None else GroupState.from_record(json.loads(raw))
+        refusal = check_txn_offset_commit(state, member_id, member_epoch)
+        return GroupError.NONE if refusal is None else refusal
 
     @property
     def classic_groups(self) -> ClassicGroupDriver:
@@ -76,8 +120,10 @@ class BrokerKafkaBackend:
     def metadata(self) -> MetadataCache:
         return self.replicas.metadata
 
-    async def produce(self, req: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse:
-        return await self.replicas.produce(req)
+    async def produce(
+        self, req: common_pb2.ProduceRequest, *, transactional: bool = False
+    ) -> common_pb2.ProduceResponse:
+        return await self.replicas.produce(req, transactional=transactional)
 
     async def fetch(self, req: common_pb2.FetchRequest) -> common_pb2.FetchResponse:
         return await self.replicas.fetch(req)

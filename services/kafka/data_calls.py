@@ -11,6 +11,7 @@ ReplicaManager. Pure: the backend (backend.py) does the I/O.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Collection
 from typing import Any
 
 from kio.schema.errors import ErrorCode as K
@@ -31,14 +32,17 @@ from services.kafka.handler_common import (
     split_topics,
 )
 from services.kafka.protocol import Request, build, kafka_error, nested
+from services.kafka.txn_calls import TxnCalls
 
 
 class DataCalls:
     """Produce, ListOffsets, DeleteRecords, DescribeLogDirs, OffsetForLeaderEpoch, InitProducerId
     for one connection (its ConnectionContext)."""
 
-    def __init__(self, context: ConnectionContext) -> None:
+    def __init__(self, context: ConnectionContext, transactions: TxnCalls) -> None:
         self.context = context
+        # A transactional Produce's checks and InitProducerId with a transactional id.
+        self.transactions = transactions
 
     # ---- Produce -----------------------------------------------------------------------------
 
@@ -49,6 +53,8 @@ class DataCalls:
         req = common_pb2.ProduceRequest(
             acks=body.acks, timeout_ms=max(0, min(ms(body.timeout), limits.PRODUCE_TIMEOUT_MS_MAX))
         )
+        # Partitions of a transactional Produce refused before the log: their Kafka code, message.
+        refusals: dict[tuple[str, int], tuple[K, str]] = {}
         for t in body.topic_data:
             topic = req.topics.add(topic=t.name)
             for p in t.partition_data:
@@ -58,9 +64,18 @@ class DataCalls:
                 req, common_pb2.INVALID_REQUEST, f"acks must be 0, 1 or -1, got {body.acks}"
             )
         elif body.transactional_id is not None:
-            resp = _produce_refusal(
-                req, common_pb2.INVALID_REQUEST, "transactions are not supported (docs/KAFKA.md)"
+            refusals = await self.transactions.produce_refusals(body.transactional_id, req, acl)
+            kept = _without_partitions(req, refusals)
+            topics_refused = acl.decision.topics_refused
+            resp = (
+                await self._produce_authorized(kept, topics_refused, transactional=True)
+                if kept.topics
+                else common_pb2.ProduceResponse()
             )
+            if refusals:
+                denied = _only_partitions(req, refusals)
+                resp.topics.extend(_produce_refusal(denied, common_pb2.INVALID_REQUEST, "").topics)
+                resp = _one_entry_per_topic(resp)
         else:
             resp = await self._produce_authorized(req, acl.decision.topics_refused)
         if body.acks == 0:
@@ -79,7 +94,9 @@ class DataCalls:
                         build(
                             part_cls,
                             index=p.partition,
-                            error_code=kafka_error(p.error_code),
+                            error_code=refusals[(t.topic, p.partition)][0]
+                            if (t.topic, p.partition) in refusals
+                            else kafka_error(p.error_code),
                             base_offset=p.base_offset,
                             log_append_time=(
                                 datetime.datetime.fromtimestamp(p.log_append_time_ms / 1000, datetime.UTC)
@@ -88,7 +105,9 @@ class DataCalls:
                             ),
                             log_start_offset=p.log_start_offset,
                             record_errors=(),
-                            error_message=p.error_message or None,
+                            error_message=refusals[(t.topic, p.partition)][1]
+                            if (t.topic, p.partition) in refusals
+                            else p.error_message or None,
                         )
                         for p in t.partitions
                     ),
@@ -98,25 +117,31 @@ class DataCalls:
         )
 
     async def _produce_authorized(
-        self, req: common_pb2.ProduceRequest, refused: frozenset[str]
+        self, req: common_pb2.ProduceRequest, refused: frozenset[str], *, transactional: bool = False
     ) -> common_pb2.ProduceResponse:
         """Partitions of the `refused` topics (the principal may not write them) answered
         TOPIC_AUTHORIZATION_FAILED and never written; the rest produced, as the gRPC listeners'
         security rules do."""
         if not refused:
-            return await self._produce_within_batch_limit(req)
+            return await self._produce_within_batch_limit(req, transactional)
         kept, denied = split_topics(req, refused)
-        resp = await self._produce_within_batch_limit(kept) if kept.topics else common_pb2.ProduceResponse()
+        resp = (
+            await self._produce_within_batch_limit(kept, transactional)
+            if kept.topics
+            else common_pb2.ProduceResponse()
+        )
         resp.topics.extend(
             _produce_refusal(denied, TOPIC_REFUSED, "not authorized to Write this topic").topics
         )
         return resp
 
-    async def _produce_within_batch_limit(self, req: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse:
+    async def _produce_within_batch_limit(
+        self, req: common_pb2.ProduceRequest, transactional: bool = False
+    ) -> common_pb2.ProduceResponse:
         """The broker's produce, with partitions whose batches break --max-batch-records refused
         INVALID_REQUEST first, as the gRPC listeners' security rules refuse them."""
         if not self.context.max_batch_records:
-            return await self.context.backend.produce(req)
+            return await self.context.backend.produce(req, transactional=transactional)
         refused = common_pb2.ProduceRequest()
         kept = common_pb2.ProduceRequest(acks=req.acks, timeout_ms=req.timeout_ms)
         for t in req.topics:
@@ -126,7 +151,11 @@ class DataCalls:
                 if not target.topics or target.topics[-1].topic != t.topic:
                     target.topics.add(topic=t.topic)
                 target.topics[-1].partitions.append(p)
-        resp = await self.context.backend.produce(kept) if kept.topics else common_pb2.ProduceResponse()
+        resp = (
+            await self.context.backend.produce(kept, transactional=transactional)
+            if kept.topics
+            else common_pb2.ProduceResponse()
+        )
         message = f"a batch is over the limit of {self.context.max_batch_records} records per batch"
         resp.topics.extend(_produce_refusal(refused, common_pb2.INVALID_REQUEST, message).topics)
         return resp
@@ -364,13 +393,7 @@ class DataCalls:
         body = request.body
         cls = protocol.response_class(protocol.INIT_PRODUCER_ID, request.api_version)
         if body.transactional_id is not None:
-            return build(
-                cls,
-                throttle_time=NO_THROTTLE,
-                error_code=K.transactional_id_authorization_failed,
-                producer_id=-1,
-                producer_epoch=-1,
-            )
+            return await self.transactions.init_producer_id(request, acl)
         if acl.decision.cluster_refused:
             return build(
                 cls,
@@ -441,3 +464,42 @@ def _produce_refusal(req: common_pb2.ProduceRequest, code: int, message: str) ->
             for t in req.topics
         ]
     )
+
+
+def _without_partitions(
+    req: common_pb2.ProduceRequest, dropped: Collection[tuple[str, int]]
+) -> common_pb2.ProduceRequest:
+    """The request without the `dropped` partitions (itself when none is dropped)."""
+    if not dropped:
+        return req
+    kept = common_pb2.ProduceRequest(acks=req.acks, timeout_ms=req.timeout_ms)
+    for t in req.topics:
+        partitions = [p for p in t.partitions if (t.topic, p.partition) not in dropped]
+        if partitions:
+            kept.topics.add(topic=t.topic).partitions.extend(partitions)
+    return kept
+
+
+def _only_partitions(
+    req: common_pb2.ProduceRequest, wanted: Collection[tuple[str, int]]
+) -> common_pb2.ProduceRequest:
+    """The request with only the `wanted` partitions."""
+    only = common_pb2.ProduceRequest(acks=req.acks, timeout_ms=req.timeout_ms)
+    for t in req.topics:
+        partitions = [p for p in t.partitions if (t.topic, p.partition) in wanted]
+        if partitions:
+            only.topics.add(topic=t.topic).partitions.extend(partitions)
+    return only
+
+
+def _one_entry_per_topic(resp: common_pb2.ProduceResponse) -> common_pb2.ProduceResponse:
+    """The answer with each topic once (appended and refused partitions of one topic merged):
+    a client matches the answer's topics to the ones it sent."""
+    merged = common_pb2.ProduceResponse(throttle_time_ms=resp.throttle_time_ms)
+    by_topic: dict[str, common_pb2.ProduceTopicResponse] = {}
+    for t in resp.topics:
+        entry = by_topic.get(t.topic)
+        if entry is None:
+            entry = by_topic[t.topic] = merged.topics.add(topic=t.topic)
+        entry.partitions.extend(t.partitions)
+    return merged

@@ -18,7 +18,7 @@ from clients.common.topics import group_id_problem
 from protos.highwater.v1 import common_pb2
 from services.groups import offset_commits
 from services.groups.errors import GroupError, kafka_code
-from services.kafka import protocol
+from services.kafka import acl_rules, protocol
 from services.kafka.classic_groups import CONSUMER_PROTOCOL_TYPE
 from services.kafka.handler_common import (
     NO_THROTTLE,
@@ -32,12 +32,15 @@ from services.kafka.handler_common import (
     group_refusal,
     log,
     ms,
+    not_coordinator,
 )
 from services.kafka.protocol import Request, build, kafka_error, nested
 from services.security import authz
+from services.transactions.coordinator import transactional_id_problem
 
 # FindCoordinator's key types: 0 a group, 1 a transactional id.
 KEY_TYPE_GROUP = 0
+KEY_TYPE_TRANSACTION = acl_rules.KEY_TYPE_TRANSACTION
 
 
 class GroupCalls:
@@ -60,11 +63,18 @@ class GroupCalls:
             log.warning("FindCoordinator: %s", exc)
 
         def answer(key: str) -> dict[str, Any]:
-            if key_type != KEY_TYPE_GROUP:
-                code, message = K.invalid_request, "transactions are not supported (docs/KAFKA.md)"
-            elif key in acl.decision.groups_refused:
+            if key_type not in (KEY_TYPE_GROUP, KEY_TYPE_TRANSACTION):
+                code, message = (
+                    K.invalid_request,
+                    f"key type {key_type} is not served: 0 (group) or 1 (transaction)",
+                )
+            elif key_type == KEY_TYPE_TRANSACTION and acl.decision.transactional_refused:
+                code, message = K.transactional_id_authorization_failed, NOT_AUTHORIZED
+            elif key_type == KEY_TYPE_TRANSACTION and (problem := transactional_id_problem(key)) is not None:
+                code, message = K.invalid_request, problem
+            elif key_type == KEY_TYPE_GROUP and key in acl.decision.groups_refused:
                 code, message = K.group_authorization_failed, NOT_AUTHORIZED
-            elif (problem := group_id_problem(key)) is not None:
+            elif key_type == KEY_TYPE_GROUP and (problem := group_id_problem(key)) is not None:
                 code, message = K.invalid_group_id, problem
             elif (me := coordinating_broker(brokers, key)) is None:
                 code, message = K.coordinator_not_available, "no broker's registration could be read"
@@ -231,17 +241,7 @@ class GroupCalls:
     # ---- the classic group protocol (classic_groups.py) -----------------------------------------
 
     async def _not_coordinator(self, group_id: str) -> K | None:
-        """None when this broker coordinates the group, else the code that sends the client to
-        FindCoordinator again."""
-        try:
-            brokers = await self.context.backend.kafka_brokers()
-        except BackendUnavailable as exc:
-            log.warning("group %r: %s", group_id, exc)
-            return K.coordinator_not_available
-        me = coordinating_broker(brokers, group_id)
-        if me is None:
-            return K.coordinator_not_available
-        return None if me.broker_id == self.context.backend.broker_id else K.not_coordinator
+        return await not_coordinator(self.context, group_id, "group")
 
     async def join_group(self, request: Request, acl: RequestAcl) -> Any:
         body = request.body

@@ -3,13 +3,14 @@
 KafkaHandler routes each decoded request to the call family that answers it: data_calls.py
 (Produce, ListOffsets, DeleteRecords, DescribeLogDirs, OffsetForLeaderEpoch, InitProducerId),
 fetch_calls.py (Fetch and its sessions), admin_calls.py (Metadata, DescribeCluster, configs, the
-admin calls forwarded to the controller) and group_calls.py (FindCoordinator, offsets, the
-classic group protocol, group admin). Each family turns kio's request into the protobuf request
+admin calls forwarded to the controller), group_calls.py (FindCoordinator, offsets, the
+classic group protocol, group admin) and txn_calls.py (the transaction coordinator's calls, and
+the leader's check of a transactional Produce). Each family turns kio's request into the protobuf request
 the gRPC servicers pass to the same ReplicaManager or the controller, and the answer back into
 kio's response class of the asked version; fields are named as in the newest version and `build`
 drops the ones an older version lacks, so one method serves every version in
-protocol.SUPPORTED_VERSIONS. A new family (transactions) is one more module and its rows in
-KafkaHandler's table.
+protocol.SUPPORTED_VERSIONS. A new family is one more module and its rows in KafkaHandler's
+table.
 
 No sockets and no clock here: the listener owns the connection, the backend (backend.py) the
 I/O and the broker the fetch session cache's clock, so a unit test drives this with a fake
@@ -46,6 +47,7 @@ from services.kafka.handler_common import (
     log,
 )
 from services.kafka.protocol import Request
+from services.kafka.txn_calls import TxnCalls
 
 __all__ = [
     "BackendUnavailable",
@@ -91,7 +93,8 @@ class KafkaHandler:
                 fetch_session_cache if fetch_session_cache is not None else fetch_sessions.without_sessions()
             ),
         )
-        data = DataCalls(self.context)
+        txn = TxnCalls(self.context)
+        data = DataCalls(self.context, txn)
         fetch = FetchCalls(self.context)
         admin = AdminCalls(self.context)
         groups = GroupCalls(self.context)
@@ -124,6 +127,12 @@ class KafkaHandler:
             protocol.DESCRIBE_GROUPS: groups.describe_groups,
             protocol.DELETE_GROUPS: groups.delete_groups,
             protocol.OFFSET_DELETE: groups.offset_delete,
+            protocol.ADD_PARTITIONS_TO_TXN: txn.add_partitions_to_txn,
+            protocol.ADD_OFFSETS_TO_TXN: txn.add_offsets_to_txn,
+            protocol.TXN_OFFSET_COMMIT: txn.txn_offset_commit,
+            protocol.END_TXN: txn.end_txn,
+            protocol.DESCRIBE_TRANSACTIONS: txn.describe_transactions,
+            protocol.LIST_TRANSACTIONS: txn.list_transactions,
         }
         missing = set(protocol.SUPPORTED_VERSIONS) - set(self._apis)
         if missing:

@@ -1,7 +1,7 @@
 """What every family of Kafka calls shares: the backend and access ports, the per-connection
 context, each request's ACL decision, and the small helpers of their answers.
 
-The families (data_calls.py, fetch_calls.py, admin_calls.py, group_calls.py) each hold one
+The families (data_calls.py, fetch_calls.py, admin_calls.py, group_calls.py, txn_calls.py) each hold one
 ConnectionContext; handler.py composes them and routes each API key to one of them. Pure: no
 sockets, no clock (the listener owns the connection, backend.py the I/O).
 """
@@ -11,13 +11,14 @@ from __future__ import annotations
 import datetime
 import logging
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode as K
 
 from clients.common.topics import group_id_problem
+from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.common.metadata_cache import MetadataCache
 from services.groups import offset_commits
@@ -27,6 +28,13 @@ from services.kafka.acl_rules import Decision
 from services.kafka.classic_groups import Group, JoinAnswer, SyncAnswer, coordinator_of
 from services.kafka.protocol import build, nested
 from services.security import authz
+from services.transactions.coordinator import (
+    DescribedTransaction,
+    TransactionListing,
+    TxnAnswer,
+    TxnError,
+    TxnRequest,
+)
 
 log = logging.getLogger("highwater.kafka")
 
@@ -105,7 +113,11 @@ class KafkaBackend(Protocol):
     @property
     def metadata(self) -> MetadataCache: ...
 
-    async def produce(self, req: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse: ...
+    async def produce(
+        self, req: common_pb2.ProduceRequest, *, transactional: bool = False
+    ) -> common_pb2.ProduceResponse:
+        """`transactional`: a transactional producer's batches, verified (txn_calls.py)."""
+        ...
 
     async def fetch(self, req: common_pb2.FetchRequest) -> common_pb2.FetchResponse: ...
 
@@ -162,6 +174,41 @@ class KafkaBackend(Protocol):
         """OffsetDelete: the group's error and message, each partition's error.
         Raises BackendUnavailable."""
         ...
+
+    @property
+    def transactions(self) -> TransactionsPort: ...
+
+    def open_transaction_epoch(self, tp: TopicPartitionKey, producer_id: int) -> int | None:
+        """The epoch of the producer's open transaction on a partition this broker leads (its
+        producer state); None when it has none there, or this broker does not lead it."""
+        ...
+
+    async def consumer_group_member_check(self, group: str, member_id: str, member_epoch: int) -> GroupError:
+        """KIP-447 for a KIP-848 group: whether a member at this epoch may commit in a
+        transaction (services/transactions/group_fencing.py). Raises BackendUnavailable."""
+        ...
+
+
+class TransactionsPort(Protocol):
+    """The transaction coordinator on this broker (services/transactions/hosting.py's
+    TransactionHost). Every call raises BackendUnavailable when etcd cannot be reached."""
+
+    async def handle(self, request: TxnRequest) -> TxnAnswer: ...
+
+    async def describe(self, transactional_ids: Sequence[str]) -> list[DescribedTransaction]: ...
+
+    async def listing(
+        self, states: Sequence[str], producer_ids: Sequence[int], duration_ms: int
+    ) -> tuple[list[TransactionListing], list[str]]: ...
+
+    async def check_produce(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Sequence[TopicPartitionKey],
+        open_epoch: Callable[[TopicPartitionKey, int], int | None],
+    ) -> dict[TopicPartitionKey, TxnError]: ...
 
 
 class ClassicGroupsPort(Protocol):
@@ -266,6 +313,21 @@ def coordinating_broker(brokers: Sequence[KafkaBroker], group_id: str) -> KafkaB
     """The broker that coordinates a group (classic_groups.coordinator_of), or None."""
     broker_id = coordinator_of(group_id, [b.broker_id for b in brokers])
     return next((b for b in brokers if b.broker_id == broker_id), None)
+
+
+async def not_coordinator(context: ConnectionContext, key: str, what: str) -> K | None:
+    """None when this broker coordinates `key` (a group id, or a transactional id: both placed by
+    classic_groups.coordinator_of over the brokers with a Kafka listener, as FindCoordinator
+    answers), else the code that sends the client to FindCoordinator again."""
+    try:
+        brokers = await context.backend.kafka_brokers()
+    except BackendUnavailable as exc:
+        log.warning("%s %r: %s", what, key, exc)
+        return K.coordinator_not_available
+    me = coordinating_broker(brokers, key)
+    if me is None:
+        return K.coordinator_not_available
+    return None if me.broker_id == context.backend.broker_id else K.not_coordinator
 
 
 def api_versions_response(version: int, error_code: K) -> Any:

@@ -62,6 +62,12 @@ DESCRIBE_LOG_DIRS = 35
 CREATE_PARTITIONS = 37
 INCREMENTAL_ALTER_CONFIGS = 44
 DESCRIBE_CLUSTER = 60
+ADD_PARTITIONS_TO_TXN = 24
+ADD_OFFSETS_TO_TXN = 25
+END_TXN = 26
+TXN_OFFSET_COMMIT = 28
+DESCRIBE_TRANSACTIONS = 65
+LIST_TRANSACTIONS = 66
 DELETE_GROUPS = 42
 OFFSET_DELETE = 47
 
@@ -110,6 +116,15 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     # topics the live group does not subscribe to are deleted.
     DELETE_GROUPS: (0, 2),
     OFFSET_DELETE: (0, 0),
+    # Transactions (txn_calls.py; the coordinator is services/transactions/). Newer versions are
+    # KIP-890 part 2 (an epoch bump at every EndTxn; AddPartitionsToTxn 4 is broker-to-broker),
+    # not served: clients fall back to these. FindCoordinator answers key_type 1 (transaction).
+    ADD_PARTITIONS_TO_TXN: (0, 3),
+    ADD_OFFSETS_TO_TXN: (0, 3),
+    END_TXN: (0, 4),
+    TXN_OFFSET_COMMIT: (0, 4),
+    DESCRIBE_TRANSACTIONS: (0, 0),
+    LIST_TRANSACTIONS: (0, 1),
 }
 
 # Kafka answers the requests of one connection one at a time, in order, and clients rely on

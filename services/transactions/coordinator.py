@@ -130,6 +130,10 @@ class TxnError(enum.StrEnum):
     TRANSACTIONAL_ID_NOT_FOUND = "TRANSACTIONAL_ID_NOT_FOUND"
     # A request past one of our bounds (limits.TRANSACTION_*), or malformed.
     INVALID_REQUEST = "INVALID_REQUEST"
+    # Not the rules' answers but their host's: the broker asked does not coordinate the id,
+    # or etcd, where the state is, could not be reached (both retriable for clients).
+    NOT_COORDINATOR = "NOT_COORDINATOR"
+    COORDINATOR_NOT_AVAILABLE = "COORDINATOR_NOT_AVAILABLE"
 
 
 @dataclass(frozen=True)
@@ -522,16 +526,20 @@ def _fence_and_abort(meta: TxnMetadata, now_ms: int, error: TxnError, message: s
 # ---- the producer's calls within a transaction ---------------------------------------------------
 
 
-def _id_refusal(meta: TxnMetadata | None, transactional_id: str) -> TxnResult | None:
-    """INVALID_REQUEST for an empty or over-long transactional id (Kafka refuses an empty one)."""
+def transactional_id_problem(transactional_id: str) -> str | None:
+    """Why a transactional id cannot be used (None: it can): empty (Kafka refuses it) or over-long."""
     if 0 < len(transactional_id) <= limits.TRANSACTIONAL_ID_MAX_CHARS:
         return None
-    return _refuse(
-        meta,
-        TxnError.INVALID_REQUEST,
+    return (
         f"a transactional id must have 1 to {limits.TRANSACTIONAL_ID_MAX_CHARS} characters "
-        f"(this one has {len(transactional_id)})",
+        f"(this one has {len(transactional_id)})"
     )
+
+
+def _id_refusal(meta: TxnMetadata | None, transactional_id: str) -> TxnResult | None:
+    """INVALID_REQUEST for an id `transactional_id_problem` refuses."""
+    problem = transactional_id_problem(transactional_id)
+    return None if problem is None else _refuse(meta, TxnError.INVALID_REQUEST, problem)
 
 
 def _current(meta: TxnMetadata | None, producer_id: int, producer_epoch: int) -> TxnMetadata | TxnResult:
@@ -770,6 +778,16 @@ class TransactionDescription:
     producer_id: int
     producer_epoch: int
     partitions: tuple[TopicPartitionKey, ...]
+
+
+@dataclass(frozen=True)
+class DescribedTransaction:
+    """DescribeTransactions' answer for one id: its description, or why there is none
+    (TRANSACTIONAL_ID_NOT_FOUND, NOT_COORDINATOR)."""
+
+    transactional_id: str
+    error: TxnError
+    description: TransactionDescription | None = None
 
 
 @dataclass(frozen=True)

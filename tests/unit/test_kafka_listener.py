@@ -177,7 +177,9 @@ class RecordingBackend(SlowFetchBackend):
         self.events.append("coordinator looked up")
         return await super().kafka_brokers()
 
-    async def produce(self, req: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse:
+    async def produce(
+        self, req: common_pb2.ProduceRequest, *, transactional: bool = False
+    ) -> common_pb2.ProduceResponse:
         self.events.append("produce")
         return await super().produce(req)
 

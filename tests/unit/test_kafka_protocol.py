@@ -15,6 +15,7 @@ from kio.schema.request_header.v1.header import RequestHeader as V1
 from kio.schema.request_header.v2.header import RequestHeader as V2
 from kio.serial import entity_reader, entity_writer
 
+from coordinator.memory_store import MemoryStore
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.common.metadata_cache import MetadataCache
 from services.groups.errors import GroupError
@@ -27,6 +28,8 @@ from services.kafka.handler import (
     LogDirDescription,
     ReplicaLogSize,
 )
+from services.transactions.hosting import TransactionHost
+from tests.unit.test_transaction_driver import Markers, ProducerIds
 
 
 def request_frame(api_key: int, version: int, body: Any, correlation_id: int = 42) -> bytes:
@@ -139,6 +142,23 @@ class FakeBackend:
         self.controller_down = False
         self.commits: list[tuple[str, list[Any]]] = []
         self.groups = ClassicGroupDriver(1)
+        # The real transaction coordinator host on an in-memory etcd, its markers and producer
+        # ids recorded (tests/unit/test_kafka_transactions.py drives it).
+        self.store = MemoryStore()
+        self.markers = Markers()
+        self.pids = ProducerIds(5000)
+        self.transactions = TransactionHost(1, self.store, self.markers, self.pids, self._kafka_broker_ids)
+        # The leader's producer state: (partition, producer id) -> epoch of its open transaction.
+        self.open_txn: dict[tuple[tuple[str, int], int], int] = {}
+
+    async def _kafka_broker_ids(self) -> list[int]:
+        return [b.broker_id for b in await self.kafka_brokers()]
+
+    def open_transaction_epoch(self, tp: tuple[str, int], producer_id: int) -> int | None:
+        return self.open_txn.get((tp, producer_id))
+
+    async def consumer_group_member_check(self, group: str, member_id: str, member_epoch: int) -> GroupError:
+        return GroupError.UNKNOWN_MEMBER_ID
 
     @property
     def broker_id(self) -> int:
@@ -152,7 +172,9 @@ class FakeBackend:
     def classic_groups(self) -> ClassicGroupDriver:
         return self.groups
 
-    async def produce(self, req: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse:
+    async def produce(
+        self, req: common_pb2.ProduceRequest, *, transactional: bool = False
+    ) -> common_pb2.ProduceResponse:
         self.produced.append(req)
         return common_pb2.ProduceResponse(
             topics=[
@@ -291,21 +313,14 @@ def test_produce_maps_to_the_broker_call_and_acks_zero_gets_no_answer():
             assert answer.responses[0].partition_responses[0].error_code == 6
 
 
-def test_transactional_produce_and_init_producer_id_are_refused_and_controller_loss_is_retriable():
-    cls = protocol.request_class(protocol.PRODUCE, 9)
+def test_init_producer_id_from_the_controller_and_controller_loss_is_retriable():
     backend = FakeBackend()
-    body = cls(transactional_id="tx", acks=-1, timeout=datetime.timedelta(seconds=1), topic_data=())
-    handle(backend, protocol.PRODUCE, 9, body)
-    assert not backend.produced
-
     init = protocol.request_class(protocol.INIT_PRODUCER_ID, 4)
     body = init(transactional_id=None, transaction_timeout=datetime.timedelta(seconds=60))
     assert handle(backend, protocol.INIT_PRODUCER_ID, 4, body).producer_id == 7000
     backend.controller_down = True
     answer = handle(backend, protocol.INIT_PRODUCER_ID, 4, body)
     assert answer.error_code == 15, "COORDINATOR_NOT_AVAILABLE: Kafka clients retry it"
-    tx = init(transactional_id="tx", transaction_timeout=datetime.timedelta(seconds=60))
-    assert handle(backend, protocol.INIT_PRODUCER_ID, 4, tx).error_code == 53
 
 
 def test_fetch_passes_records_through_and_names_the_leader_on_not_leader():
@@ -349,7 +364,8 @@ def test_find_coordinator_names_each_groups_coordinator():
     assert (two.key, two.node_id, two.port) == ("g1", 2, 19093), "each group's own coordinator"
     assert bad.error_code == 24, "INVALID_GROUP_ID"
     v3 = protocol.request_class(protocol.FIND_COORDINATOR, 3)
-    assert handle(backend, protocol.FIND_COORDINATOR, 3, v3(key="tx", key_type=1)).error_code == 42
+    tx = handle(backend, protocol.FIND_COORDINATOR, 3, v3(key="tx", key_type=1))
+    assert (tx.error_code, tx.node_id) == (0, 2), "a transactional id is placed as a group is"
 
 
 def test_offset_commit_takes_simple_commits_and_refuses_classic_members():

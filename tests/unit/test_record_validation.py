@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 
 import pytest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -226,7 +227,18 @@ def test_trailing_bytes_after_the_last_record_are_refused():
 
 def test_control_and_transactional_batches_from_producers_are_refused():
     refused(leader(), with_fields(values_batch(), attributes=0x20), InvalidRecord, "control batch")
-    refused(leader(), with_fields(values_batch(), attributes=0x10), InvalidRecord, "no transactions")
+    refused(
+        leader(), with_fields(values_batch(), attributes=0x10), InvalidRecord, "no transactional producer"
+    )
+
+
+def test_a_verified_transactional_request_may_append_transactional_batches():
+    p = leader()
+    builder = DefaultRecordBatchBuilder(2, 0, 1, 7, 0, 0, 1 << 20)  # transactional, producer 7/0
+    builder.append(0, timestamp=0, key=b"k", value=b"v", headers=[])
+    p.append_as_leader(bytes(builder.build()), acks=1, now_ms=0, transactional=True)
+    assert p.log.log_end_offset > 0
+    assert p.producers.first_unstable_offset() == 0, "the transaction is open until its marker"
 
 
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
