@@ -560,6 +560,12 @@ TRANSACTION_CAS_ATTEMPTS_MAX = 8
 # them stays prepared in etcd and the next timeout check (TRANSACTION_TIMEOUT_CHECK_INTERVAL_MS)
 # tries again, so a partition without a leader holds up only its own transaction's completion.
 TRANSACTION_MARKER_ROUNDS_MAX = 10
+# A request for a transactional id whose previous transaction its coordinator is completing
+# waits up to this long for the completion before it is decided (services/transactions/driver.py):
+# a completion takes a few milliseconds (markers and one etcd write), while the
+# CONCURRENT_TRANSACTIONS a client would get otherwise sends it into a retry backoff of its own.
+# Bounded so that a completion held up by an unreachable leader answers in time (retriable).
+TRANSACTION_COMPLETION_WAIT_MS = 1_000
 TRANSACTION_MARKER_RETRY_BACKOFF_MS = 200
 
 # --- Kafka protocol listener (services/kafka/, docs/KAFKA.md) ---------------------------------

@@ -48,6 +48,7 @@ from clients.common.types import TopicPartitionKey
 from coordinator.store import CoordinatorUnavailable, MetadataStore
 from services.common import limits
 from services.transactions import coordinator as rules
+from services.transactions import metrics
 from services.transactions.coordinator import (
     COMPLETION,
     AllocateProducerId,
@@ -58,6 +59,7 @@ from services.transactions.coordinator import (
     TxnMetadata,
     TxnRequest,
     TxnResult,
+    TxnState,
     WriteMarkers,
     WriteState,
 )
@@ -158,6 +160,12 @@ class TransactionDriver:
                 allocated.append(await self._producer_ids.allocate_producer_id())
             return rules.init_producer_id(meta, request, now_ms, allocated[0])
 
+        completing = self._completing.get(request.transactional_id)
+        if completing is not None:
+            # The id's previous transaction is being completed here: wait for it (bounded)
+            # rather than answer CONCURRENT_TRANSACTIONS at once, which a client meets by backing
+            # off, a wait longer than the completion itself (its markers and one etcd write).
+            await asyncio.wait({completing}, timeout=limits.TRANSACTION_COMPLETION_WAIT_MS / 1000)
         try:
             result = await self._decide(request.transactional_id, decide)
         except TransactionConflict as exc:
@@ -198,6 +206,7 @@ class TransactionDriver:
         for tid in rules.timed_out(stored.values(), now_ms):
             if await self._own_step(tid, lambda current: rules.abort_timed_out(current, now_ms)):
                 aborted.append(tid)
+                metrics.TRANSACTION_TIMEOUTS.inc()
         for tid, meta in sorted(stored.items()):
             # The stale read only picks candidates; the step re-reads before it deletes.
             idle = rules.expire_if_idle(meta, now_ms).effects
@@ -331,7 +340,9 @@ class TransactionDriver:
                     return None  # completed meanwhile (by another coordinator)
                 return rules.complete(current, now_ms)
 
-            await self._decide(tid, decide)
+            if await self._decide(tid, decide) is not None:
+                outcome = "commit" if prepared.state is TxnState.PREPARE_COMMIT else "abort"
+                metrics.TRANSACTIONS_COMPLETED.labels(outcome).inc()
         except (CoordinatorUnavailable, TransactionConflict) as exc:
             log.warning("completion of transactional id %r stopped (%s); the next tick resumes it", tid, exc)
 

@@ -17,6 +17,7 @@ from protos.highwater.v1 import common_pb2
 from services.common import limits
 from services.kafka.classic_groups import coordinator_of
 from services.kafka.handler_common import BackendUnavailable
+from services.transactions import metrics
 from services.transactions.coordinator import (
     AddOffsetsToTxn,
     AddPartitionsToTxn,
@@ -162,6 +163,7 @@ async def test_init_allocates_from_the_source_once_then_bumps_the_epoch() -> Non
 async def test_commit_writes_every_marker_then_completes() -> None:
     store = MemoryStore()
     driver, markers, _ = make_driver(store, Clock())
+    committed_before = metrics.TRANSACTIONS_COMPLETED.labels("commit")._value.get()
     init = await begin(driver, A0, B1)
     assert await state(store) is TxnState.ONGOING
     answer = await driver.handle(EndTxn(TID, init.producer_id, init.producer_epoch, commit=True))
@@ -169,6 +171,7 @@ async def test_commit_writes_every_marker_then_completes() -> None:
     await driver.drain()
     assert markers.marked() == {(1000, 0, True, A0), (1000, 0, True, B1)}
     assert await state(store) is TxnState.COMPLETE_COMMIT
+    assert metrics.TRANSACTIONS_COMPLETED.labels("commit")._value.get() == committed_before + 1
     # The next transaction may begin at once.
     again = await driver.handle(AddPartitionsToTxn(TID, 1000, 0, frozenset({A0})))
     assert again.error is TxnError.NONE
@@ -264,11 +267,15 @@ async def test_tick_aborts_a_timed_out_transaction_and_fences_its_producer() -> 
     clock = Clock(1_000)
     driver, markers, _ = make_driver(store, clock)
     init = await begin(driver, A0)
+    timeouts_before = metrics.TRANSACTION_TIMEOUTS._value.get()
+    aborts_before = metrics.TRANSACTIONS_COMPLETED.labels("abort")._value.get()
     assert (await driver.tick(1_000 + TIMEOUT_MS)).aborted == ()
     clock.now_ms = 1_000 + TIMEOUT_MS + 1
     report = await driver.tick(clock.now_ms)
     assert report.aborted == (TID,)
     await driver.drain()
+    assert metrics.TRANSACTION_TIMEOUTS._value.get() == timeouts_before + 1
+    assert metrics.TRANSACTIONS_COMPLETED.labels("abort")._value.get() == aborts_before + 1
     assert markers.marked() == {(1000, 1, False, A0)}  # the fence epoch, one past the producer's
     assert await state(store) is TxnState.COMPLETE_ABORT
     late = await driver.handle(EndTxn(TID, init.producer_id, init.producer_epoch, commit=True))
@@ -392,3 +399,28 @@ async def test_init_over_an_ongoing_transaction_aborts_it_then_bumps() -> None:
     assert (fresh.error, fresh.producer_id, fresh.producer_epoch) == (TxnError.NONE, 1000, 2)
     late = await driver.handle(AddPartitionsToTxn(TID, 1000, zombie.producer_epoch, frozenset({B1})))
     assert late.error is TxnError.PRODUCER_FENCED
+
+
+@pytest.mark.asyncio
+async def test_a_request_during_its_ids_completion_waits_for_it_instead_of_being_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = MemoryStore()
+    driver, markers, _ = make_driver(store, Clock())
+    init = await begin(driver, A0)
+    markers.gate = asyncio.Event()  # the markers hang: the completion cannot finish
+    answer = await driver.handle(EndTxn(TID, init.producer_id, init.producer_epoch, commit=True))
+    assert answer.error is TxnError.NONE
+    next_txn = asyncio.create_task(driver.handle(AddPartitionsToTxn(TID, 1000, 0, frozenset({B1}))))
+    await asyncio.sleep(0.05)
+    assert not next_txn.done(), "waits for the completion"
+    markers.gate.set()
+    assert (await next_txn).error is TxnError.NONE, "begun once the commit completed"
+    # A completion that does not finish in time: the request is answered, retriable.
+    monkeypatch.setattr(limits, "TRANSACTION_COMPLETION_WAIT_MS", 50)
+    markers.gate = asyncio.Event()
+    await driver.handle(EndTxn(TID, 1000, 0, commit=True))
+    late = await driver.handle(AddPartitionsToTxn(TID, 1000, 0, frozenset({A0})))
+    assert late.error is TxnError.CONCURRENT_TRANSACTIONS
+    markers.gate.set()
+    await driver.drain()
