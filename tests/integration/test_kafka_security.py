@@ -10,7 +10,9 @@ ssl.certificate.location and ssl.key.location:
 - User:mallory (Describe on k-ok only) gets TOPIC_AUTHORIZATION_FAILED for its produce and its
   fetch, and nothing it sent is written;
 - a client without a certificate never gets an answer (the handshake is refused);
-- Metadata leaves out the topics a principal may not describe.
+- Metadata leaves out the topics a principal may not describe;
+- alice commits a transaction (the coordinator's markers go to the leaders over the brokers'
+  mutual TLS), mallory is refused a transactional id.
 """
 
 from __future__ import annotations
@@ -205,3 +207,23 @@ def test_metadata_hides_topics_the_principal_may_not_describe(secure_kafka):
         named.error is not None
         and named.error.code() == confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED
     )
+
+
+def test_transactions_need_write_rights_and_run_over_tls_between_brokers(secure_kafka):
+    """alice (Write on k-ok) commits a transaction: the coordinator's markers reach the leaders
+    over the brokers' own mutual TLS; mallory (Describe only) is refused her transactional id."""
+    c = secure_kafka
+    before = sum(end_offsets(c, "k-ok"))
+    producer = confluent_kafka.Producer(kafka_config(c, "alice", **{"transactional.id": "alice-tx"}))
+    producer.init_transactions(STEP_TIMEOUT_S)
+    producer.begin_transaction()
+    for i in range(4):
+        producer.produce("k-ok", value=b"t%d" % i, partition=i % 2)
+    producer.commit_transaction(STEP_TIMEOUT_S)
+    # Four records and one COMMIT marker per partition.
+    assert sum(end_offsets(c, "k-ok")) == before + 4 + 2
+
+    refused = confluent_kafka.Producer(kafka_config(c, "mallory", **{"transactional.id": "mallory-tx"}))
+    with pytest.raises(confluent_kafka.KafkaException) as info:
+        refused.init_transactions(STEP_TIMEOUT_S)
+    assert info.value.args[0].code() == confluent_kafka.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
