@@ -51,6 +51,7 @@ from clients.common.types import TopicPartitionKey
 from services.broker import metrics
 from services.broker.log import checkpoints
 from services.broker.log.cleaner import (
+    AbortedRanges,
     CleaningAborted,
     CleaningPlan,
     FilterContext,
@@ -305,7 +306,8 @@ class LogCleaner:
             plan = plan_cleaning(
                 log.segments_for_cleaning(),
                 first_dirty_offset=state.first_dirty_offset,
-                high_watermark=p.high_watermark,
+                # Never past an open transaction: whether its records stay is not known yet.
+                high_watermark=p.producers.last_stable_offset(p.high_watermark),
                 log_end_offset=log.log_end_offset,
                 now_ms=now_ms,
                 config=log.config,
@@ -463,6 +465,7 @@ class LogCleaner:
         }
         offset_map = self._offset_map
         stop = self._abort.is_set
+        aborted = AbortedRanges.of(log.aborted_txns(log.log_start_offset, plan.cleanable_end))
         mapped = await self._on_thread(
             build_offset_map,
             storage,
@@ -472,6 +475,7 @@ class LogCleaner:
             end_offset=plan.cleanable_end,
             throttler=self._throttler,
             stop=stop,
+            aborted=aborted,
         )
         metrics.LOG_CLEANER_BYTES_READ.inc(mapped.bytes_read)
         to_clean: list[SegmentView] = [s for s in plan.segments if s.base_offset < mapped.end_offset]
@@ -482,7 +486,7 @@ class LogCleaner:
             index_interval_bytes=config.index_interval_bytes,
         )
         ctx = FilterContext(
-            offset_map, mapped.end_offset, now_ms, config.delete_retention_ms, producer_last_offsets
+            offset_map, mapped.end_offset, now_ms, config.delete_retention_ms, producer_last_offsets, aborted
         )
         result = PassResult(
             tp,

@@ -549,8 +549,7 @@ class Partition:
     def last_stable_offset(self) -> int:
         """Where a read_committed consumer stops: the first offset of the oldest open
         transaction, or the high watermark when that is lower (Kafka's LSO)."""
-        first_unstable = self.producers.first_unstable_offset()
-        return self.high_watermark if first_unstable is None else min(first_unstable, self.high_watermark)
+        return self.producers.last_stable_offset(self.high_watermark)
 
     @property
     def low_watermark(self) -> int:

@@ -211,6 +211,12 @@ class ProducerStateManager:
     def open_transactions(self) -> int:
         return sum(1 for e in self.producers.values() if e.current_txn_first_offset != NO_OFFSET)
 
+    def last_stable_offset(self, high_watermark: int) -> int:
+        """Where a read_committed consumer stops (Kafka's LSO): the first offset of the oldest
+        open transaction, or the high watermark when that is lower."""
+        first_unstable = self.first_unstable_offset()
+        return high_watermark if first_unstable is None else min(first_unstable, high_watermark)
+
     def first_unstable_offset(self) -> int | None:
         """The first offset of the oldest open transaction (None: none is open). A
         read_committed consumer reads below it only: the last stable offset is

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from clients.common.control_records import ControlType, encode_marker
 from clients.common.errors import CorruptMessage
 from clients.common.record_batch import (
     ATTRIBUTES_POS,
@@ -34,6 +36,8 @@ from services.broker import log_cleaner
 from services.broker.log import Log, LogConfig, MemoryStorage, checkpoints
 from services.broker.log.cleaner import (
     DELETE_HORIZON_MASK,
+    NO_ABORTED,
+    AbortedRanges,
     FilterContext,
     GroupResult,
     OffsetMap,
@@ -44,6 +48,7 @@ from services.broker.log.cleaner import (
     plan_cleaning,
 )
 from services.broker.log.storage import Storage
+from services.broker.log.txn_index import AbortedTxn
 from services.broker.log_cleaner import CleanerConfig, LogCleaner
 from services.broker.partition import Role
 from services.broker.producer_state import ProducerStateManager
@@ -132,15 +137,22 @@ def run_pass(
     delete_retention_ms: int = DAY_MS,
     memory_bytes: int = 1 << 20,
     producers: dict[int, int] | None = None,
+    aborted: AbortedRanges = NO_ABORTED,
 ) -> tuple[list[Seg], int, GroupResult]:
     """One whole pass with the pure functions: map, group, clean; the cleaned segments, the new
     first dirty offset and the totals. Cleaned files replace the old ones in this test's layout."""
     offset_map = OffsetMap(memory_bytes)
     end = segments[-1].end_offset
     mapped = build_offset_map(
-        storage, segments, offset_map, start_offset=first_dirty, end_offset=end, throttler=None
+        storage,
+        segments,
+        offset_map,
+        start_offset=first_dirty,
+        end_offset=end,
+        throttler=None,
+        aborted=aborted,
     )
-    ctx = FilterContext(offset_map, mapped.end_offset, now_ms, delete_retention_ms, producers or {})
+    ctx = FilterContext(offset_map, mapped.end_offset, now_ms, delete_retention_ms, producers or {}, aborted)
     to_clean = [s for s in segments if s.base_offset < mapped.end_offset]
     groups = group_segments_by_size(
         to_clean, max_size_bytes=1 << 30, max_index_bytes=1 << 20, index_interval_bytes=4096
@@ -274,6 +286,76 @@ def test_an_emptied_batch_is_dropped_unless_it_is_its_producers_last() -> None:
     assert [(h.base_offset, h.records_count, h.producer_id) for h in headers] == [(1, 0, 5), (2, 2, 6)]
     assert headers[0].last_offset == 1 and headers[0].base_sequence == 1
     assert stats.batches_dropped == 1
+
+
+def transactional_batch(base_offset: int, records: Sequence[Rec], producer_id: int) -> bytes:
+    builder = DefaultRecordBatchBuilder(2, 0, 1, producer_id, 0, 0, 1 << 20)
+    for i, (key, value) in enumerate(records):
+        builder.append(i, timestamp=1_000 + i, key=key, value=value, headers=[])
+    buf = bytearray(builder.build())
+    struct.pack_into(">q", buf, 0, base_offset)  # before the CRC-covered bytes
+    return bytes(buf)
+
+
+def test_an_aborted_transactions_records_never_stand_for_their_key_and_are_removed() -> None:
+    """A committed value, then the same key in a transaction that was aborted: the committed
+    value is the key's latest for a read_committed reader, so it must survive the cleaning;
+    the aborted batch goes, its ABORT marker stays."""
+    storage = MemoryStorage()
+    committed = make_batch(0, [(b"k", b"committed"), (b"j", b"1")])
+    aborted = transactional_batch(2, [(b"k", b"aborted"), (b"j", b"aborted")], producer_id=7)
+    marker = encode_marker(
+        ControlType.ABORT,
+        producer_id=7,
+        producer_epoch=0,
+        coordinator_epoch=0,
+        timestamp_ms=1_000,
+        base_offset=4,
+    )
+    later = make_batch(5, [(b"j", b"2")])
+    segments = write_segments(storage, [[committed, aborted, marker], [later]])
+    ranges = AbortedRanges.of([AbortedTxn(7, 2, 4, 2)])
+    cleaned, _, stats = run_pass(storage, segments, first_dirty=0, aborted=ranges)
+    headers = [h for seg in cleaned for h in iter_batch_headers(storage.read_file(seg.path))]
+    assert [(h.base_offset, h.is_control) for h in headers] == [(0, False), (4, True), (5, False)], (
+        "the aborted batch removed, its marker kept"
+    )
+    assert [(r.offset, r.key, r.value) for r in read_all(storage, cleaned)] == [
+        (0, b"k", b"committed"),
+        (5, b"j", b"2"),
+    ]
+    assert stats.records_removed == 3  # j=1 (shadowed by j=2) and both aborted records
+    # Without the aborted ranges the aborted record would stand for k and remove the committed one.
+    storage = MemoryStorage()
+    segments = write_segments(storage, [[committed, aborted, marker], [later]])
+    cleaned, _, _ = run_pass(storage, segments, first_dirty=0)
+    assert (0, b"k", b"committed") not in [(r.offset, r.key, r.value) for r in read_all(storage, cleaned)]
+
+
+def test_plan_never_reaches_past_the_last_stable_offset() -> None:
+    """The manager passes the last stable offset: an open transaction's segment is not cleaned."""
+    storage = MemoryStorage()
+    log = Log.open(
+        "/p/t-0", LogConfig(cleanup_policy="compact", segment_bytes=200), storage=storage, now_ms=0
+    )
+    clock = FakeClock(10_000)
+    p = FakePartition(log, high_watermark=0)
+    fill_log(log, [[(b"k", b"%d" % i)] for i in range(20)])
+    p.high_watermark = log.log_end_offset
+    # A transaction open since offset 0 (its producer's first transactional batch): nothing is stable.
+    p.producers.update([parse_header(transactional_batch(0, [(b"t", b"x")], producer_id=9))])
+    cleaner = make_cleaner({("t", 0): p}, clock)
+    assert not asyncio.run(cleaner.clean_once())
+    marker = encode_marker(
+        ControlType.COMMIT,
+        producer_id=9,
+        producer_epoch=0,
+        coordinator_epoch=0,
+        timestamp_ms=1_000,
+        base_offset=1,
+    )
+    p.producers.update([parse_header(marker)], {1: ControlType.COMMIT})
+    assert asyncio.run(cleaner.clean_once())
 
 
 # ---- tombstones ----------------------------------------------------------------------------
@@ -666,7 +748,7 @@ class FakePartition:
 
     @property
     def last_stable_offset(self) -> int:
-        return self.high_watermark  # no transaction is open in these logs
+        return self.producers.last_stable_offset(self.high_watermark)
 
 
 class FakeClock:

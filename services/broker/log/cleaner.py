@@ -20,7 +20,12 @@ What a record keeps (Kafka's rules): a record whose key has a later offset in th
 removed; offsets never change (a cleaned batch keeps its base offset and last offset delta, so
 it may hold fewer records than its offset range, or none). A record without a key is kept (a
 compacted topic refuses them at produce time; one written before that rule is left alone rather
-than deleted). Control batches are copied untouched. A batch from which nothing is removed is
+than deleted). Control batches (transaction markers) are copied untouched. The batches of an
+aborted transaction (the log's aborted-transaction index says which, `AbortedRanges`) hold no
+key's latest value and are removed whole, as Kafka's cleaner discards them: a read_committed
+consumer never sees them, and an aborted record must never stand for its key and remove the
+committed one before it. A pass never reaches an open transaction (`plan_cleaning` is given the
+last stable offset), whose outcome is not known yet. A batch from which nothing is removed is
 copied byte for byte; a filtered one is re-encoded with the same codec, attributes, producer
 id/epoch/base sequence, partition leader epoch, base offset and last offset delta. A batch left
 empty is dropped unless it is its producer's last batch, whose header the producer state is
@@ -43,8 +48,8 @@ from __future__ import annotations
 
 import secrets
 import struct
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
@@ -68,6 +73,7 @@ from services.common import limits
 from . import cleaner_kernels as kernels
 from .config import INT64_MAX, TIME_INDEX_ENTRY_BYTES, LogConfig
 from .storage import Storage, StorageFile
+from .txn_index import AbortedTxn
 
 # KIP-534: attribute bit 6 says the batch's base (first) timestamp is its delete horizon, the
 # wall-clock time after which its tombstones may be removed.
@@ -602,6 +608,34 @@ def _check_status(status: int, header: BatchHeader) -> None:
         )
 
 
+# ---- aborted transactions ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AbortedRanges:
+    """The offset ranges of a log's aborted transactions by producer id (from its
+    aborted-transaction index: first offset to the ABORT marker's offset), for the worker thread."""
+
+    by_producer: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, aborted: Iterable[AbortedTxn]) -> AbortedRanges:
+        ranges: dict[int, list[tuple[int, int]]] = {}
+        for txn in aborted:
+            ranges.setdefault(txn.producer_id, []).append((txn.first_offset, txn.last_offset))
+        return cls({pid: tuple(rs) for pid, rs in ranges.items()})
+
+    def holds(self, header: BatchHeader) -> bool:
+        """Whether the batch is data of an aborted transaction (never a marker)."""
+        if not header.is_transactional or header.is_control:
+            return False
+        ranges = self.by_producer.get(header.producer_id, ())
+        return any(first <= header.base_offset <= last for first, last in ranges)
+
+
+NO_ABORTED = AbortedRanges()
+
+
 # ---- pass step 2: the offset map -----------------------------------------------------------
 
 
@@ -624,6 +658,7 @@ def build_offset_map(
     end_offset: int,
     throttler: Throttler | None,
     stop: Callable[[], bool] | None = None,
+    aborted: AbortedRanges = NO_ABORTED,
 ) -> MapResult:
     """Fill `offset_map` from the records of `segments` in [start_offset, end_offset).
 
@@ -631,7 +666,8 @@ def build_offset_map(
 
     Stops when a new key would overfill the map: the map then reaches the offset of the
     record it could not take (exclusive), and only the log below it is cleaned this pass.
-    Control batches and keyless records hold no key and are skipped.
+    Control batches and keyless records hold no key and are skipped, and so are the batches of
+    `aborted` transactions: their records are no key's latest value.
     """
     offset_map.release()  # a fresh, small table: it grows with the keys this range holds
     bytes_read = 0
@@ -640,7 +676,7 @@ def build_offset_map(
             continue
         for header, batch in read_batches(storage, segment.path, throttler, stop=stop):
             bytes_read += header.size_bytes
-            if header.next_offset <= start_offset or header.is_control:
+            if header.next_offset <= start_offset or header.is_control or aborted.holds(header):
                 continue
             if header.base_offset >= end_offset:
                 return MapResult(end_offset, False, bytes_read, offset_map.records_put)
@@ -714,6 +750,20 @@ class FilterContext:
     # Each producer id's last batch's last offset in the log (from the partition's producer
     # state, Kafka's lastRecordsOfActiveProducers): that batch is kept even if left empty.
     producer_last_offsets: Mapping[int, int]
+    # The log's aborted transactions: their batches are removed whole.
+    aborted: AbortedRanges = NO_ABORTED
+
+
+def _emptied(header: BatchHeader, ctx: FilterContext, result: GroupResult) -> bytes | None:
+    """A batch left with no record: dropped, or kept empty when it is its producer's last."""
+    if (
+        header.producer_id != NO_PRODUCER_ID
+        and ctx.producer_last_offsets.get(header.producer_id) == header.last_offset
+    ):
+        result.batches_rewritten += 1
+        return _empty_batch(header)
+    result.batches_dropped += 1
+    return None
 
 
 def filter_batch(
@@ -723,6 +773,9 @@ def filter_batch(
     if header.is_control:
         result.batches_copied += 1
         return batch
+    if ctx.aborted.holds(header):
+        result.records_removed += header.records_count
+        return _emptied(header, ctx, result)
     has_horizon = bool(header.attributes & DELETE_HORIZON_MASK)
     horizon_ms = header.first_timestamp if has_horizon else -1
     section = records_section(header, batch)
@@ -748,14 +801,7 @@ def filter_batch(
         result.batches_copied += 1
         return batch
     if not kept:
-        if (
-            header.producer_id != NO_PRODUCER_ID
-            and ctx.producer_last_offsets.get(header.producer_id) == header.last_offset
-        ):
-            result.batches_rewritten += 1
-            return _empty_batch(header)
-        result.batches_dropped += 1
-        return None
+        return _emptied(header, ctx, result)
     result.batches_rewritten += 1
     # The base timestamp is the delete horizon when there is one (attribute bit 6), else the
     # first kept record's; each record's delta moves so that its own timestamp stays.
