@@ -164,4 +164,17 @@ PROFILES: dict[str, SimConfig] = {
         lease_expiry_every_ms=3_000,
         admin_every_ms=2_000,
     ),
+    # Transactions (tests/sim/txn_simulation.py: run with run_txn_seed): transactional producers
+    # and read_committed consumers instead of the plain ones; no topic deletion or retention (a
+    # transaction's history spans the run); kill -9 only (power loss is KI-1's ground).
+    "transactions": SimConfig(
+        producers=0,
+        consumers=0,
+        fault_phase_ms=20_000,
+        settle_ms=10_000,
+        power_loss_fraction=0.0,
+        isr_power_loss_every_ms=0,
+        topic_deletion_every_ms=0,
+        retention_topic_fraction=0.0,
+    ),
 }

@@ -3,6 +3,7 @@
     python -m tests.sim.run --seeds 1000 --start 0
     python -m tests.sim.run --seed 17 --trace-lines 400        # one seed, longer trace
     python -m tests.sim.run --seeds 200 --no-epoch-truncation  # a safety mechanism off
+    python -m tests.sim.run --seeds 200 --profile transactions # tests/sim/txn_simulation.py
 
 Prints every failing seed with its trace, then seeds per minute and simulated seconds
 per wall-clock second. Exit status 1 when any seed failed.
@@ -17,8 +18,9 @@ import sys
 import time
 
 from tests.sim.clock import TRACE_LINES_DEFAULT
-from tests.sim.config import PROFILES, Safety
-from tests.sim.simulation import SimulationFailure, run_seed
+from tests.sim.config import PROFILES, Safety, SimConfig
+from tests.sim.simulation import SimResult, SimulationFailure, run_seed
+from tests.sim.txn_simulation import TXN_PROFILE, run_txn_seed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     known: list[int] = []  # failures explained by a known, reported bug
     for seed in seeds:
         try:
-            result = run_seed(seed, config, trace_lines_max=args.trace_lines)
+            result = run_one(seed, config, args.profile, args.trace_lines, args.quiet)
         except SimulationFailure as failure:
             failed.append(seed)
             if failure.known_issue:
@@ -122,6 +124,22 @@ def main(argv: list[str] | None = None) -> int:
         f"({wall_s:.1f} s wall; {simulated_ms / 1000 / cpu_s:.0f} simulated s per CPU s)"
     )
     return 1 if failed else 0
+
+
+def run_one(seed: int, config: SimConfig, profile: str, trace_lines: int, quiet: bool) -> SimResult:
+    """One seed of the profile: the transactional profile runs its own simulation (and prints
+    what its history held)."""
+    if profile != TXN_PROFILE:
+        return run_seed(seed, config, trace_lines_max=trace_lines)
+    txn = run_txn_seed(seed, config, trace_lines_max=trace_lines)
+    c = txn.counts
+    if not quiet:
+        print(
+            f"seed {seed}: transactions began {c.began} committed {c.committed} aborted {c.aborted} "
+            f"unknown {c.unknown}  records seen {c.records_seen}  zombie appends {c.zombie_writes}  "
+            f"LSO checks {c.lso_checks}  coordinator deaths {sum(txn.coordinator_deaths.values())}"
+        )
+    return txn.sim
 
 
 if __name__ == "__main__":

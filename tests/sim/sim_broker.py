@@ -51,6 +51,7 @@ from tests.sim.sim_broker_seams import (
 )
 from tests.sim.sim_etcd import SimEtcd, SimLease
 from tests.sim.sim_registration import SimRegistration
+from tests.sim.txn_broker import produce_transactional
 
 if TYPE_CHECKING:
     from tests.sim.checker import Checker
@@ -188,6 +189,10 @@ class SimBroker(RpcNode):
             self.reply(env, core.stop_replica(env.body))
         elif rpc == "Metadata":
             self.reply(env, core.metadata.metadata_response(list(env.body.topics)))
+        elif rpc == "ProduceTxn":  # transactional Produce (tests/sim/txn_broker.py)
+            produce_transactional(self, env)
+        elif rpc == "WriteTxnMarkers":
+            core.write_txn_markers(env.body, lambda resp: self.reply(env, resp))
         else:
             raise ValueError(f"{self.name}: unknown rpc {rpc}")
 
