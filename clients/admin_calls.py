@@ -10,19 +10,39 @@ the family's method with raise_first, after the whole answer was read.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from clients.config import DEFAULT_BOOTSTRAP, ConnectionConfig, build_config
 from clients.connection import GatewayConnection
 from clients.errors import HighwaterError, error_for_code
 from clients.metadata import now_ms
+from clients.types import TopicPartition
 from protos.highwater.v1 import common_pb2
+
+_V = TypeVar("_V")
 
 
 def raise_first(errors: list[HighwaterError]) -> None:
     """Raise the first of the per-topic or per-partition errors an answer carried, if any."""
     if errors:
         raise errors[0]
+
+
+def per_partition(response: Any, what: str, value: Callable[[Any], _V]) -> dict[TopicPartition, _V]:
+    """Each partition's `value` from a per-topic, per-partition answer (ListOffsets,
+    DeleteRecords), or the first partition's error: `what` names the call in its message."""
+    result: dict[TopicPartition, _V] = {}
+    errors: list[HighwaterError] = []
+    for topic in response.topics:
+        for p in topic.partitions:
+            tp = TopicPartition(topic.topic, p.partition)
+            if p.error_code != common_pb2.NONE:
+                errors.append(error_for_code(p.error_code, p.error_message or f"{what} for {tp}"))
+            else:
+                result[tp] = value(p)
+    raise_first(errors)
+    return result
 
 
 class AdminCalls:

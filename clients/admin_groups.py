@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from clients.admin_calls import AdminCalls, raise_first
+from clients.admin_calls import AdminCalls, per_partition, raise_first
 from clients.config import COMMIT_OFFSETS_PER_REQUEST_MAX, check_group_id, check_int
 from clients.consumer import EARLIEST, LATEST, check_partitions
 from clients.errors import InvalidArgument, error_for_code
@@ -38,16 +38,7 @@ class GroupAdmin(AdminCalls):
                 topics=[common_pb2.ListOffsetsTopic(topic=t, partitions=p) for t, p in by_topic.items()],
             ),
         )
-        result, errors = {}, []
-        for topic in response.topics:
-            for p in topic.partitions:
-                tp = TopicPartition(topic.topic, p.partition)
-                if p.error_code != common_pb2.NONE:
-                    errors.append(error_for_code(p.error_code, p.error_message or f"ListOffsets for {tp}"))
-                else:
-                    result[tp] = p.offset
-        raise_first(errors)
-        return result
+        return per_partition(response, "ListOffsets", lambda p: p.offset)
 
     async def list_group_offsets(
         self, group_id: str, partitions: Iterable[TopicPartition] | None = None

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from clients.admin_calls import AdminCalls, raise_first
+from clients.admin_calls import AdminCalls, per_partition
 from clients.config import check_int
 from clients.consumer import check_partitions
-from clients.errors import InvalidArgument, error_for_code
+from clients.errors import InvalidArgument
 from clients.types import TopicPartition
 from protos.highwater.v1 import common_pb2
 
@@ -138,13 +138,4 @@ class RecordAdmin(AdminCalls):
             # The leaders wait up to timeout_ms for their ISR; the answer needs a moment more.
             timeout_ms=2 * timeout_ms,
         )
-        result, errors = {}, []
-        for topic in response.topics:
-            for p in topic.partitions:
-                tp = TopicPartition(topic.topic, p.partition)
-                if p.error_code != common_pb2.NONE:
-                    errors.append(error_for_code(p.error_code, p.error_message or f"DeleteRecords for {tp}"))
-                else:
-                    result[tp] = p.low_watermark
-        raise_first(errors)
-        return result
+        return per_partition(response, "DeleteRecords", lambda p: p.low_watermark)
