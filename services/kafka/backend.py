@@ -91,7 +91,12 @@ class BrokerKafkaBackend:
         return self._transactions
 
     async def _kafka_broker_ids(self) -> list[int]:
-        return [b.broker_id for b in await self.kafka_brokers()]
+        """The brokers with a Kafka listener, read from etcd for the coordinator's ownership
+        check, past Metadata's cache: refreshing that cache on the host's schedule could fill it
+        just before the other brokers register at start-up and hand Kafka clients, for the
+        cache's life, a broker list without their partitions' leaders."""
+        registrations = await self._etcd("broker list", kafka_reads.registered_brokers(self.store))
+        return [int(r["broker_id"]) for r in registrations if r["kafka_port"] > 0]
 
     def open_transaction_epoch(self, tp: TopicPartitionKey, producer_id: int) -> int | None:
         p = self.replicas.partitions.get(tp)

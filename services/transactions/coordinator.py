@@ -741,6 +741,21 @@ def abort_timed_out(meta: TxnMetadata, now_ms: int) -> TxnResult:
     return _fence_and_abort(meta, now_ms, TxnError.NONE, "aborted: transaction timed out")
 
 
+def abort_by_operator(meta: TxnMetadata, now_ms: int) -> TxnResult:
+    """An operator's abort of a hanging transaction (Kafka's kafka-transactions.sh abort): the
+    same fence-and-abort as a timeout, but at once. Only an Ongoing transaction can be aborted;
+    a prepared one is already completing, and any other state has nothing to abort, so both are
+    refused INVALID_TXN_STATE naming the state."""
+    if meta.state is not TxnState.ONGOING:
+        return _refuse(
+            meta,
+            TxnError.INVALID_TXN_STATE,
+            f"transactional id {meta.transactional_id!r} is {meta.state.name}, not ONGOING: "
+            "there is no open transaction to abort",
+        )
+    return _fence_and_abort(meta, now_ms, TxnError.NONE, "aborted by an operator")
+
+
 def expire_if_idle(meta: TxnMetadata, now_ms: int) -> TxnResult:
     """Delete the state of an id idle past TRANSACTIONAL_ID_EXPIRATION_MS (Kafka's
     transactional.id.expiration.ms): Empty or Complete* -> Dead, then deleted."""

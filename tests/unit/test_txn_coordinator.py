@@ -387,6 +387,17 @@ def test_complete_of_a_transaction_not_prepared_is_a_bug() -> None:
 # ---- timeouts, expiry, KIP-890 verification, views ---------------------------------------------------------
 
 
+def test_an_operator_aborts_an_ongoing_transaction_at_once_fencing_its_producer() -> None:
+    result = txn.abort_by_operator(ongoing(now_ms=100), 101)
+    aborting = stored(result)
+    assert (aborting.state, aborting.producer_epoch) == (TxnState.PREPARE_ABORT, 1)
+    assert result.effects[1] == WriteMarkers(1000, 1, False, frozenset({A0, A1}))
+    refused = txn.abort_by_operator(fresh(), 101)
+    assert refused.answer.error is TxnError.INVALID_TXN_STATE
+    assert "EMPTY" in refused.answer.message and refused.effects == ()
+    assert txn.abort_by_operator(aborting, 102).answer.error is TxnError.INVALID_TXN_STATE
+
+
 def test_a_timed_out_transaction_is_aborted_with_an_epoch_bump_and_its_producer_fenced() -> None:
     meta = ongoing(now_ms=100)
     other = replace(ongoing(now_ms=100), transactional_id="other", timeout_ms=TIMEOUT_MS * 2)
