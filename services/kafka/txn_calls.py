@@ -428,6 +428,8 @@ class TxnCalls:
         every = [(t.topic, p.partition) for t in req.topics for p in t.partitions]
         if acl.decision.transactional_refused:
             return dict.fromkeys(every, (K.transactional_id_authorization_failed, TRANSACTIONAL_ID_REFUSED))
+        if (problem := rules.transactional_id_problem(transactional_id)) is not None:
+            return dict.fromkeys(every, (K.invalid_request, problem))
         by_producer: dict[tuple[int, int], list[TopicPartitionKey]] = {}
         for t in req.topics:
             for p in t.partitions:

@@ -172,6 +172,10 @@ class TransactionHost:
     async def describe(self, transactional_ids: Sequence[str]) -> list[DescribedTransaction]:
         answers: list[DescribedTransaction] = []
         for tid in transactional_ids:
+            if rules.transactional_id_problem(tid) is not None:
+                # An id no producer can have (empty, over-long) names nothing in etcd.
+                answers.append(DescribedTransaction(tid, TxnError.TRANSACTIONAL_ID_NOT_FOUND))
+                continue
             if not self.owns(tid):
                 answers.append(DescribedTransaction(tid, TxnError.NOT_COORDINATOR))
                 continue
@@ -209,6 +213,9 @@ class TransactionHost:
         needs etcd and no earlier check of the producer is in progress: the Produce then appends
         in its first step, as every pipelined Kafka request must (services/kafka/protocol.py).
         Raises BackendUnavailable when etcd cannot be reached."""
+        problem = rules.transactional_id_problem(transactional_id)
+        if problem is not None:
+            return dict.fromkeys(partitions, TxnError.INVALID_REQUEST)
         earlier = self._checking.get(producer_id)
         unopened = [tp for tp in partitions if open_epoch(tp, producer_id) != producer_epoch]
         if earlier is None and not unopened:

@@ -306,3 +306,15 @@ def test_transactional_ids_are_refused_without_write_rights() -> None:
     assert not acl_rules.decide(
         protocol.FIND_COORDINATOR, group_find, deny_writes, lambda o, t: False
     ).transactional_refused
+
+
+def test_ids_no_producer_can_have_are_answered_not_raised() -> None:
+    """Found by the Kafka fuzz test: an empty transactional id reached etcd's key builder."""
+
+    async def scenario(backend: TxnBackend, handler: KafkaHandler) -> None:
+        answer = await call(handler, protocol.DESCRIBE_TRANSACTIONS, 0, transactional_ids=("", "x" * 2_000))
+        assert [s.error_code for s in answer.transaction_states] == [K.transactional_id_not_found] * 2
+        refused = await produce(handler, transactional_batch(5000, 0), transactional_id="")
+        assert refused.error_code == K.invalid_request and not backend.produced
+
+    run(scenario)
