@@ -289,10 +289,31 @@ class ProducerConfig(ConnectionConfig):
     max_in_flight_requests: int = MAX_IN_FLIGHT_REQUESTS_DEFAULT
     compression: str = "none"
     enable_idempotence: bool = True
+    # Transactions (docs/CLIENTS.md): set, the producer runs transactions under this id (Kafka's
+    # transactional.id); a newer producer with the same id fences this one.
+    transactional_id: str | None = None
+    transaction_timeout_ms: int = limits.TRANSACTION_TIMEOUT_MS_DEFAULT
 
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "acks", normalize_acks(self.acks))
+        if self.transactional_id is not None:
+            if not isinstance(self.transactional_id, str) or not (
+                0 < len(self.transactional_id) <= limits.TRANSACTIONAL_ID_MAX_CHARS
+            ):
+                raise InvalidArgument(
+                    f"transactional_id must be 1..{limits.TRANSACTIONAL_ID_MAX_CHARS} characters, "
+                    f"got {self.transactional_id!r}"
+                )
+            if self.enable_idempotence is not True:
+                # Kafka's rule: a transaction's batches are idempotent ones.
+                raise InvalidArgument("transactional_id needs enable_idempotence=True")
+        check_int(
+            "transaction_timeout_ms",
+            self.transaction_timeout_ms,
+            minimum=1,
+            maximum=limits.TRANSACTION_TIMEOUT_MS_MAX,
+        )
         _check_ranges(
             self,
             {
@@ -318,6 +339,10 @@ class ProducerConfig(ConnectionConfig):
     @property
     def acks_wire(self) -> int:
         return int(self.acks)
+
+    @property
+    def transactional(self) -> bool:
+        return self.transactional_id is not None
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ from clients.leaders import LeaderConnections
 from clients.loop_thread import SyncClient
 from clients.metadata import ClusterMetadata, MetadataFetcher, now_ms
 from clients.subscription_state import EARLIEST, LATEST, SubscriptionState, check_partitions
+from clients.transactions import GroupMetadata
 from clients.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
 from protos.highwater.v1 import common_pb2
 
@@ -222,6 +223,12 @@ class AsyncConsumer:
     @property
     def member_epoch(self) -> int | None:
         return self._group.member_epoch
+
+    def group_metadata(self) -> GroupMetadata:
+        """This consumer's group, member and epoch, for a transactional producer's
+        send_offsets_to_transaction (KIP-447: the coordinator refuses the offsets once this
+        consumer is no longer the member). InvalidArgument without a group_id."""
+        return _group_metadata(self.group_id, self.member_id, self.member_epoch)
 
     def subscription(self) -> tuple[str, ...]:
         return self._state.subscription or ()
@@ -663,6 +670,10 @@ class Consumer(SyncClient[AsyncConsumer]):
     def member_epoch(self) -> int | None:
         return self._async.member_epoch
 
+    def group_metadata(self) -> GroupMetadata:
+        """As AsyncConsumer.group_metadata."""
+        return self._async.group_metadata()
+
     def pause(self, *partitions: TopicPartition) -> None:
         self._async.pause(*partitions)
 
@@ -760,3 +771,9 @@ class Consumer(SyncClient[AsyncConsumer]):
             batch = self.poll(self.config.fetch_max_wait_ms, max_records=1)
             if batch:
                 return batch[0]
+
+
+def _group_metadata(group_id: str | None, member_id: str | None, member_epoch: int | None) -> GroupMetadata:
+    if group_id is None:
+        raise InvalidArgument("group_metadata() needs a consumer with a group_id")
+    return GroupMetadata(group_id, member_id or "", -1 if member_epoch is None else member_epoch)

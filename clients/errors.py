@@ -14,6 +14,8 @@ with `code_name()` (what the CLI prints before the message).
 - InvalidArgument: the caller passed something wrong (type, range, empty name);
   it is also a ValueError and a TypeError so plain Python code can catch it.
 - ClientClosed: a method was called on a closed Producer/Consumer/Admin.
+- TransactionAbortRequired: a record of the producer's transaction failed (or a call of the
+  transaction did), so it cannot commit: call abort_transaction() and run it again.
 
 Pure: imports no grpc (clients/connection.py maps gRPC statuses to these), so the
 accumulator and the partitioner stay free of I/O imports.
@@ -40,6 +42,7 @@ __all__ = [
     "LeaderUnavailable",
     "MessageTooLarge",
     "RequestTimedOut",
+    "TransactionAbortRequired",
     "check_no_positional_timeout",
     "error_for_code",
     "raise_for_code",
@@ -125,3 +128,14 @@ def check_no_positional_timeout(method: str, args: tuple[object, ...]) -> None:
             f"{method}() takes its timeout as a keyword in milliseconds, e.g. {method}(timeout_ms=10_000); "
             f"got {method}({', '.join(map(repr, args))}) (confluent-kafka's {method}(10.0) means seconds)"
         )
+
+
+class TransactionAbortRequired(HighwaterError):
+    """The transaction cannot commit (a record or call of it failed, named in the message):
+    abort_transaction(), then run the transaction again. Kafka's abortable error."""
+
+    code = common_pb2.INVALID_TXN_STATE
+
+    @classmethod
+    def code_name(cls) -> str:
+        return "TRANSACTION_ABORT_REQUIRED"

@@ -78,6 +78,7 @@ from clients.leaders import LeaderConnections
 from clients.loop_thread import LoopThread
 from clients.metadata import ClusterMetadata, MetadataFetcher, TopicInfo, now_ms
 from clients.sender import BulkSendResult, Sender, SentRecords, closed_error
+from clients.transactions import GroupMetadata, TransactionManager
 from clients.types import FailedRecord, RecordMetadata, TopicPartition
 
 log = logging.getLogger("highwater.client.producer")
@@ -244,6 +245,34 @@ class _ProducerCore:
             raise self.sender.fatal_error
         if self.sender_task is not None and self.sender_task.done():
             raise ClientClosed("the producer's sender task has stopped; close and create a new producer")
+
+    def check_send(self) -> None:
+        """check_open, and for a transactional producer that a transaction is open."""
+        self.check_open()
+        if self.sender.transactions is not None:
+            self.sender.transactions.check_send()
+
+    @property
+    def transactions(self) -> TransactionManager:
+        txn = self.sender.transactions
+        if txn is None:
+            raise InvalidArgument(
+                "this producer is not transactional: create it with transactional_id=... (docs/CLIENTS.md)"
+            )
+        return txn
+
+    async def start_end(self, commit: bool) -> None:
+        """Enter the commit or abort (on the loop, where the sender reads the phase)."""
+        self.transactions.start_end(commit)
+
+    async def begin(self) -> None:
+        await self.transactions.begin()
+
+    def call_timeout_ms(self, timeout_ms: int | None) -> int:
+        """A transaction call's bound: the caller's, else max_block_ms (Kafka's)."""
+        if timeout_ms is None:
+            return self.config.max_block_ms
+        return check_int("timeout_ms", timeout_ms, minimum=1)
 
     def cached_topic(self, topic: str) -> tuple[TopicInfo | None, bool]:
         """(cached info or None, whether it is stale)."""
@@ -689,7 +718,7 @@ class Producer:
         a sequence of every record's RecordMetadata in input order, or fails with the first error.
         """
         core = self._core
-        core.check_open()
+        core.check_send()
         info = self._topic_info(core.check_topic(topic))
         future: concurrent.futures.Future[SentRecords] = concurrent.futures.Future()
         queuing = core.queue_bulk(info, values, key, headers, partition, timestamp_ms, future)
@@ -712,7 +741,7 @@ class Producer:
         callback: Callback | None,
     ) -> None:
         core = self._core
-        core.check_open()
+        core.check_send()
         info = self._topic_info(core.check_topic(topic))
         pending = core.append_one(info, value, key, headers, partition, timestamp_ms, future, callback)
         if pending is not None:
@@ -744,6 +773,67 @@ class Producer:
         """The topic's partition ids (from the gateway's metadata)."""
         self._core.check_open()
         return list(self._topic_info(self._core.check_topic(topic)).partitions)
+
+    # ---- transactions (transactional_id set; docs/CLIENTS.md, Transactions) --------------------
+
+    def init_transactions(self, *args: object, timeout_ms: int | None = None) -> None:
+        """Get the transactional id's producer id and a new epoch, once, before the first
+        transaction: any older producer with the id is fenced and its open transaction aborted.
+        Retriable trouble is retried for up to timeout_ms (default max_block_ms)."""
+        check_no_positional_timeout("init_transactions", args)
+        core = self._core
+        core.check_open()
+        self._thread.run(
+            core.transactions.init(core.call_timeout_ms(timeout_ms)), None, "init_transactions()"
+        )
+
+    def begin_transaction(self) -> None:
+        """Open a transaction: records sent until commit or abort belong to it."""
+        self._core.check_open()
+        self._thread.run(self._core.begin(), None, "begin_transaction()")
+
+    def send_offsets_to_transaction(
+        self,
+        offsets: Mapping[TopicPartition, int],
+        group_metadata: GroupMetadata,
+        *,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """Commit a consumer group's offsets (the next offset to read, as Consumer.commit takes
+        them) with the transaction: the group sees them only if it commits. `group_metadata`
+        is the consumer's (Consumer.group_metadata()), so a consumer that lost its partitions
+        cannot commit (KIP-447)."""
+        core = self._core
+        core.check_open()
+        self._thread.run(
+            core.transactions.send_offsets(dict(offsets), group_metadata, core.call_timeout_ms(timeout_ms)),
+            None,
+            "send_offsets_to_transaction()",
+        )
+
+    def commit_transaction(self, *args: object, timeout_ms: int | None = None) -> None:
+        """Send what is queued, then commit: every record and offset of the transaction becomes
+        visible to read_committed consumers at once. TransactionAbortRequired when a record of
+        it failed (abort_transaction() then); RequestTimedOut after timeout_ms (default
+        max_block_ms), after which calling it again resumes the commit."""
+        self._end(True, args, timeout_ms)
+
+    def abort_transaction(self, *args: object, timeout_ms: int | None = None) -> None:
+        """Abort the transaction: its records are never seen by read_committed consumers and
+        its offsets never committed. Records still queued fail with TransactionAbortRequired."""
+        self._end(False, args, timeout_ms)
+
+    def _end(self, commit: bool, args: tuple[object, ...], timeout_ms: int | None) -> None:
+        what = "commit_transaction()" if commit else "abort_transaction()"
+        check_no_positional_timeout(what.rstrip("()"), args)
+        core = self._core
+        core.check_open()
+        bound_ms = core.call_timeout_ms(timeout_ms)
+        started = monotonic()
+        self._thread.run(core.start_end(commit), None, what)
+        self.flush(timeout_ms=bound_ms)
+        left_ms = max(1, bound_ms - int((monotonic() - started) * 1000))
+        self._thread.run(core.transactions.end(commit, left_ms), None, what)
 
     def close(self, *args: object, timeout_ms: int | None = None) -> None:
         """Deliver what is queued (within timeout_ms, keyword only, in milliseconds; default:
@@ -855,6 +945,7 @@ class AsyncProducer:
         queuing nothing, for bad arguments or a record that cannot fit.
         """
         core = await self._ready_core()
+        core.check_send()
         info = await self._topic_info(core, core.check_topic(topic))
         future: asyncio.Future[RecordMetadata] = core.loop.create_future()
         pending = core.append_one(info, value, key, headers, partition, timestamp_ms, future, callback)
@@ -887,6 +978,7 @@ class AsyncProducer:
     ) -> asyncio.Future[SentRecords]:
         """As Producer.send_batch: queue many values at once; await the future for their metadata."""
         core = await self._ready_core()
+        core.check_send()
         info = await self._topic_info(core, core.check_topic(topic))
         future: asyncio.Future[SentRecords] = core.loop.create_future()
         queuing = core.queue_bulk(info, values, key, headers, partition, timestamp_ms, future)
@@ -927,6 +1019,48 @@ class AsyncProducer:
     async def partitions_for(self, topic: str) -> list[int]:
         core = await self._ready_core()
         return list((await self._topic_info(core, core.check_topic(topic))).partitions)
+
+    # ---- transactions (as Producer's) -------------------------------------------------------
+
+    async def init_transactions(self, *args: object, timeout_ms: int | None = None) -> None:
+        """As Producer.init_transactions."""
+        check_no_positional_timeout("init_transactions", args)
+        core = await self._ready_core()
+        await core.transactions.init(core.call_timeout_ms(timeout_ms))
+
+    async def begin_transaction(self) -> None:
+        """As Producer.begin_transaction."""
+        core = await self._ready_core()
+        await core.begin()
+
+    async def send_offsets_to_transaction(
+        self,
+        offsets: Mapping[TopicPartition, int],
+        group_metadata: GroupMetadata,
+        *,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """As Producer.send_offsets_to_transaction."""
+        core = await self._ready_core()
+        await core.transactions.send_offsets(dict(offsets), group_metadata, core.call_timeout_ms(timeout_ms))
+
+    async def commit_transaction(self, *args: object, timeout_ms: int | None = None) -> None:
+        """As Producer.commit_transaction."""
+        await self._end(True, args, timeout_ms)
+
+    async def abort_transaction(self, *args: object, timeout_ms: int | None = None) -> None:
+        """As Producer.abort_transaction."""
+        await self._end(False, args, timeout_ms)
+
+    async def _end(self, commit: bool, args: tuple[object, ...], timeout_ms: int | None) -> None:
+        check_no_positional_timeout("commit_transaction" if commit else "abort_transaction", args)
+        core = await self._ready_core()
+        bound_ms = core.call_timeout_ms(timeout_ms)
+        started = monotonic()
+        await core.start_end(commit)
+        await self.flush(timeout_ms=bound_ms)
+        left_ms = max(1, bound_ms - int((monotonic() - started) * 1000))
+        await core.transactions.end(commit, left_ms)
 
     async def close(self, *args: object, timeout_ms: int | None = None) -> None:
         """As Producer.close: deliver within timeout_ms (keyword only, in milliseconds), fail

@@ -50,10 +50,18 @@ from clients.config import (
     ProducerConfig,
 )
 from clients.connection import GatewayConnection
-from clients.errors import ClientClosed, HighwaterError, LeaderMoved, RequestTimedOut, error_for_code
+from clients.errors import (
+    ClientClosed,
+    HighwaterError,
+    LeaderMoved,
+    RequestTimedOut,
+    TransactionAbortRequired,
+    error_for_code,
+)
 from clients.idempotence import IdempotenceState
 from clients.leaders import LeaderConnections, unless_leader_moves
 from clients.metadata import ClusterMetadata, now_ms
+from clients.transactions import TransactionManager
 from clients.types import FailedRecord, RecordMetadata, TopicPartition
 from protos.highwater.v1 import common_pb2
 
@@ -90,8 +98,9 @@ def with_headers(
     ]
 
 
-def encode_producer_batch(batch: ProducerBatch, compression: str) -> bytes:
-    """The batch as one RecordBatch, with its producer id, epoch and first sequence.
+def encode_producer_batch(batch: ProducerBatch, compression: str, transactional: bool = False) -> bytes:
+    """The batch as one RecordBatch, with its producer id, epoch and first sequence (and the
+    transactional flag for a transactional producer's).
 
     Bulk runs (each one key and timestamp, no headers) are encoded straight from the
     caller's values; other batches from a tuple per record.
@@ -105,6 +114,7 @@ def encode_producer_batch(batch: ProducerBatch, compression: str) -> bytes:
             base_sequence=batch.base_sequence,
             # size_bytes bounds keys and framing too: close enough to pick the faster encoder.
             large_values=batch.size_bytes >= batch.record_count * records.LARGE_VALUE_BYTES_MIN,
+            transactional=transactional,
         )
     return records.encode_batch(
         with_headers(batch),
@@ -112,6 +122,7 @@ def encode_producer_batch(batch: ProducerBatch, compression: str) -> bytes:
         producer_id=batch.producer_id,
         producer_epoch=batch.producer_epoch,
         base_sequence=batch.base_sequence,
+        transactional=transactional,
     )
 
 
@@ -284,6 +295,14 @@ class Sender:
         # Requests in flight per destination (a leader's address, or VIA_GATEWAY).
         self._in_flight_to: dict[str, int] = {}
         self.idempotence = IdempotenceState() if config.enable_idempotence else None
+        # A transactional producer's transactions (clients/transactions.py): its producer id
+        # comes from init_transactions(), and each partition joins the transaction before its
+        # first batch goes out.
+        self.transactions = (
+            TransactionManager(config, connection, self.idempotence)
+            if config.transactional and self.idempotence is not None
+            else None
+        )
         self.fatal_error: HighwaterError | None = None
         # Batches in flight per partition, and the partitions at their limit (not drained):
         # max_in_flight_requests with idempotence (the leader puts them back in order by
@@ -381,6 +400,18 @@ class Sender:
                 waiting = self.accumulator.has_queued()
             if not waiting:
                 return None
+            if self.transactions is not None:
+                # The epoch of a transactional producer changes only through its transactions
+                # (init_transactions, abort_transaction): what waits here cannot be sent in this
+                # transaction, which must be aborted.
+                with self.lock:
+                    queued = self.accumulator.abort_queued()
+                doubt = TransactionAbortRequired(
+                    "the producer's sequence numbers are in doubt after a failed batch"
+                )
+                for batch in queued:
+                    self._fail(batch, doubt)
+                return None
             if self._init_task is None and not self._in_flight:
                 if now < self._init_retry_at_ms:
                     return self._init_retry_at_ms - now
@@ -453,7 +484,9 @@ class Sender:
         # Built in place: a finished sub-message handed to a constructor is serialised and parsed
         # again, a copy of every batch at each level (12% of the Producer's CPU at 10 KB records).
         request = common_pb2.ProduceRequest(
-            acks=config.acks_wire, timeout_ms=min(config.request_timeout_ms, limits.PRODUCE_TIMEOUT_MS_MAX)
+            acks=config.acks_wire,
+            timeout_ms=min(config.request_timeout_ms, limits.PRODUCE_TIMEOUT_MS_MAX),
+            transactional_id=config.transactional_id or "",
         )
         by_topic: dict[str, common_pb2.ProduceTopicData] = {}
         for batch in list(batches):
@@ -461,7 +494,7 @@ class Sender:
                 batch.encoded = None
             if batch.encoded is None:
                 try:
-                    batch.encoded = encode_producer_batch(batch, config.compression)
+                    batch.encoded = encode_producer_batch(batch, config.compression, config.transactional)
                 except HighwaterError as error:
                     batches.remove(batch)
                     self._fail(batch, error)
@@ -490,6 +523,10 @@ class Sender:
         ) / 1000
         try:
             try:
+                if self.transactions is not None:
+                    await self.transactions.add_partitions(
+                        [batch.tp for batch in batches], delivery_deadline_s
+                    )
                 if destination == VIA_GATEWAY or self.leaders is None:
                     response = await self.connection.call(
                         "Produce",
@@ -670,6 +707,8 @@ class Sender:
     def _fail(self, batch: ProducerBatch, error: HighwaterError) -> None:
         if self.idempotence is not None:
             self.idempotence.on_batch_lost(batch)
+        if self.transactions is not None:
+            self.transactions.on_batch_failed(error)
         with self.lock:
             self.accumulator.complete(batch)
         settle_batch(batch, -1, -1, error)

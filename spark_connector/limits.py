@@ -6,6 +6,7 @@ source option (spark_connector/options.py lists them); the rest are fixed.
 
 from __future__ import annotations
 
+from clients.common import limits as client_limits
 from clients.common.limits import MAX_MESSAGE_BYTES, PRODUCER_BATCHES_KEPT
 from clients.config import GRPC_MAX_MESSAGE_BYTES
 
@@ -82,3 +83,13 @@ PRODUCER_EPOCH_MODULUS = 32_767
 # Derived producer ids live in [2**62, 2**63): the controller hands out ids from 0 upwards
 # in blocks of 1000, so the two never meet.
 DERIVED_PRODUCER_ID_BASE = 1 << 62
+
+# deliveryGuarantee=exactly-once (spark_connector/transactions.py). The transaction timeout a
+# task's transaction gets unless transactionTimeoutMs says otherwise, and the most it may ask
+# (the coordinator's bounds, clients/common/limits.py): a task and the driver's commit must fit in
+# it, and a driver that dies holds read_committed readers of the topics back at most this long.
+TRANSACTION_TIMEOUT_MS_DEFAULT = client_limits.TRANSACTION_TIMEOUT_MS_DEFAULT
+TRANSACTION_TIMEOUT_MS_MAX = client_limits.TRANSACTION_TIMEOUT_MS_MAX
+# A transactional id is {prefix}:{query id (36)}:{partition id}, within the coordinator's
+# TRANSACTIONAL_ID_MAX_CHARS.
+TRANSACTIONAL_ID_PREFIX_MAX_CHARS = 200

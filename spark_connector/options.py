@@ -223,8 +223,8 @@ KAFKA_REFUSED: dict[str, str] = {
     "key.serializer": "keys are written as binary or UTF-8 strings (serialize them in the query)",
     "value.serializer": "values are written as binary or UTF-8 strings (serialize them in the query)",
     "interceptor.classes": "there are no client interceptors; transform the DataFrame instead",
-    "transactional.id": "the Spark writer does not write transactions yet; streaming writes are idempotent "
-    "per micro-batch instead (docs/SPARK.md, Guarantees)",
+    "transactional.id": "the writer names its transactions itself, one per task: set deliveryGuarantee="
+    "exactly-once (and transactionalIdPrefix to choose the ids' prefix; docs/SPARK.md, Guarantees)",
     "partitioner.class": "rows go to murmur2(key) like Kafka's default partitioner; set a 'partition' column "
     "to choose",
     "sasl.mechanism": "Highwater authenticates with a client certificate or a bearer token: "
@@ -416,11 +416,25 @@ class ReadOptions:
     read_committed: bool = False
 
 
+# deliveryGuarantee's values (a write): idempotent writes that a replay does not repeat, or
+# transactions committed with Spark's commit (spark_connector/transactions.py).
+DELIVERY_GUARANTEE = "deliveryGuarantee"
+IDEMPOTENT = "idempotent"
+EXACTLY_ONCE = "exactly-once"
+TRANSACTIONAL_ID_PREFIX = "transactionalIdPrefix"
+TRANSACTIONAL_ID_PREFIX_DEFAULT = "highwater-spark"
+TRANSACTION_TIMEOUT_MS = "transactionTimeoutMs"
+
+
 @dataclass(frozen=True)
 class WriteOptions:
     bootstrap: str
     topic: str | None  # overrides a `topic` column, as in Spark's Kafka sink
     client: ClientSettings
+    # deliveryGuarantee=exactly-once: each task writes in a transaction the driver commits.
+    exactly_once: bool = False
+    transactional_id_prefix: str = TRANSACTIONAL_ID_PREFIX_DEFAULT
+    transaction_timeout_ms: int = limits.TRANSACTION_TIMEOUT_MS_DEFAULT
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
@@ -819,10 +833,29 @@ def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
     # Spark's Kafka sink takes includeHeaders and writes a 'headers' column whenever there is
     # one, whatever its value; so does this sink. Checked only for its form.
     parse_bool(options, "includeHeaders", False)
+    guarantee = options.get(DELIVERY_GUARANTEE.lower(), IDEMPOTENT).strip().lower()
+    if guarantee not in (IDEMPOTENT, EXACTLY_ONCE):
+        raise OptionError(
+            f"option {DELIVERY_GUARANTEE!r} must be {IDEMPOTENT} (the default: a replayed batch is not "
+            f"written again) or {EXACTLY_ONCE} (transactions: read_committed readers see each batch whole, "
+            f"once), got {guarantee!r}"
+        )
+    prefix = options.get(TRANSACTIONAL_ID_PREFIX.lower(), TRANSACTIONAL_ID_PREFIX_DEFAULT).strip()
+    if not prefix or len(prefix) > limits.TRANSACTIONAL_ID_PREFIX_MAX_CHARS or "/" in prefix:
+        raise OptionError(
+            f"option {TRANSACTIONAL_ID_PREFIX!r} must be 1..{limits.TRANSACTIONAL_ID_PREFIX_MAX_CHARS} "
+            f"characters without '/', got {prefix!r}"
+        )
+    timeout_ms = parse_int(
+        options, TRANSACTION_TIMEOUT_MS, minimum=1, maximum=limits.TRANSACTION_TIMEOUT_MS_MAX
+    )
     return WriteOptions(
         bootstrap=parse_bootstrap(options),
         topic=check_topic(topic.strip(), "option 'topic'") if topic is not None else None,
         client=parse_client_settings(options, display, parse_kafka_tls(options)),
+        exactly_once=guarantee == EXACTLY_ONCE,
+        transactional_id_prefix=prefix,
+        transaction_timeout_ms=timeout_ms or limits.TRANSACTION_TIMEOUT_MS_DEFAULT,
     )
 
 

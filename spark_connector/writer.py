@@ -36,6 +36,7 @@ same bytes after retriable errors.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import time
 import uuid
@@ -61,6 +62,16 @@ from spark_connector.gateway import (
 )
 from spark_connector.options import OptionError, WriteOptions, check_topic
 from spark_connector.schema import HEADER_TYPE
+from spark_connector.transactions import (
+    TaskTransaction,
+    TransactionalNumbering,
+    add_partition,
+    batch_committed,
+    commit_marker,
+    end_transactions,
+    init_transaction,
+    transactional_id,
+)
 
 log = logging.getLogger("highwater.spark")
 
@@ -212,10 +223,13 @@ class ChunkSender:
     it is acknowledged; retriable errors put the batch back at the head of its queue.
     """
 
-    def __init__(self, client: GatewayClient, acks: int, stats: WriteStats) -> None:
+    def __init__(
+        self, client: GatewayClient, acks: int, stats: WriteStats, transactional_id: str = ""
+    ) -> None:
         self.client = client
         self.acks = acks
         self.stats = stats
+        self.transactional_id = transactional_id  # set: the task's batches are transactional
         self.queues: dict[tuple[str, int], deque[_Chunk]] = {}
         self.queued_bytes = 0
         self.request_bytes_max = client.settings.max_request_bytes
@@ -263,6 +277,7 @@ class ChunkSender:
             acks=self.acks,
             timeout_ms=self.client.settings.request_timeout_ms,
             topics=[common_pb2.ProduceTopicData(topic=t, partitions=ps) for t, ps in by_topic.items()],
+            transactional_id=self.transactional_id,
         )
         self._in_flight = (self.client.call_future("Produce", request), chunks)
 
@@ -314,6 +329,11 @@ class ChunkSender:
                 "attempt that wrote before (its input was not the same rows in the same order), so "
                 "duplicates cannot be ruled out; failing instead"
             )
+        if code in (common_pb2.PRODUCER_FENCED, common_pb2.INVALID_TXN_STATE):
+            return (
+                f"{where}: {message}. Another attempt of this task started its transaction since "
+                "(a retry or a speculative copy): this attempt stops, and the other one's is the write"
+            )
         if code == common_pb2.INVALID_PRODUCER_EPOCH:
             return (
                 f"{where}: {message}. A later micro-batch has already written with this task's "
@@ -333,91 +353,100 @@ class ChunkSender:
 
 
 def write_task(
-    rows: Iterator[pa.RecordBatch], options: WriteOptions, columns: InputColumns, numbering: BatchNumbering
+    rows: Iterator[pa.RecordBatch],
+    options: WriteOptions,
+    columns: InputColumns,
+    numbering: BatchNumbering | TransactionalNumbering,
+    client: GatewayClient | None = None,
 ) -> WriteStats:
-    """Write every row of one Spark task; returns what was acknowledged."""
+    """Write every row of one Spark task; returns what was acknowledged. With a transactional
+    numbering (TransactionalNumbering), the batches are its transaction's."""
+    if client is None:
+        with GatewayClient(options.bootstrap, options.client) as own:
+            return write_task(rows, options, columns, numbering, own)
     stats = WriteStats()
     settings = options.client
     # A batch must fit in one Produce (kafka.max.request.size / highwater.max.request.size).
     batch_bytes_max = min(settings.batch_size_bytes, settings.max_request_bytes - _REQUEST_FRAMING_BYTES)
-    with GatewayClient(options.bootstrap, settings) as client:
-        sender = ChunkSender(client, settings.acks, stats)
-        partition_counts: dict[str, int] = {}
-        keyless_counter: dict[str, int] = {}
-        open_batches: dict[tuple[str, int], tuple[list[Any], list[int]]] = {}  # tp -> (records, [bytes])
+    txn = numbering.txn if isinstance(numbering, TransactionalNumbering) else None
+    sender = ChunkSender(client, settings.acks, stats, txn.transactional_id if txn is not None else "")
+    partition_counts: dict[str, int] = {}
+    keyless_counter: dict[str, int] = {}
+    open_batches: dict[tuple[str, int], tuple[list[Any], list[int]]] = {}  # tp -> (records, [bytes])
 
-        def partitions_of(topic: str, source: str) -> int:
-            count = partition_counts.get(topic)
-            if count is None:
-                check_topic(topic, source)
-                found = client.partitions([topic]).get(topic)
-                if found is None:
-                    raise HighwaterSparkError(f"{source}: topic {topic!r} does not exist")
-                count = partition_counts[topic] = len(found)
-            return count
+    def partitions_of(topic: str, source: str) -> int:
+        count = partition_counts.get(topic)
+        if count is None:
+            check_topic(topic, source)
+            found = client.partitions([topic]).get(topic)
+            if found is None:
+                raise HighwaterSparkError(f"{source}: topic {topic!r} does not exist")
+            count = partition_counts[topic] = len(found)
+        return count
 
-        def close(tp: tuple[str, int]) -> None:
-            records, _ = open_batches.pop(tp)
-            producer_id, epoch, base_sequence = numbering.number(tp, len(records))
-            data = encode_batch(
-                records,
-                compression=settings.compression,
-                producer_id=producer_id,
-                producer_epoch=epoch,
-                base_sequence=base_sequence,
-            )
-            sender.add(_Chunk(tp, data, len(records)))
+    def close(tp: tuple[str, int]) -> None:
+        records, _ = open_batches.pop(tp)
+        producer_id, epoch, base_sequence = numbering.number(tp, len(records))
+        data = encode_batch(
+            records,
+            compression=settings.compression,
+            producer_id=producer_id,
+            producer_epoch=epoch,
+            base_sequence=base_sequence,
+            transactional=txn is not None,
+        )
+        sender.add(_Chunk(tp, data, len(records)))
 
-        for batch in rows:
-            count = batch.num_rows
-            if not count:
-                continue
-            now_ms = time.time_ns() // 1_000_000
-            values = _bytes_column(batch, "value", columns.value_is_string)
-            keys = _bytes_column(batch, "key", columns.key_is_string) if columns.key else [None] * count
-            topics = batch.column("topic").to_pylist() if columns.topic else [options.topic] * count
-            partitions = batch.column("partition").to_pylist() if columns.partition else [None] * count
-            headers = _headers_column(batch) if columns.headers else None
-            for i in range(count):
-                topic = topics[i]
-                if topic is None:
-                    raise HighwaterSparkError("column 'topic' is null in a row and no 'topic' option is set")
-                n = partitions_of(topic, "option 'topic'" if options.topic else "column 'topic'")
-                partition = partitions[i]
-                key = keys[i]
-                if partition is None:
-                    if key is not None:
-                        partition = partition_for_key(key, n)
-                    else:
-                        # Round-robin from the task's own start: deterministic, so a replay cuts the
-                        # same batches (see the module docstring).
-                        k = keyless_counter.get(topic, 0)
-                        keyless_counter[topic] = k + 1
-                        partition = (numbering.task + k) % n
-                elif not 0 <= partition < n:
-                    raise HighwaterSparkError(
-                        f"column 'partition': {partition} is not a partition of {topic!r} (it has {n})"
-                    )
-                tp = (topic, partition)
-                value = values[i]
-                record_headers = headers[i] if headers is not None else []
-                size = _RECORD_FRAMING_BYTES + (len(value) if value else 0) + (len(key) if key else 0)
-                if size > batch_bytes_max and size + _REQUEST_FRAMING_BYTES > settings.max_request_bytes:
-                    raise HighwaterSparkError(
-                        f"a record of {size} bytes for {topic}-{partition} is larger than the request size "
-                        f"limit of {settings.max_request_bytes} bytes (kafka.max.request.size / "
-                        "highwater.max.request.size), as Kafka's producer refuses it too"
-                    )
-                pending = open_batches.get(tp)
-                if pending is None:
-                    pending = open_batches[tp] = ([], [0])
-                pending[0].append((key, value, record_headers, now_ms))
-                pending[1][0] += size
-                if pending[1][0] >= batch_bytes_max or len(pending[0]) >= limits.WRITE_BATCH_RECORDS_MAX:
-                    close(tp)
-        for tp in list(open_batches):
-            close(tp)
-        sender.flush()
+    for batch in rows:
+        count = batch.num_rows
+        if not count:
+            continue
+        now_ms = time.time_ns() // 1_000_000
+        values = _bytes_column(batch, "value", columns.value_is_string)
+        keys = _bytes_column(batch, "key", columns.key_is_string) if columns.key else [None] * count
+        topics = batch.column("topic").to_pylist() if columns.topic else [options.topic] * count
+        partitions = batch.column("partition").to_pylist() if columns.partition else [None] * count
+        headers = _headers_column(batch) if columns.headers else None
+        for i in range(count):
+            topic = topics[i]
+            if topic is None:
+                raise HighwaterSparkError("column 'topic' is null in a row and no 'topic' option is set")
+            n = partitions_of(topic, "option 'topic'" if options.topic else "column 'topic'")
+            partition = partitions[i]
+            key = keys[i]
+            if partition is None:
+                if key is not None:
+                    partition = partition_for_key(key, n)
+                else:
+                    # Round-robin from the task's own start: deterministic, so a replay cuts the
+                    # same batches (see the module docstring).
+                    k = keyless_counter.get(topic, 0)
+                    keyless_counter[topic] = k + 1
+                    partition = (numbering.task + k) % n
+            elif not 0 <= partition < n:
+                raise HighwaterSparkError(
+                    f"column 'partition': {partition} is not a partition of {topic!r} (it has {n})"
+                )
+            tp = (topic, partition)
+            value = values[i]
+            record_headers = headers[i] if headers is not None else []
+            size = _RECORD_FRAMING_BYTES + (len(value) if value else 0) + (len(key) if key else 0)
+            if size > batch_bytes_max and size + _REQUEST_FRAMING_BYTES > settings.max_request_bytes:
+                raise HighwaterSparkError(
+                    f"a record of {size} bytes for {topic}-{partition} is larger than the request size "
+                    f"limit of {settings.max_request_bytes} bytes (kafka.max.request.size / "
+                    "highwater.max.request.size), as Kafka's producer refuses it too"
+                )
+            pending = open_batches.get(tp)
+            if pending is None:
+                pending = open_batches[tp] = ([], [0])
+            pending[0].append((key, value, record_headers, now_ms))
+            pending[1][0] += size
+            if pending[1][0] >= batch_bytes_max or len(pending[0]) >= limits.WRITE_BATCH_RECORDS_MAX:
+                close(tp)
+    for tp in list(open_batches):
+        close(tp)
+    sender.flush()
     return stats
 
 
@@ -441,15 +470,61 @@ def _headers_column(batch: pa.RecordBatch) -> list[list[tuple[str, bytes | None]
     return out
 
 
+def exactly_once_task(
+    rows: Iterator[pa.RecordBatch],
+    options: WriteOptions,
+    columns: InputColumns,
+    scope: str,
+    partition_id: int,
+    batch_id: int | None,
+) -> tuple[WriteStats, TaskTransaction | None]:
+    """Write one task's rows in its transaction (spark_connector/transactions.py), left open
+    for the driver to commit; None for the transaction when there was nothing to write, or when
+    this is a replay of a micro-batch (`batch_id`) the task's transaction committed already."""
+    first = next((batch for batch in rows if batch.num_rows), None)
+    if first is None:
+        return WriteStats(), None
+    marker_topic = options.topic if options.topic is not None else first.column("topic")[0].as_py()
+    if marker_topic is None:
+        raise HighwaterSparkError("column 'topic' is null in a row and no 'topic' option is set")
+    marker = (marker_topic, 0)
+    tid = transactional_id(options.transactional_id_prefix, scope, partition_id)
+    with GatewayClient(options.bootstrap, options.client) as client:
+        txn = init_transaction(client, tid, options.transaction_timeout_ms)
+        if batch_id is not None and batch_committed(client, tid, marker, batch_id):
+            log.info(
+                "micro-batch %d: task %d committed it before; nothing written again", batch_id, partition_id
+            )
+            return WriteStats(), None
+        numbering = TransactionalNumbering(txn, partition_id, lambda tp: add_partition(client, txn, tp))
+        stats = write_task(itertools.chain([first], rows), options, columns, numbering, client)
+        if batch_id is not None:
+            commit_marker(client, txn, marker, batch_id)
+    return stats, txn
+
+
+def end_task_transactions(
+    options: WriteOptions, messages: list[WriterCommitMessage | None], commit: bool
+) -> None:
+    """The driver's half of an exactly-once write: end every task's transaction."""
+    txns = [m.transaction for m in messages if isinstance(m, HighwaterCommitMessage) and m.transaction]
+    if not txns:
+        return
+    with GatewayClient(options.bootstrap, options.client) as client:
+        end_transactions(client, txns, commit)
+
+
 @dataclass
 class HighwaterCommitMessage(WriterCommitMessage):
-    """What one task wrote: for logs and for tests; nothing needs undoing on abort."""
+    """What one task wrote: for logs and tests, and with deliveryGuarantee=exactly-once the
+    transaction the driver ends."""
 
     partition_id: int
     attempt: int
     records: int
     batches: int
     offsets: dict[str, list[int]]
+    transaction: TaskTransaction | None = None
 
 
 def _task_context() -> tuple[int, int, Any]:
@@ -472,12 +547,21 @@ class HighwaterBatchWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         partition_id, attempt, _ = _task_context()
+        if self.options.exactly_once:
+            stats, txn = exactly_once_task(
+                iterator, self.options, self.columns, self.write_id, partition_id, None
+            )
+            return HighwaterCommitMessage(
+                partition_id, attempt, stats.records, stats.batches, stats.offsets, txn
+            )
         stats = write_task(
             iterator, self.options, self.columns, BatchNumbering(self.write_id, partition_id, 0)
         )
         return HighwaterCommitMessage(partition_id, attempt, stats.records, stats.batches, stats.offsets)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.options.exactly_once:
+            end_task_transactions(self.options, messages, commit=True)
         done = [m for m in messages if isinstance(m, HighwaterCommitMessage)]
         log.info(
             "Highwater write %s: %d records in %d batches from %d tasks",
@@ -488,6 +572,10 @@ class HighwaterBatchWriter(DataSourceArrowWriter):
         )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.options.exactly_once:
+            end_task_transactions(self.options, messages, commit=False)
+            log.warning("Highwater write %s aborted: its transactions are aborted", self.write_id)
+            return
         # A log cannot take records back: what tasks wrote stays (at-least-once for a failed job).
         log.warning(
             "Highwater write %s aborted; records already acknowledged stay in the topics", self.write_id
@@ -506,6 +594,17 @@ class HighwaterStreamWriter(DataSourceStreamArrowWriter):
         partition_id, attempt, context = _task_context()
         query_id = context.getLocalProperty(QUERY_ID_PROPERTY)
         batch_text = context.getLocalProperty(BATCH_ID_PROPERTY)
+        if self.options.exactly_once:
+            if not query_id or batch_text is None:  # pragma: no cover - Spark sets both
+                raise HighwaterSparkError(
+                    "deliveryGuarantee=exactly-once needs Spark's query id and batch id"
+                )
+            stats, txn = exactly_once_task(
+                iterator, self.options, self.columns, f"query:{query_id}", partition_id, int(batch_text)
+            )
+            return HighwaterCommitMessage(
+                partition_id, attempt, stats.records, stats.batches, stats.offsets, txn
+            )
         if query_id and batch_text is not None:
             numbering = BatchNumbering(f"query:{query_id}", partition_id, int(batch_text))
         else:  # pragma: no cover - Spark sets both on every micro-batch task
@@ -517,6 +616,8 @@ class HighwaterStreamWriter(DataSourceStreamArrowWriter):
         return HighwaterCommitMessage(partition_id, attempt, stats.records, stats.batches, stats.offsets)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        if self.options.exactly_once:
+            end_task_transactions(self.options, messages, commit=True)
         done = [m for m in messages if isinstance(m, HighwaterCommitMessage)]
         log.info(
             "Highwater micro-batch %d: %d records in %d batches from %d tasks",
@@ -527,6 +628,10 @@ class HighwaterStreamWriter(DataSourceStreamArrowWriter):
         )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        if self.options.exactly_once:
+            end_task_transactions(self.options, messages, commit=False)
+            log.warning("Highwater micro-batch %d aborted: its transactions are aborted", batchId)
+            return
         log.warning(
             "Highwater micro-batch %d aborted; what tasks wrote stays, and the replay of batch %d "
             "will not write it again",

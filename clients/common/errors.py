@@ -148,6 +148,20 @@ NonEmptyGroup = _error("NonEmptyGroup", common_pb2.NON_EMPTY_GROUP)
 GroupIdNotFound = _error("GroupIdNotFound", common_pb2.GROUP_ID_NOT_FOUND)
 
 
+# Transactions (issue 41; docs/CLIENTS.md, Transactions). A fenced producer is done: another
+# producer with its transactional id took over, so it must be closed. INVALID_TXN_STATE and the
+# mapping and timeout errors are the caller's to fix; the other two pass with time.
+ProducerFenced = _error("ProducerFenced", common_pb2.PRODUCER_FENCED)
+InvalidTxnState = _error("InvalidTxnState", common_pb2.INVALID_TXN_STATE)
+InvalidProducerIdMapping = _error("InvalidProducerIdMapping", common_pb2.INVALID_PRODUCER_ID_MAPPING)
+InvalidTransactionTimeout = _error("InvalidTransactionTimeout", common_pb2.INVALID_TRANSACTION_TIMEOUT)
+TransactionalIdNotFound = _error("TransactionalIdNotFound", common_pb2.TRANSACTIONAL_ID_NOT_FOUND)
+ConcurrentTransactions = _error("ConcurrentTransactions", common_pb2.CONCURRENT_TRANSACTIONS, retriable=True)
+CoordinatorNotAvailable = _error(
+    "CoordinatorNotAvailable", common_pb2.COORDINATOR_NOT_AVAILABLE, retriable=True
+)
+
+
 # The retry policy, read from the flags above so a new code joins it where it is defined.
 # Every code a later attempt of the same request may fix:
 RETRIABLE_CODES = frozenset(code for code, cls in _BY_CODE.items() if cls.retriable)

@@ -107,3 +107,14 @@ TOKEN_ID_CHARS_MAX = 64
 # 100-byte records 0.77 M/s at 16 KiB, 1.0-1.1 M/s from 64 KiB up (no further gain at 256 KiB
 # or 1 MiB). A batch waits no longer for being allowed to grow: linger_ms bounds that.
 BATCH_SIZE_BYTES_DEFAULT = 64 * 1024
+
+# --- transactions (issue 41) ----------------------------------------------------
+# The longest transaction.timeout.ms a producer may ask for (Kafka's transaction.max.timeout.ms,
+# 15 minutes): a hung producer's transaction holds back every read_committed consumer of its
+# partitions (the LSO) until it times out, so the bound is what an operator must tolerate.
+TRANSACTION_TIMEOUT_MS_MAX = 900_000
+# Kafka's transaction.timeout.ms default: a producer that dies mid-transaction holds its
+# partitions' read_committed consumers back at most this long.
+TRANSACTION_TIMEOUT_MS_DEFAULT = 60_000
+# A transactional id's length: it is part of an etcd key (percent-encoded, so up to 3x longer).
+TRANSACTIONAL_ID_MAX_CHARS = 1_000

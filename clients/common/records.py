@@ -163,13 +163,17 @@ def _compression_code(compression: str) -> int:
         ) from None
 
 
+# A batch's attributes bit for a transactional producer's data (Kafka's isTransactional).
+TRANSACTIONAL_ATTRIBUTE = 0x10
+
+
 def _new_builder(
-    compression: str, producer_id: int, producer_epoch: int, base_sequence: int
+    compression: str, producer_id: int, producer_epoch: int, base_sequence: int, transactional: bool = False
 ) -> DefaultRecordBatchBuilder:
     return DefaultRecordBatchBuilder(
         _MAGIC_V2,
         _compression_code(compression),
-        0,  # is_transactional: Highwater has no transactions
+        1 if transactional else 0,  # is_transactional
         producer_id,
         producer_epoch,
         base_sequence,
@@ -193,16 +197,18 @@ def encode_batch(
     producer_epoch: int = -1,
     base_sequence: int = -1,
     base_offset: int = 0,
+    transactional: bool = False,
 ) -> bytes:
     """Encode records into one RecordBatch v2. Offsets inside the batch are 0..n-1 relative.
 
     `records` holds (key, value, headers, timestamp_ms) tuples or `Record`s. The broker
-    assigns the real base offset; `base_offset` is for tests and tools. Raises
-    InvalidRequest for an empty list or an unknown compression name.
+    assigns the real base offset; `base_offset` is for tests and tools. `transactional`: a
+    transactional producer's batch (its records count only once its transaction commits).
+    Raises InvalidRequest for an empty list or an unknown compression name.
     """
     if not records:
         raise InvalidRequest("a record batch needs at least one record")
-    builder = _new_builder(compression, producer_id, producer_epoch, base_sequence)
+    builder = _new_builder(compression, producer_id, producer_epoch, base_sequence, transactional)
     append = builder.append
     if _are_records(records):
         for relative_offset, record in enumerate(records):
@@ -247,17 +253,18 @@ def encode_runs(
     producer_epoch: int = -1,
     base_sequence: int = -1,
     large_values: bool | None = None,
+    transactional: bool = False,
 ) -> bytes:
     """One batch of header-less runs, each (key, values, timestamp_ms): a producer's bulk sends.
 
     Both encoders make the same bytes; `large_values` only picks the faster one when the caller
-    knows the sizes already (None: measured here).
+    knows the sizes already (None: measured here). `transactional` as encode_batch's.
     """
     if large_values is None:
         large_values = _large_values(runs)
     if compression == "none" and large_values:
-        return _encode_large_runs(runs, producer_id, producer_epoch, base_sequence)
-    builder = _new_builder(compression, producer_id, producer_epoch, base_sequence)
+        return _encode_large_runs(runs, producer_id, producer_epoch, base_sequence, transactional)
+    builder = _new_builder(compression, producer_id, producer_epoch, base_sequence, transactional)
     append = builder.append
     no_headers: Headers = []
     relative_offset = 0
@@ -288,6 +295,7 @@ def _encode_large_runs(
     producer_id: int,
     producer_epoch: int,
     base_sequence: int,
+    transactional: bool = False,
 ) -> bytes:
     """encode_runs for uncompressed large values: the same bytes aiokafka's builder makes
     (tests/unit/test_records.py holds the two to equal output), with a hardware CRC-32C."""
@@ -314,7 +322,8 @@ def _encode_large_runs(
             offset += 1
     body = b"".join(pieces)
     after_crc = _HEAD_AFTER_CRC.pack(
-        0,  # attributes: no compression, CreateTime, not transactional, not control
+        # attributes: no compression, CreateTime, not control; transactional as asked.
+        TRANSACTIONAL_ATTRIBUTE if transactional else 0,
         offset - 1,
         first_timestamp,
         max_timestamp,

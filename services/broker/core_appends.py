@@ -14,7 +14,8 @@ from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.broker import metrics
 from services.broker.core_state import CoreState
-from services.broker.partition import Partition
+from services.broker.partition import Partition, Role
+from services.broker.producer_state import NO_OFFSET
 from services.broker.purgatory import (
     AwaitedAppend,
     AwaitedLogStart,
@@ -28,6 +29,18 @@ from services.common.request_checks import produce_request_problem
 
 class Appends(CoreState):
     """What a leader writes for its clients and for the transaction coordinator."""
+
+    def open_transaction_epoch(self, tp: TopicPartitionKey, producer_id: int) -> int | None:
+        """The epoch of the producer's open transaction on a partition this broker leads (the
+        KIP-890 check's fast path: services/transactions/produce_verifier.py); None when it has no
+        transaction open here, or this broker does not lead the partition."""
+        p = self.partitions.get(tp)
+        if p is None or p.role is not Role.LEADER:
+            return None
+        entry = p.producers.producers.get(producer_id)
+        if entry is None or entry.current_txn_first_offset == NO_OFFSET:
+            return None
+        return entry.producer_epoch
 
     # ---- Produce --------------------------------------------------------------------------------
 

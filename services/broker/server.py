@@ -27,12 +27,13 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from coordinator.election import current_controller
 from coordinator.limits import LEASE_KEEPALIVES_PER_TTL
 from coordinator.registration import Registration
-from coordinator.store import EtcdStore
+from coordinator.store import CoordinatorError, EtcdStore, MetadataStore
 from protos.highwater.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.broker import metrics
 from services.broker.heartbeat import ControllerHeartbeat
 from services.broker.log_cleaner import CleanerConfig
 from services.broker.log_dirs import describe_log_dirs
+from services.broker.purgatory import produce_response
 from services.broker.registration_life import BrokerRegistrationLife
 from services.broker.replica_manager import ReplicaManager, SystemClock
 from services.common import limits
@@ -47,6 +48,10 @@ from services.kafka.handler import KafkaAccess, KafkaHandler
 from services.kafka.listener import KafkaListener, reserve_port
 from services.kafka.listener_limits import KafkaListenerLimits
 from services.security.identity import Caller
+from services.transactions import coordinator as rules
+from services.transactions.coordinator import TxnError
+from services.transactions.produce_check import split_refused_produce, transactional_batches
+from services.transactions.produce_verifier import ProduceVerifier
 
 log = logging.getLogger("highwater.broker")
 
@@ -148,8 +153,10 @@ def prepare_data_dir(path: Path) -> None:
 class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     """Translation only: protobuf in, ReplicaManager call, protobuf out."""
 
-    def __init__(self, replicas: ReplicaManager) -> None:
+    def __init__(self, replicas: ReplicaManager, store: MetadataStore) -> None:
         self.replicas = replicas
+        # The KIP-890 check of a transactional Produce, over the coordinator's state in etcd.
+        self._transactions = ProduceVerifier(store)
         # The tasks of the open FetchStream and ProduceStream calls (end_streams ends them).
         self._streams: set[asyncio.Task[Any]] = set()
         self._closing = False
@@ -180,7 +187,40 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, f"acks must be 0, 1 or -1 (all), got {request.acks}"
             )
         with metrics.REQUEST_LATENCY.labels("Produce").time():
+            if request.transactional_id:
+                return await self._transactional_produce(request)
             return await self.replicas.produce(request)
+
+    async def _transactional_produce(self, request: common_pb2.ProduceRequest) -> common_pb2.ProduceResponse:
+        """A transactional producer's Produce (docs/CLIENTS.md, Transactions): its batches are
+        appended only to partitions in its ongoing transaction (produce_check.py); the others
+        are answered with the check's error, as the Kafka listener answers them."""
+        try:
+            refused = await asyncio.wait_for(
+                self._transactions.refusals(
+                    request.transactional_id, request, self.replicas.core.open_transaction_epoch
+                ),
+                limits.KAFKA_BACKEND_CALL_TIMEOUT_S,
+            )
+        except (CoordinatorError, TimeoutError) as exc:
+            log.warning(
+                "transactional Produce of %r: etcd could not be read (%s)", request.transactional_id, exc
+            )
+            refused = {
+                tp: TxnError.COORDINATOR_NOT_AVAILABLE
+                for tps in transactional_batches(request).values()
+                for tp in tps
+            }
+        if rules.transactional_id_problem(request.transactional_id) is not None:
+            every = [(t.topic, p.partition) for t in request.topics for p in t.partitions]
+            refused = dict.fromkeys(every, TxnError.INVALID_REQUEST)
+        if not refused:
+            return await self.replicas.produce(request, transactional=True)
+        kept, answers = split_refused_produce(request, refused)
+        if kept.topics:
+            written = await self.replicas.produce(kept, transactional=True)
+            answers.update(((t.topic, p.partition), p) for t in written.topics for p in t.partitions)
+        return produce_response(answers)
 
     async def Fetch(
         self, request: common_pb2.FetchRequest, context: grpc.aio.ServicerContext
@@ -412,7 +452,7 @@ async def serve(config: BrokerConfig) -> None:
         fetch_max_bytes=config.fetch_max_bytes,
         cleaner_config=config.cleaner,
     )
-    servicer = BrokerServicer(replicas)
+    servicer = BrokerServicer(replicas, store)
     # The generated *_pb2_grpc module is unannotated.
     broker_pb2_grpc.add_BrokerServiceServicer_to_server(  # type: ignore[no-untyped-call]
         servicer, runtime.server

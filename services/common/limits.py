@@ -79,6 +79,12 @@ from clients.common.limits import (
 from clients.common.limits import (
     TOPIC_NAME_MAX_CHARS as TOPIC_NAME_MAX_CHARS,
 )
+from clients.common.limits import (
+    TRANSACTION_TIMEOUT_MS_MAX as TRANSACTION_TIMEOUT_MS_MAX,
+)
+from clients.common.limits import (
+    TRANSACTIONAL_ID_MAX_CHARS as TRANSACTIONAL_ID_MAX_CHARS,
+)
 
 # --- gRPC ------------------------------------------------------------------
 # How long a stopping service lets in-flight RPCs finish (SIGTERM -> exit).
@@ -524,11 +530,9 @@ GROUP_SUBSCRIBED_TOPICS_MAX = 1_000
 GROUP_OWNED_PARTITIONS_MAX = PARTITIONS_PER_TOPIC_MAX
 GROUP_INSTANCE_ID_MAX_CHARS = 249
 
-# --- transactions (services/transactions/coordinator.py; issue 41, not yet served) ------------
-# The longest transaction.timeout.ms a producer may ask for (Kafka's transaction.max.timeout.ms,
-# 15 minutes): a hung producer's transaction holds back every read_committed consumer of its
-# partitions (the LSO) until it times out, so the bound is what an operator must tolerate.
-TRANSACTION_TIMEOUT_MS_MAX = 900_000
+# --- transactions (services/transactions/coordinator.py; issue 41) ----------------------------
+# TRANSACTION_TIMEOUT_MS_MAX and TRANSACTIONAL_ID_MAX_CHARS are clients/common/limits.py's (a
+# producer checks them before it asks).
 # Partitions and consumer groups one transaction may hold, and offsets it may have pending. The
 # whole transactional id's state is one etcd value rewritten at every step: 5,000 partitions
 # (~40 bytes of JSON each) plus 5,000 pending offsets (~80 bytes each) stay near 0.6 MiB, under
@@ -536,8 +540,6 @@ TRANSACTION_TIMEOUT_MS_MAX = 900_000
 TRANSACTION_PARTITIONS_MAX = 5_000
 TRANSACTION_GROUPS_MAX = 100
 TRANSACTION_PENDING_OFFSETS_MAX = 5_000
-# A transactional id's length: it is part of an etcd key (percent-encoded, so up to 3x longer).
-TRANSACTIONAL_ID_MAX_CHARS = 1_000
 # An idle transactional id's state is deleted after this long without a transaction (Kafka's
 # transactional.id.expiration.ms, 7 days), so ids derived from one-off jobs do not pile up in etcd.
 TRANSACTIONAL_ID_EXPIRATION_MS = 7 * 24 * 3_600_000

@@ -87,7 +87,9 @@ def produce_request(
 ) -> common_pb2.ProduceRequest:
     """One leader's share of a Produce, built in place: composing finished messages copied
     every batch once per level (upb merges a sub-message given to a constructor)."""
-    request = common_pb2.ProduceRequest(acks=template.acks, timeout_ms=template.timeout_ms)
+    request = common_pb2.ProduceRequest(
+        acks=template.acks, timeout_ms=template.timeout_ms, transactional_id=template.transactional_id
+    )
     by_topic: dict[str, common_pb2.ProduceTopicData] = {}
     for topic, pd in items:
         topic_data = by_topic.get(topic)

@@ -15,7 +15,9 @@ the part that answers it:
 - leader_calls.py: Produce, Fetch, ListOffsets, DeleteRecords, DescribeLogDirs per leader;
 - record_streams.py: Subscribe and ConsumeRecords; record_producer.py: ProduceRecords;
 - group_calls.py: offsets, heartbeats and group admin (over groups.py);
-- controller_calls.py: admin calls passed through to the active controller.
+- controller_calls.py: admin calls passed through to the active controller;
+- transaction_calls.py: a transactional producer's calls (its InitProducerId, AddPartitionsToTxn,
+  AddOffsetsToTxn, TxnOffsetCommit, EndTxn); transactions_admin.py: the operators' views and abort.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from services.gateway.leader_calls import LeaderCalls
 from services.gateway.record_producer import RecordProducer
 from services.gateway.record_streams import RecordStreams
 from services.gateway.registration_life import gateway_registration_life
+from services.gateway.transaction_calls import GatewayTransactions
+from services.gateway.transactions_admin import TransactionsAdmin
 from services.security.config import SecurityConfig
 
 log = logging.getLogger("highwater.gateway")
@@ -91,6 +95,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self.groups = GroupService(store, self.view.partition_counts, self.leaders.end_offsets)
         self.group_calls = GroupCalls(store, self.view, self.groups)
         self.streams = RecordStreams(self.view, self.leaders, self.group_calls.committed_offsets)
+        self.transactions = GatewayTransactions(store, self.view, self.controller)
+        self.transactions_admin = TransactionsAdmin(store)
         # Batches the gateway makes must pass the brokers' request limits, which the gateway shares.
         security = security or SecurityConfig()
         self.records = RecordProducer(
@@ -217,6 +223,60 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         with metrics.REQUEST_LATENCY.labels("DeleteGroups").time():
             return await self.group_calls.delete_groups(request)
 
+    # ---- transactions (transaction_calls.py, transactions_admin.py) ---------------------------
+
+    async def InitProducerId(
+        self, request: common_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.InitProducerIdResponse:
+        """A transactional producer's id from the transaction coordinator; an idempotent one's
+        from the controller."""
+        if not request.transactional_id:
+            return await self.controller.call("InitProducerId", request, common_pb2.InitProducerIdResponse)
+        with metrics.REQUEST_LATENCY.labels("InitProducerId").time():
+            return await self.transactions.init_producer_id(request)
+
+    async def AddPartitionsToTxn(
+        self, request: gateway_pb2.AddPartitionsToTxnRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.AddPartitionsToTxnResponse:
+        with metrics.REQUEST_LATENCY.labels("AddPartitionsToTxn").time():
+            return await self.transactions.add_partitions(request)
+
+    async def AddOffsetsToTxn(
+        self, request: gateway_pb2.AddOffsetsToTxnRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.AddOffsetsToTxnResponse:
+        with metrics.REQUEST_LATENCY.labels("AddOffsetsToTxn").time():
+            return await self.transactions.add_offsets(request)
+
+    async def TxnOffsetCommit(
+        self, request: gateway_pb2.TxnOffsetCommitRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.TxnOffsetCommitResponse:
+        with metrics.REQUEST_LATENCY.labels("TxnOffsetCommit").time():
+            return await self.transactions.txn_offset_commit(request)
+
+    async def EndTxn(
+        self, request: gateway_pb2.EndTxnRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.EndTxnResponse:
+        with metrics.REQUEST_LATENCY.labels("EndTxn").time():
+            return await self.transactions.end_txn(request)
+
+    async def ListTransactions(
+        self, request: gateway_pb2.ListTransactionsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListTransactionsResponse:
+        with metrics.REQUEST_LATENCY.labels("ListTransactions").time():
+            return await self.transactions_admin.list_transactions(request)
+
+    async def DescribeTransactions(
+        self, request: gateway_pb2.DescribeTransactionsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.DescribeTransactionsResponse:
+        with metrics.REQUEST_LATENCY.labels("DescribeTransactions").time():
+            return await self.transactions_admin.describe_transactions(request)
+
+    async def AbortTransaction(
+        self, request: gateway_pb2.AbortTransactionRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.AbortTransactionResponse:
+        with metrics.REQUEST_LATENCY.labels("AbortTransaction").time():
+            return await self.transactions_admin.abort_transaction(request)
+
     # ---- passed through to the active controller (controller_calls.py) -------------------------
 
     CreateTopics = _pass_through(
@@ -246,9 +306,6 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     )
     DescribeCluster = _pass_through(
         "DescribeCluster", common_pb2.DescribeClusterRequest, common_pb2.DescribeClusterResponse
-    )
-    InitProducerId = _pass_through(
-        "InitProducerId", common_pb2.InitProducerIdRequest, common_pb2.InitProducerIdResponse
     )
 
     # ACLs and tokens: authorized here and again at the controller, which sees the client's
@@ -320,6 +377,7 @@ async def serve(config: GatewayConfig) -> None:
     await life.register()
     await servicer.view.refresh_metadata(force=True)
     servicer.groups.start()
+    servicer.transactions.start()
     await runtime.mark_ready(gateway_id=config.gateway_id)
     lease_watcher = asyncio.create_task(life.watch_lease(), name="gateway-lease-watch")
 
@@ -327,6 +385,7 @@ async def serve(config: GatewayConfig) -> None:
         lease_watcher.cancel()
         life.shutting_down()
         await servicer.groups.stop()
+        await servicer.transactions.stop()
         await process.close(life.current)
         life.stopped()
 

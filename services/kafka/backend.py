@@ -26,7 +26,6 @@ from coordinator.election import current_controller
 from coordinator.store import CoordinatorError, MetadataStore
 from protos.highwater.v1 import broker_pb2, common_pb2
 from services.broker.partition import Role
-from services.broker.producer_state import NO_OFFSET
 from services.broker.replica_manager import ReplicaManager
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
@@ -44,9 +43,9 @@ from services.kafka.handler import (
     ReplicaLogSize,
     StoredGroupListing,
 )
-from services.transactions.group_fencing import check_txn_offset_commit
 from services.transactions.hosting import ControllerProducerIds, TransactionHost
 from services.transactions.marker_writer import GrpcMarkerWriter
+from services.transactions.state import txn_offset_commit_member_check
 
 
 class BrokerKafkaBackend:
@@ -99,19 +98,13 @@ class BrokerKafkaBackend:
         return [int(r["broker_id"]) for r in registrations if r["kafka_port"] > 0]
 
     def open_transaction_epoch(self, tp: TopicPartitionKey, producer_id: int) -> int | None:
-        p = self.replicas.partitions.get(tp)
-        if p is None or p.role is not Role.LEADER:
-            return None
-        entry = p.producers.producers.get(producer_id)
-        if entry is None or entry.current_txn_first_offset == NO_OFFSET:
-            return None
-        return entry.producer_epoch
+        return self.replicas.core.open_transaction_epoch(tp, producer_id)
 
     async def consumer_group_member_check(self, group: str, member_id: str, member_epoch: int) -> GroupError:
-        raw, _ = await self._etcd("group state", consumer_offsets.read_group_state(self.store, group))
-        state = None if raw is None else GroupState.from_record(json.loads(raw))
-        refusal = check_txn_offset_commit(state, member_id, member_epoch)
-        return GroupError.NONE if refusal is None else refusal
+        verdict: GroupError = await self._etcd(
+            "group state", txn_offset_commit_member_check(self.store, group, member_id, member_epoch)
+        )
+        return verdict
 
     @property
     def classic_groups(self) -> ClassicGroupDriver:

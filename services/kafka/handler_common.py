@@ -201,12 +201,10 @@ class TransactionsPort(Protocol):
         self, states: Sequence[str], producer_ids: Sequence[int], duration_ms: int
     ) -> tuple[list[TransactionListing], list[str]]: ...
 
-    async def check_produce(
+    async def produce_refusals(
         self,
         transactional_id: str,
-        producer_id: int,
-        producer_epoch: int,
-        partitions: Sequence[TopicPartitionKey],
+        req: common_pb2.ProduceRequest,
         open_epoch: Callable[[TopicPartitionKey, int], int | None],
     ) -> dict[TopicPartitionKey, TxnError]: ...
 

@@ -14,13 +14,11 @@ the group's coordinator, which checks the member (KIP-447) before the transactio
 from __future__ import annotations
 
 import datetime
-import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kio.schema.errors import ErrorCode as K
 
-from clients.common.record_batch import parse_header
 from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import common_pb2
 from services.groups.errors import GroupError, kafka_code
@@ -38,6 +36,7 @@ from services.kafka.handler_common import (
 from services.kafka.protocol import Request, build, nested
 from services.transactions import coordinator as rules
 from services.transactions.coordinator import PendingOffset, TxnAnswer, TxnError
+from services.transactions.produce_check import produce_refusal_message, transactional_batches
 
 # KIP-588 gave fenced producers their own code (PRODUCER_FENCED) from these versions on; older
 # clients know only INVALID_PRODUCER_EPOCH for it, as Kafka answers them.
@@ -424,40 +423,28 @@ class TxnCalls:
     ) -> dict[TopicPartitionKey, tuple[K, str]]:
         """The partitions of a transactional Produce not to append, with their code and message:
         all of them when the id is refused; else, per producer, the partitions the leader's
-        KIP-890 check refuses (backend.transactions.check_produce)."""
+        KIP-890 check refuses (backend.transactions.produce_refusals)."""
         every = [(t.topic, p.partition) for t in req.topics for p in t.partitions]
         if acl.decision.transactional_refused:
             return dict.fromkeys(every, (K.transactional_id_authorization_failed, TRANSACTIONAL_ID_REFUSED))
         if (problem := rules.transactional_id_problem(transactional_id)) is not None:
             return dict.fromkeys(every, (K.invalid_request, problem))
-        by_producer: dict[tuple[int, int], list[TopicPartitionKey]] = {}
-        for t in req.topics:
-            for p in t.partitions:
-                try:
-                    header = parse_header(p.records)
-                except struct.error:
-                    continue  # the leader's own validation refuses it with its reason
-                if header.is_transactional and not header.is_control:
-                    by_producer.setdefault((header.producer_id, header.producer_epoch), []).append(
-                        (t.topic, p.partition)
-                    )
-        refusals: dict[TopicPartitionKey, tuple[K, str]] = {}
         backend = self.context.backend
-        for (producer_id, producer_epoch), tps in by_producer.items():
-            try:
-                verdicts = await backend.transactions.check_produce(
-                    transactional_id, producer_id, producer_epoch, tps, backend.open_transaction_epoch
-                )
-            except BackendUnavailable as exc:
-                log.warning("transactional Produce of %r: %s", transactional_id, exc)
-                verdicts = dict.fromkeys(tps, TxnError.CONCURRENT_TRANSACTIONS)
-            for tp, error in verdicts.items():
-                code = _PRODUCE_CODES.get(error, K.invalid_txn_state)
-                if error is TxnError.CONCURRENT_TRANSACTIONS:
-                    code = K.request_timed_out  # etcd could not be read: retriable
-                refusals[tp] = (
-                    code,
-                    f"partition {tp[0]}-{tp[1]} is not in an ongoing transaction of producer "
-                    f"{producer_id}/{producer_epoch} ({error.value}): add it first (AddPartitionsToTxn)",
-                )
+        try:
+            verdicts = await backend.transactions.produce_refusals(
+                transactional_id, req, backend.open_transaction_epoch
+            )
+        except BackendUnavailable as exc:
+            log.warning("transactional Produce of %r: %s", transactional_id, exc)
+            verdicts = {
+                tp: TxnError.CONCURRENT_TRANSACTIONS
+                for tps in transactional_batches(req).values()
+                for tp in tps
+            }
+        refusals: dict[TopicPartitionKey, tuple[K, str]] = {}
+        for tp, error in verdicts.items():
+            code = _PRODUCE_CODES.get(error, K.invalid_txn_state)
+            if error is TxnError.CONCURRENT_TRANSACTIONS:
+                code = K.request_timed_out  # etcd could not be read: retriable
+            refusals[tp] = (code, produce_refusal_message(tp, error))
         return refusals

@@ -714,13 +714,37 @@ def _cluster(operation: Operation, what: str) -> Rule:
 
 
 def init_producer_id(req: common_pb2.InitProducerIdRequest, access: Access, limits: Limits) -> Admission:
-    """Kafka's rule for idempotent producers: Write on at least one topic."""
+    """Kafka's rule for idempotent producers: Write on at least one topic. A transactional id
+    needs the same: our ACLs have no TransactionalId resource, so Write on a topic (or the
+    cluster) stands for Write on the id, as on the Kafka listener (docs/KAFKA.md, Security)."""
     if not access.allowed_any(Operation.WRITE, ResourceType.TOPIC):
         raise Denied(
             "PERMISSION_DENIED",
             f"{access.caller.describe()} may not Write any topic, so it cannot "
             "get a producer id (InitProducerId)",
         )
+    return Admission(req)
+
+
+def transactional(what: str) -> Rule:
+    """AddPartitionsToTxn, AddOffsetsToTxn, EndTxn: the InitProducerId rule (a producer that got
+    its id may run its transactions; each Produce is still checked per topic)."""
+
+    def rule(req: Any, access: Access, limits: Limits) -> Admission:
+        if not access.allowed_any(Operation.WRITE, ResourceType.TOPIC):
+            raise Denied(
+                "PERMISSION_DENIED",
+                f"{access.caller.describe()} may not Write any topic, so it cannot run transactions ({what})",
+            )
+        return Admission(req)
+
+    return rule
+
+
+def txn_offset_commit(req: gateway_pb2.TxnOffsetCommitRequest, access: Access, limits: Limits) -> Admission:
+    """A transactional producer's rule, and Read on the group, as CommitOffsets."""
+    transactional("TxnOffsetCommit")(req, access, limits)
+    access.require(Operation.READ, group(req.group_id), "TxnOffsetCommit")
     return Admission(req)
 
 
@@ -806,6 +830,14 @@ RULES: dict[str, Rule] = {
     _GATEWAY + "ProduceRecords": produce_records,
     _GATEWAY + "ConsumeRecords": consume_records,
     _GATEWAY + "UpdateMetadata": _from(("controller",), "UpdateMetadata"),
+    # Transactions (issue 41), answered by the gateway's own coordinator.
+    _GATEWAY + "AddPartitionsToTxn": transactional("AddPartitionsToTxn"),
+    _GATEWAY + "AddOffsetsToTxn": transactional("AddOffsetsToTxn"),
+    _GATEWAY + "TxnOffsetCommit": txn_offset_commit,
+    _GATEWAY + "EndTxn": transactional("EndTxn"),
+    _GATEWAY + "ListTransactions": _cluster(Operation.DESCRIBE, "ListTransactions"),
+    _GATEWAY + "DescribeTransactions": _cluster(Operation.DESCRIBE, "DescribeTransactions"),
+    _GATEWAY + "AbortTransaction": _cluster(Operation.ALTER, "AbortTransaction"),
     **{_GATEWAY + name: rule for name, rule in _ADMIN.items()},
     # Any authenticated caller may list services (the protos are public anyway).
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": open_rule,

@@ -43,6 +43,7 @@ from services.transactions.driver import (
     TransactionDriver,
     wall_clock_ms,
 )
+from services.transactions.produce_verifier import OpenTransactionEpoch, ProduceVerifier
 from services.transactions.state import read_transaction, read_transactions
 
 log = logging.getLogger("highwater.transactions")
@@ -81,11 +82,6 @@ class ControllerProducerIds:
         return producer_id
 
 
-# A transactional Produce's KIP-890 check for one partition: whether the producer (id, epoch)
-# has a transaction open on it in the leader's producer state. None: no open transaction there.
-OpenTransactionEpoch = Callable[[TopicPartitionKey, int], int | None]
-
-
 class TransactionHost:
     """The transaction coordinator on one broker (issue 41): the driver over etcd, which ids it
     owns, the views (DescribeTransactions, ListTransactions) and the partition leader's KIP-890
@@ -119,9 +115,7 @@ class TransactionHost:
         self._clock = clock
         self._live: tuple[int, ...] = ()
         self.driver = TransactionDriver(store, markers, producer_ids, clock=clock, owns=self.owns)
-        # KIP-890 checks in progress per producer id: a producer's later Produce waits for its
-        # earlier one's check, so its batches reach the log in the order it sent them.
-        self._checking: dict[int, asyncio.Future[None]] = {}
+        self._verifier = ProduceVerifier(store)
 
     def owns(self, transactional_id: str) -> bool:
         return transaction_coordinator_of(transactional_id, self._live) == self._broker_id
@@ -196,45 +190,12 @@ class TransactionHost:
 
     # ---- the partition leader's check (KIP-890 part 1) -------------------------------------------
 
-    async def check_produce(
-        self,
-        transactional_id: str,
-        producer_id: int,
-        producer_epoch: int,
-        partitions: Sequence[TopicPartitionKey],
-        open_epoch: OpenTransactionEpoch,
+    async def produce_refusals(
+        self, transactional_id: str, req: common_pb2.ProduceRequest, open_epoch: OpenTransactionEpoch
     ) -> dict[TopicPartitionKey, TxnError]:
-        """Refusals for a transactional Produce's partitions (absent: may be appended).
-
-        A partition where this producer already has its transaction open (in the leader's
-        producer state, same epoch) needs nothing more; for the others etcd's state says whether
-        the coordinator added them (`rules.verify_partitions`), so a late or stray batch cannot
-        open a transaction the coordinator will never end. Returns without waiting when nothing
-        needs etcd and no earlier check of the producer is in progress: the Produce then appends
-        in its first step, as every pipelined Kafka request must (services/kafka/protocol.py).
-        Raises BackendUnavailable when etcd cannot be reached."""
-        problem = rules.transactional_id_problem(transactional_id)
-        if problem is not None:
-            return dict.fromkeys(partitions, TxnError.INVALID_REQUEST)
-        earlier = self._checking.get(producer_id)
-        unopened = [tp for tp in partitions if open_epoch(tp, producer_id) != producer_epoch]
-        if earlier is None and not unopened:
-            return {}
-        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._checking[producer_id] = mine
-        try:
-            if earlier is not None:
-                await asyncio.shield(earlier)
-                unopened = [tp for tp in partitions if open_epoch(tp, producer_id) != producer_epoch]
-            if not unopened:
-                return {}
-            meta, _ = await _etcd(read_transaction(self._store, transactional_id))
-            verdicts = rules.verify_partitions(meta, producer_id, producer_epoch, frozenset(unopened))
-            return {tp: error for tp, error in verdicts.items() if error is not TxnError.NONE}
-        finally:
-            mine.set_result(None)
-            if self._checking.get(producer_id) is mine:
-                del self._checking[producer_id]
+        """Refusals for a transactional Produce's partitions (absent: may be appended): the
+        leader's check (produce_check.py). Raises BackendUnavailable when etcd cannot be read."""
+        return await _etcd(self._verifier.refusals(transactional_id, req, open_epoch))
 
 
 async def _etcd(call: Awaitable[T]) -> T:

@@ -15,9 +15,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from coordinator import consumer_offsets, values
 from coordinator import transactions as stored
-from coordinator import values
 from coordinator.store import MetadataStore
+from services.groups.coordinator import GroupState
+from services.groups.errors import GroupError
 from services.transactions.coordinator import (
     STORED_STATES,
     GroupOffsets,
@@ -26,6 +28,7 @@ from services.transactions.coordinator import (
     TxnState,
     check_invariants,
 )
+from services.transactions.group_fencing import check_txn_offset_commit
 
 # The format versions of a transactional id's state this release reads; it writes the last.
 TRANSACTION_STATE_VERSIONS = (1,)
@@ -138,3 +141,17 @@ async def write_transaction(
 
 
 delete_transaction = stored.delete_transaction
+
+
+# ---- the group a TxnOffsetCommit names ------------------------------------------------------------
+
+
+async def txn_offset_commit_member_check(
+    store: MetadataStore, group: str, member_id: str, member_epoch: int
+) -> GroupError:
+    """KIP-447's check of a TxnOffsetCommit against the group's stored coordinator state
+    (group_fencing.py's rule): GroupError.NONE when it may go on."""
+    raw, _ = await consumer_offsets.read_group_state(store, group)
+    state = None if raw is None else GroupState.from_record(json.loads(raw))
+    refusal = check_txn_offset_commit(state, member_id, member_epoch)
+    return GroupError.NONE if refusal is None else refusal

@@ -237,7 +237,10 @@ class TxnProducer(RpcNode):
                 self.sequences[tp] = sequence + len(values)
                 self.history.on_acked(txn, tp, pr.base_offset, values)
                 self.after(self._gap(STEP_GAP_MS), self._produce, txn, todo[1:], 0)
-            elif pr is not None and pr.error_code == common_pb2.INVALID_PRODUCER_EPOCH:
+            elif pr is not None and pr.error_code in (
+                common_pb2.INVALID_PRODUCER_EPOCH,
+                common_pb2.PRODUCER_FENCED,
+            ):
                 self._fenced()
             elif attempt + 1 < PRODUCE_ATTEMPTS_MAX:
                 self.metadata.refresh(lambda: self._retry(self._produce, txn, todo, attempt + 1, values))

@@ -34,10 +34,18 @@ def produce(
             future.result()
 
 
-def consume_all(bootstrap: str, topic: str) -> list[ConsumerRecord]:
-    """Every record of every partition below the high watermark, through the client Consumer."""
+def consume_all(
+    bootstrap: str, topic: str, isolation_level: str = "read_uncommitted"
+) -> list[ConsumerRecord]:
+    """Every record of every partition below the high watermark (the last stable offset at
+    read_committed, where aborted transactions' records are left out), through the client Consumer."""
     out: list[ConsumerRecord] = []
-    with Consumer(bootstrap=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False) as consumer:
+    with Consumer(
+        bootstrap=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level=isolation_level,
+    ) as consumer:
         tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
         consumer.assign(tps)
         ends = consumer.end_offsets(tps)

@@ -113,6 +113,7 @@ class EchoReplicas:
 
 def servicer(replicas: EchoReplicas, stream_ended: asyncio.Event | None = None) -> Any:
     """The real BrokerServicer on `replicas`; stream_ended is set whenever a FetchStream call ends."""
+    from coordinator.memory_store import MemoryStore
     from services.broker.server import BrokerServicer
 
     class Servicer(BrokerServicer):
@@ -126,7 +127,8 @@ def servicer(replicas: EchoReplicas, stream_ended: asyncio.Event | None = None) 
                 if stream_ended is not None:
                     stream_ended.set()
 
-    return Servicer(replicas)  # type: ignore[arg-type]  # a ReplicaManager stand-in
+    # A ReplicaManager stand-in; the store serves only transactional Produces, which these do not send.
+    return Servicer(replicas, MemoryStore())  # type: ignore[arg-type]
 
 
 def unary_fetch_only(replicas: EchoReplicas) -> grpc.GenericRpcHandler:

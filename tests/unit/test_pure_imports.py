@@ -147,6 +147,7 @@ NOT_PURE = (
     "services/transactions/driver.py",
     "services/transactions/hosting.py",
     "services/transactions/marker_writer.py",
+    "services/transactions/produce_verifier.py",
     "services/transactions/state.py",
 )
 

@@ -57,6 +57,13 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNRELEASED_INSTANCE_ID: _ClassVar[ErrorCode]
     UNSUPPORTED_ASSIGNOR: _ClassVar[ErrorCode]
     STALE_MEMBER_EPOCH: _ClassVar[ErrorCode]
+    INVALID_TXN_STATE: _ClassVar[ErrorCode]
+    INVALID_PRODUCER_ID_MAPPING: _ClassVar[ErrorCode]
+    INVALID_TRANSACTION_TIMEOUT: _ClassVar[ErrorCode]
+    CONCURRENT_TRANSACTIONS: _ClassVar[ErrorCode]
+    PRODUCER_FENCED: _ClassVar[ErrorCode]
+    TRANSACTIONAL_ID_NOT_FOUND: _ClassVar[ErrorCode]
+    COORDINATOR_NOT_AVAILABLE: _ClassVar[ErrorCode]
 
 class ElectionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -110,6 +117,13 @@ FENCED_MEMBER_EPOCH: ErrorCode
 UNRELEASED_INSTANCE_ID: ErrorCode
 UNSUPPORTED_ASSIGNOR: ErrorCode
 STALE_MEMBER_EPOCH: ErrorCode
+INVALID_TXN_STATE: ErrorCode
+INVALID_PRODUCER_ID_MAPPING: ErrorCode
+INVALID_TRANSACTION_TIMEOUT: ErrorCode
+CONCURRENT_TRANSACTIONS: ErrorCode
+PRODUCER_FENCED: ErrorCode
+TRANSACTIONAL_ID_NOT_FOUND: ErrorCode
+COORDINATOR_NOT_AVAILABLE: ErrorCode
 PREFERRED: ElectionType
 UNCLEAN: ElectionType
 

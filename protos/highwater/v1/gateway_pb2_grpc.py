@@ -122,6 +122,41 @@ class GatewayServiceStub:
                 request_serializer=highwater_dot_v1_dot_common__pb2.InitProducerIdRequest.SerializeToString,
                 response_deserializer=highwater_dot_v1_dot_common__pb2.InitProducerIdResponse.FromString,
                 _registered_method=True)
+        self.AddPartitionsToTxn = channel.unary_unary(
+                '/highwater.v1.GatewayService/AddPartitionsToTxn',
+                request_serializer=highwater_dot_v1_dot_gateway__pb2.AddPartitionsToTxnRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_gateway__pb2.AddPartitionsToTxnResponse.FromString,
+                _registered_method=True)
+        self.AddOffsetsToTxn = channel.unary_unary(
+                '/highwater.v1.GatewayService/AddOffsetsToTxn',
+                request_serializer=highwater_dot_v1_dot_gateway__pb2.AddOffsetsToTxnRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_gateway__pb2.AddOffsetsToTxnResponse.FromString,
+                _registered_method=True)
+        self.TxnOffsetCommit = channel.unary_unary(
+                '/highwater.v1.GatewayService/TxnOffsetCommit',
+                request_serializer=highwater_dot_v1_dot_gateway__pb2.TxnOffsetCommitRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_gateway__pb2.TxnOffsetCommitResponse.FromString,
+                _registered_method=True)
+        self.EndTxn = channel.unary_unary(
+                '/highwater.v1.GatewayService/EndTxn',
+                request_serializer=highwater_dot_v1_dot_gateway__pb2.EndTxnRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_gateway__pb2.EndTxnResponse.FromString,
+                _registered_method=True)
+        self.ListTransactions = channel.unary_unary(
+                '/highwater.v1.GatewayService/ListTransactions',
+                request_serializer=highwater_dot_v1_dot_gateway__pb2.ListTransactionsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_gateway__pb2.ListTransactionsResponse.FromString,
+                _registered_method=True)
+        self.DescribeTransactions = channel.unary_unary(
+                '/highwater.v1.GatewayService/DescribeTransactions',
+                request_serializer=highwater_dot_v1_dot_gateway__pb2.DescribeTransactionsRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_gateway__pb2.DescribeTransactionsResponse.FromString,
+                _registered_method=True)
+        self.AbortTransaction = channel.unary_unary(
+                '/highwater.v1.GatewayService/AbortTransaction',
+                request_serializer=highwater_dot_v1_dot_gateway__pb2.AbortTransactionRequest.SerializeToString,
+                response_deserializer=highwater_dot_v1_dot_gateway__pb2.AbortTransactionResponse.FromString,
+                _registered_method=True)
         self.CreateTopics = channel.unary_unary(
                 '/highwater.v1.GatewayService/CreateTopics',
                 request_serializer=highwater_dot_v1_dot_common__pb2.CreateTopicsRequest.SerializeToString,
@@ -305,6 +340,54 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddPartitionsToTxn(self, request, context):
+        """Transactions (Kafka's KIP-98 calls; docs/CLIENTS.md "Transactions"). A transactional
+        producer's InitProducerId carries its transactional_id; these calls then take its
+        producer id and epoch. Every answer's error names what to do: PRODUCER_FENCED is fatal
+        (another producer with the id took over), CONCURRENT_TRANSACTIONS and
+        COORDINATOR_NOT_AVAILABLE are retriable, INVALID_TXN_STATE says which state refused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddOffsetsToTxn(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TxnOffsetCommit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndTxn(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTransactions(self, request, context):
+        """Operators' views and the abort of a hanging transaction (`highwater transactions`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeTransactions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortTransaction(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateTopics(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -477,6 +560,41 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.InitProducerId,
                     request_deserializer=highwater_dot_v1_dot_common__pb2.InitProducerIdRequest.FromString,
                     response_serializer=highwater_dot_v1_dot_common__pb2.InitProducerIdResponse.SerializeToString,
+            ),
+            'AddPartitionsToTxn': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddPartitionsToTxn,
+                    request_deserializer=highwater_dot_v1_dot_gateway__pb2.AddPartitionsToTxnRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_gateway__pb2.AddPartitionsToTxnResponse.SerializeToString,
+            ),
+            'AddOffsetsToTxn': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddOffsetsToTxn,
+                    request_deserializer=highwater_dot_v1_dot_gateway__pb2.AddOffsetsToTxnRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_gateway__pb2.AddOffsetsToTxnResponse.SerializeToString,
+            ),
+            'TxnOffsetCommit': grpc.unary_unary_rpc_method_handler(
+                    servicer.TxnOffsetCommit,
+                    request_deserializer=highwater_dot_v1_dot_gateway__pb2.TxnOffsetCommitRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_gateway__pb2.TxnOffsetCommitResponse.SerializeToString,
+            ),
+            'EndTxn': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTxn,
+                    request_deserializer=highwater_dot_v1_dot_gateway__pb2.EndTxnRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_gateway__pb2.EndTxnResponse.SerializeToString,
+            ),
+            'ListTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTransactions,
+                    request_deserializer=highwater_dot_v1_dot_gateway__pb2.ListTransactionsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_gateway__pb2.ListTransactionsResponse.SerializeToString,
+            ),
+            'DescribeTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeTransactions,
+                    request_deserializer=highwater_dot_v1_dot_gateway__pb2.DescribeTransactionsRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_gateway__pb2.DescribeTransactionsResponse.SerializeToString,
+            ),
+            'AbortTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortTransaction,
+                    request_deserializer=highwater_dot_v1_dot_gateway__pb2.AbortTransactionRequest.FromString,
+                    response_serializer=highwater_dot_v1_dot_gateway__pb2.AbortTransactionResponse.SerializeToString,
             ),
             'CreateTopics': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTopics,
@@ -1008,6 +1126,195 @@ class GatewayService:
             '/highwater.v1.GatewayService/InitProducerId',
             highwater_dot_v1_dot_common__pb2.InitProducerIdRequest.SerializeToString,
             highwater_dot_v1_dot_common__pb2.InitProducerIdResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddPartitionsToTxn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/AddPartitionsToTxn',
+            highwater_dot_v1_dot_gateway__pb2.AddPartitionsToTxnRequest.SerializeToString,
+            highwater_dot_v1_dot_gateway__pb2.AddPartitionsToTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddOffsetsToTxn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/AddOffsetsToTxn',
+            highwater_dot_v1_dot_gateway__pb2.AddOffsetsToTxnRequest.SerializeToString,
+            highwater_dot_v1_dot_gateway__pb2.AddOffsetsToTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TxnOffsetCommit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/TxnOffsetCommit',
+            highwater_dot_v1_dot_gateway__pb2.TxnOffsetCommitRequest.SerializeToString,
+            highwater_dot_v1_dot_gateway__pb2.TxnOffsetCommitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTxn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/EndTxn',
+            highwater_dot_v1_dot_gateway__pb2.EndTxnRequest.SerializeToString,
+            highwater_dot_v1_dot_gateway__pb2.EndTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/ListTransactions',
+            highwater_dot_v1_dot_gateway__pb2.ListTransactionsRequest.SerializeToString,
+            highwater_dot_v1_dot_gateway__pb2.ListTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/DescribeTransactions',
+            highwater_dot_v1_dot_gateway__pb2.DescribeTransactionsRequest.SerializeToString,
+            highwater_dot_v1_dot_gateway__pb2.DescribeTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/highwater.v1.GatewayService/AbortTransaction',
+            highwater_dot_v1_dot_gateway__pb2.AbortTransactionRequest.SerializeToString,
+            highwater_dot_v1_dot_gateway__pb2.AbortTransactionResponse.FromString,
             options,
             channel_credentials,
             insecure,
