@@ -24,9 +24,13 @@ accumulator and the partitioner stay free of I/O imports.
 from __future__ import annotations
 
 from clients.common.errors import (
+    ConcurrentTransactions,
+    CoordinatorNotAvailable,
     HighwaterError,
     InvalidRequest,
+    InvalidTxnState,
     MessageTooLarge,
+    ProducerFenced,
     RequestTimedOut,
     error_for_code,
     raise_for_code,
@@ -35,12 +39,16 @@ from protos.highwater.v1 import common_pb2
 
 __all__ = [
     "ClientClosed",
+    "ConcurrentTransactions",
+    "CoordinatorNotAvailable",
     "GatewayUnavailable",
     "HighwaterError",
     "InvalidArgument",
+    "InvalidTxnState",
     "LeaderMoved",
     "LeaderUnavailable",
     "MessageTooLarge",
+    "ProducerFenced",
     "RequestTimedOut",
     "TransactionAbortRequired",
     "check_no_positional_timeout",

@@ -15,7 +15,7 @@ import confluent_kafka
 import pytest
 
 from clients import Admin, AsyncProducer, Consumer, Producer, TopicPartition
-from clients.common.errors import ProducerFenced
+from clients.errors import ProducerFenced
 from clients.errors import InvalidArgument, TransactionAbortRequired
 from clients.transactions import GroupMetadata
 from protos.highwater.v1 import common_pb2, gateway_pb2
