@@ -58,6 +58,11 @@ def produce_records_problem(request: gateway_pb2.ProduceRecordsRequest) -> str |
             f"timeout_ms must be >= 0 (0: the default, {limits.PRODUCE_TIMEOUT_MS_DEFAULT} ms), got "
             f"{request.timeout_ms}"
         )
+    if len(request.transactional_id) > limits.TRANSACTIONAL_ID_MAX_CHARS:
+        return (
+            f"transactional_id is {len(request.transactional_id)} characters; the limit is "
+            f"{limits.TRANSACTIONAL_ID_MAX_CHARS}"
+        )
     if request.compression and request.compression not in COMPRESSION_CODES:
         return f"unknown compression {request.compression!r}; expected one of {sorted(COMPRESSION_CODES)}"
     for index, record in enumerate(request.records):
@@ -162,8 +167,10 @@ def encode_records(
     producer_id: int,
     producer_epoch: int,
     base_sequence: int,
+    transactional: bool = False,
 ) -> bytes:
-    """One RecordBatch v2 of these records, numbered from `base_sequence` for the idempotent producer."""
+    """One RecordBatch v2 of these records, numbered from `base_sequence` for the idempotent
+    producer (and flagged transactional for a transactional request's)."""
     tuples = []
     for index in indexes:
         record = records[index]
@@ -181,6 +188,7 @@ def encode_records(
         producer_id=producer_id,
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
+        transactional=transactional,
     )
 
 

@@ -37,6 +37,8 @@ from protos.highwater.v1 import common_pb2, gateway_pb2
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
 from services.gateway import record_level
+from services.gateway.record_transaction import produce_in_transaction
+from services.gateway.transaction_calls import GatewayTransactions
 from services.security.interceptor import CURRENT_CALLER
 
 # A Produce's bytes besides its batches: topic name, field tags and lengths (a topic name is
@@ -149,6 +151,7 @@ class RecordProducer:
         *,
         records_per_batch_max: int = limits.RECORDS_PER_BATCH_MAX,
         request_bytes_max: int = limits.GRPC_MAX_MESSAGE_BYTES,
+        transactions: GatewayTransactions | None = None,
     ) -> None:
         """`records_per_batch_max` and `request_bytes_max`: what the brokers accept (their
         --max-batch-records and --max-request-bytes, which the gateway shares)."""
@@ -157,6 +160,8 @@ class RecordProducer:
         # A send carries up to PRODUCER_BATCHES_KEPT batches; each gets a share of the request bound.
         self._send_batch_bytes_max = (request_bytes_max - SEND_OVERHEAD_BYTES) // limits.PRODUCER_BATCHES_KEPT
         self._send = send
+        # A request with a transactional_id is written as one transaction (record_transaction.py).
+        self._transactions = transactions
         self._init_producer_id = init_producer_id
         self._refresh_metadata = refresh_metadata
         # Keyless records stick to a partition for the Producer's batch size, as clients/producer.py does.
@@ -221,6 +226,21 @@ class RecordProducer:
         batch_bytes_max = min(limits.RECORD_BATCH_BYTES_TARGET, self._send_batch_bytes_max)
         if config is not None and config.max_message_bytes > 0:
             batch_bytes_max = min(batch_bytes_max, config.max_message_bytes)
+        if request.transactional_id and self._transactions is not None:
+            results.update(
+                await produce_in_transaction(
+                    request,
+                    plan,
+                    transactions=self._transactions,
+                    send=self._send,
+                    batch_bytes_max=batch_bytes_max,
+                    records_per_batch_max=self._records_per_batch_max,
+                    deadline=deadline,
+                )
+            )
+            return gateway_pb2.ProduceRecordsResponse(
+                topic=topic, results=[results[i] for i in range(len(request.records))]
+            )
         writes = [
             self._write_partition(request, partition, indexes, batch_bytes_max, deadline)
             for partition, indexes in plan.by_partition.items()

@@ -94,9 +94,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self.controller = ControllerCalls(self.view)
         self.groups = GroupService(store, self.view.partition_counts, self.leaders.end_offsets)
         self.group_calls = GroupCalls(store, self.view, self.groups)
-        self.streams = RecordStreams(self.view, self.leaders, self.group_calls.committed_offsets)
         self.transactions = GatewayTransactions(store, self.view, self.controller)
         self.transactions_admin = TransactionsAdmin(store)
+        self.streams = RecordStreams(self.view, self.leaders, self.group_calls.committed_offsets)
         # Batches the gateway makes must pass the brokers' request limits, which the gateway shares.
         security = security or SecurityConfig()
         self.records = RecordProducer(
@@ -108,6 +108,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 security.max_batch_records or limits.RECORDS_PER_BATCH_MAX, limits.RECORDS_PER_BATCH_MAX
             ),
             request_bytes_max=security.max_request_bytes or limits.GRPC_MAX_MESSAGE_BYTES,
+            transactions=self.transactions,
         )
 
     # ---- metadata (cluster_view.py) -----------------------------------------------------------

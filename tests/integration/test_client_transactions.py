@@ -15,8 +15,7 @@ import confluent_kafka
 import pytest
 
 from clients import Admin, AsyncProducer, Consumer, Producer, TopicPartition
-from clients.errors import ProducerFenced
-from clients.errors import InvalidArgument, TransactionAbortRequired
+from clients.errors import InvalidArgument, ProducerFenced, TransactionAbortRequired
 from clients.transactions import GroupMetadata
 from protos.highwater.v1 import common_pb2, gateway_pb2
 from tests.integration.helpers import gateway_stub
@@ -278,3 +277,37 @@ def test_the_async_producer_runs_transactions(cluster, topics):
     asyncio.run(asyncio.wait_for(run(), CALL_TIMEOUT_S * 2))
     values = values_read(cluster, b, 1, "read_committed", 1)
     assert b"async-committed" in values and b"async-aborted" not in values
+
+
+def test_a_record_level_call_with_a_transactional_id_is_all_or_nothing(cluster):
+    """ProduceRecords with a transactional_id (callers with only a gRPC stub): every record of
+    the call committed together; a record the leader refuses aborts the whole call."""
+    gw = gateway_stub(cluster.gateway_address.split(",")[0])
+    with Admin(cluster.gateway_address, **FAST) as admin:
+        admin.create_topics("txn-records", 3, 3, {"min.insync.replicas": "2", "max.message.bytes": "4000"})
+    records = [gateway_pb2.ProducerRecord(value=f"whole-{i}".encode(), partition=i % 3) for i in range(9)]
+    answer = gw.ProduceRecords(
+        gateway_pb2.ProduceRecordsRequest(topic="txn-records", records=records, transactional_id="records-1"),
+        timeout=CALL_TIMEOUT_S,
+    )
+    assert [r.error_code for r in answer.results] == [common_pb2.NONE] * 9, answer
+    assert sorted(values_read(cluster, "txn-records", 3, "read_committed", 9)) == sorted(
+        r.value for r in records
+    )
+
+    # Partitions 0 and 1 take their records; partition 2's is over max.message.bytes.
+    doomed = [
+        gateway_pb2.ProducerRecord(value=b"doomed-0", partition=0),
+        gateway_pb2.ProducerRecord(value=b"doomed-1", partition=1),
+        gateway_pb2.ProducerRecord(value=b"x" * 10_000, partition=2),
+    ]
+    answer = gw.ProduceRecords(
+        gateway_pb2.ProduceRecordsRequest(topic="txn-records", records=doomed, transactional_id="records-1"),
+        timeout=CALL_TIMEOUT_S,
+    )
+    codes = [r.error_code for r in answer.results]
+    assert codes[2] == common_pb2.MESSAGE_TOO_LARGE, answer
+    assert codes[:2] == [common_pb2.INVALID_TXN_STATE] * 2, answer
+    assert "record 2 was refused" in answer.results[0].error_message
+    committed = values_read(cluster, "txn-records", 3, "read_committed", 9)
+    assert b"doomed-0" not in committed and b"doomed-1" not in committed and len(committed) == 9

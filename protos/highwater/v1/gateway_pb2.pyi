@@ -298,18 +298,20 @@ class ProducerRecord(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[RecordHeader, _Mapping]]] = ..., timestamp_ms: _Optional[int] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class ProduceRecordsRequest(_message.Message):
-    __slots__ = ("topic", "records", "request_id", "timeout_ms", "compression")
+    __slots__ = ("topic", "records", "request_id", "timeout_ms", "compression", "transactional_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     records: _containers.RepeatedCompositeFieldContainer[ProducerRecord]
     request_id: str
     timeout_ms: int
     compression: str
-    def __init__(self, topic: _Optional[str] = ..., records: _Optional[_Iterable[_Union[ProducerRecord, _Mapping]]] = ..., request_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., compression: _Optional[str] = ...) -> None: ...
+    transactional_id: str
+    def __init__(self, topic: _Optional[str] = ..., records: _Optional[_Iterable[_Union[ProducerRecord, _Mapping]]] = ..., request_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., compression: _Optional[str] = ..., transactional_id: _Optional[str] = ...) -> None: ...
 
 class RecordResult(_message.Message):
     __slots__ = ("partition", "offset", "error_code", "error_message", "timestamp_ms")
