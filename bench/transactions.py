@@ -18,9 +18,10 @@ read_uncommitted, alternated; records/s counts the records each read returns.
 
 Prints records/s per mode, the median over rounds, the ratio against idempotent produce (target
 for txn-100ms: at least 0.80, i.e. transactions cost at most 20%), each mode's commit latency,
-and the two read rates with their ratio.
+and the two read rates with their ratio. `--client highwater` runs the produce modes with our own
+Producer through the gateways' transaction coordinator instead (the reads stay confluent-kafka's).
 
-    .venv/bin/python bench/transactions.py [--rounds 3] [--duration-s 10] [--record-size 100]
+    .venv/bin/python bench/transactions.py [--rounds 3] [--duration-s 10] [--client highwater]
 """
 
 from __future__ import annotations
@@ -136,6 +137,51 @@ def produce_transactional(
     }
 
 
+def produce_highwater(
+    gateway: str, topic: str, payload: bytes, duration_s: float, every_ms: int, every_records: int, tid: str
+) -> dict[str, Any]:
+    """Our Producer (acks=all, idempotent, straight to the leaders): as fast as it takes records,
+    or in transactions of every_ms milliseconds or every_records records when `tid` is set;
+    records count once flushed or committed."""
+    from clients import Producer
+
+    producer = Producer(gateway, transactional_id=tid or None)
+    committed = in_txn = commits = 0
+    commit_waits: list[float] = []
+    try:
+        if tid:
+            producer.init_transactions()
+            producer.begin_transaction()
+        start = opened = time.perf_counter()
+        while (now := time.perf_counter()) - start < duration_s:
+            if tid and (
+                (every_ms and now - opened >= every_ms / 1000) or (every_records and in_txn >= every_records)
+            ):
+                started = time.perf_counter()
+                producer.commit_transaction()
+                commit_waits.append(time.perf_counter() - started)
+                committed, in_txn, commits = committed + in_txn, 0, commits + 1
+                producer.begin_transaction()
+                opened = time.perf_counter()
+            producer.produce(topic, payload)
+            in_txn += 1
+        if tid:
+            started = time.perf_counter()
+            producer.commit_transaction()
+            commit_waits.append(time.perf_counter() - started)
+            commits += 1
+        else:
+            producer.flush(timeout_ms=int(CALL_TIMEOUT_S * 1000))
+        committed += in_txn
+        elapsed = time.perf_counter() - start
+    finally:
+        producer.close()
+    run: dict[str, Any] = {"records_per_s": committed / elapsed, "records": committed, "commits": commits}
+    if tid:
+        run["commit_latency"] = common.percentiles_ms(commit_waits)
+    return run
+
+
 def read_all(bootstrap: str, topic: str, isolation: str) -> dict[str, float]:
     """Every partition from offset 0 to its end (markers included in the offsets), timed."""
     import confluent_kafka
@@ -178,15 +224,22 @@ def read_all(bootstrap: str, topic: str, isolation: str) -> dict[str, float]:
     return {"records_per_s": records / elapsed, "records": records, "seconds": elapsed}
 
 
-def _rounds(args: argparse.Namespace, kafka: str, topic: str) -> dict[str, list[dict[str, Any]]]:
+def _rounds(
+    args: argparse.Namespace, kafka: str, gateway: str, topic: str
+) -> dict[str, list[dict[str, Any]]]:
     payload = b"x" * args.record_size
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     for round_number in range(args.rounds):
         order = list(MODES) if round_number % 2 == 0 else list(reversed(MODES))
         for mode in order:
             every_ms, every_records = MODES[mode]
-            if mode == "idempotent":
-                run: dict[str, Any] = produce_idempotent(kafka, topic, payload, args.duration_s)
+            if args.client == "highwater":
+                tid = "" if mode == "idempotent" else f"bench-hw-{mode}-{round_number}-{int(time.time())}"
+                run: dict[str, Any] = produce_highwater(
+                    gateway, topic, payload, args.duration_s, every_ms, every_records, tid
+                )
+            elif mode == "idempotent":
+                run = produce_idempotent(kafka, topic, payload, args.duration_s)
             else:
                 tid = f"bench-{mode}-{round_number}-{int(time.time())}"
                 run = produce_transactional(
@@ -270,6 +323,13 @@ def main() -> int:
         "--record-size", type=int, default=100, help="bytes of each record's value (default 100)"
     )
     parser.add_argument(
+        "--client",
+        choices=("confluent", "highwater"),
+        default="confluent",
+        help="the producer of the produce modes: confluent-kafka on the Kafka listeners (default), "
+        "or our Producer through the gateways",
+    )
+    parser.add_argument(
         "--read-records", type=int, default=2_000_000, help="records in the read topic (default 2,000,000)"
     )
     args = parser.parse_args()
@@ -277,7 +337,7 @@ def main() -> int:
         parser.error("--bootstrap needs --kafka-bootstrap (the brokers' Kafka listeners)")
     topic = common.target_topic(args, "transactions")
     out = common.target_header(
-        args, record_size=args.record_size, duration_s=args.duration_s, rounds=args.rounds
+        args, record_size=args.record_size, duration_s=args.duration_s, rounds=args.rounds, client=args.client
     )
     with common.target_for(args, topic) as target:
         kafka = args.kafka_bootstrap or target.kafka_bootstrap
@@ -290,7 +350,7 @@ def main() -> int:
             min_insync=args.min_insync,
         )
         out["quiet"] = common.wait_for_quiet(wait_s=args.quiet_wait_s)
-        runs = _rounds(args, kafka, topic)
+        runs = _rounds(args, kafka, target.gateway, topic)
         reads = _reads(args, kafka, read_topic)
     out["runs"] = [{"mode": mode, **run} for mode, rs in runs.items() for run in rs]
     out["reads"] = reads
