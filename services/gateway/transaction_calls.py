@@ -22,9 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from clients.common import limits as client_limits
+from clients.common.types import TopicPartitionKey
 from coordinator.store import CoordinatorError, MetadataStore
 from protos.highwater.v1 import common_pb2, gateway_pb2
 from services.common import limits
@@ -39,6 +41,9 @@ from services.transactions.marker_writer import GrpcMarkerWriter
 from services.transactions.state import txn_offset_commit_member_check
 
 log = logging.getLogger("highwater.gateway.transactions")
+
+# A call's response message type.
+R = TypeVar("R")
 
 
 def error_code(name: str) -> common_pb2.ErrorCode:
@@ -100,6 +105,16 @@ class GatewayTransactions:
             log.warning("transactional id %r: etcd did not answer (%s)", request.transactional_id, exc)
             return TxnAnswer(TxnError.COORDINATOR_NOT_AVAILABLE, f"etcd could not be reached ({exc}): retry")
 
+    async def _decided(self, request: rules.TxnRequest, response_cls: Callable[..., R]) -> R:
+        """The rules' answer to `request`, as `response_cls` (error code and message)."""
+        answer = await self._handle(request)
+        return response_cls(error_code=error_code(answer.error.value), error_message=answer.message)
+
+    async def _unknown(self, partitions: Iterable[TopicPartitionKey]) -> list[str]:
+        """The partitions (as "topic-p") the cluster does not have, after a refresh if needed."""
+        await self._view.refresh_unless_known({topic for topic, _ in partitions})
+        return sorted(f"{t}-{p}" for t, p in partitions if (t, p) not in self._view.cache.partitions)
+
     async def init_producer_id(
         self, request: common_pb2.InitProducerIdRequest
     ) -> common_pb2.InitProducerIdResponse:
@@ -128,36 +143,24 @@ class GatewayTransactions:
             return gateway_pb2.AddPartitionsToTxnResponse(
                 error_code=common_pb2.INVALID_REQUEST, error_message="no partitions to add"
             )
-        await self._view.refresh_unless_known({topic for topic, _ in asked})
-        unknown = sorted(f"{t}-{p}" for t, p in asked if (t, p) not in self._view.cache.partitions)
+        unknown = await self._unknown(asked)
         if unknown:
             return gateway_pb2.AddPartitionsToTxnResponse(
                 error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
                 error_message=f"no such partitions: {', '.join(unknown)}; nothing was added",
             )
-        answer = await self._handle(
-            rules.AddPartitionsToTxn(
-                request.transactional_id,
-                request.producer_id,
-                request.producer_epoch,
-                asked,
-            )
+        txn = rules.AddPartitionsToTxn(
+            request.transactional_id, request.producer_id, request.producer_epoch, asked
         )
-        return gateway_pb2.AddPartitionsToTxnResponse(
-            error_code=error_code(answer.error.value), error_message=answer.message
-        )
+        return await self._decided(txn, gateway_pb2.AddPartitionsToTxnResponse)
 
     async def add_offsets(
         self, request: gateway_pb2.AddOffsetsToTxnRequest
     ) -> gateway_pb2.AddOffsetsToTxnResponse:
-        answer = await self._handle(
-            rules.AddOffsetsToTxn(
-                request.transactional_id, request.producer_id, request.producer_epoch, request.group_id
-            )
+        txn = rules.AddOffsetsToTxn(
+            request.transactional_id, request.producer_id, request.producer_epoch, request.group_id
         )
-        return gateway_pb2.AddOffsetsToTxnResponse(
-            error_code=error_code(answer.error.value), error_message=answer.message
-        )
+        return await self._decided(txn, gateway_pb2.AddOffsetsToTxnResponse)
 
     async def txn_offset_commit(
         self, request: gateway_pb2.TxnOffsetCommitRequest
@@ -194,32 +197,19 @@ class GatewayTransactions:
                 error_code=common_pb2.INVALID_COMMIT_OFFSET if bad else common_pb2.INVALID_REQUEST,
                 error_message=f"negative offsets for {', '.join(bad)}" if bad else "no offsets to commit",
             )
-        await self._view.refresh_unless_known({topic for topic, _ in offsets})
-        unknown = sorted(f"{t}-{p}" for t, p in offsets if (t, p) not in self._view.cache.partitions)
+        unknown = await self._unknown(offsets)
         if unknown:
             return gateway_pb2.TxnOffsetCommitResponse(
                 error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
                 error_message=f"no such partitions: {', '.join(unknown)}; no offset was taken",
             )
-        answer = await self._handle(
-            rules.TxnOffsetCommit(
-                request.transactional_id,
-                request.producer_id,
-                request.producer_epoch,
-                request.group_id,
-                offsets,
-            )
+        txn = rules.TxnOffsetCommit(
+            request.transactional_id, request.producer_id, request.producer_epoch, request.group_id, offsets
         )
-        return gateway_pb2.TxnOffsetCommitResponse(
-            error_code=error_code(answer.error.value), error_message=answer.message
-        )
+        return await self._decided(txn, gateway_pb2.TxnOffsetCommitResponse)
 
     async def end_txn(self, request: gateway_pb2.EndTxnRequest) -> gateway_pb2.EndTxnResponse:
-        answer = await self._handle(
-            rules.EndTxn(
-                request.transactional_id, request.producer_id, request.producer_epoch, request.commit
-            )
+        txn = rules.EndTxn(
+            request.transactional_id, request.producer_id, request.producer_epoch, request.commit
         )
-        return gateway_pb2.EndTxnResponse(
-            error_code=error_code(answer.error.value), error_message=answer.message
-        )
+        return await self._decided(txn, gateway_pb2.EndTxnResponse)
