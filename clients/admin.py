@@ -10,7 +10,8 @@ request_timeout_ms.
 
 The calls live by API family in clients/admin_topics.py (topics, configs, partitions,
 reassignments, elections), admin_cluster.py (the cluster, ACLs, tokens), admin_groups.py
-(offsets, consumer groups) and admin_records.py (log dirs, deleting records), over the
+(offsets, consumer groups), admin_records.py (log dirs, deleting records) and
+admin_transactions.py (list, describe and abort transactions), over the
 transport of admin_calls.py; AsyncAdmin is all of them.
 """
 
@@ -23,6 +24,12 @@ from clients.admin_cluster import ClusterAdmin, CreatedToken, TokenDescription
 from clients.admin_groups import GroupAdmin
 from clients.admin_records import LogDescription, RecordAdmin, log_description
 from clients.admin_topics import ELECTION_TYPES, TopicAdmin, topic_config_dict, topic_config_sources
+from clients.admin_transactions import (
+    AbortedTransaction,
+    TransactionAdmin,
+    TransactionDescription,
+    TransactionListing,
+)
 from clients.common.acls import AclBinding
 from clients.config import DEFAULT_BOOTSTRAP
 from clients.loop_thread import SyncClient
@@ -51,7 +58,7 @@ __all__ = [
 ]
 
 
-class AsyncAdmin(TopicAdmin, ClusterAdmin, GroupAdmin, RecordAdmin):
+class AsyncAdmin(TopicAdmin, ClusterAdmin, GroupAdmin, RecordAdmin, TransactionAdmin):
     """asyncio admin client. `async with AsyncAdmin("127.0.0.1:9092") as admin:`."""
 
     async def __aenter__(self) -> AsyncAdmin:
@@ -192,3 +199,16 @@ class Admin(SyncClient[AsyncAdmin]):
 
     def alter_group_offsets(self, group_id: str, offsets: Mapping[TopicPartition, int]) -> None:
         self._run(self._async.alter_group_offsets(group_id, offsets), "alter_group_offsets()")
+
+    def list_transactions(
+        self, states: Iterable[str] = (), producer_ids: Iterable[int] = (), older_than_ms: int = -1
+    ) -> list[TransactionListing]:
+        return self._run(
+            self._async.list_transactions(states, producer_ids, older_than_ms), "list_transactions()"
+        )
+
+    def describe_transactions(self, transactional_ids: Iterable[str]) -> list[TransactionDescription]:
+        return self._run(self._async.describe_transactions(transactional_ids), "describe_transactions()")
+
+    def abort_transaction(self, transactional_id: str) -> AbortedTransaction:
+        return self._run(self._async.abort_transaction(transactional_id), "abort_transaction()")

@@ -1439,6 +1439,121 @@ EARLIEST_TIMESTAMP = -2  # ListOffsets: the log start offset
 LATEST_TIMESTAMP = -1  # ListOffsets: the high watermark
 
 
+# --- transactions ------------------------------------------------------------------------------
+
+
+@cli.group()
+def transactions() -> None:
+    """Transactions: list and describe transactional ids, abort a hanging transaction
+    (kafka-transactions.sh).
+
+    A hanging transaction is an open one whose producer is gone (killed between its writes and its
+    commit, or a bug): until its transaction.timeout.ms runs out it holds every read_committed
+    consumer of its partitions at its first offset (the last stable offset). `abort` ends it now.
+
+    \b
+    Example:
+      highwater transactions list --state Ongoing --older-than-ms 60000
+      highwater transactions describe billing-1
+      highwater transactions abort billing-1
+    """
+
+
+@transactions.command("list")
+@click.option(
+    "--state", "states", multiple=True, help="Only these states (Ongoing, PrepareCommit, ...); repeatable."
+)
+@click.option(
+    "--producer-id", "producer_ids", multiple=True, type=int, help="Only these producer ids; repeatable."
+)
+@click.option(
+    "--older-than-ms", type=int, default=-1, help="Only transactions open for longer than this many ms."
+)
+@pass_cli
+def transactions_list(
+    obj: CliContext, states: tuple[str, ...], producer_ids: tuple[int, ...], older_than_ms: int
+) -> None:
+    """List the transactional ids: producer id and state.
+
+    \b
+    Example:
+      highwater transactions list
+      highwater transactions list --state Ongoing --older-than-ms 300000
+    """
+    with obj.admin() as admin:
+        listing = admin.list_transactions(states, producer_ids, older_than_ms)
+    if obj.json:
+        print_json([dataclasses.asdict(t) for t in listing])
+        return
+    if not listing:
+        out().print(
+            "no transactional ids" + (" match" if states or producer_ids or older_than_ms >= 0 else "")
+        )
+        return
+    rows = [(escape(t.transactional_id), str(t.producer_id), t.state) for t in listing]
+    out().print(
+        make_table(("transactional id", "producer id", "state"), rows, "transactions", right=("producer id",))
+    )
+
+
+@transactions.command("describe")
+@click.argument("transactional_ids", nargs=-1, required=True)
+@pass_cli
+def transactions_describe(obj: CliContext, transactional_ids: tuple[str, ...]) -> None:
+    """Show each id's state, producer id and epoch, timeout, how long its transaction has been
+    open and the partitions and groups in it.
+
+    \b
+    Example:
+      highwater transactions describe billing-1 billing-2
+    """
+    with obj.admin() as admin:
+        described = admin.describe_transactions(transactional_ids)
+    if obj.json:
+        print_json([dataclasses.asdict(d) for d in described])
+        return
+    now_ms = int(time.time() * 1000)
+    rows = [
+        (
+            escape(d.transactional_id),
+            d.state,
+            f"{d.producer_id}/{d.producer_epoch}",
+            f"{d.transaction_timeout_ms} ms",
+            f"{(now_ms - d.transaction_start_time_ms) / 1000:.1f} s"
+            if d.transaction_start_time_ms > 0
+            else "-",
+            escape(_tps_text(list(d.partitions))),
+            escape(", ".join(d.groups) or "-"),
+        )
+        for d in described
+    ]
+    columns = ("transactional id", "state", "producer/epoch", "timeout", "open for", "partitions", "groups")
+    out().print(make_table(columns, rows, "transactions"))
+
+
+@transactions.command("abort")
+@click.argument("transactional_id")
+@pass_cli
+def transactions_abort(obj: CliContext, transactional_id: str) -> None:
+    """Abort TRANSACTIONAL_ID's open transaction now: its producer is fenced (its next call
+    fails PRODUCER_FENCED), its records are never read at read_committed, and the ABORT markers
+    release its partitions' last stable offset within moments. Refused when nothing is open.
+
+    \b
+    Example:
+      highwater transactions abort billing-1
+    """
+    with obj.admin() as admin:
+        aborted = admin.abort_transaction(transactional_id)
+    if obj.json:
+        print_json(dataclasses.asdict(aborted))
+        return
+    out().print(
+        f"aborted the transaction of {escape(transactional_id)}: producer {aborted.producer_id} "
+        f"fenced at epoch {aborted.producer_epoch}"
+    )
+
+
 # --- commands of the other modules ------------------------------------------------------------------
 # The commands that start processes (`cluster up`, `tls init`, `highwater broker` ...) are not
 # here: services/launcher/cli.py adds them to a copy of this group, the `highwater` entry point,

@@ -568,6 +568,10 @@ TRANSACTION_MARKER_ROUNDS_MAX = 10
 # CONCURRENT_TRANSACTIONS a client would get otherwise sends it into a retry backoff of its own.
 # Bounded so that a completion held up by an unreachable leader answers in time (retriable).
 TRANSACTION_COMPLETION_WAIT_MS = 1_000
+# How long a gateway's transaction call (services/gateway/transaction_calls.py, transactions_admin.py)
+# may wait for etcd before it answers COORDINATOR_NOT_AVAILABLE (retriable): the Kafka listener's
+# bound for its etcd reads, so both doors give up alike.
+TRANSACTION_CALL_TIMEOUT_S = 10.0
 TRANSACTION_MARKER_RETRY_BACKOFF_MS = 200
 
 # --- Kafka protocol listener (services/kafka/, docs/KAFKA.md) ---------------------------------

@@ -95,7 +95,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self.groups = GroupService(store, self.view.partition_counts, self.leaders.end_offsets)
         self.group_calls = GroupCalls(store, self.view, self.groups)
         self.transactions = GatewayTransactions(store, self.view, self.controller)
-        self.transactions_admin = TransactionsAdmin(store)
+        self.transactions_admin = TransactionsAdmin(store, self.transactions.driver)
         self.streams = RecordStreams(self.view, self.leaders, self.group_calls.committed_offsets)
         # Batches the gateway makes must pass the brokers' request limits, which the gateway shares.
         security = security or SecurityConfig()

@@ -100,7 +100,7 @@ class GatewayTransactions:
 
     async def _handle(self, request: rules.TxnRequest) -> TxnAnswer:
         try:
-            return await asyncio.wait_for(self.driver.handle(request), limits.KAFKA_BACKEND_CALL_TIMEOUT_S)
+            return await asyncio.wait_for(self.driver.handle(request), limits.TRANSACTION_CALL_TIMEOUT_S)
         except (CoordinatorError, TimeoutError) as exc:
             log.warning("transactional id %r: etcd did not answer (%s)", request.transactional_id, exc)
             return TxnAnswer(TxnError.COORDINATOR_NOT_AVAILABLE, f"etcd could not be reached ({exc}): retry")
@@ -173,7 +173,7 @@ class GatewayTransactions:
                     txn_offset_commit_member_check(
                         self._store, request.group_id, request.member_id, request.member_epoch
                     ),
-                    limits.KAFKA_BACKEND_CALL_TIMEOUT_S,
+                    limits.TRANSACTION_CALL_TIMEOUT_S,
                 )
             except (CoordinatorError, TimeoutError) as exc:
                 return gateway_pb2.TxnOffsetCommitResponse(

@@ -180,6 +180,30 @@ class TransactionDriver:
 
     # ---- the coordinator's own steps -------------------------------------------------------------
 
+    async def abort_by_operator(self, tid: str) -> TxnAnswer:
+        """An operator's abort of a hanging transaction (`highwater transactions abort`): the
+        id's producer is fenced and its open transaction aborted now (`rules.abort_by_operator`),
+        its markers written by this driver's completion. The rule's refusal when nothing is
+        open; TRANSACTIONAL_ID_NOT_FOUND for an id with no state."""
+
+        async def decide(meta: TxnMetadata | None, now_ms: int) -> TxnResult:
+            if meta is None:
+                return TxnResult(
+                    None,
+                    TxnAnswer(TxnError.TRANSACTIONAL_ID_NOT_FOUND, f"no transactional id {tid!r} is stored"),
+                )
+            return rules.abort_by_operator(meta, now_ms)
+
+        try:
+            result = await self._decide(tid, decide)
+        except TransactionConflict as exc:
+            return TxnAnswer(TxnError.CONCURRENT_TRANSACTIONS, str(exc))
+        if result is None:
+            raise InvariantViolation(f"no decision for the abort of {tid!r}")
+        if result.answer.error is not TxnError.NONE or result.metadata is None:
+            return result.answer
+        return TxnAnswer(TxnError.NONE, "", result.metadata.producer_id, result.metadata.producer_epoch)
+
     async def recover(self) -> list[str]:
         """Finish every prepared transaction this driver owns (a predecessor died before its
         markers or its completion were stored); returns their ids once all are complete or
