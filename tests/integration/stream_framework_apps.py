@@ -6,11 +6,14 @@ state (a quixstreams state store, a faust table), both with the framework's defa
 each creates and restores from its own compacted changelog topic. For every input event it writes
 one output record {"key", "seq", "sum", "i"}: the key's state after the event.
 
-Processing is at-least-once (both frameworks' default; their exactly-once mode needs Kafka
-transactions, which Highwater does not serve: issue 41), so after a crash the events since the last
+Processing is at-least-once (both frameworks' default), so after a crash the events since the last
 commit are processed again. Each event carries its per-key sequence number (1, 2, ...) and the state
 keeps the last one applied, so a replayed event is not added twice: the state is exact whatever the
 replay, and any output's sum equals the sum of its key's first `seq` amounts.
+
+`quix-eos` is the same quixstreams application with `processing_guarantee="exactly-once"` (Kafka
+transactions, served by the brokers' Kafka listener: issue 41) and no such guard: its state adds
+every event it is given, so a replayed event would show as a wrong sum. test_stream_exactly_once.py.
 """
 
 from __future__ import annotations
@@ -48,6 +51,28 @@ def run_quix(bootstrap: str, input_topic: str, output_topic: str, group: str, st
     app.run()
 
 
+def run_quix_eos(bootstrap: str, input_topic: str, output_topic: str, group: str, state_dir: str) -> None:
+    from quixstreams import Application, State
+
+    app = Application(
+        broker_address=bootstrap,
+        consumer_group=group,
+        auto_offset_reset="earliest",
+        state_dir=state_dir,
+        processing_guarantee="exactly-once",
+    )
+    source = app.topic(input_topic, key_deserializer="str", value_deserializer="json")
+    sink = app.topic(output_topic, key_serializer="str", value_serializer="json")
+
+    def update(event: dict[str, Any], state: State[str, int]) -> dict[str, Any]:
+        total = state.get("sum", 0) + event["amount"]
+        state.set("sum", total)
+        return {"key": event["key"], "seq": event["seq"], "sum": total, "i": event["i"]}
+
+    app.dataframe(source).apply(update, stateful=True).to_topic(sink)
+    app.run()
+
+
 def run_faust(bootstrap: str, input_topic: str, output_topic: str, group: str, state_dir: str) -> None:
     import faust
 
@@ -70,7 +95,7 @@ def run_faust(bootstrap: str, input_topic: str, output_topic: str, group: str, s
 
 def main(argv: list[str]) -> None:
     framework, bootstrap, input_topic, output_topic, group, state_dir = argv
-    run = {"quix": run_quix, "faust": run_faust}[framework]
+    run = {"quix": run_quix, "quix-eos": run_quix_eos, "faust": run_faust}[framework]
     run(bootstrap, input_topic, output_topic, group, state_dir)
 
 
