@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from clients.common.control_records import drop_aborted
 from clients.common.errors import CorruptMessage, check
 from clients.common.partitioner import StickyPartitioner, partition_for_key
 from clients.common.record_batch import iter_batch_headers
@@ -272,9 +273,12 @@ def records_before(
     return [r for r in records if r.offset < end_offset]
 
 
-def hole_end(position: int, answer: common_pb2.FetchPartitionResponse) -> int | None:
+def hole_end(
+    position: int, answer: common_pb2.FetchPartitionResponse, read_committed: bool = False
+) -> int | None:
     """Where a read at `position` goes on after `answer` brought no records: its high watermark
-    when [position, HW) may hold no record at all, else None (nothing to skip).
+    (its last stable offset when `read_committed`: a read_committed Fetch never reads past it)
+    when [position, that end) may hold no record at all, else None (nothing to skip).
 
     A compacted log has holes, and one may reach the HW: then no Fetch at `position` brings
     a batch until more is written, yet the offsets below the HW are all read. That is proven
@@ -285,7 +289,10 @@ def hole_end(position: int, answer: common_pb2.FetchPartitionResponse) -> int | 
     """
     if answer.error_code != common_pb2.NONE or answer.records or answer.HasField("records_location"):
         return None
-    return answer.high_watermark if answer.high_watermark > position else None
+    end = answer.high_watermark
+    if read_committed and answer.HasField("last_stable_offset"):
+        end = min(end, answer.last_stable_offset)
+    return end if end > position else None
 
 
 @dataclass
@@ -305,6 +312,7 @@ def take_fetched(
     positions: dict[int, int],
     ends: dict[int, int] | None,
     left: int,
+    read_committed: bool = False,
 ) -> ConsumeRound:
     """ConsumeRecords' step over one Fetch answer of `topic`: the records to send and the
     partitions that failed for good; `positions` (partition -> next offset to read) move past
@@ -317,12 +325,16 @@ def take_fetched(
         position = positions[pr.partition]
         if pr.error_code in RETRIABLE_ROUTING_CODES:
             continue
-        if hole_end(position, pr) is not None:
+        if hole_end(position, pr, read_committed) is not None:
             taken.empty_below_hw.append(pr.partition)
             continue
         if pr.error_code == common_pb2.NONE:
+            data = pr.records
+            if read_committed and pr.aborted_transactions:
+                aborted = [(a.producer_id, a.first_offset) for a in pr.aborted_transactions]
+                data = bytes(drop_aborted(pr.records, aborted))
             try:
-                got = consumed_records(topic, pr.partition, pr.records, position)
+                got = consumed_records(topic, pr.partition, data, position)
             except CorruptMessage as exc:
                 pr = common_pb2.FetchPartitionResponse(
                     partition=pr.partition, error_code=exc.code, error_message=str(exc)
@@ -372,6 +384,9 @@ def consume_records_problem(request: gateway_pb2.ConsumeRecordsRequest) -> str |
             return f"partition {p.partition}: start_offset must be -2 (earliest), -1 (latest) or >= 0"
     if request.default_start_offset < -2:
         return "default_start_offset must be -2 (earliest), -1 (latest) or >= 0"
+    if request.isolation_level not in (0, 1):
+        level = request.isolation_level
+        return f"isolation_level must be 0 (read_uncommitted) or 1 (read_committed), got {level}"
     return None
 
 

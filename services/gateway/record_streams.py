@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from clients.common.fetch_request import consumer_fetch_request
+from clients.common.fetch_request import READ_COMMITTED, READ_UNCOMMITTED, consumer_fetch_request
 from clients.common.record_batch import iter_batch_headers
 from clients.common.topics import group_id_problem
 from clients.common.types import TopicPartitionKey
@@ -151,15 +151,16 @@ class RecordStreams:
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         topic = request.topic
+        read_committed = request.isolation_level == READ_COMMITTED
         await self.view.refresh_unless_known([topic])
         starts, errors = self._consume_starts(request)
         if request.group_id and starts:
             await self._start_at_committed(request.group_id, topic, starts)
-        positions = await self._resolve_starts(topic, starts, errors)
-        # Offsets to stop before (stop_at_end): the high watermarks as of this call.
+        positions = await self._resolve_starts(topic, starts, errors, read_committed)
+        # Offsets to stop before (stop_at_end): the high watermarks (last stable offsets) as of this call.
         ends: dict[int, int] | None = None
         if request.stop_at_end:
-            ends = await self._resolve_starts(topic, dict.fromkeys(positions, -1), errors)
+            ends = await self._resolve_starts(topic, dict.fromkeys(positions, -1), errors, read_committed)
             positions = record_level.positions_before_end(positions, ends)
         if errors:
             yield gateway_pb2.ConsumeRecordsResponse(errors=errors)
@@ -177,9 +178,12 @@ class RecordStreams:
                     min_bytes=1,
                     max_bytes=limits.FETCH_MAX_BYTES_DEFAULT,
                     partition_max_bytes=partition_max_bytes,
+                    read_committed=read_committed,
                 )
             )
-            taken = record_level.take_fetched(topic, resp.topics[0].partitions, positions, ends, left)
+            taken = record_level.take_fetched(
+                topic, resp.topics[0].partitions, positions, ends, left, read_committed
+            )
             for message in record_level.consume_messages(
                 taken.records, per_message, limits.CONSUME_RECORDS_MESSAGE_BYTES_MAX
             ):
@@ -190,7 +194,7 @@ class RecordStreams:
                 left -= len(taken.records)
             for partition in taken.empty_below_hw:
                 positions[partition] = await self._position_past_hole(
-                    topic, partition, positions[partition], partition_max_bytes
+                    topic, partition, positions[partition], partition_max_bytes, read_committed
                 )
             if ends is not None:
                 positions = record_level.positions_before_end(positions, ends)
@@ -248,7 +252,7 @@ class RecordStreams:
                 starts[c.partition] = c.offset
 
     async def _position_past_hole(
-        self, topic: str, partition: int, position: int, partition_max_bytes: int
+        self, topic: str, partition: int, position: int, partition_max_bytes: int, read_committed: bool
     ) -> int:
         """ConsumeRecords' position after an answer with no records below the HW: the HW if a
         Fetch of the partition alone proves a compacted log's hole reaches it, else `position`
@@ -260,19 +264,25 @@ class RecordStreams:
                 min_bytes=0,
                 max_bytes=partition_max_bytes,
                 partition_max_bytes=partition_max_bytes,
+                read_committed=read_committed,
             )
         )
         for t in resp.topics:
             for pr in t.partitions:
                 if pr.partition == partition:
-                    end = record_level.hole_end(position, pr)
+                    end = record_level.hole_end(position, pr, read_committed)
                     return position if end is None else end
         return position
 
     async def _resolve_starts(
-        self, topic: str, starts: dict[int, int], errors: list[gateway_pb2.ConsumePartitionError]
+        self,
+        topic: str,
+        starts: dict[int, int],
+        errors: list[gateway_pb2.ConsumePartitionError],
+        read_committed: bool = False,
     ) -> dict[int, int]:
-        """Start offsets with -2 (earliest) and -1 (latest) looked up; failures go to `errors`."""
+        """Start offsets with -2 (earliest) and -1 (latest: the last stable offset when
+        `read_committed`) looked up; failures go to `errors`."""
         positions = {p: s for p, s in starts.items() if s >= 0}
         wanted = [p for p, s in starts.items() if s < 0]
         if not wanted:
@@ -291,6 +301,7 @@ class RecordStreams:
                         ],
                     )
                 ],
+                isolation_level=READ_COMMITTED if read_committed else READ_UNCOMMITTED,
             )
         )
         for p in resolved.topics[0].partitions:

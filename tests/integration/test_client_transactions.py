@@ -311,3 +311,39 @@ def test_a_record_level_call_with_a_transactional_id_is_all_or_nothing(cluster):
     assert "record 2 was refused" in answer.results[0].error_message
     committed = values_read(cluster, "txn-records", 3, "read_committed", 9)
     assert b"doomed-0" not in committed and b"doomed-1" not in committed and len(committed) == 9
+
+
+def test_consume_records_at_read_committed_leaves_out_aborted_and_open_transactions(cluster):
+    """ConsumeRecords' isolation_level 1: committed transactions' records only, up to the last
+    stable offset (an open transaction's records are neither sent nor waited past)."""
+    gw = gateway_stub(cluster.gateway_address.split(",")[0])
+    with Admin(cluster.gateway_address, **FAST) as admin:
+        admin.create_topics("txn-consume", 1, 3, {"min.insync.replicas": "2"})
+    with Producer(cluster.gateway_address, transactional_id="consume-rc", **FAST) as producer:
+        producer.init_transactions()
+        for values, commit in (([b"c1", b"c2"], True), ([b"a1"], False), ([b"c3"], True), ([b"open"], None)):
+            producer.begin_transaction()
+            for v in values:
+                producer.send("txn-consume", v, partition=0)
+            producer.flush()
+            if commit is True:
+                producer.commit_transaction()
+            elif commit is False:
+                producer.abort_transaction()
+
+        def consumed(isolation_level: int) -> list[bytes]:
+            stream = gw.ConsumeRecords(
+                gateway_pb2.ConsumeRecordsRequest(
+                    topic="txn-consume",
+                    default_start_offset=-2,
+                    stop_at_end=True,
+                    isolation_level=isolation_level,
+                ),
+                timeout=CALL_TIMEOUT_S,
+            )
+            return [r.value for message in stream for r in message.records]
+
+        assert consumed(1) == [b"c1", b"c2", b"c3"]
+        assert consumed(0) == [b"c1", b"c2", b"a1", b"c3", b"open"]
+        producer.abort_transaction()
+    assert consumed(1) == [b"c1", b"c2", b"c3"], "the aborted open transaction stays out"

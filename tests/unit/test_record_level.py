@@ -209,3 +209,55 @@ def test_a_fetched_answer_cuts_at_the_end_offsets_and_reports_failures_once():
     ]
     assert positions == {0: 4, 2: 7, 3: 3}, "the failed partition is dropped; the moving one kept"
     assert taken.empty_below_hw == [3]
+
+
+def test_a_read_committed_round_leaves_out_aborted_records_and_stops_at_the_stable_offset():
+    """ConsumeRecords' isolation_level 1 (take_fetched, hole_end): an aborted transaction's
+    records are dropped, the markers' offsets passed, and an empty answer below the HW but at
+    the last stable offset is an open transaction to wait for, not a hole to skip."""
+    from clients.common import records
+    from clients.common.control_records import ControlType, encode_marker
+
+    def txn(producer_id: int, base_offset: int, value: bytes) -> bytes:
+        return records.encode_batch(
+            [(None, value, [], 1_000)],
+            producer_id=producer_id,
+            producer_epoch=0,
+            base_sequence=0,
+            base_offset=base_offset,
+            transactional=True,
+        )
+
+    def marker(control: ControlType, producer_id: int, base_offset: int) -> bytes:
+        return encode_marker(
+            control,
+            producer_id=producer_id,
+            producer_epoch=0,
+            coordinator_epoch=1,
+            timestamp_ms=2_000,
+            base_offset=base_offset,
+        )
+
+    log = (
+        txn(7, 0, b"aborted")
+        + marker(ControlType.ABORT, 7, 1)
+        + txn(8, 2, b"kept")
+        + marker(ControlType.COMMIT, 8, 3)
+    )
+    answer = common_pb2.FetchPartitionResponse(
+        partition=0,
+        high_watermark=6,
+        last_stable_offset=4,
+        records=log,
+        aborted_transactions=[{"producer_id": 7, "first_offset": 0}],
+    )
+    positions = {0: 0}
+    committed = record_level.take_fetched("t", [answer], positions, None, 0, read_committed=True)
+    assert [r.value for r in committed.records] == [b"kept"]
+    assert positions == {0: 4}, "past both markers"
+    uncommitted = record_level.take_fetched("t", [answer], {0: 0}, None, 0)
+    assert [r.value for r in uncommitted.records] == [b"aborted", b"kept"]
+    # At the LSO (4) with an open transaction above it: nothing to read, nothing to skip.
+    empty = common_pb2.FetchPartitionResponse(partition=0, high_watermark=6, last_stable_offset=4)
+    assert record_level.hole_end(4, empty, read_committed=True) is None
+    assert record_level.hole_end(4, empty) == 6, "read_uncommitted: a hole up to the HW"

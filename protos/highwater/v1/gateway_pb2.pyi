@@ -346,7 +346,7 @@ class ConsumePartition(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., start_offset: _Optional[int] = ...) -> None: ...
 
 class ConsumeRecordsRequest(_message.Message):
-    __slots__ = ("topic", "partitions", "default_start_offset", "group_id", "max_records", "max_records_per_message", "partition_max_bytes", "stop_at_end")
+    __slots__ = ("topic", "partitions", "default_start_offset", "group_id", "max_records", "max_records_per_message", "partition_max_bytes", "stop_at_end", "isolation_level")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -355,6 +355,7 @@ class ConsumeRecordsRequest(_message.Message):
     MAX_RECORDS_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PARTITION_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     STOP_AT_END_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partitions: _containers.RepeatedCompositeFieldContainer[ConsumePartition]
     default_start_offset: int
@@ -363,7 +364,8 @@ class ConsumeRecordsRequest(_message.Message):
     max_records_per_message: int
     partition_max_bytes: int
     stop_at_end: bool
-    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[ConsumePartition, _Mapping]]] = ..., default_start_offset: _Optional[int] = ..., group_id: _Optional[str] = ..., max_records: _Optional[int] = ..., max_records_per_message: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ..., stop_at_end: _Optional[bool] = ...) -> None: ...
+    isolation_level: int
+    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[ConsumePartition, _Mapping]]] = ..., default_start_offset: _Optional[int] = ..., group_id: _Optional[str] = ..., max_records: _Optional[int] = ..., max_records_per_message: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ..., stop_at_end: _Optional[bool] = ..., isolation_level: _Optional[int] = ...) -> None: ...
 
 class ConsumedRecord(_message.Message):
     __slots__ = ("topic", "partition", "offset", "timestamp_ms", "timestamp_type", "key", "value", "headers")
