@@ -66,19 +66,12 @@ class GrpcMarkerWriter:
     async def _write(
         self, address: str, tps: list[TopicPartitionKey], producer_id: int, producer_epoch: int, commit: bool
     ) -> dict[TopicPartitionKey, str]:
-        by_topic: dict[str, list[int]] = {}
-        for topic, partition in tps:
-            by_topic.setdefault(topic, []).append(partition)
-        request = broker_pb2.WriteTxnMarkersRequest(
-            markers=[
-                broker_pb2.TxnMarker(
-                    producer_id=producer_id,
-                    producer_epoch=producer_epoch,
-                    committed=commit,
-                    coordinator_epoch=self._coordinator_epoch,
-                    topics=[broker_pb2.TxnMarkerTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
-                )
-            ],
+        request = marker_request(
+            tps,
+            producer_id,
+            producer_epoch,
+            commit,
+            coordinator_epoch=self._coordinator_epoch,
             timeout_ms=self._timeout_ms,
         )
         try:
@@ -95,6 +88,34 @@ class GrpcMarkerWriter:
         }
         # A partition the leader left out of its answer was not written.
         return {tp: answered.get(tp, LEADER_UNREACHABLE) for tp in tps}
+
+
+def marker_request(
+    tps: list[TopicPartitionKey],
+    producer_id: int,
+    producer_epoch: int,
+    commit: bool,
+    *,
+    coordinator_epoch: int,
+    timeout_ms: int,
+) -> broker_pb2.WriteTxnMarkersRequest:
+    """One leader's WriteTxnMarkers: a COMMIT (commit) or ABORT marker of (producer_id,
+    producer_epoch) for each of `tps`."""
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in tps:
+        by_topic.setdefault(topic, []).append(partition)
+    return broker_pb2.WriteTxnMarkersRequest(
+        markers=[
+            broker_pb2.TxnMarker(
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                committed=commit,
+                coordinator_epoch=coordinator_epoch,
+                topics=[broker_pb2.TxnMarkerTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
+            )
+        ],
+        timeout_ms=timeout_ms,
+    )
 
 
 def _error_name(code: int) -> str:

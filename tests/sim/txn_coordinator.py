@@ -33,12 +33,12 @@ from typing import Any, TypeVar
 from clients.common.types import TopicPartitionKey
 from coordinator.election import current_controller
 from coordinator.store import CoordinatorError
-from protos.highwater.v1 import broker_pb2, common_pb2
+from protos.highwater.v1 import common_pb2
 from services.kafka.handler_common import BackendUnavailable
 from services.transactions.coordinator import TopicPartitions, TxnAnswer, TxnError, TxnRequest
 from services.transactions.driver import MARKER_WRITTEN, TransactionDriver
 from services.transactions.hosting import ControllerProducerIds
-from services.transactions.marker_writer import LEADER_UNREACHABLE, NO_LEADER
+from services.transactions.marker_writer import LEADER_UNREACHABLE, NO_LEADER, marker_request
 from tests.sim.clock import EventLoop
 from tests.sim.config import WALL_CLOCK_BASE_MS
 from tests.sim.network import Envelope, Network, RpcError, RpcNode
@@ -298,16 +298,8 @@ class SimTxnCoordinator(RpcNode):
         commit: bool,
         answered: Callable[[TopicPartitionKey, Any], None],
     ) -> None:
-        request = broker_pb2.WriteTxnMarkersRequest(
-            markers=[
-                broker_pb2.TxnMarker(
-                    producer_id=producer_id,
-                    producer_epoch=producer_epoch,
-                    committed=commit,
-                    topics=[broker_pb2.TxnMarkerTopic(topic=tp[0], partitions=[tp[1]])],
-                )
-            ],
-            timeout_ms=MARKER_TIMEOUT_MS,
+        request = marker_request(
+            [tp], producer_id, producer_epoch, commit, coordinator_epoch=0, timeout_ms=MARKER_TIMEOUT_MS
         )
         self.call(
             broker_node(leader),

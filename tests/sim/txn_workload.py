@@ -25,6 +25,7 @@ from typing import Any
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from clients.common.control_records import drop_aborted
+from clients.common.fetch_request import consumer_fetch_request
 from clients.common.record_batch import iter_batch_headers
 from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import common_pb2
@@ -68,7 +69,6 @@ PRODUCE_ATTEMPTS_MAX = 5
 # A fenced zombie sends this many more batches with its old epoch before it stops.
 ZOMBIE_WRITES_MAX = 4
 CONSUMER_FETCH_WAIT_MS = 300
-READ_COMMITTED = 1
 # Answers that mean "try the same call again".
 RETRIABLE = frozenset(
     {TxnError.CONCURRENT_TRANSACTIONS, TxnError.COORDINATOR_NOT_AVAILABLE, TxnError.NOT_COORDINATOR}
@@ -406,25 +406,14 @@ class TxnConsumer(RpcNode):
             self._running.discard(tp)
             return
         position = self.positions.setdefault(tp, 0)
-        request = common_pb2.FetchRequest(
-            replica_id=-1,
+        # The consumers' own Fetch (clients/common/fetch_request.py), read_committed.
+        request = consumer_fetch_request(
+            {tp: position},
             max_wait_ms=CONSUMER_FETCH_WAIT_MS,
             min_bytes=1,
             max_bytes=CONSUMER_PARTITION_MAX_BYTES,
-            isolation_level=READ_COMMITTED,
-            topics=[
-                common_pb2.FetchTopic(
-                    topic=tp[0],
-                    partitions=[
-                        common_pb2.FetchPartition(
-                            partition=tp[1],
-                            fetch_offset=position,
-                            partition_max_bytes=CONSUMER_PARTITION_MAX_BYTES,
-                            current_leader_epoch=-1,
-                        )
-                    ],
-                )
-            ],
+            partition_max_bytes=CONSUMER_PARTITION_MAX_BYTES,
+            read_committed=True,
         )
         self.call(
             broker_node(leader),
