@@ -56,8 +56,9 @@ import grpc
 from clients.common import errors
 from clients.common.fetch_request import READ_COMMITTED, READ_UNCOMMITTED, consumer_fetch_request
 from clients.common.types import TopicPartitionKey
-from clients.connection import CHANNEL_OPTIONS
+from clients.connection import CHANNEL_OPTIONS, UNREACHABLE_CODES
 from clients.local_reads import NotReadableHere, read_located
+from clients.tls import ClientTls
 from protos.highwater.v1 import broker_pb2, common_pb2, gateway_pb2_grpc
 from spark_connector import limits
 from spark_connector.fetch_response import FetchedPartition, MalformedFetchResponse, parse_fetch_response
@@ -75,7 +76,8 @@ T = TypeVar("T")
 # restarting, the ISR briefly too small): the error flags' policy, except
 # UNKNOWN_TOPIC_OR_PARTITION, which for a planned read means the topic was deleted under it.
 RETRIABLE_CODES = errors.RETRIABLE_CODES - {common_pb2.UNKNOWN_TOPIC_OR_PARTITION}
-_FAILOVER_STATUS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+# Statuses after which the next gateway is tried: the client library's (clients/connection.py).
+_FAILOVER_STATUS = UNREACHABLE_CODES
 # The generated *_pb2_grpc stubs are untyped (pyproject's mypy overrides): typed here, once.
 _new_stub = cast(
     "Callable[[grpc.Channel], gateway_pb2_grpc.GatewayServiceStub]", gateway_pb2_grpc.GatewayServiceStub
@@ -240,19 +242,12 @@ class GatewayClient:
         return _SHARED_CHANNELS.get(self._channel_key(address), functools.partial(self._new_channel, address))
 
     def _new_channel(self, address: str) -> grpc.Channel:
-        """A plaintext channel, or TLS with the CA, client certificate and token the options gave."""
+        """A plaintext channel, or TLS with the CA, client certificate and token the options gave
+        (the client library's ClientTls: gRPC sends the token only over TLS)."""
         s = self.settings
         if not s.secure:
             return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-        credentials = grpc.ssl_channel_credentials(
-            root_certificates=s.ca_cert, private_key=s.private_key, certificate_chain=s.cert_chain
-        )
-        if s.token:
-            # gRPC sends call credentials only over TLS, so the token never travels in the clear.
-            credentials = grpc.composite_channel_credentials(
-                credentials, grpc.access_token_call_credentials(s.token)
-            )
-        return grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
+        return ClientTls(s.ca_cert, s.cert_chain, s.private_key, s.token).channel(address, CHANNEL_OPTIONS)
 
     def _rpc_error(self, method: str, address: str, error: grpc.RpcError) -> HighwaterSparkError:
         """A sentence for a failed call; authentication and authorization failures say what to set."""
