@@ -35,6 +35,10 @@ in it is reported. A busy run in which any broker's cleaner read nothing is INVA
 and left out of the verdict); so is an idle run in which a cleaner read something (the busy
 topic's last dirty segments: each idle mode first waits for the counters to stand still).
 
+`--control` runs an A/A control instead: the busy arm becomes a second idle one (`idle-again`),
+so its ratios against idle show how far two runs of the same thing differ on this machine, the
+spread a busy / idle ratio must be read against.
+
 Per round it prints every figure in both modes and the ratio busy / idle of each: records/s and
 MB/s (produce; >= 0.90 meets the target), latency p50 and p99 (per produce request, and send ->
 receive for e2e; <= 1.10 meets it); then the median of each ratio over the valid rounds with
@@ -65,6 +69,9 @@ from clients.admin import Admin
 from clients.config import BATCH_SIZE_BYTES_DEFAULT, LINGER_MS_DEFAULT
 
 MODES = ("busy", "idle")
+# --control (an A/A run): the busy arm replaced by a second idle one, measured exactly as idle, so
+# its ratio against idle is this machine's own spread between two runs of the same thing.
+CONTROL = "idle-again"
 WORKLOADS = ("produce-100b", "produce-10kb", "e2e")
 BUSY_TOPIC = "cleaner-busy"
 IDLE_TOPIC = "cleaner-idle"
@@ -496,6 +503,11 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds of busy + idle (default 3)")
     parser.add_argument(
+        "--control",
+        action="store_true",
+        help="an A/A control: a second idle arm instead of the busy one (this machine's spread)",
+    )
+    parser.add_argument(
         "--workloads",
         nargs="+",
         choices=WORKLOADS,
@@ -573,8 +585,9 @@ def main() -> int:
         return writer_main(sys.argv[2:])
     args = parse_args()
     out: common.Result = {**common.header(), "args": dict(vars(args)), "rounds": []}
+    arms_text = "idle + idle (A/A control)" if args.control else "busy + idle"
     print(
-        f"cleaner impact: {args.rounds} round(s) of busy + idle; {', '.join(args.workloads)}; "
+        f"cleaner impact: {args.rounds} round(s) of {arms_text}; {', '.join(args.workloads)}; "
         f"writer {args.writer_rate:,.0f} records/s over {args.writer_keys:,} keys",
         flush=True,
     )
@@ -584,18 +597,20 @@ def main() -> int:
         systems = CleanerSystems(stack, args)
         create_writer_topics(systems.hw.gateway, args)
         print(f"  cluster up in {time.monotonic() - started:.1f} s", flush=True)
+        arms = (CONTROL, "idle") if args.control else MODES
+        label = f"{arms[0]}/idle"
         for number in range(1, args.rounds + 1):
-            order = MODES if number % 2 else MODES[::-1]
+            order = arms if number % 2 else arms[::-1]
             modes = {mode: run_mode(systems, mode, number) for mode in order}
-            ratios = round_ratios(modes["busy"]["results"], modes["idle"]["results"])
+            ratios = round_ratios(modes[arms[0]]["results"], modes["idle"]["results"])
             for key, per in ratios.items():
                 shown = ", ".join(f"{name} {value}x" for name, value in per.items())
-                print(f"  round {number} busy/idle {key}: {shown}", flush=True)
+                print(f"  round {number} {label} {key}: {shown}", flush=True)
             all_ratios.append(ratios)
             out["rounds"].append({"order": list(order), "modes": modes, "ratios": ratios})
     summary = medians(all_ratios)
     out["ratio_median"] = summary
-    print(f"busy / idle (median over valid rounds; target within {TARGET_FRACTION:.0%}):")
+    print(f"{label} (median over valid rounds; target within {TARGET_FRACTION:.0%}):")
     if not summary:
         print("  none: no round had a valid busy and idle run of the same case")
     for key, per_figure in summary.items():

@@ -89,3 +89,21 @@ def test_one_round_measures_busy_and_idle_with_the_cleaner_checked(tmp_path: Pat
         "latency_p50_ms",
         "latency_p99_ms",
     }, out
+
+
+def test_the_a_a_control_runs_two_idle_arms_and_compares_them(tmp_path: Path) -> None:
+    """--control: the busy arm replaced by a second idle one; both checked idle, their ratio taken."""
+    output = tmp_path / "control.json"
+    out = run_bench_script(
+        SCRIPT,
+        [*SHORT, "--workloads", "produce-100b", "--control", "--output", str(output)],
+        timeout_s=RUN_TIMEOUT_S,
+    )
+    (round_,) = json.loads(output.read_text())["rounds"]
+    assert round_["order"] == ["idle-again", "idle"], out
+    for mode in ("idle-again", "idle"):
+        for row in round_["modes"][mode]["results"]:
+            assert "error" not in row, out
+            assert row["cleaner"]["mb_read_total"] == 0 and row["valid"] is True, out
+    assert set(round_["ratios"]) == {"produce-100b highwater client"}, out
+    assert "idle-again/idle" in out, out
