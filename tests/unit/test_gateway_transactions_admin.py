@@ -4,9 +4,11 @@ the real driver on an in-memory etcd, its markers and producer ids recorded."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from coordinator.memory_store import MemoryStore
+from coordinator.store import Compare, Op
 from protos.highwater.v1 import common_pb2, gateway_pb2
 from services.gateway.transactions_admin import TransactionsAdmin
 from services.transactions import coordinator as rules
@@ -39,7 +41,7 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-def test_list_filters_and_describe_show_what_etcd_holds():
+def test_list_filters_and_describe_show_what_etcd_holds() -> None:
     admin, driver, _, _, clock = setup()
 
     async def scenario() -> tuple[Any, Any, Any, Any, Any]:
@@ -71,7 +73,7 @@ def test_list_filters_and_describe_show_what_etcd_holds():
     assert invalid.error_code == common_pb2.INVALID_REQUEST
 
 
-def test_abort_fences_the_producer_and_writes_the_abort_markers():
+def test_abort_fences_the_producer_and_writes_the_abort_markers() -> None:
     admin, driver, markers, store, _ = setup()
 
     async def scenario() -> tuple[Any, Any, Any]:
@@ -92,7 +94,7 @@ def test_abort_fences_the_producer_and_writes_the_abort_markers():
     assert late.error is rules.TxnError.PRODUCER_FENCED, "the old producer's commit is refused"
 
 
-def test_abort_of_nothing_open_or_of_no_id_is_refused_by_name():
+def test_abort_of_nothing_open_or_of_no_id_is_refused_by_name() -> None:
     admin, driver, markers, _, _ = setup()
 
     async def scenario() -> tuple[Any, Any, Any]:
@@ -109,3 +111,70 @@ def test_abort_of_nothing_open_or_of_no_id_is_refused_by_name():
     assert unknown.error_code == common_pb2.TRANSACTIONAL_ID_NOT_FOUND
     assert empty.error_code == common_pb2.INVALID_REQUEST
     assert markers.calls == []
+
+
+class RacedStore(MemoryStore):
+    """An etcd where another writer rewrites each key a transaction guards just before the
+    transaction runs, `races` times: the abort's compare-and-swap is lost and must read again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.races = 0
+
+    async def txn(
+        self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> Any:
+        if self.races > 0:
+            self.races -= 1
+            for compare in compares:
+                current = await self.get(compare.key)
+                if current is not None:
+                    await self.put(compare.key, current.value)  # same value, a newer mod revision
+        return await super().txn(compares, success, failure)
+
+
+def test_abort_after_a_lost_compare_and_swap_reads_again_and_aborts() -> None:
+    store, markers, clock = RacedStore(), Markers(), Clock()
+    driver = TransactionDriver(store, markers, ProducerIds(), clock=clock)
+    admin = TransactionsAdmin(store, driver, clock=clock)
+
+    async def scenario() -> tuple[int, int, Any, Any]:
+        pid, epoch = await open_transaction(driver, "raced", [("a", 0)])
+        store.races = 1
+        aborted = await admin.abort_transaction(gateway_pb2.AbortTransactionRequest(transactional_id="raced"))
+        await driver.drain()
+        meta, _ = await read_transaction(store, "raced")
+        return pid, epoch, aborted, meta
+
+    pid, epoch, aborted, meta = run(scenario())
+    assert aborted.error_code == common_pb2.NONE, aborted
+    assert store.races == 0, "the race happened"
+    assert (aborted.producer_id, aborted.producer_epoch) == (pid, epoch + 1)
+    assert meta is not None and meta.state is rules.TxnState.COMPLETE_ABORT
+
+
+def test_abort_of_a_committed_transaction_is_refused_and_etcd_down_is_named() -> None:
+    admin, driver, _, store, _ = setup()
+
+    async def scenario() -> tuple[Any, Any, Any, Any]:
+        pid, epoch = await open_transaction(driver, "done", [("a", 0)])
+        committed = await driver.handle(rules.EndTxn("done", pid, epoch, commit=True))
+        assert committed.error is rules.TxnError.NONE, committed
+        await driver.drain()
+        after_commit = await admin.abort_transaction(
+            gateway_pb2.AbortTransactionRequest(transactional_id="done")
+        )
+        store.set_available(False)
+        down = await admin.abort_transaction(gateway_pb2.AbortTransactionRequest(transactional_id="done"))
+        listed = await admin.list_transactions(gateway_pb2.ListTransactionsRequest())
+        described = await admin.describe_transactions(
+            gateway_pb2.DescribeTransactionsRequest(transactional_ids=["done"])
+        )
+        return after_commit, down, listed, described
+
+    after_commit, down, listed, described = run(scenario())
+    assert after_commit.error_code == common_pb2.INVALID_TXN_STATE
+    assert "COMPLETE_COMMIT" in after_commit.error_message, after_commit.error_message
+    for answer in (down, listed, described.transactions[0]):
+        assert answer.error_code == common_pb2.COORDINATOR_NOT_AVAILABLE, answer
+        assert "etcd" in answer.error_message
