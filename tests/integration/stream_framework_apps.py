@@ -14,12 +14,19 @@ replay, and any output's sum equals the sum of its key's first `seq` amounts.
 `quix-eos` is the same quixstreams application with `processing_guarantee="exactly-once"` (Kafka
 transactions, served by the brokers' Kafka listener: issue 41) and no such guard: its state adds
 every event it is given, so a replayed event would show as a wrong sum. test_stream_exactly_once.py.
+With HOLD_AT_EVENT_ENV set to an event's number `i`, it stops once that event's output is sent,
+inside its open transaction (the commit runs between messages, so it never comes): a SIGKILL then
+always leaves an unfinished transaction behind, wherever the 5 s commit timer stood.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from typing import Any
+
+HOLD_AT_EVENT_ENV = "STREAM_APP_HOLD_AT_EVENT"
 
 
 def apply(state: dict[str, Any] | None, event: dict[str, Any]) -> dict[str, Any]:
@@ -69,7 +76,13 @@ def run_quix_eos(bootstrap: str, input_topic: str, output_topic: str, group: str
         state.set("sum", total)
         return {"key": event["key"], "seq": event["seq"], "sum": total, "i": event["i"]}
 
-    app.dataframe(source).apply(update, stateful=True).to_topic(sink)
+    hold_at = int(os.environ.get(HOLD_AT_EVENT_ENV, "-1"))
+
+    def hold(output: dict[str, Any]) -> None:
+        while output["i"] == hold_at:  # until the test kills the process
+            time.sleep(1.0)
+
+    app.dataframe(source).apply(update, stateful=True).to_topic(sink).update(hold)
     app.run()
 
 

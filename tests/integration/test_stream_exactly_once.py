@@ -8,7 +8,8 @@ processed again. Checked with a read_committed consumer of the output: exactly o
 input event (none missing, none twice), and every output's sum is the sum of its key's amounts up
 to that event, in input order per key (a state restored wrong, or an event counted twice, breaks
 it for the rest of that key). Also checked: the kill left records of an unfinished transaction in
-the output's log, which read_committed never returned.
+the output's log, which read_committed never returned (the first run holds, inside its open
+transaction, once the output of an event of B is sent: HOLD_AT_EVENT_ENV, so this is certain).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from typing import Any
 
 import confluent_kafka
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # not re-exported
+from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.integration.stream_framework_apps import HOLD_AT_EVENT_ENV
 from tests.integration.test_stream_frameworks import (
     CALL_TIMEOUT_S,
     PROCESS_TIMEOUT_S,
@@ -53,7 +55,8 @@ def records_in_log(bootstrap: str, topic: str) -> int:
     )
     try:
         consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-        records, at_end = 0, set()
+        records = 0
+        at_end: set[int] = set()
         deadline = time.monotonic() + CALL_TIMEOUT_S
         while len(at_end) < PARTITIONS and time.monotonic() < deadline:
             for msg in consumer.consume(num_messages=1000, timeout=0.5):
@@ -83,7 +86,9 @@ def uncommitted_reader(bootstrap: str, topic: str) -> Output:
     return reader
 
 
-def test_quixstreams_exactly_once_survives_sigkill_with_exact_output(cluster: Any, tmp_path: Path) -> None:
+def test_quixstreams_exactly_once_survives_sigkill_with_exact_output(
+    cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     bootstrap = cluster.kafka_bootstrap()
     input_topic, output_topic, group = "eos-quix-in", "eos-quix-out", "eos-quix-app"
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -94,6 +99,7 @@ def test_quixstreams_exactly_once_survives_sigkill_with_exact_output(cluster: An
         f.result(timeout=CALL_TIMEOUT_S)
     seq_of: dict[str, int] = {}
     events = [event(i, seq_of) for i in range(3 * PHASE)]
+    hold_at = PHASE + PHASE // 2  # an event of B
     state_dir = tmp_path / "state"
     app = App(
         "quix-eos", [bootstrap, input_topic, output_topic, group, str(state_dir)], tmp_path / "quix.log"
@@ -103,16 +109,21 @@ def test_quixstreams_exactly_once_survives_sigkill_with_exact_output(cluster: An
     try:
         # A: processed and committed.
         produce(bootstrap, input_topic, events[:PHASE])
+        monkeypatch.setenv(HOLD_AT_EVENT_ENV, str(hold_at))
         app.start()
         output.wait(app, output.processed_at_least(PHASE), "A's committed output")
-        # B: killed as soon as its first output is in the log, before quixstreams commits it
-        # (every 5 s by default): the transaction holding it is cut short.
+        # B: the application holds once the output of event hold_at is in the log, inside the
+        # transaction quixstreams would commit at its next checkpoint (every 5 s by default),
+        # and is killed there: that transaction is cut short.
         produce(bootstrap, input_topic, events[PHASE : 2 * PHASE])
-        in_flight.wait(app, lambda: any(v["i"] >= PHASE for _, _, v in in_flight.records), "B's first output")
+        in_flight.wait(
+            app, lambda: any(v["i"] == hold_at for _, _, v in in_flight.records), f"event {hold_at}'s output"
+        )
         app.kill()
         shutil.rmtree(state_dir, ignore_errors=True)  # restored from the changelog, not from disk
-        # C, then the restarted application finishes B and C.
+        # C, then the restarted application (not held) finishes B and C.
         produce(bootstrap, input_topic, events[2 * PHASE :])
+        monkeypatch.delenv(HOLD_AT_EVENT_ENV)
         app.start()
         output.wait(
             app,
@@ -135,9 +146,8 @@ def test_quixstreams_exactly_once_survives_sigkill_with_exact_output(cluster: An
     sums = prefix_sums(events)
     wrong = [v for _, _, v in output.records if v["sum"] != sums[v["key"]][v["seq"]]]
     assert wrong == [], f"{len(wrong)} outputs with a wrong running sum, first {wrong[:3]}"
-    # What the kill cut short, if it cut a transaction: records in the log no read_committed
-    # reader returned. Whether there are any depends on where the kill lands (between two
-    # commits there is nothing in flight), so it is reported, not required.
+    # What the kill cut short: records in the log (event hold_at's output at least) that no
+    # read_committed reader returned.
     aborted = records_in_log(bootstrap, output_topic) - len(output.records)
     print(f"output records in the log but never committed (the killed transaction's): {aborted}")
-    assert aborted >= 0
+    assert aborted >= 1, "the kill left no unfinished transaction's records in the output's log"

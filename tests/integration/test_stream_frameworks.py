@@ -35,7 +35,7 @@ from typing import Any
 
 import confluent_kafka
 import pytest
-from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-exported
+from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
     ConfigEntry,
