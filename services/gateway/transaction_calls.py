@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from clients.common import limits as client_limits
+from clients.common.topics import group_id_problem
 from clients.common.types import TopicPartitionKey
 from coordinator.store import CoordinatorError, MetadataStore
 from protos.highwater.v1 import common_pb2, gateway_pb2
@@ -157,6 +158,10 @@ class GatewayTransactions:
     async def add_offsets(
         self, request: gateway_pb2.AddOffsetsToTxnRequest
     ) -> gateway_pb2.AddOffsetsToTxnResponse:
+        if (problem := group_id_problem(request.group_id)) is not None:
+            return gateway_pb2.AddOffsetsToTxnResponse(
+                error_code=common_pb2.INVALID_REQUEST, error_message=problem
+            )
         txn = rules.AddOffsetsToTxn(
             request.transactional_id, request.producer_id, request.producer_epoch, request.group_id
         )
@@ -167,6 +172,10 @@ class GatewayTransactions:
     ) -> gateway_pb2.TxnOffsetCommitResponse:
         """KIP-447 first (a member id must be a current member at its epoch), then the offsets
         are pending in the transaction: the group sees them when it commits."""
+        if (problem := group_id_problem(request.group_id)) is not None:
+            return gateway_pb2.TxnOffsetCommitResponse(
+                error_code=common_pb2.INVALID_REQUEST, error_message=problem
+            )
         if request.member_id:
             try:
                 member = await asyncio.wait_for(

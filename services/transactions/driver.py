@@ -160,6 +160,10 @@ class TransactionDriver:
                 allocated.append(await self._producer_ids.allocate_producer_id())
             return rules.init_producer_id(meta, request, now_ms, allocated[0])
 
+        problem = rules.transactional_id_problem(request.transactional_id)
+        if problem is not None:
+            # An id no producer can have names no etcd key: answered before any read.
+            return TxnAnswer(TxnError.INVALID_REQUEST, problem)
         completing = self._completing.get(request.transactional_id)
         if completing is not None:
             # The id's previous transaction is being completed here: wait for it (bounded)
@@ -185,6 +189,9 @@ class TransactionDriver:
         id's producer is fenced and its open transaction aborted now (`rules.abort_by_operator`),
         its markers written by this driver's completion. The rule's refusal when nothing is
         open; TRANSACTIONAL_ID_NOT_FOUND for an id with no state."""
+        problem = rules.transactional_id_problem(tid)
+        if problem is not None:
+            return TxnAnswer(TxnError.INVALID_REQUEST, problem)
 
         async def decide(meta: TxnMetadata | None, now_ms: int) -> TxnResult:
             if meta is None:

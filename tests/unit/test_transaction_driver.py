@@ -424,3 +424,21 @@ async def test_a_request_during_its_ids_completion_waits_for_it_instead_of_being
     assert late.error is TxnError.CONCURRENT_TRANSACTIONS
     markers.gate.set()
     await driver.drain()
+
+
+@pytest.mark.asyncio
+async def test_an_id_no_producer_can_have_is_answered_before_etcd_is_read() -> None:
+    """Empty or over-long ids name no etcd key: every request and the operator's abort answer
+    INVALID_REQUEST instead of raising (found by tests/integration/test_fuzz.py at the gateway)."""
+    store = MemoryStore()
+    driver, _, pids = make_driver(store, Clock())
+    for tid in ("", "x" * 1_001):
+        for request in (
+            InitProducerId(tid, TIMEOUT_MS),
+            AddPartitionsToTxn(tid, 1, 0, frozenset({A0})),
+            EndTxn(tid, 1, 0, commit=True),
+        ):
+            answer = await driver.handle(request)
+            assert answer.error is TxnError.INVALID_REQUEST, (tid[:5], request, answer)
+        assert (await driver.abort_by_operator(tid)).error is TxnError.INVALID_REQUEST
+    assert pids.allocated == []
