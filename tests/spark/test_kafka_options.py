@@ -419,7 +419,7 @@ def test_kafka_producer_settings_apply_to_writes(spark: Any, cluster: TestCluste
             "false",
             ["kafka.enable.idempotence", "always idempotent", "duplicates"],
         ),
-        ("kafka.transactional.id", "t", ["kafka.transactional.id", "does not write transactions"]),
+        ("kafka.transactional.id", "t", ["kafka.transactional.id", "deliveryGuarantee=exactly-once"]),
         ("kafka.key.serializer", "x.Y", ["kafka.key.serializer", "no Highwater meaning"]),
         ("kafka.value.serializer", "x.Y", ["kafka.value.serializer", "no Highwater meaning"]),
         ("kafka.partitioner.class", "x.Y", ["kafka.partitioner.class", "'partition' column"]),

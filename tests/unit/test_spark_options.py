@@ -433,3 +433,29 @@ def test_docs_table_says_what_each_kafka_setting_does() -> None:
         "kafka.ssl.truststore.location",
     ):
         assert name in named, name
+
+
+def test_the_exactly_once_write_options_are_parsed_and_bad_values_named() -> None:
+    plain = parse_write_options(WRITE)
+    assert not plain.exactly_once and plain.transactional_id_prefix == "highwater-spark"
+    eos = parse_write_options(
+        {
+            **WRITE,
+            "deliveryGuarantee": "Exactly-Once",
+            "transactionalIdPrefix": "etl",
+            "transactionTimeoutMs": "120000",
+        }
+    )
+    assert (eos.exactly_once, eos.transactional_id_prefix, eos.transaction_timeout_ms) == (
+        True,
+        "etl",
+        120_000,
+    )
+    for options, named in (
+        ({"deliveryGuarantee": "at-most-once"}, "deliveryGuarantee"),
+        ({"transactionalIdPrefix": "a/b"}, "transactionalIdPrefix"),
+        ({"transactionTimeoutMs": "900001"}, "transactionTimeoutMs"),
+        ({"kafka.transactional.id": "t"}, "deliveryGuarantee=exactly-once"),
+    ):
+        with pytest.raises(OptionError, match=re.escape(named)):
+            parse_write_options({**WRITE, **options})
