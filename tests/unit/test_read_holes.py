@@ -423,8 +423,10 @@ def gateway_on(logs: dict[int, CompactedLog], answer_bytes: int) -> Any:
             topics=[common_pb2.FetchTopicResponse(topic=TOPIC, partitions=answers)]
         )
 
-    async def resolve_starts(topic: str, starts: dict[int, int], errors: list[Any]) -> dict[int, int]:
-        # -1 (latest) is the HW, -2 (earliest) the log start.
+    async def resolve_starts(
+        topic: str, starts: dict[int, int], errors: list[Any], read_committed: bool = False
+    ) -> dict[int, int]:
+        # -1 (latest) is the HW, -2 (earliest) the log start (no transactions here: LSO = HW).
         return {
             p: (logs[p].high_watermark if s == -1 else logs[p].log_start_offset if s == -2 else s)
             for p, s in starts.items()
