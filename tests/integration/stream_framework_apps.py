@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import os
 import sys
-import time
+import threading
 from typing import Any
 
 HOLD_AT_EVENT_ENV = "STREAM_APP_HOLD_AT_EVENT"
+# The longest a held application waits to be killed (the test kills it within seconds).
+HOLD_MAX_S = 600.0
 
 
 def apply(state: dict[str, Any] | None, event: dict[str, Any]) -> dict[str, Any]:
@@ -79,8 +81,10 @@ def run_quix_eos(bootstrap: str, input_topic: str, output_topic: str, group: str
     hold_at = int(os.environ.get(HOLD_AT_EVENT_ENV, "-1"))
 
     def hold(output: dict[str, Any]) -> None:
-        while output["i"] == hold_at:  # until the test kills the process
-            time.sleep(1.0)
+        if output["i"] == hold_at:
+            # Blocks inside the open transaction until the test kills the process; bounded, so
+            # an application the test forgot would still end its transaction and go on.
+            threading.Event().wait(HOLD_MAX_S)
 
     app.dataframe(source).apply(update, stateful=True).to_topic(sink).update(hold)
     app.run()
