@@ -295,8 +295,8 @@ def profile_task(bootstrap: str) -> dict[str, float]:
     and decode_columns (its decoder now) over the fetched bytes; read_range (Fetch in flight
     + decode_columns + Arrow batch) with the bytes fetched and read locally, with this
     process's CPU per record."""
+    from clients.common.record_batch import next_fetch_offset
     from clients.common.records import decode_batches
-    from clients.consumer import next_fetch_offset
     from spark_connector.columnar import decode_columns
     from spark_connector.gateway import GatewayClient
     from spark_connector.options import ClientSettings

@@ -34,14 +34,8 @@ RETRY_BACKOFF_MAX_MS_DEFAULT = 1_000
 METADATA_MAX_AGE_MS_DEFAULT = 300_000
 # gRPC message bound, the same as the services' (a Produce or Fetch carries whole batches).
 GRPC_MAX_MESSAGE_BYTES = limits.GRPC_MAX_MESSAGE_BYTES
-# gRPC channel reconnect back-off after a gateway restart (gRPC's own first back-off is 1 s,
-# too slow for a gateway that is back in a few hundred ms).
-GRPC_RECONNECT_BACKOFF_MS_INITIAL = 100
-GRPC_RECONNECT_BACKOFF_MS_MAX = 1_000
-# gRPC keep-alive: ping an idle channel this often, and call the peer dead when a ping
-# is not answered within the timeout.
-GRPC_KEEPALIVE_INTERVAL_MS = 30_000
-GRPC_KEEPALIVE_TIMEOUT_MS = 10_000
+# The channels' reconnect back-off and keep-alive are the transport's
+# (clients/common/transport/channels.py): every client's channels are made there.
 
 # --- producer ----------------------------------------------------------------
 # Kafka's batch.size: a partition's batch is sent once it holds this many bytes.

@@ -6,6 +6,9 @@ will not connect, or the call ends UNAVAILABLE/CANCELLED because it stopped) the
 next address is tried, round after round with a short back-off, until
 `connect_timeout_ms` has passed without any gateway accepting a connection. Then
 GatewayUnavailable names every address tried and the last reason, in one line.
+The rules of that walk are clients/common/failover.py's, which the Spark connector's
+blocking client follows too; the channels are the transport package's
+(clients/common/transport/channels.py). This module is their asyncio driver.
 
 Other whole-request failures become typed errors (clients/errors.py); a call that
 takes longer than `request_timeout_ms` once connected is RequestTimedOut.
@@ -41,34 +44,20 @@ from clients.common.errors import (
     RequestTimedOut,
     UnknownServerError,
 )
-from clients.config import (
-    GRPC_KEEPALIVE_INTERVAL_MS,
-    GRPC_KEEPALIVE_TIMEOUT_MS,
-    GRPC_MAX_MESSAGE_BYTES,
-    GRPC_RECONNECT_BACKOFF_MS_INITIAL,
-    GRPC_RECONNECT_BACKOFF_MS_MAX,
-    ConnectionConfig,
-)
+from clients.common.failover import BootstrapError, GatewayRotation, bootstrap_addresses
+
+# CHANNEL_OPTIONS, UNREACHABLE_CODES and wait_connected are the transport package's, under the
+# names this module has always exported them by.
+from clients.common.transport.channels import CHANNEL_OPTIONS as CHANNEL_OPTIONS
+from clients.common.transport.channels import UNREACHABLE_CODES as UNREACHABLE_CODES
+from clients.common.transport.channels import aio_channel, unreachable_reason
+from clients.common.transport.channels import wait_connected as wait_connected
+from clients.common.transport.tls import ClientTls, ClientTlsError
+from clients.config import ConnectionConfig
 from clients.errors import ClientClosed, GatewayUnavailable, InvalidArgument
-from clients.tls import ClientTls, ClientTlsError
 from protos.highwater.v1 import gateway_pb2_grpc
 
 log = logging.getLogger("highwater.client.connection")
-
-# Channel options: the services' message bound, quick reconnects after a gateway
-# restart (gRPC's default first back-off is 1 s), keep-alives to notice a dead peer.
-CHANNEL_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
-    ("grpc.initial_reconnect_backoff_ms", GRPC_RECONNECT_BACKOFF_MS_INITIAL),
-    ("grpc.min_reconnect_backoff_ms", GRPC_RECONNECT_BACKOFF_MS_INITIAL),
-    ("grpc.max_reconnect_backoff_ms", GRPC_RECONNECT_BACKOFF_MS_MAX),
-    ("grpc.keepalive_time_ms", GRPC_KEEPALIVE_INTERVAL_MS),
-    ("grpc.keepalive_timeout_ms", GRPC_KEEPALIVE_TIMEOUT_MS),
-]
-
-# Status codes that mean "this process is not there (any more)": try another gateway.
-UNREACHABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 # The deadline (time.monotonic() seconds, None: none) that bounds every call made in the
 # current context; set with `call_deadline`. A task copies it when created, so a task that
@@ -100,26 +89,10 @@ def call_deadline(deadline_s: float | None) -> Iterator[None]:
 
 def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
     """'host:port,host:port' (or a list of them) -> ['host:port', ...]; InvalidArgument if malformed."""
-    if isinstance(bootstrap, str):
-        parts = [part.strip() for part in bootstrap.split(",")]
-    elif isinstance(bootstrap, (list, tuple)):
-        parts = [str(part).strip() for part in bootstrap]
-    else:
-        raise InvalidArgument(
-            f"bootstrap must be 'host:port,host:port' or a list, got {type(bootstrap).__name__}"
-        )
-    addresses: list[str] = []
-    for part in parts:
-        if not part:
-            continue
-        host, sep, port_text = part.rpartition(":")
-        if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise InvalidArgument(f"gateway address {part!r} is not host:port (port 1-65535)")
-        if part not in addresses:
-            addresses.append(part)
-    if not addresses:
-        raise InvalidArgument(f"no gateway address in bootstrap {bootstrap!r}")
-    return addresses
+    try:
+        return bootstrap_addresses(bootstrap)
+    except BootstrapError as error:
+        raise InvalidArgument(str(error)) from None
 
 
 class GatewayConnection:
@@ -138,11 +111,10 @@ class GatewayConnection:
         self.tls = tls
         # Kafka's KIP-219: a response with throttle_time_ms mutes the connection that long.
         self._throttled_until = 0.0
-        self.addresses = list(self.bootstrap_addresses)
+        self.rotation = GatewayRotation(self.bootstrap_addresses)
         self.request_timeout_ms = request_timeout_ms
         self.connect_timeout_ms = connect_timeout_ms
         self.retry_backoff_ms = retry_backoff_ms
-        self._current = 0
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, gateway_pb2_grpc.GatewayServiceStub] = {}
         self._closed = False
@@ -163,19 +135,22 @@ class GatewayConnection:
         )
 
     @property
+    def addresses(self) -> list[str]:
+        """Every gateway address known: the bootstrap ones, then those Metadata named."""
+        return self.rotation.addresses
+
+    @property
     def current_address(self) -> str:
-        return self.addresses[self._current]
+        return self.rotation.current
 
     def learn_gateways(self, addresses: Sequence[str]) -> None:
         """Add gateways that Metadata reported, after the bootstrap ones, for failover."""
-        for address in addresses:
-            if address not in self.addresses:
-                self.addresses.append(address)
+        self.rotation.learn(addresses)
 
     def _stub(self, address: str) -> gateway_pb2_grpc.GatewayServiceStub:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = open_channel(address, self.tls)
+            channel = aio_channel(address, self.tls)
             self._channels[address] = channel
             # The generated *_pb2_grpc stubs carry no annotations (pyproject.toml, [tool.mypy]).
             stub = gateway_pb2_grpc.GatewayServiceStub(channel)  # type: ignore[no-untyped-call]
@@ -205,15 +180,14 @@ class GatewayConnection:
         connect_deadline = started + self.connect_timeout_ms / 1000
         if deadline is not None:
             connect_deadline = min(connect_deadline, deadline)
-        failures: dict[str, str] = {}
-        tried_in_round = 0
+        walk = self.rotation.walk(connect_deadline, pause_s=self.retry_backoff_ms / 1000)
         while True:
-            address = self.addresses[self._current]
+            address = self.rotation.current
             if deadline is not None and time.monotonic() >= deadline:
                 waited_ms = (time.monotonic() - started) * 1000
                 raise RequestTimedOut(
                     f"{method}: the caller's deadline passed after {waited_ms:.0f} ms before a gateway "
-                    f"answered ({self._tried(failures)})"
+                    f"answered ({walk.tried()})"
                 )
             stub = self._stub(address)
             why = await wait_connected(self._channels[address], connect_deadline)
@@ -234,29 +208,22 @@ class GatewayConnection:
                 except grpc.aio.AioRpcError as error:
                     if error.code() not in UNREACHABLE_CODES:
                         raise error_from_status(error, method, address) from None
-                    why = f"{error.code().name}: {error.details() or ''}".rstrip(": ")
-            failures[address] = why
+                    why = unreachable_reason(error)
             log.debug("gateway %s unusable for %s: %s", address, method, why)
-            self._current = (self._current + 1) % len(self.addresses)
-            tried_in_round += 1
-            if time.monotonic() >= connect_deadline:
-                raise GatewayUnavailable(self._unavailable_message(failures, started))
-            if tried_in_round >= len(self.addresses):
-                tried_in_round = 0
-                pause_s = min(self.retry_backoff_ms / 1000, max(0.0, connect_deadline - time.monotonic()))
+            pause_s = walk.failed(address, why, time.monotonic())
+            if pause_s is None:
+                raise GatewayUnavailable(self._unavailable_message(walk.tried(), started))
+            if pause_s > 0:
                 await asyncio.sleep(pause_s)
 
-    def _tried(self, failures: dict[str, str]) -> str:
-        return ", ".join(f"{address} ({failures.get(address, 'not tried')})" for address in self.addresses)
-
-    def _unavailable_message(self, failures: dict[str, str], started: float) -> str:
+    def _unavailable_message(self, tried: str, started: float) -> str:
         waited_ms = (time.monotonic() - started) * 1000
         bound = (
             f"within {self.connect_timeout_ms} ms (connect_timeout_ms)"
             if waited_ms >= self.connect_timeout_ms
             else f"within {waited_ms:.0f} ms (the caller's deadline)"
         )
-        return f"no gateway answered {bound}: {self._tried(failures)}"
+        return f"no gateway answered {bound}: {tried}"
 
     async def close(self) -> None:
         """Close every channel; calls in flight end CANCELLED."""
@@ -264,32 +231,6 @@ class GatewayConnection:
         channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
         for channel in channels:
             await channel.close(grace=None)
-
-
-def open_channel(address: str, tls: ClientTls | None) -> grpc.aio.Channel:
-    """A grpc.aio channel to `address` with the clients' options, over TLS when `tls` is set."""
-    if tls is not None:
-        return tls.aio_channel(address, CHANNEL_OPTIONS)
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-
-
-async def wait_connected(channel: grpc.aio.Channel, deadline: float) -> str:
-    """'' once `channel` is READY, else why not (before `deadline`, time.monotonic() seconds)."""
-    state = channel.get_state(try_to_connect=True)
-    while state != grpc.ChannelConnectivity.READY:
-        if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-            return "connection failed"
-        if state == grpc.ChannelConnectivity.SHUTDOWN:
-            return "channel shut down"
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return "no connection before the connect timeout"
-        try:
-            await asyncio.wait_for(channel.wait_for_state_change(state), remaining)
-        except TimeoutError:
-            return "no connection before the connect timeout"
-        state = channel.get_state(try_to_connect=True)
-    return ""
 
 
 def client_tls(config: Any) -> ClientTls | None:

@@ -46,6 +46,7 @@ from typing import Any
 
 from clients.common.errors import InvariantViolation
 from clients.common.fetch_request import READ_COMMITTED, READ_UNCOMMITTED
+from clients.common.record_batch import next_fetch_offset
 from clients.config import (
     CONSUMER_CLOSE_TIMEOUT_MS,
     DEFAULT_BOOTSTRAP,
@@ -64,7 +65,7 @@ from clients.consumer_coordinator import (
     ConsumerCoordinator,
     PartitionsCallback,
 )
-from clients.consumer_fetcher import VIA_GATEWAY, ConsumerFetcher, next_fetch_offset
+from clients.consumer_fetcher import VIA_GATEWAY, ConsumerFetcher
 from clients.errors import (
     ClientClosed,
     GatewayUnavailable,

@@ -50,7 +50,7 @@ from clients.common import records
 from clients.common.control_records import drop_aborted
 from clients.common.errors import CorruptMessage, InvariantViolation, MessageTooLarge
 from clients.common.fetch_request import consumer_fetch_request, last_stable_offset
-from clients.common.record_batch import iter_batch_headers
+from clients.common.record_batch import next_fetch_offset
 from clients.config import (
     LEADER_MOVE_CHECK_AFTER_MS,
     PARTITION_FETCH_BYTES_GROWTH_FACTOR,
@@ -190,14 +190,6 @@ class _Buffered:
         taken = self._records[self._next : self._next + want]
         self._next += len(taken)
         return taken
-
-
-def next_fetch_offset(buf: bytes, fetch_offset: int) -> int | None:
-    """The offset after the last complete batch in `buf` (None: no complete batch)."""
-    last = None
-    for header in iter_batch_headers(buf):
-        last = header.next_offset
-    return None if last is None else max(last, fetch_offset)
 
 
 class ConsumerFetcher:

@@ -33,18 +33,18 @@ from typing import Any, TypeVar
 
 import grpc
 
-from clients.common.transport.stream_calls import CallsOverStreams
-from clients.common.types import TopicPartition
-from clients.config import LEADER_MOVE_CHECK_AFTER_MS, LEADER_MOVE_CHECK_INTERVAL_MS, ConnectionConfig
-from clients.connection import (
+from clients.common.transport.channels import (
     UNREACHABLE_CODES,
-    current_call_deadline,
-    error_from_status,
-    open_channel,
+    aio_channel,
+    unreachable_reason,
     wait_connected,
 )
+from clients.common.transport.stream_calls import CallsOverStreams
+from clients.common.transport.tls import ClientTls
+from clients.common.types import TopicPartition
+from clients.config import LEADER_MOVE_CHECK_AFTER_MS, LEADER_MOVE_CHECK_INTERVAL_MS, ConnectionConfig
+from clients.connection import current_call_deadline, error_from_status
 from clients.errors import ClientClosed, LeaderMoved, LeaderUnavailable, RequestTimedOut
-from clients.tls import ClientTls
 from protos.highwater.v1 import broker_pb2_grpc
 
 # How long a call waits for a connection to a leader that has none yet. A leader is one
@@ -92,7 +92,7 @@ class LeaderConnections:
     def _stub(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = open_channel(address, self.tls)
+            channel = aio_channel(address, self.tls)
             self._channels[address] = channel
             # The generated *_pb2_grpc stubs carry no annotations (pyproject.toml, [tool.mypy]).
             stub = broker_pb2_grpc.BrokerServiceStub(channel)  # type: ignore[no-untyped-call]
@@ -150,8 +150,9 @@ class LeaderConnections:
                 response = await getattr(stub, method)(request, timeout=rpc_timeout_s)
         except grpc.aio.AioRpcError as error:
             if error.code() in UNREACHABLE_CODES:
-                detail = f"{error.code().name}: {error.details() or ''}".rstrip(": ")
-                raise LeaderUnavailable(f"{method}: leader {address} unusable: {detail}") from None
+                raise LeaderUnavailable(
+                    f"{method}: leader {address} unusable: {unreachable_reason(error)}"
+                ) from None
             raise error_from_status(error, method, address, role="leader") from None
         throttle_ms = getattr(response, "throttle_time_ms", 0)
         if throttle_ms > 0:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from clients.common.errors import UnknownTopicOrPartition
+from clients.common.leader_map import broker_addresses
 from clients.config import UNKNOWN_TOPIC_CONFIRM_MS
 from clients.connection import GatewayConnection, call_deadline
 from clients.errors import HighwaterError, RequestTimedOut, error_for_code
@@ -91,9 +92,7 @@ class ClusterMetadata:
         self.cluster_id = response.cluster_id
         self.controller_id = response.controller_id
         self.brokers = tuple(response.brokers)
-        self.broker_addresses = {
-            b.broker_id: f"{b.host}:{b.port}" for b in response.brokers if b.host and b.port > 0
-        }
+        self.broker_addresses = broker_addresses(response)
         self.gateways = tuple(response.gateways)
         seen: set[str] = set()
         for topic in response.topics:

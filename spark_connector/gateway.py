@@ -16,11 +16,15 @@ polling the channel's state in 200 ms steps, and Channel.close() waits for that 
 end. The driver's planning closed its client after ~20 ms of calls, so every batch query
 paid ~190 ms of wall time before its first task (bench/RESULTS.md, "Spark connector").
 
-Failover is as in clients/connection.py: the bootstrap addresses are tried in turn
-until one connects, within the connect timeout; after that, a call that ends
-UNAVAILABLE moves on to the next gateway. `HighwaterSparkError` messages name the
-option that set the addresses, so an unreachable gateway fails the query with a
-sentence, not a stack of gRPC internals.
+Failover follows the client library's rules (clients/common/failover.py, the same walk the
+asyncio clients drive): the bootstrap addresses are tried in turn until one connects, within
+the connect timeout; after that, a call that ends UNAVAILABLE moves on to the next gateway.
+Channels, their options, TLS and which status codes mean "gone" are the transport package's
+(clients/common/transport/), and the leaders come out of Metadata by clients/common/leader_map.py.
+What stays here is the connector's own: blocking calls from Spark's worker threads, channels
+shared across the tasks a reused worker runs, the direct and local reads of a planned range,
+and `HighwaterSparkError` messages that name the option that set the addresses, so an
+unreachable gateway fails the query with a sentence, not a stack of gRPC internals.
 
 Channels are plaintext, or TLS with the CA, client certificate and bearer token of the
 highwater.ssl.* / highwater.auth.token options (ClientSettings carries the bytes, read on
@@ -54,11 +58,18 @@ from typing import Any, TypeVar, cast
 import grpc
 
 from clients.common import errors
+from clients.common.failover import BootstrapError, FailoverWalk, GatewayRotation, bootstrap_addresses
 from clients.common.fetch_request import READ_COMMITTED, READ_UNCOMMITTED, consumer_fetch_request
+from clients.common.leader_map import LeaderMap
+from clients.common.transport.channels import (
+    UNREACHABLE_CODES,
+    blocking_channel,
+    unreachable_reason,
+    wait_ready_blocking,
+)
+from clients.common.transport.local_reads import NotReadableHere, read_located
+from clients.common.transport.tls import ClientTls
 from clients.common.types import TopicPartitionKey
-from clients.connection import CHANNEL_OPTIONS, UNREACHABLE_CODES
-from clients.local_reads import NotReadableHere, read_located
-from clients.tls import ClientTls
 from protos.highwater.v1 import broker_pb2, common_pb2, gateway_pb2_grpc
 from spark_connector import limits
 from spark_connector.fetch_response import FetchedPartition, MalformedFetchResponse, parse_fetch_response
@@ -76,8 +87,6 @@ T = TypeVar("T")
 # restarting, the ISR briefly too small): the error flags' policy, except
 # UNKNOWN_TOPIC_OR_PARTITION, which for a planned read means the topic was deleted under it.
 RETRIABLE_CODES = errors.RETRIABLE_CODES - {common_pb2.UNKNOWN_TOPIC_OR_PARTITION}
-# Statuses after which the next gateway is tried: the client library's (clients/connection.py).
-_FAILOVER_STATUS = UNREACHABLE_CODES
 # The generated *_pb2_grpc stubs are untyped (pyproject's mypy overrides): typed here, once.
 _new_stub = cast(
     "Callable[[grpc.Channel], gateway_pb2_grpc.GatewayServiceStub]", gateway_pb2_grpc.GatewayServiceStub
@@ -155,16 +164,18 @@ class GatewayClient:
     """
 
     def __init__(self, bootstrap: str, settings: ClientSettings, *, read_committed: bool = False) -> None:
-        self.addresses = list(dict.fromkeys(a.strip() for a in bootstrap.split(",") if a.strip()))
+        try:
+            self.rotation = GatewayRotation(bootstrap_addresses(bootstrap))
+        except BootstrapError as error:
+            raise HighwaterSparkError(f"option 'bootstrap': {error}") from None
         self.settings = settings
         self.read_committed = read_committed
         self._isolation_level = READ_COMMITTED if read_committed else READ_UNCOMMITTED
-        self._current = 0
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, gateway_pb2_grpc.GatewayServiceStub] = {}
         self._connected: set[str] = set()
         # Direct fetches: partition -> its leader's address, and one channel per leader.
-        self._leaders: dict[TopicPartitionKey, str] = {}
+        self._leaders = LeaderMap()
         self._leader_channels: dict[str, grpc.Channel] = {}
         # Per leader, its Fetch method answering the raw bytes (parse_fetch_response reads them).
         self._leader_fetch: dict[str, grpc.UnaryUnaryMultiCallable] = {}
@@ -194,44 +205,47 @@ class GatewayClient:
 
     # --- connection and failover ------------------------------------------------------
 
-    def _stub(self, deadline: float) -> tuple[str, gateway_pb2_grpc.GatewayServiceStub]:
+    @property
+    def addresses(self) -> list[str]:
+        return self.rotation.addresses
+
+    def _walk(self, deadline: float) -> FailoverWalk:
+        # No pause between rounds: a task's failover is bounded by connect.timeout.ms alone,
+        # and each address's wait for a connection (a slice of it) already spaces the rounds.
+        return self.rotation.walk(deadline, pause_s=0.0)
+
+    def _stub(self, walk: FailoverWalk) -> tuple[str, gateway_pb2_grpc.GatewayServiceStub]:
         """The current gateway's stub once its channel is ready, trying each address in turn."""
-        failures: dict[str, str] = {}
         while True:
-            address = self.addresses[self._current]
+            address = self.rotation.current
             if address not in self._channels:
                 self._channels[address] = self._channel(address)
                 self._stubs[address] = _new_stub(self._channels[address])
             if address in self._connected:
                 return address, self._stubs[address]
-            remaining = deadline - time.monotonic()
-            ready = grpc.channel_ready_future(self._channels[address])
-            try:
-                ready.result(
-                    timeout=max(
-                        min(remaining, self.settings.connect_timeout_ms / 1000 / len(self.addresses)), 0.05
-                    )
-                )
+            # Each address gets its share of the connect timeout, so one dead gateway first in
+            # the list cannot use it all.
+            share_s = self.settings.connect_timeout_ms / 1000 / len(self.addresses)
+            remaining_s = walk.connect_deadline - time.monotonic()
+            why = wait_ready_blocking(self._channels[address], max(min(remaining_s, share_s), 0.05))
+            if not why:
                 self._connected.add(address)
                 return address, self._stubs[address]
-            except grpc.FutureTimeoutError:
-                # The channel stays (shared): stop watching it, or grpc polls its state for good.
-                ready.cancel()
-                failures[address] = "no connection"
-            self._current = (self._current + 1) % len(self.addresses)
-            if time.monotonic() >= deadline:
-                tried = ", ".join(f"{a} ({failures.get(a, 'not tried')})" for a in self.addresses)
-                hint = (
-                    "; if the cluster uses TLS, set highwater.ssl.cafile (and a client certificate or "
-                    "highwater.auth.token)"
-                    if not self.settings.secure
-                    else "; with TLS, check that highwater.ssl.cafile is the cluster's CA, and that a client "
-                    "without a certificate (token only) names the gateways' client ports"
-                )
-                raise HighwaterSparkError(
-                    f"option 'bootstrap': no Highwater gateway answered within "
-                    f"{self.settings.connect_timeout_ms} ms (highwater.connect.timeout.ms): {tried}{hint}"
-                )
+            if walk.failed(address, why, time.monotonic()) is None:
+                raise self._unreachable(walk)
+
+    def _unreachable(self, walk: FailoverWalk) -> HighwaterSparkError:
+        hint = (
+            "; if the cluster uses TLS, set highwater.ssl.cafile (and a client certificate or "
+            "highwater.auth.token)"
+            if not self.settings.secure
+            else "; with TLS, check that highwater.ssl.cafile is the cluster's CA, and that a client "
+            "without a certificate (token only) names the gateways' client ports"
+        )
+        return HighwaterSparkError(
+            f"option 'bootstrap': no Highwater gateway answered within "
+            f"{self.settings.connect_timeout_ms} ms (highwater.connect.timeout.ms): {walk.tried()}{hint}"
+        )
 
     def _channel_key(self, address: str) -> _ChannelKey:
         s = self.settings
@@ -243,11 +257,10 @@ class GatewayClient:
 
     def _new_channel(self, address: str) -> grpc.Channel:
         """A plaintext channel, or TLS with the CA, client certificate and token the options gave
-        (the client library's ClientTls: gRPC sends the token only over TLS)."""
+        (the transport's ClientTls: gRPC sends the token only over TLS)."""
         s = self.settings
-        if not s.secure:
-            return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-        return ClientTls(s.ca_cert, s.cert_chain, s.private_key, s.token).channel(address, CHANNEL_OPTIONS)
+        tls = ClientTls(s.ca_cert, s.cert_chain, s.private_key, s.token) if s.secure else None
+        return blocking_channel(address, tls)
 
     def _rpc_error(self, method: str, address: str, error: grpc.RpcError) -> HighwaterSparkError:
         """A sentence for a failed call; authentication and authorization failures say what to set."""
@@ -269,19 +282,19 @@ class GatewayClient:
 
     def call(self, method: str, request: Any, *, timeout_ms: int | None = None) -> Any:
         """Send `request` to GatewayService.`method`, failing over between gateways."""
-        deadline = time.monotonic() + self.settings.connect_timeout_ms / 1000
+        walk = self._walk(time.monotonic() + self.settings.connect_timeout_ms / 1000)
         timeout_s = (timeout_ms or self.settings.request_timeout_ms) / 1000
         while True:
-            address, stub = self._stub(deadline)
+            address, stub = self._stub(walk)
             try:
                 return getattr(stub, method)(request, timeout=timeout_s)
             except grpc.RpcError as error:
-                status = error.code()
-                if status not in _FAILOVER_STATUS or time.monotonic() >= deadline:
+                if error.code() not in UNREACHABLE_CODES:
                     raise self._rpc_error(method, address, error) from None
-                log.info("gateway %s: %s %s; trying the next one", address, method, status.name)
                 self._connected.discard(address)
-                self._current = (self._current + 1) % len(self.addresses)
+                if walk.failed(address, unreachable_reason(error), time.monotonic()) is None:
+                    raise self._rpc_error(method, address, error) from None
+                log.info("gateway %s: %s %s; trying the next one", address, method, error.code().name)
 
     def call_future(self, method: str, request: Any) -> Callable[[], Any]:
         """Start `method` now and return a function that waits for its answer.
@@ -289,8 +302,7 @@ class GatewayClient:
         Used to keep one Fetch in flight while the previous answer is decoded. A failed
         future falls back to a plain (failing-over) call.
         """
-        deadline = time.monotonic() + self.settings.connect_timeout_ms / 1000
-        _, stub = self._stub(deadline)
+        _, stub = self._stub(self._walk(time.monotonic() + self.settings.connect_timeout_ms / 1000))
         future = getattr(stub, method).future(request, timeout=self.settings.request_timeout_ms / 1000)
 
         def result() -> Any:
@@ -356,7 +368,7 @@ class GatewayClient:
                     tp[1],
                     error.code().name,
                 )
-                self._leaders.pop(tp, None)
+                self._leaders.forget(tp)
                 return through_gateway()
             except MalformedFetchResponse as error:
                 log.warning(
@@ -366,10 +378,10 @@ class GatewayClient:
                     tp[1],
                     error,
                 )
-                self._leaders.pop(tp, None)
+                self._leaders.forget(tp)
                 return through_gateway()
             if part.error_code != common_pb2.NONE:
-                self._leaders.pop(tp, None)  # leadership moved, or the topic went: look again next time
+                self._leaders.forget(tp)  # leadership moved, or the topic went: look again next time
             if part.error_code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION:
                 # The reader takes this code for a deleted topic (data loss); a broker's metadata
                 # may lag the gateway's, so the gateway, whose answer that path was built on, decides.
@@ -401,9 +413,7 @@ class GatewayClient:
             return None
         if address not in self._leader_channels:
             channel = self._channel(address)
-            try:
-                grpc.channel_ready_future(channel).result(timeout=limits.LEADER_CONNECT_TIMEOUT_MS / 1000)
-            except grpc.FutureTimeoutError:
+            if wait_ready_blocking(channel, limits.LEADER_CONNECT_TIMEOUT_MS / 1000):
                 _SHARED_CHANNELS.discard(self._channel_key(address), channel)
                 log.info(
                     "leader %s does not accept connections within %d ms: reading through the gateway",
@@ -423,19 +433,15 @@ class GatewayClient:
         return address
 
     def _remember_leaders(self, response: common_pb2.MetadataResponse) -> None:
-        brokers = {b.broker_id: f"{b.host}:{b.port}" for b in response.brokers}
-        for t in response.topics:
-            for p in t.partitions:
-                if p.error_code == common_pb2.NONE and p.leader in brokers:
-                    self._leaders[(t.name, p.partition)] = brokers[p.leader]
+        self._leaders.remember(response)
 
     def known_leaders(self) -> dict[TopicPartitionKey, str]:
         """Partition -> leader address, as this client's last Metadata answers named them."""
-        return dict(self._leaders)
+        return self._leaders.known()
 
     def hint_leader(self, tp: TopicPartitionKey, address: str) -> None:
         """Fetch `tp` from `address` until it answers otherwise (a leader the driver planned with)."""
-        self._leaders[tp] = address
+        self._leaders.hint(tp, address)
 
     def retry(self, what: str, attempt: Callable[[], T | None]) -> T:
         """Run `attempt` until it returns non-None, backing off, within the retry timeout."""

@@ -7,8 +7,7 @@ source option (spark_connector/options.py lists them); the rest are fixed.
 from __future__ import annotations
 
 from clients.common import limits as client_limits
-from clients.common.limits import MAX_MESSAGE_BYTES, PRODUCER_BATCHES_KEPT
-from clients.config import GRPC_MAX_MESSAGE_BYTES
+from clients.common.limits import GRPC_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES, PRODUCER_BATCHES_KEPT
 
 # --- reading ---------------------------------------------------------------
 # One Fetch asks for this much of one partition (option highwater.fetch.max.bytes). 8 MiB

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clients.common.failover import BootstrapError, bootstrap_addresses
 from clients.common.topics import topic_name_problem
 from clients.common.types import TopicPartitionKey
 from spark_connector import limits
@@ -625,10 +626,10 @@ def parse_bootstrap(options: Mapping[str, str]) -> str:
     text = next(iter(given.values()), None)
     if not text or not text.strip():
         raise OptionError("option 'bootstrap' is required: the gateway addresses, e.g. 127.0.0.1:9092")
-    for part in (p.strip() for p in text.split(",")):
-        host, sep, port = part.rpartition(":")
-        if part and (not sep or not host or not port.isdigit() or not 0 < int(port) < 65536):
-            raise OptionError(f"option 'bootstrap': {part!r} is not host:port (port 1-65535)")
+    try:
+        bootstrap_addresses(text)  # the client library's rule: host:port, port 1-65535
+    except BootstrapError as error:
+        raise OptionError(f"option 'bootstrap': {error}") from None
     return text.strip()
 
 

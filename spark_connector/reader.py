@@ -60,8 +60,8 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from clients.common.control_records import drop_aborted
+from clients.common.record_batch import next_fetch_offset
 from clients.common.types import TopicPartitionKey
-from clients.consumer import next_fetch_offset
 from protos.highwater.v1 import common_pb2, gateway_pb2
 from spark_connector import limits, planning
 from spark_connector.columnar import decode_columns
@@ -423,8 +423,7 @@ def read_range(client: GatewayClient, r: OffsetRange, options: ReadOptions) -> I
         data = part.records
         # The first offset this Fetch could not read: read_committed stops at the LSO.
         bound = part.last_stable_offset if options.read_committed else part.high_watermark
-        # next_fetch_offset says `bytes` but reads any buffer (iter_batch_headers takes a memoryview).
-        next_offset = next_fetch_offset(data, offset) if data else None  # type: ignore[arg-type]
+        next_offset = next_fetch_offset(data, offset) if data else None
         if not data and part.location is None and offset < bound:
             # A compacted log's hole up to the bound: the Fetch asked for this partition alone, so
             # a leader with any batch in [offset, bound) had to send one (its first batch always

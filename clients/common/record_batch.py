@@ -336,6 +336,18 @@ def iter_batch_headers(
         position += header.size_bytes
 
 
+def next_fetch_offset(buf: Buffer, fetch_offset: int) -> int | None:
+    """The offset after the last complete batch in fetched `buf` (None: no complete batch).
+
+    Where a reader fetching from `fetch_offset` goes next: the consumer and the Spark reader
+    both step over compacted holes and control batches by it, not by counting records.
+    """
+    last = None
+    for header in iter_batch_headers(buf):
+        last = header.next_offset
+    return None if last is None else max(last, fetch_offset)
+
+
 def peek_batch_extent(buf: Buffer, position: int = 0) -> tuple[int, int] | None:
     """(base_offset, size_bytes) of the batch at `position` from its first 12 bytes, or None if short."""
     if len(buf) - position < LOG_OVERHEAD:

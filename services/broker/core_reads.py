@@ -257,7 +257,7 @@ class Reads(ControllerTasks):
         min_one_message: bool,
         pr: common_pb2.FetchPartitionResponse,
     ) -> int:
-        """A consumer's short-circuit local read (clients/local_reads.py): fill pr.records_location.
+        """A consumer's short-circuit local read (transport/local_reads.py): fill pr.records_location.
 
         Returns the bytes located (0: nothing to read), or -1 when the storage cannot say
         where its files are (MemoryStorage): the caller then sends the bytes.

@@ -194,11 +194,11 @@ def test_leader_and_gateway_fetches_read_the_same_rows(spark: Any, cluster: Test
 def test_local_reads_take_the_leaders_files_here_and_bytes_from_another_host(
     cluster: TestCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Short-circuit local reads (clients/local_reads.py): on the leaders' host a task reads the
-    records from their segment files; a leader on another host (as its boot id says) is asked for
-    bytes from then on. The rows are the same either way."""
+    """Short-circuit local reads (clients/common/transport/local_reads.py): on the leaders' host a
+    task reads the records from their segment files; a leader on another host (as its boot id says)
+    is asked for bytes from then on. The rows are the same either way."""
     import spark_connector.gateway as gateway_module
-    from clients import local_reads
+    from clients.common.transport import local_reads
     from spark_connector.gateway import GatewayClient
     from spark_connector.options import parse_read_options
     from spark_connector.planning import OffsetRange
@@ -280,9 +280,9 @@ def test_an_unreachable_leader_is_read_through_the_gateway(cluster: TestCluster)
     produce(bootstrap, "read-fallback", [(0, None, b"x%d" % i, []) for i in range(300)])
     options = parse_read_options(read_options(bootstrap, subscribe="read-fallback"), streaming=False)
     with GatewayClient(bootstrap, ClientSettings(fetch_max_bytes=2048)) as client:
-        client._leaders[("read-fallback", 0)] = (
-            "127.0.0.1:1"  # as if Metadata named an address we cannot reach
-        )
+        client.hint_leader(
+            ("read-fallback", 0), "127.0.0.1:1"
+        )  # as if Metadata named an address we cannot reach
         batches = list(read_range(client, OffsetRange("read-fallback", 0, 0, 300), options))
         assert "127.0.0.1:1" in client._unreachable_leaders
     assert [v for b in batches for v in b.column("value").to_pylist()] == [b"x%d" % i for i in range(300)]

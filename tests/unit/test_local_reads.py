@@ -1,4 +1,4 @@
-"""Short-circuit local reads (clients/local_reads.py): the leader names where the records lie.
+"""Short-circuit local reads (transport/local_reads.py): the leader names where the records lie.
 
 A consumer Fetch with `locate_records` is answered with a RecordsLocation instead of the
 bytes; these tests hold the location to exactly the bytes a plain Fetch returns (whole
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from clients.common.records import Record, decode_batches, encode_batch
-from clients.local_reads import NotReadableHere, host_id, read_located
+from clients.common.transport.host import host_id
+from clients.common.transport.local_reads import NotReadableHere, read_located
 from protos.highwater.v1 import common_pb2
 from services.broker.log import Log, LogConfig
 from services.broker.log.file_storage import FileStorage

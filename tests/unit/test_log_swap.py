@@ -32,7 +32,7 @@ from clients.common.record_batch import (
     iter_batch_headers,
 )
 from clients.common.records import Record, decode_batches, encode_batch, encode_values
-from clients.local_reads import NotReadableHere, read_located
+from clients.common.transport.local_reads import NotReadableHere, read_located
 from protos.highwater.v1 import common_pb2
 from services.broker.log import Log, LogConfig, MemoryStorage
 from services.broker.log.file_storage import FileStorage, open_real_file_count

@@ -12,9 +12,13 @@
   What needs both (the `highwater` entry point, `cluster up`, `tls init`) lives in the
   composition root services/launcher/, which nothing else imports (issue 40).
 - The servers (services/, coordinator/) take from the client library only clients/common:
-  its pure modules (errors, the record format, limits) and clients/common/transport (stream
-  calls, the host's identity; I/O, so outside the pure rule), however indirectly: a client
-  refactor cannot reach into a broker through a module it happens to share.
+  its pure modules (errors, the record format, limits, the failover and leader-map rules) and
+  clients/common/transport (channels, TLS, stream calls, local reads, the host's identity; I/O,
+  so outside the pure rule), however indirectly: a client refactor cannot reach into a broker
+  through a module it happens to share.
+- The Spark connector takes the same, and nothing else of the client library (its demo, a user
+  of the public API, aside): its transport is the transport package, not a copy of the asyncio
+  clients' connection code beside it (issue 40).
 
 Imports are read with `ast` (also those inside functions), so nothing is executed.
 """
@@ -325,6 +329,23 @@ def test_servers_share_only_clients_common_with_the_client_library(path: Path) -
     assert not client, (
         f"{path.relative_to(ROOT)} imports the client library beyond clients/common, or the launcher:\n"
         + "\n".join(client)
+    )
+
+
+# The connector's demo writes and reads as a user would, through the public client API.
+SPARK_USES_THE_LIBRARY = ("spark_connector/demo.py",)
+SPARK_FILES = [p for p in _files("spark_connector") if _shown(p) not in SPARK_USES_THE_LIBRARY]
+
+
+@pytest.mark.parametrize("path", SPARK_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_spark_connector_shares_only_clients_common_with_the_client_library(path: Path) -> None:
+    client = [
+        " -> ".join(chain)
+        for reached, chain in _reached(path).items()
+        if _shown(reached).startswith("clients/") and not _shown(reached).startswith(SHARED_WITH_SERVERS)
+    ]
+    assert not client, (
+        f"{path.relative_to(ROOT)} imports the client library beyond clients/common:\n" + "\n".join(client)
     )
 
 

@@ -31,7 +31,7 @@ A crash at any step thus leaves either every old segment or the new one, never a
 
 Zero-copy readers across a swap: the log's own reads locate and read in one call on the
 event loop, which is where swaps run, so nothing changes between them. A short-circuit
-reader (read_location, clients/local_reads.py) opens the path later and checks the file's
+reader (read_location, clients/common/transport/local_reads.py) opens the path later and checks the file's
 device and inode against the location: after a swap the path names a new inode (the
 cleaned file was created while the old one still existed, so it cannot reuse its number),
 and the reader gets NotReadableHere and fetches the bytes instead; one that opened the old
