@@ -524,8 +524,13 @@ class Sender:
         try:
             try:
                 if self.transactions is not None:
+                    # Partitions with batches still queued ride along: as Kafka's producer adds a
+                    # partition when a record is appended, not when its batch is sent, so a
+                    # transaction's partitions take one AddPartitionsToTxn, not one each.
+                    with self.lock:
+                        queued = self.accumulator.queued_partitions()
                     await self.transactions.add_partitions(
-                        [batch.tp for batch in batches], delivery_deadline_s
+                        [batch.tp for batch in batches], delivery_deadline_s, also=queued
                     )
                 if destination == VIA_GATEWAY or self.leaders is None:
                     response = await self.connection.call(

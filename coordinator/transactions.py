@@ -53,10 +53,11 @@ async def write_transaction_value(
     mod_revision: int,
     publish: Sequence[PublishedOffset] = (),
     commit_time_ms: int = 0,
-) -> bool:
+) -> int:
     """Write `value` if the key is still at `mod_revision` (0: still absent), with `publish`'s
     group offsets in the same etcd transaction (a commit completing: visible exactly once).
-    False: another write came first and nothing was written; read again."""
+    Returns the key's new mod revision; 0 when another write came first and nothing was
+    written (read again)."""
     key = store.keys.transaction_state(transactional_id)
     ops = [Put(key, value)]
     for o in publish:
@@ -67,7 +68,7 @@ async def write_transaction_value(
             )
         )
     result = await store.txn([compare_mod_revision(key, mod_revision)], ops)
-    return result.succeeded
+    return result.revision if result.succeeded else 0
 
 
 async def delete_transaction(store: MetadataStore, transactional_id: str, mod_revision: int) -> bool:

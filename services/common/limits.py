@@ -557,6 +557,10 @@ TRANSACTION_OWNERSHIP_CHECK_INTERVAL_MS = 1_000
 # a write is lost only to another coordinator's write of the same id (a failover overlap or a
 # producer's own concurrent calls), so a few attempts settle it; more would hide a livelock.
 TRANSACTION_CAS_ATTEMPTS_MAX = 8
+# Transactional ids whose last state (and its etcd revision) a transaction driver remembers, to
+# compare-and-swap on without reading etcd first (services/transactions/driver.py). One entry
+# is a few hundred bytes; beyond this the oldest is forgotten and costs one read when next used.
+TRANSACTION_STATES_REMEMBERED_MAX = 10_000
 # Rounds of WriteTxnMarkers one completion makes for the partitions not yet marked, and the pause
 # between rounds (a leader election takes about this long). A transaction still unmarked after
 # them stays prepared in etcd and the next timeout check (TRANSACTION_TIMEOUT_CHECK_INTERVAL_MS)

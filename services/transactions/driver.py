@@ -9,6 +9,13 @@ over from a fresh read, at most `limits.TRANSACTION_CAS_ATTEMPTS_MAX` times, the
 CONCURRENT_TRANSACTIONS (retriable). So two drivers racing on one id never both decide: the
 etcd revision picks one, and the other re-applies the rule to what the first wrote.
 
+The first attempt of a step may start from the state this driver last wrote or read for the id
+(with its revision) instead of a read: a commit every 100 ms otherwise paid a read before each of
+its compare-and-swaps (AddPartitionsToTxn, EndTxn, the completion), each on the path of the
+producer's next batch. Only a compare-and-swap proves a remembered state current, so an answer
+is never taken from memory alone: a step whose decision on the remembered state writes nothing,
+or whose swap is lost, decides again on a fresh read.
+
 Once a prepared decision (PrepareCommit, PrepareAbort) is in etcd the answer goes out and a
 completion task per id writes the markers through a `MarkerWriter` (WriteTxnMarkers on the
 partition leaders), then applies the rule `complete` (PrepareX -> CompleteX, publishing a
@@ -141,6 +148,8 @@ class TransactionDriver:
         self._owns = owns
         # One completion task per prepared id at most: the ids are bounded by what etcd holds.
         self._completing: dict[str, asyncio.Task[None]] = {}
+        # The last state this driver wrote or read per id, and its mod revision (see above).
+        self._remembered: dict[str, tuple[TxnMetadata, int]] = {}
         self._broken: BaseException | None = None
 
     # ---- requests -----------------------------------------------------------------------------
@@ -299,38 +308,66 @@ class TransactionDriver:
     async def _decide(self, tid: str, decide: Decide) -> TxnResult | None:
         """Read, decide, write by compare-and-swap; on a lost swap read again. The result whose
         state write succeeded (or that wrote nothing); None when `decide` had nothing to do.
-        Starts the completion of a prepared state it stored. Raises TransactionConflict."""
-        for _ in range(limits.TRANSACTION_CAS_ATTEMPTS_MAX):
-            meta, revision = await read_transaction(self._store, tid)
+        Starts the completion of a prepared state it stored. Raises TransactionConflict.
+
+        The first decision may be made on the remembered state: kept only when its swap wins."""
+        remembered = self._remembered.pop(tid, None)
+        meta: TxnMetadata | None
+        swaps_lost = 0
+        while True:
+            if remembered is not None:
+                (meta, revision), remembered, from_memory = remembered, None, True
+            else:
+                meta, revision = await read_transaction(self._store, tid)
+                from_memory = False
             now_ms = self._clock()
             result = await decide(meta, now_ms)
+            if from_memory and (result is None or _state_write(result) is None):
+                continue  # nothing to prove it current by: decide on what etcd holds
             if result is None:
+                self._remember(tid, meta, revision)
                 return None
-            if not await self._write(tid, result, revision, now_ms):
+            new_revision = await self._write(tid, result, revision, now_ms)
+            if new_revision is None:
+                swaps_lost += 1
+                if swaps_lost >= limits.TRANSACTION_CAS_ATTEMPTS_MAX:
+                    raise TransactionConflict(
+                        f"transactional id {tid!r} changed under {limits.TRANSACTION_CAS_ATTEMPTS_MAX} "
+                        "writes in a row (another coordinator or call of this producer is writing it): retry"
+                    )
                 continue
+            write = _state_write(result)
+            if write is None:
+                self._remember(tid, meta, revision)
+            elif isinstance(write, WriteState):
+                self._remember(tid, write.metadata, new_revision)
             if result.metadata is not None and result.metadata.state in COMPLETION:
                 self._start_completion(tid)
             return result
-        raise TransactionConflict(
-            f"transactional id {tid!r} changed under {limits.TRANSACTION_CAS_ATTEMPTS_MAX} writes in a "
-            "row (another coordinator or call of this producer is writing it): retry"
-        )
 
-    async def _write(self, tid: str, result: TxnResult, revision: int, now_ms: int) -> bool:
-        """Apply the result's state write (at most one) on `revision`; False: lost the swap."""
-        writes = [e for e in result.effects if isinstance(e, WriteState | DeleteState)]
-        check(len(writes) <= 1, "transactional id %r: %d state writes in one step", tid, len(writes))
+    def _remember(self, tid: str, meta: TxnMetadata | None, revision: int) -> None:
+        if meta is None:
+            return
+        self._remembered.pop(tid, None)
+        self._remembered[tid] = (meta, revision)
+        if len(self._remembered) > limits.TRANSACTION_STATES_REMEMBERED_MAX:
+            del self._remembered[next(iter(self._remembered))]  # the least recently stored
+
+    async def _write(self, tid: str, result: TxnResult, revision: int, now_ms: int) -> int | None:
+        """Apply the result's state write (at most one) on `revision`. The key's new mod revision
+        (0: nothing written, or a delete); None: lost the swap."""
+        write = _state_write(result)
         check(
             not any(isinstance(e, AllocateProducerId) for e in result.effects),
             "transactional id %r: a producer id left to allocate",
             tid,
         )
-        if not writes:
-            return True
-        write = writes[0]
+        if write is None:
+            return 0
         if isinstance(write, DeleteState):
-            return await delete_transaction(self._store, write.transactional_id, revision)
-        return await write_transaction(self._store, write.metadata, revision, write.publish, now_ms)
+            return 0 if await delete_transaction(self._store, write.transactional_id, revision) else None
+        written = await write_transaction(self._store, write.metadata, revision, write.publish, now_ms)
+        return written or None
 
     def _start_completion(self, tid: str) -> None:
         if tid in self._completing:
@@ -356,9 +393,12 @@ class TransactionDriver:
     async def _complete(self, tid: str) -> None:
         """Write the prepared transaction's markers, then store its completion."""
         try:
-            meta, _ = await read_transaction(self._store, tid)
+            # Always a fresh read, never the remembered state: markers written for a transaction
+            # another coordinator has since completed could end this producer's next one.
+            meta, revision = await read_transaction(self._store, tid)
             if meta is None or meta.state not in COMPLETION:
                 return
+            self._remember(tid, meta, revision)
             for effect in rules.completion_effects(meta):
                 if not isinstance(effect, WriteMarkers):
                     raise InvariantViolation(f"transactional id {tid!r}: completion effect {effect!r}")
@@ -397,6 +437,13 @@ class TransactionDriver:
             limits.TRANSACTION_MARKER_ROUNDS_MAX,
         )
         return False
+
+
+def _state_write(result: TxnResult) -> WriteState | DeleteState | None:
+    """The result's one state write, if any (two in one step is a bug)."""
+    writes = [e for e in result.effects if isinstance(e, WriteState | DeleteState)]
+    check(len(writes) <= 1, "%d state writes in one step: %r", len(writes), result)
+    return writes[0] if writes else None
 
 
 def _same_prepared(current: TxnMetadata, prepared: TxnMetadata) -> bool:

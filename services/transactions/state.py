@@ -126,10 +126,11 @@ async def write_transaction(
     mod_revision: int,
     publish: Mapping[str, GroupOffsets] | None = None,
     commit_time_ms: int = 0,
-) -> bool:
+) -> int:
     """Write the state if the key is still at `mod_revision` (0: still absent), with `publish`'s
     group offsets in the same etcd transaction (a commit completing: visible exactly once).
-    False: another write came first and nothing was written; read again."""
+    Returns the key's new mod revision; 0 when another write came first and nothing was
+    written (read again)."""
     offsets = [
         stored.PublishedOffset(group, topic, partition, o.offset, o.metadata, o.leader_epoch)
         for group in sorted(publish or {})

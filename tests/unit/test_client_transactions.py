@@ -199,3 +199,73 @@ def test_an_abort_of_a_transaction_that_added_nothing_sends_no_end():
 
     run(scenario())
     assert gateway.rpcs() == ["InitProducerId"]
+
+
+A2, A3 = TopicPartition("a", 2), TopicPartition("a", 3)
+
+
+def test_adds_wanted_while_one_is_in_flight_go_together_in_the_next():
+    """One AddPartitionsToTxn at a time: requests for other partitions that arrive while one is
+    in flight wait and share the next (concurrent adds would race one compare-and-swap)."""
+    gateway = ScriptedGateway()
+    txn, _ = manager(gateway)
+
+    async def scenario() -> None:
+        await txn.init(1_000)
+        await txn.begin()
+        await asyncio.gather(
+            txn.add_partitions([A0], None, also=[A3]),
+            txn.add_partitions([A1], None),
+            txn.add_partitions([A2], None),
+            txn.add_partitions([A3], None),
+        )
+
+    run(scenario())
+    adds = [sorted(p.partition for p in request.partitions) for rpc, request in gateway.calls[1:]]
+    # The first call names its own partition and the queued one riding along; the rest wait for it.
+    assert adds == [[0, 3], [1, 2]]
+
+
+def test_the_next_transaction_adds_the_last_ones_partitions_at_begin_and_its_end_waits_for_that():
+    gateway = ScriptedGateway()
+    txn, _ = manager(gateway)
+
+    async def scenario() -> None:
+        await txn.init(1_000)
+        await txn.begin()
+        await txn.add_partitions([A0, A1], None)
+        txn.start_end(True)
+        await txn.end(True, 1_000)
+        await txn.begin()
+        await asyncio.sleep(0)  # the early add of a0 and a1 is now in flight
+        await txn.add_partitions([A2], None)  # waits for it, then adds a2 alone
+        txn.start_end(True)
+        await txn.end(True, 1_000)  # after both adds
+        # A transaction committed before its early add ran adds nothing and sends no EndTxn.
+        await txn.begin()
+        txn.start_end(True)
+        await txn.end(True, 1_000)
+        # An aborted transaction's partitions are not carried on.
+        await txn.begin()
+        await txn.add_partitions([A3], None)
+        txn.start_end(False)
+        await txn.end(False, 1_000)
+        await txn.begin()
+        txn.start_end(True)
+        await txn.end(True, 1_000)
+
+    run(scenario())
+    assert gateway.rpcs() == [
+        "InitProducerId",
+        "AddPartitionsToTxn",
+        "EndTxn",
+        "AddPartitionsToTxn",  # early: a0, a1
+        "AddPartitionsToTxn",  # a2
+        "EndTxn",
+        "AddPartitionsToTxn",  # a3 (a0-a2 were carried, but the commit came before they were added)
+        "EndTxn",
+    ]
+    added = [
+        sorted(p.partition for p in r.partitions) for rpc, r in gateway.calls if rpc == "AddPartitionsToTxn"
+    ]
+    assert added == [[0, 1], [0, 1], [2], [3]]

@@ -442,3 +442,63 @@ async def test_an_id_no_producer_can_have_is_answered_before_etcd_is_read() -> N
             assert answer.error is TxnError.INVALID_REQUEST, (tid[:5], request, answer)
         assert (await driver.abort_by_operator(tid)).error is TxnError.INVALID_REQUEST
     assert pids.allocated == []
+
+
+class CountingStore(MemoryStore):
+    """MemoryStore that counts reads of the transaction key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    async def get(self, key: str) -> KeyValue | None:
+        self.reads += key == self.keys.transaction_state(TID)
+        return await super().get(key)
+
+
+@pytest.mark.asyncio
+async def test_a_step_after_the_drivers_own_write_swaps_without_reading_first() -> None:
+    store = CountingStore()
+    driver, _, _ = make_driver(store, Clock())
+    init = await begin(driver, A0)
+    pid, epoch = init.producer_id, init.producer_epoch
+    reads = store.reads
+    assert (await driver.handle(AddPartitionsToTxn(TID, pid, epoch, frozenset({B1})))).error is TxnError.NONE
+    assert (await driver.handle(EndTxn(TID, pid, epoch, commit=True))).error is TxnError.NONE
+    assert store.reads == reads  # both swapped on the state the driver wrote last
+    await driver.drain()
+    # The completion reads once before its markers (never from memory), then swaps on that read.
+    assert store.reads == reads + 1
+    assert await state(store) is TxnState.COMPLETE_COMMIT
+
+
+@pytest.mark.asyncio
+async def test_a_remembered_state_another_coordinator_changed_costs_one_lost_swap_then_a_read() -> None:
+    store = MemoryStore()
+    ours, _, _ = make_driver(store, Clock())
+    theirs, _, _ = make_driver(store, Clock())
+    init = await begin(ours, A0)
+    # Another coordinator (a new producer's InitProducerId there) fences the epoch ours remembers
+    # and aborts its transaction (the new producer is told to retry meanwhile).
+    bumped = await theirs.handle(InitProducerId(TID, TIMEOUT_MS))
+    assert bumped.error is TxnError.CONCURRENT_TRANSACTIONS
+    # Ours decides on its memory (Ongoing at the old epoch: a commit), loses the swap, reads, and
+    # answers from what etcd holds.
+    late = await ours.handle(EndTxn(TID, init.producer_id, init.producer_epoch, commit=True))
+    assert late.error is TxnError.PRODUCER_FENCED
+    await ours.drain()
+    await theirs.drain()
+    assert await state(store) is TxnState.COMPLETE_ABORT
+
+
+@pytest.mark.asyncio
+async def test_an_answer_that_writes_nothing_is_never_taken_from_memory() -> None:
+    store = MemoryStore()
+    ours, _, _ = make_driver(store, Clock())
+    theirs, _, _ = make_driver(store, Clock())
+    init = await begin(ours, A0)
+    pid, epoch = init.producer_id, init.producer_epoch
+    await theirs.handle(InitProducerId(TID, TIMEOUT_MS))  # fences (pid, epoch), aborts A0's
+    # On ours' memory a0 is already added (no write, so no swap to prove it): it must read.
+    again = await ours.handle(AddPartitionsToTxn(TID, pid, epoch, frozenset({A0})))
+    assert again.error is TxnError.PRODUCER_FENCED
