@@ -472,16 +472,24 @@ async def test_a_step_after_the_drivers_own_write_swaps_without_reading_first() 
     assert await state(store) is TxnState.COMPLETE_COMMIT
 
 
-@pytest.mark.asyncio
-async def test_a_remembered_state_another_coordinator_changed_costs_one_lost_swap_then_a_read() -> None:
-    store = MemoryStore()
+async def fenced_behind_ours_back(
+    store: MemoryStore,
+) -> tuple[TransactionDriver, TransactionDriver, TxnAnswer]:
+    """Ours begins a transaction on a0 and remembers it; then another coordinator (a new
+    producer's InitProducerId there) fences that epoch and aborts the transaction (telling the
+    new producer to retry meanwhile). Returns (ours, theirs, ours' InitProducerId answer)."""
     ours, _, _ = make_driver(store, Clock())
     theirs, _, _ = make_driver(store, Clock())
     init = await begin(ours, A0)
-    # Another coordinator (a new producer's InitProducerId there) fences the epoch ours remembers
-    # and aborts its transaction (the new producer is told to retry meanwhile).
     bumped = await theirs.handle(InitProducerId(TID, TIMEOUT_MS))
     assert bumped.error is TxnError.CONCURRENT_TRANSACTIONS
+    return ours, theirs, init
+
+
+@pytest.mark.asyncio
+async def test_a_remembered_state_another_coordinator_changed_costs_one_lost_swap_then_a_read() -> None:
+    store = MemoryStore()
+    ours, theirs, init = await fenced_behind_ours_back(store)
     # Ours decides on its memory (Ongoing at the old epoch: a commit), loses the swap, reads, and
     # answers from what etcd holds.
     late = await ours.handle(EndTxn(TID, init.producer_id, init.producer_epoch, commit=True))
@@ -493,12 +501,7 @@ async def test_a_remembered_state_another_coordinator_changed_costs_one_lost_swa
 
 @pytest.mark.asyncio
 async def test_an_answer_that_writes_nothing_is_never_taken_from_memory() -> None:
-    store = MemoryStore()
-    ours, _, _ = make_driver(store, Clock())
-    theirs, _, _ = make_driver(store, Clock())
-    init = await begin(ours, A0)
-    pid, epoch = init.producer_id, init.producer_epoch
-    await theirs.handle(InitProducerId(TID, TIMEOUT_MS))  # fences (pid, epoch), aborts A0's
+    ours, _, init = await fenced_behind_ours_back(MemoryStore())
     # On ours' memory a0 is already added (no write, so no swap to prove it): it must read.
-    again = await ours.handle(AddPartitionsToTxn(TID, pid, epoch, frozenset({A0})))
+    again = await ours.handle(AddPartitionsToTxn(TID, init.producer_id, init.producer_epoch, frozenset({A0})))
     assert again.error is TxnError.PRODUCER_FENCED
