@@ -35,6 +35,17 @@ FLUSH_S_MAX = 60.0
 # A full local queue: wait this long for delivery reports before producing again.
 QUEUE_FULL_POLL_S = 0.01
 CONSUME_TIMEOUT_S = 120.0
+# The e2e consumer's first Fetch of every partition must come back in this long.
+READY_TIMEOUT_S = 30.0
+# The catch-up consumer's settings beside librdkafka's defaults. librdkafka stops fetching a
+# partition once its local queue holds queued.min.messages (100,000) and then waits
+# fetch.queue.backoff.ms (1,000 ms) before it looks again: a Python application draining
+# ~1 M records/s empties the queue in ~0.1 s and then idles the rest of the second, against
+# any broker. librdkafka's own documentation says to lower it when the application sees ~1 s
+# pauses between messages.
+CATCHUP_SETTINGS = {"fetch.queue.backoff.ms": 10}
+# The consume runs compare.py offers: the name reported and the settings over the defaults.
+CONSUME_SETTINGS = {"tuned": CATCHUP_SETTINGS, "defaults": {}}
 _SENT_NS = struct.Struct(">q")
 
 
@@ -118,13 +129,25 @@ def _assign_all(consumer: Any, topic: str, offset: int) -> None:
 
 
 def consume(
-    bootstrap: str, topic: str, *, count: int, record_size: int, window: common.Window
+    bootstrap: str,
+    topic: str,
+    *,
+    count: int,
+    record_size: int,
+    window: common.Window,
+    settings: dict[str, Any] | None = None,
 ) -> dict[str, object]:
-    """Read `count` records from the start of every partition."""
+    """Read `count` records from the start of every partition; `settings` over librdkafka's
+    defaults (None: CATCHUP_SETTINGS)."""
     import confluent_kafka
 
     consumer = confluent_kafka.Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "bench-kafka-consume", "enable.auto.commit": False}
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-kafka-consume",
+            "enable.auto.commit": False,
+            **(CATCHUP_SETTINGS if settings is None else settings),
+        }
     )
     received = 0
     try:
@@ -142,10 +165,12 @@ def consume(
     return common.read_summary("confluent-kafka Consumer assign()", received, count, elapsed, record_size)
 
 
-def e2e_producer(bootstrap: str) -> Any:
+def e2e_producer(bootstrap: str, linger_ms: int = 0) -> Any:
     """The e2e producer: one for the warm-up and the measured run, so the measured records do
-    not wait for its connections and producer id."""
-    return _producer(bootstrap, **{"linger.ms": 0})
+    not wait for its connections and producer id. librdkafka with linger.ms 0 polls its sockets
+    without a timeout: its broker thread spins a whole core at any rate, which on a 2-core
+    machine takes a core from the brokers (compare.py reports linger.ms 0 and 5)."""
+    return _producer(bootstrap, **{"linger.ms": linger_ms})
 
 
 def e2e_produce(
@@ -169,11 +194,17 @@ def e2e_produce(
 
 
 def e2e_consume(bootstrap: str, topic: str, *, expected: int, timeout_s: float) -> dict[str, object]:
-    """Every partition from its end; prints 'ready' once positioned there, then times records."""
+    """Every partition from its end; prints 'ready' once fetching there, then times records."""
     import confluent_kafka
 
     consumer = confluent_kafka.Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "bench-kafka-e2e", "enable.auto.commit": False}
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-kafka-e2e",
+            "enable.auto.commit": False,
+            # The end-of-partition event says the first Fetch has come back: ready means fetching.
+            "enable.partition.eof": True,
+        }
     )
     latencies: list[float] = []
     try:
@@ -185,13 +216,14 @@ def e2e_consume(bootstrap: str, topic: str, *, expected: int, timeout_s: float) 
             _, high = consumer.get_watermark_offsets(confluent_kafka.TopicPartition(topic, p), timeout=30)
             ends.append(confluent_kafka.TopicPartition(topic, p, high))
         consumer.assign(ends)
+        _wait_fetching(consumer, {tp.partition for tp in ends})
         print("ready", flush=True)
         deadline = time.monotonic() + timeout_s
         idle_since = time.monotonic()
         # Done at `expected`, or once records stopped coming (a producer that fell behind sends fewer).
         while len(latencies) < expected and time.monotonic() < deadline:
             m = consumer.poll(0.1)
-            if m is None or m.error():
+            if m is None or m.error():  # an end-of-partition event is an "error" too
                 if latencies and time.monotonic() - idle_since > common.E2E_IDLE_END_S:
                     break
                 continue
@@ -200,6 +232,24 @@ def e2e_consume(bootstrap: str, topic: str, *, expected: int, timeout_s: float) 
     finally:
         consumer.close()
     return {"received": len(latencies), "latency": common.percentiles_ms(latencies)}
+
+
+def _wait_fetching(consumer: Any, partitions: set[int]) -> None:
+    """Until every partition's first Fetch came back (its end-of-partition event).
+
+    librdkafka connects to each leader and starts fetching after assign() returns: records sent
+    meanwhile waited for the consumer's start-up, not for the path measured (seen: the first
+    records of a run at 70-140 ms, enough to make the whole run's p99)."""
+    import confluent_kafka
+
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    waiting = set(partitions)
+    while waiting:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"partitions {sorted(waiting)} not fetching after {READY_TIMEOUT_S:g} s")
+        m = consumer.poll(0.1)
+        if m is not None and m.error() and m.error().code() == confluent_kafka.KafkaError._PARTITION_EOF:
+            waiting.discard(m.partition())
 
 
 def main() -> int:

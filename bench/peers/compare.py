@@ -177,13 +177,27 @@ def run_consume(systems: Systems, system: str) -> list[common.Result]:
             out.append(
                 {"system": f"highwater {path}", **result, "load_s": round(loaded, 2), "cpu_cores": window.cpu}
             )
-        if args.kafka:  # the same loaded topic, through the brokers' Kafka listeners
+        for name in args.kafka_consume if args.kafka else ():
+            # The same loaded topic, through the brokers' Kafka listeners.
             window = _meter(target.pids)
+            settings = kafka_protocol.CONSUME_SETTINGS[name]
             result = kafka_protocol.consume(
-                target.kafka_bootstrap, target.topic, count=n, record_size=size, window=window
+                target.kafka_bootstrap,
+                target.topic,
+                count=n,
+                record_size=size,
+                window=window,
+                settings=settings,
             )
+            system = "highwater kafka" if name == "tuned" else f"highwater kafka {name}"
             out.append(
-                {"system": "highwater kafka", **result, "load_s": round(loaded, 2), "cpu_cores": window.cpu}
+                {
+                    "system": system,
+                    **result,
+                    "settings": settings,
+                    "load_s": round(loaded, 2),
+                    "cpu_cores": window.cpu,
+                }
             )
         return out
     if system == "nats":
@@ -236,8 +250,8 @@ def run_e2e(systems: Systems, system: str, rate: float) -> list[common.Result]:
             warmup_s=args.warmup_s, duration_s=args.duration_s, record_size=size, quiet_wait_s=0
         )
         out = [{"system": "highwater", **e2e_latency.run_rate(target, rate, settings)}]
-        if args.kafka:
-            out.append(_run_e2e_kafka(systems, rate, expected, timeout_s))
+        for linger_ms in args.kafka_linger_ms if args.kafka else ():
+            out.append(_run_e2e_kafka(systems, rate, expected, timeout_s, linger_ms))
         return out
     # The peers' producers carry no warm-up flag: their warm-up is a separate short run first.
     if system == "nats":
@@ -274,11 +288,14 @@ def run_e2e(systems: Systems, system: str, rate: float) -> list[common.Result]:
     return [_e2e_measured(system, rate, args.duration_s, cmd, pids, send)]
 
 
-def _run_e2e_kafka(systems: Systems, rate: float, expected: int, timeout_s: float) -> common.Result:
-    """Highwater's e2e through its Kafka listeners, on a topic of its own."""
+def _run_e2e_kafka(
+    systems: Systems, rate: float, expected: int, timeout_s: float, linger_ms: int
+) -> common.Result:
+    """Highwater's e2e through its Kafka listeners, on a topic of its own, the producer lingering
+    linger_ms."""
     args = systems.args
     target = systems.fresh_topic()
-    producer = kafka_protocol.e2e_producer(target.kafka_bootstrap)
+    producer = kafka_protocol.e2e_producer(target.kafka_bootstrap, linger_ms)
     kafka_protocol.e2e_produce(producer, target.topic, rate=rate, duration_s=args.warmup_s, record_size=100)
     cmd = [
         sys.executable,
@@ -299,7 +316,10 @@ def _run_e2e_kafka(systems: Systems, rate: float, expected: int, timeout_s: floa
             producer, target.topic, rate=rate, duration_s=args.duration_s, record_size=100
         )
 
-    return _e2e_measured("highwater kafka", rate, args.duration_s, cmd, target.pids, send)
+    result = _e2e_measured(
+        f"highwater kafka linger {linger_ms}", rate, args.duration_s, cmd, target.pids, send
+    )
+    return {**result, "linger_ms": linger_ms}
 
 
 def _e2e_measured(
@@ -337,8 +357,11 @@ def line(result: common.Result, workload: str) -> str:
     name = f"{result['system']:<24}"
     if workload == "e2e":
         lat = result.get("latency") or {}
+        spread = ""
+        if lat.get("p50_ms"):
+            spread = f", p99/p50 {lat['p99_ms'] / lat['p50_ms']:.1f}"
         return (
-            f"{name} {result['rate']:>7,.0f}/s  {common.format_latency(lat)}  "
+            f"{name} {result['rate']:>7,.0f}/s  {common.format_latency(lat)}{spread}  "
             f"({result.get('received', 0):,} received; sent at {result.get('achieved_rate', 0):,}/s)"
         )
     text = f"{name} {result['records_per_s']:>10,} records/s {result['mb_per_s']:>7.1f} MB/s"
@@ -373,6 +396,31 @@ def ratios(rows: list[common.Result], workload: str) -> dict[str, float]:
                 out[key] = round(b / a, 2) if a else float("nan")
             else:
                 out[key] = round(a / b, 2) if b else float("inf")
+    return out
+
+
+def kafka_path(rows: list[common.Result], workload: str) -> dict[str, float]:
+    """The Kafka listener against our own clients on the same cluster in the same round:
+    consume, its records/s over our Consumer's (> 1: Kafka's client is faster); e2e, each
+    linger's p50 minus our clients' p50 at the same rate, in ms (issue 42 asks for at most
+    linger.ms + 1)."""
+    rows = [r for r in rows if "error" not in r]
+    out: dict[str, float] = {}
+    if workload == "consume":
+        ours = [r for r in rows if r["system"] == "highwater consumer"]
+        for r in rows:
+            if ours and str(r["system"]).startswith("highwater kafka") and figure(ours[0], workload):
+                out[f"{r['system']} / highwater consumer"] = round(
+                    figure(r, workload) / figure(ours[0], workload), 2
+                )
+    elif workload == "e2e":
+        for r in rows:
+            if not str(r["system"]).startswith("highwater kafka"):
+                continue
+            ours = [o for o in rows if o["system"] == "highwater" and o.get("rate") == r.get("rate")]
+            if ours:
+                key = f"{r['system']} p50 - highwater p50 @ {r['rate']:,.0f}/s (ms)"
+                out[key] = round(figure(r, workload) - figure(ours[0], workload), 2)
     return out
 
 
@@ -431,6 +479,21 @@ def parse_args() -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also run NATS JetStream and Redis Streams (default on; --no-peers: Highwater alone)",
+    )
+    parser.add_argument(
+        "--kafka-linger-ms",
+        type=int,
+        nargs="+",
+        default=[5, 0],
+        help="e2e: the confluent-kafka producer's linger.ms, a run each (default 5 0)",
+    )
+    parser.add_argument(
+        "--kafka-consume",
+        nargs="+",
+        choices=sorted(kafka_protocol.CONSUME_SETTINGS),
+        default=["tuned", "defaults"],
+        help="consume: confluent-kafka with fetch.queue.backoff.ms 10 (tuned) and with "
+        "librdkafka's defaults, a run each (default both)",
     )
     parser.add_argument("--max-poll-records", type=int, default=500)
     parser.add_argument(
@@ -516,7 +579,10 @@ def run_round(systems: Systems, args: argparse.Namespace, number: int) -> common
         r = ratios(rows, args.workload)
     for key, value in r.items():
         print(f"  round {number} ratio {key}: {value}x", flush=True)
-    return {"results": rows, "ratios": r}
+    gaps = kafka_path(rows, args.workload)
+    for key, value in gaps.items():
+        print(f"  round {number} Kafka path: {key}: {value}", flush=True)
+    return {"results": rows, "ratios": r, "kafka_path": gaps}
 
 
 def median_ratios(rounds: list[common.Result]) -> dict[str, float]:

@@ -68,6 +68,20 @@ def reserve_port(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), backlog=limits.KAFKA_LISTEN_BACKLOG)
 
 
+def no_nagle(writer: asyncio.StreamWriter) -> None:
+    """Turn Nagle's algorithm off on an accepted connection: every answer goes out when written.
+
+    asyncio does this itself only for sockets made with proto IPPROTO_TCP, and the socket
+    reserve_port makes (socket.create_server) has proto 0, so its connections kept Nagle on. A
+    client with several requests in flight (librdkafka at linger.ms 0 keeps up to 5) then waited
+    for its own delayed ACK, ~40 ms, before the next answer left: measured, 2 of 3 Produce
+    round trips at 43 ms while the broker had answered in under 10 ms.
+    """
+    sock = writer.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 class KafkaListener:
     """Owned by the broker's event loop: start(), then close() at the broker's stop."""
 
@@ -189,6 +203,7 @@ class KafkaListener:
         writer.close()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        no_nagle(writer)
         address = _address(writer.get_extra_info("peername"))
         if len(self._connections) >= self.connections_max:
             self._refuse(

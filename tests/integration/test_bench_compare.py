@@ -28,11 +28,15 @@ EXPECTED = {
     "produce-100b": (["highwater client", "highwater direct", "highwater kafka"], "records_per_s", []),
     "produce-10kb": (["highwater client", "highwater kafka"], "records_per_s", ["--our-paths", "client"]),
     "consume": (
-        ["highwater consumer", "highwater fetch", "highwater kafka"],
+        ["highwater consumer", "highwater fetch", "highwater kafka", "highwater kafka defaults"],
         "records_per_s",
         ["--records", "20000"],
     ),
-    "e2e": (["highwater", "highwater kafka"], "received", ["--rates", "500"]),
+    "e2e": (
+        ["highwater", "highwater kafka linger 5", "highwater kafka linger 0"],
+        "received",
+        ["--rates", "500"],
+    ),
 }
 
 

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import socket
 import struct
 import time
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 from protos.highwater.v1 import common_pb2
 from services.kafka import protocol
 from services.kafka.handler import KafkaHandler
-from services.kafka.listener import KafkaListener
+from services.kafka.listener import KafkaListener, reserve_port
 from services.kafka.listener_limits import parse_connection_overrides
 from tests.unit.test_kafka_protocol import FakeBackend, module_of, request_frame
 
@@ -112,6 +113,45 @@ def test_answers_leave_in_request_order_and_acks_zero_gets_none() -> None:
         assert (first, second) == (1, 3), "in request order; acks=0 (2) answered with nothing"
 
     asyncio.run(with_listener(backend, test))
+
+
+class AcceptRecorder(KafkaListener):
+    """The listener as it ships, keeping each accepted connection's writer for the test to look at."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.accepted: list[asyncio.StreamWriter] = []
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted.append(writer)
+        await super()._accept(reader, writer)
+
+
+@pytest.mark.parametrize("reserved", [True, False], ids=["port reserved as the broker does", "host and port"])
+def test_answers_are_sent_without_nagle_delay(reserved: bool) -> None:
+    """Nagle's algorithm is off on every accepted connection, also on the broker's reserved port
+    (socket.create_server's socket has proto 0, and asyncio then leaves Nagle on): with it on, a
+    client with requests in flight waited for its own delayed ACK, ~40 ms, for each answer."""
+
+    async def main() -> None:
+        sock = reserve_port("127.0.0.1", 0) if reserved else None
+        listener = AcceptRecorder(KafkaHandler(FakeBackend()), "127.0.0.1", 0, sock=sock)
+        port = await listener.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(
+                framed(request_frame(protocol.API_VERSIONS, 3, api_versions_body(), correlation_id=1))
+            )
+            await writer.drain()
+            assert (await read_answer(reader))[0] == 1
+            (accepted,) = listener.accepted
+            server_side = accepted.get_extra_info("socket")
+            assert server_side.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        finally:
+            writer.close()
+            await listener.close()
+
+    asyncio.run(main())
 
 
 def test_a_request_over_the_size_bound_closes_the_connection() -> None:
