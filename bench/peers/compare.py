@@ -585,12 +585,12 @@ def run_round(systems: Systems, args: argparse.Namespace, number: int) -> common
     return {"results": rows, "ratios": r, "kafka_path": gaps}
 
 
-def median_ratios(rounds: list[common.Result]) -> dict[str, float]:
-    """Each ratio's median over the rounds that have it."""
+def median_ratios(rounds: list[common.Result], field: str = "ratios") -> dict[str, float]:
+    """Each ratio (of the rounds' `field`) as its median over the rounds that have it."""
     summary: dict[str, float] = {}
-    keys = dict.fromkeys(k for rnd in rounds for k in rnd["ratios"])
+    keys = dict.fromkeys(k for rnd in rounds for k in rnd.get(field, {}))
     for key in keys:
-        values = [rnd["ratios"][key] for rnd in rounds if key in rnd["ratios"]]
+        values = [rnd[field][key] for rnd in rounds if key in rnd.get(field, {})]
         summary[key] = round(statistics.median(values), 2)
     return summary
 
@@ -621,6 +621,11 @@ def main() -> int:
     print("ratios (median over rounds; > 1 means Highwater is ahead):")
     for key, value in summary.items():
         print(f"  {key}: {value}x")
+    out["kafka_path_median"] = median_ratios(out["rounds"], "kafka_path")
+    if out["kafka_path_median"]:
+        print("the Kafka listener against our own clients (median over rounds):")
+        for key, value in out["kafka_path_median"].items():
+            print(f"  {key}: {value}")
     path = common.write_result(args.output or f"compare-{args.workload}", out)
     print(
         f"took {time.monotonic() - started:.0f} s; machine: {out['machine']}; results: {common.shown(path)}"
