@@ -493,12 +493,14 @@ def highwater_target(
     brokers: int = 3,
     tmp_dir: str | None = None,
     broker_args: Sequence[str] = (),
+    create_timeout_s: float = 60.0,
 ) -> Iterator[Target]:
     """A topic ready for a workload: on --bootstrap's cluster, or on a LocalCluster of our own
     (etcd + controller + `brokers` brokers + gateway, in a temporary directory, every process
     stopped by pid on the way out). tmp_dir puts the brokers' logs elsewhere (/dev/shm: no disk);
     broker_args are extra flags for every broker of our own cluster (bench/cleaner_impact.py's
-    --log-cleaner-backoff-ms)."""
+    --log-cleaner-backoff-ms, bench/scale.py's --replicas-max); create_timeout_s bounds the wait
+    for every partition to have a leader and a full ISR."""
     if bootstrap:
         leaders = create_topic(
             bootstrap,
@@ -506,6 +508,7 @@ def highwater_target(
             partitions=partitions,
             replication_factor=replication_factor,
             min_insync=min_insync,
+            timeout_s=create_timeout_s,
         )
         yield Target(bootstrap, topic, partitions, leaders)
         return
@@ -523,6 +526,7 @@ def highwater_target(
             partitions=partitions,
             replication_factor=replication_factor,
             min_insync=min_insync,
+            timeout_s=create_timeout_s,
         )
         pids: dict[str, int] = {"etcd": cluster.etcd.pid} if cluster.etcd.pid else {}
         names: dict[str, str] = {}

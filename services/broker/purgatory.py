@@ -20,6 +20,7 @@ from clients.common.errors import check
 from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import common_pb2
 from services.broker.partition import Partition, Role
+from services.common import limits
 
 
 def fetch_answers_now(
@@ -302,16 +303,33 @@ def _mark_completed(op: DelayedOperation) -> None:
 
 @dataclass
 class Purgatory:
-    """Waiting operations by the partition they wait on."""
+    """Waiting operations by the partition they wait on.
+
+    An operation answered through one of its partitions (or by its expiry timer) stays in the
+    lists of its other partitions until they change or it is purged. A follower's fetch watches
+    every partition it follows and is answered as soon as one of them has data: under load on
+    a few partitions, the lists of the idle ones kept every answered fetch (its request, its
+    read state) for as long as the load lasted (seen at 10,000 partitions). As Kafka's
+    purgatory (purgeInterval), once the entries over all lists pass twice what the last purge
+    left (and at least PURGATORY_PURGE_ENTRIES_MIN), every list drops its answered
+    operations: each purge walks at most as many entries as were added since the last one.
+    """
 
     watchers: dict[TopicPartitionKey, list[DelayedOperation]] = field(default_factory=dict)
+    # Entries over all watcher lists (an operation counts once per partition it watches).
+    entries: int = 0
+    _purge_at: int = limits.PURGATORY_PURGE_ENTRIES_MIN
 
     def try_complete_else_watch(self, op: DelayedOperation, now_ms: int) -> bool:
         """Complete op now if it can; otherwise watch it under its partitions. Returns whether completed."""
         if op.try_complete(now_ms):
             return True
-        for tp in dict.fromkeys(op.keys):
+        keys = dict.fromkeys(op.keys)
+        for tp in keys:
             self.watchers.setdefault(tp, []).append(op)
+        self.entries += len(keys)
+        if self.entries > self._purge_at:
+            self.purge_all_completed()
         return False
 
     def check_and_complete(self, tp: TopicPartitionKey, now_ms: int) -> int:
@@ -319,6 +337,7 @@ class Purgatory:
         ops = self.watchers.pop(tp, None)
         if not ops:
             return 0
+        self.entries -= len(ops)
         completed = 0
         still: list[DelayedOperation] = []
         for op in ops:
@@ -331,16 +350,29 @@ class Purgatory:
         if still:
             # An operation completed from here may have added watchers for tp meanwhile.
             self.watchers.setdefault(tp, []).extend(still)
+            self.entries += len(still)
         return completed
 
     def purge_completed(self, tp: TopicPartitionKey) -> None:
         ops = self.watchers.get(tp)
         if ops is not None:
             kept = [op for op in ops if not op.completed]
+            self.entries -= len(ops) - len(kept)
             if kept:
                 self.watchers[tp] = kept
             else:
                 del self.watchers[tp]
+
+    def purge_all_completed(self) -> None:
+        """Drop every answered operation from every list; the next purge comes once the entries
+        double (and grow by at least PURGATORY_PURGE_ENTRIES_MIN)."""
+        for tp in list(self.watchers):
+            self.purge_completed(tp)
+        check(
+            self.entries == sum(len(ops) for ops in self.watchers.values()),
+            "the purgatory's entry count drifted from its lists",
+        )
+        self._purge_at = max(2 * self.entries, self.entries + limits.PURGATORY_PURGE_ENTRIES_MIN)
 
     def complete_all(self, now_ms: int) -> None:
         """Answer everything now (the broker is closing): each op completes by its own rules
@@ -353,6 +385,7 @@ class Purgatory:
                     op.try_complete(now_ms)
                     check(op.completed, "a delayed operation did not complete at its deadline")
         self.watchers.clear()
+        self.entries = 0
 
     def __len__(self) -> int:
         return sum(1 for ops in self.watchers.values() for op in ops if not op.completed)

@@ -92,6 +92,12 @@ SHUTDOWN_GRACE_S = 5.0
 # Control RPCs (LeaderAndIsr, UpdateMetadata, StopReplica, AlterPartition):
 # small and local, so a slow answer means the peer is in trouble.
 CONTROL_RPC_TIMEOUT_S = 5.0
+# Partitions in one LeaderAndIsr request; a broker's share of a larger change goes in several,
+# in order. A broker takes ~9 ms per new replica (its log's directory and files) on a loaded
+# 2-core machine: one request for a 10,000-partition topic passed CONTROL_RPC_TIMEOUT_S, was
+# sent again from the start five times, and left two thirds of the replicas never created
+# (bench/scale.py). 250 new replicas take ~2.3 s.
+LEADER_AND_ISR_PARTITIONS_PER_REQUEST_MAX = 250
 # Channels between our processes reconnect to a peer that went away after this back-off,
 # doubling up to the most: a restarted broker or controller is reached again within a second.
 PEER_RECONNECT_BACKOFF_MS_MIN = 100
@@ -221,6 +227,12 @@ REPLICA_FETCH_EPOCH_RACE_BACKOFF_MS = 50
 REPLICA_FETCH_STREAM_RETRY_S = 60.0
 # How often a leader checks its followers for ISR shrink.
 ISR_CHECK_INTERVAL_MS = 1_000
+# The purgatory drops answered operations from every watcher list once the lists hold twice the
+# entries its last purge left, and at least this many more (Kafka's purgeInterval, 1,000
+# operations; ours counts entries, an operation once per partition it watches: a follower's
+# fetch of 3,334 partitions is 3,334). Between purges an answered operation waits in the lists
+# of partitions that did not change; each purge walks what was added since the last.
+PURGATORY_PURGE_ENTRIES_MIN = 10_000
 # HWs are checkpointed and retention applied every this many ISR checks (Kafka: every 5 s):
 # an fsync per partition each second would cost more than the HW a crash might re-read.
 HW_CHECKPOINT_EVERY_ISR_TICKS = 5

@@ -15,6 +15,7 @@ from typing import Any
 
 from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import broker_pb2, common_pb2
+from services.common import limits
 from services.controller import wire
 from services.controller.context import NO_LEADER, ControllerContext
 from services.controller.proto_cache import ProtoCache
@@ -57,11 +58,19 @@ def control_requests(
     for broker_id, tps in sorted(leader_and_isr.items()):
         if ("b", broker_id) not in targets:
             continue
-        body = _leader_and_isr_body(ctx, protos, broker_id, tps, rpcs.new_replicas)
-        if body is not None:
-            yield ControlRequest(
-                ("b", broker_id), "LeaderAndIsr", wire.with_header(body, header(ctx, epoch, broker_id))
+        # In requests of at most LEADER_AND_ISR_PARTITIONS_PER_REQUEST_MAX partitions, in order
+        # (one sender per broker delivers them in turn): a broker applies each within the
+        # call's deadline.
+        ordered = sorted(tps)
+        step = limits.LEADER_AND_ISR_PARTITIONS_PER_REQUEST_MAX
+        for start in range(0, len(ordered), step):
+            body = _leader_and_isr_body(
+                ctx, protos, broker_id, ordered[start : start + step], rpcs.new_replicas
             )
+            if body is not None:
+                yield ControlRequest(
+                    ("b", broker_id), "LeaderAndIsr", wire.with_header(body, header(ctx, epoch, broker_id))
+                )
     for broker_id, deletes in sorted(rpcs.stop_replica.items()):
         if ("b", broker_id) not in targets:
             continue
@@ -96,7 +105,7 @@ def _leader_and_isr_body(
     ctx: ControllerContext,
     protos: ProtoCache,
     broker_id: int,
-    tps: set[TopicPartitionKey],
+    tps: Collection[TopicPartitionKey],
     new_replicas: set[tuple[int, TopicPartitionKey]],
 ) -> wire.Serialized | None:
     """A LeaderAndIsrRequest for one broker without its header; None when none of tps still exists."""

@@ -31,7 +31,9 @@ from tests.integration.helpers import create_topic, describe_partition, gateway_
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ROUNDS = 20
+# The defect halted or hung a broker in 3 of 10 trials: 12 rounds miss it with probability 0.7**12,
+# about 1.4%. (20 rounds took 195 s of CI's budget, the suite's slowest test.)
+ROUNDS = 12
 PARTITIONS = 12
 # A clean stop: the controlled shutdown (seconds at most), the logs closed, the lease revoked.
 BROKER_EXIT_S_MAX = 15.0
@@ -54,7 +56,7 @@ def _keep_producing(address: str, stop: threading.Event, written: list[int]) -> 
         n += 1
 
 
-def test_stopping_every_broker_at_once_exits_cleanly_twenty_times(make_cluster):
+def test_stopping_every_broker_at_once_exits_cleanly_a_dozen_times(make_cluster):
     c = make_cluster(brokers=3)
     gw = gateway_stub(c.gateway_address)
     assert (

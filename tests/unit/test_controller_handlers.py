@@ -587,3 +587,35 @@ def test_a_broker_registered_for_more_replicas_is_given_more_and_no_more():
     assert f"the limit is {limits.REPLICAS_PER_BROKER_MAX} per broker" in default_bound.error_message
     assert past_its_own.error_code == common_pb2.INVALID_PARTITIONS
     assert f"the limit is {limits.REPLICAS_PER_BROKER_MAX + 2} per broker" in past_its_own.error_message
+
+
+def test_a_brokers_leader_and_isr_goes_in_requests_it_can_apply_within_the_call_deadline():
+    """A 10,000-partition topic in one LeaderAndIsr took a broker past CONTROL_RPC_TIMEOUT_S and
+    two thirds of its replicas were never created: a broker's share goes in requests of at most
+    LEADER_AND_ISR_PARTITIONS_PER_REQUEST_MAX partitions, in order, every partition once."""
+    from services.controller.control_requests import control_requests
+    from services.controller.proto_cache import ProtoCache
+
+    ctx = context([1, 2, 3])
+    step = limits.LEADER_AND_ISR_PARTITIONS_PER_REQUEST_MAX
+    count = 2 * step + 17
+    req = common_pb2.CreateTopicsRequest(
+        topics=[common_pb2.CreatableTopic(name="wide", num_partitions=count, replication_factor=3)]
+    )
+    result = handlers.on_create_topics(ctx, req)
+    commit(ctx, result)
+    targets = {("b", 1), ("b", 2), ("b", 3)}
+    requests = [
+        r for r in control_requests(ctx, result.rpcs, ProtoCache(), ctx.epoch, targets) if r is not None
+    ]
+    for broker_id in (1, 2, 3):
+        sent = [
+            r.request.parse() for r in requests if r.rpc == "LeaderAndIsr" and r.target == ("b", broker_id)
+        ]
+        assert [len(s.partitions) for s in sent] == [step, step, 17]
+        named = [(p.state.topic, p.state.partition) for s in sent for p in s.partitions]
+        assert named == sorted(("wide", p) for p in range(count)), "every partition once, in order"
+        assert all(p.is_new for s in sent for p in s.partitions)
+        for s in sent:
+            leaders = {p.state.leader for p in s.partitions}
+            assert {b.broker_id for b in s.live_leaders} == leaders, "each request names its own leaders"

@@ -968,3 +968,15 @@ def test_locate_names_the_segment_position_and_batch_of_an_offset(place: tuple[S
     assert log.locate(0) == (0, 0, 0)
     assert log.locate(second + 4) == (second, len(batch()), second + 3)  # the second batch of the segment
     assert log.locate(log.log_end_offset) is None
+
+
+def test_file_storage_directory_calls_fail_as_storage_errors(tmp_path: Path) -> None:
+    """Listing or creating a directory that fails is a StorageError like every other file call,
+    so a replica's creation at the open-files limit answers STORAGE_ERROR for its partition
+    instead of escaping LeaderAndIsr as an unexpected exception."""
+    storage = FileStorage()
+    with pytest.raises(StorageError, match="cannot list the directory"):
+        storage.list_dir(str(tmp_path / "missing"))
+    (tmp_path / "a-file").write_bytes(b"")
+    with pytest.raises(StorageError, match="cannot create the directory"):
+        storage.mkdir(str(tmp_path / "a-file" / "below"))

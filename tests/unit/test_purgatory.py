@@ -14,6 +14,7 @@ from services.broker.purgatory import (
     TopicPartitionKey,
     fetch_answers_now,
 )
+from services.common import limits
 
 TP: TopicPartitionKey = ("t", 0)
 
@@ -336,3 +337,40 @@ def test_a_produce_woken_for_one_partition_checks_only_that_partition() -> None:
     (response,) = answers.produce
     assert all(r.error_code == common_pb2.NONE for t in response.topics for r in t.partitions)
     assert sum(len(t.partitions) for t in response.topics) == 1_000
+
+
+def test_answered_fetches_do_not_pile_up_in_the_lists_of_partitions_that_never_change() -> None:
+    """A follower's fetch watches every partition it follows and is answered through the one
+    that got data: its entries under the idle ones are purged once the lists double (Kafka's
+    purgeInterval), never an operation still waiting."""
+    hot, cold = ("t", 0), [("t", i) for i in range(1, 101)]
+    purgatory, answers = Purgatory(), Answers()
+    waiting_reads = FetchReads()  # never has bytes: waits on the cold partitions throughout
+    still_waiting = DelayedFetch(
+        common_pb2.FetchRequest(replica_id=-1, max_wait_ms=10**9, min_bytes=1),
+        cold,
+        10**9,
+        waiting_reads,
+        answers.fetch.append,
+    )
+    assert not purgatory.try_complete_else_watch(still_waiting, now_ms=0)
+    largest = 0
+    for round_ in range(2_000):
+        reads = FetchReads()
+        op = DelayedFetch(
+            common_pb2.FetchRequest(replica_id=2, max_wait_ms=500, min_bytes=1),
+            [hot, *cold],
+            round_ + 500,
+            reads,
+            answers.fetch.append,
+        )
+        assert not purgatory.try_complete_else_watch(op, now_ms=round_)
+        reads.bytes_available = 10
+        assert purgatory.check_and_complete(hot, now_ms=round_) == 1
+        largest = max(largest, purgatory.entries)
+    assert purgatory.entries == sum(len(ops) for ops in purgatory.watchers.values())
+    # Without the purge: 2,000 answered fetches under 100 idle partitions, 200,000 entries.
+    assert largest <= 2 * len(cold) + limits.PURGATORY_PURGE_ENTRIES_MIN + len(cold) + 1
+    assert all(still_waiting in purgatory.watchers[tp] for tp in cold), "a waiting fetch stays watched"
+    waiting_reads.bytes_available = 1
+    assert purgatory.check_and_complete(cold[0], now_ms=3_000) == 1 and still_waiting.completed

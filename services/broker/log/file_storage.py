@@ -176,12 +176,22 @@ class FileStorage:
         return os.path.exists(path)
 
     def mkdir(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as error:
+            raise StorageError(f"cannot create the directory {path}: {error}") from error
         if self._syncfs is not None:
             self._file_system_fd(path)
 
     def list_dir(self, path: str) -> list[str]:
-        return sorted(entry.name for entry in os.scandir(path) if entry.is_file())
+        # A StorageError as every other call here: a raw OSError (EMFILE at the open-files
+        # limit) escaped LeaderAndIsr as an unexpected exception, a gRPC UNKNOWN, not
+        # STORAGE_ERROR for the partition.
+        try:
+            with os.scandir(path) as entries:
+                return sorted(entry.name for entry in entries if entry.is_file())
+        except OSError as error:
+            raise StorageError(f"cannot list the directory {path}: {error}") from error
 
     def delete(self, path: str) -> None:
         try:
