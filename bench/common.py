@@ -609,20 +609,28 @@ _LATENCY_METRICS = {
 }
 
 
-def rpc_totals(target: Target, rpc: str) -> dict[str, tuple[float, float]]:
-    """process name -> (request count, seconds in total) of one RPC, from each /metrics."""
+def metrics_text(port: int) -> str | None:
+    """The Prometheus /metrics page of one of our processes, or None when it does not answer."""
     import urllib.request
 
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text: str = resp.read().decode()
+    except OSError:
+        return None
+    return text
+
+
+def rpc_totals(target: Target, rpc: str) -> dict[str, tuple[float, float]]:
+    """process name -> (request count, seconds in total) of one RPC, from each /metrics."""
     out: dict[str, tuple[float, float]] = {}
     for name, port in target.metrics_ports.items():
         kind = name.split("-")[0]
         metric = _LATENCY_METRICS.get(kind)
         if metric is None:
             continue
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-                text = resp.read().decode()
-        except OSError:
+        text = metrics_text(port)
+        if text is None:
             continue
         count = total = 0.0
         for line in text.splitlines():

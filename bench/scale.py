@@ -184,16 +184,10 @@ def _may_raise(hard: int) -> bool:
 
 def broker_gauges(target: common.Target) -> dict[str, dict[str, float]]:
     """Each broker's highwater_partition_count and highwater_leader_count, from its /metrics."""
-    import urllib.request
-
     out: dict[str, dict[str, float]] = {}
     for name, port in target.metrics_ports.items():
-        if not name.startswith("broker"):
-            continue
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-                text = resp.read().decode()
-        except OSError:
+        text = common.metrics_text(port) if name.startswith("broker") else None
+        if text is None:
             continue
         gauges = {}
         for line in text.splitlines():
