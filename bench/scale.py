@@ -275,7 +275,7 @@ def summary(rows: list[common.Result]) -> dict[str, common.Result]:
 
 
 def _ratio(row: common.Result, base: common.Result, key: str) -> float:
-    return round(row[key]["records_per_s"] / max(base[key]["records_per_s"], 1), 2)
+    return round(float(row[key]["records_per_s"]) / max(float(base[key]["records_per_s"]), 1.0), 2)
 
 
 def parse_args() -> argparse.Namespace:
