@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -150,6 +152,13 @@ async def create_stream(cluster: NatsCluster, replicas: int = 3) -> None:
 # ---- produce ----------------------------------------------------------------------------------
 
 
+def _ack_at(
+    on_ack: Callable[[asyncio.Future[Any], float], None], sent_at: float, future: asyncio.Future[Any]
+) -> None:
+    """A done-callback that hands on_ack the send time too."""
+    on_ack(future, sent_at)
+
+
 async def produce(
     urls: list[str],
     *,
@@ -181,22 +190,24 @@ async def produce(
     async def run(seconds: float) -> float:
         clock = common.SendClock(seconds)
         sent = 0
-        futures = []
+        futures: list[asyncio.Future[Any]] = []
         for now in clock:
             wait = common.pacing_delay(clock.start, sent, throughput, now)
             if wait:
                 await asyncio.sleep(wait)
                 continue
             sent_at = time.perf_counter()
-            future = await js.publish_async(SUBJECT, payload)
-            future.add_done_callback(lambda f, t=sent_at: on_ack(f, t))
+            # nats-py hints an Awaitable; it is the asyncio.Future its ack completes.
+            future = cast("asyncio.Future[Any]", await js.publish_async(SUBJECT, payload))
+            future.add_done_callback(functools.partial(_ack_at, on_ack, sent_at))
             futures.append(future)
             sent += 1
         counts["sent"] += sent
         # A PubAck that never comes would hang publish_async_completed() for ever: bound it.
-        _, missing = await asyncio.wait(
-            [f for f in futures if not f.done()] or [asyncio.sleep(0)], timeout=PUBACK_WAIT_S
-        )
+        pending = [f for f in futures if not f.done()]
+        missing: set[asyncio.Future[Any]] = set()
+        if pending:
+            _, missing = await asyncio.wait(pending, timeout=PUBACK_WAIT_S)
         elapsed = time.perf_counter() - clock.start
         for future in missing:
             future.cancel()  # counted as failed ("cancelled") by on_ack

@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -224,7 +224,10 @@ def consume(
         start = time.perf_counter()
         low = "-"
         while received < count:
-            entries = r.xrange(STREAM, min=low, max="+", count=fetch_batch)
+            # redis-py's hints cover its async client and decoded replies too; ours gives bytes.
+            entries = cast(
+                list[tuple[bytes, dict[bytes, bytes]]], r.xrange(STREAM, min=low, max="+", count=fetch_batch)
+            )
             if not entries:
                 break
             received += len(entries)
@@ -266,15 +269,18 @@ def e2e_produce(port: int, *, rate: float, duration_s: float, record_size: int) 
 def e2e_consume(port: int, *, expected: int, timeout_s: float) -> dict[str, object]:
     r = client(port)
     latencies: list[float] = []
-    newest = r.xrevrange(STREAM, count=1)
+    newest = cast(list[tuple[bytes, dict[bytes, bytes]]], r.xrevrange(STREAM, count=1))
     # Read after what is there now ("$" on every call could skip records added between calls).
-    last = newest[0][0] if newest else "0-0"
+    last: bytes | str = newest[0][0] if newest else "0-0"
     deadline = time.monotonic() + timeout_s
     print("ready", flush=True)
     idle_since = time.monotonic()
     try:
         while len(latencies) < expected and time.monotonic() < deadline:
-            answer = r.xread({STREAM: last}, count=10_000, block=500)
+            answer = cast(
+                list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]],
+                r.xread({STREAM: last}, count=10_000, block=500),
+            )
             if not answer:
                 # Done once records stopped coming (a producer that fell behind sends fewer).
                 if latencies and time.monotonic() - idle_since > common.E2E_IDLE_END_S:
