@@ -146,7 +146,13 @@ class BrokerCore(ControlRequests, Appends, Reads):
         self.closing = True
         for p in self.partitions.values():
             p.change_role(Role.CLOSED)
-        self.purgatory.complete_all(self.clock.monotonic_ms())
+        now_ms = self.clock.monotonic_ms()
+        self.purgatory.complete_all(now_ms)
+        for session in list(self.replica_sessions.by_id.values()):
+            if session.waiting is not None:
+                session.waiting.deadline_ms = min(session.waiting.deadline_ms, now_ms)
+                session.waiting.try_complete(now_ms)
+        self.replica_sessions.close_all()
         for fetcher in list(self.fetchers.values()):
             self._stop_fetcher(fetcher)
         self.fetchers.clear()
@@ -209,6 +215,7 @@ class BrokerCore(ControlRequests, Appends, Reads):
                 flushed += int(p.log.maybe_flush(wall))
             except HighwaterError as exc:
                 self.log.error("roll/flush of %s-%d failed: %s", p.topic, p.partition, exc)
+            self.replay_session_fetches(p)
             change = p.check_isr_shrink(self.clock.monotonic_ms(), self.replica_lag_time_max_ms)
             if change is not None:
                 self.log.info(
@@ -229,12 +236,23 @@ class BrokerCore(ControlRequests, Appends, Reads):
             self.checkpoint_high_watermarks()
 
     def update_gauges(self) -> None:
+        """The partition gauges, in one walk of the partitions (every second, over all of them)."""
+        leaders = under_replicated = open_transactions = lso_lag_max = 0
+        for p in self.partitions.values():
+            if p.role is not Role.LEADER:
+                continue
+            leaders += 1
+            under_replicated += p.under_replicated
+            count, first_unstable = p.producers.open_transactions_and_first_offset()
+            if count:
+                open_transactions += count
+                if first_unstable is not None:
+                    lso_lag_max = max(lso_lag_max, p.high_watermark - min(first_unstable, p.high_watermark))
         metrics.PARTITION_COUNT.set(len(self.partitions))
-        metrics.LEADER_COUNT.set(sum(1 for p in self.partitions.values() if p.role is Role.LEADER))
-        metrics.UNDER_REPLICATED.set(sum(1 for p in self.partitions.values() if p.under_replicated))
+        metrics.LEADER_COUNT.set(leaders)
+        metrics.UNDER_REPLICATED.set(under_replicated)
         metrics.FETCHER_MAX_LAG.set(max((f.max_lag for f in self.fetchers.values()), default=0))
-        leaders = [p for p in self.partitions.values() if p.role is Role.LEADER]
-        metrics.OPEN_TRANSACTIONS.set(sum(p.producers.open_transactions for p in leaders))
-        metrics.LAST_STABLE_OFFSET_MAX_LAG.set(
-            max((p.high_watermark - p.last_stable_offset for p in leaders), default=0)
-        )
+        metrics.REPLICA_FETCH_SESSIONS.set(len(self.replica_sessions.by_id))
+        metrics.REPLICA_FETCH_SESSION_PARTITIONS.set(self.replica_sessions.partitions_held)
+        metrics.OPEN_TRANSACTIONS.set(open_transactions)
+        metrics.LAST_STABLE_OFFSET_MAX_LAG.set(lso_lag_max)

@@ -260,7 +260,13 @@ class ControlRequests(FollowerReplicas):
             storage=self.storage,
             now_ms=self.clock.wall_ms(),
         )
-        p = Partition(topic=s.topic, partition=s.partition, local_broker_id=self.broker_id, log=plog)
+        p = Partition(
+            topic=s.topic,
+            partition=s.partition,
+            local_broker_id=self.broker_id,
+            log=plog,
+            session_fetch_ms=self.replica_sessions.last_fetch_ms,
+        )
         # Never below the log start: a DeleteRecords up to the HW is checkpointed at once, the HW
         # only periodically, and a HW below the log start would answer ListOffsets' latest below
         # its earliest (Kafka's updateHighWatermark bounds it the same way).

@@ -19,6 +19,7 @@ from services.broker.core_tasks import ControllerTasks
 from services.broker.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP
 from services.broker.partition import Partition, Role
 from services.broker.purgatory import DelayedFetch
+from services.broker.replica_sessions import ReplicaFetchSession, SessionFetch, read_session
 from services.common import limits
 
 _PartitionEntry = TypeVar("_PartitionEntry", covariant=True)
@@ -59,7 +60,9 @@ class Reads(ControllerTasks):
         self, req: common_pb2.FetchRequest, on_complete: Callable[[common_pb2.FetchResponse], None]
     ) -> None:
         """Read now, or wait in the purgatory for min_bytes, an error or max_wait_ms."""
-        problem = self._replica_id_problem(req)
+        incremental = req.replica_id >= 0 and req.HasField("session") and req.session.id != 0
+        # An incremental request may name no partition; its session was opened by this replica id.
+        problem = None if incremental else self._replica_id_problem(req)
         if req.isolation_level not in (READ_UNCOMMITTED, READ_COMMITTED):
             problem = (
                 f"isolation_level {req.isolation_level} is not one: 0 reads up to the high watermark "
@@ -87,6 +90,9 @@ class Reads(ControllerTasks):
             )
             return
         is_follower = req.replica_id >= 0
+        if is_follower and req.HasField("session"):
+            self._session_fetch(req, on_complete)
+            return
         if is_follower:
             self._record_follower_fetches(req)
         max_wait_ms = min(req.max_wait_ms, limits.FETCH_MAX_WAIT_MS_MAX)
@@ -100,6 +106,38 @@ class Reads(ControllerTasks):
             partition_state=lambda tp: self._readable_state(tp, req.replica_id),
         )
         self._watch(op, max_wait_ms)
+
+    def _session_fetch(
+        self, req: common_pb2.FetchRequest, on_complete: Callable[[common_pb2.FetchResponse], None]
+    ) -> None:
+        """A follower's Fetch in a fetch session (replica_sessions.py): id 0 opens one (the
+        request names every partition), any other id must be this replica's live session at
+        its next epoch, or the answer says to open a new one."""
+        now_ms = self.clock.monotonic_ms()
+        if req.session.id == 0:
+            session = self.replica_sessions.open(req.replica_id, now_ms)
+        else:
+            found = self.replica_sessions.find(req.replica_id, req.session.id, req.session.epoch)
+            if not isinstance(found, ReplicaFetchSession):
+                on_complete(common_pb2.FetchResponse(error_code=found))
+                return
+            session = found
+        self.replica_sessions.update(session, req, now_ms)
+        # Only the named partitions moved; the others' fetch offsets are what the session holds.
+        self._record_follower_fetches(req)
+        max_wait_ms = min(req.max_wait_ms, limits.FETCH_MAX_WAIT_MS_MAX)
+        op = SessionFetch(
+            session=session,
+            request=req,
+            deadline_ms=now_ms + max_wait_ms,
+            read=lambda: read_session(session, req, lambda r: self.read_all(r, True), self._leader_log_end),
+            on_complete=on_complete,
+        )
+        self._watch(op, max_wait_ms)
+
+    def _leader_log_end(self, tp: TopicPartitionKey) -> int | None:
+        p = self.partitions.get(tp)
+        return p.log.log_end_offset if p is not None and p.role is Role.LEADER else None
 
     def _replica_id_problem(self, req: common_pb2.FetchRequest) -> str | None:
         """Why this Fetch's replica_id is refused, or None: -1 (a consumer), or a broker of the cluster.
@@ -144,27 +182,12 @@ class Reads(ControllerTasks):
         mono = self.clock.monotonic_ms()
         for t in req.topics:
             for fp in t.partitions:
-                tp = (t.topic, fp.partition)
-                p = self.partitions.get(tp)
+                p = self.partitions.get((t.topic, fp.partition))
                 if p is None or p.role is not Role.LEADER:
                     continue
                 if fp.current_leader_epoch >= 0 and fp.current_leader_epoch != p.leader_epoch:
                     continue
-                hw_before = p.high_watermark
-                change = p.record_follower_fetch(req.replica_id, fp.fetch_offset, mono)
-                follower = p.followers.get(req.replica_id)
-                log_start_moved = follower is not None and follower.log_start_offset != fp.log_start_offset
-                if follower is not None and log_start_moved:
-                    # A follower took a new log start: a DeleteRecords may wait on it.
-                    follower.log_start_offset = fp.log_start_offset
-                if change is not None:
-                    self.log.info(
-                        "expanding ISR of %s-%d from %s to %s", *tp, list(p.isr), list(change.new_isr)
-                    )
-                    metrics.ISR_EXPANDS.inc()
-                    self.io.spawn("alter-partition", self._alter_partition(p, change))
-                if p.high_watermark != hw_before or log_start_moved:
-                    self.notify(tp)
+                self._follower_fetched(p, req.replica_id, fp.fetch_offset, fp.log_start_offset, mono)
 
     def read_all(
         self, req: common_pb2.FetchRequest, is_follower: bool

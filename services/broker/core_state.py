@@ -35,6 +35,7 @@ from services.broker.log.checkpoints import HighWatermarkCheckpoint
 from services.broker.log.storage import Storage
 from services.broker.partition import LeaderAppend, Partition, Role
 from services.broker.purgatory import AwaitedAppend, DelayedOperation, Purgatory
+from services.broker.replica_sessions import ReplicaFetchSessions, SessionFetch
 from services.broker.steps import Task
 from services.common import limits
 from services.common.metadata_cache import MetadataCache
@@ -135,6 +136,8 @@ class CoreState:
         # replicas only for topics whose config differs (a full one names 100,000 partitions').
         self.applied_topic_configs: dict[str, common_pb2.TopicConfig] = {}
         self.purgatory = Purgatory()
+        # Followers' fetch sessions with the partitions led here (replica_sessions.py).
+        self.replica_sessions = ReplicaFetchSessions()
         self._isr_ticks = 0
         self._boot_id = ""
 
@@ -142,10 +145,18 @@ class CoreState:
 
     def notify(self, tp: TopicPartitionKey) -> None:
         """New data, HW moved or leadership changed on tp: complete what waits on it and can."""
-        self.purgatory.check_and_complete(tp, self.clock.monotonic_ms())
+        now_ms = self.clock.monotonic_ms()
+        self.purgatory.check_and_complete(tp, now_ms)
+        for op in self.replica_sessions.partition_changed(tp):
+            op.try_complete(now_ms, tp)
 
-    def _watch(self, op: DelayedOperation, delay_ms: int) -> None:
-        if self.purgatory.try_complete_else_watch(op, self.clock.monotonic_ms()):
+    def _watch(self, op: DelayedOperation | SessionFetch, delay_ms: int) -> None:
+        if isinstance(op, SessionFetch):
+            # Not under partitions: the session wakes it (notify).
+            if op.try_complete(self.clock.monotonic_ms()):
+                return
+            op.session.waiting = op
+        elif self.purgatory.try_complete_else_watch(op, self.clock.monotonic_ms()):
             return
 
         def expire() -> None:

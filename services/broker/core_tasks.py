@@ -1,9 +1,11 @@
-"""The broker core's tasks that call the controller: AlterPartition with its retries, and the
-controlled shutdown (steps.py: a task yields steps its driver performs)."""
+"""The broker core's tasks that call the controller: AlterPartition with its retries (and the
+followers' fetches that lead to it), and the controlled shutdown (steps.py: a task yields steps
+its driver performs)."""
 
 from __future__ import annotations
 
 from protos.highwater.v1 import common_pb2, controller_pb2
+from services.broker import metrics
 from services.broker.core_state import CoreState
 from services.broker.partition import IsrChange, Partition, Role
 from services.broker.steps import CallController, RpcFailed, Sleep, Task
@@ -77,6 +79,7 @@ class ControllerTasks(CoreState):
         p.isr_change_failed()  # clears pending either way; the next check proposes again if needed
         p.maybe_advance_high_watermark()
         self.notify((p.topic, p.partition))
+        self.replay_session_fetches(p)
 
     def _still_proposing(self, p: Partition, change: IsrChange) -> bool:
         return (
@@ -86,6 +89,56 @@ class ControllerTasks(CoreState):
             and p.role is Role.LEADER
             and p.leader_epoch == change.leader_epoch
         )
+
+    # ---- followers' fetches move the ISR -------------------------------------------------------
+
+    def _follower_fetched(
+        self, p: Partition, replica_id: int, fetch_offset: int, log_start_offset: int, at_ms: int
+    ) -> None:
+        """replica_id fetched p from fetch_offset at at_ms: its ISR place, the HW, its log start."""
+        tp = (p.topic, p.partition)
+        hw_before = p.high_watermark
+        change = p.record_follower_fetch(replica_id, fetch_offset, at_ms)
+        follower = p.followers.get(replica_id)
+        log_start_moved = follower is not None and follower.log_start_offset != log_start_offset
+        if follower is not None and log_start_moved:
+            # A follower took a new log start: a DeleteRecords may wait on it.
+            follower.log_start_offset = log_start_offset
+        if change is not None:
+            self.log.info("expanding ISR of %s-%d from %s to %s", *tp, list(p.isr), list(change.new_isr))
+            metrics.ISR_EXPANDS.inc()
+            self.io.spawn("alter-partition", self._alter_partition(p, change))
+        if p.high_watermark != hw_before or log_start_moved:
+            self.notify(tp)
+
+    def replay_session_fetches(self, p: Partition) -> None:
+        """Followers of p outside its ISR, or whose position p does not know (it just became
+        leader), fetched it last as their fetch session holds it: record that fetch again.
+
+        A follower without a session names p in every Fetch, so an ISR expansion that could not
+        be proposed at one (another change was in flight) is proposed at the next; in a session
+        it names p only when its position moves, and an idle partition would keep it out of the
+        ISR for good. Called when an ISR change ends and at every ISR check; the fetch is
+        recorded at the session's last fetch time, so no follower looks fresher than it is.
+        """
+        if p.role is not Role.LEADER or p.pending_isr is not None:
+            return
+        tp = (p.topic, p.partition)
+        for replica_id in p.replicas:
+            if replica_id == self.broker_id:
+                continue
+            follower = p.followers.get(replica_id)
+            if follower is None or (replica_id in p.isr and follower.log_end_offset >= 0):
+                continue
+            held = self.replica_sessions.held(replica_id, tp)
+            if held is None:
+                continue
+            sp, at_ms = held
+            if sp.current_leader_epoch >= 0 and sp.current_leader_epoch != p.leader_epoch:
+                continue  # named for an older leadership: it names p again for this one
+            if at_ms < follower.last_fetch_ms:
+                continue  # a later fetch was recorded already
+            self._follower_fetched(p, replica_id, sp.fetch_offset, sp.log_start_offset, at_ms)
 
     # ---- controlled shutdown (a task) ----------------------------------------------------------
 

@@ -149,6 +149,21 @@ class FetcherCore:
         self.stopped = False
         # Set by the driver: resumes a task waiting in AwaitWork.
         self.wake: Callable[[], None] = lambda: None
+        # The fetch session with the leader (services/broker/replica_sessions.py): its id (0:
+        # none, the next Fetch opens one), the epoch the next request carries, and what the
+        # leader holds for each partition from our requests: only changes are sent.
+        self.session_id = 0
+        self.session_epoch = 0
+        self.session_sent: dict[TopicPartitionKey, tuple[int, int, int]] = {}
+        # A leader that answered a request to open a session with session_id 0 (an older broker,
+        # during a rolling upgrade) is fetched from in full until then (monotonic ms), or until a
+        # call fails (it may have been upgraded behind the same address).
+        self.full_fetches_until_ms = 0
+        # Partitions whose fetch state may have changed since the last request was built (added,
+        # answered, delayed, removed): an incremental request and the truncation step look at
+        # these only, so an idle round does not walk every partition followed. A partition
+        # leaves when a request holds it as it is; a delayed or truncating one stays until then.
+        self.unsettled: dict[TopicPartitionKey, None] = {}
 
     # ---- membership (from the broker core) ---------------------------------------------
 
@@ -157,15 +172,20 @@ class FetcherCore:
         self.failed.discard(tp)
         self.partitions.pop(tp, None)
         self.partitions[tp] = PartitionFetchState(tp[0], tp[1], fetch_offset, leader_epoch)
+        # Named again in the next request, whatever the session held for it.
+        self.session_sent.pop(tp, None)
+        self.unsettled[tp] = None
         self.wake()
 
     def remove_partition(self, tp: TopicPartitionKey) -> None:
         self.partitions.pop(tp, None)
         self.failed.discard(tp)
+        self.unsettled[tp] = None
 
     def _fail_partition(self, tp: TopicPartitionKey, what: str, exc: Exception) -> None:
         self.partitions.pop(tp, None)
         self.failed.add(tp)
+        self.unsettled[tp] = None
         self.log.error(
             "%s-%d: %s from leader %d failed (%s: %s); not fetched until the controller assigns it again",
             tp[0],
@@ -181,6 +201,7 @@ class FetcherCore:
     ) -> None:
         st.delay(now_ms, backoff_ms, resume)
         self.partitions.move_to_end(tp)  # delayed partitions go to the end of the round
+        self.unsettled[tp] = None
 
     # ---- the loop ---------------------------------------------------------------------
 
@@ -207,19 +228,30 @@ class FetcherCore:
             if isinstance(answer, RpcFailed):
                 yield Sleep(self.leader_unreachable(self.clock.monotonic_ms(), answer.reason))
                 continue
-            self.handle_fetch_answer(answer, self.clock.monotonic_ms())
+            session_id = request.session.id if request.HasField("session") else None
+            self.handle_fetch_answer(answer, self.clock.monotonic_ms(), session_id)
+
+    def reset_session(self) -> None:
+        """The next Fetch opens a new session, naming every partition."""
+        self.session_id = 0
+        self.session_epoch = 0
+        self.session_sent.clear()
 
     def leader_unreachable(self, now_ms: int, reason: str) -> int:
         """A whole RPC failed: every partition not yet delayed backs off. Returns the sleep in ms."""
+        # The leader may have taken the request, or not: only a new session is certain.
+        self.reset_session()
+        self.full_fetches_until_ms = 0
         self.log.warning(
             "fetch from leader %d failed: %s; backing off %d ms",
             self.leader_id,
             reason,
             self.settings.backoff_ms,
         )
-        for st in self.partitions.values():
+        for tp, st in self.partitions.items():
             if st.phase is not FetchPhase.DELAYED:
                 st.delay(now_ms, self.settings.backoff_ms, st.phase)
+            self.unsettled[tp] = None
         return self.settings.backoff_ms
 
     # ---- maybe_truncate ------------------------------------------------------------------
@@ -230,10 +262,15 @@ class FetcherCore:
         A partition with no epoch at all (an empty log) has nothing to truncate and moves
         to FETCHING from its LEO at once.
         """
+        # Only an unsettled partition can be truncating: it got there by being added, delayed
+        # or answered, and leaves `unsettled` only once a fetch request holds it in FETCHING.
+        partitions = self.partitions
         truncating = [
             (tp, st)
-            for tp, st in self.partitions.items()
-            if st.ready(now_ms) and st.phase is FetchPhase.TRUNCATING
+            for tp in self.unsettled
+            if (st := partitions.get(tp)) is not None
+            and st.ready(now_ms)  # first: a delay that ended resumes its phase here
+            and st.phase is FetchPhase.TRUNCATING
         ]
         if not truncating:
             return None
@@ -277,6 +314,7 @@ class FetcherCore:
                 st = self.partitions.get(tp)
                 if st is None or tp not in asked or st.phase is not FetchPhase.TRUNCATING:
                     continue  # removed, re-added or answered twice while the request was in flight
+                self.unsettled[tp] = None
                 if result.error_code != common_pb2.NONE:
                     backoff_ms = backoff_after_error(result.error_code, self.settings.backoff_ms)
                     self.log.info(
@@ -351,23 +389,56 @@ class FetcherCore:
     # ---- maybe_fetch ---------------------------------------------------------------------
 
     def build_fetch_request(self, now_ms: int) -> common_pb2.FetchRequest | None:
-        """One Fetch for every partition in FETCHING, in round-robin order; None if none is ready."""
+        """One Fetch for the partitions in FETCHING, in round-robin order; None if none is ready.
+
+        In a session (the leader keeps one) the request names only the partitions whose fetch
+        offset, leader epoch or log start the leader does not hold yet, and forgets those no
+        longer ready (delayed, truncating, removed); without one, it names every ready one and
+        asks the leader to open a session.
+        """
+        incremental = self.session_id != 0
+        sent = self.session_sent
+        partitions = self.partitions
         by_topic: dict[str, list[common_pb2.FetchPartition]] = {}
-        for tp, st in self.partitions.items():
-            if not st.ready(now_ms) or st.phase is not FetchPhase.FETCHING:
+        forgotten: list[TopicPartitionKey] = []
+        if incremental:
+            # Only what may have changed since the last request; the rest the leader holds.
+            looked_at: list[TopicPartitionKey] = list(self.unsettled)
+        else:
+            looked_at = list(partitions)
+            for tp in sent:
+                if tp not in partitions:
+                    forgotten.append(tp)
+        for tp in looked_at:
+            st = partitions.get(tp)
+            if st is None or not st.ready(now_ms) or st.phase is not FetchPhase.FETCHING:
+                if tp in sent:
+                    forgotten.append(tp)
+                if st is None:
+                    self.unsettled.pop(tp, None)
                 continue
+            self.unsettled.pop(tp, None)
+            log_start = self.logs.local_log_start(tp)
+            position = (st.fetch_offset, st.current_leader_epoch, log_start)
+            if incremental and sent.get(tp) == position:
+                continue
+            sent[tp] = position
             by_topic.setdefault(tp[0], []).append(
                 common_pb2.FetchPartition(
                     partition=tp[1],
                     fetch_offset=st.fetch_offset,
                     partition_max_bytes=self.settings.partition_max_bytes,
                     current_leader_epoch=st.current_leader_epoch,
-                    log_start_offset=self.logs.local_log_start(tp),
+                    log_start_offset=log_start,
                 )
             )
-        if not by_topic:
+        for tp in forgotten:
+            del sent[tp]
+        if not sent:
+            # Nothing to fetch: the next request, whenever it comes, opens a new session.
+            self.reset_session()
             return None
-        return common_pb2.FetchRequest(
+        request = common_pb2.FetchRequest(
             replica_id=self.local_broker_id,
             replica_epoch=self.broker_epoch(),
             max_wait_ms=self.settings.fetch_wait_max_ms,
@@ -375,8 +446,50 @@ class FetcherCore:
             max_bytes=self.settings.fetch_max_bytes,
             topics=[common_pb2.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
         )
+        if incremental:
+            request.session.id = self.session_id
+            request.session.epoch = self.session_epoch
+            for tp in forgotten:
+                request.session.forgotten.add(topic=tp[0], partition=tp[1])
+        elif now_ms >= self.full_fetches_until_ms:
+            request.session.id = 0
+        return request
 
-    def handle_fetch_answer(self, response: common_pb2.FetchResponse, now_ms: int) -> None:
+    def _take_session(self, request_session_id: int, response: common_pb2.FetchResponse, now_ms: int) -> bool:
+        """Follow the session through an answer; False when the answer is the session's refusal."""
+        if response.error_code in (
+            common_pb2.FETCH_SESSION_ID_NOT_FOUND,
+            common_pb2.INVALID_FETCH_SESSION_EPOCH,
+        ):
+            self.log.info(
+                "fetch session %d with leader %d: %s; opening a new one",
+                self.session_id,
+                self.leader_id,
+                common_pb2.ErrorCode.Name(response.error_code),
+            )
+            self.reset_session()
+            return False
+        if request_session_id == 0:
+            if response.session_id == 0:
+                # An older leader, or one that keeps no session for us: fetch in full for a while.
+                self.full_fetches_until_ms = now_ms + limits.REPLICA_FETCH_SESSION_RETRY_MS
+                self.reset_session()
+            else:
+                self.session_id = response.session_id
+                self.session_epoch = 1
+        elif response.session_id != self.session_id:
+            self.reset_session()
+        else:
+            self.session_epoch = self.session_epoch + 1 if self.session_epoch < 2**31 - 1 else 1
+        return True
+
+    def handle_fetch_answer(
+        self, response: common_pb2.FetchResponse, now_ms: int, request_session_id: int | None = None
+    ) -> None:
+        """Take an answer: `request_session_id` is the session id its request carried (None: the
+        request had no session)."""
+        if request_session_id is not None and not self._take_session(request_session_id, response, now_ms):
+            return
         max_lag = 0
         for topic in response.topics:
             for pr in topic.partitions:
@@ -384,6 +497,7 @@ class FetcherCore:
                 st = self.partitions.get(tp)
                 if st is None or st.phase is not FetchPhase.FETCHING:
                     continue  # removed or re-added while the fetch was in flight
+                self.unsettled[tp] = None
                 code = pr.error_code
                 try:
                     if code == common_pb2.NONE:

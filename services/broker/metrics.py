@@ -15,6 +15,13 @@ ISR_EXPANDS = Counter("highwater_isr_expands", "ISR expansions proposed by this 
 FETCHER_MAX_LAG = Gauge(
     "highwater_replica_fetcher_max_lag", "Largest HW - fetch offset over followed partitions"
 )
+REPLICA_FETCH_SESSIONS = Gauge(
+    "highwater_replica_fetch_sessions", "Followers' incremental fetch sessions held by this leader"
+)
+REPLICA_FETCH_SESSION_PARTITIONS = Gauge(
+    "highwater_replica_fetch_session_partitions",
+    "Partitions over the followers' fetch sessions held by this leader",
+)
 OPEN_TRANSACTIONS = Gauge(
     "highwater_open_transactions",
     "Producers with an open transaction, summed over the partitions led here (issue 41)",

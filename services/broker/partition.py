@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from clients.common.control_records import ControlType, control_types, encode_marker
@@ -32,6 +33,7 @@ from clients.common.errors import (
 )
 from clients.common.record_batch import BatchHeader, apply_batch_fixes, iter_batch_headers, validate_batches
 from clients.common.record_validation import TimestampRules, validate_records
+from clients.common.types import TopicPartitionKey
 from services.broker.log import Log
 from services.broker.log.txn_index import AbortedTxn
 from services.broker.producer_state import (
@@ -120,6 +122,10 @@ class IsrChange:
     partition_epoch: int
 
 
+def _no_session_fetch(replica_id: int, tp: TopicPartitionKey) -> int:
+    return -1
+
+
 @dataclass
 class Partition:
     topic: str
@@ -138,6 +144,10 @@ class Partition:
     # ISR sent to the controller and not yet answered; while set, no other change is proposed.
     pending_isr: tuple[int, ...] | None = None
     producers: ProducerStateManager = field(default_factory=ProducerStateManager)
+    # When a follower last fetched this partition through its fetch session (-1: it has none
+    # holding it; services/broker/replica_sessions.py): a session names a partition only when its
+    # fetch offset moves, so an idle partition's followers are not recorded at each fetch.
+    session_fetch_ms: Callable[[int, TopicPartitionKey], int] = field(default=_no_session_fetch, repr=False)
 
     def __post_init__(self) -> None:
         self.log.producer_snapshot = self._producer_snapshot
@@ -329,6 +339,7 @@ class Partition:
         duplicate = self.producers.check(headers)
         if duplicate is not None:
             return LeaderAppend(duplicate.first_offset, duplicate.last_offset + 1, duplicate=True)
+        self._followers_caught_up_until_now()
         info = self.log.append_as_leader(
             data, leader_epoch=self.leader_epoch, now_ms=now_ms, validated=headers
         )
@@ -385,6 +396,7 @@ class Partition:
             coordinator_epoch=coordinator_epoch,
             timestamp_ms=now_ms,
         )
+        self._followers_caught_up_until_now()
         info = self.log.append_as_leader(data, leader_epoch=self.leader_epoch, now_ms=now_ms)
         self._take_batches(info.headers, {info.first_offset: control})
         self.maybe_advance_high_watermark()
@@ -474,6 +486,22 @@ class Partition:
                 return self._propose(tuple(sorted({*self.isr, replica_id})))
         return None
 
+    def _followers_caught_up_until_now(self) -> None:
+        """The log end is about to move: a follower at it was caught up until now, as far as its
+        session's last fetch shows (Kafka's rule, fetch offset >= the leader's LEO at that fetch,
+        for followers whose session did not name this partition since)."""
+        leo = self.log.log_end_offset
+        tp = (self.topic, self.partition)
+        for r, f in self.followers.items():
+            if f.log_end_offset >= leo:
+                f.last_caught_up_ms = max(f.last_caught_up_ms, self.session_fetch_ms(r, tp))
+
+    def _last_caught_up_ms(self, replica_id: int, f: FollowerState) -> int:
+        if f.log_end_offset >= self.log.log_end_offset:
+            # At the log end: caught up at every fetch since, its session's included.
+            return max(f.last_caught_up_ms, self.session_fetch_ms(replica_id, (self.topic, self.partition)))
+        return f.last_caught_up_ms
+
     def check_isr_shrink(self, now_ms: int, replica_lag_time_max_ms: int) -> IsrChange | None:
         """Followers not caught up for replica_lag_time_max_ms leave the ISR."""
         if self.role is not Role.LEADER or self.pending_isr is not None:
@@ -483,7 +511,7 @@ class Partition:
             for r in self.isr
             if r != self.local_broker_id
             and (f := self.followers.get(r)) is not None
-            and now_ms - f.last_caught_up_ms > replica_lag_time_max_ms
+            and now_ms - self._last_caught_up_ms(r, f) > replica_lag_time_max_ms
         }
         if not lagging:
             return None

@@ -209,7 +209,20 @@ class ProducerStateManager:
 
     @property
     def open_transactions(self) -> int:
-        return sum(1 for e in self.producers.values() if e.current_txn_first_offset != NO_OFFSET)
+        return self.open_transactions_and_first_offset()[0]
+
+    def open_transactions_and_first_offset(self) -> tuple[int, int | None]:
+        """How many transactions are open here, and the first offset of the oldest (None: none),
+        in one walk of the producers (the broker's gauges ask both of every partition it leads)."""
+        count = 0
+        first: int | None = None
+        for e in self.producers.values():
+            offset = e.current_txn_first_offset
+            if offset != NO_OFFSET:
+                count += 1
+                if offset >= 0 and (first is None or offset < first):
+                    first = offset
+        return count, first
 
     def last_stable_offset(self, high_watermark: int) -> int:
         """Where a read_committed consumer stops (Kafka's LSO): the first offset of the oldest

@@ -56,7 +56,8 @@ def one_round(fetcher: FetcherCore, leader: Broker) -> None:
         )
     request = fetcher.build_fetch_request(now)
     if request is not None:
-        fetcher.handle_fetch_answer(leader.fetch_now(request), now)
+        session_id = request.session.id if request.HasField("session") else None
+        fetcher.handle_fetch_answer(leader.fetch_now(request), now, session_id)
 
 
 def answer_for_t(*partitions: common_pb2.FetchPartitionResponse) -> common_pb2.FetchResponse:
@@ -161,7 +162,9 @@ def test_a_partition_level_error_delays_that_partition_only_and_sends_it_to_the_
     assert list(fetcher.partitions) == [T1, T0]
     assert fetcher.partitions[T0].phase is FetchPhase.DELAYED
     request = fetcher.build_fetch_request(now_ms=100)
-    assert request is not None and [p.partition for t in request.topics for p in t.partitions] == [1]
+    # In the fetch session the leader holds partition 1 as it was: only the delayed one is news.
+    assert request is not None and [p.partition for t in request.topics for p in t.partitions] == []
+    assert [(f.topic, f.partition) for f in request.session.forgotten] == [T0]
     # After the back-off it starts over by agreeing on where its log ends.
     later = 100 + fetcher.settings.backoff_ms
     truncation = fetcher.build_truncation_request(later)
@@ -182,7 +185,7 @@ def test_a_follower_below_the_leaders_log_start_restarts_its_log_there() -> None
     assert request is not None
     response = leader.fetch_now(request)
     assert response.topics[0].partitions[0].error_code == common_pb2.OFFSET_OUT_OF_RANGE
-    fetcher.handle_fetch_answer(response, 0)
+    fetcher.handle_fetch_answer(response, 0, request.session.id)
     p = follower.core.partitions[T0]
     assert (p.log.log_start_offset, p.log.log_end_offset, p.high_watermark) == (4, 4, 4)
     assert fetcher.partitions[T0].fetch_offset == 4
@@ -250,6 +253,7 @@ def test_the_fetch_loop_waits_for_work_calls_the_leader_and_backs_off_when_it_is
 def test_the_fetch_request_names_the_follower_its_broker_epoch_and_its_leader_epoch() -> None:
     leader, _follower, fetcher = pair()
     one_round(fetcher, leader)
+    fetcher.reset_session()  # a request opening a session names every partition
     request = fetcher.build_fetch_request(0)
     assert request is not None
     assert (request.replica_id, request.replica_epoch) == (2, 11)

@@ -64,6 +64,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PRODUCER_FENCED: _ClassVar[ErrorCode]
     TRANSACTIONAL_ID_NOT_FOUND: _ClassVar[ErrorCode]
     COORDINATOR_NOT_AVAILABLE: _ClassVar[ErrorCode]
+    FETCH_SESSION_ID_NOT_FOUND: _ClassVar[ErrorCode]
+    INVALID_FETCH_SESSION_EPOCH: _ClassVar[ErrorCode]
 
 class ElectionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -124,6 +126,8 @@ CONCURRENT_TRANSACTIONS: ErrorCode
 PRODUCER_FENCED: ErrorCode
 TRANSACTIONAL_ID_NOT_FOUND: ErrorCode
 COORDINATOR_NOT_AVAILABLE: ErrorCode
+FETCH_SESSION_ID_NOT_FOUND: ErrorCode
+INVALID_FETCH_SESSION_EPOCH: ErrorCode
 PREFERRED: ElectionType
 UNCLEAN: ElectionType
 
@@ -385,7 +389,7 @@ class FetchTopic(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("replica_id", "max_wait_ms", "min_bytes", "max_bytes", "topics", "replica_epoch", "isolation_level", "locate_records")
+    __slots__ = ("replica_id", "max_wait_ms", "min_bytes", "max_bytes", "topics", "replica_epoch", "isolation_level", "locate_records", "session")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -394,6 +398,7 @@ class FetchRequest(_message.Message):
     REPLICA_EPOCH_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
     LOCATE_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     replica_id: int
     max_wait_ms: int
     min_bytes: int
@@ -402,7 +407,18 @@ class FetchRequest(_message.Message):
     replica_epoch: int
     isolation_level: int
     locate_records: bool
-    def __init__(self, replica_id: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[FetchTopic, _Mapping]]] = ..., replica_epoch: _Optional[int] = ..., isolation_level: _Optional[int] = ..., locate_records: _Optional[bool] = ...) -> None: ...
+    session: FetchSession
+    def __init__(self, replica_id: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[FetchTopic, _Mapping]]] = ..., replica_epoch: _Optional[int] = ..., isolation_level: _Optional[int] = ..., locate_records: _Optional[bool] = ..., session: _Optional[_Union[FetchSession, _Mapping]] = ...) -> None: ...
+
+class FetchSession(_message.Message):
+    __slots__ = ("id", "epoch", "forgotten")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    epoch: int
+    forgotten: _containers.RepeatedCompositeFieldContainer[TopicPartition]
+    def __init__(self, id: _Optional[int] = ..., epoch: _Optional[int] = ..., forgotten: _Optional[_Iterable[_Union[TopicPartition, _Mapping]]] = ...) -> None: ...
 
 class RecordsLocation(_message.Message):
     __slots__ = ("path", "position", "size", "device", "inode", "host_id")
@@ -463,14 +479,16 @@ class FetchTopicResponse(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[FetchPartitionResponse, _Mapping]]] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
-    __slots__ = ("topics", "throttle_time_ms", "error_code")
+    __slots__ = ("topics", "throttle_time_ms", "error_code", "session_id")
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedCompositeFieldContainer[FetchTopicResponse]
     throttle_time_ms: int
     error_code: ErrorCode
-    def __init__(self, topics: _Optional[_Iterable[_Union[FetchTopicResponse, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ...) -> None: ...
+    session_id: int
+    def __init__(self, topics: _Optional[_Iterable[_Union[FetchTopicResponse, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., session_id: _Optional[int] = ...) -> None: ...
 
 class ListOffsetsPartition(_message.Message):
     __slots__ = ("partition", "timestamp", "current_leader_epoch")
