@@ -382,6 +382,7 @@ class ConsumerFetcher:
             partition_max_bytes=self._config.max_partition_fetch_bytes,
             partition_max_bytes_by=self._partition_fetch_bytes,
             read_committed=self._config.read_committed,
+            topic_ids=self._metadata.topic_ids({tp.topic for tp in tps}),
         )
         timeout_ms = self._config.request_timeout_ms + max_wait_ms
         leaders = self._leaders()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from clients.common.errors import UnknownTopicOrPartition
@@ -70,6 +71,12 @@ class ClusterMetadata:
             return None
         leader = info.leaders[tp.partition]
         return self.broker_addresses.get(leader) if leader >= 0 else None
+
+    def topic_ids(self, topics: Iterable[str]) -> dict[str, str]:
+        """The id of each of `topics` the cache knows (a Fetch sends them: a leader that still
+        holds a deleted topic of the same name then refuses the read)."""
+        known = self.topics
+        return {t: info.topic_id for t in topics if (info := known.get(t)) is not None and info.topic_id}
 
     def is_stale(self, topic: str) -> bool:
         return topic in self._stale

@@ -87,6 +87,9 @@ FencedLeaderEpoch = _error(
 UnknownLeaderEpoch = _error(
     "UnknownLeaderEpoch", common_pb2.UNKNOWN_LEADER_EPOCH, retriable=True, refresh_metadata=True
 )
+InconsistentTopicId = _error(
+    "InconsistentTopicId", common_pb2.INCONSISTENT_TOPIC_ID, retriable=True, refresh_metadata=True
+)
 StaleControllerEpoch = _error("StaleControllerEpoch", common_pb2.STALE_CONTROLLER_EPOCH)
 StaleBrokerEpoch = _error("StaleBrokerEpoch", common_pb2.STALE_BROKER_EPOCH)
 NotEnoughReplicas = _error("NotEnoughReplicas", common_pb2.NOT_ENOUGH_REPLICAS, retriable=True)

@@ -32,13 +32,16 @@ def consumer_fetch_request(
     partition_max_bytes: int,
     partition_max_bytes_by: Mapping[Key, int] | None = None,
     read_committed: bool = False,
+    topic_ids: Mapping[str, str] | None = None,
 ) -> common_pb2.FetchRequest:
     """A Fetch from each partition in `positions` at its offset: one FetchTopic a topic, the
     topics and their partitions in `positions`' order.
 
     Every partition may take `partition_max_bytes`, or its own bound from
     `partition_max_bytes_by` where that has one (the consumer grows it for a record larger
-    than the default).
+    than the default). `topic_ids`: each topic's id from Metadata, sent so that a leader still
+    holding a deleted topic of the same name refuses the read (INCONSISTENT_TOPIC_ID) instead
+    of answering with the old topic's records.
     """
     by_topic: dict[str, list[common_pb2.FetchPartition]] = {}
     for tp, offset in positions.items():
@@ -58,7 +61,10 @@ def consumer_fetch_request(
         max_wait_ms=max_wait_ms,
         min_bytes=min_bytes,
         max_bytes=max_bytes,
-        topics=[common_pb2.FetchTopic(topic=t, partitions=parts) for t, parts in by_topic.items()],
+        topics=[
+            common_pb2.FetchTopic(topic=t, topic_id=(topic_ids or {}).get(t, ""), partitions=parts)
+            for t, parts in by_topic.items()
+        ],
         isolation_level=READ_COMMITTED if read_committed else READ_UNCOMMITTED,
     )
 

@@ -315,7 +315,7 @@ class ControlRequests(FollowerReplicas):
             )
             return
         fetcher = self._fetcher_for(state.leader, f"{leader.host}:{leader.port}")
-        fetcher.add_partition(tp, state.leader_epoch, p.log.log_end_offset)
+        fetcher.add_partition(tp, state.leader_epoch, p.log.log_end_offset, self.topic_ids.get(tp, ""))
         self.log.info(
             "following %d for %s-%d at epoch %d from LEO %d, HW %d",
             state.leader,
@@ -354,7 +354,7 @@ class ControlRequests(FollowerReplicas):
         for tp, st in moved.items():
             leo = self.local_leo(tp)
             if leo is not None:
-                fetcher.add_partition(tp, st.current_leader_epoch, leo)
+                fetcher.add_partition(tp, st.current_leader_epoch, leo, st.topic_id)
         return fetcher
 
     def _stop_fetcher(self, fetcher: FetcherCore) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar
 
-from clients.common.errors import HighwaterError
+from clients.common.errors import HighwaterError, InconsistentTopicId
 from clients.common.fetch_request import READ_COMMITTED, READ_UNCOMMITTED
 from clients.common.types import TopicPartitionKey
 from protos.highwater.v1 import broker_pb2, common_pb2
@@ -187,6 +187,8 @@ class Reads(ControllerTasks):
                     continue
                 if fp.current_leader_epoch >= 0 and fp.current_leader_epoch != p.leader_epoch:
                     continue
+                if self.topic_id_differs((t.topic, fp.partition), t.topic_id):
+                    continue  # a fetch of a deleted topic's partition says nothing of this one
                 self._follower_fetched(p, req.replica_id, fp.fetch_offset, fp.log_start_offset, mono)
 
     def read_all(
@@ -209,6 +211,12 @@ class Reads(ControllerTasks):
                     partition=fp.partition, high_watermark=-1, log_start_offset=-1, log_end_offset=-1
                 )
                 try:
+                    if self.topic_id_differs(tp, t.topic_id):
+                        raise InconsistentTopicId(
+                            f"{tp[0]}-{tp[1]} here belongs to topic id {self.topic_ids.get(tp)}, not "
+                            f"{t.topic_id}: the topic was deleted and created again; a follower waits "
+                            "for its LeaderAndIsr"
+                        )
                     p = self._fetchable_partition(tp, fp.current_leader_epoch)
                     # Only a replica of the partition reads past the HW: anyone else claiming a broker
                     # id (plaintext mode lets anyone try) reads what a consumer may.

@@ -205,6 +205,14 @@ class CoreState:
             )
         return p
 
+    def topic_id_differs(self, tp: TopicPartitionKey, topic_id: str) -> bool:
+        """A follower's Fetch names tp under another topic id than the partition held here: the
+        topic was deleted and created again under its name (both ids known; "" is not checked)."""
+        if not topic_id:
+            return False
+        ours = self.topic_ids.get(tp)
+        return bool(ours) and ours != topic_id
+
     def _fetchable_partition(self, tp: TopicPartitionKey, current_leader_epoch: int) -> Partition:
         local = self.partitions.get(tp)
         if local is not None and current_leader_epoch > local.leader_epoch:

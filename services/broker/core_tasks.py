@@ -136,6 +136,8 @@ class ControllerTasks(CoreState):
             sp, at_ms = held
             if sp.current_leader_epoch >= 0 and sp.current_leader_epoch != p.leader_epoch:
                 continue  # named for an older leadership: it names p again for this one
+            if self.topic_id_differs(tp, sp.topic_id):
+                continue  # named for a deleted topic of the same name: it names p again for this one
             if at_ms < follower.last_fetch_ms:
                 continue  # a later fetch was recorded already
             self._follower_fetched(p, replica_id, sp.fetch_offset, sp.log_start_offset, at_ms)

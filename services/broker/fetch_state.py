@@ -53,6 +53,9 @@ class PartitionFetchState:
     fetch_offset: int
     current_leader_epoch: int
     phase: FetchPhase = FetchPhase.TRUNCATING
+    # The topic's id from LeaderAndIsr, sent with each Fetch so that the leader tells this topic
+    # from a deleted one of the same name ("": unknown, not checked).
+    topic_id: str = ""
     delayed_until_ms: int = 0
     # Where to go back to when a delay ends.
     resume_phase: FetchPhase = FetchPhase.TRUNCATING

@@ -167,11 +167,14 @@ class FetcherCore:
 
     # ---- membership (from the broker core) ---------------------------------------------
 
-    def add_partition(self, tp: TopicPartitionKey, leader_epoch: int, fetch_offset: int) -> None:
-        """Follow tp from this leader, starting over in TRUNCATING (also un-fails it)."""
+    def add_partition(
+        self, tp: TopicPartitionKey, leader_epoch: int, fetch_offset: int, topic_id: str = ""
+    ) -> None:
+        """Follow tp from this leader, starting over in TRUNCATING (also un-fails it). topic_id:
+        the topic's id from LeaderAndIsr ("" unknown), sent so the leader checks it."""
         self.failed.discard(tp)
         self.partitions.pop(tp, None)
-        self.partitions[tp] = PartitionFetchState(tp[0], tp[1], fetch_offset, leader_epoch)
+        self.partitions[tp] = PartitionFetchState(tp[0], tp[1], fetch_offset, leader_epoch, topic_id=topic_id)
         # Named again in the next request, whatever the session held for it.
         self.session_sent.pop(tp, None)
         self.unsettled[tp] = None
@@ -399,7 +402,9 @@ class FetcherCore:
         incremental = self.session_id != 0
         sent = self.session_sent
         partitions = self.partitions
-        by_topic: dict[str, list[common_pb2.FetchPartition]] = {}
+        # By (topic, topic id): a follower may still hold a partition of a deleted topic beside
+        # one of the new topic of the same name.
+        by_topic: dict[tuple[str, str], list[common_pb2.FetchPartition]] = {}
         forgotten: list[TopicPartitionKey] = []
         if incremental:
             # Only what may have changed since the last request; the rest the leader holds.
@@ -423,7 +428,7 @@ class FetcherCore:
             if incremental and sent.get(tp) == position:
                 continue
             sent[tp] = position
-            by_topic.setdefault(tp[0], []).append(
+            by_topic.setdefault((tp[0], st.topic_id), []).append(
                 common_pb2.FetchPartition(
                     partition=tp[1],
                     fetch_offset=st.fetch_offset,
@@ -444,7 +449,10 @@ class FetcherCore:
             max_wait_ms=self.settings.fetch_wait_max_ms,
             min_bytes=self.settings.fetch_min_bytes,
             max_bytes=self.settings.fetch_max_bytes,
-            topics=[common_pb2.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
+            topics=[
+                common_pb2.FetchTopic(topic=t, topic_id=topic_id, partitions=ps)
+                for (t, topic_id), ps in by_topic.items()
+            ],
         )
         if incremental:
             request.session.id = self.session_id

@@ -56,6 +56,9 @@ class SessionPartition:
     current_leader_epoch: int
     log_start_offset: int
     partition_max_bytes: int
+    # The topic id the follower named it under ("": not checked); the leader answers and counts
+    # the session's position only for a partition of that topic (FetchTopic.topic_id).
+    topic_id: str = ""
     told: Told | None = None
 
 
@@ -136,7 +139,11 @@ class ReplicaFetchSessions:
                 sp = session.partitions.get(key)
                 if sp is None:
                     session.partitions[key] = SessionPartition(
-                        fp.fetch_offset, fp.current_leader_epoch, fp.log_start_offset, fp.partition_max_bytes
+                        fp.fetch_offset,
+                        fp.current_leader_epoch,
+                        fp.log_start_offset,
+                        fp.partition_max_bytes,
+                        t.topic_id,
                     )
                     self.by_partition.setdefault(key, {})[session] = None
                 else:
@@ -144,6 +151,7 @@ class ReplicaFetchSessions:
                     sp.current_leader_epoch = fp.current_leader_epoch
                     sp.log_start_offset = fp.log_start_offset
                     sp.partition_max_bytes = fp.partition_max_bytes
+                    sp.topic_id = t.topic_id
                 session.dirty.pop(key, None)
                 session.dirty[key] = None
         if now_ms - session.last_sweep_ms >= limits.REPLICA_FETCH_SESSION_SWEEP_MS:
@@ -229,12 +237,12 @@ def read_session(
         min_bytes=req.min_bytes,
         max_bytes=req.max_bytes,
     )
-    by_topic: dict[str, common_pb2.FetchTopic] = {}
+    by_topic: dict[tuple[str, str], common_pb2.FetchTopic] = {}
     for key in session.dirty:
         sp = session.partitions[key]
-        topic = by_topic.get(key[0])
+        topic = by_topic.get((key[0], sp.topic_id))
         if topic is None:
-            topic = by_topic[key[0]] = asked.topics.add(topic=key[0])
+            topic = by_topic[(key[0], sp.topic_id)] = asked.topics.add(topic=key[0], topic_id=sp.topic_id)
         topic.partitions.add(
             partition=key[1],
             fetch_offset=sp.fetch_offset,

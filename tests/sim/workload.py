@@ -67,6 +67,9 @@ class MetadataView:
         self.broker_ids = broker_ids
         self.rng = rng
         self.leaders: dict[TopicPartitionKey, int] = {}
+        # Each topic's id, sent with a consumer's Fetch as our Consumer does (a zombie leader
+        # of a deleted topic of the same name refuses it).
+        self.topic_ids: dict[str, str] = {}
         self._waiting: list[Callable[[], None]] | None = None  # None: no refresh in flight
 
     def refresh(self, then: Callable[[], None]) -> None:
@@ -80,6 +83,7 @@ class MetadataView:
         def answered(resp: Any) -> None:
             if not isinstance(resp, RpcError):
                 for topic in resp.topics:
+                    self.topic_ids[topic.name] = topic.topic_id
                     for pm in topic.partitions:
                         self.leaders[(topic.name, pm.partition)] = pm.leader
             waiting, self._waiting = self._waiting or [], None
@@ -366,6 +370,7 @@ class Consumer(_Client):
             topics=[
                 common_pb2.FetchTopic(
                     topic=tp[0],
+                    topic_id=self.metadata.topic_ids.get(tp[0], ""),
                     partitions=[
                         common_pb2.FetchPartition(
                             partition=tp[1],

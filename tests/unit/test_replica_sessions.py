@@ -266,3 +266,61 @@ def test_a_partition_delayed_by_an_error_is_forgotten_then_named_again_when_its_
     assert again is not None and named(again) == [T1] and again.session.id == fetcher.session_id
     fetcher.handle_fetch_answer(leader.fetch_now(again), later, again.session.id)
     assert list(leader.core.replica_sessions.by_replica[2].partitions) == [T0, T1]
+
+
+def follower_fetch(
+    topic_id: str, fetch_offset: int, *, session_id: int | None = None
+) -> common_pb2.FetchRequest:
+    request = common_pb2.FetchRequest(replica_id=2, max_wait_ms=0, max_bytes=1 << 20)
+    topic = request.topics.add(topic="t", topic_id=topic_id)
+    topic.partitions.add(
+        partition=0, fetch_offset=fetch_offset, current_leader_epoch=0, partition_max_bytes=1 << 20
+    )
+    if session_id is not None:
+        request.session.id = session_id
+    return request
+
+
+def test_a_follower_of_a_deleted_topic_of_the_same_name_moves_neither_the_hw_nor_the_isr() -> None:
+    """Topic t was deleted and created again: broker 2 still follows the old t-0 (it missed the
+    StopReplica), at an offset far past the new log's end and at the same leader epoch 0. Its
+    fetch, with or without a session, must not count for the new t-0: counted, it put broker 2's
+    LEO at the old offset and the HW over records broker 2 does not have (the simulation found it)."""
+    leader = Broker(1)
+    leader.register(10)
+    leader.leader_and_isr(
+        leader=1, leader_epoch=0, isr=(1, 2), replicas=(1, 2), live=[leader.node], topic_id="new-id"
+    )
+    leader.produce(batch("a", "b"), acks=1)
+    p = leader.core.partitions[T0]
+    for request in (follower_fetch("old-id", 63), follower_fetch("old-id", 63, session_id=0)):
+        answer = leader.fetch_now(request)
+        (pr,) = answer.topics[0].partitions
+        assert pr.error_code == common_pb2.INCONSISTENT_TOPIC_ID, answer
+        assert "deleted and created again" in pr.error_message
+        assert p.followers[2].log_end_offset == -1 and p.high_watermark == 0
+    # The periodic pass replays what sessions hold for followers outside the ISR (or unknown):
+    # the old topic's position is not this partition's.
+    leader.core.replay_session_fetches(p)
+    assert p.followers[2].log_end_offset == -1 and p.high_watermark == 0
+
+    # The same follower once it heard of the new topic: its fetch counts.
+    answer = leader.fetch_now(follower_fetch("new-id", 2))
+    assert answer.topics[0].partitions[0].error_code == common_pb2.NONE
+    assert p.followers[2].log_end_offset == 2 and p.high_watermark == 2
+    # A fetch naming no topic id (a consumer, a follower from before ids were sent) is not checked.
+    assert leader.fetch_now(follower_fetch("", 2)).topics[0].partitions[0].error_code == common_pb2.NONE
+
+
+def test_a_follower_sends_the_topic_id_it_was_given() -> None:
+    leader, follower = Broker(1), Broker(2)
+    leader.register(10)
+    follower.register(11)
+    for broker in (leader, follower):
+        broker.leader_and_isr(
+            leader=1, leader_epoch=0, isr=(1, 2), replicas=(1, 2), live=[leader.node], topic_id="the-id"
+        )
+    (fetcher,) = follower.io.started
+    assert fetcher.build_truncation_request(0) is None, "an empty log goes straight to FETCHING"
+    request = fetcher.build_fetch_request(0)
+    assert request is not None and [t.topic_id for t in request.topics] == ["the-id"]

@@ -66,6 +66,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COORDINATOR_NOT_AVAILABLE: _ClassVar[ErrorCode]
     FETCH_SESSION_ID_NOT_FOUND: _ClassVar[ErrorCode]
     INVALID_FETCH_SESSION_EPOCH: _ClassVar[ErrorCode]
+    INCONSISTENT_TOPIC_ID: _ClassVar[ErrorCode]
 
 class ElectionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -128,6 +129,7 @@ TRANSACTIONAL_ID_NOT_FOUND: ErrorCode
 COORDINATOR_NOT_AVAILABLE: ErrorCode
 FETCH_SESSION_ID_NOT_FOUND: ErrorCode
 INVALID_FETCH_SESSION_EPOCH: ErrorCode
+INCONSISTENT_TOPIC_ID: ErrorCode
 PREFERRED: ElectionType
 UNCLEAN: ElectionType
 
@@ -381,12 +383,14 @@ class FetchPartition(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
 
 class FetchTopic(_message.Message):
-    __slots__ = ("topic", "partitions")
+    __slots__ = ("topic", "partitions", "topic_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partitions: _containers.RepeatedCompositeFieldContainer[FetchPartition]
-    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ...) -> None: ...
+    topic_id: str
+    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., topic_id: _Optional[str] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("replica_id", "max_wait_ms", "min_bytes", "max_bytes", "topics", "replica_epoch", "isolation_level", "locate_records", "session")
