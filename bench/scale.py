@@ -66,8 +66,10 @@ def cores(cpu: dict[str, dict[str, float]]) -> dict[str, float]:
 
 def open_files_needed(replicas: int) -> int:
     """The open-files limit a broker asks for to hold `replicas` (services/broker/server.py):
-    three files of each replica's active segment, the segment-file cache, sockets."""
-    return 3 * replicas + limits.OPEN_SEGMENT_FILES_MAX + limits.OPEN_FILES_OTHER_MIN
+    each replica's active .log, the segment-file cache, sockets."""
+    return (
+        limits.OPEN_FILES_PER_REPLICA * replicas + limits.OPEN_SEGMENT_FILES_MAX + limits.OPEN_FILES_OTHER_MIN
+    )
 
 
 def measure_count(partitions: int, args: argparse.Namespace) -> common.Result:
@@ -80,7 +82,8 @@ def measure_count(partitions: int, args: argparse.Namespace) -> common.Result:
     if hard != resource.RLIM_INFINITY and hard < open_files_needed(replicas_max) and not _may_raise(hard):
         out["skipped"] = (
             f"this machine's open-files hard limit is {hard}: a broker holding {replicas_max} replicas "
-            f"needs {open_files_needed(replicas_max)} (3 per replica, the segment-file cache, sockets), "
+            f"needs {open_files_needed(replicas_max)} ({limits.OPEN_FILES_PER_REPLICA} per replica, the "
+            "segment-file cache, sockets), "
             "and this process may not raise it"
         )
         print(f"  {partitions:,} partitions: skipped: {out['skipped']}", flush=True)

@@ -55,7 +55,7 @@ REQUEST_LATENCY = Histogram(
 LEASE_KEEPALIVE_FAILURES = Gauge(
     "highwater_lease_keepalive_failures", "etcd lease keep-alive failures so far"
 )
-# Read at scrape time: three files per replica's active segment plus at most
+# Read at scrape time: each replica's active .log (limits.OPEN_FILES_PER_REPLICA) plus at most
 # OPEN_SEGMENT_FILES_MAX of older segments (services/common/limits.py); compare with the
 # process's open-files limit.
 OPEN_SEGMENT_FILES = Gauge(

@@ -506,13 +506,18 @@ class Partition:
         """Followers not caught up for replica_lag_time_max_ms leave the ISR."""
         if self.role is not Role.LEADER or self.pending_isr is not None:
             return None
-        lagging = {
-            r
-            for r in self.isr
-            if r != self.local_broker_id
-            and (f := self.followers.get(r)) is not None
-            and now_ms - self._last_caught_up_ms(r, f) > replica_lag_time_max_ms
-        }
+        lagging: set[int] = set()
+        for r in self.isr:
+            f = self.followers.get(r)
+            if r == self.local_broker_id or f is None:
+                continue
+            if now_ms - f.last_caught_up_ms <= replica_lag_time_max_ms:
+                continue
+            # Kept, as an append does: the checks of the next replica.lag.time.max.ms need not
+            # ask the follower's session again (every second, for every partition of an idle broker).
+            f.last_caught_up_ms = self._last_caught_up_ms(r, f)
+            if now_ms - f.last_caught_up_ms > replica_lag_time_max_ms:
+                lagging.add(r)
         if not lagging:
             return None
         return self._propose(tuple(r for r in self.isr if r not in lagging))

@@ -356,12 +356,16 @@ class ControllerClient:
 
 def raise_open_files_limit(replicas_max: int) -> int:
     """Lift the open-files limit to what replicas_max replicas need (each replica's active segment
-    holds three files, other segments' files share a bounded cache; Kafka's docs ask for 100,000 or
-    more): the soft limit up to the hard one, and the hard one too where the process may (root).
+    holds its .log open, other files share a bounded cache; Kafka's docs ask for 100,000 or more):
+    the soft limit up to the hard one, and the hard one too where the process may (root).
     Returns the limit in force."""
-    # Pinned: the active segment's three files per replica; cached: OPEN_SEGMENT_FILES_MAX of the
-    # others (storage.py); the rest is sockets and the process's own files.
-    wanted = 3 * replicas_max + limits.OPEN_SEGMENT_FILES_MAX + limits.OPEN_FILES_OTHER_MIN
+    # Pinned: the active .log per replica; cached: OPEN_SEGMENT_FILES_MAX of the others
+    # (storage.py); the rest is sockets and the process's own files.
+    wanted = (
+        limits.OPEN_FILES_PER_REPLICA * replicas_max
+        + limits.OPEN_SEGMENT_FILES_MAX
+        + limits.OPEN_FILES_OTHER_MIN
+    )
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = max(hard, wanted) if hard != resource.RLIM_INFINITY else hard
     if soft < target:
@@ -376,11 +380,12 @@ def raise_open_files_limit(replicas_max: int) -> int:
                 log.warning("could not raise the open-files limit from %d to %d: %s", soft, hard, exc)
     if soft < wanted:
         log.warning(
-            "open-files limit %d is below the %d a broker may need (3 per replica for %d replicas, %d "
+            "open-files limit %d is below the %d a broker may need (%d per replica for %d replicas, %d "
             "cached segment files, %d for sockets); raise it (ulimit -n, LimitNOFILE) or lower "
             "--replicas-max",
             soft,
             wanted,
+            limits.OPEN_FILES_PER_REPLICA,
             replicas_max,
             limits.OPEN_SEGMENT_FILES_MAX,
             limits.OPEN_FILES_OTHER_MIN,

@@ -268,9 +268,10 @@ PARTITIONS_PER_TOPIC_MAX = 10_000
 # past this (one 10,000-partition topic with RF 3 once exhausted every broker's file handles).
 REPLICAS_PER_BROKER_MAX = 4_000
 # The highest a broker's --replicas-max may raise that bound for a cluster that wants more
-# replicas per broker (a benchmark of 100,000 partitions on a few brokers): each replica pins three
-# files, so 3 * 50,000 + the cache stays under Linux's default per-process ceiling (fs.nr_open,
-# 1,048,576), and the broker raises its open-files limit to what it needs.
+# replicas per broker (a benchmark of 100,000 partitions on a few brokers): each replica pins
+# OPEN_FILES_PER_REPLICA files, so 50,000 of them + the cache stays under Linux's default
+# per-process ceiling (fs.nr_open, 1,048,576), and the broker raises its open-files limit to what
+# it needs.
 REPLICAS_PER_BROKER_MAX_CEILING = 50_000
 DEFAULT_NUM_PARTITIONS = 3
 DEFAULT_REPLICATION_FACTOR = 3
@@ -283,17 +284,22 @@ DEFAULT_REPLICATION_FACTOR = 3
 PRODUCER_IDS_PER_PARTITION_MAX = 1_000
 
 # --- storage (partition logs) ------------------------------------------------
-# Open handles of inactive segment files (log, offset index, time index), for all the
-# replicas of a broker together; the least recently used is closed past this and reopened
-# when read again. Only the active segment of each replica keeps its three files open, so a
-# broker needs 3 * REPLICAS_PER_BROKER_MAX + OPEN_SEGMENT_FILES_MAX + sockets under its
-# open-files limit however many segments it holds (tiny segment_bytes or offset jumps once
-# took three brokers to 20,000 open files). A catch-up read of an old segment touches two
+# Files each replica holds open whatever else it does: its active segment's .log, appended to on
+# every produce. The active segment's offset and time indexes are kept in memory and written once
+# per ~500 entries, so their files share the cache below with every inactive segment's (three
+# per replica until 2026-11-29: 10,000 replicas on a broker then needed 30,000 open files, above
+# this machine's 20,000 hard limit; issue 42).
+OPEN_FILES_PER_REPLICA = 1
+# Open handles of other segment files (log, offset index, time index), for all the replicas of a
+# broker together; the least recently used is closed past this and reopened when used again. A
+# broker needs OPEN_FILES_PER_REPLICA * REPLICAS_PER_BROKER_MAX + OPEN_SEGMENT_FILES_MAX + sockets
+# under its open-files limit however many segments it holds (tiny segment_bytes or offset jumps
+# once took three brokers to 20,000 open files). A catch-up read of an old segment touches two
 # files (offset index, log): 1,024 serve ~500 such readers at once without reopening.
 OPEN_SEGMENT_FILES_MAX = 1_024
 # What a broker holds besides segment files (sockets of clients, peers and etcd, its own files
-# and libraries): the open-files limit it asks for is 3 * REPLICAS_PER_BROKER_MAX +
-# OPEN_SEGMENT_FILES_MAX + this (broker/server.py warns below that).
+# and libraries): the open-files limit it asks for is OPEN_FILES_PER_REPLICA *
+# REPLICAS_PER_BROKER_MAX + OPEN_SEGMENT_FILES_MAX + this (broker/server.py warns below that).
 OPEN_FILES_OTHER_MIN = 4_096
 # The page-cache window: the most recently written bytes of each log file a broker leaves in the
 # page cache; what falls further behind its end is written back and dropped from the cache as the

@@ -13,6 +13,7 @@ files where FileStorage is used, so a handle the cache forgot to close would sho
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -29,8 +30,9 @@ TINY = LogConfig(segment_bytes=1024, index_interval_bytes=100, retention_ms=-1, 
 SEGMENTS = 500
 # A small cache, so that the 500 segments' 1,500 files are evicted and reopened over and over.
 CACHE_FILES = 8
-# The active segment's three files are pinned open outside the cache's bound.
-ACTIVE_FILES = 3
+# Only the active segment's .log is pinned open outside the cache's bound; its indexes live in
+# memory and their files go through the cache like any other.
+ACTIVE_FILES = 1
 
 
 def open_fds(under: Path) -> int:
@@ -198,6 +200,38 @@ def test_data_written_before_an_eviction_is_made_durable_by_a_flush_after_it() -
     recovered = Log.open("/data/topic-0", TINY, storage=storage, now_ms=0)
     assert recovered.log_end_offset == end
     check_every_record(recovered)
+
+
+def test_many_replicas_hold_one_handle_each_and_flushes_reopen_only_indexes_with_new_entries() -> None:
+    """10,000 replicas per broker need one held handle each, not three (issue 42): the active
+    segment's index files sit in the cache, and a flush reopens one only to sync new entries."""
+    storage = MemoryStorage(open_files_max=CACHE_FILES)
+    sparse = dataclasses.replace(TINY, segment_bytes=1 << 20, index_interval_bytes=1 << 16)
+    logs = [Log.open(f"/data/topic-{i}", sparse, storage=storage, now_ms=0) for i in range(40)]
+    assert storage.open_files.open_count == len(logs) + CACHE_FILES
+
+    def append_everywhere() -> None:
+        for log in logs:
+            first = log.log_end_offset
+            log.append_as_leader(encode_values([value(first)], timestamp_ms=0), leader_epoch=0, now_ms=0)
+
+    append_everywhere()
+    for log in logs:
+        log.flush(now_ms=0)  # the first flush syncs each index file once, whatever it held
+    reopened = storage.open_files.reopen_count
+    append_everywhere()  # no new index entries: 1 record each, far below index_interval_bytes
+    for log in logs:
+        log.flush(now_ms=0)
+    assert storage.open_files.reopen_count == reopened
+    assert storage.open_files.open_count == len(logs) + CACHE_FILES
+
+    for log in logs:
+        log.abandon()
+    storage.crash()  # everything flushed survives, one record more per log than the first flush
+    for i in range(len(logs)):
+        recovered = Log.open(f"/data/topic-{i}", sparse, storage=storage, now_ms=0)
+        assert recovered.log_end_offset == 2
+        check_every_record(recovered)
 
 
 def test_a_log_kept_across_a_crash_fails_loudly_instead_of_reading_the_new_disk() -> None:

@@ -234,8 +234,10 @@ class LogAppends(LogState):
     def maybe_roll(self, now_ms: int) -> bool:
         """Roll when the active segment is older than segment_ms, or than max_compaction_lag_ms
         on a compacted log (LogConfig.max_segment_ms); called by a periodic task."""
-        active = self._active
-        if active.should_roll(0, max(active.base_offset, self.log_end_offset - 1), now_ms):
+        active = self._segments[-1]
+        if active.is_empty:
+            return False  # never rolled (should_roll says so too): most of an idle broker's replicas
+        if active.should_roll(0, max(active.base_offset, active.next_offset - 1), now_ms):
             self.roll(now_ms)
             return True
         return False

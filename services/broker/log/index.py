@@ -61,6 +61,11 @@ class _SparseIndex:
         self._values: array[int] | None = None
         self._pending = bytearray()
         self._summary: array[int] | None = None
+        # Bytes written (or a truncation) since the last fsync. A flush syncs the index only then:
+        # the active segment's index files are not held open (segment.py), and an fsync of one
+        # with nothing new would reopen it every flush. True at first, so a file found on disk or
+        # just created is synced once, whatever an earlier process left unsynced in it.
+        self._unsynced = True
         self._last: tuple[int, int] | None = self._read_entry(self._count - 1) if self._count else None
         if in_memory:
             self.load()
@@ -109,6 +114,7 @@ class _SparseIndex:
         if self._pending:
             self._file.append(self._pending)
             self._pending = bytearray()
+            self._unsynced = True
 
     def append_entries(self, entries: list[tuple[int, int]]) -> None:
         """Append entries in one write. Keys must keep strictly increasing."""
@@ -173,6 +179,7 @@ class _SparseIndex:
         self._write_pending()
         self._summary = None
         self._file.truncate(count * self._ENTRY.size)
+        self._unsynced = True
         self._count = count
         if self._keys is not None and self._values is not None:
             del self._keys[count:]
@@ -181,7 +188,9 @@ class _SparseIndex:
 
     def fsync(self) -> None:
         self._write_pending()
-        self._file.fsync()
+        if self._unsynced:
+            self._file.fsync()
+            self._unsynced = False
 
     def close(self) -> None:
         self._write_pending()

@@ -6,10 +6,11 @@ cleaner removes records but never changes an offset, so a batch may start after 
 previous one's next offset, and the first batch after base_offset. Only the last segment
 of a log (the active one) is appended to. Indexes are sparse and rebuilt from the log whenever in doubt.
 
-Open files (issue 17): the active segment pins its three files open; an inactive one
-keeps in memory only its sizes, next offset, max timestamp and last index entries, and
-its files are opened through the storage's broker-wide `OpenFileCache`, closed when the
-cache evicts them and reopened at the next read.
+Open files (issues 17, 42): the active segment pins its .log open and keeps its indexes in
+memory; an inactive one keeps in memory only its sizes, next offset, max timestamp and last
+index entries. Every other file (the active segment's index files too) is opened through the
+storage's broker-wide `OpenFileCache`, closed when the cache evicts it and reopened at its
+next use.
 
 Invariants kept here:
 - batch offsets strictly increase: each batch starts at or after the previous one's next
@@ -41,7 +42,7 @@ from clients.common.record_batch import (
 
 from .config import OFFSET_INDEX_ENTRY_BYTES, TIME_INDEX_ENTRY_BYTES, LogConfig
 from .index import OffsetIndex, TimeIndex
-from .storage import CachedFile, Storage
+from .storage import Storage
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -105,10 +106,13 @@ class LogSegment:
         self.log_path = os.path.join(directory, stem + LOG_SUFFIX)
         self.index_path = os.path.join(directory, stem + INDEX_SUFFIX)
         self.time_index_path = os.path.join(directory, stem + TIME_INDEX_SUFFIX)
+        # Only the active segment's .log is pinned open (appended to on every produce). Its
+        # indexes are kept in memory and written once per ~500 entries, so their files sit in
+        # the shared LRU like any inactive segment's: one held handle per replica, not three,
+        # is what lets a broker hold 10,000 replicas under a 20,000 open-files limit.
         self.log = storage.open_files.open(self.log_path, pinned=active)
-        index_file = storage.open_files.open(self.index_path, pinned=active)
-        time_index_file = storage.open_files.open(self.time_index_path, pinned=active)
-        self._files: tuple[CachedFile, ...] = (self.log, index_file, time_index_file)
+        index_file = storage.open_files.open(self.index_path, pinned=False)
+        time_index_file = storage.open_files.open(self.time_index_path, pinned=False)
         # A torn index write leaves a partial entry: such an index is rebuilt, never trusted.
         self.index_damaged = (
             index_file.size % OFFSET_INDEX_ENTRY_BYTES != 0
@@ -142,18 +146,16 @@ class LogSegment:
         return self.log.size == 0
 
     def make_active(self) -> None:
-        """Pin the files open and keep the indexes in memory: appends and truncation come here."""
-        for file in self._files:
-            file.pin()
+        """Pin the .log open and keep the indexes in memory: appends and truncation come here."""
+        self.log.pin()
         self.offset_index.load()
         self.time_index.load()
 
     def make_inactive(self) -> None:
-        """Drop the in-memory indexes and let the cache close the files between reads."""
+        """Drop the in-memory indexes and let the cache close the .log between reads."""
         self.offset_index.unload()
         self.time_index.unload()
-        for file in self._files:
-            file.unpin()
+        self.log.unpin()
 
     def should_roll(self, incoming_bytes: int, last_offset: int, now_ms: int) -> bool:
         """Whether a batch group must go to a new segment (never for an empty segment)."""
