@@ -27,14 +27,13 @@ def check_partitions(partitions: Iterable[object], what: str = "partitions") -> 
     """TopicPartitions (or (topic, partition) pairs) -> a checked list; InvalidArgument if not."""
     if isinstance(partitions, (str, bytes)):
         raise InvalidArgument(f"{what} must be a list of TopicPartition, got {type(partitions).__name__}")
-    checked: list[TopicPartition] = []
+    checked: dict[TopicPartition, None] = {}  # a list's `in` made assigning 10,000 take 1.5 s
     for item in partitions:
         if not isinstance(item, tuple) or len(item) != 2:
             raise InvalidArgument(f"{what}: {item!r} is not a TopicPartition(topic, partition)")
         tp = TopicPartition(check_topic_name(item[0]), check_int("partition", item[1], minimum=0))
-        if tp not in checked:
-            checked.append(tp)
-    return checked
+        checked.setdefault(tp, None)
+    return list(checked)
 
 
 class SubscriptionState:

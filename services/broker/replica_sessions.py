@@ -11,8 +11,9 @@ say (`dirty`), so a fetch costs what changed, not what is followed:
 - a partition is dirty when the follower names it (a new fetch offset, leader epoch or log
   start), when it changes here (`partition_changed`: whoever appends, moves the HW or the log
   start, or changes leadership already calls the broker's notify), and once every
-  `REPLICA_FETCH_SESSION_SWEEP_MS` for all of them (a change nobody notified about, such as
-  retention moving the log start, reaches the follower within that);
+  `REPLICA_FETCH_SESSION_SWEEP_MS` for all of them, `REPLICA_FETCH_SESSION_SWEEP_PARTITIONS` at
+  each fetch (a change nobody notified about, such as retention moving the log start, reaches
+  the follower within that, and no fetch reads every partition at once);
 - a fetch reads only the dirty partitions, and answers those with records, an error, or a high
   watermark, log start, log end or leader epoch the follower has not been told;
 - a dirty partition stays dirty while the follower's offset is below the leader's log end (the
@@ -73,6 +74,8 @@ class ReplicaFetchSession:
     dirty: dict[TopicPartitionKey, None] = field(default_factory=dict)
     last_fetch_ms: int = 0
     last_sweep_ms: int = 0
+    # Partitions a sweep still has to mark dirty, a bounded piece at each fetch.
+    sweep_left: list[TopicPartitionKey] = field(default_factory=list)
     waiting: SessionFetch | None = None
 
 
@@ -154,10 +157,15 @@ class ReplicaFetchSessions:
                     sp.topic_id = t.topic_id
                 session.dirty.pop(key, None)
                 session.dirty[key] = None
-        if now_ms - session.last_sweep_ms >= limits.REPLICA_FETCH_SESSION_SWEEP_MS:
+        if now_ms - session.last_sweep_ms >= limits.REPLICA_FETCH_SESSION_SWEEP_MS and not session.sweep_left:
             session.last_sweep_ms = now_ms
-            for key in session.partitions:
-                session.dirty.setdefault(key, None)
+            session.sweep_left = list(session.partitions)
+        if session.sweep_left:
+            piece = session.sweep_left[-limits.REPLICA_FETCH_SESSION_SWEEP_PARTITIONS :]
+            del session.sweep_left[-limits.REPLICA_FETCH_SESSION_SWEEP_PARTITIONS :]
+            for key in piece:
+                if key in session.partitions:  # not forgotten since the sweep began
+                    session.dirty.setdefault(key, None)
         session.last_fetch_ms = now_ms
         session.epoch = session.epoch + 1 if session.epoch < 2**31 - 1 else 1
 

@@ -200,9 +200,15 @@ REPLICA_FETCH_PARTITION_MAX_BYTES = 1024 * 1024
 REPLICA_FETCH_RESPONSE_MAX_BYTES = 10 * 1024 * 1024
 # A leader reads every partition of a follower's fetch session again this often, whatever it
 # was told (services/broker/replica_sessions.py): a change nobody notified the session of
-# (retention moving the log start) reaches the follower within it. At 10,000 partitions a
-# broker, one walk of a session costs ~30 ms of a leader's CPU; every 10 s that is 0.3%.
-REPLICA_FETCH_SESSION_SWEEP_MS = 10_000
+# (retention moving the log start) reaches the follower within it. A broker holding 10,000
+# replicas leads ~3,333 partitions in each of two sessions: sweeping them every 10 s took ~2.5%
+# of a core of an idle broker (py-spy, 2026-11-29), a quarter of its idle CPU; every 30 s, a third
+# of that. What such a change holds up is a DeleteRecords waiting for followers' log starts.
+REPLICA_FETCH_SESSION_SWEEP_MS = 30_000
+# A sweep marks at most this many of a session's partitions for each of its fetches, so it is
+# spread over a few fetches instead of one read of every partition: in one piece, 3,333
+# partitions held the leader's event loop ~50-100 ms, the p99 of a partition among 10,000.
+REPLICA_FETCH_SESSION_SWEEP_PARTITIONS = 500
 # A follower whose leader would not open a fetch session (an older broker) fetches in full and
 # asks again after this long, as REPLICA_FETCH_STREAM_RETRY_S for the stream.
 REPLICA_FETCH_SESSION_RETRY_MS = 60_000

@@ -7,6 +7,8 @@ test_fetcher_core.py does.
 
 from __future__ import annotations
 
+import pytest
+
 from protos.highwater.v1 import common_pb2
 from services.broker.fetcher_core import FetcherCore
 from services.broker.partition import Partition
@@ -241,6 +243,26 @@ def test_a_change_nobody_notified_reaches_the_follower_at_the_next_sweep() -> No
     assert answered(response) == [T0] and response.topics[0].partitions[0].log_start_offset == 2
     fetcher.handle_fetch_answer(response, 0, request.session.id)
     assert follower.core.partitions[T0].log.log_start_offset == 2
+
+
+def test_a_sweep_of_a_large_session_is_spread_over_several_fetches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No fetch reads more than REPLICA_FETCH_SESSION_SWEEP_PARTITIONS partitions for a sweep:
+    in one piece it held the leader's loop for ~100 ms with 3,333 partitions in a session."""
+    piece = 5
+    monkeypatch.setattr(limits, "REPLICA_FETCH_SESSION_SWEEP_PARTITIONS", piece)
+    count = 2 * piece + 3
+    leader, _follower, fetcher = pair(partitions=tuple(range(count)))
+    one_round(fetcher, leader)
+    session = leader.core.replica_sessions.by_replica[2]
+    tick(leader, ms=limits.REPLICA_FETCH_SESSION_SWEEP_MS)
+    swept: set[int] = set()
+    for expected in (piece, piece, 3):
+        request = incremental(fetcher, max_wait_ms=0)
+        leader.core.replica_sessions.update(session, request, leader.clock.now_ms)
+        assert len(session.dirty) == expected
+        swept.update(p for _, p in session.dirty)
+        session.dirty.clear()  # as an answer that had nothing to tell would
+    assert swept == set(range(count)) and not session.sweep_left
 
 
 def test_a_partition_delayed_by_an_error_is_forgotten_then_named_again_when_its_delay_ends() -> None:
