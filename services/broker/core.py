@@ -186,11 +186,33 @@ class BrokerCore(ControlRequests, Appends, Reads):
             p.log.abandon()
 
     def checkpoint_high_watermarks(self) -> None:
-        """Write every replica's HW (one file, one fsync; skipped when nothing moved)."""
+        """Write every replica's HW (one file, one fsync; skipped when nothing moved), now."""
         try:
             self.hw_checkpoint.write({tp: p.high_watermark for tp, p in self.partitions.items()})
         except HighwaterError as exc:
             self.log.error("writing the high watermark checkpoint of %s failed: %s", self.data_dir, exc)
+
+    def _checkpoint_high_watermarks_aside(self) -> None:
+        """The periodic checkpoint, written off the core's loop (io.run_blocking): with 10,000
+        replicas its sort, encoding and fsync took 30-46 ms, a stall of every request each 5 s.
+        One at a time; a pass that finds one still being written leaves this one to the next."""
+        if self._hw_checkpoint_writing:
+            return
+        prepared = self.hw_checkpoint.prepare({tp: p.high_watermark for tp, p in self.partitions.items()})
+        if prepared is None:
+            return
+        self._hw_checkpoint_writing = True
+
+        def done(error: BaseException | None) -> None:
+            self._hw_checkpoint_writing = False
+            if error is None:
+                self.hw_checkpoint.written(prepared)
+            elif isinstance(error, HighwaterError):
+                self.log.error("writing the high watermark checkpoint of %s failed: %s", self.data_dir, error)
+            else:
+                raise error
+
+        self.io.run_blocking("hw-checkpoint", prepared.write, done)
 
     def periodic_duties(self) -> Generator[None, None, None]:
         """One pass of the leader's periodic duties: roll/flush, ISR shrink, HW checkpoint, retention.
@@ -237,7 +259,7 @@ class BrokerCore(ControlRequests, Appends, Reads):
                 except HighwaterError as exc:
                     self.log.error("retention of %s-%d failed: %s", p.topic, p.partition, exc)
         if checkpoint_now:
-            self.checkpoint_high_watermarks()
+            self._checkpoint_high_watermarks_aside()
 
     def update_gauges(self) -> None:
         """The partition gauges, in one walk of the partitions (every second, over all of them)."""

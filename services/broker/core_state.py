@@ -51,6 +51,14 @@ class BrokerIO(Protocol):
         """Run fn after delay_ms; returns what cancels it."""
         ...
 
+    def run_blocking(
+        self, name: str, fn: Callable[[], None], then: Callable[[BaseException | None], None]
+    ) -> None:
+        """Run fn (file I/O that touches nothing the core owns) where it does not hold up the
+        core's requests, then `then(its exception or None)` back on the core's loop. The
+        simulation and unit tests run both at once."""
+        ...
+
 
 class ReplicaObserver(TruncationObserver, Protocol):
     """Told of the moments the simulation's checker judges; the broker passes none."""
@@ -139,6 +147,8 @@ class CoreState:
         # Followers' fetch sessions with the partitions led here (replica_sessions.py).
         self.replica_sessions = ReplicaFetchSessions()
         self._isr_ticks = 0
+        # A periodic HW checkpoint being written off the loop (core._checkpoint_high_watermarks_aside).
+        self._hw_checkpoint_writing = False
         self._boot_id = ""
 
     # ---- the purgatory's wake-up --------------------------------------------------------------

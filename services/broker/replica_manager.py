@@ -101,6 +101,8 @@ class ReplicaManager:
         self._fetcher_tasks: dict[FetcherCore, asyncio.Task[None]] = {}
         self._wakeups: dict[FetcherCore, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Work run on threads (run_blocking) and not finished yet.
+        self._blocking: set[asyncio.Future[None]] = set()
         # The log cleaner of compacted logs: every replica here, leader or follower, cleans its own copy.
         cleaner_config = cleaner_config or CleanerConfig()
         self.cleaner = (
@@ -147,6 +149,25 @@ class ReplicaManager:
 
     def call_later(self, delay_ms: int, fn: Callable[[], None]) -> Callable[[], None]:
         return asyncio.get_running_loop().call_later(delay_ms / 1000, fn).cancel
+
+    def run_blocking(
+        self, name: str, fn: Callable[[], None], then: Callable[[BaseException | None], None]
+    ) -> None:
+        # A thread of the default executor; never cancelled (a thread cannot be), and close()
+        # waits for it before the core writes the same files.
+        future = asyncio.get_running_loop().run_in_executor(None, fn)
+        self._blocking.add(future)
+
+        def done(f: asyncio.Future[None]) -> None:
+            self._blocking.discard(f)
+            try:
+                then(None if f.cancelled() else f.exception())
+            except InvariantViolation as exc:
+                halt_on_invariant_violation(exc, name)
+            except Exception:
+                log.exception("%s failed", name)
+
+        future.add_done_callback(done)
 
     def _start(self, coro: Any, name: str) -> None:
         task = asyncio.ensure_future(coro)
@@ -213,6 +234,9 @@ class ReplicaManager:
             # First, so no cleaning pass swaps a segment in while the logs close (it stops at its
             # next batch and discards its cleaned file).
             await self.cleaner.stop()
+        if self._blocking:
+            # A checkpoint being written on a thread: the close writes the same file next.
+            await asyncio.wait(set(self._blocking), timeout=limits.BROKER_CLOSE_TASKS_TIMEOUT_S)
         pending = [*self._fetcher_tasks.values(), *self._tasks]
         for task in pending:
             task.cancel()

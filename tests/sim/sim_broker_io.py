@@ -38,6 +38,17 @@ class SimBrokerIO:
     def spawn(self, name: str, task: Task[Any]) -> None:
         self.step(task, None)
 
+    def run_blocking(
+        self, name: str, fn: Callable[[], None], then: Callable[[BaseException | None], None]
+    ) -> None:
+        # At once: the simulated storage's writes take no simulated time.
+        try:
+            fn()
+        except Exception as exc:
+            then(exc)
+            return
+        then(None)
+
     def call_later(self, delay_ms: int, fn: Callable[[], None]) -> Callable[[], None]:
         self.broker.after(delay_ms, fn)
         # The simulated clock keeps its timers; one that fires for a completed operation does

@@ -74,6 +74,16 @@ class RecordingIO:
     def spawn(self, name: str, task: Task[Any]) -> None:
         self.spawned.append((name, task))
 
+    def run_blocking(
+        self, name: str, fn: Callable[[], None], then: Callable[[BaseException | None], None]
+    ) -> None:
+        try:
+            fn()
+        except Exception as exc:
+            then(exc)
+            return
+        then(None)
+
     def call_later(self, delay_ms: int, fn: Callable[[], None]) -> Callable[[], None]:
         timer = (self.clock.now_ms + delay_ms, fn)
         self.timers.append(timer)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from clients.common.errors import StorageError
 from clients.common.types import TopicPartitionKey
@@ -145,6 +146,22 @@ class CheckpointVersionError(UnknownFileVersion):
         super().__init__(f"checkpoint {path}", version, CHECKPOINT_VERSIONS_READ)
 
 
+@dataclass(frozen=True)
+class PreparedCheckpoint:
+    """High watermarks to write to one checkpoint file; `write()` touches nothing else, so it may
+    run on a thread of its own while the broker's loop goes on (one at a time per file)."""
+
+    storage: Storage
+    path: str
+    high_watermarks: dict[TopicPartitionKey, int]
+
+    def write(self) -> None:
+        lines: list[tuple[int | str, ...]] = [
+            (topic, partition, offset) for (topic, partition), offset in sorted(self.high_watermarks.items())
+        ]
+        write_entries(self.storage, self.path, lines)
+
+
 class HighWatermarkCheckpoint:
     """The high watermarks of one data directory's replicas, in `replication-offset-checkpoint`.
 
@@ -188,15 +205,25 @@ class HighWatermarkCheckpoint:
 
     def write(self, high_watermarks: dict[TopicPartitionKey, int]) -> bool:
         """Store these HWs (plus the not yet loaded ones) if they differ from the file; True if written."""
+        prepared = self.prepare(high_watermarks)
+        if prepared is None:
+            return False
+        prepared.write()
+        self.written(prepared)
+        return True
+
+    def prepare(self, high_watermarks: dict[TopicPartitionKey, int]) -> PreparedCheckpoint | None:
+        """What `write` would store, or None when the file holds it already. Its `write()` may run
+        on another thread (with 10,000 replicas the sort, encoding and fsync took 30-46 ms, on the
+        broker's event loop every 5 s); `written(prepared)` afterwards, on the owner's."""
         merged = {tp: hw for tp, hw in {**self._not_loaded, **high_watermarks}.items() if self._writable(tp)}
         if merged == self._on_disk:
-            return False
-        lines: list[tuple[int | str, ...]] = [
-            (topic, partition, offset) for (topic, partition), offset in sorted(merged.items())
-        ]
-        write_entries(self._storage, self._path, lines)
-        self._on_disk = merged
-        return True
+            return None
+        return PreparedCheckpoint(self._storage, self._path, merged)
+
+    def written(self, prepared: PreparedCheckpoint) -> None:
+        """`prepared` is on disk now: the next write compares with it."""
+        self._on_disk = prepared.high_watermarks
 
     def _writable(self, tp: TopicPartitionKey) -> bool:
         """Whether tp fits one "topic partition offset" line (legal topic names always do)."""
