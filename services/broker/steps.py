@@ -12,7 +12,7 @@ RPC that failed as a whole (unreachable, timed out, refused) comes back as
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -71,3 +71,14 @@ def run_to_completion(slices: Generator[None, None, R]) -> R:
         except StopIteration as done:
             result: R = done.value  # StopIteration.value is Any; the generator's type says R
             return result
+
+
+def run_at_once(fn: Callable[[], None], then: Callable[[BaseException | None], None]) -> None:
+    """BrokerIO.run_blocking for a driver without threads (the simulation, unit seams): fn now,
+    then `then` with its exception or None."""
+    try:
+        fn()
+    except Exception as exc:
+        then(exc)
+        return
+    then(None)

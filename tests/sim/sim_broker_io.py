@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from coordinator.election import current_controller
 from coordinator.store import CoordinatorError
 from services.broker.fetcher_core import FetcherCore
-from services.broker.steps import AwaitWork, CallController, CallLeader, RpcFailed, Sleep, Task
+from services.broker.steps import AwaitWork, CallController, CallLeader, RpcFailed, Sleep, Task, run_at_once
 from tests.sim.sim_broker_seams import broker_node, controller_node, rpc_answer
 from tests.sim.sim_etcd import run_sync
 
@@ -41,13 +41,7 @@ class SimBrokerIO:
     def run_blocking(
         self, name: str, fn: Callable[[], None], then: Callable[[BaseException | None], None]
     ) -> None:
-        # At once: the simulated storage's writes take no simulated time.
-        try:
-            fn()
-        except Exception as exc:
-            then(exc)
-            return
-        then(None)
+        run_at_once(fn, then)
 
     def call_later(self, delay_ms: int, fn: Callable[[], None]) -> Callable[[], None]:
         self.broker.after(delay_ms, fn)

@@ -14,7 +14,7 @@ from protos.highwater.v1 import broker_pb2, common_pb2
 from services.broker.core import BrokerCore
 from services.broker.fetcher_core import FetcherCore, FetcherSettings
 from services.broker.log import MemoryStorage, Storage
-from services.broker.steps import Task, run_to_completion
+from services.broker.steps import Task, run_at_once, run_to_completion
 
 WALL_CLOCK_BASE_MS = 1_700_000_000_000
 CONTROLLER_EPOCH = 1
@@ -77,12 +77,7 @@ class RecordingIO:
     def run_blocking(
         self, name: str, fn: Callable[[], None], then: Callable[[BaseException | None], None]
     ) -> None:
-        try:
-            fn()
-        except Exception as exc:
-            then(exc)
-            return
-        then(None)
+        run_at_once(fn, then)
 
     def call_later(self, delay_ms: int, fn: Callable[[], None]) -> Callable[[], None]:
         timer = (self.clock.now_ms + delay_ms, fn)
