@@ -407,18 +407,50 @@ class ControlRequests(FollowerReplicas):
             node = self.metadata.brokers.get(leader_id)
             if node is not None and fetcher.leader_address != f"{node.host}:{node.port}":
                 self._fetcher_for(leader_id, f"{node.host}:{node.port}")
-        # ISR changes the controller made (shrinks after failures) reach leaders here too. Only
-        # the request's states are read (a full update's 100,000 are not indexed for this: the
-        # cache indexes them when first asked), and none at all when this broker leads nothing.
+        # ISR changes the controller made (shrinks after failures) reach leaders here too, and
+        # news that a replica here was moved away. Only the request's states are read (a full
+        # update's 100,000 are not indexed for this: the cache indexes them when first asked),
+        # and none at all when this broker hosts nothing.
         hosted = self.partitions
-        if any(p.role is Role.LEADER for p in hosted.values()):
+        if hosted:
             for state in req.partitions:
                 p = hosted.get((state.topic, state.partition))
-                if p is not None and p.role is Role.LEADER:
+                if p is None or p.role not in (Role.LEADER, Role.FOLLOWER):
+                    continue
+                if self._moved_away(p, state):
+                    self._stop_stray_replica(p, state)
+                elif p.role is Role.LEADER:
                     p.update_isr(tuple(state.isr), state.partition_epoch, state.leader_epoch)
                     if p.maybe_advance_high_watermark():  # a shrink can let the HW move on
                         self.notify((state.topic, state.partition))
         return broker_pb2.UpdateMetadataResponse()
+
+    def _moved_away(self, p: Partition, state: common_pb2.PartitionState) -> bool:
+        """A newer epoch of p whose replicas do not hold this broker (a state without replicas
+        says nothing about them)."""
+        replicas = state.replicas
+        return bool(replicas) and state.leader_epoch > p.leader_epoch and self.broker_id not in replicas
+
+    def _stop_stray_replica(self, p: Partition, state: common_pb2.PartitionState) -> None:
+        """A replica the partition's newer epochs no longer count (Kafka's stray replica): it was
+        moved away while this broker was cut off (a reassignment finished with this broker's
+        session expired), so the StopReplica never came and no LeaderAndIsr will. A leader of an
+        old epoch would otherwise go on taking writes nobody replicates and hold its readers'
+        LSO back. Stopped as StopReplica without delete: the files stay, for an operator to look
+        at, and a LeaderAndIsr naming this broker again starts the replica over."""
+        tp = (p.topic, p.partition)
+        self.log.warning(
+            "%s-%d: this replica (%s at leader epoch %d) is not among the replicas %s of leader epoch "
+            "%d: moved away while this broker was cut off; stopped, its files kept",
+            *tp,
+            p.role.name.lower(),
+            p.leader_epoch,
+            list(state.replicas),
+            state.leader_epoch,
+        )
+        self._remove_from_fetchers(tp)
+        p.change_role(Role.NONE)
+        self.notify(tp)
 
     def _take_topic_configs(self, configs: Mapping[str, common_pb2.TopicConfig]) -> None:
         """Give this broker's replicas their topics' configs as the controller sent them: a config

@@ -186,6 +186,8 @@ class Partition:
         else:
             self.producers.rebuild(())
         self._replay_producer_state(offset)
+        # Markers the replay met below the HW are replicated: they end their transactions.
+        self.producers.high_watermark_moved(self.high_watermark)
         if snapshot is not None and snapshot.offset > end:
             self.log.write_producer_snapshot(encode_snapshot(self.producers, end))
 
@@ -550,6 +552,7 @@ class Partition:
             new_hw = min(new_hw, f.log_end_offset if f is not None else -1)
         if new_hw > self.high_watermark:
             self.high_watermark = new_hw
+            self.producers.high_watermark_moved(new_hw)
             check(
                 self.high_watermark <= self.log.log_end_offset,
                 "HW %d above LEO %d on %s-%d",
@@ -568,6 +571,7 @@ class Partition:
         new_hw = min(leader_high_watermark, self.log.log_end_offset)
         if new_hw != self.high_watermark:
             self.high_watermark = new_hw
+            self.producers.high_watermark_moved(new_hw)
             return True
         return False
 
@@ -581,7 +585,8 @@ class Partition:
     @property
     def last_stable_offset(self) -> int:
         """Where a read_committed consumer stops: the first offset of the oldest open
-        transaction, or the high watermark when that is lower (Kafka's LSO)."""
+        transaction (or one whose marker is not replicated yet), or the high watermark when
+        that is lower (Kafka's LSO)."""
         return self.producers.last_stable_offset(self.high_watermark)
 
     @property

@@ -94,6 +94,13 @@ class ProducerStateManager:
         # In order of last write: the first one is the least recently written, forgotten first.
         self.producers: dict[int, ProducerEntry] = {}
         self.producer_ids_max = producer_ids_max
+        # Transactions a marker ended while the marker may still be above the high watermark:
+        # (first offset, marker offset) in log order, so markers ascend (Kafka's unreplicatedTxns).
+        # Until the HW passes its marker a transaction still holds the LSO back: a marker not yet
+        # replicated can be truncated away by a leader change, and the transaction then end the
+        # other way. (A zombie leader wrote ABORT above its HW and served read_committed readers
+        # its aborted list; the new leader wrote COMMIT: simulation seed 60184, transactions.)
+        self.unreplicated: deque[tuple[int, int]] = deque()
 
     def check(self, headers: Iterable[BatchHeader]) -> Duplicate | None:
         """Check a request's batches before they are written.
@@ -185,6 +192,7 @@ class ProducerStateManager:
                         aborted=markers[h.base_offset] is ControlType.ABORT,
                     )
                 )
+                self.unreplicated.append((completed[-1].first_offset, h.last_offset))
                 entry.current_txn_first_offset = NO_OFFSET
                 continue  # a marker has no sequence
             if h.is_transactional and entry.current_txn_first_offset == NO_OFFSET:
@@ -226,14 +234,27 @@ class ProducerStateManager:
 
     def last_stable_offset(self, high_watermark: int) -> int:
         """Where a read_committed consumer stops (Kafka's LSO): the first offset of the oldest
-        open transaction, or the high watermark when that is lower."""
+        transaction that is open or whose marker is not below the high watermark yet, or the
+        high watermark when that is lower."""
         first_unstable = self.first_unstable_offset()
+        for first, marker in self.unreplicated:
+            if marker >= high_watermark and (first_unstable is None or first < first_unstable):
+                first_unstable = first
         return high_watermark if first_unstable is None else min(first_unstable, high_watermark)
 
+    def high_watermark_moved(self, high_watermark: int) -> None:
+        """Forget the ended transactions whose marker the HW passed: replicated to the ISR, such
+        a marker is never truncated. Called at every HW rise, leader or follower, so the list
+        holds only markers between the HW and the log end. (The HW falls only with a
+        truncation, which rebuilds this state.)"""
+        unreplicated = self.unreplicated
+        while unreplicated and unreplicated[0][1] < high_watermark:
+            unreplicated.popleft()
+
     def first_unstable_offset(self) -> int | None:
-        """The first offset of the oldest open transaction (None: none is open). A
-        read_committed consumer reads below it only: the last stable offset is
-        min(this, high watermark)."""
+        """The first offset of the oldest open transaction (None: none is open). Transactions
+        ended by a marker above the HW also hold the LSO back (last_stable_offset); the
+        aborted-transaction index's LSO entries, as Kafka's, count only the open ones."""
         return min(
             (e.current_txn_first_offset for e in self.producers.values() if e.current_txn_first_offset >= 0),
             default=None,
@@ -242,6 +263,7 @@ class ProducerStateManager:
     def rebuild(self, headers: Iterable[BatchHeader]) -> None:
         """Start over from the log's batches (after a restart or a truncation)."""
         self.producers.clear()
+        self.unreplicated.clear()
         self.update(headers)
 
     def restore(
@@ -253,8 +275,13 @@ class ProducerStateManager:
 
         Without `with_transactions` no transaction is open: after a truncation below the
         snapshot a transaction it saw ended may be open again (its marker was cut), which only
-        a replay of the log tells."""
+        a replay of the log tells: the replay then also finds every marker again."""
         self.producers.clear()
+        self.unreplicated = deque(
+            (first, marker)
+            for first, marker in snapshot.unreplicated
+            if with_transactions and marker < below_offset
+        )
         for e in snapshot.producers:
             kept = [b for b in e.batches if b.last_offset < below_offset]
             open_txn = e.current_txn_first_offset if e.current_txn_first_offset < below_offset else NO_OFFSET
@@ -278,6 +305,10 @@ class ProducerSnapshot:
 
     offset: int
     producers: tuple[ProducerEntry, ...]
+    # Transactions ended by a marker that was above the HW when the snapshot was taken
+    # (ProducerStateManager.unreplicated): the replay after the snapshot does not meet their
+    # markers again. Snapshots of earlier releases have none: read as empty.
+    unreplicated: tuple[tuple[int, int], ...] = ()
 
 
 def encode_snapshot(state: ProducerStateManager, offset: int) -> bytes:
@@ -291,7 +322,12 @@ def encode_snapshot(state: ProducerStateManager, offset: int) -> bytes:
         ]
         for e in state.producers.values()
     ]
-    body = {"version": PRODUCER_SNAPSHOT_VERSION, "offset": offset, "producers": producers}
+    body = {
+        "version": PRODUCER_SNAPSHOT_VERSION,
+        "offset": offset,
+        "producers": producers,
+        "unreplicated": [[first, marker] for first, marker in state.unreplicated],
+    }
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -308,6 +344,7 @@ def decode_snapshot(data: bytes) -> ProducerSnapshot | None:
             )
             entry.batches.extend(BatchMetadata(*(int(v) for v in b)) for b in batches)
             entries.append(entry)
-        return ProducerSnapshot(int(body["offset"]), tuple(entries))
+        unreplicated = tuple((int(first), int(marker)) for first, marker in body.get("unreplicated", ()))
+        return ProducerSnapshot(int(body["offset"]), tuple(entries), unreplicated)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UnreadableSnapshot(f"producer state snapshot is unreadable: {exc}") from exc

@@ -122,6 +122,46 @@ def test_leader_and_isr_with_an_epoch_that_is_not_newer_is_fenced_per_partition(
     assert b.core.partitions[T0].leader_epoch == 3
 
 
+def update_metadata_naming(b: Broker, *, leader: int, leader_epoch: int, replicas: tuple[int, ...]) -> None:
+    state = common_pb2.PartitionState(
+        topic="t",
+        partition=0,
+        leader=leader,
+        leader_epoch=leader_epoch,
+        isr=list(replicas),
+        replicas=list(replicas),
+        partition_epoch=leader_epoch + 1,
+    )
+    resp = b.core.update_metadata(broker_pb2.UpdateMetadataRequest(header=b.header(), partitions=[state]))
+    assert resp.error_code == common_pb2.NONE
+
+
+def test_a_leader_moved_away_while_cut_off_stops_when_the_metadata_shows_a_newer_epoch_without_it() -> None:
+    # Simulation seed 60076 (transactions): broker 1's session expired while a reassignment moved
+    # t-0 to other brokers; the StopReplica was never sent to it and it led epoch 0 for good.
+    b = lone_leader()
+    update_metadata_naming(b, leader=1, leader_epoch=0, replicas=(1,))  # its own epoch: nothing changes
+    # Still a replica at epoch 3: its LeaderAndIsr will come.
+    update_metadata_naming(b, leader=2, leader_epoch=3, replicas=(1, 2))
+    assert b.core.partitions[T0].role is Role.LEADER
+    update_metadata_naming(b, leader=2, leader_epoch=4, replicas=(2, 3))
+    p = b.core.partitions[T0]
+    assert p.role is Role.NONE and p.log.log_end_offset == 0 and not p.log.is_closed  # files kept
+    (answer,) = b.produce(batch("a"), acks=1)
+    assert partition_error(answer) == common_pb2.NOT_LEADER_OR_FOLLOWER
+    # Named again later: a LeaderAndIsr starts it over.
+    b.leader_and_isr(leader=1, leader_epoch=5, isr=(1,), replicas=(1,), live=[b.node])
+    assert b.core.partitions[T0].role is Role.LEADER
+
+
+def test_a_follower_moved_away_stops_fetching_and_an_older_epoch_without_it_changes_nothing() -> None:
+    _leader, follower, fetcher = pair()
+    update_metadata_naming(follower, leader=1, leader_epoch=0, replicas=(1, 3))  # a late request: not newer
+    assert follower.core.partitions[T0].role is Role.FOLLOWER and T0 in fetcher.partitions
+    update_metadata_naming(follower, leader=1, leader_epoch=1, replicas=(1, 3))
+    assert follower.core.partitions[T0].role is Role.NONE and T0 not in fetcher.partitions
+
+
 # ---- produce -------------------------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@ Partition), and the markers that end them (clients/common/control_records.py).""
 
 from __future__ import annotations
 
+import json
 import struct
 
 import pytest
@@ -25,7 +26,12 @@ from protos.highwater.v1 import common_pb2
 from services.broker.log import Log, LogConfig, MemoryStorage
 from services.broker.log.txn_index import AbortedTxn, AbortedTxnIndex, UnreadableTxnIndex
 from services.broker.partition import LeaderAndIsrState, Partition
-from services.broker.producer_state import CompletedTransaction, ProducerStateManager
+from services.broker.producer_state import (
+    CompletedTransaction,
+    ProducerStateManager,
+    decode_snapshot,
+    encode_snapshot,
+)
 
 
 def txn_batch(producer_id: int, epoch: int, first_seq: int, base_offset: int, n: int = 2) -> bytes:
@@ -33,6 +39,12 @@ def txn_batch(producer_id: int, epoch: int, first_seq: int, base_offset: int, n:
     for i in range(n):
         builder.append(i, 1_000, None, f"v{first_seq + i}".encode(), [])
     buf = builder.build()
+    buf[0:8] = base_offset.to_bytes(8, "big")
+    return bytes(buf)
+
+
+def plain_batch(base_offset: int) -> bytes:
+    buf = bytearray(encode_batch([Record(None, b"plain", [], 1_000)]))
     buf[0:8] = base_offset.to_bytes(8, "big")
     return bytes(buf)
 
@@ -81,7 +93,7 @@ def test_an_unknown_control_record_is_refused_and_a_follower_writes_nothing():
     assert p.log.log_end_offset == 0
 
 
-def test_the_last_stable_offset_stops_at_the_oldest_open_transaction_until_its_marker():
+def test_the_last_stable_offset_stops_at_the_oldest_open_transaction_until_its_marker_is_replicated():
     p = follower()
     p.append_as_follower(txn_batch(7, 0, 0, base_offset=0), now_ms=0)  # 0-1, producer 7 opens
     p.append_as_follower(txn_batch(8, 0, 0, base_offset=2), now_ms=0)  # 2-3, producer 8 opens
@@ -89,22 +101,85 @@ def test_the_last_stable_offset_stops_at_the_oldest_open_transaction_until_its_m
     p.update_follower_high_watermark(6)
     assert p.last_stable_offset == 0
     p.append_as_follower(marker(ControlType.COMMIT, 7, 0, base_offset=6), now_ms=0)
+    assert p.last_stable_offset == 0  # the marker is above the HW: a new leader may not have it
     p.update_follower_high_watermark(7)
     assert p.last_stable_offset == 2  # producer 8's transaction is still open
-    completed = p.producers.update(
-        iter_batch_headers(marker(ControlType.ABORT, 8, 0, base_offset=7)), {7: ControlType.ABORT}
-    )
-    assert completed == [CompletedTransaction(8, 2, 7, aborted=True)]
-    assert p.producers.first_unstable_offset() is None
-    assert p.last_stable_offset == p.high_watermark == 7
+    p.append_as_follower(marker(ControlType.ABORT, 8, 0, base_offset=7), now_ms=0)
+    assert p.producers.first_unstable_offset() is None  # no transaction is open...
+    assert p.last_stable_offset == 2  # ...but the ABORT at 7 is not below the HW 7 yet
+    p.update_follower_high_watermark(8)
+    assert p.last_stable_offset == p.high_watermark == 8
+    assert not p.producers.unreplicated  # forgotten once the HW passed them
 
 
 def test_the_last_stable_offset_never_passes_the_high_watermark():
     p = follower()
     p.append_as_follower(txn_batch(7, 0, 0, base_offset=0), now_ms=0)
     p.append_as_follower(marker(ControlType.COMMIT, 7, 0, base_offset=2), now_ms=0)
+    p.append_as_follower(plain_batch(3), now_ms=0)
     p.update_follower_high_watermark(1)
-    assert p.last_stable_offset == 1
+    assert p.last_stable_offset == 0
+    p.update_follower_high_watermark(3)
+    assert p.last_stable_offset == 3
+    p.update_follower_high_watermark(4)
+    assert p.last_stable_offset == 4
+
+
+def test_a_marker_a_truncation_cuts_never_counted_and_the_transaction_ends_as_the_new_leader_says():
+    # Simulation seed 60184 (transactions): a leader cut off from its followers wrote an ABORT above
+    # its HW; a read_committed reader took the aborted list from it and dropped records the new
+    # leader then committed. While the marker is above the HW the transaction still holds the LSO.
+    p = follower()
+    p.append_as_follower(txn_batch(7, 0, 0, base_offset=0), now_ms=0)  # 0-1
+    p.update_follower_high_watermark(2)
+    p.append_as_follower(marker(ControlType.ABORT, 7, 0, base_offset=2), now_ms=0)
+    assert p.last_stable_offset == 0
+    assert p.log.aborted_txns(0, 3) == [AbortedTxn(7, 0, 2, 3)]  # read_committed reads nothing of it yet
+    p.become_follower(LeaderAndIsrState(3, 1, (3, 2), (3, 2), 2, 2))
+    p.truncate_to(2)  # the new leader never had the ABORT
+    assert p.producers.first_unstable_offset() == 0 and p.last_stable_offset == 0
+    assert p.log.aborted_txns(0, 3) == []
+    p.append_as_follower(marker(ControlType.COMMIT, 7, 0, base_offset=2), now_ms=0)
+    p.update_follower_high_watermark(3)
+    assert p.last_stable_offset == 3 and p.log.aborted_txns(0, 3) == []
+
+
+def test_a_marker_above_the_high_watermark_still_holds_the_lso_after_a_restart_from_the_snapshot():
+    storage = MemoryStorage()
+    p = follower(storage)
+    p.append_as_follower(txn_batch(7, 0, 0, base_offset=0), now_ms=0)  # 0-1
+    p.update_follower_high_watermark(2)
+    p.append_as_follower(marker(ControlType.COMMIT, 7, 0, base_offset=2), now_ms=0)
+    p.append_as_follower(plain_batch(3), now_ms=0)
+    p.log.close()  # the clean close writes a snapshot at the log end, 4: past the marker
+    again = Partition("t", 0, 2, Log.open("/p/t-0", LogConfig(), storage=storage, now_ms=0))
+    again.high_watermark = 2  # as the HW checkpoint had it
+    again.rebuild_producer_state()
+    assert again.producers.first_unstable_offset() is None
+    assert again.last_stable_offset == 0  # the snapshot carried the unreplicated marker
+    again.become_follower(LeaderAndIsrState(1, 1, (1, 2), (1, 2), 2, 2))
+    again.update_follower_high_watermark(4)
+    assert again.last_stable_offset == 4
+
+
+def test_a_snapshot_keeps_unreplicated_markers_below_its_cut_and_an_older_snapshot_has_none():
+    state = ProducerStateManager()
+    state.update(iter_batch_headers(txn_batch(7, 0, 0, base_offset=0)))
+    state.update(iter_batch_headers(marker(ControlType.COMMIT, 7, 0, 2)), {2: ControlType.COMMIT})
+    state.update(iter_batch_headers(txn_batch(8, 0, 0, base_offset=3)))
+    state.update(iter_batch_headers(marker(ControlType.ABORT, 8, 0, 5)), {5: ControlType.ABORT})
+    snapshot = decode_snapshot(encode_snapshot(state, 6))
+    assert snapshot is not None and snapshot.unreplicated == ((0, 2), (3, 5))
+    again = ProducerStateManager()
+    again.restore(snapshot, below_offset=6)
+    assert list(again.unreplicated) == [(0, 2), (3, 5)] and again.last_stable_offset(2) == 0
+    again.restore(snapshot, below_offset=5)  # truncated below the ABORT: the replay decides
+    assert list(again.unreplicated) == [(0, 2)]
+    again.restore(snapshot, below_offset=6, with_transactions=False)
+    assert not again.unreplicated
+    older = json.loads(encode_snapshot(state, 6))
+    del older["unreplicated"]
+    assert decode_snapshot(json.dumps(older).encode()).unreplicated == ()  # type: ignore[union-attr]
 
 
 def test_an_empty_transaction_completes_at_its_marker_and_a_newer_epoch_keeps_the_open_one():
