@@ -621,6 +621,46 @@ def metrics_text(port: int) -> str | None:
     return text
 
 
+# The stall lengths bench scripts report (services/common/loop_stalls.py's histogram buckets).
+LOOP_STALL_BOUNDS_S = ("0.02", "0.05", "0.1")
+
+
+def loop_stalls(target: Target) -> dict[str, dict[str, float]]:
+    """process name -> {"<bound>": stalls at least that long so far, "sum_s": their total}, from
+    each process's highwater_event_loop_stall_seconds (a process without it is left out)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, port in target.metrics_ports.items():
+        text = metrics_text(port)
+        if text is None:
+            continue
+        buckets: dict[str, float] = {}
+        count = total = None
+        for line in text.splitlines():
+            if line.startswith("highwater_event_loop_stall_seconds_bucket{"):
+                le = line.split('le="', 1)[1].split('"', 1)[0]
+                buckets[le] = float(line.rsplit(" ", 1)[1])
+            elif line.startswith("highwater_event_loop_stall_seconds_count "):
+                count = float(line.rsplit(" ", 1)[1])
+            elif line.startswith("highwater_event_loop_stall_seconds_sum "):
+                total = float(line.rsplit(" ", 1)[1])
+        if count is None or total is None:
+            continue
+        # A bucket counts stalls up to its bound: the ones at least that long are the rest.
+        figures = {f">={bound}s": count - buckets.get(bound, count) for bound in LOOP_STALL_BOUNDS_S}
+        out[name] = {**figures, "sum_s": total}
+    return out
+
+
+def loop_stalls_between(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """The stalls of each process between two loop_stalls() readings."""
+    return {
+        name: {key: round(value - before.get(name, {}).get(key, 0.0), 3) for key, value in figures.items()}
+        for name, figures in after.items()
+    }
+
+
 def rpc_totals(target: Target, rpc: str) -> dict[str, tuple[float, float]]:
     """process name -> (request count, seconds in total) of one RPC, from each /metrics."""
     out: dict[str, tuple[float, float]] = {}

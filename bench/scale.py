@@ -15,7 +15,10 @@ puts 10,000 replicas on every broker) and one topic of that many partitions, RF 
   (Consumer.poll) and by confluent-kafka through the brokers' Kafka listeners (incremental fetch
   sessions, bench/kafka_protocol.py's catch-up settings); --no-kafka leaves it out;
 - e2e: a topic of one partition beside the big one, our Producer and Consumer at --rate
-  records/s (bench/e2e_latency.py): p50 / p99 for a partition among many.
+  records/s (bench/e2e_latency.py): p50 / p99 for a partition among many, and each process's
+  event-loop stalls of 20, 50 and 100 ms or more meanwhile (highwater_event_loop_stall_seconds;
+  run with HIGHWATER_LOOP_STALL_RECORD_MS=20 in the environment and each process's log also
+  says where every such stall was, services/common/loop_stalls.py).
 
 Prints each figure and, for every count after the first, its ratio to the first count's (the
 issue asks: an idle broker under 10% of a core, produce and catch-up at least half the
@@ -162,15 +165,19 @@ def measure_count(partitions: int, args: argparse.Namespace) -> common.Result:
         settings = e2e_latency.RateSettings(
             warmup_s=args.warmup_s, duration_s=args.duration_s, record_size=RECORD_SIZE
         )
+        stalls_before = common.loop_stalls(target)
         e2e = e2e_latency.run_rate(e2e_target, args.rate, settings)
+        stalls = common.loop_stalls_between(stalls_before, common.loop_stalls(target))
         out["e2e"] = {
             "rate": args.rate,
             "latency": e2e.get("latency"),
             "received": e2e.get("received"),
             "cpu_cores": cores(e2e.get("cpu_cores") or {}),
+            "loop_stalls": stalls,
         }
         print(f"    e2e at {args.rate:,.0f}/s: {common.format_latency(e2e.get('latency') or {})}", flush=True)
         print(f"      CPU (cores): {common.format_cpu(e2e.get('cpu_cores') or {})}", flush=True)
+        print(f"      event-loop stalls (count by length; warm-up included): {stalls}", flush=True)
     return out
 
 

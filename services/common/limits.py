@@ -679,3 +679,9 @@ KAFKA_FETCH_SESSION_EVICTION_MS = 120_000
 # served without a session.
 KAFKA_FETCH_SESSION_PARTITIONS_MAX = 20_000
 KAFKA_FETCH_SESSION_CACHE_PARTITIONS_MAX = 200_000
+# An event-loop stall this long or longer is logged with the stack the loop was in
+# (services/common/loop_stalls.py; every stall goes to highwater_event_loop_stall_seconds). A
+# request that waits 100 ms behind one callback is a tail worth a line; shorter stalls on a
+# loaded two-core machine are common enough to drown the log (HIGHWATER_LOOP_STALL_RECORD_MS
+# lowers it for a benchmark).
+LOOP_STALL_RECORD_MS = 100

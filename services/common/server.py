@@ -34,7 +34,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from grpc_reflection.v1alpha._async import ReflectionServicer
 
 from coordinator.store import EtcdStore
-from services.common import heap_debug, limits
+from services.common import heap_debug, limits, loop_stalls
 from services.common.request_guard import MalformedRequestGuard
 from services.common.service_config import ServiceConfig
 from services.security.runtime import ServiceSecurity
@@ -199,6 +199,7 @@ class ServiceRuntime:
             reflection.enable_server_reflection(names, server)
         self.server.add_generic_rpc_handlers([reflection_v1_handler(ReflectionServicer(names))])
         self.stopping = asyncio.Event()
+        self.loop_stalls: loop_stalls.LoopStallWatch | None = None
 
     async def start(self) -> None:
         """Bind and start serving; health stays NOT_SERVING until `mark_ready`."""
@@ -220,6 +221,7 @@ class ServiceRuntime:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
         heap_debug.install(loop, self.name)  # SIGUSR1 heap dumps, only when its env var is set
+        self.loop_stalls = loop_stalls.install(loop, self.name)
         token_port = self.security.bound_client_port if self.server.token is not None else None
         log.info(
             "%s listening on %s:%d%s (metrics on %d)",
@@ -267,6 +269,8 @@ class ServiceRuntime:
             except Exception:
                 log.exception("%s: error during shutdown", self.name)
         await self.server.stop(limits.SHUTDOWN_GRACE_S)
+        if self.loop_stalls is not None:
+            self.loop_stalls.stop()
         if self.ready_file is not None:
             self.ready_file.unlink(missing_ok=True)
         log.info("%s stopped", self.name)

@@ -53,5 +53,8 @@ def test_scale_reports_every_figure_at_each_partition_count(tmp_path: Path) -> N
         for reader in ("catch_up_consumer", "catch_up_kafka"):
             assert row[reader]["records"] == row["records_written"], f"{reader} read all\n{out}"
         assert row["e2e"]["received"] > 0 and row["e2e"]["latency"]["p50_ms"] > 0, out
+        stalls = row["e2e"]["loop_stalls"]
+        assert {"broker-1", "broker-2", "broker-3", "controller-1", "gateway-1"} <= set(stalls), out
+        assert all(set(s) == {">=0.02s", ">=0.05s", ">=0.1s", "sum_s"} for s in stalls.values()), out
     assert set(result["summary"]) == {str(n) for n in COUNTS}, out
     assert result["summary"][str(COUNTS[0])]["produce_vs_first"] == 1.0, out

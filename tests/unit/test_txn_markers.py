@@ -10,7 +10,7 @@ from services.broker import metrics
 from services.broker.log import Log, LogConfig, MemoryStorage
 from services.broker.log_dirs import describe_log_dirs
 from services.broker.partition import LeaderAndIsrState, Partition
-from tests.unit.broker_seams import Broker, lone_leader
+from tests.unit.broker_seams import Broker, lone_leader, run_slices
 from tests.unit.test_broker_core import consumer_fetch
 from tests.unit.test_transaction_state import ControlType, marker, txn_batch
 
@@ -148,6 +148,6 @@ def test_describe_log_dirs_and_the_gauges_show_the_open_transactions():
     (part,) = [p for t in answer.topics for p in t.partitions]
     assert (part.high_watermark, part.last_stable_offset) == (7, 3)
     assert log_description("t", part).last_stable_offset == 3
-    b.core.update_gauges()
+    run_slices(b.core.update_gauges())
     assert metrics.OPEN_TRANSACTIONS._value.get() == 2  # producers 8 and 9
     assert metrics.LAST_STABLE_OFFSET_MAX_LAG._value.get() == 4
