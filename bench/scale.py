@@ -17,8 +17,9 @@ puts 10,000 replicas on every broker) and one topic of that many partitions, RF 
 - e2e: a topic of one partition beside the big one, our Producer and Consumer at --rate
   records/s (bench/e2e_latency.py): p50 / p99 for a partition among many, and each process's
   event-loop stalls of 20, 50 and 100 ms or more meanwhile (highwater_event_loop_stall_seconds;
-  run with HIGHWATER_LOOP_STALL_RECORD_MS=20 in the environment and each process's log also
-  says where every such stall was, services/common/loop_stalls.py).
+  run with HIGHWATER_LOOP_STALL_RECORD_MS=20 and HIGHWATER_LOOP_STALL_LOG_PER_MINUTE=1000 in the
+  environment and each process's log also says where every such stall was,
+  services/common/loop_stalls.py).
 
 Prints each figure and, for every count after the first, its ratio to the first count's (the
 issue asks: an idle broker under 10% of a core, produce and catch-up at least half the

@@ -1,7 +1,7 @@
 """bench/soak.py runs its whole mixed workload to the end and reports every figure it promises.
 
 A soak runs for hours, so a break (a renamed client option, a process it no longer finds) would
-otherwise show only when someone starts a long run. Here it runs for about 40 s at tiny rates,
+otherwise show only when someone starts a long run. Here it runs for about 30 s at tiny rates,
 with every part of the workload due at least once and heap dumps of broker-1 (the
 HIGHWATER_HEAP_DEBUG_DIR hook of services/common/heap_debug.py), and must print the verdict
 table and write a JSON with samples, slopes and counts for every process.
@@ -19,12 +19,12 @@ from tests.integration.bench_runs import ROOT, run_bench_script
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SOAK = ROOT / "bench" / "soak.py"
-# A LocalCluster's start, 40 s of workload, the read-back and a stop; generous for a shared machine.
+# A LocalCluster's start, 30 s of workload, the read-back and a stop; generous for a shared machine.
 RUN_TIMEOUT_S = 240.0
 SHORT = [
-    "--duration", "40s", "--warmup", "10s", "--sample-every", "4s",
-    "--rate", "50", "--burst-every", "15s", "--burst-s", "3s", "--burst-rate", "300",
-    "--partitions", "2", "--churn-every", "8s", "--restart-every", "12s", "--short-client-every", "4s",
+    "--duration", "30s", "--warmup", "6s", "--sample-every", "3s",
+    "--rate", "50", "--burst-every", "10s", "--burst-s", "2s", "--burst-rate", "300",
+    "--partitions", "2", "--churn-every", "6s", "--restart-every", "9s", "--short-client-every", "3s",
     "--heap-debug", "broker-1",
 ]  # fmt: skip
 PROCESSES = {"etcd", "controller-1", "broker-1", "broker-2", "broker-3", "gateway-1", "workload"}
@@ -43,7 +43,7 @@ def test_soak_completes_and_reports_every_figure(tmp_path: Path) -> None:
 
     result = json.loads(output.read_text())
     samples = result["samples"]
-    assert len(samples) >= 8, out  # 40 s every 4 s
+    assert len(samples) >= 8, out  # 30 s every 3 s
     for sample in samples:
         assert set(sample["processes"]) == PROCESSES, sample
         for name, figures in sample["processes"].items():
